@@ -1,0 +1,78 @@
+"""`GPTConfig`: the shape of a GPT-2-architecture model, validated, with named presets.
+
+A config says how big the model is and nothing about how it runs: sampling, caches and engines have configs of
+their own in later chapters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 4096  # number of token ids; the embedding and the tied output head have this many rows
+    block_size: int = 256  # context window: the most positions the learned position embedding covers
+    n_layer: int = 6  # transformer blocks
+    n_head: int = 8  # attention heads per block; n_embd must divide evenly
+    n_embd: int = 256  # residual stream width C
+    dropout: float = 0.0  # training-time dropout on attention weights, residual adds and embeddings
+    layer_norm_epsilon: float = 1e-5  # GPT-2's value; Hugging Face calls it layer_norm_epsilon too
+    attn_impl: str = "sdpa"  # "sdpa" (fused, PyTorch) or "explicit" (attention_ref): the two must agree
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"GPTConfig.{name} must be an int, got {type(value).__name__} {value!r}")
+            if value <= 0:
+                raise ValueError(f"GPTConfig.{name} must be positive, got {value}")
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.layer_norm_epsilon <= 0:
+            raise ValueError(f"layer_norm_epsilon must be positive, got {self.layer_norm_epsilon}")
+        if self.attn_impl not in ("sdpa", "explicit"):
+            raise ValueError(f"attn_impl must be 'sdpa' or 'explicit', got {self.attn_impl!r}")
+
+    @property
+    def head_size(self) -> int:
+        """hs: the width of one attention head."""
+        return self.n_embd // self.n_head
+
+    @classmethod
+    def from_name(cls, name: str, **overrides: Any) -> "GPTConfig":
+        """A named preset, optionally with fields overridden (`GPTConfig.from_name("base", dropout=0.1)`)."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown GPTConfig preset {name!r}; choose one of {sorted(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "GPTConfig":
+        if not isinstance(d, dict):
+            raise TypeError(f"GPTConfig.from_dict needs a dict, got {type(d).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown GPTConfig fields {unknown}")
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+# Named presets. `base` and `draft` are the two checkpoints minillm ships (chapter 02 trains them); `tiny` is for
+# tests; `gpt2` is the real 124M model's shape, for users who load its weights from a Hugging Face directory.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(vocab_size=512, block_size=64, n_layer=2, n_head=2, n_embd=32),
+    "draft": dict(vocab_size=4096, block_size=256, n_layer=2, n_head=4, n_embd=128),
+    "base": dict(vocab_size=4096, block_size=256, n_layer=6, n_head=8, n_embd=256),
+    "gpt2": dict(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768),
+}

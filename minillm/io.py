@@ -1,0 +1,50 @@
+"""Writing files so that a crash never leaves half of one behind: write a temporary file, then rename it.
+
+`os.replace` is atomic on POSIX and Windows when source and target share a directory, so a reader sees either the
+old file or the new one, never a torn mix. Checkpoints are safetensors: loading them runs no code.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write `data` to `path` atomically (temp file in the same directory, fsync, rename)."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"data must be bytes, got {type(data).__name__}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
+    if not isinstance(text, str):
+        raise TypeError(f"text must be str, got {type(text).__name__}")
+    return atomic_write_bytes(path, text.encode(encoding))
+
+
+def atomic_save_safetensors(
+    tensors: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict[str, str] | None = None
+) -> Path:
+    """Save a flat dict of tensors as safetensors, atomically. Tensors are made contiguous and moved to the CPU."""
+    from safetensors.torch import save
+
+    if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) for v in tensors.values()):
+        raise TypeError("tensors must be a dict of name -> torch.Tensor")
+    flat = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    return atomic_write_bytes(path, save(flat, metadata=metadata))

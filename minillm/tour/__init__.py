@@ -1,0 +1,79 @@
+"""`minillm tour`: every chapter's check against its naive baseline and its measured gain, in one table.
+
+Chapters register by existing: `minillm/tour/chNN.py` with `TITLE` and `run(ctx)`. A chapter whose entry raises
+is reported as a failed row (the tour goes on with the others) and the tour exits non-zero.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import time
+import traceback
+from pathlib import Path
+from types import ModuleType
+
+from minillm.tour.core import Row, TourContext, format_table, rows_to_json
+
+__all__ = ["Row", "TourContext", "available_chapters", "run_tour", "format_table", "rows_to_json"]
+
+
+def available_chapters() -> dict[str, ModuleType]:
+    """{"01": module, ...} for every `chNN` module present, in chapter order."""
+    found = {}
+    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        name = info.name
+        if len(name) == 4 and name.startswith("ch") and name[2:].isdigit():
+            found[name[2:]] = importlib.import_module(f"minillm.tour.{name}")
+    return dict(sorted(found.items()))
+
+
+def normalize_chapter(chapter: str | int) -> str:
+    text = str(chapter).strip()
+    if not text.isdigit() or not 1 <= int(text) <= 99:
+        raise ValueError(f"chapter must be a number like 1 or 01, got {chapter!r}")
+    return f"{int(text):02d}"
+
+
+def run_tour(ctx: TourContext, chapters: list[str] | None = None, progress: bool = True) -> tuple[list[Row], dict]:
+    """Run the selected chapters (all by default). Returns the rows and {chapter: seconds}."""
+    entries = available_chapters()
+    selected = [normalize_chapter(c) for c in chapters] if chapters else list(entries)
+    missing = [c for c in selected if c not in entries]
+    if missing:
+        raise ValueError(f"no tour entry for chapter(s) {missing}; available: {sorted(entries)}")
+    rows: list[Row] = []
+    seconds: dict[str, float] = {}
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(selected), unit="chapter", desc="tour")
+    for ch in selected:
+        module = entries[ch]
+        if bar is not None:
+            bar.set_postfix_str(f"{ch} {module.TITLE}")
+        t0 = time.perf_counter()
+        try:
+            rows.extend(module.run(ctx))
+        except Exception as exc:  # a failing chapter must not hide the others' results
+            rows.append(
+                Row(
+                    chapter=ch,
+                    technique=module.TITLE,
+                    baseline="-",
+                    optimized="-",
+                    check=f"error: {type(exc).__name__}: {exc}",
+                    check_passed=False,
+                    metric="error",
+                    value=float("nan"),
+                    device=str(ctx.device),
+                    details={"traceback": traceback.format_exc()},
+                )
+            )
+        seconds[ch] = time.perf_counter() - t0
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return rows, seconds

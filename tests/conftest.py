@@ -1,0 +1,25 @@
+"""Shared test fixtures: seeded randomness and small models, so every test is independent of order."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(autouse=True)
+def _seed_everything():
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+    yield
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> torch.device:
+    """Every test that takes `device` runs on the CPU, and on CUDA too when a GPU is present."""
+    return torch.device(request.param)
