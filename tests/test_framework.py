@@ -1,0 +1,159 @@
+"""The shared machinery: command line, tour table, timing, atomic writes, devices."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from minillm.cli import build_parser, main
+from minillm.device import resolve_device
+from minillm.io import atomic_save_safetensors, atomic_write_bytes, atomic_write_text
+from minillm.timing import compare, measure
+from minillm.tour import available_chapters, run_tour
+from minillm.tour.core import Row, TourContext, format_table, rows_to_json
+
+
+def test_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("tour", "assignment", "grade"):
+        assert command in out
+    # every registered subcommand has a one-line help
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    for action in sub._choices_actions:
+        assert action.help, f"subcommand {action.dest} has no help line"
+
+
+def test_no_command_prints_help_and_fails(capsys):
+    assert main([]) == 2
+    assert "usage" in capsys.readouterr().out
+
+
+def test_every_tour_entry_has_title_and_run():
+    entries = available_chapters()
+    assert "01" in entries
+    for ch, module in entries.items():
+        assert isinstance(module.TITLE, str) and module.TITLE
+        assert callable(module.run)
+
+
+def test_tour_rejects_unknown_chapter():
+    with pytest.raises(ValueError, match="99"):
+        run_tour(TourContext(device=torch.device("cpu")), ["99"], progress=False)
+    with pytest.raises(ValueError, match="abc"):
+        run_tour(TourContext(device=torch.device("cpu")), ["abc"], progress=False)
+
+
+def test_failing_chapter_becomes_failed_row(monkeypatch):
+    import minillm.tour as tour
+
+    class Broken:
+        TITLE = "broken"
+
+        @staticmethod
+        def run(ctx):
+            raise RuntimeError("boom")
+
+    monkeypatch.setattr(tour, "available_chapters", lambda: {"42": Broken})
+    rows, seconds = run_tour(TourContext(device=torch.device("cpu")), progress=False)
+    assert len(rows) == 1 and not rows[0].check_passed and "boom" in rows[0].check
+    assert set(seconds) == {"42"}
+
+
+def test_tour_cli_exit_code_and_json(monkeypatch, tmp_path, capsys):
+    import minillm.tour as tour
+
+    class Ok:
+        TITLE = "ok"
+
+        @staticmethod
+        def run(ctx):
+            return [Row("42", "t", "b", "o", "identical", True, "speed-up", 2.0, "x", str(ctx.device))]
+
+    class Bad:
+        TITLE = "bad"
+
+        @staticmethod
+        def run(ctx):
+            return [Row("43", "t", "b", "o", "different", False, "speed-up", 1.0, "x", str(ctx.device))]
+
+    monkeypatch.setattr(tour, "available_chapters", lambda: {"42": Ok, "43": Bad})
+    out = tmp_path / "rows.json"
+    assert main(["tour", "--chapter", "42", "--device", "cpu", "--json", str(out), "--no-progress"]) == 0
+    data = json.loads(out.read_text())
+    assert data[0]["chapter"] == "42" and data[0]["check_passed"] is True
+    for key in ("chapter", "technique", "check_passed", "metric", "value", "device"):
+        assert key in data[0]
+    assert main(["tour", "--device", "cpu", "--no-progress"]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_row_validation_and_table():
+    with pytest.raises(TypeError, match="check_passed"):
+        Row("01", "t", "b", "o", "c", "yes", "m", 1.0)
+    rows = [Row("01", "bpe", "naive", "incremental", "identical merges", True, "speed-up", 12.345, "x")]
+    table = format_table(rows)
+    assert "12.35x" in table and "PASS identical merges" in table
+    assert json.loads(rows_to_json(rows))[0]["value"] == pytest.approx(12.345)
+
+
+def test_measure_and_compare_count_calls():
+    calls = {"a": 0, "b": 0}
+
+    def a():
+        calls["a"] += 1
+
+    def b():
+        calls["b"] += 1
+
+    t = measure(a, warmup=2, repeats=3)
+    assert calls["a"] == 5 and len(t.times) == 3 and t.median >= 0
+    c = compare(a, b, warmup=1, repeats=4)
+    assert calls["b"] == 5 and len(c.baseline.times) == len(c.candidate.times) == 4
+    with pytest.raises(ValueError, match="repeats"):
+        measure(a, repeats=0)
+
+
+def test_atomic_writes_leave_no_temp_files(tmp_path):
+    p = atomic_write_text(tmp_path / "sub" / "a.txt", "hello")
+    assert p.read_text() == "hello"
+    atomic_write_bytes(p, b"bye")
+    assert p.read_bytes() == b"bye"
+    assert sorted(os.listdir(p.parent)) == ["a.txt"]
+    with pytest.raises(TypeError, match="bytes"):
+        atomic_write_bytes(p, "not bytes")
+    from safetensors.torch import load_file
+
+    t = {"w": torch.arange(6.0).view(2, 3).t()}  # non-contiguous on purpose
+    atomic_save_safetensors(t, tmp_path / "w.safetensors")
+    assert torch.equal(load_file(tmp_path / "w.safetensors")["w"], t["w"])
+
+
+def test_atomic_write_failure_keeps_old_file(tmp_path, monkeypatch):
+    p = atomic_write_text(tmp_path / "a.txt", "old")
+
+    def boom(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        atomic_write_text(p, "new")
+    assert p.read_text() == "old"
+    assert sorted(os.listdir(tmp_path)) == ["a.txt"]
+
+
+def test_resolve_device():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type in ("cpu", "cuda")
+    with pytest.raises(ValueError, match="tpu"):
+        resolve_device("tpu")
+    with pytest.raises(TypeError):
+        resolve_device(3)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="cuda"):
+            resolve_device("cuda")
