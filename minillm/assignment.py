@@ -36,6 +36,8 @@ REPO_ROOT = PACKAGE_DIR.parent
 
 # Chapter -> files (relative to the repository root) whose marked functions are that chapter's exercises.
 CHAPTER_FILES: dict[str, list[str]] = {
+    "01": ["minillm/tokenizer/basics.py", "minillm/tokenizer/encode.py"],
+    "02": ["minillm/attention.py"],
 }
 
 

@@ -17,6 +17,7 @@ from minillm.device import DEVICE_CHOICES
 # Chapter modules that add subcommands (each exposes `add_commands(subparsers)`).
 COMMAND_MODULES: list[str] = [
     "minillm.assignment",
+    "minillm.train",
     "minillm.gpu_report",
     "minillm.tokenizer.commands",
 ]
