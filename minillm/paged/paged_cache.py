@@ -1,0 +1,243 @@
+"""PagedAttention's storage: per-layer K/V pools of fixed-size blocks, read through block tables.
+
+It adds a cache whose memory is a pool of `num_blocks` blocks of `block_size` token slots per layer, shape
+(nb, bs, nh, hs) for K and for V, shared by every sequence of a ragged batch. Before each forward pass the caller
+describes the step with a `PagedBatch` (`set_batch`): where each new token's K/V goes (`slot_mapping`), which
+blocks each sequence holds (`block_tables`), and how many tokens each has. The model is called with all the
+sequences' new tokens flattened into one row, idx (1, N); `attend` writes their K/V at their slots, then runs
+attention per sequence (Orca's selective batching: the linear layers see one flat batch, attention does not mix
+sequences). Two attention paths give the same numbers: a reference loop over sequences for any mix of prefill
+and decode, and a vectorized decode path that gathers every sequence's blocks at once (Kwon et al. §4.1).
+What it leaves out: deciding which blocks a sequence gets (`BlockManager`) and a fused kernel (chapter 12).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from minillm.attention import attention, attention_ref, causal_mask
+from minillm.config import GPTConfig
+
+if TYPE_CHECKING:
+    from minillm.paged.block_manager import BlockManager
+
+
+@dataclass
+class PagedBatch:
+    """The metadata of one forward step over S sequences with N new tokens in total.
+
+    Sequence i contributes query_lens[i] new tokens (N = sum), which sit at the *end* of its context_lens[i]
+    tokens: positions context_lens[i] - query_lens[i] .. context_lens[i] - 1. The new tokens appear in idx in
+    sequence order.
+    """
+
+    slot_mapping: torch.Tensor  # (N,) int64: block * bs + offset where each new token's K/V is written
+    block_tables: torch.Tensor  # (S, max_nb) int64: each sequence's blocks in order, padded with -1
+    context_lens: torch.Tensor  # (S,) int64: tokens in the cache for each sequence AFTER this step
+    query_lens: torch.Tensor  # (S,) int64: new tokens of each sequence in this step
+    # Host copies, made once per step so `attend` (called once per layer) never syncs with the device.
+    context_lens_list: list[int] = field(init=False, repr=False)
+    query_lens_list: list[int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("slot_mapping", "block_tables", "context_lens", "query_lens"):
+            t = getattr(self, name)
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.int64:
+                raise TypeError(f"PagedBatch.{name} must be an int64 tensor, got {getattr(t, 'dtype', type(t))}")
+        if self.block_tables.dim() != 2:
+            raise ValueError(f"block_tables must be (S, max_nb), got shape {tuple(self.block_tables.shape)}")
+        S = self.block_tables.shape[0]
+        if self.context_lens.shape != (S,) or self.query_lens.shape != (S,):
+            raise ValueError(
+                f"context_lens {tuple(self.context_lens.shape)} and query_lens {tuple(self.query_lens.shape)} "
+                f"must both be ({S},) for {S} block tables"
+            )
+        self.context_lens_list = [int(x) for x in self.context_lens.tolist()]
+        self.query_lens_list = [int(x) for x in self.query_lens.tolist()]
+        if sum(self.query_lens_list) != self.slot_mapping.numel():
+            raise ValueError(
+                f"query_lens sum to {sum(self.query_lens_list)} but slot_mapping has {self.slot_mapping.numel()} slots"
+            )
+        for i, (ql, cl) in enumerate(zip(self.query_lens_list, self.context_lens_list)):
+            if not 1 <= ql <= cl:
+                raise ValueError(f"sequence {i}: need 1 <= query_len <= context_len, got {ql} and {cl}")
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens_list)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.slot_mapping.numel()
+
+    @property
+    def is_decode(self) -> bool:
+        """Every sequence adds exactly one token: the vectorized decode path applies."""
+        return all(ql == 1 for ql in self.query_lens_list)
+
+    def positions(self) -> torch.Tensor:
+        """(1, N) absolute positions of the new tokens, for the model's position embedding."""
+        pos = [p for ql, cl in zip(self.query_lens_list, self.context_lens_list) for p in range(cl - ql, cl)]
+        return torch.tensor(pos, dtype=torch.int64, device=self.slot_mapping.device).unsqueeze(0)  # (1, N)
+
+    def to(self, device: torch.device | str) -> "PagedBatch":
+        return PagedBatch(*(t.to(device) for t in (self.slot_mapping, self.block_tables, self.context_lens,
+                                                   self.query_lens)))
+
+    @classmethod
+    def build(
+        cls,
+        manager: "BlockManager",
+        entries: Sequence[tuple[Hashable, int, int]],
+        device: torch.device | str = "cpu",
+    ) -> "PagedBatch":
+        """The batch for `entries` = [(seq_id, start, num_new), ...]: each sequence computes positions
+        start .. start+num_new-1 this step (its blocks must already be allocated by `manager`)."""
+        if not entries:
+            raise ValueError("a PagedBatch needs at least one sequence, got no entries")
+        slots: list[int] = []
+        tables: list[list[int]] = []
+        ctx, qlen = [], []
+        for seq_id, start, num_new in entries:
+            end = start + num_new
+            if end > manager.num_tokens(seq_id):
+                raise ValueError(f"sequence {seq_id!r} has {manager.num_tokens(seq_id)} tokens, asked up to {end}")
+            slots += manager.slot_mapping(seq_id, start, end)
+            tables.append(manager.block_table(seq_id))
+            ctx.append(end)
+            qlen.append(num_new)
+        width = max(len(t) for t in tables)
+        padded = [t + [-1] * (width - len(t)) for t in tables]
+        as_t = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
+        return cls(as_t(slots), as_t(padded), as_t(ctx), as_t(qlen))
+
+
+def write_kv(pool: torch.Tensor, slot_mapping: torch.Tensor, x: torch.Tensor) -> None:
+    """Store x (N, nh, hs), the K (or V) of N new tokens, into pool (nb, bs, nh, hs) at flat slots slot_mapping (N,).
+
+    Slot s is block s // bs, offset s % bs, i.e. row s of the pool seen as (nb * bs, nh, hs).
+    """
+    # BEGIN SOLUTION
+    nb, bs, nh, hs = pool.shape
+    pool.view(nb * bs, nh, hs).index_copy_(0, slot_mapping, x.to(pool.dtype))  # (nb*bs, nh, hs)[slots] = x
+    # END SOLUTION
+
+
+class PagedKVCache:
+    """Per-layer block pools plus the step's `PagedBatch`; implements `KVCacheProtocol.attend`."""
+
+    def __init__(
+        self,
+        config: GPTConfig,
+        num_blocks: int,
+        block_size: int,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        use_fast_decode: bool = True,
+    ):
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"PagedKVCache needs a GPTConfig, got {type(config).__name__}")
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.config = config
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.use_fast_decode = use_fast_decode  # False forces the reference loop (for tests and the chapter)
+        nh, hs = config.n_head, config.head_size
+        shape = (num_blocks, block_size, nh, hs)  # (nb, bs, nh, hs)
+        self.k_pools = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(config.n_layer)]
+        self.v_pools = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(config.n_layer)]
+        self._attn = attention_ref if config.attn_impl == "explicit" else attention
+        self.batch: PagedBatch | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all pools: 2 (K, V) * layers * nb * bs * nh * hs * element size."""
+        return sum(p.numel() * p.element_size() for p in self.k_pools + self.v_pools)
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.nbytes // self.num_blocks
+
+    def set_batch(self, batch: PagedBatch) -> None:
+        """Describe the next forward step (call before every `model(idx, positions, cache=self)`)."""
+        if not isinstance(batch, PagedBatch):
+            raise TypeError(f"set_batch needs a PagedBatch, got {type(batch).__name__}")
+        if batch.slot_mapping.device != self.device:
+            batch = batch.to(self.device)
+        self.batch = batch
+
+    def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Copy-on-write: block dst becomes a copy of block src, in every layer's K and V pool."""
+        if not pairs:
+            return
+        src = torch.tensor([s for s, _ in pairs], dtype=torch.int64, device=self.device)
+        dst = torch.tensor([d for _, d in pairs], dtype=torch.int64, device=self.device)
+        for pool in self.k_pools + self.v_pools:
+            pool[dst] = pool[src]  # (n_pairs, bs, nh, hs)
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q, k, v (1, nh, N, hs) for the step's N new tokens -> attention output (1, nh, N, hs)."""
+        batch = self.batch
+        if batch is None:
+            raise ValueError("PagedKVCache.attend called before set_batch(PagedBatch)")
+        if q.dim() != 4 or q.shape[0] != 1 or q.shape[2] != batch.num_tokens:
+            raise ValueError(
+                f"paged attention expects q of shape (1, nh, N={batch.num_tokens}, hs), got {tuple(q.shape)}: "
+                "call the model with every sequence's new tokens flattened into idx (1, N)"
+            )
+        # Write first, then read: a sequence's new tokens must see themselves (and, with prefix caching, blocks
+        # another sequence of this same batch is writing in this same layer).
+        write_kv(self.k_pools[layer_idx], batch.slot_mapping, k[0].transpose(0, 1))  # (nh, N, hs) -> (N, nh, hs)
+        write_kv(self.v_pools[layer_idx], batch.slot_mapping, v[0].transpose(0, 1))  # (nh, N, hs) -> (N, nh, hs)
+        if batch.is_decode and self.use_fast_decode:
+            return self._attend_decode(layer_idx, q, batch)
+        return self._attend_ragged(layer_idx, q, batch)
+
+    def gather(self, layer_idx: int, seq_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K and V of batch sequence `seq_index` read through its block table: each (1, nh, ctx, hs)."""
+        batch = self.batch
+        assert batch is not None
+        ctx = batch.context_lens_list[seq_index]
+        nblk = -(-ctx // self.block_size)
+        blocks = batch.block_tables[seq_index, :nblk]  # (nblk,)
+        out = []
+        for pool in (self.k_pools[layer_idx], self.v_pools[layer_idx]):
+            kv = pool[blocks].flatten(0, 1)[:ctx]  # (nblk, bs, nh, hs) -> (nblk*bs, nh, hs) -> (ctx, nh, hs)
+            out.append(kv.transpose(0, 1).unsqueeze(0))  # (1, nh, ctx, hs)
+        return out[0], out[1]
+
+    def _attend_ragged(self, layer_idx: int, q: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
+        """Reference path: one attention call per sequence, causal within its new tokens."""
+        outs = []
+        offset = 0
+        for i, (ql, ctx) in enumerate(zip(batch.query_lens_list, batch.context_lens_list)):
+            k_i, v_i = self.gather(layer_idx, i)  # (1, nh, ctx, hs) each
+            q_i = q[:, :, offset : offset + ql]  # (1, nh, ql, hs)
+            mask = causal_mask(ql, ctx, device=q.device)  # (ql, ctx): the new tokens are the last ql of ctx
+            outs.append(self._attn(q_i, k_i.to(q.dtype), v_i.to(q.dtype), mask))  # (1, nh, ql, hs)
+            offset += ql
+        return torch.cat(outs, dim=2)  # (1, nh, N, hs)
+
+    def _attend_decode(self, layer_idx: int, q: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
+        """Fast path, one new token per sequence: gather all block tables at once, mask past each length."""
+        S, bs = batch.num_seqs, self.block_size
+        nblk = -(-max(batch.context_lens_list) // bs)
+        # subtle: -1 padding is clamped to block 0; whatever block 0 holds is masked out below.
+        tables = batch.block_tables[:, :nblk].clamp(min=0)  # (S, nblk)
+        L = nblk * bs
+        k = self.k_pools[layer_idx][tables].view(S, L, *self.k_pools[layer_idx].shape[2:])  # (S, nblk, bs, nh, hs) -> (S, L, nh, hs)
+        v = self.v_pools[layer_idx][tables].view(S, L, *self.v_pools[layer_idx].shape[2:])  # (S, L, nh, hs)
+        k = k.transpose(1, 2).to(q.dtype)  # (S, nh, L, hs)
+        v = v.transpose(1, 2).to(q.dtype)  # (S, nh, L, hs)
+        mask = torch.arange(L, device=q.device) < batch.context_lens.unsqueeze(1)  # (S, L): real tokens only
+        q_s = q[0].transpose(0, 1).unsqueeze(2)  # (nh, S, hs) -> (S, nh, hs) -> (S, nh, 1, hs)
+        y = self._attn(q_s, k, v, mask[:, None, None, :])  # (S, nh, 1, hs), mask (S, 1, 1, L)
+        return y.squeeze(2).transpose(0, 1).unsqueeze(0)  # (S, nh, hs) -> (nh, S, hs) -> (1, nh, S, hs)
