@@ -1,0 +1,143 @@
+"""Generation on the paged cache: one request, or n parallel samples that share the prompt's blocks.
+
+It adds `PagedGenerator`, a block manager and a paged cache kept across requests (so prefix caching can reuse a
+system prompt between them), and `paged_generate`, the one-shot form. Sampling is chapter 03's `sample_next`
+with one generator per sample and stopping is its `StopChecker`, so equal logits give chapter 04's tokens.
+Seeding of n samples: sample i draws from its own generator seeded with `params.seed + i`, exactly the generator
+an independent run with `seed = params.seed + i` would use (sample 0 is the plain seeded run). What it leaves
+out: several requests at once and preemption (chapter 06's engine); here the n samples of one prompt are the
+only batch, decoded together in one ragged forward per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from minillm.generate import StopChecker, validate_prompt
+from minillm.model import GPT
+from minillm.paged.block_manager import BlockManager, num_blocks_for
+from minillm.paged.paged_cache import PagedBatch, PagedKVCache
+from minillm.sampling import SamplingParams, make_generator, sample_next
+
+
+@dataclass
+class PagedGeneration:
+    """The outcome of one request: every sample's new tokens, plus what paging saved."""
+
+    token_ids: list[list[int]]  # new tokens of each of the n samples
+    finish_reasons: list[str]  # "length" | "eos" | "stop", per sample
+    num_prompt_tokens: int
+    num_cached_tokens: int  # prompt tokens whose K/V came from the prefix cache (prefill skipped)
+    peak_blocks: int  # most blocks this request held at once, sharing counted once
+    peak_blocks_unshared: int  # the same moment's need if every sample had private copies of its blocks
+    num_cow_copies: int  # blocks copied because a sample wrote into a shared block
+    block_tables: list[list[int]] = field(default_factory=list)  # each sample's table just before it was freed
+
+    @property
+    def blocks_saved(self) -> int:
+        return self.peak_blocks_unshared - self.peak_blocks
+
+
+class PagedGenerator:
+    """A model plus a `BlockManager` and `PagedKVCache` that live across `generate` calls."""
+
+    def __init__(
+        self,
+        model: GPT,
+        num_blocks: int,
+        block_size: int = 16,
+        enable_prefix_caching: bool = False,
+        use_fast_decode: bool = True,
+    ):
+        if not isinstance(model, GPT):
+            raise TypeError(f"model must be a minillm GPT, got {type(model).__name__}")
+        self.model = model
+        self.manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
+        self.cache = PagedKVCache(model.config, num_blocks, block_size, device=model.device,
+                                  dtype=model.lm_head.weight.dtype, use_fast_decode=use_fast_decode)
+        self._next_id = 0
+
+    @torch.inference_mode()
+    def forward(self, entries: list[tuple[Any, int, int]], token_ids: list[int]) -> torch.Tensor:
+        """One ragged forward: entries [(seq_id, start, num_new)], their new tokens flattened -> logits (N, V)."""
+        batch = PagedBatch.build(self.manager, entries, device=self.model.device)
+        self.cache.set_batch(batch)
+        idx = torch.tensor([token_ids], dtype=torch.long, device=self.model.device)  # (1, N)
+        return self.model(idx, positions=batch.positions(), cache=self.cache)[0]  # (1, N, V) -> (N, V)
+
+    def generate(
+        self, prompt_ids: Any, params: SamplingParams, tokenizer: Any = None, eos_id: int | None = None
+    ) -> PagedGeneration:
+        """Generate params.n samples of one prompt; every block is freed again before returning."""
+        cfg = self.model.config
+        ids, max_new = validate_prompt(prompt_ids, params, cfg.vocab_size, cfg.block_size)
+        n, bs = params.n, self.manager.block_size
+        seqs = [(self._next_id, i) for i in range(n)]  # seq ids unique across calls
+        self._next_id += 1
+        checkers = [StopChecker(tokenizer, dataclasses.replace(params, max_new_tokens=max_new), eos_id)
+                    for _ in range(n)]
+        gens = [make_generator(None if params.seed is None else params.seed + i, self.model.device)
+                for i in range(n)]
+        out = PagedGeneration([[] for _ in range(n)], [""] * n, len(ids), 0, 0, 0, 0, [[] for _ in range(n)])
+        m = self.manager
+        used_before = m.allocator.num_used
+        try:
+            # Prefill once for all samples: the prompt's blocks are shared by fork, not copied.
+            out.num_cached_tokens = m.allocate(seqs[0], ids)
+            start = out.num_cached_tokens
+            logits = self.forward([(seqs[0], start, len(ids) - start)], ids[start:])[-1:]  # (1, V)
+            m.mark_computed(seqs[0], len(ids))
+            for s in seqs[1:]:
+                m.fork(seqs[0], s)
+            active = list(range(n))
+            rows = {i: logits for i in active}  # sample i's next-token logits (1, V)
+            while active:
+                tokens: dict[int, int] = {}
+                for i in list(active):
+                    tok = int(sample_next(rows[i], params, gens[i]))
+                    out.token_ids[i].append(tok)
+                    if checkers[i].update(tok):
+                        out.finish_reasons[i] = checkers[i].finish_reason or "length"
+                        out.block_tables[i] = m.block_table(seqs[i])
+                        m.free(seqs[i])
+                        active.remove(i)
+                    else:
+                        tokens[i] = tok
+                if not active:
+                    break
+                for i in active:
+                    pairs = m.append_slot(seqs[i], tokens[i])
+                    self.cache.copy_blocks(pairs)
+                    out.num_cow_copies += len(pairs)
+                held = m.allocator.num_used - used_before
+                unshared = sum(num_blocks_for(m.num_tokens(seqs[i]), bs) for i in active)
+                out.peak_blocks = max(out.peak_blocks, held)
+                out.peak_blocks_unshared = max(out.peak_blocks_unshared, unshared)
+                entries = [(seqs[i], m.num_tokens(seqs[i]) - 1, 1) for i in active]
+                logits = self.forward(entries, [tokens[i] for i in active])  # (S, V)
+                rows = {i: logits[j : j + 1] for j, i in enumerate(active)}
+        finally:
+            for s in seqs:  # on any error (OutOfBlocks included) the pool is left as it was
+                if m.has_seq(s):
+                    m.free(s)
+        return out
+
+
+def paged_generate(
+    model: GPT,
+    prompt_ids: Any,
+    params: SamplingParams,
+    tokenizer: Any = None,
+    eos_id: int | None = None,
+    block_size: int = 16,
+    num_blocks: int | None = None,
+) -> PagedGeneration:
+    """One request on a fresh paged cache. `num_blocks` defaults to what n private copies could ever need."""
+    if num_blocks is None:
+        longest = min(len(prompt_ids) + params.max_new_tokens, model.config.block_size)
+        num_blocks = params.n * num_blocks_for(longest, block_size) + 1
+    return PagedGenerator(model, num_blocks, block_size).generate(prompt_ids, params, tokenizer, eos_id)
