@@ -1,0 +1,31 @@
+"""Chapter 07: disaggregated prefill and decode (DistServe, Splitwise) in two worker processes with a KV hand-off.
+
+- `kv_transfer`: `pack_kv` / `unpack_kv` (paged blocks <-> one (L, 2, T, nh, hs) payload), bytes on the wire,
+  `kv_bytes` (the formula the payload must equal)
+- `messages`: the plain-data messages between the coordinator and the two workers
+- `worker`: the process layer (spawn, main loop, heartbeats, crash hook, shutdown), `WorkerDiedError`
+- `prefill_worker` / `decode_worker`: each role's model work; `admit_handoffs` (the decode side's admission)
+- `llm`: `DisaggregatedLLM` (chapter 06's `generate` surface) and `DisaggConfig`
+- `bench`: the prefill-heavy workload under colocated, chunked-prefill and disaggregated serving, and its timeline
+"""
+
+from minillm.disagg.decode_worker import admit_handoffs, max_kv_tokens
+from minillm.disagg.kv_transfer import KVHeader, kv_bytes, pack_kv, payload_from_bytes, payload_to_bytes, unpack_kv
+from minillm.disagg.llm import DisaggConfig, DisaggregatedLLM
+from minillm.disagg.worker import WorkerDiedError, model_from_bytes, model_to_bytes
+
+__all__ = [
+    "DisaggConfig",
+    "DisaggregatedLLM",
+    "KVHeader",
+    "WorkerDiedError",
+    "admit_handoffs",
+    "kv_bytes",
+    "max_kv_tokens",
+    "model_from_bytes",
+    "model_to_bytes",
+    "pack_kv",
+    "payload_from_bytes",
+    "payload_to_bytes",
+    "unpack_kv",
+]

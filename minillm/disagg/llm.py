@@ -1,0 +1,356 @@
+"""`DisaggregatedLLM`: chapter 06's `generate` surface, served by a prefill process and a decode process.
+
+It adds the coordinator of a disaggregated server. The user's process tokenizes, hands prompts to the prefill
+worker, receives the first token from it and every later token from the decode worker, checks stop strings, and
+watches both workers; the KV of each prompt goes from worker to worker, never through here. What it leaves out:
+more than one worker per role (DistServe and Splitwise size the two pools separately), restarting a dead worker,
+and prefix caching.
+
+    user ──generate()──► DisaggregatedLLM ──PrefillRequest──► prefill worker (own pool, own device)
+                           ▲        ▲                               │ KVHandoff: first token + KV bytes
+                           │        └──────FirstTokens──────────────┤ (pipe "peer")
+                           │                                        ▼
+                           └──────────DecodeTokens──────────── decode worker (own pool, own device)
+
+Failure model: the two workers are one serving instance. If either dies (its process sentinel fires), raises
+(WorkerFailed) or falls silent for `liveness_timeout_s` (no heartbeat), every unfinished request fails with a
+`WorkerDiedError` that names the worker, how it ended and the request ids, and the instance refuses new work.
+Nothing ever waits without a timeout. `close()` (or leaving a `with` block, or garbage collection, or interpreter
+exit, through `weakref.finalize`) stops both processes: Shutdown, then SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import weakref
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from multiprocessing.connection import wait
+from typing import Any
+
+from minillm.disagg.decode_worker import max_kv_tokens
+from minillm.disagg.messages import (
+    Abort,
+    CrashAfter,
+    DecodeTokens,
+    FirstTokens,
+    Heartbeat,
+    PrefillRequest,
+    StepRecord,
+    TransferRecord,
+    WorkerFailed,
+    WorkerInit,
+)
+from minillm.disagg.worker import WorkerDiedError, WorkerHandle, model_to_bytes, wait_ready
+from minillm.engine.request import RequestOutput
+from minillm.generate import StopChecker, _default_eos
+from minillm.model import GPT
+from minillm.paged import num_blocks_for
+from minillm.sampling import SamplingParams
+
+
+@dataclass
+class DisaggConfig:
+    num_blocks: int = 256  # blocks in the DECODE worker's pool (it holds every running request's KV)
+    block_size: int = 16  # tokens per block, the same in both pools
+    max_num_seqs: int = 32  # decode batch limit (and the most prompts one prefill step takes)
+    max_num_batched_tokens: int = 512  # prompt tokens one prefill step may take (one prompt always fits)
+    device: str = "auto"  # where both workers run, unless prefill_device / decode_device say otherwise
+    prefill_device: str | None = None  # e.g. "cuda:0": the point of disaggregation is two devices
+    decode_device: str | None = None  # e.g. "cuda:1"
+    num_threads: int = 1  # torch threads per worker (on a 2-core CPU: one core each); 0 = torch's default
+    heartbeat_s: float = 0.5  # how often each worker says it is alive
+    liveness_timeout_s: float = 30.0  # silence after which a worker counts as hung
+    startup_timeout_s: float = 120.0  # spawning a worker imports torch and loads the model
+
+    def __post_init__(self) -> None:
+        for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"DisaggConfig.{name} must be an int, got {type(value).__name__} {value!r}")
+            if value <= 0:
+                raise ValueError(f"DisaggConfig.{name} must be positive, got {value}")
+        if not isinstance(self.num_threads, int) or self.num_threads < 0:
+            raise ValueError(f"DisaggConfig.num_threads must be an int >= 0, got {self.num_threads!r}")
+        for name in ("heartbeat_s", "liveness_timeout_s", "startup_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"DisaggConfig.{name} must be positive, got {getattr(self, name)!r}")
+        if self.liveness_timeout_s <= 2 * self.heartbeat_s:
+            raise ValueError(f"liveness_timeout_s={self.liveness_timeout_s} must exceed two heartbeats "
+                             f"(heartbeat_s={self.heartbeat_s}), or a healthy worker would look hung")
+
+
+@dataclass
+class _Req:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    stop_checker: StopChecker
+    output_token_ids: list[int] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: str | None = None
+    num_streamed: int = 0
+    error: str | None = None
+
+
+def _shutdown(handles: list[WorkerHandle]) -> None:
+    """Stop every worker for sure; module-level so `weakref.finalize` holds no reference to the engine."""
+    for h in handles:
+        h.stop()
+
+
+class DisaggregatedLLM:
+    """Prefill and decode in two processes; `generate`, `add_request`, `step`, `abort` as chapter 06's `LLM`."""
+
+    def __init__(self, model: GPT, tokenizer: Any = None, config: DisaggConfig | None = None,
+                 eos_id: int | None = None):
+        from minillm.device import resolve_device
+
+        if not isinstance(model, GPT):
+            raise TypeError(f"model must be a minillm GPT, got {type(model).__name__}")
+        config = DisaggConfig() if config is None else config
+        if not isinstance(config, DisaggConfig):
+            raise TypeError(f"config must be a DisaggConfig, got {type(config).__name__}")
+        self.config = config
+        self.model_config = model.config
+        self.tokenizer = tokenizer
+        self.eos_id = _default_eos(tokenizer, eos_id)
+        ctx_window = model.config.block_size
+        devices = {role: str(resolve_device(getattr(config, f"{role}_device") or config.device))
+                   for role in ("prefill", "decode")}
+        self.devices = devices
+        cfg_dict, weights = model_to_bytes(model)
+        common = dict(config=cfg_dict, weights=weights, block_size=config.block_size, eos_id=self.eos_id,
+                      heartbeat_s=config.heartbeat_s, num_threads=config.num_threads,
+                      max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens)
+        # The prefill pool only holds the prompts of one step: the token budget (or one full window) plus one
+        # partly filled block per prompt.
+        prefill_blocks = num_blocks_for(max(config.max_num_batched_tokens, ctx_window), config.block_size) \
+            + config.max_num_seqs
+        ctx = get_context("spawn")
+        peer_recv, peer_send = ctx.Pipe(duplex=False)  # prefill -> decode, the KV hand-off
+        self._handles: list[WorkerHandle] = []
+        self._finalizer = weakref.finalize(self, _shutdown, self._handles)  # also runs at interpreter exit
+        self.prefill = WorkerHandle(ctx, WorkerInit(role="prefill", device=devices["prefill"],
+                                                    num_blocks=prefill_blocks, **common), peer_send)
+        self._handles.append(self.prefill)
+        self.decode = WorkerHandle(ctx, WorkerInit(role="decode", device=devices["decode"],
+                                                   num_blocks=config.num_blocks, **common), peer_recv)
+        self._handles.append(self.decode)
+        peer_recv.close()  # the workers hold the only ends now: a dead prefill worker reads as EOF in decode
+        peer_send.close()
+        try:
+            wait_ready(self._handles, config.startup_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+        self._reqs: dict[str, _Req] = {}
+        self._ids = itertools.count()
+        self._broken: WorkerDiedError | None = None
+        self.timeline: list[StepRecord] = []  # every model step of both workers, in arrival order
+        self.transfers: list[TransferRecord] = []  # every KV hand-off the decode worker received
+
+    # ----------------------------------------------------------------------------------------------- lifecycle
+    @property
+    def worker_pids(self) -> dict[str, int | None]:
+        return {h.role: h.process.pid for h in self._handles}
+
+    def close(self) -> None:
+        """Stop both workers (idempotent). Unfinished requests are dropped."""
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def __enter__(self) -> "DisaggregatedLLM":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _inject_crash(self, role: str, after_steps: int = 0) -> None:
+        """Test hook: make the `role` worker die (os._exit) after `after_steps` more model steps."""
+        handle = {h.role: h for h in self._handles}.get(role)
+        if handle is None:
+            raise ValueError(f"role must be 'prefill' or 'decode', got {role!r}")
+        handle.send(CrashAfter(after_steps))
+
+    # ----------------------------------------------------------------------------------------------- requests
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+        """Queue one request; returns its id. `arrival_time` (perf_counter) defaults to now."""
+        self._check_usable()
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if params.n != 1:
+            raise ValueError(f"DisaggregatedLLM serves n=1 per request (no parallel samples), got n={params.n}")
+        text = prompt if isinstance(prompt, str) else None
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("a text prompt needs a tokenizer; pass token ids or give the engine a tokenizer")
+            ids = list(self.tokenizer.encode(prompt))
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = list(prompt)
+        else:
+            raise TypeError(f"prompt must be a str or a list of int token ids, got {type(prompt).__name__}")
+        V, window = self.model_config.vocab_size, self.model_config.block_size
+        if not ids:
+            raise ValueError("prompt is empty: it needs at least one token")
+        if len(ids) > window:
+            raise ValueError(f"prompt has {len(ids)} tokens, more than the context window block_size={window}")
+        bad = [t for t in ids if not 0 <= t < V]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {V})")
+        worst = num_blocks_for(max_kv_tokens(len(ids), params.max_new_tokens, window), self.config.block_size)
+        if worst > self.config.num_blocks:
+            raise ValueError(f"request needs up to {worst} KV blocks but the decode pool has num_blocks="
+                             f"{self.config.num_blocks}")
+        rid = str(next(self._ids)) if request_id is None else str(request_id)
+        if rid in self._reqs and not self._reqs[rid].finished:
+            raise ValueError(f"request id {rid!r} is already in use")
+        req = _Req(rid, text, ids, params, time.perf_counter() if arrival_time is None else arrival_time,
+                   StopChecker(self.tokenizer, params, self.eos_id))
+        self._reqs[rid] = req
+        if params.max_new_tokens == 0:
+            req.finished, req.finish_reason = True, "length"
+        else:
+            self.prefill.send(PrefillRequest(rid, ids, params))
+        return rid
+
+    def abort(self, request_id: str) -> None:
+        req = self._reqs.get(request_id)
+        if req is None or req.finished:
+            return
+        req.finished, req.finish_reason = True, "abort"
+        for h in self._handles:
+            h.send(Abort([request_id]))
+
+    def has_unfinished(self) -> bool:
+        return any(not r.finished for r in self._reqs.values())
+
+    # ----------------------------------------------------------------------------------------------- the loop
+    def step(self, timeout: float | None = None) -> list[RequestOutput]:
+        """Wait up to `timeout` s (default: one heartbeat) for worker messages; return the requests that moved.
+
+        Raises WorkerDiedError when a worker died, raised or fell silent; the requests it held are failed.
+        """
+        self._check_usable()
+        timeout = self.config.heartbeat_s if timeout is None else max(0.0, timeout)
+        waitables: list[Any] = [h.conn for h in self._handles] + [h.process.sentinel for h in self._handles]
+        wait(waitables, timeout=timeout)
+        moved: dict[str, None] = {}
+        for h in self._handles:
+            while True:
+                try:
+                    if not h.conn.poll():
+                        break
+                    msg = h.conn.recv()
+                except (EOFError, OSError):
+                    break  # the process is gone; its sentinel says how, below
+                h.last_seen = time.monotonic()
+                self._on_message(h, msg, moved)
+        for h in self._handles:
+            if not h.process.is_alive():
+                h.process.join(1.0)
+                self._fail(f"the {h.describe()}")
+            if time.monotonic() - h.last_seen > self.config.liveness_timeout_s:
+                self._fail(f"the {h.role} worker (pid {h.process.pid}) sent nothing, not even a heartbeat, for "
+                           f"{time.monotonic() - h.last_seen:.1f} s (liveness_timeout_s="
+                           f"{self.config.liveness_timeout_s}): it looks hung")
+        return [self._output(self._reqs[rid]) for rid in moved]
+
+    def _on_message(self, h: WorkerHandle, msg: Any, moved: dict[str, None]) -> None:
+        now = time.perf_counter()
+        if isinstance(msg, Heartbeat):
+            return
+        if isinstance(msg, WorkerFailed):
+            self._fail(f"the {msg.role} worker raised:\n{msg.traceback}")
+        if isinstance(msg, FirstTokens):
+            self.timeline.append(msg.step)
+            items = msg.items
+        elif isinstance(msg, DecodeTokens):
+            self.timeline.append(msg.step)
+            self.transfers.extend(msg.transfers)
+            items = msg.items
+        else:
+            raise WorkerDiedError(f"unexpected message {type(msg).__name__} from the {h.role} worker")
+        for rid, token, worker_done in items:
+            req = self._reqs.get(rid)
+            if req is None or req.finished:
+                continue  # aborted or stopped here while the worker was still producing
+            req.output_token_ids.append(token)
+            req.token_times.append(now)
+            moved[rid] = None
+            # The same finish rule as chapter 06's scheduler: the stop checker (eos, stop strings, length), then the
+            # context window. The workers apply the id-level part; stop strings only the coordinator can see.
+            stop = req.stop_checker.update(token)
+            reason = req.stop_checker.finish_reason if stop else None
+            if not stop and len(req.prompt_token_ids) + len(req.output_token_ids) > self.model_config.block_size:
+                stop, reason = True, "length"
+            if stop:
+                req.finished, req.finish_reason = True, reason
+                if not worker_done:  # a stop string: the decode worker would go on, so tell it to stop
+                    for handle in self._handles:
+                        handle.send(Abort([rid]))
+            elif worker_done:
+                raise WorkerDiedError(f"the {h.role} worker finished request {rid!r} but the coordinator did not")
+
+    def _output(self, req: _Req) -> RequestOutput:
+        new = req.output_token_ids[req.num_streamed:]
+        req.num_streamed = len(req.output_token_ids)
+        tok = self.tokenizer
+        return RequestOutput(
+            request_id=req.request_id,
+            prompt=req.prompt,
+            prompt_token_ids=list(req.prompt_token_ids),
+            new_token_ids=list(new),
+            output_token_ids=list(req.output_token_ids),
+            finished=req.finished,
+            finish_reason=req.finish_reason,
+            text=(req.stop_checker.output_text() if req.finished else tok.decode(req.output_token_ids))
+            if tok is not None else None,
+            new_text=tok.decode(new) if tok is not None else None,
+            arrival_time=req.arrival_time,
+            token_times=list(req.token_times),
+        )
+
+    def _check_usable(self) -> None:
+        if self._broken is not None:
+            raise WorkerDiedError(f"this DisaggregatedLLM is unusable: {self._broken}")
+        if self.closed:
+            raise ValueError("this DisaggregatedLLM is closed")
+
+    def _fail(self, what: str) -> None:
+        failed = [r.request_id for r in self._reqs.values() if not r.finished]
+        for rid in failed:
+            r = self._reqs[rid]
+            r.finished, r.finish_reason, r.error = True, "abort", what
+        self._broken = WorkerDiedError(f"{what}; {len(failed)} unfinished request(s) failed: {failed}")
+        raise self._broken
+
+    # ----------------------------------------------------------------------------------------------- offline
+    def generate(self, prompts: str | list[str] | list[list[int]],
+                 params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs in prompt order (as chapter 06's `LLM.generate`)."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        if isinstance(params, list):
+            if len(params) != len(prompts):
+                raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+            plist = params
+        else:
+            plist = [params] * len(prompts)  # type: ignore[list-item]
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        while any(not self._reqs[rid].finished for rid in ids):
+            self.step()
+        outs = []
+        for rid in ids:
+            self._reqs[rid].num_streamed = 0
+            outs.append(self._output(self._reqs.pop(rid)))
+        return outs
