@@ -20,6 +20,7 @@ COMMAND_MODULES: list[str] = [
     "minillm.train",
     "minillm.gpu_report",
     "minillm.tokenizer.commands",
+    "minillm.bench",
 ]
 
 
