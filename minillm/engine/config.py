@@ -1,0 +1,51 @@
+"""`EngineConfig`: how big the KV pool is and how much work one engine step may take; nothing about the model.
+
+The engine config is separate from the model's `GPTConfig` and from each request's `SamplingParams` (style.md:
+separate model, sampling and engine configs). Checks that need the model (the context window) happen in
+`minillm.engine.llm.LLM`, which sees both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PREEMPTION_MODES = ("recompute", "swap")
+
+
+@dataclass
+class EngineConfig:
+    num_blocks: int = 256  # KV blocks in the paged pool (chapter 05); the pool holds num_blocks * block_size tokens
+    block_size: int = 16  # tokens per KV block; vLLM's default (Kwon et al. 2023, §7.2)
+    max_num_seqs: int = 32  # the most requests RUNNING at once: the batch limit that moves along the frontier
+    max_num_batched_tokens: int = 512  # token budget of one step: decodes (1 token each) + prompt (chunks)
+    enable_chunked_prefill: bool = True  # split long prompts into chunks that share steps with decodes (Sarathi)
+    enable_prefix_caching: bool = False  # reuse full prompt blocks already in the pool (chapter 05's prefix cache)
+    preemption_mode: str = "recompute"  # what happens to a victim when blocks run out: "recompute" or "swap"
+    num_swap_blocks: int = 256  # CPU blocks for swapped-out requests (preemption_mode="swap"); full -> recompute
+    device: str = "auto"  # where the KV pool and the forward run: "auto", "cpu" or "cuda"
+
+    def __post_init__(self) -> None:
+        for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "num_swap_blocks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"EngineConfig.{name} must be an int, got {type(value).__name__} {value!r}")
+            if value <= 0 and name != "num_swap_blocks":
+                raise ValueError(f"EngineConfig.{name} must be positive, got {value}")
+            if value < 0:
+                raise ValueError(f"EngineConfig.{name} must be non-negative, got {value}")
+        for name in ("enable_chunked_prefill", "enable_prefix_caching"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            # Every running request must be able to decode in the same step, or the batch limit is a lie.
+            raise ValueError(
+                f"max_num_batched_tokens={self.max_num_batched_tokens} is smaller than "
+                f"max_num_seqs={self.max_num_seqs}: a full batch of decodes would not fit one step"
+            )
+
+    @property
+    def num_pool_tokens(self) -> int:
+        """How many tokens' keys and values the whole pool holds."""
+        return self.num_blocks * self.block_size

@@ -1,0 +1,113 @@
+"""A request's life inside the engine: its status (an `Enum`), its tokens, how many have their KV in the pool.
+
+One number drives everything, as in vLLM's V1 scheduler: `num_computed_tokens`, the tokens of `all_token_ids`
+(prompt + outputs so far) whose keys and values are already in the KV pool. A step feeds the next
+`num_tokens - num_computed_tokens` tokens (or a chunk of them); when a step reaches the last known token, its
+logits give the next output token. Prefill, chunked prefill, decode and recomputation after preemption are then
+the same operation with different chunk sizes. What it leaves out: parallel samples (`n > 1`) and beam search.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+
+class RequestStatus(Enum):
+    WAITING = "waiting"  # in the waiting queue: not admitted yet, or preempted by recomputation (holds no blocks)
+    RUNNING = "running"  # admitted: holds KV blocks for its computed tokens, gets work every step it fits the budget
+    SWAPPED = "swapped"  # preempted by swapping: its KV blocks sit in CPU memory, no GPU/pool blocks held
+    FINISHED_STOPPED = "stop"  # hit eos or a stop string
+    FINISHED_LENGTH = "length"  # reached max_new_tokens or the context window
+    FINISHED_ABORTED = "abort"  # removed by `abort` (or rejected while queued)
+
+    @property
+    def is_finished(self) -> bool:
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED)
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: "object"  # minillm.sampling.SamplingParams (validated copy; see LLM.add_request)
+    prompt: str | None = None  # the text, when the prompt came as a string
+    arrival_time: float = field(default_factory=time.perf_counter)
+    generator: torch.Generator | None = None  # per-request RNG seeded from params.seed: same draws alone or batched
+    stop_checker: "object | None" = None  # minillm.sampling.StopChecker
+    max_tokens_total: int | None = None  # the context window: never feed a token at a position beyond it
+
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens of all_token_ids whose K/V are in the pool (0 while WAITING)
+    num_block_tokens: int = 0  # tokens the block manager has slots for (== blocks held * bs, minus slack)
+    num_preemptions: int = 0
+    finish_reason: str | None = None
+    num_streamed: int = 0  # output tokens already handed out by `step()` (the rest are the next delta)
+    swapped_kv: "object | None" = None  # CPU copy of the KV while SWAPPED (see minillm.engine.swap)
+    token_times: list[float] = field(default_factory=list)  # perf_counter() when each output token was ready
+    first_scheduled_time: float | None = None
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens whose K/V must still be computed before the next output token can be sampled (>= 1 if alive)."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_prefill(self) -> bool:
+        """True while more than the last sampled token is uncomputed: a prompt, or a recomputation after preemption."""
+        return self.num_uncomputed_tokens > 1 or not self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def max_kv_tokens(self) -> int:
+        """The most tokens this request can ever hold in the pool: prompt + max_new_tokens - 1 (the last sampled
+        token is never fed back), capped by the context window."""
+        n = self.num_prompt_tokens + self.params.max_new_tokens - 1
+        return min(n, self.max_tokens_total) if self.max_tokens_total is not None else n
+
+
+@dataclass
+class RequestOutput:
+    """What `step()` streams and `generate()` returns: the new tokens since the last step and everything so far."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    new_token_ids: list[int]  # the delta: tokens produced since this request's previous RequestOutput
+    output_token_ids: list[int]  # every output token so far
+    finished: bool
+    finish_reason: str | None  # "length", "stop", "abort" once finished, else None
+    text: str | None = None  # decoded output_token_ids when the engine has a tokenizer
+    new_text: str | None = None  # decoded delta (best effort: a multi-byte character may straddle two deltas)
+    arrival_time: float = 0.0
+    token_times: list[float] = field(default_factory=list)  # perf_counter() per output token
+    num_preemptions: int = 0
+
+    @property
+    def ttft(self) -> float | None:
+        """Time to first token (seconds): arrival to the first output token."""
+        return self.token_times[0] - self.arrival_time if self.token_times else None
+
+    @property
+    def itl(self) -> list[float]:
+        """Inter-token latencies (seconds) between consecutive output tokens."""
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]

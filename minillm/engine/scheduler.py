@@ -1,0 +1,314 @@
+"""Iteration-level scheduling (Orca): every engine step decides afresh which requests run and how many tokens each.
+
+What it adds over chapter 04's static batch: requests join the batch the step after they arrive and leave it the
+step they finish, so a short request never waits for the longest one in its batch (Yu et al., Orca, OSDI 2022,
+§3.2 "iteration-level scheduling"). Admission is by free KV blocks (chapter 05's `BlockManager`), a token budget
+per step and a batch limit; when blocks run out the most recently admitted request is preempted, by recomputation
+or by swapping its blocks to CPU memory; long prompts are split into chunks that share a step with the running
+decodes (Agrawal et al., SARATHI, arXiv:2308.16369; Sarathi-Serve's "stall-free batching", OSDI 2024).
+What it leaves out: priorities other than arrival order, and any cost model (it never guesses step times).
+
+Invariants (checked by `check_invariants`, relied on by the engine and the tests):
+  I1. Every unfinished request is in exactly one of `waiting`, `running`, `swapped`; finished ones in none.
+  I2. A WAITING request holds no blocks and has num_computed_tokens == 0; a SWAPPED one holds no pool blocks
+      (its KV is in the swap space); a RUNNING one holds blocks for num_block_tokens >= num_computed_tokens.
+  I3. len(running) <= max_num_seqs at every moment.
+  I4. One step's scheduled tokens sum to <= max_num_batched_tokens, and every scheduled request gets >= 1 token.
+  I5. Admission is first come, first served: the head of `waiting` blocks everyone behind it (no overtaking, so a
+      big request is never starved by a stream of small ones). Swapped requests come back before waiting ones.
+  I6. Decodes are scheduled before prompt chunks (stall-free batching): a long prompt can delay a decode by at
+      most one chunk's worth of compute, never by its whole prefill.
+  I7. Preemption victims are taken from the tail of `running` (the latest admitted); a step that preempted admits
+      nobody (it would only thrash: the admitted request would be the next victim).
+  I8. A request that finishes frees its blocks in the same `update` call; an aborted one at once.
+  I9. When no request is unfinished, every block of the pool is free (the tests assert it after every workload).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from minillm.engine.config import EngineConfig
+from minillm.engine.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int  # feed all_token_ids[start : start + num_new_tokens] this step
+    start: int  # request.num_computed_tokens when scheduled (the position of the first new token)
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the last known token, so its logits give the next output token."""
+        return self.start + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)  # decodes first, then prompt chunks
+    preempted: list[Request] = field(default_factory=list)  # requests preempted in this step
+    cow_pairs: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) block copies before the forward
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    """Queues plus one decision per step. It moves requests between queues and blocks; it never touches tensors
+    (KV copies for swapping go through `swapper`, an object with `can_swap_out(n_blocks)`, `swap_out(request,
+    block_table)`, `swap_in(request, block_table)` and `discard(request)`)."""
+
+    def __init__(self, config: EngineConfig, block_manager, swapper=None):
+        if config.preemption_mode == "swap" and swapper is None:
+            raise ValueError("preemption_mode='swap' needs a swapper (see minillm.engine.swap.SwapSpace)")
+        self.config = config
+        self.block_manager = block_manager
+        self.swapper = swapper
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # admission order = priority order (head first)
+        self.swapped: deque[Request] = deque()
+        self.num_preemptions = 0
+        # Admission leaves this many blocks free for running decodes that will cross a block boundary soon, so a
+        # fresh admission is not the next step's victim (vLLM's watermark). Ignored when nothing runs (see below).
+        self.watermark_blocks = max(1, config.num_blocks // 100)
+
+    # ---------------------------------------------------------------- queue management
+
+    def add(self, request: Request) -> None:
+        assert request.status is RequestStatus.WAITING and request.num_computed_tokens == 0
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running) + len(self.swapped)
+
+    def abort(self, request_id: str) -> Request | None:
+        """Remove a request from whichever queue holds it and free what it holds (I8). None if unknown/finished."""
+        for queue in (self.waiting, self.running, self.swapped):
+            for req in queue:
+                if req.request_id == request_id:
+                    queue.remove(req)
+                    self._release(req)
+                    req.status = RequestStatus.FINISHED_ABORTED
+                    req.finish_reason = "abort"
+                    return req
+        return None
+
+    def _release(self, req: Request) -> None:
+        """Give back everything `req` holds: its pool blocks if running, its CPU copy if swapped."""
+        if req.status is RequestStatus.RUNNING:
+            self.block_manager.free(req.request_id)
+        elif req.status is RequestStatus.SWAPPED and self.swapper is not None:
+            self.swapper.discard(req)
+        req.num_block_tokens = 0
+
+    def _blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.config.block_size)  # ceil
+
+    # ---------------------------------------------------------------- admission and preemption
+
+    def _can_admit(self, req: Request, budget: int, num_tokens: int) -> bool:
+        """May `req` (needing blocks for `num_tokens` tokens) join the running batch in this step?
+
+        Three limits, all of which must hold (Orca §3.2 + vLLM's block-based admission):
+          - the batch limit: fewer than max_num_seqs requests running (I3);
+          - the token budget: without chunked prefill the request's whole uncomputed part must fit what is left
+            of this step's budget; with chunking any budget left is enough (the prompt goes in chunks);
+          - the KV pool: free blocks for `num_tokens`, plus the watermark unless nothing is running (if nothing
+            runs, waiting for the watermark could wait forever: a request that fits the pool must be admitted).
+        """
+        # BEGIN SOLUTION
+        if len(self.running) >= self.config.max_num_seqs or budget <= 0:
+            return False
+        if not self.config.enable_chunked_prefill and req.num_tokens - req.num_computed_tokens > budget:
+            return False
+        needed = self._blocks_for(num_tokens)
+        if self.running:
+            needed += self.watermark_blocks
+        return self.block_manager.num_free_blocks >= needed
+        # END SOLUTION
+
+    def _preempt(self, victim: Request) -> None:
+        """Take `victim` out of the running batch and free its blocks (I7).
+
+        Swap: copy its blocks to CPU memory and keep its progress. Recompute (or swap space full): drop its KV;
+        it goes back to the *front* of `waiting` and recomputes prompt + outputs so far as one long prefill,
+        whose last logits give exactly the token the next decode would have (same generator, no extra draw).
+        """
+        self.num_preemptions += 1
+        victim.num_preemptions += 1
+        n_blocks = self._blocks_for(victim.num_block_tokens)
+        if (
+            self.config.preemption_mode == "swap"
+            and self.swapper is not None
+            and self.swapper.can_swap_out(n_blocks)
+        ):
+            self.swapper.swap_out(victim, self.block_manager.block_table(victim.request_id))
+            self.block_manager.free(victim.request_id)
+            victim.status = RequestStatus.SWAPPED
+            self.swapped.append(victim)
+            return
+        self.block_manager.free(victim.request_id)
+        victim.num_computed_tokens = 0
+        victim.num_block_tokens = 0
+        victim.status = RequestStatus.WAITING
+        self.waiting.appendleft(victim)  # I5: a victim keeps its place ahead of everyone who arrived later
+
+    def _ensure_slots(self, req: Request, upto: int, out: SchedulerOutput) -> None:
+        """Give `req` block slots for its first `upto` tokens (a decode appends one slot, maybe one new block)."""
+        tokens = req.all_token_ids
+        while req.num_block_tokens < upto:
+            pairs = self.block_manager.append_slot(req.request_id, tokens[req.num_block_tokens])
+            if pairs:
+                out.cow_pairs.extend(pairs)
+            req.num_block_tokens += 1
+
+    # ---------------------------------------------------------------- one step
+
+    def schedule(self) -> SchedulerOutput:
+        """Decide this step's batch: running decodes, then running prompt chunks, then admissions.
+
+        1. Decodes (I6). Each running request with one uncomputed token gets one token, after making sure it has
+           a slot; if the pool is out of blocks, preempt from the tail of `running` until it has one (or it is
+           itself the tail, and goes). The budget always covers them: max_num_batched_tokens >= max_num_seqs.
+        2. Running prompts (chunked prefill in progress): the next chunk, as big as the budget left allows.
+        3. Unless step 1 preempted (I7): bring back swapped requests, then admit from the head of `waiting` while
+           `_can_admit` says yes (I5), allocating blocks for the whole known sequence at once and scheduling its
+           first chunk (or, without chunking, all of it).
+        """
+        out = SchedulerOutput()
+        # BEGIN SOLUTION
+        cfg, bm = self.config, self.block_manager
+        budget = cfg.max_num_batched_tokens
+
+        # 1. decodes, in priority order
+        i = 0
+        while i < len(self.running):
+            req = self.running[i]
+            if req.is_prefill:
+                i += 1
+                continue
+            while req.num_block_tokens < req.num_tokens and not bm.can_append(req.request_id):
+                victim = self.running.pop()  # I7: the latest admitted; never one already scheduled (they are < i)
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is req:
+                    break
+            if req.status is not RequestStatus.RUNNING:
+                break  # req was the tail and preempted itself: nothing behind it is left
+            self._ensure_slots(req, req.num_tokens, out)
+            out.scheduled.append(ScheduledRequest(req, 1, req.num_computed_tokens))
+            budget -= 1
+            i += 1
+
+        # 2. prompt chunks of running requests (blocks were allocated at admission: no preemption needed)
+        for req in self.running:
+            if budget <= 0:
+                break
+            if req.is_prefill:
+                n = req.num_uncomputed_tokens
+                if cfg.enable_chunked_prefill:
+                    n = min(n, budget)
+                elif n > budget:
+                    continue
+                out.scheduled.append(ScheduledRequest(req, n, req.num_computed_tokens))
+                budget -= n
+
+        # 3. admissions: swapped first, then waiting, both in order, none after a preemption
+        if not out.preempted:
+            while self.swapped and budget > 0:
+                req = self.swapped[0]
+                if not self._can_admit(req, budget, req.num_block_tokens + 1):
+                    break
+                self.swapped.popleft()
+                bm.allocate(req.request_id, req.all_token_ids[: req.num_block_tokens])
+                self.swapper.swap_in(req, bm.block_table(req.request_id))
+                budget -= self._start(req, budget, out)
+            while self.waiting and budget > 0 and not self.swapped:
+                req = self.waiting[0]
+                if not self._can_admit(req, budget, req.num_tokens):
+                    break
+                self.waiting.popleft()
+                num_cached = bm.allocate(req.request_id, req.all_token_ids) or 0
+                req.num_block_tokens = req.num_tokens
+                # subtle: keep at least the last token uncomputed, or there would be no logits to sample from
+                req.num_computed_tokens = min(int(num_cached), req.num_tokens - 1)
+                budget -= self._start(req, budget, out)
+        # END SOLUTION
+        return out
+
+    def _start(self, req: Request, budget: int, out: SchedulerOutput) -> int:
+        """Move a just-allocated request into `running` and schedule its first piece of work; return tokens used."""
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+        self._ensure_slots(req, req.num_tokens, out)
+        n = req.num_uncomputed_tokens
+        if self.config.enable_chunked_prefill:
+            n = min(n, budget)
+        assert 0 < n <= budget, (n, budget)
+        out.scheduled.append(ScheduledRequest(req, n, req.num_computed_tokens))
+        return n
+
+    # ---------------------------------------------------------------- after the forward
+
+    def update(self, out: SchedulerOutput, sampled: list[int | None], now: float) -> list[Request]:
+        """Advance every scheduled request by its tokens, append the sampled ones, finish and free (I8).
+
+        `sampled[i]` is the token drawn for `out.scheduled[i]` (None for a prompt chunk that is not the last).
+        Returns the requests that finished in this step.
+        """
+        assert len(sampled) == len(out.scheduled)
+        finished: list[Request] = []
+        for s, tok in zip(out.scheduled, sampled):
+            req = s.request
+            assert req.num_computed_tokens == s.start and req.status is RequestStatus.RUNNING
+            req.num_computed_tokens += s.num_new_tokens
+            if tok is None:
+                assert not s.samples
+                continue
+            req.output_token_ids.append(int(tok))
+            req.token_times.append(now)
+            stop = req.stop_checker.update(int(tok)) if req.stop_checker is not None else False
+            reason = getattr(req.stop_checker, "finish_reason", None) if stop else None
+            if not stop and len(req.output_token_ids) >= req.params.max_new_tokens:
+                stop, reason = True, "length"
+            if not stop and req.max_tokens_total is not None and req.num_tokens > req.max_tokens_total:
+                stop, reason = True, "length"  # the next token would sit beyond the context window
+            if stop:
+                req.finish_reason = reason or "length"
+                req.status = RequestStatus.FINISHED_LENGTH if req.finish_reason == "length" else (
+                    RequestStatus.FINISHED_STOPPED
+                )
+                self.block_manager.free(req.request_id)
+                req.num_block_tokens = 0
+                finished.append(req)
+        if finished:
+            done = {id(r) for r in finished}
+            self.running = [r for r in self.running if id(r) not in done]
+        return finished
+
+    # ---------------------------------------------------------------- checks
+
+    def check_invariants(self) -> None:
+        """Assert I1-I3 and I9 (cheap; the tests call it after every step)."""
+        ids = [r.request_id for q in (self.waiting, self.running, self.swapped) for r in q]
+        assert len(ids) == len(set(ids)), "a request is in two queues (I1)"
+        assert len(self.running) <= self.config.max_num_seqs, "batch limit exceeded (I3)"
+        for r in self.waiting:
+            assert r.status is RequestStatus.WAITING and r.num_computed_tokens == 0 and r.num_block_tokens == 0, r
+        for r in self.running:
+            assert r.status is RequestStatus.RUNNING and r.num_block_tokens >= r.num_computed_tokens, r
+        for r in self.swapped:
+            assert r.status is RequestStatus.SWAPPED and r.swapped_kv is not None, r
+        if not self.has_unfinished():
+            assert self.block_manager.num_free_blocks == self.config.num_blocks, "blocks leaked while idle (I9)"
