@@ -1,9 +1,11 @@
 """Training byte-level BPE: the naive recount-everything trainer and the incremental trainer it is checked against.
 
-What it adds: `train_bpe_naive` (recount every pair of every chunk after each merge, as in Sennrich et al. 2016,
-Algorithm 1) and `train_bpe` (count each distinct chunk once with its frequency, then after a merge update only
-the pair counts of the chunks that contained the merged pair, found through an index pair -> chunks, with a heap
-for the most frequent pair). Both return the same merges, tie-break included. What it leaves out: encoding
+What it adds: `train_bpe_naive` (after each merge, recount every pair of every chunk occurrence: the loop of
+Sennrich et al. 2016, Algorithm 1, without even its word-frequency dictionary) and `train_bpe` (count each
+distinct chunk once, weighted by its frequency, as Sennrich et al. 2016, Sec. 3.2, suggest: "The algorithm can thus
+be run on the dictionary extracted from a text, with each word being weighted by its frequency"; then after a merge
+update only the pair counts of the chunks that contained the merged pair, found through an index pair -> chunks,
+with a heap for the most frequent pair). Both return the same merges, tie-break included. What it leaves out: encoding
 (`encode.py`, `bpe.py`), and anything beyond a single process (no parallel counting).
 
 The rules both trainers share, so that their results are identical (tested on small inputs):
