@@ -61,13 +61,14 @@ class LLM:
         self.config = config
         self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.runner = ModelRunner(model, config.num_blocks, config.block_size, device=self.device)
-        self.swap_space = SwapSpace(self.runner.cache, config.num_swap_blocks) if (
-            config.preemption_mode == "swap") else None
+        # Always there: besides swap preemption it parks the KV of requests prefilled elsewhere (chapter 07).
+        self.swap_space = SwapSpace(self.runner.cache, config.num_swap_blocks)
         self.scheduler = Scheduler(config, self.block_manager, self.swap_space)
         self._requests: dict[str, Request] = {}  # unfinished requests by id
         self._pending: list[RequestOutput] = []  # outputs to hand out at the next step (aborts, empty requests)
         self._counter = itertools.count()
         self.num_steps = 0
+        self.last_schedule = None
 
     # ------------------------------------------------------------------------------------------------ requests
 
@@ -134,6 +135,63 @@ class LLM:
         self.scheduler.add(req)
         return request_id
 
+    def add_prefilled_request(self, prompt: str | Sequence[int], params: SamplingParams | None, first_token_id: int,
+                              kv: torch.Tensor, request_id: str | None = None, arrival_time: float | None = None,
+                              generator_state: torch.Tensor | None = None) -> str:
+        """Queue a request whose prompt was prefilled elsewhere (chapter 07's prefill worker): it arrives with the
+        prompt's K/V and its first output token, and only decodes here.
+
+        `kv` is (n_layer, 2, T, nh, hs), layer-major, K before V, token order (chapter 07's hand-off payload) for
+        the T prompt tokens. The request enters as SWAPPED: the scheduler admits it by the same rules as a swapped
+        request (free blocks, batch limit, FCFS) and copies its KV into the pool, so it never jumps the queue.
+        `generator_state` (from `torch.Generator.get_state()` after the first draw) keeps seeded sampling exact.
+        """
+        rid = self.add_request(prompt, params, request_id=request_id, arrival_time=arrival_time)
+        req = self._requests.get(rid)
+        if req is None:  # max_new_tokens == 0: finished on arrival
+            return rid
+        cfg, T = self.model.config, req.num_prompt_tokens
+        want = (cfg.n_layer, 2, T, cfg.n_head, cfg.head_size)
+        if not isinstance(kv, torch.Tensor) or tuple(kv.shape) != want:
+            self.scheduler.abort(rid)
+            del self._requests[rid]
+            raise ValueError(f"kv must be a tensor of shape {want} (n_layer, 2, T, nh, hs), got "
+                             f"{tuple(kv.shape) if isinstance(kv, torch.Tensor) else type(kv).__name__}")
+        if not isinstance(first_token_id, int) or not 0 <= first_token_id < cfg.vocab_size:
+            self.scheduler.abort(rid)
+            del self._requests[rid]
+            raise ValueError(f"first_token_id must be a token id in [0, {cfg.vocab_size}), got {first_token_id!r}")
+        from minillm.engine.swap import SwappedKV
+
+        bs = self.config.block_size
+        n_blocks = -(-T // bs)
+        pad = n_blocks * bs - T
+
+        def blocks(x: torch.Tensor) -> torch.Tensor:  # (T, nh, hs) -> (n_blocks, bs, nh, hs), zero-padded
+            x = torch.cat([x, x.new_zeros(pad, *x.shape[1:])]) if pad else x
+            return x.reshape(n_blocks, bs, *x.shape[1:]).to("cpu", self.runner.dtype)
+
+        self.scheduler.waiting.remove(req)
+        req.swapped_kv = SwappedKV([blocks(kv[l, 0]) for l in range(cfg.n_layer)],
+                                   [blocks(kv[l, 1]) for l in range(cfg.n_layer)], n_blocks)
+        self.swap_space.num_used += n_blocks  # not limited by the swap capacity: it is an arrival, not a victim
+        if generator_state is not None and req.generator is not None:
+            req.generator.set_state(generator_state)
+        req.num_computed_tokens = req.num_block_tokens = T
+        req.output_token_ids.append(first_token_id)
+        req.token_times.append(time.perf_counter())
+        if req.stop_checker.update(first_token_id):
+            self.swap_space.discard(req)
+            req.finish_reason = req.stop_checker.finish_reason
+            req.status = RequestStatus.FINISHED_LENGTH if req.finish_reason == "length" else (
+                RequestStatus.FINISHED_STOPPED)
+            del self._requests[rid]
+            self._pending.append(self._output(req))
+            return rid
+        req.status = RequestStatus.SWAPPED
+        self.scheduler.swapped.append(req)
+        return rid
+
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free everything it holds; its final output (finish_reason "abort") comes with the
         next `step()`. Returns False if the id is unknown or already finished."""
@@ -175,6 +233,7 @@ class LLM:
         """
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule()
+        self.last_schedule = sched  # kept for inspection (tests, the notebook's schedule plot)
         if sched.is_empty:
             return outputs
         now_first = time.perf_counter()
