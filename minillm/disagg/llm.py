@@ -21,6 +21,7 @@ exit, through `weakref.finalize`) stops both processes: Shutdown, then SIGTERM, 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 import weakref
@@ -28,6 +29,8 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from multiprocessing.connection import wait
 from typing import Any
+
+import torch
 
 from minillm.disagg.decode_worker import max_kv_tokens
 from minillm.disagg.messages import (
@@ -44,7 +47,7 @@ from minillm.disagg.messages import (
 )
 from minillm.disagg.worker import WorkerDiedError, WorkerHandle, model_to_bytes, wait_ready
 from minillm.engine.request import RequestOutput
-from minillm.generate import StopChecker, _default_eos
+from minillm.generate import StopChecker, _default_eos, validate_prompt
 from minillm.model import GPT
 from minillm.paged import num_blocks_for
 from minillm.sampling import SamplingParams
@@ -99,6 +102,8 @@ class _Req:
 
 def _shutdown(handles: list[WorkerHandle]) -> None:
     """Stop every worker for sure; module-level so `weakref.finalize` holds no reference to the engine."""
+    for h in handles:  # ask all first, so they exit in parallel
+        h.request_stop()
     for h in handles:
         h.stop()
 
@@ -183,45 +188,56 @@ class DisaggregatedLLM:
     # ----------------------------------------------------------------------------------------------- requests
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None) -> str:
-        """Queue one request; returns its id. `arrival_time` (perf_counter) defaults to now."""
+        """Queue one request; returns its id. `arrival_time` (perf_counter) defaults to now.
+
+        Checked here, with chapter 06's rules and messages (`validate_prompt`): n > 1, an empty, out-of-vocabulary
+        or too long prompt, a duplicate id, and a request the decode pool could never hold.
+        """
+        req = self._prepare(prompt, params, request_id, arrival_time)
+        self._submit(req)
+        return req.request_id
+
+    def _prepare(self, prompt: Any, params: SamplingParams | None, request_id: str | None,
+                 arrival_time: float | None) -> _Req:
         self._check_usable()
-        params = SamplingParams() if params is None else params
+        params = SamplingParams.greedy() if params is None else params
         if not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__} {params!r}")
+        params = dataclasses.replace(params)  # re-validates a params object mutated after construction
         if params.n != 1:
-            raise ValueError(f"DisaggregatedLLM serves n=1 per request (no parallel samples), got n={params.n}")
+            raise ValueError(f"DisaggregatedLLM serves one sample per request; got n={params.n}")
+        if params.stop and self.tokenizer is None:
+            raise ValueError(f"stop strings {params.stop!r} need a tokenizer")
         text = prompt if isinstance(prompt, str) else None
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError("a text prompt needs a tokenizer; pass token ids or give the engine a tokenizer")
-            ids = list(self.tokenizer.encode(prompt))
-        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            ids = list(prompt)
-        else:
+                raise TypeError("prompt is a string but the engine has no tokenizer: pass token ids or a tokenizer")
+            prompt = list(self.tokenizer.encode(prompt))
+        elif isinstance(prompt, torch.Tensor):
+            prompt = prompt.tolist()
+        elif not isinstance(prompt, (list, tuple)):
             raise TypeError(f"prompt must be a str or a list of int token ids, got {type(prompt).__name__}")
-        V, window = self.model_config.vocab_size, self.model_config.block_size
-        if not ids:
-            raise ValueError("prompt is empty: it needs at least one token")
-        if len(ids) > window:
-            raise ValueError(f"prompt has {len(ids)} tokens, more than the context window block_size={window}")
-        bad = [t for t in ids if not 0 <= t < V]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {V})")
-        worst = num_blocks_for(max_kv_tokens(len(ids), params.max_new_tokens, window), self.config.block_size)
+        cfg = self.model_config
+        ids, max_new = validate_prompt(prompt, params, cfg.vocab_size, cfg.block_size)
+        params = dataclasses.replace(params, max_new_tokens=max_new)  # the window cap, as chapters 04 and 06
+        worst = num_blocks_for(max_kv_tokens(len(ids), max_new, cfg.block_size), self.config.block_size)
         if worst > self.config.num_blocks:
             raise ValueError(f"request needs up to {worst} KV blocks but the decode pool has num_blocks="
-                             f"{self.config.num_blocks}")
-        rid = str(next(self._ids)) if request_id is None else str(request_id)
-        if rid in self._reqs and not self._reqs[rid].finished:
-            raise ValueError(f"request id {rid!r} is already in use")
-        req = _Req(rid, text, ids, params, time.perf_counter() if arrival_time is None else arrival_time,
-                   StopChecker(self.tokenizer, params, self.eos_id))
-        self._reqs[rid] = req
-        if params.max_new_tokens == 0:
+                             f"{self.config.num_blocks}: it could never run")
+        rid = f"req-{next(self._ids)}" if request_id is None else request_id
+        if not isinstance(rid, str):
+            raise TypeError(f"request_id must be a str, got {type(rid).__name__} {rid!r}")
+        if rid in self._reqs:
+            raise ValueError(f"request_id {rid!r} is already in use")
+        return _Req(rid, text, ids, params, time.perf_counter() if arrival_time is None else arrival_time,
+                    StopChecker(self.tokenizer, params, self.eos_id))
+
+    def _submit(self, req: _Req) -> None:
+        self._reqs[req.request_id] = req
+        if req.params.max_new_tokens == 0:  # nothing to generate: finished on arrival, never sent
             req.finished, req.finish_reason = True, "length"
         else:
-            self.prefill.send(PrefillRequest(rid, ids, params))
-        return rid
+            self.prefill.send(PrefillRequest(req.request_id, req.prompt_token_ids, req.params))
 
     def abort(self, request_id: str) -> None:
         req = self._reqs.get(request_id)
@@ -346,7 +362,15 @@ class DisaggregatedLLM:
             plist = params
         else:
             plist = [params] * len(prompts)  # type: ignore[list-item]
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        reqs: list[_Req] = []
+        for i, (p, sp) in enumerate(zip(prompts, plist)):  # validate every prompt before any is sent
+            try:
+                reqs.append(self._prepare(p, sp, None, None))
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"prompts[{i}]: {exc}") from None
+        for req in reqs:
+            self._submit(req)
+        ids = [r.request_id for r in reqs]
         while any(not self._reqs[rid].finished for rid in ids):
             self.step()
         outs = []
