@@ -97,7 +97,8 @@ def _default_corpus() -> Corpus:
     train = [t for i, t in enumerate(texts) if i % VAL_EVERY != VAL_EVERY - 1]
     val = [t for i, t in enumerate(texts) if i % VAL_EVERY == VAL_EVERY - 1]
     version = ".".join(map(str, sys.version_info[:3]))
-    return _make_corpus(SEPARATOR.join(texts), SEPARATOR.join(train), SEPARATOR.join(val), tuple(names), f"stdlib:{version}")
+    joined = [SEPARATOR.join(part) for part in (texts, train, val)]
+    return _make_corpus(*joined, tuple(names), f"stdlib:{version}")
 
 
 def _make_corpus(text: str, train: str, val: str, files: tuple[str, ...], source: str) -> Corpus:

@@ -206,7 +206,8 @@ class Tokenizer:
         if isinstance(src, (str, os.PathLike)):
             path = Path(src)
             if pattern is None:
-                raise ValueError(f"a .tiktoken file holds no split pattern: pass pattern= (e.g. 'gpt2') for {str(path)!r}")
+                raise ValueError(
+                    f"a .tiktoken file holds no split pattern: pass pattern= (e.g. 'gpt2') for {str(path)!r}")
             if not path.is_file():
                 raise ValueError(f"tiktoken rank file not found: {str(path)!r}")
             ranks = formats.parse_tiktoken_ranks(path.read_bytes(), source=str(path))

@@ -33,7 +33,8 @@ FORMAT_VERSION = 1
 
 
 def dump_tiktoken_ranks(ranks: dict[bytes, int]) -> bytes:
-    lines = [base64.b64encode(tok) + b" " + str(rank).encode() for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1])]
+    by_rank = sorted(ranks.items(), key=lambda kv: kv[1])
+    lines = [base64.b64encode(tok) + b" " + str(rank).encode() for tok, rank in by_rank]
     return b"\n".join(lines) + b"\n"
 
 
@@ -90,7 +91,8 @@ def parse_json(text: str | bytes, source: str = "<json>") -> dict[str, Any]:
         got = obj.get("format") if isinstance(obj, dict) else type(obj).__name__
         raise ValueError(f"{source}: 'format' must be {FORMAT_NAME!r}, got {got!r}")
     if obj.get("version") != FORMAT_VERSION:
-        raise ValueError(f"{source}: unsupported format version {obj.get('version')!r} (this minillm reads {FORMAT_VERSION})")
+        raise ValueError(
+            f"{source}: unsupported format version {obj.get('version')!r} (this minillm reads {FORMAT_VERSION})")
     for key, typ in (("pattern", str), ("special_tokens", dict), ("ranks", list), ("num_ranks", int)):
         if not isinstance(obj.get(key), typ):
             raise ValueError(f"{source}: field {key!r} must be a {typ.__name__}, got {type(obj.get(key)).__name__}")

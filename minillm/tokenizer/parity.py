@@ -53,10 +53,12 @@ def _random_piece(rng: random.Random) -> str:
         return rng.choice(("", "-", "+", "$", " ")) + str(rng.randrange(10 ** rng.randint(1, 15)))
     if kind == 3:  # contractions in any case
         word = rng.choice(_WORDS)
-        return word + "'" + "".join(c.upper() if rng.random() < 0.5 else c for c in rng.choice(("s", "t", "re", "ve", "m", "ll", "d")))
+        suffix = rng.choice(("s", "t", "re", "ve", "m", "ll", "d"))
+        return word + "'" + "".join(c.upper() if rng.random() < 0.5 else c for c in suffix)
     if kind == 4:
         return rng.choice(FRAGMENTS)
-    return " " * rng.randint(0, 3) + rng.choice(_WORDS) + rng.choice(("", ".", ",", "!", "?", "...", ":", ";", "()", "[]"))
+    punct = rng.choice(("", ".", ",", "!", "?", "...", ":", ";", "()", "[]"))
+    return " " * rng.randint(0, 3) + rng.choice(_WORDS) + punct
 
 
 def varied_text(num_bytes: int, seed: int = 0, corpus_fraction: float = 0.6) -> str:
