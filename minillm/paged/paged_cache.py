@@ -42,6 +42,7 @@ class PagedBatch:
     # Host copies, made once per step so `attend` (called once per layer) never syncs with the device.
     context_lens_list: list[int] = field(init=False, repr=False)
     query_lens_list: list[int] = field(init=False, repr=False)
+    _decode_cache: tuple | None = field(init=False, repr=False, default=None)  # (bs, flat block ids, mask)
 
     def __post_init__(self) -> None:
         for name in ("slot_mapping", "block_tables", "context_lens", "query_lens"):
@@ -156,6 +157,7 @@ class PagedKVCache:
         self.v_pools = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(config.n_layer)]
         self._attn = attention_ref if config.attn_impl == "explicit" else attention
         self.batch: PagedBatch | None = None
+        self._scratch_buf: torch.Tensor | None = None  # gather space of the decode path
 
     @property
     def nbytes(self) -> int:
@@ -210,9 +212,15 @@ class PagedKVCache:
         blocks = batch.block_tables[seq_index, :nblk]  # (nblk,)
         out = []
         for pool in (self.k_pools[layer_idx], self.v_pools[layer_idx]):
-            kv = pool[blocks].flatten(0, 1)[:ctx]  # (nblk, bs, nh, hs) -> (nblk*bs, nh, hs) -> (ctx, nh, hs)
+            kv = pool.index_select(0, blocks).flatten(0, 1)[:ctx]  # (nblk, bs, nh, hs) -> (nblk*bs, nh, hs) -> (ctx, nh, hs)
             out.append(kv.transpose(0, 1).unsqueeze(0))  # (1, nh, ctx, hs)
         return out[0], out[1]
+
+    def _scratch(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A flat buffer of at least `numel` elements, reused across layers and steps (grown when too small)."""
+        if self._scratch_buf is None or self._scratch_buf.numel() < numel or self._scratch_buf.dtype != dtype:
+            self._scratch_buf = torch.empty(numel, dtype=dtype, device=self.device)
+        return self._scratch_buf
 
     def _attend_ragged(self, layer_idx: int, q: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
         """Reference path: one attention call per sequence, causal within its new tokens."""
@@ -230,14 +238,26 @@ class PagedKVCache:
         """Fast path, one new token per sequence: gather all block tables at once, mask past each length."""
         S, bs = batch.num_seqs, self.block_size
         nblk = -(-max(batch.context_lens_list) // bs)
-        # subtle: -1 padding is clamped to block 0; whatever block 0 holds is masked out below.
-        tables = batch.block_tables[:, :nblk].clamp(min=0)  # (S, nblk)
         L = nblk * bs
-        k = self.k_pools[layer_idx][tables].view(S, L, *self.k_pools[layer_idx].shape[2:])  # (S, nblk, bs, nh, hs) -> (S, L, nh, hs)
-        v = self.v_pools[layer_idx][tables].view(S, L, *self.v_pools[layer_idx].shape[2:])  # (S, L, nh, hs)
-        k = k.transpose(1, 2).to(q.dtype)  # (S, nh, L, hs)
-        v = v.transpose(1, 2).to(q.dtype)  # (S, nh, L, hs)
-        mask = torch.arange(L, device=q.device) < batch.context_lens.unsqueeze(1)  # (S, L): real tokens only
+        if batch._decode_cache is None or batch._decode_cache[0] != self.block_size:
+            # Built once per step, reused by every layer: the flat block ids and the length mask.
+            # subtle: -1 padding is clamped to block 0; whatever block 0 holds is masked out below.
+            flat_ids = batch.block_tables[:, :nblk].clamp(min=0).reshape(-1)  # (S, nblk) -> (S*nblk,)
+            mask = torch.arange(L, device=q.device) < batch.context_lens.unsqueeze(1)  # (S, L): real tokens only
+            batch._decode_cache = (self.block_size, flat_ids, mask[:, None, None, :])  # mask (S, 1, 1, L)
+        _, flat_ids, mask = batch._decode_cache
+        nh, hs = self.config.n_head, self.config.head_size
+        n = S * L * nh * hs
+        scratch = self._scratch(2 * n, q.dtype)
+        kv = []
+        for j, pool in enumerate((self.k_pools[layer_idx], self.v_pools[layer_idx])):
+            # index_select on whole blocks (rows of nb x (bs*nh*hs)) is one memcpy per block, several times
+            # faster than advanced indexing of the 4-D pool. subtle: it writes into a scratch buffer kept across
+            # steps; fresh megabyte-sized tensors every layer cost more in page faults than the copy itself.
+            g = scratch[j * n : (j + 1) * n].view(S * nblk, bs * nh * hs)  # (S*nblk, bs*nh*hs)
+            torch.index_select(pool.view(pool.shape[0], bs * nh * hs), 0, flat_ids, out=g)
+            # Heads first as a strided view, no copy: attention reads rows of hs contiguous floats either way.
+            kv.append(g.view(S, L, nh, hs).transpose(1, 2))  # (S, L, nh, hs) -> (S, nh, L, hs)
         q_s = q[0].transpose(0, 1).unsqueeze(2)  # (nh, S, hs) -> (S, nh, hs) -> (S, nh, 1, hs)
-        y = self._attn(q_s, k, v, mask[:, None, None, :])  # (S, nh, 1, hs), mask (S, 1, 1, L)
+        y = self._attn(q_s, kv[0], kv[1], mask)  # (S, nh, 1, hs)
         return y.squeeze(2).transpose(0, 1).unsqueeze(0)  # (S, nh, hs) -> (nh, S, hs) -> (1, nh, S, hs)
