@@ -36,10 +36,17 @@ def _find_gpt2():
 
 
 GPT2_RANKS = _find_gpt2()
-needs_gpt2 = pytest.mark.skipif(
-    GPT2_RANKS is None,
-    reason="no GPT-2 rank file on this machine: run `minillm tokenizer fetch-gpt2` once (or set MINILLM_GPT2_RANKS)",
-)
+NO_GPT2 = "no GPT-2 rank file on this machine: run `minillm tokenizer fetch-gpt2` once (or set MINILLM_GPT2_RANKS)"
+
+
+@pytest.fixture
+def gpt2_ranks():
+    """The GPT-2 rank file; skips without one, unless MINILLM_REQUIRE_GPT2_RANKS=1 (CI), where it fails instead."""
+    if GPT2_RANKS is None:
+        if os.environ.get("MINILLM_REQUIRE_GPT2_RANKS"):
+            pytest.fail(NO_GPT2 + " (MINILLM_REQUIRE_GPT2_RANKS is set, so this must not skip)")
+        pytest.skip(NO_GPT2)
+    return GPT2_RANKS
 
 
 @pytest.fixture(scope="module")
@@ -128,10 +135,9 @@ def _reference_gpt2(path) -> object:
                              special_tokens={"<|endoftext|>": 50256})
 
 
-@needs_gpt2
-def test_gpt2_parity_one_megabyte():
-    ours = load_gpt2_tokenizer()
-    ref = _reference_gpt2(GPT2_RANKS)
+def test_gpt2_parity_one_megabyte(gpt2_ranks):
+    ours = load_gpt2_tokenizer(gpt2_ranks)
+    ref = _reference_gpt2(gpt2_ranks)
     text = varied_text(1_100_000, seed=1)
     assert len(text.encode("utf-8")) >= 1_000_000
     result = compare_with_tiktoken(ours, ref, text, disallowed_special=())
@@ -142,9 +148,8 @@ def test_gpt2_parity_one_megabyte():
     assert ours.encode(mixed, allowed_special="all") == ref.encode(mixed, allowed_special="all")
 
 
-@needs_gpt2
-def test_gpt2_known_ids():
-    ours = load_gpt2_tokenizer()
+def test_gpt2_known_ids(gpt2_ranks):
+    ours = load_gpt2_tokenizer(gpt2_ranks)
     # "Hello world" is [15496, 995] in GPT-2, the ids every GPT-2 tutorial prints
     assert ours.encode("Hello world") == [15496, 995]
     assert ours.encode("<|endoftext|>", allowed_special="all") == [50256]

@@ -7,11 +7,13 @@ held-out split; (3) incremental vs naive trainer on the same small input (identi
 
 Without a GPT-2 rank file the first row says SKIPPED and is not counted as a failure: the check needs a one-time
 setup step (`minillm tokenizer fetch-gpt2`), and a learner offline should still see the rest of the tour pass.
+With MINILLM_REQUIRE_GPT2_RANKS=1 (CI) a missing rank file fails the row instead.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 
 from minillm.tour.core import Row, TourContext
@@ -26,8 +28,10 @@ def _gpt2_row(ctx: TourContext, device: str) -> Row:
     technique, baseline, optimized = "GPT-2 encoding with real GPT-2 ranks", "tiktoken gpt2", "minillm Tokenizer"
     path = find_gpt2_ranks()
     if path is None:
+        required = bool(os.environ.get("MINILLM_REQUIRE_GPT2_RANKS"))  # CI sets it: there a skip is a failure
         return Row("01", technique, baseline, optimized,
-                   check="SKIPPED: no GPT-2 rank file; run `minillm tokenizer fetch-gpt2` once", check_passed=True,
+                   check="SKIPPED: no GPT-2 rank file; run `minillm tokenizer fetch-gpt2` once",
+                   check_passed=not required,
                    metric="MB compared", value=math.nan, unit="MB", device=device, details={"skipped": True})
     import tiktoken
 
