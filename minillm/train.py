@@ -122,7 +122,7 @@ class TrainConfig:
 def lr_at(cfg: TrainConfig, step: int, progress: float, warmup_end_progress: float) -> float:
     """Learning rate of optimizer step `step` (0-based): linear warm-up, then cosine from lr to min_lr_ratio*lr.
 
-    `progress` in [0, 1] is how far the run is (step/steps, or the clock's share of max_minutes if larger);
+    `progress` in [0, 1] is how far the run is (step/(steps-1), or the clock's share of max_minutes if larger);
     the cosine runs over the progress left after warm-up, so it reaches its floor exactly at the end.
     """
     if step < cfg.warmup_steps:
@@ -281,11 +281,12 @@ def train(cfg: TrainConfig, train_tokens: torch.Tensor | None = None, val_tokens
     recent: list[float] = []
     while True:
         elapsed = elapsed_before + time.perf_counter() - t_start
-        progress_frac = step / cfg.steps
-        if budget_s is not None:
-            progress_frac = max(progress_frac, elapsed / budget_s)
-        if step >= cfg.steps or progress_frac >= 1.0:
+        if step >= cfg.steps or (budget_s is not None and elapsed >= budget_s):
             break
+        # Step-based progress reaches 1 at the last step (steps-1), so that step runs at exactly min_lr.
+        progress_frac = min(1.0, step / max(1, cfg.steps - 1))
+        if budget_s is not None:
+            progress_frac = max(progress_frac, min(1.0, elapsed / budget_s))
         if step == cfg.warmup_steps and state["warmup_end_progress"] is None:
             state["warmup_end_progress"] = progress_frac
         lr = lr_at(cfg, step, progress_frac, state["warmup_end_progress"] or 0.0)
