@@ -395,3 +395,18 @@ def test_draft_is_at_least_6x_smaller_than_base():
     base = GPT(GPTConfig.from_name("base")).num_params()
     draft = GPT(GPTConfig.from_name("draft")).num_params()
     assert base / draft >= 6.0
+
+
+# ---- CUDA (skipped without a GPU) ------------------------------------------------------------------------
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_forward_matches_cpu_and_bf16_training_runs():
+    model = _tiny(seed=7)
+    x = torch.randint(0, 512, (2, 64))
+    with torch.no_grad():
+        want = model(x)
+        got = model.to("cuda")(x.to("cuda")).cpu()
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)  # different kernels: looser than CPU vs CPU
+    tr, va = _byte_tokens()
+    result = train(TrainConfig(**TINY, steps=4, warmup_steps=1, device="cuda"), tr, va, progress=False)
+    assert result.model.device.type == "cuda" and all(math.isfinite(h["loss"]) for h in result.history)
