@@ -125,6 +125,9 @@ def test_atomic_writes_leave_no_temp_files(tmp_path):
     atomic_write_bytes(p, b"bye")
     assert p.read_bytes() == b"bye"
     assert sorted(os.listdir(p.parent)) == ["a.txt"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (p.stat().st_mode & 0o777) == 0o666 & ~umask  # like open(), not mkstemp's 0600
     with pytest.raises(TypeError, match="bytes"):
         atomic_write_bytes(p, "not bytes")
     from safetensors.torch import load_file
