@@ -38,6 +38,7 @@ REPO_ROOT = PACKAGE_DIR.parent
 CHAPTER_FILES: dict[str, list[str]] = {
     "01": ["minillm/tokenizer/basics.py", "minillm/tokenizer/encode.py"],
     "02": ["minillm/attention.py"],
+    "03": ["minillm/sampling.py", "minillm/metrics.py"],
     "05": ["minillm/paged/block_allocator.py", "minillm/paged/block_manager.py", "minillm/paged/paged_cache.py"],
     "07": ["minillm/disagg/kv_transfer.py", "minillm/disagg/decode_worker.py"],
 }
