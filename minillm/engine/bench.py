@@ -1,0 +1,372 @@
+"""Chapter 06's measurements: offline throughput (continuous vs static vs Hugging Face), online latency against
+request rate, the efficient frontier, and the inter-token-latency spike of a long prompt with and without chunks.
+
+Everything runs on one model in one process, side by side, and each number is a ratio or a percentile of that run
+(curriculum: measured, never asserted in a test). `python -m minillm.engine.bench` prints the chapter's tables
+and writes the frontier plot; the tour (`minillm/tour/ch06.py`) calls the same functions on smaller workloads.
+What it leaves out: multi-GPU and real traces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from minillm.engine.config import EngineConfig
+from minillm.engine.llm import LLM
+from minillm.engine.static import run_static
+from minillm.engine.workload import WorkloadRequest, make_workload
+from minillm.metrics import RequestTimes, summarize
+from minillm.model import GPT
+
+
+@dataclass
+class RunResult:
+    name: str
+    outputs: list[list[int]]  # per request, workload order
+    times: list[RequestTimes]
+    duration_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(len(o) for o in self.outputs)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.duration_s
+
+    def summary(self) -> dict[str, Any]:
+        return summarize(self.times, duration_s=self.duration_s)
+
+
+def load_model(name: str = "base", seed: int = 0, device: str = "cpu") -> tuple[GPT, Any, bool]:
+    """The shipped checkpoint if present, else a randomly initialised model of the same shape (same compute cost).
+    Returns (model, tokenizer or None, trained)."""
+    try:
+        from minillm.checkpoint import load_pretrained
+
+        model, tok = load_pretrained(name, device=device)
+        return model.eval(), tok, True
+    except (FileNotFoundError, ValueError, ImportError, OSError):
+        from minillm.config import GPTConfig
+
+        torch.manual_seed(seed)
+        return GPT(GPTConfig.from_name(name)).to(device).eval(), None, False
+
+
+def default_workload(n: int, seed: int = 0, rate: float = math.inf, vocab_size: int = 4096) -> list[WorkloadRequest]:
+    """The chapter's mixed-length workload: prompts uniform in [16, 96], outputs long-tailed (lognormal, median 40,
+    clipped to [8, 160]); real validation text as prompts when the corpus is available."""
+    source = None
+    try:
+        from minillm.dataset import default_eval_tokens
+
+        source = default_eval_tokens(20_000).tolist()
+    except Exception:  # noqa: BLE001 - no corpus: random ids are as good for timing
+        source = None
+    return make_workload(n, rate=rate, prompt_len_dist="uniform:16:96", output_len_dist="lognormal:40:0.8:8:160",
+                         seed=seed, vocab_size=vocab_size, token_source=source)
+
+
+# ----------------------------------------------------------------------------------------------- the engines
+
+
+def run_engine(model: GPT, workload: Sequence[WorkloadRequest], config: EngineConfig, realtime: bool = False,
+               name: str = "continuous") -> RunResult:
+    """The engine on the workload. Offline (realtime=False): everything queued at t=0. Online: each request is
+    added when its arrival time comes, so TTFT includes queueing."""
+    llm = LLM(model, None, config)
+    order = sorted(range(len(workload)), key=lambda i: workload[i].arrival_time)
+    ids: dict[str, int] = {}
+    done: dict[int, Any] = {}
+    t0 = time.perf_counter()
+    nxt = 0
+    while len(done) < len(workload):
+        now = time.perf_counter()
+        while nxt < len(order) and (not realtime or t0 + workload[order[nxt]].arrival_time <= now):
+            i = order[nxt]
+            arrival = t0 + workload[i].arrival_time if realtime else t0
+            ids[llm.add_request(workload[i].prompt_token_ids, workload[i].params, arrival_time=arrival)] = i
+            nxt += 1
+        if not llm.has_unfinished():
+            time.sleep(max(0.0, t0 + workload[order[nxt]].arrival_time - time.perf_counter()))
+            continue
+        for out in llm.step():
+            if out.finished:
+                done[ids[out.request_id]] = out
+    duration = time.perf_counter() - t0
+    outs = [done[i] for i in range(len(workload))]
+    times = [RequestTimes(o.arrival_time, list(o.token_times), len(o.prompt_token_ids)) for o in outs]
+    return RunResult(name, [o.output_token_ids for o in outs], times, duration,
+                     {"preemptions": sum(o.num_preemptions for o in outs), "steps": llm.num_steps})
+
+
+def run_static_batches(model: GPT, workload: Sequence[WorkloadRequest], batch_size: int) -> RunResult:
+    res = run_static(model, [w.prompt_token_ids for w in workload], [w.params for w in workload], batch_size)
+    duration = max(t[-1] for t in res.token_times if t) - res.start_time
+    times = [RequestTimes(res.start_time, t, len(w.prompt_token_ids)) for t, w in zip(res.token_times, workload)]
+    return RunResult("static", res.output_token_ids, times, duration, {"batches": res.num_batches})
+
+
+def run_hf_generate(hf_model, workload: Sequence[WorkloadRequest], batch_size: int) -> RunResult:
+    """Hugging Face `generate` on left-padded batches of `batch_size`, greedy. A batch runs to its longest request's
+    length (HF has one max_new_tokens per call); each request keeps its own first `output_len` tokens."""
+    outputs: list[list[int]] = []
+    times: list[RequestTimes] = []
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for lo in range(0, len(workload), batch_size):
+            group = workload[lo : lo + batch_size]
+            T = max(len(w.prompt_token_ids) for w in group)
+            idx = torch.zeros(len(group), T, dtype=torch.long)  # (B, T) left-padded
+            mask = torch.zeros(len(group), T, dtype=torch.long)  # (B, T) 1 = real token
+            for r, w in enumerate(group):
+                n = len(w.prompt_token_ids)
+                idx[r, T - n :] = torch.tensor(w.prompt_token_ids)
+                mask[r, T - n :] = 1
+            n_new = max(w.output_len for w in group)
+            gen = hf_model.generate(idx.to(hf_model.device), attention_mask=mask.to(hf_model.device),
+                                    max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False, pad_token_id=0)
+            now = time.perf_counter()
+            for r, w in enumerate(group):
+                outputs.append(gen[r, T : T + w.output_len].tolist())
+                times.append(RequestTimes(t0, [now] * w.output_len, len(w.prompt_token_ids)))
+    return RunResult("hf-generate", outputs, times, time.perf_counter() - t0)
+
+
+def hf_generate_batch_available() -> bool:
+    try:
+        from transformers import GenerationMixin
+
+        return hasattr(GenerationMixin, "generate_batch")
+    except ImportError:
+        return False
+
+
+def run_hf_continuous(hf_model, workload: Sequence[WorkloadRequest], max_batch: int, block_size: int = 16,
+                      num_blocks: int = 512) -> RunResult:
+    """Hugging Face's continuous batching (the manager behind `generate_batch`), greedy, on CPU.
+
+    `generate_batch` takes one max_new_tokens for all requests; our workload has one per request, so this adds
+    them one by one to the same manager (`add_request(max_new_tokens=...)`). Timed from the first add to the last
+    result: the manager's start-up and shut-down (a thread, a second or two) are left out, in HF's favour.
+    """
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    gc = GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=0, max_new_tokens=8)
+    cb = ContinuousBatchingConfig(page_size=block_size, num_blocks=num_blocks, max_batch_tokens=512,
+                                  max_requests_per_batch=max_batch, use_cuda_graph=False, use_async_batching=False)
+    manager = hf_model.init_continuous_batching(generation_config=gc, continuous_batching_config=cb)
+    manager.start()
+    try:
+        t0 = time.perf_counter()
+        rid = {}
+        for i, w in enumerate(workload):
+            rid[manager.add_request(list(w.prompt_token_ids), request_id=f"w{i}", max_new_tokens=w.output_len,
+                                    eos_token_id=-1)] = i
+        got: dict[int, list[int]] = {}
+        while len(got) < len(workload):
+            res = manager.get_result(timeout=1)
+            if res is not None and res.is_finished():
+                got[rid[res.request_id]] = list(res.generated_tokens)
+            elif res is None and not manager.is_running():
+                raise RuntimeError("Hugging Face's continuous-batching thread stopped unexpectedly")
+        duration = time.perf_counter() - t0
+    finally:
+        manager.stop(block=True, timeout=10)
+    outs = [got[i] for i in range(len(workload))]
+    times = [RequestTimes(t0, [t0 + duration] * len(o), len(w.prompt_token_ids)) for o, w in zip(outs, workload)]
+    return RunResult("hf-generate_batch", outs, times, duration)
+
+
+# ----------------------------------------------------------------------------------------------- experiments
+
+
+def offline_throughput(model: GPT, workload: Sequence[WorkloadRequest], batch: int = 32, num_blocks: int = 512,
+                       with_hf: bool = True) -> dict[str, Any]:
+    """Output tokens/s of the engine, static batching and (optionally) HF's two paths, same model and prompts."""
+    cfg = EngineConfig(num_blocks=num_blocks, block_size=16, max_num_seqs=batch, max_num_batched_tokens=512)
+    runs = [run_engine(model, workload, cfg), run_static_batches(model, workload, batch)]
+    hf_note = ""
+    if with_hf:
+        from minillm.hf import to_hf_model
+
+        hf = to_hf_model(model, attn_implementation="sdpa")
+        runs.append(run_hf_generate(hf, workload, batch))
+        if hf_generate_batch_available():
+            runs.append(run_hf_continuous(hf, workload, batch, num_blocks=num_blocks))
+        else:
+            hf_note = "transformers has no generate_batch in this version"
+    ref = runs[0].outputs
+    rows = {r.name: {"tokens_per_s": r.tokens_per_s, "duration_s": r.duration_s, "output_tokens": r.output_tokens,
+                     "agree_with_engine": sum(a == b for a, b in zip(r.outputs, ref)), **r.extra} for r in runs}
+    return {"n": len(workload), "batch": batch, "runs": rows, "hf_note": hf_note}
+
+
+def frontier(model: GPT, workload: Sequence[WorkloadRequest], batch_limits: Sequence[int], num_blocks: int = 512
+             ) -> list[dict[str, Any]]:
+    """Throughput against mean TPOT as the batch limit varies, for the engine and for static batching."""
+    points = []
+    for b in batch_limits:
+        cfg = EngineConfig(num_blocks=num_blocks, block_size=16, max_num_seqs=b, max_num_batched_tokens=max(512, b))
+        for run in (run_engine(model, workload, cfg), run_static_batches(model, workload, b)):
+            s = run.summary()
+            points.append({"engine": run.name, "batch": b, "tokens_per_s": run.tokens_per_s,
+                           "mean_tpot_ms": s["mean_tpot_ms"], "p99_tpot_ms": s["p99_tpot_ms"]})
+    return points
+
+
+def plot_frontier(points: list[dict[str, Any]], path: str, title: str = "") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from minillm.io import atomic_write_bytes
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, style in (("static", "o--"), ("continuous", "s-")):
+        pts = sorted((p for p in points if p["engine"] == name), key=lambda p: p["batch"])
+        ax.plot([p["mean_tpot_ms"] for p in pts], [p["tokens_per_s"] for p in pts], style, label=name)
+        for p in pts:
+            ax.annotate(str(p["batch"]), (p["mean_tpot_ms"], p["tokens_per_s"]), textcoords="offset points",
+                        xytext=(4, 4), fontsize=8)
+    ax.set_xlabel("mean time per output token, TPOT (ms)  — lower is better")
+    ax.set_ylabel("output tokens / s  — higher is better")
+    ax.set_title(title or "The efficient frontier: batch limit annotated")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def online_latency(model: GPT, rates: Sequence[float], n: int = 48, seed: int = 0, batch: int = 32,
+                   num_blocks: int = 512) -> list[dict[str, Any]]:
+    """TTFT and TPOT p50/p99 of the engine against request rate (Poisson arrivals, real time)."""
+    cfg = EngineConfig(num_blocks=num_blocks, block_size=16, max_num_seqs=batch, max_num_batched_tokens=512)
+    rows = []
+    for rate in rates:
+        wl = default_workload(n, seed=seed, rate=rate, vocab_size=model.config.vocab_size)
+        s = run_engine(model, wl, cfg, realtime=True).summary()
+        rows.append({"rate": rate, **{k: s[k] for k in ("output_throughput", "median_ttft_ms", "p99_ttft_ms",
+                                                         "median_tpot_ms", "p99_tpot_ms")}})
+    return rows
+
+
+def chunked_prefill_itl(model: GPT, num_decodes: int = 16, long_len: int | None = None, chunk: int = 16,
+                        seed: int = 0, repeats: int = 3) -> dict[str, Any]:
+    """A long prompt arriving among `num_decodes` running decodes: the decodes' inter-token latency.
+
+    Steady state: median ITL of the steps before the arrival. Spike: p99 of the decodes' ITL between the arrival
+    and the long prompt's first token. Without chunking the whole prompt shares one step with the decodes; with
+    chunking (token budget = decodes + `chunk`) it is spread over several. Outputs must be identical.
+    """
+    window = model.config.block_size
+    long_len = long_len or window - 16
+    V = model.config.vocab_size
+    dec = make_workload(num_decodes, prompt_len_dist="uniform:8:16", output_len_dist="fixed:60", seed=seed,
+                        vocab_size=V)
+    long_req = make_workload(1, prompt_len_dist=f"fixed:{long_len}", output_len_dist="fixed:8", seed=seed + 1,
+                             vocab_size=V)[0]
+    results: dict[str, Any] = {}
+    for chunked in (False, True):
+        ratios, spikes, steadies, ttfts = [], [], [], []
+        outputs = None
+        for _ in range(repeats):
+            budget = num_decodes + chunk if chunked else max(512, window)
+            cfg = EngineConfig(num_blocks=512, block_size=16, max_num_seqs=num_decodes + 1,
+                               max_num_batched_tokens=budget, enable_chunked_prefill=chunked)
+            llm = LLM(model, None, cfg)
+            ids = [llm.add_request(w.prompt_token_ids, w.params) for w in dec]
+            finals: dict[str, Any] = {}
+            for _ in range(14):  # prefill everyone, then settle into decoding
+                for o in llm.step():
+                    finals[o.request_id] = o
+            t_arrive = time.perf_counter()
+            lid = llm.add_request(long_req.prompt_token_ids, long_req.params, arrival_time=t_arrive)
+            while llm.has_unfinished():
+                for o in llm.step():
+                    finals[o.request_id] = o
+            t_first = finals[lid].token_times[0]
+            before, during = [], []
+            for rid in ids:
+                tt = finals[rid].token_times
+                for a, b in zip(tt, tt[1:]):
+                    if b < t_arrive and a > tt[2]:
+                        before.append(b - a)
+                    elif t_arrive <= b <= t_first + 1e-9:
+                        during.append(b - a)
+            steady = statistics.median(before)
+            spike = float(torch.tensor(during).quantile(0.99)) if during else steady
+            ratios.append(spike / steady)
+            spikes.append(spike)
+            steadies.append(steady)
+            ttfts.append(t_first - t_arrive)
+            outs = [finals[r].output_token_ids for r in ids + [lid]]
+            assert outputs is None or outs == outputs
+            outputs = outs
+        key = "chunked" if chunked else "unchunked"
+        results[key] = {"itl_ratio": statistics.median(ratios), "p99_itl_ms": 1e3 * statistics.median(spikes),
+                        "steady_itl_ms": 1e3 * statistics.median(steadies),
+                        "long_ttft_ms": 1e3 * statistics.median(ttfts), "outputs": outputs,
+                        "budget": num_decodes + chunk if chunked else max(512, window)}
+    results["identical"] = results["chunked"].pop("outputs") == results["unchunked"].pop("outputs")
+    results["long_len"], results["num_decodes"] = long_len, num_decodes
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="base")
+    ap.add_argument("--n", type=int, default=64, help="requests in the offline workload")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    ap.add_argument("--frontier", default="1,2,4,8,16,32,64")
+    ap.add_argument("--rates", default="2,4,8,16")
+    ap.add_argument("--plot", default="chapters/figures/06-frontier.png")
+    ap.add_argument("--json", default="")
+    ap.add_argument("--skip", default="", help="comma list of: offline,frontier,online,chunked")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, _, trained = load_model(args.model)
+    skip = set(filter(None, args.skip.split(",")))
+    report: dict[str, Any] = {"model": args.model, "trained": trained, "threads": torch.get_num_threads()}
+    wl = default_workload(args.n, vocab_size=model.config.vocab_size)
+    if "offline" not in skip:
+        report["offline"] = offline_throughput(model, wl, batch=args.batch)
+        print(json.dumps(report["offline"], indent=1))
+    if "chunked" not in skip:
+        report["chunked"] = chunked_prefill_itl(model)
+        print(json.dumps(report["chunked"], indent=1))
+    if "frontier" not in skip:
+        pts = frontier(model, wl, [int(b) for b in args.frontier.split(",")])
+        report["frontier"] = pts
+        print(json.dumps(pts, indent=1))
+        plot_frontier(pts, args.plot, f"minillm {args.model}: {args.n} mixed-length requests, CPU")
+    if "online" not in skip:
+        report["online"] = online_latency(model, [float(r) for r in args.rates.split(",")])
+        print(json.dumps(report["online"], indent=1))
+    if args.json:
+        from minillm.io import atomic_write_text
+
+        atomic_write_text(args.json, json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
