@@ -33,7 +33,7 @@ gpt2-ranks: setup
 	@$(BIN)/minillm tokenizer fetch-gpt2 || echo "note: GPT-2 ranks unavailable; the GPT-2 parity test will be skipped"
 
 test: setup gpt2-ranks
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto
 
 gpu-report: setup
 	$(BIN)/minillm gpu-report

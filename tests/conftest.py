@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
 import pytest
 import torch
+
+# Under pytest-xdist (`make test` runs `-n auto`) each worker gets its share of the cores, so workers do not
+# oversubscribe the machine with intra-op threads (which stalls small-tensor work badly).
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
