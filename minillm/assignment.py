@@ -39,6 +39,7 @@ CHAPTER_FILES: dict[str, list[str]] = {
     "01": ["minillm/tokenizer/basics.py", "minillm/tokenizer/encode.py"],
     "02": ["minillm/attention.py"],
     "03": ["minillm/sampling.py", "minillm/metrics.py"],
+    "04": ["minillm/kv_cache.py", "minillm/cached_generate.py"],
     "05": ["minillm/paged/block_allocator.py", "minillm/paged/block_manager.py", "minillm/paged/paged_cache.py"],
     "06": ["minillm/engine/scheduler.py"],
     "07": ["minillm/disagg/kv_transfer.py", "minillm/disagg/decode_worker.py"],

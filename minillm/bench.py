@@ -30,7 +30,7 @@ from minillm.timing import compare, measure
 GeneratorFn = Callable[..., Iterator[int]]
 GENERATORS: dict[str, GeneratorFn] = {}
 # Modules that register generators when imported; a later chapter appends its own (e.g. "minillm.cached_generate").
-GENERATOR_MODULES: list[str] = []
+GENERATOR_MODULES: list[str] = ["minillm.cached_generate"]
 
 
 def register_generator(name: str, fn: GeneratorFn, overwrite: bool = False) -> None:

@@ -34,6 +34,8 @@ def prefill(model: GPT, cache: ContiguousKVCache, idx: torch.Tensor, positions: 
 
     `positions` default to the cache's own (slot minus each row's left padding), which is 0..T-1 without padding.
     """
+    if idx.dim() != 2 or idx.size(0) != cache.batch_size:
+        raise ValueError(f"idx must have shape (batch_size={cache.batch_size}, T), got {tuple(idx.shape)}")
     if positions is None:
         positions = cache.positions(idx.size(1))  # (B, T)
     return model(idx, positions=positions, cache=cache)[:, -1, :]  # (B, T, V) -> (B, V)
@@ -44,6 +46,8 @@ def decode_step(model: GPT, cache: ContiguousKVCache, tokens: torch.Tensor, posi
                 ) -> torch.Tensor:
     """Feed one new token per row, tokens (B,) or (B, 1); the cache supplies everything before it. Logits (B, V)."""
     idx = tokens.view(-1, 1)  # (B,) -> (B, 1)
+    if idx.size(0) != cache.batch_size:
+        raise ValueError(f"tokens must hold one id per row (batch_size={cache.batch_size}), got {tuple(tokens.shape)}")
     if positions is None:
         positions = cache.positions(1)  # (B, 1)
     return model(idx, positions=positions, cache=cache)[:, -1, :]  # (B, 1, V) -> (B, V)
@@ -230,3 +234,13 @@ def generate_static_batch(
         positions = static_positions(pad_lens, slot, 1).clamp(max=cfg.block_size - 1)  # (B, 1)
         logits = decode_step(model, cache, tokens, positions)  # (B, V)
         slot += 1
+
+
+def _register_bench_generator() -> None:
+    """`minillm bench --generators naive,kv-cache` (chapter 03's harness) benchmarks `generate` against the naive loop."""
+    from minillm.bench import register_generator
+
+    register_generator("kv-cache", generate, overwrite=True)
+
+
+_register_bench_generator()

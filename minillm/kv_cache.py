@@ -100,17 +100,13 @@ class ContiguousKVCache:
 
     def reset(self, pad_lens: list[int] | torch.Tensor | None = None) -> "ContiguousKVCache":
         """Forget every cached token (the memory stays allocated) and set each row's left padding."""
-        self._layer_len = [0] * self.config.n_layer
-        self._mask_key, self._mask = None, None
-        if pad_lens is None:
-            self.pad_lens.zero_()
-            self._has_padding = False
-            return self
-        pads = torch.as_tensor(pad_lens, dtype=torch.long)
-        if pads.shape != (self.batch_size,):
-            raise ValueError(f"pad_lens must have one entry per row ({self.batch_size}), got shape {tuple(pads.shape)}")
+        pads = torch.zeros(self.batch_size, dtype=torch.long) if pad_lens is None else torch.as_tensor(pad_lens)
+        if pads.shape != (self.batch_size,) or pads.is_floating_point():
+            raise ValueError(f"pad_lens must be {self.batch_size} ints (one per row), got {pad_lens!r}")
         if int(pads.min()) < 0 or int(pads.max()) >= self.max_len:
             raise ValueError(f"pad_lens must be in [0, max_len={self.max_len}), got {pads.tolist()}")
+        self._layer_len = [0] * self.config.n_layer
+        self._mask_key, self._mask = None, None
         self.pad_lens.copy_(pads)
         self._has_padding = bool((pads > 0).any())
         return self

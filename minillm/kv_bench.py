@@ -1,0 +1,237 @@
+"""Chapter 04's measurements: cached vs naive per-step latency, end-to-end speed-up, Hugging Face ratio, memory.
+
+One source for the tour entry, the notebook and the chapter table: every timing goes through `minillm.timing`
+(warm-up, median of repeats, baseline and candidate interleaved), every speed-up is checked for identical tokens
+in the same run. What it leaves out: batch sizes above one for the speed figures (static batching is checked for
+correctness here; chapter 06 measures batching) and any GPU-specific tuning.
+
+`python -m minillm.kv_bench [--quick] [--json PATH]` prints the chapter's table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from typing import Any
+
+import torch
+
+from minillm.cached_generate import decode_step, generate_ids, generate_static_batch, prefill
+from minillm.generate import generate_naive_ids
+from minillm.kv_cache import ContiguousKVCache, kv_cache_bytes
+from minillm.model import GPT
+from minillm.sampling import SamplingParams
+from minillm.timing import compare, measure
+
+
+def load_base(device: torch.device | str = "cpu", seed: int = 0) -> tuple[GPT, Any, str]:
+    """(model, tokenizer or None, label): the shipped `base` checkpoint, or random weights of its shape (labelled)."""
+    from minillm.checkpoint import load_pretrained
+
+    try:
+        model, tokenizer = load_pretrained("base", device=device)
+        return model.eval(), tokenizer, "base"
+    except FileNotFoundError:
+        from minillm.config import GPTConfig
+
+        torch.manual_seed(seed)
+        return GPT(GPTConfig.from_name("base")).to(device).eval(), None, "base (random init: checkpoint missing)"
+
+
+def prompts_for(model: GPT, lengths: list[int], real_text: bool, seed: int = 0) -> list[list[int]]:
+    """Consecutive stretches of the validation text (real weights) or seeded random ids, one per length."""
+    if real_text:
+        from minillm.dataset import default_eval_tokens
+
+        tokens = default_eval_tokens(sum(lengths)).tolist()
+        out, at = [], 0
+        for n in lengths:
+            out.append(tokens[at:at + n])
+            at += n
+        return out
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in lengths]
+
+
+def check_equivalence(model: GPT, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
+    """Greedy tokens, cached vs naive, per prompt (exact), and the largest first-step logit difference."""
+    params = SamplingParams.greedy(new_tokens, ignore_eos=True)
+    same, max_diff = 0, 0.0
+    for p in prompts:
+        same += generate_ids(model, p, params) == generate_naive_ids(model, p, params)
+        cache = ContiguousKVCache(model.config, 1, len(p), device=model.device)
+        idx = torch.tensor([p], device=model.device)
+        with torch.inference_mode():
+            diff = (prefill(model, cache, idx) - model(idx)[:, -1]).abs().max().item()
+        max_diff = max(max_diff, diff)
+    return {"identical": same, "prompts": len(prompts), "new_tokens": new_tokens, "max_abs_logit_diff": max_diff}
+
+
+def check_static_batch(model: GPT, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
+    """Greedy tokens of one left-padded static batch against each prompt run alone (exact)."""
+    params = SamplingParams.greedy(new_tokens, ignore_eos=True)
+    batched = generate_static_batch(model, prompts, params)
+    alone = [generate_ids(model, p, params) for p in prompts]
+    return {"identical_rows": sum(a == b for a, b in zip(batched, alone)), "rows": len(prompts)}
+
+
+def step_latency_by_position(model: GPT, positions: list[int], repeats: int = 5, seed: int = 0) -> dict[str, Any]:
+    """Median seconds of one generation step at each position t (t tokens already there, one new).
+
+    Cached: one decode step of one token over t cached slots (the cache is rewound to t before every repeat).
+    Naive: what the naive loop does at that step, a forward over all t+1 tokens.
+    """
+    device = model.device
+    bs = model.config.block_size
+    if not positions or min(positions) < 1 or max(positions) >= bs:
+        raise ValueError(f"positions must lie in [1, block_size-1={bs - 1}], got {positions}")
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (1, max(positions) + 1), generator=g).to(device)
+    cache = ContiguousKVCache(model.config, 1, max(positions) + 1, device=device)
+    prefill(model, cache, ids[:, :max(positions)])
+    cached: dict[int, float] = {}
+    naive: dict[int, float] = {}
+    # subtle: longest first, so rewinding (truncate) always goes back; re-decoding slot t rewrites the same K/V.
+    for t in sorted(set(positions), reverse=True):
+        token, pos = ids[:, t], torch.tensor([t], device=device)
+
+        def one_cached(t=t, token=token, pos=pos) -> None:
+            cache.truncate(t)
+            decode_step(model, cache, token, pos)
+
+        def one_naive(t=t) -> None:
+            with torch.inference_mode():
+                model(ids[:, : t + 1])[:, -1]
+
+        cmp = compare(one_naive, one_cached, warmup=1, repeats=repeats, device=device)
+        naive[t], cached[t] = cmp.baseline.median, cmp.candidate.median
+    return {"positions": list(positions), "cached_s": [cached[t] for t in positions],
+            "naive_s": [naive[t] for t in positions]}
+
+
+def speedup_vs_naive(model: GPT, prompt: list[int], new_tokens: int, warmup: int = 1, repeats: int = 3
+                     ) -> dict[str, Any]:
+    """End-to-end time of `new_tokens` greedy tokens, naive loop vs KV cache, interleaved; tokens compared."""
+    params = SamplingParams.greedy(new_tokens, ignore_eos=True)
+    out: dict[str, list[int]] = {}
+    cmp = compare(lambda: out.__setitem__("naive", generate_naive_ids(model, prompt, params)),
+                  lambda: out.__setitem__("cached", generate_ids(model, prompt, params)),
+                  warmup=warmup, repeats=repeats, device=model.device)
+    return {"new_tokens": new_tokens, "prompt_len": len(prompt), "naive_s": cmp.baseline.median,
+            "cached_s": cmp.candidate.median, "speedup": cmp.speedup, "identical": out["naive"] == out["cached"],
+            "generated": len(out["cached"])}
+
+
+def hf_comparison(model: GPT, prompt: list[int], new_tokens: int, warmup: int = 1, repeats: int = 3,
+                  attn_implementation: str = "sdpa") -> dict[str, Any]:
+    """Tokens/s at batch 1: ours (`generate`, KV cache) vs Hugging Face `generate(use_cache=True)`, same weights."""
+    from minillm.hf import to_hf_model
+
+    hf = to_hf_model(model, attn_implementation=attn_implementation)
+    params = SamplingParams.greedy(new_tokens, ignore_eos=True)
+    idx = torch.tensor([prompt], device=model.device)
+    mask = torch.ones_like(idx)
+    out: dict[str, list[int]] = {}
+
+    def run_hf() -> None:
+        with torch.inference_mode():
+            seq = hf.generate(idx, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                              do_sample=False, use_cache=True, pad_token_id=0, eos_token_id=None)
+        out["hf"] = seq[0, len(prompt):].tolist()
+
+    def run_ours() -> None:
+        out["ours"] = generate_ids(model, prompt, params)
+
+    cmp = compare(run_hf, run_ours, warmup=warmup, repeats=repeats, device=model.device)
+    return {"new_tokens": new_tokens, "prompt_len": len(prompt), "hf_s": cmp.baseline.median,
+            "ours_s": cmp.candidate.median, "hf_tok_s": new_tokens / cmp.baseline.median,
+            "ours_tok_s": new_tokens / cmp.candidate.median, "ratio": cmp.speedup,
+            "identical": out["hf"] == out["ours"], "attn_implementation": attn_implementation}
+
+
+def memory_check(model: GPT, batch_size: int = 1, max_len: int | None = None) -> dict[str, Any]:
+    """The cache's measured bytes (tensor nbytes) against 2·layers·heads·head_dim·tokens·batch·bytes."""
+    cfg = model.config
+    max_len = max_len or cfg.block_size
+    dtype = model.lm_head.weight.dtype
+    cache = ContiguousKVCache(cfg, batch_size, max_len, device=model.device, dtype=dtype)
+    elem = torch.empty((), dtype=dtype).element_size()
+    formula = kv_cache_bytes(cfg.n_layer, cfg.n_head, cfg.head_size, max_len, batch_size, elem)
+    return {"measured_bytes": cache.nbytes, "formula_bytes": formula, "equal": cache.nbytes == formula,
+            "bytes_per_token": kv_cache_bytes(cfg.n_layer, cfg.n_head, cfg.head_size, 1, 1, elem),
+            "batch_size": batch_size, "max_len": max_len}
+
+
+def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0) -> dict[str, Any]:
+    """Everything the tour and the chapter table report, sized for ~45 s on a 2-core CPU (~10 s quick)."""
+    bs = model.config.block_size
+    eq_prompts = prompts_for(model, [3, 8, 16, 31] if quick else [3, 8, 16, 31, 47, 64, 90, 120], real_text, seed)
+    report: dict[str, Any] = {"threads": torch.get_num_threads(), "device": str(model.device)}
+    report["equivalence"] = check_equivalence(model, eq_prompts, 8 if quick else 24)
+    report["static_batch"] = check_static_batch(model, eq_prompts, 8 if quick else 16)
+    # One-token prompt: the most new tokens the window allows is block_size (prompt_len + n - 1 <= block_size).
+    prompt = prompts_for(model, [1], real_text, seed)[0]
+    lengths = [64] if quick else [64, 128, bs]
+    report["speedup"] = [
+        speedup_vs_naive(model, prompt, n, warmup=1 if n <= 64 else 0, repeats=(2 if quick else 3) if n <= 64
+                         else 1)
+        for n in lengths
+    ]
+    report["hf"] = hf_comparison(model, prompts_for(model, [16], real_text, seed)[0], 32 if quick else 128,
+                                 warmup=1, repeats=3 if quick else 5)
+    positions = [1, bs // 2, bs - 1] if quick else [1, 32, 64, 96, 128, 160, 192, 224, bs - 1]
+    report["latency"] = step_latency_by_position(model, positions, repeats=3 if quick else 5, seed=seed)
+    report["memory"] = memory_check(model)
+    return report
+
+
+def format_table(report: dict[str, Any]) -> str:
+    lines = ["| new tokens | naive s | KV cache s | speed-up | identical tokens |", "|---:|---:|---:|---:|:---:|"]
+    for r in report["speedup"]:
+        lines.append(f"| {r['new_tokens']} | {r['naive_s']:.3f} | {r['cached_s']:.3f} | {r['speedup']:.1f}x | "
+                     f"{'yes' if r['identical'] else 'NO'} |")
+    h = report["hf"]
+    lines.append("")
+    lines.append(f"HF generate(use_cache=True, {h['attn_implementation']}) {h['hf_tok_s']:.0f} tok/s vs ours "
+                 f"{h['ours_tok_s']:.0f} tok/s at batch 1, {h['new_tokens']} new tokens: {h['ratio']:.2f}x "
+                 f"(tokens {'identical' if h['identical'] else 'DIFFERENT'})")
+    lat = report["latency"]
+    lines.append("per-step ms by position (cached / naive): " + ", ".join(
+        f"{p}: {c * 1e3:.2f}/{n * 1e3:.1f}" for p, c, n in zip(lat["positions"], lat["cached_s"], lat["naive_s"])))
+    e, s, m = report["equivalence"], report["static_batch"], report["memory"]
+    lines.append(f"greedy tokens identical to naive: {e['identical']}/{e['prompts']} prompts; max |logit diff| "
+                 f"{e['max_abs_logit_diff']:.2e}; static batch rows identical to alone: {s['identical_rows']}/"
+                 f"{s['rows']}")
+    lines.append(f"cache bytes {m['measured_bytes']:,} == formula {m['formula_bytes']:,}: {m['equal']} "
+                 f"({m['bytes_per_token']:,} B/token)")
+    lines.append(f"(torch threads: {report['threads']}, device {report['device']}, median per-step ratio "
+                 f"{statistics.median(n / c for c, n in zip(lat['cached_s'], lat['naive_s'])):.1f}x)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m minillm.kv_bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller workload (~10 s)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads for the run")
+    parser.add_argument("--json", metavar="PATH", help="also write the full report as JSON")
+    args = parser.parse_args(argv)
+    from minillm.device import resolve_device
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    model, _, label = load_base(resolve_device(args.device))
+    report = run_all(model, real_text=label == "base", quick=args.quick)
+    report["model"] = label
+    print(f"model: {label}")
+    print(format_table(report))
+    if args.json:
+        from minillm.io import atomic_write_text
+
+        atomic_write_text(args.json, json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
