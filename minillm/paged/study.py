@@ -122,12 +122,13 @@ def _decoder_pair(model: GPT, num_seqs: int, prompt_len: int, block_size: int, s
     ccache = ContiguousKVCache(cfg, num_seqs, cfg.block_size, device=dev, dtype=dtype)
     with torch.inference_mode():
         c_tok = model(prompts, cache=ccache)[:, -1].argmax(-1)  # (S,)
-    c_state = {"tok": c_tok}
+    c_state = {"tok": c_tok, "history": [c_tok.tolist()]}
 
     def contiguous_step():
         with torch.inference_mode():
             logits = model(c_state["tok"].view(-1, 1), positions=ccache.positions(1), cache=ccache)  # (S, 1, V)
             c_state["tok"] = logits[:, -1].argmax(-1)
+        c_state["history"].append(c_state["tok"].tolist())  # subtle: one host sync per step, on both sides
 
     # paged
     nblocks = num_seqs * num_blocks_for(cfg.block_size, block_size) + 1
@@ -139,7 +140,8 @@ def _decoder_pair(model: GPT, num_seqs: int, prompt_len: int, block_size: int, s
     pcache.set_batch(batch)
     with torch.inference_mode():
         logits = model(prompts.view(1, -1), positions=batch.positions(), cache=pcache)[0]  # (S*P, V)
-    p_state = {"tok": logits.view(num_seqs, prompt_len, -1)[:, -1].argmax(-1).tolist()}
+    first = logits.view(num_seqs, prompt_len, -1)[:, -1].argmax(-1).tolist()  # (S*P, V) -> (S, P, V) -> (S,)
+    p_state = {"tok": first, "history": [first]}
 
     def paged_step():
         toks = p_state["tok"]
@@ -150,12 +152,16 @@ def _decoder_pair(model: GPT, num_seqs: int, prompt_len: int, block_size: int, s
         with torch.inference_mode():
             out = model(torch.tensor([toks], device=dev), positions=b.positions(), cache=pcache)[0]  # (S, V)
         p_state["tok"] = out.argmax(-1).tolist()
+        p_state["history"].append(p_state["tok"])
 
     def release():
         for i in range(num_seqs):
             manager.free(i)
 
-    return contiguous_step, paged_step, release, ccache, manager
+    def same_tokens() -> bool:
+        return c_state["history"] == p_state["history"]
+
+    return contiguous_step, paged_step, release, same_tokens
 
 
 @dataclass
@@ -166,6 +172,7 @@ class DecodeTiming:
     num_seqs: int
     prompt_len: int
     steps: int
+    identical_tokens: bool  # both caches produced the same greedy tokens at every timed step
 
     @property
     def ratio(self) -> float:
@@ -185,7 +192,7 @@ def decode_time_ratio(
     if prompt_len + (repeats + 1) * steps > model.config.block_size:
         raise ValueError(f"prompt_len={prompt_len} + (repeats+1)*steps={(repeats + 1) * steps} exceeds the "
                          f"context window {model.config.block_size}")
-    c_step, p_step, release, _, _ = _decoder_pair(model, num_seqs, prompt_len, block_size, seed)
+    c_step, p_step, release, same_tokens = _decoder_pair(model, num_seqs, prompt_len, block_size, seed)
     try:
         def run(step):
             return lambda: [step() for _ in range(steps)]
@@ -193,7 +200,8 @@ def decode_time_ratio(
         cmp = compare(run(c_step), run(p_step), warmup=1, repeats=repeats, device=model.device)
     finally:
         release()
-    return DecodeTiming(cmp.baseline.median, cmp.candidate.median, block_size, num_seqs, prompt_len, steps)
+    return DecodeTiming(cmp.baseline.median, cmp.candidate.median, block_size, num_seqs, prompt_len, steps,
+                        same_tokens())
 
 
 def attention_time_by_block_size(
