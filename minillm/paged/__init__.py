@@ -10,6 +10,7 @@
 
 from minillm.paged.block_allocator import BlockAllocator, BlockStateError, OutOfBlocks
 from minillm.paged.block_manager import BlockManager, compute_slot_mapping, num_blocks_for
+from minillm.paged.generate import PagedGeneration, PagedGenerator, paged_generate
 from minillm.paged.paged_cache import PagedBatch, PagedKVCache, write_kv
 from minillm.paged.prefix_cache import ROOT_HASH, PrefixCachingAllocator, hash_block
 
@@ -19,11 +20,14 @@ __all__ = [
     "BlockStateError",
     "OutOfBlocks",
     "PagedBatch",
+    "PagedGeneration",
+    "PagedGenerator",
     "PagedKVCache",
     "PrefixCachingAllocator",
     "ROOT_HASH",
     "compute_slot_mapping",
     "hash_block",
     "num_blocks_for",
+    "paged_generate",
     "write_kv",
 ]
