@@ -42,6 +42,16 @@ from minillm.generate import generate_naive_ids
 from minillm.paged import BlockManager, PagedBatch, PagedKVCache
 from minillm.sampling import SamplingParams
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """One torch thread in this process (the workers use one each): on a busy 2-core box a second intra-op thread
+    only waits for a core, and the colocated reference engine runs here."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 BS = 4  # block size: small, so prompts span several blocks and end in a partly filled one
 
 
@@ -310,6 +320,10 @@ def test_bytes_sent_per_request_equal_the_formula(shared):
         assert sent[o.request_id] == 2 * cfg.n_layer * cfg.n_head * cfg.head_size * len(p) * 4
     for t in llm.transfers[before:]:
         assert t.sent_time <= t.received_time <= t.unpacked_time
+    # The point of it all: the decode worker's steps never contain a prompt token.
+    decode_steps = [s for s in llm.timeline if s.role == "decode" and s.num_tokens]
+    assert decode_steps and all(s.kind == "decode" and s.num_tokens == len(s.request_ids) <= 8 for s in decode_steps)
+    assert all(s.kind == "prefill" for s in llm.timeline if s.role == "prefill")
 
 
 def test_seeded_sampling_identical_to_naive(shared):

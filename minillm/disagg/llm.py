@@ -98,6 +98,7 @@ class _Req:
     finish_reason: str | None = None
     num_streamed: int = 0
     error: str | None = None
+    wid: str = ""  # the id the workers know it by: unique for the engine's life, unlike a user's request_id
 
 
 def _shutdown(handles: list[WorkerHandle]) -> None:
@@ -153,8 +154,11 @@ class DisaggregatedLLM:
         except BaseException:
             self.close()
             raise
-        self._reqs: dict[str, _Req] = {}
+        self._reqs: dict[str, _Req] = {}  # unfinished requests (and finished ones not yet handed out) by user id
+        self._pending: list[RequestOutput] = []  # outputs for the next step(): aborts, empty requests
         self._ids = itertools.count()
+        self._wids = itertools.count()
+        self._by_wid: dict[str, str] = {}  # worker id -> user request id (kept: late messages still map)
         self._broken: WorkerDiedError | None = None
         self.timeline: list[StepRecord] = []  # every model step of both workers, in arrival order
         self.transfers: list[TransferRecord] = []  # every KV hand-off the decode worker received
@@ -233,19 +237,30 @@ class DisaggregatedLLM:
                     StopChecker(self.tokenizer, params, self.eos_id))
 
     def _submit(self, req: _Req) -> None:
-        self._reqs[req.request_id] = req
+        # subtle: workers see a fresh id per request, never the user's. A user may reuse an id once its request
+        # finished, and a late Abort (sent after a stop string, crossing the worker's own finish) must not hit
+        # the newcomer.
+        req.wid = f"w{next(self._wids)}"
+        self._by_wid[req.wid] = req.request_id
         if req.params.max_new_tokens == 0:  # nothing to generate: finished on arrival, never sent
             req.finished, req.finish_reason = True, "length"
+            self._pending.append(self._output(req))
         else:
-            self.prefill.send(PrefillRequest(req.request_id, req.prompt_token_ids, req.params))
+            self._reqs[req.request_id] = req
+            self.prefill.send(PrefillRequest(req.wid, req.prompt_token_ids, req.params))
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str) -> bool:
+        """Stop a request; its final output (finish_reason "abort") comes with the next `step()`. Returns False if
+        the id is unknown or already finished (as chapter 06's `LLM.abort`)."""
         req = self._reqs.get(request_id)
         if req is None or req.finished:
-            return
+            return False
         req.finished, req.finish_reason = True, "abort"
+        del self._reqs[request_id]
+        self._pending.append(self._output(req))
         for h in self._handles:
-            h.send(Abort([request_id]))
+            h.send(Abort([req.wid]))
+        return True
 
     def has_unfinished(self) -> bool:
         return any(not r.finished for r in self._reqs.values())
@@ -258,6 +273,8 @@ class DisaggregatedLLM:
         """
         self._check_usable()
         timeout = self.config.heartbeat_s if timeout is None else max(0.0, timeout)
+        if self._pending:
+            timeout = 0.0  # outputs are already waiting: hand them out without sleeping
         waitables: list[Any] = [h.conn for h in self._handles] + [h.process.sentinel for h in self._handles]
         wait(waitables, timeout=timeout)
         moved: dict[str, None] = {}
@@ -279,7 +296,13 @@ class DisaggregatedLLM:
                 self._fail(f"the {h.role} worker (pid {h.process.pid}) sent nothing, not even a heartbeat, for "
                            f"{time.monotonic() - h.last_seen:.1f} s (liveness_timeout_s="
                            f"{self.config.liveness_timeout_s}): it looks hung")
-        return [self._output(self._reqs[rid]) for rid in moved]
+        outputs, self._pending = self._pending, []
+        for rid in moved:
+            req = self._reqs[rid]
+            outputs.append(self._output(req))
+            if req.finished:  # handed out for the last time: the id is free again, as in chapter 06
+                del self._reqs[rid]
+        return outputs
 
     def _on_message(self, h: WorkerHandle, msg: Any, moved: dict[str, None]) -> None:
         now = time.perf_counter()
@@ -288,17 +311,19 @@ class DisaggregatedLLM:
         if isinstance(msg, WorkerFailed):
             self._fail(f"the {msg.role} worker raised:\n{msg.traceback}")
         if isinstance(msg, FirstTokens):
-            self.timeline.append(msg.step)
+            self.timeline.append(self._user_ids(msg.step))
             items = msg.items
         elif isinstance(msg, DecodeTokens):
-            self.timeline.append(msg.step)
-            self.transfers.extend(msg.transfers)
+            self.timeline.append(self._user_ids(msg.step))
+            self.transfers.extend(dataclasses.replace(t, request_id=self._by_wid.get(t.request_id, t.request_id))
+                                  for t in msg.transfers)
             items = msg.items
         else:
             raise WorkerDiedError(f"unexpected message {type(msg).__name__} from the {h.role} worker")
-        for rid, token, worker_done in items:
-            req = self._reqs.get(rid)
-            if req is None or req.finished:
+        for wid, token, worker_done in items:
+            rid = self._by_wid.get(wid)
+            req = self._reqs.get(rid) if rid is not None else None
+            if req is None or req.wid != wid or req.finished:
                 continue  # aborted or stopped here while the worker was still producing
             req.output_token_ids.append(token)
             req.token_times.append(now)
@@ -313,9 +338,12 @@ class DisaggregatedLLM:
                 req.finished, req.finish_reason = True, reason
                 if not worker_done:  # a stop string: the decode worker would go on, so tell it to stop
                     for handle in self._handles:
-                        handle.send(Abort([rid]))
+                        handle.send(Abort([wid]))
             elif worker_done:
                 raise WorkerDiedError(f"the {h.role} worker finished request {rid!r} but the coordinator did not")
+
+    def _user_ids(self, step: StepRecord) -> StepRecord:
+        return dataclasses.replace(step, request_ids=[self._by_wid.get(w, w) for w in step.request_ids])
 
     def _output(self, req: _Req) -> RequestOutput:
         new = req.output_token_ids[req.num_streamed:]
@@ -371,10 +399,9 @@ class DisaggregatedLLM:
         for req in reqs:
             self._submit(req)
         ids = [r.request_id for r in reqs]
-        while any(not self._reqs[rid].finished for rid in ids):
-            self.step()
-        outs = []
-        for rid in ids:
-            self._reqs[rid].num_streamed = 0
-            outs.append(self._output(self._reqs.pop(rid)))
-        return outs
+        wanted, final = set(ids), {}
+        while len(final) < len(wanted):
+            for out in self.step():
+                if out.finished and out.request_id in wanted:
+                    final[out.request_id] = out
+        return [final[rid] for rid in ids]

@@ -96,10 +96,18 @@ def _make_core(init: WorkerInit, model: GPT) -> WorkerCore:
     return DecodeCore(model, init)
 
 
-def worker_main(init: WorkerInit, ctrl: Connection, peer: Connection | None) -> None:
-    """Entry point of a worker process (must be a module-level function: "spawn" imports it by name)."""
+def worker_main(role: str, ctrl: Connection, peer: Connection | None) -> None:
+    """Entry point of a worker process (must be a module-level function: "spawn" imports it by name).
+
+    The first message on `ctrl` is the `WorkerInit` (model bytes included). subtle: it is not a Process argument,
+    because "spawn" writes the arguments into a pipe that the child drains only after importing torch, so
+    `Process.start()` would block for the whole import and the two workers would start one after the other.
+    """
     out = _Outbox(ctrl)
     try:
+        init = ctrl.recv()
+        if not isinstance(init, WorkerInit) or init.role != role:
+            raise TypeError(f"{role} worker expected its WorkerInit first, got {type(init).__name__}")
         if init.num_threads > 0:
             torch.set_num_threads(init.num_threads)
         core = _make_core(init, model_from_bytes(init.config, init.weights, init.device))
@@ -128,27 +136,42 @@ def worker_main(init: WorkerInit, ctrl: Connection, peer: Connection | None) -> 
 
             threading.Thread(target=send_peer, daemon=True, name="kv-sender").start()
 
-        inputs = [ctrl] + ([peer] if init.role == "decode" and peer is not None else [])
+        # The decode worker reads hand-offs on a thread too: `wait` reports the pipe readable at the first byte,
+        # and a recv() in the main loop would then block until the last byte of a multi-MB message arrived,
+        # stalling every running decode for as long as the sender takes (measured: hundreds of ms on a busy CPU).
+        inbox: queue.Queue = queue.Queue()
+        wake_r, wake_w = os.pipe()  # the receiver thread pokes this so the main loop's wait() wakes up
+        if init.role == "decode" and peer is not None:
+            def recv_peer() -> None:
+                while True:
+                    try:
+                        inbox.put(peer.recv())
+                    except (EOFError, OSError):
+                        return  # the prefill worker is gone; the coordinator will notice
+                    os.write(wake_w, b"x")
+
+            threading.Thread(target=recv_peer, daemon=True, name="kv-receiver").start()
+
         crash_after: int | None = None
         while True:
-            ready = wait(inputs, timeout=0 if core.has_work() else init.heartbeat_s)
-            for conn in ready:
-                while conn.poll():  # drain: admit every waiting hand-off before the next step
-                    try:
-                        msg = conn.recv()
-                    except EOFError:
-                        if conn is ctrl:  # the coordinator is gone: nobody is left to serve
-                            return
-                        inputs.remove(conn)  # the prefill worker is gone; the coordinator will notice
-                        break
-                    if isinstance(msg, Shutdown):
-                        # subtle: skip interpreter teardown (seconds, with torch loaded, on a busy CPU): nothing
-                        # here needs flushing, and the OS closes the pipes.
-                        os._exit(0)
-                    if isinstance(msg, CrashAfter):
-                        crash_after = msg.steps
-                        continue
-                    core.handle(msg)
+            ready = wait([ctrl, wake_r], timeout=0 if core.has_work() else init.heartbeat_s)
+            if wake_r in ready:
+                os.read(wake_r, 65536)
+            while not inbox.empty():  # admit every hand-off that has fully arrived before the next step
+                core.handle(inbox.get_nowait())
+            while ctrl.poll():
+                try:
+                    msg = ctrl.recv()
+                except EOFError:  # the coordinator is gone: nobody is left to serve
+                    return
+                if isinstance(msg, Shutdown):
+                    # subtle: skip interpreter teardown (seconds, with torch loaded, on a busy CPU): nothing
+                    # here needs flushing, and the OS closes the pipes.
+                    os._exit(0)
+                if isinstance(msg, CrashAfter):
+                    crash_after = msg.steps
+                    continue
+                core.handle(msg)
             if crash_after is not None and crash_after <= 0:
                 os._exit(CRASH_EXIT_CODE)  # test hook: die like a segfault would, without cleanup
             if core.has_work():
@@ -163,7 +186,7 @@ def worker_main(init: WorkerInit, ctrl: Connection, peer: Connection | None) -> 
         return
     except BaseException:
         try:
-            out.send(WorkerFailed(init.role, traceback.format_exc()))
+            out.send(WorkerFailed(role, traceback.format_exc()))
         except (OSError, ValueError):
             pass
         raise
@@ -179,12 +202,24 @@ class WorkerHandle:
         self.role = init.role
         self.conn, child_conn = ctx.Pipe(duplex=True)
         self.process = ctx.Process(
-            target=worker_main, args=(init, child_conn, peer), name=f"minillm-{init.role}-worker", daemon=True
+            target=worker_main, args=(init.role, child_conn, peer), name=f"minillm-{init.role}-worker", daemon=True
         )
         self.process.start()
         child_conn.close()  # only the child holds its end now, so the child's death reads as EOF here
         self.last_seen = time.monotonic()
         self.pid: int | None = None
+        # The init (megabytes of weights) fills the pipe until the child, done importing torch, reads it: send it
+        # from a thread so both workers import at once, and so a child that never reads cannot hang us
+        # (wait_ready's timeout and the process sentinel decide).
+        self._init_thread = threading.Thread(target=self._send_init, args=(init,), daemon=True,
+                                             name=f"{init.role}-init")
+        self._init_thread.start()
+
+    def _send_init(self, init: WorkerInit) -> None:
+        try:
+            self.conn.send(init)
+        except (OSError, ValueError):
+            pass  # the child died before reading; wait_ready reports how
 
     def describe(self) -> str:
         code = self.process.exitcode
@@ -204,7 +239,8 @@ class WorkerHandle:
 
     def request_stop(self) -> None:
         """Ask politely (a Shutdown message); `stop` makes sure."""
-        if self.process.is_alive():
+        # subtle: never write while the init thread may still be writing: the two messages would interleave.
+        if self.process.is_alive() and not self._init_thread.is_alive():
             try:
                 self.conn.send(Shutdown())
             except (OSError, ValueError):

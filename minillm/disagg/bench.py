@@ -1,0 +1,289 @@
+"""The chapter 07 experiment: one prefill-heavy online workload served colocated, with chunked prefill, and
+disaggregated; decode inter-token latency (ITL), time to first token (TTFT), the KV transfer, and a timeline.
+
+Adds the open-loop driver (requests join at their Poisson arrival times, as a real server sees them; a closed loop
+would hide queueing) and the per-policy summary. What it leaves out: goodput sweeps over the request rate
+(DistServe's metric; chapter 15 has the load generator) and more than one worker per role.
+
+    python -m minillm.disagg.bench --model base --n 24 --rate 2 --prompt-len 160:224 --output-len 32
+
+The three policies see the same requests (chapter 06's `make_workload`, seeded):
+  colocated      chapter 06's `LLM` without chunked prefill: a whole prompt runs in one step, and every decode
+                 of that step waits for it (the interference)
+  chunked        the same engine with chunked prefill (Sarathi): a step takes at most `chunk` tokens of prompt
+  disaggregated  `DisaggregatedLLM`: prompts in one process, decodes in another, the KV sent between them
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from minillm.disagg.messages import StepRecord, TransferRecord
+from minillm.engine.request import RequestOutput
+from minillm.engine.workload import WorkloadRequest, make_workload
+
+POLICIES = ("colocated", "chunked", "disaggregated")
+
+
+@dataclass
+class PolicyResult:
+    policy: str
+    outputs: dict[str, RequestOutput]  # request id -> final output
+    timeline: list[StepRecord]  # every model step (colocated: role "colocated"; disaggregated: both workers)
+    transfers: list[TransferRecord] = field(default_factory=list)
+    start: float = 0.0  # perf_counter at t = 0 of the workload
+    duration_s: float = 0.0
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, float]:
+        """Milliseconds: TTFT and decode ITL percentiles, plus the transfer's bytes and seconds."""
+        outs = list(self.outputs.values())
+        ttft = np.array([o.ttft for o in outs if o.token_times]) * 1e3
+        itl = np.array([g for o in outs for g in o.itl]) * 1e3
+        row = {
+            "requests": len(outs),
+            "output_tokens": sum(len(o.output_token_ids) for o in outs),
+            "duration_s": self.duration_s,
+            "ttft_p50_ms": float(np.percentile(ttft, 50)), "ttft_p99_ms": float(np.percentile(ttft, 99)),
+            "itl_p50_ms": float(np.percentile(itl, 50)), "itl_p99_ms": float(np.percentile(itl, 99)),
+            "itl_max_ms": float(itl.max()),
+        }
+        if self.transfers:
+            wire = np.array([t.received_time - t.sent_time for t in self.transfers]) * 1e3
+            admit = np.array([t.unpacked_time - t.sent_time for t in self.transfers]) * 1e3
+            row.update({
+                "kv_bytes_per_request": float(np.mean([t.nbytes for t in self.transfers])),
+                "kv_bytes_total": float(sum(t.nbytes for t in self.transfers)),
+                "transfer_p50_ms": float(np.percentile(wire, 50)), "transfer_p99_ms": float(np.percentile(wire, 99)),
+                "handoff_to_admit_p50_ms": float(np.percentile(admit, 50)),
+            })
+        return row
+
+
+class _StepRecorder:
+    """Times every `LLM.step()` and reads what its scheduler chose, to draw the colocated timeline.
+
+    subtle: it wraps the engine's `scheduler.schedule` on this one instance (chapter 06 has no step-trace hook);
+    the wrapper returns the scheduler's own output untouched, so the engine behaves exactly as without it.
+    """
+
+    def __init__(self, llm):
+        self.last = None
+        original = llm.scheduler.schedule
+
+        def schedule(*args, **kwargs):
+            self.last = original(*args, **kwargs)
+            return self.last
+
+        llm.scheduler.schedule = schedule
+
+    def record(self, start: float, end: float) -> StepRecord | None:
+        sched, self.last = self.last, None
+        if sched is None or sched.is_empty:
+            return None
+        prompt_tokens = sum(s.num_new_tokens for s in sched.scheduled if s.start < s.request.num_prompt_tokens)
+        decodes = sum(1 for s in sched.scheduled if s.start >= s.request.num_prompt_tokens)
+        kind = "mixed" if prompt_tokens and decodes else ("prefill" if prompt_tokens else "decode")
+        return StepRecord("colocated", kind, start, end, prompt_tokens + decodes,
+                          [s.request.request_id for s in sched.scheduled])
+
+
+def run_online(engine, workload: list[WorkloadRequest], policy: str) -> PolicyResult:
+    """Feed `workload` at its arrival times (open loop) and step the engine until every request finished."""
+    disagg = hasattr(engine, "transfers")
+    recorder = None if disagg else _StepRecorder(engine)
+    timeline: list[StepRecord] = []
+    first_step = len(engine.timeline) if disagg else 0
+    first_transfer = len(engine.transfers) if disagg else 0
+    pending = sorted(workload, key=lambda r: r.arrival_time)
+    finals: dict[str, RequestOutput] = {}
+    t0 = time.perf_counter()
+    i = 0
+    while i < len(pending) or engine.has_unfinished():
+        now = time.perf_counter()
+        while i < len(pending) and t0 + pending[i].arrival_time <= now:
+            r = pending[i]
+            engine.add_request(r.prompt_token_ids, r.params, request_id=r.request_id,
+                               arrival_time=t0 + r.arrival_time)
+            i += 1
+        until_next = (t0 + pending[i].arrival_time - time.perf_counter()) if i < len(pending) else math.inf
+        if not engine.has_unfinished():
+            time.sleep(max(0.0, until_next))
+            continue
+        if disagg:
+            outs = engine.step(timeout=min(until_next, engine.config.heartbeat_s))
+        else:
+            start = time.perf_counter()
+            outs = engine.step()
+            rec = recorder.record(start, time.perf_counter())
+            if rec is not None:
+                timeline.append(rec)
+        for o in outs:
+            if o.finished:
+                finals[o.request_id] = o
+    duration = time.perf_counter() - t0
+    if disagg:
+        timeline = engine.timeline[first_step:]
+        transfers = engine.transfers[first_transfer:]
+    else:
+        transfers = []
+    return PolicyResult(policy, finals, timeline, transfers, t0, duration)
+
+
+def build_engine(policy: str, model, tokenizer=None, block_size: int = 16, num_blocks: int = 512,
+                 max_num_seqs: int = 32, chunk: int = 64, device: str = "cpu"):
+    """The engine for one policy; the colocated ones share every setting but chunking."""
+    from minillm.engine import LLM, EngineConfig
+
+    window = model.config.block_size
+    if policy == "colocated":
+        return LLM(model, tokenizer, EngineConfig(num_blocks=num_blocks, block_size=block_size,
+                                                  max_num_seqs=max_num_seqs,
+                                                  max_num_batched_tokens=max(window, max_num_seqs) + max_num_seqs,
+                                                  enable_chunked_prefill=False, device=device))
+    if policy == "chunked":
+        return LLM(model, tokenizer, EngineConfig(num_blocks=num_blocks, block_size=block_size,
+                                                  max_num_seqs=max_num_seqs,
+                                                  max_num_batched_tokens=max(chunk, max_num_seqs),
+                                                  enable_chunked_prefill=True, device=device))
+    if policy == "disaggregated":
+        from minillm.disagg.llm import DisaggConfig, DisaggregatedLLM
+
+        return DisaggregatedLLM(model, tokenizer, DisaggConfig(num_blocks=num_blocks, block_size=block_size,
+                                                               max_num_seqs=max_num_seqs,
+                                                               max_num_batched_tokens=max(window, max_num_seqs),
+                                                               device=device, num_threads=1))
+    raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+
+
+def run_policies(model, workload: list[WorkloadRequest], policies: tuple[str, ...] = POLICIES,
+                 warmup: list[WorkloadRequest] | None = None, engines: dict[str, Any] | None = None,
+                 **engine_kwargs) -> dict[str, PolicyResult]:
+    """Each policy on the same workload, after a warm-up; engines passed in `engines` are reused (not closed)."""
+    results: dict[str, PolicyResult] = {}
+    for policy in policies:
+        own = engines is None or policy not in engines
+        engine = build_engine(policy, model, **engine_kwargs) if own else engines[policy]
+        try:
+            if warmup:
+                engine.generate([r.prompt_token_ids for r in warmup], [r.params for r in warmup])
+            results[policy] = run_online(engine, workload, policy)
+            results[policy].details["torch_threads"] = 1 if policy == "disaggregated" else torch.get_num_threads()
+        finally:
+            if own and hasattr(engine, "close"):
+                engine.close()
+    return results
+
+
+def plot_timeline(results: dict[str, PolicyResult], ax=None, window: tuple[float, float] | None = None):
+    """One lane per engine (two for disaggregated: its prefill and decode workers): prefill, decode, mixed steps."""
+    import matplotlib.pyplot as plt
+
+    colors = {"prefill": "tab:orange", "decode": "tab:blue", "mixed": "tab:purple"}
+    lanes: list[tuple[str, list[StepRecord], float]] = []
+    for policy, res in results.items():
+        if policy == "disaggregated":
+            lanes.append(("disagg: prefill worker", [s for s in res.timeline if s.role == "prefill"], res.start))
+            lanes.append(("disagg: decode worker", [s for s in res.timeline if s.role == "decode"], res.start))
+        else:
+            lanes.append((policy, res.timeline, res.start))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(11, 0.6 + 0.55 * len(lanes)))
+    for y, (name, steps, t0) in enumerate(reversed(lanes)):
+        for kind, color in colors.items():
+            bars = [((s.start - t0) * 1e3, (s.end - s.start) * 1e3) for s in steps if s.kind == kind and
+                    s.num_tokens > 0]
+            ax.broken_barh(bars, (y - 0.35, 0.7), facecolors=color, label=kind if y == 0 else None)
+    ax.set_yticks(range(len(lanes)), [name for name, _, _ in reversed(lanes)])
+    ax.set_xlabel("ms since the first arrival")
+    if window is not None:
+        ax.set_xlim(window[0] * 1e3, window[1] * 1e3)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+    ax.legend(handles, list(colors), loc="upper right", ncols=3, fontsize="small")
+    ax.set_title("model steps per engine: orange = prompt, blue = decode, purple = both in one step")
+    return ax
+
+
+def format_table(results: dict[str, PolicyResult]) -> str:
+    cols = ["policy", "TTFT p50", "TTFT p99", "decode ITL p50", "decode ITL p99", "ITL max", "KV sent/request",
+            "transfer p50"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for policy, res in results.items():
+        s = res.summary()
+        kv = f"{s['kv_bytes_per_request'] / 1e6:.2f} MB" if "kv_bytes_per_request" in s else "-"
+        tr = f"{s['transfer_p50_ms']:.1f} ms" if "transfer_p50_ms" in s else "-"
+        lines.append(f"| {policy} | {s['ttft_p50_ms']:.0f} ms | {s['ttft_p99_ms']:.0f} ms | {s['itl_p50_ms']:.1f} ms | "
+                     f"{s['itl_p99_ms']:.1f} ms | {s['itl_max_ms']:.1f} ms | {kv} | {tr} |")
+    return "\n".join(lines)
+
+
+def prefill_heavy_workload(n: int, rate: float, prompt_len: str, output_len: int, seed: int, vocab_size: int,
+                           token_source=None) -> list[WorkloadRequest]:
+    """Long prompts, short outputs, Poisson arrivals: prompts keep arriving while earlier requests decode."""
+    lo, hi = (int(x) for x in prompt_len.split(":"))
+    return make_workload(n, rate, f"uniform:{lo}:{hi}", f"fixed:{output_len}", seed=seed, vocab_size=vocab_size,
+                         token_source=token_source)
+
+
+def load_model(name: str, device: str = "cpu"):
+    """(model, tokenizer): a shipped checkpoint, or a random-init preset when it is not there (named as such)."""
+    import minillm
+    from minillm.config import GPTConfig
+    from minillm.model import GPT
+
+    try:
+        model, tok = minillm.load(name, device=device)
+        return model.eval(), tok, name
+    except (FileNotFoundError, ValueError, OSError, ImportError):
+        torch.manual_seed(0)
+        return GPT(GPTConfig.from_name(name)).to(device).eval(), minillm.load_tokenizer(), f"{name} (random init)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m minillm.disagg.bench", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="base", help="shipped checkpoint or preset (default base)")
+    p.add_argument("--n", type=int, default=24, help="requests")
+    p.add_argument("--rate", type=float, default=2.0, help="Poisson arrival rate, requests/s")
+    p.add_argument("--prompt-len", default="160:224", help="uniform prompt length range LO:HI")
+    p.add_argument("--output-len", type=int, default=32, help="output tokens per request (ignore_eos)")
+    p.add_argument("--chunk", type=int, default=64, help="chunked prefill: prompt tokens per step")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads of the colocated engines (default 1, like each disaggregated worker)")
+    p.add_argument("--json", help="write the summaries and the timeline here")
+    p.add_argument("--plot", help="write the timeline figure here (png)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model, tok, name = load_model(args.model)
+    workload = prefill_heavy_workload(args.n, args.rate, args.prompt_len, args.output_len, args.seed,
+                                      model.config.vocab_size)
+    warm = prefill_heavy_workload(2, math.inf, args.prompt_len, 4, args.seed + 1, model.config.vocab_size)
+    results = run_policies(model, workload, warmup=warm, block_size=args.block_size, chunk=args.chunk)
+    print(f"model {name}; {args.n} requests at {args.rate}/s, prompts {args.prompt_len}, {args.output_len} output "
+          f"tokens; colocated engines use {torch.get_num_threads()} torch threads, each worker 1")
+    print(format_table(results))
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        ax = plot_timeline(results)
+        ax.figure.savefig(args.plot, dpi=120, bbox_inches="tight")
+    if args.json:
+        from minillm.io import atomic_write_text
+
+        payload = {p_: {"summary": r.summary(), "timeline": [vars(s) for s in r.timeline]} for p_, r in results.items()}
+        atomic_write_text(args.json, json.dumps(payload, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
