@@ -6,7 +6,6 @@ The naive loop is the baseline of every later chapter, so it is checked against 
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 from fractions import Fraction
@@ -221,31 +220,17 @@ def test_sample_next_rejects_bad_logits():
 
 
 def to_hf(model: GPT):
-    """Chapter 02's converter when present; otherwise the same state dict with the Conv1D weights transposed."""
-    try:
-        hf_mod = importlib.import_module("minillm.hf")
-    except ImportError:
-        hf_mod = None
-    if hf_mod is not None and hasattr(hf_mod, "to_hf_model"):
-        return hf_mod.to_hf_model(model).eval()
-    transformers = pytest.importorskip("transformers")
-    c = model.config
-    hc = transformers.GPT2Config(vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.n_embd,
-                                 n_layer=c.n_layer, n_head=c.n_head, layer_norm_epsilon=c.layer_norm_epsilon,
-                                 activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                 bos_token_id=0, eos_token_id=0)
-    hf = transformers.GPT2LMHeadModel(hc).eval()
-    conv1d = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-    sd = {k: (v.t() if k.endswith(conv1d) else v) for k, v in model.state_dict().items()}
-    missing, unexpected = hf.load_state_dict(sd, strict=False)
-    assert not unexpected and all(k.endswith("attn.bias") or k.endswith("masked_bias") for k in missing)
-    return hf
+    """Chapter 02's exporter: a transformers GPT2LMHeadModel with exactly these weights."""
+    pytest.importorskip("transformers")
+    from minillm.hf import to_hf_model
+
+    return to_hf_model(model)
 
 
 def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
-    out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                      use_cache=False, pad_token_id=0, eos_token_id=None, attention_mask=torch.ones(1, len(prompt),
-                                                                                                  dtype=torch.long))
+    ids = torch.tensor([prompt])  # (1, T)
+    out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                      do_sample=False, use_cache=False, pad_token_id=0, eos_token_id=None)  # (1, T + n)
     return out[0, len(prompt):].tolist()
 
 
@@ -261,14 +246,17 @@ def test_greedy_matches_hf_generate_without_cache():
 
 
 def test_greedy_matches_hf_on_base():
-    checkpoint = importlib.import_module("minillm.checkpoint")
+    from minillm.checkpoint import load_pretrained
+
     try:
-        model, tokenizer = checkpoint.load_pretrained("base")
+        model, tokenizer = load_pretrained("base")
     except FileNotFoundError:
         pytest.skip("the base checkpoint is not present")
     hf = to_hf(model)
-    prompt = tokenizer.encode("def main():\n    ")
-    assert generate_naive_ids(model, prompt, SamplingParams.greedy(12, ignore_eos=True)) == hf_greedy(hf, prompt, 12)
+    for text in ("def main():\n    ", "import os\n", "The"):
+        prompt = tokenizer.encode(text)
+        ours = generate_naive_ids(model, prompt, SamplingParams.greedy(16, ignore_eos=True))
+        assert ours == hf_greedy(hf, prompt, 16)
 
 
 def test_streaming_yields_the_collected_tokens_one_at_a_time():
