@@ -70,7 +70,7 @@ class BlockAllocator:
         if not self._free:
             raise OutOfBlocks(f"all {self.num_blocks} KV blocks are in use")
         block, _ = self._free.popitem(last=False)  # the head of the free list
-        assert self.ref_counts[block] == 0, f"block {block} was in the free list with ref count {self.ref_counts[block]}"
+        assert self.ref_counts[block] == 0, f"free block {block} has ref count {self.ref_counts[block]}"
         self._on_take(block)
         self.ref_counts[block] = 1
         return block

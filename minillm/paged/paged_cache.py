@@ -212,7 +212,7 @@ class PagedKVCache:
         blocks = batch.block_tables[seq_index, :nblk]  # (nblk,)
         out = []
         for pool in (self.k_pools[layer_idx], self.v_pools[layer_idx]):
-            kv = pool.index_select(0, blocks).flatten(0, 1)[:ctx]  # (nblk, bs, nh, hs) -> (nblk*bs, nh, hs) -> (ctx, nh, hs)
+            kv = pool.index_select(0, blocks).flatten(0, 1)[:ctx]  # (nblk, bs, nh, hs) -> (ctx, nh, hs)
             out.append(kv.transpose(0, 1).unsqueeze(0))  # (1, nh, ctx, hs)
         return out[0], out[1]
 
@@ -248,7 +248,7 @@ class PagedKVCache:
         _, flat_ids, mask = batch._decode_cache
         nh, hs = self.config.n_head, self.config.head_size
         n = S * L * nh * hs
-        scratch = self._scratch(2 * n, q.dtype)
+        scratch = self._scratch(2 * n, self.dtype)
         kv = []
         for j, pool in enumerate((self.k_pools[layer_idx], self.v_pools[layer_idx])):
             # index_select on whole blocks (rows of nb x (bs*nh*hs)) is one memcpy per block, several times
@@ -257,7 +257,7 @@ class PagedKVCache:
             g = scratch[j * n : (j + 1) * n].view(S * nblk, bs * nh * hs)  # (S*nblk, bs*nh*hs)
             torch.index_select(pool.view(pool.shape[0], bs * nh * hs), 0, flat_ids, out=g)
             # Heads first as a strided view, no copy: attention reads rows of hs contiguous floats either way.
-            kv.append(g.view(S, L, nh, hs).transpose(1, 2))  # (S, L, nh, hs) -> (S, nh, L, hs)
+            kv.append(g.view(S, L, nh, hs).transpose(1, 2).to(q.dtype))  # (S, L, nh, hs) -> (S, nh, L, hs)
         q_s = q[0].transpose(0, 1).unsqueeze(2)  # (nh, S, hs) -> (S, nh, hs) -> (S, nh, 1, hs)
         y = self._attn(q_s, kv[0], kv[1], mask)  # (S, nh, 1, hs)
         return y.squeeze(2).transpose(0, 1).unsqueeze(0)  # (S, nh, hs) -> (nh, S, hs) -> (1, nh, S, hs)
