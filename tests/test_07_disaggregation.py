@@ -265,7 +265,8 @@ def test_config_validation_names_the_bad_value():
 
 def engine_config(**kw) -> DisaggConfig:
     return DisaggConfig(**{**dict(num_blocks=64, block_size=BS, max_num_seqs=8, max_num_batched_tokens=64,
-                                  device="cpu", heartbeat_s=0.25, liveness_timeout_s=20.0), **kw})
+                                  device="cpu", heartbeat_s=0.25, liveness_timeout_s=20.0,
+                                  startup_timeout_s=900.0), **kw})
 
 
 @pytest.fixture(scope="module")
@@ -370,6 +371,16 @@ def test_bad_requests_name_the_bad_value(shared):
     assert not llm.has_unfinished()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_workers_match_naive_on_cuda():
+    model = tiny_model().to("cuda")
+    with DisaggregatedLLM(model, None, engine_config(device="cuda")) as llm:
+        outs = llm.generate(PROMPTS, SamplingParams.greedy(8, ignore_eos=True))
+        assert llm.devices == {"prefill": "cuda", "decode": "cuda"}
+    for p, o in zip(PROMPTS, outs):
+        assert o.output_token_ids == generate_naive_ids(model, p, SamplingParams.greedy(8, ignore_eos=True))
+
+
 def test_decode_worker_death_fails_its_requests_within_the_timeout(shared):
     _, _, llm = shared  # breaks the shared engine: the `shared` fixture builds a new one for any later test
     procs = [h.process for h in llm._handles]
@@ -416,11 +427,11 @@ def test_interpreter_exit_without_close_leaves_no_worker(tmp_path):
         from minillm.disagg import DisaggConfig, DisaggregatedLLM
         if __name__ == "__main__":
             llm = DisaggregatedLLM(GPT(GPTConfig.from_name("tiny")), None, DisaggConfig(device="cpu", block_size=4,
-                                   num_blocks=32, max_num_seqs=4, max_num_batched_tokens=64))
+                                   num_blocks=32, max_num_seqs=4, max_num_batched_tokens=64, startup_timeout_s=900))
             print(" ".join(str(p) for p in llm.worker_pids.values()), flush=True)
             # no close(): the finalizer registered with atexit must stop both workers
     """))
-    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=1200)
     assert res.returncode == 0, res.stderr
     pids = [int(p) for p in res.stdout.split()]
     assert len(pids) == 2

@@ -65,7 +65,7 @@ class DisaggConfig:
     num_threads: int = 1  # torch threads per worker (on a 2-core CPU: one core each); 0 = torch's default
     heartbeat_s: float = 0.5  # how often each worker says it is alive
     liveness_timeout_s: float = 30.0  # silence after which a worker counts as hung
-    startup_timeout_s: float = 120.0  # spawning a worker imports torch and loads the model
+    startup_timeout_s: float = 300.0  # spawning a worker imports torch (seconds; minutes on a starved CPU)
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
