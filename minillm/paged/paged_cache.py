@@ -244,7 +244,12 @@ class PagedKVCache:
             # subtle: -1 padding is clamped to block 0; whatever block 0 holds is masked out below.
             flat_ids = batch.block_tables[:, :nblk].clamp(min=0).reshape(-1)  # (S, nblk) -> (S*nblk,)
             mask = torch.arange(L, device=q.device) < batch.context_lens.unsqueeze(1)  # (S, L): real tokens only
-            batch._decode_cache = (self.block_size, flat_ids, mask[:, None, None, :])  # mask (S, 1, 1, L)
+            mask = mask[:, None, None, :]  # (S, 1, 1, L), broadcast over heads and the one query
+            if self._attn is attention:
+                # subtle: SDPA turns a boolean mask into an additive one on every call; on the CPU that costs
+                # more than the attention itself at decode sizes, so build the additive form once per step.
+                mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
+            batch._decode_cache = (self.block_size, flat_ids, mask)
         _, flat_ids, mask = batch._decode_cache
         nh, hs = self.config.n_head, self.config.head_size
         n = S * L * nh * hs
