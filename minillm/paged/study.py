@@ -10,6 +10,7 @@ the throughput a scheduler wins from the freed memory (chapter 06).
 from __future__ import annotations
 
 import random
+import statistics
 from dataclasses import dataclass
 
 import torch
@@ -206,11 +207,13 @@ def decode_time_ratio(
 
 def attention_time_by_block_size(
     model: GPT, block_sizes: tuple[int, ...] = (1, 4, 8, 16, 32, 64), num_seqs: int = 8, context: int = 160,
-    repeats: int = 5,
+    repeats: int = 7, calls: int = 10,
 ) -> dict[int, float]:
     """Median seconds of one layer's paged decode attention (`PagedKVCache.attend`) per block size.
 
-    The same step is replayed (it writes the same K/V into the same slots), so only the attention is timed.
+    The same step is replayed (it writes the same K/V into the same slots), so only the attention is timed. The
+    block sizes take turns, one timed batch of `calls` attends each per round, so a burst of load on a shared
+    machine hits all of them alike instead of one.
     """
     cfg, dev = model.config, model.device
     nh, hs = cfg.n_head, cfg.head_size
@@ -218,15 +221,25 @@ def attention_time_by_block_size(
     q = torch.randn(1, nh, num_seqs, hs, generator=g).to(dev)  # (1, nh, S, hs)
     k = torch.randn(1, nh, num_seqs, hs, generator=g).to(dev)
     v = torch.randn(1, nh, num_seqs, hs, generator=g).to(dev)
-    out: dict[int, float] = {}
-    for bs in block_sizes:
-        nblocks = num_seqs * num_blocks_for(context, bs)
-        manager = BlockManager(nblocks, bs)
-        cache = PagedKVCache(cfg, nblocks, bs, device=dev)
-        for i in range(num_seqs):
-            manager.allocate(i, [0] * context)
-        cache.set_batch(PagedBatch.build(manager, [(i, context - 1, 1) for i in range(num_seqs)], device=dev))
-        out[bs] = measure(lambda: cache.attend(0, q, k, v), warmup=2, repeats=repeats, device=dev).median
-        for i in range(num_seqs):
-            manager.free(i)
-    return out
+    managers, fns = [], {}
+    try:
+        for bs in block_sizes:
+            nblocks = num_seqs * num_blocks_for(context, bs)
+            manager = BlockManager(nblocks, bs)
+            managers.append(manager)
+            cache = PagedKVCache(cfg, nblocks, bs, device=dev)
+            for i in range(num_seqs):
+                manager.allocate(i, [0] * context)
+            cache.set_batch(PagedBatch.build(manager, [(i, context - 1, 1) for i in range(num_seqs)], device=dev))
+            fns[bs] = lambda cache=cache: [cache.attend(0, q, k, v) for _ in range(calls)]
+            measure(fns[bs], warmup=1, repeats=1, device=dev)  # warm: the scratch buffer, first-call overheads
+        times: dict[int, list[float]] = {bs: [] for bs in block_sizes}
+        for _ in range(repeats):
+            for bs in block_sizes:
+                times[bs].append(measure(fns[bs], warmup=0, repeats=1, device=dev).median / calls)
+    finally:
+        for manager in managers:
+            for i in range(num_seqs):
+                if manager.has_seq(i):
+                    manager.free(i)
+    return {bs: statistics.median(t) for bs, t in times.items()}
