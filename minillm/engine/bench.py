@@ -254,7 +254,7 @@ def plot_frontier(points: list[dict[str, Any]], path: str, title: str = "") -> N
     atomic_write_bytes(path, buf.getvalue())
 
 
-def online_latency(model: GPT, rates: Sequence[float], n: int = 48, seed: int = 0, batch: int = 32,
+def online_latency(model: GPT, rates: Sequence[float], n: int = 32, seed: int = 0, batch: int = 32,
                    num_blocks: int = 512) -> list[dict[str, Any]]:
     """TTFT and TPOT p50/p99 of the engine against request rate (Poisson arrivals, real time)."""
     cfg = EngineConfig(num_blocks=num_blocks, block_size=16, max_num_seqs=batch, max_num_batched_tokens=512)

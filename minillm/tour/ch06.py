@@ -4,8 +4,6 @@ the inter-token-latency spike of a long prompt with chunked prefill."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from minillm.tour.core import Row, TourContext
@@ -21,7 +19,7 @@ def _agreement(model, n: int, seed: int) -> dict:
     wl = make_workload(n, prompt_len_dist="uniform:4:64", output_len_dist="uniform:4:40", seed=seed,
                        vocab_size=model.config.vocab_size)
     need = max(len(w.prompt_token_ids) + w.output_len for w in wl)
-    cfg = EngineConfig(num_blocks=max(-(-need // 8) + 1, 3 * n), block_size=8, max_num_seqs=8,
+    cfg = EngineConfig(num_blocks=max(-(-need // 8) + 1, n), block_size=8, max_num_seqs=8,
                        max_num_batched_tokens=32)
     llm = LLM(model, None, cfg)
     outs = llm.generate([w.prompt_token_ids for w in wl], [w.params for w in wl])
@@ -45,7 +43,7 @@ def run(ctx: TourContext) -> list[Row]:
                     a["identical"] == a["n"] and a["all_free"], "identical", 100.0 * a["identical"] / a["n"], "%",
                     dev, details=a))
 
-    n, batch = (8, 4) if ctx.quick else (32, 16)
+    n, batch = (12, 4) if ctx.quick else (48, 12)
     wl = default_workload(n, seed=ctx.seed, vocab_size=model.config.vocab_size)
     off = offline_throughput(model, wl, batch=batch, with_hf=True)
     runs = off["runs"]
@@ -67,8 +65,8 @@ def run(ctx: TourContext) -> list[Row]:
                         all(runs[k]["agree_with_engine"] == n for k in hf_names), "output tok/s ratio",
                         eng["tokens_per_s"] / runs[best]["tokens_per_s"], "x", dev,
                         details={"model": label, **{k: runs[k] for k in hf_names}}))
-    c = chunked_prefill_itl(model, num_decodes=8 if ctx.quick else 16, chunk=8 if ctx.quick else 16,
-                            repeats=1 if ctx.quick else 2)
+    c = chunked_prefill_itl(model, num_decodes=8 if ctx.quick else 16, chunk=16, repeats=1 if ctx.quick else 2,
+                            long_len=96 if ctx.quick else None)
     rows.append(Row("06", f"chunked prefill, {c['long_len']}-token prompt among {c['num_decodes']} decodes",
                     f"one-step prefill (ITL spike {c['unchunked']['itl_ratio']:.1f}x steady)",
                     f"chunked prefill (budget {c['chunked']['budget']} tokens)",
@@ -82,4 +80,3 @@ if __name__ == "__main__":  # python -m minillm.tour.ch06
     from minillm.tour.core import format_table
 
     print(format_table(run(TourContext(device=torch.device("cpu"), quick=True))))
-    del math
