@@ -34,6 +34,7 @@ class RunResult:
     times: list[RequestTimes]
     duration_s: float
     extra: dict[str, Any] = field(default_factory=dict)
+    cpu_s: float = float("nan")  # process CPU time of the run (all threads): the work done, whatever the contention
 
     @property
     def output_tokens(self) -> int:
@@ -42,6 +43,11 @@ class RunResult:
     @property
     def tokens_per_s(self) -> float:
         return self.output_tokens / self.duration_s
+
+    @property
+    def tokens_per_cpu_s(self) -> float:
+        """Output tokens per CPU-second: on a shared, busy machine wall time measures the neighbours too."""
+        return self.output_tokens / self.cpu_s
 
     def summary(self) -> dict[str, Any]:
         return summarize(self.times, duration_s=self.duration_s)
@@ -84,6 +90,7 @@ def run_engine(model: GPT, workload: Sequence[WorkloadRequest], config: EngineCo
     """The engine on the workload. Offline (realtime=False): everything queued at t=0. Online: each request is
     added when its arrival time comes, so TTFT includes queueing."""
     llm = LLM(model, None, config)
+    c0 = time.process_time()
     order = sorted(range(len(workload)), key=lambda i: workload[i].arrival_time)
     ids: dict[str, int] = {}
     done: dict[int, Any] = {}
@@ -103,17 +110,20 @@ def run_engine(model: GPT, workload: Sequence[WorkloadRequest], config: EngineCo
             if out.finished:
                 done[ids[out.request_id]] = out
     duration = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     outs = [done[i] for i in range(len(workload))]
     times = [RequestTimes(o.arrival_time, list(o.token_times), len(o.prompt_token_ids)) for o in outs]
     return RunResult(name, [o.output_token_ids for o in outs], times, duration,
-                     {"preemptions": sum(o.num_preemptions for o in outs), "steps": llm.num_steps})
+                     {"preemptions": sum(o.num_preemptions for o in outs), "steps": llm.num_steps}, cpu)
 
 
 def run_static_batches(model: GPT, workload: Sequence[WorkloadRequest], batch_size: int) -> RunResult:
+    c0 = time.process_time()
     res = run_static(model, [w.prompt_token_ids for w in workload], [w.params for w in workload], batch_size)
+    cpu = time.process_time() - c0
     duration = max(t[-1] for t in res.token_times if t) - res.start_time
     times = [RequestTimes(res.start_time, t, len(w.prompt_token_ids)) for t, w in zip(res.token_times, workload)]
-    return RunResult("static", res.output_token_ids, times, duration, {"batches": res.num_batches})
+    return RunResult("static", res.output_token_ids, times, duration, {"batches": res.num_batches}, cpu)
 
 
 def run_hf_generate(hf_model, workload: Sequence[WorkloadRequest], batch_size: int) -> RunResult:
@@ -121,7 +131,7 @@ def run_hf_generate(hf_model, workload: Sequence[WorkloadRequest], batch_size: i
     length (HF has one max_new_tokens per call); each request keeps its own first `output_len` tokens."""
     outputs: list[list[int]] = []
     times: list[RequestTimes] = []
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with torch.inference_mode():
         for lo in range(0, len(workload), batch_size):
             group = workload[lo : lo + batch_size]
@@ -139,7 +149,7 @@ def run_hf_generate(hf_model, workload: Sequence[WorkloadRequest], batch_size: i
             for r, w in enumerate(group):
                 outputs.append(gen[r, T : T + w.output_len].tolist())
                 times.append(RequestTimes(t0, [now] * w.output_len, len(w.prompt_token_ids)))
-    return RunResult("hf-generate", outputs, times, time.perf_counter() - t0)
+    return RunResult("hf-generate", outputs, times, time.perf_counter() - t0, cpu_s=time.process_time() - c0)
 
 
 def hf_generate_batch_available() -> bool:
@@ -168,7 +178,7 @@ def run_hf_continuous(hf_model, workload: Sequence[WorkloadRequest], max_batch: 
     manager = hf_model.init_continuous_batching(generation_config=gc, continuous_batching_config=cb)
     manager.start()
     try:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         rid = {}
         for i, w in enumerate(workload):
             rid[manager.add_request(list(w.prompt_token_ids), request_id=f"w{i}", max_new_tokens=w.output_len,
@@ -181,11 +191,12 @@ def run_hf_continuous(hf_model, workload: Sequence[WorkloadRequest], max_batch: 
             elif res is None and not manager.is_running():
                 raise RuntimeError("Hugging Face's continuous-batching thread stopped unexpectedly")
         duration = time.perf_counter() - t0
+        cpu = time.process_time() - c0
     finally:
         manager.stop(block=True, timeout=10)
     outs = [got[i] for i in range(len(workload))]
     times = [RequestTimes(t0, [t0 + duration] * len(o), len(w.prompt_token_ids)) for o, w in zip(outs, workload)]
-    return RunResult("hf-generate_batch", outs, times, duration)
+    return RunResult("hf-generate_batch", outs, times, duration, cpu_s=cpu)
 
 
 # ----------------------------------------------------------------------------------------------- experiments
@@ -208,6 +219,7 @@ def offline_throughput(model: GPT, workload: Sequence[WorkloadRequest], batch: i
             hf_note = "transformers has no generate_batch in this version"
     ref = runs[0].outputs
     rows = {r.name: {"tokens_per_s": r.tokens_per_s, "duration_s": r.duration_s, "output_tokens": r.output_tokens,
+                     "tokens_per_cpu_s": r.tokens_per_cpu_s, "cpu_s": r.cpu_s,
                      "agree_with_engine": sum(a == b for a, b in zip(r.outputs, ref)), **r.extra} for r in runs}
     return {"n": len(workload), "batch": batch, "runs": rows, "hf_note": hf_note}
 
@@ -221,6 +233,7 @@ def frontier(model: GPT, workload: Sequence[WorkloadRequest], batch_limits: Sequ
         for run in (run_engine(model, workload, cfg), run_static_batches(model, workload, b)):
             s = run.summary()
             points.append({"engine": run.name, "batch": b, "tokens_per_s": run.tokens_per_s,
+                           "tokens_per_cpu_s": run.tokens_per_cpu_s,
                            "mean_tpot_ms": s["mean_tpot_ms"], "p99_tpot_ms": s["p99_tpot_ms"]})
     return points
 

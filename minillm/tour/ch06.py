@@ -43,7 +43,7 @@ def run(ctx: TourContext) -> list[Row]:
                     a["identical"] == a["n"] and a["all_free"], "identical", 100.0 * a["identical"] / a["n"], "%",
                     dev, details=a))
 
-    n, batch = (12, 4) if ctx.quick else (48, 12)
+    n, batch = (16, 4) if ctx.quick else (48, 8)
     wl = default_workload(n, seed=ctx.seed, vocab_size=model.config.vocab_size)
     off = offline_throughput(model, wl, batch=batch, with_hf=True)
     runs = off["runs"]
