@@ -36,11 +36,10 @@ from minillm.checkpoint import load_checkpoint, save_checkpoint
 from minillm.config import PRESETS, GPTConfig
 from minillm.dataset import BatchSampler, fixed_windows, split_tokens
 from minillm.device import DEVICE_CHOICES, resolve_device
-from minillm.io import atomic_save_safetensors, atomic_write_text
+from minillm.io import atomic_write_text
 from minillm.model import GPT
+from minillm.train_state import load_train_state, save_train_state
 
-OPTIMIZER_NAME = "optimizer.safetensors"
-STATE_NAME = "train_state.json"
 LOG_NAME = "training_log.json"
 
 
@@ -156,57 +155,6 @@ class TrainResult:
     log: dict[str, Any]  # what training_log.json holds
 
 
-# ---- checkpoints of a training run (weights + optimizer + RNG + progress) ----------------------------------
-
-def _save_state(out_dir: Path, model: GPT, opt: torch.optim.Optimizer, sampler: BatchSampler, state: dict) -> None:
-    save_checkpoint(model, out_dir, extra_metadata={"step": state["step"]})
-    sd = opt.state_dict()
-    tensors: dict[str, torch.Tensor] = {}
-    for idx, st in sd["state"].items():
-        for name, value in st.items():
-            tensors[f"state.{idx}.{name}"] = value if isinstance(value, torch.Tensor) else torch.tensor(value)
-    tensors["rng.torch"] = torch.get_rng_state()
-    tensors["rng.sampler"] = sampler.state()
-    if torch.cuda.is_available():
-        for i, s in enumerate(torch.cuda.get_rng_state_all()):
-            tensors[f"rng.cuda.{i}"] = s
-    atomic_save_safetensors(tensors, out_dir / OPTIMIZER_NAME, metadata={"step": str(state["step"])})
-    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in sd["param_groups"]]
-    # Written last: a crash before this line leaves the previous train_state.json, whose step no longer matches
-    # the newer weights, and resume refuses the mismatch instead of mixing two steps.
-    atomic_write_text(out_dir / STATE_NAME, json.dumps({**state, "param_groups": groups}, indent=1) + "\n")
-
-
-def _load_state(out_dir: Path, model: GPT, opt: torch.optim.Optimizer, sampler: BatchSampler) -> dict:
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    from minillm.checkpoint import read_config
-
-    state = json.loads((out_dir / STATE_NAME).read_text(encoding="utf-8"))
-    _, meta = read_config(out_dir)
-    with safe_open(str(out_dir / OPTIMIZER_NAME), "pt") as f:
-        opt_step = int((f.metadata() or {}).get("step", -1))
-    if meta.get("step") != state["step"] or opt_step != state["step"]:
-        raise ValueError(f"checkpoint in {str(out_dir)!r} is torn: weights at step {meta.get('step')}, optimizer at "
-                         f"{opt_step}, train_state at {state['step']}")
-    tensors = load_file(str(out_dir / OPTIMIZER_NAME))
-    per_param: dict[int, dict[str, torch.Tensor]] = {}
-    for key, value in tensors.items():
-        if key.startswith("state."):
-            _, idx, name = key.split(".", 2)
-            per_param.setdefault(int(idx), {})[name] = value
-    groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in state.pop("param_groups")]
-    opt.load_state_dict({"state": per_param, "param_groups": groups})
-    torch.set_rng_state(tensors["rng.torch"])
-    sampler.set_state(tensors["rng.sampler"])
-    if torch.cuda.is_available():
-        cuda_states = [tensors[k] for k in sorted(tensors) if k.startswith("rng.cuda.")]
-        if cuda_states:
-            torch.cuda.set_rng_state_all(cuda_states)
-    return state
-
-
 # ---- the loop ---------------------------------------------------------------------------------------------
 
 @torch.no_grad()
@@ -264,7 +212,7 @@ def train(cfg: TrainConfig, train_tokens: torch.Tensor | None = None, val_tokens
     state: dict[str, Any] = {"step": 0, "tokens_seen": 0, "elapsed_s": 0.0, "warmup_end_progress": None,
                              "history": [], "evals": []}
     if cfg.resume is not None:
-        state = _load_state(Path(cfg.resume), model, opt, sampler)
+        state = load_train_state(Path(cfg.resume), model, opt, sampler)
     out_dir = Path(cfg.out_dir) if cfg.out_dir else None
     budget_s = cfg.max_minutes * 60.0 if cfg.max_minutes else None
     tokens_per_step = cfg.batch_size * cfg.grad_accum * mcfg.block_size
@@ -332,7 +280,7 @@ def train(cfg: TrainConfig, train_tokens: torch.Tensor | None = None, val_tokens
         interrupted = cfg.stop_after is not None and step >= cfg.stop_after
         if out_dir is not None and (interrupted or (cfg.save_interval and step % cfg.save_interval == 0)):
             state["elapsed_s"] = elapsed_before + time.perf_counter() - t_start
-            _save_state(out_dir, model, opt, sampler, state)
+            save_train_state(out_dir, model, opt, sampler, state)
         if interrupted:
             break
     if bar is not None:
@@ -369,7 +317,7 @@ def train(cfg: TrainConfig, train_tokens: torch.Tensor | None = None, val_tokens
             log["val_perplexity"] = round(math.exp(total / count), 4)
             log["val_perplexity_tokens"] = count + 1
         if out_dir is not None and not (cfg.save_interval and step % cfg.save_interval == 0):
-            _save_state(out_dir, model, opt, sampler, state)
+            save_train_state(out_dir, model, opt, sampler, state)
         if out_dir is not None:
             atomic_write_text(out_dir / LOG_NAME, json.dumps(log, indent=1) + "\n")
         if cfg.export_dir is not None:
