@@ -1,8 +1,8 @@
 """The decode worker's model work: admit handed-off prompts into its own pool, then decode them all, step by step.
 
 Adds the decode half of a disaggregated server: this process never runs a prompt, so every one of its steps is a
-batch of one-token decodes and its inter-token latency does not depend on prompt arrivals (DistServe §2.2 calls the
-alternative "prefill-decoding interference"). What it leaves out: preemption. Admission reserves each request's
+batch of one-token decodes and its inter-token latency does not depend on prompt arrivals (DistServe calls what it avoids
+"prefill-decoding interference"). What it leaves out: preemption. Admission reserves each request's
 worst case (prompt + max_new_tokens - 1 KV slots, capped by the context window) up front, so a running request
 never runs out of blocks; the price is a smaller batch than chapter 06's optimistic scheduler would run.
 

@@ -5,7 +5,7 @@ into *its* paged pool; `pack_kv` gathers the prompt's T token slots, block by bl
 (L, 2, T, nh, hs); `payload_to_bytes` turns it into the bytes that cross the process boundary; on the far side
 `payload_from_bytes` and `unpack_kv` write them into blocks the decode worker allocated from *its own* pool, under
 a different block table. What it leaves out: compression of the KV (chapter 09), layer-by-layer pipelining of the
-transfer with the prefill compute (DistServe §4.2 and Splitwise §IV-C overlap them), and RDMA/NVLink transports.
+transfer with the prefill compute (what a production system does), and RDMA/NVLink transports.
 
 What is sent, exactly: the T prompt tokens, not whole blocks. The last block of a prompt is usually partly empty
 (T mod bs tokens used); sending only the used slots makes the payload

@@ -138,7 +138,7 @@ def worker_main(role: str, ctrl: Connection, peer: Connection | None) -> None:
 
         # The decode worker reads hand-offs on a thread too: `wait` reports the pipe readable at the first byte,
         # and a recv() in the main loop would then block until the last byte of a multi-MB message arrived,
-        # stalling every running decode for as long as the sender takes (measured: hundreds of ms on a busy CPU).
+        # stalling every running decode for as long as the sender takes.
         inbox: queue.Queue = queue.Queue()
         wake_r, wake_w = os.pipe()  # the receiver thread pokes this so the main loop's wait() wakes up
         if init.role == "decode" and peer is not None:
