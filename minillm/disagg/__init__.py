@@ -5,13 +5,15 @@
 - `messages`: the plain-data messages between the coordinator and the two workers
 - `worker`: the process layer (spawn, main loop, heartbeats, crash hook, shutdown), `WorkerDiedError`
 - `prefill_worker` / `decode_worker`: each role's model work; `admit_handoffs` (the decode side's admission)
-- `llm`: `DisaggregatedLLM` (chapter 06's `generate` surface) and `DisaggConfig`
+- `config`: `DisaggConfig` (pool sizes, devices, threads, heartbeat and liveness timeouts)
+- `llm`: `DisaggregatedLLM` (chapter 06's `generate` surface)
 - `bench`: the prefill-heavy workload under colocated, chunked-prefill and disaggregated serving, and its timeline
 """
 
 from minillm.disagg.decode_worker import admit_handoffs, max_kv_tokens
 from minillm.disagg.kv_transfer import KVHeader, kv_bytes, pack_kv, payload_from_bytes, payload_to_bytes, unpack_kv
-from minillm.disagg.llm import DisaggConfig, DisaggregatedLLM
+from minillm.disagg.config import DisaggConfig
+from minillm.disagg.llm import DisaggregatedLLM
 from minillm.disagg.worker import WorkerDiedError, model_from_bytes, model_to_bytes
 
 __all__ = [

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from minillm.disagg.config import DisaggConfig
 from minillm.disagg.decode_worker import max_kv_tokens
 from minillm.disagg.messages import (
     Abort,
@@ -51,37 +52,6 @@ from minillm.generate import StopChecker, _default_eos, validate_prompt
 from minillm.model import GPT
 from minillm.paged import num_blocks_for
 from minillm.sampling import SamplingParams
-
-
-@dataclass
-class DisaggConfig:
-    num_blocks: int = 256  # blocks in the DECODE worker's pool (it holds every running request's KV)
-    block_size: int = 16  # tokens per block, the same in both pools
-    max_num_seqs: int = 32  # decode batch limit (and the most prompts one prefill step takes)
-    max_num_batched_tokens: int = 512  # prompt tokens one prefill step may take (one prompt always fits)
-    device: str = "auto"  # where both workers run, unless prefill_device / decode_device say otherwise
-    prefill_device: str | None = None  # e.g. "cuda:0": the point of disaggregation is two devices
-    decode_device: str | None = None  # e.g. "cuda:1"
-    num_threads: int = 1  # torch threads per worker (on a 2-core CPU: one core each); 0 = torch's default
-    heartbeat_s: float = 0.5  # how often each worker says it is alive
-    liveness_timeout_s: float = 30.0  # silence after which a worker counts as hung
-    startup_timeout_s: float = 300.0  # spawning a worker imports torch (seconds; minutes on a starved CPU)
-
-    def __post_init__(self) -> None:
-        for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"DisaggConfig.{name} must be an int, got {type(value).__name__} {value!r}")
-            if value <= 0:
-                raise ValueError(f"DisaggConfig.{name} must be positive, got {value}")
-        if not isinstance(self.num_threads, int) or self.num_threads < 0:
-            raise ValueError(f"DisaggConfig.num_threads must be an int >= 0, got {self.num_threads!r}")
-        for name in ("heartbeat_s", "liveness_timeout_s", "startup_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"DisaggConfig.{name} must be positive, got {getattr(self, name)!r}")
-        if self.liveness_timeout_s <= 2 * self.heartbeat_s:
-            raise ValueError(f"liveness_timeout_s={self.liveness_timeout_s} must exceed two heartbeats "
-                             f"(heartbeat_s={self.heartbeat_s}), or a healthy worker would look hung")
 
 
 @dataclass
