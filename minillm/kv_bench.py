@@ -55,17 +55,27 @@ def prompts_for(model: GPT, lengths: list[int], real_text: bool, seed: int = 0) 
 
 
 def check_equivalence(model: GPT, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
-    """Greedy tokens, cached vs naive, per prompt (exact), and the largest first-step logit difference."""
+    """Greedy tokens, cached vs naive, per prompt (exact); and every step's logits, cached vs a full forward.
+
+    The logit reference for step t is row t of one forward over the finished sequence (the naive loop's math).
+    Reports the largest absolute difference and the largest |logit| it sits on (the float32 scale).
+    """
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
-    same, max_diff = 0, 0.0
+    same, max_diff, max_logit = 0, 0.0, 0.0
     for p in prompts:
-        same += generate_ids(model, p, params) == generate_naive_ids(model, p, params)
-        cache = ContiguousKVCache(model.config, 1, len(p), device=model.device)
-        idx = torch.tensor([p], device=model.device)
+        cached = generate_ids(model, p, params)
+        same += cached == generate_naive_ids(model, p, params)
+        seq = torch.tensor([p + cached], device=model.device)  # (1, T)
+        cache = ContiguousKVCache(model.config, 1, seq.size(1), device=model.device)
+        steps = [prefill(model, cache, seq[:, :len(p)])]
+        for t in range(len(p), seq.size(1) - 1):
+            steps.append(decode_step(model, cache, seq[:, t], torch.tensor([t], device=model.device)))
         with torch.inference_mode():
-            diff = (prefill(model, cache, idx) - model(idx)[:, -1]).abs().max().item()
-        max_diff = max(max_diff, diff)
-    return {"identical": same, "prompts": len(prompts), "new_tokens": new_tokens, "max_abs_logit_diff": max_diff}
+            ref = model(seq)[0, len(p) - 1:-1]  # (n, V)
+        max_diff = max(max_diff, (torch.cat(steps) - ref).abs().max().item())
+        max_logit = max(max_logit, ref.abs().max().item())
+    return {"identical": same, "prompts": len(prompts), "new_tokens": new_tokens, "max_abs_logit_diff": max_diff,
+            "max_abs_logit": max_logit}
 
 
 def check_static_batch(model: GPT, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
@@ -150,6 +160,46 @@ def hf_comparison(model: GPT, prompt: list[int], new_tokens: int, warmup: int = 
             "identical": out["hf"] == out["ours"], "attn_implementation": attn_implementation}
 
 
+def profile_ops(model: GPT, prompt: list[int], new_tokens: int = 128) -> dict[str, dict[str, float]]:
+    """Where a request's time goes, ours vs HF generate(use_cache=True): operator self-CPU ms from torch.profiler.
+
+    Groups: weight matmuls (addmm/mm), attention (SDPA kernels), `aten::cat` (HF's growing cache), and the rest.
+    """
+    import cProfile
+    import pstats
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from minillm.hf import to_hf_model
+
+    hf = to_hf_model(model, attn_implementation="sdpa")
+    idx = torch.tensor([prompt], device=model.device)
+    params = SamplingParams.greedy(new_tokens, ignore_eos=True)
+
+    def run_hf() -> None:
+        with torch.inference_mode():
+            hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=new_tokens,
+                        min_new_tokens=new_tokens, do_sample=False, use_cache=True, pad_token_id=0, eos_token_id=None)
+
+    def run_ours() -> None:
+        generate_ids(model, prompt, params)
+
+    out = {}
+    for name, fn in (("hf", run_hf), ("ours", run_ours)):
+        fn()  # warm-up
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            fn()
+        ev = prof.key_averages()
+        ms = lambda pred: sum(e.self_cpu_time_total for e in ev if pred(e.key)) / 1e3  # noqa: E731
+        calls = cProfile.Profile()
+        calls.runcall(fn)
+        out[name] = {"total_ms": ms(lambda k: True), "matmul_ms": ms(lambda k: k in ("aten::addmm", "aten::mm")),
+                     "attention_ms": ms(lambda k: "scaled_dot" in k or "flash" in k),
+                     "cat_ms": ms(lambda k: k == "aten::cat"),
+                     "python_calls_per_token": pstats.Stats(calls).total_calls / new_tokens}
+    return out
+
+
 def memory_check(model: GPT, batch_size: int = 1, max_len: int | None = None) -> dict[str, Any]:
     """The cache's measured bytes (tensor nbytes) against 2·layers·heads·head_dim·tokens·batch·bytes."""
     cfg = model.config
@@ -201,7 +251,7 @@ def format_table(report: dict[str, Any]) -> str:
         f"{p}: {c * 1e3:.2f}/{n * 1e3:.1f}" for p, c, n in zip(lat["positions"], lat["cached_s"], lat["naive_s"])))
     e, s, m = report["equivalence"], report["static_batch"], report["memory"]
     lines.append(f"greedy tokens identical to naive: {e['identical']}/{e['prompts']} prompts; max |logit diff| "
-                 f"{e['max_abs_logit_diff']:.2e}; static batch rows identical to alone: {s['identical_rows']}/"
+                 f"{e['max_abs_logit_diff']:.2e} (logits up to {e['max_abs_logit']:.1f}); static batch rows identical to alone: {s['identical_rows']}/"
                  f"{s['rows']}")
     lines.append(f"cache bytes {m['measured_bytes']:,} == formula {m['formula_bytes']:,}: {m['equal']} "
                  f"({m['bytes_per_token']:,} B/token)")
@@ -216,12 +266,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads for the run")
     parser.add_argument("--json", metavar="PATH", help="also write the full report as JSON")
+    parser.add_argument("--profile", action="store_true", help="only profile ours vs HF generate (op time by group)")
     args = parser.parse_args(argv)
     from minillm.device import resolve_device
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     model, _, label = load_base(resolve_device(args.device))
+    if args.profile:
+        prof = profile_ops(model, prompts_for(model, [16], real_text=label == "base")[0])
+        for name, r in prof.items():
+            print(f"{name:5s} " + "  ".join(f"{k} {v:.0f}" for k, v in r.items()))
+        return 0
     report = run_all(model, real_text=label == "base", quick=args.quick)
     report["model"] = label
     print(f"model: {label}")

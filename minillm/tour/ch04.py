@@ -38,7 +38,7 @@ def run(ctx: TourContext) -> list[Row]:
         check = f"identical tokens ({r['generated']}), {label}"
         if i == 0:
             check = (f"identical greedy tokens {eq['identical']}/{eq['prompts']} prompts + this run; max |dlogit| "
-                     f"{eq['max_abs_logit_diff']:.1e}, {label}")
+                     f"{eq['max_abs_logit_diff']:.1e} on |logits| <= {eq['max_abs_logit']:.0f}, {label}")
         passed = r["identical"] and (i > 0 or eq["identical"] == eq["prompts"])
         rows.append(Row("04", f"KV cache, {r['new_tokens']} new tokens (prompt {r['prompt_len']})",
                         "naive generate (recompute all)", "generate (prefill + decode)", check, passed,
