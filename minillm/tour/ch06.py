@@ -36,14 +36,14 @@ def run(ctx: TourContext) -> list[Row]:
     dev = str(ctx.device)
     rows: list[Row] = []
 
-    a = _agreement(model, 6 if ctx.quick else 16, ctx.seed)
+    a = _agreement(model, 4 if ctx.quick else 16, ctx.seed)
     rows.append(Row("06", "continuous batching (preemption, chunked prefill)", "each request alone (ch04 generate)",
                     "LLM.generate", f"identical greedy outputs {a['identical']}/{a['n']}, {a['preemptions']} "
                     f"preemptions, pool free after: {a['all_free']}, {label}",
                     a["identical"] == a["n"] and a["all_free"], "identical", 100.0 * a["identical"] / a["n"], "%",
                     dev, details=a))
 
-    n, batch = (16, 4) if ctx.quick else (48, 8)
+    n, batch = (8, 4) if ctx.quick else (48, 8)
     wl = default_workload(n, seed=ctx.seed, vocab_size=model.config.vocab_size)
     off = offline_throughput(model, wl, batch=batch, with_hf=True)
     runs = off["runs"]
@@ -51,22 +51,24 @@ def run(ctx: TourContext) -> list[Row]:
     st = runs["static"]
     rows.append(Row("06", f"continuous vs static batching, {n} mixed-length requests, batch {batch}",
                     "static batching (ch04 generate_static_batch)", "LLM (iteration-level scheduling)",
-                    f"identical outputs {st['agree_with_engine']}/{n}; {eng['tokens_per_s']:.0f} vs "
-                    f"{st['tokens_per_s']:.0f} tok/s", st["agree_with_engine"] == n, "output tok/s ratio",
-                    eng["tokens_per_s"] / st["tokens_per_s"], "x", dev, details={"model": label, **off}))
+                    f"identical outputs {st['agree_with_engine']}/{n}; {eng['tokens_per_cpu_s']:.0f} vs "
+                    f"{st['tokens_per_cpu_s']:.0f} tok/CPU-s (wall {eng['tokens_per_s']:.0f} vs {st['tokens_per_s']:.0f})",
+                    st["agree_with_engine"] == n, "tok/CPU-s ratio",
+                    eng["tokens_per_cpu_s"] / st["tokens_per_cpu_s"], "x", dev, details={"model": label, **off}))
     hf_names = [k for k in ("hf-generate", "hf-generate_batch") if k in runs]
     if hf_names:
-        best = max(hf_names, key=lambda k: runs[k]["tokens_per_s"])
+        # Per CPU-second: wall clock on a shared machine measures the neighbours' load as much as the code.
+        best = max(hf_names, key=lambda k: runs[k]["tokens_per_cpu_s"])
         agree = " ".join(f"{k} {runs[k]['agree_with_engine']}/{n}" for k in hf_names)
         note = f"; {off['hf_note']}" if off["hf_note"] else ""
         rows.append(Row("06", f"continuous batching vs Hugging Face, same weights, batch {batch}",
                         f"best of HF {' / '.join(hf_names)} ({best})", "LLM (iteration-level scheduling)",
                         f"identical outputs {agree}{note}",
-                        all(runs[k]["agree_with_engine"] == n for k in hf_names), "output tok/s ratio",
-                        eng["tokens_per_s"] / runs[best]["tokens_per_s"], "x", dev,
+                        all(runs[k]["agree_with_engine"] == n for k in hf_names), "tok/CPU-s ratio",
+                        eng["tokens_per_cpu_s"] / runs[best]["tokens_per_cpu_s"], "x", dev,
                         details={"model": label, **{k: runs[k] for k in hf_names}}))
-    c = chunked_prefill_itl(model, num_decodes=8 if ctx.quick else 16, chunk=16, repeats=1 if ctx.quick else 2,
-                            long_len=96 if ctx.quick else None)
+    c = chunked_prefill_itl(model, num_decodes=4 if ctx.quick else 16, chunk=16, repeats=1 if ctx.quick else 2,
+                            long_len=64 if ctx.quick else None)
     rows.append(Row("06", f"chunked prefill, {c['long_len']}-token prompt among {c['num_decodes']} decodes",
                     f"one-step prefill (ITL spike {c['unchunked']['itl_ratio']:.1f}x steady)",
                     f"chunked prefill (budget {c['chunked']['budget']} tokens)",
