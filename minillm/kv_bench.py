@@ -213,25 +213,36 @@ def memory_check(model: GPT, batch_size: int = 1, max_len: int | None = None) ->
             "batch_size": batch_size, "max_len": max_len}
 
 
-def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0) -> dict[str, Any]:
-    """Everything the tour and the chapter table report, sized for ~45 s on a 2-core CPU (~10 s quick)."""
+def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, full: bool = False) -> dict[str, Any]:
+    """Everything the tour and the chapter table report.
+
+    Sizes: `quick` ~10 s on a 2-core CPU; the default (the tour's) ~45-60 s, dominated by the naive loop's
+    256-token run; `full` (the chapter table, `python -m minillm.kv_bench`) more prompts, repeats and positions.
+    """
     bs = model.config.block_size
-    eq_prompts = prompts_for(model, [3, 8, 16, 31] if quick else [3, 8, 16, 31, 47, 64, 90, 120], real_text, seed)
+    if quick:
+        eq_lengths, eq_new, lengths, hf_new, hf_rep = [3, 8, 16, 31], 8, [64], 32, 3
+        positions, lat_rep = [1, bs // 2, bs - 1], 3
+    elif full:
+        eq_lengths, eq_new, lengths, hf_new, hf_rep = [3, 8, 16, 31, 47, 64, 90, 120], 24, [64, 128, bs], 128, 5
+        positions, lat_rep = [1, 32, 64, 96, 128, 160, 192, 224, bs - 1], 5
+    else:
+        eq_lengths, eq_new, lengths, hf_new, hf_rep = [3, 8, 16, 31, 64, 120], 16, [64, 128, bs], 64, 3
+        positions, lat_rep = [1, 64, 128, 192, bs - 1], 3
+    eq_prompts = prompts_for(model, eq_lengths, real_text, seed)
     report: dict[str, Any] = {"threads": torch.get_num_threads(), "device": str(model.device)}
-    report["equivalence"] = check_equivalence(model, eq_prompts, 8 if quick else 24)
-    report["static_batch"] = check_static_batch(model, eq_prompts, 8 if quick else 16)
+    report["equivalence"] = check_equivalence(model, eq_prompts, eq_new)
+    report["static_batch"] = check_static_batch(model, eq_prompts, max(8, eq_new - 8))
     # One-token prompt: the most new tokens the window allows is block_size (prompt_len + n - 1 <= block_size).
     prompt = prompts_for(model, [1], real_text, seed)[0]
-    lengths = [64] if quick else [64, 128, bs]
+    short_repeats = 3 if full else 2
     report["speedup"] = [
-        speedup_vs_naive(model, prompt, n, warmup=1 if n <= 64 else 0, repeats=(2 if quick else 3) if n <= 64
-                         else 1)
+        speedup_vs_naive(model, prompt, n, warmup=1 if n <= 64 else 0, repeats=short_repeats if n <= 64 else 1)
         for n in lengths
     ]
-    report["hf"] = hf_comparison(model, prompts_for(model, [16], real_text, seed)[0], 32 if quick else 128,
-                                 warmup=1, repeats=3 if quick else 5)
-    positions = [1, bs // 2, bs - 1] if quick else [1, 32, 64, 96, 128, 160, 192, 224, bs - 1]
-    report["latency"] = step_latency_by_position(model, positions, repeats=3 if quick else 5, seed=seed)
+    report["hf"] = hf_comparison(model, prompts_for(model, [16], real_text, seed)[0], hf_new, warmup=1,
+                                 repeats=hf_rep)
+    report["latency"] = step_latency_by_position(model, positions, repeats=lat_rep, seed=seed)
     report["memory"] = memory_check(model)
     return report
 
@@ -278,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, r in prof.items():
             print(f"{name:5s} " + "  ".join(f"{k} {v:.0f}" for k, v in r.items()))
         return 0
-    report = run_all(model, real_text=label == "base", quick=args.quick)
+    report = run_all(model, real_text=label == "base", quick=args.quick, full=not args.quick)
     report["model"] = label
     print(f"model: {label}")
     print(format_table(report))
