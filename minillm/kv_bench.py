@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from minillm.cached_generate import decode_step, generate_ids, generate_static_batch, prefill
+from minillm.dataset import eval_prompts
 from minillm.generate import generate_naive_ids
 from minillm.kv_cache import ContiguousKVCache, kv_cache_bytes
 from minillm.model import GPT
@@ -37,21 +38,6 @@ def load_base(device: torch.device | str = "cpu", seed: int = 0) -> tuple[GPT, A
 
         torch.manual_seed(seed)
         return GPT(GPTConfig.from_name("base")).to(device).eval(), None, "base (random init: checkpoint missing)"
-
-
-def prompts_for(model: GPT, lengths: list[int], real_text: bool, seed: int = 0) -> list[list[int]]:
-    """Consecutive stretches of the validation text (real weights) or seeded random ids, one per length."""
-    if real_text:
-        from minillm.dataset import default_eval_tokens
-
-        tokens = default_eval_tokens(sum(lengths)).tolist()
-        out, at = [], 0
-        for n in lengths:
-            out.append(tokens[at:at + n])
-            at += n
-        return out
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in lengths]
 
 
 def check_equivalence(model: GPT, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
@@ -229,18 +215,18 @@ def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, ful
     else:
         eq_lengths, eq_new, lengths, hf_new, hf_rep = [3, 8, 16, 31, 64, 120], 16, [64, 128, bs], 64, 3
         positions, lat_rep = [1, 64, 128, 192, bs - 1], 3
-    eq_prompts = prompts_for(model, eq_lengths, real_text, seed)
+    eq_prompts = eval_prompts(model, eq_lengths, real_text, seed)
     report: dict[str, Any] = {"threads": torch.get_num_threads(), "device": str(model.device)}
     report["equivalence"] = check_equivalence(model, eq_prompts, eq_new)
     report["static_batch"] = check_static_batch(model, eq_prompts, max(8, eq_new - 8))
     # One-token prompt: the most new tokens the window allows is block_size (prompt_len + n - 1 <= block_size).
-    prompt = prompts_for(model, [1], real_text, seed)[0]
+    prompt = eval_prompts(model, [1], real_text, seed)[0]
     short_repeats = 3 if full else 2
     report["speedup"] = [
         speedup_vs_naive(model, prompt, n, warmup=1 if n <= 64 else 0, repeats=short_repeats if n <= 64 else 1)
         for n in lengths
     ]
-    report["hf"] = hf_comparison(model, prompts_for(model, [16], real_text, seed)[0], hf_new, warmup=1,
+    report["hf"] = hf_comparison(model, eval_prompts(model, [16], real_text, seed)[0], hf_new, warmup=1,
                                  repeats=hf_rep)
     report["latency"] = step_latency_by_position(model, positions, repeats=lat_rep, seed=seed)
     report["memory"] = memory_check(model)
@@ -285,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     model, _, label = load_base(resolve_device(args.device))
     if args.profile:
-        prof = profile_ops(model, prompts_for(model, [16], real_text=label == "base")[0])
+        prof = profile_ops(model, eval_prompts(model, [16], real_text=label == "base")[0])
         for name, r in prof.items():
             print(f"{name:5s} " + "  ".join(f"{k} {v:.0f}" for k, v in r.items()))
         return 0

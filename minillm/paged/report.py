@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from minillm.cached_generate import generate_ids
+from minillm.dataset import eval_prompts as make_prompts  # re-exported: the chapter 05 notebook calls it
 from minillm.generate import generate_naive_ids
 from minillm.kv_cache import ContiguousKVCache
 from minillm.model import GPT
@@ -43,21 +44,6 @@ def load_model(device: torch.device | str = "cpu", seed: int = 0) -> tuple[GPT, 
 
         torch.manual_seed(seed)
         return GPT(GPTConfig.from_name("base")).to(device).eval(), "base shape, random init (checkpoint missing)"
-
-
-def make_prompts(model: GPT, lengths: list[int], real_text: bool, seed: int = 0) -> list[list[int]]:
-    """Consecutive stretches of the validation text (trained weights) or seeded random ids, one per length."""
-    if real_text:
-        from minillm.dataset import default_eval_tokens
-
-        tokens = default_eval_tokens(sum(lengths)).tolist()
-        out, at = [], 0
-        for n in lengths:
-            out.append(tokens[at : at + n])
-            at += n
-        return out
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in lengths]
 
 
 @torch.inference_mode()

@@ -26,7 +26,8 @@ def _static_batch_speedup(model, prompts: list[list[int]], new_tokens: int) -> d
 
 
 def run(ctx: TourContext) -> list[Row]:
-    from minillm.kv_bench import load_base, prompts_for, run_all
+    from minillm.dataset import eval_prompts
+    from minillm.kv_bench import load_base, run_all
 
     model, _, label = load_base(ctx.device, seed=ctx.seed)
     real = label == "base"
@@ -55,7 +56,7 @@ def run(ctx: TourContext) -> list[Row]:
                     f"cached {lat['cached_s'][0] * 1e3:.2f} -> {lat['cached_s'][-1] * 1e3:.2f} ms from position "
                     f"{lat['positions'][0]} to {p_last}", True, "per-step speed-up",
                     lat["naive_s"][-1] / lat["cached_s"][-1], "x", dev, details={"model": label, **lat}))
-    sb_prompts = prompts_for(model, [5, 12, 20, 33] if ctx.quick else [5, 9, 12, 20, 27, 33, 41, 60], real, ctx.seed)
+    sb_prompts = eval_prompts(model, [5, 12, 20, 33] if ctx.quick else [5, 9, 12, 20, 27, 33, 41, 60], real, ctx.seed)
     sb = _static_batch_speedup(model, sb_prompts, 8 if ctx.quick else 32)
     rows.append(Row("04", f"static batching, {sb['rows']} prompts of different lengths", "each prompt alone (cached)",
                     "generate_static_batch (left padding)", f"identical rows {sb['identical_rows']}/{sb['rows']}",
