@@ -29,7 +29,8 @@ def _cmd_tour(args: argparse.Namespace) -> int:
     from minillm.io import atomic_write_text
     from minillm.tour import TourContext, format_table, rows_to_json, run_tour
 
-    ctx = TourContext(device=resolve_device(args.device), quick=args.quick, corpus_path=args.corpus, seed=args.seed)
+    ctx = TourContext(device=resolve_device(args.device), quick=args.quick, corpus_path=args.corpus, seed=args.seed,
+                      threads=args.threads)
     rows, seconds = run_tour(ctx, args.chapter, progress=not args.no_progress)
     print(format_table(rows))
     total = sum(seconds.values())
@@ -54,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     tour.add_argument("--quick", action="store_true", help="smaller workloads, for a fast smoke run")
     tour.add_argument("--corpus", metavar="PATH", help="a UTF-8 text file to use instead of the default corpus")
     tour.add_argument("--seed", type=int, default=0, help="seed for every random choice (default 0)")
+    tour.add_argument("--threads", type=int, default=1,
+                      help="torch CPU threads for the whole tour (default 1: small models, fair on a shared machine)")
     tour.add_argument("--no-progress", action="store_true", help="no progress bar")
     tour.set_defaults(handler=_cmd_tour)
     for name in COMMAND_MODULES:

@@ -65,6 +65,27 @@ def test_failing_chapter_becomes_failed_row(monkeypatch):
     assert set(seconds) == {"42"}
 
 
+def test_tour_sets_and_restores_threads(monkeypatch):
+    import minillm.tour as tour
+
+    seen = []
+
+    class Probe:
+        TITLE = "probe"
+
+        @staticmethod
+        def run(ctx):
+            seen.append(torch.get_num_threads())
+            return []
+
+    monkeypatch.setattr(tour, "available_chapters", lambda: {"42": Probe})
+    before = torch.get_num_threads()
+    run_tour(TourContext(device=torch.device("cpu"), threads=1), progress=False)
+    assert seen == [1] and torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="threads"):
+        TourContext(device=torch.device("cpu"), threads=0)
+
+
 def test_tour_cli_exit_code_and_json(monkeypatch, tmp_path, capsys):
     import minillm.tour as tour
 

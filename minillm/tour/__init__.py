@@ -13,6 +13,8 @@ import traceback
 from pathlib import Path
 from types import ModuleType
 
+import torch
+
 from minillm.tour.core import Row, TourContext, format_table, rows_to_json
 
 __all__ = ["Row", "TourContext", "available_chapters", "run_tour", "format_table", "rows_to_json"]
@@ -44,36 +46,39 @@ def run_tour(ctx: TourContext, chapters: list[str] | None = None, progress: bool
         raise ValueError(f"no tour entry for chapter(s) {missing}; available: {sorted(entries)}")
     rows: list[Row] = []
     seconds: dict[str, float] = {}
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
+    from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(selected), unit="chapter", desc="tour")
-    for ch in selected:
-        module = entries[ch]
-        if bar is not None:
-            bar.set_postfix_str(f"{ch} {module.TITLE}")
-        t0 = time.perf_counter()
-        try:
-            rows.extend(module.run(ctx))
-        except Exception as exc:  # a failing chapter must not hide the others' results
-            rows.append(
-                Row(
-                    chapter=ch,
-                    technique=module.TITLE,
-                    baseline="-",
-                    optimized="-",
-                    check=f"error: {type(exc).__name__}: {exc}",
-                    check_passed=False,
-                    metric="error",
-                    value=float("nan"),
-                    device=str(ctx.device),
-                    details={"traceback": traceback.format_exc()},
-                )
-            )
-        seconds[ch] = time.perf_counter() - t0
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(ctx.threads)
+    try:
+        with tqdm(total=len(selected), unit="chapter", desc="tour", disable=not progress) as bar:
+            for ch in selected:
+                bar.set_postfix_str(f"{ch} {entries[ch].TITLE}")
+                t0 = time.perf_counter()
+                rows.extend(_run_chapter(ch, entries[ch], ctx))
+                seconds[ch] = time.perf_counter() - t0
+                bar.update(1)
+    finally:
+        torch.set_num_threads(threads_before)
     return rows, seconds
+
+
+def _run_chapter(ch: str, module: ModuleType, ctx: TourContext) -> list[Row]:
+    """The chapter's rows; an entry that raises becomes one failed row, so it cannot hide the others' results."""
+    try:
+        return list(module.run(ctx))
+    except Exception as exc:
+        return [
+            Row(
+                chapter=ch,
+                technique=module.TITLE,
+                baseline="-",
+                optimized="-",
+                check=f"error: {type(exc).__name__}: {exc}",
+                check_passed=False,
+                metric="error",
+                value=float("nan"),
+                device=str(ctx.device),
+                details={"traceback": traceback.format_exc()},
+            )
+        ]

@@ -44,6 +44,14 @@ class TourContext:
     quick: bool = False  # smaller workloads, for a fast smoke run
     corpus_path: str | os.PathLike | None = None  # None = the embedded default corpus
     seed: int = 0
+    # torch intra-op threads for the whole tour. One by default: the models are small, so a second thread buys
+    # little on an idle machine and, on a shared one, OpenMP threads waiting for each other make small ops many
+    # times slower. Baseline and optimized paths always share the setting, so the ratios stay fair.
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1:
+            raise ValueError(f"threads must be a positive int, got {self.threads!r}")
 
 
 def format_value(value: float, unit: str) -> str:
