@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-import os
 import random
 
 import numpy as np
 import pytest
 import torch
 
-# Under pytest-xdist (`make test` runs `-n auto`) each worker gets its share of the cores, so workers do not
-# oversubscribe the machine with intra-op threads (which stalls small-tensor work badly).
-if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
-
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread():
+    """One torch thread for the whole suite. Test models are tiny, so a second thread buys nothing, and where cores
+    are shared (pytest-xdist workers, a busy machine) OpenMP threads waiting on each other make small ops many times
+    slower. No test measures speed, so this changes no result."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(autouse=True)

@@ -22,15 +22,6 @@ from minillm.train import TrainConfig, lr_at, train
 
 ATOL = RTOL = 1e-5
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models are all overhead: one thread avoids waiting on a second one that a busy machine deschedules."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _hf():
     """transformers is a dev extra: the parity tests skip without it."""
     return pytest.importorskip("transformers")

@@ -23,15 +23,6 @@ from minillm.roofline import Machine, decode_bound, decode_cost, measure_bandwid
 from minillm.sampling import (SamplingParams, Temperature, TopK, TopP, apply_processors, make_generator,
                               probs_from_logits, sample_next, top_k_filter, top_p_filter)
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These models are tiny: one thread is faster than two fighting over a shared CPU, and timing-independent."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 SMALL = dict(vocab_size=97, block_size=32, n_layer=2, n_head=2, n_embd=16)
 

@@ -46,15 +46,6 @@ def random_prompts(n: int, vocab: int, lengths, seed: int = 1) -> list[list[int]
     return [torch.randint(0, vocab, (lengths[i % len(lengths)],), generator=g).tolist() for i in range(n)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny matmuls run faster on one thread, and far faster when other jobs share the cores; restored after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def model() -> GPT:
     return make_model()

@@ -55,15 +55,6 @@ def _every_pool_returns_to_free(monkeypatch):
         assert alloc.num_free == alloc.num_blocks, f"{alloc!r} leaked {alloc.num_used} blocks"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny matrices: a second intra-op thread only stalls on a shared CPU (and changes no result)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def model() -> GPT:
     torch.manual_seed(0)

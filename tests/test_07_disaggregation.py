@@ -42,16 +42,6 @@ from minillm.generate import generate_naive_ids
 from minillm.paged import BlockManager, PagedBatch, PagedKVCache
 from minillm.sampling import SamplingParams
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One torch thread in this process (the workers use one each): on a busy 2-core box a second intra-op thread
-    only waits for a core, and the colocated reference engine runs here."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 BS = 4  # block size: small, so prompts span several blocks and end in a partly filled one
 
 
