@@ -27,16 +27,6 @@ from minillm.sampling import SamplingParams
 VOCAB = 512
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from two threads, and on a shared, busy machine OpenMP threads that wait for each
-    other make every small op tens of times slower; one thread keeps this file fast anywhere."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def model() -> GPT:
     torch.manual_seed(1234)
