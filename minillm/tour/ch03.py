@@ -45,18 +45,8 @@ def _hf_parity(model, prompts: list[list[int]], new_tokens: int) -> tuple[int, i
 
 
 def run(ctx: TourContext) -> list[Row]:
-    # One intra-op thread on the CPU: base's matrices are small, a second thread gains little on a quiet machine and
-    # stalls badly on a busy one; the roofline rates are measured under the same setting, so the fraction is fair.
-    threads = torch.get_num_threads()
-    if ctx.device.type == "cpu":
-        torch.set_num_threads(1)
-    try:
-        return _run(ctx)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _run(ctx: TourContext) -> list[Row]:
+    # Threads come from the tour (`--threads`, default 1); the roofline rates are measured under the same setting,
+    # so the fraction the naive loop reaches is fair.
     from minillm.bench import BenchCase, add_roofline, bench_prompt, run_bench
 
     model, label = _load_base(ctx.device)

@@ -16,12 +16,7 @@ def run(ctx: TourContext) -> list[Row]:
     model, label = load_model(ctx.device, seed=ctx.seed)
     real = label == "base"
     dev = str(ctx.device)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small matrices: a second thread only spin-waits on a shared CPU; both sides alike
-    try:
-        r = run_all(model, real_text=real, quick=ctx.quick, seed=ctx.seed)
-    finally:
-        torch.set_num_threads(threads)
+    r = run_all(model, real_text=real, quick=ctx.quick, seed=ctx.seed)  # threads: the tour's --threads
     rows: list[Row] = []
     eq = r["equivalence"]
     rows.append(Row("05", f"paged KV cache, bs={eq['block_size']}", "contiguous cache (ch04) and naive loop (ch03)",
