@@ -126,7 +126,9 @@ def test_top_k_keeps_the_k_largest(values, data):
 def test_top_p_keeps_the_smallest_set_reaching_p(values, p):
     logits = torch.tensor([values])
     probs = torch.softmax(logits, dim=-1)[0].tolist()
-    order = sorted(range(len(values)), key=lambda i: -probs[i])
+    # Rank by logit, not by probability: two distinct float32 logits (0.0 and 1e-9) can round to the same
+    # probability, and the most likely token is the one with the larger logit.
+    order = sorted(range(len(values)), key=lambda i: -values[i])
     before = 0.0
     expected = set()
     for i in order:
