@@ -19,7 +19,7 @@ class GPTConfig:
     n_layer: int = 6  # transformer blocks
     n_head: int = 8  # attention heads per block; n_embd must divide evenly
     n_embd: int = 256  # residual stream width C
-    dropout: float = 0.0  # training-time dropout on attention weights, residual adds and embeddings
+    dropout: float = 0.0  # training-time dropout on the embeddings and on each residual branch
     layer_norm_epsilon: float = 1e-5  # GPT-2's value; Hugging Face calls it layer_norm_epsilon too
     attn_impl: str = "sdpa"  # "sdpa" (fused, PyTorch) or "explicit" (attention_ref): the two must agree
 

@@ -169,6 +169,23 @@ def test_gpt_explicit_attention_matches_sdpa(n_head):
 
 # ---- checkpoints ---------------------------------------------------------------------------------------
 
+def test_dropout_acts_only_in_training():
+    """Dropout changes the output while training and is exactly the identity at inference (p > 0 or not)."""
+    torch.manual_seed(0)
+    cfg = GPTConfig.from_name("tiny", dropout=0.5)
+    model = GPT(cfg)
+    plain = GPT(GPTConfig.from_name("tiny"))
+    plain.load_state_dict(model.state_dict())  # same weights; dropout has no parameters
+    idx = torch.randint(0, cfg.vocab_size, (2, 12))
+    model.train()
+    assert not torch.equal(model(idx), model(idx))  # two different dropout masks
+    model.eval()
+    plain.eval()
+    assert torch.equal(model(idx), plain(idx))
+    plain.train()  # p = 0: training mode changes nothing either
+    assert torch.equal(plain(idx), model(idx))
+
+
 def test_checkpoint_roundtrip(tmp_path):
     from safetensors.torch import load_file
 
