@@ -358,3 +358,16 @@ def test_benchmark_helpers_report_consistent_checks(model):
     assert lat["positions"] == [1, 5, 9] and len(lat["cached_s"]) == len(lat["naive_s"]) == 3
     with pytest.raises(ValueError, match="positions must lie in"):
         step_latency_by_position(model, [0, 64], repeats=1)
+
+
+def test_projection_times_compare_the_same_projections():
+    pytest.importorskip("transformers")
+    from minillm.kv_bench import projection_times
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("tiny")).eval()
+    res = projection_times(model, repeats=1, calls=2)
+    assert set(res) == {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"}
+    for r in res.values():
+        assert r["ours"] > 0 and r["hf"] > 0
+        assert r["max_abs_diff"] < 1e-5  # HF's Conv1D carries our Linear weights, transposed, exactly
