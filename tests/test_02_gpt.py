@@ -169,6 +169,39 @@ def test_gpt_explicit_attention_matches_sdpa(n_head):
 
 # ---- checkpoints ---------------------------------------------------------------------------------------
 
+def test_forward_rejects_bad_ids_and_positions():
+    torch.manual_seed(0)
+    cfg = GPTConfig.from_name("tiny", block_size=16)
+    model = GPT(cfg).eval()
+    idx = torch.tensor([[1, 2, 3]])
+    with pytest.raises(TypeError, match="idx must be an int64 tensor"):
+        model(idx.float())
+    with pytest.raises(ValueError, match=r"idx must have shape \(B, T\)"):
+        model(idx[0])
+    with pytest.raises(ValueError, match="T=0"):
+        model(idx[:, :0])
+    with pytest.raises(ValueError, match=f"token id {cfg.vocab_size} is outside the vocabulary"):
+        model(torch.tensor([[1, cfg.vocab_size, 2]]))
+    with pytest.raises(ValueError, match="token id -3 is outside the vocabulary"):
+        model(torch.tensor([[1, -3, cfg.vocab_size]]))
+    with pytest.raises(ValueError, match="exceeds the context window"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+    with pytest.raises(TypeError, match="positions must be an int64 tensor"):
+        model(idx, positions=torch.tensor([0.0, 1.0, 2.0]))
+    with pytest.raises(TypeError, match="positions must be an int64 tensor"):
+        model(idx, positions=[0, 1, 2])
+    with pytest.raises(ValueError, match=r"positions must have shape .* got \(2,\)"):
+        model(idx, positions=torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match=r"got \(2, 3\)"):
+        model(idx, positions=torch.zeros(2, 3, dtype=torch.long))  # batch of 1, positions for 2 rows
+    with pytest.raises(ValueError, match="position 16 is outside the context window block_size=16"):
+        model(idx, positions=torch.tensor([14, 15, 16]))
+    with pytest.raises(ValueError, match="position -1 is outside"):
+        model(idx, positions=torch.tensor([-1, 0, 1]))
+    ok = model(idx, positions=torch.tensor([13, 14, 15], dtype=torch.int32))  # the last positions of the window
+    assert ok.shape == (1, 3, cfg.vocab_size)
+
+
 def test_dropout_acts_only_in_training():
     """Dropout changes the output while training and is exactly the identity at inference (p > 0 or not)."""
     torch.manual_seed(0)
