@@ -187,33 +187,51 @@ def profile_ops(model: GPT, prompt: list[int], new_tokens: int = 128) -> dict[st
     return out
 
 
-def projection_times(model: GPT, repeats: int = 7, calls: int = 100) -> dict[str, dict[str, float]]:
+def projection_times(model: GPT, repeats: int = 7, passes: int = 20) -> dict[str, dict[str, float]]:
     """One token through each block projection, ours (`nn.Linear`, weight (out, in)) vs HF (`Conv1D`, (in, out)).
 
-    Same weights, same input; each call runs the projection of all layers in turn, interleaved with HF's, median
-    of `repeats`. Microseconds per projection, and the largest output difference between the two. Tells whether HF's matmuls are cheaper than ours (they are not
-    systematically: the layouts win on different shapes), so a gap in end-to-end time is overhead, not matmuls.
+    Same weights, same input, in two regimes, interleaved with HF's, median of `repeats`, µs per projection:
+    - "hot": the same projection of every layer over and over, so its weights stay in the CPU's caches;
+    - "streamed": all projections in the order one decode step runs them (layer by layer), so each weight has
+      been pushed out of the caches by the rest of the model when it comes round again, as in a real decode loop.
+    Also the largest output difference between the two (the same math on the same weights: float rounding only).
     """
     from minillm.hf import to_hf_model
 
     hf = to_hf_model(model, attn_implementation="sdpa")
     C = model.config.n_embd
-    out: dict[str, dict[str, float]] = {}
+    names = (("attn.c_attn", C), ("attn.c_proj", C), ("mlp.c_fc", C), ("mlp.c_proj", 4 * C))
+    xs = {name: torch.randn(1, 1, width, device=model.device) for name, width in names}
+    mods = {key: {name: [block.get_submodule(name) for block in net.transformer.h] for name, _ in names}
+            for key, net in (("ours", model), ("hf", hf))}
+    n_layer = len(model.transformer.h)
+    hot: dict[tuple[str, str], list[float]] = {(k, n): [] for k in mods for n, _ in names}
+    streamed: dict[tuple[str, str], list[float]] = {(k, n): [] for k in mods for n, _ in names}
     with torch.inference_mode():
-        for name, width in (("attn.c_attn", C), ("attn.c_proj", C), ("mlp.c_fc", C), ("mlp.c_proj", 4 * C)):
-            x = torch.randn(1, 1, width, device=model.device)
-            ours = [block.get_submodule(name) for block in model.transformer.h]
-            theirs = [block.get_submodule(name) for block in hf.transformer.h]
-            times: dict[str, list[float]] = {"ours": [], "hf": []}
-            for _ in range(repeats):
-                for key, mods in (("ours", ours), ("hf", theirs)):
+        for _ in range(repeats):
+            for key in mods:
+                for name, _ in names:  # hot: one projection type, all layers, again and again
                     t0 = time.perf_counter()
-                    for _ in range(calls):
-                        for m in mods:
-                            m(x)
-                    times[key].append((time.perf_counter() - t0) / (calls * len(mods)) * 1e6)
-            diff = max(float((a(x) - b(x)).abs().max()) for a, b in zip(ours, theirs))  # same weights, same math
-            out[name] = {**{k: statistics.median(v) for k, v in times.items()}, "max_abs_diff": diff}
+                    for _ in range(passes):
+                        for m in mods[key][name]:
+                            m(xs[name])
+                    hot[key, name].append((time.perf_counter() - t0) / (passes * n_layer) * 1e6)
+                spent = {name: 0.0 for name, _ in names}  # streamed: decode order, each call timed on its own
+                for _ in range(passes):
+                    for layer in range(n_layer):
+                        for name, _ in names:
+                            t0 = time.perf_counter()
+                            mods[key][name][layer](xs[name])
+                            spent[name] += time.perf_counter() - t0
+                for name, _ in names:
+                    streamed[key, name].append(spent[name] / (passes * n_layer) * 1e6)
+        out: dict[str, dict[str, float]] = {}
+        for name, _ in names:
+            diff = max(float((a(xs[name]) - b(xs[name])).abs().max())
+                       for a, b in zip(mods["ours"][name], mods["hf"][name]))
+            out[name] = {"ours_hot": statistics.median(hot["ours", name]), "hf_hot": statistics.median(hot["hf", name]),
+                         "ours_streamed": statistics.median(streamed["ours", name]),
+                         "hf_streamed": statistics.median(streamed["hf", name]), "max_abs_diff": diff}
     return out
 
 
@@ -306,9 +324,10 @@ def main(argv: list[str] | None = None) -> int:
         prof = profile_ops(model, eval_prompts(model, [16], real_text=label == "base")[0])
         for name, r in prof.items():
             print(f"{name:5s} " + "  ".join(f"{k} {v:.0f}" for k, v in r.items()))
-        print("one-token projection, us (ours nn.Linear / HF Conv1D, same weights):")
+        print("one-token projection, us, ours nn.Linear (out, in) / HF Conv1D (in, out), same weights:")
         for name, r in projection_times(model).items():
-            print(f"  {name:12s} {r['ours']:6.1f} / {r['hf']:6.1f}  (HF/ours {r['hf'] / r['ours']:.2f})")
+            print(f"  {name:12s} hot {r['ours_hot']:6.1f} / {r['hf_hot']:6.1f}   streamed (decode order) "
+                  f"{r['ours_streamed']:6.1f} / {r['hf_streamed']:6.1f}   max |diff| {r['max_abs_diff']:.1e}")
         return 0
     report = run_all(model, real_text=label == "base", quick=args.quick, full=not args.quick)
     report["model"] = label

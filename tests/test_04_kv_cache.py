@@ -366,8 +366,8 @@ def test_projection_times_compare_the_same_projections():
 
     torch.manual_seed(0)
     model = GPT(GPTConfig.from_name("tiny")).eval()
-    res = projection_times(model, repeats=1, calls=2)
+    res = projection_times(model, repeats=1, passes=2)
     assert set(res) == {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"}
     for r in res.values():
-        assert r["ours"] > 0 and r["hf"] > 0
+        assert min(r["ours_hot"], r["hf_hot"], r["ours_streamed"], r["hf_streamed"]) > 0
         assert r["max_abs_diff"] < 1e-5  # HF's Conv1D carries our Linear weights, transposed, exactly

@@ -415,3 +415,16 @@ def test_engine_config_rejects_bad_values():
     with pytest.raises(ValueError, match="block_size"):
         EngineConfig(block_size=0)
     assert RequestStatus.FINISHED_ABORTED.is_finished and not RequestStatus.SWAPPED.is_finished
+
+
+def test_decode_attention_forms_compute_the_same_attention():
+    """The chapter's attention micro-benchmark times four forms of one decode attention; they must agree."""
+    from minillm.engine.bench import decode_attention_forms
+
+    res = decode_attention_forms(num_seqs=3, n_head=2, head_size=8, block_size=4, num_blocks=256, calls=1, repeats=1)
+    assert res["padded_len"] == 252  # the longest context, 250, rounded up to whole blocks of 4
+    assert res["flattened_len"] == 4 * sum(-(-n // 4) for n in res["context_lens"])  # real blocks only
+    assert set(res["us_per_call"]) == set(res["max_abs_diff"]) == {
+        "paged_padded", "paged_padded_sdpa_only", "contiguous", "flattened_block_diagonal"}
+    assert all(d < 1e-5 for d in res["max_abs_diff"].values())
+    assert all(t > 0 for t in res["us_per_call"].values())

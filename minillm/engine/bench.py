@@ -344,6 +344,90 @@ def chunked_prefill_itl(model: GPT, num_decodes: int = 16, long_len: int | None 
     return results
 
 
+def decode_attention_forms(num_seqs: int = 8, n_head: int = 8, head_size: int = 32, block_size: int = 16,
+                           num_blocks: int = 512, calls: int = 50, repeats: int = 5, seed: int = 0
+                           ) -> dict[str, Any]:
+    """One layer's decode attention (one query per sequence) in four forms, timed in one run; µs per call.
+
+    - `paged_padded` (our engine, chapter 05's fast path): gather every sequence's blocks, padded to the longest,
+      then one SDPA over (S, nh, L, hs) keys read as a strided view of the pool's (S, L, nh, hs) layout;
+    - `paged_padded_sdpa_only`: the SDPA call of the above alone, on already gathered keys;
+    - `contiguous`: the same SDPA on keys already in (S, nh, L, hs) order (a contiguous cache, chapter 04's
+      static batching): what the gather and the strided layout cost;
+    - `flattened_block_diagonal` (Hugging Face's continuous batching): gather only real blocks, then one SDPA of
+      all S queries over all gathered keys with a block-diagonal mask.
+    Context lengths are drawn uniformly from [16, 250] (one sequence at 250). All four outputs must agree.
+    """
+    g = torch.Generator().manual_seed(seed)
+    S, nh, hs, bs = num_seqs, n_head, head_size, block_size
+    k_pool = torch.randn(num_blocks, bs, nh, hs, generator=g)  # (nb, bs, nh, hs)
+    v_pool = torch.randn(num_blocks, bs, nh, hs, generator=g)
+    lens = torch.randint(16, 251, (S,), generator=g)
+    lens[0] = 250
+    nblk = [-(-int(n) // bs) for n in lens]
+    perm = torch.randperm(num_blocks, generator=g)
+    offsets = [0] + list(torch.tensor(nblk).cumsum(0).tolist())
+    tables = [perm[offsets[i]:offsets[i + 1]] for i in range(S)]  # each sequence's blocks, scattered in the pool
+    width = max(nblk)
+    L = width * bs
+    padded_ids = torch.cat([torch.cat([t, t[:1].repeat(width - len(t))]) for t in tables])  # (S*width,)
+    pad_mask = torch.zeros(S, 1, 1, L).masked_fill(~(torch.arange(L) < lens[:, None])[:, None, None, :], float("-inf"))
+    real_ids = torch.cat(tables)  # (sum nblk,)
+    tot = len(real_ids) * bs
+    owner = torch.repeat_interleave(torch.arange(S), torch.tensor(nblk) * bs)  # (tot,) which sequence a slot holds
+    offset_in_seq = torch.cat([torch.arange(n * bs) for n in nblk])  # (tot,)
+    visible = (owner[None, :] == torch.arange(S)[:, None]) & (offset_in_seq[None, :] < lens[:, None])  # (S, tot)
+    flat_mask = torch.zeros(1, 1, S, tot).masked_fill(~visible[None, None], float("-inf"))
+    q = torch.randn(S, nh, 1, hs, generator=g)  # (S, nh, 1, hs)
+    q_flat = q[:, :, 0].transpose(0, 1).unsqueeze(0)  # (1, nh, S, hs)
+    row = bs * nh * hs
+    scratch = torch.empty(2, S * width, row)
+    scratch_flat = torch.empty(2, len(real_ids), row)
+    F = torch.nn.functional
+
+    def gather_padded():
+        k = torch.index_select(k_pool.view(num_blocks, row), 0, padded_ids, out=scratch[0])
+        v = torch.index_select(v_pool.view(num_blocks, row), 0, padded_ids, out=scratch[1])
+        return k.view(S, L, nh, hs).transpose(1, 2), v.view(S, L, nh, hs).transpose(1, 2)  # (S, nh, L, hs) views
+
+    k_g, v_g = gather_padded()
+    k_c, v_c = k_g.contiguous(), v_g.contiguous()
+
+    def paged_padded():
+        k, v = gather_padded()
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=pad_mask)  # (S, nh, 1, hs)
+
+    def flattened():
+        k = torch.index_select(k_pool.view(num_blocks, row), 0, real_ids, out=scratch_flat[0])
+        v = torch.index_select(v_pool.view(num_blocks, row), 0, real_ids, out=scratch_flat[1])
+        k, v = (x.view(1, tot, nh, hs).transpose(1, 2) for x in (k, v))  # (1, nh, tot, hs)
+        return F.scaled_dot_product_attention(q_flat, k, v, attn_mask=flat_mask)  # (1, nh, S, hs)
+
+    forms = {
+        "paged_padded": paged_padded,
+        "paged_padded_sdpa_only": lambda: F.scaled_dot_product_attention(q, k_g, v_g, attn_mask=pad_mask),
+        "contiguous": lambda: F.scaled_dot_product_attention(q, k_c, v_c, attn_mask=pad_mask),
+        "flattened_block_diagonal": flattened,
+    }
+    def as_rows(name: str, y: torch.Tensor) -> torch.Tensor:  # every form's output as (S, nh, hs)
+        return y[0].transpose(0, 1) if name == "flattened_block_diagonal" else y[:, :, 0]
+
+    with torch.inference_mode():
+        ref = as_rows("paged_padded", paged_padded())
+        diffs = {name: float((as_rows(name, fn()) - ref).abs().max()) for name, fn in forms.items()}
+        times: dict[str, list[float]] = {name: [] for name in forms}
+        for fn in forms.values():
+            fn()  # warm-up
+        for _ in range(repeats):
+            for name, fn in forms.items():  # interleaved
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                times[name].append((time.perf_counter() - t0) / calls * 1e6)
+    return {"num_seqs": S, "context_lens": lens.tolist(), "padded_len": L, "flattened_len": tot,
+            "us_per_call": {name: statistics.median(v) for name, v in times.items()}, "max_abs_diff": diffs}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="base")
@@ -354,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rates", default="2,4,8,16")
     ap.add_argument("--plot", default="chapters/figures/06-frontier.png")
     ap.add_argument("--json", default="")
-    ap.add_argument("--skip", default="", help="comma list of: offline,frontier,online,chunked")
+    ap.add_argument("--skip", default="", help="comma list of: offline,frontier,online,chunked,attention")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -365,6 +449,9 @@ def main(argv: list[str] | None = None) -> int:
     if "offline" not in skip:
         report["offline"] = offline_throughput(model, wl, batch=args.batch)
         print(json.dumps(report["offline"], indent=1))
+    if "attention" not in skip:
+        report["attention"] = decode_attention_forms(n_head=model.config.n_head, head_size=model.config.head_size)
+        print(json.dumps(report["attention"], indent=1))
     if "chunked" not in skip:
         report["chunked"] = chunked_prefill_itl(model)
         print(json.dumps(report["chunked"], indent=1))
