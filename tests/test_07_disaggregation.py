@@ -433,3 +433,23 @@ def test_interpreter_exit_without_close_leaves_no_worker(tmp_path):
         # A zombie would be reaped by init; only a live process is a leak.
         with open(f"/proc/{pid}/stat") as f:
             assert f.read().split()[2] == "Z", f"worker {pid} outlived its parent"
+
+
+def test_check_results_counts_agreement_and_exact_handoffs():
+    """The bench's correctness line: catches one request whose ids differ and one hand-off of the wrong size."""
+    from types import SimpleNamespace
+
+    from minillm.disagg.bench import check_results
+    from minillm.disagg.kv_transfer import kv_bytes
+    from minillm.engine.workload import make_workload
+
+    cfg = GPTConfig.from_name("tiny")
+    wl = make_workload(3, prompt_len_dist="uniform:4:9", output_len_dist="fixed:2", seed=0, vocab_size=cfg.vocab_size)
+    out = lambda ids: SimpleNamespace(output_token_ids=ids)  # noqa: E731
+    colocated = SimpleNamespace(outputs={r.request_id: out([1, 2]) for r in wl}, transfers=[])
+    disagg_outputs = {r.request_id: out([1, 2]) for r in wl}
+    disagg_outputs[wl[2].request_id] = out([1, 3])  # one request disagrees
+    transfers = [SimpleNamespace(request_id=r.request_id, nbytes=kv_bytes(cfg, len(r.prompt_token_ids))) for r in wl]
+    transfers[0].nbytes += 4  # one hand-off carries 4 bytes too many
+    res = {"colocated": colocated, "disaggregated": SimpleNamespace(outputs=disagg_outputs, transfers=transfers)}
+    assert check_results(res, wl, cfg) == {"identical": 2, "requests": 3, "exact_transfers": 2, "transfers": 3}

@@ -253,6 +253,19 @@ def load_model(name: str, device: str = "cpu"):
         return GPT(GPTConfig.from_name(name)).to(device).eval(), minillm.load_tokenizer(), f"{name} (random init)"
 
 
+def check_results(results: dict[str, "PolicyResult"], workload: list[WorkloadRequest], config) -> dict[str, int]:
+    """The experiment's two correctness checks: every policy's greedy ids equal, request by request, and every
+    KV hand-off exactly 2·L·nh·hs·T·bytes for its prompt of T tokens (`kv_bytes`)."""
+    from minillm.disagg.kv_transfer import kv_bytes
+
+    ids = [r.request_id for r in workload]
+    same = sum(len({tuple(results[p].outputs[i].output_token_ids) for p in results}) == 1 for i in ids)
+    plens = {r.request_id: len(r.prompt_token_ids) for r in workload}
+    transfers = results["disaggregated"].transfers if "disaggregated" in results else []
+    exact = sum(t.nbytes == kv_bytes(config, plens[t.request_id]) for t in transfers)
+    return {"identical": same, "requests": len(ids), "exact_transfers": exact, "transfers": len(transfers)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m minillm.disagg.bench", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="base", help="shipped checkpoint or preset (default base)")
@@ -277,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model {name}; {args.n} requests at {args.rate}/s, prompts {args.prompt_len}, {args.output_len} output "
           f"tokens; colocated engines use {torch.get_num_threads()} torch threads, each worker 1")
     print(format_table(results))
+    check = check_results(results, workload, model.config)
+    print(f"greedy ids identical across {', '.join(results)}: {check['identical']}/{check['requests']} requests; "
+          f"KV hand-offs equal to the formula: {check['exact_transfers']}/{check['transfers']}")
     if args.plot:
         import matplotlib
 
@@ -288,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
 
         payload = {p_: {"summary": r.summary(), "timeline": [vars(s) for s in r.timeline]} for p_, r in results.items()}
         atomic_write_text(args.json, json.dumps(payload, indent=1) + "\n")
-    return 0
+    return 0 if check["identical"] == check["requests"] and check["exact_transfers"] == check["transfers"] else 1
 
 
 if __name__ == "__main__":

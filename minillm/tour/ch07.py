@@ -18,8 +18,7 @@ TITLE = "disaggregated prefill and decode"
 
 
 def run(ctx: TourContext) -> list[Row]:
-    from minillm.disagg.bench import load_model, prefill_heavy_workload, run_policies
-    from minillm.disagg.kv_transfer import kv_bytes
+    from minillm.disagg.bench import check_results, load_model, prefill_heavy_workload, run_policies
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one core per engine: the colocated engine and each worker get the same share
@@ -37,11 +36,8 @@ def run(ctx: TourContext) -> list[Row]:
     finally:
         torch.set_num_threads(threads)
     co, ch, dis = res["colocated"], res["chunked"], res["disaggregated"]
-    ids = [r.request_id for r in workload]
-    same = sum(co.outputs[i].output_token_ids == dis.outputs[i].output_token_ids == ch.outputs[i].output_token_ids
-               for i in ids)
-    plens = {r.request_id: len(r.prompt_token_ids) for r in workload}
-    exact = sum(t.nbytes == kv_bytes(cfg, plens[t.request_id]) for t in dis.transfers)
+    check = check_results(res, workload, cfg)
+    same, exact = check["identical"], check["exact_transfers"]
     s_co, s_ch, s_dis = co.summary(), ch.summary(), dis.summary()
     dev = str(ctx.device)
     details = {"model": name, "workload": dict(n=n, rate=rate, prompt_len=plen, output_len=olen),
