@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from minillm.config import check_int
 from minillm.generate import generate_naive
 from minillm.metrics import PeakMemory, RequestTimes, summarize, timed_stream
 from minillm.sampling import SamplingParams
@@ -68,11 +69,7 @@ class BenchCase:
 
     def __post_init__(self) -> None:
         for name, low in (("prompt_len", 1), ("new_tokens", 1), ("repeats", 1), ("warmup", 0)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"BenchCase.{name} must be an int, got {type(value).__name__} {value!r}")
-            if value < low:
-                raise ValueError(f"BenchCase.{name} must be >= {low}, got {value}")
+            check_int(f"BenchCase.{name}", getattr(self, name), low)
 
     @property
     def params(self) -> SamplingParams:

@@ -12,6 +12,18 @@ from dataclasses import dataclass
 from typing import Any
 
 
+def check_int(name: str, value: Any, minimum: int = 1) -> None:
+    """Raise TypeError unless `value` is an int (bool excluded), ValueError if it is below `minimum`.
+
+    The one place the package's configs and sizes check their integer fields; the message names the field.
+    """
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        bound = {1: "positive", 0: "non-negative"}.get(minimum)
+        raise ValueError(f"{name} must be {bound or f'>= {minimum}'}, got {value}")
+
+
 @dataclass
 class GPTConfig:
     vocab_size: int = 4096  # number of token ids; the embedding and the tied output head have this many rows
@@ -25,11 +37,7 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"GPTConfig.{name} must be an int, got {type(value).__name__} {value!r}")
-            if value <= 0:
-                raise ValueError(f"GPTConfig.{name} must be positive, got {value}")
+            check_int(f"GPTConfig.{name}", getattr(self, name))
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if not 0.0 <= self.dropout < 1.0:

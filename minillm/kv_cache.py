@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from minillm.attention import attention, causal_mask
-from minillm.config import GPTConfig
+from minillm.config import GPTConfig, check_int
 
 
 def kv_cache_bytes(n_layer: int, n_kv_head: int, head_dim: int, num_tokens: int, batch_size: int = 1,
@@ -33,10 +33,7 @@ def kv_cache_bytes(n_layer: int, n_kv_head: int, head_dim: int, num_tokens: int,
     """
     for name, value in (("n_layer", n_layer), ("n_kv_head", n_kv_head), ("head_dim", head_dim),
                         ("num_tokens", num_tokens), ("batch_size", batch_size), ("bytes_per_elem", bytes_per_elem)):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-        if value < 0:
-            raise ValueError(f"{name} must be non-negative, got {value}")
+        check_int(name, value, 0)
     return 2 * n_layer * n_kv_head * head_dim * num_tokens * batch_size * bytes_per_elem
 
 
@@ -54,10 +51,7 @@ class ContiguousKVCache:
         if not isinstance(config, GPTConfig):
             raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
         for name, value in (("batch_size", batch_size), ("max_len", max_len)):
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-            if value <= 0:
-                raise ValueError(f"{name} must be positive, got {value}")
+            check_int(name, value)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
         self.config = config

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minillm.config import check_int
+
 
 @dataclass
 class DisaggConfig:
@@ -26,11 +28,7 @@ class DisaggConfig:
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"DisaggConfig.{name} must be an int, got {type(value).__name__} {value!r}")
-            if value <= 0:
-                raise ValueError(f"DisaggConfig.{name} must be positive, got {value}")
+            check_int(f"DisaggConfig.{name}", getattr(self, name))
         if not isinstance(self.num_threads, int) or self.num_threads < 0:
             raise ValueError(f"DisaggConfig.num_threads must be an int >= 0, got {self.num_threads!r}")
         for name in ("heartbeat_s", "liveness_timeout_s", "startup_timeout_s"):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minillm.config import check_int
+
 PREEMPTION_MODES = ("recompute", "swap")
 
 
@@ -26,13 +28,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "num_swap_blocks"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"EngineConfig.{name} must be an int, got {type(value).__name__} {value!r}")
-            if value <= 0 and name != "num_swap_blocks":
-                raise ValueError(f"EngineConfig.{name} must be positive, got {value}")
-            if value < 0:
-                raise ValueError(f"EngineConfig.{name} must be non-negative, got {value}")
+            check_int(f"EngineConfig.{name}", getattr(self, name), 0 if name == "num_swap_blocks" else 1)
         for name in ("enable_chunked_prefill", "enable_prefix_caching"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
