@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
@@ -383,7 +384,6 @@ def decode_attention_forms(num_seqs: int = 8, n_head: int = 8, head_size: int = 
     row = bs * nh * hs
     scratch = torch.empty(2, S * width, row)
     scratch_flat = torch.empty(2, len(real_ids), row)
-    F = torch.nn.functional
 
     def gather_padded():
         k = torch.index_select(k_pool.view(num_blocks, row), 0, padded_ids, out=scratch[0])
