@@ -162,3 +162,18 @@ def load_pretrained(name: str = "base", device: str | torch.device = "cpu", **co
         raise ValueError(f"the shipped tokenizer has {tokenizer.vocab_size} tokens but checkpoint {name!r} only "
                          f"{model.config.vocab_size}: they do not belong together")
     return model, tokenizer
+
+
+def load_pretrained_or_random(name: str = "base", device: str | torch.device = "cpu", seed: int = 0):
+    """For benchmarks and the tour: (model in eval mode, tokenizer or None, trained).
+
+    The shipped checkpoint `name` and its tokenizer when minillm has its weights; otherwise (not trained yet, or
+    a preset that is never shipped, such as "tiny") a model of the preset's shape with weights drawn from `seed`,
+    no tokenizer, and trained=False, so callers can say so in what they print. Timings are the same either way.
+    A shipped checkpoint that is present but broken still raises.
+    """
+    if name in SHIPPED and (pretrained_dir(name) / WEIGHTS_NAME).is_file():
+        model, tokenizer = load_pretrained(name, device=device)
+        return model.eval(), tokenizer, True
+    torch.manual_seed(seed)
+    return GPT(GPTConfig.from_name(name)).to(device).eval(), None, False

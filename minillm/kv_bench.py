@@ -29,16 +29,10 @@ from minillm.timing import compare, measure
 
 def load_base(device: torch.device | str = "cpu", seed: int = 0) -> tuple[GPT, Any, str]:
     """(model, tokenizer or None, label): the shipped `base` checkpoint, or random weights of its shape (labelled)."""
-    from minillm.checkpoint import load_pretrained
+    from minillm.checkpoint import load_pretrained_or_random
 
-    try:
-        model, tokenizer = load_pretrained("base", device=device)
-        return model.eval(), tokenizer, "base"
-    except FileNotFoundError:
-        from minillm.config import GPTConfig
-
-        torch.manual_seed(seed)
-        return GPT(GPTConfig.from_name("base")).to(device).eval(), None, "base (random init: checkpoint missing)"
+    model, tokenizer, trained = load_pretrained_or_random("base", device, seed)
+    return model, tokenizer, "base" if trained else "base (random init: checkpoint missing)"
 
 
 def check_equivalence(model: GPT, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:

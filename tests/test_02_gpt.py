@@ -451,3 +451,17 @@ def test_cuda_forward_matches_cpu_and_bf16_training_runs():
     tr, va = _byte_tokens()
     result = train(TrainConfig(**TINY, steps=4, warmup_steps=1, device="cuda"), tr, va, progress=False)
     assert result.model.device.type == "cuda" and all(math.isfinite(h["loss"]) for h in result.history)
+
+
+def test_load_pretrained_or_random():
+    """Shipped weights when present; otherwise seeded random weights of the preset's shape, flagged untrained."""
+    from minillm.checkpoint import load_pretrained_or_random
+
+    a, tok_a, trained_a = load_pretrained_or_random("tiny", seed=3)
+    b, _, _ = load_pretrained_or_random("tiny", seed=3)
+    assert (tok_a, trained_a, a.training) == (None, False, False)
+    assert a.config == GPTConfig.from_name("tiny")
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    if (pretrained_dir("base") / WEIGHTS_NAME).is_file():
+        model, tok, trained = load_pretrained_or_random("base")
+        assert trained and tok is not None and not model.training

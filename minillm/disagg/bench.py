@@ -242,15 +242,10 @@ def prefill_heavy_workload(n: int, rate: float, prompt_len: str, output_len: int
 def load_model(name: str, device: str = "cpu"):
     """(model, tokenizer): a shipped checkpoint, or a random-init preset when it is not there (named as such)."""
     import minillm
-    from minillm.config import GPTConfig
-    from minillm.model import GPT
+    from minillm.checkpoint import load_pretrained_or_random
 
-    try:
-        model, tok = minillm.load(name, device=device)
-        return model.eval(), tok, name
-    except (FileNotFoundError, ValueError, OSError, ImportError):
-        torch.manual_seed(0)
-        return GPT(GPTConfig.from_name(name)).to(device).eval(), minillm.load_tokenizer(), f"{name} (random init)"
+    model, tok, trained = load_pretrained_or_random(name, device)
+    return (model, tok, name) if trained else (model, minillm.load_tokenizer(), f"{name} (random init)")
 
 
 def check_results(results: dict[str, "PolicyResult"], workload: list[WorkloadRequest], config) -> dict[str, int]:

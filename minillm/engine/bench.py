@@ -57,16 +57,9 @@ class RunResult:
 def load_model(name: str = "base", seed: int = 0, device: str = "cpu") -> tuple[GPT, Any, bool]:
     """The shipped checkpoint if present, else a randomly initialised model of the same shape (same compute cost).
     Returns (model, tokenizer or None, trained)."""
-    try:
-        from minillm.checkpoint import load_pretrained
+    from minillm.checkpoint import load_pretrained_or_random
 
-        model, tok = load_pretrained(name, device=device)
-        return model.eval(), tok, True
-    except (FileNotFoundError, ValueError, ImportError, OSError):
-        from minillm.config import GPTConfig
-
-        torch.manual_seed(seed)
-        return GPT(GPTConfig.from_name(name)).to(device).eval(), None, False
+    return load_pretrained_or_random(name, device, seed)
 
 
 def default_workload(n: int, seed: int = 0, rate: float = math.inf, vocab_size: int = 4096) -> list[WorkloadRequest]:

@@ -34,16 +34,10 @@ BLOCK_SIZES = (1, 4, 8, 16, 32, 64)
 
 def load_model(device: torch.device | str = "cpu", seed: int = 0) -> tuple[GPT, str]:
     """(model, label): the shipped `base` checkpoint, or seeded random weights of its shape, labelled as such."""
-    from minillm.checkpoint import load_pretrained
+    from minillm.checkpoint import load_pretrained_or_random
 
-    try:
-        model, _ = load_pretrained("base", device=device)
-        return model.eval(), "base"
-    except FileNotFoundError:
-        from minillm.config import GPTConfig
-
-        torch.manual_seed(seed)
-        return GPT(GPTConfig.from_name("base")).to(device).eval(), "base shape, random init (checkpoint missing)"
+    model, _, trained = load_pretrained_or_random("base", device, seed)
+    return model, "base" if trained else "base shape, random init (checkpoint missing)"
 
 
 @torch.inference_mode()

@@ -13,17 +13,10 @@ TITLE = "naive inference"
 
 def _load_base(device: torch.device):
     """The shipped base checkpoint; random weights of its shape (said so in every row) if it is not there."""
-    from minillm.checkpoint import load_pretrained
+    from minillm.checkpoint import load_pretrained_or_random
 
-    try:
-        model, tokenizer = load_pretrained("base", device=device)
-        return model, "base"
-    except FileNotFoundError:
-        from minillm.config import GPTConfig
-        from minillm.model import GPT
-
-        torch.manual_seed(0)
-        return GPT(GPTConfig.from_name("base")).to(device).eval(), "base (random init: checkpoint missing)"
+    model, _, trained = load_pretrained_or_random("base", device)
+    return model, "base" if trained else "base (random init: checkpoint missing)"
 
 
 def _hf_parity(model, prompts: list[list[int]], new_tokens: int) -> tuple[int, int]:
