@@ -4,9 +4,9 @@ A from-scratch GPT-2-architecture model, extended chapter by chapter; every tech
 naive twin and measured against it. Start with `minillm tour`, or read `chapters/` in order.
 """
 
-from minillm.config import GPTConfig
-from minillm.device import resolve_device
-from minillm.model import GPT
+from minillm.core.config import GPTConfig
+from minillm.core.device import resolve_device
+from minillm.core.model import GPT
 
 __version__ = "0.1.0"
 
@@ -22,6 +22,6 @@ def load_tokenizer():
 
 def load(name: str = "base", device="cpu"):
     """A shipped checkpoint and its tokenizer: `model, tokenizer = minillm.load("base")` (chapter 02)."""
-    from minillm.checkpoint import load_pretrained
+    from minillm.gpt.pretrained import load_pretrained
 
     return load_pretrained(name, device=device)

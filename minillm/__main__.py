@@ -1,5 +1,5 @@
 import sys
 
-from minillm.cli import main
+from minillm.course.cli import main
 
 sys.exit(main())

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minillm.data import SEPARATOR, STDLIB_MODULES, load_corpus, take_bytes
+from minillm.core.corpus import SEPARATOR, STDLIB_MODULES, load_corpus, take_bytes
 from minillm.tokenizer import (
     GPT2_SPLIT_PATTERN,
     GPT4_SPLIT_PATTERN,
@@ -165,7 +165,7 @@ def test_own_ranks_parity_on_validation_split(shipped):
 
 
 def test_own_ranks_parity_gpt2_pattern_and_varied_text(small_text):
-    tok = Tokenizer.train(small_text, 500, pattern="gpt2")
+    tok = train_bpe(small_text, 500, pattern="gpt2").to_tokenizer()
     enc = tok.to_tiktoken()
     text = varied_text(100_000, seed=3, corpus_fraction=0.2)
     assert compare_with_tiktoken(tok, enc, text, disallowed_special=()).identical
@@ -449,7 +449,7 @@ def test_take_bytes_never_splits_a_character():
 # the command line and the GPT-2 rank finder
 # ---------------------------------------------------------------------------------------------------------------
 def test_cli_train(tmp_path, capsys):
-    from minillm.cli import main
+    from minillm.course.cli import main
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(take_bytes(load_corpus().train_text, 20_000), encoding="utf-8")

@@ -13,12 +13,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minillm.attention import attention, attention_ref, causal_mask
-from minillm.checkpoint import CONFIG_NAME, WEIGHTS_NAME, load_checkpoint, pretrained_dir, save_checkpoint
-from minillm.config import GPTConfig
-from minillm.eval import perplexity, token_nll
-from minillm.model import GPT
-from minillm.train import TrainConfig, lr_at, train
+from minillm.core.attention import attention, attention_ref, causal_mask
+from minillm.core.checkpoint import CONFIG_NAME, WEIGHTS_NAME, load_checkpoint, save_checkpoint
+from minillm.gpt.pretrained import pretrained_dir
+from minillm.core.config import GPTConfig
+from minillm.gpt.eval import perplexity, token_nll
+from minillm.core.model import GPT
+from minillm.gpt.train import TrainConfig, lr_at, train
 
 ATOL = RTOL = 1e-5
 
@@ -57,17 +58,15 @@ def _tiny(seed: int = 0, **overrides) -> GPT:
 @pytest.mark.parametrize("shape", HF_SHAPES, ids=lambda s: f"V{s['vocab_size']}-C{s['n_embd']}-L{s['n_layer']}-H{s['n_head']}")
 @pytest.mark.parametrize("attn_impl", ["sdpa", "explicit"])
 def test_logits_match_hf_gpt2(shape, attn_impl):
-    from minillm.hf import load_hf
 
     hf = _hf_model(shape)
-    ours = load_hf(hf, attn_impl=attn_impl)
+    ours = GPT.from_hf(hf, attn_impl=attn_impl)
     x = torch.randint(0, shape["vocab_size"], (2, shape["n_positions"]))
     with torch.no_grad():
         torch.testing.assert_close(ours(x), hf(x).logits, atol=ATOL, rtol=RTOL)
 
 
 def test_load_hf_from_state_dict_and_directory(tmp_path):
-    from minillm.hf import load_hf
 
     shape = HF_SHAPES[0]
     hf = _hf_model(shape, seed=1)
@@ -76,16 +75,16 @@ def test_load_hf_from_state_dict_and_directory(tmp_path):
         want = hf(x).logits
         state = dict(hf.state_dict())
         state["transformer.h.0.attn.bias"] = torch.ones(1, 1, 24, 24)  # older transformers' mask buffer: ignored
-        torch.testing.assert_close(load_hf(state, n_head=3)(x), want, atol=ATOL, rtol=RTOL)
+        torch.testing.assert_close(GPT.from_hf(state, n_head=3)(x), want, atol=ATOL, rtol=RTOL)
         bare = {k.removeprefix("transformer."): v for k, v in hf.transformer.state_dict().items()}  # GPT2Model keys
-        torch.testing.assert_close(load_hf(bare, n_head=3)(x), want, atol=ATOL, rtol=RTOL)
+        torch.testing.assert_close(GPT.from_hf(bare, n_head=3)(x), want, atol=ATOL, rtol=RTOL)
         hf.save_pretrained(tmp_path, safe_serialization=True)
-        torch.testing.assert_close(load_hf(tmp_path)(x), want, atol=ATOL, rtol=RTOL)
+        torch.testing.assert_close(GPT.from_hf(tmp_path)(x), want, atol=ATOL, rtol=RTOL)
         torch.testing.assert_close(GPT.from_hf(str(tmp_path))(x), want, atol=ATOL, rtol=RTOL)
 
 
 def test_to_hf_model_carries_our_weights():
-    from minillm.hf import load_hf, to_hf_model
+    from minillm.core.hf import to_hf_model
 
     _hf()
     ours = _tiny(n_head=4)
@@ -93,7 +92,7 @@ def test_to_hf_model_carries_our_weights():
     x = torch.randint(0, 512, (2, 64))
     with torch.no_grad():
         torch.testing.assert_close(hf(x).logits, ours(x), atol=ATOL, rtol=RTOL)
-        back = load_hf(hf)
+        back = GPT.from_hf(hf)
     assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), back.state_dict().values()))
 
 
@@ -105,7 +104,7 @@ def test_to_hf_model_carries_our_weights():
     ("tie_word_embeddings", False, "tie_word_embeddings"),
 ])
 def test_load_hf_rejects_unsupported_settings(setting, value, match):
-    from minillm.hf import hf_config_to_gpt
+    from minillm.core.hf import hf_config_to_gpt
 
     cfg = dict(HF_SHAPES[0], model_type="gpt2", activation_function="gelu_new")
     cfg[setting] = value
@@ -114,19 +113,18 @@ def test_load_hf_rejects_unsupported_settings(setting, value, match):
 
 
 def test_load_hf_bad_inputs(tmp_path):
-    from minillm.hf import load_hf
 
     hf = _hf_model(HF_SHAPES[0])
     with pytest.raises(ValueError, match="n_head"):
-        load_hf(hf.state_dict())  # a state dict cannot say how many heads
+        GPT.from_hf(hf.state_dict())  # a state dict cannot say how many heads
     with pytest.raises(ValueError, match="not found"):
-        load_hf(tmp_path / "nope")
+        GPT.from_hf(tmp_path / "nope")
     with pytest.raises(TypeError, match="int"):
-        load_hf(42)
+        GPT.from_hf(42)
     state = dict(hf.state_dict())
     state["transformer.h.0.mlp.c_fc.weight"] = state["transformer.h.0.mlp.c_fc.weight"][:, :-1]
     with pytest.raises(ValueError, match=r"transformer\.h\.0\.mlp\.c_fc\.weight.*\(143, 36\).*\(144, 36\)"):
-        load_hf(state, n_head=3)
+        GPT.from_hf(state, n_head=3)
 
 
 # ---- the two attention paths (graded: the chapter exercise is attention_ref) ---------------------------
@@ -275,7 +273,7 @@ def test_checkpoint_bad_directory(tmp_path):
 
 def _byte_tokens() -> tuple[torch.Tensor, torch.Tensor]:
     """Bytes of a source file as token ids (< 256 < tiny's 512): a real, repetitive text with no tokenizer."""
-    import minillm.model as m
+    import minillm.core.model as m
 
     data = torch.tensor(list(open(m.__file__, "rb").read()), dtype=torch.int64)
     return data[:-2000], data[-2000:]
@@ -320,7 +318,7 @@ def test_training_is_seeded():
 
 
 def test_weight_decay_groups():
-    from minillm.train import make_optimizer
+    from minillm.gpt.train import make_optimizer
 
     model = _tiny()
     opt = make_optimizer(model, TrainConfig(weight_decay=0.1), torch.device("cpu"))
@@ -356,14 +354,14 @@ def test_train_rejects_tokens_outside_the_vocabulary():
 
 
 def test_train_cli_with_a_small_tokenizer(tmp_path, capsys):
-    from minillm.cli import main
-    from minillm.tokenizer import Tokenizer
+    from minillm.course.cli import main
+    from minillm.tokenizer import train_bpe
 
-    import minillm.model as m
+    import minillm.core.model as m
 
     text = open(m.__file__, encoding="utf-8").read()
     (tmp_path / "corpus.txt").write_text(text * 2, encoding="utf-8")
-    Tokenizer.train(text[:8000], 300).save(tmp_path / "tok.json")
+    train_bpe(text[:8000], 300).to_tokenizer().save(tmp_path / "tok.json")
     code = main(["train", "--preset", "tiny", "--corpus", str(tmp_path / "corpus.txt"), "--tokenizer",
                  str(tmp_path / "tok.json"), "--steps", "4", "--warmup-steps", "1", "--batch-size", "2",
                  "--eval-interval", "2", "--export", str(tmp_path / "export"), "--no-progress"])
@@ -453,15 +451,15 @@ def test_cuda_forward_matches_cpu_and_bf16_training_runs():
     assert result.model.device.type == "cuda" and all(math.isfinite(h["loss"]) for h in result.history)
 
 
-def test_load_pretrained_or_random():
+def test_load_model_shipped_or_seeded_stand_in():
     """Shipped weights when present; otherwise seeded random weights of the preset's shape, flagged untrained."""
-    from minillm.checkpoint import load_pretrained_or_random
+    from minillm.bench.models import load_model
 
-    a, tok_a, trained_a = load_pretrained_or_random("tiny", seed=3)
-    b, _, _ = load_pretrained_or_random("tiny", seed=3)
-    assert (tok_a, trained_a, a.training) == (None, False, False)
-    assert a.config == GPTConfig.from_name("tiny")
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    a = load_model("tiny", seed=3)
+    b = load_model("tiny", seed=3)
+    assert (a.trained, a.model.training, a.label) == (False, False, "tiny (random init: checkpoint missing)")
+    assert a.model.config == GPTConfig.from_name("tiny") and a.tokenizer is not None
+    assert all(torch.equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values()))
     if (pretrained_dir("base") / WEIGHTS_NAME).is_file():
-        model, tok, trained = load_pretrained_or_random("base")
-        assert trained and tok is not None and not model.training
+        model, tok, trained, label = load_model("base")
+        assert trained and tok is not None and not model.training and label == "base"

@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from minillm import GPT, GPTConfig
-from minillm.bench import BenchCase, GENERATORS, register_generator, run_bench, plot_bench
-from minillm.generate import StopChecker, collect, generate_naive, generate_naive_ids, validate_prompt
-from minillm.metrics import PeakMemory, RequestTimes, summarize, throughput
-from minillm.roofline import Machine, decode_bound, decode_cost, measure_bandwidth, naive_step_flops, param_count
-from minillm.sampling import (SamplingParams, Temperature, TopK, TopP, apply_processors, make_generator,
+from minillm.naive.bench import BenchCase, GENERATORS, register_generator, run_bench, plot_bench
+from minillm.naive.generate import StopChecker, collect, generate_naive, generate_naive_ids, validate_prompt
+from minillm.core.metrics import PeakMemory, RequestTimes, summarize, throughput
+from minillm.naive.roofline import Machine, decode_bound, decode_cost, measure_bandwidth, naive_step_flops, param_count
+from minillm.core.sampling import (SamplingParams, Temperature, TopK, TopP, apply_processors, make_generator,
                               probs_from_logits, sample_next, top_k_filter, top_p_filter)
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -215,7 +215,7 @@ def test_sample_next_rejects_bad_logits():
 def to_hf(model: GPT):
     """Chapter 02's exporter: a transformers GPT2LMHeadModel with exactly these weights."""
     pytest.importorskip("transformers")
-    from minillm.hf import to_hf_model
+    from minillm.core.hf import to_hf_model
 
     return to_hf_model(model)
 
@@ -239,7 +239,7 @@ def test_greedy_matches_hf_generate_without_cache():
 
 
 def test_greedy_matches_hf_on_base():
-    from minillm.checkpoint import load_pretrained
+    from minillm.gpt.pretrained import load_pretrained
 
     try:
         model, tokenizer = load_pretrained("base")
@@ -529,7 +529,7 @@ def test_run_bench_interleaves_a_registered_candidate(tmp_path):
 
 
 def test_bench_command(tmp_path, capsys):
-    from minillm.cli import main
+    from minillm.course.cli import main
 
     out = tmp_path / "bench.json"
     rc = main(["bench", "--model", "tiny", "--random-init", "--prompt-len", "4", "--new-tokens", "3",

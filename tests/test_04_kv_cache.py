@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minillm import GPT, GPTConfig
-from minillm.cached_generate import (
+from minillm.kvcache.generate import (
     decode_step,
     generate,
     generate_ids,
@@ -20,9 +20,9 @@ from minillm.cached_generate import (
     prefill,
     static_positions,
 )
-from minillm.generate import collect, generate_naive, generate_naive_ids
-from minillm.kv_cache import ContiguousKVCache, kv_cache_bytes
-from minillm.sampling import SamplingParams
+from minillm.naive.generate import collect, generate_naive, generate_naive_ids
+from minillm.kvcache.cache import ContiguousKVCache, kv_cache_bytes
+from minillm.core.sampling import SamplingParams
 
 # Logits of the cached path against a full forward: the same math summed in a different order (one query row
 # against T keys instead of the last row of a T x T product), so they agree to float32 rounding, not bit for bit.
@@ -346,7 +346,7 @@ def test_on_device(device):
 def test_benchmark_helpers_report_consistent_checks(model):
     """The chapter's benchmark module on a small model: its checks pass and its report has every figure (no timing
     is asserted; only that the measured quantities exist and the equivalences hold)."""
-    from minillm.kv_bench import check_equivalence, check_static_batch, memory_check, step_latency_by_position
+    from minillm.kvcache.bench import check_equivalence, check_static_batch, memory_check, step_latency_by_position
 
     prompts = random_prompts(3, SMALL["vocab_size"], lengths=[2, 7, 12], seed=12)
     eq = check_equivalence(model, prompts, 6)
@@ -362,7 +362,7 @@ def test_benchmark_helpers_report_consistent_checks(model):
 
 def test_projection_times_compare_the_same_projections():
     pytest.importorskip("transformers")
-    from minillm.kv_bench import projection_times
+    from minillm.kvcache.bench import projection_times
 
     torch.manual_seed(0)
     model = GPT(GPTConfig.from_name("tiny")).eval()

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minillm import GPT, GPTConfig
-from minillm.cached_generate import generate_ids
-from minillm.generate import generate_naive_ids
-from minillm.kv_cache import ContiguousKVCache
+from minillm.kvcache.generate import generate_ids
+from minillm.naive.generate import generate_naive_ids
+from minillm.kvcache.cache import ContiguousKVCache
 from minillm.paged import (
     ROOT_HASH,
     BlockAllocator,
@@ -33,7 +33,7 @@ from minillm.paged import (
 )
 from minillm.paged.generate import PagedGenerator, paged_generate
 from minillm.paged.study import contiguous_memory_use, make_length_workload, paged_memory_use
-from minillm.sampling import SamplingParams
+from minillm.core.sampling import SamplingParams
 
 ATOL, RTOL = 1e-5, 1e-5  # fp32 logits: paged and contiguous sum the same terms in a different order
 

@@ -14,15 +14,15 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minillm.cached_generate import generate_ids
-from minillm.config import GPTConfig
+from minillm.kvcache.generate import generate_ids
+from minillm.core.config import GPTConfig
 from minillm.engine import LLM, EngineConfig, LengthDist, RequestStatus, Scheduler, make_workload
 from minillm.engine.request import Request
 from minillm.engine.selective_cache import SelectiveKVCache
 from minillm.engine.static import run_static
-from minillm.model import GPT
+from minillm.core.model import GPT
 from minillm.paged import BlockManager, PagedBatch
-from minillm.sampling import SamplingParams
+from minillm.core.sampling import SamplingParams
 
 VOCAB = 512
 
@@ -356,7 +356,7 @@ def test_add_prefilled_request(model):
 
         def attend(self, layer, q, k, v):
             self.kv[layer] = (k[0].transpose(0, 1), v[0].transpose(0, 1))  # (nh, T, hs) -> (T, nh, hs)
-            from minillm.attention import attention
+            from minillm.core.attention import attention
 
             return attention(q, k, v, is_causal=True)
 
@@ -365,7 +365,7 @@ def test_add_prefilled_request(model):
     cap = Capture()
     with torch.inference_mode():
         logits = model(torch.tensor([prompt]), cache=cap)[:, -1]  # (1, V)
-    from minillm.sampling import make_generator, sample_next
+    from minillm.core.sampling import make_generator, sample_next
 
     g = make_generator(params.seed, "cpu")
     first = int(sample_next(logits, params, g))

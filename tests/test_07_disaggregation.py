@@ -38,9 +38,9 @@ from minillm.disagg import (
 from minillm.disagg.decode_worker import DecodeCore
 from minillm.disagg.messages import DecodeTokens, FirstTokens, KVHandoff, PrefillRequest, WorkerInit
 from minillm.disagg.prefill_worker import PrefillCore
-from minillm.generate import generate_naive_ids
+from minillm.naive.generate import generate_naive_ids
 from minillm.paged import BlockManager, PagedBatch, PagedKVCache
-from minillm.sampling import SamplingParams
+from minillm.core.sampling import SamplingParams
 
 BS = 4  # block size: small, so prompts span several blocks and end in a partly filled one
 
@@ -441,7 +441,7 @@ def test_check_results_counts_agreement_and_exact_handoffs():
 
     from minillm.disagg.bench import check_results
     from minillm.disagg.kv_transfer import kv_bytes
-    from minillm.engine.workload import make_workload
+    from minillm.bench.workload import make_workload
 
     cfg = GPTConfig.from_name("tiny")
     wl = make_workload(3, prompt_len_dist="uniform:4:9", output_len_dist="fixed:2", seed=0, vocab_size=cfg.vocab_size)

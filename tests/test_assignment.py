@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from minillm.assignment import CHAPTER_FILES, REPO_ROOT, grade, stub_source, write_assignment
-from minillm.cli import main
+from minillm.course.assignment import CHAPTER_FILES, REPO_ROOT, grade, stub_source, write_assignment
+from minillm.course.cli import main
 
 
 def test_stub_source_replaces_marked_body_keeps_docstring():

@@ -8,12 +8,12 @@ import os
 import pytest
 import torch
 
-from minillm.cli import build_parser, main
-from minillm.device import resolve_device
-from minillm.io import atomic_save_safetensors, atomic_write_bytes, atomic_write_text
-from minillm.timing import compare, measure
-from minillm.tour import available_chapters, run_tour
-from minillm.tour.core import Row, TourContext, format_table, rows_to_json
+from minillm.course.cli import build_parser, main
+from minillm.core.device import resolve_device
+from minillm.core.io import atomic_save_safetensors, atomic_write_bytes, atomic_write_text
+from minillm.core.timing import compare, measure
+from minillm.course.tour import available_chapters, run_tour
+from minillm.core.rows import Row, TourContext, format_table, rows_to_json
 
 
 def test_help_lists_every_command(capsys):
@@ -50,7 +50,7 @@ def test_tour_rejects_unknown_chapter():
 
 
 def test_failing_chapter_becomes_failed_row(monkeypatch):
-    import minillm.tour as tour
+    import minillm.course.tour as tour
 
     class Broken:
         TITLE = "broken"
@@ -66,7 +66,7 @@ def test_failing_chapter_becomes_failed_row(monkeypatch):
 
 
 def test_tour_sets_and_restores_threads(monkeypatch):
-    import minillm.tour as tour
+    import minillm.course.tour as tour
 
     seen = []
 
@@ -87,7 +87,7 @@ def test_tour_sets_and_restores_threads(monkeypatch):
 
 
 def test_tour_cli_exit_code_and_json(monkeypatch, tmp_path, capsys):
-    import minillm.tour as tour
+    import minillm.course.tour as tour
 
     class Ok:
         TITLE = "ok"

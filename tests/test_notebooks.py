@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from minillm.notebooks import execute_notebook, list_notebooks
+from minillm.course.notebooks import execute_notebook, list_notebooks
 
 NOTEBOOKS = list_notebooks()
 

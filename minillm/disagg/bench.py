@@ -28,7 +28,8 @@ import torch
 
 from minillm.disagg.messages import StepRecord, TransferRecord
 from minillm.engine.request import RequestOutput
-from minillm.engine.workload import WorkloadRequest, make_workload
+from minillm.bench.workload import WorkloadRequest, make_workload
+from minillm.bench import models as bench_models
 
 POLICIES = ("colocated", "chunked", "disaggregated")
 
@@ -241,11 +242,8 @@ def prefill_heavy_workload(n: int, rate: float, prompt_len: str, output_len: int
 
 def load_model(name: str, device: str = "cpu"):
     """(model, tokenizer): a shipped checkpoint, or a random-init preset when it is not there (named as such)."""
-    import minillm
-    from minillm.checkpoint import load_pretrained_or_random
-
-    model, tok, trained = load_pretrained_or_random(name, device)
-    return (model, tok, name) if trained else (model, minillm.load_tokenizer(), f"{name} (random init)")
+    loaded = bench_models.load_model(name, device)
+    return loaded.model, loaded.tokenizer, loaded.label
 
 
 def check_results(results: dict[str, "PolicyResult"], workload: list[WorkloadRequest], config) -> dict[str, int]:
@@ -295,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         ax = plot_timeline(results)
         ax.figure.savefig(args.plot, dpi=120, bbox_inches="tight")
     if args.json:
-        from minillm.io import atomic_write_text
+        from minillm.core.io import atomic_write_text
 
         payload = {p_: {"summary": r.summary(), "timeline": [vars(s) for s in r.timeline]} for p_, r in results.items()}
         atomic_write_text(args.json, json.dumps(payload, indent=1) + "\n")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minillm.config import check_int
+from minillm.core.config import check_int
 
 
 @dataclass

@@ -30,9 +30,9 @@ import torch
 
 from minillm.disagg.kv_transfer import payload_from_bytes, unpack_kv
 from minillm.disagg.messages import Abort, DecodeTokens, KVHandoff, StepRecord, TransferRecord, WorkerInit
-from minillm.model import GPT
+from minillm.core.model import GPT
 from minillm.paged import BlockManager, PagedBatch, PagedKVCache, num_blocks_for
-from minillm.sampling import SamplingParams, sample_next
+from minillm.core.sampling import SamplingParams, sample_next
 
 
 def max_kv_tokens(num_prompt_tokens: int, max_new_tokens: int, context_window: int) -> int:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minillm.config import GPTConfig
+from minillm.core.config import GPTConfig
 
 # Dtypes a payload may carry, by name: the receiver rebuilds the tensor from the name, never from pickled objects.
 _DTYPES: dict[str, torch.dtype] = {

@@ -48,10 +48,10 @@ from minillm.disagg.messages import (
 )
 from minillm.disagg.worker import WorkerDiedError, WorkerHandle, model_to_bytes, wait_ready
 from minillm.engine.request import RequestOutput
-from minillm.generate import StopChecker, _default_eos, validate_prompt
-from minillm.model import GPT
+from minillm.naive.generate import StopChecker, _default_eos, validate_prompt
+from minillm.core.model import GPT
 from minillm.paged import num_blocks_for
-from minillm.sampling import SamplingParams
+from minillm.core.sampling import SamplingParams
 
 
 @dataclass
@@ -84,7 +84,7 @@ class DisaggregatedLLM:
 
     def __init__(self, model: GPT, tokenizer: Any = None, config: DisaggConfig | None = None,
                  eos_id: int | None = None):
-        from minillm.device import resolve_device
+        from minillm.core.device import resolve_device
 
         if not isinstance(model, GPT):
             raise TypeError(f"model must be a minillm GPT, got {type(model).__name__}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minillm.disagg.kv_transfer import KVHeader
-from minillm.sampling import SamplingParams
+from minillm.core.sampling import SamplingParams
 
 # Exit code of a worker that `CrashAfter` made die on purpose (tests use it to tell a planned death from a bug).
 CRASH_EXIT_CODE = 17

@@ -25,9 +25,9 @@ import torch
 
 from minillm.disagg.kv_transfer import pack_kv, payload_to_bytes
 from minillm.disagg.messages import Abort, FirstTokens, KVHandoff, PrefillRequest, StepRecord, WorkerInit
-from minillm.model import GPT
+from minillm.core.model import GPT
 from minillm.paged import BlockManager, PagedBatch, PagedKVCache, num_blocks_for
-from minillm.sampling import make_generator, sample_next
+from minillm.core.sampling import make_generator, sample_next
 
 
 def first_token_finishes(token: int, params, eos_id: int | None, num_prompt_tokens: int, context_window: int) -> bool:

@@ -28,9 +28,9 @@ from typing import Any, Protocol
 
 import torch
 
-from minillm.config import GPTConfig
+from minillm.core.config import GPTConfig
 from minillm.disagg.messages import CRASH_EXIT_CODE, CrashAfter, Heartbeat, Ready, Shutdown, WorkerFailed, WorkerInit
-from minillm.model import GPT
+from minillm.core.model import GPT
 
 
 class WorkerDiedError(RuntimeError):

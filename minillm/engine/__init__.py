@@ -17,7 +17,7 @@ from minillm.engine.llm import LLM
 from minillm.engine.model_runner import ModelRunner
 from minillm.engine.request import Request, RequestOutput, RequestStatus
 from minillm.engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
-from minillm.engine.workload import LengthDist, WorkloadRequest, make_workload
+from minillm.bench.workload import LengthDist, WorkloadRequest, make_workload
 
 __all__ = [
     "EngineConfig",

@@ -3,7 +3,7 @@ request rate, the efficient frontier, and the inter-token-latency spike of a lon
 
 Everything runs on one model in one process, side by side, and each number is a ratio or a percentile of that run
 (curriculum: measured, never asserted in a test). `python -m minillm.engine.bench` prints the chapter's tables
-and writes the frontier plot; the tour (`minillm/tour/ch06.py`) calls the same functions on smaller workloads.
+and writes the frontier plot; the tour (`minillm/engine/tour.py`) calls the same functions on smaller workloads.
 What it leaves out: multi-GPU and real traces.
 """
 
@@ -23,9 +23,10 @@ import torch.nn.functional as F
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
 from minillm.engine.static import run_static
-from minillm.engine.workload import WorkloadRequest, make_workload
-from minillm.metrics import RequestTimes, summarize
-from minillm.model import GPT
+from minillm.bench.workload import WorkloadRequest, make_workload
+from minillm.core.metrics import RequestTimes, summarize
+from minillm.core.model import GPT
+from minillm.bench import models as bench_models
 
 
 @dataclass
@@ -57,9 +58,8 @@ class RunResult:
 def load_model(name: str = "base", seed: int = 0, device: str = "cpu") -> tuple[GPT, Any, bool]:
     """The shipped checkpoint if present, else a randomly initialised model of the same shape (same compute cost).
     Returns (model, tokenizer or None, trained)."""
-    from minillm.checkpoint import load_pretrained_or_random
-
-    return load_pretrained_or_random(name, device, seed)
+    loaded = bench_models.load_model(name, device, seed)
+    return loaded.model, loaded.tokenizer if loaded.trained else None, loaded.trained
 
 
 def default_workload(n: int, seed: int = 0, rate: float = math.inf, vocab_size: int = 4096) -> list[WorkloadRequest]:
@@ -67,7 +67,7 @@ def default_workload(n: int, seed: int = 0, rate: float = math.inf, vocab_size: 
     clipped to [8, 160]); real validation text as prompts when the corpus is available."""
     source = None
     try:
-        from minillm.dataset import default_eval_tokens
+        from minillm.gpt.dataset import default_eval_tokens
 
         source = default_eval_tokens(20_000).tolist()
     except Exception:  # noqa: BLE001 - no corpus: random ids are as good for timing
@@ -203,7 +203,7 @@ def offline_throughput(model: GPT, workload: Sequence[WorkloadRequest], batch: i
     runs = [run_engine(model, workload, cfg), run_static_batches(model, workload, batch)]
     hf_note = ""
     if with_hf:
-        from minillm.hf import to_hf_model
+        from minillm.core.hf import to_hf_model
 
         hf = to_hf_model(model, attn_implementation="sdpa")
         runs.append(run_hf_generate(hf, workload, batch))
@@ -239,7 +239,7 @@ def plot_frontier(points: list[dict[str, Any]], path: str, title: str = "", y: s
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from minillm.io import atomic_write_bytes
+    from minillm.core.io import atomic_write_bytes
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, style in (("static", "o--"), ("continuous", "s-")):
@@ -457,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         report["online"] = online_latency(model, [float(r) for r in args.rates.split(",")])
         print(json.dumps(report["online"], indent=1))
     if args.json:
-        from minillm.io import atomic_write_text
+        from minillm.core.io import atomic_write_text
 
         atomic_write_text(args.json, json.dumps(report, indent=1) + "\n")
     return 0

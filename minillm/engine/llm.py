@@ -4,7 +4,7 @@ It wires the pieces together: requests come in through `add_request` (validated 
 a running batch), the `Scheduler` picks each step's work (iteration-level, Orca §3.2), the `ModelRunner` runs one
 forward over it and samples, and `step` streams each request's new tokens as `RequestOutput` deltas. `generate`
 is the offline loop over `step` (vLLM's `LLM.generate`). Chapter 04's static batching stays the baseline:
-`minillm.cached_generate.generate_static_batch` (and `minillm.engine.static.run_static` for a whole workload).
+`minillm.kvcache.generate.generate_static_batch` (and `minillm.engine.static.run_static` for a whole workload).
 What it leaves out: an async front end and HTTP (chapter 15), parallel samples n > 1, and multiple devices.
 
     add_request ─▶ waiting ─admit─▶ running ─step─▶ ... ─finish─▶ (blocks freed) ─▶ RequestOutput(finished)
@@ -21,16 +21,16 @@ from typing import Any, Sequence
 
 import torch
 
-from minillm.device import resolve_device
+from minillm.core.device import resolve_device
 from minillm.engine.config import EngineConfig
 from minillm.engine.model_runner import ModelRunner
 from minillm.engine.request import Request, RequestOutput, RequestStatus
 from minillm.engine.scheduler import Scheduler
 from minillm.engine.swap import SwapSpace
-from minillm.generate import StopChecker, validate_prompt
-from minillm.model import GPT
+from minillm.naive.generate import StopChecker, validate_prompt
+from minillm.core.model import GPT
 from minillm.paged import BlockManager
-from minillm.sampling import SamplingParams, make_generator
+from minillm.core.sampling import SamplingParams, make_generator
 
 
 class LLM:

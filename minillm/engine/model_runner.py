@@ -17,9 +17,9 @@ from contextlib import contextmanager
 import torch
 
 from minillm.engine.scheduler import SchedulerOutput
-from minillm.model import GPT
+from minillm.core.model import GPT
 from minillm.paged import PagedBatch
-from minillm.sampling import sample_next
+from minillm.core.sampling import sample_next
 from minillm.engine.selective_cache import SelectiveKVCache
 
 

@@ -33,11 +33,11 @@ class RequestStatus(Enum):
 class Request:
     request_id: str
     prompt_token_ids: list[int]
-    params: "object"  # minillm.sampling.SamplingParams (validated copy; see LLM.add_request)
+    params: "object"  # minillm.core.sampling.SamplingParams (validated copy; see LLM.add_request)
     prompt: str | None = None  # the text, when the prompt came as a string
     arrival_time: float = field(default_factory=time.perf_counter)
     generator: torch.Generator | None = None  # per-request RNG seeded from params.seed: same draws alone or batched
-    stop_checker: "object | None" = None  # minillm.sampling.StopChecker
+    stop_checker: "object | None" = None  # minillm.core.sampling.StopChecker
     max_tokens_total: int | None = None  # the context window: never feed a token at a position beyond it
 
     status: RequestStatus = RequestStatus.WAITING

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from minillm.attention import causal_mask
+from minillm.core.attention import causal_mask
 from minillm.paged import PagedBatch, PagedKVCache
 from minillm.paged.paged_cache import write_kv
 

@@ -1,7 +1,7 @@
 """The baseline: chapter 04's static batching run over a whole workload, batch after batch, with token timings.
 
 `run_static` takes requests in arrival order, `batch_size` at a time, and runs each group through
-`minillm.cached_generate.generate_static_batch` to completion before the next group starts: a group lives as
+`minillm.kvcache.generate.generate_static_batch` to completion before the next group starts: a group lives as
 long as its longest request, finished rows keep computing, and nobody joins mid-way. That is the request-level
 scheduling Orca replaced (Yu et al. 2022, §2.2). Its per-token timestamps feed the same metrics as the engine's.
 What it leaves out: arrival times (it is an offline baseline: every request is there at t=0).
@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from minillm.cached_generate import generate_static_batch
-from minillm.model import GPT
-from minillm.sampling import SamplingParams
+from minillm.kvcache.generate import generate_static_batch
+from minillm.core.model import GPT
+from minillm.core.sampling import SamplingParams
 
 
 @dataclass

@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from minillm.generate import StopChecker, validate_prompt
-from minillm.model import GPT
+from minillm.naive.generate import StopChecker, validate_prompt
+from minillm.core.model import GPT
 from minillm.paged.block_manager import BlockManager, num_blocks_for
 from minillm.paged.paged_cache import PagedBatch, PagedKVCache
-from minillm.sampling import SamplingParams, make_generator, sample_next
+from minillm.core.sampling import SamplingParams, make_generator, sample_next
 
 
 @dataclass

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from minillm.attention import attention, attention_ref, causal_mask
-from minillm.config import GPTConfig
+from minillm.core.attention import attention, attention_ref, causal_mask
+from minillm.core.config import GPTConfig
 
 if TYPE_CHECKING:
     from minillm.paged.block_manager import BlockManager

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-from minillm.kv_cache import ContiguousKVCache
-from minillm.model import GPT
+from minillm.kvcache.cache import ContiguousKVCache
+from minillm.core.model import GPT
 from minillm.paged.block_manager import BlockManager, num_blocks_for
 from minillm.paged.paged_cache import PagedBatch, PagedKVCache
-from minillm.timing import compare, measure
+from minillm.core.timing import compare, measure
 
 
 @dataclass(frozen=True)
@@ -185,7 +185,7 @@ def decode_time_ratio(
     model: GPT, num_seqs: int = 8, prompt_len: int = 96, steps: int = 16, block_size: int = 16,
     repeats: int = 5, seed: int = 0,
 ) -> DecodeTiming:
-    """Median time of `steps` batched decode steps, paged vs contiguous, interleaved (`minillm.timing.compare`).
+    """Median time of `steps` batched decode steps, paged vs contiguous, interleaved (`minillm.core.timing.compare`).
 
     Each timed call continues decoding where the last stopped, on both sides alike, so all repeats together
     cover contexts prompt_len .. prompt_len + (repeats + 1) * steps; that must fit the context window.

@@ -2,7 +2,7 @@
 
 What it adds: `Tokenizer` (encode with tiktoken's allowed_special/disallowed_special rules, decode to text or
 bytes, save/load in `.tiktoken` and minillm JSON, `from_tiktoken` / `to_tiktoken`, a chunk cache). What it leaves
-out: training (`train.py`) and speed beyond what a per-chunk cache gives: encoding stays pure Python, several
+out: training (`train.py`, whose `train_bpe(...).to_tokenizer()` builds one) and speed beyond what a per-chunk cache gives: encoding stays pure Python, several
 times slower than tiktoken's Rust core (the tour measures by how much).
 
 Encoding, step by step (identical to tiktoken, which is what the parity tests check):
@@ -158,19 +158,10 @@ class Tokenizer:
         """Bytes of every id 0..vocab_size-1 (b"" for ids that are no token)."""
         return [self._decoder.get(i, b"") for i in range(self.vocab_size)]
 
-    # ---- training -----------------------------------------------------------------------------------------
-    @classmethod
-    def train(cls, text: str, vocab_size: int, pattern: str = "gpt4",
-              special_tokens: Sequence[str] = ("<|endoftext|>",), name: str = "minillm-bpe") -> Tokenizer:
-        """Train with the incremental trainer (`train.train_bpe`) and return the tokenizer."""
-        from minillm.tokenizer.train import train_bpe
-
-        return train_bpe(text, vocab_size, pattern, tuple(special_tokens)).to_tokenizer(name)
-
     # ---- files --------------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
         """Save by suffix: `.json` (minillm format, everything) or `.tiktoken` (ranks only). Atomic."""
-        from minillm.io import atomic_write_bytes, atomic_write_text
+        from minillm.core.io import atomic_write_bytes, atomic_write_text
 
         path = Path(path)
         if path.suffix == ".json":

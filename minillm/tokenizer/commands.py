@@ -1,6 +1,6 @@
 """`minillm tokenizer ...`: train a tokenizer, fetch the GPT-2 ranks, encode text from the command line.
 
-What it adds: the chapter-01 subcommands, registered through `minillm.cli.COMMAND_MODULES`. What it leaves out:
+What it adds: the chapter-01 subcommands, registered through `minillm.course.cli.COMMAND_MODULES`. What it leaves out:
 any logic of its own; each handler calls the library.
 """
 

@@ -35,7 +35,7 @@ def build_default_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, corpus_path: s
     """
     import hashlib
 
-    from minillm.data import load_corpus, take_bytes
+    from minillm.core.corpus import load_corpus, take_bytes
     from minillm.tokenizer.train import train_bpe
 
     corpus = load_corpus(corpus_path)

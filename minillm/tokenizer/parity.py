@@ -2,7 +2,7 @@
 
 What it adds: `varied_text` (deterministic text mixing the corpus with the cases tokenizers get wrong: unicode,
 emoji, whitespace runs, contractions, numbers, code) and `compare_with_tiktoken`. What it leaves out: timing (the
-tour does that through `minillm.timing`).
+tour does that through `minillm.core.timing`).
 
 Why these cases: the split pattern's alternatives are where implementations drift: contractions ("'s" vs "'S",
 only GPT-4's pattern is case-insensitive), runs of spaces before a word (`\\s+(?!\\S)` leaves one space for the
@@ -63,7 +63,7 @@ def _random_piece(rng: random.Random) -> str:
 
 def varied_text(num_bytes: int, seed: int = 0, corpus_fraction: float = 0.6) -> str:
     """About `num_bytes` UTF-8 bytes: a slice of the default corpus plus random and hand-picked hard cases."""
-    from minillm.data import load_corpus, take_bytes
+    from minillm.core.corpus import load_corpus, take_bytes
 
     if not isinstance(num_bytes, int) or num_bytes <= 0:
         raise ValueError(f"num_bytes must be a positive int, got {num_bytes!r}")

@@ -24,14 +24,12 @@ from __future__ import annotations
 import heapq
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from minillm.tokenizer.basics import get_pair_counts, merge
+from minillm.tokenizer.bpe import Tokenizer
 from minillm.tokenizer.patterns import compile_pattern, resolve_pattern
 from minillm.tokenizer.special import special_split_regex
-
-if TYPE_CHECKING:
-    from minillm.tokenizer.bpe import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -53,8 +51,6 @@ class TrainResult:
     stats: dict[str, float] = field(default_factory=dict)
 
     def to_tokenizer(self, name: str = "minillm-bpe") -> Tokenizer:
-        from minillm.tokenizer.bpe import Tokenizer
-
         ranks = {token: rank for rank, token in enumerate(self.vocab)}
         return Tokenizer(ranks, self.pattern, self.special_tokens, name=name)
 

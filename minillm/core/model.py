@@ -1,0 +1,214 @@
+"""The GPT-2 architecture from scratch: embeddings, pre-LayerNorm blocks, causal attention, GELU MLP, tied head.
+
+Parameter names follow Hugging Face's `GPT2LMHeadModel` (`transformer.h.0.attn.c_attn.weight`, ...), so its state
+dicts load key for key (see `minillm.core.hf`; only the Conv1D weights need a transpose). The model stays plain eager
+PyTorch: later chapters speed it up from the call site (a KV cache passed to `forward`, quantized linears swapped
+in, `torch.compile` around it), never by branching in here.
+
+What it leaves out: it knows nothing about caching except the one hook below. With `cache=None` every call
+recomputes attention over all T positions (chapter 03's naive loop); with a cache, each layer hands its new
+q, k, v to `cache.attend`, which stores k, v and attends over everything kept so far (chapters 04 and 05).
+
+Shape legend for the whole package: B batch, T time (tokens), C channels (n_embd), nh heads, hs head size,
+V vocabulary; nb blocks and bs block size for the paged cache.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol, runtime_checkable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from minillm.core.attention import attention, attention_ref
+from minillm.core.config import GPTConfig
+from minillm.core.device import resolve_device
+from minillm.core.hf import read_hf
+from minillm.core.weights import load_state_dict_strict
+
+
+@runtime_checkable
+class KVCacheProtocol(Protocol):
+    """What a KV cache must offer the model: store this step's keys and values, attend over all kept ones.
+
+    `attend(layer_idx, q, k, v)` gets q, k, v of shape (B, nh, T, hs) for the T *new* tokens of this forward call,
+    writes k and v into its storage for layer `layer_idx`, and returns the attention output (B, nh, T, hs) of the
+    new queries over every key and value the cache now holds for that sequence, causally. A cache keeps its own
+    per-step metadata (lengths, block tables, padding masks); the model never looks inside.
+    """
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Dropout with probability p while training; at inference, x itself without a call into torch.
+
+    An `nn.Dropout` module in eval mode is a no-op too, but still a module call: 19 of them per forward cost about
+    4% of a batch-1 decode step on the CPU (measured in chapter 04). So the model applies dropout functionally,
+    and only when it does something.
+    """
+    return F.dropout(x, p, training=True) if training and p > 0 else x
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig, layer_idx: int):
+        super().__init__()
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+        self.layer_idx = layer_idx
+        self.attn_impl = config.attn_impl
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v projections in one matmul
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.dropout = config.dropout  # residual dropout probability, training only
+
+    def forward(self, x: torch.Tensor, cache: KVCacheProtocol | None = None) -> torch.Tensor:
+        B, T, C = x.shape
+        nh, hs = self.n_head, C // self.n_head
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)  # 3 x (B, T, C)
+        q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        if cache is not None:
+            y = cache.attend(self.layer_idx, q, k, v)  # (B, nh, T, hs)
+        elif self.attn_impl == "sdpa":
+            y = attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+        else:
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()  # (T, T), True = may attend
+            y = attention_ref(q, k, v, mask)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, nh, T, hs) -> (B, T, C): heads side by side
+        return dropout(self.c_proj(y), self.dropout, self.training)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.dropout = config.dropout  # residual dropout probability, training only
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # GPT-2's "gelu_new" is the tanh approximation of GELU (Hendrycks & Gimpel 2016, eq. in §2).
+        h = F.gelu(self.c_fc(x), approximate="tanh")  # (B, T, 4C)
+        return dropout(self.c_proj(h), self.dropout, self.training)  # (B, T, C)
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+
+    def __init__(self, config: GPTConfig, layer_idx: int):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, cache: KVCacheProtocol | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"GPT needs a GPTConfig, got {type(config).__name__}")
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),  # token embedding (V, C)
+                wpe=nn.Embedding(config.block_size, config.n_embd),  # learned position embedding (block_size, C)
+                h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
+                ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # weight tying, as in GPT-2
+        self.apply(self._init_weights)
+        # GPT-2 paper §2.3: scale the residual projections by 1/sqrt(N) with N residual layers (2 per block).
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    @classmethod
+    def from_hf(cls, source, n_head: int | None = None, device: str | torch.device = "cpu", **config_overrides) -> "GPT":
+        """A GPT (eval mode, fp32) with the weights of a Hugging Face GPT-2 (chapter 02).
+
+        source: a `GPT2LMHeadModel` / `GPT2Model`, a state dict of one (then pass `n_head`), or a directory holding
+        config.json + model.safetensors (see `minillm.core.hf.read_hf`). `config_overrides` set GPTConfig fields
+        such as attn_impl. Missing, extra or mis-shaped tensors raise ValueError naming the key and both shapes.
+        """
+        config, tensors, label = read_hf(source, n_head=n_head, **config_overrides)
+        model = cls(config)
+        load_state_dict_strict(model, tensors, source=label)
+        return model.to(resolve_device(device)).eval()
+
+    @property
+    def device(self) -> torch.device:
+        return self.transformer.wte.weight.device
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameter count (the tied head counted once); `non_embedding` drops the position embedding, as GPT-2 does."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.transformer.wpe.weight.numel()
+        return n
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cache: KVCacheProtocol | None = None,
+    ) -> torch.Tensor:
+        """Logits for every position: idx (B, T) int64 token ids -> (B, T, V).
+
+        `positions` (B, T) or (T,) are the absolute positions of the tokens (default 0..T-1); a cache-driven caller
+        passes where the new tokens sit in their sequences. `cache` implements `KVCacheProtocol`.
+        """
+        if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"idx must be an int64 tensor of token ids, got {getattr(idx, 'dtype', type(idx))}")
+        if idx.dim() != 2:
+            raise ValueError(f"idx must have shape (B, T), got {tuple(idx.shape)}")
+        B, T = idx.shape
+        cfg = self.config
+        if T == 0:
+            raise ValueError("idx has no tokens (T=0)")
+        if positions is None:
+            if T > cfg.block_size:
+                raise ValueError(f"sequence length {T} exceeds the context window block_size={cfg.block_size}")
+            positions = torch.arange(T, device=idx.device)  # (T,)
+        if not isinstance(positions, torch.Tensor) or positions.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"positions must be an int64 tensor, got {getattr(positions, 'dtype', type(positions))}")
+        shape = tuple(positions.shape)
+        if positions.dim() == 1:
+            positions = positions.unsqueeze(0)  # (1, T), broadcast over the batch
+        if positions.dim() != 2 or positions.size(1) != T or positions.size(0) not in (1, B):
+            raise ValueError(f"positions must have shape (T,), (1, T) or (B, T) for idx {tuple(idx.shape)}, "
+                             f"got {shape}")
+        if idx.numel():
+            # Both range checks with one host sync (one .tolist() of four numbers): this runs on every decode step,
+            # and four separate int(...) reads cost ~2% of a batch-1 step on the CPU (measured in chapter 04).
+            lo, hi = torch.aminmax(idx)
+            pos_lo, pos_hi = torch.aminmax(positions)
+            lo, hi, pos_lo, pos_hi = torch.stack([lo.long(), hi.long(), pos_lo.long(), pos_hi.long()]).tolist()
+            if lo < 0 or hi >= cfg.vocab_size:
+                raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {cfg.vocab_size})")
+            if pos_lo < 0 or pos_hi >= cfg.block_size:
+                raise ValueError(f"position {pos_lo if pos_lo < 0 else pos_hi} is outside the context window "
+                                 f"block_size={cfg.block_size}")
+        x = self.transformer.wte(idx) + self.transformer.wpe(positions)  # (B, T, C) + (B or 1, T, C)
+        x = dropout(x, cfg.dropout, self.training)  # embedding dropout (training only)
+        for block in self.transformer.h:
+            x = block(x, cache)  # (B, T, C)
+        x = self.transformer.ln_f(x)
+        return self.lm_head(x)  # (B, T, V)

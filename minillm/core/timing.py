@@ -1,0 +1,92 @@
+"""Timing done one way everywhere: warm-up, repeats, the median, and baseline/candidate interleaved.
+
+Every speed-up minillm prints is a ratio of two medians measured side by side in one process by `compare`, so
+a machine that is busier during one half of the run cannot flatter or punish the other half. Nothing here is
+ever asserted in a test; tests check correctness, benchmarks report these numbers.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from minillm.core.device import synchronize
+
+
+@dataclass
+class Timing:
+    times: list[float] = field(default_factory=list)  # seconds, one per repeat, in order
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def min(self) -> float:
+        return min(self.times)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"median_s": self.median, "min_s": self.min, "times_s": list(self.times)}
+
+
+@dataclass
+class Comparison:
+    baseline: Timing
+    candidate: Timing
+
+    @property
+    def speedup(self) -> float:
+        """baseline median / candidate median: above 1 means the candidate is faster."""
+        return self.baseline.median / self.candidate.median
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"baseline": self.baseline.to_dict(), "candidate": self.candidate.to_dict(), "speedup": self.speedup}
+
+
+def _check(warmup: int, repeats: int) -> None:
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be a non-negative int, got {warmup!r}")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+
+
+def time_once(fn: Callable[[], Any], device: torch.device | str | None = None) -> tuple[float, Any]:
+    """Run fn once; return (seconds, result). On CUDA the clock stops only after the GPU is done."""
+    if device is not None:
+        synchronize(device)
+    t0 = time.perf_counter()
+    out = fn()
+    if device is not None:
+        synchronize(device)
+    return time.perf_counter() - t0, out
+
+
+def measure(fn: Callable[[], Any], warmup: int = 1, repeats: int = 5, device: torch.device | str | None = None) -> Timing:
+    """Median-of-repeats timing of a zero-argument callable, after `warmup` untimed calls."""
+    _check(warmup, repeats)
+    for _ in range(warmup):
+        fn()
+    return Timing([time_once(fn, device)[0] for _ in range(repeats)])
+
+
+def compare(
+    baseline_fn: Callable[[], Any],
+    candidate_fn: Callable[[], Any],
+    warmup: int = 1,
+    repeats: int = 5,
+    device: torch.device | str | None = None,
+) -> Comparison:
+    """Time baseline and candidate alternately (b, c, b, c, ...) so both see the same machine conditions."""
+    _check(warmup, repeats)
+    for _ in range(warmup):
+        baseline_fn()
+        candidate_fn()
+    base, cand = Timing(), Timing()
+    for _ in range(repeats):
+        base.times.append(time_once(baseline_fn, device)[0])
+        cand.times.append(time_once(candidate_fn, device)[0])
+    return Comparison(base, cand)

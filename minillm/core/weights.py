@@ -1,0 +1,69 @@
+"""Strict weight loading, shared by our checkpoints (`core.checkpoint`) and Hugging Face's (`core.hf`).
+
+What it adds: `load_state_dict_strict`, which copies a dict of tensors into a model only if every tensor is there,
+with the right shape, and nothing else is, naming the first key that is not; and `model_tensors`, the tensors a
+checkpoint stores. It works on any module with GPT's parameter names and imports no model class, so both
+checkpoint formats and `GPT.from_hf` can use it without importing each other.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+# subtle: the head shares its matrix with the token embedding (weight tying). safetensors refuses two names for
+# one storage, and storing it twice would waste 4 MB, so the head is dropped on save and re-tied by GPT().
+TIED_KEYS = ("lm_head.weight",)
+
+
+def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors a checkpoint stores: the state dict minus the tied head."""
+    return {k: v for k, v in model.state_dict().items() if k not in TIED_KEYS}
+
+
+def _shape(t: torch.Tensor | None) -> str:
+    return "none" if t is None else str(tuple(t.shape))
+
+
+def load_state_dict_strict(model: nn.Module, tensors: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
+    """Copy `tensors` into `model`; any missing, unexpected or mis-shaped tensor is a ValueError naming it.
+
+    The message names the key and both shapes (the model's and the file's), e.g.
+    "checkpoint tensor 'transformer.h.0.attn.c_attn.weight' has shape (96, 32) but the model expects (96, 64)".
+    Tensors are cast to the model's dtype; the tied head may be present or absent.
+    """
+    expected = model_tensors(model)
+    for key in sorted(expected):
+        if key not in tensors:
+            raise ValueError(
+                f"{source} is missing tensor {key!r}: the model expects shape {_shape(expected[key])}, "
+                f"the {source} has none"
+            )
+    for key in sorted(tensors):
+        if key in TIED_KEYS:
+            continue
+        if key not in expected:
+            raise ValueError(
+                f"{source} has unexpected tensor {key!r} with shape {_shape(tensors[key])}; "
+                f"the model has no such tensor (expected shape: none)"
+            )
+    for key in sorted(expected):
+        if tuple(tensors[key].shape) != tuple(expected[key].shape):
+            raise ValueError(
+                f"{source} tensor {key!r} has shape {_shape(tensors[key])} "
+                f"but the model expects {_shape(expected[key])}"
+            )
+    for key in TIED_KEYS:
+        if key in tensors:
+            wte = tensors["transformer.wte.weight"]
+            if tuple(tensors[key].shape) != tuple(wte.shape):
+                raise ValueError(f"{source} tensor {key!r} has shape {_shape(tensors[key])} but the model "
+                                 f"expects {_shape(wte)} (tied to transformer.wte.weight)")
+            if not torch.equal(tensors[key], wte):
+                raise ValueError(f"{source} tensor {key!r} differs from transformer.wte.weight; minillm's GPT ties "
+                                 "the output head to the token embedding and cannot load an untied head")
+    with torch.no_grad():
+        for key, param in expected.items():
+            param.copy_(tensors[key].to(dtype=param.dtype, device=param.device))
+
+

@@ -1,0 +1,80 @@
+"""The `minillm` command line (`minillm ...` or `python -m minillm ...`).
+
+The tour command lives here. The others come from their own modules: each module in `COMMAND_MODULES` exposes
+`add_commands(subparsers)`, which calls `subparsers.add_parser(name, help=...)` for each
+command and sets `handler=` on it via `set_defaults`; the handler takes the parsed args and returns an exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from minillm.core.device import DEVICE_CHOICES, resolve_device
+from minillm.core.io import atomic_write_text
+from minillm.course import assignment, gpu_report
+from minillm.course.tour import TourContext, format_table, rows_to_json, run_tour
+from minillm.gpt import train
+from minillm.kvcache.generate import generate as kv_cache_generate
+from minillm.naive import bench
+from minillm.tokenizer import commands as tokenizer_commands
+
+# Modules that add subcommands (each exposes `add_commands(subparsers)`).
+COMMAND_MODULES = [assignment, train, gpu_report, tokenizer_commands, bench]
+
+# `minillm bench --generators naive,kv-cache,...`: chapter 03's harness times any generator registered here. Each
+# later chapter's generator joins it in this one place (the harness sits below the chapters that add them).
+bench.register_generator("kv-cache", kv_cache_generate, overwrite=True)
+
+
+def _cmd_tour(args: argparse.Namespace) -> int:
+    ctx = TourContext(device=resolve_device(args.device), quick=args.quick, corpus_path=args.corpus, seed=args.seed,
+                      threads=args.threads)
+    rows, seconds = run_tour(ctx, args.chapter, progress=not args.no_progress)
+    print(format_table(rows))
+    total = sum(seconds.values())
+    print(f"\n{sum(r.check_passed for r in rows)}/{len(rows)} checks passed on {ctx.device} in {total:.0f} s "
+          + "(" + ", ".join(f"ch{c} {s:.0f}s" for c, s in seconds.items()) + ")")
+    if args.json:
+        atomic_write_text(args.json, rows_to_json(rows) + "\n")
+        print(f"rows written to {args.json}")
+    return 0 if all(r.check_passed for r in rows) else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="minillm",
+        description="LLM inference optimization, built from scratch and checked against naive baselines.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    tour = sub.add_parser("tour", help="run every chapter's check against its baseline and its benchmark")
+    tour.add_argument("--chapter", action="append", metavar="NN", help="only this chapter (repeatable)")
+    tour.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="where to run (default: auto)")
+    tour.add_argument("--json", metavar="PATH", help="also write the rows as JSON to PATH")
+    tour.add_argument("--quick", action="store_true", help="smaller workloads, for a fast smoke run")
+    tour.add_argument("--corpus", metavar="PATH", help="a UTF-8 text file to use instead of the default corpus")
+    tour.add_argument("--seed", type=int, default=0, help="seed for every random choice (default 0)")
+    tour.add_argument("--threads", type=int, default=1,
+                      help="torch CPU threads for the whole tour (default 1: small models, fair on a shared machine)")
+    tour.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tour.set_defaults(handler=_cmd_tour)
+    for module in COMMAND_MODULES:
+        module.add_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "handler", None) is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.handler(args) or 0)
+    except (ValueError, TypeError, FileNotFoundError) as exc:  # user errors: one clear line, no traceback
+        print(f"minillm {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""`minillm gpu-report`: verify every chapter on a CUDA GPU in one command and write a dated report.
+
+It runs the tour with `--device cuda` (every chapter's check against its baseline, and its benchmark) and the
+test suite (whose device-parametrized tests add CUDA variants when a GPU is present), then writes Markdown and
+JSON into `chapters/gpu-reports/`, named by date and GPU, recording the GPU, driver, torch/CUDA versions and the
+git commit. Without a GPU it refuses with a clear error rather than writing a CPU report under a GPU name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from minillm.core.io import atomic_write_text
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+REPORT_DIR = REPO_ROOT / "chapters" / "gpu-reports"
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO_ROOT, capture_output=True, text=True,
+                               timeout=10).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def environment() -> dict:
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(0),
+        "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+        "compute_capability": f"{props.major}.{props.minor}",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "commit": _git_commit(),
+    }
+
+
+def run_report(quick: bool = False, run_tests: bool = True, out_dir: Path = REPORT_DIR) -> tuple[Path, bool]:
+    """Run tour + tests on the GPU; write `<date>-<gpu>.md/.json` into out_dir. Returns (markdown path, all passed)."""
+    if not torch.cuda.is_available():
+        raise ValueError("gpu-report needs a CUDA GPU, but torch.cuda.is_available() is False")
+    from minillm.course.tour import TourContext, format_table, run_tour
+
+    env = environment()
+    t0 = time.perf_counter()
+    rows, seconds = run_tour(TourContext(device=torch.device("cuda"), quick=quick), progress=False)
+    tour_s = time.perf_counter() - t0
+    tests = {"ran": False}
+    if run_tests:
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not notebook"],
+                              cwd=REPO_ROOT, capture_output=True, text=True)
+        summary = next((line for line in reversed(proc.stdout.splitlines()) if re.search(r"passed|failed", line)), "")
+        tests = {"ran": True, "exit_code": proc.returncode, "summary": summary.strip("= "),
+                 "seconds": round(time.perf_counter() - t0, 1), "tail": proc.stdout[-4000:]}
+    passed = all(r.check_passed for r in rows) and (not run_tests or tests["exit_code"] == 0)
+    slug = re.sub(r"[^a-z0-9]+", "-", env["gpu"].lower()).strip("-")
+    stem = f"{env['date'][:10]}-{slug}"
+    data = {"environment": env, "passed": passed, "tour_seconds": round(tour_s, 1), "chapter_seconds": seconds,
+            "rows": [r.to_dict() for r in rows], "tests": tests}
+    md = [f"# GPU verification: {env['gpu']}, {env['date'][:10]}", "",
+          "| field | value |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in env.items()] + [
+          "", f"Overall: **{'PASSED' if passed else 'FAILED'}**. Command: `minillm gpu-report`.", "",
+          f"## Tour on cuda ({tour_s:.0f} s)", "", "```", format_table(rows), "```", ""]
+    if run_tests:
+        md += ["## Test suite on a machine with CUDA (notebooks excluded)", "",
+               f"exit code {tests['exit_code']}: {tests['summary']} ({tests['seconds']} s)", ""]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_dir / f"{stem}.json", json.dumps(data, indent=2, default=str) + "\n")
+    md_path = atomic_write_text(out_dir / f"{stem}.md", "\n".join(md) + "\n")
+    return md_path, passed
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    path, passed = run_report(quick=args.quick, run_tests=not args.no_tests)
+    print(f"report written to {path} ({'passed' if passed else 'FAILED'})")
+    return 0 if passed else 1
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("gpu-report", help="verify every chapter on a CUDA GPU and write a dated report")
+    p.add_argument("--quick", action="store_true", help="the tour's quick workloads")
+    p.add_argument("--no-tests", action="store_true", help="only the tour, not the test suite")
+    p.set_defaults(handler=_cmd)

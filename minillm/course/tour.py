@@ -1,0 +1,76 @@
+"""`minillm tour`: every chapter's check against its naive baseline and its measured gain, in one table.
+
+Each built chapter of the manifest (`minillm.chapters`) has a tour entry in its own package, `minillm/<package>/tour.py`,
+with `TITLE` and `run(ctx) -> list[Row]`. A chapter whose entry raises is reported as a failed row (the tour goes on
+with the others) and the tour exits non-zero.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+import traceback
+from types import ModuleType
+
+import torch
+
+from minillm import chapters
+from minillm.core.rows import Row, TourContext, format_table, rows_to_json
+
+__all__ = ["Row", "TourContext", "available_chapters", "run_tour", "format_table", "rows_to_json"]
+
+
+def available_chapters() -> dict[str, ModuleType]:
+    """{"01": tour module, ...} for every built chapter of the manifest, in chapter order."""
+    return {c.number: importlib.import_module(c.tour) for c in chapters.built()}
+
+
+def normalize_chapter(chapter: str | int) -> str:
+    return chapters.normalize(chapter)
+
+
+def run_tour(ctx: TourContext, chapters: list[str] | None = None, progress: bool = True) -> tuple[list[Row], dict]:
+    """Run the selected chapters (all by default). Returns the rows and {chapter: seconds}."""
+    entries = available_chapters()
+    selected = [normalize_chapter(c) for c in chapters] if chapters else list(entries)
+    missing = [c for c in selected if c not in entries]
+    if missing:
+        raise ValueError(f"no tour entry for chapter(s) {missing}; available: {sorted(entries)}")
+    rows: list[Row] = []
+    seconds: dict[str, float] = {}
+    from tqdm.auto import tqdm
+
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(ctx.threads)
+    try:
+        with tqdm(total=len(selected), unit="chapter", desc="tour", disable=not progress) as bar:
+            for ch in selected:
+                bar.set_postfix_str(f"{ch} {entries[ch].TITLE}")
+                t0 = time.perf_counter()
+                rows.extend(_run_chapter(ch, entries[ch], ctx))
+                seconds[ch] = time.perf_counter() - t0
+                bar.update(1)
+    finally:
+        torch.set_num_threads(threads_before)
+    return rows, seconds
+
+
+def _run_chapter(ch: str, module: ModuleType, ctx: TourContext) -> list[Row]:
+    """The chapter's rows; an entry that raises becomes one failed row, so it cannot hide the others' results."""
+    try:
+        return list(module.run(ctx))
+    except Exception as exc:
+        return [
+            Row(
+                chapter=ch,
+                technique=module.TITLE,
+                baseline="-",
+                optimized="-",
+                check=f"error: {type(exc).__name__}: {exc}",
+                check_passed=False,
+                metric="error",
+                value=float("nan"),
+                device=str(ctx.device),
+                details={"traceback": traceback.format_exc()},
+            )
+        ]

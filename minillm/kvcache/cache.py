@@ -1,0 +1,174 @@
+"""A contiguous, preallocated KV cache: keep every layer's keys and values so decode computes one token, not all.
+
+What it adds: per-layer K/V tensors of shape (B, nh, max_len, hs) allocated once, written in place as tokens
+arrive, and attention of the new queries over everything kept so far (prefill, decode, or a chunk in between),
+with left padding for static batches (a per-row count of padding slots that no query may see). What it still
+leaves out: every row reserves max_len slots up front whether it uses them or not, and rows cannot share or
+free memory; chapter 05's paged cache removes both wastes.
+
+Layout of one row of one layer (left padding p, n real tokens so far, max_len slots):
+
+    slot:   0 .. p-1      p .. p+n-1          p+n .. max_len-1
+            [ padding ]   [ real K/V, pos 0.. ] [ free, never read ]
+
+All rows of a static batch advance together, so the write position ("slot") is one integer per layer; a row's
+absolute position (for the position embedding) is its slot minus its padding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minillm.core.attention import attention, causal_mask
+from minillm.core.config import GPTConfig, check_int
+
+
+def kv_cache_bytes(n_layer: int, n_kv_head: int, head_dim: int, num_tokens: int, batch_size: int = 1,
+                   bytes_per_elem: int = 4) -> int:
+    """The KV-cache memory formula: 2 (K and V) x layers x kv heads x head_dim x tokens x batch x bytes.
+
+    vLLM §3's worked example (OPT-13B, fp16, hidden 5120 = 40 heads x 128): 2 x 40 x 40 x 128 x 1 x 1 x 2 =
+    819,200 bytes = 800 KB per token. With grouped-query attention only the kv heads count (Llama-3.1-8B:
+    2 x 32 x 8 x 128 x 2 = 131,072 bytes = 128 KiB per token).
+    """
+    for name, value in (("n_layer", n_layer), ("n_kv_head", n_kv_head), ("head_dim", head_dim),
+                        ("num_tokens", num_tokens), ("batch_size", batch_size), ("bytes_per_elem", bytes_per_elem)):
+        check_int(name, value, 0)
+    return 2 * n_layer * n_kv_head * head_dim * num_tokens * batch_size * bytes_per_elem
+
+
+class ContiguousKVCache:
+    """Preallocated K/V storage for `batch_size` sequences of up to `max_len` slots each (padding included).
+
+    Implements `minillm.core.model.KVCacheProtocol`: `GPT.forward(idx, positions, cache=this)` makes every layer call
+    `attend(layer_idx, q, k, v)`, which appends k, v at the layer's write position and returns the attention of
+    q over all kept slots. Each layer keeps its own write position, so a forward advances the cache by T without
+    the caller having to say so; after a full forward all layers agree (`length`).
+    """
+
+    def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32):
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+        for name, value in (("batch_size", batch_size), ("max_len", max_len)):
+            check_int(name, value)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+        self.config = config
+        self.batch_size = batch_size
+        self.max_len = max_len
+        self.device = torch.device(device)
+        self.dtype = dtype
+        shape = (batch_size, config.n_head, max_len, config.head_size)  # (B, nh, max_len, hs)
+        # Allocated once: decode never allocates cache memory, it writes into these in place.
+        self.k = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(config.n_layer)]
+        self.v = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(config.n_layer)]
+        self._layer_len = [0] * config.n_layer  # slots written so far, per layer
+        self.pad_lens = torch.zeros(batch_size, dtype=torch.long, device=self.device)  # (B,) left padding per row
+        self._has_padding = False
+        self._mask_key: tuple[int, int] | None = None  # (start, T) the cached mask was built for
+        self._mask: torch.Tensor | None = None
+
+    # ----- bookkeeping -------------------------------------------------------------------------------------------
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the K and V tensors (measured from the tensors, not computed from the formula)."""
+        return sum(t.nbytes for t in self.k) + sum(t.nbytes for t in self.v)
+
+    @property
+    def length(self) -> int:
+        """Slots filled in every layer (padding included): where the next token goes."""
+        # The invariant holds between forwards; inside one, early layers are ahead of later ones.
+        assert len(set(self._layer_len)) == 1, f"layers disagree on the cache length: {self._layer_len}"
+        return self._layer_len[0]
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """(B,) real tokens cached per row: slots filled minus that row's left padding."""
+        return (self.length - self.pad_lens).clamp(min=0)
+
+    @property
+    def remaining(self) -> int:
+        return self.max_len - self.length
+
+    def reset(self, pad_lens: list[int] | torch.Tensor | None = None) -> "ContiguousKVCache":
+        """Forget every cached token (the memory stays allocated) and set each row's left padding."""
+        pads = torch.zeros(self.batch_size, dtype=torch.long) if pad_lens is None else torch.as_tensor(pad_lens)
+        if pads.shape != (self.batch_size,) or pads.is_floating_point():
+            raise ValueError(f"pad_lens must be {self.batch_size} ints (one per row), got {pad_lens!r}")
+        if int(pads.min()) < 0 or int(pads.max()) >= self.max_len:
+            raise ValueError(f"pad_lens must be in [0, max_len={self.max_len}), got {pads.tolist()}")
+        self._layer_len = [0] * self.config.n_layer
+        self._mask_key, self._mask = None, None
+        self.pad_lens.copy_(pads)
+        self._has_padding = bool((pads > 0).any())
+        return self
+
+    def truncate(self, length: int) -> "ContiguousKVCache":
+        """Forget every slot from `length` on (keep slots 0..length-1): rewind to re-run or reject tokens.
+
+        Nothing is cleared; later writes overwrite the forgotten slots. Benchmarks use it to time one decode
+        step at a fixed position again and again; speculative decoding (chapter 08) rejects draft tokens with it.
+        """
+        if not isinstance(length, int) or isinstance(length, bool):
+            raise TypeError(f"length must be an int, got {type(length).__name__} {length!r}")
+        if not 0 <= length <= self.length:
+            raise ValueError(f"can only truncate to a length in [0, {self.length}], got {length}")
+        self._layer_len = [length] * self.config.n_layer
+        return self
+
+    def positions(self, num_new: int) -> torch.Tensor:
+        """(B, num_new) absolute positions of the next num_new tokens: slot minus padding, 0 on padding slots."""
+        slots = torch.arange(self.length, self.length + num_new, device=self.device)  # (T,)
+        return (slots.unsqueeze(0) - self.pad_lens.unsqueeze(1)).clamp(min=0)  # (B, T)
+
+    # ----- the attention hook ------------------------------------------------------------------------------------
+
+    def attention_mask(self, start: int, num_new: int) -> torch.Tensor | None:
+        """Boolean mask (B, 1, T, start+T), True = may attend; None when plain causal attention is exact.
+
+        Query t sits at slot start+t. It sees slot j when j <= start+t (causal) and j is not padding of its row.
+        """
+        # BEGIN SOLUTION
+        end = start + num_new
+        if not self._has_padding:
+            return None  # no padding: causality alone decides, and attend picks the cheapest exact form of it
+        causal = causal_mask(num_new, end, device=self.device)  # (T, end), True = key at or before the query
+        slots = torch.arange(end, device=self.device)  # (end,)
+        real_key = slots.unsqueeze(0) >= self.pad_lens.unsqueeze(1)  # (B, end): False on each row's padding
+        mask = causal.unsqueeze(0) & real_key.unsqueeze(1)  # (1, T, end) & (B, 1, end) -> (B, T, end)
+        # subtle: a padding query (slot < pad) would see no key at all; softmax over nothing is NaN, and NaN
+        # values later leak into real rows as 0 * NaN. Let each slot see itself so padding stays finite garbage
+        # that no real query ever reads (its weight is exactly 0).
+        q_slots = torch.arange(start, end, device=self.device)  # (T,)
+        mask |= (slots.unsqueeze(0) == q_slots.unsqueeze(1)).unsqueeze(0)  # (1, T, end)
+        return mask.unsqueeze(1)  # (B, 1, T, end): broadcast over heads
+        # END SOLUTION
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Write this step's k, v (B, nh, T, hs) at the layer's write position; attend q over every kept slot."""
+        B, nh, T, hs = k.shape
+        if B != self.batch_size:
+            raise ValueError(f"batch of {B} rows does not match the cache's batch_size={self.batch_size}")
+        start = self._layer_len[layer_idx]
+        if start + T > self.max_len:
+            raise ValueError(f"cache full: {start} slots used + {T} new > max_len={self.max_len}")
+        # BEGIN SOLUTION
+        end = start + T
+        self.k[layer_idx][:, :, start:end].copy_(k)  # in place: no new cache memory per step
+        self.v[layer_idx][:, :, start:end].copy_(v)
+        keys = self.k[layer_idx][:, :, :end]  # (B, nh, end, hs): a view, slots 0..end-1
+        values = self.v[layer_idx][:, :, :end]  # (B, nh, end, hs)
+        self._layer_len[layer_idx] = end
+        if self._has_padding:
+            if self._mask_key != (start, T):  # every layer of one forward needs the same mask: build it once
+                self._mask_key, self._mask = (start, T), self.attention_mask(start, T)
+            return attention(q, keys, values, mask=self._mask)  # (B, nh, T, hs)
+        if T == 1:
+            return attention(q, keys, values)  # decode: the newest token may see every kept slot, no mask needed
+        if start == 0:
+            return attention(q, keys, values, is_causal=True)  # prefill from empty: the usual lower triangle
+        # A chunk after earlier tokens: query t sits at slot start+t (causal_mask offsets the triangle).
+        return attention(q, keys, values, mask=causal_mask(T, end, device=q.device))  # (B, nh, T, hs)
+        # END SOLUTION

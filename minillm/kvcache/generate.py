@@ -1,0 +1,237 @@
+"""Generation with a KV cache: prefill the prompt once, then decode one token per forward; and static batching.
+
+What it adds over chapter 03's naive loop (which recomputes the whole sequence for every new token): `prefill`
+runs the prompt through the model in one forward and fills a `ContiguousKVCache`; `decode_step` feeds only the
+newest token, whose queries attend over the cached keys and values. `generate` streams tokens like
+`generate_naive` and calls the same `sample_next` and `StopChecker`, so equal logits give equal tokens.
+`generate_static_batch` runs several prompts of different lengths as one left-padded batch. What it still leaves
+out: the batch is fixed until its longest request finishes (finished rows keep computing; chapter 06's
+continuous batching replaces them), every row reserves its worst-case cache up front (chapter 05 pages it), and
+nothing can run past the model's context window (block_size), because the learned position embedding stops there.
+
+    prompt  p0 p1 p2 p3 ──prefill (1 forward, T=4)──▶ cache K/V[0..3], logits[3] ─▶ t4
+    decode  t4          ──forward (T=1, pos 4)─────▶ cache K/V[4],    logits    ─▶ t5
+    decode  t5          ──forward (T=1, pos 5)─────▶ cache K/V[5],    logits    ─▶ t6 ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from minillm.naive.generate import StopChecker, collect, generate_naive, validate_prompt
+from minillm.kvcache.cache import ContiguousKVCache
+from minillm.core.model import GPT
+from minillm.core.sampling import SamplingParams, make_generator, sample_next
+
+
+@torch.inference_mode()
+def prefill(model: GPT, cache: ContiguousKVCache, idx: torch.Tensor, positions: torch.Tensor | None = None
+            ) -> torch.Tensor:
+    """Run the prompt idx (B, T) through the model in one forward, filling the cache; logits of the last slot (B, V).
+
+    `positions` default to the cache's own (slot minus each row's left padding), which is 0..T-1 without padding.
+    """
+    if idx.dim() != 2 or idx.size(0) != cache.batch_size:
+        raise ValueError(f"idx must have shape (batch_size={cache.batch_size}, T), got {tuple(idx.shape)}")
+    if positions is None:
+        positions = cache.positions(idx.size(1))  # (B, T)
+    return model(idx, positions=positions, cache=cache)[:, -1, :]  # (B, T, V) -> (B, V)
+
+
+@torch.inference_mode()
+def decode_step(model: GPT, cache: ContiguousKVCache, tokens: torch.Tensor, positions: torch.Tensor | None = None
+                ) -> torch.Tensor:
+    """Feed one new token per row, tokens (B,) or (B, 1); the cache supplies everything before it. Logits (B, V)."""
+    idx = tokens.view(-1, 1)  # (B,) -> (B, 1)
+    if idx.size(0) != cache.batch_size:
+        raise ValueError(f"tokens must hold one id per row (batch_size={cache.batch_size}), got {tuple(tokens.shape)}")
+    if positions is None:
+        positions = cache.positions(1)  # (B, 1)
+    return model(idx, positions=positions, cache=cache)[:, -1, :]  # (B, 1, V) -> (B, V)
+
+
+def generate(
+    model: GPT,
+    prompt_ids: Any,
+    params: SamplingParams,
+    tokenizer: Any = None,
+    eos_id: int | None = None,
+    kv_cache: bool | ContiguousKVCache = True,
+    truncate: bool = False,
+) -> Iterator[int]:
+    """Stream generated token ids, prefill + decode with a KV cache; `kv_cache=False` runs chapter 03's naive loop.
+
+    Same contract as `generate_naive`: the same prompt checks and window cap (`validate_prompt`), the same
+    `sample_next` with one generator seeded from `params.seed`, the same `StopChecker`, and the finish reason as
+    the generator's return value (`minillm.naive.generate.collect` gets it). So greedy and seeded runs give the naive
+    loop's tokens whenever the logits agree. Pass a `ContiguousKVCache` (batch_size 1) as `kv_cache` to reuse its
+    memory across calls; it is reset here.
+    """
+    if kv_cache is False:
+        return generate_naive(model, prompt_ids, params, tokenizer=tokenizer, eos_id=eos_id, truncate=truncate)
+    if not (kv_cache is True or isinstance(kv_cache, ContiguousKVCache)):
+        raise TypeError(f"kv_cache must be True, False or a ContiguousKVCache, got {type(kv_cache).__name__}")
+    if not isinstance(model, GPT):
+        raise TypeError(f"model must be a minillm GPT, got {type(model).__name__}")
+    cfg = model.config
+    ids, max_new = validate_prompt(prompt_ids, params, cfg.vocab_size, cfg.block_size, truncate)
+    if params.n != 1:
+        raise ValueError(f"generate streams one sequence; n={params.n} parallel samples need chapter 05's paged cache")
+    # The last sampled token is never fed back: prompt_len + max_new - 1 slots hold everything attended to.
+    max_len = max(len(ids) + max_new - 1, 1)
+    cache = kv_cache if isinstance(kv_cache, ContiguousKVCache) else None
+    if cache is not None and (cache.batch_size != 1 or cache.max_len < max_len):
+        raise ValueError(f"kv_cache must have batch_size 1 and max_len >= {max_len}, "
+                         f"got batch_size={cache.batch_size}, max_len={cache.max_len}")
+    checker = StopChecker(tokenizer, dataclasses.replace(params, max_new_tokens=max_new), eos_id)
+    # Everything is checked before the first token, so a bad argument fails at the call, not at the first next().
+    return _cached_stream(model, ids, params, checker, cache, max_len)
+
+
+def _cached_stream(model: GPT, ids: list[int], params: SamplingParams, checker: StopChecker,
+                   cache: ContiguousKVCache | None, max_len: int) -> Iterator[int]:
+    if checker.params.max_new_tokens == 0:
+        checker.finish_reason = "length"
+        return checker.finish_reason
+    device = model.device
+    if cache is None:
+        cache = ContiguousKVCache(model.config, 1, max_len, device=device, dtype=model.lm_head.weight.dtype)
+    cache.reset()
+    generator = make_generator(params.seed, device)
+    T = len(ids)
+    # Positions as views of one arange: no per-step tensor construction in the decode loop.
+    all_positions = torch.arange(max_len + 1, device=device)  # (max_len+1,)
+    logits = prefill(model, cache, torch.tensor([ids], dtype=torch.long, device=device), all_positions[:T])  # (1, V)
+    pos = T
+    while True:
+        token = sample_next(logits, params, generator)  # (1,)
+        token_id = int(token)  # subtle: the one host sync per step, needed anyway to stream the id out
+        yield token_id
+        if checker.update(token_id):
+            return checker.finish_reason
+        logits = decode_step(model, cache, token, all_positions[pos:pos + 1])  # (1, V)
+        pos += 1
+
+
+def generate_ids(model: GPT, prompt_ids: Any, params: SamplingParams, tokenizer: Any = None,
+                 eos_id: int | None = None, kv_cache: bool | ContiguousKVCache = True, truncate: bool = False
+                 ) -> list[int]:
+    """`generate`, collected into a list of the new token ids."""
+    return collect(generate(model, prompt_ids, params, tokenizer, eos_id, kv_cache, truncate))[0]
+
+
+# ----- static batching ------------------------------------------------------------------------------------------
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad prompts into one (B, T_max) batch; returns (idx, pad_lens (B,)).
+
+    Left padding lines every row's last prompt token up in the last column, so one prefill ends every row at the
+    same slot and every decode step writes all rows at the same slot. Example: [[5, 6, 7], [9]] ->
+    idx [[5, 6, 7], [0, 0, 9]], pad_lens [0, 2].
+    """
+    # BEGIN SOLUTION
+    T_max = max(len(p) for p in prompts)
+    idx = torch.full((len(prompts), T_max), pad_id, dtype=torch.long)  # (B, T_max)
+    pad_lens = torch.tensor([T_max - len(p) for p in prompts], dtype=torch.long)  # (B,)
+    for row, p in enumerate(prompts):
+        idx[row, T_max - len(p):] = torch.tensor(p, dtype=torch.long)
+    return idx, pad_lens
+    # END SOLUTION
+
+
+def static_positions(pad_lens: torch.Tensor, start: int, num_new: int) -> torch.Tensor:
+    """(B, num_new) positions of slots start..start+num_new-1: slot - pad, so each prompt starts at position 0.
+
+    Padding slots get position 0 (any valid position would do: no real token ever attends to them). Example:
+    pad_lens [0, 2], start 0, num_new 3 -> [[0, 1, 2], [0, 0, 0]]; then start 3, num_new 1 -> [[3], [1]].
+    """
+    # BEGIN SOLUTION
+    slots = torch.arange(start, start + num_new, device=pad_lens.device)  # (T,)
+    return (slots.unsqueeze(0) - pad_lens.unsqueeze(1)).clamp(min=0)  # (1, T) - (B, 1) -> (B, T)
+    # END SOLUTION
+
+
+def generate_static_batch(
+    model: GPT,
+    prompts: Sequence[Any],
+    params: SamplingParams | Sequence[SamplingParams],
+    tokenizer: Any = None,
+    eos_id: int | None = None,
+    on_token: Callable[[int, int], None] | None = None,
+) -> list[list[int]]:
+    """Generate for several prompts as ONE left-padded batch (static batching); returns each row's new token ids.
+
+    Each row gets its own `SamplingParams` (one for all, or a list), its own generator seeded from its seed, its
+    own `StopChecker` and window cap, and positions that start at 0, so a row gets the tokens it would get from
+    `generate` alone (exactly for greedy on our test prompts; the logits agree to float rounding, see the
+    chapter). The batch runs until its longest request stops: finished rows keep occupying their slot and
+    computing, the waste chapter 06's continuous batching removes. `on_token(row, token_id)` is called as each
+    token is produced (for timing metrics).
+    """
+    if not isinstance(model, GPT):
+        raise TypeError(f"model must be a minillm GPT, got {type(model).__name__}")
+    if isinstance(prompts, (str, bytes, torch.Tensor)) or not isinstance(prompts, Sequence) or len(prompts) == 0:
+        raise ValueError(f"prompts must be a non-empty list of token-id lists, got {type(prompts).__name__}")
+    B = len(prompts)
+    if isinstance(params, SamplingParams):
+        params_list = [params] * B
+    else:
+        params_list = list(params)
+        if len(params_list) != B:
+            raise ValueError(f"params must be one SamplingParams or a list of {B} (one per prompt), "
+                             f"got a list of {len(params_list)}")
+    cfg = model.config
+    rows: list[list[int]] = []
+    checkers: list[StopChecker] = []
+    for i, (prompt, p) in enumerate(zip(prompts, params_list)):
+        if not isinstance(p, SamplingParams):
+            raise TypeError(f"params[{i}] must be a SamplingParams, got {type(p).__name__}")
+        if p.n != 1:
+            raise ValueError(f"params[{i}] has n={p.n}; static batching runs one sample per prompt")
+        try:
+            ids, max_new = validate_prompt(prompt, p, cfg.vocab_size, cfg.block_size)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"prompts[{i}]: {exc}") from None
+        rows.append(ids)
+        checkers.append(StopChecker(tokenizer, dataclasses.replace(p, max_new_tokens=max_new), eos_id))
+    outputs: list[list[int]] = [[] for _ in range(B)]
+    active = [c.params.max_new_tokens > 0 for c in checkers]
+    if not any(active):
+        return outputs
+    device = model.device
+    idx, pad_lens = left_pad(rows)  # (B, T_max), (B,)
+    T_max = idx.size(1)
+    max_len = T_max + max(c.params.max_new_tokens for c in checkers) - 1  # slots; padding included
+    cache = ContiguousKVCache(cfg, B, max_len, device=device, dtype=model.lm_head.weight.dtype)
+    cache.reset(pad_lens)
+    pad_lens = pad_lens.to(device)
+    generators = [make_generator(p.seed, device) for p in params_list]
+    all_greedy = all(p.is_greedy for p in params_list)
+    logits = prefill(model, cache, idx.to(device), static_positions(pad_lens, 0, T_max))  # (B, V)
+    slot = T_max
+    while True:
+        if all_greedy:
+            tokens = sample_next(logits, params_list[0])  # (B,): argmax is row-wise, one call serves all
+        else:
+            # Row by row: each request draws from its own generator exactly once per token, as when alone.
+            tokens = torch.cat([sample_next(logits[i:i + 1], params_list[i], generators[i]) for i in range(B)])
+        for i, t in enumerate(tokens.tolist()):
+            if not active[i]:
+                continue  # a finished row still runs through the model (static batching); its tokens are dropped
+            outputs[i].append(t)
+            if on_token is not None:
+                on_token(i, t)
+            if checkers[i].update(t):
+                active[i] = False
+        if not any(active):
+            return outputs
+        # subtle: a finished short row keeps advancing and could run past the window; its position is clamped
+        # (its output is dropped anyway). Active rows never reach the clamp: validate_prompt capped them.
+        positions = static_positions(pad_lens, slot, 1).clamp(max=cfg.block_size - 1)  # (B, 1)
+        logits = decode_step(model, cache, tokens, positions)  # (B, V)
+        slot += 1
+
