@@ -164,16 +164,13 @@ class GPT(nn.Module):
             n -= self.transformer.wpe.weight.numel()
         return n
 
-    def forward(
-        self,
-        idx: torch.Tensor,
-        positions: torch.Tensor | None = None,
-        cache: KVCacheProtocol | None = None,
-    ) -> torch.Tensor:
-        """Logits for every position: idx (B, T) int64 token ids -> (B, T, V).
+    def check_inputs(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Validate what `forward` is given; return the positions to use, shaped (1, T) or (B, T).
 
-        `positions` (B, T) or (T,) are the absolute positions of the tokens (default 0..T-1); a cache-driven caller
-        passes where the new tokens sit in their sequences. `cache` implements `KVCacheProtocol`.
+        Types and shapes are checked on the host for free. Ids and positions must also lie inside the vocabulary and
+        the context window, which needs their values: one host sync, done here once per call. Loops that validated
+        their prompts already (every generator and the engine, at their entry points) skip this by calling
+        `hidden` + `logits` directly, so a decode step never waits on the host (chapter 13 captures it whole).
         """
         if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"idx must be an int64 tensor of token ids, got {getattr(idx, 'dtype', type(idx))}")
@@ -195,20 +192,66 @@ class GPT(nn.Module):
         if positions.dim() != 2 or positions.size(1) != T or positions.size(0) not in (1, B):
             raise ValueError(f"positions must have shape (T,), (1, T) or (B, T) for idx {tuple(idx.shape)}, "
                              f"got {shape}")
-        if idx.numel():
-            # Both range checks with one host sync (one .tolist() of four numbers): this runs on every decode step,
-            # and four separate int(...) reads cost ~2% of a batch-1 step on the CPU (measured in chapter 04).
-            lo, hi = torch.aminmax(idx)
-            pos_lo, pos_hi = torch.aminmax(positions)
-            lo, hi, pos_lo, pos_hi = torch.stack([lo.long(), hi.long(), pos_lo.long(), pos_hi.long()]).tolist()
-            if lo < 0 or hi >= cfg.vocab_size:
-                raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {cfg.vocab_size})")
-            if pos_lo < 0 or pos_hi >= cfg.block_size:
-                raise ValueError(f"position {pos_lo if pos_lo < 0 else pos_hi} is outside the context window "
-                                 f"block_size={cfg.block_size}")
+        if idx.numel() == 0:  # an empty batch (B = 0): nothing to range-check
+            return positions
+        # Both range checks with one host sync (one .tolist() of four numbers), not four separate int(...) reads.
+        lo, hi = torch.aminmax(idx)
+        pos_lo, pos_hi = torch.aminmax(positions)
+        lo, hi, pos_lo, pos_hi = torch.stack([lo.long(), hi.long(), pos_lo.long(), pos_hi.long()]).tolist()
+        if lo < 0 or hi >= cfg.vocab_size:
+            raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {cfg.vocab_size})")
+        if pos_lo < 0 or pos_hi >= cfg.block_size:
+            raise ValueError(f"position {pos_lo if pos_lo < 0 else pos_hi} is outside the context window "
+                             f"block_size={cfg.block_size}")
+        return positions
+
+    def hidden(self, idx: torch.Tensor, positions: torch.Tensor, cache: KVCacheProtocol | None = None) -> torch.Tensor:
+        """Final hidden states (after ln_f): idx (B, T), positions (B or 1, T) -> (B, T, C). No checks, no host sync.
+
+        The caller has validated idx and positions (see `check_inputs`); shapes stay whatever the caller gives, so a
+        fixed-shape decode step can be compiled or captured in a CUDA graph. Chapters that need features rather than
+        logits (distillation's feature matching) read them here.
+        """
         x = self.transformer.wte(idx) + self.transformer.wpe(positions)  # (B, T, C) + (B or 1, T, C)
-        x = dropout(x, cfg.dropout, self.training)  # embedding dropout (training only)
+        x = dropout(x, self.config.dropout, self.training)  # embedding dropout (training only)
         for block in self.transformer.h:
             x = block(x, cache)  # (B, T, C)
-        x = self.transformer.ln_f(x)
-        return self.lm_head(x)  # (B, T, V)
+        return self.transformer.ln_f(x)  # (B, T, C)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits of the rows a caller chose: h (..., C) -> (..., V).
+
+        The head is the largest matmul of a small model (V = 4096 rows against C = 256 in `base`), so the engine and
+        speculative verification pick the rows they sample from first (`model.logits(h[:, -1])`) instead of computing
+        logits for every prompt position and throwing most away.
+        """
+        return self.lm_head(h)
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cache: KVCacheProtocol | None = None,
+    ) -> torch.Tensor:
+        """Logits for every position: idx (B, T) int64 token ids -> (B, T, V). The checked entry point.
+
+        `positions` (B, T) or (T,) are the absolute positions of the tokens (default 0..T-1); a cache-driven caller
+        passes where the new tokens sit in their sequences. `cache` implements `KVCacheProtocol`. Bad ids, positions
+        or shapes raise ValueError/TypeError naming them (`check_inputs`); `hidden` + `logits` is the unchecked path.
+        """
+        positions = self.check_inputs(idx, positions)
+        return self.logits(self.hidden(idx, positions, cache))  # (B, T, V)
+
+
+def require_model(model: object, who: str) -> GPTConfig:
+    """The model's config, after checking that `model` offers GPT's interface; a TypeError naming `who` otherwise.
+
+    Loops, caches and the engine accept any module with the interface (`config`, `hidden`, `logits`, `device`): a
+    `GPT`, a quantized copy of one (chapter 09) or a wrapper; they never demand the `GPT` class itself.
+    """
+    config = getattr(model, "config", None)
+    if not isinstance(model, nn.Module) or not isinstance(config, GPTConfig) or not all(
+            callable(getattr(model, name, None)) for name in ("hidden", "logits")):
+        raise TypeError(f"{who} needs a minillm GPT (a module with a GPTConfig `config`, `hidden` and `logits`), "
+                        f"got {type(model).__name__}")
+    return config
