@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from minillm.core.io import atomic_write_text
+from minillm.course.tour import TourContext, format_table, run_tour
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REPORT_DIR = REPO_ROOT / "chapters" / "gpu-reports"
@@ -54,7 +55,6 @@ def run_report(quick: bool = False, run_tests: bool = True, out_dir: Path = REPO
     """Run tour + tests on the GPU; write `<date>-<gpu>.md/.json` into out_dir. Returns (markdown path, all passed)."""
     if not torch.cuda.is_available():
         raise ValueError("gpu-report needs a CUDA GPU, but torch.cuda.is_available() is False")
-    from minillm.course.tour import TourContext, format_table, run_tour
 
     env = environment()
     t0 = time.perf_counter()

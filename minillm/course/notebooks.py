@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from minillm.core.io import atomic_write_text
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 
@@ -29,8 +31,6 @@ def execute_notebook(path: str | os.PathLike, timeout: int = 600, write: bool = 
     """
     import nbformat
     from nbclient import NotebookClient
-
-    from minillm.core.io import atomic_write_text
 
     path = Path(path)
     if not path.is_file():

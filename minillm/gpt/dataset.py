@@ -15,6 +15,7 @@ import os
 import torch
 
 from minillm.core.corpus import SEPARATOR, load_corpus
+from minillm.tokenizer import load_tokenizer
 
 
 def encode_corpus(tokenizer, text: str) -> torch.Tensor:
@@ -28,8 +29,6 @@ def encode_corpus(tokenizer, text: str) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=8)
 def _split_tokens_cached(split: str, corpus_path: str | None) -> torch.Tensor:
-    from minillm.tokenizer import load_tokenizer
-
     corpus = load_corpus(corpus_path)
     text = {"train": corpus.train_text, "val": corpus.val_text}[split]
     return encode_corpus(load_tokenizer(), text)

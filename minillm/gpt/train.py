@@ -33,12 +33,14 @@ import torch
 import torch.nn.functional as F
 
 from minillm.core.checkpoint import load_checkpoint, save_checkpoint
-from minillm.core.config import PRESETS, GPTConfig
-from minillm.gpt.dataset import BatchSampler, fixed_windows, split_tokens
+from minillm.core.config import GPTConfig, PRESETS
 from minillm.core.device import DEVICE_CHOICES, resolve_device
 from minillm.core.io import atomic_write_text
 from minillm.core.model import GPT
+from minillm.gpt.dataset import BatchSampler, fixed_windows, split_tokens
+from minillm.gpt.eval import token_nll
 from minillm.gpt.train_state import load_train_state, save_train_state
+from minillm.tokenizer import load_tokenizer
 
 LOG_NAME = "training_log.json"
 
@@ -176,8 +178,6 @@ def estimate_loss(model: GPT, x: torch.Tensor, y: torch.Tensor, batch_size: int,
 def _load_data(cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
     tokenizer = None
     if cfg.tokenizer is not None:
-        from minillm.tokenizer import load_tokenizer
-
         tokenizer = load_tokenizer(cfg.tokenizer)
     return split_tokens("train", cfg.corpus, tokenizer), split_tokens("val", cfg.corpus, tokenizer)
 
@@ -310,8 +310,6 @@ def train(cfg: TrainConfig, train_tokens: torch.Tensor | None = None, val_tokens
     if finished:
         log["final_val_loss"] = round(estimate_loss(model, val_x, val_y, cfg.batch_size, autocast), 5)
         if cfg.final_eval_tokens != 0:
-            from minillm.gpt.eval import token_nll
-
             ids = val_tokens if cfg.final_eval_tokens is None else val_tokens[: cfg.final_eval_tokens]
             total, count = token_nll(model, ids)
             log["val_perplexity"] = round(math.exp(total / count), 4)

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from minillm.core.checkpoint import save_checkpoint
-from minillm.gpt.dataset import BatchSampler
+from minillm.core.checkpoint import read_config, save_checkpoint
 from minillm.core.io import atomic_save_safetensors, atomic_write_text
 from minillm.core.model import GPT
+from minillm.gpt.dataset import BatchSampler
 
 OPTIMIZER_NAME = "optimizer.safetensors"
 STATE_NAME = "train_state.json"
@@ -45,8 +45,6 @@ def save_train_state(out_dir: Path, model: GPT, opt: torch.optim.Optimizer, samp
 def load_train_state(out_dir: Path, model: GPT, opt: torch.optim.Optimizer, sampler: BatchSampler) -> dict:
     from safetensors import safe_open
     from safetensors.torch import load_file
-
-    from minillm.core.checkpoint import read_config
 
     state = json.loads((out_dir / STATE_NAME).read_text(encoding="utf-8"))
     _, meta = read_config(out_dir)

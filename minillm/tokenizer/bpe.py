@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from minillm.core.io import atomic_write_bytes, atomic_write_text
 from minillm.tokenizer import formats
 from minillm.tokenizer.encode import encode_chunk
 from minillm.tokenizer.patterns import compile_pattern, resolve_pattern
@@ -161,8 +162,6 @@ class Tokenizer:
     # ---- files --------------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
         """Save by suffix: `.json` (minillm format, everything) or `.tiktoken` (ranks only). Atomic."""
-        from minillm.core.io import atomic_write_bytes, atomic_write_text
-
         path = Path(path)
         if path.suffix == ".json":
             return atomic_write_text(path, formats.dump_json(self._ranks, self.pattern, self._special, self.name,

@@ -11,10 +11,11 @@ import json
 import sys
 import time
 
+from minillm.tokenizer.default import build_default_tokenizer, load_tokenizer
+from minillm.tokenizer.gpt2 import fetch_gpt2_ranks
+
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from minillm.tokenizer.default import build_default_tokenizer
-
     t0 = time.perf_counter()
     tok = build_default_tokenizer(args.vocab_size, corpus_path=args.corpus, pattern=args.pattern,
                                   train_bytes=args.train_bytes)
@@ -26,8 +27,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_fetch_gpt2(args: argparse.Namespace) -> int:
-    from minillm.tokenizer.gpt2 import fetch_gpt2_ranks
-
     try:
         path = fetch_gpt2_ranks(args.dest, force=args.force, verbose=args.verbose)
     except RuntimeError as exc:  # no network, PyPI unreachable, unexpected archive: one clear message
@@ -38,8 +37,6 @@ def _cmd_fetch_gpt2(args: argparse.Namespace) -> int:
 
 
 def _cmd_encode(args: argparse.Namespace) -> int:
-    from minillm.tokenizer.default import load_tokenizer
-
     tok = load_tokenizer(args.tokenizer)
     text = args.text if args.text is not None else sys.stdin.read()
     ids = tok.encode(text, allowed_special="all")

@@ -18,7 +18,9 @@ import functools
 import os
 from pathlib import Path
 
+from minillm.core.corpus import load_corpus, take_bytes
 from minillm.tokenizer.bpe import Tokenizer
+from minillm.tokenizer.train import train_bpe
 
 DEFAULT_TOKENIZER_PATH = Path(__file__).resolve().parent.parent / "assets" / "tokenizer.json"
 DEFAULT_VOCAB_SIZE = 4096
@@ -34,9 +36,6 @@ def build_default_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, corpus_path: s
     `train_bytes` caps the training text (a prefix of the train split, None = all of it).
     """
     import hashlib
-
-    from minillm.core.corpus import load_corpus, take_bytes
-    from minillm.tokenizer.train import train_bpe
 
     corpus = load_corpus(corpus_path)
     text = corpus.train_text if train_bytes is None else take_bytes(corpus.train_text, train_bytes)

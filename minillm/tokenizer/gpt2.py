@@ -28,6 +28,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from minillm.core.io import atomic_write_bytes
 from minillm.tokenizer.bpe import Tokenizer
 from minillm.tokenizer.patterns import GPT2_SPLIT_PATTERN
 
@@ -89,8 +90,6 @@ def load_gpt2_tokenizer(path: str | os.PathLike | None = None) -> Tokenizer:
 
 def fetch_gpt2_ranks(dest: str | os.PathLike | None = None, force: bool = False, verbose: bool = False) -> Path:
     """Setup step: pip-download the openai-whisper sdist, extract gpt2.tiktoken, verify it, write it atomically."""
-    from minillm.core.io import atomic_write_bytes
-
     dest = Path(dest) if dest is not None else minillm_cache_dir() / "gpt2.tiktoken"
     if dest.is_file() and _has_gpt2_hash(dest) and not force:
         return dest

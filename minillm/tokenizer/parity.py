@@ -16,6 +16,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from minillm.core.corpus import load_corpus, take_bytes
+
 FRAGMENTS = (
     "I'm sure they'll say it's fine, but we've seen what you'd do. DON'T! She'S here; he'LL go. 'tis 'twas '' ' ",
     "Ünïcödé façade naïve café résumé Ærøskøbing straße ß ẞ İstanbul ıi ǅ ǈ ǋ",
@@ -63,8 +65,6 @@ def _random_piece(rng: random.Random) -> str:
 
 def varied_text(num_bytes: int, seed: int = 0, corpus_fraction: float = 0.6) -> str:
     """About `num_bytes` UTF-8 bytes: a slice of the default corpus plus random and hand-picked hard cases."""
-    from minillm.core.corpus import load_corpus, take_bytes
-
     if not isinstance(num_bytes, int) or num_bytes <= 0:
         raise ValueError(f"num_bytes must be a positive int, got {num_bytes!r}")
     if not 0.0 <= corpus_fraction <= 1.0:
