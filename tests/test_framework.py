@@ -181,3 +181,23 @@ def test_resolve_device():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="cuda"):
             resolve_device("cuda")
+
+
+def test_tools_learn_the_chapter_map_from_the_manifest():
+    """Tour, assignment, notebooks and the GPU report all read `minillm.chapters`; none keeps its own map."""
+    from minillm import chapters
+    from minillm.course.assignment import CHAPTER_FILES, chapter_test_file
+    from minillm.course.gpu_report import chapter_table
+    from minillm.course.notebooks import list_notebooks
+
+    built = chapters.built()
+    assert list(available_chapters()) == [c.number for c in built]
+    assert all(available_chapters()[c.number].__name__ == c.tour for c in built)
+    assert CHAPTER_FILES == {c.number: list(c.exercises) for c in built if c.exercises}
+    assert [p.name for p in list_notebooks()] == [c.name + ".ipynb" for c in built]
+    assert all(chapter_test_file(c.number).name == c.test_file.split("/")[-1] for c in built)
+    rows = [Row("01", "t", "b", "o", "ok", True, "m", 1.0), Row("02", "t", "b", "o", "bad", False, "m", 1.0)]
+    table = chapter_table(rows)
+    assert "| 01-tokenization | 1/1 | verified |" in table and "| 02-gpt | 0/1 | FAILED |" in table
+    assert "| 03-naive-inference | 0/0 | not run |" in table
+    assert "| 08-speculative-decoding | 0/0 | not built yet |" in table and len(table) == 2 + len(chapters.CHAPTERS)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from minillm import chapters
 from minillm.core.io import atomic_write_text
 from minillm.course.tour import TourContext, format_table, run_tour
 
@@ -51,6 +52,18 @@ def environment() -> dict:
     }
 
 
+def chapter_table(rows: list) -> list[str]:
+    """Markdown lines: every chapter of the manifest with its tour checks, so a report says what still awaits a GPU."""
+    lines = ["| chapter | tour checks passed | status |", "| --- | --- | --- |"]
+    for c in chapters.CHAPTERS:
+        mine = [r for r in rows if r.chapter == c.number]
+        ok = sum(r.check_passed for r in mine)
+        status = ("not built yet" if not c.built else "not run" if not mine
+                  else "verified" if ok == len(mine) else "FAILED")
+        lines.append(f"| {c.name} | {ok}/{len(mine)} | {status} |")
+    return lines
+
+
 def run_report(quick: bool = False, run_tests: bool = True, out_dir: Path = REPORT_DIR) -> tuple[Path, bool]:
     """Run tour + tests on the GPU; write `<date>-<gpu>.md/.json` into out_dir. Returns (markdown path, all passed)."""
     if not torch.cuda.is_available():
@@ -76,7 +89,8 @@ def run_report(quick: bool = False, run_tests: bool = True, out_dir: Path = REPO
     md = [f"# GPU verification: {env['gpu']}, {env['date'][:10]}", "",
           "| field | value |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in env.items()] + [
           "", f"Overall: **{'PASSED' if passed else 'FAILED'}**. Command: `minillm gpu-report`.", "",
-          f"## Tour on cuda ({tour_s:.0f} s)", "", "```", format_table(rows), "```", ""]
+          "## Chapters", "", *chapter_table(rows),
+          "", f"## Tour on cuda ({tour_s:.0f} s)", "", "```", format_table(rows), "```", ""]
     if run_tests:
         md += ["## Test suite on a machine with CUDA (notebooks excluded)", "",
                f"exit code {tests['exit_code']}: {tests['summary']} ({tests['seconds']} s)", ""]

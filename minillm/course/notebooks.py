@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from minillm import chapters
 from minillm.core.io import atomic_write_text
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -20,7 +21,8 @@ NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 
 
 def list_notebooks(directory: str | os.PathLike = NOTEBOOK_DIR) -> list[Path]:
-    return sorted(Path(directory).glob("[0-9][0-9]-*.ipynb"))
+    """The lab of every built chapter of the manifest (`minillm.chapters`), in chapter order."""
+    return [Path(directory) / Path(c.notebook).name for c in chapters.built()]
 
 
 def execute_notebook(path: str | os.PathLike, timeout: int = 600, write: bool = False, kernel_name: str = "python3"):
