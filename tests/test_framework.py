@@ -201,3 +201,18 @@ def test_tools_learn_the_chapter_map_from_the_manifest():
     assert "| 01-tokenization | 1/1 | verified |" in table and "| 02-gpt | 0/1 | FAILED |" in table
     assert "| 03-naive-inference | 0/0 | not run |" in table
     assert "| 08-speculative-decoding | 0/0 | not built yet |" in table and len(table) == 2 + len(chapters.CHAPTERS)
+
+
+def test_public_surface():
+    """What the README promises at `import minillm` keeps working, whatever the layout underneath."""
+    import minillm
+    from minillm.disagg.llm import DisaggregatedLLM
+    from minillm.engine.config import EngineConfig
+    from minillm.engine.llm import LLM
+
+    assert (minillm.LLM, minillm.EngineConfig, minillm.DisaggregatedLLM) == (LLM, EngineConfig, DisaggregatedLLM)
+    assert set(minillm.__all__) >= {"GPT", "GPTConfig", "SamplingParams", "LLM", "EngineConfig",
+                                    "DisaggregatedLLM", "load", "load_tokenizer"}
+    with pytest.raises(AttributeError, match="no_such_name"):
+        minillm.no_such_name
+    assert minillm.load_tokenizer().vocab_size == 4096
