@@ -9,9 +9,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from minillm.core.config import check_int
+from minillm.engine.selective_cache import SelectiveKVCache  # noqa: F401  (registers the default backend)
+from minillm.paged.backends import check_attention_backend
 
 PREEMPTION_MODES = ("recompute", "swap")
+KV_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_kv_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """A KV-cache dtype from a torch.dtype or its name ("float32", "bfloat16", "torch.float16"); ValueError otherwise."""
+    if isinstance(dtype, str):
+        name = dtype.removeprefix("torch.")
+        if name not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {list(KV_DTYPES)} or a floating torch.dtype, got {dtype!r}")
+        return KV_DTYPES[name]
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"kv_dtype must be one of {list(KV_DTYPES)} or a floating torch.dtype, got {dtype!r}")
+    return dtype
 
 
 @dataclass
@@ -25,6 +42,12 @@ class EngineConfig:
     preemption_mode: str = "recompute"  # what happens to a victim when blocks run out: "recompute" or "swap"
     num_swap_blocks: int = 256  # CPU blocks for swapped-out requests (preemption_mode="swap"); full -> recompute
     device: str = "auto"  # where the KV pool and the forward run: "auto", "cpu" or "cuda"
+    # How K/V are stored, independent of the weights' dtype (chapter 09 quantizes it): a torch.dtype or its name;
+    # the cache converts on read to the query's dtype. Normalized to a torch.dtype by __post_init__.
+    kv_dtype: torch.dtype | str = torch.float32
+    # Which KV cache / attention implementation the model runner builds, by name (minillm.paged.backends):
+    # "selective" (decodes vectorized + prompt chunks looped), "paged", "paged-reference", or one registered later.
+    attention_backend: str = "selective"
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "num_swap_blocks"):
@@ -34,6 +57,8 @@ class EngineConfig:
                 raise TypeError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+        self.kv_dtype = resolve_kv_dtype(self.kv_dtype)
+        check_attention_backend(self.attention_backend)
         if self.max_num_batched_tokens < self.max_num_seqs:
             # Every running request must be able to decode in the same step, or the batch limit is a lie.
             raise ValueError(

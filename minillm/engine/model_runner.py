@@ -3,58 +3,53 @@
 It adds the tensor side of the engine, kept apart from the scheduler (which only moves requests between queues)
 so that chapter 07's prefill-only and decode-only workers can reuse it: `ModelRunner.run(scheduler_output,
 block_manager) -> [token or None per scheduled request]`. The scheduled requests' new tokens are flattened into
-one row, idx (1, N), with their absolute positions; chapter 05's `PagedKVCache` writes their K/V at their slots and
-runs attention per sequence (Orca's selective batching, §3.3: the linear layers see one flat batch of N tokens,
-attention never mixes sequences). Only the rows that end a request's known tokens go through the output head, and
-each of them is sampled with its own request's generator. What it leaves out: CUDA graphs and torch.compile
-(chapter 13), and overlapping the CPU-side batch building with the forward.
+one row, idx (1, N), with their absolute positions; the KV cache (chapter 05's paged pool, built by name from
+`EngineConfig.attention_backend` in `EngineConfig.kv_dtype`) writes their K/V at their slots and runs attention per
+sequence (Orca's selective batching, §3.3: the linear layers see one flat batch of N tokens, attention never mixes
+sequences). Only the rows that end a request's known tokens go through the output head (`model.hidden`, then
+`model.logits` of those rows; no forward hooks), and each of them is sampled with its own request's generator.
+What it leaves out: CUDA graphs and torch.compile (chapter 13), and overlapping the CPU-side batch building with
+the forward.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
 
-from minillm.engine.scheduler import SchedulerOutput
-from minillm.core.model import GPT
-from minillm.paged import PagedBatch
+from minillm.core.model import require_model
 from minillm.core.sampling import sample_next
-from minillm.engine.selective_cache import SelectiveKVCache
-
-
-@contextmanager
-def _only_rows(model: GPT, rows: torch.Tensor):
-    """Make the model's output head see only `rows` of the final hidden states: logits (1, len(rows), V).
-
-    Why: a 512-token prompt chunk needs the logits of its last token only; the head (C x V = 256 x 4096 on `base`)
-    on all 512 rows would cost about as much as the six transformer blocks. A forward hook on `ln_f` keeps the
-    model plain (style: speed-ups from the call site) while `forward` returns just the rows we sample from.
-    """
-
-    def hook(module, inputs, output):  # output (1, N, C) -> (1, R, C)
-        return output.index_select(1, rows)
-
-    handle = model.transformer.ln_f.register_forward_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
+from minillm.engine.config import resolve_kv_dtype
+from minillm.engine.scheduler import SchedulerOutput
+from minillm.engine.selective_cache import SelectiveKVCache  # noqa: F401  (registers "selective", the default)
+from minillm.paged import PagedBatch
+from minillm.paged.backends import make_attention_backend
 
 
 class ModelRunner:
-    """Owns the KV pool (a `PagedKVCache`) and runs the model on what the scheduler picked."""
+    """Owns the KV pool (a cache built by name from `minillm.paged.backends`) and runs the model on what the
+    scheduler picked.
 
-    def __init__(self, model: GPT, num_blocks: int, block_size: int, device: torch.device | str | None = None,
-                 dtype: torch.dtype | None = None):
-        if not isinstance(model, GPT):
-            raise TypeError(f"model must be a minillm GPT, got {type(model).__name__}")
+    `model` is anything with GPT's interface (`require_model`): a GPT, a quantized copy, a wrapper. The KV dtype is
+    a setting of its own (`kv_dtype`, default float32), never read off the weights; the cache converts K/V to the
+    query's dtype when it reads them.
+    """
+
+    def __init__(self, model, num_blocks: int, block_size: int, device: torch.device | str | None = None,
+                 kv_dtype: torch.dtype | str = torch.float32, attention_backend: str = "selective"):
+        config = require_model(model, "ModelRunner")
         self.model = model
         self.device = torch.device(device) if device is not None else model.device
-        self.dtype = dtype or model.lm_head.weight.dtype
+        self.kv_dtype = resolve_kv_dtype(kv_dtype)
+        self.attention_backend = attention_backend
         self.block_size = block_size
-        self.cache = SelectiveKVCache(model.config, num_blocks, block_size, device=self.device, dtype=self.dtype)
+        self.cache = make_attention_backend(attention_backend, config, num_blocks, block_size, device=self.device,
+                                            dtype=self.kv_dtype)
         self.num_forward_calls = 0
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The KV cache's dtype (the name callers used before `kv_dtype` existed)."""
+        return self.kv_dtype
 
     def prepare(self, out: SchedulerOutput, block_manager) -> tuple[torch.Tensor, torch.Tensor, PagedBatch]:
         """idx (1, N), positions (1, N) and the `PagedBatch` for this step (decodes first, as the scheduler orders)."""
@@ -80,9 +75,12 @@ class ModelRunner:
         rows = torch.tensor(ends, dtype=torch.int64, device=self.device)  # (R,)
         self.cache.set_batch(batch)
         self.num_forward_calls += 1
-        with _only_rows(self.model, rows):
-            logits = self.model(idx, positions=positions, cache=self.cache)  # (1, R, V)
-        return logits[0]  # (R, V)
+        # Unchecked path: every token id was validated when its request was added, and positions come from the
+        # block manager, so no host sync for range checks. Only the R sampled rows go through the head: a 512-token
+        # prompt chunk needs its last row's logits, and the head (C x V) on all rows would cost about as much as
+        # the transformer blocks on a small model.
+        h = self.model.hidden(idx, positions, self.cache)  # (1, N, C)
+        return self.model.logits(h[0].index_select(0, rows))  # (R, C) -> (R, V)
 
     def sample(self, out: SchedulerOutput, logits: torch.Tensor) -> list[int | None]:
         """One token per sampling request, None for prompt chunks that do not reach the end of their prompt.

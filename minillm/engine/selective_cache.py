@@ -6,7 +6,9 @@ almost every step is *mixed*: thirty decodes plus one prompt chunk would fall ba
 per layer. This subclass splits the step (Orca §3.3, selective batching; SARATHI's decode-maximal batch): the
 sequences with one new token go through the vectorized decode path together, the prompt chunks one by one, and
 the outputs are put back in token order. It computes exactly what the reference loop computes (tested).
-What it leaves out: a single fused kernel for both (chapter 12's paged-attention kernel).
+It is the engine's default attention backend, registered as "selective" (`minillm.paged.backends`; pick another
+with `EngineConfig.attention_backend`). What it leaves out: a single fused kernel for both (chapter 12's
+paged-attention kernel).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 
 from minillm.core.attention import causal_mask
 from minillm.paged import PagedBatch, PagedKVCache
+from minillm.paged.backends import register_attention_backend
 from minillm.paged.paged_cache import write_kv
 
 
@@ -65,3 +68,6 @@ class SelectiveKVCache(PagedKVCache):
             mask = causal_mask(ql, ctx, device=q.device)  # (ql, ctx): the new tokens are the last ql of ctx
             y[:, :, start : start + ql] = self._attn(q[:, :, start : start + ql], kv[0], kv[1], mask)  # (1, nh, ql, hs)
         return y
+
+
+register_attention_backend("selective", SelectiveKVCache)

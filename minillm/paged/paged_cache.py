@@ -9,21 +9,27 @@ attention per sequence (Orca's selective batching: the linear layers see one fla
 sequences). Two attention paths give the same numbers: a reference loop over sequences for any mix of prefill
 and decode, and a vectorized decode path that gathers every sequence's blocks at once (Kwon et al. §4.1).
 What it leaves out: deciding which blocks a sequence gets (`BlockManager`) and a fused kernel (chapter 12).
+
+The cache keeps no per-sequence state between steps: each step's lengths arrive in its `PagedBatch`. So rolling a
+sequence back (speculative decoding, chapter 08) is `BlockManager.truncate` alone, and one step may add several
+tokens to a sequence (query_len > 1 after a cached context): the ragged path handles any query length. K/V are
+stored in the cache's own `dtype` (never read from the model's weights) and converted to the query's dtype on read,
+a no-op when they agree. Both attention paths are registered by name in `minillm.paged.backends`: "paged" (the
+vectorized decode path for pure-decode steps) and "paged-reference" (the loop, always).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from functools import partial
 
 import torch
 
 from minillm.core.attention import attention, attention_ref, causal_mask
 from minillm.core.config import GPTConfig
-
-if TYPE_CHECKING:
-    from minillm.paged.block_manager import BlockManager
+from minillm.paged.backends import register_attention_backend
+from minillm.paged.block_manager import BlockManager
 
 
 @dataclass
@@ -92,7 +98,7 @@ class PagedBatch:
     @classmethod
     def build(
         cls,
-        manager: "BlockManager",
+        manager: BlockManager,
         entries: Sequence[tuple[Hashable, int, int]],
         device: torch.device | str = "cpu",
     ) -> "PagedBatch":
@@ -266,3 +272,7 @@ class PagedKVCache:
         q_s = q[0].transpose(0, 1).unsqueeze(2)  # (nh, S, hs) -> (S, nh, hs) -> (S, nh, 1, hs)
         y = self._attn(q_s, kv[0], kv[1], mask)  # (S, nh, 1, hs)
         return y.squeeze(2).transpose(0, 1).unsqueeze(0)  # (S, nh, hs) -> (nh, S, hs) -> (1, nh, S, hs)
+
+
+register_attention_backend("paged", PagedKVCache)
+register_attention_backend("paged-reference", partial(PagedKVCache, use_fast_decode=False))
