@@ -60,7 +60,8 @@ class LLM:
         self.eos_id = eos_id
         self.config = config
         self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.runner = ModelRunner(model, config.num_blocks, config.block_size, device=self.device)
+        self.runner = ModelRunner(model, config.num_blocks, config.block_size, device=self.device,
+                                  kv_dtype=config.kv_dtype, attention_backend=config.attention_backend)
         # Always there: besides swap preemption it parks the KV of requests prefilled elsewhere (chapter 07).
         self.swap_space = SwapSpace(self.runner.cache, config.num_swap_blocks)
         self.scheduler = Scheduler(config, self.block_manager, self.swap_space)
