@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from minillm import GPT, GPTConfig
 from minillm.naive.bench import BenchCase, GENERATORS, register_generator, run_bench, plot_bench
-from minillm.naive.generate import StopChecker, collect, generate_naive, generate_naive_ids, validate_prompt
+from minillm.core.stopping import StopChecker, validate_prompt
+from minillm.naive.generate import collect, generate_naive, generate_naive_ids
 from minillm.core.metrics import PeakMemory, RequestTimes, summarize, throughput
 from minillm.naive.roofline import Machine, decode_bound, decode_cost, measure_bandwidth, naive_step_flops, param_count
 from minillm.core.sampling import (SamplingParams, Temperature, TopK, TopP, apply_processors, make_generator,

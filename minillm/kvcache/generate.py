@@ -3,7 +3,8 @@
 What it adds over chapter 03's naive loop (which recomputes the whole sequence for every new token): `prefill`
 runs the prompt through the model in one forward and fills a `ContiguousKVCache`; `decode_step` feeds only the
 newest token, whose queries attend over the cached keys and values. `generate` streams tokens like
-`generate_naive` and calls the same `sample_next` and `StopChecker`, so equal logits give equal tokens.
+`generate_naive` and runs the same request lifecycle (`minillm.core.stopping.start_request`, `sample_next`,
+`RequestState.accept`), so equal logits give equal tokens.
 `generate_static_batch` runs several prompts of different lengths as one left-padded batch. What it still leaves
 out: the batch is fixed until its longest request finishes (finished rows keep computing; chapter 06's
 continuous batching replaces them), every row reserves its worst-case cache up front (chapter 05 pages it), and
@@ -16,15 +17,15 @@ nothing can run past the model's context window (block_size), because the learne
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from minillm.naive.generate import StopChecker, collect, generate_naive, validate_prompt
+from minillm.core.model import GPT, require_model
+from minillm.core.sampling import SamplingParams, sample_next
+from minillm.core.stopping import RequestState, start_request
 from minillm.kvcache.cache import ContiguousKVCache
-from minillm.core.model import GPT
-from minillm.core.sampling import SamplingParams, make_generator, sample_next
+from minillm.naive.generate import collect, generate_naive
 
 
 @torch.inference_mode()
@@ -33,12 +34,14 @@ def prefill(model: GPT, cache: ContiguousKVCache, idx: torch.Tensor, positions: 
     """Run the prompt idx (B, T) through the model in one forward, filling the cache; logits of the last slot (B, V).
 
     `positions` default to the cache's own (slot minus each row's left padding), which is 0..T-1 without padding.
+    Unchecked (`model.hidden`): the caller validated the prompt; only the last row goes through the output head.
     """
     if idx.dim() != 2 or idx.size(0) != cache.batch_size:
         raise ValueError(f"idx must have shape (batch_size={cache.batch_size}, T), got {tuple(idx.shape)}")
     if positions is None:
         positions = cache.positions(idx.size(1))  # (B, T)
-    return model(idx, positions=positions, cache=cache)[:, -1, :]  # (B, T, V) -> (B, V)
+    h = model.hidden(idx, positions, cache)  # (B, T, C)
+    return model.logits(h[:, -1])  # (B, C) -> (B, V)
 
 
 @torch.inference_mode()
@@ -50,7 +53,8 @@ def decode_step(model: GPT, cache: ContiguousKVCache, tokens: torch.Tensor, posi
         raise ValueError(f"tokens must hold one id per row (batch_size={cache.batch_size}), got {tuple(tokens.shape)}")
     if positions is None:
         positions = cache.positions(1)  # (B, 1)
-    return model(idx, positions=positions, cache=cache)[:, -1, :]  # (B, 1, V) -> (B, V)
+    h = model.hidden(idx, positions, cache)  # (B, 1, C): no checks, no host sync (chapter 13 can capture it)
+    return model.logits(h[:, -1])  # (B, C) -> (B, V)
 
 
 def generate(
@@ -61,46 +65,44 @@ def generate(
     eos_id: int | None = None,
     kv_cache: bool | ContiguousKVCache = True,
     truncate: bool = False,
+    kv_dtype: torch.dtype = torch.float32,
 ) -> Iterator[int]:
     """Stream generated token ids, prefill + decode with a KV cache; `kv_cache=False` runs chapter 03's naive loop.
 
-    Same contract as `generate_naive`: the same prompt checks and window cap (`validate_prompt`), the same
-    `sample_next` with one generator seeded from `params.seed`, the same `StopChecker`, and the finish reason as
-    the generator's return value (`minillm.naive.generate.collect` gets it). So greedy and seeded runs give the naive
+    Same contract as `generate_naive`: the same request lifecycle (`start_request`: prompt checks, window cap, one
+    generator seeded from `params.seed`, the stop rules), the same `sample_next`, and the finish reason as the
+    generator's return value (`minillm.naive.generate.collect` gets it). So greedy and seeded runs give the naive
     loop's tokens whenever the logits agree. Pass a `ContiguousKVCache` (batch_size 1) as `kv_cache` to reuse its
-    memory across calls; it is reset here.
+    memory across calls; it is reset here. Otherwise a cache is allocated in `kv_dtype` (a setting of its own,
+    never read off the weights).
     """
     if kv_cache is False:
         return generate_naive(model, prompt_ids, params, tokenizer=tokenizer, eos_id=eos_id, truncate=truncate)
     if not (kv_cache is True or isinstance(kv_cache, ContiguousKVCache)):
         raise TypeError(f"kv_cache must be True, False or a ContiguousKVCache, got {type(kv_cache).__name__}")
-    if not isinstance(model, GPT):
-        raise TypeError(f"model must be a minillm GPT, got {type(model).__name__}")
-    cfg = model.config
-    ids, max_new = validate_prompt(prompt_ids, params, cfg.vocab_size, cfg.block_size, truncate)
+    cfg = require_model(model, "generate")
+    state = start_request(cfg, prompt_ids, params, tokenizer, eos_id, device=model.device, truncate=truncate)
     if params.n != 1:
         raise ValueError(f"generate streams one sequence; n={params.n} parallel samples need chapter 05's paged cache")
     # The last sampled token is never fed back: prompt_len + max_new - 1 slots hold everything attended to.
-    max_len = max(len(ids) + max_new - 1, 1)
+    max_len = max(len(state.prompt_ids) + state.params.max_new_tokens - 1, 1)
     cache = kv_cache if isinstance(kv_cache, ContiguousKVCache) else None
     if cache is not None and (cache.batch_size != 1 or cache.max_len < max_len):
         raise ValueError(f"kv_cache must have batch_size 1 and max_len >= {max_len}, "
                          f"got batch_size={cache.batch_size}, max_len={cache.max_len}")
-    checker = StopChecker(tokenizer, dataclasses.replace(params, max_new_tokens=max_new), eos_id)
     # Everything is checked before the first token, so a bad argument fails at the call, not at the first next().
-    return _cached_stream(model, ids, params, checker, cache, max_len)
+    return _cached_stream(model, state, cache, max_len, kv_dtype)
 
 
-def _cached_stream(model: GPT, ids: list[int], params: SamplingParams, checker: StopChecker,
-                   cache: ContiguousKVCache | None, max_len: int) -> Iterator[int]:
-    if checker.params.max_new_tokens == 0:
-        checker.finish_reason = "length"
-        return checker.finish_reason
+def _cached_stream(model: GPT, state: RequestState, cache: ContiguousKVCache | None, max_len: int,
+                   kv_dtype: torch.dtype) -> Iterator[int]:
+    if state.finished:  # max_new_tokens == 0
+        return state.finish_reason
     device = model.device
     if cache is None:
-        cache = ContiguousKVCache(model.config, 1, max_len, device=device, dtype=model.lm_head.weight.dtype)
+        cache = ContiguousKVCache(model.config, 1, max_len, device=device, dtype=kv_dtype)
     cache.reset()
-    generator = make_generator(params.seed, device)
+    ids, params, generator = state.prompt_ids, state.params, state.generator
     T = len(ids)
     # Positions as views of one arange: no per-step tensor construction in the decode loop.
     all_positions = torch.arange(max_len + 1, device=device)  # (max_len+1,)
@@ -110,17 +112,17 @@ def _cached_stream(model: GPT, ids: list[int], params: SamplingParams, checker: 
         token = sample_next(logits, params, generator)  # (1,)
         token_id = int(token)  # subtle: the one host sync per step, needed anyway to stream the id out
         yield token_id
-        if checker.update(token_id):
-            return checker.finish_reason
+        if state.accept([token_id]):
+            return state.finish_reason
         logits = decode_step(model, cache, token, all_positions[pos:pos + 1])  # (1, V)
         pos += 1
 
 
 def generate_ids(model: GPT, prompt_ids: Any, params: SamplingParams, tokenizer: Any = None,
-                 eos_id: int | None = None, kv_cache: bool | ContiguousKVCache = True, truncate: bool = False
-                 ) -> list[int]:
+                 eos_id: int | None = None, kv_cache: bool | ContiguousKVCache = True, truncate: bool = False,
+                 kv_dtype: torch.dtype = torch.float32) -> list[int]:
     """`generate`, collected into a list of the new token ids."""
-    return collect(generate(model, prompt_ids, params, tokenizer, eos_id, kv_cache, truncate))[0]
+    return collect(generate(model, prompt_ids, params, tokenizer, eos_id, kv_cache, truncate, kv_dtype))[0]
 
 
 # ----- static batching ------------------------------------------------------------------------------------------
@@ -162,18 +164,18 @@ def generate_static_batch(
     tokenizer: Any = None,
     eos_id: int | None = None,
     on_token: Callable[[int, int], None] | None = None,
+    kv_dtype: torch.dtype = torch.float32,
 ) -> list[list[int]]:
     """Generate for several prompts as ONE left-padded batch (static batching); returns each row's new token ids.
 
-    Each row gets its own `SamplingParams` (one for all, or a list), its own generator seeded from its seed, its
-    own `StopChecker` and window cap, and positions that start at 0, so a row gets the tokens it would get from
+    Each row gets its own `SamplingParams` (one for all, or a list) and its own `RequestState` from
+    `start_request` (generator seeded from its seed, stop rules, window cap), and positions that start at 0, so a row gets the tokens it would get from
     `generate` alone (exactly for greedy on our test prompts; the logits agree to float rounding, see the
     chapter). The batch runs until its longest request stops: finished rows keep occupying their slot and
     computing, the waste chapter 06's continuous batching removes. `on_token(row, token_id)` is called as each
-    token is produced (for timing metrics).
+    token is produced (for timing metrics). The cache is allocated in `kv_dtype`.
     """
-    if not isinstance(model, GPT):
-        raise TypeError(f"model must be a minillm GPT, got {type(model).__name__}")
+    cfg = require_model(model, "generate_static_batch")
     if isinstance(prompts, (str, bytes, torch.Tensor)) or not isinstance(prompts, Sequence) or len(prompts) == 0:
         raise ValueError(f"prompts must be a non-empty list of token-id lists, got {type(prompts).__name__}")
     B = len(prompts)
@@ -184,32 +186,27 @@ def generate_static_batch(
         if len(params_list) != B:
             raise ValueError(f"params must be one SamplingParams or a list of {B} (one per prompt), "
                              f"got a list of {len(params_list)}")
-    cfg = model.config
-    rows: list[list[int]] = []
-    checkers: list[StopChecker] = []
+    device = model.device
+    states: list[RequestState] = []
     for i, (prompt, p) in enumerate(zip(prompts, params_list)):
         if not isinstance(p, SamplingParams):
             raise TypeError(f"params[{i}] must be a SamplingParams, got {type(p).__name__}")
         if p.n != 1:
             raise ValueError(f"params[{i}] has n={p.n}; static batching runs one sample per prompt")
         try:
-            ids, max_new = validate_prompt(prompt, p, cfg.vocab_size, cfg.block_size)
+            states.append(start_request(cfg, prompt, p, tokenizer, eos_id, device=device))
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"prompts[{i}]: {exc}") from None
-        rows.append(ids)
-        checkers.append(StopChecker(tokenizer, dataclasses.replace(p, max_new_tokens=max_new), eos_id))
-    outputs: list[list[int]] = [[] for _ in range(B)]
-    active = [c.params.max_new_tokens > 0 for c in checkers]
+    outputs: list[list[int]] = [s.output_ids for s in states]  # each row's accepted tokens (the states' lists)
+    active = [not s.finished for s in states]
     if not any(active):
-        return outputs
-    device = model.device
-    idx, pad_lens = left_pad(rows)  # (B, T_max), (B,)
+        return [list(o) for o in outputs]
+    idx, pad_lens = left_pad([s.prompt_ids for s in states])  # (B, T_max), (B,)
     T_max = idx.size(1)
-    max_len = T_max + max(c.params.max_new_tokens for c in checkers) - 1  # slots; padding included
-    cache = ContiguousKVCache(cfg, B, max_len, device=device, dtype=model.lm_head.weight.dtype)
+    max_len = T_max + max(s.params.max_new_tokens for s in states) - 1  # slots; padding included
+    cache = ContiguousKVCache(cfg, B, max_len, device=device, dtype=kv_dtype)
     cache.reset(pad_lens)
     pad_lens = pad_lens.to(device)
-    generators = [make_generator(p.seed, device) for p in params_list]
     all_greedy = all(p.is_greedy for p in params_list)
     logits = prefill(model, cache, idx.to(device), static_positions(pad_lens, 0, T_max))  # (B, V)
     slot = T_max
@@ -218,19 +215,20 @@ def generate_static_batch(
             tokens = sample_next(logits, params_list[0])  # (B,): argmax is row-wise, one call serves all
         else:
             # Row by row: each request draws from its own generator exactly once per token, as when alone.
-            tokens = torch.cat([sample_next(logits[i:i + 1], params_list[i], generators[i]) for i in range(B)])
+            tokens = torch.cat([sample_next(logits[i:i + 1], states[i].params, states[i].generator)
+                                for i in range(B)])
         for i, t in enumerate(tokens.tolist()):
             if not active[i]:
                 continue  # a finished row still runs through the model (static batching); its tokens are dropped
-            outputs[i].append(t)
+            finished = states[i].accept([t])
             if on_token is not None:
                 on_token(i, t)
-            if checkers[i].update(t):
+            if finished:
                 active[i] = False
         if not any(active):
-            return outputs
+            return [list(o) for o in outputs]
         # subtle: a finished short row keeps advancing and could run past the window; its position is clamped
-        # (its output is dropped anyway). Active rows never reach the clamp: validate_prompt capped them.
+        # (its output is dropped anyway). Active rows never reach the clamp: start_request capped them.
         positions = static_positions(pad_lens, slot, 1).clamp(max=cfg.block_size - 1)  # (B, 1)
         logits = decode_step(model, cache, tokens, positions)  # (B, V)
         slot += 1

@@ -1,27 +1,27 @@
 """Generation on the paged cache: one request, or n parallel samples that share the prompt's blocks.
 
 It adds `PagedGenerator`, a block manager and a paged cache kept across requests (so prefix caching can reuse a
-system prompt between them), and `paged_generate`, the one-shot form. Sampling is chapter 03's `sample_next`
-with one generator per sample and stopping is its `StopChecker`, so equal logits give chapter 04's tokens.
-Seeding of n samples: sample i draws from its own generator seeded with `params.seed + i`, exactly the generator
-an independent run with `seed = params.seed + i` would use (sample 0 is the plain seeded run). What it leaves
+system prompt between them), and `paged_generate`, the one-shot form. The request's lifecycle is the one every
+loop shares (`minillm.core.stopping.start_request`, `sample_next`, `RequestState.accept`), so equal logits give
+chapter 04's tokens. Seeding of n samples: sample i is a `RequestState.fork` drawing from its own generator seeded
+with `params.seed + i`, exactly the generator an independent run with `seed = params.seed + i` would use (sample
+0 is the plain seeded run). What it leaves
 out: several requests at once and preemption (chapter 06's engine); here the n samples of one prompt are the
 only batch, decoded together in one ragged forward per step.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from minillm.naive.generate import StopChecker, validate_prompt
-from minillm.core.model import GPT
+from minillm.core.model import GPT, require_model
+from minillm.core.sampling import SamplingParams, sample_next
+from minillm.core.stopping import start_request
 from minillm.paged.block_manager import BlockManager, num_blocks_for
 from minillm.paged.paged_cache import PagedBatch, PagedKVCache
-from minillm.core.sampling import SamplingParams, make_generator, sample_next
 
 
 @dataclass
@@ -43,7 +43,11 @@ class PagedGeneration:
 
 
 class PagedGenerator:
-    """A model plus a `BlockManager` and `PagedKVCache` that live across `generate` calls."""
+    """A model plus a `BlockManager` and `PagedKVCache` that live across `generate` calls.
+
+    `model` is anything with GPT's interface (`require_model`); the pool is allocated in `kv_dtype`, a setting of
+    its own, never read off the weights.
+    """
 
     def __init__(
         self,
@@ -52,44 +56,52 @@ class PagedGenerator:
         block_size: int = 16,
         enable_prefix_caching: bool = False,
         use_fast_decode: bool = True,
+        kv_dtype: torch.dtype = torch.float32,
     ):
-        if not isinstance(model, GPT):
-            raise TypeError(f"model must be a minillm GPT, got {type(model).__name__}")
+        config = require_model(model, "PagedGenerator")
         self.model = model
         self.manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
-        self.cache = PagedKVCache(model.config, num_blocks, block_size, device=model.device,
-                                  dtype=model.lm_head.weight.dtype, use_fast_decode=use_fast_decode)
+        self.cache = PagedKVCache(config, num_blocks, block_size, device=model.device, dtype=kv_dtype,
+                                  use_fast_decode=use_fast_decode)
         self._next_id = 0
 
     @torch.inference_mode()
     def forward(self, entries: list[tuple[Any, int, int]], token_ids: list[int]) -> torch.Tensor:
-        """One ragged forward: entries [(seq_id, start, num_new)], their new tokens flattened -> logits (N, V)."""
-        batch = PagedBatch.build(self.manager, entries, device=self.model.device)
+        """One ragged forward: entries [(seq_id, start, num_new)], their new tokens flattened -> logits (S, V) of
+        each entry's last new token (the one its next token is sampled from)."""
+        device = self.model.device
+        batch = PagedBatch.build(self.manager, entries, device=device)
         self.cache.set_batch(batch)
-        idx = torch.tensor([token_ids], dtype=torch.long, device=self.model.device)  # (1, N)
-        return self.model(idx, positions=batch.positions(), cache=self.cache)[0]  # (1, N, V) -> (N, V)
+        idx = torch.tensor([token_ids], dtype=torch.long, device=device)  # (1, N)
+        ends, offset = [], 0
+        for _, _, num_new in entries:
+            offset += num_new
+            ends.append(offset - 1)  # the row of the entry's last new token
+        rows = torch.tensor(ends, dtype=torch.long, device=device)  # (S,)
+        # Unchecked path: the prompt was validated by `generate`, positions come from the block manager.
+        h = self.model.hidden(idx, batch.positions(), self.cache)  # (1, N, C)
+        return self.model.logits(h[0].index_select(0, rows))  # (S, C) -> (S, V)
 
     def generate(
         self, prompt_ids: Any, params: SamplingParams, tokenizer: Any = None, eos_id: int | None = None
     ) -> PagedGeneration:
         """Generate params.n samples of one prompt; every block is freed again before returning."""
-        cfg = self.model.config
-        ids, max_new = validate_prompt(prompt_ids, params, cfg.vocab_size, cfg.block_size)
-        n, bs = params.n, self.manager.block_size
+        first = start_request(self.model.config, prompt_ids, params, tokenizer, eos_id, device=self.model.device)
+        ids, n, bs = first.prompt_ids, params.n, self.manager.block_size
         seqs = [(self._next_id, i) for i in range(n)]  # seq ids unique across calls
         self._next_id += 1
-        checkers = [StopChecker(tokenizer, dataclasses.replace(params, max_new_tokens=max_new), eos_id)
-                    for _ in range(n)]
-        gens = [make_generator(None if params.seed is None else params.seed + i, self.model.device)
-                for i in range(n)]
-        out = PagedGeneration([[] for _ in range(n)], [""] * n, len(ids), 0, 0, 0, 0, [[] for _ in range(n)])
+        states = [first] + [first.fork(params.seed + i if params.seed is not None else None) for i in range(1, n)]
+        out = PagedGeneration([s.output_ids for s in states], [""] * n, len(ids), 0, 0, 0, 0, [[] for _ in range(n)])
+        if first.finished:  # max_new_tokens == 0: nothing to generate, nothing allocated
+            out.finish_reasons = [s.finish_reason for s in states]
+            return out
         m = self.manager
         used_before = m.allocator.num_used
         try:
             # Prefill once for all samples: the prompt's blocks are shared by fork, not copied.
             out.num_cached_tokens = m.allocate(seqs[0], ids)
             start = out.num_cached_tokens
-            logits = self.forward([(seqs[0], start, len(ids) - start)], ids[start:])[-1:]  # (1, V)
+            logits = self.forward([(seqs[0], start, len(ids) - start)], ids[start:])  # (1, V)
             m.mark_computed(seqs[0], len(ids))
             for s in seqs[1:]:
                 m.fork(seqs[0], s)
@@ -98,10 +110,9 @@ class PagedGenerator:
             while active:
                 tokens: dict[int, int] = {}
                 for i in list(active):
-                    tok = int(sample_next(rows[i], params, gens[i]))
-                    out.token_ids[i].append(tok)
-                    if checkers[i].update(tok):
-                        out.finish_reasons[i] = checkers[i].finish_reason or "length"
+                    tok = int(sample_next(rows[i], states[i].params, states[i].generator))
+                    if states[i].accept([tok]):  # out.token_ids[i] is the state's own list: appended here
+                        out.finish_reasons[i] = states[i].finish_reason
                         out.block_tables[i] = m.block_table(seqs[i])
                         m.free(seqs[i])
                         active.remove(i)
@@ -135,9 +146,13 @@ def paged_generate(
     eos_id: int | None = None,
     block_size: int = 16,
     num_blocks: int | None = None,
+    kv_dtype: torch.dtype = torch.float32,
 ) -> PagedGeneration:
-    """One request on a fresh paged cache. `num_blocks` defaults to what n private copies could ever need."""
+    """One request on a fresh paged cache (in `kv_dtype`). `num_blocks` defaults to what n private copies could
+    ever need."""
+    config = require_model(model, "paged_generate")
     if num_blocks is None:
-        longest = min(len(prompt_ids) + params.max_new_tokens, model.config.block_size)
+        longest = min(len(prompt_ids) + params.max_new_tokens, config.block_size)
         num_blocks = params.n * num_blocks_for(longest, block_size) + 1
-    return PagedGenerator(model, num_blocks, block_size).generate(prompt_ids, params, tokenizer, eos_id)
+    return PagedGenerator(model, num_blocks, block_size, kv_dtype=kv_dtype).generate(prompt_ids, params, tokenizer,
+                                                                                      eos_id)

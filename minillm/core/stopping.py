@@ -1,0 +1,227 @@
+"""One request's lifecycle, shared by every generation loop: check the prompt, sample into it, decide when it stops.
+
+Adds the three pieces every loop in minillm used to write for itself: `validate_prompt` (the prompt and its
+context window, checked once at a public entry point), `StopChecker` (end-of-text, stop strings, max tokens and
+the window, in vLLM's order) and `RequestState`, built by `start_request`: the validated prompt, the capped
+`SamplingParams`, the request's own generator and its stop checker. A loop samples with `sample_next(logits,
+state.params, state.generator)` and hands the tokens to `state.accept`, which says whether the request is over.
+Chapter 03's naive loop, chapter 04's cached loop and static batch, chapter 05's paged generator, chapter 06's
+engine and both of chapter 07's workers all do exactly this, so equal logits give equal tokens and equal endings
+everywhere. What it leaves out: sampling itself (`minillm.core.sampling`), and anything about KV memory.
+
+    prompt ids ──start_request──▶ RequestState(prompt_ids, params (capped), generator, stop_checker)
+    loop:  logits ──sample_next──▶ tokens ──state.accept(tokens)──▶ finished?  (finish_reason, output_text())
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from minillm.core.config import GPTConfig
+from minillm.core.sampling import SamplingParams, make_generator
+
+FINISH_REASONS = ("length", "eos", "stop")
+
+
+def default_eos(tokenizer: Any, eos_id: int | None) -> int | None:
+    """The explicit eos_id, else the tokenizer's end-of-text token when it has one, else none."""
+    if eos_id is not None:
+        if not isinstance(eos_id, int) or isinstance(eos_id, bool):
+            raise TypeError(f"eos_id must be an int or None, got {type(eos_id).__name__} {eos_id!r}")
+        return eos_id
+    return getattr(tokenizer, "eot_token", None) if tokenizer is not None else None
+
+
+def validate_prompt(
+    prompt_ids: Any, params: SamplingParams, vocab_size: int, block_size: int, truncate: bool = False
+) -> tuple[list[int], int]:
+    """Check a prompt against the model; return (prompt ids as a list, the number of tokens that can be generated).
+
+    A prompt longer than the context window is a ValueError unless `truncate=True`, which keeps the last tokens,
+    as many as leave room for `max_new_tokens` (at least one). Generation is capped where the sequence fills the
+    window: the naive loop feeds prompt_len + n - 1 tokens to produce n, so at most block_size - prompt_len + 1 new
+    tokens fit (finish_reason "length"), as vLLM caps max_tokens at the model's length.
+    """
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+    if isinstance(prompt_ids, torch.Tensor):
+        if prompt_ids.dim() != 1 or prompt_ids.is_floating_point() or prompt_ids.dtype == torch.bool:
+            raise TypeError(f"prompt_ids tensor must be 1-D integer, got {prompt_ids.dtype} {tuple(prompt_ids.shape)}")
+        prompt_ids = prompt_ids.tolist()
+    if not isinstance(prompt_ids, (list, tuple)):
+        raise TypeError(f"prompt_ids must be a list of ints, got {type(prompt_ids).__name__}")
+    if len(prompt_ids) == 0:
+        raise ValueError("prompt_ids is empty: generation needs at least one token to condition on")
+    for pos, tok in enumerate(prompt_ids):
+        if not isinstance(tok, int) or isinstance(tok, bool):
+            raise TypeError(f"prompt_ids[{pos}] must be an int token id, got {type(tok).__name__} {tok!r}")
+        if not 0 <= tok < vocab_size:
+            raise ValueError(f"prompt_ids[{pos}] = {tok} is outside the vocabulary [0, {vocab_size})")
+    ids = list(prompt_ids)
+    if not isinstance(truncate, bool):
+        raise TypeError(f"truncate must be a bool, got {truncate!r}")
+    if len(ids) > block_size:
+        if not truncate:
+            raise ValueError(f"prompt has {len(ids)} tokens, more than the context window block_size={block_size}; "
+                             f"pass truncate=True to keep the last tokens")
+    if truncate:
+        keep = max(1, block_size - max(params.max_new_tokens - 1, 0))
+        ids = ids[-keep:]
+    return ids, min(params.max_new_tokens, block_size - len(ids) + 1)
+
+
+class StopChecker:
+    """Decides after each generated token whether generation is over, and why.
+
+    `update(token_id)` returns True when the request must stop: the token is end-of-text (unless
+    `params.ignore_eos`), a stop string now appears in the generated text, or `params.max_new_tokens` tokens have
+    been produced. `finish_reason` is then "eos", "stop" or "length" (checked in that order, as vLLM does). The
+    context window is a length limit too: `start_request` folds it into `max_new_tokens` (`validate_prompt`), so
+    a request whose next token would have no position finishes with "length". The token that triggered the stop
+    has already been streamed; `output_text()` gives the text with the stop string and anything after it cut off,
+    as vLLM returns it.
+    """
+
+    def __init__(self, tokenizer: Any, params: SamplingParams, eos_id: int | None = None):
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if params.stop and tokenizer is None:
+            raise ValueError(f"stop strings {params.stop!r} need a tokenizer to decode the generated text")
+        self.tokenizer = tokenizer
+        self.params = params
+        self.eos_id = default_eos(tokenizer, eos_id)
+        self.token_ids: list[int] = []
+        self.finish_reason: str | None = None
+        self._max_stop = max((len(s) for s in params.stop), default=0)
+        self._searched = 0  # characters of decoded text already searched for stop strings
+        self._stop_at: int | None = None  # character index where the stop string begins
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def text(self) -> str:
+        """All generated text so far (stop string included)."""
+        return self.tokenizer.decode(self.token_ids) if self.tokenizer is not None else ""
+
+    def output_text(self) -> str:
+        """The generated text up to (not including) the stop string, if one was hit."""
+        text = self.text
+        return text if self._stop_at is None else text[: self._stop_at]
+
+    def update(self, token_id: int) -> bool:
+        if self.finished:
+            raise RuntimeError(f"update() after generation finished ({self.finish_reason})")
+        self.token_ids.append(int(token_id))
+        if self.eos_id is not None and token_id == self.eos_id and not self.params.ignore_eos:
+            self.finish_reason = "eos"
+        elif self.params.stop and self._find_stop():
+            self.finish_reason = "stop"
+        elif len(self.token_ids) >= self.params.max_new_tokens:
+            self.finish_reason = "length"
+        return self.finished
+
+    def _find_stop(self) -> bool:
+        text = self.text
+        # subtle: only the tail can hold a new match, but a token can end mid-character (shown as U+FFFD until its
+        # next bytes arrive), so re-search a few characters before the stop string's length.
+        start = max(0, self._searched - self._max_stop - 4)
+        hits = [i for i in (text.find(s, start) for s in self.params.stop) if i >= 0]
+        self._searched = len(text)
+        if hits:
+            self._stop_at = min(hits)
+            return True
+        return False
+
+
+@dataclass
+class RequestState:
+    """One request as every loop sees it: what to condition on, how to sample, and whether it is over.
+
+    Built by `start_request` (never by hand in a loop), so the prompt is validated, `params.max_new_tokens` is
+    capped by the context window, and the generator is seeded from `params.seed` on the loop's device. The output
+    tokens live in the stop checker (`output_ids`); `accept` is the only way to add them.
+    """
+
+    prompt_ids: list[int]  # the validated prompt (the last tokens, if it was truncated)
+    params: SamplingParams  # the request's params with max_new_tokens capped by the window
+    generator: torch.Generator | None  # the request's own RNG (None = the global one: seed was None)
+    stop_checker: StopChecker
+
+    @property
+    def output_ids(self) -> list[int]:
+        """Every accepted output token, in order (the stop checker's list: do not append to it)."""
+        return self.stop_checker.token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus accepted output tokens."""
+        return len(self.prompt_ids) + len(self.stop_checker.token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.stop_checker.finished
+
+    @property
+    def finish_reason(self) -> str | None:
+        """"length", "eos" or "stop" once finished, else None."""
+        return self.stop_checker.finish_reason
+
+    def output_text(self) -> str:
+        """The generated text, a hit stop string and what follows it cut off ("" without a tokenizer)."""
+        return self.stop_checker.output_text()
+
+    def accept(self, tokens: Sequence[int]) -> bool:
+        """Append newly sampled tokens in order; True when the request is finished.
+
+        One token per step for every loop up to chapter 07. Chapter 08's speculative decoding accepts several
+        tokens at once: they are taken one by one, and at the first that finishes the request (eos, a stop string,
+        max tokens, the window) the rest are dropped, exactly as if the tokens had come one step at a time.
+        Accepting into a finished request is a RuntimeError (a loop that forgot to stop).
+        """
+        if self.stop_checker.finished:
+            raise RuntimeError(f"accept() after the request finished ({self.stop_checker.finish_reason})")
+        update = self.stop_checker.update
+        for token in tokens:
+            if update(int(token)):
+                return True  # subtle: tokens after the finishing one are ignored, never appended
+        return False
+
+    def fork(self, seed: int | None, tokenizer: Any = None) -> "RequestState":
+        """A fresh sibling for a parallel sample of the same prompt (chapter 05's n > 1): same prompt and params,
+        no output yet, its own generator seeded with `seed` and its own stop checker."""
+        device = self.generator.device if self.generator is not None else "cpu"
+        checker = StopChecker(tokenizer if tokenizer is not None else self.stop_checker.tokenizer, self.params,
+                              self.stop_checker.eos_id)
+        return RequestState(self.prompt_ids, self.params, make_generator(seed, device), checker)
+
+
+def start_request(
+    model_config: GPTConfig,
+    prompt_ids: Any,
+    params: SamplingParams,
+    tokenizer: Any = None,
+    eos_id: int | None = None,
+    *,
+    device: torch.device | str = "cpu",
+    truncate: bool = False,
+) -> RequestState:
+    """Validate one request against the model and build its state: the one way every loop starts a request.
+
+    Raises TypeError/ValueError (with `validate_prompt`'s and `StopChecker`'s messages) for a bad prompt, params,
+    eos_id, or stop strings without a tokenizer. `eos_id` defaults to the tokenizer's end-of-text token. A request
+    with nothing to generate (max_new_tokens 0) comes back already finished, with finish_reason "length".
+    """
+    if not isinstance(model_config, GPTConfig):
+        raise TypeError(f"model_config must be a GPTConfig, got {type(model_config).__name__}")
+    ids, max_new = validate_prompt(prompt_ids, params, model_config.vocab_size, model_config.block_size, truncate)
+    params = dataclasses.replace(params, max_new_tokens=max_new)  # the window cap, as vLLM caps max_tokens
+    checker = StopChecker(tokenizer, params, eos_id)
+    if max_new == 0:
+        checker.finish_reason = "length"  # finished on arrival: nothing may be generated
+    return RequestState(ids, params, make_generator(params.seed, device), checker)
