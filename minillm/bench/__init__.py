@@ -1,5 +1,8 @@
-"""The measurement kit every chapter benchmark is built from.
+"""The measurement kit every chapter benchmark is built from (it imports only core, tokenizer and gpt).
 
-`models.load_model(name)` (a shipped checkpoint or a seeded stand-in of its shape), `workload` (named workload
-presets), `driver` (feeds requests to any engine over time) and `check` (same tokens as a baseline).
+- `models.load_model(name)`: a shipped checkpoint, or a seeded stand-in of its shape, labelled
+- `workload`: `make_workload` (the one generator), `workload(preset, n, seed, rate)`, `eval_prompts(lengths)`
+- `driver.drive(engine, workload)`: feeds requests to any engine over time, per-request token timestamps
+- `check.same_tokens(reference, *candidates)`: same tokens as the baseline, id by id
+Side-by-side timings go through `minillm.core.timing.compare`.
 """

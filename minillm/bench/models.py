@@ -25,11 +25,16 @@ class LoadedModel(NamedTuple):
     label: str  # "base", or "base (random init: checkpoint missing)"
 
 
-def load_model(name: str = "base", device: str | torch.device = "cpu", seed: int = 0) -> LoadedModel:
-    """The shipped checkpoint `name` (eval mode), or seeded random weights of preset `name`'s shape, labelled."""
-    if is_shipped(name):
+def load_model(name: str = "base", device: str | torch.device = "cpu", seed: int = 0,
+               random_init: bool = False) -> LoadedModel:
+    """The shipped checkpoint `name` (eval mode), or seeded random weights of preset `name`'s shape, labelled.
+
+    `random_init=True` takes the random weights even when the checkpoint is there (`minillm bench --random-init`).
+    """
+    if is_shipped(name) and not random_init:
         model, tokenizer = load_pretrained(name, device=device)
         return LoadedModel(model.eval(), tokenizer, True, name)
     torch.manual_seed(seed)
     model = GPT(GPTConfig.from_name(name)).to(device).eval()
-    return LoadedModel(model, load_tokenizer(), False, f"{name} (random init: checkpoint missing)")
+    why = "asked for" if random_init and is_shipped(name) else "checkpoint missing"
+    return LoadedModel(model, load_tokenizer(), False, f"{name} (random init: {why})")

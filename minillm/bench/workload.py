@@ -1,7 +1,8 @@
 """Seeded synthetic workloads: Poisson arrivals, prompt and output lengths drawn from simple distributions.
 
-Shared by chapter 06's benchmarks, chapter 07 (disaggregation) and chapter 15 (serving load generator), so every
-chapter measures on the same requests. A workload is a list of `WorkloadRequest` (arrival offset in seconds,
+One generator (`make_workload`) and named presets on top of it (`workload("mixed", n, seed, rate)`), shared by
+chapter 06's benchmarks, chapter 07 (disaggregation) and chapter 15 (serving load generator), so every chapter
+measures on the same requests; `eval_prompts` gives single prompts of chosen lengths from the same text. A workload is a list of `WorkloadRequest` (arrival offset in seconds,
 prompt ids, sampling params with a fixed output length: `ignore_eos=True`, so the work is known in advance and the
 comparison between engines is on equal terms). What it leaves out: real traces (ShareGPT, Azure) and bursts.
 
@@ -19,8 +20,10 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
+import torch
 
 from minillm.core.sampling import SamplingParams
+from minillm.gpt.dataset import default_eval_tokens
 
 DIST_KINDS = ("fixed", "uniform", "lognormal", "choice")
 
@@ -136,3 +139,47 @@ def make_workload(
         )
         out.append(WorkloadRequest(f"req-{i}", float(arrivals[i]), [int(t) for t in prompt], params))
     return out
+
+
+@dataclass(frozen=True)
+class Preset:
+    prompt_len: str  # a LengthDist spec
+    output_len: str  # a LengthDist spec
+    real_text: bool  # prompts are windows of the validation text (else random ids below the vocabulary size)
+    about: str  # who uses it, and why this shape
+
+
+PRESETS: dict[str, Preset] = {
+    "mixed": Preset("uniform:16:96", "lognormal:40:0.8:8:160", True,
+                    "chapter 06: mixed prompts, long-tailed outputs (chat-like); throughput and the frontier"),
+    "prefill-heavy": Preset("uniform:160:224", "fixed:32", False,
+                            "chapter 07: long prompts, short outputs; prompts keep arriving while others decode"),
+    "small-pool": Preset("uniform:4:64", "uniform:4:40", False,
+                         "chapter 06: agreement with each request alone through a pool small enough to preempt"),
+    "decodes": Preset("uniform:8:16", "fixed:60", False,
+                      "chapter 06: short prompts, long outputs; the running decodes a long prompt interrupts"),
+}
+TEXT_TOKENS = 20_000  # validation tokens the real-text presets draw their prompt windows from
+
+
+def workload(name: str, n: int, seed: int = 0, rate: float = math.inf, vocab_size: int = 4096,
+             prompt_len: "str | int | None" = None, output_len: "str | int | None" = None) -> list[WorkloadRequest]:
+    """`n` requests of preset `name` (see PRESETS), arriving at `rate`/s (inf: offline); lengths may be overridden."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown workload preset {name!r}; presets: {sorted(PRESETS)}")
+    p = PRESETS[name]
+    source = default_eval_tokens(TEXT_TOKENS).tolist() if p.real_text else None
+    return make_workload(n, rate, p.prompt_len if prompt_len is None else prompt_len,
+                         p.output_len if output_len is None else output_len, seed=seed, vocab_size=vocab_size,
+                         token_source=source)
+
+
+def eval_prompts(lengths: Sequence[int], vocab_size: int, real_text: bool, seed: int = 0) -> list[list[int]]:
+    """One prompt per length: consecutive stretches of the validation text (`real_text`, for trained weights), else
+    seeded random ids below `vocab_size` (a random-init model reads noise either way)."""
+    if real_text:
+        tokens = default_eval_tokens(sum(lengths)).tolist()
+        starts = np.cumsum([0, *lengths])
+        return [tokens[a:b] for a, b in zip(starts[:-1], starts[1:])]
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab_size, (n,), generator=g).tolist() for n in lengths]
