@@ -346,12 +346,13 @@ def test_on_device(device):
 def test_benchmark_helpers_report_consistent_checks(model):
     """The chapter's benchmark module on a small model: its checks pass and its report has every figure (no timing
     is asserted; only that the measured quantities exist and the equivalences hold)."""
-    from minillm.kvcache.bench import check_equivalence, check_static_batch, memory_check, step_latency_by_position
+    from minillm.kvcache.bench import check_equivalence, memory_check, static_batch_speedup, step_latency_by_position
 
     prompts = random_prompts(3, SMALL["vocab_size"], lengths=[2, 7, 12], seed=12)
     eq = check_equivalence(model, prompts, 6)
     assert eq["identical"] == 3 and eq["max_abs_logit_diff"] <= ATOL + RTOL * eq["max_abs_logit"]
-    assert check_static_batch(model, prompts, 6) == {"identical_rows": 3, "rows": 3}
+    sb = static_batch_speedup(model, prompts, 6)
+    assert (sb["identical_rows"], sb["rows"]) == (3, 3) and sb["speedup"] > 0
     mem = memory_check(model, batch_size=2, max_len=10)
     assert mem["equal"] and mem["measured_bytes"] == 2 * 2 * 4 * 16 * 10 * 2 * 4
     lat = step_latency_by_position(model, [1, 5, 9], repeats=1)

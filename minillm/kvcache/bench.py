@@ -11,27 +11,28 @@ correctness here; chapter 06 measures batching) and any GPU-specific tuning.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import statistics
 import time
 from typing import Any
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
-from minillm.kvcache.generate import decode_step, generate_ids, generate_static_batch, prefill
-from minillm.gpt.dataset import eval_prompts
-from minillm.naive.generate import generate_naive_ids
-from minillm.kvcache.cache import ContiguousKVCache, kv_cache_bytes
+from minillm.bench.check import same_tokens
+from minillm.bench.models import load_model
+from minillm.bench.workload import eval_prompts
+from minillm.core.device import resolve_device
+from minillm.core.hf import to_hf_model
+from minillm.core.io import atomic_write_text
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
-from minillm.core.timing import compare, measure
-from minillm.bench.models import load_model
-
-
-def load_base(device: torch.device | str = "cpu", seed: int = 0) -> tuple[GPT, Any, str]:
-    """(model, tokenizer or None, label): the shipped `base` checkpoint, or random weights of its shape (labelled)."""
-    loaded = load_model("base", device, seed)
-    return loaded.model, loaded.tokenizer if loaded.trained else None, loaded.label
+from minillm.core.timing import compare
+from minillm.kvcache.cache import ContiguousKVCache, kv_cache_bytes
+from minillm.kvcache.generate import decode_step, generate_ids, generate_static_batch, prefill
+from minillm.naive.generate import generate_naive_ids
 
 
 def check_equivalence(model: GPT, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
@@ -41,10 +42,10 @@ def check_equivalence(model: GPT, prompts: list[list[int]], new_tokens: int) -> 
     Reports the largest absolute difference and the largest |logit| it sits on (the float32 scale).
     """
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
-    same, max_diff, max_logit = 0, 0.0, 0.0
-    for p in prompts:
-        cached = generate_ids(model, p, params)
-        same += cached == generate_naive_ids(model, p, params)
+    cached_all = [generate_ids(model, p, params) for p in prompts]
+    same = same_tokens([generate_naive_ids(model, p, params) for p in prompts], cached_all)
+    max_diff, max_logit = 0.0, 0.0
+    for p, cached in zip(prompts, cached_all):
         seq = torch.tensor([p + cached], device=model.device)  # (1, T)
         cache = ContiguousKVCache(model.config, 1, seq.size(1), device=model.device)
         steps = [prefill(model, cache, seq[:, :len(p)])]
@@ -54,16 +55,19 @@ def check_equivalence(model: GPT, prompts: list[list[int]], new_tokens: int) -> 
             ref = model(seq)[0, len(p) - 1:-1]  # (n, V)
         max_diff = max(max_diff, (torch.cat(steps) - ref).abs().max().item())
         max_logit = max(max_logit, ref.abs().max().item())
-    return {"identical": same, "prompts": len(prompts), "new_tokens": new_tokens, "max_abs_logit_diff": max_diff,
+    return {"identical": same.equal, "prompts": same.total, "new_tokens": new_tokens, "max_abs_logit_diff": max_diff,
             "max_abs_logit": max_logit}
 
 
-def check_static_batch(model: GPT, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
-    """Greedy tokens of one left-padded static batch against each prompt run alone (exact)."""
+def static_batch_speedup(model: GPT, prompts: list[list[int]], new_tokens: int, repeats: int = 1) -> dict[str, Any]:
+    """One left-padded static batch vs the same prompts one at a time (both cached), interleaved; rows exact."""
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
-    batched = generate_static_batch(model, prompts, params)
-    alone = [generate_ids(model, p, params) for p in prompts]
-    return {"identical_rows": sum(a == b for a, b in zip(batched, alone)), "rows": len(prompts)}
+    out: dict[str, list] = {}
+    cmp = compare(lambda: out.__setitem__("alone", [generate_ids(model, p, params) for p in prompts]),
+                  lambda: out.__setitem__("batch", generate_static_batch(model, prompts, params)),
+                  warmup=0, repeats=repeats, device=model.device)
+    same = same_tokens(out["alone"], out["batch"], unit="rows")
+    return {"identical_rows": same.equal, "rows": same.total, "speedup": cmp.speedup}
 
 
 def step_latency_by_position(model: GPT, positions: list[int], repeats: int = 5, seed: int = 0) -> dict[str, Any]:
@@ -109,15 +113,14 @@ def speedup_vs_naive(model: GPT, prompt: list[int], new_tokens: int, warmup: int
                   lambda: out.__setitem__("cached", generate_ids(model, prompt, params)),
                   warmup=warmup, repeats=repeats, device=model.device)
     return {"new_tokens": new_tokens, "prompt_len": len(prompt), "naive_s": cmp.baseline.median,
-            "cached_s": cmp.candidate.median, "speedup": cmp.speedup, "identical": out["naive"] == out["cached"],
+            "cached_s": cmp.candidate.median, "speedup": cmp.speedup,
+            "identical": same_tokens([out["naive"]], [out["cached"]]).ok,
             "generated": len(out["cached"])}
 
 
 def hf_comparison(model: GPT, prompt: list[int], new_tokens: int, warmup: int = 1, repeats: int = 3,
                   attn_implementation: str = "sdpa") -> dict[str, Any]:
     """Tokens/s at batch 1: ours (`generate`, KV cache) vs Hugging Face `generate(use_cache=True)`, same weights."""
-    from minillm.core.hf import to_hf_model
-
     hf = to_hf_model(model, attn_implementation=attn_implementation)
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
     idx = torch.tensor([prompt], device=model.device)
@@ -137,7 +140,7 @@ def hf_comparison(model: GPT, prompt: list[int], new_tokens: int, warmup: int = 
     return {"new_tokens": new_tokens, "prompt_len": len(prompt), "hf_s": cmp.baseline.median,
             "ours_s": cmp.candidate.median, "hf_tok_s": new_tokens / cmp.baseline.median,
             "ours_tok_s": new_tokens / cmp.candidate.median, "ratio": cmp.speedup,
-            "identical": out["hf"] == out["ours"], "attn_implementation": attn_implementation}
+            "identical": same_tokens([out["hf"]], [out["ours"]]).ok, "attn_implementation": attn_implementation}
 
 
 def profile_ops(model: GPT, prompt: list[int], new_tokens: int = 128) -> dict[str, dict[str, float]]:
@@ -145,13 +148,6 @@ def profile_ops(model: GPT, prompt: list[int], new_tokens: int = 128) -> dict[st
 
     Groups: weight matmuls (addmm/mm), attention (SDPA kernels), `aten::cat` (HF's growing cache), and the rest.
     """
-    import cProfile
-    import pstats
-
-    from torch.profiler import ProfilerActivity, profile
-
-    from minillm.core.hf import to_hf_model
-
     hf = to_hf_model(model, attn_implementation="sdpa")
     idx = torch.tensor([prompt], device=model.device)
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
@@ -183,14 +179,13 @@ def profile_ops(model: GPT, prompt: list[int], new_tokens: int = 128) -> dict[st
 def projection_times(model: GPT, repeats: int = 7, passes: int = 20) -> dict[str, dict[str, float]]:
     """One token through each block projection, ours (`nn.Linear`, weight (out, in)) vs HF (`Conv1D`, (in, out)).
 
-    Same weights, same input, in two regimes, interleaved with HF's, median of `repeats`, µs per projection:
-    - "hot": the same projection of every layer over and over, so its weights stay in the CPU's caches;
+    Same weights, same input, in two regimes, median of `repeats`, µs per projection:
+    - "hot": the same projection of every layer over and over, so its weights stay in the CPU's caches
+      (ours and HF's interleaved by `compare`);
     - "streamed": all projections in the order one decode step runs them (layer by layer), so each weight has
       been pushed out of the caches by the rest of the model when it comes round again, as in a real decode loop.
     Also the largest output difference between the two (the same math on the same weights: float rounding only).
     """
-    from minillm.core.hf import to_hf_model
-
     hf = to_hf_model(model, attn_implementation="sdpa")
     C = model.config.n_embd
     names = (("attn.c_attn", C), ("attn.c_proj", C), ("mlp.c_fc", C), ("mlp.c_proj", 4 * C))
@@ -198,18 +193,23 @@ def projection_times(model: GPT, repeats: int = 7, passes: int = 20) -> dict[str
     mods = {key: {name: [block.get_submodule(name) for block in net.transformer.h] for name, _ in names}
             for key, net in (("ours", model), ("hf", hf))}
     n_layer = len(model.transformer.h)
-    hot: dict[tuple[str, str], list[float]] = {(k, n): [] for k in mods for n, _ in names}
+    calls = passes * n_layer
+
+    def hot(key: str, name: str):
+        return lambda: [m(xs[name]) for _ in range(passes) for m in mods[key][name]]
+
     streamed: dict[tuple[str, str], list[float]] = {(k, n): [] for k in mods for n, _ in names}
+    out: dict[str, dict[str, float]] = {}
     with torch.inference_mode():
+        for name, _ in names:
+            cmp = compare(hot("hf", name), hot("ours", name), warmup=1, repeats=repeats, device=model.device)
+            out[name] = {"ours_hot": cmp.candidate.median / calls * 1e6, "hf_hot": cmp.baseline.median / calls * 1e6}
+        # subtle: the streamed regime times each projection call on its own inside one decode-order pass (the
+        # point is what runs between two calls of the same projection), so it cannot be two callables for
+        # `compare`; ours and HF's still alternate, repeat by repeat.
         for _ in range(repeats):
             for key in mods:
-                for name, _ in names:  # hot: one projection type, all layers, again and again
-                    t0 = time.perf_counter()
-                    for _ in range(passes):
-                        for m in mods[key][name]:
-                            m(xs[name])
-                    hot[key, name].append((time.perf_counter() - t0) / (passes * n_layer) * 1e6)
-                spent = {name: 0.0 for name, _ in names}  # streamed: decode order, each call timed on its own
+                spent = {name: 0.0 for name, _ in names}
                 for _ in range(passes):
                     for layer in range(n_layer):
                         for name, _ in names:
@@ -217,14 +217,12 @@ def projection_times(model: GPT, repeats: int = 7, passes: int = 20) -> dict[str
                             mods[key][name][layer](xs[name])
                             spent[name] += time.perf_counter() - t0
                 for name, _ in names:
-                    streamed[key, name].append(spent[name] / (passes * n_layer) * 1e6)
-        out: dict[str, dict[str, float]] = {}
+                    streamed[key, name].append(spent[name] / calls * 1e6)
         for name, _ in names:
             diff = max(float((a(xs[name]) - b(xs[name])).abs().max())
                        for a, b in zip(mods["ours"][name], mods["hf"][name]))
-            out[name] = {"ours_hot": statistics.median(hot["ours", name]), "hf_hot": statistics.median(hot["hf", name]),
-                         "ours_streamed": statistics.median(streamed["ours", name]),
-                         "hf_streamed": statistics.median(streamed["hf", name]), "max_abs_diff": diff}
+            out[name].update({"ours_streamed": statistics.median(streamed["ours", name]),
+                              "hf_streamed": statistics.median(streamed["hf", name]), "max_abs_diff": diff})
     return out
 
 
@@ -232,7 +230,7 @@ def memory_check(model: GPT, batch_size: int = 1, max_len: int | None = None) ->
     """The cache's measured bytes (tensor nbytes) against 2·layers·heads·head_dim·tokens·batch·bytes."""
     cfg = model.config
     max_len = max_len or cfg.block_size
-    dtype = model.lm_head.weight.dtype
+    dtype = torch.float32  # the cache's dtype is the caller's choice (chapter 09 varies it), not read off the model
     cache = ContiguousKVCache(cfg, batch_size, max_len, device=model.device, dtype=dtype)
     elem = torch.empty((), dtype=dtype).element_size()
     formula = kv_cache_bytes(cfg.n_layer, cfg.n_head, cfg.head_size, max_len, batch_size, elem)
@@ -257,19 +255,22 @@ def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, ful
     else:
         eq_lengths, eq_new, lengths, hf_new, hf_rep = [3, 8, 16, 31, 64, 120], 16, [64, 128, bs], 64, 3
         positions, lat_rep = [1, 64, 128, 192, bs - 1], 3
-    eq_prompts = eval_prompts(model, eq_lengths, real_text, seed)
+    V = model.config.vocab_size
+    eq_prompts = eval_prompts(eq_lengths, V, real_text, seed)
     report: dict[str, Any] = {"threads": torch.get_num_threads(), "device": str(model.device)}
     report["equivalence"] = check_equivalence(model, eq_prompts, eq_new)
-    report["static_batch"] = check_static_batch(model, eq_prompts, max(8, eq_new - 8))
+    sb_lengths = [5, 12, 20, 33] if quick else [5, 9, 12, 20, 27, 33, 41, 60]
+    report["static_batch"] = static_batch_speedup(model, eval_prompts(sb_lengths, V, real_text, seed),
+                                                  8 if quick else 32, repeats=3 if full else 1)
     # One-token prompt: the most new tokens the window allows is block_size (prompt_len + n - 1 <= block_size).
-    prompt = eval_prompts(model, [1], real_text, seed)[0]
+    prompt = eval_prompts([1], V, real_text, seed)[0]
     # The chapter table takes the median of 3 interleaved runs at every length; the tour keeps the long naive runs
     # to one each (a 256-token naive run alone is ~10 s), so its 128- and 256-token rows are single samples.
     report["speedup"] = [
         speedup_vs_naive(model, prompt, n, warmup=1 if n <= 64 else 0, repeats=3 if full else (2 if n <= 64 else 1))
         for n in lengths
     ]
-    report["hf"] = hf_comparison(model, eval_prompts(model, [16], real_text, seed)[0], hf_new, warmup=1,
+    report["hf"] = hf_comparison(model, eval_prompts([16], V, real_text, seed)[0], hf_new, warmup=1,
                                  repeats=hf_rep)
     report["latency"] = step_latency_by_position(model, positions, repeats=lat_rep, seed=seed)
     report["memory"] = memory_check(model)
@@ -292,7 +293,7 @@ def format_table(report: dict[str, Any]) -> str:
     e, s, m = report["equivalence"], report["static_batch"], report["memory"]
     lines.append(f"greedy tokens identical to naive: {e['identical']}/{e['prompts']} prompts; max |logit diff| "
                  f"{e['max_abs_logit_diff']:.2e} (logits up to {e['max_abs_logit']:.1f}); static batch rows identical to alone: {s['identical_rows']}/"
-                 f"{s['rows']}")
+                 f"{s['rows']} ({s['speedup']:.1f}x faster than alone)")
     lines.append(f"cache bytes {m['measured_bytes']:,} == formula {m['formula_bytes']:,}: {m['equal']} "
                  f"({m['bytes_per_token']:,} B/token)")
     lines.append(f"(torch threads: {report['threads']}, device {report['device']}, median per-step ratio "
@@ -308,13 +309,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write the full report as JSON")
     parser.add_argument("--profile", action="store_true", help="only profile ours vs HF generate (op time by group)")
     args = parser.parse_args(argv)
-    from minillm.core.device import resolve_device
-
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    model, _, label = load_base(resolve_device(args.device))
+    loaded = load_model("base", resolve_device(args.device))
+    model, label = loaded.model, loaded.label
     if args.profile:
-        prof = profile_ops(model, eval_prompts(model, [16], real_text=label == "base")[0])
+        prof = profile_ops(model, eval_prompts([16], model.config.vocab_size, real_text=loaded.trained)[0])
         for name, r in prof.items():
             print(f"{name:5s} " + "  ".join(f"{k} {v:.0f}" for k, v in r.items()))
         print("one-token projection, us, ours nn.Linear (out, in) / HF Conv1D (in, out), same weights:")
@@ -322,13 +322,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:12s} hot {r['ours_hot']:6.1f} / {r['hf_hot']:6.1f}   streamed (decode order) "
                   f"{r['ours_streamed']:6.1f} / {r['hf_streamed']:6.1f}   max |diff| {r['max_abs_diff']:.1e}")
         return 0
-    report = run_all(model, real_text=label == "base", quick=args.quick, full=not args.quick)
+    report = run_all(model, real_text=loaded.trained, quick=args.quick, full=not args.quick)
     report["model"] = label
     print(f"model: {label}")
     print(format_table(report))
     if args.json:
-        from minillm.core.io import atomic_write_text
-
         atomic_write_text(args.json, json.dumps(report, indent=2) + "\n")
     return 0
 

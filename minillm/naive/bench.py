@@ -4,7 +4,7 @@ Adds a registry of generation paths (`register_generator`; chapter 03 registers 
 command registers each later chapter's generator, e.g. chapter 04's "kv-cache"), `BenchCase` (what to run), `run_request` (one request's token timestamps), `run_bench` (warm-up,
 repeats, baseline and each candidate interleaved by `minillm.core.timing.compare`, vLLM-style summaries, tokens equal
 or not, peak memory) and the `minillm bench` command. What it leaves out: concurrent requests and arrival processes
-(chapter 06's workload generator and chapter 15's load generator do that).
+(`minillm.bench.driver` does that for chapters 06 and 07).
 
 A generator is any `fn(model, prompt_ids, params, tokenizer=None, eos_id=None) -> Iterator[int]` that streams the
 new token ids; `generate_naive` is the reference signature.
@@ -13,6 +13,7 @@ new token ids; `generate_naive` is the reference signature.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import statistics
 import time
@@ -22,12 +23,18 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from minillm.bench.check import same_tokens
+from minillm.bench.models import load_model
+from minillm.bench.workload import eval_prompts
 from minillm.core.config import check_int
-from minillm.naive.generate import generate_naive
+from minillm.core.device import DEVICE_CHOICES, resolve_device
+from minillm.core.hf import to_hf_model
+from minillm.core.io import atomic_write_bytes, atomic_write_text
 from minillm.core.metrics import PeakMemory, RequestTimes, summarize, timed_stream
 from minillm.core.sampling import SamplingParams
 from minillm.core.timing import compare, measure
-from minillm.gpt.pretrained import load_pretrained
+from minillm.naive.generate import generate_naive, generate_naive_ids
+from minillm.naive.roofline import decode_bound, measure_machine
 
 GeneratorFn = Callable[..., Iterator[int]]
 GENERATORS: dict[str, GeneratorFn] = {}
@@ -133,7 +140,8 @@ def run_bench(model: torch.nn.Module, prompt_ids: list[int], case: BenchCase, ge
         run_cand = _runner(fns[cand], model, prompt_ids, params, tokenizer, logs[cand])
         cmp = compare(run_base, run_cand, warmup=case.warmup, repeats=case.repeats, device=device)
         comparisons.append({"baseline": base, "candidate": cand, "speedup_e2e": cmp.speedup,
-                            "identical_tokens": logs[base][-1][0] == logs[cand][-1][0], "timing": cmp.to_dict()})
+                            "identical_tokens": same_tokens([logs[base][-1][0]], [logs[cand][-1][0]]).ok,
+                            "timing": cmp.to_dict()})
     return {
         "case": asdict(case),
         "device": str(device),
@@ -145,14 +153,10 @@ def run_bench(model: torch.nn.Module, prompt_ids: list[int], case: BenchCase, ge
 
 def plot_bench(report: dict[str, Any], path: str | Path) -> Path:
     """Per-token latency against position for each generator, and output tokens/s as bars; PNG, written atomically."""
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from minillm.core.io import atomic_write_bytes
 
     results = report["results"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -171,27 +175,6 @@ def plot_bench(report: dict[str, Any], path: str | Path) -> Path:
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     return atomic_write_bytes(path, buf.getvalue())
-
-
-def load_bench_model(name: str, device: torch.device, random_init: bool = False, seed: int = 0):
-    """(model, tokenizer or None) for `minillm bench`: a shipped checkpoint, or random weights of a preset's shape."""
-    from minillm.core.config import GPTConfig
-    from minillm.core.model import GPT
-
-    if random_init:
-        torch.manual_seed(seed)
-        return GPT(GPTConfig.from_name(name)).to(device).eval(), None
-    return load_pretrained(name, device=device)
-
-
-def bench_prompt(prompt_len: int, vocab_size: int, real_text: bool, seed: int = 0) -> list[int]:
-    """The first prompt_len validation-set tokens (real text), or seeded random ids for a random-weight model."""
-    if real_text:
-        from minillm.gpt.dataset import default_eval_tokens
-
-        return default_eval_tokens(prompt_len).tolist()
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab_size, (prompt_len,), generator=g).tolist()
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -214,8 +197,6 @@ def format_report(report: dict[str, Any]) -> str:
 
 def add_roofline(report: dict[str, Any], model: torch.nn.Module, quick: bool = False) -> dict[str, Any]:
     """Attach the machine's rates, the decode bound for this case, and the baseline's fraction of it."""
-    from minillm.naive.roofline import decode_bound, measure_machine
-
     dtype = next(model.parameters()).dtype
     machine = measure_machine(model.device, dtype, quick=quick)
     case = report["case"]
@@ -226,29 +207,54 @@ def add_roofline(report: dict[str, Any], model: torch.nn.Module, quick: bool = F
     return report
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from minillm.core.device import resolve_device
+def hf_parity(model: torch.nn.Module, prompts: list[list[int]], new_tokens: int):
+    """Greedy tokens of `generate_naive` against HF generate(use_cache=False, do_sample=False), prompt by prompt."""
+    hf = to_hf_model(model).to(model.device).eval()
+    params = SamplingParams.greedy(new_tokens, ignore_eos=True)
+    theirs, ours = [], []
+    for prompt in prompts:
+        ids = torch.tensor([prompt], device=model.device)
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                          min_new_tokens=new_tokens, do_sample=False, use_cache=False, pad_token_id=0,
+                          eos_token_id=None)
+        theirs.append(out[0, len(prompt):].tolist())
+        ours.append(generate_naive_ids(model, prompt, params))
+    return same_tokens(theirs, ours)
 
+
+def run_all(model: torch.nn.Module, real_text: bool, quick: bool = False, seed: int = 0) -> dict[str, Any]:
+    """The chapter's tour figures: HF parity on consecutive stretches of the validation text, one `run_bench` of
+    the naive loop (TTFT, TPOT, tokens/s, memory) and the roofline bound, measured under the same threads."""
+    lengths = [16] if quick else [16, 40, 5]
+    new_tokens = 8 if quick else 24
+    parity = hf_parity(model, eval_prompts(lengths, model.config.vocab_size, real_text, seed), new_tokens)
+    case = BenchCase(prompt_len=16, new_tokens=16 if quick else 64, repeats=2 if quick else 3, warmup=0)
+    prompt = eval_prompts([case.prompt_len], model.config.vocab_size, real_text, seed)[0]
+    report = add_roofline(run_bench(model, prompt, case), model, quick=quick)
+    report["parity"] = {"result": parity, "new_tokens": new_tokens}
+    return report
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)  # on a shared CPU, fewer threads than cores avoids spin-wait thrashing
-    model, tokenizer = load_bench_model(args.model, device, random_init=args.random_init, seed=args.seed)
+    loaded = load_model(args.model, device, seed=args.seed, random_init=args.random_init)
+    model, tokenizer = loaded.model, loaded.tokenizer
     case = BenchCase(prompt_len=args.prompt_len, new_tokens=args.new_tokens, repeats=args.repeats, warmup=args.warmup)
     if args.prompt_len + args.new_tokens - 1 > model.config.block_size:
         raise ValueError(f"--prompt-len {args.prompt_len} + --new-tokens {args.new_tokens} - 1 exceeds the context "
                          f"window block_size={model.config.block_size}")
-    prompt = bench_prompt(args.prompt_len, model.config.vocab_size, real_text=not args.random_init, seed=args.seed)
+    prompt = eval_prompts([args.prompt_len], model.config.vocab_size, real_text=loaded.trained, seed=args.seed)[0]
     report = run_bench(model, prompt, case, args.generators.split(","), tokenizer)
-    report["model"] = args.model + (" (random init)" if args.random_init else "")
+    report["model"] = loaded.label
     report["threads"] = torch.get_num_threads()
     if args.roofline:
         add_roofline(report, model, quick=args.quick_roofline)
     print(format_report(report))
     if args.json:
-        from minillm.core.io import atomic_write_text
-
         atomic_write_text(args.json, json.dumps(report, indent=2) + "\n")
         print(f"results written to {args.json}")
     if args.plot:
@@ -257,8 +263,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    from minillm.core.device import DEVICE_CHOICES
-
     p = sub.add_parser("bench", help="benchmark generation paths on a model: TTFT, TPOT, ITL, tokens/s, memory")
     p.add_argument("--model", default="base", help="shipped checkpoint (base, draft) or, with --random-init, "
                    "any GPTConfig preset (default: base)")
