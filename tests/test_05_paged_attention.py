@@ -32,7 +32,7 @@ from minillm.paged import (
     write_kv,
 )
 from minillm.paged.generate import PagedGenerator, paged_generate
-from minillm.paged.study import contiguous_memory_use, make_length_workload, paged_memory_use
+from minillm.paged.bench import contiguous_memory_use, make_length_workload, paged_memory_use
 from minillm.core.sampling import SamplingParams
 
 ATOL, RTOL = 1e-5, 1e-5  # fp32 logits: paged and contiguous sum the same terms in a different order

@@ -3,20 +3,17 @@ the decode-time cost of reading through block tables, parallel samples sharing b
 
 from __future__ import annotations
 
-import torch
-
+from minillm.bench.models import load_model
 from minillm.core.rows import Row, TourContext
+from minillm.paged.bench import run_all
 
 TITLE = "paged attention"
 
 
 def run(ctx: TourContext) -> list[Row]:
-    from minillm.paged.bench import load_model, run_all
-
-    model, label = load_model(ctx.device, seed=ctx.seed)
-    real = label == "base"
-    dev = str(ctx.device)
-    r = run_all(model, real_text=real, quick=ctx.quick, seed=ctx.seed)  # threads: the tour's --threads
+    loaded = load_model("base", ctx.device, ctx.seed)
+    label, dev = loaded.label, str(ctx.device)
+    r = run_all(loaded.model, real_text=loaded.trained, quick=ctx.quick, seed=ctx.seed)  # the tour's --threads
     rows: list[Row] = []
     eq = r["equivalence"]
     rows.append(Row("05", f"paged KV cache, bs={eq['block_size']}", "contiguous cache (ch04) and naive loop (ch03)",
@@ -52,9 +49,3 @@ def run(ctx: TourContext) -> list[Row]:
                     f"{p['prompt_tokens']} prefill tokens skipped", p["identical"] == p["requests"],
                     "prefill tokens skipped", 100 * p["skipped_fraction"], "%", dev, details=p))
     return rows
-
-
-if __name__ == "__main__":  # python -m minillm.paged.tour
-    from minillm.core.rows import format_table
-
-    print(format_table(run(TourContext(device=torch.device("cpu"), quick=True))))
