@@ -4,7 +4,10 @@ One number drives everything, as in vLLM's V1 scheduler: `num_computed_tokens`, 
 (prompt + outputs so far) whose keys and values are already in the KV pool. A step feeds the next
 `num_tokens - num_computed_tokens` tokens (or a chunk of them); when a step reaches the last known token, its
 logits give the next output token. Prefill, chunked prefill, decode and recomputation after preemption are then
-the same operation with different chunk sizes. What it leaves out: parallel samples (`n > 1`) and beam search.
+the same operation with different chunk sizes. The request's lifecycle proper (validated prompt, capped params,
+its generator, the stop rules, the output tokens) is the `RequestState` every loop in minillm shares
+(`minillm.core.stopping`); a `Request` holds one and adds the engine's bookkeeping around it. What it leaves out:
+parallel samples (`n > 1`) and beam search.
 """
 
 from __future__ import annotations
@@ -12,8 +15,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Sequence
 
 import torch
+
+from minillm.core.sampling import SamplingParams
+from minillm.core.stopping import RequestState, StopChecker
 
 
 class RequestStatus(Enum):
@@ -32,16 +39,15 @@ class RequestStatus(Enum):
 @dataclass
 class Request:
     request_id: str
-    prompt_token_ids: list[int]
-    params: "object"  # minillm.core.sampling.SamplingParams (validated copy; see LLM.add_request)
+    prompt_token_ids: list[int]  # == state.prompt_ids
+    params: SamplingParams  # == state.params: validated, max_new_tokens capped by the context window
     prompt: str | None = None  # the text, when the prompt came as a string
     arrival_time: float = field(default_factory=time.perf_counter)
-    generator: torch.Generator | None = None  # per-request RNG seeded from params.seed: same draws alone or batched
-    stop_checker: "object | None" = None  # minillm.core.sampling.StopChecker
-    max_tokens_total: int | None = None  # the context window: never feed a token at a position beyond it
+    # Its lifecycle, from `start_request` (see `minillm.engine.frontend`). None only for a request built by hand
+    # to drive the scheduler alone (its tests): it then gets a bare state with no eos, no window and no generator.
+    state: RequestState | None = None
 
     status: RequestStatus = RequestStatus.WAITING
-    output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens of all_token_ids whose K/V are in the pool (0 while WAITING)
     num_block_tokens: int = 0  # tokens the block manager has slots for (== blocks held * bs, minus slack)
     num_preemptions: int = 0
@@ -50,6 +56,40 @@ class Request:
     swapped_kv: "object | None" = None  # CPU copy of the KV while SWAPPED (see minillm.engine.swap)
     token_times: list[float] = field(default_factory=list)  # perf_counter() when each output token was ready
     first_scheduled_time: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.state is None:
+            self.state = RequestState(list(self.prompt_token_ids), self.params, None, StopChecker(None, self.params))
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """The accepted output tokens (the state's list: add to it only through `accept`)."""
+        return self.state.output_ids
+
+    @property
+    def generator(self) -> torch.Generator | None:
+        """The request's own RNG, seeded from params.seed: the same draws alone or batched."""
+        return self.state.generator
+
+    def accept(self, tokens: Sequence[int], now: float) -> bool:
+        """Append sampled tokens through the state's stop rules, time-stamp each, finish the request if it is over.
+
+        Returns True when it finished (status FINISHED_STOPPED for eos or a stop string, FINISHED_LENGTH for max
+        tokens or the window). Freeing its blocks is the caller's part (the scheduler's I8).
+        """
+        before = len(self.state.output_ids)
+        done = self.state.accept(tokens)
+        self.token_times.extend([now] * (len(self.state.output_ids) - before))
+        if done:
+            self.finish()
+        return done
+
+    def finish(self) -> None:
+        """Copy the state's finish reason into the engine's status (the state finished on arrival or in `accept`)."""
+        assert self.state.finished, "finish() before the request's state finished"
+        self.finish_reason = self.state.finish_reason
+        self.status = RequestStatus.FINISHED_LENGTH if self.finish_reason == "length" else (
+            RequestStatus.FINISHED_STOPPED)
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -80,9 +120,8 @@ class Request:
     @property
     def max_kv_tokens(self) -> int:
         """The most tokens this request can ever hold in the pool: prompt + max_new_tokens - 1 (the last sampled
-        token is never fed back), capped by the context window."""
-        n = self.num_prompt_tokens + self.params.max_new_tokens - 1
-        return min(n, self.max_tokens_total) if self.max_tokens_total is not None else n
+        token is never fed back). Never beyond the context window: `start_request` capped max_new_tokens there."""
+        return self.num_prompt_tokens + self.params.max_new_tokens - 1
 
 
 @dataclass

@@ -276,19 +276,8 @@ class Scheduler:
             if tok is None:
                 assert not s.samples
                 continue
-            req.output_token_ids.append(int(tok))
-            req.token_times.append(now)
-            stop = req.stop_checker.update(int(tok)) if req.stop_checker is not None else False
-            reason = getattr(req.stop_checker, "finish_reason", None) if stop else None
-            if not stop and len(req.output_token_ids) >= req.params.max_new_tokens:
-                stop, reason = True, "length"
-            if not stop and req.max_tokens_total is not None and req.num_tokens > req.max_tokens_total:
-                stop, reason = True, "length"  # the next token would sit beyond the context window
-            if stop:
-                req.finish_reason = reason or "length"
-                req.status = RequestStatus.FINISHED_LENGTH if req.finish_reason == "length" else (
-                    RequestStatus.FINISHED_STOPPED
-                )
+            # The one stop rule of every loop (`RequestState.accept`): eos, stop strings, max tokens, the window.
+            if req.accept([int(tok)], now):
                 self.block_manager.free(req.request_id)
                 req.num_block_tokens = 0
                 finished.append(req)

@@ -1,0 +1,176 @@
+"""The front end every engine shares: check a request, give it an id, start its lifecycle, stream its outputs.
+
+Adds `FrontEnd`, the base of chapter 06's `LLM` and chapter 07's `DisaggregatedLLM`: `add_request` validates its
+arguments once (params re-validated, n, the prompt through `minillm.core.stopping.start_request`, the request id,
+whether it could ever fit), builds the engine's `Request` around the `RequestState`, and hands it to the
+subclass's `_enqueue`; `_output` builds the `RequestOutput` deltas; `generate` is the offline loop over `step`
+(vLLM's `LLM.generate`). What it leaves out: how requests are run. A subclass supplies `_enqueue(request)`,
+`step()` and `abort(request_id)`, and may refine `_check_fits` (will the request ever fit the KV pool?) and
+`_check_usable` (is the engine still able to serve?).
+
+    add_request ─▶ _new_request (checks, start_request, id) ─▶ finished on arrival? ─yes─▶ pending output
+                                                                   └──no──▶ _enqueue (the subclass)
+    generate    ─▶ _new_request for every prompt first (one bad prompt rejects the call, nothing queued)
+                ─▶ _admit each ─▶ step() until every one has its final RequestOutput
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from typing import Any, Sequence
+
+import torch
+
+from minillm.core.config import GPTConfig
+from minillm.core.sampling import SamplingParams
+from minillm.core.stopping import default_eos, start_request
+from minillm.engine.request import Request, RequestOutput
+
+
+class FrontEnd:
+    """Request validation, ids, outputs and `generate`, shared by `LLM` and `DisaggregatedLLM`.
+
+    Subclasses call `_init_front_end` in their constructor and implement `_enqueue`, `step` and `abort`.
+    `_requests` holds the requests the engine still owes an output (their ids cannot be reused meanwhile);
+    `_pending` the outputs to hand out at the next `step()` (aborts, requests finished on arrival).
+    """
+
+    request_cls: type[Request] = Request  # what `_new_request` builds (DisaggregatedLLM adds a field or two)
+
+    def _init_front_end(self, model_config: GPTConfig, tokenizer: Any, eos_id: int | None,
+                        device: torch.device | str) -> None:
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        self.eos_id = default_eos(tokenizer, eos_id)
+        self.state_device = torch.device(device)  # where each request's generator lives (where it is sampled)
+        self._requests: dict[str, Request] = {}
+        self._pending: list[RequestOutput] = []
+        self._counter = itertools.count()
+
+    # ------------------------------------------------------------------------------------------ the subclass's part
+
+    def _enqueue(self, req: Request) -> None:
+        raise NotImplementedError
+
+    def step(self) -> list[RequestOutput]:
+        raise NotImplementedError
+
+    def abort(self, request_id: str) -> bool:
+        raise NotImplementedError
+
+    def _check_usable(self) -> None:
+        """Raise if the engine can take no more work (a closed or broken DisaggregatedLLM)."""
+
+    def _check_fits(self, req: Request) -> None:
+        """Raise ValueError if `req` could never run, even alone (its worst case exceeds the KV pool)."""
+
+    # ------------------------------------------------------------------------------------------ requests
+
+    def _encode(self, prompt: Any) -> tuple[str | None, Any]:
+        """(the text or None, token ids): a string goes through the tokenizer; ids are checked by start_request."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise TypeError("prompt is a string but the engine has no tokenizer: pass token ids or a tokenizer")
+            return prompt, list(self.tokenizer.encode(prompt))
+        if not isinstance(prompt, (list, tuple, torch.Tensor)):
+            raise TypeError(f"prompt must be a str or a list of int token ids, got {type(prompt).__name__}")
+        return None, prompt
+
+    def _new_request(self, prompt: Any, params: SamplingParams | None, request_id: str | None,
+                     arrival_time: float | None) -> Request:
+        """Check everything about one request and build it; nothing is queued yet (so `generate` can check all)."""
+        self._check_usable()
+        params = SamplingParams.greedy() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__} {params!r}")
+        params = dataclasses.replace(params)  # re-runs __post_init__: a field mutated into nonsense is caught now
+        if params.n != 1:
+            raise ValueError(f"{type(self).__name__} runs one sample per request; got n={params.n}")
+        text, ids = self._encode(prompt)
+        # The same prompt checks, window cap and stop rules as chapter 04's `generate`, so the tokens match it alone.
+        state = start_request(self.model_config, ids, params, self.tokenizer, self.eos_id, device=self.state_device)
+        if request_id is None:
+            request_id = f"req-{next(self._counter)}"
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str, got {type(request_id).__name__} {request_id!r}")
+        if request_id in self._requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        req = self.request_cls(request_id, state.prompt_ids, state.params, prompt=text, state=state,
+                               arrival_time=time.perf_counter() if arrival_time is None else arrival_time)
+        self._check_fits(req)
+        return req
+
+    def _admit(self, req: Request) -> None:
+        """Queue a checked request, or, with nothing to generate (max_new_tokens 0), finish it on arrival."""
+        if req.state.finished:
+            req.finish()
+            self._pending.append(self._output(req))
+            return
+        self._requests[req.request_id] = req
+        self._enqueue(req)
+
+    def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+        """Queue one request; return its id. Everything is checked here, so a bad request never disturbs a batch.
+
+        Rejected with ValueError/TypeError: a params object that is not a valid `SamplingParams` (re-validated
+        here, so one mutated after construction is caught too), n > 1, an empty or out-of-vocabulary prompt, a
+        prompt longer than the context window, stop strings without a tokenizer, a duplicate id, and a request
+        that could never fit the engine's KV pool even if it ran alone (`_check_fits`).
+        """
+        req = self._new_request(prompt, params, request_id, arrival_time)
+        self._admit(req)
+        return req.request_id
+
+    # ------------------------------------------------------------------------------------------ outputs
+
+    def _output(self, req: Request) -> RequestOutput:
+        """The request's delta since its last output, plus everything so far."""
+        new = req.output_token_ids[req.num_streamed :]
+        req.num_streamed = len(req.output_token_ids)
+        text = new_text = None
+        if self.tokenizer is not None:
+            text = req.state.output_text()  # a hit stop string and what follows it cut off, as vLLM returns it
+            new_text = self.tokenizer.decode(new)
+        return RequestOutput(
+            request_id=req.request_id, prompt=req.prompt, prompt_token_ids=list(req.prompt_token_ids),
+            new_token_ids=list(new), output_token_ids=list(req.output_token_ids), finished=req.is_finished,
+            finish_reason=req.finish_reason, text=text, new_text=new_text, arrival_time=req.arrival_time,
+            token_times=list(req.token_times), num_preemptions=req.num_preemptions,
+        )
+
+    def generate(self, prompts: Sequence[Any] | str, params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 ) -> list[RequestOutput]:
+        """Run prompts (strings or token-id lists) to completion; one final `RequestOutput` per prompt, in order.
+
+        Every request is validated before any is queued, so one bad prompt rejects the call ("prompts[i]: ...")
+        and leaves the engine as it was.
+        """
+        if isinstance(prompts, (str, torch.Tensor)) or (
+            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if isinstance(params, SamplingParams) or params is None:
+            params_list = [params] * len(prompts)
+        else:
+            params_list = list(params)
+            if len(params_list) != len(prompts):
+                raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts")
+        reqs: list[Request] = []
+        for i, (prompt, p) in enumerate(zip(prompts, params_list)):
+            try:
+                reqs.append(self._new_request(prompt, p, None, None))
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"prompts[{i}]: {exc}") from None
+        for req in reqs:
+            self._admit(req)
+        ids = [req.request_id for req in reqs]
+        wanted, final = set(ids), {}
+        while len(final) < len(wanted):
+            for out in self.step():
+                if out.finished and out.request_id in wanted:
+                    final[out.request_id] = out
+        return [final[rid] for rid in ids]
