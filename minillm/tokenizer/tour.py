@@ -16,15 +16,17 @@ import math
 import os
 import time
 
+from minillm.core.corpus import load_corpus, take_bytes
 from minillm.core.rows import Row, TourContext
+from minillm.core.timing import compare
+from minillm.tokenizer import Tokenizer, train_bpe, train_bpe_naive
+from minillm.tokenizer.gpt2 import find_gpt2_ranks, load_gpt2_tokenizer
+from minillm.tokenizer.parity import compare_with_tiktoken, varied_text
 
 TITLE = "byte-level BPE tokenizer"
 
 
 def _gpt2_row(ctx: TourContext, device: str) -> Row:
-    from minillm.tokenizer.gpt2 import find_gpt2_ranks, load_gpt2_tokenizer
-    from minillm.tokenizer.parity import compare_with_tiktoken, varied_text
-
     technique, baseline, optimized = "GPT-2 encoding with real GPT-2 ranks", "tiktoken gpt2", "minillm Tokenizer"
     path = find_gpt2_ranks()
     if path is None:
@@ -51,11 +53,6 @@ def _gpt2_row(ctx: TourContext, device: str) -> Row:
 
 
 def run(ctx: TourContext) -> list[Row]:
-    from minillm.core.corpus import load_corpus, take_bytes
-    from minillm.core.timing import compare
-    from minillm.tokenizer import Tokenizer, train_bpe, train_bpe_naive
-    from minillm.tokenizer.parity import compare_with_tiktoken
-
     device = str(ctx.device)  # tokenization runs on the CPU whatever the device; the row says where the tour ran
     corpus = load_corpus(ctx.corpus_path)
     rows = [_gpt2_row(ctx, device)]
