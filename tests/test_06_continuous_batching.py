@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from minillm.kvcache.generate import generate_ids
 from minillm.core.config import GPTConfig
-from minillm.engine import LLM, EngineConfig, LengthDist, RequestStatus, Scheduler, make_workload
+from minillm.bench.workload import LengthDist, make_workload
+from minillm.engine import LLM, EngineConfig, RequestStatus, Scheduler
 from minillm.engine.request import Request
 from minillm.engine.selective_cache import SelectiveKVCache
 from minillm.engine.static import run_static

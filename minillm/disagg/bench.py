@@ -1,13 +1,13 @@
 """The chapter 07 experiment: one prefill-heavy online workload served colocated, with chunked prefill, and
 disaggregated; decode inter-token latency (ITL), time to first token (TTFT), the KV transfer, and a timeline.
 
-Adds the open-loop driver (requests join at their Poisson arrival times, as a real server sees them; a closed loop
-would hide queueing) and the per-policy summary. What it leaves out: goodput sweeps over the request rate
+Adds the three policies, a step recorder for the colocated timeline and the per-policy summary; requests join at
+their Poisson arrival times through the kit's open-loop driver (`minillm.bench.driver.drive`). What it leaves out: goodput sweeps over the request rate
 (DistServe's metric; chapter 15 has the load generator) and more than one worker per role.
 
     python -m minillm.disagg.bench --model base --n 24 --rate 2 --prompt-len 160:224 --output-len 32
 
-The three policies see the same requests (chapter 06's `make_workload`, seeded):
+The three policies see the same requests (the kit's seeded `workload("prefill-heavy", ...)`):
   colocated      chapter 06's `LLM` without chunked prefill: a whole prompt runs in one step, and every decode
                  of that step waits for it (the interference)
   chunked        the same engine with chunked prefill (Sarathi): a step takes at most `chunk` tokens of prompt
@@ -26,10 +26,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from minillm.bench.check import same_tokens
+from minillm.bench.driver import drive
+from minillm.bench.models import load_model
+from minillm.bench.workload import WorkloadRequest, workload
+from minillm.core.io import atomic_write_text
+from minillm.disagg.kv_transfer import kv_bytes
+from minillm.disagg.llm import DisaggConfig, DisaggregatedLLM
 from minillm.disagg.messages import StepRecord, TransferRecord
+from minillm.engine import LLM, EngineConfig
 from minillm.engine.request import RequestOutput
-from minillm.bench.workload import WorkloadRequest, make_workload
-from minillm.bench import models as bench_models
 
 POLICIES = ("colocated", "chunked", "disaggregated")
 
@@ -104,51 +110,34 @@ class _StepRecorder:
 
 def run_online(engine, workload: list[WorkloadRequest], policy: str) -> PolicyResult:
     """Feed `workload` at its arrival times (open loop) and step the engine until every request finished."""
-    disagg = hasattr(engine, "transfers")
-    recorder = None if disagg else _StepRecorder(engine)
+    disagg = isinstance(engine, DisaggregatedLLM)
     timeline: list[StepRecord] = []
     first_step = len(engine.timeline) if disagg else 0
     first_transfer = len(engine.transfers) if disagg else 0
-    pending = sorted(workload, key=lambda r: r.arrival_time)
-    finals: dict[str, RequestOutput] = {}
-    t0 = time.perf_counter()
-    i = 0
-    while i < len(pending) or engine.has_unfinished():
-        now = time.perf_counter()
-        while i < len(pending) and t0 + pending[i].arrival_time <= now:
-            r = pending[i]
-            engine.add_request(r.prompt_token_ids, r.params, request_id=r.request_id,
-                               arrival_time=t0 + r.arrival_time)
-            i += 1
-        until_next = (t0 + pending[i].arrival_time - time.perf_counter()) if i < len(pending) else math.inf
-        if not engine.has_unfinished():
-            time.sleep(max(0.0, until_next))
-            continue
-        if disagg:
-            outs = engine.step(timeout=min(until_next, engine.config.heartbeat_s))
-        else:
+    if disagg:  # wait on the workers no longer than the next arrival, so requests join on time
+        def step(until_next: float) -> list[RequestOutput]:
+            return engine.step(timeout=min(until_next, engine.config.heartbeat_s))
+    else:
+        recorder = _StepRecorder(engine)
+
+        def step(until_next: float) -> list[RequestOutput]:
             start = time.perf_counter()
             outs = engine.step()
             rec = recorder.record(start, time.perf_counter())
             if rec is not None:
                 timeline.append(rec)
-        for o in outs:
-            if o.finished:
-                finals[o.request_id] = o
-    duration = time.perf_counter() - t0
+            return outs
+    run = drive(engine, workload, realtime=True, step=step)
     if disagg:
-        timeline = engine.timeline[first_step:]
-        transfers = engine.transfers[first_transfer:]
+        timeline, transfers = engine.timeline[first_step:], engine.transfers[first_transfer:]
     else:
         transfers = []
-    return PolicyResult(policy, finals, timeline, transfers, t0, duration)
+    return PolicyResult(policy, run.outputs, timeline, transfers, run.start, run.duration_s)
 
 
 def build_engine(policy: str, model, tokenizer=None, block_size: int = 16, num_blocks: int = 512,
                  max_num_seqs: int = 32, chunk: int = 64, device: str = "cpu"):
     """The engine for one policy; the colocated ones share every setting but chunking."""
-    from minillm.engine import LLM, EngineConfig
-
     window = model.config.block_size
     if policy == "colocated":
         return LLM(model, tokenizer, EngineConfig(num_blocks=num_blocks, block_size=block_size,
@@ -161,8 +150,6 @@ def build_engine(policy: str, model, tokenizer=None, block_size: int = 16, num_b
                                                   max_num_batched_tokens=max(chunk, max_num_seqs),
                                                   enable_chunked_prefill=True, device=device))
     if policy == "disaggregated":
-        from minillm.disagg.llm import DisaggConfig, DisaggregatedLLM
-
         return DisaggregatedLLM(model, tokenizer, DisaggConfig(num_blocks=num_blocks, block_size=block_size,
                                                                max_num_seqs=max_num_seqs,
                                                                max_num_batched_tokens=max(window, max_num_seqs),
@@ -232,31 +219,16 @@ def format_table(results: dict[str, PolicyResult]) -> str:
     return "\n".join(lines)
 
 
-def prefill_heavy_workload(n: int, rate: float, prompt_len: str, output_len: int, seed: int, vocab_size: int,
-                           token_source=None) -> list[WorkloadRequest]:
-    """Long prompts, short outputs, Poisson arrivals: prompts keep arriving while earlier requests decode."""
-    lo, hi = (int(x) for x in prompt_len.split(":"))
-    return make_workload(n, rate, f"uniform:{lo}:{hi}", f"fixed:{output_len}", seed=seed, vocab_size=vocab_size,
-                         token_source=token_source)
-
-
-def load_model(name: str, device: str = "cpu"):
-    """(model, tokenizer): a shipped checkpoint, or a random-init preset when it is not there (named as such)."""
-    loaded = bench_models.load_model(name, device)
-    return loaded.model, loaded.tokenizer, loaded.label
-
-
 def check_results(results: dict[str, "PolicyResult"], workload: list[WorkloadRequest], config) -> dict[str, int]:
     """The experiment's two correctness checks: every policy's greedy ids equal, request by request, and every
     KV hand-off exactly 2·L·nh·hs·T·bytes for its prompt of T tokens (`kv_bytes`)."""
-    from minillm.disagg.kv_transfer import kv_bytes
-
-    ids = [r.request_id for r in workload]
-    same = sum(len({tuple(results[p].outputs[i].output_token_ids) for p in results}) == 1 for i in ids)
+    ids = {p: {i: o.output_token_ids for i, o in r.outputs.items()} for p, r in results.items()}
+    first, *others = ids.values()
+    same = same_tokens({r.request_id: first.get(r.request_id) for r in workload}, *others, unit="requests")
     plens = {r.request_id: len(r.prompt_token_ids) for r in workload}
     transfers = results["disaggregated"].transfers if "disaggregated" in results else []
     exact = sum(t.nbytes == kv_bytes(config, plens[t.request_id]) for t in transfers)
-    return {"identical": same, "requests": len(ids), "exact_transfers": exact, "transfers": len(transfers)}
+    return {"identical": same.equal, "requests": same.total, "exact_transfers": exact, "transfers": len(transfers)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -275,15 +247,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", help="write the timeline figure here (png)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    model, tok, name = load_model(args.model)
-    workload = prefill_heavy_workload(args.n, args.rate, args.prompt_len, args.output_len, args.seed,
-                                      model.config.vocab_size)
-    warm = prefill_heavy_workload(2, math.inf, args.prompt_len, 4, args.seed + 1, model.config.vocab_size)
-    results = run_policies(model, workload, warmup=warm, block_size=args.block_size, chunk=args.chunk)
+    loaded = load_model(args.model)
+    model, name, V = loaded.model, loaded.label, loaded.model.config.vocab_size
+    plen = f"uniform:{args.prompt_len}"
+    work = workload("prefill-heavy", args.n, args.seed, args.rate, V, prompt_len=plen, output_len=args.output_len)
+    warm = workload("prefill-heavy", 2, args.seed + 1, math.inf, V, prompt_len=plen, output_len=4)
+    results = run_policies(model, work, warmup=warm, block_size=args.block_size, chunk=args.chunk)
     print(f"model {name}; {args.n} requests at {args.rate}/s, prompts {args.prompt_len}, {args.output_len} output "
           f"tokens; colocated engines use {torch.get_num_threads()} torch threads, each worker 1")
     print(format_table(results))
-    check = check_results(results, workload, model.config)
+    check = check_results(results, work, model.config)
     print(f"greedy ids identical across {', '.join(results)}: {check['identical']}/{check['requests']} requests; "
           f"KV hand-offs equal to the formula: {check['exact_transfers']}/{check['transfers']}")
     if args.plot:
@@ -293,8 +266,6 @@ def main(argv: list[str] | None = None) -> int:
         ax = plot_timeline(results)
         ax.figure.savefig(args.plot, dpi=120, bbox_inches="tight")
     if args.json:
-        from minillm.core.io import atomic_write_text
-
         payload = {p_: {"summary": r.summary(), "timeline": [vars(s) for s in r.timeline]} for p_, r in results.items()}
         atomic_write_text(args.json, json.dumps(payload, indent=1) + "\n")
     return 0 if check["identical"] == check["requests"] and check["exact_transfers"] == check["transfers"] else 1

@@ -12,33 +12,31 @@ import math
 
 import torch
 
+from minillm.bench.models import load_model
+from minillm.bench.workload import workload
 from minillm.core.rows import Row, TourContext
+from minillm.disagg.bench import check_results, run_policies
 
 TITLE = "disaggregated prefill and decode"
 
 
 def run(ctx: TourContext) -> list[Row]:
-    from minillm.disagg.bench import check_results, load_model, prefill_heavy_workload, run_policies
-
+    n, rate, plen, olen = (6, 4.0, "uniform:96:128", 12) if ctx.quick else (12, 3.0, "uniform:160:224", 24)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one core per engine: the colocated engine and each worker get the same share
     try:
-        model, _, name = load_model("base", device=str(ctx.device))
-        cfg = model.config
-        if ctx.quick:
-            n, rate, plen, olen = 6, 4.0, "96:128", 12
-        else:
-            n, rate, plen, olen = 12, 3.0, "160:224", 24
-        workload = prefill_heavy_workload(n, rate, plen, olen, ctx.seed, cfg.vocab_size)
-        warm = prefill_heavy_workload(2, math.inf, plen, 4, ctx.seed + 1, cfg.vocab_size)
-        res = run_policies(model, workload, warmup=warm, block_size=16, num_blocks=256, max_num_seqs=16,
+        loaded = load_model("base", ctx.device, ctx.seed)
+        model, name, V = loaded.model, loaded.label, loaded.model.config.vocab_size
+        work = workload("prefill-heavy", n, ctx.seed, rate, V, prompt_len=plen, output_len=olen)
+        warm = workload("prefill-heavy", 2, ctx.seed + 1, math.inf, V, prompt_len=plen, output_len=4)
+        res = run_policies(model, work, warmup=warm, block_size=16, num_blocks=256, max_num_seqs=16,
                            chunk=64, device=str(ctx.device))
     finally:
         torch.set_num_threads(threads)
-    co, ch, dis = res["colocated"], res["chunked"], res["disaggregated"]
-    check = check_results(res, workload, cfg)
+    dis = res["disaggregated"]
+    check = check_results(res, work, model.config)
     same, exact = check["identical"], check["exact_transfers"]
-    s_co, s_ch, s_dis = co.summary(), ch.summary(), dis.summary()
+    s_co, s_ch, s_dis = (res[p].summary() for p in ("colocated", "chunked", "disaggregated"))
     dev = str(ctx.device)
     details = {"model": name, "workload": dict(n=n, rate=rate, prompt_len=plen, output_len=olen),
                "colocated": s_co, "chunked": s_ch, "disaggregated": s_dis, "torch_threads_per_engine": 1}

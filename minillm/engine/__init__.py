@@ -7,9 +7,10 @@
 - `selective_cache`: `SelectiveKVCache` (decodes vectorized, prompt chunks looped, in one step)
 - `swap`: `SwapSpace` (preemption by swapping KV blocks to CPU memory)
 - `llm`: `LLM` (`generate`, `add_request`, `step`, `abort`, `has_unfinished`)
-- `workload`: `make_workload` (seeded Poisson arrivals, length distributions; shared with chapters 07 and 15)
 - `static`: `run_static` (chapter 04's static batching over a whole workload: the baseline)
 - `bench`: offline throughput, online latency, the frontier and the chunked-prefill experiment
+
+Workloads (`make_workload`, presets) and the over-time driver live in the measurement kit, `minillm.bench`.
 """
 
 from minillm.engine.config import EngineConfig
@@ -17,12 +18,10 @@ from minillm.engine.llm import LLM
 from minillm.engine.model_runner import ModelRunner
 from minillm.engine.request import Request, RequestOutput, RequestStatus
 from minillm.engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
-from minillm.bench.workload import LengthDist, WorkloadRequest, make_workload
 
 __all__ = [
     "EngineConfig",
     "LLM",
-    "LengthDist",
     "ModelRunner",
     "Request",
     "RequestOutput",
@@ -30,6 +29,4 @@ __all__ = [
     "ScheduledRequest",
     "Scheduler",
     "SchedulerOutput",
-    "WorkloadRequest",
-    "make_workload",
 ]

@@ -10,8 +10,8 @@ What it leaves out: multi-GPU and real traces.
 from __future__ import annotations
 
 import argparse
+import io
 import json
-import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -20,13 +20,19 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
+from minillm.bench.check import same_tokens
+from minillm.bench.driver import drive
+from minillm.bench.models import load_model
+from minillm.bench.workload import WorkloadRequest, workload
+from minillm.core.hf import to_hf_model
+from minillm.core.io import atomic_write_bytes, atomic_write_text
+from minillm.core.metrics import RequestTimes, summarize
+from minillm.core.model import GPT
+from minillm.core.timing import compare
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
 from minillm.engine.static import run_static
-from minillm.bench.workload import WorkloadRequest, make_workload
-from minillm.core.metrics import RequestTimes, summarize
-from minillm.core.model import GPT
-from minillm.bench import models as bench_models
+from minillm.kvcache.generate import generate_ids
 
 
 @dataclass
@@ -55,60 +61,32 @@ class RunResult:
         return summarize(self.times, duration_s=self.duration_s)
 
 
-def load_model(name: str = "base", seed: int = 0, device: str = "cpu") -> tuple[GPT, Any, bool]:
-    """The shipped checkpoint if present, else a randomly initialised model of the same shape (same compute cost).
-    Returns (model, tokenizer or None, trained)."""
-    loaded = bench_models.load_model(name, device, seed)
-    return loaded.model, loaded.tokenizer if loaded.trained else None, loaded.trained
-
-
-def default_workload(n: int, seed: int = 0, rate: float = math.inf, vocab_size: int = 4096) -> list[WorkloadRequest]:
-    """The chapter's mixed-length workload: prompts uniform in [16, 96], outputs long-tailed (lognormal, median 40,
-    clipped to [8, 160]); real validation text as prompts when the corpus is available."""
-    source = None
-    try:
-        from minillm.gpt.dataset import default_eval_tokens
-
-        source = default_eval_tokens(20_000).tolist()
-    except Exception:  # noqa: BLE001 - no corpus: random ids are as good for timing
-        source = None
-    return make_workload(n, rate=rate, prompt_len_dist="uniform:16:96", output_len_dist="lognormal:40:0.8:8:160",
-                         seed=seed, vocab_size=vocab_size, token_source=source)
-
-
 # ----------------------------------------------------------------------------------------------- the engines
 
 
 def run_engine(model: GPT, workload: Sequence[WorkloadRequest], config: EngineConfig, realtime: bool = False,
                name: str = "continuous") -> RunResult:
-    """The engine on the workload. Offline (realtime=False): everything queued at t=0. Online: each request is
-    added when its arrival time comes, so TTFT includes queueing."""
+    """The engine on the workload, fed by `minillm.bench.driver.drive`. Offline (realtime=False): everything queued
+    at t=0. Online: each request is added when its arrival time comes, so TTFT includes queueing."""
     llm = LLM(model, None, config)
-    c0 = time.process_time()
-    order = sorted(range(len(workload)), key=lambda i: workload[i].arrival_time)
-    ids: dict[str, int] = {}
-    done: dict[int, Any] = {}
-    t0 = time.perf_counter()
-    nxt = 0
-    while len(done) < len(workload):
-        now = time.perf_counter()
-        while nxt < len(order) and (not realtime or t0 + workload[order[nxt]].arrival_time <= now):
-            i = order[nxt]
-            arrival = t0 + workload[i].arrival_time if realtime else t0
-            ids[llm.add_request(workload[i].prompt_token_ids, workload[i].params, arrival_time=arrival)] = i
-            nxt += 1
-        if not llm.has_unfinished():
-            time.sleep(max(0.0, t0 + workload[order[nxt]].arrival_time - time.perf_counter()))
-            continue
-        for out in llm.step():
-            if out.finished:
-                done[ids[out.request_id]] = out
-    duration = time.perf_counter() - t0
-    cpu = time.process_time() - c0
-    outs = [done[i] for i in range(len(workload))]
-    times = [RequestTimes(o.arrival_time, list(o.token_times), len(o.prompt_token_ids)) for o in outs]
-    return RunResult(name, [o.output_token_ids for o in outs], times, duration,
-                     {"preemptions": sum(o.num_preemptions for o in outs), "steps": llm.num_steps}, cpu)
+    run = drive(llm, workload, realtime=realtime)
+    outs = run.outputs.values()
+    return RunResult(name, run.output_token_ids, run.times, run.duration_s,
+                     {"preemptions": sum(o.num_preemptions for o in outs), "steps": llm.num_steps}, run.cpu_s)
+
+
+def agreement(model: GPT, n: int, seed: int = 0) -> dict[str, Any]:
+    """n requests through a deliberately small pool (forces preemption) with chunked prefill, vs each alone."""
+    wl = workload("small-pool", n, seed=seed, vocab_size=model.config.vocab_size)
+    need = max(len(w.prompt_token_ids) + w.output_len for w in wl)
+    cfg = EngineConfig(num_blocks=max(-(-need // 8) + 1, n), block_size=8, max_num_seqs=8,
+                       max_num_batched_tokens=32)
+    llm = LLM(model, None, cfg)
+    outs = llm.generate([w.prompt_token_ids for w in wl], [w.params for w in wl])
+    same = same_tokens([generate_ids(model, w.prompt_token_ids, w.params) for w in wl],
+                       [o.output_token_ids for o in outs], unit="requests")
+    return {"identical": same.equal, "n": same.total, "preemptions": llm.scheduler.num_preemptions,
+            "all_free": llm.block_manager.num_free_blocks == cfg.num_blocks}
 
 
 def run_static_batches(model: GPT, workload: Sequence[WorkloadRequest], batch_size: int) -> RunResult:
@@ -203,8 +181,6 @@ def offline_throughput(model: GPT, workload: Sequence[WorkloadRequest], batch: i
     runs = [run_engine(model, workload, cfg), run_static_batches(model, workload, batch)]
     hf_note = ""
     if with_hf:
-        from minillm.core.hf import to_hf_model
-
         hf = to_hf_model(model, attn_implementation="sdpa")
         runs.append(run_hf_generate(hf, workload, batch))
         if hf_generate_batch_available():
@@ -214,7 +190,7 @@ def offline_throughput(model: GPT, workload: Sequence[WorkloadRequest], batch: i
     ref = runs[0].outputs
     rows = {r.name: {"tokens_per_s": r.tokens_per_s, "duration_s": r.duration_s, "output_tokens": r.output_tokens,
                      "tokens_per_cpu_s": r.tokens_per_cpu_s, "cpu_s": r.cpu_s,
-                     "agree_with_engine": sum(a == b for a, b in zip(r.outputs, ref)), **r.extra} for r in runs}
+                     "agree_with_engine": same_tokens(ref, r.outputs).equal, **r.extra} for r in runs}
     return {"n": len(workload), "batch": batch, "runs": rows, "hf_note": hf_note}
 
 
@@ -239,8 +215,6 @@ def plot_frontier(points: list[dict[str, Any]], path: str, title: str = "", y: s
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from minillm.core.io import atomic_write_bytes
-
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, style in (("static", "o--"), ("continuous", "s-")):
         pts = sorted((p for p in points if p["engine"] == name), key=lambda p: p["batch"])
@@ -255,8 +229,6 @@ def plot_frontier(points: list[dict[str, Any]], path: str, title: str = "", y: s
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    import io
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
     plt.close(fig)
@@ -269,7 +241,7 @@ def online_latency(model: GPT, rates: Sequence[float], n: int = 32, seed: int = 
     cfg = EngineConfig(num_blocks=num_blocks, block_size=16, max_num_seqs=batch, max_num_batched_tokens=512)
     rows = []
     for rate in rates:
-        wl = default_workload(n, seed=seed, rate=rate, vocab_size=model.config.vocab_size)
+        wl = workload("mixed", n, seed=seed, rate=rate, vocab_size=model.config.vocab_size)
         s = run_engine(model, wl, cfg, realtime=True).summary()
         rows.append({"rate": rate, **{k: s[k] for k in ("output_throughput", "median_ttft_ms", "p99_ttft_ms",
                                                          "median_tpot_ms", "p99_tpot_ms")}})
@@ -287,10 +259,8 @@ def chunked_prefill_itl(model: GPT, num_decodes: int = 16, long_len: int | None 
     window = model.config.block_size
     long_len = long_len or window - 16
     V = model.config.vocab_size
-    dec = make_workload(num_decodes, prompt_len_dist="uniform:8:16", output_len_dist="fixed:60", seed=seed,
-                        vocab_size=V)
-    long_req = make_workload(1, prompt_len_dist=f"fixed:{long_len}", output_len_dist="fixed:8", seed=seed + 1,
-                             vocab_size=V)[0]
+    dec = workload("decodes", num_decodes, seed=seed, vocab_size=V)
+    long_req = workload("decodes", 1, seed=seed + 1, vocab_size=V, prompt_len=long_len, output_len=8)[0]
     results: dict[str, Any] = {}
     for chunked in (False, True):
         ratios, spikes, steadies, ttfts = [], [], [], []
@@ -333,7 +303,7 @@ def chunked_prefill_itl(model: GPT, num_decodes: int = 16, long_len: int | None 
                         "steady_itl_ms": 1e3 * statistics.median(steadies),
                         "long_ttft_ms": 1e3 * statistics.median(ttfts), "outputs": outputs,
                         "budget": num_decodes + chunk if chunked else max(512, window)}
-    results["identical"] = results["chunked"].pop("outputs") == results["unchunked"].pop("outputs")
+    results["identical"] = same_tokens(results["unchunked"].pop("outputs"), results["chunked"].pop("outputs")).ok
     results["long_len"], results["num_decodes"] = long_len, num_decodes
     return results
 
@@ -405,20 +375,21 @@ def decode_attention_forms(num_seqs: int = 8, n_head: int = 8, head_size: int = 
     def as_rows(name: str, y: torch.Tensor) -> torch.Tensor:  # every form's output as (S, nh, hs)
         return y[0].transpose(0, 1) if name == "flattened_block_diagonal" else y[:, :, 0]
 
+    def many(fn):
+        return lambda: [fn() for _ in range(calls)]
+
     with torch.inference_mode():
         ref = as_rows("paged_padded", paged_padded())
         diffs = {name: float((as_rows(name, fn()) - ref).abs().max()) for name, fn in forms.items()}
-        times: dict[str, list[float]] = {name: [] for name in forms}
-        for fn in forms.values():
-            fn()  # warm-up
-        for _ in range(repeats):
-            for name, fn in forms.items():  # interleaved
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    fn()
-                times[name].append((time.perf_counter() - t0) / calls * 1e6)
+        us, base_times = {}, []
+        for name, fn in forms.items():  # each form interleaved with our engine's (the first), median of repeats
+            if name != "paged_padded":
+                cmp = compare(many(paged_padded), many(fn), warmup=1, repeats=repeats)
+                us[name] = cmp.candidate.median / calls * 1e6
+                base_times += cmp.baseline.times
+        us["paged_padded"] = statistics.median(base_times) / calls * 1e6
     return {"num_seqs": S, "context_lens": lens.tolist(), "padded_len": L, "flattened_len": tot,
-            "us_per_call": {name: statistics.median(v) for name, v in times.items()}, "max_abs_diff": diffs}
+            "us_per_call": {name: us[name] for name in forms}, "max_abs_diff": diffs}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -435,10 +406,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, _, trained = load_model(args.model)
+    loaded = load_model(args.model)
+    model = loaded.model
     skip = set(filter(None, args.skip.split(",")))
-    report: dict[str, Any] = {"model": args.model, "trained": trained, "threads": torch.get_num_threads()}
-    wl = default_workload(args.n, vocab_size=model.config.vocab_size)
+    report: dict[str, Any] = {"model": loaded.label, "trained": loaded.trained, "threads": torch.get_num_threads()}
+    wl = workload("mixed", args.n, vocab_size=model.config.vocab_size)
     if "offline" not in skip:
         report["offline"] = offline_throughput(model, wl, batch=args.batch)
         print(json.dumps(report["offline"], indent=1))
@@ -457,8 +429,6 @@ def main(argv: list[str] | None = None) -> int:
         report["online"] = online_latency(model, [float(r) for r in args.rates.split(",")])
         print(json.dumps(report["online"], indent=1))
     if args.json:
-        from minillm.core.io import atomic_write_text
-
         atomic_write_text(args.json, json.dumps(report, indent=1) + "\n")
     return 0
 

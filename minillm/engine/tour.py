@@ -4,39 +4,20 @@ the inter-token-latency spike of a long prompt with chunked prefill."""
 
 from __future__ import annotations
 
-import torch
-
+from minillm.bench.models import load_model
+from minillm.bench.workload import workload
 from minillm.core.rows import Row, TourContext
+from minillm.engine.bench import agreement, chunked_prefill_itl, offline_throughput
 
 TITLE = "Continuous batching"
 
 
-def _agreement(model, n: int, seed: int) -> dict:
-    """n requests through a deliberately small pool (forces preemption) with chunked prefill, vs each alone."""
-    from minillm.kvcache.generate import generate_ids
-    from minillm.engine import LLM, EngineConfig, make_workload
-
-    wl = make_workload(n, prompt_len_dist="uniform:4:64", output_len_dist="uniform:4:40", seed=seed,
-                       vocab_size=model.config.vocab_size)
-    need = max(len(w.prompt_token_ids) + w.output_len for w in wl)
-    cfg = EngineConfig(num_blocks=max(-(-need // 8) + 1, n), block_size=8, max_num_seqs=8,
-                       max_num_batched_tokens=32)
-    llm = LLM(model, None, cfg)
-    outs = llm.generate([w.prompt_token_ids for w in wl], [w.params for w in wl])
-    same = sum(o.output_token_ids == generate_ids(model, w.prompt_token_ids, w.params) for o, w in zip(outs, wl))
-    return {"identical": same, "n": n, "preemptions": llm.scheduler.num_preemptions,
-            "all_free": llm.block_manager.num_free_blocks == cfg.num_blocks}
-
-
 def run(ctx: TourContext) -> list[Row]:
-    from minillm.engine.bench import chunked_prefill_itl, default_workload, load_model, offline_throughput
-
-    model, _, trained = load_model("base", seed=ctx.seed, device=str(ctx.device))
-    label = "base" if trained else "random-init base"
-    dev = str(ctx.device)
+    loaded = load_model("base", ctx.device, ctx.seed)
+    model, label, dev = loaded.model, loaded.label, str(ctx.device)
     rows: list[Row] = []
 
-    a = _agreement(model, 4 if ctx.quick else 16, ctx.seed)
+    a = agreement(model, 4 if ctx.quick else 16, ctx.seed)
     rows.append(Row("06", "continuous batching (preemption, chunked prefill)", "each request alone (ch04 generate)",
                     "LLM.generate", f"identical greedy outputs {a['identical']}/{a['n']}, {a['preemptions']} "
                     f"preemptions, pool free after: {a['all_free']}, {label}",
@@ -44,11 +25,10 @@ def run(ctx: TourContext) -> list[Row]:
                     dev, details=a))
 
     n, batch = (8, 4) if ctx.quick else (48, 8)
-    wl = default_workload(n, seed=ctx.seed, vocab_size=model.config.vocab_size)
-    off = offline_throughput(model, wl, batch=batch, with_hf=True)
+    off = offline_throughput(model, workload("mixed", n, seed=ctx.seed, vocab_size=model.config.vocab_size),
+                             batch=batch, with_hf=True)
     runs = off["runs"]
-    eng = runs["continuous"]
-    st = runs["static"]
+    eng, st = runs["continuous"], runs["static"]
     rows.append(Row("06", f"continuous vs static batching, {n} mixed-length requests, batch {batch}",
                     "static batching (ch04 generate_static_batch)", "LLM (iteration-level scheduling)",
                     f"identical outputs {st['agree_with_engine']}/{n}; {eng['tokens_per_cpu_s']:.0f} vs "
@@ -76,9 +56,3 @@ def run(ctx: TourContext) -> list[Row]:
                     f"{c['chunked']['long_ttft_ms']:.0f} ms", bool(c["identical"]), "p99 ITL / steady ITL",
                     c["chunked"]["itl_ratio"], "x", dev, details={"model": label, **c}))
     return rows
-
-
-if __name__ == "__main__":  # python -m minillm.engine.tour
-    from minillm.core.rows import format_table
-
-    print(format_table(run(TourContext(device=torch.device("cpu"), quick=True))))
