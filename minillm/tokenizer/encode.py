@@ -1,7 +1,8 @@
-"""Encoding one pre-token chunk with learned ranks: tiktoken's byte-pair-merge rule.
+"""Encoding one pre-token chunk with learned ranks: tiktoken's byte-pair-merge rule, simple and fast.
 
-What it adds: `encode_chunk`, the inner loop of encoding (a chapter-01 exercise). What it leaves out: splitting
-text into chunks, special tokens and caching (`bpe.py`).
+What it adds: `encode_chunk`, the inner loop of encoding (a chapter-01 exercise, and the reference twin), and
+`encode_chunk_fast`, the same ids in O(n log n) per chunk instead of O(n^2), which `Tokenizer.encode` uses.
+What it leaves out: splitting text into chunks, special tokens and caching (`bpe.py`).
 
 The rule (the one tiktoken implements, so our ids equal its ids on the same ranks): start from single bytes;
 repeatedly find the adjacent pair whose concatenated bytes have the lowest rank in the table, the leftmost one if
@@ -17,6 +18,8 @@ Worked example with ranks {a:0, b:1, c:2, ab:3, bc:4, abc:5}: "abc" -> [a, b, c]
 """
 
 from __future__ import annotations
+
+import heapq
 
 
 def encode_chunk(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
@@ -34,3 +37,51 @@ def encode_chunk(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
         parts[best_i : best_i + 2] = [parts[best_i] + parts[best_i + 1]]
     return [ranks[p] for p in parts]
     # END SOLUTION
+
+
+def encode_chunk_fast(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
+    """`encode_chunk`'s ids in O(n log n) for a chunk of n bytes: a heap of pair ranks over a linked list of parts.
+
+    Why: `encode_chunk` rescans every pair after each merge, so one long chunk (a 16k-letter run with no space,
+    which the split pattern keeps whole) costs O(n^2). Here each part is named by the byte offset where it starts
+    (a merge keeps the left part's start), `end[s]` is where part s ends, so its right neighbour starts at
+    `end[s]` and its left neighbour at `prev[s]`. The heap holds (rank, start, mid, stop) for adjacent pairs; it
+    pops the lowest rank, the smallest start on ties -- exactly `encode_chunk`'s "lowest rank, leftmost" rule.
+
+    subtle: entries go stale when a neighbour merges; an entry is live only while the part at `start` still ends
+    at `mid` and the part at `mid` still ends at `stop` (parts tile the chunk, so this pins both parts). Stale
+    entries are skipped when popped. Each merge pushes at most two new pairs, so the heap sees O(n) entries.
+    """
+    n = len(piece)
+    if n <= 1:
+        return [ranks[piece]] if n else []
+    end = list(range(1, n + 1))  # end[s]: where the part starting at s ends (only read for live starts)
+    prev = list(range(-1, n - 1))  # prev[s]: start of the part left of s (-1 for the first part)
+    heap: list[tuple[int, int, int, int]] = []
+    for i in range(n - 1):
+        rank = ranks.get(piece[i : i + 2])
+        if rank is not None:
+            heap.append((rank, i, i + 1, i + 2))
+    heapq.heapify(heap)
+    while heap:
+        _, start, mid, stop = heapq.heappop(heap)
+        if end[start] != mid or end[mid] != stop:
+            continue  # stale: one of the two parts has merged since this pair was pushed
+        end[start] = stop  # join [start, mid) and [mid, stop) into [start, stop); mid is no longer a start
+        end[mid] = -1  # subtle: mark mid dead so an old entry (x, mid, ...) can never look live again
+        if stop < n:
+            prev[stop] = start
+            rank = ranks.get(piece[start : end[stop]])
+            if rank is not None:
+                heapq.heappush(heap, (rank, start, stop, end[stop]))
+        left = prev[start]
+        if left >= 0:
+            rank = ranks.get(piece[left:stop])
+            if rank is not None:
+                heapq.heappush(heap, (rank, left, start, stop))
+    out = []
+    s = 0
+    while s < n:
+        out.append(ranks[piece[s : end[s]]])
+        s = end[s]
+    return out
