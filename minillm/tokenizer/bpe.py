@@ -2,14 +2,15 @@
 
 What it adds: `Tokenizer` (encode with tiktoken's allowed_special/disallowed_special rules, decode to text or
 bytes, save/load in `.tiktoken` and minillm JSON, `from_tiktoken` / `to_tiktoken`, a chunk cache). What it leaves
-out: training (`train.py`, whose `train_bpe(...).to_tokenizer()` builds one) and speed beyond what a per-chunk cache gives: encoding stays pure Python, several
-times slower than tiktoken's Rust core (the tour measures by how much).
+out: training (`train.py`, whose `train_bpe(...).to_tokenizer()` builds one) and speed beyond what a heap-based
+chunk encoder and a per-chunk cache give: encoding stays pure Python, several times slower than tiktoken's Rust core
+(the tour measures by how much). `encode_ordinary_ref` is the reference twin: no cache, the simple `encode_chunk`.
 
 Encoding, step by step (identical to tiktoken, which is what the parity tests check):
     text --cut at allowed special tokens--> segments | special ids
     segment --split pattern--> chunks  (e.g. "def foo():" -> "def", " foo", "():")
     chunk --utf-8--> bytes --rank table lookup (whole chunk is a token?)--> [id]
-                          \\--otherwise encode_chunk (lowest-rank pair first)--> [ids]
+                          \\--otherwise encode_chunk_fast (lowest-rank pair first, via a heap)--> [ids]
 Chunk results are cached by chunk text: code and prose repeat a few thousand chunks over and over.
 """
 
@@ -17,16 +18,22 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
 from minillm.core.io import atomic_write_bytes, atomic_write_text
 from minillm.tokenizer import formats
-from minillm.tokenizer.encode import encode_chunk
+from minillm.tokenizer.encode import encode_chunk, encode_chunk_fast
 from minillm.tokenizer.patterns import compile_pattern, resolve_pattern
 from minillm.tokenizer.special import AllOrSet, raise_if_disallowed, resolve_special_sets, special_split_regex
 
 CACHE_LIMIT = 200_000  # chunk-cache entries kept per tokenizer (each a short str -> tuple of ints)
+# Special token ids follow the mergeable ranks. tiktoken checks exact density (ids 0..n_vocab-1, no gaps) when it is
+# told n_vocab (GPT-2: 50,256 ranks, <|endoftext|> = 50256), and its later encodings leave a few reserved ids
+# unused (cl100k_base: ranks 0..100255, specials 100257..100260 and 100276). We allow such gaps up to this many
+# unused ids, so a typo like 10**9 cannot silently make a billion-row embedding table.
+MAX_UNUSED_SPECIAL_IDS = 1024
 
 
 class Tokenizer:
@@ -56,6 +63,13 @@ class Tokenizer:
                                  f"(after the mergeable ranks)")
         if len(set(special_tokens.values())) != len(special_tokens):
             raise ValueError(f"special token ids must be distinct, got {special_tokens!r}")
+        max_id = len(ranks) + len(special_tokens) - 1 + MAX_UNUSED_SPECIAL_IDS
+        for s, i in special_tokens.items():
+            if i > max_id:
+                raise ValueError(
+                    f"special token {s!r} has id {i}; special ids must follow the {len(ranks)} mergeable ranks "
+                    f"(as in tiktoken: {len(ranks)}, {len(ranks) + 1}, ...), leaving at most "
+                    f"{MAX_UNUSED_SPECIAL_IDS} ids unused, so at most {max_id} here")
         self.name = name
         self.pattern = resolve_pattern(pattern)
         self.metadata = dict(metadata or {})
@@ -96,18 +110,50 @@ class Tokenizer:
         text = _fix_surrogates(text)
         cache, ranks = self._cache, self._ranks
         out: list[int] = []
-        for chunk in self._split(text):
+        for chunk in self._chunks(text):
             ids = cache.get(chunk)
             if ids is None:
                 piece = chunk.encode("utf-8")
                 rank = ranks.get(piece)
                 # subtle: tiktoken takes a chunk that is itself a token as that token without running the merge
                 # loop; the merge loop might not reach it, so we must do the same to match its ids.
-                ids = (rank,) if rank is not None else tuple(encode_chunk(piece, ranks))
+                ids = (rank,) if rank is not None else tuple(encode_chunk_fast(piece, ranks))
                 if len(cache) < CACHE_LIMIT:
                     cache[chunk] = ids
             out += ids
         return out
+
+    def encode_ordinary_ref(self, text: str) -> list[int]:
+        """`encode_ordinary`'s reference twin: no cache, the simple O(n^2)-per-chunk `encode_chunk`. Same ids."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        out: list[int] = []
+        for chunk in self._chunks(_fix_surrogates(text)):
+            piece = chunk.encode("utf-8")
+            rank = self._ranks.get(piece)
+            out += [rank] if rank is not None else encode_chunk(piece, self._ranks)
+        return out
+
+    def _chunks(self, text: str) -> list[str]:
+        """The split pattern's chunks of `text`; text the pattern does not match is a ValueError, never dropped.
+
+        Both shipped patterns end in `\\s` after `\\s+`, `\\p{L}`, `\\p{N}` and "anything else" alternatives, so they
+        match every character; a custom pattern may not (e.g. r"\\w+" skips spaces), and a tokenizer that silently
+        encodes "ab c" like "abc" is worse than one that refuses. The chunks tile the text iff their lengths sum
+        to the text's length, which costs one pass over the chunk list.
+        """
+        chunks = self._split(text)
+        if sum(map(len, chunks)) != len(text):
+            pos = 0
+            for m in compile_pattern(self.pattern).finditer(text):
+                if m.start() != pos:
+                    break
+                pos = m.end()
+            end = next((m.start() for m in compile_pattern(self.pattern).finditer(text, pos)), len(text))
+            raise ValueError(f"the split pattern of tokenizer {self.name!r} does not match the text "
+                             f"{text[pos:max(end, pos + 1)][:40]!r} at character {pos}; it would be dropped. "
+                             f"Use a pattern that matches every character (e.g. 'gpt2' or 'gpt4')")
+        return chunks
 
     def encode(self, text: str, allowed_special: AllOrSet = frozenset(),
                disallowed_special: AllOrSet = "all") -> list[int]:
@@ -137,16 +183,21 @@ class Tokenizer:
             ids = ids.tolist()
         if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
             raise TypeError(f"ids must be a sequence of ints, got {type(ids).__name__}")
+        ids = list(ids)  # subtle: a generator can be read only once, and the error path below reads it again
         dec = self._decoder
         try:
-            return b"".join([dec[i] for i in ids])
-        except (KeyError, TypeError):
-            for pos, i in enumerate(ids):
-                if isinstance(i, bool) or not isinstance(i, int):
-                    raise TypeError(f"token id at position {pos} must be an int, got {i!r}") from None
-                if i not in dec:
-                    raise ValueError(f"unknown token id {i} at position {pos} (vocab_size={self.vocab_size})") from None
-            raise
+            # subtle: 1.0 and True hash and compare equal to 1, so a dict lookup alone would accept them as ids.
+            if all(type(i) is int for i in ids):
+                return b"".join([dec[i] for i in ids])
+        except KeyError:
+            pass
+        for pos, i in enumerate(ids):
+            if isinstance(i, bool) or not isinstance(i, Integral):  # numpy ints are Integral; floats, numpy bools not
+                raise TypeError(f"token id at position {pos} must be an int, got {type(i).__name__} {i!r}")
+            if int(i) not in dec:
+                raise ValueError(f"unknown token id {i} at position {pos}: no token has this id "
+                                 f"(vocab_size={self.vocab_size})")
+        return b"".join([dec[int(i)] for i in ids])
 
     def decode(self, ids: Sequence[int] | Any, errors: str = "replace") -> str:
         """Text of `ids`; byte sequences that are not valid UTF-8 become U+FFFD (errors="replace")."""
