@@ -21,17 +21,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 from minillm.core.config import GPTConfig
 from minillm.core.device import resolve_device
-from minillm.core.io import atomic_save_safetensors, atomic_write_text
+from minillm.core.io import atomic_save_safetensors, atomic_write_text, read_json_file, read_safetensors_file
 from minillm.core.model import GPT
 from minillm.core.weights import load_state_dict_strict, model_tensors
 
 FORMAT = "minillm-gpt"
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
+
+
 def save_checkpoint(model: GPT, path_dir: str | os.PathLike, extra_metadata: dict[str, Any] | None = None,
                     config: GPTConfig | None = None) -> Path:
     """Write `model.safetensors` and `config.json` into path_dir (each file atomically). Returns the directory.
@@ -60,11 +61,17 @@ def read_config(path_dir: str | os.PathLike) -> tuple[GPTConfig, dict[str, Any]]
     path = Path(path_dir) / CONFIG_NAME
     if not path.is_file():
         raise FileNotFoundError(f"no {CONFIG_NAME} in checkpoint directory {str(Path(path_dir))!r}")
-    doc = json.loads(path.read_text(encoding="utf-8"))
+    doc = read_json_file(path, what="checkpoint config")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         hint = " (a Hugging Face directory? use GPT.from_hf)" if isinstance(doc, dict) and "n_embd" in doc else ""
         raise ValueError(f"{str(path)!r} is not a minillm checkpoint config (format != {FORMAT!r}){hint}")
-    return GPTConfig.from_dict(doc["config"]), dict(doc.get("metadata", {}))
+    if not isinstance(doc.get("config"), dict) or not isinstance(doc.get("metadata", {}), dict):
+        raise ValueError(f"{str(path)!r}: 'config' and 'metadata' must be JSON objects")
+    try:
+        config = GPTConfig.from_dict(doc["config"])
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{str(path)!r} holds an invalid model config: {e}") from e
+    return config, dict(doc.get("metadata", {}))
 
 
 def load_checkpoint(path_dir: str | os.PathLike, device: str | torch.device = "cpu", **config_overrides: Any) -> GPT:
@@ -77,5 +84,5 @@ def load_checkpoint(path_dir: str | os.PathLike, device: str | torch.device = "c
     if not weights.is_file():
         raise FileNotFoundError(f"no {WEIGHTS_NAME} in checkpoint directory {str(directory)!r}")
     model = GPT(config)
-    load_state_dict_strict(model, load_file(str(weights)), source=f"checkpoint {str(weights)!r}")
+    load_state_dict_strict(model, read_safetensors_file(weights), source=f"checkpoint {str(weights)!r}")
     return model.to(resolve_device(device)).eval()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,26 @@ def check_int(name: str, value: Any, minimum: int = 1) -> None:
     if value < minimum:
         bound = {1: "positive", 0: "non-negative"}.get(minimum)
         raise ValueError(f"{name} must be {bound or f'>= {minimum}'}, got {value}")
+
+
+def check_float(name: str, value: Any, minimum: float | None = None, maximum: float | None = None,
+                include_minimum: bool = True, include_maximum: bool = True) -> None:
+    """Raise TypeError unless `value` is a real number (bool excluded), ValueError if it is NaN, infinite or outside
+    [minimum, maximum] (an open end where include_* is False). The message names the field and the allowed range.
+
+    subtle: every comparison with NaN is False, so `if x < 0: raise` lets NaN through; check finiteness first.
+    """
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    low = "" if minimum is None else f"{'[' if include_minimum else '('}{minimum}"
+    high = "" if maximum is None else f"{maximum}{']' if include_maximum else ')'}"
+    where = f" in {low or '(-inf'}, {high or 'inf)'}" if (low or high) else ""
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number{where}, got {value}")
+    if minimum is not None and (value < minimum or (value == minimum and not include_minimum)):
+        raise ValueError(f"{name} must be{where}, got {value}")
+    if maximum is not None and (value > maximum or (value == maximum and not include_maximum)):
+        raise ValueError(f"{name} must be{where}, got {value}")
 
 
 @dataclass
@@ -40,10 +61,8 @@ class GPTConfig:
             check_int(f"GPTConfig.{name}", getattr(self, name))
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.layer_norm_epsilon <= 0:
-            raise ValueError(f"layer_norm_epsilon must be positive, got {self.layer_norm_epsilon}")
+        check_float("GPTConfig.dropout", self.dropout, 0.0, 1.0, include_maximum=False)
+        check_float("GPTConfig.layer_norm_epsilon", self.layer_norm_epsilon, 0.0, include_minimum=False)
         if self.attn_impl not in ("sdpa", "explicit"):
             raise ValueError(f"attn_impl must be 'sdpa' or 'explicit', got {self.attn_impl!r}")
 

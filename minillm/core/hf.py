@@ -14,7 +14,6 @@ tensor copies as is. `transformers` is imported only when a model object is buil
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 import torch
 
 from minillm.core.config import GPTConfig
+from minillm.core.io import read_json_file, read_safetensors_file
 
 # Conv1D weights, stored (in, out) by Hugging Face: transposed on the way in and out.
 _CONV1D = re.compile(r"^transformer\.h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight$")
@@ -98,8 +98,6 @@ def infer_config(state: dict[str, torch.Tensor], n_head: int | None, **overrides
 
 
 def _read_dir(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    from safetensors.torch import load_file
-
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
         raise FileNotFoundError(f"no config.json in Hugging Face checkpoint directory {str(path)!r}")
@@ -108,7 +106,10 @@ def _read_dir(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         found = sorted(p.name for p in path.iterdir())
         raise FileNotFoundError(f"no model.safetensors in {str(path)!r} (found {found}); only unsharded safetensors "
                                 "checkpoints are supported (save with save_pretrained(..., safe_serialization=True))")
-    return json.loads(cfg_path.read_text(encoding="utf-8")), load_file(str(weights))
+    hf_cfg = read_json_file(cfg_path, what="Hugging Face config")
+    if not isinstance(hf_cfg, dict):
+        raise ValueError(f"Hugging Face config {str(cfg_path)!r} must hold a JSON object, got {type(hf_cfg).__name__}")
+    return hf_cfg, read_safetensors_file(weights)
 
 
 def read_hf(source: Any, n_head: int | None = None, **config_overrides: Any) -> tuple[GPTConfig, dict[str, torch.Tensor], str]:

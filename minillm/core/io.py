@@ -1,4 +1,5 @@
-"""Writing files so that a crash never leaves half of one behind: write a temporary file, then rename it.
+"""Writing files so that a crash never leaves half of one behind (temp file, then rename), and reading them back
+with errors that name the file.
 
 `os.replace` is atomic on POSIX and Windows when source and target share a directory, so a reader sees either the
 old file or the new one, never a torn mix. Checkpoints are safetensors: loading them runs no code.
@@ -6,9 +7,11 @@ old file or the new one, never a torn mix. Checkpoints are safetensors: loading 
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -52,3 +55,43 @@ def atomic_save_safetensors(
         raise TypeError("tensors must be a dict of name -> torch.Tensor")
     flat = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     return atomic_write_bytes(path, save(flat, metadata=metadata))
+
+
+def read_json_file(path: str | os.PathLike, what: str = "JSON file") -> Any:
+    """Parse a JSON file; a truncated or corrupt one is a ValueError naming the file (json's own error does not)."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{what} {str(path)!r} is not valid JSON (truncated or corrupt?): {e}") from e
+
+
+def read_safetensors_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Load a safetensors file onto the CPU; a truncated or corrupt one is a ValueError naming the file.
+
+    safetensors raises its own `SafetensorError` ("Error while deserializing header: ...") with no path in it, and a
+    caller holding several files (weights, optimizer) could not say which one broke.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    try:
+        return load_file(str(path))
+    except (SafetensorError, ValueError, RuntimeError) as e:  # ValueError/RuntimeError: bad dtype or shape data
+        raise ValueError(f"{str(path)!r} is not a valid safetensors file (truncated or corrupt?): {e}") from e
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Flush a directory's entries (new names, renames) to disk; a no-op where directories cannot be opened (Windows).
+
+    subtle: fsync on a file makes its bytes durable, not its name; after a crash a renamed file or directory can
+    be missing unless the directory holding the name is fsynced too.
+    """
+    if not hasattr(os, "O_DIRECTORY"):
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
