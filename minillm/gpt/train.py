@@ -7,7 +7,13 @@ clipping, gradient accumulation over micro-batches, bf16 autocast on CUDA (fp32 
 
 Resume is bit-for-bit on the CPU: a checkpoint holds the weights, the AdamW moments, the step, the torch RNG
 state and the data sampler's generator state (safetensors + JSON, no pickle), and the learning rate is a pure
-function of the step. So N steps straight and N/2 + resume + N/2 give `torch.equal` weights (tested).
+function of the step. So N steps straight and N/2 + resume + N/2 give `torch.equal` weights (tested). Each
+checkpoint is saved as one atomic unit (`train_state.py`), so an interrupt during a save resumes from the previous
+one, still exactly (tested by killing a save at every stage).
+
+Training refuses to go on with NaN: every float setting must be finite (checked in `TrainConfig`), and a
+non-finite loss or parameter stops the run with `NonFiniteTrainingError` naming the step, before anything is
+saved or exported.
 
 What it leaves out: data parallelism, mixed precision on the CPU, a learning-rate finder. A run limited by
 `max_minutes` fits its cosine to the clock (progress = max(step/steps, elapsed/budget)), so it always ends
@@ -33,16 +39,20 @@ import torch
 import torch.nn.functional as F
 
 from minillm.core.checkpoint import load_checkpoint, save_checkpoint
-from minillm.core.config import GPTConfig, PRESETS
+from minillm.core.config import GPTConfig, PRESETS, check_float
 from minillm.core.device import DEVICE_CHOICES, resolve_device
 from minillm.core.io import atomic_write_text
 from minillm.core.model import GPT
 from minillm.gpt.dataset import BatchSampler, fixed_windows, split_tokens
 from minillm.gpt.eval import token_nll
-from minillm.gpt.train_state import load_train_state, save_train_state
+from minillm.gpt.train_state import find_checkpoint, load_train_state, save_train_state
 from minillm.tokenizer import load_tokenizer
 
 LOG_NAME = "training_log.json"
+
+
+class NonFiniteTrainingError(ValueError):
+    """The loss or a parameter became NaN or infinite; the message names the step. Nothing was saved after it."""
 
 
 @dataclass
@@ -93,21 +103,16 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig.{name} must be a non-negative int, got {value!r}")
         if self.warmup_steps >= self.steps:
             raise ValueError(f"warmup_steps={self.warmup_steps} must be smaller than steps={self.steps}")
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr must be a positive finite number, got {self.lr!r}")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
-        for name in ("beta1", "beta2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
-        if self.grad_clip < 0:
-            raise ValueError(f"grad_clip must be >= 0 (0 = off), got {self.grad_clip!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if self.max_minutes is not None and not (self.max_minutes > 0):
-            raise ValueError(f"max_minutes must be positive or None, got {self.max_minutes!r}")
+        # Every float must be finite: NaN passes any `x < 0` test, and one NaN setting makes every weight NaN.
+        check_float("TrainConfig.lr", self.lr, 0.0, include_minimum=False)
+        check_float("TrainConfig.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
+        check_float("TrainConfig.weight_decay", self.weight_decay, 0.0)
+        check_float("TrainConfig.beta1", self.beta1, 0.0, 1.0, include_maximum=False)
+        check_float("TrainConfig.beta2", self.beta2, 0.0, 1.0, include_maximum=False)
+        check_float("TrainConfig.grad_clip", self.grad_clip, 0.0)  # 0 = off
+        check_float("TrainConfig.dropout", self.dropout, 0.0, 1.0, include_maximum=False)
+        if self.max_minutes is not None:
+            check_float("TrainConfig.max_minutes", self.max_minutes, 0.0, include_minimum=False)
         if self.stop_after is not None and not (isinstance(self.stop_after, int) and 0 < self.stop_after <= self.steps):
             raise ValueError(f"stop_after must be an int in [1, steps={self.steps}], got {self.stop_after!r}")
         if self.final_eval_tokens is not None and (not isinstance(self.final_eval_tokens, int) or self.final_eval_tokens < 0):
@@ -194,8 +199,10 @@ def train(cfg: TrainConfig, train_tokens: torch.Tensor | None = None, val_tokens
         train_tokens, val_tokens = _load_data(cfg)
 
     torch.manual_seed(cfg.seed)
+    resume_point = None
     if cfg.resume is not None:
-        model = load_checkpoint(cfg.resume, device=device)
+        resume_point = find_checkpoint(cfg.resume)  # the newest complete checkpoint; ValueError if none
+        model = load_checkpoint(resume_point.path, device=device)
     else:
         model = GPT(GPTConfig.from_name(cfg.preset, dropout=cfg.dropout, **cfg.model_overrides)).to(device)
     mcfg = model.config
@@ -211,8 +218,10 @@ def train(cfg: TrainConfig, train_tokens: torch.Tensor | None = None, val_tokens
 
     state: dict[str, Any] = {"step": 0, "tokens_seen": 0, "elapsed_s": 0.0, "warmup_end_progress": None,
                              "history": [], "evals": []}
-    if cfg.resume is not None:
-        state = load_train_state(Path(cfg.resume), model, opt, sampler)
+    if resume_point is not None:
+        state = load_train_state(resume_point.path, model, opt, sampler)
+        if progress:
+            print(resume_point.describe(), file=sys.stderr)
     out_dir = Path(cfg.out_dir) if cfg.out_dir else None
     budget_s = cfg.max_minutes * 60.0 if cfg.max_minutes else None
     tokens_per_step = cfg.batch_size * cfg.grad_accum * mcfg.block_size
@@ -252,9 +261,20 @@ def train(cfg: TrainConfig, train_tokens: torch.Tensor | None = None, val_tokens
             grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
         else:
             grad_norm = float("nan")
+        if not math.isfinite(loss_sum):
+            raise NonFiniteTrainingError(
+                f"training stopped at step {step + 1}: the loss is {loss_sum / cfg.grad_accum} (lr={lr:.3g}); "
+                "nothing was saved or exported after the last checkpoint")
         opt.step()
         opt.zero_grad(set_to_none=True)
         step += 1
+        # One reduction per tensor, one host sync for all of them.
+        if not bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all()):
+            bad = next(n for n, p in model.named_parameters() if not bool(torch.isfinite(p).all()))
+            raise NonFiniteTrainingError(
+                f"training stopped at step {step}: parameter {bad!r} became non-finite (loss "
+                f"{loss_sum / cfg.grad_accum:.4g}, lr={lr:.3g}, weight_decay={cfg.weight_decay}); "
+                "nothing was saved or exported after the last checkpoint")
         state["tokens_seen"] += tokens_per_step
         train_loss = loss_sum / cfg.grad_accum
         recent = (recent + [train_loss])[-50:]
@@ -306,6 +326,8 @@ def train(cfg: TrainConfig, train_tokens: torch.Tensor | None = None, val_tokens
         "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "history": state["history"],
         "evals": state["evals"],
+        "resumed_from": None if resume_point is None else {"path": str(resume_point.path), "step": resume_point.step,
+                                                           "skipped": resume_point.skipped},
     }
     if finished:
         log["final_val_loss"] = round(estimate_loss(model, val_x, val_y, cfg.batch_size, autocast), 5)
@@ -344,6 +366,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     )
     result = train(cfg, progress=not args.no_progress)
     log = result.log
+    if log["resumed_from"] is not None:
+        print(f"resumed from {log['resumed_from']['path']} (step {log['resumed_from']['step']})")
     print(f"trained {log['num_params']:,} parameters for {result.step} steps ({result.tokens_seen:,} tokens) "
           f"in {result.wall_seconds / 60:.1f} min; final train loss {log['final_train_loss']}, "
           f"val loss {log.get('final_val_loss')}, val perplexity {log.get('val_perplexity')}")
