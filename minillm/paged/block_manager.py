@@ -11,7 +11,11 @@ Invariants (checked by `check_invariants`):
   2. the ref count of every block equals the number of block tables holding it (a cached free block: 0);
   3. a sequence of L tokens holds exactly ceil(L / bs) blocks, none twice;
   4. a block is written only while its ref count is 1: `append_slot` copies a shared last block first
-     (copy-on-write, Kwon et al. §4.4), and only full blocks, which are never written again, are ever cached.
+     (copy-on-write, Kwon et al. §4.4), and only full blocks, which are never written again, are ever cached;
+  5. a sequence's `block_hashes` cover only full, computed blocks: len(block_hashes) <= num_computed // bs.
+
+Rolling back (`truncate`, for speculative decoding's rejected draft tokens, chapter 08) keeps all five: blocks past
+the new length are released, and a cached block that becomes partial is unpublished before anyone can write it.
 """
 
 from __future__ import annotations
@@ -199,6 +203,41 @@ class BlockManager:
         return [(src, dst)]
         # END SOLUTION
 
+    def truncate(self, seq_id: Hashable, num_tokens: int) -> None:
+        """Keep the first `num_tokens` tokens of a sequence and release the blocks that become empty.
+
+        Speculative decoding (chapter 08) appends k draft tokens, verifies them in one forward, and rolls back the
+        rejected ones with this. Nothing is copied and no K/V is cleared: the kept slots still hold their K/V, and
+        the next `append_slot` writes the next token at position num_tokens. What stays consistent:
+          - ref counts: a dropped block loses this sequence's hold only; a block shared with a fork keeps the other
+            holders' content (their tables are untouched);
+          - copy-on-write: a kept last block that is shared stays shared, so the next `append_slot` copies it first
+            (invariant 4), never writing the other holders' tokens in place;
+          - prefix cache: a block published as full that becomes partial is unpublished, so no prefix lookup finds
+            it again. subtle: even when it is shared (its other holders still need its content), because the
+            other holders may leave before this sequence's next append, which would then write it in place: an
+            unfindable block can only cost a future miss, a findable one being overwritten would be a wrong hit.
+            Dropped full blocks stay cached (their K/V is still correct for their tokens), as after `free`.
+        Truncating to 0 leaves a sequence with no blocks; appending to it starts a new block. An unknown sequence
+        or a length outside 0..num_tokens raises ValueError naming it (a non-int, TypeError) and changes nothing.
+        """
+        seq = self._get(seq_id)
+        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool):
+            raise TypeError(f"num_tokens must be an int, got {type(num_tokens).__name__} {num_tokens!r}")
+        if not 0 <= num_tokens <= len(seq.token_ids):
+            raise ValueError(f"cannot truncate sequence {seq_id!r} to num_tokens={num_tokens}: it holds "
+                             f"{len(seq.token_ids)} tokens (allowed: 0..{len(seq.token_ids)})")
+        bs = self.block_size
+        keep = num_blocks_for(num_tokens, bs)
+        for b in reversed(seq.block_table[keep:]):  # last block first, as in `free`
+            self.allocator.free(b)
+        del seq.block_table[keep:]
+        del seq.token_ids[num_tokens:]
+        seq.num_computed = min(seq.num_computed, num_tokens)
+        del seq.block_hashes[num_tokens // bs:]  # only blocks that are still full keep their hash (invariant 5)
+        if num_tokens % bs and isinstance(self.allocator, PrefixCachingAllocator):
+            self.allocator.unpublish(seq.block_table[-1])  # now partial: the next append writes into it
+
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
         """A child sequence that shares every block of its parent (ref counts + 1); writes then copy on write."""
         parent = self._get(parent_id)
@@ -238,7 +277,7 @@ class BlockManager:
             seq.block_hashes.append(h)
 
     def check_invariants(self) -> None:
-        """Assert the module docstring's invariants 1-3."""
+        """Assert the module docstring's invariants 1-3 and 5."""
         self.allocator.check_invariants()
         holders = [0] * self.num_blocks
         for sid, seq in self._seqs.items():
@@ -246,6 +285,9 @@ class BlockManager:
                 f"sequence {sid!r}: {len(seq.token_ids)} tokens in {len(seq.block_table)} blocks"
             )
             assert len(set(seq.block_table)) == len(seq.block_table), f"sequence {sid!r} holds a block twice"
+            assert len(seq.block_hashes) <= seq.num_computed // self.block_size, (
+                f"sequence {sid!r}: {len(seq.block_hashes)} hashed blocks but {seq.num_computed} computed tokens"
+            )
             for b in seq.block_table:
                 holders[b] += 1
         for b, n in enumerate(holders):

@@ -85,6 +85,19 @@ class PrefixCachingAllocator(BlockAllocator):
         self._block_to_key[block] = (block_hash, parent_hash, tuple(tokens))
         return True
 
+    def unpublish(self, block: int) -> bool:
+        """Make a cached block unfindable (its content is about to change); False if it was not cached.
+
+        `BlockManager.truncate` calls it when a full, published block becomes partial again: the sequence will
+        write new tokens into it, so a later prompt with the old tokens must not find it.
+        """
+        self.ensure_in_use(block, "unpublish")
+        key = self._block_to_key.pop(block, None)
+        if key is None:
+            return False
+        del self._hash_to_block[key[0]]
+        return True
+
     def _release(self, block: int) -> None:
         self._free[block] = None  # tail: the most recently used cached block is evicted last
         if block not in self._block_to_key:
