@@ -13,6 +13,16 @@ Layout of one row of one layer (left padding p, n real tokens so far, max_len sl
 
 All rows of a static batch advance together, so the write position ("slot") is one integer per layer; a row's
 absolute position (for the position embedding) is its slot minus its padding.
+
+The contract later chapters rely on (each point has a test in tests/test_contract.py):
+  - a step may add any number of tokens T to a cache that holds some already (speculative decoding's verify step,
+    chapter 08), and `truncate(n)` rolls every row back to n slots (its rejected draft tokens);
+  - K/V are stored in the cache's own `dtype` (a setting, never read off the weights) and converted to the query's
+    dtype when read, a no-op when they agree (chapter 09's quantized KV plugs in there);
+  - `attend` never synchronises with the device (no .item(), .tolist(), no tensors built from tensor values), and
+    with `use_static_shapes=True` every step has the same shapes whatever the length: it writes at a device-side
+    slot counter and attends over all max_len slots under a length mask, which is what torch.compile and CUDA
+    graphs (chapter 13) need. The default path slices the kept slots instead (fewer FLOPs, shapes grow per step).
 """
 
 from __future__ import annotations
@@ -47,7 +57,7 @@ class ContiguousKVCache:
     """
 
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, use_static_shapes: bool = False):
         if not isinstance(config, GPTConfig):
             raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
         for name, value in (("batch_size", batch_size), ("max_len", max_len)):
@@ -68,6 +78,15 @@ class ContiguousKVCache:
         self._has_padding = False
         self._mask_key: tuple[int, int] | None = None  # (start, T) the cached mask was built for
         self._mask: torch.Tensor | None = None
+        if not isinstance(use_static_shapes, bool):
+            raise TypeError(f"use_static_shapes must be a bool, got {use_static_shapes!r}")
+        self.use_static_shapes = use_static_shapes
+        # Static-shape path only: the write position as a device tensor, the one source of truth there, so a
+        # compiled or captured step reads it as data instead of baking a Python int into the graph (_layer_len
+        # stays 0 in that mode; reading `length` then costs one host sync, outside the step).
+        self.slot = torch.zeros((), dtype=torch.long, device=self.device)  # () next slot to write
+        self._key_slots = torch.arange(max_len, device=self.device)  # (max_len,) the slot index of every key
+        self._q_slots: torch.Tensor | None = None  # (T,) slots of the current forward's new tokens
 
     # ----- bookkeeping -------------------------------------------------------------------------------------------
 
@@ -79,6 +98,8 @@ class ContiguousKVCache:
     @property
     def length(self) -> int:
         """Slots filled in every layer (padding included): where the next token goes."""
+        if self.use_static_shapes:
+            return int(self.slot)  # one host sync: bookkeeping between steps, never inside one
         # The invariant holds between forwards; inside one, early layers are ahead of later ones.
         assert len(set(self._layer_len)) == 1, f"layers disagree on the cache length: {self._layer_len}"
         return self._layer_len[0]
@@ -101,6 +122,7 @@ class ContiguousKVCache:
             raise ValueError(f"pad_lens must be in [0, max_len={self.max_len}), got {pads.tolist()}")
         self._layer_len = [0] * self.config.n_layer
         self._mask_key, self._mask = None, None
+        self.slot.zero_()
         self.pad_lens.copy_(pads)
         self._has_padding = bool((pads > 0).any())
         return self
@@ -108,19 +130,24 @@ class ContiguousKVCache:
     def truncate(self, length: int) -> "ContiguousKVCache":
         """Forget every slot from `length` on (keep slots 0..length-1): rewind to re-run or reject tokens.
 
-        Nothing is cleared; later writes overwrite the forgotten slots. Benchmarks use it to time one decode
-        step at a fixed position again and again; speculative decoding (chapter 08) rejects draft tokens with it.
+        Nothing is cleared; later writes overwrite the forgotten slots, and no query ever reads a slot at or past
+        the write position. Benchmarks use it to time one decode step at a fixed position again and again;
+        speculative decoding (chapter 08) rejects draft tokens with it. Every row rolls back together (a static
+        batch shares one write position); rows that need their own lengths use chapter 05's paged cache, where
+        `BlockManager.truncate` rolls back one sequence.
         """
         if not isinstance(length, int) or isinstance(length, bool):
             raise TypeError(f"length must be an int, got {type(length).__name__} {length!r}")
         if not 0 <= length <= self.length:
             raise ValueError(f"can only truncate to a length in [0, {self.length}], got {length}")
         self._layer_len = [length] * self.config.n_layer
+        self.slot.fill_(length)
         return self
 
     def positions(self, num_new: int) -> torch.Tensor:
         """(B, num_new) absolute positions of the next num_new tokens: slot minus padding, 0 on padding slots."""
-        slots = torch.arange(self.length, self.length + num_new, device=self.device)  # (T,)
+        start = self.slot if self.use_static_shapes else self.length  # a device scalar keeps this sync-free
+        slots = torch.arange(num_new, device=self.device) + start  # (T,)
         return (slots.unsqueeze(0) - self.pad_lens.unsqueeze(1)).clamp(min=0)  # (B, T)
 
     # ----- the attention hook ------------------------------------------------------------------------------------
@@ -151,15 +178,18 @@ class ContiguousKVCache:
         B, nh, T, hs = k.shape
         if B != self.batch_size:
             raise ValueError(f"batch of {B} rows does not match the cache's batch_size={self.batch_size}")
+        if self.use_static_shapes:
+            return self._attend_static(layer_idx, q, k, v)
         start = self._layer_len[layer_idx]
         if start + T > self.max_len:
             raise ValueError(f"cache full: {start} slots used + {T} new > max_len={self.max_len}")
         # BEGIN SOLUTION
         end = start + T
-        self.k[layer_idx][:, :, start:end].copy_(k)  # in place: no new cache memory per step
+        self.k[layer_idx][:, :, start:end].copy_(k)  # in place: no new cache memory per step (cast to dtype)
         self.v[layer_idx][:, :, start:end].copy_(v)
-        keys = self.k[layer_idx][:, :, :end]  # (B, nh, end, hs): a view, slots 0..end-1
-        values = self.v[layer_idx][:, :, :end]  # (B, nh, end, hs)
+        # A view of slots 0..end-1, converted to the query's dtype on read (no copy when they agree).
+        keys = self.k[layer_idx][:, :, :end].to(q.dtype)  # (B, nh, end, hs)
+        values = self.v[layer_idx][:, :, :end].to(q.dtype)  # (B, nh, end, hs)
         self._layer_len[layer_idx] = end
         if self._has_padding:
             if self._mask_key != (start, T):  # every layer of one forward needs the same mask: build it once
@@ -172,3 +202,32 @@ class ContiguousKVCache:
         # A chunk after earlier tokens: query t sits at slot start+t (causal_mask offsets the triangle).
         return attention(q, keys, values, mask=causal_mask(T, end, device=q.device))  # (B, nh, T, hs)
         # END SOLUTION
+
+    def _attend_static(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The static-shape twin of `attend`: same outputs, but every tensor's shape is fixed by (B, T, max_len).
+
+        The new tokens go to slots slot..slot+T-1 read from the device counter `self.slot`; attention runs over
+        all max_len slots with a mask, so unwritten and forgotten slots get weight exactly 0. It costs attention
+        over max_len keys instead of the kept ones; what it buys is one graph for every step of a decode.
+        subtle: it reads no Python state that changes per step (a compiled step would be guarded on it and
+        recompiled every token), so it cannot check for overflow without a host sync: the caller keeps
+        slot + T <= max_len, as every generator does by sizing the cache for prompt + max_new_tokens at its entry.
+        """
+        B, nh, T, hs = k.shape
+        if layer_idx == 0 or self._mask is None:  # one mask per forward, shared by every layer
+            q_slots = self.slot + torch.arange(T, device=self.device)  # (T,) slots of the new tokens
+            keys_ = self._key_slots.unsqueeze(0)  # (1, max_len)
+            causal = keys_ <= q_slots.unsqueeze(1)  # (T, max_len): written at or before the query
+            real = keys_ >= self.pad_lens.unsqueeze(1)  # (B, max_len): False on each row's padding
+            mask = causal.unsqueeze(0) & real.unsqueeze(1)  # (1, T, max_len) & (B, 1, max_len) -> (B, T, max_len)
+            mask |= (keys_ == q_slots.unsqueeze(1)).unsqueeze(0)  # a padding query sees itself (see attention_mask)
+            self._mask = mask.unsqueeze(1)  # (B, 1, T, max_len): broadcast over heads
+            self._mask_key = None  # the dynamic path's cached mask is not this one
+            self._q_slots = q_slots
+        self.k[layer_idx].index_copy_(2, self._q_slots, k.to(self.dtype))  # (B, nh, max_len, hs)[:, :, slots] = k
+        self.v[layer_idx].index_copy_(2, self._q_slots, v.to(self.dtype))
+        if layer_idx == self.config.n_layer - 1:
+            self.slot += T  # in place: a captured step advances its own position
+        keys = self.k[layer_idx].to(q.dtype)  # (B, nh, max_len, hs)
+        values = self.v[layer_idx].to(q.dtype)  # (B, nh, max_len, hs)
+        return attention(q, keys, values, mask=self._mask)  # (B, nh, T, hs)
