@@ -246,7 +246,7 @@ def test_config_validation_names_the_bad_value():
         DisaggConfig(block_size=2.0)
     with pytest.raises(ValueError, match="liveness_timeout_s=1.0 must exceed two heartbeats"):
         DisaggConfig(heartbeat_s=0.5, liveness_timeout_s=1.0)
-    with pytest.raises(TypeError, match="model must be a minillm GPT"):
+    with pytest.raises(TypeError, match="DisaggregatedLLM needs a minillm GPT"):
         DisaggregatedLLM("gpt2")
 
 

@@ -9,13 +9,18 @@ never runs out of blocks; the price is a smaller batch than chapter 06's optimis
 One step (`DecodeCore.step`):
 
     hand-offs received (FCFS) --admit_handoffs: fits max_num_seqs and the unreserved blocks?-->
-      allocate blocks under this pool's block table, unpack_kv the bytes into them, restore the generator
+      start_request (the lifecycle every loop shares), accept the first token, allocate blocks under this
+      pool's block table, unpack_kv the bytes into them, restore the generator
       --> every running request appends its last token's slot (chapter 05's append_slot)
-      --> one forward over S new tokens (the vectorized decode path) --> sample_next per request
-      --> DecodeTokens to the coordinator; finished requests free their blocks
+      --> chapter 06's ModelRunner.run: one forward over S new tokens (the vectorized decode path), sample_next
+          per request with its own generator
+      --> RequestState.accept per request --> DecodeTokens to the coordinator; finished requests free their blocks
 
-Decode stops a request on eos, max_new_tokens or the context window; stop strings need text, so the coordinator
-checks them and sends `Abort` (as vLLM's front-end process does with its detokenizer).
+Decode stops a request by its state's rules: eos, max_new_tokens or the context window; stop strings need text,
+so the coordinator checks them and sends `Abort` (as vLLM's front-end process does with its detokenizer).
+What it reuses from chapter 06: the `ModelRunner` and the engine's `Request`, fed a `SchedulerOutput` built here.
+Not the `Scheduler`: this worker reserves each request's worst case at admission and never preempts, where
+chapter 06's scheduler admits optimistically and preempts when blocks run out.
 """
 
 from __future__ import annotations
@@ -23,16 +28,18 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from minillm.core.model import GPT, require_model
 from minillm.disagg.kv_transfer import payload_from_bytes, unpack_kv
 from minillm.disagg.messages import Abort, DecodeTokens, KVHandoff, StepRecord, TransferRecord, WorkerInit
-from minillm.core.model import GPT
-from minillm.paged import BlockManager, PagedBatch, PagedKVCache, num_blocks_for
-from minillm.core.sampling import SamplingParams, sample_next
+from minillm.disagg.prefill_worker import start_worker_request
+from minillm.engine.model_runner import ModelRunner
+from minillm.engine.request import Request, RequestStatus
+from minillm.engine.scheduler import ScheduledRequest, SchedulerOutput
+from minillm.paged import BlockManager, num_blocks_for
 
 
 def max_kv_tokens(num_prompt_tokens: int, max_new_tokens: int, context_window: int) -> int:
@@ -79,30 +86,25 @@ def admit_handoffs(
     # END SOLUTION
 
 
-@dataclass
-class _Running:
-    request_id: str
-    params: SamplingParams
-    generator: torch.Generator | None
-    num_prompt_tokens: int
-    num_generated: int  # output tokens so far, the first (sampled by the prefill worker) included
-    last_token: int  # sampled, not yet fed through the model
-    worst_case_blocks: int  # blocks it may hold at most (admission reserved them)
-
-
 class DecodeCore:
     def __init__(self, model: GPT, init: WorkerInit):
+        self.context_window = require_model(model, "DecodeCore").block_size
         self.model = model
         self.init = init
         self.device = torch.device(init.device)
-        self.dtype = next(model.parameters()).dtype
-        self.context_window = model.config.block_size
         self.blocks = BlockManager(init.num_blocks, init.block_size)
-        self.cache = PagedKVCache(model.config, init.num_blocks, init.block_size, self.device, self.dtype)
+        self.runner = ModelRunner(model, init.num_blocks, init.block_size, device=self.device,
+                                  kv_dtype=init.kv_dtype)
         self.waiting: deque[tuple[KVHandoff, float]] = deque()  # (hand-off, received perf_counter)
-        self.running: dict[str, _Running] = {}
+        self.running: dict[str, Request] = {}  # admitted, decoding; its last output token not yet fed
+        self.worst_case_blocks: dict[str, int] = {}  # blocks each running request may hold at most (reserved)
         self.aborted: set[str] = set()  # aborted before their hand-off arrived: drop it when it does
         self.transfers: list[TransferRecord] = []  # received since the last DecodeTokens
+
+    @property
+    def cache(self):
+        """The KV pool (the model runner's): `k_pools` / `v_pools` per layer, (nb, bs, nh, hs) each."""
+        return self.runner.cache
 
     # ----------------------------------------------------------------------------------------------- messages
     def handle(self, msg: Any) -> None:
@@ -128,10 +130,11 @@ class DecodeCore:
     def _finish(self, rid: str) -> None:
         self.blocks.free(rid)
         del self.running[rid]
+        del self.worst_case_blocks[rid]
 
     # ----------------------------------------------------------------------------------------------- admission
     def _reserved_blocks(self) -> int:
-        return sum(r.worst_case_blocks - len(self.blocks.block_table(rid)) for rid, r in self.running.items())
+        return sum(w - len(self.blocks.block_table(rid)) for rid, w in self.worst_case_blocks.items())
 
     def _admit(self) -> None:
         bs = self.init.block_size
@@ -140,32 +143,27 @@ class DecodeCore:
                            self.init.max_num_seqs, bs)
         for i in range(n):
             h, received = self.waiting.popleft()
+            req = start_worker_request(self.model, h.request_id, h.prompt_ids, h.params, self.init.eos_id,
+                                       self.device)
+            if h.generator_state is not None:
+                # subtle: continue the SAME random stream the prefill worker drew the first token from, so a
+                # seeded request samples exactly the tokens it would have in the colocated engine.
+                assert req.generator is not None, "a generator state arrived for an unseeded request"
+                req.generator.set_state(torch.frombuffer(bytearray(h.generator_state), dtype=torch.uint8))
+            done = req.accept([h.first_token], received)  # the first token, sampled by the prefill worker
+            assert not done, "the prefill worker hands off only requests its first token did not finish"
             self.blocks.allocate(h.request_id, h.prompt_ids)
             self.blocks.mark_computed(h.request_id, len(h.prompt_ids))  # their K/V arrive by copy, not compute
             payload = payload_from_bytes(h.header, h.data)  # (L, 2, T, nh, hs)
             unpack_kv(payload, self.cache.k_pools, self.cache.v_pools, self.blocks.block_table(h.request_id))
-            gen = None
-            if h.generator_state is not None:
-                # subtle: continue the SAME random stream the prefill worker drew the first token from, so a
-                # seeded request samples exactly the tokens it would have in the colocated engine.
-                gen = torch.Generator(device=self.device)
-                gen.set_state(torch.frombuffer(bytearray(h.generator_state), dtype=torch.uint8))
-            self.running[h.request_id] = _Running(
-                h.request_id, h.params, gen, len(h.prompt_ids), 1, h.first_token, num_blocks_for(worst[i], bs)
-            )
+            req.num_computed_tokens = req.num_block_tokens = req.num_prompt_tokens
+            req.status = RequestStatus.RUNNING
+            self.running[h.request_id] = req
+            self.worst_case_blocks[h.request_id] = num_blocks_for(worst[i], bs)
             self.transfers.append(TransferRecord(h.request_id, len(h.data), h.sent_time, received,
                                                  time.perf_counter()))
 
     # ----------------------------------------------------------------------------------------------- decoding
-    def _done(self, r: _Running, token: int) -> bool:
-        eos = self.init.eos_id
-        if eos is not None and token == eos and not r.params.ignore_eos:
-            return True
-        if r.num_generated >= r.params.max_new_tokens:
-            return True
-        return r.num_prompt_tokens + r.num_generated > self.context_window  # the next token has no position
-
-    @torch.no_grad()
     def step(self) -> list[tuple[str, Any]]:
         self._admit()
         transfers, self.transfers = self.transfers, []
@@ -176,24 +174,20 @@ class DecodeCore:
             return []
         start = time.perf_counter()
         reqs = list(self.running.values())
-        entries = []
-        for r in reqs:
-            pairs = self.blocks.append_slot(r.request_id, r.last_token)  # admission reserved the block it may need
+        sched = SchedulerOutput()
+        for req in reqs:
+            pairs = self.blocks.append_slot(req.request_id, req.output_token_ids[-1])  # admission reserved it
             assert not pairs, "decode sequences never share blocks"
-            n = self.blocks.num_tokens(r.request_id)
-            entries.append((r.request_id, n - 1, 1))
-        pb = PagedBatch.build(self.blocks, entries, self.device)
-        self.cache.set_batch(pb)
-        idx = torch.tensor([r.last_token for r in reqs], dtype=torch.int64, device=self.device)[None]  # (1, S)
-        logits = self.model(idx, pb.positions(), cache=self.cache)[0]  # (1, S, V) -> (S, V)
+            req.num_block_tokens += 1
+            sched.scheduled.append(ScheduledRequest(req, 1, req.num_computed_tokens))  # feed the last token
+        tokens = self.runner.run(sched, self.blocks)  # one forward, one draw per request from its own generator
+        now = time.perf_counter()
         items = []
-        for i, r in enumerate(reqs):
-            token = int(sample_next(logits[i : i + 1], r.params, r.generator)[0])  # one draw per token per request
-            r.num_generated += 1
-            r.last_token = token
-            done = self._done(r, token)
-            items.append((r.request_id, token, done))
+        for req, token in zip(reqs, tokens):
+            req.num_computed_tokens += 1
+            done = req.accept([token], now)  # eos, max_new_tokens or the context window
+            items.append((req.request_id, token, done))
             if done:
-                self._finish(r.request_id)
-        step = StepRecord("decode", "decode", start, time.perf_counter(), len(reqs), [r.request_id for r in reqs])
+                self._finish(req.request_id)
+        step = StepRecord("decode", "decode", start, now, len(reqs), [req.request_id for req in reqs])
         return [("ctrl", DecodeTokens(items, step, transfers))]

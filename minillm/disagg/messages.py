@@ -36,6 +36,7 @@ class WorkerInit:
     eos_id: int | None  # end-of-text id: the workers stop a request on it unless params.ignore_eos
     heartbeat_s: float  # how often a worker says it is alive
     num_threads: int  # torch intra-op threads in this worker (0 = leave torch's default)
+    kv_dtype: str = "float32"  # how this worker's KV pool stores K/V (a name; both workers must agree)
 
 
 @dataclass

@@ -7,46 +7,64 @@ one step here), prefix caching, and overlapping the KV transfer with the next la
 
 One step (`PrefillCore.step`):
 
-    waiting prompts --FCFS, <= max_num_batched_tokens--> allocate blocks in this worker's pool
-      --> one ragged forward over all of them (chapter 05's PagedBatch) --> logits at each prompt's last token
-      --> sample_next with the request's own generator: the FIRST token is sampled here, as vLLM's
+    waiting prompts --FCFS, <= max_num_batched_tokens--> start_request (the lifecycle every loop shares),
+      allocate blocks in this worker's pool
+      --> chapter 06's ModelRunner.run: one ragged forward over all of them, logits at each prompt's last token
+          only, sample_next with the request's own generator: the FIRST token is sampled here, as vLLM's
           disaggregated prefill does, so TTFT never includes the transfer
+      --> RequestState.accept decides whether that token already ends the request (eos, max tokens, the window)
       --> FirstTokens to the coordinator;  KVHandoff (pack_kv bytes + generator state) to the decode worker
       --> free the blocks: the prefill pool only holds prompts while they run
+
+What it reuses from chapter 06: the `ModelRunner` (KV pool built by backend name, the forward, the sampling) and
+the engine's `Request`, fed a `SchedulerOutput` built here. Not the `Scheduler`: its admission, chunking and
+preemption answer a mixed workload, and this worker's whole policy is the FCFS batch of `_take_batch`.
+Stop strings are the coordinator's (it has the tokenizer); this worker's states check token ids only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from typing import Any
 
 import torch
 
+from minillm.core.model import GPT, require_model
+from minillm.core.stopping import start_request
 from minillm.disagg.kv_transfer import pack_kv, payload_to_bytes
 from minillm.disagg.messages import Abort, FirstTokens, KVHandoff, PrefillRequest, StepRecord, WorkerInit
-from minillm.core.model import GPT
-from minillm.paged import BlockManager, PagedBatch, PagedKVCache, num_blocks_for
-from minillm.core.sampling import make_generator, sample_next
+from minillm.engine.model_runner import ModelRunner
+from minillm.engine.request import Request
+from minillm.engine.scheduler import ScheduledRequest, SchedulerOutput
+from minillm.paged import BlockManager, num_blocks_for
 
 
-def first_token_finishes(token: int, params, eos_id: int | None, num_prompt_tokens: int, context_window: int) -> bool:
-    """Whether the first sampled token already ends the request, so there is nothing to hand off: eos, a budget of
-    one token, or a prompt that fills the context window (the token would have no position to be fed at)."""
-    if eos_id is not None and token == eos_id and not params.ignore_eos:
-        return True
-    return params.max_new_tokens <= 1 or num_prompt_tokens + 1 > context_window
+def start_worker_request(model: GPT, request_id: str, prompt_ids: list[int], params, eos_id: int | None,
+                         device: torch.device) -> Request:
+    """An engine `Request` for a worker, started like every other loop's (`start_request`), but without stop
+    strings: a worker has no tokenizer, so only the coordinator can see them (and sends `Abort`)."""
+    state = start_request(model.config, prompt_ids, dataclasses.replace(params, stop=()), None, eos_id,
+                          device=device)
+    return Request(request_id, state.prompt_ids, state.params, state=state)
 
 
 class PrefillCore:
     def __init__(self, model: GPT, init: WorkerInit):
+        require_model(model, "PrefillCore")
         self.model = model
         self.init = init
         self.device = torch.device(init.device)
-        self.dtype = next(model.parameters()).dtype
         self.blocks = BlockManager(init.num_blocks, init.block_size)
-        self.cache = PagedKVCache(model.config, init.num_blocks, init.block_size, self.device, self.dtype)
+        self.runner = ModelRunner(model, init.num_blocks, init.block_size, device=self.device,
+                                  kv_dtype=init.kv_dtype)
         self.waiting: deque[PrefillRequest] = deque()
+
+    @property
+    def cache(self):
+        """The KV pool (the model runner's): `k_pools` / `v_pools` per layer, (nb, bs, nh, hs) each."""
+        return self.runner.cache
 
     def handle(self, msg: Any) -> None:
         if isinstance(msg, PrefillRequest):
@@ -74,34 +92,31 @@ class PrefillCore:
             tokens, blocks = tokens + n, blocks + nb
         return batch
 
-    @torch.no_grad()
     def step(self) -> list[tuple[str, Any]]:
         batch = self._take_batch()
         start = time.perf_counter()
-        for r in batch:
-            self.blocks.allocate(r.request_id, r.prompt_ids)  # the coordinator sized the pool for any one prompt
-        pb = PagedBatch.build(self.blocks, [(r.request_id, 0, len(r.prompt_ids)) for r in batch], self.device)
-        self.cache.set_batch(pb)
-        idx = torch.tensor([t for r in batch for t in r.prompt_ids], dtype=torch.int64, device=self.device)[None]
-        logits = self.model(idx, pb.positions(), cache=self.cache)  # (1, N, V)
-        last = torch.cumsum(pb.query_lens, 0) - 1  # (S,): index of each prompt's last token in the flat row
-        last_logits = logits[0, last.to(self.device)]  # (S, V)
+        reqs = [start_worker_request(self.model, r.request_id, r.prompt_ids, r.params, self.init.eos_id,
+                                     self.device) for r in batch]
+        for req in reqs:
+            self.blocks.allocate(req.request_id, req.prompt_token_ids)  # the coordinator sized the pool for one
+        # Every prompt whole, from position 0: each scheduled request samples (its last token ends its prompt).
+        sched = SchedulerOutput([ScheduledRequest(req, req.num_prompt_tokens, 0) for req in reqs])
+        tokens = self.runner.run(sched, self.blocks)  # exactly one draw per request, as colocated
         items, out = [], []
-        for i, r in enumerate(batch):
-            gen = make_generator(r.params.seed, self.device)
-            token = int(sample_next(last_logits[i : i + 1], r.params, gen)[0])  # exactly one draw, as colocated
-            done = first_token_finishes(token, r.params, self.init.eos_id, len(r.prompt_ids),
-                                        self.model.config.block_size)
-            items.append((r.request_id, token, done))
+        for req, r, token in zip(reqs, batch, tokens):
+            done = req.state.accept([token])  # eos, a budget of one token, or a prompt that fills the window
+            items.append((req.request_id, token, done))
             if not done:
-                table = self.blocks.block_table(r.request_id)
-                payload = pack_kv(self.cache.k_pools, self.cache.v_pools, table, len(r.prompt_ids))
+                table = self.blocks.block_table(req.request_id)
+                payload = pack_kv(self.cache.k_pools, self.cache.v_pools, table, req.num_prompt_tokens)
                 header, data = payload_to_bytes(payload)  # (L, 2, T, nh, hs) -> bytes
+                gen = req.generator
                 state = bytes(gen.get_state().numpy().tobytes()) if gen is not None else None
-                out.append(("peer", KVHandoff(r.request_id, list(r.prompt_ids), token, r.params, state, header, data,
-                                              time.perf_counter())))
-            self.blocks.free(r.request_id)
+                out.append(("peer", KVHandoff(req.request_id, list(req.prompt_token_ids), token, r.params, state,
+                                              header, data, time.perf_counter())))
+            self.blocks.free(req.request_id)
         end = time.perf_counter()
-        step = StepRecord("prefill", "prefill", start, end, int(idx.shape[1]), [r.request_id for r in batch])
+        num_tokens = sum(req.num_prompt_tokens for req in reqs)
+        step = StepRecord("prefill", "prefill", start, end, num_tokens, [req.request_id for req in reqs])
         # The coordinator hears about the first tokens before the decode worker gets the KV: TTFT excludes transfer.
         return [("ctrl", FirstTokens(items, step))] + out

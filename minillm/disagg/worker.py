@@ -29,8 +29,10 @@ from typing import Any, Protocol
 import torch
 
 from minillm.core.config import GPTConfig
-from minillm.disagg.messages import CRASH_EXIT_CODE, CrashAfter, Heartbeat, Ready, Shutdown, WorkerFailed, WorkerInit
 from minillm.core.model import GPT
+from minillm.disagg.decode_worker import DecodeCore
+from minillm.disagg.messages import CRASH_EXIT_CODE, CrashAfter, Heartbeat, Ready, Shutdown, WorkerFailed, WorkerInit
+from minillm.disagg.prefill_worker import PrefillCore
 
 
 class WorkerDiedError(RuntimeError):
@@ -87,13 +89,7 @@ class _Outbox:
 
 
 def _make_core(init: WorkerInit, model: GPT) -> WorkerCore:
-    if init.role == "prefill":
-        from minillm.disagg.prefill_worker import PrefillCore
-
-        return PrefillCore(model, init)
-    from minillm.disagg.decode_worker import DecodeCore
-
-    return DecodeCore(model, init)
+    return PrefillCore(model, init) if init.role == "prefill" else DecodeCore(model, init)
 
 
 def worker_main(role: str, ctrl: Connection, peer: Connection | None) -> None:
