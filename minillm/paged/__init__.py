@@ -4,6 +4,7 @@
 - `prefix_cache`: `PrefixCachingAllocator`, `hash_block` (hash chain over full blocks, LRU eviction)
 - `block_manager`: `BlockManager` (block tables, fork, copy-on-write, slot mapping)
 - `paged_cache`: `PagedKVCache` (per-layer pools, paged attention), `PagedBatch` (one step's metadata)
+- `backends`: `register_attention_backend`, `attention_backends` (KV cache / attention implementations by name)
 - `generate`: `PagedGenerator` / `paged_generate` (one request, or n samples sharing the prompt)
 - `memory`: the memory-utilisation study (the paper's Figure 2 on our workload)
 """
