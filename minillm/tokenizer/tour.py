@@ -3,7 +3,8 @@
 Rows: (1) parity with real GPT-2 ids from tiktoken on varied text (needs the GPT-2 rank file, see below);
 (2) training a 4,096-token vocabulary on 2 MB of the corpus, then parity of the trained ranks with tiktoken on the
 held-out split; (3) incremental vs naive trainer on the same small input (identical merges, speed-up);
-(4) encode throughput, ours vs tiktoken on the same ranks (identical ids, MB/s).
+(4) encode throughput, ours vs tiktoken on the same ranks (identical ids, MB/s); (5) encode MB/s on an
+adversarial input, one 16k-letter run (identical ids to the simple encoder).
 
 Without a GPT-2 rank file the first row says SKIPPED and is not counted as a failure: the check needs a one-time
 setup step (`minillm tokenizer fetch-gpt2`), and a learner offline should still see the rest of the tour pass.
@@ -20,6 +21,7 @@ from minillm.core.corpus import load_corpus, take_bytes
 from minillm.core.rows import Row, TourContext
 from minillm.core.timing import compare
 from minillm.tokenizer import Tokenizer, train_bpe, train_bpe_naive
+from minillm.tokenizer.bench import encode_throughput
 from minillm.tokenizer.gpt2 import find_gpt2_ranks, load_gpt2_tokenizer
 from minillm.tokenizer.parity import compare_with_tiktoken, varied_text
 
@@ -102,4 +104,15 @@ def run(ctx: TourContext) -> list[Row]:
                     metric="encode", value=ours_mbps, unit="MB/s", device=device,
                     details={"ours_MBps": ours_mbps, "tiktoken_MBps": ref_mbps, "ratio_ours_over_tiktoken":
                              ours_mbps / ref_mbps, "MB": mb, **cmp.to_dict()}))
+
+    # (5) encode on an adversarial input: a 16k-letter run is one chunk; the heap encoder vs its simple twin
+    thr = encode_throughput(tok, ordinary_bytes=100_000, adversarial_chars=16_000,
+                            reference_chars=1_000 if ctx.quick else 2_000, repeats=1 if ctx.quick else 3)
+    rows.append(Row("01", f"encode on adversarial input ({thr.adversarial_chars:,}-letter run, one chunk)",
+                    "simple encode_chunk (O(n^2) per chunk)", "heap encode_chunk_fast (O(n log n))",
+                    check=f"identical ids to the simple encoder; ordinary text {thr.ordinary_MBps:.2f} MB/s, simple "
+                    f"encoder {thr.reference_MBps:.3f} MB/s on {thr.reference_chars:,} letters"
+                    if thr.identical_ids else "ids differ from the simple encoder", check_passed=thr.identical_ids,
+                    metric="encode MB/s", value=thr.adversarial_MBps, unit="MB/s", device=device,
+                    details=thr.to_dict()))
     return rows
