@@ -6,6 +6,7 @@
 - `model_runner`: `ModelRunner` (one forward over a ragged batch, per-request sampling)
 - `selective_cache`: `SelectiveKVCache` (decodes vectorized, prompt chunks looped, in one step)
 - `swap`: `SwapSpace` (preemption by swapping KV blocks to CPU memory)
+- `frontend`: `FrontEnd` (request checks, ids, `RequestOutput`s, `generate`; shared with chapter 07)
 - `llm`: `LLM` (`generate`, `add_request`, `step`, `abort`, `has_unfinished`)
 - `static`: `run_static` (chapter 04's static batching over a whole workload: the baseline)
 - `bench`: offline throughput, online latency, the frontier and the chunked-prefill experiment
