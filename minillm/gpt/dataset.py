@@ -98,17 +98,3 @@ def fixed_windows(tokens: torch.Tensor, n_windows: int, block_size: int, seed: i
     """The same (x, y) windows every call: a validation set that does not move between evaluations."""
     sampler = BatchSampler(tokens, n_windows, block_size, seed=seed)
     return sampler.sample()
-
-
-def eval_prompts(model, lengths: list[int], real_text: bool, seed: int = 0) -> list[list[int]]:
-    """Benchmark prompts, one per length: consecutive stretches of the validation text when the model has trained
-    weights (`real_text`), else seeded random ids from the model's vocabulary (a random-init model reads noise)."""
-    if real_text:
-        tokens = default_eval_tokens(sum(lengths)).tolist()
-        out, at = [], 0
-        for n in lengths:
-            out.append(tokens[at : at + n])
-            at += n
-        return out
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in lengths]
