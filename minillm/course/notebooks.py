@@ -3,13 +3,20 @@
 `python -m minillm.course.notebooks run notebooks/04-kv-cache.ipynb` re-executes a notebook and writes its outputs back
 (atomically), which is how the committed notebooks get the outputs of a real run. The test suite calls
 `execute_notebook` without writing, so every notebook is proven to run on a fresh checkout.
+
+The kernel draws with matplotlib's inline backend, so every figure a cell draws is stored in the notebook as an
+`image/png` output, as it would be in Jupyter or Colab (a non-interactive backend such as Agg would run the cells
+but drop the pictures). Written outputs are scrubbed of this machine's paths (the repository, the virtual
+environment, the home and temporary directories), which mean nothing to a reader.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,6 +25,8 @@ from minillm.core.io import atomic_write_text
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+# What `%matplotlib inline` selects in Jupyter: figures become image/png outputs of the cell that drew them.
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 
 
 def list_notebooks(directory: str | os.PathLike = NOTEBOOK_DIR) -> list[Path]:
@@ -38,22 +47,41 @@ def execute_notebook(path: str | os.PathLike, timeout: int = 600, write: bool = 
     if not path.is_file():
         raise ValueError(f"no notebook at {str(path)!r}")
     nb = nbformat.read(path, as_version=4)
-    # Non-interactive matplotlib and a fixed thread count keep runs repeatable and headless.
-    env_before = {k: os.environ.get(k) for k in ("MPLBACKEND",)}
-    os.environ["MPLBACKEND"] = "Agg"
-    try:
-        client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name,
-                                resources={"metadata": {"path": str(path.parent)}})
-        client.execute()
-    finally:
-        for k, v in env_before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    # The kernel inherits this environment: the inline backend captures figures even when the caller's shell sets
+    # MPLBACKEND=Agg (CI often does); the test process's own environment is left alone.
+    env = {**os.environ, "MPLBACKEND": INLINE_BACKEND}
+    client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name,
+                            resources={"metadata": {"path": str(path.parent)}})
+    client.execute(env=env)
     if write:
+        scrub_paths(nb)
         atomic_write_text(path, nbformat.writes(nb) + "\n")
     return nb
+
+
+def machine_paths() -> list[tuple[str, str]]:
+    """(path prefix of this machine, what a reader sees instead), longest first so the most specific one wins."""
+    pairs = {str(REPO_ROOT): "<repo>", sys.prefix: "<venv>", str(Path.home()): "~", tempfile.gettempdir(): "<tmp>"}
+    return sorted(((p, r) for p, r in pairs.items() if len(p) > 1), key=lambda pr: -len(pr[0]))
+
+
+def scrub_text(text: str) -> str:
+    for prefix, replacement in machine_paths():
+        text = re.sub(re.escape(prefix) + r"(?=/|\b|$)", replacement, text)
+    return text
+
+
+def scrub_paths(nb) -> None:
+    """Replace this machine's paths in every output (streams, text results, tracebacks) in place."""
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if "text" in out:
+                out["text"] = scrub_text(out["text"])
+            for mime, value in out.get("data", {}).items():
+                if mime.startswith("text/") and isinstance(value, str):
+                    out["data"][mime] = scrub_text(value)
+            if "traceback" in out:
+                out["traceback"] = [scrub_text(line) for line in out["traceback"]]
 
 
 def main(argv: list[str] | None = None) -> int:
