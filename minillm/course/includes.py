@@ -1,0 +1,183 @@
+"""Code in the chapter texts, included from the package: the source a student reads is the source that runs.
+
+A chapter text shows a function, method or class of `minillm` between two markers:
+
+    <!-- include: minillm/kvcache/cache.py::ContiguousKVCache.attend -->
+    ```python
+    ...the current source of that method...
+    ```
+    <!-- end include -->
+
+`python -m minillm.course.includes --write` rewrites every block from the current source; `--check` (the default)
+exits 1 and names every block that no longer matches, and `tests/test_texts.py` runs the same check, so a change to
+an included function fails the tests until the texts are refreshed. Nothing is copied by hand, so nothing drifts.
+
+Exercises are never given away: a function that holds `# BEGIN SOLUTION` / `# END SOLUTION` regions is shown with
+each region replaced by the stub a student receives (`minillm.course.assignment.stub_source`, the same replacement
+`minillm assignment` makes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+from minillm.course.assignment import BEGIN, stub_source
+
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+CHAPTERS_DIR = REPO_ROOT / "chapters"
+
+# `<!-- include: PATH::QUALNAME -->`, anything (the rendered block), `<!-- end include -->`.
+BLOCK_RE = re.compile(
+    r"(?P<open><!-- include: (?P<path>[\w./-]+\.py)::(?P<qualname>[\w.]+) -->\n)"
+    r"(?P<body>.*?)"
+    r"(?P<close><!-- end include -->)",
+    re.DOTALL,
+)
+OPEN_RE = re.compile(r"<!-- include: ")
+CLOSE = "<!-- end include -->"
+
+
+@dataclass(frozen=True)
+class Include:
+    text: Path  # the markdown file holding the block
+    line: int  # line of the opening marker (1-based)
+    path: str  # source file, relative to the repository root
+    qualname: str  # "merge", "ContiguousKVCache.attend"
+    body: str  # what is between the markers now
+
+
+def _find_node(tree: ast.Module, qualname: str, path: str) -> ast.AST:
+    """The def or class named by a dotted qualified name, walking class bodies (`Class.method`)."""
+    scope: list[ast.stmt] = tree.body
+    node: ast.AST | None = None
+    for part in qualname.split("."):
+        node = next((n for n in scope if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                     and n.name == part), None)
+        if node is None:
+            raise ValueError(f"{path} has no {qualname!r} (no {part!r} at that level)")
+        scope = node.body  # type: ignore[attr-defined]
+    assert node is not None
+    return node
+
+
+def extract(path: str, qualname: str, root: Path = REPO_ROOT) -> tuple[str, bool]:
+    """(source of `qualname` in `path`, was an exercise stubbed?): decorators included, dedented, every
+    BEGIN/END SOLUTION region replaced by the student's stub."""
+    file = root / path
+    if not file.is_file():
+        raise ValueError(f"included file {path} does not exist")
+    source = file.read_text(encoding="utf-8")
+    node = _find_node(ast.parse(source, filename=path), qualname, path)
+    first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+    all_lines = source.splitlines(keepends=True)
+    end = node.end_lineno or first
+    # subtle: ast ends a def at its last statement, so a trailing `# END SOLUTION` comment (deeper than the def)
+    # lies past end_lineno; take such comment lines along.
+    indent = len(all_lines[first - 1]) - len(all_lines[first - 1].lstrip())
+    while end < len(all_lines) and all_lines[end].lstrip().startswith("#") \
+            and len(all_lines[end]) - len(all_lines[end].lstrip()) > indent:
+        end += 1
+    lines = all_lines[first - 1: end]
+    segment = textwrap.dedent("".join(lines))
+    stubbed = BEGIN in segment
+    if stubbed:
+        segment, _ = stub_source(segment, f"{path}::{qualname}")
+    return (segment if segment.endswith("\n") else segment + "\n"), stubbed
+
+
+def render(path: str, qualname: str, root: Path = REPO_ROOT) -> str:
+    """The block as it belongs between the markers: a fenced python block headed by where the code lives."""
+    code, stubbed = extract(path, qualname, root)
+    head = f"# {path}" + ("  (the exercise's solution is left out: it is yours to write)" if stubbed else "")
+    return f"```python\n{head}\n{code}```\n"
+
+
+def find_includes(text_path: Path) -> list[Include]:
+    """Every include block of one markdown file; an unclosed or malformed marker is a ValueError naming the line."""
+    text = text_path.read_text(encoding="utf-8")
+    found = []
+    matched_starts = set()
+    for m in BLOCK_RE.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        if OPEN_RE.search(m.group("body")):
+            raise ValueError(f"{text_path.name}:{line}: include block not closed before the next one opens")
+        found.append(Include(text_path, line, m.group("path"), m.group("qualname"), m.group("body")))
+        matched_starts.add(m.start())
+    for m in OPEN_RE.finditer(text):
+        if m.start() not in matched_starts:
+            line = text.count("\n", 0, m.start()) + 1
+            raise ValueError(f"{text_path.name}:{line}: malformed include marker (want "
+                             f"'<!-- include: path.py::Qual.name -->' ... '{CLOSE}')")
+    return found
+
+
+def refresh_text(text: str, root: Path = REPO_ROOT) -> str:
+    """The markdown with every include block rewritten from the current source."""
+    return BLOCK_RE.sub(lambda m: m.group("open") + render(m.group("path"), m.group("qualname"), root)
+                        + m.group("close"), text)
+
+
+def text_files(chapters_dir: Path = CHAPTERS_DIR) -> list[Path]:
+    return sorted(chapters_dir.glob("[0-9][0-9]-*.md"))
+
+
+def stale(files: list[Path] | None = None, root: Path = REPO_ROOT) -> list[str]:
+    """One message per block whose text differs from the current source (empty: all in sync)."""
+    problems = []
+    for f in files if files is not None else text_files():
+        for inc in find_includes(f):
+            try:
+                want = render(inc.path, inc.qualname, root)
+            except ValueError as e:
+                problems.append(f"{f.name}:{inc.line}: {e}")
+                continue
+            if inc.body != want:
+                problems.append(f"{f.name}:{inc.line}: {inc.path}::{inc.qualname} differs from the source")
+    return problems
+
+
+def write(files: list[Path] | None = None, root: Path = REPO_ROOT) -> list[Path]:
+    """Rewrite the include blocks of the given texts (default: every chapter); returns the files that changed."""
+    changed = []
+    for f in files if files is not None else text_files():
+        old = f.read_text(encoding="utf-8")
+        new = refresh_text(old, root)
+        if new != old:
+            f.write_text(new, encoding="utf-8")
+            changed.append(f)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m minillm.course.includes", description=__doc__.splitlines()[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="exit 1 if a block differs from the source (default)")
+    mode.add_argument("--write", action="store_true", help="rewrite every block from the current source")
+    parser.add_argument("files", nargs="*", type=Path, help="markdown files (default: chapters/NN-*.md)")
+    args = parser.parse_args(argv)
+    files = [f.resolve() for f in args.files] or None
+    if args.write:
+        changed = write(files)
+        for f in changed:
+            print(f"refreshed {f.relative_to(REPO_ROOT) if f.is_relative_to(REPO_ROOT) else f}")
+        print(f"{len(changed)} file(s) changed")
+        return 0
+    problems = stale(files)
+    for p in problems:
+        print(p)
+    if problems:
+        print("refresh with: python -m minillm.course.includes --write")
+        return 1
+    count = sum(len(find_includes(f)) for f in (files or text_files()))
+    print(f"{count} include block(s) in sync")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
