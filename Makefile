@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
-tour: setup
+tour: setup gpt2-ranks
 	$(BIN)/minillm tour
 
 # The real GPT-2 ranks for chapter 01's parity test: from tiktoken's cache, or the asset in openai-whisper's

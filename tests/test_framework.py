@@ -13,7 +13,7 @@ from minillm.core.device import resolve_device
 from minillm.core.io import atomic_save_safetensors, atomic_write_bytes, atomic_write_text
 from minillm.core.timing import compare, measure
 from minillm.course.tour import available_chapters, run_tour
-from minillm.core.rows import Row, TourContext, format_table, rows_to_json
+from minillm.core.rows import Row, TourContext, format_table, rows_to_json, summary_line
 
 
 def test_help_lists_every_command(capsys):
@@ -119,8 +119,42 @@ def test_row_validation_and_table():
         Row("01", "t", "b", "o", "c", "yes", "m", 1.0)
     rows = [Row("01", "bpe", "naive", "incremental", "identical merges", True, "speed-up", 12.345, "x")]
     table = format_table(rows)
-    assert "12.35x" in table and "PASS identical merges" in table
+    assert "12.35x" in table and "PASS  identical merges" in table
     assert json.loads(rows_to_json(rows))[0]["value"] == pytest.approx(12.345)
+
+
+def test_table_fits_120_columns_and_wraps_inside_cells():
+    long = "a check whose evidence is much longer than its column " * 3
+    rows = [Row("04", "KV cache, 256 new tokens (prompt 1), the longest technique name", "HF generate(use_cache=True)",
+                "o", long, True, "per-step speed-up", 8.64, "x")]
+    lines = format_table(rows).splitlines()
+    assert max(len(line) for line in lines) <= 120
+    assert len(lines) > 3  # the long cells wrapped onto extra lines instead of widening the table
+    assert "".join(lines).replace(" ", "").count("evidence") == 3  # nothing was cut
+
+
+def test_a_check_that_did_not_run_is_skip_never_pass():
+    skip = Row("01", "GPT-2 ranks", "tiktoken", "ours", "no GPT-2 rank file", False, "MB", float("nan"), skipped=True)
+    ok = Row("01", "t", "b", "o", "fine", True, "m", 1.0)
+    bad = Row("01", "t", "b", "o", "broken", False, "m", 1.0)
+    assert (skip.status, ok.status, bad.status) == ("SKIP", "PASS", "FAIL")
+    assert not skip.failed and bad.failed
+    assert "SKIP  no GPT-2 rank file" in format_table([skip]) and "PASS" not in format_table([skip])
+    assert summary_line([skip, ok, bad]) == "1 passed, 1 skipped, 1 failed"
+    with pytest.raises(ValueError, match="skipped and passed"):
+        Row("01", "t", "b", "o", "c", True, "m", 1.0, skipped=True)
+
+
+def test_tour_silences_hugging_face_advice_but_restores_it():
+    import logging
+
+    from minillm.course.tour import quiet_third_party_logs
+
+    logger = logging.getLogger("transformers")
+    before = logger.level
+    with quiet_third_party_logs():
+        assert logger.level == logging.ERROR and os.environ["TRANSFORMERS_VERBOSITY"] == "error"
+    assert logger.level == before
 
 
 def test_measure_and_compare_count_calls():

@@ -13,6 +13,7 @@ import sys
 from minillm.core.device import DEVICE_CHOICES, resolve_device
 from minillm.core.io import atomic_write_text
 from minillm.course import assignment, gpu_report
+from minillm.core.rows import summary_line
 from minillm.course.tour import TourContext, format_table, rows_to_json, run_tour
 from minillm.gpt import train
 from minillm.kvcache.generate import generate as kv_cache_generate
@@ -33,12 +34,12 @@ def _cmd_tour(args: argparse.Namespace) -> int:
     rows, seconds = run_tour(ctx, args.chapter, progress=not args.no_progress)
     print(format_table(rows))
     total = sum(seconds.values())
-    print(f"\n{sum(r.check_passed for r in rows)}/{len(rows)} checks passed on {ctx.device} in {total:.0f} s "
+    print(f"\n{summary_line(rows)} on {ctx.device} in {total:.0f} s "
           + "(" + ", ".join(f"ch{c} {s:.0f}s" for c, s in seconds.items()) + ")")
     if args.json:
         atomic_write_text(args.json, rows_to_json(rows) + "\n")
         print(f"rows written to {args.json}")
-    return 0 if all(r.check_passed for r in rows) else 1
+    return 1 if any(r.failed for r in rows) else 0
 
 
 def build_parser() -> argparse.ArgumentParser:

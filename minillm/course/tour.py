@@ -7,12 +7,16 @@ with the others) and the tour exits non-zero.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import logging
+import os
 import time
 import traceback
 from types import ModuleType
 
 import torch
+from tqdm.auto import tqdm
 
 from minillm import chapters
 from minillm.core.rows import Row, TourContext, format_table, rows_to_json
@@ -29,6 +33,27 @@ def normalize_chapter(chapter: str | int) -> str:
     return chapters.normalize(chapter)
 
 
+@contextlib.contextmanager
+def quiet_third_party_logs():
+    """Silence Hugging Face's advice-level log lines (e.g. about `eos_token_id`) while the tour prints its table.
+
+    The tour runs `transformers` only as a reference; its warnings are about its own defaults and would interleave
+    with our rows. Errors still show. Restores the previous level afterwards.
+    """
+    logger = logging.getLogger("transformers")
+    level, env = logger.level, os.environ.get("TRANSFORMERS_VERBOSITY")
+    os.environ["TRANSFORMERS_VERBOSITY"] = "error"  # read when transformers configures its logger on import
+    logger.setLevel(logging.ERROR)  # and set directly, in case it was imported already
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        if env is None:
+            os.environ.pop("TRANSFORMERS_VERBOSITY", None)
+        else:
+            os.environ["TRANSFORMERS_VERBOSITY"] = env
+
+
 def run_tour(ctx: TourContext, chapters: list[str] | None = None, progress: bool = True) -> tuple[list[Row], dict]:
     """Run the selected chapters (all by default). Returns the rows and {chapter: seconds}."""
     entries = available_chapters()
@@ -38,12 +63,11 @@ def run_tour(ctx: TourContext, chapters: list[str] | None = None, progress: bool
         raise ValueError(f"no tour entry for chapter(s) {missing}; available: {sorted(entries)}")
     rows: list[Row] = []
     seconds: dict[str, float] = {}
-    from tqdm.auto import tqdm
-
     threads_before = torch.get_num_threads()
     torch.set_num_threads(ctx.threads)
     try:
-        with tqdm(total=len(selected), unit="chapter", desc="tour", disable=not progress) as bar:
+        with quiet_third_party_logs(), tqdm(total=len(selected), unit="chapter", desc="tour",
+                                            disable=not progress) as bar:
             for ch in selected:
                 bar.set_postfix_str(f"{ch} {entries[ch].TITLE}")
                 t0 = time.perf_counter()

@@ -31,7 +31,7 @@ def _parity_row(ctx: TourContext) -> Row:
     try:
         import transformers
     except ImportError:
-        return Row(**row, check="skipped: transformers (a dev extra) is not installed", check_passed=True,
+        return Row(**row, check="transformers (a dev extra) is not installed", check_passed=False, skipped=True,
                    value=float("nan"))
 
     gen = torch.Generator().manual_seed(ctx.seed)
