@@ -53,14 +53,15 @@ def summary() -> str:
     return "\n".join(lines)
 
 
-def markdown_table() -> str:
-    """The map as a Markdown table (chapter, part, what it adds); built chapters link to their text."""
+def markdown_table(link_prefix: str = "chapters/") -> str:
+    """The map as a Markdown table (chapter, part, what it adds); built chapters link to their text, relative to
+    where the table sits (`chapters/` from the README, nothing from a chapter text)."""
     rows = ["| # | chapter | part of the system | what it adds |", "|---|---|---|---|"]
     for c in chapters.CHAPTERS:
         adds = ADDS.get(c.number, {})
         parts = ", ".join(adds)
         what = "; ".join(v.replace("\n", " ") for v in adds.values())
-        name = f"[{c.slug}](chapters/{c.name}.md)" if c.built else f"{c.slug} (coming)"
+        name = f"[{c.slug}]({link_prefix}{c.name}.md)" if c.built else f"{c.slug} (coming)"
         rows.append(f"| {c.number} | {name} | {parts} | {what} |")
     return "\n".join(rows)
 
@@ -120,9 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=FIGURE, help=f"PNG to write (default {FIGURE.name} in "
                         "chapters/figures)")
     parser.add_argument("--text", action="store_true", help="print the Markdown table instead of drawing")
+    parser.add_argument("--link-prefix", default="chapters/", help="prefix of the chapter links in --text")
     args = parser.parse_args(argv)
     if args.text:
-        print(markdown_table())
+        print(markdown_table(args.link_prefix))
         return 0
     print(f"wrote {draw(args.out)}")
     return 0

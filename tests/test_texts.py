@@ -1,0 +1,218 @@
+"""The chapter texts are written for students, show the code that runs, cite what they quote, and map the course.
+
+- No development notes: no paths outside the repository, no notes about how the work was organised, in the chapter
+  texts, the bibliography, the README or the notebooks (read here, never changed).
+- Every `references.md#anchor` a text links to exists in `chapters/references.md`.
+- Every included code block equals the current source (`python -m minillm.course.includes --write` refreshes
+  them), and no block gives an exercise's solution away.
+- "chapter NN" in a chapter text names the manifest's chapter: a link to its text, or the slug in parentheses.
+- Each chapter has "Check your understanding" questions with answers, and ends with its appendix.
+- The roadmap figure exists, was drawn from the current manifest, and the README and chapter 01 show it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from minillm import chapters
+from minillm.course import includes, roadmap
+from minillm.course.assignment import BEGIN, END
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAPTERS_DIR = ROOT / "chapters"
+BUILT = chapters.built()
+TEXTS = {c.number: ROOT / c.text for c in BUILT}
+REFERENCES = CHAPTERS_DIR / "references.md"
+
+FORBIDDEN = [
+    (re.compile(r"\.\./"), "a relative path leaving the repository ('../')"),
+    (re.compile(r"/work/|/tmp/|/root/|/home/"), "an absolute path outside the repository"),
+    (re.compile(r"papers\.md", re.I), "the internal notes file papers.md (cite chapters/references.md)"),
+    (re.compile(r"\bthe issue\b|\bissue #|\bthe brief\b", re.I), "a note about how the work was organised"),
+    (re.compile(r"\bTODO\b"), "a TODO"),
+    (re.compile(r"\bid unverified\b", re.I), "an 'id unverified' remark (check the id, then cite it)"),
+]
+
+
+def student_facing() -> list[tuple[str, str]]:
+    """(name, text) of every chapter text, the bibliography, the README and each notebook cell's source."""
+    docs = [(p.relative_to(ROOT).as_posix(), p.read_text(encoding="utf-8"))
+            for p in sorted(CHAPTERS_DIR.glob("*.md"))]
+    docs.append(("README.md", (ROOT / "README.md").read_text(encoding="utf-8")))
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
+        for i, cell in enumerate(cells):
+            if cell["cell_type"] in ("markdown", "code"):
+                docs.append((f"{nb.relative_to(ROOT).as_posix()} cell {i}", "".join(cell["source"])))
+    return docs
+
+
+def strip_code(text: str) -> str:
+    """The prose of a markdown text: fenced blocks and inline code removed (included source may say anything)."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def test_no_development_notes_or_outside_paths():
+    problems = []
+    for name, text in student_facing():
+        for pattern, why in FORBIDDEN:
+            for m in pattern.finditer(text):
+                line = text.count("\n", 0, m.start()) + 1
+                problems.append(f"{name}:{line}: {why}: {text[max(0, m.start() - 40):m.end() + 20]!r}")
+    assert not problems, "student-facing text contains development notes:\n" + "\n".join(problems)
+
+
+def anchors() -> set[str]:
+    return set(re.findall(r'<a id="([\w-]+)"></a>', REFERENCES.read_text(encoding="utf-8")))
+
+
+def test_references_have_unique_anchors_with_a_source():
+    text = REFERENCES.read_text(encoding="utf-8")
+    ids = re.findall(r'<a id="([\w-]+)"></a>', text)
+    assert len(ids) == len(set(ids)), f"duplicate anchors in references.md: {sorted(i for i in ids if ids.count(i) > 1)}"
+    for entry in re.split(r"\n- (?=<a id=)", text)[1:]:
+        assert re.search(r"arXiv:\d{4}\.\d{4,5}|https?://|doi:|Journal", entry), f"no arXiv id or URL: {entry[:80]}"
+
+
+@pytest.mark.parametrize("number", sorted(TEXTS))
+def test_citations_resolve(number):
+    text = TEXTS[number].read_text(encoding="utf-8")
+    cited = re.findall(r"references\.md#([\w-]+)", text)
+    assert cited, f"{TEXTS[number].name} cites nothing in references.md"
+    missing = sorted(set(cited) - anchors())
+    assert not missing, f"{TEXTS[number].name} links to anchors references.md does not define: {missing}"
+
+
+def test_includes_match_the_source():
+    problems = includes.stale()
+    assert not problems, ("chapter code blocks differ from the package source:\n" + "\n".join(problems)
+                          + "\nrefresh them with: python -m minillm.course.includes --write")
+
+
+@pytest.mark.parametrize("number", sorted(TEXTS))
+def test_each_chapter_shows_its_key_functions(number):
+    found = includes.find_includes(TEXTS[number])
+    assert len(found) >= 2, f"{TEXTS[number].name} includes {len(found)} functions from the package (want 2-4+)"
+
+
+def solution_lines() -> set[str]:
+    """Distinctive lines of every exercise's reference solution (long enough not to occur by chance)."""
+    lines: set[str] = set()
+    outside: set[str] = set()
+    for c in BUILT:
+        for rel in c.exercises:
+            inside = False
+            for line in (ROOT / rel).read_text(encoding="utf-8").splitlines():
+                s = line.strip()
+                if s == BEGIN:
+                    inside = True
+                elif s == END:
+                    inside = False
+                elif len(s) >= 30 and not s.startswith("#"):
+                    (lines if inside else outside).add(s)
+    return lines - outside
+
+
+def test_no_text_gives_an_exercise_away():
+    secret = solution_lines()
+    assert secret, "found no exercise solutions to guard"
+    for number, path in TEXTS.items():
+        for inc in includes.find_includes(path):
+            leaked = [s for s in secret if s in inc.body]
+            assert not leaked, f"{path.name}:{inc.line} shows solution lines of an exercise: {leaked[:2]}"
+
+
+def test_includes_stub_exercises_and_dedent():
+    code, stubbed = includes.extract("minillm/tokenizer/basics.py", "merge")
+    assert stubbed and 'raise NotImplementedError("exercise: implement merge")' in code
+    assert BEGIN not in code and code.startswith("def merge(")
+    code, stubbed = includes.extract("minillm/kvcache/generate.py", "decode_step")
+    assert not stubbed and "def decode_step(" in code and "raise NotImplementedError" not in code
+    with pytest.raises(ValueError, match="no 'Nope'"):
+        includes.extract("minillm/kvcache/cache.py", "ContiguousKVCache.Nope")
+
+
+def test_include_check_fails_on_a_stale_block(tmp_path):
+    md = tmp_path / "99-x.md"
+    block = includes.render("minillm/kvcache/generate.py", "decode_step")
+    md.write_text(f"<!-- include: minillm/kvcache/generate.py::decode_step -->\n{block}<!-- end include -->\n")
+    assert includes.stale([md]) == []
+    md.write_text(md.read_text().replace("def decode_step(", "def decode_step_old("))
+    assert includes.stale([md]) and includes.main(["--check", str(md)]) == 1
+    includes.write([md])
+    assert includes.stale([md]) == [] and includes.main(["--check", str(md)]) == 0
+
+
+MENTION = re.compile(r"\b[Cc]hapter (\d{2})\b")
+LINK = re.compile(r"\[([^\]]*)\]\(([^)\s]+)\)")
+
+
+@pytest.mark.parametrize("number", sorted(TEXTS))
+def test_chapter_mentions_name_the_manifest(number):
+    """A built chapter is a link to its text (or carries its slug); a coming one carries its slug: "chapter 08
+    (speculative-decoding)"."""
+    prose = strip_code(TEXTS[number].read_text(encoding="utf-8"))
+    problems = []
+
+    def check_link(m: re.Match) -> str:
+        for nn in MENTION.findall(m.group(1)):
+            c = chapters.get(nn)
+            if m.group(2).split("#")[0] != f"{c.name}.md":
+                problems.append(f"link {m.group(0)!r} should point to {c.name}.md")
+            elif not c.built:
+                problems.append(f"link {m.group(0)!r} points to a chapter not written yet")
+        return " " * len(m.group(0))
+
+    rest = LINK.sub(check_link, prose)
+    for m in MENTION.finditer(rest):
+        c = chapters.get(m.group(1))
+        if not rest[m.end():].startswith(f" ({c.slug})"):
+            line = rest.count("\n", 0, m.start()) + 1
+            want = f"[chapter {c.number}]({c.name}.md)" if c.built else f"chapter {c.number} ({c.slug})"
+            problems.append(f"line {line}: {rest[m.start():m.end() + 25]!r} -> write {want!r}")
+    assert not problems, f"{TEXTS[number].name}:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("number", sorted(TEXTS))
+def test_check_your_understanding_and_appendix(number):
+    text = TEXTS[number].read_text(encoding="utf-8")
+    heads = re.findall(r"^## (.+)$", strip_code(text), flags=re.M)
+    assert any(h.startswith("Check your understanding") for h in heads), f"{TEXTS[number].name}: no such section"
+    section = text.split("## Check your understanding", 1)[1].split("\n## ", 1)[0]
+    n = section.count("<details>")
+    assert 3 <= n <= 6 and n == section.count("</details>"), f"{TEXTS[number].name}: {n} answered questions"
+    assert heads[-1].startswith("Appendix"), f"{TEXTS[number].name} should end with its appendix, ends with {heads[-1]!r}"
+
+
+def test_roadmap_covers_the_manifest():
+    assert set(roadmap.ADDS) == {c.number for c in chapters.CHAPTERS}
+    assert all(set(parts) <= set(roadmap.PARTS) for parts in roadmap.ADDS.values())
+    summary = roadmap.summary()
+    for c in chapters.CHAPTERS:
+        assert f"{c.number} {c.slug} {'built' if c.built else 'coming'}" in summary
+
+
+def test_roadmap_figure_is_current():
+    from PIL import Image
+
+    assert roadmap.FIGURE.is_file(), "draw it with: python -m minillm.course.roadmap"
+    with Image.open(roadmap.FIGURE) as im:
+        drawn = im.text.get(roadmap.PNG_KEY)
+    assert drawn == roadmap.summary(), "the roadmap figure is older than the manifest: python -m minillm.course.roadmap"
+
+
+def test_readme_and_chapter_01_show_the_roadmap():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "## Roadmap" in readme
+    section = readme.split("## Roadmap", 1)[1].split("\n## ", 1)[0]
+    assert "chapters/figures/roadmap.png" in section
+    ch01 = TEXTS["01"].read_text(encoding="utf-8")
+    assert "figures/roadmap.png" in ch01
+    for c in chapters.CHAPTERS:
+        assert re.search(rf"\b{c.number}\b.*{re.escape(c.slug)}", section), f"README roadmap lacks chapter {c.number}"
+        assert c.slug in ch01, f"chapter 01's roadmap lacks chapter {c.number} ({c.slug})"
