@@ -8,10 +8,15 @@ The reference source marks each exercise inside a function body, after its docst
         ...reference lines, removed from the student copy...
         # END SOLUTION
 
-`write_assignment` copies the whole package and replaces every marked region of the chapter's files with
-`raise NotImplementedError`. `grade` runs the chapter's tests marked `@pytest.mark.graded` in a fresh Python whose
-`import minillm` finds the student's package, one point per test, and writes JUnit XML and a Gradescope-style
-`results.json`. The tests prove the grader can fail: fresh stubs score 0, the reference full marks.
+`write_assignment` writes a self-contained student folder: the package with the marked regions of chapter NN *and
+of every later chapter* replaced by `raise NotImplementedError` (earlier chapters' code is what the student builds
+on), the chapter's test file, a pytest configuration that imports the folder's own package (and stops if `minillm`
+resolves anywhere else), a README with the exercises and their points, and a marker file `.minillm-assignment`.
+The shared checkpoints are linked, not copied. `--force` only ever replaces a folder that carries that marker; the
+current directory, its parents and files are refused.
+
+Grading (`minillm grade`) lives in `grading.py`: the reference's graded tests and points are the denominator, and
+the student's code runs in a child process that cannot touch the report.
 """
 
 from __future__ import annotations
@@ -21,19 +26,18 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
-import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from minillm import chapters
-from minillm.core.io import atomic_write_text
+from minillm.course.grading import (ASSETS_DIR, PACKAGE_DIR, PYTEST_INI, REPO_ROOT, TESTS_DIR, GradeReport,
+                                    GradedTest, TestResult, grade, graded_tests)
 
 BEGIN, END = "# BEGIN SOLUTION", "# END SOLUTION"
-PACKAGE_DIR = Path(__file__).resolve().parent.parent
-REPO_ROOT = PACKAGE_DIR.parent
+MARKER = ".minillm-assignment"  # the file that says "this folder was written by `minillm assignment`"
+__all__ = ["CHAPTER_FILES", "GradeReport", "GradedTest", "TestResult", "grade", "graded_tests", "stub_source",
+           "write_assignment", "solution_lines"]
 
 # Chapter -> files (relative to the repository root) whose marked functions are that chapter's exercises.
 CHAPTER_FILES: dict[str, list[str]] = {c.number: list(c.exercises) for c in chapters.built() if c.exercises}
@@ -80,169 +84,233 @@ def stub_source(source: str, path: str = "<source>") -> tuple[str, int]:
     return "".join(out), count
 
 
+
+def solution_regions(source: str) -> list[tuple[str, list[str]]]:
+    """(function name, the lines between its BEGIN/END SOLUTION markers) for each marked region of a source."""
+    regions: list[tuple[str, list[str]]] = []
+    func, inside = "this function", False
+    for line in source.splitlines():
+        m = re.match(r"\s*(?:async\s+)?def\s+(\w+)", line)
+        if m and not inside:
+            func = m.group(1)
+        if line.strip() == BEGIN:
+            inside = True
+            regions.append((func, []))
+        elif line.strip() == END:
+            inside = False
+        elif inside:
+            regions[-1][1].append(line)
+    return regions
+
+
+def solution_lines(source: str) -> list[str]:
+    """Every line of every marked region of a source (what a student copy must not contain)."""
+    return [line for _, lines in solution_regions(source) for line in lines]
+
+
+def exercise_functions(chapter: str | int) -> dict[str, str]:
+    """Exercise function name -> the file (from the repository root) holding it, for one chapter."""
+    nn = _chapter(chapter)
+    return {func: rel for rel in CHAPTER_FILES[nn]
+            for func, _ in solution_regions((REPO_ROOT / rel).read_text(encoding="utf-8"))}
+
+
+def stubbed_files(chapter: str | int) -> list[str]:
+    """The files stubbed in chapter NN's student copy: the exercises of NN and of every later chapter."""
+    nn = _chapter(chapter)
+    return [rel for c, files in sorted(CHAPTER_FILES.items()) if c >= nn for rel in files]
+
+
 def chapter_test_file(chapter: str, tests_dir: Path | None = None) -> Path:
     """The chapter's test file, as the manifest names it (`tests/test_NN_slug.py`)."""
-    tests_dir = tests_dir or REPO_ROOT / "tests"
+    tests_dir = tests_dir or TESTS_DIR
     path = tests_dir / Path(chapters.get(chapter).test_file).name
     if not path.is_file():
         raise ValueError(f"chapter {chapter}'s test file {path.name} is not in {tests_dir}")
     return path
 
 
-def write_assignment(chapter: str | int, out_dir: str | os.PathLike, force: bool = False) -> Path:
-    """Write a student copy of the package into out_dir/minillm with chapter NN's exercises stubbed out.
+# A student folder's tests/conftest.py starts with this guard, then the reference's conftest.
+GUARD = '''"""Test setup of this assignment folder. First: the tests must exercise *this folder's* minillm package."""
 
-    The chapter's test file is copied to out_dir/tests so students can run it themselves. Returns out_dir.
-    """
+from pathlib import Path
+
+import pytest
+
+import minillm
+
+_FOLDER = Path(__file__).resolve().parent.parent
+if not Path(minillm.__file__).resolve().is_relative_to(_FOLDER):
+    pytest.exit(
+        f"`import minillm` found {minillm.__file__}, not this assignment's package in {_FOLDER / 'minillm'}. "
+        f"Run the tests from {_FOLDER} with `python -m pytest` (or `pytest`, which reads pytest.ini here).",
+        returncode=4,
+    )
+
+# ---- the reference test suite's conftest follows --------------------------------------------------------------
+'''
+
+
+def _check_out(out: Path, force: bool) -> None:
+    """Refuse any --out whose replacement could delete what `minillm assignment` did not create."""
+    here = Path.cwd().resolve()
+    target = out.resolve()
+    if target == here or target in here.parents:
+        raise ValueError(f"--out {str(out)!r} is the current directory or one of its parents; "
+                         "name a new folder for the assignment")
+    for protected in (REPO_ROOT, PACKAGE_DIR):
+        if target == protected or target in protected.parents or target.is_relative_to(PACKAGE_DIR):
+            raise ValueError(f"--out {str(out)!r} would overwrite the reference repository {str(REPO_ROOT)!r}")
+    if out.is_symlink():
+        raise ValueError(f"--out {str(out)!r} is a symlink; name a real folder")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {str(out)!r} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise ValueError(f"output directory {str(out)!r} is not empty (use --force to replace an earlier "
+                             f"assignment folder)")
+        if not (out / MARKER).is_file():
+            raise ValueError(f"output directory {str(out)!r} is not empty and has no {MARKER} file, so it was not "
+                             f"written by `minillm assignment`; --force only replaces assignment folders")
+
+
+def _readme(nn: str, out: Path, tests: tuple[GradedTest, ...]) -> str:
+    chapter = chapters.get(nn)
+    funcs = exercise_functions(nn)
+    points = {f: 0 for f in funcs}
+    for t in tests:
+        for e in t.exercises:
+            if e in points:
+                points[e] += t.points
+    total = sum(t.points for t in tests)
+    rows = "".join(f"| `{f}` | `{rel}` | {points[f]} |\n" for f, rel in funcs.items())
+    test_rows = "".join(f"| `{t.function}` | {', '.join(f'`{e}`' for e in t.exercises) or '-'} | {t.points} |\n"
+                        for t in tests)
+    return f"""# minillm chapter {nn} assignment: {chapter.title}
+
+Implement the bodies that raise `NotImplementedError("exercise: ...")`. Read `chapters/{chapter.name}.md` of the
+course for the technique; each function's docstring states its contract (and any hook it must call).
+
+| exercise | file | points (tests that use it) |
+|---|---|---|
+{rows}
+Graded tests ({total} points in all; a test function earns its points when all of its cases pass):
+
+| test | grades | points |
+|---|---|---|
+{test_rows}
+## Testing your work here
+
+    cd {out}
+    python -m pytest -m graded          # the graded tests of tests/{Path(chapter.test_file).name}
+    python -m pytest                    # all of the chapter's tests
+
+`pytest.ini` puts this folder first on the import path, and `tests/conftest.py` stops with a clear message if
+`import minillm` finds any other copy (for example an installed reference). Code of earlier chapters is the
+reference implementation; exercises of later chapters are stubbed too, so only this chapter's tests are meaningful.
+
+## How it is graded
+
+Your instructor runs `minillm grade {nn} --student <this folder>` with the reference tests, which may include
+tests you have not seen. The points come from the reference: a test that is missing, errors, is skipped or fails
+scores 0 and the total stays {total}. Only your `minillm/` package is used; nothing else in this folder (no
+conftest.py, pytest.ini or plugin) is loaded. Your code runs in a child process; the score is computed by the
+grader's parent process from what that child reports test by test, and the report files are written by the parent
+after the child and everything it started have been stopped.
+
+The grader is not a sandbox: while the tests run, your code has your instructor's user rights. Deliberately
+tampering with the test run is not something the grader can rule out on its own; it is academic misconduct, and
+submissions are graded inside an isolated container (e.g. Gradescope's) for that reason.
+"""
+
+
+def write_assignment(chapter: str | int, out_dir: str | os.PathLike, force: bool = False) -> Path:
+    """Write a self-contained student folder for chapter NN into out_dir (see the module docstring); returns it."""
     nn = _chapter(chapter)
     out = Path(out_dir)
-    if out.exists() and any(out.iterdir()) and not force:
-        raise ValueError(f"output directory {str(out)!r} is not empty (use --force to overwrite)")
+    _check_out(out, force)
+    tests = graded_tests(nn)
     # Build in a sibling temp dir, then move into place, so a failure never leaves half an assignment.
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    old = None
     try:
-        shutil.copytree(PACKAGE_DIR, tmp / "minillm", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        total = 0
-        for rel in CHAPTER_FILES[nn]:
-            src = REPO_ROOT / rel
-            text, n = stub_source(src.read_text(encoding="utf-8"), rel)
+        pkg = tmp / "minillm"
+        shutil.copytree(PACKAGE_DIR, pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "assets"))
+        (pkg / "assets").mkdir()
+        for item in ASSETS_DIR.iterdir():  # small files are copied; the checkpoints (27 MB) are linked
+            if item.is_dir():
+                (pkg / "assets" / item.name).symlink_to(item.resolve(), target_is_directory=True)
+            else:
+                shutil.copy2(item, pkg / "assets" / item.name)
+        for rel in stubbed_files(nn):
+            text, n = stub_source((REPO_ROOT / rel).read_text(encoding="utf-8"), rel)
             if n == 0:
-                raise ValueError(f"{rel} is listed for chapter {nn} but has no {BEGIN} markers")
+                raise ValueError(f"{rel} is listed as exercises but has no {BEGIN} markers")
             (tmp / rel).write_text(text, encoding="utf-8")
-            total += n
         (tmp / "tests").mkdir()
         test_file = chapter_test_file(nn)
         shutil.copy2(test_file, tmp / "tests" / test_file.name)
-        (tmp / "README.md").write_text(
-            f"# minillm chapter {nn} assignment\n\n{total} exercise(s) to implement, marked by "
-            f"`raise NotImplementedError` in:\n\n" + "".join(f"- `{r}`\n" for r in CHAPTER_FILES[nn])
-            + f"\nGrade your work with `minillm grade {nn} --student {out}` from the minillm repository.\n",
-            encoding="utf-8",
-        )
-        if out.exists():
-            shutil.rmtree(out)
+        if (TESTS_DIR / "data").is_dir():
+            shutil.copytree(TESTS_DIR / "data", tmp / "tests" / "data")
+        conftest = (TESTS_DIR / "conftest.py").read_text(encoding="utf-8").replace(
+            "from __future__ import annotations\n", "")  # the guard has it, and it must come first
+        (tmp / "tests" / "conftest.py").write_text(GUARD + conftest, encoding="utf-8")
+        (tmp / "pytest.ini").write_text(
+            PYTEST_INI + "pythonpath = .\ntestpaths = tests\naddopts = -p no:cacheprovider\n", encoding="utf-8")
+        (tmp / "README.md").write_text(_readme(nn, out, tests), encoding="utf-8")
+        (tmp / MARKER).write_text(json.dumps({
+            "chapter": nn,
+            "graded": [{"test": t.function, "points": t.points, "exercises": list(t.exercises)} for t in tests],
+            "max_score": sum(t.points for t in tests),
+        }, indent=2) + "\n", encoding="utf-8")
+        if out.exists():  # an earlier assignment folder (checked by _check_out): set aside, then replaced
+            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old."))
+            os.replace(out, old / "x")
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not out.exists():
+            os.replace(old / "x", out)
         raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     return out
 
 
-@dataclass
-class TestResult:
-    name: str
-    passed: bool
-    output: str = ""
-
-
-@dataclass
-class GradeReport:
-    chapter: str
-    tests: list[TestResult] = field(default_factory=list)
-
-    @property
-    def score(self) -> int:
-        return sum(t.passed for t in self.tests)
-
-    @property
-    def max_score(self) -> int:
-        return len(self.tests)
-
-    def gradescope(self) -> dict:
-        """Gradescope's autograder `results.json` layout: a total and one entry per test."""
-        return {
-            "score": float(self.score),
-            "max_score": float(self.max_score),
-            "output": f"chapter {self.chapter}: {self.score}/{self.max_score} graded tests passed",
-            "tests": [
-                {
-                    "name": t.name,
-                    "score": 1.0 if t.passed else 0.0,
-                    "max_score": 1.0,
-                    "status": "passed" if t.passed else "failed",
-                    "output": t.output[-4000:],
-                }
-                for t in self.tests
-            ],
-        }
-
-
-def _parse_junit(path: Path) -> list[TestResult]:
-    results = []
-    for case in ET.parse(path).getroot().iter("testcase"):
-        name = f"{case.get('classname', '')}::{case.get('name', '')}".lstrip(":")
-        problems = [c for c in case if c.tag in ("failure", "error")]
-        skipped = any(c.tag == "skipped" for c in case)
-        output = "\n".join((c.get("message") or "") + "\n" + (c.text or "") for c in problems)
-        results.append(TestResult(name=name, passed=not problems and not skipped, output=output.strip()))
-    return results
-
-
-def grade(
-    chapter: str | int,
-    student_dir: str | os.PathLike,
-    out_dir: str | os.PathLike | None = None,
-    timeout: float = 900.0,
-) -> GradeReport:
-    """Run chapter NN's graded tests against the package in student_dir/minillm; write JUnit XML + results.json."""
-    nn = _chapter(chapter)
-    student = Path(student_dir).resolve()
-    if not (student / "minillm" / "__init__.py").is_file():
-        raise ValueError(f"{str(student)!r} does not contain a minillm package (student_dir/minillm/__init__.py)")
-    out = Path(out_dir) if out_dir is not None else student / "grade"
-    out.mkdir(parents=True, exist_ok=True)
-    test_file = chapter_test_file(nn)
-    env = dict(os.environ)
-    # subtle: the student's package must shadow the installed one. `python -m` puts the working directory first on
-    # sys.path, and PYTHONPATH comes before site-packages (and any editable-install hook), so both point there.
-    env["PYTHONPATH"] = os.pathsep.join([str(student)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    probe = subprocess.run(
-        [sys.executable, "-c", "import minillm, sys; sys.stdout.write(minillm.__file__)"],
-        cwd=student, env=env, capture_output=True, text=True, timeout=120,
-    )
-    if probe.returncode != 0 or not Path(probe.stdout).resolve().is_relative_to(student):
-        raise ValueError(f"could not import the student's package from {student}: {probe.stdout}{probe.stderr}")
-    with tempfile.TemporaryDirectory() as tmp:
-        junit_tmp = Path(tmp) / "junit.xml"
-        cmd = [sys.executable, "-m", "pytest", str(test_file), "-m", "graded", "-q", "-p", "no:cacheprovider",
-               f"--rootdir={REPO_ROOT}", f"--junitxml={junit_tmp}", "-o", "junit_family=xunit1"]
-        try:
-            proc = subprocess.run(cmd, cwd=student, env=env, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired as exc:
-            raise ValueError(f"grading chapter {nn} took longer than {timeout:.0f} s (an infinite loop?)") from exc
-        if not junit_tmp.exists():
-            raise ValueError(f"pytest produced no report (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}")
-        report = GradeReport(nn, _parse_junit(junit_tmp))
-        atomic_write_text(out / "junit.xml", junit_tmp.read_text(encoding="utf-8"))
-    if not report.tests:
-        raise ValueError(f"chapter {nn} has no tests marked graded in {test_file.name}")
-    atomic_write_text(out / "results.json", json.dumps(report.gradescope(), indent=2) + "\n")
-    return report
-
-
 def _cmd_assignment(args: argparse.Namespace) -> int:
-    out = write_assignment(args.chapter, args.out, force=args.force)
-    print(f"wrote the chapter {_chapter(args.chapter)} assignment to {out}")
+    try:
+        out = write_assignment(args.chapter, args.out, force=args.force)
+    except ValueError as e:
+        print(f"minillm assignment: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote the chapter {_chapter(args.chapter)} assignment to {out} (see {out / 'README.md'})")
     return 0
 
 
 def _cmd_grade(args: argparse.Namespace) -> int:
-    report = grade(args.chapter, args.student, args.out)
+    try:
+        report = grade(args.chapter, args.student, args.out)
+    except ValueError as e:
+        print(f"minillm grade: {e}", file=sys.stderr)
+        return 2
     for t in report.tests:
-        print(f"{'1' if t.passed else '0'}/1  {t.name}")
+        print(f"{t.score}/{t.points}  {t.name}")
+    for note in report.notes:
+        print(note)
     out = Path(args.out) if args.out else Path(args.student) / "grade"
     print(f"score: {report.score}/{report.max_score}  (JUnit: {out / 'junit.xml'}, Gradescope: {out / 'results.json'})")
     return 0 if report.score == report.max_score else 1
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("assignment", help="write a student package with a chapter's exercises stubbed out")
+    p = sub.add_parser("assignment", help="write a self-contained student folder with a chapter's exercises stubbed")
     p.add_argument("chapter", metavar="NN")
-    p.add_argument("--out", required=True, metavar="DIR", help="where to write the student package")
-    p.add_argument("--force", action="store_true", help="overwrite a non-empty DIR")
+    p.add_argument("--out", required=True, metavar="DIR", help="a new folder for the student copy")
+    p.add_argument("--force", action="store_true", help="replace DIR if it is an earlier assignment folder")
     p.set_defaults(handler=_cmd_assignment)
-    g = sub.add_parser("grade", help="grade a student package with the chapter's tests (JUnit + results.json)")
+    g = sub.add_parser("grade", help="grade a student folder with the chapter's reference tests (JUnit + results.json)")
     g.add_argument("chapter", metavar="NN")
     g.add_argument("--student", required=True, metavar="DIR", help="directory holding the student's minillm/")
     g.add_argument("--out", metavar="DIR", help="where to write junit.xml and results.json (default DIR/grade)")

@@ -1,0 +1,371 @@
+"""Grading a chapter: the reference decides what is graded and what it is worth; a child process runs the student.
+
+What it adds over running pytest on the student's folder:
+  * the denominator comes from the reference. `graded_tests()` collects the tests marked `@pytest.mark.graded` in
+    the *reference* test files (in a child that imports the reference package), with each test's points
+    (`graded(points=N)`, default 1) and the exercises it grades. A graded test function is worth its points when
+    every one of its parametrized items passed; a missing, errored, skipped or duplicated report is a failure and
+    never changes the total.
+  * the student's code runs in a child (`grader_child.py`) that reports each finished test over a pipe the parent
+    opened. The parent scores from those messages and writes junit.xml and results.json itself, after the child's
+    whole process group is killed, so nothing the child leaves behind (an atexit hook, a process, a rewritten file)
+    changes the report.
+  * the child sees only what the grader chose: a temp directory with a fresh copy of the reference tests (hashed
+    before and after; a changed copy voids the grade), a copy of the student's `minillm/` package and nothing
+    else of the student's folder (no conftest.py, pytest.ini, shadowing modules or plugin entry points), the
+    reference's shared assets, `python -I`, PYTEST_DISABLE_PLUGIN_AUTOLOAD=1, `-p no:cacheprovider`, and
+    HYPOTHESIS_PROFILE=ci (derandomized property tests, as in CI).
+  * outputs are written atomically (temp file + rename) and never through a symlink.
+
+What it does not defend against (it is not a sandbox; Gradescope's container is): student code runs with the
+grader's user rights while the tests run. It can read any file the grader can (the reference solutions in this
+repository included), use the network, escape the process group with setsid, or deliberately rewire pytest inside
+the child (monkeypatch its reporting hooks) to claim passes. Grade untrusted submissions inside a container.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from importlib.util import find_spec
+from pathlib import Path
+
+from minillm import chapters
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+REPO_ROOT = PACKAGE_DIR.parent
+TESTS_DIR = REPO_ROOT / "tests"
+ASSETS_DIR = PACKAGE_DIR / "assets"
+CHILD = Path(__file__).resolve().parent / "grader_child.py"
+
+# The pytest configuration of the grading child (and, with `pythonpath = .`, of a student folder).
+PYTEST_INI = """[pytest]
+markers =
+    graded(points, exercise): a test that grades a chapter exercise, worth `points` (run by `minillm grade`)
+    notebook: executes a notebook end to end
+    slow: takes more than a few seconds
+"""
+
+
+@dataclass(frozen=True)
+class GradedTest:
+    """One graded test function of the reference: its pytest items (one per parametrization) and its worth."""
+
+    chapter: str
+    function: str  # "test_merge_worked_example"
+    items: tuple[str, ...]  # node ids relative to the tests folder: "test_01_tokenization.py::test_x[2]"
+    points: int
+    exercises: tuple[str, ...]  # the exercise functions it grades: ("merge",)
+
+
+@dataclass
+class TestResult:
+    name: str  # the graded test function
+    passed: bool
+    points: int = 1
+    output: str = ""
+
+    @property
+    def score(self) -> int:
+        return self.points if self.passed else 0
+
+
+@dataclass
+class GradeReport:
+    chapter: str
+    tests: list[TestResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the grader noticed: collection errors, tampering
+
+    @property
+    def score(self) -> int:
+        return sum(t.score for t in self.tests)
+
+    @property
+    def max_score(self) -> int:
+        return sum(t.points for t in self.tests)
+
+    def gradescope(self) -> dict:
+        """Gradescope's autograder `results.json` layout: a total and one entry per graded test function."""
+        notes = "".join(f"\n{n}" for n in self.notes)
+        return {
+            "score": float(self.score),
+            "max_score": float(self.max_score),
+            "output": f"chapter {self.chapter}: {self.score}/{self.max_score} points{notes}",
+            "tests": [
+                {
+                    "name": t.name,
+                    "score": float(t.score),
+                    "max_score": float(t.points),
+                    "status": "passed" if t.passed else "failed",
+                    "output": t.output[-4000:],
+                }
+                for t in self.tests
+            ],
+        }
+
+    def junit_xml(self) -> str:
+        suite = ET.Element("testsuite", name=f"minillm-chapter-{self.chapter}", tests=str(len(self.tests)),
+                           failures=str(sum(not t.passed for t in self.tests)))
+        for t in self.tests:
+            case = ET.SubElement(suite, "testcase", classname=f"chapter{self.chapter}", name=t.name,
+                                 points=str(t.points))
+            if not t.passed:
+                ET.SubElement(case, "failure", message=f"0/{t.points} points").text = t.output
+        return ET.tostring(ET.ElementTree(suite).getroot(), encoding="unicode") + "\n"
+
+
+# --------------------------------------------------------------------------------------------- the child process
+def _child_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PYTEST", "HYPOTHESIS"))}
+    env.update(HYPOTHESIS_PROFILE="ci", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PYTHONDONTWRITEBYTECODE="1")
+    return env
+
+
+def _plugin_args() -> list[str]:
+    # Entry-point plugins are off (a student folder on the path could register one); hypothesis's is wanted.
+    return ["-p", "_hypothesis_pytestplugin"] if find_spec("_hypothesis_pytestplugin") else []
+
+
+def _run_child(mode: str, path: Path, cwd: Path, pytest_args: list[str], timeout: float) -> tuple[list[dict], str, bool]:
+    """Run grader_child.py; return (messages up to "end", the child's stdout+stderr tail, timed out)."""
+    read_fd, write_fd = os.pipe()
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-B", str(CHILD), mode, str(write_fd), str(path), "--", *pytest_args],
+            cwd=cwd, env=_child_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            pass_fds=(write_fd,), start_new_session=True,
+        )
+        os.close(write_fd)
+        buf, timed_out = b"", False
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                ready, _, _ = select.select([read_fd], [], [], 0.2)
+                if ready:
+                    chunk = os.read(read_fd, 1 << 16)
+                    buf += chunk
+                    if chunk:
+                        continue
+                if proc.poll() is not None:
+                    break
+                if time.monotonic() > deadline:
+                    timed_out = True
+                    break
+        finally:
+            # The child and everything it started go, before the parent reads the rest or writes any report.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            while select.select([read_fd], [], [], 0.05)[0]:
+                chunk = os.read(read_fd, 1 << 16)
+                if not chunk:
+                    break
+                buf += chunk
+            os.close(read_fd)
+        log.seek(0, os.SEEK_END)
+        log.seek(max(0, log.tell() - 8000))
+        tail = log.read().decode(errors="replace")
+    messages = []
+    for line in buf.decode(errors="replace").splitlines():
+        try:
+            msg = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(msg, dict):
+            continue
+        messages.append(msg)
+        if msg.get("event") == "end":
+            break  # anything after the end (an atexit hook writing to the pipe) is ignored
+    return messages, tail, timed_out
+
+
+@functools.lru_cache(maxsize=None)
+def _collect_all() -> dict[str, tuple[GradedTest, ...]]:
+    files = [chapters.get(nn).test_file for nn in CHAPTERS_WITH_EXERCISES]
+    messages, tail, _ = _run_child("collect", REPO_ROOT, REPO_ROOT,
+                                   [*files, "--collect-only", "-q", "-m", "graded", "-p", "no:cacheprovider",
+                                    *_plugin_args()], timeout=600)
+    errors = [m for m in messages if m.get("event") == "collect_error"]
+    if errors:
+        raise RuntimeError(f"the reference tests do not collect: {errors[0]}")
+    by_file: dict[str, dict[str, list[dict]]] = {}
+    for m in messages:
+        if m.get("event") == "item":
+            by_file.setdefault(m["file"], {}).setdefault(m["function"], []).append(m)
+    out = {}
+    for nn in CHAPTERS_WITH_EXERCISES:
+        name = Path(chapters.get(nn).test_file).name
+        tests = []
+        for function, items in by_file.get(name, {}).items():
+            points = items[0]["points"]
+            if not isinstance(points, int) or isinstance(points, bool) or points < 1:
+                raise RuntimeError(f"{name}::{function}: graded(points=...) must be a positive int, got {points!r}")
+            ids = tuple(i["id"].split("/")[-1] for i in items)  # relative to the tests folder
+            tests.append(GradedTest(nn, function, ids, points, tuple(items[0]["exercises"])))
+        if not tests:
+            raise RuntimeError(f"chapter {nn} has no tests marked graded in {name}: {tail[-2000:]}")
+        out[nn] = tuple(tests)
+    return out
+
+
+CHAPTERS_WITH_EXERCISES = tuple(c.number for c in chapters.built() if c.exercises)
+
+
+def graded_tests(chapter: str) -> tuple[GradedTest, ...]:
+    """The reference's graded test functions of a chapter, with points: the denominator of its grade."""
+    return _collect_all()[chapter]
+
+
+# --------------------------------------------------------------------------------------------- files, safely
+def _tree_hash(root: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if {"__pycache__", ".hypothesis"} & set(p.relative_to(root).parts):
+            continue  # pytest's and hypothesis's own caches
+        h.update(str(p.relative_to(root)).encode())
+        if p.is_symlink():
+            h.update(b"->" + os.readlink(p).encode())
+        elif p.is_file():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def _write_no_follow(directory: Path, name: str, text: str) -> None:
+    """Write directory/name atomically; a symlink at that name is replaced, never followed."""
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, directory / name)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _prepare_out_dir(out: Path) -> Path:
+    if out.is_symlink():
+        raise ValueError(f"refusing to write the grade into {str(out)!r}: it is a symlink (the grader never "
+                         f"writes through one); remove it or pass another --out")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {str(out)!r} exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _copy_student_package(student: Path, dest: Path) -> None:
+    """Copy student/minillm (files only, symlinks followed, no assets) and link the reference's shared assets."""
+    try:
+        shutil.copytree(student / "minillm", dest / "minillm",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "assets"))
+    except (shutil.Error, OSError) as e:
+        raise ValueError(f"could not copy the student's package from {student / 'minillm'}: {e}") from e
+    (dest / "minillm" / "assets").symlink_to(ASSETS_DIR, target_is_directory=True)
+
+
+def _copy_reference_tests(nn: str, dest: Path) -> None:
+    tests = dest / "tests"
+    tests.mkdir()
+    test_file = TESTS_DIR / Path(chapters.get(nn).test_file).name
+    for src in (TESTS_DIR / "conftest.py", test_file):
+        shutil.copy2(src, tests / src.name)
+    if (TESTS_DIR / "data").is_dir():
+        shutil.copytree(TESTS_DIR / "data", tests / "data")
+    (dest / "pytest.ini").write_text(PYTEST_INI, encoding="utf-8")
+    for p in [dest / "pytest.ini", *tests.rglob("*")]:
+        if p.is_file():
+            p.chmod(0o444)
+
+
+# --------------------------------------------------------------------------------------------- grading
+def run_graded(nn: str, student: Path, timeout: float = 900.0) -> GradeReport:
+    """Grade student/minillm on chapter nn's reference tests; the report only (no files written)."""
+    expected = graded_tests(nn)
+    report = GradeReport(nn)
+    with tempfile.TemporaryDirectory(prefix=f"minillm-grade-{nn}-", ignore_cleanup_errors=True) as tmp:
+        work = Path(tmp)
+        _copy_student_package(student, work / "student")
+        (work / "run").mkdir()
+        _copy_reference_tests(nn, work / "run")
+        before = _tree_hash(work / "run")
+        repo_before = _tree_hash_files(nn)
+        test_path = f"tests/{Path(chapters.get(nn).test_file).name}"
+        messages, tail, timed_out = _run_child(
+            "run", work / "student", work / "run",
+            [test_path, "-m", "graded", "-q", "--tb=short", "-p", "no:cacheprovider", *_plugin_args(),
+             "-c", str(work / "run" / "pytest.ini"), "--rootdir", str(work / "run"),
+             "--confcutdir", str(work / "run"), "-o", "addopts="],
+            timeout=timeout,
+        )
+        tampered = _tree_hash(work / "run") != before
+        if _tree_hash_files(nn) != repo_before:
+            report.notes.append(f"warning: the reference's {test_path} or conftest.py changed while the student's "
+                                f"code ran; check it with `git diff tests/` before grading anyone else")
+    seen: dict[str, list[dict]] = {}
+    for m in messages:
+        if m.get("event") == "test":
+            seen.setdefault(str(m.get("id", "")).split("/")[-1], []).append(m)
+    general = [m.get("output", "") for m in messages if m.get("event") in ("collect_error", "wrong_package")]
+    if timed_out:
+        general.append(f"grading stopped after {timeout:.0f} s (an infinite loop?)")
+    if tampered:
+        report.notes.append("the reference tests were modified while the student's code ran: every test scores 0")
+    if not any(m.get("event") == "end" for m in messages) and not timed_out:
+        general.append(f"the test run ended early; its last output:\n{tail[-3000:]}")
+    report.notes.extend(general)
+    for test in expected:
+        problems = []
+        for item in test.items:
+            got = seen.get(item, [])
+            if len(got) != 1:
+                problems.append(f"{item}: {'not run' if not got else f'reported {len(got)} times'}")
+            elif got[0].get("outcome") != "passed":
+                problems.append(f"{item}: {got[0].get('outcome')}\n{got[0].get('output', '')}")
+        if tampered:
+            problems.append("the reference tests were modified during grading")
+        if problems and not any(seen.get(i) for i in test.items):
+            problems.extend(general)
+        report.tests.append(TestResult(test.function, not problems, test.points, "\n".join(problems).strip()))
+    return report
+
+
+def _tree_hash_files(nn: str) -> str:
+    h = hashlib.sha256()
+    for p in (TESTS_DIR / "conftest.py", TESTS_DIR / Path(chapters.get(nn).test_file).name):
+        h.update(p.read_bytes() if p.is_file() else b"missing")
+    return h.hexdigest()
+
+
+def grade(
+    chapter: str | int,
+    student_dir: str | os.PathLike,
+    out_dir: str | os.PathLike | None = None,
+    timeout: float = 900.0,
+) -> GradeReport:
+    """Grade student_dir/minillm on chapter NN's reference tests; write junit.xml + results.json into out_dir
+    (default student_dir/grade)."""
+    nn = chapters.normalize(chapter)
+    if nn not in CHAPTERS_WITH_EXERCISES:
+        raise ValueError(f"chapter {nn} has no exercises; chapters with exercises: {list(CHAPTERS_WITH_EXERCISES)}")
+    student = Path(student_dir).resolve()
+    if not (student / "minillm" / "__init__.py").is_file():
+        raise ValueError(f"{str(student)!r} does not contain a minillm package (student_dir/minillm/__init__.py)")
+    out = Path(out_dir) if out_dir is not None else Path(student_dir) / "grade"
+    _prepare_out_dir(out)  # refuse a bad --out before spending minutes on the tests
+    report = run_graded(nn, student, timeout)
+    _prepare_out_dir(out)  # again: the student's code ran in between and may have planted a symlink
+    _write_no_follow(out, "junit.xml", report.junit_xml())
+    _write_no_follow(out, "results.json", json.dumps(report.gradescope(), indent=2) + "\n")
+    return report
