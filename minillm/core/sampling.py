@@ -20,6 +20,14 @@ import torch
 
 LogitsProcessor = Callable[[torch.Tensor], torch.Tensor]  # (B, V) float logits -> (B, V) float logits
 
+# The smallest temperature that is sampled; 0 < temperature < this is a ValueError (use 0.0 for greedy). Below it
+# logits / temperature overflows float32 for ordinary logits (1e-300 turns every logit into +-inf, and the softmax
+# into NaN), and the distribution is a one-hot argmax anyway. vLLM clamps to the same 1e-2 for the same reason.
+MIN_TEMPERATURE = 1e-2
+# What torch.Generator.manual_seed accepts: a signed or unsigned 64-bit integer (anything else is an OverflowError
+# deep inside torch, "Overflow when unpacking long long").
+SEED_RANGE = (-(2**63), 2**64)  # [low, high)
+
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
@@ -51,6 +59,9 @@ class SamplingParams:
         self.temperature = float(self.temperature)
         if not self.temperature >= 0.0 or self.temperature == float("inf"):  # also rejects NaN
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if 0.0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(f"temperature={self.temperature!r} is below MIN_TEMPERATURE={MIN_TEMPERATURE}: logits / "
+                             f"temperature would overflow to inf/nan; use temperature=0.0 for greedy decoding")
         if not _is_int(self.top_k):
             raise TypeError(f"top_k must be an int, got {type(self.top_k).__name__} {self.top_k!r}")
         if self.top_k < 0:
@@ -60,8 +71,8 @@ class SamplingParams:
         self.top_p = float(self.top_p)
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.seed is not None and not _is_int(self.seed):
-            raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__} {self.seed!r}")
+        if self.seed is not None:
+            check_seed(self.seed)
         if isinstance(self.stop, str):  # a lone string is one stop string, as in vLLM and the OpenAI API
             self.stop = (self.stop,)
         if not isinstance(self.stop, (tuple, list)) or not all(isinstance(s, str) for s in self.stop):
@@ -86,6 +97,15 @@ class SamplingParams:
         return cls(max_new_tokens=max_new_tokens, temperature=0.0, **kwargs)
 
 
+def check_seed(seed: object) -> int:
+    """`seed` if torch.Generator.manual_seed accepts it (an int in SEED_RANGE), else TypeError/ValueError naming it."""
+    if not _is_int(seed):
+        raise TypeError(f"seed must be an int or None, got {type(seed).__name__} {seed!r}")
+    if not SEED_RANGE[0] <= seed < SEED_RANGE[1]:
+        raise ValueError(f"seed must be a 64-bit integer in [-2**63, 2**64), got {seed}")
+    return seed
+
+
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator | None:
     """A torch.Generator on `device` seeded with `seed`, or None (use the global RNG) when seed is None.
 
@@ -94,9 +114,7 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
     """
     if seed is None:
         return None
-    if not _is_int(seed):
-        raise TypeError(f"seed must be an int or None, got {type(seed).__name__} {seed!r}")
-    return torch.Generator(device=torch.device(device)).manual_seed(seed)
+    return torch.Generator(device=torch.device(device)).manual_seed(check_seed(seed))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -211,8 +229,20 @@ def sample_next(
         raise TypeError(f"logits must be a float tensor, got {getattr(logits, 'dtype', type(logits).__name__)}")
     if logits.dim() != 2:
         raise ValueError(f"logits must have shape (B, V), got {tuple(logits.shape)}")
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be a SamplingParams, got {type(params).__name__} {params!r}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     if params.is_greedy:  # extra processors (a banned-token mask, say) still apply before the argmax
         return torch.argmax(apply_processors(logits, processors or ()), dim=-1)  # (B,)
     procs = build_processors(params) if processors is None else processors
     probs = torch.softmax(apply_processors(logits.float(), procs), dim=-1)  # (B, V)
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)  # (B, 1) -> (B,)
+    try:
+        return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)  # (B, 1) -> (B,)
+    except RuntimeError as exc:  # torch's own message names neither the row nor the settings that produced it
+        bad = (~torch.isfinite(probs).all(dim=-1)).nonzero().flatten().tolist()
+        raise ValueError(
+            f"cannot sample: probabilities of rows {bad or 'all'} are inf/nan or all zero (temperature="
+            f"{params.temperature}, top_k={params.top_k}, top_p={params.top_p}; non-finite logits: "
+            f"{int((~torch.isfinite(logits)).sum())}): {exc}"
+        ) from exc

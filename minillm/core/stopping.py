@@ -11,6 +11,10 @@ everywhere. What it leaves out: sampling itself (`minillm.core.sampling`), and a
 
     prompt ids ──start_request──▶ RequestState(prompt_ids, params (capped), generator, stop_checker)
     loop:  logits ──sample_next──▶ tokens ──state.accept(tokens)──▶ finished?  (finish_reason, output_text())
+           sampling or the stop check raised ──state.fail(message)──▶ finished, finish_reason "error", state.error
+
+A failure is one request's: a batched loop catches it around that request's sampling and `accept`, fails that
+request alone (`fail`, with a message naming it) and goes on with the others.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import torch
 from minillm.core.config import GPTConfig
 from minillm.core.sampling import SamplingParams, make_generator
 
-FINISH_REASONS = ("length", "eos", "stop")
+FINISH_REASONS = ("length", "eos", "stop", "error")  # "error": sampling or the stop check raised for this request
 
 
 def default_eos(tokenizer: Any, eos_id: int | None) -> int | None:
@@ -96,6 +100,7 @@ class StopChecker:
         self.eos_id = default_eos(tokenizer, eos_id)
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None
+        self.error: str | None = None  # why the request failed (finish_reason "error"), else None
         self._max_stop = max((len(s) for s in params.stop), default=0)
         self._searched = 0  # characters of decoded text already searched for stop strings
         self._stop_at: int | None = None  # character index where the stop string begins
@@ -113,6 +118,12 @@ class StopChecker:
         """The generated text up to (not including) the stop string, if one was hit."""
         text = self.text
         return text if self._stop_at is None else text[: self._stop_at]
+
+    def fail(self, message: str) -> None:
+        """End the request with finish_reason "error" (its sampling or stop check raised); keeps the tokens so far."""
+        if not isinstance(message, str) or not message:
+            raise TypeError(f"fail() needs a non-empty message string, got {message!r}")
+        self.finish_reason, self.error = "error", message
 
     def update(self, token_id: int) -> bool:
         if self.finished:
@@ -169,8 +180,28 @@ class RequestState:
 
     @property
     def finish_reason(self) -> str | None:
-        """"length", "eos" or "stop" once finished, else None."""
+        """"length", "eos", "stop" or "error" once finished, else None."""
         return self.stop_checker.finish_reason
+
+    @property
+    def error(self) -> str | None:
+        """Why the request failed (finish_reason "error"), else None."""
+        return self.stop_checker.error
+
+    def fail(self, message: str) -> None:
+        """Finish the request with finish_reason "error" and `message` (which names the request and the cause)."""
+        self.stop_checker.fail(message)
+
+    def accept_or_fail(self, tokens: Sequence[int], what: str) -> bool:
+        """`accept`, but an exception inside the stop check fails this request (message starts with `what`, which
+        names it) instead of propagating to the loop: True when the request is finished, either way."""
+        if self.stop_checker.finished:  # a loop bug, not the request's: let it surface
+            raise RuntimeError(f"accept() after the request finished ({self.stop_checker.finish_reason})")
+        try:
+            return self.accept(tokens)
+        except Exception as exc:  # noqa: BLE001 - any failure is this request's alone; the message keeps its type
+            self.fail(f"{what} failed in its stop check: {type(exc).__name__}: {exc}")
+            return True
 
     def output_text(self) -> str:
         """The generated text, a hit stop string and what follows it cut off ("" without a tokenizer)."""

@@ -12,6 +12,8 @@ subclass's `_enqueue`; `_output` builds the `RequestOutput` deltas; `generate` i
                                                                    └──no──▶ _enqueue (the subclass)
     generate    ─▶ _new_request for every prompt first (one bad prompt rejects the call, nothing queued)
                 ─▶ _admit each ─▶ step() until every one has its final RequestOutput
+                   (other requests' outputs are held back, merged per request, for the caller's next step();
+                    a loop whose steps stop making progress raises instead of spinning forever)
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ class FrontEnd:
     """
 
     request_cls: type[Request] = Request  # what `_new_request` builds (DisaggregatedLLM adds a field or two)
+    # `generate` raises once this many steps in a row made no progress (`_progress` unchanged, no output) while its
+    # requests are unfinished: a leak (blocks never freed) then fails loudly instead of looping forever. None: off
+    # (DisaggregatedLLM, whose steps wait on other processes and have liveness timeouts of their own).
+    stall_steps: int | None = None
 
     def _init_front_end(self, model_config: GPTConfig, tokenizer: Any, eos_id: int | None,
                         device: torch.device | str) -> None:
@@ -66,6 +72,10 @@ class FrontEnd:
     def _check_fits(self, req: Request) -> None:
         """Raise ValueError if `req` could never run, even alone (its worst case exceeds the KV pool)."""
 
+    def _progress(self) -> object:
+        """A value that changes whenever a step did work (the LLM's forward count); see `stall_steps`."""
+        return None
+
     # ------------------------------------------------------------------------------------------ requests
 
     def _encode(self, prompt: Any) -> tuple[str | None, Any]:
@@ -79,8 +89,9 @@ class FrontEnd:
         return None, prompt
 
     def _new_request(self, prompt: Any, params: SamplingParams | None, request_id: str | None,
-                     arrival_time: float | None) -> Request:
-        """Check everything about one request and build it; nothing is queued yet (so `generate` can check all)."""
+                     arrival_time: float | None, reserved: Any = ()) -> Request:
+        """Check everything about one request and build it; nothing is queued yet (so `generate` can check all).
+        `reserved`: ids already given to requests built but not admitted yet (generate's batch)."""
         self._check_usable()
         params = SamplingParams.greedy() if params is None else params
         if not isinstance(params, SamplingParams):
@@ -92,7 +103,10 @@ class FrontEnd:
         # The same prompt checks, window cap and stop rules as chapter 04's `generate`, so the tokens match it alone.
         state = start_request(self.model_config, ids, params, self.tokenizer, self.eos_id, device=self.state_device)
         if request_id is None:
+            # subtle: skip ids in use, so a user who named a request "req-0" does not make generate() fail
             request_id = f"req-{next(self._counter)}"
+            while request_id in self._requests or request_id in reserved:
+                request_id = f"req-{next(self._counter)}"
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a str, got {type(request_id).__name__} {request_id!r}")
         if request_id in self._requests:
@@ -138,15 +152,29 @@ class FrontEnd:
             request_id=req.request_id, prompt=req.prompt, prompt_token_ids=list(req.prompt_token_ids),
             new_token_ids=list(new), output_token_ids=list(req.output_token_ids), finished=req.is_finished,
             finish_reason=req.finish_reason, text=text, new_text=new_text, arrival_time=req.arrival_time,
-            token_times=list(req.token_times), num_preemptions=req.num_preemptions,
+            token_times=list(req.token_times), num_preemptions=req.num_preemptions, error=req.error,
         )
+
+    def _merge(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """One output per request: consecutive deltas of one request joined (in the order first seen), the newer
+        output's totals kept. What `step()` returns after `generate` held other requests' outputs back."""
+        merged: dict[str, RequestOutput] = {}
+        for out in outputs:
+            old = merged.get(out.request_id)
+            if old is not None:
+                new = old.new_token_ids + out.new_token_ids
+                out = dataclasses.replace(out, new_token_ids=new, new_text=None if self.tokenizer is None
+                                          else self.tokenizer.decode(new))
+            merged[out.request_id] = out
+        return list(merged.values())
 
     def generate(self, prompts: Sequence[Any] | str, params: SamplingParams | Sequence[SamplingParams] | None = None,
                  ) -> list[RequestOutput]:
         """Run prompts (strings or token-id lists) to completion; one final `RequestOutput` per prompt, in order.
 
         Every request is validated before any is queued, so one bad prompt rejects the call ("prompts[i]: ...")
-        and leaves the engine as it was.
+        and leaves the engine as it was. Requests added with `add_request` keep running alongside; their outputs
+        produced meanwhile are held back, one merged delta per request, for the caller's next `step()`.
         """
         if isinstance(prompts, (str, torch.Tensor)) or (
             isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
@@ -162,15 +190,36 @@ class FrontEnd:
         reqs: list[Request] = []
         for i, (prompt, p) in enumerate(zip(prompts, params_list)):
             try:
-                reqs.append(self._new_request(prompt, p, None, None))
+                reqs.append(self._new_request(prompt, p, None, None, reserved={r.request_id for r in reqs}))
             except (TypeError, ValueError) as exc:
                 raise type(exc)(f"prompts[{i}]: {exc}") from None
         for req in reqs:
             self._admit(req)
         ids = [req.request_id for req in reqs]
         wanted, final = set(ids), {}
-        while len(final) < len(wanted):
-            for out in self.step():
-                if out.finished and out.request_id in wanted:
-                    final[out.request_id] = out
+        held: list[RequestOutput] = []  # other requests' outputs: the caller's next step() hands them out
+        stalled, mark = 0, self._progress()
+        try:
+            while len(final) < len(wanted):
+                outs = self.step()
+                for out in outs:
+                    if out.request_id not in wanted:
+                        held.append(out)
+                    elif out.finished:
+                        final[out.request_id] = out
+                if self.stall_steps is not None:
+                    now = self._progress()
+                    stalled = 0 if (outs or now != mark) else stalled + 1
+                    mark = now
+                    if stalled >= self.stall_steps:
+                        stuck = [rid for rid in ids if rid not in final]
+                        raise RuntimeError(
+                            f"generate() made no progress for {stalled} steps with requests {stuck} unfinished "
+                            f"(stats: {self._stall_report()}): the engine is stuck, likely leaked KV blocks")
+        finally:
+            self._pending[:0] = held
         return [final[rid] for rid in ids]
+
+    def _stall_report(self) -> Any:
+        """What `generate` prints when it is stuck (the LLM's queue lengths and free blocks)."""
+        return None

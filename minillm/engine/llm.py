@@ -33,6 +33,7 @@ from minillm.paged import BlockManager
 
 
 class LLM(FrontEnd):
+    stall_steps = 100  # generate() raises after this many steps in a row without a forward or an output
     def __init__(self, model: GPT, tokenizer: Any = None, config: EngineConfig | None = None,
                  eos_id: int | None = None):
         model_config = require_model(model, "LLM")
@@ -165,7 +166,7 @@ class LLM(FrontEnd):
         sched = self.scheduler.schedule()
         self.last_schedule = sched  # kept for inspection (tests, the notebook's schedule plot)
         if sched.is_empty:
-            return outputs
+            return self._merge(outputs)
         now_first = time.perf_counter()
         for s in sched.scheduled:
             if s.request.first_scheduled_time is None:
@@ -179,13 +180,19 @@ class LLM(FrontEnd):
                     self.block_manager.mark_computed(s.request.request_id, s.request.num_computed_tokens)
         self.num_steps += 1
         for s, tok in zip(sched.scheduled, tokens):
-            if tok is not None:
+            if tok is not None or s.request.is_finished:  # a token, or its sampling failed (finish_reason "error")
                 outputs.append(self._output(s.request))
         for req in finished:
             del self._requests[req.request_id]
-        return outputs
+        return self._merge(outputs)
 
     # ------------------------------------------------------------------------------------------------ hooks
+
+    def _progress(self) -> object:
+        return self.runner.num_forward_calls
+
+    def _stall_report(self) -> Any:
+        return self.stats()
 
     def stats(self) -> dict[str, Any]:
         """Counters for benchmarks and tests: steps, forwards, preemptions, free blocks, queue lengths."""

@@ -25,6 +25,14 @@ from minillm.paged import PagedBatch
 from minillm.paged.backends import make_attention_backend
 
 
+def _is_greedy(params) -> bool:
+    """params.is_greedy, or False if even that raises: the row is then sampled alone, where its failure is caught."""
+    try:
+        return bool(params.is_greedy)
+    except Exception:  # noqa: BLE001 - the per-row path below fails this request with the same exception
+        return False
+
+
 class ModelRunner:
     """Owns the KV pool (a cache built by name from `minillm.paged.backends`) and runs the model on what the
     scheduler picked.
@@ -87,19 +95,27 @@ class ModelRunner:
 
         Greedy rows share one argmax (row-wise, so batching cannot change it); every other row is drawn by
         `sample_next` from its own request's generator, exactly one draw per token, as when the request runs alone.
+        A request whose sampling raises is failed alone (`state.fail`, finish_reason "error", a message naming it)
+        and gets None; the caller finishes and frees it (`Scheduler.update`, the workers), the others go on.
         """
         samplers = [s for s in out.scheduled if s.samples]
         assert logits.shape[0] == len(samplers)
         tokens: list[int | None] = [None] * len(samplers)
-        greedy = [i for i, s in enumerate(samplers) if s.request.params.is_greedy]
+        greedy = [i for i, s in enumerate(samplers) if _is_greedy(s.request.params)]
         if greedy:
-            picked = sample_next(logits[greedy], samplers[greedy[0]].request.params)  # (G,)
-            for i, t in zip(greedy, picked.tolist()):
-                tokens[i] = t
+            try:
+                picked = sample_next(logits[greedy], samplers[greedy[0]].request.params)  # (G,)
+                for i, t in zip(greedy, picked.tolist()):
+                    tokens[i] = t
+            except Exception:  # noqa: BLE001 - redone row by row below, so the failure lands on its own request
+                pass
         for i, s in enumerate(samplers):
             if tokens[i] is None:
                 req = s.request
-                tokens[i] = int(sample_next(logits[i : i + 1], req.params, req.generator))  # (1, V) -> (1,)
+                try:
+                    tokens[i] = int(sample_next(logits[i : i + 1], req.params, req.generator))  # (1, V) -> (1,)
+                except Exception as exc:  # noqa: BLE001 - one request's failure, whatever it is, is its own
+                    req.state.fail(f"request {req.request_id!r} failed in sampling: {type(exc).__name__}: {exc}")
         it = iter(tokens)
         return [next(it) if s.samples else None for s in out.scheduled]
 

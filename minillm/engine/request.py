@@ -30,10 +30,12 @@ class RequestStatus(Enum):
     FINISHED_STOPPED = "stop"  # hit eos or a stop string
     FINISHED_LENGTH = "length"  # reached max_new_tokens or the context window
     FINISHED_ABORTED = "abort"  # removed by `abort` (or rejected while queued)
+    FINISHED_ERROR = "error"  # its sampling or stop check raised: this request failed, the others went on
 
     @property
     def is_finished(self) -> bool:
-        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED)
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED,
+                        RequestStatus.FINISHED_ERROR)
 
 
 @dataclass
@@ -78,18 +80,28 @@ class Request:
         tokens or the window). Freeing its blocks is the caller's part (the scheduler's I8).
         """
         before = len(self.state.output_ids)
-        done = self.state.accept(tokens)
+        done = self.state.accept_or_fail(tokens, f"request {self.request_id!r}")
         self.token_times.extend([now] * (len(self.state.output_ids) - before))
         if done:
             self.finish()
         return done
 
+    def fail(self, message: str) -> None:
+        """Finish this request with finish_reason "error" (its sampling raised); the caller frees its blocks."""
+        self.state.fail(message)
+        self.finish()
+
+    @property
+    def error(self) -> str | None:
+        """Why the request failed (finish_reason "error"), else None."""
+        return self.state.error
+
     def finish(self) -> None:
         """Copy the state's finish reason into the engine's status (the state finished on arrival or in `accept`)."""
         assert self.state.finished, "finish() before the request's state finished"
         self.finish_reason = self.state.finish_reason
-        self.status = RequestStatus.FINISHED_LENGTH if self.finish_reason == "length" else (
-            RequestStatus.FINISHED_STOPPED)
+        self.status = {"length": RequestStatus.FINISHED_LENGTH, "error": RequestStatus.FINISHED_ERROR}.get(
+            self.finish_reason, RequestStatus.FINISHED_STOPPED)
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -134,12 +146,13 @@ class RequestOutput:
     new_token_ids: list[int]  # the delta: tokens produced since this request's previous RequestOutput
     output_token_ids: list[int]  # every output token so far
     finished: bool
-    finish_reason: str | None  # "length", "stop", "abort" once finished, else None
+    finish_reason: str | None  # "length", "stop", "abort", "error" once finished, else None
     text: str | None = None  # decoded output_token_ids when the engine has a tokenizer
     new_text: str | None = None  # decoded delta (best effort: a multi-byte character may straddle two deltas)
     arrival_time: float = 0.0
     token_times: list[float] = field(default_factory=list)  # perf_counter() per output token
     num_preemptions: int = 0
+    error: str | None = None  # finish_reason "error": what failed, naming the request (the others went on)
 
     @property
     def ttft(self) -> float | None:

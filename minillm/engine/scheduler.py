@@ -273,6 +273,12 @@ class Scheduler:
             req = s.request
             assert req.num_computed_tokens == s.start and req.status is RequestStatus.RUNNING
             req.num_computed_tokens += s.num_new_tokens
+            if tok is None and req.state.finished:  # its sampling failed (ModelRunner.sample): it alone ends here
+                req.finish()
+                self.block_manager.free(req.request_id)
+                req.num_block_tokens = 0
+                finished.append(req)
+                continue
             if tok is None:
                 assert not s.samples
                 continue
