@@ -148,7 +148,7 @@ def test_include_check_fails_on_a_stale_block(tmp_path):
     assert includes.stale([md]) == [] and includes.main(["--check", str(md)]) == 0
 
 
-MENTION = re.compile(r"\b[Cc]hapter (\d{2})\b")
+MENTION = re.compile(r"(?<!-)\b[Cc]hapter (\d{2})\b")  # not `--chapter 04` (a command)
 LINK = re.compile(r"\[([^\]]*)\]\(([^)\s]+)\)")
 
 
