@@ -3,6 +3,8 @@
 `python -m minillm.course.notebooks run notebooks/04-kv-cache.ipynb` re-executes a notebook and writes its outputs back
 (atomically), which is how the committed notebooks get the outputs of a real run. The test suite calls
 `execute_notebook` without writing, so every notebook is proven to run on a fresh checkout.
+`python -m minillm.course.notebooks set-repo OWNER/NAME` points every notebook's "Open in Colab" badge and Colab
+install cell (and the README's badge) at the repository once it is published.
 
 The kernel draws with matplotlib's inline backend, so every figure a cell draws is stored in the notebook as an
 `image/png` output, as it would be in Jupyter or Colab (a non-interactive backend such as Agg would run the cells
@@ -27,6 +29,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 # What `%matplotlib inline` selects in Jupyter: figures become image/png outputs of the cell that drew them.
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
+# The course's GitHub repository as "owner/name" is not known until it is published, so each notebook's Colab badge
+# and Colab install cell, and the README's badge, carry this placeholder until `set-repo` fills it in.
+REPO_PLACEHOLDER = "YOUR-GITHUB-USER/minillm"
 
 
 def list_notebooks(directory: str | os.PathLike = NOTEBOOK_DIR) -> list[Path]:
@@ -84,13 +89,38 @@ def scrub_paths(nb) -> None:
                 out["traceback"] = [scrub_text(line) for line in out["traceback"]]
 
 
+def set_repo(repo: str, paths: list[Path] | None = None) -> list[Path]:
+    """Replace `REPO_PLACEHOLDER` by `repo` ("owner/name" on GitHub) in the notebooks and the README; returns the
+    files changed. The Colab install cell then installs `git+https://github.com/<repo>`."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", repo):
+        raise ValueError(f"repo must look like owner/name (a GitHub repository), got {repo!r}")
+    paths = paths if paths is not None else [*list_notebooks(), REPO_ROOT / "README.md"]
+    changed = []
+    for p in paths:
+        text = Path(p).read_text(encoding="utf-8")
+        if REPO_PLACEHOLDER in text:
+            atomic_write_text(p, text.replace(REPO_PLACEHOLDER, repo))
+            changed.append(Path(p))
+    return changed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minillm.course.notebooks", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="execute notebooks and write their outputs back")
     run.add_argument("paths", nargs="*", help="notebooks (default: all in notebooks/)")
     run.add_argument("--timeout", type=int, default=600, help="seconds per cell")
+    setrepo = sub.add_parser("set-repo", help="point the Colab badges and install cells at the published repository")
+    setrepo.add_argument("repo", help="the GitHub repository as owner/name")
     args = parser.parse_args(argv)
+    if args.command == "set-repo":
+        try:
+            changed = set_repo(args.repo)
+        except ValueError as e:
+            parser.error(str(e))
+        for p in changed:
+            print(f"updated {p.name}")
+        return 0
     paths = [Path(p) for p in args.paths] or list_notebooks()
     for p in paths:
         t0 = time.perf_counter()
