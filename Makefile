@@ -1,6 +1,7 @@
 # minillm: the two commands of the README, and the setup they share.
 #   make tour   sets up .venv and runs every chapter's check and benchmark
 #   make test   sets up .venv and runs the whole test suite, notebooks included
+#   make lab    also installs JupyterLab into .venv (the `lab` extra) and opens the notebooks
 # Both are idempotent: setup runs again only when pyproject.toml changes.
 
 PYTHON ?= python3
@@ -10,7 +11,7 @@ STAMP  := $(VENV)/.minillm-installed
 # Extra pip arguments for torch, e.g. TORCH_SPEC='torch==2.5.1' or a CUDA index URL; default: what pip picks.
 TORCH_SPEC ?= torch
 
-.PHONY: setup tour test gpt2-ranks gpu-report clean
+.PHONY: setup tour test lab gpt2-ranks gpu-report clean
 
 setup: $(STAMP)
 
@@ -34,6 +35,17 @@ gpt2-ranks: setup
 
 test: setup gpt2-ranks
 	$(BIN)/python -m pytest -n auto
+
+# The notebooks in JupyterLab, from the same .venv (kernel "Python 3" is this venv's python). The `lab` extra is
+# installed on first use only, so `make test` and CI never pull JupyterLab.
+LAB_STAMP := $(VENV)/.minillm-lab-installed
+
+$(LAB_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev,lab]'
+	@touch $(LAB_STAMP)
+
+lab: setup $(LAB_STAMP)
+	$(BIN)/jupyter lab notebooks/01-tokenization.ipynb
 
 gpu-report: setup
 	$(BIN)/minillm gpu-report
