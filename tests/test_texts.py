@@ -181,9 +181,9 @@ def test_chapter_mentions_name_the_manifest(number):
 @pytest.mark.parametrize("number", sorted(TEXTS))
 def test_check_your_understanding_and_appendix(number):
     text = TEXTS[number].read_text(encoding="utf-8")
-    heads = re.findall(r"^## (.+)$", strip_code(text), flags=re.M)
+    heads = re.findall(r"^## (?:\d+\. )?(.+)$", strip_code(text), flags=re.M)  # "## 9. Check ..." counts too
     assert any(h.startswith("Check your understanding") for h in heads), f"{TEXTS[number].name}: no such section"
-    section = text.split("## Check your understanding", 1)[1].split("\n## ", 1)[0]
+    section = re.split(r"^## (?:\d+\. )?Check your understanding", text, flags=re.M)[1].split("\n## ", 1)[0]
     n = section.count("<details>")
     assert 3 <= n <= 6 and n == section.count("</details>"), f"{TEXTS[number].name}: {n} answered questions"
     assert heads[-1].startswith("Appendix"), f"{TEXTS[number].name} should end with its appendix, ends with {heads[-1]!r}"
