@@ -129,13 +129,13 @@ def test_load_hf_bad_inputs(tmp_path):
 
 # ---- the two attention paths (graded: the chapter exercise is attention_ref) ---------------------------
 
-@pytest.mark.graded
+@pytest.mark.graded(points=2, exercise="attention_ref")
 def test_attention_ref_matches_sdpa_without_mask():
     q, k, v = (torch.randn(2, 3, 5, 8) for _ in range(3))
     torch.testing.assert_close(attention_ref(q, k, v), F.scaled_dot_product_attention(q, k, v), atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=3, exercise="attention_ref")
 @pytest.mark.parametrize("T_q, T_k", [(7, 7), (1, 9), (4, 11)])
 def test_attention_ref_matches_sdpa_with_causal_mask(T_q, T_k):
     q = torch.randn(2, 3, T_q, 16)
@@ -146,7 +146,7 @@ def test_attention_ref_matches_sdpa_with_causal_mask(T_q, T_k):
     torch.testing.assert_close(attention(q, k, v, mask), want, atol=0.0, rtol=0.0)
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=2, exercise="attention_ref")
 def test_attention_ref_one_visible_key_returns_its_value():
     """Worked example: if query i may see only key j, softmax puts weight 1 on j, so the output is v[j] exactly."""
     q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
@@ -154,7 +154,7 @@ def test_attention_ref_one_visible_key_returns_its_value():
     torch.testing.assert_close(attention_ref(q, k, v, mask), v, atol=1e-6, rtol=0)
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=3, exercise="attention_ref")
 @pytest.mark.parametrize("n_head", [1, 2, 4])
 def test_gpt_explicit_attention_matches_sdpa(n_head):
     sdpa = _tiny(n_head=n_head)

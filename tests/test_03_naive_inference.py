@@ -55,7 +55,7 @@ class CharTokenizer:
 WORKED = torch.log(torch.tensor([[0.5, 0.25, 0.125, 0.125]]))  # (1, 4): probabilities that are exact in binary
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=2, exercise="top_k_filter")
 def test_top_k_worked_example():
     """Probabilities p = [1/2, 1/4, 1/8, 1/8].
 
@@ -68,7 +68,7 @@ def test_top_k_worked_example():
         torch.testing.assert_close(probs, torch.tensor([expected], dtype=torch.float32), atol=1e-6, rtol=0)
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=2, exercise="top_p_filter")
 def test_top_p_worked_example():
     """Probabilities p = [1/2, 1/4, 1/8, 1/8]; the mass strictly before each token is [0, 1/2, 3/4, 7/8].
 
@@ -109,7 +109,7 @@ def _distinct_logits(min_size=2, max_size=40):
                     unique=True)
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=3, exercise="top_k_filter")
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(values=_distinct_logits(), data=st.data())
 def test_top_k_keeps_the_k_largest(values, data):
@@ -121,7 +121,7 @@ def test_top_k_keeps_the_k_largest(values, data):
     assert kept == expected
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=3, exercise="top_p_filter")
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(values=_distinct_logits(), p=st.floats(0.01, 1.0))
 def test_top_p_keeps_the_smallest_set_reaching_p(values, p):
@@ -378,7 +378,7 @@ def test_cuda_greedy_matches_cpu_and_seeded_sampling_repeats():
 # Metrics
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=2, exercise=("itl", "tpot"))
 def test_itl_and_tpot_worked_example():
     """Arrival 0 s; tokens at 0.5, 0.75, 1.0, 2.0 s. TTFT = 0.5, ITL = [0.25, 0.25, 1.0], E2E = 2.0,
     TPOT = (2.0 - 0.5) / 3 = 0.5 (the mean of the ITL gaps, which the 1 s stall dominates)."""
@@ -389,7 +389,7 @@ def test_itl_and_tpot_worked_example():
     assert RequestTimes(1.0, [1.5]).tpot == 0 and RequestTimes(1.0, [1.5]).itl == []
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=2, exercise=("itl", "tpot"))
 @settings(max_examples=50, deadline=None)
 @given(arrival=st.fractions(0, 100), gaps=st.lists(st.fractions(0, 10), min_size=2, max_size=30))
 def test_e2e_equals_ttft_plus_n_minus_1_tpot_exactly(arrival, gaps):
@@ -406,7 +406,7 @@ def test_e2e_equals_ttft_plus_n_minus_1_tpot_exactly(arrival, gaps):
     assert r.tpot == sum(r.itl, Fraction(0)) / (n - 1)
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=1, exercise=("itl", "tpot"))
 def test_e2e_identity_with_float_timestamps():
     """Timestamps on a 1/1024 s grid with n - 1 a power of two: every float operation is exact, so == holds."""
     for n in (2, 3, 5, 9, 17, 65):

@@ -54,7 +54,7 @@ def model() -> GPT:
 # ----- the cache against a full forward -------------------------------------------------------------------------
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=3, exercise="attend")
 @pytest.mark.parametrize("split", [1, 7, 20])
 def test_prefill_then_decode_logits_match_full_forward(model, split):
     ids = torch.randint(0, SMALL["vocab_size"], (2, 30))
@@ -68,7 +68,7 @@ def test_prefill_then_decode_logits_match_full_forward(model, split):
     assert cache.length == 30
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=3, exercise="attend")
 def test_chunked_prefill_logits_match_full_forward(model):
     """A chunk of several tokens after earlier ones needs the offset causal mask (query t sits at slot start+t)."""
     ids = torch.randint(0, SMALL["vocab_size"], (1, 24))
@@ -94,7 +94,7 @@ def test_truncate_rewinds_the_cache(model):
 # ----- generation: identical to the naive loop ------------------------------------------------------------------
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=2, exercise="attend")
 def test_greedy_tokens_identical_to_naive_many_prompts(model):
     prompts = random_prompts(12, SMALL["vocab_size"], lengths=[1, 2, 5, 9, 16, 33])
     for prompt, n in zip(prompts, [1, 2, 8, 20, 31, 12, 5, 27, 16, 3, 30, 9]):
@@ -102,7 +102,7 @@ def test_greedy_tokens_identical_to_naive_many_prompts(model):
         assert generate_ids(model, prompt, params) == generate_naive_ids(model, prompt, params), (len(prompt), n)
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=2, exercise="attend")
 def test_step_logits_within_tolerance_of_naive(model):
     """Every step's logits, cached vs recomputed from scratch, for one prompt: atol = rtol = 1e-5."""
     prompt = random_prompts(1, SMALL["vocab_size"], [10])[0]
@@ -117,7 +117,7 @@ def test_step_logits_within_tolerance_of_naive(model):
     torch.testing.assert_close(torch.stack(cached), torch.stack(naive), atol=ATOL, rtol=RTOL)
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=1, exercise="attend")
 @pytest.mark.parametrize("knobs", [dict(temperature=1.0), dict(temperature=0.7, top_k=20), dict(top_p=0.9)])
 def test_seeded_sampling_gives_the_naive_tokens(model, knobs):
     prompt = random_prompts(1, SMALL["vocab_size"], [6], seed=4)[0]
@@ -194,21 +194,21 @@ def test_property_greedy_equals_naive(model, prompt, n):
 # ----- static batching --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=1, exercise="left_pad")
 def test_left_pad_worked_example():
     idx, pads = left_pad([[5, 6, 7], [9], [1, 2]])
     assert idx.tolist() == [[5, 6, 7], [0, 0, 9], [0, 1, 2]]
     assert pads.tolist() == [0, 2, 1]
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=1, exercise="static_positions")
 def test_static_positions_worked_example():
     pads = torch.tensor([0, 2])
     assert static_positions(pads, 0, 3).tolist() == [[0, 1, 2], [0, 0, 0]]
     assert static_positions(pads, 3, 1).tolist() == [[3], [1]]
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=3, exercise="attention_mask")
 def test_padding_mask():
     """Row 1 has two padding slots: its real queries never see them; padding queries see only themselves."""
     cache = ContiguousKVCache(GPTConfig(**SMALL), 2, 8).reset([0, 2])
@@ -224,7 +224,7 @@ def test_padding_mask():
     assert cache.attention_mask(4, 1)[1, 0].tolist() == [[False, False, True, True, True]]
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=2, exercise=("left_pad", "static_positions", "attention_mask", "attend"))
 def test_static_batch_greedy_equals_each_prompt_alone(model):
     prompts = random_prompts(6, SMALL["vocab_size"], lengths=[1, 4, 11, 17, 25, 40], seed=7)
     params = SamplingParams.greedy(18, ignore_eos=True)
@@ -233,7 +233,7 @@ def test_static_batch_greedy_equals_each_prompt_alone(model):
     assert batched == [generate_naive_ids(model, p, params) for p in prompts]
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=2, exercise=("left_pad", "static_positions", "attention_mask", "attend"))
 def test_static_batch_logits_close_to_alone(model):
     """Padding and a bigger matmul change float rounding slightly, never more than atol = rtol = 1e-5."""
     prompts = random_prompts(3, SMALL["vocab_size"], lengths=[3, 14, 9], seed=8)

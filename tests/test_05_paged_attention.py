@@ -70,7 +70,7 @@ def _prompt(n: int, seed: int = 0, vocab: int = 96) -> list[int]:
 # ------------------------------------------------------------------------------------------- allocator
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=2, exercise="allocate")
 def test_allocator_hands_out_every_block_once_then_raises_out_of_blocks():
     alloc = BlockAllocator(4)
     blocks = [alloc.allocate() for _ in range(4)]
@@ -86,7 +86,27 @@ def test_allocator_hands_out_every_block_once_then_raises_out_of_blocks():
     assert alloc.num_free == 4
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=2, exercise="allocate")
+def test_allocate_calls_the_on_take_hook_so_prefix_caching_evicts():
+    """`allocate` hands out blocks through the `_on_take` hook (its docstring says so). Prefix caching overrides
+    the hook to forget a cached free block's content when it is reused; an allocate that skips the hook passes every
+    plain-allocator test yet leaves a block findable by the hash of content about to be overwritten."""
+    alloc = PrefixCachingAllocator(2)
+    cached = alloc.allocate()
+    assert alloc.publish(cached, 123, ROOT_HASH, (1, 2))
+    alloc.free(cached)  # free, content still findable
+    assert alloc.find(123, ROOT_HASH, (1, 2)) == cached
+    plain = alloc.allocate()  # uncached free blocks are reused first
+    assert plain != cached and alloc.num_evictions == 0
+    again = alloc.allocate()  # now the cached block itself: its content must be evicted
+    assert again == cached and alloc.num_evictions == 1
+    assert alloc.find(123, ROOT_HASH, (1, 2)) is None and alloc.num_cached_blocks == 0
+    alloc.check_invariants()
+    alloc.free(plain)
+    alloc.free(again)
+
+
+@pytest.mark.graded(points=1, exercise="allocate")
 def test_double_free_and_use_after_free_are_errors():
     alloc = BlockAllocator(2)
     b = alloc.allocate()
@@ -112,7 +132,7 @@ def test_allocator_rejects_bad_sizes():
 # ------------------------------------------------------------------------------------------- block tables
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=2, exercise="compute_slot_mapping")
 def test_slot_mapping_worked_example():
     # bs = 4, table [7, 2]: positions 3, 4, 5 -> block 7 offset 3, block 2 offsets 0, 1.
     assert compute_slot_mapping([7, 2], 4, 3, 6) == [31, 8, 9]
@@ -122,7 +142,7 @@ def test_slot_mapping_worked_example():
         compute_slot_mapping([7, 2], 4, 0, 9)
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=2, exercise=("compute_slot_mapping", "allocate"))
 def test_block_tables_grow_one_block_at_a_time():
     m = BlockManager(8, 4)
     assert m.allocate("a", [1, 2, 3, 4, 5]) == 0
@@ -137,7 +157,7 @@ def test_block_tables_grow_one_block_at_a_time():
     m.free("a")
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=3, exercise="_copy_on_write")
 def test_fork_shares_blocks_and_copy_on_write_copies_the_shared_last_block():
     m = BlockManager(8, 4)
     m.allocate("p", list(range(6)))  # blocks [0, 1]; block 1 holds 2 of 4 tokens
@@ -229,7 +249,7 @@ def test_random_operations_keep_the_invariants(ops, prefix):
 # ------------------------------------------------------------------------------------------- the cache
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=2, exercise="write_kv")
 def test_write_kv_stores_each_token_at_its_slot():
     pool = torch.zeros(3, 4, 2, 5)  # (nb, bs, nh, hs)
     x = torch.arange(3 * 2 * 5, dtype=torch.float32).view(3, 2, 5)  # (N, nh, hs)
@@ -340,7 +360,7 @@ def test_nbytes_match_the_kv_formula(model):
 # ------------------------------------------------------------------------------------------- generation
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=2, exercise=("allocate", "compute_slot_mapping", "write_kv"))
 def test_paged_greedy_tokens_equal_contiguous_and_naive(model):
     prompt = _prompt(11, 7)
     params = SamplingParams.greedy(30)
@@ -348,7 +368,7 @@ def test_paged_greedy_tokens_equal_contiguous_and_naive(model):
     assert paged == generate_ids(model, prompt, params) == generate_naive_ids(model, prompt, params)
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=3, exercise=("_copy_on_write", "write_kv"))
 def test_n_samples_share_the_prompt_and_equal_independent_seeded_runs(model):
     """Sample i is seeded with seed + i, exactly as an independent run with that seed."""
     prompt = _prompt(18, 8)  # 4 full blocks of 4 + 2 tokens in a shared partial block

@@ -91,7 +91,7 @@ CONFIGS = {
 }
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=4, exercise=("_can_admit", "schedule"))
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_engine_greedy_equals_alone(model, name):
     wl = make_workload(12, prompt_len_dist="uniform:1:30", output_len_dist="uniform:1:30", vocab_size=VOCAB, seed=3)
@@ -140,7 +140,7 @@ def test_random_workloads_equal_alone(model, seed, n, num_blocks, block_size, bu
         assert d.final[rid] == _alone(model, w.prompt_token_ids, w.params), rid
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=2, exercise=("_can_admit", "schedule"))
 def test_seeded_sampling_equals_alone(model):
     wl = make_workload(8, prompt_len_dist="uniform:2:20", output_len_dist="uniform:4:24", vocab_size=VOCAB, seed=5,
                        temperature=0.9)
@@ -153,7 +153,7 @@ def test_seeded_sampling_equals_alone(model):
     assert llm.stats()["num_preemptions"] > 0  # recomputation did not cost a generator draw
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=3, exercise="schedule")
 def test_chunked_prefill_identical_and_within_budget(model):
     """A long prompt arriving among running decodes: with chunks, every step keeps the decodes going."""
     decodes = make_workload(4, prompt_len_dist="uniform:2:6", output_len_dist="fixed:30", vocab_size=VOCAB, seed=9)
@@ -183,7 +183,7 @@ def test_chunked_prefill_identical_and_within_budget(model):
     assert results[True][-1] == _alone(model, long_prompt.prompt_token_ids, long_prompt.params)
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=3, exercise="_can_admit")
 def test_admission_check_limits(model):
     """`_can_admit`: batch limit, token budget without chunking, free blocks plus the watermark when busy."""
     cfg = EngineConfig(num_blocks=10, block_size=4, max_num_seqs=2, max_num_batched_tokens=64,
@@ -206,7 +206,7 @@ def test_admission_check_limits(model):
     assert not chunked._can_admit(req, budget=0, num_tokens=20)
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=4, exercise="schedule")
 def test_schedule_step_by_hand(model):
     """One scheduling step, worked by hand: decodes first, then chunks, then FCFS admission under the budget."""
     cfg = EngineConfig(num_blocks=64, block_size=4, max_num_seqs=3, max_num_batched_tokens=10)

@@ -81,7 +81,7 @@ def paged_prefill(model: GPT, prompt: list[int], num_blocks: int = 16, skip: int
 # ------------------------------------------------------------------------------------------ graded, in-process
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=2, exercise="pack_kv")
 def test_pack_kv_equals_the_models_kv():
     model = tiny_model()
     prompt = [5, 17, 99, 3, 250, 42, 7]  # 7 tokens: two blocks of 4, the second one 3/4 full
@@ -97,7 +97,7 @@ def test_pack_kv_equals_the_models_kv():
         torch.testing.assert_close(payload[layer, 1], ref.v[layer][0].transpose(0, 1), atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=2, exercise="pack_kv")
 def test_pack_kv_worked_example():
     # bs=4, block_table=[7, 2], T=6: tokens 0..3 from block 7, tokens 4..5 from slots 0..1 of block 2.
     nb, nh, hs = 8, 1, 1
@@ -109,7 +109,7 @@ def test_pack_kv_worked_example():
     assert torch.equal(payload[0, 1].flatten(), -expected)
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=3, exercise=("unpack_kv", "pack_kv"))
 @pytest.mark.parametrize("num_tokens", [1, 3, 4, 5, 12])
 def test_unpack_kv_round_trip_into_another_table(num_tokens):
     gen = torch.Generator().manual_seed(num_tokens)
@@ -130,7 +130,7 @@ def test_unpack_kv_round_trip_into_another_table(num_tokens):
                 assert bool((dst_k[0][b, s] == 7.0).all()) and bool((dst_v[1][b, s] == 7.0).all()), (b, s)
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=1, exercise="pack_kv")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_payload_bytes_equal_the_kv_formula(dtype):
     model = tiny_model().to(dtype)
@@ -145,7 +145,7 @@ def test_payload_bytes_equal_the_kv_formula(dtype):
     assert torch.equal(payload_from_bytes(header, data), payload)
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=3, exercise="admit_handoffs")
 def test_admit_handoffs_worked_example_and_limits():
     assert admit_handoffs([9, 12, 1], num_free_blocks=10, num_reserved_blocks=3, num_running=1, max_num_seqs=4,
                           block_size=4) == 3
@@ -187,7 +187,7 @@ def run_cores_in_process(model: GPT, prompts: list[list[int]], params: list[Samp
     return out
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=2, exercise=("pack_kv", "unpack_kv", "admit_handoffs"))
 def test_in_process_handoff_matches_naive_greedy_and_seeded():
     model = tiny_model()
     prompts = [[1, 2, 3, 4, 5, 6, 7], [9, 8, 7], list(range(20, 50)), [3] * 4]
@@ -198,7 +198,7 @@ def test_in_process_handoff_matches_naive_greedy_and_seeded():
         assert got[str(i)] == generate_naive_ids(model, p, sp), i
 
 
-@pytest.mark.graded
+@pytest.mark.graded(points=1, exercise=("pack_kv", "unpack_kv", "admit_handoffs"))
 def test_in_process_handoff_stops_at_the_context_window():
     model = tiny_model()  # block_size 64
     prompt = list(range(1, 61))

@@ -65,7 +65,11 @@ class BlockAllocator:
 
     # ----------------------------------------------------------------------------------------------- operations
     def allocate(self) -> int:
-        """A free block with ref count 1. Raises OutOfBlocks (changing nothing) when none is free."""
+        """A free block with ref count 1. Raises OutOfBlocks (changing nothing) when none is free.
+
+        Takes the head of the free list and calls the `self._on_take(block)` hook before handing it out: subclasses
+        act there (prefix caching evicts the block's old content so no lookup finds it any more).
+        """
         # BEGIN SOLUTION
         if not self._free:
             raise OutOfBlocks(f"all {self.num_blocks} KV blocks are in use")
