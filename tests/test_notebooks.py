@@ -1,12 +1,17 @@
-"""Every chapter notebook runs top to bottom in a fresh kernel, and every committed one carries real outputs."""
+"""Every chapter notebook runs top to bottom in a fresh kernel, and every committed one carries real outputs: every
+figure its cells draw, kernel metadata, no paths of the machine that ran it, and a first cell that installs minillm
+in Colab and does nothing anywhere else."""
 
 from __future__ import annotations
 
 import json
+import re
+import sys
+import types
 
 import pytest
 
-from minillm.course.notebooks import execute_notebook, list_notebooks
+from minillm.course.notebooks import REPO_PLACEHOLDER, execute_notebook, list_notebooks, set_repo
 
 NOTEBOOKS = list_notebooks()
 
@@ -30,3 +35,140 @@ def test_committed_notebook_has_outputs(path):
     assert any(c.get("outputs") for c in code), f"{path.name} carries no outputs from a real run"
     errors = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors, f"{path.name} was committed with an error output: {errors[0].get('ename')}"
+
+
+# --- what a reader sees: figures, metadata, no machine paths, the Colab install cell -----------------------------
+
+# A code cell draws a figure when it calls pyplot, an axis' plotting methods, or a package `plot_*` helper.
+DRAWS = re.compile(r"\bplt\.|\.plot\(|\.imshow\(|\.barh?\(|\.broken_barh\(|\bplot_\w+\(|\bfig\b")
+# Absolute paths of some machine (the build box, a temp dir, a home directory): meaningless to a reader.
+MACHINE_PATH = re.compile(r"(?<![\w.~<>-])/(?:work|tmp|root|home|Users)/")
+KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
+
+
+def load(path):
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def code_cells(nb):
+    return [c for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).strip()]
+
+
+def uncommented(source: str) -> str:
+    return "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("#"))
+
+
+def texts_of(cell):
+    """Every piece of text a cell shows: its source, streams, text results and tracebacks."""
+    yield "".join(cell["source"])
+    for out in cell.get("outputs", []):
+        yield "".join(out.get("text", ""))
+        for mime, value in out.get("data", {}).items():
+            if mime.startswith("text/"):
+                yield "".join(value)
+        yield "\n".join(out.get("traceback", []))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_every_drawing_cell_carries_its_figure(path):
+    drawing = [c for c in code_cells(load(path)) if DRAWS.search(uncommented("".join(c["source"])))]
+    assert drawing, f"{path.name} draws no figure"
+    missing = [c for c in drawing if not any("image/png" in o.get("data", {}) for o in c.get("outputs", []))]
+    assert not missing, (f"{path.name}: {len(missing)} cell(s) draw a figure but carry no image/png output "
+                         f"(re-run with `python -m minillm.course.notebooks run`), first: "
+                         f"{''.join(missing[0]['source'])[:120]!r}")
+
+
+def test_the_figure_check_can_fail():
+    """The check above on a made-up notebook: a drawing cell without an image fails it, with one it passes."""
+    cell = {"cell_type": "code", "source": ["fig, ax = plt.subplots()\n", "ax.plot([1, 2])"], "outputs": []}
+    assert DRAWS.search(uncommented("".join(cell["source"])))
+    assert not any("image/png" in o.get("data", {}) for o in cell["outputs"])
+    assert not DRAWS.search(uncommented("import matplotlib.pyplot as plt\nfrom minillm.x import plot_timeline, y"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_metadata(path):
+    meta = load(path)["metadata"]
+    assert meta.get("kernelspec") == KERNELSPEC, f"{path.name}: kernelspec {meta.get('kernelspec')!r}"
+    assert meta.get("language_info", {}).get("name") == "python", f"{path.name}: no python language_info"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_no_machine_paths(path):
+    for i, cell in enumerate(load(path)["cells"]):
+        for text in texts_of(cell):
+            m = MACHINE_PATH.search(text)
+            assert not m, f"{path.name} cell {i} shows a machine path: ...{text[max(0, m.start() - 40):m.end() + 40]!r}..."
+
+
+def test_the_path_check_can_fail():
+    assert MACHINE_PATH.search("warning from /work/main/.venv/lib/python3.11/x.py")
+    assert MACHINE_PATH.search("--out /tmp/minillm_runs/base")
+    assert not MACHINE_PATH.search("--out runs/base, <venv>/lib/python3.11, chapters/figures/06-frontier.png")
+
+
+def first_code_source(path) -> str:
+    return "".join(code_cells(load(path))[0]["source"])
+
+
+class FakeIPython:
+    """Records the magics a transformed cell would run instead of running them."""
+
+    def __init__(self):
+        self.calls = []
+
+    def run_line_magic(self, name, line, *args, **kwargs):
+        self.calls.append((name, line))
+
+    def system(self, cmd):
+        self.calls.append(("!", cmd))
+
+
+def run_cell(source: str, ip: FakeIPython) -> dict:
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    namespace = {"get_ipython": lambda: ip}
+    exec(TransformerManager().transform_cell(source), namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_colab_badge_and_install_cell(path, monkeypatch):
+    nb = load(path)
+    first = "".join(nb["cells"][0]["source"])
+    assert nb["cells"][0]["cell_type"] == "markdown" and "colab-badge.svg" in first, f"{path.name}: no Colab badge on top"
+    assert f"colab.research.google.com/github/{REPO_PLACEHOLDER}/blob/main/notebooks/{path.name}" in first or \
+        f"/blob/main/notebooks/{path.name}" in first, f"{path.name}: the badge does not open this notebook"
+    source = first_code_source(path)
+    assert 'if "google.colab" in sys.modules:' in source, f"{path.name}: the first code cell is not the Colab install"
+
+    # Here (not Colab) the cell is a no-op: no magic, no shell command, nothing defined but `sys`.
+    monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    ip = FakeIPython()
+    namespace = run_cell(source, ip)
+    assert ip.calls == [], f"{path.name}: the install cell ran {ip.calls} outside Colab"
+    assert set(namespace) - {"__builtins__", "get_ipython"} == {"sys"}
+
+    # In Colab it pip-installs the repository, and refuses the placeholder with a message.
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    if REPO_PLACEHOLDER in source:
+        with pytest.raises(RuntimeError, match="MINILLM_REPO"):
+            run_cell(source, FakeIPython())
+        source = source.replace(REPO_PLACEHOLDER, "someone/minillm")
+    ip = FakeIPython()
+    namespace = run_cell(source, ip)
+    assert ip.calls == [("pip", "install -q git+{MINILLM_REPO}")]
+    assert namespace["MINILLM_REPO"].startswith("https://github.com/")
+
+
+def test_set_repo_fills_the_placeholder(tmp_path):
+    copy = tmp_path / NOTEBOOKS[0].name
+    copy.write_text(NOTEBOOKS[0].read_text(encoding="utf-8"), encoding="utf-8")
+    assert set_repo("someone/minillm", [copy]) == [copy]
+    text = copy.read_text(encoding="utf-8")
+    assert REPO_PLACEHOLDER not in text and "github/someone/minillm/blob/main/notebooks/" in text
+    assert "https://github.com/someone/minillm" in text
+    assert set_repo("someone/minillm", [copy]) == []  # nothing left to fill
+    with pytest.raises(ValueError, match="owner/name"):
+        set_repo("not a repo", [copy])
