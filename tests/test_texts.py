@@ -171,7 +171,7 @@ def test_chapter_mentions_name_the_manifest(number):
     rest = LINK.sub(check_link, prose)
     for m in MENTION.finditer(rest):
         c = chapters.get(m.group(1))
-        if not rest[m.end():].startswith(f" ({c.slug})"):
+        if not re.match(rf"\s+\({re.escape(c.slug)}\)", rest[m.end():]):
             line = rest.count("\n", 0, m.start()) + 1
             want = f"[chapter {c.number}]({c.name}.md)" if c.built else f"chapter {c.number} ({c.slug})"
             problems.append(f"line {line}: {rest[m.start():m.end() + 25]!r} -> write {want!r}")
