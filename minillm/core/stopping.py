@@ -40,6 +40,18 @@ def default_eos(tokenizer: Any, eos_id: int | None) -> int | None:
     return getattr(tokenizer, "eot_token", None) if tokenizer is not None else None
 
 
+def check_eos_id(eos_id: int | None, vocab_size: int) -> None:
+    """An explicit eos_id must be a token the model can produce; checked at the entry points that take one.
+
+    (Not inside `start_request`: an eos taken from a tokenizer may lie outside a small test model's vocabulary,
+    and then simply never occurs, which is how minillm has always treated it.)"""
+    if eos_id is None:
+        return
+    default_eos(None, eos_id)  # the type check
+    if not 0 <= eos_id < vocab_size:  # it could never be sampled, so it would never stop anything
+        raise ValueError(f"eos_id={eos_id} is outside the model's vocabulary [0, {vocab_size})")
+
+
 def validate_prompt(
     prompt_ids: Any, params: SamplingParams, vocab_size: int, block_size: int, truncate: bool = False
 ) -> tuple[list[int], int]:

@@ -100,6 +100,7 @@ class DecodeCore:
         self.worst_case_blocks: dict[str, int] = {}  # blocks each running request may hold at most (reserved)
         self.aborted: set[str] = set()  # aborted before their hand-off arrived: drop it when it does
         self.transfers: list[TransferRecord] = []  # received since the last DecodeTokens
+        self.errors: list[tuple[str, str]] = []  # (request_id, message): failed alone since the last DecodeTokens
 
     @property
     def cache(self):
@@ -143,34 +144,45 @@ class DecodeCore:
                            self.init.max_num_seqs, bs)
         for i in range(n):
             h, received = self.waiting.popleft()
-            req = start_worker_request(self.model, h.request_id, h.prompt_ids, h.params, self.init.eos_id,
-                                       self.device)
-            if h.generator_state is not None:
-                # subtle: continue the SAME random stream the prefill worker drew the first token from, so a
-                # seeded request samples exactly the tokens it would have in the colocated engine.
-                assert req.generator is not None, "a generator state arrived for an unseeded request"
-                req.generator.set_state(torch.frombuffer(bytearray(h.generator_state), dtype=torch.uint8))
-            done = req.accept([h.first_token], received)  # the first token, sampled by the prefill worker
-            assert not done, "the prefill worker hands off only requests its first token did not finish"
-            self.blocks.allocate(h.request_id, h.prompt_ids)
-            self.blocks.mark_computed(h.request_id, len(h.prompt_ids))  # their K/V arrive by copy, not compute
-            payload = payload_from_bytes(h.header, h.data)  # (L, 2, T, nh, hs)
-            unpack_kv(payload, self.cache.k_pools, self.cache.v_pools, self.blocks.block_table(h.request_id))
-            req.num_computed_tokens = req.num_block_tokens = req.num_prompt_tokens
-            req.status = RequestStatus.RUNNING
-            self.running[h.request_id] = req
-            self.worst_case_blocks[h.request_id] = num_blocks_for(worst[i], bs)
-            self.transfers.append(TransferRecord(h.request_id, len(h.data), h.sent_time, received,
-                                                 time.perf_counter()))
+            try:
+                self._admit_one(h, received, worst[i])
+            except Exception as exc:  # noqa: BLE001 - one bad hand-off fails its request only; the worker goes on
+                if h.request_id in self.running:
+                    self._finish(h.request_id)
+                elif self.blocks.has_seq(h.request_id):
+                    self.blocks.free(h.request_id)
+                self.errors.append((h.request_id, f"could not admit its hand-off: {type(exc).__name__}: {exc}"))
+
+    def _admit_one(self, h: KVHandoff, received: float, worst_tokens: int) -> None:
+        bs = self.init.block_size
+        req = start_worker_request(self.model, h.request_id, h.prompt_ids, h.params, self.init.eos_id, self.device)
+        if h.generator_state is not None:
+            # subtle: continue the SAME random stream the prefill worker drew the first token from, so a
+            # seeded request samples exactly the tokens it would have in the colocated engine.
+            assert req.generator is not None, "a generator state arrived for an unseeded request"
+            req.generator.set_state(torch.frombuffer(bytearray(h.generator_state), dtype=torch.uint8))
+        done = req.accept([h.first_token], received)  # the first token, sampled by the prefill worker
+        assert not done, "the prefill worker hands off only requests its first token did not finish"
+        self.blocks.allocate(h.request_id, h.prompt_ids)
+        self.blocks.mark_computed(h.request_id, len(h.prompt_ids))  # their K/V arrive by copy, not compute
+        payload = payload_from_bytes(h.header, h.data)  # (L, 2, T, nh, hs)
+        unpack_kv(payload, self.cache.k_pools, self.cache.v_pools, self.blocks.block_table(h.request_id))
+        req.num_computed_tokens = req.num_block_tokens = req.num_prompt_tokens
+        req.status = RequestStatus.RUNNING
+        self.running[h.request_id] = req
+        self.worst_case_blocks[h.request_id] = num_blocks_for(worst_tokens, bs)
+        self.transfers.append(TransferRecord(h.request_id, len(h.data), h.sent_time, received,
+                                             time.perf_counter()))
 
     # ----------------------------------------------------------------------------------------------- decoding
     def step(self) -> list[tuple[str, Any]]:
         self._admit()
         transfers, self.transfers = self.transfers, []
+        errors, self.errors = self.errors, []
         if not self.running:  # hand-offs wait for blocks; nothing to decode yet
-            if transfers:
+            if transfers or errors:
                 now = time.perf_counter()
-                return [("ctrl", DecodeTokens([], StepRecord("decode", "decode", now, now, 0), transfers))]
+                return [("ctrl", DecodeTokens([], StepRecord("decode", "decode", now, now, 0), transfers, errors))]
             return []
         start = time.perf_counter()
         reqs = list(self.running.values())
@@ -185,9 +197,13 @@ class DecodeCore:
         items = []
         for req, token in zip(reqs, tokens):
             req.num_computed_tokens += 1
-            done = req.accept([token], now)  # eos, max_new_tokens or the context window
-            items.append((req.request_id, token, done))
+            # eos, max_new_tokens or the context window; a raising stop check fails this request alone
+            done = req.state.finished or req.accept([token], now)  # finished already: its sampling failed
+            if req.state.error is not None:
+                errors.append((req.request_id, req.state.error))
+            else:
+                items.append((req.request_id, token, done))
             if done:
                 self._finish(req.request_id)
         step = StepRecord("decode", "decode", start, now, len(reqs), [req.request_id for req in reqs])
-        return [("ctrl", DecodeTokens(items, step, transfers))]
+        return [("ctrl", DecodeTokens(items, step, transfers, errors))]

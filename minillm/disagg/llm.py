@@ -57,8 +57,12 @@ class _Req(Request):
     """The coordinator's view of a request: the engine's `Request` (its state, times, status), plus the id the
     workers know it by and why it failed, if a worker died."""
 
-    error: str | None = None
+    worker_error: str | None = None  # the worker death that failed it (finish_reason "abort")
     wid: str = ""  # unique for the engine's life, unlike a user's request_id
+
+    @property
+    def error(self) -> str | None:
+        return self.worker_error or self.state.error
 
 
 def _shutdown(handles: list[WorkerHandle]) -> None:
@@ -169,6 +173,7 @@ class DisaggregatedLLM(FrontEnd):
     def abort(self, request_id: str) -> bool:
         """Stop a request; its final output (finish_reason "abort") comes with the next `step()`. Returns False if
         the id is unknown or already finished (as chapter 06's `LLM.abort`)."""
+        self._check_id(request_id)
         req = self._requests.get(request_id)
         if req is None or req.is_finished:
             return False
@@ -189,6 +194,9 @@ class DisaggregatedLLM(FrontEnd):
         Raises WorkerDiedError when a worker died, raised or fell silent; the requests it held are failed.
         """
         self._check_usable()
+        if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+                                    or timeout != timeout):
+            raise TypeError(f"timeout must be a number of seconds or None, got {type(timeout).__name__} {timeout!r}")
         timeout = self.config.heartbeat_s if timeout is None else max(0.0, timeout)
         if self._pending:
             timeout = 0.0  # outputs are already waiting: hand them out without sleeping
@@ -219,7 +227,7 @@ class DisaggregatedLLM(FrontEnd):
             outputs.append(self._output(req))
             if req.is_finished:  # handed out for the last time: the id is free again, as in chapter 06
                 del self._requests[rid]
-        return outputs
+        return self._merge(outputs)
 
     def _on_message(self, h: WorkerHandle, msg: Any, moved: dict[str, None]) -> None:
         now = time.perf_counter()
@@ -229,11 +237,13 @@ class DisaggregatedLLM(FrontEnd):
             self._fail(f"the {msg.role} worker raised:\n{msg.traceback}")
         if isinstance(msg, FirstTokens):
             self.timeline.append(self._user_ids(msg.step))
+            self._on_errors(h, msg.errors, now, moved)
             items = msg.items
         elif isinstance(msg, DecodeTokens):
             self.timeline.append(self._user_ids(msg.step))
             self.transfers.extend(dataclasses.replace(t, request_id=self._by_wid.get(t.request_id, t.request_id))
                                   for t in msg.transfers)
+            self._on_errors(h, msg.errors, now, moved)
             items = msg.items
         else:
             raise WorkerDiedError(f"unexpected message {type(msg).__name__} from the {h.role} worker")
@@ -252,6 +262,19 @@ class DisaggregatedLLM(FrontEnd):
             elif worker_done:
                 raise WorkerDiedError(f"the {h.role} worker finished request {rid!r} but the coordinator did not")
 
+    def _on_errors(self, h: WorkerHandle, errors: list[tuple[str, str]], now: float, moved: dict[str, None]) -> None:
+        """Requests a worker failed alone (their sampling, start or hand-off raised): finish each with finish_reason
+        "error" and a message naming it; the worker, and every other request, go on."""
+        for wid, message in errors:
+            rid = self._by_wid.get(wid)
+            req = self._requests.get(rid) if rid is not None else None
+            if req is None or req.wid != wid or req.is_finished:
+                continue
+            # Nothing to tell the other worker: a prefill failure sends no hand-off, and a decode failure comes
+            # after prefill let the request go.
+            req.fail(f"request {rid!r} failed in the {h.role} worker: {message}")
+            moved[rid] = None
+
     def _user_ids(self, step: StepRecord) -> StepRecord:
         return dataclasses.replace(step, request_ids=[self._by_wid.get(w, w) for w in step.request_ids])
 
@@ -259,6 +282,6 @@ class DisaggregatedLLM(FrontEnd):
         failed = [r.request_id for r in self._requests.values() if not r.is_finished]
         for rid in failed:
             r = self._requests[rid]
-            r.status, r.finish_reason, r.error = RequestStatus.FINISHED_ABORTED, "abort", what
+            r.status, r.finish_reason, r.worker_error = RequestStatus.FINISHED_ABORTED, "abort", what
         self._broken = WorkerDiedError(f"{what}; {len(failed)} unfinished request(s) failed: {failed}")
         raise self._broken

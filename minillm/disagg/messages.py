@@ -107,6 +107,8 @@ class FirstTokens:
 
     items: list[tuple[str, int, bool]]  # (request_id, token_id, finished)
     step: StepRecord
+    # (request_id, message): requests this step failed alone (their sampling or start raised); the worker goes on
+    errors: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -141,3 +143,5 @@ class DecodeTokens:
     items: list[tuple[str, int, bool]]  # (request_id, token_id, finished)
     step: StepRecord
     transfers: list[TransferRecord] = field(default_factory=list)
+    # (request_id, message): requests failed alone in this step or at admission; the worker goes on with the rest
+    errors: list[tuple[str, str]] = field(default_factory=list)

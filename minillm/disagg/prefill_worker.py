@@ -95,28 +95,45 @@ class PrefillCore:
     def step(self) -> list[tuple[str, Any]]:
         batch = self._take_batch()
         start = time.perf_counter()
-        reqs = [start_worker_request(self.model, r.request_id, r.prompt_ids, r.params, self.init.eos_id,
-                                     self.device) for r in batch]
+        errors: list[tuple[str, str]] = []  # requests failed alone: reported to the coordinator, the rest go on
+        reqs, kept = [], []
+        for r in batch:
+            try:
+                reqs.append(start_worker_request(self.model, r.request_id, r.prompt_ids, r.params, self.init.eos_id,
+                                                 self.device))
+                kept.append(r)
+            except Exception as exc:  # noqa: BLE001 - this request's alone (the coordinator validated it already)
+                errors.append((r.request_id, f"could not start: {type(exc).__name__}: {exc}"))
         for req in reqs:
             self.blocks.allocate(req.request_id, req.prompt_token_ids)  # the coordinator sized the pool for one
         # Every prompt whole, from position 0: each scheduled request samples (its last token ends its prompt).
         sched = SchedulerOutput([ScheduledRequest(req, req.num_prompt_tokens, 0) for req in reqs])
         tokens = self.runner.run(sched, self.blocks)  # exactly one draw per request, as colocated
         items, out = [], []
-        for req, r, token in zip(reqs, batch, tokens):
-            done = req.state.accept([token])  # eos, a budget of one token, or a prompt that fills the window
-            items.append((req.request_id, token, done))
-            if not done:
-                table = self.blocks.block_table(req.request_id)
-                payload = pack_kv(self.cache.k_pools, self.cache.v_pools, table, req.num_prompt_tokens)
-                header, data = payload_to_bytes(payload)  # (L, 2, T, nh, hs) -> bytes
-                gen = req.generator
-                state = bytes(gen.get_state().numpy().tobytes()) if gen is not None else None
-                out.append(("peer", KVHandoff(req.request_id, list(req.prompt_token_ids), token, r.params, state,
-                                              header, data, time.perf_counter())))
-            self.blocks.free(req.request_id)
+        for req, r, token in zip(reqs, kept, tokens):
+            try:
+                if token is None:  # its sampling raised (ModelRunner.sample failed it alone)
+                    errors.append((req.request_id, req.state.error or "sampling failed"))
+                    continue
+                done = req.state.accept_or_fail([token], f"request {req.request_id!r}")  # eos, one token, window
+                if req.state.error is not None:
+                    errors.append((req.request_id, req.state.error))
+                    continue
+                if not done:
+                    table = self.blocks.block_table(req.request_id)
+                    payload = pack_kv(self.cache.k_pools, self.cache.v_pools, table, req.num_prompt_tokens)
+                    header, data = payload_to_bytes(payload)  # (L, 2, T, nh, hs) -> bytes
+                    gen = req.generator
+                    state = bytes(gen.get_state().numpy().tobytes()) if gen is not None else None
+                    out.append(("peer", KVHandoff(req.request_id, list(req.prompt_token_ids), token, r.params,
+                                                  state, header, data, time.perf_counter())))
+                items.append((req.request_id, token, done))
+            except Exception as exc:  # noqa: BLE001 - packing one request's KV failed: that request fails
+                errors.append((req.request_id, f"hand-off failed: {type(exc).__name__}: {exc}"))
+            finally:
+                self.blocks.free(req.request_id)
         end = time.perf_counter()
         num_tokens = sum(req.num_prompt_tokens for req in reqs)
         step = StepRecord("prefill", "prefill", start, end, num_tokens, [req.request_id for req in reqs])
         # The coordinator hears about the first tokens before the decode worker gets the KV: TTFT excludes transfer.
-        return [("ctrl", FirstTokens(items, step))] + out
+        return [("ctrl", FirstTokens(items, step, errors))] + out

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import time
 from typing import Any, Sequence
 
@@ -27,7 +28,7 @@ import torch
 
 from minillm.core.config import GPTConfig
 from minillm.core.sampling import SamplingParams
-from minillm.core.stopping import default_eos, start_request
+from minillm.core.stopping import check_eos_id, default_eos, start_request
 from minillm.engine.request import Request, RequestOutput
 
 
@@ -49,6 +50,7 @@ class FrontEnd:
                         device: torch.device | str) -> None:
         self.model_config = model_config
         self.tokenizer = tokenizer
+        check_eos_id(eos_id, model_config.vocab_size)
         self.eos_id = default_eos(tokenizer, eos_id)
         self.state_device = torch.device(device)  # where each request's generator lives (where it is sampled)
         self._requests: dict[str, Request] = {}
@@ -68,6 +70,12 @@ class FrontEnd:
 
     def _check_usable(self) -> None:
         """Raise if the engine can take no more work (a closed or broken DisaggregatedLLM)."""
+
+    @staticmethod
+    def _check_id(request_id: Any) -> None:
+        """`abort` and friends take the str a request was added under; anything else is a TypeError naming it."""
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str, got {type(request_id).__name__} {request_id!r}")
 
     def _check_fits(self, req: Request) -> None:
         """Raise ValueError if `req` could never run, even alone (its worst case exceeds the KV pool)."""
@@ -93,6 +101,10 @@ class FrontEnd:
         """Check everything about one request and build it; nothing is queued yet (so `generate` can check all).
         `reserved`: ids already given to requests built but not admitted yet (generate's batch)."""
         self._check_usable()
+        if arrival_time is not None and (not isinstance(arrival_time, (int, float)) or isinstance(arrival_time, bool)
+                                         or not math.isfinite(arrival_time)):
+            raise TypeError(f"arrival_time must be a finite number (time.perf_counter() seconds) or None, got "
+                            f"{type(arrival_time).__name__} {arrival_time!r}")
         params = SamplingParams.greedy() if params is None else params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__} {params!r}")

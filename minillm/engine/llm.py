@@ -98,6 +98,13 @@ class LLM(FrontEnd):
         request (free blocks, batch limit, FCFS) and copies its KV into the pool, so it never jumps the queue.
         `generator_state` (from `torch.Generator.get_state()` after the first draw) keeps seeded sampling exact.
         """
+        if not isinstance(first_token_id, int) or isinstance(first_token_id, bool):  # True is an int, not a token
+            raise TypeError(f"first_token_id must be an int token id, got {type(first_token_id).__name__} "
+                            f"{first_token_id!r}")
+        if generator_state is not None and (not isinstance(generator_state, torch.Tensor)
+                                            or generator_state.dtype != torch.uint8):
+            raise TypeError(f"generator_state must be a uint8 tensor from torch.Generator.get_state() or None, got "
+                            f"{getattr(generator_state, 'dtype', type(generator_state).__name__)}")
         rid = self.add_request(prompt, params, request_id=request_id, arrival_time=arrival_time)
         req = self._requests.get(rid)
         if req is None:  # max_new_tokens == 0: finished on arrival
@@ -113,6 +120,14 @@ class LLM(FrontEnd):
             self.scheduler.abort(rid)
             del self._requests[rid]
             raise ValueError(f"first_token_id must be a token id in [0, {cfg.vocab_size}), got {first_token_id!r}")
+        if generator_state is not None and req.generator is not None:
+            try:
+                req.generator.set_state(generator_state)
+            except RuntimeError as exc:  # torch's message names neither the argument nor the request
+                self.scheduler.abort(rid)
+                del self._requests[rid]
+                raise ValueError(f"generator_state is not a state of a {req.generator.device} torch.Generator "
+                                 f"({generator_state.numel()} bytes): {exc}") from None
 
         bs = self.config.block_size
         n_blocks = -(-T // bs)
@@ -126,8 +141,6 @@ class LLM(FrontEnd):
         req.swapped_kv = SwappedKV([blocks(kv[l, 0]) for l in range(cfg.n_layer)],
                                    [blocks(kv[l, 1]) for l in range(cfg.n_layer)], n_blocks)
         self.swap_space.num_used += n_blocks  # not limited by the swap capacity: it is an arrival, not a victim
-        if generator_state is not None and req.generator is not None:
-            req.generator.set_state(generator_state)
         req.num_computed_tokens = req.num_block_tokens = T
         if req.accept([first_token_id], time.perf_counter()):
             self.swap_space.discard(req)
@@ -141,6 +154,7 @@ class LLM(FrontEnd):
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free everything it holds; its final output (finish_reason "abort") comes with the
         next `step()`. Returns False if the id is unknown or already finished."""
+        self._check_id(request_id)
         req = self.scheduler.abort(request_id)
         if req is None:
             return False
