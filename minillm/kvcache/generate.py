@@ -23,7 +23,7 @@ import torch
 
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, sample_next
-from minillm.core.stopping import RequestState, start_request
+from minillm.core.stopping import RequestState, check_eos_id, start_request
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.naive.generate import collect, generate_naive
 
@@ -81,6 +81,7 @@ def generate(
     if not (kv_cache is True or isinstance(kv_cache, ContiguousKVCache)):
         raise TypeError(f"kv_cache must be True, False or a ContiguousKVCache, got {type(kv_cache).__name__}")
     cfg = require_model(model, "generate")
+    check_eos_id(eos_id, cfg.vocab_size)
     state = start_request(cfg, prompt_ids, params, tokenizer, eos_id, device=model.device, truncate=truncate)
     if params.n != 1:
         raise ValueError(f"generate streams one sequence; n={params.n} parallel samples need chapter 05's paged cache")
@@ -176,6 +177,7 @@ def generate_static_batch(
     token is produced (for timing metrics). The cache is allocated in `kv_dtype`.
     """
     cfg = require_model(model, "generate_static_batch")
+    check_eos_id(eos_id, cfg.vocab_size)
     if isinstance(prompts, (str, bytes, torch.Tensor)) or not isinstance(prompts, Sequence) or len(prompts) == 0:
         raise ValueError(f"prompts must be a non-empty list of token-id lists, got {type(prompts).__name__}")
     B = len(prompts)

@@ -19,7 +19,7 @@ import torch
 
 from minillm.core.model import require_model
 from minillm.core.sampling import SamplingParams, sample_next
-from minillm.core.stopping import RequestState, start_request
+from minillm.core.stopping import RequestState, check_eos_id, start_request
 
 
 def generate_naive(
@@ -37,6 +37,7 @@ def generate_naive(
     `StopIteration.value`; `collect` gets both. `eos_id` defaults to the tokenizer's end-of-text token.
     """
     cfg = require_model(model, "generate_naive")
+    check_eos_id(eos_id, cfg.vocab_size)
     state = start_request(cfg, prompt_ids, params, tokenizer, eos_id, device=model.device, truncate=truncate)
     return _naive_stream(model, state)
 

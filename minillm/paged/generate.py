@@ -19,9 +19,12 @@ import torch
 
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, sample_next
-from minillm.core.stopping import start_request
+from minillm.core.stopping import check_eos_id, start_request, validate_prompt
 from minillm.paged.block_manager import BlockManager, num_blocks_for
 from minillm.paged.paged_cache import PagedBatch, PagedKVCache
+
+
+MAX_NUM_BLOCKS = 2**31 - 1  # more blocks than any pool could hold; past 2**63 the allocator overflows inside torch
 
 
 @dataclass
@@ -59,6 +62,9 @@ class PagedGenerator:
         kv_dtype: torch.dtype = torch.float32,
     ):
         config = require_model(model, "PagedGenerator")
+        for name, flag in (("enable_prefix_caching", enable_prefix_caching), ("use_fast_decode", use_fast_decode)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
         self.model = model
         self.manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
         self.cache = PagedKVCache(config, num_blocks, block_size, device=model.device, dtype=kv_dtype,
@@ -86,6 +92,7 @@ class PagedGenerator:
         self, prompt_ids: Any, params: SamplingParams, tokenizer: Any = None, eos_id: int | None = None
     ) -> PagedGeneration:
         """Generate params.n samples of one prompt; every block is freed again before returning."""
+        check_eos_id(eos_id, self.model.config.vocab_size)
         first = start_request(self.model.config, prompt_ids, params, tokenizer, eos_id, device=self.model.device)
         ids, n, bs = first.prompt_ids, params.n, self.manager.block_size
         seqs = [(self._next_id, i) for i in range(n)]  # seq ids unique across calls
@@ -151,8 +158,13 @@ def paged_generate(
     """One request on a fresh paged cache (in `kv_dtype`). `num_blocks` defaults to what n private copies could
     ever need."""
     config = require_model(model, "paged_generate")
+    # The prompt's and params' checks first, so a bad one is named here, not by len() below (generate redoes them).
+    ids, max_new = validate_prompt(prompt_ids, params, config.vocab_size, config.block_size)
     if num_blocks is None:
-        longest = min(len(prompt_ids) + params.max_new_tokens, config.block_size)
+        longest = min(len(ids) + max_new, config.block_size)
         num_blocks = params.n * num_blocks_for(longest, block_size) + 1
+    if isinstance(num_blocks, int) and not isinstance(num_blocks, bool) and num_blocks > MAX_NUM_BLOCKS:
+        raise ValueError(f"num_blocks={num_blocks} (n={params.n}) is more than a pool can hold (at most "
+                         f"{MAX_NUM_BLOCKS})")
     return PagedGenerator(model, num_blocks, block_size, kv_dtype=kv_dtype).generate(prompt_ids, params, tokenizer,
                                                                                       eos_id)
