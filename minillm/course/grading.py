@@ -137,7 +137,8 @@ def _plugin_args() -> list[str]:
     return ["-p", "_hypothesis_pytestplugin"] if find_spec("_hypothesis_pytestplugin") else []
 
 
-def _run_child(mode: str, path: Path, cwd: Path, pytest_args: list[str], timeout: float) -> tuple[list[dict], str, bool]:
+def _run_child(mode: str, path: Path, cwd: Path, pytest_args: list[str],
+               timeout: float) -> tuple[list[dict], str, bool]:
     """Run grader_child.py; return (messages up to "end", the child's stdout+stderr tail, timed out)."""
     read_fd, write_fd = os.pipe()
     with tempfile.TemporaryFile() as log:
@@ -313,17 +314,30 @@ def run_graded(nn: str, student: Path, timeout: float = 900.0) -> GradeReport:
         if _tree_hash_files(nn) != repo_before:
             report.notes.append(f"warning: the reference's {test_path} or conftest.py changed while the student's "
                                 f"code ran; check it with `git diff tests/` before grading anyone else")
+    if timed_out:
+        stop = f"grading stopped after {timeout:.0f} s (an infinite loop?)"
+        messages = [*messages, {"event": "timeout", "output": stop}]
+    if not any(m.get("event") in ("end", "timeout") for m in messages):
+        early = f"the test run ended early; its output:\n{tail[-3000:]}"
+        messages = [*messages, {"event": "early_exit", "output": early}]
+    score_messages(report, expected, messages, tampered)
+    return report
+
+
+def score_messages(report: GradeReport, expected: tuple[GradedTest, ...], messages: list[dict],
+                   tampered: bool = False) -> GradeReport:
+    """Fill `report` from the child's messages: each expected test function passes when every one of its items was
+    reported exactly once, as passed. Unexpected ids are ignored; the total is the expected points, always."""
     seen: dict[str, list[dict]] = {}
     for m in messages:
+        if m.get("event") == "end":
+            break
         if m.get("event") == "test":
             seen.setdefault(str(m.get("id", "")).split("/")[-1], []).append(m)
-    general = [m.get("output", "") for m in messages if m.get("event") in ("collect_error", "wrong_package")]
-    if timed_out:
-        general.append(f"grading stopped after {timeout:.0f} s (an infinite loop?)")
+    general = [str(m.get("output", "")) for m in messages
+               if m.get("event") in ("collect_error", "wrong_package", "timeout", "early_exit")]
     if tampered:
         report.notes.append("the reference tests were modified while the student's code ran: every test scores 0")
-    if not any(m.get("event") == "end" for m in messages) and not timed_out:
-        general.append(f"the test run ended early; its last output:\n{tail[-3000:]}")
     report.notes.extend(general)
     for test in expected:
         problems = []
