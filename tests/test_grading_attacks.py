@@ -1,0 +1,225 @@
+"""Attacks on `minillm grade`, each one found by trying it on the old grader, each now scoring what it should.
+
+The student folders are chapter 01's untouched stubs (which must score 0) plus the attack. What the grader does not
+defend against (student code deliberately rewiring pytest inside the child, reading files, escaping with setsid)
+is documented in minillm/course/grading.py and in the README's Coursework section.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from minillm.course.assignment import REPO_ROOT, grade, graded_tests, write_assignment
+from minillm.course.grading import GradedTest, GradeReport, _child_env, score_messages
+
+
+def _total(nn: str = "01") -> int:
+    return sum(t.points for t in graded_tests(nn))
+
+
+def _stubs_with(tmp_path: Path, init_code: str = "", files: dict[str, str] | None = None) -> Path:
+    """Chapter 01's fresh stubs, with `init_code` appended to minillm/__init__.py and extra files in the folder."""
+    student = write_assignment("01", tmp_path / "student")
+    if init_code:
+        init = student / "minillm" / "__init__.py"
+        init.write_text(init.read_text() + "\n" + textwrap.dedent(init_code))
+    for rel, text in (files or {}).items():
+        (student / rel).parent.mkdir(parents=True, exist_ok=True)
+        (student / rel).write_text(textwrap.dedent(text))
+    return student
+
+
+# ------------------------------------------------------------------------------------------- scoring, no child
+T = (GradedTest("01", "test_a", ("t.py::test_a[1]", "t.py::test_a[2]"), 3, ("f",)),
+     GradedTest("01", "test_b", ("t.py::test_b",), 2, ("g",)))
+
+
+def _msg(i, outcome="passed"):
+    return {"event": "test", "id": i, "outcome": outcome, "output": ""}
+
+
+@pytest.mark.parametrize("messages, score", [
+    ([_msg("t.py::test_a[1]"), _msg("t.py::test_a[2]"), _msg("t.py::test_b"), {"event": "end"}], 5),
+    ([_msg("t.py::test_a[1]"), _msg("t.py::test_b")], 2),  # an item missing: its function scores 0
+    ([_msg("t.py::test_a[1]"), _msg("t.py::test_a[2]"), _msg("t.py::test_a[2]"), _msg("t.py::test_b")], 2),  # twice
+    ([_msg("t.py::test_a[1]"), _msg("t.py::test_a[2]", "failed"), _msg("t.py::test_b", "skipped")], 0),
+    ([{"event": "end"}, _msg("t.py::test_a[1]"), _msg("t.py::test_a[2]"), _msg("t.py::test_b")], 0),  # after end
+    ([_msg("t.py::test_b"), _msg("t.py::test_extra"), _msg("t.py::test_extra2", "failed")], 2),  # extras ignored
+    ([], 0),
+])
+def test_the_total_is_the_references_whatever_the_child_reports(messages, score):
+    """A syntax error once scored 0/1 (one collection error counted as one test) and a teardown error became extra
+    tests (6/10): the denominator was whatever the JUnit file held. Now it is the reference's points."""
+    report = score_messages(GradeReport("01"), T, messages)
+    assert (report.score, report.max_score) == (score, 5)
+
+
+def test_the_child_runs_with_the_ci_hypothesis_profile_and_no_plugin_autoload():
+    env = _child_env()
+    assert env["HYPOTHESIS_PROFILE"] == "ci" and env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] == "1"
+    assert not any(k.startswith("PYTEST_ADDOPTS") or k == "PYTHONPATH" for k in env)
+
+
+# ------------------------------------------------------------------------------------------- attacks, graded
+@pytest.mark.slow
+def test_syntax_error_scores_zero_out_of_the_full_total(tmp_path):
+    student = _stubs_with(tmp_path, "def broken(:\n")
+    report = grade("01", student)
+    assert (report.score, report.max_score) == (0, _total())
+    assert "SyntaxError" in "\n".join(report.notes)
+
+
+ATEXIT_ATTACK = r'''
+import atexit as _atexit, glob as _glob, json as _json, os as _os, re as _re
+
+def _forge():
+    # 1. the old attack: strip <failure> from every JUnit file in reach
+    for _p in _glob.glob("/tmp/**/*.xml", recursive=True) + _glob.glob("**/*.xml", recursive=True):
+        try:
+            _t = open(_p).read()
+            open(_p, "w").write(_re.sub(r"<failure.*?</failure>", "", _t, flags=_re.S))
+        except OSError:
+            pass
+    # 2. forge "passed" reports for every test on every open descriptor
+    for _fd in range(3, 64):
+        for _name in ("test_get_pair_counts_worked_example", "test_merge_worked_example"):
+            try:
+                _os.write(_fd, (_json.dumps({"event": "test", "outcome": "passed",
+                                             "id": "test_01_tokenization.py::" + _name}) + "\n").encode())
+            except OSError:
+                pass
+
+_atexit.register(_forge)
+'''
+
+
+@pytest.mark.slow
+def test_atexit_hook_rewriting_the_report_scores_zero(tmp_path):
+    """15 lines of atexit in the student's __init__.py made chapter 01's stubs score 6/6. The parent now scores from
+    the pipe, ignores anything after the child's "end", and writes the report itself after the child is gone."""
+    report = grade("01", _stubs_with(tmp_path, ATEXIT_ATTACK))
+    assert (report.score, report.max_score) == (0, _total())
+    assert json.loads((tmp_path / "student" / "grade" / "results.json").read_text())["score"] == 0
+
+
+FORGE_AT_IMPORT = r'''
+import json as _json, os as _os
+for _fd in range(3, 64):  # pre-report every graded test as passed, before the real reports arrive
+    for _name in ("test_get_pair_counts_worked_example", "test_merge_worked_example",
+                  "test_encode_chunk_worked_example", "test_encode_chunk_merge_order_decides_the_ids",
+                  "test_encode_chunk_matches_tiktoken_on_shipped_ranks",
+                  "test_training_and_encoding_match_the_golden_files"):
+        try:
+            _os.write(_fd, (_json.dumps({"event": "test", "outcome": "passed",
+                                         "id": "test_01_tokenization.py::" + _name}) + "\n").encode())
+        except OSError:
+            pass
+'''
+
+
+@pytest.mark.slow
+def test_forged_reports_written_to_the_pipe_count_as_duplicates(tmp_path):
+    report = grade("01", _stubs_with(tmp_path, FORGE_AT_IMPORT))
+    assert (report.score, report.max_score) == (0, _total())
+
+
+CONFTEST_ATTACK = '''
+import pytest
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    report.outcome = "passed"
+    report.longrepr = None
+'''
+
+
+@pytest.mark.slow
+def test_conftest_pytest_ini_and_plugin_in_the_student_folder_are_not_loaded(tmp_path):
+    """A conftest.py that turns every report into a pass, in the folder and in its tests/, a pytest.ini loading it as
+    a plugin, an entry-point plugin (a *.dist-info with pytest11) and a module shadowing pytest's: all ignored, since
+    the child sees only a copy of the student's minillm/ package."""
+    student = _stubs_with(tmp_path, files={
+        "conftest.py": CONFTEST_ATTACK,
+        "tests/conftest.py": CONFTEST_ATTACK,
+        "evil_plugin.py": CONFTEST_ATTACK,
+        "pytest.ini": "[pytest]\naddopts = -p evil_plugin\n",
+        "evil-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n",
+        "evil-1.0.dist-info/entry_points.txt": "[pytest11]\nevil = evil_plugin\n",
+        "_hypothesis_pytestplugin.py": CONFTEST_ATTACK,
+    })
+    report = grade("01", student)
+    assert (report.score, report.max_score) == (0, _total())
+
+
+@pytest.mark.slow
+def test_student_code_cannot_change_the_reference_tests_or_outlive_grading(tmp_path):
+    """The student's code once appended a line to the reference's tests/test_04_kv_cache.py (kept for every later
+    student) and left a process running. Now the child runs a hashed copy (a changed copy voids the grade), the
+    repository's file is untouched, and the child's whole process group is killed when grading ends."""
+    pid_file = tmp_path / "pid"
+    attack = f'''
+    import os as _os, subprocess as _sp, sys as _sys
+    _p = _sp.Popen(["sleep", "300"])
+    open({str(pid_file)!r}, "w").write(str(_p.pid))
+    for _root, _dirs, _files in _os.walk(_os.getcwd()):
+        for _f in _files:
+            if _f.startswith("test_01"):
+                _path = _os.path.join(_root, _f)
+                _os.chmod(_path, 0o644)
+                open(_path, "a").write("\\n# the student was here\\n")
+    '''
+    reference = REPO_ROOT / "tests" / "test_01_tokenization.py"
+    before = hashlib.sha256(reference.read_bytes()).hexdigest()
+    report = grade("01", _stubs_with(tmp_path, attack))
+    assert hashlib.sha256(reference.read_bytes()).hexdigest() == before
+    assert report.score == 0 and any("modified" in n for n in report.notes), report.notes
+    pid = int(pid_file.read_text())
+    for _ in range(50):  # killed at once; give the reaper a moment
+        state = Path(f"/proc/{pid}/stat")
+        if not state.exists() or state.read_text().split(") ")[-1].startswith("Z"):
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, 9)
+        pytest.fail(f"the student's process {pid} outlived grading")
+
+
+@pytest.mark.slow
+def test_the_grader_never_writes_through_a_symlink(tmp_path):
+    """With student/grade a symlink, the grader overwrote a results.json in another directory."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "results.json").write_text("precious")
+    student = _stubs_with(tmp_path)
+    (student / "grade").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(ValueError, match="symlink"):
+        grade("01", student)
+    # planted by the student's code while the tests run: refused too
+    (student / "grade").unlink()
+    init = student / "minillm" / "__init__.py"
+    init.write_text(init.read_text() + textwrap.dedent(f'''
+        import os as _os
+        if not _os.path.islink({str(student / "grade")!r}):
+            _os.rmdir({str(student / "grade")!r})  # the grader made it, empty, before the tests ran
+            _os.symlink({str(elsewhere)!r}, {str(student / "grade")!r})
+    '''))
+    with pytest.raises(ValueError, match="symlink"):
+        grade("01", student)
+    assert (elsewhere / "results.json").read_text() == "precious"
+    # a symlink *inside* a real output directory is replaced, not followed
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.json").symlink_to(elsewhere / "results.json")
+    (student / "grade").unlink()
+    init.write_text(init.read_text().split("import os as _os\nif not")[0])  # the attack removed again
+    grade("01", student, out_dir=out)
+    assert not (out / "results.json").is_symlink() and (elsewhere / "results.json").read_text() == "precious"
