@@ -1,0 +1,99 @@
+"""Test helpers shared by chapters 04-07: a model whose next token depends on its context, and a poisoned request.
+
+Why a special model: at GPT-2's init (std 0.02) a tiny random GPT barely looks at its context. Its residual stream
+is dominated by the current token's embedding, so its argmax is (almost) a function of the last token alone:
+replacing the whole context changed chapter 04's old test model's argmax 0 times in 120, the default tiny models'
+0-5 times in 48-240. With such a model "the cached path gives the naive path's tokens" cannot fail: a wrong decode
+position, a corrupted K/V block or an inverted mask leave the tokens unchanged. `context_model` re-draws the weights
+large enough that attention is sharp and its output, the position embedding and the MLP all weigh as much as the
+token's own embedding; `context_sensitivity` measures the result, and tests/test_reliability_engine.py fails if
+replacing the context changes the argmax in fewer than half the cases.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+from dataclasses import dataclass
+
+import torch
+
+from minillm import GPT, GPTConfig
+from minillm.core.sampling import SamplingParams
+
+# The scales `context_model` draws its weights with (std of a normal), chosen by measuring `context_sensitivity`
+# (about 95% of contexts change the argmax for the tiny preset). The logits stay O(10), so float32 paths that sum
+# in a different order still agree to ~1e-5 and near-ties are rare.
+EMBED_STD = 1.0  # token embedding (and the tied output head)
+POS_STD = 1.0  # position embedding: a decode at the wrong position changes the next token
+ATTN_STD = 0.5  # q, k, v projections: sharp attention
+ATTN_PROJ_STD = 2.0  # attention output: what the context says outweighs the token itself
+
+
+def context_model(config: GPTConfig | str = "tiny", seed: int = 0, device: torch.device | str = "cpu",
+                  **overrides) -> GPT:
+    """A GPT (preset name or config, with overrides) whose argmax depends strongly on its context; seeded."""
+    cfg = GPTConfig.from_name(config, **overrides) if isinstance(config, str) else config
+    if not isinstance(cfg, GPTConfig):
+        raise TypeError(f"config must be a preset name or a GPTConfig, got {type(config).__name__}")
+    if isinstance(config, GPTConfig) and overrides:
+        cfg = GPTConfig(**{**cfg.to_dict(), **overrides})
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model = GPT(cfg)
+    C = cfg.n_embd
+
+    def draw(t: torch.Tensor, std: float) -> None:
+        t.copy_(torch.randn(t.shape, generator=g) * std)
+
+    with torch.no_grad():
+        draw(model.transformer.wte.weight, EMBED_STD)
+        draw(model.transformer.wpe.weight, POS_STD)
+        for block in model.transformer.h:
+            draw(block.attn.c_attn.weight, ATTN_STD)
+            draw(block.attn.c_proj.weight, ATTN_PROJ_STD)
+            draw(block.mlp.c_fc.weight, 1.0 / math.sqrt(C))
+            draw(block.mlp.c_proj.weight, 1.0 / math.sqrt(4 * C))
+    return model.to(device).eval()
+
+
+@torch.no_grad()
+def context_sensitivity(model: GPT, num_cases: int = 100, seed: int = 0, max_len: int = 30) -> float:
+    """The fraction of random prompts whose next-token argmax changes when every token but the last is replaced.
+
+    Same length, same last token, same positions: only the context differs, so a model that ignores it scores 0.
+    """
+    cfg = model.config
+    g = torch.Generator().manual_seed(seed)
+    changed = 0
+    for _ in range(num_cases):
+        T = int(torch.randint(2, min(max_len, cfg.block_size) + 1, (1,), generator=g))
+        a = torch.randint(0, cfg.vocab_size, (1, T), generator=g)  # (1, T)
+        b = torch.randint(0, cfg.vocab_size, (1, T), generator=g)  # (1, T)
+        b[0, -1] = a[0, -1]
+        la, lb = model(a.to(model.device)), model(b.to(model.device))  # (1, T, V) each
+        changed += int(la[0, -1].argmax() != lb[0, -1].argmax())
+    return changed / num_cases
+
+
+def random_prompts(n: int, vocab: int, lengths, seed: int = 1) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (lengths[i % len(lengths)],), generator=g).tolist() for i in range(n)]
+
+
+@dataclass
+class PoisonedParams(SamplingParams):
+    """Valid SamplingParams whose sampling raises: a stand-in for any failure inside one request's sampling.
+
+    `poison_in` names the process where it raises ("any", or a worker's process name such as
+    "minillm-decode-worker"). It pickles by reference, so a spawned worker that can import this module (tests/ is
+    on the parent's sys.path, which spawn copies) raises there too.
+    """
+
+    poison_in: str = "any"
+
+    @property
+    def is_greedy(self) -> bool:
+        if self.poison_in in ("any", multiprocessing.current_process().name):
+            raise RuntimeError(f"poisoned request: sampling raises in {multiprocessing.current_process().name}")
+        return self.temperature == 0.0
