@@ -45,7 +45,8 @@ $(LAB_STAMP): $(STAMP)
 	@touch $(LAB_STAMP)
 
 lab: setup $(LAB_STAMP)
-	$(BIN)/jupyter lab notebooks/01-tokenization.ipynb
+	@# Served from the repository root (chapters/ and README.md beside the notebooks), opened on the first one.
+	$(BIN)/jupyter lab --LabApp.default_url=/lab/tree/notebooks/01-tokenization.ipynb
 
 gpu-report: setup
 	$(BIN)/minillm gpu-report
