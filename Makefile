@@ -2,7 +2,7 @@
 #   make tour   sets up .venv and runs every chapter's check and benchmark
 #   make test   sets up .venv and runs the whole test suite, notebooks included
 #   make lab    also installs JupyterLab into .venv (the `lab` extra) and opens the notebooks
-# Both are idempotent: setup runs again only when pyproject.toml changes.
+# All are idempotent: setup runs again only when pyproject.toml changes.
 
 PYTHON ?= python3
 VENV   ?= .venv
