@@ -19,21 +19,18 @@ from minillm.bench.workload import WorkloadRequest
 from minillm.core.metrics import RequestTimes, summarize
 
 
-@dataclass
-class DriveResult:
-    outputs: dict[str, Any]  # request id -> final output, in workload order
-    times: list[RequestTimes]  # per request, workload order: arrival and every token's timestamp
-    start: float  # perf_counter at t = 0 of the workload
-    duration_s: float  # wall time from t = 0 until the last request finished
-    cpu_s: float  # process CPU time of the run (all threads): the work done, whatever the contention
+class RunStats:
+    """Throughput and latency of one run, for any result with `output_token_ids` (per request), `times`
+    (`RequestTimes` per request), `duration_s` (wall) and `cpu_s` (process CPU time)."""
 
-    @property
-    def output_token_ids(self) -> list[list[int]]:
-        return [list(o.output_token_ids) for o in self.outputs.values()]
+    output_token_ids: list[list[int]]
+    times: list[RequestTimes]
+    duration_s: float
+    cpu_s: float
 
     @property
     def output_tokens(self) -> int:
-        return sum(len(o.output_token_ids) for o in self.outputs.values())
+        return sum(len(o) for o in self.output_token_ids)
 
     @property
     def tokens_per_s(self) -> float:
@@ -46,6 +43,19 @@ class DriveResult:
 
     def summary(self) -> dict[str, Any]:
         return summarize(self.times, duration_s=self.duration_s)
+
+
+@dataclass
+class DriveResult(RunStats):
+    outputs: dict[str, Any]  # request id -> final output, in workload order
+    times: list[RequestTimes]  # per request, workload order: arrival and every token's timestamp
+    start: float  # perf_counter at t = 0 of the workload
+    duration_s: float  # wall time from t = 0 until the last request finished
+    cpu_s: float  # process CPU time of the run (all threads): the work done, whatever the contention
+
+    @property
+    def output_token_ids(self) -> list[list[int]]:
+        return [list(o.output_token_ids) for o in self.outputs.values()]
 
 
 def drive(engine: Any, workload: Sequence[WorkloadRequest], realtime: bool = True,

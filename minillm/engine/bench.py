@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from minillm.bench.check import same_tokens
-from minillm.bench.driver import drive
+from minillm.bench.driver import RunStats, drive
 from minillm.bench.models import load_model
 from minillm.bench.workload import WorkloadRequest, workload
 from minillm.core.hf import to_hf_model
@@ -36,7 +36,7 @@ from minillm.kvcache.generate import generate_ids
 
 
 @dataclass
-class RunResult:
+class RunResult(RunStats):
     name: str
     outputs: list[list[int]]  # per request, workload order
     times: list[RequestTimes]
@@ -45,20 +45,8 @@ class RunResult:
     cpu_s: float = float("nan")  # process CPU time of the run (all threads): the work done, whatever the contention
 
     @property
-    def output_tokens(self) -> int:
-        return sum(len(o) for o in self.outputs)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.output_tokens / self.duration_s
-
-    @property
-    def tokens_per_cpu_s(self) -> float:
-        """Output tokens per CPU-second: on a shared, busy machine wall time measures the neighbours too."""
-        return self.output_tokens / self.cpu_s
-
-    def summary(self) -> dict[str, Any]:
-        return summarize(self.times, duration_s=self.duration_s)
+    def output_token_ids(self) -> list[list[int]]:
+        return self.outputs
 
 
 # ----------------------------------------------------------------------------------------------- the engines
