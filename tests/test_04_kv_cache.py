@@ -10,6 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers import context_model
 from minillm import GPT, GPTConfig
 from minillm.kvcache.generate import (
     decode_step,
@@ -32,13 +33,9 @@ SMALL = dict(vocab_size=256, block_size=64, n_layer=2, n_head=4, n_embd=64)
 
 
 def make_model(seed: int = 0, device="cpu", **overrides) -> GPT:
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig(**{**SMALL, **overrides})).to(device).eval()
-    # A random model at GPT-2's init is nearly uniform (logit gaps ~1e-3); sharper embeddings give it confident,
-    # varied argmaxes, so "identical greedy tokens" tests something. The logit agreement checks are unchanged.
-    with torch.no_grad():
-        model.transformer.wte.weight.mul_(20.0)
-    return model
+    # The shared context-sensitive test model (tests/helpers.py): the old one here (GPT-2 init, embeddings x20)
+    # repeated the last prompt token forever, so a wrong position or a corrupted cache left its tokens unchanged.
+    return context_model(GPTConfig(**{**SMALL, **overrides}), seed=seed, device=device)
 
 
 def random_prompts(n: int, vocab: int, lengths, seed: int = 1) -> list[list[int]]:

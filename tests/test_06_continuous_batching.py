@@ -14,6 +14,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers import context_model
 from minillm.kvcache.generate import generate_ids
 from minillm.core.config import GPTConfig
 from minillm.bench.workload import LengthDist, make_workload
@@ -30,8 +31,8 @@ VOCAB = 512
 
 @pytest.fixture(scope="module")
 def model() -> GPT:
-    torch.manual_seed(1234)
-    return GPT(GPTConfig.from_name("tiny")).eval()  # vocab 512, window 64, 2 layers
+    # vocab 512, window 64, 2 layers; context-sensitive (tests/helpers.py), so a wrong cache changes the tokens
+    return context_model("tiny", seed=1234)
 
 
 def _alone(model, prompt, params):

@@ -20,6 +20,7 @@ import time
 import pytest
 import torch
 
+from helpers import context_model
 from minillm import GPT, GPTConfig
 from minillm.disagg import (
     DisaggConfig,
@@ -46,8 +47,8 @@ BS = 4  # block size: small, so prompts span several blocks and end in a partly 
 
 
 def tiny_model(seed: int = 0, vocab_size: int = 512) -> GPT:
-    torch.manual_seed(seed)
-    return GPT(GPTConfig.from_name("tiny", vocab_size=vocab_size)).eval()
+    # context-sensitive (tests/helpers.py): a hand-off that loses or misplaces K/V changes the tokens
+    return context_model("tiny", seed=seed, vocab_size=vocab_size)
 
 
 class RecordingCache:
