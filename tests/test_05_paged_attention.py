@@ -368,7 +368,7 @@ def test_paged_greedy_tokens_equal_contiguous_and_naive(model):
     assert paged == generate_ids(model, prompt, params) == generate_naive_ids(model, prompt, params)
 
 
-@pytest.mark.graded(points=3, exercise=("_copy_on_write", "write_kv"))
+@pytest.mark.graded(points=3, exercise=("_copy_on_write", "allocate", "compute_slot_mapping", "write_kv"))
 def test_n_samples_share_the_prompt_and_equal_independent_seeded_runs(model):
     """Sample i is seeded with seed + i, exactly as an independent run with that seed."""
     prompt = _prompt(18, 8)  # 4 full blocks of 4 + 2 tokens in a shared partial block
@@ -461,3 +461,45 @@ def test_cuda_paged_greedy_equals_contiguous(model):
     prompt, params = _prompt(9, 3), SamplingParams.greedy(16)
     assert paged_generate(cuda_model, prompt, params, block_size=8).token_ids[0] == generate_ids(
         cuda_model, prompt, params)
+
+
+# ----- the K/V themselves after copy-on-write (token equality alone once missed a copy that did not copy) ---------
+
+
+def _random_pools(cache: PagedKVCache, seed: int = 0) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for pool in cache.k_pools + cache.v_pools:
+        pool.copy_(torch.randn(pool.shape, generator=g))
+
+
+def test_copy_on_write_copies_the_kv_of_the_shared_block(model):
+    """fork + append into the shared partial block: the child's new block holds exactly the parent's K/V for the
+    tokens written so far, in every layer, and the parent's block is untouched."""
+    m, cache = BlockManager(8, 4), PagedKVCache(model.config, 8, 4)
+    _random_pools(cache)
+    m.allocate("a", [1, 2, 3, 4, 5, 6])  # blocks [b0, b1]; b1 holds 2 tokens
+    m.fork("a", "b")
+    parent_before = [pool.clone() for pool in cache.k_pools + cache.v_pools]
+    pairs = m.append_slot("b", 7)  # b writes position 6, inside the shared b1: copy first
+    assert len(pairs) == 1
+    cache.copy_blocks(pairs)
+    a1, b1 = m.block_table("a")[1], m.block_table("b")[1]
+    assert a1 != b1 and pairs[0] == (a1, b1)
+    for pool, before in zip(cache.k_pools + cache.v_pools, parent_before):
+        assert torch.equal(pool[b1][:2], pool[a1][:2])  # (2, nh, hs): the copied tokens
+        assert torch.equal(pool[a1], before[a1])  # the parent's block is unchanged
+    m.free("a")
+    m.free("b")
+
+
+def test_n_samples_read_their_own_kv_after_copy_on_write(model):
+    """Two seeded samples of one prompt through the paged generator equal two independent runs: each reads the
+    shared prompt blocks and its own copied block (a copy without K/V would change the context-sensitive model's
+    tokens)."""
+    prompt = _prompt(10, seed=3)
+    params = SamplingParams(max_new_tokens=8, seed=21, n=2)
+    out = PagedGenerator(model, 16, 4).generate(prompt, params)
+    assert out.num_cow_copies > 0
+    for i in range(2):
+        single = dataclasses.replace(params, n=1, seed=21 + i)
+        assert out.token_ids[i] == generate_ids(model, prompt, single), i

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from minillm import chapters
 from minillm.course.grading import (ASSETS_DIR, PACKAGE_DIR, PYTEST_INI, REPO_ROOT, TESTS_DIR, GradeReport,
-                                    GradedTest, TestResult, grade, graded_tests)
+                                    GradedTest, TestResult, grade, graded_tests, support_files)
 
 BEGIN, END = "# BEGIN SOLUTION", "# END SOLUTION"
 MARKER = ".minillm-assignment"  # the file that says "this folder was written by `minillm assignment`"
@@ -251,6 +251,9 @@ def write_assignment(chapter: str | int, out_dir: str | os.PathLike, force: bool
         (tmp / "tests").mkdir()
         test_file = chapter_test_file(nn)
         shutil.copy2(test_file, tmp / "tests" / test_file.name)
+        for helper in support_files():  # conftest.py is written below, with the guard in front
+            if helper.name != "conftest.py":
+                shutil.copy2(helper, tmp / "tests" / helper.name)
         if (TESTS_DIR / "data").is_dir():
             shutil.copytree(TESTS_DIR / "data", tmp / "tests" / "data")
         conftest = (TESTS_DIR / "conftest.py").read_text(encoding="utf-8").replace(

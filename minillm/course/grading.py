@@ -276,11 +276,16 @@ def _copy_student_package(student: Path, dest: Path) -> None:
     (dest / "minillm" / "assets").symlink_to(ASSETS_DIR, target_is_directory=True)
 
 
+def support_files() -> list[Path]:
+    """The test suite's shared modules every chapter test may import: conftest.py and helpers (not test_*.py)."""
+    return sorted(p for p in TESTS_DIR.glob("*.py") if not p.name.startswith("test_"))
+
+
 def _copy_reference_tests(nn: str, dest: Path) -> None:
     tests = dest / "tests"
     tests.mkdir()
     test_file = TESTS_DIR / Path(chapters.get(nn).test_file).name
-    for src in (TESTS_DIR / "conftest.py", test_file):
+    for src in (*support_files(), test_file):
         shutil.copy2(src, tests / src.name)
     if (TESTS_DIR / "data").is_dir():
         shutil.copytree(TESTS_DIR / "data", tests / "data")
@@ -312,8 +317,8 @@ def run_graded(nn: str, student: Path, timeout: float = 900.0) -> GradeReport:
         )
         tampered = _tree_hash(work / "run") != before
         if _tree_hash_files(nn) != repo_before:
-            report.notes.append(f"warning: the reference's {test_path} or conftest.py changed while the student's "
-                                f"code ran; check it with `git diff tests/` before grading anyone else")
+            report.notes.append(f"warning: the reference's {test_path} or its helpers changed while the student's"
+                                f" code ran; check it with `git diff tests/` before grading anyone else")
     if timed_out:
         stop = f"grading stopped after {timeout:.0f} s (an infinite loop?)"
         messages = [*messages, {"event": "timeout", "output": stop}]
@@ -357,7 +362,7 @@ def score_messages(report: GradeReport, expected: tuple[GradedTest, ...], messag
 
 def _tree_hash_files(nn: str) -> str:
     h = hashlib.sha256()
-    for p in (TESTS_DIR / "conftest.py", TESTS_DIR / Path(chapters.get(nn).test_file).name):
+    for p in (*support_files(), TESTS_DIR / Path(chapters.get(nn).test_file).name):
         h.update(p.read_bytes() if p.is_file() else b"missing")
     return h.hexdigest()
 

@@ -1,0 +1,130 @@
+"""Planted wrong solutions: each is a plausible mistake in one exercise, and the grader must take points off for it.
+
+A grader whose tests pass for wrong code teaches the wrong thing (chapter 01's trainer-vs-trainer test passed a
+right-to-left `merge`; chapter 05's tests passed an `allocate` that skips the `_on_take` hook). For every planted
+mistake below, the student folder holds the reference solution of every exercise of the chapter except one small
+edit inside one solution region; grading it must cost points, and only in tests that say they grade that exercise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from minillm.course.assignment import BEGIN, CHAPTER_FILES, END, REPO_ROOT, grade, graded_tests, write_assignment
+
+
+@dataclass(frozen=True)
+class Plant:
+    chapter: str
+    name: str  # what the mistake is
+    file: str  # from the repository root
+    exercise: str  # the function whose solution region is edited
+    old: str  # text inside that region (exactly once)
+    new: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.chapter}-{self.name}"
+
+
+PLANTS = (
+    # 01 tokenization
+    Plant("01", "merge-right-to-left", "minillm/tokenizer/basics.py", "merge",
+          "    i, n = 0, len(ids)\n    while i < n:\n        if i + 1 < n and ids[i] == a and ids[i + 1] == b:\n"
+          "            out.append(new_id)\n            i += 2\n        else:\n            out.append(ids[i])\n"
+          "            i += 1\n    return out\n",
+          "    i = len(ids) - 1\n    while i >= 0:\n        if i >= 1 and ids[i - 1] == a and ids[i] == b:\n"
+          "            out.append(new_id)\n            i -= 2\n        else:\n            out.append(ids[i])\n"
+          "            i -= 1\n    return out[::-1]\n"),
+    Plant("01", "pair-counts-ignore-weight", "minillm/tokenizer/basics.py", "get_pair_counts",
+          "counts.get(pair, 0) + weight", "counts.get(pair, 0) + 1"),
+    Plant("01", "encode-first-pair-not-lowest-rank", "minillm/tokenizer/encode.py", "encode_chunk",
+          "(best_rank is None or rank < best_rank)", "best_rank is None"),
+    # 02 gpt
+    Plant("02", "attention-unscaled", "minillm/core/attention.py", "attention_ref",
+          " / math.sqrt(hs)", ""),
+    Plant("02", "attention-mask-ignored", "minillm/core/attention.py", "attention_ref",
+          "if mask is not None:", "if False:"),
+    # 03 naive inference
+    Plant("03", "top-k-drops-ties", "minillm/core/sampling.py", "top_k_filter",
+          'return logits.masked_fill(logits < kth, float("-inf"))',
+          'keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, torch.topk(logits, k, dim=-1).indices, True)\n'
+          '    return logits.masked_fill(~keep, float("-inf"))'),
+    Plant("03", "top-p-inclusive-mass", "minillm/core/sampling.py", "top_p_filter",
+          "mass_before = torch.cumsum(probs, dim=-1) - probs", "mass_before = torch.cumsum(probs, dim=-1)"),
+    Plant("03", "tpot-divides-by-n", "minillm/core/metrics.py", "tpot",
+          "return (self.e2e - self.ttft) / (n - 1)", "return (self.e2e - self.ttft) / n"),
+    Plant("03", "itl-counts-the-first-token", "minillm/core/metrics.py", "itl",
+          "zip(self.token_times, self.token_times[1:])", "zip([self.arrival] + self.token_times, self.token_times)"),
+    # 04 kv cache
+    Plant("04", "chunk-without-offset-mask", "minillm/kvcache/cache.py", "attend",
+          "return attention(q, keys, values, mask=causal_mask(T, end, device=q.device))",
+          "return attention(q, keys, values)"),
+    Plant("04", "padding-query-sees-nothing", "minillm/kvcache/cache.py", "attention_mask",
+          "mask |= (slots.unsqueeze(0) == q_slots.unsqueeze(1)).unsqueeze(0)", "pass"),
+    Plant("04", "right-padding", "minillm/kvcache/generate.py", "left_pad",
+          "idx[row, T_max - len(p):]", "idx[row, :len(p)]"),
+    Plant("04", "positions-not-clamped", "minillm/kvcache/generate.py", "static_positions",
+          ".clamp(min=0)", ""),
+    # 05 paged attention
+    Plant("05", "allocate-skips-on-take", "minillm/paged/block_allocator.py", "allocate",
+          "        self._on_take(block)\n", ""),
+    Plant("05", "slot-forgets-block-size", "minillm/paged/block_manager.py", "compute_slot_mapping",
+          "block_table[p // block_size] * block_size + p % block_size", "block_table[p // block_size] + p % block_size"),
+    Plant("05", "copy-on-write-never-copies", "minillm/paged/block_manager.py", "_copy_on_write",
+          "if self.allocator.ref_count(src) == 1:", "if True:"),
+    Plant("05", "write-kv-block-offset-swapped", "minillm/paged/paged_cache.py", "write_kv",
+          "pool.view(nb * bs, nh, hs).index_copy_(0, slot_mapping, x.to(pool.dtype))",
+          "pool[slot_mapping % nb, slot_mapping // nb] = x.to(pool.dtype)"),
+    # 06 continuous batching
+    Plant("06", "admission-without-watermark", "minillm/engine/scheduler.py", "_can_admit",
+          "needed += self.watermark_blocks", "needed += 0"),
+    Plant("06", "chunk-ignores-budget", "minillm/engine/scheduler.py", "schedule",
+          "n = min(n, budget)", "n = n"),
+    # 07 disaggregation
+    Plant("07", "pack-kv-interleaves-blocks", "minillm/disagg/kv_transfer.py", "pack_kv",
+          "k = k_pool[idx].reshape(need * bs, nh, hs)[:num_tokens]",
+          "k = k_pool[idx].transpose(0, 1).reshape(need * bs, nh, hs)[:num_tokens]"),
+    Plant("07", "unpack-kv-swaps-k-and-v", "minillm/disagg/kv_transfer.py", "unpack_kv",
+          "k_pool[blocks, offsets] = payload[layer, 0]", "k_pool[blocks, offsets] = payload[layer, 1]"),
+    Plant("07", "admission-overtakes", "minillm/disagg/decode_worker.py", "admit_handoffs",
+          "        if need > available:\n            break\n", "        if need > available:\n            continue\n"),
+)
+
+
+def planted_source(plant: Plant) -> str:
+    """The reference file with `old` replaced by `new`, checked to lie inside the exercise's solution region."""
+    source = (REPO_ROOT / plant.file).read_text(encoding="utf-8")
+    def_at = source.index(f"def {plant.exercise}(")
+    begin = source.index(BEGIN, def_at)
+    end = source.index(END, begin)
+    region = source[begin:end]
+    assert region.count(plant.old) == 1, f"{plant.id}: the planted text must occur once in {plant.exercise}'s region"
+    return source[:begin] + region.replace(plant.old, plant.new) + source[end:]
+
+
+def test_every_chapter_has_planted_mistakes_and_they_edit_real_solution_text():
+    assert {p.chapter for p in PLANTS} == set(CHAPTER_FILES)
+    for plant in PLANTS:
+        assert plant.file in CHAPTER_FILES[plant.chapter]
+        assert planted_source(plant) != (REPO_ROOT / plant.file).read_text(encoding="utf-8")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plant", PLANTS, ids=lambda p: p.id)
+def test_planted_wrong_solution_loses_points(plant, tmp_path):
+    student = write_assignment(plant.chapter, tmp_path / "student")
+    for rel in CHAPTER_FILES[plant.chapter]:  # the chapter solved with the reference ...
+        (student / rel).write_text((REPO_ROOT / rel).read_text(encoding="utf-8"), encoding="utf-8")
+    (student / plant.file).write_text(planted_source(plant), encoding="utf-8")  # ... except for one mistake
+    report = grade(plant.chapter, student, out_dir=tmp_path / "grade")
+    lost = [t for t in report.tests if not t.passed]
+    assert report.max_score == sum(t.points for t in graded_tests(plant.chapter))
+    assert lost, f"{plant.id}: the wrong solution still scores {report.score}/{report.max_score}"
+    exercises = {t.function: t.exercises for t in graded_tests(plant.chapter)}
+    for t in lost:  # only tests that grade the planted exercise may fail
+        assert plant.exercise in exercises[t.name], (plant.id, t.name, t.output[-1500:])
+    print(f"{plant.id}: loses {report.max_score - report.score} of {report.max_score} points "
+          f"({', '.join(t.name for t in lost)})")
