@@ -463,3 +463,29 @@ def test_load_model_shipped_or_seeded_stand_in():
     if (pretrained_dir("base") / WEIGHTS_NAME).is_file():
         model, tok, trained, label = load_model("base")
         assert trained and tok is not None and not model.training and label == "base"
+
+
+# ----- the causal mask by hand (the tests above build their reference with causal_mask itself) ------------------
+
+
+def test_causal_mask_hand_written_matrices():
+    """T_q == T_k: the lower triangle. T_q < T_k: the queries are the LAST T_q positions, so query 0 of a 2-query
+    mask over 4 keys sits at position 2 and sees keys 0..2; a single query sees every key (a decode step)."""
+    assert causal_mask(3, 3).tolist() == [[True, False, False],
+                                          [True, True, False],
+                                          [True, True, True]]
+    assert causal_mask(2, 4).tolist() == [[True, True, True, False],
+                                          [True, True, True, True]]
+    assert causal_mask(1, 3).tolist() == [[True, True, True]]
+
+
+def test_gpt_output_at_a_position_ignores_later_tokens():
+    """Changing a later token never changes an earlier position's logits (an inverted mask lets it)."""
+    model = _tiny()
+    ids = torch.randint(0, model.config.vocab_size, (1, 10))
+    other = ids.clone()
+    other[0, 6:] = (other[0, 6:] + 1) % model.config.vocab_size
+    with torch.no_grad():
+        a, b = model(ids), model(other)  # (1, 10, V) each
+    torch.testing.assert_close(a[:, :6], b[:, :6], atol=0.0, rtol=0.0)
+    assert not torch.allclose(a[:, 6:], b[:, 6:])

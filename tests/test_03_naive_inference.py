@@ -540,3 +540,29 @@ def test_bench_command(tmp_path, capsys):
     assert report["results"]["naive"]["summary"]["total_output"] == 3
     assert "TTFT" in capsys.readouterr().out
     assert main(["bench", "--model", "tiny", "--random-init", "--prompt-len", "60", "--new-tokens", "10"]) == 2
+
+
+# ----- exact boundaries (the property test above assume()s them away) -------------------------------------------
+
+
+@pytest.mark.parametrize("p, kept", [(0.25, [0]), (0.5, [0, 1]), (0.75, [0, 1, 2]), (0.5 + 1e-6, [0, 1, 2]),
+                                     (0.5 - 1e-6, [0, 1]), (1.0, [0, 1, 2, 3])])
+def test_top_p_exact_boundaries(p, kept):
+    """Four equal logits: probabilities exactly 0.25 each, prefix masses exactly 0, 0.25, 0.5, 0.75 (ties are
+    ordered by index, the sort being stable). A token is dropped once the mass strictly before it reaches p, so
+    p = 0.5 keeps two tokens, not three."""
+    logits = torch.zeros(1, 4)
+    got = torch.nonzero(torch.isfinite(top_p_filter(logits, p))[0]).flatten().tolist()
+    assert got == kept
+
+
+def test_stop_string_at_the_very_start_of_the_output():
+    """A stop string at index 0 of the generated text stops at once with empty text (the token is streamed)."""
+    tok = CharTokenizer()
+    params = SamplingParams.greedy(10, stop=("c",))
+    checker = StopChecker(tok, params)
+    assert checker.update(2)  # decodes to "c": index 0
+    assert checker.finish_reason == "stop" and checker.output_text() == ""
+    checker = StopChecker(tok, SamplingParams.greedy(10, stop=("ab",)))
+    assert not checker.update(0) and checker.update(1)  # "ab" spans two tokens and starts at index 0
+    assert checker.output_text() == ""

@@ -23,7 +23,8 @@ from minillm.engine.request import Request
 from minillm.engine.selective_cache import SelectiveKVCache
 from minillm.engine.static import run_static
 from minillm.core.model import GPT
-from minillm.paged import BlockManager, PagedBatch
+from minillm.engine.swap import SwapSpace
+from minillm.paged import BlockManager, PagedBatch, PagedKVCache
 from minillm.core.sampling import SamplingParams
 
 VOCAB = 512
@@ -110,24 +111,26 @@ def test_engine_greedy_equals_alone(model, name):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     seed=st.integers(0, 10_000),
-    n=st.integers(1, 8),
-    num_blocks=st.integers(8, 40),
+    n=st.integers(3, 8),
     block_size=st.sampled_from([1, 2, 4, 8]),
     budget=st.integers(8, 40),
     chunked=st.booleans(),
     mode=st.sampled_from(["recompute", "swap"]),
     order=st.randoms(use_true_random=False),
 )
-def test_random_workloads_equal_alone(model, seed, n, num_blocks, block_size, budget, chunked, mode, order):
+def test_random_workloads_equal_alone(model, seed, n, block_size, budget, chunked, mode, order):
+    # Short prompts, long outputs, and a pool that holds the largest request alone but about a third of the
+    # workload: requests are admitted, then outgrow the pool, so every example preempts (a roomy pool reached 4
+    # preemptions and no swap in 25 examples: "same tokens" then said nothing about preemption).
+    wl = make_workload(n, prompt_len_dist="uniform:1:12", output_len_dist="uniform:8:24", vocab_size=VOCAB,
+                       seed=seed)
+    need = [-(-(len(w.prompt_token_ids) + w.params.max_new_tokens - 1) // block_size) for w in wl]
+    num_blocks = max(max(need), sum(need) // 3)
     cfg_kw = dict(num_blocks=num_blocks, block_size=block_size, max_num_seqs=min(4, budget),
                   max_num_batched_tokens=budget if chunked else 64, enable_chunked_prefill=chunked,
-                  preemption_mode=mode, num_swap_blocks=num_blocks // 2)
+                  preemption_mode=mode, num_swap_blocks=num_blocks)
     llm = LLM(model, None, EngineConfig(**cfg_kw))
-    pool = num_blocks * block_size
-    wl = make_workload(n, prompt_len_dist="uniform:1:24", output_len_dist="uniform:1:20", vocab_size=VOCAB, seed=seed)
-    # keep requests that fit the pool alone; arrival order shuffled by hypothesis
-    wl = [w for w in wl if len(w.prompt_token_ids) + w.params.max_new_tokens - 1 <= pool]
-    order.shuffle(wl)
+    order.shuffle(wl)  # arrival order shuffled by hypothesis
     # some arrive at once, others while the engine is mid-flight
     first, later = wl[: len(wl) // 2 + 1], wl[len(wl) // 2 + 1 :]
     d = Driver(llm)
@@ -139,6 +142,8 @@ def test_random_workloads_equal_alone(model, seed, n, num_blocks, block_size, bu
     assert set(d.final) == set(ids)  # no request lost
     for w, rid in zip(first + later, ids):
         assert d.final[rid] == _alone(model, w.prompt_token_ids, w.params), rid
+    assert llm.scheduler.num_preemptions > 0, "this example never preempted: the pool was not tight"
+    assert mode == "recompute" or llm.swap_space.num_swap_outs > 0, "a swap example that never swapped"
 
 
 @pytest.mark.graded(points=2, exercise=("_can_admit", "schedule"))
@@ -430,3 +435,39 @@ def test_decode_attention_forms_compute_the_same_attention():
         "paged_padded", "paged_padded_sdpa_only", "contiguous", "flattened_block_diagonal"}
     assert all(d < 1e-5 for d in res["max_abs_diff"].values())
     assert all(t > 0 for t in res["us_per_call"].values())
+
+
+# ----- the K/V themselves after swap-out / swap-in -----------------------------------------------------------------
+
+
+def test_swap_out_then_in_restores_every_block_in_order(model):
+    """Blocks parked from table [5, 2, 7] and brought back into [1, 6, 3] land block for block, layer for layer:
+    new block i holds exactly old block i (a reversed or shuffled swap-in fails here)."""
+    cache = PagedKVCache(model.config, 8, 4)
+    g = torch.Generator().manual_seed(0)
+    for pool in cache.k_pools + cache.v_pools:
+        pool.copy_(torch.randn(pool.shape, generator=g))
+    space = SwapSpace(cache, num_swap_blocks=4)
+    req = Request("r", [1, 2, 3], SamplingParams.greedy(2))
+    old, new = [5, 2, 7], [1, 6, 3]
+    before = [pool[old].clone() for pool in cache.k_pools + cache.v_pools]  # (3, bs, nh, hs) each
+    space.swap_out(req, old)
+    assert space.num_used == 3
+    for pool in cache.k_pools + cache.v_pools:
+        pool.zero_()  # freed blocks get overwritten by others meanwhile
+    space.swap_in(req, new)
+    for pool, b in zip(cache.k_pools + cache.v_pools, before):
+        assert torch.equal(pool[new], b)
+    assert space.num_used == 0 and req.swapped_kv is None
+
+
+def test_swap_preemption_gives_the_tokens_of_a_run_alone(model):
+    """A pool so small that requests must swap; each request's tokens equal its run alone, and swaps happened."""
+    prompts = [[i + 1] * 3 + [i + 7] for i in range(4)]
+    params = [SamplingParams.greedy(20, ignore_eos=True)] * 4
+    llm = LLM(model, None, EngineConfig(num_blocks=10, block_size=4, max_num_seqs=4, max_num_batched_tokens=16,
+                                        preemption_mode="swap", num_swap_blocks=10))
+    outs = _run_checked(llm, prompts, params)
+    assert llm.swap_space.num_swap_outs > 0 and llm.swap_space.num_swap_ins > 0
+    for (rid, got), p, sp in zip(outs.items(), prompts, params):
+        assert got == _alone(model, p, sp), rid
