@@ -18,6 +18,7 @@ fact*; code that deliberately rewires pytest inside the child is not defended ag
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -73,9 +74,9 @@ class Reporter:
         self.state: dict[str, tuple[str, list[str]]] = {}
 
     def pytest_sessionstart(self, session):
-        import minillm  # the student's package: checked before any test runs
-
-        where = Path(minillm.__file__).resolve()
+        # The *student's* package, found through sys.path (not a layer of this one, so not an import statement):
+        # checked before any test runs.
+        where = Path(importlib.import_module("minillm").__file__).resolve()
         if not where.is_relative_to(self.student):
             self.pipe.send(event="wrong_package", output=f"`import minillm` found {where}, not the student's")
             self.pipe.close()
