@@ -503,3 +503,15 @@ def test_n_samples_read_their_own_kv_after_copy_on_write(model):
     for i in range(2):
         single = dataclasses.replace(params, n=1, seed=21 + i)
         assert out.token_ids[i] == generate_ids(model, prompt, single), i
+
+
+def test_prefix_cache_never_reuses_a_block_computed_after_another_prefix(model):
+    """Block [1, 2, 3, 4] cached as the SECOND block of one prompt must not serve as the FIRST block of another:
+    its K/V were computed at other positions after other tokens. The chained hash (parent included) keeps them
+    apart; a hash without the parent hands the wrong K/V over and changes the tokens."""
+    gen = PagedGenerator(model, 32, 4, enable_prefix_caching=True)
+    gen.generate([5, 6, 7, 8, 1, 2, 3, 4, 9], SamplingParams.greedy(4))
+    prompt = [1, 2, 3, 4, 9, 10]
+    out = gen.generate(prompt, SamplingParams.greedy(8))
+    assert out.num_cached_tokens == 0
+    assert out.token_ids[0] == generate_ids(model, prompt, SamplingParams.greedy(8))
