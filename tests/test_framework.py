@@ -263,3 +263,30 @@ def test_every_chapter_tour_check_passes():
     assert {r.chapter for r in rows} == {c.number for c in chapters.built()}, "a chapter produced no row"
     failed = [f"{r.chapter} {r.technique}: {r.check}" for r in rows if r.failed]
     assert not failed, "\n".join(failed)
+
+
+def test_output_paths_are_checked_before_the_work(tmp_path, capsys):
+    """A directory given where a file goes is refused at once, naming the flag, not after minutes of work."""
+    from minillm.core.io import atomic_save_figure, check_output_file
+
+    with pytest.raises(ValueError, match="--plot .* is a directory"):
+        check_output_file(tmp_path, "--plot", (".png",))
+    with pytest.raises(ValueError, match="must end in .json"):
+        check_output_file(tmp_path / "x.txt", "--json", (".json",))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="is a file, not a directory"):
+        check_output_file(tmp_path / "file" / "out.json", "--json", (".json",))
+    assert check_output_file(None, "--json") is None
+    assert check_output_file(tmp_path / "new" / "r.json", "--json", (".json",)) == tmp_path / "new" / "r.json"
+    # the commands check before loading a model: these return at once with a clear error
+    assert main(["bench", "--plot", str(tmp_path), "--random-init", "--model", "tiny"]) == 2
+    assert main(["tour", "--json", str(tmp_path), "--chapter", "01"]) == 2
+    err = capsys.readouterr().err
+    assert "--plot" in err and "--json" in err and "is a directory" in err
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1])
+    out = atomic_save_figure(fig, tmp_path / "f.png")
+    plt.close(fig)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not list(tmp_path.glob("*.tmp*"))

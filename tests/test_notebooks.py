@@ -172,3 +172,13 @@ def test_set_repo_fills_the_placeholder(tmp_path):
     assert set_repo("someone/minillm", [copy]) == []  # nothing left to fill
     with pytest.raises(ValueError, match="owner/name"):
         set_repo("not a repo", [copy])
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_asserts_the_equivalences_it_prints(path):
+    """A lab that prints "identical tokens: True" also asserts it, so running it top to bottom is a check."""
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    sources = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    printed = [s for s in sources if "identical" in s or "exact" in s or "equal" in s]
+    asserted = [s for s in printed if "assert " in s]
+    assert not printed or asserted, f"{path.name} prints equivalences but asserts none of them"

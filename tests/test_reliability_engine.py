@@ -11,7 +11,6 @@ tests 04-07 compare tokens against a reference, which only means something if th
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import pytest
 import torch
@@ -83,7 +82,7 @@ def test_unsampleable_params_are_rejected_at_construction(kwargs, match):
 
 def test_the_reported_temperature_case_no_longer_stops_the_engine(model):
     e = LLM(model, None, EngineConfig(num_blocks=64, block_size=4))
-    a = e.add_request([1, 2], SamplingParams.greedy(5))
+    e.add_request([1, 2], SamplingParams.greedy(5))
     with pytest.raises(ValueError, match="temperature"):
         e.add_request([3], SamplingParams(temperature=1e-300, max_new_tokens=5))
     outs = {o.request_id: o for o in e.generate([[4, 5]], SamplingParams.greedy(3))}

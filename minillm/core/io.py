@@ -8,12 +8,35 @@ old file or the new one, never a torn mix. Checkpoints are safetensors: loading 
 from __future__ import annotations
 
 import json
+import io
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+
+def check_output_file(path: str | os.PathLike | None, flag: str, suffixes: tuple[str, ...] = ()) -> Path | None:
+    """Check an output path a command will write when its work is done, before the work starts.
+
+    A directory, a parent that is a file, or a wrong suffix is a ValueError naming `flag` (e.g. "--plot") and the
+    path, so minutes of benchmarking or training are never lost to `IsADirectoryError` at the end. None passes.
+    """
+    if path is None or path == "":
+        return None
+    out = Path(path)
+    if out.is_dir():
+        raise ValueError(f"{flag} {str(out)!r} is a directory; give a file path inside it, e.g. "
+                         f"{str(out / ('result' + (suffixes[0] if suffixes else '')))!r}")
+    if suffixes and out.suffix not in suffixes:
+        raise ValueError(f"{flag} {str(out)!r} must end in {' or '.join(suffixes)}")
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"{flag} {str(out)!r}: {str(parent)!r} is a file, not a directory")
+            break
+    return out
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -43,6 +66,13 @@ def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8
     if not isinstance(text, str):
         raise TypeError(f"text must be str, got {type(text).__name__}")
     return atomic_write_bytes(path, text.encode(encoding))
+
+
+def atomic_save_figure(fig: Any, path: str | os.PathLike, **savefig_kwargs: Any) -> Path:
+    """Write a matplotlib figure as PNG atomically (rendered in memory, then renamed into place). Returns the path."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", **savefig_kwargs)
+    return atomic_write_bytes(path, buf.getvalue())
 
 
 def atomic_save_safetensors(

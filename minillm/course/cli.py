@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from minillm.core.device import DEVICE_CHOICES, resolve_device
-from minillm.core.io import atomic_write_text
+from minillm.core.io import atomic_write_text, check_output_file
 from minillm.course import assignment, gpu_report
 from minillm.core.rows import summary_line
 from minillm.course.tour import TourContext, format_table, rows_to_json, run_tour
@@ -29,6 +29,7 @@ bench.register_generator("kv-cache", kv_cache_generate, overwrite=True)
 
 
 def _cmd_tour(args: argparse.Namespace) -> int:
+    check_output_file(args.json, "--json", (".json",))
     ctx = TourContext(device=resolve_device(args.device), quick=args.quick, corpus_path=args.corpus, seed=args.seed,
                       threads=args.threads)
     rows, seconds = run_tour(ctx, args.chapter, progress=not args.no_progress)

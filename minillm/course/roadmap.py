@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from minillm import chapters
+from minillm.core.io import atomic_save_figure
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 FIGURE = REPO_ROOT / "chapters" / "figures" / "roadmap.png"
@@ -111,7 +112,7 @@ def draw(path: Path = FIGURE) -> Path:
     ax.set_title("minillm: which chapter adds what to which part of the system", fontsize=9, pad=28)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, metadata={PNG_KEY: summary(), "Software": "minillm.course.roadmap"})
+    atomic_save_figure(fig, path, metadata={PNG_KEY: summary(), "Software": "minillm.course.roadmap"})
     plt.close(fig)
     return path
 

@@ -30,7 +30,7 @@ from minillm.bench.check import same_tokens
 from minillm.bench.driver import drive
 from minillm.bench.models import load_model
 from minillm.bench.workload import WorkloadRequest, workload
-from minillm.core.io import atomic_write_text
+from minillm.core.io import atomic_save_figure, atomic_write_text, check_output_file
 from minillm.disagg.kv_transfer import kv_bytes
 from minillm.disagg.llm import DisaggConfig, DisaggregatedLLM
 from minillm.disagg.messages import StepRecord, TransferRecord
@@ -246,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the summaries and the timeline here")
     p.add_argument("--plot", help="write the timeline figure here (png)")
     args = p.parse_args(argv)
+    check_output_file(args.json, "--json", (".json",))
+    check_output_file(args.plot, "--plot", (".png",))
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model)
     model, name, V = loaded.model, loaded.label, loaded.model.config.vocab_size
@@ -264,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
 
         matplotlib.use("Agg")
         ax = plot_timeline(results)
-        ax.figure.savefig(args.plot, dpi=120, bbox_inches="tight")
+        atomic_save_figure(ax.figure, args.plot, dpi=120, bbox_inches="tight")
     if args.json:
         payload = {p_: {"summary": r.summary(), "timeline": [vars(s) for s in r.timeline]} for p_, r in results.items()}
         atomic_write_text(args.json, json.dumps(payload, indent=1) + "\n")

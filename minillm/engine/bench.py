@@ -10,7 +10,6 @@ What it leaves out: multi-GPU and real traces.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import statistics
 import time
@@ -25,8 +24,8 @@ from minillm.bench.driver import RunStats, drive
 from minillm.bench.models import load_model
 from minillm.bench.workload import WorkloadRequest, workload
 from minillm.core.hf import to_hf_model
-from minillm.core.io import atomic_write_bytes, atomic_write_text
-from minillm.core.metrics import RequestTimes, summarize
+from minillm.core.io import atomic_save_figure, atomic_write_text, check_output_file
+from minillm.core.metrics import RequestTimes
 from minillm.core.model import GPT
 from minillm.core.timing import compare
 from minillm.engine.config import EngineConfig
@@ -217,10 +216,8 @@ def plot_frontier(points: list[dict[str, Any]], path: str, title: str = "", y: s
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
+    atomic_save_figure(fig, path, dpi=120)
     plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
 
 
 def online_latency(model: GPT, rates: Sequence[float], n: int = 32, seed: int = 0, batch: int = 32,
@@ -392,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="")
     ap.add_argument("--skip", default="", help="comma list of: offline,frontier,online,chunked,attention")
     args = ap.parse_args(argv)
+    check_output_file(args.json, "--json", (".json",))
+    check_output_file(args.plot, "--plot", (".png",))
     if args.threads:
         torch.set_num_threads(args.threads)
     loaded = load_model(args.model)

@@ -26,7 +26,7 @@ from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
 from minillm.core.device import resolve_device
 from minillm.core.hf import to_hf_model
-from minillm.core.io import atomic_write_text
+from minillm.core.io import atomic_write_text, check_output_file
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.core.timing import compare
@@ -309,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write the full report as JSON")
     parser.add_argument("--profile", action="store_true", help="only profile ours vs HF generate (op time by group)")
     args = parser.parse_args(argv)
+    check_output_file(args.json, "--json", (".json",))
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     loaded = load_model("base", resolve_device(args.device))

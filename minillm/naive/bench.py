@@ -13,7 +13,6 @@ new token ids; `generate_naive` is the reference signature.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import statistics
 import time
@@ -29,7 +28,7 @@ from minillm.bench.workload import eval_prompts
 from minillm.core.config import check_int
 from minillm.core.device import DEVICE_CHOICES, resolve_device
 from minillm.core.hf import to_hf_model
-from minillm.core.io import atomic_write_bytes, atomic_write_text
+from minillm.core.io import atomic_save_figure, atomic_write_text, check_output_file
 from minillm.core.metrics import PeakMemory, RequestTimes, summarize, timed_stream
 from minillm.core.sampling import SamplingParams
 from minillm.core.timing import compare, measure
@@ -171,10 +170,9 @@ def plot_bench(report: dict[str, Any], path: str | Path) -> Path:
     ax2.set_ylabel("output tokens/s (median request)")
     ax2.set_title(f"throughput on {report['device']}")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
+    out = atomic_save_figure(fig, path, dpi=110)
     plt.close(fig)
-    return atomic_write_bytes(path, buf.getvalue())
+    return out
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -236,6 +234,8 @@ def run_all(model: torch.nn.Module, real_text: bool, quick: bool = False, seed: 
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    check_output_file(args.json, "--json", (".json",))
+    check_output_file(args.plot, "--plot", (".png",))
     device = resolve_device(args.device)
     if args.threads is not None:
         if args.threads < 1:

@@ -26,7 +26,7 @@ from minillm.bench.check import same_tokens
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
 from minillm.core.device import resolve_device
-from minillm.core.io import atomic_write_text
+from minillm.core.io import atomic_write_text, check_output_file
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.core.timing import compare
@@ -406,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     parser.add_argument("--json", metavar="PATH", help="also write the raw report as JSON")
     args = parser.parse_args(argv)
+    check_output_file(args.json, "--json", (".json",))
     torch.set_num_threads(args.threads)
     loaded = load_model("base", resolve_device(args.device))
     report = run_all(loaded.model, real_text=loaded.trained, quick=args.quick)

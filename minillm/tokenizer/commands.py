@@ -12,20 +12,14 @@ import sys
 import time
 from pathlib import Path
 
+from minillm.core.io import check_output_file
 from minillm.tokenizer.default import build_default_tokenizer, load_tokenizer
 from minillm.tokenizer.gpt2 import fetch_gpt2_ranks
 
 
 def _check_out_path(out: str) -> Path:
     """Reject an output path that cannot be written before minutes of training, not after."""
-    path = Path(out)
-    if path.is_dir():
-        raise ValueError(f"--out {out!r} is a directory; give a file path such as {str(path / 'tokenizer.json')!r}")
-    if path.suffix not in (".json", ".tiktoken"):
-        raise ValueError(f"--out {out!r} must end in .json (recommended) or .tiktoken")
-    if path.parent.exists() and not path.parent.is_dir():
-        raise ValueError(f"--out {out!r}: {str(path.parent)!r} is not a directory")
-    return path
+    return check_output_file(out, "--out", (".json", ".tiktoken"))
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
