@@ -152,3 +152,18 @@ def test_manifest_matches_the_curriculum_slugs_and_files_on_disk():
     with pytest.raises(ValueError, match="x"):
         chapters.normalize("x")
     assert chapters.get("8").slug == "speculative-decoding" and not chapters.get(8).built
+
+
+@pytest.mark.parametrize("package", sorted({m for m in MODULES if (MODULES[m].name == "__init__.py"
+                                                                    and m != "minillm")}))
+def test_package_docstring_names_every_module_and_no_missing_one(package):
+    """A package's docstring is its table of contents: every module is in it, and no bullet names one that is gone."""
+    import re
+
+    path = MODULES[package]
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    modules = {p.stem for p in path.parent.glob("*.py") if p.stem != "__init__"}
+    missing = sorted(m for m in modules if not re.search(rf"\b{m}\b", doc))
+    assert not missing, f"{package}'s docstring does not mention {missing}"
+    bullets = set(re.findall(r"^- `(\w+)`", doc, flags=re.M))
+    assert bullets <= modules, f"{package}'s docstring lists modules that do not exist: {sorted(bullets - modules)}"

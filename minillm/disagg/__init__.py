@@ -8,6 +8,7 @@
 - `config`: `DisaggConfig` (pool sizes, devices, threads, heartbeat and liveness timeouts)
 - `llm`: `DisaggregatedLLM` (chapter 06's `generate` surface)
 - `bench`: the prefill-heavy workload under colocated, chunked-prefill and disaggregated serving, and its timeline
+- `tour`: the chapter's rows of the tour
 """
 
 from minillm.disagg.decode_worker import admit_handoffs, max_kv_tokens

@@ -10,6 +10,7 @@
 - `llm`: `LLM` (`generate`, `add_request`, `step`, `abort`, `has_unfinished`)
 - `static`: `run_static` (chapter 04's static batching over a whole workload: the baseline)
 - `bench`: offline throughput, online latency, the frontier and the chunked-prefill experiment
+- `plots`: the scheduling timeline figure; `tour`: the chapter's rows of the tour
 
 Workloads (`make_workload`, presets) and the over-time driver live in the measurement kit, `minillm.bench`.
 """

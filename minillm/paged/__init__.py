@@ -6,7 +6,10 @@
 - `paged_cache`: `PagedKVCache` (per-layer pools, paged attention), `PagedBatch` (one step's metadata)
 - `backends`: `register_attention_backend`, `attention_backends` (KV cache / attention implementations by name)
 - `generate`: `PagedGenerator` / `paged_generate` (one request, or n samples sharing the prompt)
-- `memory`: the memory-utilisation study (the paper's Figure 2 on our workload)
+- `bench`: the chapter's measurements (memory use against the contiguous cache, the paper's Figure 2 on our
+  workload; paged vs contiguous decode time; attention time by block size) and its checks
+- `draw` / `plots`: block tables as text and as a figure
+- `tour`: the chapter's rows of the tour
 """
 
 from minillm.paged.block_allocator import BlockAllocator, BlockStateError, OutOfBlocks

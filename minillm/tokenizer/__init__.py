@@ -3,7 +3,8 @@
 Modules, one idea each: `patterns` (pre-tokenization regexes), `basics` (pair counting and merging),
 `train` (naive and incremental trainers), `encode` (one chunk under a rank table), `special` (special-token
 rules), `formats` (files), `bpe` (the Tokenizer), `gpt2` (finding real GPT-2 ranks offline), `default`
-(the shipped tokenizer), `commands` (the `minillm tokenizer ...` CLI).
+(the shipped tokenizer), `commands` (the `minillm tokenizer ...` CLI), `parity` (id-for-id checks against
+tiktoken), `bench` (encode MB/s, ordinary and adversarial text) and `tour` (the chapter's rows of the tour).
 """
 
 from minillm.tokenizer.basics import get_pair_counts, merge
