@@ -33,6 +33,10 @@ def normalize_chapter(chapter: str | int) -> str:
     return chapters.normalize(chapter)
 
 
+# Hugging Face's loggers: the library's root, and its continuous-batching manager's own (not under the root).
+HF_LOGGERS = ("transformers", "ContinuousBatchingLogger")
+
+
 @contextlib.contextmanager
 def quiet_third_party_logs():
     """Silence Hugging Face's advice-level log lines (e.g. about `eos_token_id`) while the tour prints its table.
@@ -40,14 +44,16 @@ def quiet_third_party_logs():
     The tour runs `transformers` only as a reference; its warnings are about its own defaults and would interleave
     with our rows. Errors still show. Restores the previous level afterwards.
     """
-    logger = logging.getLogger("transformers")
-    level, env = logger.level, os.environ.get("TRANSFORMERS_VERBOSITY")
+    loggers = [logging.getLogger(name) for name in HF_LOGGERS]
+    levels, env = [lg.level for lg in loggers], os.environ.get("TRANSFORMERS_VERBOSITY")
     os.environ["TRANSFORMERS_VERBOSITY"] = "error"  # read when transformers configures its logger on import
-    logger.setLevel(logging.ERROR)  # and set directly, in case it was imported already
+    for lg in loggers:  # and set directly, in case it was imported already
+        lg.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
         if env is None:
             os.environ.pop("TRANSFORMERS_VERBOSITY", None)
         else:
