@@ -146,7 +146,11 @@ def test_manifest_matches_the_curriculum_slugs_and_files_on_disk():
     assert on_disk == {c.name for c in chapters.built()}, "a chapter text exists that the manifest does not list"
     assert {p.stem for p in (ROOT / "notebooks").glob("*.ipynb")} == on_disk
     tests = {p.name for p in (ROOT / "tests").glob("test_[0-9][0-9]_*.py")}
-    assert tests == {Path(c.test_file).name for c in chapters.built()}
+    # A chapter under construction (built=False, its package already on disk) may have its tests before its text.
+    in_progress = {Path(c.test_file).name for c in chapters.CHAPTERS
+                   if not c.built and (ROOT / c.package_dir / "__init__.py").is_file()}
+    assert tests - in_progress == {Path(c.test_file).name for c in chapters.built()}
+    assert in_progress <= tests, "a chapter's package exists without its test file"
     with pytest.raises(ValueError, match="16"):
         chapters.get(16)
     with pytest.raises(ValueError, match="x"):

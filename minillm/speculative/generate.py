@@ -1,0 +1,238 @@
+"""Speculative decoding: a cheap proposer drafts γ tokens, the target checks them all in ONE forward.
+
+What it adds over chapter 04's cached loop (one target forward per token): each round a proposer drafts γ tokens;
+the target scores the γ+1 positions they open in a single multi-token decode step on its `ContiguousKVCache`;
+`minillm.speculative.sampling` keeps a prefix of the drafts plus one token of the target's own, and both caches
+roll back (`truncate`) to what was kept. A round costs one target forward (plus γ cheap draft forwards) and emits
+1 to γ+1 tokens, always distributed as the target alone would emit them, greedy tokens identical. Two proposers:
+a small draft model (`generate_speculative`, Leviathan et al. 2023; Chen et al. 2023) and prompt lookup
+(`generate_prompt_lookup`: copy what followed the last n-gram where it occurred before; no second model, Saxena
+2023). What it leaves out: batches and the engine (one request at a time, on contiguous caches), a trained draft
+(chapter 11 distills one), and tree or adaptive-γ drafting.
+
+Invariant of every round, for the sequence `seq` (prompt + emitted tokens, n = len(seq)):
+
+    target cache: K/V of seq[:n-1]  (the last token is not in yet)      draft cache: K/V of seq[:L], L <= n-1
+    draft:   feed seq[L:] then d1..d(γ-1), one forward each  ─▶ d1..dγ with distributions q (γ, V)
+    verify:  feed [seq[n-1], d1..dγ] at positions n-1..n-1+γ  ─▶ target logits (γ+1, V), ONE forward
+    accept:  k drafts kept + 1 target token ─▶ seq grows by k+1; truncate the target cache to n+k, the draft's
+             to min(its length, n+k)   (all γ kept: the draft never saw dγ, it catches up next round)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from minillm.core.config import check_int
+from minillm.core.model import GPT, require_model
+from minillm.core.sampling import SamplingParams, probs_from_logits, sample_next
+from minillm.core.stopping import RequestState, check_eos_id, start_request
+from minillm.kvcache.cache import ContiguousKVCache
+from minillm.speculative.sampling import accept_greedy, accept_or_resample
+
+
+@dataclass
+class SpeculativeStats:
+    """What one speculative run did; forwards are counted after the prompt's prefill."""
+
+    target_calls: int = 0  # target verify forwards (each scores γ+1 positions, or 1 when nothing was drafted)
+    draft_calls: int = 0  # draft-model forwards (0 for prompt lookup)
+    proposed: int = 0  # draft tokens proposed in total
+    accepted: int = 0  # draft tokens the acceptance rule kept (before the stop check cut the output)
+    num_tokens: int = 0  # tokens emitted (the output's length)
+    finish_reason: str | None = None  # the request's: "length", "eos" or "stop"
+
+    @property
+    def acceptance_rate(self) -> float:
+        """α: the fraction of proposed draft tokens kept (0.0 when nothing was proposed)."""
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_target_call(self) -> float:
+        """Emitted tokens per target forward: 1.0 is plain decoding, γ+1 the most a round can give."""
+        return self.num_tokens / self.target_calls if self.target_calls else 0.0
+
+
+def check_gamma(gamma: object) -> int:
+    """γ, the number of draft tokens per round: an int >= 1, else TypeError/ValueError naming it."""
+    check_int("gamma", gamma, 1)
+    return gamma  # type: ignore[return-value]
+
+
+def _forward(model: GPT, cache: ContiguousKVCache, tokens: list[int], start: int) -> torch.Tensor:
+    """Feed `tokens` at positions start.. into `cache` (which must hold exactly `start` slots); logits (T, V)."""
+    assert cache.length == start, f"cache holds {cache.length} slots, the tokens start at {start}"
+    idx = torch.tensor([tokens], dtype=torch.long, device=model.device)  # (1, T)
+    positions = torch.arange(start, start + len(tokens), device=model.device)  # (T,)
+    h = model.hidden(idx, positions, cache)  # (1, T, C): unchecked, the request was validated at the entry
+    return model.logits(h[0])  # (T, C) -> (T, V)
+
+
+class DraftModelProposer:
+    """Drafts γ tokens autoregressively with a small model and its own cache, sampled with the request's params."""
+
+    def __init__(self, draft: GPT, max_len: int):
+        self.model = draft
+        self.cache = ContiguousKVCache(draft.config, 1, max_len, device=draft.device)
+        self.calls = 0
+
+    def prefill(self, prompt: list[int]) -> None:
+        if len(prompt) > 1:  # the cache holds all but the last token, as the target's does
+            _forward(self.model, self.cache, prompt[:-1], 0)
+
+    def propose(self, seq: list[int], gamma: int, state: RequestState) -> tuple[list[int], torch.Tensor | None]:
+        """γ draft tokens and the distributions q (γ, V) they were drawn from (None in greedy mode: not needed)."""
+        params, tokens, q_rows = state.params, [], []
+        feed, start = seq[self.cache.length:], self.cache.length  # 1 token, or 2 after a round that kept all γ
+        for _ in range(gamma):
+            logits = _forward(self.model, self.cache, feed, start)[-1:]  # (1, V): the last fed position only
+            self.calls += 1
+            if params.is_greedy:
+                tok = int(sample_next(logits, params))
+            else:
+                q = probs_from_logits(logits, params)  # (1, V): the same processors as the target's p
+                tok = int(torch.multinomial(q, 1, generator=state.generator))
+                q_rows.append(q[0])
+            tokens.append(tok)
+            start, feed = start + len(feed), [tok]
+        # subtle: dγ is never fed (nobody needs its logits); the cache stays one token short if all γ are kept.
+        return tokens, (torch.stack(q_rows) if q_rows else None)  # (γ, V)
+
+    def rollback(self, length: int) -> None:
+        self.cache.truncate(min(self.cache.length, length))
+
+
+class PromptLookupProposer:
+    """Drafts by copying what followed the most recent earlier occurrence of the last n-gram; no model at all."""
+
+    def __init__(self, ngram: int, vocab_size: int, device: torch.device):
+        self.ngram = ngram
+        self.vocab_size = vocab_size  # for the one-hot q of sampling mode
+        self.device = device
+        self.calls = 0  # never a forward
+
+    def prefill(self, prompt: list[int]) -> None:
+        pass
+
+    def propose(self, seq: list[int], gamma: int, state: RequestState) -> tuple[list[int], torch.Tensor | None]:
+        tokens = prompt_lookup_proposals(seq, gamma, self.ngram)
+        if not tokens or state.params.is_greedy:
+            return tokens, None
+        # A copied draft is a point mass: q = one-hot, so a token is kept with probability p(x) and a rejection
+        # resamples from p without x, which keeps the output distributed as p (the same rule, q deterministic).
+        q = torch.zeros(len(tokens), self.vocab_size, device=self.device)  # (γ, V)
+        q[torch.arange(len(tokens), device=self.device), torch.tensor(tokens, device=self.device)] = 1.0
+        return tokens, q
+
+    def rollback(self, length: int) -> None:
+        pass
+
+
+def prompt_lookup_proposals(ids: list[int], gamma: int, ngram: int = 3) -> list[int]:
+    """Up to γ tokens that followed the most recent earlier occurrence of the last `ngram` tokens of `ids`.
+
+    Example: ids [1, 2, 3, 9, 1, 2], ngram 2 -> the last bigram (1, 2) occurred at index 0, followed by 3, 9, 1, 2,
+    so γ = 3 gives [3, 9, 1]. No earlier occurrence (or ids shorter than ngram + 1): [] (the caller then takes a
+    plain one-token step). Saxena 2023, "Prompt Lookup Decoding"; Hugging Face's `prompt_lookup_num_tokens`.
+    """
+    check_gamma(gamma)
+    check_int("ngram", ngram, 1)
+    if not isinstance(ids, (list, tuple)):
+        raise TypeError(f"ids must be a list of ints, got {type(ids).__name__}")
+    n = len(ids)
+    if n <= ngram:
+        return []
+    tail = list(ids[n - ngram:])
+    for start in range(n - ngram - 1, -1, -1):  # most recent first; the tail itself (start n - ngram) excluded
+        if list(ids[start:start + ngram]) == tail:
+            return list(ids[start + ngram:start + ngram + gamma])  # at least one token: start + ngram <= n - 1
+    return []
+
+
+def _start(target: Any, prompt_ids: Any, params: SamplingParams, gamma: int, tokenizer: Any,
+           eos_id: int | None) -> RequestState:
+    cfg = require_model(target, "speculative decoding (target)")
+    check_gamma(gamma)
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+    if params.n != 1:
+        raise ValueError(f"speculative decoding runs one sequence; n={params.n} parallel samples are not supported")
+    check_eos_id(eos_id, cfg.vocab_size)
+    return start_request(cfg, prompt_ids, params, tokenizer, eos_id, device=target.device)
+
+
+@torch.inference_mode()
+def _run(target: GPT, state: RequestState, proposer: Any, gamma: int) -> tuple[list[int], SpeculativeStats]:
+    stats = SpeculativeStats()
+    if state.finished:  # max_new_tokens == 0
+        stats.finish_reason = state.finish_reason
+        return [], stats
+    prompt = state.prompt_ids
+    max_len = len(prompt) + state.params.max_new_tokens - 1  # slots: everything but the last emitted token
+    cache = ContiguousKVCache(target.config, 1, max(max_len, 1), device=target.device)
+    if len(prompt) > 1:
+        _forward(target, cache, prompt[:-1], 0)
+    proposer.prefill(prompt)
+    seq = list(prompt)
+    while True:
+        n = len(seq)
+        remaining = state.params.max_new_tokens - len(state.output_ids)
+        # Never draft past what may still be emitted: a round emits at most γ+1, and the verify's last position
+        # n-1+γ must stay inside the cache and the context window (start_request capped max_new_tokens to it).
+        g = min(gamma, remaining - 1)
+        drafts, q = proposer.propose(seq, g, state) if g > 0 else ([], None)
+        logits = _forward(target, cache, [seq[-1], *drafts], n - 1)  # (γ+1, V): ONE target forward
+        stats.target_calls += 1
+        stats.proposed += len(drafts)
+        if state.params.is_greedy:
+            emitted = accept_greedy(logits, drafts, state.params)
+        elif drafts:
+            emitted = accept_or_resample(probs_from_logits(logits, state.params), q, drafts, state.generator)
+        else:  # nothing drafted: a plain decode step, the same single draw the target alone would make
+            emitted = [int(sample_next(logits, state.params, state.generator))]
+        stats.accepted += len(emitted) - 1
+        cache.truncate(n + len(emitted) - 1)  # keep seq[:n] + the kept drafts; the new last token is not in
+        proposer.rollback(n + len(emitted) - 1)
+        seq.extend(emitted)
+        if state.accept(emitted):
+            break
+    stats.draft_calls = proposer.calls
+    stats.num_tokens = len(state.output_ids)
+    stats.finish_reason = state.finish_reason
+    return list(state.output_ids), stats
+
+
+def generate_speculative(target: GPT, draft: GPT, prompt_ids: Any, params: SamplingParams, gamma: int = 4,
+                         tokenizer: Any = None, eos_id: int | None = None) -> tuple[list[int], SpeculativeStats]:
+    """Generate with a draft model proposing γ tokens per round; returns (new token ids, stats).
+
+    The output is distributed exactly as `minillm.kvcache.generate.generate_ids(target, ...)` (greedy: the same
+    tokens), whatever the draft. The draft must share the target's vocabulary and hold the request in its context.
+    """
+    state = _start(target, prompt_ids, params, gamma, tokenizer, eos_id)
+    dcfg = require_model(draft, "speculative decoding (draft)")
+    tcfg = target.config
+    if dcfg.vocab_size != tcfg.vocab_size:
+        raise ValueError(f"the draft's vocab_size={dcfg.vocab_size} differs from the target's "
+                         f"vocab_size={tcfg.vocab_size}: their tokens must mean the same thing")
+    max_len = max(len(state.prompt_ids) + state.params.max_new_tokens - 1, 1)
+    if dcfg.block_size < min(max_len, tcfg.block_size):
+        raise ValueError(f"the draft's block_size={dcfg.block_size} cannot hold this request "
+                         f"({len(state.prompt_ids)} prompt + {state.params.max_new_tokens} new tokens)")
+    if draft.device != target.device:
+        raise ValueError(f"draft and target must be on one device, got {draft.device} and {target.device}")
+    return _run(target, state, DraftModelProposer(draft, max_len), gamma)
+
+
+def generate_prompt_lookup(target: GPT, prompt_ids: Any, params: SamplingParams, gamma: int = 4, ngram: int = 3,
+                           tokenizer: Any = None, eos_id: int | None = None) -> tuple[list[int], SpeculativeStats]:
+    """Generate with prompt-lookup drafts (`prompt_lookup_proposals`); returns (new token ids, stats).
+
+    Rounds with no earlier match of the last n-gram are plain one-token steps. Output as the target alone gives.
+    """
+    check_int("ngram", ngram, 1)
+    state = _start(target, prompt_ids, params, gamma, tokenizer, eos_id)
+    return _run(target, state, PromptLookupProposer(ngram, target.config.vocab_size, target.device), gamma)
