@@ -54,11 +54,6 @@ class ModelRunner:
                                             dtype=self.kv_dtype)
         self.num_forward_calls = 0
 
-    @property
-    def dtype(self) -> torch.dtype:
-        """The KV cache's dtype (the name callers used before `kv_dtype` existed)."""
-        return self.kv_dtype
-
     def prepare(self, out: SchedulerOutput, block_manager) -> tuple[torch.Tensor, torch.Tensor, PagedBatch]:
         """idx (1, N), positions (1, N) and the `PagedBatch` for this step (decodes first, as the scheduler orders)."""
         entries = [(s.request.request_id, s.start, s.num_new_tokens) for s in out.scheduled]
