@@ -19,6 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from minillm import chapters
+from minillm.chapters import normalize
 from minillm.core.rows import Row, TourContext, format_table, rows_to_json
 
 __all__ = ["Row", "TourContext", "available_chapters", "run_tour", "format_table", "rows_to_json"]
@@ -27,10 +28,6 @@ __all__ = ["Row", "TourContext", "available_chapters", "run_tour", "format_table
 def available_chapters() -> dict[str, ModuleType]:
     """{"01": tour module, ...} for every built chapter of the manifest, in chapter order."""
     return {c.number: importlib.import_module(c.tour) for c in chapters.built()}
-
-
-def normalize_chapter(chapter: str | int) -> str:
-    return chapters.normalize(chapter)
 
 
 # Hugging Face's loggers: the library's root, and its continuous-batching manager's own (not under the root).
@@ -63,7 +60,8 @@ def quiet_third_party_logs():
 def run_tour(ctx: TourContext, chapters: list[str] | None = None, progress: bool = True) -> tuple[list[Row], dict]:
     """Run the selected chapters (all by default). Returns the rows and {chapter: seconds}."""
     entries = available_chapters()
-    selected = [normalize_chapter(c) for c in chapters] if chapters else list(entries)
+    # subtle: `chapters` is the argument here, shadowing the manifest module; hence the imported `normalize`.
+    selected = [normalize(c) for c in chapters] if chapters else list(entries)
     missing = [c for c in selected if c not in entries]
     if missing:
         raise ValueError(f"no tour entry for chapter(s) {missing}; available: {sorted(entries)}")
