@@ -105,29 +105,30 @@ class LLM(FrontEnd):
                                             or generator_state.dtype != torch.uint8):
             raise TypeError(f"generator_state must be a uint8 tensor from torch.Generator.get_state() or None, got "
                             f"{getattr(generator_state, 'dtype', type(generator_state).__name__)}")
-        rid = self.add_request(prompt, params, request_id=request_id, arrival_time=arrival_time)
-        req = self._requests.get(rid)
-        if req is None:  # max_new_tokens == 0: finished on arrival
+        # Every add_request check, then this arrival's own, all before anything is queued: a bad argument leaves
+        # the engine as it was, with nothing to roll back.
+        req = self._new_request(prompt, params, request_id, arrival_time)
+        rid = req.request_id
+        if req.state.finished:  # max_new_tokens == 0: finished on arrival
+            self._admit(req)
             return rid
         cfg, T = self.model_config, req.num_prompt_tokens
         want = (cfg.n_layer, 2, T, cfg.n_head, cfg.head_size)
         if not isinstance(kv, torch.Tensor) or tuple(kv.shape) != want:
-            self.scheduler.abort(rid)
-            del self._requests[rid]
             raise ValueError(f"kv must be a tensor of shape {want} (n_layer, 2, T, nh, hs), got "
                              f"{tuple(kv.shape) if isinstance(kv, torch.Tensor) else type(kv).__name__}")
-        if not isinstance(first_token_id, int) or not 0 <= first_token_id < cfg.vocab_size:
-            self.scheduler.abort(rid)
-            del self._requests[rid]
+        if not 0 <= first_token_id < cfg.vocab_size:
             raise ValueError(f"first_token_id must be a token id in [0, {cfg.vocab_size}), got {first_token_id!r}")
         if generator_state is not None and req.generator is not None:
             try:
                 req.generator.set_state(generator_state)
             except RuntimeError as exc:  # torch's message names neither the argument nor the request
-                self.scheduler.abort(rid)
-                del self._requests[rid]
                 raise ValueError(f"generator_state is not a state of a {req.generator.device} torch.Generator "
                                  f"({generator_state.numel()} bytes): {exc}") from None
+        req.num_computed_tokens = req.num_block_tokens = T
+        if req.accept([first_token_id], time.perf_counter()):  # the first token already ends it
+            self._pending.append(self._output(req))
+            return rid
 
         bs = self.config.block_size
         n_blocks = -(-T // bs)
@@ -137,17 +138,11 @@ class LLM(FrontEnd):
             x = torch.cat([x, x.new_zeros(pad, *x.shape[1:])]) if pad else x
             return x.reshape(n_blocks, bs, *x.shape[1:]).to("cpu", self.runner.kv_dtype)
 
-        self.scheduler.waiting.remove(req)
         req.swapped_kv = SwappedKV([blocks(kv[l, 0]) for l in range(cfg.n_layer)],
                                    [blocks(kv[l, 1]) for l in range(cfg.n_layer)], n_blocks)
         self.swap_space.num_used += n_blocks  # not limited by the swap capacity: it is an arrival, not a victim
-        req.num_computed_tokens = req.num_block_tokens = T
-        if req.accept([first_token_id], time.perf_counter()):
-            self.swap_space.discard(req)
-            del self._requests[rid]
-            self._pending.append(self._output(req))
-            return rid
         req.status = RequestStatus.SWAPPED
+        self._requests[rid] = req
         self.scheduler.swapped.append(req)
         return rid
 
