@@ -52,6 +52,23 @@ def check_eos_id(eos_id: int | None, vocab_size: int) -> None:
         raise ValueError(f"eos_id={eos_id} is outside the model's vocabulary [0, {vocab_size})")
 
 
+def check_token_ids(name: str, ids: Any, vocab_size: int) -> list[int]:
+    """`ids` (a list, tuple or 1-D integer tensor) as a list of ints in [0, vocab_size); a TypeError/ValueError
+    naming `name` and the position of a bad one. Shared by prompts here and chapter 08's draft tokens."""
+    if isinstance(ids, torch.Tensor):
+        if ids.dim() != 1 or ids.is_floating_point() or ids.dtype == torch.bool:
+            raise TypeError(f"{name} tensor must be 1-D integer, got {ids.dtype} {tuple(ids.shape)}")
+        ids = ids.tolist()
+    if not isinstance(ids, (list, tuple)):
+        raise TypeError(f"{name} must be a list of ints, got {type(ids).__name__}")
+    for pos, tok in enumerate(ids):
+        if not isinstance(tok, int) or isinstance(tok, bool):
+            raise TypeError(f"{name}[{pos}] must be an int token id, got {type(tok).__name__} {tok!r}")
+        if not 0 <= tok < vocab_size:
+            raise ValueError(f"{name}[{pos}] = {tok} is outside the vocabulary [0, {vocab_size})")
+    return list(ids)
+
+
 def validate_prompt(
     prompt_ids: Any, params: SamplingParams, vocab_size: int, block_size: int, truncate: bool = False
 ) -> tuple[list[int], int]:
@@ -64,20 +81,9 @@ def validate_prompt(
     """
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
-    if isinstance(prompt_ids, torch.Tensor):
-        if prompt_ids.dim() != 1 or prompt_ids.is_floating_point() or prompt_ids.dtype == torch.bool:
-            raise TypeError(f"prompt_ids tensor must be 1-D integer, got {prompt_ids.dtype} {tuple(prompt_ids.shape)}")
-        prompt_ids = prompt_ids.tolist()
-    if not isinstance(prompt_ids, (list, tuple)):
-        raise TypeError(f"prompt_ids must be a list of ints, got {type(prompt_ids).__name__}")
-    if len(prompt_ids) == 0:
+    ids = check_token_ids("prompt_ids", prompt_ids, vocab_size)
+    if len(ids) == 0:
         raise ValueError("prompt_ids is empty: generation needs at least one token to condition on")
-    for pos, tok in enumerate(prompt_ids):
-        if not isinstance(tok, int) or isinstance(tok, bool):
-            raise TypeError(f"prompt_ids[{pos}] must be an int token id, got {type(tok).__name__} {tok!r}")
-        if not 0 <= tok < vocab_size:
-            raise ValueError(f"prompt_ids[{pos}] = {tok} is outside the vocabulary [0, {vocab_size})")
-    ids = list(prompt_ids)
     if not isinstance(truncate, bool):
         raise TypeError(f"truncate must be a bool, got {truncate!r}")
     if len(ids) > block_size:

@@ -24,6 +24,7 @@ from typing import Sequence
 import torch
 
 from minillm.core.sampling import SamplingParams, sample_next
+from minillm.core.stopping import check_token_ids
 
 
 def _check_probs(name: str, t: object, rows: int | None = None) -> torch.Tensor:
@@ -37,19 +38,7 @@ def _check_probs(name: str, t: object, rows: int | None = None) -> torch.Tensor:
 
 def check_draft_tokens(draft_tokens: object, vocab_size: int) -> list[int]:
     """The draft tokens as a list of ints in [0, vocab_size); TypeError/ValueError naming a bad one."""
-    if isinstance(draft_tokens, torch.Tensor):
-        if draft_tokens.dim() != 1 or draft_tokens.is_floating_point() or draft_tokens.dtype == torch.bool:
-            raise TypeError(f"draft_tokens tensor must be 1-D integer, got {draft_tokens.dtype} "
-                            f"{tuple(draft_tokens.shape)}")
-        draft_tokens = draft_tokens.tolist()
-    if not isinstance(draft_tokens, (list, tuple)):
-        raise TypeError(f"draft_tokens must be a list of ints, got {type(draft_tokens).__name__}")
-    for i, tok in enumerate(draft_tokens):
-        if not isinstance(tok, int) or isinstance(tok, bool):
-            raise TypeError(f"draft_tokens[{i}] must be an int token id, got {type(tok).__name__} {tok!r}")
-        if not 0 <= tok < vocab_size:
-            raise ValueError(f"draft_tokens[{i}] = {tok} is outside the vocabulary [0, {vocab_size})")
-    return list(draft_tokens)
+    return check_token_ids("draft_tokens", draft_tokens, vocab_size)
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
