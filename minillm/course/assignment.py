@@ -32,22 +32,16 @@ from pathlib import Path
 
 from minillm import chapters
 from minillm.course.grading import (ASSETS_DIR, PACKAGE_DIR, PYTEST_INI, REPO_ROOT, TESTS_DIR, GradeReport,
-                                    GradedTest, TestResult, grade, graded_tests, support_files)
+                                    GradedTest, TestResult, chapter_test_file, copy_tests, grade, graded_tests)
+from minillm.course.grading import exercise_chapter as _chapter
 
 BEGIN, END = "# BEGIN SOLUTION", "# END SOLUTION"
 MARKER = ".minillm-assignment"  # the file that says "this folder was written by `minillm assignment`"
-__all__ = ["CHAPTER_FILES", "GradeReport", "GradedTest", "TestResult", "grade", "graded_tests", "stub_source",
-           "write_assignment", "solution_lines"]
+__all__ = ["CHAPTER_FILES", "GradeReport", "GradedTest", "TestResult", "chapter_test_file", "grade", "graded_tests",
+           "stub_source", "write_assignment", "solution_lines"]
 
 # Chapter -> files (relative to the repository root) whose marked functions are that chapter's exercises.
 CHAPTER_FILES: dict[str, list[str]] = {c.number: list(c.exercises) for c in chapters.built() if c.exercises}
-
-
-def _chapter(chapter: str | int) -> str:
-    nn = chapters.normalize(chapter)
-    if nn not in CHAPTER_FILES:
-        raise ValueError(f"chapter {nn} has no exercises; chapters with exercises: {sorted(CHAPTER_FILES)}")
-    return nn
 
 
 def stub_source(source: str, path: str = "<source>") -> tuple[str, int]:
@@ -119,15 +113,6 @@ def stubbed_files(chapter: str | int) -> list[str]:
     """The files stubbed in chapter NN's student copy: the exercises of NN and of every later chapter."""
     nn = _chapter(chapter)
     return [rel for c, files in sorted(CHAPTER_FILES.items()) if c >= nn for rel in files]
-
-
-def chapter_test_file(chapter: str, tests_dir: Path | None = None) -> Path:
-    """The chapter's test file, as the manifest names it (`tests/test_NN_slug.py`)."""
-    tests_dir = tests_dir or TESTS_DIR
-    path = tests_dir / Path(chapters.get(chapter).test_file).name
-    if not path.is_file():
-        raise ValueError(f"chapter {chapter}'s test file {path.name} is not in {tests_dir}")
-    return path
 
 
 # A student folder's tests/conftest.py starts with this guard, then the reference's conftest.
@@ -248,14 +233,7 @@ def write_assignment(chapter: str | int, out_dir: str | os.PathLike, force: bool
             if n == 0:
                 raise ValueError(f"{rel} is listed as exercises but has no {BEGIN} markers")
             (tmp / rel).write_text(text, encoding="utf-8")
-        (tmp / "tests").mkdir()
-        test_file = chapter_test_file(nn)
-        shutil.copy2(test_file, tmp / "tests" / test_file.name)
-        for helper in support_files():  # conftest.py is written below, with the guard in front
-            if helper.name != "conftest.py":
-                shutil.copy2(helper, tmp / "tests" / helper.name)
-        if (TESTS_DIR / "data").is_dir():
-            shutil.copytree(TESTS_DIR / "data", tmp / "tests" / "data")
+        copy_tests(nn, tmp / "tests")  # conftest.py is rewritten below, with the guard in front
         conftest = (TESTS_DIR / "conftest.py").read_text(encoding="utf-8").replace(
             "from __future__ import annotations\n", "")  # the guard has it, and it must come first
         (tmp / "tests" / "conftest.py").write_text(GUARD + conftest, encoding="utf-8")

@@ -42,6 +42,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from minillm import chapters
+from minillm.core.io import atomic_write_text
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 REPO_ROOT = PACKAGE_DIR.parent
@@ -225,6 +226,23 @@ def _collect_all() -> dict[str, tuple[GradedTest, ...]]:
 CHAPTERS_WITH_EXERCISES = tuple(c.number for c in chapters.built() if c.exercises)
 
 
+def exercise_chapter(chapter: str | int) -> str:
+    """"1" -> "01" for a chapter with exercises; any other chapter is a ValueError listing those that have them."""
+    nn = chapters.normalize(chapter)
+    if nn not in CHAPTERS_WITH_EXERCISES:
+        raise ValueError(f"chapter {nn} has no exercises; chapters with exercises: {list(CHAPTERS_WITH_EXERCISES)}")
+    return nn
+
+
+def chapter_test_file(chapter: str, tests_dir: Path | None = None) -> Path:
+    """The chapter's test file, as the manifest names it (`tests/test_NN_slug.py`)."""
+    tests_dir = tests_dir or TESTS_DIR
+    path = tests_dir / Path(chapters.get(chapter).test_file).name
+    if not path.is_file():
+        raise ValueError(f"chapter {chapter}'s test file {path.name} is not in {tests_dir}")
+    return path
+
+
 def graded_tests(chapter: str) -> tuple[GradedTest, ...]:
     """The reference's graded test functions of a chapter, with points: the denominator of its grade."""
     return _collect_all()[chapter]
@@ -242,18 +260,6 @@ def _tree_hash(root: Path) -> str:
         elif p.is_file():
             h.update(p.read_bytes())
     return h.hexdigest()
-
-
-def _write_no_follow(directory: Path, name: str, text: str) -> None:
-    """Write directory/name atomically; a symlink at that name is replaced, never followed."""
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, directory / name)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _prepare_out_dir(out: Path) -> Path:
@@ -281,14 +287,18 @@ def support_files() -> list[Path]:
     return sorted(p for p in TESTS_DIR.glob("*.py") if not p.name.startswith("test_"))
 
 
-def _copy_reference_tests(nn: str, dest: Path) -> None:
-    tests = dest / "tests"
+def copy_tests(nn: str, tests: Path) -> None:
+    """Copy chapter nn's test file, the shared support files and tests/data into a new folder `tests`."""
     tests.mkdir()
-    test_file = TESTS_DIR / Path(chapters.get(nn).test_file).name
-    for src in (*support_files(), test_file):
+    for src in (*support_files(), chapter_test_file(nn)):
         shutil.copy2(src, tests / src.name)
     if (TESTS_DIR / "data").is_dir():
         shutil.copytree(TESTS_DIR / "data", tests / "data")
+
+
+def _copy_reference_tests(nn: str, dest: Path) -> None:
+    tests = dest / "tests"
+    copy_tests(nn, tests)
     (dest / "pytest.ini").write_text(PYTEST_INI, encoding="utf-8")
     for p in [dest / "pytest.ini", *tests.rglob("*")]:
         if p.is_file():
@@ -306,8 +316,9 @@ def run_graded(nn: str, student: Path, timeout: float = 900.0) -> GradeReport:
         (work / "run").mkdir()
         _copy_reference_tests(nn, work / "run")
         before = _tree_hash(work / "run")
-        repo_before = _tree_hash_files(nn)
-        test_path = f"tests/{Path(chapters.get(nn).test_file).name}"
+        reference = [*support_files(), chapter_test_file(nn)]
+        repo_before = _files_hash(reference)
+        test_path = f"tests/{reference[-1].name}"
         messages, tail, timed_out = _run_child(
             "run", work / "student", work / "run",
             [test_path, "-m", "graded", "-q", "--tb=short", "-p", "no:cacheprovider", *_plugin_args(),
@@ -316,7 +327,7 @@ def run_graded(nn: str, student: Path, timeout: float = 900.0) -> GradeReport:
             timeout=timeout,
         )
         tampered = _tree_hash(work / "run") != before
-        if _tree_hash_files(nn) != repo_before:
+        if _files_hash(reference) != repo_before:
             report.notes.append(f"warning: the reference's {test_path} or its helpers changed while the student's"
                                 f" code ran; check it with `git diff tests/` before grading anyone else")
     if timed_out:
@@ -360,9 +371,9 @@ def score_messages(report: GradeReport, expected: tuple[GradedTest, ...], messag
     return report
 
 
-def _tree_hash_files(nn: str) -> str:
+def _files_hash(paths: list[Path]) -> str:
     h = hashlib.sha256()
-    for p in (*support_files(), TESTS_DIR / Path(chapters.get(nn).test_file).name):
+    for p in paths:
         h.update(p.read_bytes() if p.is_file() else b"missing")
     return h.hexdigest()
 
@@ -375,9 +386,7 @@ def grade(
 ) -> GradeReport:
     """Grade student_dir/minillm on chapter NN's reference tests; write junit.xml + results.json into out_dir
     (default student_dir/grade)."""
-    nn = chapters.normalize(chapter)
-    if nn not in CHAPTERS_WITH_EXERCISES:
-        raise ValueError(f"chapter {nn} has no exercises; chapters with exercises: {list(CHAPTERS_WITH_EXERCISES)}")
+    nn = exercise_chapter(chapter)
     student = Path(student_dir).resolve()
     if not (student / "minillm" / "__init__.py").is_file():
         raise ValueError(f"{str(student)!r} does not contain a minillm package (student_dir/minillm/__init__.py)")
@@ -385,6 +394,7 @@ def grade(
     _prepare_out_dir(out)  # refuse a bad --out before spending minutes on the tests
     report = run_graded(nn, student, timeout)
     _prepare_out_dir(out)  # again: the student's code ran in between and may have planted a symlink
-    _write_no_follow(out, "junit.xml", report.junit_xml())
-    _write_no_follow(out, "results.json", json.dumps(report.gradescope(), indent=2) + "\n")
+    # atomic_write_text renames into place, so a symlink planted at either name is replaced, never followed.
+    atomic_write_text(out / "junit.xml", report.junit_xml())
+    atomic_write_text(out / "results.json", json.dumps(report.gradescope(), indent=2) + "\n")
     return report
