@@ -18,6 +18,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from minillm.core.config import check_int
+
+MAX_NUM_BLOCKS = 2**31 - 1  # more blocks than any pool could hold; past 2**63 `[0] * num_blocks` itself overflows
+
 
 class OutOfBlocks(RuntimeError):
     """No free KV block is left. The pool is unchanged, so a scheduler can catch this and preempt someone."""
@@ -36,10 +40,9 @@ class BlockAllocator:
     """
 
     def __init__(self, num_blocks: int):
-        if not isinstance(num_blocks, int) or isinstance(num_blocks, bool):
-            raise TypeError(f"num_blocks must be an int, got {type(num_blocks).__name__} {num_blocks!r}")
-        if num_blocks <= 0:
-            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        check_int("num_blocks", num_blocks)
+        if num_blocks > MAX_NUM_BLOCKS:
+            raise ValueError(f"num_blocks={num_blocks} is more than a pool can hold (at most {MAX_NUM_BLOCKS})")
         self.num_blocks = num_blocks
         self.ref_counts: list[int] = [0] * num_blocks
         # An OrderedDict is a free list with O(1) removal from the middle (prefix caching revives cached free
