@@ -19,12 +19,9 @@ import torch
 
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, sample_next
-from minillm.core.stopping import check_eos_id, start_request, validate_prompt
+from minillm.core.stopping import RequestState, check_eos_id, start_request
 from minillm.paged.block_manager import BlockManager, num_blocks_for
 from minillm.paged.paged_cache import PagedBatch, PagedKVCache
-
-
-MAX_NUM_BLOCKS = 2**31 - 1  # more blocks than any pool could hold; past 2**63 the allocator overflows inside torch
 
 
 @dataclass
@@ -93,8 +90,13 @@ class PagedGenerator:
     ) -> PagedGeneration:
         """Generate params.n samples of one prompt; every block is freed again before returning."""
         check_eos_id(eos_id, self.model.config.vocab_size)
-        first = start_request(self.model.config, prompt_ids, params, tokenizer, eos_id, device=self.model.device)
-        ids, n, bs = first.prompt_ids, params.n, self.manager.block_size
+        return self._generate(start_request(self.model.config, prompt_ids, params, tokenizer, eos_id,
+                                            device=self.model.device))
+
+    def _generate(self, first: RequestState) -> PagedGeneration:
+        """`generate` for a request already started (validated, window-capped) on this generator's device."""
+        ids, params, bs = first.prompt_ids, first.params, self.manager.block_size
+        n = params.n
         seqs = [(self._next_id, i) for i in range(n)]  # seq ids unique across calls
         self._next_id += 1
         states = [first] + [first.fork(params.seed + i if params.seed is not None else None) for i in range(1, n)]
@@ -158,13 +160,10 @@ def paged_generate(
     """One request on a fresh paged cache (in `kv_dtype`). `num_blocks` defaults to what n private copies could
     ever need."""
     config = require_model(model, "paged_generate")
-    # The prompt's and params' checks first, so a bad one is named here, not by len() below (generate redoes them).
-    ids, max_new = validate_prompt(prompt_ids, params, config.vocab_size, config.block_size)
+    # The request is started (and checked) once, here, before its length sizes the pool.
+    check_eos_id(eos_id, config.vocab_size)
+    state = start_request(config, prompt_ids, params, tokenizer, eos_id, device=model.device)
     if num_blocks is None:
-        longest = min(len(ids) + max_new, config.block_size)
+        longest = min(len(state.prompt_ids) + state.params.max_new_tokens, config.block_size)
         num_blocks = params.n * num_blocks_for(longest, block_size) + 1
-    if isinstance(num_blocks, int) and not isinstance(num_blocks, bool) and num_blocks > MAX_NUM_BLOCKS:
-        raise ValueError(f"num_blocks={num_blocks} (n={params.n}) is more than a pool can hold (at most "
-                         f"{MAX_NUM_BLOCKS})")
-    return PagedGenerator(model, num_blocks, block_size, kv_dtype=kv_dtype).generate(prompt_ids, params, tokenizer,
-                                                                                      eos_id)
+    return PagedGenerator(model, num_blocks, block_size, kv_dtype=kv_dtype)._generate(state)
