@@ -64,6 +64,8 @@ class ContiguousKVCache:
             check_int(name, value)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+        if not isinstance(use_static_shapes, bool):
+            raise TypeError(f"use_static_shapes must be a bool, got {use_static_shapes!r}")
         self.config = config
         self.batch_size = batch_size
         self.max_len = max_len
@@ -78,8 +80,6 @@ class ContiguousKVCache:
         self._has_padding = False
         self._mask_key: tuple[int, int] | None = None  # (start, T) the cached mask was built for
         self._mask: torch.Tensor | None = None
-        if not isinstance(use_static_shapes, bool):
-            raise TypeError(f"use_static_shapes must be a bool, got {use_static_shapes!r}")
         self.use_static_shapes = use_static_shapes
         # Static-shape path only: the write position as a device tensor, the one source of truth there, so a
         # compiled or captured step reads it as data instead of baking a Python int into the graph (_layer_len
