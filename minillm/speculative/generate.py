@@ -156,12 +156,11 @@ def _start(target: Any, prompt_ids: Any, params: SamplingParams, gamma: int, tok
            eos_id: int | None) -> RequestState:
     cfg = require_model(target, "speculative decoding (target)")
     check_gamma(gamma)
-    if not isinstance(params, SamplingParams):
-        raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+    check_eos_id(eos_id, cfg.vocab_size)
+    state = start_request(cfg, prompt_ids, params, tokenizer, eos_id, device=target.device)
     if params.n != 1:
         raise ValueError(f"speculative decoding runs one sequence; n={params.n} parallel samples are not supported")
-    check_eos_id(eos_id, cfg.vocab_size)
-    return start_request(cfg, prompt_ids, params, tokenizer, eos_id, device=target.device)
+    return state
 
 
 @torch.inference_mode()
