@@ -113,7 +113,7 @@ class PrefillCore:
         for req, r, token in zip(reqs, kept, tokens):
             try:
                 if token is None:  # its sampling raised (ModelRunner.sample failed it alone)
-                    errors.append((req.request_id, req.state.error or "sampling failed"))
+                    errors.append((req.request_id, req.state.error))
                     continue
                 done = req.state.accept_or_fail([token], f"request {req.request_id!r}")  # eos, one token, window
                 if req.state.error is not None:
