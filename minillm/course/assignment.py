@@ -44,56 +44,56 @@ __all__ = ["CHAPTER_FILES", "GradeReport", "GradedTest", "TestResult", "chapter_
 CHAPTER_FILES: dict[str, list[str]] = {c.number: list(c.exercises) for c in chapters.built() if c.exercises}
 
 
+def _scan(source: str, path: str):
+    """Yield (line, enclosing function, kind) for each line, kind being "begin", "end", "inside" or "outside" of a
+    BEGIN/END SOLUTION region; a nested, unopened or unclosed region is a ValueError naming `path` and the line."""
+    func, inside = "this function", False
+    for lineno, line in enumerate(source.splitlines(keepends=True), 1):
+        m = re.match(r"\s*(?:async\s+)?def\s+(\w+)", line)
+        if m and not inside:
+            func = m.group(1)
+        if line.strip() == BEGIN:
+            if inside:
+                raise ValueError(f"{path}:{lineno}: nested {BEGIN}")
+            inside = True
+            yield line, func, "begin"
+        elif line.strip() == END:
+            if not inside:
+                raise ValueError(f"{path}:{lineno}: {END} without {BEGIN}")
+            inside = False
+            yield line, func, "end"
+        else:
+            yield line, func, "inside" if inside else "outside"
+    if inside:
+        raise ValueError(f"{path}: {BEGIN} without {END}")
+
+
 def stub_source(source: str, path: str = "<source>") -> tuple[str, int]:
     """Replace each BEGIN/END SOLUTION region by `raise NotImplementedError(...)`; return (text, regions replaced).
 
     The raise is indented like the BEGIN marker and names the enclosing function, so a student's traceback says
     which exercise is still open.
     """
-    lines = source.splitlines(keepends=True)
     out: list[str] = []
     count = 0
-    inside = False
-    func = "this function"
-    for lineno, line in enumerate(lines, 1):
-        stripped = line.strip()
-        m = re.match(r"\s*(?:async\s+)?def\s+(\w+)", line)
-        if m and not inside:
-            func = m.group(1)
-        if stripped == BEGIN:
-            if inside:
-                raise ValueError(f"{path}:{lineno}: nested {BEGIN}")
-            inside = True
+    for line, func, kind in _scan(source, path):
+        if kind == "begin":
             indent = line[: len(line) - len(line.lstrip())]
             out.append(f'{indent}raise NotImplementedError("exercise: implement {func}")\n')
             count += 1
-        elif stripped == END:
-            if not inside:
-                raise ValueError(f"{path}:{lineno}: {END} without {BEGIN}")
-            inside = False
-        elif not inside:
+        elif kind == "outside":
             out.append(line)
-    if inside:
-        raise ValueError(f"{path}: {BEGIN} without {END}")
     return "".join(out), count
 
 
-
-def solution_regions(source: str) -> list[tuple[str, list[str]]]:
+def solution_regions(source: str, path: str = "<source>") -> list[tuple[str, list[str]]]:
     """(function name, the lines between its BEGIN/END SOLUTION markers) for each marked region of a source."""
     regions: list[tuple[str, list[str]]] = []
-    func, inside = "this function", False
-    for line in source.splitlines():
-        m = re.match(r"\s*(?:async\s+)?def\s+(\w+)", line)
-        if m and not inside:
-            func = m.group(1)
-        if line.strip() == BEGIN:
-            inside = True
+    for line, func, kind in _scan(source, path):
+        if kind == "begin":
             regions.append((func, []))
-        elif line.strip() == END:
-            inside = False
-        elif inside:
-            regions[-1][1].append(line)
+        elif kind == "inside":
+            regions[-1][1].append(line.splitlines()[0])  # without its line ending
     return regions
 
 
