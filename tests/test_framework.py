@@ -222,13 +222,16 @@ def test_tools_learn_the_chapter_map_from_the_manifest():
     from minillm import chapters
     from minillm.course.assignment import CHAPTER_FILES, chapter_test_file
     from minillm.course.gpu_report import chapter_table
-    from minillm.course.notebooks import list_notebooks
+    from minillm.course.notebooks import NOTEBOOK_DIR, list_notebooks
 
     built = chapters.built()
     assert list(available_chapters()) == [c.number for c in built]
     assert all(available_chapters()[c.number].__name__ == c.tour for c in built)
     assert CHAPTER_FILES == {c.number: list(c.exercises) for c in built if c.exercises}
-    assert [p.name for p in list_notebooks()] == [c.name + ".ipynb" for c in built]
+    # The built chapters' labs, plus the lab of a chapter under construction once it is on disk.
+    drafted = [c for c in chapters.CHAPTERS if not c.built and (NOTEBOOK_DIR / f"{c.name}.ipynb").is_file()]
+    assert [p.name for p in list_notebooks()] == [c.name + ".ipynb" for c in chapters.CHAPTERS
+                                                  if c.built or c in drafted]
     assert all(chapter_test_file(c.number).name == c.test_file.split("/")[-1] for c in built)
     rows = [Row("01", "t", "b", "o", "ok", True, "m", 1.0), Row("02", "t", "b", "o", "bad", False, "m", 1.0)]
     table = chapter_table(rows)
