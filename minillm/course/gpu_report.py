@@ -9,8 +9,10 @@ git commit. Without a GPU it refuses with a clear error rather than writing a CP
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import datetime as dt
 import json
+import os
 import platform
 import re
 import subprocess
@@ -29,6 +31,9 @@ REPORT_DIR = REPO_ROOT / "chapters" / "gpu-reports"
 
 
 def _git_commit() -> str:
+    """HEAD (with -dirty), or MINILLM_COMMIT when the tree was copied to the GPU machine without its .git."""
+    if os.environ.get("MINILLM_COMMIT"):
+        return os.environ["MINILLM_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
         dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO_ROOT, capture_output=True, text=True,
@@ -38,6 +43,24 @@ def _git_commit() -> str:
         return "unknown"
 
 
+def _driver_version() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _pytest_command(workers: int, test_timeout: int) -> list[str]:
+    """The suite without notebooks (no Jupyter on a GPU box), in `workers` processes when pytest-xdist is there."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not notebook",
+           f"--timeout={test_timeout}", "-rfE"]
+    if workers > 1 and importlib.util.find_spec("xdist") is not None:
+        cmd += ["-n", str(workers)]
+    return cmd
+
+
 def environment() -> dict:
     props = torch.cuda.get_device_properties(0)
     return {
@@ -45,6 +68,7 @@ def environment() -> dict:
         "gpu": torch.cuda.get_device_name(0),
         "gpu_memory_gib": round(props.total_memory / 2**30, 1),
         "compute_capability": f"{props.major}.{props.minor}",
+        "driver": _driver_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
@@ -65,7 +89,8 @@ def chapter_table(rows: list) -> list[str]:
     return lines
 
 
-def run_report(quick: bool = False, run_tests: bool = True, out_dir: Path = REPORT_DIR) -> tuple[Path, bool]:
+def run_report(quick: bool = False, run_tests: bool = True, out_dir: Path = REPORT_DIR, workers: int = 1,
+               test_timeout: int = 300) -> tuple[Path, bool]:
     """Run tour + tests on the GPU; write `<date>-<gpu>.md/.json` into out_dir. Returns (markdown path, all passed)."""
     if not torch.cuda.is_available():
         raise ValueError("gpu-report needs a CUDA GPU, but torch.cuda.is_available() is False")
@@ -77,11 +102,13 @@ def run_report(quick: bool = False, run_tests: bool = True, out_dir: Path = REPO
     tests = {"ran": False}
     if run_tests:
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not notebook"],
-                              cwd=REPO_ROOT, capture_output=True, text=True)
-        summary = next((line for line in reversed(proc.stdout.splitlines()) if re.search(r"passed|failed", line)), "")
+        proc = subprocess.run(_pytest_command(workers, test_timeout), cwd=REPO_ROOT, capture_output=True, text=True)
+        lines = proc.stdout.splitlines()
+        summary = next((line for line in reversed(lines) if re.search(r"passed|failed", line)), "")
         tests = {"ran": True, "exit_code": proc.returncode, "summary": summary.strip("= "),
-                 "seconds": round(time.perf_counter() - t0, 1), "tail": proc.stdout[-4000:]}
+                 "seconds": round(time.perf_counter() - t0, 1),
+                 "failures": [line for line in lines if line.startswith(("FAILED ", "ERROR "))],
+                 "tail": proc.stdout[-20000:] + proc.stderr[-4000:]}
     passed = not any(r.failed for r in rows) and (not run_tests or tests["exit_code"] == 0)
     slug = re.sub(r"[^a-z0-9]+", "-", env["gpu"].lower()).strip("-")
     stem = f"{env['date'][:10]}-{slug}"
@@ -95,6 +122,8 @@ def run_report(quick: bool = False, run_tests: bool = True, out_dir: Path = REPO
     if run_tests:
         md += ["## Test suite on a machine with CUDA (notebooks excluded)", "",
                f"exit code {tests['exit_code']}: {tests['summary']} ({tests['seconds']} s)", ""]
+        if tests["failures"]:
+            md += ["Failures:", "", "```", *tests["failures"], "```", ""]
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / f"{stem}.json", json.dumps(data, indent=2, default=str) + "\n")
     md_path = atomic_write_text(out_dir / f"{stem}.md", "\n".join(md) + "\n")
@@ -102,7 +131,8 @@ def run_report(quick: bool = False, run_tests: bool = True, out_dir: Path = REPO
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    path, passed = run_report(quick=args.quick, run_tests=not args.no_tests)
+    path, passed = run_report(quick=args.quick, run_tests=not args.no_tests, workers=args.workers,
+                              test_timeout=args.test_timeout)
     print(f"report written to {path} ({'passed' if passed else 'FAILED'})")
     return 0 if passed else 1
 
@@ -111,4 +141,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("gpu-report", help="verify every chapter on a CUDA GPU and write a dated report")
     p.add_argument("--quick", action="store_true", help="the tour's quick workloads")
     p.add_argument("--no-tests", action="store_true", help="only the tour, not the test suite")
+    p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
+                   help="pytest-xdist processes for the test suite (default: min(8, CPUs))")
+    p.add_argument("--test-timeout", type=int, default=300, help="seconds before one test counts as stuck")
     p.set_defaults(handler=_cmd)
