@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from helpers import context_model
@@ -108,6 +108,36 @@ def test_engine_greedy_equals_alone(model, name):
         assert llm.scheduler.num_preemptions > 0  # the pool really was too small for everyone at once
 
 
+@pytest.mark.parametrize("name", ["tiny-pool-recompute", "tiny-pool-swap", "prefix-caching"])
+def test_engine_on_each_device_equals_alone(model, device, name):
+    """The engine on CUDA too (when there is one): greedy and seeded tokens equal chapter 04's loop on that device,
+    through preemption, swap and prefix caching."""
+    m = model.to(device) if device.type != "cpu" else model
+    try:
+        wl = make_workload(8, prompt_len_dist="uniform:1:24", output_len_dist="uniform:4:24", vocab_size=VOCAB,
+                           seed=11, temperature=0.8)
+        params = [w.params if i % 2 else SamplingParams.greedy(w.params.max_new_tokens) for i, w in enumerate(wl)]
+        prompts = [w.prompt_token_ids for w in wl]
+        if name == "prefix-caching":
+            prompts = [prompts[0][:9] + p for p in prompts]
+        llm = LLM(m, None, CONFIGS[name])
+        assert llm.device == m.device
+        outs = _run_checked(llm, prompts, params)
+        for (rid, got), p, sp in zip(outs.items(), prompts, params):
+            assert got == _alone(m, p, sp), (rid, device)
+        if name.startswith("tiny-pool"):
+            assert llm.scheduler.num_preemptions > 0
+    finally:
+        model.to("cpu")
+
+
+def test_auto_device_follows_the_model_and_a_mismatch_is_named(model):
+    assert LLM(model, None, EngineConfig(num_blocks=16, block_size=4)).device == torch.device("cpu")
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="model is on cpu but EngineConfig.device is 'cuda'"):
+            LLM(model, None, EngineConfig(num_blocks=16, block_size=4, device="cuda"))
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     seed=st.integers(0, 10_000),
@@ -142,8 +172,10 @@ def test_random_workloads_equal_alone(model, seed, n, block_size, budget, chunke
     assert set(d.final) == set(ids)  # no request lost
     for w, rid in zip(first + later, ids):
         assert d.final[rid] == _alone(model, w.prompt_token_ids, w.params), rid
-    assert llm.scheduler.num_preemptions > 0, "this example never preempted: the pool was not tight"
-    assert mode == "recompute" or llm.swap_space.num_swap_outs > 0, "a swap example that never swapped"
+    # The tokens were checked above for every example. One whose arrivals never overlapped enough to preempt (the
+    # sizing makes that rare, not impossible) does not count towards the 25: hypothesis draws another instead.
+    assume(llm.scheduler.num_preemptions > 0)
+    assume(mode == "recompute" or llm.swap_space.num_swap_outs > 0)
 
 
 @pytest.mark.graded(points=2, exercise=("_can_admit", "schedule"))

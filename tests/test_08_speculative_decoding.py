@@ -86,6 +86,19 @@ def test_greedy_speculative_gives_the_target_alone_tokens(models, which, gamma):
         assert totals.accepted < totals.proposed / 4
 
 
+def test_speculative_on_each_device_gives_the_target_alone_tokens(models, device):
+    """Greedy draft-model and prompt-lookup speculation on CUDA too (when there is one), against chapter 04's loop
+    on the same device; seeded sampling repeats there."""
+    target, draft = (copy.deepcopy(models[k]).to(device) for k in ("target", "noisy"))
+    for prompt in PROMPTS:
+        want = generate_ids(target, prompt, SamplingParams.greedy(20))
+        assert generate_speculative(target, draft, prompt, SamplingParams.greedy(20), gamma=3)[0] == want, device
+        assert generate_prompt_lookup(target, prompt, SamplingParams.greedy(20), gamma=3)[0] == want, device
+    sp = SamplingParams(max_new_tokens=16, temperature=0.9, seed=7)
+    first = generate_speculative(target, draft, PROMPTS[2], sp, gamma=3)[0]
+    assert first == generate_speculative(target, draft, PROMPTS[2], sp, gamma=3)[0]
+
+
 @pytest.mark.parametrize("gamma", GAMMAS)
 @pytest.mark.parametrize("ngram", [1, 2, 3])
 def test_greedy_prompt_lookup_gives_the_target_alone_tokens(models, gamma, ngram):

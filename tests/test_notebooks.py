@@ -126,7 +126,7 @@ class FakeIPython:
 
 
 def run_cell(source: str, ip: FakeIPython) -> dict:
-    from IPython.core.inputtransformer2 import TransformerManager
+    TransformerManager = pytest.importorskip("IPython.core.inputtransformer2").TransformerManager  # no Jupyter on a GPU box
 
     namespace = {"get_ipython": lambda: ip}
     exec(TransformerManager().transform_cell(source), namespace)

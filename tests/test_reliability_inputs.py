@@ -27,8 +27,9 @@ from minillm.tokenizer import Tokenizer, load_tokenizer
 from minillm.tokenizer.encode import encode_chunk, encode_chunk_fast
 
 BASE_RANKS = {bytes([i]): i for i in range(256)}
+# device="cpu": the kill test forks, and a forked child cannot use CUDA; resuming is not about the device.
 TINY = dict(preset="tiny", model_overrides=dict(block_size=32), batch_size=4, eval_interval=0, eval_windows=8,
-            final_eval_tokens=0)
+            final_eval_tokens=0, device="cpu")
 
 
 def _byte_tokens() -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,14 +14,23 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     if not isinstance(device, str):
         raise TypeError(f"device must be a string like 'auto', 'cpu' or 'cuda', got {type(device).__name__}")
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
             raise ValueError(f"device {device!r} requested but torch.cuda.is_available() is False")
-        return torch.device(device)
+        dev = torch.device(device)
+        # subtle: a model moved to "cuda" reports "cuda:0"; resolve to the indexed device so the two compare equal.
+        return dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
     if device == "cpu":
         return torch.device("cpu")
     raise ValueError(f"unknown device {device!r}; choose one of {DEVICE_CHOICES}")
+
+
+def place_with_model(setting: str | torch.device, model_device: torch.device) -> torch.device:
+    """Where an engine runs: "auto" means wherever the model already is; anything else is resolved and returned."""
+    if isinstance(setting, str) and setting == "auto":
+        return torch.device(model_device)
+    return resolve_device(setting)
 
 
 def synchronize(device: torch.device | str) -> None:

@@ -18,7 +18,8 @@ class DisaggConfig:
     block_size: int = 16  # tokens per block, the same in both pools
     max_num_seqs: int = 32  # decode batch limit (and the most prompts one prefill step takes)
     max_num_batched_tokens: int = 512  # prompt tokens one prefill step may take (one prompt always fits)
-    device: str = "auto"  # where both workers run, unless prefill_device / decode_device say otherwise
+    # where both workers run ("auto": the model's device), unless prefill_device / decode_device say otherwise
+    device: str = "auto"
     prefill_device: str | None = None  # e.g. "cuda:0": the point of disaggregation is two devices
     decode_device: str | None = None  # e.g. "cuda:1"
     num_threads: int = 1  # torch threads per worker (on a 2-core CPU: one core each); 0 = torch's default

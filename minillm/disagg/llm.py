@@ -31,7 +31,7 @@ from multiprocessing import get_context
 from multiprocessing.connection import wait
 from typing import Any
 
-from minillm.core.device import resolve_device
+from minillm.core.device import place_with_model
 from minillm.core.model import GPT, require_model
 from minillm.disagg.config import DisaggConfig
 from minillm.disagg.messages import (
@@ -88,7 +88,7 @@ class DisaggregatedLLM(FrontEnd):
         # The coordinator never samples (the workers do), so its requests' generators live on the CPU, unused.
         self._init_front_end(model_config, tokenizer, eos_id, "cpu")
         ctx_window = model_config.block_size
-        devices = {role: str(resolve_device(getattr(config, f"{role}_device") or config.device))
+        devices = {role: str(place_with_model(getattr(config, f"{role}_device") or config.device, model.device))
                    for role in ("prefill", "decode")}
         self.devices = devices
         cfg_dict, weights = model_to_bytes(model)

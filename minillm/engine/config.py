@@ -41,7 +41,7 @@ class EngineConfig:
     enable_prefix_caching: bool = False  # reuse full prompt blocks already in the pool (chapter 05's prefix cache)
     preemption_mode: str = "recompute"  # what happens to a victim when blocks run out: "recompute" or "swap"
     num_swap_blocks: int = 256  # CPU blocks for swapped-out requests (preemption_mode="swap"); full -> recompute
-    device: str = "auto"  # where the KV pool and the forward run: "auto", "cpu" or "cuda"
+    device: str = "auto"  # where the KV pool and the forward run: "auto" (the model's device), "cpu" or "cuda"
     # How K/V are stored, independent of the weights' dtype (chapter 09 quantizes it): a torch.dtype or its name;
     # the cache converts on read to the query's dtype. Normalized to a torch.dtype by __post_init__.
     kv_dtype: torch.dtype | str = torch.float32

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import torch
 
-from minillm.core.device import resolve_device
+from minillm.core.device import place_with_model
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams
 from minillm.engine.config import EngineConfig
@@ -51,9 +51,10 @@ class LLM(FrontEnd):
         if config.enable_prefix_caching and config.preemption_mode == "swap":
             raise ValueError("enable_prefix_caching with preemption_mode='swap' is not supported: a swapped-in "
                              "block could overwrite a shared cached block")
-        self.device = resolve_device(config.device)
+        self.device = place_with_model(config.device, model.device)
         if model.device != self.device:
-            raise ValueError(f"model is on {model.device} but EngineConfig.device resolves to {self.device}")
+            raise ValueError(f"model is on {model.device} but EngineConfig.device is {config.device!r} "
+                             f"({self.device}): move the model there or leave device='auto'")
         self._init_front_end(model_config, tokenizer, eos_id, self.device)
         self.model = model.eval()
         self.config = config
