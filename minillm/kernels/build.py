@@ -1,0 +1,212 @@
+"""Building the kernels: JIT-compile csrc/ into torch.ops.minillm_kernels once, and compile each kernel alone.
+
+It adds `load_kernels()`, which builds the extension for the running GPU's architecture only (a short build) into a
+cache directory and loads it, once per process; and `compile_sources_with_nvcc(arch, out_dir)`, which compiles each
+kernel .cu file by itself with `nvcc -Xptxas -v` and reads the registers and spills of every kernel from ptxas's
+report. The kernel files include no torch header, so the second runs wherever nvcc does, GPU or not.
+What it leaves out: ahead-of-time wheels (setup.py / CUDAExtension); a JIT build is enough for a course.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+BINDINGS = CSRC / "bindings.cpp"
+# Each kernel file and the __global__ functions it must define (the compile test checks ptxas saw every one).
+KERNELS: dict[str, tuple[str, ...]] = {
+    "softmax.cu": ("softmax_v1_kernel", "softmax_v2_kernel", "softmax_v3_kernel", "softmax_v4_kernel"),
+    "layernorm.cu": ("layernorm_v1_kernel", "layernorm_v2_kernel", "layernorm_v3_kernel"),
+    "bias_gelu.cu": ("bias_gelu_v1_kernel", "bias_gelu_v2_kernel", "bias_gelu_tail_kernel"),
+    "attention.cu": ("attention_v1_kernel", "attention_v2_kernel"),
+    "paged_attention.cu": ("paged_attention_v1_kernel",),
+    "int8_gemv.cu": ("int8_gemv_v1_kernel", "int8_gemv_v2_kernel"),
+    "kv_write.cu": ("kv_write_v1_kernel",),
+}
+KERNEL_SOURCES: tuple[Path, ...] = tuple(CSRC / name for name in KERNELS)
+# The defines torch.utils.cpp_extension passes to nvcc, so the standalone compile sees what the JIT build sees.
+TORCH_NVCC_FLAGS = ("-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
+                    "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__", "--expt-relaxed-constexpr")
+
+_lock = threading.Lock()
+_loaded = False
+
+
+def cache_dir() -> Path:
+    """Where builds go: $MINILLM_KERNELS_CACHE, else $XDG_CACHE_HOME/minillm/kernels (~/.cache by default)."""
+    if os.environ.get("MINILLM_KERNELS_CACHE"):
+        return Path(os.environ["MINILLM_KERNELS_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "minillm" / "kernels"
+
+
+def find_cuda_home() -> Path | None:
+    """The CUDA toolkit's root: the first of $CUDA_HOME, $CUDA_PATH, nvcc's grandparent, /usr/local/cuda and
+    /usr/local/cuda-* (newest first) that holds include/cuda_runtime.h and bin/nvcc.
+
+    subtle: the nvcc on the PATH may be a wrapper script (/usr/local/bin/nvcc running
+    /usr/local/cuda-13.0/bin/nvcc); its grandparent /usr/local holds no CUDA headers, yet it is torch's own guess.
+    """
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    on_path = shutil.which("nvcc")
+    if on_path:
+        candidates += [str(Path(on_path).resolve().parent.parent), str(Path(on_path).parent.parent)]
+    candidates += ["/usr/local/cuda", *sorted(glob.glob("/usr/local/cuda-*"), reverse=True)]
+    for c in candidates:
+        if c and (Path(c) / "include" / "cuda_runtime.h").is_file() and (Path(c) / "bin" / "nvcc").is_file():
+            return Path(c)
+    return None
+
+
+def find_nvcc() -> str | None:
+    """nvcc on the PATH, else the toolkit's (`find_cuda_home`)."""
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    home = find_cuda_home()
+    return str(home / "bin" / "nvcc") if home is not None else None
+
+
+def load_kernels(verbose: bool = False):
+    """Build (first call; cached on disk afterwards) and load the extension; return `torch.ops.minillm_kernels`.
+
+    Raises RuntimeError saying what is missing when there is no CUDA device, no CUDA build of torch, or no nvcc.
+    The build targets the current device's compute capability only (TORCH_CUDA_ARCH_LIST for the call), so one
+    build is about a minute on a few cores; torch's loader rebuilds by itself when a source file changes.
+    """
+    global _loaded
+    with _lock:
+        if _loaded:
+            return torch.ops.minillm_kernels
+        if torch.version.cuda is None:
+            raise RuntimeError(f"the chapter 12 kernels need a CUDA build of torch; this one is {torch.__version__} "
+                               "(CPU only). The CPU mirrors in minillm.kernels.mirror run anywhere.")
+        if not torch.cuda.is_available():
+            raise RuntimeError("the chapter 12 kernels need a CUDA GPU: torch.cuda.is_available() is False")
+        cuda_home = find_cuda_home()
+        if cuda_home is None:
+            raise RuntimeError("the chapter 12 kernels are compiled on first use and need the CUDA toolkit (nvcc and "
+                               "its headers): none found on the PATH, under $CUDA_HOME or in /usr/local/cuda*; install "
+                               f"the one matching torch.version.cuda={torch.version.cuda}")
+        from torch.utils import cpp_extension  # torch's own submodule: heavy, needed only when building
+
+        torch_home = cpp_extension.CUDA_HOME
+        if torch_home is None or not (Path(torch_home) / "include" / "cuda_runtime.h").is_file():
+            # subtle: torch guessed a directory without CUDA headers (see find_cuda_home); its build reads this
+            # module attribute each time it needs a CUDA path, so pointing it at the real toolkit fixes the build.
+            cpp_extension.CUDA_HOME = str(cuda_home)
+
+        major, minor = torch.cuda.get_device_capability()
+        arch = f"{major}.{minor}"
+        build_dir = cache_dir() / f"torch-{torch.__version__}-cuda-{torch.version.cuda}-sm{major}{minor}".replace("+", "_")
+        build_dir.mkdir(parents=True, exist_ok=True)
+        previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
+        os.environ["TORCH_CUDA_ARCH_LIST"] = arch  # subtle: read by the build, so set only around the call
+        try:
+            cpp_extension.load(
+                name="minillm_kernels",
+                sources=[str(p) for p in (*KERNEL_SOURCES, BINDINGS)],
+                extra_cflags=["-O2"],
+                extra_cuda_cflags=["-O3", "-lineinfo"],
+                build_directory=str(build_dir),
+                verbose=verbose,
+                with_cuda=True,
+                is_python_module=False,  # TORCH_LIBRARY registers the ops; the .so is loaded into torch.ops
+            )
+        finally:
+            if previous is None:
+                os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+            else:
+                os.environ["TORCH_CUDA_ARCH_LIST"] = previous
+        _loaded = True
+        return torch.ops.minillm_kernels
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    """What ptxas reported for one kernel instantiation compiled for one architecture."""
+
+    source: str  # "softmax.cu"
+    arch: str  # "sm_90"
+    kernel: str  # the mangled name, e.g. _ZN7minillm17softmax_v1_kernelIfEEvPKT_PS2_ll
+    registers: int  # per thread
+    spill_stores: int  # bytes
+    spill_loads: int  # bytes
+    stack_frame: int  # bytes
+
+
+_ENTRY = re.compile(r"Compiling entry function '(\S+)' for '(sm_\d+a?)'")
+_PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_REGS = re.compile(r"Used (\d+) registers")
+
+
+def parse_ptxas(source: str, text: str) -> list[KernelResources]:
+    """KernelResources for every entry function in a `-Xptxas -v` report (one entry per kernel and arch)."""
+    found: list[KernelResources] = []
+    kernel = arch = None
+    props: tuple[int, int, int] | None = None
+    for line in text.splitlines():
+        if m := _ENTRY.search(line):
+            kernel, arch, props = m.group(1), m.group(2), None
+        elif (m := _PROPS.search(line)) and kernel is not None:
+            props = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        elif (m := _REGS.search(line)) and kernel is not None and arch is not None:
+            stack, stores, loads = props if props is not None else (0, 0, 0)
+            found.append(KernelResources(source, arch, kernel, int(m.group(1)), stores, loads, stack))
+            kernel = arch = None
+    return found
+
+
+def _arch_list(arch: str | Sequence[str]) -> list[str]:
+    archs = [arch] if isinstance(arch, str) else list(arch)
+    for a in archs:
+        if not re.fullmatch(r"sm_\d{2,3}a?", a):
+            raise ValueError(f"arch must look like 'sm_90', got {a!r}")
+    if not archs:
+        raise ValueError("arch names no architecture")
+    return archs
+
+
+def compile_sources_with_nvcc(
+    arch: str | Sequence[str],
+    out_dir: str | Path,
+    sources: Sequence[Path] = KERNEL_SOURCES,
+    jobs: int | None = None,
+    timeout: float = 300.0,
+) -> list[KernelResources]:
+    """Compile each kernel file by itself (`nvcc -c -Xptxas -v`) for `arch` ("sm_90" or several) into out_dir.
+
+    The files are compiled in `jobs` threads (nvcc is a separate process). Returns every kernel's registers and
+    spills; raises RuntimeError with nvcc's output when a file does not compile, and when nvcc is missing.
+    """
+    archs = _arch_list(arch)
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise RuntimeError("nvcc is not on the PATH (nor under CUDA_HOME): cannot compile the kernels")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    gencode = [f"-gencode=arch=compute_{a[3:].rstrip('a')},code={a}" for a in archs]
+
+    def one(src: Path) -> list[KernelResources]:
+        cmd = [nvcc, "-c", "-std=c++17", "-O3", *TORCH_NVCC_FLAGS, *gencode, "-Xptxas", "-v",
+               "-o", str(out / (src.stem + ".o")), str(src)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"nvcc failed on {src.name} (exit {proc.returncode}):\n{' '.join(cmd)}\n"
+                               f"{proc.stdout}\n{proc.stderr}")
+        return parse_ptxas(src.name, proc.stdout + proc.stderr)
+
+    with ThreadPoolExecutor(max_workers=jobs or max(1, min(len(sources), os.cpu_count() or 1))) as pool:
+        results = list(pool.map(one, sources))
+    return [r for rs in results for r in rs]

@@ -1,0 +1,111 @@
+// LayerNorm over the last dimension, out = (x - mean) * rsqrt(var + eps) * weight + bias (biased variance, as
+// torch.nn.functional.layer_norm), statistics in fp32, three versions:
+//   v1  one thread per row: one pass for mean, one for variance, one to write.
+//   v2  one block per row: each thread accumulates sum and sum of squares in fp32 in ONE pass over the row, the
+//       block combines them by a shared-memory tree reduction; var = E[x^2] - mean^2 (clamped at 0).
+//   v3  one warp per row (4 rows per block): the same one-pass sums, combined by warp shuffles alone, no
+//       shared memory and no __syncthreads.
+// subtle: E[x^2] - mean^2 loses precision when |mean| >> std; fp32 sums keep that harmless for activations, and
+// the tests use inputs with an offset mean to keep us honest.
+// Reference twins: minillm.kernels.naive.layernorm, minillm.kernels.mirror.layernorm_warp (v3's lane sums).
+#include "common.cuh"
+#include "kernels.h"
+
+namespace minillm {
+
+template <typename T>
+__global__ void layernorm_v1_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                                    T* __restrict__ out, int64_t rows, int64_t cols, float eps) {
+    const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    const T* xr = x + r * cols;
+    T* yr = out + r * cols;
+    float sum = 0.f;
+    for (int64_t c = 0; c < cols; ++c) sum += to_float(xr[c]);
+    const float mean = sum / cols;
+    float sq = 0.f;
+    for (int64_t c = 0; c < cols; ++c) {
+        const float d = to_float(xr[c]) - mean;
+        sq += d * d;
+    }
+    const float rstd = rsqrtf(sq / cols + eps);
+    for (int64_t c = 0; c < cols; ++c)
+        yr[c] = from_float<T>((to_float(xr[c]) - mean) * rstd * to_float(w[c]) + to_float(b[c]));
+}
+
+// v2: blockDim.x == 256 (a power of two, as the tree reduction needs).
+template <typename T>
+__global__ void layernorm_v2_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                                    T* __restrict__ out, int64_t rows, int64_t cols, float eps) {
+    __shared__ float s_sum[256], s_sq[256];
+    const int64_t r = blockIdx.x;
+    const int tid = threadIdx.x;
+    const T* xr = x + r * cols;
+    T* yr = out + r * cols;
+    float sum = 0.f, sq = 0.f;
+    for (int64_t c = tid; c < cols; c += blockDim.x) {
+        const float v = to_float(xr[c]);
+        sum += v;
+        sq += v * v;
+    }
+    s_sum[tid] = sum;
+    s_sq[tid] = sq;
+    __syncthreads();
+    for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+        if (tid < stride) {
+            s_sum[tid] += s_sum[tid + stride];
+            s_sq[tid] += s_sq[tid + stride];
+        }
+        __syncthreads();
+    }
+    const float mean = s_sum[0] / cols;
+    const float var = fmaxf(s_sq[0] / cols - mean * mean, 0.f);
+    const float rstd = rsqrtf(var + eps);
+    for (int64_t c = tid; c < cols; c += blockDim.x)
+        yr[c] = from_float<T>((to_float(xr[c]) - mean) * rstd * to_float(w[c]) + to_float(b[c]));
+}
+
+// v3: blockDim.x == 128, warp k of block i handles row 4 * i + k.
+template <typename T>
+__global__ void layernorm_v3_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                                    T* __restrict__ out, int64_t rows, int64_t cols, float eps) {
+    const int lane = threadIdx.x % 32;
+    const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+    if (r >= rows) return;  // a whole warp leaves together, so the shuffles below stay full-warp
+    const T* xr = x + r * cols;
+    T* yr = out + r * cols;
+    float sum = 0.f, sq = 0.f;
+    for (int64_t c = lane; c < cols; c += 32) {
+        const float v = to_float(xr[c]);
+        sum += v;
+        sq += v * v;
+    }
+    sum = warp_sum(sum);
+    sq = warp_sum(sq);
+    const float mean = sum / cols;
+    const float var = fmaxf(sq / cols - mean * mean, 0.f);
+    const float rstd = rsqrtf(var + eps);
+    for (int64_t c = lane; c < cols; c += 32)
+        yr[c] = from_float<T>((to_float(xr[c]) - mean) * rstd * to_float(w[c]) + to_float(b[c]));
+}
+
+cudaError_t layernorm_forward(int version, int dtype, const void* x, const void* weight, const void* bias, void* out,
+                              int64_t rows, int64_t cols, float eps, cudaStream_t stream) {
+    if (rows <= 0 || cols <= 0) return cudaSuccess;
+    if (rows > 2147483647LL) return cudaErrorInvalidValue;
+    MINILLM_DISPATCH(dtype, {
+        const T* xt = static_cast<const T*>(x);
+        const T* wt = static_cast<const T*>(weight);
+        const T* bt = static_cast<const T*>(bias);
+        T* yt = static_cast<T*>(out);
+        switch (version) {
+            case 1: layernorm_v1_kernel<T><<<ceil_div(rows, 128), 128, 0, stream>>>(xt, wt, bt, yt, rows, cols, eps); break;
+            case 2: layernorm_v2_kernel<T><<<static_cast<unsigned>(rows), 256, 0, stream>>>(xt, wt, bt, yt, rows, cols, eps); break;
+            case 3: layernorm_v3_kernel<T><<<ceil_div(rows, 4), 128, 0, stream>>>(xt, wt, bt, yt, rows, cols, eps); break;
+            default: return cudaErrorInvalidValue;
+        }
+    });
+    return cudaGetLastError();
+}
+
+}  // namespace minillm

@@ -1,0 +1,206 @@
+"""The kernels' algorithms in pure PyTorch, step for step, so they are tested on every machine, GPU or not.
+
+Where `naive` computes each result the obvious way, a mirror computes it the way its kernel does: softmax in one
+pass with a running (max, sum) over tiles and merged partial states (softmax.cu v4); layernorm from 32 lane-strided
+partial sums combined as the warp shuffles combine them (layernorm.cu v3); FlashAttention's query/key tiles with the
+running max, sum and rescaled output (attention.cu v2); decode attention walking a block table block by block
+(paged_attention.cu); int8 GEMV from lane partial sums with the scale applied after the sum (int8_gemv.cu v2); and
+the KV write as a loop over slots (kv_write.cu). All math is fp32; results are rounded to the input dtype once.
+What it leaves out: threads and memory: a mirror shows the arithmetic order, not the parallel schedule.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from minillm.kernels.naive import gelu_tanh
+
+NEG_INF = float("-inf")
+
+
+def online_merge(m1: torch.Tensor, s1: torch.Tensor, m2: torch.Tensor, s2: torch.Tensor):
+    """Merge two running softmax states (max m, sum s of exp(x - m)); an empty state is (-inf, 0).
+
+    (m, s) = (max(m1, m2), s1 exp(m1 - m) + s2 exp(m2 - m)), Milakov & Gimelshein 2018, eq. 4.
+    subtle: where both maxima are -inf the exponent is nan; those states stay (-inf, 0).
+    """
+    m = torch.maximum(m1, m2)
+    safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    s = s1 * torch.exp(m1 - safe) + s2 * torch.exp(m2 - safe)
+    return m, s
+
+
+def softmax_online(x: torch.Tensor, tile: int = 8, num_parts: int = 4) -> torch.Tensor:
+    """softmax.cu v4: the columns are dealt round-robin to `num_parts` parts (the threads, in tiles of `tile`
+    elements, the 16-byte packs); each part folds its tiles into a running (max, sum) in one pass; the parts'
+    states merge pairwise; then one more pass writes exp(x - m) / s."""
+    if tile < 1 or num_parts < 1:
+        raise ValueError(f"tile and num_parts must be >= 1, got tile={tile}, num_parts={num_parts}")
+    x32 = x.float()
+    R, C = x32.shape[:-1], x32.shape[-1]
+    states = []
+    for part in range(num_parts):
+        m = torch.full(R, NEG_INF)
+        s = torch.zeros(R)
+        for c0 in range(part * tile, C, num_parts * tile):  # this part's tiles
+            xt = x32[..., c0 : c0 + tile]  # (..., <= tile)
+            m, s = online_merge(m, s, xt.amax(dim=-1), torch.zeros(R))  # the tile's max joins the running max
+            # subtle: while m is still -inf, every element so far was -inf and adds 0 (the kernel skips it)
+            m_safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+            s = s + torch.exp(xt - m_safe.unsqueeze(-1)).sum(dim=-1)
+        states.append((m, s))
+    while len(states) > 1:  # the tree the shuffles build: pair neighbours until one state is left
+        merged = [online_merge(*states[i], *states[i + 1]) for i in range(0, len(states) - 1, 2)]
+        states = merged + ([states[-1]] if len(states) % 2 else [])
+    m, s = states[0]
+    return (torch.exp(x32 - m.unsqueeze(-1)) / s.unsqueeze(-1)).to(x.dtype)
+
+
+def warp_tree_sum(partials: torch.Tensor) -> torch.Tensor:
+    """Sum the last dimension (32 lanes) the way `warp_sum` does: lane i adds lane i ^ offset, offset 16, 8, .., 1.
+    Every lane ends with the total; lane 0's is returned."""
+    if partials.shape[-1] != 32:
+        raise ValueError(f"a warp has 32 lanes, got {partials.shape[-1]} partial sums")
+    lanes = torch.arange(32)
+    for offset in (16, 8, 4, 2, 1):
+        partials = partials + partials[..., lanes ^ offset]
+    return partials[..., 0]
+
+
+def lane_partials(x: torch.Tensor) -> torch.Tensor:
+    """(..., C) -> (..., 32): lane i's sum of columns i, i + 32, i + 64, ... (the loop `c = lane; c += 32`)."""
+    C = x.shape[-1]
+    pad = (-C) % 32
+    xp = torch.nn.functional.pad(x, (0, pad))  # (..., C + pad), zeros add nothing
+    return xp.reshape(*x.shape[:-1], -1, 32).sum(dim=-2)  # (..., C/32, 32) -> (..., 32)
+
+
+def layernorm_warp(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """layernorm.cu v3: one pass of lane-strided sums of x and x^2, a warp tree sum of each, var = E[x^2] - mean^2."""
+    x32 = x.float()
+    C = x32.shape[-1]
+    mean = warp_tree_sum(lane_partials(x32)) / C  # (...,)
+    var = (warp_tree_sum(lane_partials(x32 * x32)) / C - mean**2).clamp(min=0.0)  # (...,)
+    rstd = torch.rsqrt(var + eps)
+    y = (x32 - mean.unsqueeze(-1)) * rstd.unsqueeze(-1) * weight.float() + bias.float()
+    return y.to(x.dtype)
+
+
+def bias_gelu(x: torch.Tensor, bias: torch.Tensor, pack: int = 8) -> torch.Tensor:
+    """bias_gelu.cu v2: the flat array in packs of `pack` elements plus a tail, element i taking bias[i % C]."""
+    C = x.shape[-1]
+    flat = x.reshape(-1).float()
+    out = torch.empty_like(flat)
+    n = flat.numel()
+    full = n - n % pack
+    for start, stop in ((0, full), (full, n)):  # the packs, then the tail
+        idx = torch.arange(start, stop)
+        out[idx] = gelu_tanh(flat[idx] + bias.float()[idx % C])
+    return out.view(x.shape).to(x.dtype)
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int = 16, block_k: int = 16):
+    """attention.cu v2 (Dao et al. 2022, Algorithm 1), causal: q, k, v (B, nh, T, hs) -> (B, nh, T, hs).
+
+    For each tile of block_q queries, walk the key tiles up to the tile's last query; for each: S = scale Q K^T
+    (masked), m_new = max(m, rowmax S), P = exp(S - m_new), l = l exp(m - m_new) + rowsum P,
+    O = O exp(m - m_new) + P V; finally O / l.
+    """
+    B, nh, T, hs = q.shape
+    scale = 1.0 / math.sqrt(hs)
+    q32, k32, v32 = q.float(), k.float(), v.float()
+    out = torch.empty(B, nh, T, hs)
+    for q0 in range(0, T, block_q):
+        qt = q32[:, :, q0 : q0 + block_q]  # (B, nh, br, hs)
+        br = qt.shape[2]
+        m = torch.full((B, nh, br), NEG_INF)
+        l = torch.zeros(B, nh, br)
+        o = torch.zeros(B, nh, br, hs)
+        q_pos = torch.arange(q0, q0 + br)
+        for k0 in range(0, min(T, q0 + br), block_k):  # causal: stop at the tile's last query
+            kt, vt = k32[:, :, k0 : k0 + block_k], v32[:, :, k0 : k0 + block_k]  # (B, nh, bc, hs)
+            s = scale * qt @ kt.transpose(-2, -1)  # (B, nh, br, hs) @ (B, nh, hs, bc) -> (B, nh, br, bc)
+            visible = torch.arange(k0, k0 + kt.shape[2]).unsqueeze(0) <= q_pos.unsqueeze(1)  # (br, bc)
+            s = s.masked_fill(~visible, NEG_INF)
+            m_new = torch.maximum(m, s.amax(dim=-1))  # (B, nh, br); finite: key q0 is visible to every row
+            alpha = torch.exp(m - m_new)  # m = -inf on the first tile: 0
+            p = torch.exp(s - m_new.unsqueeze(-1))  # (B, nh, br, bc), 0 where masked
+            l = l * alpha + p.sum(dim=-1)
+            o = o * alpha.unsqueeze(-1) + p @ vt  # (B, nh, br, bc) @ (B, nh, bc, hs) -> (B, nh, br, hs)
+            m = m_new
+        out[:, :, q0 : q0 + br] = o / l.unsqueeze(-1)
+    return out.to(q.dtype)
+
+
+def paged_attention_decode(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+) -> torch.Tensor:
+    """paged_attention.cu: for each sequence, walk its block table one block at a time, reading the block's keys in
+    place from the pool, and fold them into a running (max, sum, output); q (S, nh, hs) -> (S, nh, hs).
+
+    As the kernel does, a block index outside the pool (or a context longer than the table) gives NaN for that
+    sequence, and a context of 0 gives zeros.
+    """
+    S, nh, hs = q.shape
+    nb, bs = k_pool.shape[:2]
+    scale = 1.0 / math.sqrt(hs)
+    out = torch.zeros(S, nh, hs)
+    for s in range(S):
+        ctx = int(context_lens[s])
+        if ctx > block_tables.shape[1] * bs:
+            out[s] = float("nan")
+            continue
+        qs = q[s].float()  # (nh, hs)
+        m, l, o = torch.full((nh,), NEG_INF), torch.zeros(nh), torch.zeros(nh, hs)
+        for j in range(-(-ctx // bs)):
+            block = int(block_tables[s, j])
+            if not 0 <= block < nb:
+                o, l = torch.full((nh, hs), float("nan")), torch.ones(nh)
+                break
+            n = min(bs, ctx - j * bs)  # tokens of this block inside the context
+            kb = k_pool[block, :n].float()  # (n, nh, hs)
+            vb = v_pool[block, :n].float()  # (n, nh, hs)
+            sc = scale * torch.einsum("hd,nhd->hn", qs, kb)  # (nh, n)
+            m_new = torch.maximum(m, sc.amax(dim=-1))  # (nh,)
+            alpha = torch.exp(m - m_new)
+            p = torch.exp(sc - m_new.unsqueeze(-1))  # (nh, n)
+            l = l * alpha + p.sum(dim=-1)
+            o = o * alpha.unsqueeze(-1) + torch.einsum("hn,nhd->hd", p, vb)  # (nh, hs)
+            m = m_new
+        if ctx > 0:
+            out[s] = o / l.unsqueeze(-1)
+    return out.to(q.dtype)
+
+
+def int8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """int8_gemv.cu v2: for each output row n, 32 lanes sum x[k] * w[n, k] over k = lane, lane + 32, ...; a warp
+    tree sum; then one multiply by scale[n] (sum_k x_k w_k s = s sum_k x_k w_k) and the bias."""
+    prod = x.float().unsqueeze(1) * w.float().unsqueeze(0)  # (M, 1, K) * (1, N, K) -> (M, N, K)
+    acc = warp_tree_sum(lane_partials(prod))  # (M, N)
+    y = acc * scale.float()
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+def kv_cache_write(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """kv_write.cu, one token at a time: slot = block * bs + offset; -1 (or outside the pool) is skipped."""
+    nb, bs = k_pool.shape[:2]
+    for t, slot in enumerate(slot_mapping.tolist()):
+        if not 0 <= slot < nb * bs:
+            continue
+        block, offset = divmod(slot, bs)
+        k_pool[block, offset] = key[t]
+        v_pool[block, offset] = value[t]

@@ -1,0 +1,94 @@
+"""The naive PyTorch twin of every chapter 12 kernel: plain torch ops, fp32 math, the reference for every test.
+
+Each function computes what its kernel computes, in the most direct way (whole rows, dense matrices, Python loops
+over sequences), upcasting to fp32 and rounding once to the input dtype at the end, as the kernels do. They run
+on any device. What they leave out: speed; `bench` times them as the baseline every version is compared with.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from minillm.core.attention import attention_ref, causal_mask
+from minillm.paged.paged_cache import write_kv
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """Row softmax over the last dimension: exp(x - max) / sum exp(x - max)."""
+    x32 = x.float()
+    e = torch.exp(x32 - x32.amax(dim=-1, keepdim=True))  # (..., C)
+    return (e / e.sum(dim=-1, keepdim=True)).to(x.dtype)
+
+
+def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last dimension, biased variance (as F.layer_norm)."""
+    x32 = x.float()
+    mean = x32.mean(dim=-1, keepdim=True)  # (..., 1)
+    var = ((x32 - mean) ** 2).mean(dim=-1, keepdim=True)  # (..., 1)
+    return ((x32 - mean) / torch.sqrt(var + eps) * weight.float() + bias.float()).to(x.dtype)
+
+
+def gelu_tanh(u: torch.Tensor) -> torch.Tensor:
+    """GPT-2's GELU, the tanh approximation (Hendrycks & Gimpel 2016, section 2); F.gelu(u, approximate="tanh")."""
+    return 0.5 * u * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (u + 0.044715 * u**3)))
+
+
+def bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(x + bias), bias (C,) broadcast over the rows of x (..., C)."""
+    return gelu_tanh(x.float() + bias.float()).to(x.dtype)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention with scale 1/sqrt(hs): q, k, v (B, nh, T, hs) -> (B, nh, T, hs), via chapter 02's
+    explicit `attention_ref`."""
+    T = q.shape[-2]
+    mask = causal_mask(T, T, device=q.device)  # (T, T)
+    return attention_ref(q.float(), k.float(), v.float(), mask).to(q.dtype)
+
+
+def paged_attention_decode(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+) -> torch.Tensor:
+    """One query token per sequence against its context in the pools: q (S, nh, hs), pools (nb, bs, nh, hs),
+    block_tables (S, max_nb), context_lens (S,) -> (S, nh, hs). Gathers each sequence's K/V densely, then attends."""
+    S, nh, hs = q.shape
+    bs = k_pool.shape[1]
+    out = []
+    for s, ctx in enumerate(context_lens.tolist()):
+        nblk = -(-ctx // bs)
+        blocks = block_tables[s, :nblk]  # (nblk,)
+        k = k_pool.index_select(0, blocks).flatten(0, 1)[:ctx]  # (nblk, bs, nh, hs) -> (ctx, nh, hs)
+        v = v_pool.index_select(0, blocks).flatten(0, 1)[:ctx]  # (ctx, nh, hs)
+        qs = q[s].float().unsqueeze(1)  # (nh, 1, hs)
+        y = attention_ref(qs, k.float().transpose(0, 1), v.float().transpose(0, 1))  # (nh, 1, hs)
+        out.append(y.squeeze(1))  # (nh, hs)
+    return torch.stack(out).to(q.dtype)  # (S, nh, hs)
+
+
+def int8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (M, K) @ (w (N, K) int8 * scale (N,)[:, None])^T + bias (N,) -> (M, N): dequantize, then matmul."""
+    w_fp = w.float() * scale.float()[:, None]  # (N, K), the dequantized weight
+    y = x.float() @ w_fp.T  # (M, K) @ (K, N) -> (M, N)
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+def kv_cache_write(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """In place: pool row slot_mapping[t] <- key/value row t (T, nh, hs), slots of -1 skipped; chapter 05's
+    `write_kv` on the slots that are not -1."""
+    keep = slot_mapping >= 0  # (T,)
+    write_kv(k_pool, slot_mapping[keep], key[keep])
+    write_kv(v_pool, slot_mapping[keep], value[keep])

@@ -1,0 +1,209 @@
+"""The Python entry points of the chapter 12 kernels: `softmax(x, version=4)` and friends.
+
+Each function checks its arguments (TypeError or ValueError naming the bad value) before anything is built or
+launched, so a mistake costs no compile and says what to fix; then it allocates the output (unless `out` is given:
+the tests pass a NaN-poisoned one) and calls `torch.ops.minillm_kernels.<name>`, which checks again in C++.
+Every version of every kernel stays callable: `version` picks one, the default is the last (fastest).
+What it leaves out: autograd (these are inference kernels) and CPU tensors (use `naive` or `mirror` there).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minillm.kernels.build import load_kernels
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+NUM_VERSIONS = {"softmax": 4, "layernorm": 3, "bias_gelu": 2, "attention": 2, "paged_attention_decode": 1,
+                "int8_gemv": 2, "kv_cache_write": 1}
+MAX_HEAD_SIZE = 128  # attention.cu and paged_attention.cu give thread d dimension d of a 128-thread block
+
+
+def _tensor(name: str, t, dim: int | None = None, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dim is not None and t.dim() != dim:
+        raise ValueError(f"{name} must be {dim}-D, got shape {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        raise ValueError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
+    return t
+
+
+def _same(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor, shape: tuple[int, ...] | None = None) -> None:
+    if t.dtype != ref.dtype:
+        raise ValueError(f"{name} must have {ref_name}'s dtype {ref.dtype}, got {t.dtype}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+
+
+def _version(op: str, version) -> int:
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise TypeError(f"{op}: version must be an int, got {type(version).__name__} {version!r}")
+    n = NUM_VERSIONS[op]
+    if not 1 <= version <= n:
+        raise ValueError(f"{op}: version must be 1..{n}, got {version}")
+    return version
+
+
+def _on_cuda(**tensors: torch.Tensor) -> None:
+    """Every tensor on one CUDA device and contiguous (the kernels index raw row-major memory)."""
+    devices = {t.device for t in tensors.values()}
+    for name, t in tensors.items():
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} must be on a CUDA device, got {t.device} (the CPU twins are in "
+                             "minillm.kernels.naive and minillm.kernels.mirror)")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous, got strides {t.stride()} for shape {tuple(t.shape)}; "
+                             "call .contiguous() first")
+    if len(devices) > 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(str(d) for d in devices)}")
+
+
+def _out(out, like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    if out is None:
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+    _tensor("out", out)
+    _same("out", out, "the input", like, shape)
+    return out
+
+
+def softmax(x: torch.Tensor, version: int = 4, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Softmax over the last dimension of x (..., C); versions 1..4 (csrc/softmax.cu)."""
+    _tensor("x", x)
+    if x.dim() < 1:
+        raise ValueError(f"x must have at least one dimension, got shape {tuple(x.shape)}")
+    _version("softmax", version)
+    out = _out(out, x, tuple(x.shape))
+    _on_cuda(x=x, out=out)
+    C = x.shape[-1]
+    if x.numel() == 0:
+        return out
+    load_kernels().softmax(x.view(-1, C), out.view(-1, C), version)
+    return out
+
+
+def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5, version: int = 3,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """LayerNorm over the last dimension of x (..., C) with weight, bias (C,); versions 1..3 (csrc/layernorm.cu)."""
+    _tensor("x", x)
+    if x.dim() < 1:
+        raise ValueError(f"x must have at least one dimension, got shape {tuple(x.shape)}")
+    C = x.shape[-1]
+    _same("weight", _tensor("weight", weight), "x", x, (C,))
+    _same("bias", _tensor("bias", bias), "x", x, (C,))
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        raise ValueError(f"eps must be a positive number, got {eps!r}")
+    _version("layernorm", version)
+    out = _out(out, x, tuple(x.shape))
+    _on_cuda(x=x, weight=weight, bias=bias, out=out)
+    if x.numel() == 0:
+        return out
+    load_kernels().layernorm(x.view(-1, C), weight, bias, out.view(-1, C), float(eps), version)
+    return out
+
+
+def bias_gelu(x: torch.Tensor, bias: torch.Tensor, version: int = 2, out: torch.Tensor | None = None) -> torch.Tensor:
+    """gelu_tanh(x + bias) for x (..., C), bias (C,); versions 1..2 (csrc/bias_gelu.cu)."""
+    _tensor("x", x)
+    if x.dim() < 1:
+        raise ValueError(f"x must have at least one dimension, got shape {tuple(x.shape)}")
+    C = x.shape[-1]
+    _same("bias", _tensor("bias", bias), "x", x, (C,))
+    _version("bias_gelu", version)
+    out = _out(out, x, tuple(x.shape))
+    _on_cuda(x=x, bias=bias, out=out)
+    if x.numel() == 0:
+        return out
+    load_kernels().bias_gelu(x.view(-1, C), bias, out.view(-1, C), version)
+    return out
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, version: int = 2,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention, scale 1/sqrt(hs): q, k, v (B, nh, T, hs), hs <= 128; versions 1..2 (csrc/attention.cu)."""
+    _tensor("q", q, dim=4)
+    if not 1 <= q.shape[-1] <= MAX_HEAD_SIZE:
+        raise ValueError(f"head size q.shape[-1] must be 1..{MAX_HEAD_SIZE}, got {q.shape[-1]}")
+    _same("k", _tensor("k", k, dim=4), "q", q, tuple(q.shape))
+    _same("v", _tensor("v", v, dim=4), "q", q, tuple(q.shape))
+    _version("attention", version)
+    out = _out(out, q, tuple(q.shape))
+    _on_cuda(q=q, k=k, v=v, out=out)
+    load_kernels().attention(q, k, v, out, version)
+    return out
+
+
+def paged_attention_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
+                           context_lens: torch.Tensor, version: int = 1,
+                           out: torch.Tensor | None = None) -> torch.Tensor:
+    """Decode attention over chapter 05's pools: q (S, nh, hs), k_pool/v_pool (nb, bs, nh, hs), block_tables
+    (S, max_nb) int64 (-1 padded), context_lens (S,) int64 -> (S, nh, hs) (csrc/paged_attention.cu).
+
+    The pools must have q's dtype (PagedKVCache(dtype=...) matching the model's); a bad block index makes that
+    sequence's output NaN rather than reading outside the pool."""
+    _tensor("q", q, dim=3)
+    S, nh, hs = q.shape
+    if not 1 <= hs <= MAX_HEAD_SIZE:
+        raise ValueError(f"head size q.shape[-1] must be 1..{MAX_HEAD_SIZE}, got {hs}")
+    _tensor("k_pool", k_pool, dim=4)
+    if tuple(k_pool.shape[2:]) != (nh, hs):
+        raise ValueError(f"k_pool must be (nb, bs, nh={nh}, hs={hs}), got shape {tuple(k_pool.shape)}")
+    _same("k_pool", k_pool, "q", q)
+    _same("v_pool", _tensor("v_pool", v_pool, dim=4), "k_pool", k_pool, tuple(k_pool.shape))
+    _tensor("block_tables", block_tables, dim=2, dtypes=(torch.int64,))
+    if block_tables.shape[0] != S:
+        raise ValueError(f"block_tables must have S={S} rows (one per query), got shape {tuple(block_tables.shape)}")
+    _tensor("context_lens", context_lens, dim=1, dtypes=(torch.int64,))
+    if tuple(context_lens.shape) != (S,):
+        raise ValueError(f"context_lens must have shape ({S},), got {tuple(context_lens.shape)}")
+    _version("paged_attention_decode", version)
+    out = _out(out, q, tuple(q.shape))
+    _on_cuda(q=q, k_pool=k_pool, v_pool=v_pool, block_tables=block_tables, context_lens=context_lens, out=out)
+    load_kernels().paged_attention_decode(q, k_pool, v_pool, block_tables, context_lens, out)
+    return out
+
+
+def int8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
+              version: int = 2, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x (M, K) @ (w (N, K) int8 * scale (N,))^T + bias (N,) -> (M, N); versions 1..2 (csrc/int8_gemv.cu)."""
+    _tensor("x", x, dim=2)
+    _tensor("w", w, dim=2, dtypes=(torch.int8,))
+    if w.shape[1] != x.shape[1]:
+        raise ValueError(f"w must be (N, K={x.shape[1]}) to match x {tuple(x.shape)}, got {tuple(w.shape)}")
+    N = w.shape[0]
+    _same("scale", _tensor("scale", scale), "x", x, (N,))
+    tensors = {"x": x, "w": w, "scale": scale}
+    if bias is not None:
+        _same("bias", _tensor("bias", bias), "x", x, (N,))
+        tensors["bias"] = bias
+    _version("int8_gemv", version)
+    out = _out(out, x, (x.shape[0], N))
+    _on_cuda(**tensors, out=out)
+    load_kernels().int8_gemv(x, w, scale, bias, out, version)
+    return out
+
+
+def kv_cache_write(key: torch.Tensor, value: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                   slot_mapping: torch.Tensor, version: int = 1, check_slots: bool = True) -> None:
+    """In place: row t of key/value (T, nh, hs) into pool slot slot_mapping[t] (pools (nb, bs, nh, hs)), -1 skipped
+    (csrc/kv_write.cu). `check_slots` verifies every slot is -1 or inside the pool (one device sync); the kernel
+    itself skips out-of-range slots instead of writing past the pool."""
+    _tensor("key", key, dim=3)
+    _same("value", _tensor("value", value, dim=3), "key", key, tuple(key.shape))
+    _tensor("k_pool", k_pool, dim=4)
+    if tuple(k_pool.shape[2:]) != tuple(key.shape[1:]):
+        raise ValueError(f"k_pool must be (nb, bs, nh={key.shape[1]}, hs={key.shape[2]}), "
+                         f"got shape {tuple(k_pool.shape)}")
+    _same("k_pool", k_pool, "key", key)
+    _same("v_pool", _tensor("v_pool", v_pool, dim=4), "k_pool", k_pool, tuple(k_pool.shape))
+    _tensor("slot_mapping", slot_mapping, dim=1, dtypes=(torch.int64,))
+    if slot_mapping.shape[0] != key.shape[0]:
+        raise ValueError(f"slot_mapping must have one slot per token ({key.shape[0]}), got {slot_mapping.shape[0]}")
+    _version("kv_cache_write", version)
+    _on_cuda(key=key, value=value, k_pool=k_pool, v_pool=v_pool, slot_mapping=slot_mapping)
+    if check_slots and slot_mapping.numel():
+        num_slots = k_pool.shape[0] * k_pool.shape[1]
+        lo, hi = int(slot_mapping.min()), int(slot_mapping.max())
+        if lo < -1 or hi >= num_slots:
+            raise ValueError(f"slot_mapping must hold -1 or slots 0..{num_slots - 1}, got values in [{lo}, {hi}]")
+    load_kernels().kv_cache_write(key, value, k_pool, v_pool, slot_mapping)

@@ -1,0 +1,498 @@
+"""Chapter 12: the CUDA kernels, their naive twins and their CPU mirrors.
+
+Four layers of checks, each skipped only where its tool is missing:
+- CPU, always: every mirror (the kernel's algorithm in PyTorch) equals its naive twin over odd shapes, in fp32 and
+  bf16; the naive twins equal PyTorch's own ops; the paged mirror equals chapter 05's PagedKVCache on a block table
+  built by a real BlockManager; the Python wrappers reject bad arguments before anything is built.
+- nvcc: every kernel file compiles alone for sm_80 and sm_90, ptxas reports every kernel, and none spills.
+- g++ with torch's headers (slow): the bindings file parses.
+- CUDA: every version of every kernel equals its naive twin over odd shapes in fp32/fp16/bf16, writing every
+  output element (outputs start as NaN), and the C++ wrappers reject bad tensors with messages naming them.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minillm.core.config import GPTConfig
+from minillm.kernels import build, mirror, naive, ops
+from minillm.paged import BlockManager, PagedBatch, PagedKVCache, write_kv
+
+HAS_CUDA = torch.cuda.is_available()
+NVCC = build.find_nvcc()
+ROWS = (1, 7, 33)
+COLS = (1, 31, 130, 1000)
+# Tolerance per dtype, relative, and absolute after scaling by the reference's largest magnitude: every kernel
+# computes in fp32 and rounds once, like its naive twin, so the two differ by about one rounding of the dtype.
+TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
+SPILL_LIMIT_BYTES = 0  # every kernel here is small: any spill means a register-hungry mistake
+
+
+def assert_close(got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype | None = None) -> None:
+    tol = TOL[dtype or ref.dtype]
+    scale = max(1.0, ref.float().abs().max().item()) if ref.numel() else 1.0
+    assert not torch.isnan(got).any(), "an output is NaN (an element the kernel never wrote keeps its poison)"
+    torch.testing.assert_close(got.float().cpu(), ref.float().cpu(), rtol=tol, atol=tol * scale)
+
+
+# ----------------------------------------------------------------------------------------------------- CPU mirrors
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cols", COLS)
+@pytest.mark.parametrize("rows", ROWS)
+def test_softmax_mirror_and_naive_agree_with_torch(rows, cols, dtype):
+    x = (torch.randn(rows, cols) * 4).to(dtype)
+    ref = naive.softmax(x)
+    assert_close(ref, F.softmax(x.float(), dim=-1), dtype)
+    assert_close(mirror.softmax_online(x, tile=8, num_parts=4), ref, dtype)
+    assert_close(mirror.softmax_online(x, tile=3, num_parts=5), ref, dtype)
+
+
+def test_online_softmax_survives_masked_entries():
+    """-inf entries (masked scores) before any finite one: the running state must stay (-inf, 0), not NaN."""
+    x = torch.randn(3, 40)
+    x[:, :17] = float("-inf")
+    assert_close(mirror.softmax_online(x, tile=4, num_parts=3), F.softmax(x, dim=-1))
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 5), cols=st.integers(1, 70), tile=st.integers(1, 9), parts=st.integers(1, 6),
+       seed=st.integers(0, 2**16))
+def test_online_softmax_any_tiling(rows, cols, tile, parts, seed):
+    x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed)) * 5
+    assert_close(mirror.softmax_online(x, tile=tile, num_parts=parts), naive.softmax(x))
+
+
+def test_warp_tree_sum_is_the_sum():
+    p = torch.randn(4, 32, dtype=torch.float64)
+    torch.testing.assert_close(mirror.warp_tree_sum(p), p.sum(dim=-1))
+    with pytest.raises(ValueError, match="32 lanes"):
+        mirror.warp_tree_sum(torch.zeros(31))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cols", COLS)
+@pytest.mark.parametrize("rows", ROWS)
+def test_layernorm_mirror_and_naive_agree_with_torch(rows, cols, dtype):
+    x = (torch.randn(rows, cols) * 2 + 3).to(dtype)  # an offset mean: E[x^2] - mean^2 must still be accurate
+    w, b = torch.randn(cols).to(dtype), torch.randn(cols).to(dtype)
+    ref = naive.layernorm(x, w, b)
+    assert_close(ref, F.layer_norm(x.float(), (cols,), w.float(), b.float(), eps=1e-5), dtype)
+    assert_close(mirror.layernorm_warp(x, w, b), ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cols", COLS)
+@pytest.mark.parametrize("rows", ROWS)
+def test_bias_gelu_mirror_and_naive_agree_with_torch(rows, cols, dtype):
+    x, b = torch.randn(rows, cols).to(dtype), torch.randn(cols).to(dtype)
+    ref = naive.bias_gelu(x, b)
+    assert_close(ref, F.gelu(x.float() + b.float(), approximate="tanh"), dtype)  # GPT-2's GELU, as core.model
+    assert_close(mirror.bias_gelu(x, b, pack=8), ref, dtype)
+    assert_close(mirror.bias_gelu(x, b, pack=4), ref, dtype)
+
+
+ATTN_SHAPES = [(1, 1, 1, 8), (2, 3, 37, 24), (1, 2, 70, 64), (1, 1, 33, 128), (2, 1, 17, 1)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", ATTN_SHAPES, ids=str)
+def test_flash_attention_mirror_and_naive_agree_with_sdpa(shape, dtype):
+    q, k, v = (torch.randn(shape).to(dtype) for _ in range(3))
+    ref = naive.attention(q, k, v)
+    sdpa = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    assert_close(ref, sdpa, dtype)
+    assert_close(mirror.flash_attention(q, k, v, block_q=16, block_k=16), ref, dtype)
+    assert_close(mirror.flash_attention(q, k, v, block_q=5, block_k=7), ref, dtype)
+
+
+def paged_case(dtype, device, nh=3, hs=24, bs=4, lens=(1, 5, 9, 16, 23), seed=0):
+    """A decode step of chapter 05's paged cache on a real block table: sequences of `lens` tokens whose blocks are
+    scattered (other sequences allocated and freed in between) and one forked sequence sharing its parent's blocks.
+    The cache holds random K/V for every token but the last of each sequence; returns the cache, the step's
+    PagedBatch and the new tokens' q, k, v (1, nh, S, hs), ready for `cache.attend`."""
+    g = torch.Generator().manual_seed(seed)
+    num_blocks = 2 * sum(-(-n // bs) + -(-(1 + i % 3 * bs) // bs) for i, n in enumerate(lens)) + 2
+    manager = BlockManager(num_blocks, bs)
+    seq_ids = []
+    for i, n in enumerate(lens):
+        manager.allocate(f"pad{i}", [1] * (1 + i % 3 * bs))  # filler that is freed again: holes in the pool
+        manager.allocate(i, torch.randint(0, 100, (n,), generator=g).tolist())
+        seq_ids.append(i)
+    for i in range(0, len(lens), 2):
+        manager.free(f"pad{i}")
+    manager.fork(seq_ids[-1], "child")  # shares every block of the last sequence
+    seq_ids.append("child")
+    config = GPTConfig(n_layer=1, n_head=nh, n_embd=nh * hs, attn_impl="explicit")
+    cache = PagedKVCache(config, num_blocks, bs, device=device, dtype=dtype)
+    for sid in seq_ids:  # the context before the last token
+        n = manager.num_tokens(sid)
+        slots = torch.tensor(manager.slot_mapping(sid, 0, n - 1), dtype=torch.int64, device=device)
+        for pool in (cache.k_pools[0], cache.v_pools[0]):
+            write_kv(pool, slots, torch.randn(n - 1, nh, hs, generator=g).to(device))
+    # subtle: the child's last token shares its parent's last block; a real engine would copy on write before
+    # appending, here both write the same slot with the child's K/V (written last), which the references see too.
+    batch = PagedBatch.build(manager, [(sid, manager.num_tokens(sid) - 1, 1) for sid in seq_ids], device=device)
+    S = len(seq_ids)
+    q, k, v = (torch.randn(1, nh, S, hs, generator=g).to(device=device, dtype=dtype) for _ in range(3))
+    cache.set_batch(batch)
+    return cache, batch, q, k, v
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bs", [1, 4, 16])
+def test_paged_mirror_matches_chapter_05_paged_attention(bs, dtype):
+    cache, batch, q, k, v = paged_case(dtype, "cpu", bs=bs)
+    ref = cache.attend(0, q, k, v)[0].transpose(0, 1)  # (1, nh, S, hs) -> (S, nh, hs); writes the new K/V first
+    args = (q[0].transpose(0, 1).contiguous(), cache.k_pools[0], cache.v_pools[0], batch.block_tables,
+            batch.context_lens)
+    assert_close(naive.paged_attention_decode(*args), ref, dtype)
+    assert_close(mirror.paged_attention_decode(*args), ref, dtype)
+
+
+def test_paged_mirror_bad_block_gives_nan_and_empty_context_zeros():
+    cache, batch, q, k, v = paged_case(torch.float32, "cpu")
+    cache.attend(0, q, k, v)
+    tables, lens = batch.block_tables.clone(), batch.context_lens.clone()
+    tables[1, 0] = cache.num_blocks  # outside the pool
+    lens[2] = 0
+    y = mirror.paged_attention_decode(q[0].transpose(0, 1), cache.k_pools[0], cache.v_pools[0], tables, lens)
+    assert torch.isnan(y[1]).all() and (y[2] == 0).all() and not torch.isnan(y[0]).any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M,N,K", [(1, 1, 1), (1, 33, 130), (3, 130, 31), (8, 7, 1000)])
+def test_int8_gemv_mirror_and_naive_agree_with_a_dequantized_linear(M, N, K, dtype):
+    x = torch.randn(M, K).to(dtype)
+    w = torch.randint(-127, 128, (N, K), dtype=torch.int8)
+    scale, bias = (torch.rand(N) / 64).to(dtype), torch.randn(N).to(dtype)
+    ref = naive.int8_gemv(x, w, scale, bias)
+    assert_close(ref, F.linear(x.float(), w.float() * scale.float()[:, None], bias.float()), dtype)
+    assert_close(mirror.int8_gemv(x, w, scale, bias), ref, dtype)
+    assert_close(mirror.int8_gemv(x, w, scale), naive.int8_gemv(x, w, scale), dtype)
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), nb=st.integers(1, 6), bs=st.integers(1, 5), T=st.integers(0, 12))
+def test_kv_write_mirror_equals_naive_with_skipped_slots(data, nb, bs, T):
+    num_slots = nb * bs
+    T = min(T, num_slots)
+    slots = data.draw(st.permutations(range(num_slots)))[:T]
+    skip = data.draw(st.lists(st.booleans(), min_size=T, max_size=T))
+    slot_mapping = torch.tensor([-1 if s else x for x, s in zip(slots, skip)], dtype=torch.int64)
+    key, value = torch.randn(T, 2, 3), torch.randn(T, 2, 3)
+    pools = [torch.randn(nb, bs, 2, 3) for _ in range(2)]
+    ref = [p.clone() for p in pools]
+    naive.kv_cache_write(key, value, *ref, slot_mapping)
+    mirror.kv_cache_write(key, value, *pools, slot_mapping)
+    assert torch.equal(pools[0], ref[0]) and torch.equal(pools[1], ref[1])
+    for t, s in enumerate(slot_mapping.tolist()):
+        if s >= 0:
+            assert torch.equal(pools[0][s // bs, s % bs], key[t])
+
+
+# ------------------------------------------------------------------------------------------- argument checks (CPU)
+@pytest.fixture
+def no_build(monkeypatch):
+    """Any attempt to build or launch fails the test: argument errors must come first."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("load_kernels was called before the arguments were checked")
+
+    monkeypatch.setattr(ops, "load_kernels", refuse)
+
+
+def _pool():
+    return torch.zeros(4, 2, 3, 8)
+
+
+BAD_CALLS = [
+    (lambda: ops.softmax([1.0, 2.0]), TypeError, "x must be a torch.Tensor"),
+    (lambda: ops.softmax(torch.zeros(2, 3, dtype=torch.float64)), ValueError, "float64"),
+    (lambda: ops.softmax(torch.zeros(2, 3), version=5), ValueError, "version must be 1..4, got 5"),
+    (lambda: ops.softmax(torch.zeros(2, 3), version=2.0), TypeError, "version must be an int"),
+    (lambda: ops.softmax(torch.zeros(2, 3), out=torch.zeros(3, 2)), ValueError, r"out must have shape \(2, 3\)"),
+    (lambda: ops.softmax(torch.zeros(2, 3)), ValueError, "x must be on a CUDA device, got cpu"),
+    (lambda: ops.layernorm(torch.zeros(2, 3), torch.zeros(4), torch.zeros(3)), ValueError, "weight must have shape"),
+    (lambda: ops.layernorm(torch.zeros(2, 3), torch.zeros(3), torch.zeros(3), eps=0.0), ValueError, "eps"),
+    (lambda: ops.layernorm(torch.zeros(2, 3), torch.zeros(3), torch.zeros(3).half()), ValueError, "bias must have"),
+    (lambda: ops.bias_gelu(torch.zeros(2, 3), torch.zeros(3), version=3), ValueError, "version must be 1..2"),
+    (lambda: ops.bias_gelu(torch.zeros(2, 3), "bias"), TypeError, "bias must be a torch.Tensor"),
+    (lambda: ops.attention(*(torch.zeros(1, 2, 3, 129),) * 3), ValueError, "head size"),
+    (lambda: ops.attention(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), torch.zeros(2, 3, 4)), ValueError,
+     "v must be 4-D"),
+    (lambda: ops.attention(*(torch.zeros(1, 2, 3, 4),) * 3), ValueError, "q must be on a CUDA device"),
+    (lambda: ops.paged_attention_decode(torch.zeros(2, 3, 8), _pool(), _pool(), torch.zeros(2, 4),
+                                        torch.zeros(2, dtype=torch.int64)), ValueError, "block_tables must have"),
+    (lambda: ops.paged_attention_decode(torch.zeros(2, 3, 8), torch.zeros(4, 2, 3, 9), _pool(),
+                                        torch.zeros(2, 4, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)),
+     ValueError, "k_pool must be"),
+    (lambda: ops.paged_attention_decode(torch.zeros(2, 3, 8), _pool(), _pool(), torch.zeros(2, 4, dtype=torch.int64),
+                                        torch.zeros(3, dtype=torch.int64)), ValueError, "context_lens must have"),
+    (lambda: ops.paged_attention_decode(torch.zeros(2, 3, 8), _pool(), _pool(), torch.zeros(2, 4, dtype=torch.int64),
+                                        torch.zeros(2, dtype=torch.int64)), ValueError, "must be on a CUDA device"),
+    (lambda: ops.int8_gemv(torch.zeros(2, 5), torch.zeros(3, 5), torch.zeros(3)), ValueError, "w must have dtype"),
+    (lambda: ops.int8_gemv(torch.zeros(2, 5), torch.zeros(3, 4, dtype=torch.int8), torch.zeros(3)), ValueError,
+     r"w must be \(N, K=5\)"),
+    (lambda: ops.int8_gemv(torch.zeros(2, 5), torch.zeros(3, 5, dtype=torch.int8), torch.zeros(3),
+                           bias=torch.zeros(4)), ValueError, "bias must have shape"),
+    (lambda: ops.kv_cache_write(torch.zeros(2, 3, 8), torch.zeros(2, 3, 8), _pool(), _pool(),
+                                torch.zeros(3, dtype=torch.int64)), ValueError, "one slot per token"),
+    (lambda: ops.kv_cache_write(torch.zeros(2, 3, 8), torch.zeros(2, 3, 8), _pool(), _pool(),
+                                torch.zeros(2, dtype=torch.int32)), ValueError, "slot_mapping must have dtype"),
+    (lambda: ops.kv_cache_write(torch.zeros(2, 3, 8), torch.zeros(2, 3, 8), _pool(), _pool().half(),
+                                torch.zeros(2, dtype=torch.int64)), ValueError, "v_pool must have"),
+]
+
+
+@pytest.mark.parametrize("call,exc,match", BAD_CALLS, ids=[m for _, _, m in BAD_CALLS])
+def test_wrappers_reject_bad_arguments_before_building(no_build, call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_load_kernels_says_what_is_missing_without_cuda():
+    if HAS_CUDA:
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(RuntimeError, match="CUDA"):
+        build.load_kernels()
+
+
+def test_ptxas_report_parses():
+    report = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function '_ZN7minillm17softmax_v1_kernelIfEEvPKT_PS2_ll' for 'sm_90'
+ptxas info    : Function properties for _ZN7minillm17softmax_v1_kernelIfEEvPKT_PS2_ll
+    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 21 registers, used 0 barriers, 384 bytes cmem[0]
+"""
+    (r,) = build.parse_ptxas("softmax.cu", report)
+    assert (r.arch, r.registers, r.spill_stores, r.spill_loads, r.stack_frame) == ("sm_90", 21, 4, 12, 8)
+    assert "softmax_v1_kernel" in r.kernel
+    with pytest.raises(ValueError, match="sm_90"):
+        build.compile_sources_with_nvcc("90", "unused")
+
+
+# ------------------------------------------------------------------------------------------------------------ nvcc
+@pytest.fixture(scope="module")
+def ptxas_report(tmp_path_factory):
+    if NVCC is None:
+        pytest.skip("nvcc is not installed")
+    return build.compile_sources_with_nvcc(("sm_80", "sm_90"), tmp_path_factory.mktemp("nvcc"))
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_every_kernel_compiles_without_spills(ptxas_report, arch):
+    for source, names in build.KERNELS.items():
+        found = [r for r in ptxas_report if r.source == source and r.arch == arch]
+        for name in names:
+            mine = [r for r in found if name in r.kernel]
+            assert len(mine) >= 3, f"{source}: ptxas reported {len(mine)} instantiations of {name} for {arch}"
+        for r in found:
+            assert 0 < r.registers <= 255, f"{r.kernel}: {r.registers} registers"
+            assert r.spill_stores <= SPILL_LIMIT_BYTES and r.spill_loads <= SPILL_LIMIT_BYTES, r
+
+
+@pytest.mark.slow
+def test_bindings_parse_against_torch_headers(tmp_path):
+    """g++ -fsyntax-only on bindings.cpp with torch's headers (about 30 s). A CPU wheel of torch lacks one
+    generated CUDA header, c10/cuda/impl/cuda_cmake_macros.h; a stub stands in for it there."""
+    from torch.utils import cpp_extension
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    cuda_home = build.find_cuda_home()
+    if cxx is None or cuda_home is None:
+        pytest.skip("needs g++ and the CUDA toolkit's headers")
+    cuda_include = cuda_home / "include"
+    includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"], str(cuda_include)]
+    if not any((Path(p) / "c10/cuda/impl/cuda_cmake_macros.h").is_file() for p in includes):
+        stub = tmp_path / "c10/cuda/impl"
+        stub.mkdir(parents=True)
+        (stub / "cuda_cmake_macros.h").write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
+        includes.append(str(tmp_path))
+    cmd = [cxx, "-std=c++20", "-fsyntax-only", *(f"-I{p}" for p in includes), str(build.BINDINGS)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+# ------------------------------------------------------------------------------------------------------------ CUDA
+cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    if not HAS_CUDA:
+        pytest.skip("needs a CUDA GPU")
+    return build.load_kernels()
+
+
+def poisoned(shape, dtype) -> torch.Tensor:
+    return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+
+
+def randn(*shape, dtype, scale=1.0, offset=0.0) -> torch.Tensor:
+    return (torch.randn(*shape, device="cuda") * scale + offset).to(dtype)
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("cols", (*COLS, 1024, 4099))
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["softmax"] + 1))
+def test_cuda_softmax(kernels, version, rows, cols, dtype):
+    x = randn(rows, cols, dtype=dtype, scale=4.0)
+    out = ops.softmax(x, version=version, out=poisoned((rows, cols), dtype))
+    assert_close(out, naive.softmax(x))
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("cols", COLS)
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["layernorm"] + 1))
+def test_cuda_layernorm(kernels, version, rows, cols, dtype):
+    x = randn(rows, cols, dtype=dtype, scale=2.0, offset=3.0)
+    w, b = randn(cols, dtype=dtype), randn(cols, dtype=dtype)
+    out = ops.layernorm(x, w, b, version=version, out=poisoned((rows, cols), dtype))
+    assert_close(out, naive.layernorm(x, w, b))
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("cols", COLS)
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["bias_gelu"] + 1))
+def test_cuda_bias_gelu(kernels, version, rows, cols, dtype):
+    x, b = randn(rows, cols, dtype=dtype, scale=2.0), randn(cols, dtype=dtype)
+    out = ops.bias_gelu(x, b, version=version, out=poisoned((rows, cols), dtype))
+    assert_close(out, naive.bias_gelu(x, b))
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cuda_vectorized_versions_fall_back_on_misaligned_rows(kernels, dtype):
+    """softmax v4 and bias_gelu v2 read 16-byte packs only from 16-byte aligned memory; a view starting one element
+    into its storage takes the scalar path, with the same results."""
+    rows, cols = 5, 64
+    x = randn(rows * cols + 1, dtype=dtype, scale=3.0)[1:].view(rows, cols)  # contiguous, misaligned
+    assert x.data_ptr() % 16 != 0
+    assert_close(ops.softmax(x, version=4, out=poisoned((rows, cols), dtype)), naive.softmax(x))
+    b = randn(cols, dtype=dtype)
+    assert_close(ops.bias_gelu(x, b, version=2, out=poisoned((rows, cols), dtype)), naive.bias_gelu(x, b))
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [*ATTN_SHAPES, (1, 1, 129, 32), (3, 2, 50, 96)], ids=str)
+@pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["attention"] + 1))
+def test_cuda_attention(kernels, version, shape, dtype):
+    q, k, v = (randn(*shape, dtype=dtype) for _ in range(3))
+    out = ops.attention(q, k, v, version=version, out=poisoned(shape, dtype))
+    assert_close(out, naive.attention(q, k, v))
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("hs", [8, 24, 64, 128])
+@pytest.mark.parametrize("bs", [1, 4, 16])
+def test_cuda_paged_attention_matches_chapter_05(kernels, bs, hs, dtype):
+    cache, batch, q, k, v = paged_case(dtype, "cuda", hs=hs, bs=bs)
+    ref = cache.attend(0, q, k, v)[0].transpose(0, 1)  # chapter 05's own decode path: (S, nh, hs)
+    qs = q[0].transpose(0, 1).contiguous()  # (nh, S, hs) -> (S, nh, hs)
+    args = (qs, cache.k_pools[0], cache.v_pools[0], batch.block_tables, batch.context_lens)
+    out = ops.paged_attention_decode(*args, out=poisoned(qs.shape, dtype))
+    assert_close(out, naive.paged_attention_decode(*args))
+    assert_close(out, ref.float(), dtype)
+
+
+@cuda_only
+def test_cuda_paged_attention_bad_block_is_nan(kernels):
+    cache, batch, q, k, v = paged_case(torch.float32, "cuda")
+    cache.attend(0, q, k, v)
+    tables, lens = batch.block_tables.clone(), batch.context_lens.clone()
+    tables[1, 0] = cache.num_blocks
+    lens[2] = 0
+    qs = q[0].transpose(0, 1).contiguous()
+    y = ops.paged_attention_decode(qs, cache.k_pools[0], cache.v_pools[0], tables, lens).cpu()
+    expected = mirror.paged_attention_decode(qs.cpu(), cache.k_pools[0].cpu(), cache.v_pools[0].cpu(), tables.cpu(),
+                                             lens.cpu())
+    assert torch.isnan(y[1]).all() and (y[2] == 0).all()
+    torch.testing.assert_close(y, expected, equal_nan=True, rtol=1e-5, atol=1e-5)
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("use_bias", [True, False])
+@pytest.mark.parametrize("M,N,K", [(1, 1, 1), (1, 33, 130), (3, 130, 31), (8, 7, 1000), (4, 257, 4096)])
+@pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["int8_gemv"] + 1))
+def test_cuda_int8_gemv(kernels, version, M, N, K, use_bias, dtype):
+    x = randn(M, K, dtype=dtype)
+    w = torch.randint(-127, 128, (N, K), dtype=torch.int8, device="cuda")
+    scale = (torch.rand(N, device="cuda") / 64).to(dtype)
+    bias = randn(N, dtype=dtype) if use_bias else None
+    out = ops.int8_gemv(x, w, scale, bias, version=version, out=poisoned((M, N), dtype))
+    assert_close(out, naive.int8_gemv(x, w, scale, bias))
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("T", [1, 7, 33])
+def test_cuda_kv_cache_write_skips_minus_one(kernels, T, dtype):
+    nb, bs, nh, hs = 12, 4, 3, 24
+    g = torch.Generator().manual_seed(T)
+    slots = torch.randperm(nb * bs, generator=g)[:T]
+    slots[torch.rand(T, generator=g) < 0.3] = -1
+    slot_mapping = slots.to("cuda")
+    key, value = randn(T, nh, hs, dtype=dtype), randn(T, nh, hs, dtype=dtype)
+    pools = [randn(nb, bs, nh, hs, dtype=dtype) for _ in range(2)]
+    ref = [p.clone() for p in pools]
+    naive.kv_cache_write(key, value, *ref, slot_mapping)
+    ops.kv_cache_write(key, value, *pools, slot_mapping)
+    assert torch.equal(pools[0], ref[0]) and torch.equal(pools[1], ref[1])  # a copy: bit for bit
+    with pytest.raises(ValueError, match="slot_mapping must hold -1 or slots"):
+        ops.kv_cache_write(key, value, *pools, torch.full((T,), nb * bs, dtype=torch.int64, device="cuda"))
+
+
+@cuda_only
+def test_cuda_wrappers_reject_bad_tensors(kernels):
+    lib = torch.ops.minillm_kernels
+    x = torch.randn(4, 8, device="cuda")
+    out = torch.empty_like(x)
+    with pytest.raises(RuntimeError, match="x must be float32, float16 or bfloat16"):
+        lib.softmax(x.double(), out.double(), 1)
+    with pytest.raises(RuntimeError, match="x must be contiguous"):
+        lib.softmax(x.t(), out, 1)
+    with pytest.raises(RuntimeError, match="x must be a CUDA tensor"):
+        lib.softmax(x.cpu(), out.cpu(), 1)
+    with pytest.raises(RuntimeError, match="version must be 1..4, got 0"):
+        lib.softmax(x, out, 0)
+    with pytest.raises(RuntimeError, match="out must have the dtype of x"):
+        lib.softmax(x, out.half(), 2)
+    with pytest.raises(RuntimeError, match="weight must have shape"):
+        lib.layernorm(x, torch.ones(7, device="cuda"), torch.zeros(8, device="cuda"), out, 1e-5, 1)
+    with pytest.raises(RuntimeError, match="head size"):
+        q = torch.randn(1, 1, 2, 130, device="cuda")
+        lib.attention(q, q, q, torch.empty_like(q), 2)
+    with pytest.raises(RuntimeError, match="w must be int8"):
+        lib.int8_gemv(x, torch.zeros(3, 8, device="cuda"), torch.ones(3, device="cuda"), None,
+                      torch.empty(4, 3, device="cuda"), 1)
+    with pytest.raises(RuntimeError, match="slot_mapping must be int64"):
+        kv = torch.zeros(2, 1, 8, device="cuda")
+        pool = torch.zeros(3, 2, 1, 8, device="cuda")
+        lib.kv_cache_write(kv, kv, pool, pool.clone(), torch.zeros(2, dtype=torch.int32, device="cuda"))
+    with pytest.raises(ValueError, match="x must be contiguous"):
+        ops.softmax(x.t())
+    with pytest.raises(ValueError, match="x must be on a CUDA device"):
+        ops.softmax(x.cpu())
+    ok = lib.softmax(x, out, 3)  # and a good call still works after the errors
+    assert ok is None and torch.allclose(out, F.softmax(x, dim=-1), atol=1e-6)
+    assert math.isfinite(out.sum().item()) and sys.modules.get("torch") is torch
