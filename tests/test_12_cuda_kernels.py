@@ -26,7 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minillm.core.config import GPTConfig
-from minillm.kernels import build, mirror, naive, ops
+from minillm.kernels import bench, build, mirror, naive, ops
 from minillm.paged import BlockManager, PagedBatch, PagedKVCache, write_kv
 
 HAS_CUDA = torch.cuda.is_available()
@@ -267,6 +267,19 @@ def test_load_kernels_says_what_is_missing_without_cuda():
         build.load_kernels()
 
 
+def test_bench_says_it_needs_cuda_and_formats_rows(capsys):
+    if not HAS_CUDA:
+        assert bench.main([]) == 2
+        assert "needs a CUDA GPU" in capsys.readouterr().err
+    result = {"device": "X", "torch": "t", "copy_GBps": 100.0, "matmul_bf16_TFLOPs": 1.0, "seconds": 1.0,
+              "rows": [{"kernel": "softmax", "version": "v1", "shape": "(2, 3)", "dtype": "bfloat16", "ms": 0.5,
+                        "GB/s": 10.0, "fraction_of_copy_bw": 0.1, "speedup_vs_naive": 2.0, "correct": True},
+                       {"kernel": "softmax", "version": "v2", "shape": "(2, 3)", "dtype": "bfloat16", "ms": None,
+                        "GB/s": None, "fraction_of_copy_bw": None, "speedup_vs_naive": None, "correct": False}]}
+    table = bench.format_table(result)
+    assert "0.5000" in table and "WRONG" in table.splitlines()[-1]
+
+
 def test_ptxas_report_parses():
     report = """ptxas info    : 0 bytes gmem
 ptxas info    : Compiling entry function '_ZN7minillm17softmax_v1_kernelIfEEvPKT_PS2_ll' for 'sm_90'
@@ -411,7 +424,10 @@ def test_cuda_paged_attention_matches_chapter_05(kernels, bs, hs, dtype):
     args = (qs, cache.k_pools[0], cache.v_pools[0], batch.block_tables, batch.context_lens)
     out = ops.paged_attention_decode(*args, out=poisoned(qs.shape, dtype))
     assert_close(out, naive.paged_attention_decode(*args))
-    assert_close(out, ref.float(), dtype)
+    # chapter 05's path does its arithmetic in the pool's dtype (bf16 scores, bf16 softmax), so it is only as close
+    # as that dtype allows; a misread block table would be off by O(1), far outside these bounds.
+    tol = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 4e-2}[dtype]
+    torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
 
 
 @cuda_only

@@ -1,0 +1,244 @@
+"""Chapter 12's benchmark: each kernel version against its naive twin and PyTorch's own op, beside the device's roofs.
+
+For every kernel it first checks each version against the naive twin (a version that disagrees is reported, not
+timed), then times the naive op, every version and PyTorch's op (F.softmax, F.layer_norm, F.gelu,
+scaled_dot_product_attention, a bf16 F.linear with the dequantized weight, index_copy_) with CUDA events: warm-up,
+then the median of many repeats. It counts the bytes each op must move at least (and the FLOPs of attention and
+GEMV), and measures in the same run the two roofs the numbers are read against: device-to-device copy bandwidth
+and the bf16 matmul rate. Rows: {kernel, version, shape, dtype, ms, GB/s, fraction_of_copy_bw, speedup_vs_naive}.
+
+    python -m minillm.kernels.bench [--out FILE.json] [--quick]
+
+Runs on CUDA only (about a minute on an H200, after the one-time build). What it leaves out: sweeps over shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from minillm.kernels import naive, ops
+from minillm.kernels.build import load_kernels
+
+
+@dataclass
+class Case:
+    """One benchmark: a kernel at one shape, its contenders by name, and what one call must move and compute."""
+
+    kernel: str
+    shape: str
+    dtype: torch.dtype
+    bytes_moved: int  # the least traffic one call needs: every input read once, every output written once
+    flops: int  # 0 where the op is not about arithmetic
+    naive: Callable[[], torch.Tensor | None]
+    versions: dict[int, Callable[[], torch.Tensor | None]]
+    torch_ops: dict[str, Callable[[], torch.Tensor | None]] = field(default_factory=dict)
+    check: Callable[[torch.Tensor | None, torch.Tensor | None], bool] | None = None  # version output vs naive's
+
+
+def time_ms(fn: Callable[[], object], warmup: int, repeats: int) -> float:
+    """Median milliseconds of fn() over `repeats` calls, each bracketed by CUDA events, after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def close(tol: float) -> Callable[[torch.Tensor | None, torch.Tensor | None], bool]:
+    def check(got, ref) -> bool:
+        scale = max(1.0, ref.float().abs().max().item())
+        return bool(torch.allclose(got.float(), ref.float(), rtol=tol, atol=tol * scale))
+    return check
+
+
+def copy_bandwidth(num_bytes: int, warmup: int, repeats: int) -> float:
+    """GB/s of a device-to-device copy of num_bytes (read + write counted: 2 * num_bytes per copy)."""
+    src = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), warmup, repeats)
+    del src, dst
+    return 2 * num_bytes / ms / 1e6
+
+
+def matmul_tflops(n: int, warmup: int, repeats: int) -> float:
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    ms = time_ms(lambda: a @ b, warmup, repeats)
+    return 2 * n**3 / ms / 1e9
+
+
+def cases(quick: bool) -> list[Case]:
+    """The shapes: decode- and prefill-sized work for a GPT-2-small-to-medium model, in bf16."""
+    bf16 = torch.bfloat16
+    out: list[Case] = []
+    esz = 2
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda").to(bf16)
+
+    R, C = (2048, 4096) if quick else (4096, 4096)
+    x = randn(R, C) * 4
+    out.append(Case("softmax", f"({R}, {C})", bf16, 2 * R * C * esz, 0, lambda: naive.softmax(x),
+                    {v: (lambda v=v: ops.softmax(x, version=v)) for v in range(1, 5)},
+                    {"F.softmax": lambda: F.softmax(x, dim=-1)}, close(1e-2)))
+
+    R, C = (4096, 2048) if quick else (8192, 2048)
+    xl, w, b = randn(R, C) + 3, randn(C), randn(C)
+    out.append(Case("layernorm", f"({R}, {C})", bf16, (2 * R * C + 2 * C) * esz, 0,
+                    lambda: naive.layernorm(xl, w, b),
+                    {v: (lambda v=v: ops.layernorm(xl, w, b, version=v)) for v in range(1, 4)},
+                    {"F.layer_norm": lambda: F.layer_norm(xl, (C,), w, b)}, close(1e-2)))
+
+    R, C = (4096, 4096) if quick else (8192, 4096)
+    xg, bg = randn(R, C), randn(C)
+    out.append(Case("bias_gelu", f"({R}, {C})", bf16, (2 * R * C + C) * esz, 0, lambda: naive.bias_gelu(xg, bg),
+                    {v: (lambda v=v: ops.bias_gelu(xg, bg, version=v)) for v in range(1, 3)},
+                    {"F.gelu(x + b)": lambda: F.gelu(xg + bg, approximate="tanh")}, close(1e-2)))
+
+    B, H, T, D = (2, 16, 512, 64) if quick else (4, 16, 1024, 64)
+    q, k, v = randn(B, H, T, D), randn(B, H, T, D), randn(B, H, T, D)
+    out.append(Case("attention", f"({B}, {H}, {T}, {D})", bf16, 4 * B * H * T * D * esz,
+                    2 * 2 * B * H * T * (T + 1) // 2 * D,  # two matmuls over the causal half (T(T+1)/2 pairs)
+                    lambda: naive.attention(q, k, v),
+                    {ver: (lambda ver=ver: ops.attention(q, k, v, version=ver)) for ver in range(1, 3)},
+                    {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)}, close(2e-2)))
+
+    S, nh, hs, bs, ctx = (32, 16, 64, 16, 512) if quick else (64, 16, 64, 16, 1024)
+    g = torch.Generator().manual_seed(0)
+    lens = torch.randint(ctx // 2, ctx + 1, (S,), generator=g)
+    nblk = -(-int(lens.max()) // bs)
+    nb = S * nblk
+    perm = torch.randperm(nb, generator=g)  # scattered blocks, as a real pool ends up
+    tables = perm.view(S, nblk).to("cuda")
+    context_lens = lens.to("cuda")
+    k_pool, v_pool = randn(nb, bs, nh, hs), randn(nb, bs, nh, hs)
+    qd = randn(S, nh, hs)
+    kv_bytes = 2 * int(lens.sum()) * nh * hs * esz
+    out.append(Case("paged_attention_decode", f"S={S} nh={nh} hs={hs} bs={bs} ctx<={ctx}", bf16,
+                    kv_bytes + 2 * S * nh * hs * esz, 2 * 2 * int(lens.sum()) * nh * hs,
+                    lambda: naive.paged_attention_decode(qd, k_pool, v_pool, tables, context_lens),
+                    {1: lambda: ops.paged_attention_decode(qd, k_pool, v_pool, tables, context_lens)},
+                    {}, close(2e-2)))
+
+    M, N, K = (4, 8192, 4096) if quick else (4, 16384, 4096)
+    xq = randn(M, K)
+    wq = torch.randint(-127, 128, (N, K), dtype=torch.int8, device="cuda")
+    sq, bq = (torch.rand(N, device="cuda") / 64).to(bf16), randn(N)
+    w_deq = (wq.float() * sq.float()[:, None]).to(bf16)  # what a bf16 model would hold: twice the bytes
+    out.append(Case("int8_gemv", f"M={M} N={N} K={K}", bf16, N * K + (M * K + 2 * N + M * N) * esz, 2 * M * N * K,
+                    lambda: naive.int8_gemv(xq, wq, sq, bq),
+                    {ver: (lambda ver=ver: ops.int8_gemv(xq, wq, sq, bq, version=ver)) for ver in range(1, 3)},
+                    {"F.linear bf16 weight": lambda: F.linear(xq, w_deq, bq)}, close(2e-2)))
+
+    T, nh, hs, nb, bs = (2048, 16, 64, 512, 16) if quick else (4096, 16, 64, 1024, 16)
+    key, value = randn(T, nh, hs), randn(T, nh, hs)
+    kp, vp = randn(nb, bs, nh, hs), randn(nb, bs, nh, hs)
+    kp_n, vp_n = kp.clone(), vp.clone()  # the naive op writes its own copy; the check compares the pools
+    slots = torch.randperm(nb * bs, generator=g)[:T].to("cuda")
+
+    def naive_write():
+        naive.kv_cache_write(key, value, kp_n, vp_n, slots)
+        return kp_n
+
+    def kernel_write():
+        ops.kv_cache_write(key, value, kp, vp, slots, check_slots=False)
+        return kp
+
+    out.append(Case("kv_cache_write", f"T={T} nh={nh} hs={hs} pool=({nb}, {bs})", bf16, 2 * 2 * T * nh * hs * esz, 0,
+                    naive_write, {1: kernel_write}, {},
+                    lambda got, ref: torch.equal(got, ref) and torch.equal(vp, vp_n)))
+    return out
+
+
+def run(quick: bool = False, verbose: bool = True) -> dict:
+    """Check, then time, every case; return {device, torch, cuda, copy_GBps, matmul_TFLOPs, seconds, rows}."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("the chapter 12 benchmark needs a CUDA GPU: torch.cuda.is_available() is False")
+    load_kernels()
+    began = time.perf_counter()
+    warmup, repeats = (2, 10) if quick else (5, 30)
+    torch.manual_seed(0)
+    copy_gbps = copy_bandwidth((256 if quick else 1024) * 2**20, warmup, repeats)
+    mm_tflops = matmul_tflops(4096 if quick else 8192, warmup, repeats)
+    rows = []
+    for case in cases(quick):
+        ref = case.naive()
+        naive_ms = time_ms(case.naive, warmup, repeats)
+        contenders: list[tuple[str, Callable, bool]] = [("naive", case.naive, True)]
+        for v, fn in case.versions.items():
+            ok = True
+            if case.check is not None:
+                ok = case.check(fn(), ref)
+            contenders.append((f"v{v}", fn, ok))
+        contenders += [(name, fn, True) for name, fn in case.torch_ops.items()]
+        for name, fn, ok in contenders:
+            row = {"kernel": case.kernel, "version": name, "shape": case.shape,
+                   "dtype": str(case.dtype).split(".")[-1], "ms": None, "GB/s": None, "fraction_of_copy_bw": None,
+                   "speedup_vs_naive": None, "correct": ok}
+            if ok:  # a version that disagrees with the naive twin is not worth timing
+                ms = naive_ms if name == "naive" else time_ms(fn, warmup, repeats)
+                gbps = case.bytes_moved / ms / 1e6
+                row.update({"ms": round(ms, 5), "GB/s": round(gbps, 1), "fraction_of_copy_bw": round(gbps / copy_gbps, 3),
+                            "speedup_vs_naive": round(naive_ms / ms, 2)})
+                if case.flops:
+                    row["TFLOP/s"] = round(case.flops / ms / 1e9, 2)
+            rows.append(row)
+        del ref
+        torch.cuda.empty_cache()
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "copy_GBps": round(copy_gbps, 1), "matmul_bf16_TFLOPs": round(mm_tflops, 1),
+            "seconds": round(time.perf_counter() - began, 1), "quick": quick, "rows": rows}
+
+
+def format_table(result: dict) -> str:
+    lines = [f"{result['device']}  torch {result['torch']}  copy {result['copy_GBps']} GB/s  "
+             f"bf16 matmul {result['matmul_bf16_TFLOPs']} TFLOP/s  ({result['seconds']} s)",
+             f"{'kernel':<24}{'version':<22}{'ms':>10}{'GB/s':>10}{'of copy':>9}{'TFLOP/s':>9}{'x naive':>9}  shape"]
+    def num(value, fmt: str) -> str:
+        return format(value, fmt) if value is not None else format("-", fmt.split(".")[0].rstrip("f") or "")
+
+    for r in result["rows"]:
+        flag = "" if r["correct"] else "  WRONG (disagrees with naive): not timed"
+        lines.append(f"{r['kernel']:<24}{r['version']:<22}{num(r['ms'], '>10.4f')}{num(r['GB/s'], '>10.1f')}"
+                     f"{num(r['fraction_of_copy_bw'], '>9.3f')}{num(r.get('TFLOP/s'), '>9.2f')}"
+                     f"{num(r['speedup_vs_naive'], '>9.2f')}  {r['shape']}{flag}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m minillm.kernels.bench", description=__doc__.splitlines()[0])
+    p.add_argument("--out", help="write the result as JSON to this file")
+    p.add_argument("--quick", action="store_true", help="smaller shapes and fewer repeats")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("minillm.kernels.bench needs a CUDA GPU (torch.cuda.is_available() is False); the kernels' CPU "
+              "checks are in tests/test_12_cuda_kernels.py", file=sys.stderr)
+        return 2
+    result = run(quick=args.quick)
+    print(format_table(result))
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+    return 0 if all(r["correct"] for r in result["rows"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
