@@ -141,7 +141,8 @@ def paged_case(dtype, device, nh=3, hs=24, bs=4, lens=(1, 5, 9, 16, 23), seed=0)
         for pool in (cache.k_pools[0], cache.v_pools[0]):
             write_kv(pool, slots, torch.randn(n - 1, nh, hs, generator=g).to(device))
     # subtle: the child's last token shares its parent's last block; a real engine would copy on write before
-    # appending, here both write the same slot with the child's K/V (written last), which the references see too.
+    # appending, here both write the same slot (index_copy_ keeps one of the two, on CUDA either), and every
+    # reference reads the pool only after that write, so all of them see the same K/V.
     batch = PagedBatch.build(manager, [(sid, manager.num_tokens(sid) - 1, 1) for sid in seq_ids], device=device)
     S = len(seq_ids)
     q, k, v = (torch.randn(1, nh, S, hs, generator=g).to(device=device, dtype=dtype) for _ in range(3))
