@@ -3,5 +3,8 @@
 `sampling` (the acceptance rule of speculative sampling: `residual_distribution`, `accept_or_resample`, greedy
 `accept_greedy`, and the naive twin `sample_from_target`) and `generate` (`generate_speculative` with a draft model,
 `generate_prompt_lookup` with n-gram drafts copied from the sequence, both on chapter 04's contiguous caches rolled
-back with `truncate`). Still to come: the chapter's benchmark, tour entry, text, notebook and exercises.
+back with `truncate`), `bench` (speed-up against the target alone beside the cost model, prompt lookup, a
+chi-square test of the sampled distribution, Hugging Face assisted generation on the same weights) and `tour`
+(the chapter's tour rows, run once the chapter is marked built). Still to come: speculation inside chapter 06's
+engine, the distilled draft of chapter 11, and the graded exercises.
 """

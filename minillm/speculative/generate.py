@@ -192,6 +192,10 @@ def _run(target: GPT, state: RequestState, proposer: Any, gamma: int) -> tuple[l
             emitted = accept_or_resample(probs_from_logits(logits, state.params), q, drafts, state.generator)
         else:  # nothing drafted: a plain decode step, the same single draw the target alone would make
             emitted = [int(sample_next(logits, state.params, state.generator))]
+        if not 1 <= len(emitted) <= len(drafts) + 1 or emitted[:-1] != drafts[:len(emitted) - 1]:
+            # A broken acceptance rule (an exercise in progress) would otherwise loop forever or corrupt the cache.
+            raise ValueError(f"the acceptance rule emitted {emitted} for drafts {drafts}: a round must emit a kept "
+                             f"prefix of the drafts plus exactly one token of the target's")
         stats.accepted += len(emitted) - 1
         cache.truncate(n + len(emitted) - 1)  # keep seq[:n] + the kept drafts; the new last token is not in
         proposer.rollback(n + len(emitted) - 1)

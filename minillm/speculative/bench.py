@@ -1,0 +1,299 @@
+"""Chapter 08's benchmark: speculative decoding against the target alone, the cost model, and Hugging Face.
+
+What it measures, greedy at batch 1 unless said otherwise, each speed-up the ratio of medians of alternating runs in
+one process (`minillm.core.timing.compare`):
+  - `forward_costs`: a target forward of T new tokens on a cache (what a verify of γ = T-1 drafts costs) and a
+    draft forward of one token, interleaved so a slow minute hits all of them alike; c = draft / target(1).
+  - `greedy_sweep`: for each γ, `generate_speculative` (base + draft) against chapter 04's `generate_ids`: identical
+    tokens, accepted / proposed, tokens per target call, tok/s, speed-up, and the cost model's two predictions
+    (a verify costing one step, as Leviathan et al. assume, and the measured verify cost).
+  - `prompt_lookup`: n-gram drafting on code from the corpus' validation split, same checks.
+  - `sampling_exactness`: N draws of `accept_or_resample` at one prefix, binned on the target's likeliest tokens,
+    against the target's own p by a chi-square test (its p-value from the regularized incomplete gamma function).
+  - `hf_assisted`: `transformers` assisted generation (`generate(assistant_model=...)`) on the same two models'
+    weights, with its default schedule and with a constant γ like ours; identical tokens and the tok/s ratio.
+The command: `python -m minillm.speculative.bench [--quick] [--device cpu] [--json FILE]`.
+What it leaves out: speculation inside chapter 06's continuous-batching engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from minillm.bench.check import same_tokens
+from minillm.bench.models import load_model
+from minillm.core.corpus import corpus_sample
+from minillm.core.device import DEVICE_CHOICES, resolve_device
+from minillm.core.hf import to_hf_model
+from minillm.core.io import atomic_write_text
+from minillm.core.model import GPT
+from minillm.core.sampling import SamplingParams, probs_from_logits
+from minillm.core.timing import compare, measure
+from minillm.kvcache.cache import ContiguousKVCache
+from minillm.kvcache.generate import generate_ids, prefill
+from minillm.speculative.generate import generate_prompt_lookup, generate_speculative
+from minillm.speculative.sampling import accept_or_resample
+
+FIB_PROMPT = "def fibonacci(n):\n    "
+
+
+def expected_tokens_per_call(alpha: float, gamma: int) -> float:
+    """(1 - α^(γ+1)) / (1 - α): tokens one target forward yields when each draft is kept with probability α."""
+    return (1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1.0
+
+
+def predicted_speedup(alpha: float, gamma: int, c: float, verify_cost: float = 1.0) -> float:
+    """The cost model: tokens per round over the round's cost in target steps (γ drafts at c, one verify)."""
+    return expected_tokens_per_call(alpha, gamma) / (gamma * c + verify_cost)
+
+
+def forward_costs(target: GPT, draft: GPT, prompt: list[int], ts: list[int], context: int = 64,
+                  repeats: int = 40) -> dict[str, Any]:
+    """Seconds for a target forward of T new tokens on a `context`-token cache, and a draft forward of one token."""
+
+    def one_forward(model: GPT, T: int):
+        cache = ContiguousKVCache(model.config, 1, context + T, device=model.device)
+        ctx_ids = torch.tensor([(prompt * (context // max(len(prompt), 1) + 1))[:context]], device=model.device)
+        with torch.inference_mode():
+            prefill(model, cache, ctx_ids)
+        idx = torch.zeros(1, T, dtype=torch.long, device=model.device)
+
+        def step() -> None:
+            with torch.inference_mode():
+                prefill(model, cache, idx)
+            cache.truncate(context)
+        return step
+
+    steps = {("target", T): one_forward(target, T) for T in ts} | {("draft", 1): one_forward(draft, 1)}
+    times: dict[tuple[str, int], list[float]] = {k: [] for k in steps}
+    for f in steps.values():
+        measure(f, warmup=5, repeats=1, device=target.device)
+    for _ in range(repeats):  # interleaved: every configuration once per repeat
+        for k, f in steps.items():
+            times[k].append(measure(f, warmup=0, repeats=1, device=target.device).median)
+    target_s = {T: statistics.median(times[("target", T)]) for T in ts}
+    draft_s = statistics.median(times[("draft", 1)])
+    return {"target_s": target_s, "draft_s": draft_s, "c": draft_s / target_s[ts[0]],
+            "verify_cost": {T: target_s[T] / target_s[ts[0]] for T in ts}}
+
+
+def greedy_sweep(target: GPT, draft: GPT, prompt: list[int], new_tokens: int, gammas: list[int],
+                 repeats: int = 3) -> dict[str, Any]:
+    """Each γ against the target alone: identical tokens, acceptance, tokens per call, speed-up, the cost model."""
+    params = SamplingParams.greedy(new_tokens, ignore_eos=True)
+    alone = generate_ids(target, prompt, params)
+    costs = forward_costs(target, draft, prompt, [1] + [g + 1 for g in gammas])
+    rows = []
+    for gamma in gammas:
+        out, stats = generate_speculative(target, draft, prompt, params, gamma=gamma)
+        cmp = compare(lambda: generate_ids(target, prompt, params),
+                      lambda: generate_speculative(target, draft, prompt, params, gamma=gamma),
+                      warmup=1, repeats=repeats, device=target.device)
+        rows.append({"gamma": gamma, "identical": out == alone, "accepted_per_proposed": stats.acceptance_rate,
+                     "tokens_per_target_call": stats.tokens_per_target_call, "target_calls": stats.target_calls,
+                     "alone_tok_s": len(alone) / cmp.baseline.median, "spec_tok_s": len(out) / cmp.candidate.median,
+                     "speedup": cmp.speedup})
+    # subtle: accepted / proposed equals the per-draft acceptance α only at γ = 1 (after a round's first rejection
+    # the later drafts count as proposed without a chance), so the smallest γ measured estimates α for all of them.
+    alpha = rows[0]["accepted_per_proposed"] if gammas[0] == 1 else None
+    for r in rows:
+        if alpha is not None:
+            g = r["gamma"]
+            r["model_tokens_per_call"] = expected_tokens_per_call(alpha, g)
+            r["predicted_speedup"] = predicted_speedup(alpha, g, costs["c"])
+            r["predicted_speedup_measured_verify"] = predicted_speedup(alpha, g, costs["c"],
+                                                                       costs["verify_cost"][g + 1])
+    best = max(rows, key=lambda r: r["speedup"])
+    return {"new_tokens": new_tokens, "prompt_len": len(prompt), "alpha": alpha, "costs": costs, "rows": rows,
+            "best_gamma": best["gamma"], "best_speedup": best["speedup"],
+            "identical": all(r["identical"] for r in rows)}
+
+
+def prompt_lookup(target: GPT, prompt: list[int], new_tokens: int, gamma: int = 4, ngram: int = 3,
+                  repeats: int = 3) -> dict[str, Any]:
+    """n-gram drafting from the sequence itself against the target alone: identical tokens and the speed-up."""
+    params = SamplingParams.greedy(new_tokens, ignore_eos=True)
+    alone = generate_ids(target, prompt, params)
+    out, stats = generate_prompt_lookup(target, prompt, params, gamma=gamma, ngram=ngram)
+    cmp = compare(lambda: generate_ids(target, prompt, params),
+                  lambda: generate_prompt_lookup(target, prompt, params, gamma=gamma, ngram=ngram),
+                  warmup=1, repeats=repeats, device=target.device)
+    return {"identical": out == alone, "gamma": gamma, "ngram": ngram, "proposed": stats.proposed,
+            "accepted": stats.accepted, "target_calls": stats.target_calls,
+            "tokens_per_target_call": stats.tokens_per_target_call, "speedup": cmp.speedup,
+            "alone_tok_s": len(alone) / cmp.baseline.median, "prompt_len": len(prompt), "new_tokens": new_tokens}
+
+
+def chi_square_p_value(chi2: float, dof: int) -> float:
+    """P(X >= chi2) for X ~ chi-square(dof): the upper regularized incomplete gamma function Q(dof/2, chi2/2)."""
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
+                                         torch.tensor(chi2 / 2, dtype=torch.float64)))
+
+
+@dataclass
+class ChiSquare:
+    n: int  # draws
+    chi2: float
+    dof: int
+    p_value: float
+    tv: float  # total variation between the binned empirical and expected distributions
+
+
+def chi_square_test(counts: torch.Tensor, p: torch.Tensor, bins: int = 10) -> ChiSquare:
+    """Counts (V,) of drawn tokens against the distribution p (V,), binned on p's `bins` likeliest tokens + the rest."""
+    top = torch.topk(p, bins).indices
+    n = int(counts.sum())
+    observed = torch.cat([counts[top], (n - counts[top].sum()).reshape(1)]).double()  # (bins+1,)
+    expected = torch.cat([p[top], (1 - p[top].sum()).clamp(min=0).reshape(1)]).double() * n  # (bins+1,)
+    keep = expected > 0
+    chi2 = float(((observed - expected)[keep] ** 2 / expected[keep]).sum())
+    dof = int(keep.sum()) - 1
+    tv = 0.5 * float((observed / n - expected / n).abs().sum())
+    return ChiSquare(n, chi2, dof, chi_square_p_value(chi2, dof), tv)
+
+
+def sampling_exactness(target: GPT, draft: GPT, prompt: list[int], draws: int = 20_000, seed: int = 0
+                       ) -> dict[str, Any]:
+    """At one prefix: draw x ~ q, run the acceptance rule (γ = 1) `draws` times; the first emitted token against p."""
+    sp = SamplingParams(temperature=1.0)
+    with torch.inference_mode():
+        ids = torch.tensor([prompt], device=target.device)
+        p = probs_from_logits(target(ids)[0, -1:], sp)[0].cpu()  # (V,)
+        q = probs_from_logits(draft(ids)[0, -1:], sp)[0].cpu()  # (V,)
+    gen = torch.Generator().manual_seed(seed)
+    counts = torch.zeros_like(p)
+    P, Q = torch.stack([p, p]), q[None]  # (γ+1, V), (γ, V) with γ = 1
+    accepted = 0
+    for _ in range(draws):
+        x = int(torch.multinomial(q, 1, generator=gen))
+        out = accept_or_resample(P, Q, [x], generator=gen)
+        counts[out[0]] += 1
+        accepted += len(out) == 2
+    test = chi_square_test(counts, p)
+    draft_test = chi_square_test(q * draws, p)  # the draft's own q, as if sampled perfectly: far from p
+    return {"draws": draws, "chi2": test.chi2, "dof": test.dof, "p_value": test.p_value, "tv": test.tv,
+            "tv_draft": draft_test.tv, "acceptance": accepted / draws,
+            "expected_acceptance": float(torch.minimum(p, q).sum()), "tv_p_q": 0.5 * float((p - q).abs().sum())}
+
+
+def hf_assisted(target: GPT, draft: GPT, prompt: list[int], new_tokens: int, gamma: int = 4,
+                repeats: int = 3) -> dict[str, Any]:
+    """Ours (`generate_speculative`, γ) against `transformers` assisted generation on the same weights, greedy.
+
+    HF runs twice: with its default assistant settings (a schedule that adapts the draft length, and a confidence
+    threshold that stops drafting early) and with a constant γ like ours. The ratio is against the faster of them.
+    """
+    hf_t = to_hf_model(target, attn_implementation="sdpa")
+    hf_d = to_hf_model(draft, attn_implementation="sdpa")
+    params = SamplingParams.greedy(new_tokens, ignore_eos=True)
+    idx = torch.tensor([prompt], device=target.device)
+    mask = torch.ones_like(idx)
+    out: dict[str, list[int]] = {}
+
+    def run_hf(key: str, **assistant: Any) -> None:
+        for k, v in assistant.items():
+            setattr(hf_d.generation_config, k, v)
+        with torch.inference_mode():
+            seq = hf_t.generate(idx, attention_mask=mask, assistant_model=hf_d, max_new_tokens=new_tokens,
+                                min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None)
+        out[key] = seq[0, len(prompt):].tolist()
+
+    default = {k: getattr(hf_d.generation_config, k, None)
+               for k in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
+    constant = dict(num_assistant_tokens=gamma, num_assistant_tokens_schedule="constant",
+                    assistant_confidence_threshold=0.0)
+
+    def ours() -> None:
+        out["ours"] = generate_speculative(target, draft, prompt, params, gamma=gamma)[0]
+
+    cmp_default = compare(lambda: run_hf("hf_default", **default), ours, warmup=1, repeats=repeats,
+                          device=target.device)
+    cmp_constant = compare(lambda: run_hf("hf_constant", **constant), ours, warmup=1, repeats=repeats,
+                           device=target.device)
+    alone = generate_ids(target, prompt, params)
+    hf_best_s = min(cmp_default.baseline.median, cmp_constant.baseline.median)
+    ours_s = statistics.median(cmp_default.candidate.times + cmp_constant.candidate.times)
+    return {"gamma": gamma, "new_tokens": new_tokens, "hf_default_settings": default,
+            "hf_default_tok_s": new_tokens / cmp_default.baseline.median,
+            "hf_constant_tok_s": new_tokens / cmp_constant.baseline.median, "ours_tok_s": new_tokens / ours_s,
+            "ratio": hf_best_s / ours_s,
+            "identical": same_tokens([alone], [out["ours"]], [out["hf_default"]], [out["hf_constant"]]).ok}
+
+
+def code_prompt(tokenizer: Any, tokens: int = 200) -> list[int]:
+    """The last `tokens` tokens of some validation-split Python source: in-domain text that repeats itself."""
+    return tokenizer.encode(corpus_sample(1500, split="val"))[-tokens:]
+
+
+def run_all(device: torch.device, quick: bool = False, seed: int = 0) -> dict[str, Any]:
+    """Every measurement above on `base` (target) and `draft`, one thread per the chapter's convention."""
+    tgt, dft = load_model("base", device, seed), load_model("draft", device, seed)
+    tok = tgt.tokenizer
+    prompt = tok.encode(FIB_PROMPT)
+    new, gammas, reps = (48, [1, 4], 1) if quick else (128, [1, 2, 4, 6], 3)
+    report: dict[str, Any] = {"target": tgt.label, "draft": dft.label, "device": str(device),
+                              "threads": torch.get_num_threads()}
+    report["greedy"] = greedy_sweep(tgt.model, dft.model, prompt, new, gammas, repeats=reps)
+    report["prompt_lookup"] = prompt_lookup(tgt.model, code_prompt(tok), 48 if quick else 64, repeats=reps)
+    report["sampling"] = sampling_exactness(tgt.model, dft.model, prompt, draws=5_000 if quick else 20_000,
+                                            seed=seed)
+    report["hf_assisted"] = hf_assisted(tgt.model, dft.model, prompt, new, gamma=report["greedy"]["best_gamma"],
+                                        repeats=reps)
+    return report
+
+
+def format_report(r: dict[str, Any]) -> str:
+    g = r["greedy"]
+    lines = [f"target {r['target']}, draft {r['draft']}, {r['device']}, {r['threads']} thread(s); "
+             f"c = {g['costs']['c']:.2f}, alpha = {g['alpha']:.3f}" if g["alpha"] is not None else "",
+             "gamma | identical | accepted/proposed | tokens/call | model | alone tok/s | spec tok/s | speed-up | "
+             "predicted (verify=1) | predicted (measured verify)"]
+    for row in g["rows"]:
+        lines.append(f"{row['gamma']:5d} | {row['identical']!s:9} | {row['accepted_per_proposed']:17.3f} | "
+                     f"{row['tokens_per_target_call']:11.2f} | {row.get('model_tokens_per_call', float('nan')):5.2f} | "
+                     f"{row['alone_tok_s']:11.0f} | {row['spec_tok_s']:10.0f} | {row['speedup']:7.2f}x | "
+                     f"{row.get('predicted_speedup', float('nan')):19.2f}x | "
+                     f"{row.get('predicted_speedup_measured_verify', float('nan')):.2f}x")
+    vc = ", ".join(f"T={t}: {v:.2f}x" for t, v in g["costs"]["verify_cost"].items())
+    lines.append(f"target forward cost by new tokens (relative to one): {vc}")
+    pl, s, h = r["prompt_lookup"], r["sampling"], r["hf_assisted"]
+    lines.append(f"prompt lookup (gamma {pl['gamma']}, {pl['ngram']}-grams): identical {pl['identical']}, "
+                 f"{pl['accepted']}/{pl['proposed']} drafts kept, {pl['tokens_per_target_call']:.2f} tokens/call, "
+                 f"speed-up {pl['speedup']:.2f}x")
+    lines.append(f"sampling exactness: {s['draws']} draws, chi-square {s['chi2']:.1f} on {s['dof']} dof, "
+                 f"p = {s['p_value']:.3f}, TV {s['tv']:.4f} (draft's q: {s['tv_draft']:.3f}); acceptance "
+                 f"{s['acceptance']:.3f} vs sum min(p, q) {s['expected_acceptance']:.3f}")
+    lines.append(f"HF assisted generation (gamma {h['gamma']}): identical {h['identical']}, HF default "
+                 f"{h['hf_default_tok_s']:.0f} tok/s, HF constant gamma {h['hf_constant_tok_s']:.0f} tok/s, ours "
+                 f"{h['ours_tok_s']:.0f} tok/s, ratio {h['ratio']:.2f}x")
+    return "\n".join(line for line in lines if line)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m minillm.speculative.bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cpu", choices=DEVICE_CHOICES)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    ap.add_argument("--quick", action="store_true", help="shorter generations, fewer γ and repeats")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", metavar="FILE", help="also write the full report as JSON (atomically)")
+    args = ap.parse_args(argv)
+    if args.threads < 1:
+        ap.error(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
+    report = run_all(resolve_device(args.device), quick=args.quick, seed=args.seed)
+    print(format_report(report))
+    if args.json:
+        atomic_write_text(args.json, json.dumps(report, indent=2, default=str) + "\n")
+    ok = report["greedy"]["identical"] and report["prompt_lookup"]["identical"] and report["hf_assisted"]["identical"]
+    return 0 if ok and report["sampling"]["p_value"] > 0.001 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""Tour entry for chapter 08: speculative decoding against `base` alone, checked exact, and against Hugging Face.
+
+`base` is the target and `draft` the draft model (same tokenizer), greedy at batch 1 on chapter 04's KV cache.
+Checks: greedy speculative and prompt-lookup decoding give the target's own tokens for every γ; the sampled first
+token follows the target's distribution by a chi-square test; HF assisted generation gives the same tokens too.
+Measured: the speed-up at the best γ (and the cost model's prediction), prompt lookup's speed-up on code, the
+test's p-value, and tokens/s against HF's assisted generation (`minillm.speculative.bench`).
+"""
+
+from __future__ import annotations
+
+from minillm.core.rows import Row, TourContext
+from minillm.speculative.bench import run_all
+
+TITLE = "speculative decoding"
+
+
+def run(ctx: TourContext) -> list[Row]:
+    r = run_all(ctx.device, quick=ctx.quick, seed=ctx.seed)
+    g, pl, s, h = r["greedy"], r["prompt_lookup"], r["sampling"], r["hf_assisted"]
+    dev = str(ctx.device)
+    best = next(row for row in g["rows"] if row["gamma"] == g["best_gamma"])
+    gammas = ", ".join(str(row["gamma"]) for row in g["rows"])
+    predicted = best.get("predicted_speedup_measured_verify")
+    return [
+        Row("08", "speculative decoding, draft model, greedy", f"{r['target']} alone (ch04 KV cache)",
+            f"{r['target']} + {r['draft']}, best gamma {g['best_gamma']}",
+            f"identical tokens for gamma {gammas}: {g['identical']}; {g['new_tokens']} tokens; "
+            f"{best['tokens_per_target_call']:.2f} tokens/target call"
+            + (f"; cost model {predicted:.2f}x (c = {g['costs']['c']:.2f})" if predicted is not None else ""),
+            g["identical"], "speed-up", g["best_speedup"], "x", dev, g),
+        Row("08", "prompt lookup decoding", f"{r['target']} alone (ch04 KV cache)",
+            f"{pl['ngram']}-gram drafts from the sequence, gamma {pl['gamma']}",
+            f"identical tokens: {pl['identical']}; {pl['accepted']}/{pl['proposed']} drafts kept on code, "
+            f"{pl['tokens_per_target_call']:.2f} tokens/target call", pl["identical"], "speed-up", pl["speedup"],
+            "x", dev, pl),
+        Row("08", "speculative sampling distribution", "the target's own p", "accept_or_resample, gamma 1",
+            f"chi-square {s['chi2']:.1f} on {s['dof']} dof over {s['draws']:,} draws, p-value > 0.001; "
+            f"TV {s['tv']:.3f} (the draft's q: {s['tv_draft']:.3f})", s["p_value"] > 0.001, "p-value",
+            s["p_value"], "", dev, s),
+        Row("08", "vs HF assisted generation", "transformers generate(assistant_model=)",
+            f"generate_speculative, gamma {h['gamma']}",
+            f"identical tokens (ours = HF default = HF constant gamma = target alone): {h['identical']}; HF best "
+            f"{max(h['hf_default_tok_s'], h['hf_constant_tok_s']):.0f} tok/s", h["identical"], "tok/s ratio",
+            h["ratio"], "x", dev, h),
+    ]
