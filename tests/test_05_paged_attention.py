@@ -515,3 +515,10 @@ def test_prefix_cache_never_reuses_a_block_computed_after_another_prefix(model):
     out = gen.generate(prompt, SamplingParams.greedy(8))
     assert out.num_cached_tokens == 0
     assert out.token_ids[0] == generate_ids(model, prompt, SamplingParams.greedy(8))
+
+
+@pytest.mark.parametrize("bad, error", [(0, ValueError), (-4, ValueError), (2.5, TypeError), (True, TypeError)])
+def test_paged_generate_names_a_bad_block_size(model, bad, error):
+    # block_size sizes the default pool by division: a 0 used to raise ZeroDivisionError from deep inside
+    with pytest.raises(error, match="block_size"):
+        paged_generate(model, [1, 2, 3], SamplingParams.greedy(4), block_size=bad)

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from minillm.core.config import check_int
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, sample_next
 from minillm.core.stopping import RequestState, check_eos_id, start_request
@@ -162,6 +163,7 @@ def paged_generate(
     config = require_model(model, "paged_generate")
     # The request is started (and checked) once, here, before its length sizes the pool.
     check_eos_id(eos_id, config.vocab_size)
+    check_int("block_size", block_size, 1)  # before it divides the pool size below
     state = start_request(config, prompt_ids, params, tokenizer, eos_id, device=model.device)
     if num_blocks is None:
         longest = min(len(state.prompt_ids) + state.params.max_new_tokens, config.block_size)
