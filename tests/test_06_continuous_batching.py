@@ -7,6 +7,7 @@ every step; streaming, abort, bad input, requests that can never fit. No test me
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -112,23 +113,20 @@ def test_engine_greedy_equals_alone(model, name):
 def test_engine_on_each_device_equals_alone(model, device, name):
     """The engine on CUDA too (when there is one): greedy and seeded tokens equal chapter 04's loop on that device,
     through preemption, swap and prefix caching."""
-    m = model.to(device) if device.type != "cpu" else model
-    try:
-        wl = make_workload(8, prompt_len_dist="uniform:1:24", output_len_dist="uniform:4:24", vocab_size=VOCAB,
-                           seed=11, temperature=0.8)
-        params = [w.params if i % 2 else SamplingParams.greedy(w.params.max_new_tokens) for i, w in enumerate(wl)]
-        prompts = [w.prompt_token_ids for w in wl]
-        if name == "prefix-caching":
-            prompts = [prompts[0][:9] + p for p in prompts]
-        llm = LLM(m, None, CONFIGS[name])
-        assert llm.device == m.device
-        outs = _run_checked(llm, prompts, params)
-        for (rid, got), p, sp in zip(outs.items(), prompts, params):
-            assert got == _alone(m, p, sp), (rid, device)
-        if name.startswith("tiny-pool"):
-            assert llm.scheduler.num_preemptions > 0
-    finally:
-        model.to("cpu")
+    m = copy.deepcopy(model).to(device)  # the module-scoped model stays on the CPU for the other tests
+    wl = make_workload(8, prompt_len_dist="uniform:1:24", output_len_dist="uniform:4:24", vocab_size=VOCAB,
+                       seed=11, temperature=0.8)
+    params = [w.params if i % 2 else SamplingParams.greedy(w.params.max_new_tokens) for i, w in enumerate(wl)]
+    prompts = [w.prompt_token_ids for w in wl]
+    if name == "prefix-caching":
+        prompts = [prompts[0][:9] + p for p in prompts]
+    llm = LLM(m, None, CONFIGS[name])
+    assert llm.device == m.device
+    outs = _run_checked(llm, prompts, params)
+    for (rid, got), p, sp in zip(outs.items(), prompts, params):
+        assert got == _alone(m, p, sp), (rid, device)
+    if name.startswith("tiny-pool"):
+        assert llm.scheduler.num_preemptions > 0
 
 
 def test_auto_device_follows_the_model_and_a_mismatch_is_named(model):
