@@ -27,6 +27,7 @@ from minillm.speculative.generate import (
 from minillm.speculative.sampling import (
     accept_greedy,
     accept_or_resample,
+    acceptance_probability,
     residual_distribution,
     sample_from_target,
 )
@@ -63,6 +64,7 @@ PROMPTS = random_prompts(6, SMALL["vocab_size"], [1, 2, 5, 17], seed=3)
 # ----- greedy: identical tokens ---------------------------------------------------------------------------------
 
 
+@pytest.mark.graded(points=3, exercise="accept_greedy")
 @pytest.mark.parametrize("gamma", GAMMAS)
 @pytest.mark.parametrize("which", ["stranger", "noisy", "self"])
 def test_greedy_speculative_gives_the_target_alone_tokens(models, which, gamma):
@@ -99,6 +101,7 @@ def test_speculative_on_each_device_gives_the_target_alone_tokens(models, device
     assert first == generate_speculative(target, draft, PROMPTS[2], sp, gamma=3)[0]
 
 
+@pytest.mark.graded(points=1, exercise="accept_greedy")
 @pytest.mark.parametrize("gamma", GAMMAS)
 @pytest.mark.parametrize("ngram", [1, 2, 3])
 def test_greedy_prompt_lookup_gives_the_target_alone_tokens(models, gamma, ngram):
@@ -115,6 +118,7 @@ def test_greedy_prompt_lookup_gives_the_target_alone_tokens(models, gamma, ngram
     assert proposed > 0  # the repetitive prompts did draft
 
 
+@pytest.mark.graded(points=1, exercise="accept_greedy")
 def test_stops_eos_max_tokens_and_the_window(models):
     target = models["target"]
     prompt = PROMPTS[2]
@@ -148,6 +152,7 @@ def test_stops_eos_max_tokens_and_the_window(models):
         assert got == want
 
 
+@pytest.mark.graded(points=1, exercise=("accept_or_resample", "acceptance_probability", "residual_distribution"))
 def test_seeded_sampling_repeats_and_stays_in_the_vocabulary(models):
     target, draft = models["target"], models["noisy"]
     params = SamplingParams(max_new_tokens=20, temperature=0.8, top_k=40, seed=7)
@@ -161,6 +166,7 @@ def test_seeded_sampling_repeats_and_stays_in_the_vocabulary(models):
 # ----- the rule on hand-computed examples -----------------------------------------------------------------------
 
 
+@pytest.mark.graded(points=2, exercise="residual_distribution")
 def test_residual_distribution_by_hand():
     """p = [0.6, 0.3, 0.1], q = [0.2, 0.2, 0.6]: max(0, p - q) = [0.4, 0.1, 0.0], mass 0.5 -> [0.8, 0.2, 0.0].
     Where p == q the residual is all zero and rejection impossible; p itself comes back, never NaN."""
@@ -170,6 +176,18 @@ def test_residual_distribution_by_hand():
     torch.testing.assert_close(got, torch.tensor([[0.8, 0.2, 0.0], [0.5, 0.25, 0.25]]), atol=1e-6, rtol=0)
 
 
+@pytest.mark.graded(points=1, exercise="acceptance_probability")
+def test_acceptance_probability_by_hand():
+    """min(1, p/q): a draft token the target likes at least as much is always kept; one it likes half as much, half
+    the time; one it never emits, never. Elementwise over any shape."""
+    p_x = torch.tensor([0.5, 0.2, 0.1, 0.0, 0.3])
+    q_x = torch.tensor([0.25, 0.2, 0.2, 0.4, 0.9])
+    torch.testing.assert_close(acceptance_probability(p_x, q_x), torch.tensor([1.0, 1.0, 0.5, 0.0, 1 / 3]),
+                               atol=1e-6, rtol=0)
+    assert acceptance_probability(p_x.view(5, 1), q_x.view(5, 1)).shape == (5, 1)
+
+
+@pytest.mark.graded(points=2, exercise="accept_greedy")
 def test_accept_greedy_by_hand():
     logits = torch.tensor([[0.0, 1.0, 3.0], [2.0, 0.0, 1.0], [0.0, 5.0, 1.0]])  # argmax per row: 2, 0, 1
     assert accept_greedy(logits, [2, 0]) == [2, 0, 1]  # both kept, then the bonus
@@ -178,6 +196,7 @@ def test_accept_greedy_by_hand():
     assert accept_greedy(logits[:1], []) == [2]  # nothing drafted: a plain greedy step
 
 
+@pytest.mark.graded(points=2, exercise=("accept_or_resample", "acceptance_probability", "residual_distribution"))
 def test_accept_or_resample_certain_cases():
     g = torch.Generator().manual_seed(0)
     p = torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
@@ -244,6 +263,7 @@ def position_counts(runs: list[list[int]], position: int, V: int) -> torch.Tenso
     return torch.bincount(torch.tensor(toks, dtype=torch.long), minlength=V)
 
 
+@pytest.mark.graded(points=4, exercise=("accept_or_resample", "acceptance_probability", "residual_distribution"))
 def test_speculative_sampling_follows_the_target_distribution(p_and_q):
     """Every emitted position follows its p row: the first token (kept draft or residual), the second (among runs
     that kept the first, which do not depend on it here since p's rows are fixed), and the bonus token."""
@@ -261,19 +281,24 @@ def test_speculative_sampling_follows_the_target_distribution(p_and_q):
     assert stat < critical
 
 
-@pytest.mark.parametrize("plant", ["q_over_p", "resample_from_p", "resample_from_q"])
+@pytest.mark.parametrize("plant", ["q_over_p", "resample_from_p", "resample_from_q", "p_off_by_one"])
 def test_the_distribution_test_rejects_planted_wrong_rules(p_and_q, monkeypatch, plant):
-    """The same check on a wrong rule fails: accepting with q/p instead of p/q, or resampling after a rejection from
-    p (or q) instead of the residual norm(max(0, p - q)). (Leaving the residual unnormalized is not a bug here:
-    torch.multinomial normalizes its weights.)"""
+    """The same check on a wrong rule fails: accepting with q/p instead of p/q; resampling after a rejection from
+    p (or q) instead of the residual norm(max(0, p - q)); or the off-by-one of reading the target's row i+1 for draft
+    token i (the logits *after* the token instead of those that predicted it, the classic misaligned verify).
+    (Leaving the residual unnormalized is not a bug here: torch.multinomial normalizes its weights.)"""
     p, q = p_and_q
+    rule = spec_sampling.accept_or_resample
     if plant == "q_over_p":
         monkeypatch.setattr(spec_sampling, "acceptance_probability", lambda p_x, q_x: (q_x / p_x).clamp(max=1.0))
     elif plant == "resample_from_p":
         monkeypatch.setattr(spec_sampling, "residual_distribution", lambda p_i, q_i: p_i)
-    else:
+    elif plant == "resample_from_q":
         monkeypatch.setattr(spec_sampling, "residual_distribution", lambda p_i, q_i: q_i)
-    runs = draw_emitted(p, q, seed=11, rule=spec_sampling.accept_or_resample)
+    else:  # every draft position i judged (and the bonus drawn) with the row one further on
+        def rule(p_, q_, drafts, g):
+            return spec_sampling.accept_or_resample(torch.cat([p_[1:], p_[-1:]]), q_, drafts, g)
+    runs = draw_emitted(p, q, seed=11, rule=rule)
     stat, critical = chi_square(position_counts(runs, 0, V_SMALL), p[0])
     assert stat > critical, f"planted {plant} was not rejected: chi-square {stat:.1f} < {critical}"
 

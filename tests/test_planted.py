@@ -91,6 +91,18 @@ PLANTS = (
           "k_pool[blocks, offsets] = payload[layer, 0]", "k_pool[blocks, offsets] = payload[layer, 1]"),
     Plant("07", "admission-overtakes", "minillm/disagg/decode_worker.py", "admit_handoffs",
           "        if need > available:\n            break\n", "        if need > available:\n            continue\n"),
+    # 08 speculative decoding
+    Plant("08", "residual-q-minus-p", "minillm/speculative/sampling.py", "residual_distribution",
+          "r = (p - q).clamp(min=0)", "r = (q - p).clamp(min=0)"),
+    Plant("08", "accept-with-q-over-p", "minillm/speculative/sampling.py", "acceptance_probability",
+          "(p_x / q_x).clamp(max=1.0)", "(q_x / p_x).clamp(max=1.0)"),
+    Plant("08", "bonus-from-the-last-draft-row", "minillm/speculative/sampling.py", "accept_or_resample",
+          "torch.multinomial(p[gamma], 1, generator=generator)",
+          "torch.multinomial(p[gamma - 1], 1, generator=generator)"),
+    Plant("08", "resample-from-p", "minillm/speculative/sampling.py", "accept_or_resample",
+          "resid = residual_distribution(p[i], q[i])", "resid = p[i]"),
+    Plant("08", "greedy-without-the-bonus", "minillm/speculative/sampling.py", "accept_greedy",
+          "    out.append(best[len(out)])", "    if len(out) < len(tokens):\n        out.append(best[len(out)])"),
 )
 
 

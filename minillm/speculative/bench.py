@@ -36,9 +36,10 @@ from minillm.core.io import atomic_write_text
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams, probs_from_logits
 from minillm.core.timing import compare, measure
+from minillm.gpt.pretrained import is_shipped
 from minillm.kvcache.cache import ContiguousKVCache
-from minillm.kvcache.generate import generate_ids, prefill
-from minillm.speculative.generate import generate_prompt_lookup, generate_speculative
+from minillm.kvcache.generate import generate_ids
+from minillm.speculative.generate import _forward, generate_prompt_lookup, generate_speculative
 from minillm.speculative.sampling import accept_or_resample
 
 FIB_PROMPT = "def fibonacci(n):\n    "
@@ -56,22 +57,29 @@ def predicted_speedup(alpha: float, gamma: int, c: float, verify_cost: float = 1
 
 def forward_costs(target: GPT, draft: GPT, prompt: list[int], ts: list[int], context: int = 64,
                   repeats: int = 40) -> dict[str, Any]:
-    """Seconds for a target forward of T new tokens on a `context`-token cache, and a draft forward of one token."""
+    """Seconds for a target forward of T new tokens on a `context`-token cache, and a draft forward of one token.
 
-    def one_forward(model: GPT, T: int):
+    Both go through the very call the speculative loop makes (`generate._forward`: the model's hidden states and
+    logits of every fed position), the draft's followed by its argmax as in a greedy proposal, so c is what a
+    draft step costs the loop and not a lighter stand-in.
+    """
+
+    def one_forward(model: GPT, T: int, pick: bool):
         cache = ContiguousKVCache(model.config, 1, context + T, device=model.device)
-        ctx_ids = torch.tensor([(prompt * (context // max(len(prompt), 1) + 1))[:context]], device=model.device)
+        ctx_ids = (prompt * (context // max(len(prompt), 1) + 1))[:context]
         with torch.inference_mode():
-            prefill(model, cache, ctx_ids)
-        idx = torch.zeros(1, T, dtype=torch.long, device=model.device)
+            _forward(model, cache, ctx_ids, 0)
+        new = [0] * T
 
         def step() -> None:
             with torch.inference_mode():
-                prefill(model, cache, idx)
+                logits = _forward(model, cache, new, context)  # (T, V)
+                if pick:
+                    int(logits[-1].argmax())
             cache.truncate(context)
         return step
 
-    steps = {("target", T): one_forward(target, T) for T in ts} | {("draft", 1): one_forward(draft, 1)}
+    steps = {("target", T): one_forward(target, T, False) for T in ts} | {("draft", 1): one_forward(draft, 1, True)}
     times: dict[tuple[str, int], list[float]] = {k: [] for k in steps}
     for f in steps.values():
         measure(f, warmup=5, repeats=1, device=target.device)
@@ -84,21 +92,47 @@ def forward_costs(target: GPT, draft: GPT, prompt: list[int], ts: list[int], con
             "verify_cost": {T: target_s[T] / target_s[ts[0]] for T in ts}}
 
 
-def greedy_sweep(target: GPT, draft: GPT, prompt: list[int], new_tokens: int, gammas: list[int],
+def draft_agreement(target: GPT, draft: GPT, prompts: list[list[int]], outputs: list[list[int]]) -> dict[str, float]:
+    """How well the draft predicts the target along the target's own greedy continuations, from one forward each.
+
+    argmax agreement: the fraction of continuation positions where the draft's argmax is the target's (what greedy
+    speculation keeps, α at γ = 1 up to the draft's cache). 1 − TV: Σ_x min(p(x), q(x)) at temperature 1, averaged
+    over the same positions: the acceptance probability of speculative *sampling* (Leviathan et al. §3.1).
+    """
+    agree, overlap, n = 0, 0.0, 0
+    for prompt, out in zip(prompts, outputs):
+        ids = torch.tensor([prompt + out], device=target.device)  # (1, P + N)
+        rows = slice(len(prompt) - 1, len(prompt) + len(out) - 1)  # the positions that predicted the continuation
+        with torch.inference_mode():
+            p = torch.softmax(target(ids)[0, rows].float(), dim=-1)  # (N, V)
+            q = torch.softmax(draft(ids)[0, rows].float(), dim=-1)  # (N, V)
+        agree += int((p.argmax(-1) == q.argmax(-1)).sum())
+        overlap += float(torch.minimum(p, q).sum())
+        n += len(out)
+    return {"argmax_agreement": agree / n, "one_minus_tv": overlap / n, "positions": n}
+
+
+def greedy_sweep(target: GPT, draft: GPT, prompts: list[list[int]], new_tokens: int, gammas: list[int],
                  repeats: int = 3) -> dict[str, Any]:
-    """Each γ against the target alone: identical tokens, acceptance, tokens per call, speed-up, the cost model."""
+    """Each γ against the target alone over a set of prompts: identical tokens, acceptance, tokens per call,
+    speed-up (all prompts' tokens over all prompts' time), and the cost model beside it."""
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
-    alone = generate_ids(target, prompt, params)
-    costs = forward_costs(target, draft, prompt, [1] + [g + 1 for g in gammas])
+    alone = [generate_ids(target, p, params) for p in prompts]
+    costs = forward_costs(target, draft, prompts[0], [1] + [g + 1 for g in gammas])
+    total = sum(len(o) for o in alone)
     rows = []
     for gamma in gammas:
-        out, stats = generate_speculative(target, draft, prompt, params, gamma=gamma)
-        cmp = compare(lambda: generate_ids(target, prompt, params),
-                      lambda: generate_speculative(target, draft, prompt, params, gamma=gamma),
+        runs = [generate_speculative(target, draft, p, params, gamma=gamma) for p in prompts]
+        outs, stats = [r[0] for r in runs], [r[1] for r in runs]
+        proposed, accepted = sum(s.proposed for s in stats), sum(s.accepted for s in stats)
+        calls = sum(s.target_calls for s in stats)
+        cmp = compare(lambda: [generate_ids(target, p, params) for p in prompts],
+                      lambda: [generate_speculative(target, draft, p, params, gamma=gamma) for p in prompts],
                       warmup=1, repeats=repeats, device=target.device)
-        rows.append({"gamma": gamma, "identical": out == alone, "accepted_per_proposed": stats.acceptance_rate,
-                     "tokens_per_target_call": stats.tokens_per_target_call, "target_calls": stats.target_calls,
-                     "alone_tok_s": len(alone) / cmp.baseline.median, "spec_tok_s": len(out) / cmp.candidate.median,
+        rows.append({"gamma": gamma, "identical": same_tokens(alone, outs).ok,
+                     "accepted_per_proposed": accepted / proposed if proposed else 0.0,
+                     "tokens_per_target_call": sum(len(o) for o in outs) / calls, "target_calls": calls,
+                     "alone_tok_s": total / cmp.baseline.median, "spec_tok_s": total / cmp.candidate.median,
                      "speedup": cmp.speedup})
     # subtle: accepted / proposed equals the per-draft acceptance α only at γ = 1 (after a round's first rejection
     # the later drafts count as proposed without a chance), so the smallest γ measured estimates α for all of them.
@@ -111,8 +145,9 @@ def greedy_sweep(target: GPT, draft: GPT, prompt: list[int], new_tokens: int, ga
             r["predicted_speedup_measured_verify"] = predicted_speedup(alpha, g, costs["c"],
                                                                        costs["verify_cost"][g + 1])
     best = max(rows, key=lambda r: r["speedup"])
-    return {"new_tokens": new_tokens, "prompt_len": len(prompt), "alpha": alpha, "costs": costs, "rows": rows,
-            "best_gamma": best["gamma"], "best_speedup": best["speedup"],
+    return {"new_tokens": new_tokens, "prompts": len(prompts), "prompt_lens": [len(p) for p in prompts],
+            "alpha": alpha, "agreement": draft_agreement(target, draft, prompts, alone), "costs": costs,
+            "rows": rows, "best_gamma": best["gamma"], "best_speedup": best["speedup"],
             "identical": all(r["identical"] for r in rows)}
 
 
@@ -232,27 +267,42 @@ def code_prompt(tokenizer: Any, tokens: int = 200) -> list[int]:
     return tokenizer.encode(corpus_sample(1500, split="val"))[-tokens:]
 
 
+def code_prompts(tokenizer: Any, count: int, tokens: int = 48) -> list[list[int]]:
+    """`count` prompts of `tokens` tokens cut at evenly spaced places of the validation split: held-out Python
+    source, the kind of text both models were trained on, with none of it seen in training."""
+    ids = tokenizer.encode(corpus_sample(4000 * count, split="val"))
+    step = max((len(ids) - tokens) // max(count, 1), 1)
+    return [ids[i * step:i * step + tokens] for i in range(count)]
+
+
 def run_all(device: torch.device, quick: bool = False, seed: int = 0) -> dict[str, Any]:
-    """Every measurement above on `base` (target) and `draft`, one thread per the chapter's convention."""
+    """Every measurement above on `base` (target) and `draft`, one thread per the chapter's convention; the greedy
+    sweep again with `draft-distilled` (chapter 11) when that checkpoint is shipped."""
     tgt, dft = load_model("base", device, seed), load_model("draft", device, seed)
     tok = tgt.tokenizer
     prompt = tok.encode(FIB_PROMPT)
-    new, gammas, reps = (48, [1, 4], 1) if quick else (128, [1, 2, 4, 6], 3)
+    new, gammas, reps, count = (32, [1, 4], 1, 3) if quick else (64, [1, 2, 4, 6], 3, 6)
+    prompts = [prompt, *code_prompts(tok, count - 1)]
     report: dict[str, Any] = {"target": tgt.label, "draft": dft.label, "device": str(device),
                               "threads": torch.get_num_threads()}
-    report["greedy"] = greedy_sweep(tgt.model, dft.model, prompt, new, gammas, repeats=reps)
+    report["greedy"] = greedy_sweep(tgt.model, dft.model, prompts, new, gammas, repeats=reps)
+    if is_shipped("draft-distilled"):
+        distilled = load_model("draft-distilled", device, seed)
+        report["distilled_draft"] = distilled.label
+        report["distilled"] = greedy_sweep(tgt.model, distilled.model, prompts, new, gammas, repeats=reps)
     report["prompt_lookup"] = prompt_lookup(tgt.model, code_prompt(tok), 48 if quick else 64, repeats=reps)
     report["sampling"] = sampling_exactness(tgt.model, dft.model, prompt, draws=5_000 if quick else 20_000,
                                             seed=seed)
-    report["hf_assisted"] = hf_assisted(tgt.model, dft.model, prompt, new, gamma=report["greedy"]["best_gamma"],
-                                        repeats=reps)
+    report["hf_assisted"] = hf_assisted(tgt.model, dft.model, prompt, 48 if quick else 128,
+                                        gamma=report["greedy"]["best_gamma"], repeats=reps)
     return report
 
 
-def format_report(r: dict[str, Any]) -> str:
-    g = r["greedy"]
-    lines = [f"target {r['target']}, draft {r['draft']}, {r['device']}, {r['threads']} thread(s); "
-             f"c = {g['costs']['c']:.2f}, alpha = {g['alpha']:.3f}" if g["alpha"] is not None else "",
+def _format_sweep(name: str, g: dict[str, Any]) -> list[str]:
+    a = g["agreement"]
+    lines = [f"{name}: {g['prompts']} prompts x {g['new_tokens']} tokens; c = {g['costs']['c']:.3f}"
+             + (f", alpha (gamma 1) = {g['alpha']:.3f}" if g["alpha"] is not None else "")
+             + f"; argmax agreement {a['argmax_agreement']:.3f}, mean 1 - TV {a['one_minus_tv']:.3f}",
              "gamma | identical | accepted/proposed | tokens/call | model | alone tok/s | spec tok/s | speed-up | "
              "predicted (verify=1) | predicted (measured verify)"]
     for row in g["rows"]:
@@ -263,6 +313,14 @@ def format_report(r: dict[str, Any]) -> str:
                      f"{row.get('predicted_speedup_measured_verify', float('nan')):.2f}x")
     vc = ", ".join(f"T={t}: {v:.2f}x" for t, v in g["costs"]["verify_cost"].items())
     lines.append(f"target forward cost by new tokens (relative to one): {vc}")
+    return lines
+
+
+def format_report(r: dict[str, Any]) -> str:
+    lines = [f"target {r['target']}, {r['device']}, {r['threads']} thread(s)",
+             *_format_sweep(f"draft {r['draft']}", r["greedy"])]
+    if "distilled" in r:
+        lines += _format_sweep(f"draft {r['distilled_draft']}", r["distilled"])
     pl, s, h = r["prompt_lookup"], r["sampling"], r["hf_assisted"]
     lines.append(f"prompt lookup (gamma {pl['gamma']}, {pl['ngram']}-grams): identical {pl['identical']}, "
                  f"{pl['accepted']}/{pl['proposed']} drafts kept, {pl['tokens_per_target_call']:.2f} tokens/call, "
@@ -273,7 +331,7 @@ def format_report(r: dict[str, Any]) -> str:
     lines.append(f"HF assisted generation (gamma {h['gamma']}): identical {h['identical']}, HF default "
                  f"{h['hf_default_tok_s']:.0f} tok/s, HF constant gamma {h['hf_constant_tok_s']:.0f} tok/s, ours "
                  f"{h['ours_tok_s']:.0f} tok/s, ratio {h['ratio']:.2f}x")
-    return "\n".join(line for line in lines if line)
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -291,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_report(report))
     if args.json:
         atomic_write_text(args.json, json.dumps(report, indent=2, default=str) + "\n")
-    ok = report["greedy"]["identical"] and report["prompt_lookup"]["identical"] and report["hf_assisted"]["identical"]
+    ok = all(report[k]["identical"] for k in ("greedy", "distilled", "prompt_lookup", "hf_assisted") if k in report)
     return 0 if ok and report["sampling"]["p_value"] > 0.001 else 1
 
 

@@ -1,6 +1,7 @@
 """Tour entry for chapter 08: speculative decoding against `base` alone, checked exact, and against Hugging Face.
 
-`base` is the target and `draft` the draft model (same tokenizer), greedy at batch 1 on chapter 04's KV cache.
+`base` is the target and `draft` the draft model (same tokenizer), greedy at batch 1 on chapter 04's KV cache,
+then the same with chapter 11's distilled draft (`draft-distilled`) when it is shipped.
 Checks: greedy speculative and prompt-lookup decoding give the target's own tokens for every γ; the sampled first
 token follows the target's distribution by a chi-square test; HF assisted generation gives the same tokens too.
 Measured: the speed-up at the best γ (and the cost model's prediction), prompt lookup's speed-up on code, the
@@ -15,20 +16,28 @@ from minillm.speculative.bench import run_all
 TITLE = "speculative decoding"
 
 
-def run(ctx: TourContext) -> list[Row]:
-    r = run_all(ctx.device, quick=ctx.quick, seed=ctx.seed)
-    g, pl, s, h = r["greedy"], r["prompt_lookup"], r["sampling"], r["hf_assisted"]
-    dev = str(ctx.device)
+def _sweep_row(name: str, r: dict, g: dict, draft: str, dev: str) -> Row:
     best = next(row for row in g["rows"] if row["gamma"] == g["best_gamma"])
     gammas = ", ".join(str(row["gamma"]) for row in g["rows"])
     predicted = best.get("predicted_speedup_measured_verify")
-    return [
-        Row("08", "speculative decoding, draft model, greedy", f"{r['target']} alone (ch04 KV cache)",
-            f"{r['target']} + {r['draft']}, best gamma {g['best_gamma']}",
-            f"identical tokens for gamma {gammas}: {g['identical']}; {g['new_tokens']} tokens; "
-            f"{best['tokens_per_target_call']:.2f} tokens/target call"
-            + (f"; cost model {predicted:.2f}x (c = {g['costs']['c']:.2f})" if predicted is not None else ""),
-            g["identical"], "speed-up", g["best_speedup"], "x", dev, g),
+    alpha = f"alpha {g['alpha']:.2f}, " if g["alpha"] is not None else ""
+    return Row("08", name, f"{r['target']} alone (ch04 KV cache)",
+               f"{r['target']} + {draft}, best gamma {g['best_gamma']}",
+               f"identical tokens for gamma {gammas}: {g['identical']}; {g['prompts']} prompts x {g['new_tokens']} "
+               f"tokens; {alpha}{best['tokens_per_target_call']:.2f} tokens/target call"
+               + (f"; cost model {predicted:.2f}x (c = {g['costs']['c']:.2f})" if predicted is not None else ""),
+               g["identical"], "speed-up", g["best_speedup"], "x", dev, g)
+
+
+def run(ctx: TourContext) -> list[Row]:
+    r = run_all(ctx.device, quick=ctx.quick, seed=ctx.seed)
+    pl, s, h = r["prompt_lookup"], r["sampling"], r["hf_assisted"]
+    dev = str(ctx.device)
+    rows = [_sweep_row("speculative decoding, draft model, greedy", r, r["greedy"], r["draft"], dev)]
+    if "distilled" in r:
+        rows.append(_sweep_row("speculative decoding, distilled draft, greedy", r, r["distilled"],
+                               r["distilled_draft"], dev))
+    return rows + [
         Row("08", "prompt lookup decoding", f"{r['target']} alone (ch04 KV cache)",
             f"{pl['ngram']}-gram drafts from the sequence, gamma {pl['gamma']}",
             f"identical tokens: {pl['identical']}; {pl['accepted']}/{pl['proposed']} drafts kept on code, "
