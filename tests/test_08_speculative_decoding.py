@@ -3,21 +3,42 @@ distribution, whatever the draft; the acceptance rule on hand-computed examples;
 
 The distribution test is a chi-square goodness-of-fit of many draws of `accept_or_resample` against the target's p,
 run on the real rule and on planted wrong rules, so the test is shown able to fail.
+
+Inside chapter 06's engine (the second half of this file): `SpeculativeLLM` against `LLM` without speculation and
+each request alone. Exact token equality for greedy requests over many prompts and γ, with pools small enough to
+force preemption (by recomputation and by swapping), with and without chunked prefill and prefix caching, mixed
+max_tokens, eos and stop strings; seeded sampled requests repeating (and equal to the batch-1 loops when nothing
+cuts their drafts); after every step the scheduler's and block manager's invariants plus the speculative ones (S1-S3
+of `SpeculativeScheduler`). Also: the "verify" attention backend against the reference loop, bad configuration
+values, a failing request among healthy ones, abort, and the engine's `runner_cls` hook.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import minillm.speculative.sampling as spec_sampling
-from helpers import context_model, random_prompts
-from minillm import GPT, GPTConfig
+from helpers import PoisonedParams, context_model, random_prompts
+from minillm import GPT, GPTConfig, load_tokenizer
 from minillm.core.sampling import SamplingParams, probs_from_logits
+from minillm.engine import LLM, EngineConfig, ModelRunner
 from minillm.kvcache.generate import generate, generate_ids
 from minillm.naive.generate import collect
+from minillm.paged import BlockManager, PagedBatch, PagedKVCache
+from minillm.speculative import engine as spec_engine
+from minillm.speculative.engine import (
+    DraftModelDrafter,
+    SpeculativeConfig,
+    SpeculativeLLM,
+    SpeculativeScheduler,
+    VerifyEntry,
+)
 from minillm.speculative.generate import (
     SpeculativeStats,
     generate_prompt_lookup,
@@ -31,6 +52,7 @@ from minillm.speculative.sampling import (
     residual_distribution,
     sample_from_target,
 )
+from minillm.speculative.verify_cache import VerifyKVCache
 
 SMALL = dict(vocab_size=128, block_size=64, n_layer=2, n_head=2, n_embd=32)
 GAMMAS = (1, 2, 4, 7)
@@ -359,3 +381,391 @@ def test_bad_input_names_the_value(models):
         accept_or_resample(p, torch.tensor([[1.0, 0, 0, 0], [1.0, 0, 0, 0]]), [0, 1])
     with pytest.raises(ValueError, match="gamma"):
         prompt_lookup_proposals([1, 2, 3], 0)
+
+
+# ===== inside the engine: SpeculativeLLM against LLM and each request alone =====================================
+
+VOCAB = 512
+
+
+@pytest.fixture(scope="module")
+def model() -> GPT:
+    # vocab 512, window 64, 2 layers; context-sensitive (tests/helpers.py), so a wrong cache changes the tokens
+    return context_model("tiny", seed=1234)
+
+
+@pytest.fixture(scope="module")
+def draft(model) -> GPT:
+    """A draft that agrees with the target often, not always: the target with noise on every weight."""
+    d = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in d.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.3 * p.std())
+    return d.eval()
+
+
+def prompts_with_repeats(n: int, seed: int = 0, vocab: int = VOCAB) -> list[list[int]]:
+    """Prompts of 1-30 tokens, most a short unit repeated (prompt lookup finds n-grams), every fourth random."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        length = int(torch.randint(1, 31, (1,), generator=g))
+        if i % 4 == 3:
+            out.append(torch.randint(0, vocab, (length,), generator=g).tolist())
+            continue
+        unit = torch.randint(0, vocab, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g).tolist()
+        out.append((unit * 31)[:length])
+    return out
+
+
+def mixed_params(n: int, seed: int = 0) -> list[SamplingParams]:
+    g = torch.Generator().manual_seed(seed + 100)
+    return [SamplingParams.greedy(int(torch.randint(1, 33, (1,), generator=g))) for _ in range(n)]
+
+
+class Driver:
+    """Steps an engine, checking every invariant after every step, and keeps each request's deltas and output."""
+
+    def __init__(self, llm: LLM):
+        self.llm = llm
+        self.final: dict[str, list[int]] = {}
+        self.outputs: dict[str, object] = {}
+        self.streamed: dict[str, list[int]] = {}
+        self.num_verifies = 0
+
+    def step(self) -> None:
+        for out in self.llm.step():
+            got = self.streamed.setdefault(out.request_id, [])
+            got += out.new_token_ids
+            assert out.output_token_ids == got  # the deltas add up to the cumulative output
+            if out.finished:
+                assert out.request_id not in self.final, "finished twice"
+                self.final[out.request_id] = out.output_token_ids
+                self.outputs[out.request_id] = out
+        llm, sched = self.llm, self.llm.last_schedule
+        llm.scheduler.check_invariants()  # chapter 06's I1-I3, I9 and, for SpeculativeLLM, S3
+        llm.block_manager.check_invariants()
+        if sched is not None and not sched.is_empty:
+            assert sched.num_batched_tokens <= llm.config.max_num_batched_tokens  # S1: drafts fit the budget
+            for s in sched.scheduled:
+                if isinstance(s, VerifyEntry):  # S2: at most γ drafts, and never past what may still be emitted
+                    self.num_verifies += 1
+                    known_outputs = s.start + s.num_new_tokens - s.num_drafts - s.request.num_prompt_tokens
+                    assert 1 <= s.num_drafts <= llm.speculative.gamma
+                    assert s.num_drafts <= s.request.params.max_new_tokens - known_outputs - 1
+
+    def run(self, max_steps: int = 5000) -> None:
+        for _ in range(max_steps):
+            if not self.llm.has_unfinished():
+                break
+            self.step()
+        self.step()  # hand out pending outputs (aborts) of the last step
+        assert not self.llm.has_unfinished(), "engine made no progress"
+        assert self.llm.block_manager.num_free_blocks == self.llm.config.num_blocks  # idle: every block free (I9)
+
+
+def run_checked(llm: LLM, prompts, params) -> list[list[int]]:
+    d = Driver(llm)
+    ids = [llm.add_request(p, sp) for p, sp in zip(prompts, params)]
+    d.run()
+    assert set(d.final) == set(ids), "a request was lost"
+    return [d.final[rid] for rid in ids]
+
+
+CONFIGS = {
+    "roomy": EngineConfig(num_blocks=160, block_size=4, max_num_seqs=8, max_num_batched_tokens=64),
+    "tiny-pool-recompute": EngineConfig(num_blocks=16, block_size=4, max_num_seqs=8, max_num_batched_tokens=16,
+                                        attention_backend="verify"),
+    "tiny-pool-swap": EngineConfig(num_blocks=16, block_size=4, max_num_seqs=8, max_num_batched_tokens=16,
+                                   preemption_mode="swap", num_swap_blocks=8, attention_backend="verify"),
+    "no-chunking": EngineConfig(num_blocks=20, block_size=4, max_num_seqs=8, max_num_batched_tokens=64,
+                                enable_chunked_prefill=False, attention_backend="verify"),
+    "prefix-caching": EngineConfig(num_blocks=24, block_size=4, max_num_seqs=8, max_num_batched_tokens=12,
+                                   enable_prefix_caching=True, attention_backend="verify"),
+    "tight-budget": EngineConfig(num_blocks=64, block_size=8, max_num_seqs=6, max_num_batched_tokens=8,
+                                 attention_backend="verify"),
+}
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_prompt_lookup_greedy_equals_plain_engine_and_alone(model, name, gamma):
+    prompts, params = prompts_with_repeats(16, seed=gamma), mixed_params(16, seed=gamma)
+    if name == "prefix-caching":  # shared prefixes, so the cache actually hits
+        prompts = [prompts[0][:9] + p for p in prompts]
+    spec = SpeculativeLLM(model, None, CONFIGS[name], speculative=SpeculativeConfig(gamma=gamma, ngram=2))
+    got = run_checked(spec, prompts, params)
+    plain = LLM(model, None, CONFIGS[name]).generate(prompts, params)
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        assert got[i] == plain[i].output_token_ids == generate_ids(model, p, sp), i
+    stats = spec.stats()
+    assert 0 < stats["num_accepted"] < stats["num_proposed"]  # drafts were kept and drafts were rolled back
+    if name.startswith("tiny-pool"):
+        assert stats["num_preemptions"] > 0  # the pool really was too small for everyone at once
+
+
+@pytest.mark.parametrize("which", ["noisy-draft", "draft-is-target"])
+@pytest.mark.parametrize("name", ["roomy", "tiny-pool-recompute", "tiny-pool-swap", "prefix-caching"])
+def test_draft_model_greedy_equals_alone(model, draft, name, which):
+    d = draft if which == "noisy-draft" else model
+    prompts, params = prompts_with_repeats(12, seed=7), mixed_params(12, seed=7)
+    spec = SpeculativeLLM(model, None, CONFIGS[name], speculative=SpeculativeConfig("draft-model", gamma=3), draft=d)
+    got = run_checked(spec, prompts, params)
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        assert got[i] == generate_ids(model, p, sp), i
+    stats = spec.stats()
+    assert stats["num_draft_forwards"] > 0
+    if which == "draft-is-target":
+        assert stats["num_accepted"] == stats["num_proposed"] > 0  # the target agrees with itself: all kept
+    else:
+        assert 0 < stats["num_accepted"] < stats["num_proposed"]
+    drafter = spec.scheduler.drafter
+    assert isinstance(drafter, DraftModelDrafter) and drafter.states == {}  # every request's draft cache dropped
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 12), block_size=st.sampled_from([2, 4, 8]),
+       num_blocks=st.integers(12, 48), budget=st.integers(8, 40), gamma=st.integers(1, 7), ngram=st.integers(1, 3),
+       mode=st.sampled_from(["recompute", "swap", "prefix"]), backend=st.sampled_from(["verify", "selective"]))
+def test_random_workloads_equal_alone(model, seed, n, block_size, num_blocks, budget, gamma, ngram, mode, backend):
+    prompts, params = prompts_with_repeats(n, seed=seed), mixed_params(n, seed=seed)
+    need = max(-(-(len(p) + sp.max_new_tokens - 1) // block_size) for p, sp in zip(prompts, params))
+    cfg = EngineConfig(num_blocks=max(num_blocks // block_size * 2, need), block_size=block_size, max_num_seqs=6,
+                       max_num_batched_tokens=budget, preemption_mode="swap" if mode == "swap" else "recompute",
+                       num_swap_blocks=8, enable_prefix_caching=mode == "prefix", attention_backend=backend)
+    spec = SpeculativeLLM(model, None, cfg, speculative=SpeculativeConfig(gamma=gamma, ngram=ngram))
+    got = run_checked(spec, prompts, params)
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        assert got[i] == generate_ids(model, p, sp), i
+
+
+@pytest.mark.parametrize("method", ["prompt-lookup", "draft-model"])
+def test_eos_and_stop_strings_cut_the_emitted_tokens(method):
+    """A stop string or eos that falls inside a step's kept drafts ends the request there, as in the plain engine.
+    With the target as its own draft every draft is kept, so the stops land inside multi-token steps."""
+    tok = load_tokenizer()
+    m = context_model("tiny", seed=3, vocab_size=4096)
+    prompts = [(u * 20)[:24] for u in ([101, 202, 303], [7, 8, 9, 10], [55, 66], [400, 401, 402, 403, 404])]
+    roomy = EngineConfig(num_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=64)
+    base = LLM(m, tok, roomy).generate(prompts, SamplingParams.greedy(30, ignore_eos=True))
+    # a stop string from the middle of each request's own text, and an eos id from the middle of one output
+    stops = [tok.decode(o.output_token_ids[12:14]) for o in base]
+    eos = base[1].output_token_ids[10]
+    params = [SamplingParams.greedy(30, stop=(s,)) if s.strip() else SamplingParams.greedy(30) for s in stops]
+    plain = LLM(m, tok, roomy, eos_id=eos).generate(prompts, params)
+    spec = SpeculativeLLM(m, tok, roomy, eos_id=eos, speculative=SpeculativeConfig(method, gamma=5, ngram=1),
+                          draft=m if method == "draft-model" else None)
+    d = Driver(spec)
+    ids = [spec.add_request(p, sp) for p, sp in zip(prompts, params)]
+    d.run()
+    for rid, want in zip(ids, plain):
+        got = d.outputs[rid]
+        assert (got.output_token_ids, got.finish_reason, got.text) == (want.output_token_ids, want.finish_reason,
+                                                                       want.text)
+    assert {o.finish_reason for o in plain} == {"stop", "eos"}
+    if method == "draft-model":
+        assert spec.stats()["num_accepted"] > 0 and spec.num_steps < 30
+
+
+def test_seeded_sampling_repeats_and_equals_the_batch_one_loops(model, draft):
+    """Each request draws from its own generator: with room for every draft, the engine's tokens are chapter 08's
+    batch-1 loops' tokens; through preemption (other draft lengths, other draws) a seeded run still repeats."""
+    prompts = prompts_with_repeats(8, seed=11)
+    params = [SamplingParams(max_new_tokens=6 + 3 * i, temperature=0.9, top_k=50, seed=40 + i) for i in range(8)]
+    roomy = EngineConfig(num_blocks=160, block_size=4, max_num_seqs=8, max_num_batched_tokens=256)
+    pl = SpeculativeLLM(model, None, roomy, speculative=SpeculativeConfig(gamma=3, ngram=1))
+    dm = SpeculativeLLM(model, None, roomy, speculative=SpeculativeConfig("draft-model", gamma=3), draft=draft)
+    got_pl, got_dm = run_checked(pl, prompts, params), run_checked(dm, prompts, params)
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        assert got_pl[i] == generate_prompt_lookup(model, p, sp, gamma=3, ngram=1)[0], i
+        assert got_dm[i] == generate_speculative(model, draft, p, sp, gamma=3)[0], i
+    assert pl.stats()["num_proposed"] > 0 and dm.stats()["num_accepted"] > 0
+    tiny = CONFIGS["tiny-pool-recompute"]
+    runs = [run_checked(SpeculativeLLM(model, None, tiny, speculative=SpeculativeConfig(gamma=3, ngram=1)), prompts,
+                        params) for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+def test_draft_lengths_near_max_tokens_and_without_matches(model):
+    """k = min(γ, tokens still allowed - 1): no drafts for the last token, none when no n-gram occurred before."""
+    cfg = EngineConfig(num_blocks=32, block_size=4, max_num_seqs=4, max_num_batched_tokens=64)
+    spec = SpeculativeLLM(model, None, cfg, speculative=SpeculativeConfig(gamma=6, ngram=1))
+    d = Driver(spec)
+    spec.add_request([5, 6] * 8, SamplingParams.greedy(3))  # at most 2 drafts, then 1, then none
+    spec.add_request([9, 8, 7], SamplingParams.greedy(1))  # one token: never a draft
+    spec.add_request(list(range(20, 40)), SamplingParams.greedy(1))  # no repeated token in the prompt
+    first = True
+    while spec.has_unfinished():
+        d.step()
+        drafts = {s.request.request_id: s.num_drafts for s in spec.last_schedule.scheduled
+                  if isinstance(s, VerifyEntry)}
+        assert set(drafts) <= {"req-0"}
+        if first:
+            assert drafts == {"req-0": 2}  # 3 tokens allowed: the last prompt token 6 and 2 drafts ("5 6")
+            first = False
+    assert d.num_verifies >= 1
+
+
+def test_verify_cache_equals_reference_loop():
+    """The "verify" backend (short queries padded and batched) computes what chapter 05's reference loop does."""
+    torch.manual_seed(0)
+    from minillm.core.config import GPTConfig
+
+    cfg = GPTConfig.from_name("tiny")
+    bm = BlockManager(32, 4)
+    lens = {"a": (9, 3), "b": (5, 1), "c": (30, 20), "d": (7, 7), "e": (13, 5)}  # id -> (context, new tokens)
+    for sid, (ctx, _) in lens.items():
+        bm.allocate(sid, list(range(ctx)))
+    batch = PagedBatch.build(bm, [(sid, ctx - ql, ql) for sid, (ctx, ql) in lens.items()])
+    N = batch.num_tokens
+    q, k, v = (torch.randn(1, cfg.n_head, N, cfg.head_size) for _ in range(3))  # (1, nh, N, hs)
+    ref, fast = PagedKVCache(cfg, 32, 4, use_fast_decode=False), VerifyKVCache(cfg, 32, 4)
+    for cache in (ref, fast):
+        for pool in cache.k_pools + cache.v_pools:  # the same earlier context in both
+            pool.copy_(torch.randn(pool.shape, generator=torch.Generator().manual_seed(1)))
+    outs = []
+    for cache in (ref, fast):
+        cache.set_batch(batch)
+        outs.append(cache.attend(0, q, k, v))
+    assert fast._verify and fast._long == [2]  # "c" (20 new tokens) is the one prompt chunk looped
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-6, rtol=1e-5)
+
+
+def test_bad_configuration_values_are_named(model, draft):
+    for kwargs, err, word in [({"gamma": 0}, ValueError, "gamma"), ({"gamma": 2.0}, TypeError, "gamma"),
+                              ({"gamma": True}, TypeError, "gamma"), ({"method": "medusa"}, ValueError, "medusa"),
+                              ({"ngram": 0}, ValueError, "ngram")]:
+        with pytest.raises(err, match=word):
+            SpeculativeConfig(**kwargs)
+    with pytest.raises(TypeError, match="SpeculativeConfig"):
+        SpeculativeLLM(model, speculative={"gamma": 4})
+    with pytest.raises(ValueError, match="draft-model"):
+        SpeculativeLLM(model, speculative=SpeculativeConfig("draft-model"))  # no draft given
+    with pytest.raises(ValueError, match="draft-model"):
+        SpeculativeLLM(model, draft=draft)  # a draft, but prompt lookup asked for
+    other_vocab = context_model("tiny", seed=1, vocab_size=256)
+    with pytest.raises(ValueError, match="vocab_size=256"):
+        SpeculativeLLM(model, speculative=SpeculativeConfig("draft-model"), draft=other_vocab)
+    short = context_model("tiny", seed=1, block_size=16)
+    llm = SpeculativeLLM(model, speculative=SpeculativeConfig("draft-model"), draft=short)
+    with pytest.raises(ValueError, match="draft's context window block_size=16"):
+        llm.add_request(list(range(10)), SamplingParams.greedy(10))  # 19 tokens > the draft's 16
+    llm.add_request(list(range(10)), SamplingParams.greedy(7))  # 16 tokens: fits
+    assert [len(o.output_token_ids) for o in llm.generate([[1, 2, 1, 2]], SamplingParams.greedy(4))] == [4]
+
+
+@dataclasses.dataclass
+class FailsInVerification(SamplingParams):
+    """Greedy params that the patched acceptance rule below refuses: a stand-in for a failure in verification."""
+
+    fail_in_verification: bool = True
+
+
+def test_failing_request_does_not_take_others_down(model, monkeypatch):
+    """One request fails in sampling (PoisonedParams), one in its verification; the others finish as if alone."""
+    real = spec_engine.accept_greedy
+
+    def accept_greedy(logits, drafts, params=None):
+        if getattr(params, "fail_in_verification", False):
+            raise RuntimeError("verification blew up")
+        return real(logits, drafts, params)
+
+    monkeypatch.setattr(spec_engine, "accept_greedy", accept_greedy)
+    prompts, params = prompts_with_repeats(6, seed=21), mixed_params(6, seed=21)
+    params[2] = FailsInVerification(max_new_tokens=20, temperature=0.0)
+    params[4] = PoisonedParams(max_new_tokens=8, temperature=0.0)
+    # the target drafting for itself: every request that samples verifies drafts, so request 2 surely does
+    spec = SpeculativeLLM(model, None, CONFIGS["tiny-pool-recompute"],
+                          speculative=SpeculativeConfig("draft-model", gamma=3), draft=model)
+    d = Driver(spec)
+    ids = [spec.add_request(p, sp) for p, sp in zip(prompts, params)]
+    d.run()
+    for i, rid in enumerate(ids):
+        out = d.outputs[rid]
+        if i in (2, 4):
+            assert out.finish_reason == "error" and rid in out.error
+        else:
+            assert out.output_token_ids == generate_ids(model, prompts[i], params[i]) and out.finish_reason == "length"
+    assert "verification blew up" in d.outputs[ids[2]].error and "sampling" in d.outputs[ids[4]].error
+
+
+def test_abort_frees_everything(model, draft):
+    cfg = EngineConfig(num_blocks=20, block_size=4, max_num_seqs=4, max_num_batched_tokens=16,
+                       preemption_mode="swap", num_swap_blocks=12)
+    spec = SpeculativeLLM(model, None, cfg, speculative=SpeculativeConfig("draft-model", gamma=3), draft=draft)
+    prompts = prompts_with_repeats(4, seed=3)
+    params = [SamplingParams.greedy(24)] * 4
+    ids = [spec.add_request(p, sp) for p, sp in zip(prompts, params)]
+    d = Driver(spec)
+    for _ in range(6):
+        d.step()
+    victim = spec.scheduler.running[0].request_id
+    assert victim in spec.scheduler.drafter.states  # it has drafted
+    assert spec.abort(victim) and victim not in spec.scheduler.drafter.states
+    d.run()
+    assert d.final[victim] == d.streamed[victim] and len(d.final[victim]) < 24
+    assert spec.swap_space.num_used == 0 and spec.scheduler.drafter.states == {}
+    for p, sp, rid in zip(prompts, params, ids):
+        if rid != victim:
+            assert d.final[rid] == generate_ids(model, p, sp)
+
+
+def test_scheduler_checks_that_no_draft_outlives_its_step(model):
+    """S3 is checked, not assumed: a draft slot left in the block manager is caught by check_invariants."""
+    spec = SpeculativeLLM(model, None, CONFIGS["roomy"], speculative=SpeculativeConfig(gamma=2, ngram=1))
+    spec.add_request([3, 4] * 5, SamplingParams.greedy(10))
+    spec.step()
+    spec.step()
+    req = spec.scheduler.running[0]
+    for tok in (req.all_token_ids[-1], 3):  # the last token's slot (next step's), then a draft nobody rolled back
+        spec.block_manager.append_slot(req.request_id, tok)
+        req.num_block_tokens += 1
+    assert isinstance(spec.scheduler, SpeculativeScheduler)
+    with pytest.raises(AssertionError, match="S3"):
+        spec.scheduler.check_invariants()
+
+
+def test_engine_runner_cls_hook_builds_the_subclass(model):
+    """Chapter 06's hook for chapter 08: `LLM.runner_cls` picks the runner class; the pool is built once, by it."""
+
+    class CountingRunner(ModelRunner):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.num_samples = 0
+
+        def sample(self, out, logits):
+            self.num_samples += 1
+            return super().sample(out, logits)
+
+    class CountingLLM(LLM):
+        runner_cls = CountingRunner
+
+    llm = CountingLLM(model, None, CONFIGS["roomy"])
+    assert isinstance(llm.runner, CountingRunner) and llm.swap_space.cache is llm.runner.cache
+    prompts, params = prompts_with_repeats(4, seed=1), mixed_params(4, seed=1)
+    outs = llm.generate(prompts, params)
+    assert [o.output_token_ids for o in outs] == [generate_ids(model, p, sp) for p, sp in zip(prompts, params)]
+    assert llm.runner.num_samples == llm.num_steps > 0
+    assert LLM.runner_cls is ModelRunner
+    assert isinstance(SpeculativeLLM(model).runner, spec_engine.SpeculativeModelRunner)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["prompt-lookup", "draft-model"])
+def test_shipped_models_equal_the_plain_engine(method):
+    """`base` on code prompts from the validation split (and `draft` drafting): the engine's tokens, faster or not."""
+    from minillm.bench.models import load_model
+    from minillm.speculative.engine_bench import code_prompts
+
+    tgt = load_model("base")
+    dft = load_model("draft").model if method == "draft-model" else None
+    prompts = code_prompts(tgt.tokenizer, 4, prompt_len=96)
+    params = SamplingParams.greedy(24, ignore_eos=True)
+    cfg = EngineConfig(num_blocks=64, block_size=16, max_num_seqs=4, max_num_batched_tokens=128,
+                       attention_backend="verify")
+    spec = SpeculativeLLM(tgt.model, None, cfg, speculative=SpeculativeConfig(method, gamma=4), draft=dft)
+    plain = LLM(tgt.model, None, cfg).generate(prompts, params)
+    got = run_checked(spec, prompts, [params] * 4)
+    assert got == [o.output_token_ids for o in plain]
+    assert spec.stats()["num_accepted"] > 0 and spec.num_steps < 4 * 24

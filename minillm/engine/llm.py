@@ -34,6 +34,10 @@ from minillm.paged import BlockManager
 
 class LLM(FrontEnd):
     stall_steps = 100  # generate() raises after this many steps in a row without a forward or an output
+    # What `__init__` builds to run the forwards (it owns the KV pool): a subclass with the same constructor may
+    # change how a step's tokens are fed and sampled (chapter 08 verifies draft tokens) without a second pool.
+    runner_cls: type[ModelRunner] = ModelRunner
+
     def __init__(self, model: GPT, tokenizer: Any = None, config: EngineConfig | None = None,
                  eos_id: int | None = None):
         model_config = require_model(model, "LLM")
@@ -59,8 +63,8 @@ class LLM(FrontEnd):
         self.model = model.eval()
         self.config = config
         self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.runner = ModelRunner(model, config.num_blocks, config.block_size, device=self.device,
-                                  kv_dtype=config.kv_dtype, attention_backend=config.attention_backend)
+        self.runner = self.runner_cls(model, config.num_blocks, config.block_size, device=self.device,
+                                      kv_dtype=config.kv_dtype, attention_backend=config.attention_backend)
         # Always there: besides swap preemption it parks the KV of requests prefilled elsewhere (chapter 07).
         self.swap_space = SwapSpace(self.runner.cache, config.num_swap_blocks)
         self.scheduler = Scheduler(config, self.block_manager, self.swap_space)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from minillm.core.rows import Row, TourContext
 from minillm.speculative.bench import run_all
+from minillm.speculative.engine_bench import run as run_engine
 
 TITLE = "speculative decoding"
 
@@ -52,4 +53,16 @@ def run(ctx: TourContext) -> list[Row]:
             f"identical tokens (ours = HF default = HF constant gamma = target alone): {h['identical']}; HF best "
             f"{max(h['hf_default_tok_s'], h['hf_constant_tok_s']):.0f} tok/s", h["identical"], "tok/s ratio",
             h["ratio"], "x", dev, h),
+        _engine_row(run_engine(ctx.device, quick=ctx.quick, seed=ctx.seed), dev),
     ]
+
+
+def _engine_row(e: dict, dev: str) -> Row:
+    low = e["points"][0]
+    cross = (f"slower from {e['crossover']} concurrent requests" if e["crossover"] is not None
+             else f"no crossover up to {e['points'][-1]['concurrency']} concurrent requests")
+    ratios = ", ".join(f"{p['concurrency']}: {p['ratio']:.2f}x" for p in e["points"])
+    return Row("08", "speculative decoding in the engine", "chapter 06 engine (LLM), same config",
+               f"SpeculativeLLM, prompt lookup, gamma {e['gamma']}",
+               f"identical tokens at every load: {e['identical']}; throughput ratio by concurrency {ratios}; {cross}",
+               e["identical"], "throughput ratio", e["low_load_ratio"], "x", dev, e)

@@ -1,0 +1,423 @@
+"""Speculative decoding inside chapter 06's continuous-batching engine: per-request drafts, one ragged verify step.
+
+What it adds over `minillm.speculative.generate` (one request, contiguous caches) and chapter 06's `LLM` (one new
+token per request per step): `SpeculativeLLM`, the same engine in which every request that samples this step may
+append up to γ draft tokens to its entry. Chapter 06's scheduler picks the step as always; the drafts then fill the
+token budget it left over, each on a slot of the paged pool (`BlockManager.append_slot`), never preempting anyone.
+One ragged forward scores every request's [last token, d1..dk] together with the other requests' prompt chunks;
+the acceptance rule (`accept_greedy`, or `accept_or_resample` with the request's own generator) keeps a prefix of
+each request's drafts plus one token of the target's; the rejected positions are rolled back in the pool
+(`BlockManager.truncate`) and in the request's `num_computed_tokens`; `RequestState.accept(emitted)` takes the
+emitted tokens through the stop rules (eos, stop strings, max tokens may cut them). Greedy tokens are those of
+`LLM` without speculation and of each request alone, preemption included.
+
+    Scheduler.schedule (chapter 06, unchanged) ─▶ decodes (1 token each) │ prompt chunks │ admissions
+    + drafts   each entry that samples: k = min(γ, max_new_tokens left - 1, budget left, free slots)
+               drafted by prompt lookup (n-grams of its own tokens) or a draft model (its own contiguous cache)
+    forward    ONE ragged step:  req A [a_last d1 d2 d3] │ req B [b_last] │ req C [prompt chunk ...]
+               logits of the last 1+k rows of every entry that samples
+    accept     A keeps d1 d2, emits d1 d2 t ─▶ A.num_computed = n + 2, block_manager.truncate(A, n + 2)
+    rollback   the draft model's cache of A cut to n + 2 as well; A.state.accept([d1, d2, t])
+
+Draft lengths are per request: k is 0 when prompt lookup finds no earlier n-gram, shrinks near max_new_tokens (a
+step emits at most k + 1 tokens, and the verify's last position stays inside the window and the request's KV
+budget), and shrinks when the step's token budget or the pool's free blocks run short. What it leaves out: drafts
+for a batch in one draft-model forward (each request's draft runs at batch 1 on its own cache, so the draft's cost
+grows with the number of running requests), tree drafts, and adapting γ to the measured acceptance or the load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from minillm.core.config import check_int
+from minillm.core.model import GPT, require_model
+from minillm.core.sampling import probs_from_logits
+from minillm.engine.config import EngineConfig
+from minillm.engine.llm import LLM
+from minillm.engine.model_runner import ModelRunner
+from minillm.engine.request import Request, RequestStatus
+from minillm.engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from minillm.paged import PagedBatch
+from minillm.speculative.generate import DraftModelProposer, PromptLookupProposer, check_gamma
+from minillm.speculative.sampling import accept_greedy, accept_or_resample
+from minillm.speculative.verify_cache import VerifyKVCache  # noqa: F401  (registers the "verify" attention backend)
+
+METHODS = ("prompt-lookup", "draft-model")
+
+
+@dataclass
+class SpeculativeConfig:
+    method: str = "prompt-lookup"  # who drafts: "prompt-lookup" (no second model) or "draft-model" (pass draft=)
+    gamma: int = 4  # γ: the most draft tokens one request appends to one step
+    ngram: int = 3  # prompt lookup: the length of the suffix searched for earlier in the request's tokens
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"SpeculativeConfig.method must be one of {METHODS}, got {self.method!r}")
+        check_int("SpeculativeConfig.gamma", self.gamma, 1)
+        check_int("SpeculativeConfig.ngram", self.ngram, 1)
+
+
+# ----------------------------------------------------------------------------------------------- drafters
+
+
+class Drafter(Protocol):
+    """Proposes draft tokens for one engine request and keeps whatever per-request state that needs."""
+
+    num_forwards: int  # draft-model forwards so far (0 for prompt lookup)
+
+    def propose(self, req: Request, k: int) -> tuple[list[int], torch.Tensor | None]:
+        """Up to k tokens to follow req.all_token_ids, and (sampling mode) the distributions q (k, V) they came from."""
+
+    def rollback(self, req: Request, num_tokens: int) -> None:
+        """Forget any state past the first `num_tokens` tokens of the request (they are not, or no longer, real)."""
+
+    def release(self, request_id: str) -> None:
+        """Drop the request's state (it finished, was aborted or preempted)."""
+
+
+class PromptLookupDrafter:
+    """Chapter 08's `PromptLookupProposer` for every request: stateless, so rollback and release do nothing."""
+
+    def __init__(self, ngram: int, vocab_size: int, device: torch.device):
+        self.proposer = PromptLookupProposer(ngram, vocab_size, device)
+        self.num_forwards = 0
+
+    def propose(self, req: Request, k: int) -> tuple[list[int], torch.Tensor | None]:
+        return self.proposer.propose(req.all_token_ids, k, req.state)
+
+    def rollback(self, req: Request, num_tokens: int) -> None:
+        pass
+
+    def release(self, request_id: str) -> None:
+        pass
+
+
+class DraftModelDrafter:
+    """A draft model for every request, each with its own contiguous cache (chapter 08's `DraftModelProposer`).
+
+    A request's draft cache is made at its first proposal (sized for its whole KV budget), catches up on the
+    tokens it has not seen (the prompt, then the emitted tokens) inside `propose`, is cut back after each verify,
+    and is dropped when the request leaves the running batch (recomputed, cheaply, if it comes back).
+    """
+
+    def __init__(self, draft: GPT):
+        self.model = draft
+        self.states: dict[str, DraftModelProposer] = {}
+        self.num_forwards = 0
+
+    def propose(self, req: Request, k: int) -> tuple[list[int], torch.Tensor | None]:
+        state = self.states.get(req.request_id)
+        if state is None:
+            state = self.states[req.request_id] = DraftModelProposer(self.model, max(req.max_kv_tokens, 1))
+        before = state.calls
+        try:
+            return state.propose(req.all_token_ids, k, req.state)
+        finally:
+            self.num_forwards += state.calls - before
+
+    def rollback(self, req: Request, num_tokens: int) -> None:
+        state = self.states.get(req.request_id)
+        if state is not None:
+            state.rollback(num_tokens)
+
+    def release(self, request_id: str) -> None:
+        self.states.pop(request_id, None)
+
+
+# ----------------------------------------------------------------------------------------------- scheduling
+
+
+@dataclass
+class VerifyEntry(ScheduledRequest):
+    """A scheduled request that feeds its last known token(s) and then k draft tokens, and samples all k + 1 rows.
+
+    num_new_tokens counts the drafts too: the entry computes positions start .. start + num_new_tokens - 1, the
+    last k of which hold draft_token_ids (slots appended for them in the block manager, not in the request).
+    """
+
+    draft_token_ids: list[int] = field(default_factory=list)
+    draft_probs: torch.Tensor | None = None  # (k, V) the draft's q, sampling mode only
+
+    @property
+    def num_drafts(self) -> int:
+        return len(self.draft_token_ids)
+
+    @property
+    def samples(self) -> bool:
+        return self.start + self.num_new_tokens - self.num_drafts == self.request.num_tokens
+
+
+def num_drafts(s: ScheduledRequest) -> int:
+    """Draft tokens in a scheduled entry: 0 for chapter 06's plain entries."""
+    return s.num_drafts if isinstance(s, VerifyEntry) else 0
+
+
+def fed_tokens(s: ScheduledRequest) -> list[int]:
+    """The token ids an entry feeds: its slice of the request's known tokens, then its drafts."""
+    k = num_drafts(s)
+    known = s.request.all_token_ids[s.start : s.start + s.num_new_tokens - k]
+    return known + (s.draft_token_ids if k else [])
+
+
+class SpeculativeScheduler(Scheduler):
+    """Chapter 06's scheduler, then drafts on the entries that sample; after the forward, rollback of the rest.
+
+    Invariants on top of chapter 06's (the tests check them after every step):
+      S1. Drafts never preempt and never displace work: they take only the token budget and free blocks left
+          after chapter 06's schedule (I4 holds with them: a step's tokens, drafts included, fit the budget).
+      S2. A request drafts at most min(γ, max_new_tokens left - 1) tokens, so the verify's last position is
+          inside its KV budget (`Request.max_kv_tokens`) and the context window.
+      S3. Between steps the block manager holds slots for a request's known tokens at most (its length there ==
+          num_block_tokens <= num_tokens): no draft slot outlives its step.
+    """
+
+    def __init__(self, config: EngineConfig, block_manager, swapper, drafter: Drafter, gamma: int):
+        super().__init__(config, block_manager, swapper)
+        self.drafter = drafter
+        self.gamma = check_gamma(gamma)
+        self.num_proposed = 0  # draft tokens scheduled for verification
+        self.num_accepted = 0  # of those, kept by the acceptance rule (before a stop rule cut the output)
+        self.num_verifies = 0  # entries that verified at least one draft
+
+    def schedule(self) -> SchedulerOutput:
+        out = super().schedule()
+        budget = self.config.max_num_batched_tokens - out.num_batched_tokens
+        for i, s in enumerate(out.scheduled):  # decodes first: they get the leftover budget in priority order
+            if budget <= 0:
+                break
+            req = s.request
+            k = min(self.gamma, req.params.max_new_tokens - len(req.output_token_ids) - 1, budget)  # S1, S2
+            if not s.samples or k <= 0:
+                continue
+            try:
+                drafts, q = self.drafter.propose(req, k)
+            except Exception:  # noqa: BLE001 - a failed proposal costs only the speed-up; a broken request fails
+                self.drafter.release(req.request_id)  # in its own sampling below, with a message naming it
+                continue
+            drafts = self._append_draft_slots(req, drafts[:k], out)
+            if not drafts:
+                continue
+            out.scheduled[i] = VerifyEntry(req, s.num_new_tokens + len(drafts), s.start, drafts,
+                                           None if q is None else q[: len(drafts)])
+            budget -= len(drafts)
+            self.num_proposed += len(drafts)
+            self.num_verifies += 1
+        return out
+
+    def _append_draft_slots(self, req: Request, drafts: list[int], out: SchedulerOutput) -> list[int]:
+        """Slots for as many drafts as free blocks allow (S1); returns the drafts that got one.
+
+        subtle: `append_slot` marks every earlier token computed, so with prefix caching a block full of this
+        step's tokens is published before the forward writes it. No request can find it first: admissions were
+        decided above, and the forward comes next. A block that a rollback leaves partial is unpublished again by
+        `truncate`; a dropped full one keeps K/V that the forward did compute for exactly its tokens.
+        """
+        got: list[int] = []
+        for tok in drafts:
+            if not self.block_manager.can_append(req.request_id):
+                break
+            out.cow_pairs.extend(self.block_manager.append_slot(req.request_id, tok))
+            got.append(tok)
+        req.num_block_tokens += len(got)
+        return got
+
+    def update(self, out: SchedulerOutput, sampled: list[Any], now: float) -> list[Request]:
+        """Roll back every verify entry to its kept drafts and accept its emitted tokens; plain entries as before.
+
+        `sampled[i]` is, for a `VerifyEntry`, the list of tokens the acceptance rule emitted (kept drafts + one of
+        the target's) or None if its verification failed; for a plain entry, chapter 06's token or None.
+        """
+        plain_out, plain_sampled, finished = SchedulerOutput(), [], []
+        for s, emitted in zip(out.scheduled, sampled):
+            if not isinstance(s, VerifyEntry):
+                plain_out.scheduled.append(s)
+                plain_sampled.append(emitted)
+                continue
+            req = s.request
+            assert req.num_computed_tokens == s.start and req.status is RequestStatus.RUNNING
+            if emitted is None:  # its verification raised (SpeculativeModelRunner.sample): it alone ends here
+                assert req.state.finished
+                req.finish()
+                self._free_finished(req, finished)
+                continue
+            kept = len(emitted) - 1
+            self.num_accepted += kept
+            # K/V are right up to the last kept draft: the request's known tokens + `kept` drafts. The target's own
+            # token (emitted[-1]) is not in the pool yet; the next step feeds it, like any decode.
+            num_computed = req.num_tokens + kept
+            self.block_manager.truncate(req.request_id, num_computed)
+            req.num_computed_tokens = req.num_block_tokens = num_computed
+            self.drafter.rollback(req, num_computed)
+            if req.accept(emitted, now):  # the stop rules may cut `emitted`: eos, a stop string, max tokens
+                self._free_finished(req, finished)
+        for s in plain_out.scheduled:  # a plain entry that samples: its drafter state ends at its computed tokens
+            if s.samples:
+                self.drafter.rollback(s.request, s.start + s.num_new_tokens)
+        done = super().update(plain_out, plain_sampled, now)
+        for req in done:
+            self.drafter.release(req.request_id)
+        if finished:
+            gone = {id(r) for r in finished}
+            self.running = [r for r in self.running if id(r) not in gone]
+        return finished + done
+
+    def check_invariants(self) -> None:
+        """Chapter 06's checks, then S3 for every running request (the tests call it after every step)."""
+        super().check_invariants()
+        for r in self.running:
+            held = self.block_manager.num_tokens(r.request_id)
+            assert held == r.num_block_tokens, f"S3: {r.request_id!r} holds {held} slots, {r.num_block_tokens} known"
+            assert r.num_block_tokens <= r.num_tokens, (
+                f"S3: {r.request_id!r} holds {r.num_block_tokens} slots for its {r.num_tokens} known tokens")
+
+    def _free_finished(self, req: Request, finished: list[Request]) -> None:
+        self.block_manager.free(req.request_id)
+        req.num_block_tokens = 0
+        self.drafter.release(req.request_id)
+        finished.append(req)
+
+    def _preempt(self, victim: Request) -> None:
+        super()._preempt(victim)
+        self.drafter.release(victim.request_id)
+
+    def abort(self, request_id: str) -> Request | None:
+        req = super().abort(request_id)
+        self.drafter.release(request_id)
+        return req
+
+
+# ----------------------------------------------------------------------------------------------- the forward
+
+
+class SpeculativeModelRunner(ModelRunner):
+    """Chapter 06's runner, feeding each verify entry's drafts and sampling it with the acceptance rule."""
+
+    def prepare(self, out: SchedulerOutput, block_manager) -> tuple[torch.Tensor, torch.Tensor, PagedBatch]:
+        entries = [(s.request.request_id, s.start, s.num_new_tokens) for s in out.scheduled]
+        batch = PagedBatch.build(block_manager, entries, device=self.device)
+        flat = [t for s in out.scheduled for t in fed_tokens(s)]
+        idx = torch.tensor([flat], dtype=torch.int64, device=self.device)  # (1, N)
+        return idx, batch.positions(), batch
+
+    @torch.inference_mode()
+    def forward(self, out: SchedulerOutput, block_manager) -> torch.Tensor:
+        """One forward over every entry's tokens; logits (R, V) of the last 1 + k rows of each entry that samples."""
+        if out.cow_pairs:
+            self.cache.copy_blocks(out.cow_pairs)
+        idx, positions, batch = self.prepare(out, block_manager)
+        rows: list[int] = []
+        offset = 0
+        for s in out.scheduled:
+            offset += s.num_new_tokens
+            if s.samples:
+                rows.extend(range(offset - 1 - num_drafts(s), offset))  # the last known token, then each draft
+        self.cache.set_batch(batch)
+        self.num_forward_calls += 1
+        h = self.model.hidden(idx, positions, self.cache)  # (1, N, C)
+        rows_t = torch.tensor(rows, dtype=torch.int64, device=self.device)  # (R,)
+        return self.model.logits(h[0].index_select(0, rows_t))  # (R, C) -> (R, V)
+
+    def sample(self, out: SchedulerOutput, logits: torch.Tensor) -> list[Any]:
+        """Per entry: None (a prompt chunk that does not sample), a token (plain entry, chapter 06's sampling), or
+        the list a verify entry emits (None if its verification raised: that request alone fails)."""
+        plain = SchedulerOutput()
+        plain_rows: list[int] = []
+        verify_rows: dict[int, torch.Tensor] = {}  # position in out.scheduled -> (1 + k, V)
+        r = 0
+        for i, s in enumerate(out.scheduled):
+            if not s.samples:
+                continue
+            k = num_drafts(s)
+            if k:
+                verify_rows[i] = logits[r : r + k + 1]  # (1 + k, V)
+            else:
+                plain.scheduled.append(s)
+                plain_rows.append(r)
+            r += k + 1
+        assert r == logits.shape[0]
+        plain_tokens = iter(super().sample(plain, logits[plain_rows]) if plain.scheduled else [])
+        result: list[Any] = []
+        for i, s in enumerate(out.scheduled):
+            if i in verify_rows:
+                result.append(self._verify(s, verify_rows[i]))
+            else:
+                result.append(next(plain_tokens) if s.samples else None)
+        return result
+
+    @staticmethod
+    def _verify(s: VerifyEntry, logits: torch.Tensor) -> list[int] | None:
+        """The acceptance rule on one entry's rows: the emitted tokens (kept drafts + one target token)."""
+        req, drafts = s.request, s.draft_token_ids
+        try:
+            if req.params.is_greedy:
+                emitted = accept_greedy(logits, drafts, req.params)
+            else:  # the request's own generator: a seeded request repeats, batched or alone
+                p = probs_from_logits(logits, req.params)  # (1 + k, V)
+                emitted = accept_or_resample(p, s.draft_probs, drafts, req.generator)
+            if not 1 <= len(emitted) <= len(drafts) + 1 or emitted[:-1] != drafts[: len(emitted) - 1]:
+                raise ValueError(f"the acceptance rule emitted {emitted} for drafts {drafts}: a step must emit a "
+                                 f"kept prefix of the drafts plus exactly one token of the target's")
+            return emitted
+        except Exception as exc:  # noqa: BLE001 - one request's failure, whatever it is, is its own
+            req.state.fail(f"request {req.request_id!r} failed in verification: {type(exc).__name__}: {exc}")
+            return None
+
+
+# ----------------------------------------------------------------------------------------------- the engine
+
+
+class SpeculativeLLM(LLM):
+    """`LLM` with speculative decoding: same surface (`generate`, `add_request`, `step`, `abort`), fewer steps.
+
+    `speculative` picks the drafter (prompt lookup by default); `draft` is the draft model for
+    method="draft-model": it must share the target's vocabulary and device and hold each request in its window.
+    Without a `config`, the engine's defaults with the "verify" attention backend (`minillm.speculative.
+    verify_cache`), which batches the multi-token queries of verify steps; any backend gives the same tokens.
+    """
+
+    runner_cls = SpeculativeModelRunner
+
+    def __init__(self, model: GPT, tokenizer: Any = None, config: EngineConfig | None = None,
+                 eos_id: int | None = None, speculative: SpeculativeConfig | None = None, draft: GPT | None = None):
+        speculative = speculative if speculative is not None else SpeculativeConfig()
+        if not isinstance(speculative, SpeculativeConfig):
+            raise TypeError(f"speculative must be a SpeculativeConfig, got {type(speculative).__name__}")
+        if (draft is None) != (speculative.method != "draft-model"):
+            raise ValueError(f"method={speculative.method!r} with draft={'a model' if draft is not None else None}: "
+                             "pass a draft model exactly when SpeculativeConfig.method is 'draft-model'")
+        config = config if config is not None else EngineConfig(attention_backend="verify")
+        super().__init__(model, tokenizer, config, eos_id)
+        if draft is not None:
+            dcfg = require_model(draft, "SpeculativeLLM (draft)")
+            if dcfg.vocab_size != self.model_config.vocab_size:
+                raise ValueError(f"the draft's vocab_size={dcfg.vocab_size} differs from the target's "
+                                 f"vocab_size={self.model_config.vocab_size}: their tokens must mean the same thing")
+            if draft.device != self.device:
+                raise ValueError(f"the draft is on {draft.device} but the engine runs on {self.device}")
+            drafter: Drafter = DraftModelDrafter(draft.eval())
+        else:
+            drafter = PromptLookupDrafter(speculative.ngram, self.model_config.vocab_size, self.device)
+        self.speculative = speculative
+        self.draft = draft
+        # The plain scheduler built by LLM.__init__ holds no request yet: replace it by the speculative one.
+        self.scheduler = SpeculativeScheduler(self.config, self.block_manager, self.swap_space, drafter,
+                                              speculative.gamma)
+
+    def _check_fits(self, req: Request) -> None:
+        super()._check_fits(req)
+        if self.draft is not None and req.max_kv_tokens > self.draft.config.block_size:
+            raise ValueError(f"request {req.request_id!r} may reach {req.max_kv_tokens} tokens, more than the "
+                             f"draft's context window block_size={self.draft.config.block_size}")
+
+    def stats(self) -> dict[str, Any]:
+        """Chapter 06's counters plus the speculation's: drafts proposed and kept, verify entries, draft forwards."""
+        s = self.scheduler
+        assert isinstance(s, SpeculativeScheduler)
+        return {**super().stats(), "num_proposed": s.num_proposed, "num_accepted": s.num_accepted,
+                "num_verifies": s.num_verifies, "num_draft_forwards": s.drafter.num_forwards,
+                "acceptance_rate": s.num_accepted / s.num_proposed if s.num_proposed else 0.0}

@@ -1,0 +1,204 @@
+"""Speculative decoding in the engine against the same engine without it, from low load to high: where it stops paying.
+
+At low load a decode step is cheap beside its fixed costs (one forward reads every weight for a handful of tokens),
+so verifying k drafts in the same forward is nearly free and every kept draft is a step saved. As the batch grows
+each step already feeds many tokens; k drafts per request multiply the step's tokens, the step's cost grows with
+them, and rejected drafts are paid for and thrown away. Past some load the speculative engine is slower: vLLM
+reports the same for its engine (speculative decoding "can be slower at high load"). This benchmark looks for that
+crossover on our models. Where a step's cost is mostly per sequence rather than per token (reading each sequence's
+K/V from the pool, as in a memory-bound decode), verify tokens stay cheap and the crossover moves to higher load;
+a drafter whose own cost grows with the batch (the draft model, one forward per request per draft token here)
+brings it down.
+
+For each load c (requests running at once: `max_num_seqs = c`, with 3c requests queued so the batch stays full as
+requests finish), `LLM` and `SpeculativeLLM` (same `EngineConfig`, same prompts, greedy, end-of-text ignored) run
+alternately in one process (`minillm.core.timing.compare`, warm-up, median of repeats); both engines' outputs must
+be identical. Both use the "verify" attention backend (`minillm.speculative.verify_cache`), which batches the
+verify steps' short queries and runs the plain engine's steps exactly as chapter 06's default backend does.
+Reported per load: output tokens per second and per CPU-second for each, their ratios (speculative / plain: above 1
+speculation wins), drafts kept / proposed, and engine steps. Prompts are code from the corpus' validation split,
+where prompt lookup finds what to copy; the draft-model method (`--method draft-model`, `draft` drafting for
+`base`) is the other proposer. The command:
+`python -m minillm.speculative.engine_bench [--quick] [--method prompt-lookup|draft-model] [--loads 1,2,4]
+[--json FILE]`. What it leaves out: arrival over time (chapter 06's online benchmark), and sampling (greedy only,
+so outputs can be compared token for token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+from minillm.bench.check import same_tokens
+from minillm.bench.models import load_model
+from minillm.core.corpus import corpus_sample
+from minillm.core.device import DEVICE_CHOICES, resolve_device
+from minillm.core.io import atomic_write_text
+from minillm.core.model import GPT
+from minillm.core.sampling import SamplingParams
+from minillm.core.timing import compare
+from minillm.engine.config import EngineConfig
+from minillm.engine.llm import LLM
+from minillm.speculative.engine import SpeculativeConfig, SpeculativeLLM
+from minillm.speculative.verify_cache import VerifyKVCache  # noqa: F401  (registers "verify")
+
+EOT = "<|endoftext|>"
+
+
+def code_prompts(tokenizer: Any, n: int, prompt_len: int = 128, window: int = 1500) -> list[list[int]]:
+    """n code-completion prompts: the last `prompt_len` tokens of `window`-character pieces of the validation split's
+    Python files (split at end-of-text), spread evenly over it, so no two prompts share text."""
+    docs = corpus_sample(10**9, split="val").split(EOT)
+    pieces = [d[o : o + window] for d in docs for o in range(0, len(d) - window + 1, window)]
+    if n > len(pieces):
+        raise ValueError(f"asked for {n} prompts, the validation split has {len(pieces)} pieces of {window} chars")
+    step = len(pieces) // n
+    return [tokenizer.encode(pieces[i * step])[-prompt_len:] for i in range(n)]
+
+
+def _timed(llm: LLM, prompts: list[list[int]], params: SamplingParams, cpu: list[float],
+           outs: list[list[list[int]]]) -> Callable[[], None]:
+    """A zero-argument run of `llm.generate` that appends its process CPU seconds and outputs to the lists."""
+
+    def run() -> None:
+        c0 = time.process_time()
+        res = llm.generate(prompts, params)
+        cpu.append(time.process_time() - c0)
+        outs.append([o.output_token_ids for o in res])
+    return run
+
+
+def load_point(target: GPT, prompts: list[list[int]], concurrency: int, new_tokens: int,
+               speculative: SpeculativeConfig, draft: GPT | None = None, repeats: int = 3) -> dict[str, Any]:
+    """One load: `concurrency` requests at a time over `prompts`, the plain engine against the speculative one."""
+    params = SamplingParams.greedy(new_tokens, ignore_eos=True)
+    bs = 16
+    per_request = -(-(max(len(p) for p in prompts) + new_tokens) // bs)
+    config = EngineConfig(num_blocks=per_request * concurrency + 8, block_size=bs, max_num_seqs=concurrency,
+                          max_num_batched_tokens=max(512, concurrency), attention_backend="verify")
+    plain = LLM(target, None, config)
+    spec = SpeculativeLLM(target, None, config, speculative=speculative, draft=draft)
+    cpu_p: list[float] = []
+    cpu_s: list[float] = []
+    outs_p: list[list[list[int]]] = []
+    outs_s: list[list[list[int]]] = []
+    cmp = compare(_timed(plain, prompts, params, cpu_p, outs_p), _timed(spec, prompts, params, cpu_s, outs_s),
+                  warmup=1, repeats=repeats, device=target.device)
+    same = same_tokens(outs_p[0], *outs_p[1:], *outs_s, unit="requests")
+    tokens = sum(len(o) for o in outs_p[0])
+    stats = spec.stats()
+    runs = repeats + 1  # the warm-up run counts in the engines' step counters too
+    cpu_plain, cpu_spec = statistics.median(cpu_p[1:]), statistics.median(cpu_s[1:])
+    return {
+        "concurrency": concurrency, "requests": len(prompts), "output_tokens": tokens,
+        "identical": same.ok, "check": same.check,
+        "plain_tok_s": tokens / cmp.baseline.median, "spec_tok_s": tokens / cmp.candidate.median,
+        "ratio": cmp.speedup,
+        "plain_tok_cpu_s": tokens / cpu_plain, "spec_tok_cpu_s": tokens / cpu_spec, "ratio_cpu": cpu_plain / cpu_spec,
+        "acceptance_rate": stats["acceptance_rate"],
+        "plain_steps": plain.num_steps / runs, "spec_steps": spec.num_steps / runs,
+        "draft_forwards": stats["num_draft_forwards"] / runs,
+        "timing": cmp.to_dict(),
+    }
+
+
+def crossover(points: Sequence[dict[str, Any]], key: str = "ratio") -> int | None:
+    """The lowest load from which speculation stays slower (ratio < 1 there and at every higher load); None if the
+    last load measured still gains."""
+    found = None
+    for p in sorted(points, key=lambda p: p["concurrency"]):
+        if p[key] < 1.0:
+            found = p["concurrency"] if found is None else found
+        else:
+            found = None
+    return found
+
+
+def load_sweep(target: GPT, tokenizer: Any, loads: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), new_tokens: int = 64,
+               prompt_len: int = 128, requests_per_slot: int = 3, speculative: SpeculativeConfig | None = None,
+               draft: GPT | None = None, repeats: int = 3) -> dict[str, Any]:
+    """Every load of `loads`: ratios of tokens/s (wall and CPU), identical outputs, and the crossover load."""
+    speculative = speculative if speculative is not None else SpeculativeConfig()
+    if not loads or any(not isinstance(c, int) or c < 1 for c in loads):
+        raise ValueError(f"loads must be positive ints, got {list(loads)!r}")
+    pool = code_prompts(tokenizer, requests_per_slot * max(loads), prompt_len)
+    points = [load_point(target, pool[: requests_per_slot * c], c, new_tokens, speculative, draft, repeats)
+              for c in loads]
+    return {"method": speculative.method, "gamma": speculative.gamma, "ngram": speculative.ngram,
+            "new_tokens": new_tokens, "prompt_len": prompt_len, "requests_per_slot": requests_per_slot,
+            "points": points, "identical": all(p["identical"] for p in points),
+            "crossover": crossover(points), "crossover_cpu": crossover(points, "ratio_cpu"),
+            "low_load_ratio": points[0]["ratio"], "low_load_ratio_cpu": points[0]["ratio_cpu"],
+            "low_load": points[0]["concurrency"]}
+
+
+def run(device: torch.device | str = "cpu", quick: bool = False, method: str = "prompt-lookup", gamma: int = 4,
+        loads: Sequence[int] | None = None, seed: int = 0) -> dict[str, Any]:
+    """The benchmark on `base` (and `draft` for method="draft-model"), by default at loads 1 to 64; quick: loads 1
+    and 8, 32 new tokens, one repeat (a few seconds on a CPU), for the chapter's tour."""
+    device = resolve_device(device) if isinstance(device, str) else device
+    tgt = load_model("base", device, seed)
+    draft = load_model("draft", device, seed) if method == "draft-model" else None
+    spec = SpeculativeConfig(method=method, gamma=gamma)
+    size = dict(loads=(1, 8), new_tokens=32, requests_per_slot=2, repeats=1) if quick else {}
+    if loads is not None:
+        size["loads"] = tuple(loads)
+    sweep = load_sweep(tgt.model, tgt.tokenizer, speculative=spec, draft=draft.model if draft else None, **size)
+    return {"target": tgt.label, "draft": draft.label if draft else None, "device": str(device),
+            "threads": torch.get_num_threads(), **sweep}
+
+
+def format_report(r: dict[str, Any]) -> str:
+    who = f"{r['target']} + {r['draft']}" if r["draft"] else f"{r['target']}, prompt lookup ({r['ngram']}-grams)"
+    lines = [f"{who}, gamma {r['gamma']}, {r['device']}, {r['threads']} thread(s); {r['prompt_len']}-token code "
+             f"prompts, {r['new_tokens']} new tokens, {r['requests_per_slot']} requests per batch slot, greedy",
+             "load | requests | plain tok/s | spec tok/s | ratio | plain tok/cpu-s | spec tok/cpu-s | ratio (cpu) | "
+             "kept/proposed | steps plain -> spec | identical"]
+    for p in r["points"]:
+        lines.append(f"{p['concurrency']:4d} | {p['requests']:8d} | {p['plain_tok_s']:11.0f} | "
+                     f"{p['spec_tok_s']:10.0f} | {p['ratio']:4.2f}x | {p['plain_tok_cpu_s']:15.0f} | "
+                     f"{p['spec_tok_cpu_s']:14.0f} | {p['ratio_cpu']:10.2f}x | {p['acceptance_rate']:13.2f} | "
+                     f"{p['plain_steps']:.0f} -> {p['spec_steps']:.0f} | {p['identical']}")
+    cross = r["crossover"]
+    lines.append("crossover (speculation slower from this load on): "
+                 + (f"{cross} concurrent requests" if cross is not None else "none up to the highest load measured")
+                 + f"; by CPU time: {r['crossover_cpu'] if r['crossover_cpu'] is not None else 'none'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m minillm.speculative.engine_bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cpu", choices=DEVICE_CHOICES)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    ap.add_argument("--quick", action="store_true", help="two loads, short outputs, one repeat")
+    ap.add_argument("--method", default="prompt-lookup", choices=("prompt-lookup", "draft-model"))
+    ap.add_argument("--gamma", type=int, default=4, help="draft tokens per request per step (default 4)")
+    ap.add_argument("--loads", help="comma-separated concurrency levels (default 1,2,4,8,16,32,64; quick 1,8)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", metavar="FILE", help="also write the full report as JSON (atomically)")
+    args = ap.parse_args(argv)
+    if args.threads < 1:
+        ap.error(f"--threads must be >= 1, got {args.threads}")
+    if args.gamma < 1:
+        ap.error(f"--gamma must be >= 1, got {args.gamma}")
+    try:
+        loads = [int(c) for c in args.loads.split(",")] if args.loads else None
+    except ValueError:
+        ap.error(f"--loads must be comma-separated ints, got {args.loads!r}")
+    torch.set_num_threads(args.threads)
+    report = run(resolve_device(args.device), quick=args.quick, method=args.method, gamma=args.gamma, loads=loads,
+                 seed=args.seed)
+    print(format_report(report))
+    if args.json:
+        atomic_write_text(args.json, json.dumps(report, indent=2, default=str) + "\n")
+    return 0 if report["identical"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
