@@ -4,6 +4,7 @@ What it measures, greedy at batch 1 unless said otherwise, each speed-up the rat
 one process (`minillm.core.timing.compare`):
   - `forward_costs`: a target forward of T new tokens on a cache (what a verify of γ = T-1 drafts costs) and a
     draft forward of one token, interleaved so a slow minute hits all of them alike; c = draft / target(1).
+  - `matmul_costs`: the same T rows through the target's weight matrices alone, the arithmetic part of a verify.
   - `greedy_sweep`: for each γ, `generate_speculative` (base + draft) against chapter 04's `generate_ids`: identical
     tokens, accepted / proposed, tokens per target call, tok/s, speed-up, and the cost model's two predictions
     (a verify costing one step, as Leviathan et al. assume, and the measured verify cost).
@@ -13,7 +14,7 @@ one process (`minillm.core.timing.compare`):
   - `hf_assisted`: `transformers` assisted generation (`generate(assistant_model=...)`) on the same two models'
     weights, with its default schedule and with a constant γ like ours; identical tokens and the tok/s ratio.
 The command: `python -m minillm.speculative.bench [--quick] [--device cpu] [--json FILE]`.
-What it leaves out: speculation inside chapter 06's continuous-batching engine.
+Speculation inside chapter 06's engine has its own benchmark, `minillm.speculative.engine_bench`.
 """
 
 from __future__ import annotations
@@ -92,6 +93,35 @@ def forward_costs(target: GPT, draft: GPT, prompt: list[int], ts: list[int], con
             "verify_cost": {T: target_s[T] / target_s[ts[0]] for T in ts}}
 
 
+def matmul_costs(model: GPT, ts: list[int], repeats: int = 40) -> dict[str, Any]:
+    """Seconds to push T rows through every weight matrix of `model` alone (`F.linear`, the lm_head included):
+    the part of a forward of T new tokens that is matrix products, without attention, norms or Python around them.
+
+    If a one-token step were bound by reading the weights, T rows would cost about what one row costs; on a model
+    whose weights sit in the CPU's caches the products are bound by arithmetic and grow with T instead.
+    """
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]  # (out, in) weights, lm_head tied
+    inputs = {T: [torch.randn(T, m.in_features, device=model.device) for m in layers] for T in ts}
+
+    def run(T: int) -> None:
+        with torch.inference_mode():
+            for m, x in zip(layers, inputs[T]):
+                torch.nn.functional.linear(x, m.weight, m.bias)
+
+    times: dict[int, list[float]] = {T: [] for T in ts}
+    for T in ts:
+        measure(lambda: run(T), warmup=3, repeats=1, device=model.device)
+    for _ in range(repeats):
+        for T in ts:
+            times[T].append(measure(lambda: run(T), warmup=0, repeats=1, device=model.device).median)
+    seconds = {T: statistics.median(v) for T, v in times.items()}
+    weight_bytes = sum(m.weight.numel() * m.weight.element_size() for m in layers)
+    flops = 2 * sum(m.weight.numel() for m in layers)  # per row
+    return {"seconds": seconds, "relative": {T: seconds[T] / seconds[ts[0]] for T in ts},
+            "weight_bytes": weight_bytes, "gb_per_s_one_row": weight_bytes / seconds[ts[0]] / 1e9,
+            "gflop_per_s": {T: flops * T / seconds[T] / 1e9 for T in ts}}
+
+
 def draft_agreement(target: GPT, draft: GPT, prompts: list[list[int]], outputs: list[list[int]]) -> dict[str, float]:
     """How well the draft predicts the target along the target's own greedy continuations, from one forward each.
 
@@ -119,6 +149,7 @@ def greedy_sweep(target: GPT, draft: GPT, prompts: list[list[int]], new_tokens: 
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
     alone = [generate_ids(target, p, params) for p in prompts]
     costs = forward_costs(target, draft, prompts[0], [1] + [g + 1 for g in gammas])
+    costs["matmuls"] = matmul_costs(target, [1] + [g + 1 for g in gammas])
     total = sum(len(o) for o in alone)
     rows = []
     for gamma in gammas:
@@ -313,6 +344,10 @@ def _format_sweep(name: str, g: dict[str, Any]) -> list[str]:
                      f"{row.get('predicted_speedup_measured_verify', float('nan')):.2f}x")
     vc = ", ".join(f"T={t}: {v:.2f}x" for t, v in g["costs"]["verify_cost"].items())
     lines.append(f"target forward cost by new tokens (relative to one): {vc}")
+    mm = g["costs"]["matmuls"]
+    rel = ", ".join(f"T={t}: {v:.2f}x ({mm['gflop_per_s'][t]:.0f} GFLOP/s)" for t, v in mm["relative"].items())
+    lines.append(f"its weight matrices alone ({mm['weight_bytes'] / 1e6:.1f} MB, one row "
+                 f"{mm['seconds'][1] * 1e3:.2f} ms = {mm['gb_per_s_one_row']:.1f} GB/s): {rel}")
     return lines
 
 
