@@ -1,0 +1,362 @@
+"""Chapter 09's benchmark: every quantization method on `base` against fp32, on memory, quality and speed.
+
+For each case (fp32; int8 weight-only, without and with the tied embedding/head; int4 group-wise by round-to-nearest,
+by GPTQ and by a short QAT fine-tune; W8A8 with dynamic per-token activation scales) it reports:
+  - weight bytes: every tensor the model holds (the tied head once), and the bytes of the block linears alone
+    (codes + scales + zero points + biases), each as a ratio to fp32;
+  - validation perplexity on the first `val_tokens` ids of the validation split (`minillm.gpt.eval`), and its delta %;
+  - greedy-token agreement with fp32 on a fixed prompt set (windows of the validation text): teacher-forced (both
+    models read fp32's greedy continuation; the share of positions where their argmax agrees) and free-running (the
+    prompts whose whole greedy continuation through `generate_ids` is identical);
+  - decode tokens/s at batch 1 through chapter 04's `generate_ids`, against fp32 by `minillm.core.timing.compare`
+    (alternating runs, medians), on the threads the caller set (the CLI uses one);
+  - the chapter 06 engine (`minillm.LLM`) on the quantized models, token for token against `generate_ids` of the
+    same model (the engine contract) and against fp32;
+  - the int8 KV cache (chapter 04's and 05's caches storing int8 codes, fp32 weights): bytes per token, perplexity
+    through the cache (`kv_perplexity`), greedy tokens against fp32, the engine's "paged-int8" backend, decode tok/s;
+  - the outlier study: W8A8 on `base` and on `base` with planted outlier features (the same function), plain, with
+    LLM.int8's decomposition and after SmoothQuant;
+  - one layer's cost at batch 1 and at 256 tokens: fp32 `F.linear`, de-quantize-then-multiply, and W8A8 through
+    `torch._int_mm` and through its exact float64 twin: where de-quantization costs more than it saves.
+The command: `python -m minillm.quant.bench [--quick] [--json FILE]` (quick ~2-3 min, default ~6-8 min on one
+thread). Timings on a shared CPU are noisy; quality numbers (perplexity, agreement, bytes) are deterministic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from minillm.bench.check import same_tokens
+from minillm.bench.models import load_model
+from minillm.bench.workload import eval_prompts
+from minillm.core.io import atomic_write_text, check_output_file
+from minillm.core.model import GPT
+from minillm.core.sampling import SamplingParams
+from minillm.core.timing import compare, measure
+from minillm.engine.config import EngineConfig
+from minillm.engine.llm import LLM
+from minillm.gpt.dataset import default_eval_tokens
+from minillm.gpt.eval import perplexity
+from minillm.kvcache.cache import ContiguousKVCache
+from minillm.kvcache.generate import generate_ids
+from minillm.quant.gptq import calibration_windows, gptq_quantize_model
+from minillm.quant.kv_cache import Int8ContiguousKVCache
+from minillm.quant.linear import QuantConfig, QuantLinear, quantize_model, weight_bytes
+from minillm.quant.outliers import inject_outliers, input_absmax, outlier_report, smooth_model
+from minillm.quant.qat import convert_qat, finetune_qat
+from minillm.quant.w8a8 import int8_matmul, quantize_activations
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    config: QuantConfig | None  # None: the fp32 model itself
+    method: str = "rtn"  # "rtn" (round to nearest), "gptq", or "qat" (fine-tuned under fake quantization, then RTN)
+
+
+CASES: tuple[Case, ...] = (
+    Case("fp32", None, "fp32"),
+    Case("int8 weight-only", QuantConfig("int8")),
+    Case("int8 weight-only + head", QuantConfig("int8", quantize_head=True)),
+    Case("int4 g128 RTN", QuantConfig("int4", group_size=128)),
+    Case("int4 g128 GPTQ", QuantConfig("int4", group_size=128), "gptq"),
+    Case("int4 g128 QAT", QuantConfig("int4", group_size=128), "qat"),
+    Case("W8A8 (dynamic per-token)", QuantConfig("w8a8")),
+)
+
+
+def linear_bytes(model: nn.Module) -> int:
+    """Bytes of the block linears alone: fp32 weight + bias, or codes + scales + zero points + bias."""
+    return sum(t.nbytes for m in model.transformer.h.modules() if isinstance(m, (nn.Linear, QuantLinear))
+               for t in list(m.parameters(recurse=False)) + list(m.buffers(recurse=False)))
+
+
+# AdamW learning rate and windows per step of the QAT fine-tune (distillation loss). subtle: measured on base, 30
+# steps at 2e-5 beat RTN (+0.22% vs +0.30% on 16k validation tokens) while 1e-4 overshoots (+0.36% after 20 steps,
+# +0.83% after 30): a short fine-tune of an already-good model is sensitive to its step size.
+QAT_LR, QAT_BATCH = 2e-5, 4
+
+
+def build(model: GPT, case: Case, calibration: torch.Tensor, qat_steps: int = 20) -> tuple[nn.Module, float]:
+    """(the case's model, seconds it took to quantize, fine-tuning included)."""
+    t0 = time.perf_counter()
+    if case.config is None:
+        out = model
+    elif case.method == "gptq":
+        out = gptq_quantize_model(model, case.config, calibration)
+    elif case.method == "qat":
+        # Distillation from the fp32 model, not next-token loss on training text the model has already seen many
+        # times (that drifts perplexity by itself; with distillation the fp32 control run is the model unchanged).
+        net, _ = finetune_qat(model, case.config, steps=qat_steps, batch_size=QAT_BATCH, lr=QAT_LR, distill=True)
+        out = convert_qat(net, case.config)
+    else:
+        out = quantize_model(model, case.config)
+    return out, time.perf_counter() - t0
+
+
+@torch.inference_mode()
+def teacher_forced_agreement(reference: nn.Module, candidate: nn.Module, sequences: list[list[int]],
+                             prompt_len: int) -> tuple[int, int]:
+    """(positions where the two models' argmax agree, positions) over each sequence's continuation part.
+
+    Both read the same tokens (fp32's greedy output), so one early difference cannot cascade into later ones.
+    """
+    agree = total = 0
+    for seq in sequences:
+        idx = torch.tensor([seq[:-1]], device=reference.device)  # (1, T)
+        a = reference(idx)[0, prompt_len - 1:].argmax(-1)  # (n_new,)
+        b = candidate(idx)[0, prompt_len - 1:].argmax(-1)
+        agree += int((a == b).sum())
+        total += a.numel()
+    return agree, total
+
+
+@torch.inference_mode()
+def kv_perplexity(model: nn.Module, tokens: torch.Tensor, make_cache: Callable[[int, int], Any],
+                  batch_size: int = 8) -> float:
+    """Perplexity with attention reading K/V back from a cache: each window of block_size tokens is run as one
+    prefill into a fresh `make_cache(B, T)`, so every query attends over stored (e.g. int8) keys and values, its own
+    included, exactly as a decode step would. Windows are back to back, the last one shorter; with a plain fp32
+    cache this is `minillm.gpt.eval.perplexity` whenever the windows tile the text (tested)."""
+    bs = model.config.block_size
+    n = tokens.numel() - 1  # targets
+    starts = list(range(0, n, bs))
+    total, count = 0.0, 0
+    for length in sorted({min(bs, n - s) for s in starts}):
+        group = [s for s in starts if min(bs, n - s) == length]
+        for i in range(0, len(group), batch_size):
+            chunk = group[i:i + batch_size]
+            x = torch.stack([tokens[s:s + length] for s in chunk]).to(model.device)  # (B, T)
+            y = torch.stack([tokens[s + 1:s + length + 1] for s in chunk]).to(model.device)  # (B, T)
+            h = model.hidden(x, torch.arange(length, device=x.device), make_cache(len(chunk), length))  # (B, T, C)
+            logits = model.logits(h).float()  # (B, T, V)
+            total += F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum").item()
+            count += y.numel()
+    return math.exp(total / count)
+
+
+def kv_int8_case(model: GPT, val: torch.Tensor, prompts: list[list[int]], fp32_tokens: list[list[int]],
+                 greedy: SamplingParams, base_ppl: float, decode_prompt: list[int],
+                 decode_params: SamplingParams, repeats: int) -> dict[str, Any]:
+    """The int8 KV cache on fp32 weights: KV bytes, perplexity through the cache, greedy tokens, decode tok/s."""
+    cfg = model.config
+    fp32_ppl = kv_perplexity(model, val, lambda B, T: ContiguousKVCache(cfg, B, T))
+    ppl = kv_perplexity(model, val, lambda B, T: Int8ContiguousKVCache(cfg, B, T))
+    max_len = len(prompts[0]) + greedy.max_new_tokens
+    tokens = [generate_ids(model, p, greedy, kv_cache=Int8ContiguousKVCache(cfg, 1, max_len)) for p in prompts]
+    engine = LLM(model, None, EngineConfig(num_blocks=64, block_size=16, max_num_seqs=8,
+                                           attention_backend="paged-int8"))
+    eng = [o.output_token_ids for o in engine.generate(prompts, greedy)]
+    n = len(decode_prompt) + decode_params.max_new_tokens
+    cmp = compare(lambda: generate_ids(model, decode_prompt, decode_params),
+                  lambda: generate_ids(model, decode_prompt, decode_params,
+                                       kv_cache=Int8ContiguousKVCache(cfg, 1, n)), warmup=1, repeats=repeats)
+    fp32_bytes = ContiguousKVCache(cfg, 1, cfg.block_size).nbytes
+    int8_bytes = Int8ContiguousKVCache(cfg, 1, cfg.block_size).nbytes
+    return {"case": "KV cache int8 (fp32 weights)", "kv_bytes_per_token": int8_bytes // cfg.block_size,
+            "fp32_kv_bytes_per_token": fp32_bytes // cfg.block_size, "kv_ratio": fp32_bytes / int8_bytes,
+            "perplexity": ppl, "fp32_cache_perplexity": fp32_ppl, "ppl_delta_pct": (ppl / fp32_ppl - 1) * 100,
+            "eval_perplexity_check": fp32_ppl / base_ppl,
+            "identical_prompts": same_tokens(fp32_tokens, tokens).equal,
+            "engine_same_as_generate": same_tokens(tokens, eng).equal, "prompts": len(prompts),
+            "tok_s": decode_params.max_new_tokens / cmp.candidate.median, "speedup": cmp.speedup}
+
+
+OUTLIER_CHANNELS, OUTLIER_FACTOR = [3, 77, 150], 50.0  # the planted outliers of the study (features of ln_1/ln_2)
+
+
+def outlier_study(model: GPT, val: torch.Tensor, calibration: torch.Tensor) -> dict[str, Any]:
+    """W8A8 on `base` and on `base` with planted outlier features (same function), plain, with LLM.int8's
+    decomposition (threshold 6) and after SmoothQuant (α = 0.5); int8 weight-only beside them. Perplexity deltas are
+    against fp32 `base`; W8A8 runs its float64 twin here (the same integers, faster on the CPU)."""
+    base_ppl = perplexity(model, val)
+    report: dict[str, Any] = {"channels": OUTLIER_CHANNELS, "factor": OUTLIER_FACTOR, "val_tokens": val.numel(),
+                              "rows": []}
+    for label, m in (("base", model), ("base + planted outliers", inject_outliers(model, OUTLIER_CHANNELS,
+                                                                                 OUTLIER_FACTOR))):
+        stats = outlier_report(input_absmax(m, calibration[:4]))
+        variants = {
+            "fp32": m,
+            "int8 weight-only": quantize_model(m, QuantConfig("int8")),
+            "W8A8": quantize_model(m, QuantConfig("w8a8", use_int_mm=False)),
+            "W8A8 + LLM.int8 (6.0)": quantize_model(m, QuantConfig("w8a8", use_int_mm=False, outlier_threshold=6.0)),
+            "SmoothQuant + W8A8": quantize_model(smooth_model(m, calibration), QuantConfig("w8a8", use_int_mm=False)),
+        }
+        ppl = {name: perplexity(v, val) for name, v in variants.items()}
+        report["rows"].append({"model": label, "max_abs": max(r["max_abs"] for r in stats),
+                               "max_over_median": max(r["max_over_median"] for r in stats),
+                               "layers_with_outliers": sum(r["outlier_features"] > 0 for r in stats),
+                               "layers": len(stats),
+                               "ppl_delta_pct": {k: (v / base_ppl - 1) * 100 for k, v in ppl.items()}})
+    return report
+
+
+def engine_tokens(model: nn.Module, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+    llm = LLM(model, None, EngineConfig(num_blocks=64, block_size=16, max_num_seqs=8))
+    return [o.output_token_ids for o in llm.generate(prompts, params)]
+
+
+def layer_costs(in_features: int = 256, out_features: int = 1024, tokens: tuple[int, ...] = (1, 256),
+                repeats: int = 7, calls: int = 50, seed: int = 0) -> list[dict[str, Any]]:
+    """Microseconds per call of one (out, in) linear for each implementation, at each number of tokens M."""
+    g = torch.Generator().manual_seed(seed)
+    lin = nn.Linear(in_features, out_features)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(out_features, in_features, generator=g) * 0.02)
+    q8 = QuantLinear.from_linear(lin, QuantConfig("int8"))
+    q4 = QuantLinear.from_linear(lin, QuantConfig("int4", group_size=128))
+    w8a8 = QuantLinear.from_linear(lin, QuantConfig("w8a8"))
+    w8a8_ref = QuantLinear.from_linear(lin, QuantConfig("w8a8", use_int_mm=False))
+    rows = []
+    with torch.inference_mode():
+        for M in tokens:
+            x = torch.randn(M, in_features, generator=g)
+            xq, _ = quantize_activations(x)
+            wt = w8a8.qweight.t()
+            fns = {"fp32 F.linear": lambda: lin(x), "int8 de-quantize + F.linear": lambda: q8(x),
+                   "int4 unpack + de-quantize + F.linear": lambda: q4(x), "W8A8 torch._int_mm": lambda: w8a8(x),
+                   "W8A8 float64 twin": lambda: w8a8_ref(x),
+                   "int8 x int8 matmul alone (_int_mm)": lambda: int8_matmul(xq, wt)}
+            row: dict[str, Any] = {"tokens": M, "shape": (out_features, in_features)}
+            base_fn = fns.pop("fp32 F.linear")
+            for name, fn in fns.items():
+                cmp = compare(lambda: [base_fn() for _ in range(calls)], lambda: [fn() for _ in range(calls)],
+                              warmup=1, repeats=repeats)
+                row["fp32 F.linear"] = cmp.baseline.median / calls * 1e6
+                row[name] = cmp.candidate.median / calls * 1e6
+            rows.append(row)
+    return rows
+
+
+def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0) -> dict[str, Any]:
+    """Everything the tour and the chapter table report. `quick`: ~2-3 min on one CPU thread; default ~6-8 min."""
+    val_tokens = 8192 if quick else 16384
+    num_prompts, prompt_len, new_tokens = (8, 32, 32) if quick else (16, 32, 48)
+    decode_new, repeats = (32, 3) if quick else (64, 5)
+    qat_steps = 10 if quick else 30
+    V = model.config.vocab_size
+    val = default_eval_tokens(val_tokens)
+    prompts = eval_prompts([prompt_len] * num_prompts, V, real_text, seed)
+    # subtle: the validation text opens the split; the prompts are taken from the same stretch, which is fine for
+    # agreement (both models read the same prompts) and keeps every number on one fixed, documented token set.
+    calibration = calibration_windows(16 if quick else 32, model.config.block_size, seed)
+    greedy = SamplingParams.greedy(new_tokens, ignore_eos=True)
+    report: dict[str, Any] = {"threads": torch.get_num_threads(), "val_tokens": val.numel(),
+                              "prompts": num_prompts, "prompt_len": prompt_len, "new_tokens": new_tokens,
+                              "calibration": list(calibration.shape), "qat_steps": qat_steps,
+                              "qat_windows": [QAT_BATCH, model.config.block_size], "cases": []}
+    fp32_tokens = [generate_ids(model, p, greedy) for p in prompts]
+    sequences = [p + t for p, t in zip(prompts, fp32_tokens)]
+    base_bytes, base_linear = weight_bytes(model), linear_bytes(model)
+    base_ppl = perplexity(model, val)
+    decode_prompt = prompts[0][:16]
+    decode_params = SamplingParams.greedy(decode_new, ignore_eos=True)
+    for case in CASES:
+        qmodel, build_s = build(model, case, calibration, qat_steps)
+        # W8A8's quality numbers come from its float64 twin: the same integers (int32 sums are exact either way),
+        # ~15x faster than CPU _int_mm on a 256-token window. Its speed is timed through _int_mm below.
+        scored = qmodel if case.config is None or case.config.mode != "w8a8" else \
+            quantize_model(model, replace(case.config, use_int_mm=False))
+        ppl = base_ppl if case.config is None else perplexity(scored, val)
+        agree, total = teacher_forced_agreement(model, scored, sequences, prompt_len)
+        tokens = fp32_tokens if case.config is None else [generate_ids(scored, p, greedy) for p in prompts]
+        free = same_tokens(fp32_tokens, tokens)
+        row: dict[str, Any] = {
+            "case": case.name, "mode": case.config.mode if case.config else "fp32", "method": case.method,
+            "weight_bytes": weight_bytes(qmodel), "bytes_ratio": base_bytes / weight_bytes(qmodel),
+            "linear_bytes": linear_bytes(qmodel), "linear_ratio": base_linear / linear_bytes(qmodel),
+            "perplexity": ppl, "ppl_delta_pct": (ppl / base_ppl - 1) * 100,
+            "agreement": agree / total, "agree_positions": agree, "positions": total,
+            "identical_prompts": free.equal, "quantize_s": build_s,
+        }
+        if case.config is None:
+            t = measure(lambda: generate_ids(model, decode_prompt, decode_params), warmup=1, repeats=repeats)
+            row.update(tok_s=decode_new / t.median, speedup=1.0)
+        else:
+            cmp = compare(lambda: generate_ids(model, decode_prompt, decode_params),
+                          lambda: generate_ids(qmodel, decode_prompt, decode_params), warmup=1, repeats=repeats)
+            row.update(tok_s=decode_new / cmp.candidate.median, fp32_tok_s=decode_new / cmp.baseline.median,
+                       speedup=cmp.speedup)
+            if case.method == "gptq" or case.name == "int8 weight-only":
+                eng = engine_tokens(scored, prompts, greedy)
+                row["engine"] = {"same_as_generate": same_tokens(tokens, eng).equal,
+                                 "same_as_fp32": same_tokens(fp32_tokens, eng).equal, "prompts": num_prompts}
+        report["cases"].append(row)
+    report["kv_int8"] = kv_int8_case(model, val, prompts, fp32_tokens, greedy, base_ppl, decode_prompt,
+                                     decode_params, repeats)
+    report["outliers"] = outlier_study(model, val[:4096] if quick else val[:8192], calibration)
+    report["layer_costs"] = layer_costs(repeats=3 if quick else 7, calls=20 if quick else 50)
+    return report
+
+
+def format_table(report: dict[str, Any]) -> str:
+    lines = ["| method | weight bytes (x smaller) | block linears (x smaller) | val ppl | delta | argmax agreement "
+             "| identical prompts | decode tok/s vs fp32 (ratio) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    n = report["prompts"]
+    for r in report["cases"]:
+        lines.append(f"| {r['case']} | {r['weight_bytes'] / 1e6:.2f} MB ({r['bytes_ratio']:.2f}x) | "
+                     f"{r['linear_bytes'] / 1e6:.2f} MB ({r['linear_ratio']:.2f}x) | {r['perplexity']:.3f} | "
+                     f"{r['ppl_delta_pct']:+.2f}% | {100 * r['agreement']:.1f}% | {r['identical_prompts']}/{n} | "
+                     f"{r['tok_s']:.0f} vs {r.get('fp32_tok_s', r['tok_s']):.0f} ({r['speedup']:.2f}x) |")
+    lines.append("")
+    lines.append(f"perplexity on the first {report['val_tokens']:,} validation tokens; agreement teacher-forced over "
+                 f"{n} prompts x {report['new_tokens']} greedy tokens of fp32; calibration (GPTQ) "
+                 f"{report['calibration'][0]} x {report['calibration'][1]} training tokens; QAT {report['qat_steps']} "
+                 f"steps of {report['qat_windows'][0]} x {report['qat_windows'][1]} training tokens (distillation, "
+                 f"lr {QAT_LR:g}); torch threads {report['threads']}")
+    for r in report["cases"]:
+        if "engine" in r:
+            e = r["engine"]
+            lines.append(f"engine (minillm.LLM) on {r['case']}: identical to generate_ids of the same model "
+                         f"{e['same_as_generate']}/{e['prompts']}, to fp32 {e['same_as_fp32']}/{e['prompts']}")
+    kv = report["kv_int8"]
+    lines.append(f"{kv['case']}: {kv['kv_bytes_per_token']:,} B/token vs {kv['fp32_kv_bytes_per_token']:,} "
+                 f"({kv['kv_ratio']:.2f}x smaller); ppl through the cache {kv['perplexity']:.3f} vs "
+                 f"{kv['fp32_cache_perplexity']:.3f} fp32 cache ({kv['ppl_delta_pct']:+.2f}%); identical greedy "
+                 f"prompts {kv['identical_prompts']}/{kv['prompts']}; engine (paged-int8) = generate_ids "
+                 f"{kv['engine_same_as_generate']}/{kv['prompts']}; decode {kv['tok_s']:.0f} tok/s "
+                 f"({kv['speedup']:.2f}x fp32 cache)")
+    o = report["outliers"]
+    lines.append(f"outlier study ({o['val_tokens']:,} val tokens; planted: features {o['channels']} x{o['factor']:g}), "
+                 f"perplexity delta vs fp32 base:")
+    for r in o["rows"]:
+        cells = ", ".join(f"{k} {v:+.2f}%" for k, v in r["ppl_delta_pct"].items())
+        lines.append(f"  {r['model']} (max |x| {r['max_abs']:.0f}, max/median {r['max_over_median']:.0f}x, "
+                     f"{r['layers_with_outliers']}/{r['layers']} layers with |x| >= 6): {cells}")
+    lines.append("one layer, us per call (fp32 / candidate):")
+    for row in report["layer_costs"]:
+        cells = [f"{k} {v:.0f}" for k, v in row.items() if k not in ("tokens", "shape")]
+        lines.append(f"  M={row['tokens']} {tuple(row['shape'])}: " + ", ".join(cells))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m minillm.quant.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller workload (~2-3 min)")
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for the run (default 1)")
+    parser.add_argument("--json", metavar="PATH", help="also write the full report as JSON")
+    args = parser.parse_args(argv)
+    check_output_file(args.json, "--json", (".json",))
+    torch.set_num_threads(args.threads)
+    loaded = load_model("base", "cpu")
+    report = run_all(loaded.model, real_text=loaded.trained, quick=args.quick)
+    report["model"] = loaded.label
+    print(f"model: {loaded.label}")
+    print(format_table(report))
+    if args.json:
+        atomic_write_text(args.json, json.dumps(report, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,167 @@
+"""KV-cache int8: keep every cached key and value as int8 codes with one scale per token and head.
+
+What it adds: `quantize_kv` / `dequantize_kv` (symmetric absmax over the head dimension: a (token, head) vector of
+hs values shares one fp32 scale), and the two caches of chapters 04 and 05 storing codes instead of floats:
+
+    Int8ContiguousKVCache   chapter 04's ContiguousKVCache: k, v (B, nh, max_len, hs) int8 + scales (B, nh, max_len, 1)
+    Int8PagedKVCache        chapter 05's PagedKVCache: pools (nb, bs, nh, hs) int8 + scale pools (nb, bs, nh, 1);
+                            registered as the attention backend "paged-int8" (EngineConfig(attention_backend=...))
+
+Bytes per cached element: 1 + 4 / hs (32 for `base`: 1.125 B instead of 4, 3.6x smaller). A new token's K/V are
+quantized as they are written; every read de-quantizes what it attends over, so the attention itself is fp32, and a
+token attends over the quantized version of its own K/V too (prefill and decode read the cache alike). The naive
+twin is `FakeQuantContiguousKVCache`: fp32 storage, each written vector replaced by deq(q(x)); the int8 cache must
+give its logits to float rounding.
+
+Why per token and head: a cache grows one token at a time, so a scale over a whole layer would change as tokens
+arrive and force re-quantizing what is stored; per token nothing stored ever changes. (KIVI, Liu et al. 2024,
+quantizes keys per channel instead, because key outliers sit in fixed channels; that needs a group of tokens before
+a scale can be fixed.) What it leaves out: the static-shape path of the contiguous cache, the vectorized decode path
+of the paged cache (the int8 pool is read through the per-sequence reference loop), swapping int8 blocks to the CPU
+and KV transfer (both copy `k_pools` only), and int4 KV.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minillm.core.attention import attention, causal_mask
+from minillm.core.config import GPTConfig
+from minillm.kvcache.cache import ContiguousKVCache
+from minillm.paged.backends import register_attention_backend
+from minillm.paged.paged_cache import PagedKVCache, write_kv
+from minillm.quant.quantize import dequantize_symmetric, quantize_symmetric, symmetric_params
+
+
+def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (..., hs) float -> (codes (..., hs) int8, scales (..., 1) fp32): one absmax scale per vector of hs values."""
+    scale = symmetric_params(x.float(), 8, dim=-1)  # (..., 1)
+    return quantize_symmetric(x.float(), scale, 8), scale
+
+
+def dequantize_kv(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """codes (..., hs) int8, scale (..., 1) -> (..., hs) in `dtype`."""
+    return dequantize_symmetric(codes, scale).to(dtype)
+
+
+def _attention_over_kept(cache: ContiguousKVCache, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                         start: int, T: int) -> torch.Tensor:
+    """The attention call `ContiguousKVCache.attend` makes once K/V are written: same mask choice, case by case."""
+    if cache._has_padding:
+        if cache._mask_key != (start, T):
+            cache._mask_key, cache._mask = (start, T), cache.attention_mask(start, T)
+        return attention(q, keys, values, mask=cache._mask)  # (B, nh, T, hs)
+    if T == 1:
+        return attention(q, keys, values)
+    if start == 0:
+        return attention(q, keys, values, is_causal=True)
+    return attention(q, keys, values, mask=causal_mask(T, start + T, device=q.device))
+
+
+class Int8ContiguousKVCache(ContiguousKVCache):
+    """Chapter 04's contiguous cache with int8 K/V codes and per-(token, head) scales; same interface."""
+
+    def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device: torch.device | str = "cpu"):
+        # subtle: the parent allocates fp32 K/V first; they are replaced right away (a transient, not a leak).
+        super().__init__(config, batch_size, max_len, device=device, dtype=torch.float32)
+        shape = (batch_size, config.n_head, max_len, config.head_size)  # (B, nh, max_len, hs)
+        self.k = [torch.zeros(shape, dtype=torch.int8, device=self.device) for _ in range(config.n_layer)]
+        self.v = [torch.zeros(shape, dtype=torch.int8, device=self.device) for _ in range(config.n_layer)]
+        scale_shape = shape[:-1] + (1,)  # (B, nh, max_len, 1)
+        self.k_scale = [torch.ones(scale_shape, device=self.device) for _ in range(config.n_layer)]
+        self.v_scale = [torch.ones(scale_shape, device=self.device) for _ in range(config.n_layer)]
+        self.dtype = torch.int8
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.k + self.v + self.k_scale + self.v_scale)
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Quantize this step's k, v (B, nh, T, hs) into the layer's slots; attend q over the de-quantized kept ones."""
+        B, nh, T, hs = k.shape
+        if B != self.batch_size:
+            raise ValueError(f"batch of {B} rows does not match the cache's batch_size={self.batch_size}")
+        start = self._layer_len[layer_idx]
+        if start + T > self.max_len:
+            raise ValueError(f"cache full: {start} slots used + {T} new > max_len={self.max_len}")
+        end = start + T
+        for codes, scales, x in ((self.k, self.k_scale, k), (self.v, self.v_scale, v)):
+            c, s = quantize_kv(x)  # (B, nh, T, hs) int8, (B, nh, T, 1)
+            codes[layer_idx][:, :, start:end] = c
+            scales[layer_idx][:, :, start:end] = s
+        keys = dequantize_kv(self.k[layer_idx][:, :, :end], self.k_scale[layer_idx][:, :, :end], q.dtype)
+        values = dequantize_kv(self.v[layer_idx][:, :, :end], self.v_scale[layer_idx][:, :, :end], q.dtype)
+        self._layer_len[layer_idx] = end
+        return _attention_over_kept(self, q, keys, values, start, T)  # (B, nh, T, hs)
+
+
+class FakeQuantContiguousKVCache(ContiguousKVCache):
+    """The naive twin: fp32 storage, but every written k, v vector is replaced by deq(q(x)) first."""
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return super().attend(layer_idx, q, dequantize_kv(*quantize_kv(k), k.dtype),
+                              dequantize_kv(*quantize_kv(v), v.dtype))
+
+
+class Int8PagedKVCache(PagedKVCache):
+    """Chapter 05's paged cache with int8 pools (nb, bs, nh, hs) and fp32 scale pools (nb, bs, nh, 1).
+
+    Attention always runs the per-sequence reference loop (`use_fast_decode` is off): the parent's vectorized decode
+    path reads the pools as floats. Blocks copied on write carry their scales with them.
+    """
+
+    def __init__(self, config: GPTConfig, num_blocks: int, block_size: int, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32):
+        # `dtype` is what K/V are de-quantized to for attention (the engine passes its kv_dtype setting); storage is
+        # int8 whatever it says. subtle: the parent's fp32 pools are allocated, then replaced (a transient).
+        super().__init__(config, num_blocks, block_size, device=device, dtype=dtype, use_fast_decode=False)
+        shape = (num_blocks, block_size, config.n_head, config.head_size)  # (nb, bs, nh, hs)
+        self.k_pools = [torch.zeros(shape, dtype=torch.int8, device=self.device) for _ in range(config.n_layer)]
+        self.v_pools = [torch.zeros(shape, dtype=torch.int8, device=self.device) for _ in range(config.n_layer)]
+        scale_shape = shape[:-1] + (1,)  # (nb, bs, nh, 1)
+        self.k_scales = [torch.ones(scale_shape, device=self.device) for _ in range(config.n_layer)]
+        self.v_scales = [torch.ones(scale_shape, device=self.device) for _ in range(config.n_layer)]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.k_pools + self.v_pools + self.k_scales + self.v_scales)
+
+    def copy_blocks(self, pairs) -> None:
+        super().copy_blocks(pairs)  # the codes
+        if not pairs:
+            return
+        src = torch.tensor([s for s, _ in pairs], dtype=torch.int64, device=self.device)
+        dst = torch.tensor([d for _, d in pairs], dtype=torch.int64, device=self.device)
+        for pool in self.k_scales + self.v_scales:
+            pool[dst] = pool[src]  # (n_pairs, bs, nh, 1)
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q, k, v (1, nh, N, hs): quantize the N new tokens' K/V into their slots, then the reference loop."""
+        batch = self.batch
+        if batch is None:
+            raise ValueError("Int8PagedKVCache.attend called before set_batch(PagedBatch)")
+        if q.dim() != 4 or q.shape[0] != 1 or q.shape[2] != batch.num_tokens:
+            raise ValueError(f"paged attention expects q of shape (1, nh, N={batch.num_tokens}, hs), got "
+                             f"{tuple(q.shape)}")
+        for pools, scales, x in ((self.k_pools, self.k_scales, k), (self.v_pools, self.v_scales, v)):
+            codes, s = quantize_kv(x[0].transpose(0, 1))  # (nh, N, hs) -> (N, nh, hs) int8, (N, nh, 1)
+            write_kv(pools[layer_idx], batch.slot_mapping, codes)
+            write_kv(scales[layer_idx], batch.slot_mapping, s)
+        return self._attend_ragged(layer_idx, q, batch)
+
+    def gather(self, layer_idx: int, seq_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The de-quantized K and V of batch sequence `seq_index` through its block table: each (1, nh, ctx, hs)."""
+        batch = self.batch
+        assert batch is not None
+        ctx = batch.context_lens_list[seq_index]
+        blocks = batch.block_tables[seq_index, :-(-ctx // self.block_size)]  # (nblk,)
+        out = []
+        for pool, scales in ((self.k_pools[layer_idx], self.k_scales[layer_idx]),
+                             (self.v_pools[layer_idx], self.v_scales[layer_idx])):
+            codes = pool.index_select(0, blocks).flatten(0, 1)[:ctx]  # (nblk, bs, nh, hs) -> (ctx, nh, hs)
+            s = scales.index_select(0, blocks).flatten(0, 1)[:ctx]  # (ctx, nh, 1)
+            out.append(dequantize_kv(codes, s, self.dtype).transpose(0, 1).unsqueeze(0))  # (1, nh, ctx, hs)
+        return out[0], out[1]
+
+
+register_attention_backend("paged-int8", Int8PagedKVCache)

@@ -1,0 +1,290 @@
+"""Quantized layers swapped in for `nn.Linear`: weight-only int8/int4 de-quantized on the fly, and W8A8.
+
+What it adds: `QuantConfig` (the mode, explicit), `QuantLinear` (integer weights + scales as buffers; its forward
+is `F.linear` with the de-quantized weight, or for W8A8 an int8 x int8 -> int32 matmul with a per-token activation
+scale computed at run time, see `minillm.quant.w8a8`), the tied embedding/head pair (`QuantEmbedding`,
+`TiedQuantHead`), and `quantize_model(model, config)`, which returns a quantized copy of a GPT (a `QuantizedGPT`);
+the original is left untouched.
+
+    weight-only   y = x @ deq(Wq)^T + b                    the matmul is fp32; only memory shrinks
+    W8A8          y = (sx * sw^T) ⊙ (xq @ Wq^T) + b       xq = round(x / sx), sx = max|x_row| / 127 per token;
+                                                           the matmul runs on int8 codes, accumulated in int32
+
+The output head is tied to the token embedding (one V x C matrix, 18% of `base`'s weights). With
+`quantize_head=False` (the default) both stay fp32. With True the matrix is quantized once, per row: a row is
+an output channel of the head and a token's vector for the embedding, so one scale per row serves both; the
+embedding looks up and de-quantizes the rows it needs, the head multiplies by all of them.
+
+What it leaves out: fused de-quantization kernels (chapter 12 writes an int8 GEMV), so on the CPU the weight-only
+forward *adds* a conversion pass over the weight to every matmul (bench.py measures what that costs, and what the
+4x smaller weights win back at decode); smoothing activation outliers (`minillm.quant.outliers`), and choosing the
+rounding better than nearest (`minillm.quant.gptq`).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from minillm.core.config import check_float, check_int
+from minillm.core.model import GPT
+from minillm.quant.quantize import QuantizedTensor, dequantize, pack_int4, quantize, unpack_int4
+from minillm.quant.w8a8 import llm_int8_linear, w8a8_linear
+
+MODES = ("int8", "int4", "w8a8")
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """How to quantize a model's linear layers. Presets: int8 per channel, int4 group-wise, W8A8."""
+
+    mode: str  # "int8": weight-only, per output channel; "int4": weight-only, group-wise; "w8a8": int8 weights
+    #            per channel and int8 activations per token (dynamic: scales computed at every forward)
+    group_size: int = 128  # int4 only: input columns per scale (32, 64, 128 ...); must divide every layer's width
+    symmetric: bool = True  # weights: absmax (no zero point) or min/max with a zero point; W8A8 needs symmetric
+    quantize_head: bool = False  # also quantize the tied embedding / output head matrix (per row)
+    use_int_mm: bool = True  # W8A8: torch._int_mm where it runs; False (or unsupported) -> the exact float64 twin
+    outlier_threshold: float | None = None  # W8A8 only: input features with any |x| >= this run in fp32 (LLM.int8's
+    #                                         mixed-precision decomposition; Dettmers et al. 2022 use 6.0); None = off
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        check_int("group_size", self.group_size)
+        for name in ("symmetric", "quantize_head", "use_int_mm"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.outlier_threshold is not None:
+            check_float("outlier_threshold", self.outlier_threshold, 0.0, include_minimum=False)
+            if self.mode != "w8a8":
+                raise ValueError(f"outlier_threshold decomposes activations: it needs mode='w8a8', got {self.mode!r}")
+        if self.mode == "w8a8" and not self.symmetric:
+            raise ValueError("w8a8 keeps both operands symmetric (a zero point would add correction terms to the "
+                             "integer matmul); use symmetric=True")
+
+    @property
+    def bits(self) -> int:
+        return 4 if self.mode == "int4" else 8
+
+    @property
+    def granularity(self) -> str:
+        return "group" if self.mode == "int4" else "channel"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "QuantConfig":
+        if not isinstance(d, dict):
+            raise TypeError(f"a QuantConfig is built from a dict, got {type(d).__name__}")
+        unknown = set(d) - {f for f in cls.__dataclass_fields__}
+        if unknown:
+            raise ValueError(f"unknown QuantConfig fields {sorted(unknown)}")
+        return cls(**d)
+
+
+# ----- the modules ---------------------------------------------------------------------------------------------
+
+
+class QuantLinear(nn.Module):
+    """A linear layer holding integer weights: `qweight` (out, in) int8/uint8, or (out, in/2) packed int4 codes,
+    `scale` (out, groups) fp32, `zero` (out, groups) uint8 when asymmetric, `bias` (out,) fp32 or None.
+
+    Build one with `from_linear`; `forward` equals `F.linear(x, self.dequantized_weight(), self.bias)` (weight-only;
+    symmetric int8 scales the output instead of the weight, equal to float rounding) or
+    `minillm.quant.w8a8.w8a8_reference` (W8A8). The buffers are all that is saved: no fp32 copy of the weight is kept.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, config: QuantConfig):
+        super().__init__()
+        check_int("in_features", in_features)
+        check_int("out_features", out_features)
+        if not isinstance(config, QuantConfig):
+            raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
+        group = config.group_size if config.mode == "int4" else in_features
+        if in_features % group:
+            raise ValueError(f"group_size={group} does not divide in_features={in_features}")
+        if config.mode == "int4" and in_features % 2:
+            raise ValueError(f"int4 packs two codes per byte: in_features={in_features} must be even")
+        self.in_features, self.out_features, self.config = in_features, out_features, config
+        groups = in_features // group
+        code_dtype = torch.int8 if config.symmetric else torch.uint8
+        width = in_features // 2 if config.mode == "int4" else in_features
+        self.register_buffer("qweight", torch.zeros(out_features, width, dtype=torch.uint8 if config.mode == "int4"
+                                                    else code_dtype))
+        self.register_buffer("scale", torch.ones(out_features, groups))
+        self.register_buffer("zero", None if config.symmetric else torch.zeros(out_features, groups, dtype=torch.uint8))
+        self.register_buffer("bias", torch.zeros(out_features) if bias else None)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, config: QuantConfig, qt: QuantizedTensor | None = None) -> "QuantLinear":
+        """Quantize `linear`'s weight with min/max round-to-nearest, or take the codes `qt` (e.g. from GPTQ)."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"from_linear needs an nn.Linear, got {type(linear).__name__}")
+        module = cls(linear.in_features, linear.out_features, linear.bias is not None, config)
+        with torch.no_grad():
+            w = linear.weight.detach().float()  # (out, in)
+            if qt is None:
+                qt = quantize(w, config.bits, config.symmetric, config.granularity, config.group_size)
+            module.load_quantized(qt)
+            if linear.bias is not None:
+                module.bias.copy_(linear.bias.detach().float())
+        return module.to(linear.weight.device)
+
+    def load_quantized(self, qt: QuantizedTensor) -> None:
+        """Store codes + scales, checking they fit this layer's mode (bits, symmetry, shapes)."""
+        want_groups = self.scale.shape[1]
+        if qt.bits != self.config.bits or qt.symmetric != self.config.symmetric:
+            raise ValueError(f"codes are {qt.bits}-bit {'symmetric' if qt.symmetric else 'asymmetric'}; the layer "
+                             f"wants {self.config.bits}-bit {'symmetric' if self.config.symmetric else 'asymmetric'}")
+        if qt.shape != (self.out_features, self.in_features) or tuple(qt.scale.shape) != (self.out_features,
+                                                                                          want_groups):
+            raise ValueError(f"codes of shape {qt.shape} with scales {tuple(qt.scale.shape)} do not fit a layer "
+                             f"({self.out_features}, {self.in_features}) with {want_groups} groups per row")
+        q = pack_int4(qt.q) if self.config.mode == "int4" else qt.q  # (out, in/2) or (out, in)
+        self.qweight = q.to(self.qweight.device)
+        self.scale = qt.scale.float().to(self.scale.device)
+        if qt.zero is not None:
+            self.zero = qt.zero.to(self.scale.device)
+
+    def quantized_weight(self) -> QuantizedTensor:
+        """The layer's codes and scales as a QuantizedTensor (int4 codes unpacked)."""
+        q = unpack_int4(self.qweight, signed=self.config.symmetric) if self.config.mode == "int4" else self.qweight
+        return QuantizedTensor(q, self.scale, self.zero, self.config.bits, (self.out_features, self.in_features))
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """(out, in) fp32: what the layer multiplies by. Rebuilt on every call: the price of weight-only storage."""
+        return dequantize(self.quantized_weight())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.config.mode == "w8a8":
+            if self.config.outlier_threshold is not None:
+                return llm_int8_linear(x, self, self.config.outlier_threshold)
+            return w8a8_linear(x, self.qweight, self.scale, self.bias, self.config.use_int_mm)
+        if self.config.mode == "int8" and self.zero is None:
+            # One scale per output row factors out of the sum: x @ (s ⊙ q)^T = (x @ q^T) ⊙ s^T. Scaling the (..., out)
+            # result instead of the (out, in) weight saves a pass over the weight (in times fewer multiplies).
+            y = F.linear(x, self.qweight.to(x.dtype)) * self.scale.t().to(x.dtype)  # (..., out) * (1, out)
+            return y if self.bias is None else y + self.bias
+        return F.linear(x, self.dequantized_weight().to(x.dtype), self.bias)  # (..., out)
+
+    def extra_repr(self) -> str:
+        c = self.config
+        group = f", group_size={c.group_size}" if c.mode == "int4" else ""
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"mode={c.mode}{group}, symmetric={c.symmetric}")
+
+
+class QuantEmbedding(nn.Module):
+    """The token embedding from a per-row quantized (V, C) matrix: look up the rows' codes, de-quantize only those."""
+
+    def __init__(self, head: QuantLinear):
+        super().__init__()
+        self.table = head  # owns the buffers: qweight (V, C or C/2), scale (V, groups), zero
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = self.table
+        rows = idx.reshape(-1)  # (N,) token ids
+        q = t.qweight[rows]  # (N, C) or (N, C/2) packed
+        if t.config.mode == "int4":
+            q = unpack_int4(q, signed=t.config.symmetric)  # (N, C)
+        zero = None if t.zero is None else t.zero[rows]
+        x = dequantize(QuantizedTensor(q, t.scale[rows], zero, t.config.bits, (rows.numel(), t.in_features)))
+        return x.reshape(*idx.shape, t.in_features)  # (..., C)
+
+
+class TiedQuantHead(nn.Module):
+    """The output head that shares the embedding's quantized matrix: logits = h @ deq(W)^T.
+
+    subtle: the matrix is reached through the embedding, not registered here too. Two modules registering the same
+    buffer would each get their own copy on `.to(device)` (buffers are replaced, not updated in place), silently
+    untying them, and the state dict would hold the matrix twice.
+    """
+
+    def __init__(self, embedding: QuantEmbedding):
+        super().__init__()
+        self._embedding = (embedding,)  # a tuple: not a submodule, so not a second owner
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self._embedding[0].table(h)  # (..., C) -> (..., V)
+
+
+# ----- the swap ------------------------------------------------------------------------------------------------
+
+
+class QuantizedGPT(GPT):
+    """A GPT whose layers `quantize_model` swapped for quantized ones; `quant_config` says how.
+
+    It adds no computation: the blocks, `hidden`, `logits` and `forward` are GPT's, running whatever modules now sit
+    in them. It only answers `device` from a tensor every mode keeps in fp32 (the position embedding), since a
+    quantized embedding has no fp32 `weight`.
+    """
+
+    quant_config: QuantConfig
+
+    @property
+    def device(self) -> torch.device:
+        return self.transformer.wpe.weight.device
+
+
+def block_linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
+    """(name, module) of every nn.Linear inside the transformer blocks, in forward order."""
+    return [(name, m) for name, m in model.transformer.h.named_modules() if isinstance(m, nn.Linear)]
+
+
+def quantize_model(model: GPT, config: QuantConfig,
+                   weights: dict[str, QuantizedTensor] | None = None) -> QuantizedGPT:
+    """A copy of the GPT `model` with every block's `nn.Linear` replaced by a `QuantLinear` (and, with
+    `config.quantize_head`, the tied embedding/head by `QuantEmbedding` + `TiedQuantHead`).
+
+    `weights` maps a layer's name inside `model.transformer.h` ("0.attn.c_attn") to codes chosen elsewhere (GPTQ);
+    layers not named there are rounded to nearest. The copy keeps GPT's interface (`hidden`, `logits`, `forward`),
+    so every generator, the engine and the perplexity code run it unchanged; `quant_config` records the mode.
+    """
+    if isinstance(model, QuantizedGPT):
+        raise ValueError(f"the model is already quantized ({model.quant_config.mode}); quantize the fp32 model")
+    if not isinstance(model, GPT):
+        raise TypeError(f"quantize_model needs a minillm GPT, got {type(model).__name__}")
+    if not isinstance(config, QuantConfig):
+        raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
+    weights = dict(weights or {})
+    linears = dict(block_linears(model))
+    unknown = set(weights) - set(linears)
+    if unknown:
+        raise ValueError(f"weights name layers that are not in the blocks: {sorted(unknown)}")
+    qmodel = copy.deepcopy(model).eval()
+    # The copy becomes the subclass (it adds no state, only `device` and `quant_config`), so nothing is rebuilt.
+    qmodel.__class__ = QuantizedGPT
+    for name, linear in block_linears(qmodel):
+        parent_name, _, attr = name.rpartition(".")
+        setattr(qmodel.transformer.h.get_submodule(parent_name), attr,
+                QuantLinear.from_linear(linear, config, weights.get(name)))
+    if config.quantize_head:
+        wte = qmodel.transformer.wte
+        table = QuantLinear.from_linear(_as_linear(wte.weight), config)  # (V, C): one scale per row (or group)
+        embedding = QuantEmbedding(table)
+        qmodel.transformer.wte = embedding
+        qmodel.lm_head = TiedQuantHead(embedding)
+    qmodel.quant_config = config
+    return qmodel
+
+
+def _as_linear(weight: torch.Tensor) -> nn.Linear:
+    """An nn.Linear (no bias) wrapping a (out, in) weight, without copying it."""
+    V, C = weight.shape
+    lin = nn.Linear(C, V, bias=False, device="meta")
+    lin.weight = nn.Parameter(weight.detach(), requires_grad=False)
+    return lin
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of every parameter and buffer the model holds, each tensor counted once (the tied head is one)."""
+    seen: dict[int, int] = {}
+    for t in list(model.parameters()) + list(model.buffers()):
+        seen[t.data_ptr()] = t.nbytes
+    return sum(seen.values())

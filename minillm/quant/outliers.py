@@ -1,0 +1,125 @@
+"""Activation outliers: measuring them, planting them, and two cures (LLM.int8's decomposition, SmoothQuant).
+
+Large LLMs grow a few hidden features whose magnitude is 20-100x the others' (Dettmers et al. 2022 see them in every
+layer from ~6.7B parameters on). One per-token int8 scale must then cover the outlier, and every other feature of
+that token is rounded to a handful of codes: W8A8 collapses while weight-only int8 does not care. What it adds:
+
+  - `input_absmax(model, tokens)`: per block linear, the largest |x| of each input feature on some tokens, and
+    `outlier_report` (how many features reach the threshold, the ratio of the largest to the median feature);
+  - `inject_outliers(model, channels, factor)`: a copy of the model computing the same function whose LayerNorm
+    outputs carry outlier features: ln.weight and ln.bias times `factor` on `channels`, the next linear's input
+    columns divided by it. `base` is far too small to have outliers of its own; this shows what large models look like;
+  - the cure inside the matmul: `QuantConfig("w8a8", outlier_threshold=6.0)` (`minillm.quant.linear.llm_int8_linear`);
+  - the cure before it, SmoothQuant (Xiao et al. 2023, eq. 4): per input channel j, s_j = max|X_j|^α / max|W_j|^(1-α),
+    X' = X / s and W' = W * s (diag(s) moves difficulty from activations to weights), the 1/s folded into what
+    produces X, so the smoothed fp32 model computes the same function: `smooth_model`.
+
+SmoothQuant here smooths the inputs of c_attn and c_fc (folded into ln_1 and ln_2) and of attn.c_proj (folded into
+the value rows of c_attn: attention is linear in V). What it leaves out: mlp.c_proj, whose input comes through GELU
+(nothing linear to fold 1/s into), and searching α per layer.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+
+from minillm.core.model import GPT
+
+
+@torch.no_grad()
+def input_absmax(model: nn.Module, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """{block linear name ("0.attn.c_attn"): (in,) max |x| of each input feature} over token windows (N, T)."""
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype != torch.int64:
+        raise TypeError("tokens must be an int64 tensor of token ids shaped (N, T)")
+    stats: dict[str, torch.Tensor] = {}
+
+    def record(name: str):
+        def hook(_module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+            a = inputs[0].reshape(-1, inputs[0].shape[-1]).abs().amax(dim=0)  # (in,)
+            stats[name] = a if name not in stats else torch.maximum(stats[name], a)
+        return hook
+
+    handles = [m.register_forward_pre_hook(record(name)) for name, m in model.transformer.h.named_modules()
+               if isinstance(m, nn.Linear) or hasattr(m, "qweight")]
+    try:
+        model(tokens.to(model.device))
+    finally:
+        for h in handles:
+            h.remove()
+    return stats
+
+
+def outlier_report(absmax: dict[str, torch.Tensor], threshold: float = 6.0) -> list[dict[str, float | int | str]]:
+    """One row per layer: features with max |x| >= threshold, the largest max |x|, and largest / median."""
+    return [{"layer": name, "outlier_features": int((a >= threshold).sum()), "max_abs": float(a.max()),
+             "max_over_median": float(a.max() / a.median().clamp(min=1e-12))} for name, a in absmax.items()]
+
+
+@torch.no_grad()
+def inject_outliers(model: GPT, channels: list[int], factor: float = 20.0) -> GPT:
+    """A copy of `model` with the same outputs whose ln_1 and ln_2 outputs are `factor` times larger on `channels`.
+
+    ln(x)_j = g_j * x̂_j + b_j feeds c(ln(x)) = W ln(x) + c_b. Multiplying g_j and b_j by f and dividing column j of
+    W by f leaves W ln(x) unchanged (up to float rounding) while feature j of the activation grows f-fold.
+    """
+    if not isinstance(model, GPT):
+        raise TypeError(f"inject_outliers needs a minillm GPT, got {type(model).__name__}")
+    C = model.config.n_embd
+    if not channels or any(not isinstance(c, int) or not 0 <= c < C for c in channels):
+        raise ValueError(f"channels must be a non-empty list of feature indices in [0, {C}), got {channels!r}")
+    if not factor > 0:
+        raise ValueError(f"factor must be positive, got {factor!r}")
+    out = copy.deepcopy(model)
+    idx = torch.tensor(channels, device=model.device)
+    for block in out.transformer.h:
+        for ln, linear in ((block.ln_1, block.attn.c_attn), (block.ln_2, block.mlp.c_fc)):
+            ln.weight[idx] *= factor
+            ln.bias[idx] *= factor
+            linear.weight[:, idx] /= factor
+    return out
+
+
+def smoothing_scales(act_absmax: torch.Tensor, weight: torch.Tensor, alpha: float = 0.5) -> torch.Tensor:
+    """s (in,) = max|X_j|^α / max_i |W_ij|^(1-α) (Xiao et al. 2023, eq. 4), for a weight (out, in).
+
+    α = 0.5 splits the range evenly between activations and weights: after smoothing, max|X'_j| = max|W'_j|.
+    Features that never fire (max|X_j| = 0) get s = 1.
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
+    w_max = weight.detach().abs().amax(dim=0).clamp(min=1e-8)  # (in,)
+    s = act_absmax.clamp(min=1e-8).pow(alpha) / w_max.pow(1.0 - alpha)  # (in,)
+    return torch.where(act_absmax > 0, s, torch.ones_like(s))
+
+
+@torch.no_grad()
+def smooth_model(model: GPT, calibration: torch.Tensor, alpha: float = 0.5) -> GPT:
+    """A copy of `model` computing the same function with smoothed activations (SmoothQuant), ready for W8A8.
+
+    Per block: c_attn's input is divided by s1 (folded into ln_1), c_fc's by s2 (into ln_2), attn.c_proj's by s3
+    (into the value rows of c_attn), each weight's input columns multiplied by the same s. Scales come from the
+    activations of `calibration` (N, T) in the *original* model, block by block.
+    """
+    if not isinstance(model, GPT):
+        raise TypeError(f"smooth_model needs an fp32 minillm GPT, got {type(model).__name__}")
+    absmax = input_absmax(model, calibration)
+    out = copy.deepcopy(model)
+    C = model.config.n_embd
+    for b, block in enumerate(out.transformer.h):
+        attn, mlp = block.attn, block.mlp
+        pairs = ((block.ln_1, attn.c_attn, f"{b}.attn.c_attn"), (block.ln_2, mlp.c_fc, f"{b}.mlp.c_fc"))
+        for ln, linear, name in pairs:
+            s = smoothing_scales(absmax[name], linear.weight, alpha)  # (C,)
+            ln.weight /= s
+            ln.bias /= s
+            linear.weight *= s  # (out, C) * (C,): column j times s_j
+        # attn.c_proj reads the attention output, a convex combination of value vectors: scaling value feature j
+        # (row 2C + j of c_attn, and its bias) by 1/s_j scales output feature j by 1/s_j.
+        s = smoothing_scales(absmax[f"{b}.attn.c_proj"], attn.c_proj.weight, alpha)  # (C,)
+        attn.c_attn.weight[2 * C:] /= s.unsqueeze(1)  # (C, C) rows of the value projection
+        attn.c_attn.bias[2 * C:] /= s
+        attn.c_proj.weight *= s
+    return out

@@ -1,0 +1,113 @@
+"""Quantization-aware training (QAT): fine-tune with the weights rounded in the forward pass, so the model learns
+weights that survive the rounding; then store them with the same grid, exactly.
+
+What it adds: `fake_quantize` (forward: deq(q(w)); backward: the identity, the straight-through estimator of Bengio
+et al. 2013, as used by Jacob et al. 2018), `FakeQuantLinear` (an `nn.Linear` whose forward uses the fake-quantized
+weight), `prepare_qat(model, config)` (a trainable copy with them swapped in), `finetune_qat` (a short AdamW run on
+training windows) and `convert_qat` (the trained weights rounded for real: a `QuantizedGPT` whose forward equals the
+fake-quantized model's).
+
+    forward   y = x @ ŵ^T + b,    ŵ = s * round(w / s)      (s from the current w, not trained)
+    backward  ∂L/∂w := ∂L/∂ŵ                                  (round has gradient 0 almost everywhere; STE skips it)
+
+Post-training quantization (RTN, GPTQ) rounds a finished model and at best compensates the error in each layer;
+QAT lets every later layer and the loss itself adapt. What it leaves out: learned scales (LSQ, Esser et al. 2020),
+fake-quantized activations (QAT for W8A8), the tied embedding/head (kept fp32), and distillation from the fp32 model.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from minillm.core.model import GPT
+from minillm.gpt.dataset import BatchSampler, split_tokens
+from minillm.quant.linear import QuantConfig, QuantizedGPT, quantize_model
+from minillm.quant.quantize import dequantize, quantize
+
+
+def fake_quantize(w: torch.Tensor, config: QuantConfig) -> torch.Tensor:
+    """deq(q(w)) in the forward pass, with the gradient of the identity: w + (deq(q(w)) - w).detach()."""
+    with torch.no_grad():
+        w_hat = dequantize(quantize(w.detach(), config.bits, config.symmetric, config.granularity, config.group_size))
+    # BEGIN SOLUTION
+    return w + (w_hat - w).detach()  # value w_hat; d/dw = 1 (the straight-through estimator)
+    # END SOLUTION
+
+
+class FakeQuantLinear(nn.Linear):
+    """An nn.Linear (same parameters, same state dict) that multiplies by its fake-quantized weight."""
+
+    qat_config: QuantConfig
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, fake_quantize(self.weight, self.qat_config), self.bias)
+
+
+def _check(config: QuantConfig) -> None:
+    if not isinstance(config, QuantConfig):
+        raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
+    if config.mode == "w8a8" or config.quantize_head:
+        raise ValueError("QAT here fake-quantizes the block weights only: use mode 'int8' or 'int4' without "
+                         f"quantize_head, got {config!r}")
+
+
+def prepare_qat(model: GPT, config: QuantConfig) -> GPT:
+    """A trainable copy of `model` whose block linears are `FakeQuantLinear`s of `config`'s grid."""
+    if not isinstance(model, GPT) or isinstance(model, QuantizedGPT):
+        raise TypeError(f"prepare_qat needs an fp32 minillm GPT, got {type(model).__name__}")
+    _check(config)
+    out = copy.deepcopy(model)
+    for m in out.transformer.h.modules():
+        if type(m) is nn.Linear:
+            m.__class__ = FakeQuantLinear  # same parameters; only forward changes
+            m.qat_config = config
+    return out
+
+
+def convert_qat(model: GPT, config: QuantConfig) -> QuantizedGPT:
+    """The QAT model's weights rounded for real (same grid as its forward): a QuantizedGPT with the same outputs."""
+    _check(config)
+    plain = copy.deepcopy(model)
+    for m in plain.transformer.h.modules():
+        if isinstance(m, FakeQuantLinear):
+            m.__class__ = nn.Linear
+            del m.qat_config
+    return quantize_model(plain.eval(), config)
+
+
+def finetune_qat(model: GPT, config: QuantConfig, steps: int = 30, batch_size: int = 4, lr: float = 2e-5,
+                 seed: int = 0, fake_quant: bool = True, distill: bool = False) -> tuple[GPT, list[float]]:
+    """(trained copy, loss per step): `steps` AdamW steps on random training windows (`minillm.gpt.dataset`).
+
+    The loss is the next-token cross-entropy, or with `distill` the KL divergence from the fp32 model's own
+    predictions on the same windows (KL(p_fp32 ‖ p_qat)): the target is then "behave like the model you were",
+    not "fit the training text better", which a model already trained on that text can only overfit.
+    `fake_quant=False` runs the same fine-tune in fp32: the control that separates what QAT gains from what a few
+    more steps of training do by themselves.
+    """
+    if not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps must be a non-negative int, got {steps!r}")
+    net = prepare_qat(model, config) if fake_quant else copy.deepcopy(model)
+    net.train()
+    sampler = BatchSampler(split_tokens("train"), batch_size, model.config.block_size, seed=seed)
+    opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.0)
+    losses = []
+    teacher = model.eval()
+    for _ in range(steps):
+        x, y = sampler.sample(net.device)  # (B, T) each
+        logits = net(x).flatten(0, 1)  # (B*T, V)
+        if distill:
+            with torch.no_grad():
+                target = F.log_softmax(teacher(x).flatten(0, 1), dim=-1)  # (B*T, V)
+            loss = F.kl_div(F.log_softmax(logits, dim=-1), target, log_target=True, reduction="batchmean")
+        else:
+            loss = F.cross_entropy(logits, y.flatten())  # (B*T, V) vs (B*T,)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return net.eval(), losses

@@ -1,0 +1,263 @@
+"""Quantization as pure functions: float tensor -> small integers + scales (+ zero points), and back.
+
+What it adds: the two affine maps every later piece of chapter 09 is built from, at three granularities, for int8
+and int4, and the packing of two int4 values into one byte:
+
+    symmetric (absmax):     s = max|x| / qmax              q = clamp(round(x / s), -qmax, qmax)    x̂ = s * q
+    asymmetric (zero point): s = (max - min) / (2^b - 1)    z = round(-min / s)
+                             q = clamp(round(x / s) + z, 0, 2^b - 1)                            x̂ = s * (q - z)
+
+with qmax = 2^(b-1) - 1 (127 for int8, 7 for int4: the restricted range, so +x and -x round to +q and -q). The range
+an asymmetric grid covers always contains 0 (min <= 0 <= max), so 0.0 is represented exactly. For every value
+inside the range the round trip errs by at most half a step: |x - x̂| <= s / 2 (rounding to the nearest grid
+point; the clamp only removes the half-step overshoot of a rounded zero point).
+
+Granularity is how many values share one scale. A tensor is seen as rows (its first dimension; one row for
+per-tensor) cut into groups of consecutive values along the rest:
+
+    per-tensor   scale (1, 1)                 one scale for everything
+    per-channel  scale (rows, 1)              one per output channel of a weight, or per token of an activation
+    group-wise   scale (rows, cols // g)      one per g consecutive input columns of each row (g = 32, 64, 128)
+
+so a `QuantizedTensor` never needs to say which it is: its scale's shape does. What it leaves out: the modules
+that use these (`minillm.quant.linear`), choosing the grid better than min/max (GPTQ in `minillm.quant.gptq`
+keeps the grid and changes the rounding), fp8 and other float formats, and stochastic rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+BITS = (4, 8)
+GRANULARITIES = ("tensor", "channel", "group")
+
+
+def _check_bits(bits: object) -> int:
+    if isinstance(bits, bool) or bits not in BITS:
+        raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
+    return int(bits)  # type: ignore[arg-type]
+
+
+def _check_float(name: str, x: object) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+    return x
+
+
+def qrange(bits: int, symmetric: bool) -> tuple[int, int]:
+    """The integers a code may take: symmetric (-qmax, qmax) with qmax = 2^(b-1) - 1, asymmetric (0, 2^b - 1).
+
+    int8: (-127, 127) or (0, 255); int4: (-7, 7) or (0, 15).
+    """
+    bits = _check_bits(bits)
+    return (-(2 ** (bits - 1) - 1), 2 ** (bits - 1) - 1) if symmetric else (0, 2**bits - 1)
+
+
+def storage_dtype(symmetric: bool) -> torch.dtype:
+    """int8 for signed codes, uint8 for unsigned ones (int4 codes too, one per byte, until `pack_int4`)."""
+    return torch.int8 if symmetric else torch.uint8
+
+
+# ----- the two maps, given their parameters --------------------------------------------------------------------
+
+
+def quantize_symmetric(x: torch.Tensor, scale: torch.Tensor, bits: int) -> torch.Tensor:
+    """q = clamp(round(x / scale), -qmax, qmax) as int8; `scale` broadcasts against x.
+
+    Worked example (int8, scale = 0.5 / 127): x = [0.5, -0.25, 0.001] -> x / s = [127, -63.5, 0.254]
+    -> q = [127, -64, 0] (torch.round rounds halves to even: -63.5 -> -64).
+    """
+    _check_float("x", x)
+    lo, hi = qrange(bits, symmetric=True)
+    # BEGIN SOLUTION
+    return torch.clamp(torch.round(x / scale), lo, hi).to(torch.int8)
+    # END SOLUTION
+
+
+def dequantize_symmetric(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x̂ = scale * q, in the scale's float dtype."""
+    # BEGIN SOLUTION
+    return q.to(scale.dtype) * scale
+    # END SOLUTION
+
+
+def quantize_asymmetric(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) -> torch.Tensor:
+    """q = clamp(round(x / scale) + zero, 0, 2^b - 1) as uint8; `scale` and `zero` broadcast against x.
+
+    Worked example (int4, x in [-1, 2]): s = 3 / 15 = 0.2, z = round(1 / 0.2) = 5; x = [-1, 0, 2]
+    -> x / s + z = [0, 5, 15] -> q = [0, 5, 15], and 0.0 comes back exactly as 0.2 * (5 - 5).
+    """
+    _check_float("x", x)
+    lo, hi = qrange(bits, symmetric=False)
+    # BEGIN SOLUTION
+    return torch.clamp(torch.round(x / scale) + zero.to(x.dtype), lo, hi).to(torch.uint8)
+    # END SOLUTION
+
+
+def dequantize_asymmetric(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """x̂ = scale * (q - zero), in the scale's float dtype."""
+    # BEGIN SOLUTION
+    return (q.to(scale.dtype) - zero.to(scale.dtype)) * scale
+    # END SOLUTION
+
+
+# ----- choosing the parameters (min/max calibration) -----------------------------------------------------------
+
+
+def symmetric_params(x: torch.Tensor, bits: int, dim: int | tuple[int, ...] | None = None) -> torch.Tensor:
+    """scale = max|x| / qmax over `dim` (kept, so it broadcasts; None = all of x). An all-zero slice gets scale 1.
+
+    subtle: a zero scale would turn 0 / 0 into NaN; any positive scale codes an all-zero slice exactly as 0.
+    """
+    _check_float("x", x)
+    _, qmax = qrange(bits, symmetric=True)
+    absmax = x.abs().amax() if dim is None else x.abs().amax(dim=dim, keepdim=True)
+    return torch.where(absmax > 0, absmax / qmax, torch.ones_like(absmax))
+
+
+def asymmetric_params(x: torch.Tensor, bits: int, dim: int | tuple[int, ...] | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, zero) from the min and max over `dim`, the range widened to contain 0; zero is uint8 in [0, 2^b - 1]."""
+    _check_float("x", x)
+    _, qmax = qrange(bits, symmetric=False)
+    if dim is None:
+        lo, hi = x.amin(), x.amax()
+    else:
+        lo, hi = x.amin(dim=dim, keepdim=True), x.amax(dim=dim, keepdim=True)
+    lo, hi = lo.clamp(max=0), hi.clamp(min=0)  # 0 must lie on the grid
+    span = hi - lo
+    scale = torch.where(span > 0, span / qmax, torch.ones_like(span))
+    zero = torch.clamp(torch.round(-lo / scale), 0, qmax).to(torch.uint8)
+    return scale, zero
+
+
+# ----- whole tensors at a granularity --------------------------------------------------------------------------
+
+
+@dataclass
+class QuantizedTensor:
+    """Integer codes with their scales; dequantize(qt) gives back a float tensor of `shape`.
+
+    q: the codes, shape `shape`, int8 (symmetric) or uint8 (asymmetric), one code per element (int4 too: packing
+    is a storage decision, see `pack_int4`). scale: float (rows, groups), zero: uint8 (rows, groups) or None for
+    symmetric. The value at row r, group j, element k is scale[r, j] * (q - zero[r, j]).
+    """
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor | None
+    bits: int
+    shape: tuple[int, ...]
+
+    @property
+    def symmetric(self) -> bool:
+        return self.zero is None
+
+    @property
+    def group_size(self) -> int:
+        """Values per scale along a row: numel for per-tensor, the row length for per-channel."""
+        rows, groups = self.scale.shape
+        return self.q.numel() // (rows * groups)
+
+
+def _grouped_view(x: torch.Tensor, granularity: str, group_size: int | None) -> torch.Tensor:
+    """x viewed as (rows, groups, group_size): the values that share one scale lie along the last dimension."""
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
+    if x.dim() == 0:
+        raise ValueError("cannot quantize a 0-d tensor; give it at least one dimension")
+    if granularity == "tensor":
+        return x.reshape(1, 1, -1)  # (1, 1, numel)
+    rows = x.shape[0]
+    cols = x[0].numel() if rows else 0
+    if granularity == "channel":
+        return x.reshape(rows, 1, cols)  # (rows, 1, cols)
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
+        raise ValueError(f"group-wise quantization needs a positive int group_size, got {group_size!r}")
+    if cols % group_size:
+        raise ValueError(f"group_size={group_size} does not divide the row length {cols} of a tensor shaped "
+                         f"{tuple(x.shape)}")
+    return x.reshape(rows, cols // group_size, group_size)  # (rows, groups, g)
+
+
+def quantize(x: torch.Tensor, bits: int = 8, symmetric: bool = True, granularity: str = "channel",
+             group_size: int | None = None) -> QuantizedTensor:
+    """Quantize x with min/max parameters at a granularity ("tensor", "channel" = per row, "group" of group_size).
+
+    A weight (out, in) per channel gets one scale per output row; group-wise, one per `group_size` input columns of
+    each row. For activations (..., C) per token, pass x.reshape(-1, C) with granularity="channel".
+    """
+    _check_float("x", x)
+    bits = _check_bits(bits)
+    if not isinstance(symmetric, bool):
+        raise TypeError(f"symmetric must be a bool, got {symmetric!r}")
+    if x.numel() == 0:
+        raise ValueError(f"cannot quantize an empty tensor of shape {tuple(x.shape)}")
+    if not torch.isfinite(x).all():
+        raise ValueError("x holds inf or NaN values, which have no integer code")
+    g = _grouped_view(x, granularity, group_size)  # (rows, groups, gs)
+    if symmetric:
+        scale = symmetric_params(g, bits, dim=2)  # (rows, groups, 1)
+        q, zero = quantize_symmetric(g, scale, bits), None
+    else:
+        scale, zero = asymmetric_params(g, bits, dim=2)  # (rows, groups, 1) each
+        q = quantize_asymmetric(g, scale, zero, bits)
+        zero = zero.squeeze(2)  # (rows, groups)
+    return QuantizedTensor(q.reshape(x.shape), scale.squeeze(2), zero, bits, tuple(x.shape))
+
+
+def dequantize(qt: QuantizedTensor) -> torch.Tensor:
+    """The float tensor `qt` stands for: scale * (q - zero) group by group, shaped like the original."""
+    if not isinstance(qt, QuantizedTensor):
+        raise TypeError(f"dequantize needs a QuantizedTensor, got {type(qt).__name__}")
+    rows, groups = qt.scale.shape
+    q = qt.q.reshape(rows, groups, -1)  # (rows, groups, gs)
+    scale = qt.scale.unsqueeze(2)  # (rows, groups, 1)
+    if qt.zero is None:
+        x = dequantize_symmetric(q, scale)
+    else:
+        x = dequantize_asymmetric(q, scale, qt.zero.unsqueeze(2))
+    return x.reshape(qt.shape)
+
+
+# ----- int4 storage: two codes per byte ------------------------------------------------------------------------
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """Pack int4 codes two per byte along the last dimension: (..., 2n) -> (..., n) uint8.
+
+    Element 2i goes to the low nibble of byte i, element 2i+1 to the high nibble. Signed codes (int8 tensor,
+    values -8..7) are stored as their 4-bit two's complement (-1 -> 0b1111), unsigned ones (uint8, 0..15) as they
+    are. Worked example: [3, -2] -> low 0b0011, high 0b1110 -> byte 0b1110_0011 = 227.
+    """
+    if not isinstance(q, torch.Tensor) or q.dtype not in (torch.int8, torch.uint8):
+        raise TypeError(f"pack_int4 needs an int8 or uint8 tensor of codes, got {getattr(q, 'dtype', type(q))}")
+    if q.dim() == 0 or q.shape[-1] % 2:
+        raise ValueError(f"pack_int4 needs an even last dimension, got shape {tuple(q.shape)}")
+    lo, hi = (-8, 7) if q.dtype == torch.int8 else (0, 15)
+    if q.numel() and (int(q.min()) < lo or int(q.max()) > hi):
+        raise ValueError(f"{q.dtype} codes must lie in [{lo}, {hi}] to fit 4 bits, got [{int(q.min())}, "
+                         f"{int(q.max())}]")
+    # BEGIN SOLUTION
+    nibbles = q.to(torch.int16) & 0xF  # (..., 2n): two's complement for negatives, in 0..15
+    low, high = nibbles[..., 0::2], nibbles[..., 1::2]  # (..., n) each
+    return (low | (high << 4)).to(torch.uint8)  # (..., n)
+    # END SOLUTION
+
+
+def unpack_int4(packed: torch.Tensor, signed: bool) -> torch.Tensor:
+    """Undo `pack_int4`: (..., n) uint8 -> (..., 2n), int8 in -8..7 when `signed`, else uint8 in 0..15."""
+    if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8:
+        raise TypeError(f"unpack_int4 needs a uint8 tensor, got {getattr(packed, 'dtype', type(packed))}")
+    if not isinstance(signed, bool):
+        raise TypeError(f"signed must be a bool, got {signed!r}")
+    # BEGIN SOLUTION
+    p = packed.to(torch.int16)
+    low, high = p & 0xF, p >> 4  # (..., n) each, 0..15
+    nibbles = torch.stack((low, high), dim=-1).flatten(-2)  # (..., n, 2) -> (..., 2n): low nibble first
+    if signed:
+        return ((nibbles ^ 8) - 8).to(torch.int8)  # sign-extend 4 bits: 0..7 stay, 8..15 -> -8..-1
+    return nibbles.to(torch.uint8)
+    # END SOLUTION

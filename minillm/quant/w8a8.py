@@ -1,0 +1,126 @@
+"""W8A8: int8 weights times int8 activations, accumulated in int32, and LLM.int8's outlier decomposition.
+
+What it adds: `quantize_activations` (dynamic per-token absmax: one scale per row of x, computed at every forward, no
+calibration), `int8_matmul` (torch._int_mm where it runs, else its exact float64 twin `int8_matmul_ref`),
+`w8a8_linear` and its float twin `w8a8_reference`, and `llm_int8_linear` (Dettmers et al. 2022) with its twin.
+
+    y = (sx sw^T) ⊙ (xq @ Wq^T) + b      xq = round(x / sx), sx = max|x_row| / 127;  Wq, sw per output channel
+
+Both scales factor out of the sum over the input dimension, which is why they can be applied after the integer
+matmul. The functions take a layer's buffers (or a layer with `qweight`, `scale`, `bias`, `config` and
+`dequantized_weight()`, i.e. a `minillm.quant.linear.QuantLinear`). What it leaves out: static (calibrated)
+activation scales, per-channel activation scales (SmoothQuant moves them into the weights instead, see
+`minillm.quant.outliers`), and fast int8 kernels (on the CPU `_int_mm` is slower than fp32 BLAS: bench.py).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from minillm.quant.quantize import quantize_symmetric, symmetric_params
+
+
+@functools.lru_cache(maxsize=None)
+def int_mm_available(device_type: str) -> bool:
+    """Whether torch._int_mm runs on this device type (probed once with a small product)."""
+    if not hasattr(torch, "_int_mm"):
+        return False
+    try:
+        a = torch.ones(32, 32, dtype=torch.int8, device=device_type)
+        return bool((torch._int_mm(a, a) == 32).all())
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+def int8_matmul_ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a (M, K) int8 @ b (K, N) int8 -> (M, N) int32, exactly, in float64 (any device, any shape).
+
+    Exact because every partial sum is an integer of magnitude <= K * 127 * 127, far below 2^53.
+    """
+    return (a.to(torch.float64) @ b.to(torch.float64)).to(torch.int32)
+
+
+def int8_matmul(a: torch.Tensor, b: torch.Tensor, use_int_mm: bool = True) -> torch.Tensor:
+    """a (M, K) int8 @ b (K, N) int8 -> (M, N) int32 with torch._int_mm where it runs, else `int8_matmul_ref`.
+
+    subtle: `torch._int_mm` is a private op; CUDA needs M > 16 and K, N multiples of 8, so a batch-1 decode step
+    falls back there. On the CPU it accepts any shape, but (PyTorch 2.x) it is a plain loop, slower than fp32 BLAS:
+    the bench prints the numbers. Both paths give the same integers.
+    """
+    M, K = a.shape
+    N = b.shape[1]
+    dev = a.device.type
+    if use_int_mm and int_mm_available(dev) and (dev == "cpu" or (M > 16 and K % 8 == 0 and N % 8 == 0)):
+        return torch._int_mm(a, b)
+    return int8_matmul_ref(a, b)
+
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-token int8: x (M, K) -> (codes (M, K) int8, scales (M, 1)), one absmax scale per row."""
+    scale = symmetric_params(x, 8, dim=1)  # (M, 1)
+    return quantize_symmetric(x, scale, 8), scale
+
+
+def w8a8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                use_int_mm: bool = True) -> torch.Tensor:
+    """y = (sx sw^T) ⊙ (xq @ Wq^T) + b: x (..., K) float, qweight (N, K) int8, scale (N, 1) -> (..., N).
+
+    The activation scale is per token and computed now (dynamic), so no calibration is needed; the weight's is per
+    output channel. Both factor out of the sum over K, which is why they can be applied after the integer matmul.
+    """
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1]).float()  # (M, K), M = all tokens
+    xq, sx = quantize_activations(x2)  # (M, K) int8, (M, 1)
+    acc = int8_matmul(xq, qweight.t(), use_int_mm)  # (M, K) @ (K, N) -> (M, N) int32
+    y = acc.float() * sx * scale.t()  # (M, N) * (M, 1) * (1, N)
+    if bias is not None:
+        y = y + bias
+    return y.to(x.dtype).reshape(*shape[:-1], -1)  # (..., N)
+
+
+def w8a8_reference(x: torch.Tensor, layer: Any) -> torch.Tensor:
+    """The float twin of W8A8: de-quantize both operands, then an fp32 `F.linear`."""
+    x2 = x.reshape(-1, x.shape[-1]).float()  # (M, K)
+    xq, sx = quantize_activations(x2)
+    y = F.linear(xq.float() * sx, layer.dequantized_weight(), layer.bias)  # (M, N)
+    return y.reshape(*x.shape[:-1], -1)
+
+
+def outlier_columns(x2: torch.Tensor, threshold: float) -> torch.Tensor:
+    """(K,) bool: the input features where some token of x2 (M, K) reaches |x| >= threshold."""
+    return (x2.abs() >= threshold).any(dim=0)
+
+
+def llm_int8_linear(x: torch.Tensor, layer: Any, threshold: float) -> torch.Tensor:
+    """LLM.int8's mixed-precision decomposition (Dettmers et al. 2022, §3.2, eq. 8): the few input features with an
+    outlier go through an fp32 matmul, everything else through W8A8, and the two partial sums are added.
+
+        y = x_out @ deq(W)[:, out]^T  +  (sx sw^T) ⊙ (q(x_reg) @ Wq^T)     out: outlier features, reg: the rest
+
+    The outliers are left out of the per-token activation scale, so they no longer flatten every other feature of
+    their token to a few codes. The fp32 part multiplies the de-quantized weight columns (no fp32 copy is stored).
+    """
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1]).float()  # (M, K)
+    cols = outlier_columns(x2, threshold)  # (K,)
+    regular = x2.masked_fill(cols, 0.0)  # (M, K): outlier features zeroed, so they add nothing to the int8 sum
+    y = w8a8_linear(regular, layer.qweight, layer.scale, layer.bias, layer.config.use_int_mm)  # (M, N)
+    idx = cols.nonzero().squeeze(1)  # (k,) the outlier features: a host sync, and a shape that depends on data
+    if idx.numel():
+        w_out = layer.qweight.index_select(1, idx).float() * layer.scale  # (N, k): de-quantized weight columns
+        y = y + x2.index_select(1, idx) @ w_out.t()  # (M, k) @ (k, N)
+    return y.to(x.dtype).reshape(*shape[:-1], -1)
+
+
+def llm_int8_reference(x: torch.Tensor, layer: Any, threshold: float) -> torch.Tensor:
+    """The float twin of `llm_int8_linear`: de-quantize everything, one fp32 `F.linear` per part."""
+    x2 = x.reshape(-1, x.shape[-1]).float()  # (M, K)
+    cols = outlier_columns(x2, threshold)
+    w = layer.dequantized_weight()  # (N, K)
+    y = w8a8_reference(x2.masked_fill(cols, 0.0), layer) + F.linear(x2 * cols, w)  # (M, N)
+    return y.reshape(*x.shape[:-1], -1)
