@@ -103,6 +103,14 @@ PLANTS = (
           "resid = residual_distribution(p[i], q[i])", "resid = p[i]"),
     Plant("08", "greedy-without-the-bonus", "minillm/speculative/sampling.py", "accept_greedy",
           "    out.append(best[len(out)])", "    if len(out) < len(tokens):\n        out.append(best[len(out)])"),
+    # 11 distillation
+    Plant("11", "kd-without-t-squared", "minillm/distill/losses.py", "kd_loss",
+          "return temperature ** 2 * kl.mean()", "return kl.mean()"),
+    Plant("11", "forward-kl-weighted-by-the-student", "minillm/distill/losses.py", "kd_loss",
+          "kl = (log_p.exp() * (log_p - log_q)).sum(dim=-1)", "kl = (log_q.exp() * (log_q - log_p)).sum(dim=-1)"),
+    Plant("11", "teacher-not-softened", "minillm/distill/losses.py", "kd_loss",
+          "log_p = F.log_softmax(teacher_logits.reshape(-1, V) / temperature, dim=-1)",
+          "log_p = F.log_softmax(teacher_logits.reshape(-1, V), dim=-1)"),
 )
 
 

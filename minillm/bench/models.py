@@ -14,7 +14,7 @@ import torch
 
 from minillm.core.config import GPTConfig
 from minillm.core.model import GPT
-from minillm.gpt.pretrained import is_shipped, load_pretrained
+from minillm.gpt.pretrained import SHIPPED_PRESETS, is_shipped, load_pretrained
 from minillm.tokenizer import Tokenizer, load_tokenizer
 
 
@@ -35,6 +35,6 @@ def load_model(name: str = "base", device: str | torch.device = "cpu", seed: int
         model, tokenizer = load_pretrained(name, device=device)
         return LoadedModel(model.eval(), tokenizer, True, name)
     torch.manual_seed(seed)
-    model = GPT(GPTConfig.from_name(name)).to(device).eval()
+    model = GPT(GPTConfig.from_name(SHIPPED_PRESETS.get(name, name))).to(device).eval()  # "draft-distilled": draft
     why = "asked for" if random_init and is_shipped(name) else "checkpoint missing"
     return LoadedModel(model, load_tokenizer(), False, f"{name} (random init: {why})")

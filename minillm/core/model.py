@@ -205,17 +205,21 @@ class GPT(nn.Module):
                              f"block_size={cfg.block_size}")
         return positions
 
-    def hidden(self, idx: torch.Tensor, positions: torch.Tensor, cache: KVCacheProtocol | None = None) -> torch.Tensor:
+    def hidden(self, idx: torch.Tensor, positions: torch.Tensor, cache: KVCacheProtocol | None = None,
+               collect: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Final hidden states (after ln_f): idx (B, T), positions (B or 1, T) -> (B, T, C). No checks, no host sync.
 
         The caller has validated idx and positions (see `check_inputs`); shapes stay whatever the caller gives, so a
         fixed-shape decode step can be compiled or captured in a CUDA graph. Chapters that need features rather than
-        logits (distillation's feature matching) read them here.
+        logits (distillation's feature matching) read them here: pass a list as `collect` and each block's output
+        (B, T, C), before ln_f, is appended to it, n_layer tensors in order; no forward hooks needed.
         """
         x = self.transformer.wte(idx) + self.transformer.wpe(positions)  # (B, T, C) + (B or 1, T, C)
         x = dropout(x, self.config.dropout, self.training)  # embedding dropout (training only)
         for block in self.transformer.h:
             x = block(x, cache)  # (B, T, C)
+            if collect is not None:
+                collect.append(x)
         return self.transformer.ln_f(x)  # (B, T, C)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

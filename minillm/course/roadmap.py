@@ -37,7 +37,7 @@ ADDS: dict[str, dict[str, str]] = {
     "08": {"decoding": "draft + verify"},
     "09": {"compression": "int8 / int4,\nKV quantization"},
     "10": {"compression": "magnitude, Wanda,\n2:4"},
-    "11": {"compression": "distilled draft"},
+    "11": {"compression": "logit and feature\nKD, distilled\ndraft"},
     "12": {"kernels": "CUDA: flash,\npaged decode"},
     "13": {"kernels": "torch.compile,\nCUDA graphs"},
     "14": {"workers": "tensor, pipeline,\nsequence\nparallelism"},

@@ -2,8 +2,11 @@
 
 What it adds: `load_pretrained(name)` -> (GPT, Tokenizer) for "base" (5.85M parameters, the target model of every
 later chapter) and "draft" (0.95M, chapter 08's draft), both trained in this chapter on the default corpus and
-stored as safetensors inside the package. What it leaves out: training them (`minillm.gpt.train`) and the
-benchmarks' stand-in for a checkpoint that is missing (`minillm.bench.models.load_model`).
+stored as safetensors inside the package; and chapter 11's two students of `draft`'s shape, "draft-distilled"
+(`draft` trained on with knowledge distillation from `base`, the better draft for chapter 08) and "draft-hardlabel"
+(its control: the same steps and batches on the hard labels only), made by `python -m minillm.distill.train`. What
+it leaves out: training them (`minillm.gpt.train`, `minillm.distill.train`) and the benchmarks' stand-in for a
+checkpoint that is missing (`minillm.bench.models.load_model`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from minillm.core.model import GPT
 from minillm.tokenizer import Tokenizer, load_tokenizer
 
 CHECKPOINTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "checkpoints"
-SHIPPED = ("base", "draft")
+SHIPPED = ("base", "draft", "draft-distilled", "draft-hardlabel")
+# The GPTConfig preset each shipped checkpoint has the shape of (chapter 11's students are `draft`-shaped).
+SHIPPED_PRESETS = {"base": "base", "draft": "draft", "draft-distilled": "draft", "draft-hardlabel": "draft"}
 
 
 def pretrained_dir(name: str) -> Path:
@@ -35,13 +40,14 @@ def is_shipped(name: str) -> bool:
 
 def load_pretrained(name: str = "base", device: str | torch.device = "cpu",
                     **config_overrides: Any) -> tuple[GPT, Tokenizer]:
-    """(GPT in eval mode, Tokenizer): a checkpoint minillm ships ("base", the target of every later chapter, or "draft")."""
+    """(GPT in eval mode, Tokenizer): a checkpoint minillm ships ("base", the target of every later chapter, "draft",
+    or chapter 11's "draft-distilled" and "draft-hardlabel")."""
     directory = pretrained_dir(name)
     if not (directory / WEIGHTS_NAME).is_file():
-        raise FileNotFoundError(
-            f"shipped checkpoint {name!r} not found in {str(directory)!r}; train it with "
-            f"`minillm train --preset {name} --export {directory}` (see chapters/02-gpt.md)"
-        )
+        how = ("the `python -m minillm.distill.train` command in chapters/11-distillation.md"
+               if SHIPPED_PRESETS[name] != name else
+               f"`minillm train --preset {name} --export {directory}` (see chapters/02-gpt.md)")
+        raise FileNotFoundError(f"shipped checkpoint {name!r} not found in {str(directory)!r}; train it with {how}")
     model = load_checkpoint(directory, device=device, **config_overrides)
     tokenizer = load_tokenizer()
     if tokenizer.vocab_size > model.config.vocab_size:

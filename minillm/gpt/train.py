@@ -3,7 +3,9 @@
 What it adds: `TrainConfig` (validated), `train(config) -> TrainResult`, and the `minillm train` command that
 produced the two shipped checkpoints. The loop is the standard GPT-2-style recipe (as in nanoGPT): AdamW with
 weight decay on matrices only, a linear warm-up then a cosine decay to `min_lr_ratio * lr`, global-norm gradient
-clipping, gradient accumulation over micro-batches, bf16 autocast on CUDA (fp32 on the CPU).
+clipping, gradient accumulation over micro-batches, bf16 autocast on CUDA (fp32 on the CPU). Two openings for
+later chapters: `init_from` starts from a checkpoint's weights with a fresh optimizer, and `train(loss_fn=...)`
+swaps the training objective (chapter 11 continues `draft` with a distillation loss through both).
 
 Resume is bit-for-bit on the CPU: a checkpoint holds the weights, the AdamW moments, the step, the torch RNG
 state and the data sampler's generator state (safetensors + JSON, no pickle), and the learning rate is a pure
@@ -33,9 +35,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from minillm.core.checkpoint import load_checkpoint, save_checkpoint
@@ -81,6 +84,7 @@ class TrainConfig:
     out_dir: str | None = None  # training checkpoint (weights + optimizer + state) for --resume
     export_dir: str | None = None  # the final model only: weights, config.json, training_log.json
     resume: str | None = None  # a previous out_dir to continue from
+    init_from: str | None = None  # a checkpoint directory to start from instead of random weights (fresh optimizer)
     seed: int = 0
     device: str = "auto"
     amp: bool = True  # bf16 autocast when on CUDA; never on the CPU
@@ -123,6 +127,9 @@ class TrainConfig:
             raise ValueError(f"num_threads must be a positive int or None, got {self.num_threads!r}")
         if (self.save_interval or self.stop_after) and self.out_dir is None:
             raise ValueError("save_interval and stop_after need out_dir (where the checkpoint goes)")
+        if self.init_from is not None and self.resume is not None:
+            raise ValueError(f"init_from={self.init_from!r} and resume={self.resume!r} both choose the starting "
+                             "weights; a resumed run continues from its checkpoint, so give one of them")
 
 
 def lr_at(cfg: TrainConfig, step: int, progress: float, warmup_end_progress: float) -> float:
@@ -188,10 +195,23 @@ def _load_data(cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def train(cfg: TrainConfig, train_tokens: torch.Tensor | None = None, val_tokens: torch.Tensor | None = None,
-          progress: bool = True) -> TrainResult:
-    """Train a GPT as `cfg` says; tokens default to the corpus encoded with the (shipped) tokenizer."""
+          progress: bool = True, loss_fn: Callable[[GPT, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+          ) -> TrainResult:
+    """Train a GPT as `cfg` says; tokens default to the corpus encoded with the (shipped) tokenizer.
+
+    `loss_fn(model, x, y) -> scalar` replaces the hard-label cross-entropy of the training batches (chapter 11
+    distils with it; validation stays cross-entropy). If it is an `nn.Module`, its parameters that require grad (a
+    learned feature projection) are trained with the model's, in an AdamW group of their own, clipped with them.
+    """
     if not isinstance(cfg, TrainConfig):
         raise TypeError(f"train needs a TrainConfig, got {type(cfg).__name__}")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable as loss_fn(model, x, y), got {type(loss_fn).__name__}")
+    extra_params = ([p for p in loss_fn.parameters() if p.requires_grad] if isinstance(loss_fn, nn.Module)
+                    else [])
+    if extra_params and cfg.resume is not None:
+        raise ValueError("resuming a run whose loss_fn has parameters of its own is not supported: the checkpoint "
+                         "holds the model's weights only")
     if cfg.num_threads is not None:
         torch.set_num_threads(cfg.num_threads)
     device = resolve_device(cfg.device)
@@ -203,6 +223,8 @@ def train(cfg: TrainConfig, train_tokens: torch.Tensor | None = None, val_tokens
     if cfg.resume is not None:
         resume_point = find_checkpoint(cfg.resume)  # the newest complete checkpoint; ValueError if none
         model = load_checkpoint(resume_point.path, device=device)
+    elif cfg.init_from is not None:
+        model = load_checkpoint(cfg.init_from, device=device, dropout=cfg.dropout)
     else:
         model = GPT(GPTConfig.from_name(cfg.preset, dropout=cfg.dropout, **cfg.model_overrides)).to(device)
     mcfg = model.config
@@ -211,6 +233,9 @@ def train(cfg: TrainConfig, train_tokens: torch.Tensor | None = None, val_tokens
         raise ValueError(f"token id {top} does not fit the model's vocab_size={mcfg.vocab_size}")
     model.train()
     opt = make_optimizer(model, cfg, device)
+    if extra_params:
+        opt.add_param_group({"params": extra_params, "weight_decay": 0.0})
+    trainable = [*model.parameters(), *extra_params]
     sampler = BatchSampler(train_tokens, cfg.batch_size, mcfg.block_size, seed=cfg.seed)
     val_x, val_y = fixed_windows(val_tokens, cfg.eval_windows, mcfg.block_size, seed=cfg.seed + 1)
     use_amp = cfg.amp and device.type == "cuda"
@@ -253,12 +278,15 @@ def train(cfg: TrainConfig, train_tokens: torch.Tensor | None = None, val_tokens
         for _ in range(cfg.grad_accum):
             x, y = sampler.sample(device)  # (B, T) each
             with autocast():
-                logits = model(x)  # (B, T, V)
-                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+                if loss_fn is None:
+                    logits = model(x)  # (B, T, V)
+                    loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+                else:
+                    loss = loss_fn(model, x, y)
             (loss / cfg.grad_accum).backward()  # gradients of the mean over all micro-batches
             loss_sum += loss.item()
         if cfg.grad_clip > 0:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip))
         else:
             grad_norm = float("nan")
         if not math.isfinite(loss_sum):
@@ -360,7 +388,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         min_lr_ratio=args.min_lr_ratio, warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
         grad_clip=args.grad_clip, dropout=args.dropout, eval_interval=args.eval_interval,
         eval_windows=args.eval_windows, save_interval=args.save_interval, stop_after=args.stop_after,
-        out_dir=args.out, export_dir=args.export, resume=args.resume, seed=args.seed, device=args.device,
+        out_dir=args.out, export_dir=args.export, resume=args.resume, init_from=args.init_from, seed=args.seed,
+        device=args.device,
         amp=not args.no_amp, num_threads=args.threads, final_eval_tokens=args.final_eval_tokens,
         command="minillm " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
     )
@@ -401,6 +430,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--out", metavar="DIR", help="training checkpoint directory (weights + optimizer + state)")
     p.add_argument("--export", metavar="DIR", help="write the final model + training_log.json here")
     p.add_argument("--resume", metavar="DIR", help="continue a run from its --out directory")
+    p.add_argument("--init-from", metavar="DIR", help="start from this checkpoint's weights (fresh optimizer)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--device", default=d.device, choices=DEVICE_CHOICES)
     p.add_argument("--no-amp", action="store_true", help="no bf16 autocast on CUDA")

@@ -1,0 +1,213 @@
+"""Chapter 11's benchmark: what distillation buys a draft, in quality and in chapter 08's speculative decoding.
+
+What it measures, on the shipped models (`base` the teacher and target; `draft` the plain draft; `draft-hardlabel`
+and `draft-distilled` the two students of `python -m minillm.distill.train`, same start, steps and batches):
+  - `val_perplexity`: exp(mean NLL) on the default corpus' validation split (`minillm.gpt.eval.perplexity`);
+  - `greedy_agreement`: along the teacher's own greedy continuations of validation prompts, how often the
+    student's argmax equals the teacher's next token (what a greedy verify step checks, at every position);
+  - `acceptance`: α = accepted / proposed of `generate_speculative` (greedy) with each draft over the same
+    prompts, for a few γ (only at γ = 1 is accepted / proposed the per-token α of the cost model);
+  - `speedups`: the end-to-end speed-up of speculative decoding with each draft against the target alone
+    (`minillm.core.timing.compare`, alternating, median of repeats, one torch thread), identical tokens checked.
+The command: `python -m minillm.distill.bench [--quick] [--json FILE]`.
+What it leaves out: sampling at temperature > 0 (α then depends on the whole distributions, not the argmax), and
+other prompts than validation text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import torch
+
+from minillm.bench.models import load_model
+from minillm.core.device import DEVICE_CHOICES, resolve_device
+from minillm.core.io import atomic_write_text
+from minillm.core.model import GPT
+from minillm.core.sampling import SamplingParams
+from minillm.core.timing import compare
+from minillm.gpt.dataset import default_eval_tokens
+from minillm.gpt.eval import perplexity
+from minillm.kvcache.generate import generate_ids
+from minillm.speculative.generate import generate_speculative
+
+DRAFTS = ("draft", "draft-hardlabel", "draft-distilled")
+TARGET = "base"
+
+
+def val_prompts(num_prompts: int, prompt_len: int) -> list[list[int]]:
+    """`num_prompts` stretches of `prompt_len` validation ids, spread evenly over the split (different files)."""
+    if num_prompts < 1 or prompt_len < 1:
+        raise ValueError(f"num_prompts and prompt_len must be positive, got {num_prompts} and {prompt_len}")
+    ids = default_eval_tokens(split="val")
+    step = (ids.numel() - prompt_len) // num_prompts
+    return [ids[i * step:i * step + prompt_len].tolist() for i in range(num_prompts)]
+
+
+def teacher_continuations(teacher: GPT, prompts: Sequence[list[int]], new_tokens: int) -> list[list[int]]:
+    """The teacher's greedy continuation of each prompt (chapter 04's cached loop, end-of-text ignored)."""
+    params = SamplingParams.greedy(new_tokens, ignore_eos=True)
+    return [generate_ids(teacher, p, params) for p in prompts]
+
+
+@torch.inference_mode()
+def greedy_agreement(student: GPT, prompts: Sequence[list[int]], continuations: Sequence[list[int]]) -> float:
+    """Fraction of continuation tokens the student predicts as its argmax, given the prompt and the teacher's
+    tokens before it (teacher forcing on the teacher's own greedy path)."""
+    hits = total = 0
+    for prompt, cont in zip(prompts, continuations):
+        ids = torch.tensor([prompt + cont], device=student.device)  # (1, P + n)
+        logits = student(ids[:, :-1])[0, len(prompt) - 1:]  # (n, V): the positions that predict cont
+        hits += int((logits.argmax(-1).cpu() == torch.tensor(cont)).sum())
+        total += len(cont)
+    return hits / total
+
+
+def acceptance(target: GPT, draft: GPT, prompts: Sequence[list[int]], new_tokens: int, gamma: int,
+               reference: Sequence[list[int]] | None = None) -> dict[str, Any]:
+    """accepted / proposed of greedy speculative decoding summed over the prompts; tokens checked identical to
+    `reference` (the target's own greedy outputs, `teacher_continuations`; computed here when not given)."""
+    params = SamplingParams.greedy(new_tokens, ignore_eos=True)
+    if reference is None:
+        reference = teacher_continuations(target, prompts, new_tokens)
+    accepted = proposed = calls = emitted = 0
+    identical = True
+    for p, want in zip(prompts, reference, strict=True):
+        out, stats = generate_speculative(target, draft, p, params, gamma=gamma)
+        identical &= out == want
+        accepted, proposed = accepted + stats.accepted, proposed + stats.proposed
+        calls, emitted = calls + stats.target_calls, emitted + stats.num_tokens
+    return {"gamma": gamma, "alpha": accepted / proposed if proposed else 0.0, "accepted": accepted,
+            "proposed": proposed, "tokens_per_target_call": emitted / calls, "identical": identical}
+
+
+def speedups(target: GPT, drafts: dict[str, GPT], prompts: Sequence[list[int]], new_tokens: int,
+             gammas: Sequence[int], repeats: int = 3) -> dict[str, list[dict[str, float]]]:
+    """For each draft and γ: speculative decoding of every prompt against the target alone, timed side by side."""
+    params = SamplingParams.greedy(new_tokens, ignore_eos=True)
+
+    def alone() -> None:
+        for p in prompts:
+            generate_ids(target, p, params)
+
+    out: dict[str, list[dict[str, float]]] = {}
+    for name, draft in drafts.items():
+        out[name] = []
+        for gamma in gammas:
+            def speculative() -> None:
+                for p in prompts:
+                    generate_speculative(target, draft, p, params, gamma=gamma)
+
+            cmp = compare(alone, speculative, warmup=1, repeats=repeats, device=target.device)
+            n = new_tokens * len(prompts)
+            out[name].append({"gamma": gamma, "speedup": cmp.speedup, "alone_tok_s": n / cmp.baseline.median,
+                              "spec_tok_s": n / cmp.candidate.median})
+    return out
+
+
+@dataclass(frozen=True)
+class Sizes:
+    ppl_tokens: int | None  # validation tokens for perplexity (None: the whole split)
+    num_prompts: int  # validation prompts for agreement and α
+    prompt_len: int
+    new_tokens: int  # greedy tokens generated per prompt
+    gammas: tuple[int, ...]
+    timed_prompts: int  # of those prompts, how many the speed-up times
+    repeats: int  # timing repeats (median)
+
+
+SIZES = {
+    "quick": Sizes(8192, 4, 32, 32, (1, 4), 1, 1),  # the tour's --quick
+    "tour": Sizes(16384, 8, 32, 32, (1, 4), 1, 3),  # the tour: well under a minute
+    "full": Sizes(None, 16, 32, 64, (1, 2, 4, 6), 4, 3),  # python -m minillm.distill.bench
+}
+
+
+def run_all(device: torch.device, size: str = "full", seed: int = 0) -> dict[str, Any]:
+    """Every measurement above on the shipped models, at one of the `SIZES`."""
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
+    sz = SIZES[size]
+    names = (TARGET, *DRAFTS)
+    loaded = {n: load_model(n, device, seed) for n in names}
+    models = {n: m.model for n, m in loaded.items()}
+    val = default_eval_tokens(sz.ppl_tokens)
+    report: dict[str, Any] = {"labels": {n: m.label for n, m in loaded.items()},
+                              "trained": {n: m.trained for n, m in loaded.items()}, "device": str(device),
+                              "threads": torch.get_num_threads(), "size": size, "sizes": asdict(sz),
+                              "ppl_tokens": val.numel()}
+    report["perplexity"] = {n: perplexity(m, val) for n, m in models.items()}
+    prompts = val_prompts(sz.num_prompts, sz.prompt_len)
+    conts = teacher_continuations(models[TARGET], prompts, sz.new_tokens)
+    report["agreement"] = {n: greedy_agreement(models[n], prompts, conts) for n in DRAFTS}
+    report["acceptance"] = {n: [acceptance(models[TARGET], models[n], prompts, sz.new_tokens, g, reference=conts)
+                                for g in sz.gammas] for n in DRAFTS}
+    report["speedup"] = speedups(models[TARGET], {n: models[n] for n in DRAFTS}, prompts[:sz.timed_prompts],
+                                 sz.new_tokens, sz.gammas, sz.repeats)
+    report["identical"] = all(r["identical"] for rows in report["acceptance"].values() for r in rows)
+    return report
+
+
+def alpha_at(report: dict[str, Any], name: str, gamma: int) -> float:
+    """accepted / proposed of draft `name` at γ in a `run_all` report."""
+    return next(r["alpha"] for r in report["acceptance"][name] if r["gamma"] == gamma)
+
+
+def alpha_gain(report: dict[str, Any], gamma: int) -> float:
+    """α of draft-distilled minus α of the plain draft at the same γ, in points (percentage points)."""
+    return 100 * (alpha_at(report, "draft-distilled", gamma) - alpha_at(report, "draft", gamma))
+
+
+def perplexity_ratio(report: dict[str, Any]) -> float:
+    """Validation perplexity of draft-distilled over its hard-label control's (below 1: distillation helped)."""
+    return report["perplexity"]["draft-distilled"] / report["perplexity"]["draft-hardlabel"]
+
+
+def format_report(r: dict[str, Any]) -> str:
+    sz = r["sizes"]
+    gammas = list(sz["gammas"])
+    lines = [f"target/teacher {r['labels'][TARGET]}, {r['device']}, {r['threads']} thread(s); perplexity on "
+             f"{r['ppl_tokens']:,} validation tokens; {sz['num_prompts']} validation prompts of {sz['prompt_len']} "
+             f"tokens, {sz['new_tokens']} greedy tokens each; speed-ups timed on {sz['timed_prompts']} of them, "
+             f"median of {sz['repeats']}",
+             "model | val perplexity | agreement with base's greedy token | "
+             + " | ".join(f"alpha g={g}" for g in gammas) + " | " + " | ".join(f"speed-up g={g}" for g in gammas)]
+    lines.append(f"{r['labels'][TARGET]} | {r['perplexity'][TARGET]:.2f} | 1 | "
+                 + " | ".join("-" for _ in gammas * 2))
+    for n in DRAFTS:
+        lines.append(f"{r['labels'][n]} | {r['perplexity'][n]:.2f} | {r['agreement'][n]:.3f} | "
+                     + " | ".join(f"{row['alpha']:.3f}" for row in r["acceptance"][n]) + " | "
+                     + " | ".join(f"{row['speedup']:.2f}x" for row in r["speedup"][n]))
+    alone = [row["alone_tok_s"] for rows in r["speedup"].values() for row in rows]
+    lines.append(f"base alone: {min(alone):.0f}-{max(alone):.0f} tok/s over the timed runs")
+    lines.append("alpha gain of draft-distilled over draft, points: "
+                 + ", ".join(f"gamma={g}: {alpha_gain(r, g):+.1f}" for g in gammas))
+    lines.append(f"perplexity ratio draft-distilled / draft-hardlabel: {perplexity_ratio(r):.3f}; "
+                 f"identical tokens with every draft: {r['identical']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m minillm.distill.bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cpu", choices=DEVICE_CHOICES)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    ap.add_argument("--quick", action="store_true", help="fewer tokens, prompts, γ and repeats")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", metavar="FILE", help="also write the full report as JSON (atomically)")
+    args = ap.parse_args(argv)
+    if args.threads < 1:
+        ap.error(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
+    report = run_all(resolve_device(args.device), size="quick" if args.quick else "full", seed=args.seed)
+    print(format_report(report))
+    if args.json:
+        atomic_write_text(args.json, json.dumps(report, indent=2, default=str) + "\n")
+    return 0 if report["identical"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
