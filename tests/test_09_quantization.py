@@ -67,6 +67,8 @@ SMALL = dict(vocab_size=256, block_size=64, n_layer=2, n_head=4, n_embd=64)
 
 # Float slack on the half-step error bound: x / s and s * q each round once in float32 (relative 2^-24 each).
 REL = 1e-5
+# The exercises of the two maps, graded together where a test runs both.
+MAPS = ("quantize_symmetric", "dequantize_symmetric", "quantize_asymmetric", "dequantize_asymmetric")
 
 
 def small_model(seed: int = 0):
@@ -76,7 +78,7 @@ def small_model(seed: int = 0):
 # ----- the pure functions: worked examples ----------------------------------------------------------------------
 
 
-@pytest.mark.graded(points=2, exercise="quantize")
+@pytest.mark.graded(points=2, exercise=("quantize_symmetric", "dequantize_symmetric"))
 def test_symmetric_int8_worked_example():
     """The docstring's example plus one: s = 0.5 / 127; x / s = [127, -63.5, 0.254, 101.6] -> [127, -64, 0, 102]
     (to nearest, halves to even: truncation would give -63 and 101, flooring 101)."""
@@ -88,7 +90,7 @@ def test_symmetric_int8_worked_example():
     torch.testing.assert_close(dequantize_symmetric(q, s), torch.tensor([127.0, -64, 0, 102]) * (0.5 / 127))
 
 
-@pytest.mark.graded(points=2, exercise="quantize")
+@pytest.mark.graded(points=2, exercise=("quantize_asymmetric", "dequantize_asymmetric"))
 def test_asymmetric_int4_worked_example():
     """x in [-1, 2], 4 bits: s = 3 / 15 = 0.2, z = round(1 / 0.2) = 5; [-1, 0, 2, 0.31] -> [0, 5, 15, 7]."""
     x = torch.tensor([-1.0, 0.0, 2.0, 0.31])
@@ -115,7 +117,7 @@ def test_all_zero_slices_get_a_usable_scale():
         assert torch.equal(dequantize(qt), x)
 
 
-@pytest.mark.graded(points=2, exercise="quantize")
+@pytest.mark.graded(points=2, exercise=MAPS)
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_values_on_the_grid_come_back_exactly(bits, symmetric):
@@ -160,7 +162,7 @@ def test_finer_granularity_means_smaller_error():
     assert errs[0] > errs[1] > errs[2]
 
 
-@pytest.mark.graded(points=2, exercise="quantize")
+@pytest.mark.graded(points=2, exercise=MAPS)
 @settings(max_examples=60, deadline=None)
 @given(rows=st.integers(1, 5), groups=st.integers(1, 4), group_size=st.sampled_from([1, 2, 8, 32]),
        bits=st.sampled_from([4, 8]), symmetric=st.booleans(), log_mag=st.floats(-6, 6),
@@ -228,7 +230,7 @@ def test_quantize_rejects_bad_tensors():
 # ----- int4 packing -----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.graded(points=2, exercise="pack_int4")
+@pytest.mark.graded(points=2, exercise=("pack_int4", "unpack_int4"))
 def test_pack_int4_worked_example():
     """[3, -2]: low nibble 0b0011, high nibble 0b1110 (two's complement of -2) -> 0b1110_0011 = 227."""
     packed = pack_int4(torch.tensor([3, -2], dtype=torch.int8))
@@ -236,7 +238,7 @@ def test_pack_int4_worked_example():
     assert pack_int4(torch.tensor([15, 1, 0, 9], dtype=torch.uint8)).tolist() == [0x1F, 0x90]
 
 
-@pytest.mark.graded(points=3, exercise="pack_int4")
+@pytest.mark.graded(points=3, exercise=("pack_int4", "unpack_int4"))
 @pytest.mark.parametrize("signed", [True, False])
 def test_pack_unpack_is_exact_for_all_256_nibble_pairs(signed):
     values = range(-8, 8) if signed else range(16)
@@ -248,7 +250,7 @@ def test_pack_unpack_is_exact_for_all_256_nibble_pairs(signed):
     assert back.dtype == pairs.dtype and torch.equal(back, pairs)
 
 
-@pytest.mark.graded(points=1, exercise="pack_int4")
+@pytest.mark.graded(points=1, exercise=("pack_int4", "unpack_int4"))
 def test_pack_unpack_keeps_leading_dimensions():
     q = torch.randint(-8, 8, (3, 5, 10), dtype=torch.int8)
     packed = pack_int4(q)
@@ -442,7 +444,7 @@ def hessian(X: torch.Tensor) -> torch.Tensor:
     return X.double().T @ X.double() / X.shape[0]
 
 
-@pytest.mark.graded(points=3, exercise="gptq")
+@pytest.mark.graded(points=3, exercise="gptq_quantize")
 @pytest.mark.parametrize("symmetric", [True, False])
 @pytest.mark.parametrize("group_size", [None, 8])
 @pytest.mark.parametrize("damp", [0.0, 0.01])
@@ -458,7 +460,7 @@ def test_gptq_equals_least_squares_from_scratch_at_every_step(symmetric, group_s
     assert (fast.zero is None and slow.zero is None) or torch.equal(fast.zero, slow.zero)
 
 
-@pytest.mark.graded(points=3, exercise="gptq")
+@pytest.mark.graded(points=3, exercise="gptq_quantize")
 def test_gptq_against_lstsq_on_the_inputs():
     """Brute force on a 3-input layer, no damping: after columns 0..i are fixed on the grid, the free columns must
     be the least-squares best replacement, v = argmin_v ‖X w - X[:, :i+1] ŵ[:i+1] - X[:, i+1:] v‖ (torch.linalg.lstsq
@@ -488,7 +490,7 @@ def test_gptq_against_lstsq_on_the_inputs():
     assert (rtn != expected).sum() >= 5  # the compensation really changed codes: the check is not vacuous
 
 
-@pytest.mark.graded(points=1, exercise="gptq")
+@pytest.mark.graded(points=1, exercise=("gptq_quantize", *MAPS))  # both grids' quality rests on the maps
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("symmetric,group_size", [(True, None), (True, 16), (False, 16)])
 def test_gptq_output_error_is_below_round_to_nearest(seed, symmetric, group_size):

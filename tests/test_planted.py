@@ -103,6 +103,15 @@ PLANTS = (
           "resid = residual_distribution(p[i], q[i])", "resid = p[i]"),
     Plant("08", "greedy-without-the-bonus", "minillm/speculative/sampling.py", "accept_greedy",
           "    out.append(best[len(out)])", "    if len(out) < len(tokens):\n        out.append(best[len(out)])"),
+    # 09 quantization
+    Plant("09", "zero-point-subtracted", "minillm/quant/quantize.py", "quantize_asymmetric",
+          "torch.round(x / scale) + zero.to(x.dtype)", "torch.round(x / scale) - zero.to(x.dtype)"),
+    Plant("09", "nibbles-swapped-in-pack", "minillm/quant/quantize.py", "pack_int4",
+          "return (low | (high << 4)).to(torch.uint8)", "return (high | (low << 4)).to(torch.uint8)"),
+    Plant("09", "gptq-error-not-scaled-by-u-ii", "minillm/quant/gptq.py", "gptq_quantize",
+          "err = (W[:, i] - w_hat[:, 0]) / U[i, i]", "err = W[:, i] - w_hat[:, 0]"),
+    Plant("09", "ste-without-detach", "minillm/quant/qat.py", "fake_quantize",
+          "return w + (w_hat - w).detach()", "return w + (w_hat - w)"),
     # 11 distillation
     Plant("11", "kd-without-t-squared", "minillm/distill/losses.py", "kd_loss",
           "return temperature ** 2 * kl.mean()", "return kl.mean()"),

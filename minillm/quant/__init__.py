@@ -17,6 +17,6 @@ measure what it costs in quality and what it buys in memory and speed, always ag
 - `bench` every method on `base` against fp32: bytes, perplexity, greedy agreement, decode tok/s, the engine, the
   outlier study; `tour` its rows
 
-Still to come: the chapter text, the notebook, and the graded exercises' planted wrong solutions; the chapter is not
-marked built yet.
+The text is `chapters/09-quantization.md`, the lab `notebooks/09-quantization.ipynb`; the exercises are the maps and
+the packing (`quantize`), GPTQ's column loop (`gptq`) and the straight-through estimator (`qat`).
 """

@@ -67,10 +67,10 @@ CASES: tuple[Case, ...] = (
     Case("fp32", None, "fp32"),
     Case("int8 weight-only", QuantConfig("int8")),
     Case("int8 weight-only + head", QuantConfig("int8", quantize_head=True)),
-    Case("int4 g128 RTN", QuantConfig("int4", group_size=128)),
-    Case("int4 g128 GPTQ", QuantConfig("int4", group_size=128), "gptq"),
-    Case("int4 g128 QAT", QuantConfig("int4", group_size=128), "qat"),
-    Case("W8A8 (dynamic per-token)", QuantConfig("w8a8")),
+    Case("int4 group-wise RTN", QuantConfig("int4", group_size=128)),
+    Case("int4 GPTQ", QuantConfig("int4", group_size=128), "gptq"),
+    Case("int4 QAT", QuantConfig("int4", group_size=128), "qat"),
+    Case("W8A8", QuantConfig("w8a8")),
 )
 
 

@@ -16,10 +16,12 @@ INT8_MAX_DELTA_PCT, INT8_MIN_AGREEMENT, INT4_MAX_DELTA_PCT = 0.5, 0.98, 5.0
 
 def run(ctx: TourContext) -> list[Row]:
     loaded = load_model("base", "cpu", ctx.seed)  # the quantized paths are CPU code (chapter 12 brings kernels)
-    report = run_all(loaded.model, real_text=loaded.trained, quick=ctx.quick, seed=ctx.seed)
+    # Always the benchmark's quick sizes (8,192 validation tokens, 8 prompts; about 2 minutes on one CPU thread): the
+    # full sizes take 6-8 minutes, more than the whole tour's budget. The chapter's table is the full benchmark's.
+    report = run_all(loaded.model, real_text=loaded.trained, quick=True, seed=ctx.seed)
     label = loaded.label
     cases = {r["case"]: r for r in report["cases"]}
-    rtn_ppl = cases["int4 g128 RTN"]["perplexity"]
+    rtn_ppl = cases["int4 group-wise RTN"]["perplexity"]
     rows: list[Row] = []
     for r in report["cases"]:
         if r["mode"] == "fp32":
@@ -44,7 +46,7 @@ def run(ctx: TourContext) -> list[Row]:
                         "decode tok/s vs fp32 (batch 1)", r["speedup"], "x", "cpu", details={"model": label, **r}))
     kv = report["kv_int8"]
     kv_ok = kv["engine_same_as_generate"] == kv["prompts"] and kv["ppl_delta_pct"] < INT8_MAX_DELTA_PCT
-    rows.append(Row("09", "KV cache int8 (per token and head)", "fp32 KV cache", "Int8ContiguousKVCache / paged-int8",
+    rows.append(Row("09", "KV cache int8", "fp32 KV cache", "Int8ContiguousKVCache / paged-int8",
                     f"{kv['kv_ratio']:.2f}x fewer KV bytes, ppl through the cache {kv['ppl_delta_pct']:+.2f}%, "
                     f"identical greedy prompts {kv['identical_prompts']}/{kv['prompts']}, engine = generate_ids "
                     f"{kv['engine_same_as_generate']}/{kv['prompts']}, {label}", kv_ok,

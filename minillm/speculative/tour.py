@@ -53,7 +53,10 @@ def run(ctx: TourContext) -> list[Row]:
             f"identical tokens (ours = HF default = HF constant gamma = target alone): {h['identical']}; HF best "
             f"{max(h['hf_default_tok_s'], h['hf_constant_tok_s']):.0f} tok/s", h["identical"], "tok/s ratio",
             h["ratio"], "x", dev, h),
-        _engine_row(run_engine(ctx.device, quick=ctx.quick, seed=ctx.seed), dev),
+        # The engine at 1, 4 and 16 concurrent requests with the engine benchmark's quick sizes (about 20 s); its full
+        # sweep (`python -m minillm.speculative.engine_bench`, loads up to 64) takes minutes.
+        _engine_row(run_engine(ctx.device, quick=True, loads=(1, 8) if ctx.quick else (1, 4, 16), seed=ctx.seed),
+                    dev),
     ]
 
 
