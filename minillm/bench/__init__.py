@@ -4,5 +4,6 @@
 - `workload`: `make_workload` (the one generator), `workload(preset, n, seed, rate)`, `eval_prompts(lengths)`
 - `driver.drive(engine, workload)`: feeds requests to any engine over time, per-request token timestamps
 - `check.same_tokens(reference, *candidates)`: same tokens as the baseline, id by id
+- `cli`: the options every benchmark's command line shares (`bench_parser`, `start`, `write_report`)
 Side-by-side timings go through `minillm.core.timing.compare`.
 """

@@ -16,17 +16,15 @@ other prompts than validation text.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 import torch
 
+from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
-from minillm.core.device import DEVICE_CHOICES, resolve_device
-from minillm.core.io import atomic_write_text
+from minillm.core.device import resolve_device
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.core.timing import compare
@@ -192,20 +190,11 @@ def format_report(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m minillm.distill.bench", description=__doc__.split("\n")[0])
-    ap.add_argument("--device", default="cpu", choices=DEVICE_CHOICES)
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
-    ap.add_argument("--quick", action="store_true", help="fewer tokens, prompts, γ and repeats")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", metavar="FILE", help="also write the full report as JSON (atomically)")
-    args = ap.parse_args(argv)
-    if args.threads < 1:
-        ap.error(f"--threads must be >= 1, got {args.threads}")
-    torch.set_num_threads(args.threads)
+    args = start(bench_parser("python -m minillm.distill.bench", __doc__.split("\n")[0],
+                              "fewer tokens, prompts, γ and repeats"), argv)
     report = run_all(resolve_device(args.device), size="quick" if args.quick else "full", seed=args.seed)
     print(format_report(report))
-    if args.json:
-        atomic_write_text(args.json, json.dumps(report, indent=2, default=str) + "\n")
+    write_report(args.json, report)
     return 0 if report["identical"] else 1
 
 

@@ -19,8 +19,6 @@ Speculation inside chapter 06's engine has its own benchmark, `minillm.speculati
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 from dataclasses import dataclass
@@ -29,11 +27,11 @@ from typing import Any
 import torch
 
 from minillm.bench.check import same_tokens
+from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
 from minillm.core.corpus import corpus_sample
-from minillm.core.device import DEVICE_CHOICES, resolve_device
+from minillm.core.device import resolve_device
 from minillm.core.hf import to_hf_model
-from minillm.core.io import atomic_write_text
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams, probs_from_logits
 from minillm.core.timing import compare, measure
@@ -370,20 +368,11 @@ def format_report(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m minillm.speculative.bench", description=__doc__.split("\n")[0])
-    ap.add_argument("--device", default="cpu", choices=DEVICE_CHOICES)
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
-    ap.add_argument("--quick", action="store_true", help="shorter generations, fewer γ and repeats")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", metavar="FILE", help="also write the full report as JSON (atomically)")
-    args = ap.parse_args(argv)
-    if args.threads < 1:
-        ap.error(f"--threads must be >= 1, got {args.threads}")
-    torch.set_num_threads(args.threads)
+    args = start(bench_parser("python -m minillm.speculative.bench", __doc__.split("\n")[0],
+                              "shorter generations, fewer γ and repeats"), argv)
     report = run_all(resolve_device(args.device), quick=args.quick, seed=args.seed)
     print(format_report(report))
-    if args.json:
-        atomic_write_text(args.json, json.dumps(report, indent=2, default=str) + "\n")
+    write_report(args.json, report)
     ok = all(report[k]["identical"] for k in ("greedy", "distilled", "prompt_lookup", "hf_assisted") if k in report)
     return 0 if ok and report["sampling"]["p_value"] > 0.001 else 1
 

@@ -26,8 +26,6 @@ so outputs can be compared token for token).
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import time
@@ -36,10 +34,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from minillm.bench.check import same_tokens
+from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
 from minillm.core.corpus import corpus_sample
-from minillm.core.device import DEVICE_CHOICES, resolve_device
-from minillm.core.io import atomic_write_text
+from minillm.core.device import resolve_device
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.core.timing import compare
@@ -173,30 +171,22 @@ def format_report(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m minillm.speculative.engine_bench", description=__doc__.split("\n")[0])
-    ap.add_argument("--device", default="cpu", choices=DEVICE_CHOICES)
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
-    ap.add_argument("--quick", action="store_true", help="two loads, short outputs, one repeat")
+    ap = bench_parser("python -m minillm.speculative.engine_bench", __doc__.split("\n")[0],
+                      "two loads, short outputs, one repeat")
     ap.add_argument("--method", default="prompt-lookup", choices=("prompt-lookup", "draft-model"))
     ap.add_argument("--gamma", type=int, default=4, help="draft tokens per request per step (default 4)")
     ap.add_argument("--loads", help="comma-separated concurrency levels (default 1,2,4,8,16,32,64; quick 1,8)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", metavar="FILE", help="also write the full report as JSON (atomically)")
-    args = ap.parse_args(argv)
-    if args.threads < 1:
-        ap.error(f"--threads must be >= 1, got {args.threads}")
+    args = start(ap, argv)
     if args.gamma < 1:
         ap.error(f"--gamma must be >= 1, got {args.gamma}")
     try:
         loads = [int(c) for c in args.loads.split(",")] if args.loads else None
     except ValueError:
         ap.error(f"--loads must be comma-separated ints, got {args.loads!r}")
-    torch.set_num_threads(args.threads)
     report = run(resolve_device(args.device), quick=args.quick, method=args.method, gamma=args.gamma, loads=loads,
                  seed=args.seed)
     print(format_report(report))
-    if args.json:
-        atomic_write_text(args.json, json.dumps(report, indent=2, default=str) + "\n")
+    write_report(args.json, report)
     return 0 if report["identical"] else 1
 
 

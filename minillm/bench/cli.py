@@ -1,0 +1,43 @@
+"""The command line every chapter benchmark shares: `--device`, `--threads`, `--quick`, `--seed`, `--json`.
+
+`bench_parser(prog, description, quick_help)` builds the parser (a benchmark adds its own options to it);
+`start(parser, argv)` parses, checks `--threads` and applies it (one thread by default: on a small or shared CPU more
+threads than cores stall these small matmuls); `write_report(path, report)` writes the JSON report atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, Sequence
+
+import torch
+
+from minillm.core.device import DEVICE_CHOICES
+from minillm.core.io import atomic_write_text
+
+
+def bench_parser(prog: str, description: str, quick_help: str) -> argparse.ArgumentParser:
+    """A parser with the shared options; `quick_help` says what `--quick` shrinks for this benchmark."""
+    ap = argparse.ArgumentParser(prog=prog, description=description)
+    ap.add_argument("--device", default="cpu", choices=DEVICE_CHOICES)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", metavar="FILE", help="also write the full report as JSON (atomically)")
+    return ap
+
+
+def start(ap: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse argv, refuse --threads < 1 (a usage error naming the value), and set torch's thread count."""
+    args = ap.parse_args(argv)
+    if args.threads < 1:
+        ap.error(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
+    return args
+
+
+def write_report(path: str | None, report: dict[str, Any]) -> None:
+    """The report as indented JSON at `path` (atomically); nothing when path is None."""
+    if path:
+        atomic_write_text(path, json.dumps(report, indent=2, default=str) + "\n")
