@@ -98,3 +98,40 @@ class PoisonedParams(SamplingParams):
         if self.poison_in in ("any", multiprocessing.current_process().name):
             raise RuntimeError(f"poisoned request: sampling raises in {multiprocessing.current_process().name}")
         return self.temperature == 0.0
+
+
+class EngineDriver:
+    """Drives an engine's `step`, checking the scheduler's and block manager's invariants after every step, and keeps
+    each request's streamed deltas, final output ids and final `RequestOutput`. A chapter's tests subclass it and add
+    their own checks of the step just run in `after_step(schedule)`."""
+
+    def __init__(self, llm):
+        self.llm = llm
+        self.final: dict[str, list[int]] = {}
+        self.outputs: dict[str, object] = {}
+        self.streamed: dict[str, list[int]] = {}
+
+    def after_step(self, schedule) -> None:
+        """Called after every step with the engine's last schedule (None or empty when nothing ran)."""
+
+    def step(self) -> None:
+        for out in self.llm.step():
+            got = self.streamed.setdefault(out.request_id, [])
+            got += out.new_token_ids
+            assert out.output_token_ids == got  # the deltas add up to the cumulative output
+            if out.finished:
+                assert out.request_id not in self.final, "finished twice"
+                self.final[out.request_id] = out.output_token_ids
+                self.outputs[out.request_id] = out
+        self.llm.scheduler.check_invariants()
+        self.llm.block_manager.check_invariants()
+        self.after_step(self.llm.last_schedule)
+
+    def run(self, max_steps: int = 5000) -> None:
+        for _ in range(max_steps):
+            if not self.llm.has_unfinished():
+                break
+            self.step()
+        self.step()  # hand out pending outputs (aborts) of the last step
+        assert not self.llm.has_unfinished(), "engine made no progress"
+        assert self.llm.block_manager.num_free_blocks == self.llm.config.num_blocks  # idle: every block free (I9)

@@ -15,7 +15,7 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from helpers import context_model
+from helpers import EngineDriver, context_model
 from minillm.kvcache.generate import generate_ids
 from minillm.core.config import GPTConfig
 from minillm.bench.workload import LengthDist, make_workload
@@ -41,37 +41,16 @@ def _alone(model, prompt, params):
     return generate_ids(model, prompt, params)
 
 
-class Driver:
-    """Drives `LLM.step`, checking the scheduler's and block manager's invariants after every step, and keeps each
-    request's streamed deltas and final output."""
+class Driver(EngineDriver):
+    """`EngineDriver` that also keeps every non-empty schedule, for the tests that look at what each step ran."""
 
     def __init__(self, llm: LLM):
-        self.llm = llm
-        self.final: dict[str, list[int]] = {}
-        self.streamed: dict[str, list[int]] = {}
+        super().__init__(llm)
         self.schedules = []
 
-    def step(self) -> None:
-        for out in self.llm.step():
-            got = self.streamed.setdefault(out.request_id, [])
-            got += out.new_token_ids
-            assert out.output_token_ids == got  # the deltas add up to the cumulative output
-            if out.finished:
-                assert out.request_id not in self.final, "finished twice"
-                self.final[out.request_id] = out.output_token_ids
-        if self.llm.last_schedule is not None and not self.llm.last_schedule.is_empty:
-            self.schedules.append(self.llm.last_schedule)
-        self.llm.scheduler.check_invariants()
-        self.llm.block_manager.check_invariants()
-
-    def run(self, max_steps: int = 5000) -> None:
-        for _ in range(max_steps):
-            if not self.llm.has_unfinished():
-                break
-            self.step()
-        self.step()  # hand out pending outputs (aborts) of the last step
-        assert not self.llm.has_unfinished(), "engine made no progress"
-        assert self.llm.block_manager.num_free_blocks == self.llm.config.num_blocks  # idle: every block free (I9)
+    def after_step(self, schedule) -> None:
+        if schedule is not None and not schedule.is_empty:
+            self.schedules.append(schedule)
 
 
 def _run_checked(llm: LLM, prompts, params) -> dict[str, list[int]]:

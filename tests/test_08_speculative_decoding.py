@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import minillm.speculative.sampling as spec_sampling
-from helpers import PoisonedParams, context_model, random_prompts
+from helpers import EngineDriver, PoisonedParams, context_model, random_prompts
 from minillm import GPT, GPTConfig, load_tokenizer
 from minillm.core.sampling import SamplingParams, probs_from_logits
 from minillm.engine import LLM, EngineConfig, ModelRunner
@@ -424,28 +424,15 @@ def mixed_params(n: int, seed: int = 0) -> list[SamplingParams]:
     return [SamplingParams.greedy(int(torch.randint(1, 33, (1,), generator=g))) for _ in range(n)]
 
 
-class Driver:
-    """Steps an engine, checking every invariant after every step, and keeps each request's deltas and output."""
+class Driver(EngineDriver):
+    """`EngineDriver` with the speculative invariants S1 and S2 checked on every step that ran."""
 
     def __init__(self, llm: LLM):
-        self.llm = llm
-        self.final: dict[str, list[int]] = {}
-        self.outputs: dict[str, object] = {}
-        self.streamed: dict[str, list[int]] = {}
+        super().__init__(llm)
         self.num_verifies = 0
 
-    def step(self) -> None:
-        for out in self.llm.step():
-            got = self.streamed.setdefault(out.request_id, [])
-            got += out.new_token_ids
-            assert out.output_token_ids == got  # the deltas add up to the cumulative output
-            if out.finished:
-                assert out.request_id not in self.final, "finished twice"
-                self.final[out.request_id] = out.output_token_ids
-                self.outputs[out.request_id] = out
-        llm, sched = self.llm, self.llm.last_schedule
-        llm.scheduler.check_invariants()  # chapter 06's I1-I3, I9 and, for SpeculativeLLM, S3
-        llm.block_manager.check_invariants()
+    def after_step(self, sched) -> None:  # chapter 06's I1-I3, I9 and, for SpeculativeLLM, S3 ran in step()
+        llm = self.llm
         if sched is not None and not sched.is_empty:
             assert sched.num_batched_tokens <= llm.config.max_num_batched_tokens  # S1: drafts fit the budget
             for s in sched.scheduled:
@@ -454,15 +441,6 @@ class Driver:
                     known_outputs = s.start + s.num_new_tokens - s.num_drafts - s.request.num_prompt_tokens
                     assert 1 <= s.num_drafts <= llm.speculative.gamma
                     assert s.num_drafts <= s.request.params.max_new_tokens - known_outputs - 1
-
-    def run(self, max_steps: int = 5000) -> None:
-        for _ in range(max_steps):
-            if not self.llm.has_unfinished():
-                break
-            self.step()
-        self.step()  # hand out pending outputs (aborts) of the last step
-        assert not self.llm.has_unfinished(), "engine made no progress"
-        assert self.llm.block_manager.num_free_blocks == self.llm.config.num_blocks  # idle: every block free (I9)
 
 
 def run_checked(llm: LLM, prompts, params) -> list[list[int]]:
