@@ -77,7 +77,7 @@ CHAPTERS: tuple[Chapter, ...] = (
             ("minillm/speculative/sampling.py",)),
     Chapter("09", "quantization", "quantization", "minillm.quant",
             ("minillm/quant/quantize.py", "minillm/quant/gptq.py", "minillm/quant/qat.py")),
-    Chapter("10", "pruning", "pruning", "minillm.prune", built=False),
+    Chapter("10", "pruning", "pruning", "minillm.prune", ("minillm/prune/masks.py",)),
     Chapter("11", "distillation", "distillation", "minillm.distill", ("minillm/distill/losses.py",)),
     Chapter("12", "cuda-kernels", "hand-written CUDA kernels", "minillm.kernels", built=False),
     Chapter("13", "compilation", "compilation and CUDA graphs", "minillm.compile", built=False),

@@ -112,6 +112,16 @@ PLANTS = (
           "err = (W[:, i] - w_hat[:, 0]) / U[i, i]", "err = W[:, i] - w_hat[:, 0]"),
     Plant("09", "ste-without-detach", "minillm/quant/qat.py", "fake_quantize",
           "return w + (w_hat - w).detach()", "return w + (w_hat - w)"),
+    # 10 pruning
+    Plant("10", "magnitude-signed-not-absolute", "minillm/prune/masks.py", "magnitude_mask",
+          "lowest_k_mask(weight.detach().abs().flatten(), k)", "lowest_k_mask(weight.detach().flatten(), k)"),
+    Plant("10", "wanda-squared-norm", "minillm/prune/masks.py", "wanda_score",
+          "input_norm.to(weight.dtype)[None, :]", "input_norm.to(weight.dtype)[None, :] ** 2"),
+    Plant("10", "nm-groups-down-the-columns", "minillm/prune/masks.py", "nm_mask",
+          "groups = scores.detach().reshape(out, cols // m, m)",
+          "groups = scores.detach().t().reshape(out, cols // m, m)"),
+    Plant("10", "nm-keeps-the-smallest", "minillm/prune/masks.py", "nm_mask",
+          "keep = lowest_k_mask(groups, m - n)", "keep = ~lowest_k_mask(groups, n)"),
     # 11 distillation
     Plant("11", "kd-without-t-squared", "minillm/distill/losses.py", "kd_loss",
           "return temperature ** 2 * kl.mean()", "return kl.mean()"),

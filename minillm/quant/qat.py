@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minillm.core.model import GPT
-from minillm.gpt.dataset import BatchSampler, split_tokens
+from minillm.gpt.finetune import short_finetune
 from minillm.quant.linear import QuantConfig, QuantizedGPT, quantize_model
 from minillm.quant.quantize import dequantize, quantize
 
@@ -89,25 +89,6 @@ def finetune_qat(model: GPT, config: QuantConfig, steps: int = 30, batch_size: i
     `fake_quant=False` runs the same fine-tune in fp32: the control that separates what QAT gains from what a few
     more steps of training do by themselves.
     """
-    if not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"steps must be a non-negative int, got {steps!r}")
     net = prepare_qat(model, config) if fake_quant else copy.deepcopy(model)
-    net.train()
-    sampler = BatchSampler(split_tokens("train"), batch_size, model.config.block_size, seed=seed)
-    opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.0)
-    losses = []
-    teacher = model.eval()
-    for _ in range(steps):
-        x, y = sampler.sample(net.device)  # (B, T) each
-        logits = net(x).flatten(0, 1)  # (B*T, V)
-        if distill:
-            with torch.no_grad():
-                target = F.log_softmax(teacher(x).flatten(0, 1), dim=-1)  # (B*T, V)
-            loss = F.kl_div(F.log_softmax(logits, dim=-1), target, log_target=True, reduction="batchmean")
-        else:
-            loss = F.cross_entropy(logits, y.flatten())  # (B*T, V) vs (B*T,)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return net.eval(), losses
+    losses = short_finetune(net, steps, batch_size, lr, seed, teacher=model if distill else None)
+    return net, losses

@@ -1,0 +1,53 @@
+"""A short fine-tune of an already-trained model: the few hundred AdamW steps later chapters use to let a changed
+model recover (chapter 09's quantization-aware training, chapter 10's recovery after structured pruning).
+
+What it adds: `short_finetune(net, steps, ...)`, which trains `net` in place on random windows of the training split
+and returns the loss of every step. The loss is the next-token cross-entropy, or, given a `teacher`, the KL divergence
+from the teacher's own predictions on the same windows, KL(p_teacher ‖ p_net): "behave like the model you were", not
+"fit the training text better", which a model already trained on that text can only overfit. What it leaves out:
+everything the full trainer (`minillm.gpt.train`) has — schedules, checkpoints, resume, evaluation.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from minillm.gpt.dataset import BatchSampler, split_tokens
+
+
+def short_finetune(net: nn.Module, steps: int, batch_size: int = 4, lr: float = 2e-5, seed: int = 0,
+                   teacher: nn.Module | None = None, block_size: int | None = None) -> list[float]:
+    """Train `net` in place for `steps` AdamW steps (no weight decay, constant lr); returns the loss per step.
+
+    Windows are `batch_size` × `block_size` (default: the model's context) tokens of the training split, drawn from
+    a generator seeded with `seed`. `teacher` (frozen, eval mode) switches the loss to KL from its distribution.
+    `net` is left in eval mode.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps must be a non-negative int, got {steps!r}")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
+        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    T = block_size if block_size is not None else net.config.block_size
+    sampler = BatchSampler(split_tokens("train"), batch_size, T, seed=seed)
+    opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    if teacher is not None:
+        teacher.eval()
+    net.train()
+    losses = []
+    for _ in range(steps):
+        x, y = sampler.sample(net.device)  # (B, T) each
+        logits = net(x).flatten(0, 1)  # (B*T, V)
+        if teacher is not None:
+            with torch.no_grad():
+                target = F.log_softmax(teacher(x).flatten(0, 1), dim=-1)  # (B*T, V)
+            loss = F.kl_div(F.log_softmax(logits, dim=-1), target, log_target=True, reduction="batchmean")
+        else:
+            loss = F.cross_entropy(logits, y.flatten())  # (B*T, V) vs (B*T,)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    net.eval()
+    return losses

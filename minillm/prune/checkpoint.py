@@ -1,0 +1,125 @@
+"""Pruned checkpoints: one safetensors file, the model's shape after pruning and how it was pruned in its metadata.
+
+What it adds: `save_pruned(model, path, method)` and `load_pruned(path)`. A structurally pruned model has MLPs
+narrower than 4C (a different width per block, in general), so its shape is no longer its GPTConfig alone:
+
+    metadata  {"format": "minillm-pruned", "format_version": "1", "gpt_config": GPTConfig as JSON,
+               "mlp_hidden": [768, 768, ...] (each block's MLP width), "method": "wanda 50%" | "2:4 magnitude" | ...,
+               "pattern": "dense" | "unstructured" | "2:4", "block_sparsity": "0.5000" (share of zeros in the block
+               linears, as saved)}
+    tensors   the GPT's state dict (the tied head once), c_fc (k, C) and c_proj (C, k) at each block's width k
+
+Loading builds a GPT of the stored config, narrows each MLP to its stored width, loads every tensor strictly
+(missing, extra and mis-shaped tensors are named), and checks the zeros still say what the metadata says: the
+2:4 pattern exactly, the block sparsity to the stored four decimals. A file that is not a pruned checkpoint, or
+whose metadata is missing, unreadable or disagrees with its tensors, is a ValueError naming the problem. Writes
+are atomic (`minillm.core.io`). Unstructured zeros are stored as dense zeros: the file saves no bytes (see
+`semi_structured.stored_bytes` for what a sparse format would), it keeps the model loadable everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from minillm.core.config import GPTConfig
+from minillm.core.device import resolve_device
+from minillm.core.io import atomic_save_safetensors, read_safetensors_file
+from minillm.core.model import GPT
+from minillm.core.weights import load_state_dict_strict, model_tensors
+from minillm.prune.masks import is_nm_sparse
+from minillm.prune.structured import mlp_widths, shrink_mlp
+from minillm.prune.unstructured import weight_sparsity
+
+FORMAT = "minillm-pruned"
+FORMAT_VERSION = "1"
+PATTERNS = ("dense", "unstructured", "2:4")
+
+
+def _block_weights(model: GPT) -> list[torch.Tensor]:
+    return [m.weight for m in model.transformer.h.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def save_pruned(model: GPT, path: str | os.PathLike, method: str, pattern: str = "unstructured") -> Path:
+    """Write a pruned `model` to the safetensors file `path`, atomically; returns the path.
+
+    `method` says how it was pruned (free text, kept for people); `pattern` is checked now and on load: "2:4"
+    needs every block linear 2:4 sparse, "dense" means no zeros were imposed (structured pruning alone).
+    """
+    if not isinstance(model, GPT):
+        raise TypeError(f"save_pruned needs a minillm GPT, got {type(model).__name__}")
+    if not isinstance(method, str) or not method:
+        raise TypeError(f"method must be a non-empty str, got {method!r}")
+    if pattern not in PATTERNS:
+        raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
+    if pattern == "2:4" and not all(is_nm_sparse(w, 2, 4) for w in _block_weights(model)):
+        raise ValueError("pattern '2:4' but some block linear has more than 2 nonzeros in a group of 4")
+    metadata = {"format": FORMAT, "format_version": FORMAT_VERSION,
+                "gpt_config": json.dumps(model.config.to_dict(), sort_keys=True),
+                "mlp_hidden": json.dumps(mlp_widths(model)), "method": method, "pattern": pattern,
+                "block_sparsity": f"{weight_sparsity(model)['blocks']:.4f}"}
+    return atomic_save_safetensors(model_tensors(model), path, metadata=metadata)
+
+
+def read_metadata(path: str | os.PathLike) -> tuple[GPTConfig, list[int], dict[str, str]]:
+    """(GPTConfig, MLP widths, raw metadata) from a pruned file's header; ValueError naming what is wrong."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no pruned checkpoint at {str(path)!r}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata()
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{str(path)!r} is not a valid safetensors file (truncated or corrupt?): {e}") from e
+    if not meta or meta.get("format") != FORMAT:
+        raise ValueError(f"{str(path)!r} has no pruning metadata (format != {FORMAT!r}); a dense checkpoint loads "
+                         "with minillm.core.checkpoint.load_checkpoint")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{str(path)!r} has format_version {meta.get('format_version')!r}; this code reads "
+                         f"{FORMAT_VERSION!r}")
+    try:
+        config = GPTConfig.from_dict(json.loads(meta["gpt_config"]))
+        widths = json.loads(meta["mlp_hidden"])
+        sparsity = float(meta["block_sparsity"])
+        pattern = meta["pattern"]
+    except KeyError as e:
+        raise ValueError(f"{str(path)!r}: metadata field {e.args[0]!r} is missing") from e
+    except (json.JSONDecodeError, TypeError, ValueError) as e:
+        raise ValueError(f"{str(path)!r}: invalid pruning metadata: {e}") from e
+    if not isinstance(widths, list) or len(widths) != config.n_layer or \
+            not all(isinstance(w, int) and 0 < w <= 4 * config.n_embd for w in widths):
+        raise ValueError(f"{str(path)!r}: mlp_hidden must list {config.n_layer} widths in [1, {4 * config.n_embd}], "
+                         f"got {meta['mlp_hidden']!r}")
+    if pattern not in PATTERNS or not 0.0 <= sparsity < 1.0:
+        raise ValueError(f"{str(path)!r}: pattern {pattern!r} / block_sparsity {sparsity!r} are not valid")
+    return config, widths, dict(meta)
+
+
+def load_pruned(path: str | os.PathLike, device: str | torch.device = "cpu") -> GPT:
+    """The pruned model stored in `path` (eval mode), its MLPs at their stored widths, its zeros checked."""
+    config, widths, meta = read_metadata(path)
+    where = f"pruned checkpoint {str(Path(path))!r}"
+    tensors = read_safetensors_file(path)
+    skeleton = GPT(config)  # random weights, all overwritten below
+    model = shrink_mlp(skeleton, [torch.arange(w) for w in widths])
+    load_state_dict_strict(model, tensors, source=where)
+    if meta["pattern"] == "2:4" and not all(is_nm_sparse(w, 2, 4) for w in _block_weights(model)):
+        raise ValueError(f"{where}: metadata says 2:4 but the weights break the pattern")
+    got = weight_sparsity(model)["blocks"]
+    if f"{got:.4f}" != meta["block_sparsity"]:
+        raise ValueError(f"{where}: metadata says block sparsity {meta['block_sparsity']} but the weights hold "
+                         f"{got:.4f}")
+    return model.to(resolve_device(device)).eval()
+
+
+def describe(path: str | os.PathLike) -> dict[str, Any]:
+    """The metadata of a pruned file as a dict, without loading its tensors."""
+    config, widths, meta = read_metadata(path)
+    return {"gpt_config": config.to_dict(), "mlp_hidden": widths, "method": meta["method"],
+            "pattern": meta["pattern"], "block_sparsity": float(meta["block_sparsity"])}

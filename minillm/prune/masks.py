@@ -1,0 +1,115 @@
+"""Pruning masks as pure functions: which weights of a matrix to keep, given a score for each.
+
+What it adds: the three rules of chapter 10, each a boolean mask shaped like the weight (True = keep):
+
+    magnitude   keep the largest |W| of the whole matrix                       (Han et al. 2015)
+    Wanda       score S_ij = |W_ij| · ‖X_j‖₂, keep the largest S in each output row   (Sun et al. 2024)
+    N:M         in every group of M consecutive weights of a row, keep the N largest scores (2:4 on Ampere GPUs)
+
+A weight W (out, in) multiplies inputs x (in,): row i makes output i, column j reads input feature j. ‖X_j‖₂ is the
+L2 norm of input feature j over every calibration token, so Wanda's score is how much weight j of row i moves its
+output on real inputs: a small weight on a feature that is always large matters more than a large weight on a
+feature that is almost always zero. Magnitude pruning sees only |W|.
+
+The masks are exact and deterministic: for a sparsity s, a matrix (or row) of n weights loses round(s · n) of them,
+the smallest scores first (ties broken by `torch.topk`, the same rule `torch.nn.utils.prune` uses, so the magnitude
+mask equals `prune.l1_unstructured`'s). What it leaves out: applying the masks to a model (`minillm.prune.unstructured`),
+updating the kept weights to compensate (SparseGPT), and gradual pruning during training.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _check_weight(name: str, w: object) -> torch.Tensor:
+    if not isinstance(w, torch.Tensor) or not w.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {getattr(w, 'dtype', type(w).__name__)}")
+    if w.dim() != 2:
+        raise ValueError(f"{name} must be a matrix (out, in), got shape {tuple(w.shape)}")
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError(f"{name} holds NaN or infinite values")
+    return w
+
+
+def check_sparsity(sparsity: object) -> float:
+    """A fraction in [0, 1): the share of weights to remove. Anything else is a ValueError naming it."""
+    if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or not 0.0 <= float(sparsity) < 1.0:
+        raise ValueError(f"sparsity must be a fraction in [0, 1), got {sparsity!r}")
+    return float(sparsity)
+
+
+def num_pruned(n: int, sparsity: float) -> int:
+    """How many of n weights a sparsity removes: round(s · n), as `torch.nn.utils.prune` counts."""
+    return round(check_sparsity(sparsity) * n)
+
+
+def lowest_k_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep-mask (shaped like scores (..., n)) that drops the k smallest scores of each last-dimension row."""
+    keep = torch.ones_like(scores, dtype=torch.bool)
+    if k > 0:
+        keep.scatter_(-1, torch.topk(scores, k, dim=-1, largest=False).indices, False)
+    return keep
+
+
+def magnitude_mask(weight: torch.Tensor, sparsity: float) -> torch.Tensor:
+    """Keep-mask (out, in) removing the round(s · numel) smallest |W| of the whole matrix."""
+    _check_weight("weight", weight)
+    k = num_pruned(weight.numel(), sparsity)
+    # BEGIN SOLUTION
+    flat = lowest_k_mask(weight.detach().abs().flatten(), k)  # (out * in,): one pool for the whole matrix
+    return flat.view_as(weight)
+    # END SOLUTION
+
+
+def wanda_score(weight: torch.Tensor, input_norm: torch.Tensor) -> torch.Tensor:
+    """S (out, in) with S_ij = |W_ij| · ‖X_j‖₂, from the weight (out, in) and the input features' norms (in,)."""
+    _check_weight("weight", weight)
+    if not isinstance(input_norm, torch.Tensor) or input_norm.shape != (weight.shape[1],):
+        raise ValueError(f"input_norm must have shape ({weight.shape[1]},) (one norm per input feature), got "
+                         f"{tuple(getattr(input_norm, 'shape', ()))}")
+    if bool((input_norm < 0).any()) or not bool(torch.isfinite(input_norm).all()):
+        raise ValueError("input_norm holds negative or non-finite values: it must be L2 norms")
+    # BEGIN SOLUTION
+    return weight.detach().abs() * input_norm.to(weight.dtype)[None, :]  # column j scaled by feature j's norm
+    # END SOLUTION
+
+
+def per_row_mask(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
+    """Keep-mask (out, in) removing the round(s · in) smallest scores of every output row (Wanda's comparison group)."""
+    _check_weight("scores", scores)
+    return lowest_k_mask(scores.detach(), num_pruned(scores.shape[1], sparsity))
+
+
+def nm_mask(scores: torch.Tensor, n: int = 2, m: int = 4) -> torch.Tensor:
+    """Keep-mask (out, in) keeping the n largest scores of every group of m consecutive weights in a row.
+
+    The groups run along the input dimension (the one a matmul reduces over), as sparse tensor cores expect:
+    columns 0..m-1 of a row are one group, m..2m-1 the next. `in` must be a multiple of m.
+    """
+    _check_weight("scores", scores)
+    if isinstance(n, bool) or isinstance(m, bool) or not isinstance(n, int) or not isinstance(m, int) \
+            or not 0 < n <= m:
+        raise ValueError(f"N:M needs integers 0 < n <= m, got n={n!r}, m={m!r}")
+    out, cols = scores.shape
+    if cols % m:
+        raise ValueError(f"N:M sparsity groups {m} consecutive inputs: in_features={cols} is not a multiple of {m}")
+    # BEGIN SOLUTION
+    groups = scores.detach().reshape(out, cols // m, m)  # (out, groups, m): one row of m per group
+    keep = lowest_k_mask(groups, m - n)  # drop the m - n smallest of each group
+    return keep.reshape(out, cols)
+    # END SOLUTION
+
+
+def is_nm_sparse(weight: torch.Tensor, n: int = 2, m: int = 4) -> bool:
+    """True when every group of m consecutive weights of every row holds at most n nonzeros."""
+    _check_weight("weight", weight)
+    out, cols = weight.shape
+    if cols % m:
+        return False
+    return bool(((weight.reshape(out, cols // m, m) != 0).sum(-1) <= n).all())
+
+
+def sparsity_of(weight: torch.Tensor) -> float:
+    """The share of exact zeros in a tensor."""
+    return float((weight == 0).sum()) / weight.numel()

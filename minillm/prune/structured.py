@@ -1,0 +1,167 @@
+"""Structured pruning: remove whole MLP neurons (and, as a study, whole attention heads), so the matrices shrink.
+
+What it adds:
+  - `mlp_neuron_scores(model, calibration)`: per block, the importance of each of the 4C hidden neurons of the MLP,
+    s_j = ‖h_j‖₂ · ‖W_proj[:, j]‖₂, with h_j neuron j's activation (after GELU) over every calibration token. Neuron
+    j adds h_j · W_proj[:, j] to the residual stream, so s_j bounds how much it moves the block's output: Wanda's
+    |W|·‖X‖ score with a whole column of c_proj as the weight.
+  - `prune_mlp(model, fraction, scores)`: a copy with the lowest-scoring `fraction` of each block's neurons *removed*:
+    c_fc (C → 4C) becomes C → k and c_proj (4C → C) becomes k → C, k = 4C - round(fraction · 4C). The forward is the
+    dense model's with those neurons' outputs set to zero, computed by matmuls 1 - fraction the size. Every cache,
+    generator and the engine run it unchanged: the MLP touches no cache.
+  - `recover(pruned, teacher, steps)`: a short fine-tune of the pruned model towards the dense one's predictions
+    (KL from the teacher, `minillm.gpt.finetune`), which wins back much of what pruning cost.
+  - `head_scores` / `mask_heads`: the same idea for attention heads: head h of a block adds y_h W_proj,hᵀ to the
+    stream (its hs columns of c_proj), scored by the norm of that contribution; `mask_heads` zeroes those columns,
+    which is exactly the function of a model without the head.
+
+          c_fc.weight (4C, C)       c_proj.weight (C, 4C)             after pruning neurons {1, 4}
+          row j  = neuron j's input  column j = neuron j's output      c_fc rows {1, 4} and c_proj columns {1, 4} gone
+
+What it leaves out: physically removing heads. The heads' matrices would shrink the same way (3 hs rows of c_attn
+and hs columns of c_proj per head), but the KV caches of chapters 04-07 are laid out for n_head heads of every layer;
+a model with fewer heads in some layers needs a per-layer head count in each cache, which this course does not
+build. Pruning layers, width (C) and the embedding (Minitron, Sheared-LLaMA) are left out too.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+
+from minillm.core.model import GPT
+from minillm.gpt.finetune import short_finetune
+from minillm.prune.masks import check_sparsity, lowest_k_mask
+from minillm.prune.unstructured import input_norms
+
+
+def _check_model(model: object, who: str) -> GPT:
+    if not isinstance(model, GPT):
+        raise TypeError(f"{who} needs a minillm GPT, got {type(model).__name__}")
+    return model
+
+
+def _check_calibration(model: GPT, calibration: object) -> torch.Tensor:
+    if not isinstance(calibration, torch.Tensor) or calibration.dim() != 2 or calibration.dtype != torch.int64:
+        raise TypeError("calibration must be an int64 tensor of token ids shaped (N, T)")
+    if calibration.size(1) > model.config.block_size:
+        raise ValueError(f"calibration windows of {calibration.size(1)} tokens exceed block_size "
+                         f"{model.config.block_size}")
+    return calibration.to(model.device)
+
+
+def _block_inputs(model: GPT, calibration: torch.Tensor):
+    """Yield (block, x) with x (N, T, C) the calibration activations entering each block of the dense model."""
+    positions = torch.arange(calibration.size(1), device=calibration.device)
+    x = model.transformer.wte(calibration) + model.transformer.wpe(positions)  # (N, T, C)
+    for block in model.transformer.h:
+        yield block, x
+        x = block(x)
+
+
+def mlp_widths(model: GPT) -> list[int]:
+    """The hidden width of each block's MLP (4C for a dense model)."""
+    return [block.mlp.c_fc.out_features for block in model.transformer.h]
+
+
+@torch.no_grad()
+def mlp_neuron_scores(model: GPT, calibration: torch.Tensor) -> list[torch.Tensor]:
+    """Per block, (hidden,) scores s_j = ‖h_j‖₂ · ‖W_proj[:, j]‖₂ over the calibration ids (N, T)."""
+    _check_model(model, "mlp_neuron_scores")
+    idx = _check_calibration(model, calibration)
+    scores = []
+    for block, x in _block_inputs(model.eval(), idx):
+        h_norm = input_norms(block, x)["mlp.c_proj"]  # (hidden,): the norm of each neuron's activation
+        scores.append(h_norm * block.mlp.c_proj.weight.norm(dim=0))  # (hidden,)
+    return scores
+
+
+def _shrunk(lin: nn.Linear, keep: torch.Tensor, dim: int) -> nn.Linear:
+    """A new nn.Linear holding only the rows (dim 0: outputs) or columns (dim 1: inputs) listed in keep."""
+    w = lin.weight.detach().index_select(dim, keep)
+    out = nn.Linear(w.shape[1], w.shape[0], bias=lin.bias is not None, device=w.device, dtype=w.dtype)
+    out.weight.data.copy_(w)
+    if lin.bias is not None:
+        out.bias.data.copy_(lin.bias.detach() if dim == 1 else lin.bias.detach().index_select(0, keep))
+    return out
+
+
+def shrink_mlp(model: GPT, keep: list[torch.Tensor]) -> GPT:
+    """A copy of `model` whose block b MLP keeps only the neurons listed in keep[b] (sorted int64 indices)."""
+    _check_model(model, "shrink_mlp")
+    if not isinstance(keep, (list, tuple)) or len(keep) != model.config.n_layer:
+        raise ValueError(f"keep must list one index tensor per block ({model.config.n_layer}), got {keep!r:.80}")
+    out = copy.deepcopy(model)
+    for b, (block, idx) in enumerate(zip(out.transformer.h, keep)):
+        width = block.mlp.c_fc.out_features
+        if not isinstance(idx, torch.Tensor) or idx.dim() != 1 or idx.dtype != torch.int64 or idx.numel() == 0:
+            raise ValueError(f"keep[{b}] must be a non-empty 1-D int64 tensor of neuron indices")
+        if bool((idx < 0).any() | (idx >= width).any()) or idx.unique().numel() != idx.numel():
+            raise ValueError(f"keep[{b}] must list distinct neurons in [0, {width}), got {idx.tolist()[:8]}...")
+        idx = idx.sort().values.to(block.mlp.c_fc.weight.device)
+        block.mlp.c_fc = _shrunk(block.mlp.c_fc, idx, 0)  # (k, C): neuron j's input weights are row j
+        block.mlp.c_proj = _shrunk(block.mlp.c_proj, idx, 1)  # (C, k): neuron j's output weights are column j
+    return out
+
+
+def prune_mlp(model: GPT, fraction: float, scores: list[torch.Tensor]) -> GPT:
+    """A copy with the lowest-scoring `fraction` of every block's MLP neurons removed (the same share per block)."""
+    _check_model(model, "prune_mlp")
+    fraction = check_sparsity(fraction)
+    widths = mlp_widths(model)
+    if not isinstance(scores, (list, tuple)) or [s.shape for s in scores] != [(w,) for w in widths]:
+        raise ValueError(f"scores must hold one (hidden,) tensor per block, hidden = {widths}")
+    keep = [lowest_k_mask(s, round(fraction * s.numel())).nonzero().flatten() for s in scores]
+    return shrink_mlp(model, keep)
+
+
+def recover(pruned: GPT, teacher: GPT, steps: int, batch_size: int = 4, lr: float = 1e-4, seed: int = 0
+            ) -> tuple[GPT, list[float]]:
+    """(a fine-tuned copy of `pruned`, loss per step): KL to the dense `teacher` on training windows."""
+    _check_model(pruned, "recover")
+    _check_model(teacher, "recover")
+    net = copy.deepcopy(pruned)
+    return net, short_finetune(net, steps, batch_size, lr, seed, teacher=teacher)
+
+
+@torch.no_grad()
+def head_scores(model: GPT, calibration: torch.Tensor) -> torch.Tensor:
+    """(n_layer, n_head): ‖y_h W_proj,hᵀ‖_F, the norm of each head's contribution to the stream over the ids."""
+    _check_model(model, "head_scores")
+    idx = _check_calibration(model, calibration)
+    nh, hs = model.config.n_head, model.config.head_size
+    out = []
+    for block, x in _block_inputs(model.eval(), idx):
+        seen: list[torch.Tensor] = []
+        handle = block.attn.c_proj.register_forward_pre_hook(lambda _m, inp: seen.append(inp[0]))
+        try:
+            block(x)
+        finally:
+            handle.remove()
+        y = seen[0].reshape(-1, nh, hs)  # (tokens, nh, hs): the heads side by side, before c_proj
+        w = block.attn.c_proj.weight.view(-1, nh, hs)  # (C, nh, hs): each head's hs columns
+        out.append(torch.stack([torch.linalg.matrix_norm(y[:, h] @ w[:, h].T) for h in range(nh)]))
+    return torch.stack(out)  # (L, nh)
+
+
+def mask_heads(model: GPT, heads: dict[int, list[int]]) -> GPT:
+    """A copy where block b's heads listed in heads[b] contribute nothing (their c_proj columns zeroed)."""
+    _check_model(model, "mask_heads")
+    nh, hs = model.config.n_head, model.config.head_size
+    out = copy.deepcopy(model)
+    for b, hh in heads.items():
+        if not isinstance(b, int) or not 0 <= b < model.config.n_layer:
+            raise ValueError(f"block index must be in [0, {model.config.n_layer}), got {b!r}")
+        for h in hh:
+            if not isinstance(h, int) or not 0 <= h < nh:
+                raise ValueError(f"head index must be in [0, {nh}), got {h!r}")
+            with torch.no_grad():
+                out.transformer.h[b].attn.c_proj.weight[:, h * hs:(h + 1) * hs] = 0.0
+    return out
+
+
+def lowest_heads(scores: torch.Tensor, per_block: int) -> dict[int, list[int]]:
+    """{block: the `per_block` heads with the lowest scores}, from head_scores' (L, nh)."""
+    return {b: sorted(torch.topk(row, per_block, largest=False).indices.tolist()) for b, row in enumerate(scores)}

@@ -1,0 +1,125 @@
+"""Unstructured and N:M pruning of a whole model: zero weights of every block linear by magnitude or by Wanda.
+
+What it adds: `input_norms(block, x)` (the L2 norm of every input feature of each of a block's linears over the
+calibration tokens, collected with forward pre-hooks), `prune_model(model, method, sparsity, calibration)` (a copy
+with the masks applied) and `weight_sparsity(model)`.
+
+    for each block b, in order:
+        X_b  = the calibration activations entering block b, through blocks 0..b-1 *already pruned*
+        ‖X_j‖ for the input features of c_attn, attn.c_proj, c_fc, mlp.c_proj  (one forward of block b)
+        mask each linear (per-matrix magnitude, per-row Wanda, or 2:4 of either score), zero the rest
+        X_b+1 = block b (pruned)(X_b)
+
+Pruning block by block, each block calibrated on what the pruned blocks before it produce, is the procedure of the
+Wanda reference implementation (and of SparseGPT and GPTQ); magnitude pruning needs no calibration at all. The
+embedding, the tied output head, LayerNorms and biases stay dense: they are a small share of the weights here
+except the head (4096 × 256, a quarter of `base`), which the chapter keeps dense as both papers do.
+
+A pruned model is an ordinary `GPT` whose weights hold exact zeros, so every generator and the engine run it
+unchanged, and at exactly the dense model's speed: dense kernels multiply the zeros too. Turning zeros into time
+needs a sparse format and a kernel that skips them (2:4 on a GPU: `minillm.prune.semi_structured`; CSR on the CPU
+in the benchmark's layer table). What it leaves out: SparseGPT's weight update, non-uniform sparsity per layer.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+
+from minillm.core.model import GPT
+from minillm.prune.masks import check_sparsity, magnitude_mask, nm_mask, per_row_mask, wanda_score
+
+METHODS = ("magnitude", "wanda")
+PATTERNS = ("unstructured", "2:4")
+
+
+def block_linears(block: nn.Module) -> list[tuple[str, nn.Linear]]:
+    """The four linears of a block, by name within it: attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj."""
+    return [(name, m) for name, m in block.named_modules() if isinstance(m, nn.Linear)]
+
+
+@torch.no_grad()
+def input_norms(block: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """{linear name: ‖X_j‖₂ (in,)}: the L2 norm of each input feature of each linear of `block`, over every token of
+    x (N, T, C), from one forward of the block (pre-hooks see each linear's input). Sums of squares in float64."""
+    sums: dict[str, torch.Tensor] = {}
+
+    def collect(name: str):
+        def hook(_module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+            a = inputs[0].reshape(-1, inputs[0].shape[-1]).double()  # (tokens, in)
+            sums[name] = sums.get(name, 0) + (a * a).sum(0)
+        return hook
+
+    handles = [m.register_forward_pre_hook(collect(name)) for name, m in block_linears(block)]
+    try:
+        block(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return {name: s.sqrt().float() for name, s in sums.items()}
+
+
+def layer_mask(weight: torch.Tensor, method: str, sparsity: float, pattern: str,
+               norm: torch.Tensor | None) -> torch.Tensor:
+    """The keep-mask of one weight (out, in): method's score, compared over the pattern's group."""
+    scores = weight.abs() if method == "magnitude" else wanda_score(weight, norm)
+    if pattern == "2:4":
+        return nm_mask(scores, 2, 4)
+    if method == "magnitude":
+        return magnitude_mask(weight, sparsity)  # the whole matrix is one comparison group
+    return per_row_mask(scores, sparsity)  # Wanda compares within each output row
+
+
+def _check_args(model: object, method: object, sparsity: object, pattern: object,
+                calibration: object) -> None:
+    if not isinstance(model, GPT):
+        raise TypeError(f"prune_model needs a minillm GPT, got {type(model).__name__}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if pattern not in PATTERNS:
+        raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
+    if pattern == "unstructured":
+        check_sparsity(sparsity)
+    if method == "wanda":
+        if not isinstance(calibration, torch.Tensor) or calibration.dim() != 2 or calibration.dtype != torch.int64:
+            raise TypeError("Wanda needs calibration token ids: an int64 tensor shaped (N, T)")
+        if calibration.size(1) > model.config.block_size:
+            raise ValueError(f"calibration windows of {calibration.size(1)} tokens exceed the model's block_size "
+                             f"{model.config.block_size}")
+
+
+@torch.no_grad()
+def prune_model(model: GPT, method: str, sparsity: float = 0.5, calibration: torch.Tensor | None = None,
+                pattern: str = "unstructured") -> GPT:
+    """A pruned copy of `model` (eval mode; `model` is untouched): every block linear's weight masked.
+
+    method: "magnitude" (|W|, per matrix) or "wanda" (|W| · ‖X‖, per output row; needs `calibration` ids (N, T)).
+    pattern: "unstructured" (remove `sparsity` of each matrix) or "2:4" (keep 2 of every 4 inputs; sparsity is 50%
+    by construction and the argument is ignored).
+    """
+    _check_args(model, method, sparsity, pattern, calibration)
+    out = copy.deepcopy(model).eval()
+    x = None
+    if method == "wanda":
+        idx = calibration.to(out.device)
+        positions = torch.arange(idx.size(1), device=idx.device)
+        x = out.transformer.wte(idx) + out.transformer.wpe(positions)  # (N, T, C)
+    for block in out.transformer.h:
+        norms = input_norms(block, x) if x is not None else {}
+        for name, lin in block_linears(block):
+            lin.weight.mul_(layer_mask(lin.weight, method, sparsity, pattern, norms.get(name)))
+        if x is not None:
+            x = block(x)  # (N, T, C): the next block's calibration input, through this block pruned
+    return out
+
+
+def weight_sparsity(model: nn.Module) -> dict[str, float]:
+    """{"blocks": share of zeros over every block linear weight, "all": over every parameter (the head once)}."""
+    linears = [m.weight for m in model.transformer.h.modules() if isinstance(m, nn.Linear)]
+    zeros = sum(int((w == 0).sum()) for w in linears)
+    total = sum(w.numel() for w in linears)
+    params = {id(p): p for p in model.parameters()}.values()  # the tied head/embedding once
+    all_zeros = sum(int((p == 0).sum()) for p in params)
+    return {"blocks": zeros / total, "all": all_zeros / sum(p.numel() for p in params)}
