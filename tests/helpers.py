@@ -135,3 +135,23 @@ class EngineDriver:
         self.step()  # hand out pending outputs (aborts) of the last step
         assert not self.llm.has_unfinished(), "engine made no progress"
         assert self.llm.block_manager.num_free_blocks == self.llm.config.num_blocks  # idle: every block free (I9)
+
+
+def assert_every_generator_agrees(model, vocab_size: int = 256) -> None:
+    """Greedy tokens of `model` (any module with GPT's interface: quantized, pruned) are the naive loop's through the
+    KV cache, static batching, the paged cache and chapter 06's engine: its own tokens, not another model's."""
+    from minillm.core.sampling import SamplingParams
+    from minillm.engine.config import EngineConfig
+    from minillm.engine.llm import LLM
+    from minillm.kvcache.generate import generate_ids, generate_static_batch
+    from minillm.naive.generate import generate_naive_ids
+    from minillm.paged.generate import paged_generate
+
+    prompts = [[t % vocab_size for t in p] for p in ([5, 17, 99, 3], [200, 1, 1, 42, 7, 9, 11], [64])]
+    params = SamplingParams.greedy(10, ignore_eos=True)
+    naive = [generate_naive_ids(model, p, params) for p in prompts]
+    assert [generate_ids(model, p, params) for p in prompts] == naive
+    assert generate_static_batch(model, prompts, params) == naive
+    assert [paged_generate(model, p, params, block_size=4).token_ids[0] for p in prompts] == naive
+    llm = LLM(model, None, EngineConfig(num_blocks=16, block_size=4, max_num_seqs=4, max_num_batched_tokens=16))
+    assert [o.output_token_ids for o in llm.generate(prompts, params)] == naive

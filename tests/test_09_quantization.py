@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from helpers import context_model
+from helpers import assert_every_generator_agrees, context_model
 from minillm import GPT, GPTConfig
 from minillm.core.checkpoint import save_checkpoint
 from minillm.core.sampling import SamplingParams
@@ -26,9 +26,7 @@ from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
 from minillm.gpt.eval import perplexity
 from minillm.kvcache.cache import ContiguousKVCache
-from minillm.kvcache.generate import generate_ids, generate_static_batch
-from minillm.naive.generate import generate_naive_ids
-from minillm.paged.generate import paged_generate
+from minillm.kvcache.generate import generate_ids
 from minillm.quant.bench import kv_perplexity, linear_bytes, teacher_forced_agreement
 from minillm.quant.checkpoint import describe, load_quantized, save_quantized
 from minillm.quant.gptq import gptq_quantize, gptq_quantize_model, gptq_reference, rtn_and_gptq_errors
@@ -578,7 +576,7 @@ def test_loading_refuses_missing_or_inconsistent_metadata(tmp_path):
     good = save_quantized(qmodel, tmp_path / "good.safetensors")
     with safe_open(str(good), framework="pt") as f:
         meta = dict(f.metadata())
-    with pytest.raises(ValueError, match="no quantization metadata"):
+    with pytest.raises(ValueError, match="no minillm-quant metadata"):
         load_quantized(_rewrite(good, tmp_path / "none.safetensors", metadata={}))
     with pytest.raises(ValueError, match="'quant_config' is missing"):
         load_quantized(_rewrite(good, tmp_path / "m.safetensors", metadata={k: v for k, v in meta.items()
@@ -607,7 +605,7 @@ def test_loading_refuses_missing_or_inconsistent_metadata(tmp_path):
 
 def test_loading_refuses_an_fp32_checkpoint_and_a_torn_file(tmp_path):
     directory = save_checkpoint(small_model(), tmp_path / "fp32")
-    with pytest.raises(ValueError, match="no quantization metadata"):
+    with pytest.raises(ValueError, match="no minillm-quant metadata"):
         load_quantized(directory / "model.safetensors")
     good = save_quantized(quantize_model(small_model(), QuantConfig("int8")), tmp_path / "q.safetensors")
     torn = tmp_path / "torn.safetensors"
@@ -629,15 +627,7 @@ def test_quantized_model_gives_the_same_tokens_in_every_generator_and_the_engine
     """The generators and the engine take any module with GPT's interface: a quantized model gives the naive loop's
     greedy tokens through the KV cache, static batching, the paged cache and chapter 06's engine (its own tokens,
     not fp32's: those are compared by the benchmark)."""
-    qmodel = quantize_model(small_model(), config)
-    prompts = [[5, 17, 99, 3], [200, 1, 1, 42, 7, 9, 11], [64]]
-    params = SamplingParams.greedy(10, ignore_eos=True)
-    naive = [generate_naive_ids(qmodel, p, params) for p in prompts]
-    assert [generate_ids(qmodel, p, params) for p in prompts] == naive
-    assert generate_static_batch(qmodel, prompts, params) == naive
-    assert [paged_generate(qmodel, p, params, block_size=4).token_ids[0] for p in prompts] == naive
-    llm = LLM(qmodel, None, EngineConfig(num_blocks=16, block_size=4, max_num_seqs=4, max_num_batched_tokens=16))
-    assert [o.output_token_ids for o in llm.generate(prompts, params)] == naive
+    assert_every_generator_agrees(quantize_model(small_model(), config))
 
 
 def test_bench_helpers_on_a_small_model():

@@ -16,15 +16,9 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from helpers import context_model
+from helpers import assert_every_generator_agrees, context_model
 from minillm import GPTConfig
 from minillm.core.checkpoint import save_checkpoint
-from minillm.core.sampling import SamplingParams
-from minillm.engine.config import EngineConfig
-from minillm.engine.llm import LLM
-from minillm.kvcache.generate import generate_ids, generate_static_batch
-from minillm.naive.generate import generate_naive_ids
-from minillm.paged.generate import paged_generate
 from minillm.prune.bench import block_bytes, num_params, run_all, torch_prune_agreement
 from minillm.prune.checkpoint import describe, load_pruned, save_pruned
 from minillm.prune.masks import (
@@ -287,14 +281,7 @@ def test_pruned_model_gives_the_same_tokens_in_every_generator_and_the_engine(ki
         pruned = prune_mlp(model, 0.25, mlp_neuron_scores(model, cal))
     else:
         pruned = prune_model(model, "wanda", 0.5, cal, pattern="2:4" if kind == "2:4" else "unstructured")
-    prompts = [[5, 17, 99, 3], [200, 1, 1, 42, 7, 9, 11], [64]]
-    params = SamplingParams.greedy(10, ignore_eos=True)
-    naive = [generate_naive_ids(pruned, p, params) for p in prompts]
-    assert [generate_ids(pruned, p, params) for p in prompts] == naive
-    assert generate_static_batch(pruned, prompts, params) == naive
-    assert [paged_generate(pruned, p, params, block_size=4).token_ids[0] for p in prompts] == naive
-    llm = LLM(pruned, None, EngineConfig(num_blocks=16, block_size=4, max_num_seqs=4, max_num_batched_tokens=16))
-    assert [o.output_token_ids for o in llm.generate(prompts, params)] == naive
+    assert_every_generator_agrees(pruned)
 
 
 # ----- structured pruning -----------------------------------------------------------------------------------------
@@ -458,7 +445,7 @@ def test_loading_refuses_missing_or_inconsistent_metadata(tmp_path):
     model, cal = small_model(), calibration()
     pruned = prune_mlp(prune_model(model, "magnitude", 0.5), 0.25, mlp_neuron_scores(model, cal))
     good = save_pruned(pruned, tmp_path / "good.safetensors", "magnitude 50% + mlp 25%")
-    with pytest.raises(ValueError, match="no pruning metadata"):
+    with pytest.raises(ValueError, match="no minillm-pruned metadata"):
         load_pruned(_rewrite(good, tmp_path / "a.safetensors", {"format": None}))
     with pytest.raises(ValueError, match="'mlp_hidden' is missing"):
         load_pruned(_rewrite(good, tmp_path / "b.safetensors", {"mlp_hidden": None}))
@@ -473,7 +460,7 @@ def test_loading_refuses_missing_or_inconsistent_metadata(tmp_path):
     with pytest.raises(ValueError, match="missing"):
         load_pruned(_rewrite(good, tmp_path / "g.safetensors", drop=("transformer.h.0.mlp.c_fc.bias",)))
     dense = save_checkpoint(model, tmp_path / "dense")
-    with pytest.raises(ValueError, match="no pruning metadata"):
+    with pytest.raises(ValueError, match="no minillm-pruned metadata"):
         load_pruned(next(p for p in dense.iterdir() if p.suffix == ".safetensors"))
     torn = tmp_path / "torn.safetensors"
     torn.write_bytes(good.read_bytes()[:100])

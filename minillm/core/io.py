@@ -112,6 +112,30 @@ def read_safetensors_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         raise ValueError(f"{str(path)!r} is not a valid safetensors file (truncated or corrupt?): {e}") from e
 
 
+def read_format_metadata(path: str | os.PathLike, fmt: str, version: str, hint: str) -> dict[str, str]:
+    """The string metadata of a safetensors file that declares itself `fmt` at `version` (read from the header alone).
+
+    A missing file is FileNotFoundError; a torn or corrupt one, a header without {"format": fmt} (`hint` says what
+    loads such a file instead) or another format_version is a ValueError naming the file.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no {fmt} file at {str(path)!r}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata()
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{str(path)!r} is not a valid safetensors file (truncated or corrupt?): {e}") from e
+    if not meta or meta.get("format") != fmt:
+        raise ValueError(f"{str(path)!r} has no {fmt} metadata (format != {fmt!r}); {hint}")
+    if meta.get("format_version") != version:
+        raise ValueError(f"{str(path)!r} has format_version {meta.get('format_version')!r}; this code reads "
+                         f"{version!r}")
+    return dict(meta)
+
+
 def fsync_dir(path: str | os.PathLike) -> None:
     """Flush a directory's entries (new names, renames) to disk; a no-op where directories cannot be opened (Windows).
 

@@ -82,7 +82,7 @@ def torch_prune_agreement(model: GPT, sparsity: float = 0.5) -> dict[str, int]:
     same = total = 0
     for block in model.transformer.h:
         for _, lin in block_linears(block):
-            probe = nn.Linear(lin.in_features, lin.out_features, bias=False)
+            probe = nn.Linear(lin.in_features, lin.out_features, bias=False, device=lin.weight.device)
             with torch.no_grad():
                 probe.weight.copy_(lin.weight)
             torch_prune.l1_unstructured(probe, "weight", amount=sparsity)

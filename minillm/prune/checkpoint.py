@@ -28,7 +28,7 @@ import torch
 
 from minillm.core.config import GPTConfig
 from minillm.core.device import resolve_device
-from minillm.core.io import atomic_save_safetensors, read_safetensors_file
+from minillm.core.io import atomic_save_safetensors, read_format_metadata, read_safetensors_file
 from minillm.core.model import GPT
 from minillm.core.weights import load_state_dict_strict, model_tensors
 from minillm.prune.masks import is_nm_sparse
@@ -67,22 +67,8 @@ def save_pruned(model: GPT, path: str | os.PathLike, method: str, pattern: str =
 
 def read_metadata(path: str | os.PathLike) -> tuple[GPTConfig, list[int], dict[str, str]]:
     """(GPTConfig, MLP widths, raw metadata) from a pruned file's header; ValueError naming what is wrong."""
-    from safetensors import SafetensorError, safe_open
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no pruned checkpoint at {str(path)!r}")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata()
-    except (SafetensorError, OSError) as e:
-        raise ValueError(f"{str(path)!r} is not a valid safetensors file (truncated or corrupt?): {e}") from e
-    if not meta or meta.get("format") != FORMAT:
-        raise ValueError(f"{str(path)!r} has no pruning metadata (format != {FORMAT!r}); a dense checkpoint loads "
-                         "with minillm.core.checkpoint.load_checkpoint")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{str(path)!r} has format_version {meta.get('format_version')!r}; this code reads "
-                         f"{FORMAT_VERSION!r}")
+    meta = read_format_metadata(path, FORMAT, FORMAT_VERSION, "a dense checkpoint loads with "
+                                "minillm.core.checkpoint.load_checkpoint")
     try:
         config = GPTConfig.from_dict(json.loads(meta["gpt_config"]))
         widths = json.loads(meta["mlp_hidden"])
