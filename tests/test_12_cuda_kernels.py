@@ -58,6 +58,24 @@ def test_softmax_mirror_and_naive_agree_with_torch(rows, cols, dtype):
     assert_close(mirror.softmax_online(x, tile=3, num_parts=5), ref, dtype)
 
 
+@pytest.mark.graded(points=2, exercise="online_merge")
+def test_online_merge_worked_example():
+    """State A saw [1, 2] (m = 2, s = e^-1 + 1), state B saw [3] (m = 3, s = 1): merged, [1, 2, 3]."""
+    e = math.e
+    m1, s1 = torch.tensor([2.0]), torch.tensor([1 / e + 1])
+    m2, s2 = torch.tensor([3.0]), torch.tensor([1.0])
+    m, s = mirror.online_merge(m1, s1, m2, s2)
+    assert m.item() == 3.0 and s.item() == pytest.approx(e**-2 + e**-1 + 1, rel=1e-6)
+    m, s = mirror.online_merge(m2, s2, m1, s1)  # the order does not matter
+    assert m.item() == 3.0 and s.item() == pytest.approx(e**-2 + e**-1 + 1, rel=1e-6)
+    empty = (torch.tensor([float("-inf")]), torch.tensor([0.0]))
+    m, s = mirror.online_merge(*empty, m1, s1)  # an empty state changes nothing
+    assert m.item() == 2.0 and s.item() == pytest.approx(s1.item(), rel=1e-6)
+    m, s = mirror.online_merge(*empty, *empty)  # two empty states stay empty, never nan
+    assert torch.isneginf(m).all() and (s == 0).all()
+
+
+@pytest.mark.graded(points=2, exercise="online_merge")
 def test_online_softmax_survives_masked_entries():
     """-inf entries (masked scores) before any finite one: the running state must stay (-inf, 0), not NaN."""
     x = torch.randn(3, 40)
@@ -65,6 +83,7 @@ def test_online_softmax_survives_masked_entries():
     assert_close(mirror.softmax_online(x, tile=4, num_parts=3), F.softmax(x, dim=-1))
 
 
+@pytest.mark.graded(points=3, exercise="online_merge")
 @settings(max_examples=25, deadline=None)
 @given(rows=st.integers(1, 5), cols=st.integers(1, 70), tile=st.integers(1, 9), parts=st.integers(1, 6),
        seed=st.integers(0, 2**16))
@@ -102,9 +121,35 @@ def test_bias_gelu_mirror_and_naive_agree_with_torch(rows, cols, dtype):
     assert_close(mirror.bias_gelu(x, b, pack=4), ref, dtype)
 
 
+@pytest.mark.graded(points=2, exercise="attend_tile")
+def test_attend_tile_two_tiles_are_softmax_attention_over_both():
+    """Scores [0, ln 2] then [ln 4] with values 1, 2, 3: weights 1/7, 2/7, 4/7, output (1 + 4 + 12) / 7."""
+    m, l, o = torch.tensor([float("-inf")]), torch.zeros(1), torch.zeros(1, 1)
+    m, l, o = mirror.attend_tile(m, l, o, torch.tensor([[0.0, math.log(2)]]), torch.tensor([[[1.0], [2.0]]]))
+    assert m.item() == pytest.approx(math.log(2)) and l.item() == pytest.approx(1.5) and o.item() == pytest.approx(2.5)
+    m, l, o = mirror.attend_tile(m, l, o, torch.tensor([[math.log(4)]]), torch.tensor([[[3.0]]]))
+    assert m.item() == pytest.approx(math.log(4)) and l.item() == pytest.approx(7 / 4)
+    assert (o / l.unsqueeze(-1)).item() == pytest.approx(17 / 7)
+
+
+@pytest.mark.graded(points=2, exercise="attend_tile")
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 40), hs=st.integers(1, 9), tiles=st.integers(1, 6), seed=st.integers(0, 2**16))
+def test_attend_tile_any_split_equals_one_softmax(n, hs, tiles, seed):
+    g = torch.Generator().manual_seed(seed)
+    s, v = torch.randn(3, n, generator=g) * 4, torch.randn(3, n, hs, generator=g)
+    want = torch.softmax(s, dim=-1).unsqueeze(-2) @ v  # (3, 1, hs)
+    m, l, o = torch.full((3,), float("-inf")), torch.zeros(3), torch.zeros(3, hs)
+    for chunk in torch.arange(n).tensor_split(tiles):
+        if chunk.numel():
+            m, l, o = mirror.attend_tile(m, l, o, s[:, chunk], v[:, chunk])
+    torch.testing.assert_close(o / l.unsqueeze(-1), want.squeeze(-2), rtol=1e-5, atol=1e-5)
+
+
 ATTN_SHAPES = [(1, 1, 1, 8), (2, 3, 37, 24), (1, 2, 70, 64), (1, 1, 33, 128), (2, 1, 17, 1)]
 
 
+@pytest.mark.graded(points=3, exercise="attend_tile")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", ATTN_SHAPES, ids=str)
 def test_flash_attention_mirror_and_naive_agree_with_sdpa(shape, dtype):
@@ -150,6 +195,7 @@ def paged_case(dtype, device, nh=3, hs=24, bs=4, lens=(1, 5, 9, 16, 23), seed=0)
     return cache, batch, q, k, v
 
 
+@pytest.mark.graded(points=2, exercise="attend_tile")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bs", [1, 4, 16])
 def test_paged_mirror_matches_chapter_05_paged_attention(bs, dtype):

@@ -130,7 +130,13 @@ PLANTS = (
     Plant("11", "teacher-not-softened", "minillm/distill/losses.py", "kd_loss",
           "log_p = F.log_softmax(teacher_logits.reshape(-1, V) / temperature, dim=-1)",
           "log_p = F.log_softmax(teacher_logits.reshape(-1, V), dim=-1)"),
-)
+    # 12 cuda kernels (the CPU mirrors of their algorithms)
+    Plant("12", "merge-without-rescaling-the-second-sum", "minillm/kernels/mirror.py", "online_merge",
+          "s2 * torch.exp(m2 - safe)", "s2"),
+    Plant("12", "output-not-rescaled", "minillm/kernels/mirror.py", "attend_tile",
+          "o = o * alpha.unsqueeze(-1) + ", "o = o + "),
+    Plant("12", "sum-not-rescaled", "minillm/kernels/mirror.py", "attend_tile",
+          "l = l * alpha + p.sum(dim=-1)", "l = l + p.sum(dim=-1)"),)
 
 
 def planted_source(plant: Plant) -> str:

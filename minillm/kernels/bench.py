@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from minillm.core.io import atomic_write_text
 from minillm.kernels import naive, ops
 from minillm.kernels.build import load_kernels
 
@@ -234,9 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(quick=args.quick)
     print(format_table(result))
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
+        atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
     return 0 if all(r["correct"] for r in result["rows"]) else 1
 
 

@@ -3,7 +3,7 @@
 Where `naive` computes each result the obvious way, a mirror computes it the way its kernel does: softmax in one
 pass with a running (max, sum) over tiles and merged partial states (softmax.cu v4); layernorm from 32 lane-strided
 partial sums combined as the warp shuffles combine them (layernorm.cu v3); FlashAttention's query/key tiles with the
-running max, sum and rescaled output (attention.cu v2); decode attention walking a block table block by block
+running max, sum and rescaled output (attention.cu v2, one `attend_tile` per key tile); decode attention walking a block table block by block
 (paged_attention.cu); int8 GEMV from lane partial sums with the scale applied after the sum (int8_gemv.cu v2); and
 the KV write as a loop over slots (kv_write.cu). All math is fp32; results are rounded to the input dtype once.
 What it leaves out: threads and memory: a mirror shows the arithmetic order, not the parallel schedule.
@@ -26,10 +26,36 @@ def online_merge(m1: torch.Tensor, s1: torch.Tensor, m2: torch.Tensor, s2: torch
     (m, s) = (max(m1, m2), s1 exp(m1 - m) + s2 exp(m2 - m)), Milakov & Gimelshein 2018, eq. 4.
     subtle: where both maxima are -inf the exponent is nan; those states stay (-inf, 0).
     """
+    # BEGIN SOLUTION
     m = torch.maximum(m1, m2)
-    safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
-    s = s1 * torch.exp(m1 - safe) + s2 * torch.exp(m2 - safe)
+    safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # both empty: exp(-inf - 0) = 0, not nan
+    s = s1 * torch.exp(m1 - safe) + s2 * torch.exp(m2 - safe)  # each sum rescaled to the new max
+    # END SOLUTION
     return m, s
+
+
+def attend_tile(m: torch.Tensor, l: torch.Tensor, o: torch.Tensor, s: torch.Tensor, v: torch.Tensor):
+    """One step of online-softmax attention: fold a tile of scores into the running state, return (m, l, o).
+
+    m (...,) the running max of the scores seen so far, l (...,) the sum of exp(score - m) over them, o (..., hs) the
+    sum of exp(score - m) · value (not yet divided by l); s (..., n) the tile's scores, v (..., n, hs) its values
+    (broadcast over s's leading dimensions). The state starts at (-inf, 0, 0); after the last tile the attention
+    output is o / l. With m_new = max(m, rowmax s) and alpha = exp(m - m_new), the old l and o were computed against
+    m and are rescaled by alpha before the tile's p = exp(s - m_new) is added:
+
+        l_new = l · alpha + Σ_n p        o_new = o · alpha + p @ v
+
+    Every tile needs at least one finite score per row (a causal tile always holds key 0 of its block, a paged block
+    at least one token); attention.cu v2 and paged_attention.cu run exactly this update in registers.
+    """
+    # BEGIN SOLUTION
+    m_new = torch.maximum(m, s.amax(dim=-1))  # (...,)
+    alpha = torch.exp(m - m_new)  # (...,): 0 on the first tile (m = -inf)
+    p = torch.exp(s - m_new.unsqueeze(-1))  # (..., n): 0 where a score is masked to -inf
+    l = l * alpha + p.sum(dim=-1)
+    o = o * alpha.unsqueeze(-1) + (p.unsqueeze(-2) @ v).squeeze(-2)  # (..., 1, n) @ (..., n, hs) -> (..., hs)
+    # END SOLUTION
+    return m_new, l, o
 
 
 def softmax_online(x: torch.Tensor, tile: int = 8, num_parts: int = 4) -> torch.Tensor:
@@ -123,13 +149,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: 
             kt, vt = k32[:, :, k0 : k0 + block_k], v32[:, :, k0 : k0 + block_k]  # (B, nh, bc, hs)
             s = scale * qt @ kt.transpose(-2, -1)  # (B, nh, br, hs) @ (B, nh, hs, bc) -> (B, nh, br, bc)
             visible = torch.arange(k0, k0 + kt.shape[2]).unsqueeze(0) <= q_pos.unsqueeze(1)  # (br, bc)
-            s = s.masked_fill(~visible, NEG_INF)
-            m_new = torch.maximum(m, s.amax(dim=-1))  # (B, nh, br); finite: key q0 is visible to every row
-            alpha = torch.exp(m - m_new)  # m = -inf on the first tile: 0
-            p = torch.exp(s - m_new.unsqueeze(-1))  # (B, nh, br, bc), 0 where masked
-            l = l * alpha + p.sum(dim=-1)
-            o = o * alpha.unsqueeze(-1) + p @ vt  # (B, nh, br, bc) @ (B, nh, bc, hs) -> (B, nh, br, hs)
-            m = m_new
+            s = s.masked_fill(~visible, NEG_INF)  # every row sees key k0 <= q0: one finite score at least
+            m, l, o = attend_tile(m, l, o, s, vt.unsqueeze(2))  # values (B, nh, 1, bc, hs): one set for all rows
         out[:, :, q0 : q0 + br] = o / l.unsqueeze(-1)
     return out.to(q.dtype)
 
@@ -167,12 +188,7 @@ def paged_attention_decode(
             kb = k_pool[block, :n].float()  # (n, nh, hs)
             vb = v_pool[block, :n].float()  # (n, nh, hs)
             sc = scale * torch.einsum("hd,nhd->hn", qs, kb)  # (nh, n)
-            m_new = torch.maximum(m, sc.amax(dim=-1))  # (nh,)
-            alpha = torch.exp(m - m_new)
-            p = torch.exp(sc - m_new.unsqueeze(-1))  # (nh, n)
-            l = l * alpha + p.sum(dim=-1)
-            o = o * alpha.unsqueeze(-1) + torch.einsum("hn,nhd->hd", p, vb)  # (nh, hs)
-            m = m_new
+            m, l, o = attend_tile(m, l, o, sc, vb.transpose(0, 1))  # values per head: (nh, n, hs)
         if ctx > 0:
             out[s] = o / l.unsqueeze(-1)
     return out.to(q.dtype)

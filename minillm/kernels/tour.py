@@ -1,0 +1,118 @@
+"""Tour entry for chapter 12: each kernel's algorithm against its naive twin, on every machine; on a CUDA GPU, each
+kernel's versions against the naive op, timed.
+
+On the CPU: one row per kernel, `<kernel> mirror`. The check is that the pure-PyTorch mirror of the kernel's tiled
+algorithm (`minillm.kernels.mirror`: online softmax over tiles, FlashAttention's tiles, the block-table walk,
+lane-strided warp sums, the slot scatter) equals the naive op (`minillm.kernels.naive`) on odd shapes in fp32 and
+bf16, within the dtype's tolerance. The metric is the largest error relative to the output's magnitude.
+On CUDA (when `torch.cuda.is_available()`), one row per kernel version, `<kernel> v<N>`, from the benchmark's quick
+shapes. The check is that the version equals the naive op. The metric is the fraction of the measured copy bandwidth
+for the memory-bound kernels, and the speed-up over the naive op for attention.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from minillm.core.rows import Row, TourContext
+from minillm.kernels import mirror, naive
+
+TITLE = "CUDA kernels (CPU mirrors; versions on a GPU)"
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}  # relative to the output's largest magnitude (one rounding)
+
+
+def kv_write_as_output(fn: Callable) -> Callable:
+    """The in-place KV write as a function returning what it wrote: both pools after writing into zeroed ones."""
+    def run(key, value, k_shape, slots):
+        k_pool = torch.zeros(k_shape, dtype=key.dtype)
+        v_pool = torch.zeros(k_shape, dtype=key.dtype)
+        fn(key, value, k_pool, v_pool, slots)
+        return torch.cat([k_pool, v_pool])
+    return run
+
+
+def cases(g: torch.Generator) -> list[tuple[str, str, Callable, Callable, tuple]]:
+    """[(kernel, shape label, mirror fn, naive fn, fp32 args)]: odd shapes, scattered blocks, skipped slots."""
+    def rnd(*shape, scale=1.0):
+        return torch.randn(*shape, generator=g) * scale
+
+    out = []
+    for R, C in ((7, 1000), (33, 130)):
+        out.append(("softmax", f"({R}, {C})", lambda x: mirror.softmax_online(x, 8, 4), naive.softmax,
+                    (rnd(R, C, scale=4),)))
+        out.append(("layernorm", f"({R}, {C})", mirror.layernorm_warp, naive.layernorm, (rnd(R, C) + 3, rnd(C), rnd(C))))
+        out.append(("bias_gelu", f"({R}, {C})", mirror.bias_gelu, naive.bias_gelu, (rnd(R, C), rnd(C))))
+    for shape in ((2, 3, 37, 24), (1, 2, 130, 64)):
+        out.append(("attention", str(shape), lambda q, k, v: mirror.flash_attention(q, k, v, 16, 16), naive.attention,
+                    (rnd(*shape), rnd(*shape), rnd(*shape))))
+    for bs in (1, 16):
+        S, nh, hs, ctx = 5, 4, 32, 70
+        nblk = -(-ctx // bs)
+        tables = torch.randperm(S * nblk, generator=g).view(S, nblk)  # scattered blocks, as a real pool ends up
+        args = (rnd(S, nh, hs), rnd(S * nblk, bs, nh, hs), rnd(S * nblk, bs, nh, hs), tables,
+                torch.tensor([1, 17, 33, 64, ctx]))
+        out.append(("paged_attention_decode", f"S={S} nh={nh} hs={hs} bs={bs}", mirror.paged_attention_decode,
+                    naive.paged_attention_decode, args))
+    for M, N, K in ((1, 130, 1000), (4, 33, 257)):
+        args = (rnd(M, K), torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8),
+                torch.rand(N, generator=g) / 64, rnd(N))
+        out.append(("int8_gemv", f"M={M} N={N} K={K}", mirror.int8_gemv, naive.int8_gemv, args))
+    T, nh, hs, nb, bs = 40, 4, 16, 12, 4
+    slots = torch.randperm(nb * bs, generator=g)[:T]
+    slots[::7] = -1  # padding tokens: skipped
+    out.append(("kv_cache_write", f"T={T} pool=({nb}, {bs})", kv_write_as_output(mirror.kv_cache_write),
+                kv_write_as_output(naive.kv_cache_write), (rnd(T, nh, hs), rnd(T, nh, hs), (nb, bs, nh, hs), slots)))
+    return out
+
+
+def cast(args: tuple, dtype: torch.dtype) -> tuple:
+    """The floating-point tensors of args in `dtype`; integer tensors (codes, tables, slots) and shapes unchanged."""
+    return tuple(a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+
+
+def mirror_rows(seed: int) -> list[Row]:
+    by_kernel: dict[str, dict] = {}
+    for kernel, label, fn_mirror, fn_naive, args in cases(torch.Generator().manual_seed(seed)):
+        r = by_kernel.setdefault(kernel, {"worst": 0.0, "ok": True, "shapes": []})
+        r["shapes"].append(label)
+        for dtype in (torch.float32, torch.bfloat16):
+            got, ref = fn_mirror(*cast(args, dtype)), fn_naive(*cast(args, dtype))
+            err = (got.float() - ref.float()).abs().max().item() / max(1.0, ref.float().abs().max().item())
+            exact = kernel == "kv_cache_write"  # a copy: every element exactly
+            r["ok"] = r["ok"] and not bool(torch.isnan(got).any()) and (err == 0.0 if exact else err <= TOL[dtype])
+            r["worst"] = max(r["worst"], err)
+    return [Row("12", f"{kernel} mirror", f"naive.{kernel}", f"mirror of {kernel}.cu's algorithm",
+                ("every element equal" if kernel == "kv_cache_write" else "equal within the dtype's tolerance (fp32 "
+                 "1e-5, bf16 1e-2 of the output's magnitude)") + f" on {', '.join(r['shapes'])}, fp32 and bf16",
+                r["ok"], "max error / max |output|",
+                r["worst"], "", "cpu", details={"shapes": r["shapes"]})
+            for kernel, r in by_kernel.items()]
+
+
+def gpu_rows() -> list[Row]:
+    from minillm.kernels.bench import run as run_bench
+
+    result = run_bench(quick=True, verbose=False)
+    rows = []
+    for r in result["rows"]:
+        if not r["version"].startswith("v"):  # the naive op and PyTorch's own are the yardsticks, not rows
+            continue
+        attention = r["kernel"] == "attention"
+        value = (r["speedup_vs_naive"] if attention else 100 * r["fraction_of_copy_bw"]) if r["correct"] else 0.0
+        rows.append(Row("12", f"{r['kernel']} {r['version']}", f"naive.{r['kernel']}",
+                        f"{r['kernel']}.cu {r['version']}",
+                        f"equal to the naive op: {r['correct']}; {r['shape']} {r['dtype']}; {r['ms']} ms, "
+                        f"{r['GB/s']} GB/s against {result['copy_GBps']} GB/s copy; {r['speedup_vs_naive']}x naive",
+                        bool(r["correct"]), "speed-up" if attention else "fraction of copy bandwidth", value,
+                        "x" if attention else "%", "cuda",
+                        details={**r, "device": result["device"], "copy_GBps": result["copy_GBps"]}))
+    return rows
+
+
+def run(ctx: TourContext) -> list[Row]:
+    rows = mirror_rows(ctx.seed)
+    if torch.cuda.is_available():
+        rows += gpu_rows()
+    return rows
