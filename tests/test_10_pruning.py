@@ -37,6 +37,7 @@ from minillm.prune.structured import (
     mask_heads,
     mlp_neuron_scores,
     mlp_widths,
+    prune_heads,
     prune_mlp,
     recover,
     shrink_mlp,
@@ -374,6 +375,37 @@ def test_head_scores_by_hand_and_masking_all_heads_leaves_only_the_bias():
         mask_heads(model, {0: [nh]})
 
 
+@pytest.mark.parametrize("per_block", [1, 3])
+def test_prune_heads_removes_them_for_real_and_equals_masking(per_block):
+    model, cal = small_model(), calibration()
+    heads = lowest_heads(head_scores(model, cal), per_block)
+    pruned, masked = prune_heads(model, heads), mask_heads(model, heads)
+    nh, hs, C = SMALL["n_head"], SMALL["n_embd"] // SMALL["n_head"], SMALL["n_embd"]
+    kept = nh - per_block
+    assert pruned.config.n_head == kept and pruned.config.head_size == hs and model.config.n_head == nh
+    for block in pruned.transformer.h:
+        assert block.attn.c_attn.weight.shape == (3 * kept * hs, C) and block.attn.c_proj.weight.shape == (C, kept * hs)
+    idx = cal[:2]
+    with torch.no_grad():
+        torch.testing.assert_close(pruned(idx), masked(idx), rtol=1e-5, atol=1e-5)
+    assert_every_generator_agrees(pruned)  # every cache is laid out for the new head count
+    from minillm.kvcache.cache import ContiguousKVCache
+    assert ContiguousKVCache(pruned.config, 1, 8).nbytes * nh == ContiguousKVCache(model.config, 1, 8).nbytes * kept
+
+
+def test_prune_heads_refuses_uneven_or_empty_removals():
+    model = small_model()
+    with pytest.raises(ValueError, match="same number"):
+        prune_heads(model, {0: [1], 1: [1, 2]})
+    with pytest.raises(ValueError, match="every block"):
+        prune_heads(model, {0: [1]})
+    with pytest.raises(ValueError, match="keep at least one"):
+        prune_heads(model, {0: [0, 1, 2, 3], 1: [0, 1, 2, 3]})
+    with pytest.raises(ValueError, match="GPT-2 has"):
+        from minillm.core.hf import to_hf_config
+        to_hf_config(prune_heads(model, {0: [0], 1: [0]}).config)
+
+
 # ----- bytes and the 2:4 kernel -----------------------------------------------------------------------------------
 
 
@@ -413,16 +445,19 @@ def test_semi_structured_linear_equals_the_dense_pruned_layer_on_cuda():
 # ----- checkpoints ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["unstructured", "2:4", "structured"])
+@pytest.mark.parametrize("kind", ["unstructured", "2:4", "structured", "heads"])
 def test_pruned_checkpoint_round_trip(tmp_path, kind):
     model, cal = small_model(), calibration()
     if kind == "structured":
         pruned, pattern = prune_mlp(model, 0.25, mlp_neuron_scores(model, cal)), "dense"
+    elif kind == "heads":
+        pruned = prune_heads(prune_mlp(model, 0.5, mlp_neuron_scores(model, cal)), {0: [1], 1: [3]})
+        pattern = "dense"
     else:
         pruned, pattern = prune_model(model, "wanda", 0.5, cal, pattern=kind), kind
     path = save_pruned(pruned, tmp_path / "p.safetensors", method=f"wanda {kind}", pattern=pattern)
     loaded = load_pruned(path)
-    assert mlp_widths(loaded) == mlp_widths(pruned)
+    assert mlp_widths(loaded) == mlp_widths(pruned) and loaded.config == pruned.config
     for (k, a), (k2, b) in zip(pruned.state_dict().items(), loaded.state_dict().items()):
         assert k == k2 and torch.equal(a, b), k
     d = describe(path)

@@ -48,7 +48,7 @@ def save_checkpoint(model: GPT, path_dir: str | os.PathLike, extra_metadata: dic
     out.mkdir(parents=True, exist_ok=True)
     atomic_save_safetensors(model_tensors(model), out / WEIGHTS_NAME, metadata={"format": FORMAT})
     config = model.config if config is None else config
-    shape_fields = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
+    shape_fields = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "head_size")
     if any(getattr(config, f) != getattr(model.config, f) for f in shape_fields):
         raise ValueError(f"config {config} does not describe the model's shapes {model.config}")
     doc = {"format": FORMAT, "config": config.to_dict(), "metadata": extra_metadata or {}}

@@ -55,12 +55,17 @@ class GPTConfig:
     dropout: float = 0.0  # training-time dropout on the embeddings and on each residual branch
     layer_norm_epsilon: float = 1e-5  # GPT-2's value; Hugging Face calls it layer_norm_epsilon too
     attn_impl: str = "sdpa"  # "sdpa" (fused, PyTorch) or "explicit" (attention_ref): the two must agree
+    # Width of one attention head. None (every shipped model): n_embd / n_head, GPT-2's rule. Set only when heads
+    # were removed (chapter 10's head pruning): n_head heads of head_dim each, n_head * head_dim < n_embd.
+    head_dim: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             check_int(f"GPTConfig.{name}", getattr(self, name))
-        if self.n_embd % self.n_head != 0:
+        if self.head_dim is None and self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        if self.head_dim is not None:
+            check_int("GPTConfig.head_dim", self.head_dim)
         check_float("GPTConfig.dropout", self.dropout, 0.0, 1.0, include_maximum=False)
         check_float("GPTConfig.layer_norm_epsilon", self.layer_norm_epsilon, 0.0, include_minimum=False)
         if self.attn_impl not in ("sdpa", "explicit"):
@@ -68,8 +73,13 @@ class GPTConfig:
 
     @property
     def head_size(self) -> int:
-        """hs: the width of one attention head."""
-        return self.n_embd // self.n_head
+        """hs: the width of one attention head (n_embd / n_head unless head_dim says otherwise)."""
+        return self.head_dim if self.head_dim is not None else self.n_embd // self.n_head
+
+    @property
+    def attn_dim(self) -> int:
+        """nh * hs: the width of the heads side by side (n_embd, unless heads were pruned away)."""
+        return self.n_head * self.head_size
 
     @classmethod
     def from_name(cls, name: str, **overrides: Any) -> "GPTConfig":
@@ -79,7 +89,10 @@ class GPTConfig:
         return cls(**{**PRESETS[name], **overrides})
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if d["head_dim"] is None:  # GPT-2's rule: every config written before head pruning existed stays the same
+            del d["head_dim"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "GPTConfig":

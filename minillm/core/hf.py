@@ -153,6 +153,9 @@ def to_hf_config(config: GPTConfig, **hf_kwargs: Any):
     """The `transformers.GPT2Config` of the same shape, dropout off (inference); `hf_kwargs` override fields."""
     from transformers import GPT2Config
 
+    if config.attn_dim != config.n_embd:
+        raise ValueError(f"GPT-2 has n_embd / n_head wide heads; this config's {config.n_head} heads of "
+                         f"{config.head_size} (head_dim, after head pruning) have no Hugging Face GPT-2 equivalent")
     fields = dict(vocab_size=config.vocab_size, n_positions=config.block_size, n_embd=config.n_embd,
                   n_layer=config.n_layer, n_head=config.n_head, layer_norm_epsilon=config.layer_norm_epsilon,
                   activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,

@@ -56,17 +56,18 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer_idx: int):
         super().__init__()
         self.n_head = config.n_head
-        self.n_embd = config.n_embd
+        self.head_size = config.head_size
+        self.attn_dim = config.attn_dim  # nh * hs: n_embd for GPT-2, less once heads are pruned (chapter 10)
         self.layer_idx = layer_idx
         self.attn_impl = config.attn_impl
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v projections in one matmul
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.c_attn = nn.Linear(config.n_embd, 3 * self.attn_dim)  # q, k, v projections in one matmul
+        self.c_proj = nn.Linear(self.attn_dim, config.n_embd)
         self.dropout = config.dropout  # residual dropout probability, training only
 
     def forward(self, x: torch.Tensor, cache: KVCacheProtocol | None = None) -> torch.Tensor:
         B, T, C = x.shape
-        nh, hs = self.n_head, C // self.n_head
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)  # 3 x (B, T, C)
+        nh, hs, A = self.n_head, self.head_size, self.attn_dim  # A = nh * hs (= C unless heads were pruned)
+        q, k, v = self.c_attn(x).split(A, dim=2)  # 3 x (B, T, A)
         q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
@@ -77,7 +78,7 @@ class CausalSelfAttention(nn.Module):
         else:
             mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()  # (T, T), True = may attend
             y = attention_ref(q, k, v, mask)  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, nh, T, hs) -> (B, T, C): heads side by side
+        y = y.transpose(1, 2).contiguous().view(B, T, A)  # (B, nh, T, hs) -> (B, T, A): heads side by side
         return dropout(self.c_proj(y), self.dropout, self.training)
 
 

@@ -5,7 +5,7 @@ PyTorch twin and a CPU mirror of its algorithm, so every step is checked against
 row softmax, fused layernorm, fused bias + GELU, causal FlashAttention-style attention, paged-attention decode
 over chapter 05's block pools, int8 weight-only GEMV, and the KV-cache write by slot mapping.
 What it leaves out: backward passes, tensor cores (mma / WMMA) and Hopper's TMA; the model still runs eager
-PyTorch, and nothing here is wired into the engine.
+PyTorch, and nothing here is wired into the engine. The exercises are the mirrors' `online_merge` and `attend_tile`.
 
 - `naive`: the naive PyTorch twin of each kernel (plain torch ops, fp32 math), the reference for every test
 - `mirror`: a pure-PyTorch mirror of each kernel's algorithm (online softmax over tiles, FlashAttention tiles,
@@ -15,4 +15,5 @@ PyTorch, and nothing here is wired into the engine.
 - `ops`: the Python entry points (`softmax(x, version=4)`, ...), checking their arguments before any build
 - `bench`: times every version against the naive op and PyTorch's own, beside the device's copy bandwidth and
   matmul rate (`python -m minillm.kernels.bench --out FILE.json`)
+- `tour`: the chapter's rows: each mirror against its naive twin everywhere, each version timed on a GPU
 """

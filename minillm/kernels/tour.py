@@ -18,6 +18,7 @@ import torch
 
 from minillm.core.rows import Row, TourContext
 from minillm.kernels import mirror, naive
+from minillm.kernels.bench import run as run_bench
 
 TITLE = "CUDA kernels (CPU mirrors; versions on a GPU)"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}  # relative to the output's largest magnitude (one rounding)
@@ -92,8 +93,6 @@ def mirror_rows(seed: int) -> list[Row]:
 
 
 def gpu_rows() -> list[Row]:
-    from minillm.kernels.bench import run as run_bench
-
     result = run_bench(quick=True, verbose=False)
     rows = []
     for r in result["rows"]:

@@ -12,7 +12,8 @@ What it reports:
   - structured MLP pruning at 25% (and 50%): parameters removed, perplexity before and after a short recovery
     fine-tune (KL to the dense model), greedy agreement, decode tok/s at batch 1 and prefill time for 256 tokens
     against dense (`minillm.core.timing.compare`: alternating runs, medians), the engine token for token;
-  - attention heads masked by importance (1, 2, 4 of 8 per block): perplexity (the full run only);
+  - attention heads masked by importance (1, 2, 4 of 8 per block): perplexity; and 2 of 8 per block removed for
+    real (`prune_heads`), recovered like the MLP: perplexity, KV bytes per token, agreement, speed (the full run only);
   - one linear layer (256 -> 1024) at 50/70/90% zeros: dense `F.linear` against a CSR sparse matmul, at 1 and 256
     tokens, microseconds per call;
   - on a CUDA GPU of compute capability 8.0+: `semi_structured.layer_speed`, the 2:4 kernel against dense.
@@ -48,6 +49,7 @@ from minillm.prune.structured import (
     mask_heads,
     mlp_neuron_scores,
     mlp_widths,
+    prune_heads,
     prune_mlp,
     recover,
 )
@@ -184,10 +186,21 @@ def structured_rows(h: Harness, calibration: torch.Tensor, fractions: tuple[floa
     return rows
 
 
-def head_rows(h: Harness, calibration: torch.Tensor) -> list[dict]:
+def head_rows(h: Harness, calibration: torch.Tensor, steps: int) -> dict[str, Any]:
+    """Heads masked by importance (1, 2, 4 per block), and 2 per block removed for real, recovered and timed."""
     scores = head_scores(h.model, calibration)
-    rows = [{"heads_per_block": k, **h.quality(mask_heads(h.model, lowest_heads(scores, k)))} for k in (1, 2, 4)]
-    return rows
+    masked = [{"heads_per_block": k, **h.quality(mask_heads(h.model, lowest_heads(scores, k)))} for k in (1, 2, 4)]
+    pruned = prune_heads(h.model, lowest_heads(scores, 2))
+    before = h.quality(pruned)
+    recovered, _ = recover(pruned, h.model, steps, lr=RECOVERY_LR)
+    cfg = h.model.config
+    removed = {"heads_per_block": 2, "n_head": recovered.config.n_head, "before_recovery": before,
+               **h.quality(recovered), "recovery_steps": steps, "params": num_params(recovered),
+               "dense_params": num_params(h.model),
+               "kv_bytes_per_token": 2 * cfg.n_layer * recovered.config.attn_dim * 4,
+               "dense_kv_bytes_per_token": 2 * cfg.n_layer * cfg.attn_dim * 4,
+               **h.agreement(recovered), **h.speed(recovered)}
+    return {"masked": masked, "removed": removed}
 
 
 def layer_costs(sparsities: tuple[float, ...] = (0.5, 0.7, 0.9), tokens: tuple[int, ...] = (1, 256),
@@ -236,7 +249,7 @@ def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, dra
     report["torch_prune"] = torch_prune_agreement(model)
     report["structured"] = structured_rows(h, calibration, (0.25,) if quick else (0.25, 0.5), 20 if quick else 60)
     if not quick:
-        report["heads"] = head_rows(h, calibration)
+        report["heads"] = head_rows(h, calibration, 60)
     report["layer_costs"] = layer_costs(repeats=3 if quick else 5, calls=20 if quick else 50)
     why = semi_structured_support()
     report["semi_structured_gpu"] = {"skipped": why} if why else {"rows": layer_speed()}
@@ -290,8 +303,16 @@ def format_table(report: dict[str, Any]) -> str:
                      f"{RECOVERY_LR:g}; engine = generate_ids {r['engine_same_as_generate']}/{n}")
     if "heads" in report:
         cells = ", ".join(f"{r['heads_per_block']} of 8 heads per block: {r['perplexity']:.2f} "
-                          f"({r['ppl_delta_pct']:+.2f}%)" for r in report["heads"])
+                          f"({r['ppl_delta_pct']:+.2f}%)" for r in report["heads"]["masked"])
         lines.append(f"attention heads masked by importance: {cells}")
+        r = report["heads"]["removed"]
+        lines.append(f"2 of 8 heads per block removed ({r['n_head']} left): ppl {r['before_recovery']['perplexity']:.3f} "
+                     f"({r['before_recovery']['ppl_delta_pct']:+.2f}%) -> {r['perplexity']:.3f} "
+                     f"({r['ppl_delta_pct']:+.2f}%) after {r['recovery_steps']} recovery steps; params "
+                     f"{r['params'] / r['dense_params']:.3f} of dense; KV cache {r['kv_bytes_per_token']:,} B/token vs "
+                     f"{r['dense_kv_bytes_per_token']:,}; agreement {100 * r['agreement']:.1f}%; engine = generate_ids "
+                     f"{r['engine_same_as_generate']}/{n}; decode {r['speedup']:.2f}x, prefill "
+                     f"{r['prefill_speedup']:.2f}x dense")
     lines.append("one 256 -> 1024 linear, us per call, dense F.linear vs CSR:")
     for r in report["layer_costs"]:
         lines.append(f"  {100 * r['sparsity']:.0f}% zeros, M={r['tokens']}: {r['dense_us']:.0f} vs {r['csr_us']:.0f} "

@@ -11,22 +11,23 @@ What it adds:
     generator and the engine run it unchanged: the MLP touches no cache.
   - `recover(pruned, teacher, steps)`: a short fine-tune of the pruned model towards the dense one's predictions
     (KL from the teacher, `minillm.gpt.finetune`), which wins back much of what pruning cost.
-  - `head_scores` / `mask_heads`: the same idea for attention heads: head h of a block adds y_h W_proj,hᵀ to the
-    stream (its hs columns of c_proj), scored by the norm of that contribution; `mask_heads` zeroes those columns,
-    which is exactly the function of a model without the head.
+  - `head_scores` / `mask_heads` / `prune_heads`: the same idea for attention heads: head h of a block adds
+    y_h W_proj,hᵀ to the stream (its hs columns of c_proj), scored by the norm of that contribution; `mask_heads`
+    zeroes those columns, which is exactly the function of a model without the head, and `prune_heads` removes the
+    head for real (its rows of q, k and v in c_attn, its columns of c_proj, and its share of the KV cache).
 
           c_fc.weight (4C, C)       c_proj.weight (C, 4C)             after pruning neurons {1, 4}
           row j  = neuron j's input  column j = neuron j's output      c_fc rows {1, 4} and c_proj columns {1, 4} gone
 
-What it leaves out: physically removing heads. The heads' matrices would shrink the same way (3 hs rows of c_attn
-and hs columns of c_proj per head), but the KV caches of chapters 04-07 are laid out for n_head heads of every layer;
-a model with fewer heads in some layers needs a per-layer head count in each cache, which this course does not
-build. Pruning layers, width (C) and the embedding (Minitron, Sheared-LLaMA) are left out too.
+What it leaves out: a different number of heads per block (the KV caches of chapters 04-07 hold one head count for
+every layer, so `prune_heads` removes the same number from each), and pruning layers, width (C) and the embedding
+(Minitron, Sheared-LLaMA).
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import torch
 import torch.nn as nn
@@ -165,3 +166,33 @@ def mask_heads(model: GPT, heads: dict[int, list[int]]) -> GPT:
 def lowest_heads(scores: torch.Tensor, per_block: int) -> dict[int, list[int]]:
     """{block: the `per_block` heads with the lowest scores}, from head_scores' (L, nh)."""
     return {b: sorted(torch.topk(row, per_block, largest=False).indices.tolist()) for b, row in enumerate(scores)}
+
+
+def prune_heads(model: GPT, heads: dict[int, list[int]]) -> GPT:
+    """A copy with the listed heads *removed*: the same number from every block, so every layer keeps one head count
+    and the KV caches (laid out as (..., n_head, head_size)) shrink with it. Its config has n_head - k heads of the
+    same width (`head_dim`), so c_attn becomes C -> 3 (nh - k) hs and c_proj (nh - k) hs -> C. The function is
+    `mask_heads(model, heads)`'s, computed with smaller matmuls and a smaller cache."""
+    _check_model(model, "prune_heads")
+    cfg, L = model.config, model.config.n_layer
+    nh, hs, A = cfg.n_head, cfg.head_size, cfg.attn_dim
+    if not isinstance(heads, dict) or sorted(heads) != list(range(L)):
+        raise ValueError(f"heads must list the heads to remove for every block 0..{L - 1}, got {heads!r:.80}")
+    counts = {len(set(hh)) for hh in heads.values()}
+    if len(counts) != 1 or any(len(set(hh)) != len(hh) for hh in heads.values()):
+        raise ValueError("remove the same number of distinct heads from every block (the caches hold one head count)")
+    k = counts.pop()
+    if not 0 < k < nh or any(not isinstance(h, int) or not 0 <= h < nh for hh in heads.values() for h in hh):
+        raise ValueError(f"each block must keep at least one of its {nh} heads and lose at least one, indices in "
+                         f"[0, {nh}); got {heads!r:.80}")
+    out = copy.deepcopy(model)
+    out.config = replace(cfg, n_head=nh - k, head_dim=hs)
+    for b, block in enumerate(out.transformer.h):
+        kept = [h for h in range(nh) if h not in heads[b]]
+        cols = torch.tensor([h * hs + d for h in kept for d in range(hs)], device=model.device)  # within q, k or v
+        rows = torch.cat([part * A + cols for part in range(3)])  # the kept heads' rows of q, then k, then v
+        attn = block.attn
+        attn.c_attn = _shrunk(attn.c_attn, rows, 0)  # (3 (nh - k) hs, C)
+        attn.c_proj = _shrunk(attn.c_proj, cols, 1)  # (C, (nh - k) hs)
+        attn.n_head, attn.attn_dim = nh - k, (nh - k) * hs
+    return out
