@@ -27,6 +27,9 @@ from minillm.core.stopping import RequestState, check_eos_id, start_request
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.naive.generate import collect, generate_naive
 
+# A decode step: (model, cache, token (1,), positions (1,)) -> logits (1, V). `decode_step` is the eager one.
+DecodeFn = Callable[[GPT, ContiguousKVCache, torch.Tensor, torch.Tensor], torch.Tensor]
+
 
 @torch.inference_mode()
 def prefill(model: GPT, cache: ContiguousKVCache, idx: torch.Tensor, positions: torch.Tensor | None = None
@@ -66,6 +69,7 @@ def generate(
     kv_cache: bool | ContiguousKVCache = True,
     truncate: bool = False,
     kv_dtype: torch.dtype = torch.float32,
+    decode_fn: DecodeFn | None = None,
 ) -> Iterator[int]:
     """Stream generated token ids, prefill + decode with a KV cache; `kv_cache=False` runs chapter 03's naive loop.
 
@@ -74,7 +78,9 @@ def generate(
     generator's return value (`minillm.naive.generate.collect` gets it). So greedy and seeded runs give the naive
     loop's tokens whenever the logits agree. Pass a `ContiguousKVCache` (batch_size 1) as `kv_cache` to reuse its
     memory across calls; it is reset here. Otherwise a cache is allocated in `kv_dtype` (a setting of its own,
-    never read off the weights).
+    never read off the weights). `decode_fn(model, cache, token, positions) -> logits (1, V)` replaces `decode_step`
+    for every token after the first: chapter 13 (compilation) passes a compiled or graph-captured step over a
+    static-shape cache here.
     """
     if kv_cache is False:
         return generate_naive(model, prompt_ids, params, tokenizer=tokenizer, eos_id=eos_id, truncate=truncate)
@@ -92,11 +98,13 @@ def generate(
         raise ValueError(f"kv_cache must have batch_size 1 and max_len >= {max_len}, "
                          f"got batch_size={cache.batch_size}, max_len={cache.max_len}")
     # Everything is checked before the first token, so a bad argument fails at the call, not at the first next().
-    return _cached_stream(model, state, cache, max_len, kv_dtype)
+    if decode_fn is not None and not callable(decode_fn):
+        raise TypeError(f"decode_fn must be callable (model, cache, token, positions) -> logits, got {decode_fn!r}")
+    return _cached_stream(model, state, cache, max_len, kv_dtype, decode_fn or decode_step)
 
 
 def _cached_stream(model: GPT, state: RequestState, cache: ContiguousKVCache | None, max_len: int,
-                   kv_dtype: torch.dtype) -> Iterator[int]:
+                   kv_dtype: torch.dtype, decode_fn: DecodeFn) -> Iterator[int]:
     if state.finished:  # max_new_tokens == 0
         return state.finish_reason
     device = model.device
@@ -115,15 +123,16 @@ def _cached_stream(model: GPT, state: RequestState, cache: ContiguousKVCache | N
         yield token_id
         if state.accept([token_id]):
             return state.finish_reason
-        logits = decode_step(model, cache, token, all_positions[pos:pos + 1])  # (1, V)
+        logits = decode_fn(model, cache, token, all_positions[pos:pos + 1])  # (1, V)
         pos += 1
 
 
 def generate_ids(model: GPT, prompt_ids: Any, params: SamplingParams, tokenizer: Any = None,
                  eos_id: int | None = None, kv_cache: bool | ContiguousKVCache = True, truncate: bool = False,
-                 kv_dtype: torch.dtype = torch.float32) -> list[int]:
+                 kv_dtype: torch.dtype = torch.float32, decode_fn: DecodeFn | None = None) -> list[int]:
     """`generate`, collected into a list of the new token ids."""
-    return collect(generate(model, prompt_ids, params, tokenizer, eos_id, kv_cache, truncate, kv_dtype))[0]
+    return collect(generate(model, prompt_ids, params, tokenizer, eos_id, kv_cache, truncate, kv_dtype,
+                            decode_fn))[0]
 
 
 # ----- static batching ------------------------------------------------------------------------------------------

@@ -1,0 +1,108 @@
+"""Chapter 13's benchmark (under construction): batch-1 decode of `base` by each mode of `StaticDecoder` against
+chapter 04's eager generator, beside the weight-streaming bound measured in the same run.
+
+What it reports:
+  - the weight-streaming bound: every weight matrix a decode step multiplies (the 24 block linears and the tied
+    head) pushed through `F.linear` at batch 1 alone, back to back, median of repeats: the step can be no faster
+    than this without changing the matmuls themselves (their bytes / that time is the bandwidth they reach);
+  - decode tok/s at batch 1: chapter 04's `generate_ids` (dynamic cache, eager) against the static-shape step
+    eager, compiled by `torch.compile` (inductor by default), and on CUDA captured as a CUDA graph; each row's
+    greedy tokens against the eager generator's (they must be identical), its compile count after the run (1 is
+    one graph for every token) and its first call's time (the compile);
+  - each mode's tok/s as a fraction of the bound.
+Timings interleave the baseline and each candidate (`minillm.core.timing.compare`), medians of repeats.
+The command: `python -m minillm.compile.bench [--device cuda] [--threads N] [--quick] [--json FILE]`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from minillm.bench.check import same_tokens
+from minillm.bench.cli import bench_parser, start, write_report
+from minillm.bench.models import load_model
+from minillm.bench.workload import eval_prompts
+from minillm.compile.decode import StaticDecoder
+from minillm.core.model import GPT
+from minillm.core.sampling import SamplingParams
+from minillm.core.timing import compare, measure
+from minillm.kvcache.generate import generate_ids
+
+
+@torch.inference_mode()
+def weight_streaming_bound(model: GPT, repeats: int = 7, calls: int = 20) -> dict[str, float]:
+    """Seconds per decode step spent in the weight matrices alone (batch 1), their bytes, and the tok/s bound."""
+    mats = [(m.weight, m.bias) for m in model.transformer.h.modules() if isinstance(m, nn.Linear)]
+    mats.append((model.lm_head.weight, None))
+    x = {w.shape[1]: torch.randn(1, w.shape[1], device=model.device) for w, _ in mats}
+
+    def one_step():
+        for w, b in mats:
+            F.linear(x[w.shape[1]], w, b)
+
+    t = measure(lambda: [one_step() for _ in range(calls)], warmup=1, repeats=repeats, device=model.device)
+    step_s = t.median / calls
+    nbytes = sum(w.nbytes + (b.nbytes if b is not None else 0) for w, b in mats)
+    return {"step_seconds": step_s, "bytes": nbytes, "GBps": nbytes / step_s / 1e9, "tok_s_bound": 1 / step_s}
+
+
+def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, backend: str = "inductor"
+            ) -> dict[str, Any]:
+    device = model.device
+    new = 32 if quick else 64
+    repeats = 3 if quick else 5
+    prompt = eval_prompts([16], model.config.vocab_size, real_text, seed)[0]
+    params = SamplingParams.greedy(new, ignore_eos=True)
+    want = generate_ids(model, prompt, params)
+    bound = weight_streaming_bound(model, repeats=3 if quick else 7)
+    modes = ["eager", "compile"] + (["cuda-graph"] if device.type == "cuda" else [])
+    rows = []
+    for mode in modes:
+        dec = StaticDecoder(model, mode, backend=backend)
+        got = dec.generate_ids(prompt, params)  # the first run compiles (or captures)
+        first_call = dec.first_call_seconds
+        cmp = compare(lambda: generate_ids(model, prompt, params), lambda: dec.generate_ids(prompt, params),
+                      warmup=1, repeats=repeats, device=device)
+        tok_s = new / cmp.candidate.median
+        rows.append({"mode": mode, "backend": backend if mode == "compile" else None,
+                     "identical": same_tokens([want], [got]).equal == 1, "compiles": dec.compiles,
+                     "first_call_seconds": first_call, "tok_s": tok_s, "eager_tok_s": new / cmp.baseline.median,
+                     "speedup": cmp.speedup, "fraction_of_bound": tok_s / bound["tok_s_bound"]})
+    return {"device": str(device), "threads": torch.get_num_threads(), "new_tokens": new, "prompt_len": len(prompt),
+            "bound": bound, "rows": rows}
+
+
+def format_table(report: dict[str, Any]) -> str:
+    b = report["bound"]
+    lines = [f"weight-streaming bound: {b['bytes'] / 1e6:.1f} MB of weights in {1e3 * b['step_seconds']:.3f} ms per "
+             f"step ({b['GBps']:.1f} GB/s) = {b['tok_s_bound']:.0f} tok/s; {report['device']}, {report['threads']} "
+             f"thread(s), {report['new_tokens']} greedy tokens after a {report['prompt_len']}-token prompt", "",
+             "| decode step | tok/s | vs eager generate_ids | of the bound | identical tokens | graphs built "
+             "| first call (compile) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in report["rows"]:
+        name = f"{r['mode']} ({r['backend']})" if r["backend"] else r["mode"]
+        lines.append(f"| static-shape, {name} | {r['tok_s']:.0f} | {r['speedup']:.2f}x ({r['eager_tok_s']:.0f}) | "
+                     f"{100 * r['fraction_of_bound']:.0f}% | {r['identical']} | {r['compiles']} | "
+                     f"{r['first_call_seconds']:.2f} s |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = bench_parser("python -m minillm.compile.bench", __doc__.splitlines()[0], "32 tokens, fewer repeats")
+    ap.add_argument("--backend", default="inductor", help="torch.compile backend (default inductor)")
+    args = start(ap, argv)
+    loaded = load_model("base", args.device, args.seed)
+    report = run_all(loaded.model, loaded.trained, quick=args.quick, seed=args.seed, backend=args.backend)
+    report["model"] = loaded.label
+    print(f"model: {loaded.label}")
+    print(format_table(report))
+    write_report(args.json, report)
+    return 0 if all(r["identical"] for r in report["rows"]) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,122 @@
+"""The decode step with fixed shapes, then compiled by `torch.compile` or captured as a CUDA graph.
+
+What it adds: `StaticDecoder(model, mode)`, a decode step that chapter 04's `generate` takes as its `decode_fn`:
+
+    mode "eager"        the step as written, over a static-shape cache (every tensor's shape fixed by max_len)
+    mode "compile"      torch.compile(step, fullgraph=True, dynamic=False): one graph for every token, built by the
+                        backend (inductor: generated C++ on the CPU, Triton-free CUDA code paths are not used here)
+    mode "cuda-graph"   the eager step captured once as a CUDA graph and replayed per token: one launch instead of
+                        the step's hundred-odd kernel launches
+
+A static-shape cache (`ContiguousKVCache(use_static_shapes=True)`, chapter 04) writes at a device-side slot counter
+and attends over all max_len slots under a mask, so the step reads no Python value that changes from token to token:
+nothing for a compiled graph to guard on, and nothing a captured graph would freeze. The step's inputs (the token
+and its position) are copied into fixed buffers first, so a captured graph always reads the same memory.
+
+`compiles` counts the graphs the backend built (1 for a whole generation, whatever its length: the tests hold
+this) and `first_call_seconds` is the first decode call's wall time, compile included. What it leaves out: the
+prefill (it runs eager: its length changes from prompt to prompt), batched decode, and the engine's ragged steps.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from minillm.core.model import GPT
+from minillm.core.sampling import SamplingParams
+from minillm.kvcache.cache import ContiguousKVCache
+from minillm.kvcache.generate import generate_ids
+
+MODES = ("eager", "compile", "cuda-graph")
+
+
+class StaticDecoder:
+    """A batch-1 decode step over its own static-shape cache; pass it as `decode_fn` with `kv_cache=self.cache`."""
+
+    def __init__(self, model: GPT, mode: str = "compile", backend: str = "inductor", max_len: int | None = None):
+        if not isinstance(model, GPT):
+            raise TypeError(f"StaticDecoder needs a minillm GPT, got {type(model).__name__}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if mode == "cuda-graph" and model.device.type != "cuda":
+            raise ValueError(f"mode 'cuda-graph' needs the model on a CUDA device, got {model.device}")
+        if not isinstance(backend, str) or not backend:
+            raise TypeError(f"backend must be a torch.compile backend name, got {backend!r}")
+        self.model = model.eval()
+        self.mode, self.backend = mode, backend
+        self.max_len = model.config.block_size if max_len is None else max_len
+        device = model.device
+        self.cache = ContiguousKVCache(model.config, 1, self.max_len, device=device, use_static_shapes=True)
+        self._token = torch.zeros(1, 1, dtype=torch.long, device=device)  # the step's fixed input buffers
+        self._position = torch.zeros(1, 1, dtype=torch.long, device=device)
+        self.compiles = 0
+        self.calls = 0
+        self.first_call_seconds: float | None = None
+        self._graph: Any = None
+        self._graph_out: torch.Tensor | None = None
+        if mode == "compile":
+            self._run = torch.compile(self._step, fullgraph=True, dynamic=False, backend=self._counting_backend())
+        else:
+            self._run = self._step
+
+    def _step(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """(1, 1) token and position -> logits (1, V), over the static cache."""
+        h = self.model.hidden(token, position, self.cache)  # (1, 1, C)
+        return self.model.logits(h[:, -1])  # (1, V)
+
+    def _counting_backend(self):
+        from torch._dynamo import lookup_backend
+
+        inner = lookup_backend(self.backend)
+
+        def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):
+            self.compiles += 1  # a second graph for the same step is a recompilation: something it guards on changed
+            return inner(gm, example_inputs)
+        return backend
+
+    def _capture(self) -> None:
+        """Record one step as a CUDA graph. Warm-up steps run first on a side stream (as PyTorch requires); they
+        write to the cache past its current length, which the rollback below forgets (no query reads those slots)."""
+        length = self.cache.length
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.inference_mode():
+            for _ in range(2):
+                self._step(self._token, self._position)
+        torch.cuda.current_stream().wait_stream(side)
+        self.cache.truncate(length)
+        self._graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self._graph), torch.inference_mode():
+            self._graph_out = self._step(self._token, self._position)  # recorded, not run: replay runs it
+        self.cache.truncate(length)
+        self.compiles += 1
+
+    @torch.inference_mode()
+    def __call__(self, model: GPT, cache: ContiguousKVCache, token: torch.Tensor, positions: torch.Tensor
+                 ) -> torch.Tensor:
+        """The `decode_fn` of chapter 04's `generate`: logits (1, V) for one token (1,) at positions (1,)."""
+        if model is not self.model or cache is not self.cache:
+            raise ValueError("a StaticDecoder runs its own model over its own cache: pass kv_cache=decoder.cache")
+        self._token.copy_(token.view(1, 1))
+        self._position.copy_(positions.view(1, 1))
+        t0 = time.perf_counter() if self.calls == 0 else 0.0
+        if self.mode == "cuda-graph":
+            if self._graph is None:
+                self._capture()
+            self._graph.replay()
+            out = self._graph_out.clone()  # the graph's output buffer is overwritten by the next replay
+        else:
+            out = self._run(self._token, self._position)
+        if self.calls == 0:
+            if out.is_cuda:
+                torch.cuda.synchronize(out.device)
+            self.first_call_seconds = time.perf_counter() - t0
+        self.calls += 1
+        return out
+
+    def generate_ids(self, prompt_ids: Any, params: SamplingParams, **kwargs: Any) -> list[int]:
+        """Chapter 04's `generate_ids` with this step: the prompt prefilled eager, every later token through it."""
+        return generate_ids(self.model, prompt_ids, params, kv_cache=self.cache, decode_fn=self, **kwargs)
