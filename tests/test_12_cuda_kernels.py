@@ -92,11 +92,22 @@ def test_online_softmax_any_tiling(rows, cols, tile, parts, seed):
     assert_close(mirror.softmax_online(x, tile=tile, num_parts=parts), naive.softmax(x))
 
 
+@pytest.mark.graded(points=2, exercise="warp_tree_sum")
 def test_warp_tree_sum_is_the_sum():
     p = torch.randn(4, 32, dtype=torch.float64)
     torch.testing.assert_close(mirror.warp_tree_sum(p), p.sum(dim=-1))
     with pytest.raises(ValueError, match="32 lanes"):
         mirror.warp_tree_sum(torch.zeros(31))
+
+
+@pytest.mark.graded(points=1, exercise="warp_tree_sum")
+def test_warp_tree_sum_adds_lanes_in_the_shuffle_order():
+    """One nonzero lane, a ramp, two halves: every lane's value reaches the total exactly once."""
+    p = torch.zeros(3, 32)
+    p[0, 5] = 7.0
+    p[1] = torch.arange(32.0)
+    p[2, :16], p[2, 16:] = 1.0, 2.0
+    assert mirror.warp_tree_sum(p).tolist() == [7.0, 496.0, 48.0]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -205,6 +216,33 @@ def test_paged_mirror_matches_chapter_05_paged_attention(bs, dtype):
             batch.context_lens)
     assert_close(naive.paged_attention_decode(*args), ref, dtype)
     assert_close(mirror.paged_attention_decode(*args), ref, dtype)
+
+
+@pytest.mark.graded(points=2, exercise="paged_gather")
+def test_paged_gather_worked_example():
+    pool = torch.arange(6 * 4, dtype=torch.float32).view(6, 4, 1, 1)  # block b, offset o holds 4 * b + o
+    table = torch.tensor([3, 0, 5])
+    got = mirror.paged_gather(pool, table, 10)  # tokens 0-3 in block 3, 4-7 in block 0, 8-9 in block 5
+    assert got.flatten().tolist() == [12, 13, 14, 15, 0, 1, 2, 3, 20, 21]
+    assert mirror.paged_gather(pool, table, 0).shape == (0, 1, 1)
+    with pytest.raises(ValueError, match="context_len"):
+        mirror.paged_gather(pool, table, 13)
+
+
+@pytest.mark.graded(points=3, exercise="paged_gather")
+@pytest.mark.parametrize("bs", [1, 4, 16])
+def test_paged_gather_reads_chapter_05s_cache_in_order(bs):
+    """Through a real BlockManager's tables, the gathered keys of each sequence are its keys in order (as the
+    contiguous cache would hold them), read back from chapter 05's pool."""
+    cache, batch, q, k, v = paged_case(torch.float32, "cpu", bs=bs)
+    cache.attend(0, q, k, v)
+    for s, ctx in enumerate(batch.context_lens.tolist()):
+        keys = mirror.paged_gather(cache.k_pools[0], batch.block_tables[s], ctx)  # (ctx, nh, hs)
+        nblk = -(-ctx // bs)
+        want = cache.k_pools[0].index_select(0, batch.block_tables[s, :nblk]).flatten(0, 1)[:ctx]
+        assert torch.equal(keys, want)
+        if s < len(batch.context_lens) - 2:  # (the last two share their last slot: see paged_case)
+            assert torch.equal(keys[-1], k[0, :, s])  # the token written this step is the last one
 
 
 def test_paged_mirror_bad_block_gives_nan_and_empty_context_zeros():

@@ -136,7 +136,11 @@ PLANTS = (
     Plant("12", "output-not-rescaled", "minillm/kernels/mirror.py", "attend_tile",
           "o = o * alpha.unsqueeze(-1) + ", "o = o + "),
     Plant("12", "sum-not-rescaled", "minillm/kernels/mirror.py", "attend_tile",
-          "l = l * alpha + p.sum(dim=-1)", "l = l + p.sum(dim=-1)"),)
+          "l = l * alpha + p.sum(dim=-1)", "l = l + p.sum(dim=-1)"),
+    Plant("12", "shuffle-stops-one-step-early", "minillm/kernels/mirror.py", "warp_tree_sum",
+          "for offset in (16, 8, 4, 2, 1):", "for offset in (16, 8, 4, 2):"),
+    Plant("12", "gather-offset-from-the-block-index", "minillm/kernels/mirror.py", "paged_gather",
+          "slots = blocks * bs + j % bs", "slots = blocks * bs + blocks % bs"),)
 
 
 def planted_source(plant: Plant) -> str:

@@ -5,7 +5,8 @@ PyTorch twin and a CPU mirror of its algorithm, so every step is checked against
 row softmax, fused layernorm, fused bias + GELU, causal FlashAttention-style attention, paged-attention decode
 over chapter 05's block pools, int8 weight-only GEMV, and the KV-cache write by slot mapping.
 What it leaves out: backward passes, tensor cores (mma / WMMA) and Hopper's TMA; the model still runs eager
-PyTorch, and nothing here is wired into the engine. The exercises are the mirrors' `online_merge` and `attend_tile`.
+PyTorch, and nothing here is wired into the engine. The exercises are the mirrors' `online_merge`, `attend_tile`, `warp_tree_sum` and
+`paged_gather`.
 
 - `naive`: the naive PyTorch twin of each kernel (plain torch ops, fp32 math), the reference for every test
 - `mirror`: a pure-PyTorch mirror of each kernel's algorithm (online softmax over tiles, FlashAttention tiles,

@@ -90,8 +90,10 @@ def warp_tree_sum(partials: torch.Tensor) -> torch.Tensor:
     if partials.shape[-1] != 32:
         raise ValueError(f"a warp has 32 lanes, got {partials.shape[-1]} partial sums")
     lanes = torch.arange(32)
-    for offset in (16, 8, 4, 2, 1):
+    # BEGIN SOLUTION
+    for offset in (16, 8, 4, 2, 1):  # __shfl_xor_sync(mask, v, offset): lane i reads lane i ^ offset
         partials = partials + partials[..., lanes ^ offset]
+    # END SOLUTION
     return partials[..., 0]
 
 
@@ -153,6 +155,24 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: 
             m, l, o = attend_tile(m, l, o, s, vt.unsqueeze(2))  # values (B, nh, 1, bc, hs): one set for all rows
         out[:, :, q0 : q0 + br] = o / l.unsqueeze(-1)
     return out.to(q.dtype)
+
+
+def paged_gather(pool: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
+    """The keys (or values) of one sequence, in order, read through its block table: pool (nb, bs, nh, hs),
+    block_table (max_nb,) -> (context_len, nh, hs). Token j lives in block block_table[j // bs] at offset j % bs,
+    pool row slot = block * bs + j % bs: the address every thread of paged_attention.cu computes for its key."""
+    nb, bs = pool.shape[:2]
+    if not 0 <= context_len <= block_table.numel() * bs:
+        raise ValueError(f"context_len must be in [0, {block_table.numel() * bs}] for a table of "
+                         f"{block_table.numel()} blocks of {bs}, got {context_len}")
+    j = torch.arange(context_len, device=pool.device)  # (ctx,) token positions
+    # BEGIN SOLUTION
+    blocks = block_table.to(pool.device)[j // bs]  # (ctx,) the block each token lives in
+    slots = blocks * bs + j % bs  # (ctx,) its row in the pool seen as (nb * bs, nh, hs)
+    # END SOLUTION
+    if bool(((blocks < 0) | (blocks >= nb)).any()):
+        raise ValueError(f"the block table points outside the pool of {nb} blocks: {block_table.tolist()}")
+    return pool.reshape(nb * bs, *pool.shape[2:])[slots]  # (ctx, nh, hs)
 
 
 def paged_attention_decode(
