@@ -8,6 +8,8 @@ a wrong graph shows up either way. The CUDA-graph test runs where a GPU is.
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -92,3 +94,16 @@ def test_benchmark_rows_on_a_small_model():
     report = run_all(model(), real_text=True, quick=True, backend="aot_eager")
     assert [r["mode"] for r in report["rows"]] == ["eager", "compile"]
     assert all(r["identical"] for r in report["rows"]) and report["rows"][1]["compiles"] == 1
+
+
+@pytest.mark.skipif(not DYNAMO or shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="inductor's CPU backend needs torch.compile and a C++ compiler")
+def test_inductor_compiled_decoder_gives_the_generators_tokens():
+    """The real backend once (a C++ build of the generated kernels, ~10-25 s cold, cached after): same greedy
+    tokens as eager chapter 04, one graph."""
+    m = model()
+    dec = StaticDecoder(m, "compile", backend="inductor")
+    params = SamplingParams.greedy(12, ignore_eos=True)
+    for prompt in PROMPTS[:2]:
+        assert dec.generate_ids(prompt, params) == generate_ids(m, prompt, params)
+    assert dec.compiles == 1

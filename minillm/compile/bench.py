@@ -34,7 +34,7 @@ from minillm.kvcache.generate import generate_ids
 
 
 @torch.inference_mode()
-def weight_streaming_bound(model: GPT, repeats: int = 7, calls: int = 20) -> dict[str, float]:
+def weight_streaming_bound(model: GPT, repeats: int = 9, calls: int = 50) -> dict[str, float]:
     """Seconds per decode step spent in the weight matrices alone (batch 1), their bytes, and the tok/s bound."""
     mats = [(m.weight, m.bias) for m in model.transformer.h.modules() if isinstance(m, nn.Linear)]
     mats.append((model.lm_head.weight, None))
@@ -45,7 +45,7 @@ def weight_streaming_bound(model: GPT, repeats: int = 7, calls: int = 20) -> dic
             F.linear(x[w.shape[1]], w, b)
 
     t = measure(lambda: [one_step() for _ in range(calls)], warmup=1, repeats=repeats, device=model.device)
-    step_s = t.median / calls
+    step_s = t.min / calls  # a bound: the fastest the matrices alone ever went (a shared machine only slows them)
     nbytes = sum(w.nbytes + (b.nbytes if b is not None else 0) for w, b in mats)
     return {"step_seconds": step_s, "bytes": nbytes, "GBps": nbytes / step_s / 1e9, "tok_s_bound": 1 / step_s}
 
@@ -58,7 +58,7 @@ def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, bac
     prompt = eval_prompts([16], model.config.vocab_size, real_text, seed)[0]
     params = SamplingParams.greedy(new, ignore_eos=True)
     want = generate_ids(model, prompt, params)
-    bound = weight_streaming_bound(model, repeats=3 if quick else 7)
+    bound = weight_streaming_bound(model)
     modes = ["eager", "compile"] + (["cuda-graph"] if device.type == "cuda" else [])
     rows = []
     for mode in modes:
