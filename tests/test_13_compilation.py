@@ -13,9 +13,10 @@ import shutil
 import pytest
 import torch
 
-from helpers import context_model
+from helpers import assert_every_generator_agrees, context_model
 from minillm import GPTConfig
 from minillm.compile.bench import run_all, weight_streaming_bound
+from minillm.compile.cpu_gemv import build_problem, fast_cpu_model, gemv
 from minillm.compile.decode import StaticDecoder
 from minillm.core.sampling import SamplingParams
 from minillm.kvcache.cache import ContiguousKVCache
@@ -92,8 +93,9 @@ def test_weight_streaming_bound_counts_every_matrix_once():
 @pytest.mark.skipif(not DYNAMO, reason="torch.compile (dynamo) is not supported on this Python/PyTorch")
 def test_benchmark_rows_on_a_small_model():
     report = run_all(model(), real_text=True, quick=True, backend="aot_eager")
-    assert [r["mode"] for r in report["rows"]] == ["eager", "compile"]
-    assert all(r["identical"] for r in report["rows"]) and report["rows"][1]["compiles"] == 1
+    modes = [r["mode"] for r in report["rows"]]
+    assert modes[-2:] == ["eager", "compile"] and modes[:-2] in ([], ["C++ GEMV (fast_cpu_model)"])
+    assert all(r["identical"] for r in report["rows"]) and report["rows"][-1]["compiles"] == 1
 
 
 @pytest.mark.skipif(not DYNAMO or shutil.which("g++") is None and shutil.which("c++") is None,
@@ -107,3 +109,45 @@ def test_inductor_compiled_decoder_gives_the_generators_tokens():
     for prompt in PROMPTS[:2]:
         assert dec.generate_ids(prompt, params) == generate_ids(m, prompt, params)
     assert dec.compiles == 1
+
+
+needs_cpp = pytest.mark.skipif(build_problem() is not None, reason=f"cannot build the C++ GEMV: {build_problem()}")
+
+
+@needs_cpp
+@pytest.mark.parametrize("M,N,K", [(1, 1, 1), (1, 7, 9), (3, 33, 130), (4, 768, 256), (2, 5, 8)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_cpp_gemv_equals_f_linear(M, N, K, bias):
+    g = torch.Generator().manual_seed(M * 1000 + N + K)
+    x, w = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g)
+    b = torch.randn(N, generator=g) if bias else None
+    torch.testing.assert_close(gemv(x, w, b), torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5 * K ** 0.5)
+
+
+@needs_cpp
+def test_cpp_gemv_rejects_bad_arguments():
+    w = torch.randn(4, 8)
+    with pytest.raises(TypeError, match="float32"):
+        gemv(torch.randn(1, 8, dtype=torch.float64), w)
+    with pytest.raises(ValueError, match="same K"):
+        gemv(torch.randn(1, 7), w)
+    with pytest.raises(ValueError, match=r"b must have shape \(4,\)"):
+        gemv(torch.randn(1, 8), w, torch.randn(3))
+    xt = torch.randn(8, 2).t()  # (2, 8), not contiguous: copied, not refused
+    torch.testing.assert_close(gemv(xt, w), torch.nn.functional.linear(xt, w), rtol=1e-5, atol=1e-5)
+
+
+@needs_cpp
+def test_fast_cpu_model_gives_the_generators_tokens_everywhere():
+    """Every few-row product through C++ (decode), prefill through F.linear, training untouched: the same greedy
+    tokens from chapter 04's generator, static batching and the engine."""
+    m = model()
+    fast = fast_cpu_model(m)
+    assert fast.lm_head.weight is fast.transformer.wte.weight and type(fast.lm_head).__name__ == "FastLinear"
+    params = SamplingParams.greedy(20, ignore_eos=True)
+    for prompt in PROMPTS:
+        assert generate_ids(fast, prompt, params) == generate_ids(m, prompt, params)
+    assert_every_generator_agrees(fast, vocab_size=SMALL.vocab_size)
+    x = torch.randn(2, 3, SMALL.n_embd, requires_grad=True)  # with grad: F.linear, so backward works
+    fast.transformer.h[0].mlp.c_fc(x).sum().backward()
+    assert x.grad is not None

@@ -1,0 +1,97 @@
+// A batch-1 linear layer for the CPU, y = x W^T + b, written for what decode does: a few rows of x against a
+// weight matrix that is read once from memory per call. One version, AVX2 + FMA when the compiler may use them:
+//   four output rows at a time, each with its own 8-wide accumulator: every step loads 8 floats of x once and
+//   8 floats of each of the 4 weight rows (4 memory streams in flight), and fuses the multiply and the add;
+//   a scalar loop finishes the K % 8 tail and the N % 4 last rows; the bias is added to the finished sums.
+// Why it exists: at batch 1, torch.nn.functional.linear goes through a general GEMM path whose fixed cost per
+// call is as large as the streaming itself for these small matrices (chapter 13 measures both in one run).
+// Reference twin: torch.nn.functional.linear (the tests compare every shape, with and without bias).
+#include <torch/extension.h>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define MINILLM_AVX2 1
+#endif
+
+namespace {
+
+#ifdef MINILLM_AVX2
+inline float hsum(__m256 v) {  // the 8 lanes' sum
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+// One row of x (K) against rows [n0, n1) of W (N, K) into y; b may be null.
+void gemv_rows(const float* x, const float* w, const float* b, float* y, int64_t K, int64_t n0, int64_t n1) {
+    int64_t n = n0;
+#ifdef MINILLM_AVX2
+    const int64_t K8 = K - K % 8;
+    for (; n + 4 <= n1; n += 4) {
+        const float* r0 = w + n * K;
+        const float* r1 = r0 + K;
+        const float* r2 = r1 + K;
+        const float* r3 = r2 + K;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+        for (int64_t k = 0; k < K8; k += 8) {
+            const __m256 xv = _mm256_loadu_ps(x + k);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(r0 + k), xv, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(r1 + k), xv, a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(r2 + k), xv, a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(r3 + k), xv, a3);
+        }
+        float s[4] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};
+        for (int64_t k = K8; k < K; ++k) {  // the tail that does not fill 8 lanes
+            s[0] += r0[k] * x[k];
+            s[1] += r1[k] * x[k];
+            s[2] += r2[k] * x[k];
+            s[3] += r3[k] * x[k];
+        }
+        for (int i = 0; i < 4; ++i) y[n + i] = s[i] + (b ? b[n + i] : 0.f);
+    }
+#endif
+    for (; n < n1; ++n) {  // the last N % 4 rows (every row without AVX2)
+        const float* r = w + n * K;
+        float s = 0.f;
+        for (int64_t k = 0; k < K; ++k) s += r[k] * x[k];
+        y[n] = s + (b ? b[n] : 0.f);
+    }
+}
+
+// x (M, K), w (N, K), bias (N) or empty -> (M, N); float32, contiguous, CPU (checked by the Python wrapper too).
+torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias) {
+    TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu() && bias.device().is_cpu(), "gemv: CPU tensors only");
+    TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "gemv: x and w must be float32");
+    TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1),
+                "gemv: x must be (M, K) and w (N, K) with the same K, got x ", x.sizes(), " and w ", w.sizes());
+    TORCH_CHECK(x.is_contiguous() && w.is_contiguous(), "gemv: x and w must be contiguous");
+    const bool has_bias = bias.numel() > 0;
+    TORCH_CHECK(!has_bias || (bias.scalar_type() == at::kFloat && bias.dim() == 1 && bias.size(0) == w.size(0) &&
+                              bias.is_contiguous()),
+                "gemv: bias must be a contiguous float32 (N,) tensor or empty, got ", bias.sizes());
+    const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+    auto y = torch::empty({M, N}, x.options());
+    const float* xp = x.data_ptr<float>();
+    const float* wp = w.data_ptr<float>();
+    const float* bp = has_bias ? bias.data_ptr<float>() : nullptr;
+    float* yp = y.data_ptr<float>();
+    for (int64_t m = 0; m < M; ++m) gemv_rows(xp + m * K, wp, bp, yp + m * N, K, 0, N);
+    return y;
+}
+
+bool uses_avx2() {
+#ifdef MINILLM_AVX2
+    return true;
+#else
+    return false;
+#endif
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.def("gemv", &gemv, "y = x W^T + b for a few rows of x (float32, CPU)");
+    m.def("uses_avx2", &uses_avx2, "whether this build took the AVX2 + FMA path");
+}
