@@ -11,13 +11,15 @@ What it reports:
     one graph for every token) and its first call's time (the compile);
   - on the CPU, chapter 04's generator on `fast_cpu_model(model)`: every batch-1 matrix-vector product through the
     C++ GEMV of `cpu_gemv` (same greedy tokens, checked);
-  - each mode's tok/s as a fraction of the bound.
+  - each mode's tok/s as a fraction of the bound;
+  - Hugging Face `generate(use_cache=True)` on the same weights against the eager generator and the fast path.
 Timings interleave the baseline and each candidate (`minillm.core.timing.compare`), medians of repeats.
 The command: `python -m minillm.compile.bench [--device cuda] [--threads N] [--quick] [--json FILE]`.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import torch
@@ -33,7 +35,13 @@ from minillm.compile.decode import StaticDecoder
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.core.timing import compare, measure
+from minillm.kvcache.bench import hf_comparison
 from minillm.kvcache.generate import generate_ids
+
+
+def hf_available() -> bool:
+    """Whether Hugging Face transformers (a dev extra) is installed, for the comparison with its generate."""
+    return importlib.util.find_spec("transformers") is not None
 
 
 @torch.inference_mode()
@@ -53,8 +61,8 @@ def weight_streaming_bound(model: GPT, repeats: int = 9, calls: int = 50) -> dic
     return {"step_seconds": step_s, "bytes": nbytes, "GBps": nbytes / step_s / 1e9, "tok_s_bound": 1 / step_s}
 
 
-def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, backend: str = "inductor"
-            ) -> dict[str, Any]:
+def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, backend: str = "inductor",
+            with_hf: bool = True) -> dict[str, Any]:
     device = model.device
     new = 32 if quick else 64
     repeats = 3 if quick else 5
@@ -85,8 +93,15 @@ def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, bac
                      "identical": same_tokens([want], [got]).equal == 1, "compiles": dec.compiles,
                      "first_call_seconds": first_call, "tok_s": tok_s, "eager_tok_s": new / cmp.baseline.median,
                      "speedup": cmp.speedup, "fraction_of_bound": tok_s / bound["tok_s_bound"]})
-    return {"device": str(device), "threads": torch.get_num_threads(), "new_tokens": new, "prompt_len": len(prompt),
-            "bound": bound, "rows": rows}
+    report = {"device": str(device), "threads": torch.get_num_threads(), "new_tokens": new,
+              "prompt_len": len(prompt), "bound": bound, "rows": rows}
+    if with_hf and hf_available():
+        # Hugging Face generate(use_cache=True) on the same weights, against the eager generator and against the fast
+        # path, each interleaved with HF in its own comparison (chapter 04's `hf_comparison`).
+        report["hf"] = {"eager": hf_comparison(model, prompt, new, repeats=repeats)}
+        if device.type == "cpu" and build_problem() is None:
+            report["hf"]["fast"] = hf_comparison(fast, prompt, new, repeats=repeats)
+    return report
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -102,6 +117,9 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(f"| {name} | {r['tok_s']:.0f} | {r['speedup']:.2f}x ({r['eager_tok_s']:.0f}) | "
                      f"{100 * r['fraction_of_bound']:.0f}% | {r['identical']} | {r['compiles']} | "
                      f"{r['first_call_seconds']:.2f} s |")
+    for name, h in report.get("hf", {}).items():
+        lines.append(f"HF generate(use_cache=True, {h['attn_implementation']}) {h['hf_tok_s']:.0f} tok/s vs ours "
+                     f"({name}) {h['ours_tok_s']:.0f}: {h['ratio']:.2f}x, identical tokens {h['identical']}")
     return "\n".join(lines)
 
 
