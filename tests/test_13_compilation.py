@@ -88,6 +88,7 @@ def test_weight_streaming_bound_counts_every_matrix_once():
     C, V, L = SMALL.n_embd, SMALL.vocab_size, SMALL.n_layer
     per_block = (3 * C * C + 3 * C) + (C * C + C) + (4 * C * C + 4 * C) + (4 * C * C + C)
     assert b["bytes"] == 4 * (L * per_block + V * C) and b["tok_s_bound"] > 0
+    assert b["step_seconds"] == min(b["seconds"].values()) and b["by"] in b["seconds"]
 
 
 @pytest.mark.skipif(not DYNAMO, reason="torch.compile (dynamo) is not supported on this Python/PyTorch")

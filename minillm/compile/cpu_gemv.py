@@ -30,7 +30,7 @@ from minillm.core.model import GPT
 from minillm.kernels.build import cache_dir
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "gemv_cpu.cpp"
-MAX_ROWS = 4  # up to this many rows of x take the C++ path (decode); more go to F.linear (prefill is a real GEMM)
+MAX_ROWS = 16  # up to this many rows of x take the C++ path (decode batches); more go to F.linear (prefill)
 
 _lock = threading.Lock()
 _ext: Any = None

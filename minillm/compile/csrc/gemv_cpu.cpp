@@ -1,8 +1,10 @@
-// A batch-1 linear layer for the CPU, y = x W^T + b, written for what decode does: a few rows of x against a
-// weight matrix that is read once from memory per call. One version, AVX2 + FMA when the compiler may use them:
-//   four output rows at a time, each with its own 8-wide accumulator: every step loads 8 floats of x once and
-//   8 floats of each of the 4 weight rows (4 memory streams in flight), and fuses the multiply and the add;
-//   a scalar loop finishes the K % 8 tail and the N % 4 last rows; the bias is added to the finished sums.
+// A decode-sized linear layer for the CPU, y = x W^T + b, written for what decode does: a few rows of x (one per
+// sequence in the batch) against a weight matrix that is read once from memory per call. One version, AVX2 + FMA
+// when the compiler may use them:
+//   four weight rows at a time, each dotted with every row of x before the next four are loaded (one pass over W
+//   whatever the batch); each dot product keeps an 8-wide accumulator: every step loads 8 floats of x and 8 of
+//   each of the 4 weight rows (4 memory streams in flight) and fuses the multiply and the add; a scalar loop
+//   finishes the K % 8 tail and the N % 4 last rows; the bias is added to the finished sums.
 // Why it exists: at batch 1, torch.nn.functional.linear goes through a general GEMM path whose fixed cost per
 // call is as large as the streaming itself for these small matrices (chapter 13 measures both in one run).
 // Reference twin: torch.nn.functional.linear (the tests compare every shape, with and without bias).
@@ -24,39 +26,49 @@ inline float hsum(__m256 v) {  // the 8 lanes' sum
 }
 #endif
 
-// One row of x (K) against rows [n0, n1) of W (N, K) into y; b may be null.
-void gemv_rows(const float* x, const float* w, const float* b, float* y, int64_t K, int64_t n0, int64_t n1) {
-    int64_t n = n0;
+// Rows of x (M, K) against W (N, K) into y (M, N); b may be null. The weight is walked once: for each block of 4
+// weight rows (4 K floats, at most 16 KB for K = 1024: they stay in L1), every row of x is multiplied by it before the
+// next block is loaded, so M rows cost one pass over the weights, not M.
+void small_gemm(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t K, int64_t N) {
+    int64_t n = 0;
 #ifdef MINILLM_AVX2
     const int64_t K8 = K - K % 8;
-    for (; n + 4 <= n1; n += 4) {
+    for (; n + 4 <= N; n += 4) {
         const float* r0 = w + n * K;
         const float* r1 = r0 + K;
         const float* r2 = r1 + K;
         const float* r3 = r2 + K;
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-        for (int64_t k = 0; k < K8; k += 8) {
-            const __m256 xv = _mm256_loadu_ps(x + k);
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(r0 + k), xv, a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(r1 + k), xv, a1);
-            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(r2 + k), xv, a2);
-            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(r3 + k), xv, a3);
+        for (int64_t m = 0; m < M; ++m) {
+            const float* xr = x + m * K;
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps();
+            __m256 a3 = _mm256_setzero_ps();
+            for (int64_t k = 0; k < K8; k += 8) {
+                const __m256 xv = _mm256_loadu_ps(xr + k);
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(r0 + k), xv, a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(r1 + k), xv, a1);
+                a2 = _mm256_fmadd_ps(_mm256_loadu_ps(r2 + k), xv, a2);
+                a3 = _mm256_fmadd_ps(_mm256_loadu_ps(r3 + k), xv, a3);
+            }
+            float s[4] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};
+            for (int64_t k = K8; k < K; ++k) {  // the tail that does not fill 8 lanes
+                s[0] += r0[k] * xr[k];
+                s[1] += r1[k] * xr[k];
+                s[2] += r2[k] * xr[k];
+                s[3] += r3[k] * xr[k];
+            }
+            float* yr = y + m * N;
+            for (int i = 0; i < 4; ++i) yr[n + i] = s[i] + (b ? b[n + i] : 0.f);
         }
-        float s[4] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};
-        for (int64_t k = K8; k < K; ++k) {  // the tail that does not fill 8 lanes
-            s[0] += r0[k] * x[k];
-            s[1] += r1[k] * x[k];
-            s[2] += r2[k] * x[k];
-            s[3] += r3[k] * x[k];
-        }
-        for (int i = 0; i < 4; ++i) y[n + i] = s[i] + (b ? b[n + i] : 0.f);
     }
 #endif
-    for (; n < n1; ++n) {  // the last N % 4 rows (every row without AVX2)
+    for (; n < N; ++n) {  // the last N % 4 weight rows (every row without AVX2)
         const float* r = w + n * K;
-        float s = 0.f;
-        for (int64_t k = 0; k < K; ++k) s += r[k] * x[k];
-        y[n] = s + (b ? b[n] : 0.f);
+        for (int64_t m = 0; m < M; ++m) {
+            const float* xr = x + m * K;
+            float s = 0.f;
+            for (int64_t k = 0; k < K; ++k) s += r[k] * xr[k];
+            y[m * N + n] = s + (b ? b[n] : 0.f);
+        }
     }
 }
 
@@ -77,7 +89,7 @@ torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& w, const torch::
     const float* wp = w.data_ptr<float>();
     const float* bp = has_bias ? bias.data_ptr<float>() : nullptr;
     float* yp = y.data_ptr<float>();
-    for (int64_t m = 0; m < M; ++m) gemv_rows(xp + m * K, wp, bp, yp + m * N, K, 0, N);
+    small_gemm(xp, wp, bp, yp, M, K, N);
     return y;
 }
 

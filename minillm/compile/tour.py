@@ -1,0 +1,79 @@
+"""Tour entry for chapter 13: the decode step compiled, captured and rewritten, against eager PyTorch.
+
+Checks: every path gives the eager generator's greedy tokens (and the engine's outputs equal static batching's and
+Hugging Face's). Measured: `torch.compile decode, batch 1` (speed-up over eager, whatever it is),
+`fastest decode, batch 1` (the fastest path's tok/s as a fraction of the weight-streaming bound measured in the same
+run), `fastest decode vs HF, batch 1` (tok/s ratio to `generate(use_cache=True)`), `fastest continuous vs static`
+and `fastest continuous vs HF` (tok/CPU-s ratios of chapter 06's engine on the fastest path), and on CUDA
+`CUDA graph decode, batch 1` (speed-up).
+"""
+
+from __future__ import annotations
+
+from minillm.bench.models import load_model
+from minillm.bench.workload import workload
+from minillm.compile.bench import run_all
+from minillm.compile.cpu_gemv import build_problem, fast_cpu_model
+from minillm.core.rows import Row, TourContext
+from minillm.engine.bench import offline_throughput
+
+TITLE = "compilation and graphs"
+
+
+def run(ctx: TourContext) -> list[Row]:
+    loaded = load_model("base", ctx.device, ctx.seed)
+    model, label, dev = loaded.model, loaded.label, str(ctx.device)
+    r = run_all(model, loaded.trained, quick=True, seed=ctx.seed)
+    by_mode = {row["mode"]: row for row in r["rows"]}
+    rows = []
+    c = by_mode["compile"]
+    rows.append(Row("13", "torch.compile decode, batch 1", "eager generate_ids (ch04)",
+                    f"static-shape step, torch.compile ({c['backend']})",
+                    f"identical greedy tokens: {c['identical']}; {c['compiles']} graph(s) for the whole generation; "
+                    f"first call {c['first_call_seconds']:.1f} s (compile, or the cache); {c['tok_s']:.0f} vs "
+                    f"{c['eager_tok_s']:.0f} tok/s, {label}", c["identical"] and c["compiles"] == 1, "speed-up",
+                    c["speedup"], "x", dev, details={"model": label, **c}))
+    if "cuda-graph" in by_mode:
+        g = by_mode["cuda-graph"]
+        rows.append(Row("13", "CUDA graph decode, batch 1", "eager generate_ids (ch04)", "captured static step",
+                        f"identical greedy tokens: {g['identical']}; captured {g['compiles']} time(s); {g['tok_s']:.0f} "
+                        f"vs {g['eager_tok_s']:.0f} tok/s, {label}", g["identical"] and g["compiles"] == 1,
+                        "speed-up", g["speedup"], "x", dev, details={"model": label, **g}))
+    fastest = max(r["rows"], key=lambda row: row["tok_s"])
+    b = r["bound"]
+    rows.append(Row("13", "fastest decode, batch 1", f"weight-streaming bound ({b['tok_s_bound']:.0f} tok/s: "
+                    f"{b['bytes'] / 1e6:.1f} MB through {b['by']} in {1e3 * b['step_seconds']:.2f} ms)", fastest["mode"],
+                    f"identical greedy tokens: {fastest['identical']}; {fastest['tok_s']:.0f} tok/s, "
+                    f"{fastest['speedup']:.2f}x eager; {label}", fastest["identical"],
+                    "fraction of weight-streaming bound", 100 * fastest["fraction_of_bound"], "%", dev,
+                    details={"model": label, "bound": b, **fastest}))
+    hf = r.get("hf", {})
+    if "fast" in hf:
+        h, e = hf["fast"], hf["eager"]
+        rows.append(Row("13", "fastest decode vs HF, batch 1", "HF generate(use_cache=True, sdpa), same weights",
+                        "ch04 generate on fast_cpu_model (C++ GEMV)",
+                        f"identical tokens: {h['identical']}; {h['ours_tok_s']:.0f} vs {h['hf_tok_s']:.0f} tok/s "
+                        f"(eager ours in the same run: {e['ratio']:.2f}x HF); target 1.5x, {label}", h["identical"],
+                        "tok/s ratio", h["ratio"], "x", dev, details={"model": label, **hf}))
+    if ctx.device.type == "cpu" and build_problem() is None:
+        fast = fast_cpu_model(model)
+        n, batch = 8, 8
+        off = offline_throughput(fast, workload("mixed", n, seed=ctx.seed, vocab_size=model.config.vocab_size),
+                                 batch=batch, with_hf=True)
+        runs = off["runs"]
+        eng, st = runs["continuous"], runs["static"]
+        rows.append(Row("13", "fastest continuous vs static", "static batching on the fast path",
+                        "LLM on fast_cpu_model", f"identical outputs {st['agree_with_engine']}/{n}; "
+                        f"{eng['tokens_per_cpu_s']:.0f} vs {st['tokens_per_cpu_s']:.0f} tok/CPU-s; target 2x",
+                        st["agree_with_engine"] == n, "tok/CPU-s ratio",
+                        eng["tokens_per_cpu_s"] / st["tokens_per_cpu_s"], "x", dev, details={"model": label, **off}))
+        hf_names = [k for k in ("hf-generate", "hf-generate_batch") if k in runs]
+        if hf_names:
+            best = max(hf_names, key=lambda k: runs[k]["tokens_per_cpu_s"])
+            rows.append(Row("13", "fastest continuous vs HF", f"best of HF ({best}), same weights",
+                            "LLM on fast_cpu_model",
+                            "identical outputs " + " ".join(f"{k} {runs[k]['agree_with_engine']}/{n}" for k in hf_names)
+                            + "; target 1.5x", all(runs[k]["agree_with_engine"] == n for k in hf_names),
+                            "tok/CPU-s ratio", eng["tokens_per_cpu_s"] / runs[best]["tokens_per_cpu_s"], "x", dev,
+                            details={"model": label, **{k: runs[k] for k in hf_names}}))
+    return rows
