@@ -123,7 +123,7 @@ def format_table(report: dict[str, Any]) -> str:
              "| first call (compile) |", "|---|---:|---:|---:|---:|---:|---:|"]
     for r in report["rows"]:
         name = f"{r['mode']} ({r['backend']})" if r["backend"] else r["mode"]
-        name = f"static-shape, {name}" if r["static"] else f"{name}, chapter 04's cache"
+        name = f"static-shape, {name}" if r["static"] else f"{name}, growing cache"
         lines.append(f"| {name} | {r['tok_s']:.0f} | {r['speedup']:.2f}x ({r['eager_tok_s']:.0f}) | "
                      f"{100 * r['fraction_of_bound']:.0f}% | {r['identical']} | {r['compiles']} | "
                      f"{r['first_call_seconds']:.2f} s |")

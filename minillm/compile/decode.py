@@ -4,7 +4,7 @@ What it adds: `StaticDecoder(model, mode)`, a decode step that chapter 04's `gen
 
     mode "eager"        the step as written, over a static-shape cache (every tensor's shape fixed by max_len)
     mode "compile"      torch.compile(step, fullgraph=True, dynamic=False): one graph for every token, built by the
-                        backend (inductor: generated C++ on the CPU, Triton-free CUDA code paths are not used here)
+                        backend (inductor by default: generated C++ for the CPU)
     mode "cuda-graph"   the eager step captured once as a CUDA graph and replayed per token: one launch instead of
                         the step's hundred-odd kernel launches
 
