@@ -310,7 +310,8 @@ def test_prune_mlp_equals_the_dense_model_with_those_neurons_silenced(fraction):
     k = hidden - round(fraction * hidden)
     assert mlp_widths(pruned) == [k] * SMALL["n_layer"] and mlp_widths(model) == [hidden] * SMALL["n_layer"]
     for block in pruned.transformer.h:
-        assert block.mlp.c_fc.weight.shape == (k, SMALL["n_embd"]) and block.mlp.c_proj.weight.shape == (SMALL["n_embd"], k)
+        assert block.mlp.c_fc.weight.shape == (k, SMALL["n_embd"])
+        assert block.mlp.c_proj.weight.shape == (SMALL["n_embd"], k)
     silenced = copy.deepcopy(model)
     for block, s in zip(silenced.transformer.h, scores):
         drop = torch.topk(s, hidden - k, largest=False).indices

@@ -16,6 +16,7 @@ from minillm.compile.bench import run_all
 from minillm.compile.cpu_gemv import build_problem, fast_cpu_model
 from minillm.core.rows import Row, TourContext
 from minillm.engine.bench import offline_throughput
+from minillm.engine.tour import throughput_rows
 
 TITLE = "compilation and graphs"
 
@@ -36,13 +37,14 @@ def run(ctx: TourContext) -> list[Row]:
     if "cuda-graph" in by_mode:
         g = by_mode["cuda-graph"]
         rows.append(Row("13", "CUDA graph decode, batch 1", "eager generate_ids (ch04)", "captured static step",
-                        f"identical greedy tokens: {g['identical']}; captured {g['compiles']} time(s); {g['tok_s']:.0f} "
-                        f"vs {g['eager_tok_s']:.0f} tok/s, {label}", g["identical"] and g["compiles"] == 1,
-                        "speed-up", g["speedup"], "x", dev, details={"model": label, **g}))
+                        f"identical greedy tokens: {g['identical']}; captured {g['compiles']} time(s); "
+                        f"{g['tok_s']:.0f} vs {g['eager_tok_s']:.0f} tok/s, {label}",
+                        g["identical"] and g["compiles"] == 1, "speed-up", g["speedup"], "x", dev, details={"model": label, **g}))
     fastest = max(r["rows"], key=lambda row: row["tok_s"])
     b = r["bound"]
-    rows.append(Row("13", "fastest decode, batch 1", f"weight-streaming bound ({b['tok_s_bound']:.0f} tok/s: "
-                    f"{b['bytes'] / 1e6:.1f} MB through {b['by']} in {1e3 * b['step_seconds']:.2f} ms)", fastest["mode"],
+    bound = (f"weight-streaming bound ({b['tok_s_bound']:.0f} tok/s: {b['bytes'] / 1e6:.1f} MB through {b['by']} in "
+             f"{1e3 * b['step_seconds']:.2f} ms)")
+    rows.append(Row("13", "fastest decode, batch 1", bound, fastest["mode"],
                     f"identical greedy tokens: {fastest['identical']}; {fastest['tok_s']:.0f} tok/s, "
                     f"{fastest['speedup']:.2f}x eager; {label}", fastest["identical"],
                     "fraction of weight-streaming bound", 100 * fastest["fraction_of_bound"], "%", dev,
@@ -60,20 +62,8 @@ def run(ctx: TourContext) -> list[Row]:
         n, batch = 8, 8
         off = offline_throughput(fast, workload("mixed", n, seed=ctx.seed, vocab_size=model.config.vocab_size),
                                  batch=batch, with_hf=True)
-        runs = off["runs"]
-        eng, st = runs["continuous"], runs["static"]
-        rows.append(Row("13", "fastest continuous vs static", "static batching on the fast path",
-                        "LLM on fast_cpu_model", f"identical outputs {st['agree_with_engine']}/{n}; "
-                        f"{eng['tokens_per_cpu_s']:.0f} vs {st['tokens_per_cpu_s']:.0f} tok/CPU-s; target 2x",
-                        st["agree_with_engine"] == n, "tok/CPU-s ratio",
-                        eng["tokens_per_cpu_s"] / st["tokens_per_cpu_s"], "x", dev, details={"model": label, **off}))
-        hf_names = [k for k in ("hf-generate", "hf-generate_batch") if k in runs]
-        if hf_names:
-            best = max(hf_names, key=lambda k: runs[k]["tokens_per_cpu_s"])
-            rows.append(Row("13", "fastest continuous vs HF", f"best of HF ({best}), same weights",
-                            "LLM on fast_cpu_model",
-                            "identical outputs " + " ".join(f"{k} {runs[k]['agree_with_engine']}/{n}" for k in hf_names)
-                            + "; target 1.5x", all(runs[k]["agree_with_engine"] == n for k in hf_names),
-                            "tok/CPU-s ratio", eng["tokens_per_cpu_s"] / runs[best]["tokens_per_cpu_s"], "x", dev,
-                            details={"model": label, **{k: runs[k] for k in hf_names}}))
+        rows += throughput_rows("13", off, label, dev,
+                                ("fastest continuous vs static", "static batching on the fast path"),
+                                "fastest continuous vs HF", "LLM on fast_cpu_model",
+                                note="; target 2x vs static, 1.5x vs HF")
     return rows

@@ -12,6 +12,31 @@ from minillm.engine.bench import agreement, chunked_prefill_itl, offline_through
 TITLE = "Continuous batching"
 
 
+def throughput_rows(chapter: str, off: dict, label: str, dev: str, static: tuple[str, str], hf_technique: str,
+                    optimized: str, note: str = "") -> list[Row]:
+    """The engine against static batching and against the best of HF's batched paths, from `offline_throughput`:
+    tok/CPU-s ratios (wall clock on a shared machine measures the neighbours' load as much as the code), checked by
+    identical outputs. `static` is (technique, baseline) of the first row; `note` ends each check (a target)."""
+    n, runs = off["n"], off["runs"]
+    eng, st = runs["continuous"], runs["static"]
+    rows = [Row(chapter, static[0], static[1], optimized,
+                f"identical outputs {st['agree_with_engine']}/{n}; {eng['tokens_per_cpu_s']:.0f} vs "
+                f"{st['tokens_per_cpu_s']:.0f} tok/CPU-s (wall {eng['tokens_per_s']:.0f} vs {st['tokens_per_s']:.0f})"
+                + note, st["agree_with_engine"] == n, "tok/CPU-s ratio",
+                eng["tokens_per_cpu_s"] / st["tokens_per_cpu_s"], "x", dev, details={"model": label, **off})]
+    hf_names = [k for k in ("hf-generate", "hf-generate_batch") if k in runs]
+    if hf_names:
+        best = max(hf_names, key=lambda k: runs[k]["tokens_per_cpu_s"])
+        agree = " ".join(f"{k} {runs[k]['agree_with_engine']}/{n}" for k in hf_names)
+        hf_note = f"; {off['hf_note']}" if off["hf_note"] else ""
+        rows.append(Row(chapter, hf_technique, f"best of HF {' / '.join(hf_names)} ({best})", optimized,
+                        f"identical outputs {agree}{hf_note}{note}",
+                        all(runs[k]["agree_with_engine"] == n for k in hf_names), "tok/CPU-s ratio",
+                        eng["tokens_per_cpu_s"] / runs[best]["tokens_per_cpu_s"], "x", dev,
+                        details={"model": label, **{k: runs[k] for k in hf_names}}))
+    return rows
+
+
 def run(ctx: TourContext) -> list[Row]:
     loaded = load_model("base", ctx.device, ctx.seed)
     model, label, dev = loaded.model, loaded.label, str(ctx.device)
@@ -27,26 +52,11 @@ def run(ctx: TourContext) -> list[Row]:
     n, batch = (8, 4) if ctx.quick else (48, 8)
     off = offline_throughput(model, workload("mixed", n, seed=ctx.seed, vocab_size=model.config.vocab_size),
                              batch=batch, with_hf=True)
-    runs = off["runs"]
-    eng, st = runs["continuous"], runs["static"]
-    rows.append(Row("06", f"continuous vs static batching, {n} mixed-length requests, batch {batch}",
-                    "static batching (ch04 generate_static_batch)", "LLM (iteration-level scheduling)",
-                    f"identical outputs {st['agree_with_engine']}/{n}; {eng['tokens_per_cpu_s']:.0f} vs "
-                    f"{st['tokens_per_cpu_s']:.0f} tok/CPU-s (wall {eng['tokens_per_s']:.0f} vs {st['tokens_per_s']:.0f})",
-                    st["agree_with_engine"] == n, "tok/CPU-s ratio",
-                    eng["tokens_per_cpu_s"] / st["tokens_per_cpu_s"], "x", dev, details={"model": label, **off}))
-    hf_names = [k for k in ("hf-generate", "hf-generate_batch") if k in runs]
-    if hf_names:
-        # Per CPU-second: wall clock on a shared machine measures the neighbours' load as much as the code.
-        best = max(hf_names, key=lambda k: runs[k]["tokens_per_cpu_s"])
-        agree = " ".join(f"{k} {runs[k]['agree_with_engine']}/{n}" for k in hf_names)
-        note = f"; {off['hf_note']}" if off["hf_note"] else ""
-        rows.append(Row("06", f"continuous batching vs Hugging Face, same weights, batch {batch}",
-                        f"best of HF {' / '.join(hf_names)} ({best})", "LLM (iteration-level scheduling)",
-                        f"identical outputs {agree}{note}",
-                        all(runs[k]["agree_with_engine"] == n for k in hf_names), "tok/CPU-s ratio",
-                        eng["tokens_per_cpu_s"] / runs[best]["tokens_per_cpu_s"], "x", dev,
-                        details={"model": label, **{k: runs[k] for k in hf_names}}))
+    rows += throughput_rows("06", off, label, dev,
+                            (f"continuous vs static batching, {n} mixed-length requests, batch {batch}",
+                             "static batching (ch04 generate_static_batch)"),
+                            f"continuous batching vs Hugging Face, same weights, batch {batch}",
+                            "LLM (iteration-level scheduling)")
     c = chunked_prefill_itl(model, num_decodes=4 if ctx.quick else 16, chunk=16, repeats=1 if ctx.quick else 2,
                             long_len=64 if ctx.quick else None)
     rows.append(Row("06", f"chunked prefill, {c['long_len']}-token prompt among {c['num_decodes']} decodes",

@@ -3,9 +3,10 @@
 Where `naive` computes each result the obvious way, a mirror computes it the way its kernel does: softmax in one
 pass with a running (max, sum) over tiles and merged partial states (softmax.cu v4); layernorm from 32 lane-strided
 partial sums combined as the warp shuffles combine them (layernorm.cu v3); FlashAttention's query/key tiles with the
-running max, sum and rescaled output (attention.cu v2, one `attend_tile` per key tile); decode attention walking a block table block by block
-(paged_attention.cu); int8 GEMV from lane partial sums with the scale applied after the sum (int8_gemv.cu v2); and
-the KV write as a loop over slots (kv_write.cu). All math is fp32; results are rounded to the input dtype once.
+running max, sum and rescaled output (attention.cu v2, one `attend_tile` per key tile); decode attention walking a
+block table block by block (paged_attention.cu), and `paged_gather`, the address of each token in the pool; int8
+GEMV from lane partial sums with the scale applied after the sum (int8_gemv.cu v2); and the KV write as a loop over
+slots (kv_write.cu). All math is fp32; results are rounded to the input dtype once.
 What it leaves out: threads and memory: a mirror shows the arithmetic order, not the parallel schedule.
 """
 

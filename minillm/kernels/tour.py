@@ -43,7 +43,8 @@ def cases(g: torch.Generator) -> list[tuple[str, str, Callable, Callable, tuple]
     for R, C in ((7, 1000), (33, 130)):
         out.append(("softmax", f"({R}, {C})", lambda x: mirror.softmax_online(x, 8, 4), naive.softmax,
                     (rnd(R, C, scale=4),)))
-        out.append(("layernorm", f"({R}, {C})", mirror.layernorm_warp, naive.layernorm, (rnd(R, C) + 3, rnd(C), rnd(C))))
+        out.append(("layernorm", f"({R}, {C})", mirror.layernorm_warp, naive.layernorm,
+                    (rnd(R, C) + 3, rnd(C), rnd(C))))
         out.append(("bias_gelu", f"({R}, {C})", mirror.bias_gelu, naive.bias_gelu, (rnd(R, C), rnd(C))))
     for shape in ((2, 3, 37, 24), (1, 2, 130, 64)):
         out.append(("attention", str(shape), lambda q, k, v: mirror.flash_attention(q, k, v, 16, 16), naive.attention,

@@ -277,9 +277,9 @@ def format_table(report: dict[str, Any]) -> str:
                      f"| {r['identical_prompts']}/{n} | {r['engine_same_as_generate']}/{n} | {r['tok_s']:.0f} vs "
                      f"{r['dense_tok_s']:.0f} ({r['speedup']:.2f}x) |")
     for r in report["two_four"]:
-        lines.append(f"2:4 {r['method']}: pattern verified {r['pattern_ok']}; 2:4 format {r['two_four_bytes_fp32'] / 1e6:.2f}"
-                     f" MB vs {r['dense_bytes_fp32'] / 1e6:.2f} MB dense fp32 (in fp16: {r['fp16_ratio']:.2f}x "
-                     "smaller)")
+        lines.append(f"2:4 {r['method']}: pattern verified {r['pattern_ok']}; 2:4 format "
+                     f"{r['two_four_bytes_fp32'] / 1e6:.2f} MB vs {r['dense_bytes_fp32'] / 1e6:.2f} MB dense fp32 "
+                     f"(in fp16: {r['fp16_ratio']:.2f}x smaller)")
     for key, label in (("base_side", "base"), ("planted_outliers", "base + planted outlier features (the same "
                                                                   "function)"), ("draft", "draft")):
         if key in report:
@@ -289,7 +289,8 @@ def format_table(report: dict[str, Any]) -> str:
     t = report["torch_prune"]
     lines.append(f"magnitude masks equal to torch.nn.utils.prune.l1_unstructured's: {t['same']}/{t['layers']} layers")
     lines += ["", "| structured MLP | widths | params (x dense) | ppl before recovery | after | delta | agreement "
-              "| identical | decode tok/s vs dense | prefill 256 |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "| identical | decode tok/s vs dense | prefill 256 |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in report["structured"]:
         lines.append(f"| {100 * r['fraction']:.0f}% of neurons | {r['mlp_hidden'][0]} x {len(r['mlp_hidden'])} | "
                      f"{r['params'] / 1e6:.2f} M ({r['params'] / r['dense_params']:.3f}) | "
@@ -306,7 +307,8 @@ def format_table(report: dict[str, Any]) -> str:
                           f"({r['ppl_delta_pct']:+.2f}%)" for r in report["heads"]["masked"])
         lines.append(f"attention heads masked by importance: {cells}")
         r = report["heads"]["removed"]
-        lines.append(f"2 of 8 heads per block removed ({r['n_head']} left): ppl {r['before_recovery']['perplexity']:.3f} "
+        lines.append(f"2 of 8 heads per block removed ({r['n_head']} left): ppl "
+                     f"{r['before_recovery']['perplexity']:.3f} "
                      f"({r['before_recovery']['ppl_delta_pct']:+.2f}%) -> {r['perplexity']:.3f} "
                      f"({r['ppl_delta_pct']:+.2f}%) after {r['recovery_steps']} recovery steps; params "
                      f"{r['params'] / r['dense_params']:.3f} of dense; KV cache {r['kv_bytes_per_token']:,} B/token vs "

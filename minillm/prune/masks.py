@@ -13,8 +13,9 @@ feature that is almost always zero. Magnitude pruning sees only |W|.
 
 The masks are exact and deterministic: for a sparsity s, a matrix (or row) of n weights loses round(s · n) of them,
 the smallest scores first (ties broken by `torch.topk`, the same rule `torch.nn.utils.prune` uses, so the magnitude
-mask equals `prune.l1_unstructured`'s). What it leaves out: applying the masks to a model (`minillm.prune.unstructured`),
-updating the kept weights to compensate (SparseGPT), and gradual pruning during training.
+mask equals `prune.l1_unstructured`'s). What it leaves out: applying the masks to a model
+(`minillm.prune.unstructured`), updating the kept weights to compensate (SparseGPT), and gradual pruning during
+training.
 """
 
 from __future__ import annotations
