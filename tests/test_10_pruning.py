@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from helpers import assert_every_generator_agrees, context_model
 from minillm import GPTConfig
 from minillm.core.checkpoint import save_checkpoint
-from minillm.prune.bench import block_bytes, num_params, run_all, torch_prune_agreement
+from minillm.prune.bench import block_bytes, run_all, torch_prune_agreement
 from minillm.prune.checkpoint import describe, load_pruned, save_pruned
 from minillm.prune.masks import (
     is_nm_sparse,
@@ -320,7 +320,7 @@ def test_prune_mlp_equals_the_dense_model_with_those_neurons_silenced(fraction):
     idx = cal[:2]
     with torch.no_grad():
         torch.testing.assert_close(pruned(idx), silenced(idx), rtol=1e-4, atol=1e-4)
-    assert num_params(pruned) == num_params(model) - SMALL["n_layer"] * (hidden - k) * (2 * SMALL["n_embd"] + 1)
+    assert pruned.num_params() == model.num_params() - SMALL["n_layer"] * (hidden - k) * (2 * SMALL["n_embd"] + 1)
     assert block_bytes(pruned, "dense") < block_bytes(model, "dense")
 
 

@@ -70,9 +70,7 @@ def load_gemv(verbose: bool = False):
 
 def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """x (M, K) @ w (N, K)^T + b (N,) -> (M, N), float32 CPU tensors, through the C++ loop."""
-    for name, t in (("x", x), ("w", w), ("b", b)):
-        if t is None and name == "b":
-            continue
+    for name, t in (("x", x), ("w", w)) + ((("b", b),) if b is not None else ()):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device.type != "cpu":
             raise TypeError(f"{name} must be a float32 CPU tensor, got "
                             f"{getattr(t, 'dtype', type(t).__name__)} on {getattr(t, 'device', '-')}")

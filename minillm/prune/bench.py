@@ -53,7 +53,7 @@ from minillm.prune.structured import (
     prune_mlp,
     recover,
 )
-from minillm.prune.unstructured import block_linears, prune_model, weight_sparsity
+from minillm.prune.unstructured import block_linears, block_weights, prune_model, weight_sparsity
 from minillm.quant.bench import engine_tokens, teacher_forced_agreement
 from minillm.quant.gptq import calibration_windows
 from minillm.quant.outliers import inject_outliers
@@ -67,16 +67,8 @@ RECOVERY_LR = 1e-4  # AdamW, constant, KL to the dense model; 40 steps of 4 x 25
 
 def block_bytes(model: nn.Module, fmt: str) -> int:
     """Bytes of the block linears' weights in storage format `fmt` (fp32 values), biases included (dense)."""
-    total = 0
-    for block in model.transformer.h:
-        for _, lin in block_linears(block):
-            total += stored_bytes(lin.weight, fmt) + (lin.bias.nbytes if lin.bias is not None else 0)
-    return total
-
-
-def num_params(model: nn.Module) -> int:
-    """Parameters, the tied embedding/head counted once."""
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    linears = [lin for block in model.transformer.h for _, lin in block_linears(block)]
+    return sum(stored_bytes(lin.weight, fmt) + (lin.bias.nbytes if lin.bias is not None else 0) for lin in linears)
 
 
 def torch_prune_agreement(model: GPT, sparsity: float = 0.5) -> dict[str, int]:
@@ -151,7 +143,7 @@ def two_four_rows(h: Harness, calibration: torch.Tensor) -> list[dict]:
     rows = []
     for method in ("magnitude", "wanda"):
         pruned = prune_model(h.model, method, calibration=calibration, pattern="2:4")
-        weights = [lin.weight for b in pruned.transformer.h for _, lin in block_linears(b)]
+        weights = block_weights(pruned)
         fp16 = sum(stored_bytes(w, "2:4", element_bytes=2) for w in weights)
         fp16_dense = sum(w.numel() * 2 for w in weights)
         rows.append({"method": method, "pattern_ok": all(is_nm_sparse(w, 2, 4) for w in weights),
@@ -178,7 +170,7 @@ def structured_rows(h: Harness, calibration: torch.Tensor, fractions: tuple[floa
         before = h.quality(pruned)
         recovered, losses = recover(pruned, h.model, steps, lr=RECOVERY_LR)
         rows.append({"fraction": f, "mlp_hidden": mlp_widths(pruned),
-                     "params": num_params(recovered), "dense_params": num_params(h.model),
+                     "params": recovered.num_params(), "dense_params": h.model.num_params(),
                      "block_bytes": block_bytes(recovered, "dense"), "dense_block_bytes": block_bytes(h.model, "dense"),
                      "before_recovery": before, **h.quality(recovered), "recovery_steps": steps,
                      "recovery_loss": [losses[0], losses[-1]] if losses else [],
@@ -195,8 +187,8 @@ def head_rows(h: Harness, calibration: torch.Tensor, steps: int) -> dict[str, An
     recovered, _ = recover(pruned, h.model, steps, lr=RECOVERY_LR)
     cfg = h.model.config
     removed = {"heads_per_block": 2, "n_head": recovered.config.n_head, "before_recovery": before,
-               **h.quality(recovered), "recovery_steps": steps, "params": num_params(recovered),
-               "dense_params": num_params(h.model),
+               **h.quality(recovered), "recovery_steps": steps, "params": recovered.num_params(),
+               "dense_params": h.model.num_params(),
                "kv_bytes_per_token": 2 * cfg.n_layer * recovered.config.attn_dim * 4,
                "dense_kv_bytes_per_token": 2 * cfg.n_layer * cfg.attn_dim * 4,
                **h.agreement(recovered), **h.speed(recovered)}
@@ -233,7 +225,7 @@ def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, dra
     report: dict[str, Any] = {
         "threads": torch.get_num_threads(), "val_tokens": h.val.numel(), "prompts": h.num_prompts,
         "prompt_len": h.prompt_len, "new_tokens": h.greedy.max_new_tokens, "calibration": list(calibration.shape),
-        "dense": {"perplexity": h.dense_ppl, "params": num_params(model), "block_bytes": block_bytes(model, "dense")},
+        "dense": {"perplexity": h.dense_ppl, "params": model.num_params(), "block_bytes": block_bytes(model, "dense")},
     }
     report["unstructured"] = unstructured_rows(h, calibration, (0.5,) if quick else SPARSITIES)
     report["two_four"] = two_four_rows(h, calibration)

@@ -33,15 +33,11 @@ from minillm.core.model import GPT
 from minillm.core.weights import load_state_dict_strict, model_tensors
 from minillm.prune.masks import is_nm_sparse
 from minillm.prune.structured import mlp_widths, shrink_mlp
-from minillm.prune.unstructured import weight_sparsity
+from minillm.prune.unstructured import block_weights, weight_sparsity
 
 FORMAT = "minillm-pruned"
 FORMAT_VERSION = "1"
 PATTERNS = ("dense", "unstructured", "2:4")
-
-
-def _block_weights(model: GPT) -> list[torch.Tensor]:
-    return [m.weight for m in model.transformer.h.modules() if isinstance(m, torch.nn.Linear)]
 
 
 def save_pruned(model: GPT, path: str | os.PathLike, method: str, pattern: str = "unstructured") -> Path:
@@ -56,7 +52,7 @@ def save_pruned(model: GPT, path: str | os.PathLike, method: str, pattern: str =
         raise TypeError(f"method must be a non-empty str, got {method!r}")
     if pattern not in PATTERNS:
         raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
-    if pattern == "2:4" and not all(is_nm_sparse(w, 2, 4) for w in _block_weights(model)):
+    if pattern == "2:4" and not all(is_nm_sparse(w, 2, 4) for w in block_weights(model)):
         raise ValueError("pattern '2:4' but some block linear has more than 2 nonzeros in a group of 4")
     metadata = {"format": FORMAT, "format_version": FORMAT_VERSION,
                 "gpt_config": json.dumps(model.config.to_dict(), sort_keys=True),
@@ -95,7 +91,7 @@ def load_pruned(path: str | os.PathLike, device: str | torch.device = "cpu") -> 
     skeleton = GPT(config)  # random weights, all overwritten below
     model = shrink_mlp(skeleton, [torch.arange(w) for w in widths])
     load_state_dict_strict(model, tensors, source=where)
-    if meta["pattern"] == "2:4" and not all(is_nm_sparse(w, 2, 4) for w in _block_weights(model)):
+    if meta["pattern"] == "2:4" and not all(is_nm_sparse(w, 2, 4) for w in block_weights(model)):
         raise ValueError(f"{where}: metadata says 2:4 but the weights break the pattern")
     got = weight_sparsity(model)["blocks"]
     if f"{got:.4f}" != meta["block_sparsity"]:

@@ -35,31 +35,13 @@ import torch.nn as nn
 from minillm.core.model import GPT
 from minillm.gpt.finetune import short_finetune
 from minillm.prune.masks import check_sparsity, lowest_k_mask
-from minillm.prune.unstructured import input_norms
+from minillm.prune.unstructured import block_inputs, check_calibration, input_norms
 
 
 def _check_model(model: object, who: str) -> GPT:
     if not isinstance(model, GPT):
         raise TypeError(f"{who} needs a minillm GPT, got {type(model).__name__}")
     return model
-
-
-def _check_calibration(model: GPT, calibration: object) -> torch.Tensor:
-    if not isinstance(calibration, torch.Tensor) or calibration.dim() != 2 or calibration.dtype != torch.int64:
-        raise TypeError("calibration must be an int64 tensor of token ids shaped (N, T)")
-    if calibration.size(1) > model.config.block_size:
-        raise ValueError(f"calibration windows of {calibration.size(1)} tokens exceed block_size "
-                         f"{model.config.block_size}")
-    return calibration.to(model.device)
-
-
-def _block_inputs(model: GPT, calibration: torch.Tensor):
-    """Yield (block, x) with x (N, T, C) the calibration activations entering each block of the dense model."""
-    positions = torch.arange(calibration.size(1), device=calibration.device)
-    x = model.transformer.wte(calibration) + model.transformer.wpe(positions)  # (N, T, C)
-    for block in model.transformer.h:
-        yield block, x
-        x = block(x)
 
 
 def mlp_widths(model: GPT) -> list[int]:
@@ -71,9 +53,9 @@ def mlp_widths(model: GPT) -> list[int]:
 def mlp_neuron_scores(model: GPT, calibration: torch.Tensor) -> list[torch.Tensor]:
     """Per block, (hidden,) scores s_j = ‖h_j‖₂ · ‖W_proj[:, j]‖₂ over the calibration ids (N, T)."""
     _check_model(model, "mlp_neuron_scores")
-    idx = _check_calibration(model, calibration)
+    idx = check_calibration(model, calibration)
     scores = []
-    for block, x in _block_inputs(model.eval(), idx):
+    for block, x in block_inputs(model.eval(), idx):
         h_norm = input_norms(block, x)["mlp.c_proj"]  # (hidden,): the norm of each neuron's activation
         scores.append(h_norm * block.mlp.c_proj.weight.norm(dim=0))  # (hidden,)
     return scores
@@ -131,10 +113,10 @@ def recover(pruned: GPT, teacher: GPT, steps: int, batch_size: int = 4, lr: floa
 def head_scores(model: GPT, calibration: torch.Tensor) -> torch.Tensor:
     """(n_layer, n_head): ‖y_h W_proj,hᵀ‖_F, the norm of each head's contribution to the stream over the ids."""
     _check_model(model, "head_scores")
-    idx = _check_calibration(model, calibration)
+    idx = check_calibration(model, calibration)
     nh, hs = model.config.n_head, model.config.head_size
     out = []
-    for block, x in _block_inputs(model.eval(), idx):
+    for block, x in block_inputs(model.eval(), idx):
         seen: list[torch.Tensor] = []
         handle = block.attn.c_proj.register_forward_pre_hook(lambda _m, inp: seen.append(inp[0]))
         try:

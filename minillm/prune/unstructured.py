@@ -72,6 +72,33 @@ def layer_mask(weight: torch.Tensor, method: str, sparsity: float, pattern: str,
     return per_row_mask(scores, sparsity)  # Wanda compares within each output row
 
 
+def block_weights(model: nn.Module) -> list[torch.Tensor]:
+    """The weights of every block linear, block by block (the tensors themselves, not copies)."""
+    return [lin.weight for block in model.transformer.h for _, lin in block_linears(block)]
+
+
+def check_calibration(model: GPT, calibration: object, who: str = "calibration") -> torch.Tensor:
+    """Calibration ids (N, T) on the model's device; TypeError/ValueError naming what is wrong."""
+    if not isinstance(calibration, torch.Tensor) or calibration.dim() != 2 or calibration.dtype != torch.int64:
+        raise TypeError(f"{who} needs calibration token ids: an int64 tensor shaped (N, T)")
+    if calibration.size(1) > model.config.block_size:
+        raise ValueError(f"calibration windows of {calibration.size(1)} tokens exceed the model's block_size "
+                         f"{model.config.block_size}")
+    return calibration.to(model.device)
+
+
+def block_inputs(model: GPT, calibration: torch.Tensor):
+    """Yield (block, x) for each block in order, x (N, T, C) the calibration activations entering it.
+
+    x for block b+1 is computed from block b when the caller asks for the next pair, so a caller that changes
+    block b in between (pruning, quantizing it) feeds block b+1 what the changed block produces."""
+    positions = torch.arange(calibration.size(1), device=calibration.device)
+    x = model.transformer.wte(calibration) + model.transformer.wpe(positions)  # (N, T, C)
+    for block in model.transformer.h:
+        yield block, x
+        x = block(x)
+
+
 def _check_args(model: object, method: object, sparsity: object, pattern: object,
                 calibration: object) -> None:
     if not isinstance(model, GPT):
@@ -83,11 +110,7 @@ def _check_args(model: object, method: object, sparsity: object, pattern: object
     if pattern == "unstructured":
         check_sparsity(sparsity)
     if method == "wanda":
-        if not isinstance(calibration, torch.Tensor) or calibration.dim() != 2 or calibration.dtype != torch.int64:
-            raise TypeError("Wanda needs calibration token ids: an int64 tensor shaped (N, T)")
-        if calibration.size(1) > model.config.block_size:
-            raise ValueError(f"calibration windows of {calibration.size(1)} tokens exceed the model's block_size "
-                             f"{model.config.block_size}")
+        check_calibration(model, calibration, "Wanda")
 
 
 @torch.no_grad()
@@ -101,25 +124,21 @@ def prune_model(model: GPT, method: str, sparsity: float = 0.5, calibration: tor
     """
     _check_args(model, method, sparsity, pattern, calibration)
     out = copy.deepcopy(model).eval()
-    x = None
-    if method == "wanda":
-        idx = calibration.to(out.device)
-        positions = torch.arange(idx.size(1), device=idx.device)
-        x = out.transformer.wte(idx) + out.transformer.wpe(positions)  # (N, T, C)
-    for block in out.transformer.h:
-        norms = input_norms(block, x) if x is not None else {}
+    if method == "wanda":  # each block measured on what the blocks before it, already pruned, produce
+        walk = ((block, input_norms(block, x)) for block, x in block_inputs(out, calibration.to(out.device)))
+    else:
+        walk = ((block, {}) for block in out.transformer.h)
+    for block, norms in walk:
         for name, lin in block_linears(block):
             lin.weight.mul_(layer_mask(lin.weight, method, sparsity, pattern, norms.get(name)))
-        if x is not None:
-            x = block(x)  # (N, T, C): the next block's calibration input, through this block pruned
     return out
 
 
 def weight_sparsity(model: nn.Module) -> dict[str, float]:
     """{"blocks": share of zeros over every block linear weight, "all": over every parameter (the head once)}."""
-    linears = [m.weight for m in model.transformer.h.modules() if isinstance(m, nn.Linear)]
+    linears = block_weights(model)
     zeros = sum(int((w == 0).sum()) for w in linears)
     total = sum(w.numel() for w in linears)
-    params = {id(p): p for p in model.parameters()}.values()  # the tied head/embedding once
+    params = list(model.parameters())  # parameters() yields the tied head/embedding once
     all_zeros = sum(int((p == 0).sum()) for p in params)
     return {"blocks": zeros / total, "all": all_zeros / sum(p.numel() for p in params)}
