@@ -15,9 +15,11 @@ import torch
 
 from helpers import assert_every_generator_agrees, context_model
 from minillm import GPTConfig
-from minillm.compile.bench import run_all, weight_streaming_bound
+from minillm.compile.bench import FUSED, run_all, weight_streaming_bound
 from minillm.compile.cpu_gemv import build_problem, fast_cpu_model, gemv
+from minillm.compile.cpu_paged import NAME, paged_decode_attention
 from minillm.compile.decode import StaticDecoder
+from minillm.compile.fused_step import FusedCPUDecoder
 from minillm.core.sampling import SamplingParams
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.kvcache.generate import generate_ids
@@ -95,7 +97,7 @@ def test_weight_streaming_bound_counts_every_matrix_once():
 def test_benchmark_rows_on_a_small_model():
     report = run_all(model(), real_text=True, quick=True, backend="aot_eager", with_hf=False)
     modes = [r["mode"] for r in report["rows"]]
-    assert modes[-2:] == ["eager", "compile"] and modes[:-2] in ([], ["C++ GEMV (fast_cpu_model)"])
+    assert modes[-2:] == ["eager", "compile"] and modes[:-2] in ([], ["C++ GEMV (fast_cpu_model)", FUSED])
     assert all(r["identical"] for r in report["rows"]) and report["rows"][-1]["compiles"] == 1
 
 
@@ -152,3 +154,134 @@ def test_fast_cpu_model_gives_the_generators_tokens_everywhere():
     x = torch.randn(2, 3, SMALL.n_embd, requires_grad=True)  # with grad: F.linear, so backward works
     fast.transformer.h[0].mlp.c_fc(x).sum().backward()
     assert x.grad is not None
+
+
+@needs_cpp
+def test_fused_cpu_step_equals_the_models_logits_step_by_step():
+    """One C++ call per token against GPT.hidden + logits over a ContiguousKVCache: logits to float rounding at every
+    position (the cache filling up to the window's end), and the same keys and values stored in the cache."""
+    m = model()
+    dec = FusedCPUDecoder(m)
+    ref = ContiguousKVCache(SMALL, 1, SMALL.block_size)
+    ids = torch.randint(0, SMALL.vocab_size, (1, SMALL.block_size), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        m.hidden(ids[:, :3], torch.arange(3), dec.cache)  # a prefill through the model, as generate does
+        m.hidden(ids[:, :3], torch.arange(3), ref)
+        for pos in range(3, SMALL.block_size):
+            want = m.logits(m.hidden(ids[:, pos:pos + 1], torch.tensor([pos]), ref)[:, -1])  # (1, V)
+            got = dec(m, dec.cache, ids[0, pos:pos + 1], torch.tensor([pos]))
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert dec.cache.length == ref.length == SMALL.block_size
+    for layer in range(SMALL.n_layer):
+        torch.testing.assert_close(dec.cache.k[layer], ref.k[layer], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(dec.cache.v[layer], ref.v[layer], rtol=1e-5, atol=1e-5)
+
+
+@needs_cpp
+def test_fused_cpu_step_gives_the_generators_tokens():
+    """Greedy tokens as chapter 04's eager generator, on prompts of three lengths through one decoder (its cache
+    reset by each request), with the lifecycle's stops, seeded sampling, and a model whose heads and MLP were
+    pruned (chapter 10: nh * hs != C and an MLP narrower than 4C)."""
+    m = model()
+    dec = FusedCPUDecoder(m)
+    params = SamplingParams.greedy(20, ignore_eos=True)
+    for prompt in PROMPTS:
+        assert dec.generate_ids(prompt, params) == generate_ids(m, prompt, params)
+    want = generate_ids(m, PROMPTS[1], SamplingParams.greedy(12, ignore_eos=True))
+    got = dec.generate_ids(PROMPTS[1], SamplingParams.greedy(12), eos_id=want[5])
+    assert got == want[: want.index(want[5]) + 1]
+    seeded = SamplingParams(max_new_tokens=10, temperature=0.8, top_k=50, seed=3)
+    assert dec.generate_ids(PROMPTS[0], seeded) == generate_ids(m, PROMPTS[0], seeded)
+    from minillm.prune.structured import prune_heads, shrink_mlp
+
+    keep = [torch.arange(0, 4 * SMALL.n_embd, 3) for _ in range(SMALL.n_layer)]  # a third of each MLP's neurons
+    pruned = shrink_mlp(prune_heads(m, {i: [1] for i in range(SMALL.n_layer)}), keep)
+    assert pruned.config.attn_dim == 3 * SMALL.head_size
+    pdec = FusedCPUDecoder(pruned)
+    for prompt in PROMPTS:
+        assert pdec.generate_ids(prompt, params) == generate_ids(pruned, prompt, params)
+
+
+@needs_cpp
+def test_fused_cpu_step_rejects_what_it_cannot_run():
+    m = model()
+    with pytest.raises(TypeError, match="GPT"):
+        FusedCPUDecoder(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="float32"):
+        FusedCPUDecoder(model().double())
+    dec = FusedCPUDecoder(m)
+    with pytest.raises(ValueError, match="its own cache"):
+        generate_ids(m, PROMPTS[0], SamplingParams.greedy(3, ignore_eos=True), decode_fn=dec)
+    with pytest.raises(RuntimeError, match="token id 4096 is outside the vocabulary"):
+        dec._cpp.step(SMALL.vocab_size, 0, 0)
+    with pytest.raises(RuntimeError, match="slot 64 is outside the cache"):
+        dec._cpp.step(0, 0, SMALL.block_size)
+    full = ContiguousKVCache(SMALL, 1, 4)
+    full.mark_written(4)
+    with pytest.raises(ValueError, match="cache full"):
+        full.mark_written(1)
+    with pytest.raises(ValueError, match="static-shape"):
+        ContiguousKVCache(SMALL, 1, 4, use_static_shapes=True).mark_written(1)
+
+
+@needs_cpp
+@pytest.mark.parametrize("S,nh,hs,bs", [(1, 1, 1, 1), (3, 4, 16, 4), (5, 2, 7, 3), (8, 8, 32, 16)])
+def test_cpp_paged_decode_attention_equals_the_gathered_reference(S, nh, hs, bs):
+    """Every sequence's query against its own blocks, in a shuffled pool, lengths from 1 to several blocks (one ends
+    exactly on a block boundary): equal to SDPA over the K/V gathered through the block table."""
+    g = torch.Generator().manual_seed(S * 100 + nh * 10 + hs)
+    lens = [1 + (7 * s + 3) % (3 * bs) for s in range(S)]
+    lens[-1] = 2 * bs
+    max_nb = max(-(-n // bs) for n in lens) + 1
+    nb = S * max_nb + 2
+    k_pool, v_pool = torch.randn(nb, bs, nh, hs, generator=g), torch.randn(nb, bs, nh, hs, generator=g)
+    tables = torch.full((S, max_nb), -1, dtype=torch.int64)
+    ids = torch.randperm(nb, generator=g)
+    for s, n in enumerate(lens):
+        tables[s, : -(-n // bs)] = ids[s * max_nb : s * max_nb - (-n // bs)]
+    q = torch.randn(S, nh, hs, generator=g)
+    got = paged_decode_attention(q, k_pool, v_pool, tables, torch.tensor(lens))
+    for s, n in enumerate(lens):
+        blocks = tables[s, : -(-n // bs)]
+        k = k_pool[blocks].flatten(0, 1)[:n].transpose(0, 1)  # (nh, n, hs)
+        v = v_pool[blocks].flatten(0, 1)[:n].transpose(0, 1)
+        want = torch.nn.functional.scaled_dot_product_attention(q[s].unsqueeze(1), k, v).squeeze(1)  # (nh, hs)
+        torch.testing.assert_close(got[s], want, rtol=1e-5, atol=1e-5)
+
+
+@needs_cpp
+def test_cpp_paged_decode_attention_rejects_bad_arguments():
+    q, pool = torch.randn(2, 2, 4), torch.randn(6, 4, 2, 4)
+    tables, lens = torch.tensor([[0, 1], [2, -1]]), torch.tensor([5, 3])
+    with pytest.raises(TypeError, match="q must be a float32"):
+        paged_decode_attention(q.double(), pool, pool, tables, lens)
+    with pytest.raises(TypeError, match="block_tables must be an int64"):
+        paged_decode_attention(q, pool, pool, tables.int(), lens)
+    with pytest.raises(ValueError, match=r"context length 9 of sequence 1 is outside \[1, 8\]"):
+        paged_decode_attention(q, pool, pool, tables, torch.tensor([5, 9]))
+    with pytest.raises(ValueError, match="block id -1 of sequence 1"):
+        paged_decode_attention(q, pool, pool, tables, torch.tensor([5, 6]))
+    with pytest.raises(ValueError, match="block id 7 of sequence 0"):
+        paged_decode_attention(q, pool, pool, torch.tensor([[0, 7], [2, -1]]), lens)
+    with pytest.raises(ValueError, match="q must be"):
+        paged_decode_attention(torch.randn(2, 3, 4), pool, pool, tables, lens)
+
+
+@needs_cpp
+def test_engine_with_the_cpp_attention_backend_gives_the_same_outputs():
+    """Chapter 06's engine with attention_backend="selective-cpp" (decodes in C++, prompt chunks in PyTorch, mixed
+    steps, preemption under a small pool): outputs identical to the default backend's, and to each request alone."""
+    from minillm.engine import LLM, EngineConfig
+
+    m = model()
+    prompts = [[(7 * i + j) % SMALL.vocab_size for j in range(3 + 5 * i)] for i in range(6)]
+    params = [SamplingParams.greedy(8 + 3 * i, ignore_eos=True) for i in range(6)]
+    outs = {}
+    for backend in ("selective", NAME):
+        cfg = EngineConfig(num_blocks=16, block_size=4, max_num_seqs=4, max_num_batched_tokens=24,
+                           attention_backend=backend)
+        llm = LLM(fast_cpu_model(m), None, cfg)
+        outs[backend] = [o.output_token_ids for o in llm.generate(prompts, params)]
+        assert llm.stats()["num_preemptions"] > 0 and llm.stats()["num_free_blocks"] == 16
+    assert outs[NAME] == outs["selective"]
+    assert outs[NAME] == [generate_ids(m, p, sp) for p, sp in zip(prompts, params)]

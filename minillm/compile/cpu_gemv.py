@@ -1,8 +1,9 @@
 """A C++ linear layer for batch-1 decode on the CPU, loaded through `torch.utils.cpp_extension`, and a model that
 uses it wherever a decode step multiplies a few rows by a weight matrix.
 
-What it adds: `load_gemv()` (JIT-builds `csrc/gemv_cpu.cpp` once per machine into the kernels' cache directory,
-with AVX2 + FMA when the CPU has them), `gemv(x, w, b)` (checked: a `ValueError`/`TypeError` naming the argument,
+What it adds: `load_cpu_ext()` (JIT-builds the chapter's C++ extension, `csrc/gemv_cpu.cpp` and the whole decode
+step of `csrc/decode_cpu.cpp` (see `fused_step`), once per machine into the kernels' cache directory, with AVX2 + FMA
+when the CPU has them), `gemv(x, w, b)` (checked: a `ValueError`/`TypeError` naming the argument,
 never a crash in C++), `FastLinear` (an `nn.Linear` whose forward takes the C++ path for up to `MAX_ROWS` rows of
 float32 CPU input under no-grad, and `F.linear` otherwise) and `fast_cpu_model(model)` (a copy with every block
 linear and the tied output head swapped for `FastLinear`, the same parameters).
@@ -29,7 +30,8 @@ import torch.nn.functional as F
 from minillm.core.model import GPT
 from minillm.kernels.build import cache_dir
 
-SOURCE = Path(__file__).resolve().parent / "csrc" / "gemv_cpu.cpp"
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES = (CSRC / "gemv_cpu.cpp", CSRC / "decode_cpu.cpp")  # one module; cpu_kernels.h is what they share
 MAX_ROWS = 16  # up to this many rows of x take the C++ path (decode batches); more go to F.linear (prefill)
 
 _lock = threading.Lock()
@@ -50,21 +52,23 @@ def build_problem() -> str | None:
     return None
 
 
-def load_gemv(verbose: bool = False):
-    """The compiled extension (built on first use, then loaded from the cache); RuntimeError saying what is missing."""
+def load_cpu_ext(verbose: bool = False):
+    """The compiled extension (built on first use, then loaded from the cache); RuntimeError saying what is missing.
+
+    It holds `gemv` and `uses_avx2` (gemv_cpu.cpp) and the `FusedDecoder` class (decode_cpu.cpp)."""
     global _ext
     with _lock:
         if _ext is None:
             why = build_problem()
             if why:
-                raise RuntimeError(f"cannot build the C++ GEMV: {why}")
+                raise RuntimeError(f"cannot build chapter 13's C++ extension: {why}")
             from torch.utils.cpp_extension import load
 
             flags = ["-O3", "-mavx2", "-mfma"] if has_avx2() else ["-O3"]
-            build_dir = cache_dir() / ("gemv_cpu_avx2" if has_avx2() else "gemv_cpu")
+            build_dir = cache_dir() / ("cpu_decode_avx2" if has_avx2() else "cpu_decode")
             build_dir.mkdir(parents=True, exist_ok=True)
-            _ext = load(name="minillm_gemv_cpu", sources=[str(SOURCE)], extra_cflags=flags,
-                        build_directory=str(build_dir), verbose=verbose)
+            _ext = load(name="minillm_cpu_decode", sources=[str(s) for s in SOURCES], extra_cflags=flags,
+                        extra_include_paths=[str(CSRC)], build_directory=str(build_dir), verbose=verbose)
     return _ext
 
 
@@ -79,7 +83,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> tor
     if b is not None and b.shape != (w.shape[0],):
         raise ValueError(f"b must have shape ({w.shape[0]},), got {tuple(b.shape)}")
     empty = torch.empty(0)
-    return load_gemv().gemv(x.contiguous(), w.contiguous(), empty if b is None else b.contiguous())
+    return load_cpu_ext().gemv(x.contiguous(), w.contiguous(), empty if b is None else b.contiguous())
 
 
 _NO_BIAS = torch.empty(0)
@@ -96,7 +100,7 @@ class FastLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
         if 0 < rows <= MAX_ROWS and x.dtype == torch.float32 and x.device.type == "cpu" and not torch.is_grad_enabled():
-            ext = _ext if _ext is not None else load_gemv()
+            ext = _ext if _ext is not None else load_cpu_ext()
             y = ext.gemv(x.reshape(rows, self.in_features).contiguous(), self.weight,
                          _NO_BIAS if self.bias is None else self.bias)  # (rows, out)
             return y.view(*x.shape[:-1], self.out_features)
@@ -107,7 +111,7 @@ def fast_cpu_model(model: GPT) -> GPT:
     """A copy of `model` whose block linears and output head are `FastLinear`s (the tie to the embedding kept)."""
     if not isinstance(model, GPT):
         raise TypeError(f"fast_cpu_model needs a minillm GPT, got {type(model).__name__}")
-    load_gemv()  # build (or load) now, so a missing compiler fails here, not at the first token
+    load_cpu_ext()  # build (or load) now, so a missing compiler fails here, not at the first token
     out = copy.deepcopy(model)
     for m in [*out.transformer.h.modules(), out.lm_head]:
         if type(m) is nn.Linear:

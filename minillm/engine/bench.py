@@ -162,9 +162,12 @@ def run_hf_continuous(hf_model, workload: Sequence[WorkloadRequest], max_batch: 
 
 
 def offline_throughput(model: GPT, workload: Sequence[WorkloadRequest], batch: int = 32, num_blocks: int = 512,
-                       with_hf: bool = True) -> dict[str, Any]:
-    """Output tokens/s of the engine, static batching and (optionally) HF's two paths, same model and prompts."""
-    cfg = EngineConfig(num_blocks=num_blocks, block_size=16, max_num_seqs=batch, max_num_batched_tokens=512)
+                       with_hf: bool = True, attention_backend: str = "selective") -> dict[str, Any]:
+    """Output tokens/s of the engine, static batching and (optionally) HF's two paths, same model and prompts.
+
+    `attention_backend` is the engine's (`EngineConfig.attention_backend`; chapter 13 passes its C++ one)."""
+    cfg = EngineConfig(num_blocks=num_blocks, block_size=16, max_num_seqs=batch, max_num_batched_tokens=512,
+                       attention_backend=attention_backend)
     runs = [run_engine(model, workload, cfg), run_static_batches(model, workload, batch)]
     hf_note = ""
     if with_hf:

@@ -144,6 +144,22 @@ class ContiguousKVCache:
         self.slot.fill_(length)
         return self
 
+    def mark_written(self, num_new: int) -> "ContiguousKVCache":
+        """Move the write position past `num_new` slots that a caller wrote into `k` and `v` itself, in every layer.
+
+        `attend` writes and advances in one go; a step that bypasses the model's layers (chapter 13's C++ decode
+        step, which stores each token's keys and values into these tensors directly) calls this once afterwards, so
+        the cache's length stays the one source of truth.
+        """
+        if self.use_static_shapes:
+            raise ValueError("a static-shape cache advances its own device-side slot counter; mark_written is for "
+                             "the dynamic cache")
+        check_int("num_new", num_new, minimum=0)
+        if self.length + num_new > self.max_len:
+            raise ValueError(f"cache full: {self.length} slots used + {num_new} new > max_len={self.max_len}")
+        self._layer_len = [self.length + num_new] * self.config.n_layer
+        return self
+
     def positions(self, num_new: int) -> torch.Tensor:
         """(B, num_new) absolute positions of the next num_new tokens: slot minus padding, 0 on padding slots."""
         start = self.slot if self.use_static_shapes else self.length  # a device scalar keeps this sync-free

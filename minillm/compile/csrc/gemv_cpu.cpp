@@ -8,6 +8,8 @@
 // Why it exists: at batch 1, torch.nn.functional.linear goes through a general GEMM path whose fixed cost per
 // call is as large as the streaming itself for these small matrices (chapter 13 measures both in one run).
 // Reference twin: torch.nn.functional.linear (the tests compare every shape, with and without bias).
+#include "cpu_kernels.h"
+
 #include <torch/extension.h>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -15,16 +17,7 @@
 #define MINILLM_AVX2 1
 #endif
 
-namespace {
-
-#ifdef MINILLM_AVX2
-inline float hsum(__m256 v) {  // the 8 lanes' sum
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-#endif
+namespace minillm {
 
 // Rows of x (M, K) against W (N, K) into y (M, N); b may be null. The weight is walked once: for each block of 4
 // weight rows (4 K floats, at most 16 KB for K = 1024: they stay in L1), every row of x is multiplied by it before the
@@ -72,6 +65,18 @@ void small_gemm(const float* x, const float* w, const float* b, float* y, int64_
     }
 }
 
+bool uses_avx2() {
+#ifdef MINILLM_AVX2
+    return true;
+#else
+    return false;
+#endif
+}
+
+}  // namespace minillm
+
+namespace {
+
 // x (M, K), w (N, K), bias (N) or empty -> (M, N); float32, contiguous, CPU (checked by the Python wrapper too).
 torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias) {
     TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu() && bias.device().is_cpu(), "gemv: CPU tensors only");
@@ -89,21 +94,14 @@ torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& w, const torch::
     const float* wp = w.data_ptr<float>();
     const float* bp = has_bias ? bias.data_ptr<float>() : nullptr;
     float* yp = y.data_ptr<float>();
-    small_gemm(xp, wp, bp, yp, M, K, N);
+    minillm::small_gemm(xp, wp, bp, yp, M, K, N);
     return y;
-}
-
-bool uses_avx2() {
-#ifdef MINILLM_AVX2
-    return true;
-#else
-    return false;
-#endif
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("gemv", &gemv, "y = x W^T + b for a few rows of x (float32, CPU)");
-    m.def("uses_avx2", &uses_avx2, "whether this build took the AVX2 + FMA path");
+    m.def("uses_avx2", &minillm::uses_avx2, "whether this build took the AVX2 + FMA path");
+    minillm::register_decoder(m);  // the whole decode step, decode_cpu.cpp
 }

@@ -1,0 +1,33 @@
+// What the two C++ files of chapter 13's CPU extension share: the GEMV of gemv_cpu.cpp, called by the whole decode
+// step of decode_cpu.cpp, and the hook that registers the decoder class in the one Python module they build.
+#pragma once
+
+#include <cstdint>
+
+#include <torch/extension.h>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+namespace minillm {
+
+// y (M, N) = x (M, K) W (N, K)^T + b (N); b may be null. One pass over W whatever M (gemv_cpu.cpp).
+void small_gemm(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t K, int64_t N);
+
+// Whether this build took the AVX2 + FMA path (false: the scalar loops).
+bool uses_avx2();
+
+#if defined(__AVX2__) && defined(__FMA__)
+inline float hsum(__m256 v) {  // the 8 lanes' sum (inline: called once per dot product, thousands of times a step)
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+// Adds the FusedDecoder class and paged_decode_attention (decode_cpu.cpp) to the extension module.
+void register_decoder(pybind11::module& m);
+
+}  // namespace minillm

@@ -1,0 +1,298 @@
+// The whole batch-1 decode step of a GPT-2 model in one C++ call, for the CPU: what llama.cpp does, written plainly.
+// One version. Per token, in order, with no call back into PyTorch:
+//   x = wte[token] + wpe[pos]                                      (C)
+//   for each block:
+//     h = layernorm(x)                                              (C)
+//     q, k, v = h W_attn^T + b                                      (3 x A), GEMV of gemv_cpu.cpp
+//     k, v written at slot `start` of this layer's cache            (1, nh, max_len, hs), in place
+//     per head: softmax(q . K[0..start] / sqrt(hs)) . V[0..start]   (A), two passes over the kept slots
+//     x += y W_proj^T + b                                           (C)
+//     x += gelu_tanh(layernorm(x) W_fc^T + b) W_mproj^T + b         (H -> C)
+//   logits = layernorm(x) W_head^T                                  (V), the tied embedding
+// Why it exists: chapter 13's profile shows a batch-1 step of `base` spending more time between the matrix products
+// (about 150 PyTorch operator calls, each a few microseconds of dispatch and allocation) than in them. Here the step
+// is one call from Python; the products run the same GEMV as FastLinear and the rest is a few plain loops over
+// buffers allocated once. What it leaves out: batches (the engine keeps FastLinear), several threads, other dtypes.
+// Reference twin: GPT.hidden + GPT.logits over a ContiguousKVCache (tests compare logits and greedy tokens).
+// The same attention loop also serves the engine: `paged_decode_attention` (end of file) reads chapter 05's paged
+// pool through the block tables in place, one query per sequence; its twin is PagedKVCache._attend_decode.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "cpu_kernels.h"
+
+namespace minillm {
+namespace {
+
+constexpr int kLayerTensors = 12;  // ln_1 w b, c_attn w b, attn c_proj w b, ln_2 w b, c_fc w b, mlp c_proj w b
+
+// a . b over n floats
+float dot(const float* a, const float* b, int64_t n) {
+    int64_t i = 0;
+    float s = 0.f;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    s = hsum(acc);
+#endif
+    for (; i < n; ++i) s += a[i] * b[i];
+    return s;
+}
+
+// y += p * x over n floats
+void axpy(float* y, float p, const float* x, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    const __m256 pv = _mm256_set1_ps(p);
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+#endif
+    for (; i < n; ++i) y[i] += p * x[i];
+}
+
+// y = (x - mean) / sqrt(var + eps) * w + b over n floats (biased variance, as nn.LayerNorm)
+void layernorm(const float* x, const float* w, const float* b, float* y, int64_t n, float eps) {
+    float mean = 0.f;
+    for (int64_t i = 0; i < n; ++i) mean += x[i];
+    mean /= static_cast<float>(n);
+    float var = 0.f;
+    for (int64_t i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
+    const float rstd = 1.f / std::sqrt(var / static_cast<float>(n) + eps);
+    for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - mean) * rstd * w[i] + b[i];
+}
+
+// GPT-2's gelu_new, the tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), in place
+void gelu_tanh(float* x, int64_t n) {
+    const float c = 0.7978845608028654f;  // sqrt(2 / pi)
+    for (int64_t i = 0; i < n; ++i) x[i] = 0.5f * x[i] * (1.f + std::tanh(c * (x[i] + 0.044715f * x[i] * x[i] * x[i])));
+}
+
+// One new token's attention, every head, over n cached tokens: for each head h,
+//   out[h] (hs) = softmax_j(q[h] . K_j[h] / sqrt(hs)) . V_j[h]   over j < n.
+// Token j's head h starts at k + where[j] + h * head_stride (and likewise in v), so one loop serves both caches:
+// the fused step's contiguous (1, nh, max_len, hs) tensors (called per head: nh = 1, where[j] = j hs) and the
+// engine's paged pools (nb, bs, nh, hs) (where[j] from the block table, head_stride = hs). The loops run token
+// by token with the heads inside, so a paged token's K (or V) row of nh * hs floats is read once, front to back.
+// scores: nh * n floats of scratch; q and out: nh * hs.
+void attend_heads(const float* q, const float* k, const float* v, const int64_t* where, int64_t n, int64_t nh,
+                  int64_t hs, int64_t head_stride, float* scores, float* out) {
+    const float scale = 1.f / std::sqrt(static_cast<float>(hs));
+    for (int64_t j = 0; j < n; ++j) {
+        for (int64_t h = 0; h < nh; ++h) scores[h * n + j] = dot(q + h * hs, k + where[j] + h * head_stride, hs) * scale;
+    }
+    for (int64_t h = 0; h < nh; ++h) {  // each head's softmax over its n scores, in place
+        float* s = scores + h * n;
+        float top = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < n; ++j) top = std::max(top, s[j]);
+        float total = 0.f;
+        for (int64_t j = 0; j < n; ++j) {
+            s[j] = std::exp(s[j] - top);
+            total += s[j];
+        }
+        const float inv = 1.f / total;
+        for (int64_t j = 0; j < n; ++j) s[j] *= inv;
+    }
+    std::fill_n(out, nh * hs, 0.f);
+    for (int64_t j = 0; j < n; ++j) {
+        for (int64_t h = 0; h < nh; ++h) axpy(out + h * hs, scores[h * n + j], v + where[j] + h * head_stride, hs);
+    }
+}
+
+const float* ptr(const torch::Tensor& t) { return t.data_ptr<float>(); }
+
+void check_float(const torch::Tensor& t, const char* what, std::vector<int64_t> shape) {
+    TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(), "FusedDecoder: ", what,
+                " must be a contiguous float32 CPU tensor");
+    TORCH_CHECK(t.sizes() == at::IntArrayRef(shape), "FusedDecoder: ", what, " must have shape ", at::IntArrayRef(shape),
+                ", got ", t.sizes());
+}
+
+}  // namespace
+
+// Holds the model's tensors (not copies: the same storage as the parameters) and its cache's K/V tensors, plus the
+// scratch buffers of one step, all allocated at construction; `step` allocates only the returned logits.
+class FusedDecoder {
+  public:
+    // globals: wte (V, C), wpe (P, C), ln_f weight (C), ln_f bias (C), head (V, C);
+    // layers: kLayerTensors per block in the order above; k, v: per block (1, nh, max_len, hs).
+    FusedDecoder(std::vector<torch::Tensor> globals, std::vector<torch::Tensor> layers, std::vector<torch::Tensor> k,
+                 std::vector<torch::Tensor> v, int64_t n_head, int64_t head_size, double eps)
+        : globals_(std::move(globals)), layers_(std::move(layers)), k_(std::move(k)), v_(std::move(v)),
+          nh_(n_head), hs_(head_size), eps_(static_cast<float>(eps)) {
+        TORCH_CHECK(globals_.size() == 5, "FusedDecoder: globals must be wte, wpe, ln_f weight, ln_f bias, head");
+        TORCH_CHECK(n_head > 0 && head_size > 0, "FusedDecoder: n_head and head_size must be positive");
+        TORCH_CHECK(!layers_.empty() && layers_.size() % kLayerTensors == 0,
+                    "FusedDecoder: layers must hold ", kLayerTensors, " tensors per block, got ", layers_.size());
+        n_layer_ = static_cast<int64_t>(layers_.size()) / kLayerTensors;
+        TORCH_CHECK(static_cast<int64_t>(k_.size()) == n_layer_ && static_cast<int64_t>(v_.size()) == n_layer_,
+                    "FusedDecoder: one K and one V tensor per block");
+        TORCH_CHECK(globals_[0].dim() == 2 && globals_[1].dim() == 2, "FusedDecoder: wte and wpe must be 2-D");
+        V_ = globals_[0].size(0);
+        C_ = globals_[0].size(1);
+        P_ = globals_[1].size(0);
+        A_ = nh_ * hs_;
+        check_float(globals_[0], "wte", {V_, C_});
+        check_float(globals_[1], "wpe", {P_, C_});
+        check_float(globals_[2], "ln_f.weight", {C_});
+        check_float(globals_[3], "ln_f.bias", {C_});
+        check_float(globals_[4], "lm_head.weight", {V_, C_});
+        TORCH_CHECK(k_[0].dim() == 4, "FusedDecoder: K must be (1, nh, max_len, hs)");
+        max_len_ = k_[0].size(2);
+        int64_t widest = 0;
+        for (int64_t l = 0; l < n_layer_; ++l) {
+            const torch::Tensor* t = &layers_[l * kLayerTensors];
+            TORCH_CHECK(t[8].dim() == 2, "FusedDecoder: mlp.c_fc.weight must be 2-D");
+            const int64_t H = t[8].size(0);  // the MLP width (chapter 10 may have pruned it, block by block)
+            widest = std::max(widest, H);
+            check_float(t[0], "ln_1.weight", {C_});
+            check_float(t[1], "ln_1.bias", {C_});
+            check_float(t[2], "attn.c_attn.weight", {3 * A_, C_});
+            check_float(t[3], "attn.c_attn.bias", {3 * A_});
+            check_float(t[4], "attn.c_proj.weight", {C_, A_});
+            check_float(t[5], "attn.c_proj.bias", {C_});
+            check_float(t[6], "ln_2.weight", {C_});
+            check_float(t[7], "ln_2.bias", {C_});
+            check_float(t[8], "mlp.c_fc.weight", {H, C_});
+            check_float(t[9], "mlp.c_fc.bias", {H});
+            check_float(t[10], "mlp.c_proj.weight", {C_, H});
+            check_float(t[11], "mlp.c_proj.bias", {C_});
+            check_float(k_[l], "K cache", {1, nh_, max_len_, hs_});
+            check_float(v_[l], "V cache", {1, nh_, max_len_, hs_});
+        }
+        x_.resize(C_);
+        h_.resize(C_);
+        qkv_.resize(3 * A_);
+        y_.resize(A_);
+        f_.resize(widest);
+        scores_.resize(max_len_);
+        where_.resize(max_len_);
+        for (int64_t j = 0; j < max_len_; ++j) where_[j] = j * hs_;  // slot j of a head's (max_len, hs) rows
+    }
+
+    // Logits (1, V) of `token` at position `pos`, whose K/V go to slot `start`; it attends over slots 0..start.
+    torch::Tensor step(int64_t token, int64_t pos, int64_t start) {
+        TORCH_CHECK(token >= 0 && token < V_, "FusedDecoder: token id ", token, " is outside the vocabulary [0, ", V_,
+                    ")");
+        TORCH_CHECK(pos >= 0 && pos < P_, "FusedDecoder: position ", pos, " is outside the context window [0, ", P_, ")");
+        TORCH_CHECK(start >= 0 && start < max_len_, "FusedDecoder: slot ", start, " is outside the cache [0, ",
+                    max_len_, ")");
+        float* x = x_.data();
+        float* h = h_.data();
+        const float* te = ptr(globals_[0]) + token * C_;
+        const float* pe = ptr(globals_[1]) + pos * C_;
+        for (int64_t i = 0; i < C_; ++i) x[i] = te[i] + pe[i];
+        for (int64_t l = 0; l < n_layer_; ++l) {
+            const torch::Tensor* t = &layers_[l * kLayerTensors];
+            const int64_t H = t[8].size(0);
+            layernorm(x, ptr(t[0]), ptr(t[1]), h, C_, eps_);
+            small_gemm(h, ptr(t[2]), ptr(t[3]), qkv_.data(), 1, C_, 3 * A_);
+            attend(l, start);
+            small_gemm(y_.data(), ptr(t[4]), ptr(t[5]), h, 1, A_, C_);
+            for (int64_t i = 0; i < C_; ++i) x[i] += h[i];
+            layernorm(x, ptr(t[6]), ptr(t[7]), h, C_, eps_);
+            small_gemm(h, ptr(t[8]), ptr(t[9]), f_.data(), 1, C_, H);
+            gelu_tanh(f_.data(), H);
+            small_gemm(f_.data(), ptr(t[10]), ptr(t[11]), h, 1, H, C_);
+            for (int64_t i = 0; i < C_; ++i) x[i] += h[i];
+        }
+        layernorm(x, ptr(globals_[2]), ptr(globals_[3]), h, C_, eps_);
+        auto logits = torch::empty({1, V_}, globals_[0].options());
+        small_gemm(h, ptr(globals_[4]), nullptr, logits.data_ptr<float>(), 1, C_, V_);
+        return logits;
+    }
+
+    int64_t max_len() const { return max_len_; }
+
+  private:
+    // This block's attention for the new token: store its k, v at `start`, then each head's softmax-weighted sum
+    // of the values at slots 0..start (the new token sees every kept slot, itself included) into y_.
+    void attend(int64_t layer, int64_t start) {
+        float* kc = k_[layer].data_ptr<float>();
+        float* vc = v_[layer].data_ptr<float>();
+        const int64_t head_stride = max_len_ * hs_;  // (1, nh, max_len, hs): a head's slots are contiguous
+        for (int64_t head = 0; head < nh_; ++head) {
+            std::copy_n(qkv_.data() + A_ + head * hs_, hs_, kc + head * head_stride + start * hs_);
+            std::copy_n(qkv_.data() + 2 * A_ + head * hs_, hs_, vc + head * head_stride + start * hs_);
+        }
+        // One head at a time: each head's slots are contiguous here, so this reads two streams front to back.
+        // subtle: all heads at once would read 2 nh streams max_len * hs floats apart, which collide in the same
+        // L1 cache sets (measured: up to twice as slow at 128 cached tokens).
+        for (int64_t head = 0; head < nh_; ++head) {
+            attend_heads(qkv_.data() + head * hs_, kc + head * head_stride, vc + head * head_stride, where_.data(),
+                         start + 1, 1, hs_, 0, scores_.data(), y_.data() + head * hs_);
+        }
+    }
+
+    std::vector<torch::Tensor> globals_, layers_, k_, v_;
+    int64_t nh_, hs_, n_layer_ = 0, V_ = 0, C_ = 0, P_ = 0, A_ = 0, max_len_ = 0;
+    float eps_;
+    std::vector<float> x_, h_, qkv_, y_, f_, scores_;  // the step's scratch: residual, normed/out, q k v, heads, MLP
+    std::vector<int64_t> where_;                         // where slot j starts in a head's rows: j * hs
+};
+
+// The engine's decode attention (chapter 06's paged cache, one new token per sequence) read through the block
+// tables in place: no gather of each sequence's blocks into a contiguous copy first, which is what the PyTorch path
+// (`PagedKVCache._attend_decode`: index_select, then SDPA) spends most of its time on at these sizes.
+// q (S, nh, hs); pools (nb, bs, nh, hs); block_tables (S, max_nb) int64, -1 past a sequence's blocks;
+// context_lens (S,) int64, the tokens each sequence attends to (its new one included) -> (S, nh, hs).
+torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor& k_pool, const torch::Tensor& v_pool,
+                                     const torch::Tensor& block_tables, const torch::Tensor& context_lens) {
+    for (const auto* t : {&q, &k_pool, &v_pool}) {
+        TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kFloat && t->is_contiguous(),
+                    "paged_decode_attention: q and the pools must be contiguous float32 CPU tensors");
+    }
+    TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong &&
+                    block_tables.is_contiguous() && context_lens.is_contiguous() && block_tables.device().is_cpu() &&
+                    context_lens.device().is_cpu(),
+                "paged_decode_attention: block_tables and context_lens must be contiguous int64 CPU tensors");
+    TORCH_CHECK(q.dim() == 3 && k_pool.dim() == 4 && k_pool.sizes() == v_pool.sizes() &&
+                    k_pool.size(2) == q.size(1) && k_pool.size(3) == q.size(2),
+                "paged_decode_attention: q must be (S, nh, hs) and the pools (nb, bs, nh, hs), got ", q.sizes(),
+                " and ", k_pool.sizes());
+    const int64_t S = q.size(0), nh = q.size(1), hs = q.size(2), nb = k_pool.size(0), bs = k_pool.size(1);
+    TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == S && context_lens.dim() == 1 &&
+                    context_lens.size(0) == S,
+                "paged_decode_attention: block_tables must be (S, max_nb) and context_lens (S,) for S = ", S);
+    const int64_t max_nb = block_tables.size(1);
+    const int64_t* tables = block_tables.data_ptr<int64_t>();
+    const int64_t* lens = context_lens.data_ptr<int64_t>();
+    int64_t longest = 0;
+    for (int64_t s = 0; s < S; ++s) {
+        TORCH_CHECK(lens[s] >= 1 && lens[s] <= max_nb * bs, "paged_decode_attention: context length ", lens[s],
+                    " of sequence ", s, " is outside [1, ", max_nb * bs, "]");
+        for (int64_t b = 0; b < (lens[s] + bs - 1) / bs; ++b) {
+            const int64_t id = tables[s * max_nb + b];
+            TORCH_CHECK(id >= 0 && id < nb, "paged_decode_attention: block id ", id, " of sequence ", s,
+                        " is outside the pool [0, ", nb, ")");
+        }
+        longest = std::max(longest, lens[s]);
+    }
+    auto out = torch::empty({S, nh, hs}, q.options());
+    std::vector<float> scores(nh * longest);
+    std::vector<int64_t> where(longest);  // where[j]: token j's first float in a pool (its head 0)
+    const int64_t row = nh * hs;  // floats between consecutive tokens of one block
+    for (int64_t s = 0; s < S; ++s) {
+        const int64_t* table = tables + s * max_nb;
+        // Token j sits at offset j % bs of block table[j / bs]: resolved once per sequence, walking the blocks.
+        for (int64_t b = 0, j = 0; j < lens[s]; ++b) {
+            for (int64_t o = 0; o < bs && j < lens[s]; ++o, ++j) where[j] = (table[b] * bs + o) * row;
+        }
+        attend_heads(q.data_ptr<float>() + s * row, k_pool.data_ptr<float>(), v_pool.data_ptr<float>(), where.data(),
+                     lens[s], nh, hs, hs, scores.data(), out.data_ptr<float>() + s * row);
+    }
+    return out;
+}
+
+void register_decoder(pybind11::module& m) {
+    m.def("paged_decode_attention", &paged_decode_attention,
+          "one query per sequence over its paged K/V, read through the block table (float32, CPU)");
+    pybind11::class_<FusedDecoder>(m, "FusedDecoder")
+        .def(pybind11::init<std::vector<torch::Tensor>, std::vector<torch::Tensor>, std::vector<torch::Tensor>,
+                            std::vector<torch::Tensor>, int64_t, int64_t, double>())
+        .def("step", &FusedDecoder::step, "logits (1, V) of one token at one position, its K/V written at a slot",
+             pybind11::call_guard<pybind11::gil_scoped_release>())
+        .def_property_readonly("max_len", &FusedDecoder::max_len);
+}
+
+}  // namespace minillm

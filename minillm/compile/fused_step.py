@@ -1,0 +1,87 @@
+"""The whole batch-1 decode step on the CPU in one C++ call: chapter 13's answer to llama.cpp.
+
+What it adds: `FusedCPUDecoder(model)`, a `decode_fn` for chapter 04's `generate` (like `StaticDecoder`) whose every
+token is one call into `csrc/decode_cpu.cpp`: embeddings, each block's layernorms, GEMVs (the C++ GEMV of
+`cpu_gemv`), attention over the cache and GELU, the final layernorm and the tied head, with no PyTorch operator in
+between. The prompt is prefilled by the model itself (PyTorch's GEMM is the right tool for hundreds of rows) into the
+decoder's own `ContiguousKVCache`, whose K/V tensors the C++ step then reads and appends to in place.
+
+Why: after the C++ GEMV, a step of `base` still spends more time in the ~150 operator calls between its products
+(dispatch, allocation, Python) than in the products themselves. A step that is one call leaves the weights' streaming
+as nearly all of it, which is how llama.cpp runs (chapter 13 measures both side by side).
+
+What it leaves out: batches (chapter 06's engine keeps `fast_cpu_model`), several threads, and any model whose
+linears are not plain float32 (chapter 09's quantized layers): those get a TypeError naming the layer.
+The C++ step holds the model's own parameter storage, not a copy: change the weights in place and it sees them;
+rebuild the decoder after replacing a parameter tensor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from minillm.compile.cpu_gemv import load_cpu_ext
+from minillm.core.model import GPT
+from minillm.core.sampling import SamplingParams
+from minillm.kvcache.cache import ContiguousKVCache
+from minillm.kvcache.generate import generate_ids
+
+
+def _plain(module: nn.Module, name: str) -> list[torch.Tensor]:
+    """[weight, bias] of a float32 CPU linear or layernorm; TypeError naming `name` for anything else."""
+    if not isinstance(module, (nn.Linear, nn.LayerNorm)):
+        raise TypeError(f"the fused C++ step needs plain nn.Linear / nn.LayerNorm layers; {name} is "
+                        f"{type(module).__name__}")
+    tensors = [module.weight, module.bias]
+    for t in tensors:
+        if t is None or t.dtype != torch.float32 or t.device.type != "cpu":
+            raise TypeError(f"the fused C++ step needs float32 CPU weights with biases; {name} has "
+                            f"{None if t is None else (t.dtype, t.device.type)}")
+    return [t.detach().contiguous() for t in tensors]
+
+
+class FusedCPUDecoder:
+    """Batch-1 decode of a float32 CPU GPT, one C++ call per token; pass it as `decode_fn` with `kv_cache=self.cache`.
+
+    `max_len` sizes the cache (default: the model's context window). Greedy tokens equal the eager generator's
+    (tested); logits agree to float rounding (the sums run in another order).
+    """
+
+    def __init__(self, model: GPT, max_len: int | None = None):
+        if not isinstance(model, GPT):
+            raise TypeError(f"FusedCPUDecoder needs a minillm GPT, got {type(model).__name__}")
+        if model.device.type != "cpu":
+            raise ValueError(f"FusedCPUDecoder runs on the CPU, the model is on {model.device}")
+        cfg = model.config
+        self.model = model.eval()
+        self.max_len = cfg.block_size if max_len is None else max_len
+        self.cache = ContiguousKVCache(cfg, 1, self.max_len)  # float32, dynamic: `attend` for the prefill
+        tr = model.transformer
+        if model.lm_head.weight.dtype != torch.float32 or tr.wpe.weight.dtype != torch.float32:
+            raise TypeError(f"the fused C++ step needs float32 embeddings, got {model.lm_head.weight.dtype}")
+        glob = [tr.wte.weight.detach(), tr.wpe.weight.detach(), *_plain(tr.ln_f, "transformer.ln_f"),
+                model.lm_head.weight.detach()]
+        layers: list[torch.Tensor] = []
+        for i, block in enumerate(tr.h):
+            for name in ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj"):
+                layers += _plain(block.get_submodule(name), f"transformer.h.{i}.{name}")
+        self._cpp: Any = load_cpu_ext().FusedDecoder([t.contiguous() for t in glob], layers, self.cache.k,
+                                                     self.cache.v, cfg.n_head, cfg.head_size,
+                                                     cfg.layer_norm_epsilon)
+
+    def __call__(self, model: GPT, cache: ContiguousKVCache, token: torch.Tensor, positions: torch.Tensor
+                 ) -> torch.Tensor:
+        """The `decode_fn` of chapter 04's `generate`: logits (1, V) for one token (1,) at positions (1,)."""
+        if model is not self.model or cache is not self.cache:
+            raise ValueError("a FusedCPUDecoder runs its own model over its own cache: pass kv_cache=decoder.cache")
+        start = cache.length
+        logits = self._cpp.step(int(token), int(positions), start)  # (1, V); K/V written at slot `start`
+        cache.mark_written(1)
+        return logits
+
+    def generate_ids(self, prompt_ids: Any, params: SamplingParams, **kwargs: Any) -> list[int]:
+        """Chapter 04's `generate_ids` with this step: the prompt prefilled by the model, every later token in C++."""
+        return generate_ids(self.model, prompt_ids, params, kv_cache=self.cache, decode_fn=self, **kwargs)
