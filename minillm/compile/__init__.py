@@ -1,11 +1,16 @@
-"""Chapter 13 (compilation and graphs): the decode step with fixed shapes, compiled or captured, and a C++ GEMV.
+"""Chapter 13 (compilation and graphs): the decode step with fixed shapes, compiled or captured, and in C++.
 
 - `decode`: `StaticDecoder` (modes "eager", "compile" through `torch.compile`, "cuda-graph" through
   `torch.cuda.CUDAGraph`), the `decode_fn` chapter 04's `generate` takes, with its recompilation count
-- `cpu_gemv`: a C++ GEMV with fused bias for the CPU (`torch.utils.cpp_extension`, AVX2 + FMA), `FastLinear` and
-  `fast_cpu_model`, which sends every few-row matrix-vector product of a decode step through it
-- `bench`: batch-1 decode tok/s of each mode against the eager generator, the compile time, and the fraction of the
+- `cpu_gemv`: the chapter's C++ extension for the CPU (`torch.utils.cpp_extension`, AVX2 + FMA; `load_cpu_ext`), a
+  GEMV with fused bias, `FastLinear` and `fast_cpu_model`, which sends every few-row matrix-vector product of a
+  decode step through it
+- `fused_step`: `FusedCPUDecoder`, the whole batch-1 decode step as one C++ call (a `decode_fn` too)
+- `cpu_paged`: the engine's decode attention in C++ through the block tables, attention backend "selective-cpp"
+- `bench`: batch-1 decode tok/s of each path against the eager generator, the compile time, and the fraction of the
   weight-streaming bound measured in the same run, and against Hugging Face (`python -m minillm.compile.bench`)
+- `llamacpp`: the side-by-side with llama.cpp on the same weights (`python -m minillm.compile.llamacpp`; builds
+  llama.cpp from source, never run by the tests or the tour)
 - `tour`: the chapter's rows (compiled decode, the fastest decode against the bound and HF, the engine on it)
 
 The text is `chapters/13-compilation.md`, the lab `notebooks/13-compilation.ipynb`.

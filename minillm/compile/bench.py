@@ -1,4 +1,4 @@
-"""Chapter 13's benchmark (under construction): batch-1 decode of `base` by each mode of `StaticDecoder` against
+"""Chapter 13's benchmark: batch-1 decode of `base` by each mode of `StaticDecoder` against
 chapter 04's eager generator, beside the weight-streaming bound measured in the same run.
 
 What it reports:
@@ -9,8 +9,8 @@ What it reports:
     eager, compiled by `torch.compile` (inductor by default), and on CUDA captured as a CUDA graph; each row's
     greedy tokens against the eager generator's (they must be identical), its compile count after the run (1 is
     one graph for every token) and its first call's time (the compile);
-  - on the CPU, chapter 04's generator on `fast_cpu_model(model)`: every batch-1 matrix-vector product through the
-    C++ GEMV of `cpu_gemv` (same greedy tokens, checked);
+  - on the CPU, chapter 04's generator on `fast_cpu_model(model)` (every batch-1 matrix-vector product through the
+    C++ GEMV of `cpu_gemv`) and with `FusedCPUDecoder` (the whole step one C++ call); same greedy tokens, checked;
   - each mode's tok/s as a fraction of the bound;
   - Hugging Face `generate(use_cache=True)` on the same weights against the eager generator and the fast path.
 Timings interleave the baseline and each candidate (`minillm.core.timing.compare`), medians of repeats.
@@ -32,11 +32,15 @@ from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
 from minillm.compile.cpu_gemv import build_problem, fast_cpu_model, gemv
 from minillm.compile.decode import StaticDecoder
+from minillm.compile.fused_step import FusedCPUDecoder
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.core.timing import compare, measure
 from minillm.kvcache.bench import hf_comparison
 from minillm.kvcache.generate import generate_ids
+
+
+FUSED = "fused C++ step (FusedCPUDecoder)"
 
 
 def hf_available() -> bool:
@@ -81,16 +85,19 @@ def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, bac
     bound = weight_streaming_bound(model)
     modes = ["eager", "compile"] + (["cuda-graph"] if device.type == "cuda" else [])
     rows = []
-    if device.type == "cpu" and build_problem() is None:
+    cpp = device.type == "cpu" and build_problem() is None
+    if cpp:
         fast = fast_cpu_model(model)
-        got = generate_ids(fast, prompt, params)
-        cmp = compare(lambda: generate_ids(model, prompt, params), lambda: generate_ids(fast, prompt, params),
-                      warmup=1, repeats=repeats)
-        tok_s = new / cmp.candidate.median
-        rows.append({"mode": "C++ GEMV (fast_cpu_model)", "backend": None, "static": False,
-                     "identical": same_tokens([want], [got]).equal == 1, "compiles": 0, "first_call_seconds": 0.0,
-                     "tok_s": tok_s, "eager_tok_s": new / cmp.baseline.median, "speedup": cmp.speedup,
-                     "fraction_of_bound": tok_s / bound["tok_s_bound"]})
+        fused = FusedCPUDecoder(model)
+        for mode, run in (("C++ GEMV (fast_cpu_model)", lambda: generate_ids(fast, prompt, params)),
+                          (FUSED, lambda: fused.generate_ids(prompt, params))):
+            got = run()
+            cmp = compare(lambda: generate_ids(model, prompt, params), run, warmup=1, repeats=repeats)
+            tok_s = new / cmp.candidate.median
+            rows.append({"mode": mode, "backend": None, "static": False,
+                         "identical": same_tokens([want], [got]).equal == 1, "compiles": 0,
+                         "first_call_seconds": 0.0, "tok_s": tok_s, "eager_tok_s": new / cmp.baseline.median,
+                         "speedup": cmp.speedup, "fraction_of_bound": tok_s / bound["tok_s_bound"]})
     for mode in modes:
         dec = StaticDecoder(model, mode, backend=backend)
         got = dec.generate_ids(prompt, params)  # the first run compiles (or captures)
@@ -108,8 +115,9 @@ def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, bac
         # Hugging Face generate(use_cache=True) on the same weights, against the eager generator and against the fast
         # path, each interleaved with HF in its own comparison (chapter 04's `hf_comparison`).
         report["hf"] = {"eager": hf_comparison(model, prompt, new, repeats=repeats)}
-        if device.type == "cpu" and build_problem() is None:
+        if cpp:
             report["hf"]["fast"] = hf_comparison(fast, prompt, new, repeats=repeats)
+            report["hf"]["fused"] = hf_comparison(model, prompt, new, repeats=repeats, generate_fn=fused.generate_ids)
     return report
 
 

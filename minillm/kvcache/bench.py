@@ -16,7 +16,7 @@ import json
 import pstats
 import statistics
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -119,8 +119,12 @@ def speedup_vs_naive(model: GPT, prompt: list[int], new_tokens: int, warmup: int
 
 
 def hf_comparison(model: GPT, prompt: list[int], new_tokens: int, warmup: int = 1, repeats: int = 3,
-                  attn_implementation: str = "sdpa") -> dict[str, Any]:
-    """Tokens/s at batch 1: ours (`generate`, KV cache) vs Hugging Face `generate(use_cache=True)`, same weights."""
+                  attn_implementation: str = "sdpa",
+                  generate_fn: Callable[[list[int], SamplingParams], list[int]] | None = None) -> dict[str, Any]:
+    """Tokens/s at batch 1: ours (`generate`, KV cache) vs Hugging Face `generate(use_cache=True)`, same weights.
+
+    `generate_fn(prompt, params) -> ids` replaces ours with another batch-1 path over the same model (chapter 13's
+    fused C++ step); the default is chapter 04's `generate_ids(model, ...)`."""
     hf = to_hf_model(model, attn_implementation=attn_implementation)
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
     idx = torch.tensor([prompt], device=model.device)
@@ -134,7 +138,7 @@ def hf_comparison(model: GPT, prompt: list[int], new_tokens: int, warmup: int = 
         out["hf"] = seq[0, len(prompt):].tolist()
 
     def run_ours() -> None:
-        out["ours"] = generate_ids(model, prompt, params)
+        out["ours"] = generate_fn(prompt, params) if generate_fn else generate_ids(model, prompt, params)
 
     cmp = compare(run_hf, run_ours, warmup=warmup, repeats=repeats, device=model.device)
     return {"new_tokens": new_tokens, "prompt_len": len(prompt), "hf_s": cmp.baseline.median,
