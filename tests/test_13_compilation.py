@@ -8,6 +8,7 @@ a wrong graph shows up either way. The CUDA-graph test runs where a GPU is.
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -285,3 +286,26 @@ def test_engine_with_the_cpp_attention_backend_gives_the_same_outputs():
         assert llm.stats()["num_preemptions"] > 0 and llm.stats()["num_free_blocks"] == 16
     assert outs[NAME] == outs["selective"]
     assert outs[NAME] == [generate_ids(m, p, sp) for p, sp in zip(prompts, params)]
+
+
+def test_llamacpp_export_recovers_our_tokenizer_for_hugging_face(tmp_path):
+    """The side-by-side script's converter input: vocab.json + merges.txt recovered from our tokenizer's ranks load
+    in Hugging Face's GPT-2 tokenizer and encode plain text to our ids (an outside check of `recover_merges` and of
+    the byte alphabet, which must equal GPT-2's own); config.json carries the n_ctx the converter reads."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.convert_slow_tokenizer import bytes_to_unicode as hf_bytes_to_unicode
+
+    from minillm.compile.llamacpp import bytes_to_unicode, export_hf_dir, recover_merges
+    from minillm.tokenizer import DEFAULT_TOKENIZER_PATH, Tokenizer
+
+    assert bytes_to_unicode() == hf_bytes_to_unicode()
+    tok = Tokenizer.load(DEFAULT_TOKENIZER_PATH)
+    merges = recover_merges(tok.mergeable_ranks)
+    assert len(merges) == len(tok.mergeable_ranks) - 256
+    with pytest.raises(ValueError, match="not one merge"):
+        recover_merges({b"a": 0, b"b": 1, b"abc": 2})
+    out = export_hf_dir(context_model("tiny", vocab_size=tok.vocab_size), tok, tmp_path / "hf")
+    assert json.loads((out / "config.json").read_text())["n_ctx"] == GPTConfig.from_name("tiny").block_size
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)  # what llama.cpp's converter loads
+    text = "the cat sat on the mat and then the model said hello to everyone in the room"
+    assert hf_tok.encode(text) == tok.encode_ordinary(text)
