@@ -109,6 +109,13 @@ def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, bac
                      "identical": same_tokens([want], [got]).equal == 1, "compiles": dec.compiles,
                      "first_call_seconds": first_call, "tok_s": tok_s, "eager_tok_s": new / cmp.baseline.median,
                      "speedup": cmp.speedup, "fraction_of_bound": tok_s / bound["tok_s_bound"]})
+    # subtle: the bound is a fastest-ever figure, and a neighbour's load during its few seconds would make every path
+    # look closer to it (or past it); measured again after the paths, the faster of the two is kept.
+    again = weight_streaming_bound(model)
+    if again["step_seconds"] < bound["step_seconds"]:
+        for r in rows:
+            r["fraction_of_bound"] = r["tok_s"] / again["tok_s_bound"]
+        bound = again
     report = {"device": str(device), "threads": torch.get_num_threads(), "new_tokens": new,
               "prompt_len": len(prompt), "bound": bound, "rows": rows}
     if with_hf and hf_available():
