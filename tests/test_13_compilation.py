@@ -213,10 +213,15 @@ def test_fused_cpu_step_rejects_what_it_cannot_run():
     dec = FusedCPUDecoder(m)
     with pytest.raises(ValueError, match="its own cache"):
         generate_ids(m, PROMPTS[0], SamplingParams.greedy(3, ignore_eos=True), decode_fn=dec)
-    with pytest.raises(RuntimeError, match="token id 4096 is outside the vocabulary"):
-        dec._cpp.step(SMALL.vocab_size, 0, 0)
-    with pytest.raises(RuntimeError, match="slot 64 is outside the cache"):
-        dec._cpp.step(0, 0, SMALL.block_size)
+    with pytest.raises(ValueError, match="token id 4096 is outside the vocabulary"):
+        dec(m, dec.cache, torch.tensor([SMALL.vocab_size]), torch.tensor([0]))
+    with pytest.raises(ValueError, match="position 64 is outside the context window"):
+        dec(m, dec.cache, torch.tensor([1]), torch.tensor([SMALL.block_size]))
+    dec.cache.reset().truncate(0)
+    dec.cache.mark_written(SMALL.block_size)
+    with pytest.raises(ValueError, match="slot 64 is outside the cache"):
+        dec(m, dec.cache, torch.tensor([1]), torch.tensor([3]))
+    assert dec.cache.length == SMALL.block_size  # a refused step leaves the cache as it was
     full = ContiguousKVCache(SMALL, 1, 4)
     full.mark_written(4)
     with pytest.raises(ValueError, match="cache full"):

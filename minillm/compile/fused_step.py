@@ -78,7 +78,10 @@ class FusedCPUDecoder:
         if model is not self.model or cache is not self.cache:
             raise ValueError("a FusedCPUDecoder runs its own model over its own cache: pass kv_cache=decoder.cache")
         start = cache.length
-        logits = self._cpp.step(int(token), int(positions), start)  # (1, V); K/V written at slot `start`
+        try:
+            logits = self._cpp.step(int(token), int(positions), start)  # (1, V); K/V written at slot `start`
+        except RuntimeError as e:  # the C++ range checks (token id, position, a full cache), named as a ValueError
+            raise ValueError(str(e).split("\n")[0]) from None
         cache.mark_written(1)
         return logits
 
