@@ -293,3 +293,32 @@ def test_output_paths_are_checked_before_the_work(tmp_path, capsys):
     out = atomic_save_figure(fig, tmp_path / "f.png")
     plt.close(fig)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not list(tmp_path.glob("*.tmp*"))
+
+
+def test_gpu_report_runs_the_gpu_benchmarks_and_states_the_budget(tmp_path, monkeypatch):
+    """The report's own logic on any machine: a GPU stubbed in (environment, tour), the benchmarks replaced by small
+    stdlib commands (one writes its JSON report, one fails, one runs out of time). Every outcome is recorded, a
+    failed or stuck benchmark fails the report without stopping it, and the wall time is set against the budget."""
+    from minillm.course import gpu_report
+
+    monkeypatch.setattr(gpu_report.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_report, "environment", lambda: {"date": "2026-12-01T00:00:00+00:00", "gpu": "Test GPU"})
+    monkeypatch.setattr(gpu_report, "run_tour", lambda ctx, progress: (
+        [Row("13", "t", "b", "o", "ok", True, "m", 1.0)], {"13": 0.1}))
+    stuck = gpu_report.run_benchmark("stuck", "timeit", ("-n", "1", "import time; time.sleep(30)"), timeout=2,
+                                     workdir=tmp_path)
+    assert stuck["timed_out"] and stuck["exit_code"] is None and stuck["seconds"] < 20
+    source = tmp_path / "figures.json"
+    source.write_text('{"speed-up": 2.5}')
+    monkeypatch.setattr(gpu_report, "GPU_BENCHMARKS", (("passes", "json.tool", (str(source), "{json}")),
+                                                       ("fails", "json.tool", (str(tmp_path / "missing.json"),))))
+    md, passed = gpu_report.run_report(run_tests=False, out_dir=tmp_path / "reports", bench_timeout=60)
+    text = md.read_text()
+    assert not passed and "**FAILED**" in text  # the second benchmark reads a file that does not exist
+    assert "## Benchmark: passes" in text and "## Benchmark: fails" in text and "exit code 2" in text
+    assert "within the 8-minute budget" in text
+    data = json.loads(md.with_suffix(".json").read_text())
+    assert [b["exit_code"] for b in data["benchmarks"]] == [0, 2] and data["budget_seconds"] == 480
+    assert data["benchmarks"][0]["report"] == {"speed-up": 2.5}  # the benchmark's own JSON, read back
+    md, passed = gpu_report.run_report(run_tests=False, out_dir=tmp_path / "reports", benchmarks=False)
+    assert passed and "## Benchmark" not in md.read_text()

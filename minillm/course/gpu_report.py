@@ -1,9 +1,12 @@
 """`minillm gpu-report`: verify every chapter on a CUDA GPU in one command and write a dated report.
 
-It runs the tour with `--device cuda` (every chapter's check against its baseline, and its benchmark) and the
-test suite (whose device-parametrized tests add CUDA variants when a GPU is present), then writes Markdown and
-JSON into `chapters/gpu-reports/`, named by date and GPU, recording the GPU, driver, torch/CUDA versions and the
-git commit. Without a GPU it refuses with a clear error rather than writing a CPU report under a GPU name.
+It runs the tour with `--device cuda` (every chapter's check against its baseline, and its benchmark), the chapter
+benchmarks that only mean something on a GPU (`GPU_BENCHMARKS`: chapter 12's kernel versions against the device's
+copy bandwidth, chapter 13's decode modes with the CUDA graph), and the test suite (whose device-parametrized tests
+add CUDA variants when a GPU is present), then writes Markdown and JSON into `chapters/gpu-reports/`, named by date
+and GPU, recording the GPU, driver, torch/CUDA versions, the git commit, and the wall time against the 8-minute
+budget a GPU session allows. Without a GPU it refuses with a clear error rather than writing a CPU report under a
+GPU name.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import platform
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,6 +32,15 @@ from minillm.course.tour import TourContext, format_table, run_tour
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REPORT_DIR = REPO_ROOT / "chapters" / "gpu-reports"
+BUDGET_S = 8 * 60  # what the whole report should take on one H200 (a borrowed GPU's session is short)
+
+# (title, module run with `python -m`, its arguments; "{json}" becomes a file the report reads back)
+GPU_BENCHMARKS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("chapter 12: every kernel version against its naive twin and the copy bandwidth", "minillm.kernels.bench",
+     ("--out", "{json}")),
+    ("chapter 13: decode modes on cuda, the CUDA graph among them", "minillm.compile.bench",
+     ("--device", "cuda", "--quick", "--json", "{json}")),
+)
 
 
 def _git_commit() -> str:
@@ -61,6 +74,26 @@ def _pytest_command(workers: int, test_timeout: int) -> list[str]:
     return cmd
 
 
+def run_benchmark(title: str, module: str, args: tuple[str, ...], timeout: int, workdir: Path) -> dict:
+    """`python -m module args` with a wall-clock limit: its exit code, seconds, output tail and JSON report (if any).
+
+    A benchmark that fails or runs out of time is recorded as such, never raised: the report still gets written."""
+    out_json = workdir / (module.replace(".", "_") + ".json")
+    cmd = [sys.executable, "-m", module, *[a.replace("{json}", str(out_json)) for a in args]]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+        code, output, timed_out = proc.returncode, proc.stdout + proc.stderr[-4000:], False
+    except subprocess.TimeoutExpired as e:  # what it printed before the limit, bytes or str by Python version
+        code, timed_out = None, True
+        output = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+    result = {"title": title, "command": " ".join(["python", "-m", module, *args]), "exit_code": code,
+              "timed_out": timed_out, "seconds": round(time.perf_counter() - t0, 1), "output": output[-12000:]}
+    if out_json.is_file():
+        result["report"] = json.loads(out_json.read_text())
+    return result
+
+
 def environment() -> dict:
     props = torch.cuda.get_device_properties(0)
     return {
@@ -90,15 +123,23 @@ def chapter_table(rows: list) -> list[str]:
 
 
 def run_report(quick: bool = False, run_tests: bool = True, out_dir: Path = REPORT_DIR, workers: int = 1,
-               test_timeout: int = 300) -> tuple[Path, bool]:
-    """Run tour + tests on the GPU; write `<date>-<gpu>.md/.json` into out_dir. Returns (markdown path, all passed)."""
+               test_timeout: int = 300, benchmarks: bool = True, bench_timeout: int = 180) -> tuple[Path, bool]:
+    """Run tour, GPU benchmarks and tests on the GPU; write `<date>-<gpu>.md/.json` into out_dir.
+
+    Returns (markdown path, all passed)."""
     if not torch.cuda.is_available():
         raise ValueError("gpu-report needs a CUDA GPU, but torch.cuda.is_available() is False")
 
     env = environment()
-    t0 = time.perf_counter()
+    start = t0 = time.perf_counter()
     rows, seconds = run_tour(TourContext(device=torch.device("cuda"), quick=quick), progress=False)
     tour_s = time.perf_counter() - t0
+    out_dir.mkdir(parents=True, exist_ok=True)
+    benches = []
+    if benchmarks:
+        with tempfile.TemporaryDirectory() as tmp:
+            benches = [run_benchmark(title, module, args, bench_timeout, Path(tmp))
+                       for title, module, args in GPU_BENCHMARKS]
     tests = {"ran": False}
     if run_tests:
         t0 = time.perf_counter()
@@ -109,22 +150,29 @@ def run_report(quick: bool = False, run_tests: bool = True, out_dir: Path = REPO
                  "seconds": round(time.perf_counter() - t0, 1),
                  "failures": [line for line in lines if line.startswith(("FAILED ", "ERROR "))],
                  "tail": proc.stdout[-20000:] + proc.stderr[-4000:]}
-    passed = not any(r.failed for r in rows) and (not run_tests or tests["exit_code"] == 0)
+    passed = (not any(r.failed for r in rows) and (not run_tests or tests["exit_code"] == 0)
+              and all(b["exit_code"] == 0 for b in benches))
+    total_s = time.perf_counter() - start
     slug = re.sub(r"[^a-z0-9]+", "-", env["gpu"].lower()).strip("-")
     stem = f"{env['date'][:10]}-{slug}"
-    data = {"environment": env, "passed": passed, "tour_seconds": round(tour_s, 1), "chapter_seconds": seconds,
-            "rows": [r.to_dict() for r in rows], "tests": tests}
+    data = {"environment": env, "passed": passed, "total_seconds": round(total_s, 1), "budget_seconds": BUDGET_S,
+            "tour_seconds": round(tour_s, 1), "chapter_seconds": seconds, "rows": [r.to_dict() for r in rows],
+            "benchmarks": benches, "tests": tests}
     md = [f"# GPU verification: {env['gpu']}, {env['date'][:10]}", "",
           "| field | value |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in env.items()] + [
-          "", f"Overall: **{'PASSED' if passed else 'FAILED'}**. Command: `minillm gpu-report`.", "",
+          "", f"Overall: **{'PASSED' if passed else 'FAILED'}**. Command: `minillm gpu-report`. Wall time "
+          f"{total_s:.0f} s, {'within' if total_s <= BUDGET_S else 'over'} the {BUDGET_S // 60}-minute budget.", "",
           "## Chapters", "", *chapter_table(rows),
           "", f"## Tour on cuda ({tour_s:.0f} s)", "", "```", format_table(rows), "```", ""]
+    for b in benches:
+        state = "timed out" if b["timed_out"] else f"exit code {b['exit_code']}"
+        md += [f"## Benchmark: {b['title']}", "", f"`{b['command']}`: {state}, {b['seconds']} s", "", "```",
+               b["output"].rstrip(), "```", ""]
     if run_tests:
         md += ["## Test suite on a machine with CUDA (notebooks excluded)", "",
                f"exit code {tests['exit_code']}: {tests['summary']} ({tests['seconds']} s)", ""]
         if tests["failures"]:
             md += ["Failures:", "", "```", *tests["failures"], "```", ""]
-    out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / f"{stem}.json", json.dumps(data, indent=2, default=str) + "\n")
     md_path = atomic_write_text(out_dir / f"{stem}.md", "\n".join(md) + "\n")
     return md_path, passed
@@ -132,7 +180,8 @@ def run_report(quick: bool = False, run_tests: bool = True, out_dir: Path = REPO
 
 def _cmd(args: argparse.Namespace) -> int:
     path, passed = run_report(quick=args.quick, run_tests=not args.no_tests, workers=args.workers,
-                              test_timeout=args.test_timeout)
+                              test_timeout=args.test_timeout, benchmarks=not args.no_benchmarks,
+                              bench_timeout=args.bench_timeout)
     print(f"report written to {path} ({'passed' if passed else 'FAILED'})")
     return 0 if passed else 1
 
@@ -140,7 +189,9 @@ def _cmd(args: argparse.Namespace) -> int:
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("gpu-report", help="verify every chapter on a CUDA GPU and write a dated report")
     p.add_argument("--quick", action="store_true", help="the tour's quick workloads")
-    p.add_argument("--no-tests", action="store_true", help="only the tour, not the test suite")
+    p.add_argument("--no-tests", action="store_true", help="not the test suite")
+    p.add_argument("--no-benchmarks", action="store_true", help="not the GPU benchmarks (chapters 12 and 13)")
+    p.add_argument("--bench-timeout", type=int, default=180, help="seconds each GPU benchmark may take")
     p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
                    help="pytest-xdist processes for the test suite (default: min(8, CPUs))")
     p.add_argument("--test-timeout", type=int, default=300, help="seconds before one test counts as stuck")
