@@ -166,6 +166,7 @@ class FusedDecoder {
         y_.resize(A_);
         f_.resize(widest);
         scores_.resize(max_len_);
+        logits_.resize(V_);
         where_.resize(max_len_);
         for (int64_t j = 0; j < max_len_; ++j) where_[j] = j * hs_;  // slot j of a head's (max_len, hs) rows
     }
@@ -202,6 +203,24 @@ class FusedDecoder {
         return logits;
     }
 
+    // The step's matrix-vector products alone, in the step's order, `times` over: every weight matrix streamed once
+    // per pass with nothing else in the loop (on whatever the scratch buffers hold). Chapter 13's benchmark times it
+    // as the weight-streaming bound of the step above, free of any per-call cost a loop from Python would add.
+    void products(int64_t times) {
+        TORCH_CHECK(times >= 0, "FusedDecoder.products: times must be non-negative, got ", times);
+        for (int64_t r = 0; r < times; ++r) {
+            for (int64_t l = 0; l < n_layer_; ++l) {
+                const torch::Tensor* t = &layers_[l * kLayerTensors];
+                const int64_t H = t[8].size(0);
+                small_gemm(h_.data(), ptr(t[2]), ptr(t[3]), qkv_.data(), 1, C_, 3 * A_);
+                small_gemm(y_.data(), ptr(t[4]), ptr(t[5]), h_.data(), 1, A_, C_);
+                small_gemm(h_.data(), ptr(t[8]), ptr(t[9]), f_.data(), 1, C_, H);
+                small_gemm(f_.data(), ptr(t[10]), ptr(t[11]), h_.data(), 1, H, C_);
+            }
+            small_gemm(h_.data(), ptr(globals_[4]), nullptr, logits_.data(), 1, C_, V_);
+        }
+    }
+
     int64_t max_len() const { return max_len_; }
 
   private:
@@ -228,6 +247,7 @@ class FusedDecoder {
     int64_t nh_, hs_, n_layer_ = 0, V_ = 0, C_ = 0, P_ = 0, A_ = 0, max_len_ = 0;
     float eps_;
     std::vector<float> x_, h_, qkv_, y_, f_, scores_;  // the step's scratch: residual, normed/out, q k v, heads, MLP
+    std::vector<float> logits_;                          // products() only: step() returns a fresh logits tensor
     std::vector<int64_t> where_;                         // where slot j starts in a head's rows: j * hs
 };
 
@@ -291,6 +311,8 @@ void register_decoder(pybind11::module& m) {
         .def(pybind11::init<std::vector<torch::Tensor>, std::vector<torch::Tensor>, std::vector<torch::Tensor>,
                             std::vector<torch::Tensor>, int64_t, int64_t, double>())
         .def("step", &FusedDecoder::step, "logits (1, V) of one token at one position, its K/V written at a slot",
+             pybind11::call_guard<pybind11::gil_scoped_release>())
+        .def("products", &FusedDecoder::products, "the step's matrix-vector products alone, `times` over",
              pybind11::call_guard<pybind11::gil_scoped_release>())
         .def_property_readonly("max_len", &FusedDecoder::max_len);
 }
