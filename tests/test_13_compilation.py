@@ -180,6 +180,28 @@ def test_fused_cpu_step_equals_the_models_logits_step_by_step():
 
 
 @needs_cpp
+def test_fused_cpu_step_gelu_holds_at_large_activations():
+    """The vectorized GELU (tanh through an 8-wide exp) where tanh saturates: c_fc scaled so its outputs reach
+    hundreds, logits still equal the model's (whose F.gelu uses the same tanh form)."""
+    m = model()
+    with torch.no_grad():
+        for block in m.transformer.h:
+            block.mlp.c_fc.weight.mul_(60.0)
+    dec = FusedCPUDecoder(m)
+    ref = ContiguousKVCache(SMALL, 1, SMALL.block_size)
+    ids = torch.tensor([[5, 17, 99, 3, 200, 1]])
+    with torch.inference_mode():
+        x = m.transformer.h[0].ln_2(m.transformer.wte(ids) + m.transformer.wpe(torch.arange(6)))
+        assert m.transformer.h[0].mlp.c_fc(x).abs().max() > 100
+        m.hidden(ids[:, :1], torch.arange(1), dec.cache)
+        m.hidden(ids[:, :1], torch.arange(1), ref)
+        for pos in range(1, 6):
+            want = m.logits(m.hidden(ids[:, pos:pos + 1], torch.tensor([pos]), ref)[:, -1])
+            got = dec(m, dec.cache, ids[0, pos:pos + 1], torch.tensor([pos]))
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
+
+
+@needs_cpp
 def test_fused_cpu_step_gives_the_generators_tokens():
     """Greedy tokens as chapter 04's eager generator, on prompts of three lengths through one decoder (its cache
     reset by each request), with the lifecycle's stops, seeded sampling, and a model whose heads and MLP were
@@ -248,14 +270,15 @@ def test_cpp_paged_decode_attention_equals_the_gathered_reference(S, nh, hs, bs)
     ids = torch.randperm(nb, generator=g)
     for s, n in enumerate(lens):
         tables[s, : -(-n // bs)] = ids[s * max_nb : s * max_nb - (-n // bs)]
-    q = torch.randn(S, nh, hs, generator=g)
-    got = paged_decode_attention(q, k_pool, v_pool, tables, torch.tensor(lens))
-    for s, n in enumerate(lens):
-        blocks = tables[s, : -(-n // bs)]
-        k = k_pool[blocks].flatten(0, 1)[:n].transpose(0, 1)  # (nh, n, hs)
-        v = v_pool[blocks].flatten(0, 1)[:n].transpose(0, 1)
-        want = torch.nn.functional.scaled_dot_product_attention(q[s].unsqueeze(1), k, v).squeeze(1)  # (nh, hs)
-        torch.testing.assert_close(got[s], want, rtol=1e-5, atol=1e-5)
+    for scale in (1.0, 300.0):  # ordinary scores, then scores hundreds apart (the softmax's exp at its extremes)
+        q = torch.randn(S, nh, hs, generator=g) * scale
+        got = paged_decode_attention(q, k_pool, v_pool, tables, torch.tensor(lens))
+        for s, n in enumerate(lens):
+            blocks = tables[s, : -(-n // bs)]
+            k = k_pool[blocks].flatten(0, 1)[:n].transpose(0, 1)  # (nh, n, hs)
+            v = v_pool[blocks].flatten(0, 1)[:n].transpose(0, 1)
+            want = torch.nn.functional.scaled_dot_product_attention(q[s].unsqueeze(1), k, v).squeeze(1)  # (nh, hs)
+            torch.testing.assert_close(got[s], want, rtol=1e-5, atol=1e-5)
 
 
 @needs_cpp
