@@ -65,7 +65,8 @@ def fetch_sources(work: Path, sdist: Path | None) -> Path:
         found = sorted(work.glob("llama_cpp_python-*.tar.gz"))
         if not found:
             print(f"fetching {PINNED} (source distribution) with pip ...", flush=True)
-            _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", PINNED, "-d", str(work)])
+            _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", PINNED, "-d",
+                  str(work)])
             found = sorted(work.glob("llama_cpp_python-*.tar.gz"))
         sdist = found[-1]
     if not sdist.is_file():
@@ -129,7 +130,8 @@ def recover_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
 
 
 def export_hf_dir(model: Any, tokenizer: Any, out: Path) -> Path:
-    """`model` as a Hugging Face GPT-2 directory with a vocab.json + merges.txt of `tokenizer` (the converter's input)."""
+    """`model` as a Hugging Face GPT-2 directory, with a vocab.json + merges.txt of `tokenizer`: the converter's
+    input."""
     out.mkdir(parents=True, exist_ok=True)
     to_hf_model(model).save_pretrained(out)
     config = json.loads((out / "config.json").read_text())

@@ -41,7 +41,8 @@ def run(ctx: TourContext) -> list[Row]:
         rows.append(Row("13", "CUDA graph decode, batch 1", "eager generate_ids (ch04)", "captured static step",
                         f"identical greedy tokens: {g['identical']}; captured {g['compiles']} time(s); "
                         f"{g['tok_s']:.0f} vs {g['eager_tok_s']:.0f} tok/s, {label}",
-                        g["identical"] and g["compiles"] == 1, "speed-up", g["speedup"], "x", dev, details={"model": label, **g}))
+                        g["identical"] and g["compiles"] == 1, "speed-up", g["speedup"], "x", dev,
+                        details={"model": label, **g}))
     fastest = max(r["rows"], key=lambda row: row["tok_s"])
     b = r["bound"]
     bound = (f"weight-streaming bound ({b['tok_s_bound']:.0f} tok/s: {b['bytes'] / 1e6:.1f} MB through {b['by']} in "

@@ -46,7 +46,9 @@ void axpy(float* y, float p, const float* x, int64_t n) {
     int64_t i = 0;
 #if defined(__AVX2__) && defined(__FMA__)
     const __m256 pv = _mm256_set1_ps(p);
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    }
 #endif
     for (; i < n; ++i) y[i] += p * x[i];
 }
@@ -134,7 +136,9 @@ void attend_heads(const float* q, const float* k, const float* v, const int64_t*
                   int64_t hs, int64_t head_stride, float* scores, float* out) {
     const float scale = 1.f / std::sqrt(static_cast<float>(hs));
     for (int64_t j = 0; j < n; ++j) {
-        for (int64_t h = 0; h < nh; ++h) scores[h * n + j] = dot(q + h * hs, k + where[j] + h * head_stride, hs) * scale;
+        for (int64_t h = 0; h < nh; ++h) {
+            scores[h * n + j] = dot(q + h * hs, k + where[j] + h * head_stride, hs) * scale;
+        }
     }
     for (int64_t h = 0; h < nh; ++h) {  // each head's softmax over its n scores, in place
         float* s = scores + h * n;
@@ -154,11 +158,10 @@ const float* ptr(const torch::Tensor& t) { return t.data_ptr<float>(); }
 void check_float(const torch::Tensor& t, const char* what, std::vector<int64_t> shape) {
     TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(), "FusedDecoder: ", what,
                 " must be a contiguous float32 CPU tensor");
-    TORCH_CHECK(t.sizes() == at::IntArrayRef(shape), "FusedDecoder: ", what, " must have shape ", at::IntArrayRef(shape),
+    TORCH_CHECK(t.sizes() == at::IntArrayRef(shape), "FusedDecoder: ", what, " must have shape ",
+                at::IntArrayRef(shape),
                 ", got ", t.sizes());
 }
-
-}  // namespace
 
 // Holds the model's tensors (not copies: the same storage as the parameters) and its cache's K/V tensors, plus the
 // scratch buffers of one step, all allocated at construction; `step` allocates only the returned logits.
@@ -225,7 +228,8 @@ class FusedDecoder {
     torch::Tensor step(int64_t token, int64_t pos, int64_t start) {
         TORCH_CHECK(token >= 0 && token < V_, "FusedDecoder: token id ", token, " is outside the vocabulary [0, ", V_,
                     ")");
-        TORCH_CHECK(pos >= 0 && pos < P_, "FusedDecoder: position ", pos, " is outside the context window [0, ", P_, ")");
+        TORCH_CHECK(pos >= 0 && pos < P_, "FusedDecoder: position ", pos, " is outside the context window [0, ", P_,
+                    ")");
         TORCH_CHECK(start >= 0 && start < max_len_, "FusedDecoder: slot ", start, " is outside the cache [0, ",
                     max_len_, ")");
         float* x = x_.data();
@@ -353,6 +357,8 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
     }
     return out;
 }
+
+}  // namespace
 
 void register_decoder(pybind11::module& m) {
     m.def("paged_decode_attention", &paged_decode_attention,
