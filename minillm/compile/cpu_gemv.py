@@ -17,9 +17,11 @@ What it leaves out: several threads, int8 weights (chapter 09's codes would halv
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import shutil
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ from minillm.kernels.build import cache_dir
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (CSRC / "gemv_cpu.cpp", CSRC / "decode_cpu.cpp")  # one module; cpu_kernels.h is what they share
+_NO_BIAS = torch.empty(0)  # what the C++ GEMV takes for "no bias"
 MAX_ROWS = 16  # up to this many rows of x take the C++ path (decode batches); more go to F.linear (prefill)
 
 _lock = threading.Lock()
@@ -72,21 +75,34 @@ def load_cpu_ext(verbose: bool = False):
     return _ext
 
 
+def require_cpu_tensors(dtype: torch.dtype, **tensors: Any) -> None:
+    """TypeError naming the first of `tensors` that is not a `dtype` CPU tensor: the checked entry points of the C++
+    extension (`gemv` here, `cpu_paged.paged_decode_attention`) test their arguments here before C++ sees them."""
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.device.type != "cpu":
+            kind = str(dtype).removeprefix("torch.")
+            raise TypeError(f"{name} must be {'an' if kind[0] in 'aeiou' else 'a'} {kind} CPU tensor, got "
+                            f"{getattr(t, 'dtype', type(t).__name__)} on {getattr(t, 'device', '-')}")
+
+
+@contextlib.contextmanager
+def cpp_errors_as_value_errors() -> Iterator[None]:
+    """The C++ side's own checks (TORCH_CHECK: a RuntimeError) re-raised as the ValueError the rest of the package
+    raises for a bad value, with the C++ message's first line (it names the value)."""
+    try:
+        yield
+    except RuntimeError as e:
+        raise ValueError(str(e).split("\n")[0]) from None
+
+
 def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """x (M, K) @ w (N, K)^T + b (N,) -> (M, N), float32 CPU tensors, through the C++ loop."""
-    for name, t in (("x", x), ("w", w)) + ((("b", b),) if b is not None else ()):
-        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device.type != "cpu":
-            raise TypeError(f"{name} must be a float32 CPU tensor, got "
-                            f"{getattr(t, 'dtype', type(t).__name__)} on {getattr(t, 'device', '-')}")
+    require_cpu_tensors(torch.float32, x=x, w=w, **({"b": b} if b is not None else {}))
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"x must be (M, K) and w (N, K) with the same K, got {tuple(x.shape)} and {tuple(w.shape)}")
     if b is not None and b.shape != (w.shape[0],):
         raise ValueError(f"b must have shape ({w.shape[0]},), got {tuple(b.shape)}")
-    empty = torch.empty(0)
-    return load_cpu_ext().gemv(x.contiguous(), w.contiguous(), empty if b is None else b.contiguous())
-
-
-_NO_BIAS = torch.empty(0)
+    return load_cpu_ext().gemv(x.contiguous(), w.contiguous(), _NO_BIAS if b is None else b.contiguous())
 
 
 class FastLinear(nn.Linear):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from minillm.compile.cpu_gemv import load_cpu_ext
+from minillm.compile.cpu_gemv import cpp_errors_as_value_errors, load_cpu_ext, require_cpu_tensors
 from minillm.engine.selective_cache import SelectiveKVCache
 from minillm.paged import PagedBatch
 from minillm.paged.backends import register_attention_backend
@@ -32,17 +32,11 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
 
     The checked entry point (the C++ side checks again and names what is wrong: shapes, dtypes, a length or block id
     out of range)."""
-    for name, t in (("q", q), ("k_pool", k_pool), ("v_pool", v_pool)):
-        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device.type != "cpu":
-            raise TypeError(f"{name} must be a float32 CPU tensor, got {getattr(t, 'dtype', type(t).__name__)}")
-    for name, t in (("block_tables", block_tables), ("context_lens", context_lens)):
-        if not isinstance(t, torch.Tensor) or t.dtype != torch.int64 or t.device.type != "cpu":
-            raise TypeError(f"{name} must be an int64 CPU tensor, got {getattr(t, 'dtype', type(t).__name__)}")
-    try:
+    require_cpu_tensors(torch.float32, q=q, k_pool=k_pool, v_pool=v_pool)
+    require_cpu_tensors(torch.int64, block_tables=block_tables, context_lens=context_lens)
+    with cpp_errors_as_value_errors():
         return load_cpu_ext().paged_decode_attention(q.contiguous(), k_pool.contiguous(), v_pool.contiguous(),
                                                      block_tables.contiguous(), context_lens.contiguous())
-    except RuntimeError as e:  # the C++ checks: re-raised as the ValueError the rest of the package uses
-        raise ValueError(str(e).split("\n")[0]) from None
 
 
 class CppSelectiveKVCache(SelectiveKVCache):

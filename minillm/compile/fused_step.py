@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from minillm.compile.cpu_gemv import load_cpu_ext
+from minillm.compile.cpu_gemv import cpp_errors_as_value_errors, load_cpu_ext
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.kvcache.cache import ContiguousKVCache
@@ -78,10 +78,8 @@ class FusedCPUDecoder:
         if model is not self.model or cache is not self.cache:
             raise ValueError("a FusedCPUDecoder runs its own model over its own cache: pass kv_cache=decoder.cache")
         start = cache.length
-        try:
+        with cpp_errors_as_value_errors():  # the C++ range checks: token id, position, a full cache
             logits = self._cpp.step(int(token), int(positions), start)  # (1, V); K/V written at slot `start`
-        except RuntimeError as e:  # the C++ range checks (token id, position, a full cache), named as a ValueError
-            raise ValueError(str(e).split("\n")[0]) from None
         cache.mark_written(1)
         return logits
 

@@ -30,7 +30,6 @@ import statistics
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,7 @@ from minillm.compile.fused_step import FusedCPUDecoder
 from minillm.core.hf import to_hf_model
 from minillm.core.io import atomic_write_text
 from minillm.core.sampling import SamplingParams
+from minillm.core.timing import measure
 from minillm.kvcache.generate import generate_ids
 from minillm.tokenizer import DEFAULT_TOKENIZER_PATH, Tokenizer
 
@@ -171,12 +171,8 @@ def llama_bench_tok_s(binary: Path, gguf: Path, threads: int, tokens: int) -> fl
 
 
 def ours_tok_s(run, tokens: int, repeats: int = 3) -> float:
-    """Mean tok/s of `repeats` timed calls of `run` after one untimed warm-up call (as llama-bench -r 3 averages)."""
-    run()
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        run()
-    return repeats * tokens / (time.perf_counter() - t0)
+    """tok/s of `run` (one decode of `tokens` tokens): the median of `repeats` timed calls after one warm-up call."""
+    return tokens / measure(run, warmup=1, repeats=repeats).median
 
 
 def main(argv: list[str] | None = None) -> int:
