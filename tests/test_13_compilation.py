@@ -101,6 +101,9 @@ def test_benchmark_rows_on_a_small_model():
     modes = [r["mode"] for r in report["rows"]]
     assert modes[-2:] == ["eager", "compile"] and modes[:-2] in ([], ["C++ GEMV (fast_cpu_model)", FUSED])
     assert all(r["identical"] for r in report["rows"]) and report["rows"][-1]["compiles"] == 1
+    for r in report["rows"]:  # both fractions of the bound, each from its own timing (values are not asserted)
+        assert r["fraction_of_bound"] > 0 and r["bound_tok_s"] > 0
+        assert r["fraction_of_fastest_bound"] == pytest.approx(r["tok_s"] / report["bound"]["tok_s_bound"])
 
 
 @pytest.mark.skipif(not DYNAMO or shutil.which("g++") is None and shutil.which("c++") is None,

@@ -11,7 +11,7 @@ import torch
 from minillm.course.cli import build_parser, main
 from minillm.core.device import resolve_device
 from minillm.core.io import atomic_save_safetensors, atomic_write_bytes, atomic_write_text
-from minillm.core.timing import compare, measure
+from minillm.core.timing import compare, interleave, measure
 from minillm.course.tour import available_chapters, run_tour
 from minillm.core.rows import Row, TourContext, format_table, rows_to_json, summary_line
 
@@ -172,6 +172,15 @@ def test_measure_and_compare_count_calls():
     assert calls["b"] == 5 and len(c.baseline.times) == len(c.candidate.times) == 4
     with pytest.raises(ValueError, match="repeats"):
         measure(a, repeats=0)
+
+
+def test_interleave_runs_the_callables_in_turn():
+    order: list[str] = []
+    timings = interleave([lambda: order.append("a"), lambda: order.append("b"), lambda: order.append("c")],
+                         warmup=1, repeats=2)
+    assert order == list("abc" * 3) and [len(t.times) for t in timings] == [2, 2, 2]
+    with pytest.raises(ValueError, match="at least one"):
+        interleave([])
 
 
 def test_atomic_writes_leave_no_temp_files(tmp_path):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -73,6 +73,22 @@ def measure(fn: Callable[[], Any], warmup: int = 1, repeats: int = 5, device: to
     return Timing([time_once(fn, device)[0] for _ in range(repeats)])
 
 
+def interleave(fns: Sequence[Callable[[], Any]], warmup: int = 1, repeats: int = 5,
+               device: torch.device | str | None = None) -> list[Timing]:
+    """Time several callables in turn (a, b, c, a, b, c, ...), one Timing each, so all see the same machine."""
+    _check(warmup, repeats)
+    if len(fns) == 0:
+        raise ValueError("interleave needs at least one callable")
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    timings = [Timing() for _ in fns]
+    for _ in range(repeats):
+        for fn, t in zip(fns, timings):
+            t.times.append(time_once(fn, device)[0])
+    return timings
+
+
 def compare(
     baseline_fn: Callable[[], Any],
     candidate_fn: Callable[[], Any],
@@ -81,12 +97,5 @@ def compare(
     device: torch.device | str | None = None,
 ) -> Comparison:
     """Time baseline and candidate alternately (b, c, b, c, ...) so both see the same machine conditions."""
-    _check(warmup, repeats)
-    for _ in range(warmup):
-        baseline_fn()
-        candidate_fn()
-    base, cand = Timing(), Timing()
-    for _ in range(repeats):
-        base.times.append(time_once(baseline_fn, device)[0])
-        cand.times.append(time_once(candidate_fn, device)[0])
+    base, cand = interleave([baseline_fn, candidate_fn], warmup, repeats, device)
     return Comparison(base, cand)
