@@ -20,7 +20,8 @@ from minillm.naive.bench import BenchCase, GENERATORS, register_generator, run_b
 from minillm.core.stopping import StopChecker, validate_prompt
 from minillm.naive.generate import collect, generate_naive, generate_naive_ids
 from minillm.core.metrics import PeakMemory, RequestTimes, summarize, throughput
-from minillm.naive.roofline import Machine, decode_bound, decode_cost, measure_bandwidth, naive_step_flops, param_count
+from minillm.naive.roofline import (Machine, decode_bound, decode_cost, decode_weights, measure_bandwidth,
+                                    measure_weight_streaming, naive_step_flops, param_count)
 from minillm.core.sampling import (SamplingParams, Temperature, TopK, TopP, apply_processors, make_generator,
                               probs_from_logits, sample_next, top_k_filter, top_p_filter)
 
@@ -502,6 +503,20 @@ def test_measure_bandwidth_runs():
     assert measure_bandwidth("cpu", nbytes=4 * 2**20, repeats=2) > 0
 
 
+def test_weight_streaming_reads_every_matrix_of_a_step_once():
+    model = small_model()
+    cfg = model.config
+    mats = decode_weights(model)
+    assert len(mats) == 4 * cfg.n_layer + 1 and mats[-1][0] is model.lm_head.weight
+    ws = measure_weight_streaming(model, repeats=1, steps=2)
+    C, V = cfg.n_embd, cfg.vocab_size
+    per_block = (3 * C * C + 3 * C) + (C * C + C) + (4 * C * C + 4 * C) + (4 * C * C + C)  # qkv, proj, fc, proj
+    assert ws.bytes_per_step == 4 * (cfg.n_layer * per_block + V * C)
+    assert ws.tokens_per_s == pytest.approx(1 / ws.seconds_per_step) and ws.gbps > 0
+    with pytest.raises(ValueError, match="steps"):
+        measure_weight_streaming(model, steps=0)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # The bench harness
 
@@ -534,11 +549,16 @@ def test_bench_command(tmp_path, capsys):
 
     out = tmp_path / "bench.json"
     rc = main(["bench", "--model", "tiny", "--random-init", "--prompt-len", "4", "--new-tokens", "3",
-               "--repeats", "1", "--warmup", "0", "--device", "cpu", "--json", str(out)])
+               "--repeats", "1", "--warmup", "0", "--device", "cpu", "--json", str(out), "--roofline",
+               "--quick-roofline"])
     assert rc == 0
     report = json.loads(out.read_text())
     assert report["results"]["naive"]["summary"]["total_output"] == 3
-    assert "TTFT" in capsys.readouterr().out
+    rf = report["roofline"]  # both bounds, and the baseline's fraction of each
+    assert rf["fraction_of_weight_streaming"] == pytest.approx(
+        report["results"]["naive"]["decode_tokens_per_s"] / rf["weight_streaming"]["tokens_per_s"])
+    printed = capsys.readouterr().out
+    assert "TTFT" in printed and "weight-streaming bound" in printed
     assert main(["bench", "--model", "tiny", "--random-init", "--prompt-len", "60", "--new-tokens", "10"]) == 2
 
 

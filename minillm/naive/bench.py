@@ -33,7 +33,7 @@ from minillm.core.metrics import PeakMemory, RequestTimes, summarize, timed_stre
 from minillm.core.sampling import SamplingParams
 from minillm.core.timing import compare, measure
 from minillm.naive.generate import generate_naive, generate_naive_ids
-from minillm.naive.roofline import decode_bound, measure_machine
+from minillm.naive.roofline import decode_bound, measure_machine, measure_weight_streaming
 
 GeneratorFn = Callable[..., Iterator[int]]
 GENERATORS: dict[str, GeneratorFn] = {}
@@ -188,20 +188,27 @@ def format_report(report: dict[str, Any]) -> str:
                      f"tokens {'identical' if c['identical_tokens'] else 'DIFFERENT'}")
     if "roofline" in report:
         rf = report["roofline"]
+        ws = rf["weight_streaming"]
         lines.append(f"roofline bound {rf['bound']['tokens_per_s']:.0f} tok/s ({rf['bound']['limited_by']}-bound); "
                      f"baseline decode reaches {rf['fraction_of_bound']:.1%}")
+        lines.append(f"weight-streaming bound {ws['tokens_per_s']:.0f} tok/s (the step's weights through F.linear "
+                     f"alone at {ws['gbps']:.1f} GB/s); baseline decode reaches {rf['fraction_of_weight_streaming']:.1%}")
     return "\n".join(lines)
 
 
 def add_roofline(report: dict[str, Any], model: torch.nn.Module, quick: bool = False) -> dict[str, Any]:
-    """Attach the machine's rates, the decode bound for this case, and the baseline's fraction of it."""
+    """Attach the machine's rates, the decode bound for this case, the weight-streaming bound measured on the model,
+    and the baseline's fraction of each."""
     dtype = next(model.parameters()).dtype
     machine = measure_machine(model.device, dtype, quick=quick)
     case = report["case"]
     bound = decode_bound(model.config, machine, case["prompt_len"], case["new_tokens"], dtype)
-    baseline = next(iter(report["results"].values()))
+    streaming = measure_weight_streaming(model, repeats=5 if quick else 9)
+    decode_tps = next(iter(report["results"].values()))["decode_tokens_per_s"]
     report["roofline"] = {"machine": machine.to_dict(), "bound": bound.to_dict(),
-                          "fraction_of_bound": baseline["decode_tokens_per_s"] / bound.tokens_per_s}
+                          "fraction_of_bound": decode_tps / bound.tokens_per_s,
+                          "weight_streaming": streaming.to_dict(),
+                          "fraction_of_weight_streaming": decode_tps / streaming.tokens_per_s}
     return report
 
 

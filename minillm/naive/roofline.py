@@ -2,8 +2,11 @@
 
 Adds the cost model of one decode step for any `GPTConfig` and dtype, two micro-benchmarks (memory bandwidth from a
 large tensor copy, matmul rate from a square matmul), and the roofline bound on tokens/s (Williams, Waterman &
-Patterson, "Roofline", CACM 2009). What it leaves out: caches (L2/L3 can hold a tiny model, so a CPU may beat
-the DRAM bound), kernel-launch overhead (what dominates tiny models on a GPU), and batching (chapter 06).
+Patterson, "Roofline", CACM 2009). Beside it, the weight-streaming bound measured on the model itself: its weight
+matrices multiplied by one vector each, back to back, with nothing else in the loop (`measure_weight_streaming`).
+Where the weights fit in the last-level cache (`base`'s 23 MB on a CPU with a 32 MB L3), the copy of a 256 MiB
+tensor measures DRAM while a decode step reads cache, and only the second bound tells what a step could reach.
+What it leaves out: kernel-launch overhead (what dominates tiny models on a GPU) and batching (chapter 06).
 
 What one ideal decode step at batch 1 must do, for a context of t tokens already processed:
 
@@ -22,9 +25,11 @@ bandwidth-bound.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 from minillm.core.config import GPTConfig
 from minillm.core.device import resolve_device
@@ -184,3 +189,57 @@ def decode_bound(
         bytes_per_token=sum(c.bytes for c in costs) / new_tokens,
         flops_per_token=sum(c.flops for c in costs) / new_tokens,
     )
+
+
+# ----- the weight-streaming bound: the step's own matrices, measured -------------------------------------------
+
+
+def decode_weights(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """(weight, bias) of every matrix one decode step multiplies at batch 1: each block's linears, then the head."""
+    mats = [(m.weight, m.bias) for m in model.transformer.h.modules() if isinstance(m, nn.Linear)]
+    return mats + [(model.lm_head.weight, model.lm_head.bias)]
+
+
+def stream_weights(model: nn.Module) -> Callable[[int], None]:
+    """run(steps): each of `decode_weights(model)` times one fixed random vector through `F.linear`, `steps` times
+    over, with nothing else in the loop: the products of `steps` decode steps and no other work."""
+    mats = decode_weights(model)
+    x = {w.shape[1]: torch.randn(1, w.shape[1], device=w.device, dtype=w.dtype) for w, _ in mats}  # (1, in)
+
+    @torch.inference_mode()
+    def run(steps: int) -> None:
+        for _ in range(steps):
+            for w, b in mats:
+                F.linear(x[w.shape[1]], w, b)  # (1, in) -> (1, out)
+
+    return run
+
+
+@dataclass
+class WeightStreaming:
+    bytes_per_step: int  # every matrix of `decode_weights` (and its bias) read once
+    seconds_per_step: float  # the fastest of the repeats: a shared machine only slows it
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes_per_step / self.seconds_per_step / 1e9
+
+    @property
+    def tokens_per_s(self) -> float:
+        """What a decode step made of these products alone could reach."""
+        return 1 / self.seconds_per_step
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "gbps": self.gbps, "tokens_per_s": self.tokens_per_s}
+
+
+def measure_weight_streaming(model: nn.Module, repeats: int = 9, steps: int = 20) -> WeightStreaming:
+    """The weight-streaming bound of `model` at batch 1 on its device, through `F.linear` (chapter 13 adds a C++
+    way): the fastest of `repeats` timed runs of `steps` steps' products."""
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    run = stream_weights(model)
+    device = next(model.parameters()).device
+    t = measure(lambda: run(steps), warmup=1, repeats=repeats, device=device)
+    nbytes = sum(w.nbytes + (b.nbytes if b is not None else 0) for w, b in decode_weights(model))
+    return WeightStreaming(nbytes, t.min / steps)
