@@ -21,9 +21,10 @@ from minillm.compile.cpu_gemv import build_problem, fast_cpu_model, gemv
 from minillm.compile.cpu_paged import NAME, paged_decode_attention
 from minillm.compile.decode import StaticDecoder
 from minillm.compile.fused_step import FusedCPUDecoder
+from minillm.compile.sweep import Case, profile_decode, run_sweep
 from minillm.core.sampling import SamplingParams
 from minillm.kvcache.cache import ContiguousKVCache
-from minillm.kvcache.generate import generate_ids
+from minillm.kvcache.generate import decode_step, generate_ids, prefill
 
 SMALL = GPTConfig(vocab_size=4096, block_size=64, n_layer=2, n_head=4, n_embd=64)
 PROMPTS = [[5, 17, 99, 3], [200, 1, 1, 42, 7, 9, 11, 300, 12], [64]]
@@ -44,6 +45,70 @@ def test_static_decoder_gives_the_generators_tokens_and_compiles_once(mode):
         assert dec.generate_ids(prompt, params) == generate_ids(m, prompt, params)
     assert dec.compiles == (1 if mode == "compile" else 0)
     assert dec.calls == 3 * 19 and dec.first_call_seconds is not None
+
+
+@pytest.mark.parametrize("mode", [
+    "eager",
+    pytest.param("compile", marks=pytest.mark.skipif(not DYNAMO, reason="torch.compile (dynamo) is not supported")),
+    pytest.param("cuda-graph", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_batched_static_decoder_equals_the_dynamic_cache_step(mode):
+    """A static batch of 3 rows through the static-shape step (eager, compiled or a captured CUDA graph) gives the
+    logits of chapter 04's `decode_step` over a growing cache, step after step; one graph for every step."""
+    device = "cuda" if mode == "cuda-graph" else "cpu"
+    m = model(device)
+    B, T = 3, 5
+    idx = torch.randint(0, SMALL.vocab_size, (B, T), generator=torch.Generator().manual_seed(1)).to(device)
+    dec = StaticDecoder(m, mode, backend="aot_eager", max_len=T + 6, batch_size=B)
+    ref = ContiguousKVCache(SMALL, B, T + 6, device=device)
+    positions = torch.arange(T, device=device).expand(B, T)
+    torch.testing.assert_close(prefill(m, dec.cache, idx, positions), prefill(m, ref, idx, positions))
+    tokens = idx[:, -1]
+    for step in range(6):
+        pos = torch.full((B,), T + step, device=device)
+        got, want = dec(m, dec.cache, tokens, pos), decode_step(m, ref, tokens, pos.view(B, 1))  # (B, V) each
+        torch.testing.assert_close(got, want, atol=1e-4 if device == "cuda" else 1e-5, rtol=1e-5)
+        tokens = want.argmax(-1)
+    assert dec.compiles == (0 if mode == "eager" else 1)
+    with pytest.raises(ValueError, match="batch_size 3 takes 3"):
+        dec(m, dec.cache, tokens[:2], pos[:2])
+    with pytest.raises(ValueError, match="batch_size 3"):
+        dec.generate_ids(PROMPTS[0], SamplingParams.greedy(2))
+
+
+@pytest.mark.skipif(not DYNAMO, reason="torch.compile (dynamo) is not supported on this Python/PyTorch")
+def test_compile_sweep_checks_every_case_against_eager():
+    """The sweep's rows on a small model (aot_eager): every case's compiled outputs against eager's, one graph each,
+    at each thread count; the thread setting comes back. Timings are reported, never asserted."""
+    m = model()
+    before = torch.get_num_threads()
+    cases = (Case("decode", 1, 6), Case("decode", 3, 6), Case("prefill", 1, 12))
+    report = run_sweep(m, threads=(1, 2), cases=cases, steps=3, repeats=1, backend="aot_eager")
+    assert torch.get_num_threads() == before
+    rows = report["rows"]
+    assert [(r["threads"], r["case"]) for r in rows] == [(n, c.name) for n in (1, 2) for c in cases]
+    for r in rows:
+        assert r["ok"] and r["same_argmax"] and r["max_abs_diff"] <= 1e-3, r
+        assert r["compiles"] == 1 and r["eager_s"] > 0 and r["compiled_s"] > 0
+    assert rows[0]["steps"] == 3 and rows[2]["steps"] == 1
+    with pytest.raises(ValueError, match="thread counts"):
+        run_sweep(m, threads=(0,))
+    with pytest.raises(ValueError, match="kind"):
+        Case("generate", 1, 4)
+    with pytest.raises(ValueError, match="batch"):
+        Case("decode", 0, 4)
+    prof = profile_decode(m, Case("decode", 1, 6), steps=2, backend="aot_eager", top=5)
+    for mode in ("eager", "compile"):
+        assert 1 <= len(prof[mode]) <= 5 and all(0 <= op["share"] <= 1 for op in prof[mode])
+    assert any("mm" in op["name"] for op in prof["eager"])  # the products are the eager step's biggest calls
+
+
+@pytest.mark.skipif(not DYNAMO or not torch.cuda.is_available(), reason="needs torch.compile and CUDA")
+def test_compile_sweep_on_cuda_checks_the_captured_graph_too():
+    m = model("cuda")
+    report = run_sweep(m, threads=(1,), cases=(Case("decode", 1, 6), Case("decode", 3, 6)), steps=3, repeats=1,
+                       backend="aot_eager")
+    for r in report["rows"]:
+        assert r["ok"] and r["graph_same_argmax"] and r["graph_max_abs_diff"] <= 1e-3 and r["graph_s"] > 0, r
 
 
 def test_static_decoder_honours_the_request_lifecycle():

@@ -1,7 +1,8 @@
 """Chapter 13 (compilation and graphs): the decode step with fixed shapes, compiled or captured, and in C++.
 
 - `decode`: `StaticDecoder` (modes "eager", "compile" through `torch.compile`, "cuda-graph" through
-  `torch.cuda.CUDAGraph`), the `decode_fn` chapter 04's `generate` takes, with its recompilation count
+  `torch.cuda.CUDAGraph`; batch 1 or a static batch), the `decode_fn` chapter 04's `generate` takes, with its
+  recompilation count
 - `cpu_gemv`: the chapter's C++ extension for the CPU (`torch.utils.cpp_extension`, AVX2 + FMA; `load_cpu_ext`), a
   GEMV with fused bias, `FastLinear` and `fast_cpu_model`, which sends every few-row matrix-vector product of a
   decode step through it
@@ -9,6 +10,8 @@
 - `cpu_paged`: the engine's decode attention in C++ through the block tables, attention backend "selective-cpp"
 - `bench`: batch-1 decode tok/s of each path against the eager generator, the compile time, and the fraction of the
   weight-streaming bound measured in the same run, and against Hugging Face (`python -m minillm.compile.bench`)
+- `sweep`: where `torch.compile` wins and loses on the CPU: decode at batch 1 and 8 and a prefill, on one and two
+  threads, each checked against eager, with the profiles behind it (`python -m minillm.compile.sweep`)
 - `llamacpp`: the side-by-side with llama.cpp on the same weights (`python -m minillm.compile.llamacpp`; builds
   llama.cpp from source, never run by the tests or the tour)
 - `tour`: the chapter's rows (compiled decode, the fastest decode against the bound and HF, the engine on it)

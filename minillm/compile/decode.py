@@ -14,8 +14,10 @@ nothing for a compiled graph to guard on, and nothing a captured graph would fre
 and its position) are copied into fixed buffers first, so a captured graph always reads the same memory.
 
 `compiles` counts the graphs the backend built (1 for a whole generation, whatever its length: the tests hold
-this) and `first_call_seconds` is the first decode call's wall time, compile included. What it leaves out: the
-prefill (it runs eager: its length changes from prompt to prompt), batched decode, and the engine's ragged steps.
+this) and `first_call_seconds` is the first decode call's wall time, compile included. `batch_size` > 1 gives the
+step of a static batch (chapter 04), B rows advancing together, for the benchmarks and tests that time and check
+batched decode (`minillm.compile.sweep`); chapter 04's `generate` drives batch 1. What it leaves out: the prefill (it
+runs eager: its length changes from prompt to prompt) and the engine's ragged steps.
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ MODES = ("eager", "compile", "cuda-graph")
 
 
 class StaticDecoder:
-    """A batch-1 decode step over its own static-shape cache; pass it as `decode_fn` with `kv_cache=self.cache`."""
+    """A decode step over its own static-shape cache of `batch_size` rows; at batch 1, pass it to chapter 04's
+    `generate` as `decode_fn` with `kv_cache=self.cache` (or call `generate_ids`)."""
 
-    def __init__(self, model: GPT, mode: str = "compile", backend: str = "inductor", max_len: int | None = None):
+    def __init__(self, model: GPT, mode: str = "compile", backend: str = "inductor", max_len: int | None = None,
+                 batch_size: int = 1):
         if not isinstance(model, GPT):
             raise TypeError(f"StaticDecoder needs a minillm GPT, got {type(model).__name__}")
         if mode not in MODES:
@@ -49,9 +53,10 @@ class StaticDecoder:
         self.mode, self.backend = mode, backend
         self.max_len = model.config.block_size if max_len is None else max_len
         device = model.device
-        self.cache = ContiguousKVCache(model.config, 1, self.max_len, device=device, use_static_shapes=True)
-        self._token = torch.zeros(1, 1, dtype=torch.long, device=device)  # the step's fixed input buffers
-        self._position = torch.zeros(1, 1, dtype=torch.long, device=device)
+        self.cache = ContiguousKVCache(model.config, batch_size, self.max_len, device=device, use_static_shapes=True)
+        self.batch_size = batch_size  # checked by the cache
+        self._token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)  # the step's fixed input buffers
+        self._position = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
         self.compiles = 0
         self.calls = 0
         self.first_call_seconds: float | None = None
@@ -63,9 +68,9 @@ class StaticDecoder:
             self._run = self._step
 
     def _step(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        """(1, 1) token and position -> logits (1, V), over the static cache."""
-        h = self.model.hidden(token, position, self.cache)  # (1, 1, C)
-        return self.model.logits(h[:, -1])  # (1, V)
+        """(B, 1) tokens and positions -> logits (B, V), over the static cache."""
+        h = self.model.hidden(token, position, self.cache)  # (B, 1, C)
+        return self.model.logits(h[:, -1])  # (B, V)
 
     def _counting_backend(self):
         from torch._dynamo import lookup_backend
@@ -97,11 +102,15 @@ class StaticDecoder:
     @torch.inference_mode()
     def __call__(self, model: GPT, cache: ContiguousKVCache, token: torch.Tensor, positions: torch.Tensor
                  ) -> torch.Tensor:
-        """The `decode_fn` of chapter 04's `generate`: logits (1, V) for one token (1,) at positions (1,)."""
+        """The `decode_fn` of chapter 04's `generate`: logits (B, V) for one token per row (B,) at positions (B,)
+        (B = batch_size; 1 in `generate`)."""
         if model is not self.model or cache is not self.cache:
             raise ValueError("a StaticDecoder runs its own model over its own cache: pass kv_cache=decoder.cache")
-        self._token.copy_(token.view(1, 1))
-        self._position.copy_(positions.view(1, 1))
+        if token.numel() != self.batch_size or positions.numel() != self.batch_size:
+            raise ValueError(f"a StaticDecoder of batch_size {self.batch_size} takes {self.batch_size} token(s) and "
+                             f"position(s) a step, got {token.numel()} and {positions.numel()}")
+        self._token.copy_(token.view(-1, 1))
+        self._position.copy_(positions.view(-1, 1))
         t0 = time.perf_counter() if self.calls == 0 else 0.0
         if self.mode == "cuda-graph":
             if self._graph is None:
@@ -119,4 +128,6 @@ class StaticDecoder:
 
     def generate_ids(self, prompt_ids: Any, params: SamplingParams, **kwargs: Any) -> list[int]:
         """Chapter 04's `generate_ids` with this step: the prompt prefilled eager, every later token through it."""
+        if self.batch_size != 1:
+            raise ValueError(f"generate_ids streams one sequence; this StaticDecoder has batch_size {self.batch_size}")
         return generate_ids(self.model, prompt_ids, params, kv_cache=self.cache, decode_fn=self, **kwargs)

@@ -1,0 +1,237 @@
+"""Where `torch.compile` wins and where it loses on the CPU: decode at batch 1 and batch 8, and a prefill, on one
+thread and on two, each compiled step against the same step eager.
+
+What it measures, per case and thread count (`python -m minillm.compile.sweep`):
+  - decode at batch B: `StaticDecoder(batch_size=B)` eager against compiled, each over its own static-shape cache
+    prefilled with the same `context` tokens per row; one timed run is `steps` decode steps from that point (the
+    cache is rolled back between runs with `truncate`), so both time the same positions;
+  - prefill: the model's forward over a (B, T) prompt batch with no cache (`model.hidden`, then the head on the last
+    row), eager against `torch.compile(..., dynamic=False)`;
+  - for each: the compiled outputs against eager's (largest absolute logit difference, and the argmax of every
+    row), the graphs built (a second graph for one case is a recompilation), the first call's seconds (the compile,
+    or inductor's on-disk cache), and the speed-up: eager median / compiled median, the two timed in turn.
+On CUDA each decode case also captures the eager step as a CUDA graph (`StaticDecoder(mode="cuda-graph")`, batch 1
+and batched alike) and times its replay in the same interleaved run.
+`profile_decode` gives the operators behind one case, eager and compiled, from `torch.profiler`: which calls the
+compiled step still makes (the matrix products) and which it replaced with its own generated kernels.
+
+Each thread count gets fresh graphs (`torch._dynamo.reset()` first): inductor writes the thread count into the
+code it generates, so a graph built for one thread would run on one thread whatever `torch.set_num_threads` says
+later. What it leaves out: the engine's ragged steps (their shapes change every step); other backends are one
+`--backend` away (any of dynamo's).
+The command: `python -m minillm.compile.sweep [--threads-list 1,2] [--quick] [--backend inductor] [--profile]
+[--json FILE]`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from minillm.bench.cli import bench_parser, start, write_report
+from minillm.bench.models import load_model
+from minillm.compile.decode import StaticDecoder
+from minillm.core.model import GPT
+from minillm.core.timing import interleave, time_once
+from minillm.kvcache.generate import prefill
+
+# Logits of a compiled step against eager's: the same sums in another order (fused kernels, other blockings).
+LOGIT_ATOL = 1e-3
+
+
+@dataclass(frozen=True)
+class Case:
+    kind: str  # "decode" or "prefill"
+    batch: int  # rows: sequences per decode step, or prompts per prefill
+    tokens: int  # decode: the context already in the cache; prefill: the prompt length T
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("decode", "prefill"):
+            raise ValueError(f"Case.kind must be 'decode' or 'prefill', got {self.kind!r}")
+        for field in ("batch", "tokens"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"Case.{field} must be a positive int, got {value!r}")
+
+    @property
+    def name(self) -> str:
+        if self.kind == "decode":
+            return f"decode, batch {self.batch}, context {self.tokens}"
+        return f"prefill, T = {self.tokens}" + (f", batch {self.batch}" if self.batch > 1 else "")
+
+
+CASES = (Case("decode", 1, 64), Case("decode", 8, 64), Case("prefill", 1, 128))
+
+
+def _ids(model: GPT, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, model.config.vocab_size, shape, generator=g).to(model.device)
+
+
+def _decode_runs(model: GPT, case: Case, steps: int, mode: str, backend: str, seed: int
+                 ) -> tuple[StaticDecoder, Callable[[], list[torch.Tensor]]]:
+    """A decoder for the case, prefilled, and a run: `steps` decode steps from the end of the context."""
+    dec = StaticDecoder(model, mode, backend=backend, max_len=case.tokens + steps, batch_size=case.batch)
+    B, T = case.batch, case.tokens
+    prefill(model, dec.cache, _ids(model, (B, T), seed), torch.arange(T, device=model.device).expand(B, T))
+    tokens = _ids(model, (steps, B), seed + 1)  # (steps, B): the same inputs for eager and compiled
+    positions = torch.arange(T, T + steps, device=model.device).view(steps, 1).expand(steps, B)
+
+    @torch.inference_mode()
+    def run() -> list[torch.Tensor]:
+        dec.cache.truncate(T)
+        return [dec(model, dec.cache, tokens[i], positions[i]) for i in range(steps)]  # each (B, V)
+
+    return dec, run
+
+
+def _prefill_runs(model: GPT, case: Case, compiled: bool, backend: str, seed: int
+                  ) -> tuple[dict[str, Any], Callable[[], list[torch.Tensor]]]:
+    """The no-cache forward over a (B, T) prompt batch, eager or compiled, and a run of it; the dict counts graphs."""
+    idx = _ids(model, (case.batch, case.tokens), seed)
+    positions = torch.arange(case.tokens, device=model.device).view(1, -1)
+    built = {"compiles": 0}
+
+    def forward(idx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return model.logits(model.hidden(idx, positions)[:, -1])  # (B, T) -> (B, V)
+
+    if compiled:
+        from torch._dynamo import lookup_backend
+
+        inner = lookup_backend(backend)
+
+        def counting(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):
+            built["compiles"] += 1
+            return inner(gm, example_inputs)
+
+        forward = torch.compile(forward, fullgraph=True, dynamic=False, backend=counting)
+
+    @torch.inference_mode()
+    def run() -> list[torch.Tensor]:
+        return [forward(idx, positions)]
+
+    return built, run
+
+
+def _agreement(got: list[torch.Tensor], want: list[torch.Tensor]) -> tuple[float, bool]:
+    """(largest absolute logit difference, whether every row's argmax is the same) of two runs' outputs."""
+    diff = max(float((a - b).abs().max()) for a, b in zip(got, want))
+    return diff, all(torch.equal(a.argmax(-1), b.argmax(-1)) for a, b in zip(got, want))
+
+
+def run_case(model: GPT, case: Case, steps: int = 16, repeats: int = 5, backend: str = "inductor", seed: int = 0
+             ) -> dict[str, Any]:
+    """One case at the current thread count: compiled against eager (and on CUDA, for decode, the captured CUDA
+    graph too), checked, timed in turn."""
+    graph = None
+    if case.kind == "decode":
+        _, eager = _decode_runs(model, case, steps, "eager", backend, seed)
+        comp_dec, comp = _decode_runs(model, case, steps, "compile", backend, seed)
+        graphs = lambda: comp_dec.compiles  # noqa: E731
+        if model.device.type == "cuda":
+            _, graph = _decode_runs(model, case, steps, "cuda-graph", backend, seed)
+    else:  # prefill
+        _, eager = _prefill_runs(model, case, False, backend, seed)
+        built, comp = _prefill_runs(model, case, True, backend, seed)
+        graphs = lambda: built["compiles"]  # noqa: E731
+    first_call, got = time_once(comp, model.device)  # the first call compiles
+    want = eager()
+    diff, same_argmax = _agreement(got, want)
+    row = {"case": case.name, "kind": case.kind, "batch": case.batch, "tokens": case.tokens,
+           "steps": steps if case.kind == "decode" else 1, "threads": torch.get_num_threads(),
+           "max_abs_diff": diff, "same_argmax": same_argmax, "ok": same_argmax and diff <= LOGIT_ATOL,
+           "compiles": graphs(), "first_call_seconds": first_call}
+    if graph is None:
+        t_eager, t_comp = interleave([eager, comp], warmup=1, repeats=repeats, device=model.device)
+    else:
+        g_diff, g_same = _agreement(graph(), want)  # the first call captures
+        t_eager, t_comp, t_graph = interleave([eager, comp, graph], warmup=1, repeats=repeats, device=model.device)
+        row.update(graph_max_abs_diff=g_diff, graph_same_argmax=g_same, graph_s=t_graph.median,
+                   graph_speedup=t_eager.median / t_graph.median)
+        row["ok"] = row["ok"] and g_same and g_diff <= LOGIT_ATOL
+    return {**row, "eager_s": t_eager.median, "compiled_s": t_comp.median, "speedup": t_eager.median / t_comp.median}
+
+
+def run_sweep(model: GPT, threads: tuple[int, ...] = (1, 2), cases: tuple[Case, ...] = CASES, steps: int = 16,
+              repeats: int = 5, backend: str = "inductor", seed: int = 0) -> dict[str, Any]:
+    """Every case at every thread count; the thread setting is restored afterwards."""
+    for n in threads:
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"thread counts must be positive ints, got {n!r}")
+    before = torch.get_num_threads()
+    rows = []
+    try:
+        for n in threads:
+            torch.set_num_threads(n)
+            torch._dynamo.reset()  # fresh graphs for this thread count (see the module docstring)
+            rows += [run_case(model, case, steps, repeats, backend, seed) for case in cases]
+    finally:
+        torch.set_num_threads(before)
+        torch._dynamo.reset()
+    return {"device": str(model.device), "backend": backend, "rows": rows}
+
+
+def profile_decode(model: GPT, case: Case = CASES[0], steps: int = 16, backend: str = "inductor", top: int = 8,
+                   seed: int = 0) -> dict[str, list[dict[str, Any]]]:
+    """The operators of `steps` decode steps, eager and compiled: the `top` by self CPU time, per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out = {}
+    for mode in ("eager", "compile"):
+        _, run = _decode_runs(model, case, steps, mode, backend, seed)
+        run()  # compile (and warm up) outside the profile
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            run()
+        events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+        total = sum(e.self_cpu_time_total for e in events) or 1.0
+        out[mode] = [{"name": e.key, "calls_per_step": e.count / steps, "self_us_per_step": e.self_cpu_time_total
+                      / steps, "share": e.self_cpu_time_total / total} for e in events[:top]]
+    return out
+
+
+def format_sweep(report: dict[str, Any]) -> str:
+    lines = [f"torch.compile ({report['backend']}) against eager, {report['device']}; each row one interleaved run",
+             "", "| case | threads | eager | compiled | speed-up | graphs | first call | max |diff| | same argmax |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in report["rows"]:
+        unit = r["steps"] if r["kind"] == "decode" else 1
+        what = "ms/step" if r["kind"] == "decode" else "ms"
+        lines.append(f"| {r['case']} | {r['threads']} | {1e3 * r['eager_s'] / unit:.2f} {what} | "
+                     f"{1e3 * r['compiled_s'] / unit:.2f} {what} | {r['speedup']:.2f}x | {r['compiles']} | "
+                     f"{r['first_call_seconds']:.1f} s | {r['max_abs_diff']:.1e} | {r['same_argmax']} |"
+                     + (f" CUDA graph {1e3 * r['graph_s'] / unit:.2f} {what}, {r['graph_speedup']:.2f}x, "
+                        f"same argmax {r['graph_same_argmax']} |" if "graph_s" in r else ""))
+    for mode, ops in report.get("profile", {}).items():
+        lines += ["", f"{mode}, per decode step ({report['profile_case']}): operator, calls, self time, share"]
+        lines += [f"  {o['name'][:70]:<70} {o['calls_per_step']:5.1f} {o['self_us_per_step']:8.1f} us "
+                  f"{100 * o['share']:4.0f}%" for o in ops]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = bench_parser("python -m minillm.compile.sweep", __doc__.splitlines()[0], "fewer repeats")
+    ap.add_argument("--threads-list", default="1,2", help="thread counts to sweep, comma-separated (default 1,2)")
+    ap.add_argument("--backend", default="inductor", help="torch.compile backend (default inductor)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile the batch-1 decode step, eager and compiled, at --threads")
+    args = start(ap, argv)
+    try:
+        threads = tuple(int(t) for t in args.threads_list.split(","))
+    except ValueError:
+        ap.error(f"--threads-list must be comma-separated ints, got {args.threads_list!r}")
+    loaded = load_model("base", args.device, args.seed)
+    report = run_sweep(loaded.model, threads, repeats=3 if args.quick else 5, backend=args.backend, seed=args.seed)
+    if args.profile:
+        report["profile_case"] = CASES[0].name
+        report["profile"] = profile_decode(loaded.model, backend=args.backend, seed=args.seed)
+    report["model"] = loaded.label
+    print(f"model: {loaded.label}")
+    print(format_sweep(report))
+    write_report(args.json, report)
+    return 0 if all(r["ok"] for r in report["rows"]) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
