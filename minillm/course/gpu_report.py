@@ -2,8 +2,8 @@
 
 It runs the tour with `--device cuda` (every chapter's check against its baseline, and its benchmark), the chapter
 benchmarks that only mean something on a GPU (`GPU_BENCHMARKS`: chapter 12's kernel versions against the device's
-copy bandwidth, chapter 13's decode modes with the CUDA graph), and the test suite (whose device-parametrized tests
-add CUDA variants when a GPU is present), then writes Markdown and JSON into `chapters/gpu-reports/`, named by date
+copy bandwidth, chapter 13's decode modes with the CUDA graph and its batched steps), and the test suite (whose
+device-parametrized tests add CUDA variants when a GPU is present), then writes Markdown and JSON into `chapters/gpu-reports/`, named by date
 and GPU, recording the GPU, driver, torch/CUDA versions, the git commit, and the wall time against the 8-minute
 budget a GPU session allows. Without a GPU it refuses with a clear error rather than writing a CPU report under a
 GPU name.
@@ -40,6 +40,8 @@ GPU_BENCHMARKS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
      ("--out", "{json}")),
     ("chapter 13: decode modes on cuda, the CUDA graph among them", "minillm.compile.bench",
      ("--device", "cuda", "--quick", "--json", "{json}")),
+    ("chapter 13: compiled and captured steps at batch 1 and 8 and a prefill, on cuda", "minillm.compile.sweep",
+     ("--device", "cuda", "--quick", "--threads-list", "1", "--json", "{json}")),
 )
 
 
