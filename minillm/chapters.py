@@ -80,7 +80,7 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter("10", "pruning", "pruning", "minillm.prune", ("minillm/prune/masks.py",)),
     Chapter("11", "distillation", "distillation", "minillm.distill", ("minillm/distill/losses.py",)),
     Chapter("12", "cuda-kernels", "hand-written CUDA kernels", "minillm.kernels", ("minillm/kernels/mirror.py",)),
-    Chapter("13", "compilation", "compilation and CUDA graphs", "minillm.compile"),
+    Chapter("13", "compilation", "compilation and CUDA graphs", "minillm.compile", ("minillm/compile/mirror.py",)),
     Chapter("14", "parallelism", "tensor, pipeline and sequence parallelism", "minillm.parallel", built=False),
     Chapter("15", "serving", "an OpenAI-compatible server", "minillm.serve", built=False),
 )

@@ -13,6 +13,7 @@ import shutil
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from helpers import assert_every_generator_agrees, context_model
 from minillm import GPTConfig
@@ -20,6 +21,7 @@ from minillm.compile.bench import FUSED, run_all, weight_streaming_bound
 from minillm.compile.cpu_gemv import build_problem, fast_cpu_model, gemv
 from minillm.compile.cpu_paged import NAME, paged_decode_attention
 from minillm.compile.decode import StaticDecoder
+from minillm.compile import mirror
 from minillm.compile.fused_step import FusedCPUDecoder
 from minillm.compile.sweep import Case, profile_decode, run_sweep
 from minillm.core.sampling import SamplingParams
@@ -408,3 +410,88 @@ def test_llamacpp_export_recovers_our_tokenizer_for_hugging_face(tmp_path):
     hf_tok = transformers.AutoTokenizer.from_pretrained(out)  # what llama.cpp's converter loads
     text = "the cat sat on the mat and then the model said hello to everyone in the room"
     assert hf_tok.encode(text) == tok.encode_ordinary(text)
+
+
+# ----- the graded mirrors: the C++ loops in PyTorch (minillm assignment 13) ----------------------------------------
+
+
+@pytest.mark.graded(points=2, exercise="gemv_blocked")
+@pytest.mark.parametrize("M,N,K", [(1, 8, 16), (3, 12, 64), (16, 4, 8)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_gemv_blocked_equals_f_linear(M, N, K, bias):
+    """Whole blocks of 4 weight rows and whole registers of 8 columns."""
+    g = torch.Generator().manual_seed(M * 100 + N + K)
+    x, w = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g)
+    b = torch.randn(N, generator=g) if bias else None
+    torch.testing.assert_close(mirror.gemv_blocked(x, w, b), F.linear(x, w, b), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.graded(points=2, exercise="gemv_blocked")
+@pytest.mark.parametrize("M,N,K", [(1, 7, 9), (2, 5, 3), (4, 1, 1), (3, 33, 130), (1, 6, 7)])
+def test_gemv_blocked_handles_the_tails(M, N, K):
+    """N % 4 last rows (a shorter last block) and K % 8 last columns (the scalar tail), with a bias."""
+    g = torch.Generator().manual_seed(M * 100 + N + K)
+    x, w, b = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g), torch.randn(N, generator=g)
+    torch.testing.assert_close(mirror.gemv_blocked(x, w, b), F.linear(x, w, b), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.graded(points=1, exercise="gemv_blocked")
+def test_gemv_blocked_worked_example():
+    """x = [1, 2, ..., 9], w = one row of ones and one row [0, ..., 0, 1]: sums 45 and 9, plus the bias."""
+    x = torch.arange(1.0, 10.0).view(1, 9)
+    w = torch.stack([torch.ones(9), torch.zeros(9)])
+    w[1, 8] = 1.0  # only the tail column
+    got = mirror.gemv_blocked(x, w, torch.tensor([0.5, -1.0]))
+    assert got.tolist() == [[45.5, 8.0]]
+
+
+def _by_hand_run(m, ids: list[int]) -> tuple[list[torch.Tensor], ContiguousKVCache]:
+    """Every token of `ids` through decode_step_by_hand from an empty cache: (logits per token (V,), the cache)."""
+    cache = ContiguousKVCache(m.config, 1, len(ids) + 2)
+    logits = [mirror.decode_step_by_hand(m, cache.k, cache.v, t, i, i) for i, t in enumerate(ids)]
+    return logits, cache
+
+
+@pytest.mark.graded(points=3, exercise="decode_step_by_hand")
+def test_decode_step_by_hand_gives_the_models_logits_at_every_position():
+    m = model()
+    ids = PROMPTS[1]
+    logits, _ = _by_hand_run(m, ids)
+    with torch.inference_mode():
+        want = m(torch.tensor([ids]))[0]  # (T, V): the whole prompt in one forward
+    for t, got in enumerate(logits):
+        torch.testing.assert_close(got, want[t], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.graded(points=2, exercise="decode_step_by_hand")
+def test_decode_step_by_hand_writes_the_keys_and_values_the_model_writes():
+    m = model()
+    ids = PROMPTS[0]
+    _, cache = _by_hand_run(m, ids)
+    ref = ContiguousKVCache(m.config, 1, len(ids) + 2)
+    prefill(m, ref, torch.tensor([ids]), torch.arange(len(ids)).view(1, -1))
+    T = len(ids)
+    for layer in range(m.config.n_layer):
+        torch.testing.assert_close(cache.k[layer][:, :, :T], ref.k[layer][:, :, :T], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(cache.v[layer][:, :, :T], ref.v[layer][:, :, :T], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.graded(points=2, exercise="decode_step_by_hand")
+def test_decode_step_by_hand_keeps_slot_and_position_apart():
+    """A token at position 5 stored in slot 0 of a fresh cache attends to itself alone: the model's logits for a
+    one-token sequence at position 5. And a greedy continuation by hand is the generator's."""
+    m = model()
+    cache = ContiguousKVCache(m.config, 1, 4)
+    got = mirror.decode_step_by_hand(m, cache.k, cache.v, 17, 5, 0)
+    with torch.inference_mode():
+        want = m.logits(m.hidden(torch.tensor([[17]]), torch.tensor([[5]])))[0, -1]
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    prompt, n = PROMPTS[2], 6
+    cache = ContiguousKVCache(m.config, 1, len(prompt) + n)
+    for i, t in enumerate(prompt):
+        logits = mirror.decode_step_by_hand(m, cache.k, cache.v, t, i, i)
+    out = []
+    for i in range(len(prompt), len(prompt) + n):
+        out.append(int(logits.argmax()))
+        logits = mirror.decode_step_by_hand(m, cache.k, cache.v, out[-1], i, i)
+    assert out == generate_ids(m, prompt, SamplingParams.greedy(n, ignore_eos=True))

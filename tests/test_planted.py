@@ -140,7 +140,18 @@ PLANTS = (
     Plant("12", "shuffle-stops-one-step-early", "minillm/kernels/mirror.py", "warp_tree_sum",
           "for offset in (16, 8, 4, 2, 1):", "for offset in (16, 8, 4, 2):"),
     Plant("12", "gather-offset-from-the-block-index", "minillm/kernels/mirror.py", "paged_gather",
-          "slots = blocks * bs + j % bs", "slots = blocks * bs + blocks % bs"),)
+          "slots = blocks * bs + j % bs", "slots = blocks * bs + blocks % bs"),
+    # 13 compilation (the PyTorch mirrors of its C++ loops)
+    Plant("13", "gemv-tail-columns-dropped", "minillm/compile/mirror.py", "gemv_blocked",
+          "        sums = sums + (x[:, None, k8:] * block[None, :, k8:]).sum(-1)  # the K % LANES tail\n", ""),
+    Plant("13", "gemv-bias-of-the-first-block", "minillm/compile/mirror.py", "gemv_blocked",
+          "sums = sums + b[n0:n0 + ROWS]", "sums = sums + b[:block.shape[0]]"),
+    Plant("13", "step-attends-without-itself", "minillm/compile/mirror.py", "decode_step_by_hand",
+          "k[layer][0, :, :slot + 1], v[layer][0, :, :slot + 1]", "k[layer][0, :, :slot], v[layer][0, :, :slot]"),
+    Plant("13", "step-scores-unscaled", "minillm/compile/mirror.py", "decode_step_by_hand",
+          " / math.sqrt(hs)  # (nh, slot+1)", "  # (nh, slot+1)"),
+    Plant("13", "step-mlp-without-residual", "minillm/compile/mirror.py", "decode_step_by_hand",
+          "x = x + block.mlp.c_proj.weight @ f", "x = block.mlp.c_proj.weight @ f"),)
 
 
 def planted_source(plant: Plant) -> str:

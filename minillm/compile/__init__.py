@@ -7,6 +7,8 @@
   GEMV with fused bias, `FastLinear` and `fast_cpu_model`, which sends every few-row matrix-vector product of a
   decode step through it
 - `fused_step`: `FusedCPUDecoder`, the whole batch-1 decode step as one C++ call (a `decode_fn` too)
+- `mirror`: the two C++ loops in PyTorch, in the same order (`gemv_blocked`, `decode_step_by_hand`): the
+  chapter's graded exercises
 - `cpu_paged`: the engine's decode attention in C++ through the block tables, attention backend "selective-cpp"
 - `bench`: batch-1 decode tok/s of each path against the eager generator, the compile time, and the fraction of the
   weight-streaming bound measured in the same run, and against Hugging Face (`python -m minillm.compile.bench`)
