@@ -155,9 +155,10 @@ def greedy_sweep(target: GPT, draft: GPT, prompts: list[list[int]], new_tokens: 
         outs, stats = [r[0] for r in runs], [r[1] for r in runs]
         proposed, accepted = sum(s.proposed for s in stats), sum(s.accepted for s in stats)
         calls = sum(s.target_calls for s in stats)
+        # warmup=0: the untimed runs above (and `alone` before the loop) already warmed both paths at this γ
         cmp = compare(lambda: [generate_ids(target, p, params) for p in prompts],
                       lambda: [generate_speculative(target, draft, p, params, gamma=gamma) for p in prompts],
-                      warmup=1, repeats=repeats, device=target.device)
+                      warmup=0, repeats=repeats, device=target.device)
         rows.append({"gamma": gamma, "identical": same_tokens(alone, outs).ok,
                      "accepted_per_proposed": accepted / proposed if proposed else 0.0,
                      "tokens_per_target_call": sum(len(o) for o in outs) / calls, "target_calls": calls,
