@@ -747,3 +747,17 @@ def test_shipped_models_equal_the_plain_engine(method):
     got = run_checked(spec, prompts, [params] * 4)
     assert got == [o.output_token_ids for o in plain]
     assert spec.stats()["num_accepted"] > 0 and spec.num_steps < 4 * 24
+
+
+def test_benchmark_sweep_rows_on_small_models():
+    """The chapter benchmark's γ sweep (what the tour reports) on small models: identical tokens at every γ,
+    α from γ = 1, the cost model beside each row, and the best γ among the rows. No timing is asserted."""
+    from minillm.speculative.bench import greedy_sweep
+
+    target = context_model(GPTConfig(**{**SMALL, "block_size": 128}), seed=0)  # room for the cost model's context
+    report = greedy_sweep(target, noisy_copy(target, 0.1, seed=5), PROMPTS[:2], 8, [1, 2], repeats=1)
+    assert report["identical"] and [r["gamma"] for r in report["rows"]] == [1, 2]
+    assert 0 <= report["alpha"] <= 1 and report["best_gamma"] in (1, 2)
+    for r in report["rows"]:
+        assert r["identical"] and r["tokens_per_target_call"] >= 1 and r["speedup"] > 0
+        assert r["predicted_speedup"] > 0 and r["model_tokens_per_call"] >= 1
