@@ -305,13 +305,18 @@ def code_prompts(tokenizer: Any, count: int, tokens: int = 48) -> list[list[int]
     return [ids[i * step:i * step + tokens] for i in range(count)]
 
 
-def run_all(device: torch.device, quick: bool = False, seed: int = 0) -> dict[str, Any]:
+def run_all(device: torch.device, quick: bool = False, seed: int = 0, prompts: int | None = None) -> dict[str, Any]:
     """Every measurement above on `base` (target) and `draft`, one thread per the chapter's convention; the greedy
-    sweep again with `draft-distilled` (chapter 11) when that checkpoint is shipped."""
+    sweep again with `draft-distilled` (chapter 11) when that checkpoint is shipped. `prompts` overrides how many
+    prompts the sweeps run over (default 6, quick 3; the tour takes 4 to stay inside its time budget)."""
     tgt, dft = load_model("base", device, seed), load_model("draft", device, seed)
     tok = tgt.tokenizer
     prompt = tok.encode(FIB_PROMPT)
     new, gammas, reps, count = (32, [1, 4], 1, 3) if quick else (64, [1, 2, 4, 6], 3, 6)
+    if prompts is not None:
+        if not isinstance(prompts, int) or prompts < 1:
+            raise ValueError(f"prompts must be a positive int, got {prompts!r}")
+        count = prompts
     prompts = [prompt, *code_prompts(tok, count - 1)]
     report: dict[str, Any] = {"target": tgt.label, "draft": dft.label, "device": str(device),
                               "threads": torch.get_num_threads()}
