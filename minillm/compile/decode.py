@@ -23,7 +23,7 @@ runs eager: its length changes from prompt to prompt) and the engine's ragged st
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -33,6 +33,18 @@ from minillm.kvcache.cache import ContiguousKVCache
 from minillm.kvcache.generate import generate_ids
 
 MODES = ("eager", "compile", "cuda-graph")
+
+
+def counting_backend(name: str, on_graph: Callable[[], None]) -> Callable[..., Any]:
+    """dynamo's backend `name` for `torch.compile(backend=...)`, calling `on_graph()` each time it builds a graph."""
+    from torch._dynamo import lookup_backend
+
+    inner = lookup_backend(name)
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):
+        on_graph()
+        return inner(gm, example_inputs)
+    return backend
 
 
 class StaticDecoder:
@@ -73,14 +85,9 @@ class StaticDecoder:
         return self.model.logits(h[:, -1])  # (B, V)
 
     def _counting_backend(self):
-        from torch._dynamo import lookup_backend
-
-        inner = lookup_backend(self.backend)
-
-        def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):
+        def count() -> None:
             self.compiles += 1  # a second graph for the same step is a recompilation: something it guards on changed
-            return inner(gm, example_inputs)
-        return backend
+        return counting_backend(self.backend, count)
 
     def _capture(self) -> None:
         """Record one step as a CUDA graph. Warm-up steps run first on a side stream (as PyTorch requires); they

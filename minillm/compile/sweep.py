@@ -32,7 +32,7 @@ import torch
 
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
-from minillm.compile.decode import StaticDecoder
+from minillm.compile.decode import StaticDecoder, counting_backend
 from minillm.core.model import GPT
 from minillm.core.timing import interleave, time_once
 from minillm.kvcache.generate import prefill
@@ -98,15 +98,10 @@ def _prefill_runs(model: GPT, case: Case, compiled: bool, backend: str, seed: in
         return model.logits(model.hidden(idx, positions)[:, -1])  # (B, T) -> (B, V)
 
     if compiled:
-        from torch._dynamo import lookup_backend
-
-        inner = lookup_backend(backend)
-
-        def counting(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):
+        def count() -> None:
             built["compiles"] += 1
-            return inner(gm, example_inputs)
 
-        forward = torch.compile(forward, fullgraph=True, dynamic=False, backend=counting)
+        forward = torch.compile(forward, fullgraph=True, dynamic=False, backend=counting_backend(backend, count))
 
     @torch.inference_mode()
     def run() -> list[torch.Tensor]:

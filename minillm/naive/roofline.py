@@ -200,6 +200,11 @@ def decode_weights(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor | 
     return mats + [(model.lm_head.weight, model.lm_head.bias)]
 
 
+def decode_weight_bytes(model: nn.Module) -> int:
+    """Bytes of `decode_weights(model)`: what one decode step's products read, biases included."""
+    return sum(w.nbytes + (b.nbytes if b is not None else 0) for w, b in decode_weights(model))
+
+
 def stream_weights(model: nn.Module) -> Callable[[int], None]:
     """run(steps): each of `decode_weights(model)` times one fixed random vector through `F.linear`, `steps` times
     over, with nothing else in the loop: the products of `steps` decode steps and no other work."""
@@ -241,5 +246,4 @@ def measure_weight_streaming(model: nn.Module, repeats: int = 9, steps: int = 20
     run = stream_weights(model)
     device = next(model.parameters()).device
     t = measure(lambda: run(steps), warmup=1, repeats=repeats, device=device)
-    nbytes = sum(w.nbytes + (b.nbytes if b is not None else 0) for w, b in decode_weights(model))
-    return WeightStreaming(nbytes, t.min / steps)
+    return WeightStreaming(decode_weight_bytes(model), t.min / steps)
