@@ -119,6 +119,22 @@ def test_layernorm_mirror_and_naive_agree_with_torch(rows, cols, dtype):
     ref = naive.layernorm(x, w, b)
     assert_close(ref, F.layer_norm(x.float(), (cols,), w.float(), b.float(), eps=1e-5), dtype)
     assert_close(mirror.layernorm_warp(x, w, b), ref, dtype)
+    assert_close(mirror.layernorm_warp(x, w, b, pack=16 // x.element_size()), ref, dtype)  # v4's 16-byte packs
+
+
+@pytest.mark.parametrize("pack", [1, 4, 16])
+def test_lane_partials_give_each_lane_its_packs(pack):
+    """Lane i owns packs i, i + 32, ...: with x[c] = 1 for one column c, only lane (c // pack) % 32 sums it."""
+    C = 3 * 32 * pack + pack // 2 + 1  # several rounds, and a last pack cut short
+    for c in (0, pack - 1, pack, 32 * pack + 1, C - 1):
+        x = torch.zeros(C)
+        x[c] = 1.0
+        got = mirror.lane_partials(x, pack)
+        assert got.shape == (32,) and got.sum() == 1 and got[(c // pack) % 32] == 1, (c, got)
+    x = torch.randn(2, C, dtype=torch.float64)
+    torch.testing.assert_close(mirror.lane_partials(x, pack).sum(dim=-1), x.sum(dim=-1))
+    with pytest.raises(ValueError, match="pack"):
+        mirror.lane_partials(x, 0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -170,6 +186,26 @@ def test_flash_attention_mirror_and_naive_agree_with_sdpa(shape, dtype):
     assert_close(ref, sdpa, dtype)
     assert_close(mirror.flash_attention(q, k, v, block_q=16, block_k=16), ref, dtype)
     assert_close(mirror.flash_attention(q, k, v, block_q=5, block_k=7), ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [*ATTN_SHAPES, (1, 2, 64, 64), (1, 2, 130, 64), (2, 1, 200, 100)], ids=str)
+def test_flash_attention_v3_mirror_agrees_with_naive(shape, dtype):
+    """v3's 64 x 64 tiles (sequences shorter than, equal to and past one tile), base-2 exponentials with the scale
+    folded into Q, and each row's max and sum split over 8 threads give the naive op's result."""
+    q, k, v = (torch.randn(shape).to(dtype) for _ in range(3))
+    assert_close(mirror.flash_attention_v3(q, k, v), naive.attention(q, k, v), dtype)
+
+
+def test_flash_attention_v3_rows_split_over_eight_threads():
+    """Thread tx holds columns tx*4..tx*4+3 and 32+tx*4..32+tx*4+3 of a 64-column tile, and the three xor
+    shuffles leave every thread with the row's total."""
+    cols = torch.arange(64.0)
+    held = mirror._row_lanes(cols)  # (2, 8, 4)
+    assert held[:, 3].flatten().tolist() == [12, 13, 14, 15, 44, 45, 46, 47]
+    partial = held.sum(dim=(0, 2))  # (8,)
+    assert mirror._xor_tree(partial, torch.add).item() == cols.sum().item()
+    assert mirror._xor_tree(held.amax(dim=(0, 2)), torch.maximum).item() == 63
 
 
 def paged_case(dtype, device, nh=3, hs=24, bs=4, lens=(1, 5, 9, 16, 23), seed=0):
@@ -265,6 +301,7 @@ def test_int8_gemv_mirror_and_naive_agree_with_a_dequantized_linear(M, N, K, dty
     assert_close(ref, F.linear(x.float(), w.float() * scale.float()[:, None], bias.float()), dtype)
     assert_close(mirror.int8_gemv(x, w, scale, bias), ref, dtype)
     assert_close(mirror.int8_gemv(x, w, scale), naive.int8_gemv(x, w, scale), dtype)
+    assert_close(mirror.int8_gemv(x, w, scale, bias, pack=16), ref, dtype)  # v3: 16 weights a load
 
 
 @settings(max_examples=25, deadline=None)
@@ -454,7 +491,7 @@ def test_cuda_softmax(kernels, version, rows, cols, dtype):
 
 @cuda_only
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("cols", COLS)
+@pytest.mark.parametrize("cols", (*COLS, 2048))
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["layernorm"] + 1))
 def test_cuda_layernorm(kernels, version, rows, cols, dtype):
@@ -478,19 +515,25 @@ def test_cuda_bias_gelu(kernels, version, rows, cols, dtype):
 @cuda_only
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_cuda_vectorized_versions_fall_back_on_misaligned_rows(kernels, dtype):
-    """softmax v4 and bias_gelu v2 read 16-byte packs only from 16-byte aligned memory; a view starting one element
-    into its storage takes the scalar path, with the same results."""
+    """softmax v4, layernorm v4, bias_gelu v2 and int8_gemv v3 read 16-byte packs only from 16-byte aligned memory;
+    a view starting one element into its storage takes the scalar path, with the same results."""
     rows, cols = 5, 64
     x = randn(rows * cols + 1, dtype=dtype, scale=3.0)[1:].view(rows, cols)  # contiguous, misaligned
     assert x.data_ptr() % 16 != 0
     assert_close(ops.softmax(x, version=4, out=poisoned((rows, cols), dtype)), naive.softmax(x))
     b = randn(cols, dtype=dtype)
     assert_close(ops.bias_gelu(x, b, version=2, out=poisoned((rows, cols), dtype)), naive.bias_gelu(x, b))
+    w = randn(cols, dtype=dtype)
+    assert_close(ops.layernorm(x, w, b, version=4, out=poisoned((rows, cols), dtype)), naive.layernorm(x, w, b))
+    wq = torch.randint(-127, 128, (7, cols), dtype=torch.int8, device="cuda")
+    scale = (torch.rand(7, device="cuda") / 64).to(dtype)
+    assert_close(ops.int8_gemv(x, wq, scale, version=3, out=poisoned((rows, 7), dtype)), naive.int8_gemv(x, wq, scale))
 
 
 @cuda_only
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", [*ATTN_SHAPES, (1, 1, 129, 32), (3, 2, 50, 96)], ids=str)
+@pytest.mark.parametrize("shape", [*ATTN_SHAPES, (1, 1, 129, 32), (3, 2, 50, 96), (1, 3, 128, 64), (2, 2, 200, 128)],
+                         ids=str)
 @pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["attention"] + 1))
 def test_cuda_attention(kernels, version, shape, dtype):
     q, k, v = (randn(*shape, dtype=dtype) for _ in range(3))
@@ -533,7 +576,8 @@ def test_cuda_paged_attention_bad_block_is_nan(kernels):
 @cuda_only
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("use_bias", [True, False])
-@pytest.mark.parametrize("M,N,K", [(1, 1, 1), (1, 33, 130), (3, 130, 31), (8, 7, 1000), (4, 257, 4096)])
+@pytest.mark.parametrize("M,N,K", [(1, 1, 1), (1, 33, 130), (3, 130, 31), (8, 7, 1000), (4, 257, 4096),
+                                   (11, 37, 48), (10, 3, 40)])  # M > 8: v3's second pass, with packs and without
 @pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["int8_gemv"] + 1))
 def test_cuda_int8_gemv(kernels, version, M, N, K, use_bias, dtype):
     x = randn(M, K, dtype=dtype)

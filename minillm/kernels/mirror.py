@@ -2,11 +2,13 @@
 
 Where `naive` computes each result the obvious way, a mirror computes it the way its kernel does: softmax in one
 pass with a running (max, sum) over tiles and merged partial states (softmax.cu v4); layernorm from 32 lane-strided
-partial sums combined as the warp shuffles combine them (layernorm.cu v3); FlashAttention's query/key tiles with the
-running max, sum and rescaled output (attention.cu v2, one `attend_tile` per key tile); decode attention walking a
-block table block by block (paged_attention.cu), and `paged_gather`, the address of each token in the pool; int8
-GEMV from lane partial sums with the scale applied after the sum (int8_gemv.cu v2); and the KV write as a loop over
-slots (kv_write.cu). All math is fp32; results are rounded to the input dtype once.
+partial sums combined as the warp shuffles combine them (layernorm.cu v3, and v4's packs); FlashAttention's
+query/key tiles with the running max, sum and rescaled output (attention.cu v2, one `attend_tile` per key tile), and
+v3's 64 x 64 tiles with base-2 exponentials and each row's statistics split over 8 threads (`flash_attention_v3`);
+decode attention walking a block table block by block (paged_attention.cu), and `paged_gather`, the address of each
+token in the pool; int8 GEMV from lane partial sums with the scale applied after the sum (int8_gemv.cu v2, and v3's
+16-byte packs); and the KV write as a loop over slots (kv_write.cu). All math is fp32; results are rounded to the
+input dtype once.
 What it leaves out: threads and memory: a mirror shows the arithmetic order, not the parallel schedule.
 """
 
@@ -98,20 +100,28 @@ def warp_tree_sum(partials: torch.Tensor) -> torch.Tensor:
     return partials[..., 0]
 
 
-def lane_partials(x: torch.Tensor) -> torch.Tensor:
-    """(..., C) -> (..., 32): lane i's sum of columns i, i + 32, i + 64, ... (the loop `c = lane; c += 32`)."""
+def lane_partials(x: torch.Tensor, pack: int = 1) -> torch.Tensor:
+    """(..., C) -> (..., 32): lane i's sum of columns i, i + 32, i + 64, ... (the loop `c = lane; c += 32`).
+
+    With pack > 1 a lane reads `pack` neighbouring columns at once (a 16-byte load): lane i owns the packs i, i + 32,
+    ..., that is the columns [pack * i, pack * i + pack), [pack * (i + 32), ...), and so on.
+    """
+    if pack < 1:
+        raise ValueError(f"pack must be >= 1, got {pack}")
     C = x.shape[-1]
-    pad = (-C) % 32
+    pad = (-C) % (32 * pack)
     xp = torch.nn.functional.pad(x, (0, pad))  # (..., C + pad), zeros add nothing
-    return xp.reshape(*x.shape[:-1], -1, 32).sum(dim=-2)  # (..., C/32, 32) -> (..., 32)
+    return xp.reshape(*x.shape[:-1], -1, 32, pack).sum(dim=(-3, -1))  # (..., C/(32 pack), 32, pack) -> (..., 32)
 
 
-def layernorm_warp(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    """layernorm.cu v3: one pass of lane-strided sums of x and x^2, a warp tree sum of each, var = E[x^2] - mean^2."""
+def layernorm_warp(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
+                   pack: int = 1) -> torch.Tensor:
+    """layernorm.cu v3 (pack=1) and v4 (pack = 16 bytes / element size): one pass of lane sums of x and x^2, a warp
+    tree sum of each, var = E[x^2] - mean^2."""
     x32 = x.float()
     C = x32.shape[-1]
-    mean = warp_tree_sum(lane_partials(x32)) / C  # (...,)
-    var = (warp_tree_sum(lane_partials(x32 * x32)) / C - mean**2).clamp(min=0.0)  # (...,)
+    mean = warp_tree_sum(lane_partials(x32, pack)) / C  # (...,)
+    var = (warp_tree_sum(lane_partials(x32 * x32, pack)) / C - mean**2).clamp(min=0.0)  # (...,)
     rstd = torch.rsqrt(var + eps)
     y = (x32 - mean.unsqueeze(-1)) * rstd.unsqueeze(-1) * weight.float() + bias.float()
     return y.to(x.dtype)
@@ -156,6 +166,61 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: 
             m, l, o = attend_tile(m, l, o, s, vt.unsqueeze(2))  # values (B, nh, 1, bc, hs): one set for all rows
         out[:, :, q0 : q0 + br] = o / l.unsqueeze(-1)
     return out.to(q.dtype)
+
+
+V3_TILE = 64  # attention.cu v3: query and key tiles of 64
+V3_ROW_LANES = 8  # the threads sharing one query row; thread tx owns columns tx*4..tx*4+3 and 32+tx*4..32+tx*4+3
+
+
+def _row_lanes(s: torch.Tensor) -> torch.Tensor:
+    """(..., 64) scores of a tile -> (..., 2, 8, 4) indexed [half, tx, t]: column half * 32 + tx * 4 + t, so
+    [..., :, tx, :] are the 8 values thread tx holds."""
+    return s.unflatten(-1, (2, V3_ROW_LANES, 4))
+
+
+def _xor_tree(partials: torch.Tensor, combine) -> torch.Tensor:
+    """Combine the last dimension (the 8 threads of a row) as three __shfl_xor_sync steps do (offsets 1, 2, 4);
+    every lane ends with the result; lane 0's is returned."""
+    lanes = torch.arange(partials.shape[-1])
+    for offset in (1, 2, 4):
+        partials = combine(partials, partials[..., lanes ^ offset])
+    return partials[..., 0]
+
+
+def flash_attention_v3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """attention.cu v3 (FlashAttention-2's loop, Dao 2023), causal: q, k, v (B, nh, T, hs) -> (B, nh, T, hs).
+
+    The arithmetic of v2 with the engineering of v3: 64 x 64 tiles, zero-padded past the sequence's end (padding
+    keys masked); Q scaled once by log2(e) / sqrt(hs), so exp(x / sqrt(hs) - m) becomes exp2(x' - m') with no
+    other change; each row's max and sum first over the 8 values a thread holds, then across its 8 threads; the
+    output divided by l once, after the last tile.
+    """
+    B, nh, T, hs = q.shape
+    n = V3_TILE
+    Tp = -(-T // n) * n  # padded length
+    pad = (0, 0, 0, Tp - T)  # zeros past the last position, as the kernel stages its tiles
+    q32 = torch.nn.functional.pad(q.float(), pad) * (math.log2(math.e) / math.sqrt(hs))  # (B, nh, Tp, hs)
+    k32, v32 = torch.nn.functional.pad(k.float(), pad), torch.nn.functional.pad(v.float(), pad)
+    out = torch.empty(B, nh, Tp, hs)
+    for q0 in range(0, Tp, n):
+        qt = q32[:, :, q0 : q0 + n]  # (B, nh, 64, hs)
+        m = torch.full((B, nh, n), NEG_INF)
+        l = torch.zeros(B, nh, n)
+        o = torch.zeros(B, nh, n, hs)
+        q_pos = torch.arange(q0, q0 + n).unsqueeze(1)  # (64, 1)
+        for k0 in range(0, min(q0 + n, T), n):
+            s = qt @ k32[:, :, k0 : k0 + n].transpose(-2, -1)  # (B, nh, 64, 64), in log2 units
+            k_pos = torch.arange(k0, k0 + n).unsqueeze(0)  # (1, 64)
+            s = s.masked_fill((k_pos > q_pos) | (k_pos >= T), NEG_INF)
+            m_thread = _row_lanes(s).amax(dim=(-3, -1))  # (B, nh, 64, 8): each thread's max over its 8 scores
+            m_new = torch.maximum(m, _xor_tree(m_thread, torch.maximum))  # finite: key 0 is in the first tile
+            alpha = torch.exp2(m - m_new)  # 0 on the first tile
+            p = torch.exp2(s - m_new.unsqueeze(-1))  # (B, nh, 64, 64)
+            l = l * alpha + _xor_tree(_row_lanes(p).sum(dim=(-3, -1)), torch.add)
+            o = o * alpha.unsqueeze(-1) + p @ v32[:, :, k0 : k0 + n]  # (B, nh, 64, 64) @ (B, nh, 64, hs)
+            m = m_new
+        out[:, :, q0 : q0 + n] = o / l.unsqueeze(-1)
+    return out[:, :, :T].to(q.dtype)
 
 
 def paged_gather(pool: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
@@ -215,11 +280,13 @@ def paged_attention_decode(
     return out.to(q.dtype)
 
 
-def int8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """int8_gemv.cu v2: for each output row n, 32 lanes sum x[k] * w[n, k] over k = lane, lane + 32, ...; a warp
-    tree sum; then one multiply by scale[n] (sum_k x_k w_k s = s sum_k x_k w_k) and the bias."""
+def int8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
+              pack: int = 1) -> torch.Tensor:
+    """int8_gemv.cu v2 (pack=1) and v3 (pack=16): for each output row n, 32 lanes sum x[k] * w[n, k] over their
+    packs of k (k = lane, lane + 32, ... for v2; 16 weights a load for v3); a warp tree sum; then one multiply by
+    scale[n] (sum_k x_k w_k s = s sum_k x_k w_k) and the bias."""
     prod = x.float().unsqueeze(1) * w.float().unsqueeze(0)  # (M, 1, K) * (1, N, K) -> (M, N, K)
-    acc = warp_tree_sum(lane_partials(prod))  # (M, N)
+    acc = warp_tree_sum(lane_partials(prod, pack))  # (M, N)
     y = acc * scale.float()
     if bias is not None:
         y = y + bias.float()

@@ -3,7 +3,8 @@
 Each function checks its arguments (TypeError or ValueError naming the bad value) before anything is built or
 launched, so a mistake costs no compile and says what to fix; then it allocates the output (unless `out` is given:
 the tests pass a NaN-poisoned one) and calls `torch.ops.minillm_kernels.<name>`, which checks again in C++.
-Every version of every kernel stays callable: `version` picks one, the default is the last (fastest).
+Every version of every kernel stays callable: `version` picks one, the default is the last, the one the
+chapter builds up to.
 What it leaves out: autograd (these are inference kernels) and CPU tensors (use `naive` or `mirror` there).
 """
 
@@ -14,8 +15,8 @@ import torch
 from minillm.kernels.build import load_kernels
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-NUM_VERSIONS = {"softmax": 4, "layernorm": 3, "bias_gelu": 2, "attention": 2, "paged_attention_decode": 1,
-                "int8_gemv": 2, "kv_cache_write": 1}
+NUM_VERSIONS = {"softmax": 4, "layernorm": 4, "bias_gelu": 2, "attention": 3, "paged_attention_decode": 1,
+                "int8_gemv": 3, "kv_cache_write": 1}
 MAX_HEAD_SIZE = 128  # attention.cu and paged_attention.cu give thread d dimension d of a 128-thread block
 
 
@@ -82,9 +83,9 @@ def softmax(x: torch.Tensor, version: int = 4, out: torch.Tensor | None = None) 
     return out
 
 
-def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5, version: int = 3,
+def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5, version: int = 4,
               out: torch.Tensor | None = None) -> torch.Tensor:
-    """LayerNorm over the last dimension of x (..., C) with weight, bias (C,); versions 1..3 (csrc/layernorm.cu)."""
+    """LayerNorm over the last dimension of x (..., C) with weight, bias (C,); versions 1..4 (csrc/layernorm.cu)."""
     _tensor("x", x)
     if x.dim() < 1:
         raise ValueError(f"x must have at least one dimension, got shape {tuple(x.shape)}")
@@ -118,9 +119,9 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor, version: int = 2, out: torch.
     return out
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, version: int = 2,
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, version: int = 3,
               out: torch.Tensor | None = None) -> torch.Tensor:
-    """Causal attention, scale 1/sqrt(hs): q, k, v (B, nh, T, hs), hs <= 128; versions 1..2 (csrc/attention.cu)."""
+    """Causal attention, scale 1/sqrt(hs): q, k, v (B, nh, T, hs), hs <= 128; versions 1..3 (csrc/attention.cu)."""
     _tensor("q", q, dim=4)
     if not 1 <= q.shape[-1] <= MAX_HEAD_SIZE:
         raise ValueError(f"head size q.shape[-1] must be 1..{MAX_HEAD_SIZE}, got {q.shape[-1]}")
@@ -164,8 +165,8 @@ def paged_attention_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
 
 
 def int8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
-              version: int = 2, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x (M, K) @ (w (N, K) int8 * scale (N,))^T + bias (N,) -> (M, N); versions 1..2 (csrc/int8_gemv.cu)."""
+              version: int = 3, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x (M, K) @ (w (N, K) int8 * scale (N,))^T + bias (N,) -> (M, N); versions 1..3 (csrc/int8_gemv.cu)."""
     _tensor("x", x, dim=2)
     _tensor("w", w, dim=2, dtypes=(torch.int8,))
     if w.shape[1] != x.shape[1]:

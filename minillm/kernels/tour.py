@@ -45,9 +45,13 @@ def cases(g: torch.Generator) -> list[tuple[str, str, Callable, Callable, tuple]
                     (rnd(R, C, scale=4),)))
         out.append(("layernorm", f"({R}, {C})", mirror.layernorm_warp, naive.layernorm,
                     (rnd(R, C) + 3, rnd(C), rnd(C))))
+        out.append(("layernorm", f"({R}, {C}) in packs of 8", lambda x, w, b: mirror.layernorm_warp(x, w, b, pack=8),
+                    naive.layernorm, (rnd(R, C) + 3, rnd(C), rnd(C))))
         out.append(("bias_gelu", f"({R}, {C})", mirror.bias_gelu, naive.bias_gelu, (rnd(R, C), rnd(C))))
     for shape in ((2, 3, 37, 24), (1, 2, 130, 64)):
         out.append(("attention", str(shape), lambda q, k, v: mirror.flash_attention(q, k, v, 16, 16), naive.attention,
+                    (rnd(*shape), rnd(*shape), rnd(*shape))))
+        out.append(("attention", f"{shape} v3", mirror.flash_attention_v3, naive.attention,
                     (rnd(*shape), rnd(*shape), rnd(*shape))))
     for bs in (1, 16):
         S, nh, hs, ctx = 5, 4, 32, 70
@@ -61,6 +65,8 @@ def cases(g: torch.Generator) -> list[tuple[str, str, Callable, Callable, tuple]
         args = (rnd(M, K), torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8),
                 torch.rand(N, generator=g) / 64, rnd(N))
         out.append(("int8_gemv", f"M={M} N={N} K={K}", mirror.int8_gemv, naive.int8_gemv, args))
+        out.append(("int8_gemv", f"M={M} N={N} K={K} in packs of 16",
+                    lambda x, w, sc, b: mirror.int8_gemv(x, w, sc, b, pack=16), naive.int8_gemv, args))
     T, nh, hs, nb, bs = 40, 4, 16, 12, 4
     slots = torch.randperm(nb * bs, generator=g)[:T]
     slots[::7] = -1  # padding tokens: skipped

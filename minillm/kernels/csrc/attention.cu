@@ -7,7 +7,16 @@
 //       tiles of BC = 16, staging each K/V tile in shared memory once for all 16 rows, computing the 16 x 16 score
 //       tile, and rescaling its running output by exp(m_old - m_new) (Algorithm 1, lines 9-12). Causality stops
 //       the walk at the tile's last query row. Everything stays in fp32 shared memory (33 KB of the 48 KB).
-// Reference twins: minillm.kernels.naive.attention (dense softmax), minillm.kernels.mirror.flash_attention.
+//   v3  FlashAttention-2's work split (Dao 2023) with register tiles: a block of 128 threads owns BR = 64 query
+//       rows and walks key tiles of BC = 64. Thread (ty, tx) = (tid / 8, tid % 8) keeps a 4 x 8 tile of scores
+//       and a 4 x (Dp / 8) tile of the output in registers, so each value read from shared memory feeds 4 or 8
+//       multiply-adds instead of one. The 8 threads of a row group share its max and sum through three
+//       shuffles. Q is pre-scaled by log2(e) / sqrt(D) so the exponentials are exp2f; the output is divided by l
+//       once at the end. Q^T, K^T, V and P^T of a tile live in dynamic shared memory (fp32, 43 / 69 / 120 KB for
+//       head sizes padded to 32 / 64 / 128), and the heaviest query tiles (the last, with the most keys) start
+//       first. Still no tensor cores: every product is an fp32 FMA.
+// Reference twins: minillm.kernels.naive.attention (dense softmax), minillm.kernels.mirror.flash_attention (v2),
+// minillm.kernels.mirror.flash_attention_v3 (v3's base-2 exponentials and per-thread partial max and sum).
 #include "common.cuh"
 #include "kernels.h"
 
@@ -124,6 +133,175 @@ __global__ void attention_v2_kernel(const T* __restrict__ q, const T* __restrict
     }
 }
 
+// v3's geometry: 64 x 64 tiles, 128 threads as 16 row groups (ty) of 8 threads (tx); rows of the transposed
+// tiles are padded by 4 floats (16 bytes, so float4 accesses stay aligned).
+constexpr int kV3Rows = 64, kV3Cols = 64, kV3Threads = 128, kV3Pad = 4;
+
+// The head size v3 pads to (its template instance): 32, 64 or 128; 0 when head_dim > 128.
+__host__ __device__ constexpr int attention_v3_padded_dim(int64_t head_dim) {
+    return head_dim <= 32 ? 32 : head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 0;
+}
+
+size_t attention_v3_smem_bytes(int64_t head_dim) {
+    const int dp = attention_v3_padded_dim(head_dim);
+    // sQt (dp, BR + pad), sKt (dp, BC + pad), sV (BC, dp), sPt (BC, BR + pad), all fp32
+    const size_t d = static_cast<size_t>(dp);
+    return sizeof(float) *
+           (d * (kV3Rows + kV3Pad) + d * (kV3Cols + kV3Pad) + kV3Cols * d + kV3Cols * (kV3Rows + kV3Pad));
+}
+
+// v3: blockDim.x == 128, dynamic shared memory attention_v3_smem_bytes(DP). Block b handles (batch-head, query tile)
+// = (b % batch_heads, num_tiles - 1 - b / batch_heads): every head's last tile first.
+template <typename T, int DP>
+__global__ void __launch_bounds__(kV3Threads)
+attention_v3_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                    int64_t batch_heads, int64_t seq_len, int64_t head_dim, float q_scale) {
+    constexpr int BR = kV3Rows, BC = kV3Cols, LQ = BR + kV3Pad, LK = BC + kV3Pad;
+    constexpr int DG = DP / 32;  // groups of 4 output dimensions per thread: d = g * 32 + tx * 4 + t
+    extern __shared__ float4 smem4[];  // float4: the base is 16-byte aligned
+    float* sQt = reinterpret_cast<float*>(smem4);  // (DP, LQ): Q^T, pre-scaled, zeros past D and past the sequence
+    float* sKt = sQt + DP * LQ;                     // (DP, LK): K^T of the current key tile
+    float* sV = sKt + DP * LK;                      // (BC, DP): V of the current key tile
+    float* sPt = sV + BC * DP;                      // (BC, LQ): P^T = exp2(S - m)^T of the current tile
+
+    const int tid = threadIdx.x, ty = tid / 8, tx = tid % 8;
+    const int64_t num_tiles = (seq_len + BR - 1) / BR;
+    const int64_t bh = blockIdx.x % batch_heads;
+    const int64_t q0 = (num_tiles - 1 - blockIdx.x / batch_heads) * BR;  // first query row of this tile
+    const int64_t base = bh * seq_len * head_dim;                          // (T, D) of this (batch, head)
+    const int D = static_cast<int>(head_dim);
+
+    for (int idx = tid; idx < BR * DP; idx += kV3Threads) {  // coalesced reads along d
+        const int r = idx / DP, d = idx % DP;
+        const int64_t qi = q0 + r;
+        sQt[d * LQ + r] = qi < seq_len && d < D ? to_float(q[base + qi * D + d]) * q_scale : 0.f;
+    }
+
+    // Thread (ty, tx) owns rows ty * 4 + i (i < 4); score columns col(j) = (j / 4) * 32 + tx * 4 + j % 4 (j < 8),
+    // interleaved so the 8 threads of a row group read 32 consecutive floats per float4 load (no bank conflicts).
+    float m[4], l[4], o[4][4 * DG];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        m[i] = -INFINITY;
+        l[i] = 0.f;
+#pragma unroll
+        for (int t = 0; t < 4 * DG; ++t) o[i][t] = 0.f;
+    }
+
+    const int64_t kv_end = q0 + BR < seq_len ? q0 + BR : seq_len;  // causal: no key after the tile's last row
+    for (int64_t k0 = 0; k0 < kv_end; k0 += BC) {
+        __syncthreads();  // the previous tile's sKt, sV, sPt are read by everyone (and sQt is written, the first time)
+        for (int idx = tid; idx < BC * DP; idx += kV3Threads) {
+            const int c = idx / DP, d = idx % DP;
+            const int64_t kj = k0 + c;
+            const bool in = kj < seq_len && d < D;
+            sKt[d * LK + c] = in ? to_float(k[base + kj * D + d]) : 0.f;
+            sV[c * DP + d] = in ? to_float(v[base + kj * D + d]) : 0.f;
+        }
+        __syncthreads();
+
+        float s[4][8];  // S = Q K^T in log2 units on this thread's 4 x 8 cells
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 8; ++j) s[i][j] = 0.f;
+#pragma unroll 8
+        for (int d = 0; d < DP; ++d) {
+            const float4 a = *reinterpret_cast<const float4*>(&sQt[d * LQ + ty * 4]);
+            const float4 b0 = *reinterpret_cast<const float4*>(&sKt[d * LK + tx * 4]);
+            const float4 b1 = *reinterpret_cast<const float4*>(&sKt[d * LK + 32 + tx * 4]);
+            const float av[4] = {a.x, a.y, a.z, a.w};
+            const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) s[i][j] = fmaf(av[i], bv[j], s[i][j]);
+        }
+        if (k0 + BC - 1 > q0 || k0 + BC > seq_len) {  // only the diagonal tile (and the sequence's end) is masked
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    const int64_t qi = q0 + ty * 4 + i, kj = k0 + (j / 4) * 32 + tx * 4 + j % 4;
+                    if (kj > qi || kj >= seq_len) s[i][j] = -INFINITY;
+                }
+        }
+        // Online softmax per row, its 64 scores spread over the 8 threads tx = 0..7 (lanes differing in bits 0-2).
+        // Every row sees key 0 in the first tile, so m is finite from then on and exp2f(m - m_new) never meets nan.
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            float mt = s[i][0];
+#pragma unroll
+            for (int j = 1; j < 8; ++j) mt = fmaxf(mt, s[i][j]);
+#pragma unroll
+            for (int offset = 1; offset < 8; offset <<= 1) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, offset));
+            const float m_new = fmaxf(m[i], mt);
+            const float alpha = exp2f(m[i] - m_new);  // 0 on the first tile (m = -inf)
+            float rs = 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                s[i][j] = exp2f(s[i][j] - m_new);  // masked: exp2f(-inf) = 0
+                rs += s[i][j];
+            }
+#pragma unroll
+            for (int offset = 1; offset < 8; offset <<= 1) rs += __shfl_xor_sync(0xffffffffu, rs, offset);
+            l[i] = l[i] * alpha + rs;
+            m[i] = m_new;
+#pragma unroll
+            for (int t = 0; t < 4 * DG; ++t) o[i][t] *= alpha;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {  // P^T: column col(j) of P becomes row col(j) of sPt, this thread's 4 rows
+            const int c = (j / 4) * 32 + tx * 4 + j % 4;
+            *reinterpret_cast<float4*>(&sPt[c * LQ + ty * 4]) = make_float4(s[0][j], s[1][j], s[2][j], s[3][j]);
+        }
+        __syncthreads();
+#pragma unroll 4
+        for (int c = 0; c < BC; ++c) {  // O += P V on this thread's 4 rows x 4 * DG dimensions
+            const float4 a = *reinterpret_cast<const float4*>(&sPt[c * LQ + ty * 4]);
+            const float av[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+            for (int g = 0; g < DG; ++g) {
+                const float4 b = *reinterpret_cast<const float4*>(&sV[c * DP + g * 32 + tx * 4]);
+                const float bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                    for (int t = 0; t < 4; ++t) o[i][g * 4 + t] = fmaf(av[i], bv[t], o[i][g * 4 + t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int64_t qi = q0 + ty * 4 + i;
+        if (qi >= seq_len) continue;
+        const float inv = 1.f / l[i];
+#pragma unroll
+        for (int g = 0; g < DG; ++g)
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                const int d = g * 32 + tx * 4 + t;
+                if (d < D) out[base + qi * D + d] = from_float<T>(o[i][g * 4 + t] * inv);
+            }
+    }
+}
+
+template <typename T, int DP>
+cudaError_t launch_attention_v3(const T* q, const T* k, const T* v, T* out, int64_t batch_heads, int64_t seq_len,
+                                int64_t head_dim, cudaStream_t stream) {
+    const int64_t blocks = batch_heads * ((seq_len + kV3Rows - 1) / kV3Rows);
+    if (blocks > 2147483647LL) return cudaErrorInvalidValue;
+    const size_t smem = attention_v3_smem_bytes(DP);
+    // Above 48 KB a kernel must opt in to dynamic shared memory (the bindings check the device allows this much).
+    const cudaError_t err = cudaFuncSetAttribute(attention_v3_kernel<T, DP>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (err != cudaSuccess) return err;
+    const float q_scale = 1.4426950408889634f / sqrtf(static_cast<float>(head_dim));  // log2(e) / sqrt(D)
+    attention_v3_kernel<T, DP><<<static_cast<unsigned>(blocks), kV3Threads, smem, stream>>>(
+        q, k, v, out, batch_heads, seq_len, head_dim, q_scale);
+    return cudaGetLastError();
+}
+
 cudaError_t attention_forward(int version, int dtype, const void* q, const void* k, const void* v, void* out,
                               int64_t batch_heads, int64_t seq_len, int64_t head_dim, cudaStream_t stream) {
     if (batch_heads <= 0 || seq_len <= 0 || head_dim <= 0) return cudaSuccess;
@@ -142,6 +320,12 @@ cudaError_t attention_forward(int version, int dtype, const void* q, const void*
             const int64_t blocks = batch_heads * ((seq_len + 15) / 16);
             if (blocks > 2147483647LL) return cudaErrorInvalidValue;
             attention_v2_kernel<T><<<static_cast<unsigned>(blocks), 128, 0, stream>>>(qt, kt, vt, yt, seq_len, head_dim, scale);
+        } else if (version == 3) {
+            switch (attention_v3_padded_dim(head_dim)) {
+                case 32: return launch_attention_v3<T, 32>(qt, kt, vt, yt, batch_heads, seq_len, head_dim, stream);
+                case 64: return launch_attention_v3<T, 64>(qt, kt, vt, yt, batch_heads, seq_len, head_dim, stream);
+                default: return launch_attention_v3<T, 128>(qt, kt, vt, yt, batch_heads, seq_len, head_dim, stream);
+            }
         } else {
             return cudaErrorInvalidValue;
         }

@@ -84,7 +84,7 @@ void softmax(const at::Tensor& x, const at::Tensor& out, int64_t version) {
 
 void layernorm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& out,
                double eps, int64_t version) {
-    check_version(version, 3, "layernorm");
+    check_version(version, 4, "layernorm");
     check_cuda(x, "x");
     const int dt = dtype_code(x, "x");
     TORCH_CHECK(x.dim() == 2, "x must be 2-D (rows, cols), got shape ", dims(x.sizes()));
@@ -117,7 +117,7 @@ void bias_gelu(const at::Tensor& x, const at::Tensor& bias, const at::Tensor& ou
 
 void attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                int64_t version) {
-    check_version(version, 2, "attention");
+    check_version(version, 3, "attention");
     check_cuda(q, "q");
     const int dt = dtype_code(q, "q");
     TORCH_CHECK(q.dim() == 4, "q must be 4-D (B, nh, T, hs), got shape ", dims(q.sizes()));
@@ -129,6 +129,15 @@ void attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
     check_shape(v, q.sizes(), "v");
     check_shape(out, q.sizes(), "out");
     const c10::cuda::CUDAGuard guard(q.device());
+    if (version == 3) {  // v3 keeps its tiles in dynamic shared memory: more than some GPUs give one block
+        int device = 0, optin = 0;
+        cudaGetDevice(&device);
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+        const size_t need = minillm::attention_v3_smem_bytes(q.size(3));
+        TORCH_CHECK(need <= static_cast<size_t>(optin), "attention v3 needs ", need,
+                    " bytes of shared memory per block for head size ", q.size(3), ", this GPU allows ", optin,
+                    "; use version 2");
+    }
     check_launch(minillm::attention_forward(static_cast<int>(version), dt, q.data_ptr(), k.data_ptr(), v.data_ptr(),
                                             out.data_ptr(), q.size(0) * q.size(1), q.size(2), q.size(3), stream()),
                  "attention");
@@ -167,7 +176,7 @@ void paged_attention_decode(const at::Tensor& q, const at::Tensor& k_pool, const
 
 void int8_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, const std::optional<at::Tensor>& bias,
                const at::Tensor& out, int64_t version) {
-    check_version(version, 2, "int8_gemv");
+    check_version(version, 3, "int8_gemv");
     check_cuda(x, "x");
     const int dt = dtype_code(x, "x");
     TORCH_CHECK(x.dim() == 2, "x must be 2-D (M, K), got shape ", dims(x.sizes()));

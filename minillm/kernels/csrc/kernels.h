@@ -14,7 +14,7 @@ namespace minillm {
 cudaError_t softmax_forward(int version, int dtype, const void* x, void* out, int64_t rows, int64_t cols,
                             cudaStream_t stream);
 
-// layernorm.cu: out = (x - mean) / sqrt(var + eps) * weight + bias per row, versions 1..3.
+// layernorm.cu: out = (x - mean) / sqrt(var + eps) * weight + bias per row, versions 1..4.
 cudaError_t layernorm_forward(int version, int dtype, const void* x, const void* weight, const void* bias, void* out,
                               int64_t rows, int64_t cols, float eps, cudaStream_t stream);
 
@@ -22,9 +22,12 @@ cudaError_t layernorm_forward(int version, int dtype, const void* x, const void*
 cudaError_t bias_gelu_forward(int version, int dtype, const void* x, const void* bias, void* out, int64_t rows,
                               int64_t cols, cudaStream_t stream);
 
-// attention.cu: causal attention, q, k, v, out (BH, T, D) contiguous, scale 1/sqrt(D), D <= 128, versions 1..2.
+// attention.cu: causal attention, q, k, v, out (BH, T, D) contiguous, scale 1/sqrt(D), D <= 128, versions 1..3.
 cudaError_t attention_forward(int version, int dtype, const void* q, const void* k, const void* v, void* out,
                               int64_t batch_heads, int64_t seq_len, int64_t head_dim, cudaStream_t stream);
+
+// The dynamic shared memory one block of attention v3 needs for this head size (the caller checks the device has it).
+size_t attention_v3_smem_bytes(int64_t head_dim);
 
 // paged_attention.cu: one query token per sequence against its K/V in the block pools, version 1.
 // q, out (S, nh, hs); pools (nb, bs, nh, hs); block_tables (S, max_nb) int64; context_lens (S,) int64.
@@ -33,7 +36,7 @@ cudaError_t paged_attention_decode(int dtype, const void* q, const void* k_pool,
                                    int64_t num_seqs, int64_t num_heads, int64_t head_dim, int64_t num_blocks,
                                    int64_t block_size, int64_t max_blocks_per_seq, cudaStream_t stream);
 
-// int8_gemv.cu: out (M, N) = x (M, K) @ (w (N, K) int8 * scale (N,))^T + bias (N,) (bias may be null), versions 1..2.
+// int8_gemv.cu: out (M, N) = x (M, K) @ (w (N, K) int8 * scale (N,))^T + bias (N,) (bias may be null), versions 1..3.
 cudaError_t int8_gemv_forward(int version, int dtype, const void* x, const int8_t* w, const void* scale,
                               const void* bias, void* out, int64_t M, int64_t N, int64_t K, cudaStream_t stream);
 
