@@ -27,11 +27,11 @@ BINDINGS = CSRC / "bindings.cpp"
 # Each kernel file and the __global__ functions it must define (the compile test checks ptxas saw every one).
 KERNELS: dict[str, tuple[str, ...]] = {
     "softmax.cu": ("softmax_v1_kernel", "softmax_v2_kernel", "softmax_v3_kernel", "softmax_v4_kernel"),
-    "layernorm.cu": ("layernorm_v1_kernel", "layernorm_v2_kernel", "layernorm_v3_kernel"),
+    "layernorm.cu": ("layernorm_v1_kernel", "layernorm_v2_kernel", "layernorm_v3_kernel", "layernorm_v4_kernel"),
     "bias_gelu.cu": ("bias_gelu_v1_kernel", "bias_gelu_v2_kernel", "bias_gelu_tail_kernel"),
-    "attention.cu": ("attention_v1_kernel", "attention_v2_kernel"),
+    "attention.cu": ("attention_v1_kernel", "attention_v2_kernel", "attention_v3_kernel"),
     "paged_attention.cu": ("paged_attention_v1_kernel",),
-    "int8_gemv.cu": ("int8_gemv_v1_kernel", "int8_gemv_v2_kernel"),
+    "int8_gemv.cu": ("int8_gemv_v1_kernel", "int8_gemv_v2_kernel", "int8_gemv_v3_kernel"),
     "kv_write.cu": ("kv_write_v1_kernel",),
 }
 KERNEL_SOURCES: tuple[Path, ...] = tuple(CSRC / name for name in KERNELS)
