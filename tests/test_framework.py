@@ -331,3 +331,19 @@ def test_gpu_report_runs_the_gpu_benchmarks_and_states_the_budget(tmp_path, monk
     assert data["benchmarks"][0]["report"] == {"speed-up": 2.5}  # the benchmark's own JSON, read back
     md, passed = gpu_report.run_report(run_tests=False, out_dir=tmp_path / "reports", benchmarks=False)
     assert passed and "## Benchmark" not in md.read_text()
+
+
+def test_every_source_file_the_package_compiles_is_package_data():
+    """A non-editable install (pip install git+..., as in Colab) ships only what package-data names: every C++ and
+    CUDA file the kernels, the emulator and the CPU decode step compile must match one of its patterns."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["minillm"]
+    package = root / "minillm"
+    shipped = {p for pattern in patterns for p in package.glob(pattern)}  # globbed as setuptools does: * stops at /
+    sources = [p for ext in ("*.cu", "*.cuh", "*.h", "*.cpp") for p in package.rglob(ext)]
+    assert sources
+    missing = sorted(p.relative_to(package).as_posix() for p in sources if p not in shipped)
+    assert not missing, f"not in package-data {patterns}: {missing}"
