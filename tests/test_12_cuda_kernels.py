@@ -1,9 +1,12 @@
-"""Chapter 12: the CUDA kernels, their naive twins and their CPU mirrors.
+"""Chapter 12: the CUDA kernels, their naive twins, their CPU mirrors and their emulated runs.
 
-Four layers of checks, each skipped only where its tool is missing:
+Five layers of checks, each skipped only where its tool is missing:
 - CPU, always: every mirror (the kernel's algorithm in PyTorch) equals its naive twin over odd shapes, in fp32 and
   bf16; the naive twins equal PyTorch's own ops; the paged mirror equals chapter 05's PagedKVCache on a block table
   built by a real BlockManager; the Python wrappers reject bad arguments before anything is built.
+- C++ compiler: every version of every kernel, its own .cu code run on the CPU by the emulator (every CUDA thread a
+  fiber), equals its naive twin in fp32/fp16/bf16 with the threads in both orders; a planted missing barrier and a
+  planted deadlock are caught.
 - nvcc: every kernel file compiles alone for sm_80 and sm_90, ptxas reports every kernel, and none spills.
 - g++ with torch's headers (slow): the bindings file parses.
 - CUDA: every version of every kernel equals its naive twin over odd shapes in fp32/fp16/bf16, writing every
@@ -26,7 +29,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minillm.core.config import GPTConfig
-from minillm.kernels import bench, build, mirror, naive, ops
+from minillm.kernels import bench, build, emulator, mirror, naive, ops
+from minillm.kernels import tour as kernels_tour
 from minillm.paged import BlockManager, PagedBatch, PagedKVCache, write_kv
 
 HAS_CUDA = torch.cuda.is_available()
@@ -456,6 +460,162 @@ def test_bindings_parse_against_torch_headers(tmp_path):
     cmd = [cxx, "-std=c++20", "-fsyntax-only", *(f"-I{p}" for p in includes), str(build.BINDINGS)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+# ------------------------------------------------------------------------------------------------ CPU emulator
+# The kernels' own C++ on the CPU (minillm.kernels.emulator): every version of every kernel against its naive twin,
+# in every dtype, with the threads of each block run in both orders.
+@pytest.fixture(scope="module")
+def emu():
+    if emulator.find_cxx() is None:
+        pytest.skip("needs a C++ compiler (g++ or clang++)")
+    return emulator.load()
+
+
+EMU_CASES = [(torch.float32, False), (torch.float32, True), (torch.float16, False), (torch.bfloat16, True)]
+EMU_IDS = [f"{str(d).split('.')[-1]}-{'reverse' if r else 'forward'}" for d, r in EMU_CASES]
+
+
+def test_emulator_translates_launches_and_dynamic_shared_memory():
+    src = ("extern __shared__ float4 smem4[];\n"
+           "k<T, 64><<<static_cast<unsigned>(n), 128, smem, stream>>>(\n    a, b);\n"
+           "if (n > 0) k2<T><<<ceil_div(n, 4), 128, 0, stream>>>(x, y);")
+    out = emulator.translate(src)
+    assert "float4* smem4 = reinterpret_cast<float4*>(::emu::dynamic_shared_memory());" in out
+    assert "::emu::launch(::emu::LaunchConfig(static_cast<unsigned>(n), 128, smem, stream), &k<T, 64>, \n    a, b);" \
+        in out
+    assert "if (n > 0) ::emu::launch(::emu::LaunchConfig(ceil_div(n, 4), 128, 0, stream), &k2<T>, x, y);" in out
+    for path in build.KERNEL_SOURCES:
+        assert "<<<" not in emulator.translate(path.read_text())
+
+
+@pytest.mark.parametrize("dtype,reverse", EMU_CASES, ids=EMU_IDS)
+@pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["softmax"] + 1))
+def test_emulated_softmax(emu, version, dtype, reverse):
+    for rows, cols in ((1, 1), (7, 1000), (3, 130), (2, 4099)):
+        x = (torch.randn(rows, cols) * 4).to(dtype)
+        assert_close(emulator.softmax(x, version, reverse=reverse), naive.softmax(x))
+
+
+@pytest.mark.parametrize("dtype,reverse", EMU_CASES, ids=EMU_IDS)
+@pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["layernorm"] + 1))
+def test_emulated_layernorm(emu, version, dtype, reverse):
+    for rows, cols in ((1, 1), (7, 1000), (5, 130), (9, 2048)):
+        x = (torch.randn(rows, cols) * 2 + 3).to(dtype)
+        w, b = torch.randn(cols).to(dtype), torch.randn(cols).to(dtype)
+        assert_close(emulator.layernorm(x, w, b, version, reverse=reverse), naive.layernorm(x, w, b))
+
+
+@pytest.mark.parametrize("dtype,reverse", EMU_CASES, ids=EMU_IDS)
+@pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["bias_gelu"] + 1))
+def test_emulated_bias_gelu(emu, version, dtype, reverse):
+    for rows, cols in ((1, 1), (7, 1000), (3, 131)):  # 3 * 131 elements: packs and a tail
+        x, b = (torch.randn(rows, cols) * 2).to(dtype), torch.randn(cols).to(dtype)
+        assert_close(emulator.bias_gelu(x, b, version, reverse=reverse), naive.bias_gelu(x, b))
+
+
+@pytest.mark.parametrize("dtype,reverse", EMU_CASES, ids=EMU_IDS)
+@pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["attention"] + 1))
+def test_emulated_attention(emu, version, dtype, reverse):
+    shapes = [*ATTN_SHAPES, (1, 1, 129, 32), (1, 1, 70, 100)]  # v3: several 64-row tiles, head sizes 32 and 128
+    for shape in shapes:
+        q, k, v = (torch.randn(shape).to(dtype) for _ in range(3))
+        assert_close(emulator.attention(q, k, v, version, reverse=reverse), naive.attention(q, k, v))
+
+
+@pytest.mark.parametrize("dtype,reverse", EMU_CASES, ids=EMU_IDS)
+def test_emulated_paged_attention_matches_chapter_05(emu, dtype, reverse):
+    for bs in (1, 4, 16):
+        cache, batch, q, k, v = paged_case(dtype, "cpu", bs=bs)
+        cache.attend(0, q, k, v)
+        args = (q[0].transpose(0, 1).contiguous(), cache.k_pools[0], cache.v_pools[0], batch.block_tables,
+                batch.context_lens)
+        assert_close(emulator.paged_attention_decode(*args, reverse=reverse), naive.paged_attention_decode(*args))
+    tables, lens = batch.block_tables.clone(), batch.context_lens.clone()
+    tables[1, 0] = cache.num_blocks  # outside the pool: that sequence's output is NaN
+    lens[2] = 0  # an empty context: zeros
+    y = emulator.paged_attention_decode(args[0], args[1], args[2], tables, lens, reverse=reverse)
+    assert torch.isnan(y[1]).all() and (y[2] == 0).all() and not torch.isnan(y[0]).any()
+
+
+@pytest.mark.parametrize("dtype,reverse", EMU_CASES, ids=EMU_IDS)
+@pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["int8_gemv"] + 1))
+def test_emulated_int8_gemv(emu, version, dtype, reverse):
+    for M, N, K in ((1, 1, 1), (1, 33, 130), (3, 13, 31), (11, 37, 48), (10, 3, 40), (4, 9, 512)):
+        x = torch.randn(M, K).to(dtype)
+        w = torch.randint(-127, 128, (N, K), dtype=torch.int8)
+        scale, bias = (torch.rand(N) / 64).to(dtype), torch.randn(N).to(dtype)
+        assert_close(emulator.int8_gemv(x, w, scale, bias, version, reverse=reverse), naive.int8_gemv(x, w, scale, bias))
+        assert_close(emulator.int8_gemv(x, w, scale, None, version, reverse=reverse), naive.int8_gemv(x, w, scale))
+
+
+@pytest.mark.parametrize("dtype,reverse", EMU_CASES, ids=EMU_IDS)
+def test_emulated_kv_cache_write_is_exact(emu, dtype, reverse):
+    nb, bs, nh, hs, T = 12, 4, 3, 24, 33
+    slots = torch.randperm(nb * bs)[:T]
+    slots[::5] = -1
+    key, value = torch.randn(T, nh, hs).to(dtype), torch.randn(T, nh, hs).to(dtype)
+    pools = [torch.randn(nb, bs, nh, hs).to(dtype) for _ in range(2)]
+    ref = [p.clone() for p in pools]
+    naive.kv_cache_write(key, value, *ref, slots)
+    emulator.kv_cache_write(key, value, *pools, slots, reverse=reverse)
+    assert torch.equal(pools[0], ref[0]) and torch.equal(pools[1], ref[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_emulated_vectorized_versions_fall_back_on_misaligned_rows(emu, dtype):
+    """The same scalar paths the CUDA test checks: a view one element into its storage is not 16-byte aligned."""
+    rows, cols = 5, 64
+    x = (torch.randn(rows * cols + 1) * 3).to(dtype)[1:].view(rows, cols)
+    assert x.data_ptr() % 16 != 0
+    b, w = torch.randn(cols).to(dtype), torch.randn(cols).to(dtype)
+    assert_close(emulator.softmax(x, 4), naive.softmax(x))
+    assert_close(emulator.bias_gelu(x, b, 2), naive.bias_gelu(x, b))
+    assert_close(emulator.layernorm(x, w, b, 4), naive.layernorm(x, w, b))
+    wq = torch.randint(-127, 128, (7, cols), dtype=torch.int8)
+    scale = (torch.rand(7) / 64).to(dtype)
+    assert_close(emulator.int8_gemv(x, wq, scale, None, 3), naive.int8_gemv(x, wq, scale))
+
+
+def test_emulator_catches_a_missing_barrier_and_a_deadlock(emu, tmp_path):
+    """Planted bugs, built beside the real kernels: attention v3 without the __syncthreads between writing P and
+    reading it reads shared memory nobody wrote yet; softmax v4 with half of each warp skipping the shuffles leaves
+    threads waiting at two different barriers, which the emulator reports instead of hanging."""
+    attention_cu = (build.CSRC / "attention.cu").read_text()
+    barrier = "make_float4(s[0][j], s[1][j], s[2][j], s[3][j]);\n        }\n        __syncthreads();"
+    assert barrier in attention_cu
+    softmax_cu = (build.CSRC / "softmax.cu").read_text()
+    shuffles = "    for (int offset = 16; offset > 0; offset >>= 1) {\n        const float m2"
+    assert shuffles in softmax_cu
+    lib = emulator.open_library(emulator.build(tmp_path, sources={
+        "attention.cu": attention_cu.replace(barrier, barrier.replace("__syncthreads();", "")),
+        "softmax.cu": softmax_cu.replace(shuffles, "    if (threadIdx.x % 32 < 16)\n" + shuffles),
+    }))
+    q, k, v = (torch.randn(1, 2, 130, 64) for _ in range(3))
+    ref = naive.attention(q, k, v)
+    wrong = [emulator.attention(q, k, v, 3, reverse=r, lib=lib) for r in (False, True)]
+    assert any(torch.isnan(w).any() or not torch.allclose(w, ref, atol=1e-3) for w in wrong)
+    assert_close(emulator.attention(q, k, v, 2, lib=lib), ref)  # the other versions are untouched
+    with pytest.raises(RuntimeError, match="softmax failed under the emulator: .*barrier others never reach"):
+        emulator.softmax(torch.randn(3, 64), 4, lib=lib)
+    x = torch.randn(3, 64)
+    assert_close(emulator.softmax(x, 3, lib=lib), naive.softmax(x))  # after a deadlock, the next launch still runs
+
+
+def test_emulator_tour_row_counts_every_version(emu):
+    row = kernels_tour.emulator_row(seed=0)
+    assert row.status == "PASS", row.check
+    assert row.value == sum(ops.NUM_VERSIONS.values()) == row.details["total"]
+    assert row.details["wrong"] == []
+
+
+def test_emulator_rejects_gpu_or_strided_tensors():
+    with pytest.raises(ValueError, match="contiguous CPU tensor"):
+        emulator.softmax(torch.randn(4, 6).t(), 1)
+    with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
+        emulator.softmax(torch.zeros(2, 2, dtype=torch.float64), 1)
+    with pytest.raises(ValueError, match="sources may replace"):
+        emulator.build(sources={"nope.cu": ""})
 
 
 # ------------------------------------------------------------------------------------------------------------ CUDA

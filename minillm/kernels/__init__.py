@@ -14,6 +14,8 @@ PyTorch, and nothing here is wired into the engine. The exercises are the mirror
 - `build`: `load_kernels` (JIT build for the running GPU, cached) and `compile_sources_with_nvcc` (each .cu alone,
   registers and spills from ptxas)
 - `ops`: the Python entry points (`softmax(x, version=4)`, ...), checking their arguments before any build
+- `emulator`: the kernels' own .cu code compiled with the host C++ compiler and run on the CPU, every CUDA thread a
+  fiber (`csrc/emu/`), so each version is checked everywhere, GPU or not
 - `bench`: times every version against the naive op and PyTorch's own, beside the device's copy bandwidth and
   matmul rate (`python -m minillm.kernels.bench --out FILE.json`)
 - `tour`: the chapter's rows: each mirror against its naive twin everywhere, each version timed on a GPU

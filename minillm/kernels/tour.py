@@ -5,6 +5,9 @@ On the CPU: one row per kernel, `<kernel> mirror`. The check is that the pure-Py
 algorithm (`minillm.kernels.mirror`: online softmax over tiles, FlashAttention's tiles, the block-table walk,
 lane-strided warp sums, the slot scatter) equals the naive op (`minillm.kernels.naive`) on odd shapes in fp32 and
 bf16, within the dtype's tolerance. The metric is the largest error relative to the output's magnitude.
+Then one row, `every kernel version, emulated`: each version's own C++ run on the CPU by `minillm.kernels.emulator`
+(skipped where no C++ compiler is installed), against the naive op on the same shapes; the metric is how many
+versions agree.
 On CUDA (when `torch.cuda.is_available()`), one row per kernel version, `<kernel> v<N>`, from the benchmark's quick
 shapes. The check is that the version equals the naive op. The metric is the fraction of the measured copy bandwidth
 for the memory-bound kernels, and the speed-up over the naive op for attention.
@@ -12,12 +15,13 @@ for the memory-bound kernels, and the speed-up over the naive op for attention.
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import torch
 
 from minillm.core.rows import Row, TourContext
-from minillm.kernels import mirror, naive
+from minillm.kernels import emulator, mirror, naive, ops
 from minillm.kernels.bench import run as run_bench
 
 TITLE = "CUDA kernels (CPU mirrors; versions on a GPU)"
@@ -80,16 +84,21 @@ def cast(args: tuple, dtype: torch.dtype) -> tuple:
     return tuple(a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
 
 
+def compare(kernel: str, got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> tuple[bool, float]:
+    """(agrees, error relative to the output's largest magnitude); the KV write, a copy, must agree exactly."""
+    err = (got.float() - ref.float()).abs().max().item() / max(1.0, ref.float().abs().max().item())
+    exact = kernel == "kv_cache_write"
+    return not bool(torch.isnan(got).any()) and (err == 0.0 if exact else err <= TOL[dtype]), err
+
+
 def mirror_rows(seed: int) -> list[Row]:
     by_kernel: dict[str, dict] = {}
     for kernel, label, fn_mirror, fn_naive, args in cases(torch.Generator().manual_seed(seed)):
         r = by_kernel.setdefault(kernel, {"worst": 0.0, "ok": True, "shapes": []})
         r["shapes"].append(label)
         for dtype in (torch.float32, torch.bfloat16):
-            got, ref = fn_mirror(*cast(args, dtype)), fn_naive(*cast(args, dtype))
-            err = (got.float() - ref.float()).abs().max().item() / max(1.0, ref.float().abs().max().item())
-            exact = kernel == "kv_cache_write"  # a copy: every element exactly
-            r["ok"] = r["ok"] and not bool(torch.isnan(got).any()) and (err == 0.0 if exact else err <= TOL[dtype])
+            ok, err = compare(kernel, fn_mirror(*cast(args, dtype)), fn_naive(*cast(args, dtype)), dtype)
+            r["ok"] = r["ok"] and ok
             r["worst"] = max(r["worst"], err)
     return [Row("12", f"{kernel} mirror", f"naive.{kernel}", f"mirror of {kernel}.cu's algorithm",
                 ("every element equal" if kernel == "kv_cache_write" else "equal within the dtype's tolerance (fp32 "
@@ -97,6 +106,53 @@ def mirror_rows(seed: int) -> list[Row]:
                 r["ok"], "max error / max |output|",
                 r["worst"], "", "cpu", details={"shapes": r["shapes"]})
             for kernel, r in by_kernel.items()]
+
+
+# Each kernel's emulated call, by version, taking the same arguments as its mirror in `cases`.
+EMULATED: dict[str, Callable] = {
+    "softmax": lambda ver, x: emulator.softmax(x, ver),
+    "layernorm": lambda ver, x, w, b: emulator.layernorm(x, w, b, ver),
+    "bias_gelu": lambda ver, x, b: emulator.bias_gelu(x, b, ver),
+    "attention": lambda ver, q, k, v: emulator.attention(q, k, v, ver),
+    "paged_attention_decode": lambda ver, *args: emulator.paged_attention_decode(*args),
+    "int8_gemv": lambda ver, x, w, scale, bias: emulator.int8_gemv(x, w, scale, bias, ver),
+    "kv_cache_write": lambda ver, *args: kv_write_as_output(emulator.kv_cache_write)(*args),
+}
+
+
+def emulator_row(seed: int) -> Row:
+    """Every version of every kernel, its own C++ run on the CPU, against the naive op on the first shape of each
+    kernel's `cases`, in fp32 and bf16."""
+    row = dict(chapter="12", technique="every kernel version, emulated", baseline="naive ops",
+               optimized="the .cu files on CPU fibers (minillm.kernels.emulator)", metric="versions equal to naive",
+               unit="", device="cpu")
+    if emulator.find_cxx() is None:
+        return Row(**row, check="no C++ compiler (g++ or clang++) here to build the emulator", check_passed=False,
+                   value=float("nan"), skipped=True)
+    began = time.perf_counter()
+    emulator.load()
+    build_s = time.perf_counter() - began
+    first: dict[str, tuple] = {}
+    for kernel, label, _, fn_naive, args in cases(torch.Generator().manual_seed(seed)):
+        first.setdefault(kernel, (label, fn_naive, args))
+    passed, total, worst, wrong = 0, 0, 0.0, []
+    for kernel, (label, fn_naive, args) in first.items():
+        for ver in range(1, ops.NUM_VERSIONS[kernel] + 1):
+            ok_all = True
+            for dtype in (torch.float32, torch.bfloat16):
+                a = cast(args, dtype)
+                ok, err = compare(kernel, EMULATED[kernel](ver, *a), fn_naive(*a), dtype)
+                ok_all, worst = ok_all and ok, max(worst, err)
+            total += 1
+            passed += ok_all
+            if not ok_all:
+                wrong.append(f"{kernel} v{ver}")
+    check = f"{passed}/{total} versions equal to the naive op in fp32 and bf16 (largest error {worst:.1e} of the " \
+            "output's magnitude)" + (f"; wrong: {', '.join(wrong)}" if wrong else "")
+    return Row(**row, check=check,
+               check_passed=passed == total, value=passed,
+               details={"total": total, "wrong": wrong, "build_and_load_s": round(build_s, 1),
+                        "seconds": round(time.perf_counter() - began, 1)})
 
 
 def gpu_rows() -> list[Row]:
@@ -118,7 +174,7 @@ def gpu_rows() -> list[Row]:
 
 
 def run(ctx: TourContext) -> list[Row]:
-    rows = mirror_rows(ctx.seed)
+    rows = mirror_rows(ctx.seed) + [emulator_row(ctx.seed)]
     if torch.cuda.is_available():
         rows += gpu_rows()
     return rows

@@ -1,0 +1,256 @@
+"""The chapter 12 kernels' own CUDA C++, run on the CPU: every CUDA thread a fiber, one block at a time.
+
+The mirrors check each kernel's algorithm; this runs the kernel itself. `load()` compiles the .cu files with the
+host C++ compiler (g++ or clang++) against the stand-in CUDA headers in `csrc/emu/` (the CUDA keywords as plain
+C++, `threadIdx`, `__syncthreads` and `__shfl_xor_sync` as fibers that yield at every barrier, see `emu.h`), after
+rewriting the two CUDA-only bits of syntax: `kernel<<<grid, block, smem, stream>>>(args)` becomes a call to
+`emu::launch`, and `extern __shared__ T name[]` a pointer to the block's dynamic shared memory. The functions below
+take CPU tensors and call the same launchers `bindings.cpp` calls on a GPU, so every version's indexing, tiling,
+reductions and barriers run for real, in every dtype. `reverse=True` runs each block's threads in the opposite
+order, which is how a missing `__syncthreads` usually shows; `build(sources=...)` compiles changed kernel text
+beside the real one, and `lib=` runs it.
+
+    from minillm.kernels import emulator
+    y = emulator.softmax(torch.randn(7, 1000), version=4)   # compiles once (about 30 s), then milliseconds
+
+What it leaves out: speed (it is slower than the naive op by orders of magnitude, so keep shapes small), races that
+no ordering of the threads shows, and the GPU's memory model.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from minillm.kernels.build import CSRC, KERNEL_SOURCES, cache_dir
+
+EMU_DIR = CSRC / "emu"
+RUNTIME = EMU_DIR / "emu_runtime.cpp"
+DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+_LAUNCH = re.compile(r"(?P<kernel>[A-Za-z_]\w*(?:<[^<>;()]*>)?)<<<(?P<config>.*?)>>>\((?P<args>.*?)\);", re.DOTALL)
+_EXTERN_SHARED = re.compile(r"extern\s+__shared__\s+(?P<type>\w+)\s+(?P<name>\w+)\s*\[\s*\]\s*;")
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+
+
+def find_cxx() -> str | None:
+    """The host C++ compiler: $CXX, else g++, else clang++."""
+    for name in (os.environ.get("CXX"), "g++", "clang++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def translate(source: str) -> str:
+    """A .cu file's text as host C++ for the emulator: launches become emu::launch calls, and the dynamic shared
+    memory declaration a pointer into the block's buffer. Everything else compiles as it is."""
+    def launch(m: re.Match) -> str:
+        return f"::emu::launch(::emu::LaunchConfig({m['config']}), &{m['kernel']}, {m['args']});"
+
+    def extern_shared(m: re.Match) -> str:
+        return f"{m['type']}* {m['name']} = reinterpret_cast<{m['type']}*>(::emu::dynamic_shared_memory());"
+
+    text = _EXTERN_SHARED.sub(extern_shared, source)
+    text = _LAUNCH.sub(launch, text)
+    if "<<<" in text:
+        raise ValueError("a kernel launch the emulator cannot rewrite is left: " + text[text.index("<<<") - 80:][:160])
+    return text
+
+
+def _sources_digest(cxx: str, texts: dict[str, str]) -> str:
+    h = hashlib.sha256(cxx.encode())
+    for name, text in sorted(texts.items()):
+        h.update(name.encode())
+        h.update(text.encode())
+    for path in (RUNTIME, *sorted(EMU_DIR.glob("*.h")), CSRC / "common.cuh", CSRC / "kernels.h", Path(__file__)):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def build(out_dir: str | Path | None = None, jobs: int | None = None, timeout: float = 600.0,
+          sources: dict[str, str] | None = None) -> Path:
+    """Compile the kernels and the emulator runtime into a shared library (cached by the sources' hash) and return
+    its path. `sources` replaces the text of kernel files by name ({"attention.cu": "..."}), to try a change (or a
+    planted bug) without touching csrc/. Raises RuntimeError with the compiler's output when something does not
+    compile, or when there is no C++ compiler."""
+    texts = {src.name: src.read_text() for src in KERNEL_SOURCES}
+    for name in sources or {}:
+        if name not in texts:
+            raise ValueError(f"sources may replace {sorted(texts)}, got {name!r}")
+    texts.update(sources or {})
+    cxx = find_cxx()
+    if cxx is None:
+        raise RuntimeError("the kernel emulator needs a C++ compiler (g++ or clang++, or set $CXX); none was found")
+    out_dir = Path(out_dir) if out_dir is not None else cache_dir() / "emulator"
+    lib = out_dir / f"libminillm_kernels_emu_{_sources_digest(cxx, texts)}.so"
+    if lib.is_file():
+        return lib
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        work = Path(tmp)
+        units = []
+        for name, text in texts.items():
+            unit = work / (Path(name).stem + ".cpp")
+            unit.write_text(translate(text))
+            units.append(unit)
+        units.append(RUNTIME)
+        # subtle: _FORTIFY_SOURCE turns _longjmp into a checked jump that aborts when it lands on another stack,
+        # which is every jump between fibers.
+        flags = ["-std=c++20", "-O2", "-fPIC", "-U_FORTIFY_SOURCE", "-Wno-unknown-pragmas", f"-I{EMU_DIR}",
+                 f"-I{CSRC}"]
+
+        def compile_one(unit: Path) -> Path:
+            obj = work / (unit.stem + ".o")
+            proc = subprocess.run([cxx, *flags, "-c", str(unit), "-o", str(obj)], capture_output=True, text=True,
+                                  timeout=timeout)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{cxx} failed on {unit.name} (emulated):\n{proc.stderr[-6000:]}")
+            return obj
+
+        with ThreadPoolExecutor(max_workers=jobs or min(len(units), os.cpu_count() or 1)) as pool:
+            objects = list(pool.map(compile_one, units))
+        tmp_lib = work / lib.name
+        proc = subprocess.run([cxx, "-shared", *map(str, objects), "-o", str(tmp_lib)], capture_output=True,
+                              text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"linking the kernel emulator failed:\n{proc.stderr[-6000:]}")
+        os.replace(tmp_lib, lib)  # atomic: a concurrent build sees the whole library or none
+    return lib
+
+
+def open_library(path: str | Path) -> ctypes.CDLL:
+    """Load a library `build` made (the functions below take it as `lib=`)."""
+    lib = ctypes.CDLL(str(path))
+    lib.emu_error_string.restype = ctypes.c_char_p
+    return lib
+
+
+def load() -> ctypes.CDLL:
+    """Build (first call; cached on disk afterwards) and load the emulator library of csrc/, once per process."""
+    global _lib
+    with _lock:
+        if _lib is None:
+            _lib = open_library(build())
+        return _lib
+
+
+# ------------------------------------------------------------------------------------------------ the kernels
+def _ptr(t: torch.Tensor | None) -> ctypes.c_void_p:
+    return ctypes.c_void_p(t.data_ptr() if t is not None else None)
+
+
+def _cpu(**tensors: torch.Tensor | None) -> None:
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cpu" or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous CPU tensor for the emulator, got device {t.device}, "
+                             f"strides {t.stride()} for shape {tuple(t.shape)}")
+
+
+def _code(t: torch.Tensor) -> int:
+    if t.dtype not in DTYPE_CODES:
+        raise ValueError(f"the kernels take float32, float16 or bfloat16, got {t.dtype}")
+    return DTYPE_CODES[t.dtype]
+
+
+def _run(name: str, *args, reverse: bool = False, lib: ctypes.CDLL | None = None) -> None:
+    """Call the C entry point emu_<name>; a nonzero cudaError_t becomes a RuntimeError naming the op."""
+    lib = lib if lib is not None else load()
+    with _lock:  # one launch at a time: the emulator's state is global
+        lib.emu_set_reverse(int(reverse))
+        err = getattr(lib, f"emu_{name}")(*args)
+    if err != 0:
+        raise RuntimeError(f"minillm_kernels.{name} failed under the emulator: {lib.emu_error_string(err).decode()}")
+
+
+def _i64(n: int) -> ctypes.c_int64:
+    return ctypes.c_int64(int(n))
+
+
+def softmax(x: torch.Tensor, version: int, reverse: bool = False, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """softmax.cu's version `version` on x (rows, cols)."""
+    _cpu(x=x)
+    out = torch.full_like(x, float("nan"))
+    _run("softmax", version, _code(x), _ptr(x), _ptr(out), _i64(x.shape[0]), _i64(x.shape[1]), reverse=reverse, lib=lib)
+    return out
+
+
+def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, version: int, eps: float = 1e-5,
+              reverse: bool = False, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """layernorm.cu's version `version` on x (rows, cols), weight and bias (cols,)."""
+    _cpu(x=x, weight=weight, bias=bias)
+    out = torch.full_like(x, float("nan"))
+    _run("layernorm", version, _code(x), _ptr(x), _ptr(weight), _ptr(bias), _ptr(out), _i64(x.shape[0]),
+         _i64(x.shape[1]), ctypes.c_float(eps), reverse=reverse, lib=lib)
+    return out
+
+
+def bias_gelu(x: torch.Tensor, bias: torch.Tensor, version: int, reverse: bool = False,
+              lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """bias_gelu.cu's version `version` on x (rows, cols), bias (cols,)."""
+    _cpu(x=x, bias=bias)
+    out = torch.full_like(x, float("nan"))
+    _run("bias_gelu", version, _code(x), _ptr(x), _ptr(bias), _ptr(out), _i64(x.shape[0]), _i64(x.shape[1]),
+         reverse=reverse, lib=lib)
+    return out
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, version: int, reverse: bool = False,
+              lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """attention.cu's version `version`, causal, on q, k, v (B, nh, T, hs)."""
+    _cpu(q=q, k=k, v=v)
+    B, nh, T, hs = q.shape
+    out = torch.full_like(q, float("nan"))
+    _run("attention", version, _code(q), _ptr(q), _ptr(k), _ptr(v), _ptr(out), _i64(B * nh), _i64(T), _i64(hs),
+         reverse=reverse, lib=lib)
+    return out
+
+
+def paged_attention_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
+                           context_lens: torch.Tensor, reverse: bool = False,
+                           lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """paged_attention.cu on q (S, nh, hs), pools (nb, bs, nh, hs), int64 block_tables (S, max_nb) and
+    context_lens (S,)."""
+    _cpu(q=q, k_pool=k_pool, v_pool=v_pool, block_tables=block_tables, context_lens=context_lens)
+    S, nh, hs = q.shape
+    out = torch.full_like(q, float("nan"))
+    _run("paged_attention_decode", _code(q), _ptr(q), _ptr(k_pool), _ptr(v_pool), _ptr(block_tables),
+         _ptr(context_lens), _ptr(out), _i64(S), _i64(nh), _i64(hs), _i64(k_pool.shape[0]), _i64(k_pool.shape[1]),
+         _i64(block_tables.shape[1]), reverse=reverse, lib=lib)
+    return out
+
+
+def int8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, version: int,
+              reverse: bool = False, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """int8_gemv.cu's version `version`: x (M, K), int8 w (N, K), scale and bias (N,) -> (M, N)."""
+    _cpu(x=x, w=w, scale=scale, bias=bias)
+    (M, K), N = x.shape, w.shape[0]
+    out = torch.full((M, N), float("nan"), dtype=x.dtype)
+    _run("int8_gemv", version, _code(x), _ptr(x), _ptr(w), _ptr(scale), _ptr(bias), _ptr(out), _i64(M), _i64(N),
+         _i64(K), reverse=reverse, lib=lib)
+    return out
+
+
+def kv_cache_write(key: torch.Tensor, value: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                   slot_mapping: torch.Tensor, reverse: bool = False, lib: ctypes.CDLL | None = None) -> None:
+    """kv_write.cu: pool row slot_mapping[t] <- key/value row t (slot -1 skipped), in place; pools (nb, bs, nh, hs)."""
+    _cpu(key=key, value=value, k_pool=k_pool, v_pool=v_pool, slot_mapping=slot_mapping)
+    T, nh, hs = key.shape
+    _run("kv_cache_write", _code(key), _ptr(key), _ptr(value), _ptr(k_pool), _ptr(v_pool), _ptr(slot_mapping),
+         _i64(T), _i64(nh), _i64(hs), _i64(k_pool.shape[0] * k_pool.shape[1]), reverse=reverse, lib=lib)
