@@ -397,13 +397,19 @@ def test_bench_says_it_needs_cuda_and_formats_rows(capsys):
     if not HAS_CUDA:
         assert bench.main([]) == 2
         assert "needs a CUDA GPU" in capsys.readouterr().err
-    result = {"device": "X", "torch": "t", "copy_GBps": 100.0, "matmul_bf16_TFLOPs": 1.0, "seconds": 1.0,
+    result = {"device": "X", "torch": "t", "copy_GBps": 100.0, "matmul_bf16_TFLOPs": 1.0, "matmul_fp32_TFLOPs": 0.5,
+              "seconds": 1.0,
               "rows": [{"kernel": "softmax", "version": "v1", "shape": "(2, 3)", "dtype": "bfloat16", "ms": 0.5,
                         "GB/s": 10.0, "fraction_of_copy_bw": 0.1, "speedup_vs_naive": 2.0, "correct": True},
+                       {"kernel": "attention", "version": "v3", "shape": "(1, 1, 8, 8)", "dtype": "bfloat16",
+                        "ms": 0.25, "GB/s": 1.0, "fraction_of_copy_bw": 0.01, "speedup_vs_naive": 3.0,
+                        "TFLOP/s": 0.2, "fraction_of_fp32_matmul": 0.4, "correct": True},
                        {"kernel": "softmax", "version": "v2", "shape": "(2, 3)", "dtype": "bfloat16", "ms": None,
                         "GB/s": None, "fraction_of_copy_bw": None, "speedup_vs_naive": None, "correct": False}]}
     table = bench.format_table(result)
     assert "0.5000" in table and "WRONG" in table.splitlines()[-1]
+    assert "fp32 matmul 0.5 TFLOP/s" in table.splitlines()[0] and "of fp32" in table.splitlines()[1]
+    assert table.splitlines()[3].split()[2:7] == ["0.2500", "1.0", "0.010", "0.20", "0.400"]
 
 
 def test_ptxas_report_parses():

@@ -4,9 +4,12 @@ For every kernel it first checks each version against the naive twin (a version 
 timed), then times the naive op, every version and PyTorch's op (F.softmax, F.layer_norm, F.gelu,
 scaled_dot_product_attention, a bf16 F.linear with the dequantized weight, index_copy_) with CUDA events around
 back-to-back calls queued behind a spinning kernel (`time_ms` says why): warm-up, then the median of many repeats.
-The memory-bound shapes move at least 256 MB a call, so the 50 MB L2 cache of an H100/H200 cannot hold them. It counts the bytes each op must move at least (and the FLOPs of attention and
-GEMV), and measures in the same run the two roofs the numbers are read against: device-to-device copy bandwidth
-and the bf16 matmul rate. Rows: {kernel, version, shape, dtype, ms, GB/s, fraction_of_copy_bw, speedup_vs_naive}.
+The memory-bound shapes move at least 256 MB a call, so the 50 MB L2 cache of an H100/H200 cannot hold them. It
+counts the bytes each op must move at least (and the FLOPs of attention and GEMV), and measures in the same run the
+roofs the numbers are read against: device-to-device copy bandwidth, the bf16 matmul rate (tensor cores) and the
+fp32 matmul rate with TF32 off (the CUDA cores, the roof of kernels that compute in fp32 FMAs). Rows: {kernel,
+version, shape, dtype, ms, GB/s, fraction_of_copy_bw, speedup_vs_naive, and for attention and the GEMVs TFLOP/s and
+fraction_of_fp32_matmul}.
 
     python -m minillm.kernels.bench [--out FILE.json] [--quick]
 
@@ -113,10 +116,17 @@ def copy_bandwidth(num_bytes: int, warmup: int, repeats: int) -> float:
     return 2 * num_bytes / ms / 1e6
 
 
-def matmul_tflops(n: int, warmup: int, repeats: int) -> float:
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    ms = time_ms(lambda: a @ b, warmup, repeats)
+def matmul_tflops(n: int, warmup: int, repeats: int, dtype: torch.dtype = torch.bfloat16) -> float:
+    """TFLOP/s of an n x n x n matmul: bf16 on the tensor cores; fp32 with TF32 off, the CUDA cores' fp32 roof that
+    kernels doing their math in fp32 FMAs (attention, the GEMVs) are read against."""
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
+    allow_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        ms = time_ms(lambda: a @ b, warmup, repeats)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = allow_tf32
     return 2 * n**3 / ms / 1e9
 
 
@@ -208,7 +218,8 @@ def cases(quick: bool) -> list[Case]:
 
 
 def run(quick: bool = False, verbose: bool = True) -> dict:
-    """Check, then time, every case; return {device, torch, cuda, copy_GBps, matmul_TFLOPs, seconds, rows}."""
+    """Check, then time, every case; return {device, torch, cuda, copy_GBps, matmul_bf16_TFLOPs,
+    matmul_fp32_TFLOPs, seconds, quick, rows}."""
     if not torch.cuda.is_available():
         raise RuntimeError("the chapter 12 benchmark needs a CUDA GPU: torch.cuda.is_available() is False")
     load_kernels()
@@ -217,6 +228,7 @@ def run(quick: bool = False, verbose: bool = True) -> dict:
     torch.manual_seed(0)
     copy_gbps = copy_bandwidth((256 if quick else 1024) * 2**20, warmup, repeats)
     mm_tflops = matmul_tflops(4096 if quick else 8192, warmup, repeats)
+    mm32_tflops = matmul_tflops(4096 if quick else 8192, warmup, repeats, torch.float32)
     rows = []
     for case in cases(quick):
         ref = case.naive()
@@ -240,18 +252,22 @@ def run(quick: bool = False, verbose: bool = True) -> dict:
                             "speedup_vs_naive": round(naive_ms / ms, 2)})
                 if case.flops:
                     row["TFLOP/s"] = round(case.flops / ms / 1e9, 2)
+                    row["fraction_of_fp32_matmul"] = round(case.flops / ms / 1e9 / mm32_tflops, 3)
             rows.append(row)
         del ref
         torch.cuda.empty_cache()
     return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "copy_GBps": round(copy_gbps, 1), "matmul_bf16_TFLOPs": round(mm_tflops, 1),
+            "matmul_fp32_TFLOPs": round(mm32_tflops, 1),
             "seconds": round(time.perf_counter() - began, 1), "quick": quick, "rows": rows}
 
 
 def format_table(result: dict) -> str:
+    fp32 = f"fp32 matmul {result['matmul_fp32_TFLOPs']} TFLOP/s  " if "matmul_fp32_TFLOPs" in result else ""
     lines = [f"{result['device']}  torch {result['torch']}  copy {result['copy_GBps']} GB/s  "
-             f"bf16 matmul {result['matmul_bf16_TFLOPs']} TFLOP/s  ({result['seconds']} s)",
-             f"{'kernel':<24}{'version':<22}{'ms':>10}{'GB/s':>10}{'of copy':>9}{'TFLOP/s':>9}{'x naive':>9}  shape"]
+             f"bf16 matmul {result['matmul_bf16_TFLOPs']} TFLOP/s  {fp32}({result['seconds']} s)",
+             f"{'kernel':<24}{'version':<22}{'ms':>10}{'GB/s':>10}{'of copy':>9}{'TFLOP/s':>9}{'of fp32':>9}"
+             f"{'x naive':>9}  shape"]
     def num(value, fmt: str) -> str:
         return format(value, fmt) if value is not None else format("-", fmt.split(".")[0].rstrip("f") or "")
 
@@ -259,7 +275,8 @@ def format_table(result: dict) -> str:
         flag = "" if r["correct"] else "  WRONG (disagrees with naive): not timed"
         lines.append(f"{r['kernel']:<24}{r['version']:<22}{num(r['ms'], '>10.4f')}{num(r['GB/s'], '>10.1f')}"
                      f"{num(r['fraction_of_copy_bw'], '>9.3f')}{num(r.get('TFLOP/s'), '>9.2f')}"
-                     f"{num(r['speedup_vs_naive'], '>9.2f')}  {r['shape']}{flag}")
+                     f"{num(r.get('fraction_of_fp32_matmul'), '>9.3f')}{num(r['speedup_vs_naive'], '>9.2f')}"
+                     f"  {r['shape']}{flag}")
     return "\n".join(lines)
 
 
