@@ -256,6 +256,7 @@ def test_paged_mirror_matches_chapter_05_paged_attention(bs, dtype):
             batch.context_lens)
     assert_close(naive.paged_attention_decode(*args), ref, dtype)
     assert_close(mirror.paged_attention_decode(*args), ref, dtype)
+    assert_close(mirror.paged_attention_decode(*args, num_warps=4), ref, dtype)  # v2: keys split over 4 warps
 
 
 @pytest.mark.graded(points=2, exercise="paged_gather")
@@ -291,8 +292,12 @@ def test_paged_mirror_bad_block_gives_nan_and_empty_context_zeros():
     tables, lens = batch.block_tables.clone(), batch.context_lens.clone()
     tables[1, 0] = cache.num_blocks  # outside the pool
     lens[2] = 0
-    y = mirror.paged_attention_decode(q[0].transpose(0, 1), cache.k_pools[0], cache.v_pools[0], tables, lens)
-    assert torch.isnan(y[1]).all() and (y[2] == 0).all() and not torch.isnan(y[0]).any()
+    for num_warps in (1, 4):
+        y = mirror.paged_attention_decode(q[0].transpose(0, 1), cache.k_pools[0], cache.v_pools[0], tables, lens,
+                                          num_warps=num_warps)
+        assert torch.isnan(y[1]).all() and (y[2] == 0).all() and not torch.isnan(y[0]).any()
+    with pytest.raises(ValueError, match="num_warps"):
+        mirror.paged_attention_decode(q[0].transpose(0, 1), cache.k_pools[0], cache.v_pools[0], tables, lens, 0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -530,18 +535,22 @@ def test_emulated_attention(emu, version, dtype, reverse):
 
 
 @pytest.mark.parametrize("dtype,reverse", EMU_CASES, ids=EMU_IDS)
-def test_emulated_paged_attention_matches_chapter_05(emu, dtype, reverse):
-    for bs in (1, 4, 16):
-        cache, batch, q, k, v = paged_case(dtype, "cpu", bs=bs)
+@pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["paged_attention_decode"] + 1))
+def test_emulated_paged_attention_matches_chapter_05(emu, version, dtype, reverse):
+    for bs, hs in ((1, 24), (4, 64), (16, 100), (4, 128)):
+        cache, batch, q, k, v = paged_case(dtype, "cpu", bs=bs, hs=hs)
         cache.attend(0, q, k, v)
         args = (q[0].transpose(0, 1).contiguous(), cache.k_pools[0], cache.v_pools[0], batch.block_tables,
                 batch.context_lens)
-        assert_close(emulator.paged_attention_decode(*args, reverse=reverse), naive.paged_attention_decode(*args))
+        assert_close(emulator.paged_attention_decode(*args, version, reverse=reverse),
+                     naive.paged_attention_decode(*args))
     tables, lens = batch.block_tables.clone(), batch.context_lens.clone()
     tables[1, 0] = cache.num_blocks  # outside the pool: that sequence's output is NaN
     lens[2] = 0  # an empty context: zeros
-    y = emulator.paged_attention_decode(args[0], args[1], args[2], tables, lens, reverse=reverse)
-    assert torch.isnan(y[1]).all() and (y[2] == 0).all() and not torch.isnan(y[0]).any()
+    lens[3] = tables.shape[1] * bs + 1  # longer than its table can hold: NaN, without reading past the table
+    y = emulator.paged_attention_decode(args[0], args[1], args[2], tables, lens, version, reverse=reverse)
+    assert torch.isnan(y[1]).all() and (y[2] == 0).all() and torch.isnan(y[3]).all()
+    assert not torch.isnan(y[0]).any() and not torch.isnan(y[4:]).any()
 
 
 @pytest.mark.parametrize("dtype,reverse", EMU_CASES, ids=EMU_IDS)
@@ -709,14 +718,15 @@ def test_cuda_attention(kernels, version, shape, dtype):
 
 @cuda_only
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("hs", [8, 24, 64, 128])
+@pytest.mark.parametrize("hs", [8, 24, 64, 100, 128])
 @pytest.mark.parametrize("bs", [1, 4, 16])
-def test_cuda_paged_attention_matches_chapter_05(kernels, bs, hs, dtype):
+@pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["paged_attention_decode"] + 1))
+def test_cuda_paged_attention_matches_chapter_05(kernels, version, bs, hs, dtype):
     cache, batch, q, k, v = paged_case(dtype, "cuda", hs=hs, bs=bs)
     ref = cache.attend(0, q, k, v)[0].transpose(0, 1)  # chapter 05's own decode path: (S, nh, hs)
     qs = q[0].transpose(0, 1).contiguous()  # (nh, S, hs) -> (S, nh, hs)
     args = (qs, cache.k_pools[0], cache.v_pools[0], batch.block_tables, batch.context_lens)
-    out = ops.paged_attention_decode(*args, out=poisoned(qs.shape, dtype))
+    out = ops.paged_attention_decode(*args, version=version, out=poisoned(qs.shape, dtype))
     assert_close(out, naive.paged_attention_decode(*args))
     # chapter 05's path does its arithmetic in the pool's dtype (bf16 scores, bf16 softmax), so it is only as close
     # as that dtype allows; a misread block table would be off by O(1), far outside these bounds.
@@ -725,14 +735,15 @@ def test_cuda_paged_attention_matches_chapter_05(kernels, bs, hs, dtype):
 
 
 @cuda_only
-def test_cuda_paged_attention_bad_block_is_nan(kernels):
+@pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["paged_attention_decode"] + 1))
+def test_cuda_paged_attention_bad_block_is_nan(kernels, version):
     cache, batch, q, k, v = paged_case(torch.float32, "cuda")
     cache.attend(0, q, k, v)
     tables, lens = batch.block_tables.clone(), batch.context_lens.clone()
     tables[1, 0] = cache.num_blocks
     lens[2] = 0
     qs = q[0].transpose(0, 1).contiguous()
-    y = ops.paged_attention_decode(qs, cache.k_pools[0], cache.v_pools[0], tables, lens).cpu()
+    y = ops.paged_attention_decode(qs, cache.k_pools[0], cache.v_pools[0], tables, lens, version=version).cpu()
     expected = mirror.paged_attention_decode(qs.cpu(), cache.k_pools[0].cpu(), cache.v_pools[0].cpu(), tables.cpu(),
                                              lens.cpu())
     assert torch.isnan(y[1]).all() and (y[2] == 0).all()

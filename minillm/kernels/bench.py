@@ -184,7 +184,9 @@ def cases(quick: bool) -> list[Case]:
     out.append(Case("paged_attention_decode", f"S={S} nh={nh} hs={hs} bs={bs} ctx<={ctx}", bf16,
                     kv_bytes + 2 * S * nh * hs * esz, 2 * 2 * int(lens.sum()) * nh * hs,
                     lambda: naive.paged_attention_decode(qd, k_pool, v_pool, tables, context_lens),
-                    {1: lambda: ops.paged_attention_decode(qd, k_pool, v_pool, tables, context_lens)},
+                    {ver: (lambda ver=ver: ops.paged_attention_decode(qd, k_pool, v_pool, tables, context_lens,
+                                                                      version=ver))
+                     for ver in versions("paged_attention_decode")},
                     {}, close(2e-2)))
 
     M, N, K = 4, 32768, 8192  # a 70B-class model's MLP matrix: 256 MB in int8
@@ -194,7 +196,8 @@ def cases(quick: bool) -> list[Case]:
     w_deq = (wq.float() * sq.float()[:, None]).to(bf16)  # what a bf16 model would hold: twice the bytes
     out.append(Case("int8_gemv", f"M={M} N={N} K={K}", bf16, N * K + (M * K + 2 * N + M * N) * esz, 2 * M * N * K,
                     lambda: naive.int8_gemv(xq, wq, sq, bq),
-                    {ver: (lambda ver=ver: ops.int8_gemv(xq, wq, sq, bq, version=ver)) for ver in versions("int8_gemv")},
+                    {ver: (lambda ver=ver: ops.int8_gemv(xq, wq, sq, bq, version=ver))
+                     for ver in versions("int8_gemv")},
                     {"F.linear bf16 weight": lambda: F.linear(xq, w_deq, bq)}, close(2e-2)))
 
     T, nh, hs, nb, bs = (8192, 32, 128, 1024, 16) if quick else (16384, 32, 128, 2048, 16)

@@ -30,7 +30,7 @@ KERNELS: dict[str, tuple[str, ...]] = {
     "layernorm.cu": ("layernorm_v1_kernel", "layernorm_v2_kernel", "layernorm_v3_kernel", "layernorm_v4_kernel"),
     "bias_gelu.cu": ("bias_gelu_v1_kernel", "bias_gelu_v2_kernel", "bias_gelu_tail_kernel"),
     "attention.cu": ("attention_v1_kernel", "attention_v2_kernel", "attention_v3_kernel"),
-    "paged_attention.cu": ("paged_attention_v1_kernel",),
+    "paged_attention.cu": ("paged_attention_v1_kernel", "paged_attention_v2_kernel"),
     "int8_gemv.cu": ("int8_gemv_v1_kernel", "int8_gemv_v2_kernel", "int8_gemv_v3_kernel"),
     "kv_write.cu": ("kv_write_v1_kernel",),
 }

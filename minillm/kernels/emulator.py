@@ -223,14 +223,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, version: int, r
 
 
 def paged_attention_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
-                           context_lens: torch.Tensor, reverse: bool = False,
+                           context_lens: torch.Tensor, version: int, reverse: bool = False,
                            lib: ctypes.CDLL | None = None) -> torch.Tensor:
-    """paged_attention.cu on q (S, nh, hs), pools (nb, bs, nh, hs), int64 block_tables (S, max_nb) and
-    context_lens (S,)."""
+    """paged_attention.cu's version `version` on q (S, nh, hs), pools (nb, bs, nh, hs), int64 block_tables
+    (S, max_nb) and context_lens (S,)."""
     _cpu(q=q, k_pool=k_pool, v_pool=v_pool, block_tables=block_tables, context_lens=context_lens)
     S, nh, hs = q.shape
     out = torch.full_like(q, float("nan"))
-    _run("paged_attention_decode", _code(q), _ptr(q), _ptr(k_pool), _ptr(v_pool), _ptr(block_tables),
+    _run("paged_attention_decode", version, _code(q), _ptr(q), _ptr(k_pool), _ptr(v_pool), _ptr(block_tables),
          _ptr(context_lens), _ptr(out), _i64(S), _i64(nh), _i64(hs), _i64(k_pool.shape[0]), _i64(k_pool.shape[1]),
          _i64(block_tables.shape[1]), reverse=reverse, lib=lib)
     return out

@@ -5,10 +5,10 @@ pass with a running (max, sum) over tiles and merged partial states (softmax.cu 
 partial sums combined as the warp shuffles combine them (layernorm.cu v3, and v4's packs); FlashAttention's
 query/key tiles with the running max, sum and rescaled output (attention.cu v2, one `attend_tile` per key tile), and
 v3's 64 x 64 tiles with base-2 exponentials and each row's statistics split over 8 threads (`flash_attention_v3`);
-decode attention walking a block table block by block (paged_attention.cu), and `paged_gather`, the address of each
-token in the pool; int8 GEMV from lane partial sums with the scale applied after the sum (int8_gemv.cu v2, and v3's
-16-byte packs); and the KV write as a loop over slots (kv_write.cu). All math is fp32; results are rounded to the
-input dtype once.
+decode attention walking a block table block by block (paged_attention.cu v1; v2's keys split over 4 warps whose
+states merge), and `paged_gather`, the address of each token in the pool; int8 GEMV from lane partial sums with the
+scale applied after the sum (int8_gemv.cu v2, and v3's 16-byte packs); and the KV write as a loop over slots
+(kv_write.cu). All math is fp32; results are rounded to the input dtype once.
 What it leaves out: threads and memory: a mirror shows the arithmetic order, not the parallel schedule.
 """
 
@@ -247,13 +247,18 @@ def paged_attention_decode(
     v_pool: torch.Tensor,
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
+    num_warps: int = 1,
 ) -> torch.Tensor:
-    """paged_attention.cu: for each sequence, walk its block table one block at a time, reading the block's keys in
-    place from the pool, and fold them into a running (max, sum, output); q (S, nh, hs) -> (S, nh, hs).
+    """paged_attention.cu v1 (num_warps=1): for each sequence, walk its block table one block at a time, reading the
+    block's keys in place from the pool, and fold them into a running (max, sum, output); q (S, nh, hs) ->
+    (S, nh, hs). v2 (num_warps=4): the keys are dealt round-robin to the warps (key j to warp j % 4), each warp
+    folds its own keys into its own state, and the states merge at the end, each rescaled to the largest max.
 
     As the kernel does, a block index outside the pool (or a context longer than the table) gives NaN for that
     sequence, and a context of 0 gives zeros.
     """
+    if num_warps < 1:
+        raise ValueError(f"num_warps must be >= 1, got {num_warps}")
     S, nh, hs = q.shape
     nb, bs = k_pool.shape[:2]
     scale = 1.0 / math.sqrt(hs)
@@ -264,6 +269,9 @@ def paged_attention_decode(
             out[s] = float("nan")
             continue
         qs = q[s].float()  # (nh, hs)
+        if num_warps > 1:
+            out[s] = _paged_split(qs, k_pool, v_pool, block_tables[s], ctx, scale, num_warps)
+            continue
         m, l, o = torch.full((nh,), NEG_INF), torch.zeros(nh), torch.zeros(nh, hs)
         for j in range(-(-ctx // bs)):
             block = int(block_tables[s, j])
@@ -278,6 +286,32 @@ def paged_attention_decode(
         if ctx > 0:
             out[s] = o / l.unsqueeze(-1)
     return out.to(q.dtype)
+
+
+def _paged_split(qs: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, table: torch.Tensor, ctx: int,
+                 scale: float, num_warps: int) -> torch.Tensor:
+    """paged_attention.cu v2 for one sequence: qs (nh, hs), its table (max_nb,) -> (nh, hs)."""
+    nb, bs, nh, hs = k_pool.shape
+    if ctx == 0:
+        return torch.zeros(nh, hs)
+    j = torch.arange(ctx)
+    blocks = table[j // bs]  # (ctx,): the block of every key
+    if bool(((blocks < 0) | (blocks >= nb)).any()):
+        return torch.full((nh, hs), float("nan"))
+    keys, values = k_pool[blocks, j % bs].float(), v_pool[blocks, j % bs].float()  # (ctx, nh, hs), read in place
+    ms, ls, os_ = [], [], []
+    for w in range(num_warps):  # warp w: keys w, w + num_warps, ...
+        mine = j[w::num_warps]
+        m, l, o = torch.full((nh,), NEG_INF), torch.zeros(nh), torch.zeros(nh, hs)
+        if mine.numel():
+            sc = scale * torch.einsum("hd,nhd->hn", qs, keys[mine])  # (nh, n)
+            m, l, o = attend_tile(m, l, o, sc, values[mine].transpose(0, 1))
+        ms.append(m), ls.append(l), os_.append(o)
+    m_all = torch.stack(ms).amax(dim=0)  # (nh,): the largest max over the warps
+    r = [torch.where(torch.isneginf(m), torch.zeros_like(m), torch.exp(m - m_all)) for m in ms]  # 0: a warp saw no key
+    l_all = sum(l * rw for l, rw in zip(ls, r))
+    o_all = sum(o * rw.unsqueeze(-1) for o, rw in zip(os_, r))
+    return o_all / l_all.unsqueeze(-1)
 
 
 def int8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,

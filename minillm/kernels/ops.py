@@ -15,7 +15,7 @@ import torch
 from minillm.kernels.build import load_kernels
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-NUM_VERSIONS = {"softmax": 4, "layernorm": 4, "bias_gelu": 2, "attention": 3, "paged_attention_decode": 1,
+NUM_VERSIONS = {"softmax": 4, "layernorm": 4, "bias_gelu": 2, "attention": 3, "paged_attention_decode": 2,
                 "int8_gemv": 3, "kv_cache_write": 1}
 MAX_HEAD_SIZE = 128  # attention.cu and paged_attention.cu give thread d dimension d of a 128-thread block
 
@@ -135,10 +135,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, version: int = 
 
 
 def paged_attention_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
-                           context_lens: torch.Tensor, version: int = 1,
+                           context_lens: torch.Tensor, version: int = 2,
                            out: torch.Tensor | None = None) -> torch.Tensor:
     """Decode attention over chapter 05's pools: q (S, nh, hs), k_pool/v_pool (nb, bs, nh, hs), block_tables
-    (S, max_nb) int64 (-1 padded), context_lens (S,) int64 -> (S, nh, hs) (csrc/paged_attention.cu).
+    (S, max_nb) int64 (-1 padded), context_lens (S,) int64 -> (S, nh, hs); versions 1..2 (csrc/paged_attention.cu).
 
     The pools must have q's dtype (PagedKVCache(dtype=...) matching the model's); a bad block index makes that
     sequence's output NaN rather than reading outside the pool."""
@@ -160,7 +160,7 @@ def paged_attention_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     _version("paged_attention_decode", version)
     out = _out(out, q, tuple(q.shape))
     _on_cuda(q=q, k_pool=k_pool, v_pool=v_pool, block_tables=block_tables, context_lens=context_lens, out=out)
-    load_kernels().paged_attention_decode(q, k_pool, v_pool, block_tables, context_lens, out)
+    load_kernels().paged_attention_decode(q, k_pool, v_pool, block_tables, context_lens, out, version)
     return out
 
 

@@ -65,6 +65,8 @@ def cases(g: torch.Generator) -> list[tuple[str, str, Callable, Callable, tuple]
                 torch.tensor([1, 17, 33, 64, ctx]))
         out.append(("paged_attention_decode", f"S={S} nh={nh} hs={hs} bs={bs}", mirror.paged_attention_decode,
                     naive.paged_attention_decode, args))
+        out.append(("paged_attention_decode", f"S={S} nh={nh} hs={hs} bs={bs} over 4 warps",
+                    lambda *a: mirror.paged_attention_decode(*a, num_warps=4), naive.paged_attention_decode, args))
     for M, N, K in ((1, 130, 1000), (4, 33, 257)):
         args = (rnd(M, K), torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8),
                 torch.rand(N, generator=g) / 64, rnd(N))
@@ -114,7 +116,7 @@ EMULATED: dict[str, Callable] = {
     "layernorm": lambda ver, x, w, b: emulator.layernorm(x, w, b, ver),
     "bias_gelu": lambda ver, x, b: emulator.bias_gelu(x, b, ver),
     "attention": lambda ver, q, k, v: emulator.attention(q, k, v, ver),
-    "paged_attention_decode": lambda ver, *args: emulator.paged_attention_decode(*args),
+    "paged_attention_decode": lambda ver, *args: emulator.paged_attention_decode(*args, version=ver),
     "int8_gemv": lambda ver, x, w, scale, bias: emulator.int8_gemv(x, w, scale, bias, ver),
     "kv_cache_write": lambda ver, *args: kv_write_as_output(emulator.kv_cache_write)(*args),
 }

@@ -144,7 +144,9 @@ void attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
 }
 
 void paged_attention_decode(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
-                            const at::Tensor& block_tables, const at::Tensor& context_lens, const at::Tensor& out) {
+                            const at::Tensor& block_tables, const at::Tensor& context_lens, const at::Tensor& out,
+                            int64_t version) {
+    check_version(version, 2, "paged_attention_decode");
     check_cuda(q, "q");
     const int dt = dtype_code(q, "q");
     TORCH_CHECK(q.dim() == 3, "q must be 3-D (S, nh, hs), one token per sequence, got shape ", dims(q.sizes()));
@@ -167,10 +169,11 @@ void paged_attention_decode(const at::Tensor& q, const at::Tensor& k_pool, const
     TORCH_CHECK(block_tables.device() == q.device() && context_lens.device() == q.device(),
                 "block_tables and context_lens must be on q's device ", q.device());
     const c10::cuda::CUDAGuard guard(q.device());
-    check_launch(minillm::paged_attention_decode(dt, q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(),
-                                                 block_tables.data_ptr<int64_t>(), context_lens.data_ptr<int64_t>(),
-                                                 out.data_ptr(), q.size(0), q.size(1), q.size(2), k_pool.size(0),
-                                                 k_pool.size(1), block_tables.size(1), stream()),
+    check_launch(minillm::paged_attention_decode(static_cast<int>(version), dt, q.data_ptr(), k_pool.data_ptr(),
+                                                 v_pool.data_ptr(), block_tables.data_ptr<int64_t>(),
+                                                 context_lens.data_ptr<int64_t>(), out.data_ptr(), q.size(0),
+                                                 q.size(1), q.size(2), k_pool.size(0), k_pool.size(1),
+                                                 block_tables.size(1), stream()),
                  "paged_attention_decode");
 }
 
@@ -230,7 +233,7 @@ TORCH_LIBRARY(minillm_kernels, m) {
     m.def("bias_gelu(Tensor x, Tensor bias, Tensor(a!) out, int version) -> ()");
     m.def("attention(Tensor q, Tensor k, Tensor v, Tensor(a!) out, int version) -> ()");
     m.def("paged_attention_decode(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_tables, "
-          "Tensor context_lens, Tensor(a!) out) -> ()");
+          "Tensor context_lens, Tensor(a!) out, int version) -> ()");
     m.def("int8_gemv(Tensor x, Tensor w, Tensor scale, Tensor? bias, Tensor(a!) out, int version) -> ()");
     m.def("kv_cache_write(Tensor key, Tensor value, Tensor(a!) k_pool, Tensor(b!) v_pool, Tensor slot_mapping) -> ()");
 }

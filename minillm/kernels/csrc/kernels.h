@@ -29,9 +29,9 @@ cudaError_t attention_forward(int version, int dtype, const void* q, const void*
 // The dynamic shared memory one block of attention v3 needs for this head size (the caller checks the device has it).
 size_t attention_v3_smem_bytes(int64_t head_dim);
 
-// paged_attention.cu: one query token per sequence against its K/V in the block pools, version 1.
+// paged_attention.cu: one query token per sequence against its K/V in the block pools, versions 1..2.
 // q, out (S, nh, hs); pools (nb, bs, nh, hs); block_tables (S, max_nb) int64; context_lens (S,) int64.
-cudaError_t paged_attention_decode(int dtype, const void* q, const void* k_pool, const void* v_pool,
+cudaError_t paged_attention_decode(int version, int dtype, const void* q, const void* k_pool, const void* v_pool,
                                    const int64_t* block_tables, const int64_t* context_lens, void* out,
                                    int64_t num_seqs, int64_t num_heads, int64_t head_dim, int64_t num_blocks,
                                    int64_t block_size, int64_t max_blocks_per_seq, cudaStream_t stream);

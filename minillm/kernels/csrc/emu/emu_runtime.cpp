@@ -140,11 +140,11 @@ int emu_attention(int version, int dtype, const void* q, const void* k, const vo
     return minillm::attention_forward(version, dtype, q, k, v, out, batch_heads, seq_len, head_dim, nullptr);
 }
 
-int emu_paged_attention_decode(int dtype, const void* q, const void* k_pool, const void* v_pool,
+int emu_paged_attention_decode(int version, int dtype, const void* q, const void* k_pool, const void* v_pool,
                                const int64_t* block_tables, const int64_t* context_lens, void* out, int64_t num_seqs,
                                int64_t num_heads, int64_t head_dim, int64_t num_blocks, int64_t block_size,
                                int64_t max_blocks_per_seq) {
-    return minillm::paged_attention_decode(dtype, q, k_pool, v_pool, block_tables, context_lens, out, num_seqs,
+    return minillm::paged_attention_decode(version, dtype, q, k_pool, v_pool, block_tables, context_lens, out, num_seqs,
                                            num_heads, head_dim, num_blocks, block_size, max_blocks_per_seq, nullptr);
 }
 
