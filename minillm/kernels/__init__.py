@@ -4,9 +4,9 @@ Each kernel comes as a ladder of versions (a .cu file under `csrc/` lists them i
 PyTorch twin and a CPU mirror of its algorithm, so every step is checked against the one before it:
 row softmax, fused layernorm, fused bias + GELU, causal FlashAttention-style attention, paged-attention decode
 over chapter 05's block pools, int8 weight-only GEMV, and the KV-cache write by slot mapping.
-What it leaves out: backward passes, tensor cores (mma / WMMA) and Hopper's TMA; the model still runs eager
-PyTorch, and nothing here is wired into the engine. The exercises are the mirrors' `online_merge`, `attend_tile`, `warp_tree_sum` and
-`paged_gather`.
+What it leaves out: backward passes, tensor cores beyond `wmma` (attention v4; no `mma.sync` PTX, no Hopper
+`wgmma` or TMA); the model still runs eager PyTorch, and nothing here is wired into the engine. The exercises are the
+mirrors' `online_merge`, `attend_tile`, `warp_tree_sum` and `paged_gather`.
 
 - `naive`: the naive PyTorch twin of each kernel (plain torch ops, fp32 math), the reference for every test
 - `mirror`: a pure-PyTorch mirror of each kernel's algorithm (online softmax over tiles, FlashAttention tiles,

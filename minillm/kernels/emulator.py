@@ -39,7 +39,8 @@ RUNTIME = EMU_DIR / "emu_runtime.cpp"
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 _LAUNCH = re.compile(r"(?P<kernel>[A-Za-z_]\w*(?:<[^<>;()]*>)?)<<<(?P<config>.*?)>>>\((?P<args>.*?)\);", re.DOTALL)
-_EXTERN_SHARED = re.compile(r"extern\s+__shared__\s+(?P<type>\w+)\s+(?P<name>\w+)\s*\[\s*\]\s*;")
+_EXTERN_SHARED = re.compile(
+    r"extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?(?P<type>[\w ]+?)\s+(?P<name>\w+)\s*\[\s*\]\s*;")
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None

@@ -187,13 +187,17 @@ def _xor_tree(partials: torch.Tensor, combine) -> torch.Tensor:
     return partials[..., 0]
 
 
-def flash_attention_v3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def flash_attention_v3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p_dtype: torch.dtype | None = None
+                       ) -> torch.Tensor:
     """attention.cu v3 (FlashAttention-2's loop, Dao 2023), causal: q, k, v (B, nh, T, hs) -> (B, nh, T, hs).
 
     The arithmetic of v2 with the engineering of v3: 64 x 64 tiles, zero-padded past the sequence's end (padding
     keys masked); Q scaled once by log2(e) / sqrt(hs), so exp(x / sqrt(hs) - m) becomes exp2(x' - m') with no
     other change; each row's max and sum first over the 8 values a thread holds, then across its 8 threads; the
     output divided by l once, after the last tile.
+    With p_dtype (fp16 or bf16), v4's arithmetic: the tensor cores take P in the input dtype, so P is rounded to it
+    before P V, and l sums the rounded values. (v4 splits a row over 2 lanes of 32 columns instead of 8 threads;
+    the max is the same, the sums differ only in the order of additions.)
     """
     B, nh, T, hs = q.shape
     n = V3_TILE
@@ -216,6 +220,8 @@ def flash_attention_v3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tor
             m_new = torch.maximum(m, _xor_tree(m_thread, torch.maximum))  # finite: key 0 is in the first tile
             alpha = torch.exp2(m - m_new)  # 0 on the first tile
             p = torch.exp2(s - m_new.unsqueeze(-1))  # (B, nh, 64, 64)
+            if p_dtype is not None:
+                p = p.to(p_dtype).float()  # v4: what the tensor cores multiply
             l = l * alpha + _xor_tree(_row_lanes(p).sum(dim=(-3, -1)), torch.add)
             o = o * alpha.unsqueeze(-1) + p @ v32[:, :, k0 : k0 + n]  # (B, nh, 64, 64) @ (B, nh, 64, hs)
             m = m_new

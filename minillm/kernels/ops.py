@@ -15,7 +15,7 @@ import torch
 from minillm.kernels.build import load_kernels
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-NUM_VERSIONS = {"softmax": 4, "layernorm": 4, "bias_gelu": 2, "attention": 3, "paged_attention_decode": 2,
+NUM_VERSIONS = {"softmax": 4, "layernorm": 4, "bias_gelu": 2, "attention": 4, "paged_attention_decode": 2,
                 "int8_gemv": 3, "kv_cache_write": 1}
 MAX_HEAD_SIZE = 128  # attention.cu and paged_attention.cu give thread d dimension d of a 128-thread block
 
@@ -119,9 +119,9 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor, version: int = 2, out: torch.
     return out
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, version: int = 3,
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, version: int = 4,
               out: torch.Tensor | None = None) -> torch.Tensor:
-    """Causal attention, scale 1/sqrt(hs): q, k, v (B, nh, T, hs), hs <= 128; versions 1..3 (csrc/attention.cu)."""
+    """Causal attention, scale 1/sqrt(hs): q, k, v (B, nh, T, hs), hs <= 128; versions 1..4 (csrc/attention.cu)."""
     _tensor("q", q, dim=4)
     if not 1 <= q.shape[-1] <= MAX_HEAD_SIZE:
         raise ValueError(f"head size q.shape[-1] must be 1..{MAX_HEAD_SIZE}, got {q.shape[-1]}")

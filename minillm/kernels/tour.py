@@ -57,6 +57,9 @@ def cases(g: torch.Generator) -> list[tuple[str, str, Callable, Callable, tuple]
                     (rnd(*shape), rnd(*shape), rnd(*shape))))
         out.append(("attention", f"{shape} v3", mirror.flash_attention_v3, naive.attention,
                     (rnd(*shape), rnd(*shape), rnd(*shape))))
+        out.append(("attention", f"{shape} v4 (P in the input dtype)",
+                    lambda q, k, v: mirror.flash_attention_v3(q, k, v, p_dtype=q.dtype), naive.attention,
+                    (rnd(*shape), rnd(*shape), rnd(*shape))))
     for bs in (1, 16):
         S, nh, hs, ctx = 5, 4, 32, 70
         nblk = -(-ctx // bs)

@@ -15,8 +15,18 @@
 //       once at the end. Q^T, K^T, V and P^T of a tile live in dynamic shared memory (fp32, 43 / 69 / 120 KB for
 //       head sizes padded to 32 / 64 / 128), and the heaviest query tiles (the last, with the most keys) start
 //       first. Still no tensor cores: every product is an fp32 FMA.
+//   v4  v3's tiles on the tensor cores (nvcuda::wmma, 16 x 16 x 16 tiles, fp16 or bf16 in, fp32 accumulated): each
+//       of the 4 warps owns 16 of the block's 64 query rows. S = Q K^T and O += P V are warp matrix products from
+//       shared memory; the online softmax runs between them on S stored to shared memory, two lanes per row (32
+//       columns each, combined with one shuffle), writing P in the input dtype and rescaling the row of O, which
+//       lives in shared memory in fp32. l sums P as rounded, so the normalization matches what is multiplied.
+//       fp32 inputs have no 16-bit tensor-core path here and run v3.
 // Reference twins: minillm.kernels.naive.attention (dense softmax), minillm.kernels.mirror.flash_attention (v2),
 // minillm.kernels.mirror.flash_attention_v3 (v3's base-2 exponentials and per-thread partial max and sum).
+#include <mma.h>
+
+#include <type_traits>
+
 #include "common.cuh"
 #include "kernels.h"
 
@@ -302,6 +312,162 @@ cudaError_t launch_attention_v3(const T* q, const T* k, const T* v, T* out, int6
     return cudaGetLastError();
 }
 
+// v4's geometry: v3's 64 x 64 tiles, 4 warps of 16 query rows each. Row strides (in elements) are padded so that every
+// wmma tile starts 256-bit aligned and consecutive rows fall in different shared-memory banks.
+constexpr int kV4Warps = 4;
+
+template <int DP>
+struct V4Layout {
+    static constexpr int BR = 64, BC = 64;
+    static constexpr int LDT = DP + 8;   // sQ, sK, sV: (64, DP) in the input dtype
+    static constexpr int LDS = BC + 4;   // sS: per warp (16, 64) fp32 scores
+    static constexpr int LDP = BC + 8;   // sP: per warp (16, 64) probabilities in the input dtype
+    static constexpr int LDO = DP + 4;   // sO: per warp (16, DP) fp32 output
+    static constexpr size_t bytes = 2 * (3 * BR * LDT + kV4Warps * 16 * LDP) + 4 * (kV4Warps * 16 * (LDS + LDO));
+};
+
+size_t attention_v4_smem_bytes(int64_t head_dim) {
+    switch (attention_v3_padded_dim(head_dim)) {
+        case 32: return V4Layout<32>::bytes;
+        case 64: return V4Layout<64>::bytes;
+        default: return V4Layout<128>::bytes;
+    }
+}
+
+// v4: blockDim.x == 128, T = __half or __nv_bfloat16, dynamic shared memory V4Layout<DP>::bytes; blocks map to
+// (batch-head, query tile) as in v3.
+template <typename T, int DP>
+__global__ void __launch_bounds__(128, 1)  // (128, 1): let ptxas use the registers it needs, no spills
+attention_v4_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                    int64_t batch_heads, int64_t seq_len, int64_t head_dim, float s_scale) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // 16-bit wmma with bf16 needs sm_80 (the bindings check)
+    namespace wmma = nvcuda::wmma;
+    using L = V4Layout<DP>;
+    constexpr int BR = L::BR, BC = L::BC, LDT = L::LDT, LDS = L::LDS, LDP = L::LDP, LDO = L::LDO;
+    extern __shared__ __align__(128) unsigned char smem_v4[];
+    T* sQ = reinterpret_cast<T*>(smem_v4);                        // (BR, LDT)
+    T* sK = sQ + BR * LDT;                                        // (BC, LDT)
+    T* sV = sK + BC * LDT;                                        // (BC, LDT)
+    T* sP = sV + BC * LDT;                                        // (4 warps, 16, LDP)
+    float* sS = reinterpret_cast<float*>(sP + kV4Warps * 16 * LDP);  // (4 warps, 16, LDS)
+    float* sO = sS + kV4Warps * 16 * LDS;                         // (4 warps, 16, LDO)
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int64_t num_tiles = (seq_len + BR - 1) / BR;
+    const int64_t bh = blockIdx.x % batch_heads;
+    const int64_t q0 = (num_tiles - 1 - blockIdx.x / batch_heads) * BR;  // heaviest tiles first, as v3
+    const int64_t base = bh * seq_len * head_dim;
+    const int D = static_cast<int>(head_dim);
+    const T zero = from_float<T>(0.f);
+
+    for (int idx = tid; idx < BR * DP; idx += blockDim.x) {
+        const int r = idx / DP, d = idx % DP;
+        const int64_t qi = q0 + r;
+        sQ[r * LDT + d] = qi < seq_len && d < D ? q[base + qi * D + d] : zero;
+    }
+    T* sPw = sP + warp * 16 * LDP;  // this warp's 16 rows
+    float* sSw = sS + warp * 16 * LDS;
+    float* sOw = sO + warp * 16 * LDO;
+    for (int idx = lane; idx < 16 * DP; idx += 32) sOw[(idx / DP) * LDO + idx % DP] = 0.f;
+    const int r = lane / 2, half = lane % 2;  // a lane's row of the warp's 16, and its half of the columns
+    const int64_t qi = q0 + warp * 16 + r;
+    float m = -INFINITY, l = 0.f;  // the same in both lanes of a row
+
+    const int64_t kv_end = q0 + BR < seq_len ? q0 + BR : seq_len;
+    for (int64_t k0 = 0; k0 < kv_end; k0 += BC) {
+        __syncthreads();  // the previous tile's sK, sV are read by every warp (and sQ is written, the first time)
+        for (int idx = tid; idx < BC * DP; idx += blockDim.x) {
+            const int c = idx / DP, d = idx % DP;
+            const int64_t kj = k0 + c;
+            const bool in = kj < seq_len && d < D;
+            sK[c * LDT + d] = in ? k[base + kj * D + d] : zero;
+            sV[c * LDT + d] = in ? v[base + kj * D + d] : zero;
+        }
+        __syncthreads();
+
+#pragma unroll 1  // one 16-column block at a time: fewer live fragments, no spills
+        for (int nb = 0; nb < BC / 16; ++nb) {  // S (16 x 64) = Q (16 x DP) K^T, 16 key columns at a time
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::fill_fragment(acc, 0.f);
+#pragma unroll
+            for (int kb = 0; kb < DP / 16; ++kb) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;  // K row-major is K^T col-major
+                wmma::load_matrix_sync(a, sQ + warp * 16 * LDT + kb * 16, LDT);
+                wmma::load_matrix_sync(b, sK + nb * 16 * LDT + kb * 16, LDT);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(sSw + nb * 16, acc, LDS, wmma::mem_row_major);
+        }
+        __syncwarp();
+
+        // Online softmax on row r, columns half * 32 .. half * 32 + 31 (log2 units: s_scale = log2(e) / sqrt(D)).
+        float mt = -INFINITY;
+        for (int c = half * 32; c < half * 32 + 32; ++c) {
+            const int64_t kj = k0 + c;
+            const float sv = kj > qi || kj >= seq_len ? -INFINITY : sSw[r * LDS + c] * s_scale;
+            sSw[r * LDS + c] = sv;
+            mt = fmaxf(mt, sv);
+        }
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));  // the other half of the row
+        const float m_new = fmaxf(m, mt);  // finite: every row sees key 0 in the first tile
+        const float alpha = exp2f(m - m_new);
+        float rs = 0.f;
+        for (int c = half * 32; c < half * 32 + 32; ++c) {
+            const T p = from_float<T>(exp2f(sSw[r * LDS + c] - m_new));
+            sPw[r * LDP + c] = p;
+            rs += to_float(p);  // the rounded p: l then normalizes exactly what P V multiplies
+        }
+        rs += __shfl_xor_sync(0xffffffffu, rs, 1);
+        l = l * alpha + rs;
+        m = m_new;
+        for (int d = half * (DP / 2); d < (half + 1) * (DP / 2); ++d) sOw[r * LDO + d] *= alpha;
+        __syncwarp();
+
+#pragma unroll 1
+        for (int db = 0; db < DP / 16; ++db) {  // O (16 x DP) += P (16 x 64) V (64 x DP), 16 dimensions at a time
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::load_matrix_sync(acc, sOw + db * 16, LDO, wmma::mem_row_major);
+#pragma unroll
+            for (int kb = 0; kb < BC / 16; ++kb) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b;
+                wmma::load_matrix_sync(a, sPw + kb * 16, LDP);
+                wmma::load_matrix_sync(b, sV + kb * 16 * LDT + db * 16, LDT);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(sOw + db * 16, acc, LDO, wmma::mem_row_major);
+        }
+        __syncwarp();
+    }
+    if (qi < seq_len) {
+        const float inv = 1.f / l;
+        for (int d = half * (DP / 2); d < (half + 1) * (DP / 2); ++d)
+            if (d < D) out[base + qi * D + d] = from_float<T>(sOw[r * LDO + d] * inv);
+    }
+#endif
+}
+
+template <typename T, int DP>
+cudaError_t launch_attention_v4(const T* q, const T* k, const T* v, T* out, int64_t batch_heads, int64_t seq_len,
+                                int64_t head_dim, cudaStream_t stream) {
+    if constexpr (std::is_same<T, float>::value) {  // no fp32 tensor-core path here: fp32 runs v3
+        return launch_attention_v3<T, DP>(q, k, v, out, batch_heads, seq_len, head_dim, stream);
+    } else {
+        const int64_t blocks = batch_heads * ((seq_len + 63) / 64);
+        if (blocks > 2147483647LL) return cudaErrorInvalidValue;
+        const size_t smem = V4Layout<DP>::bytes;
+        const cudaError_t err = cudaFuncSetAttribute(attention_v4_kernel<T, DP>,
+                                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                     static_cast<int>(smem));
+        if (err != cudaSuccess) return err;
+        const float s_scale = 1.4426950408889634f / sqrtf(static_cast<float>(head_dim));  // log2(e) / sqrt(D)
+        attention_v4_kernel<T, DP><<<static_cast<unsigned>(blocks), 128, smem, stream>>>(
+            q, k, v, out, batch_heads, seq_len, head_dim, s_scale);
+        return cudaGetLastError();
+    }
+}
+
 cudaError_t attention_forward(int version, int dtype, const void* q, const void* k, const void* v, void* out,
                               int64_t batch_heads, int64_t seq_len, int64_t head_dim, cudaStream_t stream) {
     if (batch_heads <= 0 || seq_len <= 0 || head_dim <= 0) return cudaSuccess;
@@ -325,6 +491,12 @@ cudaError_t attention_forward(int version, int dtype, const void* q, const void*
                 case 32: return launch_attention_v3<T, 32>(qt, kt, vt, yt, batch_heads, seq_len, head_dim, stream);
                 case 64: return launch_attention_v3<T, 64>(qt, kt, vt, yt, batch_heads, seq_len, head_dim, stream);
                 default: return launch_attention_v3<T, 128>(qt, kt, vt, yt, batch_heads, seq_len, head_dim, stream);
+            }
+        } else if (version == 4) {
+            switch (attention_v3_padded_dim(head_dim)) {
+                case 32: return launch_attention_v4<T, 32>(qt, kt, vt, yt, batch_heads, seq_len, head_dim, stream);
+                case 64: return launch_attention_v4<T, 64>(qt, kt, vt, yt, batch_heads, seq_len, head_dim, stream);
+                default: return launch_attention_v4<T, 128>(qt, kt, vt, yt, batch_heads, seq_len, head_dim, stream);
             }
         } else {
             return cudaErrorInvalidValue;

@@ -117,7 +117,7 @@ void bias_gelu(const at::Tensor& x, const at::Tensor& bias, const at::Tensor& ou
 
 void attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                int64_t version) {
-    check_version(version, 3, "attention");
+    check_version(version, 4, "attention");
     check_cuda(q, "q");
     const int dt = dtype_code(q, "q");
     TORCH_CHECK(q.dim() == 4, "q must be 4-D (B, nh, T, hs), got shape ", dims(q.sizes()));
@@ -129,12 +129,17 @@ void attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
     check_shape(v, q.sizes(), "v");
     check_shape(out, q.sizes(), "out");
     const c10::cuda::CUDAGuard guard(q.device());
-    if (version == 3) {  // v3 keeps its tiles in dynamic shared memory: more than some GPUs give one block
-        int device = 0, optin = 0;
+    if (version >= 3) {  // v3 and v4 keep their tiles in dynamic shared memory: more than some GPUs give one block
+        int device = 0, optin = 0, major = 0;
         cudaGetDevice(&device);
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-        const size_t need = minillm::attention_v3_smem_bytes(q.size(3));
-        TORCH_CHECK(need <= static_cast<size_t>(optin), "attention v3 needs ", need,
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+        const bool tensor_cores = version == 4 && dt != 0;  // v4 runs v3 on fp32 inputs
+        TORCH_CHECK(!tensor_cores || major >= 8, "attention v4 needs bf16/fp16 tensor cores (compute capability 8.0 "
+                    "or newer), this GPU is ", major, ".x; use version 3");
+        const size_t need = tensor_cores ? minillm::attention_v4_smem_bytes(q.size(3))
+                                         : minillm::attention_v3_smem_bytes(q.size(3));
+        TORCH_CHECK(need <= static_cast<size_t>(optin), "attention v", version, " needs ", need,
                     " bytes of shared memory per block for head size ", q.size(3), ", this GPU allows ", optin,
                     "; use version 2");
     }

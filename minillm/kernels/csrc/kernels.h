@@ -22,12 +22,14 @@ cudaError_t layernorm_forward(int version, int dtype, const void* x, const void*
 cudaError_t bias_gelu_forward(int version, int dtype, const void* x, const void* bias, void* out, int64_t rows,
                               int64_t cols, cudaStream_t stream);
 
-// attention.cu: causal attention, q, k, v, out (BH, T, D) contiguous, scale 1/sqrt(D), D <= 128, versions 1..3.
+// attention.cu: causal attention, q, k, v, out (BH, T, D) contiguous, scale 1/sqrt(D), D <= 128, versions 1..4.
 cudaError_t attention_forward(int version, int dtype, const void* q, const void* k, const void* v, void* out,
                               int64_t batch_heads, int64_t seq_len, int64_t head_dim, cudaStream_t stream);
 
-// The dynamic shared memory one block of attention v3 needs for this head size (the caller checks the device has it).
+// The dynamic shared memory one block of attention v3 / v4 needs for this head size (the caller checks the device
+// has it).
 size_t attention_v3_smem_bytes(int64_t head_dim);
+size_t attention_v4_smem_bytes(int64_t head_dim);
 
 // paged_attention.cu: one query token per sequence against its K/V in the block pools, versions 1..2.
 // q, out (S, nh, hs); pools (nb, bs, nh, hs); block_tables (S, max_nb) int64; context_lens (S,) int64.

@@ -15,6 +15,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static  // one copy for the block's threads; blocks run one after another
+#define __align__(n) alignas(n)
 
 enum cudaError_t {
     cudaSuccess = 0,

@@ -97,7 +97,11 @@ inline unsigned linear_thread_id() {
     return t.x + d.x * (t.y + d.y * t.z);
 }
 
-inline unsigned char* dynamic_shared_memory() { return state().dynamic_smem.data(); }
+// 128-byte aligned, as a GPU's dynamic shared memory is at least (wmma tiles need 32 bytes).
+inline unsigned char* dynamic_shared_memory() {
+    const uintptr_t base = reinterpret_cast<uintptr_t>(state().dynamic_smem.data());
+    return reinterpret_cast<unsigned char*>((base + 127) & ~uintptr_t{127});
+}
 
 // Runs body once per thread for every block of the grid; errors go to take_error().
 void run_grid(dim3 grid, dim3 block, size_t dynamic_smem_bytes);
@@ -129,6 +133,11 @@ void launch(const LaunchConfig& c, void (*kernel)(Params...), Args&&... args) {
 #define gridDim (::emu::state().grid_dim)
 
 inline void __syncthreads() { ::emu::arrive(::emu::state().block_barrier); }
+
+// Every lane of the warp waits for the others (the mask is taken to be the whole warp, as the kernels use it).
+inline void __syncwarp(unsigned /*mask*/ = 0xffffffffu) {
+    ::emu::arrive(::emu::state().warp_barriers[::emu::linear_thread_id() / 32]);
+}
 
 // lane i receives lane (i ^ offset)'s value; every lane of the warp must take part, as the kernels' full mask says.
 template <typename T>

@@ -68,7 +68,8 @@ void run_grid(dim3 grid, dim3 block, size_t dynamic_smem_bytes) {
         for (unsigned by = 0; by < grid.y; ++by)
             for (unsigned bx = 0; bx < grid.x; ++bx) {
                 s.block_idx = dim3(bx, by, bz);
-                s.dynamic_smem.assign(dynamic_smem_bytes, 0xFF);  // uninitialized shared memory reads as NaN
+                s.dynamic_smem.assign(dynamic_smem_bytes + 128, 0xFF);  // unwritten shared memory reads as NaN
+                                                                         // (+128: room to align the start)
                 s.block_barrier = Barrier{static_cast<int>(nthreads), 0, 0};
                 s.warp_barriers.assign(nwarps, Barrier{});
                 for (unsigned w = 0; w < nwarps; ++w)
