@@ -506,7 +506,7 @@ def test_emulator_translates_launches_and_dynamic_shared_memory():
 
 
 @pytest.mark.parametrize("dtype,reverse", EMU_CASES, ids=EMU_IDS)
-@pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["softmax"] + 1))
+@pytest.mark.parametrize("version", ops.versions("softmax"))
 def test_emulated_softmax(emu, version, dtype, reverse):
     for rows, cols in ((1, 1), (7, 1000), (3, 130), (2, 4099)):
         x = (torch.randn(rows, cols) * 4).to(dtype)
@@ -514,7 +514,7 @@ def test_emulated_softmax(emu, version, dtype, reverse):
 
 
 @pytest.mark.parametrize("dtype,reverse", EMU_CASES, ids=EMU_IDS)
-@pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["layernorm"] + 1))
+@pytest.mark.parametrize("version", ops.versions("layernorm"))
 def test_emulated_layernorm(emu, version, dtype, reverse):
     for rows, cols in ((1, 1), (7, 1000), (5, 130), (9, 2048)):
         x = (torch.randn(rows, cols) * 2 + 3).to(dtype)
@@ -523,7 +523,7 @@ def test_emulated_layernorm(emu, version, dtype, reverse):
 
 
 @pytest.mark.parametrize("dtype,reverse", EMU_CASES, ids=EMU_IDS)
-@pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["bias_gelu"] + 1))
+@pytest.mark.parametrize("version", ops.versions("bias_gelu"))
 def test_emulated_bias_gelu(emu, version, dtype, reverse):
     for rows, cols in ((1, 1), (7, 1000), (3, 131)):  # 3 * 131 elements: packs and a tail
         x, b = (torch.randn(rows, cols) * 2).to(dtype), torch.randn(cols).to(dtype)
@@ -531,7 +531,7 @@ def test_emulated_bias_gelu(emu, version, dtype, reverse):
 
 
 @pytest.mark.parametrize("dtype,reverse", EMU_CASES, ids=EMU_IDS)
-@pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["attention"] + 1))
+@pytest.mark.parametrize("version", ops.versions("attention"))
 def test_emulated_attention(emu, version, dtype, reverse):
     shapes = [*ATTN_SHAPES, (1, 1, 129, 32), (1, 1, 70, 100)]  # v3: several 64-row tiles, head sizes 32 and 128
     for shape in shapes:
@@ -541,7 +541,7 @@ def test_emulated_attention(emu, version, dtype, reverse):
 
 
 @pytest.mark.parametrize("dtype,reverse", EMU_CASES, ids=EMU_IDS)
-@pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["paged_attention_decode"] + 1))
+@pytest.mark.parametrize("version", ops.versions("paged_attention_decode"))
 def test_emulated_paged_attention_matches_chapter_05(emu, version, dtype, reverse):
     for bs, hs in ((1, 24), (4, 64), (16, 100), (4, 128)):
         cache, batch, q, k, v = paged_case(dtype, "cpu", bs=bs, hs=hs)
@@ -560,7 +560,7 @@ def test_emulated_paged_attention_matches_chapter_05(emu, version, dtype, revers
 
 
 @pytest.mark.parametrize("dtype,reverse", EMU_CASES, ids=EMU_IDS)
-@pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["int8_gemv"] + 1))
+@pytest.mark.parametrize("version", ops.versions("int8_gemv"))
 def test_emulated_int8_gemv(emu, version, dtype, reverse):
     for M, N, K in ((1, 1, 1), (1, 33, 130), (3, 13, 31), (11, 37, 48), (10, 3, 40), (4, 9, 512)):
         x = torch.randn(M, K).to(dtype)
@@ -664,7 +664,7 @@ def randn(*shape, dtype, scale=1.0, offset=0.0) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("cols", (*COLS, 1024, 4099))
 @pytest.mark.parametrize("rows", ROWS)
-@pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["softmax"] + 1))
+@pytest.mark.parametrize("version", ops.versions("softmax"))
 def test_cuda_softmax(kernels, version, rows, cols, dtype):
     x = randn(rows, cols, dtype=dtype, scale=4.0)
     out = ops.softmax(x, version=version, out=poisoned((rows, cols), dtype))
@@ -675,7 +675,7 @@ def test_cuda_softmax(kernels, version, rows, cols, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("cols", (*COLS, 2048))
 @pytest.mark.parametrize("rows", ROWS)
-@pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["layernorm"] + 1))
+@pytest.mark.parametrize("version", ops.versions("layernorm"))
 def test_cuda_layernorm(kernels, version, rows, cols, dtype):
     x = randn(rows, cols, dtype=dtype, scale=2.0, offset=3.0)
     w, b = randn(cols, dtype=dtype), randn(cols, dtype=dtype)
@@ -687,7 +687,7 @@ def test_cuda_layernorm(kernels, version, rows, cols, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("cols", COLS)
 @pytest.mark.parametrize("rows", ROWS)
-@pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["bias_gelu"] + 1))
+@pytest.mark.parametrize("version", ops.versions("bias_gelu"))
 def test_cuda_bias_gelu(kernels, version, rows, cols, dtype):
     x, b = randn(rows, cols, dtype=dtype, scale=2.0), randn(cols, dtype=dtype)
     out = ops.bias_gelu(x, b, version=version, out=poisoned((rows, cols), dtype))
@@ -716,7 +716,7 @@ def test_cuda_vectorized_versions_fall_back_on_misaligned_rows(kernels, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [*ATTN_SHAPES, (1, 1, 129, 32), (3, 2, 50, 96), (1, 3, 128, 64), (2, 2, 200, 128)],
                          ids=str)
-@pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["attention"] + 1))
+@pytest.mark.parametrize("version", ops.versions("attention"))
 def test_cuda_attention(kernels, version, shape, dtype):
     q, k, v = (randn(*shape, dtype=dtype) for _ in range(3))
     out = ops.attention(q, k, v, version=version, out=poisoned(shape, dtype))
@@ -727,7 +727,7 @@ def test_cuda_attention(kernels, version, shape, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("hs", [8, 24, 64, 100, 128])
 @pytest.mark.parametrize("bs", [1, 4, 16])
-@pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["paged_attention_decode"] + 1))
+@pytest.mark.parametrize("version", ops.versions("paged_attention_decode"))
 def test_cuda_paged_attention_matches_chapter_05(kernels, version, bs, hs, dtype):
     cache, batch, q, k, v = paged_case(dtype, "cuda", hs=hs, bs=bs)
     ref = cache.attend(0, q, k, v)[0].transpose(0, 1)  # chapter 05's own decode path: (S, nh, hs)
@@ -742,7 +742,7 @@ def test_cuda_paged_attention_matches_chapter_05(kernels, version, bs, hs, dtype
 
 
 @cuda_only
-@pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["paged_attention_decode"] + 1))
+@pytest.mark.parametrize("version", ops.versions("paged_attention_decode"))
 def test_cuda_paged_attention_bad_block_is_nan(kernels, version):
     cache, batch, q, k, v = paged_case(torch.float32, "cuda")
     cache.attend(0, q, k, v)
@@ -762,7 +762,7 @@ def test_cuda_paged_attention_bad_block_is_nan(kernels, version):
 @pytest.mark.parametrize("use_bias", [True, False])
 @pytest.mark.parametrize("M,N,K", [(1, 1, 1), (1, 33, 130), (3, 130, 31), (8, 7, 1000), (4, 257, 4096),
                                    (11, 37, 48), (10, 3, 40)])  # M > 8: v3's second pass, with packs and without
-@pytest.mark.parametrize("version", range(1, ops.NUM_VERSIONS["int8_gemv"] + 1))
+@pytest.mark.parametrize("version", ops.versions("int8_gemv"))
 def test_cuda_int8_gemv(kernels, version, M, N, K, use_bias, dtype):
     x = randn(M, K, dtype=dtype)
     w = torch.randint(-127, 128, (N, K), dtype=torch.int8, device="cuda")

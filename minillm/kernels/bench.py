@@ -130,10 +130,6 @@ def matmul_tflops(n: int, warmup: int, repeats: int, dtype: torch.dtype = torch.
     return 2 * n**3 / ms / 1e9
 
 
-def versions(kernel: str) -> range:
-    return range(1, ops.NUM_VERSIONS[kernel] + 1)
-
-
 def cases(quick: bool) -> list[Case]:
     """The shapes: decode- and prefill-sized work for a GPT-2-small-to-medium model, in bf16."""
     bf16 = torch.bfloat16
@@ -146,20 +142,20 @@ def cases(quick: bool) -> list[Case]:
     R, C = (8192, 8192) if quick else (16384, 8192)
     x = randn(R, C) * 4
     out.append(Case("softmax", f"({R}, {C})", bf16, 2 * R * C * esz, 0, lambda: naive.softmax(x),
-                    {v: (lambda v=v: ops.softmax(x, version=v)) for v in versions("softmax")},
+                    {v: (lambda v=v: ops.softmax(x, version=v)) for v in ops.versions("softmax")},
                     {"F.softmax": lambda: F.softmax(x, dim=-1)}, close(1e-2)))
 
     R, C = (16384, 4096) if quick else (32768, 4096)
     xl, w, b = randn(R, C) + 3, randn(C), randn(C)
     out.append(Case("layernorm", f"({R}, {C})", bf16, (2 * R * C + 2 * C) * esz, 0,
                     lambda: naive.layernorm(xl, w, b),
-                    {v: (lambda v=v: ops.layernorm(xl, w, b, version=v)) for v in versions("layernorm")},
+                    {v: (lambda v=v: ops.layernorm(xl, w, b, version=v)) for v in ops.versions("layernorm")},
                     {"F.layer_norm": lambda C=C: F.layer_norm(xl, (C,), w, b)}, close(1e-2)))
 
     R, C = (16384, 4096) if quick else (32768, 4096)
     xg, bg = randn(R, C), randn(C)
     out.append(Case("bias_gelu", f"({R}, {C})", bf16, (2 * R * C + C) * esz, 0, lambda: naive.bias_gelu(xg, bg),
-                    {v: (lambda v=v: ops.bias_gelu(xg, bg, version=v)) for v in versions("bias_gelu")},
+                    {v: (lambda v=v: ops.bias_gelu(xg, bg, version=v)) for v in ops.versions("bias_gelu")},
                     {"F.gelu(x + b)": lambda: F.gelu(xg + bg, approximate="tanh")}, close(1e-2)))
 
     B, H, T, D = (2, 16, 2048, 64) if quick else (4, 16, 2048, 64)  # T = 2048: where the chapter sets its target
@@ -167,7 +163,7 @@ def cases(quick: bool) -> list[Case]:
     out.append(Case("attention", f"({B}, {H}, {T}, {D})", bf16, 4 * B * H * T * D * esz,
                     2 * 2 * B * H * T * (T + 1) // 2 * D,  # two matmuls over the causal half (T(T+1)/2 pairs)
                     lambda: naive.attention(q, k, v),
-                    {ver: (lambda ver=ver: ops.attention(q, k, v, version=ver)) for ver in versions("attention")},
+                    {ver: (lambda ver=ver: ops.attention(q, k, v, version=ver)) for ver in ops.versions("attention")},
                     {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)}, close(2e-2)))
 
     S, nh, hs, bs, ctx = (64, 32, 128, 16, 1024) if quick else (128, 32, 128, 16, 1024)
@@ -186,7 +182,7 @@ def cases(quick: bool) -> list[Case]:
                     lambda: naive.paged_attention_decode(qd, k_pool, v_pool, tables, context_lens),
                     {ver: (lambda ver=ver: ops.paged_attention_decode(qd, k_pool, v_pool, tables, context_lens,
                                                                       version=ver))
-                     for ver in versions("paged_attention_decode")},
+                     for ver in ops.versions("paged_attention_decode")},
                     {}, close(2e-2)))
 
     M, N, K = 4, 32768, 8192  # a 70B-class model's MLP matrix: 256 MB in int8
@@ -197,7 +193,7 @@ def cases(quick: bool) -> list[Case]:
     out.append(Case("int8_gemv", f"M={M} N={N} K={K}", bf16, N * K + (M * K + 2 * N + M * N) * esz, 2 * M * N * K,
                     lambda: naive.int8_gemv(xq, wq, sq, bq),
                     {ver: (lambda ver=ver: ops.int8_gemv(xq, wq, sq, bq, version=ver))
-                     for ver in versions("int8_gemv")},
+                     for ver in ops.versions("int8_gemv")},
                     {"F.linear bf16 weight": lambda: F.linear(xq, w_deq, bq)}, close(2e-2)))
 
     T, nh, hs, nb, bs = (8192, 32, 128, 1024, 16) if quick else (16384, 32, 128, 2048, 16)

@@ -180,6 +180,16 @@ def _arch_list(arch: str | Sequence[str]) -> list[str]:
     return archs
 
 
+def run_compiler(cmd: Sequence[str], what: str, timeout: float) -> str:
+    """Run a compiler command; return its stdout + stderr, or raise RuntimeError naming `what` with the command
+    and the compiler's output (its last 6,000 characters) when it fails."""
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
+    output = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n{' '.join(cmd)}\n{output[-6000:]}")
+    return output
+
+
 def compile_sources_with_nvcc(
     arch: str | Sequence[str],
     out_dir: str | Path,
@@ -203,11 +213,7 @@ def compile_sources_with_nvcc(
     def one(src: Path) -> list[KernelResources]:
         cmd = [nvcc, "-c", "-std=c++17", "-O3", *TORCH_NVCC_FLAGS, *gencode, "-Xptxas", "-v",
                "-o", str(out / (src.stem + ".o")), str(src)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        if proc.returncode != 0:
-            raise RuntimeError(f"nvcc failed on {src.name} (exit {proc.returncode}):\n{' '.join(cmd)}\n"
-                               f"{proc.stdout}\n{proc.stderr}")
-        return parse_ptxas(src.name, proc.stdout + proc.stderr)
+        return parse_ptxas(src.name, run_compiler(cmd, f"nvcc on {src.name}", timeout))
 
     with ThreadPoolExecutor(max_workers=jobs or max(1, min(len(sources), os.cpu_count() or 1))) as pool:
         results = list(pool.map(one, sources))

@@ -24,7 +24,6 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from minillm.kernels.build import CSRC, KERNEL_SOURCES, cache_dir
+from minillm.kernels.build import CSRC, KERNEL_SOURCES, cache_dir, run_compiler
 
 EMU_DIR = CSRC / "emu"
 RUNTIME = EMU_DIR / "emu_runtime.cpp"
@@ -48,10 +47,8 @@ _lib: ctypes.CDLL | None = None
 
 def find_cxx() -> str | None:
     """The host C++ compiler: $CXX, else g++, else clang++."""
-    for name in (os.environ.get("CXX"), "g++", "clang++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
+    found = (shutil.which(name) for name in (os.environ.get("CXX"), "g++", "clang++") if name)
+    return next((path for path in found if path), None)
 
 
 def translate(source: str) -> str:
@@ -115,19 +112,13 @@ def build(out_dir: str | Path | None = None, jobs: int | None = None, timeout: f
 
         def compile_one(unit: Path) -> Path:
             obj = work / (unit.stem + ".o")
-            proc = subprocess.run([cxx, *flags, "-c", str(unit), "-o", str(obj)], capture_output=True, text=True,
-                                  timeout=timeout)
-            if proc.returncode != 0:
-                raise RuntimeError(f"{cxx} failed on {unit.name} (emulated):\n{proc.stderr[-6000:]}")
+            run_compiler([cxx, *flags, "-c", str(unit), "-o", str(obj)], f"{cxx} on {unit.name} (emulated)", timeout)
             return obj
 
         with ThreadPoolExecutor(max_workers=jobs or min(len(units), os.cpu_count() or 1)) as pool:
             objects = list(pool.map(compile_one, units))
         tmp_lib = work / lib.name
-        proc = subprocess.run([cxx, "-shared", *map(str, objects), "-o", str(tmp_lib)], capture_output=True,
-                              text=True, timeout=timeout)
-        if proc.returncode != 0:
-            raise RuntimeError(f"linking the kernel emulator failed:\n{proc.stderr[-6000:]}")
+        run_compiler([cxx, "-shared", *map(str, objects), "-o", str(tmp_lib)], "linking the kernel emulator", timeout)
         os.replace(tmp_lib, lib)  # atomic: a concurrent build sees the whole library or none
     return lib
 

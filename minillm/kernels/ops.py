@@ -17,7 +17,13 @@ from minillm.kernels.build import load_kernels
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 NUM_VERSIONS = {"softmax": 4, "layernorm": 4, "bias_gelu": 2, "attention": 4, "paged_attention_decode": 2,
                 "int8_gemv": 3, "kv_cache_write": 1}
-MAX_HEAD_SIZE = 128  # attention.cu and paged_attention.cu give thread d dimension d of a 128-thread block
+MAX_HEAD_SIZE = 128  # attention.cu and paged_attention.cu: at most one dimension per thread of a 128-thread block
+# (v1), four per lane of a warp (paged v2), tiles padded to 128 (attention v3, v4)
+
+
+def versions(op: str) -> range:
+    """Every version of `op`, 1..NUM_VERSIONS[op]: what the tests, the benchmark and the tour iterate over."""
+    return range(1, NUM_VERSIONS[op] + 1)
 
 
 def _tensor(name: str, t, dim: int | None = None, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES) -> torch.Tensor:

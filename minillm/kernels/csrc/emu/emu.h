@@ -106,23 +106,19 @@ inline unsigned char* dynamic_shared_memory() {
 // Runs body once per thread for every block of the grid; errors go to take_error().
 void run_grid(dim3 grid, dim3 block, size_t dynamic_smem_bytes);
 
-template <typename... Params, typename... Args>
-void launch(dim3 grid, dim3 block, size_t dynamic_smem_bytes, void (*kernel)(Params...), Args&&... args) {
-    std::tuple<Params...> bound(static_cast<Params>(std::forward<Args>(args))...);
-    state().body = [&bound, kernel] { std::apply(kernel, bound); };
-    run_grid(grid, block, dynamic_smem_bytes);
-    state().body = nullptr;
-}
-
 struct LaunchConfig {  // what <<<grid, block, smem, stream>>> holds
     dim3 grid, block;
     size_t smem;
     LaunchConfig(dim3 g, dim3 b, size_t s = 0, void* = nullptr) : grid(g), block(b), smem(s) {}
 };
 
+// kernel<<<c>>>(args...): the arguments converted to the kernel's parameter types once, then every thread runs it.
 template <typename... Params, typename... Args>
 void launch(const LaunchConfig& c, void (*kernel)(Params...), Args&&... args) {
-    launch(c.grid, c.block, c.smem, kernel, std::forward<Args>(args)...);
+    std::tuple<Params...> bound(static_cast<Params>(std::forward<Args>(args))...);
+    state().body = [&bound, kernel] { std::apply(kernel, bound); };
+    run_grid(c.grid, c.block, c.smem);
+    state().body = nullptr;
 }
 
 }  // namespace emu
