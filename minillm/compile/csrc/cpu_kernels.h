@@ -4,7 +4,13 @@
 
 #include <cstdint>
 
-#include <torch/extension.h>
+// subtle: three of torch's headers, not <torch/extension.h>. That one brings all of libtorch's C++ API (autograd,
+// nn, optim, serialization) and took 24 s to parse per file on a 2-core machine; these take 10 s, which is most of
+// the extension's first build. What the files use: at::Tensor, at::empty, TORCH_CHECK and pybind11 with torch's
+// Tensor conversions.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/utils/pybind.h>
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>

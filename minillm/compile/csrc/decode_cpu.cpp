@@ -153,9 +153,9 @@ void attend_heads(const float* q, const float* k, const float* v, const int64_t*
     }
 }
 
-const float* ptr(const torch::Tensor& t) { return t.data_ptr<float>(); }
+const float* ptr(const at::Tensor& t) { return t.data_ptr<float>(); }
 
-void check_float(const torch::Tensor& t, const char* what, std::vector<int64_t> shape) {
+void check_float(const at::Tensor& t, const char* what, std::vector<int64_t> shape) {
     TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(), "FusedDecoder: ", what,
                 " must be a contiguous float32 CPU tensor");
     TORCH_CHECK(t.sizes() == at::IntArrayRef(shape), "FusedDecoder: ", what, " must have shape ",
@@ -169,8 +169,8 @@ class FusedDecoder {
   public:
     // globals: wte (V, C), wpe (P, C), ln_f weight (C), ln_f bias (C), head (V, C);
     // layers: kLayerTensors per block in the order above; k, v: per block (1, nh, max_len, hs).
-    FusedDecoder(std::vector<torch::Tensor> globals, std::vector<torch::Tensor> layers, std::vector<torch::Tensor> k,
-                 std::vector<torch::Tensor> v, int64_t n_head, int64_t head_size, double eps)
+    FusedDecoder(std::vector<at::Tensor> globals, std::vector<at::Tensor> layers, std::vector<at::Tensor> k,
+                 std::vector<at::Tensor> v, int64_t n_head, int64_t head_size, double eps)
         : globals_(std::move(globals)), layers_(std::move(layers)), k_(std::move(k)), v_(std::move(v)),
           nh_(n_head), hs_(head_size), eps_(static_cast<float>(eps)) {
         TORCH_CHECK(globals_.size() == 5, "FusedDecoder: globals must be wte, wpe, ln_f weight, ln_f bias, head");
@@ -194,7 +194,7 @@ class FusedDecoder {
         max_len_ = k_[0].size(2);
         int64_t widest = 0;
         for (int64_t l = 0; l < n_layer_; ++l) {
-            const torch::Tensor* t = &layers_[l * kLayerTensors];
+            const at::Tensor* t = &layers_[l * kLayerTensors];
             TORCH_CHECK(t[8].dim() == 2, "FusedDecoder: mlp.c_fc.weight must be 2-D");
             const int64_t H = t[8].size(0);  // the MLP width (chapter 10 may have pruned it, block by block)
             widest = std::max(widest, H);
@@ -225,7 +225,7 @@ class FusedDecoder {
     }
 
     // Logits (1, V) of `token` at position `pos`, whose K/V go to slot `start`; it attends over slots 0..start.
-    torch::Tensor step(int64_t token, int64_t pos, int64_t start) {
+    at::Tensor step(int64_t token, int64_t pos, int64_t start) {
         TORCH_CHECK(token >= 0 && token < V_, "FusedDecoder: token id ", token, " is outside the vocabulary [0, ", V_,
                     ")");
         TORCH_CHECK(pos >= 0 && pos < P_, "FusedDecoder: position ", pos, " is outside the context window [0, ", P_,
@@ -238,7 +238,7 @@ class FusedDecoder {
         const float* pe = ptr(globals_[1]) + pos * C_;
         for (int64_t i = 0; i < C_; ++i) x[i] = te[i] + pe[i];
         for (int64_t l = 0; l < n_layer_; ++l) {
-            const torch::Tensor* t = &layers_[l * kLayerTensors];
+            const at::Tensor* t = &layers_[l * kLayerTensors];
             const int64_t H = t[8].size(0);
             layernorm(x, ptr(t[0]), ptr(t[1]), h, C_, eps_);
             small_gemm(h, ptr(t[2]), ptr(t[3]), qkv_.data(), 1, C_, 3 * A_);
@@ -252,7 +252,7 @@ class FusedDecoder {
             for (int64_t i = 0; i < C_; ++i) x[i] += h[i];
         }
         layernorm(x, ptr(globals_[2]), ptr(globals_[3]), h, C_, eps_);
-        auto logits = torch::empty({1, V_}, globals_[0].options());
+        auto logits = at::empty({1, V_}, globals_[0].options());
         small_gemm(h, ptr(globals_[4]), nullptr, logits.data_ptr<float>(), 1, C_, V_);
         return logits;
     }
@@ -264,7 +264,7 @@ class FusedDecoder {
         TORCH_CHECK(times >= 0, "FusedDecoder.products: times must be non-negative, got ", times);
         for (int64_t r = 0; r < times; ++r) {
             for (int64_t l = 0; l < n_layer_; ++l) {
-                const torch::Tensor* t = &layers_[l * kLayerTensors];
+                const at::Tensor* t = &layers_[l * kLayerTensors];
                 const int64_t H = t[8].size(0);
                 small_gemm(h_.data(), ptr(t[2]), ptr(t[3]), qkv_.data(), 1, C_, 3 * A_);
                 small_gemm(y_.data(), ptr(t[4]), ptr(t[5]), h_.data(), 1, A_, C_);
@@ -297,7 +297,7 @@ class FusedDecoder {
         }
     }
 
-    std::vector<torch::Tensor> globals_, layers_, k_, v_;
+    std::vector<at::Tensor> globals_, layers_, k_, v_;
     int64_t nh_, hs_, n_layer_ = 0, V_ = 0, C_ = 0, P_ = 0, A_ = 0, max_len_ = 0;
     float eps_;
     std::vector<float> x_, h_, qkv_, y_, f_, scores_;  // the step's scratch: residual, normed/out, q k v, heads, MLP
@@ -310,8 +310,8 @@ class FusedDecoder {
 // (`PagedKVCache._attend_decode`: index_select, then SDPA) spends most of its time on at these sizes.
 // q (S, nh, hs); pools (nb, bs, nh, hs); block_tables (S, max_nb) int64, -1 past a sequence's blocks;
 // context_lens (S,) int64, the tokens each sequence attends to (its new one included) -> (S, nh, hs).
-torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor& k_pool, const torch::Tensor& v_pool,
-                                     const torch::Tensor& block_tables, const torch::Tensor& context_lens) {
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                                     const at::Tensor& block_tables, const at::Tensor& context_lens) {
     for (const auto* t : {&q, &k_pool, &v_pool}) {
         TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kFloat && t->is_contiguous(),
                     "paged_decode_attention: q and the pools must be contiguous float32 CPU tensors");
@@ -342,7 +342,7 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
         }
         longest = std::max(longest, lens[s]);
     }
-    auto out = torch::empty({S, nh, hs}, q.options());
+    auto out = at::empty({S, nh, hs}, q.options());
     std::vector<float> scores(nh * longest);
     std::vector<int64_t> where(longest);  // where[j]: token j's first float in a pool (its head 0)
     const int64_t row = nh * hs;  // floats between consecutive tokens of one block
@@ -364,8 +364,8 @@ void register_decoder(pybind11::module& m) {
     m.def("paged_decode_attention", &paged_decode_attention,
           "one query per sequence over its paged K/V, read through the block table (float32, CPU)");
     pybind11::class_<FusedDecoder>(m, "FusedDecoder")
-        .def(pybind11::init<std::vector<torch::Tensor>, std::vector<torch::Tensor>, std::vector<torch::Tensor>,
-                            std::vector<torch::Tensor>, int64_t, int64_t, double>())
+        .def(pybind11::init<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>,
+                            std::vector<at::Tensor>, int64_t, int64_t, double>())
         .def("step", &FusedDecoder::step, "logits (1, V) of one token at one position, its K/V written at a slot",
              pybind11::call_guard<pybind11::gil_scoped_release>())
         .def("products", &FusedDecoder::products, "the step's matrix-vector products alone, `times` over",

@@ -10,8 +10,6 @@
 // Reference twin: torch.nn.functional.linear (the tests compare every shape, with and without bias).
 #include "cpu_kernels.h"
 
-#include <torch/extension.h>
-
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define MINILLM_AVX2 1
@@ -78,7 +76,7 @@ bool uses_avx2() {
 namespace {
 
 // x (M, K), w (N, K), bias (N) or empty -> (M, N); float32, contiguous, CPU (checked by the Python wrapper too).
-torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias) {
+at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
     TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu() && bias.device().is_cpu(), "gemv: CPU tensors only");
     TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "gemv: x and w must be float32");
     TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1),
@@ -89,7 +87,7 @@ torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& w, const torch::
                               bias.is_contiguous()),
                 "gemv: bias must be a contiguous float32 (N,) tensor or empty, got ", bias.sizes());
     const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-    auto y = torch::empty({M, N}, x.options());
+    auto y = at::empty({M, N}, x.options());
     const float* xp = x.data_ptr<float>();
     const float* wp = w.data_ptr<float>();
     const float* bp = has_bias ? bias.data_ptr<float>() : nullptr;

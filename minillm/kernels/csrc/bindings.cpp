@@ -5,7 +5,10 @@
 // the caller allocates, so a test can poison it with NaN and see any element a kernel forgot to write.
 // Registered for the CUDA dispatch key only: CPU tensors never reach these functions (the dispatcher refuses them,
 // and minillm.kernels.ops says so first); check_cuda still guards a CUDA call that mixes in a CPU tensor.
-#include <torch/extension.h>
+// subtle: torch's operator-registration and Tensor headers, not <torch/extension.h> (all of libtorch's C++ API:
+// three times the parse time, for nothing these wrappers use).
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
 
 // subtle: c10's stream header, not ATen/cuda/CUDAContext.h, which pulls in cuSPARSE/cuBLAS headers that a bare
 // CUDA toolkit (nvcc alone) may not ship.
