@@ -5,7 +5,8 @@ one process (`minillm.core.timing.compare`):
   - `forward_costs`: a target forward of T new tokens on a cache (what a verify of γ = T-1 drafts costs) and a
     draft forward of one token, interleaved so a slow minute hits all of them alike; c = draft / target(1).
   - `matmul_costs`: the same T rows through the target's weight matrices alone, the arithmetic part of a verify.
-  - `greedy_sweep`: for each γ, `generate_speculative` (base + draft) against chapter 04's `generate_ids`: identical
+  - `greedy_sweep`: every γ's `generate_speculative` (base + draft) against chapter 04's `generate_ids`, all timed
+    in one interleaved run (`minillm.core.timing.interleave`: alone, γ1, γ2, ... once per repeat): identical
     tokens, accepted / proposed, tokens per target call, tok/s, speed-up, and the cost model's two predictions
     (a verify costing one step, as Leviathan et al. assume, and the measured verify cost).
   - `prompt_lookup`: n-gram drafting on code from the corpus' validation split, same checks.
@@ -34,7 +35,7 @@ from minillm.core.device import resolve_device
 from minillm.core.hf import to_hf_model
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams, probs_from_logits
-from minillm.core.timing import compare, measure
+from minillm.core.timing import compare, interleave, measure
 from minillm.gpt.pretrained import is_shipped
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.kvcache.generate import generate_ids
@@ -149,21 +150,24 @@ def greedy_sweep(target: GPT, draft: GPT, prompts: list[list[int]], new_tokens: 
     costs = forward_costs(target, draft, prompts[0], [1] + [g + 1 for g in gammas])
     costs["matmuls"] = matmul_costs(target, [1] + [g + 1 for g in gammas])
     total = sum(len(o) for o in alone)
-    rows = []
+    rows, runs_by_gamma = [], []
     for gamma in gammas:
         runs = [generate_speculative(target, draft, p, params, gamma=gamma) for p in prompts]
         outs, stats = [r[0] for r in runs], [r[1] for r in runs]
         proposed, accepted = sum(s.proposed for s in stats), sum(s.accepted for s in stats)
         calls = sum(s.target_calls for s in stats)
-        # warmup=0: the untimed runs above (and `alone` before the loop) already warmed both paths at this γ
-        cmp = compare(lambda: [generate_ids(target, p, params) for p in prompts],
-                      lambda: [generate_speculative(target, draft, p, params, gamma=gamma) for p in prompts],
-                      warmup=0, repeats=repeats, device=target.device)
         rows.append({"gamma": gamma, "identical": same_tokens(alone, outs).ok,
                      "accepted_per_proposed": accepted / proposed if proposed else 0.0,
-                     "tokens_per_target_call": sum(len(o) for o in outs) / calls, "target_calls": calls,
-                     "alone_tok_s": total / cmp.baseline.median, "spec_tok_s": total / cmp.candidate.median,
-                     "speedup": cmp.speedup})
+                     "tokens_per_target_call": sum(len(o) for o in outs) / calls, "target_calls": calls})
+        runs_by_gamma.append(lambda gamma=gamma: [generate_speculative(target, draft, p, params, gamma=gamma)
+                                                  for p in prompts])
+    # One interleaved run: the target alone, then every γ, once per repeat, so each speed-up is a ratio of medians
+    # taken on the same machine minutes and the baseline is timed once per repeat, not once per γ.
+    # warmup=0: the untimed runs above (and `alone` before the loop) already warmed every path.
+    base, *spec = interleave([lambda: [generate_ids(target, p, params) for p in prompts], *runs_by_gamma],
+                             warmup=0, repeats=repeats, device=target.device)
+    for r, t in zip(rows, spec):
+        r.update(alone_tok_s=total / base.median, spec_tok_s=total / t.median, speedup=base.median / t.median)
     # subtle: accepted / proposed equals the per-draft acceptance α only at γ = 1 (after a round's first rejection
     # the later drafts count as proposed without a chance), so the smallest γ measured estimates α for all of them.
     alpha = rows[0]["accepted_per_proposed"] if gammas[0] == 1 else None
