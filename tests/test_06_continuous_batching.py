@@ -421,6 +421,23 @@ def test_static_baseline_equals_alone(model):
         assert got == _alone(model, w.prompt_token_ids, w.params) and len(times) == len(got)
 
 
+def test_offline_throughput_takes_the_median_of_alternating_runs(model):
+    """The engine and static batching run `repeats` times each; the reported run is the median by tok/CPU-s, and
+    every repeat must have produced the same outputs (HF off here: its paths have their own tests)."""
+    from minillm.engine.bench import offline_throughput
+
+    wl = make_workload(4, prompt_len_dist="uniform:2:12", output_len_dist="uniform:1:10", vocab_size=VOCAB, seed=6)
+    off = offline_throughput(model, wl, batch=2, num_blocks=64, with_hf=False, repeats=3)
+    assert set(off["runs"]) == {"continuous", "static"} and off["n"] == 4
+    for run in off["runs"].values():
+        assert run["repeats"] == 3 and run["repeats_identical"] and run["agree_with_engine"] == 4
+        rates = run["tokens_per_cpu_s_all"]
+        assert len(rates) == 3 and run["tokens_per_cpu_s"] == sorted(rates)[1]
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="repeats"):
+            offline_throughput(model, wl, batch=2, num_blocks=64, with_hf=False, repeats=bad)
+
+
 def test_engine_config_rejects_bad_values():
     with pytest.raises(ValueError, match="preemption_mode"):
         EngineConfig(preemption_mode="drop")

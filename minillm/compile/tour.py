@@ -67,7 +67,8 @@ def run(ctx: TourContext) -> list[Row]:
         fast = fast_cpu_model(model)
         n, batch = (8, 4) if ctx.quick else (48, 8)
         off = offline_throughput(fast, workload("mixed", n, seed=ctx.seed, vocab_size=model.config.vocab_size),
-                                 batch=batch, with_hf=True, attention_backend=CPP_BACKEND)
+                                 batch=batch, with_hf=True, attention_backend=CPP_BACKEND,
+                                 repeats=1 if ctx.quick else 3)
         rows += throughput_rows("13", off, label, dev,
                                 ("fastest continuous vs static", "static batching (ch04) on fast_cpu_model"),
                                 "fastest continuous vs HF", f"LLM on fast_cpu_model, attention {CPP_BACKEND!r}",

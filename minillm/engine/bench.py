@@ -161,14 +161,27 @@ def run_hf_continuous(hf_model, workload: Sequence[WorkloadRequest], max_batch: 
 # ----------------------------------------------------------------------------------------------- experiments
 
 
+def _median_run(runs: list[RunResult]) -> RunResult:
+    """The run at the median tok/CPU-s (the upper middle one for an even count)."""
+    return sorted(runs, key=lambda r: r.tokens_per_cpu_s)[len(runs) // 2]
+
+
 def offline_throughput(model: GPT, workload: Sequence[WorkloadRequest], batch: int = 32, num_blocks: int = 512,
-                       with_hf: bool = True, attention_backend: str = "selective") -> dict[str, Any]:
+                       with_hf: bool = True, attention_backend: str = "selective", repeats: int = 3
+                       ) -> dict[str, Any]:
     """Output tokens/s of the engine, static batching and (optionally) HF's two paths, same model and prompts.
 
+    The engine and static batching, the pair this chapter compares, alternate `repeats` times (engine, static,
+    engine, static, ...) and each reports its median run by tok/CPU-s, so one slow second on a shared machine does
+    not decide the ratio; every repeat must give the same outputs. HF's paths run once each (their outputs are
+    checked against the engine's; at about 12 s a run they would double the tour's cost).
     `attention_backend` is the engine's (`EngineConfig.attention_backend`; chapter 13 passes its C++ one)."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
     cfg = EngineConfig(num_blocks=num_blocks, block_size=16, max_num_seqs=batch, max_num_batched_tokens=512,
                        attention_backend=attention_backend)
-    runs = [run_engine(model, workload, cfg), run_static_batches(model, workload, batch)]
+    pairs = [(run_engine(model, workload, cfg), run_static_batches(model, workload, batch)) for _ in range(repeats)]
+    runs = [_median_run([p[k] for p in pairs]) for k in (0, 1)]
     hf_note = ""
     if with_hf:
         hf = to_hf_model(model, attn_implementation="sdpa")
@@ -180,7 +193,11 @@ def offline_throughput(model: GPT, workload: Sequence[WorkloadRequest], batch: i
     ref = runs[0].outputs
     rows = {r.name: {"tokens_per_s": r.tokens_per_s, "duration_s": r.duration_s, "output_tokens": r.output_tokens,
                      "tokens_per_cpu_s": r.tokens_per_cpu_s, "cpu_s": r.cpu_s,
-                     "agree_with_engine": same_tokens(ref, r.outputs).equal, **r.extra} for r in runs}
+                     "agree_with_engine": same_tokens(ref, r.outputs).equal, "repeats": 1, **r.extra} for r in runs}
+    for k, name in enumerate(("continuous", "static")):
+        mine = [p[k] for p in pairs]
+        rows[name].update(repeats=repeats, tokens_per_cpu_s_all=[r.tokens_per_cpu_s for r in mine],
+                          repeats_identical=all(same_tokens(mine[0].outputs, r.outputs).ok for r in mine))
     return {"n": len(workload), "batch": batch, "runs": rows, "hf_note": hf_note}
 
 
