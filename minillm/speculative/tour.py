@@ -63,7 +63,6 @@ def run(ctx: TourContext) -> list[Row]:
 
 
 def _engine_row(e: dict, dev: str) -> Row:
-    low = e["points"][0]
     cross = (f"slower from {e['crossover']} concurrent requests" if e["crossover"] is not None
              else f"no crossover up to {e['points'][-1]['concurrency']} concurrent requests")
     ratios = ", ".join(f"{p['concurrency']}: {p['ratio']:.2f}x" for p in e["points"])
