@@ -161,7 +161,7 @@ def run_hf_continuous(hf_model, workload: Sequence[WorkloadRequest], max_batch: 
 # ----------------------------------------------------------------------------------------------- experiments
 
 
-def _median_run(runs: list[RunResult]) -> RunResult:
+def _median_run(runs: Sequence[RunResult]) -> RunResult:
     """The run at the median tok/CPU-s (the upper middle one for an even count)."""
     return sorted(runs, key=lambda r: r.tokens_per_cpu_s)[len(runs) // 2]
 
@@ -180,8 +180,9 @@ def offline_throughput(model: GPT, workload: Sequence[WorkloadRequest], batch: i
         raise ValueError(f"repeats must be a positive int, got {repeats!r}")
     cfg = EngineConfig(num_blocks=num_blocks, block_size=16, max_num_seqs=batch, max_num_batched_tokens=512,
                        attention_backend=attention_backend)
-    pairs = [(run_engine(model, workload, cfg), run_static_batches(model, workload, batch)) for _ in range(repeats)]
-    runs = [_median_run([p[k] for p in pairs]) for k in (0, 1)]
+    engine_runs, static_runs = zip(*[(run_engine(model, workload, cfg), run_static_batches(model, workload, batch))
+                                     for _ in range(repeats)])
+    runs = [_median_run(engine_runs), _median_run(static_runs)]
     hf_note = ""
     if with_hf:
         hf = to_hf_model(model, attn_implementation="sdpa")
@@ -194,10 +195,9 @@ def offline_throughput(model: GPT, workload: Sequence[WorkloadRequest], batch: i
     rows = {r.name: {"tokens_per_s": r.tokens_per_s, "duration_s": r.duration_s, "output_tokens": r.output_tokens,
                      "tokens_per_cpu_s": r.tokens_per_cpu_s, "cpu_s": r.cpu_s,
                      "agree_with_engine": same_tokens(ref, r.outputs).equal, "repeats": 1, **r.extra} for r in runs}
-    for k, name in enumerate(("continuous", "static")):
-        mine = [p[k] for p in pairs]
-        rows[name].update(repeats=repeats, tokens_per_cpu_s_all=[r.tokens_per_cpu_s for r in mine],
-                          repeats_identical=all(same_tokens(mine[0].outputs, r.outputs).ok for r in mine))
+    for r, mine in zip(runs, (engine_runs, static_runs)):
+        rows[r.name].update(repeats=repeats, tokens_per_cpu_s_all=[m.tokens_per_cpu_s for m in mine],
+                            repeats_identical=all(same_tokens(mine[0].outputs, m.outputs).ok for m in mine[1:]))
     return {"n": len(workload), "batch": batch, "runs": rows, "hf_note": hf_note}
 
 

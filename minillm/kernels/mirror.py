@@ -305,18 +305,19 @@ def _paged_split(qs: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, t
     if bool(((blocks < 0) | (blocks >= nb)).any()):
         return torch.full((nh, hs), float("nan"))
     keys, values = k_pool[blocks, j % bs].float(), v_pool[blocks, j % bs].float()  # (ctx, nh, hs), read in place
-    ms, ls, os_ = [], [], []
+    states = []  # each warp's (m, l, o)
     for w in range(num_warps):  # warp w: keys w, w + num_warps, ...
         mine = j[w::num_warps]
         m, l, o = torch.full((nh,), NEG_INF), torch.zeros(nh), torch.zeros(nh, hs)
         if mine.numel():
             sc = scale * torch.einsum("hd,nhd->hn", qs, keys[mine])  # (nh, n)
             m, l, o = attend_tile(m, l, o, sc, values[mine].transpose(0, 1))
-        ms.append(m), ls.append(l), os_.append(o)
-    m_all = torch.stack(ms).amax(dim=0)  # (nh,): the largest max over the warps
-    r = [torch.where(torch.isneginf(m), torch.zeros_like(m), torch.exp(m - m_all)) for m in ms]  # 0: a warp saw no key
-    l_all = sum(l * rw for l, rw in zip(ls, r))
-    o_all = sum(o * rw.unsqueeze(-1) for o, rw in zip(os_, r))
+        states.append((m, l, o))
+    m_all = torch.stack([m for m, _, _ in states]).amax(dim=0)  # (nh,): the largest max over the warps
+    l_all, o_all = torch.zeros(nh), torch.zeros(nh, hs)
+    for m, l, o in states:  # each state rescaled to m_all; a warp that saw no key (m = -inf) adds nothing
+        r = torch.where(torch.isneginf(m), torch.zeros_like(m), torch.exp(m - m_all))
+        l_all, o_all = l_all + l * r, o_all + o * r.unsqueeze(-1)
     return o_all / l_all.unsqueeze(-1)
 
 

@@ -146,25 +146,30 @@ def greedy_sweep(target: GPT, draft: GPT, prompts: list[list[int]], new_tokens: 
     """Each γ against the target alone over a set of prompts: identical tokens, acceptance, tokens per call,
     speed-up (all prompts' tokens over all prompts' time), and the cost model beside it."""
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
-    alone = [generate_ids(target, p, params) for p in prompts]
+
+    def alone_all() -> list[list[int]]:  # the target alone on every prompt
+        return [generate_ids(target, p, params) for p in prompts]
+
+    def speculative_all(gamma: int) -> list:  # every prompt at this γ: [(tokens, stats), ...]
+        return [generate_speculative(target, draft, p, params, gamma=gamma) for p in prompts]
+
+    alone = alone_all()
     costs = forward_costs(target, draft, prompts[0], [1] + [g + 1 for g in gammas])
     costs["matmuls"] = matmul_costs(target, [1] + [g + 1 for g in gammas])
     total = sum(len(o) for o in alone)
-    rows, runs_by_gamma = [], []
+    rows = []
     for gamma in gammas:
-        runs = [generate_speculative(target, draft, p, params, gamma=gamma) for p in prompts]
+        runs = speculative_all(gamma)
         outs, stats = [r[0] for r in runs], [r[1] for r in runs]
         proposed, accepted = sum(s.proposed for s in stats), sum(s.accepted for s in stats)
         calls = sum(s.target_calls for s in stats)
         rows.append({"gamma": gamma, "identical": same_tokens(alone, outs).ok,
                      "accepted_per_proposed": accepted / proposed if proposed else 0.0,
                      "tokens_per_target_call": sum(len(o) for o in outs) / calls, "target_calls": calls})
-        runs_by_gamma.append(lambda gamma=gamma: [generate_speculative(target, draft, p, params, gamma=gamma)
-                                                  for p in prompts])
     # One interleaved run: the target alone, then every γ, once per repeat, so each speed-up is a ratio of medians
     # taken on the same machine minutes and the baseline is timed once per repeat, not once per γ.
     # warmup=0: the untimed runs above (and `alone` before the loop) already warmed every path.
-    base, *spec = interleave([lambda: [generate_ids(target, p, params) for p in prompts], *runs_by_gamma],
+    base, *spec = interleave([alone_all, *(lambda g=g: speculative_all(g) for g in gammas)],
                              warmup=0, repeats=repeats, device=target.device)
     for r, t in zip(rows, spec):
         r.update(alone_tok_s=total / base.median, spec_tok_s=total / t.median, speedup=base.median / t.median)

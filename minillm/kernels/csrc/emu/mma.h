@@ -43,10 +43,6 @@ struct fragment {
 inline float elem_to_float(float v) { return v; }
 inline float elem_to_float(__half v) { return __half2float(v); }
 inline float elem_to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T> inline T elem_from_float(float v);
-template <> inline float elem_from_float<float>(float v) { return v; }
-template <> inline __half elem_from_float<__half>(float v) { return __float2half_rn(v); }
-template <> inline __nv_bfloat16 elem_from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 template <typename T>
 inline void check_operand(const T* p, unsigned ldm, const char* what) {
