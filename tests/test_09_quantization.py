@@ -27,7 +27,7 @@ from minillm.engine.llm import LLM
 from minillm.gpt.eval import perplexity
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.kvcache.generate import generate_ids
-from minillm.quant.bench import kv_perplexity, linear_bytes, teacher_forced_agreement
+from minillm.quant.bench import CASES, kv_perplexity, linear_bytes, run_all, teacher_forced_agreement
 from minillm.quant.checkpoint import describe, load_quantized, save_quantized
 from minillm.quant.gptq import gptq_quantize, gptq_quantize_model, gptq_reference, rtn_and_gptq_errors
 from minillm.quant.kv_cache import (
@@ -642,6 +642,23 @@ def test_bench_helpers_on_a_small_model():
     assert linear_bytes(model) == fp32_linears
     # int8 per channel: 1 byte per weight, and a 4-byte scale and a 4-byte bias per output row (9C rows per block)
     assert linear_bytes(q) == L * (12 * C * C + 9 * C * (4 + 4))
+
+
+def test_the_benchmark_on_a_small_model_at_its_quick_sizes():
+    """Every case, the int8 KV cache and the outlier study come back; the engine gives each quantized model's own
+    greedy tokens (the contract); the sizes are checked before any work. Width 128: int4's groups of 128."""
+    model = context_model(GPTConfig(vocab_size=4096, block_size=32, n_layer=2, n_head=2, n_embd=128), seed=0)
+    with pytest.raises(ValueError, match="size must be one of"):
+        run_all(model, real_text=True, size="tiny")
+    report = run_all(model, real_text=True, size="quick")
+    assert report["size"] == "quick" and report["prompts"] == 4 and report["val_tokens"] == 4096
+    assert [r["case"] for r in report["cases"]] == [c.name for c in CASES]
+    for r in report["cases"]:
+        assert 0 <= r["agreement"] <= 1 and r["speedup"] > 0 and r["bytes_ratio"] >= 1
+        if "engine" in r:
+            assert r["engine"]["same_as_generate"] == report["prompts"]
+    assert report["kv_int8"]["engine_same_as_generate"] == report["prompts"]
+    assert len(report["outliers"]["rows"]) == 2 and report["layer_costs"]
 
 
 # ----- KV-cache int8 ----------------------------------------------------------------------------------------------

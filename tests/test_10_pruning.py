@@ -516,7 +516,10 @@ def test_loading_refuses_missing_or_inconsistent_metadata(tmp_path):
 def test_torch_prune_agreement_and_the_benchmark_on_a_small_model():
     model = context_model(GPTConfig(vocab_size=4096, block_size=32, n_layer=2, n_head=2, n_embd=32), seed=0)
     assert torch_prune_agreement(model) == {"same": 8, "layers": 8}
-    report = run_all(model, real_text=True, quick=True)
+    with pytest.raises(ValueError, match="size must be one of"):
+        run_all(model, real_text=True, size="tiny")
+    report = run_all(model, real_text=True, size="quick")
+    assert report["size"] == "quick" and report["prompts"] == 4
     fifty = {r["method"]: r for r in report["unstructured"]}
     assert set(fifty) == {"magnitude", "wanda"} and all(r["block_sparsity"] == 0.5 for r in fifty.values())
     for r in [*fifty.values(), *report["two_four"], *report["structured"]]:

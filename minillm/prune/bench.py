@@ -17,13 +17,15 @@ What it reports:
   - one linear layer (256 -> 1024) at 50/70/90% zeros: dense `F.linear` against a CSR sparse matmul, at 1 and 256
     tokens, microseconds per call;
   - on a CUDA GPU of compute capability 8.0+: `semi_structured.layer_speed`, the 2:4 kernel against dense.
-The command: `python -m minillm.prune.bench [--quick] [--threads N] [--json FILE]` (quick ~1.5 min, default ~5 min
-on one thread). Timings on a shared CPU are noisy; perplexity, agreement, bytes and masks are deterministic.
+The command: `python -m minillm.prune.bench [--quick] [--threads N] [--json FILE]` (quick ~40 s, default ~5 min
+on one thread; the tour runs the `tour` sizes in about a minute). Timings on a shared CPU are noisy; perplexity,
+agreement, bytes and masks are deterministic.
 """
 
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -63,6 +65,31 @@ SPARSITIES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
 # two, so the rescaling is exact in float and Wanda's masks come out identical).
 OUTLIER_CHANNELS, OUTLIER_FACTOR = (3, 77, 150), 16.0
 RECOVERY_LR = 1e-4  # AdamW, constant, KL to the dense model; 40 steps of 4 x 256 tokens take ~30 s on one thread
+PROMPT_LEN = 32
+
+
+@dataclass(frozen=True)
+class Sizes:
+    val_tokens: int  # validation tokens for perplexity
+    num_prompts: int  # validation prompts of PROMPT_LEN tokens for agreement and the engine
+    new_tokens: int  # greedy tokens generated per prompt
+    decode_new: int  # tokens decoded at batch 1 per timed run
+    repeats: int  # timed runs (median)
+    calibration: int  # Wanda's calibration windows of block_size training tokens
+    sparsities: tuple[float, ...]  # unstructured sparsities swept
+    side_tokens: int  # validation tokens of the 50% comparisons on draft and planted outliers
+    structured: tuple[float, ...]  # fractions of MLP neurons removed
+    recovery_steps: int
+    heads: bool  # the attention-head study
+    cost_repeats: int  # layer_costs: repeats, and calls per repeat
+    cost_calls: int
+
+
+SIZES = {
+    "quick": Sizes(4096, 4, 32, 16, 1, 8, (0.5,), 2048, (0.25,), 10, False, 1, 5),  # tour --quick, tests: ~40 s
+    "tour": Sizes(8192, 8, 32, 32, 3, 16, (0.5,), 4096, (0.25,), 20, False, 3, 20),  # the tour: about a minute
+    "full": Sizes(16384, 16, 48, 64, 5, 32, SPARSITIES, 8192, (0.25, 0.5), 60, True, 5, 50),  # the CLI: ~5 min
+}
 
 
 def block_bytes(model: nn.Module, fmt: str) -> int:
@@ -88,18 +115,18 @@ def torch_prune_agreement(model: GPT, sparsity: float = 0.5) -> dict[str, int]:
 class Harness:
     """The fixed yardsticks every case is measured with: validation tokens, prompts, the dense model's outputs."""
 
-    def __init__(self, model: GPT, real_text: bool, quick: bool, seed: int):
+    def __init__(self, model: GPT, real_text: bool, sizes: Sizes, seed: int):
         self.model = model
-        self.val = default_eval_tokens(8192 if quick else 16384)
-        self.num_prompts, self.prompt_len, new = (8, 32, 32) if quick else (16, 32, 48)
+        self.val = default_eval_tokens(sizes.val_tokens)
+        self.num_prompts, self.prompt_len, new = sizes.num_prompts, PROMPT_LEN, sizes.new_tokens
         self.prompts = eval_prompts([self.prompt_len] * self.num_prompts, model.config.vocab_size, real_text, seed)
         self.greedy = SamplingParams.greedy(new, ignore_eos=True)
         self.dense_tokens = [generate_ids(model, p, self.greedy) for p in self.prompts]
         self.sequences = [p + t for p, t in zip(self.prompts, self.dense_tokens)]
         self.dense_ppl = perplexity(model, self.val)
         self.decode_prompt = self.prompts[0][:16]
-        self.decode = SamplingParams.greedy(32 if quick else 64, ignore_eos=True)
-        self.repeats = 3 if quick else 5
+        self.decode = SamplingParams.greedy(sizes.decode_new, ignore_eos=True)
+        self.repeats = sizes.repeats
 
     def quality(self, pruned: nn.Module) -> dict[str, Any]:
         ppl = perplexity(pruned, self.val)
@@ -217,19 +244,22 @@ def layer_costs(sparsities: tuple[float, ...] = (0.5, 0.7, 0.9), tokens: tuple[i
     return rows
 
 
-def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, draft: GPT | None = None
+def run_all(model: GPT, real_text: bool, size: str = "full", seed: int = 0, draft: GPT | None = None
             ) -> dict[str, Any]:
-    """Everything the tour and the chapter table report. `quick`: ~1.5 min on one CPU thread; default ~5 min."""
-    h = Harness(model, real_text, quick, seed)
-    calibration = calibration_windows(16 if quick else 32, model.config.block_size, seed)
+    """Everything the tour and the chapter table report, at one of the `SIZES`."""
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
+    sz = SIZES[size]
+    h = Harness(model, real_text, sz, seed)
+    calibration = calibration_windows(sz.calibration, model.config.block_size, seed)
     report: dict[str, Any] = {
-        "threads": torch.get_num_threads(), "val_tokens": h.val.numel(), "prompts": h.num_prompts,
+        "threads": torch.get_num_threads(), "size": size, "val_tokens": h.val.numel(), "prompts": h.num_prompts,
         "prompt_len": h.prompt_len, "new_tokens": h.greedy.max_new_tokens, "calibration": list(calibration.shape),
         "dense": {"perplexity": h.dense_ppl, "params": model.num_params(), "block_bytes": block_bytes(model, "dense")},
     }
-    report["unstructured"] = unstructured_rows(h, calibration, (0.5,) if quick else SPARSITIES)
+    report["unstructured"] = unstructured_rows(h, calibration, sz.sparsities)
     report["two_four"] = two_four_rows(h, calibration)
-    side_val = h.val[:4096] if quick else h.val[:8192]
+    side_val = h.val[:sz.side_tokens]
     report["side_val_tokens"] = side_val.numel()
     report["base_side"] = fifty_percent(model, side_val, calibration)
     channels = [c * model.config.n_embd // 256 for c in OUTLIER_CHANNELS]
@@ -239,10 +269,10 @@ def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, dra
     if draft is not None:
         report["draft"] = fifty_percent(draft, side_val, calibration)
     report["torch_prune"] = torch_prune_agreement(model)
-    report["structured"] = structured_rows(h, calibration, (0.25,) if quick else (0.25, 0.5), 20 if quick else 60)
-    if not quick:
-        report["heads"] = head_rows(h, calibration, 60)
-    report["layer_costs"] = layer_costs(repeats=3 if quick else 5, calls=20 if quick else 50)
+    report["structured"] = structured_rows(h, calibration, sz.structured, sz.recovery_steps)
+    if sz.heads:
+        report["heads"] = head_rows(h, calibration, sz.recovery_steps)
+    report["layer_costs"] = layer_costs(repeats=sz.cost_repeats, calls=sz.cost_calls)
     why = semi_structured_support()
     report["semi_structured_gpu"] = {"skipped": why} if why else {"rows": layer_speed()}
     return report
@@ -323,11 +353,11 @@ def format_table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = bench_parser("python -m minillm.prune.bench", __doc__.splitlines()[0],
-                      "smaller workload (~1.5 min): 50% only, 25% structured, shorter recovery")
+                      "the smallest sizes, as the tour's --quick (~40 s): 50% only, 25% structured, short recovery")
     args = start(ap, argv)
     loaded = load_model("base", args.device, args.seed)
     draft = load_model("draft", args.device, args.seed)
-    report = run_all(loaded.model, real_text=loaded.trained, quick=args.quick, seed=args.seed,
+    report = run_all(loaded.model, real_text=loaded.trained, size="quick" if args.quick else "full", seed=args.seed,
                      draft=draft.model if draft.trained else None)
     report["model"] = loaded.label
     print(f"model: {loaded.label}")

@@ -18,8 +18,9 @@ by GPTQ and by a short QAT fine-tune; W8A8 with dynamic per-token activation sca
     LLM.int8's decomposition and after SmoothQuant;
   - one layer's cost at batch 1 and at 256 tokens: fp32 `F.linear`, de-quantize-then-multiply, and W8A8 through
     `torch._int_mm` and through its exact float64 twin: where de-quantization costs more than it saves.
-The command: `python -m minillm.quant.bench [--quick] [--json FILE]` (quick ~2-3 min, default ~6-8 min on one
-thread). Timings on a shared CPU are noisy; quality numbers (perplexity, agreement, bytes) are deterministic.
+The command: `python -m minillm.quant.bench [--quick] [--json FILE]` (quick ~1 min, default ~6-8 min on one
+thread; the tour runs the `tour` sizes in ~1.5 min). Timings on a shared CPU are noisy; quality numbers
+(perplexity, agreement, bytes) are deterministic.
 """
 
 from __future__ import annotations
@@ -61,6 +62,28 @@ class Case:
     name: str
     config: QuantConfig | None  # None: the fp32 model itself
     method: str = "rtn"  # "rtn" (round to nearest), "gptq", or "qat" (fine-tuned under fake quantization, then RTN)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    val_tokens: int  # validation tokens for perplexity
+    num_prompts: int  # validation prompts of 32 tokens for agreement, identical tokens and the engine
+    new_tokens: int  # greedy tokens generated per prompt
+    decode_new: int  # tokens decoded at batch 1 per timed run
+    repeats: int  # timed runs of each decode (median)
+    qat_steps: int
+    calibration: int  # GPTQ's calibration windows of block_size training tokens
+    outlier_tokens: int  # validation tokens of the outlier study
+    cost_repeats: int  # layer_costs: repeats, and calls per repeat
+    cost_calls: int
+
+
+SIZES = {
+    "quick": Sizes(4096, 4, 32, 16, 1, 5, 8, 2048, 1, 5),  # the tour's --quick and the tests: about a minute
+    "tour": Sizes(8192, 8, 32, 32, 3, 10, 16, 4096, 3, 20),  # the tour: about 1.5 minutes
+    "full": Sizes(16384, 16, 48, 64, 5, 30, 32, 8192, 7, 50),  # python -m minillm.quant.bench: 6-8 minutes
+}
+PROMPT_LEN = 32
 
 
 CASES: tuple[Case, ...] = (
@@ -171,7 +194,8 @@ def kv_int8_case(model: GPT, val: torch.Tensor, prompts: list[list[int]], fp32_t
             "tok_s": decode_params.max_new_tokens / cmp.candidate.median, "speedup": cmp.speedup}
 
 
-OUTLIER_CHANNELS, OUTLIER_FACTOR = [3, 77, 150], 50.0  # the planted outliers of the study (features of ln_1/ln_2)
+# The planted outliers of the study: features 3, 77 and 150 of ln_1/ln_2 on a width of 256 (scaled to the model's).
+OUTLIER_CHANNELS, OUTLIER_FACTOR = [3, 77, 150], 50.0
 
 
 def outlier_study(model: GPT, val: torch.Tensor, calibration: torch.Tensor) -> dict[str, Any]:
@@ -179,10 +203,9 @@ def outlier_study(model: GPT, val: torch.Tensor, calibration: torch.Tensor) -> d
     decomposition (threshold 6) and after SmoothQuant (α = 0.5); int8 weight-only beside them. Perplexity deltas are
     against fp32 `base`; W8A8 runs its float64 twin here (the same integers, faster on the CPU)."""
     base_ppl = perplexity(model, val)
-    report: dict[str, Any] = {"channels": OUTLIER_CHANNELS, "factor": OUTLIER_FACTOR, "val_tokens": val.numel(),
-                              "rows": []}
-    for label, m in (("base", model), ("base + planted outliers", inject_outliers(model, OUTLIER_CHANNELS,
-                                                                                 OUTLIER_FACTOR))):
+    channels = [c * model.config.n_embd // 256 for c in OUTLIER_CHANNELS]
+    report: dict[str, Any] = {"channels": channels, "factor": OUTLIER_FACTOR, "val_tokens": val.numel(), "rows": []}
+    for label, m in (("base", model), ("base + planted outliers", inject_outliers(model, channels, OUTLIER_FACTOR))):
         stats = outlier_report(input_absmax(m, calibration[:4]))
         variants = {
             "fp32": m,
@@ -237,20 +260,22 @@ def layer_costs(in_features: int = 256, out_features: int = 1024, tokens: tuple[
     return rows
 
 
-def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0) -> dict[str, Any]:
-    """Everything the tour and the chapter table report. `quick`: ~2-3 min on one CPU thread; default ~6-8 min."""
-    val_tokens = 8192 if quick else 16384
-    num_prompts, prompt_len, new_tokens = (8, 32, 32) if quick else (16, 32, 48)
-    decode_new, repeats = (32, 3) if quick else (64, 5)
-    qat_steps = 10 if quick else 30
+def run_all(model: GPT, real_text: bool, size: str = "full", seed: int = 0) -> dict[str, Any]:
+    """Everything the tour and the chapter table report, at one of the `SIZES`."""
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
+    sz = SIZES[size]
+    num_prompts, prompt_len, new_tokens = sz.num_prompts, PROMPT_LEN, sz.new_tokens
+    decode_new, repeats, qat_steps = sz.decode_new, sz.repeats, sz.qat_steps
+    val_tokens = sz.val_tokens
     V = model.config.vocab_size
     val = default_eval_tokens(val_tokens)
     prompts = eval_prompts([prompt_len] * num_prompts, V, real_text, seed)
     # subtle: the validation text opens the split; the prompts are taken from the same stretch, which is fine for
     # agreement (both models read the same prompts) and keeps every number on one fixed, documented token set.
-    calibration = calibration_windows(16 if quick else 32, model.config.block_size, seed)
+    calibration = calibration_windows(sz.calibration, model.config.block_size, seed)
     greedy = SamplingParams.greedy(new_tokens, ignore_eos=True)
-    report: dict[str, Any] = {"threads": torch.get_num_threads(), "val_tokens": val.numel(),
+    report: dict[str, Any] = {"threads": torch.get_num_threads(), "size": size, "val_tokens": val.numel(),
                               "prompts": num_prompts, "prompt_len": prompt_len, "new_tokens": new_tokens,
                               "calibration": list(calibration.shape), "qat_steps": qat_steps,
                               "qat_windows": [QAT_BATCH, model.config.block_size], "cases": []}
@@ -293,8 +318,8 @@ def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0) -> 
         report["cases"].append(row)
     report["kv_int8"] = kv_int8_case(model, val, prompts, fp32_tokens, greedy, base_ppl, decode_prompt,
                                      decode_params, repeats)
-    report["outliers"] = outlier_study(model, val[:4096] if quick else val[:8192], calibration)
-    report["layer_costs"] = layer_costs(repeats=3 if quick else 7, calls=20 if quick else 50)
+    report["outliers"] = outlier_study(model, val[:sz.outlier_tokens], calibration)
+    report["layer_costs"] = layer_costs(repeats=sz.cost_repeats, calls=sz.cost_calls)
     return report
 
 
@@ -342,14 +367,14 @@ def format_table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minillm.quant.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller workload (~2-3 min)")
+    parser.add_argument("--quick", action="store_true", help="the smallest sizes, as the tour's --quick (~1 min)")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for the run (default 1)")
     parser.add_argument("--json", metavar="PATH", help="also write the full report as JSON")
     args = parser.parse_args(argv)
     check_output_file(args.json, "--json", (".json",))
     torch.set_num_threads(args.threads)
     loaded = load_model("base", "cpu")
-    report = run_all(loaded.model, real_text=loaded.trained, quick=args.quick)
+    report = run_all(loaded.model, real_text=loaded.trained, size="quick" if args.quick else "full")
     report["model"] = loaded.label
     print(f"model: {loaded.label}")
     print(format_table(report))
