@@ -214,6 +214,19 @@ def test_atomic_write_failure_keeps_old_file(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["a.txt"]
 
 
+def test_cpu_description_names_the_cpu_torch_and_its_vector_kernels(monkeypatch):
+    """Every CPU benchmark that names its machine says which PyTorch and which kernel ISA it ran with; without
+    /proc/cpuinfo the name comes from `platform`, never an exception."""
+    from minillm.bench import cli
+
+    text = cli.cpu_description()
+    assert torch.__version__ in text and torch.backends.cpu.get_cpu_capability() in text
+    monkeypatch.setattr(cli.Path, "is_file", lambda self: False)
+    monkeypatch.setattr(cli.platform, "processor", lambda: "")
+    monkeypatch.setattr(cli.platform, "machine", lambda: "")
+    assert cli.cpu_description().startswith("unknown CPU (torch ")
+
+
 def test_resolve_device():
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_device("auto").type in ("cpu", "cuda")

@@ -4,6 +4,7 @@
 - `workload`: `make_workload` (the one generator), `workload(preset, n, seed, rate)`, `eval_prompts(lengths)`
 - `driver.drive(engine, workload)`: feeds requests to any engine over time, per-request token timestamps
 - `check.same_tokens(reference, *candidates)`: same tokens as the baseline, id by id
-- `cli`: the options every benchmark's command line shares (`bench_parser`, `start`, `write_report`)
+- `cli`: the options every benchmark's command line shares (`bench_parser`, `start`, `write_report`), and
+  `cpu_description()`, the CPU a timing was taken on
 Side-by-side timings go through `minillm.core.timing.compare`.
 """

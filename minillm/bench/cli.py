@@ -2,13 +2,16 @@
 
 `bench_parser(prog, description, quick_help)` builds the parser (a benchmark adds its own options to it);
 `start(parser, argv)` parses, checks `--threads` and applies it (one thread by default: on a small or shared CPU more
-threads than cores stall these small matmuls); `write_report(path, report)` writes the JSON report atomically.
+threads than cores stall these small matmuls); `write_report(path, report)` writes the JSON report atomically;
+`cpu_description()` names the CPU and the vector instructions PyTorch uses on it, since CPU timings depend on both.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import platform
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -41,3 +44,17 @@ def write_report(path: str | None, report: dict[str, Any]) -> None:
     """The report as indented JSON at `path` (atomically); nothing when path is None."""
     if path:
         atomic_write_text(path, json.dumps(report, indent=2, default=str) + "\n")
+
+
+def cpu_description() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo, else `platform`) and the vector instruction set PyTorch's CPU
+    kernels were dispatched to, e.g. "AMD EPYC (torch 2.13.0+cpu, AVX512)". Whether a kernel such as
+    `torch._int_mm` is fast depends on both: the same command can give opposite answers on two machines."""
+    name = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    return f"{name or 'unknown CPU'} (torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()})"

@@ -37,6 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minillm.bench.check import same_tokens
+from minillm.bench.cli import cpu_description
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
 from minillm.core.io import atomic_write_text, check_output_file
@@ -275,9 +276,9 @@ def run_all(model: GPT, real_text: bool, size: str = "full", seed: int = 0) -> d
     # agreement (both models read the same prompts) and keeps every number on one fixed, documented token set.
     calibration = calibration_windows(sz.calibration, model.config.block_size, seed)
     greedy = SamplingParams.greedy(new_tokens, ignore_eos=True)
-    report: dict[str, Any] = {"threads": torch.get_num_threads(), "size": size, "val_tokens": val.numel(),
-                              "prompts": num_prompts, "prompt_len": prompt_len, "new_tokens": new_tokens,
-                              "calibration": list(calibration.shape), "qat_steps": qat_steps,
+    report: dict[str, Any] = {"cpu": cpu_description(), "threads": torch.get_num_threads(), "size": size,
+                              "val_tokens": val.numel(), "prompts": num_prompts, "prompt_len": prompt_len,
+                              "new_tokens": new_tokens, "calibration": list(calibration.shape), "qat_steps": qat_steps,
                               "qat_windows": [QAT_BATCH, model.config.block_size], "cases": []}
     fp32_tokens = [generate_ids(model, p, greedy) for p in prompts]
     sequences = [p + t for p, t in zip(prompts, fp32_tokens)]
@@ -287,8 +288,9 @@ def run_all(model: GPT, real_text: bool, size: str = "full", seed: int = 0) -> d
     decode_params = SamplingParams.greedy(decode_new, ignore_eos=True)
     for case in CASES:
         qmodel, build_s = build(model, case, calibration, qat_steps)
-        # W8A8's quality numbers come from its float64 twin: the same integers (int32 sums are exact either way),
-        # ~15x faster than CPU _int_mm on a 256-token window. Its speed is timed through _int_mm below.
+        # W8A8's quality numbers come from its float64 twin: the same integers (int32 sums are exact either way)
+        # at a cost that does not hang on the CPU's int8 instructions (on a 256-token window _int_mm was 15x slower
+        # than the twin on one machine, 6x faster on another). Its speed is timed through _int_mm below.
         scored = qmodel if case.config is None or case.config.mode != "w8a8" else \
             quantize_model(model, replace(case.config, use_int_mm=False))
         ppl = base_ppl if case.config is None else perplexity(scored, val)
@@ -338,7 +340,7 @@ def format_table(report: dict[str, Any]) -> str:
                  f"{n} prompts x {report['new_tokens']} greedy tokens of fp32; calibration (GPTQ) "
                  f"{report['calibration'][0]} x {report['calibration'][1]} training tokens; QAT {report['qat_steps']} "
                  f"steps of {report['qat_windows'][0]} x {report['qat_windows'][1]} training tokens (distillation, "
-                 f"lr {QAT_LR:g}); torch threads {report['threads']}")
+                 f"lr {QAT_LR:g}); torch threads {report['threads']}; {report['cpu']}")
     for r in report["cases"]:
         if "engine" in r:
             e = r["engine"]

@@ -10,7 +10,9 @@ Both scales factor out of the sum over the input dimension, which is why they ca
 matmul. The functions take a layer's buffers (or a layer with `qweight`, `scale`, `bias`, `config` and
 `dequantized_weight()`, i.e. a `minillm.quant.linear.QuantLinear`). What it leaves out: static (calibrated)
 activation scales, per-channel activation scales (SmoothQuant moves them into the weights instead, see
-`minillm.quant.outliers`), and fast int8 kernels (on the CPU `_int_mm` is slower than fp32 BLAS: bench.py).
+`minillm.quant.outliers`), and an int8 matmul kernel of its own: `torch._int_mm` is PyTorch's (oneDNN's GEMM on a
+CPU where PyTorch has it, else a plain loop), and its CPU speed depends on the machine, from far slower than fp32
+BLAS to faster: bench.py measures it and names the CPU.
 """
 
 from __future__ import annotations
