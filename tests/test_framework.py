@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+from minillm.bench.cli import cpu_description
 from minillm.course.cli import build_parser, main
 from minillm.core.device import resolve_device
 from minillm.core.io import atomic_save_safetensors, atomic_write_bytes, atomic_write_text
@@ -110,8 +111,10 @@ def test_tour_cli_exit_code_and_json(monkeypatch, tmp_path, capsys):
     assert data[0]["chapter"] == "42" and data[0]["check_passed"] is True
     for key in ("chapter", "technique", "check_passed", "metric", "value", "device"):
         assert key in data[0]
-    assert main(["tour", "--device", "cpu", "--no-progress"]) == 1
-    assert "FAIL" in capsys.readouterr().out
+    assert main(["tour", "--device", "cpu", "--no-progress", "--threads", "2"]) == 1
+    printed = capsys.readouterr().out
+    assert "FAIL" in printed and "1 passed, 0 skipped, 1 failed on cpu" in printed
+    assert f"CPU: {cpu_description()}, 2 torch thread(s)" in printed  # where the figures were measured
 
 
 def test_row_validation_and_table():

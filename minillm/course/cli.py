@@ -10,6 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+import torch
+
+from minillm.bench.cli import cpu_description
 from minillm.core.device import DEVICE_CHOICES, resolve_device
 from minillm.core.io import atomic_write_text, check_output_file
 from minillm.course import assignment, gpu_report
@@ -37,6 +40,10 @@ def _cmd_tour(args: argparse.Namespace) -> int:
     total = sum(seconds.values())
     print(f"\n{summary_line(rows)} on {ctx.device} in {total:.0f} s "
           + "(" + ", ".join(f"ch{c} {s:.0f}s" for c, s in seconds.items()) + ")")
+    # The machine, so a figure copied from this run can say where it was measured (CPU timings, int8 above all,
+    # change from one CPU to the next).
+    gpu = f"; GPU: {torch.cuda.get_device_name(ctx.device)}" if ctx.device.type == "cuda" else ""
+    print(f"CPU: {cpu_description()}, {ctx.threads} torch thread(s){gpu}")
     if args.json:
         atomic_write_text(args.json, rows_to_json(rows) + "\n")
         print(f"rows written to {args.json}")
