@@ -217,13 +217,17 @@ def test_atomic_write_failure_keeps_old_file(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["a.txt"]
 
 
-def test_cpu_description_names_the_cpu_torch_and_its_vector_kernels(monkeypatch):
-    """Every CPU benchmark that names its machine says which PyTorch and which kernel ISA it ran with; without
-    /proc/cpuinfo the name comes from `platform`, never an exception."""
+def test_cpu_description_names_the_cpu_torch_and_its_vector_kernels(monkeypatch, tmp_path):
+    """Every benchmark report names the machine it ran on: which PyTorch and which kernel ISA; without /proc/cpuinfo
+    the name comes from `platform`, never an exception."""
     from minillm.bench import cli
 
     text = cli.cpu_description()
     assert torch.__version__ in text and torch.backends.cpu.get_cpu_capability() in text
+    cli.write_report(str(tmp_path / "r.json"), {"rows": [1]})
+    assert json.loads((tmp_path / "r.json").read_text()) == {"rows": [1], "cpu": text}
+    cli.write_report(str(tmp_path / "s.json"), {"cpu": "named by the benchmark"})  # a report's own name is kept
+    assert json.loads((tmp_path / "s.json").read_text()) == {"cpu": "named by the benchmark"}
     monkeypatch.setattr(cli.Path, "is_file", lambda self: False)
     monkeypatch.setattr(cli.platform, "processor", lambda: "")
     monkeypatch.setattr(cli.platform, "machine", lambda: "")

@@ -2,7 +2,7 @@
 
 `bench_parser(prog, description, quick_help)` builds the parser (a benchmark adds its own options to it);
 `start(parser, argv)` parses, checks `--threads` and applies it (one thread by default: on a small or shared CPU more
-threads than cores stall these small matmuls); `write_report(path, report)` writes the JSON report atomically;
+threads than cores stall these small matmuls); `write_report(path, report)` writes the JSON report atomically, naming the CPU;
 `cpu_description()` names the CPU and the vector instructions PyTorch uses on it, since CPU timings depend on both.
 """
 
@@ -41,9 +41,11 @@ def start(ap: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.N
 
 
 def write_report(path: str | None, report: dict[str, Any]) -> None:
-    """The report as indented JSON at `path` (atomically); nothing when path is None."""
+    """The report as indented JSON at `path` (atomically), with the machine under "cpu" unless the report already
+    names it; nothing when path is None."""
     if path:
-        atomic_write_text(path, json.dumps(report, indent=2, default=str) + "\n")
+        atomic_write_text(path, json.dumps({**report, "cpu": report.get("cpu") or cpu_description()}, indent=2,
+                                           default=str) + "\n")
 
 
 def cpu_description() -> str:

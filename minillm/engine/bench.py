@@ -20,11 +20,12 @@ import torch
 import torch.nn.functional as F
 
 from minillm.bench.check import same_tokens
+from minillm.bench.cli import write_report
 from minillm.bench.driver import RunStats, drive
 from minillm.bench.models import load_model
 from minillm.bench.workload import WorkloadRequest, workload
 from minillm.core.hf import to_hf_model
-from minillm.core.io import atomic_save_figure, atomic_write_text, check_output_file
+from minillm.core.io import atomic_save_figure, check_output_file
 from minillm.core.metrics import RequestTimes
 from minillm.core.model import GPT
 from minillm.core.timing import compare
@@ -436,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         report["online"] = online_latency(model, [float(r) for r in args.rates.split(",")])
         print(json.dumps(report["online"], indent=1))
     if args.json:
-        atomic_write_text(args.json, json.dumps(report, indent=1) + "\n")
+        write_report(args.json, report)
     return 0
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import pstats
 import statistics
 import time
@@ -22,11 +21,12 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from minillm.bench.check import same_tokens
+from minillm.bench.cli import write_report
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
 from minillm.core.device import resolve_device
 from minillm.core.hf import to_hf_model
-from minillm.core.io import atomic_write_text, check_output_file
+from minillm.core.io import check_output_file
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.core.timing import compare
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model: {label}")
     print(format_table(report))
     if args.json:
-        atomic_write_text(args.json, json.dumps(report, indent=2) + "\n")
+        write_report(args.json, report)
     return 0
 
 

@@ -13,7 +13,6 @@ new token ids; `generate_naive` is the reference signature.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -23,12 +22,13 @@ from typing import Any, Callable, Iterator
 import torch
 
 from minillm.bench.check import same_tokens
+from minillm.bench.cli import write_report
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
 from minillm.core.config import check_int
 from minillm.core.device import DEVICE_CHOICES, resolve_device
 from minillm.core.hf import to_hf_model
-from minillm.core.io import atomic_save_figure, atomic_write_text, check_output_file
+from minillm.core.io import atomic_save_figure, check_output_file
 from minillm.core.metrics import PeakMemory, RequestTimes, summarize, timed_stream
 from minillm.core.sampling import SamplingParams
 from minillm.core.timing import compare, measure
@@ -262,7 +262,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         add_roofline(report, model, quick=args.quick_roofline)
     print(format_report(report))
     if args.json:
-        atomic_write_text(args.json, json.dumps(report, indent=2) + "\n")
+        write_report(args.json, report)
         print(f"results written to {args.json}")
     if args.plot:
         print(f"figure written to {plot_bench(report, args.plot)}")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import random
 import statistics
 from dataclasses import dataclass
@@ -23,10 +22,11 @@ from typing import Any
 import torch
 
 from minillm.bench.check import same_tokens
+from minillm.bench.cli import write_report
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
 from minillm.core.device import resolve_device
-from minillm.core.io import atomic_write_text, check_output_file
+from minillm.core.io import check_output_file
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.core.timing import compare
@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     report = run_all(loaded.model, real_text=loaded.trained, quick=args.quick)
     print(format_markdown(report, loaded.label))
     if args.json:
-        atomic_write_text(args.json, json.dumps(report, indent=2, default=str) + "\n")
+        write_report(args.json, report)
     return 0
 
 

@@ -26,7 +26,6 @@ thread; the tour runs the `tour` sizes in ~1.5 min). Timings on a shared CPU are
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from dataclasses import dataclass, replace
@@ -37,10 +36,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minillm.bench.check import same_tokens
-from minillm.bench.cli import cpu_description
+from minillm.bench.cli import cpu_description, write_report
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
-from minillm.core.io import atomic_write_text, check_output_file
+from minillm.core.io import check_output_file
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.core.timing import compare, measure
@@ -381,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model: {loaded.label}")
     print(format_table(report))
     if args.json:
-        atomic_write_text(args.json, json.dumps(report, indent=2, default=str) + "\n")
+        write_report(args.json, report)
     return 0
 
 
