@@ -2,8 +2,9 @@
 
 `bench_parser(prog, description, quick_help)` builds the parser (a benchmark adds its own options to it);
 `start(parser, argv)` parses, checks `--threads` and applies it (one thread by default: on a small or shared CPU more
-threads than cores stall these small matmuls); `write_report(path, report)` writes the JSON report atomically, naming the CPU;
-`cpu_description()` names the CPU and the vector instructions PyTorch uses on it, since CPU timings depend on both.
+threads than cores stall these small matmuls); `write_report(path, report)` writes the JSON report atomically,
+naming the CPU; `cpu_description()` names the CPU and the vector instructions PyTorch uses on it, since CPU timings
+depend on both.
 """
 
 from __future__ import annotations
