@@ -40,7 +40,8 @@ gpt2-ranks: setup
 	@$(BIN)/minillm tokenizer fetch-gpt2 || echo "note: GPT-2 ranks unavailable; the GPT-2 parity test will be skipped"
 
 test: $(DEV_STAMP) gpt2-ranks
-	$(BIN)/python -m pytest -n auto
+	@# --maxschedchunk 1: hand out tests one or two at a time, slow ones first (tests/conftest.py)
+	$(BIN)/python -m pytest -n auto --maxschedchunk 1
 
 # The notebooks in JupyterLab, from the same .venv (kernel "Python 3" is this venv's python). The `lab` extra is
 # installed on first use only, so `make test` and CI never pull JupyterLab.

@@ -19,6 +19,15 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
+def pytest_collection_modifyitems(config, items):
+    """The slow tests first (the tour, the notebooks, the grading runs: a few hundred seconds each at most), then the
+    rest in file order. With `make test`'s `-n auto --maxschedchunk 1`, pytest-xdist hands tests out one or two at a
+    time in this order, so the long ones start early on every worker and the short ones fill the gaps at the end;
+    in file order the notebooks came last and one worker could finish minutes after the other. The order changes no
+    result: every test seeds its own randomness and builds its own models."""
+    items.sort(key=lambda item: 0 if item.get_closest_marker("slow") or item.get_closest_marker("notebook") else 1)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _one_thread():
     """One torch thread for the whole suite. Test models are tiny, so a second thread buys nothing, and where cores
