@@ -18,7 +18,7 @@ What it reports:
     tokens, microseconds per call;
   - on a CUDA GPU of compute capability 8.0+: `semi_structured.layer_speed`, the 2:4 kernel against dense.
 The command: `python -m minillm.prune.bench [--quick] [--threads N] [--json FILE]` (quick ~40 s, default ~5 min
-on one thread; the tour runs the `tour` sizes in about a minute). Timings on a shared CPU are noisy; perplexity,
+on one thread; the tour runs the `tour` sizes in under a minute). Timings on a shared CPU are noisy; perplexity,
 agreement, bytes and masks are deterministic.
 """
 
@@ -87,7 +87,7 @@ class Sizes:
 
 SIZES = {
     "quick": Sizes(4096, 4, 32, 16, 1, 8, (0.5,), 2048, (0.25,), 10, False, 1, 5),  # tour --quick, tests: ~40 s
-    "tour": Sizes(8192, 8, 32, 32, 3, 16, (0.5,), 4096, (0.25,), 20, False, 3, 20),  # the tour: about a minute
+    "tour": Sizes(4096, 6, 32, 32, 3, 8, (0.5,), 2048, (0.25,), 10, False, 3, 20),  # the tour: under a minute
     "full": Sizes(16384, 16, 48, 64, 5, 32, SPARSITIES, 8192, (0.25, 0.5), 60, True, 5, 50),  # the CLI: ~5 min
 }
 

@@ -19,7 +19,7 @@ by GPTQ and by a short QAT fine-tune; W8A8 with dynamic per-token activation sca
   - one layer's cost at batch 1 and at 256 tokens: fp32 `F.linear`, de-quantize-then-multiply, and W8A8 through
     `torch._int_mm` and through its exact float64 twin: where de-quantization costs more than it saves.
 The command: `python -m minillm.quant.bench [--quick] [--json FILE]` (quick ~1 min, default ~6-8 min on one
-thread; the tour runs the `tour` sizes in ~1.5 min). Timings on a shared CPU are noisy; quality numbers
+thread; the tour runs the `tour` sizes in about a minute). Timings on a shared CPU are noisy; quality numbers
 (perplexity, agreement, bytes) are deterministic.
 """
 
@@ -80,7 +80,7 @@ class Sizes:
 
 SIZES = {
     "quick": Sizes(4096, 4, 32, 16, 1, 5, 8, 2048, 1, 5),  # the tour's --quick and the tests: about a minute
-    "tour": Sizes(8192, 8, 32, 32, 3, 10, 16, 4096, 3, 20),  # the tour: about 1.5 minutes
+    "tour": Sizes(4096, 6, 32, 32, 3, 5, 8, 2048, 3, 20),  # the tour: the quick quality sizes, timed properly
     "full": Sizes(16384, 16, 48, 64, 5, 30, 32, 8192, 7, 50),  # python -m minillm.quant.bench: 6-8 minutes
 }
 PROMPT_LEN = 32

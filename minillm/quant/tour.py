@@ -16,9 +16,9 @@ INT8_MAX_DELTA_PCT, INT8_MIN_AGREEMENT, INT4_MAX_DELTA_PCT = 0.5, 0.98, 5.0
 
 def run(ctx: TourContext) -> list[Row]:
     loaded = load_model("base", "cpu", ctx.seed)  # the quantized paths are CPU code (chapter 12 brings kernels)
-    # The benchmark's "tour" sizes (8,192 validation tokens, 8 prompts; about 1.5 minutes on one CPU thread), its
-    # "quick" ones with --quick (4,096 tokens, 4 prompts; under a minute): the full sizes take 6-8 minutes, more than
-    # the whole tour's budget. The chapter's table is the full benchmark's.
+    # The benchmark's "tour" sizes (4,096 validation tokens, 6 prompts, 3 timed runs; about a minute on one CPU
+    # thread), its "quick" ones with --quick (4 prompts, one timed run): the full sizes take 3-9 minutes, more than
+    # the tour's share of its budget. The chapter's table is the full benchmark's.
     report = run_all(loaded.model, real_text=loaded.trained, size="quick" if ctx.quick else "tour", seed=ctx.seed)
     label = loaded.label
     cases = {r["case"]: r for r in report["cases"]}
