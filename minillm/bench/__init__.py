@@ -5,6 +5,6 @@
 - `driver.drive(engine, workload)`: feeds requests to any engine over time, per-request token timestamps
 - `check.same_tokens(reference, *candidates)`: same tokens as the baseline, id by id
 - `cli`: the options every benchmark's command line shares (`bench_parser`, `start`, `write_report`), and
-  `cpu_description()`, the CPU a timing was taken on
+  `cpu_description()`, the CPU a timing was taken on, and `pick_size`, a benchmark's named workload size
 Side-by-side timings go through `minillm.core.timing.compare`.
 """

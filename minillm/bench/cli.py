@@ -4,7 +4,7 @@
 `start(parser, argv)` parses, checks `--threads` and applies it (one thread by default: on a small or shared CPU more
 threads than cores stall these small matmuls); `write_report(path, report)` writes the JSON report atomically,
 naming the CPU; `cpu_description()` names the CPU and the vector instructions PyTorch uses on it, since CPU timings
-depend on both.
+depend on both; `pick_size(sizes, size)` looks up a benchmark's named workload size, refusing an unknown name.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import argparse
 import json
 import platform
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence, TypeVar
 
 import torch
 
@@ -39,6 +39,16 @@ def start(ap: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.N
         ap.error(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)
     return args
+
+
+S = TypeVar("S")
+
+
+def pick_size(sizes: Mapping[str, S], size: str) -> S:
+    """`sizes[size]`, or a ValueError naming the choices: a benchmark's `run_all(size=...)` checks before any work."""
+    if size not in sizes:
+        raise ValueError(f"size must be one of {sorted(sizes)}, got {size!r}")
+    return sizes[size]
 
 
 def write_report(path: str | None, report: dict[str, Any]) -> None:

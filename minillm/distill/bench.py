@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import torch
 
-from minillm.bench.cli import bench_parser, start, write_report
+from minillm.bench.cli import bench_parser, pick_size, start, write_report
 from minillm.bench.models import load_model
 from minillm.core.device import resolve_device
 from minillm.core.model import GPT
@@ -127,9 +127,7 @@ SIZES = {
 
 def run_all(device: torch.device, size: str = "full", seed: int = 0) -> dict[str, Any]:
     """Every measurement above on the shipped models, at one of the `SIZES`."""
-    if size not in SIZES:
-        raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
-    sz = SIZES[size]
+    sz = pick_size(SIZES, size)
     names = (TARGET, *DRAFTS)
     loaded = {n: load_model(n, device, seed) for n in names}
     models = {n: m.model for n, m in loaded.items()}

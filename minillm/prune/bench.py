@@ -34,7 +34,7 @@ import torch.nn.functional as F
 import torch.nn.utils.prune as torch_prune
 
 from minillm.bench.check import same_tokens
-from minillm.bench.cli import bench_parser, start, write_report
+from minillm.bench.cli import bench_parser, pick_size, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
 from minillm.core.model import GPT
@@ -247,9 +247,7 @@ def layer_costs(sparsities: tuple[float, ...] = (0.5, 0.7, 0.9), tokens: tuple[i
 def run_all(model: GPT, real_text: bool, size: str = "full", seed: int = 0, draft: GPT | None = None
             ) -> dict[str, Any]:
     """Everything the tour and the chapter table report, at one of the `SIZES`."""
-    if size not in SIZES:
-        raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
-    sz = SIZES[size]
+    sz = pick_size(SIZES, size)
     h = Harness(model, real_text, sz, seed)
     calibration = calibration_windows(sz.calibration, model.config.block_size, seed)
     report: dict[str, Any] = {

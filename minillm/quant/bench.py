@@ -36,7 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minillm.bench.check import same_tokens
-from minillm.bench.cli import cpu_description, write_report
+from minillm.bench.cli import cpu_description, pick_size, write_report
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
 from minillm.core.io import check_output_file
@@ -262,38 +262,34 @@ def layer_costs(in_features: int = 256, out_features: int = 1024, tokens: tuple[
 
 def run_all(model: GPT, real_text: bool, size: str = "full", seed: int = 0) -> dict[str, Any]:
     """Everything the tour and the chapter table report, at one of the `SIZES`."""
-    if size not in SIZES:
-        raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
-    sz = SIZES[size]
-    num_prompts, prompt_len, new_tokens = sz.num_prompts, PROMPT_LEN, sz.new_tokens
-    decode_new, repeats, qat_steps = sz.decode_new, sz.repeats, sz.qat_steps
-    val_tokens = sz.val_tokens
+    sz = pick_size(SIZES, size)
     V = model.config.vocab_size
-    val = default_eval_tokens(val_tokens)
-    prompts = eval_prompts([prompt_len] * num_prompts, V, real_text, seed)
+    val = default_eval_tokens(sz.val_tokens)
+    prompts = eval_prompts([PROMPT_LEN] * sz.num_prompts, V, real_text, seed)
     # subtle: the validation text opens the split; the prompts are taken from the same stretch, which is fine for
     # agreement (both models read the same prompts) and keeps every number on one fixed, documented token set.
     calibration = calibration_windows(sz.calibration, model.config.block_size, seed)
-    greedy = SamplingParams.greedy(new_tokens, ignore_eos=True)
+    greedy = SamplingParams.greedy(sz.new_tokens, ignore_eos=True)
     report: dict[str, Any] = {"cpu": cpu_description(), "threads": torch.get_num_threads(), "size": size,
-                              "val_tokens": val.numel(), "prompts": num_prompts, "prompt_len": prompt_len,
-                              "new_tokens": new_tokens, "calibration": list(calibration.shape), "qat_steps": qat_steps,
+                              "val_tokens": val.numel(), "prompts": sz.num_prompts, "prompt_len": PROMPT_LEN,
+                              "new_tokens": sz.new_tokens, "calibration": list(calibration.shape),
+                              "qat_steps": sz.qat_steps,
                               "qat_windows": [QAT_BATCH, model.config.block_size], "cases": []}
     fp32_tokens = [generate_ids(model, p, greedy) for p in prompts]
     sequences = [p + t for p, t in zip(prompts, fp32_tokens)]
     base_bytes, base_linear = weight_bytes(model), linear_bytes(model)
     base_ppl = perplexity(model, val)
     decode_prompt = prompts[0][:16]
-    decode_params = SamplingParams.greedy(decode_new, ignore_eos=True)
+    decode_params = SamplingParams.greedy(sz.decode_new, ignore_eos=True)
     for case in CASES:
-        qmodel, build_s = build(model, case, calibration, qat_steps)
+        qmodel, build_s = build(model, case, calibration, sz.qat_steps)
         # W8A8's quality numbers come from its float64 twin: the same integers (int32 sums are exact either way)
         # at a cost that does not hang on the CPU's int8 instructions (on a 256-token window _int_mm was 15x slower
         # than the twin on one machine, 6x faster on another). Its speed is timed through _int_mm below.
         scored = qmodel if case.config is None or case.config.mode != "w8a8" else \
             quantize_model(model, replace(case.config, use_int_mm=False))
         ppl = base_ppl if case.config is None else perplexity(scored, val)
-        agree, total = teacher_forced_agreement(model, scored, sequences, prompt_len)
+        agree, total = teacher_forced_agreement(model, scored, sequences, PROMPT_LEN)
         tokens = fp32_tokens if case.config is None else [generate_ids(scored, p, greedy) for p in prompts]
         free = same_tokens(fp32_tokens, tokens)
         row: dict[str, Any] = {
@@ -305,20 +301,20 @@ def run_all(model: GPT, real_text: bool, size: str = "full", seed: int = 0) -> d
             "identical_prompts": free.equal, "quantize_s": build_s,
         }
         if case.config is None:
-            t = measure(lambda: generate_ids(model, decode_prompt, decode_params), warmup=1, repeats=repeats)
-            row.update(tok_s=decode_new / t.median, speedup=1.0)
+            t = measure(lambda: generate_ids(model, decode_prompt, decode_params), warmup=1, repeats=sz.repeats)
+            row.update(tok_s=sz.decode_new / t.median, speedup=1.0)
         else:
             cmp = compare(lambda: generate_ids(model, decode_prompt, decode_params),
-                          lambda: generate_ids(qmodel, decode_prompt, decode_params), warmup=1, repeats=repeats)
-            row.update(tok_s=decode_new / cmp.candidate.median, fp32_tok_s=decode_new / cmp.baseline.median,
+                          lambda: generate_ids(qmodel, decode_prompt, decode_params), warmup=1, repeats=sz.repeats)
+            row.update(tok_s=sz.decode_new / cmp.candidate.median, fp32_tok_s=sz.decode_new / cmp.baseline.median,
                        speedup=cmp.speedup)
             if case.method == "gptq" or case.name == "int8 weight-only":
                 eng = engine_tokens(scored, prompts, greedy)
                 row["engine"] = {"same_as_generate": same_tokens(tokens, eng).equal,
-                                 "same_as_fp32": same_tokens(fp32_tokens, eng).equal, "prompts": num_prompts}
+                                 "same_as_fp32": same_tokens(fp32_tokens, eng).equal, "prompts": sz.num_prompts}
         report["cases"].append(row)
     report["kv_int8"] = kv_int8_case(model, val, prompts, fp32_tokens, greedy, base_ppl, decode_prompt,
-                                     decode_params, repeats)
+                                     decode_params, sz.repeats)
     report["outliers"] = outlier_study(model, val[:sz.outlier_tokens], calibration)
     report["layer_costs"] = layer_costs(repeats=sz.cost_repeats, calls=sz.cost_calls)
     return report
