@@ -1,19 +1,28 @@
-"""The measurement kit (`minillm.bench`): loader, workload presets, the over-time driver, the same-tokens check.
+"""The measurement kit (`minillm.bench`): loader, workload presets, the over-time driver, the same-tokens check,
+greedy agreement, and the command line every benchmark shares.
 
-No timing is asserted here: only that the kit's numbers are the ones it claims (lengths, orders, counts).
+No timing is asserted here: only that the kit's numbers are the ones it claims (lengths, orders, counts), that every
+chapter benchmark's parser offers the shared options with the kit's defaults and help, and that no chapter's
+benchmark imports another chapter's (a measurement two chapters share lives in the kit).
 """
 
 from __future__ import annotations
 
+import ast
+import importlib
 import math
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from minillm import chapters
+from minillm.bench import cli
+from minillm.bench.agreement import argmax_along, greedy_agreement, teacher_forced_agreement
 from minillm.bench.check import SameTokens, same_tokens
-from minillm.bench.driver import drive
+from minillm.bench.driver import drive, engine_tokens
 from minillm.bench.models import load_model
 from minillm.bench.workload import PRESETS, LengthDist, eval_prompts, make_workload, workload
 from minillm.core.config import GPTConfig
@@ -168,3 +177,178 @@ def test_same_tokens_on_lists_and_several_candidates():
     with pytest.raises(ValueError, match="candidate"):
         same_tokens(ref)
     assert math.isclose(same_tokens(ref, ref).equal / 3, 1.0)
+
+
+# ------------------------------------------------------------------------------------------------- agreement
+
+
+def _agreement_model() -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=1, n_head=2, n_embd=16)).eval()
+
+
+def test_argmax_along_is_the_full_forward_argmax_at_the_continuation_positions():
+    model = _agreement_model()
+    prompt, cont = [1, 2, 3], [4, 5, 6, 7]
+    with torch.inference_mode():
+        want = model(torch.tensor([prompt + cont]))[0, 2:6].argmax(-1)  # positions 2..5 predict tokens 3..6
+    assert torch.equal(argmax_along(model, prompt, cont), want)
+    assert argmax_along(model, prompt, []).numel() == 0
+    with pytest.raises(ValueError, match="prompt"):
+        argmax_along(model, [], cont)
+
+
+def test_the_two_agreements_agree_on_the_reference_s_own_argmax_path():
+    """teacher_forced_agreement(ref, cand) counts where cand's argmax is ref's; greedy_agreement(cand) along ref's
+    argmaxes counts the same positions."""
+    ref, cand = _agreement_model(), GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=1, n_head=2, n_embd=16))
+    prompts = [[1, 2, 3], [9, 8, 7]]
+    conts = [[0] * 5 for _ in prompts]
+    for _ in range(5):  # fixed-point iteration: after i rounds the first i tokens are ref's greedy ones
+        conts = [argmax_along(ref, p, c).tolist() for p, c in zip(prompts, conts)]
+    assert conts == [argmax_along(ref, p, c).tolist() for p, c in zip(prompts, conts)]  # ref's own greedy path
+    seqs = [p + c for p, c in zip(prompts, conts)]
+    agree, total = teacher_forced_agreement(ref, cand.eval(), seqs, prompt_len=3)
+    assert total == 10 and teacher_forced_agreement(ref, ref, seqs, prompt_len=3) == (10, 10)
+    assert greedy_agreement(cand, prompts, conts) == agree / total
+    assert greedy_agreement(ref, prompts, conts) == 1.0
+    with pytest.raises(ValueError):
+        greedy_agreement(cand, prompts, conts[:1])
+
+
+def test_engine_tokens_are_each_prompt_s_output_ids():
+    class Out:
+        def __init__(self, ids):
+            self.output_token_ids = ids
+
+    engine = SimpleNamespace(generate=lambda prompts, params: [Out([len(p), params]) for p in prompts])
+    assert engine_tokens(engine, [[1], [1, 2]], 7) == [[1, 7], [2, 7]]
+
+
+# ------------------------------------------------------------------------------------------------- one command line
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "minillm"
+KIT = "minillm.bench"
+
+
+def _module(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts)
+
+
+def _chapter_package(module: str) -> str | None:
+    """The chapter package a module sits in ("minillm.quant" for minillm.quant.bench), None outside the chapters."""
+    for c in chapters.CHAPTERS:
+        if module == c.package or module.startswith(c.package + "."):
+            return c.package
+    return None
+
+
+def _is_benchmark(path: Path) -> bool:
+    """A chapter's benchmark: bench.py or *_bench.py of a chapter package, and chapter 13's two other measuring
+    commands."""
+    name = _module(path)
+    return _chapter_package(name) is not None and (path.name == "bench.py" or path.stem.endswith("_bench")
+                                                   or name in ("minillm.compile.sweep", "minillm.compile.llamacpp"))
+
+
+BENCHMARK_FILES = sorted(p for p in PACKAGE.rglob("*.py") if _is_benchmark(p))
+# A benchmark module with a command line (chapter 01's only measures, for the tour).
+COMMANDS = [_module(p) for p in BENCHMARK_FILES
+            if "def main(" in (src := p.read_text(encoding="utf-8")) or "def add_commands(" in src]
+
+
+def _option(ap, flag: str):
+    for action in ap._actions:
+        if flag in action.option_strings:
+            return action
+    return None
+
+
+def test_the_benchmark_list_is_complete():
+    assert len(COMMANDS) >= 13
+    assert {"minillm.naive.bench", "minillm.kvcache.bench", "minillm.quant.bench", "minillm.kernels.bench",
+            "minillm.speculative.engine_bench", "minillm.compile.sweep"} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_benchmark_parser_has_the_shared_options_with_the_kit_s_defaults(name, tmp_path):
+    module = importlib.import_module(name)
+    assert hasattr(module, "build_parser"), f"{name} builds its parser some other way than minillm.bench.cli"
+    ap = module.build_parser()
+    args = ap.parse_args([])
+    device = _option(ap, "--device")
+    default_device = "cpu" if "cpu" in device.choices else device.choices[0]  # only chapter 12's kernels: cuda
+    assert args.device == default_device and set(device.choices) <= set(cli.DEVICE_CHOICES)
+    assert device.help == cli.DEVICE_HELP.format(choices=", ".join(device.choices), default=default_device,
+                                                 auto=cli.AUTO_HELP if "auto" in device.choices else "")
+    assert (args.threads, args.json) == (cli.DEFAULT_THREADS, None)
+    assert _option(ap, "--threads").help == cli.THREADS_HELP and _option(ap, "--json").help == cli.JSON_HELP
+    if _option(ap, "--seed") is not None:
+        assert args.seed == 0 and _option(ap, "--seed").help == cli.SEED_HELP
+    out = str(tmp_path / "r.json")
+    args = ap.parse_args(["--threads", "2", "--json", out, "--device", default_device])
+    assert (args.threads, args.json, args.device) == (2, out, default_device)
+    sizes = getattr(module, "SIZES", None)
+    if sizes is not None:  # --size, and --quick as --size quick
+        assert _option(ap, "--size").choices == list(sizes) and args.size == cli.DEFAULT_SIZE == "full"
+        assert ap.parse_args(["--quick"]).size == "quick" and ap.parse_args(["--size", "tour"]).size == "tour"
+    else:
+        assert _option(ap, "--size") is None
+
+
+def test_start_refuses_bad_threads_and_json_paths_before_any_work(tmp_path, capsys):
+    ap = cli.bench_parser("prog", "a benchmark", "smaller")
+    with pytest.raises(SystemExit) as e:
+        cli.start(ap, ["--threads", "0"])
+    assert e.value.code == 2 and "--threads must be >= 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.start(ap, ["--json", str(tmp_path)])
+    assert "is a directory" in capsys.readouterr().err
+    before = torch.get_num_threads()
+    try:
+        args = cli.start(ap, ["--threads", "1", "--quick"])
+        assert args.quick and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="devices"):
+        cli.bench_parser("prog", "a benchmark", devices=("tpu",))
+    with pytest.raises(ValueError, match="'full'"):
+        cli.bench_parser("prog", "a benchmark", sizes={"quick": 1})
+
+
+def cross_chapter_bench_imports(source: str, module: str) -> set[tuple[str, str]]:
+    """(module, imported benchmark) for each import in `source` (the text of `module`) of another chapter's
+    benchmark module."""
+    benches = {_module(p) for p in BENCHMARK_FILES}
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]  # `from pkg import bench` too
+        for imported in names:
+            if imported in benches and _chapter_package(imported) != _chapter_package(module):
+                found.add((module, imported))
+    return found
+
+
+def test_no_chapter_imports_another_chapter_s_benchmark():
+    """Benchmarks and tours import the kit and chapter code, and their own chapter's benchmark; never another
+    chapter's (the command line, minillm.course, sits above every chapter and may)."""
+    found = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = _module(path).removesuffix(".__init__")
+        if _chapter_package(module) is not None:
+            found |= cross_chapter_bench_imports(path.read_text(encoding="utf-8"), module)
+    assert found == set(), f"import the shared measurement from {KIT} or the chapter's code instead: {sorted(found)}"
+
+
+def test_the_import_check_sees_planted_cross_chapter_imports():
+    """The check above can fail: chapter 10 importing chapter 09's benchmark, three ways; its own is allowed."""
+    planted = ("from minillm.quant.bench import run_all\nfrom minillm.kvcache import bench\n"
+               "import minillm.naive.bench\nfrom minillm.prune.bench import run_all as own\n")
+    assert cross_chapter_bench_imports(planted, "minillm.prune.planted") == {
+        ("minillm.prune.planted", "minillm.quant.bench"), ("minillm.prune.planted", "minillm.kvcache.bench"),
+        ("minillm.prune.planted", "minillm.naive.bench")}

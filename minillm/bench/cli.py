@@ -1,10 +1,14 @@
-"""The command line every chapter benchmark shares: `--device`, `--threads`, `--quick`, `--seed`, `--json`.
+"""The command line every chapter benchmark shares: `--device`, `--threads`, `--json`, `--seed`, `--quick`, `--size`.
 
-`bench_parser(prog, description, quick_help)` builds the parser (a benchmark adds its own options to it);
-`start(parser, argv)` parses, checks `--threads` and applies it (one thread by default: on a small or shared CPU more
-threads than cores stall these small matmuls); `write_report(path, report)` writes the JSON report atomically,
-naming the CPU; `cpu_description()` names the CPU and the vector instructions PyTorch uses on it, since CPU timings
-depend on both; `pick_size(sizes, size)` looks up a benchmark's named workload size, refusing an unknown name.
+`bench_parser(prog, description, ...)` builds a benchmark's parser with the shared options (a benchmark adds its own
+to it), `add_bench_options(parser, ...)` adds them to a parser that already exists (`minillm bench`, a subcommand);
+both give every benchmark the same flags, defaults and help text, which tests/test_bench_kit.py checks module by
+module. `start(parser, argv)` parses and applies them: it checks `--threads` and the `--json` path before any work
+and sets torch's thread count (one thread by default: on a small or shared CPU more threads than cores stall these
+small matmuls); `apply_bench_options(args)` does the same for arguments parsed elsewhere.
+`write_report(path, report)` writes the JSON report atomically, naming the CPU; `cpu_description()` names the CPU
+and the vector instructions PyTorch uses on it, since CPU timings depend on both; `pick_size(sizes, size)` looks up
+a benchmark's named workload size, refusing an unknown name.
 """
 
 from __future__ import annotations
@@ -18,27 +22,77 @@ from typing import Any, Mapping, Sequence, TypeVar
 import torch
 
 from minillm.core.device import DEVICE_CHOICES
-from minillm.core.io import atomic_write_text
+from minillm.core.io import atomic_write_text, check_output_file
+
+# The shared options' defaults and help, one place for every benchmark.
+DEFAULT_DEVICE = "cpu"  # where a benchmark has a CPU path; a GPU-only one (chapter 12's kernels) defaults to cuda
+DEFAULT_THREADS = 1
+DEFAULT_SIZE = "full"  # the size a benchmark's command line runs; "quick" is the tour's --quick
+DEVICE_HELP = "where to run, one of {choices} ({auto}default {default})"
+AUTO_HELP = "auto: cuda when there is a GPU; "
+THREADS_HELP = "torch intra-op threads (default 1: on a small or shared CPU more threads than cores stall)"
+JSON_HELP = "also write the full report as JSON (atomically)"
+SEED_HELP = "seed for random weights, prompts and workloads (default 0)"
+SIZE_HELP = "workload size, one of {choices} (default {default}; --quick is --size quick)"
 
 
-def bench_parser(prog: str, description: str, quick_help: str) -> argparse.ArgumentParser:
-    """A parser with the shared options; `quick_help` says what `--quick` shrinks for this benchmark."""
-    ap = argparse.ArgumentParser(prog=prog, description=description)
-    ap.add_argument("--device", default="cpu", choices=DEVICE_CHOICES)
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
-    ap.add_argument("--quick", action="store_true", help=quick_help)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", metavar="FILE", help="also write the full report as JSON (atomically)")
+def add_bench_options(ap: argparse.ArgumentParser, quick_help: str | None = None,
+                      sizes: Mapping[str, Any] | None = None, devices: Sequence[str] = DEVICE_CHOICES,
+                      seed: bool = True) -> argparse.ArgumentParser:
+    """Add the shared options to `ap` and return it.
+
+    `devices` narrows `--device` for a benchmark that runs on fewer devices (its default stays "cpu" when "cpu" is
+    one of them). `quick_help` says what `--quick` shrinks; without it there is no `--quick`. A benchmark with named
+    `sizes` gets `--size` (default "full") and `--quick` as a short way to write `--size quick`. `seed=False` leaves
+    out `--seed` for a benchmark with nothing random in it."""
+    devices = tuple(devices)
+    bad = [d for d in devices if d not in DEVICE_CHOICES]
+    if not devices or bad:
+        raise ValueError(f"devices must be some of {DEVICE_CHOICES}, got {devices!r}")
+    default_device = DEFAULT_DEVICE if DEFAULT_DEVICE in devices else devices[0]
+    ap.add_argument("--device", default=default_device, choices=devices,
+                    help=DEVICE_HELP.format(choices=", ".join(devices), auto=AUTO_HELP if "auto" in devices else "",
+                                            default=default_device))
+    ap.add_argument("--threads", type=int, default=DEFAULT_THREADS, help=THREADS_HELP)
+    ap.add_argument("--json", metavar="FILE", help=JSON_HELP)
+    if seed:
+        ap.add_argument("--seed", type=int, default=0, help=SEED_HELP)
+    if sizes is not None:
+        if DEFAULT_SIZE not in sizes or "quick" not in sizes:
+            raise ValueError(f"sizes must name {DEFAULT_SIZE!r} and 'quick', got {list(sizes)}")
+        ap.add_argument("--size", default=DEFAULT_SIZE, choices=list(sizes),
+                        help=SIZE_HELP.format(choices=", ".join(sizes), default=DEFAULT_SIZE))
+        # subtle: --quick writes the same dest as --size, so the last of the two on the command line wins.
+        ap.add_argument("--quick", dest="size", action="store_const", const="quick",
+                        help=(quick_help or "the smallest size") + " (--size quick)")
+    elif quick_help is not None:
+        ap.add_argument("--quick", action="store_true", help=quick_help)
     return ap
 
 
-def start(ap: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
-    """Parse argv, refuse --threads < 1 (a usage error naming the value), and set torch's thread count."""
-    args = ap.parse_args(argv)
+def bench_parser(prog: str, description: str, quick_help: str | None = None, sizes: Mapping[str, Any] | None = None,
+                 devices: Sequence[str] = DEVICE_CHOICES, seed: bool = True) -> argparse.ArgumentParser:
+    """A parser with the shared options (`add_bench_options`); a benchmark adds its own options to it."""
+    return add_bench_options(argparse.ArgumentParser(prog=prog, description=description), quick_help, sizes,
+                             devices, seed)
+
+
+def apply_bench_options(args: argparse.Namespace) -> argparse.Namespace:
+    """Check the shared options before any work (a ValueError naming the bad value) and set torch's thread count."""
     if args.threads < 1:
-        ap.error(f"--threads must be >= 1, got {args.threads}")
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    check_output_file(args.json, "--json", (".json",))
     torch.set_num_threads(args.threads)
     return args
+
+
+def start(ap: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse argv and apply the shared options; a bad value is a usage error (exit 2) naming it."""
+    args = ap.parse_args(argv)
+    try:
+        return apply_bench_options(args)
+    except ValueError as e:
+        ap.error(str(e))
 
 
 S = TypeVar("S")

@@ -5,7 +5,8 @@ loop would hide queueing) or all at t=0 (`realtime=False`, offline), and the eng
 finished. An engine is anything with `add_request(prompt_ids, params, request_id=, arrival_time=)`, `step()` and
 `has_unfinished()` that streams outputs carrying `request_id`, `finished`, `output_token_ids`, `token_times` and
 `arrival_time` (chapter 06's `LLM`, chapter 07's `DisaggregatedLLM`). What it leaves out: closed-loop clients and
-request-rate sweeps (chapter 15).
+request-rate sweeps (chapter 15). `engine_tokens(engine, prompts, params)` is the offline shortcut: every prompt
+at once through the engine's `generate`, its output ids back.
 """
 
 from __future__ import annotations
@@ -89,3 +90,9 @@ def drive(engine: Any, workload: Sequence[WorkloadRequest], realtime: bool = Tru
     outputs = {r.request_id: finals[r.request_id] for r in workload}
     times = [RequestTimes(o.arrival_time, list(o.token_times), len(o.prompt_token_ids)) for o in outputs.values()]
     return DriveResult(outputs, times, t0, duration, cpu)
+
+
+def engine_tokens(engine: Any, prompts: Sequence[list[int]], params: Any) -> list[list[int]]:
+    """Each prompt's output ids from any engine with `generate(prompts, params)` (chapter 06's `LLM`), all offline:
+    what chapters 09 and 10 compare token for token with `generate_ids` of the same model (the engine contract)."""
+    return [list(o.output_token_ids) for o in engine.generate(prompts, params)]

@@ -22,13 +22,16 @@ The command: `python -m minillm.compile.bench [--device cuda] [--threads N] [--q
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+from functools import partial
 from typing import Any, Callable
 
 import torch
 
 from minillm.bench.check import same_tokens
 from minillm.bench.cli import bench_parser, start, write_report
+from minillm.bench.hf_compare import hf_comparison
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
 from minillm.compile.cpu_gemv import build_problem, fast_cpu_model
@@ -37,7 +40,6 @@ from minillm.compile.fused_step import FusedCPUDecoder
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.core.timing import interleave, measure
-from minillm.kvcache.bench import hf_comparison
 from minillm.kvcache.generate import generate_ids
 from minillm.naive.roofline import decode_weight_bytes, stream_weights
 
@@ -126,11 +128,11 @@ def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, bac
               "prompt_len": len(prompt), "bound": bound, "rows": rows}
     if with_hf and hf_available():
         # Hugging Face generate(use_cache=True) on the same weights, against the eager generator and against the fast
-        # path, each interleaved with HF in its own comparison (chapter 04's `hf_comparison`).
-        report["hf"] = {"eager": hf_comparison(model, prompt, new, repeats=repeats)}
+        # path, each interleaved with HF in its own comparison (the measurement kit's `hf_comparison`, as chapter 04).
+        report["hf"] = {"eager": hf_comparison(model, prompt, new, partial(generate_ids, model), repeats=repeats)}
         if cpp:
-            report["hf"]["fast"] = hf_comparison(fast, prompt, new, repeats=repeats)
-            report["hf"]["fused"] = hf_comparison(model, prompt, new, repeats=repeats, generate_fn=fused.generate_ids)
+            report["hf"]["fast"] = hf_comparison(fast, prompt, new, partial(generate_ids, fast), repeats=repeats)
+            report["hf"]["fused"] = hf_comparison(model, prompt, new, fused.generate_ids, repeats=repeats)
     return report
 
 
@@ -155,10 +157,14 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = bench_parser("python -m minillm.compile.bench", __doc__.splitlines()[0], "32 tokens, fewer repeats")
     ap.add_argument("--backend", default="inductor", help="torch.compile backend (default inductor)")
-    args = start(ap, argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = start(build_parser(), argv)
     loaded = load_model("base", args.device, args.seed)
     report = run_all(loaded.model, loaded.trained, quick=args.quick, seed=args.seed, backend=args.backend)
     report["model"] = loaded.label

@@ -18,7 +18,7 @@ only knows the pre-tokenizers of published models, so this script names the GPT-
 regex our tokenizer uses) for it. `llama-bench` times random token ids and never tokenizes text.
 
 The command: `python -m minillm.compile.llamacpp [--work DIR] [--sdist FILE] [--threads 1] [--tokens 128]
-[--rounds 3] [--json FILE]`.
+[--rounds 3] [--json FILE]` (`--threads`, `--device` and `--json` are every benchmark's, `minillm.bench.cli`).
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from minillm.bench.cli import bench_parser, start
 from minillm.bench.models import load_model
 from minillm.compile.fused_step import FusedCPUDecoder
 from minillm.core.hf import to_hf_model
@@ -175,26 +174,29 @@ def ours_tok_s(run, tokens: int, repeats: int = 3) -> float:
     return tokens / measure(run, warmup=1, repeats=repeats).median
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m minillm.compile.llamacpp", description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    # CPU only, like llama-bench here; the same --threads for both sides.
+    ap = bench_parser("python -m minillm.compile.llamacpp", __doc__.splitlines()[0], devices=("cpu",), seed=False)
     ap.add_argument("--work", type=Path, default=Path.home() / ".cache" / "minillm" / "llamacpp",
                     help="where the sources, the build and the GGUF files go (reused between runs)")
     ap.add_argument("--sdist", type=Path, default=None, help=f"a {PINNED} .tar.gz instead of downloading it")
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=128, help="tokens decoded per measurement (llama-bench -n)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
-    ap.add_argument("--json", default=None, help="write the figures here")
-    args = ap.parse_args(argv)
-    for name in ("threads", "tokens", "rounds"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"--{name} must be at least 1, got {getattr(args, name)}")
+    return ap
 
-    torch.set_num_threads(args.threads)
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    args = start(ap, argv)
+    for name in ("tokens", "rounds"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+
     work = args.work.expanduser().resolve()
     work.mkdir(parents=True, exist_ok=True)
     tree = fetch_sources(work, args.sdist)
     binary = build_llama_bench(tree)
-    loaded = load_model("base", "cpu", 0)
+    loaded = load_model("base", args.device, 0)
     model = loaded.model
     hf_dir = export_hf_dir(model, Tokenizer.load(DEFAULT_TOKENIZER_PATH), work / "base-hf")
     ggufs = {t: convert(tree, hf_dir, t, work / f"base-{t}.gguf") for t in TYPES}

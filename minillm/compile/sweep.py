@@ -25,6 +25,7 @@ The command: `python -m minillm.compile.sweep [--threads-list 1,2] [--quick] [--
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -205,12 +206,17 @@ def format_sweep(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = bench_parser("python -m minillm.compile.sweep", __doc__.splitlines()[0], "fewer repeats")
     ap.add_argument("--threads-list", default="1,2", help="thread counts to sweep, comma-separated (default 1,2)")
     ap.add_argument("--backend", default="inductor", help="torch.compile backend (default inductor)")
     ap.add_argument("--profile", action="store_true",
                     help="also profile the batch-1 decode step, eager and compiled, at --threads")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = start(ap, argv)
     try:
         threads = tuple(int(t) for t in args.threads_list.split(","))

@@ -17,7 +17,7 @@ from minillm.compile.bench import run_all
 from minillm.compile.cpu_gemv import build_problem, fast_cpu_model
 from minillm.compile.cpu_paged import NAME as CPP_BACKEND
 from minillm.core.rows import Row, TourContext
-from minillm.engine.bench import offline_throughput
+from minillm.engine.throughput import offline_throughput
 from minillm.engine.tour import throughput_rows
 
 TITLE = "compilation and graphs"

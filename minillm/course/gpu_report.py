@@ -37,7 +37,7 @@ BUDGET_S = 8 * 60  # what the whole report should take on one H200 (a borrowed G
 # (title, module run with `python -m`, its arguments; "{json}" becomes a file the report reads back)
 GPU_BENCHMARKS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("chapter 12: every kernel version against its naive twin and the copy bandwidth", "minillm.kernels.bench",
-     ("--out", "{json}")),
+     ("--json", "{json}")),
     ("chapter 13: decode modes on cuda, the CUDA graph among them", "minillm.compile.bench",
      ("--device", "cuda", "--quick", "--json", "{json}")),
     ("chapter 13: compiled and captured steps at batch 1 and 8 and a prefill, on cuda", "minillm.compile.sweep",

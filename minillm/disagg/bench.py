@@ -17,7 +17,6 @@ The three policies see the same requests (the kit's seeded `workload("prefill-he
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -27,10 +26,11 @@ import numpy as np
 import torch
 
 from minillm.bench.check import same_tokens
+from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.driver import drive
 from minillm.bench.models import load_model
 from minillm.bench.workload import WorkloadRequest, workload
-from minillm.core.io import atomic_save_figure, atomic_write_text, check_output_file
+from minillm.core.io import atomic_save_figure, check_output_file
 from minillm.disagg.kv_transfer import kv_bytes
 from minillm.disagg.llm import DisaggConfig, DisaggregatedLLM
 from minillm.disagg.messages import StepRecord, TransferRecord
@@ -231,25 +231,25 @@ def check_results(results: dict[str, "PolicyResult"], workload: list[WorkloadReq
     return {"identical": same.equal, "requests": same.total, "exact_transfers": exact, "transfers": len(transfers)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m minillm.disagg.bench", description=__doc__.split("\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    """The kit's shared options (`minillm.bench.cli`; the workers run on the CPU here) and this benchmark's own."""
+    p = bench_parser("python -m minillm.disagg.bench", __doc__.split("\n")[0], devices=("cpu",))
     p.add_argument("--model", default="base", help="shipped checkpoint or preset (default base)")
     p.add_argument("--n", type=int, default=24, help="requests")
     p.add_argument("--rate", type=float, default=2.0, help="Poisson arrival rate, requests/s")
     p.add_argument("--prompt-len", default="160:224", help="uniform prompt length range LO:HI")
     p.add_argument("--output-len", type=int, default=32, help="output tokens per request (ignore_eos)")
     p.add_argument("--chunk", type=int, default=64, help="chunked prefill: prompt tokens per step")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads of the colocated engines (default 1, like each disaggregated worker)")
-    p.add_argument("--json", help="write the summaries and the timeline here")
+    p.add_argument("--block-size", type=int, default=16, help="KV block size (default 16)")
     p.add_argument("--plot", help="write the timeline figure here (png)")
-    args = p.parse_args(argv)
-    check_output_file(args.json, "--json", (".json",))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    # --threads: the colocated engines' torch threads (default 1, like each disaggregated worker)
+    args = start(build_parser(), argv)
     check_output_file(args.plot, "--plot", (".png",))
-    torch.set_num_threads(args.threads)
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, seed=args.seed)
     model, name, V = loaded.model, loaded.label, loaded.model.config.vocab_size
     plen = f"uniform:{args.prompt_len}"
     work = workload("prefill-heavy", args.n, args.seed, args.rate, V, prompt_len=plen, output_len=args.output_len)
@@ -268,8 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         ax = plot_timeline(results)
         atomic_save_figure(ax.figure, args.plot, dpi=120, bbox_inches="tight")
     if args.json:
-        payload = {p_: {"summary": r.summary(), "timeline": [vars(s) for s in r.timeline]} for p_, r in results.items()}
-        atomic_write_text(args.json, json.dumps(payload, indent=1) + "\n")
+        write_report(args.json, {p_: {"summary": r.summary(), "timeline": [vars(s) for s in r.timeline]}
+                                 for p_, r in results.items()})
     return 0 if check["identical"] == check["requests"] and check["exact_transfers"] == check["transfers"] else 1
 
 

@@ -3,25 +3,28 @@
 What it measures, on the shipped models (`base` the teacher and target; `draft` the plain draft; `draft-hardlabel`
 and `draft-distilled` the two students of `python -m minillm.distill.train`, same start, steps and batches):
   - `val_perplexity`: exp(mean NLL) on the default corpus' validation split (`minillm.gpt.eval.perplexity`);
-  - `greedy_agreement`: along the teacher's own greedy continuations of validation prompts, how often the
-    student's argmax equals the teacher's next token (what a greedy verify step checks, at every position);
+  - `greedy_agreement` (the measurement kit's, `minillm.bench.agreement`): along the teacher's own greedy
+    continuations of validation prompts, how often the student's argmax equals the teacher's next token (what a
+    greedy verify step checks, at every position);
   - `acceptance`: α = accepted / proposed of `generate_speculative` (greedy) with each draft over the same
     prompts, for a few γ (only at γ = 1 is accepted / proposed the per-token α of the cost model);
   - `speedups`: the end-to-end speed-up of speculative decoding with each draft against the target alone
     (`minillm.core.timing.compare`, alternating, median of repeats, one torch thread), identical tokens checked.
-The command: `python -m minillm.distill.bench [--quick] [--json FILE]`.
+The command: `python -m minillm.distill.bench [--quick | --size S] [--device D] [--json FILE]`.
 What it leaves out: sampling at temperature > 0 (α then depends on the whole distributions, not the argmax), and
 other prompts than validation text.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 import torch
 
+from minillm.bench.agreement import greedy_agreement
 from minillm.bench.cli import bench_parser, pick_size, start, write_report
 from minillm.bench.models import load_model
 from minillm.core.device import resolve_device
@@ -50,19 +53,6 @@ def teacher_continuations(teacher: GPT, prompts: Sequence[list[int]], new_tokens
     """The teacher's greedy continuation of each prompt (chapter 04's cached loop, end-of-text ignored)."""
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
     return [generate_ids(teacher, p, params) for p in prompts]
-
-
-@torch.inference_mode()
-def greedy_agreement(student: GPT, prompts: Sequence[list[int]], continuations: Sequence[list[int]]) -> float:
-    """Fraction of continuation tokens the student predicts as its argmax, given the prompt and the teacher's
-    tokens before it (teacher forcing on the teacher's own greedy path)."""
-    hits = total = 0
-    for prompt, cont in zip(prompts, continuations):
-        ids = torch.tensor([prompt + cont], device=student.device)  # (1, P + n)
-        logits = student(ids[:, :-1])[0, len(prompt) - 1:]  # (n, V): the positions that predict cont
-        hits += int((logits.argmax(-1).cpu() == torch.tensor(cont)).sum())
-        total += len(cont)
-    return hits / total
 
 
 def acceptance(target: GPT, draft: GPT, prompts: Sequence[list[int]], new_tokens: int, gamma: int,
@@ -187,10 +177,14 @@ def format_report(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def build_parser() -> argparse.ArgumentParser:
+    return bench_parser("python -m minillm.distill.bench", __doc__.split("\n")[0],
+                        "fewer tokens, prompts, γ and repeats", sizes=SIZES)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = start(bench_parser("python -m minillm.distill.bench", __doc__.split("\n")[0],
-                              "fewer tokens, prompts, γ and repeats"), argv)
-    report = run_all(resolve_device(args.device), size="quick" if args.quick else "full", seed=args.seed)
+    args = start(build_parser(), argv)
+    report = run_all(resolve_device(args.device), size=args.size, seed=args.seed)
     print(format_report(report))
     write_report(args.json, report)
     return 0 if report["identical"] else 1

@@ -13,54 +13,39 @@ import argparse
 import json
 import statistics
 import time
-from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from minillm.bench.check import same_tokens
-from minillm.bench.cli import write_report
-from minillm.bench.driver import RunStats, drive
+from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.workload import WorkloadRequest, workload
-from minillm.core.hf import to_hf_model
 from minillm.core.io import atomic_save_figure, check_output_file
-from minillm.core.metrics import RequestTimes
 from minillm.core.model import GPT
 from minillm.core.timing import compare
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
-from minillm.engine.static import run_static
 from minillm.kvcache.generate import generate_ids
 
+# The runners and the offline comparison live in `minillm.engine.throughput` (chapter 13's tour uses them too);
+# imported here so this module's callers (the notebook, the tour) find them where they always were.
+from minillm.engine.throughput import (
+    RunResult,
+    hf_generate_batch_available,
+    offline_throughput,
+    run_engine,
+    run_hf_continuous,
+    run_hf_generate,
+    run_static_batches,
+)
 
-@dataclass
-class RunResult(RunStats):
-    name: str
-    outputs: list[list[int]]  # per request, workload order
-    times: list[RequestTimes]
-    duration_s: float
-    extra: dict[str, Any] = field(default_factory=dict)
-    cpu_s: float = float("nan")  # process CPU time of the run (all threads): the work done, whatever the contention
-
-    @property
-    def output_token_ids(self) -> list[list[int]]:
-        return self.outputs
-
-
-# ----------------------------------------------------------------------------------------------- the engines
+__all__ = ["RunResult", "hf_generate_batch_available", "offline_throughput", "run_engine", "run_hf_continuous",
+           "run_hf_generate", "run_static_batches"]
 
 
-def run_engine(model: GPT, workload: Sequence[WorkloadRequest], config: EngineConfig, realtime: bool = False,
-               name: str = "continuous") -> RunResult:
-    """The engine on the workload, fed by `minillm.bench.driver.drive`. Offline (realtime=False): everything queued
-    at t=0. Online: each request is added when its arrival time comes, so TTFT includes queueing."""
-    llm = LLM(model, None, config)
-    run = drive(llm, workload, realtime=realtime)
-    outs = run.outputs.values()
-    return RunResult(name, run.output_token_ids, run.times, run.duration_s,
-                     {"preemptions": sum(o.num_preemptions for o in outs), "steps": llm.num_steps}, run.cpu_s)
+# ----------------------------------------------------------------------------------------------- experiments
 
 
 def agreement(model: GPT, n: int, seed: int = 0) -> dict[str, Any]:
@@ -75,131 +60,6 @@ def agreement(model: GPT, n: int, seed: int = 0) -> dict[str, Any]:
                        [o.output_token_ids for o in outs], unit="requests")
     return {"identical": same.equal, "n": same.total, "preemptions": llm.scheduler.num_preemptions,
             "all_free": llm.block_manager.num_free_blocks == cfg.num_blocks}
-
-
-def run_static_batches(model: GPT, workload: Sequence[WorkloadRequest], batch_size: int) -> RunResult:
-    c0 = time.process_time()
-    res = run_static(model, [w.prompt_token_ids for w in workload], [w.params for w in workload], batch_size)
-    cpu = time.process_time() - c0
-    duration = max(t[-1] for t in res.token_times if t) - res.start_time
-    times = [RequestTimes(res.start_time, t, len(w.prompt_token_ids)) for t, w in zip(res.token_times, workload)]
-    return RunResult("static", res.output_token_ids, times, duration, {"batches": res.num_batches}, cpu)
-
-
-def run_hf_generate(hf_model, workload: Sequence[WorkloadRequest], batch_size: int) -> RunResult:
-    """Hugging Face `generate` on left-padded batches of `batch_size`, greedy. A batch runs to its longest request's
-    length (HF has one max_new_tokens per call); each request keeps its own first `output_len` tokens."""
-    outputs: list[list[int]] = []
-    times: list[RequestTimes] = []
-    t0, c0 = time.perf_counter(), time.process_time()
-    with torch.inference_mode():
-        for lo in range(0, len(workload), batch_size):
-            group = workload[lo : lo + batch_size]
-            T = max(len(w.prompt_token_ids) for w in group)
-            idx = torch.zeros(len(group), T, dtype=torch.long)  # (B, T) left-padded
-            mask = torch.zeros(len(group), T, dtype=torch.long)  # (B, T) 1 = real token
-            for r, w in enumerate(group):
-                n = len(w.prompt_token_ids)
-                idx[r, T - n :] = torch.tensor(w.prompt_token_ids)
-                mask[r, T - n :] = 1
-            n_new = max(w.output_len for w in group)
-            gen = hf_model.generate(idx.to(hf_model.device), attention_mask=mask.to(hf_model.device),
-                                    max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False, pad_token_id=0)
-            now = time.perf_counter()
-            for r, w in enumerate(group):
-                outputs.append(gen[r, T : T + w.output_len].tolist())
-                times.append(RequestTimes(t0, [now] * w.output_len, len(w.prompt_token_ids)))
-    return RunResult("hf-generate", outputs, times, time.perf_counter() - t0, cpu_s=time.process_time() - c0)
-
-
-def hf_generate_batch_available() -> bool:
-    try:
-        from transformers import GenerationMixin
-
-        return hasattr(GenerationMixin, "generate_batch")
-    except ImportError:
-        return False
-
-
-def run_hf_continuous(hf_model, workload: Sequence[WorkloadRequest], max_batch: int, block_size: int = 16,
-                      num_blocks: int = 512) -> RunResult:
-    """Hugging Face's continuous batching (the manager behind `generate_batch`), greedy, on CPU.
-
-    `generate_batch` takes one max_new_tokens for all requests; our workload has one per request, so this adds
-    them one by one to the same manager (`add_request(max_new_tokens=...)`). Timed from the first add to the last
-    result: the manager's start-up and shut-down (a thread, a second or two) are left out, in HF's favour.
-    """
-    from transformers import GenerationConfig
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
-
-    gc = GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=0, max_new_tokens=8)
-    cb = ContinuousBatchingConfig(page_size=block_size, num_blocks=num_blocks, max_batch_tokens=512,
-                                  max_requests_per_batch=max_batch, use_cuda_graph=False, use_async_batching=False)
-    manager = hf_model.init_continuous_batching(generation_config=gc, continuous_batching_config=cb)
-    manager.start()
-    try:
-        t0, c0 = time.perf_counter(), time.process_time()
-        rid = {}
-        for i, w in enumerate(workload):
-            rid[manager.add_request(list(w.prompt_token_ids), request_id=f"w{i}", max_new_tokens=w.output_len,
-                                    eos_token_id=-1)] = i
-        got: dict[int, list[int]] = {}
-        while len(got) < len(workload):
-            res = manager.get_result(timeout=1)
-            if res is not None and res.is_finished():
-                got[rid[res.request_id]] = list(res.generated_tokens)
-            elif res is None and not manager.is_running():
-                raise RuntimeError("Hugging Face's continuous-batching thread stopped unexpectedly")
-        duration = time.perf_counter() - t0
-        cpu = time.process_time() - c0
-    finally:
-        manager.stop(block=True, timeout=10)
-    outs = [got[i] for i in range(len(workload))]
-    times = [RequestTimes(t0, [t0 + duration] * len(o), len(w.prompt_token_ids)) for o, w in zip(outs, workload)]
-    return RunResult("hf-generate_batch", outs, times, duration, cpu_s=cpu)
-
-
-# ----------------------------------------------------------------------------------------------- experiments
-
-
-def _median_run(runs: Sequence[RunResult]) -> RunResult:
-    """The run at the median tok/CPU-s (the upper middle one for an even count)."""
-    return sorted(runs, key=lambda r: r.tokens_per_cpu_s)[len(runs) // 2]
-
-
-def offline_throughput(model: GPT, workload: Sequence[WorkloadRequest], batch: int = 32, num_blocks: int = 512,
-                       with_hf: bool = True, attention_backend: str = "selective", repeats: int = 3
-                       ) -> dict[str, Any]:
-    """Output tokens/s of the engine, static batching and (optionally) HF's two paths, same model and prompts.
-
-    The engine and static batching, the pair this chapter compares, alternate `repeats` times (engine, static,
-    engine, static, ...) and each reports its median run by tok/CPU-s, so one slow second on a shared machine does
-    not decide the ratio; every repeat must give the same outputs. HF's paths run once each (their outputs are
-    checked against the engine's; at about 12 s a run they would double the tour's cost).
-    `attention_backend` is the engine's (`EngineConfig.attention_backend`; chapter 13 passes its C++ one)."""
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
-    cfg = EngineConfig(num_blocks=num_blocks, block_size=16, max_num_seqs=batch, max_num_batched_tokens=512,
-                       attention_backend=attention_backend)
-    engine_runs, static_runs = zip(*[(run_engine(model, workload, cfg), run_static_batches(model, workload, batch))
-                                     for _ in range(repeats)])
-    runs = [_median_run(engine_runs), _median_run(static_runs)]
-    hf_note = ""
-    if with_hf:
-        hf = to_hf_model(model, attn_implementation="sdpa")
-        runs.append(run_hf_generate(hf, workload, batch))
-        if hf_generate_batch_available():
-            runs.append(run_hf_continuous(hf, workload, batch, num_blocks=num_blocks))
-        else:
-            hf_note = "transformers has no generate_batch in this version"
-    ref = runs[0].outputs
-    rows = {r.name: {"tokens_per_s": r.tokens_per_s, "duration_s": r.duration_s, "output_tokens": r.output_tokens,
-                     "tokens_per_cpu_s": r.tokens_per_cpu_s, "cpu_s": r.cpu_s,
-                     "agree_with_engine": same_tokens(ref, r.outputs).equal, "repeats": 1, **r.extra} for r in runs}
-    for r, mine in zip(runs, (engine_runs, static_runs)):
-        rows[r.name].update(repeats=repeats, tokens_per_cpu_s_all=[m.tokens_per_cpu_s for m in mine],
-                            repeats_identical=all(same_tokens(mine[0].outputs, m.outputs).ok for m in mine[1:]))
-    return {"n": len(workload), "batch": batch, "runs": rows, "hf_note": hf_note}
 
 
 def frontier(model: GPT, workload: Sequence[WorkloadRequest], batch_limits: Sequence[int], num_blocks: int = 512
@@ -398,27 +258,28 @@ def decode_attention_forms(num_seqs: int = 8, n_head: int = 8, head_size: int = 
             "us_per_call": {name: us[name] for name in forms}, "max_abs_diff": diffs}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="base")
-    ap.add_argument("--n", type=int, default=64, help="requests in the offline workload")
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
-    ap.add_argument("--frontier", default="1,2,4,8,16,32,64")
-    ap.add_argument("--rates", default="2,4,8,16")
-    ap.add_argument("--plot", default="chapters/figures/06-frontier.png")
-    ap.add_argument("--json", default="")
+def build_parser() -> argparse.ArgumentParser:
+    """The kit's shared options (`minillm.bench.cli`; the engine runs on the CPU here) and this benchmark's own."""
+    ap = bench_parser("python -m minillm.engine.bench", __doc__.splitlines()[0], devices=("cpu",))
+    ap.add_argument("--model", default="base", help="shipped checkpoint (default base)")
+    ap.add_argument("--n", type=int, default=64, help="requests in the offline workload (default 64)")
+    ap.add_argument("--batch", type=int, default=32, help="batch limit of the engine and static batching")
+    ap.add_argument("--frontier", default="1,2,4,8,16,32,64", help="batch limits of the frontier")
+    ap.add_argument("--rates", default="2,4,8,16", help="request rates of the online latency sweep")
+    ap.add_argument("--plot", default="chapters/figures/06-frontier.png", help="where the frontier figure goes")
     ap.add_argument("--skip", default="", help="comma list of: offline,frontier,online,chunked,attention")
-    args = ap.parse_args(argv)
-    check_output_file(args.json, "--json", (".json",))
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    args = start(ap, argv)  # --threads checked and set, the --json path checked
     check_output_file(args.plot, "--plot", (".png",))
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, seed=args.seed)
     model = loaded.model
     skip = set(filter(None, args.skip.split(",")))
     report: dict[str, Any] = {"model": loaded.label, "trained": loaded.trained, "threads": torch.get_num_threads()}
-    wl = workload("mixed", args.n, vocab_size=model.config.vocab_size)
+    wl = workload("mixed", args.n, seed=args.seed, vocab_size=model.config.vocab_size)
     if "offline" not in skip:
         report["offline"] = offline_throughput(model, wl, batch=args.batch)
         print(json.dumps(report["offline"], indent=1))
@@ -436,8 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     if "online" not in skip:
         report["online"] = online_latency(model, [float(r) for r in args.rates.split(",")])
         print(json.dumps(report["online"], indent=1))
-    if args.json:
-        write_report(args.json, report)
+    write_report(args.json, report)
     return 0
 
 

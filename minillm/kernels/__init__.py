@@ -17,6 +17,6 @@ mirrors' `online_merge`, `attend_tile`, `warp_tree_sum` and `paged_gather`.
 - `emulator`: the kernels' own .cu code compiled with the host C++ compiler and run on the CPU, every CUDA thread a
   fiber (`csrc/emu/`), so each version is checked everywhere, GPU or not
 - `bench`: times every version against the naive op and PyTorch's own, beside the device's copy bandwidth and
-  matmul rate (`python -m minillm.kernels.bench --out FILE.json`)
+  matmul rate (`python -m minillm.kernels.bench --json FILE.json`)
 - `tour`: the chapter's rows: each mirror against its naive twin everywhere, each version timed on a GPU
 """

@@ -11,7 +11,7 @@ fp32 matmul rate with TF32 off (the CUDA cores, the roof of kernels that compute
 version, shape, dtype, ms, GB/s, fraction_of_copy_bw, speedup_vs_naive, and for attention and the GEMVs TFLOP/s and
 fraction_of_fp32_matmul}.
 
-    python -m minillm.kernels.bench [--out FILE.json] [--quick]
+    python -m minillm.kernels.bench [--json FILE.json] [--quick]
 
 Runs on CUDA only (the one-time build of the extension took 26 s on an H200).
 What it leaves out: sweeps over shapes; flushing the L2 cache between calls (the shapes are too large for it).
@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from minillm.bench.cli import bench_parser, start
 from minillm.core.io import atomic_write_text
 from minillm.kernels import naive, ops
 from minillm.kernels.build import load_kernels
@@ -279,19 +280,24 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def build_parser() -> argparse.ArgumentParser:
+    ap = bench_parser("python -m minillm.kernels.bench", __doc__.splitlines()[0], "smaller shapes and fewer repeats",
+                      devices=("cuda",), seed=False)
+    ap.add_argument("--out", dest="json", help=argparse.SUPPRESS)  # the older name of --json, still accepted
+    return ap
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m minillm.kernels.bench", description=__doc__.splitlines()[0])
-    p.add_argument("--out", help="write the result as JSON to this file")
-    p.add_argument("--quick", action="store_true", help="smaller shapes and fewer repeats")
-    args = p.parse_args(argv)
+    args = start(build_parser(), argv)
     if not torch.cuda.is_available():
         print("minillm.kernels.bench needs a CUDA GPU (torch.cuda.is_available() is False); the kernels' CPU "
               "checks are in tests/test_12_cuda_kernels.py", file=sys.stderr)
         return 2
     result = run(quick=args.quick)
     print(format_table(result))
-    if args.out:
-        atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
+    if args.json:
+        # subtle: not write_report, whose "cpu" field would name the host of a GPU benchmark; the fields stay these.
+        atomic_write_text(args.json, json.dumps(result, indent=1) + "\n")
     return 0 if all(r["correct"] for r in result["rows"]) else 1
 
 

@@ -5,7 +5,7 @@ One source for the tour entry, the notebook and the chapter table: every timing 
 in the same run. What it leaves out: batch sizes above one for the speed figures (static batching is checked for
 correctness here; chapter 06 measures batching) and any GPU-specific tuning.
 
-`python -m minillm.kvcache.bench [--quick] [--json PATH]` prints the chapter's table.
+`python -m minillm.kvcache.bench [--quick] [--threads N] [--device D] [--json FILE]` prints the chapter's table.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from minillm.bench.check import same_tokens
-from minillm.bench.cli import write_report
+from minillm.bench.cli import bench_parser, start, write_report
+from minillm.bench.hf_compare import hf_comparison as kit_hf_comparison
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
 from minillm.core.device import resolve_device
 from minillm.core.hf import to_hf_model
-from minillm.core.io import check_output_file
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.core.timing import compare
@@ -123,28 +123,11 @@ def hf_comparison(model: GPT, prompt: list[int], new_tokens: int, warmup: int = 
                   generate_fn: Callable[[list[int], SamplingParams], list[int]] | None = None) -> dict[str, Any]:
     """Tokens/s at batch 1: ours (`generate`, KV cache) vs Hugging Face `generate(use_cache=True)`, same weights.
 
-    `generate_fn(prompt, params) -> ids` replaces ours with another batch-1 path over the same model (chapter 13's
-    fused C++ step); the default is chapter 04's `generate_ids(model, ...)`."""
-    hf = to_hf_model(model, attn_implementation=attn_implementation)
-    params = SamplingParams.greedy(new_tokens, ignore_eos=True)
-    idx = torch.tensor([prompt], device=model.device)
-    mask = torch.ones_like(idx)
-    out: dict[str, list[int]] = {}
-
-    def run_hf() -> None:
-        with torch.inference_mode():
-            seq = hf.generate(idx, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                              do_sample=False, use_cache=True, pad_token_id=0, eos_token_id=None)
-        out["hf"] = seq[0, len(prompt):].tolist()
-
-    def run_ours() -> None:
-        out["ours"] = generate_fn(prompt, params) if generate_fn else generate_ids(model, prompt, params)
-
-    cmp = compare(run_hf, run_ours, warmup=warmup, repeats=repeats, device=model.device)
-    return {"new_tokens": new_tokens, "prompt_len": len(prompt), "hf_s": cmp.baseline.median,
-            "ours_s": cmp.candidate.median, "hf_tok_s": new_tokens / cmp.baseline.median,
-            "ours_tok_s": new_tokens / cmp.candidate.median, "ratio": cmp.speedup,
-            "identical": same_tokens([out["hf"]], [out["ours"]]).ok, "attn_implementation": attn_implementation}
+    The measurement kit's `minillm.bench.hf_compare.hf_comparison` with chapter 04's `generate_ids(model, ...)` as
+    ours unless `generate_fn(prompt, params) -> ids` names another batch-1 path over the same model."""
+    ours = generate_fn or (lambda prompt, params: generate_ids(model, prompt, params))
+    return kit_hf_comparison(model, prompt, new_tokens, ours, warmup=warmup, repeats=repeats,
+                             attn_implementation=attn_implementation)
 
 
 def profile_ops(model: GPT, prompt: list[int], new_tokens: int = 128) -> dict[str, dict[str, float]]:
@@ -305,21 +288,19 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def build_parser() -> argparse.ArgumentParser:
+    ap = bench_parser("python -m minillm.kvcache.bench", __doc__.splitlines()[0], "smaller workload (~10 s)")
+    ap.add_argument("--profile", action="store_true", help="only profile ours vs HF generate (op time by group)")
+    return ap
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minillm.kvcache.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller workload (~10 s)")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
-    parser.add_argument("--threads", type=int, help="torch.set_num_threads for the run")
-    parser.add_argument("--json", metavar="PATH", help="also write the full report as JSON")
-    parser.add_argument("--profile", action="store_true", help="only profile ours vs HF generate (op time by group)")
-    args = parser.parse_args(argv)
-    check_output_file(args.json, "--json", (".json",))
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    loaded = load_model("base", resolve_device(args.device))
+    args = start(build_parser(), argv)
+    loaded = load_model("base", resolve_device(args.device), args.seed)
     model, label = loaded.model, loaded.label
     if args.profile:
-        prof = profile_ops(model, eval_prompts([16], model.config.vocab_size, real_text=loaded.trained)[0])
+        prof = profile_ops(model, eval_prompts([16], model.config.vocab_size, real_text=loaded.trained,
+                                               seed=args.seed)[0])
         for name, r in prof.items():
             print(f"{name:5s} " + "  ".join(f"{k} {v:.0f}" for k, v in r.items()))
         print("one-token projection, us, ours nn.Linear (out, in) / HF Conv1D (in, out), same weights:")
@@ -327,12 +308,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:12s} hot {r['ours_hot']:6.1f} / {r['hf_hot']:6.1f}   streamed (decode order) "
                   f"{r['ours_streamed']:6.1f} / {r['hf_streamed']:6.1f}   max |diff| {r['max_abs_diff']:.1e}")
         return 0
-    report = run_all(model, real_text=loaded.trained, quick=args.quick, full=not args.quick)
+    report = run_all(model, real_text=loaded.trained, quick=args.quick, seed=args.seed, full=not args.quick)
     report["model"] = label
     print(f"model: {label}")
     print(format_table(report))
-    if args.json:
-        write_report(args.json, report)
+    write_report(args.json, report)
     return 0
 
 

@@ -22,11 +22,11 @@ from typing import Any, Callable, Iterator
 import torch
 
 from minillm.bench.check import same_tokens
-from minillm.bench.cli import write_report
+from minillm.bench.cli import add_bench_options, apply_bench_options, write_report
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
 from minillm.core.config import check_int
-from minillm.core.device import DEVICE_CHOICES, resolve_device
+from minillm.core.device import resolve_device
 from minillm.core.hf import to_hf_model
 from minillm.core.io import atomic_save_figure, check_output_file
 from minillm.core.metrics import PeakMemory, RequestTimes, summarize, timed_stream
@@ -241,13 +241,9 @@ def run_all(model: torch.nn.Module, real_text: bool, quick: bool = False, seed: 
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    check_output_file(args.json, "--json", (".json",))
+    apply_bench_options(args)  # --threads (checked, then set) and the --json path, before any work
     check_output_file(args.plot, "--plot", (".png",))
     device = resolve_device(args.device)
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)  # on a shared CPU, fewer threads than cores avoids spin-wait thrashing
     loaded = load_model(args.model, device, seed=args.seed, random_init=args.random_init)
     model, tokenizer = loaded.model, loaded.tokenizer
     case = BenchCase(prompt_len=args.prompt_len, new_tokens=args.new_tokens, repeats=args.repeats, warmup=args.warmup)
@@ -269,8 +265,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmark generation paths on a model: TTFT, TPOT, ITL, tokens/s, memory")
+BENCH_HELP = "benchmark generation paths on a model: TTFT, TPOT, ITL, tokens/s, memory"
+
+
+def add_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options of `minillm bench`: the shared ones (`minillm.bench.cli`) and this harness's own."""
+    add_bench_options(p)
     p.add_argument("--model", default="base", help="shipped checkpoint (base, draft) or, with --random-init, "
                    "any GPTConfig preset (default: base)")
     p.add_argument("--random-init", action="store_true", help="random weights of the preset's shape, no checkpoint")
@@ -280,11 +280,17 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--new-tokens", type=int, default=64, help="tokens to generate (default 64)")
     p.add_argument("--repeats", type=int, default=3, help="timed requests per generator (default 3)")
     p.add_argument("--warmup", type=int, default=1, help="untimed requests per generator first (default 1)")
-    p.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="where to run (default: auto)")
-    p.add_argument("--threads", type=int, help="torch.set_num_threads for the run (default: PyTorch's choice)")
-    p.add_argument("--seed", type=int, default=0, help="seed for random weights and random prompts (default 0)")
     p.add_argument("--roofline", action="store_true", help="also measure the machine and report the decode bound")
     p.add_argument("--quick-roofline", action="store_true", help="smaller roofline micro-benchmarks")
-    p.add_argument("--json", metavar="PATH", help="write the full results as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG figure (per-token latency, tokens/s)")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`minillm bench` as a parser of its own (what `add_commands` adds to the `minillm` command)."""
+    return add_options(argparse.ArgumentParser(prog="minillm bench", description=BENCH_HELP))
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = add_options(sub.add_parser("bench", help=BENCH_HELP))
     p.set_defaults(handler=_cmd_bench)

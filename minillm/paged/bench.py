@@ -22,11 +22,10 @@ from typing import Any
 import torch
 
 from minillm.bench.check import same_tokens
-from minillm.bench.cli import write_report
+from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
 from minillm.core.device import resolve_device
-from minillm.core.io import check_output_file
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.core.timing import compare
@@ -398,21 +397,17 @@ def format_markdown(report: dict[str, Any], label: str) -> str:
     return "\n".join(out)
 
 
+def build_parser() -> argparse.ArgumentParser:
+    return bench_parser("python -m minillm.paged.bench", main.__doc__, "smaller workloads")
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m minillm.paged.bench [--quick] [--json PATH]`: every chapter 05 measurement, as Markdown."""
-    parser = argparse.ArgumentParser(prog="python -m minillm.paged.bench", description=main.__doc__)
-    parser.add_argument("--quick", action="store_true", help="smaller workloads")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or auto")
-    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
-    parser.add_argument("--json", metavar="PATH", help="also write the raw report as JSON")
-    args = parser.parse_args(argv)
-    check_output_file(args.json, "--json", (".json",))
-    torch.set_num_threads(args.threads)
-    loaded = load_model("base", resolve_device(args.device))
-    report = run_all(loaded.model, real_text=loaded.trained, quick=args.quick)
+    args = start(build_parser(), argv)
+    loaded = load_model("base", resolve_device(args.device), args.seed)
+    report = run_all(loaded.model, real_text=loaded.trained, quick=args.quick, seed=args.seed)
     print(format_markdown(report, loaded.label))
-    if args.json:
-        write_report(args.json, report)
+    write_report(args.json, report)
     return 0
 
 

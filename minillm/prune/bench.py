@@ -17,13 +17,14 @@ What it reports:
   - one linear layer (256 -> 1024) at 50/70/90% zeros: dense `F.linear` against a CSR sparse matmul, at 1 and 256
     tokens, microseconds per call;
   - on a CUDA GPU of compute capability 8.0+: `semi_structured.layer_speed`, the 2:4 kernel against dense.
-The command: `python -m minillm.prune.bench [--quick] [--threads N] [--json FILE]` (quick ~40 s, default ~5 min
-on one thread; the tour runs the `tour` sizes in under a minute). Timings on a shared CPU are noisy; perplexity,
+The command: `python -m minillm.prune.bench [--quick | --size S] [--threads N] [--json FILE]` (quick ~40 s,
+default ~5 min on one thread; the tour runs the `tour` sizes in under a minute). Timings on a shared CPU are noisy; perplexity,
 agreement, bytes and masks are deterministic.
 """
 
 from __future__ import annotations
 
+import argparse
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -33,13 +34,17 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.nn.utils.prune as torch_prune
 
+from minillm.bench.agreement import teacher_forced_agreement
 from minillm.bench.check import same_tokens
 from minillm.bench.cli import bench_parser, pick_size, start, write_report
+from minillm.bench.driver import engine_tokens
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.core.timing import compare
+from minillm.engine.config import EngineConfig
+from minillm.engine.llm import LLM
 from minillm.gpt.dataset import default_eval_tokens
 from minillm.gpt.eval import perplexity
 from minillm.kvcache.generate import generate_ids
@@ -56,7 +61,6 @@ from minillm.prune.structured import (
     recover,
 )
 from minillm.prune.unstructured import block_linears, block_weights, prune_model, weight_sparsity
-from minillm.quant.bench import engine_tokens, teacher_forced_agreement
 from minillm.quant.gptq import calibration_windows
 from minillm.quant.outliers import inject_outliers
 
@@ -66,6 +70,7 @@ SPARSITIES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
 OUTLIER_CHANNELS, OUTLIER_FACTOR = (3, 77, 150), 16.0
 RECOVERY_LR = 1e-4  # AdamW, constant, KL to the dense model; 40 steps of 4 x 256 tokens take ~30 s on one thread
 PROMPT_LEN = 32
+ENGINE = dict(num_blocks=64, block_size=16, max_num_seqs=8)  # the engine of the engine checks: every prompt at once
 
 
 @dataclass(frozen=True)
@@ -135,7 +140,7 @@ class Harness:
     def agreement(self, pruned: nn.Module) -> dict[str, Any]:
         agree, total = teacher_forced_agreement(self.model, pruned, self.sequences, self.prompt_len)
         tokens = [generate_ids(pruned, p, self.greedy) for p in self.prompts]
-        eng = engine_tokens(pruned, self.prompts, self.greedy)
+        eng = engine_tokens(LLM(pruned, None, EngineConfig(**ENGINE)), self.prompts, self.greedy)
         return {"agreement": agree / total, "identical_prompts": same_tokens(self.dense_tokens, tokens).equal,
                 "engine_same_as_generate": same_tokens(tokens, eng).equal, "prompts": self.num_prompts}
 
@@ -349,13 +354,17 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def build_parser() -> argparse.ArgumentParser:
+    return bench_parser("python -m minillm.prune.bench", __doc__.splitlines()[0],
+                        "the smallest sizes, as the tour's --quick (~40 s): 50% only, 25% structured, short recovery",
+                        sizes=SIZES)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = bench_parser("python -m minillm.prune.bench", __doc__.splitlines()[0],
-                      "the smallest sizes, as the tour's --quick (~40 s): 50% only, 25% structured, short recovery")
-    args = start(ap, argv)
+    args = start(build_parser(), argv)
     loaded = load_model("base", args.device, args.seed)
     draft = load_model("draft", args.device, args.seed)
-    report = run_all(loaded.model, real_text=loaded.trained, size="quick" if args.quick else "full", seed=args.seed,
+    report = run_all(loaded.model, real_text=loaded.trained, size=args.size, seed=args.seed,
                      draft=draft.model if draft.trained else None)
     report["model"] = loaded.label
     print(f"model: {loaded.label}")

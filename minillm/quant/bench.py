@@ -18,8 +18,8 @@ by GPTQ and by a short QAT fine-tune; W8A8 with dynamic per-token activation sca
     LLM.int8's decomposition and after SmoothQuant;
   - one layer's cost at batch 1 and at 256 tokens: fp32 `F.linear`, de-quantize-then-multiply, and W8A8 through
     `torch._int_mm` and through its exact float64 twin: where de-quantization costs more than it saves.
-The command: `python -m minillm.quant.bench [--quick] [--json FILE]` (quick ~1 min, default ~6-8 min on one
-thread; the tour runs the `tour` sizes in about a minute). Timings on a shared CPU are noisy; quality numbers
+The command: `python -m minillm.quant.bench [--quick | --size S] [--threads N] [--json FILE]` (quick ~1 min,
+default ~6-8 min on one thread; the tour runs the `tour` sizes in about a minute). Timings on a shared CPU are noisy; quality numbers
 (perplexity, agreement, bytes) are deterministic.
 """
 
@@ -35,11 +35,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from minillm.bench.agreement import teacher_forced_agreement
 from minillm.bench.check import same_tokens
-from minillm.bench.cli import cpu_description, pick_size, write_report
+from minillm.bench.cli import bench_parser, cpu_description, pick_size, start, write_report
+from minillm.bench.driver import engine_tokens
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
-from minillm.core.io import check_output_file
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.core.timing import compare, measure
@@ -84,6 +85,7 @@ SIZES = {
     "full": Sizes(16384, 16, 48, 64, 5, 30, 32, 8192, 7, 50),  # python -m minillm.quant.bench: 6-8 minutes
 }
 PROMPT_LEN = 32
+ENGINE = dict(num_blocks=64, block_size=16, max_num_seqs=8)  # the engine of the engine checks: every prompt at once
 
 
 CASES: tuple[Case, ...] = (
@@ -127,23 +129,6 @@ def build(model: GPT, case: Case, calibration: torch.Tensor, qat_steps: int = 20
 
 
 @torch.inference_mode()
-def teacher_forced_agreement(reference: nn.Module, candidate: nn.Module, sequences: list[list[int]],
-                             prompt_len: int) -> tuple[int, int]:
-    """(positions where the two models' argmax agree, positions) over each sequence's continuation part.
-
-    Both read the same tokens (fp32's greedy output), so one early difference cannot cascade into later ones.
-    """
-    agree = total = 0
-    for seq in sequences:
-        idx = torch.tensor([seq[:-1]], device=reference.device)  # (1, T)
-        a = reference(idx)[0, prompt_len - 1:].argmax(-1)  # (n_new,)
-        b = candidate(idx)[0, prompt_len - 1:].argmax(-1)
-        agree += int((a == b).sum())
-        total += a.numel()
-    return agree, total
-
-
-@torch.inference_mode()
 def kv_perplexity(model: nn.Module, tokens: torch.Tensor, make_cache: Callable[[int, int], Any],
                   batch_size: int = 8) -> float:
     """Perplexity with attention reading K/V back from a cache: each window of block_size tokens is run as one
@@ -176,9 +161,7 @@ def kv_int8_case(model: GPT, val: torch.Tensor, prompts: list[list[int]], fp32_t
     ppl = kv_perplexity(model, val, lambda B, T: Int8ContiguousKVCache(cfg, B, T))
     max_len = len(prompts[0]) + greedy.max_new_tokens
     tokens = [generate_ids(model, p, greedy, kv_cache=Int8ContiguousKVCache(cfg, 1, max_len)) for p in prompts]
-    engine = LLM(model, None, EngineConfig(num_blocks=64, block_size=16, max_num_seqs=8,
-                                           attention_backend="paged-int8"))
-    eng = [o.output_token_ids for o in engine.generate(prompts, greedy)]
+    eng = engine_tokens(LLM(model, None, EngineConfig(**ENGINE, attention_backend="paged-int8")), prompts, greedy)
     n = len(decode_prompt) + decode_params.max_new_tokens
     cmp = compare(lambda: generate_ids(model, decode_prompt, decode_params),
                   lambda: generate_ids(model, decode_prompt, decode_params,
@@ -221,11 +204,6 @@ def outlier_study(model: GPT, val: torch.Tensor, calibration: torch.Tensor) -> d
                                "layers": len(stats),
                                "ppl_delta_pct": {k: (v / base_ppl - 1) * 100 for k, v in ppl.items()}})
     return report
-
-
-def engine_tokens(model: nn.Module, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
-    llm = LLM(model, None, EngineConfig(num_blocks=64, block_size=16, max_num_seqs=8))
-    return [o.output_token_ids for o in llm.generate(prompts, params)]
 
 
 def layer_costs(in_features: int = 256, out_features: int = 1024, tokens: tuple[int, ...] = (1, 256),
@@ -309,7 +287,7 @@ def run_all(model: GPT, real_text: bool, size: str = "full", seed: int = 0) -> d
             row.update(tok_s=sz.decode_new / cmp.candidate.median, fp32_tok_s=sz.decode_new / cmp.baseline.median,
                        speedup=cmp.speedup)
             if case.method == "gptq" or case.name == "int8 weight-only":
-                eng = engine_tokens(scored, prompts, greedy)
+                eng = engine_tokens(LLM(scored, None, EngineConfig(**ENGINE)), prompts, greedy)
                 row["engine"] = {"same_as_generate": same_tokens(tokens, eng).equal,
                                  "same_as_fp32": same_tokens(fp32_tokens, eng).equal, "prompts": sz.num_prompts}
         report["cases"].append(row)
@@ -362,21 +340,20 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def build_parser() -> argparse.ArgumentParser:
+    # CPU only: the int8 kernels timed here (torch._int_mm, the de-quantizing linears) are the CPU's.
+    return bench_parser("python -m minillm.quant.bench", __doc__.splitlines()[0],
+                        "the smallest sizes, as the tour's --quick (~1 min)", sizes=SIZES, devices=("cpu",))
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minillm.quant.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the smallest sizes, as the tour's --quick (~1 min)")
-    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for the run (default 1)")
-    parser.add_argument("--json", metavar="PATH", help="also write the full report as JSON")
-    args = parser.parse_args(argv)
-    check_output_file(args.json, "--json", (".json",))
-    torch.set_num_threads(args.threads)
-    loaded = load_model("base", "cpu")
-    report = run_all(loaded.model, real_text=loaded.trained, size="quick" if args.quick else "full")
+    args = start(build_parser(), argv)
+    loaded = load_model("base", args.device, args.seed)
+    report = run_all(loaded.model, real_text=loaded.trained, size=args.size, seed=args.seed)
     report["model"] = loaded.label
     print(f"model: {loaded.label}")
     print(format_table(report))
-    if args.json:
-        write_report(args.json, report)
+    write_report(args.json, report)
     return 0
 
 

@@ -20,6 +20,7 @@ Speculation inside chapter 06's engine has its own benchmark, `minillm.speculati
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 from dataclasses import dataclass
@@ -382,9 +383,13 @@ def format_report(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def build_parser() -> argparse.ArgumentParser:
+    return bench_parser("python -m minillm.speculative.bench", __doc__.split("\n")[0],
+                        "shorter generations, fewer γ and repeats")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = start(bench_parser("python -m minillm.speculative.bench", __doc__.split("\n")[0],
-                              "shorter generations, fewer γ and repeats"), argv)
+    args = start(build_parser(), argv)
     report = run_all(resolve_device(args.device), quick=args.quick, seed=args.seed)
     print(format_report(report))
     write_report(args.json, report)

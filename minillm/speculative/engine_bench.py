@@ -26,6 +26,7 @@ so outputs can be compared token for token).
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -44,7 +45,6 @@ from minillm.core.timing import compare
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
 from minillm.speculative.engine import SpeculativeConfig, SpeculativeLLM
-from minillm.speculative.verify_cache import VerifyKVCache  # noqa: F401  (registers "verify")
 
 EOT = "<|endoftext|>"
 
@@ -170,12 +170,17 @@ def format_report(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = bench_parser("python -m minillm.speculative.engine_bench", __doc__.split("\n")[0],
                       "two loads, short outputs, one repeat")
     ap.add_argument("--method", default="prompt-lookup", choices=("prompt-lookup", "draft-model"))
     ap.add_argument("--gamma", type=int, default=4, help="draft tokens per request per step (default 4)")
     ap.add_argument("--loads", help="comma-separated concurrency levels (default 1,2,4,8,16,32,64; quick 1,8)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = start(ap, argv)
     if args.gamma < 1:
         ap.error(f"--gamma must be >= 1, got {args.gamma}")
