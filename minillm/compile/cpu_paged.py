@@ -4,7 +4,9 @@ What it adds: `CppSelectiveKVCache`, chapter 06's default engine cache (`Selecti
 prompt chunks looped) whose decode attention is `paged_decode_attention` of `csrc/decode_cpu.cpp`: for each
 sequence and head, the new token's query against that sequence's keys and values where they lie in the paged pool
 (token j at offset j % bs of block table[j // bs]), the same loop the fused batch-1 step uses over its contiguous
-cache. Importing this module registers it; pick it with `EngineConfig(attention_backend="selective-cpp")`.
+cache. Importing this module registers it; pick it with `EngineConfig(attention_backend="selective-cpp")` (the
+registry imports it on first use). Without a C++ compiler or ninja, building it is a RuntimeError naming the backend
+and what is missing.
 
 Why: on the CPU, the PyTorch decode path first gathers every sequence's blocks into a contiguous copy
 (`index_select`, then SDPA). At decode sizes the copy and the per-layer operator calls cost more than the attention:
@@ -44,8 +46,14 @@ class CppSelectiveKVCache(SelectiveKVCache):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        # Built (or loaded) now: a missing compiler fails when the engine starts, not in the middle of a step.
-        self._ext = load_cpu_ext() if self.device.type == "cpu" and self.dtype == torch.float32 else None
+        # Built (or loaded) now: a missing compiler fails when the engine starts, not in the middle of a step, and
+        # the error names the backend (the user picked a name, not an extension).
+        self._ext = None
+        if self.device.type == "cpu" and self.dtype == torch.float32:
+            try:
+                self._ext = load_cpu_ext()
+            except RuntimeError as e:
+                raise RuntimeError(f"attention backend {NAME!r} cannot be built: {e}") from e
 
     def _attend_decode(self, layer_idx: int, q: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
         """q (1, nh, S, hs), one new token per sequence -> (1, nh, S, hs)."""
