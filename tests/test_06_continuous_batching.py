@@ -354,7 +354,9 @@ def test_abort_frees_everything(model, where):
     assert target is not None, f"no request ever reached {where}"
     assert llm.abort(target)
     assert not llm.abort(target)  # twice: nothing left to abort
-    assert llm.swap_space.num_used == sum(r.swapped_kv.num_blocks for r in llm.scheduler.swapped)
+    d.step()  # the abort's discard is step data: the executor drops the host copy with the next step
+    assert llm.swap_space.num_used == llm.scheduler.num_swap_blocks_used == sum(
+        r.num_swapped_blocks for r in llm.scheduler.swapped)
     d.run()
     assert d.final[target] == d.streamed[target] and len(d.final[target]) < 20
     assert llm.swap_space.num_used == 0 and llm.block_manager.num_free_blocks == cfg.num_blocks
@@ -473,18 +475,17 @@ def test_swap_out_then_in_restores_every_block_in_order(model):
     g = torch.Generator().manual_seed(0)
     for pool in cache.k_pools + cache.v_pools:
         pool.copy_(torch.randn(pool.shape, generator=g))
-    space = SwapSpace(cache, num_swap_blocks=4)
-    req = Request("r", [1, 2, 3], SamplingParams.greedy(2))
+    space = SwapSpace(cache)
     old, new = [5, 2, 7], [1, 6, 3]
     before = [pool[old].clone() for pool in cache.k_pools + cache.v_pools]  # (3, bs, nh, hs) each
-    space.swap_out(req, old)
+    space.swap_out("r", old)
     assert space.num_used == 3
     for pool in cache.k_pools + cache.v_pools:
         pool.zero_()  # freed blocks get overwritten by others meanwhile
-    space.swap_in(req, new)
+    space.swap_in("r", new)
     for pool, b in zip(cache.k_pools + cache.v_pools, before):
         assert torch.equal(pool[new], b)
-    assert space.num_used == 0 and req.swapped_kv is None
+    assert space.num_used == 0 and not space.stored
 
 
 def test_swap_preemption_gives_the_tokens_of_a_run_alone(model):
@@ -494,6 +495,7 @@ def test_swap_preemption_gives_the_tokens_of_a_run_alone(model):
     llm = LLM(model, None, EngineConfig(num_blocks=10, block_size=4, max_num_seqs=4, max_num_batched_tokens=16,
                                         preemption_mode="swap", num_swap_blocks=10))
     outs = _run_checked(llm, prompts, params)
-    assert llm.swap_space.num_swap_outs > 0 and llm.swap_space.num_swap_ins > 0
+    assert llm.swap_space.num_swap_outs == llm.scheduler.num_swap_outs > 0
+    assert llm.swap_space.num_swap_ins == llm.scheduler.num_swap_ins > 0
     for (rid, got), p, sp in zip(outs.items(), prompts, params):
         assert got == _alone(model, p, sp), rid

@@ -27,7 +27,7 @@ import minillm.speculative.sampling as spec_sampling
 from helpers import EngineDriver, PoisonedParams, context_model, random_prompts
 from minillm import GPT, GPTConfig, load_tokenizer
 from minillm.core.sampling import SamplingParams, probs_from_logits
-from minillm.engine import LLM, EngineConfig, ModelRunner
+from minillm.engine import LLM, EngineConfig, ModelRunner, Sampler, Scheduler
 from minillm.kvcache.generate import generate, generate_ids
 from minillm.naive.generate import collect
 from minillm.paged import BlockManager, PagedBatch, PagedKVCache
@@ -704,13 +704,22 @@ def test_scheduler_checks_that_no_draft_outlives_its_step(model):
         spec.scheduler.check_invariants()
 
 
-def test_engine_runner_cls_hook_builds_the_subclass(model):
-    """Chapter 06's hook for chapter 08: `LLM.runner_cls` picks the runner class; the pool is built once, by it."""
+def test_engine_hooks_build_the_subclasses(model):
+    """Chapter 06's hooks for chapter 08: `LLM.runner_cls`, `scheduler_cls` and `sampler_cls` pick the classes
+    `__init__` builds; the pool is built once, by the runner, and the speculative engine keeps chapter 06's runner
+    (its verify entries say what they feed and sample, so the executor needs no subclass)."""
 
     class CountingRunner(ModelRunner):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            self.num_samples = 0
+            self.num_executes = 0
+
+        def execute(self, step):
+            self.num_executes += 1
+            return super().execute(step)
+
+    class CountingSampler(Sampler):
+        num_samples = 0
 
         def sample(self, out, logits):
             self.num_samples += 1
@@ -718,15 +727,19 @@ def test_engine_runner_cls_hook_builds_the_subclass(model):
 
     class CountingLLM(LLM):
         runner_cls = CountingRunner
+        sampler_cls = CountingSampler
 
     llm = CountingLLM(model, None, CONFIGS["roomy"])
     assert isinstance(llm.runner, CountingRunner) and llm.swap_space.cache is llm.runner.cache
+    assert isinstance(llm.sampler, CountingSampler) and type(llm.scheduler) is Scheduler
     prompts, params = prompts_with_repeats(4, seed=1), mixed_params(4, seed=1)
     outs = llm.generate(prompts, params)
     assert [o.output_token_ids for o in outs] == [generate_ids(model, p, sp) for p, sp in zip(prompts, params)]
-    assert llm.runner.num_samples == llm.num_steps > 0
-    assert LLM.runner_cls is ModelRunner
-    assert isinstance(SpeculativeLLM(model).runner, spec_engine.SpeculativeModelRunner)
+    assert llm.runner.num_executes == llm.sampler.num_samples == llm.num_steps > 0
+    assert (LLM.runner_cls, LLM.scheduler_cls, LLM.sampler_cls) == (ModelRunner, Scheduler, Sampler)
+    spec = SpeculativeLLM(model)
+    assert type(spec.runner) is ModelRunner and isinstance(spec.sampler, spec_engine.SpeculativeSampler)
+    assert isinstance(spec.scheduler, SpeculativeScheduler) and spec.scheduler.drafter is spec.drafter
 
 
 @pytest.mark.slow

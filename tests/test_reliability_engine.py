@@ -18,7 +18,7 @@ from helpers import PoisonedParams, context_model, context_sensitivity
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import minillm.engine.model_runner as model_runner
+import minillm.engine.sampler as engine_sampler
 from minillm import GPT, GPTConfig
 from minillm.core.sampling import SamplingParams, sample_next
 from minillm.core.stopping import StopChecker
@@ -105,14 +105,14 @@ POISON_SEED = 13
 
 
 def _poison_sampler(monkeypatch):
-    real = model_runner.sample_next
+    real = engine_sampler.sample_next
 
     def sampler(logits, params, generator=None, processors=None):
         if params.seed == POISON_SEED:
             raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
         return real(logits, params, generator, processors)
 
-    monkeypatch.setattr(model_runner, "sample_next", sampler)
+    monkeypatch.setattr(engine_sampler, "sample_next", sampler)
 
 
 def _poison_stop_check(monkeypatch):

@@ -3,9 +3,12 @@
 - `config`: `EngineConfig` (pool size, batch limit, token budget, chunked prefill, preemption mode)
 - `request`: `Request`, `RequestStatus` (the lifecycle `Enum`), `RequestOutput` (streamed deltas)
 - `scheduler`: `Scheduler` (waiting/running/swapped queues, admission, preemption, chunked prefill; invariants)
-- `model_runner`: `ModelRunner` (one forward over a ragged batch, per-request sampling)
+- `step`: `StepInput` (one step as plain, picklable data) and `plan(scheduler_output, block_manager)`
+- `model_runner`: `ModelRunner`, the in-process executor (`execute(StepInput)`: swaps, copy-on-write, one forward
+  over a ragged batch, logits of the sampled rows)
+- `sampler`: `Sampler` (logits -> one token per sampling request, each on its own generator)
 - `selective_cache`: `SelectiveKVCache` (decodes vectorized, prompt chunks looped, in one step)
-- `swap`: `SwapSpace` (preemption by swapping KV blocks to CPU memory)
+- `swap`: `SwapSpace` (the executor's host copies of swapped-out KV blocks, by request id)
 - `frontend`: `FrontEnd` (request checks, ids, `RequestOutput`s, `generate`; shared with chapter 07)
 - `llm`: `LLM` (`generate`, `add_request`, `step`, `abort`, `has_unfinished`)
 - `static`: `run_static` (chapter 04's static batching over a whole workload: the baseline)
@@ -19,7 +22,9 @@ from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
 from minillm.engine.model_runner import ModelRunner
 from minillm.engine.request import Request, RequestOutput, RequestStatus
+from minillm.engine.sampler import Sampler
 from minillm.engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from minillm.engine.step import StepInput, plan
 
 __all__ = [
     "EngineConfig",
@@ -28,7 +33,10 @@ __all__ = [
     "Request",
     "RequestOutput",
     "RequestStatus",
+    "Sampler",
     "ScheduledRequest",
     "Scheduler",
     "SchedulerOutput",
+    "StepInput",
+    "plan",
 ]

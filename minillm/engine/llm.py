@@ -2,8 +2,10 @@
 
 It wires the pieces together: requests come in through `add_request` (the `FrontEnd` it shares with chapter 07's
 `DisaggregatedLLM` validates them there and starts their `RequestState`, so a bad one never reaches a running
-batch), the `Scheduler` picks each step's work (iteration-level, Orca §3.2), the `ModelRunner` runs one forward
-over it and samples, and `step` streams each request's new tokens as `RequestOutput` deltas. `generate` is the
+batch), the `Scheduler` picks each step's work (iteration-level, Orca §3.2), `plan` turns that choice into a
+`StepInput` (plain data), the `ModelRunner` (the in-process executor) moves its blocks and runs one forward over it,
+the `Sampler` draws each sampling request's token from the returned logits, and `step` streams each request's new
+tokens as `RequestOutput` deltas. `generate` is the
 front end's offline loop over `step` (vLLM's `LLM.generate`). Chapter 04's static batching stays the baseline:
 `minillm.kvcache.generate.generate_static_batch` (and `minillm.engine.static.run_static` for a whole workload).
 What it leaves out: an async front end and HTTP (chapter 15), parallel samples n > 1, and multiple devices.
@@ -26,17 +28,21 @@ from minillm.core.sampling import SamplingParams
 from minillm.engine.config import EngineConfig
 from minillm.engine.frontend import FrontEnd
 from minillm.engine.model_runner import ModelRunner
-from minillm.engine.request import Request, RequestOutput, RequestStatus
+from minillm.engine.request import Request, RequestOutput
+from minillm.engine.sampler import Sampler
 from minillm.engine.scheduler import Scheduler
+from minillm.engine.step import plan
 from minillm.engine.swap import SwappedKV, SwapSpace
 from minillm.paged import BlockManager
 
 
 class LLM(FrontEnd):
     stall_steps = 100  # generate() raises after this many steps in a row without a forward or an output
-    # What `__init__` builds to run the forwards (it owns the KV pool): a subclass with the same constructor may
-    # change how a step's tokens are fed and sampled (chapter 08 verifies draft tokens) without a second pool.
-    runner_cls: type[ModelRunner] = ModelRunner
+    # The three parts `__init__` builds, each a hook a subclass may replace (chapter 08 swaps the scheduler, which
+    # adds draft tokens to the step, and the sampler, which runs the acceptance rule on them):
+    runner_cls: type[ModelRunner] = ModelRunner  # the executor: owns the KV pool, runs a StepInput -> logits
+    scheduler_cls: type[Scheduler] = Scheduler  # built as scheduler_cls(config, block_manager, **_scheduler_kwargs())
+    sampler_cls: type[Sampler] = Sampler  # logits of the sampled rows -> tokens, on the requests' own generators
 
     def __init__(self, model: GPT, tokenizer: Any = None, config: EngineConfig | None = None,
                  eos_id: int | None = None):
@@ -65,11 +71,19 @@ class LLM(FrontEnd):
         self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.runner = self.runner_cls(model, config.num_blocks, config.block_size, device=self.device,
                                       kv_dtype=config.kv_dtype, attention_backend=config.attention_backend)
-        # Always there: besides swap preemption it parks the KV of requests prefilled elsewhere (chapter 07).
-        self.swap_space = SwapSpace(self.runner.cache, config.num_swap_blocks)
-        self.scheduler = Scheduler(config, self.block_manager, self.swap_space)
+        self.scheduler = self.scheduler_cls(config, self.block_manager, **self._scheduler_kwargs())
+        self.sampler = self.sampler_cls()
         self.num_steps = 0
         self.last_schedule = None
+
+    def _scheduler_kwargs(self) -> dict[str, Any]:
+        """Extra constructor arguments for `scheduler_cls` (chapter 08's drafter and γ); none for chapter 06's."""
+        return {}
+
+    @property
+    def swap_space(self) -> SwapSpace:
+        """The executor's host swap space: swapped-out KV by request id, and chapter 07's prefilled arrivals."""
+        return self.runner.swap_space
 
     # ------------------------------------------------------------------------------------------------ requests
 
@@ -143,12 +157,10 @@ class LLM(FrontEnd):
             x = torch.cat([x, x.new_zeros(pad, *x.shape[1:])]) if pad else x
             return x.reshape(n_blocks, bs, *x.shape[1:]).to("cpu", self.runner.kv_dtype)
 
-        req.swapped_kv = SwappedKV([blocks(kv[l, 0]) for l in range(cfg.n_layer)],
-                                   [blocks(kv[l, 1]) for l in range(cfg.n_layer)], n_blocks)
-        self.swap_space.num_used += n_blocks  # not limited by the swap capacity: it is an arrival, not a victim
-        req.status = RequestStatus.SWAPPED
+        self.swap_space.put(rid, SwappedKV([blocks(kv[l, 0]) for l in range(cfg.n_layer)],
+                                           [blocks(kv[l, 1]) for l in range(cfg.n_layer)], n_blocks))
         self._requests[rid] = req
-        self.scheduler.swapped.append(req)
+        self.scheduler.add_swapped(req, n_blocks)  # admitted like a swapped request; its swap-in is step data
         return rid
 
     def abort(self, request_id: str) -> bool:
@@ -163,7 +175,9 @@ class LLM(FrontEnd):
         return True
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """True while a request is queued or running, or an output is still to be handed out (an abort's, one
+        finished on arrival): a loop `while llm.has_unfinished(): llm.step()` delivers every final output."""
+        return self.scheduler.has_unfinished() or bool(self._pending)
 
     @property
     def num_unfinished(self) -> int:
@@ -172,7 +186,8 @@ class LLM(FrontEnd):
     # ------------------------------------------------------------------------------------------------ stepping
 
     def step(self) -> list[RequestOutput]:
-        """One iteration: schedule, one forward, sample, update; the outputs of every request that advanced.
+        """One iteration: schedule, plan, execute (byte moves + one forward), sample, update; the outputs of every
+        request that advanced.
 
         A request appears when it produced a token or finished; prompt chunks that produce nothing stay silent.
         """
@@ -181,11 +196,15 @@ class LLM(FrontEnd):
         self.last_schedule = sched  # kept for inspection (tests, the notebook's schedule plot)
         if sched.is_empty:
             return self._merge(outputs)
+        step = plan(sched, self.block_manager)  # plain data: what a second rank would be sent
+        if not sched.scheduled:  # only bytes to move (a swap-out whose request could not be rescheduled, discards)
+            self.runner.execute(step)
+            return self._merge(outputs)
         now_first = time.perf_counter()
         for s in sched.scheduled:
             if s.request.first_scheduled_time is None:
                 s.request.first_scheduled_time = now_first
-        tokens = self.runner.run(sched, self.block_manager)
+        tokens = self.sampler.sample(sched, self.runner.execute(step))
         now = time.perf_counter()
         finished = self.scheduler.update(sched, tokens, now)
         if self.config.enable_prefix_caching:

@@ -55,7 +55,7 @@ class Request:
     num_preemptions: int = 0
     finish_reason: str | None = None
     num_streamed: int = 0  # output tokens already handed out by `step()` (the rest are the next delta)
-    swapped_kv: "object | None" = None  # CPU copy of the KV while SWAPPED (see minillm.engine.swap)
+    num_swapped_blocks: int = 0  # host blocks its KV occupies while SWAPPED (the executor holds the bytes)
     token_times: list[float] = field(default_factory=list)  # perf_counter() when each output token was ready
     first_scheduled_time: float | None = None
 
@@ -106,6 +106,15 @@ class Request:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """all_token_ids[start:end] without building the whole list (a decode reads one token of thousands)."""
+        p = len(self.prompt_token_ids)
+        if end <= p:
+            return self.prompt_token_ids[start:end]
+        if start >= p:
+            return self.output_token_ids[start - p : end - p]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -44,12 +44,27 @@ class ScheduledRequest:
         """True when this step reaches the last known token, so its logits give the next output token."""
         return self.start + self.num_new_tokens == self.request.num_tokens
 
+    def fed_tokens(self) -> list[int]:
+        """The token ids this entry feeds, one per position start .. start + num_new_tokens - 1."""
+        return self.request.token_slice(self.start, self.start + self.num_new_tokens)
+
+    def sample_rows(self) -> range:
+        """Which of this entry's rows (0 .. num_new_tokens - 1) go through the output head: its last, if it samples.
+        Chapter 08's verify entry overrides it to sample the last known token's row and every draft's."""
+        n = self.num_new_tokens
+        return range(n - 1, n) if self.samples else range(0)
+
 
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)  # decodes first, then prompt chunks
     preempted: list[Request] = field(default_factory=list)  # requests preempted in this step
     cow_pairs: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) block copies before the forward
+    # Swaps are step data too, decided here and carried out by the executor before the forward (swap-outs first:
+    # a victim's blocks may go to another request in this same step). Keys are request ids.
+    swap_out: list[tuple[str, list[int]]] = field(default_factory=list)  # (request id, its pool blocks) -> host
+    swap_in: list[tuple[str, list[int]]] = field(default_factory=list)  # (request id, its new pool blocks) <- host
+    swap_discard: list[str] = field(default_factory=list)  # host copies to drop (a swapped request was aborted)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -57,24 +72,29 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled
+        """Nothing to run: no forward and no bytes to move."""
+        return not (self.scheduled or self.swap_out or self.swap_in or self.swap_discard)
 
 
 class Scheduler:
-    """Queues plus one decision per step. It moves requests between queues and blocks; it never touches tensors
-    (KV copies for swapping go through `swapper`, an object with `can_swap_out(n_blocks)`, `swap_out(request,
-    block_table)`, `swap_in(request, block_table)` and `discard(request)`)."""
+    """Queues plus one decision per step. It moves requests between queues and blocks; it never touches tensors.
 
-    def __init__(self, config: EngineConfig, block_manager, swapper=None):
-        if config.preemption_mode == "swap" and swapper is None:
-            raise ValueError("preemption_mode='swap' needs a swapper (see minillm.engine.swap.SwapSpace)")
+    Swapping is bookkeeping here too: the scheduler counts the host blocks a swapped request holds
+    (`num_swap_blocks_used`, at most `config.num_swap_blocks`) and writes what to copy into the step's
+    `SchedulerOutput.swap_out` / `swap_in` / `swap_discard`; the executor moves the bytes.
+    """
+
+    def __init__(self, config: EngineConfig, block_manager):
         self.config = config
         self.block_manager = block_manager
-        self.swapper = swapper
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order = priority order (head first)
         self.swapped: deque[Request] = deque()
         self.num_preemptions = 0
+        self.num_swap_blocks_used = 0  # host blocks held by SWAPPED requests (== sum of their num_swapped_blocks)
+        self.num_swap_outs = 0
+        self.num_swap_ins = 0
+        self._discards: list[str] = []  # host copies of aborted swapped requests, dropped with the next step
         # Admission leaves this many blocks free for running decodes that will cross a block boundary soon, so a
         # fresh admission is not the next step's victim (vLLM's watermark). Ignored when nothing runs (see below).
         self.watermark_blocks = max(1, config.num_blocks // 100)
@@ -84,6 +104,16 @@ class Scheduler:
     def add(self, request: Request) -> None:
         assert request.status is RequestStatus.WAITING and request.num_computed_tokens == 0
         self.waiting.append(request)
+
+    def add_swapped(self, request: Request, num_blocks: int) -> None:
+        """Queue a request whose KV already sits in host memory under its id (chapter 07's prefilled arrivals):
+        it is admitted like a swapped request, in order. Not bounded by the swap capacity: it is an arrival, not
+        a victim."""
+        assert request.status is RequestStatus.WAITING and num_blocks > 0
+        request.status = RequestStatus.SWAPPED
+        request.num_swapped_blocks = num_blocks
+        self.num_swap_blocks_used += num_blocks
+        self.swapped.append(request)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
@@ -105,11 +135,14 @@ class Scheduler:
         return None
 
     def _release(self, req: Request) -> None:
-        """Give back everything `req` holds: its pool blocks if running, its CPU copy if swapped."""
+        """Give back everything `req` holds: its pool blocks if running, its host copy if swapped (the executor
+        drops the bytes with the next step: `SchedulerOutput.swap_discard`)."""
         if req.status is RequestStatus.RUNNING:
             self.block_manager.free(req.request_id)
-        elif req.status is RequestStatus.SWAPPED and self.swapper is not None:
-            self.swapper.discard(req)
+        elif req.status is RequestStatus.SWAPPED:
+            self.num_swap_blocks_used -= req.num_swapped_blocks
+            req.num_swapped_blocks = 0
+            self._discards.append(req.request_id)
         req.num_block_tokens = 0
 
     def _blocks_for(self, num_tokens: int) -> int:
@@ -138,24 +171,26 @@ class Scheduler:
         return self.block_manager.num_free_blocks >= needed
         # END SOLUTION
 
-    def _preempt(self, victim: Request) -> None:
+    def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
         """Take `victim` out of the running batch and free its blocks (I7).
 
-        Swap: copy its blocks to CPU memory and keep its progress. Recompute (or swap space full): drop its KV;
+        Swap: its blocks go to host memory (`out.swap_out`) and it keeps its progress. Recompute (or swap space
+        full): drop its KV;
         it goes back to the *front* of `waiting` and recomputes prompt + outputs so far as one long prefill,
         whose last logits give exactly the token the next decode would have (same generator, no extra draw).
         """
         self.num_preemptions += 1
         victim.num_preemptions += 1
         n_blocks = self._blocks_for(victim.num_block_tokens)
-        if (
-            self.config.preemption_mode == "swap"
-            and self.swapper is not None
-            and self.swapper.can_swap_out(n_blocks)
-        ):
-            self.swapper.swap_out(victim, self.block_manager.block_table(victim.request_id))
+        if self.config.preemption_mode == "swap" and self.num_swap_blocks_used + n_blocks <= self.config.num_swap_blocks:
+            table = self.block_manager.block_table(victim.request_id)
+            assert len(table) == n_blocks, (table, n_blocks)
+            out.swap_out.append((victim.request_id, table))  # copied before anything reuses these blocks
             self.block_manager.free(victim.request_id)
             victim.status = RequestStatus.SWAPPED
+            victim.num_swapped_blocks = n_blocks
+            self.num_swap_blocks_used += n_blocks
+            self.num_swap_outs += 1
             self.swapped.append(victim)
             return
         self.block_manager.free(victim.request_id)
@@ -186,7 +221,8 @@ class Scheduler:
            `_can_admit` says yes (I5), allocating blocks for the whole known sequence at once and scheduling its
            first chunk (or, without chunking, all of it).
         """
-        out = SchedulerOutput()
+        out = SchedulerOutput(swap_discard=self._discards)
+        self._discards = []
         # BEGIN SOLUTION
         cfg, bm = self.config, self.block_manager
         budget = cfg.max_num_batched_tokens
@@ -200,7 +236,7 @@ class Scheduler:
                 continue
             while req.num_block_tokens < req.num_tokens and not bm.can_append(req.request_id):
                 victim = self.running.pop()  # I7: the latest admitted; never one already scheduled (they are < i)
-                self._preempt(victim)
+                self._preempt(victim, out)
                 out.preempted.append(victim)
                 if victim is req:
                     break
@@ -232,7 +268,7 @@ class Scheduler:
                     break
                 self.swapped.popleft()
                 bm.allocate(req.request_id, req.all_token_ids[: req.num_block_tokens])
-                self.swapper.swap_in(req, bm.block_table(req.request_id))
+                self._swap_in(req, out)
                 budget -= self._start(req, budget, out)
             while self.waiting and budget > 0 and not self.swapped:
                 req = self.waiting[0]
@@ -246,6 +282,15 @@ class Scheduler:
                 budget -= self._start(req, budget, out)
         # END SOLUTION
         return out
+
+    def _swap_in(self, req: Request, out: SchedulerOutput) -> None:
+        """Its host copy goes into the blocks just allocated for it, in order (`out.swap_in`)."""
+        table = self.block_manager.block_table(req.request_id)
+        assert len(table) >= req.num_swapped_blocks, (table, req.num_swapped_blocks)
+        out.swap_in.append((req.request_id, table[: req.num_swapped_blocks]))
+        self.num_swap_blocks_used -= req.num_swapped_blocks
+        req.num_swapped_blocks = 0
+        self.num_swap_ins += 1
 
     def _start(self, req: Request, budget: int, out: SchedulerOutput) -> int:
         """Move a just-allocated request into `running` and schedule its first piece of work; return tokens used."""
@@ -304,6 +349,7 @@ class Scheduler:
         for r in self.running:
             assert r.status is RequestStatus.RUNNING and r.num_block_tokens >= r.num_computed_tokens, r
         for r in self.swapped:
-            assert r.status is RequestStatus.SWAPPED and r.swapped_kv is not None, r
+            assert r.status is RequestStatus.SWAPPED and r.num_swapped_blocks > 0 and r.num_block_tokens > 0, r
+        assert self.num_swap_blocks_used == sum(r.num_swapped_blocks for r in self.swapped), "swap blocks leaked"
         if not self.has_unfinished():
             assert self.block_manager.num_free_blocks == self.config.num_blocks, "blocks leaked while idle (I9)"

@@ -38,10 +38,9 @@ from minillm.core.model import GPT, require_model
 from minillm.core.sampling import probs_from_logits
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
-from minillm.engine.model_runner import ModelRunner
 from minillm.engine.request import Request, RequestStatus
+from minillm.engine.sampler import Sampler
 from minillm.engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
-from minillm.paged import PagedBatch
 from minillm.speculative.generate import DraftModelProposer, PromptLookupProposer, check_gamma
 from minillm.speculative.sampling import accept_greedy, accept_or_resample
 from minillm.speculative.verify_cache import VerifyKVCache  # noqa: F401  (registers the "verify" attention backend)
@@ -151,17 +150,15 @@ class VerifyEntry(ScheduledRequest):
     def samples(self) -> bool:
         return self.start + self.num_new_tokens - self.num_drafts == self.request.num_tokens
 
+    def fed_tokens(self) -> list[int]:
+        """Its slice of the request's known tokens, then its drafts (which the request does not hold yet)."""
+        known = self.request.token_slice(self.start, self.start + self.num_new_tokens - self.num_drafts)
+        return known + self.draft_token_ids
 
-def num_drafts(s: ScheduledRequest) -> int:
-    """Draft tokens in a scheduled entry: 0 for chapter 06's plain entries."""
-    return s.num_drafts if isinstance(s, VerifyEntry) else 0
-
-
-def fed_tokens(s: ScheduledRequest) -> list[int]:
-    """The token ids an entry feeds: its slice of the request's known tokens, then its drafts."""
-    k = num_drafts(s)
-    known = s.request.all_token_ids[s.start : s.start + s.num_new_tokens - k]
-    return known + (s.draft_token_ids if k else [])
+    def sample_rows(self) -> range:
+        """The last known token's row (it scores d1) and every draft's row (each scores the next): 1 + k rows."""
+        n = self.num_new_tokens
+        return range(n - 1 - self.num_drafts, n) if self.samples else range(0)
 
 
 class SpeculativeScheduler(Scheduler):
@@ -176,8 +173,8 @@ class SpeculativeScheduler(Scheduler):
           num_block_tokens <= num_tokens): no draft slot outlives its step.
     """
 
-    def __init__(self, config: EngineConfig, block_manager, swapper, drafter: Drafter, gamma: int):
-        super().__init__(config, block_manager, swapper)
+    def __init__(self, config: EngineConfig, block_manager, drafter: Drafter, gamma: int):
+        super().__init__(config, block_manager)
         self.drafter = drafter
         self.gamma = check_gamma(gamma)
         self.num_proposed = 0  # draft tokens scheduled for verification
@@ -240,7 +237,7 @@ class SpeculativeScheduler(Scheduler):
                 continue
             req = s.request
             assert req.num_computed_tokens == s.start and req.status is RequestStatus.RUNNING
-            if emitted is None:  # its verification raised (SpeculativeModelRunner.sample): it alone ends here
+            if emitted is None:  # its verification raised (SpeculativeSampler.sample): it alone ends here
                 assert req.state.finished
                 req.finish()
                 self._free_finished(req, finished)
@@ -281,8 +278,8 @@ class SpeculativeScheduler(Scheduler):
         self.drafter.release(req.request_id)
         finished.append(req)
 
-    def _preempt(self, victim: Request) -> None:
-        super()._preempt(victim)
+    def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
+        super()._preempt(victim, out)
         self.drafter.release(victim.request_id)
 
     def abort(self, request_id: str) -> Request | None:
@@ -291,36 +288,14 @@ class SpeculativeScheduler(Scheduler):
         return req
 
 
-# ----------------------------------------------------------------------------------------------- the forward
+# ----------------------------------------------------------------------------------------------- sampling
 
 
-class SpeculativeModelRunner(ModelRunner):
-    """Chapter 06's runner, feeding each verify entry's drafts and sampling it with the acceptance rule."""
+class SpeculativeSampler(Sampler):
+    """Chapter 06's sampler for plain entries; the acceptance rule on each verify entry's 1 + k rows.
 
-    def prepare(self, out: SchedulerOutput, block_manager) -> tuple[torch.Tensor, torch.Tensor, PagedBatch]:
-        entries = [(s.request.request_id, s.start, s.num_new_tokens) for s in out.scheduled]
-        batch = PagedBatch.build(block_manager, entries, device=self.device)
-        flat = [t for s in out.scheduled for t in fed_tokens(s)]
-        idx = torch.tensor([flat], dtype=torch.int64, device=self.device)  # (1, N)
-        return idx, batch.positions(), batch
-
-    @torch.inference_mode()
-    def forward(self, out: SchedulerOutput, block_manager) -> torch.Tensor:
-        """One forward over every entry's tokens; logits (R, V) of the last 1 + k rows of each entry that samples."""
-        if out.cow_pairs:
-            self.cache.copy_blocks(out.cow_pairs)
-        idx, positions, batch = self.prepare(out, block_manager)
-        rows: list[int] = []
-        offset = 0
-        for s in out.scheduled:
-            offset += s.num_new_tokens
-            if s.samples:
-                rows.extend(range(offset - 1 - num_drafts(s), offset))  # the last known token, then each draft
-        self.cache.set_batch(batch)
-        self.num_forward_calls += 1
-        h = self.model.hidden(idx, positions, self.cache)  # (1, N, C)
-        rows_t = torch.tensor(rows, dtype=torch.int64, device=self.device)  # (R,)
-        return self.model.logits(h[0].index_select(0, rows_t))  # (R, C) -> (R, V)
+    The forward needs nothing of its own: a `VerifyEntry` says what it feeds (`fed_tokens`, its drafts included)
+    and which rows come back (`sample_rows`), so chapter 06's planner and executor run verify steps unchanged."""
 
     def sample(self, out: SchedulerOutput, logits: torch.Tensor) -> list[Any]:
         """Per entry: None (a prompt chunk that does not sample), a token (plain entry, chapter 06's sampling), or
@@ -332,7 +307,7 @@ class SpeculativeModelRunner(ModelRunner):
         for i, s in enumerate(out.scheduled):
             if not s.samples:
                 continue
-            k = num_drafts(s)
+            k = s.num_drafts if isinstance(s, VerifyEntry) else 0
             if k:
                 verify_rows[i] = logits[r : r + k + 1]  # (1 + k, V)
             else:
@@ -340,7 +315,7 @@ class SpeculativeModelRunner(ModelRunner):
                 plain_rows.append(r)
             r += k + 1
         assert r == logits.shape[0]
-        plain_tokens = iter(super().sample(plain, logits[plain_rows]) if plain.scheduled else [])
+        plain_tokens = iter(super().sample(plain, logits[plain_rows]) if plain.scheduled else [])  # (P, V) rows
         result: list[Any] = []
         for i, s in enumerate(out.scheduled):
             if i in verify_rows:
@@ -380,7 +355,8 @@ class SpeculativeLLM(LLM):
     verify_cache`), which batches the multi-token queries of verify steps; any backend gives the same tokens.
     """
 
-    runner_cls = SpeculativeModelRunner
+    scheduler_cls = SpeculativeScheduler
+    sampler_cls = SpeculativeSampler
 
     def __init__(self, model: GPT, tokenizer: Any = None, config: EngineConfig | None = None,
                  eos_id: int | None = None, speculative: SpeculativeConfig | None = None, draft: GPT | None = None):
@@ -391,22 +367,25 @@ class SpeculativeLLM(LLM):
             raise ValueError(f"method={speculative.method!r} with draft={'a model' if draft is not None else None}: "
                              "pass a draft model exactly when SpeculativeConfig.method is 'draft-model'")
         config = config if config is not None else EngineConfig(attention_backend="verify")
-        super().__init__(model, tokenizer, config, eos_id)
+        # The drafter is built first, so that LLM.__init__ builds the speculative scheduler around it (the
+        # `scheduler_cls` hook): the engine runs on the model's device (LLM.__init__ refuses any other).
+        vocab_size = require_model(model, "SpeculativeLLM").vocab_size
         if draft is not None:
             dcfg = require_model(draft, "SpeculativeLLM (draft)")
-            if dcfg.vocab_size != self.model_config.vocab_size:
+            if dcfg.vocab_size != vocab_size:
                 raise ValueError(f"the draft's vocab_size={dcfg.vocab_size} differs from the target's "
-                                 f"vocab_size={self.model_config.vocab_size}: their tokens must mean the same thing")
-            if draft.device != self.device:
-                raise ValueError(f"the draft is on {draft.device} but the engine runs on {self.device}")
-            drafter: Drafter = DraftModelDrafter(draft.eval())
+                                 f"vocab_size={vocab_size}: their tokens must mean the same thing")
+            if draft.device != model.device:
+                raise ValueError(f"the draft is on {draft.device} but the engine runs on {model.device}")
+            self.drafter: Drafter = DraftModelDrafter(draft.eval())
         else:
-            drafter = PromptLookupDrafter(speculative.ngram, self.model_config.vocab_size, self.device)
+            self.drafter = PromptLookupDrafter(speculative.ngram, vocab_size, model.device)
         self.speculative = speculative
         self.draft = draft
-        # The plain scheduler built by LLM.__init__ holds no request yet: replace it by the speculative one.
-        self.scheduler = SpeculativeScheduler(self.config, self.block_manager, self.swap_space, drafter,
-                                              speculative.gamma)
+        super().__init__(model, tokenizer, config, eos_id)
+
+    def _scheduler_kwargs(self) -> dict[str, Any]:
+        return {"drafter": self.drafter, "gamma": self.speculative.gamma}
 
     def _check_fits(self, req: Request) -> None:
         super()._check_fits(req)
