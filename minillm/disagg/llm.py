@@ -185,7 +185,8 @@ class DisaggregatedLLM(FrontEnd):
         return True
 
     def has_unfinished(self) -> bool:
-        return any(not r.is_finished for r in self._requests.values())
+        """True while a request is unfinished or an output is still to be handed out (see `LLM.has_unfinished`)."""
+        return any(not r.is_finished for r in self._requests.values()) or bool(self._pending)
 
     # ----------------------------------------------------------------------------------------------- the loop
     def step(self, timeout: float | None = None) -> list[RequestOutput]:
