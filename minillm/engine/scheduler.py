@@ -174,10 +174,10 @@ class Scheduler:
     def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
         """Take `victim` out of the running batch and free its blocks (I7).
 
-        Swap: its blocks go to host memory (`out.swap_out`) and it keeps its progress. Recompute (or swap space
-        full): drop its KV;
-        it goes back to the *front* of `waiting` and recomputes prompt + outputs so far as one long prefill,
-        whose last logits give exactly the token the next decode would have (same generator, no extra draw).
+        Swap: its blocks go to host memory (`out.swap_out`: the executor copies them before this step's forward)
+        and it keeps its progress. Recompute (or swap space full): drop its KV; it goes back to the *front* of
+        `waiting` and recomputes prompt + outputs so far as one long prefill, whose last logits give exactly the
+        token the next decode would have (same generator, no extra draw).
         """
         self.num_preemptions += 1
         victim.num_preemptions += 1
