@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import torch
 
 from minillm.core.config import GPTConfig
+from minillm.core.detokenize import IncrementalText
 from minillm.core.sampling import SamplingParams, make_generator
 
 FINISH_REASONS = ("length", "eos", "stop", "error")  # "error": sampling or the stop check raised for this request
@@ -103,9 +104,13 @@ class StopChecker:
     `params.ignore_eos`), a stop string now appears in the generated text, or `params.max_new_tokens` tokens have
     been produced. `finish_reason` is then "eos", "stop" or "length" (checked in that order, as vLLM does). The
     context window is a length limit too: `start_request` folds it into `max_new_tokens` (`validate_prompt`), so
-    a request whose next token would have no position finishes with "length". The token that triggered the stop
-    has already been streamed; `output_text()` gives the text with the stop string and anything after it cut off,
-    as vLLM returns it.
+    a request whose next token would have no position finishes with "length". `output_text()` gives the text with
+    the stop string and anything after it cut off, as vLLM returns it.
+
+    The text grows one token at a time (`minillm.core.detokenize.IncrementalText`): each step decodes only its new
+    token and searches only the new characters (plus the few before them a stop string could start in), so a
+    long output costs the same per step as a short one. `streamable_length()` is how much of the text a stream may
+    show now: never half a character, and never a tail that could still grow into a stop string.
     """
 
     def __init__(self, tokenizer: Any, params: SamplingParams, eos_id: int | None = None):
@@ -120,7 +125,8 @@ class StopChecker:
         self.finish_reason: str | None = None
         self.error: str | None = None  # why the request failed (finish_reason "error"), else None
         self._max_stop = max((len(s) for s in params.stop), default=0)
-        self._searched = 0  # characters of decoded text already searched for stop strings
+        self._text = IncrementalText(tokenizer) if tokenizer is not None else None
+        self._tail = ""  # the text's last max_stop - 1 characters: where a stop string may have begun
         self._stop_at: int | None = None  # character index where the stop string begins
 
     @property
@@ -129,41 +135,68 @@ class StopChecker:
 
     @property
     def text(self) -> str:
-        """All generated text so far (stop string included)."""
-        return self.tokenizer.decode(self.token_ids) if self.tokenizer is not None else ""
+        """All generated text so far (stop string included; a character still incomplete is not in it yet)."""
+        return self._text.text if self._text is not None else ""
 
     def output_text(self) -> str:
         """The generated text up to (not including) the stop string, if one was hit."""
         text = self.text
         return text if self._stop_at is None else text[: self._stop_at]
 
+    def streamable_length(self) -> int:
+        """Characters of `text` a stream may show now. Finished: all of `output_text()`. Running: the text less its
+        longest tail that is the start of a stop string (it could still become one, and a client must never see
+        any part of a matched stop string)."""
+        if self._text is None:
+            return 0
+        if self._stop_at is not None:
+            return self._stop_at
+        n = len(self._text)
+        if self.finished or not self.params.stop:
+            return n
+        tail = self._tail
+        held = max((k for k in range(1, len(tail) + 1) for s in self.params.stop if tail.endswith(s[:k])), default=0)
+        return n - held
+
     def fail(self, message: str) -> None:
         """End the request with finish_reason "error" (its sampling or stop check raised); keeps the tokens so far."""
         if not isinstance(message, str) or not message:
             raise TypeError(f"fail() needs a non-empty message string, got {message!r}")
         self.finish_reason, self.error = "error", message
+        self._flush()
 
     def update(self, token_id: int) -> bool:
         if self.finished:
             raise RuntimeError(f"update() after generation finished ({self.finish_reason})")
         self.token_ids.append(int(token_id))
+        new = self._text.append(int(token_id)) if self._text is not None else ""
         if self.eos_id is not None and token_id == self.eos_id and not self.params.ignore_eos:
             self.finish_reason = "eos"
-        elif self.params.stop and self._find_stop():
+        elif self.params.stop and self._find_stop(new):
             self.finish_reason = "stop"
         elif len(self.token_ids) >= self.params.max_new_tokens:
             self.finish_reason = "length"
+        if self.finished:
+            self._flush()
         return self.finished
 
-    def _find_stop(self) -> bool:
-        text = self.text
-        # subtle: only the tail can hold a new match, but a token can end mid-character (shown as U+FFFD until its
-        # next bytes arrive), so re-search a few characters before the stop string's length.
-        start = max(0, self._searched - self._max_stop - 4)
-        hits = [i for i in (text.find(s, start) for s in self.params.stop) if i >= 0]
-        self._searched = len(text)
+    def _flush(self) -> None:
+        """The request ended: bytes still held back (a cut-off character) become text, searched like the rest."""
+        if self._text is not None and self._stop_at is None:
+            new = self._text.flush()
+            if new and self.params.stop:
+                self._find_stop(new)
+
+    def _find_stop(self, new: str) -> bool:
+        """Search the new characters, and the tail of the old ones a stop string could have started in."""
+        if not new:
+            return False
+        window = self._tail + new
+        base = len(self._text) - len(window)  # where the window starts in the text
+        hits = [i for i in (window.find(s) for s in self.params.stop) if i >= 0]
+        self._tail = window[-(self._max_stop - 1):] if self._max_stop > 1 else ""
         if hits:
-            self._stop_at = min(hits)
+            self._stop_at = base + min(hits)
             return True
         return False
 

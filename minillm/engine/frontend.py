@@ -153,13 +153,20 @@ class FrontEnd:
     # ------------------------------------------------------------------------------------------ outputs
 
     def _output(self, req: Request) -> RequestOutput:
-        """The request's delta since its last output, plus everything so far."""
+        """The request's delta since its last output, plus everything so far.
+
+        Text streams as the stop checker allows (`StopChecker.streamable_length`): whole characters only, never
+        a tail that could still become a stop string, and never any part of one that matched; `text` is what has
+        been streamed so far (at the end, vLLM's output text: the stop string and what follows it cut off)."""
         new = req.output_token_ids[req.num_streamed :]
         req.num_streamed = len(req.output_token_ids)
         text = new_text = None
         if self.tokenizer is not None:
-            text = req.state.output_text()  # a hit stop string and what follows it cut off, as vLLM returns it
-            new_text = self.tokenizer.decode(new)
+            checker = req.state.stop_checker
+            end = max(checker.streamable_length(), req.num_streamed_chars)  # what was streamed stays streamed
+            text = checker.text[:end]
+            new_text = text[req.num_streamed_chars :]
+            req.num_streamed_chars = end
         return RequestOutput(
             request_id=req.request_id, prompt=req.prompt, prompt_token_ids=list(req.prompt_token_ids),
             new_token_ids=list(new), output_token_ids=list(req.output_token_ids), finished=req.is_finished,
@@ -174,9 +181,8 @@ class FrontEnd:
         for out in outputs:
             old = merged.get(out.request_id)
             if old is not None:
-                new = old.new_token_ids + out.new_token_ids
-                out = dataclasses.replace(out, new_token_ids=new, new_text=None if self.tokenizer is None
-                                          else self.tokenizer.decode(new))
+                out = dataclasses.replace(out, new_token_ids=old.new_token_ids + out.new_token_ids,
+                                          new_text=None if out.new_text is None else old.new_text + out.new_text)
             merged[out.request_id] = out
         return list(merged.values())
 

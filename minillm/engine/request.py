@@ -55,6 +55,7 @@ class Request:
     num_preemptions: int = 0
     finish_reason: str | None = None
     num_streamed: int = 0  # output tokens already handed out by `step()` (the rest are the next delta)
+    num_streamed_chars: int = 0  # characters of output text already handed out (held back: see StopChecker)
     num_swapped_blocks: int = 0  # host blocks its KV occupies while SWAPPED (the executor holds the bytes)
     token_times: list[float] = field(default_factory=list)  # perf_counter() when each output token was ready
     first_scheduled_time: float | None = None
@@ -156,8 +157,8 @@ class RequestOutput:
     output_token_ids: list[int]  # every output token so far
     finished: bool
     finish_reason: str | None  # "length", "stop", "abort", "error" once finished, else None
-    text: str | None = None  # decoded output_token_ids when the engine has a tokenizer
-    new_text: str | None = None  # decoded delta (best effort: a multi-byte character may straddle two deltas)
+    text: str | None = None  # the output text streamed so far (at the end: cut before a matched stop string)
+    new_text: str | None = None  # the text delta: whole characters, never any part of a stop string
     arrival_time: float = 0.0
     token_times: list[float] = field(default_factory=list)  # perf_counter() per output token
     num_preemptions: int = 0
