@@ -89,7 +89,7 @@ MUTANTS = (
            "        if self.ref_counts[block] == 0:\n            del self._free[block]",
            "        if self.ref_counts[block] == 0:\n            pass",
            ("tests/test_06_continuous_batching.py", "-k", "engine_greedy_equals_alone and prefix")),
-    Mutant("sampler-failure-takes-everyone-down", "minillm/engine/model_runner.py",
+    Mutant("sampler-failure-takes-everyone-down", "minillm/engine/sampler.py",
            "                except Exception as exc:  # noqa: BLE001 - one request's failure, whatever it is, is its own\n"
            "                    req.state.fail(",
            "                except ZeroDivisionError as exc:\n                    req.state.fail(",
