@@ -7,4 +7,5 @@
     timing       interleaved medians, compare                    metrics     TTFT, TPOT, ITL, throughput
     rows         the tour's results row and table                io          atomic writes
     device       --device auto|cpu|cuda                          corpus      the default corpus (stdlib sources)
+    detokenize   IncrementalText: a growing output's text, whole characters, O(1) decode per token
 """

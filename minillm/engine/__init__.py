@@ -11,6 +11,8 @@
 - `swap`: `SwapSpace` (the executor's host copies of swapped-out KV blocks, by request id)
 - `frontend`: `FrontEnd` (request checks, ids, `RequestOutput`s, `generate`; shared with chapter 07)
 - `llm`: `LLM` (`generate`, `add_request`, `step`, `abort`, `has_unfinished`)
+- `core`: `EngineCore` (the engine behind a thread-safe inbox and an outbox, for a server's thread)
+- `throughput`: the offline comparison (engine, static batching, Hugging Face) that chapter 13 reuses
 - `static`: `run_static` (chapter 04's static batching over a whole workload: the baseline)
 - `bench`: offline throughput, online latency, the frontier and the chunked-prefill experiment
 - `plots`: the scheduling timeline figure; `tour`: the chapter's rows of the tour
