@@ -64,13 +64,6 @@ class ModelRunner:
         if step.cow_pairs:
             self.cache.copy_blocks(step.cow_pairs)  # copy-on-write before the forward writes the new blocks
 
-    def batch(self, step: StepInput) -> PagedBatch:
-        """The cache's per-step metadata as tensors on the device (block tables padded with -1)."""
-        width = max(len(t) for t in step.block_tables)
-        tables = [t + [-1] * (width - len(t)) for t in step.block_tables]  # (S, max_nb)
-        return PagedBatch(self._tensor(step.slot_mapping), self._tensor(tables), self._tensor(step.context_lens),
-                          self._tensor(step.query_lens))
-
     @torch.inference_mode()
     def execute(self, step: StepInput) -> torch.Tensor | None:
         """Carry out one step: the byte moves, then one forward; logits (R, V) of `step.sample_rows`, in order.
@@ -86,7 +79,8 @@ class ModelRunner:
             return None
         idx = self._tensor(step.token_ids).unsqueeze(0)  # (1, N)
         positions = self._tensor(step.positions).unsqueeze(0)  # (1, N)
-        self.cache.set_batch(self.batch(step))
+        self.cache.set_batch(PagedBatch.from_lists(step.slot_mapping, step.block_tables, step.context_lens,
+                                                   step.query_lens, self.device))
         self.num_forward_calls += 1
         h = self.model.hidden(idx, positions, self.cache)  # (1, N, C)
         return self.model.logits(h[0].index_select(0, self._tensor(step.sample_rows)))  # (R, C) -> (R, V)
@@ -94,8 +88,5 @@ class ModelRunner:
     def run(self, out, block_manager, sampler: Sampler | None = None) -> list[int | None]:
         """plan + execute + sample, for loops that own their requests in this process (chapter 07's workers):
         the next token of every scheduled request that reached its end (None otherwise)."""
-        if not out.scheduled:
-            self.move_blocks(plan(out, block_manager))
-            return []
         logits = self.execute(plan(out, block_manager))
-        return (sampler or Sampler()).sample(out, logits)
+        return [] if logits is None else (sampler or Sampler()).sample(out, logits)

@@ -43,17 +43,9 @@ class StepInput:
     swap_discard: list[str] = field(default_factory=list)  # keys whose host copy is no longer wanted
 
     @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
-
-    @property
     def has_forward(self) -> bool:
         """False for a step that only moves bytes (swaps, discards) or does nothing."""
         return bool(self.token_ids)
-
-    @property
-    def is_empty(self) -> bool:
-        return not (self.token_ids or self.cow_pairs or self.swap_out or self.swap_in or self.swap_discard)
 
     def check(self, config: GPTConfig, num_blocks: int, block_size: int) -> None:
         """Raise ValueError if this step could not have come from a planner for this model and pool.

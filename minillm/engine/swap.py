@@ -62,7 +62,7 @@ class SwapSpace:
         """Copy the blocks parked under `key` into pool blocks `block_table`, in order, and drop the host copy."""
         kv = self.stored.pop(key)
         assert len(block_table) == kv.num_blocks, (len(block_table), kv.num_blocks)
-        idx = torch.tensor(block_table[: kv.num_blocks], dtype=torch.int64, device=self.cache.device)  # (n,)
+        idx = torch.tensor(block_table, dtype=torch.int64, device=self.cache.device)  # (n,)
         for pool, saved in zip(self.cache.k_pools + self.cache.v_pools, kv.k + kv.v):
             pool.index_copy_(0, idx, saved.to(pool.device))  # (nb, bs, nh, hs)[idx] = (n, bs, nh, hs)
         self.num_swap_ins += 1

@@ -117,10 +117,18 @@ class PagedBatch:
             tables.append(manager.block_table(seq_id))
             ctx.append(end)
             qlen.append(num_new)
-        width = max(len(t) for t in tables)
-        padded = [t + [-1] * (width - len(t)) for t in tables]
+        return cls.from_lists(slots, tables, ctx, qlen, device)
+
+    @classmethod
+    def from_lists(cls, slot_mapping: Sequence[int], block_tables: Sequence[Sequence[int]],
+                   context_lens: Sequence[int], query_lens: Sequence[int],
+                   device: torch.device | str = "cpu") -> "PagedBatch":
+        """The batch from plain lists (block tables of any lengths, padded here with -1), as tensors on `device`:
+        what `build` reads off a block manager, or what chapter 06's executor receives in a `StepInput`."""
+        width = max(len(t) for t in block_tables)
+        padded = [list(t) + [-1] * (width - len(t)) for t in block_tables]  # (S, max_nb)
         as_t = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
-        return cls(as_t(slots), as_t(padded), as_t(ctx), as_t(qlen))
+        return cls(as_t(slot_mapping), as_t(padded), as_t(context_lens), as_t(query_lens))
 
 
 def write_kv(pool: torch.Tensor, slot_mapping: torch.Tensor, x: torch.Tensor) -> None:
