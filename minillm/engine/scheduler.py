@@ -182,7 +182,8 @@ class Scheduler:
         self.num_preemptions += 1
         victim.num_preemptions += 1
         n_blocks = self._blocks_for(victim.num_block_tokens)
-        if self.config.preemption_mode == "swap" and self.num_swap_blocks_used + n_blocks <= self.config.num_swap_blocks:
+        swap_fits = self.num_swap_blocks_used + n_blocks <= self.config.num_swap_blocks
+        if self.config.preemption_mode == "swap" and swap_fits:
             table = self.block_manager.block_table(victim.request_id)
             assert len(table) == n_blocks, (table, n_blocks)
             out.swap_out.append((victim.request_id, table))  # copied before anything reuses these blocks

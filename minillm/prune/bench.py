@@ -18,8 +18,8 @@ What it reports:
     tokens, microseconds per call;
   - on a CUDA GPU of compute capability 8.0+: `semi_structured.layer_speed`, the 2:4 kernel against dense.
 The command: `python -m minillm.prune.bench [--quick | --size S] [--threads N] [--json FILE]` (quick ~40 s,
-default ~5 min on one thread; the tour runs the `tour` sizes in under a minute). Timings on a shared CPU are noisy; perplexity,
-agreement, bytes and masks are deterministic.
+default ~5 min on one thread; the tour runs the `tour` sizes in under a minute). Timings on a shared CPU are noisy;
+perplexity, agreement, bytes and masks are deterministic.
 """
 
 from __future__ import annotations

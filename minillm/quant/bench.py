@@ -19,8 +19,8 @@ by GPTQ and by a short QAT fine-tune; W8A8 with dynamic per-token activation sca
   - one layer's cost at batch 1 and at 256 tokens: fp32 `F.linear`, de-quantize-then-multiply, and W8A8 through
     `torch._int_mm` and through its exact float64 twin: where de-quantization costs more than it saves.
 The command: `python -m minillm.quant.bench [--quick | --size S] [--threads N] [--json FILE]` (quick ~1 min,
-default ~6-8 min on one thread; the tour runs the `tour` sizes in about a minute). Timings on a shared CPU are noisy; quality numbers
-(perplexity, agreement, bytes) are deterministic.
+default ~6-8 min on one thread; the tour runs the `tour` sizes in about a minute). Timings on a shared CPU are noisy;
+quality numbers (perplexity, agreement, bytes) are deterministic.
 """
 
 from __future__ import annotations
