@@ -137,9 +137,12 @@ class EngineDriver:
         assert self.llm.block_manager.num_free_blocks == self.llm.config.num_blocks  # idle: every block free (I9)
 
 
-def assert_every_generator_agrees(model, vocab_size: int = 256) -> None:
+def assert_every_generator_agrees(model, vocab_size: int = 256, disaggregated: bool = False) -> None:
     """Greedy tokens of `model` (any module with GPT's interface: quantized, pruned) are the naive loop's through the
-    KV cache, static batching, the paged cache and chapter 06's engine: its own tokens, not another model's."""
+    KV cache, static batching, the paged cache and chapter 06's engine: its own tokens, not another model's.
+
+    `disaggregated`: also through chapter 07's two worker processes, which receive the model as bytes
+    (`minillm.core.formats`) and rebuild it by its format: the same tokens prove the same model arrived."""
     from minillm.core.sampling import SamplingParams
     from minillm.engine.config import EngineConfig
     from minillm.engine.llm import LLM
@@ -155,3 +158,10 @@ def assert_every_generator_agrees(model, vocab_size: int = 256) -> None:
     assert [paged_generate(model, p, params, block_size=4).token_ids[0] for p in prompts] == naive
     llm = LLM(model, None, EngineConfig(num_blocks=16, block_size=4, max_num_seqs=4, max_num_batched_tokens=16))
     assert [o.output_token_ids for o in llm.generate(prompts, params)] == naive
+    if disaggregated:
+        from minillm.disagg import DisaggConfig, DisaggregatedLLM
+
+        config = DisaggConfig(num_blocks=16, block_size=4, max_num_seqs=4, max_num_batched_tokens=16, device="cpu",
+                              num_threads=1, heartbeat_s=0.25, liveness_timeout_s=60.0, startup_timeout_s=300.0)
+        with DisaggregatedLLM(model, None, config) as dis:
+            assert [o.output_token_ids for o in dis.generate(prompts, params)] == naive

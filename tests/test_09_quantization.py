@@ -630,6 +630,13 @@ def test_quantized_model_gives_the_same_tokens_in_every_generator_and_the_engine
     assert_every_generator_agrees(quantize_model(small_model(), config))
 
 
+@pytest.mark.parametrize("config", [QuantConfig("int8"), QuantConfig("int4", group_size=32)], ids=lambda c: c.mode)
+def test_a_quantized_model_runs_disaggregated_with_its_own_tokens(config):
+    """Chapter 07's workers receive the model as bytes and rebuild it by its format: a QuantizedGPT arrives as a
+    QuantizedGPT (codes, scales, zero points), so prefill and decode in two processes give the colocated tokens."""
+    assert_every_generator_agrees(quantize_model(small_model(), config), disaggregated=True)
+
+
 def test_bench_helpers_on_a_small_model():
     model = small_model()
     q = quantize_model(model, QuantConfig("int8"))

@@ -376,6 +376,19 @@ def test_head_scores_by_hand_and_masking_all_heads_leaves_only_the_bias():
         mask_heads(model, {0: [nh]})
 
 
+@pytest.mark.parametrize("kind", ["mlp", "heads"])
+def test_a_pruned_model_runs_disaggregated_with_its_own_tokens(kind):
+    """Chapter 07's workers receive the model as bytes and rebuild it by its format: narrowed MLPs arrive narrowed
+    (the "minillm-pruned" format stores each block's width), removed heads arrive removed (the config says n_head
+    and head_dim), so prefill and decode in two processes give the colocated tokens."""
+    model, cal = small_model(), calibration()
+    if kind == "mlp":
+        pruned = prune_mlp(model, 0.25, mlp_neuron_scores(model, cal))
+    else:
+        pruned = prune_heads(model, lowest_heads(head_scores(model, cal), 1))
+    assert_every_generator_agrees(pruned, disaggregated=True)
+
+
 @pytest.mark.parametrize("per_block", [1, 3])
 def test_prune_heads_removes_them_for_real_and_equals_masking(per_block):
     model, cal = small_model(), calibration()

@@ -8,4 +8,5 @@
     rows         the tour's results row and table                io          atomic writes
     device       --device auto|cpu|cuda                          corpus      the default corpus (stdlib sources)
     detokenize   IncrementalText: a growing output's text, whole characters, O(1) decode per token
+    formats      a model (plain, quantized, pruned) as safetensors bytes and back, by its format's name
 """

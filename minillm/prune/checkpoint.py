@@ -29,6 +29,7 @@ import torch
 from minillm.core.config import GPTConfig
 from minillm.core.device import resolve_device
 from minillm.core.io import atomic_save_safetensors, read_format_metadata, read_safetensors_file
+from minillm.core.formats import ModelFormat, gpt_config_from, gpt_config_json, register_model_format
 from minillm.core.model import GPT
 from minillm.core.weights import load_state_dict_strict, model_tensors
 from minillm.prune.masks import is_nm_sparse
@@ -38,6 +39,22 @@ from minillm.prune.unstructured import block_weights, weight_sparsity
 FORMAT = "minillm-pruned"
 FORMAT_VERSION = "1"
 PATTERNS = ("dense", "unstructured", "2:4")
+_HINT = "a dense checkpoint loads with minillm.core.checkpoint.load_checkpoint"
+
+
+def _pattern_of(model: GPT) -> str:
+    """The strongest pattern the block linears' zeros satisfy: "2:4", else "unstructured" with zeros, else "dense"."""
+    weights = block_weights(model)
+    if all(is_nm_sparse(w, 2, 4) for w in weights):
+        return "2:4"
+    return "unstructured" if weight_sparsity(model)["blocks"] > 0 else "dense"
+
+
+def _metadata(model: GPT, pattern: str | None = None) -> dict[str, str]:
+    """The header fields that say the model's shape and what its zeros promise (checked again on load)."""
+    return {"format_version": FORMAT_VERSION, "gpt_config": gpt_config_json(model.config),
+            "mlp_hidden": json.dumps(mlp_widths(model)), "pattern": pattern or _pattern_of(model),
+            "block_sparsity": f"{weight_sparsity(model)['blocks']:.4f}"}
 
 
 def save_pruned(model: GPT, path: str | os.PathLike, method: str, pattern: str = "unstructured") -> Path:
@@ -54,40 +71,42 @@ def save_pruned(model: GPT, path: str | os.PathLike, method: str, pattern: str =
         raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
     if pattern == "2:4" and not all(is_nm_sparse(w, 2, 4) for w in block_weights(model)):
         raise ValueError("pattern '2:4' but some block linear has more than 2 nonzeros in a group of 4")
-    metadata = {"format": FORMAT, "format_version": FORMAT_VERSION,
-                "gpt_config": json.dumps(model.config.to_dict(), sort_keys=True),
-                "mlp_hidden": json.dumps(mlp_widths(model)), "method": method, "pattern": pattern,
-                "block_sparsity": f"{weight_sparsity(model)['blocks']:.4f}"}
+    metadata = {"format": FORMAT, **_metadata(model, pattern), "method": method}
     return atomic_save_safetensors(model_tensors(model), path, metadata=metadata)
 
 
-def read_metadata(path: str | os.PathLike) -> tuple[GPTConfig, list[int], dict[str, str]]:
-    """(GPTConfig, MLP widths, raw metadata) from a pruned file's header; ValueError naming what is wrong."""
-    meta = read_format_metadata(path, FORMAT, FORMAT_VERSION, "a dense checkpoint loads with "
-                                "minillm.core.checkpoint.load_checkpoint")
+def _parse(meta: dict[str, str], where: str) -> tuple[GPTConfig, list[int]]:
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{where} has format_version {meta.get('format_version')!r}; this code reads "
+                         f"{FORMAT_VERSION!r}")
+    config = gpt_config_from(meta, where)
     try:
-        config = GPTConfig.from_dict(json.loads(meta["gpt_config"]))
         widths = json.loads(meta["mlp_hidden"])
         sparsity = float(meta["block_sparsity"])
         pattern = meta["pattern"]
     except KeyError as e:
-        raise ValueError(f"{str(path)!r}: metadata field {e.args[0]!r} is missing") from e
+        raise ValueError(f"{where}: metadata field {e.args[0]!r} is missing") from e
     except (json.JSONDecodeError, TypeError, ValueError) as e:
-        raise ValueError(f"{str(path)!r}: invalid pruning metadata: {e}") from e
+        raise ValueError(f"{where}: invalid pruning metadata: {e}") from e
     if not isinstance(widths, list) or len(widths) != config.n_layer or \
             not all(isinstance(w, int) and 0 < w <= 4 * config.n_embd for w in widths):
-        raise ValueError(f"{str(path)!r}: mlp_hidden must list {config.n_layer} widths in [1, {4 * config.n_embd}], "
+        raise ValueError(f"{where}: mlp_hidden must list {config.n_layer} widths in [1, {4 * config.n_embd}], "
                          f"got {meta['mlp_hidden']!r}")
     if pattern not in PATTERNS or not 0.0 <= sparsity < 1.0:
-        raise ValueError(f"{str(path)!r}: pattern {pattern!r} / block_sparsity {sparsity!r} are not valid")
+        raise ValueError(f"{where}: pattern {pattern!r} / block_sparsity {sparsity!r} are not valid")
+    return config, widths
+
+
+def read_metadata(path: str | os.PathLike) -> tuple[GPTConfig, list[int], dict[str, str]]:
+    """(GPTConfig, MLP widths, raw metadata) from a pruned file's header; ValueError naming what is wrong."""
+    meta = read_format_metadata(path, FORMAT, FORMAT_VERSION, _HINT)
+    config, widths = _parse(meta, repr(str(path)))
     return config, widths, dict(meta)
 
 
-def load_pruned(path: str | os.PathLike, device: str | torch.device = "cpu") -> GPT:
-    """The pruned model stored in `path` (eval mode), its MLPs at their stored widths, its zeros checked."""
-    config, widths, meta = read_metadata(path)
-    where = f"pruned checkpoint {str(Path(path))!r}"
-    tensors = read_safetensors_file(path)
+def _build(meta: dict[str, str], tensors: dict[str, torch.Tensor], where: str) -> GPT:
+    """The pruned model the metadata describes: MLPs at their widths, tensors loaded strictly, zeros checked."""
+    config, widths = _parse(meta, where)
     skeleton = GPT(config)  # random weights, all overwritten below
     model = shrink_mlp(skeleton, [torch.arange(w) for w in widths])
     load_state_dict_strict(model, tensors, source=where)
@@ -97,7 +116,24 @@ def load_pruned(path: str | os.PathLike, device: str | torch.device = "cpu") -> 
     if f"{got:.4f}" != meta["block_sparsity"]:
         raise ValueError(f"{where}: metadata says block sparsity {meta['block_sparsity']} but the weights hold "
                          f"{got:.4f}")
+    return model
+
+
+def load_pruned(path: str | os.PathLike, device: str | torch.device = "cpu") -> GPT:
+    """The pruned model stored in `path` (eval mode), its MLPs at their stored widths, its zeros checked."""
+    meta = read_format_metadata(path, FORMAT, FORMAT_VERSION, _HINT)  # the header first: another format is named
+    model = _build(meta, read_safetensors_file(path), f"pruned checkpoint {str(Path(path))!r}")
     return model.to(resolve_device(device)).eval()
+
+
+def _is_mlp_pruned(model: object) -> bool:
+    """A plain GPT class whose MLPs are narrower than 4C somewhere (chapter 10's structured pruning)."""
+    return type(model) is GPT and any(w != 4 * model.config.n_embd for w in mlp_widths(model))
+
+
+# A GPT with narrowed MLPs crosses process boundaries (chapter 07's workers) as the bytes of its file
+# (`minillm.core.formats`); a GPT of full width, zeros or not, is the plain "minillm-gpt" format.
+register_model_format(ModelFormat(FORMAT, _is_mlp_pruned, _metadata, _build))
 
 
 def describe(path: str | os.PathLike) -> dict[str, Any]:

@@ -29,12 +29,21 @@ import torch
 from minillm.core.config import GPTConfig
 from minillm.core.device import resolve_device
 from minillm.core.io import atomic_save_safetensors, read_format_metadata, read_safetensors_file
+from minillm.core.formats import ModelFormat, gpt_config_from, gpt_config_json, register_model_format
 from minillm.core.model import GPT
 from minillm.core.weights import load_state_dict_strict, model_tensors
 from minillm.quant.linear import QuantConfig, QuantizedGPT, quantize_model
 
 FORMAT = "minillm-quant"
 FORMAT_VERSION = "1"
+_HINT = ("an fp32 checkpoint loads with minillm.core.checkpoint.load_checkpoint, and a quantized one never loads "
+         "without its mode")
+
+
+def _metadata(model: QuantizedGPT) -> dict[str, str]:
+    """The header fields that say what the tensors mean (everything but the method, which only people read)."""
+    return {"format_version": FORMAT_VERSION, "quant_config": json.dumps(model.quant_config.to_dict(), sort_keys=True),
+            "gpt_config": gpt_config_json(model.config)}
 
 
 def save_quantized(model: QuantizedGPT, path: str | os.PathLike, method: str = "rtn") -> Path:
@@ -46,44 +55,56 @@ def save_quantized(model: QuantizedGPT, path: str | os.PathLike, method: str = "
         raise TypeError(f"save_quantized needs a quantized model (see quantize_model), got {type(model).__name__}")
     if not isinstance(method, str) or not method:
         raise TypeError(f"method must be a non-empty str, got {method!r}")
-    metadata = {"format": FORMAT, "format_version": FORMAT_VERSION,
-                "quant_config": json.dumps(model.quant_config.to_dict(), sort_keys=True),
-                "gpt_config": json.dumps(model.config.to_dict(), sort_keys=True), "method": method}
+    metadata = {"format": FORMAT, **_metadata(model), "method": method}
     return atomic_save_safetensors(model_tensors(model), path, metadata=metadata)
+
+
+def _parse(meta: dict[str, str], where: str) -> tuple[GPTConfig, QuantConfig]:
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{where} has format_version {meta.get('format_version')!r}; this code reads "
+                         f"{FORMAT_VERSION!r}")
+    try:
+        qconfig = QuantConfig.from_dict(json.loads(meta["quant_config"]))
+    except KeyError as e:
+        raise ValueError(f"{where}: metadata field {e.args[0]!r} is missing") from e
+    except (json.JSONDecodeError, TypeError, ValueError) as e:
+        raise ValueError(f"{where}: invalid quantization metadata: {e}") from e
+    return gpt_config_from(meta, where), qconfig
 
 
 def read_metadata(path: str | os.PathLike) -> tuple[GPTConfig, QuantConfig, dict[str, str]]:
     """(GPTConfig, QuantConfig, raw metadata) from a quantized file's header; ValueError naming what is wrong."""
-    meta = read_format_metadata(path, FORMAT, FORMAT_VERSION,
-                                "an fp32 checkpoint loads with minillm.core.checkpoint.load_checkpoint, and a "
-                                "quantized one never loads without its mode")
-    try:
-        qconfig = QuantConfig.from_dict(json.loads(meta["quant_config"]))
-        config = GPTConfig.from_dict(json.loads(meta["gpt_config"]))
-    except KeyError as e:
-        raise ValueError(f"{str(path)!r}: metadata field {e.args[0]!r} is missing") from e
-    except (json.JSONDecodeError, TypeError, ValueError) as e:
-        raise ValueError(f"{str(path)!r}: invalid quantization metadata: {e}") from e
+    meta = read_format_metadata(path, FORMAT, FORMAT_VERSION, _HINT)
+    config, qconfig = _parse(meta, repr(str(path)))
     return config, qconfig, dict(meta)
 
 
-def load_quantized(path: str | os.PathLike, device: str | torch.device = "cpu") -> QuantizedGPT:
-    """The quantized model stored in `path` (eval mode), built from the mode in its metadata."""
-    config, qconfig, _ = read_metadata(path)
-    tensors = read_safetensors_file(path)
+def _build(meta: dict[str, str], tensors: dict[str, torch.Tensor], where: str) -> QuantizedGPT:
+    """The quantized model the metadata describes, every tensor checked against the mode and loaded strictly."""
+    config, qconfig = _parse(meta, where)
     # The skeleton: a GPT of the stored shape, quantized in the stored mode, so every buffer has the shape and dtype
     # that mode implies; its random weights are all overwritten below.
     model = quantize_model(GPT(config), qconfig)
     expected = model_tensors(model)
-    where = f"quantized checkpoint {str(Path(path))!r} (mode {qconfig.mode}"
-    where += f", group_size {qconfig.group_size})" if qconfig.mode == "int4" else ")"
+    where += f" (mode {qconfig.mode}" + (f", group_size {qconfig.group_size})" if qconfig.mode == "int4" else ")")
     for key, want in sorted(expected.items()):
         got = tensors.get(key)
         if got is not None and (got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape)):
             raise ValueError(f"{where}: tensor {key!r} is {got.dtype} {tuple(got.shape)} but the metadata's mode "
                              f"implies {want.dtype} {tuple(want.shape)}; the file and its metadata disagree")
     load_state_dict_strict(model, tensors, source=where)  # missing or extra tensors, named
+    return model
+
+
+def load_quantized(path: str | os.PathLike, device: str | torch.device = "cpu") -> QuantizedGPT:
+    """The quantized model stored in `path` (eval mode), built from the mode in its metadata."""
+    meta = read_format_metadata(path, FORMAT, FORMAT_VERSION, _HINT)  # the header first: another format is named
+    model = _build(meta, read_safetensors_file(path), f"quantized checkpoint {str(Path(path))!r}")
     return model.to(resolve_device(device)).eval()
+
+
+# A QuantizedGPT crosses process boundaries (chapter 07's workers) as the bytes of its file (`minillm.core.formats`).
+register_model_format(ModelFormat(FORMAT, lambda m: isinstance(m, QuantizedGPT), _metadata, _build))
 
 
 def describe(path: str | os.PathLike) -> dict[str, Any]:
