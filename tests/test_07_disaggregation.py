@@ -29,13 +29,12 @@ from minillm.disagg import (
     WorkerDiedError,
     admit_handoffs,
     kv_bytes,
-    model_from_bytes,
-    model_to_bytes,
     pack_kv,
     payload_from_bytes,
     payload_to_bytes,
     unpack_kv,
 )
+from minillm.core.formats import model_from_bytes, model_to_bytes
 from minillm.disagg.decode_worker import DecodeCore
 from minillm.disagg.messages import DecodeTokens, FirstTokens, KVHandoff, PrefillRequest, WorkerInit
 from minillm.disagg.prefill_worker import PrefillCore
@@ -159,7 +158,7 @@ def test_admit_handoffs_worked_example_and_limits():
 
 
 def _init(role: str, model: GPT, eos_id=None) -> WorkerInit:
-    return WorkerInit(role=role, config=model.config.to_dict(), weights=b"", device="cpu", num_blocks=64,
+    return WorkerInit(role=role, model=b"", model_sha256="", device="cpu", num_blocks=64,
                       block_size=BS, max_num_seqs=8, max_num_batched_tokens=64, eos_id=eos_id, heartbeat_s=0.5,
                       num_threads=0)
 
@@ -213,9 +212,9 @@ def test_in_process_handoff_stops_at_the_context_window():
 
 def test_model_bytes_round_trip_gives_identical_logits():
     model = tiny_model(3)
-    cfg, weights = model_to_bytes(model)
+    weights = model_to_bytes(model)
     assert isinstance(weights, bytes) and weights[:8] != b"\x80\x04\x95"  # safetensors, not a pickle
-    clone = model_from_bytes(cfg, weights)
+    clone = model_from_bytes(weights)
     idx = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():
         assert torch.equal(model(idx), clone(idx))

@@ -183,7 +183,7 @@ def test_every_loop_starts_its_requests_with_start_request(spy):
     assert spy == ["minillm.engine.frontend"]
 
     spy.clear()
-    init = dict(config=CFG.to_dict(), weights=b"", device="cpu", num_blocks=32, block_size=4, max_num_seqs=4,
+    init = dict(model=b"", model_sha256="", device="cpu", num_blocks=32, block_size=4, max_num_seqs=4,
                 max_num_batched_tokens=64, eos_id=None, heartbeat_s=0.5, num_threads=0)
     prefill = PrefillCore(model, WorkerInit(role="prefill", **init))
     decode = DecodeCore(model, WorkerInit(role="decode", **init))

@@ -167,7 +167,7 @@ def test_a_failing_request_fails_alone_in_the_engine(model, monkeypatch, how, mo
 
 
 def _init(role: str, model: GPT) -> WorkerInit:
-    return WorkerInit(role=role, config=model.config.to_dict(), weights=b"", device="cpu", num_blocks=64,
+    return WorkerInit(role=role, model=b"", model_sha256="", device="cpu", num_blocks=64,
                       block_size=4, max_num_seqs=8, max_num_batched_tokens=64, eos_id=None, heartbeat_s=0.5,
                       num_threads=0)
 

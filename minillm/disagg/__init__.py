@@ -3,7 +3,8 @@
 - `kv_transfer`: `pack_kv` / `unpack_kv` (paged blocks <-> one (L, 2, T, nh, hs) payload), bytes on the wire,
   `kv_bytes` (the formula the payload must equal)
 - `messages`: the plain-data messages between the coordinator and the two workers
-- `worker`: the process layer (spawn, main loop, heartbeats, crash hook, shutdown), `WorkerDiedError`
+- `worker`: the two roles' setups on chapter 06's process layer (`minillm.engine.process`: spawn, loop,
+  heartbeats, crash hook, shutdown, `WorkerDiedError`)
 - `prefill_worker` / `decode_worker`: each role's model work; `admit_handoffs` (the decode side's admission)
 - `config`: `DisaggConfig` (pool sizes, devices, threads, heartbeat and liveness timeouts)
 - `llm`: `DisaggregatedLLM` (chapter 06's `generate` surface)
@@ -15,7 +16,7 @@ from minillm.disagg.decode_worker import admit_handoffs, max_kv_tokens
 from minillm.disagg.kv_transfer import KVHeader, kv_bytes, pack_kv, payload_from_bytes, payload_to_bytes, unpack_kv
 from minillm.disagg.config import DisaggConfig
 from minillm.disagg.llm import DisaggregatedLLM
-from minillm.disagg.worker import WorkerDiedError, model_from_bytes, model_to_bytes
+from minillm.engine.process import WorkerDiedError
 
 __all__ = [
     "DisaggConfig",
@@ -25,8 +26,6 @@ __all__ = [
     "admit_handoffs",
     "kv_bytes",
     "max_kv_tokens",
-    "model_from_bytes",
-    "model_to_bytes",
     "pack_kv",
     "payload_from_bytes",
     "payload_to_bytes",

@@ -28,25 +28,23 @@ import time
 import weakref
 from dataclasses import dataclass
 from multiprocessing import get_context
-from multiprocessing.connection import wait
 from typing import Any
 
 from minillm.core.device import place_with_model
 from minillm.core.model import GPT, require_model
 from minillm.disagg.config import DisaggConfig
+from minillm.core.formats import model_to_bytes, sha256
 from minillm.disagg.messages import (
     Abort,
-    CrashAfter,
     DecodeTokens,
     FirstTokens,
-    Heartbeat,
     PrefillRequest,
     StepRecord,
     TransferRecord,
-    WorkerFailed,
     WorkerInit,
 )
-from minillm.disagg.worker import WorkerDiedError, WorkerHandle, model_to_bytes, wait_ready
+from minillm.disagg.worker import setup_decode, setup_prefill
+from minillm.engine.process import CrashAfter, WorkerDiedError, WorkerHandle, receive, stop_all, wait_ready
 from minillm.engine.frontend import FrontEnd
 from minillm.engine.request import Request, RequestOutput, RequestStatus
 from minillm.paged import num_blocks_for
@@ -63,14 +61,6 @@ class _Req(Request):
     @property
     def error(self) -> str | None:
         return self.worker_error or self.state.error
-
-
-def _shutdown(handles: list[WorkerHandle]) -> None:
-    """Stop every worker for sure; module-level so `weakref.finalize` holds no reference to the engine."""
-    for h in handles:  # ask all first, so they exit in parallel
-        h.request_stop()
-    for h in handles:
-        h.stop()
 
 
 class DisaggregatedLLM(FrontEnd):
@@ -91,8 +81,8 @@ class DisaggregatedLLM(FrontEnd):
         devices = {role: str(place_with_model(getattr(config, f"{role}_device") or config.device, model.device))
                    for role in ("prefill", "decode")}
         self.devices = devices
-        cfg_dict, weights = model_to_bytes(model)
-        common = dict(config=cfg_dict, weights=weights, block_size=config.block_size, eos_id=self.eos_id,
+        weights = model_to_bytes(model)  # any format: plain, quantized, pruned (minillm.core.formats)
+        common = dict(model=weights, model_sha256=sha256(weights), block_size=config.block_size, eos_id=self.eos_id,
                       heartbeat_s=config.heartbeat_s, num_threads=config.num_threads,
                       max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens)
         # The prefill pool only holds the prompts of one step: the token budget (or one full window) plus one
@@ -102,12 +92,12 @@ class DisaggregatedLLM(FrontEnd):
         ctx = get_context("spawn")
         peer_recv, peer_send = ctx.Pipe(duplex=False)  # prefill -> decode, the KV hand-off
         self._handles: list[WorkerHandle] = []
-        self._finalizer = weakref.finalize(self, _shutdown, self._handles)  # also runs at interpreter exit
+        self._finalizer = weakref.finalize(self, stop_all, self._handles)  # also runs at interpreter exit
         self.prefill = WorkerHandle(ctx, WorkerInit(role="prefill", device=devices["prefill"],
-                                                    num_blocks=prefill_blocks, **common), peer_send)
+                                                    num_blocks=prefill_blocks, **common), setup_prefill, peer_send)
         self._handles.append(self.prefill)
         self.decode = WorkerHandle(ctx, WorkerInit(role="decode", device=devices["decode"],
-                                                   num_blocks=config.num_blocks, **common), peer_recv)
+                                                   num_blocks=config.num_blocks, **common), setup_decode, peer_recv)
         self._handles.append(self.decode)
         peer_recv.close()  # the workers hold the only ends now: a dead prefill worker reads as EOF in decode
         peer_send.close()
@@ -201,27 +191,12 @@ class DisaggregatedLLM(FrontEnd):
         timeout = self.config.heartbeat_s if timeout is None else max(0.0, timeout)
         if self._pending:
             timeout = 0.0  # outputs are already waiting: hand them out without sleeping
-        waitables: list[Any] = [h.conn for h in self._handles] + [h.process.sentinel for h in self._handles]
-        wait(waitables, timeout=timeout)
+        messages, failure = receive(self._handles, timeout, self.config.liveness_timeout_s)
         moved: dict[str, None] = {}
-        for h in self._handles:
-            while True:
-                try:
-                    if not h.conn.poll():
-                        break
-                    msg = h.conn.recv()
-                except (EOFError, OSError):
-                    break  # the process is gone; its sentinel says how, below
-                h.last_seen = time.monotonic()
-                self._on_message(h, msg, moved)
-        for h in self._handles:
-            if not h.process.is_alive():
-                h.process.join(1.0)
-                self._fail(f"the {h.describe()}")
-            if time.monotonic() - h.last_seen > self.config.liveness_timeout_s:
-                self._fail(f"the {h.role} worker (pid {h.process.pid}) sent nothing, not even a heartbeat, for "
-                           f"{time.monotonic() - h.last_seen:.1f} s (liveness_timeout_s="
-                           f"{self.config.liveness_timeout_s}): it looks hung")
+        for h, msg in messages:
+            self._on_message(h, msg, moved)
+        if failure is not None:
+            self._fail(failure)
         outputs, self._pending = self._pending, []
         for rid in moved:
             req = self._requests[rid]
@@ -232,10 +207,6 @@ class DisaggregatedLLM(FrontEnd):
 
     def _on_message(self, h: WorkerHandle, msg: Any, moved: dict[str, None]) -> None:
         now = time.perf_counter()
-        if isinstance(msg, Heartbeat):
-            return
-        if isinstance(msg, WorkerFailed):
-            self._fail(f"the {msg.role} worker raised:\n{msg.traceback}")
         if isinstance(msg, FirstTokens):
             self.timeline.append(self._user_ids(msg.step))
             self._on_errors(h, msg.errors, now, moved)

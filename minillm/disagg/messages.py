@@ -6,8 +6,9 @@ Three pipes connect the three processes:
 
 Every message is a small dataclass of ints, floats, strings and bytes, pickled by `multiprocessing.Connection`
 between processes this package started itself (never loaded from a file). The model crosses as safetensors bytes
-inside `WorkerInit`, so no code object travels. What it leaves out: versioning of the protocol, and a transport
-other than an OS pipe (a real deployment uses NCCL/RDMA for the KV and RPC for control).
+inside `WorkerInit` (`minillm.core.formats`), so no code object travels. What it leaves out: versioning of the
+protocol, and a transport other than an OS pipe (a real deployment uses NCCL/RDMA for the KV and RPC for control). The process layer's own
+messages (Ready, Heartbeat, Shutdown, CrashAfter, WorkerFailed) are `minillm.engine.process`'s.
 """
 
 from __future__ import annotations
@@ -17,17 +18,14 @@ from dataclasses import dataclass, field
 from minillm.disagg.kv_transfer import KVHeader
 from minillm.core.sampling import SamplingParams
 
-# Exit code of a worker that `CrashAfter` made die on purpose (tests use it to tell a planned death from a bug).
-CRASH_EXIT_CODE = 17
-
 
 @dataclass
 class WorkerInit:
     """Everything a worker process needs to start: its role, the model as bytes, and the sizes of its pool."""
 
     role: str  # "prefill" or "decode"
-    config: dict  # GPTConfig.to_dict()
-    weights: bytes  # safetensors bytes of the state dict (tied lm_head dropped; see worker.model_to_bytes)
+    model: bytes  # safetensors bytes whose header names the model's format (minillm.core.formats.model_to_bytes)
+    model_sha256: str  # their digest, checked on arrival ("" skips the check: tests that build a core by hand)
     device: str  # "cpu", "cuda", "cuda:1", ...
     num_blocks: int  # blocks in this worker's own KV pool
     block_size: int  # tokens per block (both workers must agree for the payload layout to be meaningful)
@@ -37,38 +35,6 @@ class WorkerInit:
     heartbeat_s: float  # how often a worker says it is alive
     num_threads: int  # torch intra-op threads in this worker (0 = leave torch's default)
     kv_dtype: str = "float32"  # how this worker's KV pool stores K/V (a name; both workers must agree)
-
-
-@dataclass
-class Ready:
-    role: str
-    pid: int
-
-
-@dataclass
-class Heartbeat:
-    role: str
-    time: float  # time.perf_counter() in the worker (CLOCK_MONOTONIC on Linux: one clock for every process)
-
-
-@dataclass
-class Shutdown:
-    """Finish the current step, then exit cleanly."""
-
-
-@dataclass
-class CrashAfter:
-    """Test hook: die with os._exit(CRASH_EXIT_CODE) after this many more steps (0 = at the next loop turn)."""
-
-    steps: int
-
-
-@dataclass
-class WorkerFailed:
-    """A worker raised: the coordinator fails the requests it held with this traceback."""
-
-    role: str
-    traceback: str
 
 
 @dataclass

@@ -6,6 +6,9 @@
 - `step`: `StepInput` (one step as plain, picklable data) and `plan(scheduler_output, block_manager)`
 - `model_runner`: `ModelRunner`, the in-process executor (`execute(StepInput)`: swaps, copy-on-write, one forward
   over a ragged batch, logits of the sampled rows)
+- `executor`: `Executor`, the contract between the engine and what runs its steps (here or on N ranks)
+- `process`: the process layer (spawn, loop, heartbeats, death detection, shutdown) of chapter 07's workers and
+  chapter 14's ranks, `WorkerDiedError`
 - `sampler`: `Sampler` (logits -> one token per sampling request, each on its own generator)
 - `selective_cache`: `SelectiveKVCache` (decodes vectorized, prompt chunks looped, in one step)
 - `swap`: `SwapSpace` (the executor's host copies of swapped-out KV blocks, by request id)
@@ -21,6 +24,7 @@ Workloads (`make_workload`, presets) and the over-time driver live in the measur
 """
 
 from minillm.engine.config import EngineConfig
+from minillm.engine.executor import Executor
 from minillm.engine.llm import LLM
 from minillm.engine.model_runner import ModelRunner
 from minillm.engine.request import Request, RequestOutput, RequestStatus
@@ -30,6 +34,7 @@ from minillm.engine.step import StepInput, plan
 
 __all__ = [
     "EngineConfig",
+    "Executor",
     "LLM",
     "ModelRunner",
     "Request",

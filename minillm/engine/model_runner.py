@@ -1,4 +1,5 @@
-"""The model runner: the in-process executor, which carries out one planned step (`StepInput`) on the device.
+"""The model runner: the in-process executor (`minillm.engine.executor.Executor`), which carries out one planned
+step (`StepInput`) on the device.
 
 It adds the tensor side of the engine, kept apart from the scheduler (which only moves requests between queues
 and blocks) and from the planner (`minillm.engine.step.plan`, which turns the scheduler's choice into plain
@@ -84,6 +85,9 @@ class ModelRunner:
         self.num_forward_calls += 1
         h = self.model.hidden(idx, positions, self.cache)  # (1, N, C)
         return self.model.logits(h[0].index_select(0, self._tensor(step.sample_rows)))  # (R, C) -> (R, V)
+
+    def close(self) -> None:
+        """Nothing to release in process (the `Executor` contract; chapter 14's executor stops its ranks here)."""
 
     def run(self, out, block_manager, sampler: Sampler | None = None) -> list[int | None]:
         """plan + execute + sample, for loops that own their requests in this process (chapter 07's workers):

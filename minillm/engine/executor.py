@@ -1,0 +1,49 @@
+"""The executor interface: what the engine asks of whatever runs its steps, in this process or across N of them.
+
+What it adds: `Executor`, the one contract between the host side of a step (the scheduler and the planner, which
+decide) and the device side (which moves bytes and runs the model). The engine (`LLM.step`) talks to its executor
+through it alone, so a different executor plugs in as `LLM.runner_cls` without the scheduler, the planner or the
+sampler changing:
+
+    in-process (chapter 06): `ModelRunner` owns the KV pool and runs `execute(step)` here
+    multi-process (chapter 14): rank 0 schedules and plans as always; its executor broadcasts the `StepInput`
+        (plain data), every rank executes it on its shard and its own KV pool, and the logits come back to rank 0,
+        where the sampler draws the tokens from the requests' generators
+
+The contract:
+
+    executor = runner_cls(model, num_blocks, block_size, device=..., kv_dtype=..., attention_backend=...)
+    executor.execute(step: StepInput) -> logits (R, V) of step.sample_rows, or None for a step with no tokens
+    executor.swap_space      the host copies of swapped-out KV, by request id (`SwapSpace`); the engine puts a
+                             prefilled arrival's KV there (chapter 07's hand-off) before its swap-in is planned
+    executor.kv_dtype        the pool's dtype (a prefilled arrival's KV is converted to it)
+    executor.num_forward_calls  how many forwards ran (the engine's stall detector watches it)
+    executor.close()         release processes and pools (idempotent; a no-op in process)
+
+What it leaves out: asynchronous execution (vLLM v1 overlaps planning step t+1 with executing step t; here
+`execute` returns when the step is done).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from minillm.engine.step import StepInput
+from minillm.engine.swap import SwapSpace
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Runs planned steps (see the module docstring for the constructor every `runner_cls` takes)."""
+
+    kv_dtype: torch.dtype
+    num_forward_calls: int
+
+    @property
+    def swap_space(self) -> SwapSpace: ...
+
+    def execute(self, step: StepInput) -> torch.Tensor | None: ...
+
+    def close(self) -> None: ...
