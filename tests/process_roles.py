@@ -37,3 +37,24 @@ def setup_doubler(init: ToyInit, inbox: Any):
 
 def setup_broken(init: ToyInit, inbox: Any):
     raise ValueError("no model for this role")
+
+
+def tp_forward(rank: int, world_size: int, model_bytes: bytes, idx) -> dict:
+    """One rank of chapter 14's tensor-parallel check: shard the model, run one forward, report logits and comms."""
+    import torch
+
+    from minillm.core.formats import model_from_bytes
+    from minillm.parallel.tensor import shard_model
+
+    shard = shard_model(model_from_bytes(model_bytes), rank, world_size)
+    with torch.no_grad():
+        logits = shard(idx)
+    params = sum(p.numel() for p in shard.parameters())
+    return {"logits": logits, "calls": dict(shard.comm.calls), "bytes": dict(shard.comm.bytes), "params": params,
+            "n_head": shard.config.n_head}
+
+
+def fails_on_rank_one(rank: int, world_size: int) -> int:
+    if rank == 1:
+        raise ValueError("rank one refuses")
+    return rank

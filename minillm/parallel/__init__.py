@@ -1,0 +1,13 @@
+"""Chapter 14: parallelism over `torch.distributed` (gloo on the CPU, NCCL on CUDA), launched by torchrun.
+
+- `group`: process groups the standard way (`init_rank`, from torchrun's environment or a loopback port),
+  `run_ranks` (spawn N ranks on the process layer, run a function on each, collect the results), `free_port`
+- `tensor`: Megatron tensor parallelism as a transform (`shard_model`): column- and row-parallel linears, the
+  vocabulary-parallel embedding and head, `Comm` (every collective counted, with its bytes), the formulas
+- `executor`: `TensorParallelExecutor`, chapter 06's executor contract over t ranks (rank 0 plans and samples)
+"""
+
+from minillm.parallel.group import init_rank, run_ranks
+from minillm.parallel.tensor import Comm, collectives_per_forward, shard_model
+
+__all__ = ["Comm", "collectives_per_forward", "init_rank", "run_ranks", "shard_model"]

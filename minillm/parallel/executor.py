@@ -1,0 +1,229 @@
+"""Tensor parallelism inside chapter 06's engine: an `Executor` over t ranks, the scheduler untouched.
+
+What it adds: `TensorParallelExecutor`, which meets chapter 06's executor contract (`minillm.engine.executor`), so
+`LLM(model, tok, EngineConfig(tensor_parallel_size=t))` runs continuous batching, preemption, prefix caching and
+speculation exactly as in one process:
+
+    rank 0 (the engine's process)                         ranks 1 .. t-1 (spawned on the process layer)
+    scheduler -> plan -> StepInput ──broadcast (pickled)──▶ StepInput.check, then the same execute:
+    execute on shard 0 + its own KV pool  ◀──all-reduces──▶ shard r + its own KV pool (nh/t heads)
+    logits (R, V) after the head's all-gather -> Sampler (the requests, their generators: rank 0 only)
+
+Each rank holds its shard (`minillm.parallel.tensor.shard_model`) and a paged KV pool of nh/t heads with the same
+block ids: the block manager on rank 0 decides for all of them, so swaps and copy-on-write, which are step data,
+happen on every rank's own share of the blocks. The model crosses to the ranks as safetensors bytes
+(`minillm.core.formats`), and each rank shards it on arrival.
+
+Failure is an error, never a hang: every collective has the group's timeout, rank 0 polls the ranks' processes and
+heartbeats before each step, and a rank that died turns the step's error into a `WorkerDiedError` naming it.
+`close()` (also at garbage collection and interpreter exit) tells the ranks to leave, then stops them for sure.
+What it leaves out: several engines with tensor parallelism in one process at a time (the default process group
+is one per process), a prefilled arrival's KV (chapter 07's hand-off would have to be split by heads), and
+running under torchrun (this executor spawns its own ranks; `init_rank` and `shard_model` are the torchrun way).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from minillm.core.formats import model_from_bytes, model_to_bytes, sha256
+from minillm.core.model import require_model
+from minillm.engine.model_runner import ModelRunner
+from minillm.engine.process import Inbox, WorkerDiedError, WorkerHandle, receive, stop_all, wait_ready
+from minillm.engine.step import StepInput
+from minillm.parallel.group import free_port, init_rank
+from minillm.parallel.tensor import check_divisible, shard_model
+
+
+@dataclass
+class TPRankInit:
+    """What rank r of a tensor-parallel engine starts from."""
+
+    role: str  # "rank1", ...
+    rank: int
+    world_size: int
+    port: int
+    model: bytes  # the whole model (minillm.core.formats); the rank keeps its shard
+    model_sha256: str
+    num_blocks: int
+    block_size: int
+    kv_dtype: str
+    attention_backend: str
+    device: str
+    timeout_s: float
+    heartbeat_s: float = 0.5
+    num_threads: int = 1
+
+
+def _broadcast_step(step: StepInput | None) -> StepInput | None:
+    """Rank 0's step (or None: leave) to every rank, pickled by torch.distributed."""
+    box = [step]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class _RankCore:
+    """Ranks 1..t-1: wait for rank 0's next step, check it, execute it on this shard; None means leave."""
+
+    def __init__(self, init: TPRankInit):
+        self.init = init
+        model = model_from_bytes(init.model, "cpu", expected_sha256=init.model_sha256)
+        init_rank(init.rank, init.world_size, init.port, "gloo", init.timeout_s)
+        self.config = require_model(model, "tensor-parallel rank")
+        self.runner = ModelRunner(shard_model(model, init.rank, init.world_size).to(init.device), init.num_blocks,
+                                  init.block_size, device=init.device, kv_dtype=init.kv_dtype,
+                                  attention_backend=init.attention_backend)
+        self.done = False
+
+    def handle(self, msg: Any) -> None:
+        raise TypeError(f"a tensor-parallel rank takes its steps from the broadcast, got {type(msg).__name__}")
+
+    def has_work(self) -> bool:
+        return not self.done
+
+    def step(self) -> list[tuple[str, Any]]:
+        step = _broadcast_step(None)
+        if step is None:
+            self.done = True
+            dist.destroy_process_group()
+            return []
+        step.check(self.config, self.init.num_blocks, self.init.block_size)
+        self.runner.execute(step)  # logits: rank 0's (every rank computes them; the all-gather needs all)
+        return []
+
+
+def _setup_rank(init: TPRankInit, inbox: Inbox):
+    return _RankCore(init), {}
+
+
+def _close(handles: list[WorkerHandle], joined: list[bool]) -> None:
+    """Tell the ranks to leave (a None step), then stop their processes for sure; leave the group."""
+    if joined and joined[0] and dist.is_initialized():
+        try:
+            _broadcast_step(None)
+        except RuntimeError:
+            pass  # a rank is gone already; the processes are stopped below either way
+        dist.destroy_process_group()
+        joined[0] = False
+    stop_all(handles)
+
+
+class _Rank0Swaps:
+    """Rank 0's swap space as the engine sees it: readable, but a prefilled arrival's whole KV is refused."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def put(self, key: str, kv: Any) -> None:
+        raise ValueError(f"request {key!r}: the tensor-parallel engine does not take prefilled requests (chapter "
+                         "07's hand-off): their KV would have to be split by heads across the ranks")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class TensorParallelExecutor:
+    """The executor contract (`minillm.engine.executor.Executor`) over `tensor_parallel_size` ranks of gloo."""
+
+    def __init__(self, model, num_blocks: int, block_size: int, device: torch.device | str | None = None,
+                 kv_dtype: torch.dtype | str = torch.float32, attention_backend: str = "selective",
+                 tensor_parallel_size: int = 2, timeout_s: float = 300.0):
+        config = require_model(model, "TensorParallelExecutor")
+        t = tensor_parallel_size
+        check_divisible(config, t)
+        if dist.is_initialized():
+            raise ValueError("this process is already in a torch.distributed group (another tensor-parallel engine, "
+                             "or torchrun): close that engine first; one tensor-parallel engine per process")
+        device = torch.device(device) if device is not None else model.device
+        if device.type != "cpu":
+            raise ValueError(f"the tensor-parallel engine runs its ranks on the CPU with gloo here, got device "
+                             f"{device}")
+        self.tensor_parallel_size = t
+        self.config = config
+        data = model_to_bytes(model)
+        ctx = multiprocessing.get_context("spawn")
+        port = free_port()
+        kv_name = str(kv_dtype).removeprefix("torch.") if isinstance(kv_dtype, torch.dtype) else kv_dtype
+        self._handles: list[WorkerHandle] = []
+        self._joined = [False]
+        self._finalizer = weakref.finalize(self, _close, self._handles, self._joined)
+        for r in range(1, t):
+            init = TPRankInit(f"rank{r}", r, t, port, data, sha256(data), num_blocks, block_size, kv_name,
+                              attention_backend, str(device), timeout_s)
+            self._handles.append(WorkerHandle(ctx, init, _setup_rank))
+        # Rank 0 joins from a thread: joining blocks until every rank has, and the ranks join in their setup,
+        # before they say Ready. Meanwhile wait_ready watches them, so a rank that dies while starting is named.
+        errors: list[BaseException] = []
+
+        def join() -> None:
+            try:
+                init_rank(0, t, port, "gloo", timeout_s)
+                self._joined[0] = True
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the constructor's thread
+                errors.append(exc)
+
+        joiner = threading.Thread(target=join, daemon=True, name="rank0-join")
+        joiner.start()
+        try:
+            wait_ready(self._handles, timeout_s)
+            joiner.join(timeout_s)
+            if errors or not self._joined[0]:
+                raise WorkerDiedError(f"rank 0 could not join the group of {t}: {errors[0] if errors else 'timeout'}")
+        except BaseException:
+            self.close()
+            raise
+        self.runner = ModelRunner(shard_model(model, 0, t), num_blocks, block_size, device=device,
+                                  kv_dtype=kv_dtype, attention_backend=attention_backend)
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.liveness_timeout_s = timeout_s
+
+    # ----------------------------------------------------------------------------------------- the contract
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        return self.runner.kv_dtype
+
+    @property
+    def num_forward_calls(self) -> int:
+        return self.runner.num_forward_calls
+
+    @property
+    def swap_space(self) -> "_Rank0Swaps":
+        """Rank 0's share of the swapped KV (every rank holds its own share of each swapped request's heads)."""
+        return _Rank0Swaps(self.runner.swap_space)
+
+    @property
+    def comm(self):
+        """Rank 0's collective counters (`minillm.parallel.tensor.Comm`)."""
+        return self.runner.model.comm
+
+    def execute(self, step: StepInput) -> torch.Tensor | None:
+        self._check_ranks()
+        try:
+            _broadcast_step(step)
+            return self.runner.execute(step)
+        except RuntimeError as exc:  # a collective failed: say which rank is gone, if one is
+            self._check_ranks()
+            raise WorkerDiedError(f"a collective of the tensor-parallel step failed: {exc}") from exc
+
+    def _check_ranks(self) -> None:
+        if self.closed:
+            raise ValueError("this tensor-parallel executor is closed")
+        _, failure = receive(self._handles, 0.0, self.liveness_timeout_s)  # heartbeats, deaths, silence
+        if failure is not None:
+            self.close()
+            raise WorkerDiedError(f"{failure}; the tensor-parallel engine cannot go on")
+
+    def close(self) -> None:
+        """Let the ranks go and stop their processes (idempotent)."""
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive

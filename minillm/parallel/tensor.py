@@ -1,0 +1,212 @@
+"""Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): every layer's matrices split across t ranks.
+
+What it adds: `shard_model(model, rank, t)`, a transform applied from outside (gpt-fast's way) that returns a copy
+of a loaded GPT holding rank `rank`'s share of every matrix, and the four parallel modules it swaps in:
+
+    attention   c_attn (3A, C) -> ColumnParallel: each rank keeps the q, k and v rows of its nh/t heads, so
+                                  attention runs on local heads with no communication at all
+                c_proj (C, A)  -> RowParallel: each rank multiplies its heads' columns, then ALL-REDUCE (sum),
+                                  then the bias, added once (after the sum, not t times)
+    MLP         c_fc   (4C, C) -> ColumnParallel: 4C/t neurons per rank; GELU is elementwise, so no communication
+                c_proj (C, 4C) -> RowParallel: ALL-REDUCE, then the bias
+    embedding   wte    (V, C)  -> VocabParallelEmbedding: rank r holds rows [r V/t, (r+1) V/t); an id outside them
+                                  looks up zeros; ALL-REDUCE gives every rank the full embedding
+    head        lm_head (tied) -> VocabParallelHead: logits of the rank's V/t ids, ALL-GATHER to (..., V)
+
+    x ─┬─ ln_1 ─ [c_attn_r ─ attention on nh/t heads ─ c_proj_r] ─ all-reduce ─ + b ─┬─ ln_2 ─ [c_fc_r ─ gelu ─
+       └──────────────────────────────────────────────────────────────────────────────┘
+       c_proj_r] ─ all-reduce ─ + b ─ ...      per forward: 1 + 2 L all-reduces of (tokens, C), 1 all-gather
+
+The shard's config says n_head = nh / t (of the same head_dim), so every KV cache built from it (chapter 05's
+pool, the engine's) holds nh/t heads per rank by itself: KV memory per rank falls by t too. LayerNorms, the position
+embedding and the residual stream stay replicated. Collectives go through a `Comm` that counts each call and its
+bytes, so the chapter checks them against the formula instead of guessing. What it leaves out: sharding when a
+dimension does not divide by t (a ValueError says which), and overlapping communication with compute.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from minillm.core.model import GPT, require_model
+
+
+@dataclass
+class Comm:
+    """The collectives one shard makes, counted: op name -> calls, and the bytes of each message.
+
+    `group` None means the default group; with world size 1 every collective is the identity and is still counted,
+    so a one-rank run reports the calls the formula predicts for t ranks at zero cost."""
+
+    group: object = None
+    calls: dict[str, int] = field(default_factory=dict)
+    bytes: dict[str, int] = field(default_factory=dict)  # payload bytes per op (one rank's message), summed
+    seconds: float = 0.0  # wall time inside collectives
+
+    def _count(self, op: str, t: torch.Tensor) -> None:
+        self.calls[op] = self.calls.get(op, 0) + 1
+        self.bytes[op] = self.bytes.get(op, 0) + t.numel() * t.element_size()
+
+    def reset(self) -> None:
+        self.calls.clear()
+        self.bytes.clear()
+        self.seconds = 0.0
+
+    def world_size(self) -> int:
+        return dist.get_world_size(self.group) if dist.is_initialized() else 1
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum of x over the ranks, in place (every rank gets it)."""
+        self._count("all_reduce", x)
+        if self.world_size() > 1:
+            start = time.perf_counter()
+            dist.all_reduce(x, group=self.group)
+            self.seconds += time.perf_counter() - start
+        return x
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        """The ranks' x concatenated along the last dim, rank order: (..., n) -> (..., t n) on every rank."""
+        self._count("all_gather", x)
+        t = self.world_size()
+        if t == 1:
+            return x
+        start = time.perf_counter()
+        parts = [torch.empty_like(x) for _ in range(t)]
+        dist.all_gather(parts, x.contiguous(), group=self.group)
+        self.seconds += time.perf_counter() - start
+        return torch.cat(parts, dim=-1)
+
+
+class ColumnParallelLinear(nn.Module):
+    """y_r = x W_r^T + b_r: this rank's rows of W (output features), no communication; x is replicated."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().clone())  # (out/t, in)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone())  # (out/t,)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)  # (..., in) -> (..., out/t)
+
+
+class RowParallelLinear(nn.Module):
+    """y = sum_r x_r W_r^T + b: this rank's columns of W (input features), ALL-REDUCE, then the bias once."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, comm: Comm):
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().clone())  # (out, in/t)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone())  # (out,), full, on every rank
+        self.comm = comm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.comm.all_reduce(F.linear(x, self.weight))  # (..., in/t) -> (..., out), summed over the ranks
+        # subtle: the bias goes in after the sum; added before it, it would be counted t times
+        return y if self.bias is None else y + self.bias
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Rank r holds rows [start, start + V/t) of the (V, C) table; ids elsewhere look up zeros; ALL-REDUCE."""
+
+    def __init__(self, weight: torch.Tensor, start: int, comm: Comm):
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().clone())  # (V/t, C)
+        self.start, self.comm = start, comm
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        local = idx - self.start  # (B, T)
+        mine = (local >= 0) & (local < self.weight.shape[0])
+        x = F.embedding(local.clamp(0, self.weight.shape[0] - 1), self.weight)  # (B, T, C)
+        x = x * mine.unsqueeze(-1).to(x.dtype)  # zero where another rank owns the id
+        return self.comm.all_reduce(x)  # exactly one rank contributed each row
+
+
+class VocabParallelHead(nn.Module):
+    """The tied head of a vocabulary-parallel embedding: logits of this rank's V/t ids, ALL-GATHER to (..., V)."""
+
+    def __init__(self, embedding: VocabParallelEmbedding, comm: Comm):
+        super().__init__()
+        self.embedding = [embedding]  # a list: the weight stays registered once, under the embedding
+        self.comm = comm
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.embedding[0].weight
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.comm.all_gather_last(F.linear(h, self.weight))  # (..., C) -> (..., V/t) -> (..., V)
+
+
+def check_divisible(config, t: int) -> None:
+    """ValueError naming the dimension that t ranks cannot split evenly."""
+    if not isinstance(t, int) or isinstance(t, bool) or t < 1:
+        raise ValueError(f"tensor parallel size must be a positive int, got {t!r}")
+    widths = {"n_head": config.n_head, "vocab_size": config.vocab_size}
+    for name, n in widths.items():
+        if n % t:
+            raise ValueError(f"tensor parallel size {t} does not divide {name}={n}: every rank needs an equal share")
+
+
+def shard_model(model: GPT, rank: int, t: int, comm: Comm | None = None) -> GPT:
+    """A copy of `model` holding rank `rank`'s shard of t (see the module docstring); the original is untouched.
+
+    Run it on every rank of a group of t (each rank its own rank); the shards' forward then equals the model's.
+    Its `config` says n_head / t heads; `model.comm` counts its collectives. Works on any plain GPT (head-pruned
+    included); MLP widths must divide by t.
+    """
+    cfg = require_model(model, "shard_model")
+    if type(model) is not GPT:
+        raise TypeError(f"shard_model shards a plain minillm GPT, got {type(model).__name__} (quantize or prune "
+                        "after sharding, or shard the dense model)")
+    check_divisible(cfg, t)
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < t:
+        raise ValueError(f"rank must be in [0, {t}), got {rank!r}")
+    comm = comm if comm is not None else Comm()
+    nh, hs, A = cfg.n_head, cfg.head_size, cfg.attn_dim
+    out = copy.deepcopy(model)
+    out.config = replace(cfg, n_head=nh // t, head_dim=hs)  # the caches follow: nh/t heads per rank
+    heads = range(rank * nh // t, (rank + 1) * nh // t)
+    cols = torch.tensor([h * hs + d for h in heads for d in range(hs)])  # this rank's columns of A
+    rows = torch.cat([part * A + cols for part in range(3)])  # ... of q, of k and of v in c_attn's 3A rows
+    with torch.no_grad():
+        for block in out.transformer.h:
+            attn, mlp = block.attn, block.mlp
+            attn.c_attn = ColumnParallelLinear(attn.c_attn.weight[rows], attn.c_attn.bias[rows])
+            attn.c_proj = RowParallelLinear(attn.c_proj.weight[:, cols], attn.c_proj.bias, comm)
+            attn.n_head, attn.attn_dim = nh // t, len(cols)
+            width = mlp.c_fc.out_features
+            if width % t:
+                raise ValueError(f"tensor parallel size {t} does not divide the MLP width {width}")
+            neurons = slice(rank * width // t, (rank + 1) * width // t)
+            mlp.c_fc = ColumnParallelLinear(mlp.c_fc.weight[neurons], mlp.c_fc.bias[neurons])
+            mlp.c_proj = RowParallelLinear(mlp.c_proj.weight[:, neurons], mlp.c_proj.bias, comm)
+        V = cfg.vocab_size
+        vocab = slice(rank * V // t, (rank + 1) * V // t)
+        wte = VocabParallelEmbedding(out.transformer.wte.weight[vocab], rank * V // t, comm)
+        out.transformer.wte = wte
+        out.lm_head = VocabParallelHead(wte, comm)
+    out.comm = comm
+    return out.eval()
+
+
+def collectives_per_forward(n_layer: int) -> dict[str, int]:
+    """The formula: one all-reduce for the embedding, two per layer (attention's c_proj, the MLP's c_proj), one
+    all-gather for the head."""
+    return {"all_reduce": 1 + 2 * n_layer, "all_gather": 1}
+
+
+def all_reduce_bytes(tokens: int, n_embd: int, n_layer: int, element_size: int = 4) -> int:
+    """Bytes of the all-reduce messages of one forward over `tokens` tokens: (1 + 2 L) messages of T x C values."""
+    return (1 + 2 * n_layer) * tokens * n_embd * element_size
+
+
+def ring_traffic_per_rank(message_bytes: int, t: int) -> float:
+    """What a ring all-reduce sends (and receives) per rank for one message: 2 (t - 1) / t of it
+    (reduce-scatter, then all-gather, each moving (t - 1) / t)."""
+    return 2 * (t - 1) / t * message_bytes

@@ -1,0 +1,124 @@
+"""Chapter 14: parallelism. Every form proven equal to one process; collectives counted against the formula.
+
+Ranks are real processes (gloo on loopback, spawned by `run_ranks` on chapter 06's process layer) with one torch
+thread each; world size 4 oversubscribes this machine's two cores, which only costs time. No test here times anything.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from helpers import context_model
+
+from minillm.core.formats import model_to_bytes
+from minillm.core.sampling import SamplingParams
+from minillm.engine import LLM, EngineConfig
+from minillm.engine.process import WorkerDiedError
+from minillm.parallel import Comm, collectives_per_forward, run_ranks, shard_model
+from minillm.parallel.executor import TensorParallelExecutor
+from minillm.parallel.tensor import all_reduce_bytes, ring_traffic_per_rank
+
+VOCAB = 512
+
+
+@pytest.fixture(scope="module")
+def model():
+    return context_model("tiny", seed=14, n_head=4)  # vocab 512, window 64, 2 layers, 4 heads: context-sensitive
+
+
+def _idx(T: int = 11, B: int = 2) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(3))
+
+
+def test_one_rank_shard_is_the_model_and_counts_the_formula(model):
+    shard = shard_model(model, 0, 1)
+    idx = _idx()
+    with torch.no_grad():
+        torch.testing.assert_close(shard(idx), model(idx), rtol=0, atol=0)
+    L, C = model.config.n_layer, model.config.n_embd
+    assert shard.comm.calls == collectives_per_forward(L)
+    assert shard.comm.bytes["all_reduce"] == all_reduce_bytes(idx.numel(), C, L)
+    assert shard.comm.bytes["all_gather"] == idx.numel() * VOCAB * 4  # the head's (B, T, V/t) message, t = 1
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_tensor_parallel_logits_equal_one_process(model, world_size):
+    idx = _idx()
+    with torch.no_grad():
+        want = model(idx)
+    results = run_ranks(_tp_forward(), world_size, model_to_bytes(model), idx)
+    L, C, nh = model.config.n_layer, model.config.n_embd, model.config.n_head
+    for r, got in enumerate(results):
+        torch.testing.assert_close(got["logits"], want, rtol=1e-5, atol=1e-5)  # fp32: only the sums' order differs
+        assert got["calls"] == collectives_per_forward(L)
+        assert got["bytes"]["all_reduce"] == all_reduce_bytes(idx.numel(), C, L)  # the message: T x C per call
+        assert got["bytes"]["all_gather"] == idx.numel() * VOCAB // world_size * 4  # each rank's V/t logits
+        assert got["n_head"] == nh // world_size  # its KV cache holds nh/t heads
+    # Per-rank weights: the replicated parts (LayerNorms, wpe, the row-parallel biases) plus 1/t of the rest.
+    total = sum(p.numel() for p in model.parameters())
+    replicated = sum(p.numel() for n, p in model.named_parameters()
+                     if "ln_" in n or "wpe" in n or n.endswith("c_proj.bias"))
+    assert all(r["params"] == replicated + (total - replicated) // world_size for r in results)
+
+
+def _tp_forward():
+    from process_roles import tp_forward
+
+    return tp_forward
+
+
+def test_ring_all_reduce_traffic_formula():
+    assert ring_traffic_per_rank(1000, 1) == 0
+    assert ring_traffic_per_rank(1000, 2) == 1000
+    assert ring_traffic_per_rank(1000, 4) == 1500
+
+
+def test_sharding_refuses_what_does_not_divide(model):
+    with pytest.raises(ValueError, match="does not divide n_head=4"):
+        shard_model(model, 0, 3)
+    with pytest.raises(ValueError, match="rank must be in"):
+        shard_model(model, 2, 2)
+    with pytest.raises(ValueError, match="positive int"):
+        shard_model(model, 0, 0)
+    with pytest.raises(TypeError, match="plain minillm GPT"):
+        from minillm.quant.linear import QuantConfig, quantize_model
+        shard_model(quantize_model(model, QuantConfig("int8")), 0, 2)
+    assert isinstance(Comm().calls, dict)
+
+
+def test_a_rank_that_raises_fails_the_run_naming_it():
+    from process_roles import fails_on_rank_one
+
+    with pytest.raises(WorkerDiedError, match="rank1 worker raised(.|\n)*rank one refuses"):
+        run_ranks(fails_on_rank_one, 2, timeout_s=120)
+
+
+# ----- tensor parallelism inside chapter 06's engine --------------------------------------------------------------
+
+
+class TP2LLM(LLM):
+    runner_cls = functools.partial(TensorParallelExecutor, tensor_parallel_size=2)
+
+
+def test_the_engine_on_two_ranks_gives_the_one_process_tokens(model):
+    cfg = EngineConfig(num_blocks=14, block_size=4, max_num_seqs=6, max_num_batched_tokens=32,
+                       preemption_mode="swap", num_swap_blocks=32)
+    g = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(1, VOCAB, (int(n),), generator=g).tolist() for n in torch.randint(3, 20, (6,))]
+    params = [SamplingParams.greedy(12, ignore_eos=True) if i % 2 else
+              SamplingParams(max_new_tokens=12, temperature=0.8, seed=i, ignore_eos=True) for i in range(6)]
+    here = LLM(model, None, cfg)
+    want = [o.output_token_ids for o in here.generate(prompts, params)]
+    tp = TP2LLM(model, None, cfg)
+    try:
+        assert [o.output_token_ids for o in tp.generate(prompts, params)] == want
+        assert tp.stats()["num_preemptions"] == here.stats()["num_preemptions"] > 0
+        calls = tp.runner.comm.calls
+        assert calls["all_gather"] == tp.runner.num_forward_calls  # one head all-gather per forward
+        assert calls["all_reduce"] == (1 + 2 * model.config.n_layer) * tp.runner.num_forward_calls
+        assert tp.runner.runner.cache.k_pools[0].shape[2] == model.config.n_head // 2  # nh/t heads per rank
+    finally:
+        tp.runner.close()
+    assert tp.runner.closed and not any(h.process.is_alive() for h in tp.runner._handles)
