@@ -19,7 +19,10 @@ attention backends of `minillm.paged.backends` are):
     minillm-pruned  chapter 10's GPT with narrowed MLPs (the header holds each block's width)
 
 Loading runs no code (safetensors, never pickle), checks a SHA-256 of the bytes when the sender gives one, and
-refuses a header or tensors that disagree with the format (ValueError naming what). What it leaves out: a model
+refuses a header or tensors that disagree with the format (ValueError naming what). The quantized and pruned
+formats check more, in their `build`, so a file and the bytes of a worker get the same checks: the config against
+the tensors' shapes (`check_gpt_config`), every tensor's dtype and finiteness (`check_stored_tensors`), and the
+content digest their metadata records (`minillm.core.io.check_sha256`). What it leaves out: a model
 that combines two formats (a quantized *and* MLP-pruned model has no format: `model_to_bytes` says so), and
 sharding a model across the bytes of several ranks (chapter 14 ships the whole model and shards on arrival).
 """
@@ -153,6 +156,75 @@ def model_from_bytes(data: bytes, device: str | torch.device = "cpu", expected_s
     return model.to(resolve_device(device)).eval()
 
 
+# ------------------------------------------------------------------------- checks a format's build can share
+
+
+def _shape_of(tensors: dict[str, torch.Tensor], *keys: str) -> tuple[str, tuple[int, ...]] | None:
+    """(key, shape) of the first of `keys` present in `tensors`, or None (a missing tensor is named by the strict
+    load later, with the shape the model expects)."""
+    for key in keys:
+        if key in tensors:
+            return key, tuple(tensors[key].shape)
+    return None
+
+
+def check_gpt_config(config: GPTConfig, tensors: dict[str, torch.Tensor], where: str) -> None:
+    """The stored GPTConfig against the tensors' shapes, before a skeleton is built from it; ValueError naming the
+    config field and the tensor.
+
+    The skeleton's strict load finds most lies too, but names only a tensor; this names the field, and refuses a
+    config far bigger than the file (n_layer, vocab_size, block_size) before allocating its skeleton. It checks:
+    the blocks stored (0..n_layer-1), wpe (block_size, C), the token embedding's (V, C) rows (a quantized one is
+    `wte.table.qweight`), and each c_attn's 3 * n_head * head_size rows, the heads' width being n_embd / n_head or,
+    for a head-pruned model, the config's explicit head_dim. subtle: n_head alone can lie without changing a shape
+    (2 heads of 16 or 4 of 8 are both 32 columns); only a recorded digest (`minillm.core.io.check_sha256`) finds that.
+    """
+    blocks = sorted({int(k.split(".")[2]) for k in tensors if k.startswith("transformer.h.") and
+                     k.split(".")[2].isdigit()})
+    if blocks and blocks != list(range(config.n_layer)):
+        raise ValueError(f"{where}: gpt_config n_layer={config.n_layer} but the tensors hold blocks "
+                         f"{blocks[0]}..{blocks[-1]} ({len(blocks)} blocks); the metadata and the tensors disagree")
+    C = config.n_embd
+    found = _shape_of(tensors, "transformer.wpe.weight")
+    if found is not None and found[1] != (config.block_size, C):
+        raise ValueError(f"{where}: gpt_config block_size={config.block_size}, n_embd={C} imply "
+                         f"{(config.block_size, C)} but tensor {found[0]!r} has shape {found[1]}")
+    found = _shape_of(tensors, "transformer.wte.weight", "transformer.wte.table.qweight")
+    if found is not None and found[1][0] != config.vocab_size:
+        raise ValueError(f"{where}: gpt_config vocab_size={config.vocab_size} but tensor {found[0]!r} has shape "
+                         f"{found[1]}")
+    hs = "head_dim" if config.head_dim is not None else "head_size n_embd/n_head"
+    for i in range(config.n_layer):
+        found = _shape_of(tensors, f"transformer.h.{i}.attn.c_attn.weight", f"transformer.h.{i}.attn.c_attn.qweight")
+        if found is not None and found[1][0] != 3 * config.attn_dim:
+            raise ValueError(f"{where}: gpt_config n_head={config.n_head} x {hs}={config.head_size} gives q, k, v "
+                             f"of {config.attn_dim} rows each, but tensor {found[0]!r} has shape {found[1]} "
+                             f"({found[1][0]} rows = 3 x {found[1][0] / 3:g}); the metadata and the tensors disagree")
+
+
+def check_stored_tensors(expected: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], where: str,
+                         implied_by: str = "the metadata") -> None:
+    """Every stored tensor the skeleton has (`expected`, its `model_tensors`) has exactly its dtype and shape, and
+    every floating-point tensor is finite; ValueError naming `where` and the tensor.
+
+    subtle: `load_state_dict_strict` casts to the model's dtype, so without this an fp16 file where the format
+    says fp32 (or int8 codes where it says uint8) would load silently, converted. Missing and extra tensors are
+    left to the strict load, which names them with the shape the model expects.
+    """
+    for key, want in sorted(expected.items()):
+        got = tensors.get(key)
+        if got is not None and (got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape)):
+            raise ValueError(f"{where}: tensor {key!r} is {got.dtype} {tuple(got.shape)} but {implied_by} implies "
+                             f"{want.dtype} {tuple(want.shape)}; the file and its metadata disagree")
+    for key, t in sorted(tensors.items()):
+        if t.is_floating_point():
+            bad = ~torch.isfinite(t)
+            if bad.any():
+                n = int(bad.sum())
+                raise ValueError(f"{where}: tensor {key!r} holds {n} non-finite value{'s' * (n != 1)} (first: "
+                                 f"{t[bad][0].item()}); a stored model must be finite")
+
+
 # ------------------------------------------------------------------------------------------------- minillm-gpt
 
 
@@ -182,6 +254,7 @@ def _is_plain_gpt(model: nn.Module) -> bool:
 
 def _build_gpt(meta: dict[str, str], tensors: dict[str, torch.Tensor], where: str) -> GPT:
     model = GPT(gpt_config_from(meta, where))
+    check_stored_tensors(model_tensors(model), tensors, where)  # fp32 everywhere, finite
     load_state_dict_strict(model, tensors, source=where)
     return model
 

@@ -2,11 +2,14 @@
 with errors that name the file.
 
 `os.replace` is atomic on POSIX and Windows when source and target share a directory, so a reader sees either the
-old file or the new one, never a torn mix. Checkpoints are safetensors: loading them runs no code.
+old file or the new one, never a torn mix. Checkpoints are safetensors: loading them runs no code. A safetensors
+file can carry a digest of its own content in its metadata (`with_sha256` at save, `check_sha256` on load), so a
+byte changed after saving is found: an atomic write protects against a crash, the digest against everything later.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import io
 import os
@@ -85,6 +88,52 @@ def atomic_save_safetensors(
         raise TypeError("tensors must be a dict of name -> torch.Tensor")
     flat = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     return atomic_write_bytes(path, save(flat, metadata=metadata))
+
+
+SHA256_FIELD = "sha256"  # the metadata field holding `content_sha256` of a safetensors file's other fields + tensors
+
+
+def content_sha256(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> str:
+    """Hex SHA-256 of what a safetensors file holds: its metadata fields (sorted; the "sha256" field itself left
+    out), then every tensor in name order as its name, dtype and shape (JSON) followed by its raw bytes.
+
+    subtle: not a digest of the file's bytes. The digest is stored inside the file (its header), and the same model
+    must give the same digest in a file and in the bytes `minillm.core.formats` sends to a worker; hashing the
+    content also makes the digest independent of how the header happens to be laid out. The dtype and shape are
+    hashed with the bytes, so fp16 bytes relabelled, or one tensor reshaped, change the digest too.
+    """
+    if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) for v in tensors.values()):
+        raise TypeError("tensors must be a dict of name -> torch.Tensor")
+    h = hashlib.sha256()
+    fields = {k: v for k, v in (metadata or {}).items() if k != SHA256_FIELD}
+    h.update(json.dumps(fields, sort_keys=True).encode("utf-8"))
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu").contiguous()
+        h.update(json.dumps([name, str(t.dtype), list(t.shape)]).encode("utf-8"))
+        h.update(t.reshape(-1).view(torch.uint8).numpy())  # the raw bytes, whatever the dtype (bf16 too)
+    return h.hexdigest()
+
+
+def with_sha256(metadata: dict[str, str], tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    """`metadata` plus the "sha256" field: `content_sha256` of these tensors and every other field of `metadata`."""
+    return {**metadata, SHA256_FIELD: content_sha256(tensors, metadata)}
+
+
+def check_sha256(metadata: dict[str, str], tensors: dict[str, torch.Tensor], where: str) -> bool:
+    """Recompute the digest `with_sha256` stored; a mismatch is a ValueError naming `where` (the file).
+
+    Returns False, checking nothing, when the metadata has no "sha256" field (a file written before digests were
+    recorded), True when the digest was there and matches.
+    """
+    want = metadata.get(SHA256_FIELD)
+    if want is None:
+        return False
+    got = content_sha256(tensors, metadata)
+    if got != want:
+        raise ValueError(f"{where}: the content does not match the sha256 recorded in its metadata ({got[:16]}... "
+                         f"!= {str(want)[:16]}...): the tensors or the metadata changed after saving (a damaged or "
+                         "edited file)")
+    return True
 
 
 def read_json_file(path: str | os.PathLike, what: str = "JSON file") -> Any:

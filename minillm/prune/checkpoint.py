@@ -3,18 +3,27 @@
 What it adds: `save_pruned(model, path, method)` and `load_pruned(path)`. A structurally pruned model has MLPs
 narrower than 4C (a different width per block, in general), so its shape is no longer its GPTConfig alone:
 
-    metadata  {"format": "minillm-pruned", "format_version": "1", "gpt_config": GPTConfig as JSON,
-               "mlp_hidden": [768, 768, ...] (each block's MLP width), "method": "wanda 50%" | "2:4 magnitude" | ...,
-               "pattern": "dense" | "unstructured" | "2:4", "block_sparsity": "0.5000" (share of zeros in the block
-               linears, as saved)}
-    tensors   the GPT's state dict (the tied head once), c_fc (k, C) and c_proj (C, k) at each block's width k
+    metadata  {"format": "minillm-pruned", "format_version": "1", "gpt_config": GPTConfig as JSON (head_dim set
+               when heads were removed), "mlp_hidden": [768, 768, ...] (each block's MLP width),
+               "method": "wanda 50%" | "2:4 magnitude" | ..., "pattern": "dense" | "unstructured" | "2:4",
+               "block_sparsity": "0.5000" (share of zeros in the block linears, as saved),
+               "sha256": digest of every other field and every tensor (`minillm.core.io.content_sha256`)}
+    tensors   the GPT's state dict (the tied head once), all fp32, c_fc (k, C) and c_proj (C, k) at each block's
+              width k
 
-Loading builds a GPT of the stored config, narrows each MLP to its stored width, loads every tensor strictly
-(missing, extra and mis-shaped tensors are named), and checks the zeros still say what the metadata says: the
-2:4 pattern exactly, the block sparsity to the stored four decimals. A file that is not a pruned checkpoint, or
-whose metadata is missing, unreadable or disagrees with its tensors, is a ValueError naming the problem. Writes
-are atomic (`minillm.core.io`). Unstructured zeros are stored as dense zeros: the file saves no bytes (see
-`semi_structured.stored_bytes` for what a sparse format would), it keeps the model loadable everywhere.
+Loading builds a GPT of the stored config, narrows each MLP to its stored width and refuses (ValueError naming the
+file and the field or tensor): metadata that is missing or unreadable; a config or mlp_hidden the tensors'
+shapes contradict (n_head x head size against c_attn's rows, each width against its c_fc); a missing, extra,
+mis-shaped or non-fp32 tensor (fp16 is not upcast); a non-finite value; zeros that break what the metadata says
+(the 2:4 pattern exactly, the block sparsity to the stored four decimals); and, last, content that does not
+match the recorded sha256 (a flipped byte in a weight or a LayerNorm, an edited header). The specific checks run
+first so the message names what is wrong; the digest catches what they cannot see. A file written before digests
+were recorded has no "sha256" field: it still loads, with every other check. The digest finds damage, not
+forgery: whoever edits a file can recompute it.
+
+Writes are atomic (`minillm.core.io`); a path that is a directory, or lies under a file, is a ValueError naming
+it. Unstructured zeros are stored as dense zeros: the file saves no bytes (see `semi_structured.stored_bytes` for
+what a sparse format would), it keeps the model loadable everywhere.
 """
 
 from __future__ import annotations
@@ -28,8 +37,10 @@ import torch
 
 from minillm.core.config import GPTConfig
 from minillm.core.device import resolve_device
-from minillm.core.io import atomic_save_safetensors, read_format_metadata, read_safetensors_file
-from minillm.core.formats import ModelFormat, gpt_config_from, gpt_config_json, register_model_format
+from minillm.core.formats import (ModelFormat, check_gpt_config, check_stored_tensors, gpt_config_from,
+                                  gpt_config_json, register_model_format)
+from minillm.core.io import (atomic_save_safetensors, check_output_file, check_sha256, read_format_metadata,
+                             read_safetensors_file, with_sha256)
 from minillm.core.model import GPT
 from minillm.core.weights import load_state_dict_strict, model_tensors
 from minillm.prune.masks import is_nm_sparse
@@ -50,18 +61,25 @@ def _pattern_of(model: GPT) -> str:
     return "unstructured" if weight_sparsity(model)["blocks"] > 0 else "dense"
 
 
-def _metadata(model: GPT, pattern: str | None = None) -> dict[str, str]:
+def _fields(model: GPT, pattern: str | None = None) -> dict[str, str]:
     """The header fields that say the model's shape and what its zeros promise (checked again on load)."""
     return {"format_version": FORMAT_VERSION, "gpt_config": gpt_config_json(model.config),
             "mlp_hidden": json.dumps(mlp_widths(model)), "pattern": pattern or _pattern_of(model),
             "block_sparsity": f"{weight_sparsity(model)['blocks']:.4f}"}
 
 
+def _metadata(model: GPT, pattern: str | None = None) -> dict[str, str]:
+    """The fields plus their digest, for the bytes a worker receives (`minillm.core.formats`), checked by `_build`."""
+    return with_sha256({"format": FORMAT, **_fields(model, pattern)}, model_tensors(model))
+
+
 def save_pruned(model: GPT, path: str | os.PathLike, method: str, pattern: str = "unstructured") -> Path:
     """Write a pruned `model` to the safetensors file `path`, atomically; returns the path.
 
     `method` says how it was pruned (free text, kept for people); `pattern` is checked now and on load: "2:4"
-    needs every block linear 2:4 sparse, "dense" means no zeros were imposed (structured pruning alone).
+    needs every block linear 2:4 sparse, "dense" means no zeros were imposed (structured pruning alone). The
+    metadata records a sha256 of every field and tensor, checked on load. A `path` that is a directory, or whose
+    parent is a file, is a ValueError naming it.
     """
     if not isinstance(model, GPT):
         raise TypeError(f"save_pruned needs a minillm GPT, got {type(model).__name__}")
@@ -71,8 +89,12 @@ def save_pruned(model: GPT, path: str | os.PathLike, method: str, pattern: str =
         raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
     if pattern == "2:4" and not all(is_nm_sparse(w, 2, 4) for w in block_weights(model)):
         raise ValueError("pattern '2:4' but some block linear has more than 2 nonzeros in a group of 4")
-    metadata = {"format": FORMAT, **_metadata(model, pattern), "method": method}
-    return atomic_save_safetensors(model_tensors(model), path, metadata=metadata)
+    out = check_output_file(path, "save_pruned: path")
+    if out is None:
+        raise ValueError(f"save_pruned: path must name a file, got {path!r}")
+    tensors = model_tensors(model)
+    metadata = with_sha256({"format": FORMAT, **_fields(model, pattern), "method": method}, tensors)
+    return atomic_save_safetensors(tensors, out, metadata=metadata)
 
 
 def _parse(meta: dict[str, str], where: str) -> tuple[GPTConfig, list[int]]:
@@ -104,11 +126,31 @@ def read_metadata(path: str | os.PathLike) -> tuple[GPTConfig, list[int], dict[s
     return config, widths, dict(meta)
 
 
+def _check_widths(widths: list[int], tensors: dict[str, torch.Tensor], where: str) -> None:
+    """Each block's stored c_fc (k, C) against its width in mlp_hidden; ValueError naming the field and the tensor."""
+    for i, width in enumerate(widths):
+        t = tensors.get(f"transformer.h.{i}.mlp.c_fc.weight")
+        if t is not None and t.dim() >= 1 and t.shape[0] != width:
+            raise ValueError(f"{where}: metadata field mlp_hidden[{i}] = {width} but tensor "
+                             f"'transformer.h.{i}.mlp.c_fc.weight' has shape {tuple(t.shape)} ({t.shape[0]} hidden "
+                             "units); the metadata and the tensors disagree")
+
+
 def _build(meta: dict[str, str], tensors: dict[str, torch.Tensor], where: str) -> GPT:
-    """The pruned model the metadata describes: MLPs at their widths, tensors loaded strictly, zeros checked."""
+    """The pruned model the metadata describes: MLPs at their widths, tensors loaded strictly, zeros checked.
+
+    The checks, in order (the first that fails is a ValueError naming `where` and what): the metadata parses; the
+    GPTConfig and mlp_hidden fit the tensors' shapes; every tensor is fp32 of the skeleton's shape, and finite; no
+    tensor missing or extra; the zeros keep the pattern and block sparsity the metadata says; the recorded sha256,
+    when there is one (a file from before digests has none). The same checks run for a file and for bytes sent to
+    a worker.
+    """
     config, widths = _parse(meta, where)
+    check_gpt_config(config, tensors, where)  # before the skeleton: names the field, bounds the allocation
+    _check_widths(widths, tensors, where)
     skeleton = GPT(config)  # random weights, all overwritten below
     model = shrink_mlp(skeleton, [torch.arange(w) for w in widths])
+    check_stored_tensors(model_tensors(model), tensors, where, implied_by="the metadata (gpt_config, mlp_hidden)")
     load_state_dict_strict(model, tensors, source=where)
     if meta["pattern"] == "2:4" and not all(is_nm_sparse(w, 2, 4) for w in block_weights(model)):
         raise ValueError(f"{where}: metadata says 2:4 but the weights break the pattern")
@@ -116,6 +158,7 @@ def _build(meta: dict[str, str], tensors: dict[str, torch.Tensor], where: str) -
     if f"{got:.4f}" != meta["block_sparsity"]:
         raise ValueError(f"{where}: metadata says block sparsity {meta['block_sparsity']} but the weights hold "
                          f"{got:.4f}")
+    check_sha256(meta, tensors, where)  # last: whatever the checks above could not see
     return model
 
 

@@ -5,16 +5,26 @@ What it adds: `save_quantized(model, path)` and `load_quantized(path)`. The head
 tensors mean; nothing is ever guessed from a file name or from dtypes:
 
     metadata  {"format": "minillm-quant", "format_version": "1",
-               "quant_config": QuantConfig as JSON, "gpt_config": GPTConfig as JSON, "method": "rtn" | "gptq" | ...}
+               "quant_config": QuantConfig as JSON, "gpt_config": GPTConfig as JSON, "method": "rtn" | "gptq" | ...,
+               "sha256": digest of every other field and every tensor (`minillm.core.io.content_sha256`)}
     tensors   transformer.h.0.attn.c_attn.qweight  int8 (3C, C) | uint8 (3C, C/2) packed int4
               transformer.h.0.attn.c_attn.scale    fp32 (3C, groups)
               transformer.h.0.attn.c_attn.zero     uint8 (3C, groups), asymmetric modes only
               ... and the fp32 rest (LayerNorms, biases, position embedding, the token embedding unless quantized)
 
-Loading builds the model the metadata describes and refuses a file whose metadata is missing, unreadable, or
-disagrees with its tensors (a missing, extra, mis-shaped or mis-typed tensor), naming what is wrong. Writes are
-atomic (`minillm.core.io`): a crash leaves the old file or the new one, never half of one. What it leaves out:
-the tokenizer (the shipped one belongs to `base`) and sharded files.
+Loading builds the model the metadata describes and refuses (ValueError naming the file and the field or tensor):
+metadata that is missing or unreadable; a config the tensors contradict (n_layer, n_head x head size against
+c_attn's rows, ...); a missing, extra, mis-shaped or mis-typed tensor (fp16 where the mode implies fp32 is not
+upcast); a non-finite float, a scale <= 0, a zero point off the grid (> 2^bits - 1); and, last, content that
+does not match the recorded sha256 (a flipped byte, an edited header). The specific checks run first so the
+message names what is wrong; the digest catches what they cannot see (n_head=4 for a model of 2 heads of twice
+the width has the same shapes). A file written before digests were recorded has no "sha256" field: it still
+loads, with every other check. The digest finds damage, not forgery: whoever edits a file can recompute it.
+
+Writes are atomic (`minillm.core.io`): a crash leaves the old file or the new one, never half of one; a path that
+is a directory, or lies under a file, is a ValueError naming it. What it leaves out: the tokenizer (the shipped
+one belongs to `base`), sharded files, and checking the codes themselves (every int8/uint8 code is a valid
+integer; a symmetric -128 is off the restricted grid but still de-quantizes).
 """
 
 from __future__ import annotations
@@ -28,11 +38,14 @@ import torch
 
 from minillm.core.config import GPTConfig
 from minillm.core.device import resolve_device
-from minillm.core.io import atomic_save_safetensors, read_format_metadata, read_safetensors_file
-from minillm.core.formats import ModelFormat, gpt_config_from, gpt_config_json, register_model_format
+from minillm.core.formats import (ModelFormat, check_gpt_config, check_stored_tensors, gpt_config_from,
+                                  gpt_config_json, register_model_format)
+from minillm.core.io import (atomic_save_safetensors, check_output_file, check_sha256, read_format_metadata,
+                             read_safetensors_file, with_sha256)
 from minillm.core.model import GPT
 from minillm.core.weights import load_state_dict_strict, model_tensors
-from minillm.quant.linear import QuantConfig, QuantizedGPT, quantize_model
+from minillm.quant.linear import QuantConfig, QuantizedGPT, QuantLinear, quantize_model
+from minillm.quant.quantize import qrange
 
 FORMAT = "minillm-quant"
 FORMAT_VERSION = "1"
@@ -40,23 +53,34 @@ _HINT = ("an fp32 checkpoint loads with minillm.core.checkpoint.load_checkpoint,
          "without its mode")
 
 
-def _metadata(model: QuantizedGPT) -> dict[str, str]:
+def _fields(model: QuantizedGPT) -> dict[str, str]:
     """The header fields that say what the tensors mean (everything but the method, which only people read)."""
     return {"format_version": FORMAT_VERSION, "quant_config": json.dumps(model.quant_config.to_dict(), sort_keys=True),
             "gpt_config": gpt_config_json(model.config)}
+
+
+def _metadata(model: QuantizedGPT) -> dict[str, str]:
+    """The fields plus their digest, for the bytes a worker receives (`minillm.core.formats`), checked by `_build`."""
+    return with_sha256({"format": FORMAT, **_fields(model)}, model_tensors(model))
 
 
 def save_quantized(model: QuantizedGPT, path: str | os.PathLike, method: str = "rtn") -> Path:
     """Write `model` (from `quantize_model` or GPTQ) to the safetensors file `path`, atomically. Returns the path.
 
     `method` records how the codes were chosen ("rtn", "gptq", ...); it is informative, the loader does not need it.
+    The metadata records a sha256 of every field and tensor, checked on load. A `path` that is a directory, or
+    whose parent is a file, is a ValueError naming it.
     """
     if not isinstance(model, QuantizedGPT):
         raise TypeError(f"save_quantized needs a quantized model (see quantize_model), got {type(model).__name__}")
     if not isinstance(method, str) or not method:
         raise TypeError(f"method must be a non-empty str, got {method!r}")
-    metadata = {"format": FORMAT, **_metadata(model), "method": method}
-    return atomic_save_safetensors(model_tensors(model), path, metadata=metadata)
+    out = check_output_file(path, "save_quantized: path")
+    if out is None:
+        raise ValueError(f"save_quantized: path must name a file, got {path!r}")
+    tensors = model_tensors(model)
+    metadata = with_sha256({"format": FORMAT, **_fields(model), "method": method}, tensors)
+    return atomic_save_safetensors(tensors, out, metadata=metadata)
 
 
 def _parse(meta: dict[str, str], where: str) -> tuple[GPTConfig, QuantConfig]:
@@ -79,20 +103,46 @@ def read_metadata(path: str | os.PathLike) -> tuple[GPTConfig, QuantConfig, dict
     return config, qconfig, dict(meta)
 
 
+def _check_grid(model: QuantizedGPT, tensors: dict[str, torch.Tensor], where: str) -> None:
+    """Every QuantLinear's stored scales > 0 and zero points on the grid [0, 2^bits - 1]; ValueError naming the tensor.
+
+    subtle: a scale of 0 de-quantizes every code to 0 and a negative one flips the weight's sign; neither raises
+    anywhere later. A uint8 zero point always fits int8's grid, but int4's stops at 15. NaN scales were refused
+    already (`check_stored_tensors`: every float is finite).
+    """
+    _, zmax = qrange(model.quant_config.bits, symmetric=False)
+    for name, module in model.named_modules():
+        if not isinstance(module, QuantLinear):
+            continue
+        scale = tensors.get(f"{name}.scale")
+        if scale is not None and scale.numel() and not bool((scale > 0).all()):
+            n = int((scale <= 0).sum())
+            raise ValueError(f"{where}: tensor {name + '.scale'!r} holds {n} scale{'s' * (n != 1)} <= 0 (smallest "
+                             f"{scale.min().item():g}); a scale must be > 0")
+        zero = tensors.get(f"{name}.zero")
+        if zero is not None and zero.numel() and int(zero.max()) > zmax:
+            raise ValueError(f"{where}: tensor {name + '.zero'!r} holds zero point {int(zero.max())}, off the "
+                             f"{model.quant_config.bits}-bit grid [0, {zmax}]")
+
+
 def _build(meta: dict[str, str], tensors: dict[str, torch.Tensor], where: str) -> QuantizedGPT:
-    """The quantized model the metadata describes, every tensor checked against the mode and loaded strictly."""
+    """The quantized model the metadata describes, every tensor checked against the mode and loaded strictly.
+
+    The checks, in order (the first that fails is a ValueError naming `where` and what): the metadata parses; the
+    GPTConfig fits the tensors' shapes; every tensor has the dtype and shape the mode implies, and every float is
+    finite; scales > 0 and zero points on the grid; no tensor missing or extra; the recorded sha256, when there is
+    one (a file from before digests has none). The same checks run for a file and for bytes sent to a worker.
+    """
     config, qconfig = _parse(meta, where)
+    check_gpt_config(config, tensors, where)  # before the skeleton: names the field, bounds the allocation
     # The skeleton: a GPT of the stored shape, quantized in the stored mode, so every buffer has the shape and dtype
     # that mode implies; its random weights are all overwritten below.
     model = quantize_model(GPT(config), qconfig)
-    expected = model_tensors(model)
     where += f" (mode {qconfig.mode}" + (f", group_size {qconfig.group_size})" if qconfig.mode == "int4" else ")")
-    for key, want in sorted(expected.items()):
-        got = tensors.get(key)
-        if got is not None and (got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape)):
-            raise ValueError(f"{where}: tensor {key!r} is {got.dtype} {tuple(got.shape)} but the metadata's mode "
-                             f"implies {want.dtype} {tuple(want.shape)}; the file and its metadata disagree")
+    check_stored_tensors(model_tensors(model), tensors, where, implied_by="the metadata's mode")
+    _check_grid(model, tensors, where)
     load_state_dict_strict(model, tensors, source=where)  # missing or extra tensors, named
+    check_sha256(meta, tensors, where)  # last: whatever the checks above could not see
     return model
 
 
