@@ -58,3 +58,25 @@ def fails_on_rank_one(rank: int, world_size: int) -> int:
     if rank == 1:
         raise ValueError("rank one refuses")
     return rank
+
+
+
+def torch_tp_forward(rank: int, world_size: int, model_bytes: bytes, idx) -> dict:
+    """One rank of the check that PyTorch's parallelize_module plan equals the hand-written shards."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from minillm.core.formats import model_from_bytes
+    from minillm.parallel.library import count_collectives, parallelize_with_torch
+    from minillm.parallel.tensor import shard_model
+
+    model = model_from_bytes(model_bytes)
+    mesh = init_device_mesh("cpu", (world_size,))
+    lib = parallelize_with_torch(model, mesh)
+    hand = shard_model(model, rank, world_size)
+    with torch.no_grad():
+        lib_logits, counts = count_collectives(lib, idx)
+        hand_logits = hand(idx)
+    lib_logits = lib_logits.full_tensor() if hasattr(lib_logits, "full_tensor") else lib_logits
+    return {"library": torch.as_tensor(lib_logits).detach().clone(), "hand": hand_logits, "counts": counts,
+            "hand_calls": dict(hand.comm.calls)}

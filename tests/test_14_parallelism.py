@@ -122,3 +122,18 @@ def test_the_engine_on_two_ranks_gives_the_one_process_tokens(model):
     finally:
         tp.runner.close()
     assert tp.runner.closed and not any(h.process.is_alive() for h in tp.runner._handles)
+
+
+def test_pytorch_parallelize_module_plan_equals_the_hand_written_shards(model):
+    from process_roles import torch_tp_forward
+
+    idx = _idx(T=7)
+    with torch.no_grad():
+        want = model(idx)
+    for r in run_ranks(torch_tp_forward, 2, model_to_bytes(model), idx):
+        torch.testing.assert_close(r["library"], want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(r["library"], r["hand"], rtol=1e-5, atol=1e-5)
+        # CommDebugMode counts the library's collectives: the same as the hand-written shards' (its all-gather
+        # is called all_gather_into_tensor)
+        assert r["counts"] == {"all_reduce": r["hand_calls"]["all_reduce"], "all_gather_into_tensor": 1}
+        assert r["hand_calls"] == collectives_per_forward(model.config.n_layer)

@@ -319,16 +319,18 @@ def wait_ready(handles: list[WorkerHandle], timeout: float) -> None:
                 raise WorkerDiedError(f"{h.describe()} before it was ready")
 
 
-def receive(handles: list[WorkerHandle], timeout: float, liveness_timeout_s: float
-            ) -> tuple[list[tuple[WorkerHandle, Any]], str | None]:
+def receive(handles: list[WorkerHandle], timeout: float, liveness_timeout_s: float,
+            failures: dict[str, str] | None = None) -> tuple[list[tuple[WorkerHandle, Any]], str | None]:
     """Wait up to `timeout` s for any worker to speak; (every message received, in order per worker, what failed).
 
     Heartbeats are consumed here (they only move `last_seen`). The failure is None while every worker is fine,
-    else a sentence naming the first worker that died (its sentinel fired), raised (WorkerFailed: messages it
-    sent before are still returned) or sent nothing, not even a heartbeat, for `liveness_timeout_s`."""
+    else a sentence per worker that died (its sentinel fired), raised (WorkerFailed: messages it sent before are
+    still returned) or sent nothing, not even a heartbeat, for `liveness_timeout_s`, joined by blank lines.
+    `failures` (role -> sentence) carries what earlier calls found, so a worker's traceback is not replaced by
+    "exited with code 1" once its process is gone."""
     wait([h.conn for h in handles] + [h.process.sentinel for h in handles], timeout=timeout)
     got: list[tuple[WorkerHandle, Any]] = []
-    failure: str | None = None
+    failures = {} if failures is None else failures  # role -> what happened to it (the first account kept)
     for h in handles:
         while True:
             try:
@@ -339,18 +341,18 @@ def receive(handles: list[WorkerHandle], timeout: float, liveness_timeout_s: flo
                 break  # the process is gone; its sentinel says how, below
             h.last_seen = time.monotonic()
             if isinstance(msg, WorkerFailed):
-                failure = failure or f"the {msg.role} worker raised:\n{msg.traceback}"
+                failures.setdefault(h.role, f"the {msg.role} worker raised:\n{msg.traceback}")
                 break
             if not isinstance(msg, Heartbeat):
                 got.append((h, msg))
     for h in handles:
-        if failure is not None:
-            break
+        if h.role in failures:
+            continue
         if not h.process.is_alive():
             h.process.join(1.0)
-            failure = f"the {h.describe()}"
+            failures[h.role] = f"the {h.describe()}"
         elif time.monotonic() - h.last_seen > liveness_timeout_s:
-            failure = (f"the {h.role} worker (pid {h.process.pid}) sent nothing, not even a heartbeat, for "
-                       f"{time.monotonic() - h.last_seen:.1f} s (liveness_timeout_s={liveness_timeout_s}): "
-                       "it looks hung")
-    return got, failure
+            failures[h.role] = (f"the {h.role} worker (pid {h.process.pid}) sent nothing, not even a heartbeat, for "
+                                f"{time.monotonic() - h.last_seen:.1f} s (liveness_timeout_s={liveness_timeout_s}): "
+                                "it looks hung")
+    return got, "\n\n".join(failures.values()) or None

@@ -159,16 +159,21 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str 
         wait_ready(handles, timeout_s)
         results: dict[int, RankResult] = {}
         deadline = time.monotonic() + timeout_s
+        failures: dict[str, str] = {}
         while len(results) < world_size:
             if time.monotonic() > deadline:
                 raise WorkerDiedError(f"ranks {sorted(set(range(world_size)) - set(results))} did not finish "
                                       f"within {timeout_s:.0f} s")
-            got, failure = receive(handles, timeout=0.5, liveness_timeout_s=timeout_s)
+            got, failure = receive(handles, timeout=0.5, liveness_timeout_s=timeout_s, failures=failures)
             for _, msg in got:
                 results[msg.rank] = msg
             if failure is not None and len(results) < world_size:
-                raise WorkerDiedError(f"{failure} (run_ranks of {getattr(fn, '__name__', fn)!r}, world size "
-                                      f"{world_size})")
+                # One rank's error makes the others' collectives fail a moment later ("connection reset"): wait a
+                # little for every report, so the rank that failed first is named beside its consequences.
+                time.sleep(1.0)
+                _, failure = receive(handles, timeout=1.0, liveness_timeout_s=timeout_s, failures=failures)
+                raise WorkerDiedError(f"run_ranks of {getattr(fn, '__name__', fn)!r} (world size {world_size}) "
+                                      f"failed:\n{failure}")
         return [results[r].value for r in range(world_size)]
     finally:
         stop_all(handles)
