@@ -80,3 +80,32 @@ def torch_tp_forward(rank: int, world_size: int, model_bytes: bytes, idx) -> dic
     lib_logits = lib_logits.full_tensor() if hasattr(lib_logits, "full_tensor") else lib_logits
     return {"library": torch.as_tensor(lib_logits).detach().clone(), "hand": hand_logits, "counts": counts,
             "hand_calls": dict(hand.comm.calls)}
+
+
+def pp_forward(rank: int, world_size: int, model_bytes: bytes, idx, m: int) -> dict:
+    """One stage of chapter 14's pipeline check: idx split into m micro-batches along the batch."""
+    import torch
+
+    from minillm.core.formats import model_from_bytes
+    from minillm.parallel.pipeline import PipelineStage, run_gpipe
+
+    model = model_from_bytes(model_bytes)
+    stage = PipelineStage(model, rank, world_size)
+    micro = list(idx.chunk(m)) if rank == 0 else m
+    b, T = idx.shape[0] // m, idx.shape[1]
+    outputs, events = run_gpipe(stage, micro, (b, T, model.config.n_embd))
+    return {"logits": torch.cat(outputs) if outputs else None, "events": events, "layers": list(stage.layers)}
+
+
+def pp_bubble(rank: int, world_size: int, m: int, work_s: float) -> list:
+    """One stage of the bubble experiment: every step sleeps work_s instead of computing."""
+    from minillm.core.config import GPTConfig
+    from minillm.core.model import GPT
+    from minillm.parallel.pipeline import PipelineStage, run_gpipe
+
+    model = GPT(GPTConfig(vocab_size=64, block_size=8, n_layer=world_size, n_head=1, n_embd=8))
+    import torch
+
+    micro = [torch.zeros(1, 4, dtype=torch.long)] * m if rank == 0 else m
+    _, events = run_gpipe(PipelineStage(model, rank, world_size), micro, (1, 4, 8), stage_work_s=work_s)
+    return events

@@ -137,3 +137,42 @@ def test_pytorch_parallelize_module_plan_equals_the_hand_written_shards(model):
         # is called all_gather_into_tensor)
         assert r["counts"] == {"all_reduce": r["hand_calls"]["all_reduce"], "all_gather_into_tensor": 1}
         assert r["hand_calls"] == collectives_per_forward(model.config.n_layer)
+
+
+# ----- pipeline parallelism -----------------------------------------------------------------------------------------
+
+
+def test_stage_layers_split_evenly():
+    from minillm.parallel.pipeline import stage_layers
+
+    assert stage_layers(12, 4) == [range(0, 3), range(3, 6), range(6, 9), range(9, 12)]
+    assert stage_layers(5, 2) == [range(0, 3), range(3, 5)]
+    with pytest.raises(ValueError, match="n_layer=2"):
+        stage_layers(2, 3)
+
+
+@pytest.mark.parametrize("world_size", [2])
+def test_pipeline_logits_equal_one_process(model, world_size):
+    from process_roles import pp_forward
+
+    idx = _idx(T=9, B=4)
+    with torch.no_grad():
+        want = model(idx)
+    results = run_ranks(pp_forward, world_size, model_to_bytes(model), idx, 2)
+    torch.testing.assert_close(results[-1]["logits"], want, rtol=1e-5, atol=1e-5)
+    assert [r["layers"] for r in results] == [[0], [1]]
+    # the schedule: stage 1 starts micro-batch 0 only after stage 0 finished it
+    e0, e1 = results[0]["events"], results[1]["events"]
+    assert e1[0].start >= e0[0].end
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 4)])
+def test_the_measured_bubble_follows_the_formula(p, m):
+    """Each step a fixed 50 ms sleep (known work; sleeping ranks need no core): the idle share is (p-1)/(m+p-1)."""
+    from process_roles import pp_bubble
+
+    from minillm.parallel.pipeline import bubble_fraction, measured_bubble
+
+    events = [e for r in run_ranks(pp_bubble, p, m, 0.05) for e in r]
+    assert len(events) == p * m
+    assert abs(measured_bubble(events, p) - bubble_fraction(p, m)) < 0.08  # sends and wake-ups add a little

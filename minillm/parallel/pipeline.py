@@ -1,0 +1,122 @@
+"""Pipeline parallelism (GPipe, Huang et al. 2019), forward only: the layers in p stages, micro-batches flowing.
+
+What it adds: `stage_layers` (which blocks each of p ranks holds), `PipelineStage` (one rank's part of a GPT:
+the embeddings on the first stage, its blocks, ln_f and the head on the last), and `run_gpipe`, the schedule
+each rank runs: for each of m micro-batches, receive the hidden states from the stage before (point-to-point
+`recv`), run its blocks, send them to the stage after (`isend`, so the next micro-batch's compute does not wait
+for the send). Every rank records (stage, micro-batch, start, end) events; the timeline is drawn from them.
+
+    stage 0 │ F0 F1 F2 F3 .  .  .        a stage idles until the first micro-batch reaches it and after
+    stage 1 │ .  F0 F1 F2 F3 .  .        the last one leaves: the "bubble", a share (p - 1) / (m + p - 1)
+    stage 2 │ .  .  F0 F1 F2 F3 .        of each stage's time when every step costs the same
+    stage 3 │ .  .  .  F0 F1 F2 F3       (p = 4 stages, m = 4 micro-batches: 3 / 7 = 43% idle)
+
+With equal work per micro-batch the makespan is (m + p - 1) steps where one stage alone would be busy m, so
+more micro-batches amortize the bubble. Pipelining raises throughput (p micro-batches in flight) but one
+micro-batch still passes every stage in turn: its latency does not improve, it gets slightly worse (the sends).
+`stage_work_s` replaces each stage's compute by a fixed sleep of known length, so the measured bubble can be set
+against the formula without the shared machine's noise (sleeping ranks need no core). What it leaves out: the
+backward pass and its schedules (1F1B, interleaved), and uneven stages.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from minillm.core.model import GPT, require_model
+
+
+def stage_layers(n_layer: int, p: int) -> list[range]:
+    """The blocks of each of p stages, as even as possible (the first stages take one more when p does not divide)."""
+    if not isinstance(p, int) or isinstance(p, bool) or not 1 <= p <= n_layer:
+        raise ValueError(f"the number of stages must be an int in [1, n_layer={n_layer}], got {p!r}")
+    base, extra = divmod(n_layer, p)
+    bounds = [0]
+    for s in range(p):
+        bounds.append(bounds[-1] + base + (1 if s < extra else 0))
+    return [range(bounds[s], bounds[s + 1]) for s in range(p)]
+
+
+class PipelineStage(nn.Module):
+    """Stage `stage` of p: (idx, positions) -> hidden on the first, hidden -> hidden in between, -> logits last."""
+
+    def __init__(self, model: GPT, stage: int, p: int):
+        super().__init__()
+        self.config = require_model(model, "PipelineStage")
+        self.stage, self.p = stage, p
+        self.layers = stage_layers(self.config.n_layer, p)[stage]
+        self.first, self.last = stage == 0, stage == p - 1
+        self.wte = model.transformer.wte if self.first else None
+        self.wpe = model.transformer.wpe if self.first else None
+        self.blocks = nn.ModuleList(model.transformer.h[i] for i in self.layers)
+        self.ln_f = model.transformer.ln_f if self.last else None
+        self.head = model.lm_head if self.last else None
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """First stage: x = idx (B, T) ids. Others: x = hidden (B, T, C). Last stage returns logits (B, T, V)."""
+        if self.first:
+            T = x.shape[1]
+            x = self.wte(x) + self.wpe(torch.arange(T, device=x.device))  # (B, T, C)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x)) if self.last else x
+
+
+@dataclass
+class StageEvent:
+    stage: int
+    micro_batch: int
+    start: float  # time.perf_counter() (CLOCK_MONOTONIC: one clock for every process on the machine)
+    end: float
+
+
+def run_gpipe(stage: PipelineStage, micro_batches: list[torch.Tensor] | int, hidden_shape: tuple[int, ...],
+              stage_work_s: float | None = None) -> tuple[list[torch.Tensor], list[StageEvent]]:
+    """Run this rank's part of the forward-only GPipe schedule; (the last stage's logits per micro-batch, events).
+
+    `micro_batches`: the first stage's inputs (a list of (b, T) id tensors); other stages pass their count.
+    `hidden_shape` (b, T, C) is what flows between stages. `stage_work_s`: sleep this long instead of computing
+    (the bubble experiment; the outputs are then the inputs passed along, not logits).
+    """
+    rank, p = stage.stage, stage.p
+    m = len(micro_batches) if isinstance(micro_batches, list) else micro_batches
+    outputs, events, pending = [], [], []
+    for j in range(m):
+        if stage.first:
+            x = micro_batches[j]
+        else:
+            x = torch.empty(hidden_shape)
+            dist.recv(x, src=rank - 1)
+        start = time.perf_counter()
+        if stage_work_s is not None:
+            time.sleep(stage_work_s)
+            y = x if not stage.first else torch.zeros(hidden_shape)
+        else:
+            y = stage(x)
+        events.append(StageEvent(rank, j, start, time.perf_counter()))
+        if stage.last:
+            outputs.append(y)
+        else:
+            pending.append(dist.isend(y.contiguous(), dst=rank + 1))
+    for work in pending:
+        work.wait()
+    return outputs, events
+
+
+def bubble_fraction(p: int, m: int) -> float:
+    """The formula: each stage idles (p - 1) of the (m + p - 1) equal steps of the schedule."""
+    return (p - 1) / (m + p - 1)
+
+
+def measured_bubble(events: list[StageEvent], p: int) -> float:
+    """1 - busy / (p * makespan), from every stage's events: the share of stage-time spent waiting."""
+    start = min(e.start for e in events)
+    end = max(e.end for e in events)
+    busy = sum(e.end - e.start for e in events)
+    return 1.0 - busy / (p * (end - start))
