@@ -109,3 +109,22 @@ def pp_bubble(rank: int, world_size: int, m: int, work_s: float) -> list:
     micro = [torch.zeros(1, 4, dtype=torch.long)] * m if rank == 0 else m
     _, events = run_gpipe(PipelineStage(model, rank, world_size), micro, (1, 4, 8), stage_work_s=work_s)
     return events
+
+
+def sp_forward(rank: int, world_size: int, model_bytes: bytes, idx) -> dict:
+    """One rank of the sequence-parallel check: the Megatron-SP shard's logits and its collectives."""
+    from minillm.core.formats import model_from_bytes
+    from minillm.parallel.tensor import sequence_parallel_logits, shard_model
+
+    shard = shard_model(model_from_bytes(model_bytes), rank, world_size, sequence_parallel=True)
+    return {"logits": sequence_parallel_logits(shard, idx), "calls": dict(shard.comm.calls),
+            "bytes": dict(shard.comm.bytes)}
+
+
+def ring_forward(rank: int, world_size: int, q, k, v):
+    """One rank of the ring-attention check: its chunk of the sequence in, its chunk of the output out."""
+    from minillm.parallel.context import ring_attention
+
+    T = q.shape[2]
+    mine = slice(rank * T // world_size, (rank + 1) * T // world_size)
+    return ring_attention(q[:, :, mine], k[:, :, mine], v[:, :, mine])

@@ -176,3 +176,59 @@ def test_the_measured_bubble_follows_the_formula(p, m):
     events = [e for r in run_ranks(pp_bubble, p, m, 0.05) for e in r]
     assert len(events) == p * m
     assert abs(measured_bubble(events, p) - bubble_fraction(p, m)) < 0.08  # sends and wake-ups add a little
+
+
+# ----- sequence and context parallelism ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_sequence_parallel_equals_one_process_and_moves_the_all_reduce_bytes(model, world_size):
+    from process_roles import sp_forward
+
+    from minillm.parallel.tensor import ring_traffic_per_rank
+
+    idx = _idx(T=12)
+    with torch.no_grad():
+        want = model(idx)
+    L = model.config.n_layer
+    message = idx.numel() * model.config.n_embd * 4  # one all-reduce's (B, T, C) fp32 message
+    for r in run_ranks(sp_forward, world_size, model_to_bytes(model), idx):
+        torch.testing.assert_close(r["logits"], want, rtol=1e-5, atol=1e-5)
+        # every all-reduce became a reduce-scatter (the embedding, 2 per layer), plus an all-gather after each of
+        # the 2 L LayerNorms and ln_f
+        assert r["calls"] == {"reduce_scatter_seq": 1 + 2 * L, "all_gather_seq": 2 * L + 1, "all_gather": 1}
+        # ring traffic per rank: a reduce-scatter sends (t-1)/t of its input, an all-gather (t-1) times its input;
+        # the pair per layer moves what the all-reduce moved: 2 (t-1)/t of the message
+        t = world_size
+        rs = r["bytes"]["reduce_scatter_seq"] * (t - 1) / t
+        ag = r["bytes"]["all_gather_seq"] * (t - 1)
+        assert rs + ag == pytest.approx(ring_traffic_per_rank(message, t) * (2 * L + 1))
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_ring_attention_equals_full_causal_attention(world_size):
+    from process_roles import ring_forward
+
+    from minillm.core.attention import attention
+
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 3, 16, 8, generator=g) for _ in range(3))  # (B, nh, T, hs)
+    want = attention(q, k, v, is_causal=True)
+    got = torch.cat(run_ranks(ring_forward, world_size, q, k, v), dim=2)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_merge_of_partial_attentions_is_exact_and_handles_an_empty_part():
+    from minillm.parallel.context import block_attention, merge_attention
+
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 4, 8, generator=g) for _ in range(3))
+    whole, lse = block_attention(q, k, v, causal=False)
+    a, la = block_attention(q, k[:, :, :1], v[:, :, :1], causal=False)
+    b, lb = block_attention(q, k[:, :, 1:], v[:, :, 1:], causal=False)
+    o, l2 = merge_attention(a, la, b, lb)
+    torch.testing.assert_close(o, whole)
+    torch.testing.assert_close(l2, lse)
+    empty = torch.full_like(la, float("-inf"))
+    o, _ = merge_attention(torch.zeros_like(a), empty, a, la)  # nothing seen yet, then a block
+    torch.testing.assert_close(o, a)

@@ -3,7 +3,11 @@
 - `group`: process groups the standard way (`init_rank`, from torchrun's environment or a loopback port),
   `run_ranks` (spawn N ranks on the process layer, run a function on each, collect the results), `free_port`
 - `tensor`: Megatron tensor parallelism as a transform (`shard_model`): column- and row-parallel linears, the
-  vocabulary-parallel embedding and head, `Comm` (every collective counted, with its bytes), the formulas
+  vocabulary-parallel embedding and head, `Comm` (every collective counted, with its bytes), the formulas;
+  Megatron sequence parallelism (`shard_model(..., sequence_parallel=True)`, `sequence_parallel_logits`)
+- `library`: the same plan through PyTorch's `parallelize_module` (DTensor) on a DeviceMesh, `CommDebugMode` counts
+- `pipeline`: forward-only GPipe (`PipelineStage`, `run_gpipe`, per-stage events, the bubble and its formula)
+- `context`: ring attention over sequence chunks (`ring_attention`, `merge_attention` in log-sum-exp form)
 - `executor`: `TensorParallelExecutor`, chapter 06's executor contract over t ranks (rank 0 plans and samples)
 """
 

@@ -46,6 +46,7 @@ class Comm:
     so a one-rank run reports the calls the formula predicts for t ranks at zero cost."""
 
     group: object = None
+    sequence_parallel: bool = False  # Megatron-SP: reduce-scatter + all-gather along T instead of all-reduce
     calls: dict[str, int] = field(default_factory=dict)
     bytes: dict[str, int] = field(default_factory=dict)  # payload bytes per op (one rank's message), summed
     seconds: float = 0.0  # wall time inside collectives
@@ -84,6 +85,43 @@ class Comm:
         return torch.cat(parts, dim=-1)
 
 
+    def all_gather_seq(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T/t, C) on each rank -> (B, T, C) on every rank: the ranks' sequence slices in rank order."""
+        self._count("all_gather_seq", x)
+        t = self.world_size()
+        if t == 1:
+            return x
+        start = time.perf_counter()
+        parts = [torch.empty_like(x) for _ in range(t)]
+        dist.all_gather(parts, x.contiguous(), group=self.group)
+        self.seconds += time.perf_counter() - start
+        return torch.cat(parts, dim=1)
+
+    def reduce_scatter_seq(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, C) partial sums on each rank -> this rank's (B, T/t, C) slice of their sum."""
+        self._count("reduce_scatter_seq", x)
+        t = self.world_size()
+        if t == 1:
+            return x
+        start = time.perf_counter()
+        out = torch.empty_like(x.chunk(t, dim=1)[0])
+        dist.reduce_scatter(out, [c.contiguous() for c in x.chunk(t, dim=1)], group=self.group)
+        self.seconds += time.perf_counter() - start
+        return out
+
+
+class GatherSequence(nn.Module):
+    """Sequence parallelism's entry to a tensor-parallel region: run `inner` (a LayerNorm) on this rank's (B, T/t, C)
+    slice, then all-gather the sequence, so the column-parallel linear after it sees all T tokens."""
+
+    def __init__(self, inner: nn.Module, comm: Comm):
+        super().__init__()
+        self.inner, self.comm = inner, comm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.comm.all_gather_seq(self.inner(x))  # (B, T/t, C) -> (B, T, C)
+
+
 class ColumnParallelLinear(nn.Module):
     """y_r = x W_r^T + b_r: this rank's rows of W (output features), no communication; x is replicated."""
 
@@ -106,7 +144,9 @@ class RowParallelLinear(nn.Module):
         self.comm = comm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.comm.all_reduce(F.linear(x, self.weight))  # (..., in/t) -> (..., out), summed over the ranks
+        y = F.linear(x, self.weight)  # (B, T, in/t) -> (B, T, out): this rank's partial sum
+        # summed over the ranks: whole (all-reduce), or each rank its sequence slice (sequence parallelism)
+        y = self.comm.reduce_scatter_seq(y) if self.comm.sequence_parallel else self.comm.all_reduce(y)
         # subtle: the bias goes in after the sum; added before it, it would be counted t times
         return y if self.bias is None else y + self.bias
 
@@ -124,7 +164,8 @@ class VocabParallelEmbedding(nn.Module):
         mine = (local >= 0) & (local < self.weight.shape[0])
         x = F.embedding(local.clamp(0, self.weight.shape[0] - 1), self.weight)  # (B, T, C)
         x = x * mine.unsqueeze(-1).to(x.dtype)  # zero where another rank owns the id
-        return self.comm.all_reduce(x)  # exactly one rank contributed each row
+        # exactly one rank contributed each row; with sequence parallelism each rank keeps its (B, T/t, C) slice
+        return self.comm.reduce_scatter_seq(x) if self.comm.sequence_parallel else self.comm.all_reduce(x)
 
 
 class VocabParallelHead(nn.Module):
@@ -153,12 +194,17 @@ def check_divisible(config, t: int) -> None:
             raise ValueError(f"tensor parallel size {t} does not divide {name}={n}: every rank needs an equal share")
 
 
-def shard_model(model: GPT, rank: int, t: int, comm: Comm | None = None) -> GPT:
+def shard_model(model: GPT, rank: int, t: int, comm: Comm | None = None, sequence_parallel: bool = False) -> GPT:
     """A copy of `model` holding rank `rank`'s shard of t (see the module docstring); the original is untouched.
 
     Run it on every rank of a group of t (each rank its own rank); the shards' forward then equals the model's.
     Its `config` says n_head / t heads; `model.comm` counts its collectives. Works on any plain GPT (head-pruned
     included); MLP widths must divide by t.
+
+    `sequence_parallel` (Megatron-SP, Korthikanti et al. 2022): the residual stream, LayerNorms and embeddings hold
+    T/t tokens per rank; each all-reduce becomes a reduce-scatter (leaving a tensor-parallel region) and an
+    all-gather (entering the next one, after the LayerNorm), which move the same bytes. Such a shard runs through
+    `sequence_parallel_logits` (positions sliced per rank), not through `forward`.
     """
     cfg = require_model(model, "shard_model")
     if type(model) is not GPT:
@@ -191,6 +237,11 @@ def shard_model(model: GPT, rank: int, t: int, comm: Comm | None = None) -> GPT:
         wte = VocabParallelEmbedding(out.transformer.wte.weight[vocab], rank * V // t, comm)
         out.transformer.wte = wte
         out.lm_head = VocabParallelHead(wte, comm)
+        if sequence_parallel:
+            comm.sequence_parallel = True
+            for block in out.transformer.h:
+                block.ln_1, block.ln_2 = GatherSequence(block.ln_1, comm), GatherSequence(block.ln_2, comm)
+            out.transformer.ln_f = GatherSequence(out.transformer.ln_f, comm)
     out.comm = comm
     return out.eval()
 
@@ -210,3 +261,18 @@ def ring_traffic_per_rank(message_bytes: int, t: int) -> float:
     """What a ring all-reduce sends (and receives) per rank for one message: 2 (t - 1) / t of it
     (reduce-scatter, then all-gather, each moving (t - 1) / t)."""
     return 2 * (t - 1) / t * message_bytes
+
+
+def sequence_parallel_logits(shard: GPT, idx: torch.Tensor) -> torch.Tensor:
+    """Logits (B, T, V) of a sequence-parallel shard (`shard_model(..., sequence_parallel=True)`) on every rank.
+
+    Each rank feeds the whole idx (the vocabulary-parallel embedding reduce-scatters it to its T/t slice) and
+    the positions of its own slice, so the position embedding is added to the right tokens."""
+    comm = shard.comm
+    t, rank = comm.world_size(), (dist.get_rank(comm.group) if dist.is_initialized() else 0)
+    T = idx.shape[1]
+    if T % t:
+        raise ValueError(f"sequence parallelism over {t} ranks needs T divisible by {t}, got T={T}")
+    positions = torch.arange(rank * T // t, (rank + 1) * T // t, device=idx.device)  # this rank's slice
+    with torch.no_grad():
+        return shard.logits(shard.hidden(idx, positions))  # ln_f gathers the sequence before the head
