@@ -84,7 +84,7 @@ def run_gpipe(stage: PipelineStage, micro_batches: list[torch.Tensor] | int, hid
     `hidden_shape` (b, T, C) is what flows between stages. `stage_work_s`: sleep this long instead of computing
     (the bubble experiment; the outputs are then the inputs passed along, not logits).
     """
-    rank, p = stage.stage, stage.p
+    rank = stage.stage
     m = len(micro_batches) if isinstance(micro_batches, list) else micro_batches
     outputs, events, pending = [], [], []
     for j in range(m):
