@@ -128,3 +128,18 @@ def ring_forward(rank: int, world_size: int, q, k, v):
     T = q.shape[2]
     mine = slice(rank * T // world_size, (rank + 1) * T // world_size)
     return ring_attention(q[:, :, mine], k[:, :, mine], v[:, :, mine])
+
+
+def parallel_suite(rank: int, world_size: int, model_bytes: bytes, idx, pp_idx, qkv, bubble_m: int) -> dict:
+    """Every chapter 14 check one group of ranks can make, in one spawn (spawning costs seconds per rank):
+    tensor, sequence and library tensor parallelism, ring attention, and (when the model has enough layers for
+    the ranks) the pipeline's logits, plus the bubble experiment."""
+    out = {"tp": tp_forward(rank, world_size, model_bytes, idx), "sp": sp_forward(rank, world_size, model_bytes, idx),
+           "ring": ring_forward(rank, world_size, *qkv),
+           "library": torch_tp_forward(rank, world_size, model_bytes, idx)}
+    from minillm.core.formats import model_from_bytes
+
+    if model_from_bytes(model_bytes).config.n_layer >= world_size:
+        out["pp"] = pp_forward(rank, world_size, model_bytes, pp_idx, 2)
+    out["bubble"] = pp_bubble(rank, world_size, bubble_m, 0.05)
+    return out

@@ -28,8 +28,29 @@ def model():
     return context_model("tiny", seed=14, n_head=4)  # vocab 512, window 64, 2 layers, 4 heads: context-sensitive
 
 
-def _idx(T: int = 11, B: int = 2) -> torch.Tensor:
+def _idx(T: int = 12, B: int = 2) -> torch.Tensor:
     return torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(3))
+
+
+QKV = tuple(torch.randn(2, 3, 16, 8, generator=torch.Generator().manual_seed(4 + i)) for i in range(3))  # (B,nh,T,hs)
+BUBBLE_M = 4  # micro-batches of the bubble experiment
+
+
+@pytest.fixture(scope="module")
+def ranks(model):
+    """ranks(t): every rank's results of `process_roles.parallel_suite` for a group of t, run once per module (each
+    spawn of t ranks costs seconds), then read by the tests below."""
+    from process_roles import parallel_suite
+
+    cache: dict[int, list[dict]] = {}
+
+    def get(world_size: int) -> list[dict]:
+        if world_size not in cache:
+            cache[world_size] = run_ranks(parallel_suite, world_size, model_to_bytes(model), _idx(), _idx(T=9, B=4),
+                                          QKV, BUBBLE_M)
+        return cache[world_size]
+
+    return get
 
 
 def test_one_rank_shard_is_the_model_and_counts_the_formula(model):
@@ -44,11 +65,11 @@ def test_one_rank_shard_is_the_model_and_counts_the_formula(model):
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_tensor_parallel_logits_equal_one_process(model, world_size):
+def test_tensor_parallel_logits_equal_one_process(model, ranks, world_size):
     idx = _idx()
     with torch.no_grad():
         want = model(idx)
-    results = run_ranks(_tp_forward(), world_size, model_to_bytes(model), idx)
+    results = [r["tp"] for r in ranks(world_size)]
     L, C, nh = model.config.n_layer, model.config.n_embd, model.config.n_head
     for r, got in enumerate(results):
         torch.testing.assert_close(got["logits"], want, rtol=1e-5, atol=1e-5)  # fp32: only the sums' order differs
@@ -61,12 +82,6 @@ def test_tensor_parallel_logits_equal_one_process(model, world_size):
     replicated = sum(p.numel() for n, p in model.named_parameters()
                      if "ln_" in n or "wpe" in n or n.endswith("c_proj.bias"))
     assert all(r["params"] == replicated + (total - replicated) // world_size for r in results)
-
-
-def _tp_forward():
-    from process_roles import tp_forward
-
-    return tp_forward
 
 
 def test_ring_all_reduce_traffic_formula():
@@ -124,13 +139,12 @@ def test_the_engine_on_two_ranks_gives_the_one_process_tokens(model):
     assert tp.runner.closed and not any(h.process.is_alive() for h in tp.runner._handles)
 
 
-def test_pytorch_parallelize_module_plan_equals_the_hand_written_shards(model):
-    from process_roles import torch_tp_forward
-
-    idx = _idx(T=7)
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_pytorch_parallelize_module_plan_equals_the_hand_written_shards(model, ranks, world_size):
+    idx = _idx()
     with torch.no_grad():
         want = model(idx)
-    for r in run_ranks(torch_tp_forward, 2, model_to_bytes(model), idx):
+    for r in (r["library"] for r in ranks(world_size)):
         torch.testing.assert_close(r["library"], want, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(r["library"], r["hand"], rtol=1e-5, atol=1e-5)
         # CommDebugMode counts the library's collectives: the same as the hand-written shards' (its all-gather
@@ -151,14 +165,11 @@ def test_stage_layers_split_evenly():
         stage_layers(2, 3)
 
 
-@pytest.mark.parametrize("world_size", [2])
-def test_pipeline_logits_equal_one_process(model, world_size):
-    from process_roles import pp_forward
-
+def test_pipeline_logits_equal_one_process(model, ranks):
     idx = _idx(T=9, B=4)
     with torch.no_grad():
         want = model(idx)
-    results = run_ranks(pp_forward, world_size, model_to_bytes(model), idx, 2)
+    results = [r["pp"] for r in ranks(2)]  # two stages of one block each, two micro-batches of two sequences
     torch.testing.assert_close(results[-1]["logits"], want, rtol=1e-5, atol=1e-5)
     assert [r["layers"] for r in results] == [[0], [1]]
     # the schedule: stage 1 starts micro-batch 0 only after stage 0 finished it
@@ -166,14 +177,13 @@ def test_pipeline_logits_equal_one_process(model, world_size):
     assert e1[0].start >= e0[0].end
 
 
-@pytest.mark.parametrize("p,m", [(2, 4), (4, 4)])
-def test_the_measured_bubble_follows_the_formula(p, m):
+@pytest.mark.parametrize("p", [2, 4])
+def test_the_measured_bubble_follows_the_formula(ranks, p):
     """Each step a fixed 50 ms sleep (known work; sleeping ranks need no core): the idle share is (p-1)/(m+p-1)."""
-    from process_roles import pp_bubble
-
     from minillm.parallel.pipeline import bubble_fraction, measured_bubble
 
-    events = [e for r in run_ranks(pp_bubble, p, m, 0.05) for e in r]
+    m = BUBBLE_M
+    events = [e for r in ranks(p) for e in r["bubble"]]
     assert len(events) == p * m
     assert abs(measured_bubble(events, p) - bubble_fraction(p, m)) < 0.08  # sends and wake-ups add a little
 
@@ -182,17 +192,15 @@ def test_the_measured_bubble_follows_the_formula(p, m):
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_sequence_parallel_equals_one_process_and_moves_the_all_reduce_bytes(model, world_size):
-    from process_roles import sp_forward
-
+def test_sequence_parallel_equals_one_process_and_moves_the_all_reduce_bytes(model, ranks, world_size):
     from minillm.parallel.tensor import ring_traffic_per_rank
 
-    idx = _idx(T=12)
+    idx = _idx()
     with torch.no_grad():
         want = model(idx)
     L = model.config.n_layer
     message = idx.numel() * model.config.n_embd * 4  # one all-reduce's (B, T, C) fp32 message
-    for r in run_ranks(sp_forward, world_size, model_to_bytes(model), idx):
+    for r in (r["sp"] for r in ranks(world_size)):
         torch.testing.assert_close(r["logits"], want, rtol=1e-5, atol=1e-5)
         # every all-reduce became a reduce-scatter (the embedding, 2 per layer), plus an all-gather after each of
         # the 2 L LayerNorms and ln_f
@@ -206,15 +214,11 @@ def test_sequence_parallel_equals_one_process_and_moves_the_all_reduce_bytes(mod
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_ring_attention_equals_full_causal_attention(world_size):
-    from process_roles import ring_forward
-
+def test_ring_attention_equals_full_causal_attention(ranks, world_size):
     from minillm.core.attention import attention
 
-    g = torch.Generator().manual_seed(4)
-    q, k, v = (torch.randn(2, 3, 16, 8, generator=g) for _ in range(3))  # (B, nh, T, hs)
-    want = attention(q, k, v, is_causal=True)
-    got = torch.cat(run_ranks(ring_forward, world_size, q, k, v), dim=2)
+    want = attention(*QKV, is_causal=True)
+    got = torch.cat([r["ring"] for r in ranks(world_size)], dim=2)  # each rank's chunk of the sequence
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
