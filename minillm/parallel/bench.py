@@ -1,0 +1,143 @@
+"""Chapter 14's benchmark: tensor-parallel decode and prefill against world size, communication split out.
+
+Each world size t runs as t spawned ranks (gloo on loopback, one torch thread per rank), every rank the same greedy
+loop of chapter 04 on its shard (SPMD: the gathered logits are identical on every rank, so every rank picks the
+same token). Reported per t: ms per decoded token (median of repeats after a warm-up), tokens/s, ms per prompt of
+`prompt_len` tokens, the share of time inside collectives (`Comm.seconds`), collectives and bytes per token, and
+whether the tokens equal one process's. The same table computes, from the chapter's formulas, what the
+collectives of one decoded token would cost on NVLink and on PCIe for this model and for GPT-2 124M.
+
+This is no interconnect benchmark: the ranks share one machine's cores and memory, and gloo moves each message
+through loopback TCP. On a machine with fewer cores than ranks, ranks take turns, and more ranks cost time.
+
+    python -m minillm.parallel.bench [--model base] [--world-sizes 1,2,4] [--quick] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from minillm.bench.cli import bench_parser, pick_size, start, write_report
+from minillm.bench.models import load_model
+from minillm.core.config import GPTConfig
+from minillm.core.formats import model_from_bytes, model_to_bytes
+from minillm.core.sampling import SamplingParams
+from minillm.kvcache.generate import generate_ids
+from minillm.parallel.group import run_ranks
+from minillm.parallel.tensor import collectives_per_forward, ring_traffic_per_rank, shard_model
+
+SIZES = {"full": dict(new_tokens=48, prompt_len=128, repeats=5), "quick": dict(new_tokens=16, prompt_len=64,
+                                                                             repeats=3)}
+
+# Links, per direction, for the cost estimate (bytes/s). NVLink 4 on H100 SXM: 900 GB/s bidirectional (NVIDIA's
+# H100 datasheet); PCIe 4.0 x16: 16 GT/s x 16 lanes with 128b/130b coding, about 31.5 GB/s (PCI-SIG).
+LINKS = {"NVLink 4 (H100)": 450e9, "PCIe 4.0 x16": 31.5e9}
+GPT2_124M = GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)
+
+
+def rank_timing(rank: int, world_size: int, model_bytes: bytes, prompt: list[int], new_tokens: int,
+                repeats: int) -> dict[str, Any]:
+    """One rank's measurements (module-level: `run_ranks` imports it in each spawned rank)."""
+    shard = shard_model(model_from_bytes(model_bytes), rank, world_size)
+    params = SamplingParams.greedy(new_tokens, ignore_eos=True)
+    idx = torch.tensor([prompt])
+    tokens = generate_ids(shard, prompt, params)  # warm-up, and the tokens to compare
+    decode, prefill, comm_share = [], [], []
+    for _ in range(repeats):
+        shard.comm.reset()
+        start = time.perf_counter()
+        generate_ids(shard, prompt, params)
+        elapsed = time.perf_counter() - start
+        decode.append(elapsed / new_tokens)
+        comm_share.append(shard.comm.seconds / elapsed)
+        start = time.perf_counter()
+        with torch.no_grad():
+            shard.logits(shard.hidden(idx, torch.arange(len(prompt)))[:, -1])
+        prefill.append(time.perf_counter() - start)
+    shard.comm.reset()
+    with torch.no_grad():  # one decode-sized forward, to count what one token sends
+        shard.logits(shard.hidden(idx[:, :1], torch.arange(1)))
+    return {"tokens": tokens, "decode_s": statistics.median(decode), "prefill_s": statistics.median(prefill),
+            "comm_share": statistics.median(comm_share), "calls": dict(shard.comm.calls),
+            "bytes": dict(shard.comm.bytes)}
+
+
+def link_estimate(config: GPTConfig, t: int, element_bytes: int = 2) -> dict[str, float]:
+    """Microseconds of link time per decoded token (bandwidth term only) for t ranks: (1 + 2L) all-reduces of
+    C values, ring traffic 2 (t - 1) / t of each, plus the head's all-gather of V/t values from each rank."""
+    message = config.n_embd * element_bytes
+    reduce_bytes = (1 + 2 * config.n_layer) * ring_traffic_per_rank(message, t)
+    gather_bytes = (t - 1) * config.vocab_size // t * element_bytes
+    return {name: (reduce_bytes + gather_bytes) / bw * 1e6 for name, bw in LINKS.items()}
+
+
+def run_all(model, size: str = "full", seed: int = 0, world_sizes: tuple[int, ...] = (1, 2, 4)) -> dict[str, Any]:
+    sizes = pick_size(SIZES, size)
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, model.config.vocab_size, (sizes["prompt_len"],), generator=g).tolist()
+    data = model_to_bytes(model)
+    rows = []
+    reference = None
+    for t in world_sizes:
+        results = run_ranks(rank_timing, t, data, prompt, sizes["new_tokens"], sizes["repeats"])
+        r0 = results[0]
+        reference = reference if reference is not None else r0["tokens"]
+        rows.append({"world_size": t, "decode_ms": r0["decode_s"] * 1e3, "tok_s": 1 / r0["decode_s"],
+                     "prefill_ms": r0["prefill_s"] * 1e3, "comm_share": r0["comm_share"],
+                     "collectives_per_token": r0["calls"], "bytes_per_token": r0["bytes"],
+                     "same_tokens": all(r["tokens"] == reference for r in results),
+                     "formula": collectives_per_forward(model.config.n_layer)})
+    return {"model": model.config.to_dict(), "sizes": sizes, "rows": rows,
+            "links": {name: {t: link_estimate(model.config, t)[name] for t in (2, 4, 8)} for name in LINKS},
+            "links_gpt2_124m": {name: {t: link_estimate(GPT2_124M, t)[name] for t in (2, 4, 8)} for name in LINKS},
+            "published": "gpt-fast, Llama-2-7B on A100s: 104.9 / 168.8 / 254.0 / 328.4 tok/s at TP 1 / 2 / 4 / 8"}
+
+
+def format_table(report: dict[str, Any]) -> str:
+    lines = ["| ranks | ms/token | tok/s | speed-up | prefill ms | in collectives | all-reduces/token | "
+             "same tokens |", "|---|---|---|---|---|---|---|---|"]
+    base = report["rows"][0]["decode_ms"]
+    for r in report["rows"]:
+        lines.append(f"| {r['world_size']} | {r['decode_ms']:.2f} | {r['tok_s']:.0f} | {base / r['decode_ms']:.2f}x | "
+                     f"{r['prefill_ms']:.1f} | {100 * r['comm_share']:.0f}% | "
+                     f"{r['collectives_per_token'].get('all_reduce', 0)} (formula {r['formula']['all_reduce']}) | "
+                     f"{r['same_tokens']} |")
+    lines.append("")
+    lines.append("link time per decoded token, bandwidth term only, fp16 messages (us):")
+    for label, links in (("this model", report["links"]), ("GPT-2 124M", report["links_gpt2_124m"])):
+        for name, by_t in links.items():
+            lines.append(f"  {label:10s} {name:16s} " + "  ".join(f"t={t}: {us:.3f}" for t, us in by_t.items()))
+    lines.append(f"published: {report['published']}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The kit's shared options (`minillm.bench.cli`; ranks run on the CPU here) and this benchmark's own."""
+    p = bench_parser("python -m minillm.parallel.bench", __doc__.split("\n")[0], sizes=SIZES,
+                     quick_help="16 tokens after a 64-token prompt, 3 repeats", devices=("cpu",))
+    p.add_argument("--model", default="base", help="shipped checkpoint or preset (default base)")
+    p.add_argument("--world-sizes", default="1,2,4", help="comma-separated numbers of ranks (default 1,2,4)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = start(build_parser(), argv)
+    try:
+        world_sizes = tuple(int(x) for x in args.world_sizes.split(","))
+    except ValueError:
+        raise SystemExit(f"--world-sizes must be comma-separated ints, got {args.world_sizes!r}") from None
+    loaded = load_model(args.model, seed=args.seed)
+    report = run_all(loaded.model, args.size, args.seed, world_sizes)
+    print(f"model {loaded.label}; one torch thread per rank; gloo on loopback")
+    print(format_table(report))
+    write_report(args.json, report)
+    return 0 if all(r["same_tokens"] for r in report["rows"]) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
