@@ -9,6 +9,7 @@
 - `pipeline`: forward-only GPipe (`PipelineStage`, `run_gpipe`, per-stage events, the bubble and its formula)
 - `context`: ring attention over sequence chunks (`ring_attention`, `merge_attention` in log-sum-exp form)
 - `executor`: `TensorParallelExecutor`, chapter 06's executor contract over t ranks (rank 0 plans and samples)
+- `bench`: decode and prefill against world size, time in collectives, link costs from the formulas
 """
 
 from minillm.parallel.group import init_rank, run_ranks
