@@ -236,3 +236,23 @@ def test_merge_of_partial_attentions_is_exact_and_handles_an_empty_part():
     empty = torch.full_like(la, float("-inf"))
     o, _ = merge_attention(torch.zeros_like(a), empty, a, la)  # nothing seen yet, then a block
     torch.testing.assert_close(o, a)
+
+
+def test_a_rank_killed_mid_run_is_an_error_naming_it_not_a_hang(model):
+    import os
+    import signal
+    import time
+
+    cfg = EngineConfig(num_blocks=32, block_size=4, max_num_seqs=4, max_num_batched_tokens=32)
+    tp = TP2LLM(model, None, cfg)
+    try:
+        assert tp.generate([[1, 2, 3]], SamplingParams.greedy(3))[0].finish_reason == "length"
+        os.kill(tp.runner._handles[0].process.pid, signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(WorkerDiedError, match="rank1 worker .* killed by signal 9"):
+            tp.generate([[4, 5, 6]], SamplingParams.greedy(3))
+        assert time.monotonic() - start < 60
+        assert tp.runner.closed
+    finally:
+        tp.runner.close()
+    assert not any(h.process.is_alive() for h in tp.runner._handles)
