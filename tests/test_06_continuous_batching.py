@@ -298,8 +298,10 @@ def test_invalid_params_rejected_without_disturbing_running(model):
         llm.add_request([1, 2, 3], bad)
     with pytest.raises(TypeError, match="SamplingParams"):
         llm.add_request([1, 2, 3], {"temperature": 0.0})
-    with pytest.raises(ValueError, match="n=2"):
-        llm.add_request([1, 2, 3], SamplingParams.greedy(4, n=2))
+    bad_n = SamplingParams.greedy(4)
+    bad_n.n = 0  # n > 1 runs parallel samples (tests/test_engine_parallel_sampling.py); n < 1 is caught here
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        llm.add_request([1, 2, 3], bad_n)
     with pytest.raises(ValueError, match="empty"):
         llm.add_request([], SamplingParams.greedy(4))
     with pytest.raises(ValueError, match="9999"):

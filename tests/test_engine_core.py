@@ -313,3 +313,29 @@ def test_threads_adding_and_aborting_at_random(model, engine):
         if reasons[rid] == "length":
             assert finals[rid][0].output_token_ids == generate_ids(model, prompt, params), rid
     assert core.engine.block_manager.num_free_blocks == config.num_blocks
+
+
+def test_parallel_samples_through_the_core_each_get_one_final_output(model):
+    """n = 3 through the core: three final outputs (index 0, 1, 2); an abort after one finished still ends the rest."""
+    core = EngineCore(LLM(model, None, EngineConfig(num_blocks=64, block_size=4, max_num_seqs=8,
+                                                    max_num_batched_tokens=32)))
+    rid = core.add_request([5, 6, 7], SamplingParams(max_new_tokens=6, temperature=1.0, seed=3, n=3))
+    finals = {}
+    while core.has_work():
+        for out in core.step():
+            if out.finished:
+                finals[(out.request_id, out.index)] = out
+    assert sorted(finals) == [(rid, 0), (rid, 1), (rid, 2)] and core.num_live == 0
+    alone = [generate_ids(model, [5, 6, 7], SamplingParams(max_new_tokens=6, temperature=1.0, seed=3 + i))
+             for i in range(3)]
+    assert [finals[(rid, i)].output_token_ids for i in range(3)] == alone
+    # stop() with a sample still running: every index that had no final output gets one
+    rid = core.add_request([5, 6, 7], SamplingParams(max_new_tokens=40, temperature=1.0, seed=3, n=2))
+    core.step()
+    core.stop()
+    got = []
+    while not core.outputs.empty():
+        out = core.outputs.get()
+        if out.finished and out.request_id == rid:
+            got.append(out.index)
+    assert sorted(got) == [0, 1]

@@ -48,9 +48,13 @@ class EngineConfig:
     # Which KV cache / attention implementation the model runner builds, by name (minillm.paged.backends):
     # "selective" (decodes vectorized + prompt chunks looped), "paged", "paged-reference", or one registered later.
     attention_backend: str = "selective"
+    # Ranks the model is sharded over (chapter 14's Megatron tensor parallelism): 1 runs in this process; t > 1
+    # spawns t - 1 ranks on the CPU with gloo, each with 1/t of the heads, the MLP and the vocabulary.
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "num_swap_blocks"):
+        for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "num_swap_blocks",
+                     "tensor_parallel_size"):
             check_int(f"EngineConfig.{name}", getattr(self, name), 0 if name == "num_swap_blocks" else 1)
         for name in ("enable_chunked_prefill", "enable_prefix_caching"):
             if not isinstance(getattr(self, name), bool):

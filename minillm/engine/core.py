@@ -6,8 +6,9 @@ safety at the engine's edge. `add_request` and `abort` may be called from any th
 loop applies them between steps, so the scheduler's queues are only ever touched by that one thread. The loop,
 `run_forever` (or `start()`, which runs it on a thread of its own), steps the engine while it has work and sleeps
 on an event while it has none; every output goes to `on_output` (by default the `outputs` queue). Every request
-the core accepted gets exactly one final output, however it ended: finished, aborted, failed alone, refused when
-its turn came, or cut off by `stop()`, which aborts what is left and delivers those outputs before it returns.
+the core accepted gets exactly one final output per sample (n of them, told apart by `index`, for n > 1), however
+it ended: finished, aborted, failed alone, refused when its turn came, or cut off by `stop()`, which aborts what
+is left and delivers those outputs before it returns.
 This is the shape of vLLM v1's `EngineCore` (an input queue, a busy loop, an output queue) at this project's size.
 What it leaves out: a separate process for the core (a server here runs it on a thread; the GIL is released
 inside torch's kernels), and priorities between requests (the scheduler's order is first come, first served).
@@ -57,7 +58,8 @@ class EngineCore:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._ids = itertools.count()
-        self.live: set[str] = set()  # ids accepted and not yet given their final output
+        # ids accepted and not yet given every final output -> the sample indices still owed one (n > 1: several)
+        self.live: dict[str, set[int]] = {}
         self.num_steps = 0
         self.error: BaseException | None = None  # what broke the loop, if something did
 
@@ -78,7 +80,7 @@ class EngineCore:
             # subtle: only reads the engine (config, tokenizer; its id table, which this lock's `live` already
             # covers): the loop's thread may be stepping meanwhile.
             req = self.engine._new_request(prompt, params, request_id, arrival_time)
-            self.live.add(req.request_id)
+            self.live[req.request_id] = set(range(req.params.n))
             self._inbox.append(("add", req))
         self._wake.set()
         return req.request_id
@@ -186,7 +188,10 @@ class EngineCore:
         for out in outputs:
             if out.finished:
                 with self._lock:
-                    self.live.discard(out.request_id)
+                    owed = self.live.get(out.request_id, set())
+                    owed.discard(out.index)
+                    if not owed:
+                        self.live.pop(out.request_id, None)
             self.on_output(out)
 
     def _drain(self) -> None:
@@ -203,9 +208,10 @@ class EngineCore:
     def _fail_all(self, message: str) -> None:
         """A final "error" output for every id still live (the engine cannot give them one any more)."""
         with self._lock:
-            live, self.live = sorted(self.live), set()
+            live, self.live = sorted(self.live.items()), {}
             self._inbox.clear()
-        for rid in live:
-            self.on_output(RequestOutput(request_id=rid, prompt=None, prompt_token_ids=[], new_token_ids=[],
-                                         output_token_ids=[], finished=True, finish_reason="error",
-                                         error=f"request {rid!r}: {message}"))
+        for rid, owed in live:
+            for index in sorted(owed):
+                self.on_output(RequestOutput(request_id=rid, prompt=None, prompt_token_ids=[], new_token_ids=[],
+                                             output_token_ids=[], finished=True, finish_reason="error",
+                                             error=f"request {rid!r}: {message}", index=index))

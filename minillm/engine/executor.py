@@ -20,18 +20,28 @@ The contract:
     executor.num_forward_calls  how many forwards ran (the engine's stall detector watches it)
     executor.close()         release processes and pools (idempotent; a no-op in process)
 
+`executor_factory(config, runner_cls)` picks what `LLM` builds: `runner_cls` itself in one process, chapter 14's
+`TensorParallelExecutor` for `EngineConfig(tensor_parallel_size=t)` (imported by name: chapter 14 sits above this
+layer and may import it, never the other way round).
+
 What it leaves out: asynchronous execution (vLLM v1 overlaps planning step t+1 with executing step t; here
 `execute` returns when the step is done).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import torch
 
+from minillm.engine.model_runner import ModelRunner
 from minillm.engine.step import StepInput
 from minillm.engine.swap import SwapSpace
+
+TENSOR_PARALLEL = "minillm.parallel.executor"  # chapter 14's module, imported on first use
 
 
 @runtime_checkable
@@ -47,3 +57,14 @@ class Executor(Protocol):
     def execute(self, step: StepInput) -> torch.Tensor | None: ...
 
     def close(self) -> None: ...
+
+
+def executor_factory(config, runner_cls: Callable[..., Executor]) -> Callable[..., Executor]:
+    """What builds the engine's executor: `runner_cls` for one process, the tensor-parallel executor for t > 1."""
+    t = config.tensor_parallel_size
+    if t == 1:
+        return runner_cls
+    if runner_cls is not ModelRunner:
+        raise ValueError(f"tensor_parallel_size={t} runs chapter 14's executor; this engine brings its own "
+                         f"({getattr(runner_cls, '__name__', runner_cls)}), which runs in one process")
+    return functools.partial(importlib.import_module(TENSOR_PARALLEL).TensorParallelExecutor, tensor_parallel_size=t)

@@ -4,12 +4,16 @@ Adds `FrontEnd`, the base of chapter 06's `LLM` and chapter 07's `DisaggregatedL
 arguments once (params re-validated, n, the prompt through `minillm.core.stopping.start_request`, the request id,
 whether it could ever fit), builds the engine's `Request` around the `RequestState`, and hands it to the
 subclass's `_enqueue`; `_output` builds the `RequestOutput` deltas; `generate` is the offline loop over `step`
-(vLLM's `LLM.generate`). What it leaves out: how requests are run. A subclass supplies `_enqueue(request)`,
-`step()` and `abort(request_id)`, and may refine `_check_fits` (will the request ever fit the KV pool?) and
-`_check_usable` (is the engine still able to serve?).
+(vLLM's `LLM.generate`). Parallel sampling (`SamplingParams.n > 1`, only where `supports_parallel_sampling`): the
+request is built as n `Request`s, sample 0 under the user's id and samples 1..n-1 under internal ids
+(`sample_id(rid, i)` = "rid#i", reserved like any id in use), held by sample 0 until the subclass forks them;
+every sample streams its own outputs under the user's id and its `index`. What it leaves out: how requests are
+run. A subclass supplies `_enqueue(request)`, `step()` and `abort(request_id)`, and may refine `_check_fits`
+(will the request ever fit the KV pool?) and `_check_usable` (is the engine still able to serve?).
 
-    add_request ─▶ _new_request (checks, start_request, id) ─▶ finished on arrival? ─yes─▶ pending output
-                                                                   └──no──▶ _enqueue (the subclass)
+    add_request ─▶ _new_request (checks, start_request, ids; n > 1: samples 1..n-1 held by sample 0)
+                ─▶ _admit ─▶ finished on arrival? ─yes─▶ pending output (one per sample)
+                                   └──no──▶ _enqueue(sample 0) (the subclass; it starts the held samples)
     generate    ─▶ _new_request for every prompt first (one bad prompt rejects the call, nothing queued)
                 ─▶ _admit each ─▶ step() until every one has its final RequestOutput
                    (other requests' outputs are held back, merged per request, for the caller's next step();
@@ -32,12 +36,20 @@ from minillm.core.stopping import check_eos_id, default_eos, start_request
 from minillm.engine.request import Request, RequestOutput
 
 
+def sample_id(request_id: str, index: int) -> str:
+    """The engine's id of sample `index` of the user's request `request_id`: its own id for sample 0, else "rid#i"
+    (internal: outputs carry the user's id and the index; the front end never lets a user take one while in use)."""
+    return request_id if index == 0 else f"{request_id}#{index}"
+
+
 class FrontEnd:
     """Request validation, ids, outputs and `generate`, shared by `LLM` and `DisaggregatedLLM`.
 
     Subclasses call `_init_front_end` in their constructor and implement `_enqueue`, `step` and `abort`.
-    `_requests` holds the requests the engine still owes an output (their ids cannot be reused meanwhile);
-    `_pending` the outputs to hand out at the next `step()` (aborts, requests finished on arrival).
+    `_requests` holds the requests the engine still owes an output, by engine id (a parallel sample's internal id
+    included; their ids cannot be reused meanwhile); `_groups` the samples of each user's n > 1 request while any
+    of them is unfinished (its id cannot be reused meanwhile either); `_pending` the outputs to hand out at the
+    next `step()` (aborts, requests finished on arrival).
     """
 
     request_cls: type[Request] = Request  # what `_new_request` builds (DisaggregatedLLM adds a field or two)
@@ -45,6 +57,10 @@ class FrontEnd:
     # requests are unfinished: a leak (blocks never freed) then fails loudly instead of looping forever. None: off
     # (DisaggregatedLLM, whose steps wait on other processes and have liveness timeouts of their own).
     stall_steps: int | None = None
+    # Whether the engine runs SamplingParams.n > 1 (n samples of one prompt). Off here, so an engine that does not
+    # fork samples (chapter 07's DisaggregatedLLM, chapter 08's SpeculativeLLM) refuses n > 1 with a ValueError
+    # naming n; chapter 06's LLM turns it on.
+    supports_parallel_sampling: bool = False
 
     def _init_front_end(self, model_config: GPTConfig, tokenizer: Any, eos_id: int | None,
                         device: torch.device | str) -> None:
@@ -54,6 +70,7 @@ class FrontEnd:
         self.eos_id = default_eos(tokenizer, eos_id)
         self.state_device = torch.device(device)  # where each request's generator lives (where it is sampled)
         self._requests: dict[str, Request] = {}
+        self._groups: dict[str, list[Request]] = {}  # user id -> its n > 1 samples, while any is unfinished
         self._pending: list[RequestOutput] = []
         self._counter = itertools.count()
 
@@ -96,10 +113,17 @@ class FrontEnd:
             raise TypeError(f"prompt must be a str or a list of int token ids, got {type(prompt).__name__}")
         return None, prompt
 
+    def _in_use(self, request_id: str, reserved: Any = ()) -> bool:
+        """Whether an engine id is taken: a request still owed an output (a parallel sample's internal id too),
+        a user's n > 1 request with a sample unfinished, or an id in `reserved`."""
+        return request_id in self._requests or request_id in self._groups or request_id in reserved
+
     def _new_request(self, prompt: Any, params: SamplingParams | None, request_id: str | None,
                      arrival_time: float | None, reserved: Any = ()) -> Request:
         """Check everything about one request and build it; nothing is queued yet (so `generate` can check all).
-        `reserved`: ids already given to requests built but not admitted yet (generate's batch)."""
+        `reserved`: ids already given to requests built but not admitted yet (generate's batch, samples included).
+
+        With params.n > 1 the result is sample 0, holding samples 1..n-1 in `held` (`_new_sample`)."""
         self._check_usable()
         if arrival_time is not None and (not isinstance(arrival_time, (int, float)) or isinstance(arrival_time, bool)
                                          or not math.isfinite(arrival_time)):
@@ -109,42 +133,88 @@ class FrontEnd:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__} {params!r}")
         params = dataclasses.replace(params)  # re-runs __post_init__: a field mutated into nonsense is caught now
-        if params.n != 1:
-            raise ValueError(f"{type(self).__name__} runs one sample per request; got n={params.n}")
+        if params.n != 1 and not self.supports_parallel_sampling:
+            raise ValueError(f"{type(self).__name__} runs one sample per request (no parallel sampling); "
+                             f"got n={params.n}")
+        n = params.n
         text, ids = self._encode(prompt)
         # The same prompt checks, window cap and stop rules as chapter 04's `generate`, so the tokens match it alone.
         state = start_request(self.model_config, ids, params, self.tokenizer, self.eos_id, device=self.state_device)
         if request_id is None:
             # subtle: skip ids in use, so a user who named a request "req-0" does not make generate() fail
             request_id = f"req-{next(self._counter)}"
-            while request_id in self._requests or request_id in reserved:
+            while any(self._in_use(sample_id(request_id, i), reserved) for i in range(n)):
                 request_id = f"req-{next(self._counter)}"
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a str, got {type(request_id).__name__} {request_id!r}")
-        if request_id in self._requests:
+        if self._in_use(request_id):
             raise ValueError(f"request_id {request_id!r} is already in use")
+        for i in range(1, n):  # the samples' internal ids must be free too, or two requests would share one
+            if self._in_use(sample_id(request_id, i)):
+                raise ValueError(f"request_id {request_id!r} with n={n} names its samples {request_id!r}#1.."
+                                 f"#{n - 1}, and {sample_id(request_id, i)!r} is already in use")
         req = self.request_cls(request_id, state.prompt_ids, state.params, prompt=text, state=state,
                                arrival_time=time.perf_counter() if arrival_time is None else arrival_time)
-        self._check_fits(req)
+        self._check_fits(req)  # every sample has sample 0's worst case; they need not fit the pool all at once
+        req.held = [self._new_sample(req, i) for i in range(1, n)]
         return req
 
+    def _new_sample(self, first: Request, index: int) -> Request:
+        """Sample `index` of `first`'s request (chapter 05's seeding: `RequestState.fork(params.seed + index)`, the
+        generator an independent request seeded `params.seed + index` would have; unseeded stays unseeded)."""
+        seed = first.params.seed
+        state = first.state.fork(seed + index if seed is not None else None)
+        if first.state.finished:  # max_new_tokens 0: every sample is finished on arrival, as sample 0 is
+            state.stop_checker.finish_reason = first.state.finish_reason
+        return self.request_cls(sample_id(first.request_id, index), state.prompt_ids, state.params,
+                                prompt=first.prompt, state=state, arrival_time=first.arrival_time, index=index,
+                                parent_id=first.request_id)
+
+    @staticmethod
+    def _samples(req: Request) -> list[Request]:
+        """Sample 0 and the samples it still holds (just `[req]` for n == 1, or once the held ones were started)."""
+        return [req, *req.held]
+
     def _admit(self, req: Request) -> None:
-        """Queue a checked request, or, with nothing to generate (max_new_tokens 0), finish it on arrival."""
+        """Queue a checked request, or, with nothing to generate (max_new_tokens 0), finish it on arrival (each of
+        its samples, one final output each). Held samples are registered here and started by the subclass."""
+        samples = self._samples(req)
         if req.state.finished:
-            req.finish()
-            self._pending.append(self._output(req))
+            for r in samples:
+                r.finish()
+                self._pending.append(self._output(r))
+            req.held = []
             return
-        self._requests[req.request_id] = req
+        # subtle: checked again, since EngineCore builds requests ahead and admits them later, when an id built
+        # in between (another request's sample, say) may have taken one of these
+        for r in samples:
+            if self._in_use(r.request_id):
+                raise ValueError(f"request_id {r.request_id!r} is already in use")
+        for r in samples:
+            self._requests[r.request_id] = r
+        if req.held:
+            self._groups[req.request_id] = samples
         self._enqueue(req)
+
+    def _forget(self, req: Request) -> None:
+        """`req` has its final output: drop it from `_requests`, and its group once every sample of it is done."""
+        del self._requests[req.request_id]
+        group = self._groups.get(req.output_id)
+        if group is not None and all(r.is_finished for r in group):
+            del self._groups[req.output_id]
 
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None) -> str:
         """Queue one request; return its id. Everything is checked here, so a bad request never disturbs a batch.
 
         Rejected with ValueError/TypeError: a params object that is not a valid `SamplingParams` (re-validated
-        here, so one mutated after construction is caught too), n > 1, an empty or out-of-vocabulary prompt, a
-        prompt longer than the context window, stop strings without a tokenizer, a duplicate id, and a request
-        that could never fit the engine's KV pool even if it ran alone (`_check_fits`).
+        here, so one mutated after construction is caught too), n > 1 on an engine without parallel sampling
+        (`supports_parallel_sampling`: chapter 07's and chapter 08's engines), an empty or out-of-vocabulary
+        prompt, a prompt longer than the context window, stop strings without a tokenizer, a duplicate id (or,
+        for n > 1, one of its samples' internal ids "id#1".."id#{n-1}" in use), and a request that could never
+        fit the engine's KV pool even if it ran alone (`_check_fits`).
+
+        With n > 1 the n samples stream separately, each `RequestOutput` carrying this id and its `index`.
         """
         req = self._new_request(prompt, params, request_id, arrival_time)
         self._admit(req)
@@ -168,31 +238,37 @@ class FrontEnd:
             new_text = text[req.num_streamed_chars :]
             req.num_streamed_chars = end
         return RequestOutput(
-            request_id=req.request_id, prompt=req.prompt, prompt_token_ids=list(req.prompt_token_ids),
+            request_id=req.output_id, index=req.index, prompt=req.prompt, prompt_token_ids=list(req.prompt_token_ids),
             new_token_ids=list(new), output_token_ids=list(req.output_token_ids), finished=req.is_finished,
             finish_reason=req.finish_reason, text=text, new_text=new_text, arrival_time=req.arrival_time,
             token_times=list(req.token_times), num_preemptions=req.num_preemptions, error=req.error,
         )
 
     def _merge(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
-        """One output per request: consecutive deltas of one request joined (in the order first seen), the newer
-        output's totals kept. What `step()` returns after `generate` held other requests' outputs back."""
-        merged: dict[str, RequestOutput] = {}
+        """One output per request and sample (`(request_id, index)`): consecutive deltas of one sample joined (in
+        the order first seen), the newer output's totals kept. What `step()` returns after `generate` held other
+        requests' outputs back."""
+        merged: dict[tuple[str, int], RequestOutput] = {}
         for out in outputs:
-            old = merged.get(out.request_id)
+            key = (out.request_id, out.index)
+            old = merged.get(key)
             if old is not None:
                 out = dataclasses.replace(out, new_token_ids=old.new_token_ids + out.new_token_ids,
                                           new_text=None if out.new_text is None else old.new_text + out.new_text)
-            merged[out.request_id] = out
+            merged[key] = out
         return list(merged.values())
 
     def generate(self, prompts: Sequence[Any] | str, params: SamplingParams | Sequence[SamplingParams] | None = None,
                  ) -> list[RequestOutput]:
-        """Run prompts (strings or token-id lists) to completion; one final `RequestOutput` per prompt, in order.
+        """Run prompts (strings or token-id lists) to completion; their final `RequestOutput`s, in prompt order.
+
+        One output per prompt when n == 1. A prompt whose params have n > 1 contributes its n final outputs, in
+        `index` order 0..n-1, at its place in the flat list: prompts [a, b] with n = 1 for a and n = 3 for b give
+        [a, b#0, b#1, b#2] (`out.request_id` and `out.index` say which is which).
 
         Every request is validated before any is queued, so one bad prompt rejects the call ("prompts[i]: ...")
         and leaves the engine as it was. Requests added with `add_request` keep running alongside; their outputs
-        produced meanwhile are held back, one merged delta per request, for the caller's next `step()`.
+        produced meanwhile are held back, one merged delta per request and sample, for the caller's next `step()`.
         """
         if isinstance(prompts, (str, torch.Tensor)) or (
             isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
@@ -206,37 +282,40 @@ class FrontEnd:
             if len(params_list) != len(prompts):
                 raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts")
         reqs: list[Request] = []
+        reserved: set[str] = set()  # the batch's ids, every sample's included
         for i, (prompt, p) in enumerate(zip(prompts, params_list)):
             try:
-                reqs.append(self._new_request(prompt, p, None, None, reserved={r.request_id for r in reqs}))
+                reqs.append(self._new_request(prompt, p, None, None, reserved=reserved))
             except (TypeError, ValueError) as exc:
                 raise type(exc)(f"prompts[{i}]: {exc}") from None
+            reserved.update(r.request_id for r in self._samples(reqs[-1]))
+        keys = [(r.output_id, r.index) for req in reqs for r in self._samples(req)]  # (request_id, index), in order
         for req in reqs:
             self._admit(req)
-        ids = [req.request_id for req in reqs]
-        wanted, final = set(ids), {}
+        wanted, final = set(keys), {}
         held: list[RequestOutput] = []  # other requests' outputs: the caller's next step() hands them out
         stalled, mark = 0, self._progress()
         try:
             while len(final) < len(wanted):
                 outs = self.step()
                 for out in outs:
-                    if out.request_id not in wanted:
+                    key = (out.request_id, out.index)
+                    if key not in wanted:
                         held.append(out)
                     elif out.finished:
-                        final[out.request_id] = out
+                        final[key] = out
                 if self.stall_steps is not None:
                     now = self._progress()
                     stalled = 0 if (outs or now != mark) else stalled + 1
                     mark = now
                     if stalled >= self.stall_steps:
-                        stuck = [rid for rid in ids if rid not in final]
+                        stuck = [rid if i == 0 else f"{rid} sample {i}" for rid, i in keys if (rid, i) not in final]
                         raise RuntimeError(
                             f"generate() made no progress for {stalled} steps with requests {stuck} unfinished "
                             f"(stats: {self._stall_report()}): the engine is stuck, likely leaked KV blocks")
         finally:
             self._pending[:0] = held
-        return [final[rid] for rid in ids]
+        return [final[key] for key in keys]
 
     def _stall_report(self) -> Any:
         """What `generate` prints when it is stuck (the LLM's queue lengths and free blocks)."""

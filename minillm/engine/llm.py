@@ -8,11 +8,19 @@ the `Sampler` draws each sampling request's token from the returned logits, and 
 tokens as `RequestOutput` deltas. `generate` is the
 front end's offline loop over `step` (vLLM's `LLM.generate`). Chapter 04's static batching stays the baseline:
 `minillm.kvcache.generate.generate_static_batch` (and `minillm.engine.static.run_static` for a whole workload).
-What it leaves out: an async front end and HTTP (chapter 15), parallel samples n > 1, and multiple devices.
+
+Parallel sampling (`SamplingParams.n > 1`, chapter 05's `PagedGenerator` inside the engine): sample 0 runs the
+prompt alone while samples 1..n-1 are held; the step that samples its first token forks them (`_fork_held`): each
+shares the prompt's blocks (`BlockManager.fork`), draws its first token from the same logits row with its own
+generator, and joins the scheduler (`Scheduler.add_forked`); the first write into a shared block copies it
+(copy-on-write pairs in the step). From then on every sample is an independent request that streams its own
+outputs under the user's id and its `index`. What it leaves out: an async front end and HTTP (chapter 15), beam
+search, and multiple devices.
 
     add_request ─▶ waiting ─admit─▶ running ─step─▶ ... ─finish─▶ (blocks freed) ─▶ RequestOutput(finished)
                       ▲               │ preempt (recompute)
                       └───────────────┘ or ─▶ swapped ─swap in─▶ running
+    n > 1: sample 0 as above; samples 1..n-1 held ─(sample 0's first token)─fork─▶ running (or, batch full, waiting)
 """
 
 from __future__ import annotations
@@ -24,13 +32,14 @@ import torch
 
 from minillm.core.device import place_with_model
 from minillm.core.model import GPT, require_model
-from minillm.core.sampling import SamplingParams
+from minillm.core.sampling import SamplingParams, sample_next
 from minillm.engine.config import EngineConfig
+from minillm.engine.executor import executor_factory
 from minillm.engine.frontend import FrontEnd
 from minillm.engine.model_runner import ModelRunner
-from minillm.engine.request import Request, RequestOutput
+from minillm.engine.request import Request, RequestOutput, RequestStatus
 from minillm.engine.sampler import Sampler
-from minillm.engine.scheduler import Scheduler
+from minillm.engine.scheduler import Scheduler, SchedulerOutput
 from minillm.engine.step import plan
 from minillm.engine.swap import SwappedKV, SwapSpace
 from minillm.paged import BlockManager
@@ -38,6 +47,7 @@ from minillm.paged import BlockManager
 
 class LLM(FrontEnd):
     stall_steps = 100  # generate() raises after this many steps in a row without a forward or an output
+    supports_parallel_sampling = True  # n > 1: the samples fork sample 0's blocks after its prompt (`_fork_held`)
     # The three parts `__init__` builds, each a hook a subclass may replace (chapter 08 swaps the scheduler, which
     # adds draft tokens to the step, and the sampler, which runs the acceptance rule on them):
     runner_cls: type[ModelRunner] = ModelRunner  # the executor: owns the KV pool, runs a StepInput -> logits
@@ -69,8 +79,10 @@ class LLM(FrontEnd):
         self.model = model.eval()
         self.config = config
         self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.runner = self.runner_cls(model, config.num_blocks, config.block_size, device=self.device,
-                                      kv_dtype=config.kv_dtype, attention_backend=config.attention_backend)
+        # the executor: runner_cls in this process, or chapter 14's over EngineConfig.tensor_parallel_size ranks
+        self.runner = executor_factory(config, self.runner_cls)(
+            model, config.num_blocks, config.block_size, device=self.device, kv_dtype=config.kv_dtype,
+            attention_backend=config.attention_backend)
         self.scheduler = self.scheduler_cls(config, self.block_manager, **self._scheduler_kwargs())
         self.sampler = self.sampler_cls()
         self.num_steps = 0
@@ -79,6 +91,16 @@ class LLM(FrontEnd):
     def _scheduler_kwargs(self) -> dict[str, Any]:
         """Extra constructor arguments for `scheduler_cls` (chapter 08's drafter and γ); none for chapter 06's."""
         return {}
+
+    def close(self) -> None:
+        """Release the executor (chapter 14's ranks; nothing in one process). Idempotent; `with LLM(...)` calls it."""
+        self.runner.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def swap_space(self) -> SwapSpace:
@@ -128,6 +150,8 @@ class LLM(FrontEnd):
         # the engine as it was, with nothing to roll back.
         req = self._new_request(prompt, params, request_id, arrival_time)
         rid = req.request_id
+        if req.held:  # the other samples would need the prompt's logits, which stayed with the prefill worker
+            raise ValueError(f"add_prefilled_request runs one sample per request; got n={req.params.n}")
         if req.state.finished:  # max_new_tokens == 0: finished on arrival
             self._admit(req)
             return rid
@@ -165,23 +189,45 @@ class LLM(FrontEnd):
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free everything it holds; its final output (finish_reason "abort") comes with the
-        next `step()`. Returns False if the id is unknown or already finished."""
+        next `step()`. With n > 1, every unfinished sample of it, held or running, each with its own final output
+        (a sample's internal id is not the user's to abort: False). Returns False if the id is unknown or already
+        finished."""
         self._check_id(request_id)
-        req = self.scheduler.abort(request_id)
-        if req is None:
-            return False
-        del self._requests[request_id]
-        self._pending.append(self._output(req))
-        return True
+        group = self._groups.get(request_id)
+        if group is None:
+            req = self._requests.get(request_id)
+            if req is None or req.parent_id is not None:
+                return False
+            group = [req]
+        held = group[0].held
+        aborted = False
+        for r in group:
+            if r.is_finished:  # its final output was handed out already
+                continue
+            if any(r is h for h in held):  # sample 0 still runs its prompt: this one holds nothing yet
+                r.status, r.finish_reason = RequestStatus.FINISHED_ABORTED, "abort"
+            elif self.scheduler.abort(r.request_id) is None:
+                continue
+            self._forget(r)
+            self._pending.append(self._output(r))
+            aborted = True
+        group[0].held = []
+        return aborted
+
+    @property
+    def num_held(self) -> int:
+        """Parallel samples waiting for their sample 0's first token (in no scheduler queue yet)."""
+        return sum(len(group[0].held) for group in self._groups.values())
 
     def has_unfinished(self) -> bool:
-        """True while a request is queued or running, or an output is still to be handed out (an abort's, one
-        finished on arrival): a loop `while llm.has_unfinished(): llm.step()` delivers every final output."""
-        return self.scheduler.has_unfinished() or bool(self._pending)
+        """True while a request is queued, running or held (a parallel sample not forked yet), or an output is still
+        to be handed out (an abort's, one finished on arrival): a loop `while llm.has_unfinished(): llm.step()`
+        delivers every final output."""
+        return self.scheduler.has_unfinished() or bool(self._pending) or self.num_held > 0
 
     @property
     def num_unfinished(self) -> int:
-        return self.scheduler.num_unfinished
+        return self.scheduler.num_unfinished + self.num_held
 
     # ------------------------------------------------------------------------------------------------ stepping
 
@@ -204,9 +250,12 @@ class LLM(FrontEnd):
         for s in sched.scheduled:
             if s.request.first_scheduled_time is None:
                 s.request.first_scheduled_time = now_first
-        tokens = self.sampler.sample(sched, self.runner.execute(step))
+        logits = self.runner.execute(step)  # (R, V): the sampled rows, in entry order
+        tokens = self.sampler.sample(sched, logits)
         now = time.perf_counter()
+        started = self._fork_held(sched, tokens, logits, now)  # n > 1: before update may free sample 0's blocks
         finished = self.scheduler.update(sched, tokens, now)
+        self.scheduler.add_forked([r for r in started if not r.is_finished])
         if self.config.enable_prefix_caching:
             for s in sched.scheduled:
                 if not s.request.is_finished:  # publish newly computed full blocks for other requests to hit
@@ -215,9 +264,61 @@ class LLM(FrontEnd):
         for s, tok in zip(sched.scheduled, tokens):
             if tok is not None or s.request.is_finished:  # a token, or its sampling failed (finish_reason "error")
                 outputs.append(self._output(s.request))
-        for req in finished:
-            del self._requests[req.request_id]
+        outputs += [self._output(r) for r in started]  # each sample's first token (or its end)
+        for req in finished + [r for r in started if r.is_finished]:
+            self._forget(req)
         return self._merge(outputs)
+
+    # ------------------------------------------------------------------------------------------------ n > 1
+
+    def _fork_held(self, sched: SchedulerOutput, tokens: list[int | None], logits: torch.Tensor,
+                   now: float) -> list[Request]:
+        """Start the held samples of every request whose first token this step sampled; return them.
+
+        Sample 0 of an n > 1 request ran the prompt alone; its last prompt row of `logits` (R, V) is the
+        distribution of every sample's first token (chapter 05's `PagedGenerator` prefills once for all n). Each
+        held sample forks sample 0's blocks and draws from that same row with its own generator
+        (`_start_sample`). If sample 0's sampling failed, its held samples fail with it, one final output each.
+        Called between `Sampler.sample` and `Scheduler.update`, while sample 0 still holds its blocks (its
+        first token may finish it, and `update` then frees them: the samples keep their references).
+        """
+        started: list[Request] = []
+        end = 0  # rows of `logits` used by the entries so far
+        for s, tok in zip(sched.scheduled, tokens):
+            first = s.request
+            end += len(s.sample_rows())
+            if not first.held or not s.samples:  # nothing held, or a prompt chunk short of the prompt's end
+                continue
+            samples, first.held = first.held, []
+            for r in samples:
+                if tok is None:  # the Sampler failed sample 0 (its state is finished with an error)
+                    assert first.state.finished
+                    r.fail(f"request {first.request_id!r} sample {r.index} never started: sample 0 failed "
+                           f"before the samples forked ({first.error})")
+                else:
+                    self._start_sample(first, r, logits[end - 1 : end], now)  # (1, V): sample 0's last row
+                started.append(r)
+        return started
+
+    def _start_sample(self, first: Request, req: Request, row: torch.Tensor, now: float) -> None:
+        """Give held sample `req` the prompt `first` (sample 0) just computed, and its first token from `row` (1, V).
+
+        Its blocks are sample 0's (`BlockManager.fork`: ref counts + 1, nothing copied); its first decode appends
+        to the shared last block, and `append_slot` copies that block first (copy-on-write pairs in the step). Its
+        token is drawn by `sample_next` with its own generator (seeded params.seed + index), as `Sampler` would;
+        a token that finishes it (eos, max_new_tokens 1, a stop string) frees its blocks at once (I8)."""
+        self.block_manager.fork(first.request_id, req.request_id)
+        req.num_computed_tokens = req.num_block_tokens = first.num_prompt_tokens
+        req.first_scheduled_time = first.first_scheduled_time
+        try:
+            tok = int(sample_next(row, req.params, req.generator))  # (1, V) -> (1,)
+        except Exception as exc:  # noqa: BLE001 - one sample's failure is its own, as in `Sampler`
+            req.fail(f"request {req.request_id!r} failed in sampling: {type(exc).__name__}: {exc}")
+        else:
+            req.accept([tok], now)
+        if req.is_finished:
+            self.block_manager.free(req.request_id)
+            req.num_block_tokens = 0
 
     # ------------------------------------------------------------------------------------------------ hooks
 
@@ -237,4 +338,5 @@ class LLM(FrontEnd):
             "waiting": len(self.scheduler.waiting),
             "running": len(self.scheduler.running),
             "swapped": len(self.scheduler.swapped),
+            "held": self.num_held,
         }

@@ -6,8 +6,9 @@ One number drives everything, as in vLLM's V1 scheduler: `num_computed_tokens`, 
 logits give the next output token. Prefill, chunked prefill, decode and recomputation after preemption are then
 the same operation with different chunk sizes. The request's lifecycle proper (validated prompt, capped params,
 its generator, the stop rules, the output tokens) is the `RequestState` every loop in minillm shares
-(`minillm.core.stopping`); a `Request` holds one and adds the engine's bookkeeping around it. What it leaves out:
-parallel samples (`n > 1`) and beam search.
+(`minillm.core.stopping`); a `Request` holds one and adds the engine's bookkeeping around it. Parallel samples
+(`n > 1`) are n `Request`s: sample 0 under the user's id, samples 1..n-1 under internal ids, each with its `index`
+and the user's id (`parent_id`), so every output names the request and the sample. What it leaves out: beam search.
 """
 
 from __future__ import annotations
@@ -59,10 +60,21 @@ class Request:
     num_swapped_blocks: int = 0  # host blocks its KV occupies while SWAPPED (the executor holds the bytes)
     token_times: list[float] = field(default_factory=list)  # perf_counter() when each output token was ready
     first_scheduled_time: float | None = None
+    # Parallel sampling (params.n > 1): this is sample `index` of the request the user added as `parent_id` (its
+    # outputs carry that id and this index; None: the request is the user's own, sample 0). Samples 1..n-1 wait in
+    # sample 0's `held` until its first token is sampled; then they fork its blocks (`LLM._fork_held`).
+    index: int = 0
+    parent_id: str | None = None
+    held: list[Request] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if self.state is None:
             self.state = RequestState(list(self.prompt_token_ids), self.params, None, StopChecker(None, self.params))
+
+    @property
+    def output_id(self) -> str:
+        """The id its outputs carry: the user's request id (for every sample of an n > 1 request)."""
+        return self.request_id if self.parent_id is None else self.parent_id
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -150,7 +162,7 @@ class Request:
 class RequestOutput:
     """What `step()` streams and `generate()` returns: the new tokens since the last step and everything so far."""
 
-    request_id: str
+    request_id: str  # the id the user added the request under (every sample of an n > 1 request shares it)
     prompt: str | None
     prompt_token_ids: list[int]
     new_token_ids: list[int]  # the delta: tokens produced since this request's previous RequestOutput
@@ -163,6 +175,7 @@ class RequestOutput:
     token_times: list[float] = field(default_factory=list)  # perf_counter() per output token
     num_preemptions: int = 0
     error: str | None = None  # finish_reason "error": what failed, naming the request (the others went on)
+    index: int = 0  # which sample of its request (0 .. params.n - 1): outputs are keyed by (request_id, index)
 
     @property
     def ttft(self) -> float | None:

@@ -9,7 +9,9 @@ decodes (Agrawal et al., SARATHI, arXiv:2308.16369; Sarathi-Serve's "stall-free 
 What it leaves out: priorities other than arrival order, and any cost model (it never guesses step times).
 
 Invariants (checked by `check_invariants`, relied on by the engine and the tests):
-  I1. Every unfinished request is in exactly one of `waiting`, `running`, `swapped`; finished ones in none.
+  I1. Every unfinished request is in exactly one of `waiting`, `running`, `swapped`; finished ones in none. (A
+      parallel sample, n > 1, enters through `add_forked` once its sample 0 has its first token; until then the
+      engine holds it outside the scheduler, holding no blocks.)
   I2. A WAITING request holds no blocks and has num_computed_tokens == 0; a SWAPPED one holds no pool blocks
       (its KV is in the swap space); a RUNNING one holds blocks for num_block_tokens >= num_computed_tokens.
   I3. len(running) <= max_num_seqs at every moment.
@@ -114,6 +116,32 @@ class Scheduler:
         request.num_swapped_blocks = num_blocks
         self.num_swap_blocks_used += num_blocks
         self.swapped.append(request)
+
+    def add_forked(self, requests: list[Request]) -> None:
+        """Parallel samples (n > 1) just forked from their sample 0 (`LLM._fork_held`): each shares the prompt's
+        blocks (`BlockManager.fork`), has the prompt computed (num_computed_tokens == num_block_tokens == prompt
+        length) and its first token accepted, so its next step is a decode. They join `running` at the tail, as
+        the latest admitted (I7: the first victims if blocks run short; their first decode copies the shared last
+        block, a `cow_pairs` entry).
+
+        The batch limit still holds (I3). Samples beyond `max_num_seqs` give their shared blocks back (only ref
+        counts drop) and wait at the head of `waiting`, in index order, as if preempted by recomputation the
+        moment they were born (I2: no blocks, nothing computed): they are admitted by the usual rules (I5, ahead of
+        every later arrival) and recompute prompt + first token in one prefill, whose logits give their second
+        token with their own generator, no extra draw. That is not counted as a preemption.
+        """
+        overflow: list[Request] = []
+        for req in requests:
+            assert req.status is RequestStatus.WAITING and not req.is_finished, req
+            assert req.num_computed_tokens == req.num_block_tokens == req.num_prompt_tokens, req
+            if len(self.running) < self.config.max_num_seqs:
+                req.status = RequestStatus.RUNNING
+                self.running.append(req)
+            else:
+                self.block_manager.free(req.request_id)
+                req.num_computed_tokens = req.num_block_tokens = 0
+                overflow.append(req)
+        self.waiting.extendleft(reversed(overflow))  # ahead of everyone waiting, in index order
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)

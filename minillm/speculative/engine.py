@@ -357,6 +357,9 @@ class SpeculativeLLM(LLM):
 
     scheduler_cls = SpeculativeScheduler
     sampler_cls = SpeculativeSampler
+    # n > 1 is refused (a ValueError naming n): LLM forks the samples from sample 0's one first-token row, but
+    # here the step that ends a prompt may verify drafts too, and a fork would need its own drafts and rows.
+    supports_parallel_sampling = False
 
     def __init__(self, model: GPT, tokenizer: Any = None, config: EngineConfig | None = None,
                  eos_id: int | None = None, speculative: SpeculativeConfig | None = None, draft: GPT | None = None):
