@@ -256,3 +256,21 @@ def test_a_rank_killed_mid_run_is_an_error_naming_it_not_a_hang(model):
     finally:
         tp.runner.close()
     assert not any(h.process.is_alive() for h in tp.runner._handles)
+
+
+def test_engine_config_tensor_parallel_size_runs_the_engine_on_ranks(model):
+    """The user's way: EngineConfig(tensor_parallel_size=2), nothing else changes; `with` stops the ranks."""
+    params = SamplingParams.greedy(8, ignore_eos=True)
+    cfg = dict(num_blocks=32, block_size=4, max_num_seqs=4, max_num_batched_tokens=32, enable_prefix_caching=True)
+    want = LLM(model, None, EngineConfig(**cfg)).generate([[1, 2, 3, 4, 5], [1, 2, 3, 4, 9]], params)
+    with LLM(model, None, EngineConfig(**cfg, tensor_parallel_size=2)) as tp:
+        assert isinstance(tp.runner, TensorParallelExecutor)
+        got = tp.generate([[1, 2, 3, 4, 5], [1, 2, 3, 4, 9]], params)
+        assert [o.output_token_ids for o in got] == [o.output_token_ids for o in want]
+        with pytest.raises(ValueError, match="does not take prefilled requests"):
+            tp.add_prefilled_request([1, 2, 3], params, 7, torch.zeros(2, 2, 3, 4, 8))
+    assert tp.runner.closed
+    with pytest.raises(ValueError, match="does not divide n_head=4"):
+        LLM(model, None, EngineConfig(tensor_parallel_size=3))
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        EngineConfig(tensor_parallel_size=0)
