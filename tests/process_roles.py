@@ -142,4 +142,16 @@ def parallel_suite(rank: int, world_size: int, model_bytes: bytes, idx, pp_idx, 
     if model_from_bytes(model_bytes).config.n_layer >= world_size:
         out["pp"] = pp_forward(rank, world_size, model_bytes, pp_idx, 2)
     out["bubble"] = pp_bubble(rank, world_size, bubble_m, 0.05)
+    if "pp" in out:
+        out["pp_decode"] = pp_decode(rank, world_size, model_bytes, [list(row) for row in pp_idx.tolist()], 6)
     return out
+
+
+def pp_decode(rank: int, world_size: int, model_bytes: bytes, prompts: list, new_tokens: int) -> dict:
+    """One stage of the pipelined decode: every sequence in flight, tokens back on stage 0."""
+    from minillm.core.formats import model_from_bytes
+    from minillm.parallel.pipeline import PipelineStage, pipelined_decode
+
+    stage = PipelineStage(model_from_bytes(model_bytes), rank, world_size)
+    tokens, events = pipelined_decode(stage, prompts, new_tokens)
+    return {"tokens": tokens, "events": events}

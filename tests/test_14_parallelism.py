@@ -274,3 +274,15 @@ def test_engine_config_tensor_parallel_size_runs_the_engine_on_ranks(model):
         LLM(model, None, EngineConfig(tensor_parallel_size=3))
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         EngineConfig(tensor_parallel_size=0)
+
+
+def test_pipelined_decode_of_sequences_in_flight_gives_each_its_own_greedy_tokens(model, ranks):
+    from minillm.kvcache.generate import generate_ids
+
+    prompts = _idx(T=9, B=4).tolist()
+    results = ranks(2)
+    want = [generate_ids(model, p, SamplingParams.greedy(6, ignore_eos=True)) for p in prompts]
+    assert results[0]["pp_decode"]["tokens"] == want
+    # in flight: stage 1 works on a sequence while stage 0 already runs the next one
+    e0, e1 = results[0]["pp_decode"]["events"], results[1]["pp_decode"]["events"]
+    assert len(e0) == len(e1) == 4 * 6

@@ -29,6 +29,7 @@ from minillm.core.formats import model_from_bytes, model_to_bytes
 from minillm.core.sampling import SamplingParams
 from minillm.kvcache.generate import generate_ids
 from minillm.parallel.group import run_ranks
+from minillm.parallel.pipeline import PipelineStage, pipelined_decode
 from minillm.parallel.tensor import collectives_per_forward, ring_traffic_per_rank, shard_model
 
 SIZES = {"full": dict(new_tokens=48, prompt_len=128, repeats=5), "quick": dict(new_tokens=16, prompt_len=64,
@@ -67,6 +68,29 @@ def rank_timing(rank: int, world_size: int, model_bytes: bytes, prompt: list[int
             "bytes": dict(shard.comm.bytes)}
 
 
+def rank_pipeline(rank: int, world_size: int, model_bytes: bytes, prompts: list[list[int]], new_tokens: int
+                  ) -> dict[str, Any]:
+    """One stage of the pipelined decode (module-level for `run_ranks`): a warm-up, then one timed run."""
+    stage = PipelineStage(model_from_bytes(model_bytes), rank, world_size)
+    pipelined_decode(stage, prompts, 2)
+    start = time.perf_counter()
+    tokens, _ = pipelined_decode(stage, prompts, new_tokens)
+    return {"seconds": time.perf_counter() - start, "tokens": tokens}
+
+
+def pipeline_rows(model, prompt: list[int], new_tokens: int, stages: int) -> list[dict[str, Any]]:
+    """Decode with 1 stage, then `stages` stages with 1 and with `stages` sequences in flight: tokens/s overall and
+    ms per token of one sequence (the latency), from rank 0's wall time."""
+    data = model_to_bytes(model)
+    rows = []
+    for p, in_flight in ((1, 1), (1, stages), (stages, 1), (stages, stages)):
+        prompts = [prompt] * in_flight
+        r0 = run_ranks(rank_pipeline, p, data, prompts, new_tokens)[0]
+        rows.append({"stages": p, "in_flight": in_flight, "tok_s": in_flight * new_tokens / r0["seconds"],
+                     "ms_per_token": r0["seconds"] / new_tokens * 1e3})
+    return rows
+
+
 def link_estimate(config: GPTConfig, t: int, element_bytes: int = 2) -> dict[str, float]:
     """Microseconds of link time per decoded token (bandwidth term only) for t ranks: (1 + 2L) all-reduces of
     C values, ring traffic 2 (t - 1) / t of each, plus the head's all-gather of V/t values from each rank."""
@@ -92,7 +116,8 @@ def run_all(model, size: str = "full", seed: int = 0, world_sizes: tuple[int, ..
                      "collectives_per_token": r0["calls"], "bytes_per_token": r0["bytes"],
                      "same_tokens": all(r["tokens"] == reference for r in results),
                      "formula": collectives_per_forward(model.config.n_layer)})
-    return {"model": model.config.to_dict(), "sizes": sizes, "rows": rows,
+    pipeline = pipeline_rows(model, prompt, sizes["new_tokens"], 2) if model.config.n_layer >= 2 else []
+    return {"model": model.config.to_dict(), "sizes": sizes, "rows": rows, "pipeline": pipeline,
             "links": {name: {t: link_estimate(model.config, t)[name] for t in (2, 4, 8)} for name in LINKS},
             "links_gpt2_124m": {name: {t: link_estimate(GPT2_124M, t)[name] for t in (2, 4, 8)} for name in LINKS},
             "published": "gpt-fast, Llama-2-7B on A100s: 104.9 / 168.8 / 254.0 / 328.4 tok/s at TP 1 / 2 / 4 / 8"}
@@ -107,6 +132,10 @@ def format_table(report: dict[str, Any]) -> str:
                      f"{r['prefill_ms']:.1f} | {100 * r['comm_share']:.0f}% | "
                      f"{r['collectives_per_token'].get('all_reduce', 0)} (formula {r['formula']['all_reduce']}) | "
                      f"{r['same_tokens']} |")
+    lines += ["", "pipeline parallelism, greedy decode (every sequence its own batch of 1):",
+              "| stages | sequences in flight | tokens/s (all) | ms per token of one sequence |", "|---|---|---|---|"]
+    for r in report.get("pipeline", []):
+        lines.append(f"| {r['stages']} | {r['in_flight']} | {r['tok_s']:.0f} | {r['ms_per_token']:.1f} |")
     lines.append("")
     lines.append("link time per decoded token, bandwidth term only, fp16 messages (us):")
     for label, links in (("this model", report["links"]), ("GPT-2 124M", report["links_gpt2_124m"])):

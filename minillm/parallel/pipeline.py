@@ -58,13 +58,15 @@ class PipelineStage(nn.Module):
         self.head = model.lm_head if self.last else None
 
     @torch.no_grad()
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """First stage: x = idx (B, T) ids. Others: x = hidden (B, T, C). Last stage returns logits (B, T, V)."""
+    def forward(self, x: torch.Tensor, start: int = 0, cache=None) -> torch.Tensor:
+        """First stage: x = idx (B, T) ids at positions start.. start+T-1. Others: x = hidden (B, T, C).
+        The last stage returns logits (B, T, V). `cache`: a KV cache for decoding (each stage fills its own
+        layers of it)."""
         if self.first:
             T = x.shape[1]
-            x = self.wte(x) + self.wpe(torch.arange(T, device=x.device))  # (B, T, C)
+            x = self.wte(x) + self.wpe(torch.arange(start, start + T, device=x.device))  # (B, T, C)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, cache)
         return self.head(self.ln_f(x)) if self.last else x
 
 
@@ -107,6 +109,62 @@ def run_gpipe(stage: PipelineStage, micro_batches: list[torch.Tensor] | int, hid
     for work in pending:
         work.wait()
     return outputs, events
+
+
+def pipelined_decode(stage: PipelineStage, prompts: list[list[int]], new_tokens: int
+                     ) -> tuple[list[list[int]], list[StageEvent]]:
+    """Greedy decode of len(prompts) independent sequences with all of them in flight through the p stages.
+
+    Every rank gets the same `prompts` (equal lengths). Round r: stage 0 feeds each sequence's newest token (its
+    prompt in round 0), each stage runs its layers on that sequence's own KV cache and passes the hidden state on,
+    the last stage picks the greedy token and sends it back to stage 0. With p sequences in flight each stage
+    always has one to work on; with one, p - 1 stages wait for it: pipelining raises throughput, and one
+    sequence's time per token stays the sum of all the stages. Returns (the tokens, on stage 0; events).
+    """
+    from minillm.kvcache.cache import ContiguousKVCache
+
+    rank, p, cfg = stage.stage, stage.p, stage.config
+    T = len(prompts[0])
+    if any(len(x) != T for x in prompts):
+        raise ValueError("pipelined_decode runs prompts of one length (each sequence is its own batch of 1)")
+    caches = [ContiguousKVCache(cfg, 1, T + new_tokens) for _ in prompts]
+    tokens: list[list[int]] = [[] for _ in prompts]
+    events: list[StageEvent] = []
+    pending = []  # sends in flight (isend: a stage never blocks on a send, so the ring of stages cannot deadlock)
+    for r in range(new_tokens):
+        for b in range(len(prompts)):
+            start, width = (0, T) if r == 0 else (T + r - 1, 1)
+            if stage.first:
+                if r == 0:
+                    x = torch.tensor([prompts[b]])
+                elif p == 1:
+                    x = torch.tensor([[tokens[b][-1]]])
+                else:
+                    x = torch.empty(1, 1, dtype=torch.long)
+                    dist.recv(x, src=p - 1)  # the token the last stage picked for this sequence last round
+                    tokens[b].append(int(x))
+            else:
+                x = torch.empty(1, width, cfg.n_embd)
+                dist.recv(x, src=rank - 1)
+            begin = time.perf_counter()
+            y = stage(x, start, caches[b])
+            events.append(StageEvent(rank, b, begin, time.perf_counter()))
+            if stage.last:
+                token = y[:, -1].argmax(dim=-1, keepdim=True)  # (1, 1)
+                if p == 1:
+                    tokens[b].append(int(token))
+                else:
+                    pending.append(dist.isend(token, dst=0))
+            else:
+                pending.append(dist.isend(y.contiguous(), dst=rank + 1))
+    if stage.first and p > 1:  # the last round's tokens
+        for b in range(len(prompts)):
+            x = torch.empty(1, 1, dtype=torch.long)
+            dist.recv(x, src=p - 1)
+            tokens[b].append(int(x))
+    for work in pending:
+        work.wait()
+    return tokens, events
 
 
 def bubble_fraction(p: int, m: int) -> float:
