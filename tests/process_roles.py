@@ -143,6 +143,10 @@ def parallel_suite(rank: int, world_size: int, model_bytes: bytes, idx, pp_idx, 
         out["pp"] = pp_forward(rank, world_size, model_bytes, pp_idx, 2)
     out["bubble"] = pp_bubble(rank, world_size, bubble_m, 0.05)
     if "pp" in out:
+        from minillm.parallel.library import gpipe_with_torch
+
+        model = model_from_bytes(model_bytes)
+        out["pp_library"] = gpipe_with_torch(model, rank, world_size, pp_idx if rank == 0 else None, 2)
         out["pp_decode"] = pp_decode(rank, world_size, model_bytes, [list(row) for row in pp_idx.tolist()], 6)
     return out
 

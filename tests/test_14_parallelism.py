@@ -172,6 +172,8 @@ def test_pipeline_logits_equal_one_process(model, ranks):
     results = [r["pp"] for r in ranks(2)]  # two stages of one block each, two micro-batches of two sequences
     torch.testing.assert_close(results[-1]["logits"], want, rtol=1e-5, atol=1e-5)
     assert [r["layers"] for r in results] == [[0], [1]]
+    # PyTorch's ScheduleGPipe over the same stages gives the same logits
+    torch.testing.assert_close(ranks(2)[-1]["pp_library"], want, rtol=1e-5, atol=1e-5)
     # the schedule: stage 1 starts micro-batch 0 only after stage 0 finished it
     e0, e1 = results[0]["events"], results[1]["events"]
     assert e1[0].start >= e0[0].end

@@ -16,7 +16,11 @@ which would be "all q and half of k" for r = 0. So the copy's rows are regrouped
 [q, k, v of ranks 0's heads | q, k, v of rank 1's heads | ...], and each rank then splits its slice in three
 as the model always does. The head is untied from the embedding in the copy (same values): the two modules shard
 the same matrix in two different styles, and one parameter cannot be two DTensors.
-What it leaves out: the KV cache (this copy is checked on full forwards; the engine runs the hand-written shards).
+
+`gpipe_with_torch(model, rank, p, idx, m)` runs chapter 14's pipeline stages under `torch.distributed.pipelining`'s
+`ScheduleGPipe` (which works on gloo, CPU tensors), the library's version of `run_gpipe`.
+What it leaves out: the KV cache (these copies are checked on full forwards; the engine runs the hand-written
+shards) and the library's backward schedules.
 """
 
 from __future__ import annotations
@@ -73,3 +77,19 @@ def count_collectives(fn, *args) -> tuple[object, dict[str, int]]:
     with mode:
         result = fn(*args)
     return result, {str(k).split(".")[-1]: v for k, v in mode.get_comm_counts().items()}
+
+
+def gpipe_with_torch(model: GPT, rank: int, p: int, idx: torch.Tensor | None, m: int) -> torch.Tensor | None:
+    """This rank's part of a forward GPipe schedule run by `torch.distributed.pipelining.ScheduleGPipe` over the
+    same stages as `minillm.parallel.pipeline`; the logits (B, T, V) on the last stage, None elsewhere. Stage 0
+    passes the (B, T) ids, split by the library into m micro-batches along the batch."""
+    from torch.distributed.pipelining import PipelineStage as TorchStage
+    from torch.distributed.pipelining import ScheduleGPipe
+
+    from minillm.parallel.pipeline import PipelineStage
+
+    stage = TorchStage(PipelineStage(model, rank, p), rank, p, model.device)
+    schedule = ScheduleGPipe(stage, n_microbatches=m)
+    with torch.no_grad():
+        out = schedule.step(idx) if rank == 0 else schedule.step()
+    return out if rank == p - 1 else None
