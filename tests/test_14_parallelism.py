@@ -288,3 +288,29 @@ def test_pipelined_decode_of_sequences_in_flight_gives_each_its_own_greedy_token
     # in flight: stage 1 works on a sequence while stage 0 already runs the next one
     e0, e1 = results[0]["pp_decode"]["events"], results[1]["pp_decode"]["events"]
     assert len(e0) == len(e1) == 4 * 6
+
+
+def test_the_trained_base_on_four_ranks_gives_hugging_face_s_greedy_tokens():
+    """The shipped `base` model (8 heads, vocabulary 4096) through the tensor-parallel engine on 4 ranks, against
+    Hugging Face's generate on the same weights and against the engine in one process."""
+    pytest.importorskip("transformers")
+    from minillm.bench.models import load_model
+    from minillm.core.hf import to_hf_model
+
+    loaded = load_model("base")
+    if not loaded.trained:
+        pytest.skip("the shipped base checkpoint is missing")
+    model, tok = loaded.model, loaded.tokenizer
+    prompts = [tok.encode(t) for t in ("def main(", "The quick brown", "import os\nimport sys\n")]
+    params = SamplingParams.greedy(12, ignore_eos=True)
+    hf = to_hf_model(model)
+    want = []
+    for p in prompts:
+        ids = torch.tensor([p])
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, min_new_tokens=12,
+                          do_sample=False, pad_token_id=0, eos_token_id=None)
+        want.append(out[0, len(p):].tolist())
+    here = [o.output_token_ids for o in LLM(model, tok, EngineConfig(num_blocks=64)).generate(prompts, params)]
+    with LLM(model, tok, EngineConfig(num_blocks=64, tensor_parallel_size=4)) as tp:
+        got = [o.output_token_ids for o in tp.generate(prompts, params)]
+    assert got == here == want
