@@ -134,6 +134,10 @@ def test_the_engine_on_two_ranks_gives_the_one_process_tokens(model):
         assert calls["all_gather"] == tp.runner.num_forward_calls  # one head all-gather per forward
         assert calls["all_reduce"] == (1 + 2 * model.config.n_layer) * tp.runner.num_forward_calls
         assert tp.runner.runner.cache.k_pools[0].shape[2] == model.config.n_head // 2  # nh/t heads per rank
+        c = model.config  # the pool per rank: 2 (K, V) x L x nb x bs x nh/t x hs x 4 bytes
+        cache = tp.runner.runner.cache
+        pool = sum(t.numel() * t.element_size() for t in cache.k_pools + cache.v_pools)
+        assert pool == 2 * c.n_layer * cfg.num_blocks * cfg.block_size * (c.n_head // 2) * c.head_size * 4
     finally:
         tp.runner.close()
     assert tp.runner.closed and not any(h.process.is_alive() for h in tp.runner._handles)
