@@ -63,39 +63,35 @@ class Comm:
     def world_size(self) -> int:
         return dist.get_world_size(self.group) if dist.is_initialized() else 1
 
+    def _timed(self, collective, *args) -> None:
+        start = time.perf_counter()
+        collective(*args, group=self.group)
+        self.seconds += time.perf_counter() - start
+
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum of x over the ranks, in place (every rank gets it)."""
         self._count("all_reduce", x)
         if self.world_size() > 1:
-            start = time.perf_counter()
-            dist.all_reduce(x, group=self.group)
-            self.seconds += time.perf_counter() - start
+            self._timed(dist.all_reduce, x)
         return x
 
-    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
-        """The ranks' x concatenated along the last dim, rank order: (..., n) -> (..., t n) on every rank."""
-        self._count("all_gather", x)
+    def _all_gather(self, op: str, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """The ranks' x concatenated along `dim`, in rank order, on every rank (counted as `op`)."""
+        self._count(op, x)
         t = self.world_size()
         if t == 1:
             return x
-        start = time.perf_counter()
         parts = [torch.empty_like(x) for _ in range(t)]
-        dist.all_gather(parts, x.contiguous(), group=self.group)
-        self.seconds += time.perf_counter() - start
-        return torch.cat(parts, dim=-1)
+        self._timed(dist.all_gather, parts, x.contiguous())
+        return torch.cat(parts, dim=dim)
 
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., n) on each rank -> (..., t n) on every rank: the head's vocabulary slices side by side."""
+        return self._all_gather("all_gather", x, -1)
 
     def all_gather_seq(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T/t, C) on each rank -> (B, T, C) on every rank: the ranks' sequence slices in rank order."""
-        self._count("all_gather_seq", x)
-        t = self.world_size()
-        if t == 1:
-            return x
-        start = time.perf_counter()
-        parts = [torch.empty_like(x) for _ in range(t)]
-        dist.all_gather(parts, x.contiguous(), group=self.group)
-        self.seconds += time.perf_counter() - start
-        return torch.cat(parts, dim=1)
+        return self._all_gather("all_gather_seq", x, 1)
 
     def reduce_scatter_seq(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, C) partial sums on each rank -> this rank's (B, T/t, C) slice of their sum."""
@@ -103,10 +99,8 @@ class Comm:
         t = self.world_size()
         if t == 1:
             return x
-        start = time.perf_counter()
         out = torch.empty_like(x.chunk(t, dim=1)[0])
-        dist.reduce_scatter(out, [c.contiguous() for c in x.chunk(t, dim=1)], group=self.group)
-        self.seconds += time.perf_counter() - start
+        self._timed(dist.reduce_scatter, out, [c.contiguous() for c in x.chunk(t, dim=1)])
         return out
 
 
