@@ -318,3 +318,19 @@ def test_the_trained_base_on_four_ranks_gives_hugging_face_s_greedy_tokens():
     with LLM(model, tok, EngineConfig(num_blocks=64, tensor_parallel_size=4)) as tp:
         got = [o.output_token_ids for o in tp.generate(prompts, params)]
     assert got == here == want
+
+
+class ShortTimeoutTP2LLM(LLM):
+    runner_cls = functools.partial(TensorParallelExecutor, tensor_parallel_size=2, timeout_s=3.0)
+
+
+def test_an_idle_tensor_parallel_engine_outlives_the_group_timeout(model):
+    """Steps reach the ranks on the process layer's pipes, so a rank waiting for its next step is in no collective:
+    an engine idle for longer than the group's timeout (a server between requests) still works."""
+    import time
+
+    params = SamplingParams.greedy(4, ignore_eos=True)
+    with ShortTimeoutTP2LLM(model, None, EngineConfig(num_blocks=32, block_size=4)) as tp:
+        first = tp.generate([[1, 2, 3]], params)[0].output_token_ids
+        time.sleep(5.0)  # longer than the group's 3 s timeout
+        assert tp.generate([[1, 2, 3]], params)[0].output_token_ids == first

@@ -5,9 +5,14 @@ What it adds: `TensorParallelExecutor`, which meets chapter 06's executor contra
 speculation exactly as in one process:
 
     rank 0 (the engine's process)                         ranks 1 .. t-1 (spawned on the process layer)
-    scheduler -> plan -> StepInput ──broadcast (pickled)──▶ StepInput.check, then the same execute:
+    scheduler -> plan -> StepInput ──to every rank's pipe──▶ StepInput.check, then the same execute:
     execute on shard 0 + its own KV pool  ◀──all-reduces──▶ shard r + its own KV pool (nh/t heads)
     logits (R, V) after the head's all-gather -> Sampler (the requests, their generators: rank 0 only)
+
+The step travels on the process layer's control pipe (pickled plain data, as every worker message), not as a
+gloo broadcast: a rank waiting for its next step then waits in the process layer's loop, which beats its
+heartbeat and never times out, however long the engine sits idle; gloo carries only the forward's collectives,
+each bounded by the group's timeout.
 
 Each rank holds its shard (`minillm.parallel.tensor.shard_model`) and a paged KV pool of nh/t heads with the same
 block ids: the block manager on rank 0 decides for all of them, so swaps and copy-on-write, which are step data,
@@ -15,8 +20,10 @@ happen on every rank's own share of the blocks. The model crosses to the ranks a
 (`minillm.core.formats`), and each rank shards it on arrival.
 
 Failure is an error, never a hang: every collective has the group's timeout, rank 0 polls the ranks' processes and
-heartbeats before each step, and a rank that died turns the step's error into a `WorkerDiedError` naming it.
-`close()` (also at garbage collection and interpreter exit) tells the ranks to leave, then stops them for sure.
+heartbeats before each step, and a rank that died turns the step's error into a `WorkerDiedError` naming it; any
+error inside a step closes the executor (the ranks could be mid-collective). `close()` (also at garbage
+collection and interpreter exit) stops the ranks for sure. A script that builds one must keep its top level
+under `if __name__ == "__main__":`: each spawned rank imports the script's module again.
 What it leaves out: several engines with tensor parallelism in one process at a time (the default process group
 is one per process), a prefilled arrival's KV (chapter 07's hand-off would have to be split by heads), and
 running under torchrun (this executor spawns its own ranks; `init_rank` and `shard_model` are the torchrun way).
@@ -24,6 +31,7 @@ running under torchrun (this executor spawns its own ranks; `init_rank` and `sha
 
 from __future__ import annotations
 
+import datetime
 import multiprocessing
 import threading
 import weakref
@@ -39,7 +47,7 @@ from minillm.engine.model_runner import ModelRunner
 from minillm.engine.process import Inbox, WorkerDiedError, WorkerHandle, receive, stop_all, wait_ready
 from minillm.engine.step import StepInput
 from minillm.parallel.group import free_port, init_rank
-from minillm.parallel.tensor import check_divisible, shard_model
+from minillm.parallel.tensor import shard_model
 
 
 @dataclass
@@ -57,62 +65,58 @@ class TPRankInit:
     kv_dtype: str
     attention_backend: str
     device: str
-    timeout_s: float
+    timeout_s: float  # each collective of a step
+    startup_timeout_s: float  # joining the group
     heartbeat_s: float = 0.5
     num_threads: int = 1
 
 
-def _broadcast_step(step: StepInput | None) -> StepInput | None:
-    """Rank 0's step (or None: leave) to every rank, pickled by torch.distributed."""
-    box = [step]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 class _RankCore:
-    """Ranks 1..t-1: wait for rank 0's next step, check it, execute it on this shard; None means leave."""
+    """Ranks 1..t-1: each StepInput rank 0 sends is checked and executed on this shard, in order."""
 
     def __init__(self, init: TPRankInit):
         self.init = init
         model = model_from_bytes(init.model, "cpu", expected_sha256=init.model_sha256)
-        init_rank(init.rank, init.world_size, init.port, "gloo", init.timeout_s)
         self.config = require_model(model, "tensor-parallel rank")
-        self.runner = ModelRunner(shard_model(model, init.rank, init.world_size).to(init.device), init.num_blocks,
-                                  init.block_size, device=init.device, kv_dtype=init.kv_dtype,
-                                  attention_backend=init.attention_backend)
-        self.done = False
+        shard = shard_model(model, init.rank, init.world_size).to(init.device)  # before joining: fail alone
+        shard.comm.group = _join(init.rank, init.world_size, init.port, init.startup_timeout_s, init.timeout_s)
+        self.runner = ModelRunner(shard, init.num_blocks, init.block_size, device=init.device,
+                                  kv_dtype=init.kv_dtype, attention_backend=init.attention_backend)
+        self.steps: list[StepInput] = []
 
     def handle(self, msg: Any) -> None:
-        raise TypeError(f"a tensor-parallel rank takes its steps from the broadcast, got {type(msg).__name__}")
+        if not isinstance(msg, StepInput):
+            raise TypeError(f"a tensor-parallel rank takes StepInputs, got {type(msg).__name__}")
+        msg.check(self.config, self.init.num_blocks, self.init.block_size)
+        self.steps.append(msg)
 
     def has_work(self) -> bool:
-        return not self.done
+        return bool(self.steps)
 
     def step(self) -> list[tuple[str, Any]]:
-        step = _broadcast_step(None)
-        if step is None:
-            self.done = True
-            dist.destroy_process_group()
-            return []
-        step.check(self.config, self.init.num_blocks, self.init.block_size)
-        self.runner.execute(step)  # logits: rank 0's (every rank computes them; the all-gather needs all)
+        self.runner.execute(self.steps.pop(0))  # the logits are rank 0's (every rank computes them: all-gather)
         return []
+
+
+def _join(rank: int, t: int, port: int, startup_timeout_s: float, timeout_s: float):
+    """Join the default group (the rendezvous may wait for slow starters: `startup_timeout_s`), then make the group
+    the shards' collectives run in, bounded by `timeout_s` each. Every rank calls it, in the same order."""
+    init_rank(rank, t, port, "gloo", startup_timeout_s)
+    return dist.new_group(list(range(t)), timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def _setup_rank(init: TPRankInit, inbox: Inbox):
     return _RankCore(init), {}
 
 
-def _close(handles: list[WorkerHandle], joined: list[bool]) -> None:
-    """Tell the ranks to leave (a None step), then stop their processes for sure; leave the group."""
-    if joined and joined[0] and dist.is_initialized():
-        try:
-            _broadcast_step(None)
-        except RuntimeError:
-            pass  # a rank is gone already; the processes are stopped below either way
-        dist.destroy_process_group()
-        joined[0] = False
+def _close(handles: list[WorkerHandle], joined: list[bool], joiner: list[threading.Thread]) -> None:
+    """Stop the ranks' processes for sure, then leave the group (after rank 0's join finished, if it started)."""
     stop_all(handles)
+    for thread in joiner:
+        thread.join()  # bounded by the group's timeout: a join cannot outlive close() and leave a stale group
+    if joined[0] and dist.is_initialized():
+        dist.destroy_process_group()
+    joined[0] = False
 
 
 class _Rank0Swaps:
@@ -134,10 +138,11 @@ class TensorParallelExecutor:
 
     def __init__(self, model, num_blocks: int, block_size: int, device: torch.device | str | None = None,
                  kv_dtype: torch.dtype | str = torch.float32, attention_backend: str = "selective",
-                 tensor_parallel_size: int = 2, timeout_s: float = 300.0):
+                 tensor_parallel_size: int = 2, timeout_s: float = 300.0, startup_timeout_s: float = 600.0):
+        """`timeout_s` bounds each collective of a step (and a rank's silence); `startup_timeout_s` the ranks'
+        start (a fresh interpreter importing torch, on a busy machine, can take a while)."""
         config = require_model(model, "TensorParallelExecutor")
         t = tensor_parallel_size
-        check_divisible(config, t)
         if dist.is_initialized():
             raise ValueError("this process is already in a torch.distributed group (another tensor-parallel engine, "
                              "or torchrun): close that engine first; one tensor-parallel engine per process")
@@ -145,44 +150,48 @@ class TensorParallelExecutor:
         if device.type != "cpu":
             raise ValueError(f"the tensor-parallel engine runs its ranks on the CPU with gloo here, got device "
                              f"{device}")
+        shard = shard_model(model, 0, t)  # first: a model t ranks cannot share fails here, before any spawn
         self.tensor_parallel_size = t
         self.config = config
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.liveness_timeout_s = timeout_s
         data = model_to_bytes(model)
         ctx = multiprocessing.get_context("spawn")
         port = free_port()
         kv_name = str(kv_dtype).removeprefix("torch.") if isinstance(kv_dtype, torch.dtype) else kv_dtype
         self._handles: list[WorkerHandle] = []
         self._joined = [False]
-        self._finalizer = weakref.finalize(self, _close, self._handles, self._joined)
+        self._joiner: list[threading.Thread] = []
+        self._finalizer = weakref.finalize(self, _close, self._handles, self._joined, self._joiner)
         for r in range(1, t):
             init = TPRankInit(f"rank{r}", r, t, port, data, sha256(data), num_blocks, block_size, kv_name,
-                              attention_backend, str(device), timeout_s)
+                              attention_backend, str(device), timeout_s, startup_timeout_s)
             self._handles.append(WorkerHandle(ctx, init, _setup_rank))
         # Rank 0 joins from a thread: joining blocks until every rank has, and the ranks join in their setup,
         # before they say Ready. Meanwhile wait_ready watches them, so a rank that dies while starting is named.
         errors: list[BaseException] = []
+        done: list[bool] = []
 
         def join() -> None:
             try:
-                init_rank(0, t, port, "gloo", timeout_s)
-                self._joined[0] = True
+                self._joined[0] = True  # from here on, close() must leave the group
+                shard.comm.group = _join(0, t, port, startup_timeout_s, timeout_s)
+                done.append(True)
             except BaseException as exc:  # noqa: BLE001 - re-raised in the constructor's thread
                 errors.append(exc)
 
-        joiner = threading.Thread(target=join, daemon=True, name="rank0-join")
-        joiner.start()
+        self._joiner.append(threading.Thread(target=join, daemon=True, name="rank0-join"))
+        self._joiner[0].start()
         try:
-            wait_ready(self._handles, timeout_s)
-            joiner.join(timeout_s)
-            if errors or not self._joined[0]:
+            wait_ready(self._handles, startup_timeout_s)
+            self._joiner[0].join(startup_timeout_s)
+            if errors or not done:
                 raise WorkerDiedError(f"rank 0 could not join the group of {t}: {errors[0] if errors else 'timeout'}")
+            self.runner = ModelRunner(shard, num_blocks, block_size, device=device, kv_dtype=kv_dtype,
+                                      attention_backend=attention_backend)
         except BaseException:
             self.close()
             raise
-        self.runner = ModelRunner(shard_model(model, 0, t), num_blocks, block_size, device=device,
-                                  kv_dtype=kv_dtype, attention_backend=attention_backend)
-        self.num_blocks, self.block_size = num_blocks, block_size
-        self.liveness_timeout_s = timeout_s
 
     # ----------------------------------------------------------------------------------------- the contract
     @property
@@ -206,13 +215,18 @@ class TensorParallelExecutor:
     def execute(self, step: StepInput) -> torch.Tensor | None:
         self._check_ranks()
         try:
-            _broadcast_step(step)
+            for h in self._handles:  # every rank gets the step before rank 0 starts its collectives
+                h.send(step)
             return self.runner.execute(step)
-        except RuntimeError as exc:  # a collective failed: say which rank is gone, if one is
-            self._check_ranks()
-            raise WorkerDiedError(f"a collective of the tensor-parallel step failed: {exc}") from exc
+        except BaseException as exc:  # the ranks may be mid-collective: this group cannot go on
+            # a rank that died makes rank 0's collective fail at once; its sentinel may take a moment to fire
+            _, failure = receive(self._handles, 1.0, self.liveness_timeout_s)
+            self.close()
+            raise WorkerDiedError(f"the tensor-parallel step failed and the executor is closed: "
+                                  f"{failure or f'{type(exc).__name__}: {exc}'}") from exc
 
     def _check_ranks(self) -> None:
+        """Read the ranks' heartbeats; a rank that died, raised or fell silent is a WorkerDiedError naming it."""
         if self.closed:
             raise ValueError("this tensor-parallel executor is closed")
         _, failure = receive(self._handles, 0.0, self.liveness_timeout_s)  # heartbeats, deaths, silence
