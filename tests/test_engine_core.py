@@ -339,3 +339,19 @@ def test_parallel_samples_through_the_core_each_get_one_final_output(model):
         if out.finished and out.request_id == rid:
             got.append(out.index)
     assert sorted(got) == [0, 1]
+
+
+def test_sample_ids_cannot_collide_through_the_core_and_a_refused_admission_ends_every_sample(model, monkeypatch):
+    core = EngineCore(LLM(model, None, EngineConfig(num_blocks=64, block_size=4)))
+    core.add_request([5, 6, 7], SamplingParams.greedy(3, n=2), request_id="x")
+    with pytest.raises(ValueError, match="already in use"):
+        core.add_request([5, 6, 7], SamplingParams.greedy(3), request_id="x#1")  # x's second sample
+    core.add_request([5, 6, 7], SamplingParams.greedy(3), request_id="y#1")
+    with pytest.raises(ValueError, match="would name its samples"):
+        core.add_request([5, 6, 7], SamplingParams.greedy(3, n=2), request_id="y")
+    # an admission that fails when its turn comes ends sample 0 and the held sample alike
+    monkeypatch.setattr(core.engine, "_enqueue", lambda req: (_ for _ in ()).throw(RuntimeError("no room")))
+    core.add_request([1, 2], SamplingParams.greedy(3, n=3), request_id="z")
+    finals = [(o.request_id, o.index) for o in core.step() if o.finished]
+    assert sorted(f for f in finals if f[0] == "z") == [("z", 0), ("z", 1), ("z", 2)]
+    assert "z" not in core.live

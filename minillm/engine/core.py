@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from minillm.core.sampling import SamplingParams
+from minillm.engine.frontend import sample_id
 from minillm.engine.request import RequestOutput
 
 
@@ -73,17 +74,29 @@ class EngineCore:
                 raise RuntimeError("the engine core is stopped: it takes no more requests")
             if request_id is None:
                 request_id = f"core-{next(self._ids)}"
-                while request_id in self.live:
+                while self._taken(request_id):
                     request_id = f"core-{next(self._ids)}"
-            elif isinstance(request_id, str) and request_id in self.live:
+            elif isinstance(request_id, str) and self._taken(request_id):
                 raise ValueError(f"request_id {request_id!r} is already in use")
             # subtle: only reads the engine (config, tokenizer; its id table, which this lock's `live` already
             # covers): the loop's thread may be stepping meanwhile.
             req = self.engine._new_request(prompt, params, request_id, arrival_time)
+            clash = [sample_id(req.request_id, i) for i in range(1, req.params.n)
+                     if sample_id(req.request_id, i) in self.live]
+            if clash:
+                raise ValueError(f"request_id {req.request_id!r} with n={req.params.n} would name its samples "
+                                 f"{clash}, already in use")
             self.live[req.request_id] = set(range(req.params.n))
             self._inbox.append(("add", req))
         self._wake.set()
         return req.request_id
+
+    def _taken(self, request_id: str) -> bool:
+        """A live id, or the internal id of a live request's parallel sample ("rid#i"), or, for "rid#i", the live
+        request "rid" whose sample it would be. Called with the lock held."""
+        base, _, index = request_id.rpartition("#")
+        return request_id in self.live or (index.isdigit() and base in self.live) or any(
+            request_id == sample_id(rid, i) for rid, owed in self.live.items() for i in owed)
 
     def abort(self, request_id: str) -> bool:
         """Queue an abort; True if the request is still live (its final output, "abort", follows), else False."""
@@ -179,9 +192,12 @@ class EngineCore:
             try:
                 self.engine._admit(item)
             except Exception as exc:  # noqa: BLE001 - one request refused when its turn came; the others go on
-                item.state.fail(f"request {item.request_id!r} could not be admitted: {type(exc).__name__}: {exc}")
-                item.finish()
-                failed.append(self.engine._output(item))
+                for sample in self.engine._samples(item):  # every sample of it: each is owed its final output
+                    if not sample.is_finished:
+                        sample.state.fail(f"request {item.request_id!r} could not be admitted: "
+                                          f"{type(exc).__name__}: {exc}")
+                        sample.finish()
+                    failed.append(self.engine._output(sample))
         return failed
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
