@@ -142,3 +142,22 @@ def test_a_model_no_format_claims_is_a_type_error_naming_it():
     taken = ModelFormat("minillm-gpt", lambda m: False, lambda m: {}, lambda meta, t, w: base())
     with pytest.raises(ValueError, match="already registered"):
         register_model_format(taken)
+
+
+def test_models_no_format_can_rebuild_are_refused_at_the_sender():
+    """A quantized model whose MLPs were pruned first, or a half-precision one, would fail on arrival with a
+    message about a damaged file; the sender names the real reason instead."""
+    from minillm.prune.structured import shrink_mlp
+    from minillm.quant.checkpoint import save_quantized
+
+    m = base()
+    narrowed = quantize_model(shrink_mlp(m, [torch.arange(2 * CFG.n_embd)] * CFG.n_layer), QuantConfig("int8"))
+    with pytest.raises(TypeError, match="no model format claims a QuantizedGPT"):
+        model_to_bytes(narrowed)
+    with pytest.raises(TypeError, match="full MLP width"):
+        save_quantized(narrowed, "/tmp/never-written.safetensors")
+    with pytest.raises(TypeError, match="torch.float16"):
+        model_to_bytes(base().half())
+    header = json.dumps({"__metadata__": {"format": ["a", "list"]}}).encode()  # hand-made: not a str
+    with pytest.raises(ValueError, match="declare format"):
+        model_from_bytes(len(header).to_bytes(8, "little") + header)

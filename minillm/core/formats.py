@@ -104,6 +104,10 @@ def model_to_bytes(model: nn.Module) -> bytes:
 
     fmt = format_of(model)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model_tensors(model).items()}
+    half = sorted({str(v.dtype) for v in tensors.values() if v.is_floating_point() and v.dtype != torch.float32})
+    if half:
+        raise TypeError(f"model_to_bytes sends fp32 models (every format rebuilds fp32 skeletons); this one holds "
+                        f"{half} tensors: send model.float() and convert on arrival")
     return save(tensors, metadata={**fmt.metadata(model), "format": fmt.name})
 
 
@@ -146,7 +150,7 @@ def model_from_bytes(data: bytes, device: str | torch.device = "cpu", expected_s
     meta = read_header_metadata(data)
     name = meta.get("format")
     _import_shipped()
-    if name not in _FORMATS:
+    if not isinstance(name, str) or name not in _FORMATS:
         raise ValueError(f"model bytes declare format {name!r}; known formats: {sorted(_FORMATS)}")
     try:
         tensors = load(bytes(data))

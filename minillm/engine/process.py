@@ -63,7 +63,9 @@ class Heartbeat:
 
 @dataclass
 class Shutdown:
-    """Finish the current step, then exit cleanly."""
+    """Exit at the next loop turn, without interpreter teardown (os._exit): whatever a role still had queued for
+    its own threads (a prefill worker's unsent hand-offs) is dropped; the parent stops a worker only when it no
+    longer needs its work."""
 
 
 @dataclass
@@ -157,7 +159,10 @@ def worker_main(role: str, ctrl: Connection, setup: Setup, *args: Any) -> None:
     """
     out = _Outbox(ctrl)
     try:
-        init = ctrl.recv()
+        try:
+            init = ctrl.recv()
+        except EOFError:  # the parent went away before sending the init: nothing to do
+            return
         if getattr(init, "role", None) != role:
             raise TypeError(f"{role} worker expected its init message first, got {type(init).__name__}")
         if init.num_threads > 0:
@@ -200,13 +205,13 @@ def worker_main(role: str, ctrl: Connection, setup: Setup, *args: Any) -> None:
                     out.send(msg) if dest == "ctrl" else routes[dest](msg)
                 if crash_after is not None:
                     crash_after -= 1
-    except (KeyboardInterrupt, BrokenPipeError, EOFError):
+    except KeyboardInterrupt:
         return
-    except BaseException:
+    except BaseException:  # a role's setup or step failed (a closed peer pipe included): tell the parent
         try:
             out.send(WorkerFailed(role, traceback.format_exc()))
         except (OSError, ValueError):
-            pass
+            return  # the parent is gone too: nobody is left to tell
         raise
 
 

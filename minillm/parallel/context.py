@@ -65,8 +65,10 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None
             out, lse = merge_attention(out, lse, o_j, lse_j)
         if step < t - 1:  # pass the block on: send to rank + 1, receive from rank - 1
             incoming = torch.empty_like(kv)
-            ops = [dist.P2POp(dist.isend, kv, (rank + 1) % t, group),
-                   dist.P2POp(dist.irecv, incoming, (rank - 1) % t, group)]
+            after, before = (rank + 1) % t, (rank - 1) % t  # ranks within the group ...
+            if group is not None:  # ... and P2POp wants global ranks
+                after, before = dist.get_global_rank(group, after), dist.get_global_rank(group, before)
+            ops = [dist.P2POp(dist.isend, kv, after, group), dist.P2POp(dist.irecv, incoming, before, group)]
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
             kv = incoming

@@ -124,6 +124,10 @@ def pipelined_decode(stage: PipelineStage, prompts: list[list[int]], new_tokens:
     from minillm.kvcache.cache import ContiguousKVCache
 
     rank, p, cfg = stage.stage, stage.p, stage.config
+    if not isinstance(new_tokens, int) or isinstance(new_tokens, bool) or new_tokens < 1:
+        raise ValueError(f"new_tokens must be an int >= 1, got {new_tokens!r}")
+    if not prompts or not prompts[0]:
+        raise ValueError("pipelined_decode needs at least one non-empty prompt")
     T = len(prompts[0])
     if any(len(x) != T for x in prompts):
         raise ValueError("pipelined_decode runs prompts of one length (each sequence is its own batch of 1)")

@@ -81,7 +81,7 @@ class Comm:
         t = self.world_size()
         if t == 1:
             return x
-        parts = [torch.empty_like(x) for _ in range(t)]
+        parts = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(t)]  # gloo: contiguous
         self._timed(dist.all_gather, parts, x.contiguous())
         return torch.cat(parts, dim=dim)
 

@@ -75,6 +75,9 @@ def save_quantized(model: QuantizedGPT, path: str | os.PathLike, method: str = "
         raise TypeError(f"save_quantized needs a quantized model (see quantize_model), got {type(model).__name__}")
     if not isinstance(method, str) or not method:
         raise TypeError(f"method must be a non-empty str, got {method!r}")
+    if not _full_width(model):
+        raise TypeError("save_quantized stores quantized models of full MLP width; this one was MLP-pruned before it "
+                        "was quantized, and no file format holds both (save the pruned model, quantize on load)")
     out = check_output_file(path, "save_quantized: path")
     if out is None:
         raise ValueError(f"save_quantized: path must name a file, got {path!r}")
@@ -154,7 +157,13 @@ def load_quantized(path: str | os.PathLike, device: str | torch.device = "cpu") 
 
 
 # A QuantizedGPT crosses process boundaries (chapter 07's workers) as the bytes of its file (`minillm.core.formats`).
-register_model_format(ModelFormat(FORMAT, lambda m: isinstance(m, QuantizedGPT), _metadata, _build))
+def _full_width(model: QuantizedGPT) -> bool:
+    """Every MLP at 4C: the file rebuilds `quantize_model(GPT(config))`, which has no narrowed MLPs."""
+    return all(b.mlp.c_fc.out_features == 4 * model.config.n_embd for b in model.transformer.h)
+
+
+register_model_format(ModelFormat(FORMAT, lambda m: isinstance(m, QuantizedGPT) and _full_width(m), _metadata,
+                                  _build))
 
 
 def describe(path: str | os.PathLike) -> dict[str, Any]:
