@@ -31,6 +31,7 @@ import torch
 import torch.nn as nn
 
 from minillm.core.model import GPT, require_model
+from minillm.parallel.pipeline import PipelineStage
 from minillm.parallel.tensor import check_divisible
 
 
@@ -85,8 +86,6 @@ def gpipe_with_torch(model: GPT, rank: int, p: int, idx: torch.Tensor | None, m:
     passes the (B, T) ids, split by the library into m micro-batches along the batch."""
     from torch.distributed.pipelining import PipelineStage as TorchStage
     from torch.distributed.pipelining import ScheduleGPipe
-
-    from minillm.parallel.pipeline import PipelineStage
 
     stage = TorchStage(PipelineStage(model, rank, p), rank, p, model.device)
     schedule = ScheduleGPipe(stage, n_microbatches=m)

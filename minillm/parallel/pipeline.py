@@ -29,6 +29,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from minillm.core.model import GPT, require_model
+from minillm.kvcache.cache import ContiguousKVCache
 
 
 def stage_layers(n_layer: int, p: int) -> list[range]:
@@ -121,8 +122,6 @@ def pipelined_decode(stage: PipelineStage, prompts: list[list[int]], new_tokens:
     always has one to work on; with one, p - 1 stages wait for it: pipelining raises throughput, and one
     sequence's time per token stays the sum of all the stages. Returns (the tokens, on stage 0; events).
     """
-    from minillm.kvcache.cache import ContiguousKVCache
-
     rank, p, cfg = stage.stage, stage.p, stage.config
     if not isinstance(new_tokens, int) or isinstance(new_tokens, bool) or new_tokens < 1:
         raise ValueError(f"new_tokens must be an int >= 1, got {new_tokens!r}")
