@@ -13,9 +13,11 @@ feature that is almost always zero. Magnitude pruning sees only |W|.
 
 The masks are exact and deterministic: for a sparsity s, a matrix (or row) of n weights loses round(s · n) of them,
 the smallest scores first (ties broken by `torch.topk`, the same rule `torch.nn.utils.prune` uses, so the magnitude
-mask equals `prune.l1_unstructured`'s). What it leaves out: applying the masks to a model
-(`minillm.prune.unstructured`), updating the kept weights to compensate (SparseGPT), and gradual pruning during
-training.
+mask equals `prune.l1_unstructured`'s), so a sparsity so close to 1 that round(s · n) = n (99.9% of a 512-weight
+row) empties the group, as torch's does. The whole-model functions (`prune_model`, `prune_mlp`) refuse such a
+sparsity with a ValueError naming it and the layer, rather than silence a whole layer or output row. What it
+leaves out: applying the masks to a model (`minillm.prune.unstructured`), updating the kept weights to compensate
+(SparseGPT), and gradual pruning during training.
 """
 
 from __future__ import annotations
@@ -33,20 +35,40 @@ def _check_weight(name: str, w: object) -> torch.Tensor:
     return w
 
 
-def check_sparsity(sparsity: object) -> float:
-    """A fraction in [0, 1): the share of weights to remove. Anything else is a ValueError naming it."""
+def check_sparsity(sparsity: object, name: str = "sparsity") -> float:
+    """A fraction in [0, 1): the share of weights to remove. Anything else is a ValueError naming it (`name`)."""
     if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or not 0.0 <= float(sparsity) < 1.0:
-        raise ValueError(f"sparsity must be a fraction in [0, 1), got {sparsity!r}")
+        raise ValueError(f"{name} must be a fraction in [0, 1), got {sparsity!r}")
     return float(sparsity)
 
 
 def num_pruned(n: int, sparsity: float) -> int:
-    """How many of n weights a sparsity removes: round(s · n), as `torch.nn.utils.prune` counts."""
+    """How many of n weights a sparsity removes: round(s · n), as `torch.nn.utils.prune` counts (all n when s is
+    close enough to 1: `check_keeps_one` is the model-level guard)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"n must be a non-negative int, got {n!r}")
     return round(check_sparsity(sparsity) * n)
+
+
+def check_keeps_one(n: int, sparsity: float, what: str, name: str = "sparsity") -> None:
+    """ValueError naming `name` when pruning `sparsity` of a group of n weights would remove all of them.
+
+    A matrix (magnitude) or output row (Wanda) pruned to nothing silences that layer or output entirely: the model
+    still runs and its numbers look plausible, which is worse than an error."""
+    if n and num_pruned(n, sparsity) >= n:
+        raise ValueError(f"{name}={sparsity} would remove all {n} weights of {what} (round({sparsity} · {n}) = {n}); "
+                         f"use {name} <= {(n - 0.5) / n - 1e-9:.6f} so each keeps at least one")
 
 
 def lowest_k_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Keep-mask (shaped like scores (..., n)) that drops the k smallest scores of each last-dimension row."""
+    if not isinstance(scores, torch.Tensor) or not scores.is_floating_point() or scores.dim() == 0:
+        raise TypeError(f"scores must be a floating-point tensor (..., n), got "
+                        f"{getattr(scores, 'dtype', type(scores).__name__)}")
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= scores.shape[-1]:
+        raise ValueError(f"k must be an int in [0, {scores.shape[-1]}] (scores per row), got {k!r}")
+    if k and bool(torch.isnan(scores).any()):
+        raise ValueError("scores hold NaN values, which have no order")
     keep = torch.ones_like(scores, dtype=torch.bool)
     if k > 0:
         keep.scatter_(-1, torch.topk(scores, k, dim=-1, largest=False).indices, False)
@@ -69,6 +91,8 @@ def wanda_score(weight: torch.Tensor, input_norm: torch.Tensor) -> torch.Tensor:
     if not isinstance(input_norm, torch.Tensor) or input_norm.shape != (weight.shape[1],):
         raise ValueError(f"input_norm must have shape ({weight.shape[1]},) (one norm per input feature), got "
                          f"{tuple(getattr(input_norm, 'shape', ()))}")
+    if not input_norm.is_floating_point():
+        raise TypeError(f"input_norm must be a floating-point tensor, got {input_norm.dtype}")
     if bool((input_norm < 0).any()) or not bool(torch.isfinite(input_norm).all()):
         raise ValueError("input_norm holds negative or non-finite values: it must be L2 norms")
     # BEGIN SOLUTION
@@ -82,6 +106,12 @@ def per_row_mask(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
     return lowest_k_mask(scores.detach(), num_pruned(scores.shape[1], sparsity))
 
 
+def _check_nm(n: object, m: object) -> None:
+    if isinstance(n, bool) or isinstance(m, bool) or not isinstance(n, int) or not isinstance(m, int) \
+            or not 0 < n <= m:
+        raise ValueError(f"N:M needs integers 0 < n <= m, got n={n!r}, m={m!r}")
+
+
 def nm_mask(scores: torch.Tensor, n: int = 2, m: int = 4) -> torch.Tensor:
     """Keep-mask (out, in) keeping the n largest scores of every group of m consecutive weights in a row.
 
@@ -89,9 +119,7 @@ def nm_mask(scores: torch.Tensor, n: int = 2, m: int = 4) -> torch.Tensor:
     columns 0..m-1 of a row are one group, m..2m-1 the next. `in` must be a multiple of m.
     """
     _check_weight("scores", scores)
-    if isinstance(n, bool) or isinstance(m, bool) or not isinstance(n, int) or not isinstance(m, int) \
-            or not 0 < n <= m:
-        raise ValueError(f"N:M needs integers 0 < n <= m, got n={n!r}, m={m!r}")
+    _check_nm(n, m)
     out, cols = scores.shape
     if cols % m:
         raise ValueError(f"N:M sparsity groups {m} consecutive inputs: in_features={cols} is not a multiple of {m}")
@@ -105,6 +133,7 @@ def nm_mask(scores: torch.Tensor, n: int = 2, m: int = 4) -> torch.Tensor:
 def is_nm_sparse(weight: torch.Tensor, n: int = 2, m: int = 4) -> bool:
     """True when every group of m consecutive weights of every row holds at most n nonzeros."""
     _check_weight("weight", weight)
+    _check_nm(n, m)
     out, cols = weight.shape
     if cols % m:
         return False
@@ -113,4 +142,8 @@ def is_nm_sparse(weight: torch.Tensor, n: int = 2, m: int = 4) -> bool:
 
 def sparsity_of(weight: torch.Tensor) -> float:
     """The share of exact zeros in a tensor."""
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"weight must be a tensor, got {type(weight).__name__}")
+    if weight.numel() == 0:
+        raise ValueError(f"weight is empty (shape {tuple(weight.shape)}): it has no share of zeros")
     return float((weight == 0).sum()) / weight.numel()

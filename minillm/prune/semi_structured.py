@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from minillm.core.config import check_int
 from minillm.core.timing import compare
 from minillm.prune.masks import is_nm_sparse, nm_mask
 
@@ -36,8 +37,14 @@ FORMATS = ("dense", "bitmask", "csr", "2:4")
 def stored_bytes(weight: torch.Tensor, fmt: str, element_bytes: int | None = None) -> int:
     """Bytes of `weight` (out, in) in storage format `fmt` (see the module docstring), its values `element_bytes`
     wide (default: the tensor's own dtype). "2:4" needs a weight that is 2:4 sparse."""
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise TypeError(f"weight must be a matrix (out, in), got {type(weight).__name__} "
+                        f"{tuple(getattr(weight, 'shape', ()))}")
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
+    if element_bytes is not None and (isinstance(element_bytes, bool) or not isinstance(element_bytes, int)
+                                      or element_bytes <= 0):
+        raise ValueError(f"element_bytes must be a positive int or None, got {element_bytes!r}")
     eb = weight.element_size() if element_bytes is None else element_bytes
     n, nnz = weight.numel(), int((weight != 0).sum())
     if fmt == "dense":
@@ -69,6 +76,8 @@ class SemiStructuredLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"SemiStructuredLinear needs an nn.Linear, got {type(linear).__name__}")
         why = semi_structured_support(linear.weight.device if linear.weight.is_cuda else None)
         if why:
             raise RuntimeError(why)
@@ -94,6 +103,19 @@ def layer_speed(in_features: int = 4096, out_features: int = 4096, tokens: tuple
     The pruned weight is 2:4 by magnitude; the dense baseline multiplies that same weight with its zeros, so the
     two compute the same function and only the kernel differs.
     """
+    check_int("in_features", in_features)
+    check_int("out_features", out_features)
+    if in_features % 4:
+        raise ValueError(f"2:4 groups 4 consecutive inputs: in_features={in_features} is not a multiple of 4")
+    if not isinstance(tokens, (list, tuple)) or not tokens:
+        raise ValueError(f"tokens must be a non-empty tuple of token counts, got {tokens!r}")
+    for t in tokens:
+        check_int("tokens[i]", t)
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"dtype must be torch.float16 or torch.bfloat16 (the 2:4 kernels' types), got {dtype!r}")
+    check_int("calls", calls)
+    check_int("repeats", repeats)
+    check_int("seed", seed, minimum=0)
     why = semi_structured_support()
     if why:
         raise RuntimeError(why)

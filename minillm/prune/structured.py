@@ -34,14 +34,32 @@ import torch.nn as nn
 
 from minillm.core.model import GPT
 from minillm.gpt.finetune import short_finetune
-from minillm.prune.masks import check_sparsity, lowest_k_mask
-from minillm.prune.unstructured import block_inputs, check_calibration, input_norms
+from minillm.prune.masks import check_keeps_one, check_sparsity, lowest_k_mask, num_pruned
+from minillm.prune.unstructured import block_inputs, check_calibration, check_prunable, input_norms
 
 
 def _check_model(model: object, who: str) -> GPT:
-    if not isinstance(model, GPT):
-        raise TypeError(f"{who} needs a minillm GPT, got {type(model).__name__}")
-    return model
+    return check_prunable(model, who)  # a dense GPT: a QuantizedGPT has no nn.Linear to shrink or score
+
+
+def _is_index(i: object) -> bool:
+    return isinstance(i, int) and not isinstance(i, bool)
+
+
+def _check_heads(model: GPT, heads: object) -> dict[int, list[int]]:
+    """heads {block: [head, ...]}: int keys in [0, n_layer), lists of int heads in [0, n_head); bool is no index."""
+    L, nh = model.config.n_layer, model.config.n_head
+    if not isinstance(heads, dict):
+        raise TypeError(f"heads must be a dict {{block: [head, ...]}}, got {type(heads).__name__}")
+    for b, hh in heads.items():
+        if not _is_index(b) or not 0 <= b < L:
+            raise ValueError(f"block index must be an int in [0, {L}), got {b!r}")
+        if not isinstance(hh, (list, tuple)):
+            raise TypeError(f"heads[{b}] must be a list of head indices, got {type(hh).__name__}")
+        for h in hh:
+            if not _is_index(h) or not 0 <= h < nh:
+                raise ValueError(f"head index must be an int in [0, {nh}), got {h!r} (block {b})")
+    return heads  # type: ignore[return-value]
 
 
 def mlp_widths(model: GPT) -> list[int]:
@@ -92,11 +110,18 @@ def shrink_mlp(model: GPT, keep: list[torch.Tensor]) -> GPT:
 def prune_mlp(model: GPT, fraction: float, scores: list[torch.Tensor]) -> GPT:
     """A copy with the lowest-scoring `fraction` of every block's MLP neurons removed (the same share per block)."""
     _check_model(model, "prune_mlp")
-    fraction = check_sparsity(fraction)
+    fraction = check_sparsity(fraction, "fraction")
     widths = mlp_widths(model)
-    if not isinstance(scores, (list, tuple)) or [s.shape for s in scores] != [(w,) for w in widths]:
+    if not isinstance(scores, (list, tuple)) or any(not isinstance(s, torch.Tensor) for s in scores) \
+            or [tuple(s.shape) for s in scores] != [(w,) for w in widths]:
         raise ValueError(f"scores must hold one (hidden,) tensor per block, hidden = {widths}")
-    keep = [lowest_k_mask(s, round(fraction * s.numel())).nonzero().flatten() for s in scores]
+    for b, s in enumerate(scores):
+        if not s.is_floating_point() or not bool(torch.isfinite(s).all()):
+            raise ValueError(f"scores[{b}] must hold finite float scores, got {s.dtype} with non-finite values "
+                             "or an integer dtype")
+    for b, width in enumerate(widths):  # a fraction that rounds to every neuron (0.999 of 128) would empty the MLP
+        check_keeps_one(width, fraction, f"block {b}'s MLP ({width} neurons)", "fraction")
+    keep = [lowest_k_mask(s, num_pruned(s.numel(), fraction)).nonzero().flatten() for s in scores]
     return shrink_mlp(model, keep)
 
 
@@ -104,7 +129,8 @@ def recover(pruned: GPT, teacher: GPT, steps: int, batch_size: int = 4, lr: floa
             ) -> tuple[GPT, list[float]]:
     """(a fine-tuned copy of `pruned`, loss per step): KL to the dense `teacher` on training windows."""
     _check_model(pruned, "recover")
-    _check_model(teacher, "recover")
+    if not isinstance(teacher, GPT):  # any GPT may teach (a quantized one too): it is only run, never changed
+        raise TypeError(f"recover needs a minillm GPT teacher, got {type(teacher).__name__}")
     net = copy.deepcopy(pruned)
     return net, short_finetune(net, steps, batch_size, lr, seed, teacher=teacher)
 
@@ -132,14 +158,11 @@ def head_scores(model: GPT, calibration: torch.Tensor) -> torch.Tensor:
 def mask_heads(model: GPT, heads: dict[int, list[int]]) -> GPT:
     """A copy where block b's heads listed in heads[b] contribute nothing (their c_proj columns zeroed)."""
     _check_model(model, "mask_heads")
-    nh, hs = model.config.n_head, model.config.head_size
+    _check_heads(model, heads)
+    hs = model.config.head_size
     out = copy.deepcopy(model)
     for b, hh in heads.items():
-        if not isinstance(b, int) or not 0 <= b < model.config.n_layer:
-            raise ValueError(f"block index must be in [0, {model.config.n_layer}), got {b!r}")
         for h in hh:
-            if not isinstance(h, int) or not 0 <= h < nh:
-                raise ValueError(f"head index must be in [0, {nh}), got {h!r}")
             with torch.no_grad():
                 out.transformer.h[b].attn.c_proj.weight[:, h * hs:(h + 1) * hs] = 0.0
     return out
@@ -147,6 +170,13 @@ def mask_heads(model: GPT, heads: dict[int, list[int]]) -> GPT:
 
 def lowest_heads(scores: torch.Tensor, per_block: int) -> dict[int, list[int]]:
     """{block: the `per_block` heads with the lowest scores}, from head_scores' (L, nh)."""
+    if not isinstance(scores, torch.Tensor) or not scores.is_floating_point() or scores.dim() != 2:
+        raise TypeError(f"scores must be a float tensor (n_layer, n_head), got "
+                        f"{getattr(scores, 'dtype', type(scores).__name__)} {tuple(getattr(scores, 'shape', ()))}")
+    if not _is_index(per_block) or not 0 <= per_block <= scores.shape[1]:
+        raise ValueError(f"per_block must be an int in [0, {scores.shape[1]}] (the heads per block), got {per_block!r}")
+    if bool(torch.isnan(scores).any()):
+        raise ValueError("scores hold NaN values, which have no order")
     return {b: sorted(torch.topk(row, per_block, largest=False).indices.tolist()) for b, row in enumerate(scores)}
 
 
@@ -158,7 +188,8 @@ def prune_heads(model: GPT, heads: dict[int, list[int]]) -> GPT:
     _check_model(model, "prune_heads")
     cfg, L = model.config, model.config.n_layer
     nh, hs, A = cfg.n_head, cfg.head_size, cfg.attn_dim
-    if not isinstance(heads, dict) or sorted(heads) != list(range(L)):
+    _check_heads(model, heads)
+    if sorted(heads) != list(range(L)):
         raise ValueError(f"heads must list the heads to remove for every block 0..{L - 1}, got {heads!r:.80}")
     counts = {len(set(hh)) for hh in heads.values()}
     if len(counts) != 1 or any(len(set(hh)) != len(hh) for hh in heads.values()):

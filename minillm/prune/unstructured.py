@@ -29,7 +29,9 @@ import torch
 import torch.nn as nn
 
 from minillm.core.model import GPT
-from minillm.prune.masks import check_sparsity, magnitude_mask, nm_mask, per_row_mask, wanda_score
+from minillm.prune.masks import check_keeps_one, check_sparsity, magnitude_mask, nm_mask, per_row_mask, wanda_score
+from minillm.quant.gptq import check_calibration
+from minillm.quant.linear import QuantizedGPT
 
 METHODS = ("magnitude", "wanda")
 PATTERNS = ("unstructured", "2:4")
@@ -44,6 +46,11 @@ def block_linears(block: nn.Module) -> list[tuple[str, nn.Linear]]:
 def input_norms(block: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
     """{linear name: ‖X_j‖₂ (in,)}: the L2 norm of each input feature of each linear of `block`, over every token of
     x (N, T, C), from one forward of the block (pre-hooks see each linear's input). Sums of squares in float64."""
+    if not isinstance(block, nn.Module) or not block_linears(block):
+        raise TypeError(f"block must be a module holding nn.Linear layers, got {type(block).__name__}")
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() != 3 or x.numel() == 0:
+        raise ValueError(f"x must be a non-empty float tensor (N, T, C), got {getattr(x, 'dtype', type(x))} "
+                         f"{tuple(getattr(x, 'shape', ()))}")
     sums: dict[str, torch.Tensor] = {}
 
     def collect(name: str):
@@ -64,6 +71,14 @@ def input_norms(block: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
 def layer_mask(weight: torch.Tensor, method: str, sparsity: float, pattern: str,
                norm: torch.Tensor | None) -> torch.Tensor:
     """The keep-mask of one weight (out, in): method's score, compared over the pattern's group."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if pattern not in PATTERNS:
+        raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
+    if method == "wanda" and norm is None:
+        raise ValueError("Wanda needs norm, the input features' L2 norms (in,); got None")
+    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+        raise TypeError(f"weight must be a floating-point tensor, got {getattr(weight, 'dtype', type(weight))}")
     scores = weight.abs() if method == "magnitude" else wanda_score(weight, norm)
     if pattern == "2:4":
         return nm_mask(scores, 2, 4)
@@ -77,14 +92,26 @@ def block_weights(model: nn.Module) -> list[torch.Tensor]:
     return [lin.weight for block in model.transformer.h for _, lin in block_linears(block)]
 
 
-def check_calibration(model: GPT, calibration: object, who: str = "calibration") -> torch.Tensor:
-    """Calibration ids (N, T) on the model's device; TypeError/ValueError naming what is wrong."""
-    if not isinstance(calibration, torch.Tensor) or calibration.dim() != 2 or calibration.dtype != torch.int64:
-        raise TypeError(f"{who} needs calibration token ids: an int64 tensor shaped (N, T)")
-    if calibration.size(1) > model.config.block_size:
-        raise ValueError(f"calibration windows of {calibration.size(1)} tokens exceed the model's block_size "
-                         f"{model.config.block_size}")
-    return calibration.to(model.device)
+# `check_calibration(model, calibration, who)` (imported above) is chapter 09's, shared with GPTQ: int64 ids (N, T),
+# N, T >= 1, T <= block_size, every id in the vocabulary; a TypeError/ValueError naming what is wrong.
+
+
+def check_prunable(model: object, who: str) -> GPT:
+    """`model` if it is a dense minillm GPT whose blocks hold nn.Linear layers; a TypeError naming its type if not.
+
+    subtle: a QuantizedGPT is a GPT, but its block layers are QuantLinear (integer codes, no `weight`): the pruning
+    loops would find no nn.Linear and hand back an unpruned copy. Prune first, then quantize."""
+    if isinstance(model, QuantizedGPT):
+        raise TypeError(f"{who} needs a dense (float) minillm GPT, got a {type(model).__name__} "
+                        f"({model.quant_config.mode}): prune the fp32 model, then quantize it")
+    if not isinstance(model, GPT):
+        raise TypeError(f"{who} needs a minillm GPT, got {type(model).__name__}")
+    for b, block in enumerate(model.transformer.h):
+        odd = [name for name, m in block.named_modules() if hasattr(m, "qweight")]
+        if odd or not block_linears(block):
+            raise TypeError(f"{who} needs block linears as nn.Linear; block {b} holds "
+                            f"{odd or 'none'} ({type(model).__name__})")
+    return model
 
 
 def block_inputs(model: GPT, calibration: torch.Tensor):
@@ -101,14 +128,17 @@ def block_inputs(model: GPT, calibration: torch.Tensor):
 
 def _check_args(model: object, method: object, sparsity: object, pattern: object,
                 calibration: object) -> None:
-    if not isinstance(model, GPT):
-        raise TypeError(f"prune_model needs a minillm GPT, got {type(model).__name__}")
+    check_prunable(model, "prune_model")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if pattern not in PATTERNS:
         raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
     if pattern == "unstructured":
         check_sparsity(sparsity)
+        for b, block in enumerate(model.transformer.h):  # no matrix (magnitude) or row (Wanda) may go to all zeros
+            for name, lin in block_linears(block):
+                group = lin.weight.numel() if method == "magnitude" else lin.in_features
+                check_keeps_one(group, sparsity, f"{'layer' if method == 'magnitude' else 'each row of'} {b}.{name}")
     if method == "wanda":
         check_calibration(model, calibration, "Wanda")
 
@@ -120,7 +150,8 @@ def prune_model(model: GPT, method: str, sparsity: float = 0.5, calibration: tor
 
     method: "magnitude" (|W|, per matrix) or "wanda" (|W| · ‖X‖, per output row; needs `calibration` ids (N, T)).
     pattern: "unstructured" (remove `sparsity` of each matrix) or "2:4" (keep 2 of every 4 inputs; sparsity is 50%
-    by construction and the argument is ignored).
+    by construction and the argument is ignored). A sparsity that would remove every weight of a matrix (magnitude)
+    or of a row (Wanda), e.g. 0.999 of a 512-wide row, is a ValueError: that layer or output would go silent.
     """
     _check_args(model, method, sparsity, pattern, calibration)
     out = copy.deepcopy(model).eval()
@@ -136,6 +167,7 @@ def prune_model(model: GPT, method: str, sparsity: float = 0.5, calibration: tor
 
 def weight_sparsity(model: nn.Module) -> dict[str, float]:
     """{"blocks": share of zeros over every block linear weight, "all": over every parameter (the head once)}."""
+    check_prunable(model, "weight_sparsity")
     linears = block_weights(model)
     zeros = sum(int((w == 0).sum()) for w in linears)
     total = sum(w.numel() for w in linears)

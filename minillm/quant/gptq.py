@@ -30,15 +30,18 @@ import copy
 import torch
 import torch.nn as nn
 
+from minillm.core.config import check_float, check_int
 from minillm.core.model import GPT
 from minillm.gpt.dataset import split_tokens
 from minillm.quant.linear import QuantConfig, QuantizedGPT, quantize_model
 from minillm.quant.quantize import (
     QuantizedTensor,
     asymmetric_params,
+    check_finite,
     dequantize,
     dequantize_asymmetric,
     dequantize_symmetric,
+    qrange,
     quantize,
     quantize_asymmetric,
     quantize_symmetric,
@@ -46,14 +49,33 @@ from minillm.quant.quantize import (
 )
 
 
-def _check_layer(W: torch.Tensor, H: torch.Tensor, group_size: int) -> None:
+def _check_layer(W: torch.Tensor, H: torch.Tensor, group_size: int, bits: object, symmetric: object,
+                 damp: object) -> None:
     if not isinstance(W, torch.Tensor) or not W.is_floating_point() or W.dim() != 2:
         raise TypeError(f"W must be a 2-D float tensor (out, in), got {getattr(W, 'shape', type(W).__name__)}")
-    if not isinstance(H, torch.Tensor) or tuple(H.shape) != (W.shape[1], W.shape[1]):
+    if W.numel() == 0:
+        raise ValueError(f"W is empty (shape {tuple(W.shape)})")
+    if not isinstance(H, torch.Tensor) or not H.is_floating_point():
+        raise TypeError(f"H must be a float tensor, got {getattr(H, 'dtype', type(H).__name__)}")
+    if tuple(H.shape) != (W.shape[1], W.shape[1]):
         raise ValueError(f"H must be ({W.shape[1]}, {W.shape[1]}) for W of shape {tuple(W.shape)}, got "
-                         f"{tuple(getattr(H, 'shape', ()))}")
+                         f"{tuple(H.shape)}")
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0 or W.shape[1] % group_size:
         raise ValueError(f"group_size must be a positive int dividing in={W.shape[1]}, got {group_size!r}")
+    qrange(bits, symmetric)  # type: ignore[arg-type]  # ValueError/TypeError naming bits or symmetric
+    check_float("damp", damp, 0.0)
+    check_finite("W", W.detach())
+    check_finite("H", H.detach())
+
+
+def _cholesky(H: torch.Tensor, damp: float, name: str) -> torch.Tensor:
+    """torch.linalg.cholesky(H), its LinAlgError turned into a ValueError naming the layer and the damping."""
+    try:
+        return torch.linalg.cholesky(H)
+    except torch.linalg.LinAlgError as e:
+        raise ValueError(f"GPTQ on {name}: the damped Hessian H + damp * mean(diag H) * I (damp={damp}) is not "
+                         "positive definite (calibration inputs too few or too correlated, or H is not XᵀX); "
+                         "raise damp (e.g. 0.1) or give more calibration windows") from e
 
 
 def _grid(w: torch.Tensor, bits: int, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -79,6 +101,9 @@ def damped(H: torch.Tensor, damp: float) -> torch.Tensor:
     The damping keeps the Cholesky factorisation stable when calibration data leave H (nearly) singular; a dead
     input's column has no effect on the output, so any grid point is optimal for it.
     """
+    check_float("damp", damp, 0.0)
+    if not isinstance(H, torch.Tensor) or H.dim() != 2 or H.shape[0] != H.shape[1]:
+        raise ValueError(f"H must be a square matrix (in, in), got {tuple(getattr(H, 'shape', ()))}")
     H = H.detach().to(torch.float64).clone()
     dead = torch.diagonal(H) == 0
     H[dead, dead] = 1.0
@@ -87,21 +112,22 @@ def damped(H: torch.Tensor, damp: float) -> torch.Tensor:
 
 
 def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int = 4, symmetric: bool = True,
-                  group_size: int | None = None, damp: float = 0.01) -> QuantizedTensor:
+                  group_size: int | None = None, damp: float = 0.01, name: str = "W") -> QuantizedTensor:
     """GPTQ codes for a weight W (out, in) given the Hessian H (in, in) of its inputs; scales per group of columns.
 
     group_size None = one group per row (per-channel). Returns a QuantizedTensor (group-wise layout), so its
-    `dequantize` is the layer's new weight Ŵ.
+    `dequantize` is the layer's new weight Ŵ. `damp` (finite, >= 0) is the share of mean(diag H) added to the
+    diagonal; a damped H that is still not positive definite is a ValueError naming `name` (the layer) and damp.
     """
     group_size = W.shape[1] if group_size is None else group_size
-    _check_layer(W, H, group_size)
+    _check_layer(W, H, group_size, bits, symmetric, damp)
     out, n = W.shape
     H = damped(H, damp)  # (n, n)
     W = W.detach().to(torch.float64).clone()  # (out, n): updated in place as errors are pushed right
     # U: upper Cholesky factor of H^-1 (H^-1 = U^T U). Row i holds [H_F^-1]_{i, i:} / sqrt([H_F^-1]_ii) for the
     # columns F = i.. still free at step i, which is all the OBS update needs.
-    L = torch.linalg.cholesky(H)  # H = L L^T
-    U = torch.linalg.cholesky(torch.cholesky_inverse(L), upper=True)  # (n, n)
+    L = _cholesky(H, damp, name)  # H = L L^T
+    U = _cholesky(torch.cholesky_inverse(L), damp, name).T  # (n, n): upper, from the lower factor of H^-1
     codes = torch.empty(out, n, dtype=torch.int8 if symmetric else torch.uint8, device=W.device)
     groups = n // group_size
     scales = torch.empty(out, groups, dtype=torch.float64, device=W.device)
@@ -123,7 +149,7 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int = 4, symmetric: bo
 
 
 def gptq_reference(W: torch.Tensor, H: torch.Tensor, bits: int = 4, symmetric: bool = True,
-                   group_size: int | None = None, damp: float = 0.01) -> QuantizedTensor:
+                   group_size: int | None = None, damp: float = 0.01, name: str = "W") -> QuantizedTensor:
     """The naive twin: after fixing columns S = 0..i, set the free columns F to argmin (w - ŵ)ᵀ H (w - ŵ) by solving
     the least-squares normal equations from scratch: ŵ_F = w_F + (w_S - ŵ_S) H_SF H_FF⁻¹. O(n⁴); for tests.
 
@@ -131,9 +157,10 @@ def gptq_reference(W: torch.Tensor, H: torch.Tensor, bits: int = 4, symmetric: b
     is 2 (e_S H_SF + e_F H_FF) = 0, so e_F = -e_S H_SF H_FF⁻¹.
     """
     group_size = W.shape[1] if group_size is None else group_size
-    _check_layer(W, H, group_size)
+    _check_layer(W, H, group_size, bits, symmetric, damp)
     out, n = W.shape
     H = damped(H, damp)
+    _cholesky(H, damp, name)  # the same refusal as gptq_quantize when H is not positive definite
     W0 = W.detach().to(torch.float64)
     cur = W0.clone()  # (out, n): the fixed columns hold grid values, the free ones their current optimum
     codes = torch.empty(out, n, dtype=torch.int8 if symmetric else torch.uint8)
@@ -159,6 +186,13 @@ def gptq_reference(W: torch.Tensor, H: torch.Tensor, bits: int = 4, symmetric: b
 
 def output_error(W: torch.Tensor, W_hat: torch.Tensor, X: torch.Tensor) -> float:
     """‖X Wᵀ - X Ŵᵀ‖_F: how far a layer's outputs on inputs X (N, in) move when W (out, in) becomes Ŵ."""
+    for name, t in (("W", W), ("W_hat", W_hat), ("X", X)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() != 2:
+            raise TypeError(f"{name} must be a 2-D float tensor, got {getattr(t, 'dtype', type(t).__name__)} "
+                            f"{tuple(getattr(t, 'shape', ()))}")
+    if W_hat.shape != W.shape or X.shape[1] != W.shape[1]:
+        raise ValueError(f"W {tuple(W.shape)}, W_hat {tuple(W_hat.shape)} and X {tuple(X.shape)} do not fit: W_hat "
+                         "must be shaped like W, X (N, in)")
     return float(torch.linalg.matrix_norm(X.double() @ (W.double() - W_hat.double()).T))
 
 
@@ -168,10 +202,37 @@ def output_error(W: torch.Tensor, W_hat: torch.Tensor, X: torch.Tensor) -> float
 def calibration_windows(num_windows: int = 32, length: int = 256, seed: int = 0) -> torch.Tensor:
     """(num_windows, length) token ids: windows of the *training* split at seeded random starts (never validation
     text, which measures the result)."""
+    check_int("num_windows", num_windows)
+    check_int("length", length)
+    check_int("seed", seed, minimum=0)
     tokens = split_tokens("train")
+    if length >= tokens.numel():
+        raise ValueError(f"length={length} leaves no room in the {tokens.numel()} training tokens")
     g = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, tokens.numel() - length, (num_windows,), generator=g)
     return torch.stack([tokens[s:s + length] for s in starts.tolist()])  # (num_windows, length)
+
+
+def check_calibration(model: GPT, calibration: object, who: str = "calibration") -> torch.Tensor:
+    """Calibration ids (N, T) on the model's device, or a TypeError/ValueError naming what is wrong: an int64
+    tensor, N >= 1 windows of 1 <= T <= block_size tokens, every id inside the vocabulary (one host sync).
+
+    Chapter 10's pruning checks its calibration with this same function (`minillm.prune.unstructured`)."""
+    if not isinstance(calibration, torch.Tensor) or calibration.dim() != 2 or calibration.dtype != torch.int64:
+        raise TypeError(f"{who} needs calibration token ids: an int64 tensor shaped (N, T), got "
+                        f"{getattr(calibration, 'dtype', type(calibration).__name__)} "
+                        f"{tuple(getattr(calibration, 'shape', ()))}")
+    if calibration.numel() == 0:
+        raise ValueError(f"{who}: the calibration ids are empty (shape {tuple(calibration.shape)}); give at least "
+                         "one window of at least one token")
+    if calibration.size(1) > model.config.block_size:
+        raise ValueError(f"calibration windows of {calibration.size(1)} tokens exceed the model's block_size "
+                         f"{model.config.block_size}")
+    lo, hi = (int(v) for v in torch.aminmax(calibration))
+    if lo < 0 or hi >= model.config.vocab_size:
+        raise ValueError(f"{who}: calibration token id {lo if lo < 0 else hi} is outside the vocabulary "
+                         f"[0, {model.config.vocab_size})")
+    return calibration.to(model.device)
 
 
 @torch.no_grad()
@@ -185,12 +246,13 @@ def gptq_quantize_model(model: GPT, config: QuantConfig, calibration: torch.Tens
     """
     if not isinstance(model, GPT) or isinstance(model, QuantizedGPT):
         raise TypeError(f"gptq_quantize_model needs an fp32 minillm GPT, got {type(model).__name__}")
-    if not isinstance(config, QuantConfig) or config.mode == "w8a8":
+    if not isinstance(config, QuantConfig):
+        raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
+    if config.mode == "w8a8":
         raise ValueError(f"GPTQ chooses weight codes for the weight-only modes int8/int4, got {config!r}")
-    if not isinstance(calibration, torch.Tensor) or calibration.dim() != 2 or calibration.dtype != torch.int64:
-        raise TypeError("calibration must be an int64 tensor of token ids shaped (N, T)")
+    check_float("damp", damp, 0.0)
+    idx = check_calibration(model, calibration, "GPTQ")
     work = copy.deepcopy(model).eval()  # fp32, its weights replaced by the de-quantized GPTQ ones as we go
-    idx = calibration.to(model.device)
     positions = torch.arange(idx.size(1), device=idx.device)
     x = work.transformer.wte(idx) + work.transformer.wpe(positions)  # (N, T, C)
     weights: dict[str, QuantizedTensor] = {}
@@ -215,7 +277,8 @@ def gptq_quantize_model(model: GPT, config: QuantConfig, calibration: torch.Tens
             for h in handles:
                 h.remove()
         for name, m in linears:
-            qt = gptq_quantize(m.weight, hessians[name] / counts[name], config.bits, config.symmetric, group, damp)
+            qt = gptq_quantize(m.weight, hessians[name] / counts[name], config.bits, config.symmetric, group, damp,
+                               name=f"layer {b}.{name}")
             weights[f"{b}.{name}"] = qt
             m.weight.copy_(dequantize(qt))
         x = block(x)  # (N, T, C): the input of the next block, through this block's quantized weights
@@ -225,6 +288,12 @@ def gptq_quantize_model(model: GPT, config: QuantConfig, calibration: torch.Tens
 def rtn_and_gptq_errors(layer: nn.Linear, X: torch.Tensor, bits: int = 4, symmetric: bool = True,
                         group_size: int | None = None) -> dict[str, float]:
     """Output error ‖XWᵀ - XŴᵀ‖ of round-to-nearest and of GPTQ on one layer with inputs X (N, in)."""
+    if not isinstance(layer, nn.Linear):
+        raise TypeError(f"layer must be an nn.Linear, got {type(layer).__name__}")
+    if not isinstance(X, torch.Tensor) or not X.is_floating_point() or X.dim() != 2 or X.shape[0] == 0 \
+            or X.shape[1] != layer.in_features:
+        raise ValueError(f"X must be a non-empty float tensor (N, {layer.in_features}), got "
+                         f"{getattr(X, 'dtype', type(X).__name__)} {tuple(getattr(X, 'shape', ()))}")
     W = layer.weight.detach()
     H = X.double().T @ X.double() / X.shape[0]
     rtn = dequantize(quantize(W.float(), bits, symmetric, "channel" if group_size is None else "group", group_size))

@@ -11,7 +11,8 @@ Bytes per cached element: 1 + 4 / hs (32 for `base`: 1.125 B instead of 4, 3.6x 
 quantized as they are written; every read de-quantizes what it attends over, so the attention itself is fp32, and a
 token attends over the quantized version of its own K/V too (prefill and decode read the cache alike). The naive
 twin is `FakeQuantContiguousKVCache`: fp32 storage, each written vector replaced by deq(q(x)); the int8 cache must
-give its logits to float rounding.
+give its logits to float rounding. A key or value holding NaN/inf is stored with a NaN/inf scale and reads back
+NaN (the writes never sync with the host to look); `quantize_kv` called by hand refuses it.
 
 Why per token and head: a cache grows one token at a time, so a scale over a whole layer would change as tokens
 arrive and force re-quantizing what is stored; per token nothing stored ever changes. (KIVI, Liu et al. 2024,
@@ -30,17 +31,40 @@ from minillm.core.config import GPTConfig
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.paged.backends import register_attention_backend
 from minillm.paged.paged_cache import PagedKVCache, write_kv
-from minillm.quant.quantize import dequantize_symmetric, quantize_symmetric, symmetric_params
+from minillm.quant.quantize import check_finite, dequantize_symmetric, quantize_symmetric, symmetric_params
 
 
-def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (..., hs) float -> (codes (..., hs) int8, scales (..., 1) fp32): one absmax scale per vector of hs values."""
+def _quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`quantize_kv` unchecked, for the caches' per-step writes: a vector holding NaN/inf gets a NaN/inf scale, so it
+    reads back as NaN (attention over it is NaN, as with an fp32 cache), never as a plausible 0. No host sync."""
     scale = symmetric_params(x.float(), 8, dim=-1)  # (..., 1)
     return quantize_symmetric(x.float(), scale, 8), scale
 
 
+def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (..., hs) float -> (codes (..., hs) int8, scales (..., 1) fp32): one absmax scale per vector of hs values.
+
+    Refuses NaN/inf with a ValueError naming x (one host sync). The caches write through `_quantize_kv`, which
+    skips the check and propagates NaN instead (see there)."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point tensor of keys or values, got "
+                        f"{getattr(x, 'dtype', type(x).__name__)}")
+    if x.dim() == 0 or x.shape[-1] == 0:
+        raise ValueError(f"x must have shape (..., hs) with hs > 0, got {tuple(x.shape)}")
+    check_finite("x", x)
+    return _quantize_kv(x)
+
+
 def dequantize_kv(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """codes (..., hs) int8, scale (..., 1) -> (..., hs) in `dtype`."""
+    if not isinstance(codes, torch.Tensor) or codes.dtype != torch.int8:
+        raise TypeError(f"codes must be an int8 tensor, got {getattr(codes, 'dtype', type(codes).__name__)}")
+    if not isinstance(scale, torch.Tensor) or scale.dim() != codes.dim() or scale.shape[:-1] != codes.shape[:-1] \
+            or scale.shape[-1] != 1:
+        raise ValueError(f"scale must have shape {tuple(codes.shape[:-1]) + (1,)} for codes {tuple(codes.shape)}, got "
+                         f"{tuple(getattr(scale, 'shape', ()))}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
     return dequantize_symmetric(codes, scale).to(dtype)
 
 
@@ -86,7 +110,7 @@ class Int8ContiguousKVCache(ContiguousKVCache):
             raise ValueError(f"cache full: {start} slots used + {T} new > max_len={self.max_len}")
         end = start + T
         for codes, scales, x in ((self.k, self.k_scale, k), (self.v, self.v_scale, v)):
-            c, s = quantize_kv(x)  # (B, nh, T, hs) int8, (B, nh, T, 1)
+            c, s = _quantize_kv(x)  # (B, nh, T, hs) int8, (B, nh, T, 1)
             codes[layer_idx][:, :, start:end] = c
             scales[layer_idx][:, :, start:end] = s
         keys = dequantize_kv(self.k[layer_idx][:, :, :end], self.k_scale[layer_idx][:, :, :end], q.dtype)
@@ -99,8 +123,8 @@ class FakeQuantContiguousKVCache(ContiguousKVCache):
     """The naive twin: fp32 storage, but every written k, v vector is replaced by deq(q(x)) first."""
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return super().attend(layer_idx, q, dequantize_kv(*quantize_kv(k), k.dtype),
-                              dequantize_kv(*quantize_kv(v), v.dtype))
+        return super().attend(layer_idx, q, dequantize_kv(*_quantize_kv(k), k.dtype),
+                              dequantize_kv(*_quantize_kv(v), v.dtype))
 
 
 class Int8PagedKVCache(PagedKVCache):
@@ -144,7 +168,7 @@ class Int8PagedKVCache(PagedKVCache):
             raise ValueError(f"paged attention expects q of shape (1, nh, N={batch.num_tokens}, hs), got "
                              f"{tuple(q.shape)}")
         for pools, scales, x in ((self.k_pools, self.k_scales, k), (self.v_pools, self.v_scales, v)):
-            codes, s = quantize_kv(x[0].transpose(0, 1))  # (nh, N, hs) -> (N, nh, hs) int8, (N, nh, 1)
+            codes, s = _quantize_kv(x[0].transpose(0, 1))  # (nh, N, hs) -> (N, nh, hs) int8, (N, nh, 1)
             write_kv(pools[layer_idx], batch.slot_mapping, codes)
             write_kv(scales[layer_idx], batch.slot_mapping, s)
         return self._attend_ragged(layer_idx, q, batch)

@@ -126,6 +126,13 @@ class QuantLinear(nn.Module):
         """Quantize `linear`'s weight with min/max round-to-nearest, or take the codes `qt` (e.g. from GPTQ)."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"from_linear needs an nn.Linear, got {type(linear).__name__}")
+        if not isinstance(config, QuantConfig):
+            raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
+        for what, t in (("weight", linear.weight), ("bias", linear.bias)):
+            if t is not None and not bool(torch.isfinite(t.detach()).all()):  # one host sync per layer, at build time
+                raise ValueError(f"linear.{what} holds NaN or inf values: a quantized layer would hide them")
+        if qt is not None and not isinstance(qt, QuantizedTensor):
+            raise TypeError(f"qt must be a QuantizedTensor or None, got {type(qt).__name__}")
         module = cls(linear.in_features, linear.out_features, linear.bias is not None, config)
         with torch.no_grad():
             w = linear.weight.detach().float()  # (out, in)
@@ -138,6 +145,8 @@ class QuantLinear(nn.Module):
 
     def load_quantized(self, qt: QuantizedTensor) -> None:
         """Store codes + scales, checking they fit this layer's mode (bits, symmetry, shapes)."""
+        if not isinstance(qt, QuantizedTensor):
+            raise TypeError(f"qt must be a QuantizedTensor, got {type(qt).__name__}")
         want_groups = self.scale.shape[1]
         if qt.bits != self.config.bits or qt.symmetric != self.config.symmetric:
             raise ValueError(f"codes are {qt.bits}-bit {'symmetric' if qt.symmetric else 'asymmetric'}; the layer "
@@ -162,6 +171,12 @@ class QuantLinear(nn.Module):
         return dequantize(self.quantized_weight())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # subtle: an integer x would run (int codes times int x) and drop everything but the bias; dtype and shape
+        # are checked on the host for free. NaN in x is not looked for (a sync per step): it comes out NaN.
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise TypeError(f"QuantLinear needs a floating-point input x, got {getattr(x, 'dtype', type(x).__name__)}")
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(f"x must have shape (..., {self.in_features}), got {tuple(x.shape)}")
         if self.config.mode == "w8a8":
             if self.config.outlier_threshold is not None:
                 return llm_int8_linear(x, self, self.config.outlier_threshold)
@@ -188,6 +203,8 @@ class QuantEmbedding(nn.Module):
         self.table = head  # owns the buffers: qweight (V, C or C/2), scale (V, groups), zero
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"idx must be an int64 tensor of token ids, got {getattr(idx, 'dtype', type(idx))}")
         t = self.table
         rows = idx.reshape(-1)  # (N,) token ids
         q = t.qweight[rows]  # (N, C) or (N, C/2) packed
@@ -252,11 +269,24 @@ def quantize_model(model: GPT, config: QuantConfig,
         raise TypeError(f"quantize_model needs a minillm GPT, got {type(model).__name__}")
     if not isinstance(config, QuantConfig):
         raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
+    if weights is not None and not isinstance(weights, dict):
+        raise TypeError(f"weights must be a dict of layer name -> QuantizedTensor or None, got "
+                        f"{type(weights).__name__}")
     weights = dict(weights or {})
     linears = dict(block_linears(model))
     unknown = set(weights) - set(linears)
     if unknown:
         raise ValueError(f"weights name layers that are not in the blocks: {sorted(unknown)}")
+    for name, qt in weights.items():
+        if not isinstance(qt, QuantizedTensor):
+            raise TypeError(f"weights[{name!r}] must be a QuantizedTensor, got {type(qt).__name__}")
+    # A NaN or inf weight is refused here, naming the layer, before it is rounded to a plausible code.
+    named = [(f"transformer.h.{name}", linear.weight) for name, linear in linears.items()]
+    if config.quantize_head:
+        named.append(("transformer.wte", model.transformer.wte.weight))
+    for name, weight in named:
+        if not bool(torch.isfinite(weight.detach()).all()):
+            raise ValueError(f"layer {name} of the model holds NaN or inf weights; quantizing would hide them")
     qmodel = copy.deepcopy(model).eval()
     # The copy becomes the subclass (it adds no state, only `device` and `quant_config`), so nothing is rebuilt.
     qmodel.__class__ = QuantizedGPT

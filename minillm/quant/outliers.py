@@ -26,14 +26,25 @@ import copy
 import torch
 import torch.nn as nn
 
+from minillm.core.config import check_float
 from minillm.core.model import GPT
+from minillm.quant.gptq import check_calibration
+from minillm.quant.linear import QuantizedGPT
+
+
+def _check_fp32_model(model: object, who: str) -> GPT:
+    """A dense GPT (its block linears nn.Linear, whose weights these functions rewrite); TypeError naming the type."""
+    if isinstance(model, QuantizedGPT) or not isinstance(model, GPT):
+        raise TypeError(f"{who} needs an fp32 minillm GPT, got {type(model).__name__}")
+    return model
 
 
 @torch.no_grad()
 def input_absmax(model: nn.Module, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
     """{block linear name ("0.attn.c_attn"): (in,) max |x| of each input feature} over token windows (N, T)."""
-    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype != torch.int64:
-        raise TypeError("tokens must be an int64 tensor of token ids shaped (N, T)")
+    if not isinstance(model, GPT):
+        raise TypeError(f"input_absmax needs a minillm GPT, got {type(model).__name__}")
+    tokens = check_calibration(model, tokens, "input_absmax (tokens)")
     stats: dict[str, torch.Tensor] = {}
 
     def record(name: str):
@@ -45,7 +56,7 @@ def input_absmax(model: nn.Module, tokens: torch.Tensor) -> dict[str, torch.Tens
     handles = [m.register_forward_pre_hook(record(name)) for name, m in model.transformer.h.named_modules()
                if isinstance(m, nn.Linear) or hasattr(m, "qweight")]
     try:
-        model(tokens.to(model.device))
+        model(tokens)
     finally:
         for h in handles:
             h.remove()
@@ -54,6 +65,14 @@ def input_absmax(model: nn.Module, tokens: torch.Tensor) -> dict[str, torch.Tens
 
 def outlier_report(absmax: dict[str, torch.Tensor], threshold: float = 6.0) -> list[dict[str, float | int | str]]:
     """One row per layer: features with max |x| >= threshold, the largest max |x|, and largest / median."""
+    check_float("threshold", threshold, 0.0, include_minimum=False)
+    if not isinstance(absmax, dict) or not absmax:
+        raise ValueError(f"absmax must be a non-empty dict {{layer: (in,) tensor}} from input_absmax, got "
+                         f"{absmax!r:.80}")
+    for name, a in absmax.items():
+        if not isinstance(a, torch.Tensor) or a.dim() != 1 or a.numel() == 0 or not a.is_floating_point():
+            raise ValueError(f"absmax[{name!r}] must be a non-empty 1-D float tensor, got "
+                             f"{tuple(getattr(a, 'shape', ()))}")
     return [{"layer": name, "outlier_features": int((a >= threshold).sum()), "max_abs": float(a.max()),
              "max_over_median": float(a.max() / a.median().clamp(min=1e-12))} for name, a in absmax.items()]
 
@@ -65,13 +84,12 @@ def inject_outliers(model: GPT, channels: list[int], factor: float = 20.0) -> GP
     ln(x)_j = g_j * x̂_j + b_j feeds c(ln(x)) = W ln(x) + c_b. Multiplying g_j and b_j by f and dividing column j of
     W by f leaves W ln(x) unchanged (up to float rounding) while feature j of the activation grows f-fold.
     """
-    if not isinstance(model, GPT):
-        raise TypeError(f"inject_outliers needs a minillm GPT, got {type(model).__name__}")
+    _check_fp32_model(model, "inject_outliers")
     C = model.config.n_embd
-    if not channels or any(not isinstance(c, int) or not 0 <= c < C for c in channels):
+    if not isinstance(channels, (list, tuple)) or not channels \
+            or any(isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < C for c in channels):
         raise ValueError(f"channels must be a non-empty list of feature indices in [0, {C}), got {channels!r}")
-    if not factor > 0:
-        raise ValueError(f"factor must be positive, got {factor!r}")
+    check_float("factor", factor, 0.0, include_minimum=False)
     out = copy.deepcopy(model)
     idx = torch.tensor(channels, device=model.device)
     for block in out.transformer.h:
@@ -88,8 +106,15 @@ def smoothing_scales(act_absmax: torch.Tensor, weight: torch.Tensor, alpha: floa
     α = 0.5 splits the range evenly between activations and weights: after smoothing, max|X'_j| = max|W'_j|.
     Features that never fire (max|X_j| = 0) get s = 1.
     """
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
+    check_float("alpha", alpha, 0.0, 1.0)
+    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point() or weight.dim() != 2:
+        raise TypeError(f"weight must be a 2-D float tensor (out, in), got {getattr(weight, 'dtype', type(weight))}")
+    if not isinstance(act_absmax, torch.Tensor) or tuple(act_absmax.shape) != (weight.shape[1],) \
+            or not act_absmax.is_floating_point():
+        raise ValueError(f"act_absmax must be a float tensor ({weight.shape[1]},), one max |x| per input feature, got "
+                         f"{tuple(getattr(act_absmax, 'shape', ()))}")
+    if not bool(torch.isfinite(act_absmax).all()) or bool((act_absmax < 0).any()):
+        raise ValueError("act_absmax holds negative, NaN or inf values: it must be max |x| of finite activations")
     w_max = weight.detach().abs().amax(dim=0).clamp(min=1e-8)  # (in,)
     s = act_absmax.clamp(min=1e-8).pow(alpha) / w_max.pow(1.0 - alpha)  # (in,)
     return torch.where(act_absmax > 0, s, torch.ones_like(s))
@@ -103,8 +128,8 @@ def smooth_model(model: GPT, calibration: torch.Tensor, alpha: float = 0.5) -> G
     (into the value rows of c_attn), each weight's input columns multiplied by the same s. Scales come from the
     activations of `calibration` (N, T) in the *original* model, block by block.
     """
-    if not isinstance(model, GPT):
-        raise TypeError(f"smooth_model needs an fp32 minillm GPT, got {type(model).__name__}")
+    _check_fp32_model(model, "smooth_model")
+    check_float("alpha", alpha, 0.0, 1.0)
     absmax = input_absmax(model, calibration)
     out = copy.deepcopy(model)
     C = model.config.n_embd

@@ -4,8 +4,9 @@ weights that survive the rounding; then store them with the same grid, exactly.
 What it adds: `fake_quantize` (forward: deq(q(w)); backward: the identity, the straight-through estimator of Bengio
 et al. 2013, as used by Jacob et al. 2018), `FakeQuantLinear` (an `nn.Linear` whose forward uses the fake-quantized
 weight), `prepare_qat(model, config)` (a trainable copy with them swapped in), `finetune_qat` (a short AdamW run on
-training windows) and `convert_qat` (the trained weights rounded for real: a `QuantizedGPT` whose forward equals the
-fake-quantized model's).
+training windows) and `convert_qat` (the trained weights rounded for real, on the grid each layer trained with, by
+the same function `qat_codes` the forward rounds with: a `QuantizedGPT` whose forward equals the fake-quantized
+model's).
 
     forward   y = x @ ŵ^T + b,    ŵ = s * round(w / s)      (s from the current w, not trained)
     backward  ∂L/∂w := ∂L/∂ŵ                                  (round has gradient 0 almost everywhere; STE skips it)
@@ -26,13 +27,25 @@ import torch.nn.functional as F
 from minillm.core.model import GPT
 from minillm.gpt.finetune import short_finetune
 from minillm.quant.linear import QuantConfig, QuantizedGPT, quantize_model
-from minillm.quant.quantize import dequantize, quantize
+from minillm.quant.quantize import QuantizedTensor, dequantize, quantize
+
+
+def qat_codes(w: torch.Tensor, config: QuantConfig) -> QuantizedTensor:
+    """The codes and scales of w on `config`'s grid: what `fake_quantize` rounds to and what `convert_qat` stores.
+
+    One function for both, so the converted model multiplies by exactly the weights the training forward used."""
+    _check(config)
+    if not isinstance(w, torch.Tensor) or not w.is_floating_point():
+        raise TypeError(f"w must be a floating-point weight, got {getattr(w, 'dtype', type(w).__name__)}")
+    if not bool(torch.isfinite(w.detach()).all()):
+        raise ValueError("w holds NaN or inf values (training diverged?): they have no integer code")
+    return quantize(w.detach(), config.bits, config.symmetric, config.granularity, config.group_size)
 
 
 def fake_quantize(w: torch.Tensor, config: QuantConfig) -> torch.Tensor:
     """deq(q(w)) in the forward pass, with the gradient of the identity: w + (deq(q(w)) - w).detach()."""
     with torch.no_grad():
-        w_hat = dequantize(quantize(w.detach(), config.bits, config.symmetric, config.granularity, config.group_size))
+        w_hat = dequantize(qat_codes(w, config)).to(w.dtype)
     # BEGIN SOLUTION
     return w + (w_hat - w).detach()  # value w_hat; d/dw = 1 (the straight-through estimator)
     # END SOLUTION
@@ -60,6 +73,15 @@ def prepare_qat(model: GPT, config: QuantConfig) -> GPT:
     if not isinstance(model, GPT) or isinstance(model, QuantizedGPT):
         raise TypeError(f"prepare_qat needs an fp32 minillm GPT, got {type(model).__name__}")
     _check(config)
+    for name, m in model.transformer.h.named_modules():
+        if isinstance(m, FakeQuantLinear):
+            raise ValueError(f"the model is already prepared for QAT (layer {name}); prepare the fp32 model")
+        if type(m) is nn.Linear:  # the grid must fit now, not at the first training step
+            if config.mode == "int4" and m.in_features % config.group_size:
+                raise ValueError(f"group_size={config.group_size} does not divide in_features={m.in_features} of "
+                                 f"layer {name}")
+            if not bool(torch.isfinite(m.weight.detach()).all()):
+                raise ValueError(f"layer {name} holds NaN or inf weights")
     out = copy.deepcopy(model)
     for m in out.transformer.h.modules():
         if type(m) is nn.Linear:
@@ -68,15 +90,35 @@ def prepare_qat(model: GPT, config: QuantConfig) -> GPT:
     return out
 
 
-def convert_qat(model: GPT, config: QuantConfig) -> QuantizedGPT:
-    """The QAT model's weights rounded for real (same grid as its forward): a QuantizedGPT with the same outputs."""
-    _check(config)
+def convert_qat(model: GPT, config: QuantConfig | None = None) -> QuantizedGPT:
+    """The QAT model's weights rounded for real: a QuantizedGPT whose forward is the fake-quantized model's.
+
+    The grid is the one each `FakeQuantLinear` trained with (its `qat_config`), and the codes are `qat_codes` of
+    its weight, the very values its forward multiplied by. `config` may be left out; given, it must be that grid
+    (a different one would store weights the model never trained with: a ValueError, not a silently worse model).
+    """
+    if not isinstance(model, GPT) or isinstance(model, QuantizedGPT):
+        raise TypeError(f"convert_qat needs a model from prepare_qat, got {type(model).__name__}")
+    fake = [(name, m) for name, m in model.transformer.h.named_modules() if isinstance(m, FakeQuantLinear)]
+    if not fake:
+        raise TypeError("convert_qat needs a model from prepare_qat (its block linears FakeQuantLinear); this one "
+                        "has none: quantize a plain model with quantize_model")
+    trained = {m.qat_config for _, m in fake}
+    if len(trained) != 1:
+        raise ValueError(f"the model's layers trained on different grids {sorted(map(repr, trained))}")
+    trained_config = trained.pop()
+    if config is not None:
+        _check(config)
+        if config != trained_config:
+            raise ValueError(f"config {config!r} is not the grid the model trained with ({trained_config!r}); "
+                             "convert with that one (or leave config out)")
     plain = copy.deepcopy(model)
+    weights = {name: qat_codes(m.weight, trained_config) for name, m in fake}
     for m in plain.transformer.h.modules():
         if isinstance(m, FakeQuantLinear):
             m.__class__ = nn.Linear
             del m.qat_config
-    return quantize_model(plain.eval(), config)
+    return quantize_model(plain.eval(), trained_config, weights)
 
 
 def finetune_qat(model: GPT, config: QuantConfig, steps: int = 30, batch_size: int = 4, lr: float = 2e-5,
@@ -89,6 +131,9 @@ def finetune_qat(model: GPT, config: QuantConfig, steps: int = 30, batch_size: i
     `fake_quant=False` runs the same fine-tune in fp32: the control that separates what QAT gains from what a few
     more steps of training do by themselves.
     """
+    for name, flag in (("fake_quant", fake_quant), ("distill", distill)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {flag!r}")
     net = prepare_qat(model, config) if fake_quant else copy.deepcopy(model)
     losses = short_finetune(net, steps, batch_size, lr, seed, teacher=model if distill else None)
     return net, losses

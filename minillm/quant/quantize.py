@@ -46,17 +46,48 @@ def _check_float(name: str, x: object) -> torch.Tensor:
     return x
 
 
+def _check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _check_codes(name: str, q: object) -> torch.Tensor:
+    if not isinstance(q, torch.Tensor) or q.dtype not in (torch.int8, torch.uint8):
+        raise TypeError(f"{name} must be an int8 or uint8 tensor of codes, got {getattr(q, 'dtype', type(q).__name__)}")
+    return q
+
+
+def _check_reducible(x: object, dim: int | tuple[int, ...] | None) -> torch.Tensor:
+    """x a float tensor with something to take a min/max over along `dim` (None = all of it)."""
+    x = _check_float("x", x)
+    dims = range(x.dim()) if dim is None else (dim,) if isinstance(dim, int) else dim
+    if x.numel() == 0 and (dim is None or any(x.shape[d] == 0 for d in dims)):
+        raise ValueError(f"x of shape {tuple(x.shape)} is empty along dim={dim!r}: there is no range to choose a "
+                         "scale from")
+    return x
+
+
+def check_finite(name: str, x: torch.Tensor) -> torch.Tensor:
+    """x unchanged, or a ValueError naming it when it holds NaN or inf (one host sync: not for a per-step path)."""
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} holds inf or NaN values, which have no integer code")
+    return x
+
+
 def qrange(bits: int, symmetric: bool) -> tuple[int, int]:
     """The integers a code may take: symmetric (-qmax, qmax) with qmax = 2^(b-1) - 1, asymmetric (0, 2^b - 1).
 
     int8: (-127, 127) or (0, 255); int4: (-7, 7) or (0, 15).
     """
     bits = _check_bits(bits)
+    _check_bool("symmetric", symmetric)
     return (-(2 ** (bits - 1) - 1), 2 ** (bits - 1) - 1) if symmetric else (0, 2**bits - 1)
 
 
 def storage_dtype(symmetric: bool) -> torch.dtype:
     """int8 for signed codes, uint8 for unsigned ones (int4 codes too, one per byte, until `pack_int4`)."""
+    _check_bool("symmetric", symmetric)
     return torch.int8 if symmetric else torch.uint8
 
 
@@ -68,8 +99,13 @@ def quantize_symmetric(x: torch.Tensor, scale: torch.Tensor, bits: int) -> torch
 
     Worked example (int8, scale = 0.5 / 127): x = [0.5, -0.25, 0.001] -> x / s = [127, -63.5, 0.254]
     -> q = [127, -64, 0] (torch.round rounds halves to even: -63.5 -> -64).
+
+    subtle: NaN has no integer code (cast to int8 it becomes some number); this map does not look (a check would
+    cost a host sync on every decode step). Scales from `symmetric_params` carry the NaN instead, so de-quantizing
+    gives NaN back. `quantize` refuses non-finite input outright.
     """
     _check_float("x", x)
+    _check_float("scale", scale)
     lo, hi = qrange(bits, symmetric=True)
     # BEGIN SOLUTION
     return torch.clamp(torch.round(x / scale), lo, hi).to(torch.int8)
@@ -78,6 +114,8 @@ def quantize_symmetric(x: torch.Tensor, scale: torch.Tensor, bits: int) -> torch
 
 def dequantize_symmetric(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x̂ = scale * q, in the scale's float dtype."""
+    _check_codes("q", q)
+    _check_float("scale", scale)
     # BEGIN SOLUTION
     return q.to(scale.dtype) * scale
     # END SOLUTION
@@ -88,8 +126,10 @@ def quantize_asymmetric(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor
 
     Worked example (int4, x in [-1, 2]): s = 3 / 15 = 0.2, z = round(1 / 0.2) = 5; x = [-1, 0, 2]
     -> x / s + z = [0, 5, 15] -> q = [0, 5, 15], and 0.0 comes back exactly as 0.2 * (5 - 5).
+    NaN: as for `quantize_symmetric`, the scale from `asymmetric_params` carries it.
     """
     _check_float("x", x)
+    _check_float("scale", scale)
     lo, hi = qrange(bits, symmetric=False)
     # BEGIN SOLUTION
     return torch.clamp(torch.round(x / scale) + zero.to(x.dtype), lo, hi).to(torch.uint8)
@@ -98,6 +138,10 @@ def quantize_asymmetric(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor
 
 def dequantize_asymmetric(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
     """x̂ = scale * (q - zero), in the scale's float dtype."""
+    _check_codes("q", q)
+    _check_float("scale", scale)
+    if not isinstance(zero, torch.Tensor):
+        raise TypeError(f"zero must be a tensor of zero points, got {type(zero).__name__}")
     # BEGIN SOLUTION
     return (q.to(scale.dtype) - zero.to(scale.dtype)) * scale
     # END SOLUTION
@@ -110,17 +154,22 @@ def symmetric_params(x: torch.Tensor, bits: int, dim: int | tuple[int, ...] | No
     """scale = max|x| / qmax over `dim` (kept, so it broadcasts; None = all of x). An all-zero slice gets scale 1.
 
     subtle: a zero scale would turn 0 / 0 into NaN; any positive scale codes an all-zero slice exactly as 0.
+    subtle: a slice holding NaN (or inf) gets a NaN (inf) scale, so its de-quantized values are NaN, visibly wrong,
+    never a plausible 0: `absmax > 0` is False for NaN, which is why the test is `absmax == 0` (no host sync).
     """
-    _check_float("x", x)
+    _check_reducible(x, dim)
     _, qmax = qrange(bits, symmetric=True)
     absmax = x.abs().amax() if dim is None else x.abs().amax(dim=dim, keepdim=True)
-    return torch.where(absmax > 0, absmax / qmax, torch.ones_like(absmax))
+    return torch.where(absmax == 0, torch.ones_like(absmax), absmax / qmax)
 
 
 def asymmetric_params(x: torch.Tensor, bits: int, dim: int | tuple[int, ...] | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scale, zero) from the min and max over `dim`, the range widened to contain 0; zero is uint8 in [0, 2^b - 1]."""
-    _check_float("x", x)
+    """(scale, zero) from the min and max over `dim`, the range widened to contain 0; zero is uint8 in [0, 2^b - 1].
+
+    A slice holding NaN or inf gets a NaN/inf scale (see `symmetric_params`), so it de-quantizes to NaN, not to 0.
+    """
+    _check_reducible(x, dim)
     _, qmax = qrange(bits, symmetric=False)
     if dim is None:
         lo, hi = x.amin(), x.amax()
@@ -128,7 +177,7 @@ def asymmetric_params(x: torch.Tensor, bits: int, dim: int | tuple[int, ...] | N
         lo, hi = x.amin(dim=dim, keepdim=True), x.amax(dim=dim, keepdim=True)
     lo, hi = lo.clamp(max=0), hi.clamp(min=0)  # 0 must lie on the grid
     span = hi - lo
-    scale = torch.where(span > 0, span / qmax, torch.ones_like(span))
+    scale = torch.where(span == 0, torch.ones_like(span), span / qmax)  # NaN/inf span -> NaN/inf scale
     zero = torch.clamp(torch.round(-lo / scale), 0, qmax).to(torch.uint8)
     return scale, zero
 
@@ -150,6 +199,24 @@ class QuantizedTensor:
     zero: torch.Tensor | None
     bits: int
     shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        # Shapes and dtypes only (no values read: no host sync), so building one per embedding lookup stays cheap.
+        _check_codes("q", self.q)
+        if not isinstance(self.scale, torch.Tensor) or not self.scale.is_floating_point() or self.scale.dim() != 2:
+            raise TypeError(f"scale must be a 2-D float tensor (rows, groups), got "
+                            f"{getattr(self.scale, 'dtype', type(self.scale).__name__)} "
+                            f"{tuple(getattr(self.scale, 'shape', ()))}")
+        if self.zero is not None and (not isinstance(self.zero, torch.Tensor) or self.zero.dtype != torch.uint8
+                                      or self.zero.shape != self.scale.shape):
+            raise TypeError(f"zero must be None or a uint8 tensor shaped like scale {tuple(self.scale.shape)}, got "
+                            f"{getattr(self.zero, 'dtype', type(self.zero).__name__)}")
+        self.bits = _check_bits(self.bits)
+        if not isinstance(self.shape, tuple) or tuple(self.q.shape) != self.shape:
+            raise ValueError(f"shape must be the codes' shape {tuple(self.q.shape)} as a tuple, got {self.shape!r}")
+        rows, groups = self.scale.shape
+        if rows * groups == 0 or self.q.numel() % (rows * groups):
+            raise ValueError(f"{rows} x {groups} scales cannot share {self.q.numel()} codes evenly")
 
     @property
     def symmetric(self) -> bool:
@@ -191,12 +258,10 @@ def quantize(x: torch.Tensor, bits: int = 8, symmetric: bool = True, granularity
     """
     _check_float("x", x)
     bits = _check_bits(bits)
-    if not isinstance(symmetric, bool):
-        raise TypeError(f"symmetric must be a bool, got {symmetric!r}")
+    _check_bool("symmetric", symmetric)
     if x.numel() == 0:
-        raise ValueError(f"cannot quantize an empty tensor of shape {tuple(x.shape)}")
-    if not torch.isfinite(x).all():
-        raise ValueError("x holds inf or NaN values, which have no integer code")
+        raise ValueError(f"cannot quantize an empty tensor x of shape {tuple(x.shape)}")
+    check_finite("x", x)
     g = _grouped_view(x, granularity, group_size)  # (rows, groups, gs)
     if symmetric:
         scale = symmetric_params(g, bits, dim=2)  # (rows, groups, 1)
@@ -233,9 +298,9 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
     are. Worked example: [3, -2] -> low 0b0011, high 0b1110 -> byte 0b1110_0011 = 227.
     """
     if not isinstance(q, torch.Tensor) or q.dtype not in (torch.int8, torch.uint8):
-        raise TypeError(f"pack_int4 needs an int8 or uint8 tensor of codes, got {getattr(q, 'dtype', type(q))}")
+        raise TypeError(f"pack_int4 needs q, an int8 or uint8 tensor of codes, got {getattr(q, 'dtype', type(q))}")
     if q.dim() == 0 or q.shape[-1] % 2:
-        raise ValueError(f"pack_int4 needs an even last dimension, got shape {tuple(q.shape)}")
+        raise ValueError(f"pack_int4 needs q with an even last dimension, got shape {tuple(q.shape)}")
     lo, hi = (-8, 7) if q.dtype == torch.int8 else (0, 15)
     if q.numel() and (int(q.min()) < lo or int(q.max()) > hi):
         raise ValueError(f"{q.dtype} codes must lie in [{lo}, {hi}] to fit 4 bits, got [{int(q.min())}, "
@@ -250,9 +315,10 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
 def unpack_int4(packed: torch.Tensor, signed: bool) -> torch.Tensor:
     """Undo `pack_int4`: (..., n) uint8 -> (..., 2n), int8 in -8..7 when `signed`, else uint8 in 0..15."""
     if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8:
-        raise TypeError(f"unpack_int4 needs a uint8 tensor, got {getattr(packed, 'dtype', type(packed))}")
-    if not isinstance(signed, bool):
-        raise TypeError(f"signed must be a bool, got {signed!r}")
+        raise TypeError(f"unpack_int4 needs packed, a uint8 tensor, got {getattr(packed, 'dtype', type(packed))}")
+    _check_bool("signed", signed)
+    if packed.dim() == 0:
+        raise ValueError("unpack_int4 needs packed with at least one dimension, got a 0-d tensor")
     # BEGIN SOLUTION
     p = packed.to(torch.int16)
     low, high = p & 0xF, p >> 4  # (..., n) each, 0..15

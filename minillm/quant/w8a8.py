@@ -13,6 +13,13 @@ activation scales, per-channel activation scales (SmoothQuant moves them into th
 `minillm.quant.outliers`), and an int8 matmul kernel of its own: `torch._int_mm` is PyTorch's (oneDNN's GEMM on a
 CPU where PyTorch has it, else a plain loop), and its CPU speed depends on the machine, from far slower than fp32
 BLAS to faster: bench.py measures it and names the CPU.
+
+NaN and inf activations: the per-step path (`w8a8_linear`, `llm_int8_linear`) never reads a value on the host (that
+would be a sync per layer per decode step); a token holding NaN or inf gets a NaN/inf activation scale instead
+(`symmetric_params`), so its output row is NaN, visibly wrong as the fp32 model's would be, never masked to a
+plausible number. The functions a user calls to look at one tensor (`quantize_activations`, the float twins
+`w8a8_reference`, `llm_int8_reference`) refuse it with a ValueError naming `x`. A NaN weight is refused when the layer
+is built (`QuantLinear.from_linear`).
 """
 
 from __future__ import annotations
@@ -23,7 +30,33 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from minillm.quant.quantize import quantize_symmetric, symmetric_params
+from minillm.core.config import check_float
+from minillm.quant.quantize import check_finite, quantize_symmetric, symmetric_params
+
+
+def _check_int8_operands(a: object, b: object) -> None:
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int8 or t.dim() != 2:
+            raise TypeError(f"{name} must be a 2-D int8 tensor, got {getattr(t, 'dtype', type(t).__name__)} "
+                            f"{tuple(getattr(t, 'shape', ()))}")
+    if a.shape[1] != b.shape[0]:  # type: ignore[union-attr]
+        raise ValueError(f"a {tuple(a.shape)} @ b {tuple(b.shape)}: "  # type: ignore[union-attr]
+                         "the inner dimensions differ")
+
+
+def _check_input(x: object, in_features: int) -> torch.Tensor:
+    """x (..., K) float with K = in_features: TypeError naming its dtype (an integer x would be read as codes)."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point tensor of activations, got "
+                        f"{getattr(x, 'dtype', type(x).__name__)}")
+    if x.dim() == 0 or x.shape[-1] != in_features:
+        raise ValueError(f"x must have shape (..., {in_features}), got {tuple(x.shape)}")
+    return x
+
+
+def _check_threshold(threshold: object) -> float:
+    check_float("threshold", threshold, 0.0, include_minimum=False)
+    return float(threshold)  # type: ignore[arg-type]
 
 
 @functools.lru_cache(maxsize=None)
@@ -43,6 +76,7 @@ def int8_matmul_ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
     Exact because every partial sum is an integer of magnitude <= K * 127 * 127, far below 2^53.
     """
+    _check_int8_operands(a, b)
     return (a.to(torch.float64) @ b.to(torch.float64)).to(torch.int32)
 
 
@@ -53,6 +87,9 @@ def int8_matmul(a: torch.Tensor, b: torch.Tensor, use_int_mm: bool = True) -> to
     falls back there. On the CPU it accepts any shape, but (PyTorch 2.x) it is a plain loop, slower than fp32 BLAS:
     the bench prints the numbers. Both paths give the same integers.
     """
+    _check_int8_operands(a, b)
+    if not isinstance(use_int_mm, bool):
+        raise TypeError(f"use_int_mm must be a bool, got {use_int_mm!r}")
     M, K = a.shape
     N = b.shape[1]
     dev = a.device.type
@@ -61,11 +98,23 @@ def int8_matmul(a: torch.Tensor, b: torch.Tensor, use_int_mm: bool = True) -> to
     return int8_matmul_ref(a, b)
 
 
+def _quantize_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-step map, unchecked: a row holding NaN/inf gets a NaN/inf scale (its output row becomes NaN)."""
+    scale = symmetric_params(x2, 8, dim=1)  # (M, 1)
+    return quantize_symmetric(x2, scale, 8), scale
+
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dynamic per-token int8: x (M, K) -> (codes (M, K) int8, scales (M, 1)), one absmax scale per row."""
-    scale = symmetric_params(x, 8, dim=1)  # (M, 1)
-    return quantize_symmetric(x, scale, 8), scale
+    """Dynamic per-token int8: x (M, K) -> (codes (M, K) int8, scales (M, 1)), one absmax scale per row.
+
+    Refuses NaN/inf (ValueError naming x); the forward path uses the unchecked twin, which propagates NaN instead.
+    """
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+    if x.dim() != 2 or x.shape[1] == 0:
+        raise ValueError(f"x must have shape (M, K) with K > 0, got {tuple(x.shape)}")
+    check_finite("x", x)
+    return _quantize_rows(x)
 
 
 def w8a8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
@@ -74,10 +123,16 @@ def w8a8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bia
 
     The activation scale is per token and computed now (dynamic), so no calibration is needed; the weight's is per
     output channel. Both factor out of the sum over K, which is why they can be applied after the integer matmul.
+    A token holding NaN/inf comes out NaN (module docstring); an integer x is a TypeError naming its dtype.
     """
+    if not isinstance(qweight, torch.Tensor) or qweight.dtype != torch.int8 or qweight.dim() != 2:
+        raise TypeError(f"qweight must be a 2-D int8 tensor (N, K), got {getattr(qweight, 'dtype', type(qweight))}")
+    if not isinstance(scale, torch.Tensor) or tuple(scale.shape) != (qweight.shape[0], 1):
+        raise ValueError(f"scale must have shape ({qweight.shape[0]}, 1), got {tuple(getattr(scale, 'shape', ()))}")
+    _check_input(x, qweight.shape[1])
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).float()  # (M, K), M = all tokens
-    xq, sx = quantize_activations(x2)  # (M, K) int8, (M, 1)
+    xq, sx = _quantize_rows(x2)  # (M, K) int8, (M, 1)
     acc = int8_matmul(xq, qweight.t(), use_int_mm)  # (M, K) @ (K, N) -> (M, N) int32
     y = acc.float() * sx * scale.t()  # (M, N) * (M, 1) * (1, N)
     if bias is not None:
@@ -86,7 +141,8 @@ def w8a8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bia
 
 
 def w8a8_reference(x: torch.Tensor, layer: Any) -> torch.Tensor:
-    """The float twin of W8A8: de-quantize both operands, then an fp32 `F.linear`."""
+    """The float twin of W8A8: de-quantize both operands, then an fp32 `F.linear`. Refuses NaN/inf in x."""
+    _check_input(x, layer.in_features)
     x2 = x.reshape(-1, x.shape[-1]).float()  # (M, K)
     xq, sx = quantize_activations(x2)
     y = F.linear(xq.float() * sx, layer.dequantized_weight(), layer.bias)  # (M, N)
@@ -107,6 +163,8 @@ def llm_int8_linear(x: torch.Tensor, layer: Any, threshold: float) -> torch.Tens
     The outliers are left out of the per-token activation scale, so they no longer flatten every other feature of
     their token to a few codes. The fp32 part multiplies the de-quantized weight columns (no fp32 copy is stored).
     """
+    threshold = _check_threshold(threshold)
+    _check_input(x, layer.in_features)
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).float()  # (M, K)
     cols = outlier_columns(x2, threshold)  # (K,)
@@ -120,7 +178,10 @@ def llm_int8_linear(x: torch.Tensor, layer: Any, threshold: float) -> torch.Tens
 
 
 def llm_int8_reference(x: torch.Tensor, layer: Any, threshold: float) -> torch.Tensor:
-    """The float twin of `llm_int8_linear`: de-quantize everything, one fp32 `F.linear` per part."""
+    """The float twin of `llm_int8_linear`: de-quantize everything, one fp32 `F.linear` per part. Refuses NaN/inf."""
+    threshold = _check_threshold(threshold)
+    _check_input(x, layer.in_features)
+    check_finite("x", x)
     x2 = x.reshape(-1, x.shape[-1]).float()  # (M, K)
     cols = outlier_columns(x2, threshold)
     w = layer.dequantized_weight()  # (N, K)

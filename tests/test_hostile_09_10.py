@@ -1,0 +1,537 @@
+"""Chapters 09 (quantization) and 10 (pruning) against a hostile user: every public entry point fed wrong types,
+bool for int, NaN/inf, empty tensors, out-of-range numbers and wrong shapes/dtypes. Each must raise ValueError or
+TypeError from minillm's own code, its message naming the argument, or give the right answer (checked against a
+reference computed in the same test). Plus the regressions found: a QAT model converted to a different grid than it
+trained with, GPTQ on a Hessian that is not positive definite, NaN masked to 0 by W8A8 and the int8 KV cache, an
+integer input to an int8 layer returning only the bias, 99.9% pruning emptying rows, and pruning a quantized model.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import minillm
+from minillm import GPT, GPTConfig
+from minillm.prune.masks import (
+    is_nm_sparse,
+    lowest_k_mask,
+    magnitude_mask,
+    nm_mask,
+    num_pruned,
+    per_row_mask,
+    sparsity_of,
+    wanda_score,
+)
+from minillm.prune.semi_structured import SemiStructuredLinear, layer_speed, stored_bytes
+from minillm.prune.structured import (
+    head_scores,
+    lowest_heads,
+    mask_heads,
+    mlp_neuron_scores,
+    prune_heads,
+    prune_mlp,
+    recover,
+    shrink_mlp,
+)
+from minillm.prune.unstructured import input_norms, layer_mask, prune_model, weight_sparsity
+from minillm.quant.gptq import (
+    calibration_windows,
+    damped,
+    gptq_quantize,
+    gptq_quantize_model,
+    gptq_reference,
+    output_error,
+    rtn_and_gptq_errors,
+)
+from minillm.kvcache.cache import ContiguousKVCache
+from minillm.quant.kv_cache import Int8ContiguousKVCache, dequantize_kv, quantize_kv
+from minillm.quant.linear import QuantConfig, QuantLinear, quantize_model
+from minillm.quant.outliers import inject_outliers, input_absmax, outlier_report, smooth_model, smoothing_scales
+from minillm.quant.qat import convert_qat, fake_quantize, finetune_qat, prepare_qat
+from minillm.quant.quantize import (
+    QuantizedTensor,
+    asymmetric_params,
+    dequantize,
+    dequantize_asymmetric,
+    dequantize_symmetric,
+    pack_int4,
+    qrange,
+    quantize,
+    quantize_symmetric,
+    storage_dtype,
+    symmetric_params,
+    unpack_int4,
+)
+from minillm.quant.w8a8 import (
+    int8_matmul,
+    int8_matmul_ref,
+    llm_int8_linear,
+    llm_int8_reference,
+    quantize_activations,
+    w8a8_linear,
+    w8a8_reference,
+)
+
+CFG = GPTConfig(vocab_size=128, block_size=32, n_layer=2, n_head=2, n_embd=32)
+PKG = str(Path(minillm.__file__).resolve().parent)
+NAN, INF = float("nan"), float("inf")
+
+
+def tiny(seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(CFG).eval()
+
+
+MODEL = tiny()
+QMODEL = quantize_model(MODEL, QuantConfig("int8"))
+CALIB = torch.randint(0, CFG.vocab_size, (2, 8), generator=torch.Generator().manual_seed(1))
+
+
+def nan_model() -> GPT:
+    m = tiny()
+    with torch.no_grad():
+        m.transformer.h[1].mlp.c_fc.weight[3, 5] = NAN
+    return m
+
+
+def linear(in_features: int = 32, out_features: int = 8, seed: int = 0) -> nn.Linear:
+    torch.manual_seed(seed)
+    return nn.Linear(in_features, out_features)
+
+
+def qlinear(mode: str = "int8", **kw) -> QuantLinear:
+    return QuantLinear.from_linear(linear(), QuantConfig(mode, **kw))
+
+
+def with_nan(shape: tuple[int, ...], value: float = NAN) -> torch.Tensor:
+    x = torch.randn(shape)
+    x.view(-1)[1] = value
+    return x
+
+
+W = torch.randn(8, 32)
+H = torch.eye(32)
+Q8 = torch.zeros(2, 4, dtype=torch.int8)
+
+# (id, call, exception, regex the message must match: the argument's name, or the dtype for a dtype error)
+BAD = [
+    # ----- quantize.py
+    ("quantize-int-x", lambda: quantize(torch.ones(4, 4, dtype=torch.int64)), TypeError, r"\bx\b"),
+    ("quantize-bool-bits", lambda: quantize(W, bits=True), ValueError, "bits"),
+    ("quantize-int-symmetric", lambda: quantize(W, symmetric=1), TypeError, "symmetric"),
+    ("quantize-nan", lambda: quantize(with_nan((4, 4))), ValueError, r"\bx\b"),
+    ("quantize-inf", lambda: quantize(with_nan((4, 4), -INF)), ValueError, r"\bx\b"),
+    ("quantize-empty", lambda: quantize(torch.zeros(0, 4)), ValueError, r"\bx\b"),
+    ("quantize-group-bool", lambda: quantize(W, granularity="group", group_size=True), ValueError, "group_size"),
+    ("qrange-int-symmetric", lambda: qrange(8, 1), TypeError, "symmetric"),
+    ("qrange-bool-bits", lambda: qrange(True, True), ValueError, "bits"),
+    ("storage_dtype-str", lambda: storage_dtype("yes"), TypeError, "symmetric"),
+    ("symmetric_params-empty", lambda: symmetric_params(torch.zeros(0), 8), ValueError, r"\bx\b"),
+    ("symmetric_params-int", lambda: symmetric_params(torch.ones(3, dtype=torch.int32), 8), TypeError, r"\bx\b"),
+    ("asymmetric_params-empty", lambda: asymmetric_params(torch.zeros(3, 0), 8, dim=1), ValueError, r"\bx\b"),
+    ("quantize_symmetric-int-scale", lambda: quantize_symmetric(W, torch.ones(1, dtype=torch.int64), 8), TypeError,
+     "scale"),
+    ("dequantize_symmetric-float-q", lambda: dequantize_symmetric(W, torch.ones(1)), TypeError, r"\bq\b"),
+    ("dequantize_symmetric-int-scale", lambda: dequantize_symmetric(Q8, torch.ones(1, dtype=torch.int32)), TypeError,
+     "scale"),
+    ("dequantize_asymmetric-int-zero", lambda: dequantize_asymmetric(Q8.to(torch.uint8), torch.ones(1), 3), TypeError,
+     "zero"),
+    ("QuantizedTensor-float-q", lambda: QuantizedTensor(W, torch.ones(8, 1), None, 8, (8, 32)), TypeError, r"\bq\b"),
+    ("QuantizedTensor-shape", lambda: QuantizedTensor(Q8, torch.ones(2, 1), None, 8, (4, 2)), ValueError, "shape"),
+    ("QuantizedTensor-bool-bits", lambda: QuantizedTensor(Q8, torch.ones(2, 1), None, True, (2, 4)), ValueError,
+     "bits"),
+    ("QuantizedTensor-zero", lambda: QuantizedTensor(Q8, torch.ones(2, 1), torch.zeros(2, 2), 8, (2, 4)), TypeError,
+     "zero"),
+    ("dequantize-not-qt", lambda: dequantize(W), TypeError, "QuantizedTensor"),
+    ("pack_int4-float", lambda: pack_int4(W), TypeError, r"\bq\b"),
+    ("pack_int4-odd", lambda: pack_int4(torch.zeros(2, 3, dtype=torch.int8)), ValueError, r"\bq\b"),
+    ("unpack_int4-0d", lambda: unpack_int4(torch.tensor(3, dtype=torch.uint8), True), ValueError, "packed"),
+    ("unpack_int4-int-signed", lambda: unpack_int4(torch.zeros(2, dtype=torch.uint8), 1), TypeError, "signed"),
+    # ----- linear.py
+    ("QuantConfig-bool-group", lambda: QuantConfig("int4", group_size=True), TypeError, "group_size"),
+    ("QuantConfig-mode", lambda: QuantConfig("int3"), ValueError, "mode"),
+    ("QuantConfig-nan-threshold", lambda: QuantConfig("w8a8", outlier_threshold=NAN), ValueError,
+     "outlier_threshold"),
+    ("from_linear-nan-weight", lambda: QuantLinear.from_linear(_nan_linear(), QuantConfig("int8")), ValueError,
+     "weight"),
+    ("from_linear-config-str", lambda: QuantLinear.from_linear(linear(), "int8"), TypeError, "config"),
+    ("from_linear-qt-str", lambda: QuantLinear.from_linear(linear(), QuantConfig("int8"), "codes"), TypeError, "qt"),
+    ("int8-forward-int-x", lambda: qlinear("int8")(torch.ones(2, 32, dtype=torch.int64)), TypeError, "int64"),
+    ("int4-forward-int-x", lambda: qlinear("int4", group_size=16)(torch.ones(2, 32, dtype=torch.int32)), TypeError,
+     "int32"),
+    ("w8a8-forward-int-x", lambda: qlinear("w8a8")(torch.ones(2, 32, dtype=torch.int8)), TypeError, "int8"),
+    ("int8-forward-shape", lambda: qlinear("int8")(torch.ones(2, 31)), ValueError, r"\bx\b"),
+    ("load_quantized-str", lambda: qlinear("int8").load_quantized("codes"), TypeError, "qt"),
+    ("quantize_model-nan", lambda: quantize_model(nan_model(), QuantConfig("int8")), ValueError, "1.mlp.c_fc"),
+    ("quantize_model-weights-list", lambda: quantize_model(MODEL, QuantConfig("int8"), [1]), TypeError, "weights"),
+    ("quantize_model-weights-value", lambda: quantize_model(MODEL, QuantConfig("int8"), {"0.attn.c_attn": 3}),
+     TypeError, "weights"),
+    ("quantize_model-quantized", lambda: quantize_model(QMODEL, QuantConfig("int8")), ValueError, "quantized"),
+    # ----- w8a8.py
+    ("quantize_activations-nan", lambda: quantize_activations(with_nan((3, 8))), ValueError, r"\bx\b"),
+    ("quantize_activations-inf", lambda: quantize_activations(with_nan((3, 8), INF)), ValueError, r"\bx\b"),
+    ("quantize_activations-int", lambda: quantize_activations(torch.ones(3, 8, dtype=torch.int64)), TypeError,
+     r"\bx\b"),
+    ("quantize_activations-1d", lambda: quantize_activations(torch.ones(8)), ValueError, r"\bx\b"),
+    ("int8_matmul-float", lambda: int8_matmul(W, Q8), TypeError, r"\ba\b"),
+    ("int8_matmul-shapes", lambda: int8_matmul(Q8, Q8), ValueError, r"\ba\b.*\bb\b"),
+    ("int8_matmul-bool-flag", lambda: int8_matmul(Q8, Q8.t(), use_int_mm=1), TypeError, "use_int_mm"),
+    ("int8_matmul_ref-float", lambda: int8_matmul_ref(Q8, W), TypeError, r"\bb\b"),
+    ("w8a8_linear-int-x", lambda: w8a8_linear(torch.ones(2, 32, dtype=torch.int64), qlinear("w8a8").qweight,
+                                              qlinear("w8a8").scale, None), TypeError, "int64"),
+    ("w8a8_linear-float-qweight", lambda: w8a8_linear(torch.ones(2, 32), W, torch.ones(8, 1), None), TypeError,
+     "qweight"),
+    ("w8a8_linear-scale-shape", lambda: w8a8_linear(torch.ones(2, 32), qlinear("w8a8").qweight, torch.ones(8), None),
+     ValueError, "scale"),
+    ("w8a8_reference-nan", lambda: w8a8_reference(with_nan((2, 32)), qlinear("w8a8")), ValueError, r"\bx\b"),
+    ("llm_int8-negative-threshold", lambda: llm_int8_linear(torch.ones(2, 32), qlinear("w8a8"), -1.0), ValueError,
+     "threshold"),
+    ("llm_int8-bool-threshold", lambda: llm_int8_linear(torch.ones(2, 32), qlinear("w8a8"), True), TypeError,
+     "threshold"),
+    ("llm_int8_reference-nan", lambda: llm_int8_reference(with_nan((2, 32)), qlinear("w8a8"), 6.0), ValueError,
+     r"\bx\b"),
+    # ----- kv_cache.py
+    ("quantize_kv-nan", lambda: quantize_kv(with_nan((1, 2, 3, 16))), ValueError, r"\bx\b"),
+    ("quantize_kv-inf", lambda: quantize_kv(with_nan((1, 2, 3, 16), INF)), ValueError, r"\bx\b"),
+    ("quantize_kv-int", lambda: quantize_kv(torch.ones(2, 16, dtype=torch.int64)), TypeError, r"\bx\b"),
+    ("quantize_kv-empty-hs", lambda: quantize_kv(torch.ones(2, 0)), ValueError, r"\bx\b"),
+    ("dequantize_kv-float-codes", lambda: dequantize_kv(W, torch.ones(8, 1)), TypeError, "codes"),
+    ("dequantize_kv-scale-shape", lambda: dequantize_kv(Q8, torch.ones(2, 4)), ValueError, "scale"),
+    ("dequantize_kv-int-dtype", lambda: dequantize_kv(Q8, torch.ones(2, 1), torch.int32), TypeError, "dtype"),
+    # ----- gptq.py
+    ("gptq-nan-W", lambda: gptq_quantize(with_nan((8, 32)), H), ValueError, r"\bW\b"),
+    ("gptq-inf-H", lambda: gptq_quantize(W, with_nan((32, 32), INF)), ValueError, r"\bH\b"),
+    ("gptq-int-H", lambda: gptq_quantize(W, torch.eye(32, dtype=torch.int64)), TypeError, r"\bH\b"),
+    ("gptq-H-shape", lambda: gptq_quantize(W, torch.eye(8)), ValueError, r"\bH\b"),
+    ("gptq-negative-damp", lambda: gptq_quantize(W, H, damp=-0.1), ValueError, "damp"),
+    ("gptq-nan-damp", lambda: gptq_quantize(W, H, damp=NAN), ValueError, "damp"),
+    ("gptq-inf-damp", lambda: gptq_quantize(W, H, damp=INF), ValueError, "damp"),
+    ("gptq-bool-damp", lambda: gptq_quantize(W, H, damp=True), TypeError, "damp"),
+    ("gptq-str-damp", lambda: gptq_quantize(W, H, damp="0.1"), TypeError, "damp"),
+    ("gptq-bits", lambda: gptq_quantize(W, H, bits=3), ValueError, "bits"),
+    ("gptq-str-symmetric", lambda: gptq_quantize(W, H, symmetric="yes"), TypeError, "symmetric"),
+    ("gptq-empty-W", lambda: gptq_quantize(torch.zeros(0, 32), H), ValueError, r"\bW\b"),
+    ("gptq_reference-negative-damp", lambda: gptq_reference(W, H, damp=-1.0), ValueError, "damp"),
+    ("damped-inf", lambda: damped(H, INF), ValueError, "damp"),
+    ("damped-H-shape", lambda: damped(torch.ones(3, 4), 0.01), ValueError, r"\bH\b"),
+    ("gptq_model-empty-calib", lambda: gptq_quantize_model(MODEL, QuantConfig("int8"), torch.zeros(0, 8,
+                                                                                                  dtype=torch.int64)),
+     ValueError, "calibration"),
+    ("gptq_model-empty-T", lambda: gptq_quantize_model(MODEL, QuantConfig("int8"), torch.zeros(2, 0,
+                                                                                              dtype=torch.int64)),
+     ValueError, "calibration"),
+    ("gptq_model-long-calib", lambda: gptq_quantize_model(MODEL, QuantConfig("int8"), torch.zeros(1, 33,
+                                                                                                 dtype=torch.int64)),
+     ValueError, "calibration"),
+    ("gptq_model-id-range", lambda: gptq_quantize_model(MODEL, QuantConfig("int8"), CALIB + CFG.vocab_size),
+     ValueError, "calibration"),
+    ("gptq_model-negative-id", lambda: gptq_quantize_model(MODEL, QuantConfig("int8"), CALIB - 200), ValueError,
+     "calibration"),
+    ("gptq_model-float-calib", lambda: gptq_quantize_model(MODEL, QuantConfig("int8"), CALIB.float()), TypeError,
+     "calibration"),
+    ("gptq_model-damp", lambda: gptq_quantize_model(MODEL, QuantConfig("int8"), CALIB, damp=-1.0), ValueError,
+     "damp"),
+    ("gptq_model-config-str", lambda: gptq_quantize_model(MODEL, "int4", CALIB), TypeError, "config"),
+    ("gptq_model-quantized", lambda: gptq_quantize_model(QMODEL, QuantConfig("int8"), CALIB), TypeError,
+     "QuantizedGPT"),
+    ("gptq_model-nan-weight", lambda: gptq_quantize_model(nan_model(), QuantConfig("int8"), CALIB), ValueError,
+     r"\bW\b"),
+    ("calibration_windows-bool", lambda: calibration_windows(num_windows=True), TypeError, "num_windows"),
+    ("calibration_windows-zero", lambda: calibration_windows(length=0), ValueError, "length"),
+    ("output_error-shape", lambda: output_error(W, W[:4], torch.ones(3, 32)), ValueError, "W_hat"),
+    ("output_error-int-X", lambda: output_error(W, W, torch.ones(3, 32, dtype=torch.int64)), TypeError, r"\bX\b"),
+    ("rtn_and_gptq-X-shape", lambda: rtn_and_gptq_errors(linear(), torch.ones(4, 31)), ValueError, r"\bX\b"),
+    ("rtn_and_gptq-layer", lambda: rtn_and_gptq_errors(W, torch.ones(4, 32)), TypeError, "layer"),
+    # ----- qat.py
+    ("convert_qat-plain-model", lambda: convert_qat(MODEL, QuantConfig("int8")), TypeError, "prepare_qat"),
+    ("convert_qat-other-grid", lambda: convert_qat(prepare_qat(MODEL, QuantConfig("int4", group_size=16)),
+                                                   QuantConfig("int4", group_size=32)), ValueError, "config"),
+    ("convert_qat-quantized", lambda: convert_qat(QMODEL), TypeError, "QuantizedGPT"),
+    ("prepare_qat-group", lambda: prepare_qat(MODEL, QuantConfig("int4", group_size=48)), ValueError, "group_size"),
+    ("prepare_qat-nan", lambda: prepare_qat(nan_model(), QuantConfig("int8")), ValueError, "1.mlp.c_fc"),
+    ("prepare_qat-twice", lambda: prepare_qat(prepare_qat(MODEL, QuantConfig("int8")), QuantConfig("int8")),
+     ValueError, "prepared"),
+    ("fake_quantize-nan", lambda: fake_quantize(with_nan((8, 32)), QuantConfig("int8")), ValueError, r"\bw\b"),
+    ("fake_quantize-config-str", lambda: fake_quantize(W, "int8"), TypeError, "config"),
+    ("finetune_qat-int-flag", lambda: finetune_qat(MODEL, QuantConfig("int8"), fake_quant=1), TypeError,
+     "fake_quant"),
+    # ----- outliers.py
+    ("inject_outliers-bool-channel", lambda: inject_outliers(MODEL, [True]), ValueError, "channels"),
+    ("inject_outliers-inf-factor", lambda: inject_outliers(MODEL, [0], factor=INF), ValueError, "factor"),
+    ("inject_outliers-nan-factor", lambda: inject_outliers(MODEL, [0], factor=NAN), ValueError, "factor"),
+    ("inject_outliers-str-factor", lambda: inject_outliers(MODEL, [0], factor="20"), TypeError, "factor"),
+    ("inject_outliers-quantized", lambda: inject_outliers(QMODEL, [0]), TypeError, "QuantizedGPT"),
+    ("smoothing_scales-bool-alpha", lambda: smoothing_scales(torch.ones(32), W, alpha=True), TypeError, "alpha"),
+    ("smoothing_scales-nan-alpha", lambda: smoothing_scales(torch.ones(32), W, alpha=NAN), ValueError, "alpha"),
+    ("smoothing_scales-nan", lambda: smoothing_scales(with_nan((32,)).abs(), W), ValueError, "act_absmax"),
+    ("smoothing_scales-shape", lambda: smoothing_scales(torch.ones(31), W), ValueError, "act_absmax"),
+    ("smooth_model-alpha", lambda: smooth_model(MODEL, CALIB, alpha=2.0), ValueError, "alpha"),
+    ("smooth_model-empty", lambda: smooth_model(MODEL, torch.zeros(0, 4, dtype=torch.int64)), ValueError, "empty"),
+    ("smooth_model-quantized", lambda: smooth_model(QMODEL, CALIB), TypeError, "QuantizedGPT"),
+    ("input_absmax-empty", lambda: input_absmax(MODEL, torch.zeros(0, 4, dtype=torch.int64)), ValueError, "tokens"),
+    ("input_absmax-not-model", lambda: input_absmax(W, CALIB), TypeError, "Tensor"),
+    ("outlier_report-empty", lambda: outlier_report({}), ValueError, "absmax"),
+    ("outlier_report-nan-threshold", lambda: outlier_report({"a": torch.ones(3)}, NAN), ValueError, "threshold"),
+    # ----- masks.py
+    ("magnitude-int-weight", lambda: magnitude_mask(torch.ones(4, 4, dtype=torch.int64), 0.5), TypeError, "weight"),
+    ("magnitude-nan-weight", lambda: magnitude_mask(with_nan((4, 4)), 0.5), ValueError, "weight"),
+    ("magnitude-1d", lambda: magnitude_mask(torch.ones(4), 0.5), ValueError, "weight"),
+    ("magnitude-bool-sparsity", lambda: magnitude_mask(W, True), ValueError, "sparsity"),
+    ("magnitude-sparsity-1", lambda: magnitude_mask(W, 1.0), ValueError, "sparsity"),
+    ("magnitude-sparsity-nan", lambda: magnitude_mask(W, NAN), ValueError, "sparsity"),
+    ("wanda-int-norm", lambda: wanda_score(W, torch.ones(32, dtype=torch.int64)), TypeError, "input_norm"),
+    ("wanda-norm-shape", lambda: wanda_score(W, torch.ones(8)), ValueError, "input_norm"),
+    ("wanda-nan-norm", lambda: wanda_score(W, with_nan((32,)).abs()), ValueError, "input_norm"),
+    ("per_row-nan", lambda: per_row_mask(with_nan((4, 4)), 0.5), ValueError, "scores"),
+    ("nm-bool-n", lambda: nm_mask(W, n=True), ValueError, r"\bn=True"),
+    ("nm-m-zero", lambda: nm_mask(W, 2, 0), ValueError, r"\bm=0"),
+    ("is_nm_sparse-m-zero", lambda: is_nm_sparse(W, 2, 0), ValueError, r"\bm=0"),
+    ("is_nm_sparse-bool-n", lambda: is_nm_sparse(W, True, 4), ValueError, r"\bn=True"),
+    ("lowest_k-too-many", lambda: lowest_k_mask(torch.ones(2, 4), 5), ValueError, r"\bk\b"),
+    ("lowest_k-negative", lambda: lowest_k_mask(torch.ones(2, 4), -1), ValueError, r"\bk\b"),
+    ("lowest_k-bool", lambda: lowest_k_mask(torch.ones(2, 4), True), ValueError, r"\bk\b"),
+    ("lowest_k-int-scores", lambda: lowest_k_mask(torch.ones(2, 4, dtype=torch.int64), 1), TypeError, "scores"),
+    ("lowest_k-nan-scores", lambda: lowest_k_mask(with_nan((2, 4)), 1), ValueError, "scores"),
+    ("num_pruned-bool", lambda: num_pruned(True, 0.5), ValueError, r"\bn\b"),
+    ("sparsity_of-empty", lambda: sparsity_of(torch.zeros(0)), ValueError, "weight"),
+    ("sparsity_of-list", lambda: sparsity_of([0.0, 1.0]), TypeError, "weight"),
+    # ----- unstructured.py
+    ("prune_model-quantized", lambda: prune_model(QMODEL, "magnitude"), TypeError, "QuantizedGPT"),
+    ("prune_model-wanda-quantized", lambda: prune_model(QMODEL, "wanda", 0.5, CALIB), TypeError, "QuantizedGPT"),
+    ("prune_model-wanda-empty", lambda: prune_model(MODEL, "wanda", 0.5, torch.zeros(0, 8, dtype=torch.int64)),
+     ValueError, "calibration"),
+    ("prune_model-wanda-empty-T", lambda: prune_model(MODEL, "wanda", 0.5, torch.zeros(3, 0, dtype=torch.int64)),
+     ValueError, "calibration"),
+    ("prune_model-wanda-id-range", lambda: prune_model(MODEL, "wanda", 0.5, CALIB + 1000), ValueError,
+     "calibration"),
+    ("prune_model-wanda-none", lambda: prune_model(MODEL, "wanda", 0.5, None), TypeError, "calibration"),
+    ("prune_model-bool-sparsity", lambda: prune_model(MODEL, "magnitude", True), ValueError, "sparsity"),
+    ("prune_model-method", lambda: prune_model(MODEL, "random"), ValueError, "method"),
+    ("prune_model-not-model", lambda: prune_model(W, "magnitude"), TypeError, "Tensor"),
+    ("weight_sparsity-quantized", lambda: weight_sparsity(QMODEL), TypeError, "QuantizedGPT"),
+    ("layer_mask-method", lambda: layer_mask(W, "wand", 0.5, "unstructured", None), ValueError, "method"),
+    ("layer_mask-pattern", lambda: layer_mask(W, "magnitude", 0.5, "1:4", None), ValueError, "pattern"),
+    ("layer_mask-no-norm", lambda: layer_mask(W, "wanda", 0.5, "unstructured", None), ValueError, "norm"),
+    ("input_norms-int-x", lambda: input_norms(MODEL.transformer.h[0], torch.ones(1, 2, 32, dtype=torch.int64)),
+     ValueError, r"\bx\b"),
+    ("input_norms-empty", lambda: input_norms(MODEL.transformer.h[0], torch.ones(0, 2, 32)), ValueError, r"\bx\b"),
+    # ----- structured.py
+    ("mlp_scores-quantized", lambda: mlp_neuron_scores(QMODEL, CALIB), TypeError, "QuantizedGPT"),
+    ("mlp_scores-empty", lambda: mlp_neuron_scores(MODEL, torch.zeros(0, 8, dtype=torch.int64)), ValueError,
+     "calibration"),
+    ("head_scores-empty", lambda: head_scores(MODEL, torch.zeros(2, 0, dtype=torch.int64)), ValueError,
+     "calibration"),
+    ("head_scores-quantized", lambda: head_scores(QMODEL, CALIB), TypeError, "QuantizedGPT"),
+    ("prune_mlp-quantized", lambda: prune_mlp(QMODEL, 0.5, [torch.ones(128)] * 2), TypeError, "QuantizedGPT"),
+    ("prune_mlp-scores-ints", lambda: prune_mlp(MODEL, 0.5, [1, 2]), ValueError, "scores"),
+    ("prune_mlp-scores-nan", lambda: prune_mlp(MODEL, 0.5, [with_nan((128,))] * 2), ValueError, "scores"),
+    ("prune_mlp-bool-fraction", lambda: prune_mlp(MODEL, True, [torch.ones(128)] * 2), ValueError, "fraction"),
+    ("shrink_mlp-quantized", lambda: shrink_mlp(QMODEL, [torch.arange(4)] * 2), TypeError, "QuantizedGPT"),
+    ("mask_heads-list", lambda: mask_heads(MODEL, [0]), TypeError, "heads"),
+    ("mask_heads-bool-block", lambda: mask_heads(MODEL, {True: [0]}), ValueError, "block"),
+    ("mask_heads-bool-head", lambda: mask_heads(MODEL, {0: [True]}), ValueError, "head"),
+    ("mask_heads-int-heads", lambda: mask_heads(MODEL, {0: 1}), TypeError, r"heads\[0\]"),
+    ("mask_heads-quantized", lambda: mask_heads(QMODEL, {0: [0]}), TypeError, "QuantizedGPT"),
+    ("lowest_heads-too-many", lambda: lowest_heads(torch.ones(2, 2), 3), ValueError, "per_block"),
+    ("lowest_heads-bool", lambda: lowest_heads(torch.ones(2, 2), True), ValueError, "per_block"),
+    ("lowest_heads-1d", lambda: lowest_heads(torch.ones(2), 1), TypeError, "scores"),
+    ("prune_heads-bool-blocks", lambda: prune_heads(MODEL, {False: [0], True: [0]}), ValueError, "block"),
+    ("prune_heads-quantized", lambda: prune_heads(QMODEL, {0: [0], 1: [0]}), TypeError, "QuantizedGPT"),
+    ("recover-teacher", lambda: recover(MODEL, "teacher", 1), TypeError, "teacher|str"),
+    # ----- semi_structured.py
+    ("stored_bytes-list", lambda: stored_bytes([1.0], "dense"), TypeError, "weight"),
+    ("stored_bytes-bool-bytes", lambda: stored_bytes(W, "dense", element_bytes=True), ValueError, "element_bytes"),
+    ("stored_bytes-zero-bytes", lambda: stored_bytes(W, "csr", element_bytes=0), ValueError, "element_bytes"),
+    ("SemiStructuredLinear-str", lambda: SemiStructuredLinear("linear"), TypeError, "nn.Linear"),
+    ("layer_speed-bool", lambda: layer_speed(in_features=True), TypeError, "in_features"),
+    ("layer_speed-not-4", lambda: layer_speed(in_features=6), ValueError, "in_features"),
+    ("layer_speed-dtype", lambda: layer_speed(dtype=torch.float32), TypeError, "dtype"),
+]
+
+
+def _nan_linear() -> nn.Linear:
+    lin = linear()
+    with torch.no_grad():
+        lin.weight[0, 0] = NAN
+    return lin
+
+
+@pytest.mark.parametrize("call, err, match", [case[1:] for case in BAD], ids=[case[0] for case in BAD])
+def test_bad_input_is_refused_by_minillm_naming_the_argument(call, err, match):
+    with pytest.raises(err, match=match) as info:
+        call()
+    # raised by minillm's own code (a clear message), not deep inside torch or Python
+    raised_in = str(Path(str(info.traceback[-1].path)).resolve())
+    assert raised_in.startswith(PKG), f"raised from {raised_in}: {info.value}"
+
+
+def test_case_ids_are_distinct():
+    ids = [case[0] for case in BAD]
+    assert len(ids) == len(set(ids))
+
+
+# ----- NaN: refused where it is cheap, propagated (never masked to 0) on the per-step paths ----------------------
+
+
+def test_nan_scale_propagates_instead_of_masking_to_zero():
+    x = torch.tensor([[1.0, NAN, 2.0], [1.0, -2.0, 0.5], [INF, 1.0, 0.0]])
+    for scale in (symmetric_params(x, 8, dim=1), asymmetric_params(x, 8, dim=1)[0]):
+        assert not math.isfinite(float(scale[0])) and not math.isfinite(float(scale[2]))
+        assert math.isfinite(float(scale[1]))
+    s = symmetric_params(x, 8, dim=1)
+    back = dequantize_symmetric(quantize_symmetric(x, s, 8), s)
+    assert back[0].isnan().all() and not back[2].isfinite().any()  # visibly wrong, not a plausible 0
+    clean = x[1:2]
+    torch.testing.assert_close(back[1:2], dequantize_symmetric(quantize_symmetric(clean, symmetric_params(
+        clean, 8, dim=1), 8), symmetric_params(clean, 8, dim=1)))
+
+
+@pytest.mark.parametrize("use_int_mm", [True, False])
+@pytest.mark.parametrize("threshold", [None, 6.0])
+def test_w8a8_forward_propagates_a_nan_token_and_leaves_the_others_exact(use_int_mm, threshold):
+    layer = qlinear("w8a8", use_int_mm=use_int_mm, outlier_threshold=threshold)
+    torch.manual_seed(3)
+    x = torch.randn(2, 3, 32)
+    want = layer(x)
+    x_bad = x.clone()
+    x_bad[1, 2, 7] = NAN
+    got = layer(x_bad)
+    assert got[1, 2].isnan().all()  # the fp32 layer would give NaN there too
+    keep = torch.ones(2, 3, dtype=torch.bool)
+    keep[1, 2] = False
+    torch.testing.assert_close(got[keep], want[keep], atol=0, rtol=0)
+    ref = w8a8_reference(x, layer) if threshold is None else llm_int8_reference(x, layer, threshold)
+    torch.testing.assert_close(want, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_int8_kv_cache_propagates_nan_keys_as_the_fp32_cache_does():
+    hs = CFG.head_size
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, CFG.n_head, 3, hs), torch.randn(2, CFG.n_head, 3, hs), torch.randn(2, CFG.n_head, 3, hs)
+    k[1, 0, 0, 0] = NAN
+    out = Int8ContiguousKVCache(CFG, batch_size=2, max_len=8).attend(0, q, k, v)
+    ref = ContiguousKVCache(CFG, batch_size=2, max_len=8).attend(0, q, k, v)
+    assert torch.equal(out.isnan(), ref.isnan())  # before: the NaN key was stored as codes 0, every output finite
+    assert out[1, 0, 1:].isnan().all()  # queries 1 and 2 of head 0 attend over the NaN key at position 0
+    assert out[0].isfinite().all()
+    # the key's stored scale is NaN, so what is read back is NaN, not a plausible 0
+    cache = Int8ContiguousKVCache(CFG, batch_size=2, max_len=8)
+    cache.attend(0, q, k, v)
+    assert cache.k_scale[0][1, 0, 0].isnan().all() and cache.k_scale[0][0].isfinite().all()
+
+
+def test_integer_input_to_int8_layer_no_longer_returns_the_bias():
+    layer = qlinear("int8")
+    x = torch.randint(-3, 4, (2, 32))
+    with pytest.raises(TypeError, match="int64"):
+        layer(x)
+    torch.testing.assert_close(layer(x.float()), F.linear(x.float(), layer.dequantized_weight(), layer.bias),
+                               atol=1e-5, rtol=1e-5)
+
+
+# ----- QAT: converted on the grid it trained with ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("config", [QuantConfig("int8"), QuantConfig("int4", group_size=16),
+                                    QuantConfig("int4", group_size=32, symmetric=False)])
+def test_convert_qat_stores_exactly_the_fake_quantized_weights(config):
+    qat = prepare_qat(MODEL, config)
+    with torch.no_grad():  # stand in for training: move every weight, so no grid is left from the original
+        for p in qat.transformer.h.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    ids = torch.randint(0, CFG.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        fake = qat(ids)
+        for converted in (convert_qat(qat), convert_qat(qat, config)):
+            torch.testing.assert_close(converted(ids), fake, atol=1e-5, rtol=1e-5)
+    other = QuantConfig("int4", group_size=32) if config.mode == "int8" else QuantConfig("int8")
+    with pytest.raises(ValueError, match="grid"):
+        convert_qat(qat, other)  # before: silently converted to `other`'s grid, logits off by ~2e-2
+
+
+# ----- GPTQ: a Hessian that is not positive definite ---------------------------------------------------------------
+
+
+def test_gptq_non_positive_definite_hessian_is_a_valueerror_naming_damp():
+    torch.manual_seed(0)
+    W = torch.randn(4, 8)
+    v = torch.randn(8, 1)
+    rank_one = v @ v.T  # PSD, singular: one calibration token
+    for fn in (gptq_quantize, gptq_reference):
+        with pytest.raises(ValueError, match=r"layer 0\.mlp\.c_fc.*damp=0\.0.*raise damp"):
+            fn(W, rank_one, 4, True, None, 0.0, name="layer 0.mlp.c_fc")
+        with pytest.raises(ValueError, match="not positive definite"):
+            fn(W, -torch.eye(8), damp=0.01)  # negative definite: no damping share of mean(diag) can fix it
+    # the damping the message suggests works, and both twins agree
+    a = gptq_quantize(W, rank_one, damp=0.1)
+    b = gptq_reference(W, rank_one, damp=0.1)
+    torch.testing.assert_close(dequantize(a), dequantize(b), atol=1e-5, rtol=1e-5)
+
+
+def test_gptq_model_on_one_token_without_damping_names_the_layer():
+    one_token = torch.zeros(1, 1, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"layer 0\.attn\.c_attn.*raise damp"):
+        gptq_quantize_model(MODEL, QuantConfig("int8"), one_token, damp=0.0)
+
+
+# ----- pruning near 100%: no layer or row pruned to nothing ------------------------------------------------------
+
+
+def test_masks_near_100_percent_follow_torch_prune_and_count_exactly():
+    # The pure masks keep torch.nn.utils.prune's count (graded against it): round(s · n) may be all n.
+    torch.manual_seed(0)
+    w = torch.randn(8, 32)
+    assert int(magnitude_mask(w, 0.99).sum()) == round(256 - 0.99 * 256)  # 253 of 256 removed
+    assert num_pruned(32, 0.999) == 32 and num_pruned(32, 0.5) == 16 and num_pruned(0, 0.5) == 0
+
+
+@pytest.mark.parametrize("method, refused, allowed", [("magnitude", 0.9999, 0.999), ("wanda", 0.99, 0.98)])
+def test_prune_model_refuses_a_sparsity_that_empties_a_layer_or_row(method, refused, allowed):
+    # before: 99.9% (of a row for Wanda) returned layers whose rows were all zero, silently
+    with pytest.raises(ValueError, match=rf"sparsity={refused} would remove all .* 0\.attn\.c_attn"):
+        prune_model(MODEL, method, refused, CALIB)
+    pruned = prune_model(MODEL, method, allowed, CALIB)
+    for block in pruned.transformer.h:
+        for lin in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj):
+            nonzero = lin.weight != 0
+            if method == "magnitude":
+                assert int(nonzero.sum()) == lin.weight.numel() - round(allowed * lin.weight.numel()) >= 1
+            else:
+                assert bool(nonzero.any(1).all())  # Wanda: every output row keeps a weight
+    assert pruned(CALIB).isfinite().all()
+
+
+def test_prune_mlp_refuses_emptying_and_keeps_the_best_neuron_at_the_limit():
+    scores = mlp_neuron_scores(MODEL, CALIB)
+    with pytest.raises(ValueError, match=r"fraction=0\.999 would remove all 128"):
+        prune_mlp(MODEL, 0.999, scores)
+    pruned = prune_mlp(MODEL, 0.99, scores)  # round(0.99 · 128) = 127: one neuron left per block
+    assert [b.mlp.c_fc.out_features for b in pruned.transformer.h] == [1, 1]
+    best = [int(s.argmax()) for s in scores]
+    for block, src, j in zip(pruned.transformer.h, MODEL.transformer.h, best):
+        torch.testing.assert_close(block.mlp.c_fc.weight[0], src.mlp.c_fc.weight[j])
+
+
+def test_wanda_on_empty_calibration_is_refused_not_a_silent_nan():
+    with pytest.raises(ValueError, match="empty"):
+        prune_model(MODEL, "wanda", 0.5, CALIB[:0])
+
+
+def test_good_inputs_still_give_the_reference_answers():
+    # bool-free ints, finite floats: the checks add no change of result
+    x = torch.randn(4, 32)
+    torch.testing.assert_close(dequantize(quantize(x)), x, atol=float(x.abs().max()) / 127, rtol=0)
+    torch.testing.assert_close(int8_matmul(Q8, Q8.t()), int8_matmul_ref(Q8, Q8.t()))
+    assert is_nm_sparse(W * nm_mask(W.abs()), 2, 4)
+    assert sparsity_of(torch.tensor([0.0, 1.0])) == 0.5
+    assert stored_bytes(W, "dense", element_bytes=2) == W.numel() * 2
+    assert lowest_heads(torch.tensor([[1.0, 0.5], [0.1, 2.0]]), 1) == {0: [1], 1: [0]}
+    masked = mask_heads(MODEL, {1: [0]})
+    assert masked.transformer.h[1].attn.c_proj.weight[:, :CFG.head_size].eq(0).all()
+    assert weight_sparsity(MODEL)["blocks"] == 0.0
