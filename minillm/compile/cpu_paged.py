@@ -28,6 +28,35 @@ from minillm.paged.backends import register_attention_backend
 NAME = "selective-cpp"
 
 
+def check_paged_arguments(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
+                          context_lens: torch.Tensor) -> None:
+    """ValueError naming the argument for every shape or index the C++ loop would trust: q (S, nh, hs), pools
+    (nb, bs >= 1, nh, hs), block_tables (S, max_nb), context_lens (S,) each in [1, max_nb * bs], and every block id a
+    sequence reads inside the pool. The C++ side checks the same again (a RuntimeError there, for direct callers)."""
+    if q.dim() != 3:
+        raise ValueError(f"q must be (S, nh, hs), got shape {tuple(q.shape)}")
+    S, nh, hs = q.shape
+    if k_pool.dim() != 4 or tuple(k_pool.shape[2:]) != (nh, hs) or k_pool.shape[1] < 1:
+        raise ValueError(f"q must be (S, nh, hs) and k_pool (nb, bs>=1, nh, hs) with the same nh and hs, got q "
+                         f"{tuple(q.shape)} and k_pool {tuple(k_pool.shape)}")
+    if v_pool.shape != k_pool.shape:
+        raise ValueError(f"v_pool must have k_pool's shape {tuple(k_pool.shape)}, got {tuple(v_pool.shape)}")
+    if block_tables.dim() != 2 or block_tables.shape[0] != S:
+        raise ValueError(f"block_tables must be (S={S}, max_nb), got shape {tuple(block_tables.shape)}")
+    if tuple(context_lens.shape) != (S,):
+        raise ValueError(f"context_lens must have shape ({S},), got {tuple(context_lens.shape)}")
+    nb, bs = k_pool.shape[:2]
+    max_nb = block_tables.shape[1]
+    for s, n in enumerate(context_lens.tolist()):  # S is a batch of sequences: a short loop
+        if not 1 <= n <= max_nb * bs:
+            raise ValueError(f"context_lens: context length {n} of sequence {s} is outside [1, {max_nb * bs}]")
+        ids = block_tables[s, : -(-n // bs)]  # the blocks sequence s reads
+        bad = (ids < 0) | (ids >= nb)
+        if bool(bad.any()):
+            raise ValueError(f"block_tables: block id {int(ids[bad][0])} of sequence {s} is outside the pool "
+                             f"[0, {nb})")
+
+
 def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
                            context_lens: torch.Tensor) -> torch.Tensor:
     """q (S, nh, hs) over pools (nb, bs, nh, hs) through block_tables (S, max_nb) for context_lens (S,) -> (S, nh, hs).
@@ -36,6 +65,7 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     out of range)."""
     require_cpu_tensors(torch.float32, q=q, k_pool=k_pool, v_pool=v_pool)
     require_cpu_tensors(torch.int64, block_tables=block_tables, context_lens=context_lens)
+    check_paged_arguments(q, k_pool, v_pool, block_tables, context_lens)
     with cpp_errors_as_value_errors():
         return load_cpu_ext().paged_decode_attention(q.contiguous(), k_pool.contiguous(), v_pool.contiguous(),
                                                      block_tables.contiguous(), context_lens.contiguous())

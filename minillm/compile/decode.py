@@ -35,6 +35,20 @@ from minillm.kvcache.generate import generate_ids
 MODES = ("eager", "compile", "cuda-graph")
 
 
+def integer_ids(name: str, value: Any, count: int) -> torch.Tensor:
+    """`value` as a tensor of `count` integer ids: a TypeError naming `name` for a float, bool or non-tensor (a float
+    token would be truncated silently by the copy into an int64 buffer), a ValueError for the wrong count."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = torch.tensor([value])
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor of integer ids, got {type(value).__name__} {value!r}")
+    if value.dtype == torch.bool or value.is_floating_point() or value.is_complex():
+        raise TypeError(f"{name} must hold integer ids, got dtype {value.dtype}")
+    if value.numel() != count:
+        raise ValueError(f"{name} must hold {count} id(s), got shape {tuple(value.shape)}")
+    return value
+
+
 def counting_backend(name: str, on_graph: Callable[[], None]) -> Callable[..., Any]:
     """dynamo's backend `name` for `torch.compile(backend=...)`, calling `on_graph()` each time it builds a graph."""
     from torch._dynamo import lookup_backend
@@ -113,9 +127,13 @@ class StaticDecoder:
         (B = batch_size; 1 in `generate`)."""
         if model is not self.model or cache is not self.cache:
             raise ValueError("a StaticDecoder runs its own model over its own cache: pass kv_cache=decoder.cache")
-        if token.numel() != self.batch_size or positions.numel() != self.batch_size:
-            raise ValueError(f"a StaticDecoder of batch_size {self.batch_size} takes {self.batch_size} token(s) and "
-                             f"position(s) a step, got {token.numel()} and {positions.numel()}")
+        for name, ids in (("token", token), ("positions", positions)):
+            if isinstance(ids, torch.Tensor) and ids.numel() != self.batch_size:
+                raise ValueError(f"a StaticDecoder of batch_size {self.batch_size} takes {self.batch_size} token(s) "
+                                 f"and position(s) a step, got {name} of shape {tuple(ids.shape)}")
+        token = integer_ids("token", token, self.batch_size)
+        positions = integer_ids("positions", positions, self.batch_size)
+        self._check_range(token, positions)
         self._token.copy_(token.view(-1, 1))
         self._position.copy_(positions.view(-1, 1))
         t0 = time.perf_counter() if self.calls == 0 else 0.0
@@ -132,6 +150,21 @@ class StaticDecoder:
             self.first_call_seconds = time.perf_counter() - t0
         self.calls += 1
         return out
+
+    def _check_range(self, token: torch.Tensor, positions: torch.Tensor) -> None:
+        """Token ids in the vocabulary, positions below max_len and the context window, and a free slot: checked
+        here, because past them the step indexes outside the embeddings or the cache (an IndexError inside the
+        compiled graph, or a CUDA assert). subtle: one host sync (three small tensors, read together)."""
+        ids = torch.cat([token.reshape(-1).cpu(), positions.reshape(-1).cpu(), self.cache.slot.reshape(1).cpu()])
+        tokens, pos, slot = ids[:self.batch_size], ids[self.batch_size:-1], int(ids[-1])
+        vocab, window = self.model.config.vocab_size, self.model.config.block_size
+        if int(tokens.min()) < 0 or int(tokens.max()) >= vocab:
+            raise ValueError(f"token ids must be in [0, vocab_size={vocab}), got {tokens.tolist()}")
+        if int(pos.min()) < 0 or int(pos.max()) >= min(self.max_len, window):
+            raise ValueError(f"positions must be in [0, max_len={self.max_len}) and inside the context window "
+                             f"(block_size={window}), got {pos.tolist()}")
+        if slot >= self.max_len:
+            raise ValueError(f"cache full: {slot} slots used of max_len={self.max_len}; nothing more can be decoded")
 
     def generate_ids(self, prompt_ids: Any, params: SamplingParams, **kwargs: Any) -> list[int]:
         """Chapter 04's `generate_ids` with this step: the prompt prefilled eager, every later token through it."""

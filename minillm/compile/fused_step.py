@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 
 from minillm.compile.cpu_gemv import cpp_errors_as_value_errors, load_cpu_ext
+from minillm.compile.decode import integer_ids
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.kvcache.cache import ContiguousKVCache
@@ -77,6 +78,8 @@ class FusedCPUDecoder:
         """The `decode_fn` of chapter 04's `generate`: logits (1, V) for one token (1,) at positions (1,)."""
         if model is not self.model or cache is not self.cache:
             raise ValueError("a FusedCPUDecoder runs its own model over its own cache: pass kv_cache=decoder.cache")
+        token = integer_ids("token", token, 1)  # subtle: int() of a float token would truncate it silently
+        positions = integer_ids("positions", positions, 1)
         start = cache.length
         with cpp_errors_as_value_errors():  # the C++ range checks: token id, position, a full cache
             logits = self._cpp.step(int(token), int(positions), start)  # (1, V); K/V written at slot `start`

@@ -32,6 +32,8 @@ from pathlib import Path
 import torch
 
 from minillm.kernels.build import CSRC, KERNEL_SOURCES, cache_dir, run_compiler
+from minillm.kernels.ops import (MAX_HEAD_SIZE, _same, _tensor, _version, check_block_tables,  # the wrappers' checks
+                                 check_slot_range)
 
 EMU_DIR = CSRC / "emu"
 RUNTIME = EMU_DIR / "emu_runtime.cpp"
@@ -140,6 +142,10 @@ def load() -> ctypes.CDLL:
 
 
 # ------------------------------------------------------------------------------------------------ the kernels
+# Every function below checks every argument before any memory is touched, with the same checks (and messages) as
+# the CUDA wrappers of `ops`: a kernel indexes raw memory with the sizes it is given, so a pool smaller than the
+# slot mapping, a float32 block table or a value tensor of another dtype would read or write past an allocation and
+# corrupt this process's heap, where a GPU would at worst fault the kernel.
 def _ptr(t: torch.Tensor | None) -> ctypes.c_void_p:
     return ctypes.c_void_p(t.data_ptr() if t is not None else None)
 
@@ -150,22 +156,32 @@ def _cpu(**tensors: torch.Tensor | None) -> None:
             continue
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.device.type != "cpu" or not t.is_contiguous():
+        # subtle: a negative or conjugate view keeps its sign in a bit, not in memory: the raw pointer misses it
+        if (t.device.type != "cpu" or t.layout != torch.strided or not t.is_contiguous() or t.is_neg()
+                or t.is_conj()):
             raise ValueError(f"{name} must be a contiguous CPU tensor for the emulator, got device {t.device}, "
-                             f"strides {t.stride()} for shape {tuple(t.shape)}")
+                             f"layout {t.layout}, shape {tuple(t.shape)}" +
+                             (f", strides {t.stride()}" if t.layout == torch.strided else ""))
 
 
-def _code(t: torch.Tensor) -> int:
+def _code(t: torch.Tensor, name: str) -> int:
     if t.dtype not in DTYPE_CODES:
-        raise ValueError(f"the kernels take float32, float16 or bfloat16, got {t.dtype}")
+        raise ValueError(f"{name}: the kernels take float32, float16 or bfloat16, got {t.dtype}")
     return DTYPE_CODES[t.dtype]
+
+
+def _reverse(reverse) -> int:
+    if not isinstance(reverse, bool):
+        raise TypeError(f"reverse must be a bool, got {type(reverse).__name__} {reverse!r}")
+    return int(reverse)
 
 
 def _run(name: str, *args, reverse: bool = False, lib: ctypes.CDLL | None = None) -> None:
     """Call the C entry point emu_<name>; a nonzero cudaError_t becomes a RuntimeError naming the op."""
+    rev = _reverse(reverse)
     lib = lib if lib is not None else load()
     with _lock:  # one launch at a time: the emulator's state is global
-        lib.emu_set_reverse(int(reverse))
+        lib.emu_set_reverse(rev)
         err = getattr(lib, f"emu_{name}")(*args)
     if err != 0:
         raise RuntimeError(f"minillm_kernels.{name} failed under the emulator: {lib.emu_error_string(err).decode()}")
@@ -175,20 +191,42 @@ def _i64(n: int) -> ctypes.c_int64:
     return ctypes.c_int64(int(n))
 
 
+def _rows(name: str, x: torch.Tensor, what: str = "(rows, cols)") -> torch.Tensor:
+    """x a float tensor of 2 dimensions (the emulator takes the launchers' 2-D view; `ops` flattens, this does not)."""
+    _tensor(name, x)
+    if x.dim() != 2:
+        raise ValueError(f"{name} must be 2-D {what}, got shape {tuple(x.shape)}")
+    return x
+
+
+def _head_size(name: str, hs: int) -> None:
+    if not 1 <= hs <= MAX_HEAD_SIZE:
+        raise ValueError(f"head size {name}.shape[-1] must be 1..{MAX_HEAD_SIZE}, got {hs}")
+
+
 def softmax(x: torch.Tensor, version: int, reverse: bool = False, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """softmax.cu's version `version` on x (rows, cols)."""
+    _rows("x", x)
+    _version("softmax", version)
     _cpu(x=x)
     out = torch.full_like(x, float("nan"))
-    _run("softmax", version, _code(x), _ptr(x), _ptr(out), _i64(x.shape[0]), _i64(x.shape[1]), reverse=reverse, lib=lib)
+    _run("softmax", version, _code(x, "x"), _ptr(x), _ptr(out), _i64(x.shape[0]), _i64(x.shape[1]), reverse=reverse,
+         lib=lib)
     return out
 
 
 def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, version: int, eps: float = 1e-5,
               reverse: bool = False, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """layernorm.cu's version `version` on x (rows, cols), weight and bias (cols,)."""
+    _rows("x", x)
+    _same("weight", _tensor("weight", weight), "x", x, (x.shape[1],))
+    _same("bias", _tensor("bias", bias), "x", x, (x.shape[1],))
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        raise ValueError(f"eps must be a positive number, got {eps!r}")
+    _version("layernorm", version)
     _cpu(x=x, weight=weight, bias=bias)
     out = torch.full_like(x, float("nan"))
-    _run("layernorm", version, _code(x), _ptr(x), _ptr(weight), _ptr(bias), _ptr(out), _i64(x.shape[0]),
+    _run("layernorm", version, _code(x, "x"), _ptr(x), _ptr(weight), _ptr(bias), _ptr(out), _i64(x.shape[0]),
          _i64(x.shape[1]), ctypes.c_float(eps), reverse=reverse, lib=lib)
     return out
 
@@ -196,34 +234,67 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, version
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor, version: int, reverse: bool = False,
               lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """bias_gelu.cu's version `version` on x (rows, cols), bias (cols,)."""
+    _rows("x", x)
+    _same("bias", _tensor("bias", bias), "x", x, (x.shape[1],))
+    _version("bias_gelu", version)
     _cpu(x=x, bias=bias)
     out = torch.full_like(x, float("nan"))
-    _run("bias_gelu", version, _code(x), _ptr(x), _ptr(bias), _ptr(out), _i64(x.shape[0]), _i64(x.shape[1]),
+    _run("bias_gelu", version, _code(x, "x"), _ptr(x), _ptr(bias), _ptr(out), _i64(x.shape[0]), _i64(x.shape[1]),
          reverse=reverse, lib=lib)
     return out
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, version: int, reverse: bool = False,
               lib: ctypes.CDLL | None = None) -> torch.Tensor:
-    """attention.cu's version `version`, causal, on q, k, v (B, nh, T, hs)."""
+    """attention.cu's version `version`, causal, on q, k, v (B, nh, T, hs), hs <= 128."""
+    _tensor("q", q, dim=4)
+    _head_size("q", q.shape[-1])
+    _same("k", _tensor("k", k, dim=4), "q", q, tuple(q.shape))
+    _same("v", _tensor("v", v, dim=4), "q", q, tuple(q.shape))
+    _version("attention", version)
     _cpu(q=q, k=k, v=v)
     B, nh, T, hs = q.shape
     out = torch.full_like(q, float("nan"))
-    _run("attention", version, _code(q), _ptr(q), _ptr(k), _ptr(v), _ptr(out), _i64(B * nh), _i64(T), _i64(hs),
+    _run("attention", version, _code(q, "q"), _ptr(q), _ptr(k), _ptr(v), _ptr(out), _i64(B * nh), _i64(T), _i64(hs),
          reverse=reverse, lib=lib)
     return out
 
 
 def paged_attention_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
                            context_lens: torch.Tensor, version: int, reverse: bool = False,
-                           lib: ctypes.CDLL | None = None) -> torch.Tensor:
+                           lib: ctypes.CDLL | None = None, check_indices: bool = False) -> torch.Tensor:
     """paged_attention.cu's version `version` on q (S, nh, hs), pools (nb, bs, nh, hs), int64 block_tables
-    (S, max_nb) and context_lens (S,)."""
-    _cpu(q=q, k_pool=k_pool, v_pool=v_pool, block_tables=block_tables, context_lens=context_lens)
+    (S, max_nb) and context_lens (S,).
+
+    Shapes, dtypes and negative context lengths are always refused. A block id outside the pool, or a context
+    longer than its table holds, makes that sequence's output NaN (the kernel's own guard, which the tests pin);
+    `check_indices=True` refuses them instead, with a ValueError naming block_tables or context_lens."""
+    _tensor("q", q, dim=3)
     S, nh, hs = q.shape
+    _head_size("q", hs)
+    _tensor("k_pool", k_pool, dim=4)
+    if tuple(k_pool.shape[2:]) != (nh, hs) or k_pool.shape[1] < 1:
+        raise ValueError(f"k_pool must be (nb, bs>=1, nh={nh}, hs={hs}), got shape {tuple(k_pool.shape)}")
+    _same("k_pool", k_pool, "q", q)
+    _same("v_pool", _tensor("v_pool", v_pool, dim=4), "k_pool", k_pool, tuple(k_pool.shape))
+    _tensor("block_tables", block_tables, dim=2, dtypes=(torch.int64,))
+    if block_tables.shape[0] != S:
+        raise ValueError(f"block_tables must have S={S} rows (one per query), got shape {tuple(block_tables.shape)}")
+    _tensor("context_lens", context_lens, dim=1, dtypes=(torch.int64,))
+    if tuple(context_lens.shape) != (S,):
+        raise ValueError(f"context_lens must have shape ({S},), got {tuple(context_lens.shape)}")
+    _version("paged_attention_decode", version)
+    if not isinstance(check_indices, bool):
+        raise TypeError(f"check_indices must be a bool, got {type(check_indices).__name__} {check_indices!r}")
+    _cpu(q=q, k_pool=k_pool, v_pool=v_pool, block_tables=block_tables, context_lens=context_lens)
+    nb, bs = k_pool.shape[:2]
+    if S and int(context_lens.min()) < 0:
+        raise ValueError(f"context_lens must be >= 0, got {context_lens.tolist()}")
+    if check_indices:
+        check_block_tables(block_tables, context_lens, nb, bs)
     out = torch.full_like(q, float("nan"))
-    _run("paged_attention_decode", version, _code(q), _ptr(q), _ptr(k_pool), _ptr(v_pool), _ptr(block_tables),
-         _ptr(context_lens), _ptr(out), _i64(S), _i64(nh), _i64(hs), _i64(k_pool.shape[0]), _i64(k_pool.shape[1]),
+    _run("paged_attention_decode", version, _code(q, "q"), _ptr(q), _ptr(k_pool), _ptr(v_pool), _ptr(block_tables),
+         _ptr(context_lens), _ptr(out), _i64(S), _i64(nh), _i64(hs), _i64(nb), _i64(bs),
          _i64(block_tables.shape[1]), reverse=reverse, lib=lib)
     return out
 
@@ -231,18 +302,41 @@ def paged_attention_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
 def int8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, version: int,
               reverse: bool = False, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """int8_gemv.cu's version `version`: x (M, K), int8 w (N, K), scale and bias (N,) -> (M, N)."""
+    _rows("x", x, "(M, K)")
+    _tensor("w", w, dim=2, dtypes=(torch.int8,))
+    if w.shape[1] != x.shape[1]:
+        raise ValueError(f"w must be (N, K={x.shape[1]}) to match x {tuple(x.shape)}, got {tuple(w.shape)}")
+    N = w.shape[0]
+    _same("scale", _tensor("scale", scale), "x", x, (N,))
+    if bias is not None:
+        _same("bias", _tensor("bias", bias), "x", x, (N,))
+    _version("int8_gemv", version)
     _cpu(x=x, w=w, scale=scale, bias=bias)
-    (M, K), N = x.shape, w.shape[0]
+    M, K = x.shape
     out = torch.full((M, N), float("nan"), dtype=x.dtype)
-    _run("int8_gemv", version, _code(x), _ptr(x), _ptr(w), _ptr(scale), _ptr(bias), _ptr(out), _i64(M), _i64(N),
+    _run("int8_gemv", version, _code(x, "x"), _ptr(x), _ptr(w), _ptr(scale), _ptr(bias), _ptr(out), _i64(M), _i64(N),
          _i64(K), reverse=reverse, lib=lib)
     return out
 
 
 def kv_cache_write(key: torch.Tensor, value: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                    slot_mapping: torch.Tensor, reverse: bool = False, lib: ctypes.CDLL | None = None) -> None:
-    """kv_write.cu: pool row slot_mapping[t] <- key/value row t (slot -1 skipped), in place; pools (nb, bs, nh, hs)."""
+    """kv_write.cu: pool row slot_mapping[t] <- key/value row t (slot -1 skipped), in place; pools (nb, bs, nh, hs).
+    Every slot must be -1 or inside the pool (ValueError naming slot_mapping otherwise)."""
+    _tensor("key", key, dim=3)
+    _same("value", _tensor("value", value, dim=3), "key", key, tuple(key.shape))
+    _tensor("k_pool", k_pool, dim=4)
+    if tuple(k_pool.shape[2:]) != tuple(key.shape[1:]):
+        raise ValueError(f"k_pool must be (nb, bs, nh={key.shape[1]}, hs={key.shape[2]}), "
+                         f"got shape {tuple(k_pool.shape)}")
+    _same("k_pool", k_pool, "key", key)
+    _same("v_pool", _tensor("v_pool", v_pool, dim=4), "k_pool", k_pool, tuple(k_pool.shape))
+    _tensor("slot_mapping", slot_mapping, dim=1, dtypes=(torch.int64,))
+    if slot_mapping.shape[0] != key.shape[0]:
+        raise ValueError(f"slot_mapping must have one slot per token ({key.shape[0]}), got {slot_mapping.shape[0]}")
     _cpu(key=key, value=value, k_pool=k_pool, v_pool=v_pool, slot_mapping=slot_mapping)
+    num_slots = k_pool.shape[0] * k_pool.shape[1]
+    check_slot_range(slot_mapping, num_slots)
     T, nh, hs = key.shape
-    _run("kv_cache_write", _code(key), _ptr(key), _ptr(value), _ptr(k_pool), _ptr(v_pool), _ptr(slot_mapping),
-         _i64(T), _i64(nh), _i64(hs), _i64(k_pool.shape[0] * k_pool.shape[1]), reverse=reverse, lib=lib)
+    _run("kv_cache_write", _code(key, "key"), _ptr(key), _ptr(value), _ptr(k_pool), _ptr(v_pool), _ptr(slot_mapping),
+         _i64(T), _i64(nh), _i64(hs), _i64(num_slots), reverse=reverse, lib=lib)

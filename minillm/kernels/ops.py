@@ -32,7 +32,9 @@ def _tensor(name: str, t, dim: int | None = None, dtypes: tuple[torch.dtype, ...
     if dim is not None and t.dim() != dim:
         raise ValueError(f"{name} must be {dim}-D, got shape {tuple(t.shape)}")
     if t.dtype not in dtypes:
-        raise ValueError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
+        names = [str(d).removeprefix("torch.") for d in dtypes]
+        allowed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+        raise ValueError(f"{name} must have dtype {allowed}, got {t.dtype}")
     return t
 
 
@@ -64,6 +66,34 @@ def _on_cuda(**tensors: torch.Tensor) -> None:
                              "call .contiguous() first")
     if len(devices) > 1:
         raise ValueError(f"all tensors must be on one device, got {sorted(str(d) for d in devices)}")
+
+
+def check_slot_range(slot_mapping: torch.Tensor, num_slots: int) -> None:
+    """Every slot of slot_mapping (T,) is -1 (skipped) or a pool row 0..num_slots-1 (one host sync on a GPU)."""
+    if slot_mapping.numel():
+        lo, hi = int(slot_mapping.min()), int(slot_mapping.max())
+        if lo < -1 or hi >= num_slots:
+            raise ValueError(f"slot_mapping must hold -1 or slots 0..{num_slots - 1}, got values in [{lo}, {hi}]")
+
+
+def check_block_tables(block_tables: torch.Tensor, context_lens: torch.Tensor, num_blocks: int,
+                       block_size: int) -> None:
+    """Every context length fits its table (0..max_nb * bs) and every block id a sequence reads (its first
+    ceil(len / bs) entries) is a block of the pool 0..num_blocks-1. block_tables (S, max_nb), context_lens (S,)."""
+    S, max_nb = block_tables.shape
+    if not S:
+        return
+    lo, hi = int(context_lens.min()), int(context_lens.max())
+    if lo < 0 or hi > max_nb * block_size:
+        raise ValueError(f"context_lens must be in [0, {max_nb * block_size}] (max_nb={max_nb} blocks of "
+                         f"{block_size}), got values in [{lo}, {hi}]")
+    needed = (context_lens.unsqueeze(1) + block_size - 1) // block_size  # (S, 1) blocks each sequence reads
+    used = torch.arange(max_nb, device=block_tables.device).unsqueeze(0) < needed  # (S, max_nb)
+    bad = used & ((block_tables < 0) | (block_tables >= num_blocks))
+    if bool(bad.any()):
+        s, b = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"block_tables[{s}, {b}] = {int(block_tables[s, b])} is outside the pool [0, {num_blocks}) "
+                         f"and sequence {s} (context length {int(context_lens[s])}) reads it")
 
 
 def _out(out, like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -208,9 +238,6 @@ def kv_cache_write(key: torch.Tensor, value: torch.Tensor, k_pool: torch.Tensor,
         raise ValueError(f"slot_mapping must have one slot per token ({key.shape[0]}), got {slot_mapping.shape[0]}")
     _version("kv_cache_write", version)
     _on_cuda(key=key, value=value, k_pool=k_pool, v_pool=v_pool, slot_mapping=slot_mapping)
-    if check_slots and slot_mapping.numel():
-        num_slots = k_pool.shape[0] * k_pool.shape[1]
-        lo, hi = int(slot_mapping.min()), int(slot_mapping.max())
-        if lo < -1 or hi >= num_slots:
-            raise ValueError(f"slot_mapping must hold -1 or slots 0..{num_slots - 1}, got values in [{lo}, {hi}]")
+    if check_slots:
+        check_slot_range(slot_mapping, k_pool.shape[0] * k_pool.shape[1])
     load_kernels().kv_cache_write(key, value, k_pool, v_pool, slot_mapping)

@@ -1,0 +1,470 @@
+"""Hostile arguments for chapters 12 (the kernels, run by the CPU emulator) and 13 (the C++ extension and the
+compiled decoders): every bad argument is a Python exception naming it, never a signal, a hang or a wrong answer.
+
+The fuzz tests run in a subprocess (`python tests/test_hostile_12_13.py GROUP SEED TRIALS`), because the bug they
+guard against is memory corruption: a kernel handed a pool smaller than its slot mapping wrote past the pool, and
+the process died at exit (double free, SIGSEGV). A negative return code is that signal. Each trial takes a valid
+call of one op, breaks one thing at random (fixed seed) and requires a ValueError/TypeError raised from minillm's
+own code whose message names the broken argument (or the argument it must agree with); the raw C++ extension
+functions only need to raise (their TORCH_CHECKs are RuntimeErrors). Each op's valid call runs before and after its
+trials, so a spec that is wrong in the first place fails too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # the subprocess runs this file as a script
+    sys.path.insert(0, str(ROOT))
+
+from minillm import GPTConfig  # noqa: E402
+from minillm.compile.cpu_gemv import build_problem  # noqa: E402
+from minillm.compile.decode import StaticDecoder, integer_ids  # noqa: E402
+from minillm.core.model import GPT  # noqa: E402
+from minillm.kernels import emulator  # noqa: E402
+
+SEED = 1213
+TRIALS = 40  # per op: a few seconds for the emulator's ops (bad calls never launch), about as many for the rest
+SUBPROCESS_TIMEOUT_S = 600  # a first build of the emulator and the extension fits in it on two cores
+TINY = GPTConfig(vocab_size=512, block_size=64, n_layer=2, n_head=2, n_embd=32)
+BAD_DTYPES = {  # per kind of argument, dtypes that are never valid for it
+    "float": (torch.float64, torch.int32, torch.int64, torch.int8, torch.uint8, torch.bool),
+    "f32": (torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.bool),
+    "int64": (torch.int32, torch.float32, torch.float64, torch.int8, torch.bool),
+    "int8": (torch.float32, torch.int32, torch.uint8, torch.float16),
+}
+
+
+# ----------------------------------------------------------------------------------------------------- the specs
+@dataclass
+class Spec:
+    """One op: a valid call (`good(rng)` -> keyword arguments), the kinds of its tensor arguments, which of their
+    dimensions must agree with another argument (arg -> {dim: names any of which the error may name}), and extra
+    op-specific bad calls (name -> (rng, args) -> (args, names))."""
+    name: str
+    fn: Callable[..., Any]
+    good: Callable[[random.Random], dict[str, Any]]
+    kinds: dict[str, str]
+    tied: dict[str, dict[int, tuple[str, ...]]] = field(default_factory=dict)
+    extra: dict[str, Callable[[random.Random, dict[str, Any]], tuple[dict[str, Any], tuple[str, ...]]]] = field(
+        default_factory=dict)
+    num_versions: int = 0  # 0: the op takes no version
+    strict: bool = True  # False: any exception will do (the raw C++ functions)
+    copies_strided: bool = False  # True: a non-contiguous tensor is copied, not refused (chapter 13's wrappers)
+
+
+def _rand(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape).to(dtype)
+
+
+def _float_dtype(rng: random.Random) -> torch.dtype:
+    return rng.choice([torch.float32, torch.float16, torch.bfloat16])
+
+
+def _paged_good(rng: random.Random, dtype: torch.dtype) -> dict[str, Any]:
+    """S=2 sequences, nh=2, hs=8 over a pool of nb=4 blocks of bs=2: lengths 3 and 4 in blocks [0, 1] and [2, 3]."""
+    return dict(q=_rand(2, 2, 8, dtype=dtype), k_pool=_rand(4, 2, 2, 8, dtype=dtype),
+                v_pool=_rand(4, 2, 2, 8, dtype=dtype), block_tables=torch.tensor([[0, 1, -1], [2, 3, -1]]),
+                context_lens=torch.tensor([3, 4]))
+
+
+def _bad_tables(rng: random.Random, args: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """A block id a sequence reads outside the pool."""
+    tables = args["block_tables"].clone()
+    s = rng.randrange(2)
+    tables[s, rng.randrange(2)] = rng.choice([-1, -7, 4, 5, 1 << 40])
+    return {**args, "block_tables": tables}, ("block_tables",)
+
+
+def _bad_lens(rng: random.Random, args: dict[str, Any], low: int) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """A context length below `low` or longer than the table holds (3 blocks of 2)."""
+    lens = args["context_lens"].clone()
+    lens[rng.randrange(2)] = rng.choice([low - 1, -5, 7, 100, 1 << 40])
+    return {**args, "context_lens": lens}, ("context_lens",)
+
+
+def _small_pool(rng: random.Random, args: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Pools with fewer blocks than the block tables / slot mapping point into."""
+    nb = rng.choice([0, 1, 2]) if "block_tables" in args else rng.choice([0, 1])
+    shape = (nb, *args["k_pool"].shape[1:])
+    k, v = (torch.zeros(shape, dtype=args["k_pool"].dtype) for _ in range(2))
+    return {**args, "k_pool": k, "v_pool": v}, ("block_tables", "slot_mapping")
+
+
+def _bad_slots(rng: random.Random, args: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    slots = args["slot_mapping"].clone()
+    slots[rng.randrange(len(slots))] = rng.choice([-2, -100, 8, 9, 1 << 40])
+    return {**args, "slot_mapping": slots}, ("slot_mapping",)
+
+
+def _head_size(*names: str):
+    def bad(rng: random.Random, args: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+        hs = rng.choice([129, 200])
+        return {**args, **{n: _rand(*args[n].shape[:-1], hs, dtype=args[n].dtype) for n in names}}, ("head size",)
+    return bad
+
+
+def emulator_specs() -> list[Spec]:
+    def paged(**kw):
+        return emulator.paged_attention_decode(**kw, check_indices=True)
+
+    def paged_default(**kw):  # the NaN contract for bad block ids; negative lengths are still refused
+        return emulator.paged_attention_decode(**kw)
+
+    paged_kinds = dict(q="float", k_pool="float", v_pool="float", block_tables="int64", context_lens="int64")
+    paged_tied = dict(q={0: ("q", "block_tables"), 1: ("q", "k_pool"), 2: ("q", "k_pool")},
+                      k_pool={1: ("k_pool", "v_pool"), 2: ("k_pool",), 3: ("k_pool",)},
+                      v_pool={0: ("v_pool",), 1: ("v_pool",), 2: ("v_pool",), 3: ("v_pool",)},
+                      block_tables={0: ("block_tables",)}, context_lens={0: ("context_lens",)})
+    kv_tied = dict(key={0: ("key", "value"), 1: ("key", "value"), 2: ("key", "value")},
+                   value={0: ("value",), 1: ("value",), 2: ("value",)},
+                   k_pool={2: ("k_pool",), 3: ("k_pool",)},
+                   v_pool={0: ("v_pool",), 1: ("v_pool",), 2: ("v_pool",), 3: ("v_pool",)},
+                   slot_mapping={0: ("slot_mapping",)})
+    return [
+        Spec("emulator.softmax", emulator.softmax, lambda r: dict(x=_rand(3, 8, dtype=_float_dtype(r))),
+             dict(x="float"), num_versions=4),
+        Spec("emulator.layernorm", emulator.layernorm,
+             lambda r: (lambda d: dict(x=_rand(3, 8, dtype=d), weight=_rand(8, dtype=d), bias=_rand(8, dtype=d)))(
+                 _float_dtype(r)),
+             dict(x="float", weight="float", bias="float"),
+             tied=dict(x={1: ("x", "weight")}, weight={0: ("weight",)}, bias={0: ("bias",)}),
+             extra={"eps": lambda r, a: ({**a, "eps": r.choice([0.0, -1.0, "1e-5", True])}, ("eps",))},
+             num_versions=4),
+        Spec("emulator.bias_gelu", emulator.bias_gelu,
+             lambda r: (lambda d: dict(x=_rand(3, 8, dtype=d), bias=_rand(8, dtype=d)))(_float_dtype(r)),
+             dict(x="float", bias="float"), tied=dict(x={1: ("x", "bias")}, bias={0: ("bias",)}), num_versions=2),
+        Spec("emulator.attention", emulator.attention,
+             lambda r: (lambda d: {n: _rand(1, 2, 5, 8, dtype=d) for n in "qkv"})(_float_dtype(r)),
+             dict(q="float", k="float", v="float"),
+             tied={"q": {i: ("q", "k") for i in range(4)}, "k": {i: ("k",) for i in range(4)},
+                   "v": {i: ("v",) for i in range(4)}},
+             extra={"head size": _head_size("q", "k", "v")}, num_versions=4),
+        Spec("emulator.paged_attention_decode", paged, lambda r: _paged_good(r, _float_dtype(r)), paged_kinds,
+             tied=paged_tied,
+             extra={"block id": _bad_tables, "context length": lambda r, a: _bad_lens(r, a, 0),
+                    "small pool": _small_pool, "head size": _head_size("q", "k_pool", "v_pool"),
+                    "block size 0": lambda r, a: ({**a, "k_pool": a["k_pool"][:, :0].contiguous(),
+                                                   "v_pool": a["v_pool"][:, :0].contiguous()}, ("k_pool",))},
+             num_versions=2),
+        Spec("emulator.paged_attention_decode(default)", paged_default, lambda r: _paged_good(r, torch.float32),
+             paged_kinds, tied=paged_tied,
+             extra={"negative length": lambda r, a: ({**a, "context_lens": torch.tensor([3, -r.randrange(1, 9)])},
+                                                     ("context_lens",))},
+             num_versions=2),
+        Spec("emulator.int8_gemv", emulator.int8_gemv,
+             lambda r: (lambda d: dict(x=_rand(2, 8, dtype=d), w=torch.randint(-127, 128, (3, 8), dtype=torch.int8),
+                                       scale=_rand(3, dtype=d), bias=_rand(3, dtype=d)))(_float_dtype(r)),
+             dict(x="float", w="int8", scale="float", bias="float"),
+             tied=dict(x={1: ("x", "w")}, w={0: ("w", "scale"), 1: ("w",)}, scale={0: ("scale",)},
+                       bias={0: ("bias",)}),
+             num_versions=3),
+        Spec("emulator.kv_cache_write", emulator.kv_cache_write,
+             lambda r: (lambda d: dict(key=_rand(3, 2, 8, dtype=d), value=_rand(3, 2, 8, dtype=d),
+                                       k_pool=torch.zeros(4, 2, 2, 8, dtype=d), v_pool=torch.zeros(4, 2, 2, 8, dtype=d),
+                                       slot_mapping=torch.tensor([0, 5, -1])))(_float_dtype(r)),
+             dict(key="float", value="float", k_pool="float", v_pool="float", slot_mapping="int64"),
+             tied=kv_tied, extra={"slot": _bad_slots, "small pool": _small_pool}),
+    ]
+
+
+def cpp_specs() -> list[Spec]:
+    from minillm.compile.cpu_gemv import gemv, load_cpu_ext
+    from minillm.compile.cpu_paged import paged_decode_attention
+
+    ext = load_cpu_ext()
+    paged_kinds = dict(q="f32", k_pool="f32", v_pool="f32", block_tables="int64", context_lens="int64")
+    paged_tied = dict(q={0: ("q", "block_tables"), 1: ("q", "k_pool"), 2: ("q", "k_pool")},
+                      k_pool={2: ("k_pool",), 3: ("k_pool",)},
+                      v_pool={0: ("v_pool",), 1: ("v_pool",), 2: ("v_pool",), 3: ("v_pool",)},
+                      block_tables={0: ("block_tables",)}, context_lens={0: ("context_lens",)})
+    paged_extra = {"block id": _bad_tables, "context length": lambda r, a: _bad_lens(r, a, 1),
+                   "small pool": _small_pool}
+    gemv_good = lambda r: dict(x=_rand(2, 9), w=_rand(5, 9), b=_rand(5))  # noqa: E731
+    gemv_tied = dict(x={1: ("x", "w")}, w={0: ("w", "b"), 1: ("x", "w")}, b={0: ("b",)})
+    return [
+        Spec("cpu_gemv.gemv", gemv, gemv_good, dict(x="f32", w="f32", b="f32"), tied=gemv_tied,
+             copies_strided=True),
+        Spec("ext.gemv (raw)", lambda x, w, b: ext.gemv(x, w, b), gemv_good, dict(x="f32", w="f32", b="f32"),
+             tied=gemv_tied, strict=False),
+        Spec("cpu_paged.paged_decode_attention", paged_decode_attention, lambda r: _paged_good(r, torch.float32),
+             paged_kinds, tied=paged_tied, extra=paged_extra, copies_strided=True),
+        Spec("ext.paged_decode_attention (raw)", lambda **kw: ext.paged_decode_attention(*kw.values()),
+             lambda r: _paged_good(r, torch.float32), paged_kinds, tied=paged_tied, extra=paged_extra, strict=False),
+    ]
+
+
+def _bad_step_inputs(rng: random.Random, max_len: int) -> tuple[Any, Any, tuple[str, ...]]:
+    """A bad (token, positions) pair for a batch-1 decode step and the names its error may give."""
+    good_tok, good_pos = torch.tensor([rng.randrange(TINY.vocab_size)]), torch.tensor([rng.randrange(max_len)])
+    kind = rng.choice(["float token", "bool token", "py float", "str", "token range", "two tokens", "float pos",
+                       "pos range", "pos max_len"])
+    if kind == "float token":
+        return torch.tensor([rng.choice([1.0, 2.7, -0.5])]), good_pos, ("token",)
+    if kind == "bool token":
+        return torch.tensor([True]), good_pos, ("token",)
+    if kind == "py float":
+        return 3.0, good_pos, ("token",)
+    if kind == "str":
+        return good_tok, "0", ("position",)
+    if kind == "token range":
+        return torch.tensor([rng.choice([-1, TINY.vocab_size, 1 << 40])]), good_pos, ("token",)
+    if kind == "two tokens":
+        return torch.tensor([1, 2]), good_pos, ("token",)
+    if kind == "float pos":
+        return good_tok, torch.tensor([1.5]), ("position",)
+    if kind == "pos range":
+        return good_tok, torch.tensor([rng.choice([-1, TINY.block_size, 1 << 40])]), ("position",)
+    return good_tok, torch.tensor([max_len + rng.randrange(3)]), ("position", "max_len")
+
+
+def decoder_specs() -> list[Spec]:
+    """The decode_fn of every chapter 13 decoder, called with one bad token or position: the fused C++ step, and the
+    static decoder eager and compiled (a bad call is refused before anything compiles)."""
+    from minillm.compile.fused_step import FusedCPUDecoder
+
+    torch.manual_seed(0)
+    model = GPT(TINY).eval()
+    decoders = [("FusedCPUDecoder", FusedCPUDecoder(model), TINY.block_size)]
+    for mode in ("eager", "compile"):
+        decoders.append((f"StaticDecoder({mode})", StaticDecoder(model, mode, backend="aot_eager", max_len=16), 16))
+    specs = []
+    for name, dec, max_len in decoders:
+        def call(token, positions, dec=dec):
+            return dec(dec.model, dec.cache, token, positions)
+
+        def bad(rng, args, max_len=max_len):
+            token, positions, names = _bad_step_inputs(rng, max_len)
+            return dict(token=token, positions=positions), names
+        specs.append(Spec(name, call, lambda r: dict(token=torch.tensor([1]), positions=torch.tensor([0])),
+                          kinds={}, extra={"step input": bad}))
+    return specs
+
+
+# --------------------------------------------------------------------------------------------------- the driver
+def _mutate(spec: Spec, rng: random.Random, args: dict[str, Any]) -> tuple[str, dict[str, Any], tuple[str, ...]]:
+    """One bad call: (what was broken, the arguments, names the error may give)."""
+    kinds = ["type", "dtype", "rank", "size"] + ["strided"] * (not spec.copies_strided) if spec.kinds else []
+    kinds += ["version"] * bool(spec.num_versions) + [f"extra:{k}" for k in spec.extra]
+    kind = rng.choice(kinds)
+    if kind.startswith("extra:"):
+        bad, names = spec.extra[kind[6:]](rng, args)
+        return kind, bad, names
+    if kind == "version":
+        return kind, {**args, "version": rng.choice([0, -1, spec.num_versions + 1, 1.0, True, "2"])}, ("version",)
+    name = rng.choice(sorted(spec.kinds))
+    t = args[name]
+    if kind == "type":
+        return f"{kind} {name}", {**args, name: t.tolist()}, (name,)
+    if kind == "dtype":
+        return f"{kind} {name}", {**args, name: t.to(rng.choice(BAD_DTYPES[spec.kinds[name]]))}, (name,)
+    if kind == "rank":
+        new = t.unsqueeze(0) if rng.random() < 0.5 or t.dim() == 1 else t[..., 0].contiguous()
+        return f"{kind} {name}", {**args, name: new}, (name,)
+    if kind == "strided":  # the same shape and values, every other element of a wider buffer
+        wide = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)
+        wide[..., ::2] = t
+        return f"{kind} {name}", {**args, name: wide[..., ::2]}, (name,)
+    dims = spec.tied.get(name)
+    if not dims:
+        return _mutate(spec, rng, args)
+    dim = rng.choice(sorted(dims))
+    shape = list(t.shape)
+    shape[dim] = shape[dim] + 1 if shape[dim] <= 1 or rng.random() < 0.5 else shape[dim] - 1
+    new = torch.zeros(shape, dtype=t.dtype) if t.dtype in (torch.int64, torch.int8) else _rand(*shape, dtype=t.dtype)
+    return f"{kind} {name}[{dim}]", {**args, name: new}, dims[dim]
+
+
+def _raised_in_minillm(e: BaseException) -> bool:
+    """Whether the exception was raised by a line of minillm (a C++ TORCH_CHECK re-raised as ValueError counts)."""
+    frames = traceback.extract_tb(e.__traceback__)
+    return bool(frames) and "/minillm/" in frames[-1].filename.replace(os.sep, "/")
+
+
+def fuzz(specs: list[Spec], seed: int, trials: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    report: dict[str, Any] = {}
+    for spec in specs:
+        failures: list[str] = []
+        version = {"version": 1} if spec.num_versions else {}
+        spec.fn(**spec.good(rng), **version)  # the valid call works (else every trial below proves nothing)
+        for _ in range(trials):
+            good = {**spec.good(rng), **version}
+            what, args, names = _mutate(spec, rng, good)
+            try:
+                spec.fn(**args)
+            except (ValueError, TypeError, RuntimeError) as e:
+                msg = str(e)
+                if not spec.strict:
+                    continue
+                if isinstance(e, RuntimeError):  # a launch that failed, or torch's own check: not minillm's
+                    failures.append(f"{what}: RuntimeError {msg!r}")
+                elif not any(n in msg for n in names):
+                    failures.append(f"{what}: message names none of {names}: {type(e).__name__} {msg!r}")
+                elif not _raised_in_minillm(e):
+                    failures.append(f"{what}: raised outside minillm: {type(e).__name__} {msg!r}")
+            except Exception as e:  # noqa: BLE001 (what the test reports: any other exception is a failure)
+                failures.append(f"{what}: {type(e).__name__} {e}")
+            else:
+                failures.append(f"{what}: no error")
+        spec.fn(**spec.good(rng), **version)  # and still works after them
+        report[spec.name] = {"trials": trials, "failures": failures}
+    return report
+
+
+GROUPS = {"emulator": emulator_specs, "cpp": cpp_specs, "decoders": decoder_specs}
+
+
+def _run_group(group: str) -> dict[str, Any]:
+    res = subprocess.run([sys.executable, str(Path(__file__).resolve()), group, str(SEED), str(TRIALS)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    assert res.returncode >= 0, f"the {group} fuzz died of signal {-res.returncode}:\n{res.stderr[-3000:]}"
+    assert res.returncode == 0, f"the {group} fuzz failed:\n{res.stdout[-3000:]}{res.stderr[-3000:]}"
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _assert_clean(report: dict[str, Any]) -> None:
+    bad = {op: r["failures"] for op, r in report.items() if r["failures"]}
+    assert not bad, json.dumps(bad, indent=1)[:6000]
+
+
+# ----------------------------------------------------------------------------------------------------- the tests
+@pytest.mark.skipif(emulator.find_cxx() is None, reason="the kernel emulator needs a C++ compiler (g++ or clang++)")
+def test_fuzz_every_emulator_op_raises_naming_the_argument_never_a_signal():
+    report = _run_group("emulator")
+    assert set(report) == {s.name for s in emulator_specs()}
+    _assert_clean(report)
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+def test_fuzz_every_cpp_extension_op_raises_never_a_signal():
+    _assert_clean(_run_group("cpp"))
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+def test_fuzz_every_decoder_step_refuses_bad_tokens_and_positions():
+    _assert_clean(_run_group("decoders"))
+
+
+@pytest.mark.skipif(emulator.find_cxx() is None, reason="the kernel emulator needs a C++ compiler (g++ or clang++)")
+def test_emulated_kv_cache_write_with_a_small_pool_names_slot_mapping():
+    """The regression: pools of 1 block of 2 against slots up to 5 used to write past the pool and corrupt the heap
+    (a double free at exit). In a subprocess, so a regression is a signal the test sees, not a dead test runner."""
+    code = ("import torch\nfrom minillm.kernels import emulator\n"
+            "key = torch.randn(3, 2, 8)\npools = [torch.zeros(1, 2, 2, 8) for _ in range(2)]\n"
+            "try:\n    emulator.kv_cache_write(key, key.clone(), *pools, torch.tensor([0, 5, -1]))\n"
+            "except ValueError as e:\n    print(e)\n"
+            "small = [torch.zeros(4, 2, 1, 8) for _ in range(2)]  # nh=1 rows: smaller than the key's rows\n"
+            "try:\n    emulator.kv_cache_write(key, key.clone(), *small, torch.tensor([0, 5, -1]))\n"
+            "except ValueError as e:\n    print(e)\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=SUBPROCESS_TIMEOUT_S)
+    assert res.returncode == 0, f"return code {res.returncode}:\n{res.stderr[-3000:]}"
+    lines = res.stdout.splitlines()
+    assert "slot_mapping must hold -1 or slots 0..1, got values in [-1, 5]" in lines[0]
+    assert lines[1].startswith("k_pool must be (nb, bs, nh=2, hs=8)")
+
+
+@pytest.mark.skipif(emulator.find_cxx() is None, reason="the kernel emulator needs a C++ compiler (g++ or clang++)")
+def test_emulator_names_the_bad_argument_before_launching(monkeypatch):
+    """What used to reach the launcher as "invalid argument" (or read past a tensor) now names the argument."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the emulator launched before checking its arguments")
+
+    monkeypatch.setattr(emulator, "load", refuse)
+    x = torch.randn(3, 8)
+    with pytest.raises(ValueError, match="softmax: version must be 1..4, got 5"):
+        emulator.softmax(x, 5)
+    with pytest.raises(ValueError, match=r"x must be 2-D \(rows, cols\), got shape \(3,\)"):
+        emulator.softmax(torch.randn(3), 1)
+    with pytest.raises(ValueError, match="bias must have x's dtype"):
+        emulator.bias_gelu(x, torch.randn(8).half(), 1)
+    with pytest.raises(ValueError, match="value must have key's dtype"):
+        emulator.kv_cache_write(torch.randn(3, 2, 8), torch.randn(3, 2, 8).half(), torch.zeros(4, 2, 2, 8),
+                                torch.zeros(4, 2, 2, 8), torch.tensor([0, 1, 2]))
+    args = _paged_good(random.Random(0), torch.float32)
+    with pytest.raises(ValueError, match="block_tables must have dtype int64"):
+        emulator.paged_attention_decode(**{**args, "block_tables": args["block_tables"].float()}, version=1)
+    with pytest.raises(ValueError, match=r"block_tables\[1, 0\] = 9 is outside the pool \[0, 4\)"):
+        emulator.paged_attention_decode(**{**args, "block_tables": torch.tensor([[0, 1, -1], [9, 3, -1]])},
+                                        version=2, check_indices=True)
+    with pytest.raises(ValueError, match="context_lens must be >= 0"):
+        emulator.paged_attention_decode(**{**args, "context_lens": torch.tensor([3, -1])}, version=2)
+    with pytest.raises(ValueError, match=r"w must be \(N, K=8\)"):
+        emulator.int8_gemv(torch.randn(2, 8), torch.zeros(3, 7, dtype=torch.int8), torch.randn(3), None, 1)
+    with pytest.raises(TypeError, match="reverse must be a bool"):
+        emulator.softmax(x, 1, reverse="yes")
+
+
+def test_integer_ids_refuses_what_would_be_truncated():
+    assert integer_ids("token", 7, 1).tolist() == [7]
+    assert integer_ids("token", torch.tensor([3], dtype=torch.int32), 1).tolist() == [3]
+    for bad in (torch.tensor([2.7]), 2.7, torch.tensor([True]), True, "3", None):
+        with pytest.raises(TypeError, match="token"):
+            integer_ids("token", bad, 1)
+    with pytest.raises(ValueError, match=r"token must hold 1 id\(s\), got shape \(2,\)"):
+        integer_ids("token", torch.tensor([1, 2]), 1)
+
+
+@pytest.mark.parametrize("mode", ["eager", "compile"])
+def test_static_decoder_checks_the_step_before_running_it(mode):
+    """A float token was truncated by the copy into the int64 buffer; a position past max_len was an IndexError
+    inside inductor. Both are refused first, in every mode, so no bad call ever compiles anything."""
+    torch.manual_seed(0)
+    model = GPT(TINY).eval()
+    dec = StaticDecoder(model, mode, backend="aot_eager", max_len=8)
+    step = lambda token, pos: dec(model, dec.cache, token, pos)  # noqa: E731
+    with pytest.raises(TypeError, match="token must hold integer ids, got dtype torch.float32"):
+        step(torch.tensor([2.7]), torch.tensor([0]))
+    with pytest.raises(ValueError, match=r"positions must be in \[0, max_len=8\).*got \[8\]"):
+        step(torch.tensor([1]), torch.tensor([8]))
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, vocab_size=512\), got \[512\]"):
+        step(torch.tensor([512]), torch.tensor([0]))
+    assert dec.compiles == 0 and dec.calls == 0  # nothing ran
+    dec.cache.slot.fill_(8)
+    with pytest.raises(ValueError, match="cache full: 8 slots used of max_len=8"):
+        step(torch.tensor([1]), torch.tensor([7]))
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+def test_fused_decoder_refuses_a_float_token():
+    from minillm.compile.fused_step import FusedCPUDecoder
+
+    torch.manual_seed(0)
+    dec = FusedCPUDecoder(GPT(TINY).eval())
+    with pytest.raises(TypeError, match="token must hold integer ids"):
+        dec(dec.model, dec.cache, torch.tensor([2.7]), torch.tensor([0]))
+    with pytest.raises(TypeError, match="positions must hold integer ids"):
+        dec(dec.model, dec.cache, torch.tensor([2]), torch.tensor([0.0]))
+    assert dec.cache.length == 0  # a refused step leaves the cache as it was
+
+
+def test_cpp_paged_checks_name_the_argument_without_the_extension():
+    """The Python-side checks of chapter 13's paged attention run before the extension is even loaded."""
+    from minillm.compile.cpu_paged import check_paged_arguments
+
+    args = _paged_good(random.Random(0), torch.float32)
+    with pytest.raises(ValueError, match="v_pool must have k_pool's shape"):
+        check_paged_arguments(**{**args, "v_pool": torch.zeros(3, 2, 2, 8)})
+    with pytest.raises(ValueError, match=r"block_tables: block id 4 of sequence 1 is outside the pool \[0, 4\)"):
+        check_paged_arguments(**{**args, "block_tables": torch.tensor([[0, 1, -1], [2, 4, -1]])})
+    with pytest.raises(ValueError, match=r"context_lens: context length 0 of sequence 0 is outside \[1, 6\]"):
+        check_paged_arguments(**{**args, "context_lens": torch.tensor([0, 4])})
+
+
+if __name__ == "__main__":  # python tests/test_hostile_12_13.py GROUP SEED TRIALS: one JSON line on stdout
+    group, seed, trials = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    print(json.dumps(fuzz(GROUPS[group](), seed, trials)))
