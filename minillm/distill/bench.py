@@ -27,6 +27,7 @@ import torch
 from minillm.bench.agreement import greedy_agreement
 from minillm.bench.cli import bench_parser, pick_size, start, write_report
 from minillm.bench.models import load_model
+from minillm.core.config import check_int
 from minillm.core.device import resolve_device
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
@@ -42,9 +43,12 @@ TARGET = "base"
 
 def val_prompts(num_prompts: int, prompt_len: int) -> list[list[int]]:
     """`num_prompts` stretches of `prompt_len` validation ids, spread evenly over the split (different files)."""
-    if num_prompts < 1 or prompt_len < 1:
-        raise ValueError(f"num_prompts and prompt_len must be positive, got {num_prompts} and {prompt_len}")
+    check_int("num_prompts", num_prompts)
+    check_int("prompt_len", prompt_len)
     ids = default_eval_tokens(split="val")
+    if num_prompts * prompt_len > ids.numel():
+        raise ValueError(f"num_prompts={num_prompts} x prompt_len={prompt_len} is more than the validation split's "
+                         f"{ids.numel()} tokens")
     step = (ids.numel() - prompt_len) // num_prompts
     return [ids[i * step:i * step + prompt_len].tolist() for i in range(num_prompts)]
 
@@ -60,8 +64,13 @@ def acceptance(target: GPT, draft: GPT, prompts: Sequence[list[int]], new_tokens
     """accepted / proposed of greedy speculative decoding summed over the prompts; tokens checked identical to
     `reference` (the target's own greedy outputs, `teacher_continuations`; computed here when not given)."""
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise ValueError(f"prompts must be a non-empty list of prompts, got {prompts!r}")
     if reference is None:
         reference = teacher_continuations(target, prompts, new_tokens)
+    if not isinstance(reference, (list, tuple)) or len(reference) != len(prompts):
+        raise ValueError(f"reference must hold one continuation per prompt ({len(prompts)}), got "
+                         f"{len(reference) if isinstance(reference, (list, tuple)) else type(reference).__name__}")
     accepted = proposed = calls = emitted = 0
     identical = True
     for p, want in zip(prompts, reference, strict=True):
@@ -76,6 +85,13 @@ def acceptance(target: GPT, draft: GPT, prompts: Sequence[list[int]], new_tokens
 def speedups(target: GPT, drafts: dict[str, GPT], prompts: Sequence[list[int]], new_tokens: int,
              gammas: Sequence[int], repeats: int = 3) -> dict[str, list[dict[str, float]]]:
     """For each draft and γ: speculative decoding of every prompt against the target alone, timed side by side."""
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise ValueError(f"prompts must be a non-empty list of prompts, got {prompts!r}")
+    if isinstance(gammas, (str, bytes)) or not isinstance(gammas, (list, tuple)) or not gammas:
+        raise ValueError(f"gammas must be a non-empty list of ints >= 1, got {gammas!r}")
+    for i, g in enumerate(gammas):
+        check_int(f"gammas[{i}]", g)
+    check_int("repeats", repeats)
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
 
     def alone() -> None:
@@ -140,7 +156,13 @@ def run_all(device: torch.device, size: str = "full", seed: int = 0) -> dict[str
 
 def alpha_at(report: dict[str, Any], name: str, gamma: int) -> float:
     """accepted / proposed of draft `name` at γ in a `run_all` report."""
-    return next(r["alpha"] for r in report["acceptance"][name] if r["gamma"] == gamma)
+    if name not in report["acceptance"]:
+        raise ValueError(f"no draft {name!r} in the report; it has {sorted(report['acceptance'])}")
+    rows = report["acceptance"][name]
+    found = [r["alpha"] for r in rows if r["gamma"] == gamma]
+    if not found:
+        raise ValueError(f"gamma={gamma!r} was not measured; the report has gamma {[r['gamma'] for r in rows]}")
+    return found[0]
 
 
 def alpha_gain(report: dict[str, Any], gamma: int) -> float:

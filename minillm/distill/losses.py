@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import check_float
+from minillm.core.config import check_float, check_int
 
 KINDS = ("forward", "reverse")
 
@@ -42,21 +42,50 @@ def check_temperature(temperature: object) -> float:
     return float(temperature)  # type: ignore[arg-type]
 
 
+def check_kind(kind: object) -> str:
+    """"forward" or "reverse", else TypeError/ValueError naming the value."""
+    if not isinstance(kind, str):
+        raise TypeError(f"kind must be one of {KINDS}, got {type(kind).__name__} {kind!r}")
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    return kind
+
+
+def _check_logits(name: str, t: object) -> torch.Tensor:
+    """A float tensor (..., V), V >= 2, at least one position, every row a distribution softmax can make.
+
+    −inf is allowed (a masked token: probability 0) as long as a row keeps one finite logit; NaN and +inf are not
+    (softmax of them is NaN). One host sync for the value checks.
+    """
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        raise TypeError(f"{name} must be a float tensor of logits (..., V), "
+                        f"got {getattr(t, 'dtype', type(t).__name__)}")
+    if t.dim() == 0 or t.size(-1) < 2:
+        raise ValueError(f"{name} must have shape (..., V) with V >= 2, got {tuple(t.shape)}")
+    if t.numel() == 0:
+        raise ValueError(f"{name} has no positions (shape {tuple(t.shape)}): a mean over zero positions is undefined")
+    with torch.no_grad():
+        bad = torch.stack([(torch.isnan(t) | torch.isposinf(t)).any(), ~torch.isfinite(t).any(dim=-1).all()]).tolist()
+    if bad[0]:
+        raise ValueError(f"{name} contains NaN or +inf: softmax of it is NaN")
+    if bad[1]:
+        raise ValueError(f"{name} has a row with no finite logit (all -inf): no distribution to compare")
+    return t
+
+
 def _check_pair(student_logits: object, teacher_logits: object) -> None:
-    for name, t in (("student_logits", student_logits), ("teacher_logits", teacher_logits)):
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            raise TypeError(f"{name} must be a float tensor of logits (..., V), "
-                            f"got {getattr(t, 'dtype', type(t).__name__)}")
-        if t.dim() == 0 or t.size(-1) < 2:
-            raise ValueError(f"{name} must have shape (..., V) with V >= 2, got {tuple(t.shape)}")
-    s_shape, t_shape = tuple(student_logits.shape), tuple(teacher_logits.shape)  # type: ignore[union-attr]
-    if s_shape != t_shape:
-        raise ValueError(f"student_logits {s_shape} and teacher_logits {t_shape} must have the same shape (..., V)")
+    s = _check_logits("student_logits", student_logits)
+    t = _check_logits("teacher_logits", teacher_logits)
+    if tuple(s.shape) != tuple(t.shape):
+        raise ValueError(f"student_logits {tuple(s.shape)} and teacher_logits {tuple(t.shape)} must have the same "
+                         "shape (..., V)")
+    if s.device != t.device:
+        raise ValueError(f"student_logits on {s.device} and teacher_logits on {t.device} must be on one device")
 
 
 def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0,
             kind: str = "forward") -> torch.Tensor:
-    """T² · KL at temperature T, averaged over positions: a scalar. Logits (..., V) each, same shape.
+    """T² · KL at temperature T, averaged over positions: a scalar in the logits' dtype. Logits (..., V), same shape.
 
     kind "forward": T² · KL(p‖q) = T² · Σ_v p_v (log p_v − log q_v)    (Hinton et al. 2015)
     kind "reverse": T² · KL(q‖p) = T² · Σ_v q_v (log q_v − log p_v)    (MiniLLM, Gu et al. 2024)
@@ -67,19 +96,40 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperat
     student logits [0, 0, 0] give q = [1/3, 1/3, 1/3]. Forward: 4 · (0.5 ln 1.5 + 0.5 ln 0.75) = 2 ln 1.125
     = 0.2356, and its gradient on the student logits is T (q − p) = [−1/3, 1/6, 1/6]. Reverse: 4 · (1/3) ln(32/27)
     = 0.2265.
+
+    Masked tokens: a logit of −inf is a token with probability 0, and 0 · log 0 counts as 0 (as `F.kl_div` with
+    probability targets counts it). A token masked on both sides drops out; one the weighting distribution gives mass
+    but the other masks makes the KL +inf, as it is. Bad input (NaN or +inf logits, a row with no finite logit, no
+    positions at all) is a ValueError naming the argument: there is no mean over zero positions to return.
     """
     _check_pair(student_logits, teacher_logits)
     temperature = check_temperature(temperature)
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    kind = check_kind(kind)
     # BEGIN SOLUTION
     V = student_logits.size(-1)
+    dtype = torch.promote_types(student_logits.dtype, teacher_logits.dtype)  # the loss comes back in this dtype
+    # subtle: at a large T both distributions are nearly uniform, and KL is second order in (z_s − z_t)/T: at T = 1e4
+    # about 1e-8, while float32 log-probabilities near −ln V carry rounding errors of 1e-6 that do not cancel (about
+    # 1% off at T = 1e3; at 1e4 off by the value itself, often negative). In float64 the same sum is good to ~1e-7
+    # relative up to T ≈ 1e5; the cost is one (N, V) pass, small beside the two models' forwards.
+    student_logits, teacher_logits = student_logits.double(), teacher_logits.double()
     log_q = F.log_softmax(student_logits.reshape(-1, V) / temperature, dim=-1)  # (N, V) the student's, at T
     log_p = F.log_softmax(teacher_logits.reshape(-1, V) / temperature, dim=-1)  # (N, V) the teacher's, at T
+    # subtle: masked tokens. 0 · log 0 = 0 in the math but 0 · (−inf) = NaN in floating point, and so is its gradient.
+    # A token both mask drops out (both log-probabilities set to 0: weight 1, difference 0, gradient blocked); then
+    # the weighting side's −inf becomes the most negative float, so its term is 0 · (finite) = 0 while the other
+    # side's −inf stays and makes the KL +inf where it should be.
+    dead = torch.isneginf(log_p) & torch.isneginf(log_q)  # (N, V)
+    log_p, log_q = log_p.masked_fill(dead, 0.0), log_q.masked_fill(dead, 0.0)
+    lowest = torch.finfo(torch.float64).min
     if kind == "forward":
+        log_p = log_p.clamp(min=lowest)
         kl = (log_p.exp() * (log_p - log_q)).sum(dim=-1)  # (N,) KL(p‖q): weighted by the teacher
     else:
+        log_q = log_q.clamp(min=lowest)
         kl = (log_q.exp() * (log_q - log_p)).sum(dim=-1)  # (N,) KL(q‖p): weighted by the student
+    # KL >= 0 (Gibbs); what rounding leaves below 0 when p = q is clamped, so the loss is never negative.
+    kl = kl.clamp(min=0.0).to(dtype)
     # Hinton et al. §2: the soft term's gradients scale as 1/T², so multiply by T² to keep them level.
     return temperature ** 2 * kl.mean()
     # END SOLUTION
@@ -101,28 +151,34 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
     soft term carries its T² (so w is the share of the gradient each gets, at any T). w = 0 is plain training on
     labels, w = 1 distillation alone.
     """
-    _check_pair(student_logits, teacher_logits)
     check_float("kd_weight", kd_weight, 0.0, 1.0)
+    soft = kd_loss(student_logits, teacher_logits, temperature, kind)  # checks the logits, T and kind first
     if not isinstance(targets, torch.Tensor) or targets.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"targets must be an int64 tensor of token ids, got {getattr(targets, 'dtype', type(targets))}")
     if tuple(targets.shape) != tuple(student_logits.shape[:-1]):
         raise ValueError(f"targets must have shape {tuple(student_logits.shape[:-1])} (the logits without V), "
                          f"got {tuple(targets.shape)}")
+    if targets.device != student_logits.device:
+        raise ValueError(f"targets on {targets.device} and the logits on {student_logits.device} must be on one device")
     V = student_logits.size(-1)
+    # subtle: cross_entropy ignores target -100 (its ignore_index) without a word; every id must be a real token.
+    low, high = (int(v) for v in torch.stack([targets.min(), targets.max()]).tolist())
+    if low < 0 or high >= V:
+        raise ValueError(f"targets must be token ids in [0, V={V}), got values from {low} to {high}")
     hard = F.cross_entropy(student_logits.reshape(-1, V), targets.reshape(-1).long())
-    soft = kd_loss(student_logits, teacher_logits, temperature, kind)
     return LossParts((1.0 - kd_weight) * hard + kd_weight * soft, hard, soft)
 
 
 # ---- feature-based KD --------------------------------------------------------------------------------------
 
 def default_layer_pairs(student_layers: int, teacher_layers: int) -> list[tuple[int, int]]:
-    """(student block, teacher block) pairs, 0-based: each student block matches the teacher block as deep, in
-    proportion. Example: 2 student and 6 teacher blocks -> [(0, 2), (1, 5)] (the last blocks always pair)."""
-    for name, n in (("student_layers", student_layers), ("teacher_layers", teacher_layers)):
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"{name} must be a positive int, got {n!r}")
-    return [(i, (i + 1) * teacher_layers // student_layers - 1) for i in range(student_layers)]
+    """(student block, teacher block) pairs, 0-based: student block i matches the deepest teacher block no deeper in
+    proportion, j = ⌊(i + 1) · Lt / Ls⌋ − 1, and at least block 0 (a student deeper than its teacher would otherwise
+    get j = −1, Python's last block). Examples: 2 student and 6 teacher blocks -> [(0, 2), (1, 5)]; 3 and 2 ->
+    [(0, 0), (1, 0), (2, 1)]. The last blocks always pair."""
+    check_int("student_layers", student_layers)
+    check_int("teacher_layers", teacher_layers)
+    return [(i, max(0, (i + 1) * teacher_layers // student_layers - 1)) for i in range(student_layers)]
 
 
 def feature_loss(student_h: torch.Tensor, teacher_h: torch.Tensor, proj: nn.Module) -> torch.Tensor:
@@ -132,17 +188,52 @@ def feature_loss(student_h: torch.Tensor, teacher_h: torch.Tensor, proj: nn.Modu
     shallow one's), so the teacher's states are layer-normalised per position (no learned gain) before matching;
     otherwise the deepest pair would dominate the sum and the scale of the loss would depend on the layer chosen.
     """
-    if not isinstance(student_h, torch.Tensor) or not isinstance(teacher_h, torch.Tensor):
-        raise TypeError("student_h and teacher_h must be tensors of hidden states (..., C)")
+    for name, h in (("student_h", student_h), ("teacher_h", teacher_h)):
+        if not isinstance(h, torch.Tensor) or not h.is_floating_point():
+            raise TypeError(f"{name} must be a float tensor of hidden states (..., C), "
+                            f"got {getattr(h, 'dtype', type(h).__name__)}")
+        if h.dim() == 0 or h.numel() == 0:
+            raise ValueError(f"{name} must have shape (..., C) with at least one position, got {tuple(h.shape)}")
+        if not bool(torch.isfinite(h).all()):
+            raise ValueError(f"{name} contains NaN or inf")
+    if not callable(proj):
+        raise TypeError(f"proj must be a module mapping width Cs to Ct, got {type(proj).__name__}")
     if student_h.shape[:-1] != teacher_h.shape[:-1]:
         raise ValueError(f"student_h {tuple(student_h.shape)} and teacher_h {tuple(teacher_h.shape)} must agree on "
                          "every dimension but the last (the width)")
+    in_features = getattr(proj, "in_features", student_h.size(-1))  # an nn.Linear says what width it takes
+    if in_features != student_h.size(-1):
+        raise ValueError(f"the projection takes width {in_features}, but student_h has width {student_h.size(-1)}")
     mapped = proj(student_h)  # (..., Cs) -> (..., Ct)
     if mapped.shape != teacher_h.shape:
         raise ValueError(f"the projection maps width {student_h.size(-1)} to {mapped.size(-1)}, but the teacher's "
                          f"width is {teacher_h.size(-1)}")
     target = F.layer_norm(teacher_h, teacher_h.shape[-1:])  # (..., Ct) zero mean, unit variance per position
     return F.mse_loss(mapped, target)
+
+
+def check_layer_pairs(layer_pairs: object, student_layers: int | None = None,
+                      teacher_layers: int | None = None) -> list[tuple[int, int]]:
+    """`layer_pairs` as a non-empty list of (student block, teacher block) int pairs, each index >= 0 and, when the
+    depths are given, below them; TypeError/ValueError naming the bad pair otherwise."""
+    if isinstance(layer_pairs, (str, bytes)) or not isinstance(layer_pairs, Sequence):
+        raise TypeError(f"layer_pairs must be a list of (student block, teacher block) pairs, "
+                        f"got {type(layer_pairs).__name__} {layer_pairs!r}")
+    if len(layer_pairs) == 0:
+        raise ValueError("layer_pairs must hold at least one (student block, teacher block) pair, got none")
+    pairs = []
+    for pos, pair in enumerate(layer_pairs):
+        if (not isinstance(pair, (list, tuple)) or len(pair) != 2
+                or not all(isinstance(i, int) and not isinstance(i, bool) for i in pair)):
+            raise TypeError(f"layer_pairs[{pos}] must be a (student block, teacher block) pair of ints, got {pair!r}")
+        i, j = pair
+        if i < 0 or j < 0:
+            raise ValueError(f"layer_pairs[{pos}] = {tuple(pair)}: block indices are 0-based and >= 0")
+        for idx, depth, who in ((i, student_layers, "student"), (j, teacher_layers, "teacher")):
+            if depth is not None and idx >= depth:
+                raise ValueError(f"layer_pairs[{pos}] = {tuple(pair)}: the {who} has {depth} blocks (0..{depth - 1})")
+        pairs.append((i, j))
+    return pairs
 
 
 class FeatureProjection(nn.Module):
@@ -154,18 +245,16 @@ class FeatureProjection(nn.Module):
 
     def __init__(self, student_width: int, teacher_width: int, layer_pairs: Sequence[tuple[int, int]]):
         super().__init__()
-        for name, n in (("student_width", student_width), ("teacher_width", teacher_width)):
-            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-                raise ValueError(f"{name} must be a positive int, got {n!r}")
-        pairs = [tuple(p) for p in layer_pairs]
-        if not pairs or any(len(p) != 2 or not all(isinstance(i, int) and i >= 0 for i in p) for p in pairs):
-            raise ValueError(f"layer_pairs must be a non-empty list of (student block, teacher block) index pairs, "
-                             f"got {layer_pairs!r}")
-        self.layer_pairs: list[tuple[int, int]] = pairs  # type: ignore[assignment]
-        self.proj = nn.ModuleList(nn.Linear(student_width, teacher_width) for _ in pairs)
+        check_int("student_width", student_width)
+        check_int("teacher_width", teacher_width)
+        self.layer_pairs: list[tuple[int, int]] = check_layer_pairs(layer_pairs)
+        self.proj = nn.ModuleList(nn.Linear(student_width, teacher_width) for _ in self.layer_pairs)
 
     def forward(self, student_states: Sequence[torch.Tensor], teacher_states: Sequence[torch.Tensor]) -> torch.Tensor:
         """student_states: every student block's output (B, T, Cs); teacher_states: every teacher block's (B, T, Ct)."""
+        for name, states in (("student_states", student_states), ("teacher_states", teacher_states)):
+            if not isinstance(states, (list, tuple)):
+                raise TypeError(f"{name} must be a list of every block's hidden states, got {type(states).__name__}")
         losses = []
         for (i, j), proj in zip(self.layer_pairs, self.proj):
             if i >= len(student_states) or j >= len(teacher_states):

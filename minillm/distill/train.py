@@ -11,31 +11,49 @@ Both start from the shipped `draft` weights and see exactly the same batches (on
 optimizer, learning-rate schedule, clipping and steps; only the loss differs. So any difference between them is
 the teacher's doing, not more data or more compute for one of them.
 
+An interrupted run resumes exactly: `TrainConfig(resume=out_dir)` (or `--resume DIR`) continues from the newest
+checkpoint with chapter 02's machinery (weights, AdamW, RNGs, atomically), and `minillm.distill.run_state` keeps
+what only distillation has (its settings and the per-step loss terms), so N steps straight and k + resume + N − k
+give identical weights and log (tested). Every argument is checked before any work: a NaN weight or a zero
+temperature is a ValueError naming it, never a run that quietly trains on hard labels.
+
 What it leaves out: caching the teacher's logits (the teacher runs on every batch: V = 4096 floats per position
 would not fit on disk for long), on-policy distillation on the student's own samples (MiniLLM's full method), and
-resuming a distillation run that trains a feature projection (the trainer's checkpoints hold the model only).
+resuming a distillation run that trains a feature projection (the trainer's checkpoints hold the model only; such a
+resume is refused up front).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn as nn
 
-from minillm.core.checkpoint import load_checkpoint
-from minillm.core.config import check_float
+from minillm.core.checkpoint import load_checkpoint, read_config
+from minillm.core.config import GPTConfig, check_float, check_int
 from minillm.core.device import DEVICE_CHOICES, resolve_device
 from minillm.core.io import atomic_write_text
 from minillm.core.model import GPT, require_model
-from minillm.distill.losses import KINDS, FeatureProjection, check_temperature, default_layer_pairs, distillation_loss
+from minillm.distill.losses import (
+    KINDS,
+    FeatureProjection,
+    check_kind,
+    check_layer_pairs,
+    check_temperature,
+    default_layer_pairs,
+    distillation_loss,
+)
+from minillm.distill.run_state import resume_run, start_run, teacher_digest
 from minillm.gpt.pretrained import SHIPPED, pretrained_dir
 from minillm.gpt.train import LOG_NAME, TrainConfig, TrainResult, train
+from minillm.gpt.train_state import find_checkpoint
 
 
 class DistillObjective(nn.Module):
@@ -43,36 +61,45 @@ class DistillObjective(nn.Module):
 
     The teacher is registered (it moves with `.to()`) but frozen: `requires_grad_(False)` on all its parameters, so
     the trainer, which trains the objective's parameters that require grad, trains only the feature projection.
-    Every call appends its terms to `records` (the KD loss curves of the chapter's notebook).
+    Every call appends its terms to `records` (the KD loss curves of the chapter's notebook) and hands them to
+    `on_record`, if set (`distill` appends them to the run directory, so that a resumed run has them all).
     """
 
     def __init__(self, teacher: GPT, temperature: float = 1.0, kd_weight: float = 0.5, kind: str = "forward",
-                 feature_weight: float = 0.0, student_config=None,
+                 feature_weight: float = 0.0, student_config: GPTConfig | None = None,
                  layer_pairs: Sequence[tuple[int, int]] | None = None):
         super().__init__()
         tcfg = require_model(teacher, "DistillObjective (teacher)")
         self.temperature = check_temperature(temperature)
         check_float("kd_weight", kd_weight, 0.0, 1.0)
         check_float("feature_weight", feature_weight, 0.0)
-        if kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-        self.kd_weight, self.kind, self.feature_weight = float(kd_weight), kind, float(feature_weight)
+        self.kd_weight, self.kind, self.feature_weight = float(kd_weight), check_kind(kind), float(feature_weight)
+        if student_config is not None and not isinstance(student_config, GPTConfig):
+            raise TypeError(f"student_config must be a GPTConfig or None, got {type(student_config).__name__}")
         self.teacher = teacher.eval().requires_grad_(False)
         self.features: FeatureProjection | None = None
         if feature_weight > 0:
             if student_config is None:
                 raise ValueError("feature_weight > 0 needs student_config (the student's width and depth)")
-            pairs = layer_pairs or default_layer_pairs(student_config.n_layer, tcfg.n_layer)
+            if layer_pairs is None:
+                pairs = default_layer_pairs(student_config.n_layer, tcfg.n_layer)
+            else:
+                pairs = check_layer_pairs(layer_pairs, student_config.n_layer, tcfg.n_layer)
             self.features = FeatureProjection(student_config.n_embd, tcfg.n_embd, pairs)
         self.records: list[dict[str, float]] = []  # one per call: total, hard, soft, feature
+        self.on_record: Callable[[dict[str, float]], None] | None = None
 
     def forward(self, student: GPT, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """x, y (B, T) from the trainer's batch sampler -> the scalar loss to minimise."""
         scfg = require_model(student, "DistillObjective (student)")
-        if scfg.vocab_size != self.teacher.config.vocab_size:
+        tcfg = self.teacher.config
+        if scfg.vocab_size != tcfg.vocab_size:
             raise ValueError(f"student vocab_size={scfg.vocab_size} differs from the teacher's "
-                             f"{self.teacher.config.vocab_size}: KD compares distributions over the same tokens")
+                             f"{tcfg.vocab_size}: KD compares distributions over the same tokens")
         positions = student.check_inputs(x)  # (1, T)
+        if x.size(1) > tcfg.block_size:
+            raise ValueError(f"sequence length {x.size(1)} exceeds the teacher's context window "
+                             f"block_size={tcfg.block_size}")
         s_states: list[torch.Tensor] | None = [] if self.features is not None else None
         s_logits = student.logits(student.hidden(x, positions, collect=s_states))  # (B, T, V)
         t_states: list[torch.Tensor] | None = [] if self.features is not None else None
@@ -90,11 +117,15 @@ class DistillObjective(nn.Module):
             record["feature"] = feat.item()
         record["total"] = total.item()
         self.records.append(record)
+        if self.on_record is not None:
+            self.on_record(record)
         return total
 
 
 def student_dir(name: str) -> Path:
     """A shipped checkpoint's directory ("draft"), or any checkpoint directory given as a path."""
+    if not isinstance(name, (str, os.PathLike)):
+        raise TypeError(f"student must be a shipped checkpoint name or a directory, got {type(name).__name__}")
     if name in SHIPPED:
         return pretrained_dir(name)
     path = Path(name)
@@ -110,27 +141,73 @@ def distill(cfg: TrainConfig, teacher: GPT | None, temperature: float = 1.0, kd_
 
     kd_weight = 0 and feature_weight = 0 is the hard-label control: the trainer's own cross-entropy, no teacher. The
     exported training_log.json (if `cfg.export_dir`) gains a "distillation" section: the settings and, per logged
-    step, the mean hard, soft and feature terms.
+    step, the mean hard, soft and feature terms. Every argument is checked first, whether or not the run uses it:
+    temperature > 0, kd_weight in [0, 1], feature_weight >= 0 (all finite), kind "forward" or "reverse".
+
+    Resume: with `cfg.out_dir` the run keeps its state beside the trainer's checkpoints (`run_state`); a run
+    stopped there (`stop_after`, or killed) continues with `cfg.resume = out_dir` and `init_from = None`, the same
+    teacher and settings (a difference is a ValueError naming it), and ends with the weights and log the run would
+    have had uninterrupted. A run that trains a feature projection cannot resume (its weights are not saved).
     """
     if not isinstance(cfg, TrainConfig):
         raise TypeError(f"distill needs a TrainConfig, got {type(cfg).__name__}")
-    if cfg.init_from is None:
-        raise ValueError("distill continues a student: set TrainConfig.init_from to its checkpoint directory")
+    temperature = check_temperature(temperature)
+    check_float("kd_weight", kd_weight, 0.0, 1.0)
+    check_float("feature_weight", feature_weight, 0.0)
+    kind = check_kind(kind)
+    if not isinstance(progress, bool):
+        raise TypeError(f"progress must be a bool, got {type(progress).__name__} {progress!r}")
+    if teacher is not None:
+        require_model(teacher, "distill (teacher)")
+    uses_teacher = kd_weight > 0 or feature_weight > 0
+    if uses_teacher and teacher is None:
+        raise ValueError(f"kd_weight={kd_weight} / feature_weight={feature_weight} need a teacher")
+    if cfg.init_from is None and cfg.resume is None:
+        raise ValueError("distill continues a student: set TrainConfig.init_from to its checkpoint directory (or "
+                         "TrainConfig.resume to the out_dir of an interrupted distillation)")
+    if cfg.resume is not None and feature_weight > 0:
+        raise ValueError(f"feature_weight={feature_weight} with resume={cfg.resume!r}: a run that trains a feature "
+                         "projection cannot resume (the checkpoints hold the student's weights, not the projection's)")
+    student_dir_ = cfg.init_from if cfg.resume is None else find_checkpoint(cfg.resume).path
+    student_config, _ = read_config(student_dir_)  # the student's shape, from config.json alone
+    if uses_teacher:
+        tcfg = teacher.config  # type: ignore[union-attr]
+        if student_config.vocab_size != tcfg.vocab_size:
+            raise ValueError(f"student vocab_size={student_config.vocab_size} differs from the teacher's "
+                             f"{tcfg.vocab_size}: KD compares distributions over the same tokens")
+        if student_config.block_size > tcfg.block_size:
+            raise ValueError(f"the student's block_size={student_config.block_size} (the training windows) exceeds "
+                             f"the teacher's context window block_size={tcfg.block_size}")
     objective = None
-    if kd_weight > 0 or feature_weight > 0:
-        if teacher is None:
-            raise ValueError(f"kd_weight={kd_weight} / feature_weight={feature_weight} need a teacher")
-        student_config = load_checkpoint(cfg.init_from).config if feature_weight > 0 else None
-        objective = DistillObjective(teacher, temperature, kd_weight, kind, feature_weight, student_config)
+    if uses_teacher:
+        objective = DistillObjective(teacher, temperature, kd_weight, kind, feature_weight,  # type: ignore[arg-type]
+                                     student_config if feature_weight > 0 else None)
         objective.to(resolve_device(cfg.device))
+    student_init = cfg.init_from
+    record_log = None
+    if cfg.resume is not None or cfg.out_dir is not None:
+        settings = {"temperature": temperature, "kd_weight": float(kd_weight), "kind": kind,
+                    "feature_weight": float(feature_weight), "grad_accum": cfg.grad_accum,
+                    "teacher_sha256": teacher_digest(teacher) if uses_teacher else None}
+        if cfg.resume is not None:
+            records, student_init, record_log = resume_run(cfg.resume, cfg.out_dir, settings,
+                                                           needs_records=objective is not None)
+            if objective is not None:
+                objective.records = records
+        else:
+            record_log = start_run(cfg.out_dir, settings, cfg.init_from)  # type: ignore[arg-type]
+    if objective is not None:
+        objective.on_record = record_log
     result = train(cfg, progress=progress, loss_fn=objective)
-    section: dict[str, Any] = {"teacher": None if objective is None else teacher_label(teacher),
+    section: dict[str, Any] = {"teacher": None if objective is None else teacher_label(teacher),  # type: ignore
                                "temperature": temperature, "kd_weight": kd_weight, "kind": kind,
-                               "feature_weight": feature_weight, "student_init": cfg.init_from,
-                               "history": kd_history(objective, cfg.log_interval)}
+                               "feature_weight": feature_weight, "student_init": student_init,
+                               "history": kd_history(objective, cfg.log_interval, cfg.grad_accum)}
     result.log["distillation"] = section
-    if cfg.export_dir is not None:
-        atomic_write_text(Path(cfg.export_dir) / LOG_NAME, json.dumps(result.log, indent=1) + "\n")
+    if "final_val_loss" in result.log:  # the trainer finished (not stopped by stop_after) and wrote its logs
+        for where in (cfg.out_dir, cfg.export_dir):
+            if where is not None:
+                atomic_write_text(Path(where) / LOG_NAME, json.dumps(result.log, indent=1) + "\n")
     return result, objective
 
 
@@ -139,17 +216,18 @@ def teacher_label(teacher: GPT) -> str:
     return f"{c.n_layer} layers x {c.n_embd} ({teacher.num_params():,} parameters)"
 
 
-def kd_history(objective: DistillObjective | None, every: int) -> list[dict[str, float]]:
-    """The objective's per-step terms averaged over blocks of `every` steps: [{"step", "hard", "soft", ...}]."""
+def kd_history(objective: DistillObjective | None, every: int, grad_accum: int = 1) -> list[dict[str, float]]:
+    """The objective's terms averaged over blocks of `every` optimizer steps, each step's `grad_accum` calls
+    (micro-batches) together: [{"step", "hard", "soft", ...}], "step" the block's last step."""
+    check_int("every", every)
+    check_int("grad_accum", grad_accum)
     if objective is None or not objective.records:
         return []
+    recs, per_block = objective.records, every * grad_accum
     out = []
-    recs = objective.records
-    for end in range(every, len(recs) + every, every):
-        block = recs[end - every:end]
-        if not block:
-            break
-        out.append({"step": min(end, len(recs)),
+    for start in range(0, len(recs), per_block):
+        block = recs[start:start + per_block]
+        out.append({"step": (start + len(block)) // grad_accum,
                     **{k: round(sum(r[k] for r in block) / len(block), 5) for k in block[0]}})
     return out
 
@@ -177,6 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     ap.add_argument("--device", default="cpu", choices=DEVICE_CHOICES)
     ap.add_argument("--export", metavar="DIR", help="write the student + training_log.json here")
+    ap.add_argument("--out", metavar="DIR", help="run directory: checkpoints and the distillation's state, to resume")
+    ap.add_argument("--save-interval", type=int, default=0, help="checkpoint every N steps into --out (0: at the end)")
+    ap.add_argument("--stop-after", type=int, help="stop (with a checkpoint in --out) after this step")
+    ap.add_argument("--resume", metavar="DIR", help="continue the interrupted run in DIR (its --out); same settings")
     ap.add_argument("--no-progress", action="store_true")
     return ap
 
@@ -192,12 +274,13 @@ def _relative(path: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
-    init = _relative(student_dir(args.student))
+    init = None if args.resume else str(_relative(student_dir(args.student)))  # a resumed run has its student
     cfg = TrainConfig(
-        preset="draft", init_from=str(init), steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+        preset="draft", init_from=init, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
         min_lr_ratio=args.min_lr_ratio, warmup_steps=args.warmup_steps, eval_interval=args.eval_interval,
         eval_windows=args.eval_windows, final_eval_tokens=args.final_eval_tokens, seed=args.seed,
-        device=args.device, num_threads=args.threads, export_dir=args.export,
+        device=args.device, num_threads=args.threads, export_dir=args.export, out_dir=args.out,
+        save_interval=args.save_interval, stop_after=args.stop_after, resume=args.resume,
         command="python -m minillm.distill.train " + " ".join(shlex.quote(a) for a in argv))
     teacher = None
     if args.kd_weight > 0 or args.feature_weight > 0:

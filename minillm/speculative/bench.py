@@ -31,28 +31,54 @@ import torch
 from minillm.bench.check import same_tokens
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
+from minillm.core.config import check_float, check_int
 from minillm.core.corpus import corpus_sample
 from minillm.core.device import resolve_device
 from minillm.core.hf import to_hf_model
 from minillm.core.model import GPT
-from minillm.core.sampling import SamplingParams, probs_from_logits
+from minillm.core.sampling import SamplingParams, check_seed, probs_from_logits
 from minillm.core.timing import compare, interleave, measure
 from minillm.gpt.pretrained import is_shipped
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.kvcache.generate import generate_ids
 from minillm.speculative.generate import _forward, generate_prompt_lookup, generate_speculative
-from minillm.speculative.sampling import accept_or_resample
+from minillm.speculative.generate import check_gamma
+from minillm.speculative.sampling import accept_or_resample, check_distributions
 
 FIB_PROMPT = "def fibonacci(n):\n    "
 
 
+def _check_ints(name: str, values: object, minimum: int = 1) -> list[int]:
+    """A non-empty list of ints >= minimum (bool excluded), else TypeError/ValueError naming `name`."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)):
+        raise TypeError(f"{name} must be a list of ints, got {type(values).__name__} {values!r}")
+    if not values:
+        raise ValueError(f"{name} must not be empty")
+    for i, v in enumerate(values):
+        check_int(f"{name}[{i}]", v, minimum)
+    return list(values)
+
+
+def _check_prompts(name: str, prompts: object) -> list[list[int]]:
+    """A non-empty list of non-empty prompts (lists of ints); the models check the ids themselves."""
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise ValueError(f"{name} must be a non-empty list of prompts (lists of token ids), got {prompts!r}")
+    for i, p in enumerate(prompts):
+        _check_ints(f"{name}[{i}]", p, 0)
+    return [list(p) for p in prompts]
+
+
 def expected_tokens_per_call(alpha: float, gamma: int) -> float:
     """(1 - α^(γ+1)) / (1 - α): tokens one target forward yields when each draft is kept with probability α."""
+    check_float("alpha", alpha, 0.0, 1.0)
+    check_int("gamma", gamma, 0)
     return (1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1.0
 
 
 def predicted_speedup(alpha: float, gamma: int, c: float, verify_cost: float = 1.0) -> float:
     """The cost model: tokens per round over the round's cost in target steps (γ drafts at c, one verify)."""
+    check_float("c", c, 0.0)
+    check_float("verify_cost", verify_cost, 0.0, include_minimum=False)
     return expected_tokens_per_call(alpha, gamma) / (gamma * c + verify_cost)
 
 
@@ -64,6 +90,10 @@ def forward_costs(target: GPT, draft: GPT, prompt: list[int], ts: list[int], con
     logits of every fed position), the draft's followed by its argmax as in a greedy proposal, so c is what a
     draft step costs the loop and not a lighter stand-in.
     """
+    _check_ints("prompt", prompt, 0)
+    ts = _check_ints("ts", ts)
+    check_int("context", context)
+    check_int("repeats", repeats)
 
     def one_forward(model: GPT, T: int, pick: bool):
         cache = ContiguousKVCache(model.config, 1, context + T, device=model.device)
@@ -100,6 +130,8 @@ def matmul_costs(model: GPT, ts: list[int], repeats: int = 40) -> dict[str, Any]
     If a one-token step were bound by reading the weights, T rows would cost about what one row costs; on a model
     whose weights sit in the CPU's caches the products are bound by arithmetic and grow with T instead.
     """
+    ts = _check_ints("ts", ts)
+    check_int("repeats", repeats)
     layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]  # (out, in) weights, lm_head tied
     inputs = {T: [torch.randn(T, m.in_features, device=model.device) for m in layers] for T in ts}
 
@@ -129,6 +161,11 @@ def draft_agreement(target: GPT, draft: GPT, prompts: list[list[int]], outputs: 
     speculation keeps, α at γ = 1 up to the draft's cache). 1 − TV: Σ_x min(p(x), q(x)) at temperature 1, averaged
     over the same positions: the acceptance probability of speculative *sampling* (Leviathan et al. §3.1).
     """
+    prompts = _check_prompts("prompts", prompts)
+    if not isinstance(outputs, (list, tuple)) or len(outputs) != len(prompts):
+        raise ValueError(f"outputs must hold one continuation per prompt ({len(prompts)}), got {outputs!r}")
+    if not any(len(o) for o in outputs):
+        raise ValueError("outputs are all empty: no position to compare the draft with the target on")
     agree, overlap, n = 0, 0.0, 0
     for prompt, out in zip(prompts, outputs):
         ids = torch.tensor([prompt + out], device=target.device)  # (1, P + N)
@@ -146,6 +183,10 @@ def greedy_sweep(target: GPT, draft: GPT, prompts: list[list[int]], new_tokens: 
                  repeats: int = 3) -> dict[str, Any]:
     """Each γ against the target alone over a set of prompts: identical tokens, acceptance, tokens per call,
     speed-up (all prompts' tokens over all prompts' time), and the cost model beside it."""
+    prompts = _check_prompts("prompts", prompts)
+    gammas = [check_gamma(g) for g in _check_ints("gammas", gammas)]
+    check_int("new_tokens", new_tokens)
+    check_int("repeats", repeats)
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
 
     def alone_all() -> list[list[int]]:  # the target alone on every prompt
@@ -194,6 +235,7 @@ def greedy_sweep(target: GPT, draft: GPT, prompts: list[list[int]], new_tokens: 
 def prompt_lookup(target: GPT, prompt: list[int], new_tokens: int, gamma: int = 4, ngram: int = 3,
                   repeats: int = 3) -> dict[str, Any]:
     """n-gram drafting from the sequence itself against the target alone: identical tokens and the speed-up."""
+    check_int("repeats", repeats)
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
     alone = generate_ids(target, prompt, params)
     out, stats = generate_prompt_lookup(target, prompt, params, gamma=gamma, ngram=ngram)
@@ -208,6 +250,8 @@ def prompt_lookup(target: GPT, prompt: list[int], new_tokens: int, gamma: int = 
 
 def chi_square_p_value(chi2: float, dof: int) -> float:
     """P(X >= chi2) for X ~ chi-square(dof): the upper regularized incomplete gamma function Q(dof/2, chi2/2)."""
+    check_float("chi2", chi2, 0.0)
+    check_int("dof", dof)
     return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
                                          torch.tensor(chi2 / 2, dtype=torch.float64)))
 
@@ -223,6 +267,17 @@ class ChiSquare:
 
 def chi_square_test(counts: torch.Tensor, p: torch.Tensor, bins: int = 10) -> ChiSquare:
     """Counts (V,) of drawn tokens against the distribution p (V,), binned on p's `bins` likeliest tokens + the rest."""
+    for name, t in (("counts", counts), ("p", p)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 1:
+            raise TypeError(f"{name} must be a 1-D tensor (V,), got {getattr(t, 'shape', type(t).__name__)}")
+    if counts.shape != p.shape:
+        raise ValueError(f"counts {tuple(counts.shape)} and p {tuple(p.shape)} must both be (V,)")
+    check_int("bins", bins)
+    if bins >= p.numel():
+        raise ValueError(f"bins={bins} must be below V={p.numel()} (the last bin holds the rest)")
+    check_distributions("p", p)
+    if not bool(torch.isfinite(counts).all()) or bool((counts < 0).any()) or float(counts.sum()) <= 0:
+        raise ValueError("counts must be finite, >= 0 and not all zero")
     top = torch.topk(p, bins).indices
     n = int(counts.sum())
     observed = torch.cat([counts[top], (n - counts[top].sum()).reshape(1)]).double()  # (bins+1,)
@@ -237,6 +292,9 @@ def chi_square_test(counts: torch.Tensor, p: torch.Tensor, bins: int = 10) -> Ch
 def sampling_exactness(target: GPT, draft: GPT, prompt: list[int], draws: int = 20_000, seed: int = 0
                        ) -> dict[str, Any]:
     """At one prefix: draw x ~ q, run the acceptance rule (γ = 1) `draws` times; the first emitted token against p."""
+    _check_ints("prompt", prompt, 0)
+    check_int("draws", draws)
+    check_seed(seed)
     sp = SamplingParams(temperature=1.0)
     with torch.inference_mode():
         ids = torch.tensor([prompt], device=target.device)
@@ -265,6 +323,10 @@ def hf_assisted(target: GPT, draft: GPT, prompt: list[int], new_tokens: int, gam
     HF runs twice: with its default assistant settings (a schedule that adapts the draft length, and a confidence
     threshold that stops drafting early) and with a constant γ like ours. The ratio is against the faster of them.
     """
+    _check_ints("prompt", prompt, 0)
+    check_int("new_tokens", new_tokens)
+    check_gamma(gamma)
+    check_int("repeats", repeats)
     hf_t = to_hf_model(target, attn_implementation="sdpa")
     hf_d = to_hf_model(draft, attn_implementation="sdpa")
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
@@ -304,12 +366,15 @@ def hf_assisted(target: GPT, draft: GPT, prompt: list[int], new_tokens: int, gam
 
 def code_prompt(tokenizer: Any, tokens: int = 200) -> list[int]:
     """The last `tokens` tokens of some validation-split Python source: in-domain text that repeats itself."""
+    check_int("tokens", tokens)
     return tokenizer.encode(corpus_sample(1500, split="val"))[-tokens:]
 
 
 def code_prompts(tokenizer: Any, count: int, tokens: int = 48) -> list[list[int]]:
     """`count` prompts of `tokens` tokens cut at evenly spaced places of the validation split: held-out Python
     source, the kind of text both models were trained on, with none of it seen in training."""
+    check_int("count", count)
+    check_int("tokens", tokens)
     ids = tokenizer.encode(corpus_sample(4000 * count, split="val"))
     step = max((len(ids) - tokens) // max(count, 1), 1)
     return [ids[i * step:i * step + tokens] for i in range(count)]
@@ -319,13 +384,13 @@ def run_all(device: torch.device, quick: bool = False, seed: int = 0, prompts: i
     """Every measurement above on `base` (target) and `draft`, one thread per the chapter's convention; the greedy
     sweep again with `draft-distilled` (chapter 11) when that checkpoint is shipped. `prompts` overrides how many
     prompts the sweeps run over (default 6, quick 3; the tour takes 4 to stay inside its time budget)."""
+    if prompts is not None:
+        check_int("prompts", prompts)  # before the models load
     tgt, dft = load_model("base", device, seed), load_model("draft", device, seed)
     tok = tgt.tokenizer
     prompt = tok.encode(FIB_PROMPT)
     new, gammas, reps, count = (32, [1, 4], 1, 3) if quick else (64, [1, 2, 4, 6], 3, 6)
     if prompts is not None:
-        if not isinstance(prompts, int) or prompts < 1:
-            raise ValueError(f"prompts must be a positive int, got {prompts!r}")
         count = prompts
     prompts = [prompt, *code_prompts(tok, count - 1)]
     report: dict[str, Any] = {"target": tgt.label, "draft": dft.label, "device": str(device),

@@ -28,6 +28,7 @@ grows with the number of running requests), tree drafts, and adapting γ to the 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -42,10 +43,11 @@ from minillm.engine.request import Request, RequestStatus
 from minillm.engine.sampler import Sampler
 from minillm.engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from minillm.speculative.generate import DraftModelProposer, PromptLookupProposer, check_gamma
-from minillm.speculative.sampling import accept_greedy, accept_or_resample
+from minillm.speculative.sampling import accept_greedy, accept_or_resample, check_distributions, check_draft_tokens
 from minillm.speculative.verify_cache import VerifyKVCache  # noqa: F401  (registers the "verify" attention backend)
 
 METHODS = ("prompt-lookup", "draft-model")
+logger = logging.getLogger("minillm.speculative")
 
 
 @dataclass
@@ -171,15 +173,23 @@ class SpeculativeScheduler(Scheduler):
           inside its KV budget (`Request.max_kv_tokens`) and the context window.
       S3. Between steps the block manager holds slots for a request's known tokens at most (its length there ==
           num_block_tokens <= num_tokens): no draft slot outlives its step.
+
+    A drafter that raises, or proposes something that is not k token ids (and, when sampling, their q (k, V)),
+    costs only the speed-up: the request takes a plain step, the failure is counted (`num_drafter_failures`, in
+    `SpeculativeLLM.stats()`) and the first one is logged (logger "minillm.speculative", with the exception's type
+    and message), so speculation that silently stopped paying shows up.
     """
 
-    def __init__(self, config: EngineConfig, block_manager, drafter: Drafter, gamma: int):
+    def __init__(self, config: EngineConfig, block_manager, drafter: Drafter, gamma: int, vocab_size: int):
         super().__init__(config, block_manager)
         self.drafter = drafter
         self.gamma = check_gamma(gamma)
+        check_int("vocab_size", vocab_size)
+        self.vocab_size = vocab_size  # the target's: every draft token must be one of its ids
         self.num_proposed = 0  # draft tokens scheduled for verification
         self.num_accepted = 0  # of those, kept by the acceptance rule (before a stop rule cut the output)
         self.num_verifies = 0  # entries that verified at least one draft
+        self.num_drafter_failures = 0  # proposals that raised or came back malformed (that request drafted nothing)
 
     def schedule(self) -> SchedulerOutput:
         out = super().schedule()
@@ -192,9 +202,9 @@ class SpeculativeScheduler(Scheduler):
             if not s.samples or k <= 0:
                 continue
             try:
-                drafts, q = self.drafter.propose(req, k)
-            except Exception:  # noqa: BLE001 - a failed proposal costs only the speed-up; a broken request fails
-                self.drafter.release(req.request_id)  # in its own sampling below, with a message naming it
+                drafts, q = self._checked_proposal(req, *self.drafter.propose(req, k))
+            except Exception as exc:  # noqa: BLE001 - a failed proposal costs only the speed-up; a broken request
+                self._drafter_failed(req, exc)  # fails in its own sampling below, with a message naming it
                 continue
             drafts = self._append_draft_slots(req, drafts[:k], out)
             if not drafts:
@@ -205,6 +215,29 @@ class SpeculativeScheduler(Scheduler):
             self.num_proposed += len(drafts)
             self.num_verifies += 1
         return out
+
+    def _checked_proposal(self, req: Request, drafts: Any, q: Any) -> tuple[list[int], torch.Tensor | None]:
+        """The drafter's (drafts, q), checked: token ids in the vocabulary, and when the request samples, q (k, V)
+        of probability distributions. A ValueError/TypeError here is a drafter failure."""
+        drafts = check_draft_tokens(drafts, self.vocab_size)
+        if req.params.is_greedy or not drafts:
+            return drafts, q
+        if (not isinstance(q, torch.Tensor) or q.dim() != 2 or q.size(0) < len(drafts)
+                or q.size(1) != self.vocab_size):
+            raise ValueError(f"a sampling request's {len(drafts)} drafts need their distributions q "
+                             f"({len(drafts)}, V={self.vocab_size}), got "
+                             f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
+        check_distributions("q", q[: len(drafts)])
+        return drafts, q
+
+    def _drafter_failed(self, req: Request, exc: Exception) -> None:
+        """Count a failed proposal, drop the request's drafter state, and log the first failure of this engine."""
+        self.drafter.release(req.request_id)
+        self.num_drafter_failures += 1
+        if self.num_drafter_failures == 1:
+            logger.warning("drafter %s failed for request %r (%s: %s); that request took a plain step. Later "
+                           "failures are only counted: stats()['num_drafter_failures']", type(self.drafter).__name__,
+                           req.request_id, type(exc).__name__, exc)
 
     def _append_draft_slots(self, req: Request, drafts: list[int], out: SchedulerOutput) -> list[int]:
         """Slots for as many drafts as free blocks allow (S1); returns the drafts that got one.
@@ -388,7 +421,7 @@ class SpeculativeLLM(LLM):
         super().__init__(model, tokenizer, config, eos_id)
 
     def _scheduler_kwargs(self) -> dict[str, Any]:
-        return {"drafter": self.drafter, "gamma": self.speculative.gamma}
+        return {"drafter": self.drafter, "gamma": self.speculative.gamma, "vocab_size": self.model.config.vocab_size}
 
     def _check_fits(self, req: Request) -> None:
         super()._check_fits(req)
@@ -397,9 +430,11 @@ class SpeculativeLLM(LLM):
                              f"draft's context window block_size={self.draft.config.block_size}")
 
     def stats(self) -> dict[str, Any]:
-        """Chapter 06's counters plus the speculation's: drafts proposed and kept, verify entries, draft forwards."""
+        """Chapter 06's counters plus the speculation's: drafts proposed and kept, verify entries, draft forwards,
+        and proposals that failed (the drafter raised or returned something malformed: no drafts that step)."""
         s = self.scheduler
         assert isinstance(s, SpeculativeScheduler)
         return {**super().stats(), "num_proposed": s.num_proposed, "num_accepted": s.num_accepted,
                 "num_verifies": s.num_verifies, "num_draft_forwards": s.drafter.num_forwards,
+                "num_drafter_failures": s.num_drafter_failures,
                 "acceptance_rate": s.num_accepted / s.num_proposed if s.num_proposed else 0.0}

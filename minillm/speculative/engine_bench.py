@@ -37,6 +37,7 @@ import torch
 from minillm.bench.check import same_tokens
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
+from minillm.core.config import check_int
 from minillm.core.corpus import corpus_sample
 from minillm.core.device import resolve_device
 from minillm.core.model import GPT
@@ -52,6 +53,8 @@ EOT = "<|endoftext|>"
 def code_prompts(tokenizer: Any, n: int, prompt_len: int = 128, window: int = 1500) -> list[list[int]]:
     """n code-completion prompts: the last `prompt_len` tokens of `window`-character pieces of the validation split's
     Python files (split at end-of-text), spread evenly over it, so no two prompts share text."""
+    for name, value in (("n", n), ("prompt_len", prompt_len), ("window", window)):
+        check_int(name, value)
     docs = corpus_sample(10**9, split="val").split(EOT)
     pieces = [d[o : o + window] for d in docs for o in range(0, len(d) - window + 1, window)]
     if n > len(pieces):
@@ -75,6 +78,11 @@ def _timed(llm: LLM, prompts: list[list[int]], params: SamplingParams, cpu: list
 def load_point(target: GPT, prompts: list[list[int]], concurrency: int, new_tokens: int,
                speculative: SpeculativeConfig, draft: GPT | None = None, repeats: int = 3) -> dict[str, Any]:
     """One load: `concurrency` requests at a time over `prompts`, the plain engine against the speculative one."""
+    for name, value in (("concurrency", concurrency), ("new_tokens", new_tokens), ("repeats", repeats)):
+        check_int(name, value)
+    if not isinstance(prompts, (list, tuple)) or not prompts or not all(isinstance(p, (list, tuple)) and p
+                                                                        for p in prompts):
+        raise ValueError(f"prompts must be a non-empty list of non-empty prompts, got {prompts!r}")
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
     bs = 16
     per_request = -(-(max(len(p) for p in prompts) + new_tokens) // bs)
@@ -123,8 +131,15 @@ def load_sweep(target: GPT, tokenizer: Any, loads: Sequence[int] = (1, 2, 4, 8, 
                draft: GPT | None = None, repeats: int = 3) -> dict[str, Any]:
     """Every load of `loads`: ratios of tokens/s (wall and CPU), identical outputs, and the crossover load."""
     speculative = speculative if speculative is not None else SpeculativeConfig()
-    if not loads or any(not isinstance(c, int) or c < 1 for c in loads):
-        raise ValueError(f"loads must be positive ints, got {list(loads)!r}")
+    if not isinstance(speculative, SpeculativeConfig):
+        raise TypeError(f"speculative must be a SpeculativeConfig, got {type(speculative).__name__}")
+    if isinstance(loads, (str, bytes)) or not isinstance(loads, (list, tuple)) or not loads:
+        raise ValueError(f"loads must be a non-empty list of positive ints, got {loads!r}")
+    for i, c in enumerate(loads):
+        check_int(f"loads[{i}]", c)
+    for name, value in (("new_tokens", new_tokens), ("prompt_len", prompt_len),
+                        ("requests_per_slot", requests_per_slot), ("repeats", repeats)):
+        check_int(name, value)
     pool = code_prompts(tokenizer, requests_per_slot * max(loads), prompt_len)
     points = [load_point(target, pool[: requests_per_slot * c], c, new_tokens, speculative, draft, repeats)
               for c in loads]
@@ -140,10 +155,10 @@ def run(device: torch.device | str = "cpu", quick: bool = False, method: str = "
         loads: Sequence[int] | None = None, seed: int = 0) -> dict[str, Any]:
     """The benchmark on `base` (and `draft` for method="draft-model"), by default at loads 1 to 64; quick: loads 1
     and 8, 32 new tokens, one repeat (a few seconds on a CPU), for the chapter's tour."""
+    spec = SpeculativeConfig(method=method, gamma=gamma)  # checks method and gamma before the models load
     device = resolve_device(device) if isinstance(device, str) else device
     tgt = load_model("base", device, seed)
     draft = load_model("draft", device, seed) if method == "draft-model" else None
-    spec = SpeculativeConfig(method=method, gamma=gamma)
     size = dict(loads=(1, 8), new_tokens=32, requests_per_slot=2, repeats=1) if quick else {}
     if loads is not None:
         size["loads"] = tuple(loads)

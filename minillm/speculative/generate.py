@@ -75,6 +75,8 @@ class DraftModelProposer:
     """Drafts γ tokens autoregressively with a small model and its own cache, sampled with the request's params."""
 
     def __init__(self, draft: GPT, max_len: int):
+        require_model(draft, "DraftModelProposer (draft)")
+        check_int("max_len", max_len, 1)
         self.model = draft
         self.cache = ContiguousKVCache(draft.config, 1, max_len, device=draft.device)
         self.calls = 0
@@ -109,6 +111,8 @@ class PromptLookupProposer:
     """Drafts by copying what followed the most recent earlier occurrence of the last n-gram; no model at all."""
 
     def __init__(self, ngram: int, vocab_size: int, device: torch.device):
+        check_int("ngram", ngram, 1)
+        check_int("vocab_size", vocab_size, 1)
         self.ngram = ngram
         self.vocab_size = vocab_size  # for the one-hot q of sampling mode
         self.device = device
@@ -142,6 +146,11 @@ def prompt_lookup_proposals(ids: list[int], gamma: int, ngram: int = 3) -> list[
     check_int("ngram", ngram, 1)
     if not isinstance(ids, (list, tuple)):
         raise TypeError(f"ids must be a list of ints, got {type(ids).__name__}")
+    for pos, tok in enumerate(ids):  # what is copied comes back as drafts: only token ids may
+        if not isinstance(tok, int) or isinstance(tok, bool):
+            raise TypeError(f"ids[{pos}] must be an int token id, got {type(tok).__name__} {tok!r}")
+        if tok < 0:
+            raise ValueError(f"ids[{pos}] = {tok} is not a token id (negative)")
     n = len(ids)
     if n <= ngram:
         return []

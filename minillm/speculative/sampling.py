@@ -13,8 +13,10 @@ Theorem 1): P(x) = q(x) min(1, p(x)/q(x)) + (1 - Σ_y min(p(y), q(y))) · max(0,
               = min(p(x), q(x)) + max(0, p(x) - q(x)) = p(x).
 The naive twin is `sample_from_target`: one draw from p_0. In greedy mode (temperature 0) `accept_greedy` keeps
 draft tokens while they equal the target's argmax and then emits the target's argmax, so the output is the target's
-own greedy output. What it leaves out: batches (one sequence at a time), and the draft/verify loop around it
-(`minillm.speculative.generate`).
+own greedy output. Inputs are checked before any arithmetic: p and q must be distributions (every row finite, >= 0
+and summing to 1 within `prob_sum_tolerance`), so an unnormalised or NaN row is a ValueError naming it rather than a
+biased draw; `acceptance_probability` is 1 where q(x) = 0 (the paper's "q(x) <= p(x): keep"). What it leaves out:
+batches (one sequence at a time), and the draft/verify loop around it (`minillm.speculative.generate`).
 """
 
 from __future__ import annotations
@@ -27,13 +29,68 @@ from minillm.core.sampling import SamplingParams, sample_next
 from minillm.core.stopping import check_token_ids
 
 
-def _check_probs(name: str, t: object, rows: int | None = None) -> torch.Tensor:
+def prob_sum_tolerance(dtype: torch.dtype) -> float:
+    """How far from 1 a row of probabilities may sum: 1e-3, or 4 ulps of a coarser dtype (float16, bfloat16).
+
+    Rows are summed in float64, so only the rounding of each stored probability counts (at most half an ulp of it,
+    half an ulp of 1 in all); the slack covers softmax's own normalisation error and probabilities a caller rounded.
+    """
+    return max(1e-3, 4 * torch.finfo(dtype).eps)
+
+
+def _check_probs(name: str, t: object, rows: int | None = None, what: str = "probabilities") -> torch.Tensor:
+    """A float tensor (rows, V) with V >= 1; its values are checked by `check_distributions`."""
     if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-        raise TypeError(f"{name} must be a float tensor of probabilities, got {getattr(t, 'dtype', type(t).__name__)}")
-    if t.dim() != 2 or (rows is not None and t.size(0) != rows):
+        raise TypeError(f"{name} must be a float tensor of {what}, got {getattr(t, 'dtype', type(t).__name__)}")
+    if t.dim() != 2 or (rows is not None and t.size(0) != rows) or t.size(1) == 0:
         want = f"({rows}, V)" if rows is not None else "(rows, V)"
-        raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
+        raise ValueError(f"{name} must have shape {want} with V >= 1, got {tuple(t.shape)}")
     return t
+
+
+def _check_alike(a: tuple[str, object], b: tuple[str, object], what: str, min_dim: int) -> None:
+    """Two float tensors of one shape on one device (with V >= 1 when min_dim is 1); TypeError/ValueError naming
+    the argument otherwise."""
+    for name, t in (a, b):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"{name} must be a float tensor of {what}, got {getattr(t, 'dtype', type(t).__name__)}")
+        if min_dim and (t.dim() == 0 or t.size(-1) == 0):
+            raise ValueError(f"{name} must have shape (..., V) with V >= 1, got {tuple(t.shape)}")
+    (na, ta), (nb, tb) = a, b
+    assert isinstance(ta, torch.Tensor) and isinstance(tb, torch.Tensor)  # checked just above
+    if ta.shape != tb.shape or ta.device != tb.device:
+        raise ValueError(f"{na} {tuple(ta.shape)} on {ta.device} and {nb} {tuple(tb.shape)} on {tb.device} must "
+                         "have one shape and one device")
+
+
+def check_distributions(name: str, t: torch.Tensor) -> None:
+    """Every row of `t` (..., V) a probability distribution: finite, >= 0, summing to 1 within
+    `prob_sum_tolerance`; ValueError naming `name` and the first bad row otherwise (one host sync)."""
+    if t.numel() == 0:
+        return
+    rows = t.detach().reshape(-1, t.size(-1))  # (R, V)
+    sums = rows.double().sum(dim=-1)  # (R,)
+    tol = prob_sum_tolerance(t.dtype)
+    finite, nonneg = torch.isfinite(rows).all(dim=-1), (rows >= 0).all(dim=-1)  # (R,) each
+    ok = finite & nonneg & ((sums - 1).abs() <= tol)  # (R,)
+    if bool(ok.all()):
+        return
+    r = int((~ok).nonzero()[0])
+    why = ("holds NaN or inf" if not bool(finite[r]) else "has a negative probability" if not bool(nonneg[r])
+           else f"sums to {float(sums[r]):.6g}, not 1 (tolerance {tol:g})")
+    raise ValueError(f"{name} must hold probability distributions (rows of finite values >= 0 summing to 1); "
+                     f"row {r} {why}")
+
+
+def _check_generator(generator: object, device: torch.device) -> None:
+    """None or a torch.Generator on the tensors' device; TypeError/ValueError naming it otherwise."""
+    if generator is None:
+        return
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    g = generator.device
+    if g.type != device.type or (g.index is not None and device.index is not None and g.index != device.index):
+        raise ValueError(f"generator is on {g} but the probabilities are on {device}: it must draw on their device")
 
 
 def check_draft_tokens(draft_tokens: object, vocab_size: int) -> list[int]:
@@ -49,6 +106,9 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     [1, 0, 0]. subtle: when p == q everywhere the residual is all zero; then a rejection has probability 0
     (p/q = 1 > u), so any distribution will do, and p itself is returned rather than 0/0 = NaN.
     """
+    _check_alike(("p", p), ("q", q), "probabilities (..., V)", min_dim=1)
+    check_distributions("p", p)
+    check_distributions("q", q)
     # BEGIN SOLUTION
     r = (p - q).clamp(min=0)  # (..., V)
     mass = r.sum(dim=-1, keepdim=True)  # (..., 1)
@@ -57,9 +117,23 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 def acceptance_probability(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
-    """min(1, p(x) / q(x)): the chance of keeping a draft token x the draft proposed with probability q(x) > 0."""
+    """min(1, p(x) / q(x)), elementwise: the chance of keeping a draft token x that the draft proposed with
+    probability q(x) and the target gives p(x). p_x, q_x: probabilities in [0, 1], one shape.
+
+    Leviathan et al. 2023 §2.3: "if q(x) <= p(x) we keep x; if q(x) > p(x) we reject it with probability
+    1 − p(x)/q(x)". So q(x) = 0 gives 1: the draft never proposes such an x (it has no mass there), and the rule's
+    first case covers it, where p/q would be p/0 = inf, or 0/0 = NaN when p(x) = 0 too. Any other value there could
+    never change an output; 1 keeps the result a probability.
+    """
+    _check_alike(("p_x", p_x), ("q_x", q_x), "probabilities", min_dim=0)
+    bad = torch.stack([((t.detach() >= 0) & (t.detach() <= 1)).all() for t in (p_x, q_x)]).tolist()  # NaN fails too
+    for name, t, ok in (("p_x", p_x, bad[0]), ("q_x", q_x, bad[1])):
+        if not ok:
+            raise ValueError(f"{name} must hold probabilities in [0, 1], got {t.detach().flatten()[:8].tolist()}")
     # BEGIN SOLUTION
-    return (p_x / q_x).clamp(max=1.0)  # q < p: always keep; q > p: keep with probability p/q
+    ratio = (p_x / q_x).clamp(max=1.0)  # q < p: always keep; q > p: keep with probability p/q
+    # q(x) = 0: p/0 = inf or 0/0 = NaN above, discarded here for the rule's first case (keep).
+    return torch.where(q_x > 0, ratio, torch.ones_like(ratio))
     # END SOLUTION
 
 
@@ -79,8 +153,11 @@ def accept_or_resample(p: torch.Tensor, q: torch.Tensor, draft_tokens: Sequence[
     tokens = check_draft_tokens(draft_tokens, V)
     if len(tokens) != gamma:
         raise ValueError(f"draft_tokens has {len(tokens)} tokens but q has {gamma} rows")
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    if q.device != p.device:
+        raise ValueError(f"p on {p.device} and q on {q.device} must be on one device")
+    check_distributions("p", p)
+    check_distributions("q", q)
+    _check_generator(generator, p.device)
     # BEGIN SOLUTION
     idx = torch.tensor(tokens, dtype=torch.long, device=p.device)  # (γ,)
     rows = torch.arange(gamma, device=p.device)  # (γ,)
@@ -108,6 +185,8 @@ def accept_or_resample(p: torch.Tensor, q: torch.Tensor, draft_tokens: Sequence[
 def sample_from_target(p: torch.Tensor, generator: torch.Generator | None = None) -> int:
     """The naive twin: one token drawn from the target's first distribution p[0] (what the target alone emits)."""
     p = _check_probs("p", p)
+    check_distributions("p", p[:1])
+    _check_generator(generator, p.device)
     return int(torch.multinomial(p[0], 1, generator=generator))
 
 
@@ -116,13 +195,20 @@ def accept_greedy(target_logits: torch.Tensor, draft_tokens: Sequence[int] | tor
     """Greedy verification: keep draft tokens while each equals the target's argmax, then emit the target's argmax.
 
     target_logits (γ+1, V). The argmax is `sample_next`'s (first index on ties), so the emitted tokens are exactly
-    those greedy decoding of the target alone produces from the same logits; the bonus token included.
+    those greedy decoding of the target alone produces from the same logits; the bonus token included. `params`, if
+    given, must be greedy (temperature 0): other params would sample, and the verification would not be greedy.
     """
-    target_logits = _check_probs("target_logits", target_logits)
+    target_logits = _check_probs("target_logits", target_logits, what="logits")
     tokens = check_draft_tokens(draft_tokens, target_logits.size(1))
     if target_logits.size(0) != len(tokens) + 1:
         raise ValueError(f"target_logits must have {len(tokens) + 1} rows (γ+1) for {len(tokens)} draft tokens, "
                          f"got {target_logits.size(0)}")
+    if params is not None and not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be greedy SamplingParams or None, got {type(params).__name__} {params!r}")
+    if params is not None and not params.is_greedy:
+        raise ValueError(f"params must be greedy SamplingParams (temperature 0) or None, got {params!r}")
+    if bool(torch.isnan(target_logits).any()):  # argmax would pick a NaN as the largest
+        raise ValueError("target_logits contains NaN")
     # BEGIN SOLUTION
     best = sample_next(target_logits, params or SamplingParams.greedy()).tolist()  # (γ+1,) argmax per position
     out: list[int] = []

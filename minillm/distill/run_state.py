@@ -1,0 +1,125 @@
+"""A distillation run's own state beside chapter 02's checkpoints, so that an interrupted run resumes exactly.
+
+What it adds: chapter 02's trainer saves and resumes the weights, AdamW, the RNGs and its own history atomically
+(`minillm.gpt.train_state`); a distillation run has two things more that the trainer does not know about, and
+this module keeps them in the run directory (`TrainConfig.out_dir`) next to the checkpoints:
+
+    distill_run.json        the settings (T, w, kind, β, the teacher's weights digest, grad_accum, the student it
+                            started from) and `first_serial`, the serial the run's first checkpoint gets
+    distill_records.jsonl   one line per call of the objective (its hard, soft, feature and total terms), appended
+                            and fsynced before that step's checkpoint can exist
+
+Resume (`resume_run`) takes the checkpoint the trainer will take (`find_checkpoint`), refuses settings that differ
+from the interrupted run's (a different T or teacher would silently continue another run), refuses a checkpoint
+older than the run (a fresh run killed before its first save leaves the previous run's checkpoint as the newest),
+and keeps the first step · grad_accum records, the ones that belong to the checkpoint's steps; lines written after
+it (a step that ran but was never saved) are dropped. JSON keeps a float's shortest repr, so the records read back
+are the very floats that were written, and the resumed run's log equals the uninterrupted one's.
+
+What it leaves out: a learned feature projection's weights and AdamW state (the trainer refuses to resume a loss
+with parameters of its own; `distill` says so up front).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from minillm.core.io import atomic_write_text, content_sha256, read_json_file
+from minillm.core.model import GPT
+from minillm.gpt.train_state import find_checkpoint
+
+RUN_NAME = "distill_run.json"
+RECORDS_NAME = "distill_records.jsonl"
+RUN_FORMAT = "minillm-distill-run"
+SETTINGS = ("temperature", "kd_weight", "kind", "feature_weight", "teacher_sha256", "grad_accum")
+
+
+def teacher_digest(teacher: GPT | None) -> str | None:
+    """SHA-256 of the teacher's weights (names, dtypes, shapes, bytes): a resume must distil from the same teacher."""
+    return None if teacher is None else content_sha256(dict(teacher.state_dict()))
+
+
+class RecordLog:
+    """Appends the objective's records to distill_records.jsonl, one fsynced line each (a kill loses none that a
+    checkpoint after it depends on)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def __call__(self, record: dict[str, float]) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _next_serial(run_dir: Path) -> int:
+    """The serial the next checkpoint saved into run_dir will have at least (one more than the newest complete)."""
+    try:
+        return find_checkpoint(run_dir).serial + 1
+    except ValueError:  # no directory yet, or no complete checkpoint in it
+        return 1
+
+
+def _write(out_dir: Path, settings: dict[str, Any], student_init: str | None, records: list[dict],
+           first_serial: int | None = None) -> RecordLog:
+    """Write the run's state into out_dir (records first, the run file last) and return its record log."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run = {"format": RUN_FORMAT, "settings": settings, "student_init": student_init,
+           "first_serial": _next_serial(out_dir) if first_serial is None else first_serial}
+    atomic_write_text(out_dir / RECORDS_NAME, "".join(json.dumps(r) + "\n" for r in records))
+    atomic_write_text(out_dir / RUN_NAME, json.dumps(run, indent=1) + "\n")
+    return RecordLog(out_dir / RECORDS_NAME)
+
+
+def start_run(out_dir: str | os.PathLike, settings: dict[str, Any], student_init: str | None) -> RecordLog:
+    """A fresh run into out_dir: its settings, and an empty record log to append to."""
+    return _write(Path(out_dir), settings, student_init, [])
+
+
+def resume_run(resume_dir: str | os.PathLike, out_dir: str | os.PathLike | None, settings: dict[str, Any],
+               needs_records: bool) -> tuple[list[dict[str, float]], str | None, RecordLog | None]:
+    """(records of the checkpoint's steps, the student the run started from, the record log to go on appending
+    to (None without out_dir)); ValueError naming what does not match the interrupted run."""
+    resume_dir = Path(resume_dir)
+    point = find_checkpoint(resume_dir)  # the trainer takes the same one; ValueError if there is none
+    run_path = resume_dir / RUN_NAME
+    if not run_path.is_file():
+        raise ValueError(f"resume={str(resume_dir)!r} holds no {RUN_NAME}: it is not a distillation run directory "
+                         "(written by minillm.distill.train.distill with out_dir)")
+    run = read_json_file(run_path, what="distillation run state")
+    if not isinstance(run, dict) or run.get("format") != RUN_FORMAT:
+        raise ValueError(f"{str(run_path)!r} is not a {RUN_FORMAT!r} file")
+    was = run["settings"]
+    differ = [f"{k}={settings[k]!r} (the interrupted run had {was.get(k)!r})" for k in SETTINGS
+              if settings[k] != was.get(k)]
+    if differ:
+        raise ValueError(f"resume must continue the interrupted run with its settings; these differ: "
+                         f"{'; '.join(differ)}")
+    if point.serial < run["first_serial"]:
+        raise ValueError(f"the newest checkpoint in {str(resume_dir)!r} ({point.path.name}) is older than the "
+                         f"distillation run recorded there (its first checkpoint is serial {run['first_serial']}): "
+                         "that run was interrupted before its first save; start it again")
+    needed = point.step * settings["grad_accum"] if needs_records else 0
+    records: list[dict[str, float]] = []
+    if needed:
+        with open(resume_dir / RECORDS_NAME, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if len(records) == needed:
+                    break
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{RECORDS_NAME} in {str(resume_dir)!r}: line {number} is not a record "
+                                     f"(damaged?): {e}") from e
+        if len(records) < needed:
+            raise ValueError(f"{RECORDS_NAME} in {str(resume_dir)!r} holds {len(records)} records, the checkpoint "
+                             f"at step {point.step} needs {needed}")
+    log = None
+    if out_dir is not None:  # the same directory keeps the run's first serial; a new one starts its own count
+        same = Path(out_dir).resolve() == resume_dir.resolve()
+        log = _write(Path(out_dir), settings, run["student_init"], records, run["first_serial"] if same else None)
+    return records, run["student_init"], log

@@ -1,0 +1,667 @@
+"""Chapters 08 and 11 against a hostile user: every public entry point, fed what a user can get wrong.
+
+The contract: bad input is a ValueError/TypeError raised from minillm's own code whose message names the argument,
+never torch's message, a crash, a hang or a silently wrong answer; input that is odd but meaningful (a masked
+vocabulary, q(x) = 0, a huge temperature, a student deeper than its teacher) gets the right answer, checked against
+a reference computed here (float64 math, `F.kl_div`). Then the regressions of what was found: `kd_loss` NaN on -inf
+logits, wrong and negative at large T in float32, NaN on an empty batch; `distill` training hard-label on a NaN
+weight or T = 0; `default_layer_pairs(3, 2)` pairing layer -1; `distill` unable to resume (now bit-identical);
+`acceptance_probability` NaN at q = 0; unnormalised distributions accepted; a failing drafter switching speculation
+off without a trace (now counted in `stats()` and logged once).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import traceback
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minillm import GPT, GPTConfig
+from minillm.core.checkpoint import save_checkpoint
+from minillm.core.sampling import SamplingParams
+from minillm.distill import FeatureProjection, default_layer_pairs, distillation_loss, feature_loss, kd_loss
+from minillm.distill import bench as distill_bench
+from minillm.distill import train as distill_train
+from minillm.distill.losses import check_kind, check_layer_pairs, check_temperature
+from minillm.distill.run_state import RECORDS_NAME, RUN_NAME
+from minillm.distill.train import DistillObjective, distill, kd_history, student_dir
+from minillm.engine.config import EngineConfig
+from minillm.engine.llm import LLM
+from minillm.gpt.train import TrainConfig, train
+from minillm.kvcache.generate import generate_ids
+from minillm.speculative import bench as spec_bench
+from minillm.speculative import engine_bench
+from minillm.speculative.engine import SpeculativeConfig, SpeculativeLLM
+from minillm.speculative.generate import generate_prompt_lookup, generate_speculative, prompt_lookup_proposals
+from minillm.speculative.sampling import (
+    accept_greedy,
+    accept_or_resample,
+    acceptance_probability,
+    prob_sum_tolerance,
+    residual_distribution,
+    sample_from_target,
+)
+
+NAN, INF = float("nan"), float("inf")
+
+
+def tiny(seed: int, **overrides) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(GPTConfig.from_name("tiny", **overrides)).eval()
+
+
+@pytest.fixture(scope="module")
+def ctx(tmp_path_factory):
+    """Small things every case may use: logits, distributions, two tiny models, a student checkpoint."""
+    g = torch.Generator().manual_seed(0)
+    root = tmp_path_factory.mktemp("hostile")
+    save_checkpoint(tiny(7, block_size=32), root / "student")
+    return SimpleNamespace(
+        zs=torch.randn(2, 3, 5, generator=g), zt=torch.randn(2, 3, 5, generator=g),
+        y=torch.randint(0, 5, (2, 3), generator=g),
+        p=torch.full((3, 4), 0.25), q=torch.full((2, 4), 0.25),
+        target=tiny(1), draft=tiny(2), teacher=tiny(3, block_size=32),
+        cfg=TrainConfig(preset="tiny", init_from=str(root / "student"), steps=2, warmup_steps=1, batch_size=2,
+                        eval_interval=0, eval_windows=2, final_eval_tokens=0),
+        root=root,
+    )
+
+
+def with_value(t: torch.Tensor, index: tuple, value: float) -> torch.Tensor:
+    t = t.clone()
+    t[index] = value
+    return t
+
+
+# (id, call(ctx), the exception, a regex its message must match: it names the argument)
+BAD = [
+    # ---------------------------------------------------------------- chapter 11: kd_loss and its checks
+    ("kd-T-bool", lambda c: kd_loss(c.zs, c.zt, True), TypeError, "temperature"),
+    ("kd-T-str", lambda c: kd_loss(c.zs, c.zt, "2"), TypeError, "temperature"),
+    ("kd-T-nan", lambda c: kd_loss(c.zs, c.zt, NAN), ValueError, "temperature"),
+    ("kd-T-inf", lambda c: kd_loss(c.zs, c.zt, INF), ValueError, "temperature"),
+    ("kd-T-zero", lambda c: kd_loss(c.zs, c.zt, 0.0), ValueError, "temperature"),
+    ("kd-T-negative", lambda c: kd_loss(c.zs, c.zt, -1.0), ValueError, "temperature"),
+    ("kd-T-tensor", lambda c: kd_loss(c.zs, c.zt, torch.tensor(2.0)), TypeError, "temperature"),
+    ("kd-kind-unknown", lambda c: kd_loss(c.zs, c.zt, 1.0, "sideways"), ValueError, "kind"),
+    ("kd-kind-not-str", lambda c: kd_loss(c.zs, c.zt, 1.0, ["forward"]), TypeError, "kind"),
+    ("kd-kind-none", lambda c: kd_loss(c.zs, c.zt, 1.0, None), TypeError, "kind"),
+    ("kd-student-int", lambda c: kd_loss(c.zs.long(), c.zt), TypeError, "student_logits"),
+    ("kd-teacher-list", lambda c: kd_loss(c.zs, c.zt.tolist()), TypeError, "teacher_logits"),
+    ("kd-student-0d", lambda c: kd_loss(torch.tensor(1.0), torch.tensor(1.0)), ValueError, "student_logits"),
+    ("kd-V-1", lambda c: kd_loss(torch.zeros(2, 1), torch.zeros(2, 1)), ValueError, "V >= 2"),
+    ("kd-empty", lambda c: kd_loss(torch.zeros(0, 5), torch.zeros(0, 5)), ValueError, "student_logits.*no positions"),
+    ("kd-empty-seq", lambda c: kd_loss(torch.zeros(2, 0, 5), torch.zeros(2, 0, 5)), ValueError, "no positions"),
+    ("kd-shapes", lambda c: kd_loss(c.zs, c.zt[:, :2]), ValueError, "student_logits.*teacher_logits.*same shape"),
+    ("kd-student-nan", lambda c: kd_loss(with_value(c.zs, (0, 0, 0), NAN), c.zt), ValueError, "student_logits.*NaN"),
+    ("kd-teacher-posinf", lambda c: kd_loss(c.zs, with_value(c.zt, (1, 2, 3), INF)), ValueError,
+     "teacher_logits.*\\+inf"),
+    ("kd-teacher-row-all-masked", lambda c: kd_loss(c.zs, with_value(c.zt, (0, 1), -INF)), ValueError,
+     "teacher_logits.*no finite logit"),
+    ("check-temperature-bool", lambda c: check_temperature(False), TypeError, "temperature"),
+    ("check-kind-int", lambda c: check_kind(1), TypeError, "kind"),
+    # ---------------------------------------------------------------- distillation_loss
+    ("dl-weight-bool", lambda c: distillation_loss(c.zs, c.zt, c.y, kd_weight=True), TypeError, "kd_weight"),
+    ("dl-weight-nan", lambda c: distillation_loss(c.zs, c.zt, c.y, kd_weight=NAN), ValueError, "kd_weight"),
+    ("dl-weight-negative", lambda c: distillation_loss(c.zs, c.zt, c.y, kd_weight=-0.1), ValueError, "kd_weight"),
+    ("dl-weight-above-1", lambda c: distillation_loss(c.zs, c.zt, c.y, kd_weight=1.5), ValueError, "kd_weight"),
+    ("dl-targets-float", lambda c: distillation_loss(c.zs, c.zt, c.y.float()), TypeError, "targets"),
+    ("dl-targets-list", lambda c: distillation_loss(c.zs, c.zt, c.y.tolist()), TypeError, "targets"),
+    ("dl-targets-shape", lambda c: distillation_loss(c.zs, c.zt, c.y[:, :2]), ValueError, "targets must have shape"),
+    ("dl-targets-too-big", lambda c: distillation_loss(c.zs, c.zt, with_value(c.y, (0, 0), 5)), ValueError,
+     "targets.*\\[0, V=5\\)"),
+    ("dl-targets-ignore-index", lambda c: distillation_loss(c.zs, c.zt, with_value(c.y, (0, 0), -100)), ValueError,
+     "targets"),
+    ("dl-T-zero", lambda c: distillation_loss(c.zs, c.zt, c.y, temperature=0.0), ValueError, "temperature"),
+    # ---------------------------------------------------------------- feature KD
+    ("pairs-bool", lambda c: default_layer_pairs(True, 6), TypeError, "student_layers"),
+    ("pairs-float", lambda c: default_layer_pairs(2, 6.0), TypeError, "teacher_layers"),
+    ("pairs-zero", lambda c: default_layer_pairs(0, 6), ValueError, "student_layers"),
+    ("pairs-negative", lambda c: default_layer_pairs(2, -1), ValueError, "teacher_layers"),
+    ("proj-width-bool", lambda c: FeatureProjection(True, 4, [(0, 0)]), TypeError, "student_width"),
+    ("proj-width-zero", lambda c: FeatureProjection(2, 0, [(0, 0)]), ValueError, "teacher_width"),
+    ("proj-pairs-empty", lambda c: FeatureProjection(2, 4, []), ValueError, "layer_pairs"),
+    ("proj-pairs-int", lambda c: FeatureProjection(2, 4, 3), TypeError, "layer_pairs"),
+    ("proj-pairs-str", lambda c: FeatureProjection(2, 4, "01"), TypeError, "layer_pairs"),
+    ("proj-pair-short", lambda c: FeatureProjection(2, 4, [(0,)]), TypeError, "layer_pairs\\[0\\]"),
+    ("proj-pair-bool", lambda c: FeatureProjection(2, 4, [(0, 0), (True, 1)]), TypeError, "layer_pairs\\[1\\]"),
+    ("proj-pair-float", lambda c: FeatureProjection(2, 4, [(0.0, 1)]), TypeError, "layer_pairs\\[0\\]"),
+    ("proj-pair-negative", lambda c: FeatureProjection(2, 4, [(-1, 0)]), ValueError, "layer_pairs\\[0\\]"),
+    ("pairs-beyond-depth", lambda c: check_layer_pairs([(0, 2)], 2, 2), ValueError, "teacher has 2 blocks"),
+    ("proj-states-not-list", lambda c: FeatureProjection(2, 4, [(0, 0)])(torch.zeros(1, 2), [torch.zeros(1, 4)]),
+     TypeError, "student_states"),
+    ("feat-int", lambda c: feature_loss(torch.zeros(3, 2, dtype=torch.long), torch.zeros(3, 4), torch.nn.Linear(2, 4)),
+     TypeError, "student_h"),
+    ("feat-nan", lambda c: feature_loss(torch.zeros(3, 2), torch.full((3, 4), NAN), torch.nn.Linear(2, 4)),
+     ValueError, "teacher_h.*NaN"),
+    ("feat-empty", lambda c: feature_loss(torch.zeros(0, 2), torch.zeros(0, 4), torch.nn.Linear(2, 4)),
+     ValueError, "student_h"),
+    ("feat-proj-not-callable", lambda c: feature_loss(torch.zeros(3, 2), torch.zeros(3, 4), "linear"),
+     TypeError, "proj"),
+    ("feat-proj-width", lambda c: feature_loss(torch.zeros(3, 3), torch.zeros(3, 4), torch.nn.Linear(2, 4)),
+     ValueError, "projection takes width 2"),
+    # ---------------------------------------------------------------- DistillObjective
+    ("obj-teacher", lambda c: DistillObjective(torch.nn.Linear(2, 2)), TypeError, "teacher"),
+    ("obj-T-zero", lambda c: DistillObjective(c.teacher, temperature=0.0), ValueError, "temperature"),
+    ("obj-weight-nan", lambda c: DistillObjective(c.teacher, kd_weight=NAN), ValueError, "kd_weight"),
+    ("obj-feature-negative", lambda c: DistillObjective(c.teacher, feature_weight=-1.0), ValueError, "feature_weight"),
+    ("obj-kind", lambda c: DistillObjective(c.teacher, kind="backward"), ValueError, "kind"),
+    ("obj-student-config", lambda c: DistillObjective(c.teacher, feature_weight=0.5, student_config={"n_layer": 2}),
+     TypeError, "student_config"),
+    ("obj-pairs-beyond-teacher", lambda c: DistillObjective(c.teacher, feature_weight=0.5,
+                                                            student_config=c.target.config, layer_pairs=[(0, 5)]),
+     ValueError, "layer_pairs\\[0\\]"),
+    ("obj-longer-than-teacher", lambda c: DistillObjective(tiny(3, block_size=8))(
+        c.target, torch.zeros(1, 9, dtype=torch.long), torch.zeros(1, 9, dtype=torch.long)),
+     ValueError, "teacher's context window"),
+    # ---------------------------------------------------------------- distill: every argument, before any work
+    ("distill-cfg", lambda c: distill({"steps": 2}, c.teacher), TypeError, "TrainConfig"),
+    ("distill-T-zero", lambda c: distill(c.cfg, c.teacher, temperature=0.0, progress=False), ValueError,
+     "temperature"),
+    ("distill-T-zero-hard-label", lambda c: distill(c.cfg, None, temperature=0.0, kd_weight=0.0, progress=False),
+     ValueError, "temperature"),
+    ("distill-T-negative", lambda c: distill(c.cfg, c.teacher, temperature=-2.0, progress=False), ValueError,
+     "temperature"),
+    ("distill-T-nan", lambda c: distill(c.cfg, c.teacher, temperature=NAN, progress=False), ValueError,
+     "temperature"),
+    ("distill-T-bool", lambda c: distill(c.cfg, c.teacher, temperature=True, progress=False), TypeError,
+     "temperature"),
+    ("distill-weight-negative", lambda c: distill(c.cfg, c.teacher, kd_weight=-0.5, progress=False), ValueError,
+     "kd_weight"),
+    ("distill-weight-nan", lambda c: distill(c.cfg, c.teacher, kd_weight=NAN, progress=False), ValueError,
+     "kd_weight"),
+    ("distill-weight-nan-no-teacher", lambda c: distill(c.cfg, None, kd_weight=NAN, progress=False), ValueError,
+     "kd_weight"),
+    ("distill-weight-bool", lambda c: distill(c.cfg, c.teacher, kd_weight=True, progress=False), TypeError,
+     "kd_weight"),
+    ("distill-feature-nan", lambda c: distill(c.cfg, c.teacher, feature_weight=NAN, progress=False), ValueError,
+     "feature_weight"),
+    ("distill-feature-negative", lambda c: distill(c.cfg, None, kd_weight=0.0, feature_weight=-1.0, progress=False),
+     ValueError, "feature_weight"),
+    ("distill-kind", lambda c: distill(c.cfg, None, kd_weight=0.0, kind="sideways", progress=False), ValueError,
+     "kind"),
+    ("distill-kind-none", lambda c: distill(c.cfg, c.teacher, kind=None, progress=False), TypeError, "kind"),
+    ("distill-progress", lambda c: distill(c.cfg, c.teacher, progress="yes"), TypeError, "progress"),
+    ("distill-teacher-type", lambda c: distill(c.cfg, "base", progress=False), TypeError, "teacher"),
+    ("distill-needs-teacher", lambda c: distill(c.cfg, None, kd_weight=0.5, progress=False), ValueError, "teacher"),
+    ("distill-no-student", lambda c: distill(TrainConfig(preset="tiny", steps=2, warmup_steps=1), c.teacher,
+                                             progress=False), ValueError, "init_from"),
+    ("distill-teacher-vocab", lambda c: distill(c.cfg, tiny(4, vocab_size=256, block_size=32), progress=False),
+     ValueError, "vocab_size"),
+    ("distill-teacher-window", lambda c: distill(c.cfg, tiny(4, block_size=16), progress=False), ValueError,
+     "block_size"),
+    ("distill-resume-features", lambda c: distill(TrainConfig(preset="tiny", steps=2, warmup_steps=1,
+                                                              resume=str(c.root)), c.teacher, feature_weight=0.5,
+                                                  progress=False), ValueError, "feature_weight"),
+    ("kd-history-every", lambda c: kd_history(None, 0), ValueError, "every"),
+    ("kd-history-bool", lambda c: kd_history(None, True), TypeError, "every"),
+    ("student-dir-type", lambda c: student_dir(3), TypeError, "student"),
+    ("student-dir-missing", lambda c: student_dir("no/such/dir"), ValueError, "student"),
+    # ---------------------------------------------------------------- chapter 11's benchmark helpers
+    ("val-prompts-zero", lambda c: distill_bench.val_prompts(0, 5), ValueError, "num_prompts"),
+    ("val-prompts-bool", lambda c: distill_bench.val_prompts(True, 5), TypeError, "num_prompts"),
+    ("val-prompts-float", lambda c: distill_bench.val_prompts(2.5, 5), TypeError, "num_prompts"),
+    ("val-prompts-too-many", lambda c: distill_bench.val_prompts(10 ** 6, 10 ** 6), ValueError, "num_prompts"),
+    ("acceptance-no-prompts", lambda c: distill_bench.acceptance(c.target, c.draft, [], 4, 2), ValueError, "prompts"),
+    ("acceptance-reference-short", lambda c: distill_bench.acceptance(c.target, c.draft, [[1, 2], [3]], 2, 1,
+                                                                      reference=[[4, 5]]), ValueError, "reference"),
+    ("speedups-gammas-empty", lambda c: distill_bench.speedups(c.target, {}, [[1, 2]], 2, []), ValueError, "gammas"),
+    ("speedups-gamma-bool", lambda c: distill_bench.speedups(c.target, {}, [[1, 2]], 2, [True]), TypeError,
+     "gammas\\[0\\]"),
+    ("alpha-at-unmeasured", lambda c: distill_bench.alpha_at({"acceptance": {"draft": [{"gamma": 1, "alpha": 0.5}]}},
+                                                             "draft", 4), ValueError, "gamma=4"),
+    ("alpha-at-unknown-draft", lambda c: distill_bench.alpha_at({"acceptance": {}}, "draft", 1), ValueError, "draft"),
+    # ---------------------------------------------------------------- chapter 08: the acceptance rule
+    ("accprob-list", lambda c: acceptance_probability([0.5], torch.tensor([0.5])), TypeError, "p_x"),
+    ("accprob-int", lambda c: acceptance_probability(torch.tensor([1]), torch.tensor([1])), TypeError, "p_x"),
+    ("accprob-shapes", lambda c: acceptance_probability(torch.rand(3), torch.rand(2)), ValueError, "p_x.*q_x"),
+    ("accprob-nan", lambda c: acceptance_probability(torch.tensor([0.5]), torch.tensor([NAN])), ValueError, "q_x"),
+    ("accprob-above-1", lambda c: acceptance_probability(torch.tensor([1.5]), torch.tensor([0.5])), ValueError,
+     "p_x"),
+    ("accprob-negative", lambda c: acceptance_probability(torch.tensor([0.5]), torch.tensor([-0.5])), ValueError,
+     "q_x"),
+    ("resid-shapes", lambda c: residual_distribution(c.p, c.q), ValueError, "p.*q"),
+    ("resid-list", lambda c: residual_distribution(c.p.tolist(), c.p), TypeError, "p must"),
+    ("resid-nan", lambda c: residual_distribution(with_value(c.p, (0, 0), NAN), c.p), ValueError, "p must.*row 0"),
+    ("resid-unnormalised", lambda c: residual_distribution(c.p, c.p * 2), ValueError, "q must.*sums to 2"),
+    ("aor-p-unnormalised", lambda c: accept_or_resample(c.p * 2, c.q, [0, 1]), ValueError, "p must.*row 0.*sums"),
+    ("aor-p-nan", lambda c: accept_or_resample(with_value(c.p, (2, 1), NAN), c.q, [0, 1]), ValueError,
+     "p must.*row 2.*NaN"),
+    ("aor-q-negative", lambda c: accept_or_resample(c.p, torch.tensor([[0.5, 0.5, 0.25, -0.25]] * 2), [0, 1]),
+     ValueError, "q must.*negative"),
+    ("aor-q-inf", lambda c: accept_or_resample(c.p, with_value(c.q, (1, 3), INF), [0, 1]), ValueError, "q must"),
+    ("aor-q-sums-to-zero", lambda c: accept_or_resample(c.p, torch.zeros(2, 4), [0, 1]), ValueError, "q must"),
+    ("aor-V-0", lambda c: accept_or_resample(torch.zeros(1, 0), torch.zeros(0, 0), []), ValueError, "V >= 1"),
+    ("aor-token-bool", lambda c: accept_or_resample(c.p, c.q, [True, 1]), TypeError, "draft_tokens\\[0\\]"),
+    ("aor-token-float", lambda c: accept_or_resample(c.p, c.q, [0, 1.0]), TypeError, "draft_tokens\\[1\\]"),
+    ("aor-tokens-float-tensor", lambda c: accept_or_resample(c.p, c.q, torch.tensor([0.0, 1.0])), TypeError,
+     "draft_tokens"),
+    ("aor-generator", lambda c: accept_or_resample(c.p, c.q, [0, 1], generator=0), TypeError, "generator"),
+    ("aor-rows", lambda c: accept_or_resample(c.p[:2], c.q, [0, 1]), ValueError, "p must have shape \\(3, V\\)"),
+    ("target-unnormalised", lambda c: sample_from_target(c.p * 0.5), ValueError, "p must.*sums to 0.5"),
+    ("target-generator", lambda c: sample_from_target(c.p, generator="seed"), TypeError, "generator"),
+    ("greedy-nan", lambda c: accept_greedy(with_value(torch.zeros(3, 4), (1, 1), NAN), [0, 1]), ValueError,
+     "target_logits.*NaN"),
+    ("greedy-int", lambda c: accept_greedy(torch.zeros(3, 4, dtype=torch.long), [0, 1]), TypeError,
+     "target_logits must be a float tensor of logits"),
+    ("greedy-sampling-params", lambda c: accept_greedy(torch.zeros(3, 4), [0, 1], SamplingParams(temperature=1.0)),
+     ValueError, "params must be greedy"),
+    ("greedy-params-dict", lambda c: accept_greedy(torch.zeros(3, 4), [0, 1], {"temperature": 0}), TypeError,
+     "params"),
+    # ---------------------------------------------------------------- prompt lookup and the loops
+    ("lookup-gamma-bool", lambda c: prompt_lookup_proposals([1, 2, 1, 2], True), TypeError, "gamma"),
+    ("lookup-gamma-zero", lambda c: prompt_lookup_proposals([1, 2, 1, 2], 0), ValueError, "gamma"),
+    ("lookup-ngram-bool", lambda c: prompt_lookup_proposals([1, 2, 1, 2], 2, ngram=True), TypeError, "ngram"),
+    ("lookup-ngram-zero", lambda c: prompt_lookup_proposals([1, 2, 1, 2], 2, ngram=0), ValueError, "ngram"),
+    ("lookup-ids-str", lambda c: prompt_lookup_proposals("abab", 2, ngram=1), TypeError, "ids"),
+    ("lookup-ids-float", lambda c: prompt_lookup_proposals([1, 2.0, 1, 2], 2, ngram=1), TypeError, "ids\\[1\\]"),
+    ("lookup-ids-bool", lambda c: prompt_lookup_proposals([True, 2, 1, 2], 2, ngram=1), TypeError, "ids\\[0\\]"),
+    ("lookup-ids-negative", lambda c: prompt_lookup_proposals([1, -2, 1, 2], 2, ngram=1), ValueError, "ids\\[1\\]"),
+    ("spec-gamma-bool", lambda c: generate_speculative(c.target, c.draft, [1, 2], SamplingParams.greedy(4),
+                                                       gamma=True), TypeError, "gamma"),
+    ("spec-gamma-float", lambda c: generate_speculative(c.target, c.draft, [1, 2], SamplingParams.greedy(4),
+                                                        gamma=2.0), TypeError, "gamma"),
+    ("spec-draft", lambda c: generate_speculative(c.target, "draft", [1, 2], SamplingParams.greedy(4)), TypeError,
+     "draft"),
+    ("spec-prompt-empty", lambda c: generate_speculative(c.target, c.draft, [], SamplingParams.greedy(4)),
+     ValueError, "prompt"),
+    ("spec-prompt-float", lambda c: generate_speculative(c.target, c.draft, [1, 2.5], SamplingParams.greedy(4)),
+     TypeError, "prompt_ids\\[1\\]"),
+    ("spec-prompt-bool", lambda c: generate_speculative(c.target, c.draft, [True], SamplingParams.greedy(4)),
+     TypeError, "prompt_ids\\[0\\]"),
+    ("lookup-loop-ngram-bool", lambda c: generate_prompt_lookup(c.target, [1, 2], SamplingParams.greedy(4),
+                                                                ngram=True), TypeError, "ngram"),
+    ("spec-config-gamma-bool", lambda c: SpeculativeConfig(gamma=True), TypeError, "gamma"),
+    ("spec-config-ngram-zero", lambda c: SpeculativeConfig(ngram=0), ValueError, "ngram"),
+    ("spec-config-method", lambda c: SpeculativeConfig(method="medusa"), ValueError, "method"),
+    ("spec-llm-config", lambda c: SpeculativeLLM(c.target, speculative={"gamma": 2}), TypeError, "speculative"),
+    # ---------------------------------------------------------------- chapter 08's benchmark helpers
+    ("cost-alpha-nan", lambda c: spec_bench.expected_tokens_per_call(NAN, 4), ValueError, "alpha"),
+    ("cost-alpha-above-1", lambda c: spec_bench.expected_tokens_per_call(1.5, 4), ValueError, "alpha"),
+    ("cost-alpha-bool", lambda c: spec_bench.expected_tokens_per_call(True, 4), TypeError, "alpha"),
+    ("cost-gamma-negative", lambda c: spec_bench.expected_tokens_per_call(0.5, -1), ValueError, "gamma"),
+    ("cost-c-nan", lambda c: spec_bench.predicted_speedup(0.5, 4, NAN), ValueError, "c must"),
+    ("cost-verify-zero", lambda c: spec_bench.predicted_speedup(0.5, 4, 0.1, 0.0), ValueError, "verify_cost"),
+    ("chi2-nan", lambda c: spec_bench.chi_square_p_value(NAN, 3), ValueError, "chi2"),
+    ("chi2-dof-zero", lambda c: spec_bench.chi_square_p_value(1.0, 0), ValueError, "dof"),
+    ("chi2-bins-bool", lambda c: spec_bench.chi_square_test(torch.ones(8), torch.full((8,), 1 / 8), bins=True),
+     TypeError, "bins"),
+    ("chi2-bins-too-many", lambda c: spec_bench.chi_square_test(torch.ones(8), torch.full((8,), 1 / 8), bins=8),
+     ValueError, "bins"),
+    ("chi2-no-counts", lambda c: spec_bench.chi_square_test(torch.zeros(8), torch.full((8,), 1 / 8), bins=3),
+     ValueError, "counts"),
+    ("chi2-p-unnormalised", lambda c: spec_bench.chi_square_test(torch.ones(8), torch.ones(8), bins=3), ValueError,
+     "p must"),
+    ("sweep-gammas-empty", lambda c: spec_bench.greedy_sweep(c.target, c.draft, [[1, 2]], 4, []), ValueError,
+     "gammas"),
+    ("sweep-gamma-bool", lambda c: spec_bench.greedy_sweep(c.target, c.draft, [[1, 2]], 4, [True]), TypeError,
+     "gammas\\[0\\]"),
+    ("sweep-no-prompts", lambda c: spec_bench.greedy_sweep(c.target, c.draft, [], 4, [1]), ValueError, "prompts"),
+    ("agreement-no-positions", lambda c: spec_bench.draft_agreement(c.target, c.draft, [[1, 2]], [[]]), ValueError,
+     "outputs"),
+    ("costs-ts-empty", lambda c: spec_bench.forward_costs(c.target, c.draft, [1, 2], []), ValueError, "ts"),
+    ("matmul-ts-zero", lambda c: spec_bench.matmul_costs(c.target, [0]), ValueError, "ts\\[0\\]"),
+    ("run-all-prompts-bool", lambda c: spec_bench.run_all(torch.device("cpu"), prompts=True), TypeError, "prompts"),
+    ("exactness-draws-zero", lambda c: spec_bench.sampling_exactness(c.target, c.draft, [1, 2], draws=0), ValueError,
+     "draws"),
+    ("exactness-seed-bool", lambda c: spec_bench.sampling_exactness(c.target, c.draft, [1, 2], draws=5, seed=True),
+     TypeError, "seed"),
+    ("engine-run-method", lambda c: engine_bench.run("cpu", quick=True, method="medusa"), ValueError, "method"),
+    ("engine-run-gamma-bool", lambda c: engine_bench.run("cpu", quick=True, gamma=True), TypeError, "gamma"),
+    ("engine-loads-bool", lambda c: engine_bench.load_sweep(c.target, None, loads=[True]), TypeError, "loads\\[0\\]"),
+    ("engine-loads-empty", lambda c: engine_bench.load_sweep(c.target, None, loads=[]), ValueError, "loads"),
+    ("engine-new-tokens-zero", lambda c: engine_bench.load_sweep(c.target, None, loads=[1], new_tokens=0), ValueError,
+     "new_tokens"),
+    ("engine-prompts-zero", lambda c: engine_bench.code_prompts(None, 0), ValueError, "n must"),
+]
+
+
+@pytest.mark.parametrize("call, error, match", [pytest.param(*case[1:], id=case[0]) for case in BAD])
+def test_bad_input_is_a_named_error_from_minillm(ctx, call, error, match):
+    with pytest.raises(error, match=match) as info:
+        call(ctx)
+    # Raised by minillm's own code, not by torch, Python or a library below it: the innermost frame is ours.
+    frame = traceback.extract_tb(info.tb)[-1]
+    assert "/minillm/" in frame.filename.replace("\\", "/"), (frame.filename, frame.lineno, str(info.value))
+
+
+# ================================================================== chapter 11: kd_loss, the right answers
+
+
+def kl_reference(zs: torch.Tensor, zt: torch.Tensor, T: float, kind: str) -> float:
+    """T² · KL over positions in float64 by the textbook sum, on logits without -inf."""
+    V = zs.size(-1)
+    log_q = F.log_softmax(zs.double().reshape(-1, V) / T, dim=-1)
+    log_p = F.log_softmax(zt.double().reshape(-1, V) / T, dim=-1)
+    if kind == "forward":
+        return T ** 2 * float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
+    return T ** 2 * float((log_q.exp() * (log_q - log_p)).sum(-1).mean())
+
+
+@pytest.mark.parametrize("T", [1e3, 1e4])
+@pytest.mark.parametrize("kind", ["forward", "reverse"])
+def test_kd_loss_at_huge_temperatures_in_float32_matches_float64(T, kind):
+    """On these logits the old float32 sum was 1% off at T = 1e3 and 61% at 1e4 (negative for half of such draws):
+    the KL is second order in (z_s - z_t)/T while float32 log-probabilities near -ln V round at 1e-6. Now within
+    1e-4 of float64, never negative."""
+    g = torch.Generator().manual_seed(1)
+    zs, zt = torch.randn(4, 6, 50, generator=g) * 2, torch.randn(4, 6, 50, generator=g) * 2  # float32
+    got = kd_loss(zs, zt, T, kind)
+    assert got.dtype == torch.float32
+    want = kl_reference(zs, zt, T, kind)
+    assert want > 0 and float(got) >= 0
+    assert math.isclose(float(got), want, rel_tol=1e-4), (float(got), want)
+    # the same distribution shifted: zero, never below
+    assert 0.0 <= float(kd_loss(zs, zs + 3.0, T, kind)) < 1e-6
+
+
+@pytest.mark.parametrize("kind", ["forward", "reverse"])
+def test_kd_loss_never_negative_and_keeps_the_logits_dtype(kind):
+    g = torch.Generator().manual_seed(2)
+    for T in (0.5, 1.0, 10.0, 1e5):
+        zs = torch.randn(8, 64, generator=g)
+        assert float(kd_loss(zs, zs.clone(), T, kind)) == 0.0
+        assert float(kd_loss(zs, zs * (1 + 1e-7), T, kind)) >= 0.0
+    half = torch.randn(3, 16, generator=g).bfloat16()
+    out = kd_loss(half, half.flip(-1), 2.0, kind)
+    assert out.dtype == torch.bfloat16 and float(out) > 0
+    mixed = kd_loss(torch.randn(3, 16, generator=g), half, 2.0, kind)
+    assert mixed.dtype == torch.float32
+
+
+def test_kd_loss_with_a_masked_teacher_vocabulary_equals_kl_div():
+    """Teacher logits -inf on a third of the vocabulary (p = 0 there): forward T²·KL(p‖q) is PyTorch's kl_div with
+    probability targets (xlogy: 0·log 0 = 0). The old code gave NaN. (kl_div with log-probability targets gives NaN
+    here too: exp(-inf)·(-inf - x) = 0·(-inf).) Reverse KL(q‖p) is +inf: the student puts mass where p = 0."""
+    g = torch.Generator().manual_seed(3)
+    zs, zt = torch.randn(2, 5, 30, generator=g, dtype=torch.float64), torch.randn(2, 5, 30, generator=g,
+                                                                                   dtype=torch.float64)
+    zt[..., ::3] = -INF
+    T = 2.0
+    log_q = F.log_softmax(zs / T, dim=-1).reshape(-1, 30)
+    p = F.softmax(zt / T, dim=-1).reshape(-1, 30)
+    want = T ** 2 * F.kl_div(log_q, p, reduction="batchmean")
+    assert torch.isfinite(want)
+    z = zs.clone().requires_grad_(True)
+    got = kd_loss(z, zt, T, "forward")
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
+    got.backward()
+    assert torch.isfinite(z.grad).all()
+    q = F.softmax(zs / T, -1)
+    torch.testing.assert_close(z.grad, T * (q - F.softmax(zt / T, -1)) / 10, atol=1e-12, rtol=1e-9)
+    assert kd_loss(zs, zt, T, "reverse").item() == INF
+
+
+@pytest.mark.parametrize("kind", ["forward", "reverse"])
+def test_kd_loss_with_tokens_masked_on_both_sides_is_the_kl_without_them(kind):
+    """A token both mask drops out: the value (and gradient) equal the KL over the other tokens; F.kl_div gives NaN."""
+    g = torch.Generator().manual_seed(4)
+    zs, zt = torch.randn(6, 20, generator=g, dtype=torch.float64), torch.randn(6, 20, generator=g,
+                                                                                dtype=torch.float64)
+    keep = torch.ones(20, dtype=torch.bool)
+    keep[[0, 7, 19]] = False
+    zs_m, zt_m = zs.masked_fill(~keep, -INF), zt.masked_fill(~keep, -INF)
+    a = zs_m.clone().requires_grad_(True)
+    b = zs[:, keep].clone().requires_grad_(True)
+    got, want = kd_loss(a, zt_m, 1.5, kind), kd_loss(b, zt[:, keep], 1.5, kind)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
+    assert math.isclose(float(got.detach()), kl_reference(zs[:, keep], zt[:, keep], 1.5, kind), rel_tol=1e-10)
+    got.backward()
+    want.backward()
+    assert torch.equal(a.grad[:, ~keep], torch.zeros(6, 3, dtype=torch.float64))
+    torch.testing.assert_close(a.grad[:, keep], b.grad, atol=1e-12, rtol=1e-10)
+
+
+def test_kd_loss_where_only_the_student_masks_a_teacher_token_is_infinite():
+    zs = torch.tensor([[0.0, 1.0, -INF]])
+    zt = torch.tensor([[0.0, 1.0, 2.0]])
+    assert kd_loss(zs, zt, 1.0, "forward").item() == INF  # KL(p‖q): p has mass where q = 0
+    ref = F.kl_div(F.log_softmax(zt, -1), F.softmax(zs, -1), reduction="batchmean")  # KL(q‖p): q = 0 there, a 0 term
+    assert torch.isfinite(ref)
+    torch.testing.assert_close(kd_loss(zs, zt, 1.0, "reverse"), ref)
+
+
+def test_distillation_loss_accepts_int32_targets_and_names_the_mix():
+    g = torch.Generator().manual_seed(5)
+    zs, zt = torch.randn(2, 3, 7, generator=g), torch.randn(2, 3, 7, generator=g)
+    y = torch.randint(0, 7, (2, 3), generator=g)
+    a = distillation_loss(zs, zt, y, 2.0, 0.3)
+    b = distillation_loss(zs, zt, y.int(), 2.0, 0.3)
+    assert torch.equal(a.total, b.total)
+    torch.testing.assert_close(a.total, 0.7 * F.cross_entropy(zs.reshape(-1, 7), y.reshape(-1)) + 0.3 * a.soft)
+
+
+# ================================================================== feature KD: layer pairs
+
+
+def test_default_layer_pairs_stay_inside_both_models():
+    assert default_layer_pairs(3, 2) == [(0, 0), (1, 0), (2, 1)]  # was [(0, -1), ...]: -1 is Python's last block
+    assert default_layer_pairs(2, 6) == [(0, 2), (1, 5)] and default_layer_pairs(3, 3) == [(0, 0), (1, 1), (2, 2)]
+    for s in range(1, 9):
+        for t in range(1, 9):
+            pairs = default_layer_pairs(s, t)
+            assert [i for i, _ in pairs] == list(range(s))
+            assert all(0 <= j < t for _, j in pairs) and pairs[-1] == (s - 1, t - 1), (s, t, pairs)
+            assert [j for _, j in pairs] == sorted(j for _, j in pairs)  # deeper student block, no shallower teacher
+            check_layer_pairs(pairs, s, t)
+
+
+def test_a_deeper_student_than_teacher_distils_with_features():
+    teacher, student = tiny(1, n_layer=2, n_embd=64, n_head=4), tiny(2, n_layer=3)
+    obj = DistillObjective(teacher, 1.0, 0.5, feature_weight=0.5, student_config=student.config)
+    assert obj.features.layer_pairs == [(0, 0), (1, 0), (2, 1)]
+    loss = obj(student, torch.randint(0, 512, (2, 8)), torch.randint(0, 512, (2, 8)))
+    assert torch.isfinite(loss)
+
+
+# ================================================================== chapter 08: the acceptance rule, the right answers
+
+
+def test_acceptance_probability_where_the_draft_has_no_mass_is_one():
+    """Leviathan et al. §2.3: q(x) <= p(x) keeps x. q(x) = 0 is that case (the draft never proposes x): 1, not the
+    old inf or NaN (0/0)."""
+    p_x = torch.tensor([0.0, 0.3, 1.0, 0.2, 0.0])
+    q_x = torch.tensor([0.0, 0.0, 0.0, 0.4, 0.5])
+    got = acceptance_probability(p_x, q_x)
+    torch.testing.assert_close(got, torch.tensor([1.0, 1.0, 1.0, 0.5, 0.0]), atol=0, rtol=0)
+    p64, q64 = torch.rand(100, dtype=torch.float64), torch.rand(100, dtype=torch.float64)
+    ref = torch.minimum(torch.ones_like(p64), p64 / q64)
+    torch.testing.assert_close(acceptance_probability(p64, q64), ref, atol=0, rtol=0)
+
+
+def test_distributions_are_accepted_within_the_stated_tolerance():
+    p = torch.full((3, 4), 0.25)
+    q = torch.full((2, 4), 0.25)
+    tol = prob_sum_tolerance(torch.float32)
+    assert tol == 1e-3 and prob_sum_tolerance(torch.bfloat16) > tol
+    assert len(accept_or_resample(p * (1 + 0.9 * tol), q, [0, 1], torch.Generator().manual_seed(0))) >= 1
+    with pytest.raises(ValueError, match="sums to"):
+        accept_or_resample(p * (1 + 2 * tol), q, [0, 1])
+    # a one-hot q (prompt lookup's) and a p with zeros are distributions
+    one_hot = torch.eye(4)[[2, 3]]
+    assert accept_or_resample(torch.eye(4)[[2, 3, 0]], one_hot, [2, 3]) == [2, 3, 0]
+
+
+# ================================================================== chapter 08: a failing drafter is counted and logged
+
+
+def _engine(model: GPT) -> SpeculativeLLM:
+    cfg = EngineConfig(num_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=32,
+                       attention_backend="verify")
+    return SpeculativeLLM(model, None, cfg, speculative=SpeculativeConfig(gamma=3, ngram=1))
+
+
+@pytest.mark.parametrize("failure", ["raises", "out-of-vocabulary", "not-ints"])
+def test_a_failing_drafter_is_counted_and_logged_once(caplog, failure):
+    model = tiny(11)
+    spec = _engine(model)
+    drafter = spec.scheduler.drafter
+
+    def propose(req, k):
+        if failure == "raises":
+            raise RuntimeError("draft model fell over")
+        return ([10 ** 6] if failure == "out-of-vocabulary" else ["x"]), None
+
+    drafter.propose = propose
+    prompts = [[1, 2, 1, 2, 1], [3, 4, 3, 4], [5, 6, 7]]
+    params = SamplingParams.greedy(6)
+    with caplog.at_level(logging.WARNING, logger="minillm.speculative"):
+        outs = spec.generate(prompts, params)
+    assert [o.output_token_ids for o in outs] == [generate_ids(model, p, params) for p in prompts]
+    stats = spec.stats()
+    assert stats["num_drafter_failures"] >= len(prompts) and stats["num_proposed"] == 0
+    records = [r for r in caplog.records if r.name == "minillm.speculative"]
+    assert len(records) == 1, [r.getMessage() for r in records]
+    want = {"raises": "RuntimeError: draft model fell over", "out-of-vocabulary": "ValueError: draft_tokens[0]",
+            "not-ints": "TypeError: draft_tokens[0]"}[failure]
+    assert want in records[0].getMessage()
+
+
+def test_a_healthy_drafter_counts_no_failures(caplog):
+    model = tiny(12)
+    spec = _engine(model)
+    with caplog.at_level(logging.WARNING, logger="minillm.speculative"):
+        outs = spec.generate([[1, 2, 1, 2, 1, 2]], SamplingParams.greedy(8))
+    assert outs[0].output_token_ids == generate_ids(model, [1, 2, 1, 2, 1, 2], SamplingParams.greedy(8))
+    assert spec.stats()["num_drafter_failures"] == 0 and spec.stats()["num_proposed"] > 0
+    assert not [r for r in caplog.records if r.name == "minillm.speculative"]
+    plain = LLM(model, None, EngineConfig(num_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=32))
+    assert "num_drafter_failures" not in plain.stats()
+
+
+# ================================================================== chapter 11: resume, bit for bit
+
+
+def byte_tokens() -> tuple[torch.Tensor, torch.Tensor]:
+    """Bytes of a source file as token ids (< 256 < tiny's 512): real text with no tokenizer."""
+    import minillm.distill.losses as m
+
+    data = torch.tensor(list(open(m.__file__, "rb").read()), dtype=torch.int64)
+    return data[:-2000], data[-2000:]
+
+
+RUN = dict(preset="tiny", batch_size=2, eval_interval=3, eval_windows=2, final_eval_tokens=64, steps=6,
+           warmup_steps=1, log_interval=2, dropout=0.1)  # dropout: the RNG must resume too
+
+
+def deterministic(log: dict) -> dict:
+    """What a training log says that does not depend on the clock, the machine or how the run was started."""
+    drop = {"tokens_per_s", "elapsed_s"}
+    out = {k: log.get(k) for k in ("steps", "tokens_seen", "final_val_loss", "val_perplexity", "distillation")}
+    out["history"] = [{k: v for k, v in h.items() if k not in drop} for h in log["history"]]
+    out["evals"] = [{k: v for k, v in e.items() if k not in drop} for e in log["evals"]]
+    return out
+
+
+@pytest.fixture
+def student_ckpt(tmp_path, monkeypatch):
+    tr, va = byte_tokens()
+    monkeypatch.setattr("minillm.gpt.train._load_data", lambda cfg: (tr, va))
+    save_checkpoint(tiny(7, block_size=32), tmp_path / "student")
+    return str(tmp_path / "student")
+
+
+@pytest.mark.parametrize("grad_accum, kd_weight", [(1, 0.5), (2, 1.0), (1, 0.0)])
+def test_an_interrupted_distillation_resumes_bit_for_bit(tmp_path, student_ckpt, grad_accum, kd_weight):
+    """6 steps straight == 3 steps, stop (checkpoint), a different global RNG, resume for 3 more: identical weights,
+    identical log (loss curve, evals, distillation terms) and identical records; the hard-label control too."""
+    teacher = tiny(9, n_layer=3, n_embd=64, n_head=4, block_size=32)
+    kw = dict(RUN, grad_accum=grad_accum)
+    settings = dict(temperature=2.0, kd_weight=kd_weight, kind="reverse", progress=False)
+    a, b = tmp_path / "a", tmp_path / "b"
+    straight, obj_a = distill(TrainConfig(**kw, init_from=student_ckpt, out_dir=str(a)), teacher, **settings)
+    part, _ = distill(TrainConfig(**kw, init_from=student_ckpt, out_dir=str(b), stop_after=3, export_dir=str(
+        tmp_path / "export")), teacher, **settings)
+    assert part.step == 3 and not (tmp_path / "export").exists()  # an unfinished run exports nothing, log included
+    torch.manual_seed(12345)  # resume must restore its own RNG state
+    resumed, obj_b = distill(TrainConfig(**kw, out_dir=str(b), resume=str(b)), teacher, **settings)
+    assert resumed.step == straight.step == 6
+    for (name, x), y in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(x, y), name
+    assert deterministic(resumed.log) == deterministic(straight.log)
+    assert resumed.log["distillation"]["student_init"] == student_ckpt
+    assert resumed.log["resumed_from"]["step"] == 3
+    files = [json.loads((d / "training_log.json").read_text()) for d in (a, b)]
+    assert deterministic(files[0]) == deterministic(files[1]) == deterministic(straight.log)
+    if kd_weight > 0:
+        assert obj_a.records == obj_b.records and len(obj_b.records) == 6 * grad_accum
+        assert (a / RECORDS_NAME).read_text() == (b / RECORDS_NAME).read_text()
+        assert [h["step"] for h in straight.log["distillation"]["history"]] == [2, 4, 6]
+    else:
+        assert obj_a is obj_b is None and straight.log["distillation"]["history"] == []
+
+
+def test_resume_refuses_what_would_silently_continue_another_run(tmp_path, student_ckpt):
+    teacher = tiny(9, n_layer=3, n_embd=64, n_head=4, block_size=32)
+    run = tmp_path / "run"
+    distill(TrainConfig(**RUN, init_from=student_ckpt, out_dir=str(run), stop_after=2), teacher, temperature=2.0,
+            progress=False)
+    resume = TrainConfig(**RUN, out_dir=str(run), resume=str(run))
+    with pytest.raises(ValueError, match="temperature=3.0"):
+        distill(resume, teacher, temperature=3.0, progress=False)
+    with pytest.raises(ValueError, match="kind='reverse'"):
+        distill(resume, teacher, temperature=2.0, kind="reverse", progress=False)
+    with pytest.raises(ValueError, match="teacher_sha256"):
+        distill(resume, tiny(10, n_layer=3, n_embd=64, n_head=4, block_size=32), temperature=2.0, progress=False)
+    with pytest.raises(ValueError, match="grad_accum=2"):
+        distill(TrainConfig(**RUN, grad_accum=2, out_dir=str(run), resume=str(run)), teacher, temperature=2.0,
+                progress=False)
+    # a plain chapter 02 run is not a distillation run
+    plain = tmp_path / "plain"
+    train(TrainConfig(**RUN, model_overrides=dict(block_size=32), out_dir=str(plain), stop_after=2), *byte_tokens(),
+          progress=False)
+    with pytest.raises(ValueError, match=RUN_NAME):
+        distill(TrainConfig(**RUN, resume=str(plain)), teacher, temperature=2.0, progress=False)
+    # records cut short (a damaged run directory): named, not a shorter loss curve
+    lines = (run / RECORDS_NAME).read_text().splitlines(keepends=True)
+    (run / RECORDS_NAME).write_text("".join(lines[:1]))
+    with pytest.raises(ValueError, match="holds 1 records.*needs 2"):
+        distill(resume, teacher, temperature=2.0, progress=False)
+
+
+def test_a_fresh_run_killed_before_its_first_save_does_not_resume_the_old_one(tmp_path, student_ckpt,
+                                                                               monkeypatch):
+    """A new run into an old run directory rewrites the distillation state at once, but the old checkpoint stays the
+    newest until the new run saves: resuming then would continue the old run with the new one's records."""
+    teacher = tiny(9, n_layer=3, n_embd=64, n_head=4, block_size=32)
+    run = tmp_path / "run"
+    distill(TrainConfig(**RUN, init_from=student_ckpt, out_dir=str(run), stop_after=2), teacher, progress=False)
+
+    class Killed(Exception):
+        pass
+
+    def kill(record):
+        raise Killed
+
+    real = distill_train.start_run
+
+    def start_then_die(*args, **kwargs):
+        real(*args, **kwargs)
+        return kill  # the first objective call dies: no checkpoint of the new run is ever saved
+
+    monkeypatch.setattr(distill_train, "start_run", start_then_die)
+    with pytest.raises(Killed):
+        distill(TrainConfig(**RUN, init_from=student_ckpt, out_dir=str(run)), teacher, progress=False)
+    monkeypatch.setattr(distill_train, "start_run", real)
+    with pytest.raises(ValueError, match="older than the distillation run"):
+        distill(TrainConfig(**RUN, out_dir=str(run), resume=str(run)), teacher, progress=False)
+
+
+def test_the_cli_resumes_an_interrupted_distillation(tmp_path, student_ckpt):
+    from minillm.distill.train import main
+
+    run, out = tmp_path / "run", tmp_path / "out"
+    common = ["--student", student_ckpt, "--teacher", student_ckpt, "--steps", "4", "--warmup-steps", "1",
+              "--eval-interval", "0", "--eval-windows", "2", "--final-eval-tokens", "0", "--batch-size", "2",
+              "--kd-weight", "0.5", "--temperature", "2", "--no-progress", "--out", str(run)]
+    assert main(common + ["--stop-after", "2"]) == 0
+    assert main(common + ["--resume", str(run), "--export", str(out)]) == 0
+    log = json.loads((out / "training_log.json").read_text())
+    assert log["steps"] == 4 and log["resumed_from"]["step"] == 2 and len(log["distillation"]["history"]) == 1
+    assert log["distillation"]["student_init"].endswith("student") and log["distillation"]["temperature"] == 2.0
