@@ -6,9 +6,10 @@ Three pipes connect the three processes:
 
 Every message is a small dataclass of ints, floats, strings and bytes, pickled by `multiprocessing.Connection`
 between processes this package started itself (never loaded from a file). The model crosses as safetensors bytes
-inside `WorkerInit` (`minillm.core.formats`), so no code object travels. What it leaves out: versioning of the
-protocol, and a transport other than an OS pipe (a real deployment uses NCCL/RDMA for the KV and RPC for control). The process layer's own
-messages (Ready, Heartbeat, Shutdown, CrashAfter, WorkerFailed) are `minillm.engine.process`'s.
+inside `WorkerInit` (`minillm.core.formats`), so no code object travels. The process layer's own messages
+(Ready, Heartbeat, Shutdown, CrashAfter, WorkerFailed) are `minillm.engine.process`'s. What it leaves out:
+versioning of the protocol, and a transport other than an OS pipe (a real deployment uses NCCL/RDMA for the KV
+and RPC for control).
 """
 
 from __future__ import annotations
