@@ -32,8 +32,11 @@ from minillm.parallel.group import run_ranks
 from minillm.parallel.pipeline import PipelineStage, pipelined_decode
 from minillm.parallel.tensor import collectives_per_forward, ring_traffic_per_rank, shard_model
 
-SIZES = {"full": dict(new_tokens=48, prompt_len=128, repeats=5), "quick": dict(new_tokens=16, prompt_len=64,
-                                                                             repeats=3)}
+SIZES = {
+    "quick": dict(new_tokens=16, prompt_len=64, repeats=3),  # the tests and --quick: seconds per world size
+    "tour": dict(new_tokens=32, prompt_len=64, repeats=3),  # the tour's rows, once the chapter has them
+    "full": dict(new_tokens=48, prompt_len=128, repeats=5),  # python -m minillm.parallel.bench
+}
 
 # Links, per direction, for the cost estimate (bytes/s). NVLink 4 on H100 SXM: 900 GB/s bidirectional (NVIDIA's
 # H100 datasheet); PCIe 4.0 x16: 16 GT/s x 16 lanes with 128b/130b coding, about 31.5 GB/s (PCI-SIG).

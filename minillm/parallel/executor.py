@@ -34,6 +34,7 @@ from __future__ import annotations
 import datetime
 import multiprocessing
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -219,8 +220,10 @@ class TensorParallelExecutor:
                 h.send(step)
             return self.runner.execute(step)
         except BaseException as exc:  # the ranks may be mid-collective: this group cannot go on
-            # a rank that died makes rank 0's collective fail at once; its sentinel may take a moment to fire
-            _, failure = receive(self._handles, 1.0, self.liveness_timeout_s)
+            # a rank that died makes rank 0's collective fail at once; the OS may take a moment to reap it
+            failure, deadline = None, time.monotonic() + 5.0
+            while failure is None and time.monotonic() < deadline:
+                _, failure = receive(self._handles, 0.2, self.liveness_timeout_s)
             self.close()
             raise WorkerDiedError(f"the tensor-parallel step failed and the executor is closed: "
                                   f"{failure or f'{type(exc).__name__}: {exc}'}") from exc
