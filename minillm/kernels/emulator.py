@@ -33,7 +33,7 @@ import torch
 
 from minillm.kernels.build import CSRC, KERNEL_SOURCES, cache_dir, run_compiler
 from minillm.kernels.ops import (MAX_HEAD_SIZE, _same, _tensor, _version, check_block_tables,  # the wrappers' checks
-                                 check_slot_range)
+                                 check_kv_write_args, check_slot_range)
 
 EMU_DIR = CSRC / "emu"
 RUNTIME = EMU_DIR / "emu_runtime.cpp"
@@ -323,17 +323,7 @@ def kv_cache_write(key: torch.Tensor, value: torch.Tensor, k_pool: torch.Tensor,
                    slot_mapping: torch.Tensor, reverse: bool = False, lib: ctypes.CDLL | None = None) -> None:
     """kv_write.cu: pool row slot_mapping[t] <- key/value row t (slot -1 skipped), in place; pools (nb, bs, nh, hs).
     Every slot must be -1 or inside the pool (ValueError naming slot_mapping otherwise)."""
-    _tensor("key", key, dim=3)
-    _same("value", _tensor("value", value, dim=3), "key", key, tuple(key.shape))
-    _tensor("k_pool", k_pool, dim=4)
-    if tuple(k_pool.shape[2:]) != tuple(key.shape[1:]):
-        raise ValueError(f"k_pool must be (nb, bs, nh={key.shape[1]}, hs={key.shape[2]}), "
-                         f"got shape {tuple(k_pool.shape)}")
-    _same("k_pool", k_pool, "key", key)
-    _same("v_pool", _tensor("v_pool", v_pool, dim=4), "k_pool", k_pool, tuple(k_pool.shape))
-    _tensor("slot_mapping", slot_mapping, dim=1, dtypes=(torch.int64,))
-    if slot_mapping.shape[0] != key.shape[0]:
-        raise ValueError(f"slot_mapping must have one slot per token ({key.shape[0]}), got {slot_mapping.shape[0]}")
+    check_kv_write_args(key, value, k_pool, v_pool, slot_mapping)
     _cpu(key=key, value=value, k_pool=k_pool, v_pool=v_pool, slot_mapping=slot_mapping)
     num_slots = k_pool.shape[0] * k_pool.shape[1]
     check_slot_range(slot_mapping, num_slots)

@@ -220,11 +220,10 @@ def int8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch
     return out
 
 
-def kv_cache_write(key: torch.Tensor, value: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                   slot_mapping: torch.Tensor, version: int = 1, check_slots: bool = True) -> None:
-    """In place: row t of key/value (T, nh, hs) into pool slot slot_mapping[t] (pools (nb, bs, nh, hs)), -1 skipped
-    (csrc/kv_write.cu). `check_slots` verifies every slot is -1 or inside the pool (one device sync); the kernel
-    itself skips out-of-range slots instead of writing past the pool."""
+def check_kv_write_args(key: torch.Tensor, value: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                        slot_mapping: torch.Tensor) -> None:
+    """kv_write's shapes and dtypes (shared by the CUDA wrapper and the emulator): key/value (T, nh, hs), pools
+    (nb, bs, nh, hs) of key's dtype, int64 slot_mapping (T,); a ValueError/TypeError naming the argument."""
     _tensor("key", key, dim=3)
     _same("value", _tensor("value", value, dim=3), "key", key, tuple(key.shape))
     _tensor("k_pool", k_pool, dim=4)
@@ -236,6 +235,14 @@ def kv_cache_write(key: torch.Tensor, value: torch.Tensor, k_pool: torch.Tensor,
     _tensor("slot_mapping", slot_mapping, dim=1, dtypes=(torch.int64,))
     if slot_mapping.shape[0] != key.shape[0]:
         raise ValueError(f"slot_mapping must have one slot per token ({key.shape[0]}), got {slot_mapping.shape[0]}")
+
+
+def kv_cache_write(key: torch.Tensor, value: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                   slot_mapping: torch.Tensor, version: int = 1, check_slots: bool = True) -> None:
+    """In place: row t of key/value (T, nh, hs) into pool slot slot_mapping[t] (pools (nb, bs, nh, hs)), -1 skipped
+    (csrc/kv_write.cu). `check_slots` verifies every slot is -1 or inside the pool (one device sync); the kernel
+    itself skips out-of-range slots instead of writing past the pool."""
+    check_kv_write_args(key, value, k_pool, v_pool, slot_mapping)
     _version("kv_cache_write", version)
     _on_cuda(key=key, value=value, k_pool=k_pool, v_pool=v_pool, slot_mapping=slot_mapping)
     if check_slots:
