@@ -7,6 +7,9 @@ thread each; world size 4 oversubscribes this machine's two cores, which only co
 from __future__ import annotations
 
 import functools
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -17,6 +20,7 @@ from minillm.core.sampling import SamplingParams
 from minillm.engine import LLM, EngineConfig
 from minillm.engine.process import WorkerDiedError
 from minillm.parallel import Comm, collectives_per_forward, run_ranks, shard_model
+from minillm.parallel.checks import parallel_suite
 from minillm.parallel.executor import TensorParallelExecutor
 from minillm.parallel.tensor import all_reduce_bytes, ring_traffic_per_rank
 
@@ -38,10 +42,8 @@ BUBBLE_M = 4  # micro-batches of the bubble experiment
 
 @pytest.fixture(scope="module")
 def ranks(model):
-    """ranks(t): every rank's results of `process_roles.parallel_suite` for a group of t, run once per module (each
-    spawn of t ranks costs seconds), then read by the tests below."""
-    from process_roles import parallel_suite
-
+    """ranks(t): every rank's results of `parallel_suite` for a group of t, run once per module (each spawn of t
+    ranks costs seconds), then read by the tests below."""
     cache: dict[int, list[dict]] = {}
 
     def get(world_size: int) -> list[dict]:
@@ -108,6 +110,34 @@ def test_a_rank_that_raises_fails_the_run_naming_it():
 
     with pytest.raises(WorkerDiedError, match="rank1 worker raised(.|\n)*rank one refuses"):
         run_ranks(fails_on_rank_one, 2, timeout_s=120)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux's /proc/net/tcp")
+def test_ranks_listen_on_loopback_only():
+    """The store (rank 0) and gloo's connections (every rank) accept connections from this machine only."""
+    from process_roles import listening_addresses
+
+    loopback = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1, ::1 as /proc/net/tcp writes them
+    found = run_ranks(listening_addresses, 2, timeout_s=120)
+    assert found[0], "rank 0 hosts the store: it must listen somewhere"
+    for rank, addresses in enumerate(found):
+        assert set(addresses) <= loopback, (rank, addresses)
+
+
+def test_the_torchrun_entry_point_gives_the_one_process_tokens():
+    """What `torchrun -m minillm.parallel.generate` runs on each rank, here on ranks of run_ranks; without
+    torchrun's environment the command says how to launch it."""
+    from minillm.parallel.generate import generate_on_rank, main
+
+    out = run_ranks(generate_on_rank, 2, "base", "def main(", 6, "cpu", True, timeout_s=120)
+    assert out[0]["tokens"] == out[1]["tokens"] == out[0]["one_process"]
+    assert out[0]["heads_per_rank"] == 4  # base: 8 heads, 4 on each rank
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        assert key not in os.environ
+    with pytest.raises(SystemExit, match="launch with torchrun"):
+        main(["--max-new-tokens", "2"])
+    with pytest.raises(SystemExit, match="max-new-tokens must be >= 1"):
+        main(["--max-new-tokens", "0"])
 
 
 # ----- tensor parallelism inside chapter 06's engine --------------------------------------------------------------
@@ -228,22 +258,6 @@ def test_ring_attention_equals_full_causal_attention(ranks, world_size):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_merge_of_partial_attentions_is_exact_and_handles_an_empty_part():
-    from minillm.parallel.context import block_attention, merge_attention
-
-    g = torch.Generator().manual_seed(5)
-    q, k, v = (torch.randn(1, 2, 4, 8, generator=g) for _ in range(3))
-    whole, lse = block_attention(q, k, v, causal=False)
-    a, la = block_attention(q, k[:, :, :1], v[:, :, :1], causal=False)
-    b, lb = block_attention(q, k[:, :, 1:], v[:, :, 1:], causal=False)
-    o, l2 = merge_attention(a, la, b, lb)
-    torch.testing.assert_close(o, whole)
-    torch.testing.assert_close(l2, lse)
-    empty = torch.full_like(la, float("-inf"))
-    o, _ = merge_attention(torch.zeros_like(a), empty, a, la)  # nothing seen yet, then a block
-    torch.testing.assert_close(o, a)
-
-
 def test_a_rank_killed_mid_run_is_an_error_naming_it_not_a_hang(model):
     import os
     import signal
@@ -334,3 +348,165 @@ def test_an_idle_tensor_parallel_engine_outlives_the_group_timeout(model):
         first = tp.generate([[1, 2, 3]], params)[0].output_token_ids
         time.sleep(5.0)  # longer than the group's 3 s timeout
         assert tp.generate([[1, 2, 3]], params)[0].output_token_ids == first
+
+
+# ----- graded exercises: single-process, so `minillm grade 14` needs no ranks ------------------------------------
+
+
+class ThreadRanks:
+    """t ranks as t threads of this process, for the exercises: `all_reduce(rank, y)` returns the sum of every
+    rank's y (and writes it into y, as torch.distributed's does). A rank that never calls it makes the others
+    fail after 10 s (a broken barrier), never hang."""
+
+    def __init__(self, t: int):
+        self.t, self.parts = t, [None] * t
+        self.barrier = threading.Barrier(t, timeout=10)
+
+    def all_reduce(self, rank: int, y: torch.Tensor) -> torch.Tensor:
+        self.parts[rank] = y.clone()
+        self.barrier.wait()
+        total = torch.stack(self.parts).sum(0)
+        self.barrier.wait()  # everyone has read every part before the next call overwrites one
+        return y.copy_(total)
+
+    def run(self, fn):
+        """fn(rank) on every rank at once; the results in rank order."""
+        with ThreadPoolExecutor(self.t) as pool:
+            return list(pool.map(fn, range(self.t)))
+
+
+SPLITS = [(8, 6, 1), (8, 6, 2), (12, 8, 4), (6, 10, 2), (4, 4, 4)]  # (out_features, in_features, t)
+
+
+@pytest.mark.graded(points=2, exercise=("column_split", "row_split"))
+@pytest.mark.parametrize("out_features,in_features,t", SPLITS)
+@pytest.mark.parametrize("bias", [True, False])
+def test_column_and_row_shards_rebuild_the_linear(out_features, in_features, t, bias):
+    from minillm.parallel.tensor import column_split, row_split
+
+    g = torch.Generator().manual_seed(out_features * 10 + t)
+    w = torch.randn(out_features, in_features, generator=g)
+    b = torch.randn(out_features, generator=g) if bias else None
+    x = torch.randn(3, 5, in_features, generator=g)
+    want = torch.nn.functional.linear(x, w, b)
+    # column parallel: each rank computes its slice of the output features; side by side in rank order they are y
+    cols = [column_split(w, b, r, t) for r in range(t)]
+    for w_r, b_r in cols:
+        assert w_r.shape == (out_features // t, in_features)
+        assert (b_r is None) == (b is None) and (b_r is None or b_r.shape == (out_features // t,))
+    torch.testing.assert_close(torch.cat([torch.nn.functional.linear(x, w_r, b_r) for w_r, b_r in cols], -1), want)
+    # row parallel: rank r multiplies its slice of the input features; the partial sums add up to y (bias once)
+    k = in_features // t
+    rows = [row_split(w, r, t) for r in range(t)]
+    assert all(w_r.shape == (out_features, k) for w_r in rows)
+    partial = sum(torch.nn.functional.linear(x[..., r * k:(r + 1) * k], w_r) for r, w_r in enumerate(rows))
+    torch.testing.assert_close(partial if b is None else partial + b, want)
+    assert w.shape == (out_features, in_features)  # the full weight is left as it was
+
+
+@pytest.mark.graded(points=2, exercise="row_parallel_forward")
+@pytest.mark.parametrize("t", [1, 2, 4])
+@pytest.mark.parametrize("bias", [True, False])
+def test_row_parallel_forward_sums_over_the_ranks_then_adds_the_bias_once(t, bias):
+    from minillm.parallel.tensor import row_parallel_forward
+
+    g = torch.Generator().manual_seed(t)
+    w = torch.randn(6, 8, generator=g)
+    b = torch.randn(6, generator=g) + 3.0 if bias else None  # a large bias: counted t times, it shows
+    x = torch.randn(2, 3, 8, generator=g)
+    k = 8 // t
+    group = ThreadRanks(t)
+
+    def rank_fn(r):
+        return row_parallel_forward(x[..., r * k:(r + 1) * k], w[:, r * k:(r + 1) * k].clone(), b,
+                                    lambda y: group.all_reduce(r, y))
+
+    for y in group.run(rank_fn):  # every rank holds the whole output
+        torch.testing.assert_close(y, torch.nn.functional.linear(x, w, b))
+
+
+@pytest.mark.graded(points=1, exercise="row_parallel_forward")
+def test_a_two_layer_mlp_needs_one_all_reduce_at_the_end():
+    """Megatron's MLP: column-parallel c_fc, GELU on each rank's own neurons, row-parallel c_proj, one sum."""
+    from minillm.parallel.tensor import row_parallel_forward
+
+    g = torch.Generator().manual_seed(7)
+    C, t = 8, 2
+    fc_w, fc_b, proj_w, proj_b = (torch.randn(4 * C, C, generator=g), torch.randn(4 * C, generator=g),
+                                  torch.randn(C, 4 * C, generator=g), torch.randn(C, generator=g))
+    x = torch.randn(3, C, generator=g)
+    F = torch.nn.functional
+    want = F.linear(F.gelu(F.linear(x, fc_w, fc_b)), proj_w, proj_b)
+    group, n = ThreadRanks(t), 4 * C // t
+    calls = [0] * t
+
+    def rank_fn(r):
+        def reduce(y):
+            calls[r] += 1
+            return group.all_reduce(r, y)
+        h = F.gelu(F.linear(x, fc_w[r * n:(r + 1) * n], fc_b[r * n:(r + 1) * n]))  # (3, 4C/t): no communication
+        return row_parallel_forward(h, proj_w[:, r * n:(r + 1) * n], proj_b, reduce)
+
+    for y in group.run(rank_fn):
+        torch.testing.assert_close(y, want)
+    assert calls == [1] * t
+
+
+def _attend(q, k, v):
+    """Reference attention without a mask: (output, lse)."""
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    return torch.softmax(scores, -1) @ v, torch.logsumexp(scores, -1)
+
+
+@pytest.mark.graded(points=2, exercise="merge_attention")
+@pytest.mark.parametrize("cuts", [(1,), (3,), (1, 2), (2, 5, 6)])
+@pytest.mark.parametrize("scale", [1.0, 40.0])  # 40: scores in the thousands, exp of them overflows
+def test_merging_partial_attentions_gives_attention_over_all_keys(cuts, scale):
+    from minillm.parallel.context import merge_attention
+
+    g = torch.Generator().manual_seed(len(cuts))
+    q = scale * torch.randn(2, 3, 4, 8, generator=g)
+    k, v = torch.randn(2, 3, 7, 8, generator=g), torch.randn(2, 3, 7, 8, generator=g)
+    want, want_lse = _attend(q, k, v)
+    bounds = (0, *cuts, 7)
+    o, lse = torch.zeros_like(q), torch.full(q.shape[:-1], float("-inf"))  # nothing seen yet: an empty part
+    for lo, hi in zip(bounds, bounds[1:]):  # the blocks in order, as a rank meets them around the ring
+        o, lse = merge_attention(o, lse, *_attend(q, k[:, :, lo:hi], v[:, :, lo:hi]))
+    assert torch.isfinite(o).all()
+    torch.testing.assert_close(o, want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.graded(points=1, exercise="merge_attention")
+def test_merging_is_symmetric_and_an_empty_part_changes_nothing():
+    from minillm.parallel.context import block_attention, merge_attention
+
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 4, 8, generator=g) for _ in range(3))
+    a, la = block_attention(q, k[:, :, :1], v[:, :, :1], causal=False)
+    b, lb = block_attention(q, k[:, :, 1:], v[:, :, 1:], causal=False)
+    ab, l_ab = merge_attention(a, la, b, lb)
+    ba, l_ba = merge_attention(b, lb, a, la)
+    torch.testing.assert_close(ab, ba)
+    torch.testing.assert_close(l_ab, l_ba)
+    empty = torch.full_like(la, float("-inf"))
+    for o, lse in (merge_attention(torch.zeros_like(a), empty, a, la), merge_attention(a, la, torch.zeros_like(a),
+                                                                                      empty)):
+        torch.testing.assert_close(o, a)
+        torch.testing.assert_close(lse, la)
+    both, l_both = merge_attention(torch.zeros_like(a), empty, torch.zeros_like(a), empty)
+    assert torch.equal(both, torch.zeros_like(a)) and torch.isneginf(l_both).all()  # nothing seen: no NaN
+
+
+def test_splits_refuse_what_does_not_divide():
+    from minillm.parallel.tensor import column_split, row_split
+
+    w = torch.zeros(6, 4)
+    with pytest.raises(ValueError, match="out_features=6"):
+        column_split(w, None, 0, 4)
+    with pytest.raises(ValueError, match="in_features=4"):
+        row_split(w, 0, 3)
+    with pytest.raises(ValueError, match="rank must be in"):
+        row_split(w, 2, 2)
+    with pytest.raises(ValueError, match="positive int"):
+        column_split(w, None, 0, 0)

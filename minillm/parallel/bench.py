@@ -16,6 +16,8 @@ through loopback TCP. On a machine with fewer cores than ranks, ranks take turns
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import socket
 import statistics
 import time
 from typing import Any
@@ -28,7 +30,7 @@ from minillm.core.config import GPTConfig
 from minillm.core.formats import model_from_bytes, model_to_bytes
 from minillm.core.sampling import SamplingParams
 from minillm.kvcache.generate import generate_ids
-from minillm.parallel.group import run_ranks
+from minillm.parallel.group import LOOPBACK, run_ranks
 from minillm.parallel.pipeline import PipelineStage, pipelined_decode
 from minillm.parallel.tensor import collectives_per_forward, ring_traffic_per_rank, shard_model
 
@@ -69,6 +71,73 @@ def rank_timing(rank: int, world_size: int, model_bytes: bytes, prompt: list[int
     return {"tokens": tokens, "decode_s": statistics.median(decode), "prefill_s": statistics.median(prefill),
             "comm_share": statistics.median(comm_share), "calls": dict(shard.comm.calls),
             "bytes": dict(shard.comm.bytes)}
+
+
+def rank_collective_latency(rank: int, world_size: int, sizes: list[int], repeats: int) -> dict[int, float]:
+    """Median seconds of one all-reduce of n float32 values, for each n in `sizes` (module-level for
+    `run_ranks`): the fixed cost per collective that decode pays 1 + 2 L times per token."""
+    import torch.distributed as dist
+
+    out = {}
+    for n in sizes:
+        x = torch.ones(n)
+        for _ in range(3):  # warm-up: the first calls set up gloo's connections
+            dist.all_reduce(x)
+        times = []
+        for _ in range(repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(x)
+            times.append(time.perf_counter() - start)
+        out[n] = statistics.median(times)
+    return out
+
+
+def _echo(port: int, n_bytes: int, count: int) -> None:
+    """The far end of `tcp_round_trip`: read n_bytes, send them back, `count` times (module-level for spawn)."""
+    with socket.create_connection((LOOPBACK, port)) as conn:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(count):
+            conn.sendall(_recv_exactly(conn, n_bytes))
+
+
+def _recv_exactly(conn: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = conn.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("the echo process closed the connection")
+        buf += chunk
+    return bytes(buf)
+
+
+def tcp_round_trip(n_bytes: int, repeats: int = 200) -> float:
+    """Median seconds for n_bytes to go to another process over loopback TCP and back, with plain sockets: what
+    the operating system charges, to set beside a gloo collective of the same bytes."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind((LOOPBACK, 0))
+        server.listen(1)
+        server.settimeout(60)
+        echo = multiprocessing.get_context("spawn").Process(target=_echo, args=(server.getsockname()[1], n_bytes,
+                                                                                 repeats + 10), daemon=True)
+        echo.start()
+        try:
+            conn, _ = server.accept()
+            with conn:
+                conn.settimeout(60)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                msg, times = b"x" * n_bytes, []
+                for i in range(repeats + 10):
+                    start = time.perf_counter()
+                    conn.sendall(msg)
+                    _recv_exactly(conn, n_bytes)
+                    if i >= 10:  # the first round trips warm up
+                        times.append(time.perf_counter() - start)
+        finally:
+            echo.join(timeout=10)
+            if echo.is_alive():
+                echo.kill()
+    return statistics.median(times)
 
 
 def rank_pipeline(rank: int, world_size: int, model_bytes: bytes, prompts: list[list[int]], new_tokens: int
@@ -120,7 +189,13 @@ def run_all(model, size: str = "full", seed: int = 0, world_sizes: tuple[int, ..
                      "same_tokens": all(r["tokens"] == reference for r in results),
                      "formula": collectives_per_forward(model.config.n_layer)})
     pipeline = pipeline_rows(model, prompt, sizes["new_tokens"], 2) if model.config.n_layer >= 2 else []
-    return {"model": model.config.to_dict(), "sizes": sizes, "rows": rows, "pipeline": pipeline,
+    latency = {}
+    if max(world_sizes) > 1:  # what one gloo all-reduce costs here, for a decode-sized and a prefill-sized message
+        t = 2 if 2 in world_sizes else max(world_sizes)
+        C = model.config.n_embd
+        latency = {"world_size": t, "seconds": run_ranks(rank_collective_latency, t, [C, sizes["prompt_len"] * C],
+                                                         20)[0], "tcp_round_trip_s": tcp_round_trip(4 * C)}
+    return {"model": model.config.to_dict(), "sizes": sizes, "rows": rows, "pipeline": pipeline, "latency": latency,
             "links": {name: {t: link_estimate(model.config, t)[name] for t in (2, 4, 8)} for name in LINKS},
             "links_gpt2_124m": {name: {t: link_estimate(GPT2_124M, t)[name] for t in (2, 4, 8)} for name in LINKS},
             "published": "gpt-fast, Llama-2-7B on A100s: 104.9 / 168.8 / 254.0 / 328.4 tok/s at TP 1 / 2 / 4 / 8"}
@@ -139,6 +214,12 @@ def format_table(report: dict[str, Any]) -> str:
               "| stages | sequences in flight | tokens/s (all) | ms per token of one sequence |", "|---|---|---|---|"]
     for r in report.get("pipeline", []):
         lines.append(f"| {r['stages']} | {r['in_flight']} | {r['tok_s']:.0f} | {r['ms_per_token']:.1f} |")
+    if report.get("latency"):
+        lat = report["latency"]
+        lines += ["", f"one gloo all-reduce on loopback, {lat['world_size']} ranks (median of 20): " + ", ".join(
+            f"{n * 4 / 1e3:.1f} KB: {s * 1e6:.0f} us" for n, s in lat["seconds"].items()),
+                  f"a plain TCP round trip of the decode-sized message between two processes: "
+                  f"{lat['tcp_round_trip_s'] * 1e6:.0f} us"]
     lines.append("")
     lines.append("link time per decoded token, bandwidth term only, fp16 messages (us):")
     for label, links in (("this model", report["links"]), ("GPT-2 124M", report["links_gpt2_124m"])):

@@ -41,11 +41,16 @@ def merge_attention(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, l
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Two partial attentions of the same queries over disjoint keys -> the attention over their union.
 
-    An empty part has lse = -inf and weight 0 (the first part of a merge may be empty)."""
+    o_a, o_b (B, nh, Tq, hs) are each part's normalized output, lse_a, lse_b (B, nh, Tq) the log of each part's
+    softmax denominator; returns (o, lse) of the union. Each part weighs in by its share of the total denominator,
+    exp(lse_part - lse), computed without overflow however large the scores. An empty part has lse = -inf and
+    weight 0 (the first part of a merge may be empty; a graded exercise, `minillm assignment 14`)."""
+    # BEGIN SOLUTION
     lse = torch.logaddexp(lse_a, lse_b)  # (B, nh, Tq)
     safe = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)  # both empty: weights exp(-inf) = 0
     w_a, w_b = torch.exp(lse_a - safe).unsqueeze(-1), torch.exp(lse_b - safe).unsqueeze(-1)  # (B, nh, Tq, 1)
     return o_a * w_a + o_b * w_b, lse
+    # END SOLUTION
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None) -> torch.Tensor:

@@ -63,22 +63,44 @@ def init_rank(rank: int | None = None, world_size: int | None = None, port: int 
             raise ValueError(f"init_rank() without arguments reads torchrun's environment, but {missing} are not "
                              "set: launch with torchrun, or pass rank, world_size and port")
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        init_method = "env://"
     else:
         for name, value in (("rank", rank), ("world_size", world_size), ("port", port)):
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
-        init_method = f"tcp://{LOOPBACK}:{port}"
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     if dist.is_initialized():
         raise ValueError(f"this process is already rank {dist.get_rank()} of a group of {dist.get_world_size()}; "
                          "call torch.distributed.destroy_process_group() first")
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if port is None:
+        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size, timeout=timeout)
+    else:
+        store = loopback_store(rank, world_size, port, timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     return rank, world_size
+
+
+def loopback_store(rank: int, world_size: int, port: int, timeout: datetime.timedelta) -> dist.TCPStore:
+    """The group's rendezvous (a `TCPStore`) on 127.0.0.1:`port`, hosted by rank 0.
+
+    Subtle: a `TCPStore` that binds its own socket listens on every interface of the machine; rank 0 binds one to
+    loopback and hands it over (`master_listen_fd`), so nothing of the group is reachable from outside the box.
+    (gloo's own connections already bind the address the store resolves to: 127.0.0.1.)"""
+    if rank != 0:
+        return dist.TCPStore(LOOPBACK, port, world_size, False, timeout=timeout)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((LOOPBACK, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return dist.TCPStore(LOOPBACK, port, world_size, True, timeout=timeout, wait_for_workers=False,
+                         master_listen_fd=sock.detach())
 
 
 # ------------------------------------------------------------------------------------------------- run_ranks

@@ -1,7 +1,9 @@
 """Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): every layer's matrices split across t ranks.
 
 What it adds: `shard_model(model, rank, t)`, a transform applied from outside (gpt-fast's way) that returns a copy
-of a loaded GPT holding rank `rank`'s share of every matrix, and the four parallel modules it swaps in:
+of a loaded GPT holding rank `rank`'s share of every matrix, built from three small functions (the chapter's graded
+exercises): `column_split` and `row_split` (which slice of a linear a rank keeps) and `row_parallel_forward` (where
+the all-reduce goes, and the bias after it); and the four parallel modules it swaps in:
 
     attention   c_attn (3A, C) -> ColumnParallel: each rank keeps the q, k and v rows of its nh/t heads, so
                                   attention runs on local heads with no communication at all
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -104,6 +107,58 @@ class Comm:
         return out
 
 
+def _check_split(dim: int, what: str, rank: int, t: int) -> None:
+    if not isinstance(t, int) or isinstance(t, bool) or t < 1:
+        raise ValueError(f"the number of ranks t must be a positive int, got {t!r}")
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < t:
+        raise ValueError(f"rank must be in [0, {t}), got {rank!r}")
+    if dim % t:
+        raise ValueError(f"t={t} ranks cannot split {what}={dim} evenly")
+
+
+def column_split(weight: torch.Tensor, bias: torch.Tensor | None, rank: int, t: int
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rank `rank`'s share of y = x Wᵀ + b under column parallelism: (weight (out/t, in), bias (out/t,) or None).
+
+    The rank keeps output features [rank out/t, (rank + 1) out/t) and their biases, so its y_r is a slice of y and
+    the t slices side by side (in rank order) are y. Careful with the names: Megatron writes the matrix as (in, out)
+    and splits its columns; PyTorch stores `weight` as (out, in), so the columns of the paper are its rows.
+    """
+    out_features = weight.shape[0]
+    _check_split(out_features, "out_features", rank, t)
+    # BEGIN SOLUTION
+    rows = slice(rank * out_features // t, (rank + 1) * out_features // t)
+    return weight[rows], None if bias is None else bias[rows]
+    # END SOLUTION
+
+
+def row_split(weight: torch.Tensor, rank: int, t: int) -> torch.Tensor:
+    """Rank `rank`'s share of W under row parallelism: weight (out, in/t), input features [rank in/t, ...).
+
+    The rank multiplies its slice of the input x_r (..., in/t) by it and gets a partial sum of the whole output:
+    y = sum_r x_r W_rᵀ + b. The bias is not split; `row_parallel_forward` adds it once, after the sum.
+    """
+    in_features = weight.shape[1]
+    _check_split(in_features, "in_features", rank, t)
+    # BEGIN SOLUTION
+    cols = slice(rank * in_features // t, (rank + 1) * in_features // t)
+    return weight[:, cols]
+    # END SOLUTION
+
+
+def row_parallel_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                         reduce: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """y = x W_rᵀ summed over the ranks, then + b: x (..., in/t) this rank's input slice, weight (out, in/t) from
+    `row_split`, bias (out,) or None (the full bias, on every rank). `reduce` sums a tensor over the ranks and
+    returns the sum (`Comm.all_reduce`, which also sums in place, or the sequence-parallel reduce-scatter)."""
+    # BEGIN SOLUTION
+    y = F.linear(x, weight)  # (..., in/t) -> (..., out): this rank's partial sum
+    y = reduce(y)  # the sum over the ranks: the one collective of a row-parallel linear
+    # subtle: the bias goes in after the sum; added before it, it would be counted t times
+    return y if bias is None else y + bias
+    # END SOLUTION
+
+
 class GatherSequence(nn.Module):
     """Sequence parallelism's entry to a tensor-parallel region: run `inner` (a LayerNorm) on this rank's (B, T/t, C)
     slice, then all-gather the sequence, so the column-parallel linear after it sees all T tokens."""
@@ -138,11 +193,9 @@ class RowParallelLinear(nn.Module):
         self.comm = comm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)  # (B, T, in/t) -> (B, T, out): this rank's partial sum
         # summed over the ranks: whole (all-reduce), or each rank its sequence slice (sequence parallelism)
-        y = self.comm.reduce_scatter_seq(y) if self.comm.sequence_parallel else self.comm.all_reduce(y)
-        # subtle: the bias goes in after the sum; added before it, it would be counted t times
-        return y if self.bias is None else y + self.bias
+        reduce = self.comm.reduce_scatter_seq if self.comm.sequence_parallel else self.comm.all_reduce
+        return row_parallel_forward(x, self.weight, self.bias, reduce)
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -211,24 +264,24 @@ def shard_model(model: GPT, rank: int, t: int, comm: Comm | None = None, sequenc
     nh, hs, A = cfg.n_head, cfg.head_size, cfg.attn_dim
     out = copy.deepcopy(model)
     out.config = replace(cfg, n_head=nh // t, head_dim=hs)  # the caches follow: nh/t heads per rank
-    heads = range(rank * nh // t, (rank + 1) * nh // t)
-    cols = torch.tensor([h * hs + d for h in heads for d in range(hs)])  # this rank's columns of A
-    rows = torch.cat([part * A + cols for part in range(3)])  # ... of q, of k and of v in c_attn's 3A rows
     with torch.no_grad():
         for block in out.transformer.h:
             attn, mlp = block.attn, block.mlp
-            attn.c_attn = ColumnParallelLinear(attn.c_attn.weight[rows], attn.c_attn.bias[rows])
-            attn.c_proj = RowParallelLinear(attn.c_proj.weight[:, cols], attn.c_proj.bias, comm)
-            attn.n_head, attn.attn_dim = nh // t, len(cols)
+            # c_attn's 3A rows are q's, k's and v's A rows, heads one after another in each: a column split of
+            # each part keeps this rank's nh/t heads of q, of k and of v
+            w, b = attn.c_attn.weight, attn.c_attn.bias
+            qkv = [column_split(w[i * A:(i + 1) * A], b[i * A:(i + 1) * A], rank, t) for i in range(3)]
+            attn.c_attn = ColumnParallelLinear(torch.cat([p[0] for p in qkv]), torch.cat([p[1] for p in qkv]))
+            attn.c_proj = RowParallelLinear(row_split(attn.c_proj.weight, rank, t), attn.c_proj.bias, comm)
+            attn.n_head, attn.attn_dim = nh // t, A // t
             width = mlp.c_fc.out_features
             if width % t:
                 raise ValueError(f"tensor parallel size {t} does not divide the MLP width {width}")
-            neurons = slice(rank * width // t, (rank + 1) * width // t)
-            mlp.c_fc = ColumnParallelLinear(mlp.c_fc.weight[neurons], mlp.c_fc.bias[neurons])
-            mlp.c_proj = RowParallelLinear(mlp.c_proj.weight[:, neurons], mlp.c_proj.bias, comm)
-        V = cfg.vocab_size
-        vocab = slice(rank * V // t, (rank + 1) * V // t)
-        wte = VocabParallelEmbedding(out.transformer.wte.weight[vocab], rank * V // t, comm)
+            mlp.c_fc = ColumnParallelLinear(*column_split(mlp.c_fc.weight, mlp.c_fc.bias, rank, t))
+            mlp.c_proj = RowParallelLinear(row_split(mlp.c_proj.weight, rank, t), mlp.c_proj.bias, comm)
+        # the (V, C) table, read as the tied head's weight, is a column-parallel linear over the vocabulary
+        table, _ = column_split(out.transformer.wte.weight, None, rank, t)
+        wte = VocabParallelEmbedding(table, rank * cfg.vocab_size // t, comm)
         out.transformer.wte = wte
         out.lm_head = VocabParallelHead(wte, comm)
         if sequence_parallel:
