@@ -81,7 +81,8 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter("11", "distillation", "distillation", "minillm.distill", ("minillm/distill/losses.py",)),
     Chapter("12", "cuda-kernels", "hand-written CUDA kernels", "minillm.kernels", ("minillm/kernels/mirror.py",)),
     Chapter("13", "compilation", "compilation and CUDA graphs", "minillm.compile", ("minillm/compile/mirror.py",)),
-    Chapter("14", "parallelism", "tensor, pipeline and sequence parallelism", "minillm.parallel", built=False),
+    Chapter("14", "parallelism", "tensor, pipeline and sequence parallelism", "minillm.parallel",
+            ("minillm/parallel/tensor.py", "minillm/parallel/context.py")),
     Chapter("15", "serving", "an OpenAI-compatible server", "minillm.serve", built=False),
 )
 

@@ -378,7 +378,7 @@ class ThreadRanks:
 SPLITS = [(8, 6, 1), (8, 6, 2), (12, 8, 4), (6, 10, 2), (4, 4, 4)]  # (out_features, in_features, t)
 
 
-@pytest.mark.graded(points=2, exercise=("column_split", "row_split"))
+@pytest.mark.graded(points=3, exercise=("column_split", "row_split"))
 @pytest.mark.parametrize("out_features,in_features,t", SPLITS)
 @pytest.mark.parametrize("bias", [True, False])
 def test_column_and_row_shards_rebuild_the_linear(out_features, in_features, t, bias):
@@ -458,7 +458,7 @@ def _attend(q, k, v):
     return torch.softmax(scores, -1) @ v, torch.logsumexp(scores, -1)
 
 
-@pytest.mark.graded(points=2, exercise="merge_attention")
+@pytest.mark.graded(points=3, exercise="merge_attention")
 @pytest.mark.parametrize("cuts", [(1,), (3,), (1, 2), (2, 5, 6)])
 @pytest.mark.parametrize("scale", [1.0, 40.0])  # 40: scores in the thousands, exp of them overflows
 def test_merging_partial_attentions_gives_attention_over_all_keys(cuts, scale):

@@ -151,7 +151,24 @@ PLANTS = (
     Plant("13", "step-scores-unscaled", "minillm/compile/mirror.py", "decode_step_by_hand",
           " / math.sqrt(hs)  # (nh, slot+1)", "  # (nh, slot+1)"),
     Plant("13", "step-mlp-without-residual", "minillm/compile/mirror.py", "decode_step_by_hand",
-          "x = x + block.mlp.c_proj.weight @ f", "x = block.mlp.c_proj.weight @ f"),)
+          "x = x + block.mlp.c_proj.weight @ f", "x = block.mlp.c_proj.weight @ f"),
+    # 14 parallelism
+    Plant("14", "column-split-slices-the-input-features", "minillm/parallel/tensor.py", "column_split",
+          "return weight[rows], None", "return weight[:, rows], None"),
+    Plant("14", "column-split-keeps-the-whole-bias", "minillm/parallel/tensor.py", "column_split",
+          "None if bias is None else bias[rows]", "None if bias is None else bias"),
+    Plant("14", "row-split-slices-the-output-features", "minillm/parallel/tensor.py", "row_split",
+          "return weight[:, cols]", "return weight[cols]"),
+    Plant("14", "bias-added-before-the-sum", "minillm/parallel/tensor.py", "row_parallel_forward",
+          "y = F.linear(x, weight)  #", "y = F.linear(x, weight, bias)  #"),
+    Plant("14", "partial-sums-never-reduced", "minillm/parallel/tensor.py", "row_parallel_forward",
+          "y = reduce(y)  #", "y = y  #"),
+    Plant("14", "merge-keeps-the-larger-lse", "minillm/parallel/context.py", "merge_attention",
+          "lse = torch.logaddexp(lse_a, lse_b)", "lse = torch.maximum(lse_a, lse_b)"),
+    Plant("14", "merge-weights-not-stabilized", "minillm/parallel/context.py", "merge_attention",
+          "w_a, w_b = torch.exp(lse_a - safe).unsqueeze(-1), torch.exp(lse_b - safe).unsqueeze(-1)",
+          "w_a, w_b = (torch.exp(lse_a) / torch.exp(safe)).unsqueeze(-1), "
+          "(torch.exp(lse_b) / torch.exp(safe)).unsqueeze(-1)"),)
 
 
 def planted_source(plant: Plant) -> str:

@@ -2,7 +2,8 @@
 
 It runs the tour with `--device cuda` (every chapter's check against its baseline, and its benchmark), the chapter
 benchmarks that only mean something on a GPU (`GPU_BENCHMARKS`: chapter 12's kernel versions against the device's
-copy bandwidth, chapter 13's decode modes with the CUDA graph and its batched steps), and the test suite (whose
+copy bandwidth, chapter 13's decode modes with the CUDA graph and its batched steps, chapter 14's tensor-parallel
+decode on NCCL launched by torchrun), and the test suite (whose
 device-parametrized tests add CUDA variants when a GPU is present), then writes Markdown and JSON into `chapters/gpu-reports/`, named by date
 and GPU, recording the GPU, driver, torch/CUDA versions, the git commit, and the wall time against the 8-minute
 budget a GPU session allows. Without a GPU it refuses with a clear error rather than writing a CPU report under a
@@ -42,6 +43,10 @@ GPU_BENCHMARKS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
      ("--device", "cuda", "--quick", "--json", "{json}")),
     ("chapter 13: compiled and captured steps at batch 1 and 8 and a prefill, on cuda", "minillm.compile.sweep",
      ("--device", "cuda", "--quick", "--threads-list", "1", "--json", "{json}")),
+    # torchrun itself (`python -m torch.distributed.run`), one rank per GPU on NCCL: world size 1 on one GPU
+    ("chapter 14: tensor-parallel greedy decode on NCCL, one rank per GPU, against one process",
+     "torch.distributed.run", ("--standalone", "--nproc-per-node", "gpu", "-m", "minillm.parallel.generate",
+                               "--device", "cuda", "--check", "--max-new-tokens", "16")),
 )
 
 

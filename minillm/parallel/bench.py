@@ -10,7 +10,7 @@ collectives of one decoded token would cost on NVLink and on PCIe for this model
 This is no interconnect benchmark: the ranks share one machine's cores and memory, and gloo moves each message
 through loopback TCP. On a machine with fewer cores than ranks, ranks take turns, and more ranks cost time.
 
-    python -m minillm.parallel.bench [--model base] [--world-sizes 1,2,4] [--quick] [--json FILE]
+    python -m minillm.parallel.bench [--model base] [--world-sizes 1,2,4] [--quick] [--json FILE] [--bubble-figure PNG]
 """
 
 from __future__ import annotations
@@ -28,15 +28,18 @@ from minillm.bench.cli import bench_parser, pick_size, start, write_report
 from minillm.bench.models import load_model
 from minillm.core.config import GPTConfig
 from minillm.core.formats import model_from_bytes, model_to_bytes
+from minillm.core.io import atomic_save_figure, check_output_file
 from minillm.core.sampling import SamplingParams
 from minillm.kvcache.generate import generate_ids
+from minillm.parallel.checks import pp_bubble
 from minillm.parallel.group import LOOPBACK, run_ranks
-from minillm.parallel.pipeline import PipelineStage, pipelined_decode
+from minillm.parallel.pipeline import PipelineStage, bubble_fraction, measured_bubble, pipelined_decode
+from minillm.parallel.plots import plot_timeline
 from minillm.parallel.tensor import collectives_per_forward, ring_traffic_per_rank, shard_model
 
 SIZES = {
     "quick": dict(new_tokens=16, prompt_len=64, repeats=3),  # the tests and --quick: seconds per world size
-    "tour": dict(new_tokens=32, prompt_len=64, repeats=3),  # the tour's rows, once the chapter has them
+    "tour": dict(new_tokens=32, prompt_len=64, repeats=3),  # the tour's rows
     "full": dict(new_tokens=48, prompt_len=128, repeats=5),  # python -m minillm.parallel.bench
 }
 
@@ -229,12 +232,34 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def bubble_figure(path: str, stages: tuple[int, ...] = (2, 4), m: int = 4, work_s: float = 0.05) -> dict[int, float]:
+    """Run the bubble experiment (every step `work_s` of known work, m micro-batches) for each number of stages,
+    draw the timelines one above the other into `path` (PNG, written atomically); the measured bubble per p."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(stages), 1, figsize=(9, 2.3 * len(stages)), squeeze=False)
+    measured = {}
+    for ax, p in zip(axes[:, 0], stages):
+        events = [e for rank_events in run_ranks(pp_bubble, p, m, work_s) for e in rank_events]
+        plot_timeline(events, m=m, ax=ax)
+        measured[p] = measured_bubble(events, p)
+    fig.tight_layout()
+    atomic_save_figure(fig, path, dpi=110)
+    plt.close(fig)
+    return measured
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The kit's shared options (`minillm.bench.cli`; ranks run on the CPU here) and this benchmark's own."""
     p = bench_parser("python -m minillm.parallel.bench", __doc__.split("\n")[0], sizes=SIZES,
                      quick_help="16 tokens after a 64-token prompt, 3 repeats", devices=("cpu",))
     p.add_argument("--model", default="base", help="shipped checkpoint or preset (default base)")
     p.add_argument("--world-sizes", default="1,2,4", help="comma-separated numbers of ranks (default 1,2,4)")
+    p.add_argument("--bubble-figure", metavar="PNG", default=None,
+                   help="also draw the GPipe timelines of 2 and 4 stages (50 ms of known work per step) into PNG")
     return p
 
 
@@ -244,10 +269,15 @@ def main(argv: list[str] | None = None) -> int:
         world_sizes = tuple(int(x) for x in args.world_sizes.split(","))
     except ValueError:
         raise SystemExit(f"--world-sizes must be comma-separated ints, got {args.world_sizes!r}") from None
+    figure = check_output_file(args.bubble_figure, "--bubble-figure", (".png",))
     loaded = load_model(args.model, seed=args.seed)
     report = run_all(loaded.model, args.size, args.seed, world_sizes)
     print(f"model {loaded.label}; one torch thread per rank; gloo on loopback")
     print(format_table(report))
+    if figure is not None:
+        measured = bubble_figure(str(figure))
+        print(f"bubble figure {figure}: measured " + ", ".join(
+            f"p={p}: {100 * b:.1f}% (formula {100 * bubble_fraction(p, 4):.1f}%)" for p, b in measured.items()))
     write_report(args.json, report)
     return 0 if all(r["same_tokens"] for r in report["rows"]) else 1
 
