@@ -355,11 +355,13 @@ def test_an_idle_tensor_parallel_engine_outlives_the_group_timeout(model):
 
 class ThreadRanks:
     """t ranks as t threads of this process, for the exercises: `all_reduce(rank, y)` returns the sum of every
-    rank's y (and writes it into y, as torch.distributed's does). A rank that never calls it makes the others
-    fail after 10 s (a broken barrier), never hang."""
+    rank's y. `in_place=True` also writes it into y, as torch.distributed's all_reduce does; False returns a new
+    tensor and leaves NaN in y, as a reduce that is not in place (the sequence-parallel reduce-scatter) leaves y
+    useless: code that ignores what reduce returns fails then. A rank that never calls it makes the others fail
+    after 10 s (a broken barrier), never hang."""
 
-    def __init__(self, t: int):
-        self.t, self.parts = t, [None] * t
+    def __init__(self, t: int, in_place: bool = True):
+        self.t, self.parts, self.in_place = t, [None] * t, in_place
         self.barrier = threading.Barrier(t, timeout=10)
 
     def all_reduce(self, rank: int, y: torch.Tensor) -> torch.Tensor:
@@ -367,7 +369,10 @@ class ThreadRanks:
         self.barrier.wait()
         total = torch.stack(self.parts).sum(0)
         self.barrier.wait()  # everyone has read every part before the next call overwrites one
-        return y.copy_(total)
+        if self.in_place:
+            return y.copy_(total)
+        y.fill_(float("nan"))
+        return total
 
     def run(self, fn):
         """fn(rank) on every rank at once; the results in rank order."""
@@ -407,7 +412,8 @@ def test_column_and_row_shards_rebuild_the_linear(out_features, in_features, t, 
 @pytest.mark.graded(points=2, exercise="row_parallel_forward")
 @pytest.mark.parametrize("t", [1, 2, 4])
 @pytest.mark.parametrize("bias", [True, False])
-def test_row_parallel_forward_sums_over_the_ranks_then_adds_the_bias_once(t, bias):
+@pytest.mark.parametrize("in_place", [True, False])
+def test_row_parallel_forward_sums_over_the_ranks_then_adds_the_bias_once(t, bias, in_place):
     from minillm.parallel.tensor import row_parallel_forward
 
     g = torch.Generator().manual_seed(t)
@@ -415,7 +421,7 @@ def test_row_parallel_forward_sums_over_the_ranks_then_adds_the_bias_once(t, bia
     b = torch.randn(6, generator=g) + 3.0 if bias else None  # a large bias: counted t times, it shows
     x = torch.randn(2, 3, 8, generator=g)
     k = 8 // t
-    group = ThreadRanks(t)
+    group = ThreadRanks(t, in_place)
 
     def rank_fn(r):
         return row_parallel_forward(x[..., r * k:(r + 1) * k], w[:, r * k:(r + 1) * k].clone(), b,
@@ -475,6 +481,27 @@ def test_merging_partial_attentions_gives_attention_over_all_keys(cuts, scale):
     assert torch.isfinite(o).all()
     torch.testing.assert_close(o, want, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(lse, want_lse, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.graded(points=1, exercise="merge_attention")
+def test_merging_parts_empty_for_some_queries_only():
+    """Causal blocks leave some queries with no key in a part (lse -inf on those rows only): each row on its own."""
+    from minillm.parallel.context import merge_attention
+
+    g = torch.Generator().manual_seed(9)
+    o_a, o_b = torch.randn(1, 2, 4, 8, generator=g), torch.randn(1, 2, 4, 8, generator=g)
+    lse_a, lse_b = torch.randn(1, 2, 4, generator=g), torch.randn(1, 2, 4, generator=g)
+    lse_a[..., 0] = float("-inf")  # row 0: only b saw keys
+    lse_b[..., 1] = float("-inf")  # row 1: only a did
+    lse_a[..., 3] = lse_b[..., 3] = float("-inf")  # row 3: neither
+    o, lse = merge_attention(o_a, lse_a, o_b, lse_b)
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
+    torch.testing.assert_close(o[..., 0, :], o_b[..., 0, :])
+    torch.testing.assert_close(o[..., 1, :], o_a[..., 1, :])
+    torch.testing.assert_close(lse[..., :2], torch.stack([lse_b[..., 0], lse_a[..., 1]], -1))
+    w = torch.softmax(torch.stack([lse_a[..., 2], lse_b[..., 2]]), 0)  # row 2: both, by their denominators
+    torch.testing.assert_close(o[..., 2, :], w[0, ..., None] * o_a[..., 2, :] + w[1, ..., None] * o_b[..., 2, :])
+    assert torch.isneginf(lse[..., 3]).all() and torch.equal(o[..., 3, :], torch.zeros_like(o[..., 3, :]))
 
 
 @pytest.mark.graded(points=1, exercise="merge_attention")

@@ -2,9 +2,10 @@
 
 Each world size t runs as t spawned ranks (gloo on loopback, one torch thread per rank), every rank the same greedy
 loop of chapter 04 on its shard (SPMD: the gathered logits are identical on every rank, so every rank picks the
-same token). Reported per t: ms per decoded token (median of repeats after a warm-up), tokens/s, ms per prompt of
-`prompt_len` tokens, the share of time inside collectives (`Comm.seconds`), collectives and bytes per token, and
-whether the tokens equal one process's. The same table computes, from the chapter's formulas, what the
+same token). Reported per t: ms per decoded token (the generation's time less its prefill, over its new_tokens - 1
+decode steps; median of repeats after a warm-up), tokens/s, ms per prompt of `prompt_len` tokens, the share of the
+generation's time inside collectives (`Comm.seconds`), collectives and bytes per token, and whether the tokens
+equal the model's in this process. The same table computes, from the chapter's formulas, what the
 collectives of one decoded token would cost on NVLink and on PCIe for this model and for GPT-2 124M.
 
 This is no interconnect benchmark: the ranks share one machine's cores and memory, and gloo moves each message
@@ -58,16 +59,17 @@ def rank_timing(rank: int, world_size: int, model_bytes: bytes, prompt: list[int
     tokens = generate_ids(shard, prompt, params)  # warm-up, and the tokens to compare
     decode, prefill, comm_share = [], [], []
     for _ in range(repeats):
-        shard.comm.reset()
-        start = time.perf_counter()
-        generate_ids(shard, prompt, params)
-        elapsed = time.perf_counter() - start
-        decode.append(elapsed / new_tokens)
-        comm_share.append(shard.comm.seconds / elapsed)
         start = time.perf_counter()
         with torch.no_grad():
             shard.logits(shard.hidden(idx, torch.arange(len(prompt)))[:, -1])
         prefill.append(time.perf_counter() - start)
+        shard.comm.reset()
+        start = time.perf_counter()
+        generate_ids(shard, prompt, params)
+        elapsed = time.perf_counter() - start
+        # the generation is one prefill and new_tokens - 1 decode steps: the decode share, per token
+        decode.append(max(elapsed - prefill[-1], 0.0) / (new_tokens - 1))
+        comm_share.append(shard.comm.seconds / elapsed)
     shard.comm.reset()
     with torch.no_grad():  # one decode-sized forward, to count what one token sends
         shard.logits(shard.hidden(idx[:, :1], torch.arange(1)))
@@ -181,11 +183,10 @@ def run_all(model, size: str = "full", seed: int = 0, world_sizes: tuple[int, ..
     prompt = torch.randint(0, model.config.vocab_size, (sizes["prompt_len"],), generator=g).tolist()
     data = model_to_bytes(model)
     rows = []
-    reference = None
+    reference = generate_ids(model, prompt, SamplingParams.greedy(sizes["new_tokens"], ignore_eos=True))  # 1 process
     for t in world_sizes:
         results = run_ranks(rank_timing, t, data, prompt, sizes["new_tokens"], sizes["repeats"])
         r0 = results[0]
-        reference = reference if reference is not None else r0["tokens"]
         rows.append({"world_size": t, "decode_ms": r0["decode_s"] * 1e3, "tok_s": 1 / r0["decode_s"],
                      "prefill_ms": r0["prefill_s"] * 1e3, "comm_share": r0["comm_share"],
                      "collectives_per_token": r0["calls"], "bytes_per_token": r0["bytes"],

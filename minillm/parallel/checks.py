@@ -64,6 +64,8 @@ def torch_tp_forward(rank: int, world_size: int, model_bytes: bytes, idx: torch.
 def ring_forward(rank: int, world_size: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """q, k, v (B, nh, T, hs) whole; this rank attends its chunk of T through the ring: (B, nh, T/t, hs)."""
     T = q.shape[2]
+    if T % world_size:
+        raise ValueError(f"ring_forward splits T={T} tokens into {world_size} equal chunks: T must divide evenly")
     mine = slice(rank * T // world_size, (rank + 1) * T // world_size)
     return ring_attention(q[:, :, mine], k[:, :, mine], v[:, :, mine])
 

@@ -4,10 +4,9 @@ What it adds: `ring_attention(q, k, v)`, causal attention over a sequence split 
 rank, that never gathers the sequence. Rank r holds the queries, keys and values of positions
 [r T/t, (r + 1) T/t). In t rounds each rank attends its queries to the K/V block it holds, then passes that block
 to the next rank and receives one from the previous (point-to-point send/recv), so after t rounds every query has
-seen every key. The partial results merge by the online softmax of chapter 12, in log-sum-exp form:
-
-    block j gives o_j (normalized output) and lse_j = log sum_k exp(score_k) for each query
-    lse = logaddexp(lse_a, lse_b)        o = o_a exp(lse_a - lse) + o_b exp(lse_b - lse)
+seen every key. The partial results merge by the online softmax of chapter 12, in log-sum-exp form: block j
+gives o_j (its normalized output) and lse_j = log sum_k exp(score_k) for each query, and `merge_attention` (an
+exercise) weighs two parts by their shares of the union's softmax denominator.
 
 A block entirely in a query's future (j > r) contributes nothing (causal); the diagonal block (j = r) is causal
 within itself. Each rank's memory for attention holds T/t queries and two K/V blocks instead of all T keys.
@@ -22,12 +21,31 @@ import math
 import torch
 import torch.distributed as dist
 
+from minillm.parallel.tensor import check_float_tensor
+
+
+def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """q (B, nh, Tq, hs), k and v (B, nh, Tk, hs), floating point: a ValueError/TypeError naming the one that is not."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_float_tensor(name, x, 4)
+    if k.shape != v.shape:
+        raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    if (k.shape[0], k.shape[1], k.shape[3]) != (q.shape[0], q.shape[1], q.shape[3]):
+        raise ValueError(f"k must share q's batch, heads and head size {(q.shape[0], q.shape[1], q.shape[3])}, "
+                         f"got shape {tuple(k.shape)}")
+
 
 def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of q (B, nh, Tq, hs) to one K/V block (B, nh, Tk, hs): (output (B, nh, Tq, hs), lse (B, nh, Tq)).
 
     `causal`: query i may see key j only if j <= i (the block on the diagonal, Tq == Tk)."""
+    _check_qkv(q, k, v)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if causal and q.shape[2] != k.shape[2]:
+        raise ValueError(f"a causal block is the diagonal one: it needs as many queries as keys, got {q.shape[2]} "
+                         f"and {k.shape[2]}")
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, nh, Tq, Tk)
     if causal:
         Tq, Tk = scores.shape[-2:]
@@ -45,6 +63,14 @@ def merge_attention(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, l
     softmax denominator; returns (o, lse) of the union. Each part weighs in by its share of the total denominator,
     exp(lse_part - lse), computed without overflow however large the scores. An empty part has lse = -inf and
     weight 0 (the first part of a merge may be empty; a graded exercise, `minillm assignment 14`)."""
+    for name, o, lse_x in (("a", o_a, lse_a), ("b", o_b, lse_b)):
+        check_float_tensor(f"o_{name}", o, 4)
+        if o.shape != o_a.shape:
+            raise ValueError(f"o_{name} must have o_a's shape {tuple(o_a.shape)}, got {tuple(o.shape)}")
+        if check_float_tensor(f"lse_{name}", lse_x).shape != o.shape[:-1]:
+            raise ValueError(f"lse_{name} must have shape {tuple(o.shape[:-1])}, got {tuple(lse_x.shape)}")
+        if torch.isnan(lse_x).any() or torch.isposinf(lse_x).any():
+            raise ValueError(f"lse_{name} holds NaN or +inf: a part's log-sum-exp is finite, or -inf when empty")
     # BEGIN SOLUTION
     lse = torch.logaddexp(lse_a, lse_b)  # (B, nh, Tq)
     safe = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)  # both empty: weights exp(-inf) = 0
@@ -60,6 +86,17 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None
     """
     t = dist.get_world_size(group) if dist.is_initialized() else 1
     rank = dist.get_rank(group) if dist.is_initialized() else 0
+    _check_qkv(q, k, v)
+    if q.shape != k.shape:
+        raise ValueError(f"k must have q's shape {tuple(q.shape)} (each rank holds one chunk of the sequence), got "
+                         f"{tuple(k.shape)}")
+    if t > 1:  # every chunk must have the same shape, or the blocks passed around would not fit the buffers
+        shape = torch.tensor(q.shape, dtype=torch.long)
+        shapes = [torch.empty_like(shape) for _ in range(t)]
+        dist.all_gather(shapes, shape, group=group)
+        if any(not torch.equal(x, shape) for x in shapes):
+            raise ValueError(f"every rank's chunk must have the same shape, got {[tuple(x.tolist()) for x in shapes]}"
+                             ": split the sequence into t equal chunks")
     out = torch.zeros_like(q)
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)  # (B, nh, T/t): nothing seen
     kv = torch.stack([k, v]).contiguous()  # (2, B, nh, T/t, hs): the block that travels

@@ -22,8 +22,9 @@ happen on every rank's own share of the blocks. The model crosses to the ranks a
 Failure is an error, never a hang: every collective has the group's timeout, rank 0 polls the ranks' processes and
 heartbeats before each step, and a rank that died turns the step's error into a `WorkerDiedError` naming it; any
 error inside a step closes the executor (the ranks could be mid-collective). `close()` (also at garbage
-collection and interpreter exit) stops the ranks for sure. A script that builds one must keep its top level
-under `if __name__ == "__main__":`: each spawned rank imports the script's module again.
+collection and interpreter exit) stops the ranks for sure, without waiting for a rank-0 join that can only fail.
+A script that builds one (or calls `LLM(..., EngineConfig(tensor_parallel_size=t))`) must keep its top level under
+`if __name__ == "__main__":`: each spawned rank imports the script's module again.
 What it leaves out: several engines with tensor parallelism in one process at a time (the default process group
 is one per process), a prefilled arrival's KV (chapter 07's hand-off would have to be split by heads), and
 running under torchrun (this executor spawns its own ranks; `init_rank` and `shard_model` are the torchrun way).
@@ -114,7 +115,10 @@ def _close(handles: list[WorkerHandle], joined: list[bool], joiner: list[threadi
     """Stop the ranks' processes for sure, then leave the group (after rank 0's join finished, if it started)."""
     stop_all(handles)
     for thread in joiner:
-        thread.join()  # bounded by the group's timeout: a join cannot outlive close() and leave a stale group
+        # Rank 0's join may still wait in the rendezvous for a rank that died while starting; with every other
+        # rank stopped it can only fail (at startup_timeout_s), never leave a live group, so close() does not
+        # wait for it: the daemon thread is abandoned after a moment.
+        thread.join(timeout=5.0)
     if joined[0] and dist.is_initialized():
         dist.destroy_process_group()
     joined[0] = False
@@ -152,6 +156,9 @@ class TensorParallelExecutor:
             raise ValueError(f"the tensor-parallel engine runs its ranks on the CPU with gloo here, got device "
                              f"{device}")
         shard = shard_model(model, 0, t)  # first: a model t ranks cannot share fails here, before any spawn
+        # ... and so does a pool or backend the runner refuses (num_blocks, kv_dtype, attention_backend)
+        runner = ModelRunner(shard, num_blocks, block_size, device=device, kv_dtype=kv_dtype,
+                             attention_backend=attention_backend)
         self.tensor_parallel_size = t
         self.config = config
         self.num_blocks, self.block_size = num_blocks, block_size
@@ -188,8 +195,7 @@ class TensorParallelExecutor:
             self._joiner[0].join(startup_timeout_s)
             if errors or not done:
                 raise WorkerDiedError(f"rank 0 could not join the group of {t}: {errors[0] if errors else 'timeout'}")
-            self.runner = ModelRunner(shard, num_blocks, block_size, device=device, kv_dtype=kv_dtype,
-                                      attention_backend=attention_backend)
+            self.runner = runner
         except BaseException:
             self.close()
             raise

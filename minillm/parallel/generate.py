@@ -33,17 +33,17 @@ def generate_on_rank(rank: int, world_size: int, model_name: str, prompt: str, m
                      device: str = "cpu", check: bool = False) -> dict[str, Any]:
     """This rank's share of one greedy generation (the group must be up): its tokens, text, collectives, and with
     `check` (rank 0 only) the one-process tokens."""
-    loaded = load_model(model_name, device)
-    ids = loaded.tokenizer.encode(prompt)
+    loaded = load_model(model_name, "cpu")  # every rank reads the whole checkpoint, but only its shard goes to the
+    ids = loaded.tokenizer.encode(prompt)   # device: a model too big for one GPU fits t of them
     if not ids:
         raise ValueError("the prompt encodes to no tokens: give a non-empty --prompt")
     params = SamplingParams.greedy(max_new_tokens, ignore_eos=True)
-    shard = shard_model(loaded.model, rank, world_size)
+    shard = shard_model(loaded.model, rank, world_size).to(device)
     tokens = generate_ids(shard, ids, params)
     out = {"tokens": tokens, "text": loaded.tokenizer.decode(tokens), "label": loaded.label,
            "collectives": dict(shard.comm.calls), "heads_per_rank": shard.config.n_head}
     if check and rank == 0:
-        out["one_process"] = generate_ids(loaded.model, ids, params)
+        out["one_process"] = generate_ids(loaded.model.to(device), ids, params)
     return out
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from minillm.core.config import check_float, check_int
 from minillm.engine.process import Inbox, WorkerDiedError, WorkerHandle, receive, stop_all, wait_ready
 
 LOOPBACK = "127.0.0.1"
@@ -69,8 +70,9 @@ def init_rank(rank: int | None = None, world_size: int | None = None, port: int 
                 raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"port must be in [1, 65535], got {port}")
+    _check_backend_and_timeout(backend, timeout_s)
     if dist.is_initialized():
         raise ValueError(f"this process is already rank {dist.get_rank()} of a group of {dist.get_world_size()}; "
                          "call torch.distributed.destroy_process_group() first")
@@ -81,6 +83,12 @@ def init_rank(rank: int | None = None, world_size: int | None = None, port: int 
         store = loopback_store(rank, world_size, port, timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     return rank, world_size
+
+
+def _check_backend_and_timeout(backend: str, timeout_s: float) -> None:
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    check_float("timeout_s", timeout_s, minimum=0.0, include_minimum=False)
 
 
 def loopback_store(rank: int, world_size: int, port: int, timeout: datetime.timedelta) -> dist.TCPStore:
@@ -170,8 +178,13 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str 
     """
     if not callable(fn):
         raise TypeError(f"fn must be a module-level function, got {type(fn).__name__}")
+    if "<" in getattr(fn, "__qualname__", "<"):  # a lambda, a nested function: a spawned rank cannot import it
+        raise TypeError(f"fn must be a module-level function (each rank imports it by name), got "
+                        f"{getattr(fn, '__qualname__', fn)!r}")
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    _check_backend_and_timeout(backend, timeout_s)
+    check_int("num_threads", num_threads)
     ctx = multiprocessing.get_context("spawn")
     port = free_port()
     handles = [WorkerHandle(ctx, RankInit(f"rank{r}", r, world_size, port, backend, fn, tuple(args),

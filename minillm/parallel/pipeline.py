@@ -34,6 +34,8 @@ from minillm.kvcache.cache import ContiguousKVCache
 
 def stage_layers(n_layer: int, p: int) -> list[range]:
     """The blocks of each of p stages, as even as possible (the first stages take one more when p does not divide)."""
+    if not isinstance(n_layer, int) or isinstance(n_layer, bool) or n_layer < 1:
+        raise ValueError(f"n_layer must be a positive int, got {n_layer!r}")
     if not isinstance(p, int) or isinstance(p, bool) or not 1 <= p <= n_layer:
         raise ValueError(f"the number of stages must be an int in [1, n_layer={n_layer}], got {p!r}")
     base, extra = divmod(n_layer, p)
@@ -49,8 +51,11 @@ class PipelineStage(nn.Module):
     def __init__(self, model: GPT, stage: int, p: int):
         super().__init__()
         self.config = require_model(model, "PipelineStage")
+        splits = stage_layers(self.config.n_layer, p)
+        if not isinstance(stage, int) or isinstance(stage, bool) or not 0 <= stage < p:
+            raise ValueError(f"stage must be an int in [0, {p}), got {stage!r}")
         self.stage, self.p = stage, p
-        self.layers = stage_layers(self.config.n_layer, p)[stage]
+        self.layers = splits[stage]
         self.first, self.last = stage == 0, stage == p - 1
         self.wte = model.transformer.wte if self.first else None
         self.wpe = model.transformer.wpe if self.first else None
@@ -88,18 +93,30 @@ def run_gpipe(stage: PipelineStage, micro_batches: list[torch.Tensor] | int, hid
     (the bubble experiment; the outputs are then the inputs passed along, not logits).
     """
     rank = stage.stage
-    m = len(micro_batches) if isinstance(micro_batches, list) else micro_batches
+    if stage.first:
+        if not isinstance(micro_batches, list) or not micro_batches:
+            raise ValueError("the first stage needs micro_batches: a non-empty list of (b, T) id tensors")
+        for j, x in enumerate(micro_batches):  # each must fill the (b, T, C) buffers the next stages receive into
+            if not isinstance(x, torch.Tensor) or tuple(x.shape) != tuple(hidden_shape[:2]):
+                raise ValueError(f"micro_batches[{j}] must be a tensor of shape {tuple(hidden_shape[:2])} "
+                                 f"(hidden_shape's b, T), got {getattr(x, 'shape', type(x).__name__)}")
+        m = len(micro_batches)
+    else:
+        m = micro_batches
+        if not isinstance(m, int) or isinstance(m, bool) or m < 1:
+            raise ValueError(f"a later stage's micro_batches is their count, a positive int, got {m!r}")
+    dtype = next(stage.parameters()).dtype  # what the stages send: the model's own dtype, not always float32
     outputs, events, pending = [], [], []
     for j in range(m):
         if stage.first:
             x = micro_batches[j]
         else:
-            x = torch.empty(hidden_shape)
+            x = torch.empty(hidden_shape, dtype=dtype)
             dist.recv(x, src=rank - 1)
         start = time.perf_counter()
         if stage_work_s is not None:
             time.sleep(stage_work_s)
-            y = x if not stage.first else torch.zeros(hidden_shape)
+            y = x if not stage.first else torch.zeros(hidden_shape, dtype=dtype)
         else:
             y = stage(x)
         events.append(StageEvent(rank, j, start, time.perf_counter()))
@@ -131,6 +148,7 @@ def pipelined_decode(stage: PipelineStage, prompts: list[list[int]], new_tokens:
     if any(len(x) != T for x in prompts):
         raise ValueError("pipelined_decode runs prompts of one length (each sequence is its own batch of 1)")
     caches = [ContiguousKVCache(cfg, 1, T + new_tokens) for _ in prompts]
+    dtype = next(stage.parameters()).dtype  # the hidden states travel in the model's dtype
     tokens: list[list[int]] = [[] for _ in prompts]
     events: list[StageEvent] = []
     pending = []  # sends in flight (isend: a stage never blocks on a send, so the ring of stages cannot deadlock)
@@ -147,7 +165,7 @@ def pipelined_decode(stage: PipelineStage, prompts: list[list[int]], new_tokens:
                     dist.recv(x, src=p - 1)  # the token the last stage picked for this sequence last round
                     tokens[b].append(int(x))
             else:
-                x = torch.empty(1, width, cfg.n_embd)
+                x = torch.empty(1, width, cfg.n_embd, dtype=dtype)
                 dist.recv(x, src=rank - 1)
             begin = time.perf_counter()
             y = stage(x, start, caches[b])
@@ -172,12 +190,23 @@ def pipelined_decode(stage: PipelineStage, prompts: list[list[int]], new_tokens:
 
 def bubble_fraction(p: int, m: int) -> float:
     """The formula: each stage idles (p - 1) of the (m + p - 1) equal steps of the schedule."""
+    for name, value in (("p", p), ("m", m)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
     return (p - 1) / (m + p - 1)
 
 
 def measured_bubble(events: list[StageEvent], p: int) -> float:
     """1 - busy / (p * makespan), from every stage's events: the share of stage-time spent waiting."""
+    if not isinstance(events, (list, tuple)) or not events:
+        raise ValueError("events must be a non-empty list of StageEvent (every stage's, from run_gpipe)")
+    if not all(isinstance(e, StageEvent) for e in events):
+        raise TypeError(f"events must hold StageEvent records, got {type(events[0]).__name__}")
+    if not isinstance(p, int) or isinstance(p, bool) or p < 1 or any(not 0 <= e.stage < p for e in events):
+        raise ValueError(f"p must be the number of stages, an int above every event's stage, got {p!r}")
     start = min(e.start for e in events)
     end = max(e.end for e in events)
     busy = sum(e.end - e.start for e in events)
+    if end <= start:
+        raise ValueError("events must span some time (every event has end > start)")
     return 1.0 - busy / (p * (end - start))

@@ -107,6 +107,17 @@ class Comm:
         return out
 
 
+def check_float_tensor(name: str, x: object, ndim: int | None = None) -> torch.Tensor:
+    """`x` if it is a floating-point tensor (of `ndim` dimensions when given); TypeError / ValueError naming `name`."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+    if ndim is not None and x.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
+    return x
+
+
 def _check_split(dim: int, what: str, rank: int, t: int) -> None:
     if not isinstance(t, int) or isinstance(t, bool) or t < 1:
         raise ValueError(f"the number of ranks t must be a positive int, got {t!r}")
@@ -124,7 +135,9 @@ def column_split(weight: torch.Tensor, bias: torch.Tensor | None, rank: int, t: 
     the t slices side by side (in rank order) are y. Careful with the names: Megatron writes the matrix as (in, out)
     and splits its columns; PyTorch stores `weight` as (out, in), so the columns of the paper are its rows.
     """
-    out_features = weight.shape[0]
+    out_features = check_float_tensor("weight", weight, 2).shape[0]
+    if bias is not None and tuple(check_float_tensor("bias", bias).shape) != (out_features,):
+        raise ValueError(f"bias must have shape ({out_features},) like weight's out_features, got {tuple(bias.shape)}")
     _check_split(out_features, "out_features", rank, t)
     # BEGIN SOLUTION
     rows = slice(rank * out_features // t, (rank + 1) * out_features // t)
@@ -138,7 +151,7 @@ def row_split(weight: torch.Tensor, rank: int, t: int) -> torch.Tensor:
     The rank multiplies its slice of the input x_r (..., in/t) by it and gets a partial sum of the whole output:
     y = sum_r x_r W_rᵀ + b. The bias is not split; `row_parallel_forward` adds it once, after the sum.
     """
-    in_features = weight.shape[1]
+    in_features = check_float_tensor("weight", weight, 2).shape[1]
     _check_split(in_features, "in_features", rank, t)
     # BEGIN SOLUTION
     cols = slice(rank * in_features // t, (rank + 1) * in_features // t)
@@ -151,6 +164,13 @@ def row_parallel_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     """y = x W_rᵀ summed over the ranks, then + b: x (..., in/t) this rank's input slice, weight (out, in/t) from
     `row_split`, bias (out,) or None (the full bias, on every rank). `reduce` sums a tensor over the ranks and
     returns the sum (`Comm.all_reduce`, which also sums in place, or the sequence-parallel reduce-scatter)."""
+    out_features, k = check_float_tensor("weight", weight, 2).shape
+    if check_float_tensor("x", x).shape[-1] != k:
+        raise ValueError(f"x has {x.shape[-1]} features in its last dimension, weight's slice takes {k}")
+    if bias is not None and tuple(check_float_tensor("bias", bias).shape) != (out_features,):
+        raise ValueError(f"bias must have shape ({out_features},), the full output, got {tuple(bias.shape)}")
+    if not callable(reduce):
+        raise TypeError(f"reduce must be a function summing a tensor over the ranks, got {type(reduce).__name__}")
     # BEGIN SOLUTION
     y = F.linear(x, weight)  # (..., in/t) -> (..., out): this rank's partial sum
     y = reduce(y)  # the sum over the ranks: the one collective of a row-parallel linear
@@ -315,8 +335,11 @@ def sequence_parallel_logits(shard: GPT, idx: torch.Tensor) -> torch.Tensor:
 
     Each rank feeds the whole idx (the vocabulary-parallel embedding reduce-scatters it to its T/t slice) and
     the positions of its own slice, so the position embedding is added to the right tokens."""
-    comm = shard.comm
+    comm = getattr(shard, "comm", None)
+    if not isinstance(comm, Comm) or not comm.sequence_parallel:
+        raise ValueError("sequence_parallel_logits runs a shard made by shard_model(..., sequence_parallel=True)")
     t, rank = comm.world_size(), (dist.get_rank(comm.group) if dist.is_initialized() else 0)
+    shard.check_inputs(idx)  # ids inside the vocabulary (an id no rank owns would embed as zeros), T in the window
     T = idx.shape[1]
     if T % t:
         raise ValueError(f"sequence parallelism over {t} ranks needs T divisible by {t}, got T={T}")
