@@ -300,12 +300,15 @@ def test_resume_is_bit_for_bit(tmp_path, grad_accum):
     """N steps straight == N/2 steps, a checkpoint, a fresh process state, N/2 more steps: identical weights."""
     tr, va = _byte_tokens()
     kw = dict(TINY, steps=8, warmup_steps=2, grad_accum=grad_accum, dropout=0.1)  # dropout: the RNG must resume too
-    straight = train(TrainConfig(**kw, out_dir=str(tmp_path / "a")), tr, va, progress=False).model
+    straight_run = train(TrainConfig(**kw, out_dir=str(tmp_path / "a")), tr, va, progress=False)
+    straight = straight_run.model
     train(TrainConfig(**kw, out_dir=str(tmp_path / "b"), stop_after=4), tr, va, progress=False)
     torch.manual_seed(12345)  # a different global RNG state: resume must restore its own
     resumed = train(TrainConfig(**kw, out_dir=str(tmp_path / "b"), resume=str(tmp_path / "b")), tr, va,
                     progress=False)
     assert resumed.step == 8
+    # the run's log too: the final train loss averages the last losses of both halves, as the straight run's does
+    assert resumed.log["final_train_loss"] == straight_run.log["final_train_loss"]
     for (name, a), b in zip(straight.state_dict().items(), resumed.model.state_dict().values()):
         assert torch.equal(a, b), name
 

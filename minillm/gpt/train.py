@@ -260,7 +260,9 @@ def train(cfg: TrainConfig, train_tokens: torch.Tensor | None = None, val_tokens
     t_start = time.perf_counter()
     elapsed_before = state["elapsed_s"]
     last_t, last_step = t_start, step
-    recent: list[float] = []
+    # the last 50 losses, for the final train loss: kept in the checkpoint, so a resumed run reports what an
+    # uninterrupted one would
+    recent: list[float] = list(state.get("recent_losses", []))
     while True:
         elapsed = elapsed_before + time.perf_counter() - t_start
         if step >= cfg.steps or (budget_s is not None and elapsed >= budget_s):
@@ -306,6 +308,7 @@ def train(cfg: TrainConfig, train_tokens: torch.Tensor | None = None, val_tokens
         state["tokens_seen"] += tokens_per_step
         train_loss = loss_sum / cfg.grad_accum
         recent = (recent + [train_loss])[-50:]
+        state["recent_losses"] = recent
 
         if step % cfg.log_interval == 0 or step == cfg.steps:
             now = time.perf_counter()
