@@ -12,7 +12,7 @@ The reference source marks each exercise inside a function body, after its docst
 of every later chapter* replaced by `raise NotImplementedError` (earlier chapters' code is what the student builds
 on), the chapter's test file, a pytest configuration that imports the folder's own package (and stops if `minillm`
 resolves anywhere else), a README with the exercises and their points, and a marker file `.minillm-assignment`.
-The shared checkpoints are linked, not copied. `--force` only ever replaces a folder that carries that marker; the
+The shared checkpoints are hard-linked (copied across file systems): no link points back into the repository. `--force` only ever replaces a folder that carries that marker; the
 current directory, its parents and files are refused.
 
 Grading (`minillm grade`) lives in `grading.py`: the reference's graded tests and points are the denominator, and
@@ -209,6 +209,16 @@ submissions are graded inside an isolated container (e.g. Gradescope's) for that
 """
 
 
+def _link_or_copy(src: str, dst: str) -> str:
+    """A hard link to src at dst (no space, no path back into this repository: the folder stays portable), or a copy
+    where links cannot be made (another file system)."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+    return dst
+
+
 def write_assignment(chapter: str | int, out_dir: str | os.PathLike, force: bool = False) -> Path:
     """Write a self-contained student folder for chapter NN into out_dir (see the module docstring); returns it."""
     nn = _chapter(chapter)
@@ -223,9 +233,9 @@ def write_assignment(chapter: str | int, out_dir: str | os.PathLike, force: bool
         pkg = tmp / "minillm"
         shutil.copytree(PACKAGE_DIR, pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "assets"))
         (pkg / "assets").mkdir()
-        for item in ASSETS_DIR.iterdir():  # small files are copied; the checkpoints (27 MB) are linked
+        for item in ASSETS_DIR.iterdir():  # small files are copied; the checkpoints (34 MB) hard-linked
             if item.is_dir():
-                (pkg / "assets" / item.name).symlink_to(item.resolve(), target_is_directory=True)
+                shutil.copytree(item, pkg / "assets" / item.name, copy_function=_link_or_copy)
             else:
                 shutil.copy2(item, pkg / "assets" / item.name)
         for rel in stubbed_files(nn):
