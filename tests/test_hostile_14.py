@@ -14,13 +14,16 @@ import torch
 
 from minillm import GPT, GPTConfig
 from minillm.engine import EngineConfig
+from minillm.parallel.bench import link_estimate
+from minillm.parallel.bench import main as bench_main
 from minillm.parallel.checks import ring_forward
 from minillm.parallel.context import block_attention, merge_attention, ring_attention
 from minillm.parallel.group import init_rank, run_ranks
-from minillm.parallel.pipeline import (PipelineStage, StageEvent, bubble_fraction, measured_bubble, run_gpipe,
-                                      stage_layers)
-from minillm.parallel.tensor import (column_split, row_parallel_forward, row_split, sequence_parallel_logits,
-                                    shard_model)
+from minillm.parallel.pipeline import (PipelineStage, StageEvent, bubble_fraction, measured_bubble, pipelined_decode,
+                                      run_gpipe, stage_layers)
+from minillm.parallel.plots import plot_timeline
+from minillm.parallel.tensor import (Comm, all_reduce_bytes, collectives_per_forward, column_split, ring_traffic_per_rank,
+                                    row_parallel_forward, row_split, sequence_parallel_logits, shard_model)
 
 PKG = str(Path(__file__).resolve().parent.parent / "minillm")
 TINY = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16)).eval()
@@ -129,6 +132,53 @@ BAD = [
     ("run_ranks-bad-timeout", lambda: run_ranks(_module_level, 1, timeout_s=-1), ValueError, "timeout_s"),
     ("run_ranks-bad-threads", lambda: run_ranks(_module_level, 1, num_threads=0), ValueError, "num_threads"),
     ("run_ranks-nested", lambda: run_ranks(_nested(), 1), TypeError, "module-level"),
+    # found by an independent hostile run
+    ("shard_model-comm-str", lambda: shard_model(TINY, 0, 2, comm="gloo"), TypeError, "comm"),
+    ("shard_model-sp-str", lambda: shard_model(TINY, 0, 2, sequence_parallel="yes"), TypeError, "sequence_parallel"),
+    ("shard_model-comm-disagrees", lambda: shard_model(TINY, 0, 2, comm=Comm(sequence_parallel=True)), ValueError,
+     "sequence_parallel"),
+    ("shard_model-twice", lambda: shard_model(shard_model(TINY, 0, 1), 0, 1), ValueError, "shard already"),
+    ("shard-without-its-group", lambda: shard_model(TINY, 0, 2)(torch.tensor([[1, 2, 3]])), ValueError, "t=2"),
+    ("Comm-group-str", lambda: Comm(group="world"), TypeError, "group"),
+    ("Comm-sp-int", lambda: Comm(sequence_parallel=1), TypeError, "sequence_parallel"),
+    ("Comm-all_reduce-str", lambda: Comm().all_reduce("x"), TypeError, "torch.Tensor"),
+    ("Comm-all_gather_seq-1d", lambda: Comm().all_gather_seq(torch.ones(0)), ValueError, "all_gather_seq"),
+    ("collectives_per_forward-zero", lambda: collectives_per_forward(0), ValueError, "n_layer"),
+    ("collectives_per_forward-bool", lambda: collectives_per_forward(True), TypeError, "n_layer"),
+    ("all_reduce_bytes-negative", lambda: all_reduce_bytes(-1, 16, 2), ValueError, "tokens"),
+    ("all_reduce_bytes-element-size", lambda: all_reduce_bytes(1, 16, 2, element_size=3), ValueError, "element_size"),
+    ("ring_traffic_per_rank-zero-t", lambda: ring_traffic_per_rank(100, 0), ValueError, r"\bt\b"),
+    ("ring_traffic_per_rank-negative", lambda: ring_traffic_per_rank(-5, 2), ValueError, "message_bytes"),
+    ("link_estimate-zero-t", lambda: link_estimate(TINY.config, 0), ValueError, r"\bt\b"),
+    ("link_estimate-str", lambda: link_estimate("cfg", 2), TypeError, "config"),
+    ("PipelineStage-forward-bad-id", lambda: PipelineStage(TINY, 0, 1)(torch.tensor([[1, 2, 99]])), ValueError,
+     "token ids"),
+    ("PipelineStage-forward-float-ids", lambda: PipelineStage(TINY, 0, 1)(torch.tensor([[1.0, 2.0]])), TypeError,
+     "token ids"),
+    ("PipelineStage-forward-negative-start", lambda: PipelineStage(TINY, 0, 1)(torch.tensor([[1, 2]]), start=-1),
+     ValueError, "start"),
+    ("PipelineStage-forward-past-window", lambda: PipelineStage(TINY, 0, 1)(torch.tensor([[1, 2]]), start=15),
+     ValueError, "block_size"),
+    ("PipelineStage-forward-hidden-shape", lambda: PipelineStage(TINY, 1, 2)(torch.randn(1, 3, 7)), ValueError,
+     "hidden states"),
+    ("run_gpipe-not-a-stage", lambda: run_gpipe("stage", 2, (1, 3, 16)), TypeError, "stage"),
+    ("run_gpipe-negative-work", lambda: run_gpipe(PipelineStage(TINY, 0, 1), [torch.zeros(1, 3, dtype=torch.long)],
+                                                  (1, 3, 16), stage_work_s=-1), ValueError, "stage_work_s"),
+    ("pipelined_decode-no-prompts", lambda: pipelined_decode(PipelineStage(TINY, 0, 1), [], 2), ValueError,
+     "prompts"),
+    ("pipelined_decode-bad-id", lambda: pipelined_decode(PipelineStage(TINY, 0, 1), [[1, 99]], 2), ValueError,
+     r"prompts\[0\]"),
+    ("measured_bubble-nan-time", lambda: measured_bubble([StageEvent(0, 0, NAN, 1.0)], 1), ValueError, "events"),
+    ("plot_timeline-str", lambda: plot_timeline("x"), ValueError, "events"),
+    ("plot_timeline-title-int", lambda: plot_timeline(_events(), title=5), TypeError, "title"),
+    ("plot_timeline-ax-str", lambda: plot_timeline(_events(), ax="axes"), TypeError, r"\bax\b"),
+    ("block_attention-dtype-mismatch", lambda: block_attention(Q, Q.double(), Q, False), ValueError, r"\bk\b"),
+    ("block_attention-nan", lambda: block_attention(Q, torch.full_like(Q, NAN), Q, False), ValueError, r"\bk\b"),
+    ("ring_attention-group-str", lambda: ring_attention(Q, Q, Q, group="world"), TypeError, "group"),
+    ("init_rank-nccl-without-gpu", lambda: init_rank(0, 1, 29500, backend="nccl"), ValueError, "nccl"),
+    ("run_ranks-nccl-without-gpu", lambda: run_ranks(_module_level, 2, backend="nccl"), ValueError, "nccl"),
+    ("bench-unknown-model", lambda: bench_main(["--model", "nonexistent_zz"]), SystemExit, "nonexistent_zz"),
+    ("bench-indivisible-world", lambda: bench_main(["--world-sizes", "3"]), SystemExit, "n_head=8"),
     ("EngineConfig-tp-bool", lambda: EngineConfig(tensor_parallel_size=True), TypeError, "tensor_parallel_size"),
     ("EngineConfig-tp-float", lambda: EngineConfig(tensor_parallel_size=2.0), TypeError, "tensor_parallel_size"),
     ("EngineConfig-tp-zero", lambda: EngineConfig(tensor_parallel_size=0), ValueError, "tensor_parallel_size"),

@@ -27,7 +27,7 @@ import torch
 
 from minillm.bench.cli import bench_parser, pick_size, start, write_report
 from minillm.bench.models import load_model
-from minillm.core.config import GPTConfig
+from minillm.core.config import GPTConfig, check_int
 from minillm.core.formats import model_from_bytes, model_to_bytes
 from minillm.core.io import atomic_save_figure, check_output_file
 from minillm.core.sampling import SamplingParams
@@ -36,7 +36,7 @@ from minillm.parallel.checks import pp_bubble
 from minillm.parallel.group import LOOPBACK, run_ranks
 from minillm.parallel.pipeline import PipelineStage, bubble_fraction, measured_bubble, pipelined_decode
 from minillm.parallel.plots import plot_timeline
-from minillm.parallel.tensor import collectives_per_forward, ring_traffic_per_rank, shard_model
+from minillm.parallel.tensor import check_divisible, collectives_per_forward, ring_traffic_per_rank, shard_model
 
 SIZES = {
     "quick": dict(new_tokens=16, prompt_len=64, repeats=3),  # the tests and --quick: seconds per world size
@@ -171,6 +171,9 @@ def pipeline_rows(model, prompt: list[int], new_tokens: int, stages: int) -> lis
 def link_estimate(config: GPTConfig, t: int, element_bytes: int = 2) -> dict[str, float]:
     """Microseconds of link time per decoded token (bandwidth term only) for t ranks: (1 + 2L) all-reduces of
     C values, ring traffic 2 (t - 1) / t of each, plus the head's all-gather of V/t values from each rank."""
+    if not isinstance(config, GPTConfig):
+        raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+    check_int("t", t)
     message = config.n_embd * element_bytes
     reduce_bytes = (1 + 2 * config.n_layer) * ring_traffic_per_rank(message, t)
     gather_bytes = (t - 1) * config.vocab_size // t * element_bytes
@@ -271,7 +274,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         raise SystemExit(f"--world-sizes must be comma-separated ints, got {args.world_sizes!r}") from None
     figure = check_output_file(args.bubble_figure, "--bubble-figure", (".png",))
-    loaded = load_model(args.model, seed=args.seed)
+    if any(t < 1 for t in world_sizes):
+        raise SystemExit(f"--world-sizes must be positive ints, got {args.world_sizes!r}")
+    try:
+        loaded = load_model(args.model, seed=args.seed)
+        for t in world_sizes:  # before any rank starts: a size the model cannot be split into
+            check_divisible(loaded.model.config, t)
+    except ValueError as e:
+        raise SystemExit(f"python -m minillm.parallel.bench: {e}") from None
     report = run_all(loaded.model, args.size, args.seed, world_sizes)
     print(f"model {loaded.label}; one torch thread per rank; gloo on loopback")
     print(format_table(report))

@@ -28,6 +28,11 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """q (B, nh, Tq, hs), k and v (B, nh, Tk, hs), floating point: a ValueError/TypeError naming the one that is not."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_float_tensor(name, x, 4)
+        if x.dtype != q.dtype or x.device != q.device:
+            raise ValueError(f"{name} must have q's dtype and device ({q.dtype}, {q.device}), got {x.dtype}, "
+                             f"{x.device}")
+        if x.device.type != "meta" and not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{name} holds NaN or inf")
     if k.shape != v.shape:
         raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
     if (k.shape[0], k.shape[1], k.shape[3]) != (q.shape[0], q.shape[1], q.shape[3]):
@@ -67,6 +72,9 @@ def merge_attention(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, l
         check_float_tensor(f"o_{name}", o, 4)
         if o.shape != o_a.shape:
             raise ValueError(f"o_{name} must have o_a's shape {tuple(o_a.shape)}, got {tuple(o.shape)}")
+        for what, x in ((f"o_{name}", o), (f"lse_{name}", lse_x)):
+            if isinstance(x, torch.Tensor) and x.device != o_a.device:
+                raise ValueError(f"{what} must be on o_a's device {o_a.device}, got {x.device}")
         if check_float_tensor(f"lse_{name}", lse_x).shape != o.shape[:-1]:
             raise ValueError(f"lse_{name} must have shape {tuple(o.shape[:-1])}, got {tuple(lse_x.shape)}")
         if torch.isnan(lse_x).any() or torch.isposinf(lse_x).any():
@@ -84,6 +92,9 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None
 
     Runs on every rank of the group at once (rank r holds chunk r); returns this rank's (B, nh, T/t, hs) output.
     """
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group must be None (the default group) or a torch.distributed ProcessGroup, got "
+                        f"{type(group).__name__}")
     t = dist.get_world_size(group) if dist.is_initialized() else 1
     rank = dist.get_rank(group) if dist.is_initialized() else 0
     _check_qkv(q, k, v)

@@ -88,6 +88,9 @@ def init_rank(rank: int | None = None, world_size: int | None = None, port: int 
 def _check_backend_and_timeout(backend: str, timeout_s: float) -> None:
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if backend == "nccl" and not (dist.is_nccl_available() and torch.cuda.is_available()):
+        raise ValueError("backend 'nccl' needs CUDA GPUs and a PyTorch built with NCCL; this machine has "
+                         f"{'no GPU' if not torch.cuda.is_available() else 'no NCCL'}: use backend='gloo'")
     check_float("timeout_s", timeout_s, minimum=0.0, include_minimum=False)
 
 

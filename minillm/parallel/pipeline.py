@@ -21,6 +21,7 @@ backward pass and its schedules (1F1B, interleaved), and uneven stages.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -28,7 +29,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from minillm.core.config import check_float
 from minillm.core.model import GPT, require_model
+from minillm.core.stopping import check_token_ids
 from minillm.kvcache.cache import ContiguousKVCache
 
 
@@ -37,7 +40,7 @@ def stage_layers(n_layer: int, p: int) -> list[range]:
     if not isinstance(n_layer, int) or isinstance(n_layer, bool) or n_layer < 1:
         raise ValueError(f"n_layer must be a positive int, got {n_layer!r}")
     if not isinstance(p, int) or isinstance(p, bool) or not 1 <= p <= n_layer:
-        raise ValueError(f"the number of stages must be an int in [1, n_layer={n_layer}], got {p!r}")
+        raise ValueError(f"the number of stages p must be an int in [1, n_layer={n_layer}], got {p!r}")
     base, extra = divmod(n_layer, p)
     bounds = [0]
     for s in range(p):
@@ -68,9 +71,24 @@ class PipelineStage(nn.Module):
         """First stage: x = idx (B, T) ids at positions start.. start+T-1. Others: x = hidden (B, T, C).
         The last stage returns logits (B, T, V). `cache`: a KV cache for decoding (each stage fills its own
         layers of it)."""
+        if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+            raise ValueError(f"start must be a non-negative int, got {start!r}")
         if self.first:
+            if not isinstance(x, torch.Tensor) or x.dtype != torch.long or x.dim() != 2:
+                raise TypeError(f"the first stage takes token ids: an int64 (B, T) tensor, got "
+                                f"{getattr(x, 'dtype', type(x).__name__)} {tuple(getattr(x, 'shape', ()))}")
             T = x.shape[1]
+            if start + T > self.config.block_size:
+                raise ValueError(f"positions {start}..{start + T - 1} run past the context window "
+                                 f"block_size={self.config.block_size}")
+            # (values: not on the meta device, where torch.distributed.pipelining infers the stages' shapes)
+            if x.numel() and x.device.type != "meta" and (int(x.min()) < 0 or int(x.max()) >= self.config.vocab_size):
+                raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), got values in "
+                                 f"[{int(x.min())}, {int(x.max())}]")
             x = self.wte(x) + self.wpe(torch.arange(start, start + T, device=x.device))  # (B, T, C)
+        elif not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.config.n_embd:
+            raise ValueError(f"a later stage takes hidden states (B, T, C={self.config.n_embd}), got "
+                             f"{tuple(getattr(x, 'shape', ()))}")
         for block in self.blocks:
             x = block(x, cache)
         return self.head(self.ln_f(x)) if self.last else x
@@ -92,6 +110,10 @@ def run_gpipe(stage: PipelineStage, micro_batches: list[torch.Tensor] | int, hid
     `hidden_shape` (b, T, C) is what flows between stages. `stage_work_s`: sleep this long instead of computing
     (the bubble experiment; the outputs are then the inputs passed along, not logits).
     """
+    if not isinstance(stage, PipelineStage):
+        raise TypeError(f"stage must be a PipelineStage, got {type(stage).__name__}")
+    if stage_work_s is not None:
+        check_float("stage_work_s", stage_work_s, minimum=0.0)
     rank = stage.stage
     if stage.first:
         if not isinstance(micro_batches, list) or not micro_batches:
@@ -139,11 +161,14 @@ def pipelined_decode(stage: PipelineStage, prompts: list[list[int]], new_tokens:
     always has one to work on; with one, p - 1 stages wait for it: pipelining raises throughput, and one
     sequence's time per token stays the sum of all the stages. Returns (the tokens, on stage 0; events).
     """
+    if not isinstance(stage, PipelineStage):
+        raise TypeError(f"stage must be a PipelineStage, got {type(stage).__name__}")
     rank, p, cfg = stage.stage, stage.p, stage.config
     if not isinstance(new_tokens, int) or isinstance(new_tokens, bool) or new_tokens < 1:
         raise ValueError(f"new_tokens must be an int >= 1, got {new_tokens!r}")
-    if not prompts or not prompts[0]:
-        raise ValueError("pipelined_decode needs at least one non-empty prompt")
+    if not isinstance(prompts, list) or not prompts or not prompts[0]:
+        raise ValueError("prompts must be a list of at least one non-empty prompt")
+    prompts = [check_token_ids(f"prompts[{i}]", x, cfg.vocab_size) for i, x in enumerate(prompts)]
     T = len(prompts[0])
     if any(len(x) != T for x in prompts):
         raise ValueError("pipelined_decode runs prompts of one length (each sequence is its own batch of 1)")
@@ -196,12 +221,19 @@ def bubble_fraction(p: int, m: int) -> float:
     return (p - 1) / (m + p - 1)
 
 
-def measured_bubble(events: list[StageEvent], p: int) -> float:
-    """1 - busy / (p * makespan), from every stage's events: the share of stage-time spent waiting."""
+def check_events(events: object) -> None:
+    """A ValueError/TypeError naming `events` unless it is a non-empty list of StageEvent with finite times."""
     if not isinstance(events, (list, tuple)) or not events:
         raise ValueError("events must be a non-empty list of StageEvent (every stage's, from run_gpipe)")
     if not all(isinstance(e, StageEvent) for e in events):
         raise TypeError(f"events must hold StageEvent records, got {type(events[0]).__name__}")
+    if not all(math.isfinite(e.start) and math.isfinite(e.end) and e.end >= e.start for e in events):
+        raise ValueError("events must have finite times with end >= start")
+
+
+def measured_bubble(events: list[StageEvent], p: int) -> float:
+    """1 - busy / (p * makespan), from every stage's events: the share of stage-time spent waiting."""
+    check_events(events)
     if not isinstance(p, int) or isinstance(p, bool) or p < 1 or any(not 0 <= e.stage < p for e in events):
         raise ValueError(f"p must be the number of stages, an int above every event's stage, got {p!r}")
     start = min(e.start for e in events)

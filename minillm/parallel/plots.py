@@ -8,7 +8,7 @@ every rank (one clock for every process on a machine); nothing here runs a rank.
 
 from __future__ import annotations
 
-from minillm.parallel.pipeline import StageEvent, bubble_fraction, measured_bubble
+from minillm.parallel.pipeline import StageEvent, bubble_fraction, check_events, measured_bubble
 
 
 def plot_timeline(events: list[StageEvent], m: int | None = None, ax=None, title: str = ""):
@@ -16,8 +16,11 @@ def plot_timeline(events: list[StageEvent], m: int | None = None, ax=None, title
     bubble against (p - 1) / (m + p - 1). Returns the axis."""
     import matplotlib.pyplot as plt
 
-    if not events:
-        raise ValueError("plot_timeline needs at least one StageEvent")
+    check_events(events)
+    if not isinstance(title, str):
+        raise TypeError(f"title must be a str, got {type(title).__name__}")
+    if ax is not None and not callable(getattr(ax, "barh", None)):
+        raise TypeError(f"ax must be a matplotlib Axes, got {type(ax).__name__}")
     p = max(e.stage for e in events) + 1
     t0 = min(e.start for e in events)
     if ax is None:

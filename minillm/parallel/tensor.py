@@ -38,6 +38,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from minillm.core.config import check_float, check_int
 from minillm.core.model import GPT, require_model
 
 
@@ -53,8 +54,21 @@ class Comm:
     calls: dict[str, int] = field(default_factory=dict)
     bytes: dict[str, int] = field(default_factory=dict)  # payload bytes per op (one rank's message), summed
     seconds: float = 0.0  # wall time inside collectives
+    ranks: int | None = None  # the t its shard was cut for (set by shard_model); None: any group
+
+    def __post_init__(self) -> None:
+        if self.group is not None and not isinstance(self.group, dist.ProcessGroup):
+            raise TypeError(f"group must be None (the default group) or a torch.distributed ProcessGroup, got "
+                            f"{type(self.group).__name__}")
+        if not isinstance(self.sequence_parallel, bool):
+            raise TypeError(f"sequence_parallel must be a bool, got {type(self.sequence_parallel).__name__}")
 
     def _count(self, op: str, t: torch.Tensor) -> None:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"a collective moves a torch.Tensor, got {type(t).__name__}")
+        if self.ranks is not None and self.world_size() != self.ranks:
+            raise ValueError(f"this shard is one of t={self.ranks} ranks, but its group has {self.world_size()}: run "
+                             "it on every rank of a group of t at once (run_ranks, torchrun)")
         self.calls[op] = self.calls.get(op, 0) + 1
         self.bytes[op] = self.bytes.get(op, 0) + t.numel() * t.element_size()
 
@@ -94,10 +108,14 @@ class Comm:
 
     def all_gather_seq(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T/t, C) on each rank -> (B, T, C) on every rank: the ranks' sequence slices in rank order."""
+        if isinstance(x, torch.Tensor) and x.dim() != 3:
+            raise ValueError(f"all_gather_seq gathers (B, T/t, C) slices, got shape {tuple(x.shape)}")
         return self._all_gather("all_gather_seq", x, 1)
 
     def reduce_scatter_seq(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, C) partial sums on each rank -> this rank's (B, T/t, C) slice of their sum."""
+        if isinstance(x, torch.Tensor) and x.dim() != 3:
+            raise ValueError(f"reduce_scatter_seq splits (B, T, C) sums, got shape {tuple(x.shape)}")
         self._count("reduce_scatter_seq", x)
         t = self.world_size()
         if t == 1:
@@ -254,7 +272,7 @@ class VocabParallelHead(nn.Module):
 def check_divisible(config, t: int) -> None:
     """ValueError naming the dimension that t ranks cannot split evenly."""
     if not isinstance(t, int) or isinstance(t, bool) or t < 1:
-        raise ValueError(f"tensor parallel size must be a positive int, got {t!r}")
+        raise ValueError(f"the tensor parallel size t must be a positive int, got {t!r}")
     widths = {"n_head": config.n_head, "vocab_size": config.vocab_size}
     for name, n in widths.items():
         if n % t:
@@ -280,7 +298,17 @@ def shard_model(model: GPT, rank: int, t: int, comm: Comm | None = None, sequenc
     check_divisible(cfg, t)
     if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < t:
         raise ValueError(f"rank must be in [0, {t}), got {rank!r}")
+    if not isinstance(sequence_parallel, bool):
+        raise TypeError(f"sequence_parallel must be a bool, got {type(sequence_parallel).__name__}")
+    if comm is not None and not isinstance(comm, Comm):
+        raise TypeError(f"comm must be a minillm.parallel.tensor.Comm or None, got {type(comm).__name__}")
+    if comm is not None and comm.sequence_parallel != sequence_parallel:
+        raise ValueError(f"comm.sequence_parallel={comm.sequence_parallel} disagrees with "
+                         f"sequence_parallel={sequence_parallel}")
+    if any(isinstance(m, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)) for m in model.modules()):
+        raise ValueError("this model is a shard already: shard the whole model, once")
     comm = comm if comm is not None else Comm()
+    comm.ranks = t
     nh, hs, A = cfg.n_head, cfg.head_size, cfg.attn_dim
     out = copy.deepcopy(model)
     out.config = replace(cfg, n_head=nh // t, head_dim=hs)  # the caches follow: nh/t heads per rank
@@ -316,17 +344,24 @@ def shard_model(model: GPT, rank: int, t: int, comm: Comm | None = None, sequenc
 def collectives_per_forward(n_layer: int) -> dict[str, int]:
     """The formula: one all-reduce for the embedding, two per layer (attention's c_proj, the MLP's c_proj), one
     all-gather for the head."""
+    check_int("n_layer", n_layer)
     return {"all_reduce": 1 + 2 * n_layer, "all_gather": 1}
 
 
 def all_reduce_bytes(tokens: int, n_embd: int, n_layer: int, element_size: int = 4) -> int:
     """Bytes of the all-reduce messages of one forward over `tokens` tokens: (1 + 2 L) messages of T x C values."""
+    for name, value in (("tokens", tokens), ("n_embd", n_embd), ("n_layer", n_layer)):
+        check_int(name, value)
+    if element_size not in (1, 2, 4, 8):
+        raise ValueError(f"element_size must be a dtype's size in bytes (1, 2, 4 or 8), got {element_size!r}")
     return (1 + 2 * n_layer) * tokens * n_embd * element_size
 
 
 def ring_traffic_per_rank(message_bytes: int, t: int) -> float:
     """What a ring all-reduce sends (and receives) per rank for one message: 2 (t - 1) / t of it
     (reduce-scatter, then all-gather, each moving (t - 1) / t)."""
+    check_float("message_bytes", message_bytes, minimum=0.0)
+    check_int("t", t)
     return 2 * (t - 1) / t * message_bytes
 
 
