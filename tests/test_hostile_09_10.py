@@ -122,6 +122,11 @@ Q8 = torch.zeros(2, 4, dtype=torch.int8)
 # (id, call, exception, regex the message must match: the argument's name, or the dtype for a dtype error)
 BAD = [
     # ----- quantize.py
+    ("int8_matmul-meta-operand", lambda: int8_matmul(torch.ones(2, 3, dtype=torch.int8),
+                                                     torch.ones(3, 2, dtype=torch.int8, device="meta")), ValueError,
+     "one real device"),
+    ("w8a8_linear-meta-weight", lambda: w8a8_linear(torch.ones(2, 3), torch.ones(2, 3, dtype=torch.int8, device="meta"),
+                                                    torch.ones(2, 1), None), ValueError, "qweight"),
     ("quantize-int-x", lambda: quantize(torch.ones(4, 4, dtype=torch.int64)), TypeError, r"\bx\b"),
     ("quantize-bool-bits", lambda: quantize(W, bits=True), ValueError, "bits"),
     ("quantize-int-symmetric", lambda: quantize(W, symmetric=1), TypeError, "symmetric"),

@@ -42,6 +42,9 @@ def _check_int8_operands(a: object, b: object) -> None:
     if a.shape[1] != b.shape[0]:  # type: ignore[union-attr]
         raise ValueError(f"a {tuple(a.shape)} @ b {tuple(b.shape)}: "  # type: ignore[union-attr]
                          "the inner dimensions differ")
+    if a.device != b.device or a.device.type == "meta":  # type: ignore[union-attr]
+        # subtle: a meta operand has no values; mixed with a CPU one, the product came back as uninitialised memory
+        raise ValueError(f"a and b must be on one real device, got {a.device} and {b.device}")  # type: ignore
 
 
 def _check_input(x: object, in_features: int) -> torch.Tensor:
@@ -130,6 +133,9 @@ def w8a8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bia
     if not isinstance(scale, torch.Tensor) or tuple(scale.shape) != (qweight.shape[0], 1):
         raise ValueError(f"scale must have shape ({qweight.shape[0]}, 1), got {tuple(getattr(scale, 'shape', ()))}")
     _check_input(x, qweight.shape[1])
+    for name, t in (("qweight", qweight), ("scale", scale), ("bias", bias)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} must be on x's device {x.device}, got {t.device}")
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).float()  # (M, K), M = all tokens
     xq, sx = _quantize_rows(x2)  # (M, K) int8, (M, 1)
