@@ -42,6 +42,20 @@ def check_output_file(path: str | os.PathLike | None, flag: str, suffixes: tuple
     return out
 
 
+def check_output_dir(path: str | os.PathLike | None, name: str) -> Path | None:
+    """Check a folder a command will write into, before the work starts: a path that is a file, or lies under a
+    file, is a ValueError naming `name` and the path (minutes of training are never lost to it at the end)."""
+    if path is None:
+        return None
+    out = Path(path)
+    for p in (out, *out.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise ValueError(f"{name} {str(out)!r}: {str(p)!r} is a file, not a folder")
+            break
+    return out
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write `data` to `path` atomically (temp file in the same directory, fsync, rename)."""
     if not isinstance(data, (bytes, bytearray, memoryview)):

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from minillm.core.checkpoint import load_checkpoint, save_checkpoint
 from minillm.core.config import GPTConfig, PRESETS, check_float
 from minillm.core.device import DEVICE_CHOICES, resolve_device
-from minillm.core.io import atomic_write_text
+from minillm.core.io import atomic_write_text, check_output_dir
 from minillm.core.model import GPT
 from minillm.gpt.dataset import BatchSampler, fixed_windows, split_tokens
 from minillm.gpt.eval import token_nll
@@ -97,6 +97,8 @@ class TrainConfig:
             raise ValueError(f"unknown preset {self.preset!r}; choose one of {sorted(PRESETS)}")
         if not isinstance(self.model_overrides, dict):
             raise TypeError(f"model_overrides must be a dict, got {type(self.model_overrides).__name__}")
+        for name in ("out_dir", "export_dir"):  # written at the end: a bad folder must not cost the whole run
+            check_output_dir(getattr(self, name), f"TrainConfig.{name}")
         for name in ("steps", "batch_size", "grad_accum", "eval_windows", "log_interval"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
