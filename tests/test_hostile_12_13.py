@@ -468,3 +468,47 @@ def test_cpp_paged_checks_name_the_argument_without_the_extension():
 if __name__ == "__main__":  # python tests/test_hostile_12_13.py GROUP SEED TRIALS: one JSON line on stdout
     group, seed, trials = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     print(json.dumps(fuzz(GROUPS[group](), seed, trials)))
+
+
+# ----------------------------------------------------------------------------------- the mirrors' arguments
+def _mirror_bad_calls():
+    from minillm.kernels import mirror as M
+
+    X, W, B = torch.randn(4, 8), torch.randn(8), torch.randn(8)
+    q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
+    KP = torch.randn(4, 2, 2, 4)
+    return [
+        ("softmax_online-bool-tile", lambda: M.softmax_online(X, tile=True), TypeError, "tile"),
+        ("softmax_online-int-x", lambda: M.softmax_online(X.long()), TypeError, r"\bx\b"),
+        ("softmax_online-no-columns", lambda: M.softmax_online(X[:, :0]), ValueError, r"\bx\b"),
+        ("warp_tree_sum-31-lanes", lambda: M.warp_tree_sum(torch.randn(4, 31)), ValueError, "partials"),
+        ("lane_partials-bool-pack", lambda: M.lane_partials(torch.randn(4, 64), pack=True), TypeError, "pack"),
+        ("layernorm_warp-negative-eps", lambda: M.layernorm_warp(X, W, B, eps=-1), ValueError, "eps"),
+        ("layernorm_warp-weight-shape", lambda: M.layernorm_warp(X, W[:4], B), ValueError, "weight"),
+        ("bias_gelu-zero-pack", lambda: M.bias_gelu(X, B, pack=0), ValueError, "pack"),
+        ("bias_gelu-bias-shape", lambda: M.bias_gelu(X, B[:3]), ValueError, "bias"),
+        ("flash_attention-negative-block", lambda: M.flash_attention(q, k, v, block_k=-4), ValueError, "block_k"),
+        ("flash_attention-kv-shape", lambda: M.flash_attention(q, k[:, :, :4], v[:, :, :4]), ValueError, r"\bk\b"),
+        ("flash_attention-3d", lambda: M.flash_attention(q[0], k[0], v[0]), ValueError, r"\bq\b"),
+        ("flash_attention_v3-int-p", lambda: M.flash_attention_v3(q, k, v, p_dtype=torch.int8), ValueError,
+         "p_dtype"),
+        ("paged_gather-bool-context", lambda: M.paged_gather(KP, torch.tensor([0, 1]), True), TypeError,
+         "context_len"),
+        ("paged_gather-float-table", lambda: M.paged_gather(KP, torch.tensor([0.0, 1.0]), 3), TypeError,
+         "block_table"),
+        ("paged_gather-outside", lambda: M.paged_gather(KP, torch.tensor([0, 7]), 3), ValueError, "block_table"),
+        ("int8_gemv-float-w", lambda: M.int8_gemv(torch.randn(2, 8), torch.randn(6, 8), torch.ones(6)), TypeError,
+         r"\bw\b"),
+        ("online_merge-floats", lambda: M.online_merge(1.0, 1.0, 2.0, 1.0), TypeError, "m1"),
+        ("online_merge-shapes", lambda: M.online_merge(torch.ones(3), torch.ones(3), torch.ones(2), torch.ones(2)),
+         ValueError, "m2"),
+    ]
+
+
+MIRROR_BAD = _mirror_bad_calls()
+
+
+@pytest.mark.parametrize("call, err, match", [c[1:] for c in MIRROR_BAD], ids=[c[0] for c in MIRROR_BAD])
+def test_the_mirrors_refuse_bad_arguments_naming_them(call, err, match):
+    with pytest.raises(err, match=match):
+        call()
