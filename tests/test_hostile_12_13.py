@@ -512,3 +512,38 @@ MIRROR_BAD = _mirror_bad_calls()
 def test_the_mirrors_refuse_bad_arguments_naming_them(call, err, match):
     with pytest.raises(err, match=match):
         call()
+
+
+def _compile_mirror_bad_calls():
+    from minillm.compile.mirror import decode_step_by_hand, gemv_blocked
+    from minillm.kvcache.cache import ContiguousKVCache
+
+    x, w, b = torch.randn(2, 8), torch.randn(6, 8), torch.randn(6)
+    model = GPT(TINY).eval()
+    cache = ContiguousKVCache(TINY, 1, 8)
+    k, v = cache.k, cache.v
+    return [
+        ("gemv_blocked-int-x", lambda: gemv_blocked(x.long(), w, b), TypeError, r"\bx\b"),
+        ("gemv_blocked-bool-x", lambda: gemv_blocked(x.bool(), w, b), TypeError, r"\bx\b"),
+        ("gemv_blocked-1d-x", lambda: gemv_blocked(x.reshape(-1), w, b), TypeError, r"\bx\b"),
+        ("gemv_blocked-list-w", lambda: gemv_blocked(x, w.tolist(), b), TypeError, r"\bw\b"),
+        ("gemv_blocked-bias-shape", lambda: gemv_blocked(x, w, b[:2]), ValueError, "agree"),
+        ("gemv_blocked-k-mismatch", lambda: gemv_blocked(x, w[:, :3], b), ValueError, "agree"),
+        ("decode_step_by_hand-token-out-of-range", lambda: decode_step_by_hand(model, k, v, 512, 0, 0), ValueError,
+         "token"),
+        ("decode_step_by_hand-slot-out-of-range", lambda: decode_step_by_hand(model, k, v, 1, 0, 8), ValueError,
+         "slot"),
+        ("decode_step_by_hand-float-token", lambda: decode_step_by_hand(model, k, v, 1.0, 0, 0), TypeError, "token"),
+        ("decode_step_by_hand-short-cache", lambda: decode_step_by_hand(model, k[:1], v, 1, 0, 0), ValueError,
+         r"\bk\b"),
+    ]
+
+
+COMPILE_MIRROR_BAD = _compile_mirror_bad_calls()
+
+
+@pytest.mark.parametrize("call, err, match", [c[1:] for c in COMPILE_MIRROR_BAD],
+                         ids=[c[0] for c in COMPILE_MIRROR_BAD])
+def test_chapter_13_mirrors_refuse_bad_arguments_naming_them(call, err, match):
+    with pytest.raises(err, match=match):
+        call()

@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from minillm.core.model import GPT
+from minillm.core.model import GPT, require_model
 from minillm.kernels.naive import gelu_tanh, layernorm  # chapter 12's naive twins: the same formulas
 
 ROWS = 4  # weight rows per block: four memory streams in flight in the C++ loop
@@ -35,6 +35,15 @@ def gemv_blocked(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
     For each block of ROWS weight rows (the last block may be shorter), for each row of x: LANES partial sums over
     the first K - K % LANES columns in chunks of LANES, added across lanes, then the tail columns, then the bias.
     """
+    for name, t, ndim in (("x", x, 2), ("w", w, 2), ("b", b, 1)):
+        if t is None and name == "b":
+            continue
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() != ndim:
+            raise TypeError(f"{name} must be a {ndim}-D floating-point tensor, got "
+                            f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+    if w.shape[1] != x.shape[1] or (b is not None and b.shape[0] != w.shape[0]):
+        raise ValueError(f"x (M, K), w (N, K) and b (N,) must agree, got {tuple(x.shape)}, {tuple(w.shape)}, "
+                         f"{None if b is None else tuple(b.shape)}")
     M, K = x.shape
     N = w.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
@@ -58,9 +67,20 @@ def decode_step_by_hand(model: GPT, k: list[torch.Tensor], v: list[torch.Tensor]
     """Logits (V,) of `token` at position `pos`; its key and value go to `slot` of every layer's k[l], v[l]
     (each (1, nh, max_len, hs), float32, the layout of chapter 04's `ContiguousKVCache`), and it attends over
     slots 0..slot, itself included. Uses only the model's weights, never its modules' forward."""
-    cfg = model.config
+    cfg = require_model(model, "decode_step_by_hand")
     tr = model.transformer
     nh, hs, eps = cfg.n_head, cfg.head_size, cfg.layer_norm_epsilon
+    for name, cache in (("k", k), ("v", v)):
+        if not isinstance(cache, (list, tuple)) or len(cache) != cfg.n_layer or not all(
+                isinstance(t, torch.Tensor) and t.dim() == 4 and tuple(t.shape[:2]) == (1, nh) and t.shape[3] == hs
+                for t in cache):
+            raise ValueError(f"{name} must be a list of {cfg.n_layer} tensors (1, nh={nh}, max_len, hs={hs})")
+    for name, value, high in (("token", token, cfg.vocab_size), ("pos", pos, cfg.block_size),
+                              ("slot", slot, k[0].shape[2])):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        if not 0 <= value < high:
+            raise ValueError(f"{name} must be in [0, {high}), got {value}")
     A = nh * hs
     x = tr.wte.weight[token] + tr.wpe.weight[pos]  # (C,): the residual stream of this one token
     for layer, block in enumerate(tr.h):
