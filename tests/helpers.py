@@ -15,9 +15,12 @@ from __future__ import annotations
 import math
 import multiprocessing
 from dataclasses import dataclass
+from pathlib import Path
 
+import pytest
 import torch
 
+import minillm
 from minillm import GPT, GPTConfig
 from minillm.core.sampling import SamplingParams
 
@@ -165,3 +168,15 @@ def assert_every_generator_agrees(model, vocab_size: int = 256, disaggregated: b
                               num_threads=1, heartbeat_s=0.25, liveness_timeout_s=60.0, startup_timeout_s=300.0)
         with DisaggregatedLLM(model, None, config) as dis:
             assert [o.output_token_ids for o in dis.generate(prompts, params)] == naive
+
+
+MINILLM_DIR = str(Path(minillm.__file__).resolve().parent)
+
+
+def assert_refused_by_minillm(call, err: type[BaseException], match: str) -> None:
+    """`call()` raises `err` matching `match`, from minillm's own code (a clear message), not deep inside torch or
+    Python: the hostile tables' contract."""
+    with pytest.raises(err, match=match) as info:
+        call()
+    raised_in = str(Path(str(info.traceback[-1].path)).resolve())
+    assert raised_in.startswith(MINILLM_DIR), f"raised from {raised_in}: {info.value}"

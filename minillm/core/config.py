@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 
 def check_int(name: str, value: Any, minimum: int = 1) -> None:
     """Raise TypeError unless `value` is an int (bool excluded), ValueError if it is below `minimum`.
@@ -23,6 +25,16 @@ def check_int(name: str, value: Any, minimum: int = 1) -> None:
     if value < minimum:
         bound = {1: "positive", 0: "non-negative"}.get(minimum)
         raise ValueError(f"{name} must be {bound or f'>= {minimum}'}, got {value}")
+
+
+def check_float_tensor(name: str, x: Any, ndim: int | None = None) -> torch.Tensor:
+    """`x` if it is a floating-point torch tensor (of `ndim` dimensions when given); TypeError / ValueError naming
+    `name` otherwise."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+    if ndim is not None and x.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
+    return x
 
 
 def check_float(name: str, value: Any, minimum: float | None = None, maximum: float | None = None,

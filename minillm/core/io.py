@@ -34,12 +34,18 @@ def check_output_file(path: str | os.PathLike | None, flag: str, suffixes: tuple
                          f"{str(out / ('result' + (suffixes[0] if suffixes else '')))!r}")
     if suffixes and out.suffix not in suffixes:
         raise ValueError(f"{flag} {str(out)!r} must end in {' or '.join(suffixes)}")
-    for parent in out.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ValueError(f"{flag} {str(out)!r}: {str(parent)!r} is a file, not a directory")
-            break
+    _check_parents(out, out.parents, flag, "directory")
     return out
+
+
+def _check_parents(out: Path, candidates, name: str, word: str) -> None:
+    """The nearest of `candidates` (out's parents, nearest first) that exists must be a folder: a ValueError naming
+    `name`, `out` and the file in the way otherwise."""
+    for p in candidates:
+        if p.exists():
+            if not p.is_dir():
+                raise ValueError(f"{name} {str(out)!r}: {str(p)!r} is a file, not a {word}")
+            break
 
 
 def check_output_dir(path: str | os.PathLike | None, name: str) -> Path | None:
@@ -48,11 +54,7 @@ def check_output_dir(path: str | os.PathLike | None, name: str) -> Path | None:
     if path is None:
         return None
     out = Path(path)
-    for p in (out, *out.parents):
-        if p.exists():
-            if not p.is_dir():
-                raise ValueError(f"{name} {str(out)!r}: {str(p)!r} is a file, not a folder")
-            break
+    _check_parents(out, (out, *out.parents), name, "folder")
     return out
 
 

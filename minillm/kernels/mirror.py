@@ -18,32 +18,15 @@ import math
 
 import torch
 
+from minillm.core.config import check_float_tensor, check_int
 from minillm.kernels.naive import gelu_tanh
 
 NEG_INF = float("-inf")
 
 
-def _float_arg(name: str, x: object, ndim: int | None = None) -> torch.Tensor:
-    """x if it is a floating-point tensor (of `ndim` dimensions when given): a TypeError/ValueError naming `name`."""
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}")
-    if ndim is not None and x.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
-    return x
-
-
-def _count_arg(name: str, value: object) -> int:
-    """value if it is an int >= 1 (bool excluded): a TypeError/ValueError naming `name`."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
-
-
 def _qkv_args(q: object, k: object, v: object) -> None:
     for name, x in (("q", q), ("k", k), ("v", v)):
-        _float_arg(name, x, 4)
+        check_float_tensor(name, x, 4)
         if x.shape != q.shape:  # type: ignore[union-attr]
             raise ValueError(f"{name} must have q's shape {tuple(q.shape)} (causal self-attention), got "  # type: ignore
                              f"{tuple(x.shape)}")
@@ -56,7 +39,7 @@ def online_merge(m1: torch.Tensor, s1: torch.Tensor, m2: torch.Tensor, s2: torch
     subtle: where both maxima are -inf the exponent is nan; those states stay (-inf, 0).
     """
     for name, x in (("m1", m1), ("s1", s1), ("m2", m2), ("s2", s2)):
-        if _float_arg(name, x).shape != m1.shape:
+        if check_float_tensor(name, x).shape != m1.shape:
             raise ValueError(f"{name} must have m1's shape {tuple(m1.shape)}, got {tuple(x.shape)}")
     # BEGIN SOLUTION
     m = torch.maximum(m1, m2)
@@ -94,9 +77,9 @@ def softmax_online(x: torch.Tensor, tile: int = 8, num_parts: int = 4) -> torch.
     """softmax.cu v4: the columns are dealt round-robin to `num_parts` parts (the threads, in tiles of `tile`
     elements, the 16-byte packs); each part folds its tiles into a running (max, sum) in one pass; the parts'
     states merge pairwise; then one more pass writes exp(x - m) / s."""
-    _float_arg("x", x)
-    _count_arg("tile", tile)
-    _count_arg("num_parts", num_parts)
+    check_float_tensor("x", x)
+    check_int("tile", tile)
+    check_int("num_parts", num_parts)
     if x.shape[-1] == 0:
         raise ValueError(f"x must have at least one column to take a softmax over, got shape {tuple(x.shape)}")
     x32 = x.float()
@@ -122,7 +105,7 @@ def softmax_online(x: torch.Tensor, tile: int = 8, num_parts: int = 4) -> torch.
 def warp_tree_sum(partials: torch.Tensor) -> torch.Tensor:
     """Sum the last dimension (32 lanes) the way `warp_sum` does: lane i adds lane i ^ offset, offset 16, 8, .., 1.
     Every lane ends with the total; lane 0's is returned."""
-    if _float_arg("partials", partials).shape[-1] != 32:
+    if check_float_tensor("partials", partials).shape[-1] != 32:
         raise ValueError(f"partials must hold a warp's 32 lanes in its last dimension, got {partials.shape[-1]}")
     lanes = torch.arange(32)
     # BEGIN SOLUTION
@@ -138,8 +121,8 @@ def lane_partials(x: torch.Tensor, pack: int = 1) -> torch.Tensor:
     With pack > 1 a lane reads `pack` neighbouring columns at once (a 16-byte load): lane i owns the packs i, i + 32,
     ..., that is the columns [pack * i, pack * i + pack), [pack * (i + 32), ...), and so on.
     """
-    _float_arg("x", x)
-    _count_arg("pack", pack)
+    check_float_tensor("x", x)
+    check_int("pack", pack)
     C = x.shape[-1]
     pad = (-C) % (32 * pack)
     xp = torch.nn.functional.pad(x, (0, pad))  # (..., C + pad), zeros add nothing
@@ -150,13 +133,13 @@ def layernorm_warp(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, ep
                    pack: int = 1) -> torch.Tensor:
     """layernorm.cu v3 (pack=1) and v4 (pack = 16 bytes / element size): one pass of lane sums of x and x^2, a warp
     tree sum of each, var = E[x^2] - mean^2."""
-    C = _float_arg("x", x).shape[-1]
+    C = check_float_tensor("x", x).shape[-1]
     for name, t in (("weight", weight), ("bias", bias)):
-        if tuple(_float_arg(name, t).shape) != (C,):
+        if tuple(check_float_tensor(name, t).shape) != (C,):
             raise ValueError(f"{name} must have shape ({C},), x's last dimension, got {tuple(t.shape)}")
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not math.isfinite(eps) or eps <= 0:
         raise ValueError(f"eps must be a positive finite number, got {eps!r}")
-    _count_arg("pack", pack)
+    check_int("pack", pack)
     x32 = x.float()
     mean = warp_tree_sum(lane_partials(x32, pack)) / C  # (...,)
     var = (warp_tree_sum(lane_partials(x32 * x32, pack)) / C - mean**2).clamp(min=0.0)  # (...,)
@@ -167,10 +150,10 @@ def layernorm_warp(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, ep
 
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor, pack: int = 8) -> torch.Tensor:
     """bias_gelu.cu v2: the flat array in packs of `pack` elements plus a tail, element i taking bias[i % C]."""
-    C = _float_arg("x", x).shape[-1]
-    if tuple(_float_arg("bias", bias).shape) != (C,):
+    C = check_float_tensor("x", x).shape[-1]
+    if tuple(check_float_tensor("bias", bias).shape) != (C,):
         raise ValueError(f"bias must have shape ({C},), x's last dimension, got {tuple(bias.shape)}")
-    _count_arg("pack", pack)
+    check_int("pack", pack)
     flat = x.reshape(-1).float()
     out = torch.empty_like(flat)
     n = flat.numel()
@@ -189,8 +172,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: 
     O = O exp(m - m_new) + P V; finally O / l.
     """
     _qkv_args(q, k, v)
-    _count_arg("block_q", block_q)
-    _count_arg("block_k", block_k)
+    check_int("block_q", block_q)
+    check_int("block_k", block_k)
     B, nh, T, hs = q.shape
     scale = 1.0 / math.sqrt(hs)
     q32, k32, v32 = q.float(), k.float(), v.float()
@@ -280,7 +263,7 @@ def paged_gather(pool: torch.Tensor, block_table: torch.Tensor, context_len: int
     """The keys (or values) of one sequence, in order, read through its block table: pool (nb, bs, nh, hs),
     block_table (max_nb,) -> (context_len, nh, hs). Token j lives in block block_table[j // bs] at offset j % bs,
     pool row slot = block * bs + j % bs: the address every thread of paged_attention.cu computes for its key."""
-    nb, bs = _float_arg("pool", pool, 4).shape[:2]
+    nb, bs = check_float_tensor("pool", pool, 4).shape[:2]
     if not isinstance(block_table, torch.Tensor) or block_table.dim() != 1 or block_table.is_floating_point() \
             or block_table.dtype == torch.bool:
         raise TypeError(f"block_table must be a 1-D integer tensor, got {getattr(block_table, 'dtype', type(block_table))}")
@@ -315,10 +298,10 @@ def paged_attention_decode(
     As the kernel does, a block index outside the pool (or a context longer than the table) gives NaN for that
     sequence, and a context of 0 gives zeros.
     """
-    _count_arg("num_warps", num_warps)
-    S, nh, hs = _float_arg("q", q, 3).shape
+    check_int("num_warps", num_warps)
+    S, nh, hs = check_float_tensor("q", q, 3).shape
     for name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):
-        if _float_arg(name, pool, 4).shape[2:] != (nh, hs) or pool.shape != k_pool.shape:
+        if check_float_tensor(name, pool, 4).shape[2:] != (nh, hs) or pool.shape != k_pool.shape:
             raise ValueError(f"{name} must be (nb, bs, nh={nh}, hs={hs}) like k_pool, got {tuple(pool.shape)}")
     for name, t, shape in (("block_tables", block_tables, (S, None)), ("context_lens", context_lens, (S,))):
         if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.dtype == torch.bool or t.dim() != len(shape) \
@@ -385,7 +368,7 @@ def int8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch
     """int8_gemv.cu v2 (pack=1) and v3 (pack=16): for each output row n, 32 lanes sum x[k] * w[n, k] over their
     packs of k (k = lane, lane + 32, ... for v2; 16 weights a load for v3); a warp tree sum; then one multiply by
     scale[n] (sum_k x_k w_k s = s sum_k x_k w_k) and the bias."""
-    K = _float_arg("x", x, 2).shape[1]
+    K = check_float_tensor("x", x, 2).shape[1]
     if not isinstance(w, torch.Tensor) or w.dtype != torch.int8 or w.dim() != 2 or w.shape[1] != K:
         raise TypeError(f"w must be an int8 (N, K={K}) tensor, got {getattr(w, 'dtype', type(w))} "
                         f"{tuple(getattr(w, 'shape', ()))}")

@@ -21,7 +21,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from minillm.parallel.tensor import check_float_tensor
+from minillm.core.config import check_float_tensor
 
 
 def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -51,6 +51,12 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     if causal and q.shape[2] != k.shape[2]:
         raise ValueError(f"a causal block is the diagonal one: it needs as many queries as keys, got {q.shape[2]} "
                          f"and {k.shape[2]}")
+    return _attend_block(q, k, v, causal)
+
+
+def _attend_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`block_attention` without its checks, for `ring_attention`, which checked its chunks once on entry."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, nh, Tq, Tk)
     if causal:
         Tq, Tk = scores.shape[-2:]
@@ -114,7 +120,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None
     for step in range(t):
         j = (rank - step) % t  # whose block this rank holds in this round
         if j <= rank:  # blocks from the future are skipped (causal), but still passed on
-            o_j, lse_j = block_attention(q, kv[0], kv[1], causal=(j == rank))
+            o_j, lse_j = _attend_block(q, kv[0], kv[1], causal=(j == rank))
             out, lse = merge_attention(out, lse, o_j, lse_j)
         if step < t - 1:  # pass the block on: send to rank + 1, receive from rank - 1
             incoming = torch.empty_like(kv)

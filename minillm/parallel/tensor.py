@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import check_float, check_int
+from minillm.core.config import check_float, check_float_tensor, check_int
 from minillm.core.model import GPT, require_model
 
 
@@ -123,17 +123,6 @@ class Comm:
         out = torch.empty_like(x.chunk(t, dim=1)[0])
         self._timed(dist.reduce_scatter, out, [c.contiguous() for c in x.chunk(t, dim=1)])
         return out
-
-
-def check_float_tensor(name: str, x: object, ndim: int | None = None) -> torch.Tensor:
-    """`x` if it is a floating-point tensor (of `ndim` dimensions when given); TypeError / ValueError naming `name`."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
-    if ndim is not None and x.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
-    return x
 
 
 def _check_split(dim: int, what: str, rank: int, t: int) -> None:
