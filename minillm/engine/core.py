@@ -38,11 +38,13 @@ class EngineCore:
     Only the loop's thread (the caller of `step`/`run_forever`, or the thread `start()` makes) touches the engine
     after construction; do not call the engine's own `add_request`/`step` meanwhile. `check_invariants` runs the
     scheduler's invariant checks after every step (tests). `idle_wait_s` bounds how long an idle loop sleeps
-    before it looks at the stop flag again.
+    before it looks at the stop flag again. `on_step(core)`, if given, runs on the loop's thread after every step
+    (a server reads the engine's state there, where nothing mutates it meanwhile).
     """
 
     def __init__(self, engine: Any, on_output: Callable[[RequestOutput], None] | None = None,
-                 check_invariants: bool = False, idle_wait_s: float = 0.1):
+                 check_invariants: bool = False, idle_wait_s: float = 0.1,
+                 on_step: Callable[[EngineCore], None] | None = None):
         for name in ("_new_request", "_admit", "step", "abort", "has_unfinished"):
             if not callable(getattr(engine, name, None)):
                 raise TypeError(f"EngineCore needs an engine with a front end (LLM, SpeculativeLLM), got "
@@ -51,6 +53,7 @@ class EngineCore:
         self.outputs: queue.Queue[RequestOutput] = queue.Queue()
         self.on_output = on_output if on_output is not None else self.outputs.put
         self.check_invariants = check_invariants
+        self.on_step = on_step
         self.idle_wait_s = idle_wait_s
         self._lock = threading.Lock()  # guards _inbox, live and _closed
         self._inbox: deque[tuple[str, Any]] = deque()
@@ -130,6 +133,8 @@ class EngineCore:
             if self.check_invariants:
                 self.engine.scheduler.check_invariants()
         self._deliver(outputs)
+        if self.on_step is not None:
+            self.on_step(self)
         return outputs
 
     def run_forever(self) -> None:

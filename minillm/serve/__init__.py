@@ -1,0 +1,11 @@
+"""Chapter 15: serving — the engine behind an OpenAI-compatible streaming HTTP API, load-tested.
+
+Modules:
+- `protocol`: the OpenAI wire format — request bodies checked field by field, chunks and responses, SSE framing.
+- `async_engine`: chapter 06's `EngineCore` on its own thread, driven from an asyncio event loop, with admission
+  bounded by requests and tokens.
+- `metrics`: `/metrics` in Prometheus' format (prometheus-client): outcomes, tokens, TTFT/ITL/E2E histograms,
+  the engine's queues and KV blocks.
+- `dashboard`: the live page at `/dashboard` and the JSON it polls.
+- `app`: the FastAPI routes, uvicorn, draining on SIGTERM, an in-process `ServerThread`.
+"""

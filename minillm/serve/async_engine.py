@@ -1,0 +1,238 @@
+"""The engine seen from an event loop: requests admitted (or refused at once), outputs routed to their HTTP handler.
+
+What it adds to chapter 06's `EngineCore` (the engine on its own thread behind an inbox and an outbox): the other
+side of the outbox, for asyncio. The core's thread calls `_from_engine` with every output; that hands the output
+to the event loop (`call_soon_threadsafe`), which puts it on the queue of the HTTP request it belongs to. The event
+loop never runs a model step, and the engine's thread never touches a socket.
+
+    HTTP handler (event loop)                      engine thread (EngineCore.run_forever)
+    submit() --admission--> core.add_request ----> inbox --> step() --> on_output(out)
+    stream.get() <-- queue <-- _route(out) <-- call_soon_threadsafe <------------'
+                                                    on_step(core) --> snapshot (state for /metrics, /dashboard)
+
+Admission is bounded twice, so an overloaded server answers 429 at once instead of queueing without end: by the
+requests in flight (accepted and not finished, each of n samples counted) and by their tokens (prompt + max_tokens
+per sample). A request's share is given back when its last final output arrives, however it ended, so an aborted
+or disconnected request frees its place exactly once. What it leaves out: priorities, and a separate process for
+the engine (vLLM runs its core in one and talks over ZeroMQ; a thread here: the GIL is released inside torch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from minillm.core.sampling import SamplingParams
+from minillm.engine.core import EngineCore
+from minillm.engine.request import RequestOutput
+from minillm.serve.protocol import RequestError
+
+SNAPSHOT_EVERY_S = 0.05  # how often a busy engine publishes its state (an idle one after its last step)
+
+
+@dataclass
+class RequestStream:
+    """The engine requests of one HTTP request (several prompts x n samples) and the queue of their outputs."""
+
+    request_ids: list[str]  # one engine request per prompt
+    n: int  # samples per prompt
+    cost: tuple[int, int]  # (requests, tokens) counted against the admission bounds
+    arrival: float  # time.perf_counter() when the server got it
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    finals: int = 0  # final outputs the engine delivered (all delivered: `done`, its admission share given back)
+    taken: int = 0  # final outputs the handler has taken from the queue (all taken: `ended`)
+
+    @property
+    def expected(self) -> int:
+        return len(self.request_ids) * self.n
+
+    @property
+    def done(self) -> bool:
+        """The engine has finished every sample (their outputs may still wait in the queue)."""
+        return self.finals >= self.expected
+
+    @property
+    def ended(self) -> bool:
+        """The handler has taken every sample's final output: nothing more will come."""
+        return self.taken >= self.expected
+
+    async def get(self) -> RequestOutput:
+        """The next output (counting the finals taken)."""
+        out = await self.queue.get()
+        if out.finished:
+            self.taken += 1
+        return out
+
+
+@dataclass
+class Snapshot:
+    """The engine's state after a step, read on the engine's thread (nothing mutates it meanwhile)."""
+
+    time: float = 0.0
+    running: int = 0
+    waiting: int = 0
+    swapped: int = 0
+    num_blocks: int = 0
+    num_free_blocks: int = 0
+    num_steps: int = 0
+    num_preemptions: int = 0
+    prefix_cache_hits: int = 0  # blocks handed out again by content (chapter 05's prefix cache)
+    owners: list[str | None] = field(default_factory=list)  # per block: the request holding it, or None
+    shared: list[bool] = field(default_factory=list)  # per block: held by more than one sequence
+    cached: list[bool] = field(default_factory=list)  # per block: free but still holding a cached prefix
+
+
+def engine_snapshot(engine: Any) -> Snapshot:
+    """The scheduler's queues and the block pool, by owner, of an `LLM` (or `SpeculativeLLM`)."""
+    stats = engine.stats()
+    manager = engine.block_manager
+    alloc = manager.allocator
+    owners: list[str | None] = [None] * manager.num_blocks
+    for seq_id in manager.seq_ids:
+        owner = str(seq_id).split("#")[0]  # parallel samples "rid#i" are drawn as their request
+        for block in manager.block_table(seq_id):
+            owners[block] = owner
+    shared = [alloc.ref_count(b) > 1 for b in range(manager.num_blocks)]
+    block_hash = getattr(alloc, "block_hash", None)
+    cached = [owners[b] is None and block_hash is not None and block_hash(b) is not None
+              for b in range(manager.num_blocks)]
+    return Snapshot(time.time(), stats["running"], stats["waiting"], stats["swapped"], stats["num_blocks"],
+                    stats["num_free_blocks"], stats["num_steps"], stats["num_preemptions"],
+                    getattr(alloc, "num_hits", 0), owners, shared, cached)
+
+
+class AsyncEngine:
+    """An `EngineCore` on its own thread, driven from one asyncio event loop."""
+
+    def __init__(self, engine: Any, max_queued_requests: int = 256, max_queued_tokens: int = 1 << 20):
+        for name, value in (("max_queued_requests", max_queued_requests), ("max_queued_tokens", max_queued_tokens)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.engine = engine
+        self.max_queued_requests = max_queued_requests
+        self.max_queued_tokens = max_queued_tokens
+        self.queued_requests = 0  # in flight: accepted, not yet given every final output (event loop only)
+        self.queued_tokens = 0
+        self._streams: dict[str, RequestStream] = {}  # engine request id -> its HTTP request's stream
+        self._ids = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._last_snapshot = 0.0
+        self.snapshot = engine_snapshot(engine)  # replaced as a whole, never mutated: safe to read anywhere
+        self.core = EngineCore(engine, on_output=self._from_engine, on_step=self._on_step)
+        self.on_final: list[Any] = []  # callbacks(stream, output) on each final output (metrics), event loop
+
+    # ------------------------------------------------------------------------------------------ event loop
+
+    def start(self) -> None:
+        """Start the engine's thread; outputs are delivered to the running event loop."""
+        self._loop = asyncio.get_running_loop()
+        self.core.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Abort what is left (each gets its final output) and end the engine's thread."""
+        self.core.stop(timeout)
+
+    def submit(self, prompts: Sequence[str | list[int]], params: SamplingParams, tokens: int,
+               arrival: float | None = None) -> RequestStream:
+        """Admit one HTTP request's prompts (each sampled params.n times) or refuse it now.
+
+        `tokens` is the request's cost in tokens (prompt + max_tokens, summed over its samples). Over either
+        bound: RequestError 429 "queue_full". A prompt the engine refuses: RequestError 400 naming why.
+        """
+        cost = (len(prompts) * params.n, tokens)
+        if (self.queued_requests + cost[0] > self.max_queued_requests
+                or self.queued_tokens + cost[1] > self.max_queued_tokens):
+            raise RequestError(f"the server is at capacity ({self.queued_requests} of {self.max_queued_requests} "
+                               f"requests, {self.queued_tokens} of {self.max_queued_tokens} tokens in flight); "
+                               f"retry later", None, "queue_full", status=429, type="rate_limit_error")
+        base = f"req-{next(self._ids)}"
+        stream = RequestStream([f"{base}.{i}" for i in range(len(prompts))], params.n, cost,
+                               arrival if arrival is not None else time.perf_counter())
+        added: list[str] = []
+        try:
+            for rid, prompt in zip(stream.request_ids, prompts):
+                self._streams[rid] = stream  # before the engine can answer: its outputs need somewhere to go
+                self.core.add_request(prompt, params, request_id=rid, arrival_time=stream.arrival)
+                added.append(rid)
+        except (ValueError, TypeError, RuntimeError) as exc:
+            for rid in stream.request_ids:
+                if rid not in added:
+                    self._streams.pop(rid, None)
+            if added:  # a batch refused halfway: the accepted part ends too, and gives its place back on arrival
+                stream.finals = stream.taken = (len(stream.request_ids) - len(added)) * params.n
+                self.queued_requests += len(added) * params.n
+                stream.cost = (len(added) * params.n, 0)
+                for rid in added:
+                    self.core.abort(rid)
+            status = 503 if isinstance(exc, RuntimeError) else 400
+            raise RequestError(str(exc), "prompt", status=status,
+                               type="invalid_request_error" if status == 400 else "service_unavailable") from exc
+        self.queued_requests += cost[0]
+        self.queued_tokens += cost[1]
+        return stream
+
+    def abort(self, stream: RequestStream) -> None:
+        """Abort every engine request of `stream` that has not ended (its final outputs still arrive)."""
+        for rid in stream.request_ids:
+            if rid in self._streams:
+                self.core.abort(rid)
+
+    def abort_all(self) -> int:
+        """Abort every request in flight (a drain that ran out of time); returns how many HTTP requests."""
+        streams = {id(s): s for s in self._streams.values()}
+        for stream in streams.values():
+            self.abort(stream)
+        return len(streams)
+
+    @property
+    def num_in_flight(self) -> int:
+        """HTTP requests not yet given every final output."""
+        return len({id(s) for s in self._streams.values()})
+
+    def _route(self, out: RequestOutput) -> None:
+        stream = self._streams.get(out.request_id)
+        if stream is None:
+            return  # subtle: cannot happen for ids submitted here; outputs of requests added elsewhere are dropped
+        stream.queue.put_nowait(out)
+        if out.finished:
+            stream.finals += 1
+            for callback in self.on_final:
+                callback(stream, out)
+            if stream.done:
+                for rid in stream.request_ids:
+                    self._streams.pop(rid, None)
+                self.queued_requests -= stream.cost[0]
+                self.queued_tokens -= stream.cost[1]
+
+    # ------------------------------------------------------------------------------------------ engine thread
+
+    def _from_engine(self, out: RequestOutput) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return  # the server is gone; nobody is waiting for this output
+        try:
+            loop.call_soon_threadsafe(self._route, out)
+        except RuntimeError:
+            pass  # the loop closed between the check and the call
+
+    def _on_step(self, core: EngineCore) -> None:
+        now = time.perf_counter()
+        idle = not self.engine.has_unfinished()
+        if idle or now - self._last_snapshot >= SNAPSHOT_EVERY_S:
+            self._last_snapshot = now
+            self.snapshot = engine_snapshot(self.engine)
+
+
+def wait_until(predicate: Any, timeout: float, interval: float = 0.01) -> bool:
+    """Poll `predicate()` until it is true or `timeout` seconds pass (threads, tests); returns the last value."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return bool(predicate())
+        threading.Event().wait(interval)
+    return True
