@@ -235,7 +235,10 @@ async def _sse(server: Server, request: Request, parsed: P.ParsedRequest, stream
     try:
         if parsed.kind == "chat":
             for i in range(stream.expected):
-                yield P.sse_event(P.chat_chunk(rid, created, model, i, {"role": "assistant", "content": ""}, None))
+                chunk = P.chat_chunk(rid, created, model, i, {"role": "assistant", "content": ""}, None)
+                if parsed.include_usage:
+                    chunk["usage"] = None
+                yield P.sse_event(chunk)
         while not stream.ended:
             out, why = await _next(server, stream, deadline)
             if out is None:  # timed out (and aborted): take the aborted outputs, then tell the client

@@ -1,0 +1,119 @@
+"""`minillm serve`: one command puts a model behind the OpenAI API, with each earlier chapter's technique a flag.
+
+    minillm serve                                   # base, on 127.0.0.1:8000, the engine's defaults
+    minillm serve --enable-prefix-caching           # chapter 05's prefix cache
+    minillm serve --speculative draft-model         # chapter 08: the shipped draft proposes, the target verifies
+    minillm serve --quantize int8                   # chapter 09: int8 weight-only linears
+    minillm serve --attention-backend selective-cpp # chapter 13: the C++ decode attention
+    minillm serve --tensor-parallel-size 2          # chapter 14: two ranks on gloo
+    minillm serve --kv-dtype bfloat16               # chapter 09: a narrower KV cache
+
+`build_engine` is the same switchboard as a function, for the tour, the benchmark and the notebook. What it leaves
+out: several models in one server, LoRA adapters, and authentication (it listens on loopback by default; put a
+proxy that checks keys in front of it before you open it to a network).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+import torch
+
+from minillm.bench.models import load_model
+from minillm.core.device import DEVICE_CHOICES, resolve_device
+from minillm.engine import LLM, EngineConfig
+from minillm.gpt.pretrained import SHIPPED_PRESETS
+from minillm.quant.linear import QuantConfig, quantize_model
+from minillm.serve.app import Server, ServeOptions, serve
+from minillm.speculative.engine import METHODS as SPECULATIVE_METHODS
+from minillm.speculative.engine import SpeculativeConfig, SpeculativeLLM
+
+QUANTIZE_CHOICES = ("none", "int8", "int4")
+
+
+def build_engine(model: str = "base", device: str = "cpu", *, speculative: str = "none", draft: str = "draft",
+                 gamma: int = 4, quantize: str = "none", seed: int = 0, **engine_config: Any) -> tuple[Any, Any]:
+    """The engine `minillm serve` runs, and its tokenizer: `LLM` or `SpeculativeLLM` over `model` (a shipped
+    name), with `engine_config` passed to `EngineConfig` (enable_prefix_caching, attention_backend, kv_dtype,
+    tensor_parallel_size, num_blocks, ...). `quantize` "int8"/"int4" replaces the linears (chapter 09);
+    `speculative` "prompt-lookup" or "draft-model" (with the shipped `draft`) turns on chapter 08."""
+    if quantize not in QUANTIZE_CHOICES:
+        raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
+    if speculative != "none" and speculative not in SPECULATIVE_METHODS:
+        raise ValueError(f"speculative must be 'none' or one of {SPECULATIVE_METHODS}, got {speculative!r}")
+    dev = resolve_device(device)
+    loaded = load_model(model, dev, seed)
+    target = loaded.model
+    if quantize != "none":
+        target = quantize_model(target, QuantConfig(quantize, group_size=32)).eval()
+    config = EngineConfig(**engine_config)
+    if speculative == "none":
+        return LLM(target, loaded.tokenizer, config), loaded.tokenizer
+    spec = SpeculativeConfig(method=speculative, gamma=gamma)
+    draft_model = load_model(draft, dev, seed).model if speculative == "draft-model" else None
+    return SpeculativeLLM(target, loaded.tokenizer, config, speculative=spec, draft=draft_model), loaded.tokenizer
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    engine, tokenizer = build_engine(
+        args.model, args.device, speculative=args.speculative, draft=args.draft_model, gamma=args.gamma,
+        quantize=args.quantize, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=args.enable_prefix_caching,
+        enable_chunked_prefill=not args.no_chunked_prefill, attention_backend=args.attention_backend,
+        kv_dtype=args.kv_dtype, tensor_parallel_size=args.tensor_parallel_size)
+    options = ServeOptions(model_name=args.served_model_name or args.model,
+                           max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens,
+                           request_timeout=args.request_timeout, shutdown_timeout=args.shutdown_timeout)
+    try:
+        return serve(Server(engine, tokenizer, options), args.host, args.port, args.log_level)
+    finally:
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
+
+
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("serve", help="chapter 15: serve a model behind the OpenAI API (FastAPI + uvicorn)")
+    p.add_argument("--model", default="base", choices=sorted(SHIPPED_PRESETS),
+                   help="the shipped model to serve (default: base)")
+    p.add_argument("--served-model-name", default=None, help="the name clients pass as `model` (default: --model)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--device", default="cpu", choices=DEVICE_CHOICES)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
+    g = p.add_argument_group("the engine (chapters 05-14)")
+    g.add_argument("--num-blocks", type=int, default=512, help="KV blocks in the pool (chapter 05)")
+    g.add_argument("--max-num-seqs", type=int, default=32, help="the most requests running at once (chapter 06)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget of one step (chapter 06)")
+    g.add_argument("--enable-prefix-caching", action="store_true", help="share cached prompt blocks (chapter 05)")
+    g.add_argument("--no-chunked-prefill", action="store_true", help="prefill whole prompts (chapter 06)")
+    g.add_argument("--speculative", default="none", choices=("none",) + tuple(SPECULATIVE_METHODS),
+                   help="speculative decoding (chapter 08)")
+    g.add_argument("--draft-model", default="draft", help="the draft for --speculative draft-model")
+    g.add_argument("--gamma", type=int, default=4, help="draft tokens per step (chapter 08)")
+    g.add_argument("--quantize", default="none", choices=QUANTIZE_CHOICES, help="weight-only quantization (ch. 09)")
+    g.add_argument("--attention-backend", default="selective",
+                   help="selective, paged, paged-int8, selective-cpp (the C++ decode attention of chapter 13)")
+    g.add_argument("--kv-dtype", default="float32", help="KV cache dtype: float32, bfloat16, float16 (chapter 09)")
+    g.add_argument("--tensor-parallel-size", type=int, default=1, help="ranks on gloo (chapter 14)")
+    s = p.add_argument_group("admission and time limits")
+    s.add_argument("--max-queued-requests", type=int, default=256,
+                   help="samples in flight before new requests get 429 (default 256)")
+    s.add_argument("--max-queued-tokens", type=int, default=1 << 20,
+                   help="their tokens (prompt + max_tokens) in flight before 429")
+    s.add_argument("--request-timeout", type=_positive_float, default=600.0, help="seconds per request")
+    s.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds a SIGTERM drain waits for requests in flight before aborting them")
+    p.set_defaults(handler=_cmd_serve)
