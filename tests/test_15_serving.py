@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from minillm.engine import LLM, EngineConfig
 from minillm.engine import sampler as engine_sampler
 from minillm.serve.app import Server, ServerThread, ServeOptions
 from minillm.serve.async_engine import wait_until
+from minillm.serve.cli import build_engine
 from minillm.serve.metrics import parse_metrics
 from minillm.serve.protocol import (CHAT_STOP, RequestError, parse_chat, parse_completion, parse_stop,
                                     render_chat, sse_event)
@@ -579,3 +581,50 @@ def test_parse_stop_refuses_naming_stop():
         with pytest.raises(RequestError) as info:
             parse_stop(bad)
         assert info.value.param == "stop" and info.value.status == 400, bad
+
+
+# ----- each chapter's technique behind the same API ---------------------------------------------------------------
+
+
+TECHNIQUES = {  # build_engine arguments; lossless: greedy tokens equal the plain engine's
+    "prefix-caching": (dict(enable_prefix_caching=True), True),
+    "no-chunked-prefill": (dict(enable_chunked_prefill=False), True),
+    "speculative-prompt-lookup": (dict(speculative="prompt-lookup"), True),
+    "speculative-draft-model": (dict(speculative="draft-model"), True),
+    "int8-weights": (dict(quantize="int8"), False),
+    "kv-bfloat16": (dict(kv_dtype="bfloat16"), False),
+    "cpp-decode-attention": (dict(attention_backend="selective-cpp"), True),
+    "tensor-parallel-2": (dict(tensor_parallel_size=2), True),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(TECHNIQUES))
+def test_every_technique_serves_the_offline_engines_tokens(name):
+    kwargs, lossless = TECHNIQUES[name]
+    if name == "cpp-decode-attention" and not _has_compiler():
+        pytest.skip("the C++ decode attention needs a C++ compiler (g++) to build its extension")
+    prompts = ["def main(", "import os\nimport sys\n", "class A:\n    def __init__(self"]
+    params = SamplingParams.greedy(24, ignore_eos=True)
+    engine, tok = build_engine(MODEL, "cpu", num_blocks=128, **kwargs)
+    try:
+        offline = [o.text for o in engine.generate(prompts, params)]
+        srv = Server(engine, tok, ServeOptions(model_name=MODEL))
+        with ServerThread(srv) as thread:
+            client = _client(thread.url)
+            served = []
+            for p in prompts:
+                chunks = client.completions.create(model=MODEL, prompt=p, max_tokens=24, temperature=0, stream=True,
+                                                   extra_body={"ignore_eos": True})
+                served.append("".join(c.choices[0].text for c in chunks))
+            _idle(srv)
+    finally:
+        getattr(engine, "close", lambda: None)()
+    assert served == offline
+    if lossless:
+        plain, _ = build_engine(MODEL, "cpu", num_blocks=128)
+        assert served == [o.text for o in plain.generate(prompts, params)]
+
+
+def _has_compiler() -> bool:
+    return shutil.which(os.environ.get("CXX", "g++")) is not None

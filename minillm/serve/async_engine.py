@@ -121,6 +121,8 @@ class AsyncEngine:
         self._streams: dict[str, RequestStream] = {}  # engine request id -> its HTTP request's stream
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: list[RequestOutput] = []  # outputs from the engine thread not yet routed (either thread)
+        self._pending_lock = threading.Lock()
         self._last_snapshot = 0.0
         self.snapshot = engine_snapshot(engine)  # replaced as a whole, never mutated: safe to read anywhere
         self.core = EngineCore(engine, on_output=self._from_engine, on_step=self._on_step)
@@ -212,13 +214,26 @@ class AsyncEngine:
     # ------------------------------------------------------------------------------------------ engine thread
 
     def _from_engine(self, out: RequestOutput) -> None:
+        """Hand one output to the event loop. A step's outputs travel together: the first one pending schedules
+        one `_flush` on the loop, which takes every output pending by then (one wake-up of the loop per step, not
+        one per request: each `call_soon_threadsafe` writes to the loop's self-pipe and wakes it)."""
+        with self._pending_lock:
+            self._pending.append(out)
+            if len(self._pending) > 1:
+                return  # a flush is already scheduled and will take this one too
         loop = self._loop
         if loop is None or loop.is_closed():
             return  # the server is gone; nobody is waiting for this output
         try:
-            loop.call_soon_threadsafe(self._route, out)
+            loop.call_soon_threadsafe(self._flush)
         except RuntimeError:
             pass  # the loop closed between the check and the call
+
+    def _flush(self) -> None:
+        with self._pending_lock:
+            outputs, self._pending = self._pending, []
+        for out in outputs:
+            self._route(out)
 
     def _on_step(self, core: EngineCore) -> None:
         now = time.perf_counter()
