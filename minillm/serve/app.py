@@ -66,6 +66,7 @@ class Server:
         self.vocab_size = engine.model.config.vocab_size
         self.engine = AsyncEngine(engine, self.options.max_queued_requests, self.options.max_queued_tokens)
         self.metrics = ServerMetrics(self)
+        self.engine.on_output.append(lambda stream, out: self.metrics.observe_output(out))
         self.engine.on_final.append(lambda stream, out: self.metrics.observe_final(out, time.perf_counter()))
         self.status = "loading"  # -> "ready" when the engine's thread runs -> "draining" -> "stopped"
         self.created = int(time.time())

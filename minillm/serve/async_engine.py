@@ -126,6 +126,7 @@ class AsyncEngine:
         self._last_snapshot = 0.0
         self.snapshot = engine_snapshot(engine)  # replaced as a whole, never mutated: safe to read anywhere
         self.core = EngineCore(engine, on_output=self._from_engine, on_step=self._on_step)
+        self.on_output: list[Any] = []  # callbacks(stream, output) on every output routed (metrics), event loop
         self.on_final: list[Any] = []  # callbacks(stream, output) on each final output (metrics), event loop
 
     # ------------------------------------------------------------------------------------------ event loop
@@ -201,6 +202,8 @@ class AsyncEngine:
         if stream is None:
             return  # subtle: cannot happen for ids submitted here; outputs of requests added elsewhere are dropped
         stream.queue.put_nowait(out)
+        for callback in self.on_output:
+            callback(stream, out)
         if out.finished:
             stream.finals += 1
             for callback in self.on_final:

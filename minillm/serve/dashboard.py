@@ -56,6 +56,7 @@ def dashboard_state(server: Any) -> dict[str, Any]:
 
 DASHBOARD_HTML = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>minillm engine</title>
+<link rel="icon" href="data:,">
 <style>
  body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
  h1 { font-size: 1.3em; margin: 0 0 .4em; }
@@ -69,6 +70,7 @@ DASHBOARD_HTML = """<!doctype html>
  .hists { display: flex; gap: 2em; flex-wrap: wrap; }
  .hist { display: flex; align-items: flex-end; height: 90px; gap: 1px; border-bottom: 1px solid #999; }
  .hist div { width: 9px; background: #4a7bd0; }
+ .axis { display: flex; justify-content: space-between; font-size: .75em; color: #666; }
  table { border-collapse: collapse; } td { padding: 0 .8em 0 0; }
  small { color: #666; }
 </style></head>
@@ -87,17 +89,24 @@ DASHBOARD_HTML = """<!doctype html>
  striped: free but holding a cached prefix)</small></div>
 <div id="pool"></div>
 <div class="hists">
- <div><div>TTFT <small id="ttft-mean"></small></div><div class="hist" id="ttft"></div></div>
- <div><div>ITL <small id="itl-mean"></small></div><div class="hist" id="itl"></div></div>
- <div><div>E2E <small id="e2e-mean"></small></div><div class="hist" id="e2e"></div></div>
+ <div><div>TTFT <small id="ttft-mean"></small></div><div class="hist" id="ttft"></div>
+  <div class="axis" id="ttft-axis"></div></div>
+ <div><div>ITL <small id="itl-mean"></small></div><div class="hist" id="itl"></div>
+  <div class="axis" id="itl-axis"></div></div>
+ <div><div>E2E <small id="e2e-mean"></small></div><div class="hist" id="e2e"></div>
+  <div class="axis" id="e2e-axis"></div></div>
  <div><div>requests by outcome</div><table id="outcomes"></table></div>
 </div>
 <script>
 let last = null;
 function colour(owner) {
+  // Consecutive requests (req-0, req-1, ...) a golden angle apart on the colour wheel, so neighbours never look
+  // alike (a plain string hash put req-0, req-3 and req-6 within 6 degrees of each other); other names hashed.
+  const m = /(\\d+)(?:\\.(\\d+))?/.exec(owner);
   let h = 0;
-  for (const c of owner) h = (h * 31 + c.charCodeAt(0)) % 360;
-  return `hsl(${h}, 65%, 55%)`;
+  if (m) h = Number(m[1]) * 137.508 + Number(m[2] || 0) * 29;
+  else for (const c of owner) h = (Math.imul(h ^ c.charCodeAt(0), 16777619) >>> 0);
+  return `hsl(${Math.round(h % 360)}, 65%, ${m && Number(m[1]) % 2 ? 45 : 60}%)`;
 }
 function drawHist(id, h) {
   const el = document.getElementById(id);
@@ -107,10 +116,17 @@ function drawHist(id, h) {
     `<div title="le ${h.le[i]}: ${c}" style="height:${Math.round(88 * c / top)}px"></div>`).join("");
   document.getElementById(id + "-mean").textContent =
     h.count ? `mean ${(1000 * h.sum / h.count).toFixed(1)} ms, n=${h.count}` : "";
+  const secs = le => Number(le) < 1 ? `${+(1000 * le).toFixed(1)} ms` : `${+le} s`;  // bucket bounds, log-spaced
+  if (h.le.length > 1)
+    document.getElementById(id + "-axis").innerHTML =
+      `<span>${secs(h.le[0])}</span><span>${secs(h.le.at(-2))}+</span>`;
 }
 async function refresh() {
   try {
-    const s = await (await fetch("state")).json();
+    // "state" beside this page: /dashboard/state (a bare relative "state" would resolve to /state)
+    const r = await fetch(location.pathname.replace(/[/]+$/, "") + "/state", {cache: "no-store"});
+    if (!r.ok) throw new Error(`state: HTTP ${r.status}`);
+    const s = await r.json();
     for (const k of ["running", "waiting", "swapped"]) document.getElementById(k).textContent = s[k];
     document.getElementById("model").textContent = s.model;
     document.getElementById("status").textContent = s.status;
@@ -137,10 +153,10 @@ async function refresh() {
     document.getElementById("outcomes").innerHTML = Object.entries(s.requests)
       .map(([k, v]) => `<tr><td>${k}</td><td id="outcome-${k}">${v}</td></tr>`).join("");
     document.body.dataset.updated = String(Date.now());
-  } catch (e) { document.getElementById("status").textContent = "unreachable"; }
+  } catch (e) { document.getElementById("status").textContent = "unreachable"; console.error(e); }
 }
-refresh();
-setInterval(refresh, 500);
+// One poll at a time, the next 0.5 s after the last one ends: a slow answer never lands after a newer one.
+(async function poll() { await refresh(); setTimeout(poll, 500); })();
 </script>
 </body></html>
 """

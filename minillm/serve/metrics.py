@@ -83,9 +83,12 @@ class ServerMetrics:
     def outcome(self, name: str) -> None:
         self.requests.labels(name).inc()
 
+    def observe_output(self, out: Any) -> None:
+        """Every output: its new tokens count at once (a dashboard shows tokens/s while requests run)."""
+        self.generation_tokens.inc(len(out.new_token_ids))
+
     def observe_final(self, out: Any, end: float) -> None:
-        """A sample's final output: its tokens and latencies (engine timestamps, perf_counter seconds)."""
-        self.generation_tokens.inc(len(out.output_token_ids))
+        """A sample's final output: its latencies (engine timestamps, perf_counter seconds)."""
         if out.ttft is not None:
             self.ttft.observe(out.ttft)
         for gap in out.itl:
