@@ -396,7 +396,7 @@ def test_llamacpp_export_recovers_our_tokenizer_for_hugging_face(tmp_path):
     transformers = pytest.importorskip("transformers")
     from transformers.convert_slow_tokenizer import bytes_to_unicode as hf_bytes_to_unicode
 
-    from minillm.compile.llamacpp import bytes_to_unicode, export_hf_dir, recover_merges
+    from minillm.compile.llamacpp_build import bytes_to_unicode, export_hf_dir, recover_merges
     from minillm.tokenizer import DEFAULT_TOKENIZER_PATH, Tokenizer
 
     assert bytes_to_unicode() == hf_bytes_to_unicode()

@@ -14,6 +14,8 @@
   weight-streaming bound measured in the same run, and against Hugging Face (`python -m minillm.compile.bench`)
 - `sweep`: where `torch.compile` wins and loses on the CPU: decode at batch 1 and 8 and a prefill, on one and two
   threads, each checked against eager, with the profiles behind it (`python -m minillm.compile.sweep`)
+- `llamacpp_build`: llama.cpp built from a pinned source distribution, and `base` converted to its GGUF (shared
+  with chapter 15's `llama-server` side by side)
 - `llamacpp`: the side-by-side with llama.cpp on the same weights (`python -m minillm.compile.llamacpp`; builds
   llama.cpp from source, never run by the tests or the tour)
 - `tour`: the chapter's rows (compiled decode, the fastest decode against the bound and HF, the engine on it)

@@ -25,145 +25,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
-import subprocess
-import sys
-import tarfile
 from pathlib import Path
-from typing import Any
 
 from minillm.bench.cli import bench_parser, start
 from minillm.bench.models import load_model
 from minillm.compile.fused_step import FusedCPUDecoder
-from minillm.core.hf import to_hf_model
 from minillm.core.io import atomic_write_text
 from minillm.core.sampling import SamplingParams
+from minillm.compile.llamacpp_build import (PINNED, run_logged, build_llama_bench, convert, export_hf_dir,
+                                            fetch_sources)
 from minillm.core.timing import measure
 from minillm.kvcache.generate import generate_ids
 from minillm.tokenizer import DEFAULT_TOKENIZER_PATH, Tokenizer
 
-PINNED = "llama-cpp-python==0.3.36"  # the sdist this chapter's figures were measured with
 TYPES = ("f32", "f16", "q8_0")
-
-
-def _run(cmd: list[str], cwd: Path | None = None, log: Path | None = None) -> str:
-    """Run a command; its output goes to `log` (when given) and is returned; a failure raises naming the command."""
-    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    if log is not None:
-        log.write_text(out.stdout + out.stderr)
-    if out.returncode != 0:
-        tail = (out.stdout + out.stderr)[-2000:]
-        raise RuntimeError(f"{' '.join(cmd)} failed with exit code {out.returncode}:\n{tail}")
-    return out.stdout
-
-
-def fetch_sources(work: Path, sdist: Path | None) -> Path:
-    """The unpacked llama.cpp tree inside the sdist (downloaded with pip unless `sdist` is given)."""
-    if sdist is None:
-        found = sorted(work.glob("llama_cpp_python-*.tar.gz"))
-        if not found:
-            print(f"fetching {PINNED} (source distribution) with pip ...", flush=True)
-            _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", PINNED, "-d",
-                  str(work)])
-            found = sorted(work.glob("llama_cpp_python-*.tar.gz"))
-        sdist = found[-1]
-    if not sdist.is_file():
-        raise ValueError(f"--sdist must be a llama-cpp-python .tar.gz, got {sdist}")
-    root = work / sdist.name.removesuffix(".tar.gz")
-    if not root.is_dir():
-        with tarfile.open(sdist) as tar:
-            tar.extractall(work, filter="data")
-    tree = root / "vendor" / "llama.cpp"
-    if not (tree / "CMakeLists.txt").is_file():
-        raise RuntimeError(f"{sdist} has no vendored llama.cpp at {tree}")
-    return tree
-
-
-def build_llama_bench(tree: Path) -> Path:
-    """cmake configure + build of the `llama-bench` target; the binary's path."""
-    binary = tree / "build" / "bin" / "llama-bench"
-    if binary.is_file():
-        return binary
-    for tool in ("cmake", "c++"):
-        if shutil.which(tool) is None:
-            raise RuntimeError(f"building llama.cpp needs {tool} on the PATH")
-    print("building llama-bench with cmake (a few minutes) ...", flush=True)
-    _run(["cmake", "-B", "build", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
-          "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"],
-         cwd=tree, log=tree / "cmake-configure.log")
-    _run(["cmake", "--build", "build", "-j", "--target", "llama-bench"], cwd=tree, log=tree / "cmake-build.log")
-    return binary
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's printable stand-in for each byte, the alphabet of vocab.json and merges.txt (Radford et al. 2019)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
-def recover_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
-    """The merge list (left, right) in rank order that tiktoken-style ranks imply: each multi-byte token is what BPE
-    builds from its bytes using only lower-ranked tokens, stopped when two parts are left."""
-    merges = []
-    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
-        if len(token) == 1:
-            continue
-        parts = [bytes([b]) for b in token]
-        while len(parts) > 2:
-            best = min(range(len(parts) - 1), key=lambda i: ranks.get(parts[i] + parts[i + 1], 1 << 30))
-            if ranks.get(parts[best] + parts[best + 1], 1 << 30) >= rank:
-                break
-            parts[best:best + 2] = [parts[best] + parts[best + 1]]
-        if len(parts) != 2:
-            raise ValueError(f"token {token!r} (rank {rank}) is not one merge of two lower-ranked tokens")
-        merges.append((parts[0], parts[1]))
-    return merges
-
-
-def export_hf_dir(model: Any, tokenizer: Any, out: Path) -> Path:
-    """`model` as a Hugging Face GPT-2 directory, with a vocab.json + merges.txt of `tokenizer`: the converter's
-    input."""
-    out.mkdir(parents=True, exist_ok=True)
-    to_hf_model(model).save_pretrained(out)
-    config = json.loads((out / "config.json").read_text())
-    config.setdefault("n_ctx", model.config.block_size)  # the converter reads GPT-2's older name for n_positions
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    table = bytes_to_unicode()
-    text = lambda b: "".join(table[x] for x in b)  # noqa: E731
-    ranks = tokenizer.mergeable_ranks
-    vocab = {text(b): r for b, r in ranks.items()} | dict(tokenizer.special_tokens)
-    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
-    merges = recover_merges(ranks)
-    (out / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{text(a)} {text(b)}\n" for a, b in merges))
-    return out
-
-
-def convert(tree: Path, hf_dir: Path, outtype: str, out: Path) -> Path:
-    """llama.cpp's converter on `hf_dir`, in a child Python (it imports its own `gguf` and `conversion` packages)."""
-    if out.is_file():
-        return out
-    shim = (f"import sys; sys.path[:0] = [{str(tree / 'gguf-py')!r}, {str(tree)!r}]\n"
-            "import conversion.base as base\n"
-            "base.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'llama-bpe'  # our split: GPT-4's regex\n"
-            "import runpy\n"
-            f"sys.argv = ['convert_hf_to_gguf.py', {str(hf_dir)!r}, '--outtype', {outtype!r}, '--outfile', "
-            f"{str(out)!r}]\n"
-            f"runpy.run_path({str(tree / 'convert_hf_to_gguf.py')!r}, run_name='__main__')\n")
-    _run([sys.executable, "-c", shim], log=out.with_suffix(".convert.log"))
-    return out
 
 
 def llama_bench_tok_s(binary: Path, gguf: Path, threads: int, tokens: int) -> float:
     """llama-bench's mean tok/s for `tg<tokens>` (batch-1 decode from an empty context), 3 repetitions."""
-    out = _run([str(binary), "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", str(tokens), "-r", "3", "-o",
+    out = run_logged([str(binary), "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", str(tokens), "-r", "3", "-o",
                 "json"])
     rows = json.loads(out)
     return float(rows[0]["avg_ts"])

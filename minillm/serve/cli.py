@@ -17,8 +17,16 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
 from typing import Any
 
+import httpx
 import torch
 
 from minillm.bench.models import load_model
@@ -117,3 +125,72 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds a SIGTERM drain waits for requests in flight before aborting them")
     p.set_defaults(handler=_cmd_serve)
+
+
+class ServerProcess:
+    """`minillm serve` in a child process on a free loopback port, for benchmarks and the tour: the server then
+    has its own interpreter (its own GIL), as in a deployment, instead of sharing one with the client.
+
+        with ServerProcess(["--enable-prefix-caching"], threads=1) as url: ...   # url = "http://127.0.0.1:PORT"
+
+    Leaving the block sends SIGTERM (the server drains) and waits for exit code 0; a server that does not start, or
+    does not stop, within `timeout` seconds is killed and raises."""
+
+    def __init__(self, args: list[str] | tuple[str, ...] = (), threads: int | None = 1, timeout: float = 120.0):
+        if isinstance(args, str) or not all(isinstance(a, str) for a in args):
+            raise TypeError(f"args must be a list of command-line strings, got {args!r}")
+        self.cmd = [sys.executable, "-m", "minillm", "serve", "--host", "127.0.0.1", "--port", "0", *args]
+        if threads is not None:
+            self.cmd += ["--threads", str(threads)]
+        self.timeout = timeout
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+
+    def __enter__(self) -> str:
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            line = self._first_line()
+            match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+            if match is None:
+                raise RuntimeError(f"`minillm serve` did not start: {line.strip() or 'no output'}")
+            self.url = f"http://127.0.0.1:{match.group(1)}"
+            deadline = time.monotonic() + self.timeout
+            while not self._healthy():
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"`minillm serve` at {self.url} did not become healthy in {self.timeout} s")
+                time.sleep(0.05)
+        except BaseException:
+            self._kill()
+            raise
+        return self.url
+
+    def _first_line(self) -> str:
+        assert self.proc is not None and self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], self.timeout)
+        return self.proc.stdout.readline() if ready else ""
+
+    def _healthy(self) -> bool:
+        try:
+            return httpx.get(self.url + "/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.proc is not None
+        try:
+            self.proc.send_signal(signal.SIGTERM)
+            code = self.proc.wait(self.timeout)
+        except subprocess.TimeoutExpired:
+            self._kill()
+            raise RuntimeError(f"`minillm serve` at {self.url} did not stop within {self.timeout} s") from None
+        finally:
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+        if code != 0 and exc[0] is None:
+            raise RuntimeError(f"`minillm serve` at {self.url} exited with {code}")

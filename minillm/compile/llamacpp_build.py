@@ -1,0 +1,147 @@
+"""Building llama.cpp from a pinned source distribution, and our model as its GGUF: the pieces chapter 13's
+side-by-side (`llamacpp`, llama-bench) and chapter 15's (`minillm.serve.peer`, llama-server) share.
+
+`fetch_sources` downloads (or takes) the pinned `llama-cpp-python` sdist, which vendors llama.cpp's sources, and
+unpacks it; `build_target` builds one of its cmake targets (Release, the host's SIMD, no network: no curl, no web
+UI); `export_hf_dir` writes `base` as a Hugging Face GPT-2 directory with a vocab.json and merges.txt recovered from
+our tokenizer's ranks (`recover_merges`), and `convert` runs llama.cpp's own converter on it to a GGUF file.
+Optional tools: nothing in CI calls them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from minillm.core.hf import to_hf_model
+
+PINNED = "llama-cpp-python==0.3.36"  # the sdist this chapter's figures were measured with
+
+
+def run_logged(cmd: list[str], cwd: Path | None = None, log: Path | None = None) -> str:
+    """Run a command; its output goes to `log` (when given) and is returned; a failure raises naming the command."""
+    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if log is not None:
+        log.write_text(out.stdout + out.stderr)
+    if out.returncode != 0:
+        tail = (out.stdout + out.stderr)[-2000:]
+        raise RuntimeError(f"{' '.join(cmd)} failed with exit code {out.returncode}:\n{tail}")
+    return out.stdout
+
+
+def fetch_sources(work: Path, sdist: Path | None) -> Path:
+    """The unpacked llama.cpp tree inside the sdist (downloaded with pip unless `sdist` is given)."""
+    if sdist is None:
+        found = sorted(work.glob("llama_cpp_python-*.tar.gz"))
+        if not found:
+            print(f"fetching {PINNED} (source distribution) with pip ...", flush=True)
+            run_logged([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", PINNED, "-d",
+                  str(work)])
+            found = sorted(work.glob("llama_cpp_python-*.tar.gz"))
+        sdist = found[-1]
+    if not sdist.is_file():
+        raise ValueError(f"--sdist must be a llama-cpp-python .tar.gz, got {sdist}")
+    root = work / sdist.name.removesuffix(".tar.gz")
+    if not root.is_dir():
+        with tarfile.open(sdist) as tar:
+            tar.extractall(work, filter="data")
+    tree = root / "vendor" / "llama.cpp"
+    if not (tree / "CMakeLists.txt").is_file():
+        raise RuntimeError(f"{sdist} has no vendored llama.cpp at {tree}")
+    return tree
+
+
+def build_target(tree: Path, target: str) -> Path:
+    """cmake configure + build of one llama.cpp target (`llama-bench`, `llama-server`); the binary's path.
+
+    One build directory serves every target: configured with the server's sources in (LLAMA_BUILD_SERVER=ON) but
+    no web UI (neither built with npm nor downloaded), so no step of the build reaches the network."""
+    binary = tree / "build" / "bin" / target
+    if binary.is_file():
+        return binary
+    for tool in ("cmake", "c++"):
+        if shutil.which(tool) is None:
+            raise RuntimeError(f"building llama.cpp needs {tool} on the PATH")
+    print(f"building {target} with cmake (a few minutes) ...", flush=True)
+    run_logged(["cmake", "-B", "build", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
+                "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF",
+                "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"],
+               cwd=tree, log=tree / "cmake-configure.log")
+    run_logged(["cmake", "--build", "build", "-j", "--target", target], cwd=tree,
+               log=tree / f"cmake-build-{target}.log")
+    return binary
+
+
+def build_llama_bench(tree: Path) -> Path:
+    """cmake configure + build of the `llama-bench` target; the binary's path."""
+    return build_target(tree, "llama-bench")
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's printable stand-in for each byte, the alphabet of vocab.json and merges.txt (Radford et al. 2019)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def recover_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
+    """The merge list (left, right) in rank order that tiktoken-style ranks imply: each multi-byte token is what BPE
+    builds from its bytes using only lower-ranked tokens, stopped when two parts are left."""
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+        if len(token) == 1:
+            continue
+        parts = [bytes([b]) for b in token]
+        while len(parts) > 2:
+            best = min(range(len(parts) - 1), key=lambda i: ranks.get(parts[i] + parts[i + 1], 1 << 30))
+            if ranks.get(parts[best] + parts[best + 1], 1 << 30) >= rank:
+                break
+            parts[best:best + 2] = [parts[best] + parts[best + 1]]
+        if len(parts) != 2:
+            raise ValueError(f"token {token!r} (rank {rank}) is not one merge of two lower-ranked tokens")
+        merges.append((parts[0], parts[1]))
+    return merges
+
+
+def export_hf_dir(model: Any, tokenizer: Any, out: Path) -> Path:
+    """`model` as a Hugging Face GPT-2 directory, with a vocab.json + merges.txt of `tokenizer`: the converter's
+    input."""
+    out.mkdir(parents=True, exist_ok=True)
+    to_hf_model(model).save_pretrained(out)
+    config = json.loads((out / "config.json").read_text())
+    config.setdefault("n_ctx", model.config.block_size)  # the converter reads GPT-2's older name for n_positions
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    table = bytes_to_unicode()
+    text = lambda b: "".join(table[x] for x in b)  # noqa: E731
+    ranks = tokenizer.mergeable_ranks
+    vocab = {text(b): r for b, r in ranks.items()} | dict(tokenizer.special_tokens)
+    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    merges = recover_merges(ranks)
+    (out / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{text(a)} {text(b)}\n" for a, b in merges))
+    return out
+
+
+def convert(tree: Path, hf_dir: Path, outtype: str, out: Path) -> Path:
+    """llama.cpp's converter on `hf_dir`, in a child Python (it imports its own `gguf` and `conversion` packages)."""
+    if out.is_file():
+        return out
+    shim = (f"import sys; sys.path[:0] = [{str(tree / 'gguf-py')!r}, {str(tree)!r}]\n"
+            "import conversion.base as base\n"
+            "base.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'llama-bpe'  # our split: GPT-4's regex\n"
+            "import runpy\n"
+            f"sys.argv = ['convert_hf_to_gguf.py', {str(hf_dir)!r}, '--outtype', {outtype!r}, '--outfile', "
+            f"{str(out)!r}]\n"
+            f"runpy.run_path({str(tree / 'convert_hf_to_gguf.py')!r}, run_name='__main__')\n")
+    run_logged([sys.executable, "-c", shim], log=out.with_suffix(".convert.log"))
+    return out
