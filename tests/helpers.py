@@ -23,6 +23,7 @@ import torch
 import minillm
 from minillm import GPT, GPTConfig
 from minillm.core.sampling import SamplingParams
+from minillm.serve.loadgen import RequestRecord
 
 # The scales `context_model` draws its weights with (std of a normal; the projections' divided by sqrt(n_embd), so
 # the picture is the same at any width), chosen by measuring `context_sensitivity` (85-95% of contexts change the
@@ -180,3 +181,13 @@ def assert_refused_by_minillm(call, err: type[BaseException], match: str) -> Non
         call()
     raised_in = str(Path(str(info.traceback[-1].path)).resolve())
     assert raised_in.startswith(MINILLM_DIR), f"raised from {raised_in}: {info.value}"
+
+
+def hand_record(ttft: float, gaps: list[float], success: bool = True, tokens: int | None = None) -> RequestRecord:
+    """A hand-built record: sent at t = 1, first text at 1 + ttft, then one chunk after each gap."""
+    chunks = [1.0 + ttft]
+    for gap in gaps:
+        chunks.append(chunks[-1] + gap)
+    return RequestRecord(0, 10, len(chunks), scheduled_s=1.0, send_s=1.0, chunk_s=chunks, done_s=chunks[-1],
+                         text="x" * len(chunks), output_tokens=len(chunks) if tokens is None else tokens,
+                         success=success, error=None if success else "500")

@@ -18,8 +18,12 @@ import threading
 import time
 
 import httpx
+import numpy as np
 import openai
 import pytest
+from helpers import hand_record
+from hypothesis import given
+from hypothesis import strategies as st
 
 from minillm.bench.models import load_model
 from minillm.core.sampling import SamplingParams
@@ -28,6 +32,7 @@ from minillm.engine import sampler as engine_sampler
 from minillm.serve.app import Server, ServerThread, ServeOptions
 from minillm.serve.async_engine import wait_until
 from minillm.serve.cli import build_engine
+from minillm.serve.loadgen import SLO, goodput, percentile
 from minillm.serve.metrics import parse_metrics
 from minillm.serve.protocol import (CHAT_STOP, RequestError, parse_chat, parse_completion, parse_stop,
                                     render_chat, sse_event)
@@ -238,6 +243,7 @@ BAD = [
     ({}, "prompt", None),
     ({"prompt": "x" * 3000}, "prompt", "context_length_exceeded"),
     ({"prompt": "x", "max_tokens": 10_000}, "max_tokens", "context_length_exceeded"),
+    ({"prompt": "a <|endoftext|> b"}, "prompt", None),  # special-token text: the tokenizer refuses it, named
 ]
 
 
@@ -628,3 +634,46 @@ def test_every_technique_serves_the_offline_engines_tokens(name):
 
 def _has_compiler() -> bool:
     return shutil.which(os.environ.get("CXX", "g++")) is not None
+
+
+# ----- graded exercises of loadgen.py: pure data, no server ----------------------------------------------------------------------
+
+
+@pytest.mark.graded(points=2, exercise="percentile")
+@given(st.lists(st.floats(-1e9, 1e9, allow_nan=False, allow_infinity=False), min_size=1, max_size=60),
+       st.floats(0, 100))
+def test_percentile_equals_numpy(values, q):
+    assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)), rel=1e-12, abs=1e-6)
+
+
+@pytest.mark.graded(points=1, exercise="percentile")
+def test_percentile_interpolates_between_the_closest_ranks():
+    assert percentile([1, 2, 3, 4], 50) == pytest.approx(2.5)
+    assert percentile([4, 1, 3, 2], 90) == pytest.approx(3.7)  # unsorted input: sorted first
+    assert percentile([7.0], 99) == 7.0
+    assert percentile([3, 1, 2], 0) == 1.0 and percentile([3, 1, 2], 100) == 3.0
+    assert percentile([0.0, 10.0], 25) == pytest.approx(2.5)
+    values = [5, 1, 4]
+    percentile(values, 50)
+    assert values == [5, 1, 4]  # the caller's list is left as it was
+
+
+@pytest.mark.graded(points=2, exercise="goodput")
+def test_goodput_counts_only_successful_requests_meeting_every_slo():
+    good = hand_record(0.2, [0.05, 0.05, 0.05])  # TTFT 0.2, TPOT 0.05, E2E 0.35
+    slow_first = hand_record(0.8, [0.05, 0.05])  # misses the TTFT bound only
+    slow_tokens = hand_record(0.1, [0.3, 0.3])  # TPOT 0.3: misses the TPOT bound only
+    failed = hand_record(0.1, [0.01], success=False)  # fast, but failed: never counts
+    one_token = hand_record(0.3, [])  # no TPOT: meets a TPOT bound trivially
+    long_tail = hand_record(0.1, [0.09] * 30)  # E2E 2.8: misses the E2E bound only
+    records = [good, slow_first, slow_tokens, failed, one_token, long_tail]
+    slo = SLO(ttft_s=0.5, tpot_s=0.1, e2e_s=2.0)
+    assert goodput(records, slo, 2.0) == pytest.approx(2 / 2.0)  # good and one_token, over 2 s
+    assert goodput(records, SLO(ttft_s=0.5), 4.0) == pytest.approx(4 / 4.0)  # all successes but slow_first
+    assert goodput(records, SLO(tpot_s=0.1), 1.0) == pytest.approx(4.0)  # all successes but slow_tokens
+    assert goodput(records, SLO(e2e_s=2.0), 1.0) == pytest.approx(4.0)  # all successes but long_tail
+    assert goodput(records, SLO(), 5.0) == pytest.approx(5 / 5.0)  # no bound: every success
+    assert goodput([failed], SLO(ttft_s=10.0), 1.0) == 0.0
+    assert goodput([], slo, 1.0) == 0.0
+    # TPOT uses the token count, not the chunk count: 13 tokens in 3 chunks give TPOT = 0.6 s / 12 = 0.05 s
+    assert goodput([hand_record(0.1, [0.3, 0.3], tokens=13)], SLO(tpot_s=0.1), 1.0) == pytest.approx(1.0)

@@ -22,10 +22,11 @@ from minillm.gpt import train
 from minillm.kvcache.generate import generate as kv_cache_generate
 from minillm.naive import bench
 from minillm.serve import cli as serve_cli
+from minillm.serve import loadgen
 from minillm.tokenizer import commands as tokenizer_commands
 
 # Modules that add subcommands (each exposes `add_commands(subparsers)`).
-COMMAND_MODULES = [assignment, train, gpu_report, tokenizer_commands, bench, serve_cli]
+COMMAND_MODULES = [assignment, train, gpu_report, tokenizer_commands, bench, serve_cli, loadgen]
 
 # `minillm bench --generators naive,kv-cache,...`: chapter 03's harness times any generator registered here. Each
 # later chapter's generator joins it in this one place (the harness sits below the chapters that add them).

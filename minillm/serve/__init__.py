@@ -8,4 +8,11 @@ Modules:
   the engine's queues and KV blocks.
 - `dashboard`: the live page at `/dashboard` and the JSON it polls.
 - `app`: the FastAPI routes, uvicorn, draining on SIGTERM, an in-process `ServerThread`.
+- `cli`: `minillm serve` with each chapter's technique a flag (`build_engine`), and `ServerProcess`, the server in
+  a child process for benchmarks.
+- `loadgen`: `minillm bench-serve`, the load generator (workloads, Poisson/gamma arrivals or a fixed concurrency,
+  TTFT/TPOT/ITL/E2E, throughput, goodput in vLLM's and DistServe's senses).
+- `plots`: latency CDFs and the throughput-latency frontier with SLO lines.
+- `peer`: the same load against llama.cpp's `llama-server` on the same weights (optional, never in CI).
+- `tour`: the chapter's tour rows.
 """

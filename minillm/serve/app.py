@@ -101,7 +101,8 @@ class Server:
 
     def admit(self, parsed: P.ParsedRequest, arrival: float) -> tuple[RequestStream, list[int]]:
         """Tokenize, check the context, and submit; returns the stream and each prompt's token count."""
-        ids = [p if isinstance(p, list) else self.tokenizer.encode(p) for p in parsed.prompts]
+        ids = [p if isinstance(p, list) else self._encode(p, "prompt" if parsed.kind == "completion" else "messages")
+               for p in parsed.prompts]
         max_tokens = parsed.params.max_new_tokens
         allowed = [P.check_context(len(t), max_tokens, self.context_length, parsed.max_tokens_given) for t in ids]
         params = parsed.params
@@ -111,6 +112,14 @@ class Server:
         stream = self.engine.submit(ids, params, tokens, arrival)
         self.metrics.prompt_tokens.inc(sum(len(t) for t in ids))
         return stream, [len(t) for t in ids]
+
+
+    def _encode(self, text: str, param: str) -> list[int]:
+        """The prompt's token ids; text the tokenizer refuses (a special token's text, "<|endoftext|>") is a 400."""
+        try:
+            return self.tokenizer.encode(text)
+        except ValueError as exc:
+            raise P.RequestError(f"{param}: {exc}", param) from exc
 
 
 def _error(exc: P.RequestError) -> JSONResponse:
