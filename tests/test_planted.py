@@ -168,7 +168,24 @@ PLANTS = (
     Plant("14", "merge-weights-not-stabilized", "minillm/parallel/context.py", "merge_attention",
           "w_a, w_b = torch.exp(lse_a - safe).unsqueeze(-1), torch.exp(lse_b - safe).unsqueeze(-1)",
           "w_a, w_b = (torch.exp(lse_a) / torch.exp(safe)).unsqueeze(-1), "
-          "(torch.exp(lse_b) / torch.exp(safe)).unsqueeze(-1)"),)
+          "(torch.exp(lse_b) / torch.exp(safe)).unsqueeze(-1)"),
+    # 15 serving
+    Plant("15", "event-ends-with-one-newline", "minillm/serve/protocol.py", "sse_event",
+          r'return f"data: {payload}\n\n".encode("utf-8")', r'return f"data: {payload}\n".encode("utf-8")'),
+    Plant("15", "event-pretty-printed-over-lines", "minillm/serve/protocol.py", "sse_event",
+          'json.dumps(data, separators=(",", ":"), ensure_ascii=False)', "json.dumps(data, indent=1)"),
+    Plant("15", "empty-stop-string-accepted", "minillm/serve/protocol.py", "parse_stop",
+          'if not isinstance(s, str) or s == "":', "if not isinstance(s, str):"),
+    Plant("15", "stop-list-unbounded", "minillm/serve/protocol.py", "parse_stop",
+          "if len(value) > MAX_STOP_STRINGS:", "if False:"),
+    Plant("15", "percentile-nearest-rank", "minillm/serve/loadgen.py", "percentile",
+          "return a + (b - a) * t if t < 0.5 else b - (b - a) * (1.0 - t)", "return a if t < 0.5 else b"),
+    Plant("15", "percentile-rank-over-n", "minillm/serve/loadgen.py", "percentile",
+          "h = (q / 100.0) * (len(xs) - 1)", "h = min((q / 100.0) * len(xs), len(xs) - 1)"),
+    Plant("15", "goodput-counts-failed-requests", "minillm/serve/loadgen.py", "goodput",
+          "        if not rec.success:\n            continue\n", ""),
+    Plant("15", "goodput-one-token-misses-tpot", "minillm/serve/loadgen.py", "goodput",
+          "tpot is not None and tpot > slo.tpot_s", "(tpot is None or tpot > slo.tpot_s)"),)
 
 
 def planted_source(plant: Plant) -> str:
