@@ -83,7 +83,8 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter("13", "compilation", "compilation and CUDA graphs", "minillm.compile", ("minillm/compile/mirror.py",)),
     Chapter("14", "parallelism", "tensor, pipeline and sequence parallelism", "minillm.parallel",
             ("minillm/parallel/tensor.py", "minillm/parallel/context.py")),
-    Chapter("15", "serving", "an OpenAI-compatible server", "minillm.serve", built=False),
+    Chapter("15", "serving", "an OpenAI-compatible server", "minillm.serve",
+            ("minillm/serve/protocol.py", "minillm/serve/loadgen.py")),
 )
 
 # Import layers, bottom to top (see the module docstring). A chapter's layer is its package.

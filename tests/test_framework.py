@@ -266,7 +266,7 @@ def test_tools_learn_the_chapter_map_from_the_manifest():
     table = chapter_table(rows)
     assert "| 01-tokenization | 1/1 | verified |" in table and "| 02-gpt | 0/1 | FAILED |" in table
     assert "| 03-naive-inference | 0/0 | not run |" in table
-    assert "| 15-serving | 0/0 | not built yet |" in table and len(table) == 2 + len(chapters.CHAPTERS)
+    assert "| 15-serving | 0/0 | not run |" in table and len(table) == 2 + len(chapters.CHAPTERS)
 
 
 def test_public_surface():

@@ -3,7 +3,7 @@
 It runs the tour with `--device cuda` (every chapter's check against its baseline, and its benchmark), the chapter
 benchmarks that only mean something on a GPU (`GPU_BENCHMARKS`: chapter 12's kernel versions against the device's
 copy bandwidth, chapter 13's decode modes with the CUDA graph and its batched steps, chapter 14's tensor-parallel
-decode on NCCL launched by torchrun), and the test suite (whose
+decode on NCCL launched by torchrun, chapter 15's server on CUDA under a short load), and the test suite (whose
 device-parametrized tests add CUDA variants when a GPU is present), then writes Markdown and JSON into `chapters/gpu-reports/`, named by date
 and GPU, recording the GPU, driver, torch/CUDA versions, the git commit, and the wall time against the 8-minute
 budget a GPU session allows. Without a GPU it refuses with a clear error rather than writing a CPU report under a
@@ -47,6 +47,9 @@ GPU_BENCHMARKS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("chapter 14: tensor-parallel greedy decode on NCCL, one rank per GPU, against one process",
      "torch.distributed.run", ("--standalone", "--nproc-per-node", "gpu", "-m", "minillm.parallel.generate",
                                "--device", "cuda", "--check", "--max-new-tokens", "16")),
+    ("chapter 15: minillm serve on cuda in a child process, under a short bench-serve load against the offline engine",
+     "minillm", ("bench-serve", "--serve", "--device", "cuda", "--num-prompts", "32", "--output-len", "32",
+                 "--max-concurrency", "16", "--compare-offline", "--json", "{json}")),
 )
 
 
