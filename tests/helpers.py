@@ -23,6 +23,7 @@ import torch
 import minillm
 from minillm import GPT, GPTConfig
 from minillm.core.sampling import SamplingParams
+from minillm.engine import sampler as engine_sampler
 from minillm.serve.loadgen import RequestRecord
 
 # The scales `context_model` draws its weights with (std of a normal; the projections' divided by sqrt(n_embd), so
@@ -191,3 +192,16 @@ def hand_record(ttft: float, gaps: list[float], success: bool = True, tokens: in
     return RequestRecord(0, 10, len(chunks), scheduled_s=1.0, send_s=1.0, chunk_s=chunks, done_s=chunks[-1],
                          text="x" * len(chunks), output_tokens=len(chunks) if tokens is None else tokens,
                          success=success, error=None if success else "500")
+
+
+def poison_sampler(monkeypatch, seed: int, message: str) -> None:
+    """Make the engine's sampler raise RuntimeError(message) for every request sampled with `seed` (a request that
+    fails alone), and sample every other request as before."""
+    real = engine_sampler.sample_next
+
+    def sampler(logits, params, generator=None, processors=None):
+        if params.seed == seed:
+            raise RuntimeError(message)
+        return real(logits, params, generator, processors)
+
+    monkeypatch.setattr(engine_sampler, "sample_next", sampler)

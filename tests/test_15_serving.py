@@ -9,11 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -21,17 +18,16 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from helpers import hand_record
+from helpers import hand_record, poison_sampler
 from hypothesis import given
 from hypothesis import strategies as st
 
 from minillm.bench.models import load_model
 from minillm.core.sampling import SamplingParams
 from minillm.engine import LLM, EngineConfig
-from minillm.engine import sampler as engine_sampler
 from minillm.serve.app import Server, ServerThread, ServeOptions
 from minillm.serve.async_engine import wait_until
-from minillm.serve.cli import build_engine
+from minillm.serve.cli import ServerProcess, build_engine
 from minillm.serve.loadgen import SLO, goodput, percentile
 from minillm.serve.metrics import parse_metrics
 from minillm.serve.protocol import (CHAT_STOP, RequestError, parse_chat, parse_completion, parse_stop,
@@ -389,14 +385,7 @@ POISON_SEED = 13
 
 
 def test_one_failing_request_never_ends_another_stream(loaded, monkeypatch):
-    real = engine_sampler.sample_next
-
-    def sampler(logits, params, generator=None, processors=None):
-        if params.seed == POISON_SEED:
-            raise RuntimeError("planted sampler failure")
-        return real(logits, params, generator, processors)
-
-    monkeypatch.setattr(engine_sampler, "sample_next", sampler)
+    poison_sampler(monkeypatch, POISON_SEED, "planted sampler failure")
     srv = _server(loaded)
     with ServerThread(srv) as thread:
         client = _client(thread.url)
@@ -465,41 +454,22 @@ def test_drain_past_its_timeout_aborts_and_says_why(loaded):
     assert engine.block_manager.num_free_blocks == engine.config.num_blocks and not engine.has_unfinished()
 
 
-def test_sigterm_drains_and_the_process_exits_zero(tmp_path):
+def test_sigterm_drains_and_the_process_exits_zero():
     """`minillm serve` in a child process: SIGTERM lets a running stream finish, then the process exits 0."""
-    proc = subprocess.Popen([sys.executable, "-m", "minillm", "serve", "--port", "0", "--threads", "1",
-                             "--shutdown-timeout", "60"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        line = proc.stdout.readline()
-        match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-        assert match, line
-        url = f"http://127.0.0.1:{match.group(1)}"
-        assert wait_until(lambda: _healthy(url), 60)
+    server = ServerProcess(["--shutdown-timeout", "60"], threads=1)
+    with server as url:
         body = {"model": MODEL, "prompt": "def main(", "max_tokens": 100, "temperature": 0, "stream": True,
                 "ignore_eos": True}
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
             lines = r.iter_lines()
             first = next(lines)
             assert first.startswith("data: ")
-            proc.send_signal(signal.SIGTERM)
+            server.proc.send_signal(signal.SIGTERM)
             rest = list(lines)
         assert "data: [DONE]" in rest
         finish = [json.loads(x[6:])["choices"][0]["finish_reason"] for x in rest if x.startswith("data: {")]
         assert finish[-1] == "length"
-        assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        proc.stdout.close()
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
+        assert server.proc.wait(60) == 0
 
 
 def test_metrics_count_what_the_clients_got(loaded):

@@ -14,11 +14,10 @@ import dataclasses
 
 import pytest
 import torch
-from helpers import PoisonedParams, context_model, context_sensitivity
+from helpers import PoisonedParams, context_model, context_sensitivity, poison_sampler
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import minillm.engine.sampler as engine_sampler
 from minillm import GPT, GPTConfig
 from minillm.core.sampling import SamplingParams, sample_next
 from minillm.core.stopping import StopChecker
@@ -105,14 +104,7 @@ POISON_SEED = 13
 
 
 def _poison_sampler(monkeypatch):
-    real = engine_sampler.sample_next
-
-    def sampler(logits, params, generator=None, processors=None):
-        if params.seed == POISON_SEED:
-            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
-        return real(logits, params, generator, processors)
-
-    monkeypatch.setattr(engine_sampler, "sample_next", sampler)
+    poison_sampler(monkeypatch, POISON_SEED, "probability tensor contains either `inf`, `nan` or element < 0")
 
 
 def _poison_stop_check(monkeypatch):

@@ -301,8 +301,7 @@ async def _whole(server: Server, request: Request, parsed: P.ParsedRequest, stre
     n = parsed.params.n
     try:
         while not stream.ended:
-            wait_until = min(deadline, time.perf_counter() + POLL_S)
-            out, why = await _next(server, stream, wait_until)
+            out, why = await _next(server, stream, min(deadline, time.perf_counter() + POLL_S))
             if out is None:
                 if await request.is_disconnected():
                     server.engine.abort(stream)

@@ -252,5 +252,5 @@ def wait_until(predicate: Any, timeout: float, interval: float = 0.01) -> bool:
     while not predicate():
         if time.monotonic() > deadline:
             return bool(predicate())
-        threading.Event().wait(interval)
+        time.sleep(interval)
     return True

@@ -14,21 +14,12 @@ from typing import Any
 from minillm.serve.metrics import OUTCOMES, parse_metrics
 
 
-def _histogram(server: Any, name: str) -> dict[str, Any]:
-    """Bucket upper bounds, cumulative counts, count and sum of one histogram, read from the registry."""
-    bounds, counts, total, count = [], [], 0.0, 0
-    for metric in server.metrics.registry.collect():
-        if metric.name != name:
-            continue
-        for sample in metric.samples:
-            if sample.name.endswith("_bucket"):
-                bounds.append(sample.labels["le"])
-                counts.append(int(sample.value))
-            elif sample.name.endswith("_count"):
-                count = int(sample.value)
-            elif sample.name.endswith("_sum"):
-                total = float(sample.value)
-    return {"le": bounds, "cumulative": counts, "count": count, "sum": total}
+def _histogram(values: dict[str, float], name: str) -> dict[str, Any]:
+    """Bucket upper bounds, cumulative counts, count and sum of histogram `name`, from parsed /metrics values."""
+    prefix = f'{name}_bucket{{le="'
+    buckets = [(key[len(prefix):-2], int(v)) for key, v in values.items() if key.startswith(prefix)]
+    return {"le": [le for le, _ in buckets], "cumulative": [c for _, c in buckets],
+            "count": int(values[f"{name}_count"]), "sum": values[f"{name}_sum"]}
 
 
 def dashboard_state(server: Any) -> dict[str, Any]:
@@ -48,9 +39,9 @@ def dashboard_state(server: Any) -> dict[str, Any]:
         "requests": {o: values[f'minillm_requests_total{{outcome="{o}"}}'] for o in OUTCOMES},
         "prompt_tokens": values["minillm_prompt_tokens_total"],
         "generation_tokens": values["minillm_generation_tokens_total"],
-        "ttft": _histogram(server, "minillm_time_to_first_token_seconds"),
-        "itl": _histogram(server, "minillm_inter_token_latency_seconds"),
-        "e2e": _histogram(server, "minillm_e2e_request_latency_seconds"),
+        "ttft": _histogram(values, "minillm_time_to_first_token_seconds"),
+        "itl": _histogram(values, "minillm_inter_token_latency_seconds"),
+        "e2e": _histogram(values, "minillm_e2e_request_latency_seconds"),
     }
 
 
