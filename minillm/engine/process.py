@@ -222,13 +222,14 @@ class WorkerHandle:
     """The parent's view of one worker: its process, its control pipe, and when it last spoke.
 
     `setup` and `args` go to `worker_main` in the child (module-level function, picklable arguments such as pipe
-    ends); `init` is sent as the first message, from a thread."""
+    ends); `init` is sent as the first message, from a thread. A daemonic worker is killed when the parent exits
+    but may not start processes of its own; `daemon=False` allows that, and then the parent must `stop` it."""
 
-    def __init__(self, ctx, init: WorkerInitLike, setup: Setup, *args: Any):
+    def __init__(self, ctx, init: WorkerInitLike, setup: Setup, *args: Any, daemon: bool = True):
         self.role = init.role
         self.conn, child_conn = ctx.Pipe(duplex=True)
         self.process = ctx.Process(target=worker_main, args=(init.role, child_conn, setup, *args),
-                                   name=f"minillm-{init.role}-worker", daemon=True)
+                                   name=f"minillm-{init.role}-worker", daemon=daemon)
         self.process.start()
         child_conn.close()  # only the child holds its end now, so the child's death reads as EOF here
         self.last_seen = time.monotonic()

@@ -38,6 +38,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from minillm.serve import protocol as P
 from minillm.serve.async_engine import AsyncEngine, RequestStream
 from minillm.serve.dashboard import DASHBOARD_HTML, dashboard_state
+from minillm.serve.engine_process import EngineProcess, ProcessAsyncEngine
 from minillm.serve.metrics import ServerMetrics
 
 POLL_S = 0.5  # how often a non-streamed handler looks whether its client is still there
@@ -62,9 +63,11 @@ class Server:
         if not self.options.request_timeout > 0 or not self.options.shutdown_timeout >= 0:
             raise ValueError(f"request_timeout must be > 0 and shutdown_timeout >= 0, got {self.options}")
         self.tokenizer = tokenizer
-        self.context_length = engine.model.config.block_size
-        self.vocab_size = engine.model.config.vocab_size
-        self.engine = AsyncEngine(engine, self.options.max_queued_requests, self.options.max_queued_tokens)
+        bounds = (self.options.max_queued_requests, self.options.max_queued_tokens)
+        self.engine = (ProcessAsyncEngine(engine, *bounds) if isinstance(engine, EngineProcess)
+                       else AsyncEngine(engine, *bounds))
+        self.context_length = self.engine.context_length
+        self.vocab_size = self.engine.vocab_size
         self.metrics = ServerMetrics(self)
         self.engine.on_output.append(lambda stream, out: self.metrics.observe_output(out))
         self.engine.on_final.append(lambda stream, out: self.metrics.observe_final(out, time.perf_counter()))
@@ -217,6 +220,8 @@ def build_app(server: Server) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
+        if server.engine.error is not None:
+            return JSONResponse({"status": "failed", "error": server.engine.error}, status_code=503)
         code = 200 if server.status == "ready" else 503
         return JSONResponse({"status": server.status}, status_code=code)
 

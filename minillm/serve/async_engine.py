@@ -13,8 +13,9 @@ loop never runs a model step, and the engine's thread never touches a socket.
 Admission is bounded twice, so an overloaded server answers 429 at once instead of queueing without end: by the
 requests in flight (accepted and not finished, each of n samples counted) and by their tokens (prompt + max_tokens
 per sample). A request's share is given back when its last final output arrives, however it ended, so an aborted
-or disconnected request frees its place exactly once. What it leaves out: priorities, and a separate process for
-the engine (vLLM runs its core in one and talks over ZeroMQ; a thread here: the GIL is released inside torch).
+or disconnected request frees its place exactly once. The core can also run in a process of its own
+(`minillm.serve.engine_process`, what `minillm serve` does): the same class, with the inbox and the outbox a pipe.
+What it leaves out: priorities between requests.
 """
 
 from __future__ import annotations
@@ -107,13 +108,23 @@ def engine_snapshot(engine: Any) -> Snapshot:
 
 
 class AsyncEngine:
-    """An `EngineCore` on its own thread, driven from one asyncio event loop."""
+    """An `EngineCore` on its own thread, driven from one asyncio event loop.
+
+    Where the core runs is three methods, `start`/`stop` and `_add`/`_abort_id`; a subclass that overrides them
+    (`ProcessAsyncEngine`) keeps the admission and the routing here."""
 
     def __init__(self, engine: Any, max_queued_requests: int = 256, max_queued_tokens: int = 1 << 20):
+        self._init_routing(max_queued_requests, max_queued_tokens)
+        self.engine = engine
+        self.context_length = engine.model.config.block_size  # prompt + output tokens the model can hold
+        self.vocab_size = engine.model.config.vocab_size
+        self.snapshot = engine_snapshot(engine)  # replaced as a whole, never mutated: safe to read anywhere
+        self.core = EngineCore(engine, on_output=self._from_engine, on_step=self._on_step)
+
+    def _init_routing(self, max_queued_requests: int, max_queued_tokens: int) -> None:
         for name, value in (("max_queued_requests", max_queued_requests), ("max_queued_tokens", max_queued_tokens)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        self.engine = engine
         self.max_queued_requests = max_queued_requests
         self.max_queued_tokens = max_queued_tokens
         self.queued_requests = 0  # in flight: accepted, not yet given every final output (event loop only)
@@ -124,8 +135,6 @@ class AsyncEngine:
         self._pending: list[RequestOutput] = []  # outputs from the engine thread not yet routed (either thread)
         self._pending_lock = threading.Lock()
         self._last_snapshot = 0.0
-        self.snapshot = engine_snapshot(engine)  # replaced as a whole, never mutated: safe to read anywhere
-        self.core = EngineCore(engine, on_output=self._from_engine, on_step=self._on_step)
         self.on_output: list[Any] = []  # callbacks(stream, output) on every output routed (metrics), event loop
         self.on_final: list[Any] = []  # callbacks(stream, output) on each final output (metrics), event loop
 
@@ -139,6 +148,19 @@ class AsyncEngine:
     def stop(self, timeout: float = 30.0) -> None:
         """Abort what is left (each gets its final output) and end the engine's thread."""
         self.core.stop(timeout)
+
+    @property
+    def error(self) -> str | None:
+        """What broke the engine's loop (it then serves nothing more), or None while it is fine."""
+        exc = self.core.error
+        return None if exc is None else f"the engine loop failed: {type(exc).__name__}: {exc}"
+
+    def _add(self, request_id: str, prompt: str | list[int], params: SamplingParams, arrival: float) -> None:
+        """Hand one prompt to the core (ValueError/TypeError: refused; RuntimeError: the core is stopped)."""
+        self.core.add_request(prompt, params, request_id=request_id, arrival_time=arrival)
+
+    def _abort_id(self, request_id: str) -> None:
+        self.core.abort(request_id)
 
     def submit(self, prompts: Sequence[str | list[int]], params: SamplingParams, tokens: int,
                arrival: float | None = None) -> RequestStream:
@@ -160,7 +182,7 @@ class AsyncEngine:
         try:
             for rid, prompt in zip(stream.request_ids, prompts):
                 self._streams[rid] = stream  # before the engine can answer: its outputs need somewhere to go
-                self.core.add_request(prompt, params, request_id=rid, arrival_time=stream.arrival)
+                self._add(rid, prompt, params, stream.arrival)
                 added.append(rid)
         except (ValueError, TypeError, RuntimeError) as exc:
             for rid in stream.request_ids:
@@ -171,7 +193,7 @@ class AsyncEngine:
                 self.queued_requests += len(added) * params.n
                 stream.cost = (len(added) * params.n, 0)
                 for rid in added:
-                    self.core.abort(rid)
+                    self._abort_id(rid)
             status = 503 if isinstance(exc, RuntimeError) else 400
             raise RequestError(str(exc), "prompt", status=status,
                                type="invalid_request_error" if status == 400 else "service_unavailable") from exc
@@ -183,7 +205,7 @@ class AsyncEngine:
         """Abort every engine request of `stream` that has not ended (its final outputs still arrive)."""
         for rid in stream.request_ids:
             if rid in self._streams:
-                self.core.abort(rid)
+                self._abort_id(rid)
 
     def abort_all(self) -> int:
         """Abort every request in flight (a drain that ran out of time); returns how many HTTP requests."""
@@ -217,13 +239,19 @@ class AsyncEngine:
     # ------------------------------------------------------------------------------------------ engine thread
 
     def _from_engine(self, out: RequestOutput) -> None:
-        """Hand one output to the event loop. A step's outputs travel together: the first one pending schedules
-        one `_flush` on the loop, which takes every output pending by then (one wake-up of the loop per step, not
-        one per request: each `call_soon_threadsafe` writes to the loop's self-pipe and wakes it)."""
+        """Hand one output to the event loop (the core's `on_output`, on its thread)."""
+        self._hand_over([out])
+
+    def _hand_over(self, outputs: list[RequestOutput]) -> None:
+        """Hand outputs to the event loop from another thread. A step's outputs travel together: the first one
+        pending schedules one `_flush` on the loop, which takes every output pending by then (one wake-up of the
+        loop per step, not one per request: each `call_soon_threadsafe` writes to the loop's self-pipe and wakes
+        it)."""
         with self._pending_lock:
-            self._pending.append(out)
-            if len(self._pending) > 1:
-                return  # a flush is already scheduled and will take this one too
+            scheduled = bool(self._pending)
+            self._pending.extend(outputs)
+            if scheduled or not self._pending:
+                return  # a flush is already scheduled and will take these too
         loop = self._loop
         if loop is None or loop.is_closed():
             return  # the server is gone; nobody is waiting for this output

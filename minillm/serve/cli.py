@@ -24,44 +24,16 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any
 
 import httpx
 import torch
 
-from minillm.bench.models import load_model
-from minillm.core.device import DEVICE_CHOICES, resolve_device
-from minillm.engine import LLM, EngineConfig
+from minillm.core.device import DEVICE_CHOICES
 from minillm.gpt.pretrained import SHIPPED_PRESETS
-from minillm.quant.linear import QuantConfig, quantize_model
 from minillm.serve.app import Server, ServeOptions, serve
+from minillm.serve.engine_process import QUANTIZE_CHOICES, EngineProcess, build_engine
 from minillm.speculative.engine import METHODS as SPECULATIVE_METHODS
-from minillm.speculative.engine import SpeculativeConfig, SpeculativeLLM
-
-QUANTIZE_CHOICES = ("none", "int8", "int4")
-
-
-def build_engine(model: str = "base", device: str = "cpu", *, speculative: str = "none", draft: str = "draft",
-                 gamma: int = 4, quantize: str = "none", seed: int = 0, **engine_config: Any) -> tuple[Any, Any]:
-    """The engine `minillm serve` runs, and its tokenizer: `LLM` or `SpeculativeLLM` over `model` (a shipped
-    name), with `engine_config` passed to `EngineConfig` (enable_prefix_caching, attention_backend, kv_dtype,
-    tensor_parallel_size, num_blocks, ...). `quantize` "int8"/"int4" replaces the linears (chapter 09);
-    `speculative` "prompt-lookup" or "draft-model" (with the shipped `draft`) turns on chapter 08."""
-    if quantize not in QUANTIZE_CHOICES:
-        raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
-    if speculative != "none" and speculative not in SPECULATIVE_METHODS:
-        raise ValueError(f"speculative must be 'none' or one of {SPECULATIVE_METHODS}, got {speculative!r}")
-    dev = resolve_device(device)
-    loaded = load_model(model, dev, seed)
-    target = loaded.model
-    if quantize != "none":
-        target = quantize_model(target, QuantConfig(quantize, group_size=32)).eval()
-    config = EngineConfig(**engine_config)
-    if speculative == "none":
-        return LLM(target, loaded.tokenizer, config), loaded.tokenizer
-    spec = SpeculativeConfig(method=speculative, gamma=gamma)
-    draft_model = load_model(draft, dev, seed).model if speculative == "draft-model" else None
-    return SpeculativeLLM(target, loaded.tokenizer, config, speculative=spec, draft=draft_model), loaded.tokenizer
+from minillm.tokenizer import load_tokenizer
 
 
 def _positive_float(text: str) -> float:
@@ -74,19 +46,22 @@ def _positive_float(text: str) -> float:
 def _cmd_serve(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    engine, tokenizer = build_engine(
-        args.model, args.device, speculative=args.speculative, draft=args.draft_model, gamma=args.gamma,
-        quantize=args.quantize, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=args.enable_prefix_caching,
-        enable_chunked_prefill=not args.no_chunked_prefill, attention_backend=args.attention_backend,
-        kv_dtype=args.kv_dtype, tensor_parallel_size=args.tensor_parallel_size)
+    build = dict(model=args.model, device=args.device, speculative=args.speculative, draft=args.draft_model,
+                 gamma=args.gamma, quantize=args.quantize, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
+                 max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=args.enable_prefix_caching,
+                 enable_chunked_prefill=not args.no_chunked_prefill, attention_backend=args.attention_backend,
+                 kv_dtype=args.kv_dtype, tensor_parallel_size=args.tensor_parallel_size)
+    if args.engine_core == "process":  # the engine in a child process; this one tokenizes and talks HTTP
+        engine, tokenizer = EngineProcess(build, threads=args.threads), load_tokenizer()
+    else:
+        engine, tokenizer = build_engine(**build)
     options = ServeOptions(model_name=args.served_model_name or args.model,
                            max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens,
                            request_timeout=args.request_timeout, shutdown_timeout=args.shutdown_timeout)
     try:
         return serve(Server(engine, tokenizer, options), args.host, args.port, args.log_level)
     finally:
-        close = getattr(engine, "close", None)
+        close = getattr(engine, "stop" if isinstance(engine, EngineProcess) else "close", None)
         if close is not None:
             close()
 
@@ -99,7 +74,10 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--device", default="cpu", choices=DEVICE_CHOICES)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads of the engine (default: torch's choice)")
+    p.add_argument("--engine-core", default="process", choices=("process", "thread"),
+                   help="run the engine core in a process of its own (default) or on a thread of the server's")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
     g = p.add_argument_group("the engine (chapters 05-14)")
     g.add_argument("--num-blocks", type=int, default=512, help="KV blocks in the pool (chapter 05)")

@@ -990,7 +990,8 @@ def _bench_serve(args: argparse.Namespace) -> int:
         loaded = load_model(name, resolve_device(args.device))
         config = EngineConfig(num_blocks=args.num_blocks, enable_prefix_caching=args.enable_prefix_caching)
         workload = workload_for(loaded.model.config.block_size)
-        flags = ["--model", name, "--device", args.device, "--num-blocks", str(args.num_blocks)]
+        flags = ["--model", name, "--device", args.device, "--num-blocks", str(args.num_blocks),
+                 "--engine-core", args.engine_core]
         flags += ["--enable-prefix-caching"] if args.enable_prefix_caching else []
         # subtle: the server gets a process (and an interpreter) of its own, as deployed; in this process it would
         # share the GIL with the client, and both would slow down.
@@ -1076,6 +1077,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     v.add_argument("--num-blocks", type=int, default=512, help="--serve: KV blocks in the pool (default 512)")
     v.add_argument("--enable-prefix-caching", action="store_true", help="--serve: chapter 05's prefix cache")
     v.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    v.add_argument("--engine-core", default="process", choices=("process", "thread"),
+                   help="--serve: the engine core in a process of its own (default) or on the server's thread")
     v.add_argument("--compare-offline", action="store_true",
                    help="--serve: also time the offline engine on the same prompts and print the ratio")
     p.set_defaults(handler=_cmd_bench_serve)

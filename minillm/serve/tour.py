@@ -4,8 +4,9 @@ Checks: every request the official client sends (completions and chat, streamed 
 strings, seeded sampling with n = 2) gets the offline engine's text for the same request, bad requests get a 400
 naming the field, and the pool is full again afterwards. Measured, with the server in a child process (its own
 interpreter, as deployed) and the load generator in this one: the output throughput of 32 concurrent streams
-against the offline engine on the same prompts (the served text equal to the offline text), and goodput at an SLO
-pair under Poisson arrivals, with the report's metrics recomputed from its recorded chunk timestamps.
+against the offline engine on the same prompts (the served text equal to the offline text), with the engine core in
+a process of its own and, beside it, on the server's thread; and goodput at an SLO pair under Poisson arrivals,
+with the report's metrics recomputed from its recorded chunk timestamps.
 """
 
 from __future__ import annotations
@@ -82,32 +83,41 @@ def _client_equals_offline(ctx: TourContext, loaded) -> Row:
                "ms", ctx.device.type, {"compared": compared})
 
 
-def _throughput(ctx: TourContext, loaded, url: str, rounds: int) -> tuple[Row, dict]:
+def _throughput(ctx: TourContext, loaded, urls: dict[str, str], rounds: int) -> tuple[Row, dict]:
+    """Output throughput of 32 streams against the offline engine, for each engine core placement in `urls`
+    ("process" is the row's value; "thread" is shown beside it), interleaved round by round."""
     tok = loaded.tokenizer
     n = 32 if ctx.quick else 64
     workload = make_workload("default", num_prompts=n, output_len=32, seed=ctx.seed, tokenizer=tok)
-    offline, served, reports = [], [], []
-    for _ in range(rounds):  # interleaved: the offline engine, then the server, on the same prompts
+    offline: list[float] = []
+    served: dict[str, list[float]] = {core: [] for core in urls}
+    reports: dict[str, list[dict]] = {core: [] for core in urls}
+    for _ in range(rounds):  # interleaved: the offline engine, then each server, on the same prompts
         llm = LLM(loaded.model, tok, EngineConfig(num_blocks=NUM_BLOCKS, max_num_seqs=CONCURRENCY))
         offline.append(offline_throughput(llm, workload)["output_throughput"])
-        report = run_benchmark(url, workload, model=MODEL, concurrency=CONCURRENCY, timeout=120)
-        served.append(report["metrics"]["output_throughput"])
-        reports.append(report)
+        for core, url in urls.items():
+            report = run_benchmark(url, workload, model=MODEL, concurrency=CONCURRENCY, timeout=120)
+            served[core].append(report["metrics"]["output_throughput"])
+            reports[core].append(report)
     want = [o.text for o in LLM(loaded.model, tok, EngineConfig(num_blocks=NUM_BLOCKS)).generate(
         workload.prompts, [SamplingParams.greedy(k, ignore_eos=True) for k in workload.output_lens])]
-    last = reports[-1]
-    texts = [r["text"] for r in sorted(last["records"], key=lambda r: r["index"])]
-    errors = sum(r["metrics"]["failed"] for r in reports)
-    values = parse_metrics(httpx.get(url + "/metrics", timeout=30).text)
-    ratio = statistics.median(s / o for s, o in zip(served, offline))
-    ok = texts == want and errors == 0 and values["minillm_kv_blocks_used"] == 0
+    same = all([r["text"] for r in sorted(reps[-1]["records"], key=lambda r: r["index"])] == want
+               for reps in reports.values())
+    errors = sum(r["metrics"]["failed"] for reps in reports.values() for r in reps)
+    used = [parse_metrics(httpx.get(url + "/metrics", timeout=30).text)["minillm_kv_blocks_used"]
+            for url in urls.values()]
+    ratios = {core: statistics.median(s / o for s, o in zip(served[core], offline)) for core in urls}
+    ok = same and errors == 0 and not any(used)
+    beside = "".join(f"; engine core on the server's thread instead: {statistics.median(served[core]):.0f} tok/s, "
+                     f"{ratios[core]:.2f}x" for core in urls if core != "process")
     row = Row("15", f"serving throughput, {CONCURRENCY} concurrent streams", "offline engine, same prompts",
-              "minillm serve in its own process, the official openai client",
+              "minillm serve, engine core in its own process, the official openai client",
               f"{n} requests x 32 tokens, {rounds} interleaved rounds: offline {statistics.median(offline):.0f} tok/s, "
-              f"served {statistics.median(served):.0f} tok/s; served text == offline: {texts == want}; errors: "
-              f"{errors}; KV blocks in use after: {values['minillm_kv_blocks_used']:.0f}", ok,
-              "throughput vs offline", ratio, "x", ctx.device.type,
-              {"offline_tok_s": offline, "served_tok_s": served, "metrics": last["metrics"]})
+              f"served {statistics.median(served['process']):.0f} tok/s{beside}; served text == offline: {same}; "
+              f"errors: {errors}; KV blocks in use after: {sum(used):.0f}", ok,
+              "throughput vs offline", ratios["process"], "x", ctx.device.type,
+              {"offline_tok_s": offline, "served_tok_s": served, "ratios": ratios,
+               "metrics": reports["process"][-1]["metrics"]})
     return row, workload
 
 
@@ -134,7 +144,8 @@ def run(ctx: TourContext) -> list[Row]:
     rows = [_client_equals_offline(ctx, loaded)]
     args = ["--num-blocks", str(NUM_BLOCKS), "--max-num-seqs", str(CONCURRENCY), "--device", ctx.device.type]
     with ServerProcess(args, threads=ctx.threads) as url:
-        row, _ = _throughput(ctx, loaded, url, rounds=2 if ctx.quick else 3)
+        with ServerProcess(args + ["--engine-core", "thread"], threads=ctx.threads) as thread_url:
+            row, _ = _throughput(ctx, loaded, {"process": url, "thread": thread_url}, rounds=2 if ctx.quick else 3)
         rows.append(row)
         rows.append(_goodput(ctx, loaded, url))
     return rows
