@@ -17,6 +17,7 @@ import pytest
 from minillm.course.assignment import (CHAPTER_FILES, MARKER, REPO_ROOT, exercise_functions, grade, graded_tests,
                                        solution_lines, stub_source, write_assignment)
 from minillm.course.cli import main
+from minillm.course.grading import default_out_dir
 
 CHAPTERS = sorted(CHAPTER_FILES)
 
@@ -191,10 +192,12 @@ def test_stubs_score_zero_and_reference_scores_full(chapter, tmp_path, capsys):
     assert main(["assignment", chapter, "--out", str(student)]) == 0
     # fresh stubs: every graded test fails, out of the reference's total
     assert main(["grade", chapter, "--student", str(student)]) == 1
-    results = json.loads((student / "grade" / "results.json").read_text())
+    out = default_out_dir(student)  # beside the student's folder, not inside it
+    assert out == student.parent / f"{student.name}-grade" and not (student / "grade").exists()
+    results = json.loads((out / "results.json").read_text())
     assert results["max_score"] == total and results["score"] == 0, results
     assert len(results["tests"]) == len(graded_tests(chapter))
-    assert "failures=" in (student / "grade" / "junit.xml").read_text()
+    assert "failures=" in (out / "junit.xml").read_text()
     # the reference package: full marks
     report = grade(chapter, REPO_ROOT, out_dir=tmp_path / "ref")
     assert report.max_score == total

@@ -1,8 +1,11 @@
 """Attacks on `minillm grade`, each one found by trying it on the old grader, each now scoring what it should.
 
-The student folders are chapter 01's untouched stubs (which must score 0) plus the attack. What the grader does not
-defend against (student code deliberately rewiring pytest inside the child, reading files, escaping with setsid)
-is documented in minillm/course/grading.py and in the README's Coursework section.
+The student folders are chapter 01's untouched stubs (which must score 0) plus the attack. The first group runs
+without isolation (`isolate=False`): what the grader itself holds on any machine. The second runs isolated
+(`sandbox.py`'s namespaces), and each of its attacks is also run without isolation first, to show it is real:
+reading the reference solutions, a `setsid` daemon that outlives grading, and the network. What holds neither
+way (student code deliberately rewiring pytest inside the child, or writing forged reports to the child's pipe
+before its own end) is documented in minillm/course/grading.py and in the README's Coursework section.
 """
 
 from __future__ import annotations
@@ -10,6 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import socket
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -17,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from minillm.course.assignment import REPO_ROOT, grade, graded_tests, write_assignment
-from minillm.course.grading import GradedTest, GradeReport, _child_env, score_messages
+from minillm.course.grading import (GradedTest, GradeReport, _child_env, default_out_dir, isolation_problem,
+                                    score_messages)
 
 
 def _total(nn: str = "01") -> int:
@@ -71,7 +78,7 @@ def test_the_child_runs_with_the_ci_hypothesis_profile_and_no_plugin_autoload():
 @pytest.mark.slow
 def test_syntax_error_scores_zero_out_of_the_full_total(tmp_path):
     student = _stubs_with(tmp_path, "def broken(:\n")
-    report = grade("01", student)
+    report = grade("01", student, isolate=False)
     assert (report.score, report.max_score) == (0, _total())
     assert "SyntaxError" in "\n".join(report.notes)
 
@@ -104,9 +111,9 @@ _atexit.register(_forge)
 def test_atexit_hook_rewriting_the_report_scores_zero(tmp_path):
     """15 lines of atexit in the student's __init__.py made chapter 01's stubs score 6/6. The parent now scores from
     the pipe, ignores anything after the child's "end", and writes the report itself after the child is gone."""
-    report = grade("01", _stubs_with(tmp_path, ATEXIT_ATTACK))
+    report = grade("01", _stubs_with(tmp_path, ATEXIT_ATTACK), isolate=False)
     assert (report.score, report.max_score) == (0, _total())
-    assert json.loads((tmp_path / "student" / "grade" / "results.json").read_text())["score"] == 0
+    assert json.loads((tmp_path / "student-grade" / "results.json").read_text())["score"] == 0
 
 
 FORGE_AT_IMPORT = r'''
@@ -126,7 +133,7 @@ for _fd in range(3, 64):  # pre-report every graded test as passed, before the r
 
 @pytest.mark.slow
 def test_forged_reports_written_to_the_pipe_count_as_duplicates(tmp_path):
-    report = grade("01", _stubs_with(tmp_path, FORGE_AT_IMPORT))
+    report = grade("01", _stubs_with(tmp_path, FORGE_AT_IMPORT), isolate=False)
     assert (report.score, report.max_score) == (0, _total())
 
 
@@ -156,7 +163,7 @@ def test_conftest_pytest_ini_and_plugin_in_the_student_folder_are_not_loaded(tmp
         "evil-1.0.dist-info/entry_points.txt": "[pytest11]\nevil = evil_plugin\n",
         "_hypothesis_pytestplugin.py": CONFTEST_ATTACK,
     })
-    report = grade("01", student)
+    report = grade("01", student, isolate=False)
     assert (report.score, report.max_score) == (0, _total())
 
 
@@ -179,7 +186,7 @@ def test_student_code_cannot_change_the_reference_tests_or_outlive_grading(tmp_p
     '''
     reference = REPO_ROOT / "tests" / "test_01_tokenization.py"
     before = hashlib.sha256(reference.read_bytes()).hexdigest()
-    report = grade("01", _stubs_with(tmp_path, attack))
+    report = grade("01", _stubs_with(tmp_path, attack), isolate=False)
     assert hashlib.sha256(reference.read_bytes()).hexdigest() == before
     assert report.score == 0 and any("modified" in n for n in report.notes), report.notes
     pid = int(pid_file.read_text())
@@ -195,31 +202,160 @@ def test_student_code_cannot_change_the_reference_tests_or_outlive_grading(tmp_p
 
 @pytest.mark.slow
 def test_the_grader_never_writes_through_a_symlink(tmp_path):
-    """With student/grade a symlink, the grader overwrote a results.json in another directory."""
+    """With the output folder a symlink, the grader overwrote a results.json in another directory."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "results.json").write_text("precious")
     student = _stubs_with(tmp_path)
-    (student / "grade").symlink_to(elsewhere, target_is_directory=True)
+    out = default_out_dir(student)
+    out.symlink_to(elsewhere, target_is_directory=True)
     with pytest.raises(ValueError, match="symlink"):
-        grade("01", student)
+        grade("01", student, isolate=False)
     # planted by the student's code while the tests run: refused too
-    (student / "grade").unlink()
+    out.unlink()
     init = student / "minillm" / "__init__.py"
     init.write_text(init.read_text() + textwrap.dedent(f'''
         import os as _os
-        if not _os.path.islink({str(student / "grade")!r}):
-            _os.rmdir({str(student / "grade")!r})  # the grader made it, empty, before the tests ran
-            _os.symlink({str(elsewhere)!r}, {str(student / "grade")!r})
+        if not _os.path.islink({str(out)!r}):
+            _os.rmdir({str(out)!r})  # the grader made it, empty, before the tests ran
+            _os.symlink({str(elsewhere)!r}, {str(out)!r})
     '''))
     with pytest.raises(ValueError, match="symlink"):
-        grade("01", student)
+        grade("01", student, isolate=False)
     assert (elsewhere / "results.json").read_text() == "precious"
     # a symlink *inside* a real output directory is replaced, not followed
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "results.json").symlink_to(elsewhere / "results.json")
-    (student / "grade").unlink()
+    chosen = tmp_path / "out"
+    chosen.mkdir()
+    (chosen / "results.json").symlink_to(elsewhere / "results.json")
+    out.unlink()
     init.write_text(init.read_text().split("import os as _os\nif not")[0])  # the attack removed again
-    grade("01", student, out_dir=out)
-    assert not (out / "results.json").is_symlink() and (elsewhere / "results.json").read_text() == "precious"
+    grade("01", student, out_dir=chosen, isolate=False)
+    assert not (chosen / "results.json").is_symlink() and (elsewhere / "results.json").read_text() == "precious"
+
+
+# ------------------------------------------------------------------------------------------- attacks, isolated
+needs_isolation = pytest.mark.skipif(isolation_problem() is not None,
+                                     reason=f"grading isolation is not available here: {isolation_problem()}")
+
+# Copies the reference's own tokenizer code over the stubs when the reference can be read: found the way the
+# original attack found it (the installed distribution's direct_url.json), or by the repository's path.
+READ_REFERENCE = r'''
+import importlib as _il, json as _json, os as _os
+def _reference_root():
+    try:
+        from importlib import metadata as _md
+        _url = _json.loads(_md.distribution("minillm").read_text("direct_url.json") or "{}").get("url", "")
+        if _url.startswith("file://") and _os.path.isdir(_url[7:] + "/minillm/tokenizer"):
+            return _url[7:]
+    except Exception:
+        pass
+    return %r if _os.path.isdir(%r + "/minillm/tokenizer") else None
+_root = _reference_root()
+if _root is not None:
+    _changed = {}
+    for _name in ("minillm.tokenizer.basics", "minillm.tokenizer.encode"):
+        _m = _il.import_module(_name)
+        _src = open(_os.path.join(_root, *_name.split(".")) + ".py").read()
+        exec(compile(_src, _m.__file__, "exec"), _m.__dict__)
+        _changed[_name] = _m
+    import sys as _sys
+    for _mname, _p in list(_sys.modules.items()):  # names imported from them before the copy: pointed at it
+        if not _mname.startswith("minillm") or _p is None or _mname in _changed:
+            continue
+        for _k, _v in list(vars(_p).items()):
+            _src_mod = _changed.get(getattr(_v, "__module__", None))
+            if callable(_v) and _src_mod is not None and hasattr(_src_mod, _k):
+                setattr(_p, _k, getattr(_src_mod, _k))
+''' % (str(REPO_ROOT), str(REPO_ROOT))
+
+
+@needs_isolation
+@pytest.mark.slow
+def test_isolated_student_code_cannot_read_the_reference(tmp_path):
+    """The student's package found the reference through the installed distribution and ran its solutions: full
+    marks without solving anything. Isolated, the repository is an empty folder to the child: 0."""
+    student = _stubs_with(tmp_path, READ_REFERENCE)
+    assert grade("01", student, out_dir=tmp_path / "open", isolate=False).score == _total()  # the attack is real
+    report = grade("01", student, out_dir=tmp_path / "closed", isolate=True)
+    assert (report.score, report.max_score) == (0, _total()) and report.notes[0].startswith("isolated")
+
+
+@needs_isolation
+@pytest.mark.slow
+def test_isolated_student_code_cannot_outlive_grading(tmp_path):
+    """A daemon (double fork + setsid: out of the child's process group) wrote after grading had ended; it could
+    have rewritten the grade. Isolated, it dies with the child's PID namespace."""
+    drop = Path(tempfile.mkdtemp(prefix="minillm-drop-"))
+    drop.chmod(0o777)  # the isolated child may run as another user
+    try:
+        daemon = f"import os, time; time.sleep(2); open({str(drop)!r} + '/' + str(os.getpid()), 'w').write('late')"
+        attack = f'''
+        import subprocess as _sp, sys as _sys
+        _sp.Popen([_sys.executable, "-c", {daemon!r}], start_new_session=True, stdin=_sp.DEVNULL,
+                  stdout=_sp.DEVNULL, stderr=_sp.DEVNULL)
+        '''
+        student = _stubs_with(tmp_path, attack)
+        grade("01", student, out_dir=tmp_path / "open", isolate=False)
+        assert _wait_for(lambda: any(drop.iterdir()), 10)  # the attack is real: it wrote after grading
+        for f in drop.iterdir():
+            f.unlink()
+        report = grade("01", student, out_dir=tmp_path / "closed", isolate=True)
+        time.sleep(4)  # past the daemon's sleep
+        assert not any(drop.iterdir()) and report.score == 0
+    finally:
+        shutil.rmtree(drop, ignore_errors=True)
+
+
+@needs_isolation
+@pytest.mark.slow
+def test_isolated_student_code_has_no_network(tmp_path):
+    """A listener on this machine's loopback stands for the network: reached from the child without isolation,
+    unreachable with it (the child's network namespace has its own loopback and no route out)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    server.settimeout(0.5)
+    port = server.getsockname()[1]
+    attack = f'''
+    import socket as _s
+    try:
+        _s.create_connection(("127.0.0.1", {port}), timeout=2).sendall(b"solutions please")
+    except OSError:
+        pass
+    '''
+    student = _stubs_with(tmp_path, attack)
+    try:
+        grade("01", student, out_dir=tmp_path / "open", isolate=False)
+        assert _accepted(server)  # the attack is real
+        grade("01", student, out_dir=tmp_path / "closed", isolate=True)
+        assert not _accepted(server)
+    finally:
+        server.close()
+
+
+def _accepted(server: socket.socket) -> bool:
+    try:
+        conn, _ = server.accept()
+    except socket.timeout:
+        return False
+    conn.close()
+    return True
+
+
+def _wait_for(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_isolate_refuses_what_it_cannot_do(tmp_path, monkeypatch):
+    from minillm.course import grading
+    student = _stubs_with(tmp_path)
+    with pytest.raises(TypeError, match="isolate"):
+        grade("01", student, isolate="yes")
+    monkeypatch.setattr(grading, "isolation_problem", lambda: "no namespaces on this test's machine")
+    with pytest.raises(ValueError, match="no namespaces on this test's machine"):
+        grade("01", student, isolate=True)

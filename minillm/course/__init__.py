@@ -1,7 +1,8 @@
 """The course around the chapters: the top layer, which may import every chapter.
 
 `cli` (the `minillm` command), `tour` (runs each chapter's tour entry named in `minillm.chapters`), `assignment`
-(stubs and grading), `grading` / `grader_child` (the grader's parent and the child process that runs student code), `notebooks`
-(executes the labs), `includes` (the package source shown in the chapter texts), `roadmap` (the course figure) and
-`gpu_report` (the tour and tests on a GPU, as a report).
+(stubs and grading), `grading` / `grader_child` / `sandbox` (the grader's parent, the child process that runs
+student code, and the namespaces that isolate it), `notebooks` (executes the labs), `includes` (the package source
+shown in the chapter texts), `roadmap` (the course figure) and `gpu_report` (the tour and tests on a GPU, as a
+report).
 """

@@ -32,7 +32,8 @@ from pathlib import Path
 
 from minillm import chapters
 from minillm.course.grading import (ASSETS_DIR, PACKAGE_DIR, PYTEST_INI, REPO_ROOT, TESTS_DIR, GradeReport,
-                                    GradedTest, TestResult, chapter_test_file, copy_tests, grade, graded_tests)
+                                    GradedTest, TestResult, chapter_test_file, copy_tests, default_out_dir, grade,
+                                    graded_tests)
 from minillm.course.grading import exercise_chapter as _chapter
 
 BEGIN, END = "# BEGIN SOLUTION", "# END SOLUTION"
@@ -203,9 +204,9 @@ conftest.py, pytest.ini or plugin) is loaded. Your code runs in a child process;
 grader's parent process from what that child reports test by test, and the report files are written by the parent
 after the child and everything it started have been stopped.
 
-The grader is not a sandbox: while the tests run, your code has your instructor's user rights. Deliberately
-tampering with the test run is not something the grader can rule out on its own; it is academic misconduct, and
-submissions are graded inside an isolated container (e.g. Gradescope's) for that reason.
+Where the machine allows it, your code runs isolated: without the reference solutions, without the network, and
+with nothing it starts outliving the tests. Deliberately tampering with the test run is academic misconduct,
+whatever the grader can or cannot rule out on its own.
 """
 
 
@@ -282,7 +283,7 @@ def _cmd_assignment(args: argparse.Namespace) -> int:
 
 def _cmd_grade(args: argparse.Namespace) -> int:
     try:
-        report = grade(args.chapter, args.student, args.out)
+        report = grade(args.chapter, args.student, args.out, isolate=args.isolate)
     except ValueError as e:
         print(f"minillm grade: {e}", file=sys.stderr)
         return 2
@@ -290,7 +291,7 @@ def _cmd_grade(args: argparse.Namespace) -> int:
         print(f"{t.score}/{t.points}  {t.name}")
     for note in report.notes:
         print(note)
-    out = Path(args.out) if args.out else Path(args.student) / "grade"
+    out = Path(args.out) if args.out else default_out_dir(args.student)
     print(f"score: {report.score}/{report.max_score}  (JUnit: {out / 'junit.xml'}, Gradescope: {out / 'results.json'})")
     return 0 if report.score == report.max_score else 1
 
@@ -304,5 +305,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     g = sub.add_parser("grade", help="grade a student folder with the chapter's reference tests (JUnit + results.json)")
     g.add_argument("chapter", metavar="NN")
     g.add_argument("--student", required=True, metavar="DIR", help="directory holding the student's minillm/")
-    g.add_argument("--out", metavar="DIR", help="where to write junit.xml and results.json (default DIR/grade)")
+    g.add_argument("--out", metavar="DIR",
+                   help="where to write junit.xml and results.json (default: DIR-grade, beside the student's folder)")
+    iso = g.add_mutually_exclusive_group()
+    iso.add_argument("--isolate", dest="isolate", action="store_const", const=True, default=None,
+                     help="run the student's code without the reference, the network or a way to outlive grading "
+                          "(Linux namespaces); fail if this machine cannot (default: isolate when it can)")
+    iso.add_argument("--no-isolate", dest="isolate", action="store_const", const=False,
+                     help="run the student's code with the grader's own rights")
     g.set_defaults(handler=_cmd_grade)

@@ -17,10 +17,20 @@ What it adds over running pytest on the student's folder:
     HYPOTHESIS_PROFILE=ci (derandomized property tests, as in CI).
   * outputs are written atomically (temp file + rename) and never through a symlink.
 
-What it does not defend against (it is not a sandbox; Gradescope's container is): student code runs with the
-grader's user rights while the tests run. It can read any file the grader can (the reference solutions in this
-repository included), use the network, escape the process group with setsid, or deliberately rewire pytest inside
-the child (monkeypatch its reporting hooks) to claim passes. Grade untrusted submissions inside a container.
+  * isolated (the default where Linux allows it; `isolate=True` insists, `False` turns it off): the child runs in
+    `sandbox.py`'s namespaces. The reference repository and the student's original folder are empty read-only
+    folders to it, the home directory a scratch tmpfs; it keeps only the Python environment, the shipped
+    checkpoints, its own script and its work folder. It has no network (a loopback of its own), runs as `nobody`
+    when the grader is root, and every process it starts, `setsid` daemons included, dies with its PID namespace
+    before the grade is written. The grade goes beside the student's folder (`hw04-grade/`), not inside it.
+
+What holds without isolation: everything in the list above but the last item. The student's code then runs with
+the grader's user rights: it can read any file the grader can (the reference solutions included), use the network,
+and leave the process group with `setsid` and outlive grading. What holds neither way: the child runs the
+student's code and pytest in one process, so code that deliberately rewires pytest's reporting, or writes forged
+"passed" reports and a forged "end" to the child's pipe before the real ones, can claim passes. Only a grader that
+decides each verdict outside the child (the child returning data, the comparison made by a trusted process) closes
+that; until then, grade untrusted submissions inside a container as well.
 """
 
 from __future__ import annotations
@@ -49,6 +59,8 @@ REPO_ROOT = PACKAGE_DIR.parent
 TESTS_DIR = REPO_ROOT / "tests"
 ASSETS_DIR = PACKAGE_DIR / "assets"
 CHILD = Path(__file__).resolve().parent / "grader_child.py"
+SANDBOX = Path(__file__).resolve().parent / "sandbox.py"
+NOBODY = 65534  # the user a root grader runs the student's code as (`nobody` on Debian and most distributions)
 
 # The pytest configuration of the grading child (and, with `pythonpath = .`, of a student folder).
 PYTEST_INI = """[pytest]
@@ -139,12 +151,17 @@ def _plugin_args() -> list[str]:
 
 
 def _run_child(mode: str, path: Path, cwd: Path, pytest_args: list[str],
-               timeout: float) -> tuple[list[dict], str, bool]:
-    """Run grader_child.py; return (messages up to "end", the child's stdout+stderr tail, timed out)."""
+               timeout: float, jail: dict | None = None) -> tuple[list[dict], str, bool]:
+    """Run grader_child.py (inside `sandbox.py`'s namespaces when `jail` is a spec); return (messages up to "end",
+    the child's stdout+stderr tail, timed out)."""
     read_fd, write_fd = os.pipe()
     with tempfile.TemporaryFile() as log:
+        command = [sys.executable, "-I", "-B", str(CHILD), mode, str(write_fd), str(path), "--", *pytest_args]
+        if jail is not None:
+            spec = json.dumps({**jail, "pass_fds": [write_fd]})
+            command = [*_unshare_command(), sys.executable, "-I", "-B", str(SANDBOX), spec, "--", *command]
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-B", str(CHILD), mode, str(write_fd), str(path), "--", *pytest_args],
+            command,
             cwd=cwd, env=_child_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             pass_fds=(write_fd,), start_new_session=True,
         )
@@ -192,6 +209,54 @@ def _run_child(mode: str, path: Path, cwd: Path, pytest_args: list[str],
         if msg.get("event") == "end":
             break  # anything after the end (an atexit hook writing to the pipe) is ignored
     return messages, tail, timed_out
+
+
+# --------------------------------------------------------------------------------------------- isolation
+def _unshare_command() -> list[str]:
+    """util-linux's unshare: new mount, network and PID namespaces (the tree dies with its first process); a user
+    namespace too when the grader is not root."""
+    cmd = ["unshare", "--mount", "--net", "--pid", "--fork", "--kill-child", "--mount-proc"]
+    return cmd if os.geteuid() == 0 else [*cmd, "--user", "--map-root-user"]
+
+
+@functools.lru_cache(maxsize=None)
+def isolation_problem() -> str | None:
+    """None when `--isolate` can run here, else why not (not Linux, no `unshare`, namespaces not permitted)."""
+    if sys.platform != "linux":
+        return f"isolation needs Linux namespaces; this is {sys.platform}"
+    for tool in ("unshare", "mount"):
+        if shutil.which(tool) is None:
+            return f"isolation needs util-linux's `{tool}` on the PATH"
+    try:
+        probe = subprocess.run([*_unshare_command(), sys.executable, "-I", "-B", str(SANDBOX), "{}", "--", "true"],
+                               capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"`unshare` could not run: {e}"
+    if probe.returncode != 0:
+        why = (probe.stderr.strip().splitlines() or ["no message"])[-1]
+        return f"this machine does not permit the namespaces isolation needs: {why}"
+    return None
+
+
+def jail_spec(student: Path, work: Path) -> dict:
+    """What the grading child may not see: the reference repository (its solutions and tests), the student's
+    original folder, the home directory (a scratch tmpfs instead); what it keeps: the Python environment, the
+    shipped checkpoints, the child's own script (grader_child.py) and its work folder. As root it runs as `nobody`."""
+    home = Path(os.path.expanduser("~"))
+    hide = sorted({str(REPO_ROOT), str(student.resolve())})
+    scratch = [str(home)] if home.is_dir() and home != Path("/") else []
+    keep = sorted({sys.prefix, sys.base_prefix, str(ASSETS_DIR), str(CHILD)})
+    return {"hide": hide, "scratch": scratch, "keep": keep, "keep_rw": [str(work)],
+            "drop_to": NOBODY if os.geteuid() == 0 else None}
+
+
+def _open_to(work: Path, uid: int) -> None:
+    """Let `uid` read the work folder and write its run folder (the child runs as that user)."""
+    work.chmod(0o755)
+    for p in work.rglob("*"):
+        if p.is_dir() and not p.is_symlink():
+            p.chmod(p.stat().st_mode | 0o755)
+    os.chown(work / "run", uid, -1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -306,10 +371,13 @@ def _copy_reference_tests(nn: str, dest: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------- grading
-def run_graded(nn: str, student: Path, timeout: float = 900.0) -> GradeReport:
-    """Grade student/minillm on chapter nn's reference tests; the report only (no files written)."""
+def run_graded(nn: str, student: Path, timeout: float = 900.0, isolate: bool = False) -> GradeReport:
+    """Grade student/minillm on chapter nn's reference tests; the report only (no files written). `isolate` runs
+    the child in `sandbox.py`'s namespaces (see `isolation_problem`)."""
     expected = graded_tests(nn)
     report = GradeReport(nn)
+    if isolate and isolation_problem() is not None:
+        raise ValueError(f"cannot isolate the grading child: {isolation_problem()}")
     with tempfile.TemporaryDirectory(prefix=f"minillm-grade-{nn}-", ignore_cleanup_errors=True) as tmp:
         work = Path(tmp)
         _copy_student_package(student, work / "student")
@@ -319,12 +387,15 @@ def run_graded(nn: str, student: Path, timeout: float = 900.0) -> GradeReport:
         reference = [*support_files(), chapter_test_file(nn)]
         repo_before = _files_hash(reference)
         test_path = f"tests/{reference[-1].name}"
+        jail = jail_spec(student, work) if isolate else None
+        if jail is not None and jail["drop_to"] is not None:
+            _open_to(work, jail["drop_to"])
         messages, tail, timed_out = _run_child(
             "run", work / "student", work / "run",
             [test_path, "-m", "graded", "-q", "--tb=short", "-p", "no:cacheprovider", *_plugin_args(),
              "-c", str(work / "run" / "pytest.ini"), "--rootdir", str(work / "run"),
              "--confcutdir", str(work / "run"), "-o", "addopts="],
-            timeout=timeout,
+            timeout=timeout, jail=jail,
         )
         tampered = _tree_hash(work / "run") != before
         if _files_hash(reference) != repo_before:
@@ -378,21 +449,39 @@ def _files_hash(paths: list[Path]) -> str:
     return h.hexdigest()
 
 
+def default_out_dir(student_dir: str | os.PathLike) -> Path:
+    """Where a grade goes unless told: a folder beside the student's, never inside it ("hw04" -> "hw04-grade")."""
+    student = Path(student_dir).resolve()
+    return student.parent / f"{student.name}-grade"
+
+
 def grade(
     chapter: str | int,
     student_dir: str | os.PathLike,
     out_dir: str | os.PathLike | None = None,
     timeout: float = 900.0,
+    isolate: bool | None = None,
 ) -> GradeReport:
     """Grade student_dir/minillm on chapter NN's reference tests; write junit.xml + results.json into out_dir
-    (default student_dir/grade)."""
+    (default: `default_out_dir`, beside the student's folder). `isolate`: True runs the student's code in
+    `sandbox.py`'s namespaces (a ValueError where that is impossible), False never, None (the default) when the
+    machine allows it; the report's notes say which."""
     nn = exercise_chapter(chapter)
     student = Path(student_dir).resolve()
     if not (student / "minillm" / "__init__.py").is_file():
         raise ValueError(f"{str(student)!r} does not contain a minillm package (student_dir/minillm/__init__.py)")
-    out = Path(out_dir) if out_dir is not None else Path(student_dir) / "grade"
+    if isolate is not None and not isinstance(isolate, bool):
+        raise TypeError(f"isolate must be True, False or None, got {isolate!r}")
+    out = Path(out_dir) if out_dir is not None else default_out_dir(student)
     _prepare_out_dir(out)  # refuse a bad --out before spending minutes on the tests
-    report = run_graded(nn, student, timeout)
+    problem = isolation_problem()
+    if isolate and problem is not None:
+        raise ValueError(f"cannot isolate the grading child: {problem}")
+    isolated = problem is None if isolate is None else isolate
+    report = run_graded(nn, student, timeout, isolated)
+    report.notes.insert(0, "isolated: the student's code ran without the reference, the network or a way to "
+                           "outlive grading" if isolated else
+                        f"not isolated ({problem or 'turned off'}): the student's code ran with the grader's rights")
     _prepare_out_dir(out)  # again: the student's code ran in between and may have planted a symlink
     # atomic_write_text renames into place, so a symlink planted at either name is replaced, never followed.
     atomic_write_text(out / "junit.xml", report.junit_xml())
