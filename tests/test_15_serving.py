@@ -240,6 +240,14 @@ BAD = [
     ({"prompt": "x" * 3000}, "prompt", "context_length_exceeded"),
     ({"prompt": "x", "max_tokens": 10_000}, "max_tokens", "context_length_exceeded"),
     ({"prompt": "a <|endoftext|> b"}, "prompt", None),  # special-token text: the tokenizer refuses it, named
+    # found by a hostile pass over the API:
+    ({"prompt": "x", "seed": 2**32}, "seed", None),  # would give seed 0's samples (a 32-bit CPU generator)
+    ({"prompt": "x", "best_of": True}, "best_of", "unsupported_parameter"),  # a bool is not the default 1
+    ({"prompt": "x", "logprobs": 0.0}, "logprobs", "unsupported_parameter"),
+    ({"prompt": "x", "echo": 0}, "echo", "unsupported_parameter"),
+    ({"prompt": "x", "presence_penalty": False}, "presence_penalty", "unsupported_parameter"),
+    ({"prompt": "x" * 20_000}, "prompt", "context_length_exceeded"),  # refused before tokenizing
+    ({"prompt": ["x"] * 17, "n": 16}, "n", "request_too_large"),  # 272 samples: more than the server ever admits
 ]
 
 
@@ -285,6 +293,83 @@ def test_malformed_json_wrong_model_and_the_client_sees_them(server):
         client.completions.create(model=MODEL, prompt="x" * 3000, max_tokens=2)
     assert info.value.code == "context_length_exceeded"
     _idle(srv)
+
+
+def test_what_a_hostile_pass_found_gets_a_clear_answer(server, loaded):
+    """Bodies that were a bare 500 (a 5000-digit integer, 100,000 nested lists), a body far over the size limit
+    (now 413 before it is read), a top_p below float32's smallest number (every token dropped: a 500), routes and
+    methods that answered in FastAPI's shape instead of OpenAI's, and `models.retrieve`."""
+    srv, thread = server
+    url = thread.url + "/v1/completions"
+    for raw in (b'{"model": "base", "prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", b"[" * 100_000):
+        r = httpx.post(url, content=raw, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json", r.text
+    r = httpx.post(url, content=b'{"model": "base", "prompt": "' + b"x" * (5 << 20) + b'"}', timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    r = httpx.post(url, json={"model": MODEL, "prompt": "Hi", "max_tokens": 3, "top_p": 1e-300, "seed": 1},
+                   timeout=30)
+    greedy = _offline(loaded, "Hi", SamplingParams.greedy(3))[0]
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == greedy  # the top token alone: the argmax
+    r = httpx.post(url, content=b'{"model": "base", "prompt": "x", "\\ud800": 1}', timeout=30)  # a lone surrogate
+    assert r.status_code == 400 and r.json()["error"]["param"] == "\\ud800", r.text  # named, escaped
+    r = httpx.get(thread.url + "/v1/nothing", timeout=30)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = httpx.get(url, timeout=30)
+    assert r.status_code == 405 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+    client = _client(thread.url)
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
+    _idle(srv)
+
+
+def test_reaching_end_of_text_finishes_with_stop(server, loaded):
+    """The engine ends a sample at the end-of-text token with its own reason "eos", which the server once took for a
+    failure (a 503 "aborted", or an error event mid-stream, and one sample's end failed its siblings). OpenAI calls
+    it "stop"."""
+    srv, thread = server
+    for seed in range(400):  # a seed whose sample reaches end-of-text, found with the offline engine
+        params = SamplingParams(max_new_tokens=40, temperature=1.0, seed=seed, n=2)
+        engine = LLM(loaded.model, loaded.tokenizer, EngineConfig(num_blocks=256))
+        outs = sorted(engine.generate(["abc"], params), key=lambda o: o.index)
+        if any(o.finish_reason == "eos" for o in outs):
+            break
+    else:
+        pytest.skip("no seed below 400 reaches end-of-text within 40 tokens")
+    body = {"model": MODEL, "prompt": "abc", "max_tokens": 40, "seed": seed, "n": 2}
+    r = httpx.post(thread.url + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    choices = sorted(r.json()["choices"], key=lambda c: c["index"])
+    assert [c["text"] for c in choices] == [o.text for o in outs]
+    assert [c["finish_reason"] for c in choices] == [{"eos": "stop"}.get(o.finish_reason, o.finish_reason)
+                                                     for o in outs]
+    streamed = ["", ""]
+    finish = [None, None]
+    for chunk in _client(thread.url).completions.create(stream=True, **body):
+        for c in chunk.choices:
+            streamed[c.index] += c.text
+            finish[c.index] = c.finish_reason or finish[c.index]
+    assert streamed == [o.text for o in outs] and finish == [c["finish_reason"] for c in choices]
+    _idle(srv)
+
+
+def test_a_request_that_could_never_run_is_400_not_429(loaded):
+    """On an idle server, a request larger than the admission bounds or than the engine's KV pool once got 429
+    "retry later" (retried forever by clients) or reached the engine; now it is a 400 naming what to change."""
+    engine = LLM(loaded.model, loaded.tokenizer, EngineConfig(num_blocks=4, max_num_seqs=4))  # 64 tokens of KV
+    srv = Server(engine, loaded.tokenizer, ServeOptions(model_name=MODEL, max_queued_requests=4,
+                                                        max_queued_tokens=600))
+    with ServerThread(srv) as thread:
+        url = thread.url + "/v1/completions"
+        cases = [({"prompt": "x", "n": 5, "max_tokens": 2}, "n"),  # 5 samples, the bound is 4
+                 ({"prompt": "x", "max_tokens": 700}, "max_tokens"),  # over the context: context_length_exceeded
+                 ({"prompt": "def main(", "max_tokens": 100}, "max_tokens")]  # 103 tokens of KV, the pool has 64
+        for body, param in cases:
+            r = httpx.post(url, json={"model": MODEL, **body}, timeout=30)
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        r = httpx.post(url, json={"model": MODEL, "prompt": "def main(", "max_tokens": 8}, timeout=30)
+        assert r.status_code == 200  # one that fits still runs
+        _idle(srv)
 
 
 # ----- load and faults --------------------------------------------------------------------------------------------

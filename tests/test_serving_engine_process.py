@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 
 import httpx
@@ -174,7 +176,12 @@ def test_a_dead_engine_process_ends_every_request_and_the_server_says_so():
         assert health.status_code == 503 and health.json()["status"] == "failed"
         r = httpx.post(thread.url + "/v1/completions", json={"model": MODEL, "prompt": "x"}, timeout=30)
         assert r.status_code == 503 and "engine process" in r.json()["error"]["message"]
+        assert r.json()["error"]["code"] == "engine_failed" and r.json()["error"]["param"] is None
         assert srv.engine.num_in_flight == 0 and srv.engine.queued_requests == 0
+        # the gauges no longer show the dead engine's last requests and blocks; the dashboard says it failed
+        values = parse_metrics(httpx.get(thread.url + "/metrics", timeout=30).text)
+        assert values["minillm_num_requests_running"] == 0 and values["minillm_kv_blocks_used"] == 0
+        assert httpx.get(thread.url + "/dashboard/state", timeout=30).json()["status"] == "failed"
 
 
 def test_an_engine_that_cannot_be_built_fails_at_start_naming_why():
@@ -207,6 +214,31 @@ def test_the_worker_refuses_a_bad_request_with_one_error_per_sample(loaded):
     good = [o for o in outputs if o.request_id == "good" and o.finished]
     assert len(good) == 1 and good[0].text == _offline(loaded, "def main(", SamplingParams.greedy(4))[0]
     assert msg.snapshot is not None and msg.snapshot.num_free_blocks == NUM_BLOCKS  # idle: its state is sent
+
+
+def test_what_the_engine_would_refuse_is_a_400_before_the_response_starts():
+    """Speculative decoding runs one sample per request: n=2 reached the engine process, which refused it after
+    the response had started (a 500, or an error event in a 200 stream), where the thread placement said 400.
+    The server now knows the engine's limits from the engine process's first message and answers 400 first."""
+    srv = Server(EngineProcess(dict(BUILD, speculative="prompt-lookup"), threads=1), load_tokenizer(),
+                 ServeOptions(model_name=MODEL))
+    with ServerThread(srv) as thread:
+        for stream in (False, True):
+            r = httpx.post(thread.url + "/v1/completions", timeout=30, json={"model": MODEL, "prompt": "x", "n": 2,
+                                                                            "max_tokens": 4, "stream": stream})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
+        r = httpx.post(thread.url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 4},
+                       timeout=30)
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("length", "stop")
+        _idle(srv, thread.url)
+
+
+def test_an_engine_that_cannot_start_is_one_line_from_the_command():
+    proc = subprocess.run([sys.executable, "-m", "minillm", "serve", "--port", "0", "--threads", "1",
+                           "--no-chunked-prefill", "--max-num-batched-tokens", "64"],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("minillm serve: the engine could not start:") and "max_num_batched_tokens" in proc.stderr
 
 
 @pytest.mark.slow

@@ -26,7 +26,9 @@ LogitsProcessor = Callable[[torch.Tensor], torch.Tensor]  # (B, V) float logits 
 MIN_TEMPERATURE = 1e-2
 # What torch.Generator.manual_seed accepts: a signed or unsigned 64-bit integer (anything else is an OverflowError
 # deep inside torch, "Overflow when unpacking long long").
-SEED_RANGE = (-(2**63), 2**64)  # [low, high)
+# [low, high). subtle: torch's CPU generator keeps the low 32 bits of a seed, so on the CPU seeds that differ by a
+# multiple of 2**32 (0 and 2**32, -1 and 2**32 - 1) give the same samples; the HTTP API takes [0, 2**32) only.
+SEED_RANGE = (-(2**63), 2**64)
 
 
 def _is_int(value: object) -> bool:
@@ -157,7 +159,8 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)  # (B, V) each
     probs = torch.softmax(sorted_logits.float(), dim=-1)  # (B, V), in sorted order
     mass_before = torch.cumsum(probs, dim=-1) - probs  # (B, V): exclusive prefix sum
-    drop_sorted = mass_before >= p  # (B, V); position 0 has mass_before 0 < p, so it always stays
+    drop_sorted = mass_before >= p  # (B, V); position 0 has mass_before 0 < p ...
+    drop_sorted[..., 0] = False  # ... unless p is below float32's smallest number and compares as 0: keep it anyway
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # (B, V) back in vocabulary order
     return logits.masked_fill(drop, float("-inf"))
     # END SOLUTION

@@ -109,6 +109,14 @@ class LLM(FrontEnd):
 
     # ------------------------------------------------------------------------------------------------ requests
 
+    def max_request_tokens(self) -> int:
+        """The most KV tokens (prompt + max_new_tokens - 1) one request may need and still run alone: what
+        `_check_fits` allows, for a front end that checks requests before they reach the engine (a server)."""
+        limit = self.config.num_blocks * self.config.block_size
+        if not self.config.enable_chunked_prefill:
+            limit = min(limit, self.config.max_num_batched_tokens)
+        return limit
+
     def _check_fits(self, req: Request) -> None:
         """A request that could never fit the KV pool (or, without chunked prefill, one step's token budget) even
         if it ran alone is rejected now: queued, it would wait forever."""

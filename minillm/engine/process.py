@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -212,7 +213,7 @@ def worker_main(role: str, ctrl: Connection, setup: Setup, *args: Any) -> None:
             out.send(WorkerFailed(role, traceback.format_exc()))
         except (OSError, ValueError):
             return  # the parent is gone too: nobody is left to tell
-        raise
+        sys.exit(1)  # the parent has the traceback and reports it; printing it here as well would repeat it
 
 
 # ------------------------------------------------------------------------------------------------- the parent

@@ -33,6 +33,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from minillm.serve import protocol as P
@@ -53,6 +54,7 @@ class ServeOptions:
     max_queued_tokens: int = 1 << 20  # their tokens (prompt + max_tokens) before 429
     request_timeout: float = 600.0  # seconds from arrival to the final output, then the request is aborted
     shutdown_timeout: float = 30.0  # seconds a drain waits for requests in flight before aborting them
+    max_request_bytes: int = 1 << 22  # a larger body is refused (413) before it is parsed: 4 MiB
 
 
 class Server:
@@ -62,12 +64,17 @@ class Server:
         self.options = options if options is not None else ServeOptions()
         if not self.options.request_timeout > 0 or not self.options.shutdown_timeout >= 0:
             raise ValueError(f"request_timeout must be > 0 and shutdown_timeout >= 0, got {self.options}")
+        limit = self.options.max_request_bytes
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise ValueError(f"max_request_bytes must be a positive int, got {limit!r}")
         self.tokenizer = tokenizer
         bounds = (self.options.max_queued_requests, self.options.max_queued_tokens)
         self.engine = (ProcessAsyncEngine(engine, *bounds) if isinstance(engine, EngineProcess)
                        else AsyncEngine(engine, *bounds))
         self.context_length = self.engine.context_length
         self.vocab_size = self.engine.vocab_size
+        ranks = getattr(tokenizer, "mergeable_ranks", None)  # the longest token bounds how much text a prompt holds
+        self.max_token_bytes = max(map(len, ranks)) if isinstance(ranks, dict) and ranks else None
         self.metrics = ServerMetrics(self)
         self.engine.on_output.append(lambda stream, out: self.metrics.observe_output(out))
         self.engine.on_final.append(lambda stream, out: self.metrics.observe_final(out, time.perf_counter()))
@@ -118,11 +125,23 @@ class Server:
 
 
     def _encode(self, text: str, param: str) -> list[int]:
-        """The prompt's token ids; text the tokenizer refuses (a special token's text, "<|endoftext|>") is a 400."""
+        """The prompt's token ids; text the tokenizer refuses (a special token's text, "<|endoftext|>") is a 400.
+
+        subtle: a text longer than the context could hold even if every token were the longest one is refused
+        before tokenizing: tokenizing megabytes runs on the event loop and would stall every other client."""
+        if self.max_token_bytes is not None and len(text) > self.context_length * self.max_token_bytes:
+            raise P.RequestError(f"this model's maximum context length is {self.context_length} tokens; the "
+                                 f"{param} has {len(text)} characters, more than {self.context_length} tokens of at "
+                                 f"most {self.max_token_bytes} bytes can hold", param, "context_length_exceeded")
         try:
             return self.tokenizer.encode(text)
         except ValueError as exc:
             raise P.RequestError(f"{param}: {exc}", param) from exc
+
+
+def _too_large(size: int, limit: int) -> P.RequestError:
+    return P.RequestError(f"the request body is {size} bytes or more, over this server's limit of {limit} "
+                          f"(--max-request-bytes)", None, "request_too_large", status=413)
 
 
 def _error(exc: P.RequestError) -> JSONResponse:
@@ -175,11 +194,22 @@ def build_app(server: Server) -> FastAPI:
     app = FastAPI(title="minillm", lifespan=lifespan, docs_url=None, redoc_url=None)
 
     async def read_body(request: Request) -> Any:
-        raw = await request.body()
+        """The JSON body, read no further than `max_request_bytes` (413 past it, before parsing anything)."""
+        limit = server.options.max_request_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise _too_large(int(declared), limit)
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(size, limit)
+            chunks.append(chunk)
         try:
-            return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise P.RequestError(f"the request body is not valid JSON: {exc}", None, "invalid_json") from exc
+            return json.loads(b"".join(chunks))
+        except (ValueError, RecursionError) as exc:  # malformed, not UTF-8, an int past 4300 digits, nested too deep
+            why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
+            raise P.RequestError(f"the request body is not valid JSON: {why}", None, "invalid_json") from exc
 
     async def complete(request: Request, kind: str) -> Response:
         arrival = time.perf_counter()
@@ -218,12 +248,28 @@ def build_app(server: Server) -> FastAPI:
                                             "created": server.created, "owned_by": "minillm",
                                             "max_model_len": server.context_length}]}
 
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> Response:
+        if model_id != server.options.model_name:
+            return _error(P.RequestError(f"the model {model_id!r} does not exist; this server serves "
+                                         f"{server.options.model_name!r}", "model", "model_not_found", status=404))
+        return JSONResponse({"id": model_id, "object": "model", "created": server.created, "owned_by": "minillm",
+                             "max_model_len": server.context_length})
+
     @app.get("/health")
     async def health() -> Response:
         if server.engine.error is not None:
             return JSONResponse({"status": "failed", "error": server.engine.error}, status_code=503)
         code = 200 if server.status == "ready" else 503
         return JSONResponse({"status": server.status}, status_code=code)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        """404 (no such route), 405 (wrong method) and the like, in the OpenAI error shape."""
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return JSONResponse({"error": {"message": f"{request.method} {request.url.path}: {exc.detail}",
+                                       "type": "invalid_request_error", "param": None, "code": code}},
+                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.get("/metrics")
     async def metrics() -> Response:

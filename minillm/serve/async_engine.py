@@ -118,6 +118,7 @@ class AsyncEngine:
         self.engine = engine
         self.context_length = engine.model.config.block_size  # prompt + output tokens the model can hold
         self.vocab_size = engine.model.config.vocab_size
+        self.parallel_sampling, self.max_request_tokens = engine_limits(engine)
         self.snapshot = engine_snapshot(engine)  # replaced as a whole, never mutated: safe to read anywhere
         self.core = EngineCore(engine, on_output=self._from_engine, on_step=self._on_step)
 
@@ -170,6 +171,7 @@ class AsyncEngine:
         bound: RequestError 429 "queue_full". A prompt the engine refuses: RequestError 400 naming why.
         """
         cost = (len(prompts) * params.n, tokens)
+        self._check_alone(prompts, params, cost)
         if (self.queued_requests + cost[0] > self.max_queued_requests
                 or self.queued_tokens + cost[1] > self.max_queued_tokens):
             raise RequestError(f"the server is at capacity ({self.queued_requests} of {self.max_queued_requests} "
@@ -194,12 +196,36 @@ class AsyncEngine:
                 stream.cost = (len(added) * params.n, 0)
                 for rid in added:
                     self._abort_id(rid)
-            status = 503 if isinstance(exc, RuntimeError) else 400
-            raise RequestError(str(exc), "prompt", status=status,
-                               type="invalid_request_error" if status == 400 else "service_unavailable") from exc
+            if isinstance(exc, RuntimeError):  # the engine is stopped or gone: the server, not the request
+                code = "engine_failed" if self.error is not None else "engine_stopped"
+                raise RequestError(str(exc), None, code, status=503, type="service_unavailable") from exc
+            raise RequestError(str(exc), "prompt") from exc
         self.queued_requests += cost[0]
         self.queued_tokens += cost[1]
         return stream
+
+    def _check_alone(self, prompts: Sequence[str | list[int]], params: SamplingParams,
+                     cost: tuple[int, int]) -> None:
+        """A request that could never run, even on an idle server, is a 400 now (a 429 would be retried forever):
+        more samples or tokens than the admission bounds, n > 1 on an engine without parallel sampling, a prompt
+        whose worst case exceeds what the engine can hold. The engine would refuse the last two too, but in its
+        own process only after the response had started."""
+        if cost[0] > self.max_queued_requests or cost[1] > self.max_queued_tokens:
+            raise RequestError(f"this request alone ({cost[0]} samples, {cost[1]} tokens of prompt + max_tokens) "
+                               f"exceeds what the server admits at once ({self.max_queued_requests} samples, "
+                               f"{self.max_queued_tokens} tokens); send fewer prompts, a smaller n or max_tokens",
+                               "n" if params.n > 1 else "prompt", "request_too_large")
+        if params.n > 1 and not self.parallel_sampling:
+            raise RequestError(f"n={params.n}: this server's engine runs one sample per request (no parallel "
+                               f"sampling, e.g. speculative decoding); send n=1", "n", "unsupported_parameter")
+        if self.max_request_tokens is None:
+            return
+        for prompt in prompts:
+            if isinstance(prompt, list) and len(prompt) + params.max_new_tokens - 1 > self.max_request_tokens:
+                raise RequestError(f"a prompt of {len(prompt)} tokens with max_tokens={params.max_new_tokens} needs "
+                                   f"up to {len(prompt) + params.max_new_tokens - 1} tokens of KV cache, more than "
+                                   f"this server's engine can hold for one request ({self.max_request_tokens}); "
+                                   f"lower max_tokens", "max_tokens", "request_too_large")
 
     def abort(self, stream: RequestStream) -> None:
         """Abort every engine request of `stream` that has not ended (its final outputs still arrive)."""
@@ -272,6 +298,12 @@ class AsyncEngine:
         if idle or now - self._last_snapshot >= SNAPSHOT_EVERY_S:
             self._last_snapshot = now
             self.snapshot = engine_snapshot(self.engine)
+
+
+def engine_limits(engine: Any) -> tuple[bool, int | None]:
+    """(parallel sampling?, the most KV tokens one request may need, or None if the engine does not say)."""
+    limit = getattr(engine, "max_request_tokens", None)
+    return bool(getattr(engine, "supports_parallel_sampling", False)), limit() if callable(limit) else None
 
 
 def wait_until(predicate: Any, timeout: float, interval: float = 0.01) -> bool:

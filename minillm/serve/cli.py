@@ -30,6 +30,7 @@ import torch
 
 from minillm.core.device import DEVICE_CHOICES
 from minillm.gpt.pretrained import SHIPPED_PRESETS
+from minillm.engine.process import WorkerDiedError
 from minillm.serve.app import Server, ServeOptions, serve
 from minillm.serve.engine_process import QUANTIZE_CHOICES, EngineProcess, build_engine
 from minillm.speculative.engine import METHODS as SPECULATIVE_METHODS
@@ -52,12 +53,17 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                  enable_chunked_prefill=not args.no_chunked_prefill, attention_backend=args.attention_backend,
                  kv_dtype=args.kv_dtype, tensor_parallel_size=args.tensor_parallel_size)
     if args.engine_core == "process":  # the engine in a child process; this one tokenizes and talks HTTP
-        engine, tokenizer = EngineProcess(build, threads=args.threads), load_tokenizer()
+        try:
+            engine, tokenizer = EngineProcess(build, threads=args.threads), load_tokenizer()
+        except WorkerDiedError as exc:  # the child's traceback ends with what was wrong
+            print(f"minillm serve: the engine could not start: {str(exc).strip().splitlines()[-1]}", file=sys.stderr)
+            return 2
     else:
         engine, tokenizer = build_engine(**build)
     options = ServeOptions(model_name=args.served_model_name or args.model,
                            max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens,
-                           request_timeout=args.request_timeout, shutdown_timeout=args.shutdown_timeout)
+                           request_timeout=args.request_timeout, shutdown_timeout=args.shutdown_timeout,
+                           max_request_bytes=args.max_request_bytes)
     try:
         return serve(Server(engine, tokenizer, options), args.host, args.port, args.log_level)
     finally:
@@ -100,6 +106,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--max-queued-tokens", type=int, default=1 << 20,
                    help="their tokens (prompt + max_tokens) in flight before 429")
     s.add_argument("--request-timeout", type=_positive_float, default=600.0, help="seconds per request")
+    s.add_argument("--max-request-bytes", type=int, default=1 << 22,
+                   help="request bodies larger than this get 413 before they are parsed (default 4 MiB)")
     s.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds a SIGTERM drain waits for requests in flight before aborting them")
     p.set_defaults(handler=_cmd_serve)

@@ -27,7 +27,7 @@ def dashboard_state(server: Any) -> dict[str, Any]:
     snap = server.engine.snapshot
     values = parse_metrics(server.metrics.render().decode())  # the very numbers /metrics shows
     return {
-        "status": server.status,
+        "status": "failed" if server.engine.error is not None else server.status,
         "model": server.options.model_name,
         "time": snap.time,
         "running": snap.running, "waiting": snap.waiting, "swapped": snap.swapped,

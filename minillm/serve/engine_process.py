@@ -38,7 +38,7 @@ from minillm.engine.core import EngineCore
 from minillm.engine.process import Inbox, WorkerDiedError, WorkerHandle, receive, stop_all, wait_ready
 from minillm.engine.request import RequestOutput
 from minillm.quant.linear import QuantConfig, quantize_model
-from minillm.serve.async_engine import SNAPSHOT_EVERY_S, AsyncEngine, Snapshot, engine_snapshot
+from minillm.serve.async_engine import SNAPSHOT_EVERY_S, AsyncEngine, Snapshot, engine_limits, engine_snapshot
 from minillm.speculative.engine import METHODS as SPECULATIVE_METHODS
 from minillm.speculative.engine import SpeculativeConfig, SpeculativeLLM
 
@@ -105,6 +105,8 @@ class EngineInfo:
 
     context_length: int
     vocab_size: int
+    parallel_sampling: bool  # n > 1 allowed (chapter 06's engine; not speculative decoding)
+    max_request_tokens: int | None  # the most KV tokens one request may need (`LLM.max_request_tokens`)
     snapshot: Snapshot
 
 
@@ -152,7 +154,8 @@ class EngineWorker:
         if not self.info_sent:
             self.info_sent = True
             config = self.engine.model.config
-            return [("ctrl", EngineInfo(config.block_size, config.vocab_size, engine_snapshot(self.engine)))]
+            return [("ctrl", EngineInfo(config.block_size, config.vocab_size, *engine_limits(self.engine),
+                                        engine_snapshot(self.engine)))]
         if self.core.has_work():
             self.core.step()
         now = time.perf_counter()
@@ -201,6 +204,7 @@ class EngineProcess:
         except BaseException:
             self.stop()
             raise
+        self.info = info
         self.context_length, self.vocab_size, self.snapshot = info.context_length, info.vocab_size, info.snapshot
 
     def _first_info(self, timeout: float) -> EngineInfo:
@@ -243,6 +247,8 @@ class ProcessAsyncEngine(AsyncEngine):
         self.process = process
         self.engine = None  # the engine lives in the other process
         self.context_length, self.vocab_size = process.context_length, process.vocab_size
+        info = process.info
+        self.parallel_sampling, self.max_request_tokens = info.parallel_sampling, info.max_request_tokens
         self.snapshot = process.snapshot
         self._owed: dict[str, set[int]] = {}  # request id -> sample indices still owed a final output (event loop)
         self._error: str | None = None
@@ -314,6 +320,11 @@ class ProcessAsyncEngine(AsyncEngine):
                 self._hand_over(outputs)
             if failed and not self._closing.is_set():
                 self._error = f"the engine process failed: {failed}"
+                last = self.snapshot  # its queues and its pool went with it: nothing runs, nothing is held
+                self.snapshot = Snapshot(time.time(), num_blocks=last.num_blocks, num_free_blocks=last.num_blocks,
+                                         num_steps=last.num_steps, num_preemptions=last.num_preemptions,
+                                         prefix_cache_hits=last.prefix_cache_hits, owners=[None] * last.num_blocks,
+                                         shared=[False] * last.num_blocks, cached=[False] * last.num_blocks)
                 self._call_on_loop(self._fail_all)
                 return
 

@@ -30,13 +30,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from minillm.core.sampling import SEED_RANGE, SamplingParams
+from minillm.core.sampling import SamplingParams
 
 CHAT_ROLES = ("system", "user", "assistant")
 CHAT_STOP = "\n### "  # where the model starts a next turn on its own: every chat request stops there
 MAX_STOP_STRINGS = 4  # the OpenAI API's limit
 MAX_N = 16  # samples per prompt (each holds its own KV blocks after the shared prompt)
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # the OpenAI completions API's default for max_tokens
+API_SEED_LIMIT = 2**32  # seeds the API takes: [0, 2**32), each giving its own samples on every device
 
 
 class RequestError(ValueError):
@@ -101,6 +102,12 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _printable(name: str) -> str:
+    """A field name as it can be echoed in a UTF-8 error body: a lone surrogate ("\\ud800") escaped, the rest as
+    it is."""
+    return name.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
     value = body.get(name)
     if value is None:
@@ -156,18 +163,22 @@ def parse_stop(value: Any) -> tuple[str, ...]:
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
     """Fields of the API this engine cannot honour: refused unless they ask for what the engine does anyway."""
+    def is_(name: str, *allowed: Any) -> bool:  # the value is one of `allowed`, of the same JSON type
+        value = body.get(name)
+        return any(value == a and type(value) is type(a) for a in allowed)
+
     unsupported = {
-        "logprobs": body.get("logprobs") not in (None, False, 0),
-        "top_logprobs": body.get("top_logprobs") not in (None, 0),
-        "echo": body.get("echo") not in (None, False),
-        "suffix": body.get("suffix") not in (None, ""),
-        "presence_penalty": body.get("presence_penalty") not in (None, 0, 0.0),
-        "frequency_penalty": body.get("frequency_penalty") not in (None, 0, 0.0),
-        "logit_bias": body.get("logit_bias") not in (None, {}),
-        "tools": body.get("tools") not in (None, []),
-        "tool_choice": body.get("tool_choice") not in (None, "none"),
-        "response_format": body.get("response_format") not in (None, {"type": "text"}),
-        "best_of": body.get("best_of") not in (None, 1, body.get("n", 1)),
+        "logprobs": not is_("logprobs", None, False, 0),  # the legacy API's integer or the chat API's flag
+        "top_logprobs": not is_("top_logprobs", None, 0),
+        "echo": not is_("echo", None, False),
+        "suffix": not is_("suffix", None, ""),
+        "presence_penalty": not is_("presence_penalty", None, 0, 0.0),
+        "frequency_penalty": not is_("frequency_penalty", None, 0, 0.0),
+        "logit_bias": not is_("logit_bias", None, {}),
+        "tools": not is_("tools", None, []),
+        "tool_choice": not is_("tool_choice", None, "none"),
+        "response_format": not is_("response_format", None, {"type": "text"}),
+        "best_of": not (is_("best_of", None, 1) or is_("best_of", body.get("n", 1))),
     }
     for name, refused in unsupported.items():
         if name in body and refused:
@@ -177,7 +188,7 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
 def _common(body: Any, fields: set[str], model_name: str) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}", None)
-    unknown = sorted(set(body) - fields)
+    unknown = sorted(_printable(k) for k in set(body) - fields)
     if unknown:
         raise RequestError(f"unrecognized request argument(s): {', '.join(unknown)}", unknown[0])
     model = body.get("model")
@@ -200,8 +211,9 @@ def _common(body: Any, fields: set[str], model_name: str) -> dict[str, Any]:
     if "user" in body and body["user"] is not None and not isinstance(body["user"], str):
         raise RequestError(f"user must be a string, got {body['user']!r}", "user")
     seed = body.get("seed")
-    if seed is not None and (not _is_int(seed) or not SEED_RANGE[0] <= seed < SEED_RANGE[1]):
-        raise RequestError(f"seed must be a 64-bit integer, got {seed!r}", "seed")
+    if seed is not None and (not _is_int(seed) or not 0 <= seed < API_SEED_LIMIT):
+        raise RequestError(f"seed must be an integer in [0, 2**32), got {seed!r} (torch's CPU generator keeps 32 bits "
+                           f"of a seed: 0 and 2**32 would give the same samples)", "seed")
     return {
         "stream": stream, "include_usage": include_usage, "seed": seed,
         "temperature": _number(body, "temperature", 1.0, 0.0, 2.0),
@@ -314,7 +326,9 @@ def check_context(num_prompt_tokens: int, max_tokens: int, context_length: int, 
 
 # --------------------------------------------------------------------------------------------------- responses
 
-FINISH_REASONS = {"stop": "stop", "length": "length"}  # the engine's -> OpenAI's; the others end with an error
+# The engine's finish reasons -> OpenAI's: the end-of-text token and a stop string are both "stop" (the model
+# chose to end); "abort" and "error" end a response with an error instead (see app.py).
+FINISH_REASONS = {"stop": "stop", "eos": "stop", "length": "length"}
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

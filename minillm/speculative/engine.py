@@ -423,6 +423,10 @@ class SpeculativeLLM(LLM):
     def _scheduler_kwargs(self) -> dict[str, Any]:
         return {"drafter": self.drafter, "gamma": self.speculative.gamma, "vocab_size": self.model.config.vocab_size}
 
+    def max_request_tokens(self) -> int:
+        limit = super().max_request_tokens()
+        return limit if self.draft is None else min(limit, self.draft.config.block_size)
+
     def _check_fits(self, req: Request) -> None:
         super()._check_fits(req)
         if self.draft is not None and req.max_kv_tokens > self.draft.config.block_size:
