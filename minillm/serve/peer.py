@@ -115,12 +115,12 @@ def llama_server_command(binary: Path, gguf: Path, port: int, threads: int, slot
             "0", "--no-webui", "--offline", "--fit", "off", "--override-kv", overrides]
 
 
-def minillm_server_command(port: int, threads: int, slots: int) -> list[str]:
+def minillm_server_command(port: int, threads: int, slots: int, engine_core: str = "process") -> list[str]:
     """`minillm serve` of `base` with as many sequences and as big a step as llama-server gets, KV for them all."""
     num_blocks = max(512, math.ceil(slots * CONTEXT / BLOCK_SIZE))
     return [sys.executable, "-m", "minillm", "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", str(port),
             "--threads", str(threads), "--max-num-seqs", str(slots), "--max-num-batched-tokens", str(STEP_TOKENS),
-            "--num-blocks", str(num_blocks)]
+            "--num-blocks", str(num_blocks), "--engine-core", engine_core]
 
 
 def _stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
@@ -279,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--sdist", type=Path, default=None, help=f"a {PINNED} .tar.gz instead of downloading it")
     ap.add_argument("--types", default="f32", help=f"GGUF types llama-server runs, comma list of {TYPES} "
                                                     "(default f32: the same numbers as ours)")
+    ap.add_argument("--engine-core", default="process", choices=("process", "thread"),
+                    help="where our server runs its engine core (default: a process of its own)")
     ap.add_argument("--slots", type=int, default=16, help="concurrent sequences: our --max-num-seqs, llama-server's "
                                                           "-np (default 16)")
     ap.add_argument("--concurrencies", default="1,4,16", help="closed-loop load levels: requests in flight "
@@ -346,11 +348,12 @@ def main(argv: list[str] | None = None) -> int:
     ports: dict[str, int] = {}
     while len(set(ports.values())) < len(names):  # the kernel's picks, distinct
         ports = {name: free_port() for name in names}
-    commands = {OURS: minillm_server_command(ports[OURS], args.threads, args.slots)}
+    commands = {OURS: minillm_server_command(ports[OURS], args.threads, args.slots, args.engine_core)}
     commands |= {f"llama.cpp {t}": llama_server_command(binary, ggufs[t], ports[f"llama.cpp {t}"], args.threads,
                                                         args.slots, eos_id) for t in types}
     report: dict[str, Any] = {"model": loaded.label, "llama_cpp": PINNED, "cpu": cpu_description(),
                               "threads": args.threads, "slots": args.slots, "backend": args.backend,
+                              "engine_core": args.engine_core,
                               "commands": commands,
                               "workload": {"dataset": workload.dataset, "num_prompts": len(workload),
                                            "prompt_tokens": sum(workload.prompt_lens),
