@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -205,3 +207,15 @@ def poison_sampler(monkeypatch, seed: int, message: str) -> None:
         return real(logits, params, generator, processors)
 
     monkeypatch.setattr(engine_sampler, "sample_next", sampler)
+
+
+def long_stream_in_background(url: str, max_tokens: int) -> tuple[threading.Thread, dict]:
+    """POST a greedy streamed completion of `max_tokens` (end-of-text ignored) to `url` + "/v1/completions" from a
+    thread, started; (the thread, a dict that gets the response under "r" when it ends)."""
+    body = {"model": "base", "prompt": "def main(", "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(r=httpx.post(url + "/v1/completions", json=body,
+                                                                        timeout=120)))
+    thread.start()
+    return thread, result

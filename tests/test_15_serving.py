@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from helpers import hand_record, poison_sampler
+from helpers import hand_record, long_stream_in_background, poison_sampler
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -499,12 +499,7 @@ def test_drain_refuses_new_requests_and_lets_the_running_finish(loaded):
     srv = _server(loaded, shutdown_timeout=60)
     thread = ServerThread(srv).__enter__()
     try:
-        result: dict = {}
-        body = {"model": MODEL, "prompt": "def main(", "max_tokens": 120, "temperature": 0, "stream": True,
-                "ignore_eos": True}
-        t = threading.Thread(target=lambda: result.update(r=httpx.post(thread.url + "/v1/completions", json=body,
-                                                                      timeout=120)))
-        t.start()
+        t, result = long_stream_in_background(thread.url, 120)
         assert wait_until(lambda: srv.engine.num_in_flight == 1, 10)
         drain = threading.Thread(target=thread.drain)
         drain.start()
@@ -524,12 +519,7 @@ def test_drain_refuses_new_requests_and_lets_the_running_finish(loaded):
 def test_drain_past_its_timeout_aborts_and_says_why(loaded):
     srv = _server(loaded, shutdown_timeout=0.2)
     with ServerThread(srv) as thread:
-        body = {"model": MODEL, "prompt": "def main(", "max_tokens": 250, "temperature": 0, "stream": True,
-                "ignore_eos": True}
-        result: dict = {}
-        t = threading.Thread(target=lambda: result.update(r=httpx.post(thread.url + "/v1/completions", json=body,
-                                                                      timeout=120)))
-        t.start()
+        t, result = long_stream_in_background(thread.url, 250)
         assert wait_until(lambda: srv.engine.num_in_flight == 1, 10)
         thread.drain()
         t.join(60)

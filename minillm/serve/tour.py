@@ -12,6 +12,7 @@ with the report's metrics recomputed from its recorded chunk timestamps.
 from __future__ import annotations
 
 import statistics
+from typing import Any
 
 import httpx
 import openai
@@ -45,6 +46,19 @@ CASES = [
 ]
 
 
+def client_texts(client: openai.OpenAI, body: dict, chat: bool) -> tuple[Any, list[str], list[str]]:
+    """Send `body` (without model) through the official client, whole and streamed: (the whole response, its
+    choices' texts by index, the streamed texts by index)."""
+    create = client.chat.completions.create if chat else client.completions.create
+    whole = create(model=MODEL, **body)
+    got = [(c.message.content if chat else c.text) for c in sorted(whole.choices, key=lambda c: c.index)]
+    streamed = [""] * body.get("n", 1)
+    for chunk in create(model=MODEL, stream=True, **body):
+        for c in chunk.choices:
+            streamed[c.index] += (c.delta.content or "") if chat else c.text
+    return whole, got, streamed
+
+
 def _client_equals_offline(ctx: TourContext, loaded) -> Row:
     model, tok = loaded.model, loaded.tokenizer
     srv = Server(LLM(model, tok, EngineConfig(num_blocks=256)), tok, ServeOptions(model_name=MODEL))
@@ -56,13 +70,7 @@ def _client_equals_offline(ctx: TourContext, loaded) -> Row:
             n = body.get("n", 1)
             prompt = render_chat(body["messages"]) if chat else body["prompt"]
             want = [o.text for o in sorted(offline.generate([prompt], params), key=lambda o: o.index)]
-            create = client.chat.completions.create if chat else client.completions.create
-            whole = create(model=MODEL, **body)
-            got = [(c.message.content if chat else c.text) for c in sorted(whole.choices, key=lambda c: c.index)]
-            streamed = [""] * n
-            for chunk in create(model=MODEL, stream=True, **body):
-                for c in chunk.choices:
-                    streamed[c.index] += (c.delta.content or "") if chat else c.text
+            whole, got, streamed = client_texts(client, body, chat)
             same &= got == streamed == want
             compared += 2 * n
         bad = httpx.post(thread.url + "/v1/completions", json={"model": MODEL, "prompt": "x", "temperature": 7},
