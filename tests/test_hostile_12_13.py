@@ -141,7 +141,8 @@ def emulator_specs() -> list[Spec]:
                  _float_dtype(r)),
              dict(x="float", weight="float", bias="float"),
              tied=dict(x={1: ("x", "weight")}, weight={0: ("weight",)}, bias={0: ("bias",)}),
-             extra={"eps": lambda r, a: ({**a, "eps": r.choice([0.0, -1.0, "1e-5", True])}, ("eps",))},
+             extra={"eps": lambda r, a: ({**a, "eps": r.choice([0.0, -1.0, "1e-5", True, float("inf"), 1e300,
+                                                              float("nan")])}, ("eps",))},
              num_versions=4),
         Spec("emulator.bias_gelu", emulator.bias_gelu,
              lambda r: (lambda d: dict(x=_rand(3, 8, dtype=d), bias=_rand(8, dtype=d)))(_float_dtype(r)),
@@ -407,6 +408,9 @@ def test_emulator_names_the_bad_argument_before_launching(monkeypatch):
         emulator.int8_gemv(torch.randn(2, 8), torch.zeros(3, 7, dtype=torch.int8), torch.randn(3), None, 1)
     with pytest.raises(TypeError, match="reverse must be a bool"):
         emulator.softmax(x, 1, reverse="yes")
+    for eps in (float("inf"), 1e300, float("nan")):  # 1e300 is inf as the kernel's float: every row its bias
+        with pytest.raises(ValueError, match="eps must be a positive finite number"):
+            emulator.layernorm(x, torch.ones(8), torch.zeros(8), 1, eps=eps)
 
 
 def test_integer_ids_refuses_what_would_be_truncated():
@@ -472,11 +476,22 @@ if __name__ == "__main__":  # python tests/test_hostile_12_13.py GROUP SEED TRIA
 
 # ----------------------------------------------------------------------------------- the mirrors' arguments
 def _mirror_bad_calls():
+    """The mirrors' (and the naive twins', and `ops.versions`') bad calls: (id, call, exception, pattern)."""
     from minillm.kernels import mirror as M
+    from minillm.kernels import naive as N
+    from minillm.kernels import ops
 
     X, W, B = torch.randn(4, 8), torch.randn(8), torch.randn(8)
     q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
     KP = torch.randn(4, 2, 2, 4)
+    state, V = (torch.full((2,), float("-inf")), torch.zeros(2), torch.zeros(2, 4)), torch.randn(2, 5, 4)
+    PAGED = (torch.randn(2, 2, 8), torch.randn(4, 4, 2, 8), torch.randn(4, 4, 2, 8), torch.tensor([[0, 1], [2, 3]]),
+             torch.tensor([3, 8]))  # S=2 over 4 blocks of 4, two blocks each: 8 tokens at most
+    XQ, WQ = torch.randn(2, 64), torch.randint(-127, 128, (5, 64), dtype=torch.int8)
+    KEY = torch.randn(3, 2, 8)
+
+    def POOLS():
+        return [torch.zeros(4, 2, 2, 8) for _ in range(2)]
     return [
         ("softmax_online-bool-tile", lambda: M.softmax_online(X, tile=True), TypeError, "tile"),
         ("softmax_online-int-x", lambda: M.softmax_online(X.long()), TypeError, r"\bx\b"),
@@ -502,6 +517,43 @@ def _mirror_bad_calls():
         ("online_merge-floats", lambda: M.online_merge(1.0, 1.0, 2.0, 1.0), TypeError, "m1"),
         ("online_merge-shapes", lambda: M.online_merge(torch.ones(3), torch.ones(3), torch.ones(2), torch.ones(2)),
          ValueError, "m2"),
+        ("attend_tile-int-scores", lambda: M.attend_tile(*state, torch.ones(2, 5, dtype=torch.long), V), TypeError,
+         r"\bs\b"),
+        ("attend_tile-v-rows", lambda: M.attend_tile(*state, torch.ones(2, 5), torch.randn(6, 4)), ValueError,
+         r"\bv\b"),
+        ("attend_tile-v-leading", lambda: M.attend_tile(*state, torch.ones(2, 5), torch.randn(3, 5, 4)), ValueError,
+         r"\bv\b"),
+        ("attend_tile-l-shape", lambda: M.attend_tile(state[0], torch.zeros(3), state[2], torch.ones(2, 5), V),
+         ValueError, r"\bl\b"),
+        ("lane_partials-0d", lambda: M.lane_partials(torch.tensor(1.0)), ValueError, r"\bx\b"),
+        ("warp_tree_sum-0d", lambda: M.warp_tree_sum(torch.tensor(1.0)), ValueError, "partials"),
+        ("layernorm_warp-inf-eps", lambda: M.layernorm_warp(X, W, B, eps=float("inf")), ValueError, "eps"),
+        ("layernorm_warp-eps-past-float32", lambda: M.layernorm_warp(X, W, B, eps=1e300), ValueError, "eps"),
+        ("paged_attention_decode-3-warps", lambda: M.paged_attention_decode(*PAGED, num_warps=3), ValueError,
+         "num_warps"),
+        ("paged_attention_decode-negative-length",
+         lambda: M.paged_attention_decode(*PAGED[:4], torch.tensor([-1, 8])), ValueError, "context_lens"),
+        ("int8_gemv-scale-shape", lambda: M.int8_gemv(XQ, WQ, torch.rand(4)), ValueError, "scale"),
+        ("int8_gemv-bias-shape", lambda: M.int8_gemv(XQ, WQ, torch.rand(5), torch.rand(3)), ValueError, "bias"),
+        ("int8_gemv-list-scale", lambda: M.int8_gemv(XQ, WQ, [1.0] * 5), TypeError, "scale"),
+        ("kv_cache_write-float-slots", lambda: M.kv_cache_write(KEY, KEY, *POOLS(), torch.tensor([0., 1., 2.])),
+         ValueError, "slot_mapping"),
+        ("kv_cache_write-head-size", lambda: M.kv_cache_write(KEY[..., :4], KEY[..., :4], *POOLS(),
+                                                              torch.tensor([0, 1, 2])), ValueError, "key"),
+        ("kv_cache_write-one-slot", lambda: M.kv_cache_write(KEY, KEY, *POOLS(), torch.tensor([0])), ValueError,
+         "slot_mapping"),
+        ("naive.paged_attention_decode-past-the-table",
+         lambda: N.paged_attention_decode(*PAGED[:4], torch.tensor([9, 8])), ValueError, "context_lens"),
+        ("naive.paged_attention_decode-block-outside",
+         lambda: N.paged_attention_decode(*PAGED[:3], torch.tensor([[0, 9], [2, 3]]), torch.tensor([8, 8])),
+         ValueError, "block_tables"),
+        ("naive.attention-lengths", lambda: N.attention(torch.randn(1, 2, 7, 4), k[:, :, :5], v[:, :, :5]),
+         ValueError, r"\bk\b"),
+        ("naive.int8_gemv-scale-shape", lambda: N.int8_gemv(XQ, WQ, torch.rand(4)), ValueError, "scale"),
+        ("naive.kv_cache_write-slot-past-the-pool",
+         lambda: N.kv_cache_write(KEY, KEY, *POOLS(), torch.tensor([0, 99, -1])), ValueError, "slot_mapping"),
+        ("ops.versions-unknown", lambda: ops.versions("matmul"), ValueError, "op must be one of.*softmax"),
+        ("ops.versions-none", lambda: ops.versions(None), TypeError, "op must be.*softmax"),
     ]
 
 
@@ -536,6 +588,8 @@ def _compile_mirror_bad_calls():
         ("decode_step_by_hand-float-token", lambda: decode_step_by_hand(model, k, v, 1.0, 0, 0), TypeError, "token"),
         ("decode_step_by_hand-short-cache", lambda: decode_step_by_hand(model, k[:1], v, 1, 0, 0), ValueError,
          r"\bk\b"),
+        ("StaticDecoder-unknown-backend", lambda: StaticDecoder(model, mode="compile", backend="nope"), ValueError,
+         "backend"),
     ]
 
 
@@ -547,3 +601,32 @@ COMPILE_MIRROR_BAD = _compile_mirror_bad_calls()
 def test_chapter_13_mirrors_refuse_bad_arguments_naming_them(call, err, match):
     with pytest.raises(err, match=match):
         call()
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+@pytest.mark.parametrize("change", ["half", "new Parameter"])
+def test_fused_decoder_refuses_a_model_changed_since_it_was_built(change):
+    """The C++ step holds the parameters of construction time; after model.half() or a replaced Parameter the
+    prefill (the live model) and the step (the snapshot) would disagree, so `generate_ids` and the first step of a
+    sequence are refused. An in-place update of a weight is seen by the step (same storage) and stays allowed."""
+    from minillm.compile.fused_step import FusedCPUDecoder
+    from minillm.core.sampling import SamplingParams
+    from minillm.kvcache.generate import generate_ids
+
+    torch.manual_seed(0)
+    model = GPT(TINY).eval()
+    dec = FusedCPUDecoder(model)
+    with torch.no_grad():
+        model.transformer.h[0].mlp.c_fc.weight.mul_(1.5)  # in place: the step reads the same storage
+    params = SamplingParams.greedy(3, ignore_eos=True)
+    assert dec.generate_ids([1, 2, 3], params) == generate_ids(model, [1, 2, 3], params)
+    if change == "half":
+        model.half()
+    else:
+        fc = model.transformer.h[0].mlp.c_fc
+        fc.weight = torch.nn.Parameter(torch.randn_like(fc.weight))
+    with pytest.raises(ValueError, match="build a new FusedCPUDecoder"):
+        dec.generate_ids([1, 2, 3], params)
+    dec.cache.reset()  # a new sequence, stepped by hand
+    with pytest.raises(ValueError, match="build a new FusedCPUDecoder"):
+        dec(model, dec.cache, torch.tensor([1]), torch.tensor([0]))

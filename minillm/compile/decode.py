@@ -49,6 +49,16 @@ def integer_ids(name: str, value: Any, count: int) -> torch.Tensor:
     return value
 
 
+def check_backend(name: str) -> None:
+    """A ValueError naming `backend` unless dynamo knows the name (torch.compile would raise its InvalidBackend only
+    at the first call, from inside torch)."""
+    from torch._dynamo import list_backends
+
+    known = list_backends(exclude_tags=())  # every registered name, the debug ones ("eager", "aot_eager") included
+    if name not in known:
+        raise ValueError(f"backend must be one of torch.compile's backends {known}, got {name!r}")
+
+
 def counting_backend(name: str, on_graph: Callable[[], None]) -> Callable[..., Any]:
     """dynamo's backend `name` for `torch.compile(backend=...)`, calling `on_graph()` each time it builds a graph."""
     from torch._dynamo import lookup_backend
@@ -75,6 +85,8 @@ class StaticDecoder:
             raise ValueError(f"mode 'cuda-graph' needs the model on a CUDA device, got {model.device}")
         if not isinstance(backend, str) or not backend:
             raise TypeError(f"backend must be a torch.compile backend name, got {backend!r}")
+        if mode == "compile":
+            check_backend(backend)
         self.model = model.eval()
         self.mode, self.backend = mode, backend
         self.max_len = model.config.block_size if max_len is None else max_len

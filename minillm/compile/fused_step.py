@@ -12,12 +12,15 @@ as nearly all of it, which is how llama.cpp runs (chapter 13 measures both side 
 
 What it leaves out: batches (chapter 06's engine keeps `fast_cpu_model`), several threads, and any model whose
 linears are not plain float32 (chapter 09's quantized layers): those get a TypeError naming the layer.
-The C++ step holds the model's own parameter storage, not a copy: change the weights in place and it sees them;
-rebuild the decoder after replacing a parameter tensor.
+The C++ step holds the model's own parameter storage, not a copy: change the weights in place and it sees them.
+Anything else (`model.half()`, a new Parameter, `param.data = ...`) leaves the step with a snapshot the model no
+longer holds, while the prefill runs the model as it is now: the decoder notices and raises a ValueError; build a
+new FusedCPUDecoder then.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -44,11 +47,30 @@ def _plain(module: nn.Module, name: str) -> list[torch.Tensor]:
     return [t.detach().contiguous() for t in tensors]
 
 
+def parameter_slots(model: nn.Module) -> list[tuple[nn.Module, str]]:
+    """(module, name) of every parameter of `model`: where `parameter_fingerprint` looks each one up again."""
+    return [(module, name) for module in model.modules() for name, p in module._parameters.items() if p is not None]
+
+
+def parameter_fingerprint(slots: list[tuple[nn.Module, str]]) -> list[tuple[Any, ...]]:
+    """What the C++ step's snapshot depends on, cheap to take at every step (a walk of `model.parameters()` would
+    cost more than a small model's step): per parameter slot its identity, dtype, device and storage address, and,
+    where the step had to copy it (a non-contiguous parameter), its in-place version counter too. An in-place
+    update of a contiguous weight keeps all of these: the step holds the same storage and sees it."""
+    params = [module._parameters.get(name) for module, name in slots]  # None: the parameter was deleted
+    return [None if p is None else (id(p), p.dtype, p.device, p.data_ptr(), None if p.is_contiguous() else p._version)
+            for p in params]
+
+
 class FusedCPUDecoder:
     """Batch-1 decode of a float32 CPU GPT, one C++ call per token; pass it as `decode_fn` with `kv_cache=self.cache`.
 
     `max_len` sizes the cache (default: the model's context window). Greedy tokens equal the eager generator's
     (tested); logits agree to float rounding (the sums run in another order).
+    The step reads the parameters the model held at construction (their storage: in-place updates are seen). If
+    the model's parameters are converted or replaced afterwards (`model.half()`, a new Parameter), the next
+    `generate_ids` or the first step of the next sequence raises a ValueError: build a new FusedCPUDecoder. (A whole submodule swapped for
+    another is not looked for: rebuild the decoder after that too.)
     """
 
     def __init__(self, model: GPT, max_len: int | None = None):
@@ -69,6 +91,9 @@ class FusedCPUDecoder:
         for i, block in enumerate(tr.h):
             for name in ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj"):
                 layers += _plain(block.get_submodule(name), f"transformer.h.{i}.{name}")
+        self._slots = parameter_slots(model)
+        self._fingerprint = parameter_fingerprint(self._slots)
+        self._last_start = math.inf  # the cache length at the last step (a check runs when it does not grow)
         self._cpp: Any = load_cpu_ext().FusedDecoder([t.contiguous() for t in glob], layers, self.cache.k,
                                                      self.cache.v, cfg.n_head, cfg.head_size,
                                                      cfg.layer_norm_epsilon)
@@ -78,6 +103,9 @@ class FusedCPUDecoder:
         """The `decode_fn` of chapter 04's `generate`: logits (1, V) for one token (1,) at positions (1,)."""
         if model is not self.model or cache is not self.cache:
             raise ValueError("a FusedCPUDecoder runs its own model over its own cache: pass kv_cache=decoder.cache")
+        if cache.length <= self._last_start:  # a new sequence (the cache was reset): look once per sequence, since
+            self.check_model_unchanged()  # the fingerprint costs ~5% of a token's step if taken at every token
+        self._last_start = cache.length
         token = integer_ids("token", token, 1)  # subtle: int() of a float token would truncate it silently
         positions = integer_ids("positions", positions, 1)
         start = cache.length
@@ -86,6 +114,14 @@ class FusedCPUDecoder:
         cache.mark_written(1)
         return logits
 
+    def check_model_unchanged(self) -> None:
+        """ValueError unless the model still holds the parameters the C++ step was built on (see the class doc)."""
+        if parameter_fingerprint(self._slots) != self._fingerprint:
+            raise ValueError("the model's parameters were converted or replaced since this FusedCPUDecoder was "
+                             "built (e.g. model.half() or a new Parameter); its C++ step still holds the old ones: "
+                             "build a new FusedCPUDecoder(model)")
+
     def generate_ids(self, prompt_ids: Any, params: SamplingParams, **kwargs: Any) -> list[int]:
         """Chapter 04's `generate_ids` with this step: the prompt prefilled by the model, every later token in C++."""
+        self.check_model_unchanged()  # before the prefill, which would run the changed model
         return generate_ids(self.model, prompt_ids, params, kv_cache=self.cache, decode_fn=self, **kwargs)

@@ -33,7 +33,7 @@ import torch
 
 from minillm.kernels.build import CSRC, KERNEL_SOURCES, cache_dir, run_compiler
 from minillm.kernels.ops import (MAX_HEAD_SIZE, _same, _tensor, _version, check_block_tables,  # the wrappers' checks
-                                 check_kv_write_args, check_slot_range)
+                                 check_eps, check_kv_write_args, check_paged_args, check_slot_range)
 
 EMU_DIR = CSRC / "emu"
 RUNTIME = EMU_DIR / "emu_runtime.cpp"
@@ -221,8 +221,7 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, version
     _rows("x", x)
     _same("weight", _tensor("weight", weight), "x", x, (x.shape[1],))
     _same("bias", _tensor("bias", bias), "x", x, (x.shape[1],))
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
-        raise ValueError(f"eps must be a positive number, got {eps!r}")
+    check_eps(eps)  # subtle: ctypes.c_float(1e300) is inf, and the kernel would return the bias for every row
     _version("layernorm", version)
     _cpu(x=x, weight=weight, bias=bias)
     out = torch.full_like(x, float("nan"))
@@ -272,17 +271,9 @@ def paged_attention_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     _tensor("q", q, dim=3)
     S, nh, hs = q.shape
     _head_size("q", hs)
-    _tensor("k_pool", k_pool, dim=4)
-    if tuple(k_pool.shape[2:]) != (nh, hs) or k_pool.shape[1] < 1:
+    check_paged_args(q, k_pool, v_pool, block_tables, context_lens)
+    if k_pool.shape[1] < 1:
         raise ValueError(f"k_pool must be (nb, bs>=1, nh={nh}, hs={hs}), got shape {tuple(k_pool.shape)}")
-    _same("k_pool", k_pool, "q", q)
-    _same("v_pool", _tensor("v_pool", v_pool, dim=4), "k_pool", k_pool, tuple(k_pool.shape))
-    _tensor("block_tables", block_tables, dim=2, dtypes=(torch.int64,))
-    if block_tables.shape[0] != S:
-        raise ValueError(f"block_tables must have S={S} rows (one per query), got shape {tuple(block_tables.shape)}")
-    _tensor("context_lens", context_lens, dim=1, dtypes=(torch.int64,))
-    if tuple(context_lens.shape) != (S,):
-        raise ValueError(f"context_lens must have shape ({S},), got {tuple(context_lens.shape)}")
     _version("paged_attention_decode", version)
     if not isinstance(check_indices, bool):
         raise TypeError(f"check_indices must be a bool, got {type(check_indices).__name__} {check_indices!r}")

@@ -19,17 +19,36 @@ import math
 import torch
 
 from minillm.core.config import check_float_tensor, check_int
-from minillm.kernels.naive import gelu_tanh
+from minillm.kernels.naive import check_int8_gemv_args, check_qkv, gelu_tanh
+from minillm.kernels.ops import check_eps, check_kv_write_args
 
 NEG_INF = float("-inf")
 
 
-def _qkv_args(q: object, k: object, v: object) -> None:
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        check_float_tensor(name, x, 4)
-        if x.shape != q.shape:  # type: ignore[union-attr]
-            raise ValueError(f"{name} must have q's shape {tuple(q.shape)} (causal self-attention), got "  # type: ignore
-                             f"{tuple(x.shape)}")
+def _columns(name: str, x: torch.Tensor) -> int:
+    """The last dimension of a floating-point tensor `x` of at least one dimension (the columns the lanes share)."""
+    if check_float_tensor(name, x).dim() == 0:
+        raise ValueError(f"{name} must have at least one dimension (its columns), got a 0-d tensor")
+    return x.shape[-1]
+
+
+def _tile_args(m: torch.Tensor, l: torch.Tensor, o: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> None:
+    """attend_tile's state and tile: m, l (...,), o (..., hs), s (..., n), v (..., n, hs) whose leading dimensions
+    broadcast to m's; floating-point tensors all. TypeError / ValueError naming the argument."""
+    for name, t in (("m", m), ("l", l), ("o", o), ("s", s), ("v", v)):
+        check_float_tensor(name, t)
+    lead = tuple(m.shape)
+    if tuple(l.shape) != lead:
+        raise ValueError(f"l must have m's shape {lead}, got {tuple(l.shape)}")
+    for name, t, last in (("o", o, "hs"), ("s", s, "n")):
+        if t.dim() != len(lead) + 1 or tuple(t.shape[:-1]) != lead:
+            raise ValueError(f"{name} must be (..., {last}) with m's leading shape {lead}, got {tuple(t.shape)}")
+    n, hs = s.shape[-1], o.shape[-1]
+    v_lead = tuple(v.shape[:-2])
+    broadcasts = len(v_lead) <= len(lead) and all(a in (1, b) for a, b in zip(reversed(v_lead), reversed(lead)))
+    if v.dim() < 2 or tuple(v.shape[-2:]) != (n, hs) or not broadcasts:
+        raise ValueError(f"v must be (..., n={n}, hs={hs}) (s's scores by o's head size), its leading dimensions "
+                         f"broadcasting to {lead}, got {tuple(v.shape)}")
 
 
 def online_merge(m1: torch.Tensor, s1: torch.Tensor, m2: torch.Tensor, s2: torch.Tensor):
@@ -63,6 +82,7 @@ def attend_tile(m: torch.Tensor, l: torch.Tensor, o: torch.Tensor, s: torch.Tens
     Every tile needs at least one finite score per row (a causal tile always holds key 0 of its block, a paged block
     at least one token); attention.cu v2 and paged_attention.cu run exactly this update in registers.
     """
+    _tile_args(m, l, o, s, v)
     # BEGIN SOLUTION
     m_new = torch.maximum(m, s.amax(dim=-1))  # (...,)
     alpha = torch.exp(m - m_new)  # (...,): 0 on the first tile (m = -inf)
@@ -77,7 +97,7 @@ def softmax_online(x: torch.Tensor, tile: int = 8, num_parts: int = 4) -> torch.
     """softmax.cu v4: the columns are dealt round-robin to `num_parts` parts (the threads, in tiles of `tile`
     elements, the 16-byte packs); each part folds its tiles into a running (max, sum) in one pass; the parts'
     states merge pairwise; then one more pass writes exp(x - m) / s."""
-    check_float_tensor("x", x)
+    _columns("x", x)
     check_int("tile", tile)
     check_int("num_parts", num_parts)
     if x.shape[-1] == 0:
@@ -105,7 +125,7 @@ def softmax_online(x: torch.Tensor, tile: int = 8, num_parts: int = 4) -> torch.
 def warp_tree_sum(partials: torch.Tensor) -> torch.Tensor:
     """Sum the last dimension (32 lanes) the way `warp_sum` does: lane i adds lane i ^ offset, offset 16, 8, .., 1.
     Every lane ends with the total; lane 0's is returned."""
-    if check_float_tensor("partials", partials).shape[-1] != 32:
+    if _columns("partials", partials) != 32:
         raise ValueError(f"partials must hold a warp's 32 lanes in its last dimension, got {partials.shape[-1]}")
     lanes = torch.arange(32)
     # BEGIN SOLUTION
@@ -121,9 +141,8 @@ def lane_partials(x: torch.Tensor, pack: int = 1) -> torch.Tensor:
     With pack > 1 a lane reads `pack` neighbouring columns at once (a 16-byte load): lane i owns the packs i, i + 32,
     ..., that is the columns [pack * i, pack * i + pack), [pack * (i + 32), ...), and so on.
     """
-    check_float_tensor("x", x)
+    C = _columns("x", x)
     check_int("pack", pack)
-    C = x.shape[-1]
     pad = (-C) % (32 * pack)
     xp = torch.nn.functional.pad(x, (0, pad))  # (..., C + pad), zeros add nothing
     return xp.reshape(*x.shape[:-1], -1, 32, pack).sum(dim=(-3, -1))  # (..., C/(32 pack), 32, pack) -> (..., 32)
@@ -133,12 +152,11 @@ def layernorm_warp(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, ep
                    pack: int = 1) -> torch.Tensor:
     """layernorm.cu v3 (pack=1) and v4 (pack = 16 bytes / element size): one pass of lane sums of x and x^2, a warp
     tree sum of each, var = E[x^2] - mean^2."""
-    C = check_float_tensor("x", x).shape[-1]
+    C = _columns("x", x)
     for name, t in (("weight", weight), ("bias", bias)):
         if tuple(check_float_tensor(name, t).shape) != (C,):
             raise ValueError(f"{name} must have shape ({C},), x's last dimension, got {tuple(t.shape)}")
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not math.isfinite(eps) or eps <= 0:
-        raise ValueError(f"eps must be a positive finite number, got {eps!r}")
+    check_eps(eps)
     check_int("pack", pack)
     x32 = x.float()
     mean = warp_tree_sum(lane_partials(x32, pack)) / C  # (...,)
@@ -150,7 +168,7 @@ def layernorm_warp(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, ep
 
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor, pack: int = 8) -> torch.Tensor:
     """bias_gelu.cu v2: the flat array in packs of `pack` elements plus a tail, element i taking bias[i % C]."""
-    C = check_float_tensor("x", x).shape[-1]
+    C = _columns("x", x)
     if tuple(check_float_tensor("bias", bias).shape) != (C,):
         raise ValueError(f"bias must have shape ({C},), x's last dimension, got {tuple(bias.shape)}")
     check_int("pack", pack)
@@ -171,7 +189,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: 
     (masked), m_new = max(m, rowmax S), P = exp(S - m_new), l = l exp(m - m_new) + rowsum P,
     O = O exp(m - m_new) + P V; finally O / l.
     """
-    _qkv_args(q, k, v)
+    check_qkv(q, k, v)
     check_int("block_q", block_q)
     check_int("block_k", block_k)
     B, nh, T, hs = q.shape
@@ -226,7 +244,7 @@ def flash_attention_v3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p_dtyp
     before P V, and l sums the rounded values. (v4 splits a row over 2 lanes of 32 columns instead of 8 threads;
     the max is the same, the sums differ only in the order of additions.)
     """
-    _qkv_args(q, k, v)
+    check_qkv(q, k, v)
     if p_dtype not in (None, torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"p_dtype must be None, torch.float16, torch.bfloat16 or torch.float32, got {p_dtype!r}")
     B, nh, T, hs = q.shape
@@ -296,9 +314,11 @@ def paged_attention_decode(
     folds its own keys into its own state, and the states merge at the end, each rescaled to the largest max.
 
     As the kernel does, a block index outside the pool (or a context longer than the table) gives NaN for that
-    sequence, and a context of 0 gives zeros.
+    sequence, and a context of 0 gives zeros; a negative context length is a ValueError.
     """
     check_int("num_warps", num_warps)
+    if num_warps not in (1, 4):
+        raise ValueError(f"num_warps must be 1 (paged_attention.cu v1) or 4 (v2), got {num_warps}")
     S, nh, hs = check_float_tensor("q", q, 3).shape
     for name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):
         if check_float_tensor(name, pool, 4).shape[2:] != (nh, hs) or pool.shape != k_pool.shape:
@@ -308,6 +328,8 @@ def paged_attention_decode(
                 or t.shape[0] != S:
             raise ValueError(f"{name} must be an integer tensor with S={S} rows, got "
                              f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+    if S and int(context_lens.min()) < 0:
+        raise ValueError(f"context_lens must be >= 0, got {context_lens.tolist()}")
     nb, bs = k_pool.shape[:2]
     scale = 1.0 / math.sqrt(hs)
     out = torch.zeros(S, nh, hs)
@@ -368,10 +390,7 @@ def int8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch
     """int8_gemv.cu v2 (pack=1) and v3 (pack=16): for each output row n, 32 lanes sum x[k] * w[n, k] over their
     packs of k (k = lane, lane + 32, ... for v2; 16 weights a load for v3); a warp tree sum; then one multiply by
     scale[n] (sum_k x_k w_k s = s sum_k x_k w_k) and the bias."""
-    K = check_float_tensor("x", x, 2).shape[1]
-    if not isinstance(w, torch.Tensor) or w.dtype != torch.int8 or w.dim() != 2 or w.shape[1] != K:
-        raise TypeError(f"w must be an int8 (N, K={K}) tensor, got {getattr(w, 'dtype', type(w))} "
-                        f"{tuple(getattr(w, 'shape', ()))}")
+    check_int8_gemv_args(x, w, scale, bias)
     prod = x.float().unsqueeze(1) * w.float().unsqueeze(0)  # (M, 1, K) * (1, N, K) -> (M, N, K)
     acc = warp_tree_sum(lane_partials(prod, pack))  # (M, N)
     y = acc * scale.float()
@@ -387,7 +406,9 @@ def kv_cache_write(
     v_pool: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """kv_write.cu, one token at a time: slot = block * bs + offset; -1 (or outside the pool) is skipped."""
+    """kv_write.cu, one token at a time: slot = block * bs + offset; -1 (or outside the pool) is skipped. Shapes
+    and dtypes are checked as `ops.kv_cache_write` checks them."""
+    check_kv_write_args(key, value, k_pool, v_pool, slot_mapping)
     nb, bs = k_pool.shape[:2]
     for t, slot in enumerate(slot_mapping.tolist()):
         if not 0 <= slot < nb * bs:

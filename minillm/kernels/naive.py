@@ -12,7 +12,33 @@ import math
 import torch
 
 from minillm.core.attention import attention_ref, causal_mask
+from minillm.core.config import check_float_tensor
+from minillm.kernels.ops import check_block_tables, check_kv_write_args, check_paged_args, check_slot_range
 from minillm.paged.paged_cache import write_kv
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """q, k, v floating-point (B, nh, T, hs) tensors of one shape (causal self-attention); TypeError / ValueError
+    naming the argument."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_float_tensor(name, x, 4)
+        if x.shape != q.shape:
+            raise ValueError(f"{name} must have q's shape {tuple(q.shape)} (causal self-attention), got "
+                             f"{tuple(x.shape)}")
+
+
+def check_int8_gemv_args(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """x (M, K) float, w (N, K) int8, scale (N,) and bias (N,) (or None) float; TypeError / ValueError naming the
+    argument. scale and bias may have another float dtype than x (the math is fp32)."""
+    K = check_float_tensor("x", x, 2).shape[1]
+    if not isinstance(w, torch.Tensor) or w.dtype != torch.int8 or w.dim() != 2 or w.shape[1] != K:
+        raise TypeError(f"w must be an int8 (N, K={K}) tensor, got {getattr(w, 'dtype', type(w))} "
+                        f"{tuple(getattr(w, 'shape', ()))}")
+    for name, t in (("scale", scale), ("bias", bias)):
+        if t is None and name == "bias":
+            continue
+        if tuple(check_float_tensor(name, t).shape) != (w.shape[0],):
+            raise ValueError(f"{name} must have shape (N={w.shape[0]},), one per row of w, got {tuple(t.shape)}")
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
@@ -43,6 +69,7 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal attention with scale 1/sqrt(hs): q, k, v (B, nh, T, hs) -> (B, nh, T, hs), via chapter 02's
     explicit `attention_ref`."""
+    check_qkv(q, k, v)
     T = q.shape[-2]
     mask = causal_mask(T, T, device=q.device)  # (T, T)
     return attention_ref(q.float(), k.float(), v.float(), mask).to(q.dtype)
@@ -56,7 +83,10 @@ def paged_attention_decode(
     context_lens: torch.Tensor,
 ) -> torch.Tensor:
     """One query token per sequence against its context in the pools: q (S, nh, hs), pools (nb, bs, nh, hs),
-    block_tables (S, max_nb), context_lens (S,) -> (S, nh, hs). Gathers each sequence's K/V densely, then attends."""
+    block_tables (S, max_nb), context_lens (S,) -> (S, nh, hs). Gathers each sequence's K/V densely, then attends.
+    A context longer than its table or a block id outside the pool is a ValueError naming the argument."""
+    check_paged_args(q, k_pool, v_pool, block_tables, context_lens)
+    check_block_tables(block_tables, context_lens, k_pool.shape[0], k_pool.shape[1])
     S, nh, hs = q.shape
     bs = k_pool.shape[1]
     out = []
@@ -73,6 +103,7 @@ def paged_attention_decode(
 
 def int8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x (M, K) @ (w (N, K) int8 * scale (N,)[:, None])^T + bias (N,) -> (M, N): dequantize, then matmul."""
+    check_int8_gemv_args(x, w, scale, bias)
     w_fp = w.float() * scale.float()[:, None]  # (N, K), the dequantized weight
     y = x.float() @ w_fp.T  # (M, K) @ (K, N) -> (M, N)
     if bias is not None:
@@ -88,7 +119,9 @@ def kv_cache_write(
     slot_mapping: torch.Tensor,
 ) -> None:
     """In place: pool row slot_mapping[t] <- key/value row t (T, nh, hs), slots of -1 skipped; chapter 05's
-    `write_kv` on the slots that are not -1."""
+    `write_kv` on the slots that are not -1. Any other slot outside the pool is a ValueError naming slot_mapping."""
+    check_kv_write_args(key, value, k_pool, v_pool, slot_mapping)
+    check_slot_range(slot_mapping, k_pool.shape[0] * k_pool.shape[1])
     keep = slot_mapping >= 0  # (T,)
     write_kv(k_pool, slot_mapping[keep], key[keep])
     write_kv(v_pool, slot_mapping[keep], value[keep])

@@ -23,6 +23,10 @@ MAX_HEAD_SIZE = 128  # attention.cu and paged_attention.cu: at most one dimensio
 
 def versions(op: str) -> range:
     """Every version of `op`, 1..NUM_VERSIONS[op]: what the tests, the benchmark and the tour iterate over."""
+    if not isinstance(op, str):
+        raise TypeError(f"op must be a kernel name, one of {sorted(NUM_VERSIONS)}, got {type(op).__name__} {op!r}")
+    if op not in NUM_VERSIONS:
+        raise ValueError(f"op must be one of {sorted(NUM_VERSIONS)}, got {op!r}")
     return range(1, NUM_VERSIONS[op] + 1)
 
 
@@ -66,6 +70,34 @@ def _on_cuda(**tensors: torch.Tensor) -> None:
                              "call .contiguous() first")
     if len(devices) > 1:
         raise ValueError(f"all tensors must be on one device, got {sorted(str(d) for d in devices)}")
+
+
+def check_eps(eps) -> float:
+    """layernorm's eps: a positive number that stays finite as the float the kernels take (1e300 is inf in float32,
+    and var + inf turns every row into its bias); a ValueError naming eps otherwise."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps <= torch.finfo(torch.float32).max:
+        raise ValueError(f"eps must be a positive finite number (finite in float32 too), got {eps!r}")
+    return float(eps)
+
+
+def check_paged_args(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
+                     context_lens: torch.Tensor) -> None:
+    """paged_attention_decode's shapes and dtypes (shared by the CUDA wrapper, the emulator and `naive`): q
+    (S, nh, hs) float, pools (nb, bs, nh, hs) of q's dtype, int64 block_tables (S, max_nb) and context_lens (S,);
+    a ValueError/TypeError naming the argument. The values (lengths, block ids) are `check_block_tables`'s."""
+    _tensor("q", q, dim=3)
+    S, nh, hs = q.shape
+    _tensor("k_pool", k_pool, dim=4)
+    if tuple(k_pool.shape[2:]) != (nh, hs):
+        raise ValueError(f"k_pool must be (nb, bs, nh={nh}, hs={hs}), got shape {tuple(k_pool.shape)}")
+    _same("k_pool", k_pool, "q", q)
+    _same("v_pool", _tensor("v_pool", v_pool, dim=4), "k_pool", k_pool, tuple(k_pool.shape))
+    _tensor("block_tables", block_tables, dim=2, dtypes=(torch.int64,))
+    if block_tables.shape[0] != S:
+        raise ValueError(f"block_tables must have S={S} rows (one per query), got shape {tuple(block_tables.shape)}")
+    _tensor("context_lens", context_lens, dim=1, dtypes=(torch.int64,))
+    if tuple(context_lens.shape) != (S,):
+        raise ValueError(f"context_lens must have shape ({S},), got {tuple(context_lens.shape)}")
 
 
 def check_slot_range(slot_mapping: torch.Tensor, num_slots: int) -> None:
@@ -128,8 +160,7 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
     C = x.shape[-1]
     _same("weight", _tensor("weight", weight), "x", x, (C,))
     _same("bias", _tensor("bias", bias), "x", x, (C,))
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
-        raise ValueError(f"eps must be a positive number, got {eps!r}")
+    check_eps(eps)
     _version("layernorm", version)
     out = _out(out, x, tuple(x.shape))
     _on_cuda(x=x, weight=weight, bias=bias, out=out)
@@ -181,20 +212,9 @@ def paged_attention_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     naming the entry (one device sync: a caller that validated the tables once, as the benchmark's timed loop
     does, passes False). The kernel itself makes such a sequence's output NaN rather than read outside the pool."""
     _tensor("q", q, dim=3)
-    S, nh, hs = q.shape
-    if not 1 <= hs <= MAX_HEAD_SIZE:
-        raise ValueError(f"head size q.shape[-1] must be 1..{MAX_HEAD_SIZE}, got {hs}")
-    _tensor("k_pool", k_pool, dim=4)
-    if tuple(k_pool.shape[2:]) != (nh, hs):
-        raise ValueError(f"k_pool must be (nb, bs, nh={nh}, hs={hs}), got shape {tuple(k_pool.shape)}")
-    _same("k_pool", k_pool, "q", q)
-    _same("v_pool", _tensor("v_pool", v_pool, dim=4), "k_pool", k_pool, tuple(k_pool.shape))
-    _tensor("block_tables", block_tables, dim=2, dtypes=(torch.int64,))
-    if block_tables.shape[0] != S:
-        raise ValueError(f"block_tables must have S={S} rows (one per query), got shape {tuple(block_tables.shape)}")
-    _tensor("context_lens", context_lens, dim=1, dtypes=(torch.int64,))
-    if tuple(context_lens.shape) != (S,):
-        raise ValueError(f"context_lens must have shape ({S},), got {tuple(context_lens.shape)}")
+    if not 1 <= q.shape[-1] <= MAX_HEAD_SIZE:
+        raise ValueError(f"head size q.shape[-1] must be 1..{MAX_HEAD_SIZE}, got {q.shape[-1]}")
+    check_paged_args(q, k_pool, v_pool, block_tables, context_lens)
     _version("paged_attention_decode", version)
     if not isinstance(check_tables, bool):
         raise TypeError(f"check_tables must be a bool, got {type(check_tables).__name__}")
@@ -234,8 +254,8 @@ def check_kv_write_args(key: torch.Tensor, value: torch.Tensor, k_pool: torch.Te
     _same("value", _tensor("value", value, dim=3), "key", key, tuple(key.shape))
     _tensor("k_pool", k_pool, dim=4)
     if tuple(k_pool.shape[2:]) != tuple(key.shape[1:]):
-        raise ValueError(f"k_pool must be (nb, bs, nh={key.shape[1]}, hs={key.shape[2]}), "
-                         f"got shape {tuple(k_pool.shape)}")
+        raise ValueError(f"k_pool must be (nb, bs, nh={key.shape[1]}, hs={key.shape[2]}) to hold key "
+                         f"{tuple(key.shape)}, got shape {tuple(k_pool.shape)}")
     _same("k_pool", k_pool, "key", key)
     _same("v_pool", _tensor("v_pool", v_pool, dim=4), "k_pool", k_pool, tuple(k_pool.shape))
     _tensor("slot_mapping", slot_mapping, dim=1, dtypes=(torch.int64,))
