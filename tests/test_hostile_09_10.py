@@ -15,8 +15,11 @@ import torch
 from helpers import assert_refused_by_minillm
 import torch.nn as nn
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from minillm import GPT, GPTConfig
+from minillm.prune.checkpoint import load_pruned, save_pruned
 from minillm.prune.masks import (
     is_nm_sparse,
     lowest_k_mask,
@@ -49,8 +52,9 @@ from minillm.quant.gptq import (
     rtn_and_gptq_errors,
 )
 from minillm.kvcache.cache import ContiguousKVCache
+from minillm.quant.checkpoint import load_quantized, save_quantized
 from minillm.quant.kv_cache import Int8ContiguousKVCache, dequantize_kv, quantize_kv
-from minillm.quant.linear import QuantConfig, QuantLinear, quantize_model
+from minillm.quant.linear import QuantConfig, QuantLinear, quantize_model, weight_bytes
 from minillm.quant.outliers import inject_outliers, input_absmax, outlier_report, smooth_model, smoothing_scales
 from minillm.quant.qat import convert_qat, fake_quantize, finetune_qat, prepare_qat
 from minillm.quant.quantize import (
@@ -62,6 +66,7 @@ from minillm.quant.quantize import (
     pack_int4,
     qrange,
     quantize,
+    quantize_asymmetric,
     quantize_symmetric,
     storage_dtype,
     symmetric_params,
@@ -72,6 +77,7 @@ from minillm.quant.w8a8 import (
     int8_matmul_ref,
     llm_int8_linear,
     llm_int8_reference,
+    outlier_columns,
     quantize_activations,
     w8a8_linear,
     w8a8_reference,
@@ -116,6 +122,8 @@ def with_nan(shape: tuple[int, ...], value: float = NAN) -> torch.Tensor:
 W = torch.randn(8, 32)
 H = torch.eye(32)
 Q8 = torch.zeros(2, 4, dtype=torch.int8)
+QT8 = quantize(W)  # int8 codes up to ±127, one scale per row
+U4 = torch.zeros(2, 4, dtype=torch.uint8)
 
 # (id, call, exception, regex the message must match: the argument's name, or the dtype for a dtype error)
 BAD = [
@@ -151,6 +159,42 @@ BAD = [
      "bits"),
     ("QuantizedTensor-zero", lambda: QuantizedTensor(Q8, torch.ones(2, 1), torch.zeros(2, 2), 8, (2, 4)), TypeError,
      "zero"),
+    ("QuantizedTensor-int8-codes-as-int4", lambda: QuantizedTensor(QT8.q, QT8.scale, None, 4, QT8.shape), ValueError,
+     r"\bq\b"),
+    ("QuantizedTensor-negative-scale", lambda: QuantizedTensor(QT8.q, -QT8.scale, None, 8, QT8.shape), ValueError,
+     "scale"),
+    ("QuantizedTensor-zero-scale", lambda: QuantizedTensor(QT8.q, 0 * QT8.scale, None, 8, QT8.shape), ValueError,
+     "scale"),
+    ("QuantizedTensor-nan-scale", lambda: QuantizedTensor(QT8.q, NAN * QT8.scale, None, 8, QT8.shape), ValueError,
+     "scale"),
+    ("QuantizedTensor-zero-off-int4-grid", lambda: QuantizedTensor(U4, torch.ones(2, 1), torch.full((2, 1), 16,
+                                                                                                    dtype=torch.uint8),
+                                                                   4, (2, 4)), ValueError, "zero"),
+    ("asymmetric_params-nan", lambda: asymmetric_params(torch.tensor([[NAN, 1.0]]), 8, dim=1), ValueError, r"\bx\b"),
+    ("asymmetric_params-inf", lambda: asymmetric_params(torch.tensor([[-INF, 1.0]]), 8), ValueError, r"\bx\b"),
+    ("symmetric_params-dim-range", lambda: symmetric_params(W, 8, dim=5), ValueError, r"\bdim\b"),
+    ("symmetric_params-dim-bool", lambda: symmetric_params(W, 8, dim=True), TypeError, r"\bdim\b"),
+    ("asymmetric_params-dim-twice", lambda: asymmetric_params(W, 8, dim=(1, 1)), ValueError, r"\bdim\b"),
+    ("asymmetric_params-dim-twice-negative", lambda: asymmetric_params(W, 8, dim=(1, -1)), ValueError, r"\bdim\b"),
+    ("quantize_symmetric-scale-shape", lambda: quantize_symmetric(torch.ones(4, 8), torch.ones(3, 1), 8), ValueError,
+     "scale"),
+    ("quantize_symmetric-scale-widens-x", lambda: quantize_symmetric(torch.ones(4), torch.ones(4, 1), 8), ValueError,
+     "scale"),
+    ("quantize_symmetric-negative-scale", lambda: quantize_symmetric(W, -torch.ones(8, 1), 8), ValueError, "scale"),
+    ("quantize_symmetric-zero-scale", lambda: quantize_symmetric(W, torch.zeros(8, 1), 8), ValueError, "scale"),
+    ("quantize_asymmetric-zero-off-grid", lambda: quantize_asymmetric(W, torch.ones(8, 1), torch.full((8, 1), 16), 4),
+     ValueError, "zero"),
+    ("quantize_asymmetric-zero-fraction", lambda: quantize_asymmetric(W, torch.ones(8, 1), torch.full((8, 1), 2.5), 8),
+     ValueError, "zero"),
+    ("quantize_asymmetric-int-zero", lambda: quantize_asymmetric(W, torch.ones(8, 1), 3, 8), TypeError, "zero"),
+    ("quantize_asymmetric-negative-scale", lambda: quantize_asymmetric(W, -torch.ones(8, 1), torch.zeros(8, 1), 8),
+     ValueError, "scale"),
+    ("dequantize_symmetric-scale-shape", lambda: dequantize_symmetric(Q8, torch.ones(3, 1)), ValueError, "scale"),
+    ("dequantize_asymmetric-zero-shape", lambda: dequantize_asymmetric(torch.zeros(4, 2, dtype=torch.uint8),
+                                                                       torch.ones(4, 1), torch.zeros(3, 1)),
+     ValueError, "zero"),
+    ("dequantize_asymmetric-scale-shape", lambda: dequantize_asymmetric(U4, torch.ones(3, 1), torch.zeros(2, 1)),
+     ValueError, "scale"),
     ("dequantize-not-qt", lambda: dequantize(W), TypeError, "QuantizedTensor"),
     ("pack_int4-float", lambda: pack_int4(W), TypeError, r"\bq\b"),
     ("pack_int4-odd", lambda: pack_int4(torch.zeros(2, 3, dtype=torch.int8)), ValueError, r"\bq\b"),
@@ -170,6 +214,15 @@ BAD = [
      "int32"),
     ("w8a8-forward-int-x", lambda: qlinear("w8a8")(torch.ones(2, 32, dtype=torch.int8)), TypeError, "int8"),
     ("int8-forward-shape", lambda: qlinear("int8")(torch.ones(2, 31)), ValueError, r"\bx\b"),
+    ("int8-forward-fp16-x", lambda: qlinear("int8")(torch.ones(2, 32, dtype=torch.float16)), TypeError, r"\bx\b"),
+    ("int8-asym-forward-bf16-x", lambda: qlinear("int8", symmetric=False)(torch.ones(2, 32, dtype=torch.bfloat16)),
+     TypeError, r"\bx\b"),
+    ("int4-forward-fp64-x", lambda: qlinear("int4", group_size=16)(torch.ones(2, 32, dtype=torch.float64)), TypeError,
+     r"\bx\b"),
+    ("w8a8-forward-fp16-x", lambda: qlinear("w8a8")(torch.ones(2, 32, dtype=torch.float16)), TypeError, r"\bx\b"),
+    ("weight_bytes-str", lambda: weight_bytes("model"), TypeError, "model"),
+    ("load_quantized-none", lambda: load_quantized(None), TypeError, "path"),
+    ("load_quantized-bytes", lambda: load_quantized(b"m.safetensors"), TypeError, "path"),
     ("load_quantized-str", lambda: qlinear("int8").load_quantized("codes"), TypeError, "qt"),
     ("quantize_model-nan", lambda: quantize_model(nan_model(), QuantConfig("int8")), ValueError, "1.mlp.c_fc"),
     ("quantize_model-weights-list", lambda: quantize_model(MODEL, QuantConfig("int8"), [1]), TypeError, "weights"),
@@ -199,6 +252,8 @@ BAD = [
      "threshold"),
     ("llm_int8_reference-nan", lambda: llm_int8_reference(with_nan((2, 32)), qlinear("w8a8"), 6.0), ValueError,
      r"\bx\b"),
+    ("outlier_columns-str-threshold", lambda: outlier_columns(torch.ones(4, 8), "6"), TypeError, "threshold"),
+    ("outlier_columns-1d", lambda: outlier_columns(torch.ones(4), 1.0), ValueError, r"\bx2\b"),
     # ----- kv_cache.py
     ("quantize_kv-nan", lambda: quantize_kv(with_nan((1, 2, 3, 16))), ValueError, r"\bx\b"),
     ("quantize_kv-inf", lambda: quantize_kv(with_nan((1, 2, 3, 16), INF)), ValueError, r"\bx\b"),
@@ -324,6 +379,8 @@ BAD = [
     ("input_norms-int-x", lambda: input_norms(MODEL.transformer.h[0], torch.ones(1, 2, 32, dtype=torch.int64)),
      ValueError, r"\bx\b"),
     ("input_norms-empty", lambda: input_norms(MODEL.transformer.h[0], torch.ones(0, 2, 32)), ValueError, r"\bx\b"),
+    ("input_norms-width", lambda: input_norms(MODEL.transformer.h[0], torch.ones(1, 4, 16)), ValueError, r"\bx\b"),
+    ("load_pruned-none", lambda: load_pruned(None), TypeError, "path"),
     # ----- structured.py
     ("mlp_scores-quantized", lambda: mlp_neuron_scores(QMODEL, CALIB), TypeError, "QuantizedGPT"),
     ("mlp_scores-empty", lambda: mlp_neuron_scores(MODEL, torch.zeros(0, 8, dtype=torch.int64)), ValueError,
@@ -380,10 +437,11 @@ def test_case_ids_are_distinct():
 
 def test_nan_scale_propagates_instead_of_masking_to_zero():
     x = torch.tensor([[1.0, NAN, 2.0], [1.0, -2.0, 0.5], [INF, 1.0, 0.0]])
-    for scale in (symmetric_params(x, 8, dim=1), asymmetric_params(x, 8, dim=1)[0]):
-        assert not math.isfinite(float(scale[0])) and not math.isfinite(float(scale[2]))
-        assert math.isfinite(float(scale[1]))
     s = symmetric_params(x, 8, dim=1)
+    assert not math.isfinite(float(s[0])) and not math.isfinite(float(s[2])) and math.isfinite(float(s[1]))
+    # asymmetric: the zero point round(-min / scale) would be NaN cast to uint8, a plausible code; refused instead
+    with pytest.raises(ValueError, match=r"\bx\b"):
+        asymmetric_params(x, 8, dim=1)
     back = dequantize_symmetric(quantize_symmetric(x, s, 8), s)
     assert back[0].isnan().all() and not back[2].isfinite().any()  # visibly wrong, not a plausible 0
     clean = x[1:2]
@@ -432,6 +490,108 @@ def test_integer_input_to_int8_layer_no_longer_returns_the_bias():
         layer(x)
     torch.testing.assert_close(layer(x.float()), F.linear(x.float(), layer.dequantized_weight(), layer.bias),
                                atol=1e-5, rtol=1e-5)
+
+
+def test_asymmetric_range_wider_than_the_largest_float_does_not_overflow():
+    # before: max - min = 6e38 overflowed float32 to inf, and every value came back NaN
+    x = torch.tensor([[-3e38, 3e38, 1e37, 0.0]])
+    qt = quantize(x, symmetric=False)
+    back = dequantize(qt)
+    assert back.isfinite().all() and qt.scale.isfinite().all()
+    assert ((back - x).abs() <= qt.scale / 2 * (1 + 1e-5)).all()
+    small = torch.randn(4, 16)  # a range that does not overflow keeps span / qmax bit for bit
+    torch.testing.assert_close(asymmetric_params(small, 8, dim=1)[0],
+                               (small.amax(1, keepdim=True).clamp(min=0) - small.amin(1, keepdim=True).clamp(max=0))
+                               / 255, atol=0, rtol=0)
+
+
+def test_quantized_tensor_accepts_every_storable_code():
+    # the checks refuse what cannot be stored, not what `quantize` would not choose: -8 is a 4-bit code
+    q = torch.tensor([[-8, 7, 0, -7]], dtype=torch.int8)
+    qt = QuantizedTensor(q, torch.ones(1, 1), None, 4, (1, 4))
+    assert dequantize(qt).tolist() == [[-8.0, 7.0, 0.0, -7.0]]
+    u = torch.tensor([[0, 15]], dtype=torch.uint8)
+    assert dequantize(QuantizedTensor(u, torch.ones(1, 1), torch.full((1, 1), 15, dtype=torch.uint8), 4,
+                                      (1, 2))).tolist() == [[-15.0, 0.0]]
+
+
+@pytest.mark.parametrize("mode, kw", [("int8", {}), ("int8", {"symmetric": False}), ("int4", {"group_size": 16}),
+                                      ("w8a8", {})])
+def test_quant_linear_modes_agree_on_the_input_dtype(mode, kw):
+    # before: int4 (and asymmetric int8) raised torch's dtype error on fp16/bf16/fp64 x, symmetric int8 returned fp32
+    # and w8a8 x's dtype. Now: x must have the layer's compute dtype in every mode, and a cast layer takes its dtype.
+    layer = qlinear(mode, **kw)
+    x = torch.randn(2, 3, 32)
+    for dtype in (torch.float16, torch.bfloat16, torch.float64):
+        with pytest.raises(TypeError, match=rf"\bx\b.*{dtype}"):
+            layer(x.to(dtype))
+    assert layer(x).dtype == torch.float32
+    wide = qlinear(mode, **kw).double()
+    torch.testing.assert_close(wide(x.double()), layer(x).double(), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(0, 32), (2, 0, 32)])
+@pytest.mark.parametrize("use_int_mm", [True, False])
+@pytest.mark.parametrize("outliers", [None, 6.0], ids=["w8a8", "llm-int8"])
+def test_w8a8_layer_on_no_tokens_returns_an_empty_output_like_nn_linear(shape, use_int_mm, outliers):
+    # before: torch's "cannot reshape tensor of 0 elements" from the final reshape
+    x = torch.randn(shape)
+    extra = {} if outliers is None else {"outlier_threshold": outliers}
+    out = qlinear("w8a8", use_int_mm=use_int_mm, **extra)(x)
+    assert out.shape == linear()(x).shape == (*shape[:-1], 8)
+
+
+def test_save_quantized_refuses_what_load_quantized_refuses(tmp_path):
+    # before: a negative scale (or an fp16 model) saved fine and only the load refused it
+    negative = quantize_model(MODEL, QuantConfig("int8"))
+    with torch.no_grad():
+        negative.transformer.h[0].attn.c_attn.scale[3, 0] = -0.5
+    with pytest.raises(ValueError, match=r"'transformer\.h\.0\.attn\.c_attn\.scale'.*<= 0"):
+        save_quantized(negative, tmp_path / "neg.safetensors")
+    with pytest.raises(ValueError, match=r"'transformer\.h\.0\.attn\.c_attn\.bias' is torch\.float16"):
+        save_quantized(quantize_model(MODEL, QuantConfig("int8")).half(), tmp_path / "half.safetensors")
+    nan_bias = quantize_model(MODEL, QuantConfig("int4", group_size=16, symmetric=False))
+    with torch.no_grad():
+        nan_bias.transformer.h[1].mlp.c_fc.bias[0] = NAN
+    with pytest.raises(ValueError, match=r"'transformer\.h\.1\.mlp\.c_fc\.bias'.*non-finite"):
+        save_quantized(nan_bias, tmp_path / "nan.safetensors")
+    assert list(tmp_path.iterdir()) == []  # nothing written
+    good = save_quantized(QMODEL, tmp_path / "good.safetensors")
+    assert torch.equal(load_quantized(good)(CALIB), QMODEL(CALIB))
+
+
+def test_save_pruned_refuses_what_load_pruned_refuses(tmp_path):
+    # before: an fp16 model, a NaN LayerNorm weight and 50% zeros called "dense" all saved; the loads refused them
+    with pytest.raises(ValueError, match=r"'transformer\.h\.0\.attn\.c_attn\.bias' is torch\.float16"):
+        save_pruned(tiny().half(), tmp_path / "half.safetensors", "m")
+    nan = tiny()
+    with torch.no_grad():
+        nan.transformer.ln_f.weight[0] = NAN
+    with pytest.raises(ValueError, match=r"'transformer\.ln_f\.weight'.*non-finite"):
+        save_pruned(nan, tmp_path / "nan.safetensors", "m")
+    sparse = prune_model(MODEL, "magnitude", 0.5, pattern="2:4")
+    with pytest.raises(ValueError, match=r"pattern 'dense'.*0\.5000"):
+        save_pruned(sparse, tmp_path / "dense.safetensors", "m", pattern="dense")
+    assert list(tmp_path.iterdir()) == []
+    assert load_pruned(save_pruned(MODEL, tmp_path / "dense.safetensors", "none", pattern="dense")) is not None
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("pattern", "dense", r"metadata field pattern says 'dense'.*0\.5000"),  # before: accepted
+    ("pattern", "1:4", "metadata field pattern"),
+    ("block_sparsity", "half", "metadata field block_sparsity 'half'"),  # before: float()'s message alone
+    ("block_sparsity", "nan", "metadata field block_sparsity"),
+    ("mlp_hidden", "[64,", r"metadata field mlp_hidden '\[64,'"),  # before: the JSON error alone
+])
+def test_load_pruned_names_the_bad_metadata_field(tmp_path, field, value, match):
+    good = save_pruned(prune_model(MODEL, "magnitude", 0.5, pattern="2:4"), tmp_path / "good.safetensors", "2:4")
+    with safe_open(str(good), framework="pt") as f:
+        meta = dict(f.metadata())
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    meta[field] = value
+    save_file(tensors, str(tmp_path / "bad.safetensors"), metadata=meta)
+    with pytest.raises(ValueError, match=match):
+        load_pruned(tmp_path / "bad.safetensors")
 
 
 # ----- QAT: converted on the grid it trained with ------------------------------------------------------------------

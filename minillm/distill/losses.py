@@ -64,6 +64,8 @@ def _check_logits(name: str, t: object) -> torch.Tensor:
         raise ValueError(f"{name} must have shape (..., V) with V >= 2, got {tuple(t.shape)}")
     if t.numel() == 0:
         raise ValueError(f"{name} has no positions (shape {tuple(t.shape)}): a mean over zero positions is undefined")
+    if t.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device: it has shapes but no values to compare")
     with torch.no_grad():
         bad = torch.stack([(torch.isnan(t) | torch.isposinf(t)).any(), ~torch.isfinite(t).any(dim=-1).all()]).tolist()
     if bad[0]:
@@ -181,6 +183,20 @@ def default_layer_pairs(student_layers: int, teacher_layers: int) -> list[tuple[
     return [(i, max(0, (i + 1) * teacher_layers // student_layers - 1)) for i in range(student_layers)]
 
 
+def _check_proj_weights(proj: object, student_h: torch.Tensor) -> None:
+    """A module's weights on student_h's device and of its dtype (unless autocast casts them per op): a
+    ValueError/TypeError naming student_h's device or dtype, before torch's matmul error."""
+    if not isinstance(proj, nn.Module):
+        return  # a plain function: nothing to compare
+    weight = next((p for p in proj.parameters() if p.is_floating_point()), None)
+    if weight is None:
+        return
+    if weight.device != student_h.device:
+        raise ValueError(f"student_h is on {student_h.device} but proj's weights are on {weight.device}")
+    if weight.dtype != student_h.dtype and not torch.is_autocast_enabled(student_h.device.type):
+        raise TypeError(f"student_h is {student_h.dtype} but proj computes in {weight.dtype}; cast one to the other")
+
+
 def feature_loss(student_h: torch.Tensor, teacher_h: torch.Tensor, proj: nn.Module) -> torch.Tensor:
     """Mean squared error between proj(student_h) and the normalised teacher_h: student (..., Cs), teacher (..., Ct).
 
@@ -194,6 +210,8 @@ def feature_loss(student_h: torch.Tensor, teacher_h: torch.Tensor, proj: nn.Modu
                             f"got {getattr(h, 'dtype', type(h).__name__)}")
         if h.dim() == 0 or h.numel() == 0:
             raise ValueError(f"{name} must have shape (..., C) with at least one position, got {tuple(h.shape)}")
+        if h.device.type == "meta":
+            raise ValueError(f"{name} is on the meta device: it has shapes but no values to compare")
         if not bool(torch.isfinite(h).all()):
             raise ValueError(f"{name} contains NaN or inf")
     if not callable(proj):
@@ -201,10 +219,16 @@ def feature_loss(student_h: torch.Tensor, teacher_h: torch.Tensor, proj: nn.Modu
     if student_h.shape[:-1] != teacher_h.shape[:-1]:
         raise ValueError(f"student_h {tuple(student_h.shape)} and teacher_h {tuple(teacher_h.shape)} must agree on "
                          "every dimension but the last (the width)")
+    if teacher_h.device != student_h.device:
+        raise ValueError(f"student_h on {student_h.device} and teacher_h on {teacher_h.device} must be on one device")
+    _check_proj_weights(proj, student_h)
     in_features = getattr(proj, "in_features", student_h.size(-1))  # an nn.Linear says what width it takes
     if in_features != student_h.size(-1):
         raise ValueError(f"the projection takes width {in_features}, but student_h has width {student_h.size(-1)}")
     mapped = proj(student_h)  # (..., Cs) -> (..., Ct)
+    if not isinstance(mapped, torch.Tensor) or not mapped.is_floating_point():
+        raise TypeError(f"proj must return a float tensor (..., Ct), got "
+                        f"{getattr(mapped, 'dtype', type(mapped).__name__)}")
     if mapped.shape != teacher_h.shape:
         raise ValueError(f"the projection maps width {student_h.size(-1)} to {mapped.size(-1)}, but the teacher's "
                          f"width is {teacher_h.size(-1)}")

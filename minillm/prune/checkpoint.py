@@ -77,9 +77,10 @@ def save_pruned(model: GPT, path: str | os.PathLike, method: str, pattern: str =
     """Write a pruned `model` to the safetensors file `path`, atomically; returns the path.
 
     `method` says how it was pruned (free text, kept for people); `pattern` is checked now and on load: "2:4"
-    needs every block linear 2:4 sparse, "dense" means no zeros were imposed (structured pruning alone). The
-    metadata records a sha256 of every field and tensor, checked on load. A `path` that is a directory, or whose
-    parent is a file, is a ValueError naming it.
+    needs every block linear 2:4 sparse, "dense" means no zeros were imposed (structured pruning alone: a block
+    sparsity of 0.0000). The metadata records a sha256 of every field and tensor, checked on load. A `path` that is
+    a directory, or whose parent is a file, is a ValueError naming it; so is a tensor loading would refuse (not
+    fp32, e.g. after `model.half()`, or not finite), naming the tensor, before anything is written.
     """
     if not isinstance(model, GPT):
         raise TypeError(f"save_pruned needs a minillm GPT, got {type(model).__name__}")
@@ -89,10 +90,19 @@ def save_pruned(model: GPT, path: str | os.PathLike, method: str, pattern: str =
         raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
     if pattern == "2:4" and not all(is_nm_sparse(w, 2, 4) for w in block_weights(model)):
         raise ValueError("pattern '2:4' but some block linear has more than 2 nonzeros in a group of 4")
+    sparsity = weight_sparsity(model)["blocks"]
+    if pattern == "dense" and f"{sparsity:.4f}" != "0.0000":
+        raise ValueError(f"pattern 'dense' but the block linears hold {sparsity:.4f} zeros; save zeros that pruning "
+                         "imposed as pattern 'unstructured' (or '2:4')")
     out = check_output_file(path, "save_pruned: path")
     if out is None:
         raise ValueError(f"save_pruned: path must name a file, got {path!r}")
     tensors = model_tensors(model)
+    for key, t in sorted(tensors.items()):
+        if t.dtype != torch.float32:
+            raise ValueError(f"save_pruned: tensor {key!r} is {t.dtype}; the format stores fp32 and loading would "
+                             "refuse it (cast the model back with .float())")
+    check_stored_tensors({}, tensors, "save_pruned (model)")  # every value finite, as loading checks
     metadata = with_sha256({"format": FORMAT, **_fields(model, pattern), "method": method}, tensors)
     return atomic_save_safetensors(tensors, out, metadata=metadata)
 
@@ -102,20 +112,26 @@ def _parse(meta: dict[str, str], where: str) -> tuple[GPTConfig, list[int]]:
         raise ValueError(f"{where} has format_version {meta.get('format_version')!r}; this code reads "
                          f"{FORMAT_VERSION!r}")
     config = gpt_config_from(meta, where)
+    missing = [f for f in ("mlp_hidden", "block_sparsity", "pattern") if f not in meta]
+    if missing:
+        raise ValueError(f"{where}: metadata field {missing[0]!r} is missing")
+    pattern = meta["pattern"]
     try:
         widths = json.loads(meta["mlp_hidden"])
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: metadata field mlp_hidden {meta['mlp_hidden']!r} is not a JSON list: {e}") from e
+    try:
         sparsity = float(meta["block_sparsity"])
-        pattern = meta["pattern"]
-    except KeyError as e:
-        raise ValueError(f"{where}: metadata field {e.args[0]!r} is missing") from e
-    except (json.JSONDecodeError, TypeError, ValueError) as e:
-        raise ValueError(f"{where}: invalid pruning metadata: {e}") from e
+    except ValueError as e:
+        raise ValueError(f"{where}: metadata field block_sparsity {meta['block_sparsity']!r} is not a number") from e
     if not isinstance(widths, list) or len(widths) != config.n_layer or \
             not all(isinstance(w, int) and 0 < w <= 4 * config.n_embd for w in widths):
         raise ValueError(f"{where}: mlp_hidden must list {config.n_layer} widths in [1, {4 * config.n_embd}], "
                          f"got {meta['mlp_hidden']!r}")
-    if pattern not in PATTERNS or not 0.0 <= sparsity < 1.0:
-        raise ValueError(f"{where}: pattern {pattern!r} / block_sparsity {sparsity!r} are not valid")
+    if pattern not in PATTERNS:
+        raise ValueError(f"{where}: metadata field pattern {pattern!r} is not one of {PATTERNS}")
+    if not 0.0 <= sparsity < 1.0:
+        raise ValueError(f"{where}: metadata field block_sparsity {meta['block_sparsity']!r} is not in [0, 1)")
     return config, widths
 
 
@@ -158,12 +174,16 @@ def _build(meta: dict[str, str], tensors: dict[str, torch.Tensor], where: str) -
     if f"{got:.4f}" != meta["block_sparsity"]:
         raise ValueError(f"{where}: metadata says block sparsity {meta['block_sparsity']} but the weights hold "
                          f"{got:.4f}")
+    if meta["pattern"] == "dense" and f"{got:.4f}" != "0.0000":
+        raise ValueError(f"{where}: metadata field pattern says 'dense' but the block linears hold {got:.4f} zeros")
     check_sha256(meta, tensors, where)  # last: whatever the checks above could not see
     return model
 
 
 def load_pruned(path: str | os.PathLike, device: str | torch.device = "cpu") -> GPT:
     """The pruned model stored in `path` (eval mode), its MLPs at their stored widths, its zeros checked."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike naming a file, got {type(path).__name__}")
     meta = read_format_metadata(path, FORMAT, FORMAT_VERSION, _HINT)  # the header first: another format is named
     model = _build(meta, read_safetensors_file(path), f"pruned checkpoint {str(Path(path))!r}")
     return model.to(resolve_device(device)).eval()

@@ -51,6 +51,11 @@ def input_norms(block: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() != 3 or x.numel() == 0:
         raise ValueError(f"x must be a non-empty float tensor (N, T, C), got {getattr(x, 'dtype', type(x))} "
                          f"{tuple(getattr(x, 'shape', ()))}")
+    # The width the block takes: its first LayerNorm's (a GPT block's ln_1), else its first linear's input.
+    first = next(m for m in block.modules() if isinstance(m, (nn.LayerNorm, nn.Linear)))
+    width = first.normalized_shape[-1] if isinstance(first, nn.LayerNorm) else first.in_features
+    if x.shape[-1] != width:
+        raise ValueError(f"x must have width C = {width}, the block's input width, got shape {tuple(x.shape)}")
     sums: dict[str, torch.Tensor] = {}
 
     def collect(name: str):

@@ -69,7 +69,8 @@ def save_quantized(model: QuantizedGPT, path: str | os.PathLike, method: str = "
 
     `method` records how the codes were chosen ("rtn", "gptq", ...); it is informative, the loader does not need it.
     The metadata records a sha256 of every field and tensor, checked on load. A `path` that is a directory, or
-    whose parent is a file, is a ValueError naming it.
+    whose parent is a file, is a ValueError naming it; so is what loading would refuse (a tensor not fp32 or not
+    finite, a scale <= 0, a zero point off the grid), naming the tensor, before anything is written.
     """
     if not isinstance(model, QuantizedGPT):
         raise TypeError(f"save_quantized needs a quantized model (see quantize_model), got {type(model).__name__}")
@@ -82,6 +83,7 @@ def save_quantized(model: QuantizedGPT, path: str | os.PathLike, method: str = "
     if out is None:
         raise ValueError(f"save_quantized: path must name a file, got {path!r}")
     tensors = model_tensors(model)
+    _check_saveable(model, tensors, "save_quantized (model)")
     metadata = with_sha256({"format": FORMAT, **_fields(model), "method": method}, tensors)
     return atomic_save_safetensors(tensors, out, metadata=metadata)
 
@@ -128,6 +130,17 @@ def _check_grid(model: QuantizedGPT, tensors: dict[str, torch.Tensor], where: st
                              f"{model.quant_config.bits}-bit grid [0, {zmax}]")
 
 
+def _check_saveable(model: QuantizedGPT, tensors: dict[str, torch.Tensor], where: str) -> None:
+    """What loading refuses, refused before a file is written (ValueError naming the tensor): a float tensor that is
+    not fp32 (e.g. after `model.half()`), a non-finite value, a scale <= 0, a zero point off the grid."""
+    for key, t in sorted(tensors.items()):
+        if t.is_floating_point() and t.dtype != torch.float32:
+            raise ValueError(f"{where}: tensor {key!r} is {t.dtype}; the format stores fp32 and loading would refuse "
+                             "it (cast the model back with .float())")
+    check_stored_tensors({}, tensors, where)  # every float finite
+    _check_grid(model, tensors, where)
+
+
 def _build(meta: dict[str, str], tensors: dict[str, torch.Tensor], where: str) -> QuantizedGPT:
     """The quantized model the metadata describes, every tensor checked against the mode and loaded strictly.
 
@@ -151,6 +164,8 @@ def _build(meta: dict[str, str], tensors: dict[str, torch.Tensor], where: str) -
 
 def load_quantized(path: str | os.PathLike, device: str | torch.device = "cpu") -> QuantizedGPT:
     """The quantized model stored in `path` (eval mode), built from the mode in its metadata."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike naming a file, got {type(path).__name__}")
     meta = read_format_metadata(path, FORMAT, FORMAT_VERSION, _HINT)  # the header first: another format is named
     model = _build(meta, read_safetensors_file(path), f"quantized checkpoint {str(Path(path))!r}")
     return model.to(resolve_device(device)).eval()

@@ -88,10 +88,10 @@ def _grid(w: torch.Tensor, bits: int, symmetric: bool) -> tuple[torch.Tensor, to
 def _round(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, bits: int
            ) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes, de-quantized values) of w on the given grid: the plain round-to-nearest of one column."""
-    if zero is None:
-        q = quantize_symmetric(w, scale, bits)
+    if zero is None:  # the grid comes from `_grid`: no value check (a host sync per column)
+        q = quantize_symmetric(w, scale, bits, check_values=False)
         return q, dequantize_symmetric(q, scale)
-    q = quantize_asymmetric(w, scale, zero, bits)
+    q = quantize_asymmetric(w, scale, zero, bits, check_values=False)
     return q, dequantize_asymmetric(q, scale, zero)
 
 

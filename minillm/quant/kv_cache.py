@@ -38,7 +38,7 @@ def _quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`quantize_kv` unchecked, for the caches' per-step writes: a vector holding NaN/inf gets a NaN/inf scale, so it
     reads back as NaN (attention over it is NaN, as with an fp32 cache), never as a plausible 0. No host sync."""
     scale = symmetric_params(x.float(), 8, dim=-1)  # (..., 1)
-    return quantize_symmetric(x.float(), scale, 8), scale
+    return quantize_symmetric(x.float(), scale, 8, check_values=False), scale
 
 
 def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

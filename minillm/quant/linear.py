@@ -98,6 +98,9 @@ class QuantLinear(nn.Module):
     Build one with `from_linear`; `forward` equals `F.linear(x, self.dequantized_weight(), self.bias)` (weight-only;
     symmetric int8 scales the output instead of the weight, equal to float rounding) or
     `minillm.quant.w8a8.w8a8_reference` (W8A8). The buffers are all that is saved: no fp32 copy of the weight is kept.
+
+    x must have the layer's compute dtype, its scales' (fp32 unless the layer was cast): any other float dtype is a
+    TypeError naming x, in every mode. Cast x, or the layer, first.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool, config: QuantConfig):
@@ -164,7 +167,9 @@ class QuantLinear(nn.Module):
     def quantized_weight(self) -> QuantizedTensor:
         """The layer's codes and scales as a QuantizedTensor (int4 codes unpacked)."""
         q = unpack_int4(self.qweight, signed=self.config.symmetric) if self.config.mode == "int4" else self.qweight
-        return QuantizedTensor(q, self.scale, self.zero, self.config.bits, (self.out_features, self.in_features))
+        # Checked when stored (`load_quantized`, or a file's scales and zero points): no value is read again here.
+        return QuantizedTensor.from_checked(q, self.scale, self.zero, self.config.bits,
+                                            (self.out_features, self.in_features))
 
     def dequantized_weight(self) -> torch.Tensor:
         """(out, in) fp32: what the layer multiplies by. Rebuilt on every call: the price of weight-only storage."""
@@ -175,6 +180,9 @@ class QuantLinear(nn.Module):
         # are checked on the host for free. NaN in x is not looked for (a sync per step): it comes out NaN.
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
             raise TypeError(f"QuantLinear needs a floating-point input x, got {getattr(x, 'dtype', type(x).__name__)}")
+        if x.dtype != self.scale.dtype:  # the modes would disagree: fp32 out, x's dtype out, or torch's error
+            raise TypeError(f"x must be {self.scale.dtype}, the dtype QuantLinear computes in, got {x.dtype}; cast x "
+                            "(or the layer) first")
         if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise ValueError(f"x must have shape (..., {self.in_features}), got {tuple(x.shape)}")
         if self.config.mode == "w8a8":
@@ -211,7 +219,8 @@ class QuantEmbedding(nn.Module):
         if t.config.mode == "int4":
             q = unpack_int4(q, signed=t.config.symmetric)  # (N, C)
         zero = None if t.zero is None else t.zero[rows]
-        x = dequantize(QuantizedTensor(q, t.scale[rows], zero, t.config.bits, (rows.numel(), t.in_features)))
+        x = dequantize(QuantizedTensor.from_checked(q, t.scale[rows], zero, t.config.bits,
+                                                    (rows.numel(), t.in_features)))
         return x.reshape(*idx.shape, t.in_features)  # (..., C)
 
 
@@ -314,6 +323,8 @@ def _as_linear(weight: torch.Tensor) -> nn.Linear:
 
 def weight_bytes(model: nn.Module) -> int:
     """Bytes of every parameter and buffer the model holds, each tensor counted once (the tied head is one)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     seen: dict[int, int] = {}
     for t in list(model.parameters()) + list(model.buffers()):
         seen[t.data_ptr()] = t.nbytes

@@ -58,14 +58,66 @@ def _check_codes(name: str, q: object) -> torch.Tensor:
     return q
 
 
+def _check_dim(x: torch.Tensor, dim: object) -> tuple[int, ...]:
+    """The dimensions `dim` names (None = all), each in range and named once; TypeError/ValueError naming dim."""
+    if dim is None:
+        return tuple(range(x.dim()))
+    dims = (dim,) if isinstance(dim, int) else dim
+    if (not isinstance(dims, (tuple, list)) or not dims
+            or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims)):
+        raise TypeError(f"dim must be an int, a non-empty tuple of ints or None, got {dim!r}")
+    n = max(x.dim(), 1)  # torch lets a 0-d tensor be reduced along dim 0 or -1
+    if not all(-n <= d < n for d in dims):
+        raise ValueError(f"dim={dim!r} is out of range for x with {x.dim()} dimensions")
+    if len({d % n for d in dims}) != len(dims):
+        raise ValueError(f"dim={dim!r} names the same dimension twice")
+    return tuple(d % n for d in dims)
+
+
 def _check_reducible(x: object, dim: int | tuple[int, ...] | None) -> torch.Tensor:
     """x a float tensor with something to take a min/max over along `dim` (None = all of it)."""
     x = _check_float("x", x)
-    dims = range(x.dim()) if dim is None else (dim,) if isinstance(dim, int) else dim
+    dims = _check_dim(x, dim)
     if x.numel() == 0 and (dim is None or any(x.shape[d] == 0 for d in dims)):
         raise ValueError(f"x of shape {tuple(x.shape)} is empty along dim={dim!r}: there is no range to choose a "
                          "scale from")
     return x
+
+
+def _check_broadcasts(name: str, t: torch.Tensor, x_name: str, x: torch.Tensor) -> None:
+    """`t` broadcasts against `x` without changing x's shape; ValueError naming `name` otherwise (host-only)."""
+    try:
+        fits = torch.broadcast_shapes(t.shape, x.shape) == x.shape
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"{name} of shape {tuple(t.shape)} does not broadcast against {x_name} of shape "
+                         f"{tuple(x.shape)}")
+
+
+def _check_scale_positive(scale: torch.Tensor) -> None:
+    """No scale <= 0 (a zero scale divides by zero, a negative one flips every sign); NaN passes (see
+    `symmetric_params`). One host sync."""
+    if bool((scale <= 0).any()):
+        raise ValueError(f"scale must be > 0, got {int((scale <= 0).sum())} scale(s) <= 0 (smallest "
+                         f"{scale.min().item():g})")
+
+
+def _check_zero(zero: object, x: torch.Tensor, bits: int, check_values: bool) -> torch.Tensor:
+    """Zero points: a tensor broadcasting against x and, when `check_values`, whole numbers on the asymmetric
+    grid [0, 2^b - 1] (one host sync); TypeError/ValueError naming zero."""
+    if not isinstance(zero, torch.Tensor):
+        raise TypeError(f"zero must be a tensor of zero points, got {type(zero).__name__}")
+    _check_broadcasts("zero", zero, "x", x)
+    lo, hi = qrange(bits, symmetric=False)
+    if check_values:
+        off = (zero < lo) | (zero > hi)
+        if zero.is_floating_point():
+            off |= zero != torch.round(zero)  # NaN too: it is not equal to itself
+        if bool(off.any()):
+            raise ValueError(f"zero must hold whole numbers in [{lo}, {hi}] ({bits}-bit asymmetric codes), got "
+                             f"{zero[off].reshape(-1)[0].item()!r}")
+    return zero
 
 
 def check_finite(name: str, x: torch.Tensor) -> torch.Tensor:
@@ -94,18 +146,24 @@ def storage_dtype(symmetric: bool) -> torch.dtype:
 # ----- the two maps, given their parameters --------------------------------------------------------------------
 
 
-def quantize_symmetric(x: torch.Tensor, scale: torch.Tensor, bits: int) -> torch.Tensor:
-    """q = clamp(round(x / scale), -qmax, qmax) as int8; `scale` broadcasts against x.
+def quantize_symmetric(x: torch.Tensor, scale: torch.Tensor, bits: int, *,
+                       check_values: bool = True) -> torch.Tensor:
+    """q = clamp(round(x / scale), -qmax, qmax) as int8; `scale` broadcasts against x and must be > 0.
 
     Worked example (int8, scale = 0.5 / 127): x = [0.5, -0.25, 0.001] -> x / s = [127, -63.5, 0.254]
     -> q = [127, -64, 0] (torch.round rounds halves to even: -63.5 -> -64).
 
-    subtle: NaN has no integer code (cast to int8 it becomes some number); this map does not look (a check would
-    cost a host sync on every decode step). Scales from `symmetric_params` carry the NaN instead, so de-quantizing
-    gives NaN back. `quantize` refuses non-finite input outright.
+    subtle: NaN has no integer code (cast to int8 it becomes some number); this map does not look at x (a check
+    would cost a host sync on every decode step). Scales from `symmetric_params` carry the NaN instead, so
+    de-quantizing gives NaN back. `quantize` refuses non-finite input outright. A scale <= 0 is refused (one host
+    sync); `check_values=False` skips that read, for per-step callers whose scales come from `symmetric_params`.
     """
     _check_float("x", x)
     _check_float("scale", scale)
+    _check_broadcasts("scale", scale, "x", x)
+    _check_bool("check_values", check_values)
+    if check_values:
+        _check_scale_positive(scale)
     lo, hi = qrange(bits, symmetric=True)
     # BEGIN SOLUTION
     return torch.clamp(torch.round(x / scale), lo, hi).to(torch.int8)
@@ -116,20 +174,28 @@ def dequantize_symmetric(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x̂ = scale * q, in the scale's float dtype."""
     _check_codes("q", q)
     _check_float("scale", scale)
+    _check_broadcasts("scale", scale, "q", q)
     # BEGIN SOLUTION
     return q.to(scale.dtype) * scale
     # END SOLUTION
 
 
-def quantize_asymmetric(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) -> torch.Tensor:
+def quantize_asymmetric(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int, *,
+                        check_values: bool = True) -> torch.Tensor:
     """q = clamp(round(x / scale) + zero, 0, 2^b - 1) as uint8; `scale` and `zero` broadcast against x.
 
     Worked example (int4, x in [-1, 2]): s = 3 / 15 = 0.2, z = round(1 / 0.2) = 5; x = [-1, 0, 2]
     -> x / s + z = [0, 5, 15] -> q = [0, 5, 15], and 0.0 comes back exactly as 0.2 * (5 - 5).
-    NaN: as for `quantize_symmetric`, the scale from `asymmetric_params` carries it.
+    A scale <= 0, or a zero point that is not a whole number in [0, 2^b - 1], is refused (one host sync);
+    `check_values=False` skips that read, for callers whose parameters come from `asymmetric_params`.
     """
     _check_float("x", x)
     _check_float("scale", scale)
+    _check_broadcasts("scale", scale, "x", x)
+    _check_bool("check_values", check_values)
+    _check_zero(zero, x, bits, check_values)
+    if check_values:
+        _check_scale_positive(scale)
     lo, hi = qrange(bits, symmetric=False)
     # BEGIN SOLUTION
     return torch.clamp(torch.round(x / scale) + zero.to(x.dtype), lo, hi).to(torch.uint8)
@@ -140,8 +206,10 @@ def dequantize_asymmetric(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tens
     """x̂ = scale * (q - zero), in the scale's float dtype."""
     _check_codes("q", q)
     _check_float("scale", scale)
+    _check_broadcasts("scale", scale, "q", q)
     if not isinstance(zero, torch.Tensor):
         raise TypeError(f"zero must be a tensor of zero points, got {type(zero).__name__}")
+    _check_broadcasts("zero", zero, "q", q)
     # BEGIN SOLUTION
     return (q.to(scale.dtype) - zero.to(scale.dtype)) * scale
     # END SOLUTION
@@ -167,9 +235,11 @@ def asymmetric_params(x: torch.Tensor, bits: int, dim: int | tuple[int, ...] | N
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """(scale, zero) from the min and max over `dim`, the range widened to contain 0; zero is uint8 in [0, 2^b - 1].
 
-    A slice holding NaN or inf gets a NaN/inf scale (see `symmetric_params`), so it de-quantizes to NaN, not to 0.
+    NaN or inf in x is a ValueError naming x (one host sync): unlike `symmetric_params`, whose NaN scale carries
+    the NaN through, the zero point round(-min / scale) would be NaN cast to uint8, a plausible code.
     """
     _check_reducible(x, dim)
+    check_finite("x", x)
     _, qmax = qrange(bits, symmetric=False)
     if dim is None:
         lo, hi = x.amin(), x.amax()
@@ -177,7 +247,10 @@ def asymmetric_params(x: torch.Tensor, bits: int, dim: int | tuple[int, ...] | N
         lo, hi = x.amin(dim=dim, keepdim=True), x.amax(dim=dim, keepdim=True)
     lo, hi = lo.clamp(max=0), hi.clamp(min=0)  # 0 must lie on the grid
     span = hi - lo
-    scale = torch.where(span == 0, torch.ones_like(span), span / qmax)  # NaN/inf span -> NaN/inf scale
+    # subtle: max - min overflows to inf (fp32: -3e38 and 3e38) though both ends are finite; max/qmax - min/qmax
+    # does not, and is used only there, so every other scale stays span / qmax bit for bit.
+    step = torch.where(torch.isinf(span), hi / qmax - lo / qmax, span / qmax)
+    scale = torch.where(span == 0, torch.ones_like(span), step)
     zero = torch.clamp(torch.round(-lo / scale), 0, qmax).to(torch.uint8)
     return scale, zero
 
@@ -192,6 +265,10 @@ class QuantizedTensor:
     q: the codes, shape `shape`, int8 (symmetric) or uint8 (asymmetric), one code per element (int4 too: packing
     is a storage decision, see `pack_int4`). scale: float (rows, groups), zero: uint8 (rows, groups) or None for
     symmetric. The value at row r, group j, element k is scale[r, j] * (q - zero[r, j]).
+
+    Building one checks shapes and dtypes, then the values in one host sync: codes that fit `bits` ([-8, 7] or
+    [0, 15] for 4 bits), scales finite and > 0, zero points in [0, 2^b - 1]. `from_checked` skips the values, for
+    a layer's own buffers rebuilt on every forward.
     """
 
     q: torch.Tensor
@@ -201,7 +278,21 @@ class QuantizedTensor:
     shape: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        # Shapes and dtypes only (no values read: no host sync), so building one per embedding lookup stays cheap.
+        self._check_layout()
+        self._check_values()
+
+    @classmethod
+    def from_checked(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, bits: int,
+                     shape: tuple[int, ...]) -> "QuantizedTensor":
+        """The same, its shapes and dtypes checked but no value read (no host sync, no pass over the codes): for
+        codes and scales checked when they were stored, e.g. a QuantLinear's buffers on each forward."""
+        qt = object.__new__(cls)
+        qt.q, qt.scale, qt.zero, qt.bits, qt.shape = q, scale, zero, bits, shape
+        qt._check_layout()
+        return qt
+
+    def _check_layout(self) -> None:
+        # Shapes and dtypes only (no values read: no host sync).
         _check_codes("q", self.q)
         if not isinstance(self.scale, torch.Tensor) or not self.scale.is_floating_point() or self.scale.dim() != 2:
             raise TypeError(f"scale must be a 2-D float tensor (rows, groups), got "
@@ -217,6 +308,28 @@ class QuantizedTensor:
         rows, groups = self.scale.shape
         if rows * groups == 0 or self.q.numel() % (rows * groups):
             raise ValueError(f"{rows} x {groups} scales cannot share {self.q.numel()} codes evenly")
+        for name, t in (("scale", self.scale), ("zero", self.zero)):
+            if t is not None and t.device != self.q.device:
+                raise ValueError(f"{name} must be on the codes' device {self.q.device}, got {t.device}")
+
+    def _check_values(self) -> None:
+        # One host sync. Symmetric codes may take the full 4-bit range [-8, 7] (a -8 de-quantizes fine; the
+        # restricted grid [-7, 7] is what `quantize` chooses, not what storage can hold).
+        lo, hi = (-(2 ** (self.bits - 1)), 2 ** (self.bits - 1) - 1) if self.zero is None else (0, 2**self.bits - 1)
+        if self.q.device.type == "meta":
+            return  # no values to read
+        checks = [((self.q < lo) | (self.q > hi)).any(), ~(torch.isfinite(self.scale) & (self.scale > 0)).all()]
+        if self.zero is not None:
+            checks.append((self.zero > hi).any())
+        bad_q, bad_scale, *bad_zero = torch.stack(checks).tolist()
+        if bad_q:
+            raise ValueError(f"q holds codes outside [{lo}, {hi}], which {self.bits}-bit "
+                             f"{'symmetric' if self.zero is None else 'asymmetric'} codes cannot take")
+        if bad_scale:
+            raise ValueError("scale must hold finite values > 0 (a zero or NaN scale loses the weights, a negative "
+                             "one flips their signs)")
+        if any(bad_zero):
+            raise ValueError(f"zero holds zero points above {hi}, off the {self.bits}-bit grid [0, {hi}]")
 
     @property
     def symmetric(self) -> bool:

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from minillm.core.config import check_float
+from minillm.core.config import check_float, check_float_tensor
 from minillm.quant.quantize import check_finite, quantize_symmetric, symmetric_params
 
 
@@ -104,7 +104,7 @@ def int8_matmul(a: torch.Tensor, b: torch.Tensor, use_int_mm: bool = True) -> to
 def _quantize_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The per-step map, unchecked: a row holding NaN/inf gets a NaN/inf scale (its output row becomes NaN)."""
     scale = symmetric_params(x2, 8, dim=1)  # (M, 1)
-    return quantize_symmetric(x2, scale, 8), scale
+    return quantize_symmetric(x2, scale, 8, check_values=False), scale
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,7 +143,7 @@ def w8a8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bia
     y = acc.float() * sx * scale.t()  # (M, N) * (M, 1) * (1, N)
     if bias is not None:
         y = y + bias
-    return y.to(x.dtype).reshape(*shape[:-1], -1)  # (..., N)
+    return y.to(x.dtype).reshape(*shape[:-1], qweight.shape[0])  # (..., N); N spelled out: x may hold no tokens
 
 
 def w8a8_reference(x: torch.Tensor, layer: Any) -> torch.Tensor:
@@ -157,6 +157,8 @@ def w8a8_reference(x: torch.Tensor, layer: Any) -> torch.Tensor:
 
 def outlier_columns(x2: torch.Tensor, threshold: float) -> torch.Tensor:
     """(K,) bool: the input features where some token of x2 (M, K) reaches |x| >= threshold."""
+    check_float_tensor("x2", x2, ndim=2)
+    threshold = _check_threshold(threshold)
     return (x2.abs() >= threshold).any(dim=0)
 
 
@@ -180,7 +182,7 @@ def llm_int8_linear(x: torch.Tensor, layer: Any, threshold: float) -> torch.Tens
     if idx.numel():
         w_out = layer.qweight.index_select(1, idx).float() * layer.scale  # (N, k): de-quantized weight columns
         y = y + x2.index_select(1, idx) @ w_out.t()  # (M, k) @ (k, N)
-    return y.to(x.dtype).reshape(*shape[:-1], -1)
+    return y.to(x.dtype).reshape(*shape[:-1], y.shape[-1])  # N spelled out: -1 is ambiguous when M = 0
 
 
 def llm_int8_reference(x: torch.Tensor, layer: Any, threshold: float) -> torch.Tensor:
@@ -192,4 +194,4 @@ def llm_int8_reference(x: torch.Tensor, layer: Any, threshold: float) -> torch.T
     cols = outlier_columns(x2, threshold)
     w = layer.dequantized_weight()  # (N, K)
     y = w8a8_reference(x2.masked_fill(cols, 0.0), layer) + F.linear(x2 * cols, w)  # (M, N)
-    return y.reshape(*x.shape[:-1], -1)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
