@@ -227,11 +227,14 @@ def isolation_problem() -> str | None:
     for tool in ("unshare", "mount"):
         if shutil.which(tool) is None:
             return f"isolation needs util-linux's `{tool}` on the PATH"
-    try:
-        probe = subprocess.run([*_unshare_command(), sys.executable, "-I", "-B", str(SANDBOX), "{}", "--", "true"],
-                               capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"`unshare` could not run: {e}"
+    # The probe does what a grading does: a tmpfs over a folder, the loopback up, and (as root) becoming nobody.
+    with tempfile.TemporaryDirectory(prefix="minillm-probe-") as covered:
+        spec = json.dumps({"scratch": [covered], "drop_to": NOBODY if os.geteuid() == 0 else None})
+        try:
+            probe = subprocess.run([*_unshare_command(), sys.executable, "-I", "-B", str(SANDBOX), spec, "--", "true"],
+                                   capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"`unshare` could not run: {e}"
     if probe.returncode != 0:
         why = (probe.stderr.strip().splitlines() or ["no message"])[-1]
         return f"this machine does not permit the namespaces isolation needs: {why}"
