@@ -285,25 +285,27 @@ def test_isolated_student_code_cannot_read_the_reference(tmp_path):
 def test_isolated_student_code_cannot_outlive_grading(tmp_path):
     """A daemon (double fork + setsid: out of the child's process group) wrote after grading had ended; it could
     have rewritten the grade. Isolated, it dies with the child's PID namespace."""
-    drop = Path(tempfile.mkdtemp(prefix="minillm-drop-"))
-    drop.chmod(0o777)  # the isolated child may run as another user
+    drops = {phase: Path(tempfile.mkdtemp(prefix=f"minillm-drop-{phase}-")) for phase in ("open", "closed")}
     try:
-        daemon = f"import os, time; time.sleep(2); open({str(drop)!r} + '/' + str(os.getpid()), 'w').write('late')"
-        attack = f'''
-        import subprocess as _sp, sys as _sys
-        _sp.Popen([_sys.executable, "-c", {daemon!r}], start_new_session=True, stdin=_sp.DEVNULL,
-                  stdout=_sp.DEVNULL, stderr=_sp.DEVNULL)
-        '''
-        student = _stubs_with(tmp_path, attack)
-        grade("01", student, out_dir=tmp_path / "open", isolate=False)
-        assert _wait_for(lambda: any(drop.iterdir()), 10)  # the attack is real: it wrote after grading
-        for f in drop.iterdir():
-            f.unlink()
-        report = grade("01", student, out_dir=tmp_path / "closed", isolate=True)
-        time.sleep(4)  # past the daemon's sleep
-        assert not any(drop.iterdir()) and report.score == 0
+        reports = {}
+        for phase, isolate in (("open", False), ("closed", True)):
+            drop = drops[phase]
+            drop.chmod(0o777)  # the isolated child may run as another user
+            daemon = (f"import os, time\nparent = os.getppid()\nwhile os.getppid() == parent:\n    time.sleep(0.05)\n"
+                      f"open({str(drop)!r} + '/' + str(os.getpid()), 'w').write('late')")  # once grading has ended
+            attack = f'''
+            import subprocess as _sp, sys as _sys
+            _sp.Popen([_sys.executable, "-c", {daemon!r}], start_new_session=True, stdin=_sp.DEVNULL,
+                      stdout=_sp.DEVNULL, stderr=_sp.DEVNULL)
+            '''
+            student = _stubs_with(tmp_path / phase, attack)
+            reports[phase] = grade("01", student, out_dir=tmp_path / f"{phase}-grade", isolate=isolate)
+        assert _wait_for(lambda: any(drops["open"].iterdir()), 15)  # the attack is real: it wrote after grading
+        time.sleep(3)  # time for an isolated daemon to write, had any survived its grading child
+        assert not any(drops["closed"].iterdir()) and reports["closed"].score == 0
     finally:
-        shutil.rmtree(drop, ignore_errors=True)
+        for drop in drops.values():
+            shutil.rmtree(drop, ignore_errors=True)
 
 
 @needs_isolation
