@@ -694,3 +694,11 @@ def test_good_inputs_still_give_the_reference_answers():
     masked = mask_heads(MODEL, {1: [0]})
     assert masked.transformer.h[1].attn.c_proj.weight[:, :CFG.head_size].eq(0).all()
     assert weight_sparsity(MODEL)["blocks"] == 0.0
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_subnormal_values_quantize_to_zero_instead_of_a_zero_scale(symmetric):
+    # before the overflow fix: a max|x| of 1e-44 over qmax underflowed to a zero scale, refused as "scale <= 0"
+    x = torch.tensor([[1e-44, -1e-44, 0.0, 1e-45]])
+    qt = quantize(x, symmetric=symmetric)
+    assert bool((qt.scale > 0).all()) and torch.equal(dequantize(qt), torch.zeros_like(x))

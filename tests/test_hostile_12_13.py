@@ -630,3 +630,11 @@ def test_fused_decoder_refuses_a_model_changed_since_it_was_built(change):
     dec.cache.reset()  # a new sequence, stepped by hand
     with pytest.raises(ValueError, match="build a new FusedCPUDecoder"):
         dec(model, dec.cache, torch.tensor([1]), torch.tensor([0]))
+
+
+def test_a_kv_write_with_key_and_value_of_different_shapes_names_both():
+    # before: the message blamed value alone, while here key is the one that disagrees with the pools
+    from minillm.kernels import mirror
+    with pytest.raises(ValueError, match=r"key \(3, 2, 4\) and value \(3, 2, 8\)"):
+        mirror.kv_cache_write(torch.randn(3, 2, 4), torch.randn(3, 2, 8), torch.zeros(4, 4, 2, 8),
+                              torch.zeros(4, 4, 2, 8), torch.tensor([0, 1, 2]))

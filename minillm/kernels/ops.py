@@ -251,7 +251,11 @@ def check_kv_write_args(key: torch.Tensor, value: torch.Tensor, k_pool: torch.Te
     """kv_write's shapes and dtypes (shared by the CUDA wrapper and the emulator): key/value (T, nh, hs), pools
     (nb, bs, nh, hs) of key's dtype, int64 slot_mapping (T,); a ValueError/TypeError naming the argument."""
     _tensor("key", key, dim=3)
-    _same("value", _tensor("value", value, dim=3), "key", key, tuple(key.shape))
+    _tensor("value", value, dim=3)
+    if key.shape != value.shape:  # which one is wrong, only the pools can tell: both are named
+        raise ValueError(f"key and value must have the same shape (T, nh, hs), got key {tuple(key.shape)} and "
+                         f"value {tuple(value.shape)}")
+    _same("value", value, "key", key, tuple(key.shape))
     _tensor("k_pool", k_pool, dim=4)
     if tuple(k_pool.shape[2:]) != tuple(key.shape[1:]):
         raise ValueError(f"k_pool must be (nb, bs, nh={key.shape[1]}, hs={key.shape[2]}) to hold key "

@@ -228,7 +228,10 @@ def symmetric_params(x: torch.Tensor, bits: int, dim: int | tuple[int, ...] | No
     _check_reducible(x, dim)
     _, qmax = qrange(bits, symmetric=True)
     absmax = x.abs().amax() if dim is None else x.abs().amax(dim=dim, keepdim=True)
-    return torch.where(absmax == 0, torch.ones_like(absmax), absmax / qmax)
+    # subtle: a subnormal max|x| (1e-44) over qmax underflows to a zero scale; the smallest normal float codes it
+    # as 0, within half a step. clamp keeps NaN and inf as they are.
+    scale = (absmax / qmax).clamp(min=torch.finfo(absmax.dtype).tiny) if absmax.is_floating_point() else absmax / qmax
+    return torch.where(absmax == 0, torch.ones_like(scale), scale)
 
 
 def asymmetric_params(x: torch.Tensor, bits: int, dim: int | tuple[int, ...] | None = None
@@ -250,6 +253,7 @@ def asymmetric_params(x: torch.Tensor, bits: int, dim: int | tuple[int, ...] | N
     # subtle: max - min overflows to inf (fp32: -3e38 and 3e38) though both ends are finite; max/qmax - min/qmax
     # does not, and is used only there, so every other scale stays span / qmax bit for bit.
     step = torch.where(torch.isinf(span), hi / qmax - lo / qmax, span / qmax)
+    step = step.clamp(min=torch.finfo(step.dtype).tiny)  # a subnormal range: no zero scale (see symmetric_params)
     scale = torch.where(span == 0, torch.ones_like(span), step)
     zero = torch.clamp(torch.round(-lo / scale), 0, qmax).to(torch.uint8)
     return scale, zero
