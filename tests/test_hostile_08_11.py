@@ -682,3 +682,19 @@ def test_the_cli_resumes_an_interrupted_distillation(tmp_path, student_ckpt):
     log = json.loads((out / "training_log.json").read_text())
     assert log["steps"] == 4 and log["resumed_from"]["step"] == 2 and len(log["distillation"]["history"]) == 1
     assert log["distillation"]["student_init"].endswith("student") and log["distillation"]["temperature"] == 2.0
+
+
+def test_what_the_second_hostile_run_left_is_refused_by_name():
+    # before: accepted silently (a float64 residual from a float32 q, a gamma of 10**12, a pair counted twice)
+    from minillm.distill.losses import FeatureProjection
+    from minillm.speculative.engine import SpeculativeConfig
+    from minillm.speculative.sampling import acceptance_probability, residual_distribution
+    p = torch.softmax(torch.randn(8), -1)
+    with pytest.raises(TypeError, match="one dtype"):
+        residual_distribution(p.double(), p)
+    with pytest.raises(TypeError, match="one dtype"):
+        acceptance_probability(torch.tensor([0.3]).double(), torch.tensor([0.6]))
+    with pytest.raises(ValueError, match="gamma must be at most"):
+        SpeculativeConfig(gamma=10**12)
+    with pytest.raises(ValueError, match="listed twice"):
+        FeatureProjection(4, 6, [(0, 0), (0, 0)])

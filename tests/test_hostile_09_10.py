@@ -702,3 +702,17 @@ def test_subnormal_values_quantize_to_zero_instead_of_a_zero_scale(symmetric):
     x = torch.tensor([[1e-44, -1e-44, 0.0, 1e-45]])
     qt = quantize(x, symmetric=symmetric)
     assert bool((qt.scale > 0).all()) and torch.equal(dequantize(qt), torch.zeros_like(x))
+
+
+def test_what_the_second_hostile_run_left_in_09_10_is_refused_by_name():
+    # before: an int32 sum that wrapped around past K = 2**17 (-2001207296 for 2293760000), a Wanda row pruned to
+    # nothing, a head masked twice
+    from minillm.prune.masks import per_row_mask
+    from minillm.prune.structured import mask_heads
+    from minillm.quant.w8a8 import int8_matmul
+    with pytest.raises(ValueError, match="overflow"):
+        int8_matmul(torch.full((1, 140_000), -128, dtype=torch.int8), torch.full((140_000, 1), -128, dtype=torch.int8))
+    with pytest.raises(ValueError, match="sparsity"):
+        per_row_mask(torch.randn(8, 16), 0.99)
+    with pytest.raises(ValueError, match="twice"):
+        mask_heads(MODEL, {0: [1, 1]})

@@ -256,6 +256,8 @@ def check_layer_pairs(layer_pairs: object, student_layers: int | None = None,
         for idx, depth, who in ((i, student_layers, "student"), (j, teacher_layers, "teacher")):
             if depth is not None and idx >= depth:
                 raise ValueError(f"layer_pairs[{pos}] = {tuple(pair)}: the {who} has {depth} blocks (0..{depth - 1})")
+        if (i, j) in pairs:  # counted twice in the mean, with a projection each
+            raise ValueError(f"layer_pairs[{pos}] = {tuple(pair)} is listed twice")
         pairs.append((i, j))
     return pairs
 

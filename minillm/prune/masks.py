@@ -103,6 +103,7 @@ def wanda_score(weight: torch.Tensor, input_norm: torch.Tensor) -> torch.Tensor:
 def per_row_mask(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
     """Keep-mask (out, in) removing the round(s · in) smallest scores of every output row (Wanda's comparison group)."""
     _check_weight("scores", scores)
+    check_keeps_one(scores.shape[1], sparsity, "each row of scores")  # an emptied row silences that output
     return lowest_k_mask(scores.detach(), num_pruned(scores.shape[1], sparsity))
 
 

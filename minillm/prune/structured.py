@@ -59,6 +59,8 @@ def _check_heads(model: GPT, heads: object) -> dict[int, list[int]]:
         for h in hh:
             if not _is_index(h) or not 0 <= h < nh:
                 raise ValueError(f"head index must be an int in [0, {nh}), got {h!r} (block {b})")
+        if len(set(hh)) != len(hh):
+            raise ValueError(f"heads[{b}] lists a head twice: {list(hh)}")
     return heads  # type: ignore[return-value]
 
 

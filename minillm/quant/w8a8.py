@@ -34,6 +34,9 @@ from minillm.core.config import check_float, check_float_tensor
 from minillm.quant.quantize import check_finite, quantize_symmetric, symmetric_params
 
 
+MAX_INT8_K = 2**31 // 2**14  # the longest int8 dot product whose int32 sum cannot overflow: 131072
+
+
 def _check_int8_operands(a: object, b: object) -> None:
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.int8 or t.dim() != 2:
@@ -45,6 +48,10 @@ def _check_int8_operands(a: object, b: object) -> None:
     if a.device != b.device or a.device.type == "meta":  # type: ignore[union-attr]
         # subtle: a meta operand has no values; mixed with a CPU one, the product came back as uninitialised memory
         raise ValueError(f"a and b must be on one real device, got {a.device} and {b.device}")  # type: ignore
+    if a.shape[1] > MAX_INT8_K:  # type: ignore[union-attr]
+        # subtle: each output sums K products of at most 128 * 128 = 2^14 in int32; past K = 2^17 it can wrap around
+        raise ValueError(f"a @ b sums K = {a.shape[1]} int8 products, more than {MAX_INT8_K}: the int32 result "
+                         "could overflow; split K and add the parts")
 
 
 def _check_input(x: object, in_features: int) -> torch.Tensor:

@@ -42,7 +42,7 @@ from minillm.engine.llm import LLM
 from minillm.engine.request import Request, RequestStatus
 from minillm.engine.sampler import Sampler
 from minillm.engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
-from minillm.speculative.generate import DraftModelProposer, PromptLookupProposer, check_gamma
+from minillm.speculative.generate import MAX_GAMMA, DraftModelProposer, PromptLookupProposer, check_gamma
 from minillm.speculative.sampling import accept_greedy, accept_or_resample, check_distributions, check_draft_tokens
 from minillm.speculative.verify_cache import VerifyKVCache  # noqa: F401  (registers the "verify" attention backend)
 
@@ -60,6 +60,8 @@ class SpeculativeConfig:
         if self.method not in METHODS:
             raise ValueError(f"SpeculativeConfig.method must be one of {METHODS}, got {self.method!r}")
         check_int("SpeculativeConfig.gamma", self.gamma, 1)
+        if self.gamma > MAX_GAMMA:
+            raise ValueError(f"SpeculativeConfig.gamma must be at most {MAX_GAMMA}, got {self.gamma}")
         check_int("SpeculativeConfig.ngram", self.ngram, 1)
 
 

@@ -56,9 +56,14 @@ class SpeculativeStats:
         return self.num_tokens / self.target_calls if self.target_calls else 0.0
 
 
+MAX_GAMMA = 64  # draft tokens per round: far past any useful γ (the expected tokens per round saturate near 1/(1-α))
+
+
 def check_gamma(gamma: object) -> int:
-    """γ, the number of draft tokens per round: an int >= 1, else TypeError/ValueError naming it."""
+    """γ, the number of draft tokens per round: an int in [1, MAX_GAMMA], else TypeError/ValueError naming it."""
     check_int("gamma", gamma, 1)
+    if gamma > MAX_GAMMA:  # type: ignore[operator]
+        raise ValueError(f"gamma must be at most {MAX_GAMMA} draft tokens per round, got {gamma}")
     return gamma  # type: ignore[return-value]
 
 

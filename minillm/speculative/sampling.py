@@ -49,8 +49,8 @@ def _check_probs(name: str, t: object, rows: int | None = None, what: str = "pro
 
 
 def _check_alike(a: tuple[str, object], b: tuple[str, object], what: str, min_dim: int) -> None:
-    """Two float tensors of one shape on one device (with V >= 1 when min_dim is 1); TypeError/ValueError naming
-    the argument otherwise."""
+    """Two float tensors of one shape, dtype and device (with V >= 1 when min_dim is 1); TypeError/ValueError
+    naming the argument otherwise."""
     for name, t in (a, b):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             raise TypeError(f"{name} must be a float tensor of {what}, got {getattr(t, 'dtype', type(t).__name__)}")
@@ -61,6 +61,8 @@ def _check_alike(a: tuple[str, object], b: tuple[str, object], what: str, min_di
     if ta.shape != tb.shape or ta.device != tb.device:
         raise ValueError(f"{na} {tuple(ta.shape)} on {ta.device} and {nb} {tuple(tb.shape)} on {tb.device} must "
                          "have one shape and one device")
+    if ta.dtype != tb.dtype:  # torch would promote silently, and the result would come back in the wider dtype
+        raise TypeError(f"{na} ({ta.dtype}) and {nb} ({tb.dtype}) must have one dtype")
 
 
 def check_distributions(name: str, t: torch.Tensor) -> None:
