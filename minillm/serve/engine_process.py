@@ -181,8 +181,8 @@ def engine_setup(init: EngineInit, inbox: Inbox) -> tuple[EngineWorker, dict]:
 class EngineProcess:
     """The engine process, started and ready: `EngineProcess(dict(model="base", num_blocks=512), threads=1)`.
 
-    Blocks until the child has built its engine and said what it holds (`context_length`, `vocab_size`), or raises
-    WorkerDiedError with the child's traceback. `stop()` ends it for sure (also at interpreter exit)."""
+    Blocks until the child has built its engine and said what it holds (`info`: context length, vocabulary,
+    limits, state), or raises WorkerDiedError with the child's traceback. `stop()` ends it for sure (also at interpreter exit)."""
 
     def __init__(self, build: dict[str, Any] | None = None, threads: int | None = None, timeout: float = 300.0,
                  liveness_timeout_s: float = 60.0):
@@ -204,8 +204,7 @@ class EngineProcess:
         except BaseException:
             self.stop()
             raise
-        self.info = info
-        self.context_length, self.vocab_size, self.snapshot = info.context_length, info.vocab_size, info.snapshot
+        self.info = info  # what the engine said about its model and limits
 
     def _first_info(self, timeout: float) -> EngineInfo:
         deadline = time.monotonic() + timeout
@@ -246,10 +245,10 @@ class ProcessAsyncEngine(AsyncEngine):
         self._init_routing(max_queued_requests, max_queued_tokens)
         self.process = process
         self.engine = None  # the engine lives in the other process
-        self.context_length, self.vocab_size = process.context_length, process.vocab_size
         info = process.info
+        self.context_length, self.vocab_size = info.context_length, info.vocab_size
         self.parallel_sampling, self.max_request_tokens = info.parallel_sampling, info.max_request_tokens
-        self.snapshot = process.snapshot
+        self.snapshot = info.snapshot
         self._owed: dict[str, set[int]] = {}  # request id -> sample indices still owed a final output (event loop)
         self._error: str | None = None
         self._closing = threading.Event()
