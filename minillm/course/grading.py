@@ -173,9 +173,20 @@ def _run_child(mode: str, path: Path, cwd: Path, pytest_args: list[str],
                 ready, _, _ = select.select([read_fd], [], [], 0.2)
                 if ready:
                     chunk = os.read(read_fd, 1 << 16)
+                    if not chunk:
+                        # End of file without an "end": the child died or closed the pipe early. Wait for it to
+                        # exit (no longer polling the closed pipe) so its last output reaches the log.
+                        try:
+                            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                        except subprocess.TimeoutExpired:
+                            timed_out = True
+                        break
                     buf += chunk
-                    if chunk:
-                        continue
+                    if b'"end"' in chunk and any(_is_end(line) for line in buf.splitlines()):
+                        # After "end" nothing counts, so the interpreter's shutdown (torch's teardown takes a
+                        # second) is not waited for: `finally` kills the group.
+                        break
+                    continue
                 if proc.poll() is not None:
                     break
                 if time.monotonic() > deadline:
@@ -209,6 +220,15 @@ def _run_child(mode: str, path: Path, cwd: Path, pytest_args: list[str],
         if msg.get("event") == "end":
             break  # anything after the end (an atexit hook writing to the pipe) is ignored
     return messages, tail, timed_out
+
+
+def _is_end(line: bytes) -> bool:
+    """Is this one line of the child's pipe its final {"event": "end"} message?"""
+    try:
+        msg = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return isinstance(msg, dict) and msg.get("event") == "end"
 
 
 # --------------------------------------------------------------------------------------------- isolation
