@@ -261,6 +261,9 @@ BAD = [
      "draft_tokens"),
     ("aor-generator", lambda c: accept_or_resample(c.p, c.q, [0, 1], generator=0), TypeError, "generator"),
     ("aor-rows", lambda c: accept_or_resample(c.p[:2], c.q, [0, 1]), ValueError, "p must have shape \\(3, V\\)"),
+    # before: refused inside, by acceptance_probability, naming its own p_x and q_x (not this function's p and q)
+    ("aor-dtype-mix", lambda c: accept_or_resample(c.p, c.q.half(), [0, 1]), TypeError,
+     r"p \(torch.float32\) and q \(torch.float16\) must have one dtype"),
     ("target-unnormalised", lambda c: sample_from_target(c.p * 0.5), ValueError, "p must.*sums to 0.5"),
     ("target-generator", lambda c: sample_from_target(c.p, generator="seed"), TypeError, "generator"),
     ("greedy-nan", lambda c: accept_greedy(with_value(torch.zeros(3, 4), (1, 1), NAN), [0, 1]), ValueError,
@@ -271,6 +274,11 @@ BAD = [
      ValueError, "params must be greedy"),
     ("greedy-params-dict", lambda c: accept_greedy(torch.zeros(3, 4), [0, 1], {"temperature": 0}), TypeError,
      "params"),
+    # before: token 0 (the first of equal -inf logits) accepted and emitted as if the target had chosen it
+    ("greedy-all-neg-inf", lambda c: accept_greedy(torch.full((3, 8), -INF), [0, 0]), ValueError,
+     "target_logits row 0 is -inf everywhere"),
+    ("greedy-one-row-neg-inf", lambda c: accept_greedy(with_value(torch.zeros(3, 4), (2,), -INF), [0, 0]),
+     ValueError, "target_logits row 2"),
     # ---------------------------------------------------------------- prompt lookup and the loops
     ("lookup-gamma-bool", lambda c: prompt_lookup_proposals([1, 2, 1, 2], True), TypeError, "gamma"),
     ("lookup-gamma-zero", lambda c: prompt_lookup_proposals([1, 2, 1, 2], 0), ValueError, "gamma"),
@@ -698,3 +706,11 @@ def test_what_the_second_hostile_run_left_is_refused_by_name():
         SpeculativeConfig(gamma=10**12)
     with pytest.raises(ValueError, match="listed twice"):
         FeatureProjection(4, 6, [(0, 0), (0, 0)])
+
+
+def test_greedy_verification_over_a_partly_masked_vocabulary_is_the_argmax_of_what_is_left():
+    # the refusal above is for rows with no possible token; a row with some -inf logits is ordinary (a masked
+    # vocabulary) and keeps its answer: the argmax over the finite logits, computed here by hand
+    logits = torch.tensor([[-INF, 1.0, 3.0, -INF], [2.0, -INF, -INF, 0.5], [-INF, -INF, -INF, 0.0]])
+    assert accept_greedy(logits, [2, 0]) == [2, 0, 3]
+    assert accept_greedy(logits, [1, 0]) == [2]

@@ -30,7 +30,7 @@ from minillm.prune.masks import (
     sparsity_of,
     wanda_score,
 )
-from minillm.prune.semi_structured import SemiStructuredLinear, layer_speed, stored_bytes
+from minillm.prune.semi_structured import SemiStructuredLinear, layer_speed, semi_structured_support, stored_bytes
 from minillm.prune.structured import (
     head_scores,
     lowest_heads,
@@ -140,6 +140,18 @@ BAD = [
     ("quantize-inf", lambda: quantize(with_nan((4, 4), -INF)), ValueError, r"\bx\b"),
     ("quantize-empty", lambda: quantize(torch.zeros(0, 4)), ValueError, r"\bx\b"),
     ("quantize-group-bool", lambda: quantize(W, granularity="group", group_size=True), ValueError, "group_size"),
+    # before: group_size ignored (one scale per row came back); a meta x reached Tensor.item()
+    ("quantize-channel-with-group_size", lambda: quantize(W, granularity="channel", group_size=4), ValueError,
+     "group_size=4 applies to granularity='group' only"),
+    ("quantize-tensor-with-group_size", lambda: quantize(W, granularity="tensor", group_size=8), ValueError,
+     "group_size"),
+    ("quantize-meta", lambda: quantize(torch.empty(2, 4, device="meta")), ValueError, r"\bx\b is a meta tensor"),
+    ("quantize_symmetric-meta-scale", lambda: quantize_symmetric(torch.empty(2, 4, device="meta"),
+                                                                 torch.ones(2, 1, device="meta"), 8), ValueError,
+     "scale is a meta tensor"),
+    ("quantize_asymmetric-meta", lambda: quantize_asymmetric(*(torch.ones(s, device="meta") for s in [(2, 4), (2, 1),
+                                                                                                      (2, 1)]), 8),
+     ValueError, "zero is a meta tensor"),
     ("qrange-int-symmetric", lambda: qrange(8, 1), TypeError, "symmetric"),
     ("qrange-bool-bits", lambda: qrange(True, True), ValueError, "bits"),
     ("storage_dtype-str", lambda: storage_dtype("yes"), TypeError, "symmetric"),
@@ -262,6 +274,12 @@ BAD = [
     ("dequantize_kv-float-codes", lambda: dequantize_kv(W, torch.ones(8, 1)), TypeError, "codes"),
     ("dequantize_kv-scale-shape", lambda: dequantize_kv(Q8, torch.ones(2, 4)), ValueError, "scale"),
     ("dequantize_kv-int-dtype", lambda: dequantize_kv(Q8, torch.ones(2, 1), torch.int32), TypeError, "dtype"),
+    # before: a negative scale de-quantized every vector with its signs flipped
+    ("dequantize_kv-negative-scale", lambda: dequantize_kv(*(lambda q, s: (q, -s))(*quantize_kv(torch.randn(2, 3, 4)))),
+     ValueError, "scale must be > 0"),
+    ("dequantize_kv-zero-scale", lambda: dequantize_kv(Q8, torch.zeros(2, 1)), ValueError, "scale must be > 0"),
+    ("dequantize_kv-check-values-int", lambda: dequantize_kv(Q8, torch.ones(2, 1), check_values=1), TypeError,
+     "check_values"),
     # ----- gptq.py
     ("gptq-nan-W", lambda: gptq_quantize(with_nan((8, 32)), H), ValueError, r"\bW\b"),
     ("gptq-inf-H", lambda: gptq_quantize(W, with_nan((32, 32), INF)), ValueError, r"\bH\b"),
@@ -278,6 +296,17 @@ BAD = [
     ("gptq_reference-negative-damp", lambda: gptq_reference(W, H, damp=-1.0), ValueError, "damp"),
     ("damped-inf", lambda: damped(H, INF), ValueError, "damp"),
     ("damped-H-shape", lambda: damped(torch.ones(3, 4), 0.01), ValueError, r"\bH\b"),
+    # before: an asymmetric H was read through its upper Cholesky factor, an all-zero H gave RTN's codes as if
+    # GPTQ had chosen them, damped passed NaN on, output_error over no inputs said 0.0
+    ("gptq-H-asymmetric", lambda: gptq_quantize(W, H + torch.triu(torch.ones(32, 32), 1)), ValueError,
+     "H must be symmetric"),
+    ("gptq_reference-H-asymmetric", lambda: gptq_reference(W, H + torch.triu(torch.ones(32, 32), 1)), ValueError,
+     "H must be symmetric"),
+    ("gptq-H-zero", lambda: gptq_quantize(W, torch.zeros(32, 32), damp=0.1), ValueError, "H is all zero"),
+    ("damped-nan-H", lambda: damped(torch.eye(16) * NAN, 0.01), ValueError, r"\bH\b holds inf or NaN"),
+    ("damped-asymmetric-H", lambda: damped(torch.triu(torch.ones(4, 4)), 0.01), ValueError, "H must be symmetric"),
+    ("damped-int-H", lambda: damped(torch.eye(4, dtype=torch.int64), 0.01), TypeError, r"\bH\b"),
+    ("output_error-empty-X", lambda: output_error(W, W, torch.empty(0, 32)), ValueError, r"\bX\b holds no inputs"),
     ("gptq_model-empty-calib", lambda: gptq_quantize_model(MODEL, QuantConfig("int8"), torch.zeros(0, 8,
                                                                                                   dtype=torch.int64)),
      ValueError, "calibration"),
@@ -319,6 +348,15 @@ BAD = [
     ("fake_quantize-config-str", lambda: fake_quantize(W, "int8"), TypeError, "config"),
     ("finetune_qat-int-flag", lambda: finetune_qat(MODEL, QuantConfig("int8"), fake_quant=1), TypeError,
      "fake_quant"),
+    # before: 0 steps handed back the model untouched with an empty loss list, as if it had been fine-tuned; a model
+    # smaller than the tokenizer's vocabulary failed in the forward with "token id 4050 is outside the vocabulary"
+    ("finetune_qat-zero-steps", lambda: finetune_qat(MODEL, QuantConfig("int8"), steps=0), ValueError,
+     "steps must be positive"),
+    ("finetune_qat-inf-lr", lambda: finetune_qat(MODEL, QuantConfig("int8"), lr=INF), ValueError, r"\blr\b"),
+    ("finetune_qat-zero-batch", lambda: finetune_qat(MODEL, QuantConfig("int8"), steps=1, batch_size=0), ValueError,
+     "batch_size"),
+    ("finetune_qat-small-vocab", lambda: finetune_qat(MODEL, QuantConfig("int8"), steps=1), ValueError,
+     "vocab_size=128"),
     # ----- outliers.py
     ("inject_outliers-bool-channel", lambda: inject_outliers(MODEL, [True]), ValueError, "channels"),
     ("inject_outliers-inf-factor", lambda: inject_outliers(MODEL, [0], factor=INF), ValueError, "factor"),
@@ -351,6 +389,9 @@ BAD = [
     ("nm-m-zero", lambda: nm_mask(W, 2, 0), ValueError, r"\bm=0"),
     ("is_nm_sparse-m-zero", lambda: is_nm_sparse(W, 2, 0), ValueError, r"\bm=0"),
     ("is_nm_sparse-bool-n", lambda: is_nm_sparse(W, True, 4), ValueError, r"\bn=True"),
+    # before: False, as if the row held too many nonzeros, for a width no group of 4 tiles
+    ("is_nm_sparse-width-not-multiple", lambda: is_nm_sparse(torch.randn(4, 6)), ValueError,
+     "weight has 6 columns, not a multiple of 4"),
     ("lowest_k-too-many", lambda: lowest_k_mask(torch.ones(2, 4), 5), ValueError, r"\bk\b"),
     ("lowest_k-negative", lambda: lowest_k_mask(torch.ones(2, 4), -1), ValueError, r"\bk\b"),
     ("lowest_k-bool", lambda: lowest_k_mask(torch.ones(2, 4), True), ValueError, r"\bk\b"),
@@ -404,7 +445,14 @@ BAD = [
     ("prune_heads-bool-blocks", lambda: prune_heads(MODEL, {False: [0], True: [0]}), ValueError, "block"),
     ("prune_heads-quantized", lambda: prune_heads(QMODEL, {0: [0], 1: [0]}), TypeError, "QuantizedGPT"),
     ("recover-teacher", lambda: recover(MODEL, "teacher", 1), TypeError, "teacher|str"),
+    ("recover-zero-steps", lambda: recover(MODEL, MODEL, 0), ValueError, "steps must be positive"),
+    ("recover-inf-lr", lambda: recover(MODEL, MODEL, 1, lr=INF), ValueError, r"\blr\b"),
+    ("recover-bool-steps", lambda: recover(MODEL, MODEL, True), TypeError, "steps"),
+    ("recover-small-vocab", lambda: recover(MODEL, MODEL, 1), ValueError, "vocab_size=128"),
     # ----- semi_structured.py
+    ("support-unknown-device", lambda: semi_structured_support("tpu"), ValueError, "device='tpu'"),
+    ("support-bool-device", lambda: semi_structured_support(True), TypeError, "device"),
+    ("support-negative-index", lambda: semi_structured_support(-1), ValueError, "device=-1"),
     ("stored_bytes-list", lambda: stored_bytes([1.0], "dense"), TypeError, "weight"),
     ("stored_bytes-bool-bytes", lambda: stored_bytes(W, "dense", element_bytes=True), ValueError, "element_bytes"),
     ("stored_bytes-zero-bytes", lambda: stored_bytes(W, "csr", element_bytes=0), ValueError, "element_bytes"),
@@ -716,3 +764,38 @@ def test_what_the_second_hostile_run_left_in_09_10_is_refused_by_name():
         per_row_mask(torch.randn(8, 16), 0.99)
     with pytest.raises(ValueError, match="twice"):
         mask_heads(MODEL, {0: [1, 1]})
+
+
+@pytest.mark.parametrize("mode, groups", [("int8", 1), ("w8a8", 1), ("int4", 32 // 16)])
+def test_a_config_whose_group_size_is_unused_still_quantizes_per_channel(mode, groups):
+    # quantize now refuses a group_size it would ignore; QuantConfig hands it one only for the group-wise mode, so
+    # an int8 config carrying group_size=16 (a field only int4 reads) keeps quantizing one scale per row
+    config = QuantConfig(mode, group_size=16)
+    assert config.quantize_group_size == (16 if mode == "int4" else None)
+    lin = linear()
+    layer = QuantLinear.from_linear(lin, config)
+    assert tuple(layer.scale.shape) == (8, groups)
+    want = quantize(lin.weight.detach(), config.bits, True, config.granularity, config.quantize_group_size)
+    torch.testing.assert_close(layer.scale, want.scale)
+
+
+def test_a_pruned_model_of_odd_mlp_width_still_saves_and_loads(tmp_path):
+    # is_nm_sparse now refuses widths no group of 4 tiles; the checkpoint's pattern check asks first, so an MLP shrunk
+    # to 3 neurons (c_proj 3 columns wide) is "dense", not an error
+    model = shrink_mlp(MODEL, [torch.arange(3), torch.arange(5)])
+    path = save_pruned(model, tmp_path / "odd.safetensors", "structured", pattern="dense")
+    loaded = load_pruned(path)
+    assert [b.mlp.c_proj.in_features for b in loaded.transformer.h] == [3, 5]
+    idx = CALIB[:1]
+    torch.testing.assert_close(loaded(idx), model(idx))
+
+
+def test_masking_every_head_of_a_block_is_the_ablation_it_asks_for():
+    # kept by design (a hostile run flagged it): masking all of block 0's heads is "block 0 without attention", its
+    # attention output c_proj's bias alone (test_10 checks that by hand); prune_heads, which must keep a head for the
+    # caches, refuses the same removal
+    masked = mask_heads(MODEL, {0: [0, 1]})
+    assert masked.transformer.h[0].attn.c_proj.weight.eq(0).all()
+    assert torch.equal(masked.transformer.h[1].attn.c_proj.weight, MODEL.transformer.h[1].attn.c_proj.weight)
+    with pytest.raises(ValueError, match="keep at least one"):
+        prune_heads(MODEL, {0: [0, 1], 1: [0, 1]})

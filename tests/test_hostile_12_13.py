@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # the subprocess runs this file as a script
     sys.path.insert(0, str(ROOT))
 
+from helpers import assert_refused_by_minillm  # noqa: E402
 from minillm import GPTConfig  # noqa: E402
 from minillm.compile.cpu_gemv import build_problem  # noqa: E402
 from minillm.compile.decode import StaticDecoder, integer_ids  # noqa: E402
@@ -249,8 +250,10 @@ def decoder_specs() -> list[Spec]:
         def bad(rng, args, max_len=max_len):
             token, positions, names = _bad_step_inputs(rng, max_len)
             return dict(token=token, positions=positions), names
-        specs.append(Spec(name, call, lambda r: dict(token=torch.tensor([1]), positions=torch.tensor([0])),
-                          kinds={}, extra={"step input": bad}))
+        def good(rng, dec=dec):  # the fused step takes the next position only (its cache's length)
+            position = dec.cache.length if isinstance(dec, FusedCPUDecoder) else 0
+            return dict(token=torch.tensor([1]), positions=torch.tensor([position]))
+        specs.append(Spec(name, call, good, kinds={}, extra={"step input": bad}))
     return specs
 
 
@@ -552,6 +555,32 @@ def _mirror_bad_calls():
         ("naive.int8_gemv-scale-shape", lambda: N.int8_gemv(XQ, WQ, torch.rand(4)), ValueError, "scale"),
         ("naive.kv_cache_write-slot-past-the-pool",
          lambda: N.kv_cache_write(KEY, KEY, *POOLS(), torch.tensor([0, 99, -1])), ValueError, "slot_mapping"),
+        # before: NaN out of a first tile masked everywhere, NaN out of a +inf state, a float64 result from one
+        # float64 argument, a slot written twice (the later won), the values written over the keys of one pool
+        ("attend_tile-first-tile-all-masked",
+         lambda: M.attend_tile(*state, torch.tensor([[0.0] * 5, [float("-inf")] * 5]), V), ValueError,
+         r"\bs\b has a row masked to -inf everywhere"),
+        ("attend_tile-pos-inf-score", lambda: M.attend_tile(*state, torch.tensor([[float("inf")] + [0.0] * 4] * 2), V),
+         ValueError, r"\bs\b holds \+inf"),
+        ("online_merge-pos-inf", lambda: M.online_merge(torch.tensor([float("inf")]), torch.ones(1), torch.zeros(1),
+                                                        torch.ones(1)), ValueError, r"m1 holds \+inf"),
+        ("softmax_online-pos-inf", lambda: M.softmax_online(torch.tensor([[float("inf"), 0.0]])), ValueError,
+         r"\bx\b holds \+inf"),
+        ("flash_attention-dtype-mix", lambda: M.flash_attention(q.double(), k, v), TypeError,
+         r"\bk\b must have q's dtype torch.float64"),
+        ("flash_attention_v3-dtype-mix", lambda: M.flash_attention_v3(q, k, v.half()), TypeError, r"\bv\b"),
+        ("naive.attention-dtype-mix", lambda: N.attention(q, k.bfloat16(), v), TypeError, r"\bk\b"),
+        ("kv_cache_write-slot-twice", lambda: M.kv_cache_write(KEY, KEY, *POOLS(), torch.tensor([1, 1, 2])),
+         ValueError, "slot_mapping names slot 1 2 times"),
+        ("kv_cache_write-one-pool-for-both", lambda: (lambda p: M.kv_cache_write(KEY, KEY, p, p,
+                                                                                 torch.tensor([0, 1, 2])))(
+            torch.zeros(4, 2, 2, 8)), ValueError, "k_pool and v_pool share memory"),
+        ("kv_cache_write-key-inside-pool", lambda: (lambda p: M.kv_cache_write(p.view(8, 2, 8)[:3], KEY, p,
+                                                                               torch.zeros(4, 2, 2, 8),
+                                                                               torch.tensor([4, 5, 6])))(
+            torch.zeros(4, 2, 2, 8)), ValueError, "key and k_pool share memory"),
+        ("naive.kv_cache_write-slot-twice", lambda: N.kv_cache_write(KEY, KEY, *POOLS(), torch.tensor([-1, 3, 3])),
+         ValueError, "slot 3 2 times"),
         ("ops.versions-unknown", lambda: ops.versions("matmul"), ValueError, "op must be one of.*softmax"),
         ("ops.versions-none", lambda: ops.versions(None), TypeError, "op must be.*softmax"),
     ]
@@ -638,3 +667,77 @@ def test_a_kv_write_with_key_and_value_of_different_shapes_names_both():
     with pytest.raises(ValueError, match=r"key \(3, 2, 4\) and value \(3, 2, 8\)"):
         mirror.kv_cache_write(torch.randn(3, 2, 4), torch.randn(3, 2, 8), torch.zeros(4, 4, 2, 8),
                               torch.zeros(4, 4, 2, 8), torch.tensor([0, 1, 2]))
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+def test_fused_decoder_refuses_a_position_that_is_not_its_cache_length():
+    """One sequence without padding: the token written to slot `start` sits at position `start`. Before, position 5
+    on an empty cache (and position 0 after a 3-token prefill) ran and returned logits for a sequence that does not
+    exist. The refused step leaves the cache as it was; the right position still runs."""
+    from minillm.compile.fused_step import FusedCPUDecoder
+    from minillm.core.sampling import SamplingParams
+    from minillm.kvcache.generate import generate_ids
+
+    torch.manual_seed(0)
+    model = GPT(TINY).eval()
+    dec = FusedCPUDecoder(model)
+    with pytest.raises(ValueError, match="position 5 is not the cache length 0"):
+        dec(model, dec.cache, torch.tensor([1]), torch.tensor([5]))
+    assert dec.cache.length == 0
+    generate_ids(model, [1, 2, 3], SamplingParams.greedy(1, ignore_eos=True), kv_cache=dec.cache)
+    with pytest.raises(ValueError, match="position 0 is not the cache length 3"):
+        dec(model, dec.cache, torch.tensor([1]), torch.tensor([0]))
+    assert dec.cache.length == 3
+    assert dec(model, dec.cache, torch.tensor([1]), torch.tensor([3])).shape == (1, TINY.vocab_size)
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+@pytest.mark.parametrize("grad", [True, False], ids=["F.linear path", "C++ path"])
+def test_fast_linear_names_a_bad_input_on_both_paths(grad):
+    """Before: torch's "mat1 and mat2 ..." RuntimeErrors (F.linear path) and the C++ check's RuntimeError; a (2, 16)
+    input to a 32-wide layer was regrouped into one 32-wide row on the C++ path before its view failed."""
+    from minillm.compile.cpu_gemv import fast_cpu_model
+
+    torch.manual_seed(0)
+    model = fast_cpu_model(GPT(TINY).eval())
+    fc = model.transformer.h[0].mlp.c_fc  # 32 -> 128
+    with torch.set_grad_enabled(grad):
+        for x in (torch.randn(1, 31), torch.randn(2, 16), torch.tensor(1.0)):
+            assert_refused_by_minillm(lambda: fc(x), ValueError, r"x must be \(\.\.\., in_features=32\)")
+        assert_refused_by_minillm(lambda: fc(torch.randn(1, 32).double()), TypeError, "x is torch.float64")
+        fc.bias = torch.nn.Parameter(torch.zeros(128, dtype=torch.float64))
+        assert_refused_by_minillm(lambda: fc(torch.randn(1, 32)), TypeError, "bias")
+
+
+@pytest.mark.skipif(emulator.find_cxx() is None, reason="the kernel emulator needs a C++ compiler (g++ or clang++)")
+def test_emulated_kv_write_refuses_a_slot_twice_and_shared_memory_before_launching(monkeypatch):
+    """Before: written, the later token (or the value, or the pool) winning the race. Refused before any launch
+    (`load` is made to fail); pools that are two halves of one tensor share no memory and stay allowed."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the emulator launched before checking its arguments")
+
+    monkeypatch.setattr(emulator, "load", refuse)
+    key, value = torch.randn(3, 2, 8), torch.randn(3, 2, 8)
+    pool, big = torch.zeros(4, 4, 2, 8), torch.randn(4, 4, 2, 8)
+    cases = [((key, value, pool, torch.zeros(4, 4, 2, 8), torch.tensor([1, 1, 2])), "slot_mapping names slot 1"),
+             ((key, value, pool, pool, torch.tensor([0, 1, 2])), "k_pool and v_pool share memory"),
+             ((big.view(16, 2, 8)[:3], value, big, pool, torch.tensor([4, 5, 6])), "key and k_pool share memory"),
+             ((key, pool.view(16, 2, 8)[5:8], big, pool, torch.tensor([0, 1, 2])), "value and v_pool share memory")]
+    for args, match in cases:
+        assert_refused_by_minillm(lambda: emulator.kv_cache_write(*args), ValueError, match)
+    assert_refused_by_minillm(lambda: emulator.softmax(torch.randn(3, 37), 1, lib="libc"), TypeError, "lib must be")
+    monkeypatch.undo()
+    kv = torch.zeros(2, 4, 4, 2, 8)  # k_pool = kv[0], v_pool = kv[1]: one allocation, two disjoint halves
+    emulator.kv_cache_write(key, value, kv[0], kv[1], torch.tensor([3, -1, -1]))
+    assert torch.equal(kv[0, 0, 3], key[0]) and torch.equal(kv[1, 0, 3], value[0]) and kv[:, 1:].eq(0).all()
+
+
+def test_kernel_emulator_softmax_over_no_columns_matches_torch():
+    """Kept by design: a (3, 0) input gives a (3, 0) output, as torch.softmax and `ops.softmax` do (nothing to
+    normalise, nothing written); the mirror, whose running state needs a first column, refuses it by name."""
+    from minillm.kernels import mirror
+
+    if emulator.find_cxx() is not None:
+        assert emulator.softmax(torch.randn(3, 0), 1).shape == torch.softmax(torch.randn(3, 0), -1).shape == (3, 0)
+    with pytest.raises(ValueError, match=r"\bx\b must have at least one column"):
+        mirror.softmax_online(torch.randn(3, 0))

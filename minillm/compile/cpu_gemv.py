@@ -108,19 +108,34 @@ def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> tor
 class FastLinear(nn.Linear):
     """An nn.Linear (same parameters, same state dict) whose few-row float32 CPU forward runs the C++ GEMV.
 
-    subtle: this forward runs 25 times per decode step, so it checks only what decides the path and leaves the rest
-    to the C++ side's own checks (`gemv` above is the checked entry point for other callers): at ~60 µs per call,
-    every microsecond of Python here is visible in tokens/s.
+    subtle: this forward runs 25 times per decode step, so it checks only what decides the path (and x's width, one
+    int compare) and leaves the rest to the C++ side's own checks, TypeError/ValueError naming x, w or bias (`gemv`
+    above is the checked entry point for other callers): at ~60 µs per call, every microsecond of Python here is
+    visible in tokens/s. The F.linear path checks x against the weight first (`check_input`).
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 0 or x.shape[-1] != self.in_features:  # else `rows` would regroup x's numbers into new rows
+            raise ValueError(f"x must be (..., in_features={self.in_features}), got shape {tuple(x.shape)}")
         rows = x.numel() // self.in_features
         if 0 < rows <= MAX_ROWS and x.dtype == torch.float32 and x.device.type == "cpu" and not torch.is_grad_enabled():
             ext = _ext if _ext is not None else load_cpu_ext()
             y = ext.gemv(x.reshape(rows, self.in_features).contiguous(), self.weight,
                          _NO_BIAS if self.bias is None else self.bias)  # (rows, out)
             return y.view(*x.shape[:-1], self.out_features)
+        self.check_input(x)
         return F.linear(x, self.weight, self.bias)
+
+    def check_input(self, x: torch.Tensor) -> None:
+        """The F.linear path's dtype and device check, so a mismatch names x (or the bias) instead of reaching torch:
+        x must have the weight's dtype (unless autocast is on, which casts) and device, the bias the weight's dtype."""
+        w, b = self.weight, self.bias
+        if x.device != w.device:
+            raise ValueError(f"x is on {x.device} but the layer's weight is on {w.device}; move x (or the model)")
+        if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
+            raise TypeError(f"x is {x.dtype} but the layer's weight is {w.dtype}; cast x (or the model) first")
+        if b is not None and b.dtype != w.dtype:
+            raise TypeError(f"bias is {b.dtype} but the weight is {w.dtype}: a layer holds one dtype")
 
 
 def fast_cpu_model(model: GPT) -> GPT:

@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from minillm.core.config import check_float, check_int
 from minillm.gpt.dataset import BatchSampler, split_tokens
 
 
@@ -23,14 +24,20 @@ def short_finetune(net: nn.Module, steps: int, batch_size: int = 4, lr: float = 
 
     Windows are `batch_size` × `block_size` (default: the model's context) tokens of the training split, drawn from
     a generator seeded with `seed`. `teacher` (frozen, eval mode) switches the loss to KL from its distribution.
-    `net` is left in eval mode.
+    `net` is left in eval mode. At least one step (0 would hand back the model untouched, as if it had been
+    fine-tuned), a finite lr > 0, and a `net` whose vocabulary holds every id of the training split; else a
+    ValueError/TypeError naming the argument.
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"steps must be a non-negative int, got {steps!r}")
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
-        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    check_int("steps", steps)
+    check_int("batch_size", batch_size)
+    check_float("lr", lr, 0.0, include_minimum=False)  # inf would turn every weight into NaN at the first step
     T = block_size if block_size is not None else net.config.block_size
-    sampler = BatchSampler(split_tokens("train"), batch_size, T, seed=seed)
+    tokens = split_tokens("train")
+    top = int(tokens.max())
+    if top >= net.config.vocab_size:
+        raise ValueError(f"net has vocab_size={net.config.vocab_size}, but the training split holds token ids up to "
+                         f"{top}: the fine-tune needs a model of the shipped tokenizer's vocabulary")
+    sampler = BatchSampler(tokens, batch_size, T, seed=seed)
     opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     if teacher is not None:
         teacher.eval()

@@ -179,6 +179,11 @@ def _reverse(reverse) -> int:
 def _run(name: str, *args, reverse: bool = False, lib: ctypes.CDLL | None = None) -> None:
     """Call the C entry point emu_<name>; a nonzero cudaError_t becomes a RuntimeError naming the op."""
     rev = _reverse(reverse)
+    if lib is not None and not isinstance(lib, ctypes.CDLL):
+        raise TypeError(f"lib must be None (the emulator `load` builds) or a ctypes.CDLL of it, got "
+                        f"{type(lib).__name__} {lib!r}")
+    if lib is not None and not hasattr(lib, f"emu_{name}"):
+        raise ValueError(f"lib {lib!r} is not the kernel emulator: it has no emu_{name}")
     lib = lib if lib is not None else load()
     with _lock:  # one launch at a time: the emulator's state is global
         lib.emu_set_reverse(rev)

@@ -20,7 +20,7 @@ import torch
 
 from minillm.core.config import check_float_tensor, check_int
 from minillm.kernels.naive import check_int8_gemv_args, check_qkv, gelu_tanh
-from minillm.kernels.ops import check_eps, check_kv_write_args
+from minillm.kernels.ops import check_distinct_slots, check_eps, check_kv_write_args
 
 NEG_INF = float("-inf")
 
@@ -49,6 +49,22 @@ def _tile_args(m: torch.Tensor, l: torch.Tensor, o: torch.Tensor, s: torch.Tenso
     if v.dim() < 2 or tuple(v.shape[-2:]) != (n, hs) or not broadcasts:
         raise ValueError(f"v must be (..., n={n}, hs={hs}) (s's scores by o's head size), its leading dimensions "
                          f"broadcasting to {lead}, got {tuple(v.shape)}")
+    _check_no_pos_inf("m", m)
+    _check_no_pos_inf("s", s)
+    # subtle: a row whose state is still empty (m = -inf) and whose tile is all -inf has no max to rescale by:
+    # exp(-inf - (-inf)) is NaN, and the NaN would poison every later tile of that row. NaN scores pass (as in the
+    # kernels, NaN in, NaN out). One host sync.
+    empty = torch.isneginf(m) & torch.isneginf(s).all(dim=-1)  # (...,)
+    if bool(empty.any()):
+        raise ValueError("s has a row masked to -inf everywhere while that row's state is still empty (m = -inf): "
+                         "each row needs a finite score in its first tile")
+
+
+def _check_no_pos_inf(name: str, x: torch.Tensor) -> None:
+    """A ValueError naming `name` when x holds +inf: a running max (or score) of +inf rescales by exp(inf - inf),
+    NaN. -inf is an empty state or a masked score and passes; so does NaN (propagated, as the kernels do)."""
+    if bool(torch.isposinf(x).any()):
+        raise ValueError(f"{name} holds +inf: a softmax state or score must be finite, or -inf where masked")
 
 
 def online_merge(m1: torch.Tensor, s1: torch.Tensor, m2: torch.Tensor, s2: torch.Tensor):
@@ -60,6 +76,7 @@ def online_merge(m1: torch.Tensor, s1: torch.Tensor, m2: torch.Tensor, s2: torch
     for name, x in (("m1", m1), ("s1", s1), ("m2", m2), ("s2", s2)):
         if check_float_tensor(name, x).shape != m1.shape:
             raise ValueError(f"{name} must have m1's shape {tuple(m1.shape)}, got {tuple(x.shape)}")
+        _check_no_pos_inf(name, x)
     # BEGIN SOLUTION
     m = torch.maximum(m1, m2)
     safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # both empty: exp(-inf - 0) = 0, not nan
@@ -102,6 +119,7 @@ def softmax_online(x: torch.Tensor, tile: int = 8, num_parts: int = 4) -> torch.
     check_int("num_parts", num_parts)
     if x.shape[-1] == 0:
         raise ValueError(f"x must have at least one column to take a softmax over, got shape {tuple(x.shape)}")
+    _check_no_pos_inf("x", x)
     x32 = x.float()
     R, C = x32.shape[:-1], x32.shape[-1]
     states = []
@@ -406,9 +424,11 @@ def kv_cache_write(
     v_pool: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """kv_write.cu, one token at a time: slot = block * bs + offset; -1 (or outside the pool) is skipped. Shapes
-    and dtypes are checked as `ops.kv_cache_write` checks them."""
+    """kv_write.cu, one token at a time: slot = block * bs + offset; -1 (or outside the pool) is skipped. Shapes,
+    dtypes and shared memory are checked as `ops.kv_cache_write` checks them, and a slot named twice is refused (on
+    the GPU the two writes race; here the later would win)."""
     check_kv_write_args(key, value, k_pool, v_pool, slot_mapping)
+    check_distinct_slots(slot_mapping)
     nb, bs = k_pool.shape[:2]
     for t, slot in enumerate(slot_mapping.tolist()):
         if not 0 <= slot < nb * bs:

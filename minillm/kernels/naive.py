@@ -18,13 +18,15 @@ from minillm.paged.paged_cache import write_kv
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """q, k, v floating-point (B, nh, T, hs) tensors of one shape (causal self-attention); TypeError / ValueError
-    naming the argument."""
+    """q, k, v floating-point (B, nh, T, hs) tensors of one shape and one dtype (causal self-attention, as the
+    kernels take it: a k of another dtype would come back promoted); TypeError / ValueError naming the argument."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_float_tensor(name, x, 4)
         if x.shape != q.shape:
             raise ValueError(f"{name} must have q's shape {tuple(q.shape)} (causal self-attention), got "
                              f"{tuple(x.shape)}")
+        if x.dtype != q.dtype:
+            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {x.dtype}")
 
 
 def check_int8_gemv_args(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:

@@ -101,11 +101,25 @@ def check_paged_args(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
 
 
 def check_slot_range(slot_mapping: torch.Tensor, num_slots: int) -> None:
-    """Every slot of slot_mapping (T,) is -1 (skipped) or a pool row 0..num_slots-1 (one host sync on a GPU)."""
+    """Every slot of slot_mapping (T,) is -1 (skipped) or a pool row 0..num_slots-1, and none is named twice
+    (`check_distinct_slots`); two host syncs on a GPU (`check_slots=False` in `kv_cache_write` skips both)."""
     if slot_mapping.numel():
         lo, hi = int(slot_mapping.min()), int(slot_mapping.max())
         if lo < -1 or hi >= num_slots:
             raise ValueError(f"slot_mapping must hold -1 or slots 0..{num_slots - 1}, got values in [{lo}, {hi}]")
+    check_distinct_slots(slot_mapping)
+
+
+def check_distinct_slots(slot_mapping: torch.Tensor) -> None:
+    """No pool slot named twice in slot_mapping (T,) (-1, skipped, may repeat): two tokens written to one slot race
+    on a GPU, and which one lands is up to the scheduler. A ValueError naming the slot (one host sync)."""
+    kept = slot_mapping[slot_mapping >= 0]
+    if kept.numel() > 1:
+        slots, counts = torch.unique(kept, return_counts=True)
+        if bool((counts > 1).any()):
+            i = int((counts > 1).nonzero()[0])
+            raise ValueError(f"slot_mapping names slot {int(slots[i])} {int(counts[i])} times: each token needs a "
+                             "slot of its own")
 
 
 def check_block_tables(block_tables: torch.Tensor, context_lens: torch.Tensor, num_blocks: int,
@@ -265,6 +279,30 @@ def check_kv_write_args(key: torch.Tensor, value: torch.Tensor, k_pool: torch.Te
     _tensor("slot_mapping", slot_mapping, dim=1, dtypes=(torch.int64,))
     if slot_mapping.shape[0] != key.shape[0]:
         raise ValueError(f"slot_mapping must have one slot per token ({key.shape[0]}), got {slot_mapping.shape[0]}")
+    # subtle: the write reads key/value while it writes the pools; memory they share makes the result depend on the
+    # order the threads run in (k_pool is v_pool: every key overwritten by its value)
+    named = {"key": key, "value": value, "k_pool": k_pool, "v_pool": v_pool}
+    for a, b in (("k_pool", "v_pool"), ("key", "k_pool"), ("key", "v_pool"), ("value", "k_pool"), ("value", "v_pool")):
+        if _overlap(named[a], named[b]):
+            raise ValueError(f"{a} and {b} share memory: the write would overwrite what it reads (or one pool the "
+                             "other); give them separate tensors")
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the bytes two strided tensors can address intersect (their [first, last] byte ranges; exact for
+    contiguous tensors, which is what the kernels take). No host sync: pointers only."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device or a.device.type == "meta":
+        return False
+
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        lo = hi = t.data_ptr()
+        for size, stride in zip(t.shape, t.stride()):
+            reach = (size - 1) * stride * t.element_size()
+            lo, hi = (lo + reach, hi) if reach < 0 else (lo, hi + reach)
+        return lo, hi + t.element_size()
+
+    (a_lo, a_hi), (b_lo, b_hi) = span(a), span(b)
+    return a_lo < b_hi and b_lo < a_hi
 
 
 def kv_cache_write(key: torch.Tensor, value: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,

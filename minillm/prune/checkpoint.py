@@ -53,10 +53,16 @@ PATTERNS = ("dense", "unstructured", "2:4")
 _HINT = "a dense checkpoint loads with minillm.core.checkpoint.load_checkpoint"
 
 
+def _is_2_4(weight: torch.Tensor) -> bool:
+    """Whether a block linear's weight (out, in) is 2:4 sparse; a width that is no multiple of 4 (an MLP shrunk to
+    an odd width) has no 2:4 layout at all, so it is not."""
+    return weight.shape[1] % 4 == 0 and is_nm_sparse(weight, 2, 4)
+
+
 def _pattern_of(model: GPT) -> str:
     """The strongest pattern the block linears' zeros satisfy: "2:4", else "unstructured" with zeros, else "dense"."""
     weights = block_weights(model)
-    if all(is_nm_sparse(w, 2, 4) for w in weights):
+    if all(_is_2_4(w) for w in weights):
         return "2:4"
     return "unstructured" if weight_sparsity(model)["blocks"] > 0 else "dense"
 
@@ -88,7 +94,7 @@ def save_pruned(model: GPT, path: str | os.PathLike, method: str, pattern: str =
         raise TypeError(f"method must be a non-empty str, got {method!r}")
     if pattern not in PATTERNS:
         raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
-    if pattern == "2:4" and not all(is_nm_sparse(w, 2, 4) for w in block_weights(model)):
+    if pattern == "2:4" and not all(_is_2_4(w) for w in block_weights(model)):
         raise ValueError("pattern '2:4' but some block linear has more than 2 nonzeros in a group of 4")
     sparsity = weight_sparsity(model)["blocks"]
     if pattern == "dense" and f"{sparsity:.4f}" != "0.0000":
@@ -168,7 +174,7 @@ def _build(meta: dict[str, str], tensors: dict[str, torch.Tensor], where: str) -
     model = shrink_mlp(skeleton, [torch.arange(w) for w in widths])
     check_stored_tensors(model_tensors(model), tensors, where, implied_by="the metadata (gpt_config, mlp_hidden)")
     load_state_dict_strict(model, tensors, source=where)
-    if meta["pattern"] == "2:4" and not all(is_nm_sparse(w, 2, 4) for w in block_weights(model)):
+    if meta["pattern"] == "2:4" and not all(_is_2_4(w) for w in block_weights(model)):
         raise ValueError(f"{where}: metadata says 2:4 but the weights break the pattern")
     got = weight_sparsity(model)["blocks"]
     if f"{got:.4f}" != meta["block_sparsity"]:

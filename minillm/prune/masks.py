@@ -132,12 +132,16 @@ def nm_mask(scores: torch.Tensor, n: int = 2, m: int = 4) -> torch.Tensor:
 
 
 def is_nm_sparse(weight: torch.Tensor, n: int = 2, m: int = 4) -> bool:
-    """True when every group of m consecutive weights of every row holds at most n nonzeros."""
+    """True when every group of m consecutive weights of every row holds at most n nonzeros.
+
+    A row whose length is not a multiple of m cannot be cut into such groups (as `nm_mask` refuses to build one):
+    a ValueError naming weight, not a False that would read as "too many nonzeros"."""
     _check_weight("weight", weight)
     _check_nm(n, m)
     out, cols = weight.shape
     if cols % m:
-        return False
+        raise ValueError(f"N:M sparsity groups {m} consecutive inputs: weight has {cols} columns, not a multiple of "
+                         f"{m}")
     return bool(((weight.reshape(out, cols // m, m) != 0).sum(-1) <= n).all())
 
 

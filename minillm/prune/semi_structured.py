@@ -60,12 +60,28 @@ def stored_bytes(weight: torch.Tensor, fmt: str, element_bytes: int | None = Non
 
 
 def semi_structured_support(device: torch.device | str | None = None) -> str | None:
-    """None when PyTorch can run 2:4 sparse matmuls on `device` (default: the current CUDA device), else why not."""
+    """None when PyTorch can run 2:4 sparse matmuls on `device` (default: the current CUDA device), else why not.
+
+    `device` is None, a torch.device, a device string or a CUDA index; one torch does not know (e.g. "tpu") or a
+    CUDA index past the GPUs present is a ValueError, a wrong type a TypeError, both naming device. A known device
+    that is not CUDA gets its reason like the others."""
+    if isinstance(device, bool) or (device is not None and not isinstance(device, (str, torch.device, int))):
+        raise TypeError(f"device must be None, a torch.device, a device string or a CUDA index, got "
+                        f"{type(device).__name__} {device!r}")
+    try:
+        dev = None if device is None else torch.device("cuda", device) if isinstance(device, int) else \
+            torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"device={device!r} is not a device torch knows: {str(e).splitlines()[0]}") from None
+    if dev is not None and dev.type != "cuda":
+        return f"device {dev} is not a CUDA device: 2:4 sparse kernels run on NVIDIA GPUs of compute capability 8.0+"
     if not torch.cuda.is_available():
         return "no CUDA device: 2:4 sparse kernels run on NVIDIA GPUs of compute capability 8.0+ only"
     if not hasattr(torch.sparse, "to_sparse_semi_structured"):
         return f"torch {torch.__version__} has no torch.sparse.to_sparse_semi_structured"
-    major, minor = torch.cuda.get_device_capability(device)
+    if dev is not None and dev.index is not None and not 0 <= dev.index < torch.cuda.device_count():
+        raise ValueError(f"device={device!r}: this machine has CUDA devices 0..{torch.cuda.device_count() - 1}")
+    major, minor = torch.cuda.get_device_capability(dev)
     if major < 8:
         return f"compute capability {major}.{minor} < 8.0: no sparse tensor cores"
     return None

@@ -47,7 +47,9 @@ def _is_index(i: object) -> bool:
 
 
 def _check_heads(model: GPT, heads: object) -> dict[int, list[int]]:
-    """heads {block: [head, ...]}: int keys in [0, n_layer), lists of int heads in [0, n_head); bool is no index."""
+    """heads {block: [head, ...]}: int keys in [0, n_layer), lists of distinct int heads in [0, n_head); bool is no
+    index. All of a block's heads may be listed: masking them all is the ablation "this block without attention"
+    (its output is c_proj's bias), which `mask_heads` allows and `prune_heads` refuses (it keeps one head)."""
     L, nh = model.config.n_layer, model.config.n_head
     if not isinstance(heads, dict):
         raise TypeError(f"heads must be a dict {{block: [head, ...]}}, got {type(heads).__name__}")

@@ -65,7 +65,23 @@ def _check_layer(W: torch.Tensor, H: torch.Tensor, group_size: int, bits: object
     qrange(bits, symmetric)  # type: ignore[arg-type]  # ValueError/TypeError naming bits or symmetric
     check_float("damp", damp, 0.0)
     check_finite("W", W.detach())
-    check_finite("H", H.detach())
+    _check_hessian(H)
+    if not bool(H.detach().any()):
+        raise ValueError("H is all zero (calibration inputs that are all zero): every rounding moves the layer's "
+                         "output by the same 0, so GPTQ has nothing to choose by; calibrate on real inputs, or "
+                         "round to nearest with quantize")
+
+
+def _check_hessian(H: torch.Tensor) -> None:
+    """H (in, in) finite and symmetric, as XᵀX / N is (to float rounding: max(1e-4, 16 ulps) of max|H|); a
+    ValueError naming H otherwise. GPTQ's update reads only H's upper Cholesky factor, so an asymmetric H would be
+    quietly treated as another matrix. One host sync."""
+    H = check_finite("H", H.detach())
+    tol = max(1e-4, 16 * torch.finfo(H.dtype).eps) * float(H.abs().max())
+    gap = float((H - H.T).abs().max())
+    if gap > tol:
+        raise ValueError(f"H must be symmetric (a Hessian XᵀX / N of the layer's inputs), but |H - Hᵀ| reaches "
+                         f"{gap:g} (max |H| = {float(H.abs().max()):g})")
 
 
 def _cholesky(H: torch.Tensor, damp: float, name: str) -> torch.Tensor:
@@ -99,11 +115,15 @@ def damped(H: torch.Tensor, damp: float) -> torch.Tensor:
     """H + damp * mean(diag H) * I, in float64, with inputs that never fire (H_ii = 0) given H_ii = 1.
 
     The damping keeps the Cholesky factorisation stable when calibration data leave H (nearly) singular; a dead
-    input's column has no effect on the output, so any grid point is optimal for it.
+    input's column has no effect on the output, so any grid point is optimal for it. H must be finite and symmetric
+    (a ValueError naming H otherwise: NaN would pass into every later step).
     """
     check_float("damp", damp, 0.0)
     if not isinstance(H, torch.Tensor) or H.dim() != 2 or H.shape[0] != H.shape[1]:
         raise ValueError(f"H must be a square matrix (in, in), got {tuple(getattr(H, 'shape', ()))}")
+    if not H.is_floating_point():
+        raise TypeError(f"H must be a float tensor, got {H.dtype}")
+    _check_hessian(H)
     H = H.detach().to(torch.float64).clone()
     dead = torch.diagonal(H) == 0
     H[dead, dead] = 1.0
@@ -193,6 +213,9 @@ def output_error(W: torch.Tensor, W_hat: torch.Tensor, X: torch.Tensor) -> float
     if W_hat.shape != W.shape or X.shape[1] != W.shape[1]:
         raise ValueError(f"W {tuple(W.shape)}, W_hat {tuple(W_hat.shape)} and X {tuple(X.shape)} do not fit: W_hat "
                          "must be shaped like W, X (N, in)")
+    if X.shape[0] == 0:  # the norm over no outputs is 0.0, which would read as "no error at all"
+        raise ValueError(f"X holds no inputs (shape {tuple(X.shape)}): there are no outputs to compare; give N >= 1 "
+                         "rows")
     return float(torch.linalg.matrix_norm(X.double() @ (W.double() - W_hat.double()).T))
 
 
@@ -256,7 +279,7 @@ def gptq_quantize_model(model: GPT, config: QuantConfig, calibration: torch.Tens
     positions = torch.arange(idx.size(1), device=idx.device)
     x = work.transformer.wte(idx) + work.transformer.wpe(positions)  # (N, T, C)
     weights: dict[str, QuantizedTensor] = {}
-    group = config.group_size if config.mode == "int4" else None
+    group = config.quantize_group_size
     for b, block in enumerate(work.transformer.h):
         linears = [(name, m) for name, m in block.named_modules() if isinstance(m, nn.Linear)]
         hessians = {name: torch.zeros(m.in_features, m.in_features, dtype=torch.float64, device=idx.device)

@@ -31,7 +31,13 @@ from minillm.core.config import GPTConfig
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.paged.backends import register_attention_backend
 from minillm.paged.paged_cache import PagedKVCache, write_kv
-from minillm.quant.quantize import check_finite, dequantize_symmetric, quantize_symmetric, symmetric_params
+from minillm.quant.quantize import (
+    check_finite,
+    check_scale_positive,
+    dequantize_symmetric,
+    quantize_symmetric,
+    symmetric_params,
+)
 
 
 def _quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,8 +61,13 @@ def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _quantize_kv(x)
 
 
-def dequantize_kv(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """codes (..., hs) int8, scale (..., 1) -> (..., hs) in `dtype`."""
+def dequantize_kv(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32, *,
+                  check_values: bool = True) -> torch.Tensor:
+    """codes (..., hs) int8, scale (..., 1) -> (..., hs) in `dtype`.
+
+    A scale <= 0 is refused (one host sync: a negative scale flips every sign, a zero one erases the vector); NaN
+    passes, as `quantize_kv`'s own scale for a NaN vector. The caches' reads pass `check_values=False`: their scales
+    come from `_quantize_kv`, and a check would cost a host sync per layer and step."""
     if not isinstance(codes, torch.Tensor) or codes.dtype != torch.int8:
         raise TypeError(f"codes must be an int8 tensor, got {getattr(codes, 'dtype', type(codes).__name__)}")
     if not isinstance(scale, torch.Tensor) or scale.dim() != codes.dim() or scale.shape[:-1] != codes.shape[:-1] \
@@ -65,6 +76,10 @@ def dequantize_kv(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype =
                          f"{tuple(getattr(scale, 'shape', ()))}")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    if not isinstance(check_values, bool):
+        raise TypeError(f"check_values must be a bool, got {type(check_values).__name__} {check_values!r}")
+    if check_values and scale.is_floating_point():
+        check_scale_positive(scale)
     return dequantize_symmetric(codes, scale).to(dtype)
 
 
@@ -113,8 +128,10 @@ class Int8ContiguousKVCache(ContiguousKVCache):
             c, s = _quantize_kv(x)  # (B, nh, T, hs) int8, (B, nh, T, 1)
             codes[layer_idx][:, :, start:end] = c
             scales[layer_idx][:, :, start:end] = s
-        keys = dequantize_kv(self.k[layer_idx][:, :, :end], self.k_scale[layer_idx][:, :, :end], q.dtype)
-        values = dequantize_kv(self.v[layer_idx][:, :, :end], self.v_scale[layer_idx][:, :, :end], q.dtype)
+        keys = dequantize_kv(self.k[layer_idx][:, :, :end], self.k_scale[layer_idx][:, :, :end], q.dtype,
+                             check_values=False)
+        values = dequantize_kv(self.v[layer_idx][:, :, :end], self.v_scale[layer_idx][:, :, :end], q.dtype,
+                               check_values=False)
         self._layer_len[layer_idx] = end
         return _attention_over_kept(self, q, keys, values, start, T)  # (B, nh, T, hs)
 
@@ -123,8 +140,8 @@ class FakeQuantContiguousKVCache(ContiguousKVCache):
     """The naive twin: fp32 storage, but every written k, v vector is replaced by deq(q(x)) first."""
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return super().attend(layer_idx, q, dequantize_kv(*_quantize_kv(k), k.dtype),
-                              dequantize_kv(*_quantize_kv(v), v.dtype))
+        return super().attend(layer_idx, q, dequantize_kv(*_quantize_kv(k), k.dtype, check_values=False),
+                              dequantize_kv(*_quantize_kv(v), v.dtype, check_values=False))
 
 
 class Int8PagedKVCache(PagedKVCache):
@@ -184,7 +201,8 @@ class Int8PagedKVCache(PagedKVCache):
                              (self.v_pools[layer_idx], self.v_scales[layer_idx])):
             codes = pool.index_select(0, blocks).flatten(0, 1)[:ctx]  # (nblk, bs, nh, hs) -> (ctx, nh, hs)
             s = scales.index_select(0, blocks).flatten(0, 1)[:ctx]  # (ctx, nh, 1)
-            out.append(dequantize_kv(codes, s, self.dtype).transpose(0, 1).unsqueeze(0))  # (1, nh, ctx, hs)
+            kv = dequantize_kv(codes, s, self.dtype, check_values=False)  # (ctx, nh, hs)
+            out.append(kv.transpose(0, 1).unsqueeze(0))  # (1, nh, ctx, hs)
         return out[0], out[1]
 
 

@@ -75,6 +75,12 @@ class QuantConfig:
     def granularity(self) -> str:
         return "group" if self.mode == "int4" else "channel"
 
+    @property
+    def quantize_group_size(self) -> int | None:
+        """group_size as `quantize` takes it beside `granularity`: the int4 group, None for the per-channel modes
+        (whose `group_size` field is unused; `quantize` refuses a group size it would ignore)."""
+        return self.group_size if self.granularity == "group" else None
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -140,7 +146,7 @@ class QuantLinear(nn.Module):
         with torch.no_grad():
             w = linear.weight.detach().float()  # (out, in)
             if qt is None:
-                qt = quantize(w, config.bits, config.symmetric, config.granularity, config.group_size)
+                qt = quantize(w, config.bits, config.symmetric, config.granularity, config.quantize_group_size)
             module.load_quantized(qt)
             if linear.bias is not None:
                 module.bias.copy_(linear.bias.detach().float())

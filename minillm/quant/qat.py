@@ -39,7 +39,7 @@ def qat_codes(w: torch.Tensor, config: QuantConfig) -> QuantizedTensor:
         raise TypeError(f"w must be a floating-point weight, got {getattr(w, 'dtype', type(w).__name__)}")
     if not bool(torch.isfinite(w.detach()).all()):
         raise ValueError("w holds NaN or inf values (training diverged?): they have no integer code")
-    return quantize(w.detach(), config.bits, config.symmetric, config.granularity, config.group_size)
+    return quantize(w.detach(), config.bits, config.symmetric, config.granularity, config.quantize_group_size)
 
 
 def fake_quantize(w: torch.Tensor, config: QuantConfig) -> torch.Tensor:

@@ -95,9 +95,12 @@ def _check_broadcasts(name: str, t: torch.Tensor, x_name: str, x: torch.Tensor) 
                          f"{tuple(x.shape)}")
 
 
-def _check_scale_positive(scale: torch.Tensor) -> None:
+def check_scale_positive(scale: torch.Tensor) -> None:
     """No scale <= 0 (a zero scale divides by zero, a negative one flips every sign); NaN passes (see
     `symmetric_params`). One host sync."""
+    if scale.device.type == "meta":
+        raise ValueError(f"scale is a meta tensor (shape {tuple(scale.shape)}): it has no values to check; pass "
+                         "check_values=False to map meta tensors")
     if bool((scale <= 0).any()):
         raise ValueError(f"scale must be > 0, got {int((scale <= 0).sum())} scale(s) <= 0 (smallest "
                          f"{scale.min().item():g})")
@@ -110,6 +113,9 @@ def _check_zero(zero: object, x: torch.Tensor, bits: int, check_values: bool) ->
         raise TypeError(f"zero must be a tensor of zero points, got {type(zero).__name__}")
     _check_broadcasts("zero", zero, "x", x)
     lo, hi = qrange(bits, symmetric=False)
+    if check_values and zero.device.type == "meta":
+        raise ValueError(f"zero is a meta tensor (shape {tuple(zero.shape)}): it has no values to check; pass "
+                         "check_values=False to map meta tensors")
     if check_values:
         off = (zero < lo) | (zero > hi)
         if zero.is_floating_point():
@@ -121,7 +127,10 @@ def _check_zero(zero: object, x: torch.Tensor, bits: int, check_values: bool) ->
 
 
 def check_finite(name: str, x: torch.Tensor) -> torch.Tensor:
-    """x unchanged, or a ValueError naming it when it holds NaN or inf (one host sync: not for a per-step path)."""
+    """x unchanged, or a ValueError naming it when it holds NaN or inf (one host sync: not for a per-step path), or
+    when it is a meta tensor (a shape without values: nothing to check or to quantize)."""
+    if x.device.type == "meta":
+        raise ValueError(f"{name} is a meta tensor (shape {tuple(x.shape)}): it has no values to check or quantize")
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} holds inf or NaN values, which have no integer code")
     return x
@@ -163,7 +172,7 @@ def quantize_symmetric(x: torch.Tensor, scale: torch.Tensor, bits: int, *,
     _check_broadcasts("scale", scale, "x", x)
     _check_bool("check_values", check_values)
     if check_values:
-        _check_scale_positive(scale)
+        check_scale_positive(scale)
     lo, hi = qrange(bits, symmetric=True)
     # BEGIN SOLUTION
     return torch.clamp(torch.round(x / scale), lo, hi).to(torch.int8)
@@ -195,7 +204,7 @@ def quantize_asymmetric(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor
     _check_bool("check_values", check_values)
     _check_zero(zero, x, bits, check_values)
     if check_values:
-        _check_scale_positive(scale)
+        check_scale_positive(scale)
     lo, hi = qrange(bits, symmetric=False)
     # BEGIN SOLUTION
     return torch.clamp(torch.round(x / scale) + zero.to(x.dtype), lo, hi).to(torch.uint8)
@@ -352,6 +361,9 @@ def _grouped_view(x: torch.Tensor, granularity: str, group_size: int | None) -> 
         raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
     if x.dim() == 0:
         raise ValueError("cannot quantize a 0-d tensor; give it at least one dimension")
+    if granularity != "group" and group_size is not None:  # else it would be ignored: one scale per row or tensor
+        raise ValueError(f"group_size={group_size!r} applies to granularity='group' only, got granularity="
+                         f"{granularity!r}; leave group_size None")
     if granularity == "tensor":
         return x.reshape(1, 1, -1)  # (1, 1, numel)
     rows = x.shape[0]

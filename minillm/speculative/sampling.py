@@ -48,6 +48,14 @@ def _check_probs(name: str, t: object, rows: int | None = None, what: str = "pro
     return t
 
 
+def _check_some_token_possible(name: str, logits: torch.Tensor) -> None:
+    """Every row of logits (rows, V) gives some token a chance: a row all -inf masks the whole vocabulary, and its
+    argmax (token 0, the first of equals) would be an answer the target never gave. ValueError naming the row."""
+    dead = torch.isneginf(logits).all(dim=-1)  # (rows,)
+    if bool(dead.any()):
+        raise ValueError(f"{name} row {int(dead.nonzero()[0])} is -inf everywhere: no token is possible there")
+
+
 def _check_alike(a: tuple[str, object], b: tuple[str, object], what: str, min_dim: int) -> None:
     """Two float tensors of one shape, dtype and device (with V >= 1 when min_dim is 1); TypeError/ValueError
     naming the argument otherwise."""
@@ -157,6 +165,8 @@ def accept_or_resample(p: torch.Tensor, q: torch.Tensor, draft_tokens: Sequence[
         raise ValueError(f"draft_tokens has {len(tokens)} tokens but q has {gamma} rows")
     if q.device != p.device:
         raise ValueError(f"p on {p.device} and q on {q.device} must be on one device")
+    if q.dtype != p.dtype:  # as acceptance_probability and residual_distribution, which it calls, refuse them
+        raise TypeError(f"p ({p.dtype}) and q ({q.dtype}) must have one dtype")
     check_distributions("p", p)
     check_distributions("q", q)
     _check_generator(generator, p.device)
@@ -211,6 +221,7 @@ def accept_greedy(target_logits: torch.Tensor, draft_tokens: Sequence[int] | tor
         raise ValueError(f"params must be greedy SamplingParams (temperature 0) or None, got {params!r}")
     if bool(torch.isnan(target_logits).any()):  # argmax would pick a NaN as the largest
         raise ValueError("target_logits contains NaN")
+    _check_some_token_possible("target_logits", target_logits)
     # BEGIN SOLUTION
     best = sample_next(target_logits, params or SamplingParams.greedy()).tolist()  # (γ+1,) argmax per position
     out: list[int] = []

@@ -78,14 +78,18 @@ namespace {
 // x (M, K), w (N, K), bias (N) or empty -> (M, N); float32, contiguous, CPU (checked by the Python wrapper too).
 at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
     TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu() && bias.device().is_cpu(), "gemv: CPU tensors only");
-    TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "gemv: x and w must be float32");
+    // TORCH_CHECK_TYPE / _VALUE raise Python's TypeError / ValueError: `FastLinear` calls this without a Python
+    // check in front (a per-token path), so the checks here are what a caller sees.
+    TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat,
+                     "gemv: x and w must be float32, got x ", x.scalar_type(), " and w ", w.scalar_type());
     TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1),
                 "gemv: x must be (M, K) and w (N, K) with the same K, got x ", x.sizes(), " and w ", w.sizes());
     TORCH_CHECK(x.is_contiguous() && w.is_contiguous(), "gemv: x and w must be contiguous");
     const bool has_bias = bias.numel() > 0;
-    TORCH_CHECK(!has_bias || (bias.scalar_type() == at::kFloat && bias.dim() == 1 && bias.size(0) == w.size(0) &&
-                              bias.is_contiguous()),
-                "gemv: bias must be a contiguous float32 (N,) tensor or empty, got ", bias.sizes());
+    TORCH_CHECK_TYPE(!has_bias || bias.scalar_type() == at::kFloat, "gemv: bias must be float32 (like w), got ",
+                     bias.scalar_type());
+    TORCH_CHECK_VALUE(!has_bias || (bias.dim() == 1 && bias.size(0) == w.size(0) && bias.is_contiguous()),
+                      "gemv: bias must be a contiguous (N,) tensor or empty, got ", bias.sizes());
     const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
     auto y = at::empty({M, N}, x.options());
     const float* xp = x.data_ptr<float>();
