@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 
 from helpers import assert_every_generator_agrees, context_model
 from minillm import GPT, GPTConfig
+from minillm.bench.agreement import teacher_forced_agreement
 from minillm.core.checkpoint import save_checkpoint
 from minillm.core.sampling import SamplingParams
 from minillm.engine.config import EngineConfig
@@ -27,7 +28,7 @@ from minillm.engine.llm import LLM
 from minillm.gpt.eval import perplexity
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.kvcache.generate import generate_ids
-from minillm.quant.bench import CASES, kv_perplexity, linear_bytes, run_all, teacher_forced_agreement
+from minillm.quant.bench import CASES, kv_perplexity, linear_bytes, run_all
 from minillm.quant.checkpoint import describe, load_quantized, save_quantized
 from minillm.quant.gptq import gptq_quantize, gptq_quantize_model, gptq_reference, rtn_and_gptq_errors
 from minillm.quant.kv_cache import (
@@ -156,7 +157,8 @@ def test_granularities_shapes_and_error_bound(bits, symmetric, granularity, grou
 def test_finer_granularity_means_smaller_error():
     """Rows of different magnitudes: one scale for all wastes the small rows' range; per group wastes least."""
     x = torch.randn(16, 256) * torch.logspace(-2, 0, 16).unsqueeze(1)
-    errs = [(dequantize(quantize(x, 4, True, g, 32)) - x).pow(2).mean().item() for g in ("tensor", "channel", "group")]
+    errs = [(dequantize(quantize(x, 4, True, g, 32 if g == "group" else None)) - x).pow(2).mean().item()
+            for g in ("tensor", "channel", "group")]
     assert errs[0] > errs[1] > errs[2]
 
 
@@ -172,7 +174,7 @@ def test_round_trip_error_is_at_most_half_a_step(rows, groups, group_size, bits,
     if seed % 3 == 0:
         x = x.abs()  # all positive: the asymmetric range is widened to include 0
     for granularity in ("tensor", "channel", "group"):
-        qt = quantize(x, bits, symmetric, granularity, group_size)
+        qt = quantize(x, bits, symmetric, granularity, group_size if granularity == "group" else None)
         r, n = qt.scale.shape
         err = (dequantize(qt) - x).abs().reshape(r, n, -1)
         assert (err <= qt.scale.unsqueeze(2) / 2 * (1 + REL)).all(), granularity
@@ -289,7 +291,7 @@ def test_weight_only_linear_equals_f_linear_with_the_dequantized_weight(config, 
     lin = nn.Linear(128, 48, bias=bias)
     ql = QuantLinear.from_linear(lin, config)
     expected_w = dequantize(quantize(lin.weight.detach(), config.bits, config.symmetric, config.granularity,
-                                     config.group_size))
+                                     config.quantize_group_size))
     x = torch.randn(2, 5, 128)
     with torch.no_grad():
         torch.testing.assert_close(ql(x), F.linear(x, expected_w, lin.bias), atol=LIN_ATOL, rtol=LIN_RTOL)
@@ -662,8 +664,12 @@ def test_the_benchmark_on_a_small_model_at_its_quick_sizes():
     assert [r["case"] for r in report["cases"]] == [c.name for c in CASES]
     for r in report["cases"]:
         assert 0 <= r["agreement"] <= 1 and r["speedup"] > 0 and r["bytes_ratio"] >= 1
+        assert 0 <= r["kl_mean"] <= r["kl_max"] and r["kl_p99"] <= r["kl_max"]
+        assert 0 <= r["mean_common_prefix"] <= report["new_tokens"]
         if "engine" in r:
             assert r["engine"]["same_as_generate"] == report["prompts"]
+    fp32 = report["cases"][0]  # fp32 against itself: no divergence, every continuation identical
+    assert fp32["kl_max"] == 0 and fp32["agreement"] == 1 and fp32["identical_prompts"] == report["prompts"]
     assert report["kv_int8"]["engine_same_as_generate"] == report["prompts"]
     assert len(report["outliers"]["rows"]) == 2 and report["layer_costs"]
 

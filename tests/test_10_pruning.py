@@ -538,6 +538,7 @@ def test_torch_prune_agreement_and_the_benchmark_on_a_small_model():
     for r in [*fifty.values(), *report["two_four"], *report["structured"]]:
         assert r["engine_same_as_generate"] == report["prompts"]
         assert 0 <= r["agreement"] <= 1 and r["speedup"] > 0
+        assert 0 <= r["kl_mean"] <= r["kl_max"] and 0 <= r["mean_common_prefix"] <= report["new_tokens"]
     assert all(r["pattern_ok"] for r in report["two_four"])
     s = report["structured"][0]
     assert s["mlp_hidden"] == [96, 96] and s["params"] < s["dense_params"]

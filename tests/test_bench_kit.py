@@ -1,5 +1,5 @@
 """The measurement kit (`minillm.bench`): loader, workload presets, the over-time driver, the same-tokens check,
-greedy agreement, and the command line every benchmark shares.
+greedy agreement, KL divergence, output consistency, and the command line every benchmark shares.
 
 No timing is asserted here: only that the kit's numbers are the ones it claims (lengths, orders, counts), that every
 chapter benchmark's parser offers the shared options with the kit's defaults and help, and that no chapter's
@@ -17,18 +17,31 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from minillm import chapters
 from minillm.bench import cli
-from minillm.bench.agreement import argmax_along, greedy_agreement, teacher_forced_agreement
+from minillm.bench.agreement import (
+    argmax_along,
+    common_prefix,
+    greedy_agreement,
+    greedy_outputs,
+    kl_divergence,
+    output_consistency,
+    teacher_forced_agreement,
+    teacher_forced_kl,
+)
 from minillm.bench.check import SameTokens, same_tokens
 from minillm.bench.driver import drive, engine_tokens
 from minillm.bench.models import load_model
 from minillm.bench.workload import PRESETS, LengthDist, eval_prompts, make_workload, workload
 from minillm.core.config import GPTConfig
 from minillm.core.model import GPT
+from minillm.core.sampling import SamplingParams
 from minillm.engine import LLM, EngineConfig
 from minillm.kvcache.generate import generate_ids
+
+from helpers import context_model
 
 
 # ------------------------------------------------------------------------------------------------- load_model
@@ -214,6 +227,131 @@ def test_the_two_agreements_agree_on_the_reference_s_own_argmax_path():
     assert greedy_agreement(ref, prompts, conts) == 1.0
     with pytest.raises(ValueError):
         greedy_agreement(cand, prompts, conts[:1])
+
+
+def test_kl_divergence_matches_f_kl_div_and_a_hand_computation():
+    """p = softmax(0, 0) = (1/2, 1/2), q = softmax(0, ln 3) = (1/4, 3/4): KL(p || q) = 1/2 ln 2 + 1/2 ln(2/3)."""
+    p_logits = torch.tensor([0.0, 0.0], dtype=torch.float64)
+    q_logits = torch.tensor([0.0, math.log(3.0)], dtype=torch.float64)  # float64: ln 3 in float32 is off by 1e-8
+    want = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)  # 0.1438 nats
+    assert kl_divergence(p_logits, q_logits).item() == pytest.approx(want, rel=1e-12)
+    g = torch.Generator().manual_seed(0)
+    ref, cand = torch.randn(4, 7, 50, generator=g) * 3, torch.randn(4, 7, 50, generator=g) * 3  # (B, T, V)
+    kl = kl_divergence(ref, cand)
+    assert kl.shape == (4, 7) and kl.dtype == torch.float64 and (kl > 0).all()
+    oracle = F.kl_div(F.log_softmax(cand.double(), -1), F.log_softmax(ref.double(), -1), reduction="none",
+                      log_target=True).sum(-1)  # (4, 7): PyTorch's KL(target || input)
+    torch.testing.assert_close(kl, oracle, atol=1e-12, rtol=1e-10)
+    assert torch.equal(kl_divergence(ref, ref), torch.zeros(4, 7, dtype=torch.float64))
+    assert kl_divergence(ref, ref + 5.0).abs().max() < 1e-12  # a constant per row changes no probability
+
+
+def test_kl_divergence_of_a_masked_vocabulary_has_no_nan():
+    """A token the reference rules out adds 0 (F.kl_div gives NaN where both rule it out); a token only the
+    candidate rules out makes the KL infinite."""
+    g = torch.Generator().manual_seed(1)
+    ref, cand = torch.randn(3, 10, generator=g), torch.randn(3, 10, generator=g)
+    ref[:, 7:] = cand[:, 8:] = float("-inf")  # the reference allows 0..6, the candidate 0..7
+    kl = kl_divergence(ref, cand)
+    assert not kl.isnan().any() and torch.isfinite(kl).all()
+    # over the reference's 7 tokens: the candidate's distribution leaves mass on token 7, the KL sums only 0..6
+    log_p, log_q = F.log_softmax(ref[:, :7].double(), -1), F.log_softmax(cand.double(), -1)[:, :7]
+    torch.testing.assert_close(kl, (log_p.exp() * (log_p - log_q)).sum(-1), atol=1e-12, rtol=1e-10)
+    assert F.kl_div(F.log_softmax(cand, -1), F.log_softmax(ref, -1), reduction="none", log_target=True).isnan().any()
+    assert torch.isinf(kl_divergence(cand, ref)).all()  # now the candidate rules out token 7, which p allows
+
+
+def test_kl_divergence_refuses_bad_logits():
+    x = torch.zeros(2, 5)
+    with pytest.raises(ValueError, match="candidate_logits"):
+        kl_divergence(x, torch.zeros(2, 6))  # another vocabulary
+    with pytest.raises(ValueError, match="reference_logits"):
+        kl_divergence(torch.full((2, 5), float("nan")), x)
+    with pytest.raises(ValueError, match="all -inf"):
+        kl_divergence(x, torch.full((2, 5), float("-inf")))
+    with pytest.raises(TypeError, match="reference_logits"):
+        kl_divergence(torch.zeros(2, 5, dtype=torch.long), x)
+
+
+def test_teacher_forced_kl_is_zero_for_the_same_model_and_agrees_with_the_argmax_count():
+    ref, cand = _agreement_model(), GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=1, n_head=2, n_embd=16))
+    cand.eval()
+    seqs = [[1, 2, 3, 4, 5, 6, 7], [9, 8, 7, 6, 5]]
+    same = teacher_forced_kl(ref, ref, seqs, prompt_len=3)
+    assert same["kl_mean"] == same["kl_max"] == 0.0 and same["agreement"] == 1.0 and same["positions"] == 6
+    r = teacher_forced_kl(ref, cand, seqs, prompt_len=3)
+    assert (r["agree_positions"], r["positions"]) == teacher_forced_agreement(ref, cand, seqs, prompt_len=3)
+    with torch.inference_mode():  # the hand computation: full forwards, the positions predicting seq[3:]
+        kl = torch.cat([kl_divergence(ref(torch.tensor([s[:-1]]))[0, 2:], cand(torch.tensor([s[:-1]]))[0, 2:])
+                        for s in seqs])  # (6,)
+    assert r["kl_mean"] == pytest.approx(kl.mean().item(), rel=1e-9) and r["kl_mean"] > 0
+    assert r["kl_max"] == pytest.approx(kl.max().item(), rel=1e-9)
+    assert kl.min().item() <= r["kl_p99"] <= r["kl_max"]
+
+
+def test_teacher_forced_kl_refuses_bad_input():
+    model = _agreement_model()
+    other = GPT(GPTConfig(vocab_size=65, block_size=32, n_layer=1, n_head=2, n_embd=16))
+    with pytest.raises(ValueError, match="sequences"):
+        teacher_forced_kl(model, model, [], prompt_len=2)
+    with pytest.raises(ValueError, match="prompt_len"):
+        teacher_forced_kl(model, model, [[1, 2, 3]], prompt_len=0)
+    with pytest.raises(ValueError, match=r"sequences\[1\]"):
+        teacher_forced_kl(model, model, [[1, 2, 3], [1, 2]], prompt_len=2)
+    with pytest.raises(ValueError, match="candidate has a vocabulary of 65"):
+        teacher_forced_kl(model, other, [[1, 2, 3]], prompt_len=2)
+
+
+class _BansOneToken(GPT):
+    """The same model with one token's logit set to -inf: its greedy continuation is the original's until the
+    original would pick that token."""
+
+    banned = 0
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        out = super().logits(h).clone()  # (..., V)
+        out[..., self.banned] = float("-inf")
+        return out
+
+
+def test_output_consistency_of_a_model_with_itself_and_with_a_crafted_twin():
+    ref = context_model(GPTConfig(vocab_size=64, block_size=32, n_layer=1, n_head=2, n_embd=16), seed=0)
+    prompts = [[1, 2, 3], [9, 8, 7], [4, 4, 4], [30, 31]]
+    outs = greedy_outputs(ref, prompts, 8)
+    params = SamplingParams.greedy(8, ignore_eos=True)
+    assert outs == [generate_ids(ref, p, params) for p in prompts]  # the reference loop = chapter 04's cached one
+    assert output_consistency(outs, outs) == {"identical": 4, "prompts": 4, "identical_fraction": 1.0,
+                                              "mean_common_prefix": 8.0, "new_tokens": 8}
+    twin = _BansOneToken(ref.config).eval()
+    twin.load_state_dict(ref.state_dict())
+    twin.banned = outs[0][2]  # the token ref picks third for the first prompt
+    cand = greedy_outputs(twin, prompts, 8)
+    # the twin follows ref until ref would pick the banned token: the common prefix ends at its first occurrence
+    want = [out.index(twin.banned) if twin.banned in out else 8 for out in outs]
+    assert [common_prefix(a, b) for a, b in zip(outs, cand)] == want and want[0] <= 2
+    r = output_consistency(outs, cand)
+    assert r["identical"] == sum(w == 8 for w in want) < 4 and r["mean_common_prefix"] == sum(want) / 4
+    # teacher-forced, the twin gives the banned token probability 0 where ref gives it some: KL is +inf, not NaN
+    kl = teacher_forced_kl(ref, twin, [p + o for p, o in zip(prompts, outs)], prompt_len=2)
+    assert kl["kl_mean"] == kl["kl_p99"] == kl["kl_max"] == math.inf
+
+
+def test_output_consistency_by_hand_and_its_bad_input():
+    r = output_consistency([[1, 2, 3], [4, 5, 6]], [[1, 2, 9], [4, 5, 6]])
+    assert r == {"identical": 1, "prompts": 2, "identical_fraction": 0.5, "mean_common_prefix": 2.5, "new_tokens": 3}
+    model = _agreement_model()
+    with pytest.raises(ValueError, match="prompts"):
+        greedy_outputs(model, [], 4)
+    with pytest.raises(ValueError, match="num_tokens"):
+        greedy_outputs(model, [[1, 2]], 0)
+    with pytest.raises(ValueError, match=r"prompts\[1\]"):
+        greedy_outputs(model, [[1, 2], []], 4)
+    with pytest.raises(ValueError, match="reference_outputs"):
+        output_consistency([], [])
+    with pytest.raises(ValueError, match="candidate_outputs"):
+        output_consistency([[1]], [[1], [2]])
+    with pytest.raises(ValueError, match=r"reference_outputs\[0\]"):
+        output_consistency([[]], [[1]])
 
 
 def test_engine_tokens_are_each_prompt_s_output_ids():

@@ -7,8 +7,9 @@
   which reproduces the shipped `draft-distilled` and its hard-label control `draft-hardlabel`.
 - `run_state`: what a distillation run keeps beside the trainer's checkpoints (its settings, the per-step loss terms),
   so that an interrupted run resumes exactly (`TrainConfig.resume`, `--resume DIR`).
-- `bench`: validation perplexity, agreement with the teacher's greedy token, α and the end-to-end speed-up of
-  speculative decoding with each draft (`python -m minillm.distill.bench`).
+- `bench`: validation perplexity, agreement with the teacher's greedy token, KL from the teacher and identical
+  continuations, α and the end-to-end speed-up of speculative decoding with each draft
+  (`python -m minillm.distill.bench`).
 - `tour`: the chapter's two tour rows.
 """
 

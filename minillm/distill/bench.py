@@ -6,6 +6,10 @@ and `draft-distilled` the two students of `python -m minillm.distill.train`, sam
   - `greedy_agreement` (the measurement kit's, `minillm.bench.agreement`): along the teacher's own greedy
     continuations of validation prompts, how often the student's argmax equals the teacher's next token (what a
     greedy verify step checks, at every position);
+  - `teacher_forced_kl` (the kit's): along the same continuations, KL(p_base || p_student) per position, in nats
+    (mean, 99th percentile, max): the forward KL the distilled student was trained to lower, measured on held-out
+    text; and `output_consistency`: each student's own free-running greedy continuations of the same prompts against
+    `base`'s (identical ones, mean common prefix);
   - `acceptance`: α = accepted / proposed of `generate_speculative` (greedy) with each draft over the same
     prompts, for a few γ (only at γ = 1 is accepted / proposed the per-token α of the cost model);
   - `speedups`: the end-to-end speed-up of speculative decoding with each draft against the target alone
@@ -24,7 +28,7 @@ from typing import Any, Sequence
 
 import torch
 
-from minillm.bench.agreement import greedy_agreement
+from minillm.bench.agreement import greedy_agreement, output_consistency, teacher_forced_kl
 from minillm.bench.cli import bench_parser, pick_size, start, write_report
 from minillm.bench.models import load_model
 from minillm.core.config import check_int
@@ -146,6 +150,10 @@ def run_all(device: torch.device, size: str = "full", seed: int = 0) -> dict[str
     prompts = val_prompts(sz.num_prompts, sz.prompt_len)
     conts = teacher_continuations(models[TARGET], prompts, sz.new_tokens)
     report["agreement"] = {n: greedy_agreement(models[n], prompts, conts) for n in DRAFTS}
+    sequences = [p + c for p, c in zip(prompts, conts)]
+    report["kl"] = {n: teacher_forced_kl(models[TARGET], models[n], sequences, sz.prompt_len) for n in DRAFTS}
+    report["consistency"] = {n: output_consistency(conts, teacher_continuations(models[n], prompts, sz.new_tokens))
+                             for n in DRAFTS}
     report["acceptance"] = {n: [acceptance(models[TARGET], models[n], prompts, sz.new_tokens, g, reference=conts)
                                 for g in sz.gammas] for n in DRAFTS}
     report["speedup"] = speedups(models[TARGET], {n: models[n] for n in DRAFTS}, prompts[:sz.timed_prompts],
@@ -182,12 +190,16 @@ def format_report(r: dict[str, Any]) -> str:
              f"{r['ppl_tokens']:,} validation tokens; {sz['num_prompts']} validation prompts of {sz['prompt_len']} "
              f"tokens, {sz['new_tokens']} greedy tokens each; speed-ups timed on {sz['timed_prompts']} of them, "
              f"median of {sz['repeats']}",
-             "model | val perplexity | agreement with base's greedy token | "
+             "model | val perplexity | agreement with base's greedy token | KL from base, mean / p99 (nats) | "
+             "identical continuations (mean common prefix) | "
              + " | ".join(f"alpha g={g}" for g in gammas) + " | " + " | ".join(f"speed-up g={g}" for g in gammas)]
-    lines.append(f"{r['labels'][TARGET]} | {r['perplexity'][TARGET]:.2f} | 1 | "
-                 + " | ".join("-" for _ in gammas * 2))
+    lines.append(f"{r['labels'][TARGET]} | {r['perplexity'][TARGET]:.2f} | 1 | 0 | {sz['num_prompts']}/"
+                 f"{sz['num_prompts']} ({sz['new_tokens']}) | " + " | ".join("-" for _ in gammas * 2))
     for n in DRAFTS:
+        kl, same = r["kl"][n], r["consistency"][n]
         lines.append(f"{r['labels'][n]} | {r['perplexity'][n]:.2f} | {r['agreement'][n]:.3f} | "
+                     f"{kl['kl_mean']:.3f} / {kl['kl_p99']:.2f} | {same['identical']}/{same['prompts']} "
+                     f"({same['mean_common_prefix']:.1f}) | "
                      + " | ".join(f"{row['alpha']:.3f}" for row in r["acceptance"][n]) + " | "
                      + " | ".join(f"{row['speedup']:.2f}x" for row in r["speedup"][n]))
     alone = [row["alone_tok_s"] for rows in r["speedup"].values() for row in rows]

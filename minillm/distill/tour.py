@@ -5,7 +5,9 @@ same steps on the same batches, with and without the teacher's distributions. Ch
 with every draft gives `base`'s own tokens, and the two students were trained the same way (same start, steps,
 seed and batch size, read from their training logs; only the loss differs). Measured
 (`minillm.distill.bench`): the gain in α of the distilled draft over the plain one at the same γ, in points, and the
-validation perplexity of the distilled student over the hard-label student's.
+validation perplexity of the distilled student over the hard-label student's. Reported beside it, never a pass
+criterion: each student's KL from `base` (nats per token, teacher-forced on `base`'s greedy continuations) and how
+many of its own greedy continuations are `base`'s.
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ def run(ctx: TourContext) -> list[Row]:
     speed = {n: next(s for s in r["speedup"][n] if s["gamma"] == gamma)["speedup"] for n in DRAFTS}
     trained = all(r["trained"].values())
     fair, why = same_recipe()
-    details = {k: r[k] for k in ("perplexity", "agreement", "acceptance", "speedup", "sizes", "labels")}
-    ppl = r["perplexity"]
+    details = {k: r[k] for k in ("perplexity", "agreement", "kl", "consistency", "acceptance", "speedup", "sizes",
+                                 "labels")}
+    ppl, kl, same = r["perplexity"], r["kl"], r["consistency"]
     return [
         Row("11", "distilled draft acceptance", f"{r['labels']['draft']} as the draft",
             f"{r['labels']['draft-distilled']} as the draft, gamma {gamma}",
@@ -59,5 +62,12 @@ def run(ctx: TourContext) -> list[Row]:
         Row("11", "distilled student perplexity", f"{r['labels']['draft-hardlabel']} (hard labels)",
             f"{r['labels']['draft-distilled']} (KD from base)",
             f"{why}; val ppl {ppl['draft-hardlabel']:.2f} -> {ppl['draft-distilled']:.2f} (base "
-            f"{ppl['base']:.2f})", fair and trained, "perplexity ratio", perplexity_ratio(r), "x", dev, details),
+            f"{ppl['base']:.2f}); KL from base {kl['draft-hardlabel']['kl_mean']:.3f} -> "
+            f"{kl['draft-distilled']['kl_mean']:.3f} nats/token (p99 {kl['draft-hardlabel']['kl_p99']:.2f} -> "
+            f"{kl['draft-distilled']['kl_p99']:.2f}); identical {r['sizes']['new_tokens']}-token continuations "
+            f"{same['draft-hardlabel']['identical']} -> {same['draft-distilled']['identical']}/"
+            f"{same['draft-distilled']['prompts']} (mean common prefix "
+            f"{same['draft-hardlabel']['mean_common_prefix']:.1f} -> "
+            f"{same['draft-distilled']['mean_common_prefix']:.1f})", fair and trained, "perplexity ratio",
+            perplexity_ratio(r), "x", dev, details),
     ]

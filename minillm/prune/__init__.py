@@ -9,7 +9,8 @@
 - `structured` MLP neurons scored ‖h_j‖·‖W_proj[:, j]‖ and physically removed (`prune_mlp`), the recovery fine-tune
   (`recover`), attention heads scored and masked (`head_scores`, `mask_heads`)
 - `checkpoint` pruned models as one safetensors file, their MLP widths and pattern in its metadata
-- `bench` every method on `base` against dense: perplexity, bytes, agreement, decode tok/s, the engine; `tour` its rows
+- `bench` every method on `base` against dense: perplexity, bytes, agreement, KL from dense, identical continuations,
+  decode tok/s, the engine; `tour` its rows
 
 The text is `chapters/10-pruning.md`, the lab `notebooks/10-pruning.ipynb`.
 """

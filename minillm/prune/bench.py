@@ -3,8 +3,10 @@
 What it reports:
   - unstructured pruning by magnitude and by Wanda at each sparsity (10-70%): validation perplexity and its delta,
     the share of zeros, the bytes of the block linears in the dense, bitmask and CSR formats; at 50% also the
-    teacher-forced greedy agreement with the dense model, decode tok/s (dense kernels: the zeros cost the same) and
-    the chapter 06 engine on the pruned model token for token against `generate_ids`;
+    teacher-forced greedy agreement with the dense model and KL(p_dense || p_pruned) from the same forwards (mean,
+    99th percentile, max; nats per token), the free-running greedy continuations identical to dense's and their mean
+    common prefix, decode tok/s (dense kernels: the zeros cost the same) and the chapter 06 engine on the pruned
+    model token for token against `generate_ids`;
   - 2:4 by magnitude and by Wanda: the same, with the pattern verified and the bytes of the 2:4 format;
   - the same 50% comparison on `draft` and on `base` with planted outlier features (chapter 09's
     `inject_outliers`, a function-preserving rescaling that magnitude pruning sees and Wanda does not);
@@ -19,7 +21,7 @@ What it reports:
   - on a CUDA GPU of compute capability 8.0+: `semi_structured.layer_speed`, the 2:4 kernel against dense.
 The command: `python -m minillm.prune.bench [--quick | --size S] [--threads N] [--json FILE]` (quick ~40 s,
 default ~5 min on one thread; the tour runs the `tour` sizes in under a minute). Timings on a shared CPU are noisy;
-perplexity, agreement, bytes and masks are deterministic.
+perplexity, agreement, KL, bytes and masks are deterministic.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.nn.utils.prune as torch_prune
 
-from minillm.bench.agreement import teacher_forced_agreement
+from minillm.bench.agreement import output_consistency, teacher_forced_kl
 from minillm.bench.check import same_tokens
 from minillm.bench.cli import bench_parser, pick_size, start, write_report
 from minillm.bench.driver import engine_tokens
@@ -138,10 +140,13 @@ class Harness:
         return {"perplexity": ppl, "ppl_delta_pct": (ppl / self.dense_ppl - 1) * 100}
 
     def agreement(self, pruned: nn.Module) -> dict[str, Any]:
-        agree, total = teacher_forced_agreement(self.model, pruned, self.sequences, self.prompt_len)
+        """Against dense: teacher-forced argmax agreement and KL (one forward of each model per prompt), the
+        free-running continuations (identical ones, mean common prefix), and the engine against `generate_ids`."""
+        kl = teacher_forced_kl(self.model, pruned, self.sequences, self.prompt_len)
         tokens = [generate_ids(pruned, p, self.greedy) for p in self.prompts]
+        free = output_consistency(self.dense_tokens, tokens)
         eng = engine_tokens(LLM(pruned, None, EngineConfig(**ENGINE)), self.prompts, self.greedy)
-        return {"agreement": agree / total, "identical_prompts": same_tokens(self.dense_tokens, tokens).equal,
+        return {**kl, "identical_prompts": free["identical"], "mean_common_prefix": free["mean_common_prefix"],
                 "engine_same_as_generate": same_tokens(tokens, eng).equal, "prompts": self.num_prompts}
 
     def speed(self, pruned: nn.Module) -> dict[str, Any]:
@@ -293,13 +298,15 @@ def format_table(report: dict[str, Any]) -> str:
                      f"{r['ppl_delta_pct']:+.2f}% | {r['dense_bytes'] / 1e6:.2f} / {r['bitmask_bytes'] / 1e6:.2f} / "
                      f"{r['csr_bytes'] / 1e6:.2f} |")
     n = report["prompts"]
-    lines += ["", "| at 50% | val ppl | delta | argmax agreement | identical prompts | engine = generate_ids "
-              "| decode tok/s vs dense |", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += ["", "| at 50% | val ppl | delta | argmax agreement | KL from dense, mean / p99 (nats) | identical "
+              "prompts (mean common prefix) | engine = generate_ids | decode tok/s vs dense |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     fifty = [(f"{r['method']} 50%", r) for r in report["unstructured"] if r["sparsity"] == 0.5]
     fifty += [(f"2:4 {r['method']}", r) for r in report["two_four"]]
     for name, r in fifty:
         lines.append(f"| {name} | {r['perplexity']:.3f} | {r['ppl_delta_pct']:+.2f}% | {100 * r['agreement']:.1f}% "
-                     f"| {r['identical_prompts']}/{n} | {r['engine_same_as_generate']}/{n} | {r['tok_s']:.0f} vs "
+                     f"| {r['kl_mean']:.3g} / {r['kl_p99']:.3g} | {r['identical_prompts']}/{n} "
+                     f"({r['mean_common_prefix']:.1f}) | {r['engine_same_as_generate']}/{n} | {r['tok_s']:.0f} vs "
                      f"{r['dense_tok_s']:.0f} ({r['speedup']:.2f}x) |")
     for r in report["two_four"]:
         lines.append(f"2:4 {r['method']}: pattern verified {r['pattern_ok']}; 2:4 format "
@@ -314,15 +321,16 @@ def format_table(report: dict[str, Any]) -> str:
     t = report["torch_prune"]
     lines.append(f"magnitude masks equal to torch.nn.utils.prune.l1_unstructured's: {t['same']}/{t['layers']} layers")
     lines += ["", "| structured MLP | widths | params (x dense) | ppl before recovery | after | delta | agreement "
-              "| identical | decode tok/s vs dense | prefill 256 |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "| KL mean / p99 | identical (prefix) | decode tok/s vs dense | prefill 256 |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in report["structured"]:
         lines.append(f"| {100 * r['fraction']:.0f}% of neurons | {r['mlp_hidden'][0]} x {len(r['mlp_hidden'])} | "
                      f"{r['params'] / 1e6:.2f} M ({r['params'] / r['dense_params']:.3f}) | "
                      f"{r['before_recovery']['perplexity']:.3f} ({r['before_recovery']['ppl_delta_pct']:+.2f}%) | "
                      f"{r['perplexity']:.3f} | {r['ppl_delta_pct']:+.2f}% | {100 * r['agreement']:.1f}% | "
-                     f"{r['identical_prompts']}/{n} | {r['tok_s']:.0f} vs {r['dense_tok_s']:.0f} ({r['speedup']:.2f}x) "
-                     f"| {r['prefill_speedup']:.2f}x |")
+                     f"{r['kl_mean']:.3g} / {r['kl_p99']:.3g} | {r['identical_prompts']}/{n} "
+                     f"({r['mean_common_prefix']:.1f}) | {r['tok_s']:.0f} vs {r['dense_tok_s']:.0f} "
+                     f"({r['speedup']:.2f}x) | {r['prefill_speedup']:.2f}x |")
     if report["structured"]:
         r = report["structured"][0]
         lines.append(f"recovery: {r['recovery_steps']} AdamW steps of 4 x 256 training tokens, KL to dense, lr "
@@ -337,7 +345,8 @@ def format_table(report: dict[str, Any]) -> str:
                      f"({r['before_recovery']['ppl_delta_pct']:+.2f}%) -> {r['perplexity']:.3f} "
                      f"({r['ppl_delta_pct']:+.2f}%) after {r['recovery_steps']} recovery steps; params "
                      f"{r['params'] / r['dense_params']:.3f} of dense; KV cache {r['kv_bytes_per_token']:,} B/token vs "
-                     f"{r['dense_kv_bytes_per_token']:,}; agreement {100 * r['agreement']:.1f}%; engine = generate_ids "
+                     f"{r['dense_kv_bytes_per_token']:,}; agreement {100 * r['agreement']:.1f}%, KL "
+                     f"{r['kl_mean']:.3g} nats/token, identical {r['identical_prompts']}/{n}; engine = generate_ids "
                      f"{r['engine_same_as_generate']}/{n}; decode {r['speedup']:.2f}x, prefill "
                      f"{r['prefill_speedup']:.2f}x dense")
     lines.append("one 256 -> 1024 linear, us per call, dense F.linear vs CSR:")

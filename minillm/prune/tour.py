@@ -5,7 +5,9 @@ token for token like `generate_ids` of the same model.
 Checks (what must hold, whatever the numbers): every mask removes exactly what it says (50% of each matrix for
 magnitude, of each row for Wanda, 2 of every 4 for 2:4; the structured model's MLPs physically 3C wide), the engine
 gives `generate_ids`' tokens on the pruned model, and the magnitude masks equal `torch.nn.utils.prune`'s. The
-chapter's targets are reported beside them: Wanda below magnitude at 50%, structured 25% faster than 1.1x.
+chapter's targets are reported beside them: Wanda below magnitude at 50%, structured 25% faster than 1.1x. So are
+KL from the dense model (nats per token, teacher-forced) and the free-running continuations identical to dense's:
+reported, never pass criteria.
 """
 
 from __future__ import annotations
@@ -38,7 +40,10 @@ def run(ctx: TourContext) -> list[Row]:
         engine_ok = r["engine_same_as_generate"] == n
         rows.append(Row("10", name, "dense model", f"{r['method']} pruning, unstructured",
                         f"{100 * r['block_sparsity']:.1f}% zeros in the block linears; ppl {r['perplexity']:.2f} "
-                        f"({r['ppl_delta_pct']:+.2f}%), argmax agreement {100 * r['agreement']:.1f}%, engine = "
+                        f"({r['ppl_delta_pct']:+.2f}%), argmax agreement {100 * r['agreement']:.1f}%, KL from dense "
+                        f"{r['kl_mean']:.3g} nats/token (p99 {r['kl_p99']:.3g}), identical continuations "
+                        f"{r['identical_prompts']}/{n} (mean common prefix {r['mean_common_prefix']:.1f}/"
+                        f"{report['new_tokens']}), engine = "
                         f"generate_ids {r['engine_same_as_generate']}/{n}; {extra}; bitmask storage "
                         f"{r['dense_bytes'] / r['bitmask_bytes']:.2f}x fewer bytes; decode "
                         f"{r['speedup']:.2f}x dense (dense kernels), {label}", exact and engine_ok,
@@ -52,7 +57,10 @@ def run(ctx: TourContext) -> list[Row]:
         speed = "no 2:4 kernel here (CUDA sm80+ only)"
     rows.append(Row("10", "2:4 semi-structured", "dense model", f"2:4 pruning by {best['method']}",
                     f"2 of every 4 kept, verified: {all(r['pattern_ok'] for r in tf.values())}; ppl magnitude "
-                    f"{tf['magnitude']['perplexity']:.2f}, Wanda {tf['wanda']['perplexity']:.2f}; engine = "
+                    f"{tf['magnitude']['perplexity']:.2f}, Wanda {tf['wanda']['perplexity']:.2f}; KL from dense "
+                    f"magnitude {tf['magnitude']['kl_mean']:.3g}, Wanda {tf['wanda']['kl_mean']:.3g} nats/token; "
+                    f"identical continuations {tf['magnitude']['identical_prompts']}/{n} and "
+                    f"{tf['wanda']['identical_prompts']}/{n}; engine = "
                     f"generate_ids {best['engine_same_as_generate']}/{n}; 2:4 format {best['fp16_ratio']:.2f}x "
                     f"fewer bytes in fp16; {speed}, {label}",
                     all(r["pattern_ok"] and r["engine_same_as_generate"] == n for r in tf.values()),
@@ -63,7 +71,10 @@ def run(ctx: TourContext) -> list[Row]:
                     f"MLPs {s['mlp_hidden'][0]} wide (was {4 * loaded.model.config.n_embd}), "
                     f"{100 * (1 - s['params'] / s['dense_params']):.1f}% of parameters gone; ppl "
                     f"{s['before_recovery']['ppl_delta_pct']:+.2f}% before and {s['ppl_delta_pct']:+.2f}% after "
-                    f"{s['recovery_steps']} recovery steps; engine = generate_ids {s['engine_same_as_generate']}/{n}; "
+                    f"{s['recovery_steps']} recovery steps; KL from dense {s['kl_mean']:.3g} nats/token (p99 "
+                    f"{s['kl_p99']:.3g}), identical continuations {s['identical_prompts']}/{n} (mean common prefix "
+                    f"{s['mean_common_prefix']:.1f}/{report['new_tokens']}); engine = generate_ids "
+                    f"{s['engine_same_as_generate']}/{n}; "
                     f"prefill {s['prefill_speedup']:.2f}x; target > {STRUCTURED_TARGET}x "
                     f"{'met' if s['speedup'] > STRUCTURED_TARGET else 'missed'}, {label}",
                     shrunk and s["engine_same_as_generate"] == n, "speed-up", s["speedup"], "x", dev,

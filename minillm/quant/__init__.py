@@ -14,8 +14,8 @@ measure what it costs in quality and what it buys in memory and speed, always ag
   05's paged cache (the engine backend "paged-int8"), with a fake-quant fp32 twin
 - `qat` quantization-aware training: fake quantization with the straight-through estimator, a short fine-tune
 - `checkpoint` quantized models as one safetensors file, the mode in its metadata (`save_quantized`, `load_quantized`)
-- `bench` every method on `base` against fp32: bytes, perplexity, greedy agreement, decode tok/s, the engine, the
-  outlier study; `tour` its rows
+- `bench` every method on `base` against fp32: bytes, perplexity, greedy agreement, KL from fp32, identical
+  continuations, decode tok/s, the engine, the outlier study; `tour` its rows
 
 The text is `chapters/09-quantization.md`, the lab `notebooks/09-quantization.ipynb`; the exercises are the maps and
 the packing (`quantize`), GPTQ's column loop (`gptq`) and the straight-through estimator (`qat`).

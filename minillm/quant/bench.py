@@ -7,7 +7,8 @@ by GPTQ and by a short QAT fine-tune; W8A8 with dynamic per-token activation sca
   - validation perplexity on the first `val_tokens` ids of the validation split (`minillm.gpt.eval`), and its delta %;
   - greedy-token agreement with fp32 on a fixed prompt set (windows of the validation text): teacher-forced (both
     models read fp32's greedy continuation; the share of positions where their argmax agrees) and free-running (the
-    prompts whose whole greedy continuation through `generate_ids` is identical);
+    prompts whose whole greedy continuation through `generate_ids` is identical, and the mean common prefix);
+  - KL(p_fp32 || p_quantized) per position from the same teacher-forced forwards (mean, 99th percentile, max; nats);
   - decode tokens/s at batch 1 through chapter 04's `generate_ids`, against fp32 by `minillm.core.timing.compare`
     (alternating runs, medians), on the threads the caller set (the CLI uses one);
   - the chapter 06 engine (`minillm.LLM`) on the quantized models, token for token against `generate_ids` of the
@@ -20,7 +21,7 @@ by GPTQ and by a short QAT fine-tune; W8A8 with dynamic per-token activation sca
     `torch._int_mm` and through its exact float64 twin: where de-quantization costs more than it saves.
 The command: `python -m minillm.quant.bench [--quick | --size S] [--threads N] [--json FILE]` (quick ~1 min,
 default ~6-8 min on one thread; the tour runs the `tour` sizes in about a minute). Timings on a shared CPU are noisy;
-quality numbers (perplexity, agreement, bytes) are deterministic.
+quality numbers (perplexity, agreement, KL, bytes) are deterministic.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.bench.agreement import teacher_forced_agreement
+from minillm.bench.agreement import output_consistency, teacher_forced_kl
 from minillm.bench.check import same_tokens
 from minillm.bench.cli import bench_parser, cpu_description, pick_size, start, write_report
 from minillm.bench.driver import engine_tokens
@@ -267,16 +268,16 @@ def run_all(model: GPT, real_text: bool, size: str = "full", seed: int = 0) -> d
         scored = qmodel if case.config is None or case.config.mode != "w8a8" else \
             quantize_model(model, replace(case.config, use_int_mm=False))
         ppl = base_ppl if case.config is None else perplexity(scored, val)
-        agree, total = teacher_forced_agreement(model, scored, sequences, PROMPT_LEN)
+        kl = teacher_forced_kl(model, scored, sequences, PROMPT_LEN)  # one forward each: KL and argmax agreement
         tokens = fp32_tokens if case.config is None else [generate_ids(scored, p, greedy) for p in prompts]
-        free = same_tokens(fp32_tokens, tokens)
+        free = output_consistency(fp32_tokens, tokens)
         row: dict[str, Any] = {
             "case": case.name, "mode": case.config.mode if case.config else "fp32", "method": case.method,
             "weight_bytes": weight_bytes(qmodel), "bytes_ratio": base_bytes / weight_bytes(qmodel),
             "linear_bytes": linear_bytes(qmodel), "linear_ratio": base_linear / linear_bytes(qmodel),
             "perplexity": ppl, "ppl_delta_pct": (ppl / base_ppl - 1) * 100,
-            "agreement": agree / total, "agree_positions": agree, "positions": total,
-            "identical_prompts": free.equal, "quantize_s": build_s,
+            **kl, "identical_prompts": free["identical"], "mean_common_prefix": free["mean_common_prefix"],
+            "quantize_s": build_s,
         }
         if case.config is None:
             t = measure(lambda: generate_ids(model, decode_prompt, decode_params), warmup=1, repeats=sz.repeats)
@@ -300,17 +301,20 @@ def run_all(model: GPT, real_text: bool, size: str = "full", seed: int = 0) -> d
 
 def format_table(report: dict[str, Any]) -> str:
     lines = ["| method | weight bytes (x smaller) | block linears (x smaller) | val ppl | delta | argmax agreement "
-             "| identical prompts | decode tok/s vs fp32 (ratio) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| KL from fp32, mean / p99 (nats) | identical prompts (mean common prefix) | decode tok/s vs fp32 "
+             "(ratio) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     n = report["prompts"]
     for r in report["cases"]:
         lines.append(f"| {r['case']} | {r['weight_bytes'] / 1e6:.2f} MB ({r['bytes_ratio']:.2f}x) | "
                      f"{r['linear_bytes'] / 1e6:.2f} MB ({r['linear_ratio']:.2f}x) | {r['perplexity']:.3f} | "
-                     f"{r['ppl_delta_pct']:+.2f}% | {100 * r['agreement']:.1f}% | {r['identical_prompts']}/{n} | "
+                     f"{r['ppl_delta_pct']:+.2f}% | {100 * r['agreement']:.1f}% | {r['kl_mean']:.3g} / "
+                     f"{r['kl_p99']:.3g} | {r['identical_prompts']}/{n} ({r['mean_common_prefix']:.1f}) | "
                      f"{r['tok_s']:.0f} vs {r.get('fp32_tok_s', r['tok_s']):.0f} ({r['speedup']:.2f}x) |")
     lines.append("")
-    lines.append(f"perplexity on the first {report['val_tokens']:,} validation tokens; agreement teacher-forced over "
-                 f"{n} prompts x {report['new_tokens']} greedy tokens of fp32; calibration (GPTQ) "
+    lines.append(f"perplexity on the first {report['val_tokens']:,} validation tokens; agreement and KL "
+                 f"teacher-forced over {n} prompts x {report['new_tokens']} greedy tokens of fp32 (the common prefix "
+                 f"of free-running continuations, in tokens of {report['new_tokens']}); calibration (GPTQ) "
                  f"{report['calibration'][0]} x {report['calibration'][1]} training tokens; QAT {report['qat_steps']} "
                  f"steps of {report['qat_windows'][0]} x {report['qat_windows'][1]} training tokens (distillation, "
                  f"lr {QAT_LR:g}); torch threads {report['threads']}; {report['cpu']}")

@@ -1,5 +1,6 @@
 """Tour entry for chapter 09: each quantization method on `base` against fp32 (weight bytes, perplexity delta,
-greedy agreement, decode tok/s), and the engine running a quantized model token for token like `generate_ids`."""
+greedy agreement, KL from fp32 and identical continuations, decode tok/s), and the engine running a quantized model
+token for token like `generate_ids`. KL and the continuations are reported, never pass criteria."""
 
 from __future__ import annotations
 
@@ -28,8 +29,10 @@ def run(ctx: TourContext) -> list[Row]:
         if r["mode"] == "fp32":
             continue
         check = (f"ppl {r['perplexity']:.2f} ({r['ppl_delta_pct']:+.2f}%), argmax agreement "
-                 f"{100 * r['agreement']:.1f}%, {r['bytes_ratio']:.2f}x fewer bytes ({r['linear_ratio']:.2f}x on "
-                 f"the block linears), {label}")
+                 f"{100 * r['agreement']:.1f}%, KL from fp32 {r['kl_mean']:.3g} nats/token (p99 {r['kl_p99']:.3g}), "
+                 f"identical continuations {r['identical_prompts']}/{report['prompts']} (mean common prefix "
+                 f"{r['mean_common_prefix']:.1f}/{report['new_tokens']}), {r['bytes_ratio']:.2f}x fewer bytes "
+                 f"({r['linear_ratio']:.2f}x on the block linears), {label}")
         if r["mode"] in ("int8", "w8a8"):
             passed = r["ppl_delta_pct"] < INT8_MAX_DELTA_PCT and r["agreement"] >= INT8_MIN_AGREEMENT
         elif r["method"] == "gptq":
