@@ -6,7 +6,8 @@ Five layers of checks, each skipped only where its tool is missing:
   built by a real BlockManager; the Python wrappers reject bad arguments before anything is built.
 - C++ compiler: every version of every kernel, its own .cu code run on the CPU by the emulator (every CUDA thread a
   fiber), equals its naive twin in fp32/fp16/bf16 with the threads in both orders; a planted missing barrier and a
-  planted deadlock are caught.
+  planted deadlock are caught. The graded CUDA exercise, softmax.cu's v2, is checked this way on the CPU and built
+  with nvcc on a GPU.
 - nvcc: every kernel file compiles alone for sm_80 and sm_90, ptxas reports every kernel, and none spills.
 - g++ with torch's headers (slow): the bindings file parses.
 - CUDA: every version of every kernel equals its naive twin over odd shapes in fp32/fp16/bf16, writing every
@@ -649,6 +650,53 @@ def test_emulator_rejects_gpu_or_strided_tensors():
         emulator.softmax(torch.zeros(2, 2, dtype=torch.float64), 1)
     with pytest.raises(ValueError, match="sources may replace"):
         emulator.build(sources={"nope.cu": ""})
+
+
+# ------------------------------------------------------------------------------------------------ the CUDA exercise
+# softmax.cu's v2, `softmax_v2_kernel`, is the chapter's exercise in CUDA C++: `minillm assignment 12` hands it out
+# with an empty body. These tests run the softmax.cu of the package under test, which in a student folder (and under
+# `minillm grade`) is the student's: on the CPU the emulator compiles it with the host C++ compiler and runs each
+# block's threads in both orders; on a GPU (`device` is "cuda" there too) the extension is built from it with nvcc.
+# Every output starts as NaN, so an element the kernel never writes fails.
+def softmax_v2(x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    """softmax.cu's v2 on x (rows, cols): emulated for a CPU tensor (the threads of a block in order, or reversed),
+    the CUDA kernel for a CUDA tensor (where the GPU picks the order: `reverse` must be False)."""
+    if x.device.type == "cpu":
+        if emulator.find_cxx() is None:
+            pytest.skip("needs a C++ compiler (g++ or clang++) to compile softmax.cu for the emulator")
+        return emulator.softmax(x, 2, reverse=reverse)
+    assert not reverse, "only the emulator can reverse the order of a block's threads"
+    return ops.softmax(x, 2, out=torch.full_like(x, float("nan")))
+
+
+def thread_orders(device: torch.device) -> tuple[bool, ...]:
+    """`reverse` values to run: both orders in the emulator, the GPU's own order on a GPU."""
+    return (False, True) if device.type == "cpu" else (False,)
+
+
+@pytest.mark.graded(points=4, exercise="softmax_v2_kernel")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_softmax_v2_kernel_equals_softmax(device, dtype):
+    """Rows of 1 to 4,099 columns against the naive softmax: fewer columns than the block's 256 threads, exactly
+    one per thread, several, and a last round cut short."""
+    for rows, cols in ((1, 1), (3, 130), (2, 256), (7, 1000), (2, 4099)):
+        x = (torch.randn(rows, cols) * 4).to(dtype).to(device)
+        for reverse in thread_orders(device):
+            assert_close(softmax_v2(x, reverse), naive.softmax(x))
+
+
+@pytest.mark.graded(points=2, exercise="softmax_v2_kernel")
+def test_softmax_v2_kernel_large_and_masked_scores(device):
+    """Scores in the hundreds (exp overflows float32 past 88, so the row's maximum must be subtracted first), the
+    first 17 columns of four rows masked to -inf (their outputs exactly 0), and a row of equal scores (1/300 each)."""
+    x = torch.randn(5, 300) * 100
+    x[:4, :17] = float("-inf")
+    x[4] = 7.0
+    x = x.to(device)
+    for reverse in thread_orders(device):
+        y = softmax_v2(x, reverse)
+        assert_close(y, F.softmax(x, dim=-1))
+        assert (y[:4, :17] == 0).all() and torch.allclose(y[4].cpu(), torch.full((300,), 1 / 300))
 
 
 # ------------------------------------------------------------------------------------------------------------ CUDA

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from minillm.course.assignment import (CHAPTER_FILES, MARKER, REPO_ROOT, exercise_functions, grade, graded_tests,
-                                       solution_lines, stub_source, write_assignment)
+                                       solution_lines, solution_regions, stub_source, write_assignment)
 from minillm.course.cli import main
 from minillm.course.grading import default_out_dir
 
@@ -45,6 +45,37 @@ def test_stub_source_replaces_marked_body_keeps_docstring():
     with pytest.raises(NotImplementedError, match="implement f"):
         namespace["f"](1)
     assert namespace["g"]() == 1
+
+
+def test_stub_source_in_cuda_leaves_a_kernel_that_compiles_and_writes_nothing():
+    """A .cu exercise is marked with // comments; its region becomes a comment naming the kernel (a raise would not
+    compile), the signature and the comment above it stay, and `#` lines are C preprocessor lines, not markers."""
+    src = textwrap.dedent(
+        """\
+        // v9: one thread per element.
+        template <typename T>
+        __global__ void scale_kernel(const T* x, T* out, int64_t n) {
+            // BEGIN SOLUTION
+            const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+        #pragma unroll
+            if (i < n) out[i] = x[i] * 2;
+            // END SOLUTION
+        }
+
+        cudaError_t scale_forward(const float* x, float* out, int64_t n) { return cudaSuccess; }
+        """
+    )
+    out, n = stub_source(src, "minillm/kernels/csrc/scale.cu")
+    assert n == 1
+    assert out.splitlines()[:4] == [
+        "// v9: one thread per element.", "template <typename T>",
+        "__global__ void scale_kernel(const T* x, T* out, int64_t n) {",
+        "    // exercise: implement scale_kernel (until you do, it compiles and writes nothing)"]
+    assert "out[i]" not in out and "#pragma" not in out and "scale_forward(" in out
+    assert solution_regions(src, "scale.cu")[0][0] == "scale_kernel"
+    assert stub_source(src, "scale.py") == (src, 0)  # Python markers: none here
+    with pytest.raises(ValueError, match="// BEGIN SOLUTION without"):
+        stub_source("// BEGIN SOLUTION\n", "k.cu")
 
 
 @pytest.mark.parametrize(
@@ -132,16 +163,17 @@ def _distinctive(lines: list[str], elsewhere: str) -> list[str]:
 
 
 def test_student_folder_is_self_contained_and_holds_no_solution_of_this_or_a_later_chapter(tmp_path):
-    sources = [*(REPO_ROOT / "minillm").rglob("*.py"), *(REPO_ROOT / "tests").glob("*.py")]
-    outside = "".join(stub_source(p.read_text(encoding="utf-8"))[0] for p in sources)  # minus every solution
+    sources = [*(REPO_ROOT / "minillm").rglob("*.py"), *(REPO_ROOT / "minillm").rglob("*.cu"),
+               *(REPO_ROOT / "tests").glob("*.py")]
+    outside = "".join(stub_source(p.read_text(encoding="utf-8"), str(p))[0] for p in sources)  # minus solutions
     secrets = {nn: _distinctive([line for rel in files for line in
-                                 solution_lines((REPO_ROOT / rel).read_text(encoding="utf-8"))], outside)
+                                 solution_lines((REPO_ROOT / rel).read_text(encoding="utf-8"), rel)], outside)
                for nn, files in CHAPTER_FILES.items()}
     assert all(secrets.values()), secrets
     for nn in CHAPTERS:
         out = write_assignment(nn, tmp_path / f"hw{nn}")
         text = "\n".join(p.read_text(encoding="utf-8", errors="replace") for p in out.rglob("*")
-                         if p.is_file() and not p.is_symlink() and p.suffix in (".py", ".md", ".ini", ".txt"))
+                         if p.is_file() and not p.is_symlink() and p.suffix in (".py", ".cu", ".md", ".ini", ".txt"))
         for later, lines in secrets.items():
             leaked = [s for s in lines if s in text]
             if later >= nn:

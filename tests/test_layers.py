@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from minillm import chapters
+from minillm.course.assignment import markers
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "minillm"
@@ -136,7 +137,8 @@ def test_manifest_names_real_files_for_built_chapters(chapter):
     assert (ROOT / chapter.package_dir / "__init__.py").is_file()
     assert (ROOT / chapter.package_dir / "tour.py").is_file(), f"chapter {chapter.number} has no tour entry"
     for rel in chapter.exercises:
-        assert "# BEGIN SOLUTION" in (ROOT / rel).read_text(encoding="utf-8"), f"{rel} has no exercise"
+        begin, _ = markers(rel)  # `# BEGIN SOLUTION`, or `// BEGIN SOLUTION` in a C, C++ or CUDA source
+        assert begin in (ROOT / rel).read_text(encoding="utf-8"), f"{rel} has no exercise"
 
 
 def test_manifest_matches_the_curriculum_slugs_and_files_on_disk():

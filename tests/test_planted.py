@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from minillm.course.assignment import BEGIN, CHAPTER_FILES, END, REPO_ROOT, grade, graded_tests, write_assignment
+from minillm.course.assignment import (CHAPTER_FILES, REPO_ROOT, grade, graded_tests, is_c_source, markers,
+                                       write_assignment)
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,12 @@ PLANTS = (
           "for offset in (16, 8, 4, 2, 1):", "for offset in (16, 8, 4, 2):"),
     Plant("12", "gather-offset-from-the-block-index", "minillm/kernels/mirror.py", "paged_gather",
           "slots = blocks * bs + j % bs", "slots = blocks * bs + blocks % bs"),
+    # 12 cuda kernels (the kernel in CUDA C++, compiled by the emulator)
+    Plant("12", "v2-sum-tree-without-barrier", "minillm/kernels/csrc/softmax.cu", "softmax_v2_kernel",
+          "        if (tid < stride) buf[tid] += buf[tid + stride];\n        __syncthreads();\n",
+          "        if (tid < stride) buf[tid] += buf[tid + stride];\n"),
+    Plant("12", "v2-each-thread-its-own-max", "minillm/kernels/csrc/softmax.cu", "softmax_v2_kernel",
+          "    m = buf[0];\n", "    m = buf[tid];\n"),
     # 13 compilation (the PyTorch mirrors of its C++ loops)
     Plant("13", "gemv-tail-columns-dropped", "minillm/compile/mirror.py", "gemv_blocked",
           "        sums = sums + (x[:, None, k8:] * block[None, :, k8:]).sum(-1)  # the K % LANES tail\n", ""),
@@ -191,9 +198,10 @@ PLANTS = (
 def planted_source(plant: Plant) -> str:
     """The reference file with `old` replaced by `new`, checked to lie inside the exercise's solution region."""
     source = (REPO_ROOT / plant.file).read_text(encoding="utf-8")
-    def_at = source.index(f"def {plant.exercise}(")
-    begin = source.index(BEGIN, def_at)
-    end = source.index(END, begin)
+    begin_marker, end_marker = markers(plant.file)
+    def_at = source.index(f"{plant.exercise}(" if is_c_source(plant.file) else f"def {plant.exercise}(")
+    begin = source.index(begin_marker, def_at)
+    end = source.index(end_marker, begin)
     region = source[begin:end]
     assert region.count(plant.old) == 1, f"{plant.id}: the planted text must occur once in {plant.exercise}'s region"
     return source[:begin] + region.replace(plant.old, plant.new) + source[end:]

@@ -8,6 +8,10 @@ The reference source marks each exercise inside a function body, after its docst
         ...reference lines, removed from the student copy...
         # END SOLUTION
 
+A C, C++ or CUDA source marks its exercises with `// BEGIN SOLUTION` / `// END SOLUTION`, and the region becomes
+a comment instead of a raise: the function must compile without it (a kernel body that writes nothing), so its
+tests fail on the output the stub leaves unwritten (chapter 12's `softmax_v2_kernel`).
+
 `write_assignment` writes a self-contained student folder: the package with the marked regions of chapter NN *and
 of every later chapter* replaced by `raise NotImplementedError` (earlier chapters' code is what the student builds
 on), the chapter's test file, a pytest configuration that imports the folder's own package (and stops if `minillm`
@@ -37,50 +41,73 @@ from minillm.course.grading import (ASSETS_DIR, PACKAGE_DIR, PYTEST_INI, REPO_RO
 from minillm.course.grading import exercise_chapter as _chapter
 
 BEGIN, END = "# BEGIN SOLUTION", "# END SOLUTION"
+C_BEGIN, C_END = "// BEGIN SOLUTION", "// END SOLUTION"
+C_SUFFIXES = frozenset({".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp"})
+# A function definition in C/C++/CUDA as these sources lay it out: an unindented line (no preprocessor line, no
+# comment, no closing brace) whose first `(` follows the function's name: `__global__ void softmax_v1_kernel(`.
+C_DEF = re.compile(r"^(?![\s#/}])[^;(]*?\b(\w+)\s*\(")
 MARKER = ".minillm-assignment"  # the file that says "this folder was written by `minillm assignment`"
 __all__ = ["CHAPTER_FILES", "GradeReport", "GradedTest", "TestResult", "chapter_test_file", "grade", "graded_tests",
-           "stub_source", "write_assignment", "solution_lines"]
+           "stub_source", "write_assignment", "solution_lines", "markers", "is_c_source"]
 
 # Chapter -> files (relative to the repository root) whose marked functions are that chapter's exercises.
 CHAPTER_FILES: dict[str, list[str]] = {c.number: list(c.exercises) for c in chapters.built() if c.exercises}
 
 
+def is_c_source(path: str) -> bool:
+    """Whether `path` (a file, or `file::name` as the chapter texts write it) is C, C++ or CUDA source."""
+    return Path(str(path).split("::")[0]).suffix in C_SUFFIXES
+
+
+def markers(path: str) -> tuple[str, str]:
+    """The solution markers of a source: `// BEGIN SOLUTION` / `// END SOLUTION` in C, C++ and CUDA, else `#`."""
+    return (C_BEGIN, C_END) if is_c_source(path) else (BEGIN, END)
+
+
 def _scan(source: str, path: str):
     """Yield (line, enclosing function, kind) for each line, kind being "begin", "end", "inside" or "outside" of a
-    BEGIN/END SOLUTION region; a nested, unopened or unclosed region is a ValueError naming `path` and the line."""
+    BEGIN/END SOLUTION region (the markers `path`'s language comments with); a nested, unopened or unclosed region
+    is a ValueError naming `path` and the line."""
+    begin, end = markers(path)
+    func_def = C_DEF if is_c_source(path) else re.compile(r"\s*(?:async\s+)?def\s+(\w+)")
     func, inside = "this function", False
     for lineno, line in enumerate(source.splitlines(keepends=True), 1):
-        m = re.match(r"\s*(?:async\s+)?def\s+(\w+)", line)
+        m = func_def.match(line)
         if m and not inside:
             func = m.group(1)
-        if line.strip() == BEGIN:
+        if line.strip() == begin:
             if inside:
-                raise ValueError(f"{path}:{lineno}: nested {BEGIN}")
+                raise ValueError(f"{path}:{lineno}: nested {begin}")
             inside = True
             yield line, func, "begin"
-        elif line.strip() == END:
+        elif line.strip() == end:
             if not inside:
-                raise ValueError(f"{path}:{lineno}: {END} without {BEGIN}")
+                raise ValueError(f"{path}:{lineno}: {end} without {begin}")
             inside = False
             yield line, func, "end"
         else:
             yield line, func, "inside" if inside else "outside"
     if inside:
-        raise ValueError(f"{path}: {BEGIN} without {END}")
+        raise ValueError(f"{path}: {begin} without {end}")
 
 
 def stub_source(source: str, path: str = "<source>") -> tuple[str, int]:
     """Replace each BEGIN/END SOLUTION region by `raise NotImplementedError(...)`; return (text, regions replaced).
 
     The raise is indented like the BEGIN marker and names the enclosing function, so a student's traceback says
-    which exercise is still open.
+    which exercise is still open. In a C, C++ or CUDA `path` (`is_c_source`) the region becomes a comment naming
+    the function instead: the body compiles and does nothing, and the tests fail on the output it never wrote.
     """
     out: list[str] = []
     count = 0
+    c_source = is_c_source(path)
     for line, func, kind in _scan(source, path):
         if kind == "begin":
             indent = line[: len(line) - len(line.lstrip())]
-            out.append(f'{indent}raise NotImplementedError("exercise: implement {func}")\n')
+            if c_source:
+                out.append(f"{indent}// exercise: implement {func} (until you do, it compiles and writes nothing)\n")
+            else:
+                out.append(f'{indent}raise NotImplementedError("exercise: implement {func}")\n')
             count += 1
         elif kind == "outside":
             out.append(line)
@@ -98,16 +125,17 @@ def solution_regions(source: str, path: str = "<source>") -> list[tuple[str, lis
     return regions
 
 
-def solution_lines(source: str) -> list[str]:
-    """Every line of every marked region of a source (what a student copy must not contain)."""
-    return [line for _, lines in solution_regions(source) for line in lines]
+def solution_lines(source: str, path: str = "<source>") -> list[str]:
+    """Every line of every marked region of a source (what a student copy must not contain); `path` says which
+    markers the source uses (`markers`)."""
+    return [line for _, lines in solution_regions(source, path) for line in lines]
 
 
 def exercise_functions(chapter: str | int) -> dict[str, str]:
     """Exercise function name -> the file (from the repository root) holding it, for one chapter."""
     nn = _chapter(chapter)
     return {func: rel for rel in CHAPTER_FILES[nn]
-            for func, _ in solution_regions((REPO_ROOT / rel).read_text(encoding="utf-8"))}
+            for func, _ in solution_regions((REPO_ROOT / rel).read_text(encoding="utf-8"), rel)}
 
 
 def stubbed_files(chapter: str | int) -> list[str]:
@@ -170,11 +198,14 @@ def _readme(nn: str, out: Path, tests: tuple[GradedTest, ...]) -> str:
                 points[e] += t.points
     total = sum(t.points for t in tests)
     rows = "".join(f"| `{f}` | `{rel}` | {points[f]} |\n" for f, rel in funcs.items())
+    c_stubs = any(is_c_source(rel) for rel in funcs.values())
+    also = (",\nand the C++/CUDA bodies that hold only a comment `// exercise: implement ...` (each compiles and does "
+            "nothing\nuntil you write it; the comment above the function states its contract)") if c_stubs else ""
     test_rows = "".join(f"| `{t.function}` | {', '.join(f'`{e}`' for e in t.exercises) or '-'} | {t.points} |\n"
                         for t in tests)
     return f"""# minillm chapter {nn} assignment: {chapter.title}
 
-Implement the bodies that raise `NotImplementedError("exercise: ...")`. Read `chapters/{chapter.name}.md` of the
+Implement the bodies that raise `NotImplementedError("exercise: ...")`{also}. Read `chapters/{chapter.name}.md` of the
 course for the technique; each function's docstring states its contract (and any hook it must call).
 
 | exercise | file | points (tests that use it) |

@@ -12,9 +12,21 @@ A chapter text shows a function, method or class of `minillm` between two marker
 exits 1 and names every block that no longer matches, and `tests/test_texts.py` runs the same check, so a change to
 an included function fails the tests until the texts are refreshed. Nothing is copied by hand, so nothing drifts.
 
-Exercises are never given away: a function that holds `# BEGIN SOLUTION` / `# END SOLUTION` regions is shown with
-each region replaced by the stub a student receives (`minillm.course.assignment.stub_source`, the same replacement
-`minillm assignment` makes).
+C, C++ and CUDA sources (`.cu`, `.cuh`, `.cpp`, `.h`, ...) are included the same way, in a ```cuda or ```cpp
+block, by a name:
+
+    <!-- include: minillm/kernels/csrc/attention.cu::attention_v2_tiles -->
+
+is the region between the source's lines `// BEGIN INCLUDE attention_v2_tiles` and `// END INCLUDE
+attention_v2_tiles` if it marks one, else the function of that name with its `template` line and the comment right
+above it. A region is a few lines out of a longer function (a loop, a method's core); its marker lines are plain
+comments, so the compiled code is the same with or without them. A function is found by its definition, an
+unindented line `... name(` that opens a body (a declaration, ending in `;`, is skipped), and ends at the brace that
+closes that body, counted outside comments and string literals.
+
+Exercises are never given away: a function that holds `# BEGIN SOLUTION` / `# END SOLUTION` regions (`//` in C)
+is shown with each region replaced by the stub a student receives (`minillm.course.assignment.stub_source`, the
+same replacement `minillm assignment` makes).
 """
 
 from __future__ import annotations
@@ -27,14 +39,14 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from minillm.course.assignment import BEGIN, stub_source
+from minillm.course.assignment import C_DEF, is_c_source, markers, stub_source
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 CHAPTERS_DIR = REPO_ROOT / "chapters"
 
 # `<!-- include: PATH::QUALNAME -->`, anything (the rendered block), `<!-- end include -->`.
 BLOCK_RE = re.compile(
-    r"(?P<open><!-- include: (?P<path>[\w./-]+\.py)::(?P<qualname>[\w.]+) -->\n)"
+    r"(?P<open><!-- include: (?P<path>[\w./-]+\.(?:py|c|cc|cpp|cu|cuh|h|hpp))::(?P<qualname>[\w.]+) -->\n)"
     r"(?P<body>.*?)"
     r"(?P<close><!-- end include -->)",
     re.DOTALL,
@@ -66,13 +78,96 @@ def _find_node(tree: ast.Module, qualname: str, path: str) -> ast.AST:
     return node
 
 
+# Blanked before counting braces: // and /* */ comments, string and character literals (a brace inside one is text).
+_C_SKIP = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.DOTALL)
+_C_INCLUDE_MARK = re.compile(r"\s*// (?:BEGIN|END) INCLUDE \S+\s*$")
+
+
+def _c_body_end(source: str, start: int) -> int | None:
+    """Offset just past the `}` that closes the body opened after `start` (a definition's first line), or None when
+    a `;` comes before any `{` (a declaration) or the body never closes."""
+    code = _C_SKIP.sub(lambda m: " " * len(m.group()), source[start:])  # same offsets, comments and literals blank
+    depth = 0
+    for k, ch in enumerate(code):
+        if ch == ";" and depth == 0:
+            return None
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return start + k + 1
+    return None
+
+
+def _c_dedent(lines: list[str]) -> str:
+    """Remove the indentation the code lines share; preprocessor lines (`#pragma unroll` sits in column 0 inside a
+    loop) and blank lines do not count, and keep whatever indentation they have beyond it."""
+    code = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+    cut = min((len(ln) - len(ln.lstrip(" "))) for ln in code) if code else 0
+    out = []
+    for ln in lines:
+        if not ln.strip():
+            out.append(ln.lstrip(" \t"))  # a blank line stays blank
+        else:
+            out.append(ln[cut:] if ln.startswith(" " * cut) else ln)
+    return "".join(out)
+
+
+def extract_c(source: str, name: str, path: str) -> str:
+    """The lines of region `name` of a C/C++/CUDA source (between `// BEGIN INCLUDE name` and `// END INCLUDE name`),
+    or else of the function `name` (its definition, with the `template` and `//` lines right above it); dedented,
+    without the lines of any INCLUDE marker. An unknown name, or a region marked twice or never closed, is a
+    ValueError naming `path`."""
+    lines = source.splitlines(keepends=True)
+    begin, end = f"// BEGIN INCLUDE {name}", f"// END INCLUDE {name}"
+    starts = [i for i, ln in enumerate(lines) if ln.strip() == begin]
+    if len(starts) > 1:
+        raise ValueError(f"{path} marks the region {name!r} {len(starts)} times")
+    if starts:
+        stop = next((i for i in range(starts[0] + 1, len(lines)) if lines[i].strip() == end), None)
+        if stop is None:
+            raise ValueError(f"{path}: {begin!r} without {end!r}")
+        body = lines[starts[0] + 1: stop]
+    else:
+        offsets = [0]
+        for ln in lines:
+            offsets.append(offsets[-1] + len(ln))
+        body = []
+        for i, ln in enumerate(lines):
+            m = C_DEF.match(ln)
+            close = _c_body_end(source, offsets[i]) if m and m.group(1) == name else None
+            if close is not None:
+                first = i
+                while first > 0 and lines[first - 1].startswith(("//", "template")):
+                    first -= 1
+                body = lines[first: source.count("\n", 0, close - 1) + 1]
+                break
+        if not body:
+            raise ValueError(f"{path} has no function {name!r} and no region marked {begin!r}")
+    return _c_dedent([ln for ln in body if not _C_INCLUDE_MARK.match(ln)])
+
+
 def extract(path: str, qualname: str, root: Path = REPO_ROOT) -> tuple[str, bool]:
     """(source of `qualname` in `path`, was an exercise stubbed?): decorators included, dedented, every
-    BEGIN/END SOLUTION region replaced by the student's stub."""
+    BEGIN/END SOLUTION region replaced by the student's stub. In a C, C++ or CUDA file `qualname` names a region
+    or a function (`extract_c`)."""
     file = root / path
     if not file.is_file():
         raise ValueError(f"included file {path} does not exist")
     source = file.read_text(encoding="utf-8")
+    if is_c_source(path):
+        segment = extract_c(source, qualname, path)
+    else:
+        segment = _extract_python(source, qualname, path)
+    stubbed = markers(path)[0] in segment
+    if stubbed:
+        segment, _ = stub_source(segment, f"{path}::{qualname}")
+    return (segment if segment.endswith("\n") else segment + "\n"), stubbed
+
+
+def _extract_python(source: str, qualname: str, path: str) -> str:
+    """The def or class `qualname` of a Python source, decorators included, dedented."""
     node = _find_node(ast.parse(source, filename=path), qualname, path)
     first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
     all_lines = source.splitlines(keepends=True)
@@ -84,18 +179,18 @@ def extract(path: str, qualname: str, root: Path = REPO_ROOT) -> tuple[str, bool
             and len(all_lines[end]) - len(all_lines[end].lstrip()) > indent:
         end += 1
     lines = all_lines[first - 1: end]
-    segment = textwrap.dedent("".join(lines))
-    stubbed = BEGIN in segment
-    if stubbed:
-        segment, _ = stub_source(segment, f"{path}::{qualname}")
-    return (segment if segment.endswith("\n") else segment + "\n"), stubbed
+    return textwrap.dedent("".join(lines))
 
 
 def render(path: str, qualname: str, root: Path = REPO_ROOT) -> str:
-    """The block as it belongs between the markers: a fenced python block headed by where the code lives."""
+    """The block as it belongs between the markers: a fenced block (python, cuda for .cu/.cuh, else cpp) headed by
+    a comment saying where the code lives."""
     code, stubbed = extract(path, qualname, root)
-    head = f"# {path}" + ("  (the exercise's solution is left out: it is yours to write)" if stubbed else "")
-    return f"```python\n{head}\n{code}```\n"
+    suffix = Path(path).suffix
+    language = "python" if suffix == ".py" else "cuda" if suffix in (".cu", ".cuh") else "cpp"
+    comment = "#" if language == "python" else "//"
+    head = f"{comment} {path}" + ("  (the exercise's solution is left out: it is yours to write)" if stubbed else "")
+    return f"```{language}\n{head}\n{code}```\n"
 
 
 def find_includes(text_path: Path) -> list[Include]:
@@ -113,7 +208,7 @@ def find_includes(text_path: Path) -> list[Include]:
         if m.start() not in matched_starts:
             line = text.count("\n", 0, m.start()) + 1
             raise ValueError(f"{text_path.name}:{line}: malformed include marker (want "
-                             f"'<!-- include: path.py::Qual.name -->' ... '{CLOSE}')")
+                             f"'<!-- include: path.py::Qual.name -->' or 'path.cu::name' ... '{CLOSE}')")
     return found
 
 

@@ -6,7 +6,8 @@ row softmax, fused layernorm, fused bias + GELU, causal FlashAttention-style att
 over chapter 05's block pools, int8 weight-only GEMV, and the KV-cache write by slot mapping.
 What it leaves out: backward passes, tensor cores beyond `wmma` (attention v4; no `mma.sync` PTX, no Hopper
 `wgmma` or TMA); the model still runs eager PyTorch, and nothing here is wired into the engine. The exercises are the
-mirrors' `online_merge`, `attend_tile`, `warp_tree_sum` and `paged_gather`.
+mirrors' `online_merge`, `attend_tile`, `warp_tree_sum` and `paged_gather`, and one kernel in CUDA C++, softmax.cu's
+`softmax_v2_kernel` (graded through the emulator on any CPU, and on the GPU where there is one).
 
 - `naive`: the naive PyTorch twin of each kernel (plain torch ops, fp32 math), the reference for every test
 - `mirror`: a pure-PyTorch mirror of each kernel's algorithm (online softmax over tiles, FlashAttention tiles,

@@ -224,7 +224,8 @@ class FusedDecoder {
         for (int64_t j = 0; j < max_len_; ++j) where_[j] = j * hs_;  // slot j of a head's (max_len, hs) rows
     }
 
-    // Logits (1, V) of `token` at position `pos`, whose K/V go to slot `start`; it attends over slots 0..start.
+    // Logits (1, V) of `token` at position `pos`, whose K/V go to slot `start` (the same number: checked); it
+    // attends over slots 0..start.
     at::Tensor step(int64_t token, int64_t pos, int64_t start) {
         TORCH_CHECK(token >= 0 && token < V_, "FusedDecoder: token id ", token, " is outside the vocabulary [0, ", V_,
                     ")");
@@ -232,6 +233,11 @@ class FusedDecoder {
                     ")");
         TORCH_CHECK(start >= 0 && start < max_len_, "FusedDecoder: slot ", start, " is outside the cache [0, ",
                     max_len_, ")");
+        // One sequence, no padding: the token written to slot `start` sits at position `start`. Any other position
+        // would embed it as if tokens were missing (or repeated) before it, next to keys that say otherwise.
+        TORCH_CHECK(pos == start, "FusedDecoder: position ", pos, " is not the cache length ", start,
+                    " (one sequence without padding: the token at slot ", start, " is at position ", start, ")");
+        // BEGIN INCLUDE decode_step
         float* x = x_.data();
         float* h = h_.data();
         const float* te = ptr(globals_[0]) + token * C_;
@@ -255,6 +261,7 @@ class FusedDecoder {
         auto logits = at::empty({1, V_}, globals_[0].options());
         small_gemm(h, ptr(globals_[4]), nullptr, logits.data_ptr<float>(), 1, C_, V_);
         return logits;
+        // END INCLUDE decode_step
     }
 
     // The step's matrix-vector products alone, in the step's order, `times` over: every weight matrix streamed once

@@ -85,6 +85,7 @@ __global__ void attention_v2_kernel(const T* __restrict__ q, const T* __restrict
     }
     __syncthreads();
 
+    // BEGIN INCLUDE attention_v2_tiles
     const int64_t kv_end = q0 + BR < seq_len ? q0 + BR : seq_len;  // causal: no key after the last query row
     for (int64_t k0 = 0; k0 < kv_end; k0 += BC) {
         for (int idx = tid; idx < BC * D; idx += nt) {  // stage the K and V tiles, zeros past the end
@@ -136,6 +137,7 @@ __global__ void attention_v2_kernel(const T* __restrict__ q, const T* __restrict
         }
         __syncthreads();  // the next tile overwrites sK, sV, sS
     }
+    // END INCLUDE attention_v2_tiles
     for (int idx = tid; idx < BR * D; idx += nt) {
         const int r = idx / D, d = idx % D;
         const int64_t qi = q0 + r;

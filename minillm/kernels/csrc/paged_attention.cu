@@ -85,6 +85,7 @@ __global__ void paged_attention_v2_kernel(const T* __restrict__ q, const T* __re
         qd[i] = i < per_lane && d < D ? to_float(q[(s * num_heads + h) * head_dim + d]) * scale : 0.f;
         acc[i] = 0.f;
     }
+    // BEGIN INCLUDE paged_attention_v2_keys
     float m = -INFINITY, l = 0.f;
     for (int64_t j = warp; j < ctx && !too_long; j += kWarps) {
         const int64_t block = table[j / block_size];  // the same in every lane: the branch is warp-uniform
@@ -111,6 +112,7 @@ __global__ void paged_attention_v2_kernel(const T* __restrict__ q, const T* __re
         }
         m = m_new;
     }
+    // END INCLUDE paged_attention_v2_keys
     if (lane == 0) {
         s_m[warp] = m;
         s_l[warp] = l;

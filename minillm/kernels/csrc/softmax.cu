@@ -23,9 +23,13 @@ __global__ void softmax_v1_kernel(const T* __restrict__ x, T* __restrict__ out, 
     for (int64_t c = 0; c < cols; ++c) yr[c] = from_float<T>(expf(to_float(xr[c]) - m) / s);
 }
 
-// v2: blockDim.x == 256 (a power of two, as the tree reduction needs).
+// v2: block r computes row r (the grid has one block per row); blockDim.x == 256, a power of two, as the tree
+// reduction needs. Thread t takes columns t, t + 256, ...; the block's maximum, then its sum of exp(x - max), is
+// combined from the threads' partial results by a tree reduction in shared memory (stride 128, 64, .., 1), with a
+// __syncthreads() wherever a thread reads what another one wrote. This kernel is the chapter's CUDA exercise.
 template <typename T>
 __global__ void softmax_v2_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t rows, int64_t cols) {
+    // BEGIN SOLUTION
     __shared__ float buf[256];
     const int64_t r = blockIdx.x;
     const int tid = threadIdx.x;
@@ -51,6 +55,7 @@ __global__ void softmax_v2_kernel(const T* __restrict__ x, T* __restrict__ out, 
     }
     s = buf[0];
     for (int64_t c = tid; c < cols; c += blockDim.x) yr[c] = from_float<T>(expf(to_float(xr[c]) - m) / s);
+    // END SOLUTION
 }
 
 template <typename T>
