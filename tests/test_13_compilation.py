@@ -20,7 +20,7 @@ from minillm import GPTConfig
 from minillm.compile.bench import FUSED, run_all, weight_streaming_bound
 from minillm.compile.cpu_gemv import build_problem, fast_cpu_model, gemv
 from minillm.compile.cpu_paged import NAME, paged_decode_attention
-from minillm.compile.decode import StaticDecoder
+from minillm.compile.decode import StaticDecoder, compile_problem
 from minillm.compile import mirror
 from minillm.compile.fused_step import FusedCPUDecoder
 from minillm.compile.sweep import Case, profile_decode, run_sweep
@@ -184,6 +184,15 @@ def test_inductor_compiled_decoder_gives_the_generators_tokens():
     for prompt in PROMPTS[:2]:
         assert dec.generate_ids(prompt, params) == generate_ids(m, prompt, params)
     assert dec.compiles == 1
+
+
+def test_compile_problem_says_what_is_missing(monkeypatch):
+    """The notebook's guard before `torch.compile`: None where inductor can build, else the missing piece by name."""
+    if DYNAMO:
+        monkeypatch.setattr(shutil, "which", lambda name: None)
+        assert compile_problem() == "inductor's CPU backend needs a C++ compiler (c++ or g++) on the PATH"
+    monkeypatch.setattr(torch._dynamo, "is_dynamo_supported", lambda: False)
+    assert compile_problem() == "torch.compile (dynamo) is not supported on this Python/PyTorch"
 
 
 needs_cpp = pytest.mark.skipif(build_problem() is not None, reason=f"cannot build the C++ GEMV: {build_problem()}")

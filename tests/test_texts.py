@@ -20,7 +20,7 @@ import pytest
 
 from minillm import chapters
 from minillm.course import includes, roadmap
-from minillm.course.assignment import BEGIN, END
+from minillm.course.assignment import BEGIN, markers
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS_DIR = ROOT / "chapters"
@@ -106,14 +106,15 @@ def solution_lines() -> set[str]:
     outside: set[str] = set()
     for c in BUILT:
         for rel in c.exercises:
+            begin, end = markers(rel)  # `//` in a .cu exercise
             inside = False
             for line in (ROOT / rel).read_text(encoding="utf-8").splitlines():
                 s = line.strip()
-                if s == BEGIN:
+                if s == begin:
                     inside = True
-                elif s == END:
+                elif s == end:
                     inside = False
-                elif len(s) >= 30 and not s.startswith("#"):
+                elif len(s) >= 30 and not s.startswith(("#", "//")):
                     (lines if inside else outside).add(s)
     return lines - outside
 
@@ -135,6 +136,63 @@ def test_includes_stub_exercises_and_dedent():
     assert not stubbed and "def decode_step(" in code and "raise NotImplementedError" not in code
     with pytest.raises(ValueError, match="no 'Nope'"):
         includes.extract("minillm/kvcache/cache.py", "ContiguousKVCache.Nope")
+
+
+KERNEL = """\
+// unrelated: the file's header
+#include "common.cuh"
+
+cudaError_t twice_forward(const float* x, float* y, int64_t n);  // a declaration: skipped
+
+// Doubles x; a brace in a comment } and in a string "}" and a char '{' are not code.
+template <typename T>
+__global__ void twice_kernel(const T* x, T* y, int64_t n) {
+    const char* s = "}";
+    // BEGIN SOLUTION
+    const int64_t i = threadIdx.x;
+    if (i < n) { y[i] = x[i] * 2; }
+    // END SOLUTION
+}
+
+void host_loop(float* y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        // BEGIN INCLUDE inner
+        y[i] += 1;
+#pragma unroll
+        if (y[i] > 0) {
+            y[i] *= 2;
+        }
+        // END INCLUDE inner
+    }
+}
+"""
+
+
+def test_includes_c_functions_by_name_and_regions_by_marker(tmp_path):
+    """A function by name (its template line and the comment above it, closed at its own brace, a declaration of the
+    same shape skipped), an exercise in it stubbed, a region dedented (a `#pragma` in column 0 does not stop that)
+    without its marker lines, and the fence's language from the suffix."""
+    (tmp_path / "k.cu").write_text(KERNEL)
+    code, stubbed = includes.extract("k.cu", "twice_kernel", root=tmp_path)
+    assert stubbed and code.startswith("// Doubles x;") and code.endswith("}\n") and "host_loop" not in code
+    assert "// exercise: implement twice_kernel" in code and "y[i] = x[i] * 2" not in code
+    code, stubbed = includes.extract("k.cu", "inner", root=tmp_path)
+    assert not stubbed and code == "y[i] += 1;\n#pragma unroll\nif (y[i] > 0) {\n    y[i] *= 2;\n}\n"
+    code, _ = includes.extract("k.cu", "host_loop", root=tmp_path)
+    assert "INCLUDE" not in code and code.startswith("void host_loop(") and code.count("\n") == 9
+    with pytest.raises(ValueError, match="no function 'twice_forward'"):
+        includes.extract("k.cu", "twice_forward", root=tmp_path)
+    (tmp_path / "k.cpp").write_text(KERNEL)
+    assert includes.render("k.cpp", "inner", root=tmp_path).startswith("```cpp\n// k.cpp\ny[i] += 1;")
+    assert includes.render("k.cu", "twice_kernel", root=tmp_path).startswith(
+        "```cuda\n// k.cu  (the exercise's solution is left out: it is yours to write)\n// Doubles x;")
+    (tmp_path / "bad.cu").write_text("// BEGIN INCLUDE open\nint x;\n")
+    with pytest.raises(ValueError, match="without"):
+        includes.extract("bad.cu", "open", root=tmp_path)
+    md = tmp_path / "99-x.md"
+    md.write_text(f"<!-- include: k.cu::inner -->\n{includes.render('k.cu', 'inner', root=tmp_path)}"
+                  "<!-- end include -->\n")
+    assert includes.stale([md], root=tmp_path) == []
 
 
 def test_include_check_fails_on_a_stale_block(tmp_path):

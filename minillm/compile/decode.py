@@ -22,6 +22,7 @@ runs eager: its length changes from prompt to prompt) and the engine's ragged st
 
 from __future__ import annotations
 
+import shutil
 import time
 from typing import Any, Callable
 
@@ -47,6 +48,17 @@ def integer_ids(name: str, value: Any, count: int) -> torch.Tensor:
     if value.numel() != count:
         raise ValueError(f"{name} must hold {count} id(s), got shape {tuple(value.shape)}")
     return value
+
+
+def compile_problem() -> str | None:
+    """None when `torch.compile` with inductor can build a CPU graph here, else why not: dynamo does not support
+    this Python/PyTorch, or there is no C++ compiler for the code inductor generates. The notebook and callers that
+    treat compilation as optional check this first, as chapter 13's C++ paths check `cpu_gemv.build_problem`."""
+    if not hasattr(torch, "compile") or not torch._dynamo.is_dynamo_supported():
+        return "torch.compile (dynamo) is not supported on this Python/PyTorch"
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        return "inductor's CPU backend needs a C++ compiler (c++ or g++) on the PATH"
+    return None
 
 
 def check_backend(name: str) -> None:
