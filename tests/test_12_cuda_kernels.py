@@ -621,10 +621,18 @@ def test_emulator_catches_a_missing_barrier_and_a_deadlock(emu, tmp_path):
     softmax_cu = (build.CSRC / "softmax.cu").read_text()
     shuffles = "    for (int offset = 16; offset > 0; offset >>= 1) {\n        const float m2"
     assert shuffles in softmax_cu
-    lib = emulator.open_library(emulator.build(tmp_path, sources={
+    planted = {
         "attention.cu": attention_cu.replace(barrier, barrier.replace("__syncthreads();", "")),
         "softmax.cu": softmax_cu.replace(shuffles, "    if (threadIdx.x % 32 < 16)\n" + shuffles),
-    }))
+    }
+    lib = emulator.open_library(emulator.build(tmp_path, sources=planted))
+    # Each unit's object is cached by its own text: changing one more file compiles that file alone, then relinks.
+    objects = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "objects").glob("*.o")}
+    kv_write_cu = (build.CSRC / "kv_write.cu").read_text() + "\n// one more line\n"
+    emulator.build(tmp_path, sources={**planted, "kv_write.cu": kv_write_cu})
+    after = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "objects").glob("*.o")}
+    assert len(after) == len(objects) + 1 and {n: after[n] for n in objects} == objects
+    assert [n for n in after if n not in objects][0].startswith("kv_write-")
     q, k, v = (torch.randn(1, 2, 130, 64) for _ in range(3))
     ref = naive.attention(q, k, v)
     wrong = [emulator.attention(q, k, v, 3, reverse=r, lib=lib) for r in (False, True)]

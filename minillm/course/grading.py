@@ -139,10 +139,33 @@ class GradeReport:
 
 
 # --------------------------------------------------------------------------------------------- the child process
-def _child_env() -> dict[str, str]:
+def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PYTEST", "HYPOTHESIS"))}
     env.update(HYPOTHESIS_PROFILE="ci", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PYTHONDONTWRITEBYTECODE="1")
+    env.update(extra or {})
     return env
+
+
+def _lend_build_cache(nn: str, work: Path) -> dict[str, str]:
+    """A copy of the grader's compiled kernel objects in the child's own cache folder (`work/cache`), and the child's
+    environment pointing there. Chapter 12's graded kernel runs through the emulator, whose library is compiled from
+    every .cu file (about a minute on two cores); with the objects of the unchanged files at hand the child compiles
+    only the student's softmax.cu and links. For a chapter with a C/CUDA exercise the grader first builds the
+    reference's library (once per machine: it is cached). A copy, not a link and not the grader's own cache:
+    whatever the student's code writes there (a planted library, say) is gone with the work folder and never reaches
+    the grader's builds."""
+    from minillm.course.assignment import is_c_source  # (assignment imports this module)
+    from minillm.kernels import emulator  # imported here: torch and the kernels only when grading
+
+    if any(is_c_source(f) for f in chapters.get(nn).exercises) and emulator.find_cxx():
+        emulator.build()
+    cache = work / "cache"
+    objects = cache / "emulator" / "objects"
+    objects.mkdir(parents=True)
+    mine = emulator.object_cache()
+    for obj in sorted(mine.glob("*.o")) if mine.is_dir() else []:
+        shutil.copyfile(obj, objects / obj.name)
+    return {"MINILLM_KERNELS_CACHE": str(cache)}
 
 
 def _plugin_args() -> list[str]:
@@ -150,8 +173,8 @@ def _plugin_args() -> list[str]:
     return ["-p", "_hypothesis_pytestplugin"] if find_spec("_hypothesis_pytestplugin") else []
 
 
-def _run_child(mode: str, path: Path, cwd: Path, pytest_args: list[str],
-               timeout: float, jail: dict | None = None) -> tuple[list[dict], str, bool]:
+def _run_child(mode: str, path: Path, cwd: Path, pytest_args: list[str], timeout: float,
+               jail: dict | None = None, env: dict[str, str] | None = None) -> tuple[list[dict], str, bool]:
     """Run grader_child.py (inside `sandbox.py`'s namespaces when `jail` is a spec); return (messages up to "end",
     the child's stdout+stderr tail, timed out)."""
     read_fd, write_fd = os.pipe()
@@ -162,7 +185,7 @@ def _run_child(mode: str, path: Path, cwd: Path, pytest_args: list[str],
             command = [*_unshare_command(), sys.executable, "-I", "-B", str(SANDBOX), spec, "--", *command]
         proc = subprocess.Popen(
             command,
-            cwd=cwd, env=_child_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            cwd=cwd, env=_child_env(env), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             pass_fds=(write_fd,), start_new_session=True,
         )
         os.close(write_fd)
@@ -274,12 +297,14 @@ def jail_spec(student: Path, work: Path) -> dict:
 
 
 def _open_to(work: Path, uid: int) -> None:
-    """Let `uid` read the work folder and write its run folder (the child runs as that user)."""
+    """Let `uid` read the work folder and write its run folder and build cache (the child runs as that user)."""
     work.chmod(0o755)
     for p in work.rglob("*"):
         if p.is_dir() and not p.is_symlink():
             p.chmod(p.stat().st_mode | 0o755)
     os.chown(work / "run", uid, -1)
+    for p in [work / "cache", *(work / "cache").rglob("*")] if (work / "cache").is_dir() else []:
+        os.chown(p, uid, -1, follow_symlinks=False)
 
 
 @functools.lru_cache(maxsize=None)
@@ -407,6 +432,7 @@ def run_graded(nn: str, student: Path, timeout: float = 900.0, isolate: bool = F
         (work / "run").mkdir()
         _copy_reference_tests(nn, work / "run")
         before = _tree_hash(work / "run")
+        build_env = _lend_build_cache(nn, work)
         reference = [*support_files(), chapter_test_file(nn)]
         repo_before = _files_hash(reference)
         test_path = f"tests/{reference[-1].name}"
@@ -418,7 +444,7 @@ def run_graded(nn: str, student: Path, timeout: float = 900.0, isolate: bool = F
             [test_path, "-m", "graded", "-q", "--tb=short", "-p", "no:cacheprovider", *_plugin_args(),
              "-c", str(work / "run" / "pytest.ini"), "--rootdir", str(work / "run"),
              "--confcutdir", str(work / "run"), "-o", "addopts="],
-            timeout=timeout, jail=jail,
+            timeout=timeout, jail=jail, env=build_env,
         )
         tampered = _tree_hash(work / "run") != before
         if _files_hash(reference) != repo_before:

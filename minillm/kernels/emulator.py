@@ -69,21 +69,42 @@ def translate(source: str) -> str:
     return text
 
 
-def _sources_digest(cxx: str, texts: dict[str, str]) -> str:
+def _headers_digest(cxx: str) -> hashlib._Hash:
+    """A hash of what every unit depends on besides its own text: the compiler, the shared headers, the runtime and
+    this file (its translation and flags)."""
     h = hashlib.sha256(cxx.encode())
-    for name, text in sorted(texts.items()):
-        h.update(name.encode())
-        h.update(text.encode())
     for path in (RUNTIME, *sorted(EMU_DIR.glob("*.h")), CSRC / "common.cuh", CSRC / "kernels.h", Path(__file__)):
         h.update(path.name.encode())
         h.update(path.read_bytes())
+    return h
+
+
+def _sources_digest(cxx: str, texts: dict[str, str]) -> str:
+    h = _headers_digest(cxx)
+    for name, text in sorted(texts.items()):
+        h.update(name.encode())
+        h.update(text.encode())
     return h.hexdigest()[:16]
+
+
+def _unit_digest(cxx: str, name: str, text: str) -> str:
+    """One translation unit's object key: its own text and everything it includes."""
+    h = _headers_digest(cxx)
+    h.update(name.encode())
+    h.update(text.encode())
+    return h.hexdigest()[:16]
+
+
+def object_cache() -> Path:
+    """Where `build` keeps each unit's object file, keyed by `_unit_digest`: a library that differs from a cached
+    one in a single kernel file (a student's softmax.cu) recompiles that file alone and relinks."""
+    return cache_dir() / "emulator" / "objects"
 
 
 def build(out_dir: str | Path | None = None, jobs: int | None = None, timeout: float = 600.0,
           sources: dict[str, str] | None = None) -> Path:
-    """Compile the kernels and the emulator runtime into a shared library (cached by the sources' hash) and return
-    its path. `sources` replaces the text of kernel files by name ({"attention.cu": "..."}), to try a change (or a
+    """Compile the kernels and the emulator runtime into a shared library (cached by the sources' hash, and each
+    file's object by its own, so a change to one file recompiles that file alone) and return its path. `sources` replaces the text of kernel files by name ({"attention.cu": "..."}), to try a change (or a
     planted bug) without touching csrc/. Raises RuntimeError with the compiler's output when something does not
     compile, or when there is no C++ compiler."""
     texts = {src.name: src.read_text() for src in KERNEL_SOURCES}
@@ -99,22 +120,27 @@ def build(out_dir: str | Path | None = None, jobs: int | None = None, timeout: f
     if lib.is_file():
         return lib
     out_dir.mkdir(parents=True, exist_ok=True)
+    objects_dir = out_dir / "objects"
+    objects_dir.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         work = Path(tmp)
-        units = []
-        for name, text in texts.items():
-            unit = work / (Path(name).stem + ".cpp")
-            unit.write_text(translate(text))
-            units.append(unit)
-        units.append(RUNTIME)
+        units = {name: translate(text) for name, text in texts.items()}
+        units[RUNTIME.name] = RUNTIME.read_text()
         # subtle: _FORTIFY_SOURCE turns _longjmp into a checked jump that aborts when it lands on another stack,
         # which is every jump between fibers.
         flags = ["-std=c++20", "-O2", "-fPIC", "-U_FORTIFY_SOURCE", "-Wno-unknown-pragmas", f"-I{EMU_DIR}",
                  f"-I{CSRC}"]
 
-        def compile_one(unit: Path) -> Path:
-            obj = work / (unit.stem + ".o")
-            run_compiler([cxx, *flags, "-c", str(unit), "-o", str(obj)], f"{cxx} on {unit.name} (emulated)", timeout)
+        def compile_one(name: str) -> Path:
+            stem = Path(name).stem
+            obj = objects_dir / f"{stem}-{_unit_digest(cxx, name, units[name])}.o"
+            if obj.is_file():
+                return obj
+            unit = work / (stem + ".cpp")
+            unit.write_text(units[name])
+            run_compiler([cxx, *flags, "-c", str(unit), "-o", str(work / (stem + ".o"))],
+                         f"{cxx} on {unit.name} (emulated)", timeout)
+            os.replace(work / (stem + ".o"), obj)  # atomic, like the library below
             return obj
 
         with ThreadPoolExecutor(max_workers=jobs or min(len(units), os.cpu_count() or 1)) as pool:
