@@ -37,12 +37,11 @@ from pathlib import Path
 from minillm import chapters
 from minillm.course.grading import (ASSETS_DIR, PACKAGE_DIR, PYTEST_INI, REPO_ROOT, TESTS_DIR, GradeReport,
                                     GradedTest, TestResult, chapter_test_file, copy_tests, default_out_dir, grade,
-                                    graded_tests)
+                                    graded_tests, is_c_source)
 from minillm.course.grading import exercise_chapter as _chapter
 
 BEGIN, END = "# BEGIN SOLUTION", "# END SOLUTION"
 C_BEGIN, C_END = "// BEGIN SOLUTION", "// END SOLUTION"
-C_SUFFIXES = frozenset({".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp"})
 # A function definition in C/C++/CUDA as these sources lay it out: an unindented line (no preprocessor line, no
 # comment, no closing brace) whose first `(` follows the function's name: `__global__ void softmax_v1_kernel(`.
 C_DEF = re.compile(r"^(?![\s#/}])[^;(]*?\b(\w+)\s*\(")
@@ -52,11 +51,6 @@ __all__ = ["CHAPTER_FILES", "GradeReport", "GradedTest", "TestResult", "chapter_
 
 # Chapter -> files (relative to the repository root) whose marked functions are that chapter's exercises.
 CHAPTER_FILES: dict[str, list[str]] = {c.number: list(c.exercises) for c in chapters.built() if c.exercises}
-
-
-def is_c_source(path: str) -> bool:
-    """Whether `path` (a file, or `file::name` as the chapter texts write it) is C, C++ or CUDA source."""
-    return Path(str(path).split("::")[0]).suffix in C_SUFFIXES
 
 
 def markers(path: str) -> tuple[str, str]:

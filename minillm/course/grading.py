@@ -53,6 +53,15 @@ from pathlib import Path
 
 from minillm import chapters
 from minillm.core.io import atomic_write_text
+from minillm.kernels import emulator
+
+C_SUFFIXES = frozenset({".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp"})
+
+
+def is_c_source(path: str) -> bool:
+    """Whether `path` (a file, or `file::name` as the chapter texts write it) is C, C++ or CUDA source."""
+    return Path(str(path).split("::")[0]).suffix in C_SUFFIXES
+
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 REPO_ROOT = PACKAGE_DIR.parent
@@ -154,9 +163,6 @@ def _lend_build_cache(nn: str, work: Path) -> dict[str, str]:
     reference's library (once per machine: it is cached). A copy, not a link and not the grader's own cache:
     whatever the student's code writes there (a planted library, say) is gone with the work folder and never reaches
     the grader's builds."""
-    from minillm.course.assignment import is_c_source  # (assignment imports this module)
-    from minillm.kernels import emulator  # imported here: torch and the kernels only when grading
-
     if any(is_c_source(f) for f in chapters.get(nn).exercises) and emulator.find_cxx():
         emulator.build()
     cache = work / "cache"
