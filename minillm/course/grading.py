@@ -156,21 +156,20 @@ def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def _lend_build_cache(nn: str, work: Path) -> dict[str, str]:
-    """A copy of the grader's compiled kernel objects in the child's own cache folder (`work/cache`), and the child's
-    environment pointing there. Chapter 12's graded kernel runs through the emulator, whose library is compiled from
-    every .cu file (about a minute on two cores); with the objects of the unchanged files at hand the child compiles
-    only the student's softmax.cu and links. For a chapter with a C/CUDA exercise the grader first builds the
-    reference's library (once per machine: it is cached). A copy, not a link and not the grader's own cache:
-    whatever the student's code writes there (a planted library, say) is gone with the work folder and never reaches
-    the grader's builds."""
-    if any(is_c_source(f) for f in chapters.get(nn).exercises) and emulator.find_cxx():
-        emulator.build()
+    """The child's own kernel build cache folder (`work/cache`) and its environment pointing there: whatever the
+    student's code writes there (a planted library, say) is gone with the work folder and never reaches the grader's
+    builds. For a chapter with a C/CUDA exercise (chapter 12's graded kernel runs through the emulator, whose library
+    is compiled from every .cu file, about 20 s on two cores) the folder starts with a copy of the grader's compiled
+    objects of the reference (built first, once per machine: it is cached), so the child compiles only the student's
+    file and links. A copy, not a link and not the grader's own cache."""
     cache = work / "cache"
     objects = cache / "emulator" / "objects"
     objects.mkdir(parents=True)
-    mine = emulator.object_cache()
-    for obj in sorted(mine.glob("*.o")) if mine.is_dir() else []:
-        shutil.copyfile(obj, objects / obj.name)
+    if any(is_c_source(f) for f in chapters.get(nn).exercises) and emulator.find_cxx():
+        emulator.build()
+        mine = emulator.object_cache()
+        for obj in sorted(mine.glob("*.o")) if mine.is_dir() else []:
+            shutil.copyfile(obj, objects / obj.name)
     return {"MINILLM_KERNELS_CACHE": str(cache)}
 
 
@@ -211,7 +210,7 @@ def _run_child(mode: str, path: Path, cwd: Path, pytest_args: list[str], timeout
                             timed_out = True
                         break
                     buf += chunk
-                    if b'"end"' in chunk and any(_is_end(line) for line in buf.splitlines()):
+                    if b'"end"' in chunk and any(_is_end(_message(line)) for line in buf.splitlines()):
                         # After "end" nothing counts, so the interpreter's shutdown (torch's teardown takes a
                         # second) is not waited for: `finally` kills the group.
                         break
@@ -238,26 +237,28 @@ def _run_child(mode: str, path: Path, cwd: Path, pytest_args: list[str], timeout
         log.seek(max(0, log.tell() - 8000))
         tail = log.read().decode(errors="replace")
     messages = []
-    for line in buf.decode(errors="replace").splitlines():
-        try:
-            msg = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(msg, dict):
+    for line in buf.splitlines():
+        msg = _message(line)
+        if msg is None:
             continue
         messages.append(msg)
-        if msg.get("event") == "end":
+        if _is_end(msg):
             break  # anything after the end (an atexit hook writing to the pipe) is ignored
     return messages, tail, timed_out
 
 
-def _is_end(line: bytes) -> bool:
-    """Is this one line of the child's pipe its final {"event": "end"} message?"""
+def _message(line: bytes) -> dict | None:
+    """One line of the child's pipe as its JSON object, or None when it is not one (noise is skipped)."""
     try:
-        msg = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return False
-    return isinstance(msg, dict) and msg.get("event") == "end"
+        msg = json.loads(line.decode(errors="replace"))
+    except json.JSONDecodeError:
+        return None
+    return msg if isinstance(msg, dict) else None
+
+
+def _is_end(msg: dict | None) -> bool:
+    """Is this message the child's final {"event": "end"}?"""
+    return msg is not None and msg.get("event") == "end"
 
 
 # --------------------------------------------------------------------------------------------- isolation
