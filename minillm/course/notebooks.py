@@ -20,9 +20,11 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from minillm import chapters
+from minillm.core.config import check_int
 from minillm.core.io import atomic_write_text
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -42,11 +44,17 @@ def list_notebooks(directory: str | os.PathLike = NOTEBOOK_DIR) -> list[Path]:
             if c.built or (directory / Path(c.notebook).name).is_file()]
 
 
-def execute_notebook(path: str | os.PathLike, timeout: int = 600, write: bool = False, kernel_name: str = "python3"):
+def execute_notebook(path: str | os.PathLike, timeout: int = 600, write: bool = False, kernel_name: str = "python3",
+                     smaller: Sequence[tuple[str, str]] = (), threads: int | None = None):
     """Run every cell of the notebook at `path` in a new kernel whose working directory is the notebook's folder.
 
     Raises `nbclient.exceptions.CellExecutionError` on the first failing cell. With `write=True` the executed
     notebook (with its outputs) replaces the file atomically. Returns the executed `nbformat.NotebookNode`.
+
+    `smaller`: (old, new) pairs applied to the code cells' text before the run, each `old` found exactly once, so a
+    test can run a measurement with fewer repeats or sizes (the same code path, in seconds instead of minutes). Such
+    a run is never written back: the committed outputs are always those of the notebook as it stands.
+    `threads`: the kernel's OpenMP threads (OMP_NUM_THREADS), e.g. 1 where other processes share the cores.
     """
     import nbformat
     from nbclient import NotebookClient
@@ -54,10 +62,22 @@ def execute_notebook(path: str | os.PathLike, timeout: int = 600, write: bool = 
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"no notebook at {str(path)!r}")
+    if write and smaller:
+        raise ValueError("a run with `smaller` sizes is never written back as the notebook's outputs")
     nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    for old, new in smaller:
+        hits = [c for c in code if old in c.source]
+        if len(hits) != 1 or hits[0].source.count(old) != 1:
+            raise ValueError(f"{path.name}: {old!r} must occur exactly once in the code cells, found "
+                             f"{sum(c.source.count(old) for c in code)}")
+        hits[0].source = hits[0].source.replace(old, new)
     # The kernel inherits this environment: the inline backend captures figures even when the caller's shell sets
     # MPLBACKEND=Agg (CI often does); the test process's own environment is left alone.
     env = {**os.environ, "MPLBACKEND": INLINE_BACKEND}
+    if threads is not None:
+        check_int("threads", threads)
+        env["OMP_NUM_THREADS"] = str(threads)
     client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name,
                             resources={"metadata": {"path": str(path.parent)}})
     client.execute(env=env)
