@@ -449,23 +449,22 @@ ptxas info    : Used 21 registers, used 0 barriers, 384 bytes cmem[0]
 
 
 # ------------------------------------------------------------------------------------------------------------ nvcc
-@pytest.fixture(scope="module")
-def ptxas_report(tmp_path_factory):
+@pytest.mark.slow
+def test_every_kernel_compiles_without_spills(tmp_path):
+    """One nvcc run per kernel file for both architectures (about 45 s on two cores): one test, not one per
+    architecture, so two pytest-xdist workers never compile the same files twice."""
     if NVCC is None:
         pytest.skip("nvcc is not installed")
-    return build.compile_sources_with_nvcc(("sm_80", "sm_90"), tmp_path_factory.mktemp("nvcc"))
-
-
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_every_kernel_compiles_without_spills(ptxas_report, arch):
-    for source, names in build.KERNELS.items():
-        found = [r for r in ptxas_report if r.source == source and r.arch == arch]
-        for name in names:
-            mine = [r for r in found if name in r.kernel]
-            assert len(mine) >= 3, f"{source}: ptxas reported {len(mine)} instantiations of {name} for {arch}"
-        for r in found:
-            assert 0 < r.registers <= 255, f"{r.kernel}: {r.registers} registers"
-            assert r.spill_stores <= SPILL_LIMIT_BYTES and r.spill_loads <= SPILL_LIMIT_BYTES, r
+    ptxas_report = build.compile_sources_with_nvcc(("sm_80", "sm_90"), tmp_path / "nvcc")
+    for arch in ("sm_80", "sm_90"):
+        for source, names in build.KERNELS.items():
+            found = [r for r in ptxas_report if r.source == source and r.arch == arch]
+            for name in names:
+                mine = [r for r in found if name in r.kernel]
+                assert len(mine) >= 3, f"{source}: ptxas reported {len(mine)} instantiations of {name} for {arch}"
+            for r in found:
+                assert 0 < r.registers <= 255, f"{r.kernel}: {r.registers} registers"
+                assert r.spill_stores <= SPILL_LIMIT_BYTES and r.spill_loads <= SPILL_LIMIT_BYTES, r
 
 
 @pytest.mark.slow
