@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from helpers import assert_refused_by_minillm
@@ -19,6 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from minillm import GPT, GPTConfig
+from minillm.prune.checkpoint import describe as describe_pruned
 from minillm.prune.checkpoint import load_pruned, save_pruned
 from minillm.prune.masks import (
     is_nm_sparse,
@@ -52,6 +54,7 @@ from minillm.quant.gptq import (
     rtn_and_gptq_errors,
 )
 from minillm.kvcache.cache import ContiguousKVCache
+from minillm.quant.checkpoint import describe as describe_quantized
 from minillm.quant.checkpoint import load_quantized, save_quantized
 from minillm.quant.kv_cache import Int8ContiguousKVCache, dequantize_kv, quantize_kv
 from minillm.quant.linear import QuantConfig, QuantLinear, quantize_model, weight_bytes
@@ -460,6 +463,84 @@ BAD = [
     ("layer_speed-bool", lambda: layer_speed(in_features=True), TypeError, "in_features"),
     ("layer_speed-not-4", lambda: layer_speed(in_features=6), ValueError, "in_features"),
     ("layer_speed-dtype", lambda: layer_speed(dtype=torch.float32), TypeError, "dtype"),
+    # ----- the third hostile run: meta tensors (a shape without values) reached Tensor.item() inside torch
+    ("pack_int4-meta", lambda: pack_int4(torch.zeros(2, 4, dtype=torch.int8, device="meta")), ValueError,
+     r"\bq is a meta tensor"),
+    ("quantize_model-meta-model", lambda: quantize_model(tiny().to("meta"), QuantConfig("int8")), ValueError,
+     "model tensor 'transformer.wte.weight' is a meta tensor"),
+    ("from_linear-meta-linear", lambda: QuantLinear.from_linear(nn.Linear(32, 8, device="meta"), QuantConfig("int8")),
+     ValueError, r"linear\.weight is a meta tensor"),
+    ("gptq_model-meta-calib", lambda: gptq_quantize_model(MODEL, QuantConfig("int8"), CALIB.to("meta")), ValueError,
+     "GPTQ calibration is a meta tensor"),
+    ("qembed-meta-idx", lambda: quantize_model(MODEL, QuantConfig("int8", quantize_head=True)).transformer.wte(
+        torch.tensor([1], device="meta")), ValueError, "idx is a meta tensor"),
+    ("magnitude-meta-weight", lambda: magnitude_mask(W.to("meta"), 0.5), ValueError, "weight is a meta tensor"),
+    ("wanda-meta-norm", lambda: wanda_score(W, torch.ones(32, device="meta")), ValueError,
+     "input_norm is a meta tensor"),
+    ("sparsity_of-meta", lambda: sparsity_of(torch.zeros(3, device="meta")), ValueError, "weight is a meta tensor"),
+    ("lowest_k-meta-scores", lambda: lowest_k_mask(torch.ones(2, 4, device="meta"), 1), ValueError,
+     "scores is a meta tensor"),
+    ("prune_model-meta-model", lambda: prune_model(tiny().to("meta"), "magnitude", 0.5), ValueError,
+     "prune_model: model tensor .* is a meta tensor"),
+    ("prune_model-wanda-meta-calib", lambda: prune_model(MODEL, "wanda", 0.5, CALIB.to("meta")), ValueError,
+     "Wanda calibration is a meta tensor"),
+    ("input_norms-meta-x", lambda: input_norms(MODEL.transformer.h[0], torch.ones(1, 2, 32, device="meta")),
+     ValueError, r"\bx is a meta tensor"),
+    ("prune_mlp-meta-scores", lambda: prune_mlp(MODEL, 0.25, [torch.ones(128, device="meta")] * 2), ValueError,
+     r"scores\[0\] is a meta tensor"),
+    ("shrink_mlp-meta-keep", lambda: shrink_mlp(MODEL, [torch.arange(4, device="meta")] * 2), ValueError,
+     r"keep\[0\] is a meta tensor"),
+    ("lowest_heads-meta", lambda: lowest_heads(torch.ones(2, 2, device="meta"), 1), ValueError,
+     "scores is a meta tensor"),
+    ("mlp_scores-meta-model", lambda: mlp_neuron_scores(tiny().to("meta"), CALIB), ValueError,
+     "mlp_neuron_scores: model tensor .* is a meta tensor"),
+    # the quantized embedding called directly (the unchecked path a loop takes): before, id -1 read the last row
+    ("qembed-negative-id", lambda: quantize_model(MODEL, QuantConfig("int8", quantize_head=True)).transformer.wte(
+        torch.tensor([-1])), ValueError, r"idx holds token id -1, outside the vocabulary \[0, 128\)"),
+    ("qembed-int4-negative-id", lambda: quantize_model(MODEL, QuantConfig("int4", group_size=16, quantize_head=True))
+     .transformer.wte(torch.tensor([[3, -2]])), ValueError, "idx holds token id -2"),
+    ("qembed-id-past-vocab", lambda: quantize_model(MODEL, QuantConfig("int8", quantize_head=True)).transformer.wte(
+        torch.tensor([0, 128])), ValueError, "idx holds token id 128"),
+    # a path that is no path: before, pathlib's "expected str, bytes or os.PathLike object, not int"
+    ("save_quantized-int-path", lambda: save_quantized(QMODEL, 123), TypeError, r"save_quantized: path .*int 123"),
+    ("save_pruned-int-path", lambda: save_pruned(MODEL, 123, "m"), TypeError, r"save_pruned: path .*int 123"),
+    ("describe_quantized-int-path", lambda: describe_quantized(123), TypeError, r"\bpath .*int 123"),
+    ("describe_pruned-bytes-path", lambda: describe_pruned(b"m.safetensors"), TypeError, r"\bpath .*bytes"),
+    # before: IndexError from W.shape[1], read before W was checked
+    ("gptq-W-1d", lambda: gptq_quantize(torch.randn(32), H), ValueError, r"\bW must be a 2-D .*shape \(32,\)"),
+    ("gptq_reference-W-1d", lambda: gptq_reference(torch.randn(32), H), ValueError, r"\bW .*shape \(32,\)"),
+    # before: "got float32", a numpy array named by its own dtype as if it were a float32 tensor
+    ("quantize-numpy-x", lambda: quantize(np.ones((4, 4), dtype=np.float32)), TypeError,
+     r"\bx must be a floating-point tensor, got numpy\.ndarray"),
+    ("magnitude-numpy-weight", lambda: magnitude_mask(np.ones((4, 4), dtype=np.float32), 0.5), TypeError,
+     "weight must be a floating-point tensor, got numpy.ndarray"),
+    ("int8-forward-numpy-x", lambda: qlinear("int8")(np.ones((2, 32), dtype=np.float32)), TypeError, "numpy.ndarray"),
+    ("gptq-numpy-W", lambda: gptq_quantize(np.ones((8, 32), dtype=np.float32), H), TypeError,
+     r"\bW .*numpy\.ndarray"),
+    ("quantize_activations-numpy", lambda: quantize_activations(np.ones((3, 8), dtype=np.float32)), TypeError,
+     "numpy.ndarray"),
+    # before: blamed "input_absmax (tokens)", an argument smooth_model does not have
+    ("smooth_model-float-calib", lambda: smooth_model(MODEL, CALIB.float()), TypeError,
+     r"smooth_model \(calibration\)"),
+    ("smooth_model-calib-range", lambda: smooth_model(MODEL, CALIB + 1000), ValueError,
+     r"smooth_model \(calibration\)"),
+    # before: a sparsity given with pattern="2:4" was ignored (0.9 gave 50%) and never type-checked ('abc')
+    ("prune_model-24-sparsity-09", lambda: prune_model(MODEL, "magnitude", 0.9, pattern="2:4"), ValueError,
+     "sparsity=0.9 cannot apply to pattern='2:4'"),
+    ("prune_model-24-sparsity-str", lambda: prune_model(MODEL, "magnitude", "abc", pattern="2:4"), ValueError,
+     r"sparsity must be a fraction in \[0, 1\), got 'abc'"),
+    # before: magnitude pruning dropped any calibration unread, junk included
+    ("prune_model-magnitude-calib-junk", lambda: prune_model(MODEL, "magnitude", 0.5, calibration="junk"), TypeError,
+     "prune_model needs calibration"),
+    ("prune_model-magnitude-calib-range", lambda: prune_model(MODEL, "magnitude", 0.5, CALIB + 1000), ValueError,
+     "calibration token id"),
+    # before: the teacher's forward failed on the student's ids ("token id 4050 is outside the vocabulary [0, 256)")
+    ("recover-teacher-vocab", lambda: recover(MODEL, GPT(GPTConfig(vocab_size=256, block_size=32, n_layer=2,
+                                                                   n_head=2, n_embd=32)), 1), ValueError,
+     "teacher has vocab_size=256 but pruned has vocab_size=128"),
+    ("recover-teacher-window", lambda: recover(MODEL, GPT(GPTConfig(vocab_size=128, block_size=16, n_layer=2,
+                                                                    n_head=2, n_embd=32)), 1), ValueError,
+     "teacher has block_size=16, shorter than pruned's block_size=32"),
 ]
 
 
@@ -799,3 +880,47 @@ def test_masking_every_head_of_a_block_is_the_ablation_it_asks_for():
     assert torch.equal(masked.transformer.h[1].attn.c_proj.weight, MODEL.transformer.h[1].attn.c_proj.weight)
     with pytest.raises(ValueError, match="keep at least one"):
         prune_heads(MODEL, {0: [0, 1], 1: [0, 1]})
+
+
+# ----- the third hostile run: what is still accepted gives the reference answer ----------------------------------
+
+
+@pytest.mark.parametrize("config", [QuantConfig("int8", quantize_head=True),
+                                   QuantConfig("int4", group_size=16, symmetric=False, quantize_head=True)])
+def test_quantized_embedding_of_valid_ids_is_the_dequantized_rows(config):
+    # the id check refuses only ids outside [0, V): the first and last rows are looked up as the table holds them
+    wte = quantize_model(MODEL, config).transformer.wte
+    ids = torch.tensor([[0, 5], [CFG.vocab_size - 1, 0]])
+    want = wte.table.dequantized_weight()[ids]  # (2, 2, C): the reference, by indexing the whole table
+    torch.testing.assert_close(wte(ids), want, atol=0, rtol=0)
+    assert wte(ids[:0]).shape == (0, 2, CFG.n_embd)  # no ids: nothing to check, an empty lookup
+
+
+def test_prune_model_two_four_takes_its_own_sparsity_and_magnitude_checks_but_ignores_calibration():
+    # 2:4 is sparsity 0.5 by construction: passing 0.5 is the default; a valid calibration changes nothing for
+    # magnitude pruning, which reads only |W|
+    default = prune_model(MODEL, "magnitude", pattern="2:4")
+    explicit = prune_model(MODEL, "magnitude", 0.5, CALIB, pattern="2:4")
+    for a, b in zip(default.parameters(), explicit.parameters()):
+        assert torch.equal(a, b)
+    plain, calibrated = prune_model(MODEL, "magnitude", 0.3), prune_model(MODEL, "magnitude", 0.3, CALIB)
+    for a, b in zip(plain.parameters(), calibrated.parameters()):
+        assert torch.equal(a, b)
+    w = MODEL.transformer.h[0].mlp.c_fc.weight.detach()
+    torch.testing.assert_close(plain.transformer.h[0].mlp.c_fc.weight, w * magnitude_mask(w, 0.3), atol=0, rtol=0)
+
+
+def test_describe_of_a_pruned_file_without_its_method_names_the_field(tmp_path):
+    # before: KeyError 'method'. The loader never needs the field, so the same file (its digest dropped too, as an
+    # edit would) still loads, to the saved model's outputs
+    pruned = prune_mlp(MODEL, 0.25, mlp_neuron_scores(MODEL, CALIB))
+    good = save_pruned(pruned, tmp_path / "good.safetensors", "mlp 25%", pattern="dense")
+    assert describe_pruned(good)["method"] == "mlp 25%"
+    with safe_open(str(good), framework="pt") as f:
+        meta = dict(f.metadata())
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    del meta["method"], meta["sha256"]
+    save_file(tensors, str(tmp_path / "bad.safetensors"), metadata=meta)
+    with pytest.raises(ValueError, match=r"bad\.safetensors.*metadata field 'method' is missing"):
+        describe_pruned(tmp_path / "bad.safetensors")
+    torch.testing.assert_close(load_pruned(tmp_path / "bad.safetensors")(CALIB), pruned(CALIB), atol=0, rtol=0)

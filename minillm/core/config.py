@@ -27,11 +27,43 @@ def check_int(name: str, value: Any, minimum: int = 1) -> None:
         raise ValueError(f"{name} must be {bound or f'>= {minimum}'}, got {value}")
 
 
+def tensor_kind(x: Any) -> str:
+    """What an error message calls a value given where a tensor was expected: a tensor's dtype ("torch.int64"),
+    anything else's type with its module ("numpy.ndarray", "list").
+
+    subtle: `getattr(x, "dtype", ...)` would name a numpy array by its own dtype, "float32", and the message
+    "x must be a floating-point tensor, got float32" would read as if a float32 tensor had been refused.
+    """
+    if isinstance(x, torch.Tensor):
+        return str(x.dtype)
+    t = type(x)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def check_has_data(name: str, t: torch.Tensor) -> torch.Tensor:
+    """`t` unchanged, or a ValueError naming `name` when it is a meta tensor: a shape and a dtype without values.
+
+    Every check that reads values (a range, NaN, a row sum) and every `.item()` fails on one deep inside torch, with
+    torch's message; this says which argument it was, up front. Host-only: the device is known without a sync.
+    """
+    if t.device.type == "meta":
+        raise ValueError(f"{name} is a meta tensor (shape {tuple(t.shape)}): it has no values to read; give a tensor "
+                         "on a real device")
+    return t
+
+
+def check_module_has_data(name: str, module: Any) -> None:
+    """A ValueError naming `name` and the tensor when any parameter or buffer of the torch module `module` is a meta
+    tensor (a model built on the meta device, or moved there with `.to("meta")`), before anything reads it."""
+    for key, t in [*module.named_parameters(), *module.named_buffers()]:
+        check_has_data(f"{name} tensor {key!r}", t)
+
+
 def check_float_tensor(name: str, x: Any, ndim: int | None = None) -> torch.Tensor:
     """`x` if it is a floating-point torch tensor (of `ndim` dimensions when given); TypeError / ValueError naming
     `name` otherwise."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+        raise TypeError(f"{name} must be a floating-point tensor, got {tensor_kind(x)}")
     if ndim is not None and x.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
     return x

@@ -20,15 +20,24 @@ from typing import Any
 import torch
 
 
+def check_path(path: object, name: str) -> Path:
+    """`path` as a Path if it is a str or an os.PathLike; a TypeError naming `name` and what was given otherwise (a
+    number or bytes would reach pathlib, whose message names no argument)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a str or os.PathLike naming a file, got {type(path).__name__} {path!r:.80}")
+    return Path(path)
+
+
 def check_output_file(path: str | os.PathLike | None, flag: str, suffixes: tuple[str, ...] = ()) -> Path | None:
     """Check an output path a command will write when its work is done, before the work starts.
 
     A directory, a parent that is a file, or a wrong suffix is a ValueError naming `flag` (e.g. "--plot") and the
-    path, so minutes of benchmarking or training are never lost to `IsADirectoryError` at the end. None passes.
+    path, so minutes of benchmarking or training are never lost to `IsADirectoryError` at the end; a path that is
+    not a str or os.PathLike is a TypeError naming `flag`. None passes.
     """
     if path is None or path == "":
         return None
-    out = Path(path)
+    out = check_path(path, flag)
     if out.is_dir():
         raise ValueError(f"{flag} {str(out)!r} is a directory; give a file path inside it, e.g. "
                          f"{str(out / ('result' + (suffixes[0] if suffixes else '')))!r}")
@@ -53,7 +62,7 @@ def check_output_dir(path: str | os.PathLike | None, name: str) -> Path | None:
     file, is a ValueError naming `name` and the path (minutes of training are never lost to it at the end)."""
     if path is None:
         return None
-    out = Path(path)
+    out = check_path(path, name)
     _check_parents(out, (out, *out.parents), name, "folder")
     return out
 
@@ -180,12 +189,13 @@ def read_safetensors_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 def read_format_metadata(path: str | os.PathLike, fmt: str, version: str, hint: str) -> dict[str, str]:
     """The string metadata of a safetensors file that declares itself `fmt` at `version` (read from the header alone).
 
-    A missing file is FileNotFoundError; a torn or corrupt one, a header without {"format": fmt} (`hint` says what
-    loads such a file instead) or another format_version is a ValueError naming the file.
+    A `path` that is not a str or os.PathLike is a TypeError naming it; a missing file is FileNotFoundError; a torn
+    or corrupt one, a header without {"format": fmt} (`hint` says what loads such a file instead) or another
+    format_version is a ValueError naming the file.
     """
     from safetensors import SafetensorError, safe_open
 
-    path = Path(path)
+    path = check_path(path, "path")
     if not path.is_file():
         raise FileNotFoundError(f"no {fmt} file at {str(path)!r}")
     try:

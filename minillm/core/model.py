@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minillm.core.attention import attention, attention_ref
-from minillm.core.config import GPTConfig
+from minillm.core.config import GPTConfig, tensor_kind
 from minillm.core.device import resolve_device
 from minillm.core.hf import read_hf
 from minillm.core.weights import load_state_dict_strict
@@ -174,7 +174,7 @@ class GPT(nn.Module):
         `hidden` + `logits` directly, so a decode step never waits on the host (chapter 13 captures it whole).
         """
         if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.int64, torch.int32):
-            raise TypeError(f"idx must be an int64 tensor of token ids, got {getattr(idx, 'dtype', type(idx))}")
+            raise TypeError(f"idx must be an int64 tensor of token ids, got {tensor_kind(idx)}")
         if idx.dim() != 2:
             raise ValueError(f"idx must have shape (B, T), got {tuple(idx.shape)}")
         B, T = idx.shape
@@ -186,7 +186,7 @@ class GPT(nn.Module):
                 raise ValueError(f"sequence length {T} exceeds the context window block_size={cfg.block_size}")
             positions = torch.arange(T, device=idx.device)  # (T,)
         if not isinstance(positions, torch.Tensor) or positions.dtype not in (torch.int64, torch.int32):
-            raise TypeError(f"positions must be an int64 tensor, got {getattr(positions, 'dtype', type(positions))}")
+            raise TypeError(f"positions must be an int64 tensor, got {tensor_kind(positions)}")
         shape = tuple(positions.shape)
         if positions.dim() == 1:
             positions = positions.unsqueeze(0)  # (1, T), broadcast over the batch

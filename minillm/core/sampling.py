@@ -18,6 +18,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from minillm.core.config import tensor_kind
+
 LogitsProcessor = Callable[[torch.Tensor], torch.Tensor]  # (B, V) float logits -> (B, V) float logits
 
 # The smallest temperature that is sampled; 0 < temperature < this is a ValueError (use 0.0 for greedy). Below it
@@ -229,7 +231,7 @@ def sample_next(
     `torch.multinomial` draw per row is made from `generator`, so a seeded request repeats token for token.
     """
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
-        raise TypeError(f"logits must be a float tensor, got {getattr(logits, 'dtype', type(logits).__name__)}")
+        raise TypeError(f"logits must be a float tensor, got {tensor_kind(logits)}")
     if logits.dim() != 2:
         raise ValueError(f"logits must have shape (B, V), got {tuple(logits.shape)}")
     if not isinstance(params, SamplingParams):

@@ -206,7 +206,13 @@ register_model_format(ModelFormat(FORMAT, _is_mlp_pruned, _metadata, _build))
 
 
 def describe(path: str | os.PathLike) -> dict[str, Any]:
-    """The metadata of a pruned file as a dict, without loading its tensors."""
+    """The metadata of a pruned file as a dict, without loading its tensors.
+
+    A file without the "method" field (the loader never needs it, so such a file still loads) has nothing to
+    describe it by: a ValueError naming the file and the field."""
     config, widths, meta = read_metadata(path)
+    if "method" not in meta:
+        raise ValueError(f"{str(path)!r}: metadata field 'method' is missing, so the file does not say how it was "
+                         "pruned (load_pruned still loads it)")
     return {"gpt_config": config.to_dict(), "mlp_hidden": widths, "method": meta["method"],
             "pattern": meta["pattern"], "block_sparsity": float(meta["block_sparsity"])}

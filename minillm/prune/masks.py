@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import torch
 
+from minillm.core.config import check_has_data, tensor_kind
+
 
 def _check_weight(name: str, w: object) -> torch.Tensor:
     if not isinstance(w, torch.Tensor) or not w.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got {getattr(w, 'dtype', type(w).__name__)}")
+        raise TypeError(f"{name} must be a floating-point tensor, got {tensor_kind(w)}")
+    check_has_data(name, w)  # its values are read just below
     if w.dim() != 2:
         raise ValueError(f"{name} must be a matrix (out, in), got shape {tuple(w.shape)}")
     if not bool(torch.isfinite(w).all()):
@@ -64,7 +67,8 @@ def lowest_k_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Keep-mask (shaped like scores (..., n)) that drops the k smallest scores of each last-dimension row."""
     if not isinstance(scores, torch.Tensor) or not scores.is_floating_point() or scores.dim() == 0:
         raise TypeError(f"scores must be a floating-point tensor (..., n), got "
-                        f"{getattr(scores, 'dtype', type(scores).__name__)}")
+                        f"{tensor_kind(scores)}")
+    check_has_data("scores", scores)
     if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= scores.shape[-1]:
         raise ValueError(f"k must be an int in [0, {scores.shape[-1]}] (scores per row), got {k!r}")
     if k and bool(torch.isnan(scores).any()):
@@ -93,6 +97,7 @@ def wanda_score(weight: torch.Tensor, input_norm: torch.Tensor) -> torch.Tensor:
                          f"{tuple(getattr(input_norm, 'shape', ()))}")
     if not input_norm.is_floating_point():
         raise TypeError(f"input_norm must be a floating-point tensor, got {input_norm.dtype}")
+    check_has_data("input_norm", input_norm)
     if bool((input_norm < 0).any()) or not bool(torch.isfinite(input_norm).all()):
         raise ValueError("input_norm holds negative or non-finite values: it must be L2 norms")
     # BEGIN SOLUTION
@@ -148,7 +153,8 @@ def is_nm_sparse(weight: torch.Tensor, n: int = 2, m: int = 4) -> bool:
 def sparsity_of(weight: torch.Tensor) -> float:
     """The share of exact zeros in a tensor."""
     if not isinstance(weight, torch.Tensor):
-        raise TypeError(f"weight must be a tensor, got {type(weight).__name__}")
+        raise TypeError(f"weight must be a tensor, got {tensor_kind(weight)}")
+    check_has_data("weight", weight)
     if weight.numel() == 0:
         raise ValueError(f"weight is empty (shape {tuple(weight.shape)}): it has no share of zeros")
     return float((weight == 0).sum()) / weight.numel()

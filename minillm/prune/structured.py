@@ -32,6 +32,7 @@ from dataclasses import replace
 import torch
 import torch.nn as nn
 
+from minillm.core.config import check_has_data, check_module_has_data, tensor_kind
 from minillm.core.model import GPT
 from minillm.gpt.finetune import short_finetune
 from minillm.prune.masks import check_keeps_one, check_sparsity, lowest_k_mask, num_pruned
@@ -103,6 +104,7 @@ def shrink_mlp(model: GPT, keep: list[torch.Tensor]) -> GPT:
         width = block.mlp.c_fc.out_features
         if not isinstance(idx, torch.Tensor) or idx.dim() != 1 or idx.dtype != torch.int64 or idx.numel() == 0:
             raise ValueError(f"keep[{b}] must be a non-empty 1-D int64 tensor of neuron indices")
+        check_has_data(f"keep[{b}]", idx)
         if bool((idx < 0).any() | (idx >= width).any()) or idx.unique().numel() != idx.numel():
             raise ValueError(f"keep[{b}] must list distinct neurons in [0, {width}), got {idx.tolist()[:8]}...")
         idx = idx.sort().values.to(block.mlp.c_fc.weight.device)
@@ -120,6 +122,7 @@ def prune_mlp(model: GPT, fraction: float, scores: list[torch.Tensor]) -> GPT:
             or [tuple(s.shape) for s in scores] != [(w,) for w in widths]:
         raise ValueError(f"scores must hold one (hidden,) tensor per block, hidden = {widths}")
     for b, s in enumerate(scores):
+        check_has_data(f"scores[{b}]", s)
         if not s.is_floating_point() or not bool(torch.isfinite(s).all()):
             raise ValueError(f"scores[{b}] must hold finite float scores, got {s.dtype} with non-finite values "
                              "or an integer dtype")
@@ -131,10 +134,22 @@ def prune_mlp(model: GPT, fraction: float, scores: list[torch.Tensor]) -> GPT:
 
 def recover(pruned: GPT, teacher: GPT, steps: int, batch_size: int = 4, lr: float = 1e-4, seed: int = 0
             ) -> tuple[GPT, list[float]]:
-    """(a fine-tuned copy of `pruned`, loss per step): KL to the dense `teacher` on training windows."""
+    """(a fine-tuned copy of `pruned`, loss per step): KL to the dense `teacher` on training windows.
+
+    The KL compares the two models' distributions token by token over windows of `pruned`'s context, so the teacher
+    must share the student's vocabulary (vocab_size) and see windows that long (block_size at least the student's);
+    otherwise a ValueError naming both values, before any step runs."""
     _check_model(pruned, "recover")
     if not isinstance(teacher, GPT):  # any GPT may teach (a quantized one too): it is only run, never changed
         raise TypeError(f"recover needs a minillm GPT teacher, got {type(teacher).__name__}")
+    s, t = pruned.config, teacher.config
+    if t.vocab_size != s.vocab_size:
+        raise ValueError(f"teacher has vocab_size={t.vocab_size} but pruned has vocab_size={s.vocab_size}: the KL "
+                         "compares distributions over one vocabulary")
+    if t.block_size < s.block_size:
+        raise ValueError(f"teacher has block_size={t.block_size}, shorter than pruned's block_size={s.block_size}: "
+                         "the teacher could not score the student's training windows")
+    check_module_has_data("recover: teacher", teacher)
     net = copy.deepcopy(pruned)
     return net, short_finetune(net, steps, batch_size, lr, seed, teacher=teacher)
 
@@ -176,9 +191,10 @@ def lowest_heads(scores: torch.Tensor, per_block: int) -> dict[int, list[int]]:
     """{block: the `per_block` heads with the lowest scores}, from head_scores' (L, nh)."""
     if not isinstance(scores, torch.Tensor) or not scores.is_floating_point() or scores.dim() != 2:
         raise TypeError(f"scores must be a float tensor (n_layer, n_head), got "
-                        f"{getattr(scores, 'dtype', type(scores).__name__)} {tuple(getattr(scores, 'shape', ()))}")
+                        f"{tensor_kind(scores)} {tuple(getattr(scores, 'shape', ()))}")
     if not _is_index(per_block) or not 0 <= per_block <= scores.shape[1]:
         raise ValueError(f"per_block must be an int in [0, {scores.shape[1]}] (the heads per block), got {per_block!r}")
+    check_has_data("scores", scores)
     if bool(torch.isnan(scores).any()):
         raise ValueError("scores hold NaN values, which have no order")
     return {b: sorted(torch.topk(row, per_block, largest=False).indices.tolist()) for b, row in enumerate(scores)}

@@ -28,6 +28,7 @@ import copy
 import torch
 import torch.nn as nn
 
+from minillm.core.config import check_has_data, check_module_has_data, tensor_kind
 from minillm.core.model import GPT
 from minillm.prune.masks import check_keeps_one, check_sparsity, magnitude_mask, nm_mask, per_row_mask, wanda_score
 from minillm.quant.gptq import check_calibration
@@ -49,8 +50,9 @@ def input_norms(block: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
     if not isinstance(block, nn.Module) or not block_linears(block):
         raise TypeError(f"block must be a module holding nn.Linear layers, got {type(block).__name__}")
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() != 3 or x.numel() == 0:
-        raise ValueError(f"x must be a non-empty float tensor (N, T, C), got {getattr(x, 'dtype', type(x))} "
+        raise ValueError(f"x must be a non-empty float tensor (N, T, C), got {tensor_kind(x)} "
                          f"{tuple(getattr(x, 'shape', ()))}")
+    check_has_data("x", x)  # a meta x would run the block and hand back norms without values
     # The width the block takes: its first LayerNorm's (a GPT block's ln_1), else its first linear's input.
     first = next(m for m in block.modules() if isinstance(m, (nn.LayerNorm, nn.Linear)))
     width = first.normalized_shape[-1] if isinstance(first, nn.LayerNorm) else first.in_features
@@ -83,7 +85,7 @@ def layer_mask(weight: torch.Tensor, method: str, sparsity: float, pattern: str,
     if method == "wanda" and norm is None:
         raise ValueError("Wanda needs norm, the input features' L2 norms (in,); got None")
     if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
-        raise TypeError(f"weight must be a floating-point tensor, got {getattr(weight, 'dtype', type(weight))}")
+        raise TypeError(f"weight must be a floating-point tensor, got {tensor_kind(weight)}")
     scores = weight.abs() if method == "magnitude" else wanda_score(weight, norm)
     if pattern == "2:4":
         return nm_mask(scores, 2, 4)
@@ -111,6 +113,7 @@ def check_prunable(model: object, who: str) -> GPT:
                         f"({model.quant_config.mode}): prune the fp32 model, then quantize it")
     if not isinstance(model, GPT):
         raise TypeError(f"{who} needs a minillm GPT, got {type(model).__name__}")
+    check_module_has_data(f"{who}: model", model)  # a model on the meta device has no weights to score
     for b, block in enumerate(model.transformer.h):
         odd = [name for name, m in block.named_modules() if hasattr(m, "qweight")]
         if odd or not block_linears(block):
@@ -138,14 +141,17 @@ def _check_args(model: object, method: object, sparsity: object, pattern: object
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if pattern not in PATTERNS:
         raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
+    check_sparsity(sparsity)
+    if pattern == "2:4" and sparsity != 0.5:  # 2:4 removes exactly 2 of every 4: a sparsity of 2/4, no other
+        raise ValueError(f"sparsity={sparsity!r} cannot apply to pattern='2:4', which removes exactly 2 of every 4 "
+                         "weights (sparsity 0.5); leave sparsity at its default 0.5")
     if pattern == "unstructured":
-        check_sparsity(sparsity)
         for b, block in enumerate(model.transformer.h):  # no matrix (magnitude) or row (Wanda) may go to all zeros
             for name, lin in block_linears(block):
                 group = lin.weight.numel() if method == "magnitude" else lin.in_features
                 check_keeps_one(group, sparsity, f"{'layer' if method == 'magnitude' else 'each row of'} {b}.{name}")
-    if method == "wanda":
-        check_calibration(model, calibration, "Wanda")
+    if method == "wanda" or calibration is not None:  # magnitude ignores it, but never junk given by mistake
+        check_calibration(model, calibration, "Wanda" if method == "wanda" else "prune_model")
 
 
 @torch.no_grad()
@@ -154,9 +160,12 @@ def prune_model(model: GPT, method: str, sparsity: float = 0.5, calibration: tor
     """A pruned copy of `model` (eval mode; `model` is untouched): every block linear's weight masked.
 
     method: "magnitude" (|W|, per matrix) or "wanda" (|W| · ‖X‖, per output row; needs `calibration` ids (N, T)).
-    pattern: "unstructured" (remove `sparsity` of each matrix) or "2:4" (keep 2 of every 4 inputs; sparsity is 50%
-    by construction and the argument is ignored). A sparsity that would remove every weight of a matrix (magnitude)
-    or of a row (Wanda), e.g. 0.999 of a 512-wide row, is a ValueError: that layer or output would go silent.
+    Magnitude pruning reads no calibration; one given anyway (a loop passing the same arguments to both methods) is
+    still checked as Wanda's would be, so a wrong argument is an error, never silently dropped.
+    pattern: "unstructured" (remove `sparsity` of each matrix) or "2:4" (keep 2 of every 4 inputs: a sparsity of
+    exactly 0.5 by construction, so `sparsity` must be left at 0.5; any other value is a ValueError naming it, as
+    the pattern could not honour it). A sparsity that would remove every weight of a matrix (magnitude) or of a row
+    (Wanda), e.g. 0.999 of a 512-wide row, is a ValueError: that layer or output would go silent.
     """
     _check_args(model, method, sparsity, pattern, calibration)
     out = copy.deepcopy(model).eval()

@@ -30,7 +30,7 @@ import copy
 import torch
 import torch.nn as nn
 
-from minillm.core.config import check_float, check_int
+from minillm.core.config import check_float, check_has_data, check_int, tensor_kind
 from minillm.core.model import GPT
 from minillm.gpt.dataset import split_tokens
 from minillm.quant.linear import QuantConfig, QuantizedGPT, quantize_model
@@ -49,14 +49,19 @@ from minillm.quant.quantize import (
 )
 
 
-def _check_layer(W: torch.Tensor, H: torch.Tensor, group_size: int, bits: object, symmetric: object,
-                 damp: object) -> None:
-    if not isinstance(W, torch.Tensor) or not W.is_floating_point() or W.dim() != 2:
-        raise TypeError(f"W must be a 2-D float tensor (out, in), got {getattr(W, 'shape', type(W).__name__)}")
+def _check_layer(W: torch.Tensor, H: torch.Tensor, group_size: int | None, bits: object, symmetric: object,
+                 damp: object) -> int:
+    """Check one layer's arguments (TypeError/ValueError naming the first bad one); the group size to use (None:
+    one group per row, W's width). W's type and shape are checked first: every later check reads its shape."""
+    if not isinstance(W, torch.Tensor) or not W.is_floating_point():
+        raise TypeError(f"W must be a 2-D float tensor (out, in), got {tensor_kind(W)}")
+    if W.dim() != 2:
+        raise ValueError(f"W must be a 2-D float tensor (out, in), got shape {tuple(W.shape)}")
+    group_size = W.shape[1] if group_size is None else group_size
     if W.numel() == 0:
         raise ValueError(f"W is empty (shape {tuple(W.shape)})")
     if not isinstance(H, torch.Tensor) or not H.is_floating_point():
-        raise TypeError(f"H must be a float tensor, got {getattr(H, 'dtype', type(H).__name__)}")
+        raise TypeError(f"H must be a float tensor, got {tensor_kind(H)}")
     if tuple(H.shape) != (W.shape[1], W.shape[1]):
         raise ValueError(f"H must be ({W.shape[1]}, {W.shape[1]}) for W of shape {tuple(W.shape)}, got "
                          f"{tuple(H.shape)}")
@@ -70,6 +75,7 @@ def _check_layer(W: torch.Tensor, H: torch.Tensor, group_size: int, bits: object
         raise ValueError("H is all zero (calibration inputs that are all zero): every rounding moves the layer's "
                          "output by the same 0, so GPTQ has nothing to choose by; calibrate on real inputs, or "
                          "round to nearest with quantize")
+    return group_size
 
 
 def _check_hessian(H: torch.Tensor) -> None:
@@ -139,8 +145,7 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int = 4, symmetric: bo
     `dequantize` is the layer's new weight Ŵ. `damp` (finite, >= 0) is the share of mean(diag H) added to the
     diagonal; a damped H that is still not positive definite is a ValueError naming `name` (the layer) and damp.
     """
-    group_size = W.shape[1] if group_size is None else group_size
-    _check_layer(W, H, group_size, bits, symmetric, damp)
+    group_size = _check_layer(W, H, group_size, bits, symmetric, damp)
     out, n = W.shape
     H = damped(H, damp)  # (n, n)
     W = W.detach().to(torch.float64).clone()  # (out, n): updated in place as errors are pushed right
@@ -176,8 +181,7 @@ def gptq_reference(W: torch.Tensor, H: torch.Tensor, bits: int = 4, symmetric: b
     Derivation: with e = w - ŵ and e_S fixed, the gradient in e_F of e_S H_SS e_Sᵀ + 2 e_S H_SF e_Fᵀ + e_F H_FF e_Fᵀ
     is 2 (e_S H_SF + e_F H_FF) = 0, so e_F = -e_S H_SF H_FF⁻¹.
     """
-    group_size = W.shape[1] if group_size is None else group_size
-    _check_layer(W, H, group_size, bits, symmetric, damp)
+    group_size = _check_layer(W, H, group_size, bits, symmetric, damp)
     out, n = W.shape
     H = damped(H, damp)
     _cholesky(H, damp, name)  # the same refusal as gptq_quantize when H is not positive definite
@@ -208,7 +212,7 @@ def output_error(W: torch.Tensor, W_hat: torch.Tensor, X: torch.Tensor) -> float
     """‖X Wᵀ - X Ŵᵀ‖_F: how far a layer's outputs on inputs X (N, in) move when W (out, in) becomes Ŵ."""
     for name, t in (("W", W), ("W_hat", W_hat), ("X", X)):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() != 2:
-            raise TypeError(f"{name} must be a 2-D float tensor, got {getattr(t, 'dtype', type(t).__name__)} "
+            raise TypeError(f"{name} must be a 2-D float tensor, got {tensor_kind(t)} "
                             f"{tuple(getattr(t, 'shape', ()))}")
     if W_hat.shape != W.shape or X.shape[1] != W.shape[1]:
         raise ValueError(f"W {tuple(W.shape)}, W_hat {tuple(W_hat.shape)} and X {tuple(X.shape)} do not fit: W_hat "
@@ -243,8 +247,9 @@ def check_calibration(model: GPT, calibration: object, who: str = "calibration")
     Chapter 10's pruning checks its calibration with this same function (`minillm.prune.unstructured`)."""
     if not isinstance(calibration, torch.Tensor) or calibration.dim() != 2 or calibration.dtype != torch.int64:
         raise TypeError(f"{who} needs calibration token ids: an int64 tensor shaped (N, T), got "
-                        f"{getattr(calibration, 'dtype', type(calibration).__name__)} "
+                        f"{tensor_kind(calibration)} "
                         f"{tuple(getattr(calibration, 'shape', ()))}")
+    check_has_data(who if "calibration" in who else f"{who} calibration", calibration)  # its ids are read below
     if calibration.numel() == 0:
         raise ValueError(f"{who}: the calibration ids are empty (shape {tuple(calibration.shape)}); give at least "
                          "one window of at least one token")
@@ -316,7 +321,7 @@ def rtn_and_gptq_errors(layer: nn.Linear, X: torch.Tensor, bits: int = 4, symmet
     if not isinstance(X, torch.Tensor) or not X.is_floating_point() or X.dim() != 2 or X.shape[0] == 0 \
             or X.shape[1] != layer.in_features:
         raise ValueError(f"X must be a non-empty float tensor (N, {layer.in_features}), got "
-                         f"{getattr(X, 'dtype', type(X).__name__)} {tuple(getattr(X, 'shape', ()))}")
+                         f"{tensor_kind(X)} {tuple(getattr(X, 'shape', ()))}")
     W = layer.weight.detach()
     H = X.double().T @ X.double() / X.shape[0]
     rtn = dequantize(quantize(W.float(), bits, symmetric, "channel" if group_size is None else "group", group_size))

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from minillm.core.attention import attention, causal_mask
-from minillm.core.config import GPTConfig
+from minillm.core.config import GPTConfig, tensor_kind
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.paged.backends import register_attention_backend
 from minillm.paged.paged_cache import PagedKVCache, write_kv
@@ -54,7 +54,7 @@ def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     skips the check and propagates NaN instead (see there)."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"x must be a floating-point tensor of keys or values, got "
-                        f"{getattr(x, 'dtype', type(x).__name__)}")
+                        f"{tensor_kind(x)}")
     if x.dim() == 0 or x.shape[-1] == 0:
         raise ValueError(f"x must have shape (..., hs) with hs > 0, got {tuple(x.shape)}")
     check_finite("x", x)
@@ -69,7 +69,7 @@ def dequantize_kv(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype =
     passes, as `quantize_kv`'s own scale for a NaN vector. The caches' reads pass `check_values=False`: their scales
     come from `_quantize_kv`, and a check would cost a host sync per layer and step."""
     if not isinstance(codes, torch.Tensor) or codes.dtype != torch.int8:
-        raise TypeError(f"codes must be an int8 tensor, got {getattr(codes, 'dtype', type(codes).__name__)}")
+        raise TypeError(f"codes must be an int8 tensor, got {tensor_kind(codes)}")
     if not isinstance(scale, torch.Tensor) or scale.dim() != codes.dim() or scale.shape[:-1] != codes.shape[:-1] \
             or scale.shape[-1] != 1:
         raise ValueError(f"scale must have shape {tuple(codes.shape[:-1]) + (1,)} for codes {tuple(codes.shape)}, got "

@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import check_float, check_int
+from minillm.core.config import check_float, check_has_data, check_int, check_module_has_data, tensor_kind
 from minillm.core.model import GPT
 from minillm.quant.quantize import QuantizedTensor, dequantize, pack_int4, quantize, unpack_int4
 from minillm.quant.w8a8 import llm_int8_linear, w8a8_linear
@@ -138,7 +138,10 @@ class QuantLinear(nn.Module):
         if not isinstance(config, QuantConfig):
             raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
         for what, t in (("weight", linear.weight), ("bias", linear.bias)):
-            if t is not None and not bool(torch.isfinite(t.detach()).all()):  # one host sync per layer, at build time
+            if t is None:
+                continue
+            check_has_data(f"linear.{what}", t)  # a layer built on the meta device has no values to quantize
+            if not bool(torch.isfinite(t.detach()).all()):  # one host sync per layer, at build time
                 raise ValueError(f"linear.{what} holds NaN or inf values: a quantized layer would hide them")
         if qt is not None and not isinstance(qt, QuantizedTensor):
             raise TypeError(f"qt must be a QuantizedTensor or None, got {type(qt).__name__}")
@@ -185,7 +188,7 @@ class QuantLinear(nn.Module):
         # subtle: an integer x would run (int codes times int x) and drop everything but the bias; dtype and shape
         # are checked on the host for free. NaN in x is not looked for (a sync per step): it comes out NaN.
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            raise TypeError(f"QuantLinear needs a floating-point input x, got {getattr(x, 'dtype', type(x).__name__)}")
+            raise TypeError(f"QuantLinear needs a floating-point input x, got {tensor_kind(x)}")
         if x.dtype != self.scale.dtype:  # the modes would disagree: fp32 out, x's dtype out, or torch's error
             raise TypeError(f"x must be {self.scale.dtype}, the dtype QuantLinear computes in, got {x.dtype}; cast x "
                             "(or the layer) first")
@@ -210,7 +213,13 @@ class QuantLinear(nn.Module):
 
 
 class QuantEmbedding(nn.Module):
-    """The token embedding from a per-row quantized (V, C) matrix: look up the rows' codes, de-quantize only those."""
+    """The token embedding from a per-row quantized (V, C) matrix: look up the rows' codes, de-quantize only those.
+
+    idx (...) int64/int32 ids in [0, V) -> (..., C). An id outside the vocabulary is a ValueError naming it, as
+    `nn.Embedding` refuses one (IndexError): the row lookup here is plain indexing, which would read id -1 as the
+    last row and return a plausible vector. That check reads the ids (one host sync per call, skipped only while a
+    CUDA graph is being captured, where a sync is not allowed and the capturing loop validated its ids already).
+    """
 
     def __init__(self, head: QuantLinear):
         super().__init__()
@@ -218,9 +227,18 @@ class QuantEmbedding(nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.int64, torch.int32):
-            raise TypeError(f"idx must be an int64 tensor of token ids, got {getattr(idx, 'dtype', type(idx))}")
+            raise TypeError(f"idx must be an int64 tensor of token ids, got {tensor_kind(idx)}")
         t = self.table
         rows = idx.reshape(-1)  # (N,) token ids
+        if rows.numel() == 0:  # no ids (an empty batch, as nn.Embedding allows): a QuantizedTensor needs a row
+            return t.scale.new_zeros(*idx.shape, t.in_features)  # (..., C)
+        capturing = rows.is_cuda and torch.cuda.is_current_stream_capturing()
+        if not capturing:
+            check_has_data("idx", rows)
+            lo, hi = torch.stack(torch.aminmax(rows)).tolist()  # one host sync for both ends
+            if lo < 0 or hi >= t.out_features:
+                raise ValueError(f"idx holds token id {lo if lo < 0 else hi}, outside the vocabulary "
+                                 f"[0, {t.out_features})")
         q = t.qweight[rows]  # (N, C) or (N, C/2) packed
         if t.config.mode == "int4":
             q = unpack_int4(q, signed=t.config.symmetric)  # (N, C)
@@ -295,6 +313,7 @@ def quantize_model(model: GPT, config: QuantConfig,
     for name, qt in weights.items():
         if not isinstance(qt, QuantizedTensor):
             raise TypeError(f"weights[{name!r}] must be a QuantizedTensor, got {type(qt).__name__}")
+    check_module_has_data("model", model)  # a model on the meta device has no weights to round
     # A NaN or inf weight is refused here, naming the layer, before it is rounded to a plausible code.
     named = [(f"transformer.h.{name}", linear.weight) for name, linear in linears.items()]
     if config.quantize_head:

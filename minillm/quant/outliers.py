@@ -26,7 +26,7 @@ import copy
 import torch
 import torch.nn as nn
 
-from minillm.core.config import check_float
+from minillm.core.config import check_float, tensor_kind
 from minillm.core.model import GPT
 from minillm.quant.gptq import check_calibration
 from minillm.quant.linear import QuantizedGPT
@@ -108,7 +108,7 @@ def smoothing_scales(act_absmax: torch.Tensor, weight: torch.Tensor, alpha: floa
     """
     check_float("alpha", alpha, 0.0, 1.0)
     if not isinstance(weight, torch.Tensor) or not weight.is_floating_point() or weight.dim() != 2:
-        raise TypeError(f"weight must be a 2-D float tensor (out, in), got {getattr(weight, 'dtype', type(weight))}")
+        raise TypeError(f"weight must be a 2-D float tensor (out, in), got {tensor_kind(weight)}")
     if not isinstance(act_absmax, torch.Tensor) or tuple(act_absmax.shape) != (weight.shape[1],) \
             or not act_absmax.is_floating_point():
         raise ValueError(f"act_absmax must be a float tensor ({weight.shape[1]},), one max |x| per input feature, got "
@@ -130,6 +130,8 @@ def smooth_model(model: GPT, calibration: torch.Tensor, alpha: float = 0.5) -> G
     """
     _check_fp32_model(model, "smooth_model")
     check_float("alpha", alpha, 0.0, 1.0)
+    # checked here, under this function's own argument name (input_absmax would name its `tokens`)
+    calibration = check_calibration(model, calibration, "smooth_model (calibration)")
     absmax = input_absmax(model, calibration)
     out = copy.deepcopy(model)
     C = model.config.n_embd

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
+from minillm.core.config import check_has_data, tensor_kind
+
 BITS = (4, 8)
 GRANULARITIES = ("tensor", "channel", "group")
 
@@ -42,7 +44,7 @@ def _check_bits(bits: object) -> int:
 
 def _check_float(name: str, x: object) -> torch.Tensor:
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+        raise TypeError(f"{name} must be a floating-point tensor, got {tensor_kind(x)}")
     return x
 
 
@@ -54,7 +56,7 @@ def _check_bool(name: str, value: object) -> bool:
 
 def _check_codes(name: str, q: object) -> torch.Tensor:
     if not isinstance(q, torch.Tensor) or q.dtype not in (torch.int8, torch.uint8):
-        raise TypeError(f"{name} must be an int8 or uint8 tensor of codes, got {getattr(q, 'dtype', type(q).__name__)}")
+        raise TypeError(f"{name} must be an int8 or uint8 tensor of codes, got {tensor_kind(q)}")
     return q
 
 
@@ -129,8 +131,7 @@ def _check_zero(zero: object, x: torch.Tensor, bits: int, check_values: bool) ->
 def check_finite(name: str, x: torch.Tensor) -> torch.Tensor:
     """x unchanged, or a ValueError naming it when it holds NaN or inf (one host sync: not for a per-step path), or
     when it is a meta tensor (a shape without values: nothing to check or to quantize)."""
-    if x.device.type == "meta":
-        raise ValueError(f"{name} is a meta tensor (shape {tuple(x.shape)}): it has no values to check or quantize")
+    check_has_data(name, x)
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} holds inf or NaN values, which have no integer code")
     return x
@@ -309,12 +310,12 @@ class QuantizedTensor:
         _check_codes("q", self.q)
         if not isinstance(self.scale, torch.Tensor) or not self.scale.is_floating_point() or self.scale.dim() != 2:
             raise TypeError(f"scale must be a 2-D float tensor (rows, groups), got "
-                            f"{getattr(self.scale, 'dtype', type(self.scale).__name__)} "
+                            f"{tensor_kind(self.scale)} "
                             f"{tuple(getattr(self.scale, 'shape', ()))}")
         if self.zero is not None and (not isinstance(self.zero, torch.Tensor) or self.zero.dtype != torch.uint8
                                       or self.zero.shape != self.scale.shape):
             raise TypeError(f"zero must be None or a uint8 tensor shaped like scale {tuple(self.scale.shape)}, got "
-                            f"{getattr(self.zero, 'dtype', type(self.zero).__name__)}")
+                            f"{tensor_kind(self.zero)}")
         self.bits = _check_bits(self.bits)
         if not isinstance(self.shape, tuple) or tuple(self.q.shape) != self.shape:
             raise ValueError(f"shape must be the codes' shape {tuple(self.q.shape)} as a tuple, got {self.shape!r}")
@@ -427,7 +428,8 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
     are. Worked example: [3, -2] -> low 0b0011, high 0b1110 -> byte 0b1110_0011 = 227.
     """
     if not isinstance(q, torch.Tensor) or q.dtype not in (torch.int8, torch.uint8):
-        raise TypeError(f"pack_int4 needs q, an int8 or uint8 tensor of codes, got {getattr(q, 'dtype', type(q))}")
+        raise TypeError(f"pack_int4 needs q, an int8 or uint8 tensor of codes, got {tensor_kind(q)}")
+    check_has_data("q", q)  # its codes' range is read below
     if q.dim() == 0 or q.shape[-1] % 2:
         raise ValueError(f"pack_int4 needs q with an even last dimension, got shape {tuple(q.shape)}")
     lo, hi = (-8, 7) if q.dtype == torch.int8 else (0, 15)
@@ -444,7 +446,7 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
 def unpack_int4(packed: torch.Tensor, signed: bool) -> torch.Tensor:
     """Undo `pack_int4`: (..., n) uint8 -> (..., 2n), int8 in -8..7 when `signed`, else uint8 in 0..15."""
     if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8:
-        raise TypeError(f"unpack_int4 needs packed, a uint8 tensor, got {getattr(packed, 'dtype', type(packed))}")
+        raise TypeError(f"unpack_int4 needs packed, a uint8 tensor, got {tensor_kind(packed)}")
     _check_bool("signed", signed)
     if packed.dim() == 0:
         raise ValueError("unpack_int4 needs packed with at least one dimension, got a 0-d tensor")

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from minillm.core.config import check_float, check_float_tensor
+from minillm.core.config import check_float, check_float_tensor, tensor_kind
 from minillm.quant.quantize import check_finite, quantize_symmetric, symmetric_params
 
 
@@ -40,7 +40,7 @@ MAX_INT8_K = 2**31 // 2**14  # the longest int8 dot product whose int32 sum cann
 def _check_int8_operands(a: object, b: object) -> None:
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.int8 or t.dim() != 2:
-            raise TypeError(f"{name} must be a 2-D int8 tensor, got {getattr(t, 'dtype', type(t).__name__)} "
+            raise TypeError(f"{name} must be a 2-D int8 tensor, got {tensor_kind(t)} "
                             f"{tuple(getattr(t, 'shape', ()))}")
     if a.shape[1] != b.shape[0]:  # type: ignore[union-attr]
         raise ValueError(f"a {tuple(a.shape)} @ b {tuple(b.shape)}: "  # type: ignore[union-attr]
@@ -58,7 +58,7 @@ def _check_input(x: object, in_features: int) -> torch.Tensor:
     """x (..., K) float with K = in_features: TypeError naming its dtype (an integer x would be read as codes)."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"x must be a floating-point tensor of activations, got "
-                        f"{getattr(x, 'dtype', type(x).__name__)}")
+                        f"{tensor_kind(x)}")
     if x.dim() == 0 or x.shape[-1] != in_features:
         raise ValueError(f"x must have shape (..., {in_features}), got {tuple(x.shape)}")
     return x
@@ -120,7 +120,7 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Refuses NaN/inf (ValueError naming x); the forward path uses the unchecked twin, which propagates NaN instead.
     """
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"x must be a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+        raise TypeError(f"x must be a floating-point tensor, got {tensor_kind(x)}")
     if x.dim() != 2 or x.shape[1] == 0:
         raise ValueError(f"x must have shape (M, K) with K > 0, got {tuple(x.shape)}")
     check_finite("x", x)
@@ -136,7 +136,7 @@ def w8a8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bia
     A token holding NaN/inf comes out NaN (module docstring); an integer x is a TypeError naming its dtype.
     """
     if not isinstance(qweight, torch.Tensor) or qweight.dtype != torch.int8 or qweight.dim() != 2:
-        raise TypeError(f"qweight must be a 2-D int8 tensor (N, K), got {getattr(qweight, 'dtype', type(qweight))}")
+        raise TypeError(f"qweight must be a 2-D int8 tensor (N, K), got {tensor_kind(qweight)}")
     if not isinstance(scale, torch.Tensor) or tuple(scale.shape) != (qweight.shape[0], 1):
         raise ValueError(f"scale must have shape ({qweight.shape[0]}, 1), got {tuple(getattr(scale, 'shape', ()))}")
     _check_input(x, qweight.shape[1])

@@ -37,7 +37,7 @@ import torch
 from minillm.bench.check import same_tokens
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
-from minillm.core.config import check_int
+from minillm.core.config import check_float, check_int
 from minillm.core.corpus import corpus_sample
 from minillm.core.device import resolve_device
 from minillm.core.model import GPT
@@ -116,7 +116,23 @@ def load_point(target: GPT, prompts: list[list[int]], concurrency: int, new_toke
 
 def crossover(points: Sequence[dict[str, Any]], key: str = "ratio") -> int | None:
     """The lowest load from which speculation stays slower (ratio < 1 there and at every higher load); None if the
-    last load measured still gains."""
+    last load measured still gains.
+
+    points: records of `load_point` (any dicts holding "concurrency", a positive int, and `key`, a real number); a
+    record without them is a TypeError/ValueError naming it, not a KeyError from the middle of the sort."""
+    if not isinstance(key, str):
+        raise TypeError(f"key must be a str naming the ratio field, got {type(key).__name__} {key!r}")
+    if not isinstance(points, (list, tuple)):
+        raise TypeError(f"points must be a list of load_point records (dicts), got {type(points).__name__}")
+    for i, p in enumerate(points):
+        if not isinstance(p, dict):
+            raise TypeError(f"points[{i}] must be a dict (a load_point record), got {type(p).__name__}")
+        missing = [k for k in ("concurrency", key) if k not in p]
+        if missing:
+            raise ValueError(f"points[{i}] has no {missing[0]!r} field (it holds {list(p)}); crossover needs "
+                             f"'concurrency' and {key!r} in every record")
+        check_int(f"points[{i}]['concurrency']", p["concurrency"])
+        check_float(f"points[{i}][{key!r}]", p[key])
     found = None
     for p in sorted(points, key=lambda p: p["concurrency"]):
         if p[key] < 1.0:

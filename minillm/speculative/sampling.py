@@ -25,6 +25,7 @@ from typing import Sequence
 
 import torch
 
+from minillm.core.config import check_has_data, tensor_kind
 from minillm.core.sampling import SamplingParams, sample_next
 from minillm.core.stopping import check_token_ids
 
@@ -39,9 +40,11 @@ def prob_sum_tolerance(dtype: torch.dtype) -> float:
 
 
 def _check_probs(name: str, t: object, rows: int | None = None, what: str = "probabilities") -> torch.Tensor:
-    """A float tensor (rows, V) with V >= 1; its values are checked by `check_distributions`."""
+    """A float tensor (rows, V) with V >= 1, holding values (not a meta tensor); its values are checked by
+    `check_distributions`."""
     if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-        raise TypeError(f"{name} must be a float tensor of {what}, got {getattr(t, 'dtype', type(t).__name__)}")
+        raise TypeError(f"{name} must be a float tensor of {what}, got {tensor_kind(t)}")
+    check_has_data(name, t)
     if t.dim() != 2 or (rows is not None and t.size(0) != rows) or t.size(1) == 0:
         want = f"({rows}, V)" if rows is not None else "(rows, V)"
         raise ValueError(f"{name} must have shape {want} with V >= 1, got {tuple(t.shape)}")
@@ -57,11 +60,12 @@ def _check_some_token_possible(name: str, logits: torch.Tensor) -> None:
 
 
 def _check_alike(a: tuple[str, object], b: tuple[str, object], what: str, min_dim: int) -> None:
-    """Two float tensors of one shape, dtype and device (with V >= 1 when min_dim is 1); TypeError/ValueError
-    naming the argument otherwise."""
+    """Two float tensors of one shape, dtype and device (with V >= 1 when min_dim is 1), neither a meta tensor;
+    TypeError/ValueError naming the argument otherwise."""
     for name, t in (a, b):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            raise TypeError(f"{name} must be a float tensor of {what}, got {getattr(t, 'dtype', type(t).__name__)}")
+            raise TypeError(f"{name} must be a float tensor of {what}, got {tensor_kind(t)}")
+        check_has_data(name, t)
         if min_dim and (t.dim() == 0 or t.size(-1) == 0):
             raise ValueError(f"{name} must have shape (..., V) with V >= 1, got {tuple(t.shape)}")
     (na, ta), (nb, tb) = a, b
@@ -79,12 +83,15 @@ def check_distributions(name: str, t: torch.Tensor) -> None:
     if t.numel() == 0:
         return
     rows = t.detach().reshape(-1, t.size(-1))  # (R, V)
-    sums = rows.double().sum(dim=-1)  # (R,)
+    sums = rows.sum(dim=-1, dtype=torch.float64)  # (R,)
     tol = prob_sum_tolerance(t.dtype)
+    # The fast test, run on every verify step: the smallest entry of a row is NaN (amin propagates it) or
+    # negative, or its sum is off (an inf entry makes it inf or NaN, which fails `<=` too). Only a failing input
+    # pays for the per-row diagnosis below.
+    if bool(((rows.amin(dim=-1) >= 0) & ((sums - 1).abs() <= tol)).all()):
+        return
     finite, nonneg = torch.isfinite(rows).all(dim=-1), (rows >= 0).all(dim=-1)  # (R,) each
     ok = finite & nonneg & ((sums - 1).abs() <= tol)  # (R,)
-    if bool(ok.all()):
-        return
     r = int((~ok).nonzero()[0])
     why = ("holds NaN or inf" if not bool(finite[r]) else "has a negative probability" if not bool(nonneg[r])
            else f"sums to {float(sums[r]):.6g}, not 1 (tolerance {tol:g})")
@@ -195,8 +202,13 @@ def accept_or_resample(p: torch.Tensor, q: torch.Tensor, draft_tokens: Sequence[
 
 
 def sample_from_target(p: torch.Tensor, generator: torch.Generator | None = None) -> int:
-    """The naive twin: one token drawn from the target's first distribution p[0] (what the target alone emits)."""
+    """The naive twin: one token drawn from the target's first distribution p[0] (what the target alone emits).
+
+    p (rows, V) with at least one row: only p[0] is drawn from (the rows after it are accepted so that the p of a
+    verify step can be passed as it is)."""
     p = _check_probs("p", p)
+    if p.size(0) == 0:
+        raise ValueError(f"p must have shape (rows, V) with at least one row to draw from, got {tuple(p.shape)}")
     check_distributions("p", p[:1])
     _check_generator(generator, p.device)
     return int(torch.multinomial(p[0], 1, generator=generator))
