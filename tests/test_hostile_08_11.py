@@ -28,9 +28,9 @@ from minillm.core.sampling import SamplingParams
 from minillm.distill import FeatureProjection, default_layer_pairs, distillation_loss, feature_loss, kd_loss
 from minillm.distill import bench as distill_bench
 from minillm.distill import train as distill_train
-from minillm.distill.losses import check_kind, check_layer_pairs, check_temperature
+from minillm.distill.losses import MIN_TEMPERATURE, check_kind, check_layer_pairs, check_temperature
 from minillm.distill.run_state import RECORDS_NAME, RUN_NAME
-from minillm.distill.train import DistillObjective, distill, kd_history, student_dir
+from minillm.distill.train import DistillObjective, checkpoint_dir, distill, kd_history, student_dir
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
 from minillm.gpt.train import TrainConfig, train
@@ -108,6 +108,12 @@ BAD = [
     ("kd-teacher-meta", lambda c: kd_loss(c.zs, c.zt.to("meta")), ValueError, "teacher_logits.*meta"),
     ("kd-both-meta", lambda c: kd_loss(c.zs.to("meta"), c.zt.to("meta")), ValueError, "student_logits.*meta"),
     ("check-temperature-bool", lambda c: check_temperature(False), TypeError, "temperature"),
+    # before: NaN (z / T overflowed at a subnormal T); refused below the stated minimum
+    ("kd-T-subnormal", lambda c: kd_loss(c.zs, c.zt, 1e-310), ValueError,
+     r"temperature must be at least MIN_TEMPERATURE=0.01.*got 1e-310"),
+    ("kd-T-below-minimum", lambda c: kd_loss(c.zs, c.zt, MIN_TEMPERATURE / 2), ValueError, "temperature"),
+    ("distill-T-below-minimum", lambda c: distill(c.cfg, c.teacher, temperature=1e-3, progress=False), ValueError,
+     "MIN_TEMPERATURE"),
     ("check-kind-int", lambda c: check_kind(1), TypeError, "kind"),
     # ---------------------------------------------------------------- distillation_loss
     ("dl-weight-bool", lambda c: distillation_loss(c.zs, c.zt, c.y, kd_weight=True), TypeError, "kd_weight"),
@@ -220,6 +226,17 @@ BAD = [
     ("kd-history-bool", lambda c: kd_history(None, True), TypeError, "every"),
     ("student-dir-type", lambda c: student_dir(3), TypeError, "student"),
     ("student-dir-missing", lambda c: student_dir("no/such/dir"), ValueError, "student"),
+    # before: an AttributeError on 'str'.records; Path('.') for an empty name; a missing --teacher blamed on the student
+    ("kd-history-not-objective", lambda c: kd_history("obj", 2), TypeError,
+     "objective must be a DistillObjective or None, got str 'obj'"),
+    ("student-dir-empty", lambda c: student_dir(""), ValueError, "student must name .* got an empty string"),
+    ("checkpoint-dir-role", lambda c: checkpoint_dir("no/such/dir", "teacher"), ValueError,
+     "teacher 'no/such/dir' is neither"),
+    ("cli-teacher-missing", lambda c: distill_train.main(["--teacher", "/nonexistent/dir", "--student",
+                                                          str(c.root / "student"), "--no-progress"]), ValueError,
+     "--teacher '/nonexistent/dir' is neither"),
+    ("cli-student-empty", lambda c: distill_train.main(["--student", "", "--no-progress"]), ValueError,
+     "--student must name"),
     # ---------------------------------------------------------------- chapter 11's benchmark helpers
     ("val-prompts-zero", lambda c: distill_bench.val_prompts(0, 5), ValueError, "num_prompts"),
     ("val-prompts-bool", lambda c: distill_bench.val_prompts(True, 5), TypeError, "num_prompts"),
@@ -234,6 +251,17 @@ BAD = [
     ("alpha-at-unmeasured", lambda c: distill_bench.alpha_at({"acceptance": {"draft": [{"gamma": 1, "alpha": 0.5}]}},
                                                              "draft", 4), ValueError, "gamma=4"),
     ("alpha-at-unknown-draft", lambda c: distill_bench.alpha_at({"acceptance": {}}, "draft", 1), ValueError, "draft"),
+    # before: ZeroDivisionError at new_tokens=0; a bool gamma found the gamma=1 row
+    ("acceptance-new-tokens-zero", lambda c: distill_bench.acceptance(c.target, c.draft, [[1, 2]], 0, 2), ValueError,
+     "new_tokens must be positive, got 0"),
+    ("acceptance-gamma-bool", lambda c: distill_bench.acceptance(c.target, c.draft, [[1, 2]], 2, True), TypeError,
+     "gamma must be an int"),
+    ("continuations-new-tokens-float", lambda c: distill_bench.teacher_continuations(c.target, [[1, 2]], 2.0),
+     TypeError, "new_tokens"),
+    ("speedups-new-tokens-zero", lambda c: distill_bench.speedups(c.target, {}, [[1, 2]], 0, [1]), ValueError,
+     "new_tokens"),
+    ("alpha-at-gamma-bool", lambda c: distill_bench.alpha_at({"acceptance": {"draft": [{"gamma": 1, "alpha": 0.5}]}},
+                                                             "draft", True), TypeError, "gamma must be an int"),
     # ---------------------------------------------------------------- chapter 08: the acceptance rule
     ("accprob-list", lambda c: acceptance_probability([0.5], torch.tensor([0.5])), TypeError, "p_x"),
     ("accprob-int", lambda c: acceptance_probability(torch.tensor([1]), torch.tensor([1])), TypeError, "p_x"),
@@ -279,6 +307,23 @@ BAD = [
      "target_logits row 0 is -inf everywhere"),
     ("greedy-one-row-neg-inf", lambda c: accept_greedy(with_value(torch.zeros(3, 4), (2,), -INF), [0, 0]),
      ValueError, "target_logits row 2"),
+    # before: meta tensors (a shape without values) reached Tensor.item() or a copy deep inside torch
+    ("aor-p-meta", lambda c: accept_or_resample(c.p.to("meta"), c.q, [0, 1]), ValueError, "p is a meta tensor"),
+    ("aor-both-meta", lambda c: accept_or_resample(c.p.to("meta"), c.q.to("meta"), [0, 1]), ValueError,
+     "q is a meta tensor"),
+    ("resid-meta", lambda c: residual_distribution(c.p.to("meta"), c.p.to("meta")), ValueError, "p is a meta tensor"),
+    ("resid-q-meta", lambda c: residual_distribution(c.p, c.p.to("meta")), ValueError, "q is a meta tensor"),
+    ("accprob-meta", lambda c: acceptance_probability(torch.ones(2, device="meta"), torch.ones(2, device="meta")),
+     ValueError, "p_x is a meta tensor"),
+    ("greedy-logits-meta", lambda c: accept_greedy(torch.zeros(3, 4, device="meta"), [0, 1]), ValueError,
+     "target_logits is a meta tensor"),
+    ("target-meta", lambda c: sample_from_target(c.p.to("meta")), ValueError, "p is a meta tensor"),
+    # before: IndexError from p[0]
+    ("target-empty-rows", lambda c: sample_from_target(torch.zeros(0, 4)), ValueError,
+     r"p must have shape \(rows, V\) with at least one row.*\(0, 4\)"),
+    # before: "got float64", a numpy array named by its own dtype as if it were a float64 tensor
+    ("resid-numpy", lambda c: residual_distribution(c.p.numpy(), c.p), TypeError, "p must .* got numpy.ndarray"),
+    ("aor-q-numpy", lambda c: accept_or_resample(c.p, c.q.numpy(), [0, 1]), TypeError, "q must .* got numpy.ndarray"),
     # ---------------------------------------------------------------- prompt lookup and the loops
     ("lookup-gamma-bool", lambda c: prompt_lookup_proposals([1, 2, 1, 2], True), TypeError, "gamma"),
     ("lookup-gamma-zero", lambda c: prompt_lookup_proposals([1, 2, 1, 2], 0), ValueError, "gamma"),
@@ -344,6 +389,20 @@ BAD = [
     ("engine-new-tokens-zero", lambda c: engine_bench.load_sweep(c.target, None, loads=[1], new_tokens=0), ValueError,
      "new_tokens"),
     ("engine-prompts-zero", lambda c: engine_bench.code_prompts(None, 0), ValueError, "n must"),
+    # before: KeyError 'ratio' from the middle of the sort
+    ("crossover-missing-key", lambda c: engine_bench.crossover([{"concurrency": 1}]), ValueError,
+     r"points\[0\] has no 'ratio' field"),
+    ("crossover-missing-cpu-key", lambda c: engine_bench.crossover([{"concurrency": 1, "ratio": 0.5}], "ratio_cpu"),
+     ValueError, r"points\[0\] has no 'ratio_cpu' field"),
+    ("crossover-missing-concurrency", lambda c: engine_bench.crossover([{"ratio": 0.5}]), ValueError,
+     r"points\[0\] has no 'concurrency' field"),
+    ("crossover-record-not-dict", lambda c: engine_bench.crossover([(1, 0.5)]), TypeError,
+     r"points\[0\] must be a dict"),
+    ("crossover-points-dict", lambda c: engine_bench.crossover({"concurrency": 1, "ratio": 0.5}), TypeError, "points"),
+    ("crossover-ratio-nan", lambda c: engine_bench.crossover([{"concurrency": 1, "ratio": NAN}]), ValueError,
+     r"points\[0\]\['ratio'\]"),
+    ("crossover-concurrency-bool", lambda c: engine_bench.crossover([{"concurrency": True, "ratio": 0.5}]),
+     TypeError, r"points\[0\]\['concurrency'\]"),
 ]
 
 
@@ -384,6 +443,20 @@ def test_kd_loss_at_huge_temperatures_in_float32_matches_float64(T, kind):
     assert math.isclose(float(got), want, rel_tol=1e-4), (float(got), want)
     # the same distribution shifted: zero, never below
     assert 0.0 <= float(kd_loss(zs, zs + 3.0, T, kind)) < 1e-6
+
+
+@pytest.mark.parametrize("kind", ["forward", "reverse"])
+def test_kd_loss_from_the_smallest_temperature_up_is_finite_and_right(kind):
+    """Below MIN_TEMPERATURE the loss is refused (a subnormal T made it NaN); at it, on ordinary logits and on the
+    largest float32 logits (z / T = 3.4e40 there: far inside float64), it is finite and the float64 reference's."""
+    g = torch.Generator().manual_seed(3)
+    zs, zt = torch.randn(3, 7, generator=g), torch.randn(3, 7, generator=g)
+    got = kd_loss(zs, zt, MIN_TEMPERATURE, kind)
+    assert math.isclose(float(got), kl_reference(zs, zt, MIN_TEMPERATURE, kind), rel_tol=1e-5)
+    big = torch.finfo(torch.float32).max
+    zs_big, zt_big = zs.sign() * big, zt.sign() * big  # (3, 7) logits of +-3.4e38
+    assert torch.isfinite(kd_loss(zs_big, zt_big, MIN_TEMPERATURE, kind))
+    assert float(kd_loss(zs_big, zs_big.clone(), MIN_TEMPERATURE, kind)) == 0.0
 
 
 @pytest.mark.parametrize("kind", ["forward", "reverse"])
@@ -714,3 +787,19 @@ def test_greedy_verification_over_a_partly_masked_vocabulary_is_the_argmax_of_wh
     logits = torch.tensor([[-INF, 1.0, 3.0, -INF], [2.0, -INF, -INF, 0.5], [-INF, -INF, -INF, 0.0]])
     assert accept_greedy(logits, [2, 0]) == [2, 0, 3]
     assert accept_greedy(logits, [1, 0]) == [2]
+
+
+def test_crossover_of_valid_records_is_the_lowest_load_that_stays_slower():
+    # worked by hand: slower at 2 but faster again at 4, then slower from 8 on; records in any order
+    points = [{"concurrency": c, "ratio": r, "ratio_cpu": 1.2} for c, r in [(16, 0.7), (1, 1.5), (4, 1.1), (2, 0.9),
+                                                                          (8, 0.8)]]
+    assert engine_bench.crossover(points) == 8
+    assert engine_bench.crossover(points, "ratio_cpu") is None  # faster at every load by CPU time
+    assert engine_bench.crossover([]) is None
+
+
+def test_sample_from_target_draws_from_the_first_row_only():
+    # the rows after p[0] are not read: a one-hot p[0] gives its token whatever follows
+    p = torch.tensor([[0.0, 0.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    assert sample_from_target(p, torch.Generator().manual_seed(0)) == 2
+    assert sample_from_target(p[:1]) == 2

@@ -250,8 +250,8 @@ def decoder_specs() -> list[Spec]:
         def bad(rng, args, max_len=max_len):
             token, positions, names = _bad_step_inputs(rng, max_len)
             return dict(token=token, positions=positions), names
-        def good(rng, dec=dec):  # the fused step takes the next position only (its cache's length)
-            position = dec.cache.length if isinstance(dec, FusedCPUDecoder) else 0
+        def good(rng, dec=dec):  # every decoder takes the next position only (its cache's length)
+            position = dec.cache.length
             return dict(token=torch.tensor([1]), positions=torch.tensor([position]))
         specs.append(Spec(name, call, good, kinds={}, extra={"step input": bad}))
     return specs
@@ -583,6 +583,21 @@ def _mirror_bad_calls():
          ValueError, "slot 3 2 times"),
         ("ops.versions-unknown", lambda: ops.versions("matmul"), ValueError, "op must be one of.*softmax"),
         ("ops.versions-none", lambda: ops.versions(None), TypeError, "op must be.*softmax"),
+        # before: torch's AttributeError / broadcast RuntimeError from the naive twins, which now check their
+        # arguments with the mirrors' `check_rows` (and ops' `check_eps`); a 2-D table said "got torch.int64"
+        ("naive.softmax-list", lambda: N.softmax([[1.0, 2.0]]), TypeError, r"\bx\b must be a floating-point tensor"),
+        ("naive.softmax-0d", lambda: N.softmax(torch.tensor(1.0)), ValueError, r"\bx\b must have at least one"),
+        ("naive.layernorm-weight-shape", lambda: N.layernorm(X, W[:4], B), ValueError,
+         r"weight must have shape \(8,\), x's last dimension, got \(4,\)"),
+        ("naive.layernorm-int-bias", lambda: N.layernorm(X, W, B.long()), TypeError, "bias"),
+        ("naive.layernorm-negative-eps", lambda: N.layernorm(X, W, B, eps=-1.0), ValueError, "eps"),
+        ("naive.bias_gelu-bias-shape", lambda: N.bias_gelu(X, B[:3]), ValueError,
+         r"bias must have shape \(8,\), x's last dimension, got \(3,\)"),
+        ("naive.bias_gelu-list-x", lambda: N.bias_gelu(X.tolist(), B), TypeError, r"\bx\b"),
+        ("paged_gather-2d-table", lambda: M.paged_gather(KP, torch.tensor([[0, 1], [2, 3]]), 3), ValueError,
+         r"block_table must be 1-D \(max_nb,\).*got shape \(2, 2\)"),
+        ("paged_gather-2d-float-table", lambda: M.paged_gather(KP, torch.zeros(2, 2), 3), TypeError,
+         "block_table must be a 1-D integer tensor, got torch.float32"),
     ]
 
 
@@ -591,18 +606,27 @@ MIRROR_BAD = _mirror_bad_calls()
 
 @pytest.mark.parametrize("call, err, match", [c[1:] for c in MIRROR_BAD], ids=[c[0] for c in MIRROR_BAD])
 def test_the_mirrors_refuse_bad_arguments_naming_them(call, err, match):
-    with pytest.raises(err, match=match):
-        call()
+    assert_refused_by_minillm(call, err, match)
 
 
 def _compile_mirror_bad_calls():
+    from minillm.compile import sweep
+    from minillm.compile.fused_step import FusedCPUDecoder
     from minillm.compile.mirror import decode_step_by_hand, gemv_blocked
     from minillm.kvcache.cache import ContiguousKVCache
+    from minillm.quant.linear import QuantConfig, quantize_model
 
     x, w, b = torch.randn(2, 8), torch.randn(6, 8), torch.randn(6)
     model = GPT(TINY).eval()
     cache = ContiguousKVCache(TINY, 1, 8)
     k, v = cache.k, cache.v
+    quantized = quantize_model(model, QuantConfig("int8"))
+
+    def static_step(*positions: list[int], batch_size: int = 1) -> None:
+        """Steps of a fresh StaticDecoder at these positions (one list per step, one position per row)."""
+        dec = StaticDecoder(model, "eager", max_len=8, batch_size=batch_size)
+        for pos in positions:
+            dec(model, dec.cache, torch.ones(batch_size, dtype=torch.long), torch.tensor(pos))
     return [
         ("gemv_blocked-int-x", lambda: gemv_blocked(x.long(), w, b), TypeError, r"\bx\b"),
         ("gemv_blocked-bool-x", lambda: gemv_blocked(x.bool(), w, b), TypeError, r"\bx\b"),
@@ -619,6 +643,43 @@ def _compile_mirror_bad_calls():
          r"\bk\b"),
         ("StaticDecoder-unknown-backend", lambda: StaticDecoder(model, mode="compile", backend="nope"), ValueError,
          "backend"),
+        # before: a quantized model's AttributeError, torch's "expected scalar type Long", and k is v silently
+        # writing each value over its key (other logits from the second step on)
+        ("decode_step_by_hand-quantized-model", lambda: decode_step_by_hand(quantized, k, v, 1, 0, 0), TypeError,
+         r"model \(QuantizedGPT\) has transformer.h.0.attn.c_attn = QuantLinear"),
+        ("decode_step_by_hand-int-cache", lambda: decode_step_by_hand(model, [t.long() for t in k], v, 1, 0, 0),
+         TypeError, r"k\[0\] has dtype torch.int64; the cache must have the model's dtype torch.float32"),
+        ("decode_step_by_hand-k-is-v", lambda: decode_step_by_hand(model, k, k, 1, 0, 0), ValueError,
+         r"k\[0\] and v\[0\] share memory"),
+        ("decode_step_by_hand-one-tensor-twice", lambda: decode_step_by_hand(model, [k[0], k[0]], v, 1, 0, 0),
+         ValueError, r"k\[0\] and k\[1\] share memory"),
+        ("decode_step_by_hand-layers-disagree", lambda: decode_step_by_hand(model, [k[0], k[1][:, :, :4]], v, 1, 0, 0),
+         ValueError, r"k\[1\] must be \(1, nh=2, max_len, hs=16\) like k\[0\]"),
+        ("decode_step_by_hand-cache-not-list", lambda: decode_step_by_hand(model, k[0], v, 1, 0, 0), TypeError,
+         r"\bk\b must be a list"),
+        # before: max_len=10**15 reached the allocator; positions other than the cache length ran silently
+        ("StaticDecoder-max-len-past-window", lambda: StaticDecoder(model, "eager", max_len=10**15), ValueError,
+         r"max_len=1000000000000000 is past the model's context window block_size=64"),
+        ("StaticDecoder-max-len-bool", lambda: StaticDecoder(model, "eager", max_len=True), TypeError, "max_len"),
+        ("FusedCPUDecoder-max-len-past-window", lambda: FusedCPUDecoder(model, max_len=65), ValueError,
+         "max_len=65 is past"),
+        ("StaticDecoder-first-position-not-zero", lambda: static_step([5]), ValueError,
+         r"positions \[5\] are not the cache length 0"),
+        ("StaticDecoder-position-repeated", lambda: static_step([0], [0]), ValueError,
+         r"positions \[0\] are not the cache length 1"),
+        ("StaticDecoder-batch-positions-disagree", lambda: static_step([0, 1], batch_size=2), ValueError,
+         r"positions \[0, 1\] are not the cache length 0"),
+        # before: "max() arg is an empty sequence" and an IndexError inside torch's embedding
+        ("sweep.run_case-steps-zero", lambda: sweep.run_case(model, sweep.Case("decode", 1, 4), steps=0, repeats=1,
+                                                            backend="eager"), ValueError, "steps must be positive"),
+        ("sweep.run_case-past-window", lambda: sweep.run_case(model, sweep.Case("decode", 1, 60), steps=8, repeats=1,
+                                                              backend="eager"), ValueError,
+         r"60 context tokens \+ steps=8 = 68 positions, past the model's context window block_size=64"),
+        ("sweep.run_case-long-prefill", lambda: sweep.run_case(model, sweep.Case("prefill", 1, 65), repeats=1,
+                                                               backend="eager"), ValueError, "block_size=64"),
+        ("sweep.run_sweep-past-window", lambda: sweep.run_sweep(model, threads=(1,), steps=1, repeats=1,
+                                                                cases=(sweep.Case("decode", 1, 64),), backend="eager"),
+         ValueError, "block_size=64"),
     ]
 
 
@@ -628,8 +689,7 @@ COMPILE_MIRROR_BAD = _compile_mirror_bad_calls()
 @pytest.mark.parametrize("call, err, match", [c[1:] for c in COMPILE_MIRROR_BAD],
                          ids=[c[0] for c in COMPILE_MIRROR_BAD])
 def test_chapter_13_mirrors_refuse_bad_arguments_naming_them(call, err, match):
-    with pytest.raises(err, match=match):
-        call()
+    assert_refused_by_minillm(call, err, match)
 
 
 @pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
@@ -741,3 +801,35 @@ def test_kernel_emulator_softmax_over_no_columns_matches_torch():
         assert emulator.softmax(torch.randn(3, 0), 1).shape == torch.softmax(torch.randn(3, 0), -1).shape == (3, 0)
     with pytest.raises(ValueError, match=r"\bx\b must have at least one column"):
         mirror.softmax_online(torch.randn(3, 0))
+
+
+def test_naive_twins_of_no_sequences_or_no_columns_give_empty_results_like_the_others():
+    """Before: "stack expects a non-empty TensorList" for S = 0 sequences, and amax's error for rows of no columns.
+    Now the shapes and dtypes the mirror (and the emulator, when a C++ compiler is here) return: (0, nh, hs) and
+    (rows, 0)."""
+    from minillm.kernels import mirror
+    from minillm.kernels import naive
+
+    q, pool = torch.zeros(0, 2, 8, dtype=torch.bfloat16), torch.randn(4, 2, 2, 8).bfloat16()
+    tables, lens = torch.zeros(0, 3, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+    got = naive.paged_attention_decode(q, pool, pool.clone(), tables, lens)
+    want = mirror.paged_attention_decode(q, pool, pool.clone(), tables, lens)
+    assert got.shape == want.shape == (0, 2, 8) and got.dtype == want.dtype == torch.bfloat16
+    if emulator.find_cxx() is not None:
+        assert emulator.paged_attention_decode(q, pool, pool.clone(), tables, lens, 2).shape == (0, 2, 8)
+    x = torch.randn(3, 0)
+    assert naive.softmax(x).shape == torch.softmax(x, -1).shape == (3, 0)
+
+
+def test_the_llamacpp_command_names_a_work_path_that_is_a_file(tmp_path):
+    """Before: FileExistsError from pathlib's mkdir. Now refused before anything is fetched or built."""
+    from minillm.compile import llamacpp
+
+    (tmp_path / "f").write_text("x")
+    threads = torch.get_num_threads()  # the command sets torch's thread count (--threads) before it checks --work
+    try:
+        for work in (tmp_path / "f", tmp_path / "f" / "sub"):
+            assert_refused_by_minillm(lambda: llamacpp.main(["--work", str(work), "--sdist", str(tmp_path / "n.tgz")]),
+                                      ValueError, f"--work '{tmp_path / 'f'}.*is a file, not a folder")
+    finally:
+        torch.set_num_threads(threads)

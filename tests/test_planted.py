@@ -125,7 +125,7 @@ PLANTS = (
           "keep = lowest_k_mask(groups, m - n)", "keep = ~lowest_k_mask(groups, n)"),
     # 11 distillation
     Plant("11", "kd-without-t-squared", "minillm/distill/losses.py", "kd_loss",
-          "return temperature ** 2 * kl.mean()", "return kl.mean()"),
+          "return (temperature ** 2 * kl.mean()).to(dtype)", "return kl.mean().to(dtype)"),
     Plant("11", "forward-kl-weighted-by-the-student", "minillm/distill/losses.py", "kd_loss",
           "kl = (log_p.exp() * (log_p - log_q)).sum(dim=-1)", "kl = (log_q.exp() * (log_q - log_p)).sum(dim=-1)"),
     Plant("11", "teacher-not-softened", "minillm/distill/losses.py", "kd_loss",

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import torch
 
+from minillm.core.config import GPTConfig, check_int
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.kvcache.cache import ContiguousKVCache
@@ -48,6 +49,22 @@ def integer_ids(name: str, value: Any, count: int) -> torch.Tensor:
     if value.numel() != count:
         raise ValueError(f"{name} must hold {count} id(s), got shape {tuple(value.shape)}")
     return value
+
+
+def decoder_max_len(config: GPTConfig, max_len: Any) -> int:
+    """The cache length of a chapter 13 decoder (`StaticDecoder`, `FusedCPUDecoder`): the context window
+    `config.block_size` when None, else an int in [1, block_size]; a TypeError / ValueError naming max_len otherwise.
+
+    Why at most block_size: the decoders' rows have no left padding, so the token at slot j sits at position j, and
+    positions stop at block_size - 1 (the learned position embedding ends there): slots past it could never be
+    written. Refused here, a max_len of 10**15 never reaches the allocator."""
+    if max_len is None:
+        return config.block_size
+    check_int("max_len", max_len)
+    if max_len > config.block_size:
+        raise ValueError(f"max_len={max_len} is past the model's context window block_size={config.block_size}: "
+                         "positions stop there, so those slots could never be used; pass max_len <= block_size")
+    return max_len
 
 
 def compile_problem() -> str | None:
@@ -85,7 +102,10 @@ def counting_backend(name: str, on_graph: Callable[[], None]) -> Callable[..., A
 
 class StaticDecoder:
     """A decode step over its own static-shape cache of `batch_size` rows; at batch 1, pass it to chapter 04's
-    `generate` as `decode_fn` with `kv_cache=self.cache` (or call `generate_ids`)."""
+    `generate` as `decode_fn` with `kv_cache=self.cache` (or call `generate_ids`).
+
+    `max_len` sizes the cache (default and most: the model's context window, `decoder_max_len`). Each step appends:
+    its positions must be the cache's length (minus a row's left padding), as in `generate`."""
 
     def __init__(self, model: GPT, mode: str = "compile", backend: str = "inductor", max_len: int | None = None,
                  batch_size: int = 1):
@@ -101,7 +121,7 @@ class StaticDecoder:
             check_backend(backend)
         self.model = model.eval()
         self.mode, self.backend = mode, backend
-        self.max_len = model.config.block_size if max_len is None else max_len
+        self.max_len = decoder_max_len(model.config, max_len)
         device = model.device
         self.cache = ContiguousKVCache(model.config, batch_size, self.max_len, device=device, use_static_shapes=True)
         self.batch_size = batch_size  # checked by the cache
@@ -176,11 +196,15 @@ class StaticDecoder:
         return out
 
     def _check_range(self, token: torch.Tensor, positions: torch.Tensor) -> None:
-        """Token ids in the vocabulary, positions below max_len and the context window, and a free slot: checked
-        here, because past them the step indexes outside the embeddings or the cache (an IndexError inside the
-        compiled graph, or a CUDA assert). subtle: one host sync (three small tensors, read together)."""
-        ids = torch.cat([token.reshape(-1).cpu(), positions.reshape(-1).cpu(), self.cache.slot.reshape(1).cpu()])
-        tokens, pos, slot = ids[:self.batch_size], ids[self.batch_size:-1], int(ids[-1])
+        """Token ids in the vocabulary, positions below max_len and the context window, a free slot, and each row's
+        position its cache length (minus that row's left padding): checked here, because past them the step indexes
+        outside the embeddings or the cache (an IndexError inside the compiled graph, or a CUDA assert), or computes
+        logits for a sequence that does not exist (position 5 on an empty cache, position 0 twice). subtle: one host
+        sync (four small tensors, read together)."""
+        B = self.batch_size
+        ids = torch.cat([token.reshape(-1).cpu(), positions.reshape(-1).cpu(), self.cache.pad_lens.cpu(),
+                         self.cache.slot.reshape(1).cpu()])
+        tokens, pos, pads, slot = ids[:B], ids[B:2 * B], ids[2 * B:3 * B], int(ids[-1])
         vocab, window = self.model.config.vocab_size, self.model.config.block_size
         if int(tokens.min()) < 0 or int(tokens.max()) >= vocab:
             raise ValueError(f"token ids must be in [0, vocab_size={vocab}), got {tokens.tolist()}")
@@ -189,6 +213,13 @@ class StaticDecoder:
                              f"(block_size={window}), got {pos.tolist()}")
         if slot >= self.max_len:
             raise ValueError(f"cache full: {slot} slots used of max_len={self.max_len}; nothing more can be decoded")
+        # The step writes at slot `slot` and attends over slots 0..slot: the token there sits at position
+        # slot - padding, as the fused C++ step checks too (its "position ... is not the cache length").
+        expected = slot - pads  # (B,)
+        if not torch.equal(pos, expected):
+            raise ValueError(f"positions {pos.tolist()} are not the cache length {slot} (each row's next position: "
+                             f"{expected.tolist()}): a step appends at the cache's end; truncate the cache first to "
+                             "decode from an earlier position")
 
     def generate_ids(self, prompt_ids: Any, params: SamplingParams, **kwargs: Any) -> list[int]:
         """Chapter 04's `generate_ids` with this step: the prompt prefilled eager, every later token through it."""

@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 
 from minillm.compile.cpu_gemv import cpp_errors_as_value_errors, load_cpu_ext
-from minillm.compile.decode import integer_ids
+from minillm.compile.decode import decoder_max_len, integer_ids
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.kvcache.cache import ContiguousKVCache
@@ -65,7 +65,7 @@ def parameter_fingerprint(slots: list[tuple[nn.Module, str]]) -> list[tuple[Any,
 class FusedCPUDecoder:
     """Batch-1 decode of a float32 CPU GPT, one C++ call per token; pass it as `decode_fn` with `kv_cache=self.cache`.
 
-    `max_len` sizes the cache (default: the model's context window). Greedy tokens equal the eager generator's
+    `max_len` sizes the cache (default and most: the model's context window). Greedy tokens equal the eager generator's
     (tested); logits agree to float rounding (the sums run in another order).
     The step reads the parameters the model held at construction (their storage: in-place updates are seen). If
     the model's parameters are converted or replaced afterwards (`model.half()`, a new Parameter), the next
@@ -80,7 +80,7 @@ class FusedCPUDecoder:
             raise ValueError(f"FusedCPUDecoder runs on the CPU, the model is on {model.device}")
         cfg = model.config
         self.model = model.eval()
-        self.max_len = cfg.block_size if max_len is None else max_len
+        self.max_len = decoder_max_len(cfg, max_len)  # at most block_size: slot j holds position j
         self.cache = ContiguousKVCache(cfg, 1, self.max_len)  # float32, dynamic: `attend` for the prefill
         tr = model.transformer
         if model.lm_head.weight.dtype != torch.float32 or tr.wpe.weight.dtype != torch.float32:

@@ -31,7 +31,7 @@ from pathlib import Path
 from minillm.bench.cli import bench_parser, start
 from minillm.bench.models import load_model
 from minillm.compile.fused_step import FusedCPUDecoder
-from minillm.core.io import atomic_write_text
+from minillm.core.io import atomic_write_text, check_output_dir
 from minillm.core.sampling import SamplingParams
 from minillm.compile.llamacpp_build import (PINNED, run_logged, build_llama_bench, convert, export_hf_dir,
                                             fetch_sources)
@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("tokens", "rounds"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    check_output_dir(args.work.expanduser(), "--work")  # a file there: named now, not minutes into the build
 
     work = args.work.expanduser().resolve()
     work.mkdir(parents=True, exist_ok=True)

@@ -22,8 +22,11 @@ import math
 
 import torch
 
+import torch.nn as nn
+
 from minillm.core.model import GPT, require_model
 from minillm.kernels.naive import gelu_tanh, layernorm  # chapter 12's naive twins: the same formulas
+from minillm.kernels.ops import tensors_overlap
 
 ROWS = 4  # weight rows per block: four memory streams in flight in the C++ loop
 LANES = 8  # floats per AVX2 register: each dot product's partial sums
@@ -61,20 +64,84 @@ def gemv_blocked(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
     return y
 
 
+# What decode_step_by_hand reads of each block, and of the whole model: plain layers' own weights.
+BLOCK_LAYERS = {"ln_1": nn.LayerNorm, "attn.c_attn": nn.Linear, "attn.c_proj": nn.Linear, "ln_2": nn.LayerNorm,
+                "mlp.c_fc": nn.Linear, "mlp.c_proj": nn.Linear}
+MODEL_LAYERS = {"lm_head": nn.Linear, "transformer.wte": nn.Embedding, "transformer.wpe": nn.Embedding,
+                "transformer.ln_f": nn.LayerNorm}  # the head first: its weight sets the dtype the others must have
+
+
+def _check_plain_model(model: GPT, n_layer: int) -> torch.Tensor:
+    """The tied head's weight (its dtype and device are the step's), after checking that every layer the step reads
+    is a plain nn.Embedding, nn.Linear (with a bias, but the head) or nn.LayerNorm whose floating-point weights
+    share that dtype and device. A quantized model (chapter 09) holds integer codes, not a `weight`: a TypeError
+    naming the model and the layer, never an AttributeError from inside torch."""
+    named = {**MODEL_LAYERS, **{f"transformer.h.{i}.{n}": t for i in range(n_layer) for n, t in BLOCK_LAYERS.items()}}
+    head = model.get_submodule("lm_head")
+    ref = head.weight if isinstance(head, nn.Linear) else None
+    for name, kind in named.items():
+        layer = model.get_submodule(name)
+        plain = isinstance(layer, kind) and ref is not None
+        if plain:  # the weight, and the bias the step adds (none for the embeddings and the tied head)
+            params = [layer.weight] + ([layer.bias] if kind is not nn.Embedding and name != "lm_head" else [])
+            plain = all(p is not None and p.is_floating_point() and p.dtype == ref.dtype  # type: ignore[union-attr]
+                        and p.device == ref.device for p in params)  # type: ignore[union-attr]
+        if not plain:
+            raise TypeError(f"decode_step_by_hand needs a model of plain nn.Embedding, nn.Linear (with biases) and "
+                            f"nn.LayerNorm layers of floating-point weights, one dtype; model "
+                            f"({type(model).__name__}) has {name} = {type(layer).__name__} with weight "
+                            f"{getattr(getattr(layer, 'weight', None), 'dtype', None)} (a quantized model holds "
+                            "integer codes: run its float original)")
+    return ref  # type: ignore[return-value]
+
+
+def _check_cache(k: list[torch.Tensor], v: list[torch.Tensor], n_layer: int, nh: int, hs: int,
+                 weight: torch.Tensor) -> None:
+    """k and v: lists of n_layer tensors (1, nh, max_len, hs), one max_len, of the weights' dtype and device, no
+    two of them sharing memory. subtle: k is v (or k[0] is v[0]) would write each value over its key, and the step
+    would attend with the wrong keys without a sign; named here instead."""
+    for name, cache in (("k", k), ("v", v)):
+        if not isinstance(cache, (list, tuple)):
+            raise TypeError(f"{name} must be a list of {n_layer} tensors (1, nh={nh}, max_len, hs={hs}), one per "
+                            f"layer, got {type(cache).__name__}")
+        if len(cache) != n_layer:
+            raise ValueError(f"{name} must hold {n_layer} tensors (1, nh={nh}, max_len, hs={hs}), one per layer, "
+                             f"got {len(cache)}")
+    shape = None
+    for name, cache in (("k", k), ("v", v)):
+        for i, t in enumerate(cache):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name}[{i}] must be a tensor, got {type(t).__name__}")
+            if t.dtype != weight.dtype:
+                raise TypeError(f"{name}[{i}] has dtype {t.dtype}; the cache must have the model's dtype "
+                                f"{weight.dtype}")
+            if t.device != weight.device:
+                raise ValueError(f"{name}[{i}] is on {t.device}; the cache must be on the model's device "
+                                 f"{weight.device}")
+            shape = shape or tuple(t.shape)
+            if t.dim() != 4 or tuple(t.shape[:2]) != (1, nh) or t.shape[3] != hs or tuple(t.shape) != shape:
+                raise ValueError(f"{name}[{i}] must be (1, nh={nh}, max_len, hs={hs}) like k[0] {shape}, got "
+                                 f"{tuple(t.shape)}")
+    tensors = [(f"k[{i}]", t) for i, t in enumerate(k)] + [(f"v[{i}]", t) for i, t in enumerate(v)]
+    for a, (name_a, ta) in enumerate(tensors):
+        for name_b, tb in tensors[a + 1:]:
+            if tensors_overlap(ta, tb):
+                raise ValueError(f"{name_a} and {name_b} share memory: k and v must be separate tensors, one per "
+                                 "layer (the step writes a value over a key otherwise)")
+
+
 @torch.inference_mode()
 def decode_step_by_hand(model: GPT, k: list[torch.Tensor], v: list[torch.Tensor], token: int, pos: int, slot: int
                         ) -> torch.Tensor:
     """Logits (V,) of `token` at position `pos`; its key and value go to `slot` of every layer's k[l], v[l]
-    (each (1, nh, max_len, hs), float32, the layout of chapter 04's `ContiguousKVCache`), and it attends over
-    slots 0..slot, itself included. Uses only the model's weights, never its modules' forward."""
+    (each (1, nh, max_len, hs), of the model's dtype, separate tensors: the layout of chapter 04's
+    `ContiguousKVCache`), and it attends over slots 0..slot, itself included. Uses only the model's weights, never
+    its modules' forward, so it needs plain float layers (a quantized model is a TypeError naming the layer)."""
     cfg = require_model(model, "decode_step_by_hand")
     tr = model.transformer
     nh, hs, eps = cfg.n_head, cfg.head_size, cfg.layer_norm_epsilon
-    for name, cache in (("k", k), ("v", v)):
-        if not isinstance(cache, (list, tuple)) or len(cache) != cfg.n_layer or not all(
-                isinstance(t, torch.Tensor) and t.dim() == 4 and tuple(t.shape[:2]) == (1, nh) and t.shape[3] == hs
-                for t in cache):
-            raise ValueError(f"{name} must be a list of {cfg.n_layer} tensors (1, nh={nh}, max_len, hs={hs})")
+    weight = _check_plain_model(model, cfg.n_layer)
+    _check_cache(k, v, cfg.n_layer, nh, hs, weight)
     for name, value, high in (("token", token, cfg.vocab_size), ("pos", pos, cfg.block_size),
                               ("slot", slot, k[0].shape[2])):
         if not isinstance(value, int) or isinstance(value, bool):

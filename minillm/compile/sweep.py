@@ -34,7 +34,8 @@ import torch
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
 from minillm.compile.decode import StaticDecoder, counting_backend
-from minillm.core.model import GPT
+from minillm.core.config import check_int
+from minillm.core.model import GPT, require_model
 from minillm.core.timing import interleave, time_once
 from minillm.kvcache.generate import prefill
 
@@ -64,6 +65,21 @@ class Case:
 
 
 CASES = (Case("decode", 1, 64), Case("decode", 8, 64), Case("prefill", 1, 128))
+
+
+def check_case(model: GPT, case: Case, steps: int) -> None:
+    """A case the model can run, before any work: `steps` a positive int, and every position inside the context
+    window (decode: the `tokens` of context plus `steps` more; prefill: the `tokens` of the prompt), since the
+    learned position embedding stops at block_size. A TypeError / ValueError naming the argument otherwise."""
+    cfg = require_model(model, "the compile sweep")
+    if not isinstance(case, Case):
+        raise TypeError(f"case must be a sweep Case, got {type(case).__name__} {case!r}")
+    check_int("steps", steps)
+    needed = case.tokens + steps if case.kind == "decode" else case.tokens
+    if needed > cfg.block_size:
+        what = f"{case.tokens} context tokens + steps={steps}" if case.kind == "decode" else f"{case.tokens} tokens"
+        raise ValueError(f"case {case.name!r} needs {what} = {needed} positions, past the model's context window "
+                         f"block_size={cfg.block_size}")
 
 
 def _ids(model: GPT, shape: tuple[int, ...], seed: int) -> torch.Tensor:
@@ -120,7 +136,9 @@ def _agreement(got: list[torch.Tensor], want: list[torch.Tensor]) -> tuple[float
 def run_case(model: GPT, case: Case, steps: int = 16, repeats: int = 5, backend: str = "inductor", seed: int = 0
              ) -> dict[str, Any]:
     """One case at the current thread count: compiled against eager (and on CUDA, for decode, the captured CUDA
-    graph too), checked, timed in turn."""
+    graph too), checked, timed in turn. `steps` decode steps (positive; context + steps within block_size)."""
+    check_case(model, case, steps)
+    check_int("repeats", repeats)
     graph = None
     if case.kind == "decode":
         _, eager = _decode_runs(model, case, steps, "eager", backend, seed)
@@ -156,6 +174,8 @@ def run_sweep(model: GPT, threads: tuple[int, ...] = (1, 2), cases: tuple[Case, 
     for n in threads:
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"thread counts must be positive ints, got {n!r}")
+    for case in cases:  # every case before the first is timed
+        check_case(model, case, steps)
     before = torch.get_num_threads()
     rows = []
     try:
@@ -174,6 +194,7 @@ def profile_decode(model: GPT, case: Case = CASES[0], steps: int = 16, backend: 
     """The operators of `steps` decode steps, eager and compiled: the `top` by self CPU time, per step."""
     from torch.profiler import ProfilerActivity, profile
 
+    check_case(model, case, steps)
     out = {}
     for mode in ("eager", "compile"):
         _, run = _decode_runs(model, case, steps, mode, backend, seed)

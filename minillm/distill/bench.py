@@ -59,6 +59,7 @@ def val_prompts(num_prompts: int, prompt_len: int) -> list[list[int]]:
 
 def teacher_continuations(teacher: GPT, prompts: Sequence[list[int]], new_tokens: int) -> list[list[int]]:
     """The teacher's greedy continuation of each prompt (chapter 04's cached loop, end-of-text ignored)."""
+    check_int("new_tokens", new_tokens)
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
     return [generate_ids(teacher, p, params) for p in prompts]
 
@@ -66,7 +67,10 @@ def teacher_continuations(teacher: GPT, prompts: Sequence[list[int]], new_tokens
 def acceptance(target: GPT, draft: GPT, prompts: Sequence[list[int]], new_tokens: int, gamma: int,
                reference: Sequence[list[int]] | None = None) -> dict[str, Any]:
     """accepted / proposed of greedy speculative decoding summed over the prompts; tokens checked identical to
-    `reference` (the target's own greedy outputs, `teacher_continuations`; computed here when not given)."""
+    `reference` (the target's own greedy outputs, `teacher_continuations`; computed here when not given).
+    new_tokens >= 1 and gamma >= 1: with no token generated there is no α (and no target call) to divide by."""
+    check_int("new_tokens", new_tokens)
+    check_int("gamma", gamma)
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError(f"prompts must be a non-empty list of prompts, got {prompts!r}")
@@ -96,6 +100,7 @@ def speedups(target: GPT, drafts: dict[str, GPT], prompts: Sequence[list[int]], 
     for i, g in enumerate(gammas):
         check_int(f"gammas[{i}]", g)
     check_int("repeats", repeats)
+    check_int("new_tokens", new_tokens)
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
 
     def alone() -> None:
@@ -164,6 +169,7 @@ def run_all(device: torch.device, size: str = "full", seed: int = 0) -> dict[str
 
 def alpha_at(report: dict[str, Any], name: str, gamma: int) -> float:
     """accepted / proposed of draft `name` at γ in a `run_all` report."""
+    check_int("gamma", gamma)  # subtle: True == 1, so a bool would find the γ = 1 row
     if name not in report["acceptance"]:
         raise ValueError(f"no draft {name!r} in the report; it has {sorted(report['acceptance'])}")
     rows = report["acceptance"][name]

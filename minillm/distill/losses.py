@@ -34,11 +34,19 @@ import torch.nn.functional as F
 from minillm.core.config import check_float, check_int
 
 KINDS = ("forward", "reverse")
+# The smallest temperature the losses take. From it up, kd_loss is finite for any finite float32, float16 or
+# bfloat16 logits: z / T stays below 7e40 (far inside float64) and T² stays a normal float. Below it nothing is
+# left to learn from a temperature: softmax(z / T) is the argmax's one-hot for any logit gap above ~7 (exp(-700)
+# underflows), and a subnormal T (1e-310) made z / T overflow and the loss NaN.
+MIN_TEMPERATURE = 1e-2
 
 
 def check_temperature(temperature: object) -> float:
-    """T > 0 and finite, else TypeError/ValueError naming the value."""
+    """T >= MIN_TEMPERATURE and finite, else TypeError/ValueError naming the value."""
     check_float("temperature", temperature, 0.0, include_minimum=False)
+    if temperature < MIN_TEMPERATURE:  # type: ignore[operator]
+        raise ValueError(f"temperature must be at least MIN_TEMPERATURE={MIN_TEMPERATURE} (below it softmax(z / T) "
+                         f"is already a one-hot argmax, and z / T leaves the float range), got {temperature}")
     return float(temperature)  # type: ignore[arg-type]
 
 
@@ -102,7 +110,8 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperat
     Masked tokens: a logit of −inf is a token with probability 0, and 0 · log 0 counts as 0 (as `F.kl_div` with
     probability targets counts it). A token masked on both sides drops out; one the weighting distribution gives mass
     but the other masks makes the KL +inf, as it is. Bad input (NaN or +inf logits, a row with no finite logit, no
-    positions at all) is a ValueError naming the argument: there is no mean over zero positions to return.
+    positions at all) is a ValueError naming the argument: there is no mean over zero positions to return. So is a
+    temperature below MIN_TEMPERATURE = 1e-2 (the loss is finite from there up, for any finite logits).
     """
     _check_pair(student_logits, teacher_logits)
     temperature = check_temperature(temperature)
@@ -115,6 +124,10 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperat
     # 1% off at T = 1e3; at 1e4 off by the value itself, often negative). In float64 the same sum is good to ~1e-7
     # relative up to T ≈ 1e5; the cost is one (N, V) pass, small beside the two models' forwards.
     student_logits, teacher_logits = student_logits.double(), teacher_logits.double()
+    # subtle: softmax ignores a shift, so each row's max is taken off before dividing by T: z / T can then not
+    # overflow to +inf (and log_softmax to NaN) for any finite logits, only underflow to -inf (probability 0).
+    student_logits = student_logits - student_logits.amax(dim=-1, keepdim=True).detach()  # (..., V), max 0
+    teacher_logits = teacher_logits - teacher_logits.amax(dim=-1, keepdim=True).detach()  # (..., V), max 0
     log_q = F.log_softmax(student_logits.reshape(-1, V) / temperature, dim=-1)  # (N, V) the student's, at T
     log_p = F.log_softmax(teacher_logits.reshape(-1, V) / temperature, dim=-1)  # (N, V) the teacher's, at T
     # subtle: masked tokens. 0 · log 0 = 0 in the math but 0 · (−inf) = NaN in floating point, and so is its gradient.
@@ -131,9 +144,10 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperat
         log_q = log_q.clamp(min=lowest)
         kl = (log_q.exp() * (log_q - log_p)).sum(dim=-1)  # (N,) KL(q‖p): weighted by the student
     # KL >= 0 (Gibbs); what rounding leaves below 0 when p = q is clamped, so the loss is never negative.
-    kl = kl.clamp(min=0.0).to(dtype)
-    # Hinton et al. §2: the soft term's gradients scale as 1/T², so multiply by T² to keep them level.
-    return temperature ** 2 * kl.mean()
+    kl = kl.clamp(min=0.0)
+    # Hinton et al. §2: the soft term's gradients scale as 1/T², so multiply by T² to keep them level (in float64,
+    # before rounding to the logits' dtype: KL alone can exceed float32 at a small T where T² · KL does not).
+    return (temperature ** 2 * kl.mean()).to(dtype)
     # END SOLUTION
 
 

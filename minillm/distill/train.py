@@ -122,16 +122,26 @@ class DistillObjective(nn.Module):
         return total
 
 
-def student_dir(name: str) -> Path:
-    """A shipped checkpoint's directory ("draft"), or any checkpoint directory given as a path."""
+def checkpoint_dir(name: str | os.PathLike, role: str) -> Path:
+    """A shipped checkpoint's directory ("draft"), or any checkpoint directory given as a path; `role` is what the
+    caller resolves it as ("student", "--teacher"), and every error names it, so a missing teacher is never
+    reported as a missing student."""
     if not isinstance(name, (str, os.PathLike)):
-        raise TypeError(f"student must be a shipped checkpoint name or a directory, got {type(name).__name__}")
+        raise TypeError(f"{role} must be a shipped checkpoint name or a directory, got {type(name).__name__}")
     if name in SHIPPED:
-        return pretrained_dir(name)
+        return pretrained_dir(name)  # type: ignore[arg-type]
+    if not os.fspath(name):  # subtle: Path("") is Path("."), the working directory: a directory, but not a choice
+        raise ValueError(f"{role} must name a shipped checkpoint {list(SHIPPED)} or a directory, got an empty string")
     path = Path(name)
     if not path.is_dir():
-        raise ValueError(f"student {name!r} is neither a shipped checkpoint {list(SHIPPED)} nor a directory")
+        raise ValueError(f"{role} {os.fspath(name)!r} is neither a shipped checkpoint {list(SHIPPED)} nor a "
+                         "directory")
     return path
+
+
+def student_dir(name: str | os.PathLike) -> Path:
+    """The student's checkpoint directory: `checkpoint_dir(name, "student")`."""
+    return checkpoint_dir(name, "student")
 
 
 def distill(cfg: TrainConfig, teacher: GPT | None, temperature: float = 1.0, kd_weight: float = 0.5,
@@ -142,7 +152,8 @@ def distill(cfg: TrainConfig, teacher: GPT | None, temperature: float = 1.0, kd_
     kd_weight = 0 and feature_weight = 0 is the hard-label control: the trainer's own cross-entropy, no teacher. The
     exported training_log.json (if `cfg.export_dir`) gains a "distillation" section: the settings and, per logged
     step, the mean hard, soft and feature terms. Every argument is checked first, whether or not the run uses it:
-    temperature > 0, kd_weight in [0, 1], feature_weight >= 0 (all finite), kind "forward" or "reverse".
+    temperature >= MIN_TEMPERATURE (1e-2), kd_weight in [0, 1], feature_weight >= 0 (all finite), kind "forward"
+    or "reverse".
 
     Resume: with `cfg.out_dir` the run keeps its state beside the trainer's checkpoints (`run_state`); a run
     stopped there (`stop_after`, or killed) continues with `cfg.resume = out_dir` and `init_from = None`, the same
@@ -219,6 +230,8 @@ def teacher_label(teacher: GPT) -> str:
 def kd_history(objective: DistillObjective | None, every: int, grad_accum: int = 1) -> list[dict[str, float]]:
     """The objective's terms averaged over blocks of `every` optimizer steps, each step's `grad_accum` calls
     (micro-batches) together: [{"step", "hard", "soft", ...}], "step" the block's last step."""
+    if objective is not None and not isinstance(objective, DistillObjective):
+        raise TypeError(f"objective must be a DistillObjective or None, got {type(objective).__name__} {objective!r}")
     check_int("every", every)
     check_int("grad_accum", grad_accum)
     if objective is None or not objective.records:
@@ -274,7 +287,7 @@ def _relative(path: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
-    init = None if args.resume else str(_relative(student_dir(args.student)))  # a resumed run has its student
+    init = None if args.resume else str(_relative(checkpoint_dir(args.student, "--student")))  # resumed: it has one
     cfg = TrainConfig(
         preset="draft", init_from=init, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
         min_lr_ratio=args.min_lr_ratio, warmup_steps=args.warmup_steps, eval_interval=args.eval_interval,
@@ -284,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         command="python -m minillm.distill.train " + " ".join(shlex.quote(a) for a in argv))
     teacher = None
     if args.kd_weight > 0 or args.feature_weight > 0:
-        teacher = load_checkpoint(student_dir(args.teacher), device=resolve_device(args.device))
+        teacher = load_checkpoint(checkpoint_dir(args.teacher, "--teacher"), device=resolve_device(args.device))
     result, _ = distill(cfg, teacher, args.temperature, args.kd_weight, args.kind, args.feature_weight,
                         progress=not args.no_progress)
     log = result.log

@@ -19,17 +19,10 @@ import math
 import torch
 
 from minillm.core.config import check_float_tensor, check_int
-from minillm.kernels.naive import check_int8_gemv_args, check_qkv, gelu_tanh
+from minillm.kernels.naive import check_int8_gemv_args, check_qkv, check_rows, gelu_tanh
 from minillm.kernels.ops import check_distinct_slots, check_eps, check_kv_write_args
 
 NEG_INF = float("-inf")
-
-
-def _columns(name: str, x: torch.Tensor) -> int:
-    """The last dimension of a floating-point tensor `x` of at least one dimension (the columns the lanes share)."""
-    if check_float_tensor(name, x).dim() == 0:
-        raise ValueError(f"{name} must have at least one dimension (its columns), got a 0-d tensor")
-    return x.shape[-1]
 
 
 def _tile_args(m: torch.Tensor, l: torch.Tensor, o: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> None:
@@ -114,7 +107,7 @@ def softmax_online(x: torch.Tensor, tile: int = 8, num_parts: int = 4) -> torch.
     """softmax.cu v4: the columns are dealt round-robin to `num_parts` parts (the threads, in tiles of `tile`
     elements, the 16-byte packs); each part folds its tiles into a running (max, sum) in one pass; the parts'
     states merge pairwise; then one more pass writes exp(x - m) / s."""
-    _columns("x", x)
+    check_rows("x", x)
     check_int("tile", tile)
     check_int("num_parts", num_parts)
     if x.shape[-1] == 0:
@@ -143,7 +136,7 @@ def softmax_online(x: torch.Tensor, tile: int = 8, num_parts: int = 4) -> torch.
 def warp_tree_sum(partials: torch.Tensor) -> torch.Tensor:
     """Sum the last dimension (32 lanes) the way `warp_sum` does: lane i adds lane i ^ offset, offset 16, 8, .., 1.
     Every lane ends with the total; lane 0's is returned."""
-    if _columns("partials", partials) != 32:
+    if check_rows("partials", partials) != 32:
         raise ValueError(f"partials must hold a warp's 32 lanes in its last dimension, got {partials.shape[-1]}")
     lanes = torch.arange(32)
     # BEGIN SOLUTION
@@ -159,7 +152,7 @@ def lane_partials(x: torch.Tensor, pack: int = 1) -> torch.Tensor:
     With pack > 1 a lane reads `pack` neighbouring columns at once (a 16-byte load): lane i owns the packs i, i + 32,
     ..., that is the columns [pack * i, pack * i + pack), [pack * (i + 32), ...), and so on.
     """
-    C = _columns("x", x)
+    C = check_rows("x", x)
     check_int("pack", pack)
     pad = (-C) % (32 * pack)
     xp = torch.nn.functional.pad(x, (0, pad))  # (..., C + pad), zeros add nothing
@@ -170,10 +163,7 @@ def layernorm_warp(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, ep
                    pack: int = 1) -> torch.Tensor:
     """layernorm.cu v3 (pack=1) and v4 (pack = 16 bytes / element size): one pass of lane sums of x and x^2, a warp
     tree sum of each, var = E[x^2] - mean^2."""
-    C = _columns("x", x)
-    for name, t in (("weight", weight), ("bias", bias)):
-        if tuple(check_float_tensor(name, t).shape) != (C,):
-            raise ValueError(f"{name} must have shape ({C},), x's last dimension, got {tuple(t.shape)}")
+    C = check_rows("x", x, weight=weight, bias=bias)
     check_eps(eps)
     check_int("pack", pack)
     x32 = x.float()
@@ -186,9 +176,7 @@ def layernorm_warp(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, ep
 
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor, pack: int = 8) -> torch.Tensor:
     """bias_gelu.cu v2: the flat array in packs of `pack` elements plus a tail, element i taking bias[i % C]."""
-    C = _columns("x", x)
-    if tuple(check_float_tensor("bias", bias).shape) != (C,):
-        raise ValueError(f"bias must have shape ({C},), x's last dimension, got {tuple(bias.shape)}")
+    C = check_rows("x", x, bias=bias)
     check_int("pack", pack)
     flat = x.reshape(-1).float()
     out = torch.empty_like(flat)
@@ -300,9 +288,13 @@ def paged_gather(pool: torch.Tensor, block_table: torch.Tensor, context_len: int
     block_table (max_nb,) -> (context_len, nh, hs). Token j lives in block block_table[j // bs] at offset j % bs,
     pool row slot = block * bs + j % bs: the address every thread of paged_attention.cu computes for its key."""
     nb, bs = check_float_tensor("pool", pool, 4).shape[:2]
-    if not isinstance(block_table, torch.Tensor) or block_table.dim() != 1 or block_table.is_floating_point() \
+    if not isinstance(block_table, torch.Tensor) or block_table.is_floating_point() or block_table.is_complex() \
             or block_table.dtype == torch.bool:
-        raise TypeError(f"block_table must be a 1-D integer tensor, got {getattr(block_table, 'dtype', type(block_table))}")
+        raise TypeError(f"block_table must be a 1-D integer tensor, got "
+                        f"{getattr(block_table, 'dtype', type(block_table).__name__)}")
+    if block_table.dim() != 1:
+        raise ValueError(f"block_table must be 1-D (max_nb,), one sequence's table, got shape "
+                         f"{tuple(block_table.shape)}")
     if not isinstance(context_len, int) or isinstance(context_len, bool):
         raise TypeError(f"context_len must be an int, got {type(context_len).__name__} {context_len!r}")
     if not 0 <= context_len <= block_table.numel() * bs:

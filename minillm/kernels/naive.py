@@ -13,8 +13,28 @@ import torch
 
 from minillm.core.attention import attention_ref, causal_mask
 from minillm.core.config import check_float_tensor
-from minillm.kernels.ops import check_block_tables, check_kv_write_args, check_paged_args, check_slot_range
+from minillm.kernels.ops import (
+    check_block_tables,
+    check_eps,
+    check_kv_write_args,
+    check_paged_args,
+    check_slot_range,
+)
 from minillm.paged.paged_cache import write_kv
+
+
+def check_rows(name: str, x: torch.Tensor, **vectors: torch.Tensor) -> int:
+    """The row ops' arguments (softmax, layernorm, bias_gelu; here and in `mirror`): `x` a floating-point tensor
+    (..., C) of at least one dimension, and each of `vectors` (weight=..., bias=...) a floating-point (C,) tensor.
+    Returns C; a TypeError / ValueError naming the argument otherwise (not torch's broadcast error, or worse, a
+    (1,) bias broadcast over every column)."""
+    if check_float_tensor(name, x).dim() == 0:
+        raise ValueError(f"{name} must have at least one dimension (its columns), got a 0-d tensor")
+    C = x.shape[-1]
+    for vname, t in vectors.items():
+        if tuple(check_float_tensor(vname, t).shape) != (C,):
+            raise ValueError(f"{vname} must have shape ({C},), {name}'s last dimension, got {tuple(t.shape)}")
+    return C
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -44,14 +64,20 @@ def check_int8_gemv_args(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, 
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
-    """Row softmax over the last dimension: exp(x - max) / sum exp(x - max)."""
+    """Row softmax over the last dimension: exp(x - max) / sum exp(x - max). Rows of no columns give an empty
+    result, as torch.softmax and `ops.softmax` do (nothing to normalise)."""
+    if check_rows("x", x) == 0:
+        return x.clone()
     x32 = x.float()
     e = torch.exp(x32 - x32.amax(dim=-1, keepdim=True))  # (..., C)
     return (e / e.sum(dim=-1, keepdim=True)).to(x.dtype)
 
 
 def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    """(x - mean) / sqrt(var + eps) * weight + bias over the last dimension, biased variance (as F.layer_norm)."""
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last dimension, biased variance (as F.layer_norm);
+    x (..., C), weight and bias (C,)."""
+    check_rows("x", x, weight=weight, bias=bias)
+    check_eps(eps)
     x32 = x.float()
     mean = x32.mean(dim=-1, keepdim=True)  # (..., 1)
     var = ((x32 - mean) ** 2).mean(dim=-1, keepdim=True)  # (..., 1)
@@ -65,6 +91,7 @@ def gelu_tanh(u: torch.Tensor) -> torch.Tensor:
 
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """gelu_tanh(x + bias), bias (C,) broadcast over the rows of x (..., C)."""
+    check_rows("x", x, bias=bias)
     return gelu_tanh(x.float() + bias.float()).to(x.dtype)
 
 
@@ -86,12 +113,13 @@ def paged_attention_decode(
 ) -> torch.Tensor:
     """One query token per sequence against its context in the pools: q (S, nh, hs), pools (nb, bs, nh, hs),
     block_tables (S, max_nb), context_lens (S,) -> (S, nh, hs). Gathers each sequence's K/V densely, then attends.
-    A context longer than its table or a block id outside the pool is a ValueError naming the argument."""
+    A context longer than its table or a block id outside the pool is a ValueError naming the argument; no
+    sequences (S = 0) give an empty (0, nh, hs), as the kernel, the emulator and the mirror do."""
     check_paged_args(q, k_pool, v_pool, block_tables, context_lens)
     check_block_tables(block_tables, context_lens, k_pool.shape[0], k_pool.shape[1])
     S, nh, hs = q.shape
     bs = k_pool.shape[1]
-    out = []
+    out = torch.empty(S, nh, hs, device=q.device)  # (S, nh, hs) fp32, one row per sequence
     for s, ctx in enumerate(context_lens.tolist()):
         nblk = -(-ctx // bs)
         blocks = block_tables[s, :nblk]  # (nblk,)
@@ -99,8 +127,8 @@ def paged_attention_decode(
         v = v_pool.index_select(0, blocks).flatten(0, 1)[:ctx]  # (ctx, nh, hs)
         qs = q[s].float().unsqueeze(1)  # (nh, 1, hs)
         y = attention_ref(qs, k.float().transpose(0, 1), v.float().transpose(0, 1))  # (nh, 1, hs)
-        out.append(y.squeeze(1))  # (nh, hs)
-    return torch.stack(out).to(q.dtype)  # (S, nh, hs)
+        out[s] = y.squeeze(1)  # (nh, hs)
+    return out.to(q.dtype)  # (S, nh, hs)
 
 
 def int8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

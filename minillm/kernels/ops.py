@@ -283,12 +283,12 @@ def check_kv_write_args(key: torch.Tensor, value: torch.Tensor, k_pool: torch.Te
     # order the threads run in (k_pool is v_pool: every key overwritten by its value)
     named = {"key": key, "value": value, "k_pool": k_pool, "v_pool": v_pool}
     for a, b in (("k_pool", "v_pool"), ("key", "k_pool"), ("key", "v_pool"), ("value", "k_pool"), ("value", "v_pool")):
-        if _overlap(named[a], named[b]):
+        if tensors_overlap(named[a], named[b]):
             raise ValueError(f"{a} and {b} share memory: the write would overwrite what it reads (or one pool the "
                              "other); give them separate tensors")
 
 
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+def tensors_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the bytes two strided tensors can address intersect (their [first, last] byte ranges; exact for
     contiguous tensors, which is what the kernels take). No host sync: pointers only."""
     if a.numel() == 0 or b.numel() == 0 or a.device != b.device or a.device.type == "meta":
