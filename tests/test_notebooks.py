@@ -31,13 +31,31 @@ SMALLER = {
         ("[1, 2, 4, 6], repeats=3)", "[1, 2, 4, 6], repeats=1)"),
         ("loads = (1, 2, 4, 8, 16)", "loads = (1, 4)"),
     ],
+    "02-gpt": [
+        ("val = default_eval_tokens(16_384)", "val = default_eval_tokens(4096)"),  # perplexity tokens
+    ],
+    "09-quantization": [
+        ("val = default_eval_tokens(8192)", "val = default_eval_tokens(2048)"),
+        ("steps=10, batch_size=QAT_BATCH", "steps=2, batch_size=QAT_BATCH"),
+        ("layer_costs(repeats=3, calls=20)", "layer_costs(repeats=1, calls=5)"),
+    ],
     "10-pruning": [
+        ("val = default_eval_tokens(8192)", "val = default_eval_tokens(2048)"),
         ("sparsities = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]", "sparsities = [0.3, 0.5, 0.7]"),
         ("recover(pruned, model, steps=20)", "recover(pruned, model, steps=2)"),
+        ("generate_ids(m, prompt, params), repeats=3)", "generate_ids(m, prompt, params), repeats=1)"),
+        ("layer_costs(repeats=3, calls=20)", "layer_costs(repeats=1, calls=5)"),
     ],
     "11-distillation": [
+        ("val = default_eval_tokens(32768)", "val = default_eval_tokens(4096)"),
+        ("prompts = val_prompts(8, 32)", "prompts = val_prompts(4, 32)"),
         ("gammas = [1, 2, 4, 6]", "gammas = [1, 4]"),
         ("[1, 4], repeats=3)", "[1, 4], repeats=1)"),
+    ],
+    "13-compilation": [
+        ("generate_ids(fast, prompt, params), repeats=5)", "generate_ids(fast, prompt, params), repeats=1)"),
+        ("hf_comparison(m, prompt, 48, repeats=3)", "hf_comparison(m, prompt, 48, repeats=1)"),
+        ("run, repeats=5)", "run, repeats=1)"),
     ],
     "15-serving": [
         ("num_prompts=48", "num_prompts=16"),
