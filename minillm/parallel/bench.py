@@ -174,6 +174,9 @@ def link_estimate(config: GPTConfig, t: int, element_bytes: int = 2) -> dict[str
     if not isinstance(config, GPTConfig):
         raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
     check_int("t", t)
+    check_int("element_bytes", element_bytes)
+    if element_bytes not in (1, 2, 4, 8):
+        raise ValueError(f"element_bytes must be a dtype's size in bytes (1, 2, 4 or 8), got {element_bytes!r}")
     message = config.n_embd * element_bytes
     reduce_bytes = (1 + 2 * config.n_layer) * ring_traffic_per_rank(message, t)
     gather_bytes = (t - 1) * config.vocab_size // t * element_bytes

@@ -79,8 +79,9 @@ def merge_attention(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, l
         if o.shape != o_a.shape:
             raise ValueError(f"o_{name} must have o_a's shape {tuple(o_a.shape)}, got {tuple(o.shape)}")
         for what, x in ((f"o_{name}", o), (f"lse_{name}", lse_x)):
-            if isinstance(x, torch.Tensor) and x.device != o_a.device:
-                raise ValueError(f"{what} must be on o_a's device {o_a.device}, got {x.device}")
+            if isinstance(x, torch.Tensor) and (x.device != o_a.device or x.dtype != o_a.dtype):
+                raise ValueError(f"{what} must have o_a's dtype and device ({o_a.dtype}, {o_a.device}), got "
+                                 f"{x.dtype}, {x.device}")
         if check_float_tensor(f"lse_{name}", lse_x).shape != o.shape[:-1]:
             raise ValueError(f"lse_{name} must have shape {tuple(o.shape[:-1])}, got {tuple(lse_x.shape)}")
         if torch.isnan(lse_x).any() or torch.isposinf(lse_x).any():

@@ -33,6 +33,8 @@ def generate_on_rank(rank: int, world_size: int, model_name: str, prompt: str, m
                      device: str = "cpu", check: bool = False) -> dict[str, Any]:
     """This rank's share of one greedy generation (the group must be up): its tokens, text, collectives, and with
     `check` (rank 0 only) the one-process tokens."""
+    if not isinstance(prompt, str):
+        raise TypeError(f"prompt must be a str (the text to continue), got {type(prompt).__name__} {prompt!r}")
     loaded = load_model(model_name, "cpu")  # every rank reads the whole checkpoint, but only its shard goes to the
     ids = loaded.tokenizer.encode(prompt)   # device: a model too big for one GPU fits t of them
     if not ids:

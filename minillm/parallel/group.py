@@ -40,7 +40,13 @@ LOOPBACK = "127.0.0.1"
 
 def backend_for(device: str | torch.device) -> str:
     """"nccl" for CUDA tensors, "gloo" for CPU ones (gloo also moves CUDA tensors, through the host)."""
-    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a str or a torch.device, got {type(device).__name__} {device!r}")
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:  # torch's message lists every device type it knows, and not which argument was wrong
+        raise ValueError(f"device must name a torch device ('cpu', 'cuda', 'cuda:1'), got {device!r}") from None
+    return "nccl" if kind == "cuda" else "gloo"
 
 
 def free_port() -> int:
@@ -63,7 +69,7 @@ def init_rank(rank: int | None = None, world_size: int | None = None, port: int 
         if missing:
             raise ValueError(f"init_rank() without arguments reads torchrun's environment, but {missing} are not "
                              "set: launch with torchrun, or pass rank, world_size and port")
-        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        rank, world_size = _rank_from_environment()
     else:
         for name, value in (("rank", rank), ("world_size", world_size), ("port", port)):
             if not isinstance(value, int) or isinstance(value, bool):
@@ -83,6 +89,30 @@ def init_rank(rank: int | None = None, world_size: int | None = None, port: int 
         store = loopback_store(rank, world_size, port, timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     return rank, world_size
+
+
+def _rank_from_environment() -> tuple[int, int]:
+    """(RANK, WORLD_SIZE) from torchrun's environment, each checked, and MASTER_PORT checked as a port.
+
+    subtle: torch reads these itself with a bare int() ("invalid literal for int()"), and a RANK at or past
+    WORLD_SIZE is not refused at all: that rank connects to the store as a client and waits the whole timeout for
+    a group it can never be part of."""
+    values = {}
+    for name, low in (("RANK", 0), ("WORLD_SIZE", 1), ("MASTER_PORT", 1)):
+        text = os.environ[name]
+        try:
+            values[name] = int(text)
+        except ValueError:
+            raise ValueError(f"the environment variable {name} must be an int, got {text!r}") from None
+        if values[name] < low:
+            raise ValueError(f"the environment variable {name} must be >= {low}, got {text!r}")
+    if values["MASTER_PORT"] > 65535:
+        raise ValueError(f"the environment variable MASTER_PORT must be a port in [1, 65535], got "
+                         f"{os.environ['MASTER_PORT']!r}")
+    if values["RANK"] >= values["WORLD_SIZE"]:
+        raise ValueError(f"the environment variable RANK must be in [0, WORLD_SIZE={values['WORLD_SIZE']}), got "
+                         f"{values['RANK']}")
+    return values["RANK"], values["WORLD_SIZE"]
 
 
 def _check_backend_and_timeout(backend: str, timeout_s: float) -> None:

@@ -30,6 +30,7 @@ import copy
 import torch
 import torch.nn as nn
 
+from minillm.core.config import check_int
 from minillm.core.model import GPT, require_model
 from minillm.parallel.pipeline import PipelineStage
 from minillm.parallel.tensor import check_divisible
@@ -37,6 +38,15 @@ from minillm.parallel.tensor import check_divisible
 
 def regroup_qkv_rows(weight_or_bias: torch.Tensor, n_head: int, head_size: int, t: int) -> torch.Tensor:
     """c_attn's rows [q | k | v] (3A, ...) reordered into t contiguous groups, each [q_r | k_r | v_r] of nh/t heads."""
+    for name, value in (("n_head", n_head), ("head_size", head_size), ("t", t)):
+        check_int(name, value)
+    if n_head % t:
+        raise ValueError(f"t={t} ranks must divide n_head={n_head}: every rank holds whole heads")
+    if not isinstance(weight_or_bias, torch.Tensor) or weight_or_bias.dim() == 0 \
+            or weight_or_bias.shape[0] != 3 * n_head * head_size:
+        raise ValueError(f"weight_or_bias must be c_attn's weight or bias, 3 n_head head_size = "
+                         f"{3 * n_head * head_size} rows, got {tuple(getattr(weight_or_bias, 'shape', ()))} "
+                         f"({type(weight_or_bias).__name__})")
     A = n_head * head_size
     per = A // t  # one rank's share of q (or k, or v) rows
     order = [part * A + r * per + i for r in range(t) for part in range(3) for i in range(per)]

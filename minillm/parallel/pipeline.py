@@ -89,6 +89,8 @@ class PipelineStage(nn.Module):
         elif not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.config.n_embd:
             raise ValueError(f"a later stage takes hidden states (B, T, C={self.config.n_embd}), got "
                              f"{tuple(getattr(x, 'shape', ()))}")
+        elif not x.is_floating_point():
+            raise TypeError(f"a later stage takes floating-point hidden states (B, T, C), got {x.dtype}")
         for block in self.blocks:
             x = block(x, cache)
         return self.head(self.ln_f(x)) if self.last else x
@@ -227,6 +229,11 @@ def check_events(events: object) -> None:
         raise ValueError("events must be a non-empty list of StageEvent (every stage's, from run_gpipe)")
     if not all(isinstance(e, StageEvent) for e in events):
         raise TypeError(f"events must hold StageEvent records, got {type(events[0]).__name__}")
+    for i, e in enumerate(events):
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (e.stage, e.micro_batch)):
+            raise ValueError(f"events[{i}] must have a non-negative int stage and micro_batch, got {e}")
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (e.start, e.end)):
+            raise TypeError(f"events[{i}] must have numbers for start and end, got {e}")
     if not all(math.isfinite(e.start) and math.isfinite(e.end) and e.end >= e.start for e in events):
         raise ValueError("events must have finite times with end >= start")
 

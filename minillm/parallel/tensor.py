@@ -62,6 +62,8 @@ class Comm:
                             f"{type(self.group).__name__}")
         if not isinstance(self.sequence_parallel, bool):
             raise TypeError(f"sequence_parallel must be a bool, got {type(self.sequence_parallel).__name__}")
+        if self.ranks is not None:
+            check_int("ranks", self.ranks)
 
     def _count(self, op: str, t: torch.Tensor) -> None:
         if not isinstance(t, torch.Tensor):
@@ -104,6 +106,8 @@ class Comm:
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
         """(..., n) on each rank -> (..., t n) on every rank: the head's vocabulary slices side by side."""
+        if isinstance(x, torch.Tensor) and x.dim() == 0:
+            raise ValueError("all_gather_last gathers (..., n) slices along their last dimension, got a 0-d tensor")
         return self._all_gather("all_gather", x, -1)
 
     def all_gather_seq(self, x: torch.Tensor) -> torch.Tensor:
@@ -166,6 +170,17 @@ def row_split(weight: torch.Tensor, rank: int, t: int) -> torch.Tensor:
     # END SOLUTION
 
 
+def _returning_tensor(reduce: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`reduce`, checked to return a tensor: one that returns None (an in-place sum that forgot its `return`) would
+    otherwise make the linear's output None, far from the cause."""
+    def checked(y: torch.Tensor) -> torch.Tensor:
+        out = reduce(y)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"reduce must return the summed tensor, got {type(out).__name__}")
+        return out
+    return checked
+
+
 def row_parallel_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                          reduce: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """y = x W_rᵀ summed over the ranks, then + b: x (..., in/t) this rank's input slice, weight (out, in/t) from
@@ -176,8 +191,13 @@ def row_parallel_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         raise ValueError(f"x has {x.shape[-1]} features in its last dimension, weight's slice takes {k}")
     if bias is not None and tuple(check_float_tensor("bias", bias).shape) != (out_features,):
         raise ValueError(f"bias must have shape ({out_features},), the full output, got {tuple(bias.shape)}")
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and (p.dtype != x.dtype or p.device != x.device):
+            raise ValueError(f"{name} must have x's dtype and device ({x.dtype}, {x.device}), got {p.dtype}, "
+                             f"{p.device}")
     if not callable(reduce):
         raise TypeError(f"reduce must be a function summing a tensor over the ranks, got {type(reduce).__name__}")
+    reduce = _returning_tensor(reduce)
     # BEGIN SOLUTION
     y = F.linear(x, weight)  # (..., in/t) -> (..., out): this rank's partial sum
     y = reduce(y)  # the sum over the ranks: the one collective of a row-parallel linear
