@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from minillm.core.config import check_float
 from minillm.core.sampling import SamplingParams
 from minillm.engine.frontend import sample_id
 from minillm.engine.request import RequestOutput
@@ -49,6 +50,13 @@ class EngineCore:
             if not callable(getattr(engine, name, None)):
                 raise TypeError(f"EngineCore needs an engine with a front end (LLM, SpeculativeLLM), got "
                                 f"{type(engine).__name__} without {name}()")
+        for name, fn in (("on_output", on_output), ("on_step", on_step)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name} must be a function or None, got {type(fn).__name__} {fn!r}")
+        if not isinstance(check_invariants, bool):
+            raise TypeError(f"check_invariants must be a bool, got {type(check_invariants).__name__}")
+        # subtle: the loop's Event.wait would raise on NaN, and spin on 0 or a negative wait, inside its thread
+        check_float("idle_wait_s", idle_wait_s, minimum=0.0, include_minimum=False)
         self.engine = engine
         self.outputs: queue.Queue[RequestOutput] = queue.Queue()
         self.on_output = on_output if on_output is not None else self.outputs.put
@@ -166,6 +174,8 @@ class EngineCore:
 
     def stop(self, timeout: float | None = 30.0) -> None:
         """Refuse new requests, abort the live ones (each gets its final output), and end the loop's thread."""
+        if timeout is not None:
+            check_float("timeout", timeout, minimum=0.0)
         with self._lock:
             self._closed = True
         self._stopping.set()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import socket
 import threading
@@ -36,6 +37,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from minillm.core.config import check_float, check_int
 from minillm.serve import protocol as P
 from minillm.serve.async_engine import AsyncEngine, RequestStream
 from minillm.serve.dashboard import DASHBOARD_HTML, dashboard_state
@@ -56,17 +58,28 @@ class ServeOptions:
     shutdown_timeout: float = 30.0  # seconds a drain waits for requests in flight before aborting them
     max_request_bytes: int = 1 << 22  # a larger body is refused (413) before it is parsed: 4 MiB
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.model_name, str):
+            raise TypeError(f"ServeOptions.model_name must be a str (what clients pass as `model`), got "
+                            f"{type(self.model_name).__name__} {self.model_name!r}")
+        if not self.model_name:
+            raise ValueError("ServeOptions.model_name must not be empty: clients pass it as `model`")
+        for name in ("max_queued_requests", "max_queued_tokens", "max_request_bytes"):
+            check_int(f"ServeOptions.{name}", getattr(self, name))
+        check_float("ServeOptions.request_timeout", self.request_timeout, minimum=0.0, include_minimum=False)
+        check_float("ServeOptions.shutdown_timeout", self.shutdown_timeout, minimum=0.0)
+
 
 class Server:
     """The engine, the API state and the metrics of one serving process (or one in-process server in tests)."""
 
     def __init__(self, engine: Any, tokenizer: Any, options: ServeOptions | None = None):
-        self.options = options if options is not None else ServeOptions()
-        if not self.options.request_timeout > 0 or not self.options.shutdown_timeout >= 0:
-            raise ValueError(f"request_timeout must be > 0 and shutdown_timeout >= 0, got {self.options}")
-        limit = self.options.max_request_bytes
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise ValueError(f"max_request_bytes must be a positive int, got {limit!r}")
+        if options is not None and not isinstance(options, ServeOptions):
+            raise TypeError(f"options must be a ServeOptions or None, got {type(options).__name__}")
+        self.options = dataclasses.replace(options) if options is not None else ServeOptions()  # re-checked
+        if not callable(getattr(tokenizer, "encode", None)):
+            raise TypeError(f"tokenizer must have an encode(text) method (the engine's tokenizer), got "
+                            f"{type(tokenizer).__name__}")
         self.tokenizer = tokenizer
         bounds = (self.options.max_queued_requests, self.options.max_queued_tokens)
         self.engine = (ProcessAsyncEngine(engine, *bounds) if isinstance(engine, EngineProcess)
@@ -111,10 +124,11 @@ class Server:
 
     def admit(self, parsed: P.ParsedRequest, arrival: float) -> tuple[RequestStream, list[int]]:
         """Tokenize, check the context, and submit; returns the stream and each prompt's token count."""
-        ids = [p if isinstance(p, list) else self._encode(p, "prompt" if parsed.kind == "completion" else "messages")
-               for p in parsed.prompts]
+        param = "prompt" if parsed.kind == "completion" else "messages"
+        ids = [p if isinstance(p, list) else self._encode(p, param) for p in parsed.prompts]
         max_tokens = parsed.params.max_new_tokens
-        allowed = [P.check_context(len(t), max_tokens, self.context_length, parsed.max_tokens_given) for t in ids]
+        allowed = [P.check_context(len(t), max_tokens, self.context_length, parsed.max_tokens_given, param)
+                   for t in ids]
         params = parsed.params
         if min(allowed) != max_tokens:
             params = type(params)(**{**vars(params), "max_new_tokens": min(allowed)})
@@ -408,11 +422,26 @@ class _DrainingServer(uvicorn.Server):
 
 
 def loopback_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-    """A listening TCP socket on `host`:`port` (port 0: a free one), bound before uvicorn starts."""
+    """A listening TCP socket on `host`:`port` (port 0: a free one), bound before uvicorn starts.
+
+    A host that does not resolve is a ValueError naming it; a port in use (or not ours to take) stays an OSError,
+    with the address in its message."""
+    if not isinstance(host, str) or not host:
+        raise TypeError(f"host must be a non-empty str (an address or a name), got {host!r}")
+    check_int("port", port, 0)
+    if port > 65535:
+        raise ValueError(f"port must be in [0, 65535] (0: a free one), got {port}")
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except socket.gaierror as exc:
+        sock.close()
+        raise ValueError(f"host {host!r} does not resolve to an address to listen on: {exc.strerror}") from None
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from exc
     return sock
 
 
@@ -431,6 +460,9 @@ class ServerThread:
     t: t.url`. Leaving the block drains it (shutdown_timeout applies) and joins the thread."""
 
     def __init__(self, server: Server, host: str = "127.0.0.1", timeout: float = 60.0):
+        if not isinstance(server, Server):
+            raise TypeError(f"server must be a minillm.serve.app.Server, got {type(server).__name__}")
+        check_float("timeout", timeout, minimum=0.0, include_minimum=False)
         self.server = server
         self.sock = loopback_socket(host, 0)
         self.url = f"http://{host}:{self.sock.getsockname()[1]}"

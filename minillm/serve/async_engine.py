@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from minillm.core.config import check_float
 from minillm.core.sampling import SamplingParams
 from minillm.engine.core import EngineCore
 from minillm.engine.request import RequestOutput
@@ -116,11 +117,12 @@ class AsyncEngine:
     def __init__(self, engine: Any, max_queued_requests: int = 256, max_queued_tokens: int = 1 << 20):
         self._init_routing(max_queued_requests, max_queued_tokens)
         self.engine = engine
+        # first: the core refuses anything but an engine with a front end (a bare model, a name) with a TypeError
+        self.core = EngineCore(engine, on_output=self._from_engine, on_step=self._on_step)
         self.context_length = engine.model.config.block_size  # prompt + output tokens the model can hold
         self.vocab_size = engine.model.config.vocab_size
         self.parallel_sampling, self.max_request_tokens = engine_limits(engine)
         self.snapshot = engine_snapshot(engine)  # replaced as a whole, never mutated: safe to read anywhere
-        self.core = EngineCore(engine, on_output=self._from_engine, on_step=self._on_step)
 
     def _init_routing(self, max_queued_requests: int, max_queued_tokens: int) -> None:
         for name, value in (("max_queued_requests", max_queued_requests), ("max_queued_tokens", max_queued_tokens)):
@@ -308,6 +310,10 @@ def engine_limits(engine: Any) -> tuple[bool, int | None]:
 
 def wait_until(predicate: Any, timeout: float, interval: float = 0.01) -> bool:
     """Poll `predicate()` until it is true or `timeout` seconds pass (threads, tests); returns the last value."""
+    if not callable(predicate):
+        raise TypeError(f"predicate must be a function of no arguments, got {type(predicate).__name__}")
+    check_float("timeout", timeout, minimum=0.0)  # subtle: a NaN deadline is never passed: it would poll forever
+    check_float("interval", interval, minimum=0.0)
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:

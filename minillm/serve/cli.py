@@ -28,6 +28,7 @@ import time
 import httpx
 import torch
 
+from minillm.core.config import check_float, check_int
 from minillm.core.device import DEVICE_CHOICES
 from minillm.gpt.pretrained import SHIPPED_PRESETS
 from minillm.engine.process import WorkerDiedError
@@ -44,7 +45,27 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _check_serve_args(args: argparse.Namespace) -> ServeOptions:
+    """The flags that need no model, checked before one is loaded (each error names its flag); the options."""
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535] (0: a free one), got {args.port}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.served_model_name is not None and not args.served_model_name:
+        raise ValueError("--served-model-name must not be empty: clients pass it as `model`")
+    if not (math.isfinite(args.shutdown_timeout) and args.shutdown_timeout >= 0):
+        raise ValueError(f"--shutdown-timeout must be a finite number of seconds >= 0, got {args.shutdown_timeout}")
+    for flag in ("max_queued_requests", "max_queued_tokens", "max_request_bytes"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    return ServeOptions(model_name=args.served_model_name or args.model,
+                        max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens,
+                        request_timeout=args.request_timeout, shutdown_timeout=args.shutdown_timeout,
+                        max_request_bytes=args.max_request_bytes)
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
+    options = _check_serve_args(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     build = dict(model=args.model, device=args.device, speculative=args.speculative, draft=args.draft_model,
@@ -60,10 +81,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             return 2
     else:
         engine, tokenizer = build_engine(**build)
-    options = ServeOptions(model_name=args.served_model_name or args.model,
-                           max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens,
-                           request_timeout=args.request_timeout, shutdown_timeout=args.shutdown_timeout,
-                           max_request_bytes=args.max_request_bytes)
     try:
         return serve(Server(engine, tokenizer, options), args.host, args.port, args.log_level)
     finally:
@@ -125,6 +142,9 @@ class ServerProcess:
     def __init__(self, args: list[str] | tuple[str, ...] = (), threads: int | None = 1, timeout: float = 120.0):
         if isinstance(args, str) or not all(isinstance(a, str) for a in args):
             raise TypeError(f"args must be a list of command-line strings, got {args!r}")
+        if threads is not None:
+            check_int("threads", threads)
+        check_float("timeout", timeout, minimum=0.0, include_minimum=False)
         self.cmd = [sys.executable, "-m", "minillm", "serve", "--host", "127.0.0.1", "--port", "0", *args]
         if threads is not None:
             self.cmd += ["--threads", str(threads)]

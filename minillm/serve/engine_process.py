@@ -22,6 +22,7 @@ out: restarting a dead engine, and several engine processes behind one server (v
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import multiprocessing
 import signal
 import threading
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minillm.bench.models import load_model
+from minillm.core.config import check_float
 from minillm.core.device import resolve_device
 from minillm.core.sampling import SamplingParams
 from minillm.engine import LLM, EngineConfig
@@ -43,6 +45,8 @@ from minillm.speculative.engine import METHODS as SPECULATIVE_METHODS
 from minillm.speculative.engine import SpeculativeConfig, SpeculativeLLM
 
 QUANTIZE_CHOICES = ("none", "int8", "int4")
+ENGINE_CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig))
+BUILD_ARGUMENTS = frozenset({"model", "device", "speculative", "draft", "gamma", "quantize", "seed"})
 
 
 def build_engine(model: str = "base", device: str = "cpu", *, speculative: str = "none", draft: str = "draft",
@@ -55,15 +59,20 @@ def build_engine(model: str = "base", device: str = "cpu", *, speculative: str =
         raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
     if speculative != "none" and speculative not in SPECULATIVE_METHODS:
         raise ValueError(f"speculative must be 'none' or one of {SPECULATIVE_METHODS}, got {speculative!r}")
+    unknown = sorted(set(engine_config) - ENGINE_CONFIG_FIELDS)
+    if unknown:
+        raise TypeError(f"build_engine got unknown arguments {unknown}: besides its own it takes EngineConfig's "
+                        f"fields {sorted(ENGINE_CONFIG_FIELDS)}")
+    # every argument that needs no weights is checked before any are loaded
+    config = EngineConfig(**engine_config)
+    spec = SpeculativeConfig(method=speculative, gamma=gamma) if speculative != "none" else None
     dev = resolve_device(device)
     loaded = load_model(model, dev, seed)
     target = loaded.model
     if quantize != "none":
         target = quantize_model(target, QuantConfig(quantize, group_size=32)).eval()
-    config = EngineConfig(**engine_config)
-    if speculative == "none":
+    if spec is None:
         return LLM(target, loaded.tokenizer, config), loaded.tokenizer
-    spec = SpeculativeConfig(method=speculative, gamma=gamma)
     draft_model = load_model(draft, dev, seed).model if speculative == "draft-model" else None
     return SpeculativeLLM(target, loaded.tokenizer, config, speculative=spec, draft=draft_model), loaded.tokenizer
 
@@ -186,12 +195,20 @@ class EngineProcess:
 
     def __init__(self, build: dict[str, Any] | None = None, threads: int | None = None, timeout: float = 300.0,
                  liveness_timeout_s: float = 60.0):
+        if build is not None and not isinstance(build, dict):
+            raise TypeError(f"build must be a dict of build_engine's keyword arguments, got {type(build).__name__}")
         build = dict(build or {})
         bad = [k for k, v in build.items() if not isinstance(v, (str, int, float, bool, type(None)))]
         if bad:
             raise TypeError(f"build arguments must be names and numbers (plain data for the child), got {bad}")
+        unknown = sorted(set(build) - BUILD_ARGUMENTS - ENGINE_CONFIG_FIELDS)
+        if unknown:  # here, not in the child: a misspelt name would cost a process start to report
+            raise TypeError(f"build has unknown arguments {unknown}: build_engine takes {sorted(BUILD_ARGUMENTS)} "
+                            f"and EngineConfig's fields {sorted(ENGINE_CONFIG_FIELDS)}")
         if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
             raise ValueError(f"threads must be a positive int or None, got {threads!r}")
+        check_float("timeout", timeout, minimum=0.0, include_minimum=False)
+        check_float("liveness_timeout_s", liveness_timeout_s, minimum=0.0, include_minimum=False)
         self.liveness_timeout_s = liveness_timeout_s
         ctx = multiprocessing.get_context("spawn")
         # Not daemonic: a tensor-parallel engine starts rank processes of its own, which a daemon may not.

@@ -53,6 +53,7 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Sequence
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -128,10 +129,23 @@ class Workload:
     shared_prefix_len: int = 0  # tokens every prompt starts with (the longest common token prefix, measured)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.dataset, str):
+            raise TypeError(f"Workload.dataset must be a str naming where the prompts came from, got {self.dataset!r}")
+        for name in ("prompts", "prompt_lens", "output_lens"):
+            if not isinstance(getattr(self, name), list):
+                raise TypeError(f"Workload.{name} must be a list, got {type(getattr(self, name)).__name__}")
         n = len(self.prompts)
         if n == 0 or len(self.prompt_lens) != n or len(self.output_lens) != n:
             raise ValueError(f"a workload needs as many prompt_lens and output_lens as prompts (>= 1), got "
                              f"{n} prompts, {len(self.prompt_lens)} prompt_lens, {len(self.output_lens)} output_lens")
+        for i, prompt in enumerate(self.prompts):
+            if not isinstance(prompt, str) or not prompt:
+                raise TypeError(f"Workload.prompts[{i}] must be a non-empty str (a prompt's text), got {prompt!r:.80}")
+        for i, (prompt_len, output_len) in enumerate(zip(self.prompt_lens, self.output_lens)):
+            _check_int(f"Workload.prompt_lens[{i}]", prompt_len, 1)
+            _check_int(f"Workload.output_lens[{i}]", output_len, 1)  # max_tokens: a request asks for one or more
+        _check_int("Workload.seed", self.seed, 0)
+        _check_int("Workload.shared_prefix_len", self.shared_prefix_len, 0)
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -174,7 +188,18 @@ def _corpus(tokenizer: Any) -> tuple[np.ndarray, int | None]:
     return tokens, getattr(tokenizer, "special_tokens", {}).get(SEPARATOR)
 
 
+def _check_tokenizer(tokenizer: Any) -> Any:
+    """`tokenizer` (None: the shipped one), or a TypeError unless it can encode and decode."""
+    if tokenizer is None:
+        return load_tokenizer()
+    if not (callable(getattr(tokenizer, "encode", None)) and callable(getattr(tokenizer, "decode", None))):
+        raise TypeError(f"tokenizer must have encode(text) and decode(ids) (the shipped tokenizer's), got "
+                        f"{type(tokenizer).__name__}")
+    return tokenizer
+
+
 def _check_fits(input_len: tuple[int, int], output_len: int, context_length: int) -> None:
+    _check_int("context_length", context_length, 2)  # one prompt token and one generated, at least
     if input_len[1] + output_len > context_length:
         raise ValueError(f"input_len up to {input_len[1]} + output_len {output_len} exceeds the context of "
                          f"{context_length} tokens: every prompt must fit with its output")
@@ -193,7 +218,7 @@ def default_dataset(num_prompts: int, input_len: int | tuple[int, int] = DEFAULT
     _check_int("output_len", output_len, 1)
     _check_int("seed", seed, 0)
     _check_fits((lo, hi), output_len, context_length)
-    tokenizer = tokenizer if tokenizer is not None else load_tokenizer()
+    tokenizer = _check_tokenizer(tokenizer)
     tokens, sep = _corpus(tokenizer)
     rng = np.random.default_rng([seed, 0])
     prompts, lens = [], []
@@ -207,6 +232,11 @@ def default_dataset(num_prompts: int, input_len: int | tuple[int, int] = DEFAULT
 
 def common_prefix_len(token_lists: Sequence[Sequence[int]]) -> int:
     """How many leading tokens every list shares (what a prefix cache can reuse, in whole blocks)."""
+    if isinstance(token_lists, (str, bytes)) or not isinstance(token_lists, Sequence) or not all(
+            isinstance(t, Sequence) and not isinstance(t, (str, bytes)) for t in token_lists):
+        raise TypeError(f"token_lists must be a list of token id lists, got {token_lists!r:.80}")
+    if not token_lists:
+        raise ValueError("token_lists is empty: the common prefix of no lists is undefined")
     first = token_lists[0]
     n = min(len(t) for t in token_lists)
     for i in range(n):
@@ -235,7 +265,7 @@ def shared_prefix_dataset(num_prompts: int, input_len: int | tuple[int, int] = D
         raise ValueError(f"prefix_len {prefix_len} must be below input_len's lower end {lo}: every prompt needs a "
                          f"suffix of its own")
     _check_fits((lo, hi), output_len, context_length)
-    tokenizer = tokenizer if tokenizer is not None else load_tokenizer()
+    tokenizer = _check_tokenizer(tokenizer)
     tokens, sep = _corpus(tokenizer)
     rng = np.random.default_rng([seed, 1])
     prefix, _ = _fit_text(tokenizer, _text_window(tokens, prefix_len, sep, rng, tokenizer), prefix_len)
@@ -273,6 +303,7 @@ def interarrival_gaps(n: int, rate: float, burstiness: float = 1.0, seed: int = 
     _check_int("n", n, 0)
     rate = _check_positive("rate", rate, allow_inf=True)
     burstiness = _check_positive("burstiness", burstiness)
+    _check_int("seed", seed, 0)
     if math.isinf(rate):
         return np.zeros(n)
     rng = np.random.default_rng([seed, 2])
@@ -324,14 +355,57 @@ class RequestRecord:
     error: str | None = None  # "429", "timeout", "stream:<code>", "APIConnectionError", "cancelled", ...
     error_message: str = ""
 
+    def __post_init__(self) -> None:
+        """Types and times checked once, when a record is made (by the client, by hand, or read back from JSON):
+        the metrics below trust them."""
+        _check_int("RequestRecord.index", self.index, -1)  # -1: the warm-up request
+        for name in ("prompt_len", "max_tokens", "output_tokens"):
+            _check_int(f"RequestRecord.{name}", getattr(self, name), 0)
+        for name in ("scheduled_s", "send_s", "done_s"):
+            value = getattr(self, name)
+            if value is not None or name == "scheduled_s":
+                _check_time(f"RequestRecord.{name}", value)
+        if not isinstance(self.chunk_s, list):
+            raise TypeError(f"RequestRecord.chunk_s must be a list of times, got {type(self.chunk_s).__name__}")
+        for i, t in enumerate(self.chunk_s):
+            _check_time(f"RequestRecord.chunk_s[{i}]", t)
+        if any(b < a for a, b in zip(self.chunk_s, self.chunk_s[1:])):
+            raise ValueError(f"RequestRecord.chunk_s must be in arrival order (non-decreasing), got {self.chunk_s}")
+        if self.chunk_s and self.send_s is not None and self.chunk_s[0] < self.send_s:
+            raise ValueError(f"RequestRecord.chunk_s[0]={self.chunk_s[0]} is before send_s={self.send_s}: a chunk "
+                             "cannot arrive before its request was sent")
+        if not isinstance(self.success, bool):
+            raise TypeError(f"RequestRecord.success must be a bool, got {self.success!r}")
+        for name in ("text", "error_message"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"RequestRecord.{name} must be a str, got {type(getattr(self, name)).__name__}")
+        if self.error is not None and not isinstance(self.error, str):
+            raise TypeError(f"RequestRecord.error must be a str or None, got {self.error!r}")
+
+
+def _check_time(name: str, value: Any) -> None:
+    """A time in seconds: a finite real number (bools, strings, NaN and inf refused, naming `name`)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__} {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number of seconds, got {value}")
+
+
+def _check_record(rec: Any) -> RequestRecord:
+    if not isinstance(rec, RequestRecord):
+        raise TypeError(f"rec must be a RequestRecord, got {type(rec).__name__}")
+    return rec
+
 
 def request_ttft(rec: RequestRecord) -> float | None:
     """TTFT = first text chunk - send, in seconds; None when no text chunk arrived."""
+    _check_record(rec)
     return rec.chunk_s[0] - rec.send_s if rec.chunk_s and rec.send_s is not None else None
 
 
 def request_e2e(rec: RequestRecord) -> float | None:
     """E2E = last text chunk - send, in seconds; None when no text chunk arrived."""
+    _check_record(rec)
     return rec.chunk_s[-1] - rec.send_s if rec.chunk_s and rec.send_s is not None else None
 
 
@@ -345,6 +419,7 @@ def request_tpot(rec: RequestRecord) -> float | None:
 
 def request_itls(rec: RequestRecord) -> list[float]:
     """ITL: the gaps between consecutive text chunks of one request, in seconds; len(chunk_s) - 1 of them."""
+    _check_record(rec)
     return np.diff(np.asarray(rec.chunk_s, dtype=np.float64)).tolist() if len(rec.chunk_s) > 1 else []
 
 
@@ -430,6 +505,9 @@ def slo_attainment(records: Sequence[RequestRecord], slo: SLO) -> float:
 
 def latency_stats(values: Sequence[float], scale: float = 1.0) -> dict[str, float] | None:
     """mean, std (population), p50, p90, p99 of `values` times `scale` (1e3: seconds to ms); None when empty."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):
+        raise TypeError(f"values must be a sequence of numbers, got {type(values).__name__}")
+    scale = _check_positive("scale", scale)
     if len(values) == 0:
         return None
     x = np.asarray(values, dtype=np.float64) * scale  # (len(values),)
@@ -485,13 +563,25 @@ def compute_metrics(records: Sequence[RequestRecord], duration: float, slo: SLO 
 
 def run_duration(records: Sequence[RequestRecord]) -> float:
     """From the run's start (the first arrival, t = 0) to the end of the last request, in seconds."""
-    ends = [r.done_s for r in records if r.done_s is not None]
+    ends = [r.done_s for r in _check_records(records) if r.done_s is not None]
     return max(ends) if ends else 0.0
 
 
 def records_from_report(report: dict[str, Any]) -> list[RequestRecord]:
     """The RequestRecords of a `run_benchmark` report (read back from JSON, metrics can be recomputed)."""
-    return [RequestRecord(**r) for r in report["records"]]
+    if not isinstance(report, dict) or not isinstance(report.get("records"), list):
+        raise ValueError(f"report must be a run_benchmark report (a dict with a 'records' list), got "
+                         f"{type(report).__name__}")
+    fields = {f.name for f in dataclasses.fields(RequestRecord)}
+    required = {"index", "prompt_len", "max_tokens"}
+    records = []
+    for i, r in enumerate(report["records"]):
+        if not isinstance(r, dict) or set(r) - fields or required - set(r):
+            wrong = (f"unknown {sorted(set(r) - fields)}, missing {sorted(required - set(r))}"
+                     if isinstance(r, dict) else type(r).__name__)
+            raise ValueError(f"report's records[{i}] must be a dict of RequestRecord fields, got {wrong}")
+        records.append(RequestRecord(**r))
+    return records
 
 
 # ============================================================================================ goodput search
@@ -572,6 +662,8 @@ class StreamError(Exception):
 
 def error_type(exc: BaseException) -> str:
     """How a failed request is counted: its HTTP status ("429"), "timeout", "stream:<code>", or the class name."""
+    if not isinstance(exc, BaseException):
+        raise TypeError(f"exc must be the exception a request raised, got {type(exc).__name__} {exc!r:.80}")
     if isinstance(exc, openai.APIStatusError):
         return str(exc.status_code)
     if isinstance(exc, httpx.HTTPStatusError):
@@ -746,11 +838,14 @@ async def _warmup(run: _Run, workload: Workload) -> None:
 
 def server_info(base_url: str, timeout: float = 10.0) -> tuple[str, int | None]:
     """The served model's id and context length (max_model_len, if the server says) from GET /v1/models."""
+    if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+        raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
+    _check_positive("timeout", timeout)
     try:
         response = httpx.get(base_url.rstrip("/") + "/v1/models", timeout=timeout)
         response.raise_for_status()
         first = response.json()["data"][0]
-    except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+    except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as exc:  # TypeError: a body of odd shape
         raise RuntimeError(f"could not list the models at {base_url}/v1/models: {type(exc).__name__}: {exc}") from exc
     return first["id"], first.get("max_model_len")
 
@@ -798,14 +893,19 @@ def run_benchmark(base_url: str, workload: Workload, *, model: str | None = None
     if slo is not None and not isinstance(slo, SLO):
         raise TypeError(f"slo must be an SLO or None, got {type(slo).__name__}")
     seed = workload.seed if seed is None else _check_int("seed", seed, 0)
+    if model is not None and (not isinstance(model, str) or not model):
+        raise TypeError(f"model must be the served model's name (a non-empty str) or None, got {model!r}")
+    if not isinstance(warmup, bool):
+        raise TypeError(f"warmup must be a bool, got {type(warmup).__name__} {warmup!r}")
+    if max_duration is not None:
+        max_duration = _check_positive("max_duration", max_duration)
     model = model if model is not None else server_info(base_url, timeout)[0]
     arrivals = arrival_times(len(workload), rate, burstiness, seed)
     if max_duration is None:
         rounds = 1 if concurrency is None else math.ceil(len(workload) / concurrency)
         max_duration = arrivals[-1] + timeout * rounds + 10.0
     run = _Run(base_url, model, backend, timeout)
-    records = _run_sync(_drive(run, workload, arrivals, concurrency, warmup,
-                               _check_positive("max_duration", max_duration)))
+    records = _run_sync(_drive(run, workload, arrivals, concurrency, warmup, max_duration))
     duration = max(run_duration(records), 1e-9)
     config = {"base_url": base_url, "model": model, "backend": backend, "dataset": workload.dataset,
               "num_prompts": len(workload), "request_rate": _rate_json(rate), "burstiness": burstiness,
@@ -824,6 +924,9 @@ def offline_throughput(llm: Any, workload: Workload) -> dict[str, float]:
     """
     if not isinstance(workload, Workload):
         raise TypeError(f"workload must be a Workload, got {type(workload).__name__}")
+    if not callable(getattr(llm, "generate", None)):
+        raise TypeError(f"llm must be an offline engine with generate(prompts, params) (an LLM), got "
+                        f"{type(llm).__name__}")
     llm.generate(workload.prompts[:1], SamplingParams.greedy(2, ignore_eos=True))
     params = [SamplingParams.greedy(n, ignore_eos=True) for n in workload.output_lens]
     start = time.perf_counter()
@@ -843,6 +946,9 @@ def _fmt(value: Any, digits: int = 2) -> str:
 
 def format_result(report: dict[str, Any]) -> str:
     """The report as vLLM's "Serving Benchmark Result" table."""
+    if not isinstance(report, dict) or not isinstance(report.get("metrics"), dict) \
+            or not isinstance(report.get("config"), dict):
+        raise ValueError("report must be a run_benchmark report (a dict with 'metrics' and 'config')")
     m, cfg = report["metrics"], report["config"]
     width = 50
     rows = [("Successful requests:", m["completed"]), ("Failed requests:", m["failed"])]
@@ -874,6 +980,8 @@ def format_result(report: dict[str, Any]) -> str:
 
 def parse_len_range(text: str, flag: str) -> tuple[int, int]:
     """"64" -> (64, 64); "32:160" -> (32, 160); anything else a ValueError naming `flag`."""
+    if not isinstance(text, str):
+        raise TypeError(f"{flag} must be given as text, N or LO:HI, got {type(text).__name__} {text!r}")
     try:
         parts = [int(p) for p in text.split(":")]
     except ValueError:
@@ -907,6 +1015,10 @@ def _slo_from_args(args: argparse.Namespace) -> SLO | None:
 
 def _check_args(args: argparse.Namespace) -> None:
     """Every flag checked before any work, each error naming its flag."""
+    if args.seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {args.seed}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.num_prompts < 1:
         raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
     if args.output_len < 1:

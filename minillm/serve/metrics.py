@@ -101,9 +101,16 @@ class ServerMetrics:
 
 def parse_metrics(text: str) -> dict[str, float]:
     """A `/metrics` body as {"name{labels}": value} (tests and the dashboard test compare against it)."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a /metrics body as a str (decode bytes first), got {type(text).__name__}")
     values: dict[str, float] = {}
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), 1):
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
-            values[name] = float(value)
+            try:
+                values[name] = float(value)
+            except ValueError:
+                raise ValueError(f"text line {number} is not `name{{labels}} value`: {line!r:.120}") from None
+            if not name:
+                raise ValueError(f"text line {number} is not `name{{labels}} value`: {line!r:.120}")
     return values

@@ -17,6 +17,7 @@ What it leaves out: interactive plots, and one curve per request class. Figures 
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -26,7 +27,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from minillm.core.io import atomic_save_figure
+from minillm.core.io import atomic_save_figure, check_output_file
 
 # (samples key, metrics key, title, the SLO field bounding it): the four latencies, in ms on the plots
 LATENCIES = (("ttft_s", "ttft_ms", "TTFT", "ttft_s"), ("tpot_s", "tpot_ms", "TPOT", "tpot_s"),
@@ -40,8 +41,20 @@ def _slo_bounds(slo: Any, report: dict[str, Any] | None = None) -> dict[str, flo
         slo = report.get("config", {}).get("slo")
     if slo is None:
         return {}
-    get = slo.get if isinstance(slo, dict) else lambda name: getattr(slo, name, None)
-    return {name: float(get(name)) for name in ("ttft_s", "tpot_s", "e2e_s") if get(name) is not None}
+    names = ("ttft_s", "tpot_s", "e2e_s")
+    if isinstance(slo, dict):
+        if set(slo) - set(names):
+            raise ValueError(f"slo as a dict takes {names}, got {sorted(slo)}")
+        values = {name: slo.get(name) for name in names}
+    elif all(hasattr(slo, name) for name in names):  # an SLO (minillm.serve.loadgen)
+        values = {name: getattr(slo, name) for name in names}
+    else:
+        raise TypeError(f"slo must be an SLO, a dict of {names} in seconds, or None, got {type(slo).__name__}")
+    bounds = {name: bound for name, bound in values.items() if bound is not None}
+    for name, bound in bounds.items():
+        if not isinstance(bound, (int, float)) or isinstance(bound, bool) or not 0 < bound < math.inf:
+            raise ValueError(f"slo's {name} must be a positive finite number of seconds, got {bound!r}")
+    return {name: float(bound) for name, bound in bounds.items()}
 
 
 def _new_figure(ncols: int, width: float = 3.6, height: float = 3.0) -> tuple[Figure, list[Axes]]:
@@ -59,7 +72,14 @@ def _check_axes(axes: Any, n: int) -> list[Axes]:
 
 def ecdf(values: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
     """The empirical CDF: sorted values x (n,) and y (n,) with y[i] = (i + 1) / n, the fraction <= x[i]."""
-    x = np.sort(np.asarray(values, dtype=np.float64))
+    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):
+        raise TypeError(f"values must be a sequence of numbers, got {type(values).__name__}")
+    try:
+        x = np.sort(np.asarray(values, dtype=np.float64).reshape(-1))  # (n,)
+    except (TypeError, ValueError):
+        raise TypeError(f"values must all be numbers, got {list(values)[:5]!r}") from None
+    if not np.isfinite(x).all():
+        raise ValueError("values must all be finite numbers (got NaN or inf)")
     return x, np.arange(1, len(x) + 1) / max(len(x), 1)
 
 
@@ -71,8 +91,11 @@ def plot_latency_cdfs(report: dict[str, Any], axes: Sequence[Axes] | None = None
     new figure. `slo`: an SLO (or a dict of ttft_s/tpot_s/e2e_s), default the report's. The ITL panel shows the
     TPOT bound (a per-token budget). `path`: also write the figure as PNG. Returns the Figure.
     """
-    if not isinstance(report, dict) or "samples" not in report:
-        raise ValueError("report must be a run_benchmark report (a dict with 'samples')")
+    if not isinstance(report, dict) or not isinstance(report.get("samples"), dict) \
+            or any(key not in report["samples"] for key, *_ in LATENCIES):
+        raise ValueError(f"report must be a run_benchmark report (a dict with 'samples' holding "
+                         f"{[key for key, *_ in LATENCIES]})")
+    check_output_file(path, "path", (".png",))
     fig, axs = _new_figure(4) if axes is None else (None, _check_axes(axes, 4))
     bounds = _slo_bounds(slo, report)
     for ax, (key, _, title, bound) in zip(axs, LATENCIES):
@@ -119,6 +142,13 @@ def plot_frontier(reports: Sequence[dict[str, Any]], slo: Any = None, stat: str 
         raise ValueError(f"stat must be one of {FRONTIER_STATS}, got {stat!r}")
     if isinstance(reports, dict) or not isinstance(reports, Sequence) or not reports:
         raise ValueError("reports must be a non-empty list of run_benchmark reports")
+    for i, r in enumerate(reports):
+        metrics = r.get("metrics") if isinstance(r, dict) else None
+        if not isinstance(metrics, dict) or any(k not in metrics for k in ("output_throughput", "ttft_ms", "tpot_ms",
+                                                                             "e2e_ms")):
+            raise ValueError(f"reports[{i}] must be a run_benchmark report (a dict with 'metrics' holding "
+                             f"output_throughput, ttft_ms, tpot_ms and e2e_ms)")
+    check_output_file(path, "path", (".png",))
     fig, axs = _new_figure(3) if axes is None else (None, _check_axes(axes, 3))
     bounds = _slo_bounds(slo, reports[0])
     order = sorted(reports, key=lambda r: r["metrics"]["output_throughput"])

@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from minillm.core.config import check_int
 from minillm.core.sampling import SamplingParams
 
 CHAT_ROLES = ("system", "user", "assistant")
@@ -60,12 +61,40 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
 # --------------------------------------------------------------------------------------------------- SSE framing
 
 
+def _check_event_data(data: Any) -> None:
+    """A TypeError/ValueError naming `data` unless it is a one-line str or a dict of JSON values.
+
+    subtle: json.dumps would write NaN and inf as the bare words NaN and Infinity, which are not JSON (a client's
+    parser refuses the chunk), and a str with a newline would end the `data:` line early: both are refused here."""
+    if isinstance(data, str):
+        if "\n" in data or "\r" in data:
+            raise ValueError(f"data as a str must be one line (an event's data line), got {data!r:.80}")
+        return
+    if not isinstance(data, dict):
+        raise TypeError(f"data must be a dict (sent as JSON) or a str, got {type(data).__name__}")
+    stack: list[Any] = [data]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            if not all(isinstance(k, str) for k in value):
+                raise TypeError(f"data's objects must have str keys, got {list(value)[:5]!r}")
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"data must hold finite numbers (JSON has no NaN or inf), got {value}")
+        elif value is not None and not isinstance(value, (str, int, float)):
+            raise TypeError(f"data must hold JSON values (dict, list, str, number, bool, None), got "
+                            f"{type(value).__name__}")
+
+
 def sse_event(data: dict[str, Any] | str) -> bytes:
     """One server-sent event carrying `data`: a dict as compact JSON, or a string as it is ("[DONE]").
 
     The frame is the line `data: <payload>` and a blank line, UTF-8 encoded: b'data: {"a":1}\\n\\n'. JSON never
     holds a raw newline (json.dumps escapes it inside strings), so one event is always one `data:` line.
     """
+    _check_event_data(data)
     # BEGIN SOLUTION
     payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"), ensure_ascii=False)
     return f"data: {payload}\n\n".encode("utf-8")
@@ -185,6 +214,13 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
             raise RequestError(f"{name}={body[name]!r} is not supported by this server", name, "unsupported_parameter")
 
 
+def _check_server_side(model_name: Any, vocab_size: Any = 1) -> None:
+    """The server's own arguments (not the client's): a TypeError/ValueError, never a 400 blaming the request."""
+    if not isinstance(model_name, str) or not model_name:
+        raise TypeError(f"model_name must be the served model's name, a non-empty str, got {model_name!r}")
+    check_int("vocab_size", vocab_size)
+
+
 def _common(body: Any, fields: set[str], model_name: str) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}", None)
@@ -257,6 +293,7 @@ def _prompt_list(prompt: Any, vocab_size: int) -> list[str | list[int]]:
 
 def parse_completion(body: Any, model_name: str, vocab_size: int) -> ParsedRequest:
     """A `/v1/completions` body, checked: RequestError (400, naming the field) for anything the API would refuse."""
+    _check_server_side(model_name, vocab_size)
     common = _common(body, COMPLETION_FIELDS, model_name)
     if "prompt" not in body:
         raise RequestError("prompt is required", "prompt")
@@ -300,6 +337,7 @@ def render_chat(messages: Any) -> str:
 
 def parse_chat(body: Any, model_name: str) -> ParsedRequest:
     """A `/v1/chat/completions` body, checked; max_tokens (or max_completion_tokens) defaults to the context left."""
+    _check_server_side(model_name)
     common = _common(body, CHAT_FIELDS, model_name)
     if "messages" not in body:
         raise RequestError("messages is required", "messages")
@@ -313,14 +351,21 @@ def parse_chat(body: Any, model_name: str) -> ParsedRequest:
                          common["stream"], common["include_usage"], max_tokens_given=given)
 
 
-def check_context(num_prompt_tokens: int, max_tokens: int, context_length: int, given: bool) -> int:
+def check_context(num_prompt_tokens: int, max_tokens: int, context_length: int, given: bool,
+                  prompt_param: str = "prompt") -> int:
     """The max_tokens to run with: a prompt that leaves no room, or asks for more than is left, is a 400 with
-    code "context_length_exceeded" (as the OpenAI API answers); a defaulted max_tokens is capped to what is left."""
+    code "context_length_exceeded" (as the OpenAI API answers); a defaulted max_tokens is capped to what is left.
+    `prompt_param` is the field the prompt came in ("prompt", or a chat request's "messages"), named by the 400."""
+    check_int("num_prompt_tokens", num_prompt_tokens, 0)
+    check_int("max_tokens", max_tokens, 0)
+    check_int("context_length", context_length)
+    if not isinstance(given, bool):
+        raise TypeError(f"given must be a bool (was max_tokens in the request?), got {given!r}")
     room = context_length - num_prompt_tokens
     if room <= 0 or (given and max_tokens > room):
         asked = f"{num_prompt_tokens} in the prompt" + (f" + {max_tokens} to generate" if given else "")
         raise RequestError(f"this model's maximum context length is {context_length} tokens; the request needs "
-                           f"{asked}", "max_tokens" if given and room > 0 else "prompt", "context_length_exceeded")
+                           f"{asked}", "max_tokens" if given and room > 0 else prompt_param, "context_length_exceeded")
     return min(max_tokens, room)
 
 
