@@ -43,7 +43,7 @@ from minillm.prune.structured import (
     recover,
     shrink_mlp,
 )
-from minillm.prune.unstructured import input_norms, layer_mask, prune_model, weight_sparsity
+from minillm.prune.unstructured import block_inputs, input_norms, layer_mask, prune_model, weight_sparsity
 from minillm.quant.gptq import (
     calibration_windows,
     damped,
@@ -53,7 +53,11 @@ from minillm.quant.gptq import (
     output_error,
     rtn_and_gptq_errors,
 )
+from minillm.core.sampling import SamplingParams
 from minillm.kvcache.cache import ContiguousKVCache
+from minillm.kvcache.generate import generate_ids
+from minillm.prune import bench as pbench
+from minillm.quant import bench as qbench
 from minillm.quant.checkpoint import describe as describe_quantized
 from minillm.quant.checkpoint import load_quantized, save_quantized
 from minillm.quant.kv_cache import Int8ContiguousKVCache, dequantize_kv, quantize_kv
@@ -76,6 +80,7 @@ from minillm.quant.quantize import (
     unpack_int4,
 )
 from minillm.quant.w8a8 import (
+    MAX_INT8_K,
     int8_matmul,
     int8_matmul_ref,
     llm_int8_linear,
@@ -541,6 +546,98 @@ BAD = [
     ("recover-teacher-window", lambda: recover(MODEL, GPT(GPTConfig(vocab_size=128, block_size=16, n_layer=2,
                                                                     n_head=2, n_embd=32)), 1), ValueError,
      "teacher has block_size=16, shorter than pruned's block_size=32"),
+    # ----- the third hostile run, 09: before, each returned a result or failed inside torch/Python
+    # before: 3 scale rows for 4 code rows de-quantized groups straddling two rows of q
+    ("QuantizedTensor-scale-rows-straddle", lambda: QuantizedTensor(torch.arange(24, dtype=torch.int8).view(4, 6),
+                                                                    torch.ones(3, 1), None, 8, (4, 6)), ValueError,
+     r"scale has 3 rows for q's 4"),
+    ("QuantizedTensor-scale-rows-groups", lambda: QuantizedTensor(torch.zeros(4, 6, dtype=torch.int8), torch.ones(2, 3),
+                                                                  None, 8, (4, 6)), ValueError,
+     r"scale has 2 rows for q's 4.*\(2, 3\)"),
+    # before: 16384 bytes, one meta tensor counted (data_ptr() is 0 for all of them)
+    ("weight_bytes-meta-model", lambda: weight_bytes(tiny().to("meta")), ValueError,
+     "weight_bytes: model tensor 'transformer.wte.weight' is a meta tensor"),
+    # before: K = 2**17 was allowed and all -128 codes summed to -2**31
+    ("int8_matmul-K-2-17", lambda: int8_matmul(torch.full((1, 2**17), -128, dtype=torch.int8),
+                                               torch.full((2**17, 1), -128, dtype=torch.int8)), ValueError,
+     "K = 131072 int8 products, more than 131071"),
+    ("int8_matmul_ref-K-2-17", lambda: int8_matmul_ref(torch.ones(1, 2**17, dtype=torch.int8),
+                                                       torch.ones(2**17, 1, dtype=torch.int8)), ValueError, "overflow"),
+    # before: a (1,) bias was broadcast over all 8 outputs; a (9,) bias was torch's broadcast error
+    ("w8a8_linear-bias-length-1", lambda: w8a8_linear(torch.ones(2, 32), qlinear("w8a8").qweight,
+                                                      qlinear("w8a8").scale, torch.ones(1)), ValueError,
+     r"bias must have shape \(8,\), one per output, got \(1,\)"),
+    ("w8a8_linear-bias-too-long", lambda: w8a8_linear(torch.ones(2, 32), qlinear("w8a8").qweight,
+                                                      qlinear("w8a8").scale, torch.zeros(9)), ValueError,
+     r"bias must have shape \(8,\).*\(9,\)"),
+    ("w8a8_linear-bias-int", lambda: w8a8_linear(torch.ones(2, 32), qlinear("w8a8").qweight, qlinear("w8a8").scale,
+                                                 torch.zeros(8, dtype=torch.int64)), TypeError, "bias"),
+    # before: AttributeError on layer.in_features
+    ("w8a8_reference-layer-none", lambda: w8a8_reference(torch.ones(2, 32), None), TypeError,
+     "layer must be a W8A8 QuantLinear .* got NoneType"),
+    ("llm_int8-layer-object", lambda: llm_int8_linear(torch.ones(2, 32), object(), 6.0), TypeError,
+     "layer must be a W8A8 QuantLinear .* got object"),
+    ("llm_int8_reference-layer-linear", lambda: llm_int8_reference(torch.ones(2, 32), linear(), 6.0), TypeError,
+     "layer must be a W8A8 QuantLinear .* got Linear, which has no 'qweight'"),
+    # before: torch's shape error inside attend, for the int8 cache and chapter 04's alike
+    ("generate_ids-int8-cache-of-head-pruned-config", lambda: generate_ids(
+        MODEL, [3, 1, 4, 1, 5], SamplingParams.greedy(6),
+        kv_cache=Int8ContiguousKVCache(prune_heads(MODEL, {0: [1], 1: [0]}).config, 1, 16)), ValueError,
+     r"kv_cache was built for n_layer, n_head, head_size = \(2, 1, 16\), but the model has \(2, 2, 16\)"),
+    ("generate_ids-cache-of-other-depth", lambda: generate_ids(
+        MODEL, [3, 1, 4], SamplingParams.greedy(2),
+        kv_cache=ContiguousKVCache(GPTConfig(vocab_size=128, block_size=32, n_layer=3, n_head=2, n_embd=32), 1, 8)),
+     ValueError, r"kv_cache was built for .* \(3, 2, 16\)"),
+    # before: named x, `quantize`'s own argument
+    ("rtn_and_gptq-meta-layer", lambda: rtn_and_gptq_errors(nn.Linear(32, 8, device="meta"), torch.ones(4, 32)),
+     ValueError, "layer tensor 'weight' is a meta tensor"),
+    # before: the fp32 control (fake_quant=False) trained with config='junk'
+    ("finetune_qat-fp32-control-config-str", lambda: finetune_qat(MODEL, "junk", steps=1, batch_size=1,
+                                                                  fake_quant=False), TypeError,
+     "config must be a QuantConfig, got str"),
+    # before: any method but 'gptq'/'qat' measured RTN under its label
+    ("qbench-Case-method-typo", lambda: qbench.Case("x", QuantConfig("int8"), "gptx"), ValueError,
+     r"Case\.method must be one of .* got 'gptx'"),
+    ("qbench-Case-rtn-without-config", lambda: qbench.Case("x", None), ValueError, "config is None exactly for"),
+    ("qbench-build-not-a-case", lambda: qbench.build(MODEL, ("x", QuantConfig("int8"), "rtn"), CALIB), TypeError,
+     "case must be a quant.bench Case"),
+    # before: 'int' object is not iterable, ZeroDivisionError, range()'s message, torch's IndexError
+    ("qbench-layer_costs-tokens-int", lambda: qbench.layer_costs(128, 16, tokens=5, repeats=1, calls=1), TypeError,
+     "tokens must be a tuple of token counts, got int 5"),
+    ("qbench-layer_costs-calls-zero", lambda: qbench.layer_costs(128, 16, tokens=(1,), repeats=1, calls=0),
+     ValueError, "calls must be positive, got 0"),
+    ("qbench-kv_perplexity-one-token", lambda: qbench.kv_perplexity(MODEL, torch.tensor([5]), lambda B, T:
+                                                                    ContiguousKVCache(CFG, B, T)), ValueError,
+     "tokens must hold at least 2 ids"),
+    ("qbench-kv_perplexity-batch-zero", lambda: qbench.kv_perplexity(MODEL, torch.arange(40), lambda B, T:
+                                                                     ContiguousKVCache(CFG, B, T), batch_size=0),
+     ValueError, "batch_size must be positive, got 0"),
+    ("qbench-kv_perplexity-id-past-vocab", lambda: qbench.kv_perplexity(MODEL, torch.arange(100, 140), lambda B, T:
+                                                                        ContiguousKVCache(CFG, B, T)), ValueError,
+     r"tokens holds token id 139, outside the vocabulary \[0, 128\)"),
+    # ----- the third hostile run, 10
+    # before: 2:4 ignored the sparsity (0.9 gave 50%) and never checked it ('lots')
+    ("layer_mask-24-sparsity-09", lambda: layer_mask(W, "magnitude", 0.9, "2:4", None), ValueError,
+     "sparsity=0.9 cannot apply to pattern='2:4'"),
+    ("layer_mask-24-sparsity-str", lambda: layer_mask(W, "magnitude", "lots", "2:4", None), ValueError,
+     r"sparsity must be a fraction in \[0, 1\), got 'lots'"),
+    # before: torch's "mixed dtype", NotImplementedError (ModuleList has no forward), GPT's message naming idx
+    ("input_norms-float64-x", lambda: input_norms(MODEL.transformer.h[0], torch.randn(1, 4, 32, dtype=torch.float64)),
+     TypeError, "x must have the block's dtype torch.float32, got torch.float64"),
+    ("input_norms-modulelist", lambda: input_norms(MODEL.transformer.h, torch.randn(1, 4, 32)), TypeError,
+     "block must be one module .* got ModuleList"),
+    ("input_norms-whole-gpt", lambda: input_norms(MODEL, torch.randn(1, 4, 32)), TypeError,
+     "block must be one module .* got GPT"),
+    # before: torch's IndexError at the first next()
+    ("block_inputs-id-past-vocab", lambda: block_inputs(MODEL, torch.tensor([[500]])), ValueError,
+     r"block_inputs: calibration token id 500 is outside the vocabulary \[0, 128\)"),
+    ("stored_bytes-meta-weight", lambda: stored_bytes(torch.zeros(4, 8, device="meta"), "csr"), ValueError,
+     "weight is a meta tensor"),
+    # before: torch.nn.utils.prune's "amount=1.5 should either be..."; a quantized model's block bytes came back 0
+    ("pbench-torch_prune_agreement-sparsity", lambda: pbench.torch_prune_agreement(MODEL, 1.5), ValueError,
+     r"sparsity must be a fraction in \[0, 1\), got 1\.5"),
+    ("pbench-block_bytes-quantized", lambda: pbench.block_bytes(QMODEL, "csr"), TypeError,
+     r"block_bytes needs a dense \(float\) minillm GPT, got a QuantizedGPT"),
 ]
 
 
@@ -924,3 +1021,68 @@ def test_describe_of_a_pruned_file_without_its_method_names_the_field(tmp_path):
     with pytest.raises(ValueError, match=r"bad\.safetensors.*metadata field 'method' is missing"):
         describe_pruned(tmp_path / "bad.safetensors")
     torch.testing.assert_close(load_pruned(tmp_path / "bad.safetensors")(CALIB), pruned(CALIB), atol=0, rtol=0)
+
+
+# ----- the third hostile run: what the new checks still accept gives the reference answer -------------------------
+
+
+@pytest.mark.parametrize("mm", [int8_matmul, int8_matmul_ref])
+def test_int8_matmul_at_the_largest_allowed_k_is_exact_with_all_minus_128(mm):
+    # (-128)^2 = 2^14 per product: K = 131071 sums to 2^31 - 2^14, the largest that fits int32; K = 2^17 would sum to
+    # exactly 2^31 and wrap to -2^31, so it is refused (the BAD rows above)
+    a = torch.full((1, MAX_INT8_K), -128, dtype=torch.int8)
+    assert MAX_INT8_K * 128 * 128 <= 2**31 - 1 < (MAX_INT8_K + 1) * 128 * 128
+    assert int(mm(a, a.t().contiguous())) == MAX_INT8_K * 128 * 128  # the reference: Python's exact integers
+
+
+def test_quantized_tensor_keeps_the_per_tensor_and_per_row_layouts():
+    q = torch.arange(-12, 12, dtype=torch.int8).view(4, 6)
+    one = QuantizedTensor(q, torch.full((1, 1), 0.5), None, 8, (4, 6))  # one scale for the whole tensor
+    torch.testing.assert_close(dequantize(one), q.float() * 0.5, atol=0, rtol=0)
+    s = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0], [0.5, 0.25, 2.0]])
+    groups = QuantizedTensor(q, s, None, 8, (4, 6))  # one row of scales per row of q, groups of 2 columns
+    torch.testing.assert_close(dequantize(groups), q.float() * s.repeat_interleave(2, dim=1), atol=0, rtol=0)
+
+
+def test_w8a8_linear_with_a_bias_of_one_per_output_adds_it():
+    layer = qlinear("w8a8")
+    x = torch.randn(3, 32, generator=torch.Generator().manual_seed(4))
+    bias = torch.arange(8, dtype=torch.float32)
+    no_bias = w8a8_linear(x, layer.qweight, layer.scale, None)
+    torch.testing.assert_close(w8a8_linear(x, layer.qweight, layer.scale, bias), no_bias + bias, atol=1e-6, rtol=0)
+    assert weight_bytes(layer) == sum(t.nbytes for t in layer.buffers())  # a real module is still counted
+
+
+@pytest.mark.parametrize("cache_cls", [ContiguousKVCache, Int8ContiguousKVCache])
+def test_a_cache_built_from_the_models_own_config_still_generates(cache_cls):
+    # the config check compares shapes only: a head-pruned model with a cache from its own config runs, and the
+    # plain cache gives the tokens of the cache generate_ids allocates itself
+    pruned = prune_heads(MODEL, {0: [1], 1: [0]})
+    params = SamplingParams.greedy(6)
+    got = generate_ids(pruned, [3, 1, 4, 1, 5], params, kv_cache=cache_cls(pruned.config, 1, 16))
+    assert len(got) == 6
+    if cache_cls is ContiguousKVCache:
+        assert got == generate_ids(pruned, [3, 1, 4, 1, 5], params)
+
+
+@pytest.mark.parametrize("score", [mlp_neuron_scores, head_scores])
+def test_scoring_hands_the_callers_model_back_in_its_own_mode(score):
+    # before: the caller's training model came back in eval mode (dropout silently off for the rest of its training)
+    model = tiny().train()
+    got = score(model, CALIB)
+    assert model.training and all(m.training for m in model.modules())
+    want = score(tiny().eval(), CALIB)  # the reference: the same weights scored in eval mode
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    evaluated = tiny().eval()
+    score(evaluated, CALIB)
+    assert not evaluated.training
+
+
+def test_layer_mask_two_four_at_its_sparsity_is_the_nm_mask_and_dense_bytes_need_no_values():
+    torch.manual_seed(0)
+    w = torch.randn(8, 32)
+    assert torch.equal(layer_mask(w, "magnitude", 0.5, "2:4", None), nm_mask(w.abs(), 2, 4))
+    assert stored_bytes(torch.zeros(4, 8, device="meta"), "dense") == 4 * 8 * 4  # the shape is all "dense" reads
+    first = next(block_inputs(MODEL, CALIB))[1]  # (N, T, C): the embeddings entering block 0, computed here by hand
+    torch.testing.assert_close(first, MODEL.transformer.wte(CALIB) + MODEL.transformer.wpe(torch.arange(8)))

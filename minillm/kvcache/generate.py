@@ -97,6 +97,14 @@ def generate(
     if cache is not None and (cache.batch_size != 1 or cache.max_len < max_len):
         raise ValueError(f"kv_cache must have batch_size 1 and max_len >= {max_len}, "
                          f"got batch_size={cache.batch_size}, max_len={cache.max_len}")
+    if cache is not None:
+        # subtle: a cache built for another config (e.g. a head-pruned model's) fails inside attend with torch's
+        # shape error; its shape is known here, on the host
+        got = (cache.config.n_layer, cache.config.n_head, cache.config.head_size)
+        want = (cfg.n_layer, cfg.n_head, cfg.head_size)
+        if got != want:
+            raise ValueError(f"kv_cache was built for n_layer, n_head, head_size = {got}, but the model has {want}: "
+                             "build the cache from model.config")
     # Everything is checked before the first token, so a bad argument fails at the call, not at the first next().
     if decode_fn is not None and not callable(decode_fn):
         raise TypeError(f"decode_fn must be callable (model, cache, token, positions) -> logits, got {decode_fn!r}")

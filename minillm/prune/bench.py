@@ -50,7 +50,7 @@ from minillm.engine.llm import LLM
 from minillm.gpt.dataset import default_eval_tokens
 from minillm.gpt.eval import perplexity
 from minillm.kvcache.generate import generate_ids
-from minillm.prune.masks import is_nm_sparse, magnitude_mask
+from minillm.prune.masks import check_sparsity, is_nm_sparse, magnitude_mask
 from minillm.prune.semi_structured import layer_speed, semi_structured_support, stored_bytes
 from minillm.prune.structured import (
     head_scores,
@@ -62,7 +62,7 @@ from minillm.prune.structured import (
     prune_mlp,
     recover,
 )
-from minillm.prune.unstructured import block_linears, block_weights, prune_model, weight_sparsity
+from minillm.prune.unstructured import block_linears, block_weights, check_prunable, prune_model, weight_sparsity
 from minillm.quant.gptq import calibration_windows
 from minillm.quant.outliers import inject_outliers
 
@@ -101,12 +101,15 @@ SIZES = {
 
 def block_bytes(model: nn.Module, fmt: str) -> int:
     """Bytes of the block linears' weights in storage format `fmt` (fp32 values), biases included (dense)."""
+    check_prunable(model, "block_bytes")  # a QuantizedGPT holds no nn.Linear: it would count 0 bytes
     linears = [lin for block in model.transformer.h for _, lin in block_linears(block)]
     return sum(stored_bytes(lin.weight, fmt) + (lin.bias.nbytes if lin.bias is not None else 0) for lin in linears)
 
 
 def torch_prune_agreement(model: GPT, sparsity: float = 0.5) -> dict[str, int]:
     """How many block weights get the same mask from `magnitude_mask` and from `torch.nn.utils.prune`."""
+    check_prunable(model, "torch_prune_agreement")
+    check_sparsity(sparsity)  # before torch.nn.utils.prune, which would refuse it in its own words
     same = total = 0
     for block in model.transformer.h:
         for _, lin in block_linears(block):

@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import check_int
+from minillm.core.config import check_has_data, check_int
 from minillm.core.timing import compare
 from minillm.prune.masks import is_nm_sparse, nm_mask
 
@@ -46,9 +46,10 @@ def stored_bytes(weight: torch.Tensor, fmt: str, element_bytes: int | None = Non
                                       or element_bytes <= 0):
         raise ValueError(f"element_bytes must be a positive int or None, got {element_bytes!r}")
     eb = weight.element_size() if element_bytes is None else element_bytes
-    n, nnz = weight.numel(), int((weight != 0).sum())
     if fmt == "dense":
-        return n * eb
+        return weight.numel() * eb  # the shape alone: a meta weight has one too
+    check_has_data("weight", weight)  # the sparse formats count its nonzeros
+    n, nnz = weight.numel(), int((weight != 0).sum())
     if fmt == "bitmask":
         return nnz * eb + (n + 7) // 8
     if fmt == "csr":

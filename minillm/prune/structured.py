@@ -78,9 +78,13 @@ def mlp_neuron_scores(model: GPT, calibration: torch.Tensor) -> list[torch.Tenso
     _check_model(model, "mlp_neuron_scores")
     idx = check_calibration(model, calibration)
     scores = []
-    for block, x in block_inputs(model.eval(), idx):
-        h_norm = input_norms(block, x)["mlp.c_proj"]  # (hidden,): the norm of each neuron's activation
-        scores.append(h_norm * block.mlp.c_proj.weight.norm(dim=0))  # (hidden,)
+    was_training = model.training
+    try:  # scored without dropout; the caller's model is handed back in the mode it came in
+        for block, x in block_inputs(model.eval(), idx):
+            h_norm = input_norms(block, x)["mlp.c_proj"]  # (hidden,): the norm of each neuron's activation
+            scores.append(h_norm * block.mlp.c_proj.weight.norm(dim=0))  # (hidden,)
+    finally:
+        model.train(was_training)
     return scores
 
 
@@ -161,16 +165,20 @@ def head_scores(model: GPT, calibration: torch.Tensor) -> torch.Tensor:
     idx = check_calibration(model, calibration)
     nh, hs = model.config.n_head, model.config.head_size
     out = []
-    for block, x in block_inputs(model.eval(), idx):
-        seen: list[torch.Tensor] = []
-        handle = block.attn.c_proj.register_forward_pre_hook(lambda _m, inp: seen.append(inp[0]))
-        try:
-            block(x)
-        finally:
-            handle.remove()
-        y = seen[0].reshape(-1, nh, hs)  # (tokens, nh, hs): the heads side by side, before c_proj
-        w = block.attn.c_proj.weight.view(-1, nh, hs)  # (C, nh, hs): each head's hs columns
-        out.append(torch.stack([torch.linalg.matrix_norm(y[:, h] @ w[:, h].T) for h in range(nh)]))
+    was_training = model.training
+    try:  # scored without dropout; the caller's model is handed back in the mode it came in
+        for block, x in block_inputs(model.eval(), idx):
+            seen: list[torch.Tensor] = []
+            handle = block.attn.c_proj.register_forward_pre_hook(lambda _m, inp: seen.append(inp[0]))
+            try:
+                block(x)
+            finally:
+                handle.remove()
+            y = seen[0].reshape(-1, nh, hs)  # (tokens, nh, hs): the heads side by side, before c_proj
+            w = block.attn.c_proj.weight.view(-1, nh, hs)  # (C, nh, hs): each head's hs columns
+            out.append(torch.stack([torch.linalg.matrix_norm(y[:, h] @ w[:, h].T) for h in range(nh)]))
+    finally:
+        model.train(was_training)
     return torch.stack(out)  # (L, nh)
 
 

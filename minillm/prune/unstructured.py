@@ -49,10 +49,17 @@ def input_norms(block: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
     x (N, T, C), from one forward of the block (pre-hooks see each linear's input). Sums of squares in float64."""
     if not isinstance(block, nn.Module) or not block_linears(block):
         raise TypeError(f"block must be a module holding nn.Linear layers, got {type(block).__name__}")
+    # subtle: a ModuleList has no forward, and a whole GPT takes token ids, not activations (it names idx)
+    if isinstance(block, GPT) or type(block).forward is nn.Module.forward:
+        raise TypeError(f"block must be one module that runs activations x (N, T, C), e.g. model.transformer.h[0], "
+                        f"got {type(block).__name__}")
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() != 3 or x.numel() == 0:
         raise ValueError(f"x must be a non-empty float tensor (N, T, C), got {tensor_kind(x)} "
                          f"{tuple(getattr(x, 'shape', ()))}")
     check_has_data("x", x)  # a meta x would run the block and hand back norms without values
+    weight = next(block.parameters())  # a block_linears weight at least: there is one
+    if x.dtype != weight.dtype:
+        raise TypeError(f"x must have the block's dtype {weight.dtype}, got {x.dtype}; cast x (or the block) first")
     # The width the block takes: its first LayerNorm's (a GPT block's ln_1), else its first linear's input.
     first = next(m for m in block.modules() if isinstance(m, (nn.LayerNorm, nn.Linear)))
     width = first.normalized_shape[-1] if isinstance(first, nn.LayerNorm) else first.in_features
@@ -75,13 +82,23 @@ def input_norms(block: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
     return {name: s.sqrt().float() for name, s in sums.items()}
 
 
+def check_pattern_sparsity(pattern: object, sparsity: object) -> None:
+    """A ValueError naming the value unless `pattern` is one of PATTERNS and `sparsity` a fraction in [0, 1) that the
+    pattern can honour: 2:4 removes exactly 2 of every 4 weights, so with it only 0.5 (the default)."""
+    if pattern not in PATTERNS:
+        raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
+    check_sparsity(sparsity)
+    if pattern == "2:4" and sparsity != 0.5:  # 2:4 removes exactly 2 of every 4: a sparsity of 2/4, no other
+        raise ValueError(f"sparsity={sparsity!r} cannot apply to pattern='2:4', which removes exactly 2 of every 4 "
+                         "weights (sparsity 0.5); leave sparsity at its default 0.5")
+
+
 def layer_mask(weight: torch.Tensor, method: str, sparsity: float, pattern: str,
                norm: torch.Tensor | None) -> torch.Tensor:
     """The keep-mask of one weight (out, in): method's score, compared over the pattern's group."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if pattern not in PATTERNS:
-        raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
+    check_pattern_sparsity(pattern, sparsity)  # 2:4 reads no sparsity, so a wrong one is refused, never ignored
     if method == "wanda" and norm is None:
         raise ValueError("Wanda needs norm, the input features' L2 norms (in,); got None")
     if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
@@ -126,7 +143,14 @@ def block_inputs(model: GPT, calibration: torch.Tensor):
     """Yield (block, x) for each block in order, x (N, T, C) the calibration activations entering it.
 
     x for block b+1 is computed from block b when the caller asks for the next pair, so a caller that changes
-    block b in between (pruning, quantizing it) feeds block b+1 what the changed block produces."""
+    block b in between (pruning, quantizing it) feeds block b+1 what the changed block produces. The calibration is
+    checked at the call (`check_calibration`), not at the first `next`."""
+    calibration = check_calibration(model, calibration, "block_inputs")
+    return _block_inputs(model, calibration)
+
+
+def _block_inputs(model: GPT, calibration: torch.Tensor):
+    """`block_inputs` after its checks: the generator itself."""
     positions = torch.arange(calibration.size(1), device=calibration.device)
     x = model.transformer.wte(calibration) + model.transformer.wpe(positions)  # (N, T, C)
     for block in model.transformer.h:
@@ -139,12 +163,7 @@ def _check_args(model: object, method: object, sparsity: object, pattern: object
     check_prunable(model, "prune_model")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if pattern not in PATTERNS:
-        raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
-    check_sparsity(sparsity)
-    if pattern == "2:4" and sparsity != 0.5:  # 2:4 removes exactly 2 of every 4: a sparsity of 2/4, no other
-        raise ValueError(f"sparsity={sparsity!r} cannot apply to pattern='2:4', which removes exactly 2 of every 4 "
-                         "weights (sparsity 0.5); leave sparsity at its default 0.5")
+    check_pattern_sparsity(pattern, sparsity)
     if pattern == "unstructured":
         for b, block in enumerate(model.transformer.h):  # no matrix (magnitude) or row (Wanda) may go to all zeros
             for name, lin in block_linears(block):

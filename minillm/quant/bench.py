@@ -42,7 +42,8 @@ from minillm.bench.cli import bench_parser, cpu_description, pick_size, start, w
 from minillm.bench.driver import engine_tokens
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
-from minillm.core.model import GPT
+from minillm.core.config import check_has_data, check_int, tensor_kind
+from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams
 from minillm.core.timing import compare, measure
 from minillm.engine.config import EngineConfig
@@ -59,11 +60,26 @@ from minillm.quant.qat import convert_qat, finetune_qat
 from minillm.quant.w8a8 import int8_matmul, quantize_activations
 
 
+METHODS = ("fp32", "rtn", "gptq", "qat")
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
-    config: QuantConfig | None  # None: the fp32 model itself
+    config: QuantConfig | None  # None: the fp32 model itself (method "fp32")
     method: str = "rtn"  # "rtn" (round to nearest), "gptq", or "qat" (fine-tuned under fake quantization, then RTN)
+
+    def __post_init__(self) -> None:
+        # subtle: `build` picks the method by name; an unchecked typo ("gptx") would measure RTN under its label
+        if not isinstance(self.name, str):
+            raise TypeError(f"Case.name must be a str, got {type(self.name).__name__}")
+        if self.method not in METHODS:
+            raise ValueError(f"Case.method must be one of {METHODS}, got {self.method!r}")
+        if self.config is not None and not isinstance(self.config, QuantConfig):
+            raise TypeError(f"Case.config must be a QuantConfig or None, got {type(self.config).__name__}")
+        if (self.config is None) != (self.method == "fp32"):
+            raise ValueError(f"Case.method={self.method!r} with config={self.config!r}: config is None exactly "
+                             "for method 'fp32'")
 
 
 @dataclass(frozen=True)
@@ -114,8 +130,10 @@ QAT_LR, QAT_BATCH = 2e-5, 4
 
 def build(model: GPT, case: Case, calibration: torch.Tensor, qat_steps: int = 20) -> tuple[nn.Module, float]:
     """(the case's model, seconds it took to quantize, fine-tuning included)."""
+    if not isinstance(case, Case):
+        raise TypeError(f"case must be a quant.bench Case, got {type(case).__name__}")
     t0 = time.perf_counter()
-    if case.config is None:
+    if case.method == "fp32":
         out = model
     elif case.method == "gptq":
         out = gptq_quantize_model(model, case.config, calibration)
@@ -124,7 +142,7 @@ def build(model: GPT, case: Case, calibration: torch.Tensor, qat_steps: int = 20
         # times (that drifts perplexity by itself; with distillation the fp32 control run is the model unchanged).
         net, _ = finetune_qat(model, case.config, steps=qat_steps, batch_size=QAT_BATCH, lr=QAT_LR, distill=True)
         out = convert_qat(net, case.config)
-    else:
+    else:  # "rtn": Case refuses every other method
         out = quantize_model(model, case.config)
     return out, time.perf_counter() - t0
 
@@ -136,7 +154,20 @@ def kv_perplexity(model: nn.Module, tokens: torch.Tensor, make_cache: Callable[[
     prefill into a fresh `make_cache(B, T)`, so every query attends over stored (e.g. int8) keys and values, its own
     included, exactly as a decode step would. Windows are back to back, the last one shorter; with a plain fp32
     cache this is `minillm.gpt.eval.perplexity` whenever the windows tile the text (tested)."""
-    bs = model.config.block_size
+    cfg = require_model(model, "kv_perplexity")
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 1 or tokens.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"tokens must be a 1-D int64 tensor of token ids, got {tensor_kind(tokens)} "
+                        f"{tuple(getattr(tokens, 'shape', ()))}")
+    check_has_data("tokens", tokens)  # its ids are read below
+    if tokens.numel() < 2:
+        raise ValueError(f"tokens must hold at least 2 ids (an input and the target after it), got {tokens.numel()}")
+    lo, hi = (int(v) for v in torch.aminmax(tokens))
+    if lo < 0 or hi >= cfg.vocab_size:
+        raise ValueError(f"tokens holds token id {lo if lo < 0 else hi}, outside the vocabulary [0, {cfg.vocab_size})")
+    check_int("batch_size", batch_size)
+    if not callable(make_cache):
+        raise TypeError(f"make_cache must be callable (batch_size, max_len) -> cache, got {type(make_cache).__name__}")
+    bs = cfg.block_size
     n = tokens.numel() - 1  # targets
     starts = list(range(0, n, bs))
     total, count = 0.0, 0
@@ -210,6 +241,16 @@ def outlier_study(model: GPT, val: torch.Tensor, calibration: torch.Tensor) -> d
 def layer_costs(in_features: int = 256, out_features: int = 1024, tokens: tuple[int, ...] = (1, 256),
                 repeats: int = 7, calls: int = 50, seed: int = 0) -> list[dict[str, Any]]:
     """Microseconds per call of one (out, in) linear for each implementation, at each number of tokens M."""
+    for name, value in (("in_features", in_features), ("out_features", out_features), ("repeats", repeats),
+                        ("calls", calls)):
+        check_int(name, value)
+    check_int("seed", seed, 0)
+    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, (list, tuple)):
+        raise TypeError(f"tokens must be a tuple of token counts, got {type(tokens).__name__} {tokens!r}")
+    if not tokens:
+        raise ValueError("tokens must hold at least one token count, got an empty tuple")
+    for i, M in enumerate(tokens):
+        check_int(f"tokens[{i}]", M)
     g = torch.Generator().manual_seed(seed)
     lin = nn.Linear(in_features, out_features)
     with torch.no_grad():

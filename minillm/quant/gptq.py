@@ -30,7 +30,7 @@ import copy
 import torch
 import torch.nn as nn
 
-from minillm.core.config import check_float, check_has_data, check_int, tensor_kind
+from minillm.core.config import check_float, check_has_data, check_int, check_module_has_data, tensor_kind
 from minillm.core.model import GPT
 from minillm.gpt.dataset import split_tokens
 from minillm.quant.linear import QuantConfig, QuantizedGPT, quantize_model
@@ -318,10 +318,12 @@ def rtn_and_gptq_errors(layer: nn.Linear, X: torch.Tensor, bits: int = 4, symmet
     """Output error ‖XWᵀ - XŴᵀ‖ of round-to-nearest and of GPTQ on one layer with inputs X (N, in)."""
     if not isinstance(layer, nn.Linear):
         raise TypeError(f"layer must be an nn.Linear, got {type(layer).__name__}")
+    check_module_has_data("layer", layer)  # else `quantize` refuses the meta weight under its own name, x
     if not isinstance(X, torch.Tensor) or not X.is_floating_point() or X.dim() != 2 or X.shape[0] == 0 \
             or X.shape[1] != layer.in_features:
         raise ValueError(f"X must be a non-empty float tensor (N, {layer.in_features}), got "
                          f"{tensor_kind(X)} {tuple(getattr(X, 'shape', ()))}")
+    check_has_data("X", X)
     W = layer.weight.detach()
     H = X.double().T @ X.double() / X.shape[0]
     rtn = dequantize(quantize(W.float(), bits, symmetric, "channel" if group_size is None else "group", group_size))

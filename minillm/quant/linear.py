@@ -350,6 +350,8 @@ def weight_bytes(model: nn.Module) -> int:
     """Bytes of every parameter and buffer the model holds, each tensor counted once (the tied head is one)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    # subtle: the tied head is found by data_ptr(), which is 0 for every meta tensor: a meta model would count once
+    check_module_has_data("weight_bytes: model", model)
     seen: dict[int, int] = {}
     for t in list(model.parameters()) + list(model.buffers()):
         seen[t.data_ptr()] = t.nbytes

@@ -135,6 +135,8 @@ def finetune_qat(model: GPT, config: QuantConfig, steps: int = 30, batch_size: i
     for name, flag in (("fake_quant", fake_quant), ("distill", distill)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {flag!r}")
+    if not isinstance(config, QuantConfig):  # also for the fp32 control, which never reads it: a typo is still one
+        raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
     net = prepare_qat(model, config) if fake_quant else copy.deepcopy(model)
     losses = short_finetune(net, steps, batch_size, lr, seed, teacher=model if distill else None)
     return net, losses

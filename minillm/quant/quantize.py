@@ -320,6 +320,12 @@ class QuantizedTensor:
         if not isinstance(self.shape, tuple) or tuple(self.q.shape) != self.shape:
             raise ValueError(f"shape must be the codes' shape {tuple(self.q.shape)} as a tuple, got {self.shape!r}")
         rows, groups = self.scale.shape
+        code_rows = self.q.shape[0] if self.q.dim() else 1
+        if (rows, groups) != (1, 1) and rows != code_rows:
+            # subtle: only the count was checked before; 3 scale rows for 4 code rows de-quantized groups that
+            # straddle two rows of q, a plausible tensor of wrong values
+            raise ValueError(f"scale has {rows} rows for q's {code_rows}: it must be (1, 1) (one scale for the "
+                             f"tensor) or have one row per row of q, got scale shape {tuple(self.scale.shape)}")
         if rows * groups == 0 or self.q.numel() % (rows * groups):
             raise ValueError(f"{rows} x {groups} scales cannot share {self.q.numel()} codes evenly")
         for name, t in (("scale", self.scale), ("zero", self.zero)):

@@ -34,7 +34,10 @@ from minillm.core.config import check_float, check_float_tensor, tensor_kind
 from minillm.quant.quantize import check_finite, quantize_symmetric, symmetric_params
 
 
-MAX_INT8_K = 2**31 // 2**14  # the longest int8 dot product whose int32 sum cannot overflow: 131072
+# The longest int8 dot product whose int32 sum cannot overflow: 131071. Each product is at most (-128)^2 = 2^14, and
+# int32 holds up to 2^31 - 1, so K <= (2^31 - 1) // 2^14. subtle: K = 2^17 fits everything but all -128 codes, whose
+# sum is exactly 2^31 and wraps to -2^31 (`quantize` never emits -128, but a caller's codes may).
+MAX_INT8_K = (2**31 - 1) // 2**14
 
 
 def _check_int8_operands(a: object, b: object) -> None:
@@ -49,7 +52,7 @@ def _check_int8_operands(a: object, b: object) -> None:
         # subtle: a meta operand has no values; mixed with a CPU one, the product came back as uninitialised memory
         raise ValueError(f"a and b must be on one real device, got {a.device} and {b.device}")  # type: ignore
     if a.shape[1] > MAX_INT8_K:  # type: ignore[union-attr]
-        # subtle: each output sums K products of at most 128 * 128 = 2^14 in int32; past K = 2^17 it can wrap around
+        # subtle: each output sums K products of at most 128 * 128 = 2^14 in int32; from K = 2^17 on it can wrap around
         raise ValueError(f"a @ b sums K = {a.shape[1]} int8 products, more than {MAX_INT8_K}: the int32 result "
                          "could overflow; split K and add the parts")
 
@@ -62,6 +65,17 @@ def _check_input(x: object, in_features: int) -> torch.Tensor:
     if x.dim() == 0 or x.shape[-1] != in_features:
         raise ValueError(f"x must have shape (..., {in_features}), got {tuple(x.shape)}")
     return x
+
+
+LAYER_FIELDS = ("in_features", "qweight", "scale", "bias", "config", "dequantized_weight")
+
+
+def _check_layer(layer: object) -> None:
+    """A TypeError naming `layer` unless it has what the functions below read (a W8A8 `QuantLinear`'s fields)."""
+    missing = [name for name in LAYER_FIELDS if not hasattr(layer, name)]
+    if missing:
+        raise TypeError(f"layer must be a W8A8 QuantLinear (with {', '.join(LAYER_FIELDS)}), got "
+                        f"{type(layer).__name__}, which has no {missing[0]!r}")
 
 
 def _check_threshold(threshold: object) -> float:
@@ -139,6 +153,11 @@ def w8a8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bia
         raise TypeError(f"qweight must be a 2-D int8 tensor (N, K), got {tensor_kind(qweight)}")
     if not isinstance(scale, torch.Tensor) or tuple(scale.shape) != (qweight.shape[0], 1):
         raise ValueError(f"scale must have shape ({qweight.shape[0]}, 1), got {tuple(getattr(scale, 'shape', ()))}")
+    if bias is not None:
+        # subtle: a (1,) bias would broadcast over all N outputs without a word; torch names neither argument
+        check_float_tensor("bias", bias)
+        if tuple(bias.shape) != (qweight.shape[0],):
+            raise ValueError(f"bias must have shape ({qweight.shape[0]},), one per output, got {tuple(bias.shape)}")
     _check_input(x, qweight.shape[1])
     for name, t in (("qweight", qweight), ("scale", scale), ("bias", bias)):
         if t is not None and t.device != x.device:
@@ -155,6 +174,7 @@ def w8a8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bia
 
 def w8a8_reference(x: torch.Tensor, layer: Any) -> torch.Tensor:
     """The float twin of W8A8: de-quantize both operands, then an fp32 `F.linear`. Refuses NaN/inf in x."""
+    _check_layer(layer)
     _check_input(x, layer.in_features)
     x2 = x.reshape(-1, x.shape[-1]).float()  # (M, K)
     xq, sx = quantize_activations(x2)
@@ -179,6 +199,7 @@ def llm_int8_linear(x: torch.Tensor, layer: Any, threshold: float) -> torch.Tens
     their token to a few codes. The fp32 part multiplies the de-quantized weight columns (no fp32 copy is stored).
     """
     threshold = _check_threshold(threshold)
+    _check_layer(layer)
     _check_input(x, layer.in_features)
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).float()  # (M, K)
@@ -195,6 +216,7 @@ def llm_int8_linear(x: torch.Tensor, layer: Any, threshold: float) -> torch.Tens
 def llm_int8_reference(x: torch.Tensor, layer: Any, threshold: float) -> torch.Tensor:
     """The float twin of `llm_int8_linear`: de-quantize everything, one fp32 `F.linear` per part. Refuses NaN/inf."""
     threshold = _check_threshold(threshold)
+    _check_layer(layer)
     _check_input(x, layer.in_features)
     check_finite("x", x)
     x2 = x.reshape(-1, x.shape[-1]).float()  # (M, K)

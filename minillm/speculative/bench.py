@@ -31,11 +31,11 @@ import torch
 from minillm.bench.check import same_tokens
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
-from minillm.core.config import check_float, check_int
+from minillm.core.config import check_float, check_has_data, check_int
 from minillm.core.corpus import corpus_sample
 from minillm.core.device import resolve_device
 from minillm.core.hf import to_hf_model
-from minillm.core.model import GPT
+from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed, probs_from_logits
 from minillm.core.timing import compare, interleave, measure
 from minillm.gpt.pretrained import is_shipped
@@ -94,6 +94,11 @@ def forward_costs(target: GPT, draft: GPT, prompt: list[int], ts: list[int], con
     ts = _check_ints("ts", ts)
     check_int("context", context)
     check_int("repeats", repeats)
+    for who, model, T in (("target", target, max(ts)), ("draft", draft, 1)):
+        window = require_model(model, f"forward_costs ({who})").block_size
+        if context + T > window:  # the timed forward writes positions context .. context + T - 1
+            raise ValueError(f"context={context} plus {T} new token(s) is past the {who}'s context window "
+                             f"block_size={window}: lower context (or ts)")
 
     def one_forward(model: GPT, T: int, pick: bool):
         cache = ContiguousKVCache(model.config, 1, context + T, device=model.device)
@@ -270,6 +275,7 @@ def chi_square_test(counts: torch.Tensor, p: torch.Tensor, bins: int = 10) -> Ch
     for name, t in (("counts", counts), ("p", p)):
         if not isinstance(t, torch.Tensor) or t.dim() != 1:
             raise TypeError(f"{name} must be a 1-D tensor (V,), got {getattr(t, 'shape', type(t).__name__)}")
+        check_has_data(name, t)  # every check below reads values
     if counts.shape != p.shape:
         raise ValueError(f"counts {tuple(counts.shape)} and p {tuple(p.shape)} must both be (V,)")
     check_int("bins", bins)
@@ -364,9 +370,18 @@ def hf_assisted(target: GPT, draft: GPT, prompt: list[int], new_tokens: int, gam
             "identical": same_tokens([alone], [out["ours"]], [out["hf_default"]], [out["hf_constant"]]).ok}
 
 
+def check_tokenizer(tokenizer: Any) -> None:
+    """A TypeError naming `tokenizer` unless it has an encode(text) method (the shipped tokenizer's), before any text
+    of the corpus is read."""
+    if not callable(getattr(tokenizer, "encode", None)):
+        raise TypeError(f"tokenizer must have an encode(text) method (the shipped tokenizer's), got "
+                        f"{type(tokenizer).__name__}")
+
+
 def code_prompt(tokenizer: Any, tokens: int = 200) -> list[int]:
     """The last `tokens` tokens of some validation-split Python source: in-domain text that repeats itself."""
     check_int("tokens", tokens)
+    check_tokenizer(tokenizer)
     return tokenizer.encode(corpus_sample(1500, split="val"))[-tokens:]
 
 
@@ -375,6 +390,7 @@ def code_prompts(tokenizer: Any, count: int, tokens: int = 48) -> list[list[int]
     source, the kind of text both models were trained on, with none of it seen in training."""
     check_int("count", count)
     check_int("tokens", tokens)
+    check_tokenizer(tokenizer)
     ids = tokenizer.encode(corpus_sample(4000 * count, split="val"))
     step = max((len(ids) - tokens) // max(count, 1), 1)
     return [ids[i * step:i * step + tokens] for i in range(count)]

@@ -57,6 +57,11 @@ class SpeculativeConfig:
     ngram: int = 3  # prompt lookup: the length of the suffix searched for earlier in the request's tokens
 
     def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Raise ValueError/TypeError naming the field unless every field is valid. Run at construction and again
+        where the config is used (`SpeculativeLLM`): a dataclass's fields can be reassigned after __post_init__."""
         if self.method not in METHODS:
             raise ValueError(f"SpeculativeConfig.method must be one of {METHODS}, got {self.method!r}")
         check_int("SpeculativeConfig.gamma", self.gamma, 1)
@@ -401,6 +406,7 @@ class SpeculativeLLM(LLM):
         speculative = speculative if speculative is not None else SpeculativeConfig()
         if not isinstance(speculative, SpeculativeConfig):
             raise TypeError(f"speculative must be a SpeculativeConfig, got {type(speculative).__name__}")
+        speculative.check()  # subtle: a field set after construction (c.method = "medusa") was never checked
         if (draft is None) != (speculative.method != "draft-model"):
             raise ValueError(f"method={speculative.method!r} with draft={'a model' if draft is not None else None}: "
                              "pass a draft model exactly when SpeculativeConfig.method is 'draft-model'")

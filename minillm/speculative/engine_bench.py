@@ -45,6 +45,7 @@ from minillm.core.sampling import SamplingParams
 from minillm.core.timing import compare
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
+from minillm.speculative.bench import check_tokenizer
 from minillm.speculative.engine import SpeculativeConfig, SpeculativeLLM
 
 EOT = "<|endoftext|>"
@@ -55,6 +56,7 @@ def code_prompts(tokenizer: Any, n: int, prompt_len: int = 128, window: int = 15
     Python files (split at end-of-text), spread evenly over it, so no two prompts share text."""
     for name, value in (("n", n), ("prompt_len", prompt_len), ("window", window)):
         check_int(name, value)
+    check_tokenizer(tokenizer)
     docs = corpus_sample(10**9, split="val").split(EOT)
     pieces = [d[o : o + window] for d in docs for o in range(0, len(d) - window + 1, window)]
     if n > len(pieces):
