@@ -92,7 +92,7 @@ def test_compile_sweep_checks_every_case_against_eager():
         assert r["ok"] and r["same_argmax"] and r["max_abs_diff"] <= 1e-3, r
         assert r["compiles"] == 1 and r["eager_s"] > 0 and r["compiled_s"] > 0
     assert rows[0]["steps"] == 3 and rows[2]["steps"] == 1
-    with pytest.raises(ValueError, match="thread counts"):
+    with pytest.raises(ValueError, match=r"threads\[0\] must be positive, got 0"):
         run_sweep(m, threads=(0,))
     with pytest.raises(ValueError, match="kind"):
         Case("generate", 1, 4)

@@ -21,6 +21,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import assert_refused_by_minillm
 
 from minillm import GPT, GPTConfig
 from minillm.core.checkpoint import save_checkpoint
@@ -77,6 +78,13 @@ def with_value(t: torch.Tensor, index: tuple, value: float) -> torch.Tensor:
     t = t.clone()
     t[index] = value
     return t
+
+
+def with_records(c, records: list) -> DistillObjective:
+    """An objective over the context's teacher whose records are `records` (what kd_history averages)."""
+    objective = DistillObjective(c.teacher)
+    objective.records = records
+    return objective
 
 
 # (id, call(ctx), the exception, a regex its message must match: it names the argument)
@@ -262,6 +270,49 @@ BAD = [
      "new_tokens"),
     ("alpha-at-gamma-bool", lambda c: distill_bench.alpha_at({"acceptance": {"draft": [{"gamma": 1, "alpha": 0.5}]}},
                                                              "draft", True), TypeError, "gamma must be an int"),
+    # ---------------------------------------------------------------- chapter 11, third hostile run
+    # before: accepted with feature_weight = 0 (pairs outside both models ignored unchecked)
+    ("obj3-layer-pairs-without-features", lambda c: DistillObjective(c.teacher, layer_pairs=[(9, 9)]), ValueError,
+     r"layer_pairs\[0\] = \(9, 9\): the teacher has 2 blocks"),
+    # before: named `targets` (distillation_loss's argument) and `student_h` (feature_loss's), not the caller's own
+    ("obj3-y-out-of-vocab", lambda c: DistillObjective(c.teacher)(tiny(7, block_size=32), torch.zeros(1, 8).long(),
+                                                                  torch.full((1, 8), 600)), ValueError,
+     r"^y must be token ids in \[0, V=512\), got values from 600 to 600"),
+    ("featproj3-state-is-a-list", lambda c: FeatureProjection(4, 6, [(0, 0)])([[torch.randn(1, 2, 4)]],
+                                                                             [torch.randn(1, 2, 6)]), TypeError,
+     r"student_states\[0\] must be a float tensor of hidden states .*got list"),
+    ("featproj3-state-width", lambda c: FeatureProjection(4, 6, [(0, 0)])([torch.randn(1, 2, 5)],
+                                                                         [torch.randn(1, 2, 6)]), ValueError,
+     r"student_states\[0\] \(1, 2, 5\) and teacher_states\[0\] \(1, 2, 6\) must be \(\.\.\., Cs=4\)"),
+    # before: KeyError 'soft' / TypeError from the average
+    ("kdhist3-records-inconsistent", lambda c: kd_history(with_records(c, [{"hard": 1.0, "soft": 2.0, "total": 1.5},
+                                                                           {"hard": 3.0}]), 2), ValueError,
+     r"objective.records\[1\] must have the fields \['hard', 'soft', 'total'\].*missing \['soft', 'total'\]"),
+    ("kdhist3-record-not-dict", lambda c: kd_history(with_records(c, [5]), 2), ValueError,
+     r"objective.records\[0\] must be a record .*got int 5"),
+    ("kdhist3-record-value-str", lambda c: kd_history(with_records(c, [{"hard": "1", "soft": 2.0, "total": 1.5}]), 2),
+     ValueError, r"objective.records\[0\]: field 'hard' must be a number"),
+    # before: AttributeError 'list' object has no attribute 'items', KeyError 'acceptance' / 'perplexity'
+    ("dbench3-speedups-drafts-list", lambda c: distill_bench.speedups(c.target, [c.draft], [[1, 2]], 2, [1],
+                                                                      repeats=1), TypeError,
+     "drafts must be a dict of name -> draft model.*got list"),
+    ("dbench3-speedups-draft-not-model", lambda c: distill_bench.speedups(c.target, {"d": "draft"}, [[1, 2]], 2, [1]),
+     TypeError, r"speedups \(drafts\['d'\]\) needs a minillm GPT"),
+    ("dbench3-alpha-at-empty-report", lambda c: distill_bench.alpha_at({}, "draft", 1), ValueError,
+     "report has no 'acceptance' section"),
+    ("dbench3-perplexity-ratio-empty", lambda c: distill_bench.perplexity_ratio({}), ValueError,
+     "report has no 'perplexity' section"),
+    ("dbench3-perplexity-ratio-one-draft", lambda c: distill_bench.perplexity_ratio({"perplexity": {
+        "draft-distilled": 9.0}}), ValueError, r"report\['perplexity'\] has no 'draft-hardlabel'"),
+    ("dbench3-alpha-at-report-list", lambda c: distill_bench.alpha_at([], "draft", 1), TypeError,
+     "report must be a run_all report"),
+    # before: a str read as one prompt per character, named prompt_ids
+    ("dbench3-continuations-prompts-str", lambda c: distill_bench.teacher_continuations(c.target, "ab", 2), TypeError,
+     "prompts must be a list of prompts .*got str 'ab'"),
+    ("dbench3-continuations-prompt-str", lambda c: distill_bench.teacher_continuations(c.target, ["ab"], 2),
+     TypeError, r"prompts\[0\] must be a list of ints, got str"),
+    ("dbench3-acceptance-prompt-out-of-vocab", lambda c: distill_bench.acceptance(c.target, c.draft, [[1, 600]], 2, 1),
+     ValueError, r"prompts\[0\]\[1\] = 600 is outside the vocabulary"),
     # ---------------------------------------------------------------- chapter 08: the acceptance rule
     ("accprob-list", lambda c: acceptance_probability([0.5], torch.tensor([0.5])), TypeError, "p_x"),
     ("accprob-int", lambda c: acceptance_probability(torch.tensor([1]), torch.tensor([1])), TypeError, "p_x"),
@@ -351,6 +402,12 @@ BAD = [
     ("spec-config-ngram-zero", lambda c: SpeculativeConfig(ngram=0), ValueError, "ngram"),
     ("spec-config-method", lambda c: SpeculativeConfig(method="medusa"), ValueError, "method"),
     ("spec-llm-config", lambda c: SpeculativeLLM(c.target, speculative={"gamma": 2}), TypeError, "speculative"),
+    # before: a method set after construction was never re-checked, and 'medusa' ran prompt lookup
+    ("spec-llm-config-mutated-method", lambda c: SpeculativeLLM(c.target, speculative=(
+        lambda s: vars(s).update(method="medusa") or s)(SpeculativeConfig())), ValueError,
+     r"SpeculativeConfig\.method must be one of .* got 'medusa'"),
+    ("spec-llm-config-mutated-gamma", lambda c: SpeculativeLLM(c.target, speculative=(
+        lambda s: vars(s).update(gamma=0) or s)(SpeculativeConfig())), ValueError, "SpeculativeConfig.gamma"),
     # ---------------------------------------------------------------- chapter 08's benchmark helpers
     ("cost-alpha-nan", lambda c: spec_bench.expected_tokens_per_call(NAN, 4), ValueError, "alpha"),
     ("cost-alpha-above-1", lambda c: spec_bench.expected_tokens_per_call(1.5, 4), ValueError, "alpha"),
@@ -376,6 +433,17 @@ BAD = [
     ("agreement-no-positions", lambda c: spec_bench.draft_agreement(c.target, c.draft, [[1, 2]], [[]]), ValueError,
      "outputs"),
     ("costs-ts-empty", lambda c: spec_bench.forward_costs(c.target, c.draft, [1, 2], []), ValueError, "ts"),
+    # before: torch's IndexError from the position embedding; torch's item() message on a meta p; AttributeError
+    ("costs-context-past-window", lambda c: spec_bench.forward_costs(c.target, c.draft, [1, 2], [2], context=63,
+                                                                     repeats=1), ValueError,
+     r"context=63 plus 2 new token\(s\) is past the target's context window block_size=64"),
+    ("chi2-p-meta", lambda c: spec_bench.chi_square_test(torch.ones(4), torch.full((4,), 0.25, device="meta"), 2),
+     ValueError, "p is a meta tensor"),
+    ("code-prompt-tokenizer-none", lambda c: spec_bench.code_prompt(None, 10), TypeError,
+     "tokenizer must have an encode"),
+    ("code-prompts-tokenizer-none", lambda c: spec_bench.code_prompts(None, 2), TypeError, "tokenizer"),
+    ("engine-prompts-tokenizer-none", lambda c: engine_bench.code_prompts(None, 2, 8), TypeError,
+     "tokenizer must have an encode"),
     ("matmul-ts-zero", lambda c: spec_bench.matmul_costs(c.target, [0]), ValueError, "ts\\[0\\]"),
     ("run-all-prompts-bool", lambda c: spec_bench.run_all(torch.device("cpu"), prompts=True), TypeError, "prompts"),
     ("exactness-draws-zero", lambda c: spec_bench.sampling_exactness(c.target, c.draft, [1, 2], draws=0), ValueError,
@@ -633,6 +701,23 @@ def test_a_healthy_drafter_counts_no_failures(caplog):
     assert "num_drafter_failures" not in plain.stats()
 
 
+def test_a_valid_config_changed_after_construction_is_used_and_forward_costs_fills_the_window():
+    # SpeculativeLLM re-checks its config (a bad field set later is refused above); a good one set later is what runs
+    model = tiny(12)
+    config = SpeculativeConfig(gamma=3, ngram=1)
+    config.gamma = 2
+    cfg = EngineConfig(num_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=32,
+                       attention_backend="verify")
+    spec = SpeculativeLLM(model, None, cfg, speculative=config)
+    params = SamplingParams.greedy(8)
+    out = spec.generate([[1, 2, 1, 2, 1, 2]], params)[0].output_token_ids
+    assert out == generate_ids(model, [1, 2, 1, 2, 1, 2], params)  # the reference: chapter 04's loop
+    assert spec.scheduler.gamma == 2
+    # context + T = block_size exactly is inside the window (one past it is refused above)
+    costs = spec_bench.forward_costs(model, tiny(13), [1, 2], [2], context=62, repeats=1)
+    assert set(costs["target_s"]) == {2} and costs["verify_cost"] == {2: 1.0}
+
+
 # ================================================================== chapter 11: resume, bit for bit
 
 
@@ -763,6 +848,59 @@ def test_the_cli_resumes_an_interrupted_distillation(tmp_path, student_ckpt):
     log = json.loads((out / "training_log.json").read_text())
     assert log["steps"] == 4 and log["resumed_from"]["step"] == 2 and len(log["distillation"]["history"]) == 1
     assert log["distillation"]["student_init"].endswith("student") and log["distillation"]["temperature"] == 2.0
+
+
+def _edit_json(path, change) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def _edit_record_line(path, number: int, change) -> None:
+    lines = path.read_text().splitlines()
+    lines[number - 1] = change(lines[number - 1])
+    path.write_text("\n".join(lines) + "\n")
+
+
+DAMAGED_RUNS = [
+    # (id, damage(run_dir), message): before, a KeyError 'settings' and a TypeError '<' while resuming, or (for the
+    # records) a run that trained all its remaining steps and then failed in kd_history
+    ("resume3-run-json-no-settings", lambda d: _edit_json(d / RUN_NAME, lambda r: r.pop("settings")),
+     rf"{RUN_NAME}'?: field 'settings' must be an object"),
+    ("resume3-first-serial-str", lambda d: _edit_json(d / RUN_NAME, lambda r: r.update(first_serial="1")),
+     rf"{RUN_NAME}'?: field 'first_serial' must be an int >= 1, got str '1'"),
+    ("resume3-student-init-number", lambda d: _edit_json(d / RUN_NAME, lambda r: r.update(student_init=3)),
+     "field 'student_init' must be a path or null, got 3"),
+    ("resume3-record-line-not-dict", lambda d: _edit_record_line(d / RECORDS_NAME, 1, lambda line: "5"),
+     rf"{RECORDS_NAME} in .*: line 1 must be a record .*got int 5"),
+    ("resume3-record-missing-key", lambda d: _edit_record_line(
+        d / RECORDS_NAME, 2, lambda line: json.dumps({k: v for k, v in json.loads(line).items() if k != "soft"})),
+     rf"{RECORDS_NAME} in .*: line 2 must have the fields \['hard', 'soft', 'total'\].*missing \['soft'\]"),
+    ("resume3-record-extra-key", lambda d: _edit_record_line(
+        d / RECORDS_NAME, 1, lambda line: json.dumps({**json.loads(line), "feature": 0.5})),
+     r"line 1 must have the fields .*unexpected \['feature'\]"),
+    ("resume3-record-value-null", lambda d: _edit_record_line(
+        d / RECORDS_NAME, 2, lambda line: json.dumps({**json.loads(line), "total": None})),
+     r"line 2: field 'total' must be a number, got NoneType"),
+]
+
+
+@pytest.mark.parametrize("damage, match", [pytest.param(*case[1:], id=case[0]) for case in DAMAGED_RUNS])
+def test_a_damaged_run_directory_is_refused_before_any_step(tmp_path, student_ckpt, monkeypatch, damage, match):
+    """Resuming reads distill_run.json and the records the checkpoint needs, and checks every field it uses: a
+    damaged file is a ValueError naming the file and the field before the trainer runs a single step."""
+    teacher = tiny(9, n_layer=3, n_embd=64, n_head=4, block_size=32)
+    run = tmp_path / "run"
+    distill(TrainConfig(**RUN, init_from=student_ckpt, out_dir=str(run), stop_after=2), teacher, temperature=2.0,
+            progress=False)
+    damage(run)
+
+    def no_step(*args, **kwargs):
+        raise AssertionError("the trainer started on a damaged run directory")
+
+    monkeypatch.setattr(distill_train, "train", no_step)
+    assert_refused_by_minillm(lambda: distill(TrainConfig(**RUN, out_dir=str(run), resume=str(run)), teacher,
+                                              temperature=2.0, progress=False), ValueError, match)
 
 
 def test_what_the_second_hostile_run_left_is_refused_by_name():

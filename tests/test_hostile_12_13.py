@@ -411,8 +411,9 @@ def test_emulator_names_the_bad_argument_before_launching(monkeypatch):
         emulator.int8_gemv(torch.randn(2, 8), torch.zeros(3, 7, dtype=torch.int8), torch.randn(3), None, 1)
     with pytest.raises(TypeError, match="reverse must be a bool"):
         emulator.softmax(x, 1, reverse="yes")
-    for eps in (float("inf"), 1e300, float("nan")):  # 1e300 is inf as the kernel's float: every row its bias
-        with pytest.raises(ValueError, match="eps must be a positive finite number"):
+    # 1e300 is inf as the kernel's float (every row its bias), 1e-50 is 0 (a constant row NaN)
+    for eps in (float("inf"), 1e300, float("nan"), 1e-50, 0.0):
+        with pytest.raises(ValueError, match=r"eps must be a finite number in \[1.17549e-38, 3.40282e\+38\]"):
             emulator.layernorm(x, torch.ones(8), torch.zeros(8), 1, eps=eps)
 
 
@@ -492,6 +493,8 @@ def _mirror_bad_calls():
              torch.tensor([3, 8]))  # S=2 over 4 blocks of 4, two blocks each: 8 tokens at most
     XQ, WQ = torch.randn(2, 64), torch.randint(-127, 128, (5, 64), dtype=torch.int8)
     KEY = torch.randn(3, 2, 8)
+    ROW3, W4, B4 = torch.full((1, 4), 3.0), torch.ones(4), torch.zeros(4)  # a constant row: var = 0
+    Q0 = torch.zeros(1, 1, 4, 0)  # head size 0
 
     def POOLS():
         return [torch.zeros(4, 2, 2, 8) for _ in range(2)]
@@ -598,6 +601,34 @@ def _mirror_bad_calls():
          r"block_table must be 1-D \(max_nb,\).*got shape \(2, 2\)"),
         ("paged_gather-2d-float-table", lambda: M.paged_gather(KP, torch.zeros(2, 2), 3), TypeError,
          "block_table must be a 1-D integer tensor, got torch.float32"),
+        # third hostile run. before: eps = 1e-50 is 0.0 in the float32 every version computes in, and a constant row
+        # came back NaN (var + eps = 0) from naive, the mirror and every emulator version; refused everywhere by
+        # ops' check_eps (the CUDA wrapper and the emulator before any launch)
+        ("na3-layernorm-eps-underflow", lambda: N.layernorm(ROW3, W4, B4, eps=1e-50), ValueError,
+         r"eps must be a finite number in \[1.17549e-38, 3.40282e\+38\] .*got 1e-50"),
+        ("mi3-layernorm-warp-eps-underflow", lambda: M.layernorm_warp(ROW3, W4, B4, eps=1e-50), ValueError,
+         r"eps must be .*got 1e-50"),
+        ("emu3-layernorm-eps-underflow", lambda: emulator.layernorm(ROW3, W4, B4, 4, eps=1e-50), ValueError,
+         r"eps must be .*got 1e-50"),
+        ("ops3-layernorm-eps-underflow", lambda: ops.layernorm(ROW3, W4, B4, eps=1e-50), ValueError,
+         r"eps must be .*got 1e-50"),
+        ("mi3-layernorm-warp-eps-subnormal", lambda: M.layernorm_warp(ROW3, W4, B4, eps=1e-40), ValueError,
+         r"eps must be .*normal .*got 1e-40"),
+        # before: ZeroDivisionError from 1 / sqrt(hs); now ops' (and the emulator's) head-size check
+        ("mi3-flash-hs-zero", lambda: M.flash_attention(Q0, Q0, Q0), ValueError,
+         r"head size q.shape\[-1\] must be 1..128, got 0"),
+        ("mi3-flash-v3-hs-zero", lambda: M.flash_attention_v3(Q0, Q0, Q0), ValueError,
+         r"head size q.shape\[-1\] must be 1..128, got 0"),
+        ("mi3-paged-hs-zero", lambda: M.paged_attention_decode(Q0[0, :, :1], torch.zeros(1, 4, 1, 0),
+                                                               torch.zeros(1, 4, 1, 0), torch.tensor([[0]]),
+                                                               torch.tensor([3])), ValueError,
+         r"head size q.shape\[-1\] must be 1..128, got 0"),
+        # before: ctypes' OSError with the dynamic loader's words
+        ("emu3-open-library-missing", lambda: emulator.open_library("/nonexistent/lib.so"), FileNotFoundError,
+         "path '/nonexistent/lib.so': no such file"),
+        ("emu3-open-library-not-a-library", lambda: emulator.open_library(Path(__file__)), ValueError,
+         "is not a shared library this process can load"),
+        ("emu3-open-library-int", lambda: emulator.open_library(3), TypeError, "path must be a str or os.PathLike"),
     ]
 
 
@@ -610,9 +641,11 @@ def test_the_mirrors_refuse_bad_arguments_naming_them(call, err, match):
 
 
 def _compile_mirror_bad_calls():
+    from minillm.compile import bench as cbench
     from minillm.compile import sweep
     from minillm.compile.fused_step import FusedCPUDecoder
     from minillm.compile.mirror import decode_step_by_hand, gemv_blocked
+    from minillm.core.sampling import SamplingParams
     from minillm.kvcache.cache import ContiguousKVCache
     from minillm.quant.linear import QuantConfig, quantize_model
 
@@ -621,6 +654,7 @@ def _compile_mirror_bad_calls():
     cache = ContiguousKVCache(TINY, 1, 8)
     k, v = cache.k, cache.v
     quantized = quantize_model(model, QuantConfig("int8"))
+    PREFILL = (sweep.Case("prefill", 1, 4),)
 
     def static_step(*positions: list[int], batch_size: int = 1) -> None:
         """Steps of a fresh StaticDecoder at these positions (one list per step, one position per row)."""
@@ -680,6 +714,40 @@ def _compile_mirror_bad_calls():
         ("sweep.run_sweep-past-window", lambda: sweep.run_sweep(model, threads=(1,), steps=1, repeats=1,
                                                                 cases=(sweep.Case("decode", 1, 64),), backend="eager"),
          ValueError, "block_size=64"),
+        # third hostile run. before: "'int' object is not iterable", torch's set_num_threads RuntimeError for True,
+        # dynamo's InvalidBackend from a prefill case (decode cases checked it), torch's "manual_seed expected a
+        # long", a ZeroDivisionError, AttributeErrors for a model name given as the model
+        ("sweep3-threads-int", lambda: sweep.run_sweep(model, threads=2, cases=PREFILL, repeats=1, backend="eager"),
+         TypeError, "threads must be a non-empty list or tuple, got int 2"),
+        ("sweep3-threads-bool", lambda: sweep.run_sweep(model, threads=(True,), cases=PREFILL, repeats=1,
+                                                        backend="eager"), TypeError,
+         r"threads\[0\] must be an int, got bool True"),
+        ("sweep3-cases-one-case", lambda: sweep.run_sweep(model, threads=(1,), cases=PREFILL[0], backend="eager"),
+         TypeError, "cases must be a non-empty list or tuple, got Case"),
+        ("sweep3-prefill-backend-unknown", lambda: sweep.run_case(model, PREFILL[0], repeats=1, backend="nope"),
+         ValueError, "backend must be one of torch.compile's backends .*got 'nope'"),
+        ("sweep3-sweep-backend-unknown", lambda: sweep.run_sweep(model, threads=(1,), cases=PREFILL, backend="nope"),
+         ValueError, "got 'nope'"),
+        ("sweep3-seed-float", lambda: sweep.run_case(model, sweep.Case("decode", 1, 4), steps=2, repeats=1,
+                                                     backend="eager", seed=0.5), TypeError,
+         "seed must be an int, got float 0.5"),
+        ("profile3-top-negative", lambda: sweep.profile_decode(model, sweep.Case("decode", 1, 4), steps=2,
+                                                               backend="eager", top=-1), ValueError,
+         "top must be positive, got -1"),
+        ("profile3-top-str", lambda: sweep.profile_decode(model, sweep.Case("decode", 1, 4), steps=2, backend="eager",
+                                                          top="3"), TypeError, "top must be an int, got str '3'"),
+        ("cbench3-streaming-calls-zero", lambda: cbench.weight_streaming_bound(model, repeats=1, calls=0), ValueError,
+         "calls must be positive, got 0"),
+        ("cbench3-streaming-ways-model-str", lambda: cbench.streaming_ways("base"), TypeError,
+         r"streaming_ways \(model\) needs a minillm GPT .*got str"),
+        ("cbench3-run-all-model-str", lambda: cbench.run_all("base", False, quick=True), TypeError,
+         r"run_all \(model\) needs a minillm GPT .*got str"),
+        ("cbench3-run-all-real-text-str", lambda: cbench.run_all(model, "yes", quick=True), TypeError,
+         "real_text must be a bool, got str 'yes'"),
+        # reviewed as clear, but the message named the decoder's own kv_cache (chapter 04's argument), not max_len
+        ("static3-max-len-1-two-tokens", lambda: StaticDecoder(model, "eager", max_len=1).generate_ids(
+            [5], SamplingParams.greedy(2)), ValueError,
+         r"max_len=1 is too short for this request: a 1-token prompt and max_new_tokens=2 need 2 cache slots"),
     ]
 
 
@@ -831,5 +899,94 @@ def test_the_llamacpp_command_names_a_work_path_that_is_a_file(tmp_path):
         for work in (tmp_path / "f", tmp_path / "f" / "sub"):
             assert_refused_by_minillm(lambda: llamacpp.main(["--work", str(work), "--sdist", str(tmp_path / "n.tgz")]),
                                       ValueError, f"--work '{tmp_path / 'f'}.*is a file, not a folder")
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_layernorm_at_the_smallest_eps_allowed_is_finite_and_right():
+    """The floor check_eps keeps, float32's smallest normal number: a constant row (var = 0) gives exactly its bias
+    (x - mean = 0, times the finite rsqrt(eps)), other rows what a float64 layer norm gives; in naive, the mirror
+    and, with a C++ compiler, every emulator version. One below the floor is refused by all of them."""
+    from minillm.kernels import mirror, naive
+
+    tiny = torch.finfo(torch.float32).tiny
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.full((1, 40), 3.0), torch.randn(3, 40, generator=g)])  # row 0 constant
+    weight, bias = torch.randn(40, generator=g), torch.randn(40, generator=g)
+    want = torch.nn.functional.layer_norm(x.double(), (40,), weight.double(), bias.double(), eps=tiny)
+    assert torch.equal(want[0], bias.double())
+    runs = {"naive": lambda e: naive.layernorm(x, weight, bias, eps=e),
+            "mirror": lambda e: mirror.layernorm_warp(x, weight, bias, eps=e)}
+    if emulator.find_cxx() is not None:
+        runs.update({f"emulator v{v}": (lambda e, v=v: emulator.layernorm(x, weight, bias, v, eps=e))
+                     for v in range(1, 5)})
+    for name, run in runs.items():
+        got = run(tiny)
+        assert torch.isfinite(got).all(), name
+        assert torch.equal(got[0], bias), name
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5, msg=name)
+        assert_refused_by_minillm(lambda: run(tiny / 2), ValueError, "eps must be")
+
+
+def test_the_sweep_checks_every_argument_before_any_work(monkeypatch):
+    """Before: profile_decode(top='3') failed after both profiles ran, and top=-1 returned all operators but the last;
+    a prefill case met an unknown backend inside dynamo. Now nothing is built, run or profiled first."""
+    from minillm.compile import sweep
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the sweep started working before checking its arguments")
+
+    monkeypatch.setattr(sweep, "_decode_runs", no_work)
+    monkeypatch.setattr(sweep, "_prefill_runs", no_work)
+    model, decode = GPT(TINY).eval(), sweep.Case("decode", 1, 4)
+    for kw, err, match in [(dict(top="3"), TypeError, "top must be an int"), (dict(top=0), ValueError, "top"),
+                           (dict(backend="nope"), ValueError, "backend"), (dict(seed=-1), ValueError, "seed")]:
+        assert_refused_by_minillm(lambda: sweep.profile_decode(model, decode, steps=2, **{"backend": "eager", **kw}),
+                                  err, match)
+    for kw, match in [(dict(backend="nope"), "backend"), (dict(seed=0.5), "seed"), (dict(repeats=0), "repeats")]:
+        call = {"backend": "eager", **kw}
+        assert_refused_by_minillm(lambda: sweep.run_case(model, sweep.Case("prefill", 1, 4), **call), (TypeError,
+                                  ValueError), match)
+        assert_refused_by_minillm(lambda: sweep.run_sweep(model, threads=(1,), cases=(decode,), steps=2, **call),
+                                  (TypeError, ValueError), match)
+
+
+def test_decoders_name_their_max_len_and_run_with_exactly_enough_room():
+    """A decoder's generate_ids needs prompt + max_new_tokens - 1 cache slots (the last token is never fed back).
+    One slot short is a ValueError naming max_len (before: chapter 04's message about a kv_cache the caller never
+    passed); exactly enough gives the eager generator's tokens."""
+    from minillm.core.sampling import SamplingParams
+    from minillm.kvcache.generate import generate_ids
+
+    torch.manual_seed(0)
+    model, prompt, params = GPT(TINY).eval(), [3, 1, 4, 1, 5], SamplingParams.greedy(3, ignore_eos=True)
+    want = generate_ids(model, prompt, params)
+    decoders = [lambda n: StaticDecoder(model, "eager", max_len=n)]
+    if build_problem() is None:
+        from minillm.compile.fused_step import FusedCPUDecoder
+        decoders.append(lambda n: FusedCPUDecoder(model, max_len=n))
+    for make in decoders:
+        assert_refused_by_minillm(lambda: make(6).generate_ids(prompt, params), ValueError,
+                                  r"max_len=6 is too short .*need 7 cache slots; build the decoder with max_len >= 7")
+        assert make(7).generate_ids(prompt, params) == want
+
+
+def test_the_llamacpp_command_names_an_sdist_that_is_not_one(tmp_path):
+    """Before: tarfile's ReadError for a file that is not a tar, and a RuntimeError for a tar without llama.cpp's
+    sources; both now a ValueError naming --sdist and the file, before any build."""
+    import tarfile
+
+    from minillm.compile import llamacpp
+
+    (tmp_path / "x.tar.gz").write_text("not a tar")
+    tarfile.open(tmp_path / "e.tar.gz", "w:gz").close()
+    threads = torch.get_num_threads()
+    try:
+        assert_refused_by_minillm(lambda: llamacpp.main(["--work", str(tmp_path / "w"), "--sdist",
+                                                         str(tmp_path / "x.tar.gz")]), ValueError,
+                                  r"--sdist '.*x\.tar\.gz' is not a readable \.tar\.gz")
+        assert_refused_by_minillm(lambda: llamacpp.main(["--work", str(tmp_path / "w"), "--sdist",
+                                                         str(tmp_path / "e.tar.gz")]), ValueError,
+                                  r"--sdist '.*e\.tar\.gz' is not a llama-cpp-python.* no vendored llama.cpp")
     finally:
         torch.set_num_threads(threads)

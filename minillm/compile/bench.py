@@ -35,9 +35,10 @@ from minillm.bench.hf_compare import hf_comparison
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
 from minillm.compile.cpu_gemv import build_problem, fast_cpu_model
-from minillm.compile.decode import StaticDecoder
+from minillm.compile.decode import StaticDecoder, check_backend
 from minillm.compile.fused_step import FusedCPUDecoder
-from minillm.core.model import GPT
+from minillm.core.config import check_int
+from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams
 from minillm.core.timing import interleave, measure
 from minillm.kvcache.generate import generate_ids
@@ -57,6 +58,7 @@ def streaming_ways(model: GPT) -> tuple[dict[str, Callable[[int], None]], int]:
     with nothing else in the loop: {way: run(steps)} and the matrices' bytes. The ways: through `F.linear` (25
     PyTorch calls per step, chapter 03's `stream_weights`), and on the CPU through the C++ GEMV driven from C++
     (`FusedDecoder.products`: the fused step's own products, no per-call cost from Python)."""
+    require_model(model, "streaming_ways (model)")
     ways: dict[str, Callable[[int], None]] = {"F.linear": stream_weights(model)}
     if model.device.type == "cpu" and build_problem() is None:
         ways["C++ GEMV"] = FusedCPUDecoder(model, max_len=1)._cpp.products
@@ -67,7 +69,11 @@ def weight_streaming_bound(model: GPT, repeats: int = 9, calls: int = 50,
                            ways: tuple[dict[str, Callable[[int], None]], int] | None = None) -> dict[str, Any]:
     """The fastest this machine streams every weight matrix of a decode step at batch 1 (`streaming_ways`, or the
     `ways` a caller already built), each way the fastest of `repeats` runs of `calls` steps. The bound is the faster
-    way; its tok/s is what a step made of those products alone could reach."""
+    way; its tok/s is what a step made of those products alone could reach. `repeats` and `calls` are positive
+    ints (the time is divided by calls)."""
+    require_model(model, "weight_streaming_bound (model)")
+    check_int("repeats", repeats)
+    check_int("calls", calls)
     ways, nbytes = ways or streaming_ways(model)
 
     def seconds(run: Callable[[int], None]) -> float:
@@ -82,6 +88,14 @@ def weight_streaming_bound(model: GPT, repeats: int = 9, calls: int = 50,
 
 def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, backend: str = "inductor",
             with_hf: bool = True) -> dict[str, Any]:
+    """Every measurement of the module docstring on `model` (the shipped `base`, or any GPT): `real_text` picks
+    validation text over random ids for the prompt. Every argument is checked before the first measurement."""
+    require_model(model, "run_all (model)")
+    for name, flag in (("real_text", real_text), ("quick", quick), ("with_hf", with_hf)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
+    check_int("seed", seed, 0)
+    check_backend(backend)
     device = model.device
     new = 32 if quick else 64
     repeats = 3 if quick else 5

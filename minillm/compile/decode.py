@@ -31,6 +31,7 @@ import torch
 from minillm.core.config import GPTConfig, check_int
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
+from minillm.core.stopping import validate_prompt
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.kvcache.generate import generate_ids
 
@@ -65,6 +66,20 @@ def decoder_max_len(config: GPTConfig, max_len: Any) -> int:
         raise ValueError(f"max_len={max_len} is past the model's context window block_size={config.block_size}: "
                          "positions stop there, so those slots could never be used; pass max_len <= block_size")
     return max_len
+
+
+def check_decoder_room(max_len: int, config: GPTConfig, prompt_ids: Any, params: SamplingParams,
+                       truncate: bool = False) -> None:
+    """A decoder's cache of `max_len` slots holds this request (the prompt and every generated token but the last,
+    chapter 04's count), or a ValueError naming max_len, the decoder's own argument: `generate` would name its
+    `kv_cache`, which the caller of a decoder's generate_ids never passed. The prompt and params are checked as
+    `generate` checks them (`validate_prompt`: the window cap and truncate included)."""
+    ids, max_new = validate_prompt(prompt_ids, params, config.vocab_size, config.block_size, truncate)
+    needed = max(len(ids) + max_new - 1, 1)
+    if needed > max_len:
+        raise ValueError(f"max_len={max_len} is too short for this request: a {len(ids)}-token prompt and "
+                         f"max_new_tokens={max_new} need {needed} cache slots; build the decoder with "
+                         f"max_len >= {needed}")
 
 
 def compile_problem() -> str | None:
@@ -225,4 +240,5 @@ class StaticDecoder:
         """Chapter 04's `generate_ids` with this step: the prompt prefilled eager, every later token through it."""
         if self.batch_size != 1:
             raise ValueError(f"generate_ids streams one sequence; this StaticDecoder has batch_size {self.batch_size}")
+        check_decoder_room(self.max_len, self.model.config, prompt_ids, params, kwargs.get("truncate", False))
         return generate_ids(self.model, prompt_ids, params, kv_cache=self.cache, decode_fn=self, **kwargs)

@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 
 from minillm.compile.cpu_gemv import cpp_errors_as_value_errors, load_cpu_ext
-from minillm.compile.decode import decoder_max_len, integer_ids
+from minillm.compile.decode import check_decoder_room, decoder_max_len, integer_ids
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.kvcache.cache import ContiguousKVCache
@@ -124,4 +124,5 @@ class FusedCPUDecoder:
     def generate_ids(self, prompt_ids: Any, params: SamplingParams, **kwargs: Any) -> list[int]:
         """Chapter 04's `generate_ids` with this step: the prompt prefilled by the model, every later token in C++."""
         self.check_model_unchanged()  # before the prefill, which would run the changed model
+        check_decoder_room(self.max_len, self.model.config, prompt_ids, params, kwargs.get("truncate", False))
         return generate_ids(self.model, prompt_ids, params, kv_cache=self.cache, decode_fn=self, **kwargs)

@@ -35,7 +35,9 @@ def run_logged(cmd: list[str], cwd: Path | None = None, log: Path | None = None)
 
 
 def fetch_sources(work: Path, sdist: Path | None) -> Path:
-    """The unpacked llama.cpp tree inside the sdist (downloaded with pip unless `sdist` is given)."""
+    """The unpacked llama.cpp tree inside the sdist (downloaded with pip unless `sdist` is given). A given sdist
+    that is not a readable tar, or holds no vendored llama.cpp, is a ValueError naming --sdist and the file."""
+    what = "--sdist" if sdist is not None else "the downloaded sdist"
     if sdist is None:
         found = sorted(work.glob("llama_cpp_python-*.tar.gz"))
         if not found:
@@ -48,11 +50,16 @@ def fetch_sources(work: Path, sdist: Path | None) -> Path:
         raise ValueError(f"--sdist must be a llama-cpp-python .tar.gz, got {sdist}")
     root = work / sdist.name.removesuffix(".tar.gz")
     if not root.is_dir():
-        with tarfile.open(sdist) as tar:
-            tar.extractall(work, filter="data")
+        try:
+            with tarfile.open(sdist) as tar:
+                tar.extractall(work, filter="data")
+        except tarfile.TarError as e:
+            raise ValueError(f"{what} {str(sdist)!r} is not a readable .tar.gz (a {PINNED} source distribution): "
+                             f"{e}") from e
     tree = root / "vendor" / "llama.cpp"
     if not (tree / "CMakeLists.txt").is_file():
-        raise RuntimeError(f"{sdist} has no vendored llama.cpp at {tree}")
+        raise ValueError(f"{what} {str(sdist)!r} is not a {PINNED} source distribution: it unpacks no vendored "
+                         f"llama.cpp at {tree}")
     return tree
 
 

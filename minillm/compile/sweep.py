@@ -33,7 +33,7 @@ import torch
 
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
-from minillm.compile.decode import StaticDecoder, counting_backend
+from minillm.compile.decode import StaticDecoder, check_backend, counting_backend
 from minillm.core.config import check_int
 from minillm.core.model import GPT, require_model
 from minillm.core.timing import interleave, time_once
@@ -80,6 +80,16 @@ def check_case(model: GPT, case: Case, steps: int) -> None:
         what = f"{case.tokens} context tokens + steps={steps}" if case.kind == "decode" else f"{case.tokens} tokens"
         raise ValueError(f"case {case.name!r} needs {what} = {needed} positions, past the model's context window "
                          f"block_size={cfg.block_size}")
+
+
+def check_backend_and_seed(backend: str, seed: int) -> None:
+    """What every entry point takes besides the case, before any work: `backend` one of dynamo's backends (a
+    prefill case compiles with it too, not only the decoder, which checks its own), `seed` an int >= 0 (the inputs'
+    manual_seed); a TypeError / ValueError naming the argument."""
+    if not isinstance(backend, str) or not backend:
+        raise TypeError(f"backend must be a torch.compile backend name, got {type(backend).__name__} {backend!r}")
+    check_backend(backend)
+    check_int("seed", seed, 0)
 
 
 def _ids(model: GPT, shape: tuple[int, ...], seed: int) -> torch.Tensor:
@@ -139,6 +149,7 @@ def run_case(model: GPT, case: Case, steps: int = 16, repeats: int = 5, backend:
     graph too), checked, timed in turn. `steps` decode steps (positive; context + steps within block_size)."""
     check_case(model, case, steps)
     check_int("repeats", repeats)
+    check_backend_and_seed(backend, seed)
     graph = None
     if case.kind == "decode":
         _, eager = _decode_runs(model, case, steps, "eager", backend, seed)
@@ -170,12 +181,17 @@ def run_case(model: GPT, case: Case, steps: int = 16, repeats: int = 5, backend:
 
 def run_sweep(model: GPT, threads: tuple[int, ...] = (1, 2), cases: tuple[Case, ...] = CASES, steps: int = 16,
               repeats: int = 5, backend: str = "inductor", seed: int = 0) -> dict[str, Any]:
-    """Every case at every thread count; the thread setting is restored afterwards."""
-    for n in threads:
-        if not isinstance(n, int) or n < 1:
-            raise ValueError(f"thread counts must be positive ints, got {n!r}")
-    for case in cases:  # every case before the first is timed
+    """Every case at every thread count; the thread setting is restored afterwards. `threads` and `cases` are
+    lists (or tuples); everything is checked before the first case is timed."""
+    for name, values in (("threads", threads), ("cases", cases)):
+        if not isinstance(values, (list, tuple)) or not values:
+            raise TypeError(f"{name} must be a non-empty list or tuple, got {type(values).__name__} {values!r:.80}")
+    for i, n in enumerate(threads):
+        check_int(f"threads[{i}]", n)  # subtle: True is an int, and torch.set_num_threads(True) fails inside torch
+    for case in cases:
         check_case(model, case, steps)
+    check_int("repeats", repeats)
+    check_backend_and_seed(backend, seed)
     before = torch.get_num_threads()
     rows = []
     try:
@@ -191,10 +207,13 @@ def run_sweep(model: GPT, threads: tuple[int, ...] = (1, 2), cases: tuple[Case, 
 
 def profile_decode(model: GPT, case: Case = CASES[0], steps: int = 16, backend: str = "inductor", top: int = 8,
                    seed: int = 0) -> dict[str, list[dict[str, Any]]]:
-    """The operators of `steps` decode steps, eager and compiled: the `top` by self CPU time, per step."""
+    """The operators of `steps` decode steps, eager and compiled: the `top` (a positive int) by self CPU time, per
+    step. Every argument is checked before the first profile runs."""
     from torch.profiler import ProfilerActivity, profile
 
     check_case(model, case, steps)
+    check_int("top", top)
+    check_backend_and_seed(backend, seed)
     out = {}
     for mode in ("eager", "compile"):
         _, run = _decode_runs(model, case, steps, mode, backend, seed)

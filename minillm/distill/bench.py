@@ -33,8 +33,9 @@ from minillm.bench.cli import bench_parser, pick_size, start, write_report
 from minillm.bench.models import load_model
 from minillm.core.config import check_int
 from minillm.core.device import resolve_device
-from minillm.core.model import GPT
+from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams
+from minillm.core.stopping import check_token_ids
 from minillm.core.timing import compare
 from minillm.gpt.dataset import default_eval_tokens
 from minillm.gpt.eval import perplexity
@@ -57,8 +58,23 @@ def val_prompts(num_prompts: int, prompt_len: int) -> list[list[int]]:
     return [ids[i * step:i * step + prompt_len].tolist() for i in range(num_prompts)]
 
 
+def check_prompts(model: GPT, prompts: object, who: str) -> None:
+    """`prompts` a non-empty list (or tuple) of prompts, each a list of token ids in `model`'s vocabulary; a
+    TypeError / ValueError naming `prompts` or `prompts[i]` (a str would otherwise be read one character a prompt,
+    and a bad prompt be named `prompt_ids` by the generator below). `who` names the function for a bad model."""
+    vocab = require_model(model, who).vocab_size
+    if not isinstance(prompts, (list, tuple)):
+        raise TypeError(f"prompts must be a list of prompts (lists of token ids), got {type(prompts).__name__} "
+                        f"{prompts!r:.80}")
+    if not prompts:
+        raise ValueError(f"prompts must be a non-empty list of prompts, got {prompts!r}")
+    for i, p in enumerate(prompts):
+        check_token_ids(f"prompts[{i}]", p, vocab)
+
+
 def teacher_continuations(teacher: GPT, prompts: Sequence[list[int]], new_tokens: int) -> list[list[int]]:
     """The teacher's greedy continuation of each prompt (chapter 04's cached loop, end-of-text ignored)."""
+    check_prompts(teacher, prompts, "teacher_continuations (teacher)")
     check_int("new_tokens", new_tokens)
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
     return [generate_ids(teacher, p, params) for p in prompts]
@@ -72,8 +88,7 @@ def acceptance(target: GPT, draft: GPT, prompts: Sequence[list[int]], new_tokens
     check_int("new_tokens", new_tokens)
     check_int("gamma", gamma)
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
-    if not isinstance(prompts, (list, tuple)) or not prompts:
-        raise ValueError(f"prompts must be a non-empty list of prompts, got {prompts!r}")
+    check_prompts(target, prompts, "acceptance (target)")
     if reference is None:
         reference = teacher_continuations(target, prompts, new_tokens)
     if not isinstance(reference, (list, tuple)) or len(reference) != len(prompts):
@@ -92,9 +107,14 @@ def acceptance(target: GPT, draft: GPT, prompts: Sequence[list[int]], new_tokens
 
 def speedups(target: GPT, drafts: dict[str, GPT], prompts: Sequence[list[int]], new_tokens: int,
              gammas: Sequence[int], repeats: int = 3) -> dict[str, list[dict[str, float]]]:
-    """For each draft and γ: speculative decoding of every prompt against the target alone, timed side by side."""
-    if not isinstance(prompts, (list, tuple)) or not prompts:
-        raise ValueError(f"prompts must be a non-empty list of prompts, got {prompts!r}")
+    """For each draft and γ: speculative decoding of every prompt against the target alone, timed side by side.
+    `drafts` maps a name to a draft model ({"draft": model}); every argument is checked before the first timing."""
+    check_prompts(target, prompts, "speedups (target)")
+    if not isinstance(drafts, dict):
+        raise TypeError(f"drafts must be a dict of name -> draft model ({{'draft': model}}), got "
+                        f"{type(drafts).__name__}")
+    for name, draft in drafts.items():
+        require_model(draft, f"speedups (drafts[{name!r}])")
     if isinstance(gammas, (str, bytes)) or not isinstance(gammas, (list, tuple)) or not gammas:
         raise ValueError(f"gammas must be a non-empty list of ints >= 1, got {gammas!r}")
     for i, g in enumerate(gammas):
@@ -167,12 +187,23 @@ def run_all(device: torch.device, size: str = "full", seed: int = 0) -> dict[str
     return report
 
 
+def report_section(report: object, key: str) -> Any:
+    """`report[key]` of a `run_all` report; a TypeError / ValueError naming `report` when it is no dict or lacks
+    the section (not a KeyError from the middle of a computation)."""
+    if not isinstance(report, dict):
+        raise TypeError(f"report must be a run_all report (a dict), got {type(report).__name__} {report!r:.80}")
+    if key not in report:
+        raise ValueError(f"report has no {key!r} section (not a run_all report?); its keys are {sorted(report)}")
+    return report[key]
+
+
 def alpha_at(report: dict[str, Any], name: str, gamma: int) -> float:
     """accepted / proposed of draft `name` at γ in a `run_all` report."""
     check_int("gamma", gamma)  # subtle: True == 1, so a bool would find the γ = 1 row
-    if name not in report["acceptance"]:
-        raise ValueError(f"no draft {name!r} in the report; it has {sorted(report['acceptance'])}")
-    rows = report["acceptance"][name]
+    acceptance = report_section(report, "acceptance")
+    if name not in acceptance:
+        raise ValueError(f"no draft {name!r} in the report; it has {sorted(acceptance)}")
+    rows = acceptance[name]
     found = [r["alpha"] for r in rows if r["gamma"] == gamma]
     if not found:
         raise ValueError(f"gamma={gamma!r} was not measured; the report has gamma {[r['gamma'] for r in rows]}")
@@ -186,7 +217,11 @@ def alpha_gain(report: dict[str, Any], gamma: int) -> float:
 
 def perplexity_ratio(report: dict[str, Any]) -> float:
     """Validation perplexity of draft-distilled over its hard-label control's (below 1: distillation helped)."""
-    return report["perplexity"]["draft-distilled"] / report["perplexity"]["draft-hardlabel"]
+    ppl = report_section(report, "perplexity")
+    for name in ("draft-distilled", "draft-hardlabel"):
+        if name not in ppl:
+            raise ValueError(f"report['perplexity'] has no {name!r}; it has {sorted(ppl)}")
+    return ppl["draft-distilled"] / ppl["draft-hardlabel"]
 
 
 def format_report(r: dict[str, Any]) -> str:

@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import check_float, check_int
+from minillm.core.config import check_float, check_int, tensor_kind
 
 KINDS = ("forward", "reverse")
 # The smallest temperature the losses take. From it up, kd_loss is finite for any finite float32, float16 or
@@ -151,6 +151,24 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperat
     # END SOLUTION
 
 
+def check_targets(name: str, targets: object, shape: tuple[int, ...], vocab_size: int, device: torch.device) -> None:
+    """`targets` an int64 (or int32) tensor of token ids of `shape` on `device`, every id in [0, vocab_size); a
+    TypeError / ValueError naming `name` (the caller's argument: `targets` here, `y` in the trainer's objective).
+    One host sync for the range."""
+    if not isinstance(targets, torch.Tensor) or targets.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must be an int64 tensor of token ids, got {tensor_kind(targets)}")
+    if tuple(targets.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)} (the logits without V), got {tuple(targets.shape)}")
+    if targets.device != device:
+        raise ValueError(f"{name} on {targets.device} and the logits on {device} must be on one device")
+    if targets.numel() == 0:
+        return
+    # subtle: cross_entropy ignores target -100 (its ignore_index) without a word; every id must be a real token.
+    low, high = (int(v) for v in torch.stack([targets.min(), targets.max()]).tolist())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(f"{name} must be token ids in [0, V={vocab_size}), got values from {low} to {high}")
+
+
 class LossParts(NamedTuple):
     """A distillation loss and the two terms it mixes (each a scalar tensor; `total` is what backward runs on)."""
 
@@ -169,18 +187,8 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
     """
     check_float("kd_weight", kd_weight, 0.0, 1.0)
     soft = kd_loss(student_logits, teacher_logits, temperature, kind)  # checks the logits, T and kind first
-    if not isinstance(targets, torch.Tensor) or targets.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"targets must be an int64 tensor of token ids, got {getattr(targets, 'dtype', type(targets))}")
-    if tuple(targets.shape) != tuple(student_logits.shape[:-1]):
-        raise ValueError(f"targets must have shape {tuple(student_logits.shape[:-1])} (the logits without V), "
-                         f"got {tuple(targets.shape)}")
-    if targets.device != student_logits.device:
-        raise ValueError(f"targets on {targets.device} and the logits on {student_logits.device} must be on one device")
     V = student_logits.size(-1)
-    # subtle: cross_entropy ignores target -100 (its ignore_index) without a word; every id must be a real token.
-    low, high = (int(v) for v in torch.stack([targets.min(), targets.max()]).tolist())
-    if low < 0 or high >= V:
-        raise ValueError(f"targets must be token ids in [0, V={V}), got values from {low} to {high}")
+    check_targets("targets", targets, tuple(student_logits.shape[:-1]), V, student_logits.device)
     hard = F.cross_entropy(student_logits.reshape(-1, V), targets.reshape(-1).long())
     return LossParts((1.0 - kd_weight) * hard + kd_weight * soft, hard, soft)
 
@@ -211,6 +219,21 @@ def _check_proj_weights(proj: object, student_h: torch.Tensor) -> None:
         raise TypeError(f"student_h is {student_h.dtype} but proj computes in {weight.dtype}; cast one to the other")
 
 
+def _check_hidden(name: str, h: object) -> torch.Tensor:
+    """`h` a float tensor of hidden states (..., C) with at least one position, real values, all finite; a
+    TypeError / ValueError naming `name` otherwise (`feature_loss`'s arguments, or an entry of FeatureProjection's
+    lists: `student_states[1]`)."""
+    if not isinstance(h, torch.Tensor) or not h.is_floating_point():
+        raise TypeError(f"{name} must be a float tensor of hidden states (..., C), got {tensor_kind(h)}")
+    if h.dim() == 0 or h.numel() == 0:
+        raise ValueError(f"{name} must have shape (..., C) with at least one position, got {tuple(h.shape)}")
+    if h.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device: it has shapes but no values to compare")
+    if not bool(torch.isfinite(h).all()):
+        raise ValueError(f"{name} contains NaN or inf")
+    return h
+
+
 def feature_loss(student_h: torch.Tensor, teacher_h: torch.Tensor, proj: nn.Module) -> torch.Tensor:
     """Mean squared error between proj(student_h) and the normalised teacher_h: student (..., Cs), teacher (..., Ct).
 
@@ -219,15 +242,7 @@ def feature_loss(student_h: torch.Tensor, teacher_h: torch.Tensor, proj: nn.Modu
     otherwise the deepest pair would dominate the sum and the scale of the loss would depend on the layer chosen.
     """
     for name, h in (("student_h", student_h), ("teacher_h", teacher_h)):
-        if not isinstance(h, torch.Tensor) or not h.is_floating_point():
-            raise TypeError(f"{name} must be a float tensor of hidden states (..., C), "
-                            f"got {getattr(h, 'dtype', type(h).__name__)}")
-        if h.dim() == 0 or h.numel() == 0:
-            raise ValueError(f"{name} must have shape (..., C) with at least one position, got {tuple(h.shape)}")
-        if h.device.type == "meta":
-            raise ValueError(f"{name} is on the meta device: it has shapes but no values to compare")
-        if not bool(torch.isfinite(h).all()):
-            raise ValueError(f"{name} contains NaN or inf")
+        _check_hidden(name, h)
     if not callable(proj):
         raise TypeError(f"proj must be a module mapping width Cs to Ct, got {type(proj).__name__}")
     if student_h.shape[:-1] != teacher_h.shape[:-1]:
@@ -300,5 +315,13 @@ class FeatureProjection(nn.Module):
             if i >= len(student_states) or j >= len(teacher_states):
                 raise ValueError(f"layer pair ({i}, {j}) is out of range for {len(student_states)} student and "
                                  f"{len(teacher_states)} teacher blocks")
+            # the entries checked under this call's names (feature_loss would call them student_h and teacher_h)
+            s_h = _check_hidden(f"student_states[{i}]", student_states[i])
+            t_h = _check_hidden(f"teacher_states[{j}]", teacher_states[j])
+            if s_h.shape[:-1] != t_h.shape[:-1] or s_h.size(-1) != proj.in_features or \
+                    t_h.size(-1) != proj.out_features:
+                raise ValueError(f"student_states[{i}] {tuple(s_h.shape)} and teacher_states[{j}] {tuple(t_h.shape)} "
+                                 f"must be (..., Cs={proj.in_features}) and (..., Ct={proj.out_features}) over the "
+                                 "same positions")
             losses.append(feature_loss(student_states[i], teacher_states[j], proj))
         return torch.stack(losses).mean()

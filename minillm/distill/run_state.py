@@ -13,8 +13,10 @@ Resume (`resume_run`) takes the checkpoint the trainer will take (`find_checkpoi
 from the interrupted run's (a different T or teacher would silently continue another run), refuses a checkpoint
 older than the run (a fresh run killed before its first save leaves the previous run's checkpoint as the newest),
 and keeps the first step · grad_accum records, the ones that belong to the checkpoint's steps; lines written after
-it (a step that ran but was never saved) are dropped. JSON keeps a float's shortest repr, so the records read back
-are the very floats that were written, and the resumed run's log equals the uninterrupted one's.
+it (a step that ran but was never saved) are dropped. Both files are checked field by field first (`_check_run`,
+`check_record`): a damaged one is a ValueError naming the file, the line and the field, before any training step.
+JSON keeps a float's shortest repr, so the records read back are the very floats that were written, and the resumed
+run's log equals the uninterrupted one's.
 
 What it leaves out: a learned feature projection's weights and AdamW state (the trainer refuses to resume a loss
 with parameters of its own; `distill` says so up front).
@@ -35,6 +37,50 @@ RUN_NAME = "distill_run.json"
 RECORDS_NAME = "distill_records.jsonl"
 RUN_FORMAT = "minillm-distill-run"
 SETTINGS = ("temperature", "kd_weight", "kind", "feature_weight", "teacher_sha256", "grad_accum")
+RECORD_KEYS = ("hard", "soft", "total")  # what every call of DistillObjective records ("feature" too, with features)
+
+
+def record_keys(feature_weight: float) -> tuple[str, ...]:
+    """The fields of one record of an objective with this feature weight."""
+    return ("hard", "soft", "feature", "total") if feature_weight > 0 else RECORD_KEYS
+
+
+def check_record(record: object, keys: tuple[str, ...], where: str) -> dict[str, float]:
+    """`record` a dict with exactly the fields `keys`, each a real number (+inf and NaN included: a loss can be
+    either, and the log keeps what was computed); a ValueError naming `where` (a file and line, or
+    `objective.records[3]`) and the field otherwise. `kd_history` averages these fields: a missing one would be a
+    KeyError after the whole run."""
+    if not isinstance(record, dict):
+        raise ValueError(f"{where} must be a record (an object with fields {list(keys)}), got "
+                         f"{type(record).__name__} {record!r:.80}")
+    missing, extra = [k for k in keys if k not in record], sorted(set(record) - set(keys), key=str)
+    if missing or extra:
+        raise ValueError(f"{where} must have the fields {list(keys)}, got {sorted(record, key=str)}"
+                         + (f" (missing {missing})" if missing else "") + (f" (unexpected {extra})" if extra else ""))
+    for k in keys:
+        v = record[k]
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            raise ValueError(f"{where}: field {k!r} must be a number, got {type(v).__name__} {v!r:.80}")
+    return record
+
+
+def _check_run(run: object, run_path: Path) -> dict[str, Any]:
+    """distill_run.json's content: the format tag, a `settings` object, `first_serial` an int >= 1 and
+    `student_init` a path or null; a ValueError naming the file and the field otherwise (a damaged or hand-edited
+    file is named before any training step, not met as a KeyError or a TypeError halfway through resuming)."""
+    if not isinstance(run, dict) or run.get("format") != RUN_FORMAT:
+        raise ValueError(f"{str(run_path)!r} is not a {RUN_FORMAT!r} file")
+    if not isinstance(run.get("settings"), dict):
+        raise ValueError(f"{str(run_path)!r}: field 'settings' must be an object of the run's settings {list(SETTINGS)}"
+                         f", got {run.get('settings')!r:.80}")
+    serial = run.get("first_serial")
+    if not isinstance(serial, int) or isinstance(serial, bool) or serial < 1:
+        raise ValueError(f"{str(run_path)!r}: field 'first_serial' must be an int >= 1, got "
+                         f"{type(serial).__name__} {serial!r:.80}")
+    if not (run.get("student_init") is None or isinstance(run.get("student_init"), str)):
+        raise ValueError(f"{str(run_path)!r}: field 'student_init' must be a path or null, got "
+                         f"{run.get('student_init')!r:.80}")
+    return run
 
 
 def teacher_digest(teacher: GPT | None) -> str | None:
@@ -90,9 +136,7 @@ def resume_run(resume_dir: str | os.PathLike, out_dir: str | os.PathLike | None,
     if not run_path.is_file():
         raise ValueError(f"resume={str(resume_dir)!r} holds no {RUN_NAME}: it is not a distillation run directory "
                          "(written by minillm.distill.train.distill with out_dir)")
-    run = read_json_file(run_path, what="distillation run state")
-    if not isinstance(run, dict) or run.get("format") != RUN_FORMAT:
-        raise ValueError(f"{str(run_path)!r} is not a {RUN_FORMAT!r} file")
+    run = _check_run(read_json_file(run_path, what="distillation run state"), run_path)
     was = run["settings"]
     differ = [f"{k}={settings[k]!r} (the interrupted run had {was.get(k)!r})" for k in SETTINGS
               if settings[k] != was.get(k)]
@@ -106,15 +150,17 @@ def resume_run(resume_dir: str | os.PathLike, out_dir: str | os.PathLike | None,
     needed = point.step * settings["grad_accum"] if needs_records else 0
     records: list[dict[str, float]] = []
     if needed:
+        keys = record_keys(settings["feature_weight"])
         with open(resume_dir / RECORDS_NAME, encoding="utf-8") as f:
             for number, line in enumerate(f, 1):
                 if len(records) == needed:
                     break
+                where = f"{RECORDS_NAME} in {str(resume_dir)!r}: line {number}"
                 try:
-                    records.append(json.loads(line))
+                    record = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"{RECORDS_NAME} in {str(resume_dir)!r}: line {number} is not a record "
-                                     f"(damaged?): {e}") from e
+                    raise ValueError(f"{where} is not a record (damaged?): {e}") from e
+                records.append(check_record(record, keys, where))
         if len(records) < needed:
             raise ValueError(f"{RECORDS_NAME} in {str(resume_dir)!r} holds {len(records)} records, the checkpoint "
                              f"at step {point.step} needs {needed}")

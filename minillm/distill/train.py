@@ -46,11 +46,12 @@ from minillm.distill.losses import (
     FeatureProjection,
     check_kind,
     check_layer_pairs,
+    check_targets,
     check_temperature,
     default_layer_pairs,
     distillation_loss,
 )
-from minillm.distill.run_state import resume_run, start_run, teacher_digest
+from minillm.distill.run_state import RECORD_KEYS, check_record, resume_run, start_run, teacher_digest
 from minillm.gpt.pretrained import SHIPPED, pretrained_dir
 from minillm.gpt.train import LOG_NAME, TrainConfig, TrainResult, train
 from minillm.gpt.train_state import find_checkpoint
@@ -76,15 +77,17 @@ class DistillObjective(nn.Module):
         self.kd_weight, self.kind, self.feature_weight = float(kd_weight), check_kind(kind), float(feature_weight)
         if student_config is not None and not isinstance(student_config, GPTConfig):
             raise TypeError(f"student_config must be a GPTConfig or None, got {type(student_config).__name__}")
+        # subtle: layer_pairs is checked whether or not features are on: pairs outside both models, given with
+        # feature_weight = 0, would otherwise be ignored without a word.
+        student_layers = None if student_config is None else student_config.n_layer
+        pairs = None if layer_pairs is None else check_layer_pairs(layer_pairs, student_layers, tcfg.n_layer)
         self.teacher = teacher.eval().requires_grad_(False)
         self.features: FeatureProjection | None = None
         if feature_weight > 0:
             if student_config is None:
                 raise ValueError("feature_weight > 0 needs student_config (the student's width and depth)")
-            if layer_pairs is None:
+            if pairs is None:
                 pairs = default_layer_pairs(student_config.n_layer, tcfg.n_layer)
-            else:
-                pairs = check_layer_pairs(layer_pairs, student_config.n_layer, tcfg.n_layer)
             self.features = FeatureProjection(student_config.n_embd, tcfg.n_embd, pairs)
         self.records: list[dict[str, float]] = []  # one per call: total, hard, soft, feature
         self.on_record: Callable[[dict[str, float]], None] | None = None
@@ -97,6 +100,7 @@ class DistillObjective(nn.Module):
             raise ValueError(f"student vocab_size={scfg.vocab_size} differs from the teacher's "
                              f"{tcfg.vocab_size}: KD compares distributions over the same tokens")
         positions = student.check_inputs(x)  # (1, T)
+        check_targets("y", y, tuple(x.shape), scfg.vocab_size, x.device)  # named here as y, the trainer's targets
         if x.size(1) > tcfg.block_size:
             raise ValueError(f"sequence length {x.size(1)} exceeds the teacher's context window "
                              f"block_size={tcfg.block_size}")
@@ -237,6 +241,11 @@ def kd_history(objective: DistillObjective | None, every: int, grad_accum: int =
     if objective is None or not objective.records:
         return []
     recs, per_block = objective.records, every * grad_accum
+    if not isinstance(recs, list):
+        raise TypeError(f"objective.records must be a list of records, got {type(recs).__name__}")
+    keys = tuple(recs[0]) if isinstance(recs[0], dict) else RECORD_KEYS  # a first record that is no dict: refused
+    for i, r in enumerate(recs):  # every record has the first one's fields, each a number: all are averaged below
+        check_record(r, keys, f"objective.records[{i}]")
     out = []
     for start in range(0, len(recs), per_block):
         block = recs[start:start + per_block]

@@ -31,9 +31,10 @@ from pathlib import Path
 
 import torch
 
+from minillm.core.io import check_path
 from minillm.kernels.build import CSRC, KERNEL_SOURCES, cache_dir, run_compiler
-from minillm.kernels.ops import (MAX_HEAD_SIZE, _same, _tensor, _version, check_block_tables,  # the wrappers' checks
-                                 check_eps, check_kv_write_args, check_paged_args, check_slot_range)
+from minillm.kernels.ops import (_same, _tensor, _version, check_block_tables, check_eps,  # the wrappers' checks
+                                 check_head_size, check_kv_write_args, check_paged_args, check_slot_range)
 
 EMU_DIR = CSRC / "emu"
 RUNTIME = EMU_DIR / "emu_runtime.cpp"
@@ -152,8 +153,18 @@ def build(out_dir: str | Path | None = None, jobs: int | None = None, timeout: f
 
 
 def open_library(path: str | Path) -> ctypes.CDLL:
-    """Load a library `build` made (the functions below take it as `lib=`)."""
-    lib = ctypes.CDLL(str(path))
+    """Load a library `build` made (the functions below take it as `lib=`). A missing file is a FileNotFoundError
+    naming path, a file that is not a loadable library (or not the emulator's) a ValueError naming it: not ctypes'
+    OSError, whose message is the dynamic loader's."""
+    path = check_path(path, "path")
+    if not path.is_file():
+        raise FileNotFoundError(f"path {str(path)!r}: no such file (give a library emulator.build() made)")
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        raise ValueError(f"path {str(path)!r} is not a shared library this process can load: {e}") from e
+    if not hasattr(lib, "emu_error_string"):
+        raise ValueError(f"path {str(path)!r} is not the kernel emulator's library: it has no emu_error_string")
     lib.emu_error_string.restype = ctypes.c_char_p
     return lib
 
@@ -230,11 +241,6 @@ def _rows(name: str, x: torch.Tensor, what: str = "(rows, cols)") -> torch.Tenso
     return x
 
 
-def _head_size(name: str, hs: int) -> None:
-    if not 1 <= hs <= MAX_HEAD_SIZE:
-        raise ValueError(f"head size {name}.shape[-1] must be 1..{MAX_HEAD_SIZE}, got {hs}")
-
-
 def softmax(x: torch.Tensor, version: int, reverse: bool = False, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """softmax.cu's version `version` on x (rows, cols)."""
     _rows("x", x)
@@ -278,7 +284,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, version: int, r
               lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """attention.cu's version `version`, causal, on q, k, v (B, nh, T, hs), hs <= 128."""
     _tensor("q", q, dim=4)
-    _head_size("q", q.shape[-1])
+    check_head_size("q", q.shape[-1])
     _same("k", _tensor("k", k, dim=4), "q", q, tuple(q.shape))
     _same("v", _tensor("v", v, dim=4), "q", q, tuple(q.shape))
     _version("attention", version)
@@ -301,7 +307,7 @@ def paged_attention_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     `check_indices=True` refuses them instead, with a ValueError naming block_tables or context_lens."""
     _tensor("q", q, dim=3)
     S, nh, hs = q.shape
-    _head_size("q", hs)
+    check_head_size("q", hs)
     check_paged_args(q, k_pool, v_pool, block_tables, context_lens)
     if k_pool.shape[1] < 1:
         raise ValueError(f"k_pool must be (nb, bs>=1, nh={nh}, hs={hs}), got shape {tuple(k_pool.shape)}")

@@ -20,7 +20,7 @@ import torch
 
 from minillm.core.config import check_float_tensor, check_int
 from minillm.kernels.naive import check_int8_gemv_args, check_qkv, check_rows, gelu_tanh
-from minillm.kernels.ops import check_distinct_slots, check_eps, check_kv_write_args
+from minillm.kernels.ops import check_distinct_slots, check_eps, check_head_size, check_kv_write_args
 
 NEG_INF = float("-inf")
 
@@ -196,6 +196,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: 
     O = O exp(m - m_new) + P V; finally O / l.
     """
     check_qkv(q, k, v)
+    check_head_size("q", q.shape[-1])  # as ops.attention: hs = 0 has no scale 1/sqrt(hs)
     check_int("block_q", block_q)
     check_int("block_k", block_k)
     B, nh, T, hs = q.shape
@@ -251,6 +252,7 @@ def flash_attention_v3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p_dtyp
     the max is the same, the sums differ only in the order of additions.)
     """
     check_qkv(q, k, v)
+    check_head_size("q", q.shape[-1])  # as ops.attention: hs = 0 has no scale 1/sqrt(hs)
     if p_dtype not in (None, torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"p_dtype must be None, torch.float16, torch.bfloat16 or torch.float32, got {p_dtype!r}")
     B, nh, T, hs = q.shape
@@ -330,6 +332,7 @@ def paged_attention_decode(
     if num_warps not in (1, 4):
         raise ValueError(f"num_warps must be 1 (paged_attention.cu v1) or 4 (v2), got {num_warps}")
     S, nh, hs = check_float_tensor("q", q, 3).shape
+    check_head_size("q", hs)  # as ops.paged_attention_decode
     for name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):
         if check_float_tensor(name, pool, 4).shape[2:] != (nh, hs) or pool.shape != k_pool.shape:
             raise ValueError(f"{name} must be (nb, bs, nh={nh}, hs={hs}) like k_pool, got {tuple(pool.shape)}")

@@ -73,11 +73,27 @@ def _on_cuda(**tensors: torch.Tensor) -> None:
 
 
 def check_eps(eps) -> float:
-    """layernorm's eps: a positive number that stays finite as the float the kernels take (1e300 is inf in float32,
-    and var + inf turns every row into its bias); a ValueError naming eps otherwise."""
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps <= torch.finfo(torch.float32).max:
-        raise ValueError(f"eps must be a positive finite number (finite in float32 too), got {eps!r}")
+    """layernorm's eps: a number that stays positive, normal and finite as the float32 every version computes in
+    (the kernels take it as a C float; `naive`, the mirrors and the emulator do their math in fp32 too, whatever the
+    input dtype). A ValueError naming eps otherwise.
+
+    Both ends matter: 1e300 is inf in float32, and var + inf turns every row into its bias; 1e-50 is 0 in float32
+    (so is anything below float32's smallest subnormal), and a constant row then has var + eps = 0, rsqrt inf and
+    0 * inf = NaN. The floor is float32's smallest normal number, 2**-126 ~ 1.18e-38: below it eps is 0 or a
+    subnormal, which flush-to-zero arithmetic (fast-math GPU code, CPUs in FTZ/DAZ mode) also reads as 0."""
+    f32 = torch.finfo(torch.float32)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not f32.tiny <= eps <= f32.max:
+        raise ValueError(f"eps must be a finite number in [{f32.tiny:.6g}, {f32.max:.6g}] (positive, normal and "
+                         f"finite in float32, the precision every layernorm computes in), got {eps!r}")
     return float(eps)
+
+
+def check_head_size(name: str, hs: int) -> None:
+    """A head size the attention kernels take, 1..MAX_HEAD_SIZE, else a ValueError naming `name`'s last dimension.
+    Shared by the CUDA wrappers, the emulator and the mirrors: with hs = 0 the scale 1/sqrt(hs) is a division by
+    zero, and past 128 the kernels have no thread (v1) or lane slot (paged v2) for the extra dimensions."""
+    if not 1 <= hs <= MAX_HEAD_SIZE:
+        raise ValueError(f"head size {name}.shape[-1] must be 1..{MAX_HEAD_SIZE}, got {hs}")
 
 
 def check_paged_args(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
@@ -204,8 +220,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, version: int = 
               out: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention, scale 1/sqrt(hs): q, k, v (B, nh, T, hs), hs <= 128; versions 1..4 (csrc/attention.cu)."""
     _tensor("q", q, dim=4)
-    if not 1 <= q.shape[-1] <= MAX_HEAD_SIZE:
-        raise ValueError(f"head size q.shape[-1] must be 1..{MAX_HEAD_SIZE}, got {q.shape[-1]}")
+    check_head_size("q", q.shape[-1])
     _same("k", _tensor("k", k, dim=4), "q", q, tuple(q.shape))
     _same("v", _tensor("v", v, dim=4), "q", q, tuple(q.shape))
     _version("attention", version)
@@ -226,8 +241,7 @@ def paged_attention_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     naming the entry (one device sync: a caller that validated the tables once, as the benchmark's timed loop
     does, passes False). The kernel itself makes such a sequence's output NaN rather than read outside the pool."""
     _tensor("q", q, dim=3)
-    if not 1 <= q.shape[-1] <= MAX_HEAD_SIZE:
-        raise ValueError(f"head size q.shape[-1] must be 1..{MAX_HEAD_SIZE}, got {q.shape[-1]}")
+    check_head_size("q", q.shape[-1])
     check_paged_args(q, k_pool, v_pool, block_tables, context_lens)
     _version("paged_attention_decode", version)
     if not isinstance(check_tables, bool):
