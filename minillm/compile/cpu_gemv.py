@@ -30,6 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minillm.core.model import GPT
+from minillm.core.config import tensor_kind
 from minillm.kernels.build import cache_dir
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -82,7 +83,7 @@ def require_cpu_tensors(dtype: torch.dtype, **tensors: Any) -> None:
         if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.device.type != "cpu":
             kind = str(dtype).removeprefix("torch.")
             raise TypeError(f"{name} must be {'an' if kind[0] in 'aeiou' else 'a'} {kind} CPU tensor, got "
-                            f"{getattr(t, 'dtype', type(t).__name__)} on {getattr(t, 'device', '-')}")
+                            f"{tensor_kind(t)} on {getattr(t, 'device', '-')}")
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@ import torch.nn as nn
 
 from minillm.core.model import GPT, require_model
 from minillm.kernels.naive import gelu_tanh, layernorm  # chapter 12's naive twins: the same formulas
+from minillm.core.config import tensor_kind
 from minillm.kernels.ops import tensors_overlap
 
 ROWS = 4  # weight rows per block: four memory streams in flight in the C++ loop
@@ -43,7 +44,7 @@ def gemv_blocked(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
             continue
         if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() != ndim:
             raise TypeError(f"{name} must be a {ndim}-D floating-point tensor, got "
-                            f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+                            f"{tensor_kind(t)} {tuple(getattr(t, 'shape', ()))}")
     if w.shape[1] != x.shape[1] or (b is not None and b.shape[0] != w.shape[0]):
         raise ValueError(f"x (M, K), w (N, K) and b (N,) must agree, got {tuple(x.shape)}, {tuple(w.shape)}, "
                          f"{None if b is None else tuple(b.shape)}")

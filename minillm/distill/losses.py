@@ -67,7 +67,7 @@ def _check_logits(name: str, t: object) -> torch.Tensor:
     """
     if not isinstance(t, torch.Tensor) or not t.is_floating_point():
         raise TypeError(f"{name} must be a float tensor of logits (..., V), "
-                        f"got {getattr(t, 'dtype', type(t).__name__)}")
+                        f"got {tensor_kind(t)}")
     if t.dim() == 0 or t.size(-1) < 2:
         raise ValueError(f"{name} must have shape (..., V) with V >= 2, got {tuple(t.shape)}")
     if t.numel() == 0:
@@ -257,7 +257,7 @@ def feature_loss(student_h: torch.Tensor, teacher_h: torch.Tensor, proj: nn.Modu
     mapped = proj(student_h)  # (..., Cs) -> (..., Ct)
     if not isinstance(mapped, torch.Tensor) or not mapped.is_floating_point():
         raise TypeError(f"proj must return a float tensor (..., Ct), got "
-                        f"{getattr(mapped, 'dtype', type(mapped).__name__)}")
+                        f"{tensor_kind(mapped)}")
     if mapped.shape != teacher_h.shape:
         raise ValueError(f"the projection maps width {student_h.size(-1)} to {mapped.size(-1)}, but the teacher's "
                          f"width is {teacher_h.size(-1)}")

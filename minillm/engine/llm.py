@@ -42,6 +42,7 @@ from minillm.engine.sampler import Sampler
 from minillm.engine.scheduler import Scheduler, SchedulerOutput
 from minillm.engine.step import plan
 from minillm.engine.swap import SwappedKV, SwapSpace
+from minillm.core.config import tensor_kind
 from minillm.paged import BlockManager
 
 
@@ -153,7 +154,7 @@ class LLM(FrontEnd):
         if generator_state is not None and (not isinstance(generator_state, torch.Tensor)
                                             or generator_state.dtype != torch.uint8):
             raise TypeError(f"generator_state must be a uint8 tensor from torch.Generator.get_state() or None, got "
-                            f"{getattr(generator_state, 'dtype', type(generator_state).__name__)}")
+                            f"{tensor_kind(generator_state)}")
         # Every add_request check, then this arrival's own, all before anything is queued: a bad argument leaves
         # the engine as it was, with nothing to roll back.
         req = self._new_request(prompt, params, request_id, arrival_time)

@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from minillm.core.config import check_float_tensor, check_int
+from minillm.core.config import check_float_tensor, check_int, tensor_kind
 from minillm.kernels.naive import check_int8_gemv_args, check_qkv, check_rows, gelu_tanh
 from minillm.kernels.ops import check_distinct_slots, check_eps, check_head_size, check_kv_write_args
 
@@ -293,7 +293,7 @@ def paged_gather(pool: torch.Tensor, block_table: torch.Tensor, context_len: int
     if not isinstance(block_table, torch.Tensor) or block_table.is_floating_point() or block_table.is_complex() \
             or block_table.dtype == torch.bool:
         raise TypeError(f"block_table must be a 1-D integer tensor, got "
-                        f"{getattr(block_table, 'dtype', type(block_table).__name__)}")
+                        f"{tensor_kind(block_table)}")
     if block_table.dim() != 1:
         raise ValueError(f"block_table must be 1-D (max_nb,), one sequence's table, got shape "
                          f"{tuple(block_table.shape)}")
@@ -340,7 +340,7 @@ def paged_attention_decode(
         if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.dtype == torch.bool or t.dim() != len(shape) \
                 or t.shape[0] != S:
             raise ValueError(f"{name} must be an integer tensor with S={S} rows, got "
-                             f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+                             f"{tensor_kind(t)} {tuple(getattr(t, 'shape', ()))}")
     if S and int(context_lens.min()) < 0:
         raise ValueError(f"context_lens must be >= 0, got {context_lens.tolist()}")
     nb, bs = k_pool.shape[:2]

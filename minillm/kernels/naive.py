@@ -12,7 +12,7 @@ import math
 import torch
 
 from minillm.core.attention import attention_ref, causal_mask
-from minillm.core.config import check_float_tensor
+from minillm.core.config import check_float_tensor, tensor_kind
 from minillm.kernels.ops import (
     check_block_tables,
     check_eps,
@@ -54,7 +54,7 @@ def check_int8_gemv_args(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, 
     argument. scale and bias may have another float dtype than x (the math is fp32)."""
     K = check_float_tensor("x", x, 2).shape[1]
     if not isinstance(w, torch.Tensor) or w.dtype != torch.int8 or w.dim() != 2 or w.shape[1] != K:
-        raise TypeError(f"w must be an int8 (N, K={K}) tensor, got {getattr(w, 'dtype', type(w))} "
+        raise TypeError(f"w must be an int8 (N, K={K}) tensor, got {tensor_kind(w)} "
                         f"{tuple(getattr(w, 'shape', ()))}")
     for name, t in (("scale", scale), ("bias", bias)):
         if t is None and name == "bias":

@@ -27,7 +27,7 @@ from functools import partial
 import torch
 
 from minillm.core.attention import attention, attention_ref, causal_mask
-from minillm.core.config import GPTConfig
+from minillm.core.config import GPTConfig, tensor_kind
 from minillm.paged.backends import register_attention_backend
 from minillm.paged.block_manager import BlockManager
 
@@ -54,7 +54,7 @@ class PagedBatch:
         for name in ("slot_mapping", "block_tables", "context_lens", "query_lens"):
             t = getattr(self, name)
             if not isinstance(t, torch.Tensor) or t.dtype != torch.int64:
-                raise TypeError(f"PagedBatch.{name} must be an int64 tensor, got {getattr(t, 'dtype', type(t))}")
+                raise TypeError(f"PagedBatch.{name} must be an int64 tensor, got {tensor_kind(t)}")
         if self.block_tables.dim() != 2:
             raise ValueError(f"block_tables must be (S, max_nb), got shape {tuple(self.block_tables.shape)}")
         S = self.block_tables.shape[0]

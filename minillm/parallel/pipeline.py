@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from minillm.core.config import check_float
+from minillm.core.config import check_float, tensor_kind
 from minillm.core.model import GPT, require_model
 from minillm.core.stopping import check_token_ids
 from minillm.kvcache.cache import ContiguousKVCache
@@ -76,7 +76,7 @@ class PipelineStage(nn.Module):
         if self.first:
             if not isinstance(x, torch.Tensor) or x.dtype != torch.long or x.dim() != 2:
                 raise TypeError(f"the first stage takes token ids: an int64 (B, T) tensor, got "
-                                f"{getattr(x, 'dtype', type(x).__name__)} {tuple(getattr(x, 'shape', ()))}")
+                                f"{tensor_kind(x)} {tuple(getattr(x, 'shape', ()))}")
             T = x.shape[1]
             if start + T > self.config.block_size:
                 raise ValueError(f"positions {start}..{start + T - 1} run past the context window "
