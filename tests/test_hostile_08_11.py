@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import traceback
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -30,7 +31,7 @@ from minillm.distill import FeatureProjection, default_layer_pairs, distillation
 from minillm.distill import bench as distill_bench
 from minillm.distill import train as distill_train
 from minillm.distill.losses import MIN_TEMPERATURE, check_kind, check_layer_pairs, check_temperature
-from minillm.distill.run_state import RECORDS_NAME, RUN_NAME
+from minillm.distill.run_state import RECORDS_NAME, RUN_NAME, start_run, teacher_digest
 from minillm.distill.train import DistillObjective, checkpoint_dir, distill, kd_history, student_dir
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
@@ -39,17 +40,24 @@ from minillm.kvcache.generate import generate_ids
 from minillm.speculative import bench as spec_bench
 from minillm.speculative import engine_bench
 from minillm.speculative.engine import SpeculativeConfig, SpeculativeLLM
-from minillm.speculative.generate import generate_prompt_lookup, generate_speculative, prompt_lookup_proposals
+from minillm.speculative.generate import (
+    PromptLookupProposer,
+    generate_prompt_lookup,
+    generate_speculative,
+    prompt_lookup_proposals,
+)
 from minillm.speculative.sampling import (
     accept_greedy,
     accept_or_resample,
     acceptance_probability,
+    check_distributions,
     prob_sum_tolerance,
     residual_distribution,
     sample_from_target,
 )
 
 NAN, INF = float("nan"), float("inf")
+BYTE_TOKENIZER = SimpleNamespace(encode=lambda text: list(text.encode("utf-8")))  # one id per byte, no vocabulary
 
 
 def tiny(seed: int, **overrides) -> GPT:
@@ -313,6 +321,52 @@ BAD = [
      TypeError, r"prompts\[0\] must be a list of ints, got str"),
     ("dbench3-acceptance-prompt-out-of-vocab", lambda c: distill_bench.acceptance(c.target, c.draft, [[1, 600]], 2, 1),
      ValueError, r"prompts\[0\]\[1\] = 600 is outside the vocabulary"),
+    # ---------------------------------------------------------------- chapter 11, fourth hostile run
+    # before: written into the working directory ("" is Path("."))
+    ("run4-start-run-empty", lambda c: start_run("", {}, None), ValueError,
+     "out_dir must name a path, got an empty string"),
+    ("run4-checkpoint-dir-cwd", lambda c: checkpoint_dir(Path(""), "student"), ValueError,
+     r"student '\.' is a directory but no checkpoint \(it has no config.json\)"),
+    ("cli4-export-empty", lambda c: distill_train.main(["--export", "", "--no-progress"]), ValueError,
+     "--export must name a path, got an empty string"),
+    # before: exit 0, the teacher path never looked at
+    ("cli4-teacher-missing-hard-label", lambda c: distill_train.main(["--kd-weight", "0", "--teacher",
+                                                                      "/nonexistent/dir", "--no-progress"]),
+     ValueError, "--teacher '/nonexistent/dir' is neither a shipped checkpoint"),
+    # before: steps [1, 1] from 3 records at grad_accum=2 (half a step counted as one)
+    ("kdhist4-partial-step", lambda c: kd_history(with_records(c, [{"hard": 1.0, "soft": 2.0, "total": 1.5}] * 3), 1,
+                                                  grad_accum=2), ValueError,
+     "objective.records holds 3 records, not a whole number of steps of grad_accum=2"),
+    # before: FileExistsError, json's "Object of type object is not JSON serializable"
+    ("run4-start-run-file", lambda c: start_run(c.root / "student" / "config.json", {}, None), ValueError,
+     "out_dir .*config.json' is a file, not a folder"),
+    ("run4-start-run-settings-not-json", lambda c: start_run(c.root / "run4", {"x": object()}, None), TypeError,
+     "settings must hold JSON values"),
+    # before: accepted (student_config's vocabulary never compared), or named a layer pair / student_states
+    ("obj4-student-config-vocab", lambda c: DistillObjective(c.teacher, student_config=tiny(1, vocab_size=256).config),
+     ValueError, "student_config has vocab_size=256, the teacher vocab_size=512"),
+    ("obj4-student-not-student-config", lambda c: DistillObjective(
+        c.teacher, feature_weight=0.5, student_config=tiny(1, n_layer=4).config)(
+        tiny(7, block_size=32), torch.zeros(1, 8).long(), torch.zeros(1, 8).long()), ValueError,
+     "the student has n_layer=2 but student_config n_layer=4"),
+    # before: torch's "Cannot copy out of meta tensor"
+    ("run4-teacher-digest-meta", lambda c: teacher_digest(tiny(3).to("meta")), ValueError,
+     "teacher tensor 'transformer.wte.weight' is a meta tensor"),
+    ("obj4-teacher-meta", lambda c: DistillObjective(tiny(3).to("meta")), ValueError,
+     "teacher tensor .* is a meta tensor"),
+    # before: generation stopped at the window and the helpers counted (and timed) tokens never generated
+    ("dbench4-continuations-past-window", lambda c: distill_bench.teacher_continuations(c.target, [list(range(60))], 8),
+     ValueError, r"prompts\[0\] has 60 tokens: with new_tokens=8 it needs 67 positions, more than the teacher's "
+                 "context window block_size=64"),
+    ("dbench4-acceptance-past-window", lambda c: distill_bench.acceptance(c.target, c.draft, [[1], list(range(70))], 2,
+                                                                          1), ValueError,
+     r"prompts\[1\] has 70 tokens: .* more than the target's context window block_size=64"),
+    ("dbench4-speedups-past-window", lambda c: distill_bench.speedups(c.target, {"d": c.draft}, [list(range(64))], 2,
+                                                                      [1], repeats=1), ValueError,
+     r"prompts\[0\] has 64 tokens: with new_tokens=2 it needs 65 positions"),
+    # before: named by the generator, "speculative decoding (draft)"
+    ("dbench4-acceptance-draft-not-model", lambda c: distill_bench.acceptance(c.target, "draft", [[1, 2]], 2, 1),
+     TypeError, r"acceptance \(draft\) needs a minillm GPT"),
     # ---------------------------------------------------------------- chapter 08: the acceptance rule
     ("accprob-list", lambda c: acceptance_probability([0.5], torch.tensor([0.5])), TypeError, "p_x"),
     ("accprob-int", lambda c: acceptance_probability(torch.tensor([1]), torch.tensor([1])), TypeError, "p_x"),
@@ -471,6 +525,57 @@ BAD = [
      r"points\[0\]\['ratio'\]"),
     ("crossover-concurrency-bool", lambda c: engine_bench.crossover([{"concurrency": True, "ratio": 0.5}]),
      TypeError, r"points\[0\]\['concurrency'\]"),
+    # ---------------------------------------------------------------- chapter 08, fourth hostile run
+    # before: torch.finfo's TypeError on an int dtype, naming no argument
+    ("s08-check-distributions-int", lambda c: check_distributions("p", torch.ones(2, 3, dtype=torch.long)),
+     TypeError, "^p must be a float tensor of probabilities, got torch.int64"),
+    ("s08-prob-sum-tolerance-int", lambda c: prob_sum_tolerance(torch.int64), TypeError,
+     "^dtype must be a floating-point torch.dtype"),
+    ("s08-chi2-p-int", lambda c: spec_bench.chi_square_test(torch.ones(8), torch.ones(8, dtype=torch.long), 3),
+     TypeError, "^p must be a float tensor of probabilities"),
+    ("s08-chi2-counts-bool", lambda c: spec_bench.chi_square_test(torch.ones(8, dtype=torch.bool),
+                                                                  torch.full((8,), 1 / 8), 3), TypeError,
+     "^counts must be an integer or float tensor"),
+    # before: torch's size-mismatch RuntimeError; the acceptance rule's "p and q" naming neither model
+    ("s08-agreement-vocab", lambda c: spec_bench.draft_agreement(c.target, tiny(2, vocab_size=256), [[1, 2]],
+                                                                 [[3, 4]]), ValueError,
+     "draft_agreement: the draft's vocab_size=256 differs from the target's vocab_size=512"),
+    ("s08-exactness-vocab", lambda c: spec_bench.sampling_exactness(c.target, tiny(2, vocab_size=256), [1, 2],
+                                                                    draws=5), ValueError,
+     "sampling_exactness: the draft's vocab_size=256 differs from the target's vocab_size=512"),
+    ("s08-sweep-vocab", lambda c: spec_bench.greedy_sweep(c.target, tiny(2, vocab_size=256), [[1, 2]], 4, [1]),
+     ValueError, "greedy_sweep: the draft's vocab_size=256"),
+    ("s08-agreement-outputs-str", lambda c: spec_bench.draft_agreement(c.target, c.draft, [[1, 2]], ["ab"]),
+     TypeError, r"outputs\[0\] must be a list of ints"),
+    # before: new_tokens=0 timed two loops generating nothing; -1 was named max_new_tokens
+    ("s08-lookup-new-tokens-zero", lambda c: spec_bench.prompt_lookup(c.target, [1, 2, 1, 2], 0, repeats=1),
+     ValueError, "^new_tokens must be positive, got 0"),
+    ("s08-lookup-new-tokens-negative", lambda c: spec_bench.prompt_lookup(c.target, [1, 2, 1, 2], -1, repeats=1),
+     ValueError, "^new_tokens must be positive, got -1"),
+    ("s08-lookup-gamma-zero", lambda c: spec_bench.prompt_lookup(c.target, [1, 2, 1, 2], 4, gamma=0, repeats=1),
+     ValueError, "^gamma"),
+    # before: "context=64 plus 65 new token(s)", an argument greedy_sweep does not have
+    ("s08-sweep-gamma-past-window", lambda c: spec_bench.greedy_sweep(c.target, c.draft, [[1, 2]], 4, [64],
+                                                                      repeats=1), ValueError,
+     r"^gammas holds gamma=64: .*block_size=64"),
+    # before: shorter prompts than asked for, silently
+    ("s08-code-prompt-too-long", lambda c: spec_bench.code_prompt(BYTE_TOKENIZER, 10 ** 7), ValueError,
+     r"^tokens=10000000 is more than the \d+ tokens"),
+    ("s08-code-prompts-too-long", lambda c: spec_bench.code_prompts(BYTE_TOKENIZER, 2, 10 ** 7), ValueError,
+     "^tokens=10000000 is too long"),
+    ("s08-engine-prompts-too-long", lambda c: engine_bench.code_prompts(BYTE_TOKENIZER, 2, 10 ** 7), ValueError,
+     "^prompt_len=10000000 is more than"),
+    # before: IndexError from the one-hot q
+    ("s08-proposer-token-past-vocab", lambda c: PromptLookupProposer(1, 512, torch.device("cpu")).propose(
+        [1, 600, 1], 2, SimpleNamespace(params=SamplingParams(temperature=1.0))), ValueError,
+     r"^seq holds token id 600, outside the vocabulary \[0, 512\)"),
+    ("s08-proposer-token-past-vocab-greedy", lambda c: PromptLookupProposer(1, 512, torch.device("cpu")).propose(
+        [1, 600, 1], 2, SimpleNamespace(params=SamplingParams.greedy())), ValueError, "^seq holds token id 600"),
+    ("s08-proposer-device-junk", lambda c: PromptLookupProposer(1, 512, "gpu0"), ValueError,
+     "^device must be a device like .*'gpu0'"),
+    ("s08-acceptance-reference-not-ids", lambda c: distill_bench.acceptance(c.target, c.draft, [[1, 2]], 2, 1,
+                                                                            reference=[["a", "b"]]), TypeError,
+     r"^reference\[0\]\[0\] must be an int"),
 ]
 
 
@@ -652,6 +757,58 @@ def test_distributions_are_accepted_within_the_stated_tolerance():
     # a one-hot q (prompt lookup's) and a p with zeros are distributions
     one_hot = torch.eye(4)[[2, 3]]
     assert accept_or_resample(torch.eye(4)[[2, 3, 0]], one_hot, [2, 3]) == [2, 3, 0]
+
+
+# ================================================================== chapter 08, fourth hostile run: right answers
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_s08_residual_of_rows_differing_by_subnormals_sums_to_one(dtype):
+    """p and q differ by 3 and 2 of the smallest subnormals only: the residual mass is 5 of them. The old
+    r / mass.clamp(min=tiny) divided by the smallest normal float instead (rows summed to 6e-7 in float32, 1e-15 in
+    float64); now the exact norm(max(0, p - q)) = [0, 0, 0.6, 0.4], and a normal row is the textbook r / r.sum()."""
+    d = float(torch.tensor(0.0, dtype=dtype).nextafter(torch.tensor(1.0, dtype=dtype)))  # smallest subnormal
+    p = torch.tensor([[0.5, 0.5, 3 * d, 2 * d], [0.6, 0.3, 0.1, 0.0]], dtype=dtype)
+    q = torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.2, 0.2, 0.6, 0.0]], dtype=dtype)
+    got = residual_distribution(p, q)
+    want = torch.tensor([[0.0, 0.0, 0.6, 0.4], [0.8, 0.2, 0.0, 0.0]], dtype=torch.float64)
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(got.double(), want, atol=4 * eps, rtol=0)
+    torch.testing.assert_close(got.double().sum(-1), torch.ones(2, dtype=torch.float64), atol=4 * eps, rtol=0)
+    # the resample after a rejection there draws from the residual, never from the tokens p and q share
+    draws = torch.multinomial(got[0].float(), 200, replacement=True, generator=torch.Generator().manual_seed(0))
+    assert set(draws.tolist()) <= {2, 3}
+
+
+def test_s08_acceptance_compares_a_tuple_reference_as_token_ids():
+    # before: identical=False for the very tokens the target gives (a tuple never equals a list)
+    target, draft = tiny(21), tiny(22)
+    prompts = [[1, 2, 3], [4, 5]]
+    reference = distill_bench.teacher_continuations(target, prompts, 4)
+    as_lists = distill_bench.acceptance(target, draft, prompts, 4, 2, reference=reference)
+    as_tuples = distill_bench.acceptance(target, draft, prompts, 4, 2, reference=tuple(map(tuple, reference)))
+    as_tensors = distill_bench.acceptance(target, draft, prompts, 4, 2, reference=[torch.tensor(r) for r in reference])
+    assert as_lists["identical"] and as_tuples == as_lists == as_tensors
+    wrong = [[(t + 1) % 512 for t in r] for r in reference]
+    assert not distill_bench.acceptance(target, draft, prompts, 4, 2, reference=tuple(map(tuple, wrong)))["identical"]
+
+
+def test_s08_chi_square_counts_past_float16_range_are_counted_exactly():
+    # before: float16 counts summing past 65504 became inf, then an OverflowError from int(inf)
+    p = torch.full((8,), 1 / 8)
+    counts = torch.tensor([60000.0, 60000.0, 0, 0, 0, 0, 0, 0])
+    want = spec_bench.chi_square_test(counts.double(), p.double(), 3)
+    got = spec_bench.chi_square_test(counts.half(), p.half(), 3)
+    assert got.n == want.n == 120000 and got.dof == want.dof
+    assert math.isclose(got.chi2, want.chi2, rel_tol=1e-9) and math.isclose(got.tv, want.tv, rel_tol=1e-9)
+    assert spec_bench.chi_square_test(counts.long(), p, 3) == spec_bench.chi_square_test(counts, p, 3)
+
+
+def test_s08_engine_bench_refuses_an_empty_loads_flag(capsys):
+    # before: --loads '' read as "not given", and the default loads 1..64 ran
+    with pytest.raises(SystemExit) as info:
+        engine_bench.main(["--loads", ""])
+    assert info.value.code == 2 and "--loads must be comma-separated ints, got ''" in capsys.readouterr().err
 
 
 # ================================================================== chapter 08: a failing drafter is counted and logged
@@ -917,6 +1074,30 @@ def test_what_the_second_hostile_run_left_is_refused_by_name():
         SpeculativeConfig(gamma=10**12)
     with pytest.raises(ValueError, match="listed twice"):
         FeatureProjection(4, 6, [(0, 0), (0, 0)])
+
+
+def test_kd_history_counts_whole_optimizer_steps(ctx):
+    # before: 5 records at grad_accum=2 gave steps [1, 2, 2], the half step counted as a whole one
+    records = [{"hard": float(i), "soft": 0.0, "total": float(i)} for i in range(4)]
+    got = kd_history(with_records(ctx, records), 1, grad_accum=2)
+    assert [r["step"] for r in got] == [1, 2] and [r["hard"] for r in got] == [0.5, 2.5]
+    assert [r["step"] for r in kd_history(with_records(ctx, records), 3, grad_accum=2)] == [2]  # a short last block
+    with pytest.raises(ValueError, match="holds 5 records, not a whole number of steps of grad_accum=2"):
+        kd_history(with_records(ctx, records + records[:1]), 1, grad_accum=2)
+
+
+def test_empty_paths_and_a_missing_teacher_are_refused_before_anything_is_written(tmp_path, monkeypatch):
+    # before: start_run("") and --export '' wrote into the working directory; --kd-weight 0 never looked at --teacher
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="out_dir must name a path"):
+        start_run("", {"kd_weight": 0.5}, None)
+    for argv, flag in ((["--export", ""], "--export"), (["--out", ""], "--out"), (["--resume", ""], "--resume"),
+                       (["--kd-weight", "0", "--teacher", str(tmp_path / "none")], "--teacher")):
+        with pytest.raises(ValueError, match=flag):
+            distill_train.main([*argv, "--no-progress"])
+    assert list(tmp_path.iterdir()) == []
+    log = start_run(tmp_path / "run", {"kd_weight": 0.5}, None)  # a real folder still starts a run
+    assert log.path == tmp_path / "run" / RECORDS_NAME and (tmp_path / "run" / RUN_NAME).is_file()
 
 
 def test_greedy_verification_over_a_partly_masked_vocabulary_is_the_argmax_of_what_is_left():

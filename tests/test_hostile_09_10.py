@@ -43,7 +43,14 @@ from minillm.prune.structured import (
     recover,
     shrink_mlp,
 )
-from minillm.prune.unstructured import block_inputs, input_norms, layer_mask, prune_model, weight_sparsity
+from minillm.prune.unstructured import (
+    block_inputs,
+    block_weights,
+    input_norms,
+    layer_mask,
+    prune_model,
+    weight_sparsity,
+)
 from minillm.quant.gptq import (
     calibration_windows,
     damped,
@@ -60,7 +67,7 @@ from minillm.prune import bench as pbench
 from minillm.quant import bench as qbench
 from minillm.quant.checkpoint import describe as describe_quantized
 from minillm.quant.checkpoint import load_quantized, save_quantized
-from minillm.quant.kv_cache import Int8ContiguousKVCache, dequantize_kv, quantize_kv
+from minillm.quant.kv_cache import Int8ContiguousKVCache, Int8PagedKVCache, dequantize_kv, quantize_kv
 from minillm.quant.linear import QuantConfig, QuantLinear, quantize_model, weight_bytes
 from minillm.quant.outliers import inject_outliers, input_absmax, outlier_report, smooth_model, smoothing_scales
 from minillm.quant.qat import convert_qat, fake_quantize, finetune_qat, prepare_qat
@@ -85,6 +92,7 @@ from minillm.quant.w8a8 import (
     int8_matmul_ref,
     llm_int8_linear,
     llm_int8_reference,
+    int_mm_available,
     outlier_columns,
     quantize_activations,
     w8a8_linear,
@@ -103,6 +111,19 @@ def tiny(seed: int = 0) -> GPT:
 MODEL = tiny()
 QMODEL = quantize_model(MODEL, QuantConfig("int8"))
 CALIB = torch.randint(0, CFG.vocab_size, (2, 8), generator=torch.Generator().manual_seed(1))
+
+
+# A prune.bench Harness (it measures on real validation text: a 4096-token vocabulary), the smallest sizes.
+HARNESS_SIZES = pbench.Sizes(256, 2, 4, 4, 1, 2, (0.5,), 128, (0.25,), 1, False, 1, 1)
+_HARNESS: list = []
+
+
+def harness() -> "pbench.Harness":
+    if not _HARNESS:
+        torch.manual_seed(0)
+        dense = GPT(GPTConfig(vocab_size=4096, block_size=64, n_layer=2, n_head=2, n_embd=32)).eval()
+        _HARNESS.append(pbench.Harness(dense, False, HARNESS_SIZES, 0))
+    return _HARNESS[0]
 
 
 def nan_model() -> GPT:
@@ -615,6 +636,54 @@ BAD = [
     ("qbench-kv_perplexity-id-past-vocab", lambda: qbench.kv_perplexity(MODEL, torch.arange(100, 140), lambda B, T:
                                                                         ContiguousKVCache(CFG, B, T)), ValueError,
      r"tokens holds token id 139, outside the vocabulary \[0, 128\)"),
+    # ----- the fourth hostile run, 09
+    # before: a field replaced after construction reached reshape (torch's error) or gave a tensor of another shape
+    ("q09-dequantize-q-replaced-float", lambda: dequantize(mutated_qt(q=QT8.q.float())), TypeError,
+     "^q must be an int8 or uint8 tensor of codes, got torch.float32"),
+    ("q09-dequantize-scale-replaced-int", lambda: dequantize(mutated_qt(scale=torch.ones(8, 1, dtype=torch.long))),
+     TypeError, "^scale must be a 2-D float tensor"),
+    ("q09-dequantize-scale-replaced-rows", lambda: dequantize(mutated_qt(scale=torch.ones(3, 1))), ValueError,
+     "^scale has 3 rows for q's 8"),
+    ("q09-dequantize-shape-replaced", lambda: dequantize(mutated_qt(shape=(4, 64))), ValueError,
+     r"^shape must be the codes' shape \(8, 32\)"),
+    ("q09-load_quantized-q-replaced-float", lambda: QuantLinear(32, 8, True, QuantConfig("int8")).load_quantized(
+        mutated_qt(q=QT8.q.float())), TypeError, "^q must be an int8 or uint8"),
+    # before: the latent weights of a QAT model rounded, silently, onto a grid they never trained on
+    ("q09-quantize_model-qat-other-grid", lambda: quantize_model(prepare_qat(MODEL, QuantConfig("int4", group_size=16)),
+                                                                 QuantConfig("int8")), ValueError,
+     r"^quantize_model: the model was prepared for QAT on QuantConfig\(mode='int4'.*convert_qat"),
+    ("q09-gptq_model-qat-other-grid", lambda: gptq_quantize_model(prepare_qat(MODEL, QuantConfig("int8")),
+                                                                  QuantConfig("int4", group_size=16), CALIB),
+     ValueError, "^gptq_quantize_model: the model was prepared for QAT"),
+    # before: accepted, then "x must be torch.float32" from inside a QuantLinear
+    ("q09-quantize_model-bf16", lambda: quantize_model(tiny().to(torch.bfloat16), QuantConfig("int8")), TypeError,
+     "^quantize_model needs an fp32 minillm GPT, got one with torch.bfloat16 parameters"),
+    ("q09-gptq_model-bf16", lambda: gptq_quantize_model(tiny().to(torch.bfloat16), QuantConfig("int8"), CALIB),
+     TypeError, "^gptq_quantize_model needs an fp32 minillm GPT, got one with torch.bfloat16"),
+    ("q09-prepare_qat-bf16", lambda: prepare_qat(tiny().to(torch.bfloat16), QuantConfig("int8")), TypeError,
+     "^prepare_qat needs an fp32 minillm GPT, got one with torch.bfloat16"),
+    ("q09-convert_qat-cast-to-fp16", lambda: convert_qat(prepare_qat(MODEL, QuantConfig("int8")).half()), TypeError,
+     "^convert_qat needs an fp32 minillm GPT, got one with torch.float16"),
+    ("q09-smooth_model-bf16", lambda: smooth_model(tiny().to(torch.bfloat16), CALIB), TypeError,
+     "^smooth_model needs an fp32 minillm GPT"),
+    ("q09-finetune_qat-prepared-model", lambda: finetune_qat(prepare_qat(MODEL, QuantConfig("int8")),
+                                                             QuantConfig("int8"), steps=1, batch_size=1), ValueError,
+     "the model is already prepared for QAT"),
+    # before: OSError "File name too long" / "embedded null byte" from inside tempfile and pathlib
+    ("q09-save_quantized-path-too-long", lambda: save_quantized(QMODEL, "/tmp/" + "a" * 5000 + ".safetensors"),
+     ValueError, "^save_quantized: path is 5017 characters long, past the 4096"),
+    ("q09-save_quantized-name-too-long", lambda: save_quantized(QMODEL, "x" * 300 + ".safetensors"), ValueError,
+     "^save_quantized: path holds a name of 312 bytes, past the 255"),
+    ("q09-save_quantized-path-nul", lambda: save_quantized(QMODEL, "/tmp/a\0b.safetensors"), ValueError,
+     "^save_quantized: path holds a NUL character"),
+    # before: torch's "Invalid device string", or a quiet False
+    ("q09-int8-cache-device-junk", lambda: Int8ContiguousKVCache(CFG, 1, 8, device="gpu0"), ValueError,
+     "^device must be a device like .*'gpu0'"),
+    ("q09-int8-paged-cache-device-junk", lambda: Int8PagedKVCache(CFG, 4, 4, device="gpu0"), ValueError,
+     "^device must be a device like .*'gpu0'"),
+    ("q09-int_mm_available-junk", lambda: int_mm_available("gpu0"), ValueError, "^device_type must be a device"),
+    ("q09-load_quantized-device-junk", lambda: load_quantized("missing.safetensors", device="gpu0"), ValueError,
+     "unknown device 'gpu0'"),
     # ----- the third hostile run, 10
     # before: 2:4 ignored the sparsity (0.9 gave 50%) and never checked it ('lots')
     ("layer_mask-24-sparsity-09", lambda: layer_mask(W, "magnitude", 0.9, "2:4", None), ValueError,
@@ -638,6 +707,49 @@ BAD = [
      r"sparsity must be a fraction in \[0, 1\), got 1\.5"),
     ("pbench-block_bytes-quantized", lambda: pbench.block_bytes(QMODEL, "csr"), TypeError,
      r"block_bytes needs a dense \(float\) minillm GPT, got a QuantizedGPT"),
+    # ----- the fourth hostile run, 10
+    # before: [] for a quantized model; a QAT model saved, and loaded back as a plain GPT
+    ("block_weights4-quantized", lambda: block_weights(QMODEL), TypeError,
+     r"block_weights needs a dense \(float\) minillm GPT, got a QuantizedGPT"),
+    ("save_pruned4-qat", lambda: save_pruned(prepare_qat(MODEL, QuantConfig("int8")), "never.safetensors", "m"),
+     TypeError, r"save_pruned needs block linears as plain nn.Linear; block 0 holds "
+                r"\['attn.c_attn \(FakeQuantLinear\)"),
+    ("prune_model4-qat", lambda: prune_model(prepare_qat(MODEL, QuantConfig("int8")), "magnitude"), TypeError,
+     "FakeQuantLinear"),
+    # before: ZeroDivisionError (calls=0), bool and 0 tokens accepted, a str read one character a sparsity
+    ("pbench4-layer_costs-calls-zero", lambda: pbench.layer_costs(calls=0), ValueError,
+     "calls must be positive, got 0"),
+    ("pbench4-layer_costs-calls-bool", lambda: pbench.layer_costs(calls=True), TypeError,
+     "calls must be an int, got bool"),
+    ("pbench4-layer_costs-repeats-negative", lambda: pbench.layer_costs(repeats=-1), ValueError,
+     "repeats must be positive, got -1"),
+    ("pbench4-layer_costs-repeats-float", lambda: pbench.layer_costs(repeats=1.5), TypeError,
+     "repeats must be an int, got float 1.5"),
+    ("pbench4-layer_costs-tokens-zero", lambda: pbench.layer_costs(tokens=(0,)), ValueError,
+     r"tokens\[0\] must be positive, got 0"),
+    ("pbench4-layer_costs-sparsities-str", lambda: pbench.layer_costs(sparsities="0.5"), TypeError,
+     "sparsities must be a list or tuple, got str '0.5'"),
+    ("pbench4-layer_costs-sparsity-item", lambda: pbench.layer_costs(sparsities=(0.5, 1.0)), ValueError,
+     r"sparsities\[1\] must be a fraction in \[0, 1\), got 1.0"),
+    ("pbench4-unstructured_rows-str", lambda: pbench.unstructured_rows(harness(), CALIB, "0.5"), TypeError,
+     "sparsities must be a list or tuple, got str"),
+    ("pbench4-structured_rows-str", lambda: pbench.structured_rows(harness(), CALIB, "0.5", 1), TypeError,
+     "fractions must be a list or tuple, got str"),
+    # before: lowest_heads' "per_block must be an int in [0, 2]"
+    ("pbench4-head_rows-two-heads", lambda: pbench.head_rows(harness(), CALIB, 1), ValueError,
+     "head_rows masks up to 4 heads per block: the model needs at least 4 heads per block, it has n_head=2"),
+    # before: teacher_forced_kl's "candidate", AttributeError 'str' object has no attribute 'config'
+    ("pbench4-agreement-str", lambda: harness().agreement("pruned"), TypeError,
+     r"Harness.agreement \(pruned\) needs a minillm GPT"),
+    ("pbench4-quality-str", lambda: harness().quality("pruned"), TypeError, r"Harness.quality \(pruned\) needs"),
+    ("pbench4-agreement-vocab", lambda: harness().agreement(MODEL), ValueError,
+     "Harness.agreement: pruned has vocab_size=128, the dense model vocab_size=4096"),
+    ("pbench4-speed-window", lambda: harness().speed(GPT(GPTConfig(vocab_size=4096, block_size=16, n_layer=1,
+                                                                    n_head=2, n_embd=32))), ValueError,
+     "Harness.speed: pruned has block_size=16, the dense model block_size=64"),
+    ("pbench4-harness-window", lambda: pbench.Harness(GPT(GPTConfig(vocab_size=4096, block_size=16, n_layer=1,
+                                                                    n_head=2, n_embd=32)), False, HARNESS_SIZES, 0),
+     ValueError, "Harness: each prompt has 32 tokens: .* more than the dense model's context window block_size=16"),
 ]
 
 
@@ -820,6 +932,63 @@ def test_load_pruned_names_the_bad_metadata_field(tmp_path, field, value, match)
         load_pruned(tmp_path / "bad.safetensors")
 
 
+# ----- the fourth hostile run, 09: the right answers ---------------------------------------------------------------
+
+
+def mutated_qt(**fields) -> QuantizedTensor:
+    """A valid QuantizedTensor (QT8's codes and scales, copied) with `fields` replaced after construction."""
+    qt = QuantizedTensor(QT8.q.clone(), QT8.scale.clone(), None, 8, QT8.shape)
+    for name, value in fields.items():
+        setattr(qt, name, value)
+    return qt
+
+
+@pytest.mark.parametrize("mode, kw", [("int8", {}), ("int4", {"group_size": 16}), ("int8", {"symmetric": False})])
+def test_q09_a_quant_linear_keeps_its_own_copy_of_the_codes(mode, kw):
+    # before: load_quantized stored the caller's tensors; writing into them later changed the layer
+    config = QuantConfig(mode, **kw)
+    lin = linear()
+    qt = quantize(lin.weight.detach(), config.bits, config.symmetric, config.granularity, config.quantize_group_size)
+    for layer in (QuantLinear.from_linear(lin, config, qt), QuantLinear(32, 8, True, config)):
+        layer.load_quantized(qt)
+        before = {k: v.clone() for k, v in layer.state_dict().items()}
+        want = dequantize(qt).clone()
+        qt.q.zero_()
+        qt.scale.mul_(3)
+        if qt.zero is not None:
+            qt.zero.fill_(7)
+        assert all(torch.equal(before[k], v) for k, v in layer.state_dict().items())
+        torch.testing.assert_close(layer.dequantized_weight(), want, atol=0, rtol=0)
+        qt = quantize(lin.weight.detach(), config.bits, config.symmetric, config.granularity,
+                      config.quantize_group_size)
+
+
+def test_q09_quantize_model_of_a_qat_model_on_its_own_grid_is_convert_qat():
+    # the refusal above is for another grid; on the grid it trained with, RTN of the latent weights is what the
+    # training forward rounded to, so it equals convert_qat (the reference)
+    config = QuantConfig("int4", group_size=16)
+    qat = prepare_qat(MODEL, config)
+    with torch.no_grad():
+        for p in qat.transformer.h.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    ids = torch.randint(0, CFG.vocab_size, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(quantize_model(qat, config)(ids), convert_qat(qat)(ids), atol=0, rtol=0)
+
+
+def test_q09_smooth_model_of_a_head_pruned_model_computes_the_same_function():
+    # before: a shape error inside the value-row fold (it assumed n_head * head_size = n_embd)
+    wide = GPT(GPTConfig(vocab_size=128, block_size=32, n_layer=2, n_head=4, n_embd=32))
+    pruned = prune_heads(wide.eval(), {0: [1, 2], 1: [0, 3]})
+    assert pruned.config.attn_dim == 16 < pruned.config.n_embd
+    smoothed = smooth_model(pruned, CALIB, alpha=0.5)
+    ids = torch.randint(0, CFG.vocab_size, (2, 16), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.testing.assert_close(smoothed(ids), pruned(ids), atol=1e-5, rtol=1e-5)
+        v = smoothed.transformer.h[0].attn.c_attn.weight[32:]  # the value rows, rescaled
+        assert not torch.equal(v, pruned.transformer.h[0].attn.c_attn.weight[32:])
+
+
 # ----- QAT: converted on the grid it trained with ------------------------------------------------------------------
 
 
@@ -966,6 +1135,29 @@ def test_a_pruned_model_of_odd_mlp_width_still_saves_and_loads(tmp_path):
     assert [b.mlp.c_proj.in_features for b in loaded.transformer.h] == [3, 5]
     idx = CALIB[:1]
     torch.testing.assert_close(loaded(idx), model(idx))
+
+
+def test_quantized_and_qat_models_are_refused_by_block_weights_and_save_pruned(tmp_path):
+    # before: block_weights(quantized) was [] (0 bytes, an empty 2:4 check passing), and a QAT model saved and loaded
+    # back as a plain GPT without its rounding
+    assert [tuple(w.shape) for w in block_weights(MODEL)] == [(96, 32), (32, 32), (128, 32), (32, 128)] * 2
+    assert block_weights(MODEL)[0] is MODEL.transformer.h[0].attn.c_attn.weight  # the tensors themselves
+    qat = prepare_qat(MODEL, QuantConfig("int8"))
+    for call in (lambda: block_weights(QMODEL), lambda: save_pruned(qat, tmp_path / "qat.safetensors", "m"),
+                 lambda: save_pruned(QMODEL, tmp_path / "q.safetensors", "m")):
+        with pytest.raises(TypeError, match="block_weights|save_pruned"):
+            call()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_layer_costs_takes_only_whole_positive_counts_and_measures_each_case():
+    # before: calls=True and tokens=(0,) ran and reported numbers; calls=0 divided by zero after timing
+    for bad in (dict(calls=True), dict(tokens=(0,)), dict(calls=0), dict(sparsities=["0.5"])):
+        with pytest.raises((TypeError, ValueError)):
+            pbench.layer_costs(**bad)
+    rows = pbench.layer_costs(sparsities=[0.5], tokens=[1, 3], repeats=1, calls=1)
+    assert [(r["sparsity"], r["tokens"]) for r in rows] == [(0.5, 1), (0.5, 3)]
+    assert all(r["dense_us"] > 0 and r["csr_us"] > 0 for r in rows)
 
 
 def test_masking_every_head_of_a_block_is_the_ablation_it_asks_for():

@@ -69,6 +69,18 @@ def check_float_tensor(name: str, x: Any, ndim: int | None = None) -> torch.Tens
     return x
 
 
+def check_device(name: str, device: Any) -> torch.device:
+    """`device` (a str or torch.device) as a torch.device; a TypeError / ValueError naming `name` and the value when
+    it is neither, or a string torch cannot read ('gpu0'): torch's "Invalid device string" names no argument."""
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"{name} must be a str or torch.device like 'cpu' or 'cuda:0', got {type(device).__name__} "
+                        f"{device!r:.80}")
+    try:
+        return torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"{name} must be a device like 'cpu', 'cuda' or 'cuda:0', got {device!r:.80}") from e
+
+
 def check_float(name: str, value: Any, minimum: float | None = None, maximum: float | None = None,
                 include_minimum: bool = True, include_maximum: bool = True) -> None:
     """Raise TypeError unless `value` is a real number (bool excluded), ValueError if it is NaN, infinite or outside
@@ -87,6 +99,32 @@ def check_float(name: str, value: Any, minimum: float | None = None, maximum: fl
         raise ValueError(f"{name} must be{where}, got {value}")
     if maximum is not None and (value > maximum or (value == maximum and not include_maximum)):
         raise ValueError(f"{name} must be{where}, got {value}")
+
+
+def check_sequence(name: str, value: Any) -> tuple:
+    """`value` as a tuple if it is a non-empty list or tuple; a TypeError naming `name` for anything else, a
+    ValueError for an empty one. The caller checks the items (`check_int`, `check_float`), naming each `name[i]`.
+
+    subtle: a str is a sequence too: sparsities='0.5' would be read one character at a time, '0', '.', '5'.
+    """
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{name} must be a list or tuple, got {type(value).__name__} {value!r:.80}")
+    if not value:
+        raise ValueError(f"{name} must hold at least one value, got an empty {type(value).__name__}")
+    return tuple(value)
+
+
+def check_fits_window(what: str, prompt_len: int, new_tokens: int, block_size: int, model: str = "the model") -> None:
+    """A ValueError naming `what` (a prompt), its length, `new_tokens` and `model`'s window unless new_tokens tokens
+    generated after prompt_len fit the window uncut: the loop feeds prompt_len + new_tokens - 1 positions.
+
+    subtle: generation past the window is not an error, it stops early (`minillm.core.stopping.validate_prompt` caps
+    it), so a benchmark counting new_tokens per prompt would time, and compare, tokens that were never generated.
+    """
+    need = prompt_len + new_tokens - 1
+    if need > block_size:
+        raise ValueError(f"{what} has {prompt_len} tokens: with new_tokens={new_tokens} it needs {need} positions, "
+                         f"more than {model}'s context window block_size={block_size}")
 
 
 @dataclass

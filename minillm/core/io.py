@@ -22,10 +22,37 @@ import torch
 
 def check_path(path: object, name: str) -> Path:
     """`path` as a Path if it is a str or an os.PathLike; a TypeError naming `name` and what was given otherwise (a
-    number or bytes would reach pathlib, whose message names no argument)."""
+    number or bytes would reach pathlib, whose message names no argument), a ValueError naming it for "" and for a
+    path no file system can hold (`check_path_fits`).
+
+    subtle: Path("") is Path("."), the working directory: an empty argument (`--export ''`, a variable left unset)
+    would read or write there without a word."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"{name} must be a str or os.PathLike naming a file, got {type(path).__name__} {path!r:.80}")
+    if not os.fspath(path):
+        raise ValueError(f"{name} must name a path, got an empty string (which would mean the working directory)")
+    check_path_fits(os.fsdecode(path), name)
     return Path(path)
+
+
+MAX_PATH_CHARS = 4096  # Linux's PATH_MAX: the OS refuses a longer path ("File name too long")
+MAX_NAME_BYTES = 255  # NAME_MAX: one file or folder name, in bytes (Linux, macOS and Windows alike)
+
+
+def check_path_fits(text: str, name: str) -> None:
+    """A ValueError naming `name` for a path no file system can hold: a NUL character, more than MAX_PATH_CHARS
+    characters, or a name in it longer than MAX_NAME_BYTES. The OS would refuse each later, deep inside a write, as
+    "embedded null byte" or "File name too long", naming no argument."""
+    if "\0" in text:
+        raise ValueError(f"{name} holds a NUL character, which no path can: {text!r:.80}")
+    if len(text) > MAX_PATH_CHARS:
+        raise ValueError(f"{name} is {len(text)} characters long, past the {MAX_PATH_CHARS} a path may have: "
+                         f"{text!r:.60}...")
+    for part in Path(text).parts:
+        size = len(part.encode("utf-8", "surrogateescape"))
+        if size > MAX_NAME_BYTES:
+            raise ValueError(f"{name} holds a name of {size} bytes, past the {MAX_NAME_BYTES} a file system allows: "
+                             f"{part!r:.60}...")
 
 
 def check_output_file(path: str | os.PathLike | None, flag: str, suffixes: tuple[str, ...] = ()) -> Path | None:

@@ -31,7 +31,7 @@ import torch
 from minillm.bench.agreement import greedy_agreement, output_consistency, teacher_forced_kl
 from minillm.bench.cli import bench_parser, pick_size, start, write_report
 from minillm.bench.models import load_model
-from minillm.core.config import check_int
+from minillm.core.config import check_fits_window, check_int
 from minillm.core.device import resolve_device
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams
@@ -58,11 +58,15 @@ def val_prompts(num_prompts: int, prompt_len: int) -> list[list[int]]:
     return [ids[i * step:i * step + prompt_len].tolist() for i in range(num_prompts)]
 
 
-def check_prompts(model: GPT, prompts: object, who: str) -> None:
-    """`prompts` a non-empty list (or tuple) of prompts, each a list of token ids in `model`'s vocabulary; a
-    TypeError / ValueError naming `prompts` or `prompts[i]` (a str would otherwise be read one character a prompt,
-    and a bad prompt be named `prompt_ids` by the generator below). `who` names the function for a bad model."""
-    vocab = require_model(model, who).vocab_size
+def check_prompts(model: GPT, prompts: object, who: str, new_tokens: int | None = None, role: str = "the model"
+                  ) -> None:
+    """`prompts` a non-empty list (or tuple) of prompts, each a list of token ids in `model`'s vocabulary and, with
+    `new_tokens`, short enough that new_tokens greedy tokens follow it inside `model`'s window (`role`, e.g. "the
+    target"; generation would stop early, and the counts and timings below count new_tokens a prompt); a TypeError /
+    ValueError naming `prompts` or `prompts[i]` (a str would otherwise be read one character a prompt, and a bad
+    prompt be named `prompt_ids` by the generator below). `who` names the function for a bad model."""
+    config = require_model(model, who)
+    vocab = config.vocab_size
     if not isinstance(prompts, (list, tuple)):
         raise TypeError(f"prompts must be a list of prompts (lists of token ids), got {type(prompts).__name__} "
                         f"{prompts!r:.80}")
@@ -70,12 +74,14 @@ def check_prompts(model: GPT, prompts: object, who: str) -> None:
         raise ValueError(f"prompts must be a non-empty list of prompts, got {prompts!r}")
     for i, p in enumerate(prompts):
         check_token_ids(f"prompts[{i}]", p, vocab)
+        if new_tokens is not None:
+            check_fits_window(f"prompts[{i}]", len(p), new_tokens, config.block_size, role)
 
 
 def teacher_continuations(teacher: GPT, prompts: Sequence[list[int]], new_tokens: int) -> list[list[int]]:
     """The teacher's greedy continuation of each prompt (chapter 04's cached loop, end-of-text ignored)."""
-    check_prompts(teacher, prompts, "teacher_continuations (teacher)")
     check_int("new_tokens", new_tokens)
+    check_prompts(teacher, prompts, "teacher_continuations (teacher)", new_tokens, "the teacher")
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
     return [generate_ids(teacher, p, params) for p in prompts]
 
@@ -88,12 +94,16 @@ def acceptance(target: GPT, draft: GPT, prompts: Sequence[list[int]], new_tokens
     check_int("new_tokens", new_tokens)
     check_int("gamma", gamma)
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
-    check_prompts(target, prompts, "acceptance (target)")
+    check_prompts(target, prompts, "acceptance (target)", new_tokens, "the target")
+    require_model(draft, "acceptance (draft)")
     if reference is None:
         reference = teacher_continuations(target, prompts, new_tokens)
     if not isinstance(reference, (list, tuple)) or len(reference) != len(prompts):
         raise ValueError(f"reference must hold one continuation per prompt ({len(prompts)}), got "
                          f"{len(reference) if isinstance(reference, (list, tuple)) else type(reference).__name__}")
+    # as lists: a tuple of ids never equals the list a generator returns (identical would be False for equal tokens)
+    vocab = target.config.vocab_size
+    reference = [check_token_ids(f"reference[{i}]", r, vocab) for i, r in enumerate(reference)]
     accepted = proposed = calls = emitted = 0
     identical = True
     for p, want in zip(prompts, reference, strict=True):
@@ -109,7 +119,8 @@ def speedups(target: GPT, drafts: dict[str, GPT], prompts: Sequence[list[int]], 
              gammas: Sequence[int], repeats: int = 3) -> dict[str, list[dict[str, float]]]:
     """For each draft and γ: speculative decoding of every prompt against the target alone, timed side by side.
     `drafts` maps a name to a draft model ({"draft": model}); every argument is checked before the first timing."""
-    check_prompts(target, prompts, "speedups (target)")
+    check_int("new_tokens", new_tokens)
+    check_prompts(target, prompts, "speedups (target)", new_tokens, "the target")
     if not isinstance(drafts, dict):
         raise TypeError(f"drafts must be a dict of name -> draft model ({{'draft': model}}), got "
                         f"{type(drafts).__name__}")
@@ -120,7 +131,6 @@ def speedups(target: GPT, drafts: dict[str, GPT], prompts: Sequence[list[int]], 
     for i, g in enumerate(gammas):
         check_int(f"gammas[{i}]", g)
     check_int("repeats", repeats)
-    check_int("new_tokens", new_tokens)
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
 
     def alone() -> None:

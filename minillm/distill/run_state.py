@@ -29,8 +29,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from minillm.core.io import atomic_write_text, content_sha256, read_json_file
-from minillm.core.model import GPT
+from minillm.core.config import check_module_has_data
+from minillm.core.io import atomic_write_text, check_output_dir, check_path, content_sha256, read_json_file
+from minillm.core.model import GPT, require_model
 from minillm.gpt.train_state import find_checkpoint
 
 RUN_NAME = "distill_run.json"
@@ -84,8 +85,13 @@ def _check_run(run: object, run_path: Path) -> dict[str, Any]:
 
 
 def teacher_digest(teacher: GPT | None) -> str | None:
-    """SHA-256 of the teacher's weights (names, dtypes, shapes, bytes): a resume must distil from the same teacher."""
-    return None if teacher is None else content_sha256(dict(teacher.state_dict()))
+    """SHA-256 of the teacher's weights (names, dtypes, shapes, bytes): a resume must distil from the same teacher.
+    A teacher on the meta device has no bytes to hash: a ValueError naming the tensor."""
+    if teacher is None:
+        return None
+    require_model(teacher, "teacher_digest (teacher)")
+    check_module_has_data("teacher", teacher)
+    return content_sha256(dict(teacher.state_dict()))
 
 
 class RecordLog:
@@ -110,9 +116,23 @@ def _next_serial(run_dir: Path) -> int:
         return 1
 
 
-def _write(out_dir: Path, settings: dict[str, Any], student_init: str | None, records: list[dict],
+def _write(out_dir: str | os.PathLike, settings: dict[str, Any], student_init: str | None, records: list[dict],
            first_serial: int | None = None) -> RecordLog:
-    """Write the run's state into out_dir (records first, the run file last) and return its record log."""
+    """Write the run's state into out_dir (records first, the run file last) and return its record log.
+
+    Checked before anything is written: out_dir names a folder (not "", which is the working directory, not a
+    file or a path under one: `check_output_dir`), settings is a dict of JSON values and student_init a str or
+    None (a TypeError / ValueError naming the argument, never json's "not JSON serializable" halfway through)."""
+    out_dir = check_output_dir(check_path(out_dir, "out_dir"), "out_dir")
+    if not isinstance(settings, dict):
+        raise TypeError(f"settings must be a dict of the run's settings, got {type(settings).__name__}")
+    try:
+        json.dumps(settings)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"settings must hold JSON values (numbers, strings, None): {e}") from e
+    if not (student_init is None or isinstance(student_init, str)):
+        raise TypeError(f"student_init must be a str path or None, got {type(student_init).__name__} "
+                        f"{student_init!r:.80}")
     out_dir.mkdir(parents=True, exist_ok=True)
     run = {"format": RUN_FORMAT, "settings": settings, "student_init": student_init,
            "first_serial": _next_serial(out_dir) if first_serial is None else first_serial}
@@ -122,15 +142,16 @@ def _write(out_dir: Path, settings: dict[str, Any], student_init: str | None, re
 
 
 def start_run(out_dir: str | os.PathLike, settings: dict[str, Any], student_init: str | None) -> RecordLog:
-    """A fresh run into out_dir: its settings, and an empty record log to append to."""
-    return _write(Path(out_dir), settings, student_init, [])
+    """A fresh run into out_dir: its settings, and an empty record log to append to (the arguments checked as
+    `_write` says, before anything is written)."""
+    return _write(out_dir, settings, student_init, [])
 
 
 def resume_run(resume_dir: str | os.PathLike, out_dir: str | os.PathLike | None, settings: dict[str, Any],
                needs_records: bool) -> tuple[list[dict[str, float]], str | None, RecordLog | None]:
     """(records of the checkpoint's steps, the student the run started from, the record log to go on appending
     to (None without out_dir)); ValueError naming what does not match the interrupted run."""
-    resume_dir = Path(resume_dir)
+    resume_dir = check_path(resume_dir, "resume_dir")
     point = find_checkpoint(resume_dir)  # the trainer takes the same one; ValueError if there is none
     run_path = resume_dir / RUN_NAME
     if not run_path.is_file():
@@ -166,6 +187,6 @@ def resume_run(resume_dir: str | os.PathLike, out_dir: str | os.PathLike | None,
                              f"at step {point.step} needs {needed}")
     log = None
     if out_dir is not None:  # the same directory keeps the run's first serial; a new one starts its own count
-        same = Path(out_dir).resolve() == resume_dir.resolve()
-        log = _write(Path(out_dir), settings, run["student_init"], records, run["first_serial"] if same else None)
+        same = check_path(out_dir, "out_dir").resolve() == resume_dir.resolve()
+        log = _write(out_dir, settings, run["student_init"], records, run["first_serial"] if same else None)
     return records, run["student_init"], log

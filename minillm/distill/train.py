@@ -36,10 +36,10 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn as nn
 
-from minillm.core.checkpoint import load_checkpoint, read_config
-from minillm.core.config import GPTConfig, check_float, check_int
+from minillm.core.checkpoint import CONFIG_NAME, load_checkpoint, read_config
+from minillm.core.config import GPTConfig, check_float, check_int, check_module_has_data
 from minillm.core.device import DEVICE_CHOICES, resolve_device
-from minillm.core.io import atomic_write_text
+from minillm.core.io import atomic_write_text, check_output_dir, check_path
 from minillm.core.model import GPT, require_model
 from minillm.distill.losses import (
     KINDS,
@@ -57,6 +57,18 @@ from minillm.gpt.train import LOG_NAME, TrainConfig, TrainResult, train
 from minillm.gpt.train_state import find_checkpoint
 
 
+def check_student(student: GPTConfig, teacher: GPTConfig, name: str, window: bool = False) -> None:
+    """A ValueError naming `name` (the student as the caller knows it), the field and both values unless the
+    student can learn from the teacher: the same vocab_size (KD compares distributions over the same tokens) and,
+    with `window`, a block_size no longer than the teacher's (the teacher scores the student's training windows)."""
+    if student.vocab_size != teacher.vocab_size:
+        raise ValueError(f"{name} has vocab_size={student.vocab_size}, the teacher vocab_size={teacher.vocab_size}: "
+                         "KD compares distributions over the same tokens")
+    if window and student.block_size > teacher.block_size:
+        raise ValueError(f"{name} has block_size={student.block_size} (its training windows), longer than the "
+                         f"teacher's context window block_size={teacher.block_size}")
+
+
 class DistillObjective(nn.Module):
     """loss_fn(student, x, y) for `train`: (1 − w)·CE + w·T²·KL against a frozen teacher, + β·feature loss.
 
@@ -71,12 +83,16 @@ class DistillObjective(nn.Module):
                  layer_pairs: Sequence[tuple[int, int]] | None = None):
         super().__init__()
         tcfg = require_model(teacher, "DistillObjective (teacher)")
+        check_module_has_data("teacher", teacher)  # a meta teacher would fail at the first step, inside torch
         self.temperature = check_temperature(temperature)
         check_float("kd_weight", kd_weight, 0.0, 1.0)
         check_float("feature_weight", feature_weight, 0.0)
         self.kd_weight, self.kind, self.feature_weight = float(kd_weight), check_kind(kind), float(feature_weight)
         if student_config is not None and not isinstance(student_config, GPTConfig):
             raise TypeError(f"student_config must be a GPTConfig or None, got {type(student_config).__name__}")
+        if student_config is not None:
+            check_student(student_config, tcfg, "student_config")
+        self.student_config = student_config
         # subtle: layer_pairs is checked whether or not features are on: pairs outside both models, given with
         # feature_weight = 0, would otherwise be ignored without a word.
         student_layers = None if student_config is None else student_config.n_layer
@@ -96,9 +112,13 @@ class DistillObjective(nn.Module):
         """x, y (B, T) from the trainer's batch sampler -> the scalar loss to minimise."""
         scfg = require_model(student, "DistillObjective (student)")
         tcfg = self.teacher.config
-        if scfg.vocab_size != tcfg.vocab_size:
-            raise ValueError(f"student vocab_size={scfg.vocab_size} differs from the teacher's "
-                             f"{tcfg.vocab_size}: KD compares distributions over the same tokens")
+        check_student(scfg, tcfg, "the student")
+        if self.features is not None:  # the projection and the layer pairs were built for student_config's shape
+            for field in ("n_layer", "n_embd"):
+                if getattr(scfg, field) != getattr(self.student_config, field):
+                    raise ValueError(f"the student has {field}={getattr(scfg, field)} but student_config "
+                                     f"{field}={getattr(self.student_config, field)}, the shape the feature "
+                                     "projection was built for")
         positions = student.check_inputs(x)  # (1, T)
         check_targets("y", y, tuple(x.shape), scfg.vocab_size, x.device)  # named here as y, the trainer's targets
         if x.size(1) > tcfg.block_size:
@@ -140,6 +160,8 @@ def checkpoint_dir(name: str | os.PathLike, role: str) -> Path:
     if not path.is_dir():
         raise ValueError(f"{role} {os.fspath(name)!r} is neither a shipped checkpoint {list(SHIPPED)} nor a "
                          "directory")
+    if not (path / CONFIG_NAME).is_file():  # Path("") is Path("."): the working directory, seldom a checkpoint
+        raise ValueError(f"{role} {os.fspath(name)!r} is a directory but no checkpoint (it has no {CONFIG_NAME})")
     return path
 
 
@@ -186,13 +208,8 @@ def distill(cfg: TrainConfig, teacher: GPT | None, temperature: float = 1.0, kd_
     student_dir_ = cfg.init_from if cfg.resume is None else find_checkpoint(cfg.resume).path
     student_config, _ = read_config(student_dir_)  # the student's shape, from config.json alone
     if uses_teacher:
-        tcfg = teacher.config  # type: ignore[union-attr]
-        if student_config.vocab_size != tcfg.vocab_size:
-            raise ValueError(f"student vocab_size={student_config.vocab_size} differs from the teacher's "
-                             f"{tcfg.vocab_size}: KD compares distributions over the same tokens")
-        if student_config.block_size > tcfg.block_size:
-            raise ValueError(f"the student's block_size={student_config.block_size} (the training windows) exceeds "
-                             f"the teacher's context window block_size={tcfg.block_size}")
+        check_student(student_config, teacher.config, f"the student {str(student_dir_)!r}",  # type: ignore[union-attr]
+                      window=True)
     objective = None
     if uses_teacher:
         objective = DistillObjective(teacher, temperature, kd_weight, kind, feature_weight,  # type: ignore[arg-type]
@@ -233,7 +250,9 @@ def teacher_label(teacher: GPT) -> str:
 
 def kd_history(objective: DistillObjective | None, every: int, grad_accum: int = 1) -> list[dict[str, float]]:
     """The objective's terms averaged over blocks of `every` optimizer steps, each step's `grad_accum` calls
-    (micro-batches) together: [{"step", "hard", "soft", ...}], "step" the block's last step."""
+    (micro-batches) together: [{"step", "hard", "soft", ...}], "step" the block's last step (the last block may be
+    shorter). Records that are no whole number of steps (3 calls at grad_accum=2: a step cut short, or the wrong
+    grad_accum) are a ValueError naming both: a step count from them would be wrong."""
     if objective is not None and not isinstance(objective, DistillObjective):
         raise TypeError(f"objective must be a DistillObjective or None, got {type(objective).__name__} {objective!r}")
     check_int("every", every)
@@ -246,6 +265,9 @@ def kd_history(objective: DistillObjective | None, every: int, grad_accum: int =
     keys = tuple(recs[0]) if isinstance(recs[0], dict) else RECORD_KEYS  # a first record that is no dict: refused
     for i, r in enumerate(recs):  # every record has the first one's fields, each a number: all are averaged below
         check_record(r, keys, f"objective.records[{i}]")
+    if len(recs) % grad_accum:
+        raise ValueError(f"objective.records holds {len(recs)} records, not a whole number of steps of "
+                         f"grad_accum={grad_accum} calls each")
     out = []
     for start in range(0, len(recs), per_block):
         block = recs[start:start + per_block]
@@ -296,6 +318,12 @@ def _relative(path: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
+    for flag, value in (("--export", args.export), ("--out", args.out)):  # named as flags, before TrainConfig
+        check_output_dir(value, flag)
+    if args.resume is not None:
+        check_path(args.resume, "--resume")
+    # The teacher is checked whatever the weights: a wrong path is a mistake even in a run that would not load it.
+    teacher_dir = checkpoint_dir(args.teacher, "--teacher")
     init = None if args.resume else str(_relative(checkpoint_dir(args.student, "--student")))  # resumed: it has one
     cfg = TrainConfig(
         preset="draft", init_from=init, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
@@ -306,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         command="python -m minillm.distill.train " + " ".join(shlex.quote(a) for a in argv))
     teacher = None
     if args.kd_weight > 0 or args.feature_weight > 0:
-        teacher = load_checkpoint(checkpoint_dir(args.teacher, "--teacher"), device=resolve_device(args.device))
+        teacher = load_checkpoint(teacher_dir, device=resolve_device(args.device))
     result, _ = distill(cfg, teacher, args.temperature, args.kd_weight, args.kind, args.feature_weight,
                         progress=not args.no_progress)
     log = result.log

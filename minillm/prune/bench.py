@@ -42,7 +42,8 @@ from minillm.bench.cli import bench_parser, pick_size, start, write_report
 from minillm.bench.driver import engine_tokens
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
-from minillm.core.model import GPT
+from minillm.core.config import check_fits_window, check_int, check_module_has_data, check_sequence
+from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams
 from minillm.core.timing import compare
 from minillm.engine.config import EngineConfig
@@ -50,7 +51,7 @@ from minillm.engine.llm import LLM
 from minillm.gpt.dataset import default_eval_tokens
 from minillm.gpt.eval import perplexity
 from minillm.kvcache.generate import generate_ids
-from minillm.prune.masks import check_sparsity, is_nm_sparse, magnitude_mask
+from minillm.prune.masks import check_sparsities, check_sparsity, is_nm_sparse, magnitude_mask
 from minillm.prune.semi_structured import layer_speed, semi_structured_support, stored_bytes
 from minillm.prune.structured import (
     head_scores,
@@ -72,6 +73,8 @@ SPARSITIES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
 OUTLIER_CHANNELS, OUTLIER_FACTOR = (3, 77, 150), 16.0
 RECOVERY_LR = 1e-4  # AdamW, constant, KL to the dense model; 40 steps of 4 x 256 tokens take ~30 s on one thread
 PROMPT_LEN = 32
+DECODE_PROMPT_LEN = 16  # the first tokens of the first prompt: the prompt of the timed batch-1 decode
+MASKED_HEADS = (1, 2, 4)  # the head study: heads per block masked by importance
 ENGINE = dict(num_blocks=64, block_size=16, max_num_seqs=8)  # the engine of the engine checks: every prompt at once
 
 
@@ -123,10 +126,20 @@ def torch_prune_agreement(model: GPT, sparsity: float = 0.5) -> dict[str, int]:
 
 
 class Harness:
-    """The fixed yardsticks every case is measured with: validation tokens, prompts, the dense model's outputs."""
+    """The fixed yardsticks every case is measured with: validation tokens, prompts, the dense model's outputs.
+
+    Every prompt with its greedy tokens, and the decode prompt with its timed tokens, must fit the dense model's
+    window uncut (a ValueError naming the prompt length, the tokens and the window otherwise): generation would
+    stop early, and the agreement and tok/s below count tokens that were never generated."""
 
     def __init__(self, model: GPT, real_text: bool, sizes: Sizes, seed: int):
+        check_prunable(model, "Harness")
+        if not isinstance(sizes, Sizes):
+            raise TypeError(f"sizes must be a prune.bench Sizes (e.g. SIZES['quick']), got {type(sizes).__name__}")
         self.model = model
+        window = model.config.block_size
+        check_fits_window("Harness: each prompt", PROMPT_LEN, sizes.new_tokens, window, "the dense model")
+        check_fits_window("Harness: the decode prompt", DECODE_PROMPT_LEN, sizes.decode_new, window, "the dense model")
         self.val = default_eval_tokens(sizes.val_tokens)
         self.num_prompts, self.prompt_len, new = sizes.num_prompts, PROMPT_LEN, sizes.new_tokens
         self.prompts = eval_prompts([self.prompt_len] * self.num_prompts, model.config.vocab_size, real_text, seed)
@@ -134,17 +147,31 @@ class Harness:
         self.dense_tokens = [generate_ids(model, p, self.greedy) for p in self.prompts]
         self.sequences = [p + t for p, t in zip(self.prompts, self.dense_tokens)]
         self.dense_ppl = perplexity(model, self.val)
-        self.decode_prompt = self.prompts[0][:16]
+        self.decode_prompt = self.prompts[0][:DECODE_PROMPT_LEN]
         self.decode = SamplingParams.greedy(sizes.decode_new, ignore_eos=True)
         self.repeats = sizes.repeats
 
+    def check_pruned(self, pruned: object, who: str) -> None:
+        """A TypeError / ValueError naming `pruned` unless it can be measured against the dense model: a minillm GPT
+        (any: a quantized one is only run) with real weights and the dense model's vocabulary and window (pruning
+        changes neither; the comparisons run the same tokens through both)."""
+        cfg = require_model(pruned, f"Harness.{who} (pruned)")
+        check_module_has_data(f"Harness.{who}: pruned", pruned)
+        dense = self.model.config
+        for field in ("vocab_size", "block_size"):
+            if getattr(cfg, field) != getattr(dense, field):
+                raise ValueError(f"Harness.{who}: pruned has {field}={getattr(cfg, field)}, the dense model "
+                                 f"{field}={getattr(dense, field)}: pruning changes neither vocabulary nor window")
+
     def quality(self, pruned: nn.Module) -> dict[str, Any]:
+        self.check_pruned(pruned, "quality")
         ppl = perplexity(pruned, self.val)
         return {"perplexity": ppl, "ppl_delta_pct": (ppl / self.dense_ppl - 1) * 100}
 
     def agreement(self, pruned: nn.Module) -> dict[str, Any]:
         """Against dense: teacher-forced argmax agreement and KL (one forward of each model per prompt), the
         free-running continuations (identical ones, mean common prefix), and the engine against `generate_ids`."""
+        self.check_pruned(pruned, "agreement")
         kl = teacher_forced_kl(self.model, pruned, self.sequences, self.prompt_len)
         tokens = [generate_ids(pruned, p, self.greedy) for p in self.prompts]
         free = output_consistency(self.dense_tokens, tokens)
@@ -154,6 +181,7 @@ class Harness:
 
     def speed(self, pruned: nn.Module) -> dict[str, Any]:
         """Decode tok/s at batch 1 (generate_ids) and a 256-token prefill, pruned vs dense, alternating runs."""
+        self.check_pruned(pruned, "speed")
         n = self.decode.max_new_tokens
         dec = compare(lambda: generate_ids(self.model, self.decode_prompt, self.decode),
                       lambda: generate_ids(pruned, self.decode_prompt, self.decode), warmup=1, repeats=self.repeats)
@@ -165,6 +193,7 @@ class Harness:
 
 
 def unstructured_rows(h: Harness, calibration: torch.Tensor, sparsities: tuple[float, ...]) -> list[dict]:
+    sparsities = check_sparsities(sparsities)
     rows = []
     dense_bytes = block_bytes(h.model, "dense")
     for method in ("magnitude", "wanda"):
@@ -203,6 +232,7 @@ def fifty_percent(model: GPT, val: torch.Tensor, calibration: torch.Tensor) -> d
 
 
 def structured_rows(h: Harness, calibration: torch.Tensor, fractions: tuple[float, ...], steps: int) -> list[dict]:
+    fractions = check_sparsities(fractions, "fractions")
     scores = mlp_neuron_scores(h.model, calibration)
     rows = []
     for f in fractions:
@@ -220,8 +250,13 @@ def structured_rows(h: Harness, calibration: torch.Tensor, fractions: tuple[floa
 
 def head_rows(h: Harness, calibration: torch.Tensor, steps: int) -> dict[str, Any]:
     """Heads masked by importance (1, 2, 4 per block), and 2 per block removed for real, recovered and timed."""
+    nh = h.model.config.n_head
+    if nh < max(MASKED_HEADS):  # prune_heads keeps one at least: removing 2 needs 3, masking 4 needs 4
+        raise ValueError(f"head_rows masks up to {max(MASKED_HEADS)} heads per block: the model needs at least "
+                         f"{max(MASKED_HEADS)} heads per block, it has n_head={nh}")
     scores = head_scores(h.model, calibration)
-    masked = [{"heads_per_block": k, **h.quality(mask_heads(h.model, lowest_heads(scores, k)))} for k in (1, 2, 4)]
+    masked = [{"heads_per_block": k, **h.quality(mask_heads(h.model, lowest_heads(scores, k)))}
+              for k in MASKED_HEADS]
     pruned = prune_heads(h.model, lowest_heads(scores, 2))
     before = h.quality(pruned)
     recovered, _ = recover(pruned, h.model, steps, lr=RECOVERY_LR)
@@ -238,6 +273,12 @@ def head_rows(h: Harness, calibration: torch.Tensor, steps: int) -> dict[str, An
 def layer_costs(sparsities: tuple[float, ...] = (0.5, 0.7, 0.9), tokens: tuple[int, ...] = (1, 256),
                 repeats: int = 5, calls: int = 50, seed: int = 0) -> list[dict[str, Any]]:
     """µs per call of one 256 -> 1024 linear: dense F.linear vs CSR (torch.addmm on a sparse_csr weight)."""
+    sparsities = check_sparsities(sparsities)
+    for i, M in enumerate(check_sequence("tokens", tokens)):
+        check_int(f"tokens[{i}]", M)
+    check_int("repeats", repeats)
+    check_int("calls", calls)
+    check_int("seed", seed, 0)
     g = torch.Generator().manual_seed(seed)
     w0 = torch.randn(1024, 256, generator=g) * 0.02
     bias = torch.zeros(1024)

@@ -45,7 +45,7 @@ from minillm.core.model import GPT
 from minillm.core.weights import load_state_dict_strict, model_tensors
 from minillm.prune.masks import is_nm_sparse
 from minillm.prune.structured import mlp_widths, shrink_mlp
-from minillm.prune.unstructured import block_weights, weight_sparsity
+from minillm.prune.unstructured import block_weights, check_prunable, weight_sparsity
 
 FORMAT = "minillm-pruned"
 FORMAT_VERSION = "1"
@@ -86,10 +86,11 @@ def save_pruned(model: GPT, path: str | os.PathLike, method: str, pattern: str =
     needs every block linear 2:4 sparse, "dense" means no zeros were imposed (structured pruning alone: a block
     sparsity of 0.0000). The metadata records a sha256 of every field and tensor, checked on load. A `path` that is
     a directory, or whose parent is a file, is a ValueError naming it; so is a tensor loading would refuse (not
-    fp32, e.g. after `model.half()`, or not finite), naming the tensor, before anything is written.
+    fp32, e.g. after `model.half()`, or not finite), naming the tensor, before anything is written. A model whose
+    block linears are not plain nn.Linear (quantized, or prepared for QAT) is a TypeError naming the layer: the
+    file would load back as a plain GPT.
     """
-    if not isinstance(model, GPT):
-        raise TypeError(f"save_pruned needs a minillm GPT, got {type(model).__name__}")
+    check_prunable(model, "save_pruned")  # a quantized or QAT model would load back as a plain GPT
     if not isinstance(method, str) or not method:
         raise TypeError(f"method must be a non-empty str, got {method!r}")
     if pattern not in PATTERNS:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from minillm.core.config import check_has_data, tensor_kind
+from minillm.core.config import check_has_data, check_sequence, tensor_kind
 
 
 def _check_weight(name: str, w: object) -> torch.Tensor:
@@ -43,6 +43,11 @@ def check_sparsity(sparsity: object, name: str = "sparsity") -> float:
     if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or not 0.0 <= float(sparsity) < 1.0:
         raise ValueError(f"{name} must be a fraction in [0, 1), got {sparsity!r}")
     return float(sparsity)
+
+
+def check_sparsities(values: object, name: str = "sparsities") -> tuple[float, ...]:
+    """A non-empty list or tuple of `check_sparsity` fractions; a TypeError / ValueError naming `name` or `name[i]`."""
+    return tuple(check_sparsity(s, f"{name}[{i}]") for i, s in enumerate(check_sequence(name, values)))
 
 
 def num_pruned(n: int, sparsity: float) -> int:

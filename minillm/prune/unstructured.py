@@ -112,7 +112,9 @@ def layer_mask(weight: torch.Tensor, method: str, sparsity: float, pattern: str,
 
 
 def block_weights(model: nn.Module) -> list[torch.Tensor]:
-    """The weights of every block linear, block by block (the tensors themselves, not copies)."""
+    """The weights of every block linear, block by block (the tensors themselves, not copies), of a dense GPT
+    (`check_prunable`: a quantized model has no nn.Linear, and would give [] without a word)."""
+    check_prunable(model, "block_weights")
     return [lin.weight for block in model.transformer.h for _, lin in block_linears(block)]
 
 
@@ -121,10 +123,13 @@ def block_weights(model: nn.Module) -> list[torch.Tensor]:
 
 
 def check_prunable(model: object, who: str) -> GPT:
-    """`model` if it is a dense minillm GPT whose blocks hold nn.Linear layers; a TypeError naming its type if not.
+    """`model` if it is a dense minillm GPT whose blocks hold plain nn.Linear layers; a TypeError naming its type, or
+    the layer and its type, if not.
 
     subtle: a QuantizedGPT is a GPT, but its block layers are QuantLinear (integer codes, no `weight`): the pruning
-    loops would find no nn.Linear and hand back an unpruned copy. Prune first, then quantize."""
+    loops would find no nn.Linear and hand back an unpruned copy. A model prepared for QAT holds FakeQuantLinear, an
+    nn.Linear subclass that rounds its weight in forward: a pruned file would load it back as a plain GPT, without
+    the rounding. Prune first, then quantize (or prepare for QAT)."""
     if isinstance(model, QuantizedGPT):
         raise TypeError(f"{who} needs a dense (float) minillm GPT, got a {type(model).__name__} "
                         f"({model.quant_config.mode}): prune the fp32 model, then quantize it")
@@ -132,10 +137,11 @@ def check_prunable(model: object, who: str) -> GPT:
         raise TypeError(f"{who} needs a minillm GPT, got {type(model).__name__}")
     check_module_has_data(f"{who}: model", model)  # a model on the meta device has no weights to score
     for b, block in enumerate(model.transformer.h):
-        odd = [name for name, m in block.named_modules() if hasattr(m, "qweight")]
+        odd = [f"{name} ({type(m).__name__})" for name, m in block.named_modules()
+               if hasattr(m, "qweight") or (isinstance(m, nn.Linear) and type(m) is not nn.Linear)]
         if odd or not block_linears(block):
-            raise TypeError(f"{who} needs block linears as nn.Linear; block {b} holds "
-                            f"{odd or 'none'} ({type(model).__name__})")
+            raise TypeError(f"{who} needs block linears as plain nn.Linear; block {b} holds {odd or 'none'} "
+                            f"({type(model).__name__}): prune the fp32 model, then quantize it or prepare it for QAT")
     return model
 
 

@@ -166,9 +166,10 @@ def load_quantized(path: str | os.PathLike, device: str | torch.device = "cpu") 
     """The quantized model stored in `path` (eval mode), built from the mode in its metadata."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike naming a file, got {type(path).__name__}")
+    where = resolve_device(device)  # a bad device is named before the file is read
     meta = read_format_metadata(path, FORMAT, FORMAT_VERSION, _HINT)  # the header first: another format is named
     model = _build(meta, read_safetensors_file(path), f"quantized checkpoint {str(Path(path))!r}")
-    return model.to(resolve_device(device)).eval()
+    return model.to(where).eval()
 
 
 # A QuantizedGPT crosses process boundaries (chapter 07's workers) as the bytes of its file (`minillm.core.formats`).

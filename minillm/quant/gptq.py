@@ -33,7 +33,7 @@ import torch.nn as nn
 from minillm.core.config import check_float, check_has_data, check_int, check_module_has_data, tensor_kind
 from minillm.core.model import GPT
 from minillm.gpt.dataset import split_tokens
-from minillm.quant.linear import QuantConfig, QuantizedGPT, quantize_model
+from minillm.quant.linear import QuantConfig, QuantizedGPT, check_fp32_model, quantize_model
 from minillm.quant.quantize import (
     QuantizedTensor,
     asymmetric_params,
@@ -272,10 +272,9 @@ def gptq_quantize_model(model: GPT, config: QuantConfig, calibration: torch.Tens
     correct for earlier layers' errors too), each of block b's linears gets H = Xᵀ X / N from its own inputs, then
     block b's output with its new weights feeds block b+1. Weight-only modes only (int8 or int4).
     """
-    if not isinstance(model, GPT) or isinstance(model, QuantizedGPT):
-        raise TypeError(f"gptq_quantize_model needs an fp32 minillm GPT, got {type(model).__name__}")
     if not isinstance(config, QuantConfig):
         raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
+    check_fp32_model(model, "gptq_quantize_model", config)
     if config.mode == "w8a8":
         raise ValueError(f"GPTQ chooses weight codes for the weight-only modes int8/int4, got {config!r}")
     check_float("damp", damp, 0.0)

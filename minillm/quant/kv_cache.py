@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from minillm.core.attention import attention, causal_mask
-from minillm.core.config import GPTConfig, tensor_kind
+from minillm.core.config import GPTConfig, check_device, tensor_kind
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.paged.backends import register_attention_backend
 from minillm.paged.paged_cache import PagedKVCache, write_kv
@@ -102,7 +102,7 @@ class Int8ContiguousKVCache(ContiguousKVCache):
 
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device: torch.device | str = "cpu"):
         # subtle: the parent allocates fp32 K/V first; they are replaced right away (a transient, not a leak).
-        super().__init__(config, batch_size, max_len, device=device, dtype=torch.float32)
+        super().__init__(config, batch_size, max_len, device=check_device("device", device), dtype=torch.float32)
         shape = (batch_size, config.n_head, max_len, config.head_size)  # (B, nh, max_len, hs)
         self.k = [torch.zeros(shape, dtype=torch.int8, device=self.device) for _ in range(config.n_layer)]
         self.v = [torch.zeros(shape, dtype=torch.int8, device=self.device) for _ in range(config.n_layer)]
@@ -155,7 +155,8 @@ class Int8PagedKVCache(PagedKVCache):
                  dtype: torch.dtype = torch.float32):
         # `dtype` is what K/V are de-quantized to for attention (the engine passes its kv_dtype setting); storage is
         # int8 whatever it says. subtle: the parent's fp32 pools are allocated, then replaced (a transient).
-        super().__init__(config, num_blocks, block_size, device=device, dtype=dtype, use_fast_decode=False)
+        super().__init__(config, num_blocks, block_size, device=check_device("device", device), dtype=dtype,
+                         use_fast_decode=False)
         shape = (num_blocks, block_size, config.n_head, config.head_size)  # (nb, bs, nh, hs)
         self.k_pools = [torch.zeros(shape, dtype=torch.int8, device=self.device) for _ in range(config.n_layer)]
         self.v_pools = [torch.zeros(shape, dtype=torch.int8, device=self.device) for _ in range(config.n_layer)]

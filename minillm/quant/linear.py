@@ -156,7 +156,7 @@ class QuantLinear(nn.Module):
         return module.to(linear.weight.device)
 
     def load_quantized(self, qt: QuantizedTensor) -> None:
-        """Store codes + scales, checking they fit this layer's mode (bits, symmetry, shapes)."""
+        """Store copies of the codes + scales, checking they fit this layer's mode (bits, symmetry, shapes)."""
         if not isinstance(qt, QuantizedTensor):
             raise TypeError(f"qt must be a QuantizedTensor, got {type(qt).__name__}")
         want_groups = self.scale.shape[1]
@@ -167,11 +167,13 @@ class QuantLinear(nn.Module):
                                                                                           want_groups):
             raise ValueError(f"codes of shape {qt.shape} with scales {tuple(qt.scale.shape)} do not fit a layer "
                              f"({self.out_features}, {self.in_features}) with {want_groups} groups per row")
+        qt._check_layout()  # its fields may have been replaced since it was built
         q = pack_int4(qt.q) if self.config.mode == "int4" else qt.q  # (out, in/2) or (out, in)
-        self.qweight = q.to(self.qweight.device)
-        self.scale = qt.scale.float().to(self.scale.device)
+        # copies: the layer must not change when the caller later writes into qt's tensors
+        self.qweight = q.to(self.qweight.device, copy=True)
+        self.scale = qt.scale.to(self.scale.device, torch.float32, copy=True)
         if qt.zero is not None:
-            self.zero = qt.zero.to(self.scale.device)
+            self.zero = qt.zero.to(self.scale.device, copy=True)
 
     def quantized_weight(self) -> QuantizedTensor:
         """The layer's codes and scales as a QuantizedTensor (int4 codes unpacked)."""
@@ -282,6 +284,25 @@ class QuantizedGPT(GPT):
         return self.transformer.wpe.weight.device
 
 
+def check_fp32_model(model: object, who: str, config: QuantConfig | None = None) -> GPT:
+    """`model` if it is a dense minillm GPT (not a QuantizedGPT) whose parameters are all fp32, what every quantizer
+    here starts from; a TypeError naming `who` otherwise (a bf16 model was accepted, then failed inside a QuantLinear,
+    whose scales are fp32, naming its x). With `config`: a model prepared for QAT (`minillm.quant.qat.prepare_qat`,
+    its layers carrying a `qat_config`) must have trained on that grid, else a ValueError: rounding its latent
+    weights onto another stores weights it never trained with (`convert_qat` stores the grid it trained on)."""
+    if isinstance(model, QuantizedGPT) or not isinstance(model, GPT):
+        raise TypeError(f"{who} needs an fp32 minillm GPT, got {type(model).__name__}")
+    other = sorted({str(p.dtype) for p in model.parameters() if p.dtype != torch.float32})
+    if other:
+        raise TypeError(f"{who} needs an fp32 minillm GPT, got one with {', '.join(other)} parameters; cast it with "
+                        "model.float() first")
+    trained = {m.qat_config for m in model.transformer.h.modules() if hasattr(m, "qat_config")}
+    if config is not None and trained and trained != {config}:
+        raise ValueError(f"{who}: the model was prepared for QAT on {', '.join(map(repr, trained))}, not on config "
+                         f"{config!r}: its latent weights never trained on that grid; convert it with convert_qat")
+    return model
+
+
 def block_linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
     """(name, module) of every nn.Linear inside the transformer blocks, in forward order."""
     return [(name, m) for name, m in model.transformer.h.named_modules() if isinstance(m, nn.Linear)]
@@ -302,6 +323,7 @@ def quantize_model(model: GPT, config: QuantConfig,
         raise TypeError(f"quantize_model needs a minillm GPT, got {type(model).__name__}")
     if not isinstance(config, QuantConfig):
         raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
+    check_fp32_model(model, "quantize_model", config)
     if weights is not None and not isinstance(weights, dict):
         raise TypeError(f"weights must be a dict of layer name -> QuantizedTensor or None, got "
                         f"{type(weights).__name__}")

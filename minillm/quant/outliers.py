@@ -29,14 +29,7 @@ import torch.nn as nn
 from minillm.core.config import check_float, tensor_kind
 from minillm.core.model import GPT
 from minillm.quant.gptq import check_calibration
-from minillm.quant.linear import QuantizedGPT
-
-
-def _check_fp32_model(model: object, who: str) -> GPT:
-    """A dense GPT (its block linears nn.Linear, whose weights these functions rewrite); TypeError naming the type."""
-    if isinstance(model, QuantizedGPT) or not isinstance(model, GPT):
-        raise TypeError(f"{who} needs an fp32 minillm GPT, got {type(model).__name__}")
-    return model
+from minillm.quant.linear import check_fp32_model
 
 
 @torch.no_grad()
@@ -84,7 +77,7 @@ def inject_outliers(model: GPT, channels: list[int], factor: float = 20.0) -> GP
     ln(x)_j = g_j * x̂_j + b_j feeds c(ln(x)) = W ln(x) + c_b. Multiplying g_j and b_j by f and dividing column j of
     W by f leaves W ln(x) unchanged (up to float rounding) while feature j of the activation grows f-fold.
     """
-    _check_fp32_model(model, "inject_outliers")
+    check_fp32_model(model, "inject_outliers")
     C = model.config.n_embd
     if not isinstance(channels, (list, tuple)) or not channels \
             or any(isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < C for c in channels):
@@ -128,13 +121,13 @@ def smooth_model(model: GPT, calibration: torch.Tensor, alpha: float = 0.5) -> G
     (into the value rows of c_attn), each weight's input columns multiplied by the same s. Scales come from the
     activations of `calibration` (N, T) in the *original* model, block by block.
     """
-    _check_fp32_model(model, "smooth_model")
+    check_fp32_model(model, "smooth_model")
     check_float("alpha", alpha, 0.0, 1.0)
     # checked here, under this function's own argument name (input_absmax would name its `tokens`)
     calibration = check_calibration(model, calibration, "smooth_model (calibration)")
     absmax = input_absmax(model, calibration)
     out = copy.deepcopy(model)
-    C = model.config.n_embd
+    A = model.config.attn_dim  # the heads' width: n_embd, less after chapter 10's head pruning
     for b, block in enumerate(out.transformer.h):
         attn, mlp = block.attn, block.mlp
         pairs = ((block.ln_1, attn.c_attn, f"{b}.attn.c_attn"), (block.ln_2, mlp.c_fc, f"{b}.mlp.c_fc"))
@@ -144,9 +137,9 @@ def smooth_model(model: GPT, calibration: torch.Tensor, alpha: float = 0.5) -> G
             ln.bias /= s
             linear.weight *= s  # (out, C) * (C,): column j times s_j
         # attn.c_proj reads the attention output, a convex combination of value vectors: scaling value feature j
-        # (row 2C + j of c_attn, and its bias) by 1/s_j scales output feature j by 1/s_j.
-        s = smoothing_scales(absmax[f"{b}.attn.c_proj"], attn.c_proj.weight, alpha)  # (C,)
-        attn.c_attn.weight[2 * C:] /= s.unsqueeze(1)  # (C, C) rows of the value projection
-        attn.c_attn.bias[2 * C:] /= s
+        # (row 2A + j of c_attn, and its bias) by 1/s_j scales output feature j by 1/s_j.
+        s = smoothing_scales(absmax[f"{b}.attn.c_proj"], attn.c_proj.weight, alpha)  # (A,)
+        attn.c_attn.weight[2 * A:] /= s.unsqueeze(1)  # (A, C) rows of the value projection
+        attn.c_attn.bias[2 * A:] /= s
         attn.c_proj.weight *= s
     return out

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from minillm.core.config import tensor_kind
 from minillm.core.model import GPT
 from minillm.gpt.finetune import short_finetune
-from minillm.quant.linear import QuantConfig, QuantizedGPT, quantize_model
+from minillm.quant.linear import QuantConfig, QuantizedGPT, check_fp32_model, quantize_model
 from minillm.quant.quantize import QuantizedTensor, dequantize, quantize
 
 
@@ -71,8 +71,7 @@ def _check(config: QuantConfig) -> None:
 
 def prepare_qat(model: GPT, config: QuantConfig) -> GPT:
     """A trainable copy of `model` whose block linears are `FakeQuantLinear`s of `config`'s grid."""
-    if not isinstance(model, GPT) or isinstance(model, QuantizedGPT):
-        raise TypeError(f"prepare_qat needs an fp32 minillm GPT, got {type(model).__name__}")
+    check_fp32_model(model, "prepare_qat")
     _check(config)
     for name, m in model.transformer.h.named_modules():
         if isinstance(m, FakeQuantLinear):
@@ -100,6 +99,7 @@ def convert_qat(model: GPT, config: QuantConfig | None = None) -> QuantizedGPT:
     """
     if not isinstance(model, GPT) or isinstance(model, QuantizedGPT):
         raise TypeError(f"convert_qat needs a model from prepare_qat, got {type(model).__name__}")
+    check_fp32_model(model, "convert_qat")  # a model cast to bf16 after prepare_qat: named here, not in a QuantLinear
     fake = [(name, m) for name, m in model.transformer.h.named_modules() if isinstance(m, FakeQuantLinear)]
     if not fake:
         raise TypeError("convert_qat needs a model from prepare_qat (its block linears FakeQuantLinear); this one "

@@ -410,9 +410,13 @@ def quantize(x: torch.Tensor, bits: int = 8, symmetric: bool = True, granularity
 
 
 def dequantize(qt: QuantizedTensor) -> torch.Tensor:
-    """The float tensor `qt` stands for: scale * (q - zero) group by group, shaped like the original."""
+    """The float tensor `qt` stands for: scale * (q - zero) group by group, shaped like the original.
+
+    The shapes and dtypes are checked again (no value read): a field replaced after construction (`qt.scale = ...`)
+    is a TypeError/ValueError naming it, not a reshape error or a tensor of the wrong shape."""
     if not isinstance(qt, QuantizedTensor):
         raise TypeError(f"dequantize needs a QuantizedTensor, got {type(qt).__name__}")
+    qt._check_layout()
     rows, groups = qt.scale.shape
     q = qt.q.reshape(rows, groups, -1)  # (rows, groups, gs)
     scale = qt.scale.unsqueeze(2)  # (rows, groups, 1)

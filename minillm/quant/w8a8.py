@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from minillm.core.config import check_float, check_float_tensor, tensor_kind
+from minillm.core.config import check_device, check_float, check_float_tensor, tensor_kind
 from minillm.quant.quantize import check_finite, quantize_symmetric, symmetric_params
 
 
@@ -85,7 +85,9 @@ def _check_threshold(threshold: object) -> float:
 
 @functools.lru_cache(maxsize=None)
 def int_mm_available(device_type: str) -> bool:
-    """Whether torch._int_mm runs on this device type (probed once with a small product)."""
+    """Whether torch._int_mm runs on this device type (probed once with a small product); a device type torch
+    cannot read ('gpu0') is a ValueError naming device_type, not a quiet False."""
+    check_device("device_type", device_type)
     if not hasattr(torch, "_int_mm"):
         return False
     try:

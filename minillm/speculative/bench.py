@@ -37,6 +37,7 @@ from minillm.core.device import resolve_device
 from minillm.core.hf import to_hf_model
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed, probs_from_logits
+from minillm.core.stopping import check_token_ids
 from minillm.core.timing import compare, interleave, measure
 from minillm.gpt.pretrained import is_shipped
 from minillm.kvcache.cache import ContiguousKVCache
@@ -68,6 +69,17 @@ def _check_prompts(name: str, prompts: object) -> list[list[int]]:
     return [list(p) for p in prompts]
 
 
+def _check_pair(target: GPT, draft: GPT, who: str) -> None:
+    """target and draft: minillm GPTs on one device sharing one vocabulary (their distributions are compared token
+    by token); TypeError/ValueError naming `who` and both values otherwise, before any forward."""
+    t, d = require_model(target, f"{who} (target)"), require_model(draft, f"{who} (draft)")
+    if t.vocab_size != d.vocab_size:
+        raise ValueError(f"{who}: the draft's vocab_size={d.vocab_size} differs from the target's "
+                         f"vocab_size={t.vocab_size}: their tokens must mean the same thing")
+    if target.device != draft.device:
+        raise ValueError(f"{who}: draft and target must be on one device, got {draft.device} and {target.device}")
+
+
 def expected_tokens_per_call(alpha: float, gamma: int) -> float:
     """(1 - α^(γ+1)) / (1 - α): tokens one target forward yields when each draft is kept with probability α."""
     check_float("alpha", alpha, 0.0, 1.0)
@@ -82,7 +94,10 @@ def predicted_speedup(alpha: float, gamma: int, c: float, verify_cost: float = 1
     return expected_tokens_per_call(alpha, gamma) / (gamma * c + verify_cost)
 
 
-def forward_costs(target: GPT, draft: GPT, prompt: list[int], ts: list[int], context: int = 64,
+COST_CONTEXT = 64  # cached tokens the timed forwards of `forward_costs` (and so `greedy_sweep`) run on
+
+
+def forward_costs(target: GPT, draft: GPT, prompt: list[int], ts: list[int], context: int = COST_CONTEXT,
                   repeats: int = 40) -> dict[str, Any]:
     """Seconds for a target forward of T new tokens on a `context`-token cache, and a draft forward of one token.
 
@@ -166,9 +181,11 @@ def draft_agreement(target: GPT, draft: GPT, prompts: list[list[int]], outputs: 
     speculation keeps, α at γ = 1 up to the draft's cache). 1 − TV: Σ_x min(p(x), q(x)) at temperature 1, averaged
     over the same positions: the acceptance probability of speculative *sampling* (Leviathan et al. §3.1).
     """
+    _check_pair(target, draft, "draft_agreement")
     prompts = _check_prompts("prompts", prompts)
     if not isinstance(outputs, (list, tuple)) or len(outputs) != len(prompts):
         raise ValueError(f"outputs must hold one continuation per prompt ({len(prompts)}), got {outputs!r}")
+    outputs = [check_token_ids(f"outputs[{i}]", o, target.config.vocab_size) for i, o in enumerate(outputs)]
     if not any(len(o) for o in outputs):
         raise ValueError("outputs are all empty: no position to compare the draft with the target on")
     agree, overlap, n = 0, 0.0, 0
@@ -188,10 +205,17 @@ def greedy_sweep(target: GPT, draft: GPT, prompts: list[list[int]], new_tokens: 
                  repeats: int = 3) -> dict[str, Any]:
     """Each γ against the target alone over a set of prompts: identical tokens, acceptance, tokens per call,
     speed-up (all prompts' tokens over all prompts' time), and the cost model beside it."""
+    _check_pair(target, draft, "greedy_sweep")
     prompts = _check_prompts("prompts", prompts)
     gammas = [check_gamma(g) for g in _check_ints("gammas", gammas)]
     check_int("new_tokens", new_tokens)
     check_int("repeats", repeats)
+    fits = target.config.block_size - COST_CONTEXT - 1  # forward_costs times γ+1 tokens after COST_CONTEXT cached
+    if max(gammas) > fits:
+        raise ValueError(f"gammas holds gamma={max(gammas)}: forward_costs times its verify of {max(gammas) + 1} "
+                         f"tokens after a {COST_CONTEXT}-token context, past the target's context window block_size="
+                         f"{target.config.block_size}; " + (f"use gammas <= {fits}" if fits >= 1 else
+                                                            f"greedy_sweep needs block_size > {COST_CONTEXT + 1}"))
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
 
     def alone_all() -> list[list[int]]:  # the target alone on every prompt
@@ -201,7 +225,7 @@ def greedy_sweep(target: GPT, draft: GPT, prompts: list[list[int]], new_tokens: 
         return [generate_speculative(target, draft, p, params, gamma=gamma) for p in prompts]
 
     alone = alone_all()
-    costs = forward_costs(target, draft, prompts[0], [1] + [g + 1 for g in gammas])
+    costs = forward_costs(target, draft, prompts[0], [1] + [g + 1 for g in gammas], context=COST_CONTEXT)
     costs["matmuls"] = matmul_costs(target, [1] + [g + 1 for g in gammas])
     total = sum(len(o) for o in alone)
     rows = []
@@ -240,6 +264,10 @@ def greedy_sweep(target: GPT, draft: GPT, prompts: list[list[int]], new_tokens: 
 def prompt_lookup(target: GPT, prompt: list[int], new_tokens: int, gamma: int = 4, ngram: int = 3,
                   repeats: int = 3) -> dict[str, Any]:
     """n-gram drafting from the sequence itself against the target alone: identical tokens and the speed-up."""
+    _check_ints("prompt", prompt, 0)
+    check_int("new_tokens", new_tokens)  # 0 would time two loops that generate nothing
+    check_gamma(gamma)
+    check_int("ngram", ngram)
     check_int("repeats", repeats)
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
     alone = generate_ids(target, prompt, params)
@@ -271,11 +299,16 @@ class ChiSquare:
 
 
 def chi_square_test(counts: torch.Tensor, p: torch.Tensor, bins: int = 10) -> ChiSquare:
-    """Counts (V,) of drawn tokens against the distribution p (V,), binned on p's `bins` likeliest tokens + the rest."""
+    """Counts (V,) of drawn tokens against the distribution p (V,), binned on p's `bins` likeliest tokens + the rest.
+
+    counts may be integer or float; they are summed in float64 (float16 counts past 65504 would sum to inf)."""
     for name, t in (("counts", counts), ("p", p)):
         if not isinstance(t, torch.Tensor) or t.dim() != 1:
             raise TypeError(f"{name} must be a 1-D tensor (V,), got {getattr(t, 'shape', type(t).__name__)}")
         check_has_data(name, t)  # every check below reads values
+    if counts.dtype == torch.bool or counts.is_complex():
+        raise TypeError(f"counts must be an integer or float tensor of draws per token, got {counts.dtype}")
+    counts = counts.double()
     if counts.shape != p.shape:
         raise ValueError(f"counts {tuple(counts.shape)} and p {tuple(p.shape)} must both be (V,)")
     check_int("bins", bins)
@@ -298,6 +331,7 @@ def chi_square_test(counts: torch.Tensor, p: torch.Tensor, bins: int = 10) -> Ch
 def sampling_exactness(target: GPT, draft: GPT, prompt: list[int], draws: int = 20_000, seed: int = 0
                        ) -> dict[str, Any]:
     """At one prefix: draw x ~ q, run the acceptance rule (γ = 1) `draws` times; the first emitted token against p."""
+    _check_pair(target, draft, "sampling_exactness")
     _check_ints("prompt", prompt, 0)
     check_int("draws", draws)
     check_seed(seed)
@@ -307,7 +341,7 @@ def sampling_exactness(target: GPT, draft: GPT, prompt: list[int], draws: int = 
         p = probs_from_logits(target(ids)[0, -1:], sp)[0].cpu()  # (V,)
         q = probs_from_logits(draft(ids)[0, -1:], sp)[0].cpu()  # (V,)
     gen = torch.Generator().manual_seed(seed)
-    counts = torch.zeros_like(p)
+    counts = torch.zeros(p.shape, dtype=torch.int64)  # (V,) exact at any number of draws
     P, Q = torch.stack([p, p]), q[None]  # (γ+1, V), (γ, V) with γ = 1
     accepted = 0
     for _ in range(draws):
@@ -379,19 +413,27 @@ def check_tokenizer(tokenizer: Any) -> None:
 
 
 def code_prompt(tokenizer: Any, tokens: int = 200) -> list[int]:
-    """The last `tokens` tokens of some validation-split Python source: in-domain text that repeats itself."""
+    """The last `tokens` tokens of some validation-split Python source (1500 bytes of it): in-domain text that
+    repeats itself. More tokens than those bytes hold is a ValueError naming `tokens`, not a shorter prompt."""
     check_int("tokens", tokens)
     check_tokenizer(tokenizer)
-    return tokenizer.encode(corpus_sample(1500, split="val"))[-tokens:]
+    ids = tokenizer.encode(corpus_sample(1500, split="val"))
+    if tokens > len(ids):
+        raise ValueError(f"tokens={tokens} is more than the {len(ids)} tokens of the 1500-byte sample")
+    return ids[-tokens:]
 
 
 def code_prompts(tokenizer: Any, count: int, tokens: int = 48) -> list[list[int]]:
     """`count` prompts of `tokens` tokens cut at evenly spaced places of the validation split: held-out Python
-    source, the kind of text both models were trained on, with none of it seen in training."""
+    source, the kind of text both models were trained on, with none of it seen in training. More tokens than the
+    sample holds is a ValueError naming `tokens`, not shorter prompts."""
     check_int("count", count)
     check_int("tokens", tokens)
     check_tokenizer(tokenizer)
     ids = tokenizer.encode(corpus_sample(4000 * count, split="val"))
+    if tokens + count - 1 > len(ids):  # else the last prompts would come back shorter than `tokens`
+        raise ValueError(f"tokens={tokens} is too long: count={count} prompts of it need {tokens + count - 1} "
+                         f"tokens, the {4000 * count}-byte sample holds {len(ids)}")
     step = max((len(ids) - tokens) // max(count, 1), 1)
     return [ids[i * step:i * step + tokens] for i in range(count)]
 

@@ -53,7 +53,8 @@ EOT = "<|endoftext|>"
 
 def code_prompts(tokenizer: Any, n: int, prompt_len: int = 128, window: int = 1500) -> list[list[int]]:
     """n code-completion prompts: the last `prompt_len` tokens of `window`-character pieces of the validation split's
-    Python files (split at end-of-text), spread evenly over it, so no two prompts share text."""
+    Python files (split at end-of-text), spread evenly over it, so no two prompts share text. A piece holding fewer
+    than `prompt_len` tokens is a ValueError naming prompt_len (and window), not a shorter prompt."""
     for name, value in (("n", n), ("prompt_len", prompt_len), ("window", window)):
         check_int(name, value)
     check_tokenizer(tokenizer)
@@ -62,7 +63,12 @@ def code_prompts(tokenizer: Any, n: int, prompt_len: int = 128, window: int = 15
     if n > len(pieces):
         raise ValueError(f"asked for {n} prompts, the validation split has {len(pieces)} pieces of {window} chars")
     step = len(pieces) // n
-    return [tokenizer.encode(pieces[i * step])[-prompt_len:] for i in range(n)]
+    prompts = [tokenizer.encode(pieces[i * step]) for i in range(n)]
+    shortest = min(len(p) for p in prompts)
+    if prompt_len > shortest:
+        raise ValueError(f"prompt_len={prompt_len} is more than the {shortest} tokens of the shortest "
+                         f"{window}-char piece; lower prompt_len (or raise window)")
+    return [p[-prompt_len:] for p in prompts]
 
 
 def _timed(llm: LLM, prompts: list[list[int]], params: SamplingParams, cpu: list[float],
@@ -218,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.gamma < 1:
         ap.error(f"--gamma must be >= 1, got {args.gamma}")
     try:
-        loads = [int(c) for c in args.loads.split(",")] if args.loads else None
+        # subtle: `if args.loads` would read --loads '' as "not given" and run the default loads
+        loads = [int(c) for c in args.loads.split(",")] if args.loads is not None else None
     except ValueError:
         ap.error(f"--loads must be comma-separated ints, got {args.loads!r}")
     report = run(resolve_device(args.device), quick=args.quick, method=args.method, gamma=args.gamma, loads=loads,

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from minillm.core.config import check_int
+from minillm.core.config import check_device, check_int
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, probs_from_logits, sample_next
 from minillm.core.stopping import RequestState, check_eos_id, start_request
@@ -120,7 +120,7 @@ class PromptLookupProposer:
         check_int("vocab_size", vocab_size, 1)
         self.ngram = ngram
         self.vocab_size = vocab_size  # for the one-hot q of sampling mode
-        self.device = device
+        self.device = check_device("device", device)
         self.calls = 0  # never a forward
 
     def prefill(self, prompt: list[int]) -> None:
@@ -128,6 +128,9 @@ class PromptLookupProposer:
 
     def propose(self, seq: list[int], gamma: int, state: RequestState) -> tuple[list[int], torch.Tensor | None]:
         tokens = prompt_lookup_proposals(seq, gamma, self.ngram)
+        outside = [t for t in tokens if t >= self.vocab_size]  # copied from seq: a bad id there comes back as a draft
+        if outside:
+            raise ValueError(f"seq holds token id {outside[0]}, outside the vocabulary [0, {self.vocab_size})")
         if not tokens or state.params.is_greedy:
             return tokens, None
         # A copied draft is a point mass: q = one-hot, so a token is kept with probability p(x) and a rejection

@@ -35,7 +35,10 @@ def prob_sum_tolerance(dtype: torch.dtype) -> float:
 
     Rows are summed in float64, so only the rounding of each stored probability counts (at most half an ulp of it,
     half an ulp of 1 in all); the slack covers softmax's own normalisation error and probabilities a caller rounded.
+    `dtype` must be a floating-point torch.dtype (probabilities are never integers): TypeError naming it otherwise.
     """
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype (of probabilities), got {dtype!r:.80}")
     return max(1e-3, 4 * torch.finfo(dtype).eps)
 
 
@@ -79,7 +82,11 @@ def _check_alike(a: tuple[str, object], b: tuple[str, object], what: str, min_di
 
 def check_distributions(name: str, t: torch.Tensor) -> None:
     """Every row of `t` (..., V) a probability distribution: finite, >= 0, summing to 1 within
-    `prob_sum_tolerance`; ValueError naming `name` and the first bad row otherwise (one host sync)."""
+    `prob_sum_tolerance`; ValueError naming `name` and the first bad row otherwise (one host sync). `t` must be a
+    floating-point tensor holding values: TypeError/ValueError naming `name` otherwise."""
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        raise TypeError(f"{name} must be a float tensor of probabilities, got {tensor_kind(t)}")
+    check_has_data(name, t)
     if t.numel() == 0:
         return
     rows = t.detach().reshape(-1, t.size(-1))  # (R, V)
@@ -122,6 +129,9 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     proposes. Worked example: p = [0.5, 0.3, 0.2], q = [0.2, 0.6, 0.2] -> max(0, p - q) = [0.3, 0, 0], normalized
     [1, 0, 0]. subtle: when p == q everywhere the residual is all zero; then a rejection has probability 0
     (p/q = 1 > u), so any distribution will do, and p itself is returned rather than 0/0 = NaN.
+    subtle: p and q may differ by subnormals only (below the smallest normal float). The residual and its mass are
+    then still exact (IEEE arithmetic underflows gradually), and so is r / mass; clamping the mass to the smallest
+    normal float, against 0/0 where it is 0, divided by the wrong number: rows summed to 6e-7 in float32.
     """
     _check_alike(("p", p), ("q", q), "probabilities (..., V)", min_dim=1)
     check_distributions("p", p)
@@ -129,7 +139,7 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     # BEGIN SOLUTION
     r = (p - q).clamp(min=0)  # (..., V)
     mass = r.sum(dim=-1, keepdim=True)  # (..., 1)
-    return torch.where(mass > 0, r / mass.clamp(min=torch.finfo(r.dtype).tiny), p)  # (..., V)
+    return torch.where(mass > 0, r / torch.where(mass > 0, mass, torch.ones_like(mass)), p)  # (..., V)
     # END SOLUTION
 
 
