@@ -12,9 +12,11 @@ trials, so a spec that is wrong in the first place fails too.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import traceback
@@ -481,6 +483,7 @@ if __name__ == "__main__":  # python tests/test_hostile_12_13.py GROUP SEED TRIA
 # ----------------------------------------------------------------------------------- the mirrors' arguments
 def _mirror_bad_calls():
     """The mirrors' (and the naive twins', and `ops.versions`') bad calls: (id, call, exception, pattern)."""
+    from minillm.kernels import build
     from minillm.kernels import mirror as M
     from minillm.kernels import naive as N
     from minillm.kernels import ops
@@ -629,6 +632,35 @@ def _mirror_bad_calls():
         ("emu3-open-library-not-a-library", lambda: emulator.open_library(Path(__file__)), ValueError,
          "is not a shared library this process can load"),
         ("emu3-open-library-int", lambda: emulator.open_library(3), TypeError, "path must be a str or os.PathLike"),
+        # fourth hostile run. before: subprocess.TimeoutExpired, a str command run as one program name, "'int' object
+        # is not iterable", a dict update's ValueError, AttributeErrors ("'PosixPath' object has no attribute
+        # 'encode'"), pathlib's FileExistsError, the library written into the current folder for out_dir='', and
+        # Python's "unsupported operand type(s) for *: 'float' and 'NoneType'"
+        ("build4-run-compiler-timeout", lambda: build.run_compiler(["sleep", "5"], "sleeping", 0.2), RuntimeError,
+         r"sleeping ran past its timeout=0.2 s and was stopped:\nsleep 5"),
+        ("build4-run-compiler-str", lambda: build.run_compiler("g++ -c a.cpp", "g++", 10.0), TypeError,
+         "cmd must be a non-empty list of str arguments"),
+        ("build4-nvcc-arch-int", lambda: build.compile_sources_with_nvcc(90, "unused"), TypeError,
+         "arch must be an architecture like 'sm_90', or a list of them, got int 90"),
+        ("build4-nvcc-sources-int", lambda: build.compile_sources_with_nvcc("sm_90", "unused", sources=90), TypeError,
+         "sources must be a list of .cu file paths, got int 90"),
+        ("build4-nvcc-sources-missing", lambda: build.compile_sources_with_nvcc("sm_90", "unused",
+                                                                                sources=["/nonexistent.cu"]),
+         FileNotFoundError, r"sources\[0\] '/nonexistent.cu': no such file"),
+        ("build4-nvcc-out-dir-file", lambda: build.compile_sources_with_nvcc("sm_90", Path(__file__)), ValueError,
+         "out_dir .* is a file, not a folder"),
+        ("build4-nvcc-jobs-zero", lambda: build.compile_sources_with_nvcc("sm_90", "unused", jobs=0), ValueError,
+         "jobs must be positive, got 0"),
+        ("emu4-build-sources-list", lambda: emulator.build(sources=["softmax.cu"]), TypeError,
+         r"sources must be a dict of kernel file name -> its text, .*got list"),
+        ("emu4-build-sources-path", lambda: emulator.build(sources={"softmax.cu": Path("my_softmax.cu")}), TypeError,
+         r"sources\['softmax.cu'\] must be the file's text \(a str\), got PosixPath.*read the file first"),
+        ("emu4-build-out-dir-file", lambda: emulator.build(out_dir=Path(__file__)), ValueError,
+         "out_dir .* is a file, not a folder"),
+        ("emu4-build-out-dir-empty", lambda: emulator.build(out_dir=""), ValueError, "out_dir must name a folder"),
+        ("emu4-build-timeout-zero", lambda: emulator.build(timeout=0), ValueError, r"timeout must be in \(0.0, inf\)"),
+        ("naive4-gelu-tanh-none", lambda: N.gelu_tanh(None), TypeError,
+         r"\bu must be a floating-point tensor, got NoneType"),
     ]
 
 
@@ -647,13 +679,19 @@ def _compile_mirror_bad_calls():
     from minillm.compile.mirror import decode_step_by_hand, gemv_blocked
     from minillm.core.sampling import SamplingParams
     from minillm.kvcache.cache import ContiguousKVCache
+    from minillm.compile import llamacpp, llamacpp_build
+    from minillm.compile.decode import counting_backend
     from minillm.quant.linear import QuantConfig, quantize_model
+    from minillm.quant.qat import prepare_qat
 
     x, w, b = torch.randn(2, 8), torch.randn(6, 8), torch.randn(6)
     model = GPT(TINY).eval()
     cache = ContiguousKVCache(TINY, 1, 8)
     k, v = cache.k, cache.v
     quantized = quantize_model(model, QuantConfig("int8"))
+    int8_head = quantize_model(model, QuantConfig("int8", quantize_head=True))
+    w8a8 = quantize_model(model, QuantConfig("w8a8"))
+    qat = prepare_qat(copy.deepcopy(model), QuantConfig("int8"))
     PREFILL = (sweep.Case("prefill", 1, 4),)
 
     def static_step(*positions: list[int], batch_size: int = 1) -> None:
@@ -748,6 +786,51 @@ def _compile_mirror_bad_calls():
         ("static3-max-len-1-two-tokens", lambda: StaticDecoder(model, "eager", max_len=1).generate_ids(
             [5], SamplingParams.greedy(2)), ValueError,
          r"max_len=1 is too short for this request: a 1-token prompt and max_new_tokens=2 need 2 cache slots"),
+        # fourth hostile run. before: dynamo's InvalidBackend from inside torch (and an int name taken), a dynamo
+        # UserError at the first compiled step of a model holding a layer it cannot trace, the decoder's max_len
+        # named for a prefill case given to profile_decode, numbers out of junk (tokens=-5 gave a negative tok/s),
+        # pathlib and subprocess errors for a str command, an unknown GGUF type run through the converter
+        ("decode4-counting-backend-unknown", lambda: counting_backend("nope", lambda: None), ValueError,
+         r"name must be one of torch.compile's backends \[.*'eager'.*\], got 'nope'"),
+        ("decode4-counting-backend-int", lambda: counting_backend(3, lambda: None), TypeError,
+         "name must be a torch.compile backend name"),
+        ("decode4-counting-backend-on-graph-none", lambda: counting_backend("eager", None), TypeError,
+         "on_graph must be a function"),
+        ("static4-compile-int8-head", lambda: StaticDecoder(int8_head, "compile", backend="aot_eager"), ValueError,
+         r"mode 'compile' cannot trace this model's transformer.wte = QuantEmbedding.*use mode 'eager'"),
+        ("static4-compile-w8a8", lambda: StaticDecoder(w8a8, "compile", backend="aot_eager"), ValueError,
+         r"transformer.h.0.attn.c_attn = QuantLinear\(mode='w8a8', use_int_mm=True"),
+        ("static4-compile-qat", lambda: StaticDecoder(qat, "compile", backend="aot_eager"), ValueError,
+         "transformer.h.0.attn.c_attn = FakeQuantLinear"),
+        ("by-hand4-qat-model", lambda: decode_step_by_hand(qat, k, v, 1, 0, 0), TypeError,
+         r"decode_step_by_hand needs .*transformer.h.0.attn.c_attn = FakeQuantLinear"),
+        ("profile4-prefill-case", lambda: sweep.profile_decode(model, sweep.Case("prefill", 1, 60), steps=8,
+                                                               backend="eager"), ValueError,
+         r"profile_decode profiles decode steps: case must be a decode Case, got 'prefill, T = 60'"),
+        ("llamacpp4-ours-tokens-negative", lambda: llamacpp.ours_tok_s(lambda: None, -5), ValueError,
+         "tokens must be positive, got -5"),
+        ("llamacpp4-ours-tokens-nan", lambda: llamacpp.ours_tok_s(lambda: None, float("nan")), TypeError,
+         "tokens must be an int, got float nan"),
+        ("llamacpp4-ours-run-none", lambda: llamacpp.ours_tok_s(None, 8), TypeError, "run must be a function"),
+        ("llamacpp4-bench-threads-negative", lambda: llamacpp.llama_bench_tok_s(sys.executable, Path(__file__), -1,
+                                                                                8), ValueError,
+         "threads must be positive, got -1"),
+        ("llamacpp4-bench-tokens-str", lambda: llamacpp.llama_bench_tok_s(sys.executable, Path(__file__), 1, "8"),
+         TypeError, "tokens must be an int, got str '8'"),
+        ("llamacpp4-bench-gguf-missing", lambda: llamacpp.llama_bench_tok_s(sys.executable, "/nonexistent.gguf", 1,
+                                                                            8), FileNotFoundError,
+         "gguf '/nonexistent.gguf': no such file"),
+        ("llb4-convert-unknown-type", lambda: llamacpp_build.convert("tree", "hf", "bogus", "out.gguf"), ValueError,
+         r"outtype must be one of \('f32', 'f16', 'q8_0'\), got 'bogus'"),
+        ("llb4-run-logged-str", lambda: llamacpp_build.run_logged("echo hi"), TypeError,
+         "cmd must be a non-empty list of str arguments, .*got str 'echo hi'"),
+        ("llb4-build-target-not-a-tree", lambda: llamacpp_build.build_target(str(ROOT / "no-such-tree"),
+                                                                             "llama-bench"), ValueError,
+         "tree '.*no-such-tree' is not a llama.cpp source tree"),
+        ("llb4-build-target-path-name", lambda: llamacpp_build.build_target(str(ROOT), "../x"), ValueError,
+         "target must be a cmake target name"),
+        ("llb4-fetch-sources-int-sdist", lambda: llamacpp_build.fetch_sources(str(ROOT / "no-such-work"), 3),
+         TypeError, "sdist must be a str or os.PathLike"),
     ]
 
 
@@ -761,11 +844,12 @@ def test_chapter_13_mirrors_refuse_bad_arguments_naming_them(call, err, match):
 
 
 @pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
-@pytest.mark.parametrize("change", ["half", "new Parameter"])
+@pytest.mark.parametrize("change", ["half", "new Parameter", "new layer"])
 def test_fused_decoder_refuses_a_model_changed_since_it_was_built(change):
-    """The C++ step holds the parameters of construction time; after model.half() or a replaced Parameter the
-    prefill (the live model) and the step (the snapshot) would disagree, so `generate_ids` and the first step of a
-    sequence are refused. An in-place update of a weight is seen by the step (same storage) and stays allowed."""
+    """The C++ step holds the parameters of construction time; after model.half(), a replaced Parameter or a layer
+    swapped for another (fourth hostile run: before, the step kept running the old layer's weights) the prefill (the
+    live model) and the step (the snapshot) would disagree, so `generate_ids` and the first step of a sequence are
+    refused. An in-place update of a weight is seen by the step (same storage) and stays allowed."""
     from minillm.compile.fused_step import FusedCPUDecoder
     from minillm.core.sampling import SamplingParams
     from minillm.kvcache.generate import generate_ids
@@ -779,9 +863,11 @@ def test_fused_decoder_refuses_a_model_changed_since_it_was_built(change):
     assert dec.generate_ids([1, 2, 3], params) == generate_ids(model, [1, 2, 3], params)
     if change == "half":
         model.half()
-    else:
+    elif change == "new Parameter":
         fc = model.transformer.h[0].mlp.c_fc
         fc.weight = torch.nn.Parameter(torch.randn_like(fc.weight))
+    else:
+        model.transformer.h[0].mlp.c_fc = torch.nn.Linear(TINY.n_embd, 4 * TINY.n_embd)
     with pytest.raises(ValueError, match="build a new FusedCPUDecoder"):
         dec.generate_ids([1, 2, 3], params)
     dec.cache.reset()  # a new sequence, stepped by hand
@@ -990,3 +1076,147 @@ def test_the_llamacpp_command_names_an_sdist_that_is_not_one(tmp_path):
                                   r"--sdist '.*e\.tar\.gz' is not a llama-cpp-python.* no vendored llama.cpp")
     finally:
         torch.set_num_threads(threads)
+
+
+# ------------------------------------------------------------------------------------------- fourth hostile run
+def test_the_tour_compare_refuses_outputs_of_different_shapes():
+    """Before: a (1, C) output "agreed" with a (R, C) reference (the subtraction broadcast) and a (C,) with any
+    (R, C): (True, 0.0) for outputs the kernel never produced. Equal shapes compare as before."""
+    from minillm.kernels import tour as ktour
+
+    ref = torch.randn(3, 4)
+    for got in (ref[:1].clone(), ref[0].clone(), ref.t().clone()):
+        shape = re.escape(str(tuple(got.shape)))
+        assert_refused_by_minillm(lambda: ktour.compare("softmax", got, ref, torch.float32), ValueError,
+                                  rf"got and ref must be tensors of the same shape, got {shape} and \(3, 4\)")
+    assert ktour.compare("softmax", ref.clone(), ref, torch.float32) == (True, 0.0)
+    assert ktour.compare("softmax", ref + 1, ref, torch.float32)[0] is False
+
+
+def test_hand_written_steps_refuse_a_qat_prepared_model_and_keep_fast_linear():
+    """Before: FusedCPUDecoder and decode_step_by_hand ran a QAT-prepared model on its latent float weights, while
+    the model itself multiplies by the fake-quantized ones: other logits, no error (FakeQuantLinear is an
+    nn.Linear subclass). Only the exact plain types pass now, and FastLinear, nn.Linear's formula in C++."""
+    from minillm.compile.mirror import decode_step_by_hand
+    from minillm.kvcache.cache import ContiguousKVCache
+    from minillm.quant.linear import QuantConfig
+    from minillm.quant.qat import prepare_qat
+
+    torch.manual_seed(0)
+    model = GPT(TINY).eval()
+    qat = prepare_qat(copy.deepcopy(model), QuantConfig("int8"))
+    cache = ContiguousKVCache(TINY, 1, 8)
+    with torch.inference_mode():  # what the hand-written step would have given differs from what the model computes
+        latent = decode_step_by_hand(model, cache.k, cache.v, 7, 0, 0)
+        assert not torch.allclose(qat(torch.tensor([[7]]))[0, -1], latent, atol=1e-4)
+    assert_refused_by_minillm(lambda: decode_step_by_hand(qat, cache.k, cache.v, 7, 0, 0), TypeError,
+                              "transformer.h.0.attn.c_attn = FakeQuantLinear")
+    if build_problem() is None:
+        from minillm.compile.cpu_gemv import fast_cpu_model
+        from minillm.compile.fused_step import FusedCPUDecoder
+        from minillm.core.sampling import SamplingParams
+        from minillm.kvcache.generate import generate_ids
+
+        assert_refused_by_minillm(lambda: FusedCPUDecoder(qat), TypeError,
+                                  r"the fused C\+\+ step needs .*transformer.h.0.attn.c_attn = FakeQuantLinear")
+        fast, params = fast_cpu_model(model), SamplingParams.greedy(4, ignore_eos=True)
+        assert FusedCPUDecoder(fast).generate_ids([1, 2, 3], params) == generate_ids(model, [1, 2, 3], params)
+        with torch.inference_mode():
+            torch.testing.assert_close(decode_step_by_hand(fast, cache.k, cache.v, 7, 0, 0), latent)
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+def test_fast_linear_runs_a_strided_weight_through_f_linear():
+    """Before: torch's RuntimeError "gemv: x and w must be contiguous" (the C++ check) for a transposed weight, and
+    the C++ ValueError for a strided bias. Now such a layer takes F.linear, which reads any strides: same outputs."""
+    from minillm.compile.cpu_gemv import FastLinear
+
+    torch.manual_seed(0)
+    layer = FastLinear(8, 6)
+    layer.weight = torch.nn.Parameter(torch.randn(8, 6).t())  # (6, 8), strided
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
+        layer.weight = torch.nn.Parameter(layer.weight.contiguous())
+        layer.bias = torch.nn.Parameter(torch.randn(12)[::2])
+        torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
+
+
+def test_llama_bench_tok_s_refuses_a_report_without_a_positive_rate(tmp_path):
+    """Before: whatever llama-bench printed became the number (a negative or NaN avg_ts), or json's
+    JSONDecodeError for output that is no report. A stand-in binary prints each report here."""
+    from minillm.compile import llamacpp
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"")
+    for report, match in [('[{"avg_ts": -3.0}]', "avg_ts=-3.0, not a positive rate"),
+                          ('[{"avg_ts": NaN}]', "avg_ts=nan, not a positive rate"),
+                          ("not json", "printed no llama-bench JSON report"), ("[]", "printed no llama-bench JSON"),
+                          ('[{"avg_ts": 123.5}]', None)]:
+        binary = tmp_path / "llama-bench"
+        binary.write_text(f"#!/bin/sh\necho '{report}'\n")
+        binary.chmod(0o755)
+        if match is None:
+            assert llamacpp.llama_bench_tok_s(str(binary), str(gguf), 1, 8) == 123.5
+        else:
+            assert_refused_by_minillm(lambda: llamacpp.llama_bench_tok_s(binary, gguf, 1, 8), ValueError, match)
+
+
+def test_llamacpp_build_takes_str_paths(tmp_path):
+    """Before: AttributeError ("'str' object has no attribute 'is_file'") from fetch_sources and "unsupported operand
+    type(s) for /" from build_target for str paths. A fake sdist (the vendored tree's CMakeLists.txt) and a built
+    binary stand in for llama.cpp: nothing is downloaded or built."""
+    import tarfile
+
+    from minillm.compile import llamacpp_build
+
+    src = tmp_path / "src" / "llama_cpp_python-0.0.0" / "vendor" / "llama.cpp"
+    src.mkdir(parents=True)
+    (src / "CMakeLists.txt").write_text("")
+    sdist = tmp_path / "llama_cpp_python-0.0.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        tar.add(tmp_path / "src" / "llama_cpp_python-0.0.0", arcname="llama_cpp_python-0.0.0")
+    (tmp_path / "work").mkdir()
+    tree = llamacpp_build.fetch_sources(str(tmp_path / "work"), str(sdist))
+    assert tree == tmp_path / "work" / "llama_cpp_python-0.0.0" / "vendor" / "llama.cpp"
+    (tree / "build" / "bin").mkdir(parents=True)
+    (tree / "build" / "bin" / "llama-bench").write_text("")
+    assert llamacpp_build.build_target(str(tree), "llama-bench") == tree / "build" / "bin" / "llama-bench"
+
+
+def test_export_hf_dir_refuses_what_gpt2_cannot_hold_before_writing(tmp_path):
+    """Before: an AssertionError ("layout mismatch") for a quantized model, torch's size-mismatch RuntimeError for a
+    shrunk MLP, an AttributeError for tokenizer=None, each after the folder was made. Now a TypeError / ValueError
+    naming what is unsupported, and nothing written."""
+    from minillm.compile.llamacpp_build import export_hf_dir
+    from minillm.prune.structured import prune_heads, shrink_mlp
+    from minillm.quant.linear import QuantConfig, quantize_model
+    from minillm.quant.qat import prepare_qat
+    from minillm.tokenizer import DEFAULT_TOKENIZER_PATH, Tokenizer
+
+    torch.manual_seed(0)
+    model, tok, out = GPT(TINY).eval(), Tokenizer.load(DEFAULT_TOKENIZER_PATH), tmp_path / "hf"
+    cases = [(quantize_model(model, QuantConfig("int8")), tok, TypeError,
+              r"export_hf_dir needs .*model \(QuantizedGPT\) has transformer.h.0.attn.c_attn = QuantLinear"),
+             (prepare_qat(copy.deepcopy(model), QuantConfig("int8")), tok, TypeError, "= FakeQuantLinear"),
+             (prune_heads(model, {0: [1], 1: [0]}), tok, ValueError,
+              r"model \(pruned\) has 1 heads of 16 \(n_embd / n_head = 32\)"),
+             (shrink_mlp(model, [torch.arange(0, 128, 2)] * 2), tok, ValueError, r"MLP widths \[64, 64\]"),
+             (model, None, TypeError, "tokenizer must be a minillm Tokenizer .*got NoneType")]
+    for m, t, err, match in cases:
+        assert_refused_by_minillm(lambda: export_hf_dir(m, t, str(out)), err, match)
+    assert not out.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where there is no CUDA GPU")
+def test_the_kernel_bench_helpers_say_they_need_cuda():
+    """Before: torch's AssertionError "Torch not compiled with CUDA enabled" (an AttributeError for
+    sleep_cycles_per_ms) from every helper of the chapter 12 benchmark on a machine without a GPU."""
+    from minillm.kernels import bench as kbench
+
+    calls = {"sleep_cycles_per_ms": kbench.sleep_cycles_per_ms, "time_ms": lambda: kbench.time_ms(lambda: None, 1, 1),
+             "copy_bandwidth": lambda: kbench.copy_bandwidth(1024, 1, 1),
+             "matmul_tflops": lambda: kbench.matmul_tflops(8, 1, 1), "cases": lambda: kbench.cases(True),
+             "the chapter 12 benchmark": lambda: kbench.run(quick=True)}
+    for who, call in calls.items():
+        assert_refused_by_minillm(call, RuntimeError, f"{who} needs a CUDA GPU")

@@ -107,7 +107,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> tor
 
 
 class FastLinear(nn.Linear):
-    """An nn.Linear (same parameters, same state dict) whose few-row float32 CPU forward runs the C++ GEMV.
+    """An nn.Linear (same parameters, same state dict) whose few-row float32 CPU forward runs the C++ GEMV (on a
+    contiguous weight and bias; a strided one, e.g. a transposed view, takes F.linear, which reads any strides).
 
     subtle: this forward runs 25 times per decode step, so it checks only what decides the path (and x's width, one
     int compare) and leaves the rest to the C++ side's own checks, TypeError/ValueError naming x, w or bias (`gemv`
@@ -119,10 +120,11 @@ class FastLinear(nn.Linear):
         if x.dim() == 0 or x.shape[-1] != self.in_features:  # else `rows` would regroup x's numbers into new rows
             raise ValueError(f"x must be (..., in_features={self.in_features}), got shape {tuple(x.shape)}")
         rows = x.numel() // self.in_features
-        if 0 < rows <= MAX_ROWS and x.dtype == torch.float32 and x.device.type == "cpu" and not torch.is_grad_enabled():
+        w, b = self.weight, self.bias
+        if (0 < rows <= MAX_ROWS and x.dtype == torch.float32 and x.device.type == "cpu" and not torch.is_grad_enabled()
+                and w.is_contiguous() and (b is None or b.is_contiguous())):  # a strided weight: F.linear's
             ext = _ext if _ext is not None else load_cpu_ext()
-            y = ext.gemv(x.reshape(rows, self.in_features).contiguous(), self.weight,
-                         _NO_BIAS if self.bias is None else self.bias)  # (rows, out)
+            y = ext.gemv(x.reshape(rows, self.in_features).contiguous(), w, _NO_BIAS if b is None else b)  # (rows, out)
             return y.view(*x.shape[:-1], self.out_features)
         self.check_input(x)
         return F.linear(x, self.weight, self.bias)

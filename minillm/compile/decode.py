@@ -27,6 +27,7 @@ import time
 from typing import Any, Callable
 
 import torch
+import torch.nn as nn
 
 from minillm.core.config import GPTConfig, check_int
 from minillm.core.model import GPT
@@ -34,6 +35,8 @@ from minillm.core.sampling import SamplingParams
 from minillm.core.stopping import validate_prompt
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.kvcache.generate import generate_ids
+from minillm.quant.linear import QuantEmbedding, QuantLinear
+from minillm.quant.qat import FakeQuantLinear
 
 MODES = ("eager", "compile", "cuda-graph")
 
@@ -93,26 +96,50 @@ def compile_problem() -> str | None:
     return None
 
 
-def check_backend(name: str) -> None:
-    """A ValueError naming `backend` unless dynamo knows the name (torch.compile would raise its InvalidBackend only
-    at the first call, from inside torch)."""
+def check_backend(name: str, arg: str = "backend") -> None:
+    """A TypeError / ValueError naming `arg` (the caller's argument) unless `name` is a backend name dynamo knows
+    (torch.compile would raise its InvalidBackend only at the first call, from inside torch)."""
     from torch._dynamo import list_backends
 
     known = list_backends(exclude_tags=())  # every registered name, the debug ones ("eager", "aot_eager") included
+    if not isinstance(name, str):
+        raise TypeError(f"{arg} must be a torch.compile backend name, one of {known}, got {type(name).__name__} "
+                        f"{name!r}")
     if name not in known:
-        raise ValueError(f"backend must be one of torch.compile's backends {known}, got {name!r}")
+        raise ValueError(f"{arg} must be one of torch.compile's backends {known}, got {name!r}")
 
 
 def counting_backend(name: str, on_graph: Callable[[], None]) -> Callable[..., Any]:
-    """dynamo's backend `name` for `torch.compile(backend=...)`, calling `on_graph()` each time it builds a graph."""
+    """dynamo's backend `name` for `torch.compile(backend=...)`, calling `on_graph()` each time it builds a graph.
+    Both are checked here (a TypeError / ValueError naming them), not at the first compiled call."""
     from torch._dynamo import lookup_backend
 
+    check_backend(name, "name")
+    if not callable(on_graph):
+        raise TypeError(f"on_graph must be a function of no arguments, got {type(on_graph).__name__} {on_graph!r}")
     inner = lookup_backend(name)
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):
         on_graph()
         return inner(gm, example_inputs)
     return backend
+
+
+def uncompilable_layer(model: nn.Module) -> str | None:
+    """The first layer of `model` that `torch.compile(fullgraph=True)` cannot trace, as "name = what", or None.
+
+    Each reads a tensor's values into Python in its forward, a data-dependent branch dynamo refuses (a UserError
+    at the first compiled step): chapter 09's QAT-prepared FakeQuantLinear (its check for finite weights), the
+    quantized embedding and head QuantEmbedding (its token-id range check), and a W8A8 QuantLinear with
+    use_int_mm (the probe of torch._int_mm) or an outlier_threshold (the outlier columns it picks)."""
+    for name, m in model.named_modules():
+        if isinstance(m, (FakeQuantLinear, QuantEmbedding)):
+            return f"{name} = {type(m).__name__}"
+        if isinstance(m, QuantLinear) and m.config.mode == "w8a8" and (m.config.use_int_mm
+                                                                        or m.config.outlier_threshold is not None):
+            return (f"{name} = QuantLinear(mode='w8a8', use_int_mm={m.config.use_int_mm}, "
+                    f"outlier_threshold={m.config.outlier_threshold})")
+    return None
 
 
 class StaticDecoder:
@@ -134,6 +161,10 @@ class StaticDecoder:
             raise TypeError(f"backend must be a torch.compile backend name, got {backend!r}")
         if mode == "compile":
             check_backend(backend)
+            layer = uncompilable_layer(model)
+            if layer is not None:
+                raise ValueError(f"mode 'compile' cannot trace this model's {layer}: its forward reads tensor values "
+                                 "into Python, which torch.compile(fullgraph=True) refuses; use mode 'eager'")
         self.model = model.eval()
         self.mode, self.backend = mode, backend
         self.max_len = decoder_max_len(model.config, max_len)

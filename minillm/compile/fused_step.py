@@ -11,11 +11,11 @@ Why: after the C++ GEMV, a step of `base` still spends more time in the ~150 ope
 as nearly all of it, which is how llama.cpp runs (chapter 13 measures both side by side).
 
 What it leaves out: batches (chapter 06's engine keeps `fast_cpu_model`), several threads, and any model whose
-linears are not plain float32 (chapter 09's quantized layers): those get a TypeError naming the layer.
-The C++ step holds the model's own parameter storage, not a copy: change the weights in place and it sees them.
-Anything else (`model.half()`, a new Parameter, `param.data = ...`) leaves the step with a snapshot the model no
-longer holds, while the prefill runs the model as it is now: the decoder notices and raises a ValueError; build a
-new FusedCPUDecoder then.
+linears are not plain float32 (chapter 09's quantized and QAT-prepared layers): those get a TypeError naming the
+layer. The C++ step holds the model's own parameter storage, not a copy: change the weights in place and it sees
+them. Anything else (`model.half()`, a new Parameter, `param.data = ...`, a layer swapped for another) leaves the
+step with a snapshot the model no longer holds, while the prefill runs the model as it is now: the decoder notices
+and raises a ValueError; build a new FusedCPUDecoder then.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import torch.nn as nn
 
 from minillm.compile.cpu_gemv import cpp_errors_as_value_errors, load_cpu_ext
 from minillm.compile.decode import check_decoder_room, decoder_max_len, integer_ids
+from minillm.compile.mirror import check_plain_model
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.kvcache.cache import ContiguousKVCache
@@ -35,10 +36,8 @@ from minillm.kvcache.generate import generate_ids
 
 
 def _plain(module: nn.Module, name: str) -> list[torch.Tensor]:
-    """[weight, bias] of a float32 CPU linear or layernorm; TypeError naming `name` for anything else."""
-    if not isinstance(module, (nn.Linear, nn.LayerNorm)):
-        raise TypeError(f"the fused C++ step needs plain nn.Linear / nn.LayerNorm layers; {name} is "
-                        f"{type(module).__name__}")
+    """[weight, bias] of a float32 CPU linear or layernorm (`check_plain_model` has checked the layer's type);
+    TypeError naming `name` for other dtypes, devices or a missing bias."""
     tensors = [module.weight, module.bias]
     for t in tensors:
         if t is None or t.dtype != torch.float32 or t.device.type != "cpu":
@@ -47,19 +46,17 @@ def _plain(module: nn.Module, name: str) -> list[torch.Tensor]:
     return [t.detach().contiguous() for t in tensors]
 
 
-def parameter_slots(model: nn.Module) -> list[tuple[nn.Module, str]]:
-    """(module, name) of every parameter of `model`: where `parameter_fingerprint` looks each one up again."""
-    return [(module, name) for module in model.modules() for name, p in module._parameters.items() if p is not None]
-
-
-def parameter_fingerprint(slots: list[tuple[nn.Module, str]]) -> list[tuple[Any, ...]]:
-    """What the C++ step's snapshot depends on, cheap to take at every step (a walk of `model.parameters()` would
-    cost more than a small model's step): per parameter slot its identity, dtype, device and storage address, and,
-    where the step had to copy it (a non-contiguous parameter), its in-place version counter too. An in-place
-    update of a contiguous weight keeps all of these: the step holds the same storage and sees it."""
-    params = [module._parameters.get(name) for module, name in slots]  # None: the parameter was deleted
-    return [None if p is None else (id(p), p.dtype, p.device, p.data_ptr(), None if p.is_contiguous() else p._version)
-            for p in params]
+def model_fingerprint(modules: list[nn.Module]) -> list[tuple[Any, ...]]:
+    """What the C++ step's snapshot depends on, for `modules` (the model's, listed once at construction), cheap to
+    take at every sequence: per module the submodules it holds now (a layer swapped for another,
+    `block.mlp.c_fc = nn.Linear(...)`, is another object there) and per parameter its identity, dtype, device and
+    storage address, and, where the step had to copy it (a non-contiguous parameter), its in-place version counter
+    too. An in-place update of a contiguous weight keeps all of these: the step holds the same storage and sees it."""
+    return [(tuple((name, id(child)) for name, child in m._modules.items()),
+             tuple((name, None if p is None else (id(p), p.dtype, p.device, p.data_ptr(),
+                                                  None if p.is_contiguous() else p._version))
+                   for name, p in m._parameters.items()))
+            for m in modules]
 
 
 class FusedCPUDecoder:
@@ -68,9 +65,9 @@ class FusedCPUDecoder:
     `max_len` sizes the cache (default and most: the model's context window). Greedy tokens equal the eager generator's
     (tested); logits agree to float rounding (the sums run in another order).
     The step reads the parameters the model held at construction (their storage: in-place updates are seen). If
-    the model's parameters are converted or replaced afterwards (`model.half()`, a new Parameter), the next
-    `generate_ids` or the first step of the next sequence raises a ValueError: build a new FusedCPUDecoder. (A whole submodule swapped for
-    another is not looked for: rebuild the decoder after that too.)
+    the model's parameters are converted or replaced afterwards (`model.half()`, a new Parameter, a layer swapped
+    for another), the next `generate_ids` or the first step of the next sequence raises a ValueError: build a new
+    FusedCPUDecoder. A quantized or QAT-prepared model is a TypeError naming the layer (`check_plain_model`).
     """
 
     def __init__(self, model: GPT, max_len: int | None = None):
@@ -79,6 +76,7 @@ class FusedCPUDecoder:
         if model.device.type != "cpu":
             raise ValueError(f"FusedCPUDecoder runs on the CPU, the model is on {model.device}")
         cfg = model.config
+        check_plain_model(model, "the fused C++ step")
         self.model = model.eval()
         self.max_len = decoder_max_len(cfg, max_len)  # at most block_size: slot j holds position j
         self.cache = ContiguousKVCache(cfg, 1, self.max_len)  # float32, dynamic: `attend` for the prefill
@@ -91,8 +89,8 @@ class FusedCPUDecoder:
         for i, block in enumerate(tr.h):
             for name in ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj"):
                 layers += _plain(block.get_submodule(name), f"transformer.h.{i}.{name}")
-        self._slots = parameter_slots(model)
-        self._fingerprint = parameter_fingerprint(self._slots)
+        self._model_modules = list(model.modules())
+        self._fingerprint = model_fingerprint(self._model_modules)
         self._last_start = math.inf  # the cache length at the last step (a check runs when it does not grow)
         self._cpp: Any = load_cpu_ext().FusedDecoder([t.contiguous() for t in glob], layers, self.cache.k,
                                                      self.cache.v, cfg.n_head, cfg.head_size,
@@ -116,10 +114,10 @@ class FusedCPUDecoder:
 
     def check_model_unchanged(self) -> None:
         """ValueError unless the model still holds the parameters the C++ step was built on (see the class doc)."""
-        if parameter_fingerprint(self._slots) != self._fingerprint:
+        if model_fingerprint(self._model_modules) != self._fingerprint:
             raise ValueError("the model's parameters were converted or replaced since this FusedCPUDecoder was "
-                             "built (e.g. model.half() or a new Parameter); its C++ step still holds the old ones: "
-                             "build a new FusedCPUDecoder(model)")
+                             "built (e.g. model.half(), a new Parameter or a layer swapped for another); its C++ "
+                             "step still holds the old ones: build a new FusedCPUDecoder(model)")
 
     def generate_ids(self, prompt_ids: Any, params: SamplingParams, **kwargs: Any) -> list[int]:
         """Chapter 04's `generate_ids` with this step: the prompt prefilled by the model, every later token in C++."""

@@ -25,33 +25,56 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import statistics
 from pathlib import Path
+from typing import Callable
 
 from minillm.bench.cli import bench_parser, start
 from minillm.bench.models import load_model
 from minillm.compile.fused_step import FusedCPUDecoder
 from minillm.core.io import atomic_write_text, check_output_dir
 from minillm.core.sampling import SamplingParams
-from minillm.compile.llamacpp_build import (PINNED, run_logged, build_llama_bench, convert, export_hf_dir,
+from minillm.compile.llamacpp_build import (OUTTYPES, PINNED, run_logged, build_llama_bench, convert, export_hf_dir,
                                             fetch_sources)
+from minillm.core.config import check_int
+from minillm.core.io import check_path
 from minillm.core.timing import measure
 from minillm.kvcache.generate import generate_ids
 from minillm.tokenizer import DEFAULT_TOKENIZER_PATH, Tokenizer
 
-TYPES = ("f32", "f16", "q8_0")
+TYPES = OUTTYPES
 
 
-def llama_bench_tok_s(binary: Path, gguf: Path, threads: int, tokens: int) -> float:
-    """llama-bench's mean tok/s for `tg<tokens>` (batch-1 decode from an empty context), 3 repetitions."""
+def llama_bench_tok_s(binary: str | os.PathLike, gguf: str | os.PathLike, threads: int, tokens: int) -> float:
+    """llama-bench's mean tok/s for `tg<tokens>` (batch-1 decode from an empty context), 3 repetitions. The files
+    must exist and threads and tokens be positive ints; llama-bench's report must hold a positive finite avg_ts. A
+    TypeError / ValueError (FileNotFoundError for a missing file) naming the argument otherwise."""
+    for name, path in (("binary", binary), ("gguf", gguf)):
+        if not check_path(path, name).is_file():
+            raise FileNotFoundError(f"{name} {str(path)!r}: no such file")
+    check_int("threads", threads)
+    check_int("tokens", tokens)
     out = run_logged([str(binary), "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", str(tokens), "-r", "3", "-o",
                 "json"])
-    rows = json.loads(out)
-    return float(rows[0]["avg_ts"])
+    try:
+        tok_s = float(json.loads(out)[0]["avg_ts"])
+    except (ValueError, TypeError, LookupError) as e:
+        raise ValueError(f"binary {str(binary)!r} printed no llama-bench JSON report with an avg_ts ({e}): "
+                         f"{out[:200]!r}") from e
+    if not math.isfinite(tok_s) or tok_s <= 0:
+        raise ValueError(f"binary {str(binary)!r} reported avg_ts={tok_s}, not a positive rate")
+    return tok_s
 
 
-def ours_tok_s(run, tokens: int, repeats: int = 3) -> float:
-    """tok/s of `run` (one decode of `tokens` tokens): the median of `repeats` timed calls after one warm-up call."""
+def ours_tok_s(run: Callable[[], object], tokens: int, repeats: int = 3) -> float:
+    """tok/s of `run` (one decode of `tokens` tokens, a positive int): the median of `repeats` (a positive int)
+    timed calls after one warm-up call."""
+    if not callable(run):
+        raise TypeError(f"run must be a function of no arguments (one decode), got {type(run).__name__}")
+    check_int("tokens", tokens)
+    check_int("repeats", repeats)
     return tokens / measure(run, warmup=1, repeats=repeats).median
 
 

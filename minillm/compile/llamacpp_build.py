@@ -11,6 +11,8 @@ Optional tools: nothing in CI calls them.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,13 +20,23 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from minillm.compile.mirror import check_plain_model
 from minillm.core.hf import to_hf_model
+from minillm.core.io import check_output_dir, check_path
+from minillm.core.model import require_model
+from minillm.kernels.build import check_command
+from minillm.tokenizer import Tokenizer
 
 PINNED = "llama-cpp-python==0.3.36"  # the sdist this chapter's figures were measured with
+OUTTYPES = ("f32", "f16", "q8_0")  # the GGUF types `convert` writes (llama.cpp's converter's --outtype)
 
 
-def run_logged(cmd: list[str], cwd: Path | None = None, log: Path | None = None) -> str:
-    """Run a command; its output goes to `log` (when given) and is returned; a failure raises naming the command."""
+def run_logged(cmd: list[str], cwd: str | os.PathLike | None = None, log: str | os.PathLike | None = None) -> str:
+    """Run a command (a list of str arguments, no shell); its output goes to `log` (when given) and is returned; a
+    failure raises naming the command."""
+    cmd = check_command(cmd)
+    cwd = None if cwd is None else check_path(cwd, "cwd")
+    log = None if log is None else check_path(log, "log")
     out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     if log is not None:
         log.write_text(out.stdout + out.stderr)
@@ -34,9 +46,12 @@ def run_logged(cmd: list[str], cwd: Path | None = None, log: Path | None = None)
     return out.stdout
 
 
-def fetch_sources(work: Path, sdist: Path | None) -> Path:
-    """The unpacked llama.cpp tree inside the sdist (downloaded with pip unless `sdist` is given). A given sdist
-    that is not a readable tar, or holds no vendored llama.cpp, is a ValueError naming --sdist and the file."""
+def fetch_sources(work: str | os.PathLike, sdist: str | os.PathLike | None) -> Path:
+    """The unpacked llama.cpp tree inside the sdist (downloaded with pip into the folder `work` unless `sdist` is
+    given). A given sdist that is not a readable tar, or holds no vendored llama.cpp, is a ValueError naming --sdist
+    and the file."""
+    work = check_path(work, "work")
+    sdist = None if sdist is None else check_path(sdist, "sdist")
     what = "--sdist" if sdist is not None else "the downloaded sdist"
     if sdist is None:
         found = sorted(work.glob("llama_cpp_python-*.tar.gz"))
@@ -63,12 +78,19 @@ def fetch_sources(work: Path, sdist: Path | None) -> Path:
     return tree
 
 
-def build_target(tree: Path, target: str) -> Path:
-    """cmake configure + build of one llama.cpp target (`llama-bench`, `llama-server`); the binary's path.
+def build_target(tree: str | os.PathLike, target: str) -> Path:
+    """cmake configure + build of one llama.cpp target (`llama-bench`, `llama-server`) in `tree` (`fetch_sources`'
+    result); the binary's path.
 
     One build directory serves every target: configured with the server's sources in (LLAMA_BUILD_SERVER=ON) but
     no web UI (neither built with npm nor downloaded), so no step of the build reaches the network."""
+    tree = check_path(tree, "tree")
+    if not isinstance(target, str) or not re.fullmatch(r"[\w.-]+", target):
+        raise ValueError(f"target must be a cmake target name like 'llama-bench', got {target!r}")
     binary = tree / "build" / "bin" / target
+    if not binary.is_file() and not (tree / "CMakeLists.txt").is_file():
+        raise ValueError(f"tree {str(tree)!r} is not a llama.cpp source tree (no CMakeLists.txt): pass what "
+                         "fetch_sources returns")
     if binary.is_file():
         return binary
     for tool in ("cmake", "c++"):
@@ -121,11 +143,27 @@ def recover_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
     return merges
 
 
-def export_hf_dir(model: Any, tokenizer: Any, out: Path) -> Path:
-    """`model` as a Hugging Face GPT-2 directory, with a vocab.json + merges.txt of `tokenizer`: the converter's
-    input."""
+def export_hf_dir(model: Any, tokenizer: Tokenizer, out: str | os.PathLike) -> Path:
+    """`model` as a Hugging Face GPT-2 directory `out`, with a vocab.json + merges.txt of `tokenizer` (a minillm
+    Tokenizer): the converter's input. GPT-2's layout has plain float layers, heads n_embd / n_head wide and MLPs
+    4 * n_embd wide: a quantized, QAT-prepared or structurally pruned model (chapters 09 and 10) is a TypeError /
+    ValueError naming what it has instead, before anything is written."""
+    cfg = require_model(model, "export_hf_dir")
+    check_plain_model(model, "export_hf_dir")
+    widths = [block.mlp.c_fc.out_features for block in model.transformer.h]
+    if cfg.attn_dim != cfg.n_embd or any(w != 4 * cfg.n_embd for w in widths):
+        raise ValueError(f"export_hf_dir writes Hugging Face GPT-2, whose heads are n_embd / n_head wide and MLPs "
+                         f"4 * n_embd = {4 * cfg.n_embd} wide; model (pruned) has {cfg.n_head} heads of "
+                         f"{cfg.head_size} (n_embd / n_head = {cfg.n_embd // cfg.n_head}) and MLP widths {widths}: "
+                         "export the unpruned model")
+    if not isinstance(tokenizer, Tokenizer):
+        raise TypeError(f"tokenizer must be a minillm Tokenizer (its ranks become vocab.json and merges.txt), got "
+                        f"{type(tokenizer).__name__}")
+    out = check_path(out, "out")
+    check_output_dir(out, "out")
+    hf = to_hf_model(model)
     out.mkdir(parents=True, exist_ok=True)
-    to_hf_model(model).save_pretrained(out)
+    hf.save_pretrained(out)
     config = json.loads((out / "config.json").read_text())
     config.setdefault("n_ctx", model.config.block_size)  # the converter reads GPT-2's older name for n_positions
     (out / "config.json").write_text(json.dumps(config, indent=2))
@@ -139,8 +177,12 @@ def export_hf_dir(model: Any, tokenizer: Any, out: Path) -> Path:
     return out
 
 
-def convert(tree: Path, hf_dir: Path, outtype: str, out: Path) -> Path:
-    """llama.cpp's converter on `hf_dir`, in a child Python (it imports its own `gguf` and `conversion` packages)."""
+def convert(tree: str | os.PathLike, hf_dir: str | os.PathLike, outtype: str, out: str | os.PathLike) -> Path:
+    """llama.cpp's converter on `hf_dir`, in a child Python (it imports its own `gguf` and `conversion` packages),
+    to the GGUF file `out` of type `outtype` (one of OUTTYPES)."""
+    if not isinstance(outtype, str) or outtype not in OUTTYPES:
+        raise ValueError(f"outtype must be one of {OUTTYPES}, got {outtype!r}")
+    tree, hf_dir, out = check_path(tree, "tree"), check_path(hf_dir, "hf_dir"), check_path(out, "out")
     if out.is_file():
         return out
     shim = (f"import sys; sys.path[:0] = [{str(tree / 'gguf-py')!r}, {str(tree)!r}]\n"

@@ -24,6 +24,7 @@ import torch
 
 import torch.nn as nn
 
+from minillm.compile.cpu_gemv import FastLinear
 from minillm.core.model import GPT, require_model
 from minillm.kernels.naive import gelu_tanh, layernorm  # chapter 12's naive twins: the same formulas
 from minillm.core.config import tensor_kind
@@ -70,29 +71,37 @@ BLOCK_LAYERS = {"ln_1": nn.LayerNorm, "attn.c_attn": nn.Linear, "attn.c_proj": n
                 "mlp.c_fc": nn.Linear, "mlp.c_proj": nn.Linear}
 MODEL_LAYERS = {"lm_head": nn.Linear, "transformer.wte": nn.Embedding, "transformer.wpe": nn.Embedding,
                 "transformer.ln_f": nn.LayerNorm}  # the head first: its weight sets the dtype the others must have
+# The layer types whose forward is the plain formula over their own weights: exact types, since a subclass may
+# compute something else (chapter 09's FakeQuantLinear multiplies by its fake-quantized weight). FastLinear is
+# nn.Linear's formula in C++.
+PLAIN_TYPES = {nn.Linear: (nn.Linear, FastLinear), nn.Embedding: (nn.Embedding,), nn.LayerNorm: (nn.LayerNorm,)}
 
 
-def _check_plain_model(model: GPT, n_layer: int) -> torch.Tensor:
-    """The tied head's weight (its dtype and device are the step's), after checking that every layer the step reads
-    is a plain nn.Embedding, nn.Linear (with a bias, but the head) or nn.LayerNorm whose floating-point weights
-    share that dtype and device. A quantized model (chapter 09) holds integer codes, not a `weight`: a TypeError
-    naming the model and the layer, never an AttributeError from inside torch."""
-    named = {**MODEL_LAYERS, **{f"transformer.h.{i}.{n}": t for i in range(n_layer) for n, t in BLOCK_LAYERS.items()}}
+def check_plain_model(model: GPT, who: str) -> torch.Tensor:
+    """The tied head's weight (its dtype and device are the step's), after checking that every layer a hand-written
+    step (or an export) reads is a plain nn.Embedding, nn.Linear (with a bias, but the head) or nn.LayerNorm whose
+    floating-point weights share that dtype and device. A quantized model (chapter 09) holds integer codes, not a
+    `weight`, and a QAT-prepared one computes with other weights than the float ones it holds: a TypeError naming
+    `who`, the model and the layer, never an AttributeError from inside torch nor a silent run on the wrong
+    weights."""
+    named = {**MODEL_LAYERS, **{f"transformer.h.{i}.{n}": t for i in range(model.config.n_layer)
+                                for n, t in BLOCK_LAYERS.items()}}
     head = model.get_submodule("lm_head")
-    ref = head.weight if isinstance(head, nn.Linear) else None
+    ref = head.weight if type(head) in PLAIN_TYPES[nn.Linear] else None
     for name, kind in named.items():
         layer = model.get_submodule(name)
-        plain = isinstance(layer, kind) and ref is not None
+        plain = type(layer) in PLAIN_TYPES[kind] and ref is not None
         if plain:  # the weight, and the bias the step adds (none for the embeddings and the tied head)
             params = [layer.weight] + ([layer.bias] if kind is not nn.Embedding and name != "lm_head" else [])
             plain = all(p is not None and p.is_floating_point() and p.dtype == ref.dtype  # type: ignore[union-attr]
                         and p.device == ref.device for p in params)  # type: ignore[union-attr]
         if not plain:
-            raise TypeError(f"decode_step_by_hand needs a model of plain nn.Embedding, nn.Linear (with biases) and "
+            raise TypeError(f"{who} needs a model of plain nn.Embedding, nn.Linear (with biases) and "
                             f"nn.LayerNorm layers of floating-point weights, one dtype; model "
                             f"({type(model).__name__}) has {name} = {type(layer).__name__} with weight "
                             f"{getattr(getattr(layer, 'weight', None), 'dtype', None)} (a quantized model holds "
-                            "integer codes: run its float original)")
+                            "integer codes, a QAT-prepared one multiplies by fake-quantized weights: run the float "
+                            "original)")
     return ref  # type: ignore[return-value]
 
 
@@ -137,11 +146,12 @@ def decode_step_by_hand(model: GPT, k: list[torch.Tensor], v: list[torch.Tensor]
     """Logits (V,) of `token` at position `pos`; its key and value go to `slot` of every layer's k[l], v[l]
     (each (1, nh, max_len, hs), of the model's dtype, separate tensors: the layout of chapter 04's
     `ContiguousKVCache`), and it attends over slots 0..slot, itself included. Uses only the model's weights, never
-    its modules' forward, so it needs plain float layers (a quantized model is a TypeError naming the layer)."""
+    its modules' forward, so it needs plain float layers (a quantized or QAT-prepared model is a TypeError naming
+    the layer)."""
     cfg = require_model(model, "decode_step_by_hand")
     tr = model.transformer
     nh, hs, eps = cfg.n_head, cfg.head_size, cfg.layer_norm_epsilon
-    weight = _check_plain_model(model, cfg.n_layer)
+    weight = check_plain_model(model, "decode_step_by_hand")
     _check_cache(k, v, cfg.n_layer, nh, hs, weight)
     for name, value, high in (("token", token, cfg.vocab_size), ("pos", pos, cfg.block_size),
                               ("slot", slot, k[0].shape[2])):

@@ -208,10 +208,12 @@ def run_sweep(model: GPT, threads: tuple[int, ...] = (1, 2), cases: tuple[Case, 
 def profile_decode(model: GPT, case: Case = CASES[0], steps: int = 16, backend: str = "inductor", top: int = 8,
                    seed: int = 0) -> dict[str, list[dict[str, Any]]]:
     """The operators of `steps` decode steps, eager and compiled: the `top` (a positive int) by self CPU time, per
-    step. Every argument is checked before the first profile runs."""
+    step, for a decode `case`. Every argument is checked before the first profile runs."""
     from torch.profiler import ProfilerActivity, profile
 
     check_case(model, case, steps)
+    if case.kind != "decode":  # its decoder would be sized for a prompt, and refused naming its own max_len
+        raise ValueError(f"profile_decode profiles decode steps: case must be a decode Case, got {case.name!r}")
     check_int("top", top)
     check_backend_and_seed(backend, seed)
     out = {}

@@ -53,9 +53,18 @@ class Case:
     check: Callable[[torch.Tensor | None, torch.Tensor | None], bool] | None = None  # version output vs naive's
 
 
+def require_cuda(who: str) -> None:
+    """A RuntimeError naming `who` unless a CUDA GPU is here: every helper below times (or allocates) on one, and
+    without it torch's own AssertionError ("Torch not compiled with CUDA enabled") would be the message."""
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{who} needs a CUDA GPU: torch.cuda.is_available() is False (the kernels' CPU checks are "
+                           "minillm.kernels.mirror and minillm.kernels.emulator)")
+
+
 @functools.cache
 def sleep_cycles_per_ms() -> float:
     """How many cycles `torch.cuda._sleep` spins per millisecond on this GPU (measured once per process)."""
+    require_cuda("sleep_cycles_per_ms")
     cycles = 2_000_000
     torch.cuda._sleep(cycles)  # warm-up: the first launch of any kernel pays for loading it
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -77,6 +86,7 @@ def time_ms(fn: Callable[[], object], warmup: int, repeats: int, batch_ms: float
     A sample holds as many calls as fill about `batch_ms` (at most `max_calls`). An fn that waits for the GPU
     itself (a .tolist(), an .item()) drains the queue, and its time then includes its host work, as it would in use.
     """
+    require_cuda("time_ms")
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -111,6 +121,7 @@ def close(tol: float) -> Callable[[torch.Tensor | None, torch.Tensor | None], bo
 
 def copy_bandwidth(num_bytes: int, warmup: int, repeats: int) -> float:
     """GB/s of a device-to-device copy of num_bytes (read + write counted: 2 * num_bytes per copy)."""
+    require_cuda("copy_bandwidth")
     src = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     ms = time_ms(lambda: dst.copy_(src), warmup, repeats)
@@ -120,6 +131,7 @@ def copy_bandwidth(num_bytes: int, warmup: int, repeats: int) -> float:
 def matmul_tflops(n: int, warmup: int, repeats: int, dtype: torch.dtype = torch.bfloat16) -> float:
     """TFLOP/s of an n x n x n matmul: bf16 on the tensor cores; fp32 with TF32 off, the CUDA cores' fp32 roof that
     kernels doing their math in fp32 FMAs (attention, the GEMVs) are read against."""
+    require_cuda("matmul_tflops")
     a = torch.randn(n, n, device="cuda", dtype=dtype)
     b = torch.randn(n, n, device="cuda", dtype=dtype)
     allow_tf32 = torch.backends.cuda.matmul.allow_tf32
@@ -133,6 +145,7 @@ def matmul_tflops(n: int, warmup: int, repeats: int, dtype: torch.dtype = torch.
 
 def cases(quick: bool) -> list[Case]:
     """The shapes: decode- and prefill-sized work for a GPT-2-small-to-medium model, in bf16."""
+    require_cuda("cases")
     bf16 = torch.bfloat16
     out: list[Case] = []
     esz = 2
@@ -221,8 +234,7 @@ def cases(quick: bool) -> list[Case]:
 def run(quick: bool = False, verbose: bool = True) -> dict:
     """Check, then time, every case; return {device, torch, cuda, copy_GBps, matmul_bf16_TFLOPs,
     matmul_fp32_TFLOPs, seconds, quick, rows}."""
-    if not torch.cuda.is_available():
-        raise RuntimeError("the chapter 12 benchmark needs a CUDA GPU: torch.cuda.is_available() is False")
+    require_cuda("the chapter 12 benchmark")
     load_kernels()
     began = time.perf_counter()
     warmup, repeats = (2, 10) if quick else (5, 30)

@@ -22,6 +22,9 @@ from pathlib import Path
 
 import torch
 
+from minillm.core.config import check_float, check_int
+from minillm.core.io import check_output_dir, check_path
+
 CSRC = Path(__file__).resolve().parent / "csrc"
 BINDINGS = CSRC / "bindings.cpp"
 # Each kernel file and the __global__ functions it must define (the compile test checks ptxas saw every one).
@@ -171,19 +174,50 @@ def parse_ptxas(source: str, text: str) -> list[KernelResources]:
 
 
 def _arch_list(arch: str | Sequence[str]) -> list[str]:
+    if not isinstance(arch, (str, list, tuple)):
+        raise TypeError(f"arch must be an architecture like 'sm_90', or a list of them, got {type(arch).__name__} "
+                        f"{arch!r}")
     archs = [arch] if isinstance(arch, str) else list(arch)
     for a in archs:
-        if not re.fullmatch(r"sm_\d{2,3}a?", a):
+        if not isinstance(a, str) or not re.fullmatch(r"sm_\d{2,3}a?", a):
             raise ValueError(f"arch must look like 'sm_90', got {a!r}")
     if not archs:
         raise ValueError("arch names no architecture")
     return archs
 
 
+def check_command(cmd: object, name: str = "cmd") -> list[str]:
+    """`cmd` as a list of str, the arguments of one process (run without a shell); a TypeError naming `name`
+    otherwise. subtle: a string would be taken as the program's name, spaces and all ("echo hi" is no program),
+    and a list of one string per character by `list(cmd)`."""
+    if not isinstance(cmd, (list, tuple)) or not cmd or not all(isinstance(a, (str, os.PathLike)) for a in cmd):
+        raise TypeError(f"{name} must be a non-empty list of str arguments, e.g. ['g++', '-c', 'a.cpp'], got "
+                        f"{type(cmd).__name__} {cmd!r:.80}")
+    return [os.fspath(a) for a in cmd]
+
+
+def check_build_args(out_dir: object, jobs: object, timeout: object) -> Path:
+    """out_dir as a Path, after checking what every build here takes: out_dir a folder path (not '', the current
+    folder by accident; not a file, nor under one), jobs None or a positive int, timeout positive seconds. A
+    TypeError / ValueError naming the argument, before anything is compiled."""
+    if out_dir == "":
+        raise ValueError("out_dir must name a folder, got ''")
+    out = check_path(out_dir, "out_dir")
+    check_output_dir(out, "out_dir")
+    if jobs is not None:
+        check_int("jobs", jobs)
+    check_float("timeout", timeout, 0.0, include_minimum=False)
+    return out
+
+
 def run_compiler(cmd: Sequence[str], what: str, timeout: float) -> str:
     """Run a compiler command; return its stdout + stderr, or raise RuntimeError naming `what` with the command
-    and the compiler's output (its last 6,000 characters) when it fails."""
-    proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
+    and the compiler's output (its last 6,000 characters) when it fails or runs past `timeout` seconds."""
+    cmd = check_command(cmd)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise RuntimeError(f"{what} ran past its timeout={timeout} s and was stopped:\n{' '.join(cmd)}") from e
     output = proc.stdout + proc.stderr
     if proc.returncode != 0:
         raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n{' '.join(cmd)}\n{output[-6000:]}")
@@ -200,13 +234,21 @@ def compile_sources_with_nvcc(
     """Compile each kernel file by itself (`nvcc -c -Xptxas -v`) for `arch` ("sm_90" or several) into out_dir.
 
     The files are compiled in `jobs` threads (nvcc is a separate process). Returns every kernel's registers and
-    spills; raises RuntimeError with nvcc's output when a file does not compile, and when nvcc is missing.
+    spills; raises RuntimeError with nvcc's output when a file does not compile, and when nvcc is missing. The
+    arguments are checked first: a TypeError / ValueError naming the bad one (FileNotFoundError for a source that
+    is not there), before nvcc is looked for.
     """
     archs = _arch_list(arch)
+    out = check_build_args(out_dir, jobs, timeout)
+    if not isinstance(sources, (list, tuple)):
+        raise TypeError(f"sources must be a list of .cu file paths, got {type(sources).__name__} {sources!r:.80}")
+    sources = [check_path(src, f"sources[{i}]") for i, src in enumerate(sources)]
+    for i, src in enumerate(sources):
+        if not src.is_file():
+            raise FileNotFoundError(f"sources[{i}] {str(src)!r}: no such file")
     nvcc = find_nvcc()
     if nvcc is None:
         raise RuntimeError("nvcc is not on the PATH (nor under CUDA_HOME): cannot compile the kernels")
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     gencode = [f"-gencode=arch=compute_{a[3:].rstrip('a')},code={a}" for a in archs]
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from minillm.core.io import check_path
-from minillm.kernels.build import CSRC, KERNEL_SOURCES, cache_dir, run_compiler
+from minillm.kernels.build import CSRC, KERNEL_SOURCES, cache_dir, check_build_args, run_compiler
 from minillm.kernels.ops import (_same, _tensor, _version, check_block_tables, check_eps,  # the wrappers' checks
                                  check_head_size, check_kv_write_args, check_paged_args, check_slot_range)
 
@@ -105,18 +105,29 @@ def object_cache() -> Path:
 def build(out_dir: str | Path | None = None, jobs: int | None = None, timeout: float = 600.0,
           sources: dict[str, str] | None = None) -> Path:
     """Compile the kernels and the emulator runtime into a shared library (cached by the sources' hash, and each
-    file's object by its own, so a change to one file recompiles that file alone) and return its path. `sources` replaces the text of kernel files by name ({"attention.cu": "..."}), to try a change (or a
-    planted bug) without touching csrc/. Raises RuntimeError with the compiler's output when something does not
-    compile, or when there is no C++ compiler."""
+    file's object by its own, so a change to one file recompiles that file alone) and return its path.
+
+    `sources` replaces the text of kernel files by name ({"attention.cu": text}, the text a str: read a file of
+    yours with `Path(...).read_text()`), to try a change (or a planted bug) without touching csrc/. out_dir
+    (default: the kernels' cache) must be a folder path, jobs None or a positive int, timeout positive seconds:
+    a TypeError / ValueError naming the argument before anything compiles. Raises RuntimeError with the
+    compiler's output when something does not compile, or when there is no C++ compiler."""
     texts = {src.name: src.read_text() for src in KERNEL_SOURCES}
-    for name in sources or {}:
+    if sources is not None and not isinstance(sources, dict):
+        raise TypeError(f"sources must be a dict of kernel file name -> its text, e.g. {{'softmax.cu': text}}, got "
+                        f"{type(sources).__name__} {sources!r:.80}")
+    for name, text in (sources or {}).items():
         if name not in texts:
             raise ValueError(f"sources may replace {sorted(texts)}, got {name!r}")
+        if not isinstance(text, str):
+            raise TypeError(f"sources[{name!r}] must be the file's text (a str), got {type(text).__name__} "
+                            f"{text!r:.80}" + ("; read the file first: path.read_text()"
+                                              if isinstance(text, os.PathLike) else ""))
     texts.update(sources or {})
+    out_dir = check_build_args(cache_dir() / "emulator" if out_dir is None else out_dir, jobs, timeout)
     cxx = find_cxx()
     if cxx is None:
         raise RuntimeError("the kernel emulator needs a C++ compiler (g++ or clang++, or set $CXX); none was found")
-    out_dir = Path(out_dir) if out_dir is not None else cache_dir() / "emulator"
     lib = out_dir / f"libminillm_kernels_emu_{_sources_digest(cxx, texts)}.so"
     if lib.is_file():
         return lib

@@ -85,7 +85,9 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
 
 
 def gelu_tanh(u: torch.Tensor) -> torch.Tensor:
-    """GPT-2's GELU, the tanh approximation (Hendrycks & Gimpel 2016, section 2); F.gelu(u, approximate="tanh")."""
+    """GPT-2's GELU, the tanh approximation (Hendrycks & Gimpel 2016, section 2); F.gelu(u, approximate="tanh").
+    u: a floating-point tensor (a TypeError naming u otherwise)."""
+    check_float_tensor("u", u)
     return 0.5 * u * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (u + 0.044715 * u**3)))
 
 
