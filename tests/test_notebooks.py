@@ -53,7 +53,15 @@ SMALLER = {
         ("gammas = [1, 2, 4, 6]", "gammas = [1, 4]"),
         ("[1, 4], repeats=3)", "[1, 4], repeats=1)"),
     ],
+    "06-continuous-batching": [
+        ("num_decodes=16, chunk=16, repeats=3)", "num_decodes=16, chunk=16, repeats=1)"),  # chunked prefill's ITL
+    ],
+    "12-cuda-kernels": [  # where nvcc is installed: one architecture (tests/test_12 checks both for spills)
+        ('build.compile_sources_with_nvcc(("sm_80", "sm_90"), d)', 'build.compile_sources_with_nvcc(("sm_90",), d)'),
+    ],
     "13-compilation": [
+        ("dec.generate_ids(prompt, params), repeats=3)", "dec.generate_ids(prompt, params), repeats=1)"),
+        ("warmup=2, repeats=15)", "warmup=1, repeats=2)"),  # the C++ GEMV against F.linear by rows
         ("generate_ids(fast, prompt, params), repeats=5)", "generate_ids(fast, prompt, params), repeats=1)"),
         ("hf_comparison(m, prompt, 48, repeats=3)", "hf_comparison(m, prompt, 48, repeats=1)"),
         ("run, repeats=5)", "run, repeats=1)"),
