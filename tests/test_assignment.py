@@ -183,6 +183,7 @@ def test_student_folder_is_self_contained_and_holds_no_solution_of_this_or_a_lat
         # portable: no link points anywhere (into this repository least of all); the checkpoints are the same
         # bytes, hard-linked (or copied across file systems), and whatever else is there stays small
         assert not [p for p in out.rglob("*") if p.is_symlink()], f"assignment {nn} holds symlinks"
+        assert not list(out.glob("minillm/course/probes/ch*.py")), "the grader's probes are not the student's"
         checkpoints = out / "minillm" / "assets" / "checkpoints"
         ours = REPO_ROOT / "minillm/assets/checkpoints"
         for f in ours.rglob("*"):

@@ -1,11 +1,10 @@
 """Attacks on `minillm grade`, each one found by trying it on the old grader, each now scoring what it should.
 
 The student folders are chapter 01's untouched stubs (which must score 0) plus the attack. The first group runs
-without isolation (`isolate=False`): what the grader itself holds on any machine. The second runs isolated
-(`sandbox.py`'s namespaces), and each of its attacks is also run without isolation first, to show it is real:
-reading the reference solutions, a `setsid` daemon that outlives grading, and the network. What holds neither
-way (student code deliberately rewiring pytest inside the child, or writing forged reports to the child's pipe
-before its own end) is documented in minillm/course/grading.py and in the README's Coursework section.
+without isolation (`isolate=False`): what the grader itself holds on any machine, forged pytest verdicts included
+(every report and the end forged, or pytest rewired from the student's code: the probes decide, outside the child).
+The second runs isolated (`sandbox.py`'s namespaces), and each of its attacks is also run without isolation first,
+to show it is real: reading the reference solutions, a `setsid` daemon that outlives grading, and the network.
 """
 
 from __future__ import annotations
@@ -71,6 +70,7 @@ def test_the_total_is_the_references_whatever_the_child_reports(messages, score)
 def test_the_child_runs_with_the_ci_hypothesis_profile_and_no_plugin_autoload():
     env = _child_env()
     assert env["HYPOTHESIS_PROFILE"] == "ci" and env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] == "1"
+    assert env["OMP_NUM_THREADS"] == "1"
     assert not any(k.startswith("PYTEST_ADDOPTS") or k == "PYTHONPATH" for k in env)
 
 
@@ -135,6 +135,52 @@ for _fd in range(3, 64):  # pre-report every graded test as passed, before the r
 def test_forged_reports_written_to_the_pipe_count_as_duplicates(tmp_path):
     report = grade("01", _stubs_with(tmp_path, FORGE_AT_IMPORT), isolate=False)
     assert (report.score, report.max_score) == (0, _total())
+
+
+# Every graded item reported passed, then a forged end, then the child exits before pytest runs anything: with the
+# verdict taken from the pipe alone, chapter 01's untouched stubs scored full marks.
+FORGE_EVERYTHING = r'''
+import json as _json, os as _os
+for _fd in range(3, 64):
+    try:
+        for _id in %r:
+            _line = _json.dumps({"event": "test", "outcome": "passed", "id": _id, "output": ""}) + "\n"
+            _os.write(_fd, _line.encode())
+        _os.write(_fd, (_json.dumps({"event": "end", "exitstatus": 0}) + "\n").encode())
+    except OSError:
+        continue
+_os._exit(0)
+'''
+
+# pytest rewired from the student's package: every report, whatever happened, becomes "passed".
+REWIRE_PYTEST = r'''
+import _pytest.reports as _reports
+_make = _reports.TestReport.from_item_and_call.__func__
+def _always_passed(cls, item, call):
+    report = _make(cls, item, call)
+    report.outcome, report.longrepr = "passed", None
+    return report
+_reports.TestReport.from_item_and_call = classmethod(_always_passed)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attack", ["forge-everything", "rewire-pytest"])
+def test_forged_verdicts_earn_nothing_because_the_probes_decide(attack, tmp_path, monkeypatch):
+    """Both attacks make pytest's word alone a full score (checked below on the very messages the child sent). The
+    probes, compared outside the child with the reference's data on a seed drawn for this grading, give 0."""
+    from minillm.course import grading
+
+    sent = []
+    score = grading.score_messages
+    monkeypatch.setattr(grading, "score_messages", lambda report, expected, messages, *args, **kw: (
+        sent.append(messages), score(report, expected, messages, *args, **kw))[1])
+    items = [i for t in graded_tests("01") for i in t.items]
+    code = FORGE_EVERYTHING % (items,) if attack == "forge-everything" else REWIRE_PYTEST
+    report = grade("01", _stubs_with(tmp_path, code), isolate=False)
+    assert score(GradeReport("01"), graded_tests("01"), sent[0]).score == _total()  # the forgery is complete
+    assert (report.score, report.max_score) == (0, _total())
+    assert report.probes and all(problem is not None for problem in report.probes.values()), report.probes
 
 
 CONFTEST_ATTACK = '''

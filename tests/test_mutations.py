@@ -124,7 +124,8 @@ def _copy_repo(dest: Path) -> Path:
 def _run(repo: Path, args: tuple[str, ...]) -> subprocess.CompletedProcess:
     # Only the plugins these tests use (timeouts, hypothesis): loading every installed one (xdist, anyio, ...) cost
     # each of the ~26 runs two seconds of its seven-second start.
-    env = {**os.environ, "PYTHONPATH": str(repo), "PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    env = {**os.environ, "PYTHONPATH": str(repo), "PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+           "OMP_NUM_THREADS": "1"}  # one thread: the other xdist worker shares the cores
     env.pop("PYTEST_XDIST_WORKER", None)
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "pytest_timeout",
            "-p", "_hypothesis_pytestplugin", "-o", "timeout=120", *args]

@@ -228,5 +228,9 @@ def test_planted_wrong_solution_loses_points(plant, tmp_path):
     exercises = {t.function: t.exercises for t in graded_tests(plant.chapter)}
     for t in lost:  # only tests that grade the planted exercise may fail
         assert plant.exercise in exercises[t.name], (plant.id, t.name, t.output[-1500:])
+    # The verdict outside the child: the exercise's probe, on inputs drawn for this grading, sees the mistake too
+    # (so the points are lost even to a submission that forges every pytest report); no other probe does.
+    assert report.probes[plant.exercise] is not None, f"{plant.id}: the probe of {plant.exercise} did not see it"
+    assert [e for e, problem in report.probes.items() if problem is not None] == [plant.exercise], report.probes
     print(f"{plant.id}: loses {report.max_score - report.score} of {report.max_score} points "
           f"({', '.join(t.name for t in lost)})")

@@ -35,6 +35,7 @@ import tempfile
 from pathlib import Path
 
 from minillm import chapters
+from minillm.course import probes as probing
 from minillm.course.grading import (ASSETS_DIR, PACKAGE_DIR, PYTEST_INI, REPO_ROOT, TESTS_DIR, GradeReport,
                                     GradedTest, TestResult, chapter_test_file, copy_tests, default_out_dir, grade,
                                     graded_tests, is_c_source)
@@ -245,6 +246,19 @@ def _link_or_copy(src: str, dst: str) -> str:
     return dst
 
 
+_IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "assets")
+
+
+def _not_for_students(folder: str, names: list[str]) -> set[str]:
+    """What `copytree` leaves out of a student's package: caches, the assets (linked separately) and the grader's
+    probes of each chapter (`course/probes/chNN.py`: some hold the reference's rules, and the grader runs its own
+    copy anyway)."""
+    skip = set(_IGNORED(folder, names))
+    if Path(folder).resolve() == probing.PROBES_DIR:
+        skip |= {n for n in names if re.fullmatch(r"ch\d\d\.py", n)}
+    return skip
+
+
 def write_assignment(chapter: str | int, out_dir: str | os.PathLike, force: bool = False) -> Path:
     """Write a self-contained student folder for chapter NN into out_dir (see the module docstring); returns it."""
     nn = _chapter(chapter)
@@ -257,7 +271,7 @@ def write_assignment(chapter: str | int, out_dir: str | os.PathLike, force: bool
     old = None
     try:
         pkg = tmp / "minillm"
-        shutil.copytree(PACKAGE_DIR, pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "assets"))
+        shutil.copytree(PACKAGE_DIR, pkg, ignore=_not_for_students)
         (pkg / "assets").mkdir()
         for item in ASSETS_DIR.iterdir():  # small files are copied; the checkpoints (34 MB) hard-linked
             if item.is_dir():

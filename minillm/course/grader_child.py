@@ -1,24 +1,29 @@
 """The grader's side of the grading child: run pytest and report each graded test's outcome over a pipe.
 
-`minillm.course.grading` runs this file as a script (`python -I grader_child.py MODE FD PATH -- PYTEST_ARGS`), never
-imports it: in the child, `import minillm` must find the *student's* package, so this file imports nothing from
+`minillm.course.grading` runs this file as a script (`python -I grader_child.py MODE FD PATH PROBES -- PYTEST_ARGS`),
+never imports it: in the child, `import minillm` must find the *student's* package, so this file imports nothing from
 minillm. Two modes:
 
-    collect  FD ROOT    (run on the reference) collect the tests marked graded and send their ids, points and
-                        exercises, one JSON line each
-    run      FD STUDENT run the graded tests with STUDENT (the folder holding the student's minillm/) first on
-                        sys.path, and send one JSON line per finished test: {"event": "test", "id", "outcome", "output"}
+    collect  FD ROOT    (run on the reference; PROBES is "-") collect the tests marked graded and send their ids,
+                        points and exercises, one JSON line each
+    run      FD STUDENT with STUDENT (the folder holding the student's minillm/) first on sys.path: first the
+                        chapter's probes, PROBES being {"dir", "chapter", "seed"} as JSON (the grader's own probes
+                        package, loaded by path), one {"event": "probe", "exercise", "data" or "error"} line each;
+                        then the graded tests, one {"event": "test", "id", "outcome", "output"} line per finished test
 
 The messages go to file descriptor FD, a pipe the parent opened; the parent scores from what it reads there, never
 from a file the child could rewrite afterwards. The descriptor is made non-inheritable (the student's subprocesses
 do not get it) and closed after the final {"event": "end"} (an atexit hook of the student's finds it gone); the
 parent ignores anything after "end" and fails a test reported twice. This defends against tampering *after the
-fact*; code that deliberately rewires pytest inside the child is not defended against (see grading.py).
+fact*. Code that deliberately forges the test reports (or rewires pytest) is defeated by the probes instead: the
+parent compares their data with the reference's, computed on a seed drawn for this grading (see
+`minillm.course.probes`), and a test whose exercises' probes disagree is worth nothing whatever pytest said.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -108,11 +113,35 @@ class Reporter:
         self.pipe.close()
 
 
+PROBES_PACKAGE = "minillm_grading_probes"  # the grader's probes, under a name the student's package cannot shadow
+
+
+def send_probes(pipe: _Pipe, spec: dict) -> None:
+    """Run the chapter's probes (the grader's copy, loaded from spec["dir"]) on the student's package; send each
+    exercise's data or error."""
+    student = Path(sys.path[0])
+    mine = Path(importlib.import_module("minillm").__file__).resolve()
+    if not mine.is_relative_to(student):  # probes of another minillm would be the reference's data
+        pipe.send(event="wrong_package", output=f"`import minillm` found {mine}, not the student's")
+        pipe.close()
+        os._exit(3)
+    where = Path(spec["dir"]) / "__init__.py"
+    found = importlib.util.spec_from_file_location(PROBES_PACKAGE, where, submodule_search_locations=[spec["dir"]])
+    package = importlib.util.module_from_spec(found)
+    sys.modules[PROBES_PACKAGE] = package
+    found.loader.exec_module(package)
+    chapter = package.chapter_module(spec["chapter"], PROBES_PACKAGE)
+    for exercise, result in package.run_probes(chapter.PROBES, int(spec["seed"])).items():
+        pipe.send(event="probe", exercise=exercise, **result)
+
+
 def main(argv: list[str]) -> int:
-    mode, fd, path, sep, *pytest_args = argv
-    assert sep == "--", "usage: grader_child.py MODE FD PATH -- PYTEST_ARGS"
+    mode, fd, path, probes, sep, *pytest_args = argv
+    assert sep == "--", "usage: grader_child.py MODE FD PATH PROBES -- PYTEST_ARGS"
     pipe = _Pipe(int(fd))
     sys.path.insert(0, str(Path(path).resolve()))
+    if mode == "run":
+        send_probes(pipe, json.loads(probes))
     import pytest
 
     plugin = Collector(pipe) if mode == "collect" else Reporter(pipe, path)

@@ -10,6 +10,12 @@ What it adds over running pytest on the student's folder:
     opened. The parent scores from those messages and writes junit.xml and results.json itself, after the child's
     whole process group is killed, so nothing the child leaves behind (an atexit hook, a process, a rewritten file)
     changes the report.
+  * the verdict is not the child's to decide: before the tests, the child runs the chapter's probes
+    (`minillm.course.probes`) on a seed the parent drew for this grading and sends their outputs as plain data
+    (JSON; no pickle). The parent computed the reference's outputs on the same seed before the child started and
+    compares them: a graded test is worth its points only when pytest reported it passed *and* the probe of every
+    exercise it grades agreed. Forged reports, a forged end, pytest rewired from the student's code: none of it
+    earns a point, because only a function that computes the right data passes its probe.
   * the child sees only what the grader chose: a temp directory with a fresh copy of the reference tests (hashed
     before and after; a changed copy voids the grade), a copy of the student's `minillm/` package and nothing
     else of the student's folder (no conftest.py, pytest.ini, shadowing modules or plugin entry points), the
@@ -26,11 +32,10 @@ What it adds over running pytest on the student's folder:
 
 What holds without isolation: everything in the list above but the last item. The student's code then runs with
 the grader's user rights: it can read any file the grader can (the reference solutions included), use the network,
-and leave the process group with `setsid` and outlive grading. What holds neither way: the child runs the
-student's code and pytest in one process, so code that deliberately rewires pytest's reporting, or writes forged
-"passed" reports and a forged "end" to the child's pipe before the real ones, can claim passes. Only a grader that
-decides each verdict outside the child (the child returning data, the comparison made by a trusted process) closes
-that; until then, grade untrusted submissions inside a container as well.
+and leave the process group with `setsid` and outlive grading: it could read the reference's solutions and
+return their data to the probes. So grade untrusted submissions isolated (or inside a container). What holds
+either way: pytest's own reports can be forged inside the child, but they never decide a point alone (the probes
+above).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import functools
 import hashlib
 import json
 import os
+import secrets
 import select
 import shutil
 import signal
@@ -53,6 +59,7 @@ from pathlib import Path
 
 from minillm import chapters
 from minillm.core.io import atomic_write_text
+from minillm.course import probes as probing
 from minillm.kernels import emulator
 
 C_SUFFIXES = frozenset({".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp"})
@@ -108,6 +115,7 @@ class GradeReport:
     chapter: str
     tests: list[TestResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the grader noticed: collection errors, tampering
+    probes: dict[str, str | None] = field(default_factory=dict)  # exercise -> None (agreed) or what differed
 
     @property
     def score(self) -> int:
@@ -149,8 +157,11 @@ class GradeReport:
 
 # --------------------------------------------------------------------------------------------- the child process
 def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    # One OpenMP thread: the graded tests use small tensors, and gradings often share a machine (an autograder's
+    # queue, CI's parallel workers), where threads waiting on each other make small ops many times slower.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PYTEST", "HYPOTHESIS"))}
-    env.update(HYPOTHESIS_PROFILE="ci", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PYTHONDONTWRITEBYTECODE="1")
+    env.update(HYPOTHESIS_PROFILE="ci", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PYTHONDONTWRITEBYTECODE="1",
+               OMP_NUM_THREADS="1")
     env.update(extra or {})
     return env
 
@@ -179,12 +190,14 @@ def _plugin_args() -> list[str]:
 
 
 def _run_child(mode: str, path: Path, cwd: Path, pytest_args: list[str], timeout: float,
-               jail: dict | None = None, env: dict[str, str] | None = None) -> tuple[list[dict], str, bool]:
-    """Run grader_child.py (inside `sandbox.py`'s namespaces when `jail` is a spec); return (messages up to "end",
-    the child's stdout+stderr tail, timed out)."""
+               jail: dict | None = None, env: dict[str, str] | None = None,
+               probes: dict | None = None) -> tuple[list[dict], str, bool]:
+    """Run grader_child.py (inside `sandbox.py`'s namespaces when `jail` is a spec; the probes first when `probes`
+    is {"dir", "chapter", "seed"}); return (messages up to "end", the child's stdout+stderr tail, timed out)."""
     read_fd, write_fd = os.pipe()
     with tempfile.TemporaryFile() as log:
-        command = [sys.executable, "-I", "-B", str(CHILD), mode, str(write_fd), str(path), "--", *pytest_args]
+        spec = json.dumps(probes) if probes is not None else "-"
+        command = [sys.executable, "-I", "-B", str(CHILD), mode, str(write_fd), str(path), spec, "--", *pytest_args]
         if jail is not None:
             spec = json.dumps({**jail, "pass_fds": [write_fd]})
             command = [*_unshare_command(), sys.executable, "-I", "-B", str(SANDBOX), spec, "--", *command]
@@ -294,11 +307,12 @@ def isolation_problem() -> str | None:
 def jail_spec(student: Path, work: Path) -> dict:
     """What the grading child may not see: the reference repository (its solutions and tests), the student's
     original folder, the home directory (a scratch tmpfs instead); what it keeps: the Python environment, the
-    shipped checkpoints, the child's own script (grader_child.py) and its work folder. As root it runs as `nobody`."""
+    shipped checkpoints, the child's own script (grader_child.py), the probes and its work folder. As root it runs
+    as `nobody`."""
     home = Path(os.path.expanduser("~"))
     hide = sorted({str(REPO_ROOT), str(student.resolve())})
     scratch = [str(home)] if home.is_dir() and home != Path("/") else []
-    keep = sorted({sys.prefix, sys.base_prefix, str(ASSETS_DIR), str(CHILD)})
+    keep = sorted({sys.prefix, sys.base_prefix, str(ASSETS_DIR), str(CHILD), str(probing.PROBES_DIR)})
     return {"hide": hide, "scratch": scratch, "keep": keep, "keep_rw": [str(work)],
             "drop_to": NOBODY if os.geteuid() == 0 else None}
 
@@ -433,6 +447,10 @@ def run_graded(nn: str, student: Path, timeout: float = 900.0, isolate: bool = F
     report = GradeReport(nn)
     if isolate and isolation_problem() is not None:
         raise ValueError(f"cannot isolate the grading child: {isolation_problem()}")
+    # The reference's probe data, on a seed drawn now, before any of the student's code runs.
+    seed = secrets.randbelow(2**31)
+    probes = probing.chapter_module(nn).PROBES
+    want = reference_probe_data(nn, probes, seed)
     with tempfile.TemporaryDirectory(prefix=f"minillm-grade-{nn}-", ignore_cleanup_errors=True) as tmp:
         work = Path(tmp)
         _copy_student_package(student, work / "student")
@@ -452,6 +470,7 @@ def run_graded(nn: str, student: Path, timeout: float = 900.0, isolate: bool = F
              "-c", str(work / "run" / "pytest.ini"), "--rootdir", str(work / "run"),
              "--confcutdir", str(work / "run"), "-o", "addopts="],
             timeout=timeout, jail=jail, env=build_env,
+            probes={"dir": str(probing.PROBES_DIR), "chapter": nn, "seed": seed},
         )
         tampered = _tree_hash(work / "run") != before
         if _files_hash(reference) != repo_before:
@@ -463,14 +482,52 @@ def run_graded(nn: str, student: Path, timeout: float = 900.0, isolate: bool = F
     if not any(m.get("event") in ("end", "timeout") for m in messages):
         early = f"the test run ended early; its output:\n{tail[-3000:]}"
         messages = [*messages, {"event": "early_exit", "output": early}]
-    score_messages(report, expected, messages, tampered)
+    report.probes = judge_probes(probes, want, messages)
+    score_messages(report, expected, messages, tampered, report.probes)
     return report
 
 
+def reference_probe_data(nn: str, probes: dict[str, probing.Probe], seed: int) -> dict[str, dict]:
+    """The reference's probe outputs for chapter nn on `seed`; a probe that fails on the reference is the grader's
+    bug (a RuntimeError), never the student's."""
+    missing = sorted({e for t in graded_tests(nn) for e in t.exercises} - set(probes))
+    if missing:
+        raise RuntimeError(f"chapter {nn}'s exercises {missing} have no probe in minillm/course/probes/ch{nn}.py")
+    want = probing.run_probes(probes, seed)
+    broken = {e: r["error"] for e, r in want.items() if "error" in r}
+    if broken:
+        raise RuntimeError(f"chapter {nn}'s probes fail on the reference (seed {seed}): {broken}")
+    return want
+
+
+def judge_probes(probes: dict[str, probing.Probe], want: dict[str, dict], messages: list[dict]
+                 ) -> dict[str, str | None]:
+    """{exercise: None when the child's probe data equals the reference's, else what went wrong}. Only messages
+    before the child's "end" count; an exercise reported twice or not at all has failed."""
+    got: dict[str, list[dict]] = {}
+    for m in messages:
+        if _is_end(m):
+            break
+        if m.get("event") == "probe":
+            got.setdefault(str(m.get("exercise")), []).append(m)
+    verdicts: dict[str, str | None] = {}
+    for exercise, probe in probes.items():
+        sent = got.get(exercise, [])
+        if len(sent) != 1:
+            verdicts[exercise] = "its probe did not run" if not sent else f"its probe was reported {len(sent)} times"
+        elif "error" in sent[0]:
+            verdicts[exercise] = f"on this grading's inputs it raised {sent[0]['error']}"
+        else:
+            problem = probing.difference(want[exercise]["data"], sent[0].get("data"), probe.rtol, probe.atol)
+            verdicts[exercise] = None if problem is None else f"on this grading's inputs, {problem}"
+    return verdicts
+
+
 def score_messages(report: GradeReport, expected: tuple[GradedTest, ...], messages: list[dict],
-                   tampered: bool = False) -> GradeReport:
+                   tampered: bool = False, probes: dict[str, str | None] | None = None) -> GradeReport:
     """Fill `report` from the child's messages: each expected test function passes when every one of its items was
-    reported exactly once, as passed. Unexpected ids are ignored; the total is the expected points, always."""
+    reported exactly once, as passed, and (when `probes`, {exercise: problem or None}, is given) the probe of every
+    exercise it grades agreed with the reference. Unexpected ids are ignored; the total is the expected points."""
     seen: dict[str, list[dict]] = {}
     for m in messages:
         if m.get("event") == "end":
@@ -492,6 +549,9 @@ def score_messages(report: GradeReport, expected: tuple[GradedTest, ...], messag
                 problems.append(f"{item}: {got[0].get('outcome')}\n{got[0].get('output', '')}")
         if tampered:
             problems.append("the reference tests were modified during grading")
+        for exercise in test.exercises if probes is not None else ():
+            if probes.get(exercise, "it has no probe") is not None:
+                problems.append(f"{exercise}: {probes.get(exercise, 'it has no probe')}")
         if problems and not any(seen.get(i) for i in test.items):
             problems.extend(general)
         report.tests.append(TestResult(test.function, not problems, test.points, "\n".join(problems).strip()))

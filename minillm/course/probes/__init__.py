@@ -1,0 +1,173 @@
+"""Probes: what the grader compares, so that no verdict is decided where the student's code runs.
+
+The graded tests run inside the grading child, in the same process as the student's code, and report over a pipe:
+code that forges those reports (or rewires pytest) could claim passes. A probe closes that. For each exercise, a
+probe calls the exercise's function (or drives its class) on inputs drawn from a seed and returns plain data: ints,
+floats, strings, lists, dicts and tensors, never objects. The parent draws a fresh seed for every grading (the child
+learns it only when it starts), computes the reference's outputs in its own process *before* the child starts, and
+compares what the child sends back under the probe's tolerance. A graded test is worth its points only when pytest
+reported it passed *and* the probes of every exercise it grades agreed: forged passes earn nothing, because the
+data can only be right if the student's function computes it.
+
+One module per chapter with exercises, `chNN` (ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10, ch11,
+ch12, ch13, ch14, ch15): `PROBES = {exercise: Probe(...)}`. Each imports the chapter's modules as `minillm.*`, which
+in the child is the student's copy and in the parent the reference.
+
+The child loads this package from the grader's own files by path (student folders do not even hold the chapter
+modules: some write out reference rules), so the student cannot edit the probes either; even if they could, a
+probe's output still has to equal the reference's.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import random
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Iterator
+
+import torch
+
+PROBES_DIR = Path(__file__).resolve().parent
+MAX_NUMBERS = 200_000  # a probe's output is small data; more is refused (a student cannot flood the parent)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One exercise's probe: `run(seed)` returns its outputs as plain data; floats (and float tensors) agree when
+    |got - want| <= atol + rtol * |want|, everything else exactly."""
+
+    run: Callable[[int], Any]
+    rtol: float = 0.0
+    atol: float = 0.0
+
+
+def generator(seed: int) -> torch.Generator:
+    """The probe's torch generator (CPU), seeded: the same inputs in the parent and in the child."""
+    return torch.Generator().manual_seed(seed)
+
+
+def rng(seed: int) -> random.Random:
+    """The probe's Python random generator, seeded."""
+    return random.Random(seed)
+
+
+def outcome(call: Callable[[], Any]) -> Any:
+    """What `call()` returned, or {"raises": <exception type name>} when it raised: a probe records an expected
+    error as data (e.g. an allocator out of blocks), so the student's code must raise the same type."""
+    try:
+        return call()
+    except Exception as e:  # noqa: BLE001 - the type is the data
+        return {"raises": type(e).__name__}
+
+
+@contextmanager
+def substituted(module: ModuleType, **rules: Callable) -> Iterator[None]:
+    """`module`'s functions named in `rules` replaced by them while the block runs, restored after. A probe of an
+    exercise that calls other exercises of its chapter runs them on the reference's rules (written out in the
+    probe), so that a mistake in one of them shows in its own probe only."""
+    saved = {name: getattr(module, name) for name in rules}
+    for name, rule in rules.items():
+        setattr(module, name, rule)
+    try:
+        yield
+    finally:
+        for name, f in saved.items():
+            setattr(module, name, f)
+
+
+def chapter_module(nn: str, package: str = __name__) -> ModuleType:
+    """The probes of chapter nn (`chNN` in this package, imported under `package`)."""
+    return importlib.import_module(f"{package}.ch{nn}")
+
+
+def run_probes(probes: dict[str, Probe], seed: int) -> dict[str, dict]:
+    """{exercise: {"data": encoded outputs} or {"error": "Type: message"}} for every probe, in order."""
+    results = {}
+    for exercise, probe in probes.items():
+        try:
+            results[exercise] = {"data": encode(probe.run(seed))}
+        except Exception as e:  # noqa: BLE001 - the student's code may raise anything; it is reported as data
+            results[exercise] = {"error": f"{type(e).__name__}: {e}"[:500]}
+    return results
+
+
+# --------------------------------------------------------------------------------------------- plain data
+def encode(value: Any, _count: list[int] | None = None) -> Any:
+    """`value` as JSON-able plain data: tensors become {"tensor": dtype, "shape": [...], "values": [...]}; tuples
+    become lists. Anything else (an object, a function) is a TypeError: probes return data only."""
+    count = [0] if _count is None else _count
+    if isinstance(value, torch.Tensor):
+        t = value.detach().to("cpu")
+        count[0] += t.numel()
+        if count[0] > MAX_NUMBERS:
+            raise ValueError(f"a probe's output holds more than {MAX_NUMBERS:,} numbers")
+        if t.dtype == torch.bfloat16 or t.dtype == torch.float16:
+            t = t.float()
+        return {"tensor": str(value.dtype).removeprefix("torch."), "shape": list(t.shape),
+                "values": t.reshape(-1).tolist()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        count[0] += 1
+        return value
+    if isinstance(value, (list, tuple)):
+        return [encode(v, count) for v in value]
+    if isinstance(value, dict):
+        return {str(k): encode(v, count) for k, v in value.items()}
+    raise TypeError(f"a probe returned a {type(value).__name__}; probes return plain data (numbers, strings, "
+                    f"lists, dicts, tensors)")
+
+
+def difference(want: Any, got: Any, rtol: float, atol: float, where: str = "output") -> str | None:
+    """None when `got` equals `want` (floats within rtol/atol, NaN equal to NaN), else where and how they differ."""
+    if isinstance(want, dict) and "tensor" in want and "values" in want:
+        if not (isinstance(got, dict) and "tensor" in got and "values" in got and "shape" in got):
+            return f"{where}: expected a tensor, got {_kind(got)}"
+        if got["tensor"] != want["tensor"] or got["shape"] != want["shape"]:
+            return (f"{where}: expected a {want['tensor']} tensor of shape {tuple(want['shape'])}, got "
+                    f"{got['tensor']} of shape {tuple(got['shape'])}")
+        if not isinstance(got["values"], list) or len(got["values"]) != len(want["values"]):
+            return f"{where}: the tensor's values do not match its shape"
+        for i, (w, g) in enumerate(zip(want["values"], got["values"])):
+            problem = _scalar_difference(w, g, rtol, atol, f"{where}, element {i} (flattened)")
+            if problem:
+                return problem
+        return None
+    if isinstance(want, dict):
+        if not isinstance(got, dict) or set(got) != set(want):
+            keys = sorted(got) if isinstance(got, dict) else _kind(got)
+            return f"{where}: expected the keys {sorted(want)}, got {keys}"
+        for k in want:
+            problem = difference(want[k], got[k], rtol, atol, f"{where}[{k!r}]")
+            if problem:
+                return problem
+        return None
+    if isinstance(want, list):
+        if not isinstance(got, list) or len(got) != len(want):
+            return f"{where}: expected a list of {len(want)}, got {_kind(got)}"
+        for i, (w, g) in enumerate(zip(want, got)):
+            problem = difference(w, g, rtol, atol, f"{where}[{i}]")
+            if problem:
+                return problem
+        return None
+    return _scalar_difference(want, got, rtol, atol, where)
+
+
+def _scalar_difference(want: Any, got: Any, rtol: float, atol: float, where: str) -> str | None:
+    if isinstance(want, float) and isinstance(got, (int, float)) and not isinstance(got, bool):
+        if math.isnan(want) and math.isnan(got):
+            return None
+        if want == got or (math.isfinite(want) and abs(got - want) <= atol + rtol * abs(want)):
+            return None
+        return f"{where}: expected {want!r}, got {got!r}"
+    if type(want) is not type(got) or want != got:
+        return f"{where}: expected {want!r}, got {got!r}"
+    return None
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    return type(value).__name__ if not isinstance(value, dict) else "a dict"
