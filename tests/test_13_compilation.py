@@ -27,6 +27,7 @@ from minillm.compile.sweep import Case, profile_decode, run_sweep
 from minillm.core.sampling import SamplingParams
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.kvcache.generate import decode_step, generate_ids, prefill
+from minillm.naive.roofline import decode_weight_bytes
 
 SMALL = GPTConfig(vocab_size=4096, block_size=64, n_layer=2, n_head=4, n_embd=64)
 PROMPTS = [[5, 17, 99, 3], [200, 1, 1, 42, 7, 9, 11, 300, 12], [64]]
@@ -171,6 +172,12 @@ def test_benchmark_rows_on_a_small_model():
     for r in report["rows"]:  # both fractions of the bound, each from its own timing (values are not asserted)
         assert r["fraction_of_bound"] > 0 and r["bound_tok_s"] > 0
         assert r["fraction_of_fastest_bound"] == pytest.approx(r["tok_s"] / report["bound"]["tok_s_bound"])
+    if modes[:-2]:  # the C++ step builds here: chapter 10's MLP-pruned model on it, the pruned model's own tokens
+        p = report["pruned_fused"]
+        hidden = 4 * SMALL.n_embd  # a quarter of each block's neurons gone: c_fc and c_proj lose a quarter
+        removed = SMALL.n_layer * (hidden // 4) * (2 * SMALL.n_embd + 1) * 4
+        total = decode_weight_bytes(model())
+        assert p["identical"] and p["weight_ratio"] == pytest.approx(total / (total - removed))
 
 
 @pytest.mark.skipif(not DYNAMO or shutil.which("g++") is None and shutil.which("c++") is None,

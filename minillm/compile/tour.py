@@ -5,7 +5,9 @@ Hugging Face's). Measured: `torch.compile decode, batch 1` (speed-up over eager,
 `fastest decode, batch 1` (the fastest path's tok/s as a fraction of the weight-streaming bound's, the two timed
 in turn in one run), `fastest decode vs HF, batch 1` (tok/s ratio to `generate(use_cache=True)`),
 `fastest continuous vs static` and `fastest continuous vs HF` (tok/CPU-s ratios of chapter 06's engine on the
-fastest path: `fast_cpu_model` and the C++ paged decode attention, on chapter 06's workload), and on CUDA
+fastest path: `fast_cpu_model` and the C++ paged decode attention, on chapter 06's workload),
+`structured MLP 25% on the fused step` (speed-up of chapter 10's MLP-pruned model over the dense one, both on
+`FusedCPUDecoder`), and on CUDA
 `CUDA graph decode, batch 1` (speed-up).
 """
 
@@ -61,6 +63,13 @@ def run(ctx: TourContext) -> list[Row]:
                         f"identical tokens: {h['identical']}; {h['ours_tok_s']:.0f} vs {h['hf_tok_s']:.0f} tok/s "
                         f"(eager ours in the same run: {e['ratio']:.2f}x HF); target 1.5x, {label}", h["identical"],
                         "tok/s ratio", h["ratio"], "x", dev, details={"model": label, **hf}))
+    if "pruned_fused" in r:
+        p = r["pruned_fused"]
+        rows.append(Row("13", "structured MLP 25% on the fused step", "dense base on FusedCPUDecoder",
+                        f"MLP-pruned base ({100 * p['fraction']:.0f}% of neurons, ch10) on FusedCPUDecoder",
+                        f"identical to the pruned model's eager tokens: {p['identical']}; {p['pruned_tok_s']:.0f} vs "
+                        f"{p['dense_tok_s']:.0f} tok/s; weights read {p['weight_ratio']:.2f}x fewer, {label}",
+                        p["identical"], "speed-up", p["speedup"], "x", dev, details={"model": label, **p}))
     if ctx.device.type == "cpu" and build_problem() is None:
         # Chapter 06's throughput comparison (same workload and batch) with every decode-sized product in C++
         # for both engines, and the engine's decode attention read through the block tables in C++.
