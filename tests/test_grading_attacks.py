@@ -67,6 +67,40 @@ def test_the_total_is_the_references_whatever_the_child_reports(messages, score)
     assert (report.score, report.max_score) == (score, 5)
 
 
+def test_what_the_child_sends_cannot_crash_the_parent():
+    """The parent parses and compares what student code may have written: JSON nested past the parser's depth, an
+    int too large for a float, a shape that is not a list. Each is a failed comparison, never the grader's crash."""
+    from minillm.course.grading import _message
+    from minillm.course.probes import difference
+
+    assert _message(b"[" * 100_000 + b"]" * 100_000) is None and _message(b'{"event": "end"}') == {"event": "end"}
+    assert "expected 1.0" in difference(1.0, 10**400, 1e-4, 1e-5)
+    want = {"tensor": "float32", "shape": [2], "values": [1.0, 2.0]}
+    assert "shape" in difference(want, {"tensor": "float32", "shape": 5, "values": 7}, 0.0, 0.0)
+    assert difference([1.0, float("nan")], [1.0 + 1e-9, float("nan")], 1e-6, 0.0) is None
+
+
+FLOOD = r'''
+import os as _os
+_junk = b"x" * (1 << 20)
+for _fd in range(3, 64):
+    try:
+        for _ in range(48):  # 48 MB down every descriptor, the report pipe among them
+            _os.write(_fd, _junk)
+    except OSError:
+        continue
+'''
+
+
+@pytest.mark.slow
+def test_a_child_flooding_its_pipe_is_cut_off_and_scores_zero(tmp_path):
+    """The parent read whatever the child wrote into memory, and rescanned it all whenever a chunk held "end": a
+    flood made grading slow and large. It now stops reading at MAX_PIPE_BYTES and scores what came before."""
+    start = time.monotonic()
+    report = grade("01", _stubs_with(tmp_path, FLOOD), isolate=False)
+    assert (report.score, report.max_score) == (0, _total()) and time.monotonic() - start < 120
+
+
 def test_the_child_runs_with_the_ci_hypothesis_profile_and_no_plugin_autoload():
     env = _child_env()
     assert env["HYPOTHESIS_PROFILE"] == "ci" and env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] == "1"

@@ -76,6 +76,7 @@ TESTS_DIR = REPO_ROOT / "tests"
 ASSETS_DIR = PACKAGE_DIR / "assets"
 CHILD = Path(__file__).resolve().parent / "grader_child.py"
 SANDBOX = Path(__file__).resolve().parent / "sandbox.py"
+MAX_PIPE_BYTES = 32 << 20  # what the parent reads from a child's pipe at most (the probes' data is well under 1 MB)
 NOBODY = 65534  # the user a root grader runs the student's code as (`nobody` on Debian and most distributions)
 
 # The pytest configuration of the grading child (and, with `pythonpath = .`, of a student folder).
@@ -207,13 +208,18 @@ def _run_child(mode: str, path: Path, cwd: Path, pytest_args: list[str], timeout
             pass_fds=(write_fd,), start_new_session=True,
         )
         os.close(write_fd)
-        buf, timed_out = b"", False
+        buf, timed_out, scanned = b"", False, 0
         deadline = time.monotonic() + timeout
         try:
             while True:
+                if time.monotonic() > deadline:  # checked first: a child that writes without pause still stops
+                    timed_out = True
+                    break
                 ready, _, _ = select.select([read_fd], [], [], 0.2)
                 if ready:
                     chunk = os.read(read_fd, 1 << 16)
+                    if len(buf) + len(chunk) > MAX_PIPE_BYTES:  # a flood: what came so far is all that counts
+                        break
                     if not chunk:
                         # End of file without an "end": the child died or closed the pipe early. Wait for it to
                         # exit (no longer polling the closed pipe) so its last output reaches the log.
@@ -223,15 +229,15 @@ def _run_child(mode: str, path: Path, cwd: Path, pytest_args: list[str], timeout
                             timed_out = True
                         break
                     buf += chunk
-                    if b'"end"' in chunk and any(_is_end(_message(line)) for line in buf.splitlines()):
+                    complete = buf.rfind(b"\n") + 1  # only the lines not looked at yet, each once
+                    if b'"end"' in buf[scanned:complete] and any(_is_end(_message(line))
+                                                                 for line in buf[scanned:complete].splitlines()):
                         # After "end" nothing counts, so the interpreter's shutdown (torch's teardown takes a
                         # second) is not waited for: `finally` kills the group.
                         break
+                    scanned = complete
                     continue
                 if proc.poll() is not None:
-                    break
-                if time.monotonic() > deadline:
-                    timed_out = True
                     break
         finally:
             # The child and everything it started go, before the parent reads the rest or writes any report.
@@ -240,7 +246,7 @@ def _run_child(mode: str, path: Path, cwd: Path, pytest_args: list[str], timeout
             except ProcessLookupError:
                 pass
             proc.wait()
-            while select.select([read_fd], [], [], 0.05)[0]:
+            while len(buf) <= MAX_PIPE_BYTES and select.select([read_fd], [], [], 0.05)[0]:
                 chunk = os.read(read_fd, 1 << 16)
                 if not chunk:
                     break
@@ -264,7 +270,7 @@ def _message(line: bytes) -> dict | None:
     """One line of the child's pipe as its JSON object, or None when it is not one (noise is skipped)."""
     try:
         msg = json.loads(line.decode(errors="replace"))
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
         return None
     return msg if isinstance(msg, dict) else None
 
