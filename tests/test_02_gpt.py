@@ -178,9 +178,9 @@ def test_forward_rejects_bad_ids_and_positions():
         model(idx[0])
     with pytest.raises(ValueError, match="T=0"):
         model(idx[:, :0])
-    with pytest.raises(ValueError, match=f"token id {cfg.vocab_size} is outside the vocabulary"):
+    with pytest.raises(ValueError, match=f"idx holds token id {cfg.vocab_size}, which is outside the vocabulary"):
         model(torch.tensor([[1, cfg.vocab_size, 2]]))
-    with pytest.raises(ValueError, match="token id -3 is outside the vocabulary"):
+    with pytest.raises(ValueError, match="idx holds token id -3, which is outside the vocabulary"):
         model(torch.tensor([[1, -3, cfg.vocab_size]]))
     with pytest.raises(ValueError, match="exceeds the context window"):
         model(torch.zeros(1, 17, dtype=torch.long))

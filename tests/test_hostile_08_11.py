@@ -31,12 +31,17 @@ from minillm.distill import FeatureProjection, default_layer_pairs, distillation
 from minillm.distill import bench as distill_bench
 from minillm.distill import train as distill_train
 from minillm.distill.losses import MIN_TEMPERATURE, check_kind, check_layer_pairs, check_temperature
-from minillm.distill.run_state import RECORDS_NAME, RUN_NAME, start_run, teacher_digest
+from minillm.distill.run_state import RECORDS_NAME, RUN_NAME, RecordLog, start_run, teacher_digest
 from minillm.distill.train import DistillObjective, checkpoint_dir, distill, kd_history, student_dir
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
 from minillm.gpt.train import TrainConfig, train
 from minillm.kvcache.generate import generate_ids
+from minillm.prune.masks import magnitude_mask
+from minillm.prune.structured import prune_mlp
+from minillm.quant.gptq import gptq_quantize
+from minillm.quant.linear import QuantConfig, QuantLinear
+from minillm.quant.w8a8 import llm_int8_linear
 from minillm.speculative import bench as spec_bench
 from minillm.speculative import engine_bench
 from minillm.speculative.engine import SpeculativeConfig, SpeculativeLLM
@@ -367,6 +372,64 @@ BAD = [
     # before: named by the generator, "speculative decoding (draft)"
     ("dbench4-acceptance-draft-not-model", lambda c: distill_bench.acceptance(c.target, "draft", [[1, 2]], 2, 1),
      TypeError, r"acceptance \(draft\) needs a minillm GPT"),
+    # ---------------------------------------------------------------- chapter 11, fifth hostile run
+    # before: torch's matmul error (an nn.Sequential has no in_features to check up front), IsADirectoryError at the
+    # first record, KeyError 'alpha', "'NoneType' object is not iterable", ZeroDivisionError, Python's operand
+    # error, and the allocator's error for a 10^12-weight projection
+    ("d11r5-feature-loss-sequential-wrong-width", lambda c: feature_loss(
+        torch.randn(3, 5), torch.randn(3, 6), torch.nn.Sequential(torch.nn.Linear(4, 6))), ValueError,
+     r"^proj failed on student_h of shape \(3, 5\) \(width 5\): "),
+    ("d11r5-record-log-dir", lambda c: RecordLog(c.root)({"hard": 1.0}), ValueError, "^path .* is a directory"),
+    ("d11r5-record-log-empty", lambda c: RecordLog(""), ValueError, "^path must name a path"),
+    ("d11r5-alpha-at-row-no-alpha", lambda c: distill_bench.alpha_at({"acceptance": {"draft": [{"gamma": 1}]}},
+                                                                      "draft", 1), ValueError,
+     r"^report\['acceptance'\]\['draft'\]\[0\] must be a row with 'gamma' and 'alpha'"),
+    ("d11r5-alpha-at-rows-none", lambda c: distill_bench.alpha_at({"acceptance": {"draft": None}}, "draft", 1),
+     TypeError, r"^report\['acceptance'\]\['draft'\] must be a list of rows"),
+    ("d11r5-alpha-at-acceptance-list", lambda c: distill_bench.alpha_at({"acceptance": [1, 2]}, "draft", 1),
+     TypeError, r"^report\['acceptance'\] must be a dict \(per draft\), got list"),
+    ("d11r5-ppl-ratio-zero", lambda c: distill_bench.perplexity_ratio({"perplexity": {
+        "draft-distilled": 1.0, "draft-hardlabel": 0.0}}), ValueError,
+     r"^report\['perplexity'\]\['draft-hardlabel'\] must be in \(0.0, inf\), got 0.0"),
+    ("d11r5-ppl-ratio-str", lambda c: distill_bench.perplexity_ratio({"perplexity": {
+        "draft-distilled": "1.0", "draft-hardlabel": 2.0}}), TypeError,
+     r"^report\['perplexity'\]\['draft-distilled'\] must be a number, got str"),
+    ("d11r5-ppl-section-none", lambda c: distill_bench.perplexity_ratio({"perplexity": None}), TypeError,
+     r"^report\['perplexity'\] must be a dict"),
+    ("d11r5-featproj-huge", lambda c: FeatureProjection(10 ** 6, 10 ** 6, [(0, 0)]), ValueError,
+     r"^student_width x teacher_width ask for a tensor of shape \(1000000, 1000000\)"),
+    # ---------------------------------------------------------------- an int past the float range, every chapter
+    # before: Python's OverflowError (math.isfinite, float(), x / 2, 0.5 ** n on 10**400), naming no argument
+    ("big-etpc-gamma", lambda c: spec_bench.expected_tokens_per_call(0.5, 10 ** 400), ValueError,
+     r"^gamma must be within the float range .* got an int of about 401 digits"),
+    ("big-etpc-alpha-1-gamma", lambda c: spec_bench.expected_tokens_per_call(1.0, 10 ** 400), ValueError,
+     "^gamma must be within the float range"),
+    ("big-speedup-verify-cost", lambda c: spec_bench.predicted_speedup(0.5, 2, 0.1, 10 ** 400), ValueError,
+     "^verify_cost must be within the float range"),
+    ("big-chi2-p-dof", lambda c: spec_bench.chi_square_p_value(1.0, 10 ** 400), ValueError,
+     "^dof must be within the float range"),
+    ("big-chi2-p-dof-negative", lambda c: spec_bench.chi_square_p_value(1.0, -10 ** 400), ValueError,
+     "^dof must be within the float range"),
+    ("big-chi2-p-chi2", lambda c: spec_bench.chi_square_p_value(10 ** 400, 3), ValueError,
+     "^chi2 must be within the float range"),
+    ("big-quant-config-threshold", lambda c: QuantConfig("w8a8", outlier_threshold=10 ** 400), ValueError,
+     "outlier_threshold must be within the float range"),
+    ("big-llm-int8-threshold", lambda c: llm_int8_linear(torch.randn(5, 32), QuantLinear.from_linear(
+        torch.nn.Linear(32, 8), QuantConfig("w8a8")), 10 ** 400), ValueError, "^threshold must be within the float"),
+    ("big-gptq-damp", lambda c: gptq_quantize(torch.randn(8, 32), torch.eye(32), damp=10 ** 400), ValueError,
+     "^damp must be within the float range"),
+    ("big-magnitude-sparsity", lambda c: magnitude_mask(torch.randn(8, 16), 10 ** 400), ValueError,
+     "^sparsity must be within the float range"),
+    ("big-prune-mlp-fraction", lambda c: prune_mlp(c.target, 10 ** 400, []), ValueError,
+     "^fraction must be within the float range"),
+    ("big-kd-temperature", lambda c: kd_loss(c.zs, c.zt, 10 ** 400), ValueError,
+     "^temperature must be within the float range"),
+    ("big-kd-temperature-past-str-limit", lambda c: kd_loss(c.zs, c.zt, 10 ** 5000), ValueError,
+     "^temperature must be within the float range .* about 5001 digits"),  # str(10**5000) is itself an error
+    ("big-dl-kd-weight", lambda c: distillation_loss(c.zs, c.zt, c.y, kd_weight=10 ** 400), ValueError,
+     "^kd_weight must be within the float range"),
+    ("big-distill-temperature", lambda c: distill(c.cfg, c.teacher, temperature=10 ** 400, progress=False),
+     ValueError, "^temperature must be within the float range"),
     # ---------------------------------------------------------------- chapter 08: the acceptance rule
     ("accprob-list", lambda c: acceptance_probability([0.5], torch.tensor([0.5])), TypeError, "p_x"),
     ("accprob-int", lambda c: acceptance_probability(torch.tensor([1]), torch.tensor([1])), TypeError, "p_x"),
@@ -576,6 +639,27 @@ BAD = [
     ("s08-acceptance-reference-not-ids", lambda c: distill_bench.acceptance(c.target, c.draft, [[1, 2]], 2, 1,
                                                                             reference=[["a", "b"]]), TypeError,
      r"^reference\[0\]\[0\] must be an int"),
+    # ---------------------------------------------------------------- chapter 08, fifth hostile run
+    # before: GPT.forward's "token id 600 is outside", naming no argument, or the embedding's IndexError
+    ("s08r5-agreement-prompt-past-vocab", lambda c: spec_bench.draft_agreement(c.target, c.draft, [[600]], [[1]]),
+     ValueError, r"^prompts\[0\]\[0\] = 600 is outside the vocabulary \[0, 512\)"),
+    ("s08r5-costs-prompt-past-vocab", lambda c: spec_bench.forward_costs(c.target, c.draft, [600], [1], context=4,
+                                                                         repeats=1), ValueError,
+     r"^prompt\[0\] = 600 is outside the vocabulary"),
+    ("s08r5-exactness-prompt-past-vocab", lambda c: spec_bench.sampling_exactness(c.target, c.draft, [600], draws=5),
+     ValueError, r"^prompt\[0\] = 600 is outside the vocabulary"),
+    ("s08r5-lookup-prompt-past-vocab", lambda c: spec_bench.prompt_lookup(c.target, [600, 1], 2, repeats=1),
+     ValueError, r"^prompt\[0\] = 600 is outside the vocabulary"),
+    ("s08r5-hf-prompt-past-vocab", lambda c: spec_bench.hf_assisted(c.target, c.draft, [600], 2, repeats=1),
+     ValueError, r"^prompt\[0\] = 600 is outside the vocabulary"),
+    # before: AttributeError on a model given by name; the allocator's RuntimeError for 2^40 rows
+    ("s08r5-matmul-model-str", lambda c: spec_bench.matmul_costs("base", [1]), TypeError,
+     "^matmul_costs: model needs a minillm GPT .* got str"),
+    ("s08r5-matmul-ts-past-window", lambda c: spec_bench.matmul_costs(c.target, [2 ** 40], repeats=1), ValueError,
+     "^ts holds T=1099511627776, more rows than the model's context window block_size=64"),
+    # before: "asked for 1 prompts ... 0 pieces", naming n only
+    ("s08r5-engine-prompts-window-huge", lambda c: engine_bench.code_prompts(BYTE_TOKENIZER, 1, 8, window=10 ** 12),
+     ValueError, "pieces of window=1000000000000 chars; lower n"),
 ]
 
 
@@ -708,6 +792,47 @@ def test_distillation_loss_accepts_int32_targets_and_names_the_mix():
     torch.testing.assert_close(a.total, 0.7 * F.cross_entropy(zs.reshape(-1, 7), y.reshape(-1)) + 0.3 * a.soft)
 
 
+def _ce_by_hand(z: torch.Tensor, y: torch.Tensor) -> float:
+    """Mean over positions of log Σ_v exp(z_v) − z_y, in Python floats (float64; exp(−inf) = 0)."""
+    rows, labels = z.double().reshape(-1, z.size(-1)).tolist(), y.reshape(-1).tolist()
+    return sum(math.log(sum(math.exp(v) for v in row)) - row[t] for row, t in zip(rows, labels)) / len(rows)
+
+
+def _kl_by_hand(zs: torch.Tensor, zt: torch.Tensor) -> float:
+    """Mean over positions of Σ_v p_v (log p_v − log q_v) at T = 1, in Python floats; a token with p_v = 0 adds 0
+    (0 · log 0 = 0), so one masked on both sides drops out."""
+    V = zs.size(-1)
+    rows = list(zip(zs.double().reshape(-1, V).tolist(), zt.double().reshape(-1, V).tolist()))
+    total = 0.0
+    for s, t in rows:
+        lse_s, lse_t = (math.log(sum(math.exp(v) for v in row)) for row in (s, t))
+        total += sum(math.exp(b - lse_t) * ((b - lse_t) - (a - lse_s)) for a, b in zip(s, t) if b != -INF)
+    return total / len(rows)
+
+
+def test_d11r5_an_infinite_term_of_weight_zero_leaves_the_distillation_loss_finite(ctx):
+    # before: NaN = 0 · inf. At w = 0 a token the student masks and the teacher does not (KL = +inf) made the loss
+    # NaN, not plain training on labels; at w = 1 a label masked on both sides (CE = +inf) did, not distillation alone
+    zs = with_value(ctx.zs, (0, 0, 4), -INF).requires_grad_(True)
+    y = with_value(ctx.y, (0, 0), 0)
+    parts = distillation_loss(zs, ctx.zt, y, kd_weight=0.0)
+    assert parts.soft.item() == INF
+    assert math.isclose(parts.total.item(), _ce_by_hand(zs.detach(), y), rel_tol=1e-6)
+    parts.total.backward()
+    assert bool(torch.isfinite(zs.grad).all())
+
+    zs = with_value(ctx.zs, (0, 0, 2), -INF).requires_grad_(True)
+    zt = with_value(ctx.zt, (0, 0, 2), -INF)
+    y = with_value(ctx.y, (0, 0), 2)
+    parts = distillation_loss(zs, zt, y, kd_weight=1.0)
+    assert parts.hard.item() == INF
+    assert math.isclose(parts.total.item(), _kl_by_hand(zs.detach(), zt), rel_tol=1e-6)
+    parts.total.backward()
+    assert bool(torch.isfinite(zs.grad).all())
+    # between the ends both terms count, and an infinite one makes the loss infinite, as it is
+    assert distillation_loss(zs.detach(), zt, y, kd_weight=0.5).total.item() == INF
+
+
 # ================================================================== feature KD: layer pairs
 
 
@@ -802,6 +927,22 @@ def test_s08_chi_square_counts_past_float16_range_are_counted_exactly():
     assert got.n == want.n == 120000 and got.dof == want.dof
     assert math.isclose(got.chi2, want.chi2, rel_tol=1e-9) and math.isclose(got.tv, want.tv, rel_tol=1e-9)
     assert spec_bench.chi_square_test(counts.long(), p, 3) == spec_bench.chi_square_test(counts, p, 3)
+
+
+def test_s08r5_chi_square_of_counts_that_are_not_whole_is_exact():
+    # before: n = int(counts.sum()) truncated 2.4 to 2 (chi2 0.08, TV 0.1 for counts proportional to p), and counts
+    # summing below 1 gave n = 0 and a "dof" error
+    p = torch.full((4,), 0.25)
+    for counts in (torch.full((4,), 0.6), torch.full((4,), 0.1)):
+        got = spec_bench.chi_square_test(counts, p, bins=2)
+        assert got.chi2 == 0 and got.tv == 0 and got.dof == 2 and math.isclose(got.n, float(counts.sum()))
+    counts, p = torch.tensor([0.5, 1.25, 0.7, 0.3]), torch.tensor([0.4, 0.3, 0.2, 0.1])
+    observed, n = [0.5, 1.25, 1.0], 2.75  # the 2 likeliest tokens of p, then the rest
+    expected = [0.4 * n, 0.3 * n, 0.3 * n]
+    got = spec_bench.chi_square_test(counts, p, bins=2)
+    assert math.isclose(got.n, n, rel_tol=1e-6)
+    assert math.isclose(got.chi2, sum((o - e) ** 2 / e for o, e in zip(observed, expected)), rel_tol=1e-5)
+    assert math.isclose(got.tv, 0.5 * sum(abs(o - e) for o, e in zip(observed, expected)) / n, rel_tol=1e-5)
 
 
 def test_s08_engine_bench_refuses_an_empty_loads_flag(capsys):

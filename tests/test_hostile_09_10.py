@@ -53,6 +53,7 @@ from minillm.prune.unstructured import (
 )
 from minillm.quant.gptq import (
     calibration_windows,
+    check_calibration,
     damped,
     gptq_quantize,
     gptq_quantize_model,
@@ -69,7 +70,14 @@ from minillm.quant.checkpoint import describe as describe_quantized
 from minillm.quant.checkpoint import load_quantized, save_quantized
 from minillm.quant.kv_cache import Int8ContiguousKVCache, Int8PagedKVCache, dequantize_kv, quantize_kv
 from minillm.quant.linear import QuantConfig, QuantLinear, quantize_model, weight_bytes
-from minillm.quant.outliers import inject_outliers, input_absmax, outlier_report, smooth_model, smoothing_scales
+from minillm.quant.outliers import (
+    MAX_OUTLIER_FACTOR,
+    inject_outliers,
+    input_absmax,
+    outlier_report,
+    smooth_model,
+    smoothing_scales,
+)
 from minillm.quant.qat import convert_qat, fake_quantize, finetune_qat, prepare_qat
 from minillm.quant.quantize import (
     QuantizedTensor,
@@ -684,6 +692,89 @@ BAD = [
     ("q09-int_mm_available-junk", lambda: int_mm_available("gpu0"), ValueError, "^device_type must be a device"),
     ("q09-load_quantized-device-junk", lambda: load_quantized("missing.safetensors", device="gpu0"), ValueError,
      "unknown device 'gpu0'"),
+    # ----- the fifth hostile run, 09
+    # before: 8.0 accepted as 8
+    ("q09r5-quantize-bits-float", lambda: quantize(W, bits=8.0), TypeError,
+     r"^bits must be an int, one of \(4, 8\), got float 8.0"),
+    ("q09r5-QuantizedTensor-bits-float", lambda: QuantizedTensor(Q8, torch.ones(2, 1), None, 8.0, (2, 4)), TypeError,
+     "^bits must be an int"),
+    # before: silently wrong values: zero points off every grid, a negative scale flipping signs
+    ("q09r5-dequantize_asymmetric-zero-300", lambda: dequantize_asymmetric(U4, torch.ones(2, 1),
+                                                                           torch.full((2, 1), 300)), ValueError,
+     r"^zero must hold whole numbers in \[0, 255\]"),
+    ("q09r5-dequantize_asymmetric-zero-negative", lambda: dequantize_asymmetric(
+        U4, torch.ones(2, 1), torch.full((2, 1), -3, dtype=torch.int8)), ValueError, r"^zero must hold whole numbers"),
+    ("q09r5-dequantize_asymmetric-zero-fraction", lambda: dequantize_asymmetric(U4, torch.ones(2, 1),
+                                                                                torch.full((2, 1), 2.5)),
+     ValueError, r"^zero must hold whole numbers"),
+    ("q09r5-dequantize_asymmetric-scale-zero", lambda: dequantize_asymmetric(U4, torch.zeros(2, 1), torch.zeros(2, 1)),
+     ValueError, "^scale must be > 0"),
+    ("q09r5-dequantize_symmetric-scale-negative", lambda: dequantize_symmetric(Q8, -torch.ones(2, 1)), ValueError,
+     "^scale must be > 0"),
+    # before: int8 codes with a zero point set afterwards de-quantized as asymmetric, every code shifted by it
+    ("q09r5-dequantize-zero-on-int8-codes", lambda: dequantize(mutated_qt(zero=torch.full((8, 1), 5,
+                                                                                          dtype=torch.uint8))),
+     TypeError, r"^zero must be None for int8 \(symmetric\) codes .* got q torch.int8 with zero torch.uint8"),
+    # before: an int64 scale multiplied in; an int4 / asymmetric layer's codes used as int8 operands, or "qweight"
+    ("q09r5-w8a8_linear-scale-int", lambda: w8a8_linear(torch.ones(2, 32), qlinear("w8a8").qweight,
+                                                        torch.ones(8, 1, dtype=torch.long), None), TypeError,
+     "^scale must be a floating-point tensor, got torch.int64"),
+    ("q09r5-w8a8_reference-int4-layer", lambda: w8a8_reference(torch.ones(2, 32), qlinear("int4", group_size=16)),
+     TypeError, "^layer must be a W8A8 QuantLinear, got a QuantLinear of mode 'int4'"),
+    ("q09r5-llm_int8-int4-layer", lambda: llm_int8_linear(torch.ones(2, 32), qlinear("int4", group_size=16), 6.0),
+     TypeError, "^layer must be a W8A8 QuantLinear, got a QuantLinear of mode 'int4'"),
+    ("q09r5-llm_int8-asymmetric-int8-layer", lambda: llm_int8_linear(torch.ones(2, 32),
+                                                                     qlinear("int8", symmetric=False), 6.0), TypeError,
+     "^layer must be a W8A8 QuantLinear, got a QuantLinear of mode 'int8'"),
+    # before: accepted, refused only inside attend
+    ("q09r5-int8-paged-cache-dtype-int", lambda: Int8PagedKVCache(CFG, 4, 4, dtype=torch.int8), TypeError,
+     "^dtype must be a floating-point torch.dtype"),
+    # before: NaN logits (ln weights x 1e39 = inf), where the docstring promises the same outputs
+    ("q09r5-inject_outliers-factor-huge", lambda: inject_outliers(MODEL, [1, 5], 1e39), ValueError,
+     r"^factor must be in \[0.0001, 10000.0\], got 1e\+39"),
+    ("q09r5-inject_outliers-factor-tiny", lambda: inject_outliers(MODEL, [1, 5], 1e-39), ValueError,
+     r"^factor must be in \[0.0001, 10000.0\]"),
+    # before: a NaN max|x| counted as 0 outlier features
+    ("q09r5-outlier_report-nan", lambda: outlier_report({"l": torch.tensor([1.0, NAN])}), ValueError,
+     r"^absmax\['l'\] holds negative, NaN or inf values"),
+    ("q09r5-outlier_report-meta", lambda: outlier_report({"l": torch.ones(2, device="meta")}), ValueError,
+     r"^absmax\['l'\] is a meta tensor"),
+    # before: a None cache measured perplexity without any cache; the cache's own "batch_size" message
+    ("q09r5-kv_perplexity-make-cache-none", lambda: qbench.kv_perplexity(MODEL, torch.arange(40) % 128,
+                                                                         lambda B, T: None), TypeError,
+     r"^make_cache\(\d+, \d+\) must return a KV cache .* got NoneType"),
+    ("q09r5-kv_perplexity-cache-too-small", lambda: qbench.kv_perplexity(MODEL, torch.arange(100) % 128, lambda B, T:
+                                                                         ContiguousKVCache(CFG, 1, T), batch_size=4),
+     ValueError, r"^make_cache\(3, 32\) returned a cache of batch_size=1, max_len=32"),
+    # before: messages about "codes" naming no argument and no layer; torch's NotImplementedError on meta codes
+    ("q09r5-quantize_model-weights-shape", lambda: quantize_model(MODEL, QuantConfig("int8"),
+                                                                  {"0.attn.c_attn": quantize(torch.randn(8, 32))}),
+     ValueError, r"^weights\['0.attn.c_attn'\] holds codes of shape \(8, 32\)"),
+    ("q09r5-quantize_model-weights-bits", lambda: quantize_model(MODEL, QuantConfig("int8"), {"0.attn.c_attn": quantize(
+        MODEL.transformer.h[0].attn.c_attn.weight.detach(), 4, True, "channel")}), ValueError,
+     r"^weights\['0.attn.c_attn'\] holds 4-bit symmetric codes; the layer wants 8-bit symmetric"),
+    ("q09r5-load_quantized-per-tensor", lambda: qlinear("int8").load_quantized(
+        quantize(linear().weight.detach(), 8, True, "tensor")), ValueError,
+     r"^qt holds codes of shape \(8, 32\) with scales \(1, 1\)"),
+    ("q09r5-load_quantized-meta", lambda: qlinear("int8").load_quantized(QuantizedTensor(
+        torch.zeros(8, 32, dtype=torch.int8, device="meta"), torch.ones(8, 1, device="meta"), None, 8, (8, 32))),
+     ValueError, r"^qt\.q is a meta tensor"),
+    ("q09r5-output_error-meta-W_hat", lambda: output_error(W, W.to("meta"), torch.randn(5, 32)), ValueError,
+     "^W_hat is a meta tensor"),
+    # before: AttributeError on a model given by name
+    ("q09r5-check_calibration-model-str", lambda: check_calibration("base", CALIB), TypeError,
+     r"^calibration: model needs a minillm GPT .* got str"),
+    ("q09r5-linear_bytes-none", lambda: qbench.linear_bytes(None), TypeError,
+     r"^linear_bytes: model needs a minillm GPT .* got NoneType"),
+    # before: the allocator's RuntimeError, naming no argument (bounds: MAX_TENSOR_ELEMENTS, the training split)
+    ("q09r5-calibration_windows-huge", lambda: calibration_windows(10**10, 4), ValueError,
+     r"^num_windows=10000000000 windows of length=4 ask for 40000000000 tokens, more than the \d+ of the training"),
+    ("q09r5-int8-cache-huge", lambda: Int8ContiguousKVCache(CFG, 10**6, 10**6), ValueError,
+     r"^batch_size x max_len ask for a tensor of shape \(1000000, 2, 1000000, 16\)"),
+    ("q09r5-int8-paged-cache-huge", lambda: Int8PagedKVCache(CFG, 10**6, 10**6), ValueError,
+     r"^num_blocks x block_size ask for a tensor of shape \(1000000, 2, 1000000, 16\)"),
+    ("q09r5-quant-linear-huge", lambda: QuantLinear(10**6, 10**6, True, QuantConfig("int8")), ValueError,
+     r"^out_features x in_features ask for a tensor of shape \(1000000, 1000000\)"),
     # ----- the third hostile run, 10
     # before: 2:4 ignored the sparsity (0.9 gave 50%) and never checked it ('lots')
     ("layer_mask-24-sparsity-09", lambda: layer_mask(W, "magnitude", 0.9, "2:4", None), ValueError,
@@ -750,6 +841,25 @@ BAD = [
     ("pbench4-harness-window", lambda: pbench.Harness(GPT(GPTConfig(vocab_size=4096, block_size=16, n_layer=1,
                                                                     n_head=2, n_embd=32)), False, HARNESS_SIZES, 0),
      ValueError, "Harness: each prompt has 32 tokens: .* more than the dense model's context window block_size=16"),
+    # ----- the fifth hostile run, 10
+    # before: 'no' is truthy, so the real validation text was used; AttributeErrors from the middle of a sweep
+    ("p10r5-harness-real-text-str", lambda: pbench.Harness(MODEL, "no", HARNESS_SIZES, 0), TypeError,
+     "real_text must be a bool, got str 'no'"),
+    ("p10r5-harness-real-text-int", lambda: pbench.Harness(MODEL, 1, HARNESS_SIZES, 0), TypeError,
+     "real_text must be a bool, got int 1"),
+    ("p10r5-unstructured-rows-h-none", lambda: pbench.unstructured_rows(None, CALIB, (0.5,)), TypeError,
+     "unstructured_rows: h must be a prune.bench Harness, got NoneType None"),
+    ("p10r5-two-four-rows-h-model", lambda: pbench.two_four_rows(MODEL, CALIB), TypeError,
+     "two_four_rows: h must be a prune.bench Harness, got GPT"),
+    ("p10r5-structured-rows-h-str", lambda: pbench.structured_rows("h", CALIB, (0.25,), 1), TypeError,
+     "structured_rows: h must be a prune.bench Harness, got str 'h'"),
+    ("p10r5-head-rows-h-none", lambda: pbench.head_rows(None, CALIB, 1), TypeError,
+     "head_rows: h must be a prune.bench Harness"),
+    ("p10r5-fifty-percent-model-str", lambda: pbench.fifty_percent("base", torch.arange(10), CALIB), TypeError,
+     "fifty_percent: model needs a minillm GPT, got str"),
+    # before: 'dir/' (Path drops the slash) wrote a file named 'dir'
+    ("p10r5-save-pruned-trailing-slash", lambda: save_pruned(MODEL, "p10r5_never_dir/", "m"), ValueError,
+     "save_pruned: path must name a file, got 'p10r5_never_dir/'"),
 ]
 
 
@@ -941,6 +1051,35 @@ def mutated_qt(**fields) -> QuantizedTensor:
     for name, value in fields.items():
         setattr(qt, name, value)
     return qt
+
+
+def test_q09r5_input_absmax_measures_a_training_model_in_eval_mode_and_hands_it_back_training():
+    # before: dropout (p=0.5) ran during the measurement and inflated max |x| 2.2-fold
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**CFG.to_dict(), "dropout": 0.5})).train()
+    stats = input_absmax(model, CALIB)
+    assert model.training
+    with torch.no_grad():  # block 0's c_attn reads ln_1 of the embeddings: its max |x| per feature, by hand
+        x = model.transformer.wte(CALIB) + model.transformer.wpe(torch.arange(CALIB.shape[1]))
+        want = model.transformer.h[0].ln_1(x).abs().amax(dim=(0, 1))
+    torch.testing.assert_close(stats["0.attn.c_attn"], want)
+
+
+def test_q09r5_save_quantized_refuses_a_reassigned_config_and_a_folder_path(tmp_path):
+    q = quantize_model(MODEL, QuantConfig("int8"))
+    q.quant_config = QuantConfig("int4", group_size=16)  # before: int4 metadata written over int8 tensors
+    with pytest.raises(ValueError, match=r"^save_quantized \(model\): model.quant_config QuantConfig\(mode='int4'"):
+        save_quantized(q, tmp_path / "c.safetensors")
+    with pytest.raises(ValueError, match="^save_quantized: path must name a file, got '.*newdir/'"):
+        save_quantized(QMODEL, str(tmp_path / "newdir") + "/")  # before: a file named newdir was written
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_q09r5_inject_outliers_at_either_end_of_its_factor_range_keeps_the_function():
+    with torch.no_grad():
+        want = MODEL(CALIB)
+        for factor in (MAX_OUTLIER_FACTOR, 1 / MAX_OUTLIER_FACTOR):
+            torch.testing.assert_close(inject_outliers(MODEL, [1, 5], factor)(CALIB), want, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("mode, kw", [("int8", {}), ("int4", {"group_size": 16}), ("int8", {"symmetric": False})])
@@ -1278,3 +1417,19 @@ def test_layer_mask_two_four_at_its_sparsity_is_the_nm_mask_and_dense_bytes_need
     assert stored_bytes(torch.zeros(4, 8, device="meta"), "dense") == 4 * 8 * 4  # the shape is all "dense" reads
     first = next(block_inputs(MODEL, CALIB))[1]  # (N, T, C): the embeddings entering block 0, computed here by hand
     torch.testing.assert_close(first, MODEL.transformer.wte(CALIB) + MODEL.transformer.wpe(torch.arange(8)))
+
+
+def test_p10r5_recover_hands_the_teacher_back_in_its_own_mode_and_runs_it_without_dropout():
+    # before: a teacher in train mode came back in eval mode (recover's docstring: it is only run, never changed)
+    def gpt(seed: int, dropout: float) -> GPT:
+        torch.manual_seed(seed)
+        return GPT(GPTConfig(vocab_size=4096, block_size=16, n_layer=1, n_head=2, n_embd=16, dropout=dropout))
+
+    pruned = gpt(0, 0.0).eval()
+    training = gpt(1, 0.5).train()
+    _, got = recover(pruned, training, 2, batch_size=1)
+    assert training.training and all(m.training for m in training.modules())
+    evaluating = gpt(1, 0.5).eval()
+    _, want = recover(pruned, evaluating, 2, batch_size=1)  # the reference: the same teacher, given in eval mode
+    assert not any(m.training for m in evaluating.modules())
+    assert got == want  # the teacher's dropout (p = 0.5) was off during recovery in both runs

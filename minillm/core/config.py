@@ -9,19 +9,35 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 
+def check_fits_float(name: str, value: Any) -> None:
+    """A ValueError naming `name` when `value` is an int past the float range (|value| > ~1.8e308); anything else
+    passes (the caller checks the type).
+
+    subtle: Python's ints have no bound and its floats do: math.isfinite(10**400), float(10**400), 10**400 / 2 and
+    0.5 ** 10**400 all raise OverflowError, which names no argument. The message gives the size, not the digits
+    (str() of an int past 4300 digits is itself an error).
+    """
+    if isinstance(value, int) and abs(value) > sys.float_info.max:
+        raise ValueError(f"{name} must be within the float range (|{name}| <= {sys.float_info.max:.3g}), got an "
+                         f"int of about {int(value.bit_length() * math.log10(2)) + 1} digits")
+
+
 def check_int(name: str, value: Any, minimum: int = 1) -> None:
-    """Raise TypeError unless `value` is an int (bool excluded), ValueError if it is below `minimum`.
+    """Raise TypeError unless `value` is an int (bool excluded), ValueError if it is below `minimum` or past the
+    float range (`check_fits_float`).
 
     The one place the package's configs and sizes check their integer fields; the message names the field.
     """
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    check_fits_float(name, value)  # sizes, counts and exponents meet floats downstream (powers, ratios, x / 2)
     if value < minimum:
         bound = {1: "positive", 0: "non-negative"}.get(minimum)
         raise ValueError(f"{name} must be {bound or f'>= {minimum}'}, got {value}")
@@ -83,8 +99,9 @@ def check_device(name: str, device: Any) -> torch.device:
 
 def check_float(name: str, value: Any, minimum: float | None = None, maximum: float | None = None,
                 include_minimum: bool = True, include_maximum: bool = True) -> None:
-    """Raise TypeError unless `value` is a real number (bool excluded), ValueError if it is NaN, infinite or outside
-    [minimum, maximum] (an open end where include_* is False). The message names the field and the allowed range.
+    """Raise TypeError unless `value` is a real number (bool excluded), ValueError if it is NaN, infinite, an int past
+    the float range (`check_fits_float`) or outside [minimum, maximum] (an open end where include_* is False). The
+    message names the field and the allowed range.
 
     subtle: every comparison with NaN is False, so `if x < 0: raise` lets NaN through; check finiteness first.
     """
@@ -93,6 +110,7 @@ def check_float(name: str, value: Any, minimum: float | None = None, maximum: fl
     low = "" if minimum is None else f"{'[' if include_minimum else '('}{minimum}"
     high = "" if maximum is None else f"{maximum}{']' if include_maximum else ')'}"
     where = f" in {low or '(-inf'}, {high or 'inf)'}" if (low or high) else ""
+    check_fits_float(name, value)  # before math.isfinite, which raises OverflowError on such an int
     if not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number{where}, got {value}")
     if minimum is not None and (value < minimum or (value == minimum and not include_minimum)):
@@ -125,6 +143,24 @@ def check_fits_window(what: str, prompt_len: int, new_tokens: int, block_size: i
     if need > block_size:
         raise ValueError(f"{what} has {prompt_len} tokens: with new_tokens={new_tokens} it needs {need} positions, "
                          f"more than {model}'s context window block_size={block_size}")
+
+
+# The most elements one tensor that a size argument chose may hold: 2^31, 8 GiB in fp32, 55x the largest weight of
+# the `gpt2` preset (its 50257 x 768 embedding). Past it a size is a typo, not a model.
+MAX_TENSOR_ELEMENTS = 2**31
+
+
+def check_tensor_elements(names: str, shape: tuple[int, ...], limit: int = MAX_TENSOR_ELEMENTS) -> None:
+    """A ValueError naming `names` (the arguments that chose the size, "batch_size x max_len") and the shape when a
+    tensor of `shape` (ints, checked already) would hold more than `limit` elements, before it is allocated.
+
+    subtle: QuantLinear(10**6, 10**6, ...) passes every int check, then fails inside torch's allocator ("can't
+    allocate memory"), naming no argument; on a machine big enough it succeeds and swaps the machine to a halt.
+    """
+    numel = math.prod(shape)
+    if numel > limit:
+        raise ValueError(f"{names} ask for a tensor of shape {tuple(shape)} ({numel:.3g} elements), past the "
+                         f"{limit:.3g} one tensor may hold (MAX_TENSOR_ELEMENTS); lower {names}")
 
 
 @dataclass

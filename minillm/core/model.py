@@ -200,7 +200,8 @@ class GPT(nn.Module):
         pos_lo, pos_hi = torch.aminmax(positions)
         lo, hi, pos_lo, pos_hi = torch.stack([lo.long(), hi.long(), pos_lo.long(), pos_hi.long()]).tolist()
         if lo < 0 or hi >= cfg.vocab_size:
-            raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {cfg.vocab_size})")
+            raise ValueError(f"idx holds token id {lo if lo < 0 else hi}, which is outside the vocabulary "
+                             f"[0, {cfg.vocab_size})")
         if pos_lo < 0 or pos_hi >= cfg.block_size:
             raise ValueError(f"position {pos_lo if pos_lo < 0 else pos_hi} is outside the context window "
                              f"block_size={cfg.block_size}")

@@ -31,7 +31,7 @@ import torch
 from minillm.bench.agreement import greedy_agreement, output_consistency, teacher_forced_kl
 from minillm.bench.cli import bench_parser, pick_size, start, write_report
 from minillm.bench.models import load_model
-from minillm.core.config import check_fits_window, check_int
+from minillm.core.config import check_fits_window, check_float, check_int
 from minillm.core.device import resolve_device
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams
@@ -198,12 +198,15 @@ def run_all(device: torch.device, size: str = "full", seed: int = 0) -> dict[str
 
 
 def report_section(report: object, key: str) -> Any:
-    """`report[key]` of a `run_all` report; a TypeError / ValueError naming `report` when it is no dict or lacks
-    the section (not a KeyError from the middle of a computation)."""
+    """`report[key]` of a `run_all` report, a dict (per draft); a TypeError / ValueError naming `report` when it is
+    no dict, lacks the section or the section is no dict (not a KeyError from the middle of a computation)."""
     if not isinstance(report, dict):
         raise TypeError(f"report must be a run_all report (a dict), got {type(report).__name__} {report!r:.80}")
     if key not in report:
         raise ValueError(f"report has no {key!r} section (not a run_all report?); its keys are {sorted(report)}")
+    if not isinstance(report[key], dict):
+        raise TypeError(f"report[{key!r}] must be a dict (per draft), got {type(report[key]).__name__} "
+                        f"{report[key]!r:.80}")
     return report[key]
 
 
@@ -213,7 +216,12 @@ def alpha_at(report: dict[str, Any], name: str, gamma: int) -> float:
     acceptance = report_section(report, "acceptance")
     if name not in acceptance:
         raise ValueError(f"no draft {name!r} in the report; it has {sorted(acceptance)}")
-    rows = acceptance[name]
+    rows, where = acceptance[name], f"report['acceptance'][{name!r}]"
+    if not isinstance(rows, list):
+        raise TypeError(f"{where} must be a list of rows {{'gamma', 'alpha'}}, got {type(rows).__name__} {rows!r:.80}")
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict) or "gamma" not in r or "alpha" not in r:
+            raise ValueError(f"{where}[{i}] must be a row with 'gamma' and 'alpha', got {r!r:.80}")
     found = [r["alpha"] for r in rows if r["gamma"] == gamma]
     if not found:
         raise ValueError(f"gamma={gamma!r} was not measured; the report has gamma {[r['gamma'] for r in rows]}")
@@ -231,6 +239,7 @@ def perplexity_ratio(report: dict[str, Any]) -> float:
     for name in ("draft-distilled", "draft-hardlabel"):
         if name not in ppl:
             raise ValueError(f"report['perplexity'] has no {name!r}; it has {sorted(ppl)}")
+        check_float(f"report['perplexity'][{name!r}]", ppl[name], 0.0, include_minimum=False)  # divided by below
     return ppl["draft-distilled"] / ppl["draft-hardlabel"]
 
 

@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import check_float, check_int, tensor_kind
+from minillm.core.config import check_float, check_int, check_tensor_elements, tensor_kind
 
 KINDS = ("forward", "reverse")
 # The smallest temperature the losses take. From it up, kd_loss is finite for any finite float32, float16 or
@@ -183,14 +183,24 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
 
     student_logits, teacher_logits (..., V); targets (...) int64 token ids. The hard-label term is at T = 1, the
     soft term carries its T² (so w is the share of the gradient each gets, at any T). w = 0 is plain training on
-    labels, w = 1 distillation alone.
+    labels, w = 1 distillation alone: the other term is computed and returned, but left out of `total` (an infinite
+    term of weight 0, from a masked token, would make it NaN).
     """
     check_float("kd_weight", kd_weight, 0.0, 1.0)
     soft = kd_loss(student_logits, teacher_logits, temperature, kind)  # checks the logits, T and kind first
     V = student_logits.size(-1)
     check_targets("targets", targets, tuple(student_logits.shape[:-1]), V, student_logits.device)
     hard = F.cross_entropy(student_logits.reshape(-1, V), targets.reshape(-1).long())
-    return LossParts((1.0 - kd_weight) * hard + kd_weight * soft, hard, soft)
+    # subtle: a term of weight 0 is left out, not multiplied by 0. A masked token (a -inf logit) can make either
+    # term +inf (the label's cross-entropy, or the KL where only one side masks it), and 0 · inf is NaN: w = 0 would
+    # not be plain training on labels, nor w = 1 distillation alone.
+    if kd_weight == 0:
+        total = hard.to(soft.dtype)
+    elif kd_weight == 1:
+        total = soft
+    else:
+        total = (1.0 - kd_weight) * hard + kd_weight * soft
+    return LossParts(total, hard, soft)
 
 
 # ---- feature-based KD --------------------------------------------------------------------------------------
@@ -254,7 +264,13 @@ def feature_loss(student_h: torch.Tensor, teacher_h: torch.Tensor, proj: nn.Modu
     in_features = getattr(proj, "in_features", student_h.size(-1))  # an nn.Linear says what width it takes
     if in_features != student_h.size(-1):
         raise ValueError(f"the projection takes width {in_features}, but student_h has width {student_h.size(-1)}")
-    mapped = proj(student_h)  # (..., Cs) -> (..., Ct)
+    try:
+        mapped = proj(student_h)  # (..., Cs) -> (..., Ct)
+    except RuntimeError as e:  # a module without in_features (an nn.Sequential) meets a wrong width only here
+        if isinstance(e, torch.OutOfMemoryError):  # not a bad argument
+            raise
+        raise ValueError(f"proj failed on student_h of shape {tuple(student_h.shape)} (width {student_h.size(-1)}): "
+                         f"{e}") from e
     if not isinstance(mapped, torch.Tensor) or not mapped.is_floating_point():
         raise TypeError(f"proj must return a float tensor (..., Ct), got "
                         f"{tensor_kind(mapped)}")
@@ -302,6 +318,7 @@ class FeatureProjection(nn.Module):
         super().__init__()
         check_int("student_width", student_width)
         check_int("teacher_width", teacher_width)
+        check_tensor_elements("student_width x teacher_width", (teacher_width, student_width))
         self.layer_pairs: list[tuple[int, int]] = check_layer_pairs(layer_pairs)
         self.proj = nn.ModuleList(nn.Linear(student_width, teacher_width) for _ in self.layer_pairs)
 

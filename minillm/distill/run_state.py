@@ -30,7 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from minillm.core.config import check_module_has_data
-from minillm.core.io import atomic_write_text, check_output_dir, check_path, content_sha256, read_json_file
+from minillm.core.io import (
+    atomic_write_text,
+    check_output_dir,
+    check_output_file,
+    check_path,
+    content_sha256,
+    read_json_file,
+)
 from minillm.core.model import GPT, require_model
 from minillm.gpt.train_state import find_checkpoint
 
@@ -99,7 +106,8 @@ class RecordLog:
     checkpoint after it depends on)."""
 
     def __init__(self, path: Path):
-        self.path = Path(path)
+        # a folder (or a path under a file) is a ValueError naming path now, not an IsADirectoryError at a step
+        self.path: Path = check_output_file(check_path(path, "path"), "path")  # type: ignore[assignment]
 
     def __call__(self, record: dict[str, float]) -> None:
         with open(self.path, "a", encoding="utf-8") as f:

@@ -134,6 +134,8 @@ class Harness:
 
     def __init__(self, model: GPT, real_text: bool, sizes: Sizes, seed: int):
         check_prunable(model, "Harness")
+        if not isinstance(real_text, bool):  # 'no' is truthy: it would pick the real validation text
+            raise TypeError(f"real_text must be a bool, got {type(real_text).__name__} {real_text!r:.80}")
         if not isinstance(sizes, Sizes):
             raise TypeError(f"sizes must be a prune.bench Sizes (e.g. SIZES['quick']), got {type(sizes).__name__}")
         self.model = model
@@ -192,7 +194,16 @@ class Harness:
                 "prefill_tokens": x.size(1), "prefill_speedup": pre.speedup}
 
 
+def check_harness(h: object, who: str) -> Harness:
+    """`h` if it is a `Harness`; a TypeError naming `h` and `who` (the function given it) otherwise, before an
+    AttributeError from the middle of a sweep."""
+    if not isinstance(h, Harness):
+        raise TypeError(f"{who}: h must be a prune.bench Harness, got {type(h).__name__} {h!r:.80}")
+    return h
+
+
 def unstructured_rows(h: Harness, calibration: torch.Tensor, sparsities: tuple[float, ...]) -> list[dict]:
+    check_harness(h, "unstructured_rows")
     sparsities = check_sparsities(sparsities)
     rows = []
     dense_bytes = block_bytes(h.model, "dense")
@@ -209,6 +220,7 @@ def unstructured_rows(h: Harness, calibration: torch.Tensor, sparsities: tuple[f
 
 
 def two_four_rows(h: Harness, calibration: torch.Tensor) -> list[dict]:
+    check_harness(h, "two_four_rows")
     rows = []
     for method in ("magnitude", "wanda"):
         pruned = prune_model(h.model, method, calibration=calibration, pattern="2:4")
@@ -225,6 +237,7 @@ def two_four_rows(h: Harness, calibration: torch.Tensor) -> list[dict]:
 
 def fifty_percent(model: GPT, val: torch.Tensor, calibration: torch.Tensor) -> dict[str, float]:
     """{dense, magnitude, wanda}: perplexity at 50% unstructured, for a side model (draft, planted outliers)."""
+    check_prunable(model, "fifty_percent: model")
     out = {"dense": perplexity(model, val)}
     for method in ("magnitude", "wanda"):
         out[method] = perplexity(prune_model(model, method, 0.5, calibration), val)
@@ -232,6 +245,7 @@ def fifty_percent(model: GPT, val: torch.Tensor, calibration: torch.Tensor) -> d
 
 
 def structured_rows(h: Harness, calibration: torch.Tensor, fractions: tuple[float, ...], steps: int) -> list[dict]:
+    check_harness(h, "structured_rows")
     fractions = check_sparsities(fractions, "fractions")
     scores = mlp_neuron_scores(h.model, calibration)
     rows = []
@@ -250,7 +264,7 @@ def structured_rows(h: Harness, calibration: torch.Tensor, fractions: tuple[floa
 
 def head_rows(h: Harness, calibration: torch.Tensor, steps: int) -> dict[str, Any]:
     """Heads masked by importance (1, 2, 4 per block), and 2 per block removed for real, recovered and timed."""
-    nh = h.model.config.n_head
+    nh = check_harness(h, "head_rows").model.config.n_head
     if nh < max(MASKED_HEADS):  # prune_heads keeps one at least: removing 2 needs 3, masking 4 needs 4
         raise ValueError(f"head_rows masks up to {max(MASKED_HEADS)} heads per block: the model needs at least "
                          f"{max(MASKED_HEADS)} heads per block, it has n_head={nh}")

@@ -85,7 +85,7 @@ def save_pruned(model: GPT, path: str | os.PathLike, method: str, pattern: str =
     `method` says how it was pruned (free text, kept for people); `pattern` is checked now and on load: "2:4"
     needs every block linear 2:4 sparse, "dense" means no zeros were imposed (structured pruning alone: a block
     sparsity of 0.0000). The metadata records a sha256 of every field and tensor, checked on load. A `path` that is
-    a directory, or whose parent is a file, is a ValueError naming it; so is a tensor loading would refuse (not
+    a directory (or ends in a slash), or whose parent is a file, is a ValueError naming it; so is a tensor loading would refuse (not
     fp32, e.g. after `model.half()`, or not finite), naming the tensor, before anything is written. A model whose
     block linears are not plain nn.Linear (quantized, or prepared for QAT) is a TypeError naming the layer: the
     file would load back as a plain GPT.
@@ -102,7 +102,7 @@ def save_pruned(model: GPT, path: str | os.PathLike, method: str, pattern: str =
         raise ValueError(f"pattern 'dense' but the block linears hold {sparsity:.4f} zeros; save zeros that pruning "
                          "imposed as pattern 'unstructured' (or '2:4')")
     out = check_output_file(path, "save_pruned: path")
-    if out is None:
+    if out is None or os.fsdecode(os.fspath(path)).endswith(("/", os.sep)):  # Path("dir/") would be the file "dir"
         raise ValueError(f"save_pruned: path must name a file, got {path!r}")
     tensors = model_tensors(model)
     for key, t in sorted(tensors.items()):

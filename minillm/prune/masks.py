@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from minillm.core.config import check_has_data, check_sequence, tensor_kind
+from minillm.core.config import check_fits_float, check_has_data, check_sequence, tensor_kind
 
 
 def _check_weight(name: str, w: object) -> torch.Tensor:
@@ -40,6 +40,7 @@ def _check_weight(name: str, w: object) -> torch.Tensor:
 
 def check_sparsity(sparsity: object, name: str = "sparsity") -> float:
     """A fraction in [0, 1): the share of weights to remove. Anything else is a ValueError naming it (`name`)."""
+    check_fits_float(name, sparsity)  # an int float() cannot take (10**400): else an OverflowError naming nothing
     if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or not 0.0 <= float(sparsity) < 1.0:
         raise ValueError(f"{name} must be a fraction in [0, 1), got {sparsity!r}")
     return float(sparsity)

@@ -155,7 +155,11 @@ def recover(pruned: GPT, teacher: GPT, steps: int, batch_size: int = 4, lr: floa
                          "the teacher could not score the student's training windows")
     check_module_has_data("recover: teacher", teacher)
     net = copy.deepcopy(pruned)
-    return net, short_finetune(net, steps, batch_size, lr, seed, teacher=teacher)
+    was_training = teacher.training
+    try:  # short_finetune runs the teacher in eval mode; the caller's teacher is handed back in the mode it came in
+        return net, short_finetune(net, steps, batch_size, lr, seed, teacher=teacher)
+    finally:
+        teacher.train(was_training)
 
 
 @torch.no_grad()

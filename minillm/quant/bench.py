@@ -118,6 +118,7 @@ CASES: tuple[Case, ...] = (
 
 def linear_bytes(model: nn.Module) -> int:
     """Bytes of the block linears alone: fp32 weight + bias, or codes + scales + zero points + bias."""
+    require_model(model, "linear_bytes: model")
     return sum(t.nbytes for m in model.transformer.h.modules() if isinstance(m, (nn.Linear, QuantLinear))
                for t in list(m.parameters(recurse=False)) + list(m.buffers(recurse=False)))
 
@@ -153,7 +154,8 @@ def kv_perplexity(model: nn.Module, tokens: torch.Tensor, make_cache: Callable[[
     """Perplexity with attention reading K/V back from a cache: each window of block_size tokens is run as one
     prefill into a fresh `make_cache(B, T)`, so every query attends over stored (e.g. int8) keys and values, its own
     included, exactly as a decode step would. Windows are back to back, the last one shorter; with a plain fp32
-    cache this is `minillm.gpt.eval.perplexity` whenever the windows tile the text (tested)."""
+    cache this is `minillm.gpt.eval.perplexity` whenever the windows tile the text (tested). What make_cache returns
+    must be a cache (an `attend` method) for B rows of T slots: a TypeError/ValueError naming make_cache otherwise."""
     cfg = require_model(model, "kv_perplexity")
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 1 or tokens.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"tokens must be a 1-D int64 tensor of token ids, got {tensor_kind(tokens)} "
@@ -177,11 +179,26 @@ def kv_perplexity(model: nn.Module, tokens: torch.Tensor, make_cache: Callable[[
             chunk = group[i:i + batch_size]
             x = torch.stack([tokens[s:s + length] for s in chunk]).to(model.device)  # (B, T)
             y = torch.stack([tokens[s + 1:s + length + 1] for s in chunk]).to(model.device)  # (B, T)
-            h = model.hidden(x, torch.arange(length, device=x.device), make_cache(len(chunk), length))  # (B, T, C)
+            cache = _checked_cache(make_cache, len(chunk), length)
+            h = model.hidden(x, torch.arange(length, device=x.device), cache)  # (B, T, C)
             logits = model.logits(h).float()  # (B, T, V)
             total += F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum").item()
             count += y.numel()
     return math.exp(total / count)
+
+
+def _checked_cache(make_cache: Callable[[int, int], Any], B: int, T: int) -> Any:
+    """make_cache(B, T), refused naming make_cache unless it is a cache (an `attend` method) whose batch_size and
+    max_len, where it has them, fit B rows of T tokens: a None cache would measure without one, silently."""
+    cache = make_cache(B, T)
+    if not callable(getattr(cache, "attend", None)):
+        raise TypeError(f"make_cache({B}, {T}) must return a KV cache (with an attend method), got "
+                        f"{type(cache).__name__}")
+    rows, slots = getattr(cache, "batch_size", B), getattr(cache, "max_len", T)
+    if rows != B or slots < T:
+        raise ValueError(f"make_cache({B}, {T}) returned a cache of batch_size={rows}, max_len={slots}: it must hold "
+                         f"B={B} rows of T={T} tokens; build it from the two arguments")
+    return cache
 
 
 def kv_int8_case(model: GPT, val: torch.Tensor, prompts: list[list[int]], fp32_tokens: list[list[int]],

@@ -68,9 +68,10 @@ def save_quantized(model: QuantizedGPT, path: str | os.PathLike, method: str = "
     """Write `model` (from `quantize_model` or GPTQ) to the safetensors file `path`, atomically. Returns the path.
 
     `method` records how the codes were chosen ("rtn", "gptq", ...); it is informative, the loader does not need it.
-    The metadata records a sha256 of every field and tensor, checked on load. A `path` that is a directory, or
-    whose parent is a file, is a ValueError naming it; so is what loading would refuse (a tensor not fp32 or not
-    finite, a scale <= 0, a zero point off the grid), naming the tensor, before anything is written.
+    The metadata records a sha256 of every field and tensor, checked on load. A `path` that is a directory, ends in
+    a separator ('dir/') or whose parent is a file, is a ValueError naming it; so is what loading would refuse (a
+    `quant_config` the layers were not built with, a tensor not fp32 or not finite, a scale <= 0, a zero point off
+    the grid), naming it, before anything is written.
     """
     if not isinstance(model, QuantizedGPT):
         raise TypeError(f"save_quantized needs a quantized model (see quantize_model), got {type(model).__name__}")
@@ -80,8 +81,9 @@ def save_quantized(model: QuantizedGPT, path: str | os.PathLike, method: str = "
         raise TypeError("save_quantized stores quantized models of full MLP width; this one was MLP-pruned before it "
                         "was quantized, and no file format holds both (save the pruned model, quantize on load)")
     out = check_output_file(path, "save_quantized: path")
-    if out is None:
+    if out is None or os.fsdecode(os.fspath(path)).endswith(("/", os.sep)):  # Path("dir/") would be the file "dir"
         raise ValueError(f"save_quantized: path must name a file, got {path!r}")
+    _check_modes(model, "save_quantized (model)")
     tensors = model_tensors(model)
     _check_saveable(model, tensors, "save_quantized (model)")
     metadata = with_sha256({"format": FORMAT, **_fields(model), "method": method}, tensors)
@@ -128,6 +130,18 @@ def _check_grid(model: QuantizedGPT, tensors: dict[str, torch.Tensor], where: st
         if zero is not None and zero.numel() and int(zero.max()) > zmax:
             raise ValueError(f"{where}: tensor {name + '.zero'!r} holds zero point {int(zero.max())}, off the "
                              f"{model.quant_config.bits}-bit grid [0, {zmax}]")
+
+
+def _check_modes(model: QuantizedGPT, where: str) -> None:
+    """Every QuantLinear built with `model.quant_config`, the config the file records; ValueError naming it otherwise.
+
+    subtle: `quant_config` is a plain attribute; reassigned (int4 over int8 layers), the file would record a mode
+    its own tensors contradict, and loading it would be refused."""
+    for name, module in model.named_modules():
+        if isinstance(module, QuantLinear) and module.config != model.quant_config:
+            raise ValueError(f"{where}: model.quant_config {model.quant_config!r} is not the config its layer {name!r} "
+                             f"was built with, {module.config!r}; the file would record a mode its tensors "
+                             "contradict")
 
 
 def _check_saveable(model: QuantizedGPT, tensors: dict[str, torch.Tensor], where: str) -> None:

@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 
 from minillm.core.config import check_float, check_has_data, check_int, check_module_has_data, tensor_kind
-from minillm.core.model import GPT
+from minillm.core.model import GPT, require_model
 from minillm.gpt.dataset import split_tokens
 from minillm.quant.linear import QuantConfig, QuantizedGPT, check_fp32_model, quantize_model
 from minillm.quant.quantize import (
@@ -112,9 +112,9 @@ def _round(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, bits
     """(codes, de-quantized values) of w on the given grid: the plain round-to-nearest of one column."""
     if zero is None:  # the grid comes from `_grid`: no value check (a host sync per column)
         q = quantize_symmetric(w, scale, bits, check_values=False)
-        return q, dequantize_symmetric(q, scale)
+        return q, dequantize_symmetric(q, scale, check_values=False)
     q = quantize_asymmetric(w, scale, zero, bits, check_values=False)
-    return q, dequantize_asymmetric(q, scale, zero)
+    return q, dequantize_asymmetric(q, scale, zero, check_values=False)
 
 
 def damped(H: torch.Tensor, damp: float) -> torch.Tensor:
@@ -217,6 +217,10 @@ def output_error(W: torch.Tensor, W_hat: torch.Tensor, X: torch.Tensor) -> float
     if W_hat.shape != W.shape or X.shape[1] != W.shape[1]:
         raise ValueError(f"W {tuple(W.shape)}, W_hat {tuple(W_hat.shape)} and X {tuple(X.shape)} do not fit: W_hat "
                          "must be shaped like W, X (N, in)")
+    for name, t in (("W", W), ("W_hat", W_hat), ("X", X)):
+        check_has_data(name, t)
+        if t.device != W.device:
+            raise ValueError(f"{name} must be on W's device {W.device}, got {t.device}")
     if X.shape[0] == 0:  # the norm over no outputs is 0.0, which would read as "no error at all"
         raise ValueError(f"X holds no inputs (shape {tuple(X.shape)}): there are no outputs to compare; give N >= 1 "
                          "rows")
@@ -228,13 +232,17 @@ def output_error(W: torch.Tensor, W_hat: torch.Tensor, X: torch.Tensor) -> float
 
 def calibration_windows(num_windows: int = 32, length: int = 256, seed: int = 0) -> torch.Tensor:
     """(num_windows, length) token ids: windows of the *training* split at seeded random starts (never validation
-    text, which measures the result)."""
+    text, which measures the result). At most as many tokens in all as the split holds (num_windows x length): more
+    would only repeat its text; a ValueError naming num_windows otherwise, before anything is allocated."""
     check_int("num_windows", num_windows)
     check_int("length", length)
     check_int("seed", seed, minimum=0)
     tokens = split_tokens("train")
     if length >= tokens.numel():
         raise ValueError(f"length={length} leaves no room in the {tokens.numel()} training tokens")
+    if num_windows * length > tokens.numel():
+        raise ValueError(f"num_windows={num_windows} windows of length={length} ask for {num_windows * length} tokens, "
+                         f"more than the {tokens.numel()} of the training split; lower num_windows")
     g = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, tokens.numel() - length, (num_windows,), generator=g)
     return torch.stack([tokens[s:s + length] for s in starts.tolist()])  # (num_windows, length)
@@ -245,6 +253,7 @@ def check_calibration(model: GPT, calibration: object, who: str = "calibration")
     tensor, N >= 1 windows of 1 <= T <= block_size tokens, every id inside the vocabulary (one host sync).
 
     Chapter 10's pruning checks its calibration with this same function (`minillm.prune.unstructured`)."""
+    require_model(model, f"{who}: model")  # a name ('base') where the model goes: TypeError, not AttributeError
     if not isinstance(calibration, torch.Tensor) or calibration.dim() != 2 or calibration.dtype != torch.int64:
         raise TypeError(f"{who} needs calibration token ids: an int64 tensor shaped (N, T), got "
                         f"{tensor_kind(calibration)} "

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from minillm.core.attention import attention, causal_mask
-from minillm.core.config import GPTConfig, check_device, tensor_kind
+from minillm.core.config import GPTConfig, check_device, check_int, check_tensor_elements, tensor_kind
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.paged.backends import register_attention_backend
 from minillm.paged.paged_cache import PagedKVCache, write_kv
@@ -80,7 +80,17 @@ def dequantize_kv(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype =
         raise TypeError(f"check_values must be a bool, got {type(check_values).__name__} {check_values!r}")
     if check_values and scale.is_floating_point():
         check_scale_positive(scale)
-    return dequantize_symmetric(codes, scale).to(dtype)
+    return dequantize_symmetric(codes, scale, check_values=False).to(dtype)  # checked above when asked
+
+
+def _check_sizes(config: object, names: tuple[str, str], sizes: tuple[int, int]) -> None:
+    """config a GPTConfig, the two sizes positive ints, and one layer's (sizes[0], nh, sizes[1], hs) within
+    MAX_TENSOR_ELEMENTS: checked before the parent allocates its fp32 tensors (its own checks come after)."""
+    if not isinstance(config, GPTConfig):
+        raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+    for name, value in zip(names, sizes):
+        check_int(name, value)
+    check_tensor_elements(" x ".join(names), (sizes[0], config.n_head, sizes[1], config.head_size))
 
 
 def _attention_over_kept(cache: ContiguousKVCache, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -101,6 +111,7 @@ class Int8ContiguousKVCache(ContiguousKVCache):
     """Chapter 04's contiguous cache with int8 K/V codes and per-(token, head) scales; same interface."""
 
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device: torch.device | str = "cpu"):
+        _check_sizes(config, ("batch_size", "max_len"), (batch_size, max_len))
         # subtle: the parent allocates fp32 K/V first; they are replaced right away (a transient, not a leak).
         super().__init__(config, batch_size, max_len, device=check_device("device", device), dtype=torch.float32)
         shape = (batch_size, config.n_head, max_len, config.head_size)  # (B, nh, max_len, hs)
@@ -155,6 +166,10 @@ class Int8PagedKVCache(PagedKVCache):
                  dtype: torch.dtype = torch.float32):
         # `dtype` is what K/V are de-quantized to for attention (the engine passes its kv_dtype setting); storage is
         # int8 whatever it says. subtle: the parent's fp32 pools are allocated, then replaced (a transient).
+        _check_sizes(config, ("num_blocks", "block_size"), (num_blocks, block_size))
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:  # else refused only inside attend
+            raise TypeError(f"dtype must be a floating-point torch.dtype (what K/V are de-quantized to for attention), "
+                            f"got {dtype!r}")
         super().__init__(config, num_blocks, block_size, device=check_device("device", device), dtype=dtype,
                          use_fast_decode=False)
         shape = (num_blocks, block_size, config.n_head, config.head_size)  # (nb, bs, nh, hs)

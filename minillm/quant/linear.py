@@ -31,7 +31,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import check_float, check_has_data, check_int, check_module_has_data, tensor_kind
+from minillm.core.config import (check_float, check_has_data, check_int, check_module_has_data, check_tensor_elements,
+                                 tensor_kind)
 from minillm.core.model import GPT
 from minillm.quant.quantize import QuantizedTensor, dequantize, pack_int4, quantize, unpack_int4
 from minillm.quant.w8a8 import llm_int8_linear, w8a8_linear
@@ -113,6 +114,7 @@ class QuantLinear(nn.Module):
         super().__init__()
         check_int("in_features", in_features)
         check_int("out_features", out_features)
+        check_tensor_elements("out_features x in_features", (out_features, in_features))  # before the buffers
         if not isinstance(config, QuantConfig):
             raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
         group = config.group_size if config.mode == "int4" else in_features
@@ -131,8 +133,10 @@ class QuantLinear(nn.Module):
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, config: QuantConfig, qt: QuantizedTensor | None = None) -> "QuantLinear":
-        """Quantize `linear`'s weight with min/max round-to-nearest, or take the codes `qt` (e.g. from GPTQ)."""
+    def from_linear(cls, linear: nn.Linear, config: QuantConfig, qt: QuantizedTensor | None = None, *,
+                    name: str = "qt") -> "QuantLinear":
+        """Quantize `linear`'s weight with min/max round-to-nearest, or take the codes `qt` (e.g. from GPTQ); `name`
+        is what an error about qt calls it (`quantize_model` passes "weights['0.attn.c_attn']")."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"from_linear needs an nn.Linear, got {type(linear).__name__}")
         if not isinstance(config, QuantConfig):
@@ -144,30 +148,35 @@ class QuantLinear(nn.Module):
             if not bool(torch.isfinite(t.detach()).all()):  # one host sync per layer, at build time
                 raise ValueError(f"linear.{what} holds NaN or inf values: a quantized layer would hide them")
         if qt is not None and not isinstance(qt, QuantizedTensor):
-            raise TypeError(f"qt must be a QuantizedTensor or None, got {type(qt).__name__}")
+            raise TypeError(f"{name} must be a QuantizedTensor or None, got {type(qt).__name__}")
         module = cls(linear.in_features, linear.out_features, linear.bias is not None, config)
         with torch.no_grad():
             w = linear.weight.detach().float()  # (out, in)
             if qt is None:
                 qt = quantize(w, config.bits, config.symmetric, config.granularity, config.quantize_group_size)
-            module.load_quantized(qt)
+            module.load_quantized(qt, name=name)
             if linear.bias is not None:
                 module.bias.copy_(linear.bias.detach().float())
         return module.to(linear.weight.device)
 
-    def load_quantized(self, qt: QuantizedTensor) -> None:
-        """Store copies of the codes + scales, checking they fit this layer's mode (bits, symmetry, shapes)."""
+    def load_quantized(self, qt: QuantizedTensor, *, name: str = "qt") -> None:
+        """Store copies of the codes + scales, checking they fit this layer's mode (bits, symmetry, shapes) and hold
+        values (not meta tensors); the errors call qt `name`."""
         if not isinstance(qt, QuantizedTensor):
-            raise TypeError(f"qt must be a QuantizedTensor, got {type(qt).__name__}")
+            raise TypeError(f"{name} must be a QuantizedTensor, got {type(qt).__name__}")
         want_groups = self.scale.shape[1]
         if qt.bits != self.config.bits or qt.symmetric != self.config.symmetric:
-            raise ValueError(f"codes are {qt.bits}-bit {'symmetric' if qt.symmetric else 'asymmetric'}; the layer "
-                             f"wants {self.config.bits}-bit {'symmetric' if self.config.symmetric else 'asymmetric'}")
+            raise ValueError(f"{name} holds {qt.bits}-bit {'symmetric' if qt.symmetric else 'asymmetric'} codes; the "
+                             f"layer wants {self.config.bits}-bit "
+                             f"{'symmetric' if self.config.symmetric else 'asymmetric'}")
         if qt.shape != (self.out_features, self.in_features) or tuple(qt.scale.shape) != (self.out_features,
                                                                                           want_groups):
-            raise ValueError(f"codes of shape {qt.shape} with scales {tuple(qt.scale.shape)} do not fit a layer "
-                             f"({self.out_features}, {self.in_features}) with {want_groups} groups per row")
+            raise ValueError(f"{name} holds codes of shape {qt.shape} with scales {tuple(qt.scale.shape)}, which do "
+                             f"not fit a layer ({self.out_features}, {self.in_features}) with {want_groups} groups "
+                             "per row")
         qt._check_layout()  # its fields may have been replaced since it was built
+        for field, t in (("q", qt.q), ("scale", qt.scale)):
+            check_has_data(f"{name}.{field}", t)  # a meta tensor has no codes to copy
         q = pack_int4(qt.q) if self.config.mode == "int4" else qt.q  # (out, in/2) or (out, in)
         # copies: the layer must not change when the caller later writes into qt's tensors
         self.qweight = q.to(self.qweight.device, copy=True)
@@ -349,7 +358,7 @@ def quantize_model(model: GPT, config: QuantConfig,
     for name, linear in block_linears(qmodel):
         parent_name, _, attr = name.rpartition(".")
         setattr(qmodel.transformer.h.get_submodule(parent_name), attr,
-                QuantLinear.from_linear(linear, config, weights.get(name)))
+                QuantLinear.from_linear(linear, config, weights.get(name), name=f"weights[{name!r}]"))
     if config.quantize_head:
         wte = qmodel.transformer.wte
         table = QuantLinear.from_linear(_as_linear(wte.weight), config)  # (V, C): one scale per row (or group)

@@ -26,7 +26,7 @@ import copy
 import torch
 import torch.nn as nn
 
-from minillm.core.config import check_float, tensor_kind
+from minillm.core.config import check_float, check_has_data, tensor_kind
 from minillm.core.model import GPT
 from minillm.quant.gptq import check_calibration
 from minillm.quant.linear import check_fp32_model
@@ -34,7 +34,9 @@ from minillm.quant.linear import check_fp32_model
 
 @torch.no_grad()
 def input_absmax(model: nn.Module, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-    """{block linear name ("0.attn.c_attn"): (in,) max |x| of each input feature} over token windows (N, T)."""
+    """{block linear name ("0.attn.c_attn"): (in,) max |x| of each input feature} over token windows (N, T).
+
+    Measured in eval mode (dropout would inflate max |x|); the caller's model is handed back in the mode it came in."""
     if not isinstance(model, GPT):
         raise TypeError(f"input_absmax needs a minillm GPT, got {type(model).__name__}")
     tokens = check_calibration(model, tokens, "input_absmax (tokens)")
@@ -48,9 +50,11 @@ def input_absmax(model: nn.Module, tokens: torch.Tensor) -> dict[str, torch.Tens
 
     handles = [m.register_forward_pre_hook(record(name)) for name, m in model.transformer.h.named_modules()
                if isinstance(m, nn.Linear) or hasattr(m, "qweight")]
+    was_training = model.training
     try:
-        model(tokens)
+        model.eval()(tokens)
     finally:
+        model.train(was_training)
         for h in handles:
             h.remove()
     return stats
@@ -66,8 +70,18 @@ def outlier_report(absmax: dict[str, torch.Tensor], threshold: float = 6.0) -> l
         if not isinstance(a, torch.Tensor) or a.dim() != 1 or a.numel() == 0 or not a.is_floating_point():
             raise ValueError(f"absmax[{name!r}] must be a non-empty 1-D float tensor, got "
                              f"{tuple(getattr(a, 'shape', ()))}")
+        check_has_data(f"absmax[{name!r}]", a)
+        if not bool(torch.isfinite(a).all()) or bool((a < 0).any()):  # NaN >= threshold is False: counted as 0
+            raise ValueError(f"absmax[{name!r}] holds negative, NaN or inf values: it must be max |x| of finite "
+                             "activations")
     return [{"layer": name, "outlier_features": int((a >= threshold).sum()), "max_abs": float(a.max()),
              "max_over_median": float(a.max() / a.median().clamp(min=1e-12))} for name, a in absmax.items()]
+
+
+# inject_outliers' factor lies in [1 / MAX_OUTLIER_FACTOR, MAX_OUTLIER_FACTOR]: real outliers are 20-100x (Dettmers
+# et al. 2022); far past that, fp32 weights times f overflow to inf (1e39) or divided by f sink into subnormals, and
+# the copy no longer computes the model's function.
+MAX_OUTLIER_FACTOR = 1e4
 
 
 @torch.no_grad()
@@ -76,13 +90,14 @@ def inject_outliers(model: GPT, channels: list[int], factor: float = 20.0) -> GP
 
     ln(x)_j = g_j * x̂_j + b_j feeds c(ln(x)) = W ln(x) + c_b. Multiplying g_j and b_j by f and dividing column j of
     W by f leaves W ln(x) unchanged (up to float rounding) while feature j of the activation grows f-fold.
+    factor must lie in [1 / MAX_OUTLIER_FACTOR, MAX_OUTLIER_FACTOR] (ValueError naming it otherwise).
     """
     check_fp32_model(model, "inject_outliers")
     C = model.config.n_embd
     if not isinstance(channels, (list, tuple)) or not channels \
             or any(isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < C for c in channels):
         raise ValueError(f"channels must be a non-empty list of feature indices in [0, {C}), got {channels!r}")
-    check_float("factor", factor, 0.0, include_minimum=False)
+    check_float("factor", factor, 1 / MAX_OUTLIER_FACTOR, MAX_OUTLIER_FACTOR)
     out = copy.deepcopy(model)
     idx = torch.tensor(channels, device=model.device)
     for block in out.transformer.h:

@@ -37,6 +37,8 @@ GRANULARITIES = ("tensor", "channel", "group")
 
 
 def _check_bits(bits: object) -> int:
+    if not isinstance(bits, int):  # 8.0 would pass `in BITS`; bool is an int, refused below as a value
+        raise TypeError(f"bits must be an int, one of {BITS}, got {type(bits).__name__} {bits!r}")
     if isinstance(bits, bool) or bits not in BITS:
         raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
     return int(bits)  # type: ignore[arg-type]
@@ -180,11 +182,15 @@ def quantize_symmetric(x: torch.Tensor, scale: torch.Tensor, bits: int, *,
     # END SOLUTION
 
 
-def dequantize_symmetric(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x̂ = scale * q, in the scale's float dtype."""
+def dequantize_symmetric(q: torch.Tensor, scale: torch.Tensor, *, check_values: bool = True) -> torch.Tensor:
+    """x̂ = scale * q, in the scale's float dtype. A scale <= 0 is refused (one host sync), as `quantize_symmetric`
+    refuses it; `check_values=False` skips that read, for per-step callers whose scales were checked already."""
     _check_codes("q", q)
     _check_float("scale", scale)
     _check_broadcasts("scale", scale, "q", q)
+    _check_bool("check_values", check_values)
+    if check_values:
+        check_scale_positive(scale)
     # BEGIN SOLUTION
     return q.to(scale.dtype) * scale
     # END SOLUTION
@@ -212,14 +218,21 @@ def quantize_asymmetric(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor
     # END SOLUTION
 
 
-def dequantize_asymmetric(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
-    """x̂ = scale * (q - zero), in the scale's float dtype."""
+def dequantize_asymmetric(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, *,
+                          check_values: bool = True) -> torch.Tensor:
+    """x̂ = scale * (q - zero), in the scale's float dtype. A scale <= 0, or a zero point that is not a whole number
+    in [0, 255] (the widest grid, 8 bits), is refused (one host sync), as `quantize_asymmetric` refuses it;
+    `check_values=False` skips that read, for per-step callers whose parameters were checked already."""
     _check_codes("q", q)
     _check_float("scale", scale)
     _check_broadcasts("scale", scale, "q", q)
     if not isinstance(zero, torch.Tensor):
         raise TypeError(f"zero must be a tensor of zero points, got {type(zero).__name__}")
     _check_broadcasts("zero", zero, "q", q)
+    _check_bool("check_values", check_values)
+    _check_zero(zero, q, 8, check_values)
+    if check_values:
+        check_scale_positive(scale)
     # BEGIN SOLUTION
     return (q.to(scale.dtype) - zero.to(scale.dtype)) * scale
     # END SOLUTION
@@ -316,6 +329,12 @@ class QuantizedTensor:
                                       or self.zero.shape != self.scale.shape):
             raise TypeError(f"zero must be None or a uint8 tensor shaped like scale {tuple(self.scale.shape)}, got "
                             f"{tensor_kind(self.zero)}")
+        if (self.zero is None) != (self.q.dtype == torch.int8):
+            # subtle: int8 codes given a zero point (a field replaced after construction) would de-quantize as
+            # asymmetric, every code shifted by it: a plausible tensor of wrong values
+            raise TypeError(f"zero must be None for int8 (symmetric) codes and a uint8 tensor for uint8 (asymmetric) "
+                            f"ones, got q {self.q.dtype} with zero "
+                            f"{'None' if self.zero is None else tensor_kind(self.zero)}")
         self.bits = _check_bits(self.bits)
         if not isinstance(self.shape, tuple) or tuple(self.q.shape) != self.shape:
             raise ValueError(f"shape must be the codes' shape {tuple(self.q.shape)} as a tuple, got {self.shape!r}")
@@ -420,10 +439,11 @@ def dequantize(qt: QuantizedTensor) -> torch.Tensor:
     rows, groups = qt.scale.shape
     q = qt.q.reshape(rows, groups, -1)  # (rows, groups, gs)
     scale = qt.scale.unsqueeze(2)  # (rows, groups, 1)
+    # No value read (a layer's forward comes here every step): QuantizedTensor checked its values when built.
     if qt.zero is None:
-        x = dequantize_symmetric(q, scale)
+        x = dequantize_symmetric(q, scale, check_values=False)
     else:
-        x = dequantize_asymmetric(q, scale, qt.zero.unsqueeze(2))
+        x = dequantize_asymmetric(q, scale, qt.zero.unsqueeze(2), check_values=False)
     return x.reshape(qt.shape)
 
 

@@ -71,11 +71,16 @@ LAYER_FIELDS = ("in_features", "qweight", "scale", "bias", "config", "dequantize
 
 
 def _check_layer(layer: object) -> None:
-    """A TypeError naming `layer` unless it has what the functions below read (a W8A8 `QuantLinear`'s fields)."""
+    """A TypeError naming `layer` unless it has what the functions below read (a W8A8 `QuantLinear`'s fields) and
+    its config's mode is "w8a8": an int4 or int8 weight-only layer has the same fields, and its codes are no int8
+    operand (int4 codes are packed two per byte; asymmetric ones are uint8 with a zero point)."""
     missing = [name for name in LAYER_FIELDS if not hasattr(layer, name)]
     if missing:
         raise TypeError(f"layer must be a W8A8 QuantLinear (with {', '.join(LAYER_FIELDS)}), got "
                         f"{type(layer).__name__}, which has no {missing[0]!r}")
+    mode = getattr(layer.config, "mode", None)  # type: ignore[attr-defined]
+    if mode != "w8a8":
+        raise TypeError(f"layer must be a W8A8 QuantLinear, got a {type(layer).__name__} of mode {mode!r}")
 
 
 def _check_threshold(threshold: object) -> float:
@@ -153,7 +158,8 @@ def w8a8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bia
     """
     if not isinstance(qweight, torch.Tensor) or qweight.dtype != torch.int8 or qweight.dim() != 2:
         raise TypeError(f"qweight must be a 2-D int8 tensor (N, K), got {tensor_kind(qweight)}")
-    if not isinstance(scale, torch.Tensor) or tuple(scale.shape) != (qweight.shape[0], 1):
+    check_float_tensor("scale", scale)  # an int64 scale would multiply in as whole numbers
+    if tuple(scale.shape) != (qweight.shape[0], 1):
         raise ValueError(f"scale must have shape ({qweight.shape[0]}, 1), got {tuple(getattr(scale, 'shape', ()))}")
     if bias is not None:
         # subtle: a (1,) bias would broadcast over all N outputs without a word; torch names neither argument

@@ -60,13 +60,18 @@ def _check_ints(name: str, values: object, minimum: int = 1) -> list[int]:
     return list(values)
 
 
-def _check_prompts(name: str, prompts: object) -> list[list[int]]:
-    """A non-empty list of non-empty prompts (lists of ints); the models check the ids themselves."""
+def _check_prompt(name: str, prompt: object, vocab_size: int) -> list[int]:
+    """A non-empty list of token ids in [0, vocab_size), else TypeError/ValueError naming `name` (the model's own
+    message would name no argument, an embedding's IndexError not even the id)."""
+    _check_ints(name, prompt, 0)
+    return check_token_ids(name, prompt, vocab_size)
+
+
+def _check_prompts(name: str, prompts: object, vocab_size: int) -> list[list[int]]:
+    """A non-empty list of non-empty prompts (lists of token ids in [0, vocab_size))."""
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError(f"{name} must be a non-empty list of prompts (lists of token ids), got {prompts!r}")
-    for i, p in enumerate(prompts):
-        _check_ints(f"{name}[{i}]", p, 0)
-    return [list(p) for p in prompts]
+    return [_check_prompt(f"{name}[{i}]", p, vocab_size) for i, p in enumerate(prompts)]
 
 
 def _check_pair(target: GPT, draft: GPT, who: str) -> None:
@@ -105,12 +110,13 @@ def forward_costs(target: GPT, draft: GPT, prompt: list[int], ts: list[int], con
     logits of every fed position), the draft's followed by its argmax as in a greedy proposal, so c is what a
     draft step costs the loop and not a lighter stand-in.
     """
-    _check_ints("prompt", prompt, 0)
     ts = _check_ints("ts", ts)
     check_int("context", context)
     check_int("repeats", repeats)
     for who, model, T in (("target", target, max(ts)), ("draft", draft, 1)):
-        window = require_model(model, f"forward_costs ({who})").block_size
+        cfg = require_model(model, f"forward_costs ({who})")
+        _check_prompt("prompt", prompt, cfg.vocab_size)
+        window = cfg.block_size
         if context + T > window:  # the timed forward writes positions context .. context + T - 1
             raise ValueError(f"context={context} plus {T} new token(s) is past the {who}'s context window "
                              f"block_size={window}: lower context (or ts)")
@@ -148,10 +154,14 @@ def matmul_costs(model: GPT, ts: list[int], repeats: int = 40) -> dict[str, Any]
     the part of a forward of T new tokens that is matrix products, without attention, norms or Python around them.
 
     If a one-token step were bound by reading the weights, T rows would cost about what one row costs; on a model
-    whose weights sit in the CPU's caches the products are bound by arithmetic and grow with T instead.
+    whose weights sit in the CPU's caches the products are bound by arithmetic and grow with T instead. Each T in
+    `ts` is at most the model's block_size, the most rows one forward feeds.
     """
+    window = require_model(model, "matmul_costs: model").block_size
     ts = _check_ints("ts", ts)
     check_int("repeats", repeats)
+    if max(ts) > window:  # a forward never feeds more rows than the window; far past it, the allocator fails
+        raise ValueError(f"ts holds T={max(ts)}, more rows than the model's context window block_size={window}")
     layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]  # (out, in) weights, lm_head tied
     inputs = {T: [torch.randn(T, m.in_features, device=model.device) for m in layers] for T in ts}
 
@@ -182,7 +192,7 @@ def draft_agreement(target: GPT, draft: GPT, prompts: list[list[int]], outputs: 
     over the same positions: the acceptance probability of speculative *sampling* (Leviathan et al. §3.1).
     """
     _check_pair(target, draft, "draft_agreement")
-    prompts = _check_prompts("prompts", prompts)
+    prompts = _check_prompts("prompts", prompts, target.config.vocab_size)
     if not isinstance(outputs, (list, tuple)) or len(outputs) != len(prompts):
         raise ValueError(f"outputs must hold one continuation per prompt ({len(prompts)}), got {outputs!r}")
     outputs = [check_token_ids(f"outputs[{i}]", o, target.config.vocab_size) for i, o in enumerate(outputs)]
@@ -206,7 +216,7 @@ def greedy_sweep(target: GPT, draft: GPT, prompts: list[list[int]], new_tokens: 
     """Each γ against the target alone over a set of prompts: identical tokens, acceptance, tokens per call,
     speed-up (all prompts' tokens over all prompts' time), and the cost model beside it."""
     _check_pair(target, draft, "greedy_sweep")
-    prompts = _check_prompts("prompts", prompts)
+    prompts = _check_prompts("prompts", prompts, target.config.vocab_size)
     gammas = [check_gamma(g) for g in _check_ints("gammas", gammas)]
     check_int("new_tokens", new_tokens)
     check_int("repeats", repeats)
@@ -264,7 +274,7 @@ def greedy_sweep(target: GPT, draft: GPT, prompts: list[list[int]], new_tokens: 
 def prompt_lookup(target: GPT, prompt: list[int], new_tokens: int, gamma: int = 4, ngram: int = 3,
                   repeats: int = 3) -> dict[str, Any]:
     """n-gram drafting from the sequence itself against the target alone: identical tokens and the speed-up."""
-    _check_ints("prompt", prompt, 0)
+    _check_prompt("prompt", prompt, require_model(target, "prompt_lookup").vocab_size)
     check_int("new_tokens", new_tokens)  # 0 would time two loops that generate nothing
     check_gamma(gamma)
     check_int("ngram", ngram)
@@ -291,7 +301,7 @@ def chi_square_p_value(chi2: float, dof: int) -> float:
 
 @dataclass
 class ChiSquare:
-    n: int  # draws
+    n: float  # draws: counts.sum(), a float (whole for counts of draws; expected counts need not be)
     chi2: float
     dof: int
     p_value: float
@@ -301,7 +311,8 @@ class ChiSquare:
 def chi_square_test(counts: torch.Tensor, p: torch.Tensor, bins: int = 10) -> ChiSquare:
     """Counts (V,) of drawn tokens against the distribution p (V,), binned on p's `bins` likeliest tokens + the rest.
 
-    counts may be integer or float; they are summed in float64 (float16 counts past 65504 would sum to inf)."""
+    counts may be integer or float; they are summed in float64 (float16 counts past 65504 would sum to inf), and
+    need not be whole: expected counts (q * draws) are tested exactly as they are."""
     for name, t in (("counts", counts), ("p", p)):
         if not isinstance(t, torch.Tensor) or t.dim() != 1:
             raise TypeError(f"{name} must be a 1-D tensor (V,), got {getattr(t, 'shape', type(t).__name__)}")
@@ -318,7 +329,9 @@ def chi_square_test(counts: torch.Tensor, p: torch.Tensor, bins: int = 10) -> Ch
     if not bool(torch.isfinite(counts).all()) or bool((counts < 0).any()) or float(counts.sum()) <= 0:
         raise ValueError("counts must be finite, >= 0 and not all zero")
     top = torch.topk(p, bins).indices
-    n = int(counts.sum())
+    # subtle: int(counts.sum()) truncated non-whole counts (2.4 -> 2): the rest bin came out wrong, and a sum below 1
+    # gave n = 0 and a dof error
+    n = float(counts.sum())
     observed = torch.cat([counts[top], (n - counts[top].sum()).reshape(1)]).double()  # (bins+1,)
     expected = torch.cat([p[top], (1 - p[top].sum()).clamp(min=0).reshape(1)]).double() * n  # (bins+1,)
     keep = expected > 0
@@ -332,7 +345,7 @@ def sampling_exactness(target: GPT, draft: GPT, prompt: list[int], draws: int = 
                        ) -> dict[str, Any]:
     """At one prefix: draw x ~ q, run the acceptance rule (γ = 1) `draws` times; the first emitted token against p."""
     _check_pair(target, draft, "sampling_exactness")
-    _check_ints("prompt", prompt, 0)
+    _check_prompt("prompt", prompt, target.config.vocab_size)
     check_int("draws", draws)
     check_seed(seed)
     sp = SamplingParams(temperature=1.0)
@@ -363,7 +376,8 @@ def hf_assisted(target: GPT, draft: GPT, prompt: list[int], new_tokens: int, gam
     HF runs twice: with its default assistant settings (a schedule that adapts the draft length, and a confidence
     threshold that stops drafting early) and with a constant γ like ours. The ratio is against the faster of them.
     """
-    _check_ints("prompt", prompt, 0)
+    _check_pair(target, draft, "hf_assisted")
+    _check_prompt("prompt", prompt, target.config.vocab_size)
     check_int("new_tokens", new_tokens)
     check_gamma(gamma)
     check_int("repeats", repeats)

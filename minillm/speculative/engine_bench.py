@@ -61,7 +61,8 @@ def code_prompts(tokenizer: Any, n: int, prompt_len: int = 128, window: int = 15
     docs = corpus_sample(10**9, split="val").split(EOT)
     pieces = [d[o : o + window] for d in docs for o in range(0, len(d) - window + 1, window)]
     if n > len(pieces):
-        raise ValueError(f"asked for {n} prompts, the validation split has {len(pieces)} pieces of {window} chars")
+        raise ValueError(f"asked for n={n} prompts, the validation split has {len(pieces)} pieces of window={window} "
+                         "chars; lower n (or window)")
     step = len(pieces) // n
     prompts = [tokenizer.encode(pieces[i * step]) for i in range(n)]
     shortest = min(len(p) for p in prompts)

@@ -131,7 +131,7 @@ def _q_sym(x, scale, bits, *, check_values=True):
     return torch.clamp(torch.round(x / scale), -qmax, qmax).to(torch.int8)
 
 
-def _dq_sym(q, scale):
+def _dq_sym(q, scale, *, check_values=True):
     return q.to(scale.dtype) * scale
 
 
@@ -139,7 +139,7 @@ def _q_asym(x, scale, zero, bits, *, check_values=True):
     return torch.clamp(torch.round(x / scale) + zero.to(x.dtype), 0, 2**bits - 1).to(torch.uint8)
 
 
-def _dq_asym(q, scale, zero):
+def _dq_asym(q, scale, zero, *, check_values=True):
     return (q.to(scale.dtype) - zero.to(scale.dtype)) * scale
 
 
