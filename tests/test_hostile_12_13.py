@@ -483,8 +483,10 @@ if __name__ == "__main__":  # python tests/test_hostile_12_13.py GROUP SEED TRIA
 # ----------------------------------------------------------------------------------- the mirrors' arguments
 def _mirror_bad_calls():
     """The mirrors' (and the naive twins', and `ops.versions`') bad calls: (id, call, exception, pattern)."""
+    from minillm.kernels import bench as kbench
     from minillm.kernels import build
     from minillm.kernels import mirror as M
+    from minillm.kernels import tour as ktour
     from minillm.kernels import naive as N
     from minillm.kernels import ops
 
@@ -661,6 +663,20 @@ def _mirror_bad_calls():
         ("emu4-build-timeout-zero", lambda: emulator.build(timeout=0), ValueError, r"timeout must be in \(0.0, inf\)"),
         ("naive4-gelu-tanh-none", lambda: N.gelu_tanh(None), TypeError,
          r"\bu must be a floating-point tensor, got NoneType"),
+        # fifth hostile run: before, torch's RuntimeError, a KeyError, re's TypeError, subprocess's errors
+        ("bench5-close-tol-negative", lambda: kbench.close(-1.0), ValueError, r"tol must be in \[0.0, inf\), got -1.0"),
+        ("tour5-compare-fp16", lambda: ktour.compare("softmax", torch.ones(2), torch.ones(2), torch.float16),
+         ValueError, r"dtype must be one of \[torch.float32, torch.bfloat16\] .*got torch.float16"),
+        ("emu5-translate-int", lambda: emulator.translate(123), TypeError,
+         r"source must be a .cu file's text \(a str\), got int 123"),
+        ("build5-parse-ptxas-bytes", lambda: build.parse_ptxas("a.cu", b"Used 3 registers"), TypeError,
+         "text must be the report as a str, got bytes"),
+        ("build5-run-compiler-missing", lambda: build.run_compiler(["/nonexistent/cc", "-v"], "cc", 5.0),
+         RuntimeError, r"cc: cannot start the program '/nonexistent/cc' \(No such file or directory\)"),
+        ("build5-run-compiler-timeout-zero", lambda: build.run_compiler(["true"], "x", 0), ValueError,
+         r"timeout must be in \(0.0, inf\), got 0"),
+        ("build5-run-compiler-timeout-str", lambda: build.run_compiler(["true"], "x", "5"), TypeError,
+         "timeout must be a number, got str '5'"),
     ]
 
 
@@ -831,6 +847,25 @@ def _compile_mirror_bad_calls():
          "target must be a cmake target name"),
         ("llb4-fetch-sources-int-sdist", lambda: llamacpp_build.fetch_sources(str(ROOT / "no-such-work"), 3),
          TypeError, "sdist must be a str or os.PathLike"),
+        # fifth hostile run: before, min() of nothing, an unpacking error, a converter child started on a folder,
+        # subprocess's and pathlib's FileNotFoundError (after the command ran), an AttributeError
+        ("bench5-bound-empty-ways", lambda: cbench.weight_streaming_bound(model, 1, 1, ways=({}, 0)), TypeError,
+         r"ways must be None or \(\{way: run\(steps\)\}, bytes\) with at least one way, .*got tuple \(\{\}, 0\)"),
+        ("bench5-bound-ways-str", lambda: cbench.weight_streaming_bound(model, 1, 1, ways="fast"), TypeError,
+         "ways must be None or .*got str 'fast'"),
+        ("llb5-convert-out-dir", lambda: llamacpp_build.convert(str(ROOT), str(ROOT), "f32", str(ROOT)), ValueError,
+         "out '.*' is a directory"),
+        ("llb5-convert-not-a-tree", lambda: llamacpp_build.convert("/nonexistent/tree", "/nonexistent/hf", "q8_0",
+                                                                   str(ROOT / "no-such.gguf")), ValueError,
+         r"tree '/nonexistent/tree' is not a llama.cpp source tree \(no convert_hf_to_gguf.py\)"),
+        ("llb5-run-logged-cwd-missing", lambda: llamacpp_build.run_logged(["true"], cwd="/nonexistent/dir"),
+         ValueError, "cwd '/nonexistent/dir' is not a folder"),
+        ("llb5-run-logged-log-dir-missing", lambda: llamacpp_build.run_logged(["true"], log="/nonexistent/dir/l.txt"),
+         ValueError, "log '/nonexistent/dir/l.txt': its folder '/nonexistent/dir' does not exist"),
+        ("llb5-run-logged-program-missing", lambda: llamacpp_build.run_logged(["/nonexistent/prog"]), RuntimeError,
+         "cmd: cannot start the program '/nonexistent/prog'"),
+        ("llb5-recover-merges-str", lambda: llamacpp_build.recover_merges("ab"), TypeError,
+         "ranks must be a dict of bytes -> int rank .*got str 'ab'"),
     ]
 
 
@@ -844,12 +879,13 @@ def test_chapter_13_mirrors_refuse_bad_arguments_naming_them(call, err, match):
 
 
 @pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
-@pytest.mark.parametrize("change", ["half", "new Parameter", "new layer"])
+@pytest.mark.parametrize("change", ["half", "new Parameter", "new layer", "eps"])
 def test_fused_decoder_refuses_a_model_changed_since_it_was_built(change):
-    """The C++ step holds the parameters of construction time; after model.half(), a replaced Parameter or a layer
-    swapped for another (fourth hostile run: before, the step kept running the old layer's weights) the prefill (the
-    live model) and the step (the snapshot) would disagree, so `generate_ids` and the first step of a sequence are
-    refused. An in-place update of a weight is seen by the step (same storage) and stays allowed."""
+    """The C++ step holds the parameters of construction time; after model.half(), a replaced Parameter, a layer
+    swapped for another (fourth hostile run: before, the step kept running the old layer's weights) or a LayerNorm's
+    eps changed (fifth run: before, ignored) the prefill (the live model) and the step (the snapshot) would
+    disagree, so `generate_ids` and the first step of a sequence are refused. An in-place update of a weight is
+    seen by the step (same storage) and stays allowed."""
     from minillm.compile.fused_step import FusedCPUDecoder
     from minillm.core.sampling import SamplingParams
     from minillm.kvcache.generate import generate_ids
@@ -866,6 +902,8 @@ def test_fused_decoder_refuses_a_model_changed_since_it_was_built(change):
     elif change == "new Parameter":
         fc = model.transformer.h[0].mlp.c_fc
         fc.weight = torch.nn.Parameter(torch.randn_like(fc.weight))
+    elif change == "eps":
+        model.transformer.ln_f.eps = 1e-3
     else:
         model.transformer.h[0].mlp.c_fc = torch.nn.Linear(TINY.n_embd, 4 * TINY.n_embd)
     with pytest.raises(ValueError, match="build a new FusedCPUDecoder"):
@@ -1220,3 +1258,141 @@ def test_the_kernel_bench_helpers_say_they_need_cuda():
              "the chapter 12 benchmark": lambda: kbench.run(quick=True)}
     for who, call in calls.items():
         assert_refused_by_minillm(call, RuntimeError, f"{who} needs a CUDA GPU")
+
+
+# -------------------------------------------------------------------------------------------- fifth hostile run
+def test_the_kernel_bench_check_refuses_outputs_of_different_shapes():
+    """Before: `close(tol)(got, ref)` broadcast, and a (1, C) output "agreed" with a (3, C) reference (the bug
+    fixed in tour.compare, which now shares the check). Equal shapes compare as before."""
+    from minillm.kernels import bench as kbench
+
+    ref = torch.randn(3, 4)
+    check = kbench.close(1e-3)
+    for got in (ref[:1].clone(), ref[0].clone(), torch.ones(1, 4)):
+        shape = re.escape(str(tuple(got.shape)))
+        assert_refused_by_minillm(lambda: check(got, ref), ValueError,
+                                  rf"got and ref must be tensors of the same shape, got {shape} and \(3, 4\)")
+    assert check(ref.clone(), ref) is True and check(ref + 1, ref) is False
+
+
+def test_the_mirrors_take_more_parts_or_a_wider_pack_than_the_row_has():
+    """Before: softmax_online(x, 8, 10**8) looped over 10^8 empty parts (a hang) and lane_partials(x, pack=10**9)
+    asked the allocator for 3.2e10 zeros of padding. A part past the row's end holds nothing, a pack past it reads
+    the whole row into lane 0: the answers, against torch, in well under a second."""
+    from minillm.kernels import mirror
+
+    x = torch.randn(2, 8, dtype=torch.float64) * 3
+    torch.testing.assert_close(mirror.softmax_online(x, 8, 10**8), torch.softmax(x, dim=-1))
+    torch.testing.assert_close(mirror.softmax_online(x, 1, 10**8), torch.softmax(x, dim=-1))
+    x = torch.randn(2, 40, dtype=torch.float64)
+    lanes = mirror.lane_partials(x, pack=10**9)
+    torch.testing.assert_close(lanes[:, 0], x.sum(dim=-1))
+    assert lanes.shape == (2, 32) and not lanes[:, 1:].any()
+
+
+def _eps_model(eps: list[float], dtype: torch.dtype = torch.float32) -> GPT:
+    """TINY with context-sensitive weights and these eps on its LayerNorms (h.0.ln_1, h.0.ln_2, h.1..., ln_f)."""
+    torch.manual_seed(0)
+    model = GPT(TINY).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 3.0 / p.shape[-1] ** 0.5)
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert len(norms) == len(eps)
+    for m, e in zip(norms, eps):
+        m.eps = e
+    return model.to(dtype)
+
+
+EPS = [0.5, 2.0, 1e-3, 0.1, 7.0]  # large and different: the config's 1e-5 gives other logits (max error ~2.7)
+
+
+def test_step_by_hand_honours_each_layernorm_eps_and_a_float64_model():
+    """Before: decode_step_by_hand used config.layer_norm_epsilon for every LayerNorm (max error 2.7 against the
+    model with other eps) and computed its LayerNorms in float32 for a float64 model (error 9e-7). Now each
+    LayerNorm's own eps, in the model's dtype: the model's own logits."""
+    from minillm.compile.mirror import decode_step_by_hand
+    from minillm.kvcache.cache import ContiguousKVCache
+
+    for dtype, tol in ((torch.float32, 1e-4), (torch.float64, 1e-10)):
+        for eps in (EPS, [TINY.layer_norm_epsilon] * 5):
+            model = _eps_model(eps, dtype)
+            cache = ContiguousKVCache(TINY, 1, 4, dtype=dtype)
+            with torch.inference_mode():
+                got = decode_step_by_hand(model, cache.k, cache.v, 5, 0, 0)
+                want = model(torch.tensor([[5]]))[0, -1]
+            torch.testing.assert_close(got, want, atol=tol, rtol=0)
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+def test_fused_decoder_honours_each_layernorm_eps():
+    """Before: the C++ step took config.layer_norm_epsilon for every LayerNorm: other logits and other tokens than
+    the model's, no error. Now each LayerNorm's own eps: the model's logits for a first token, and its tokens."""
+    from minillm.compile.fused_step import FusedCPUDecoder
+    from minillm.core.sampling import SamplingParams
+    from minillm.kvcache.generate import generate_ids
+
+    model = _eps_model(EPS)
+    dec = FusedCPUDecoder(model)
+    with torch.inference_mode():
+        got = dec(model, dec.cache, torch.tensor([5]), torch.tensor([0]))[0]
+        want = model(torch.tensor([[5]]))[0, -1]
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+    dec.cache.reset()
+    params = SamplingParams.greedy(8, ignore_eos=True)
+    assert dec.generate_ids([5, 6, 7, 5, 6], params) == generate_ids(model, [5, 6, 7, 5, 6], params)
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+def test_fast_cpu_model_keeps_an_untied_or_quantized_head():
+    """Before: a bare AssertionError for a model whose head has its own weight, an AttributeError for a quantized
+    head (TiedQuantHead has no `weight`). The copy now keeps either head as the model has it: the same tokens."""
+    from minillm.compile.cpu_gemv import fast_cpu_model
+    from minillm.core.sampling import SamplingParams
+    from minillm.kvcache.generate import generate_ids
+    from minillm.quant.linear import QuantConfig, quantize_model
+
+    model = _eps_model([TINY.layer_norm_epsilon] * 5)
+    untied = copy.deepcopy(model)
+    untied.lm_head.weight = torch.nn.Parameter(untied.lm_head.weight.detach() * 1.5)
+    quantized = quantize_model(model, QuantConfig("int8", quantize_head=True))
+    params = SamplingParams.greedy(6, ignore_eos=True)
+    for m in (untied, quantized):
+        fast = fast_cpu_model(m)
+        assert generate_ids(fast, [5, 6, 7], params) == generate_ids(m, [5, 6, 7], params)
+    assert fast_cpu_model(untied).lm_head.weight is not fast_cpu_model(untied).transformer.wte.weight
+    assert type(fast_cpu_model(quantized).lm_head) is type(quantized.lm_head)
+
+
+def test_llamacpp_convert_always_converts_and_checks_its_inputs(tmp_path):
+    """Before: any file already at `out` (here: not a GGUF at all) was returned as the conversion, without looking
+    at tree, hf_dir or outtype: an earlier run's GGUF of another checkpoint would be benchmarked without a word.
+    Now it always converts (a stand-in converter here, which writes its arguments) and refuses a folder that is
+    not an export first."""
+    from minillm.compile.llamacpp_build import convert
+
+    tree, hf = tmp_path / "llama.cpp", tmp_path / "hf"
+    (tree / "conversion").mkdir(parents=True)
+    (tree / "conversion" / "__init__.py").write_text("")
+    (tree / "conversion" / "base.py").write_text("class TextModel:\n    pass\n")
+    (tree / "convert_hf_to_gguf.py").write_text(
+        "import sys\nopen(sys.argv[sys.argv.index('--outfile') + 1], 'w').write(' '.join(sys.argv[1:4]))\n")
+    hf.mkdir()
+    out = tmp_path / "m.gguf"
+    out.write_text("not a gguf")
+    assert_refused_by_minillm(lambda: convert(tree, hf, "q8_0", out), ValueError,
+                              r"hf_dir '.*hf' is not a Hugging Face model folder \(no config.json\)")
+    (hf / "config.json").write_text("{}")
+    assert convert(str(tree), str(hf), "q8_0", str(out)) == out
+    assert out.read_text() == f"{hf} --outtype q8_0"
+
+
+def test_export_hf_dir_refuses_a_tokenizer_of_another_vocab_size(tmp_path):
+    """Before: a vocab-512 model was exported with the 4096-token vocab.json of the default tokenizer, no error."""
+    from minillm.compile.llamacpp_build import export_hf_dir
+    from minillm.tokenizer import DEFAULT_TOKENIZER_PATH, Tokenizer
+
+    tok, out = Tokenizer.load(DEFAULT_TOKENIZER_PATH), tmp_path / "hf"
+    assert_refused_by_minillm(lambda: export_hf_dir(GPT(TINY).eval(), tok, out), ValueError,
+                              "tokenizer has vocab_size=4096, model has vocab_size=512")
+    assert not out.exists()

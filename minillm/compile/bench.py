@@ -74,11 +74,15 @@ def weight_streaming_bound(model: GPT, repeats: int = 9, calls: int = 50,
     """The fastest this machine streams every weight matrix of a decode step at batch 1 (`streaming_ways`, or the
     `ways` a caller already built), each way the fastest of `repeats` runs of `calls` steps. The bound is the faster
     way; its tok/s is what a step made of those products alone could reach. `repeats` and `calls` are positive
-    ints (the time is divided by calls)."""
+    ints (the time is divided by calls); `ways` is None or what `streaming_ways` returns, at least one way."""
     require_model(model, "weight_streaming_bound (model)")
     check_int("repeats", repeats)
     check_int("calls", calls)
-    ways, nbytes = ways or streaming_ways(model)
+    if ways is not None and not (isinstance(ways, tuple) and len(ways) == 2 and isinstance(ways[0], dict)
+                                 and ways[0] and all(callable(run) for run in ways[0].values())):
+        raise TypeError(f"ways must be None or ({{way: run(steps)}}, bytes) with at least one way, as "
+                        f"streaming_ways returns, got {type(ways).__name__} {ways!r:.80}")
+    ways, nbytes = ways if ways is not None else streaming_ways(model)
 
     def seconds(run: Callable[[int], None]) -> float:
         t = measure(lambda: run(calls), warmup=1, repeats=repeats, device=model.device)

@@ -13,9 +13,9 @@ as nearly all of it, which is how llama.cpp runs (chapter 13 measures both side 
 What it leaves out: batches (chapter 06's engine keeps `fast_cpu_model`), several threads, and any model whose
 linears are not plain float32 (chapter 09's quantized and QAT-prepared layers): those get a TypeError naming the
 layer. The C++ step holds the model's own parameter storage, not a copy: change the weights in place and it sees
-them. Anything else (`model.half()`, a new Parameter, `param.data = ...`, a layer swapped for another) leaves the
-step with a snapshot the model no longer holds, while the prefill runs the model as it is now: the decoder notices
-and raises a ValueError; build a new FusedCPUDecoder then.
+them. Anything else (`model.half()`, a new Parameter, `param.data = ...`, a layer swapped for another, a LayerNorm's
+`eps` changed) leaves the step with a snapshot the model no longer holds, while the prefill runs the model as it is
+now: the decoder notices and raises a ValueError; build a new FusedCPUDecoder then.
 """
 
 from __future__ import annotations
@@ -49,10 +49,12 @@ def _plain(module: nn.Module, name: str) -> list[torch.Tensor]:
 def model_fingerprint(modules: list[nn.Module]) -> list[tuple[Any, ...]]:
     """What the C++ step's snapshot depends on, for `modules` (the model's, listed once at construction), cheap to
     take at every sequence: per module the submodules it holds now (a layer swapped for another,
-    `block.mlp.c_fc = nn.Linear(...)`, is another object there) and per parameter its identity, dtype, device and
-    storage address, and, where the step had to copy it (a non-contiguous parameter), its in-place version counter
-    too. An in-place update of a contiguous weight keeps all of these: the step holds the same storage and sees it."""
+    `block.mlp.c_fc = nn.Linear(...)`, is another object there), a LayerNorm's eps (the step took its value), and
+    per parameter its identity, dtype, device and storage address, and, where the step had to copy it (a
+    non-contiguous parameter), its in-place version counter too. An in-place update of a contiguous weight keeps all
+    of these: the step holds the same storage and sees it."""
     return [(tuple((name, id(child)) for name, child in m._modules.items()),
+             m.eps if isinstance(m, nn.LayerNorm) else None,
              tuple((name, None if p is None else (id(p), p.dtype, p.device, p.data_ptr(),
                                                   None if p.is_contiguous() else p._version))
                    for name, p in m._parameters.items()))
@@ -64,10 +66,11 @@ class FusedCPUDecoder:
 
     `max_len` sizes the cache (default and most: the model's context window). Greedy tokens equal the eager generator's
     (tested); logits agree to float rounding (the sums run in another order).
-    The step reads the parameters the model held at construction (their storage: in-place updates are seen). If
-    the model's parameters are converted or replaced afterwards (`model.half()`, a new Parameter, a layer swapped
-    for another), the next `generate_ids` or the first step of the next sequence raises a ValueError: build a new
-    FusedCPUDecoder. A quantized or QAT-prepared model is a TypeError naming the layer (`check_plain_model`).
+    The step reads the parameters the model held at construction (their storage: in-place updates are seen) and each
+    LayerNorm's own eps. If the model's parameters are converted or replaced afterwards (`model.half()`, a new
+    Parameter, a layer swapped for another) or an eps is changed, the next `generate_ids` or the first step of the
+    next sequence raises a ValueError: build a new FusedCPUDecoder. A quantized or QAT-prepared model is a TypeError
+    naming the layer (`check_plain_model`).
     """
 
     def __init__(self, model: GPT, max_len: int | None = None):
@@ -92,9 +95,9 @@ class FusedCPUDecoder:
         self._model_modules = list(model.modules())
         self._fingerprint = model_fingerprint(self._model_modules)
         self._last_start = math.inf  # the cache length at the last step (a check runs when it does not grow)
+        eps = [float(block.get_submodule(n).eps) for block in tr.h for n in ("ln_1", "ln_2")] + [float(tr.ln_f.eps)]
         self._cpp: Any = load_cpu_ext().FusedDecoder([t.contiguous() for t in glob], layers, self.cache.k,
-                                                     self.cache.v, cfg.n_head, cfg.head_size,
-                                                     cfg.layer_norm_epsilon)
+                                                     self.cache.v, cfg.n_head, cfg.head_size, eps)
 
     def __call__(self, model: GPT, cache: ContiguousKVCache, token: torch.Tensor, positions: torch.Tensor
                  ) -> torch.Tensor:
@@ -116,8 +119,9 @@ class FusedCPUDecoder:
         """ValueError unless the model still holds the parameters the C++ step was built on (see the class doc)."""
         if model_fingerprint(self._model_modules) != self._fingerprint:
             raise ValueError("the model's parameters were converted or replaced since this FusedCPUDecoder was "
-                             "built (e.g. model.half(), a new Parameter or a layer swapped for another); its C++ "
-                             "step still holds the old ones: build a new FusedCPUDecoder(model)")
+                             "built (e.g. model.half(), a new Parameter, a layer swapped for another or a "
+                             "LayerNorm's eps changed); its C++ step still holds the old ones: build a new "
+                             "FusedCPUDecoder(model)")
 
     def generate_ids(self, prompt_ids: Any, params: SamplingParams, **kwargs: Any) -> list[int]:
         """Chapter 04's `generate_ids` with this step: the prompt prefilled by the model, every later token in C++."""

@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     # CPU only, like llama-bench here; the same --threads for both sides.
     ap = bench_parser("python -m minillm.compile.llamacpp", __doc__.splitlines()[0], devices=("cpu",), seed=False)
     ap.add_argument("--work", type=Path, default=Path.home() / ".cache" / "minillm" / "llamacpp",
-                    help="where the sources, the build and the GGUF files go (reused between runs)")
+                    help="where the sources, the build (reused between runs) and the GGUF files go")
     ap.add_argument("--sdist", type=Path, default=None, help=f"a {PINNED} .tar.gz instead of downloading it")
     ap.add_argument("--tokens", type=int, default=128, help="tokens decoded per measurement (llama-bench -n)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -22,9 +21,9 @@ from typing import Any
 
 from minillm.compile.mirror import check_plain_model
 from minillm.core.hf import to_hf_model
-from minillm.core.io import check_output_dir, check_path
+from minillm.core.io import check_output_dir, check_output_file, check_path
 from minillm.core.model import require_model
-from minillm.kernels.build import check_command
+from minillm.kernels.build import check_command, run_program
 from minillm.tokenizer import Tokenizer
 
 PINNED = "llama-cpp-python==0.3.36"  # the sdist this chapter's figures were measured with
@@ -32,12 +31,18 @@ OUTTYPES = ("f32", "f16", "q8_0")  # the GGUF types `convert` writes (llama.cpp'
 
 
 def run_logged(cmd: list[str], cwd: str | os.PathLike | None = None, log: str | os.PathLike | None = None) -> str:
-    """Run a command (a list of str arguments, no shell); its output goes to `log` (when given) and is returned; a
-    failure raises naming the command."""
+    """Run a command (a list of str arguments, no shell) in the folder `cwd`; its output goes to the file `log`
+    (when given) and is returned. A cwd that is no folder, or a log that is one or whose folder does not exist, is a
+    ValueError naming it, before the command runs; a failure, or a program that cannot start, a RuntimeError naming
+    the command."""
     cmd = check_command(cmd)
     cwd = None if cwd is None else check_path(cwd, "cwd")
-    log = None if log is None else check_path(log, "log")
-    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if cwd is not None and not cwd.is_dir():
+        raise ValueError(f"cwd {str(cwd)!r} is not a folder: the command would have nowhere to run")
+    log = check_output_file(log, "log")
+    if log is not None and not log.parent.is_dir():
+        raise ValueError(f"log {str(log)!r}: its folder {str(log.parent)!r} does not exist")
+    out = run_program(cmd, "cmd", cwd=cwd)
     if log is not None:
         log.write_text(out.stdout + out.stderr)
     if out.returncode != 0:
@@ -126,7 +131,11 @@ def bytes_to_unicode() -> dict[int, str]:
 
 def recover_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
     """The merge list (left, right) in rank order that tiktoken-style ranks imply: each multi-byte token is what BPE
-    builds from its bytes using only lower-ranked tokens, stopped when two parts are left."""
+    builds from its bytes using only lower-ranked tokens, stopped when two parts are left. ranks: a dict of bytes
+    -> int (`Tokenizer.mergeable_ranks`); a TypeError naming it otherwise."""
+    if not isinstance(ranks, dict) or not all(isinstance(t, bytes) and isinstance(r, int) for t, r in ranks.items()):
+        raise TypeError(f"ranks must be a dict of bytes -> int rank (Tokenizer.mergeable_ranks), got "
+                        f"{type(ranks).__name__} {ranks!r:.80}")
     merges = []
     for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
         if len(token) == 1:
@@ -147,7 +156,8 @@ def export_hf_dir(model: Any, tokenizer: Tokenizer, out: str | os.PathLike) -> P
     """`model` as a Hugging Face GPT-2 directory `out`, with a vocab.json + merges.txt of `tokenizer` (a minillm
     Tokenizer): the converter's input. GPT-2's layout has plain float layers, heads n_embd / n_head wide and MLPs
     4 * n_embd wide: a quantized, QAT-prepared or structurally pruned model (chapters 09 and 10) is a TypeError /
-    ValueError naming what it has instead, before anything is written."""
+    ValueError naming what it has instead, before anything is written; so is a tokenizer whose vocab_size is not
+    the model's (its ids would name other rows of the embedding, or none)."""
     cfg = require_model(model, "export_hf_dir")
     check_plain_model(model, "export_hf_dir")
     widths = [block.mlp.c_fc.out_features for block in model.transformer.h]
@@ -159,6 +169,9 @@ def export_hf_dir(model: Any, tokenizer: Tokenizer, out: str | os.PathLike) -> P
     if not isinstance(tokenizer, Tokenizer):
         raise TypeError(f"tokenizer must be a minillm Tokenizer (its ranks become vocab.json and merges.txt), got "
                         f"{type(tokenizer).__name__}")
+    if tokenizer.vocab_size != cfg.vocab_size:
+        raise ValueError(f"tokenizer has vocab_size={tokenizer.vocab_size}, model has vocab_size={cfg.vocab_size}: "
+                         "export a model with the tokenizer it was trained with")
     out = check_path(out, "out")
     check_output_dir(out, "out")
     hf = to_hf_model(model)
@@ -178,13 +191,24 @@ def export_hf_dir(model: Any, tokenizer: Tokenizer, out: str | os.PathLike) -> P
 
 
 def convert(tree: str | os.PathLike, hf_dir: str | os.PathLike, outtype: str, out: str | os.PathLike) -> Path:
-    """llama.cpp's converter on `hf_dir`, in a child Python (it imports its own `gguf` and `conversion` packages),
-    to the GGUF file `out` of type `outtype` (one of OUTTYPES)."""
+    """llama.cpp's converter on `hf_dir` (`export_hf_dir`'s folder), in a child Python (it imports its own `gguf`
+    and `conversion` packages), to the GGUF file `out` of type `outtype` (one of OUTTYPES); its log beside it.
+
+    It always converts, over any file at `out`: a GGUF left by an earlier run may hold another checkpoint, and
+    reusing it would benchmark that one without a word (a conversion is quick next to the build). A tree without
+    llama.cpp's converter, an hf_dir without config.json, or an `out` that is a folder is a ValueError naming it,
+    before the child starts; out's folder is made."""
     if not isinstance(outtype, str) or outtype not in OUTTYPES:
         raise ValueError(f"outtype must be one of {OUTTYPES}, got {outtype!r}")
     tree, hf_dir, out = check_path(tree, "tree"), check_path(hf_dir, "hf_dir"), check_path(out, "out")
-    if out.is_file():
-        return out
+    check_output_file(out, "out")
+    if not (tree / "convert_hf_to_gguf.py").is_file():
+        raise ValueError(f"tree {str(tree)!r} is not a llama.cpp source tree (no convert_hf_to_gguf.py): pass what "
+                         "fetch_sources returns")
+    if not (hf_dir / "config.json").is_file():
+        raise ValueError(f"hf_dir {str(hf_dir)!r} is not a Hugging Face model folder (no config.json): pass what "
+                         "export_hf_dir returns")
+    out.parent.mkdir(parents=True, exist_ok=True)
     shim = (f"import sys; sys.path[:0] = [{str(tree / 'gguf-py')!r}, {str(tree)!r}]\n"
             "import conversion.base as base\n"
             "base.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'llama-bpe'  # our split: GPT-4's regex\n"

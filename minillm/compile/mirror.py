@@ -145,12 +145,12 @@ def decode_step_by_hand(model: GPT, k: list[torch.Tensor], v: list[torch.Tensor]
                         ) -> torch.Tensor:
     """Logits (V,) of `token` at position `pos`; its key and value go to `slot` of every layer's k[l], v[l]
     (each (1, nh, max_len, hs), of the model's dtype, separate tensors: the layout of chapter 04's
-    `ContiguousKVCache`), and it attends over slots 0..slot, itself included. Uses only the model's weights, never
-    its modules' forward, so it needs plain float layers (a quantized or QAT-prepared model is a TypeError naming
-    the layer)."""
+    `ContiguousKVCache`), and it attends over slots 0..slot, itself included. Uses only the model's weights (and each
+    LayerNorm's own eps), never its modules' forward, so it needs plain float layers (a quantized or QAT-prepared
+    model is a TypeError naming the layer). It computes in the model's dtype (float32, or float64)."""
     cfg = require_model(model, "decode_step_by_hand")
     tr = model.transformer
-    nh, hs, eps = cfg.n_head, cfg.head_size, cfg.layer_norm_epsilon
+    nh, hs = cfg.n_head, cfg.head_size
     weight = check_plain_model(model, "decode_step_by_hand")
     _check_cache(k, v, cfg.n_layer, nh, hs, weight)
     for name, value, high in (("token", token, cfg.vocab_size), ("pos", pos, cfg.block_size),
@@ -163,7 +163,7 @@ def decode_step_by_hand(model: GPT, k: list[torch.Tensor], v: list[torch.Tensor]
     x = tr.wte.weight[token] + tr.wpe.weight[pos]  # (C,): the residual stream of this one token
     for layer, block in enumerate(tr.h):
         # BEGIN SOLUTION
-        h = layernorm(x, block.ln_1.weight, block.ln_1.bias, eps)  # (C,)
+        h = layernorm(x, block.ln_1.weight, block.ln_1.bias, block.ln_1.eps)  # (C,): each LayerNorm's own eps
         qkv = block.attn.c_attn.weight @ h + block.attn.c_attn.bias  # (3A,)
         q, key, value = qkv[:A].view(nh, hs), qkv[A:2 * A].view(nh, hs), qkv[2 * A:].view(nh, hs)
         k[layer][0, :, slot] = key  # (nh, hs) into slot `slot` of every head
@@ -173,9 +173,9 @@ def decode_step_by_hand(model: GPT, k: list[torch.Tensor], v: list[torch.Tensor]
         p = torch.softmax(scores, dim=-1)  # each head's weights over the slots
         y = (p.unsqueeze(1) @ values).squeeze(1).reshape(A)  # (nh, hs) -> (A,)
         x = x + block.attn.c_proj.weight @ y + block.attn.c_proj.bias  # (C,)
-        h = layernorm(x, block.ln_2.weight, block.ln_2.bias, eps)
+        h = layernorm(x, block.ln_2.weight, block.ln_2.bias, block.ln_2.eps)
         f = gelu_tanh(block.mlp.c_fc.weight @ h + block.mlp.c_fc.bias)  # (H,)
         x = x + block.mlp.c_proj.weight @ f + block.mlp.c_proj.bias  # (C,)
         # END SOLUTION
-    h = layernorm(x, tr.ln_f.weight, tr.ln_f.bias, eps)
+    h = layernorm(x, tr.ln_f.weight, tr.ln_f.bias, tr.ln_f.eps)
     return model.lm_head.weight @ h  # (V,): the tied head

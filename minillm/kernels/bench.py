@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from minillm.bench.cli import bench_parser, start
+from minillm.core.config import check_float, tensor_kind
 from minillm.core.io import atomic_write_text
 from minillm.kernels import naive, ops
 from minillm.kernels.build import load_kernels
@@ -112,8 +113,21 @@ def time_ms(fn: Callable[[], object], warmup: int, repeats: int, batch_ms: float
     return statistics.median(sample(calls) for _ in range(repeats))
 
 
+def check_same_shape(got: object, ref: object) -> None:
+    """A ValueError naming got and ref unless both are tensors of one shape. subtle: comparing them would broadcast,
+    and a (1, C) output would "agree" with every row of a (R, C) reference (`close` here, `tour.compare`)."""
+    shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else tensor_kind(t) for t in (got, ref)]
+    if not all(isinstance(t, torch.Tensor) for t in (got, ref)) or shapes[0] != shapes[1]:
+        raise ValueError(f"got and ref must be tensors of the same shape, got {shapes[0]} and {shapes[1]}")
+
+
 def close(tol: float) -> Callable[[torch.Tensor | None, torch.Tensor | None], bool]:
+    """A check(got, ref): every element of got within tol of ref, relative to ref's largest magnitude (at least 1).
+    tol >= 0 (a ValueError naming it otherwise); got and ref of different shapes are a ValueError naming both."""
+    check_float("tol", tol, 0.0)
+
     def check(got, ref) -> bool:
+        check_same_shape(got, ref)
         scale = max(1.0, ref.float().abs().max().item())
         return bool(torch.allclose(got.float(), ref.float(), rtol=tol, atol=tol * scale))
     return check

@@ -157,7 +157,10 @@ _REGS = re.compile(r"Used (\d+) registers")
 
 
 def parse_ptxas(source: str, text: str) -> list[KernelResources]:
-    """KernelResources for every entry function in a `-Xptxas -v` report (one entry per kernel and arch)."""
+    """KernelResources for every entry function in a `-Xptxas -v` report `text` (a str: a TypeError naming it
+    otherwise), one entry per kernel and arch."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be the report as a str, got {type(text).__name__} {text!r:.80}")
     found: list[KernelResources] = []
     kernel = arch = None
     props: tuple[int, int, int] | None = None
@@ -210,12 +213,24 @@ def check_build_args(out_dir: object, jobs: object, timeout: object) -> Path:
     return out
 
 
+def run_program(cmd: list[str], what: str, **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd, capture_output=True, text=True, **kwargs), or a RuntimeError naming `what` and the
+    program when it cannot be started at all (no such program, not executable): subprocess's FileNotFoundError
+    names neither. The caller has checked cmd (`check_command`)."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    except OSError as e:
+        raise RuntimeError(f"{what}: cannot start the program {cmd[0]!r} ({e.strerror or e})") from e
+
+
 def run_compiler(cmd: Sequence[str], what: str, timeout: float) -> str:
     """Run a compiler command; return its stdout + stderr, or raise RuntimeError naming `what` with the command
-    and the compiler's output (its last 6,000 characters) when it fails or runs past `timeout` seconds."""
+    and the compiler's output (its last 6,000 characters) when it fails, cannot start, or runs past `timeout`
+    seconds (positive: a ValueError naming it otherwise)."""
     cmd = check_command(cmd)
+    check_float("timeout", timeout, 0.0, include_minimum=False)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = run_program(cmd, what, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         raise RuntimeError(f"{what} ran past its timeout={timeout} s and was stopped:\n{' '.join(cmd)}") from e
     output = proc.stdout + proc.stderr

@@ -57,6 +57,8 @@ def find_cxx() -> str | None:
 def translate(source: str) -> str:
     """A .cu file's text as host C++ for the emulator: launches become emu::launch calls, and the dynamic shared
     memory declaration a pointer into the block's buffer. Everything else compiles as it is."""
+    if not isinstance(source, str):
+        raise TypeError(f"source must be a .cu file's text (a str), got {type(source).__name__} {source!r:.80}")
     def launch(m: re.Match) -> str:
         return f"::emu::launch(::emu::LaunchConfig({m['config']}), &{m['kernel']}, {m['args']});"
 

@@ -116,7 +116,9 @@ def softmax_online(x: torch.Tensor, tile: int = 8, num_parts: int = 4) -> torch.
     x32 = x.float()
     R, C = x32.shape[:-1], x32.shape[-1]
     states = []
-    for part in range(num_parts):
+    # subtle: a part past the row's last tile (num_parts * tile > C) holds no column: its state stays (-inf, 0),
+    # which merges as nothing, so it is left out (the same bits), and num_parts=10**8 is not 10**8 empty loops
+    for part in range(min(num_parts, -(-C // tile))):
         m = torch.full(R, NEG_INF)
         s = torch.zeros(R)
         for c0 in range(part * tile, C, num_parts * tile):  # this part's tiles
@@ -154,7 +156,8 @@ def lane_partials(x: torch.Tensor, pack: int = 1) -> torch.Tensor:
     """
     C = check_rows("x", x)
     check_int("pack", pack)
-    pad = (-C) % (32 * pack)
+    pack = min(pack, max(C, 1))  # a pack past the row's end reads it whole, into lane 0, as a pack of C does
+    pad = (-C) % (32 * pack)  # subtle: with pack=10**9 unclamped, 3.2e10 zeros of padding
     xp = torch.nn.functional.pad(x, (0, pad))  # (..., C + pad), zeros add nothing
     return xp.reshape(*x.shape[:-1], -1, 32, pack).sum(dim=(-3, -1))  # (..., C/(32 pack), 32, pack) -> (..., 32)
 
@@ -162,7 +165,8 @@ def lane_partials(x: torch.Tensor, pack: int = 1) -> torch.Tensor:
 def layernorm_warp(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
                    pack: int = 1) -> torch.Tensor:
     """layernorm.cu v3 (pack=1) and v4 (pack = 16 bytes / element size): one pass of lane sums of x and x^2, a warp
-    tree sum of each, var = E[x^2] - mean^2."""
+    tree sum of each, var = E[x^2] - mean^2. A row whose x^2 overflows fp32 (|x| past ~1e19) gives NaN here
+    (as F.layer_norm does; see `naive.layernorm`)."""
     C = check_rows("x", x, weight=weight, bias=bias)
     check_eps(eps)
     check_int("pack", pack)

@@ -1,8 +1,9 @@
 """The naive PyTorch twin of every chapter 12 kernel: plain torch ops, fp32 math, the reference for every test.
 
 Each function computes what its kernel computes, in the most direct way (whole rows, dense matrices, Python loops
-over sequences), upcasting to fp32 and rounding once to the input dtype at the end, as the kernels do. They run
-on any device. What they leave out: speed; `bench` times them as the baseline every version is compared with.
+over sequences), upcasting to fp32 (layernorm keeps float64 in float64) and rounding once to the input dtype at
+the end, as the kernels do. They run on any device. What they leave out: speed; `bench` times them as the
+baseline every version is compared with.
 """
 
 from __future__ import annotations
@@ -75,13 +76,21 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
 
 def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     """(x - mean) / sqrt(var + eps) * weight + bias over the last dimension, biased variance (as F.layer_norm);
-    x (..., C), weight and bias (C,)."""
+    x (..., C), weight and bias (C,). The math is fp32, but float64 input is computed in float64 (chapter 13's
+    `decode_step_by_hand` runs float64 models with it).
+
+    Not checked: a row whose squared deviations overflow float32 (|x| past ~1e19) has no meaningful result in fp32
+    math. Here var is inf and the row comes back as its bias; F.layer_norm and the mirror give NaN, kernel v1 the
+    bias, v2-v4 huge finite values (their E[x^2] - mean^2 is inf - inf, clamped to 0). Such a row means the model
+    has already diverged; no check is paid for at every call.
+    """
     check_rows("x", x, weight=weight, bias=bias)
     check_eps(eps)
-    x32 = x.float()
+    dtype = torch.promote_types(x.dtype, torch.float32)  # fp32 math; float64 stays float64 (chapter 13's step)
+    x32 = x.to(dtype)
     mean = x32.mean(dim=-1, keepdim=True)  # (..., 1)
     var = ((x32 - mean) ** 2).mean(dim=-1, keepdim=True)  # (..., 1)
-    return ((x32 - mean) / torch.sqrt(var + eps) * weight.float() + bias.float()).to(x.dtype)
+    return ((x32 - mean) / torch.sqrt(var + eps) * weight.to(dtype) + bias.to(dtype)).to(x.dtype)
 
 
 def gelu_tanh(u: torch.Tensor) -> torch.Tensor:

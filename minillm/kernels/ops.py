@@ -183,7 +183,9 @@ def softmax(x: torch.Tensor, version: int = 4, out: torch.Tensor | None = None) 
 
 def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5, version: int = 4,
               out: torch.Tensor | None = None) -> torch.Tensor:
-    """LayerNorm over the last dimension of x (..., C) with weight, bias (C,); versions 1..4 (csrc/layernorm.cu)."""
+    """LayerNorm over the last dimension of x (..., C) with weight, bias (C,); versions 1..4 (csrc/layernorm.cu).
+    A row past fp32's range for its squares (|x| past ~1e19) is not refused and gives no meaningful output (see
+    `naive.layernorm`)."""
     _tensor("x", x)
     if x.dim() < 1:
         raise ValueError(f"x must have at least one dimension, got shape {tuple(x.shape)}")

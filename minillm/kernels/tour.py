@@ -20,10 +20,9 @@ from typing import Callable
 
 import torch
 
-from minillm.core.config import tensor_kind
 from minillm.core.rows import Row, TourContext
 from minillm.kernels import emulator, mirror, naive, ops
-from minillm.kernels.bench import run as run_bench
+from minillm.kernels.bench import check_same_shape, run as run_bench
 
 TITLE = "CUDA kernels (CPU mirrors; versions on a GPU)"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}  # relative to the output's largest magnitude (one rounding)
@@ -93,10 +92,10 @@ def cast(args: tuple, dtype: torch.dtype) -> tuple:
 def compare(kernel: str, got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> tuple[bool, float]:
     """(agrees, error relative to the output's largest magnitude); the KV write, a copy, must agree exactly.
     got and ref must have the same shape: a ValueError naming both otherwise (subtracting them would broadcast, and
-    a (1, C) output would "agree" with every row of a (R, C) reference)."""
-    shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else tensor_kind(t) for t in (got, ref)]
-    if not all(isinstance(t, torch.Tensor) for t in (got, ref)) or shapes[0] != shapes[1]:
-        raise ValueError(f"compare: got and ref must be tensors of the same shape, got {shapes[0]} and {shapes[1]}")
+    a (1, C) output would "agree" with every row of a (R, C) reference). dtype: one of TOL's."""
+    check_same_shape(got, ref)
+    if dtype not in TOL:
+        raise ValueError(f"dtype must be one of {list(TOL)} (the tolerances the tour knows), got {dtype!r}")
     err = (got.float() - ref.float()).abs().max().item() / max(1.0, ref.float().abs().max().item())
     exact = kernel == "kv_cache_write"
     return not bool(torch.isnan(got).any()) and (err == 0.0 if exact else err <= TOL[dtype]), err

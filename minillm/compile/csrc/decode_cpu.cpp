@@ -168,11 +168,12 @@ void check_float(const at::Tensor& t, const char* what, std::vector<int64_t> sha
 class FusedDecoder {
   public:
     // globals: wte (V, C), wpe (P, C), ln_f weight (C), ln_f bias (C), head (V, C);
-    // layers: kLayerTensors per block in the order above; k, v: per block (1, nh, max_len, hs).
+    // layers: kLayerTensors per block in the order above; k, v: per block (1, nh, max_len, hs);
+    // eps: each LayerNorm's own, ln_1 and ln_2 of every block, then ln_f (2 n_layer + 1).
     FusedDecoder(std::vector<at::Tensor> globals, std::vector<at::Tensor> layers, std::vector<at::Tensor> k,
-                 std::vector<at::Tensor> v, int64_t n_head, int64_t head_size, double eps)
+                 std::vector<at::Tensor> v, int64_t n_head, int64_t head_size, std::vector<double> eps)
         : globals_(std::move(globals)), layers_(std::move(layers)), k_(std::move(k)), v_(std::move(v)),
-          nh_(n_head), hs_(head_size), eps_(static_cast<float>(eps)) {
+          nh_(n_head), hs_(head_size), eps_(eps.begin(), eps.end()) {
         TORCH_CHECK(globals_.size() == 5, "FusedDecoder: globals must be wte, wpe, ln_f weight, ln_f bias, head");
         TORCH_CHECK(n_head > 0 && head_size > 0, "FusedDecoder: n_head and head_size must be positive");
         TORCH_CHECK(!layers_.empty() && layers_.size() % kLayerTensors == 0,
@@ -180,6 +181,8 @@ class FusedDecoder {
         n_layer_ = static_cast<int64_t>(layers_.size()) / kLayerTensors;
         TORCH_CHECK(static_cast<int64_t>(k_.size()) == n_layer_ && static_cast<int64_t>(v_.size()) == n_layer_,
                     "FusedDecoder: one K and one V tensor per block");
+        TORCH_CHECK(static_cast<int64_t>(eps_.size()) == 2 * n_layer_ + 1,
+                    "FusedDecoder: eps must hold ln_1 and ln_2 of every block, then ln_f");
         TORCH_CHECK(globals_[0].dim() == 2 && globals_[1].dim() == 2, "FusedDecoder: wte and wpe must be 2-D");
         V_ = globals_[0].size(0);
         C_ = globals_[0].size(1);
@@ -246,18 +249,18 @@ class FusedDecoder {
         for (int64_t l = 0; l < n_layer_; ++l) {
             const at::Tensor* t = &layers_[l * kLayerTensors];
             const int64_t H = t[8].size(0);
-            layernorm(x, ptr(t[0]), ptr(t[1]), h, C_, eps_);
+            layernorm(x, ptr(t[0]), ptr(t[1]), h, C_, eps_[2 * l]);
             small_gemm(h, ptr(t[2]), ptr(t[3]), qkv_.data(), 1, C_, 3 * A_);
             attend(l, start);
             small_gemm(y_.data(), ptr(t[4]), ptr(t[5]), h, 1, A_, C_);
             for (int64_t i = 0; i < C_; ++i) x[i] += h[i];
-            layernorm(x, ptr(t[6]), ptr(t[7]), h, C_, eps_);
+            layernorm(x, ptr(t[6]), ptr(t[7]), h, C_, eps_[2 * l + 1]);
             small_gemm(h, ptr(t[8]), ptr(t[9]), f_.data(), 1, C_, H);
             gelu_tanh(f_.data(), H);
             small_gemm(f_.data(), ptr(t[10]), ptr(t[11]), h, 1, H, C_);
             for (int64_t i = 0; i < C_; ++i) x[i] += h[i];
         }
-        layernorm(x, ptr(globals_[2]), ptr(globals_[3]), h, C_, eps_);
+        layernorm(x, ptr(globals_[2]), ptr(globals_[3]), h, C_, eps_.back());
         auto logits = at::empty({1, V_}, globals_[0].options());
         small_gemm(h, ptr(globals_[4]), nullptr, logits.data_ptr<float>(), 1, C_, V_);
         return logits;
@@ -306,7 +309,7 @@ class FusedDecoder {
 
     std::vector<at::Tensor> globals_, layers_, k_, v_;
     int64_t nh_, hs_, n_layer_ = 0, V_ = 0, C_ = 0, P_ = 0, A_ = 0, max_len_ = 0;
-    float eps_;
+    std::vector<float> eps_;  // ln_1, ln_2 of block 0, of block 1, ..., ln_f
     std::vector<float> x_, h_, qkv_, y_, f_, scores_;  // the step's scratch: residual, normed/out, q k v, heads, MLP
     std::vector<float> logits_;                          // products() only: step() returns a fresh logits tensor
     std::vector<int64_t> where_;                         // where slot j starts in a head's rows: j * hs
@@ -372,7 +375,7 @@ void register_decoder(pybind11::module& m) {
           "one query per sequence over its paged K/V, read through the block table (float32, CPU)");
     pybind11::class_<FusedDecoder>(m, "FusedDecoder")
         .def(pybind11::init<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>,
-                            std::vector<at::Tensor>, int64_t, int64_t, double>())
+                            std::vector<at::Tensor>, int64_t, int64_t, std::vector<double>>())
         .def("step", &FusedDecoder::step, "logits (1, V) of one token at one position, its K/V written at a slot",
              pybind11::call_guard<pybind11::gil_scoped_release>())
         .def("products", &FusedDecoder::products, "the step's matrix-vector products alone, `times` over",
