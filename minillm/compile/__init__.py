@@ -18,6 +18,9 @@
   with chapter 15's `llama-server` side by side)
 - `llamacpp`: the side-by-side with llama.cpp on the same weights (`python -m minillm.compile.llamacpp`; builds
   llama.cpp from source, never run by the tests or the tour)
+- `aot`: the decode step ahead of time: `export_decode_step` (torch.export + AOTInductor, one `.pt2` file),
+  `AOTDecoder` (loads it and generates in a fresh process without the model), and `cold_start`, process start to
+  first token for eager, compile (cold and warm cache) and the package (`python -m minillm.compile.aot`)
 - `tour`: the chapter's rows (compiled decode, the fastest decode against the bound and HF, the engine on it)
 
 The text is `chapters/13-compilation.md`, the lab `notebooks/13-compilation.ipynb`.

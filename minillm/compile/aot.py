@@ -1,0 +1,364 @@
+"""The batch-1 decode step compiled ahead of time: one `.pt2` file that decodes in a fresh process, and cold start.
+
+What it adds: `torch.compile` builds its graph in the process that runs it, at the first decode step, every time a
+process starts (a warm inductor cache only skips part of it). `export_decode_step` does the work once, ahead of
+time: `torch.export` captures `StaticDecoder`'s step as a graph, AOTInductor (`torch._inductor`) compiles it to a
+shared library, and `aoti_compile_and_package` packs the library, the weights and the KV cache into one `.pt2` file.
+`AOTDecoder(path)` loads that file (`aoti_load_package`) and generates, with no checkpoint, no `GPT` and no compiler:
+
+    export_decode_step(model, "step.pt2")     ahead of time: export + AOTInductor build (tens of seconds)
+    AOTDecoder("step.pt2").generate_ids(...)  any later process: load the library, then token by token
+
+    package entry:  token (1, 1), position (1, 1)  ──step──▶  logits (1, V)
+    package state:  K, V (1, nh, max_len, hs) per layer, written in place at slot = position
+
+Design choices (the package is usable alone, and is one static-shape graph):
+  - the KV cache is the exported module's buffers, mutated in place (`index_copy_`): AOTInductor keeps mutated
+    buffers as the loaded model's own state, so it persists from call to call and never crosses the call boundary;
+  - the write slot is the token's position, an input, not a buffer: at batch 1 without left padding slot ==
+    position (what `StaticDecoder` checks), so K and V are the only state and a new request needs no reset: it
+    writes from slot 0 again, and the causal mask hides every stale slot past the query;
+  - the prompt goes through the same step one token at a time (prefill of n tokens = n steps). A second entry for
+    prefill could not share the cache: each model in a package owns its buffers. The price is n matrix-vector
+    steps instead of one matrix-matrix forward, a few milliseconds for a chat-length prompt on `base`;
+  - the package carries its `GPTConfig` and max_len in its metadata, so the decoder checks prompts and applies
+    chapter 04's stopping rules (`start_request`, `sample_next`, `RequestState.accept`) without the model.
+
+`cold_start` measures, each path in a fresh Python subprocess, process start to the first token and to the whole
+generation: eager (load `base`, chapter 04's `generate`), `torch.compile` with a cold and then a warm inductor cache
+(`StaticDecoder(mode="compile")`), and the AOT package; the tokens must be identical. What it leaves out: batches,
+CUDA (the export here is for the CPU), and quantized layers that `torch.compile` cannot trace either
+(`uncompilable_layer`). The command: `python -m minillm.compile.aot [--threads N] [--quick] [--json FILE]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.nn as nn
+
+from minillm.bench.cli import bench_parser, start, write_report
+from minillm.bench.models import load_model
+from minillm.bench.workload import eval_prompts
+from minillm.compile.decode import (StaticDecoder, check_decoder_room, compile_problem, decoder_max_len,
+                                    uncompilable_layer)
+from minillm.core.config import (PRESETS, GPTConfig, check_fits_window, check_float, check_int,
+                                 check_module_has_data)
+from minillm.core.io import atomic_write_bytes, check_output_file, check_path
+from minillm.core.model import GPT
+from minillm.core.sampling import SamplingParams, sample_next
+from minillm.core.stopping import RequestState, check_eos_id, start_request
+from minillm.gpt.pretrained import SHIPPED_PRESETS
+from minillm.kvcache.cache import ContiguousKVCache
+from minillm.kvcache.generate import generate
+from minillm.naive.generate import collect
+
+FORMAT = "minillm-aot-decode-step/1"  # the package's metadata names its format, so a stranger .pt2 is refused
+PATHS = ("eager", "compile, cold cache", "compile, warm cache", "AOT package, cold cache", "AOT package, warm cache")
+CHILD_MARK = "AOT-CHILD "  # the line of a child's stdout that carries its result
+PROMPT_LEN = 16  # cold_start's prompt: validation text (the shipped weights) or seeded ids, as chapter 13's bench
+
+
+def aot_problem() -> str | None:
+    """None when torch.export + AOTInductor can build a CPU package here, else why not (no `torch.export` or
+    `aoti_compile_and_package` in this PyTorch, or `compile_problem`: dynamo unsupported, no C++ compiler)."""
+    if not hasattr(torch, "export") or not hasattr(torch._inductor, "aoti_compile_and_package"):
+        return "this PyTorch has no torch.export / torch._inductor.aoti_compile_and_package (AOTInductor)"
+    return compile_problem()
+
+
+class DecodeStep(nn.Module):
+    """StaticDecoder's step as a module to export: token (1, 1), position (1, 1) -> logits (1, V), over a
+    static-shape cache of `max_len` slots whose K and V tensors are this module's buffers (k0, v0, k1, ...)."""
+
+    def __init__(self, model: GPT, max_len: int):
+        super().__init__()
+        self.model = model
+        self.cache = ContiguousKVCache(model.config, 1, max_len, device=model.device, use_static_shapes=True)
+        for i in range(model.config.n_layer):
+            self.register_buffer(f"k{i}", self.cache.k[i])  # (1, nh, max_len, hs)
+            self.register_buffer(f"v{i}", self.cache.v[i])
+
+    def forward(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        cache, n = self.cache, self.model.config.n_layer
+        # subtle: export traces with stand-ins for the module's buffers; the cache's own lists would still hold the
+        # real tensors, which export lifts as constants (their writes lost). Rebound here, the step writes the buffers.
+        cache.k = [getattr(self, f"k{i}") for i in range(n)]
+        cache.v = [getattr(self, f"v{i}") for i in range(n)]
+        cache.slot = position.reshape(()).clone()  # batch 1, no padding: the write slot is the position
+        cache._mask = None  # built again by layer 0 from this step's slot
+        h = self.model.hidden(token, position, cache)  # (1, 1, C)
+        return self.model.logits(h[:, -1])  # (1, V)
+
+
+def export_decode_step(model: GPT, path: str | os.PathLike, max_len: int | None = None) -> Path:
+    """Export `model`'s batch-1 static decode step and package it with AOTInductor as one `.pt2` file at `path`
+    (written atomically: built in a temporary folder, then renamed into place). Returns the path.
+
+    `max_len` sizes the package's cache (default: the context window, `decoder_max_len`). The model must be a CPU
+    GPT with values (not meta) and no layer `torch.compile` cannot trace (`uncompilable_layer`); its training mode is
+    left as it was. Takes tens of seconds: AOTInductor compiles the generated C++ here, once.
+    """
+    if not isinstance(model, GPT):
+        raise TypeError(f"model must be a minillm GPT, got {type(model).__name__}")
+    check_module_has_data("model", model)
+    if model.device.type != "cpu":
+        raise ValueError(f"model must be on the CPU (this chapter's AOT package is a CPU library), got {model.device}")
+    layer = uncompilable_layer(model)
+    if layer is not None:
+        raise ValueError(f"model's {layer} cannot be exported: its forward reads tensor values into Python")
+    check_path(path, "path")
+    out = check_output_file(path, "path", (".pt2",))
+    max_len = decoder_max_len(model.config, max_len)
+    problem = aot_problem()
+    if problem is not None:
+        raise RuntimeError(f"cannot build an AOTInductor package here: {problem}")
+    metadata = {"minillm_format": FORMAT, "minillm_config": json.dumps(model.config.to_dict()),
+                "minillm_max_len": str(max_len)}
+    training = model.training
+    model.eval()
+    try:
+        step = DecodeStep(model, max_len)
+        example = (torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long))  # token, position
+        with torch.no_grad():
+            exported = torch.export.export(step, example)
+        with tempfile.TemporaryDirectory(prefix="minillm-aot-") as tmp:
+            built = torch._inductor.aoti_compile_and_package(
+                exported, package_path=os.path.join(tmp, "step.pt2"),
+                inductor_configs={"aot_inductor.metadata": metadata})
+            return atomic_write_bytes(out, Path(built).read_bytes())
+    finally:
+        model.train(training)
+
+
+class AOTDecoder:
+    """A package from `export_decode_step`, loaded; `generate` / `generate_ids` are chapter 04's, without the model.
+
+    `config` (the exported model's `GPTConfig`) and `max_len` come from the package's metadata. The package holds one
+    KV cache, so one stream runs at a time: starting another generation ends the one before it (its next step is a
+    RuntimeError, never tokens computed over the other request's cache).
+
+    subtle: `aoti_load_package` (torch 2.13) first probes this CPU's vector instruction sets by compiling small C++
+    test programs (`torch._inductor.cpu_vec_isa`), only to warn if the package was built for another; the results
+    are cached in the inductor cache (TORCHINDUCTOR_CACHE_DIR). So the first load on a machine costs seconds of
+    compiler runs and later loads none; with no C++ compiler the probe fails and torch loads the library directly
+    (a warning, "Loading outdated pt2 file"). The library itself is never rebuilt.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        p = check_path(path, "path")
+        if not p.is_file():
+            raise FileNotFoundError(f"no AOT decode-step package at {str(p)!r}")
+        if not zipfile.is_zipfile(p):
+            raise ValueError(f"path {str(p)!r} is not a .pt2 package (not a zip archive: truncated or another file?)")
+        try:
+            self._runner = torch._inductor.aoti_load_package(str(p))
+        except RuntimeError as e:
+            raise ValueError(f"path {str(p)!r} could not be loaded as an AOTInductor package: {e}") from e
+        meta = self._runner.get_metadata()
+        if meta.get("minillm_format") != FORMAT:
+            raise ValueError(f"path {str(p)!r} is not a minillm decode-step package (metadata minillm_format = "
+                             f"{meta.get('minillm_format')!r}, expected {FORMAT!r}); build one with "
+                             "export_decode_step")
+        self.path = p
+        self.config = GPTConfig.from_dict(json.loads(meta["minillm_config"]))
+        self.max_len = int(meta["minillm_max_len"])
+        self._token = torch.zeros(1, 1, dtype=torch.long)  # the step's inputs, refilled per token
+        self._position = torch.zeros(1, 1, dtype=torch.long)
+        self._request = 0  # the stream allowed to step; a new generate() takes the cache from the one before
+
+    def _step(self, token_id: int, position: int, request: int) -> torch.Tensor:
+        """One call of the package: logits (1, V) for token_id at position (its K/V written at slot position)."""
+        if request != self._request:
+            raise RuntimeError("this generation was ended by a later generate() on the same AOTDecoder: the package "
+                               "holds one KV cache; finish (or drop) one stream before starting the next")
+        self._token.fill_(token_id)
+        self._position.fill_(position)
+        return self._runner(self._token, self._position)
+
+    def generate(self, prompt_ids: Any, params: SamplingParams, tokenizer: Any = None, eos_id: int | None = None,
+                 truncate: bool = False) -> Iterator[int]:
+        """Stream generated token ids as chapter 04's `generate` does (same checks, same stop rules, the finish
+        reason as the generator's return value); the prompt goes through the package's step token by token.
+        Everything is checked here, before the first token."""
+        check_eos_id(eos_id, self.config.vocab_size)
+        state = start_request(self.config, prompt_ids, params, tokenizer, eos_id, truncate=truncate)
+        if params.n != 1:
+            raise ValueError(f"an AOTDecoder streams one sequence; got n={params.n} parallel samples")
+        check_decoder_room(self.max_len, self.config, prompt_ids, params, truncate)
+        self._request += 1
+        return self._stream(state, self._request)
+
+    def _stream(self, state: RequestState, request: int) -> Iterator[int]:
+        if state.finished:  # max_new_tokens == 0
+            return state.finish_reason
+        for pos, token_id in enumerate(state.prompt_ids):  # prefill: the prompt through the step, one at a time
+            logits = self._step(token_id, pos, request)  # (1, V); only the last prompt token's is sampled
+        pos = len(state.prompt_ids)
+        while True:
+            token_id = int(sample_next(logits, state.params, state.generator))
+            yield token_id
+            if state.accept([token_id]):
+                return state.finish_reason
+            logits = self._step(token_id, pos, request)  # (1, V)
+            pos += 1
+
+    def generate_ids(self, prompt_ids: Any, params: SamplingParams, tokenizer: Any = None,
+                     eos_id: int | None = None, truncate: bool = False) -> list[int]:
+        """`generate`, collected into a list of the new token ids."""
+        return collect(self.generate(prompt_ids, params, tokenizer, eos_id, truncate))[0]
+
+
+# ----- cold start -----------------------------------------------------------------------------------------------
+
+CHILD_CODE = ("import json, sys; from minillm.compile.aot import CHILD_MARK, run_child; "
+              "print(CHILD_MARK + json.dumps(run_child(json.loads(sys.argv[1]))), flush=True)")
+
+
+def run_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """The body of one cold-start subprocess: `spec["mode"]` "eager", "compile" or "aot" generates `spec["prompt"]`
+    greedily for `spec["new_tokens"]` tokens on `spec["threads"]` threads. Returns time.monotonic() stamps (one
+    clock for every process on the machine): imports done, ready (model loaded / package loaded), after each token."""
+    imported = time.monotonic()
+    torch.set_num_threads(spec["threads"])
+    params = SamplingParams.greedy(spec["new_tokens"], ignore_eos=True)
+    if spec["mode"] == "aot":
+        stream = AOTDecoder(spec["package"]).generate(spec["prompt"], params)
+    else:
+        model = load_model(spec["name"], seed=spec["seed"]).model
+        if spec["mode"] == "eager":
+            stream = generate(model, spec["prompt"], params)
+        else:  # the compile happens at the first decode step: the prefill runs eager
+            dec = StaticDecoder(model, "compile")
+            stream = generate(model, spec["prompt"], params, kv_cache=dec.cache, decode_fn=dec)
+    ready = time.monotonic()
+    tokens, stamps = [], []
+    for token_id in stream:
+        tokens.append(token_id)
+        stamps.append(time.monotonic())
+    return {"imported": imported, "ready": ready, "token_times": stamps, "tokens": tokens}
+
+
+def run_fresh(spec: dict[str, Any], timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """`run_child(spec)` in a fresh Python subprocess (this interpreter, local only), killed with its process group
+    past `timeout` seconds (a RuntimeError). Times are seconds from just before the process was started."""
+    env = {**os.environ, **(env or {})}
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-c", CHILD_CODE, json.dumps(spec)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: the child and any compile workers it started
+        proc.communicate()
+        raise RuntimeError(f"the {spec['mode']} cold-start run took longer than timeout={timeout} s") from None
+    lines = [line for line in out.splitlines() if line.startswith(CHILD_MARK)]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"the {spec['mode']} cold-start run failed (exit {proc.returncode}): {err[-2000:]}")
+    r = json.loads(lines[-1][len(CHILD_MARK):])
+    times = [t - t0 for t in r["token_times"]]
+    return {"imports": r["imported"] - t0, "ready": r["ready"] - t0, "first_token": times[0],
+            "second_token": times[1] if len(times) > 1 else times[0], "all_tokens": times[-1], "tokens": r["tokens"]}
+
+
+def cold_start(name: str = "base", new_tokens: int = 32, repeats: int = 3, threads: int = 1, seed: int = 0,
+               timeout: float = 600.0) -> dict[str, Any]:
+    """Process start to first token and to `new_tokens` greedy tokens for each of `PATHS`, each run in a fresh
+    subprocess on `threads` torch threads, medians of `repeats`. Each repeat: eager; compile with a new empty
+    TORCHINDUCTOR_CACHE_DIR, then again with that same cache; the AOT package likewise with a new cache, then the
+    same again (loading probes the CPU through that cache, see `AOTDecoder`). The package is exported first, here
+    (its build time is reported: the cost moved ahead of time). Every argument is checked before any work; a run past
+    `timeout` seconds is killed (a RuntimeError)."""
+    if not isinstance(name, str) or name not in {*SHIPPED_PRESETS, *PRESETS}:
+        raise ValueError(f"name must be one of {sorted({*SHIPPED_PRESETS, *PRESETS})}, got {name!r}")
+    for arg, value in (("new_tokens", new_tokens), ("repeats", repeats), ("threads", threads)):
+        check_int(arg, value)
+    check_int("seed", seed, 0)
+    check_float("timeout", timeout, 0.0, include_minimum=False)
+    check_fits_window(f"the {PROMPT_LEN}-token prompt", PROMPT_LEN, new_tokens,
+                      GPTConfig.from_name(SHIPPED_PRESETS.get(name, name)).block_size, name)
+    problem = aot_problem()
+    if problem is not None:
+        raise RuntimeError(f"cold_start needs torch.compile and AOTInductor: {problem}")
+    loaded = load_model(name, seed=seed)
+    prompt = eval_prompts([PROMPT_LEN], loaded.model.config.vocab_size, loaded.trained, seed)[0]
+    work = Path(tempfile.mkdtemp(prefix="minillm-cold-start-"))
+    try:
+        package = work / "step.pt2"
+        t = time.perf_counter()
+        export_decode_step(loaded.model, package)
+        build_seconds = time.perf_counter() - t
+        spec = {"name": name, "seed": seed, "prompt": prompt, "new_tokens": new_tokens, "threads": threads,
+                "package": str(package)}
+        # one thread for inductor's own compile workers too, so a cold compile is timed as one process
+        env = {"OMP_NUM_THREADS": str(threads), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+        runs: dict[str, list[dict[str, Any]]] = {p: [] for p in PATHS}
+        for r in range(repeats):
+            compiled, aot = str(work / f"compile-{r}"), str(work / f"aot-{r}")  # empty: the cold run fills each
+            for path, mode, cache_dir in ((PATHS[0], "eager", str(work / f"eager-{r}")),
+                                          (PATHS[1], "compile", compiled), (PATHS[2], "compile", compiled),
+                                          (PATHS[3], "aot", aot), (PATHS[4], "aot", aot)):
+                runs[path].append(run_fresh({**spec, "mode": mode}, timeout,
+                                            {**env, "TORCHINDUCTOR_CACHE_DIR": cache_dir}))
+        package_mb = package.stat().st_size / 1e6
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    want = runs[PATHS[0]][0]["tokens"]
+    rows = []
+    for path in PATHS:
+        row = {"path": path, "identical": all(run["tokens"] == want for run in runs[path]), "runs": runs[path]}
+        for key in ("imports", "ready", "first_token", "second_token", "all_tokens"):
+            row[key] = statistics.median(run[key] for run in runs[path])
+        rows.append(row)
+    return {"model": loaded.label, "threads": threads, "repeats": repeats, "new_tokens": new_tokens,
+            "prompt_len": len(prompt), "build_seconds": build_seconds,
+            "package_mb": package_mb, "rows": rows}
+
+
+def format_table(report: dict[str, Any]) -> str:
+    lines = [f"cold start, {report['model']}: a {report['prompt_len']}-token prompt, {report['new_tokens']} greedy "
+             f"tokens, {report['threads']} thread(s), each path in a fresh process, median of {report['repeats']}; "
+             f"seconds from process start", "",
+             "| path | imports done | ready | first token | second token | all tokens | identical tokens |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in report["rows"]:
+        lines.append(f"| {r['path']} | {r['imports']:.2f} | {r['ready']:.2f} | {r['first_token']:.2f} | "
+                     f"{r['second_token']:.2f} | {r['all_tokens']:.2f} | {r['identical']} |")
+    lines.append(f"AOT package: built ahead of time in {report['build_seconds']:.1f} s (export + AOTInductor), "
+                 f"{report['package_mb']:.1f} MB. torch.compile's prefill runs eager: its compile lands in the "
+                 "second token.")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = bench_parser("python -m minillm.compile.aot", __doc__.splitlines()[0], "one repeat instead of three",
+                      devices=("cpu",))
+    ap.add_argument("--model", default="base", help="the model to load (default base)")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds one fresh process may run (default 600)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = start(build_parser(), argv)
+    report = cold_start(args.model, repeats=1 if args.quick else 3, threads=args.threads, seed=args.seed,
+                        timeout=args.timeout)
+    print(format_table(report))
+    write_report(args.json, report)
+    return 0 if all(r["identical"] for r in report["rows"]) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
