@@ -80,6 +80,21 @@ def test_what_the_child_sends_cannot_crash_the_parent():
     assert difference([1.0, float("nan")], [1.0 + 1e-9, float("nan")], 1e-6, 0.0) is None
 
 
+@pytest.mark.slow
+def test_the_lent_build_cache_never_holds_a_compiled_solution(tmp_path):
+    """Chapter 12's child got a copy of the grader's compiled emulator objects, the reference softmax.cu's among
+    them: a student's emulator.py could link that object and pass without writing the kernel. Only the objects of
+    files without an exercise are lent now."""
+    from minillm.course.grading import _lend_build_cache
+    from minillm.kernels import emulator
+
+    if emulator.find_cxx() is None:
+        pytest.skip("no C++ compiler: the emulator is not built, nothing is lent")
+    _lend_build_cache("12", tmp_path)
+    lent = {p.name.rsplit("-", 1)[0] for p in (tmp_path / "cache" / "emulator" / "objects").glob("*.o")}
+    assert lent and "softmax" not in lent, lent
+
+
 FLOOD = r'''
 import os as _os
 _junk = b"x" * (1 << 20)

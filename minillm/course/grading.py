@@ -15,7 +15,8 @@ What it adds over running pytest on the student's folder:
     (JSON; no pickle). The parent computed the reference's outputs on the same seed before the child started and
     compares them: a graded test is worth its points only when pytest reported it passed *and* the probe of every
     exercise it grades agreed. Forged reports, a forged end, pytest rewired from the student's code: none of it
-    earns a point, because only a function that computes the right data passes its probe.
+    earns a point for an exercise whose outputs are wrong on the probe's inputs (what a probe does not cover is
+    listed in `minillm.course.probes`). The seed goes into the report's notes.
   * the child sees only what the grader chose: a temp directory with a fresh copy of the reference tests (hashed
     before and after; a changed copy voids the grade), a copy of the student's `minillm/` package and nothing
     else of the student's folder (no conftest.py, pytest.ini, shadowing modules or plugin entry points), the
@@ -56,6 +57,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
+
+import torch
 
 from minillm import chapters
 from minillm.core.io import atomic_write_text
@@ -173,15 +176,19 @@ def _lend_build_cache(nn: str, work: Path) -> dict[str, str]:
     builds. For a chapter with a C/CUDA exercise (chapter 12's graded kernel runs through the emulator, whose library
     is compiled from every .cu file, about 20 s on two cores) the folder starts with a copy of the grader's compiled
     objects of the reference (built first, once per machine: it is cached), so the child compiles only the student's
-    file and links. A copy, not a link and not the grader's own cache."""
+    file and links. A copy, not a link and not the grader's own cache. Never lent: the objects of a file that holds
+    an exercise (chapter 12's softmax.cu), which are the reference's solution compiled; the child builds the
+    student's own."""
     cache = work / "cache"
     objects = cache / "emulator" / "objects"
     objects.mkdir(parents=True)
     if any(is_c_source(f) for f in chapters.get(nn).exercises) and emulator.find_cxx():
         emulator.build()
         mine = emulator.object_cache()
+        exercise_units = {Path(f).stem for f in chapters.get(nn).exercises if is_c_source(f)}
         for obj in sorted(mine.glob("*.o")) if mine.is_dir() else []:
-            shutil.copyfile(obj, objects / obj.name)
+            if obj.name.rsplit("-", 1)[0] not in exercise_units:
+                shutil.copyfile(obj, objects / obj.name)
     return {"MINILLM_KERNELS_CACHE": str(cache)}
 
 
@@ -208,7 +215,7 @@ def _run_child(mode: str, path: Path, cwd: Path, pytest_args: list[str], timeout
             pass_fds=(write_fd,), start_new_session=True,
         )
         os.close(write_fd)
-        buf, timed_out, scanned = b"", False, 0
+        buf, timed_out, scanned, flooded = b"", False, 0, False
         deadline = time.monotonic() + timeout
         try:
             while True:
@@ -219,6 +226,7 @@ def _run_child(mode: str, path: Path, cwd: Path, pytest_args: list[str], timeout
                 if ready:
                     chunk = os.read(read_fd, 1 << 16)
                     if len(buf) + len(chunk) > MAX_PIPE_BYTES:  # a flood: what came so far is all that counts
+                        flooded = True
                         break
                     if not chunk:
                         # End of file without an "end": the child died or closed the pipe early. Wait for it to
@@ -246,7 +254,9 @@ def _run_child(mode: str, path: Path, cwd: Path, pytest_args: list[str], timeout
             except ProcessLookupError:
                 pass
             proc.wait()
-            while len(buf) <= MAX_PIPE_BYTES and select.select([read_fd], [], [], 0.05)[0]:
+            drain_until = time.monotonic() + 1.0  # a daemon holding the pipe open cannot keep the parent here
+            while (not flooded and len(buf) <= MAX_PIPE_BYTES and time.monotonic() < drain_until
+                   and select.select([read_fd], [], [], 0.05)[0]):
                 chunk = os.read(read_fd, 1 << 16)
                 if not chunk:
                     break
@@ -355,6 +365,8 @@ def _collect_all() -> dict[str, tuple[GradedTest, ...]]:
             points = items[0]["points"]
             if not isinstance(points, int) or isinstance(points, bool) or points < 1:
                 raise RuntimeError(f"{name}::{function}: graded(points=...) must be a positive int, got {points!r}")
+            if not items[0]["exercises"]:  # its verdict would rest on pytest's word alone: no probe gates it
+                raise RuntimeError(f"{name}::{function}: graded(...) must name the exercise(s) it grades")
             ids = tuple(i["id"].split("/")[-1] for i in items)  # relative to the tests folder
             tests.append(GradedTest(nn, function, ids, points, tuple(items[0]["exercises"])))
         if not tests:
@@ -465,7 +477,7 @@ def run_graded(nn: str, student: Path, timeout: float = 900.0, isolate: bool = F
         before = _tree_hash(work / "run")
         build_env = _lend_build_cache(nn, work)
         reference = [*support_files(), chapter_test_file(nn)]
-        repo_before = _files_hash(reference)
+        repo_before = _files_hash([*reference, *sorted(probing.PROBES_DIR.glob("*.py"))])
         test_path = f"tests/{reference[-1].name}"
         jail = jail_spec(student, work) if isolate else None
         if jail is not None and jail["drop_to"] is not None:
@@ -479,9 +491,10 @@ def run_graded(nn: str, student: Path, timeout: float = 900.0, isolate: bool = F
             probes={"dir": str(probing.PROBES_DIR), "chapter": nn, "seed": seed},
         )
         tampered = _tree_hash(work / "run") != before
-        if _files_hash(reference) != repo_before:
-            report.notes.append(f"warning: the reference's {test_path} or its helpers changed while the student's"
-                                f" code ran; check it with `git diff tests/` before grading anyone else")
+        if _files_hash([*reference, *sorted(probing.PROBES_DIR.glob("*.py"))]) != repo_before:
+            report.notes.append(f"warning: the reference's {test_path}, its helpers or the probes changed while the "
+                                f"student's code ran; check with `git diff tests/ minillm/course/probes/` before "
+                                f"grading anyone else")
     if timed_out:
         stop = f"grading stopped after {timeout:.0f} s (an infinite loop?)"
         messages = [*messages, {"event": "timeout", "output": stop}]
@@ -489,6 +502,7 @@ def run_graded(nn: str, student: Path, timeout: float = 900.0, isolate: bool = F
         early = f"the test run ended early; its output:\n{tail[-3000:]}"
         messages = [*messages, {"event": "early_exit", "output": early}]
     report.probes = judge_probes(probes, want, messages)
+    report.notes.append(f"probes drawn with seed {seed}")
     score_messages(report, expected, messages, tampered, report.probes)
     return report
 
@@ -499,7 +513,15 @@ def reference_probe_data(nn: str, probes: dict[str, probing.Probe], seed: int) -
     missing = sorted({e for t in graded_tests(nn) for e in t.exercises} - set(probes))
     if missing:
         raise RuntimeError(f"chapter {nn}'s exercises {missing} have no probe in minillm/course/probes/ch{nn}.py")
-    want = probing.run_probes(probes, seed)
+    # As the child runs them: one thread (its OMP_NUM_THREADS), float32 by default, whatever this process had set.
+    threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float32)
+    try:
+        want = probing.run_probes(probes, seed)
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_default_dtype(dtype)
     broken = {e: r["error"] for e, r in want.items() if "error" in r}
     if broken:
         raise RuntimeError(f"chapter {nn}'s probes fail on the reference (seed {seed}): {broken}")
@@ -522,10 +544,13 @@ def judge_probes(probes: dict[str, probing.Probe], want: dict[str, dict], messag
         if len(sent) != 1:
             verdicts[exercise] = "its probe did not run" if not sent else f"its probe was reported {len(sent)} times"
         elif "error" in sent[0]:
-            verdicts[exercise] = f"on this grading's inputs it raised {sent[0]['error']}"
+            verdicts[exercise] = f"on this grading's inputs it raised {str(sent[0]['error'])[:500]}"
         else:
             problem = probing.difference(want[exercise]["data"], sent[0].get("data"), probe.rtol, probe.atol)
-            verdicts[exercise] = None if problem is None else f"on this grading's inputs, {problem}"
+            verdicts[exercise] = None if problem is None else f"on this grading's inputs, {problem[:1000]}"
+        skipped = want[exercise]["data"]
+        if isinstance(skipped, dict) and "skipped" in skipped:  # the reference could not run it: nothing to agree on
+            verdicts[exercise] = f"its probe cannot run on this machine: {skipped['skipped']}"
     return verdicts
 
 

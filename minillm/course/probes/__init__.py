@@ -13,9 +13,11 @@ One module per chapter with exercises, `chNN` (ch01, ch02, ch03, ch04, ch05, ch0
 ch12, ch13, ch14, ch15): `PROBES = {exercise: Probe(...)}`. Each imports the chapter's modules as `minillm.*`, which
 in the child is the student's copy and in the parent the reference.
 
-The child loads this package from the grader's own files by path (student folders do not even hold the chapter
-modules: some write out reference rules), so the student cannot edit the probes either; even if they could, a
-probe's output still has to equal the reference's.
+The child loads this package from the grader's own files by path (student folders do not hold the chapter modules:
+some write out reference rules for the helper exercises they call). A probe's output has to equal the reference's on
+this grading's inputs, whoever wrote the code that produced it. What it does not settle: properties a graded test
+checks beyond the probe's inputs, and (chapter 12) the emulator's Python, which is the student's copy. Without
+isolation the student's code could also rewrite these files for the next grading; the grader then warns.
 """
 
 from __future__ import annotations
