@@ -25,8 +25,11 @@ def pair_counts(seed: int) -> list:
 
 
 def merges(seed: int) -> list:
+    """Overlapping runs first (the left-to-right rule decides them: [7, 7, 7] -> [new, 7]), then random ids with
+    runs, half of them merging a pair (a, a)."""
     r = rng(seed)
-    cases = []
+    cases = [basics.merge([7, 7, 7], (7, 7), 9), basics.merge([1, 1, 1, 1, 1, 2], (1, 1), 9),
+             basics.merge([3, 4, 4, 4, 5, 4, 4, 4], (4, 4), 8)]
     for _ in range(12):
         ids = _ids(r, r.randrange(0, 40))
         a = r.randrange(5)
@@ -46,10 +49,13 @@ def _ranks(r) -> dict[bytes, int]:
 
 
 def chunks(seed: int) -> list:
+    """A chunk whose lowest-ranked pair is not its first (the rank, not the position, picks each merge), then
+    random chunks under random ranks."""
+    fixed = {**{bytes([b]): b for b in range(256)}, b"bc": 256, b"ab": 257}  # "abc": bc first, so [a, bc]
     r = rng(seed)
     ranks = _ranks(r)
     pieces = [bytes(r.choice(b"abcde") for _ in range(r.randrange(1, 24))) for _ in range(12)]
-    return [encode.encode_chunk(p, ranks) for p in pieces]
+    return [encode.encode_chunk(b"abc", fixed), *(encode.encode_chunk(p, ranks) for p in pieces)]
 
 
 PROBES = {
