@@ -58,13 +58,16 @@ def check_path_fits(text: str, name: str) -> None:
 def check_output_file(path: str | os.PathLike | None, flag: str, suffixes: tuple[str, ...] = ()) -> Path | None:
     """Check an output path a command will write when its work is done, before the work starts.
 
-    A directory, a parent that is a file, or a wrong suffix is a ValueError naming `flag` (e.g. "--plot") and the
-    path, so minutes of benchmarking or training are never lost to `IsADirectoryError` at the end; a path that is
-    not a str or os.PathLike is a TypeError naming `flag`. None passes.
+    A directory, a path ending in a separator (a folder's name: Path("dir/") would be the file "dir"), a parent that
+    is a file, or a wrong suffix is a ValueError naming `flag` (e.g. "--plot") and the path, so minutes of
+    benchmarking or training are never lost to `IsADirectoryError` at the end; a path that is not a str or
+    os.PathLike is a TypeError naming `flag`. None passes.
     """
     if path is None or path == "":
         return None
     out = check_path(path, flag)
+    if os.fsdecode(os.fspath(path)).endswith(("/", os.sep)):
+        raise ValueError(f"{flag} must name a file, got {path!r}")
     if out.is_dir():
         raise ValueError(f"{flag} {str(out)!r} is a directory; give a file path inside it, e.g. "
                          f"{str(out / ('result' + (suffixes[0] if suffixes else '')))!r}")

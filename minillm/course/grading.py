@@ -477,7 +477,8 @@ def run_graded(nn: str, student: Path, timeout: float = 900.0, isolate: bool = F
         before = _tree_hash(work / "run")
         build_env = _lend_build_cache(nn, work)
         reference = [*support_files(), chapter_test_file(nn)]
-        repo_before = _files_hash([*reference, *sorted(probing.PROBES_DIR.glob("*.py"))])
+        watched = [*reference, *sorted(probing.PROBES_DIR.glob("*.py"))]  # what the student's code must not change
+        repo_before = _files_hash(watched)
         test_path = f"tests/{reference[-1].name}"
         jail = jail_spec(student, work) if isolate else None
         if jail is not None and jail["drop_to"] is not None:
@@ -491,7 +492,7 @@ def run_graded(nn: str, student: Path, timeout: float = 900.0, isolate: bool = F
             probes={"dir": str(probing.PROBES_DIR), "chapter": nn, "seed": seed},
         )
         tampered = _tree_hash(work / "run") != before
-        if _files_hash([*reference, *sorted(probing.PROBES_DIR.glob("*.py"))]) != repo_before:
+        if _files_hash(watched) != repo_before:
             report.notes.append(f"warning: the reference's {test_path}, its helpers or the probes changed while the "
                                 f"student's code ran; check with `git diff tests/ minillm/course/probes/` before "
                                 f"grading anyone else")

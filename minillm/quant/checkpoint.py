@@ -81,7 +81,7 @@ def save_quantized(model: QuantizedGPT, path: str | os.PathLike, method: str = "
         raise TypeError("save_quantized stores quantized models of full MLP width; this one was MLP-pruned before it "
                         "was quantized, and no file format holds both (save the pruned model, quantize on load)")
     out = check_output_file(path, "save_quantized: path")
-    if out is None or os.fsdecode(os.fspath(path)).endswith(("/", os.sep)):  # Path("dir/") would be the file "dir"
+    if out is None:
         raise ValueError(f"save_quantized: path must name a file, got {path!r}")
     _check_modes(model, "save_quantized (model)")
     tensors = model_tensors(model)
