@@ -5,6 +5,9 @@
 - Every `references.md#anchor` a text links to exists in `chapters/references.md`.
 - Every included code block equals the current source (`python -m minillm.course.includes --write` refreshes
   them), and no block gives an exercise's solution away.
+- Every measured table of chapters 08-13 is included from a committed results file, every quoted number inside a
+  sentence from that file or a notebook's saved outputs, and they agree (`minillm.course.results`); each results
+  file is quoted by a text that shows the command that wrote it.
 - "chapter NN" in a chapter text names the manifest's chapter: a link to its text, or the slug in parentheses.
 - Each chapter has "Check your understanding" questions with answers, and ends with its appendix.
 - The roadmap figure exists, was drawn from the current manifest, and the README and chapter 01 show it.
@@ -19,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from minillm import chapters
-from minillm.course import includes, roadmap
+from minillm.course import includes, results, roadmap
 from minillm.course.assignment import BEGIN, markers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,7 +99,7 @@ def test_includes_match_the_source():
 
 @pytest.mark.parametrize("number", sorted(TEXTS))
 def test_each_chapter_shows_its_key_functions(number):
-    found = includes.find_includes(TEXTS[number])
+    found = [i for i in includes.find_includes(TEXTS[number]) if not i.path.endswith(".json")]
     assert len(found) >= 2, f"{TEXTS[number].name} includes {len(found)} functions from the package (want 2-4+)"
 
 
@@ -274,3 +277,76 @@ def test_readme_and_chapter_01_show_the_roadmap():
     for c in chapters.CHAPTERS:
         assert re.search(rf"\b{c.number}\b.*{re.escape(c.slug)}", section), f"README roadmap lacks chapter {c.number}"
         assert c.slug in ch01, f"chapter 01's roadmap lacks chapter {c.number} ({c.slug})"
+
+
+RESULTS_DIR = ROOT / results.RESULTS_DIR
+FACTS = "<!-- facts, not measurements -->"  # the line above a table of definitions or arithmetic, not of a run
+MODULE_MAP = re.compile(r"^\| file \| what \|")
+
+
+def tables_outside_includes(text: str) -> list[tuple[int, str]]:
+    """(line, header) of every Markdown table that is neither inside an include block, nor a module map, nor
+    marked as facts on the line above it."""
+    found, inside, previous, in_table = [], False, "", False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith("<!-- include: "):
+            inside = True
+        elif line.startswith(includes.CLOSE):
+            inside = False
+        starts = line.startswith("|") and not in_table
+        if starts and not inside and not MODULE_MAP.match(line) and previous.strip() != FACTS:
+            found.append((number, line[:80]))
+        in_table = line.startswith("|")
+        previous = line
+    return found
+
+
+@pytest.mark.parametrize("number", [n for n in sorted(TEXTS) if "08" <= n <= "13"])
+def test_measured_tables_are_included_from_a_results_file(number):
+    loose = tables_outside_includes(TEXTS[number].read_text(encoding="utf-8"))
+    assert not loose, (f"{TEXTS[number].name} has tables typed by hand (include them from chapters/results/, or mark "
+                       f"a table of facts with {FACTS!r} above it):\n" + "\n".join(f"line {n}: {h}" for n, h in loose))
+
+
+def test_every_results_file_is_quoted_with_its_command():
+    texts = {p.name: p.read_text(encoding="utf-8") for p in TEXTS.values()}
+    files = sorted(RESULTS_DIR.glob("*.json"))
+    for f in files:
+        rel = f.relative_to(ROOT).as_posix()
+        report = results.load_report(rel, ROOT)
+        quoting = [name for name, text in texts.items() if rel + "::" in text]
+        assert quoting, f"{rel} is quoted by no chapter text"
+        command = report.get("command")
+        assert isinstance(command, str) and command.startswith("python -m minillm."), f"{rel} names no command"
+        shown = command.replace(" --json " + rel, " --json FILE.json").split(" --json ")[0]
+        assert any(shown in texts[name] for name in quoting), (
+            f"{rel} was written by {command!r}; the text quoting it ({quoting}) never shows {shown!r}")
+
+
+def test_results_and_notebook_values_are_checked(tmp_path, monkeypatch):
+    """The mechanism itself: a stale table or value is found, --write fixes it, a missing name is named."""
+    (tmp_path / "chapters/results").mkdir(parents=True)
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "chapters/results/r.json").write_text(json.dumps({"bench": "minillm.fake_bench", "x": 1.5}))
+    cells = [{"cell_type": "code", "outputs": [{"output_type": "stream", "name": "stdout",
+                                                "text": ["new tokens: 57\n", "other: 1\n"]}]}]
+    (tmp_path / "notebooks/n.ipynb").write_text(json.dumps({"cells": cells}))
+    fake = type("FakeBench", (), {"quotes": staticmethod(lambda r: {"t": f"| x |\n|---|\n| {r['x']} |\n",
+                                                                     "v": f"{r['x']:.2f}x"})})
+    monkeypatch.setattr(results.importlib, "import_module", lambda name: fake)
+    text = ("We saw <!-- value: notebooks/n.ipynb::new tokens -->64<!-- end value --> tokens, "
+            "<!-- value: chapters/results/r.json::v -->1.40x<!-- end value --> faster.\n"
+            "<!-- include: chapters/results/r.json::t -->\n| x |\n|---|\n| 1.4 |\n<!-- end include -->\n")
+    page = tmp_path / "01-x.md"
+    page.write_text(text)
+    problems = includes.stale([page], tmp_path)
+    assert len(problems) == 3 and "'57' there, '64' here" in " ".join(problems), problems
+    includes.write([page], tmp_path)
+    assert includes.stale([page], tmp_path) == []
+    assert "-->57<!--" in page.read_text() and "| 1.5 |" in page.read_text() and "-->1.50x<!--" in page.read_text()
+    page.write_text("<!-- value: chapters/results/r.json::nope -->1<!-- end value -->\n"
+                    "<!-- value: notebooks/n.ipynb::absent -->1<!-- end value -->\n")
+    problems = includes.stale([page], tmp_path)
+    assert "has no quote 'nope'" in problems[0] and "prints no line 'absent: '" in problems[1], problems
+    page.write_text("<!-- value: chapters/results/r.json::v -->1.50x\n")
+    assert "malformed value marker" in includes.stale([page], tmp_path)[0]

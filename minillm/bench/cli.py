@@ -16,6 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shlex
+import sys
+import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TypeVar
 
@@ -107,10 +110,16 @@ def pick_size(sizes: Mapping[str, S], size: str) -> S:
 
 def write_report(path: str | None, report: dict[str, Any]) -> None:
     """The report as indented JSON at `path` (atomically), with the machine under "cpu" unless the report already
-    names it; nothing when path is None."""
+    names it, and, when run as `python -m MODULE`, the module under "bench" and the command line under "command"
+    (what a chapter text's results include needs: `minillm.course.results`); nothing when path is None."""
     if path:
-        atomic_write_text(path, json.dumps({**report, "cpu": report.get("cpu") or cpu_description()}, indent=2,
-                                           default=str) + "\n")
+        provenance = {"cpu": report.get("cpu") or cpu_description(), "date": time.strftime("%Y-%m-%d", time.gmtime())}
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        if spec is not None and spec.name.startswith("minillm.") and not spec.name.endswith("__main__"):
+            provenance["bench"] = spec.name
+            provenance["command"] = shlex.join(["python", "-m", spec.name, *sys.argv[1:]])
+        atomic_write_text(path, json.dumps({**report, **{k: v for k, v in provenance.items() if k not in report
+                                                          or k == "cpu"}}, indent=2, default=str) + "\n")
 
 
 def cpu_description() -> str:

@@ -27,6 +27,10 @@ closes that body, counted outside comments and string literals.
 Exercises are never given away: a function that holds `# BEGIN SOLUTION` / `# END SOLUTION` regions (`//` in C)
 is shown with each region replaced by the stub a student receives (`minillm.course.assignment.stub_source`, the
 same replacement `minillm assignment` makes).
+
+Measured tables are included the same way from a committed results file (`chapters/results/NN-*.json`), and single
+numbers inside a sentence by an inline `<!-- value: ... -->` pair: `minillm.course.results` says how; `--write`
+and `--check` treat them like code.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+from minillm.course import results
 from minillm.course.assignment import C_DEF, is_c_source, markers, stub_source
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
@@ -46,7 +51,7 @@ CHAPTERS_DIR = REPO_ROOT / "chapters"
 
 # `<!-- include: PATH::QUALNAME -->`, anything (the rendered block), `<!-- end include -->`.
 BLOCK_RE = re.compile(
-    r"(?P<open><!-- include: (?P<path>[\w./-]+\.(?:py|c|cc|cpp|cu|cuh|h|hpp))::(?P<qualname>[\w.]+) -->\n)"
+    r"(?P<open><!-- include: (?P<path>[\w./-]+\.(?:py|c|cc|cpp|cu|cuh|h|hpp|json))::(?P<qualname>[\w.]+) -->\n)"
     r"(?P<body>.*?)"
     r"(?P<close><!-- end include -->)",
     re.DOTALL,
@@ -184,7 +189,10 @@ def _extract_python(source: str, qualname: str, path: str) -> str:
 
 def render(path: str, qualname: str, root: Path = REPO_ROOT) -> str:
     """The block as it belongs between the markers: a fenced block (python, cuda for .cu/.cuh, else cpp) headed by
-    a comment saying where the code lives."""
+    a comment saying where the code lives; for a results file (.json), the named table as its benchmark formats it."""
+    if path.endswith(".json"):
+        table = results.quote(path, qualname, root)
+        return table if table.endswith("\n") else table + "\n"
     code, stubbed = extract(path, qualname, root)
     suffix = Path(path).suffix
     language = "python" if suffix == ".py" else "cuda" if suffix in (".cu", ".cuh") else "cpp"
@@ -213,9 +221,11 @@ def find_includes(text_path: Path) -> list[Include]:
 
 
 def refresh_text(text: str, root: Path = REPO_ROOT) -> str:
-    """The markdown with every include block rewritten from the current source."""
-    return BLOCK_RE.sub(lambda m: m.group("open") + render(m.group("path"), m.group("qualname"), root)
+    """The markdown with every include block rewritten from the current source, and every inline value from its
+    results file or notebook."""
+    text = BLOCK_RE.sub(lambda m: m.group("open") + render(m.group("path"), m.group("qualname"), root)
                         + m.group("close"), text)
+    return results.refresh_values(text, root)
 
 
 def text_files(chapters_dir: Path = CHAPTERS_DIR) -> list[Path]:
@@ -234,6 +244,19 @@ def stale(files: list[Path] | None = None, root: Path = REPO_ROOT) -> list[str]:
                 continue
             if inc.body != want:
                 problems.append(f"{f.name}:{inc.line}: {inc.path}::{inc.qualname} differs from the source")
+        try:
+            values = results.find_values(f.read_text(encoding="utf-8"), f.name)
+        except ValueError as e:
+            problems.append(str(e))
+            continue
+        for line, source, name, quoted in values:
+            try:
+                want = results.value(source, name, root)
+            except ValueError as e:
+                problems.append(f"{f.name}:{line}: {e}")
+                continue
+            if quoted != want:
+                problems.append(f"{f.name}:{line}: {source}::{name} is {want!r} there, {quoted!r} here")
     return problems
 
 
