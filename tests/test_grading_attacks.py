@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import socket
 import tempfile
 import textwrap
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from minillm.course import probes
 from minillm.course.assignment import REPO_ROOT, grade, graded_tests, write_assignment
 from minillm.course.grading import (GradedTest, GradeReport, _child_env, default_out_dir, isolation_problem,
                                     score_messages)
@@ -456,3 +458,32 @@ def test_isolate_refuses_what_it_cannot_do(tmp_path, monkeypatch):
     monkeypatch.setattr(grading, "isolation_problem", lambda: "no namespaces on this test's machine")
     with pytest.raises(ValueError, match="no namespaces on this test's machine"):
         grade("01", student, isolate=True)
+
+
+def _segfault(seed):
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def _hang(seed):
+    time.sleep(60)
+
+
+def _exit_silently(seed):
+    os._exit(0)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="probes run in forked processes only where os.fork exists")
+def test_a_crashing_or_hanging_exercise_costs_its_own_probe_only():
+    """In the grading child each probe runs in a forked process with a time limit: a student's kernel that
+    segfaults, loops or exits costs that exercise, and the probes after it still run."""
+    started = time.monotonic()
+    got = probes.run_probes({"crash": probes.Probe(_segfault), "hang": probes.Probe(_hang),
+                             "exit": probes.Probe(_exit_silently), "fine": probes.Probe(lambda seed: [seed, 1.5]),
+                             "raises": probes.Probe(lambda seed: 1 / 0)}, seed=7, isolate=True, seconds=2)
+    assert time.monotonic() - started < 30
+    assert "SIGSEGV" in got["crash"]["error"]
+    assert "longer than 2 s" in got["hang"]["error"]
+    assert "without its data" in got["exit"]["error"]
+    assert got["fine"] == {"data": [7, 1.5]}
+    assert got["raises"]["error"].startswith("ZeroDivisionError")
+    assert probes.run_probes({"fine": probes.Probe(lambda seed: seed)}, seed=3) == {"fine": {"data": 3}}

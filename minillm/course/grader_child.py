@@ -8,7 +8,8 @@ minillm. Two modes:
                         points and exercises, one JSON line each
     run      FD STUDENT with STUDENT (the folder holding the student's minillm/) first on sys.path: first the
                         chapter's probes, PROBES being {"dir", "chapter", "seed"} as JSON (the grader's own probes
-                        package, loaded by path), one {"event": "probe", "exercise", "data" or "error"} line each;
+                        package, loaded by path), each in a forked process with a time limit (a crash or a hang
+                        costs that exercise only), one {"event": "probe", "exercise", "data" or "error"} line each;
                         then the graded tests, one {"event": "test", "id", "outcome", "output"} line per finished test
 
 The messages go to file descriptor FD, a pipe the parent opened; the parent scores from what it reads there, never
@@ -131,7 +132,7 @@ def send_probes(pipe: _Pipe, spec: dict) -> None:
     sys.modules[PROBES_PACKAGE] = package
     found.loader.exec_module(package)
     chapter = package.chapter_module(spec["chapter"], PROBES_PACKAGE)
-    for exercise, result in package.run_probes(chapter.PROBES, int(spec["seed"])).items():
+    for exercise, result in package.run_probes(chapter.PROBES, int(spec["seed"]), isolate=True).items():
         pipe.send(event="probe", exercise=exercise, **result)
 
 

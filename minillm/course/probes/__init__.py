@@ -23,8 +23,13 @@ isolation the student's code could also rewrite these files for the next grading
 from __future__ import annotations
 
 import importlib
+import json
 import math
+import os
 import random
+import select
+import signal
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +40,8 @@ import torch
 
 PROBES_DIR = Path(__file__).resolve().parent
 MAX_NUMBERS = 200_000  # a probe's output is small data; more is refused (a student cannot flood the parent)
+PROBE_SECONDS = 120.0  # one probe's limit in the grading child (each runs in ~0.1-5 s on one thread)
+MAX_PROBE_BYTES = 16 << 20  # what a forked probe may send back (MAX_NUMBERS as JSON is a few MB)
 
 
 @dataclass(frozen=True)
@@ -86,15 +93,65 @@ def chapter_module(nn: str, package: str = __name__) -> ModuleType:
     return importlib.import_module(f"{package}.ch{nn}")
 
 
-def run_probes(probes: dict[str, Probe], seed: int) -> dict[str, dict]:
-    """{exercise: {"data": encoded outputs} or {"error": "Type: message"}} for every probe, in order."""
+def run_probes(probes: dict[str, Probe], seed: int, isolate: bool = False,
+               seconds: float = PROBE_SECONDS) -> dict[str, dict]:
+    """{exercise: {"data": encoded outputs} or {"error": "Type: message"}} for every probe, in order. With
+    `isolate` (the grading child) each probe runs in a forked process of its own, limited to `seconds`: a student's
+    kernel that segfaults or loops costs that exercise only, not the chapter's other probes."""
     results = {}
     for exercise, probe in probes.items():
-        try:
-            results[exercise] = {"data": encode(probe.run(seed))}
-        except Exception as e:  # noqa: BLE001 - the student's code may raise anything; it is reported as data
-            results[exercise] = {"error": f"{type(e).__name__}: {e}"[:500]}
+        if isolate and hasattr(os, "fork"):
+            results[exercise] = _run_forked(probe, seed, seconds)
+        else:
+            results[exercise] = _run_one(probe, seed)
     return results
+
+
+def _run_one(probe: Probe, seed: int) -> dict:
+    try:
+        return {"data": encode(probe.run(seed))}
+    except Exception as e:  # noqa: BLE001 - the student's code may raise anything; it is reported as data
+        return {"error": f"{type(e).__name__}: {e}"[:500]}
+
+
+def _run_forked(probe: Probe, seed: int, seconds: float) -> dict:
+    """`_run_one` in a forked child that sends its JSON back over a pipe; a signal, a silent exit or `seconds`
+    passing is an error naming it (the child is killed)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the forked child: run, send, leave without running any exit handler of the parent's
+        os.close(read_end)
+        code = 0
+        try:
+            payload = json.dumps(_run_one(probe, seed)).encode()
+            with os.fdopen(write_end, "wb") as out:
+                out.write(payload)
+        except BaseException:  # noqa: BLE001 - whatever happens, the parent names it from the exit code
+            code = 1
+        os._exit(code)
+    os.close(write_end)
+    chunks, size, deadline = [], 0, time.monotonic() + seconds
+    with os.fdopen(read_end, "rb", buffering=0) as pipe:
+        while (left := deadline - time.monotonic()) > 0 and size <= MAX_PROBE_BYTES:
+            if not select.select([pipe], [], [], left)[0]:
+                continue
+            chunk = pipe.read(1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    if time.monotonic() >= deadline or size > MAX_PROBE_BYTES:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        why = f"took longer than {seconds:g} s" if size <= MAX_PROBE_BYTES else "sent more than its share of data"
+        return {"error": f"ProbeFailed: the exercise {why}; its process was killed"}
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        return {"error": f"ProbeFailed: the exercise's process died of {signal.Signals(os.WTERMSIG(status)).name}"}
+    try:
+        return json.loads(b"".join(chunks))
+    except ValueError:
+        return {"error": f"ProbeFailed: the exercise's process exited ({os.WEXITSTATUS(status)}) without its data"}
 
 
 # --------------------------------------------------------------------------------------------- plain data
