@@ -487,3 +487,37 @@ def test_a_crashing_or_hanging_exercise_costs_its_own_probe_only():
     assert got["fine"] == {"data": [7, 1.5]}
     assert got["raises"]["error"].startswith("ZeroDivisionError")
     assert probes.run_probes({"fine": probes.Probe(lambda seed: seed)}, seed=3) == {"fine": {"data": 3}}
+
+
+# Chapter 12's kernel exercise answered in Python: the student's own emulator.py returns torch's softmax for
+# version 2 and never compiles softmax.cu, whose body stays the empty stub. pytest's tests call that emulator.py.
+EMULATOR_BYPASS = r'''
+import torch as _torch
+from minillm.kernels import emulator as _emulator
+_real = _emulator.softmax
+def _softmax(x, version, reverse=False, lib=None):
+    return _torch.softmax(x.float(), dim=-1).to(x.dtype) if version == 2 else _real(x, version, reverse, lib)
+_emulator.softmax = _softmax
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("clang++") is None and not os.environ.get("CXX"),
+                    reason="chapter 12's kernel probe needs a C++ compiler for the emulator")
+def test_a_kernel_answered_by_the_students_emulator_python_earns_nothing(tmp_path, monkeypatch):
+    """pytest passes the softmax kernel's tests (checked on the child's own messages), but the probe compiles the
+    student's softmax.cu with the grader's emulator, loaded by path, so the exercise earns 0."""
+    from minillm.course import grading
+
+    sent = []
+    score = grading.score_messages
+    monkeypatch.setattr(grading, "score_messages", lambda report, expected, messages, *args, **kw: (
+        sent.append(messages), score(report, expected, messages, *args, **kw))[1])
+    student = write_assignment("12", tmp_path / "student")
+    init = student / "minillm" / "__init__.py"
+    init.write_text(init.read_text() + "\n" + EMULATOR_BYPASS)
+    report = grade("12", student, isolate=False)
+    kernel_tests = [m for m in sent[0] if m.get("event") == "test" and "softmax_v2_kernel" in m.get("id", "")]
+    assert kernel_tests and all(m["outcome"] == "passed" for m in kernel_tests), kernel_tests  # the bypass works
+    assert report.probes["softmax_v2_kernel"] is not None, report.probes
+    assert report.score == 0, (report.score, report.probes)

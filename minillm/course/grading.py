@@ -323,12 +323,14 @@ def isolation_problem() -> str | None:
 def jail_spec(student: Path, work: Path) -> dict:
     """What the grading child may not see: the reference repository (its solutions and tests), the student's
     original folder, the home directory (a scratch tmpfs instead); what it keeps: the Python environment, the
-    shipped checkpoints, the child's own script (grader_child.py), the probes and its work folder. As root it runs
+    shipped checkpoints, the child's own script (grader_child.py), the probes, the kernel emulator they run chapter
+    12's kernel with, and its work folder. As root it runs
     as `nobody`."""
     home = Path(os.path.expanduser("~"))
     hide = sorted({str(REPO_ROOT), str(student.resolve())})
     scratch = [str(home)] if home.is_dir() and home != Path("/") else []
-    keep = sorted({sys.prefix, sys.base_prefix, str(ASSETS_DIR), str(CHILD), str(probing.PROBES_DIR)})
+    keep = sorted({sys.prefix, sys.base_prefix, str(ASSETS_DIR), str(CHILD), str(probing.PROBES_DIR),
+                   str(probing.GRADER_FILES_DIR / "kernels" / "emulator.py")})
     return {"hide": hide, "scratch": scratch, "keep": keep, "keep_rw": [str(work)],
             "drop_to": NOBODY if os.geteuid() == 0 else None}
 
@@ -477,7 +479,9 @@ def run_graded(nn: str, student: Path, timeout: float = 900.0, isolate: bool = F
         before = _tree_hash(work / "run")
         build_env = _lend_build_cache(nn, work)
         reference = [*support_files(), chapter_test_file(nn)]
-        watched = [*reference, *sorted(probing.PROBES_DIR.glob("*.py"))]  # what the student's code must not change
+        # what the student's code must not change
+        watched = [*reference, *sorted(probing.PROBES_DIR.glob("*.py")),
+                   probing.GRADER_FILES_DIR / "kernels" / "emulator.py"]
         repo_before = _files_hash(watched)
         test_path = f"tests/{reference[-1].name}"
         jail = jail_spec(student, work) if isolate else None

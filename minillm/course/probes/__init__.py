@@ -15,8 +15,8 @@ in the child is the student's copy and in the parent the reference.
 
 The child loads this package from the grader's own files by path (student folders do not hold the chapter modules:
 some write out reference rules for the helper exercises they call). A probe's output has to equal the reference's on
-this grading's inputs, whoever wrote the code that produced it. What it does not settle: properties a graded test
-checks beyond the probe's inputs, and (chapter 12) the emulator's Python, which is the student's copy. Without
+this grading's inputs, whoever wrote the code that produced it (chapter 12's kernel runs through the grader's own
+emulator, loaded by path too). What it does not settle: properties a graded test checks beyond the probe's inputs. Without
 isolation the student's code could also rewrite these files for the next grading; the grader then warns.
 """
 
@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 PROBES_DIR = Path(__file__).resolve().parent
+GRADER_FILES_DIR = PROBES_DIR.parent.parent  # the grader's minillm/: probes may load a trusted module from it by path
 MAX_NUMBERS = 200_000  # a probe's output is small data; more is refused (a student cannot flood the parent)
 PROBE_SECONDS = 120.0  # one probe's limit in the grading child (each runs in ~0.1-5 s on one thread)
 MAX_PROBE_BYTES = 16 << 20  # what a forked probe may send back (MAX_NUMBERS as JSON is a few MB)

@@ -1,11 +1,33 @@
-"""Chapter 12's probes: the CPU mirrors' steps on states and tiles fed directly, and softmax.cu's v2 in the emulator."""
+"""Chapter 12's probes: the CPU mirrors' steps on states and tiles fed directly, and softmax.cu's v2 in the emulator.
+
+The kernel is compiled and run by the grader's own `emulator.py` (`GRADER_EMULATOR`, loaded by path like these
+probes), not the student's copy, whose Python could answer without running the kernel at all; it compiles the
+student's `softmax.cu` (found through the student's `minillm.kernels.build`, as any build would)."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
 import torch
 
-from minillm.kernels import emulator, mirror
+from minillm.kernels import mirror
 from . import Probe, generator, outcome, rng
+
+GRADER_EMULATOR = Path(__file__).resolve().parents[2] / "kernels" / "emulator.py"
+_EMULATOR_NAME = "minillm_grading_emulator"
+
+
+def grader_emulator() -> ModuleType:
+    """The grader's kernels/emulator.py, loaded once by path under a name no student module can take."""
+    if _EMULATOR_NAME not in sys.modules:
+        spec = importlib.util.spec_from_file_location(_EMULATOR_NAME, GRADER_EMULATOR)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[_EMULATOR_NAME] = module
+    return sys.modules[_EMULATOR_NAME]
 
 NEG_INF = float("-inf")
 
@@ -94,6 +116,7 @@ def softmax_v2(seed: int) -> dict:
     256 (one column per thread) and 300 columns; scores in the hundreds (exp overflows unless the max is taken
     first), the first columns of some rows masked to -inf, a row of equal scores, and a row with a single finite
     score. Without a C++ compiler there is nothing to run (the graded tests skip too)."""
+    emulator = grader_emulator()
     if emulator.find_cxx() is None:
         return {"skipped": "no C++ compiler for the emulator"}
     g, r = generator(seed), rng(seed)
