@@ -350,3 +350,9 @@ def test_results_and_notebook_values_are_checked(tmp_path, monkeypatch):
     assert "has no quote 'nope'" in problems[0] and "prints no line 'absent: '" in problems[1], problems
     page.write_text("<!-- value: chapters/results/r.json::v -->1.50x\n")
     assert "malformed value marker" in includes.stale([page], tmp_path)[0]
+    page.write_text("<!-- value: chapters/results/r.json::nope -->1<!-- end value -->\n"
+                    "<!-- value: chapters/results/r.json::v -->1.40x<!-- end value -->\n")
+    found: list[str] = []
+    assert includes.write([page], tmp_path, problems=found) == [page]  # the good value is refreshed, the bad one kept
+    assert page.read_text().endswith("-->1.50x<!-- end value -->\n") and "::nope -->1<!--" in page.read_text()
+    assert len(found) == 1 and found[0].startswith("01-x.md:line 1:") and "'nope'" in found[0], found

@@ -42,7 +42,9 @@ import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
+from minillm.core.io import atomic_write_text
 from minillm.course import results
 from minillm.course.assignment import C_DEF, is_c_source, markers, stub_source
 
@@ -220,12 +222,25 @@ def find_includes(text_path: Path) -> list[Include]:
     return found
 
 
-def refresh_text(text: str, root: Path = REPO_ROOT) -> str:
+def refresh_text(text: str, root: Path = REPO_ROOT, problems: list[str] | None = None) -> str:
     """The markdown with every include block rewritten from the current source, and every inline value from its
-    results file or notebook."""
-    text = BLOCK_RE.sub(lambda m: m.group("open") + render(m.group("path"), m.group("qualname"), root)
-                        + m.group("close"), text)
-    return results.refresh_values(text, root)
+    results file or notebook. A block or value whose source fails (a missing results file, an unknown name) raises
+    its ValueError, or, when a `problems` list is given, stays as it is and its message is appended there."""
+
+    def redo(m: re.Match, new: Callable[[], str]) -> str:
+        try:
+            return new()
+        except ValueError as e:
+            if problems is None:
+                raise
+            problems.append(f"line {text.count(chr(10), 0, m.start()) + 1}: {e}")
+            return m.group(0)
+
+    text = BLOCK_RE.sub(lambda m: redo(m, lambda: m.group("open") + render(m.group("path"), m.group("qualname"), root)
+                                       + m.group("close")), text)
+    return results.VALUE_RE.sub(lambda m: redo(m, lambda: m.group("open") + results.value(m.group("source"),
+                                                                                          m.group("name"), root)
+                                               + m.group("close")), text)
 
 
 def text_files(chapters_dir: Path = CHAPTERS_DIR) -> list[Path]:
@@ -260,14 +275,19 @@ def stale(files: list[Path] | None = None, root: Path = REPO_ROOT) -> list[str]:
     return problems
 
 
-def write(files: list[Path] | None = None, root: Path = REPO_ROOT) -> list[Path]:
-    """Rewrite the include blocks of the given texts (default: every chapter); returns the files that changed."""
+def write(files: list[Path] | None = None, root: Path = REPO_ROOT, problems: list[str] | None = None) -> list[Path]:
+    """Rewrite the include blocks and values of the given texts (default: every chapter); returns the files that
+    changed. With a `problems` list, a block whose source fails is left as it was and named there (the others are
+    still rewritten); without one, the first failure raises."""
     changed = []
     for f in files if files is not None else text_files():
         old = f.read_text(encoding="utf-8")
-        new = refresh_text(old, root)
+        found: list[str] | None = [] if problems is not None else None
+        new = refresh_text(old, root, found)
+        if problems is not None:
+            problems += [f"{f.name}:{p}" for p in found or []]
         if new != old:
-            f.write_text(new, encoding="utf-8")
+            atomic_write_text(f, new)
             changed.append(f)
     return changed
 
@@ -281,11 +301,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     files = [f.resolve() for f in args.files] or None
     if args.write:
-        changed = write(files)
+        problems: list[str] = []
+        changed = write(files, problems=problems)
         for f in changed:
             print(f"refreshed {f.relative_to(REPO_ROOT) if f.is_relative_to(REPO_ROOT) else f}")
         print(f"{len(changed)} file(s) changed")
-        return 0
+        for p in problems:
+            print(f"left as it was: {p}")
+        return 1 if problems else 0
     problems = stale(files)
     for p in problems:
         print(p)
