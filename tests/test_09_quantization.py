@@ -8,6 +8,8 @@ import copy
 import itertools
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,7 +30,7 @@ from minillm.engine.llm import LLM
 from minillm.gpt.eval import perplexity
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.kvcache.generate import generate_ids
-from minillm.quant.bench import CASES, kv_perplexity, linear_bytes, run_all
+from minillm.quant.bench import CASES, kv_perplexity, linear_bytes, quotes, run_all
 from minillm.quant.checkpoint import describe, load_quantized, save_quantized
 from minillm.quant.gptq import gptq_quantize, gptq_quantize_model, gptq_reference, rtn_and_gptq_errors
 from minillm.quant.kv_cache import (
@@ -672,6 +674,21 @@ def test_the_benchmark_on_a_small_model_at_its_quick_sizes():
     assert fp32["kl_max"] == 0 and fp32["agreement"] == 1 and fp32["identical_prompts"] == report["prompts"]
     assert report["kv_int8"]["engine_same_as_generate"] == report["prompts"]
     assert len(report["outliers"]["rows"]) == 2 and report["layer_costs"]
+    pieces = quotes({**report, "wall_s": 60.0})  # the command line adds the run's wall time
+    assert pieces["methods"].count("\n") == 2 + len(CASES) and pieces["divergence"].count("\n") == 2 + len(CASES)
+    assert pieces["outliers"].count("\n") == 4 and pieces["minutes"] == "1"
+    assert pieces["gptq_delta"] == f"{report['cases'][4]['ppl_delta_pct']:+.2f}%"
+
+
+def test_the_committed_results_give_every_number_chapter_09_quotes():
+    """Each table and value the chapter text takes from chapters/results/09-quantization.json is one of `quotes`."""
+    root = Path(__file__).resolve().parent.parent
+    results = "chapters/results/09-quantization.json"
+    names = set(re.findall(re.escape(results) + r"::([\w.]+) -->", (root / "chapters/09-quantization.md").read_text()))
+    assert {"methods", "divergence", "outliers", "layer_costs"} <= names
+    report = json.loads((root / results).read_text())
+    assert report["bench"] == "minillm.quant.bench" and report["size"] == "full"
+    assert names <= set(quotes(report))
 
 
 # ----- KV-cache int8 ----------------------------------------------------------------------------------------------

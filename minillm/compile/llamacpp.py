@@ -10,7 +10,9 @@ What it does, each step skipped when its output is already in the work directory
   4. interleave, round by round: `llama-bench -t T -p 0 -n N` on each GGUF (its `tg` test: N tokens decoded one at a
      time at batch 1, from an empty context) and our batch-1 decode of N tokens after a one-token prompt, eager
      (chapter 04's `generate_ids`) and with the fused C++ step (`FusedCPUDecoder`), at the same thread count.
-It prints each path's median tok/s over the rounds and ours as a fraction of llama.cpp f32, and writes them as JSON.
+It prints each path's median tok/s over the rounds and ours as a fraction of llama.cpp f32, and with `--json` writes
+every round's tok/s and the medians (`minillm.bench.cli.write_report`, with the machine and the command); `quotes`
+turns that report into the table and the figures chapters 09 and 13 quote.
 
 Optional and never in CI: it needs cmake, a C++ compiler, network for the sdist (or the file), transformers (a dev
 extra) and numpy for the converter. The GGUF's vocabulary is ours (4,096 byte-level tokens); llama.cpp's converter
@@ -31,10 +33,10 @@ import statistics
 from pathlib import Path
 from typing import Callable
 
-from minillm.bench.cli import bench_parser, start
+from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
 from minillm.compile.fused_step import FusedCPUDecoder
-from minillm.core.io import atomic_write_text, check_output_dir
+from minillm.core.io import check_output_dir
 from minillm.core.sampling import SamplingParams
 from minillm.compile.llamacpp_build import (OUTTYPES, PINNED, run_logged, build_llama_bench, convert, export_hf_dir,
                                             fetch_sources)
@@ -45,6 +47,8 @@ from minillm.kvcache.generate import generate_ids
 from minillm.tokenizer import DEFAULT_TOKENIZER_PATH, Tokenizer
 
 TYPES = OUTTYPES
+REF = "llama.cpp f32"  # the path every other one is a fraction of
+EAGER, FUSED = "minillm eager (generate_ids)", "minillm fused C++ step"
 
 
 def llama_bench_tok_s(binary: str | os.PathLike, gguf: str | os.PathLike, threads: int, tokens: int) -> float:
@@ -109,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     fused = FusedCPUDecoder(model)
     params = SamplingParams.greedy(args.tokens, ignore_eos=True)
     prompt = [0]
-    ours = {"minillm eager (generate_ids)": lambda: generate_ids(model, prompt, params),
-            "minillm fused C++ step": lambda: fused.generate_ids(prompt, params)}
+    ours = {EAGER: lambda: generate_ids(model, prompt, params), FUSED: lambda: fused.generate_ids(prompt, params)}
     samples: dict[str, list[float]] = {**{f"llama.cpp {t}": [] for t in TYPES}, **{k: [] for k in ours}}
     for r in range(args.rounds):
         for t, path in ggufs.items():
@@ -119,17 +122,54 @@ def main(argv: list[str] | None = None) -> int:
             samples[name].append(ours_tok_s(run, args.tokens))
         print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in samples.items()), flush=True)
     median = {k: statistics.median(v) for k, v in samples.items()}
-    ref = median["llama.cpp f32"]
     print(f"\nmodel: {loaded.label}; {args.threads} thread(s); {args.tokens} tokens decoded at batch 1; "
           f"medians of {args.rounds} interleaved rounds\n")
-    print("| path | tok/s | of llama.cpp f32 |\n|---|---:|---:|")
-    for k, v in median.items():
-        print(f"| {k} | {v:.0f} | {100 * v / ref:.0f}% |")
-    if args.json:
-        atomic_write_text(args.json, json.dumps({"model": loaded.label, "threads": args.threads,
-                                                 "tokens": args.tokens, "llama_cpp": PINNED, "samples": samples,
-                                                 "median_tok_s": median}, indent=2))
+    print(format_table(median), end="")
+    write_report(args.json, {"model": loaded.label, "threads": args.threads, "tokens": args.tokens,
+                             "rounds": args.rounds, "llama_cpp": PINNED, "samples": samples, "median_tok_s": median})
     return 0
+
+
+def format_table(median: dict[str, float]) -> str:
+    """The Markdown table of each path's tok/s (`median`: path -> tok/s, holding llama.cpp f32) and its fraction of
+    llama.cpp f32's, one row per path in the dict's order, ending with a newline."""
+    ref = median[REF]
+    rows = [f"| {k} | {v:,.0f} | {100 * v / ref:.0f}% |" for k, v in median.items()]
+    return "\n".join(["| path | tok/s | of llama.cpp f32 |", "|---|---:|---:|", *rows]) + "\n"
+
+
+def format_rounds(samples: dict[str, list[float]]) -> str:
+    """The Markdown table of every round's tok/s (`samples`: path -> one tok/s per round), one row per round."""
+    n = len(samples[REF])
+    head = ["| round | " + " | ".join(samples) + " |", "|---:|" + "---:|" * len(samples)]
+    rows = [f"| {r + 1} | " + " | ".join(f"{v[r]:,.0f}" for v in samples.values()) + " |" for r in range(n)]
+    return "\n".join([*head, *rows]) + "\n"
+
+
+def quotes(report: dict) -> dict[str, str]:
+    """What the chapter texts quote from a report of `main --json`: the medians' table ("table") and the rounds'
+    ("per_round"); llama.cpp's tok/s per type (`f32_tok_s`, `f16_tok_s`, `q8_0_tok_s`) and its f16 and q8_0 over its
+    f32 (`f16_vs_f32`, "1.90x"); ours as a fraction of llama.cpp f32 (`fused_of_f32`, `eager_of_f32`, "84%"), their
+    range over the rounds, each round's ours over the same round's llama.cpp f32 (`..._min`, `..._max`); the fused
+    step over the eager generator (`fused_vs_eager`); llama.cpp f32's range over the rounds (`f32_min`,
+    `f32_max`); and the run's settings (`rounds`, `threads`, `tokens`, `model`, `cpu`, `llama_cpp`)."""
+    median, samples = report["median_tok_s"], report["samples"]
+    ref = median[REF]
+    out = {"table": format_table(median), "per_round": format_rounds(samples)}
+    for t in TYPES:
+        out[f"{t}_tok_s"] = f"{median[f'llama.cpp {t}']:,.0f}"
+        if t != "f32":
+            out[f"{t}_vs_f32"] = f"{median[f'llama.cpp {t}'] / ref:.2f}x"
+    for key, path in (("fused", FUSED), ("eager", EAGER)):
+        out[f"{key}_tok_s"] = f"{median[path]:,.0f}"
+        out[f"{key}_of_f32"] = f"{100 * median[path] / ref:.0f}%"
+        per_round = [100 * a / b for a, b in zip(samples[path], samples[REF])]
+        out[f"{key}_of_f32_min"], out[f"{key}_of_f32_max"] = f"{min(per_round):.0f}%", f"{max(per_round):.0f}%"
+    out["fused_vs_eager"] = f"{median[FUSED] / median[EAGER]:.2f}x"
+    out["f32_min"], out["f32_max"] = f"{min(samples[REF]):,.0f}", f"{max(samples[REF]):,.0f}"
+    for key in ("rounds", "threads", "tokens", "model", "cpu", "llama_cpp"):
+        out[key] = str(report[key])
+    return out
 
 
 if __name__ == "__main__":

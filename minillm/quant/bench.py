@@ -20,8 +20,9 @@ by GPTQ and by a short QAT fine-tune; W8A8 with dynamic per-token activation sca
   - one layer's cost at batch 1 and at 256 tokens: fp32 `F.linear`, de-quantize-then-multiply, and W8A8 through
     `torch._int_mm` and through its exact float64 twin: where de-quantization costs more than it saves.
 The command: `python -m minillm.quant.bench [--quick | --size S] [--threads N] [--json FILE]` (quick ~1 min,
-default ~6-8 min on one thread; the tour runs the `tour` sizes in about a minute). Timings on a shared CPU are noisy;
-quality numbers (perplexity, agreement, KL, bytes) are deterministic.
+default a few minutes on one thread; the tour runs the `tour` sizes in about a minute). Timings on a shared CPU are
+noisy; quality numbers (perplexity, agreement, KL, bytes) are deterministic. `quotes(report)` gives chapter 09's
+tables and numbers from a report saved with `--json`.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ class Sizes:
 SIZES = {
     "quick": Sizes(4096, 4, 32, 16, 1, 5, 8, 2048, 1, 5),  # the tour's --quick and the tests: about a minute
     "tour": Sizes(4096, 6, 32, 32, 3, 5, 8, 2048, 3, 20),  # the tour: the quick quality sizes, timed properly
-    "full": Sizes(16384, 16, 48, 64, 5, 30, 32, 8192, 7, 50),  # python -m minillm.quant.bench: 6-8 minutes
+    "full": Sizes(16384, 16, 48, 64, 5, 30, 32, 8192, 7, 50),  # python -m minillm.quant.bench: a few minutes
 }
 PROMPT_LEN = 32
 ENGINE = dict(num_blocks=64, block_size=16, max_num_seqs=8)  # the engine of the engine checks: every prompt at once
@@ -357,19 +358,98 @@ def run_all(model: GPT, real_text: bool, size: str = "full", seed: int = 0) -> d
     return report
 
 
+def _pct(v: float) -> str:
+    """A perplexity delta in percent, signed: "+0.23%"."""
+    return f"{v:+.2f}%"
+
+
+def _times(v: float) -> str:
+    """A ratio: "3.92x"."""
+    return f"{v:.2f}x"
+
+
+def _kv_cells(kv: dict[str, Any]) -> dict[str, str]:
+    """The int8 KV cache's numbers, formatted once for the printed report and for `quotes`."""
+    return {"kv_bytes": f"{kv['kv_bytes_per_token']:,}", "kv_fp32_bytes": f"{kv['fp32_kv_bytes_per_token']:,}",
+            "kv_ratio": _times(kv["kv_ratio"]), "kv_ppl": f"{kv['perplexity']:.3f}",
+            "kv_fp32_ppl": f"{kv['fp32_cache_perplexity']:.3f}", "kv_delta": _pct(kv["ppl_delta_pct"]),
+            "kv_identical": f"{kv['identical_prompts']}/{kv['prompts']}",
+            "kv_engine": f"{kv['engine_same_as_generate']}/{kv['prompts']}", "kv_tok_s": f"{kv['tok_s']:.0f}",
+            "kv_speedup": _times(kv["speedup"])}
+
+
+def _sig2(v: float) -> str:
+    """A small positive number with two significant digits in fixed notation (0.000020, 0.0058, 0.27); 0 as "0"."""
+    if v <= 0:
+        return "0"
+    return f"{v:.{max(0, 1 - math.floor(math.log10(v)))}f}"
+
+
+def _decode_cell(r: dict[str, Any], report: dict[str, Any]) -> str:
+    if "fp32_tok_s" not in r:  # the fp32 row: its own rate
+        return f"{r['tok_s']:.0f}"
+    return f"{r['tok_s']:.0f} vs {r['fp32_tok_s']:.0f} ({_times(r['speedup'])})"
+
+
+# Every column of the methods tables: header -> the cell of one case row `r` of the report. `format_table` prints
+# them all; a chapter text quotes a few at a time (`quotes`), so a number is formatted the same wherever it appears.
+CASE_COLUMNS: dict[str, Callable[[dict[str, Any], dict[str, Any]], str]] = {
+    "method": lambda r, rep: r["case"],
+    "weight bytes (x smaller)": lambda r, rep: f"{r['weight_bytes'] / 1e6:.2f} MB ({_times(r['bytes_ratio'])})",
+    "block linears (x smaller)": lambda r, rep: f"{r['linear_bytes'] / 1e6:.2f} MB ({_times(r['linear_ratio'])})",
+    "val ppl": lambda r, rep: f"{r['perplexity']:.3f}",
+    "delta": lambda r, rep: _pct(r["ppl_delta_pct"]),
+    "argmax agreement": lambda r, rep: f"{100 * r['agreement']:.1f}%",
+    "KL from fp32, mean (nats/token)": lambda r, rep: _sig2(r["kl_mean"]),
+    "KL, 99th percentile": lambda r, rep: _sig2(r["kl_p99"]),
+    "KL, max": lambda r, rep: _sig2(r["kl_max"]),
+    "identical prompts": lambda r, rep: f"{r['identical_prompts']}/{rep['prompts']}",
+    "mean common prefix": lambda r, rep: f"{r['mean_common_prefix']:.1f}",
+    "decode tok/s vs fp32 (ratio)": _decode_cell,
+    "time to quantize (s)": lambda r, rep: f"{r['quantize_s']:.2f}",
+}
+# The columns of the chapter's two tables: what each method costs and gives, and how far its outputs are from fp32's.
+METHODS_COLUMNS = ("method", "weight bytes (x smaller)", "block linears (x smaller)", "val ppl", "delta",
+                   "argmax agreement", "identical prompts", "decode tok/s vs fp32 (ratio)")
+DIVERGENCE_COLUMNS = ("method", "delta", "argmax agreement", "KL from fp32, mean (nats/token)", "KL, 99th percentile",
+                      "identical prompts", "mean common prefix")
+RUN_COLUMNS = ("method", "time to quantize (s)", "KL, max", "decode tok/s vs fp32 (ratio)")
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table (first column left-aligned, the others right-aligned), ending with a newline."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def cases_table(report: dict[str, Any], columns: tuple[str, ...] = tuple(CASE_COLUMNS)) -> str:
+    """The methods as a Markdown table of the named `CASE_COLUMNS`, one row per case."""
+    return markdown_table(list(columns), [[CASE_COLUMNS[c](r, report) for c in columns] for r in report["cases"]])
+
+
+def outlier_table(report: dict[str, Any]) -> str:
+    """The outlier study: per model, its largest activations and each variant's perplexity delta against fp32."""
+    rows = report["outliers"]["rows"]
+    variants = list(rows[0]["ppl_delta_pct"])
+    header = ["model", "max \\|x\\|", "max / median", "layers with \\|x\\| ≥ 6"] + variants
+    return markdown_table(header, [[r["model"], f"{r['max_abs']:.0f}", f"{r['max_over_median']:.0f}x",
+                                    f"{r['layers_with_outliers']}/{r['layers']}"]
+                                   + [_pct(r["ppl_delta_pct"][v]) for v in variants] for r in rows])
+
+
+def layer_cost_table(report: dict[str, Any]) -> str:
+    """One layer's microseconds per call, one row per implementation, one column per number of tokens."""
+    costs = report["layer_costs"]
+    names = [k for k in costs[0] if k not in ("tokens", "shape")]
+    header = [f"one {tuple(costs[0]['shape'])} layer, µs per call"] + [
+        f"{c['tokens']} token{'s' if c['tokens'] != 1 else ''}" for c in costs]
+    return markdown_table(header, [[name] + [f"{c[name]:,.0f}" for c in costs] for name in names])
+
+
 def format_table(report: dict[str, Any]) -> str:
-    lines = ["| method | weight bytes (x smaller) | block linears (x smaller) | val ppl | delta | argmax agreement "
-             "| KL from fp32, mean / p99 (nats) | identical prompts (mean common prefix) | decode tok/s vs fp32 "
-             "(ratio) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     n = report["prompts"]
-    for r in report["cases"]:
-        lines.append(f"| {r['case']} | {r['weight_bytes'] / 1e6:.2f} MB ({r['bytes_ratio']:.2f}x) | "
-                     f"{r['linear_bytes'] / 1e6:.2f} MB ({r['linear_ratio']:.2f}x) | {r['perplexity']:.3f} | "
-                     f"{r['ppl_delta_pct']:+.2f}% | {100 * r['agreement']:.1f}% | {r['kl_mean']:.3g} / "
-                     f"{r['kl_p99']:.3g} | {r['identical_prompts']}/{n} ({r['mean_common_prefix']:.1f}) | "
-                     f"{r['tok_s']:.0f} vs {r.get('fp32_tok_s', r['tok_s']):.0f} ({r['speedup']:.2f}x) |")
-    lines.append("")
+    lines = [cases_table(report)]
     lines.append(f"perplexity on the first {report['val_tokens']:,} validation tokens; agreement and KL "
                  f"teacher-forced over {n} prompts x {report['new_tokens']} greedy tokens of fp32 (the common prefix "
                  f"of free-running continuations, in tokens of {report['new_tokens']}); calibration (GPTQ) "
@@ -381,25 +461,77 @@ def format_table(report: dict[str, Any]) -> str:
             e = r["engine"]
             lines.append(f"engine (minillm.LLM) on {r['case']}: identical to generate_ids of the same model "
                          f"{e['same_as_generate']}/{e['prompts']}, to fp32 {e['same_as_fp32']}/{e['prompts']}")
-    kv = report["kv_int8"]
-    lines.append(f"{kv['case']}: {kv['kv_bytes_per_token']:,} B/token vs {kv['fp32_kv_bytes_per_token']:,} "
-                 f"({kv['kv_ratio']:.2f}x smaller); ppl through the cache {kv['perplexity']:.3f} vs "
-                 f"{kv['fp32_cache_perplexity']:.3f} fp32 cache ({kv['ppl_delta_pct']:+.2f}%); identical greedy "
-                 f"prompts {kv['identical_prompts']}/{kv['prompts']}; engine (paged-int8) = generate_ids "
-                 f"{kv['engine_same_as_generate']}/{kv['prompts']}; decode {kv['tok_s']:.0f} tok/s "
-                 f"({kv['speedup']:.2f}x fp32 cache)")
+    kv = _kv_cells(report["kv_int8"])
+    lines.append(f"{report['kv_int8']['case']}: {kv['kv_bytes']} B/token vs {kv['kv_fp32_bytes']} ({kv['kv_ratio']} "
+                 f"smaller); ppl through the cache {kv['kv_ppl']} vs {kv['kv_fp32_ppl']} fp32 cache "
+                 f"({kv['kv_delta']}); identical greedy prompts {kv['kv_identical']}; engine (paged-int8) = "
+                 f"generate_ids {kv['kv_engine']}; decode {kv['kv_tok_s']} tok/s ({kv['kv_speedup']} fp32 cache)")
     o = report["outliers"]
-    lines.append(f"outlier study ({o['val_tokens']:,} val tokens; planted: features {o['channels']} x{o['factor']:g}), "
-                 f"perplexity delta vs fp32 base:")
-    for r in o["rows"]:
-        cells = ", ".join(f"{k} {v:+.2f}%" for k, v in r["ppl_delta_pct"].items())
-        lines.append(f"  {r['model']} (max |x| {r['max_abs']:.0f}, max/median {r['max_over_median']:.0f}x, "
-                     f"{r['layers_with_outliers']}/{r['layers']} layers with |x| >= 6): {cells}")
-    lines.append("one layer, us per call (fp32 / candidate):")
-    for row in report["layer_costs"]:
-        cells = [f"{k} {v:.0f}" for k, v in row.items() if k not in ("tokens", "shape")]
-        lines.append(f"  M={row['tokens']} {tuple(row['shape'])}: " + ", ".join(cells))
+    lines.append(f"\noutlier study ({o['val_tokens']:,} val tokens; planted: features {o['channels']} "
+                 f"x{o['factor']:g}), perplexity delta vs fp32 base:\n")
+    lines.append(outlier_table(report))
+    lines.append(layer_cost_table(report))
     return "\n".join(lines)
+
+
+# Short names of the cases, the outlier study's models and variants, and the layer implementations, for `quotes`.
+CASE_KEYS = {"fp32": "fp32", "int8 weight-only": "int8", "int8 weight-only + head": "int8_head",
+             "int4 group-wise RTN": "rtn", "int4 GPTQ": "gptq", "int4 QAT": "qat", "W8A8": "w8a8"}
+OUTLIER_KEYS = {"base": "base", "base + planted outliers": "planted"}
+VARIANT_KEYS = {"fp32": "fp32", "int8 weight-only": "int8", "W8A8": "w8a8", "W8A8 + LLM.int8 (6.0)": "llm_int8",
+                "SmoothQuant + W8A8": "smoothquant"}
+LAYER_KEYS = {"fp32 F.linear": "fp32", "int8 de-quantize + F.linear": "int8",
+              "int4 unpack + de-quantize + F.linear": "int4", "W8A8 torch._int_mm": "w8a8",
+              "W8A8 float64 twin": "w8a8_twin", "int8 x int8 matmul alone (_int_mm)": "int_mm"}
+VALUE_COLUMNS = {"ppl": "val ppl", "delta": "delta", "agreement": "argmax agreement",
+                 "kl_mean": "KL from fp32, mean (nats/token)", "kl_p99": "KL, 99th percentile", "kl_max": "KL, max",
+                 "identical": "identical prompts", "prefix": "mean common prefix", "quantize_s": "time to quantize (s)"}
+
+
+def quotes(report: dict[str, Any]) -> dict[str, str]:
+    """What chapter 09's text quotes from a full run's report (`minillm.course.results`): the tables "methods",
+    "divergence", "run" (time to quantize, largest KL, decode rates), "outliers" and "layer_costs", and single values named by a case's short name (`CASE_KEYS`) and a
+    quantity, e.g. "gptq_delta" = "+0.23%", "int8_speedup" = "0.69x" (decode against fp32), "rtn_kl_mean"; the int8
+    KV cache's ("kv_..."), the engine checks ("int8_engine" = "16/16"), the outlier study's deltas
+    ("planted_w8a8_delta"), one layer's microseconds ("layer_256_int_mm_us") and its time over fp32's
+    ("layer_1_int4_vs_fp32" = "21.8x"), the fp32 decode rates the run saw, and the run's machine and minutes."""
+    out = {"methods": cases_table(report, METHODS_COLUMNS), "divergence": cases_table(report, DIVERGENCE_COLUMNS),
+           "run": cases_table(report, RUN_COLUMNS),
+           "outliers": outlier_table(report), "layer_costs": layer_cost_table(report),
+           "cpu": report["cpu"], "threads": str(report["threads"]), "minutes": f"{report['wall_s'] / 60:.0f}"}
+    cases = {CASE_KEYS[r["case"]]: r for r in report["cases"]}
+    for key, r in cases.items():
+        for name, column in VALUE_COLUMNS.items():
+            out[f"{key}_{name}"] = CASE_COLUMNS[column](r, report)
+        out[f"{key}_tok_s"] = f"{r['tok_s']:.0f}"
+        out[f"{key}_bytes_ratio"], out[f"{key}_linear_ratio"] = _times(r["bytes_ratio"]), _times(r["linear_ratio"])
+        if key != "fp32":
+            out[f"{key}_speedup"] = _times(r["speedup"])
+        if "engine" in r:
+            e = r["engine"]
+            out[f"{key}_engine"] = f"{e['same_as_generate']}/{e['prompts']}"
+            out[f"{key}_engine_fp32"] = f"{e['same_as_fp32']}/{e['prompts']}"
+    fp32_rates = [cases["fp32"]["tok_s"]] + [r["fp32_tok_s"] for r in report["cases"] if "fp32_tok_s" in r]
+    out["fp32_tok_s_min"], out["fp32_tok_s_max"] = f"{min(fp32_rates):.0f}", f"{max(fp32_rates):.0f}"
+    # the gap between the two deltas as printed (+0.30% and +0.23%: 0.07), so a reader's subtraction agrees
+    gap = round(cases["rtn"]["ppl_delta_pct"], 2) - round(cases["gptq"]["ppl_delta_pct"], 2)
+    out["rtn_minus_gptq_delta"] = f"{gap:.2f}"
+    out["rtn_over_gptq_kl"] = f"{cases['rtn']['kl_mean'] / cases['gptq']['kl_mean']:.1f}x"
+    out["qat_over_gptq_kl"] = f"{cases['qat']['kl_mean'] / cases['gptq']['kl_mean']:.1f}x"
+    out["w8a8_over_int8_head_kl"] = f"{cases['w8a8']['kl_mean'] / cases['int8_head']['kl_mean']:.1f}x"
+    out.update(_kv_cells(report["kv_int8"]))
+    for r in report["outliers"]["rows"]:
+        model = OUTLIER_KEYS[r["model"]]
+        out[f"{model}_max_abs"] = f"{r['max_abs']:.0f}"
+        out[f"{model}_max_over_median"] = f"{r['max_over_median']:.0f}x"
+        for variant, delta in r["ppl_delta_pct"].items():
+            out[f"{model}_{VARIANT_KEYS[variant]}_delta"] = _pct(delta)
+    for c in report["layer_costs"]:
+        for name, key in LAYER_KEYS.items():
+            out[f"layer_{c['tokens']}_{key}_us"] = f"{c[name]:,.0f}"
+            if key != "fp32":
+                out[f"layer_{c['tokens']}_{key}_vs_fp32"] = f"{c[name] / c['fp32 F.linear']:.1f}x"
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -410,12 +542,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = start(build_parser(), argv)
+    t0 = time.perf_counter()
     loaded = load_model("base", args.device, args.seed)
     report = run_all(loaded.model, real_text=loaded.trained, size=args.size, seed=args.seed)
     report["model"] = loaded.label
+    report["wall_s"] = time.perf_counter() - t0  # the whole command, loading the model included
+    write_report(args.json, report)
     print(f"model: {loaded.label}")
     print(format_table(report))
-    write_report(args.json, report)
     return 0
 
 

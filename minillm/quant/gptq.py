@@ -4,7 +4,7 @@ not rounded yet, so the layer's *output* on real inputs moves as little as possi
 What it adds over round-to-nearest (RTN): RTN minimises each weight's own error |w - ŵ|; what matters is the layer's
 output error on the activations it sees, for one row w of W (all rows are independent and share H):
 
-    E(ŵ) = ‖X w - X ŵ‖² = (w - ŵ)ᵀ H (w - ŵ),     H = Xᵀ X / N   (in, in), from calibration inputs X (N, in)
+    E(ŵ) = ‖X w - X ŵ‖² / N = (w - ŵ)ᵀ H (w - ŵ),   H = Xᵀ X / N (in, in), from calibration inputs X (N, in)
 
 GPTQ quantizes the columns left to right. When column i is fixed to its grid point, the columns F = i+1.. still
 free are moved to the least-squares optimum given everything fixed so far (Optimal Brain Surgeon; Frantar et al.
