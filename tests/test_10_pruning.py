@@ -5,6 +5,9 @@ pruned checkpoints, and pruned models in every generator and the engine. No test
 from __future__ import annotations
 
 import copy
+import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +22,8 @@ from safetensors.torch import save_file
 from helpers import assert_every_generator_agrees, context_model
 from minillm import GPTConfig
 from minillm.core.checkpoint import save_checkpoint
-from minillm.prune.bench import block_bytes, run_all, torch_prune_agreement
+from minillm.course.results import find_values
+from minillm.prune.bench import block_bytes, format_table, quotes, run_all, torch_prune_agreement
 from minillm.prune.checkpoint import describe, load_pruned, save_pruned
 from minillm.prune.masks import (
     is_nm_sparse,
@@ -45,6 +49,8 @@ from minillm.prune.structured import (
 from minillm.prune.unstructured import block_linears, input_norms, prune_model, weight_sparsity
 from minillm.quant.outliers import inject_outliers
 
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = "chapters/results/10-pruning.json"  # the benchmark run the chapter text quotes
 SMALL = dict(vocab_size=256, block_size=64, n_layer=2, n_head=4, n_embd=64)
 
 
@@ -545,3 +551,21 @@ def test_torch_prune_agreement_and_the_benchmark_on_a_small_model():
     assert s["mlp_hidden"] == [96, 96] and s["params"] < s["dense_params"]
     assert report["planted_outliers"]["wanda"] == pytest.approx(report["base_side"]["wanda"], rel=1e-4)
     assert {r["sparsity"] for r in report["layer_costs"]} == {0.5, 0.7, 0.9}
+    # what the chapter text quotes, from a quick report as from the full one (no head study at this size)
+    pieces = quotes({**report, "cpu": "a test CPU"})
+    for table in ("unstructured", "fifty", "side", "structured", "layer_costs"):
+        assert pieces[table].startswith("| ") and pieces[table].endswith("|\n")
+    assert pieces["magnitude_50_delta"] == f"{fifty['magnitude']['ppl_delta_pct']:+.2f}%"
+    assert pieces["engine_fewest"] == f"{report['prompts']}/{report['prompts']}" and "heads_masked" not in pieces
+    assert {"mlp_25_speedup", "two_four_wanda_kl_mean", "csr_90_m256", "planted_outliers_wanda"} <= set(pieces)
+    assert pieces["fifty"] in format_table(report)
+
+
+def test_every_number_the_chapter_quotes_from_its_results_file_is_there():
+    text = (ROOT / "chapters" / "10-pruning.md").read_text(encoding="utf-8")
+    names = set(re.findall(rf"<!-- include: {RESULTS}::(\w+) -->", text))
+    names |= {name for _, source, name, _ in find_values(text, "10-pruning.md") if source == RESULTS}
+    assert {"unstructured", "fifty", "structured", "magnitude_50_delta"} <= names
+    report = json.loads((ROOT / RESULTS).read_text(encoding="utf-8"))
+    assert report["bench"] == "minillm.prune.bench" and report["size"] == "full"
+    assert sorted(names - set(quotes(report))) == []

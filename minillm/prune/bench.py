@@ -20,8 +20,10 @@ What it reports:
     tokens, microseconds per call;
   - on a CUDA GPU of compute capability 8.0+: `semi_structured.layer_speed`, the 2:4 kernel against dense.
 The command: `python -m minillm.prune.bench [--quick | --size S] [--threads N] [--json FILE]` (quick ~40 s,
-default ~5 min on one thread; the tour runs the `tour` sizes in under a minute). Timings on a shared CPU are noisy;
-perplexity, agreement, KL, bytes and masks are deterministic.
+default a few minutes on one thread; the tour runs the `tour` sizes in under a minute). Timings on a shared CPU are noisy;
+perplexity, agreement, KL, bytes and masks are deterministic. `format_table(report)` prints the report as tables;
+`quotes(report)` gives the chapter text the same tables by name and its single numbers, read from the committed
+`chapters/results/10-pruning.json` (`minillm.course.results`).
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ class Sizes:
 SIZES = {
     "quick": Sizes(4096, 4, 32, 16, 1, 8, (0.5,), 2048, (0.25,), 10, False, 1, 5),  # tour --quick, tests: ~40 s
     "tour": Sizes(4096, 6, 32, 32, 3, 8, (0.5,), 2048, (0.25,), 10, False, 3, 20),  # the tour: under a minute
-    "full": Sizes(16384, 16, 48, 64, 5, 32, SPARSITIES, 8192, (0.25, 0.5), 60, True, 5, 50),  # the CLI: ~5 min
+    "full": Sizes(16384, 16, 48, 64, 5, 32, SPARSITIES, 8192, (0.25, 0.5), 60, True, 5, 50),  # the CLI: minutes
 }
 
 
@@ -321,6 +323,7 @@ def run_all(model: GPT, real_text: bool, size: str = "full", seed: int = 0, draf
     report: dict[str, Any] = {
         "threads": torch.get_num_threads(), "size": size, "val_tokens": h.val.numel(), "prompts": h.num_prompts,
         "prompt_len": h.prompt_len, "new_tokens": h.greedy.max_new_tokens, "calibration": list(calibration.shape),
+        "decode_tokens": h.decode.max_new_tokens, "timed_runs": h.repeats,
         "dense": {"perplexity": h.dense_ppl, "params": model.num_params(), "block_bytes": block_bytes(model, "dense")},
     }
     report["unstructured"] = unstructured_rows(h, calibration, sz.sparsities)
@@ -339,9 +342,105 @@ def run_all(model: GPT, real_text: bool, size: str = "full", seed: int = 0, draf
     if sz.heads:
         report["heads"] = head_rows(h, calibration, sz.recovery_steps)
     report["layer_costs"] = layer_costs(repeats=sz.cost_repeats, calls=sz.cost_calls)
+    report["layer_cost_timing"] = {"repeats": sz.cost_repeats, "calls": sz.cost_calls}
     why = semi_structured_support()
     report["semi_structured_gpu"] = {"skipped": why} if why else {"rows": layer_speed()}
     return report
+
+
+# ----- the report as tables (the command's printout) and as the pieces the chapter text quotes -------------------
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _quality_cells(r: dict[str, Any], n: int) -> list[str]:
+    """The cells every pruned model's row shares: argmax agreement, KL from dense, identical continuations, engine."""
+    return [_pct(r["agreement"]), f"{r['kl_mean']:.3g} / {r['kl_p99']:.3g}",
+            f"{r['identical_prompts']}/{n} ({r['mean_common_prefix']:.1f})", f"{r['engine_same_as_generate']}/{n}"]
+
+
+def _speed_cell(r: dict[str, Any]) -> str:
+    return f"{r['tok_s']:.0f} vs {r['dense_tok_s']:.0f} ({r['speedup']:.2f}x)"
+
+
+def _table(header: list[str], align: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table ending with a newline: header cells, `---`/`---:` per column, one line per row."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in rows]) + "\n"
+
+
+def fifty_rows(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(name, row) of every 50% mask the report measured against dense: unstructured, then 2:4."""
+    rows = [(f"{r['method']} 50%", r) for r in report["unstructured"] if r["sparsity"] == 0.5]
+    return rows + [(f"2:4 {r['method']}", r) for r in report["two_four"]]
+
+
+def structured_rows_of(report: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(name, what is left, row) of every structured cut: the MLP rows, then the heads removed (full run only)."""
+    out = [(f"{100 * r['fraction']:.0f}% of MLP neurons", f"MLPs {r['mlp_hidden'][0]} wide", r)
+           for r in report["structured"]]
+    if "heads" in report:
+        r = report["heads"]["removed"]
+        out.append((f"{r['heads_per_block']} heads per block", f"{r['n_head']} of {r['n_head'] + r['heads_per_block']}"
+                    f" heads", r))
+    return out
+
+
+def unstructured_table(report: dict[str, Any]) -> str:
+    return _table(["method", "sparsity", "val ppl", "delta", "block linears: dense / bitmask / CSR MB"],
+                  ["---", "---:", "---:", "---:", "---"],
+                  [[r["method"], f"{100 * r['block_sparsity']:.0f}%", f"{r['perplexity']:.3f}",
+                    f"{r['ppl_delta_pct']:+.2f}%", f"{r['dense_bytes'] / 1e6:.2f} / {r['bitmask_bytes'] / 1e6:.2f} / "
+                    f"{r['csr_bytes'] / 1e6:.2f}"] for r in report["unstructured"]])
+
+
+def fifty_table(report: dict[str, Any]) -> str:
+    n = report["prompts"]
+    return _table(["at 50%", "val ppl", "delta", "argmax agreement", "KL from dense, mean / p99 (nats)",
+                   "identical continuations (mean common prefix)", "engine = generate_ids", "decode tok/s vs dense"],
+                  ["---"] + ["---:"] * 7,
+                  [[name, f"{r['perplexity']:.3f}", f"{r['ppl_delta_pct']:+.2f}%", *_quality_cells(r, n),
+                    _speed_cell(r)] for name, r in fifty_rows(report)])
+
+
+def structured_table(report: dict[str, Any]) -> str:
+    n, rows, cuts = report["prompts"], [], structured_rows_of(report)
+    for name, left, r in cuts:
+        b = r["before_recovery"]
+        rows.append([name, left, f"{r['params'] / 1e6:.2f} M ({r['params'] / r['dense_params']:.3f})",
+                     f"{b['perplexity']:.3f} ({b['ppl_delta_pct']:+.2f}%)", f"{r['perplexity']:.3f}",
+                     f"{r['ppl_delta_pct']:+.2f}%", *_quality_cells(r, n), _speed_cell(r),
+                     f"{r['prefill_speedup']:.2f}x"])
+    return _table(["removed", "left", "params (x dense)", "ppl before recovery", "after", "delta", "agreement",
+                   "KL mean / p99", "identical (prefix)", "engine = generate_ids", "decode tok/s vs dense",
+                   f"prefill {cuts[0][2]['prefill_tokens'] if cuts else ''}"],
+                  ["---", "---"] + ["---:"] * 10, rows)
+
+
+def heads_masked_table(report: dict[str, Any]) -> str:
+    removed = report["heads"]["removed"]
+    heads = removed["n_head"] + removed["heads_per_block"]  # the dense model's heads per block
+    return _table(["heads masked per block, by importance", "val ppl", "delta"], ["---", "---:", "---:"],
+                  [[f"{r['heads_per_block']} of {heads}", f"{r['perplexity']:.3f}", f"{r['ppl_delta_pct']:+.2f}%"]
+                   for r in report["heads"]["masked"]])
+
+
+def side_table(report: dict[str, Any]) -> str:
+    labels = (("base_side", "base"), ("planted_outliers", "base + planted outlier features (the same function)"),
+              ("draft", "draft"))
+    return _table([f"50% unstructured, first {report['side_val_tokens']:,} val tokens", "dense ppl", "magnitude",
+                   "Wanda"], ["---", "---:", "---:", "---:"],
+                  [[label, f"{report[k]['dense']:.2f}", f"{report[k]['magnitude']:.2f}", f"{report[k]['wanda']:.2f}"]
+                   for k, label in labels if k in report])
+
+
+def layer_cost_table(report: dict[str, Any]) -> str:
+    return _table(["zeros", "tokens", "dense F.linear (us)", "CSR (us)", "CSR speed vs dense"],
+                  ["---:", "---:", "---:", "---:", "---:"],
+                  [[f"{100 * r['sparsity']:.0f}%", str(r["tokens"]), f"{r['dense_us']:.0f}", f"{r['csr_us']:.0f}",
+                    f"{r['csr_speedup']:.2f}x"] for r in report["layer_costs"]])
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -349,68 +448,25 @@ def format_table(report: dict[str, Any]) -> str:
     lines = [f"dense: perplexity {d['perplexity']:.3f} on the first {report['val_tokens']:,} validation tokens; "
              f"block linears {d['block_bytes'] / 1e6:.2f} MB; Wanda calibration {report['calibration'][0]} x "
              f"{report['calibration'][1]} training tokens; torch threads {report['threads']}", "",
-             "| method | sparsity | val ppl | delta | block linears: dense / bitmask / CSR MB |",
-             "|---|---:|---:|---:|---|"]
-    for r in report["unstructured"]:
-        lines.append(f"| {r['method']} | {100 * r['block_sparsity']:.0f}% | {r['perplexity']:.3f} | "
-                     f"{r['ppl_delta_pct']:+.2f}% | {r['dense_bytes'] / 1e6:.2f} / {r['bitmask_bytes'] / 1e6:.2f} / "
-                     f"{r['csr_bytes'] / 1e6:.2f} |")
-    n = report["prompts"]
-    lines += ["", "| at 50% | val ppl | delta | argmax agreement | KL from dense, mean / p99 (nats) | identical "
-              "prompts (mean common prefix) | engine = generate_ids | decode tok/s vs dense |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    fifty = [(f"{r['method']} 50%", r) for r in report["unstructured"] if r["sparsity"] == 0.5]
-    fifty += [(f"2:4 {r['method']}", r) for r in report["two_four"]]
-    for name, r in fifty:
-        lines.append(f"| {name} | {r['perplexity']:.3f} | {r['ppl_delta_pct']:+.2f}% | {100 * r['agreement']:.1f}% "
-                     f"| {r['kl_mean']:.3g} / {r['kl_p99']:.3g} | {r['identical_prompts']}/{n} "
-                     f"({r['mean_common_prefix']:.1f}) | {r['engine_same_as_generate']}/{n} | {r['tok_s']:.0f} vs "
-                     f"{r['dense_tok_s']:.0f} ({r['speedup']:.2f}x) |")
+             unstructured_table(report), fifty_table(report)]
     for r in report["two_four"]:
         lines.append(f"2:4 {r['method']}: pattern verified {r['pattern_ok']}; 2:4 format "
                      f"{r['two_four_bytes_fp32'] / 1e6:.2f} MB vs {r['dense_bytes_fp32'] / 1e6:.2f} MB dense fp32 "
                      f"(in fp16: {r['fp16_ratio']:.2f}x smaller)")
-    for key, label in (("base_side", "base"), ("planted_outliers", "base + planted outlier features (the same "
-                                                                  "function)"), ("draft", "draft")):
-        if key in report:
-            r = report[key]
-            lines.append(f"50% on {label} ({report['side_val_tokens']:,} val tokens): dense {r['dense']:.2f}, "
-                         f"magnitude {r['magnitude']:.2f}, Wanda {r['wanda']:.2f}")
     t = report["torch_prune"]
-    lines.append(f"magnitude masks equal to torch.nn.utils.prune.l1_unstructured's: {t['same']}/{t['layers']} layers")
-    lines += ["", "| structured MLP | widths | params (x dense) | ppl before recovery | after | delta | agreement "
-              "| KL mean / p99 | identical (prefix) | decode tok/s vs dense | prefill 256 |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in report["structured"]:
-        lines.append(f"| {100 * r['fraction']:.0f}% of neurons | {r['mlp_hidden'][0]} x {len(r['mlp_hidden'])} | "
-                     f"{r['params'] / 1e6:.2f} M ({r['params'] / r['dense_params']:.3f}) | "
-                     f"{r['before_recovery']['perplexity']:.3f} ({r['before_recovery']['ppl_delta_pct']:+.2f}%) | "
-                     f"{r['perplexity']:.3f} | {r['ppl_delta_pct']:+.2f}% | {100 * r['agreement']:.1f}% | "
-                     f"{r['kl_mean']:.3g} / {r['kl_p99']:.3g} | {r['identical_prompts']}/{n} "
-                     f"({r['mean_common_prefix']:.1f}) | {r['tok_s']:.0f} vs {r['dense_tok_s']:.0f} "
-                     f"({r['speedup']:.2f}x) | {r['prefill_speedup']:.2f}x |")
+    lines += [f"magnitude masks equal to torch.nn.utils.prune.l1_unstructured's: {t['same']}/{t['layers']} layers",
+              "", side_table(report), structured_table(report)]
     if report["structured"]:
         r = report["structured"][0]
         lines.append(f"recovery: {r['recovery_steps']} AdamW steps of 4 x 256 training tokens, KL to dense, lr "
-                     f"{RECOVERY_LR:g}; engine = generate_ids {r['engine_same_as_generate']}/{n}")
+                     f"{RECOVERY_LR:g}")
     if "heads" in report:
-        cells = ", ".join(f"{r['heads_per_block']} of 8 heads per block: {r['perplexity']:.2f} "
-                          f"({r['ppl_delta_pct']:+.2f}%)" for r in report["heads"]["masked"])
-        lines.append(f"attention heads masked by importance: {cells}")
         r = report["heads"]["removed"]
-        lines.append(f"2 of 8 heads per block removed ({r['n_head']} left): ppl "
-                     f"{r['before_recovery']['perplexity']:.3f} "
-                     f"({r['before_recovery']['ppl_delta_pct']:+.2f}%) -> {r['perplexity']:.3f} "
-                     f"({r['ppl_delta_pct']:+.2f}%) after {r['recovery_steps']} recovery steps; params "
-                     f"{r['params'] / r['dense_params']:.3f} of dense; KV cache {r['kv_bytes_per_token']:,} B/token vs "
-                     f"{r['dense_kv_bytes_per_token']:,}; agreement {100 * r['agreement']:.1f}%, KL "
-                     f"{r['kl_mean']:.3g} nats/token, identical {r['identical_prompts']}/{n}; engine = generate_ids "
-                     f"{r['engine_same_as_generate']}/{n}; decode {r['speedup']:.2f}x, prefill "
-                     f"{r['prefill_speedup']:.2f}x dense")
-    lines.append("one 256 -> 1024 linear, us per call, dense F.linear vs CSR:")
-    for r in report["layer_costs"]:
-        lines.append(f"  {100 * r['sparsity']:.0f}% zeros, M={r['tokens']}: {r['dense_us']:.0f} vs {r['csr_us']:.0f} "
-                     f"({r['csr_speedup']:.2f}x)")
+        lines += [f"2 heads per block removed: KV cache {r['kv_bytes_per_token']:,} B/token vs "
+                  f"{r['dense_kv_bytes_per_token']:,}", "", heads_masked_table(report)]
+    else:
+        lines.append("")
+    lines += ["one 256 -> 1024 linear, us per call:", "", layer_cost_table(report)]
     gpu = report["semi_structured_gpu"]
     if "skipped" in gpu:
         lines.append(f"2:4 sparse kernels: skipped ({gpu['skipped']})")
@@ -419,6 +475,71 @@ def format_table(report: dict[str, Any]) -> str:
             lines.append(f"2:4 kernel {r['dtype']} {tuple(r['shape'])} at M={r['tokens']}: {r['dense_ms']:.4f} vs "
                          f"{r['sparse_ms']:.4f} ms ({r['speedup']:.2f}x), max |err| {r['max_abs_err']:.2e}")
     return "\n".join(lines)
+
+
+def _row_values(prefix: str, r: dict[str, Any], n: int) -> dict[str, str]:
+    """The single numbers of one measured row, each under `prefix_field`, for the fields the row has."""
+    out = {f"{prefix}_ppl": f"{r['perplexity']:.2f}", f"{prefix}_delta": f"{r['ppl_delta_pct']:+.2f}%"}
+    if "agreement" in r:
+        out.update({f"{prefix}_agreement": _pct(r["agreement"]), f"{prefix}_kl_mean": f"{r['kl_mean']:.3g}",
+                    f"{prefix}_kl_p99": f"{r['kl_p99']:.3g}", f"{prefix}_identical": f"{r['identical_prompts']}/{n}",
+                    f"{prefix}_prefix": f"{r['mean_common_prefix']:.1f}"})
+    if "speedup" in r:
+        out.update({f"{prefix}_speedup": f"{r['speedup']:.2f}x", f"{prefix}_prefill_speedup":
+                    f"{r['prefill_speedup']:.2f}x"})
+    if "before_recovery" in r:
+        out.update({f"{prefix}_before_delta": f"{r['before_recovery']['ppl_delta_pct']:+.2f}%",
+                    f"{prefix}_params_fewer": _pct(1 - r["params"] / r["dense_params"])})
+    return out
+
+
+def quotes(report: dict[str, Any]) -> dict[str, str]:
+    """What the chapter text quotes from a report (`minillm.course.results`): the tables above by name, and single
+    numbers named `method_percent_field` (e.g. "magnitude_50_delta", "two_four_wanda_kl_mean", "mlp_25_speedup",
+    "csr_90_m256"), formatted as the tables format them."""
+    n = report["prompts"]
+    q = {"unstructured": unstructured_table(report), "fifty": fifty_table(report), "side": side_table(report),
+         "structured": structured_table(report), "layer_costs": layer_cost_table(report),
+         "cpu": report["cpu"], "threads": str(report["threads"]), "dense_ppl": f"{report['dense']['perplexity']:.2f}",
+         "val_tokens": f"{report['val_tokens']:,}", "side_val_tokens": f"{report['side_val_tokens']:,}",
+         "calibration_windows": str(report["calibration"][0]), "calibration_tokens": str(report["calibration"][1]),
+         "prompts": str(n), "new_tokens": str(report["new_tokens"]), "positions": f"{n * report['new_tokens']:,}",
+         "decode_tokens": str(report["decode_tokens"]), "timed_runs": str(report["timed_runs"]),
+         "dense_mb": f"{report['dense']['block_bytes'] / 1e6:.2f} MB",
+         "torch_prune_same": f"{report['torch_prune']['same']}/{report['torch_prune']['layers']}"}
+    for r in report["unstructured"]:
+        prefix = f"{r['method']}_{100 * r['sparsity']:.0f}"
+        q.update(_row_values(prefix, r, n), **{f"{prefix}_bitmask_mb": f"{r['bitmask_bytes'] / 1e6:.2f} MB",
+                                              f"{prefix}_csr_mb": f"{r['csr_bytes'] / 1e6:.2f} MB"})
+    for r in report["two_four"]:
+        q.update(_row_values(f"two_four_{r['method']}", r, n))
+    r = report["two_four"][0]  # both masks keep the same count, so the format takes the same bytes
+    q.update(two_four_mb=f"{r['two_four_bytes_fp32'] / 1e6:.2f} MB",
+             two_four_dense_mb=f"{r['dense_bytes_fp32'] / 1e6:.2f} MB", two_four_fp16_ratio=f"{r['fp16_ratio']:.2f}x")
+    for key in ("base_side", "planted_outliers", "draft"):
+        for field in ("dense", "magnitude", "wanda") if key in report else ():
+            q[f"{key}_{field}"] = f"{report[key][field]:.2f}"
+    for r in report["structured"]:
+        q.update(_row_values(f"mlp_{100 * r['fraction']:.0f}", r, n))
+    if report["structured"]:
+        q["recovery_steps"] = str(report["structured"][0]["recovery_steps"])
+    if "heads" in report:
+        q["heads_masked"] = heads_masked_table(report)
+        for r in report["heads"]["masked"]:
+            q[f"heads_masked_{r['heads_per_block']}_delta"] = f"{r['ppl_delta_pct']:+.2f}%"
+        r = report["heads"]["removed"]
+        q.update(_row_values("heads_removed", r, n), heads_removed_kv_bytes=f"{r['kv_bytes_per_token']:,}",
+                 heads_dense_kv_bytes=f"{r['dense_kv_bytes_per_token']:,}")
+    for r in report["layer_costs"]:
+        q[f"csr_{100 * r['sparsity']:.0f}_m{r['tokens']}"] = f"{r['csr_speedup']:.2f}x"
+    timing = report["layer_cost_timing"]
+    q.update(layer_cost_repeats=str(timing["repeats"]), layer_cost_calls=str(timing["calls"]))
+    pruned = [r for _, r in fifty_rows(report)] + [r for _, _, r in structured_rows_of(report)]
+    q["engine_fewest"] = f"{min(r['engine_same_as_generate'] for r in pruned)}/{n}"
+    q["engine_models"] = str(len(pruned))
+    same_kernels = [r["speedup"] for _, r in fifty_rows(report)]  # zeros in dense matrices: the ratio is noise
+    q["dense_kernel_speedups"] = f"{min(same_kernels):.2f}x to {max(same_kernels):.2f}x"
+    return q
 
 
 def build_parser() -> argparse.ArgumentParser:
