@@ -5,13 +5,16 @@ directions, agreement with `torch.nn.functional.kl_div`, the closed-form gradien
 reason for T²: the soft term's gradient norm stays level across temperatures with it and shrinks like 1/T² without.
 Not graded: bad input, hidden-state matching through a learned projection, the model's per-block hidden states, the
 trainer's two openings (`init_from`, `loss_fn`), the fairness of the hard-label control (same batches), the
-benchmark's measures on tiny models, and the shipped students.
+benchmark's measures on tiny models, the tables and numbers the text quotes from its committed results, and the
+shipped students.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,6 +30,8 @@ from minillm.distill import (
     feature_loss,
     kd_loss,
 )
+from minillm.course.results import load_report
+from minillm.distill import bench as distill_bench
 from minillm.distill.bench import acceptance, greedy_agreement, teacher_continuations
 from minillm.distill.train import DistillObjective, distill
 from minillm.gpt.dataset import BatchSampler
@@ -401,6 +406,23 @@ def test_a_model_agrees_with_itself_and_is_its_own_perfect_draft():
     assert same["alpha"] == 1.0 and same["identical"] and same["proposed"] > 0
     diff = acceptance(teacher, other, prompts, 6, gamma=2)
     assert diff["identical"] and diff["alpha"] < 1.0  # greedy speculative output is the target's, whatever the draft
+
+
+def test_quotes_of_the_committed_results_hold_every_name_the_text_quotes():
+    """The chapter's tables and numbers come from `quotes` of the committed results file (tests/test_texts.py checks
+    that they match); here: every name the text asks for is there, the tables are tables, the command is shown."""
+    root = Path(__file__).resolve().parent.parent
+    results = "chapters/results/11-distillation.json"
+    report = load_report(results, root)
+    assert report["bench"] == "minillm.distill.bench" and report["size"] == "full"
+    q = distill_bench.quotes(report)
+    text = (root / "chapters" / "11-distillation.md").read_text(encoding="utf-8")
+    used = set(re.findall(re.escape(results) + r"::([^ >\n]+) -->", text))
+    assert {"quality", "acceptance", "speedup"} <= used and used <= set(q), used - set(q)
+    for table in ("quality", "acceptance", "speedup"):
+        lines = q[table].splitlines()
+        assert q[table].endswith("\n") and lines[1].startswith("|---|") and len(lines) >= 2 + len(distill_bench.DRAFTS)
+    assert report["command"] in text and report["identical"]
 
 
 # ------------------------------------------------------------------------------------------ the shipped students

@@ -13,8 +13,11 @@ and `draft-distilled` the two students of `python -m minillm.distill.train`, sam
   - `acceptance`: α = accepted / proposed of `generate_speculative` (greedy) with each draft over the same
     prompts, for a few γ (only at γ = 1 is accepted / proposed the per-token α of the cost model);
   - `speedups`: the end-to-end speed-up of speculative decoding with each draft against the target alone
-    (`minillm.core.timing.compare`, alternating, median of repeats, one torch thread), identical tokens checked.
-The command: `python -m minillm.distill.bench [--quick | --size S] [--device D] [--json FILE]`.
+    (`minillm.core.timing.compare`, alternating, median of repeats, one torch thread), identical tokens checked;
+  - `step_cost`: c of chapter 08's cost model, the draft's time per greedy token over the target's, each decoding
+    alone, timed side by side; with α at γ = 1 it gives the speed-up that cost model predicts.
+The command: `python -m minillm.distill.bench [--quick | --size S] [--device D] [--json FILE]`; `quotes(report)`
+turns a report into the tables and numbers the chapter text includes (`minillm.course.results`).
 What it leaves out: sampling at temperature > 0 (α then depends on the whole distributions, not the argmax), and
 other prompts than validation text.
 """
@@ -22,7 +25,9 @@ other prompts than validation text.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+import time
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
@@ -152,6 +157,36 @@ def speedups(target: GPT, drafts: dict[str, GPT], prompts: Sequence[list[int]], 
     return out
 
 
+def step_cost(target: GPT, draft: GPT, prompts: Sequence[list[int]], new_tokens: int, repeats: int = 3
+              ) -> dict[str, float]:
+    """c of chapter 08's cost model, measured end to end: the draft's seconds per greedy token over the target's,
+    each decoding every prompt alone with chapter 04's cached loop (`generate_ids`, the prompt's prefill included),
+    timed side by side (`compare`). The drafts share one shape, so one draft stands for all three."""
+    check_int("new_tokens", new_tokens)
+    check_prompts(target, prompts, "step_cost (target)", new_tokens, "the target")
+    check_prompts(draft, prompts, "step_cost (draft)", new_tokens, "the draft")
+    check_int("repeats", repeats)
+    params = SamplingParams.greedy(new_tokens, ignore_eos=True)
+
+    def decode(model: GPT):
+        def run() -> None:
+            for p in prompts:
+                generate_ids(model, p, params)
+        return run
+
+    cmp = compare(decode(target), decode(draft), warmup=1, repeats=repeats, device=target.device)
+    n = new_tokens * len(prompts)
+    return {"c": cmp.candidate.median / cmp.baseline.median, "target_tok_s": n / cmp.baseline.median,
+            "draft_tok_s": n / cmp.candidate.median}
+
+
+def cost_model_speedup(alpha: float, gamma: int, c: float) -> float:
+    """Chapter 08's cost model with a verify costing one target step: S = (1 − α^(γ+1)) / ((1 − α)(γc + 1)),
+    tokens per round over the round's cost in target steps (α the per-token acceptance rate, c a draft step's cost)."""
+    tokens = (1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1.0
+    return tokens / (gamma * c + 1)
+
+
 @dataclass(frozen=True)
 class Sizes:
     ppl_tokens: int | None  # validation tokens for perplexity (None: the whole split)
@@ -173,6 +208,7 @@ SIZES = {
 def run_all(device: torch.device, size: str = "full", seed: int = 0) -> dict[str, Any]:
     """Every measurement above on the shipped models, at one of the `SIZES`."""
     sz = pick_size(SIZES, size)
+    began = time.perf_counter()
     names = (TARGET, *DRAFTS)
     loaded = {n: load_model(n, device, seed) for n in names}
     models = {n: m.model for n, m in loaded.items()}
@@ -193,7 +229,10 @@ def run_all(device: torch.device, size: str = "full", seed: int = 0) -> dict[str
                                 for g in sz.gammas] for n in DRAFTS}
     report["speedup"] = speedups(models[TARGET], {n: models[n] for n in DRAFTS}, prompts[:sz.timed_prompts],
                                  sz.new_tokens, sz.gammas, sz.repeats)
+    report["step_cost"] = step_cost(models[TARGET], models["draft"], prompts[:sz.timed_prompts], sz.new_tokens,
+                                    sz.repeats)
     report["identical"] = all(r["identical"] for rows in report["acceptance"].values() for r in rows)
+    report["wall_seconds"] = time.perf_counter() - began
     return report
 
 
@@ -243,6 +282,37 @@ def perplexity_ratio(report: dict[str, Any]) -> float:
     return ppl["draft-distilled"] / ppl["draft-hardlabel"]
 
 
+SHORT = {"draft": "draft", "draft-hardlabel": "hardlabel", "draft-distilled": "distilled"}  # in `quotes`' names
+ROLE = {TARGET: "teacher, target", "draft-hardlabel": "hard labels", "draft-distilled": "KD from `base`"}
+# The better end of each column of `model_cells`, for the bold mark in `quotes`' tables (the drafts only).
+BETTER = {"ppl": min, "agreement": max, "kl_mean": min, "kl_p99": min, "prefix": max, "alpha": max, "calls": max,
+          "speedup": max}
+
+
+def model_cells(r: dict[str, Any], name: str) -> dict[str, str]:
+    """Model `name`'s numbers in a `run_all` report, formatted, by column ("ppl", "agreement", "kl_mean", "kl_p99",
+    "identical", "prefix", and "alpha_g{γ}", "calls_g{γ}" (tokens per target call), "speedup_g{γ}" for each γ): the
+    one formatting behind `format_report`'s rows and `quotes`' tables. The target's row is the target against itself
+    (agreement 1, KL 0, every continuation identical, one token per call), with no α or speed-up."""
+    sz = r["sizes"]
+    cells = {"ppl": f"{r['perplexity'][name]:.2f}"}
+    if name == TARGET:
+        n = sz["num_prompts"]
+        cells.update(agreement="1", kl_mean="0", kl_p99="0", identical=f"{n}/{n}", prefix=str(sz["new_tokens"]))
+        for g in sz["gammas"]:
+            cells.update({f"alpha_g{g}": "-", f"calls_g{g}": "1", f"speedup_g{g}": "-"})
+        return cells
+    kl, same = r["kl"][name], r["consistency"][name]
+    cells.update(agreement=f"{r['agreement'][name]:.3f}", kl_mean=f"{kl['kl_mean']:.3f}", kl_p99=f"{kl['kl_p99']:.2f}",
+                 identical=f"{same['identical']}/{same['prompts']}", prefix=f"{same['mean_common_prefix']:.1f}")
+    for row in r["acceptance"][name]:
+        cells[f"alpha_g{row['gamma']}"] = f"{row['alpha']:.3f}"
+        cells[f"calls_g{row['gamma']}"] = f"{row['tokens_per_target_call']:.2f}"
+    for row in r["speedup"][name]:
+        cells[f"speedup_g{row['gamma']}"] = f"{row['speedup']:.2f}x"
+    return cells
+
+
 def format_report(r: dict[str, Any]) -> str:
     sz = r["sizes"]
     gammas = list(sz["gammas"])
@@ -252,23 +322,126 @@ def format_report(r: dict[str, Any]) -> str:
              f"median of {sz['repeats']}",
              "model | val perplexity | agreement with base's greedy token | KL from base, mean / p99 (nats) | "
              "identical continuations (mean common prefix) | "
-             + " | ".join(f"alpha g={g}" for g in gammas) + " | " + " | ".join(f"speed-up g={g}" for g in gammas)]
-    lines.append(f"{r['labels'][TARGET]} | {r['perplexity'][TARGET]:.2f} | 1 | 0 | {sz['num_prompts']}/"
-                 f"{sz['num_prompts']} ({sz['new_tokens']}) | " + " | ".join("-" for _ in gammas * 2))
-    for n in DRAFTS:
-        kl, same = r["kl"][n], r["consistency"][n]
-        lines.append(f"{r['labels'][n]} | {r['perplexity'][n]:.2f} | {r['agreement'][n]:.3f} | "
-                     f"{kl['kl_mean']:.3f} / {kl['kl_p99']:.2f} | {same['identical']}/{same['prompts']} "
-                     f"({same['mean_common_prefix']:.1f}) | "
-                     + " | ".join(f"{row['alpha']:.3f}" for row in r["acceptance"][n]) + " | "
-                     + " | ".join(f"{row['speedup']:.2f}x" for row in r["speedup"][n]))
+             + " | ".join(f"alpha g={g}" for g in gammas) + " | "
+             + " | ".join(f"tokens/call g={g}" for g in gammas) + " | "
+             + " | ".join(f"speed-up g={g}" for g in gammas)]
+    for n in (TARGET, *DRAFTS):
+        c = model_cells(r, n)
+        lines.append(" | ".join([r["labels"][n], c["ppl"], c["agreement"], f"{c['kl_mean']} / {c['kl_p99']}",
+                                 f"{c['identical']} ({c['prefix']})", *(c[f"alpha_g{g}"] for g in gammas),
+                                 *(c[f"calls_g{g}"] for g in gammas), *(c[f"speedup_g{g}"] for g in gammas)]))
     alone = [row["alone_tok_s"] for rows in r["speedup"].values() for row in rows]
     lines.append(f"base alone: {min(alone):.0f}-{max(alone):.0f} tok/s over the timed runs")
+    cost = r["step_cost"]
+    lines.append(f"decoding alone: base {cost['target_tok_s']:.0f} tok/s, draft {cost['draft_tok_s']:.0f} tok/s: "
+                 f"c = {cost['c']:.3f} (the cost model's draft step over a target step)")
     lines.append("alpha gain of draft-distilled over draft, points: "
                  + ", ".join(f"gamma={g}: {alpha_gain(r, g):+.1f}" for g in gammas))
     lines.append(f"perplexity ratio draft-distilled / draft-hardlabel: {perplexity_ratio(r):.3f}; "
-                 f"identical tokens with every draft: {r['identical']}")
+                 f"identical tokens with every draft: {r['identical']}; {r['wall_seconds']:.0f} s in all")
     return "\n".join(lines)
+
+
+def markdown_table(r: dict[str, Any], names: Sequence[str], header: Sequence[str], columns: Sequence[str]) -> str:
+    """A Markdown table of `model_cells` columns, one row per model in `names` (named with its role), numbers
+    right-aligned, the best draft of each column in bold (`BETTER`; not when only one draft is shown)."""
+    cells = {n: model_cells(r, n) for n in names}
+    drafts = [n for n in names if n != TARGET]
+    for col in columns:
+        better = BETTER.get(col.split("_g")[0])
+        if better is None or len(drafts) < 2:
+            continue
+        values = {n: float(cells[n][col].rstrip("x")) for n in drafts}  # as shown: a tie in print is a tie
+        if len(set(values.values())) > 1:
+            best = better(values.values())
+            for n in drafts:
+                if values[n] == best:
+                    cells[n][col] = f"**{cells[n][col]}**"
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * len(columns)]
+    for n in names:
+        label = f"`{r['labels'][n]}`" + (f" ({ROLE[n]})" if n in ROLE else "")
+        lines.append("| " + " | ".join([label, *(cells[n][col] for col in columns)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def quotes(report: dict[str, Any]) -> dict[str, str]:
+    """The tables and numbers chapter 11's text quotes from a `run_all` report (`--json`), by name:
+
+    tables "quality" (perplexity, agreement, KL, output consistency), "acceptance" (α and tokens per target call per
+    γ), "speedup", and "console" (`format_report`'s printout, as a code block); per draft (`SHORT` names it: draft,
+    hardlabel, distilled) "ppl_{s}", "agreement_{s}", "kl_{s}", "kl_p99_{s}", "identical_{s}", "prefix_{s}",
+    "alpha_{s}_g{γ}", "calls_{s}_g{γ}", "speedup_{s}_g{γ}", "speedup_range_{s}"; the differences in points of α
+    ("alpha_gain_g{γ}": distilled − draft, "hardlabel_gain_g{γ}": hard-label − draft, "teacher_share_g{γ}":
+    distilled − hard-label) and of agreement; ratios in percent; the cost model's c and what it predicts from α at
+    γ = 1 ("model_best_{s}" at γ "model_gamma_{s}", and "model_point_{s}", what one more point of α adds to it);
+    the sizes and the machine."""
+    r = report
+    sz = r["sizes"]
+    gammas = list(sz["gammas"])
+    ppl, agree, kl = report_section(r, "perplexity"), report_section(r, "agreement"), report_section(r, "kl")
+    gap = ppl["draft-hardlabel"] - ppl[TARGET]
+    q: dict[str, str] = {
+        "quality": markdown_table(r, (TARGET, *DRAFTS), [
+            "model", "val perplexity", "agreement with `base`'s greedy token", "KL from `base`, mean (nats/token)",
+            "KL, 99th percentile", f"identical {sz['new_tokens']}-token continuations", "mean common prefix"],
+            ["ppl", "agreement", "kl_mean", "kl_p99", "identical", "prefix"]),
+        "acceptance": markdown_table(r, DRAFTS, [
+            "draft", *(f"{'α, ' if i == 0 else ''}γ = {g}" for i, g in enumerate(gammas)),
+            *(f"{'tokens / target call, ' if i == 0 else ''}γ = {g}" for i, g in enumerate(gammas))],
+            [*(f"alpha_g{g}" for g in gammas), *(f"calls_g{g}" for g in gammas)]),
+        "speedup": markdown_table(r, DRAFTS, [
+            "draft", *(f"{'speed-up vs `base`, ' if i == 0 else ''}γ = {g}" for i, g in enumerate(gammas))],
+            [f"speedup_g{g}" for g in gammas]),
+        "console": "```\n" + format_report(r) + "\n```\n",  # what the command printed
+        "cpu": r["cpu"], "threads": str(r["threads"]), "wall_seconds": f"{r['wall_seconds']:.0f}",
+        "ppl_tokens": f"{r['ppl_tokens']:,}", "num_prompts": str(sz["num_prompts"]),
+        "prompt_len": str(sz["prompt_len"]), "new_tokens": str(sz["new_tokens"]),
+        "scored_tokens": f"{sz['num_prompts'] * sz['new_tokens']:,}", "timed_prompts": str(sz["timed_prompts"]),
+        "repeats": str(sz["repeats"]), "identical": "yes" if r["identical"] else "no",
+        "ppl_base": f"{ppl[TARGET]:.2f}", "ppl_ratio": f"{perplexity_ratio(r):.3f}",
+        "ppl_drop_pct": f"{100 * (1 - perplexity_ratio(r)):.1f}%",
+        # the share of the hard-label student's perplexity gap to the teacher that distillation closed
+        "gap_closed_pct": f"{100 * (ppl['draft-hardlabel'] - ppl['draft-distilled']) / gap:.0f}%",
+        "kl_drop_pct": f"{100 * (1 - kl['draft-distilled']['kl_mean'] / kl['draft-hardlabel']['kl_mean']):.0f}%",
+        "agreement_gain_hardlabel": f"{100 * (agree['draft-hardlabel'] - agree['draft']):+.1f}",
+        "agreement_share": f"{100 * (agree['draft-distilled'] - agree['draft-hardlabel']):+.1f}",
+    }
+    for n in DRAFTS:
+        s, cells = SHORT[n], model_cells(r, n)
+        q.update({f"{k}_{s}": cells[col] for k, col in (("ppl", "ppl"), ("agreement", "agreement"),
+                                                           ("kl", "kl_mean"), ("kl_p99", "kl_p99"),
+                                                           ("identical", "identical"), ("prefix", "prefix"))})
+        for g in gammas:
+            q.update({f"{k}_{s}_g{g}": cells[f"{k}_g{g}"] for k in ("alpha", "calls", "speedup")})
+        ups = [row["speedup"] for row in r["speedup"][n]]
+        q[f"speedup_range_{s}"] = f"{min(ups):.2f}x–{max(ups):.2f}x"
+    for g in gammas:
+        q[f"alpha_gain_g{g}"] = f"{alpha_gain(r, g):+.1f}"
+        hard, dist, plain = (alpha_at(r, n, g) for n in ("draft-hardlabel", "draft-distilled", "draft"))
+        q[f"hardlabel_gain_g{g}"] = f"{100 * (hard - plain):+.1f}"
+        q[f"teacher_share_g{g}"] = f"{100 * (dist - hard):+.1f}"
+    # one standard error of an α cell, were its proposals independent (they are not quite: a round stops at its
+    # first rejection), in points: the largest over the drafts and γ
+    rows = [row for rows in r["acceptance"].values() for row in rows]
+    q["alpha_se"] = f"{max(100 * math.sqrt(x['alpha'] * (1 - x['alpha']) / x['proposed']) for x in rows):.1f}"
+    best = max(((row["speedup"], n, row["gamma"]) for n in DRAFTS for row in r["speedup"][n]))
+    q.update(best_speedup=f"{best[0]:.2f}x", best_speedup_draft=best[1], best_speedup_gamma=str(best[2]))
+    alone = [row["alone_tok_s"] for rows in r["speedup"].values() for row in rows]
+    q["base_tok_s"] = f"{min(alone):.0f}–{max(alone):.0f}"
+    # chapter 08's cost model with the measured c, a verify costing one step, and α at γ = 1 (the per-token rate)
+    c = r["step_cost"]["c"]
+    q["c"] = f"{c:.2f}"
+    if 1 in gammas:
+        for n in DRAFTS:
+            a = alpha_at(r, n, 1)
+            model = {g: cost_model_speedup(a, g, c) for g in gammas}
+            g_best = max(model, key=model.get)
+            q[f"model_best_{SHORT[n]}"] = f"{model[g_best]:.2f}x"
+            q[f"model_gamma_{SHORT[n]}"] = str(g_best)
+            # what one more point of α would add to the best predicted speed-up, in percent
+            more = cost_model_speedup(min(a + 0.01, 1.0), g_best, c)
+            q[f"model_point_{SHORT[n]}"] = f"{100 * (more / model[g_best] - 1):.1f}%"
+    return q
 
 
 def build_parser() -> argparse.ArgumentParser:
