@@ -16,7 +16,9 @@ Five layers of checks, each skipped only where its tool is missing:
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -42,6 +44,10 @@ COLS = (1, 31, 130, 1000)
 # computes in fp32 and rounds once, like its naive twin, so the two differ by about one rounding of the dtype.
 TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
 SPILL_LIMIT_BYTES = 0  # every kernel here is small: any spill means a register-hungry mistake
+ROOT = Path(__file__).resolve().parent.parent
+H200_REPORT = "chapters/gpu-reports/2026-12-01-nvidia-h200-kernels.md"
+H200_RESULTS = "chapters/results/12-h200-kernels.json"
+PTXAS_RESULTS = "chapters/results/12-ptxas.json"
 
 
 def assert_close(got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype | None = None, roundings: int = 1) -> None:
@@ -448,6 +454,58 @@ ptxas info    : Used 21 registers, used 0 barriers, 384 bytes cmem[0]
         build.compile_sources_with_nvcc("90", "unused")
 
 
+def test_a_printed_table_reads_back_as_the_rows_it_printed():
+    result = {"device": "X", "torch": "t", "copy_GBps": 100.0, "matmul_bf16_TFLOPs": 1.0, "matmul_fp32_TFLOPs": 0.5,
+              "seconds": None,
+              "rows": [{"kernel": "int8_gemv", "version": "F.linear bf16 weight", "shape": "M=4 N=8 K=16",
+                        "dtype": "bfloat16", "ms": 0.5, "GB/s": 10.0, "fraction_of_copy_bw": 0.1,
+                        "speedup_vs_naive": 2.0, "TFLOP/s": 0.2, "fraction_of_fp32_matmul": 0.4, "correct": True},
+                       {"kernel": "softmax", "version": "v2", "shape": "(2, 3)", "dtype": "bfloat16", "ms": None,
+                        "GB/s": None, "fraction_of_copy_bw": None, "speedup_vs_naive": None, "correct": False}]}
+    table = bench.format_table(result)
+    assert "None" not in table.splitlines()[0]
+    assert bench.parse_table(table) == result["rows"]
+    with pytest.raises(ValueError, match="no table"):
+        bench.parse_table("nothing printed")
+    with pytest.raises(ValueError, match="does not fit"):
+        bench.parse_table(table.replace("0.5000", "fast"))
+
+
+def test_the_h200_results_are_the_committed_report_read_back(tmp_path, monkeypatch, capsys):
+    """The results file the chapter's H200 table is drawn from holds the benchmark's table as the committed GPU
+    report printed it, nothing else: running its command again writes the same file."""
+    committed = json.loads((ROOT / H200_RESULTS).read_text(encoding="utf-8"))
+    assert committed["command"] == (f"python -m minillm.kernels.bench --from-report {H200_REPORT} "
+                                    f"--json {H200_RESULTS}")
+    monkeypatch.chdir(ROOT)  # the command names the report relative to the repository
+    out = tmp_path / "h200.json"
+    assert bench.main(["--from-report", H200_REPORT, "--json", str(out)]) == 0
+    again = json.loads(out.read_text(encoding="utf-8"))
+    assert again["command"].endswith(f"--json {out}")
+    assert {**again, "command": committed["command"]} == committed
+    assert "softmax" in capsys.readouterr().out
+    assert (committed["device"], committed["copy_GBps"], len(committed["rows"])) == ("NVIDIA H200", 4065.0, 27)
+
+
+def test_quotes_render_every_name_the_chapter_uses():
+    """Every table and value chapter 12 quotes from its results files is among `bench.quotes` of that file, and
+    the ladder recomputes the text's percentages from the rows' fractions."""
+    text = (ROOT / "chapters" / "12-cuda-kernels.md").read_text(encoding="utf-8")
+    used = re.findall(r"<!-- (?:include|value): (chapters/results/12-[\w-]+\.json)::([^>\n]+?) -->", text)
+    assert {path for path, _ in used} == {H200_RESULTS, PTXAS_RESULTS}
+    quotes = {path: bench.quotes(json.loads((ROOT / path).read_text(encoding="utf-8")))
+              for path in (H200_RESULTS, PTXAS_RESULTS)}
+    for path, name in used:
+        assert name in quotes[path], (path, name)
+    h200 = quotes[H200_RESULTS]
+    assert "| softmax (4096, 4096) | 5.8% | 1.0% | 15.4% | 15.7% | 20.4% | 24.3% (`F.softmax`) |" in h200["ladder"]
+    assert "| attention (4, 16, 1024, 64) | 1.36 ms | 14.5 ms | 5.82 ms |  |  | 0.0625 ms (`sdpa`) |" in h200["ladder"]
+    assert (h200["attention_torch_vs_v2"], h200["int8_gemv_v2_vs_v1"], h200["torch_of_copy_range"]) == \
+        ("93x", "6.9x", "24-33%")
+    ptxas = quotes[PTXAS_RESULTS]
+    assert ptxas["registers"].count("\n") == 2 + len(build.KERNELS) and ptxas["spill_bytes"] == "0"
+
+
 # ------------------------------------------------------------------------------------------------------------ nvcc
 @pytest.mark.slow
 def test_every_kernel_compiles_without_spills(tmp_path):
@@ -465,6 +523,13 @@ def test_every_kernel_compiles_without_spills(tmp_path):
             for r in found:
                 assert 0 < r.registers <= 255, f"{r.kernel}: {r.registers} registers"
                 assert r.spill_stores <= SPILL_LIMIT_BYTES and r.spill_loads <= SPILL_LIMIT_BYTES, r
+    # The register table the chapter quotes is what this compiler reports for these files (another release may
+    # allocate registers differently: then `python -m minillm.kernels.bench --ptxas` writes it anew).
+    committed = json.loads((ROOT / PTXAS_RESULTS).read_text(encoding="utf-8"))
+    if committed["nvcc"] == bench.nvcc_release():
+        def key(k: dict) -> tuple:
+            return k["source"], k["arch"], k["kernel"]
+        assert sorted(bench.ptxas_rows(ptxas_report), key=key) == sorted(committed["kernels"], key=key)
 
 
 @pytest.mark.slow

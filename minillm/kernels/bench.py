@@ -13,7 +13,17 @@ fraction_of_fp32_matmul}.
 
     python -m minillm.kernels.bench [--json FILE.json] [--quick]
 
-Runs on CUDA only (the one-time build of the extension took 26 s on an H200).
+Runs on CUDA only (the one-time build of the extension took 26 s on an H200). Its JSON report holds these numbers
+and the run's provenance ("bench", "command", "date"), but no "cpu": the machine that matters is the GPU, under
+"device". Two more modes need no GPU and feed chapter 12's text (`quotes`):
+
+    python -m minillm.kernels.bench --from-report REPORT.md --json FILE.json
+    python -m minillm.kernels.bench --ptxas --json FILE.json
+
+`--from-report` reads the table this benchmark printed back out of a committed GPU report (chapters/gpu-reports/)
+into the same JSON report, numbers as printed, so a run on another machine is quoted from what it printed;
+`--ptxas` compiles every kernel file with nvcc for sm_80 and sm_90 and reports each kernel's registers and spills
+as ptxas counts them (the machine that compiled is the report's "cpu").
 What it leaves out: sweeps over shapes; flushing the L2 cache between calls (the shapes are too large for it).
 """
 
@@ -23,20 +33,27 @@ import argparse
 import functools
 import json
 import math
+import re
+import shlex
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from minillm.bench.cli import bench_parser, start
+from minillm.bench.cli import bench_parser, start, write_report
 from minillm.core.config import check_float, tensor_kind
 from minillm.core.io import atomic_write_text
-from minillm.kernels import naive, ops
+from minillm.kernels import build, naive, ops
 from minillm.kernels.build import load_kernels
+
+BENCH = "minillm.kernels.bench"
 
 
 @dataclass
@@ -290,9 +307,12 @@ def run(quick: bool = False, verbose: bool = True) -> dict:
 
 
 def format_table(result: dict) -> str:
+    """The report as the benchmark prints it: the device and its roofs, then one line per row (`parse_table` reads
+    such a table back; a report read from a GPU report may lack the fp32 roof and the run's seconds)."""
     fp32 = f"fp32 matmul {result['matmul_fp32_TFLOPs']} TFLOP/s  " if "matmul_fp32_TFLOPs" in result else ""
+    seconds = f"({result['seconds']} s)" if result.get("seconds") is not None else ""
     lines = [f"{result['device']}  torch {result['torch']}  copy {result['copy_GBps']} GB/s  "
-             f"bf16 matmul {result['matmul_bf16_TFLOPs']} TFLOP/s  {fp32}({result['seconds']} s)",
+             f"bf16 matmul {result['matmul_bf16_TFLOPs']} TFLOP/s  {fp32}{seconds}".rstrip(),
              f"{'kernel':<24}{'version':<22}{'ms':>10}{'GB/s':>10}{'of copy':>9}{'TFLOP/s':>9}{'of fp32':>9}"
              f"{'x naive':>9}  shape"]
     def num(value, fmt: str) -> str:
@@ -307,23 +327,293 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+# The printed table's columns (format_table's header, split at two spaces or more) and the report field each holds.
+PRINTED_COLUMNS = {"ms": "ms", "GB/s": "GB/s", "of copy": "fraction_of_copy_bw", "TFLOP/s": "TFLOP/s",
+                   "of fp32": "fraction_of_fp32_matmul", "x naive": "speedup_vs_naive"}
+WRONG = "  WRONG (disagrees with naive): not timed"
+
+
+def parse_table(text: str) -> list[dict]:
+    """The rows of a table `format_table` printed (its header line starts with "kernel"), as `run` reports them;
+    a number printed as "-" was not measured (no TFLOP/s for a memory-bound op) and is left out of the row. The
+    columns are read from the header, so a table of an older version of the benchmark, without "of fp32", reads
+    too. Numbers keep the digits they were printed with. A ValueError when there is no such table or a line does not
+    fit its header."""
+    lines = text.splitlines()
+    start_at = next((i for i, line in enumerate(lines) if line.split()[:2] == ["kernel", "version"]), None)
+    if start_at is None:
+        raise ValueError("no table printed by minillm.kernels.bench (a header line 'kernel  version  ms ...')")
+    header = re.split(r"\s{2,}", lines[start_at].strip())
+    numeric = header[2:-1]
+    if header[-1] != "shape" or not numeric or any(c not in PRINTED_COLUMNS for c in numeric):
+        raise ValueError(f"unexpected columns in the benchmark's table: {header}")
+    # kernel, version (it may hold spaces: "F.gelu(x + b)"), one number or "-" per column, the shape (spaces too)
+    row_re = re.compile(r"(\w+)\s+(.+?)" + r"\s+(-|\d+(?:\.\d+)?)" * len(numeric) + r"\s+(.+)")
+    rows = []
+    for line in lines[start_at + 1:]:
+        if not line.strip() or line.startswith("```"):
+            break
+        m = row_re.fullmatch(line.rstrip())
+        if m is None:
+            raise ValueError(f"a line of the benchmark's table does not fit its header {header}: {line!r}")
+        shape, correct = m.group(len(numeric) + 3), True
+        if shape.endswith(WRONG):
+            shape, correct = shape[: -len(WRONG)], False
+        row = {"kernel": m.group(1), "version": m.group(2), "shape": shape,
+               "dtype": "bfloat16",  # every case of `cases` is bf16
+               "ms": None, "GB/s": None, "fraction_of_copy_bw": None, "speedup_vs_naive": None, "correct": correct}
+        for column, value in zip(numeric, m.groups()[2:-1]):
+            if value != "-":
+                row[PRINTED_COLUMNS[column]] = float(value)
+        rows.append(row)
+    if not rows:
+        raise ValueError("the benchmark's table has a header and no rows")
+    return rows
+
+
+def from_report(text: str, source: str) -> dict[str, Any]:
+    """A report in `run`'s format read from a committed GPU report (Markdown) that holds the benchmark's printed
+    table: the rows (`parse_table`), the device and torch from the report's field table, the date, the command that
+    measured ("measured_with") and the roofs the report states beside the table (copy GB/s, bf16 matmul TFLOP/s).
+    Only what the report prints: no "seconds", and no fp32 roof unless the table has it. A ValueError naming what is
+    missing."""
+    fields = dict(re.findall(r"^\| (\w+) \| (.+?) \|$", text, re.MULTILINE))
+
+    def find(pattern: str, what: str) -> re.Match:
+        m = re.search(pattern, text)
+        if m is None:
+            raise ValueError(f"{source}: cannot find {what}")
+        return m
+
+    for name in ("date", "gpu", "torch"):
+        if name not in fields:
+            raise ValueError(f"{source}: no '| {name} | ... |' line in the report's field table")
+    date = re.match(r"\d{4}-\d\d-\d\d", fields["date"])
+    if date is None:
+        raise ValueError(f"{source}: the report's date {fields['date']!r} does not start YYYY-MM-DD")
+    measured_with = find(r"`(python -m minillm\.kernels\.bench[^`]*)`", "the benchmark's command").group(1)
+    report = {"bench": BENCH, "source": source, "measured_with": measured_with, "date": date.group(0),
+              "device": fields["gpu"].split(" (")[0].split(",")[0],  # "NVIDIA H200 (sm_90), driver ..."
+              "torch": fields["torch"].split(",")[0]}  # "2.11.0+cu130, nvcc 13.0"
+    if m := re.search(r"nvcc ([\d.]+)", fields["torch"]):
+        report["cuda"] = m.group(1)
+    report["copy_GBps"] = float(find(r"copy \(([\d.]+) GB/s\)", "the copy bandwidth, '(N GB/s)'").group(1))
+    report["matmul_bf16_TFLOPs"] = float(find(r"bf16 \d+³ matmul \(([\d.]+) TFLOP/s\)",
+                                              "the bf16 matmul rate, '(N TFLOP/s)'").group(1))
+    report["seconds"] = None
+    report["quick"] = "--quick" in shlex.split(measured_with)
+    report["rows"] = parse_table(text)
+    return report
+
+
+# The chapter's names for the kernels, and the ones its ladder table gives in milliseconds rather than as a fraction
+# of copy bandwidth: attention's work is arithmetic, not bytes, and paged decode has no PyTorch op to set beside it.
+KERNEL_LABELS = {"softmax": "softmax", "layernorm": "layernorm", "bias_gelu": "bias + GELU", "attention": "attention",
+                 "paged_attention_decode": "paged decode", "int8_gemv": "int8 GEMV", "kv_cache_write": "KV write"}
+IN_MS = ("attention", "paged_attention_decode")
+
+
+def contender_key(version: str) -> str:
+    """A row's short name in `quotes`: "naive", "v1".., or "torch" for PyTorch's own op."""
+    return version if version == "naive" or re.fullmatch(r"v\d+", version) else "torch"
+
+
+def percent(fraction: float) -> str:
+    return f"{100 * fraction:.1f}%"
+
+
+def times(ratio: float) -> str:
+    """A ratio with two significant digits ("0.23x", "9.1x"), whole above 10 ("93x")."""
+    return f"{ratio:.0f}x" if ratio >= 10 else f"{ratio:.2g}x"
+
+
+def ladder_cell(row: dict) -> str:
+    if not row["correct"]:
+        return "wrong"
+    return f"{row['ms']:.3g} ms" if row["kernel"] in IN_MS else percent(row["fraction_of_copy_bw"])
+
+
+def ladder_table(report: dict) -> str:
+    """One line per kernel: the naive op, each version and PyTorch's own op, as a percentage of the run's copy
+    bandwidth (milliseconds for `IN_MS`); an empty cell where the run had no such version."""
+    by_kernel: dict[str, dict[str, dict]] = {}
+    for r in report["rows"]:
+        by_kernel.setdefault(r["kernel"], {})[contender_key(r["version"])] = r
+    versions = sorted({k for rows in by_kernel.values() for k in rows if k.startswith("v")}, key=lambda v: int(v[1:]))
+    lines = ["| kernel (shape) | naive | " + " | ".join(versions) + " | PyTorch's own |",
+             "|---|" + "---:|" * (len(versions) + 2)]
+    for kernel, rows in by_kernel.items():
+        shape = rows["naive"]["shape"] if "naive" in rows else next(iter(rows.values()))["shape"]
+        label = f"{KERNEL_LABELS.get(kernel, kernel)} {shape if shape.startswith('(') else f'({shape})'}"
+        cells = [ladder_cell(rows[k]) if k in rows else "" for k in ("naive", *versions)]
+        torch_op = rows.get("torch")
+        cells.append(f"{ladder_cell(torch_op)} (`{torch_op['version']}`)" if torch_op else "")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def ladder_quotes(report: dict) -> dict[str, str]:
+    """The values of a timing report: the device and its roofs, each row's ms, µs and % of copy
+    ("softmax_v4_of_copy" = "20.4%"), how many times as fast each contender of a kernel (naive, v1.., torch) runs
+    as each other one ("int8_gemv_v2_vs_v1" = "6.9x", "paged_attention_decode_v1_vs_naive" = "9.1x": the second's
+    ms over the first's), the range of PyTorch's own ops as a fraction of copy over the kernels the ladder gives as one
+    ("torch_of_copy_range" = "24-33%") and the best version there ("best_version_of_copy")."""
+    out = {"ladder": ladder_table(report), "device": report["device"], "date": report["date"],
+           "copy_GBps": f"{report['copy_GBps']:,.0f}", "matmul_bf16_TFLOPs": f"{report['matmul_bf16_TFLOPs']:,.0f}"}
+    if "matmul_fp32_TFLOPs" in report:
+        out["matmul_fp32_TFLOPs"] = f"{report['matmul_fp32_TFLOPs']:,.1f}"
+    timed: dict[str, dict[str, dict]] = {}
+    for r in report["rows"]:
+        if r["correct"]:
+            timed.setdefault(r["kernel"], {})[contender_key(r["version"])] = r
+    for kernel, rows in timed.items():
+        for key, r in rows.items():
+            name = f"{kernel}_{key}"
+            out.update({f"{name}_ms": f"{r['ms']:.3g}", f"{name}_us": f"{1e3 * r['ms']:,.0f}",
+                        f"{name}_of_copy": percent(r["fraction_of_copy_bw"])})
+            for other, o in rows.items():
+                if other != key:
+                    out[f"{name}_vs_{other}"] = times(o["ms"] / r["ms"])
+    fractions = [(r["fraction_of_copy_bw"], r) for rows in timed.values() for r in rows.values()
+                 if r["kernel"] not in IN_MS]
+    torch_ops = [f for f, r in fractions if contender_key(r["version"]) == "torch"]
+    if torch_ops:
+        out["torch_of_copy_range"] = f"{100 * min(torch_ops):.0f}-{100 * max(torch_ops):.0f}%"
+    versions = [(f, r) for f, r in fractions if contender_key(r["version"]).startswith("v")]
+    if versions:
+        f, r = max(versions, key=lambda fr: fr[0])
+        out["best_version_of_copy"] = f"{KERNEL_LABELS.get(r['kernel'], r['kernel'])} {r['version']} at {percent(f)}"
+    return out
+
+
+def nvcc_release() -> str:
+    """The CUDA release of the nvcc on the PATH ("13.0"), from `nvcc --version`; a RuntimeError without one."""
+    nvcc = build.find_nvcc()
+    if nvcc is None:
+        raise RuntimeError("nvcc is not on the PATH (nor under CUDA_HOME): cannot compile the kernels")
+    version = build.run_compiler([nvcc, "--version"], "nvcc --version", 60.0)
+    m = re.search(r"release ([\d.]+)", version)
+    if m is None:
+        raise RuntimeError(f"nvcc --version names no release: {version!r:.200}")
+    return m.group(1)
+
+
+def ptxas_rows(resources: list[build.KernelResources]) -> list[dict]:
+    """ptxas's report of each kernel instantiation as a JSON row, with the kernel's short name from `build.KERNELS`
+    ("softmax_v1_kernel") beside its mangled one."""
+    rows = []
+    for r in resources:
+        names = [n for n in build.KERNELS.get(r.source, ()) if n in r.kernel]
+        rows.append({"source": r.source, "name": names[0] if len(names) == 1 else None, "arch": r.arch,
+                     "kernel": r.kernel, "registers": r.registers, "spill_stores": r.spill_stores,
+                     "spill_loads": r.spill_loads, "stack_frame": r.stack_frame})
+    return rows
+
+
+def ptxas_report(archs: tuple[str, ...] = ("sm_80", "sm_90")) -> dict[str, Any]:
+    """Compile every kernel file alone with nvcc for `archs` (`build.compile_sources_with_nvcc`, in a temporary
+    folder) and report {nvcc, archs, kernels}: every instantiation's registers per thread and spill bytes."""
+    with tempfile.TemporaryDirectory() as out:
+        resources = build.compile_sources_with_nvcc(archs, out)
+    return {"nvcc": nvcc_release(), "archs": list(archs), "kernels": ptxas_rows(resources)}
+
+
+def version_of(name: str) -> str:
+    """A kernel's version in its name: "softmax_v1_kernel" -> "v1", "bias_gelu_tail_kernel" -> "tail"."""
+    return name.removesuffix("_kernel").rsplit("_", 1)[-1]
+
+
+def version_order(name: str) -> tuple:
+    """v1, v2, .., then the helpers (a tail kernel), whatever order ptxas reported them in."""
+    v = version_of(name)
+    return (0, int(v[1:]), "") if re.fullmatch(r"v\d+", v) else (1, 0, v)
+
+
+def span(values: list[int]) -> str:
+    return "" if not values else str(values[0]) if min(values) == max(values) else f"{min(values)}-{max(values)}"
+
+
+def register_table(report: dict) -> str:
+    """One line per kernel file: each version's registers per thread for each architecture (a range over its
+    instantiations: dtypes, 16-byte loads or not, head sizes), and the file's spill bytes (stores and loads) over
+    all of them."""
+    archs = report["archs"]
+    lines = ["| file | kernel | " + " | ".join(f"registers {a}" for a in archs) + " | spill bytes |",
+             "|---|---|" + "---:|" * (len(archs) + 1)]
+    sources = list(dict.fromkeys(k["source"] for k in report["kernels"]))
+    for source in sources:
+        mine = [k for k in report["kernels"] if k["source"] == source]
+        names = sorted(dict.fromkeys(k["name"] for k in mine), key=version_order)
+        versions = " / ".join(version_of(n) for n in names)
+        regs = [" / ".join(span([k["registers"] for k in mine if k["name"] == n and k["arch"] == a]) for n in names)
+                for a in archs]
+        spills = sum(k["spill_stores"] + k["spill_loads"] for k in mine)
+        lines.append(f"| `{source}` | {versions} | " + " | ".join(regs) + f" | {spills} |")
+    return "\n".join(lines) + "\n"
+
+
+def register_quotes(report: dict) -> dict[str, str]:
+    """The values of a ptxas report: nvcc's release, the compiling machine, how many instantiations, their spill
+    bytes in all, and the kernel with the most registers per thread ("most_registers" = "161",
+    "most_registers_kernel" = "attention v3")."""
+    kernels = report["kernels"]
+    top = max(kernels, key=lambda k: k["registers"])
+    name = top["name"].removesuffix("_kernel").rsplit("_", 1)  # ["attention", "v3"]
+    return {"registers": register_table(report), "nvcc": report["nvcc"], "cpu": report["cpu"],
+            "instantiations": str(len(kernels)),
+            "spill_bytes": str(sum(k["spill_stores"] + k["spill_loads"] for k in kernels)),
+            "most_registers": str(top["registers"]),
+            "most_registers_kernel": f"{name[0].replace('_', ' ')} {name[1]}"}
+
+
+def quotes(report: dict[str, Any]) -> dict[str, str]:
+    """What chapter 12's text quotes from a report of this module (`minillm.course.results`): from a timing report
+    (a run, or one read back with --from-report) the table "ladder" and the values of `ladder_quotes`; from a
+    --ptxas report the table "registers" and the values of `register_quotes`."""
+    return register_quotes(report) if "kernels" in report else ladder_quotes(report)
+
+
+def command_line(argv: list[str] | None) -> str:
+    """How this module was run, as a reader would type it: `python -m minillm.kernels.bench ...`."""
+    return shlex.join(["python", "-m", BENCH, *(sys.argv[1:] if argv is None else argv)])
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = bench_parser("python -m minillm.kernels.bench", __doc__.splitlines()[0], "smaller shapes and fewer repeats",
                       devices=("cuda",), seed=False)
     ap.add_argument("--out", dest="json", help=argparse.SUPPRESS)  # the older name of --json, still accepted
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--from-report", metavar="REPORT.md",
+                      help="no GPU: read the table this benchmark printed back out of a GPU report into the report "
+                           "format (numbers as printed)")
+    mode.add_argument("--ptxas", action="store_true",
+                      help="no GPU: compile every kernel with nvcc for sm_80 and sm_90 and report registers and spills")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = start(build_parser(), argv)
+    if args.from_report:
+        result = from_report(Path(args.from_report).read_text(encoding="utf-8"), args.from_report)
+        result["command"] = command_line(argv)
+        print(format_table(result))
+        if args.json:
+            atomic_write_text(args.json, json.dumps(result, indent=1) + "\n")
+        return 0
+    if args.ptxas:
+        report = ptxas_report()
+        print(register_table(report), end="")
+        write_report(args.json, report)  # here "cpu" is right: the machine that compiled
+        return 0
     if not torch.cuda.is_available():
         print("minillm.kernels.bench needs a CUDA GPU (torch.cuda.is_available() is False); the kernels' CPU "
               "checks are in tests/test_12_cuda_kernels.py", file=sys.stderr)
         return 2
     result = run(quick=args.quick)
+    result.update(bench=BENCH, command=command_line(argv), date=time.strftime("%Y-%m-%d", time.gmtime()))
     print(format_table(result))
     if args.json:
-        # subtle: not write_report, whose "cpu" field would name the host of a GPU benchmark; the fields stay these.
+        # subtle: not write_report, whose "cpu" field would name the host of a GPU benchmark.
         atomic_write_text(args.json, json.dumps(result, indent=1) + "\n")
     return 0 if all(r["correct"] for r in result["rows"]) else 1
 
