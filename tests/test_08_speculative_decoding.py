@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -31,7 +35,9 @@ from minillm.engine import LLM, EngineConfig, ModelRunner, Sampler, Scheduler
 from minillm.kvcache.generate import generate, generate_ids
 from minillm.naive.generate import collect
 from minillm.paged import BlockManager, PagedBatch, PagedKVCache
+from minillm.speculative import bench as spec_bench
 from minillm.speculative import engine as spec_engine
+from minillm.speculative import engine_bench
 from minillm.speculative.engine import (
     DraftModelDrafter,
     SpeculativeConfig,
@@ -321,8 +327,9 @@ def test_the_distribution_test_rejects_planted_wrong_rules(p_and_q, monkeypatch,
     elif plant == "resample_from_q":
         monkeypatch.setattr(spec_sampling, "residual_distribution", lambda p_i, q_i: q_i)
     else:  # every draft position i judged (and the bonus drawn) with the row one further on
-        def rule(p_, q_, drafts, g):
+        def misaligned(p_, q_, drafts, g):
             return spec_sampling.accept_or_resample(torch.cat([p_[1:], p_[-1:]]), q_, drafts, g)
+        rule = misaligned
     runs = draw_emitted(p, q, seed=11, rule=rule)
     stat, critical = chi_square(position_counts(runs, 0, V_SMALL), p[0])
     assert stat > critical, f"planted {plant} was not rejected: chi-square {stat:.1f} < {critical}"
@@ -777,3 +784,41 @@ def test_benchmark_sweep_rows_on_small_models():
     for r in report["rows"]:
         assert r["identical"] and r["tokens_per_target_call"] >= 1 and r["speedup"] > 0
         assert r["predicted_speedup"] > 0 and r["model_tokens_per_call"] >= 1
+
+
+BYTES = SimpleNamespace(encode=lambda text: [b % SMALL["vocab_size"] for b in text.encode("utf-8")])
+CHAPTER_TEXT = Path(__file__).resolve().parent.parent / "chapters" / "08-speculative-decoding.md"
+
+
+def _quoted_names(results_file: str) -> set[str]:
+    """The names the chapter text quotes from one results file (its include blocks and inline values)."""
+    text = CHAPTER_TEXT.read_text(encoding="utf-8")
+    return set(re.findall(rf"<!-- (?:include|value): {re.escape(results_file)}::([^>\n]+?) -->", text))
+
+
+def test_bench_quotes_hold_every_name_the_text_quotes():
+    """Both benchmarks' `quotes` on small reports read back from JSON (string keys, as the texts read them): every
+    table and value the chapter text names, Markdown tables ending in a newline, and the console reports still
+    print. No timing is asserted."""
+    target = context_model(GPTConfig(**{**SMALL, "block_size": 128}), seed=0)
+    draft = noisy_copy(target, 0.1, seed=5)
+    prompt = PROMPTS[1]
+    sweep = spec_bench.greedy_sweep(target, draft, PROMPTS[:2], 8, [1, 2, 4, 6], repeats=1)  # the text's γ
+    report = {"target": "t", "draft": "d", "device": "cpu", "threads": 1, "greedy": sweep,
+              "distilled_draft": "d2", "distilled": sweep,
+              "prompt_lookup": spec_bench.prompt_lookup(target, prompt * 4, 8, repeats=1),
+              "sampling": spec_bench.sampling_exactness(target, draft, prompt, draws=200),
+              "hf_assisted": spec_bench.hf_assisted(target, draft, prompt, 8, gamma=2, repeats=1)}
+    print(spec_bench.format_report(report))
+    small = engine_bench.load_sweep(context_model(GPTConfig(**SMALL), seed=0), BYTES, loads=(1, 2), new_tokens=8,
+                                    prompt_len=16, requests_per_slot=1, repeats=1)
+    engine = {"target": "t", "draft": None, "device": "cpu", "threads": 1, **small}
+    print(engine_bench.format_report(engine))
+    for module, rep, stem in ((spec_bench, report, "08-speculative"), (engine_bench, engine, "08-engine-lookup"),
+                              (engine_bench, engine, "08-engine-draft")):
+        back = json.loads(json.dumps({**rep, "cpu": "test cpu"}, default=str))
+        pieces = module.quotes(back)
+        assert _quoted_names(f"chapters/results/{stem}.json") <= set(pieces)
+        for name, piece in pieces.items():
+            assert piece.endswith("\n") if piece.startswith("|") else "\n" not in piece, name
+    assert spec_bench.chi_square_quantile(10, 0.001) == pytest.approx(29.588, abs=1e-3)

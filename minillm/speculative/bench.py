@@ -14,7 +14,9 @@ one process (`minillm.core.timing.compare`):
     against the target's own p by a chi-square test (its p-value from the regularized incomplete gamma function).
   - `hf_assisted`: `transformers` assisted generation (`generate(assistant_model=...)`) on the same two models'
     weights, with its default schedule and with a constant γ like ours; identical tokens and the tok/s ratio.
-The command: `python -m minillm.speculative.bench [--quick] [--device cpu] [--json FILE]`.
+The command: `python -m minillm.speculative.bench [--quick] [--device cpu] [--json FILE]`. The chapter text's tables
+and numbers come from the committed report of one full run, `chapters/results/08-speculative.json`, through
+`quotes(report)` (`minillm.course.results`).
 Speculation inside chapter 06's engine has its own benchmark, `minillm.speculative.engine_bench`.
 """
 
@@ -24,6 +26,7 @@ import argparse
 import statistics
 import sys
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
 
 import torch
@@ -288,7 +291,8 @@ def prompt_lookup(target: GPT, prompt: list[int], new_tokens: int, gamma: int = 
     return {"identical": out == alone, "gamma": gamma, "ngram": ngram, "proposed": stats.proposed,
             "accepted": stats.accepted, "target_calls": stats.target_calls,
             "tokens_per_target_call": stats.tokens_per_target_call, "speedup": cmp.speedup,
-            "alone_tok_s": len(alone) / cmp.baseline.median, "prompt_len": len(prompt), "new_tokens": new_tokens}
+            "alone_tok_s": len(alone) / cmp.baseline.median, "prompt_len": len(prompt), "new_tokens": new_tokens,
+            "produced": len(alone)}  # fewer than new_tokens where the context window ends first
 
 
 def chi_square_p_value(chi2: float, dof: int) -> float:
@@ -411,7 +415,8 @@ def hf_assisted(target: GPT, draft: GPT, prompt: list[int], new_tokens: int, gam
     alone = generate_ids(target, prompt, params)
     hf_best_s = min(cmp_default.baseline.median, cmp_constant.baseline.median)
     ours_s = statistics.median(cmp_default.candidate.times + cmp_constant.candidate.times)
-    return {"gamma": gamma, "new_tokens": new_tokens, "hf_default_settings": default,
+    return {"gamma": gamma, "new_tokens": new_tokens, "transformers": metadata.version("transformers"),
+            "hf_default_settings": default,
             "hf_default_tok_s": new_tokens / cmp_default.baseline.median,
             "hf_constant_tok_s": new_tokens / cmp_constant.baseline.median, "ours_tok_s": new_tokens / ours_s,
             "ratio": hf_best_s / ours_s,
@@ -480,26 +485,70 @@ def run_all(device: torch.device, quick: bool = False, seed: int = 0, prompts: i
     return report
 
 
+SWEEP_HEADER = ["γ", "identical", "accepted / proposed", "tokens per target call", "model E", "target alone tok/s",
+                "speculative tok/s", "speed-up", "cost model, verify = 1 step", "cost model, measured verify"]
+
+
+def _num(x: float | None, spec: str, suffix: str = "") -> str:
+    """x formatted by `spec`, or "-" where the report has no value (the cost model needs γ = 1 among the rows)."""
+    return "-" if x is None or x != x else f"{x:{spec}}{suffix}"
+
+
+def _sweep_cells(row: dict[str, Any]) -> list[str]:
+    """One γ of `greedy_sweep`, cell by cell under SWEEP_HEADER: the console report and the chapter's table."""
+    return [str(row["gamma"]), str(row["identical"]), f"{row['accepted_per_proposed']:.3f}",
+            f"{row['tokens_per_target_call']:.2f}", _num(row.get("model_tokens_per_call"), ".2f"),
+            f"{row['alone_tok_s']:.0f}", f"{row['spec_tok_s']:.0f}", f"{row['speedup']:.2f}x",
+            _num(row.get("predicted_speedup"), ".2f", "x"),
+            _num(row.get("predicted_speedup_measured_verify"), ".2f", "x")]
+
+
+def markdown_table(header: list[str], align: str, rows: list[list[str]]) -> str:
+    """A Markdown table: `align` holds one letter per column, l (left), r (right) or c (centered)."""
+    rule = {"l": "---", "r": "---:", "c": ":---:"}
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(rule[a] for a in align) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _by_t(d: dict[Any, float]) -> dict[int, float]:
+    """A per-T dict of the report with int keys (a report read back from JSON has them as strings)."""
+    return {int(t): v for t, v in d.items()}
+
+
 def _format_sweep(name: str, g: dict[str, Any]) -> list[str]:
     a = g["agreement"]
     lines = [f"{name}: {g['prompts']} prompts x {g['new_tokens']} tokens; c = {g['costs']['c']:.3f}"
              + (f", alpha (gamma 1) = {g['alpha']:.3f}" if g["alpha"] is not None else "")
              + f"; argmax agreement {a['argmax_agreement']:.3f}, mean 1 - TV {a['one_minus_tv']:.3f}",
-             "gamma | identical | accepted/proposed | tokens/call | model | alone tok/s | spec tok/s | speed-up | "
-             "predicted (verify=1) | predicted (measured verify)"]
-    for row in g["rows"]:
-        lines.append(f"{row['gamma']:5d} | {row['identical']!s:9} | {row['accepted_per_proposed']:17.3f} | "
-                     f"{row['tokens_per_target_call']:11.2f} | {row.get('model_tokens_per_call', float('nan')):5.2f} | "
-                     f"{row['alone_tok_s']:11.0f} | {row['spec_tok_s']:10.0f} | {row['speedup']:7.2f}x | "
-                     f"{row.get('predicted_speedup', float('nan')):19.2f}x | "
-                     f"{row.get('predicted_speedup_measured_verify', float('nan')):.2f}x")
-    vc = ", ".join(f"T={t}: {v:.2f}x" for t, v in g["costs"]["verify_cost"].items())
+             " | ".join(SWEEP_HEADER)]
+    lines += [" | ".join(c.rjust(len(h)) for c, h in zip(_sweep_cells(row), SWEEP_HEADER)) for row in g["rows"]]
+    vc = ", ".join(f"T={t}: {v:.2f}x" for t, v in _by_t(g["costs"]["verify_cost"]).items())
     lines.append(f"target forward cost by new tokens (relative to one): {vc}")
     mm = g["costs"]["matmuls"]
-    rel = ", ".join(f"T={t}: {v:.2f}x ({mm['gflop_per_s'][t]:.0f} GFLOP/s)" for t, v in mm["relative"].items())
+    gflops = _by_t(mm["gflop_per_s"])
+    rel = ", ".join(f"T={t}: {v:.2f}x ({gflops[t]:.0f} GFLOP/s)" for t, v in _by_t(mm["relative"]).items())
     lines.append(f"its weight matrices alone ({mm['weight_bytes'] / 1e6:.1f} MB, one row "
-                 f"{mm['seconds'][1] * 1e3:.2f} ms = {mm['gb_per_s_one_row']:.1f} GB/s): {rel}")
+                 f"{_by_t(mm['seconds'])[1] * 1e3:.2f} ms = {mm['gb_per_s_one_row']:.1f} GB/s): {rel}")
     return lines
+
+
+def _prompt_lookup_line(pl: dict[str, Any]) -> str:
+    return (f"identical tokens: {pl['identical']}; {pl['accepted']} of {pl['proposed']} drafts kept over "
+            f"{pl['target_calls']} target calls, {pl['tokens_per_target_call']:.2f} tokens per call; "
+            f"speed-up {pl['speedup']:.2f}x")
+
+
+def _sampling_line(s: dict[str, Any]) -> str:
+    return (f"chi-square {s['chi2']:.1f} on {s['dof']} degrees of freedom, p = {s['p_value']:.3f}; TV "
+            f"{s['tv']:.4f} from p, against {s['tv_draft']:.3f} for the draft's q; acceptance {s['acceptance']:.3f} "
+            f"against Σ min(p, q) = {s['expected_acceptance']:.3f}")
+
+
+def _hf_line(h: dict[str, Any]) -> str:
+    return (f"identical tokens (ours = HF default = HF constant γ = target alone): {h['identical']}; HF with its "
+            f"default settings {h['hf_default_tok_s']:.0f} tok/s, HF with a constant γ = {h['gamma']} "
+            f"{h['hf_constant_tok_s']:.0f} tok/s, ours {h['ours_tok_s']:.0f} tok/s: {h['ratio']:.2f}x HF's best")
 
 
 def format_report(r: dict[str, Any]) -> str:
@@ -508,16 +557,111 @@ def format_report(r: dict[str, Any]) -> str:
     if "distilled" in r:
         lines += _format_sweep(f"draft {r['distilled_draft']}", r["distilled"])
     pl, s, h = r["prompt_lookup"], r["sampling"], r["hf_assisted"]
-    lines.append(f"prompt lookup (gamma {pl['gamma']}, {pl['ngram']}-grams): identical {pl['identical']}, "
-                 f"{pl['accepted']}/{pl['proposed']} drafts kept, {pl['tokens_per_target_call']:.2f} tokens/call, "
-                 f"speed-up {pl['speedup']:.2f}x")
-    lines.append(f"sampling exactness: {s['draws']} draws, chi-square {s['chi2']:.1f} on {s['dof']} dof, "
-                 f"p = {s['p_value']:.3f}, TV {s['tv']:.4f} (draft's q: {s['tv_draft']:.3f}); acceptance "
-                 f"{s['acceptance']:.3f} vs sum min(p, q) {s['expected_acceptance']:.3f}")
-    lines.append(f"HF assisted generation (gamma {h['gamma']}): identical {h['identical']}, HF default "
-                 f"{h['hf_default_tok_s']:.0f} tok/s, HF constant gamma {h['hf_constant_tok_s']:.0f} tok/s, ours "
-                 f"{h['ours_tok_s']:.0f} tok/s, ratio {h['ratio']:.2f}x")
+    lines.append(f"prompt lookup (gamma {pl['gamma']}, {pl['ngram']}-grams, {pl['produced']} tokens): "
+                 + _prompt_lookup_line(pl))
+    lines.append(f"sampling exactness ({s['draws']} draws): " + _sampling_line(s))
+    lines.append(f"HF assisted generation (gamma {h['gamma']}, transformers {h.get('transformers', '?')}): "
+                 + _hf_line(h))
     return "\n".join(lines)
+
+
+def chi_square_quantile(dof: int, tail: float) -> float:
+    """The x with P(X >= x) = tail for X ~ chi-square(dof), by bisection on `chi_square_p_value`."""
+    check_int("dof", dof)
+    check_float("tail", tail, 0.0, 1.0, include_minimum=False)
+    lo, hi = 0.0, 1.0
+    while chi_square_p_value(hi, dof) > tail:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if chi_square_p_value(mid, dof) > tail else (lo, mid)
+    return (lo + hi) / 2
+
+
+def _sweep_quotes(key: str, g: dict[str, Any]) -> dict[str, str]:
+    """The values of one draft's sweep the chapter quotes, each name prefixed with `key` ("draft", "distilled")."""
+    rows = g["rows"]
+    by_gamma = {r["gamma"]: r for r in rows}
+    speedups = [r["speedup"] for r in rows]
+    costs = g["costs"]
+    target_ms = _by_t(costs["target_s"])
+    verify = _by_t(costs["verify_cost"])
+    a = g["agreement"]
+    q = {f"{key}_c": f"{costs['c']:.3f}", f"{key}_draft_ms": f"{costs['draft_s'] * 1e3:.2f}",
+         f"{key}_target_ms": ", ".join(f"{s * 1e3:.2f}" for s in target_ms.values()),
+         f"{key}_speedups": f"{min(speedups):.2f}x–{max(speedups):.2f}x",
+         f"{key}_best_gamma": str(g["best_gamma"]), f"{key}_best_speedup": f"{g['best_speedup']:.2f}x",
+         f"{key}_alone_tok_s": f"{rows[0]['alone_tok_s']:.0f}",
+         f"{key}_agreement": f"{100 * a['argmax_agreement']:.1f}%", f"{key}_one_minus_tv": f"{a['one_minus_tv']:.3f}",
+         f"{key}_prompts": str(g["prompts"]), f"{key}_new_tokens": str(g["new_tokens"])}
+    for t, v in verify.items():
+        q[f"{key}_verify_{t}"] = f"{v:.2f}"
+        q[f"{key}_target_ms_{t}"] = f"{target_ms[t] * 1e3:.2f}"
+    if g["alpha"] is not None:
+        predicted = [r["predicted_speedup"] for r in rows]
+        measured_verify = [r["predicted_speedup_measured_verify"] for r in rows]
+        q |= {f"{key}_alpha": f"{g['alpha']:.3f}",
+              f"{key}_predicted": f"{min(predicted):.2f}x–{max(predicted):.2f}x",
+              f"{key}_predicted_verify": f"{min(measured_verify):.2f}x–{max(measured_verify):.2f}x"}
+        for r in rows:  # the model's E against the measured tokens per call, and its prediction against the speed-up
+            gm = r["gamma"]
+            q[f"{key}_e_error_{gm}"] = f"{100 * abs(r['model_tokens_per_call'] / r['tokens_per_target_call'] - 1):.0f}%"
+            q[f"{key}_model_gap_{gm}"] = f"{100 * (r['predicted_speedup_measured_verify'] / r['speedup'] - 1):+.0f}%"
+            q[f"{key}_E_{gm}"] = f"{r['model_tokens_per_call']:.2f}"
+            q[f"{key}_predicted_verify_{gm}"] = f"{r['predicted_speedup_measured_verify']:.2f}x"
+    for gm, r in by_gamma.items():
+        q[f"{key}_tokens_per_call_{gm}"] = f"{r['tokens_per_target_call']:.2f}"
+        q[f"{key}_speedup_{gm}"] = f"{r['speedup']:.2f}x"
+    return q
+
+
+def quotes(report: dict[str, Any]) -> dict[str, str]:
+    """The tables and numbers chapter 08's text quotes from a report of `run_all` (`minillm.course.results`).
+
+    Tables: "sweep" (every γ of each draft), "checks" (prompt lookup, the chi-square test, Hugging Face). Values:
+    per draft ("draft_...", and "distilled_..." when the distilled draft ran) c, the forward times, the verify
+    costs, α, speed-up ranges and the cost model's; the weight-matrix profile ("matmul_..."); the machine ("cpu").
+    """
+    sweeps = [("draft", report["draft"], report["greedy"])]
+    if "distilled" in report:
+        sweeps.append(("distilled", report["distilled_draft"], report["distilled"]))
+    rows = [[f"`{label}`", *_sweep_cells(r)] for _, label, g in sweeps for r in g["rows"]]
+    q = {"sweep": markdown_table(["draft", *SWEEP_HEADER], "lrcrrrrrrrr", rows)}
+    for key, _, g in sweeps:
+        q |= _sweep_quotes(key, g)
+    modelled = [r for _, _, g in sweeps for r in g["rows"] if "predicted_speedup_measured_verify" in r]
+    if modelled:  # how far the model is off: its E up to γ = 4, its speed-up (measured verify cost) at every γ
+        e_off = [abs(r["model_tokens_per_call"] / r["tokens_per_target_call"] - 1) for r in modelled if r["gamma"] <= 4]
+        s_off = [abs(r["predicted_speedup_measured_verify"] / r["speedup"] - 1) for r in modelled]
+        q |= {"e_error_max_gamma_4": f"{100 * max(e_off, default=0.0):.0f}%",
+              "model_gap_max": f"{100 * max(s_off):.0f}%"}
+    if "distilled" in report:
+        q["alpha_gain"] = f"{100 * (report['distilled']['alpha'] - report['greedy']['alpha']):.1f}"
+    mm = report["greedy"]["costs"]["matmuls"]
+    rel = _by_t(mm["relative"])
+    q |= {"matmul_mb": f"{mm['weight_bytes'] / 1e6:.1f}", "matmul_one_row_ms": f"{_by_t(mm['seconds'])[1] * 1e3:.2f}",
+          "matmul_gb_s": f"{mm['gb_per_s_one_row']:.1f}",
+          "matmul_relative": ", ".join(f"{v:.2f}x" for t, v in rel.items() if t != 1),
+          "matmul_gflop_s": ", ".join(f"{v:.0f}" for v in _by_t(mm["gflop_per_s"]).values())}
+    q |= {f"matmul_rel_{t}": f"{v:.2f}x" for t, v in rel.items()}
+    pl, s, h = report["prompt_lookup"], report["sampling"], report["hf_assisted"]
+    cut = f": {pl['produced']} produced, where the context window ends" if pl["produced"] < pl["new_tokens"] else ""
+    checks = [
+        [f"prompt lookup on code (the last {pl['prompt_len']} tokens of a validation file, γ = {pl['gamma']}, "
+         f"{pl['ngram']}-grams, {pl['new_tokens']} new tokens asked for{cut})", _prompt_lookup_line(pl)],
+        [f"speculative sampling, {s['draws']:,} draws of `accept_or_resample` at one prompt (temperature 1; the "
+         f"0.1% tail of chi-square on {s['dof']} degrees of freedom is {chi_square_quantile(s['dof'], 0.001):.1f})",
+         _sampling_line(s)],
+        [f"ours against Hugging Face assisted generation (`generate(assistant_model=)`, transformers "
+         f"{h['transformers']}, same two models, γ = {h['gamma']}, the plain draft's best, {h['new_tokens']} tokens "
+         f"of the Fibonacci prompt)", _hf_line(h)],
+    ]
+    q["checks"] = markdown_table(["what", "result"], "ll", checks)
+    q |= {"prompt_lookup_speedup": f"{pl['speedup']:.2f}x", "prompt_lookup_produced": str(pl["produced"]),
+          "sampling_p": f"{s['p_value']:.3f}", "hf_ratio": f"{h['ratio']:.2f}x", "hf_gamma": str(h["gamma"]),
+          "transformers": str(h["transformers"]),
+          "cpu": str(report["cpu"]), "threads": str(report["threads"])}
+    return q
 
 
 def build_parser() -> argparse.ArgumentParser:

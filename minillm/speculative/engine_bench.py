@@ -21,7 +21,8 @@ where prompt lookup finds what to copy; the draft-model method (`--method draft-
 `base`) is the other proposer. The command:
 `python -m minillm.speculative.engine_bench [--quick] [--method prompt-lookup|draft-model] [--loads 1,2,4]
 [--json FILE]`. What it leaves out: arrival over time (chapter 06's online benchmark), and sampling (greedy only,
-so outputs can be compared token for token).
+so outputs can be compared token for token). The chapter text quotes one run per method,
+`chapters/results/08-engine-lookup.json` and `08-engine-draft.json`, through `quotes(report)`.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from minillm.core.sampling import SamplingParams
 from minillm.core.timing import compare
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
-from minillm.speculative.bench import check_tokenizer
+from minillm.speculative.bench import check_tokenizer, markdown_table
 from minillm.speculative.engine import SpeculativeConfig, SpeculativeLLM
 
 EOT = "<|endoftext|>"
@@ -192,22 +193,61 @@ def run(device: torch.device | str = "cpu", quick: bool = False, method: str = "
             "threads": torch.get_num_threads(), **sweep}
 
 
+LOAD_HEADER = ["concurrent requests", "requests", "plain tok/s", "speculative tok/s", "ratio", "plain tok/cpu-s",
+               "speculative tok/cpu-s", "ratio (cpu)", "drafts kept", "engine steps plain → speculative", "identical"]
+
+
+def _point_cells(p: dict[str, Any]) -> list[str]:
+    """One load of `load_sweep`, cell by cell under LOAD_HEADER: the console report and the chapter's table."""
+    return [str(p["concurrency"]), str(p["requests"]), f"{p['plain_tok_s']:.0f}", f"{p['spec_tok_s']:.0f}",
+            f"{p['ratio']:.2f}x", f"{p['plain_tok_cpu_s']:.0f}", f"{p['spec_tok_cpu_s']:.0f}", f"{p['ratio_cpu']:.2f}x",
+            f"{p['acceptance_rate']:.2f}", f"{p['plain_steps']:.0f} → {p['spec_steps']:.0f}", str(p["identical"])]
+
+
+def _crossover_text(cross: int | None) -> str:
+    return f"{cross} concurrent requests" if cross is not None else "none up to the highest load measured"
+
+
 def format_report(r: dict[str, Any]) -> str:
     who = f"{r['target']} + {r['draft']}" if r["draft"] else f"{r['target']}, prompt lookup ({r['ngram']}-grams)"
     lines = [f"{who}, gamma {r['gamma']}, {r['device']}, {r['threads']} thread(s); {r['prompt_len']}-token code "
              f"prompts, {r['new_tokens']} new tokens, {r['requests_per_slot']} requests per batch slot, greedy",
-             "load | requests | plain tok/s | spec tok/s | ratio | plain tok/cpu-s | spec tok/cpu-s | ratio (cpu) | "
-             "kept/proposed | steps plain -> spec | identical"]
-    for p in r["points"]:
-        lines.append(f"{p['concurrency']:4d} | {p['requests']:8d} | {p['plain_tok_s']:11.0f} | "
-                     f"{p['spec_tok_s']:10.0f} | {p['ratio']:4.2f}x | {p['plain_tok_cpu_s']:15.0f} | "
-                     f"{p['spec_tok_cpu_s']:14.0f} | {p['ratio_cpu']:10.2f}x | {p['acceptance_rate']:13.2f} | "
-                     f"{p['plain_steps']:.0f} -> {p['spec_steps']:.0f} | {p['identical']}")
-    cross = r["crossover"]
-    lines.append("crossover (speculation slower from this load on): "
-                 + (f"{cross} concurrent requests" if cross is not None else "none up to the highest load measured")
-                 + f"; by CPU time: {r['crossover_cpu'] if r['crossover_cpu'] is not None else 'none'}")
+             " | ".join(LOAD_HEADER)]
+    lines += [" | ".join(c.rjust(len(h)) for c, h in zip(_point_cells(p), LOAD_HEADER)) for p in r["points"]]
+    lines.append(f"crossover (speculation slower from this load on): {_crossover_text(r['crossover'])}; by CPU time: "
+                 f"{_crossover_text(r['crossover_cpu'])}")
     return "\n".join(lines)
+
+
+def quotes(report: dict[str, Any]) -> dict[str, str]:
+    """The table and numbers chapter 08's text quotes from a report of `run` (`minillm.course.results`).
+
+    Table "loads": every load, plain against speculative. Values: the crossover (by wall and by CPU time), the
+    ratios, drafts kept and engine steps at the lowest and highest load, the range of drafts kept, the largest gap
+    between the wall-time and CPU-time ratios, the smallest share of wall time the process spent on a CPU (tok/s
+    over tok/cpu-s, either engine: well below 100% when other work shared the machine), the run's sizes and the
+    machine ("cpu").
+    """
+    points = report["points"]
+    low, high = points[0], points[-1]
+    kept = [p["acceptance_rate"] for p in points]
+    share = min(p[f"{e}_tok_s"] / p[f"{e}_tok_cpu_s"] for p in points for e in ("plain", "spec"))
+    return {
+        "loads": markdown_table(LOAD_HEADER, "rrrrrrrrrrc", [_point_cells(p) for p in points]),
+        "crossover": _crossover_text(report["crossover"]), "crossover_cpu": _crossover_text(report["crossover_cpu"]),
+        "low_ratio": f"{low['ratio']:.2f}x", "high_ratio": f"{high['ratio']:.2f}x",
+        "high_change": f"{100 * abs(high['ratio'] - 1):.0f}%", "high_load": str(high["concurrency"]),
+        "low_ratio_cpu": f"{low['ratio_cpu']:.2f}x", "high_ratio_cpu": f"{high['ratio_cpu']:.2f}x",
+        "high_change_cpu": f"{100 * abs(high['ratio_cpu'] - 1):.0f}%", "cpu_share_min": f"{100 * share:.0f}%",
+        "low_plain_tok_s": f"{low['plain_tok_s']:.0f}", "low_plain_steps": f"{low['plain_steps']:.0f}",
+        "low_spec_steps": f"{low['spec_steps']:.0f}", "low_requests": str(low["requests"]),
+        "kept_range": f"{min(kept):.2f}–{max(kept):.2f}",
+        "ratio_range": f"{min(p['ratio'] for p in points):.2f}x–{max(p['ratio'] for p in points):.2f}x",
+        "cpu_gap": f"{max(abs(p['ratio'] - p['ratio_cpu']) for p in points):.2f}",
+        "gamma": str(report["gamma"]), "new_tokens": str(report["new_tokens"]), "prompt_len": str(report["prompt_len"]),
+        "requests_per_slot": str(report["requests_per_slot"]), "identical": str(report["identical"]),
+        "cpu": str(report["cpu"]), "threads": str(report["threads"]),
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
