@@ -9,7 +9,9 @@ a wrong graph shows up either way. The CUDA-graph test runs where a GPU is.
 from __future__ import annotations
 
 import json
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,14 +19,15 @@ import torch.nn.functional as F
 
 from helpers import assert_every_generator_agrees, context_model
 from minillm import GPTConfig
-from minillm.compile.bench import FUSED, run_all, weight_streaming_bound
+from minillm.compile.bench import FUSED, quotes as bench_quotes, run_all, weight_streaming_bound
 from minillm.compile.cpu_gemv import build_problem, fast_cpu_model, gemv
 from minillm.compile.cpu_paged import NAME, paged_decode_attention
 from minillm.compile.decode import StaticDecoder, compile_problem
-from minillm.compile import mirror
+from minillm.compile import aot, llamacpp, mirror
 from minillm.compile.fused_step import FusedCPUDecoder
-from minillm.compile.sweep import Case, profile_decode, run_sweep
+from minillm.compile.sweep import Case, profile_decode, quotes as sweep_quotes, run_sweep
 from minillm.core.sampling import SamplingParams
+from minillm.course.results import find_values
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.kvcache.generate import decode_step, generate_ids, prefill
 from minillm.naive.roofline import decode_weight_bytes
@@ -426,6 +429,116 @@ def test_llamacpp_export_recovers_our_tokenizer_for_hugging_face(tmp_path):
     hf_tok = transformers.AutoTokenizer.from_pretrained(out)  # what llama.cpp's converter loads
     text = "the cat sat on the mat and then the model said hello to everyone in the room"
     assert hf_tok.encode(text) == tok.encode_ordinary(text)
+
+
+def test_llamacpp_quotes_every_figure_the_texts_name():
+    """`quotes` of a small report of the side by side gives the medians' table and every value chapters 09 and 13
+    quote from its results file, computed from the rounds: llama.cpp's q8_0 over its f32, ours as a fraction of it."""
+    samples = {"llama.cpp f32": [700.0, 600.0, 800.0], "llama.cpp f16": [1400.0, 1300.0, 1500.0],
+               "llama.cpp q8_0": [1750.0, 1500.0, 1800.0], llamacpp.EAGER: [250.0, 240.0, 260.0],
+               llamacpp.FUSED: [630.0, 420.0, 640.0]}
+    report = {"model": "base", "threads": 1, "tokens": 128, "rounds": 3, "llama_cpp": "llama-cpp-python==0.3.36",
+              "cpu": "a CPU", "samples": samples, "median_tok_s": {k: sorted(v)[1] for k, v in samples.items()}}
+    q = llamacpp.quotes(report)
+    assert q["table"].splitlines()[:3] == ["| path | tok/s | of llama.cpp f32 |", "|---|---:|---:|",
+                                           "| llama.cpp f32 | 700 | 100% |"]
+    assert q["table"].endswith("| minillm fused C++ step | 630 | 90% |\n")
+    assert len(q["per_round"].splitlines()) == 2 + 3
+    assert (q["q8_0_vs_f32"], q["f16_vs_f32"], q["q8_0_tok_s"], q["f16_tok_s"]) == ("2.50x", "2.00x", "1,750", "1,400")
+    assert (q["fused_of_f32_min"], q["fused_of_f32_max"], q["f32_min"], q["f32_max"]) == ("70%", "90%", "600", "800")
+    root = Path(__file__).resolve().parent.parent
+    named = {name for text in ("09-quantization.md", "13-compilation.md")
+             for _, source, name, _ in find_values((root / "chapters" / text).read_text(), text)
+             if source == "chapters/results/13-llamacpp.json"}
+    assert named <= set(q), sorted(named - set(q))
+
+
+def names_the_text_quotes(results_file: str) -> set[str]:
+    """Every name chapter 13's text takes from `results_file`: its included tables and its inline values."""
+    text = (Path(__file__).resolve().parent.parent / "chapters" / "13-compilation.md").read_text()
+    tables = set(re.findall(rf"<!-- include: {re.escape(results_file)}::(\w+) -->", text))
+    return tables | {name for _, source, name, _ in find_values(text, "13-compilation.md") if source == results_file}
+
+
+def test_bench_quotes_every_figure_the_text_names():
+    """`quotes` of a small report of `python -m minillm.compile.bench`: the paths' table and every value the text
+    names, computed from the rows (fractions of the bound, speed-ups over the eager generator run beside each)."""
+    def row(mode, static, tok_s, eager_tok_s, of_bound, first_call=0.0):
+        return {"mode": mode, "static": static, "backend": "inductor" if mode == "compile" else None,
+                "tok_s": tok_s, "eager_tok_s": eager_tok_s, "speedup": tok_s / eager_tok_s, "identical": True,
+                "fraction_of_bound": of_bound, "fraction_of_fastest_bound": tok_s / 1000.0, "compiles": 0,
+                "first_call_seconds": first_call}
+    rows = [row("C++ GEMV (fast_cpu_model)", False, 400.0, 300.0, 0.4), row(FUSED, False, 900.0, 300.0, 0.75),
+            row("eager", True, 270.0, 310.0, 0.25), {**row("compile", True, 280.0, 290.0, 0.3, 2.94), "compiles": 1}]
+    hf = {name: {"ratio": ratio} for name, ratio in (("eager", 1.2), ("fast", 1.7), ("fused", 2.7))}
+    report = {"device": "cpu", "threads": 1, "new_tokens": 64, "prompt_len": 16, "rows": rows, "hf": hf,
+              "bound": {"step_seconds": 1e-3, "by": "C++ GEMV", "seconds": {"F.linear": 1.5e-3, "C++ GEMV": 1e-3},
+                        "bytes": 23.1e6, "GBps": 23.1, "tok_s_bound": 1000.0},
+              "pruned_fused": {"fraction": 0.25, "identical": True, "dense_tok_s": 950.0, "pruned_tok_s": 1085.0,
+                               "speedup": 1.142, "weight_ratio": 1.16},
+              "model": "base", "cpu": "a CPU", "command": "python -m minillm.compile.bench"}
+    q = bench_quotes(report)
+    assert q["paths"].splitlines()[2] == "| C++ GEMV (fast_cpu_model), growing cache | 400 | 1.33x (300) | 40% | 40% " \
+                                         "| True | 0 | 0.00 s |"
+    assert len(q["paths"].splitlines()) == 2 + 4 and q["paths"].endswith("| 1 | 2.94 s |\n")
+    assert (q["fused_speedup"], q["fused_of_bound"], q["fused_of_fastest_bound"]) == ("3.00x", "75%", "90%")
+    assert (q["bound_ms"], q["linear_ms"], q["bound_tok_s"], q["compile_first_call"]) == ("1.000", "1.500", "1,000",
+                                                                                          "2.9 s")
+    assert (q["eager_tok_s_min"], q["eager_tok_s_max"], q["hf_fused"], q["pruned_speedup"]) == ("290", "310",
+                                                                                                "2.70x", "1.14x")
+    named = names_the_text_quotes("chapters/results/13-compile.json")
+    assert named <= set(q), sorted(named - set(q))
+
+
+def test_sweep_quotes_every_figure_the_text_names():
+    """`quotes` of a small report of `python -m minillm.compile.sweep --profile`: the cases' table, the two
+    profiles (the first operators and one row for the rest), and every value the text names."""
+    rows = [{"case": Case(kind, batch, tokens).name, "kind": kind, "batch": batch, "tokens": tokens,
+             "steps": 16 if kind == "decode" else 1, "threads": n, "max_abs_diff": 2e-6 * n, "same_argmax": True,
+             "ok": True, "compiles": 1, "first_call_seconds": 0.5 * n, "eager_s": 0.016 * n, "compiled_s": 0.016,
+             "speedup": float(n)} for n in (1, 2) for kind, batch, tokens in (("decode", 1, 64), ("decode", 8, 64),
+                                                                             ("prefill", 1, 128))]
+    names = ["aten::addmm", "aten::mm", "TorchDynamo Cache Lookup", "aten::view", "aten::copy_", "aten::add",
+             "aten::select", "aten::t"]
+    ops = [{"name": name, "calls_per_step": 2.0, "self_us_per_step": 100.0 / (i + 1), "share": 0.4 / (i + 1)}
+           for i, name in enumerate(names)]
+    report = {"device": "cpu", "backend": "inductor", "rows": rows, "profile_case": rows[0]["case"],
+              "profile": {"eager": ops, "compile": ops}, "model": "base", "cpu": "a CPU",
+              "command": "python -m minillm.compile.sweep --profile"}
+    q = sweep_quotes(report)
+    assert len(q["cases"].splitlines()) == 2 + 6
+    assert q["cases"].splitlines()[2] == ("| decode, batch 1, context 64 | 1 | 1.00 ms/step | 1.00 ms/step | 1.00x | "
+                                          "1 | 0.5 s | 2.0e-06 | True |")
+    eager, compiled = q["profile_eager"].splitlines(), q["profile_compile"].splitlines()
+    assert len(eager) == 2 + 4 + 1 and len(compiled) == 2 + 6 + 1
+    assert eager[2] == "| `aten::addmm` | 2 | 100 µs | 40% |" and eager[-1].startswith("| the other 4 operators | 8 |")
+    assert (q["decode8_t2_speedup"], q["prefill1_t2_eager_ms"], q["speedup_max"], q["first_call_max"]) == (
+        "2.00x", "32.00", "2.00x", "1.0 s")
+    assert (q["eager_products_share"], q["compile_guard_share"], q["eager_calls"]) == ("60%", "13%", "16")
+    named = names_the_text_quotes("chapters/results/13-sweep.json")
+    assert named <= set(q), sorted(named - set(q))
+
+
+def test_aot_quotes_every_figure_the_text_names():
+    """`quotes` of a small report of `python -m minillm.compile.aot`: the cold-start table and every value the text
+    names, computed from the medians (the compile is torch.compile's second token minus its first)."""
+    def path_row(name, ready, second, total):
+        run = {"imports": 0.9, "ready": ready, "first_token": ready + 0.01, "second_token": second,
+               "all_tokens": total, "tokens": [1, 2]}
+        return {"path": name, "identical": True, "runs": [run, {**run, "all_tokens": total + 1.0}], **run}
+    rows = [path_row(aot.PATHS[0], 1.0, 1.02, 1.1), path_row(aot.PATHS[1], 2.0, 25.0, 25.1),
+            path_row(aot.PATHS[2], 2.0, 5.0, 5.1), path_row(aot.PATHS[3], 10.0, 10.02, 10.04),
+            path_row(aot.PATHS[4], 3.0, 3.02, 3.4)]
+    report = {"model": "base", "threads": 1, "repeats": 3, "new_tokens": 32, "prompt_len": 16, "build_seconds": 12.46,
+              "package_mb": 28.6, "rows": rows, "cpu": "a CPU", "command": "python -m minillm.compile.aot --threads 1"}
+    q = aot.quotes(report)
+    assert q["cold_start"].splitlines()[2] == "| eager | 0.90 s | 1.00 s | 1.01 s | 1.02 s | 1.10 s | True |"
+    assert (q["compile_cold_compile"], q["aot_vs_compile_cold"], q["aot_vs_compile_warm"]) == ("23.0 s", "2.5x",
+                                                                                                "1.5x")
+    assert (q["aot_cold_load"], q["aot_warm_all_max"], q["build_seconds"], q["identical"]) == ("9.10 s", "4.40 s",
+                                                                                               "12.5 s", "True")
+    named = names_the_text_quotes("chapters/results/13-aot.json")
+    assert named <= set(q), sorted(named - set(q))
 
 
 # ----- the graded mirrors: the C++ loops in PyTorch (minillm assignment 13) ----------------------------------------

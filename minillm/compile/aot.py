@@ -28,7 +28,8 @@ Design choices (the package is usable alone, and is one static-shape graph):
 generation: eager (load `base`, chapter 04's `generate`), `torch.compile` with a cold and then a warm inductor cache
 (`StaticDecoder(mode="compile")`), and the AOT package; the tokens must be identical. What it leaves out: batches,
 CUDA (the export here is for the CPU), and quantized layers that `torch.compile` cannot trace either
-(`uncompilable_layer`). The command: `python -m minillm.compile.aot [--threads N] [--quick] [--json FILE]`.
+(`uncompilable_layer`). The command: `python -m minillm.compile.aot [--threads N] [--quick] [--json FILE]`;
+`quotes(report)` gives the table and the figures chapter 13's text includes from the saved report.
 """
 
 from __future__ import annotations
@@ -328,19 +329,59 @@ def cold_start(name: str = "base", new_tokens: int = 32, repeats: int = 3, threa
             "package_mb": package_mb, "rows": rows}
 
 
+def cold_start_table(report: dict[str, Any]) -> str:
+    """The paths of a `cold_start` report as a Markdown table: seconds from process start (medians) to each stage."""
+    lines = ["| path | imports done | ready | first token | second token | all tokens | identical tokens |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in report["rows"]:
+        lines.append(f"| {r['path']} | {r['imports']:.2f} s | {r['ready']:.2f} s | {r['first_token']:.2f} s | "
+                     f"{r['second_token']:.2f} s | {r['all_tokens']:.2f} s | {r['identical']} |")
+    return "\n".join(lines) + "\n"
+
+
 def format_table(report: dict[str, Any]) -> str:
     lines = [f"cold start, {report['model']}: a {report['prompt_len']}-token prompt, {report['new_tokens']} greedy "
              f"tokens, {report['threads']} thread(s), each path in a fresh process, median of {report['repeats']}; "
-             f"seconds from process start", "",
-             "| path | imports done | ready | first token | second token | all tokens | identical tokens |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for r in report["rows"]:
-        lines.append(f"| {r['path']} | {r['imports']:.2f} | {r['ready']:.2f} | {r['first_token']:.2f} | "
-                     f"{r['second_token']:.2f} | {r['all_tokens']:.2f} | {r['identical']} |")
+             f"seconds from process start", "", cold_start_table(report).rstrip("\n")]
     lines.append(f"AOT package: built ahead of time in {report['build_seconds']:.1f} s (export + AOTInductor), "
                  f"{report['package_mb']:.1f} MB. torch.compile's prefill runs eager: its compile lands in the "
                  "second token.")
     return "\n".join(lines)
+
+
+# The paths' names in `quotes`, in the order of PATHS.
+PATH_KEYS = ("eager", "compile_cold", "compile_warm", "aot_cold", "aot_warm")
+
+
+def quotes(report: dict[str, Any]) -> dict[str, str]:
+    """What the chapter text quotes from a report of `main --json`: the table ("cold_start"); per path (`PATH_KEYS`)
+    its medians in seconds, `_ready`, `_first` (first token), `_all` (every token), `_load` (imports done to
+    ready: loading the model or the package), and the fastest and slowest repeat to every token (`_all_min`,
+    `_all_max`); the compile, which torch.compile's second token carries
+    (`compile_cold_compile`, `compile_warm_compile`: second token minus first); how much sooner the package
+    finished than torch.compile with a cache as cold or as warm (`aot_vs_compile_cold`, `aot_vs_compile_warm`,
+    "2.2x"); whether every path gave the eager tokens (`identical`); the package (`build_seconds`, `package_mb`);
+    the run's settings (`new_tokens`, `prompt_len`, `repeats`, `threads`, `model`, `cpu`, `command`)."""
+    rows = dict(zip(PATH_KEYS, report["rows"]))
+    out = {"cold_start": cold_start_table(report)}
+    for key, r in rows.items():
+        out[f"{key}_ready"] = f"{r['ready']:.2f} s"
+        out[f"{key}_first"] = f"{r['first_token']:.2f} s"
+        out[f"{key}_all"] = f"{r['all_tokens']:.2f} s"
+        out[f"{key}_load"] = f"{r['ready'] - r['imports']:.2f} s"
+        every = [run["all_tokens"] for run in r["runs"]]
+        out[f"{key}_all_min"], out[f"{key}_all_max"] = f"{min(every):.2f} s", f"{max(every):.2f} s"
+    for cache in ("cold", "warm"):
+        c = rows[f"compile_{cache}"]
+        out[f"compile_{cache}_compile"] = f"{c['second_token'] - c['first_token']:.1f} s"
+        out[f"aot_vs_compile_{cache}"] = f"{c['all_tokens'] / rows[f'aot_{cache}']['all_tokens']:.1f}x"
+    out["identical"] = str(all(r["identical"] for r in report["rows"]))
+    out["build_seconds"] = f"{report['build_seconds']:.1f} s"
+    out["package_mb"] = f"{report['package_mb']:.1f} MB"
+    for key in ("new_tokens", "prompt_len", "repeats", "threads", "model", "cpu", "command"):
+        if key in report:
+            out[key] = str(report[key])
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,7 +19,8 @@ What it reports:
     MLP neurons removed, decoded by `FusedCPUDecoder`, against the dense model's fused step.
 Timings interleave the eager generator, each path and the bound's products (`minillm.core.timing.interleave`),
 medians of repeats.
-The command: `python -m minillm.compile.bench [--device cuda] [--threads N] [--quick] [--json FILE]`.
+The command: `python -m minillm.compile.bench [--device cuda] [--threads N] [--quick] [--json FILE]`; `quotes(report)`
+gives the table and the figures chapter 13's text includes from the saved report.
 """
 
 from __future__ import annotations
@@ -183,13 +184,10 @@ def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, bac
     return report
 
 
-def format_table(report: dict[str, Any]) -> str:
-    b = report["bound"]
-    ways = ", ".join(f"{k} {1e3 * v:.3f} ms" for k, v in b["seconds"].items())
-    lines = [f"weight-streaming bound: {b['bytes'] / 1e6:.1f} MB of weights per step ({ways}); the faster, {b['by']}, "
-             f"is {b['GBps']:.1f} GB/s = {b['tok_s_bound']:.0f} tok/s; {report['device']}, {report['threads']} "
-             f"thread(s), {report['new_tokens']} greedy tokens after a {report['prompt_len']}-token prompt", "",
-             "| decode step | tok/s | vs eager generate_ids | of the bound, same run | of the fastest bound "
+def paths_table(report: dict[str, Any]) -> str:
+    """The rows of a report as a Markdown table: each path's tok/s, against the eager generator timed in turn with
+    it (the generator's own tok/s in brackets), its two fractions of the bound, its checks."""
+    lines = ["| decode step | tok/s | vs eager generate_ids | of the bound, same run | of the fastest bound "
              "| identical tokens | graphs built | first call (compile) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in report["rows"]:
         name = f"{r['mode']} ({r['backend']})" if r["backend"] else r["mode"]
@@ -198,6 +196,16 @@ def format_table(report: dict[str, Any]) -> str:
                      f"{100 * r['fraction_of_bound']:.0f}% | {100 * r['fraction_of_fastest_bound']:.0f}% | "
                      f"{r['identical']} | {r['compiles']} | "
                      f"{r['first_call_seconds']:.2f} s |")
+    return "\n".join(lines) + "\n"
+
+
+def format_table(report: dict[str, Any]) -> str:
+    b = report["bound"]
+    ways = ", ".join(f"{k} {1e3 * v:.3f} ms" for k, v in b["seconds"].items())
+    lines = [f"weight-streaming bound: {b['bytes'] / 1e6:.1f} MB of weights per step ({ways}); the faster, {b['by']}, "
+             f"is {b['GBps']:.1f} GB/s = {b['tok_s_bound']:.0f} tok/s; {report['device']}, {report['threads']} "
+             f"thread(s), {report['new_tokens']} greedy tokens after a {report['prompt_len']}-token prompt", "",
+             paths_table(report).rstrip("\n")]
     for name, h in report.get("hf", {}).items():
         lines.append(f"HF generate(use_cache=True, {h['attn_implementation']}) {h['hf_tok_s']:.0f} tok/s vs ours "
                      f"({name}) {h['ours_tok_s']:.0f}: {h['ratio']:.2f}x, identical tokens {h['identical']}")
@@ -207,6 +215,49 @@ def format_table(report: dict[str, Any]) -> str:
                      f"{p['dense_tok_s']:.0f} tok/s dense, {p['speedup']:.2f}x (weights read {p['weight_ratio']:.2f}x "
                      f"fewer), identical to the pruned model's eager tokens {p['identical']}")
     return "\n".join(lines)
+
+
+# The rows the chapter text names in its quotes, by the report's mode and whether the step is static-shape.
+QUOTED_ROWS = {"gemv": ("C++ GEMV (fast_cpu_model)", False), "fused": (FUSED, False), "static_eager": ("eager", True),
+               "compile": ("compile", True)}
+
+
+def quotes(report: dict[str, Any]) -> dict[str, str]:
+    """What the chapter text quotes from a report of `main --json` (a CPU run, where the C++ paths build):
+    the table of paths ("paths"); the bound (`bound_ms`, the faster way's ms per step, `linear_ms` and `cpp_ms`
+    for the two ways, `bound_GBps`, `bound_tok_s`, `weights_MB`); per quoted row (`gemv`, `fused`,
+    `static_eager`, `compile`) its `_tok_s`, `_speedup` over the eager generator ("2.80x"), `_of_bound` and
+    `_of_fastest_bound` ("74%"); the eager generator's tok/s over the rows' runs (`eager_tok_s_min`, `_max`);
+    the compiled step's first call (`compile_first_call`, "2.9 s"); Hugging Face against each of ours
+    (`hf_eager`, `hf_fast`, `hf_fused`, "1.22x"); the pruned fused step (`pruned_tok_s`, `pruned_dense_tok_s`,
+    `pruned_speedup`, `pruned_weight_ratio`); the run's settings (`new_tokens`, `prompt_len`, `threads`, `model`,
+    `cpu`, `command`)."""
+    b = report["bound"]
+    out = {"paths": paths_table(report), "bound_ms": f"{1e3 * b['step_seconds']:.3f}",
+           "linear_ms": f"{1e3 * b['seconds']['F.linear']:.3f}", "cpp_ms": f"{1e3 * b['seconds']['C++ GEMV']:.3f}",
+           "bound_GBps": f"{b['GBps']:.1f}", "bound_tok_s": f"{b['tok_s_bound']:,.0f}",
+           "weights_MB": f"{b['bytes'] / 1e6:.1f}"}
+    for key, (mode, static) in QUOTED_ROWS.items():
+        r = next(r for r in report["rows"] if r["mode"] == mode and r["static"] == static)
+        out[f"{key}_tok_s"] = f"{r['tok_s']:,.0f}"
+        out[f"{key}_speedup"] = f"{r['speedup']:.2f}x"
+        out[f"{key}_of_bound"] = f"{100 * r['fraction_of_bound']:.0f}%"
+        out[f"{key}_of_fastest_bound"] = f"{100 * r['fraction_of_fastest_bound']:.0f}%"
+        if key == "compile":
+            out["compile_first_call"] = f"{r['first_call_seconds']:.1f} s"
+    eager = [r["eager_tok_s"] for r in report["rows"]]
+    out["eager_tok_s_min"], out["eager_tok_s_max"] = f"{min(eager):,.0f}", f"{max(eager):,.0f}"
+    for name, h in report.get("hf", {}).items():
+        out[f"hf_{name}"] = f"{h['ratio']:.2f}x"
+    if "pruned_fused" in report:
+        p = report["pruned_fused"]
+        out.update(pruned_tok_s=f"{p['pruned_tok_s']:,.0f}", pruned_dense_tok_s=f"{p['dense_tok_s']:,.0f}",
+                   pruned_speedup=f"{p['speedup']:.2f}x", pruned_weight_ratio=f"{p['weight_ratio']:.2f}x",
+                   pruned_fraction=f"{100 * p['fraction']:.0f}%")
+    for key in ("new_tokens", "prompt_len", "threads", "model", "cpu", "command"):
+        if key in report:
+            out[key] = str(report[key])
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:

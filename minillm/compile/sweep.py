@@ -20,16 +20,18 @@ code it generates, so a graph built for one thread would run on one thread whate
 later. What it leaves out: the engine's ragged steps (their shapes change every step); other backends are one
 `--backend` away (any of dynamo's).
 The command: `python -m minillm.compile.sweep [--threads-list 1,2] [--quick] [--backend inductor] [--profile]
-[--json FILE]`.
+[--json FILE]`; `quotes(report)` gives the tables and the figures chapter 13's text includes from the saved report.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
@@ -205,16 +207,16 @@ def run_sweep(model: GPT, threads: tuple[int, ...] = (1, 2), cases: tuple[Case, 
     return {"device": str(model.device), "backend": backend, "rows": rows}
 
 
-def profile_decode(model: GPT, case: Case = CASES[0], steps: int = 16, backend: str = "inductor", top: int = 8,
-                   seed: int = 0) -> dict[str, list[dict[str, Any]]]:
-    """The operators of `steps` decode steps, eager and compiled: the `top` (a positive int) by self CPU time, per
-    step, for a decode `case`. Every argument is checked before the first profile runs."""
-    from torch.profiler import ProfilerActivity, profile
-
+def profile_decode(model: GPT, case: Case = CASES[0], steps: int = 16, backend: str = "inductor",
+                   top: int | None = 8, seed: int = 0) -> dict[str, list[dict[str, Any]]]:
+    """The operators of `steps` decode steps, eager and compiled: the `top` (a positive int, or None for every
+    operator) by self CPU time, per step, for a decode `case`; each one's share is of all the operators' self time.
+    Every argument is checked before the first profile runs."""
     check_case(model, case, steps)
     if case.kind != "decode":  # its decoder would be sized for a prompt, and refused naming its own max_len
         raise ValueError(f"profile_decode profiles decode steps: case must be a decode Case, got {case.name!r}")
-    check_int("top", top)
+    if top is not None:
+        check_int("top", top)
     check_backend_and_seed(backend, seed)
     out = {}
     for mode in ("eager", "compile"):
@@ -229,9 +231,11 @@ def profile_decode(model: GPT, case: Case = CASES[0], steps: int = 16, backend: 
     return out
 
 
-def format_sweep(report: dict[str, Any]) -> str:
-    lines = [f"torch.compile ({report['backend']}) against eager, {report['device']}; each row one interleaved run",
-             "", "| case | threads | eager | compiled | speed-up | graphs | first call | max |diff| | same argmax |",
+def sweep_table(report: dict[str, Any]) -> str:
+    """The rows of a sweep report as a Markdown table: per case and thread count, eager and compiled time per step
+    (a prefill: per call), the speed-up, the graphs built, the first call, and the checks against eager."""
+    lines = ["| case | threads | eager | compiled | speed-up | graphs | first call | largest logit difference "
+             "| same argmax |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in report["rows"]:
         unit = r["steps"] if r["kind"] == "decode" else 1
@@ -241,11 +245,85 @@ def format_sweep(report: dict[str, Any]) -> str:
                      f"{r['first_call_seconds']:.1f} s | {r['max_abs_diff']:.1e} | {r['same_argmax']} |"
                      + (f" CUDA graph {1e3 * r['graph_s'] / unit:.2f} {what}, {r['graph_speedup']:.2f}x, "
                         f"same argmax {r['graph_same_argmax']} |" if "graph_s" in r else ""))
+    return "\n".join(lines) + "\n"
+
+
+def operator_name(name: str) -> str:
+    """A profiled operator's name as a table shows it: inductor's generated code without the hash that names its
+    graph ("## Call CompiledFxGraph f6a...q ##" -> "## Call CompiledFxGraph … ##")."""
+    return re.sub(r"(CompiledFxGraph) \w+", r"\1 …", name)
+
+
+def profile_table(ops: list[dict[str, Any]], top: int = 8) -> str:
+    """One mode's operators from `profile_decode` as a Markdown table: the first `top` by self time, each with its
+    calls and self time per step and its share, and one row for the rest of the listed operators."""
+    lines = ["| operator | calls per step | self time per step | share of the operators' time |",
+             "|---|---:|---:|---:|"]
+    lines += [f"| `{operator_name(o['name'])}` | {o['calls_per_step']:.0f} | {o['self_us_per_step']:.0f} µs | "
+              f"{100 * o['share']:.0f}% |" for o in ops[:top]]
+    rest = ops[top:]
+    if rest:
+        lines.append(f"| the other {len(rest)} operators | {sum(o['calls_per_step'] for o in rest):.0f} | "
+                     f"{sum(o['self_us_per_step'] for o in rest):.0f} µs | "
+                     f"{100 * sum(o['share'] for o in rest):.0f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def format_sweep(report: dict[str, Any]) -> str:
+    lines = [f"torch.compile ({report['backend']}) against eager, {report['device']}; each row one interleaved run",
+             "", sweep_table(report)]
     for mode, ops in report.get("profile", {}).items():
-        lines += ["", f"{mode}, per decode step ({report['profile_case']}): operator, calls, self time, share"]
-        lines += [f"  {o['name'][:70]:<70} {o['calls_per_step']:5.1f} {o['self_us_per_step']:8.1f} us "
-                  f"{100 * o['share']:4.0f}%" for o in ops]
-    return "\n".join(lines)
+        lines += [f"{mode}, per decode step ({report['profile_case']}):", "", profile_table(ops)]
+    return "\n".join(lines).rstrip("\n")
+
+
+PRODUCTS = ("aten::addmm", "aten::mm")  # the step's matrix products: the block linears (with bias) and the head
+GUARDS = "TorchDynamo Cache Lookup"  # the compiled step's guard check before each call
+GENERATED = "CompiledFxGraph"  # in the name of the call into inductor's generated code
+
+
+def row_key(row: dict[str, Any]) -> str:
+    """A sweep row's name in `quotes`: "decode1_t1" (decode at batch 1, one thread), "prefill1_t2"."""
+    return f"{row['kind']}{row['batch']}_t{row['threads']}"
+
+
+def quotes(report: dict[str, Any]) -> dict[str, str]:
+    """What the chapter text quotes from a report of `main --profile --json`: the table of cases ("cases"); the
+    batch-1 decode step's operators, eager ("profile_eager", the first 4 and the rest) and compiled
+    ("profile_compile", the first 6 and the rest); per row (`row_key`) its `_speedup` ("1.04x") and its eager and
+    compiled ms per step, a prefill's per call (`_eager_ms`, `_compiled_ms`); over the rows the lowest and highest speed-up
+    (`speedup_min`, `speedup_max`), first call (`first_call_min`, `first_call_max`, "0.5 s") and the largest logit
+    difference from eager (`max_abs_diff`); per profiled mode the products' share of the operators' time
+    (`eager_products_share`, "80%"), the guard check's and inductor's generated code's (`compile_guard_share`,
+    `compile_generated_share`), and the operator calls per step (`eager_calls`, `compile_calls`); the run's
+    settings (`profile_case`, `model`, `cpu`, `command`)."""
+    rows = report["rows"]
+    out = {"cases": sweep_table(report)}
+    for r in rows:
+        unit = r["steps"] if r["kind"] == "decode" else 1
+        key = row_key(r)
+        out[f"{key}_speedup"] = f"{r['speedup']:.2f}x"
+        out[f"{key}_eager_ms"] = f"{1e3 * r['eager_s'] / unit:.2f}"
+        out[f"{key}_compiled_ms"] = f"{1e3 * r['compiled_s'] / unit:.2f}"
+    speedups = [r["speedup"] for r in rows]
+    out["speedup_min"], out["speedup_max"] = f"{min(speedups):.2f}x", f"{max(speedups):.2f}x"
+    first = [r["first_call_seconds"] for r in rows]
+    out["first_call_min"], out["first_call_max"] = f"{min(first):.1f} s", f"{max(first):.1f} s"
+    out["max_abs_diff"] = f"{max(r['max_abs_diff'] for r in rows):.0e}"
+    for mode, top in (("eager", 4), ("compile", 6)):
+        ops = report.get("profile", {}).get(mode)
+        if ops is None:
+            continue
+        out[f"profile_{mode}"] = profile_table(ops, top)
+        out[f"{mode}_products_share"] = f"{100 * sum(o['share'] for o in ops if o['name'] in PRODUCTS):.0f}%"
+        out[f"{mode}_calls"] = f"{sum(o['calls_per_step'] for o in ops):.0f}"
+        if mode == "compile":
+            out["compile_guard_share"] = f"{100 * sum(o['share'] for o in ops if o['name'] == GUARDS):.0f}%"
+            out["compile_generated_share"] = f"{100 * sum(o['share'] for o in ops if GENERATED in o['name']):.0f}%"
+    for key in ("profile_case", "model", "cpu", "command"):
+        if key in report:
+            out[key] = str(report[key])
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -253,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads-list", default="1,2", help="thread counts to sweep, comma-separated (default 1,2)")
     ap.add_argument("--backend", default="inductor", help="torch.compile backend (default inductor)")
     ap.add_argument("--profile", action="store_true",
-                    help="also profile the batch-1 decode step, eager and compiled, at --threads")
+                    help="also profile the batch-1 decode step, eager and compiled, at --threads (every operator)")
     return ap
 
 
@@ -268,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     report = run_sweep(loaded.model, threads, repeats=3 if args.quick else 5, backend=args.backend, seed=args.seed)
     if args.profile:
         report["profile_case"] = CASES[0].name
-        report["profile"] = profile_decode(loaded.model, backend=args.backend, seed=args.seed)
+        report["profile"] = profile_decode(loaded.model, backend=args.backend, top=None, seed=args.seed)
     report["model"] = loaded.label
     print(f"model: {loaded.label}")
     print(format_sweep(report))
