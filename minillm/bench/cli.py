@@ -26,6 +26,7 @@ import torch
 
 from minillm.core.device import DEVICE_CHOICES
 from minillm.core.io import atomic_write_text, check_output_file
+from minillm.core.sampling import seed_argument
 
 # The shared options' defaults and help, one place for every benchmark.
 DEFAULT_DEVICE = "cpu"  # where a benchmark has a CPU path; a GPU-only one (chapter 12's kernels) defaults to cuda
@@ -45,7 +46,8 @@ def add_bench_options(ap: argparse.ArgumentParser, quick_help: str | None = None
     """Add the shared options to `ap` and return it.
 
     `devices` narrows `--device` for a benchmark that runs on fewer devices (its default stays "cpu" when "cpu" is
-    one of them). `quick_help` says what `--quick` shrinks; without it there is no `--quick`. A benchmark with named
+    one of them). `quick_help` says what `--quick` shrinks (plain text: a "%" in it is kept as written, not taken for
+    argparse's formatting); without it there is no `--quick`. A benchmark with named
     `sizes` gets `--size` (default "full") and `--quick` as a short way to write `--size quick`. `seed=False` leaves
     out `--seed` for a benchmark with nothing random in it."""
     devices = tuple(devices)
@@ -59,7 +61,8 @@ def add_bench_options(ap: argparse.ArgumentParser, quick_help: str | None = None
     ap.add_argument("--threads", type=int, default=DEFAULT_THREADS, help=THREADS_HELP)
     ap.add_argument("--json", metavar="FILE", help=JSON_HELP)
     if seed:
-        ap.add_argument("--seed", type=int, default=0, help=SEED_HELP)
+        ap.add_argument("--seed", type=seed_argument, default=0, help=SEED_HELP)
+    quick_help = None if quick_help is None else quick_help.replace("%", "%%")  # argparse %-formats help strings
     if sizes is not None:
         if DEFAULT_SIZE not in sizes or "quick" not in sizes:
             raise ValueError(f"sizes must name {DEFAULT_SIZE!r} and 'quick', got {list(sizes)}")

@@ -44,13 +44,14 @@ def save_checkpoint(model: GPT, path_dir: str | os.PathLike, extra_metadata: dic
         raise TypeError(f"save_checkpoint needs a minillm GPT, got {type(model).__name__}")
     if extra_metadata is not None and not isinstance(extra_metadata, dict):
         raise TypeError(f"extra_metadata must be a dict or None, got {type(extra_metadata).__name__}")
-    out = Path(path_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_save_safetensors(model_tensors(model), out / WEIGHTS_NAME, metadata={"format": FORMAT})
+    tensors = model_tensors(model)  # an untied head is refused here, before anything is written
     config = model.config if config is None else config
     shape_fields = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "head_size")
     if any(getattr(config, f) != getattr(model.config, f) for f in shape_fields):
         raise ValueError(f"config {config} does not describe the model's shapes {model.config}")
+    out = Path(path_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_save_safetensors(tensors, out / WEIGHTS_NAME, metadata={"format": FORMAT})
     doc = {"format": FORMAT, "config": config.to_dict(), "metadata": extra_metadata or {}}
     atomic_write_text(out / CONFIG_NAME, json.dumps(doc, indent=2, sort_keys=True) + "\n")
     return out

@@ -75,11 +75,21 @@ def check_module_has_data(name: str, module: Any) -> None:
         check_has_data(f"{name} tensor {key!r}", t)
 
 
+def is_float_compute(x: Any) -> bool:
+    """Whether `x` is a floating-point tensor of a dtype torch computes in: float16, bfloat16, float32, float64.
+    float8 (one byte) is floating point too, but a storage format: most ops refuse it deep inside torch."""
+    return isinstance(x, torch.Tensor) and x.is_floating_point() and x.element_size() >= 2
+
+
 def check_float_tensor(name: str, x: Any, ndim: int | None = None) -> torch.Tensor:
-    """`x` if it is a floating-point torch tensor (of `ndim` dimensions when given); TypeError / ValueError naming
-    `name` otherwise."""
+    """`x` if it is a floating-point torch tensor of a dtype torch computes in (not float8), holding values (not a
+    meta tensor), of `ndim` dimensions when given; TypeError / ValueError naming `name` otherwise."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got {tensor_kind(x)}")
+    if not is_float_compute(x):
+        raise TypeError(f"{name} must be a floating-point tensor torch computes in (float16, bfloat16, float32 or "
+                        f"float64), got {x.dtype}: float8 is a storage format, cast it first")
+    check_has_data(name, x)
     if ndim is not None and x.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
     return x
@@ -92,9 +102,12 @@ def check_device(name: str, device: Any) -> torch.device:
         raise TypeError(f"{name} must be a str or torch.device like 'cpu' or 'cuda:0', got {type(device).__name__} "
                         f"{device!r:.80}")
     try:
-        return torch.device(device)
+        device = torch.device(device)
     except RuntimeError as e:
         raise ValueError(f"{name} must be a device like 'cpu', 'cuda' or 'cuda:0', got {device!r:.80}") from e
+    if device.type == "meta":  # tensors there have shapes but no values: nothing could run or be read
+        raise ValueError(f"{name} must be a device that holds values, like 'cpu' or 'cuda', got 'meta'")
+    return device
 
 
 def check_float(name: str, value: Any, minimum: float | None = None, maximum: float | None = None,

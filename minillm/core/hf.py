@@ -23,6 +23,7 @@ import torch
 
 from minillm.core.config import GPTConfig
 from minillm.core.io import read_json_file, read_safetensors_file
+from minillm.core.weights import untied_head
 
 # Conv1D weights, stored (in, out) by Hugging Face: transposed on the way in and out.
 _CONV1D = re.compile(r"^transformer\.h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight$")
@@ -141,7 +142,7 @@ def read_hf(source: Any, n_head: int | None = None, **config_overrides: Any) -> 
 
 
 def to_hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """minillm tensors -> Hugging Face GPT-2 tensors (Conv1D weights transposed; the tied head included)."""
+    """minillm tensors -> Hugging Face GPT-2 tensors (Conv1D weights transposed; the head included, tied or not)."""
     out = {}
     for key, value in model.state_dict().items():
         value = value.detach()
@@ -168,18 +169,26 @@ def to_hf_model(model: torch.nn.Module, attn_implementation: str = "eager", **hf
 
     Used to run Hugging Face's own loops (`generate`) on minillm's checkpoints. `hf_kwargs` go to GPT2Config,
     e.g. eos_token_id=tokenizer.eot_token. "eager" attention is the plain softmax path, closest to `attention_ref`.
+    A model whose lm_head has a weight of its own (untied, `minillm.core.weights.untied_head`) gets an untied
+    Hugging Face head (tie_word_embeddings=False) holding that weight; a tie_word_embeddings in `hf_kwargs` that
+    contradicts the model is a ValueError naming it.
     """
     from transformers import GPT2LMHeadModel
 
     if not isinstance(getattr(model, "config", None), GPTConfig):
         raise TypeError(f"to_hf_model needs a minillm GPT (a module with a GPTConfig), got {type(model).__name__}")
-    hf_config = to_hf_config(model.config, **hf_kwargs)
+    untied = untied_head(model)
+    if "tie_word_embeddings" in hf_kwargs and bool(hf_kwargs["tie_word_embeddings"]) == untied:
+        raise ValueError(f"tie_word_embeddings={hf_kwargs['tie_word_embeddings']!r}, but the model's lm_head is "
+                         f"{'untied (a weight of its own)' if untied else 'tied to transformer.wte'}")
+    hf_config = to_hf_config(model.config, **{"tie_word_embeddings": not untied, **hf_kwargs})
     hf_config._attn_implementation = attn_implementation
     hf = GPT2LMHeadModel(hf_config)
     state = to_hf_state_dict(model)
     missing, unexpected = hf.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not _BUFFERS.match(k) and k != "lm_head.weight"]
+    missing = [k for k in missing if not _BUFFERS.match(k) and (untied or k != "lm_head.weight")]
     if missing or unexpected:  # an internal invariant: the two layouts are the same by construction
         raise AssertionError(f"layout mismatch exporting to Hugging Face: missing {missing}, unexpected {unexpected}")
-    hf.tie_weights()
+    if not untied:
+        hf.tie_weights()
     return hf.to(model.device).eval()

@@ -58,15 +58,17 @@ def check_path_fits(text: str, name: str) -> None:
 def check_output_file(path: str | os.PathLike | None, flag: str, suffixes: tuple[str, ...] = ()) -> Path | None:
     """Check an output path a command will write when its work is done, before the work starts.
 
-    A directory, a path ending in a separator (a folder's name: Path("dir/") would be the file "dir"), a parent that
-    is a file, or a wrong suffix is a ValueError naming `flag` (e.g. "--plot") and the path, so minutes of
-    benchmarking or training are never lost to `IsADirectoryError` at the end; a path that is not a str or
-    os.PathLike is a TypeError naming `flag`. None passes.
+    A directory, a path ending in a separator, "." or ".." (a folder's name: Path("dir/") would be the file "dir",
+    and "missing/.." names a folder once "missing" is made), a parent that is a file, or a wrong suffix is a
+    ValueError naming `flag` (e.g. "--plot") and the path, so minutes of benchmarking or training are never lost to
+    `IsADirectoryError` at the end; a path that is not a str or os.PathLike is a TypeError naming `flag`. None
+    passes.
     """
     if path is None or path == "":
         return None
     out = check_path(path, flag)
-    if os.fsdecode(os.fspath(path)).endswith(("/", os.sep)):
+    text = os.fsdecode(os.fspath(path))
+    if text.endswith(("/", os.sep)) or os.path.basename(text) in (".", ".."):
         raise ValueError(f"{flag} must name a file, got {path!r}")
     if out.is_dir():
         raise ValueError(f"{flag} {str(out)!r} is a directory; give a file path inside it, e.g. "
@@ -196,7 +198,9 @@ def read_json_file(path: str | os.PathLike, what: str = "JSON file") -> Any:
     path = Path(path)
     try:
         return json.loads(path.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    # ValueError: json's decode error, and an int of more digits than Python converts; RecursionError: nesting past
+    # the parser's depth. Each names the file here, not only the position.
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise ValueError(f"{what} {str(path)!r} is not valid JSON (truncated or corrupt?): {e}") from e
 
 

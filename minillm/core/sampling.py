@@ -13,6 +13,8 @@ A processor never renormalises: it sets removed logits to -inf, and the softmax 
 
 from __future__ import annotations
 
+import argparse
+
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -108,6 +110,16 @@ def check_seed(seed: object) -> int:
     if not SEED_RANGE[0] <= seed < SEED_RANGE[1]:
         raise ValueError(f"seed must be a 64-bit integer in [-2**63, 2**64), got {seed}")
     return seed
+
+
+def seed_argument(text: str) -> int:
+    """A command line's `--seed` (argparse `type=`): an int `check_seed` accepts, or a usage error naming the value
+    (argparse adds the flag), before any work; `type=int` alone lets 2**64 through to fail deep in torch, or be
+    ignored by a benchmark that never seeds a generator."""
+    try:
+        return check_seed(int(text))
+    except ValueError as e:  # int() of "abc", or out of range
+        raise argparse.ArgumentTypeError(str(e) if "64-bit" in str(e) else f"must be an int, got {text!r}") from None
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator | None:

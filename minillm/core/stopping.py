@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import torch
 
-from minillm.core.config import GPTConfig
+from minillm.core.config import GPTConfig, check_has_data
 from minillm.core.detokenize import IncrementalText
 from minillm.core.sampling import SamplingParams, make_generator
 
@@ -59,7 +59,7 @@ def check_token_ids(name: str, ids: Any, vocab_size: int) -> list[int]:
     if isinstance(ids, torch.Tensor):
         if ids.dim() != 1 or ids.is_floating_point() or ids.dtype == torch.bool:
             raise TypeError(f"{name} tensor must be 1-D integer, got {ids.dtype} {tuple(ids.shape)}")
-        ids = ids.tolist()
+        ids = check_has_data(name, ids).tolist()
     if not isinstance(ids, (list, tuple)):
         raise TypeError(f"{name} must be a list of ints, got {type(ids).__name__}")
     for pos, tok in enumerate(ids):

@@ -17,7 +17,13 @@ TIED_KEYS = ("lm_head.weight",)
 
 
 def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The tensors a checkpoint stores: the state dict minus the tied head."""
+    """The tensors a checkpoint stores: the state dict minus the tied head. A model whose head was untied (given a
+    weight of its own) is a ValueError naming model.lm_head: every format here would drop that weight on save, and
+    the model would come back with the embedding as its head."""
+    if hasattr(model, "lm_head") and hasattr(model, "transformer") and untied_head(model):
+        raise ValueError("model.lm_head has a weight of its own, not the token embedding transformer.wte.weight: "
+                         "this format stores the tied pair once, so the head would be lost on save; tie it again "
+                         "(model.lm_head.weight = model.transformer.wte.weight) or keep the model in memory")
     return {k: v for k, v in model.state_dict().items() if k not in TIED_KEYS}
 
 
@@ -67,3 +73,16 @@ def load_state_dict_strict(model: nn.Module, tensors: dict[str, torch.Tensor], s
             param.copy_(tensors[key].to(dtype=param.dtype, device=param.device))
 
 
+
+
+def untied_head(model: nn.Module) -> bool:
+    """Whether `model.lm_head` has a weight of its own: another tensor than the token embedding's, with other
+    values. GPT ties the two, and every format here stores the pair once, as transformer.wte.weight (`TIED_KEYS`):
+    such a head would be dropped on save, or replaced by the embedding on export, without a word. A head with no
+    `weight` (a quantized tied head) is tied; a head with one beside an embedding without (a quantized one) is not."""
+    head = getattr(model.lm_head, "weight", None)
+    wte = getattr(model.transformer.wte, "weight", None)
+    if head is None or head is wte:
+        return False
+    return wte is None or not (head.shape == wte.shape and head.dtype == wte.dtype and head.device == wte.device
+                               and torch.equal(head, wte))

@@ -15,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minillm.core.config import check_float, check_int
+from minillm.core.sampling import check_seed
 from minillm.gpt.dataset import BatchSampler, split_tokens
 
 
@@ -30,6 +31,7 @@ def short_finetune(net: nn.Module, steps: int, batch_size: int = 4, lr: float = 
     """
     check_int("steps", steps)
     check_int("batch_size", batch_size)
+    check_seed(seed)
     check_float("lr", lr, 0.0, include_minimum=False)  # inf would turn every weight into NaN at the first step
     T = block_size if block_size is not None else net.config.block_size
     tokens = split_tokens("train")

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from minillm.core.checkpoint import load_checkpoint, save_checkpoint
 from minillm.core.config import GPTConfig, PRESETS, check_float
 from minillm.core.device import DEVICE_CHOICES, resolve_device
+from minillm.core.sampling import seed_argument
 from minillm.core.io import atomic_write_text, check_output_dir
 from minillm.core.model import GPT
 from minillm.gpt.dataset import BatchSampler, fixed_windows, split_tokens
@@ -436,7 +437,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--export", metavar="DIR", help="write the final model + training_log.json here")
     p.add_argument("--resume", metavar="DIR", help="continue a run from its --out directory")
     p.add_argument("--init-from", metavar="DIR", help="start from this checkpoint's weights (fresh optimizer)")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=seed_argument, default=d.seed)
     p.add_argument("--device", default=d.device, choices=DEVICE_CHOICES)
     p.add_argument("--no-amp", action="store_true", help="no bf16 autocast on CUDA")
     p.add_argument("--threads", type=int, help="torch.set_num_threads")

@@ -66,7 +66,7 @@ from minillm.bench.models import load_model
 from minillm.core.corpus import SEPARATOR
 from minillm.core.device import DEVICE_CHOICES, resolve_device
 from minillm.core.io import atomic_write_text, check_output_file
-from minillm.core.sampling import SamplingParams
+from minillm.core.sampling import SamplingParams, seed_argument
 from minillm.engine import LLM, EngineConfig
 from minillm.gpt.dataset import default_eval_tokens
 from minillm.serve import plots
@@ -1163,7 +1163,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                    help="shared-prefix: tokens of the common prefix (default %(default)s)")
     d.add_argument("--context-length", type=int, default=None,
                    help="the server's context window (default: its /v1/models max_model_len, else 256)")
-    d.add_argument("--seed", type=int, default=0, help="seed of the prompts and the arrivals (default 0)")
+    d.add_argument("--seed", type=seed_argument, default=0, help="seed of the prompts and the arrivals (default 0)")
     a = p.add_argument_group("the arrivals")
     a.add_argument("--request-rate", type=_float, default=math.inf,
                    help="requests per second (default inf: all at once)")

@@ -1,0 +1,142 @@
+"""Bad input the shared checks refuse for every chapter: meta tensors, float8 tensors, an out-of-range --seed.
+
+A meta tensor has a shape and a dtype but no values, float8 is a storage format most torch ops refuse, and a seed
+past 64 bits fails inside torch's generator (or is ignored by a benchmark that never seeds one). Each is refused
+up front, by minillm's own check, naming the argument (`check_has_data`, `check_float_tensor`, `is_float_compute`,
+`check_device`, `seed_argument`); the rows below are entry points of chapters 08-13 where a hostile run found
+torch's own error instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from minillm.bench.cli import bench_parser
+from minillm.compile.decode import StaticDecoder, check_decoder_room
+from minillm.core.checkpoint import save_checkpoint
+from minillm.core.io import read_json_file
+from minillm.core.config import GPTConfig, check_float_tensor, is_float_compute
+from minillm.core.model import GPT
+from minillm.core.sampling import SamplingParams
+from minillm.distill.losses import kd_loss
+from minillm.kernels import mirror, naive, ops
+from minillm.quant.kv_cache import Int8ContiguousKVCache, dequantize_kv, quantize_kv
+from minillm.quant.qat import fake_quantize, qat_codes
+from minillm.quant.linear import QuantConfig
+from minillm.speculative.generate import generate_speculative
+from minillm.speculative.sampling import (accept_greedy, accept_or_resample, prob_sum_tolerance,
+                                          residual_distribution, sample_from_target)
+
+CFG = GPTConfig(vocab_size=128, block_size=32, n_layer=2, n_head=2, n_embd=32)
+P3 = torch.tensor([[0.2, 0.3, 0.5], [0.1, 0.1, 0.8]])
+Q3 = torch.tensor([[0.3, 0.3, 0.4], [0.5, 0.25, 0.25]])
+F8 = torch.float8_e4m3fn
+
+
+def tiny() -> GPT:
+    torch.manual_seed(0)
+    return GPT(CFG).eval()
+
+
+def meta(t: torch.Tensor) -> torch.Tensor:
+    return t.to("meta")
+
+
+KV = torch.zeros(2, 4, 2, 8)
+CASES = [
+    # (id, call, error type, the argument the message must name)
+    ("accept_or_resample tokens", lambda: accept_or_resample(P3, Q3[:1], meta(torch.tensor([1]))), ValueError,
+     "draft_tokens"),
+    ("accept_greedy tokens", lambda: accept_greedy(torch.zeros(2, 3), meta(torch.tensor([1]))), ValueError,
+     "draft_tokens"),
+    ("generate_speculative prompt", lambda: generate_speculative(tiny(), tiny(), meta(torch.tensor([5, 6])),
+                                                                 SamplingParams.greedy(4)), ValueError, "prompt_ids"),
+    ("StaticDecoder token", lambda: (lambda m, d: d(m, d.cache, meta(torch.tensor([3])), torch.tensor([0])))(
+        *(lambda m: (m, StaticDecoder(m, "eager")))(tiny())), ValueError, "token"),
+    ("check_decoder_room prompt", lambda: check_decoder_room(8, CFG, meta(torch.tensor([1, 2])),
+                                                             SamplingParams.greedy(3)), ValueError, "prompt_ids"),
+    ("dequantize_kv codes", lambda: dequantize_kv(meta(quantize_kv(torch.randn(5, 32))[0]),
+                                                  quantize_kv(torch.randn(5, 32))[1]), ValueError, "codes"),
+    ("Int8ContiguousKVCache device", lambda: Int8ContiguousKVCache(CFG, 1, 8, device="meta"), ValueError, "device"),
+    ("fake_quantize w", lambda: fake_quantize(meta(torch.randn(8, 32)), QuantConfig("int8")), ValueError, "w"),
+    ("qat_codes w", lambda: qat_codes(meta(torch.randn(8, 32)), QuantConfig("int8")), ValueError, "w"),
+    ("mirror.paged_gather table", lambda: mirror.paged_gather(torch.zeros(6, 4, 2, 8), meta(torch.tensor([5, 1])), 6),
+     ValueError, "block_table"),
+    ("mirror.kv_cache_write slots", lambda: mirror.kv_cache_write(torch.randn(2, 2, 8), torch.randn(2, 2, 8), KV,
+                                                                  KV.clone(), meta(torch.tensor([0, 1]))),
+     ValueError, "slot_mapping"),
+    ("naive.layernorm bias", lambda: naive.layernorm(torch.randn(2, 8), torch.ones(8), meta(torch.zeros(8))),
+     ValueError, "bias"),
+    ("ops.kv_cache_write slots (before the CUDA check)",
+     lambda: ops.kv_cache_write(torch.randn(2, 2, 8), torch.randn(2, 2, 8), KV, KV.clone(),
+                                meta(torch.tensor([0, 1]))), ValueError, "slot_mapping"),
+    # float8: floating point to torch, a storage format to every op here
+    ("residual_distribution float8", lambda: residual_distribution(P3.to(F8), Q3.to(F8)), TypeError, "p"),
+    ("sample_from_target float8", lambda: sample_from_target(P3.to(F8)), TypeError, "p"),
+    ("accept_greedy float8", lambda: accept_greedy(torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 5.0]]).to(F8), [1]),
+     TypeError, "target_logits"),
+    ("prob_sum_tolerance float8", lambda: prob_sum_tolerance(F8), TypeError, "dtype"),
+    ("kd_loss float8", lambda: kd_loss(torch.randn(3, 8).to(F8), torch.randn(3, 8).to(F8)), TypeError,
+     "student_logits"),
+    ("check_float_tensor float8", lambda: check_float_tensor("x", torch.zeros(2).to(F8)), TypeError, "x"),
+]
+
+
+@pytest.mark.parametrize("call, error, name", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_meta_and_float8_tensors_are_refused_by_name(call, error, name):
+    with pytest.raises(error, match=rf"\b{name}\b"):
+        call()
+
+
+def test_float_compute_dtypes_are_the_four_torch_computes_in():
+    assert [is_float_compute(torch.zeros(1, dtype=d)) for d in
+            (torch.float16, torch.bfloat16, torch.float32, torch.float64, F8, torch.float8_e5m2, torch.int8)] \
+        == [True, True, True, True, False, False, False]
+
+
+BENCHES = ["minillm.kvcache.bench", "minillm.quant.bench", "minillm.prune.bench", "minillm.distill.bench",
+           "minillm.speculative.bench", "minillm.speculative.engine_bench", "minillm.compile.bench",
+           "minillm.compile.aot", "minillm.compile.sweep", "minillm.paged.bench", "minillm.distill.train"]
+
+
+@pytest.mark.parametrize("module", BENCHES)
+@pytest.mark.parametrize("seed", ["18446744073709551616", "-9223372036854775809", "seven"])
+def test_a_seed_torch_cannot_take_is_a_usage_error_before_any_work(module, seed, capsys):
+    main = importlib.import_module(module).main
+    with pytest.raises(SystemExit) as exit_:
+        main(["--seed", seed])  # parsed before any other flag is looked at, or any work done
+    assert exit_.value.code == 2
+    assert "--seed" in capsys.readouterr().err
+
+
+def test_the_tour_refuses_such_a_seed_too(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        importlib.import_module("minillm.course.cli").main(["tour", "--seed", "18446744073709551616"])
+    assert exit_.value.code == 2 and "--seed" in capsys.readouterr().err
+
+
+def test_a_percent_sign_in_a_benchmarks_quick_help_prints_as_written():
+    helptext = bench_parser("prog", "what", "half: 50% of the rows", sizes={"full": 1, "quick": 2}).format_help()
+    assert "50% of the rows" in helptext
+
+
+def test_a_model_with_an_untied_head_is_refused_on_save_not_saved_without_it(tmp_path):
+    """Every checkpoint format stores the tied head once, as the embedding: an untied head would be dropped."""
+    model = tiny()
+    model.lm_head.weight = torch.nn.Parameter(torch.randn(CFG.vocab_size, CFG.n_embd))
+    with pytest.raises(ValueError, match=r"model\.lm_head has a weight of its own"):
+        save_checkpoint(model, tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt").exists()
+    model.lm_head.weight = model.transformer.wte.weight  # tied again: saved
+    save_checkpoint(model, tmp_path / "ckpt")
+
+
+@pytest.mark.parametrize("text", ["9" * 5000, "[" * 100_000 + "]" * 100_000, '{"a": 1', "\xff"])
+def test_a_json_file_python_cannot_read_is_a_value_error_naming_it(tmp_path, text):
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(text.encode("latin-1"))
+    with pytest.raises(ValueError, match="bad.json"):
+        read_json_file(bad)
