@@ -12,6 +12,7 @@ off without a trace (now counted in `stats()` and logged once).
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -31,8 +32,8 @@ from minillm.distill import FeatureProjection, default_layer_pairs, distillation
 from minillm.distill import bench as distill_bench
 from minillm.distill import train as distill_train
 from minillm.distill.losses import MIN_TEMPERATURE, check_kind, check_layer_pairs, check_temperature
-from minillm.distill.run_state import RECORDS_NAME, RUN_NAME, RecordLog, start_run, teacher_digest
-from minillm.distill.train import DistillObjective, checkpoint_dir, distill, kd_history, student_dir
+from minillm.distill.run_state import RECORDS_NAME, RUN_NAME, RecordLog, resume_run, start_run, teacher_digest
+from minillm.distill.train import DistillObjective, check_student, checkpoint_dir, distill, kd_history, student_dir
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
 from minillm.gpt.train import TrainConfig, train
@@ -46,6 +47,7 @@ from minillm.speculative import bench as spec_bench
 from minillm.speculative import engine_bench
 from minillm.speculative.engine import SpeculativeConfig, SpeculativeLLM
 from minillm.speculative.generate import (
+    DraftModelProposer,
     PromptLookupProposer,
     generate_prompt_lookup,
     generate_speculative,
@@ -98,6 +100,14 @@ def with_records(c, records: list) -> DistillObjective:
     objective = DistillObjective(c.teacher)
     objective.records = records
     return objective
+
+
+def changed(obj, **fields):
+    """A shallow copy of `obj` (a config, an objective) with `fields` set after construction, as a caller might."""
+    out = copy.copy(obj)
+    for name, value in fields.items():
+        setattr(out, name, value)
+    return out
 
 
 # (id, call(ctx), the exception, a regex its message must match: it names the argument)
@@ -253,11 +263,6 @@ BAD = [
     ("student-dir-empty", lambda c: student_dir(""), ValueError, "student must name .* got an empty string"),
     ("checkpoint-dir-role", lambda c: checkpoint_dir("no/such/dir", "teacher"), ValueError,
      "teacher 'no/such/dir' is neither"),
-    ("cli-teacher-missing", lambda c: distill_train.main(["--teacher", "/nonexistent/dir", "--student",
-                                                          str(c.root / "student"), "--no-progress"]), ValueError,
-     "--teacher '/nonexistent/dir' is neither"),
-    ("cli-student-empty", lambda c: distill_train.main(["--student", "", "--no-progress"]), ValueError,
-     "--student must name"),
     # ---------------------------------------------------------------- chapter 11's benchmark helpers
     ("val-prompts-zero", lambda c: distill_bench.val_prompts(0, 5), ValueError, "num_prompts"),
     ("val-prompts-bool", lambda c: distill_bench.val_prompts(True, 5), TypeError, "num_prompts"),
@@ -332,12 +337,6 @@ BAD = [
      "out_dir must name a path, got an empty string"),
     ("run4-checkpoint-dir-cwd", lambda c: checkpoint_dir(Path(""), "student"), ValueError,
      r"student '\.' is a directory but no checkpoint \(it has no config.json\)"),
-    ("cli4-export-empty", lambda c: distill_train.main(["--export", "", "--no-progress"]), ValueError,
-     "--export must name a path, got an empty string"),
-    # before: exit 0, the teacher path never looked at
-    ("cli4-teacher-missing-hard-label", lambda c: distill_train.main(["--kd-weight", "0", "--teacher",
-                                                                      "/nonexistent/dir", "--no-progress"]),
-     ValueError, "--teacher '/nonexistent/dir' is neither a shipped checkpoint"),
     # before: steps [1, 1] from 3 records at grad_accum=2 (half a step counted as one)
     ("kdhist4-partial-step", lambda c: kd_history(with_records(c, [{"hard": 1.0, "soft": 2.0, "total": 1.5}] * 3), 1,
                                                   grad_accum=2), ValueError,
@@ -660,6 +659,68 @@ BAD = [
     # before: "asked for 1 prompts ... 0 pieces", naming n only
     ("s08r5-engine-prompts-window-huge", lambda c: engine_bench.code_prompts(BYTE_TOKENIZER, 1, 8, window=10 ** 12),
      ValueError, "pieces of window=1000000000000 chars; lower n"),
+    # ---------------------------------------------------------------- chapter 08, sixth hostile run
+    # before: the allocator's RuntimeError for a 10**13-slot draft cache
+    ("s08r6-draft-proposer-max-len-past-window", lambda c: DraftModelProposer(c.draft, 10 ** 13), ValueError,
+     "^max_len=10000000000000 is past the draft's context window block_size=64"),
+    # before: prompts that were str slices of the text
+    ("s08r6-engine-prompts-encode-str", lambda c: engine_bench.code_prompts(SimpleNamespace(encode=lambda s: s), 2,
+                                                                            8), TypeError,
+     "^tokenizer.encode must return a list of int token ids, got str"),
+    ("s08r6-code-prompts-encode-str", lambda c: spec_bench.code_prompts(SimpleNamespace(encode=lambda s: s), 2, 8),
+     TypeError, "^tokenizer.encode must return a list of int token ids, got str"),
+    ("s08r6-code-prompt-encode-floats", lambda c: spec_bench.code_prompt(
+        SimpleNamespace(encode=lambda s: [1.0] * len(s)), 8), TypeError, "^tokenizer.encode must return a list of int"),
+    # before: refused by load_sweep after the models loaded (the command: a traceback), or by code_prompts
+    ("s08r6-check-loads-zero", lambda c: engine_bench.check_loads([1, 0]), ValueError,
+     r"^loads\[1\] must be positive, got 0"),
+    ("s08r6-check-loads-past-the-split", lambda c: engine_bench.check_loads([10 ** 6]), ValueError,
+     r"^loads: the highest load 1000000 needs 3000000 prompts \(3 per batch slot\), the validation split has \d+"),
+    ("s08r6-engine-run-loads-int", lambda c: engine_bench.run(loads=4), ValueError,
+     "^loads must be a non-empty list of positive ints, got 4"),
+    # before: sampling_exactness refused the seed after the greedy sweeps; engine_bench ignored it
+    ("s08r6-run-all-seed-huge", lambda c: spec_bench.run_all(torch.device("cpu"), quick=True, seed=2 ** 64),
+     ValueError, r"^seed must be a 64-bit integer in \[-2\*\*63, 2\*\*64\)"),
+    ("s08r6-engine-run-seed-huge", lambda c: engine_bench.run(quick=True, seed=2 ** 64), ValueError,
+     r"^seed must be a 64-bit integer"),
+    # ---------------------------------------------------------------- chapter 11, sixth hostile run
+    # before: returned the str '0.5' as the acceptance rate
+    ("d11r6-alpha-at-alpha-str", lambda c: distill_bench.alpha_at(
+        {"acceptance": {"draft": [{"gamma": 1, "alpha": "0.5"}]}}, "draft", 1), TypeError,
+     r"^report\['acceptance'\]\['draft'\]\[0\]\['alpha'\] must be a number, got str '0.5'"),
+    ("d11r6-alpha-at-alpha-past-one", lambda c: distill_bench.alpha_at(
+        {"acceptance": {"draft": [{"gamma": 2, "alpha": 0.1}, {"gamma": 1, "alpha": 1.5}]}}, "draft", 1), ValueError,
+     r"^report\['acceptance'\]\['draft'\]\[1\]\['alpha'\] must be in \[0.0, 1.0\], got 1.5"),
+    # before: AttributeError 'str' object has no attribute 'vocab_size'
+    ("d11r6-check-student-str", lambda c: check_student("tiny", c.teacher.config, "student"), TypeError,
+     "^student must be a GPTConfig, got str 'tiny'"),
+    ("d11r6-check-student-teacher-model", lambda c: check_student(c.draft.config, c.teacher, "student"), TypeError,
+     "^teacher must be a GPTConfig, got GPT"),
+    # before: a feature_weight set after construction was ignored (no projection, no feature term, no word)
+    ("d11r6-objective-feature-weight-set-later", lambda c: changed(DistillObjective(c.teacher), feature_weight=1.0)(
+        c.draft, torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long)), ValueError,
+     "^feature_weight=1.0 but this objective has no feature projection"),
+    ("d11r6-objective-feature-weight-nan-later", lambda c: changed(DistillObjective(c.teacher), feature_weight=NAN)(
+        c.draft, torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long)), ValueError,
+     "^feature_weight must be a finite number"),
+    # before: an OverflowError from the average, naming neither the records nor the field
+    ("d11r6-kd-history-int-past-float", lambda c: kd_history(with_records(c, [{"hard": 10 ** 400, "soft": 1.0,
+                                                                               "total": 1.0}]), 1), ValueError,
+     r"^objective.records\[0\]: field 'hard' must be within the float range, got an int of 1329 bits"),
+    # before: a KeyError 'kd_weight'; "'NoneType' object is not subscriptable"
+    ("d11r6-resume-run-settings-missing", lambda c: resume_run(c.root, None, {"temperature": 2.0}, True), ValueError,
+     r"^settings must hold every field of .*; missing \['kd_weight', 'kind', 'feature_weight'"),
+    ("d11r6-resume-run-settings-none", lambda c: resume_run(c.root, None, None, True), TypeError,
+     "^settings must be a dict of the run's settings"),
+    # before: distill trained a TrainConfig changed after construction: steps=0 and grad_clip=-1 silently, and a NaN
+    # lr died in torch's AdamW
+    ("d11r6-distill-config-steps-set-later", lambda c: distill(changed(c.cfg, steps=0), c.teacher, progress=False),
+     ValueError, "^TrainConfig.steps must be a positive int, got 0"),
+    ("d11r6-distill-config-grad-clip-set-later", lambda c: distill(changed(c.cfg, grad_clip=-1.0), c.teacher,
+                                                                   progress=False), ValueError,
+     r"^TrainConfig.grad_clip must be in \[0.0, inf\), got -1.0"),
+    ("d11r6-distill-config-lr-set-later", lambda c: distill(changed(c.cfg, lr=NAN), c.teacher, progress=False),
+     ValueError, "^TrainConfig.lr must be a finite number"),
 ]
 
 
@@ -952,6 +1013,29 @@ def test_s08_engine_bench_refuses_an_empty_loads_flag(capsys):
     assert info.value.code == 2 and "--loads must be comma-separated ints, got ''" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, flag", [
+    (["--gamma", "65"], "--gamma"), (["--gamma", "0"], "--gamma"), (["--loads", "1,0"], "--loads"),
+    (["--loads", "-4"], "--loads"), (["--quick", "--loads", "100000"], "--loads"),
+])
+def test_s08r6_engine_bench_refuses_what_run_refuses_as_a_usage_error(capsys, argv, flag):
+    # before: exit 1 and a traceback (SpeculativeConfig's or load_sweep's ValueError), after the models loaded
+    with pytest.raises(SystemExit) as info:
+        engine_bench.main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and f"error: {flag}: " in err and "Traceback" not in err
+
+
+def test_s08r6_chi_square_of_a_draw_p_forbids_is_infinite_with_p_value_zero():
+    # before: bins p gives probability 0 were dropped with their draws: chi2 = 1, p = 0.32 for 10% impossible draws
+    got = spec_bench.chi_square_test(torch.tensor([45, 45, 10, 0]), torch.tensor([0.5, 0.5, 0.0, 0.0]), bins=2)
+    assert got.chi2 == math.inf and got.p_value == 0.0 and math.isclose(got.tv, 0.1)
+    # an empty bin p forbids still adds nothing, and p on one token drawn every time is a perfect fit
+    fit = spec_bench.chi_square_test(torch.tensor([45, 55, 0, 0]), torch.tensor([0.45, 0.55, 0.0, 0.0]), bins=2)
+    assert fit.chi2 < 1e-9 and fit.dof == 1 and fit.p_value > 0.999
+    one = spec_bench.chi_square_test(torch.tensor([0, 30, 0]), torch.tensor([0.0, 1.0, 0.0]), bins=1)
+    assert (one.chi2, one.dof, one.p_value) == (0.0, 0, 1.0)
+
+
 # ================================================================== chapter 08: a failing drafter is counted and logged
 
 
@@ -1180,6 +1264,15 @@ DAMAGED_RUNS = [
     ("resume3-record-value-null", lambda d: _edit_record_line(
         d / RECORDS_NAME, 2, lambda line: json.dumps({**json.loads(line), "total": None})),
      r"line 2: field 'total' must be a number, got NoneType"),
+    # before: a UnicodeDecodeError naming neither file nor line; an IsADirectoryError; an int past the float range
+    # resumed, trained every remaining step, then died in kd_history with a bare OverflowError
+    ("d11r6-record-not-utf8", lambda d: (d / RECORDS_NAME).write_bytes(b"\xff" + (d / RECORDS_NAME).read_bytes()[1:]),
+     rf"{RECORDS_NAME} in .*: line 1 is not a record \(damaged\?\): 'utf-8' codec can't decode"),
+    ("d11r6-records-a-folder", lambda d: ((d / RECORDS_NAME).unlink(), (d / RECORDS_NAME).mkdir()),
+     rf"{RECORDS_NAME} in .* is missing or not a file"),
+    ("d11r6-record-int-past-float", lambda d: _edit_record_line(
+        d / RECORDS_NAME, 1, lambda line: json.dumps({**json.loads(line), "hard": 10 ** 400})),
+     r"line 1: field 'hard' must be within the float range, got an int of 1329 bits"),
 ]
 
 
@@ -1227,15 +1320,16 @@ def test_kd_history_counts_whole_optimizer_steps(ctx):
         kd_history(with_records(ctx, records + records[:1]), 1, grad_accum=2)
 
 
-def test_empty_paths_and_a_missing_teacher_are_refused_before_anything_is_written(tmp_path, monkeypatch):
+def test_empty_paths_and_a_missing_teacher_are_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):
     # before: start_run("") and --export '' wrote into the working directory; --kd-weight 0 never looked at --teacher
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match="out_dir must name a path"):
         start_run("", {"kd_weight": 0.5}, None)
     for argv, flag in ((["--export", ""], "--export"), (["--out", ""], "--out"), (["--resume", ""], "--resume"),
                        (["--kd-weight", "0", "--teacher", str(tmp_path / "none")], "--teacher")):
-        with pytest.raises(ValueError, match=flag):
+        with pytest.raises(SystemExit) as info:  # a usage error (exit 2) naming the flag
             distill_train.main([*argv, "--no-progress"])
+        assert info.value.code == 2 and flag in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
     log = start_run(tmp_path / "run", {"kd_weight": 0.5}, None)  # a real folder still starts a run
     assert log.path == tmp_path / "run" / RECORDS_NAME and (tmp_path / "run" / RUN_NAME).is_file()
@@ -1263,3 +1357,101 @@ def test_sample_from_target_draws_from_the_first_row_only():
     p = torch.tensor([[0.0, 0.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
     assert sample_from_target(p, torch.Generator().manual_seed(0)) == 2
     assert sample_from_target(p[:1]) == 2
+
+
+# ================================================================== chapter 11, sixth hostile run: the CLI, the bench
+
+def _student(c) -> str:
+    return str(c.root / "student")
+
+
+# (id, argv(ctx), the flag the usage error names): before, each was a traceback (exit 1) from TrainConfig, distill
+# or a path check; the first four were ValueErrors in main's table above
+D11R6_CLI = [
+    ("teacher-missing", lambda c: ["--teacher", "/nonexistent/dir", "--student", _student(c)], "--teacher"),
+    ("student-empty", lambda c: ["--student", ""], "--student"),
+    ("export-empty", lambda c: ["--export", ""], "--export"),
+    ("teacher-missing-hard-label", lambda c: ["--kd-weight", "0", "--teacher", "/nonexistent/dir"], "--teacher"),
+    ("lr-nan", lambda c: ["--student", _student(c), "--teacher", _student(c), "--lr", "nan"], "--lr"),
+    ("min-lr-ratio", lambda c: ["--student", _student(c), "--teacher", _student(c), "--min-lr-ratio", "2"],
+     "--min-lr-ratio"),
+    ("batch-size-zero", lambda c: ["--student", _student(c), "--teacher", _student(c), "--batch-size", "0"],
+     "--batch-size"),
+    ("steps-below-default-warmup", lambda c: ["--student", _student(c), "--teacher", _student(c), "--steps", "1"],
+     "--warmup-steps"),
+    ("stop-after-without-out", lambda c: ["--student", _student(c), "--teacher", _student(c), "--stop-after", "2"],
+     "--stop-after"),
+    ("stop-after-past-steps", lambda c: ["--student", _student(c), "--teacher", _student(c), "--steps", "30",
+                                         "--stop-after", "40", "--out", str(c.root / "never")], "--stop-after"),
+    ("kd-weight", lambda c: ["--student", _student(c), "--teacher", _student(c), "--kd-weight", "1.5"], "--kd-weight"),
+    ("temperature", lambda c: ["--student", _student(c), "--teacher", _student(c), "--temperature", "0.001"],
+     "--temperature"),
+    ("feature-weight-inf", lambda c: ["--student", _student(c), "--teacher", _student(c), "--feature-weight", "inf"],
+     "--feature-weight"),
+    ("export-a-file", lambda c: ["--student", _student(c), "--teacher", _student(c), "--export",
+                                 str(c.root / "student" / "config.json")], "--export"),
+    ("resume-not-a-run", lambda c: ["--resume", _student(c), "--teacher", _student(c)], "--resume"),
+    ("resume-with-features", lambda c: ["--resume", _student(c), "--teacher", _student(c), "--feature-weight", "0.5"],
+     "--feature-weight"),
+]
+
+
+@pytest.mark.parametrize("argv, flag", [pytest.param(*case[1:], id=case[0]) for case in D11R6_CLI])
+def test_d11r6_distill_cli_refuses_a_bad_flag_with_a_usage_error(ctx, capsys, monkeypatch, argv, flag):
+    def no_training(*args, **kwargs):
+        raise AssertionError("the trainer started on a refused flag")
+
+    monkeypatch.setattr(distill_train, "train", no_training)
+    with pytest.raises(SystemExit) as info:
+        distill_train.main([*argv(ctx), "--no-progress"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "usage:" in err and flag in err and "Traceback" not in err, err
+
+
+def test_d11r6_distill_cli_names_the_flags_of_the_first_clause_outside_quotes(capsys):
+    ap = distill_train.build_parser()
+    for message, want in (("feature_weight=0.5 with resume='/x/steps': the student's weights",
+                           "--feature-weight/--resume"),
+                          ("TrainConfig.lr must be in (0.0, inf), got -1.0", "--lr"),
+                          ("warmup_steps=20 must be smaller than steps=1", "--warmup-steps/--steps")):
+        with pytest.raises(SystemExit):
+            distill_train.usage_error(ap, ValueError(message))
+        assert capsys.readouterr().err.strip().endswith(f"error: argument {want}: {message}")
+
+
+D11R6_SPEEDUPS = [
+    # (id, drafts(ctx), prompts, new_tokens, gammas, message): before, refused after the first draft's timings
+    ("gamma-past-max", lambda c: {"d": c.draft}, [[1, 2, 3]], 4, [1, 65], r"^gammas\[1\] must be at most MAX_GAMMA=64"),
+    ("draft-vocab", lambda c: {"a": c.draft, "b": tiny(1, vocab_size=256)}, [[1, 2, 3]], 4, [1],
+     r"^drafts\['b'\] must share the target's vocabulary and device, got vocab_size=256"),
+    ("draft-window", lambda c: {"a": c.draft, "b": tiny(1, block_size=8)}, [[1, 2, 3, 4, 5, 6]], 6, [1],
+     r"^prompts\[0\] has 6 tokens: with new_tokens=6 it needs 11 positions, more than drafts\['b'\]'s context"),
+]
+
+
+@pytest.mark.parametrize("drafts, prompts, new_tokens, gammas, match",
+                         [pytest.param(*case[1:], id=case[0]) for case in D11R6_SPEEDUPS])
+def test_d11r6_speedups_checks_every_draft_and_gamma_before_the_first_timing(ctx, monkeypatch, drafts, prompts,
+                                                                              new_tokens, gammas, match):
+    def no_timing(*args, **kwargs):
+        raise AssertionError("a timing ran before the arguments were checked")
+
+    monkeypatch.setattr(distill_bench, "compare", no_timing)
+    with pytest.raises(ValueError, match=match):
+        distill_bench.speedups(ctx.target, drafts(ctx), prompts, new_tokens, gammas, repeats=1)
+
+
+def test_d11r6_the_cli_refuses_to_resume_with_other_settings_as_a_usage_error(tmp_path, student_ckpt, capsys):
+    # before: a traceback (exit 1) from resume_run
+    from minillm.distill.train import main
+
+    run = tmp_path / "run"
+    common = ["--student", student_ckpt, "--teacher", student_ckpt, "--steps", "4", "--warmup-steps", "1",
+              "--eval-interval", "0", "--eval-windows", "2", "--final-eval-tokens", "0", "--batch-size", "2",
+              "--kd-weight", "0.5", "--temperature", "2", "--no-progress", "--out", str(run)]
+    assert main(common + ["--stop-after", "2"]) == 0
+    with pytest.raises(SystemExit) as info:
+        main(common + ["--resume", str(run), "--temperature", "3"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "argument --resume: resume must continue the interrupted run" in err
+    assert "temperature=3.0 (the interrupted run had 2.0)" in err

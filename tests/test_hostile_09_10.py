@@ -16,6 +16,7 @@ import torch
 from helpers import assert_refused_by_minillm
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.nn.utils.prune as torch_prune
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -61,6 +62,7 @@ from minillm.quant.gptq import (
     output_error,
     rtn_and_gptq_errors,
 )
+from minillm.core.formats import model_to_bytes
 from minillm.core.sampling import SamplingParams
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.kvcache.generate import generate_ids
@@ -69,7 +71,7 @@ from minillm.quant import bench as qbench
 from minillm.quant.checkpoint import describe as describe_quantized
 from minillm.quant.checkpoint import load_quantized, save_quantized
 from minillm.quant.kv_cache import Int8ContiguousKVCache, Int8PagedKVCache, dequantize_kv, quantize_kv
-from minillm.quant.linear import QuantConfig, QuantLinear, quantize_model, weight_bytes
+from minillm.quant.linear import QuantConfig, QuantEmbedding, QuantLinear, quantize_model, weight_bytes
 from minillm.quant.outliers import (
     MAX_OUTLIER_FACTOR,
     inject_outliers,
@@ -183,11 +185,11 @@ BAD = [
     ("quantize-tensor-with-group_size", lambda: quantize(W, granularity="tensor", group_size=8), ValueError,
      "group_size"),
     ("quantize-meta", lambda: quantize(torch.empty(2, 4, device="meta")), ValueError, r"\bx\b is a meta tensor"),
-    ("quantize_symmetric-meta-scale", lambda: quantize_symmetric(torch.empty(2, 4, device="meta"),
+    ("quantize_symmetric-meta-scale", lambda: quantize_symmetric(torch.ones(2, 4),
                                                                  torch.ones(2, 1, device="meta"), 8), ValueError,
      "scale is a meta tensor"),
-    ("quantize_asymmetric-meta", lambda: quantize_asymmetric(*(torch.ones(s, device="meta") for s in [(2, 4), (2, 1),
-                                                                                                      (2, 1)]), 8),
+    ("quantize_asymmetric-meta", lambda: quantize_asymmetric(torch.ones(2, 4), torch.ones(2, 1),
+                                                             torch.ones(2, 1, device="meta"), 8),
      ValueError, "zero is a meta tensor"),
     ("qrange-int-symmetric", lambda: qrange(8, 1), TypeError, "symmetric"),
     ("qrange-bool-bits", lambda: qrange(True, True), ValueError, "bits"),
@@ -758,7 +760,7 @@ BAD = [
      r"^qt holds codes of shape \(8, 32\) with scales \(1, 1\)"),
     ("q09r5-load_quantized-meta", lambda: qlinear("int8").load_quantized(QuantizedTensor(
         torch.zeros(8, 32, dtype=torch.int8, device="meta"), torch.ones(8, 1, device="meta"), None, 8, (8, 32))),
-     ValueError, r"^qt\.q is a meta tensor"),
+     ValueError, r"^q is a meta tensor"),  # refused as QuantizedTensor is built
     ("q09r5-output_error-meta-W_hat", lambda: output_error(W, W.to("meta"), torch.randn(5, 32)), ValueError,
      "^W_hat is a meta tensor"),
     # before: AttributeError on a model given by name
@@ -775,6 +777,35 @@ BAD = [
      r"^num_blocks x block_size ask for a tensor of shape \(1000000, 2, 1000000, 16\)"),
     ("q09r5-quant-linear-huge", lambda: QuantLinear(10**6, 10**6, True, QuantConfig("int8")), ValueError,
      r"^out_features x in_features ask for a tensor of shape \(1000000, 1000000\)"),
+    # ----- the sixth hostile run, 09
+    # before: an untied head was replaced by the tied embedding (quantize_head), or dropped from the file and
+    # loaded back as the embedding (save_quantized, model_to_bytes): other logits, without a word
+    ("q09r6-quantize_model-untied-head", lambda: quantize_model(untied(), QuantConfig("int8", quantize_head=True)),
+     ValueError, r"^quantize_head=True .* model.lm_head has a weight of its own"),
+    ("q09r6-save_quantized-untied-head", lambda: save_quantized(quantize_model(untied(), QuantConfig("int8")),
+                                                                "q09r6_never.safetensors"), ValueError,
+     r"^save_quantized \(model\): model.lm_head has a weight of its own"),
+    ("q09r6-model_to_bytes-untied-head", lambda: model_to_bytes(quantize_model(untied(), QuantConfig("int8"))),
+     ValueError, r"^model_to_bytes \(model\): model.lm_head has a weight of its own"),
+    # before: the missing folder was made, then os.replace onto '..' raised OSError EBUSY naming no argument
+    ("q09r6-save_quantized-dotdot", lambda: save_quantized(QMODEL, "q09r6_never_dir/.."), ValueError,
+     r"^save_quantized: path must name a file, got 'q09r6_never_dir/\.\.'"),
+    # before: unpack_int4's message naming `packed`
+    ("q09r6-quant-linear-config-replaced", lambda: replaced_config(qlinear("int8"), QuantConfig("int4", group_size=16)),
+     ValueError, r"^config QuantConfig\(mode='int4'.* does not fit the layer's buffers \(qweight torch.int8 \(8, 32\)"),
+    ("q09r6-quant-linear-config-mutated", lambda: replaced_config(qlinear("int8"), None), ValueError,
+     r"^config QuantConfig\(mode='int4', group_size=128.* does not fit the layer's buffers"),
+    ("q09r6-quant-embedding-config-replaced", lambda: replaced_config(
+        quantize_model(MODEL, QuantConfig("int8", quantize_head=True)).transformer.wte.table,
+        QuantConfig("int4", group_size=16), via_embedding=True), ValueError,
+     r"^config QuantConfig\(mode='int4'.* does not fit the layer's buffers"),
+    # before: AttributeError; 'no' (truthy) read the validation text; the workload's 'Overflow when unpacking'
+    ("q09r6-run_all-model-str", lambda: qbench.run_all("base", False, "quick"), TypeError,
+     r"^run_all: model needs an fp32 minillm GPT, got str"),
+    ("q09r6-run_all-real-text-str", lambda: qbench.run_all(MODEL, "no", "quick"), TypeError,
+     r"^real_text must be a bool .* got str 'no'"),
+    ("q09r6-run_all-seed-huge", lambda: qbench.run_all(MODEL, False, "quick", 2**64), ValueError,
+     r"^seed must be a 64-bit integer"),
     # ----- the third hostile run, 10
     # before: 2:4 ignored the sparsity (0.9 gave 50%) and never checked it ('lots')
     ("layer_mask-24-sparsity-09", lambda: layer_mask(W, "magnitude", 0.9, "2:4", None), ValueError,
@@ -860,6 +891,34 @@ BAD = [
     # before: 'dir/' (Path drops the slash) wrote a file named 'dir'
     ("p10r5-save-pruned-trailing-slash", lambda: save_pruned(MODEL, "p10r5_never_dir/", "m"), ValueError,
      "save_pruned: path must name a file, got 'p10r5_never_dir/'"),
+    # ----- the sixth hostile run, 10
+    # before: the missing folder was made, then os.replace onto '..' failed with EBUSY, naming no argument
+    ("p10r6-save-pruned-dotdot", lambda: save_pruned(MODEL, "p10r6_never_dir/..", "m"), ValueError,
+     r"save_pruned: path must name a file, got 'p10r6_never_dir/\.\.'"),
+    # before: short_finetune's message named its own `net`; the seed overflowed in the sampler
+    ("p10r6-recover-vocab-names-pruned", lambda: recover(prune_mlp(MODEL, 0.5, mlp_neuron_scores(MODEL, CALIB)),
+                                                         MODEL, 1, batch_size=1), ValueError,
+     "^pruned has vocab_size=128, but the training split holds token ids up to 4095"),
+    ("p10r6-recover-seed-huge", lambda: recover(MODEL, MODEL, 1, seed=2 ** 70), ValueError,
+     r"^seed must be a 64-bit integer in \[-2\*\*63, 2\*\*64\)"),
+    ("p10r6-recover-lr-bool-before-vocab", lambda: recover(MODEL, MODEL, 1, lr=True), TypeError,
+     "^lr must be a number, got bool"),
+    # before: deepcopy's "Only Tensors created explicitly by the user" from torch
+    ("p10r6-prune-model-torch-pruned-layer", lambda: prune_model(_torch_pruned(), "magnitude", 0.5), TypeError,
+     "prune_model needs each block linear's weight as a Parameter; block 0's mlp.c_fc weight is re-parametrised"),
+    # before: run_all read `draft` after the unstructured, 2:4 and outlier sweeps; the first forward named `idx`
+    ("p10r6-run-all-draft-str", lambda: pbench.run_all(harness().model, False, "quick", draft="draft"), TypeError,
+     "run_all: draft needs a minillm GPT, got str"),
+    ("p10r6-run-all-draft-vocab", lambda: pbench.run_all(harness().model, False, "quick", draft=MODEL), ValueError,
+     "run_all: draft has vocab_size=128, block_size=32; .*vocab_size=4096 and block_size >= 64"),
+    ("p10r6-run-all-seed-huge", lambda: pbench.run_all(harness().model, False, "quick", seed=2 ** 64), ValueError,
+     r"^seed must be a 64-bit integer"),
+    ("p10r6-harness-model-vocab", lambda: pbench.Harness(GPT(GPTConfig(vocab_size=128, block_size=64, n_layer=1,
+                                                                       n_head=2, n_embd=32)), False, HARNESS_SIZES, 0),
+     ValueError,
+     "Harness: model has vocab_size=128, but the validation text holds token ids up to 40"),
+    ("p10r6-layer-costs-seed-huge", lambda: pbench.layer_costs(seed=2 ** 64), ValueError,
+     r"^seed must be a 64-bit integer"),
 ]
 
 
@@ -878,6 +937,43 @@ def test_bad_input_is_refused_by_minillm_naming_the_argument(call, err, match):
 def test_case_ids_are_distinct():
     ids = [case[0] for case in BAD]
     assert len(ids) == len(set(ids))
+
+
+def _torch_pruned() -> GPT:
+    """MODEL's copy with block 0's c_fc pruned by torch.nn.utils.prune (weight = weight_orig * weight_mask)."""
+    m = tiny()
+    torch_prune.l1_unstructured(m.transformer.h[0].mlp.c_fc, "weight", 0.3)
+    return m
+
+
+def test_p10r6_run_all_checks_draft_before_any_measurement(monkeypatch):
+    # before: draft='draft' was read after the unstructured, 2:4 and outlier sweeps (minutes of work lost)
+    dense = harness().model
+
+    def measured(*args, **kwargs):
+        raise AssertionError("the measurements started")
+    monkeypatch.setattr(pbench, "Harness", measured)
+    with pytest.raises(TypeError, match="run_all: draft needs a minillm GPT, got str"):
+        pbench.run_all(dense, False, "quick", draft="draft")
+
+
+def test_p10r6_describe_and_load_refuse_a_bool_width(tmp_path):
+    # before: describe returned mlp_hidden [True, 128] (JSON true passed as an int)
+    good = save_pruned(MODEL, tmp_path / "good.safetensors", "none", pattern="dense")
+    with safe_open(str(good), framework="pt") as f:
+        meta = dict(f.metadata())
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    save_file(tensors, str(tmp_path / "bad.safetensors"), metadata={**meta, "mlp_hidden": "[true, 128]"})
+    for read in (describe_pruned, load_pruned):
+        with pytest.raises(ValueError, match=r"mlp_hidden must list 2 widths in \[1, 128\], got '\[true, 128\]'"):
+            read(tmp_path / "bad.safetensors")
+
+
+def test_p10r6_prune_bench_help_prints(capsys):
+    # before: argparse %-formatted the --quick help's "50%": TypeError '%o format' instead of the help
+    with pytest.raises(SystemExit) as info:
+        pbench.main(["--help"])
+    assert info.value.code == 0 and "--quick" in capsys.readouterr().out
 
 
 # ----- NaN: refused where it is cheap, propagated (never masked to 0) on the per-step paths ----------------------
@@ -1433,3 +1529,101 @@ def test_p10r5_recover_hands_the_teacher_back_in_its_own_mode_and_runs_it_withou
     _, want = recover(pruned, evaluating, 2, batch_size=1)  # the reference: the same teacher, given in eval mode
     assert not any(m.training for m in evaluating.modules())
     assert got == want  # the teacher's dropout (p = 0.5) was off during recovery in both runs
+
+
+# ----- the sixth hostile run, 09
+
+
+def untied(seed: int = 0) -> GPT:
+    """tiny(seed) with an output head of its own (other values than the token embedding's)."""
+    model = tiny(seed)
+    model.lm_head.weight = nn.Parameter(torch.randn(CFG.vocab_size, CFG.n_embd,
+                                                    generator=torch.Generator().manual_seed(seed)) * 0.5)
+    return model
+
+
+def replaced_config(layer: QuantLinear, config: QuantConfig | None, via_embedding: bool = False) -> torch.Tensor:
+    """Run `layer` with its config replaced by `config` (None: its own config's mode set to int4 in place)."""
+    if config is None:
+        object.__setattr__(layer.config, "mode", "int4")
+    else:
+        layer.config = config
+    if via_embedding:
+        return QuantEmbedding(layer)(torch.tensor([1, 2]))
+    return layer(torch.randn(5, 32))
+
+
+def test_q09r6_an_untied_head_stays_untied_without_quantize_head_and_a_tied_copy_quantizes():
+    # the untied head is kept fp32 (quantize_head=False): the model's logits to int8 rounding
+    model = untied()
+    tok = torch.randint(0, CFG.vocab_size, (1, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        err = (quantize_model(model, QuantConfig("int8"))(tok) - model(tok)).abs().max().item()
+    assert err < 0.1
+    # a head untied with the embedding's values (minillm.parallel's copies) is the tied pair: quantized once
+    same = tiny(0)
+    same.lm_head.weight = nn.Parameter(same.transformer.wte.weight.detach().clone())
+    q = quantize_model(same, QuantConfig("int8", quantize_head=True))
+    with torch.no_grad():
+        assert torch.equal(q(tok), quantize_model(tiny(0), QuantConfig("int8", quantize_head=True))(tok))
+
+
+def test_q09r6_save_quantized_to_a_dotdot_path_makes_no_folder(tmp_path):
+    with pytest.raises(ValueError, match="path must name a file"):
+        save_quantized(QMODEL, tmp_path / "fresh" / "..")
+    assert not (tmp_path / "fresh").exists()
+
+
+@pytest.mark.parametrize("symmetric, granularity, group", [(True, "channel", None), (False, "channel", None),
+                                                            (True, "group", 8), (False, "tensor", None)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_q09r6_quantize_of_a_half_precision_tensor_rounds_x_over_s_exactly(symmetric, granularity, group, dtype):
+    # before: x / s rounded in bf16 (8 significant bits): 27 of 256 codes off by one, error up to 0.81 step
+    x = torch.randn(8, 32, generator=torch.Generator().manual_seed(3)).to(dtype)
+    qt = quantize(x, 8, symmetric, granularity, group)
+    rows, groups = qt.scale.shape
+    s = qt.scale.double().unsqueeze(2)  # (rows, groups, 1)
+    xg = x.double().reshape(rows, groups, -1)
+    zero = 0 if qt.zero is None else qt.zero.double().unsqueeze(2)
+    lo, hi = qrange(8, symmetric)
+    want = torch.clamp(torch.round(xg / s) + zero, lo, hi)  # exact: float64 holds every bf16 / fp32 quotient
+    assert torch.equal(qt.q.double().reshape(rows, groups, -1), want)
+    assert ((dequantize(qt).double().reshape(rows, groups, -1) - xg).abs() <= s / 2 * (1 + 1e-6)).all()
+    # the maps given parameters compute in fp32 at least, too
+    sx = symmetric_params(x, 8, dim=1)
+    assert torch.equal(quantize_symmetric(x, sx, 8).double(),
+                       torch.clamp(torch.round(x.double() / sx.double()), -127, 127))
+
+
+@pytest.mark.parametrize("expanded", ["a", "b", "a-cols", "overlap"])
+@pytest.mark.parametrize("use_int_mm", [True, False])
+def test_q09r6_int8_matmul_of_strided_operands_is_the_exact_product(expanded, use_int_mm):
+    # before: torch._int_mm read an expanded (stride-0) or overlapping operand past its storage: garbage
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(-127, 128, (4, 3), dtype=torch.int8, generator=g)
+    b = torch.randint(-127, 128, (3, 5), dtype=torch.int8, generator=g)
+    if expanded == "a":
+        a = a[:1].expand(4, 3)
+    elif expanded == "b":
+        b = b[:1].expand(3, 5)
+    elif expanded == "a-cols":
+        a = a[:, :1].expand(4, 3)
+    else:
+        a = torch.randint(-127, 128, (40,), dtype=torch.int8, generator=g).as_strided((4, 3), (1, 1))
+    assert torch.equal(int8_matmul(a, b, use_int_mm), (a.long() @ b.long()).int())
+
+
+def test_q09r6_w8a8_linear_with_an_expanded_qweight_is_the_contiguous_ones_output():
+    layer = qlinear("w8a8")
+    x = torch.randn(5, 32, generator=torch.Generator().manual_seed(4))
+    qw = layer.qweight[:1].expand(8, 32)
+    assert torch.equal(w8a8_linear(x, qw, layer.scale, None), w8a8_linear(x, qw.contiguous(), layer.scale, None))
+
+
+def test_q09r6_the_w8a8_float_twins_return_xs_dtype_as_the_integer_paths_do():
+    # before: w8a8_reference and llm_int8_reference returned fp32 for a bf16 x (their twins return bf16)
+    layer = qlinear("w8a8")
+    x = torch.randn(5, 32, generator=torch.Generator().manual_seed(4)).bfloat16()
+    assert w8a8_reference(x, layer).dtype == w8a8_linear(x, layer.qweight, layer.scale, layer.bias).dtype == x.dtype
+    assert llm_int8_reference(x, layer, 2.0).dtype == llm_int8_linear(x, layer, 2.0).dtype == x.dtype
+    assert w8a8_reference(torch.randn(0, 32), layer).shape == (0, 8)  # no tokens: -1 was ambiguous

@@ -45,7 +45,7 @@ from minillm.core.timing import compare
 from minillm.gpt.dataset import default_eval_tokens
 from minillm.gpt.eval import perplexity
 from minillm.kvcache.generate import generate_ids
-from minillm.speculative.generate import generate_speculative
+from minillm.speculative.generate import MAX_GAMMA, generate_speculative
 
 DRAFTS = ("draft", "draft-hardlabel", "draft-distilled")
 TARGET = "base"
@@ -123,18 +123,27 @@ def acceptance(target: GPT, draft: GPT, prompts: Sequence[list[int]], new_tokens
 def speedups(target: GPT, drafts: dict[str, GPT], prompts: Sequence[list[int]], new_tokens: int,
              gammas: Sequence[int], repeats: int = 3) -> dict[str, list[dict[str, float]]]:
     """For each draft and γ: speculative decoding of every prompt against the target alone, timed side by side.
-    `drafts` maps a name to a draft model ({"draft": model}); every argument is checked before the first timing."""
+    `drafts` maps a name to a draft model ({"draft": model}); every argument is checked before the first timing,
+    what `generate_speculative` would refuse halfway through the sweep included: a γ past MAX_GAMMA, a draft of
+    another vocabulary, on another device or with too short a window for the prompts."""
     check_int("new_tokens", new_tokens)
     check_prompts(target, prompts, "speedups (target)", new_tokens, "the target")
     if not isinstance(drafts, dict):
         raise TypeError(f"drafts must be a dict of name -> draft model ({{'draft': model}}), got "
                         f"{type(drafts).__name__}")
     for name, draft in drafts.items():
-        require_model(draft, f"speedups (drafts[{name!r}])")
+        dcfg = require_model(draft, f"speedups (drafts[{name!r}])")
+        if dcfg.vocab_size != target.config.vocab_size or draft.device != target.device:
+            raise ValueError(f"drafts[{name!r}] must share the target's vocabulary and device, got vocab_size="
+                             f"{dcfg.vocab_size} on {draft.device} (the target: vocab_size="
+                             f"{target.config.vocab_size} on {target.device})")
+        check_prompts(draft, prompts, f"speedups (drafts[{name!r}])", new_tokens, f"drafts[{name!r}]")  # its window
     if isinstance(gammas, (str, bytes)) or not isinstance(gammas, (list, tuple)) or not gammas:
         raise ValueError(f"gammas must be a non-empty list of ints >= 1, got {gammas!r}")
     for i, g in enumerate(gammas):
         check_int(f"gammas[{i}]", g)
+        if g > MAX_GAMMA:  # generate_speculative's limit, met otherwise after the smaller γ's timings
+            raise ValueError(f"gammas[{i}] must be at most MAX_GAMMA={MAX_GAMMA} draft tokens per round, got {g}")
     check_int("repeats", repeats)
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
 
@@ -250,7 +259,8 @@ def report_section(report: object, key: str) -> Any:
 
 
 def alpha_at(report: dict[str, Any], name: str, gamma: int) -> float:
-    """accepted / proposed of draft `name` at γ in a `run_all` report."""
+    """accepted / proposed of draft `name` at γ in a `run_all` report: a number in [0, 1], else a TypeError /
+    ValueError naming the report's row."""
     check_int("gamma", gamma)  # subtle: True == 1, so a bool would find the γ = 1 row
     acceptance = report_section(report, "acceptance")
     if name not in acceptance:
@@ -261,10 +271,11 @@ def alpha_at(report: dict[str, Any], name: str, gamma: int) -> float:
     for i, r in enumerate(rows):
         if not isinstance(r, dict) or "gamma" not in r or "alpha" not in r:
             raise ValueError(f"{where}[{i}] must be a row with 'gamma' and 'alpha', got {r!r:.80}")
-    found = [r["alpha"] for r in rows if r["gamma"] == gamma]
+    found = [(i, r["alpha"]) for i, r in enumerate(rows) if r["gamma"] == gamma]
     if not found:
         raise ValueError(f"gamma={gamma!r} was not measured; the report has gamma {[r['gamma'] for r in rows]}")
-    return found[0]
+    check_float(f"{where}[{found[0][0]}]['alpha']", found[0][1], 0.0, 1.0)  # a fraction: a str '0.5' is no alpha
+    return found[0][1]
 
 
 def alpha_gain(report: dict[str, Any], gamma: int) -> float:

@@ -31,7 +31,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import check_float, check_int, check_tensor_elements, tensor_kind
+from minillm.core.config import (check_float, check_has_data, check_int, check_tensor_elements, is_float_compute,
+                                 tensor_kind)
 
 KINDS = ("forward", "reverse")
 # The smallest temperature the losses take. From it up, kd_loss is finite for any finite float32, float16 or
@@ -65,9 +66,10 @@ def _check_logits(name: str, t: object) -> torch.Tensor:
     −inf is allowed (a masked token: probability 0) as long as a row keeps one finite logit; NaN and +inf are not
     (softmax of them is NaN). One host sync for the value checks.
     """
-    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-        raise TypeError(f"{name} must be a float tensor of logits (..., V), "
+    if not is_float_compute(t):  # float8 is floating point but a storage format softmax refuses
+        raise TypeError(f"{name} must be a float tensor of logits (..., V) (float16, bfloat16, float32 or float64), "
                         f"got {tensor_kind(t)}")
+    check_has_data(name, t)
     if t.dim() == 0 or t.size(-1) < 2:
         raise ValueError(f"{name} must have shape (..., V) with V >= 2, got {tuple(t.shape)}")
     if t.numel() == 0:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +56,9 @@ def record_keys(feature_weight: float) -> tuple[str, ...]:
 
 def check_record(record: object, keys: tuple[str, ...], where: str) -> dict[str, float]:
     """`record` a dict with exactly the fields `keys`, each a real number (+inf and NaN included: a loss can be
-    either, and the log keeps what was computed); a ValueError naming `where` (a file and line, or
-    `objective.records[3]`) and the field otherwise. `kd_history` averages these fields: a missing one would be a
-    KeyError after the whole run."""
+    either, and the log keeps what was computed; an int within the float range); a ValueError naming `where` (a file
+    and line, or `objective.records[3]`) and the field otherwise. `kd_history` averages these fields: a missing one
+    would be a KeyError, an int past the float range an OverflowError, after the whole run."""
     if not isinstance(record, dict):
         raise ValueError(f"{where} must be a record (an object with fields {list(keys)}), got "
                          f"{type(record).__name__} {record!r:.80}")
@@ -69,6 +70,9 @@ def check_record(record: object, keys: tuple[str, ...], where: str) -> dict[str,
         v = record[k]
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             raise ValueError(f"{where}: field {k!r} must be a number, got {type(v).__name__} {v!r:.80}")
+        if isinstance(v, int) and abs(v) > sys.float_info.max:  # no repr: str() of a 4300-digit int is an error
+            raise ValueError(f"{where}: field {k!r} must be within the float range, got an int of {v.bit_length()} "
+                             "bits")
     return record
 
 
@@ -129,9 +133,13 @@ def _write(out_dir: str | os.PathLike, settings: dict[str, Any], student_init: s
     """Write the run's state into out_dir (records first, the run file last) and return its record log.
 
     Checked before anything is written: out_dir names a folder (not "", which is the working directory, not a
-    file or a path under one: `check_output_dir`), settings is a dict of JSON values and student_init a str or
-    None (a TypeError / ValueError naming the argument, never json's "not JSON serializable" halfway through)."""
+    file or a path under one: `check_output_dir`; no folder where the run's two files go), settings is a dict of
+    JSON values and student_init a str or None (a TypeError / ValueError naming the argument, never json's "not
+    JSON serializable" halfway through)."""
     out_dir = check_output_dir(check_path(out_dir, "out_dir"), "out_dir")
+    for name in (RECORDS_NAME, RUN_NAME):  # a folder in the way would be an OSError from the atomic write below
+        if (out_dir / name).is_dir():
+            raise ValueError(f"out_dir {str(out_dir)!r} holds a folder named {name}, where the run's file goes")
     if not isinstance(settings, dict):
         raise TypeError(f"settings must be a dict of the run's settings, got {type(settings).__name__}")
     try:
@@ -158,8 +166,15 @@ def start_run(out_dir: str | os.PathLike, settings: dict[str, Any], student_init
 def resume_run(resume_dir: str | os.PathLike, out_dir: str | os.PathLike | None, settings: dict[str, Any],
                needs_records: bool) -> tuple[list[dict[str, float]], str | None, RecordLog | None]:
     """(records of the checkpoint's steps, the student the run started from, the record log to go on appending
-    to (None without out_dir)); ValueError naming what does not match the interrupted run."""
+    to (None without out_dir)); ValueError naming what does not match the interrupted run. `settings` holds every
+    field of SETTINGS (a TypeError / ValueError naming it otherwise); the records file is read line by line, and a
+    line that is no UTF-8, no JSON or no record is a ValueError naming the file and the line."""
     resume_dir = check_path(resume_dir, "resume_dir")
+    if not isinstance(settings, dict):
+        raise TypeError(f"settings must be a dict of the run's settings {list(SETTINGS)}, got "
+                        f"{type(settings).__name__} {settings!r:.80}")
+    if missing := [k for k in SETTINGS if k not in settings]:
+        raise ValueError(f"settings must hold every field of {list(SETTINGS)}; missing {missing}")
     point = find_checkpoint(resume_dir)  # the trainer takes the same one; ValueError if there is none
     run_path = resume_dir / RUN_NAME
     if not run_path.is_file():
@@ -180,14 +195,17 @@ def resume_run(resume_dir: str | os.PathLike, out_dir: str | os.PathLike | None,
     records: list[dict[str, float]] = []
     if needed:
         keys = record_keys(settings["feature_weight"])
-        with open(resume_dir / RECORDS_NAME, encoding="utf-8") as f:
+        if not (resume_dir / RECORDS_NAME).is_file():  # missing, or a folder: named here, not by open()
+            raise ValueError(f"{RECORDS_NAME} in {str(resume_dir)!r} is missing or not a file: the run's records "
+                             f"of its {point.step} checkpointed steps are needed to resume")
+        with open(resume_dir / RECORDS_NAME, "rb") as f:  # bytes: a line that is no UTF-8 is named below
             for number, line in enumerate(f, 1):
                 if len(records) == needed:
                     break
                 where = f"{RECORDS_NAME} in {str(resume_dir)!r}: line {number}"
                 try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
+                    record = json.loads(line.decode("utf-8"))
+                except ValueError as e:  # no UTF-8, no JSON, or an int past Python's 4300-digit limit
                     raise ValueError(f"{where} is not a record (damaged?): {e}") from e
                 records.append(check_record(record, keys, where))
         if len(records) < needed:

@@ -28,10 +28,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 import torch
 import torch.nn as nn
@@ -39,6 +41,7 @@ import torch.nn as nn
 from minillm.core.checkpoint import CONFIG_NAME, load_checkpoint, read_config
 from minillm.core.config import GPTConfig, check_float, check_int, check_module_has_data
 from minillm.core.device import DEVICE_CHOICES, resolve_device
+from minillm.core.sampling import seed_argument
 from minillm.core.io import atomic_write_text, check_output_dir, check_path
 from minillm.core.model import GPT, require_model
 from minillm.distill.losses import (
@@ -60,7 +63,11 @@ from minillm.gpt.train_state import find_checkpoint
 def check_student(student: GPTConfig, teacher: GPTConfig, name: str, window: bool = False) -> None:
     """A ValueError naming `name` (the student as the caller knows it), the field and both values unless the
     student can learn from the teacher: the same vocab_size (KD compares distributions over the same tokens) and,
-    with `window`, a block_size no longer than the teacher's (the teacher scores the student's training windows)."""
+    with `window`, a block_size no longer than the teacher's (the teacher scores the student's training windows).
+    A student or teacher that is no GPTConfig (a preset's name, a model) is a TypeError naming it."""
+    for who, config in ((name, student), ("teacher", teacher)):
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"{who} must be a GPTConfig, got {type(config).__name__} {config!r:.80}")
     if student.vocab_size != teacher.vocab_size:
         raise ValueError(f"{name} has vocab_size={student.vocab_size}, the teacher vocab_size={teacher.vocab_size}: "
                          "KD compares distributions over the same tokens")
@@ -113,6 +120,11 @@ class DistillObjective(nn.Module):
         scfg = require_model(student, "DistillObjective (student)")
         tcfg = self.teacher.config
         check_student(scfg, tcfg, "the student")
+        check_float("feature_weight", self.feature_weight, 0.0)  # an attribute: it can be set after construction
+        if self.feature_weight > 0 and self.features is None:
+            raise ValueError(f"feature_weight={self.feature_weight} but this objective has no feature projection: it "
+                             "was built with feature_weight=0 (construct it with feature_weight > 0 and "
+                             "student_config)")
         if self.features is not None:  # the projection and the layer pairs were built for student_config's shape
             for field in ("n_layer", "n_embd"):
                 if getattr(scfg, field) != getattr(self.student_config, field):
@@ -179,21 +191,40 @@ def distill(cfg: TrainConfig, teacher: GPT | None, temperature: float = 1.0, kd_
     exported training_log.json (if `cfg.export_dir`) gains a "distillation" section: the settings and, per logged
     step, the mean hard, soft and feature terms. Every argument is checked first, whether or not the run uses it:
     temperature >= MIN_TEMPERATURE (1e-2), kd_weight in [0, 1], feature_weight >= 0 (all finite), kind "forward"
-    or "reverse".
+    or "reverse", and `cfg` again (a field set after construction, steps = 0 or lr = NaN, is refused as
+    TrainConfig refuses it). `prepare_distill` does all of that and `run_distill` trains: `distill` is the two.
 
     Resume: with `cfg.out_dir` the run keeps its state beside the trainer's checkpoints (`run_state`); a run
     stopped there (`stop_after`, or killed) continues with `cfg.resume = out_dir` and `init_from = None`, the same
     teacher and settings (a difference is a ValueError naming it), and ends with the weights and log the run would
     have had uninterrupted. A run that trains a feature projection cannot resume (its weights are not saved).
     """
+    if not isinstance(progress, bool):
+        raise TypeError(f"progress must be a bool, got {type(progress).__name__} {progress!r}")
+    return run_distill(prepare_distill(cfg, teacher, temperature, kd_weight, kind, feature_weight), progress)
+
+
+@dataclass
+class PreparedDistill:
+    """A checked distillation run, ready to train: the config (re-checked), the objective (None: hard labels only)
+    and the "distillation" section of the log, less its history."""
+    cfg: TrainConfig
+    objective: DistillObjective | None
+    section: dict[str, Any]
+
+
+def prepare_distill(cfg: TrainConfig, teacher: GPT | None, temperature: float = 1.0, kd_weight: float = 0.5,
+                    kind: str = "forward", feature_weight: float = 0.0) -> PreparedDistill:
+    """Every check of `distill`, then the run state in out_dir (`start_run`, or `resume_run` after its checks of the
+    interrupted run); no training step, so a refused argument never costs a run. The CLI reports what this refuses
+    as usage errors."""
     if not isinstance(cfg, TrainConfig):
         raise TypeError(f"distill needs a TrainConfig, got {type(cfg).__name__}")
+    cfg = replace(cfg)  # re-runs __post_init__: a field set to nonsense after construction is refused here
     temperature = check_temperature(temperature)
     check_float("kd_weight", kd_weight, 0.0, 1.0)
     check_float("feature_weight", feature_weight, 0.0)
     kind = check_kind(kind)
-    if not isinstance(progress, bool):
-        raise TypeError(f"progress must be a bool, got {type(progress).__name__} {progress!r}")
     if teacher is not None:
         require_model(teacher, "distill (teacher)")
     uses_teacher = kd_weight > 0 or feature_weight > 0
@@ -230,12 +261,21 @@ def distill(cfg: TrainConfig, teacher: GPT | None, temperature: float = 1.0, kd_
             record_log = start_run(cfg.out_dir, settings, cfg.init_from)  # type: ignore[arg-type]
     if objective is not None:
         objective.on_record = record_log
-    result = train(cfg, progress=progress, loss_fn=objective)
     section: dict[str, Any] = {"teacher": None if objective is None else teacher_label(teacher),  # type: ignore
                                "temperature": temperature, "kd_weight": kd_weight, "kind": kind,
-                               "feature_weight": feature_weight, "student_init": student_init,
-                               "history": kd_history(objective, cfg.log_interval, cfg.grad_accum)}
-    result.log["distillation"] = section
+                               "feature_weight": feature_weight, "student_init": student_init}
+    return PreparedDistill(cfg, objective, section)
+
+
+def run_distill(prepared: PreparedDistill, progress: bool = True) -> tuple[TrainResult, DistillObjective | None]:
+    """Train what `prepare_distill` checked; the log gains its "distillation" section (written to `out_dir` and
+    `export_dir` when the run finished)."""
+    if not isinstance(prepared, PreparedDistill):
+        raise TypeError(f"prepared must come from prepare_distill, got {type(prepared).__name__}")
+    cfg, objective = prepared.cfg, prepared.objective
+    result = train(cfg, progress=progress, loss_fn=objective)
+    result.log["distillation"] = {**prepared.section,
+                                  "history": kd_history(objective, cfg.log_interval, cfg.grad_accum)}
     if "final_val_loss" in result.log:  # the trainer finished (not stopped by stop_after) and wrote its logs
         for where in (cfg.out_dir, cfg.export_dir):
             if where is not None:
@@ -280,7 +320,9 @@ def kd_history(objective: DistillObjective | None, every: int, grad_accum: int =
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m minillm.distill.train", description=__doc__.split("\n")[0])
-    ap.add_argument("--student", default="draft", help="shipped checkpoint or directory to start from (default draft)")
+    ap.add_argument("--student", default="draft",
+                    help="shipped checkpoint or directory to start from (default draft; unused with --resume: the "
+                         "run's checkpoint decides, so the same command line can resume)")
     ap.add_argument("--teacher", default="base", help="shipped checkpoint or directory of the teacher (default base)")
     ap.add_argument("--kd-weight", type=float, default=1.0,
                     help="w in (1-w)*CE + w*T^2*KL (default 1: the teacher only); 0 = hard labels only")
@@ -295,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--eval-interval", type=int, default=100)
     ap.add_argument("--eval-windows", type=int, default=64)
     ap.add_argument("--final-eval-tokens", type=int, default=None, help="val tokens for the final perplexity")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=seed_argument, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     ap.add_argument("--device", default="cpu", choices=DEVICE_CHOICES)
     ap.add_argument("--export", metavar="DIR", help="write the student + training_log.json here")
@@ -315,28 +357,53 @@ def _relative(path: Path) -> Path:
         return path
 
 
+# The names the library gives the flags' values (TrainConfig's fields, distill's arguments), each with its flag: a
+# refused value is reported as a usage error naming the flags of the names its message holds (`usage_error`).
+FLAG_OF = {name: "--" + name.replace("_", "-") for name in (
+    "steps", "batch_size", "lr", "min_lr_ratio", "warmup_steps", "eval_interval", "eval_windows", "final_eval_tokens",
+    "seed", "save_interval", "stop_after", "resume", "student", "teacher", "temperature", "kd_weight", "kind",
+    "feature_weight")} | {"init_from": "--student", "num_threads": "--threads", "export_dir": "--export",
+                          "out_dir": "--out"}
+
+
+def usage_error(ap: argparse.ArgumentParser, error: Exception) -> NoReturn:
+    """`ap.error(...)` (exit 2, a usage line, no traceback) for a value TrainConfig or `prepare_distill` refused:
+    "argument --warmup-steps/--steps: warmup_steps=20 must be smaller than steps=1". The flags are those of the
+    names in the message's first clause (up to its first ": "; what follows explains, and "the student's weights"
+    there is no --student), in its order, outside quoted paths (a folder named 'steps' names no flag)."""
+    text = re.sub(r"'[^']*'", "''", str(error)).split(": ")[0]
+    names = re.findall(r"(?<![\w-])(" + "|".join(FLAG_OF) + r")(?!\w)", text)
+    flags = list(dict.fromkeys(FLAG_OF[n] for n in names))
+    ap.error(f"argument {'/'.join(flags)}: {error}" if flags else str(error))
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
-    for flag, value in (("--export", args.export), ("--out", args.out)):  # named as flags, before TrainConfig
-        check_output_dir(value, flag)
-    if args.resume is not None:
-        check_path(args.resume, "--resume")
-    # The teacher is checked whatever the weights: a wrong path is a mistake even in a run that would not load it.
-    teacher_dir = checkpoint_dir(args.teacher, "--teacher")
-    init = None if args.resume else str(_relative(checkpoint_dir(args.student, "--student")))  # resumed: it has one
-    cfg = TrainConfig(
-        preset="draft", init_from=init, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-        min_lr_ratio=args.min_lr_ratio, warmup_steps=args.warmup_steps, eval_interval=args.eval_interval,
-        eval_windows=args.eval_windows, final_eval_tokens=args.final_eval_tokens, seed=args.seed,
-        device=args.device, num_threads=args.threads, export_dir=args.export, out_dir=args.out,
-        save_interval=args.save_interval, stop_after=args.stop_after, resume=args.resume,
-        command="python -m minillm.distill.train " + " ".join(shlex.quote(a) for a in argv))
-    teacher = None
-    if args.kd_weight > 0 or args.feature_weight > 0:
-        teacher = load_checkpoint(teacher_dir, device=resolve_device(args.device))
-    result, _ = distill(cfg, teacher, args.temperature, args.kd_weight, args.kind, args.feature_weight,
-                        progress=not args.no_progress)
+    # Everything below up to the training is a check or a load: a refused value is a usage error naming its flag.
+    try:
+        for flag, value in (("--export", args.export), ("--out", args.out)):  # named as flags, before TrainConfig
+            check_output_dir(value, flag)
+        if args.resume is not None:
+            check_path(args.resume, "--resume")
+        # The teacher is checked whatever the weights: a wrong path is a mistake even in a run that would not load it.
+        teacher_dir = checkpoint_dir(args.teacher, "--teacher")
+        init = None if args.resume else str(_relative(checkpoint_dir(args.student, "--student")))  # resumed: it has one
+        cfg = TrainConfig(
+            preset="draft", init_from=init, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+            min_lr_ratio=args.min_lr_ratio, warmup_steps=args.warmup_steps, eval_interval=args.eval_interval,
+            eval_windows=args.eval_windows, final_eval_tokens=args.final_eval_tokens, seed=args.seed,
+            device=args.device, num_threads=args.threads, export_dir=args.export, out_dir=args.out,
+            save_interval=args.save_interval, stop_after=args.stop_after, resume=args.resume,
+            command="python -m minillm.distill.train " + " ".join(shlex.quote(a) for a in argv))
+        teacher = None
+        if args.kd_weight > 0 or args.feature_weight > 0:
+            teacher = load_checkpoint(teacher_dir, device=resolve_device(args.device))
+        prepared = prepare_distill(cfg, teacher, args.temperature, args.kd_weight, args.kind, args.feature_weight)
+    except (ValueError, TypeError) as e:
+        usage_error(ap, e)
+    result, _ = run_distill(prepared, progress=not args.no_progress)
     log = result.log
     print(f"{result.step} steps ({result.tokens_seen:,} tokens) in {result.wall_seconds / 60:.1f} min; "
           f"val loss {log.get('final_val_loss')}, val perplexity {log.get('val_perplexity')}")

@@ -46,7 +46,7 @@ from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
 from minillm.core.config import check_fits_window, check_int, check_module_has_data, check_sequence
 from minillm.core.model import GPT, require_model
-from minillm.core.sampling import SamplingParams
+from minillm.core.sampling import SamplingParams, check_seed
 from minillm.core.timing import compare
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
@@ -145,6 +145,10 @@ class Harness:
         check_fits_window("Harness: each prompt", PROMPT_LEN, sizes.new_tokens, window, "the dense model")
         check_fits_window("Harness: the decode prompt", DECODE_PROMPT_LEN, sizes.decode_new, window, "the dense model")
         self.val = default_eval_tokens(sizes.val_tokens)
+        top = int(self.val.max())
+        if top >= model.config.vocab_size:  # else the first forward refuses, naming its own `idx`
+            raise ValueError(f"Harness: model has vocab_size={model.config.vocab_size}, but the validation text holds "
+                             f"token ids up to {top}: the benchmark needs a model of the shipped tokenizer's vocabulary")
         self.num_prompts, self.prompt_len, new = sizes.num_prompts, PROMPT_LEN, sizes.new_tokens
         self.prompts = eval_prompts([self.prompt_len] * self.num_prompts, model.config.vocab_size, real_text, seed)
         self.greedy = SamplingParams.greedy(new, ignore_eos=True)
@@ -295,7 +299,7 @@ def layer_costs(sparsities: tuple[float, ...] = (0.5, 0.7, 0.9), tokens: tuple[i
     check_int("repeats", repeats)
     check_int("calls", calls)
     check_int("seed", seed, 0)
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(check_seed(seed))
     w0 = torch.randn(1024, 256, generator=g) * 0.02
     bias = torch.zeros(1024)
     rows = []
@@ -316,8 +320,20 @@ def layer_costs(sparsities: tuple[float, ...] = (0.5, 0.7, 0.9), tokens: tuple[i
 
 def run_all(model: GPT, real_text: bool, size: str = "full", seed: int = 0, draft: GPT | None = None
             ) -> dict[str, Any]:
-    """Everything the tour and the chapter table report, at one of the `SIZES`."""
+    """Everything the tour and the chapter table report, at one of the `SIZES`.
+
+    Every argument is checked before the first measurement: `seed` an int in [0, 2**64), `draft` (pruned at 50% on
+    the same text and calibration) None or a dense minillm GPT of the model's vocabulary and at least its window."""
     sz = pick_size(SIZES, size)
+    check_int("seed", seed, 0)  # calibration_windows' range, and torch's (check_seed): not after the first sweeps
+    check_seed(seed)
+    if draft is not None:
+        check_prunable(draft, "run_all: draft")
+        d, m = draft.config, require_model(model, "run_all: model")
+        if d.vocab_size != m.vocab_size or d.block_size < m.block_size:
+            raise ValueError(f"run_all: draft has vocab_size={d.vocab_size}, block_size={d.block_size}; it reads the "
+                             f"model's text and calibration windows: vocab_size={m.vocab_size} and block_size >= "
+                             f"{m.block_size}")
     h = Harness(model, real_text, sz, seed)
     calibration = calibration_windows(sz.calibration, model.config.block_size, seed)
     report: dict[str, Any] = {
@@ -544,7 +560,9 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
 
 def build_parser() -> argparse.ArgumentParser:
     return bench_parser("python -m minillm.prune.bench", __doc__.splitlines()[0],
-                        "the smallest sizes, as the tour's --quick (~40 s): 50% only, 25% structured, short recovery",
+                        # subtle: argparse %-formats help strings, so a bare percent sign would break --help
+                        "the smallest sizes, as the tour's --quick (~40 s): 50 percent only, 25 percent structured, "
+                        "short recovery",
                         sizes=SIZES)
 
 

@@ -132,7 +132,7 @@ def _parse(meta: dict[str, str], where: str) -> tuple[GPTConfig, list[int]]:
     except ValueError as e:
         raise ValueError(f"{where}: metadata field block_sparsity {meta['block_sparsity']!r} is not a number") from e
     if not isinstance(widths, list) or len(widths) != config.n_layer or \
-            not all(isinstance(w, int) and 0 < w <= 4 * config.n_embd for w in widths):
+            not all(type(w) is int and 0 < w <= 4 * config.n_embd for w in widths):  # JSON true is a bool, no width
         raise ValueError(f"{where}: mlp_hidden must list {config.n_layer} widths in [1, {4 * config.n_embd}], "
                          f"got {meta['mlp_hidden']!r}")
     if pattern not in PATTERNS:

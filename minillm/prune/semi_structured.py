@@ -28,6 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minillm.core.config import check_has_data, check_int
+from minillm.core.sampling import check_seed
 from minillm.core.timing import compare
 from minillm.prune.masks import is_nm_sparse, nm_mask
 
@@ -133,6 +134,7 @@ def layer_speed(in_features: int = 4096, out_features: int = 4096, tokens: tuple
     check_int("calls", calls)
     check_int("repeats", repeats)
     check_int("seed", seed, minimum=0)
+    check_seed(seed)  # torch's range too: past it manual_seed overflows after the checks above
     why = semi_structured_support()
     if why:
         raise RuntimeError(why)

@@ -32,8 +32,10 @@ from dataclasses import replace
 import torch
 import torch.nn as nn
 
-from minillm.core.config import check_has_data, check_module_has_data, tensor_kind
+from minillm.core.config import check_float, check_has_data, check_int, check_module_has_data, tensor_kind
 from minillm.core.model import GPT
+from minillm.core.sampling import check_seed
+from minillm.gpt.dataset import split_tokens
 from minillm.gpt.finetune import short_finetune
 from minillm.prune.masks import check_keeps_one, check_sparsity, lowest_k_mask, num_pruned
 from minillm.prune.unstructured import block_inputs, check_calibration, check_prunable, input_norms
@@ -142,8 +144,13 @@ def recover(pruned: GPT, teacher: GPT, steps: int, batch_size: int = 4, lr: floa
 
     The KL compares the two models' distributions token by token over windows of `pruned`'s context, so the teacher
     must share the student's vocabulary (vocab_size) and see windows that long (block_size at least the student's);
-    otherwise a ValueError naming both values, before any step runs."""
+    otherwise a ValueError naming both values, before any step runs. So is a `pruned` whose vocabulary does not
+    hold every id of the training split, and a `seed` torch cannot take (`check_seed`)."""
     _check_model(pruned, "recover")
+    check_int("steps", steps)  # short_finetune's checks, in its order, before the vocabulary check below
+    check_int("batch_size", batch_size)
+    check_float("lr", lr, 0.0, include_minimum=False)
+    check_seed(seed)  # short_finetune's sampler would overflow past 2**64, naming no argument
     if not isinstance(teacher, GPT):  # any GPT may teach (a quantized one too): it is only run, never changed
         raise TypeError(f"recover needs a minillm GPT teacher, got {type(teacher).__name__}")
     s, t = pruned.config, teacher.config
@@ -154,6 +161,10 @@ def recover(pruned: GPT, teacher: GPT, steps: int, batch_size: int = 4, lr: floa
         raise ValueError(f"teacher has block_size={t.block_size}, shorter than pruned's block_size={s.block_size}: "
                          "the teacher could not score the student's training windows")
     check_module_has_data("recover: teacher", teacher)
+    top = int(split_tokens("train").max())  # short_finetune checks it too, but names its own `net`
+    if top >= s.vocab_size:
+        raise ValueError(f"pruned has vocab_size={s.vocab_size}, but the training split holds token ids up to {top}: "
+                         "recover fine-tunes on it, so it needs a model of the shipped tokenizer's vocabulary")
     net = copy.deepcopy(pruned)
     was_training = teacher.training
     try:  # short_finetune runs the teacher in eval mode; the caller's teacher is handed back in the mode it came in

@@ -127,7 +127,8 @@ def check_prunable(model: object, who: str) -> GPT:
     the layer and its type, if not.
 
     subtle: a QuantizedGPT is a GPT, but its block layers are QuantLinear (integer codes, no `weight`): the pruning
-    loops would find no nn.Linear and hand back an unpruned copy. A model prepared for QAT holds FakeQuantLinear, an
+    loops would find no nn.Linear and hand back an unpruned copy. A layer pruned with torch.nn.utils.prune holds its
+    weight as weight_orig x weight_mask, recomputed before each forward: a TypeError naming it too. A model prepared for QAT holds FakeQuantLinear, an
     nn.Linear subclass that rounds its weight in forward: a pruned file would load it back as a plain GPT, without
     the rounding. Prune first, then quantize (or prepare for QAT)."""
     if isinstance(model, QuantizedGPT):
@@ -142,6 +143,13 @@ def check_prunable(model: object, who: str) -> GPT:
         if odd or not block_linears(block):
             raise TypeError(f"{who} needs block linears as plain nn.Linear; block {b} holds {odd or 'none'} "
                             f"({type(model).__name__}): prune the fp32 model, then quantize it or prepare it for QAT")
+        # torch.nn.utils.prune leaves `weight` a computed tensor (weight_orig * weight_mask, not a Parameter), which
+        # copy.deepcopy cannot copy and this chapter's masks would not see
+        hooked = [name for name, lin in block_linears(block) if not isinstance(lin.weight, nn.Parameter)]
+        if hooked:
+            raise TypeError(f"{who} needs each block linear's weight as a Parameter; block {b}'s {hooked[0]} weight "
+                            "is re-parametrised (torch.nn.utils.prune's weight_orig x weight_mask): make it permanent "
+                            "first with torch.nn.utils.prune.remove(layer, 'weight')")
     return model
 
 

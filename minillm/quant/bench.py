@@ -45,7 +45,7 @@ from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
 from minillm.core.config import check_has_data, check_int, tensor_kind
 from minillm.core.model import GPT, require_model
-from minillm.core.sampling import SamplingParams
+from minillm.core.sampling import SamplingParams, check_seed
 from minillm.core.timing import compare, measure
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
@@ -55,7 +55,7 @@ from minillm.kvcache.cache import ContiguousKVCache
 from minillm.kvcache.generate import generate_ids
 from minillm.quant.gptq import calibration_windows, gptq_quantize_model
 from minillm.quant.kv_cache import Int8ContiguousKVCache
-from minillm.quant.linear import QuantConfig, QuantLinear, quantize_model, weight_bytes
+from minillm.quant.linear import QuantConfig, QuantLinear, check_fp32_model, quantize_model, weight_bytes
 from minillm.quant.outliers import inject_outliers, input_absmax, outlier_report, smooth_model
 from minillm.quant.qat import convert_qat, finetune_qat
 from minillm.quant.w8a8 import int8_matmul, quantize_activations
@@ -299,8 +299,14 @@ def layer_costs(in_features: int = 256, out_features: int = 1024, tokens: tuple[
 
 
 def run_all(model: GPT, real_text: bool, size: str = "full", seed: int = 0) -> dict[str, Any]:
-    """Everything the tour and the chapter table report, at one of the `SIZES`."""
+    """Everything the tour and the chapter table report, at one of the `SIZES`. Every argument is checked before
+    any work (TypeError/ValueError naming it): an fp32 GPT, a bool real_text, a known size, a 64-bit seed."""
     sz = pick_size(SIZES, size)
+    check_fp32_model(model, "run_all: model")
+    if not isinstance(real_text, bool):  # a str such as 'no' is truthy: real text would be read for it
+        raise TypeError(f"real_text must be a bool (trained weights read the validation text), got "
+                        f"{type(real_text).__name__} {real_text!r}")
+    check_seed(seed)
     V = model.config.vocab_size
     val = default_eval_tokens(sz.val_tokens)
     prompts = eval_prompts([PROMPT_LEN] * sz.num_prompts, V, real_text, seed)

@@ -11,6 +11,7 @@ tensors mean; nothing is ever guessed from a file name or from dtypes:
               transformer.h.0.attn.c_attn.scale    fp32 (3C, groups)
               transformer.h.0.attn.c_attn.zero     uint8 (3C, groups), asymmetric modes only
               ... and the fp32 rest (LayerNorms, biases, position embedding, the token embedding unless quantized)
+              no head: it is the token embedding's matrix (a model with an untied head is refused on save)
 
 Loading builds the model the metadata describes and refuses (ValueError naming the file and the field or tensor):
 metadata that is missing or unreadable; a config the tensors contradict (n_layer, n_head x head size against
@@ -43,7 +44,7 @@ from minillm.core.formats import (ModelFormat, check_gpt_config, check_stored_te
 from minillm.core.io import (atomic_save_safetensors, check_output_file, check_sha256, read_format_metadata,
                              read_safetensors_file, with_sha256)
 from minillm.core.model import GPT
-from minillm.core.weights import load_state_dict_strict, model_tensors
+from minillm.core.weights import load_state_dict_strict, model_tensors, untied_head
 from minillm.quant.linear import QuantConfig, QuantizedGPT, QuantLinear, quantize_model
 from minillm.quant.quantize import qrange
 
@@ -61,6 +62,7 @@ def _fields(model: QuantizedGPT) -> dict[str, str]:
 
 def _metadata(model: QuantizedGPT) -> dict[str, str]:
     """The fields plus their digest, for the bytes a worker receives (`minillm.core.formats`), checked by `_build`."""
+    _check_tied(model, "model_to_bytes (model)")
     return with_sha256({"format": FORMAT, **_fields(model)}, model_tensors(model))
 
 
@@ -71,7 +73,8 @@ def save_quantized(model: QuantizedGPT, path: str | os.PathLike, method: str = "
     The metadata records a sha256 of every field and tensor, checked on load. A `path` that is a directory, ends in
     a separator ('dir/') or whose parent is a file, is a ValueError naming it; so is what loading would refuse (a
     `quant_config` the layers were not built with, a tensor not fp32 or not finite, a scale <= 0, a zero point off
-    the grid), naming it, before anything is written.
+    the grid), naming it, before anything is written; and an untied head (its own `lm_head.weight`), which the file
+    cannot hold: it stores the head tied to the token embedding.
     """
     if not isinstance(model, QuantizedGPT):
         raise TypeError(f"save_quantized needs a quantized model (see quantize_model), got {type(model).__name__}")
@@ -84,6 +87,7 @@ def save_quantized(model: QuantizedGPT, path: str | os.PathLike, method: str = "
     if out is None:
         raise ValueError(f"save_quantized: path must name a file, got {path!r}")
     _check_modes(model, "save_quantized (model)")
+    _check_tied(model, "save_quantized (model)")
     tensors = model_tensors(model)
     _check_saveable(model, tensors, "save_quantized (model)")
     metadata = with_sha256({"format": FORMAT, **_fields(model), "method": method}, tensors)
@@ -142,6 +146,15 @@ def _check_modes(model: QuantizedGPT, where: str) -> None:
             raise ValueError(f"{where}: model.quant_config {model.quant_config!r} is not the config its layer {name!r} "
                              f"was built with, {module.config!r}; the file would record a mode its tensors "
                              "contradict")
+
+
+def _check_tied(model: QuantizedGPT, where: str) -> None:
+    """A ValueError naming lm_head when it has a weight of its own: the file stores the head once, as the token
+    embedding (`minillm.core.weights.TIED_KEYS`), and loading would tie it back, a model with other logits."""
+    if untied_head(model):
+        raise ValueError(f"{where}: model.lm_head has a weight of its own (other values than transformer.wte's); "
+                         "the format stores the head tied to the token embedding, and the loaded model would give "
+                         "other logits")
 
 
 def _check_saveable(model: QuantizedGPT, tensors: dict[str, torch.Tensor], where: str) -> None:

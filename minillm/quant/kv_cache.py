@@ -70,6 +70,8 @@ def dequantize_kv(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype =
     come from `_quantize_kv`, and a check would cost a host sync per layer and step."""
     if not isinstance(codes, torch.Tensor) or codes.dtype != torch.int8:
         raise TypeError(f"codes must be an int8 tensor, got {tensor_kind(codes)}")
+    if isinstance(scale, torch.Tensor) and scale.device != codes.device:
+        raise ValueError(f"codes on {codes.device} and scale on {scale.device} must be on one device")
     if not isinstance(scale, torch.Tensor) or scale.dim() != codes.dim() or scale.shape[:-1] != codes.shape[:-1] \
             or scale.shape[-1] != 1:
         raise ValueError(f"scale must have shape {tuple(codes.shape[:-1]) + (1,)} for codes {tuple(codes.shape)}, got "

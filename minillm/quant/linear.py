@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from minillm.core.config import (check_float, check_has_data, check_int, check_module_has_data, check_tensor_elements,
                                  tensor_kind)
 from minillm.core.model import GPT
+from minillm.core.weights import untied_head
 from minillm.quant.quantize import QuantizedTensor, dequantize, pack_int4, quantize, unpack_int4
 from minillm.quant.w8a8 import llm_int8_linear, w8a8_linear
 
@@ -123,6 +124,7 @@ class QuantLinear(nn.Module):
         if config.mode == "int4" and in_features % 2:
             raise ValueError(f"int4 packs two codes per byte: in_features={in_features} must be even")
         self.in_features, self.out_features, self.config = in_features, out_features, config
+        self._built_for = (config.mode, config.symmetric, config.group_size)  # what `check_config` compares
         groups = in_features // group
         code_dtype = torch.int8 if config.symmetric else torch.uint8
         width = in_features // 2 if config.mode == "int4" else in_features
@@ -184,8 +186,29 @@ class QuantLinear(nn.Module):
         if qt.zero is not None:
             self.zero = qt.zero.to(self.scale.device, copy=True)
 
+    def check_config(self) -> QuantConfig:
+        """`self.config` if the buffers are what it implies (shapes and dtypes: no value read), else a TypeError/
+        ValueError naming config. subtle: `config` is a plain attribute; replaced after the layer was built (int4
+        over int8 codes), it sent the codes down another mode's path, to fail in unpack_int4 naming `packed`."""
+        c = self.config
+        if not isinstance(c, QuantConfig):
+            raise TypeError(f"config must be a QuantConfig, got {type(c).__name__}")
+        if (c.mode, c.symmetric, c.group_size) == self._built_for:
+            return c  # the common case, in well under a microsecond (this runs on every forward)
+        int4, n, g = c.mode == "int4", self.in_features, c.group_size
+        groups = n // g if isinstance(g, int) and g > 0 and n % g == 0 else -1
+        want = ((self.out_features, n // 2 if int4 else n), torch.uint8 if int4 or not c.symmetric else torch.int8,
+                groups if int4 else 1, not c.symmetric)
+        got = (tuple(self.qweight.shape), self.qweight.dtype, self.scale.shape[-1], self.zero is not None)
+        if got != want:
+            raise ValueError(f"config {c!r} does not fit the layer's buffers (qweight {self.qweight.dtype} "
+                             f"{got[0]}, {got[2]} scale(s) per row, zero points: {got[3]}): the layer was built "
+                             "with another config; build a new layer with QuantLinear.from_linear")
+        return c
+
     def quantized_weight(self) -> QuantizedTensor:
         """The layer's codes and scales as a QuantizedTensor (int4 codes unpacked)."""
+        self.check_config()
         q = unpack_int4(self.qweight, signed=self.config.symmetric) if self.config.mode == "int4" else self.qweight
         # Checked when stored (`load_quantized`, or a file's scales and zero points): no value is read again here.
         return QuantizedTensor.from_checked(q, self.scale, self.zero, self.config.bits,
@@ -200,11 +223,14 @@ class QuantLinear(nn.Module):
         # are checked on the host for free. NaN in x is not looked for (a sync per step): it comes out NaN.
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
             raise TypeError(f"QuantLinear needs a floating-point input x, got {tensor_kind(x)}")
+        if x.device != self.scale.device:  # a meta x, or one on another device than the layer's codes
+            raise ValueError(f"x is on {x.device}, the layer on {self.scale.device}: move one of them")
         if x.dtype != self.scale.dtype:  # the modes would disagree: fp32 out, x's dtype out, or torch's error
             raise TypeError(f"x must be {self.scale.dtype}, the dtype QuantLinear computes in, got {x.dtype}; cast x "
                             "(or the layer) first")
         if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise ValueError(f"x must have shape (..., {self.in_features}), got {tuple(x.shape)}")
+        self.check_config()  # host-only: a config replaced since the layer was built is named here
         if self.config.mode == "w8a8":
             if self.config.outlier_threshold is not None:
                 return llm_int8_linear(x, self, self.config.outlier_threshold)
@@ -240,6 +266,7 @@ class QuantEmbedding(nn.Module):
         if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"idx must be an int64 tensor of token ids, got {tensor_kind(idx)}")
         t = self.table
+        t.check_config()
         rows = idx.reshape(-1)  # (N,) token ids
         if rows.numel() == 0:  # no ids (an empty batch, as nn.Embedding allows): a QuantizedTensor needs a row
             return t.scale.new_zeros(*idx.shape, t.in_features)  # (..., C)
@@ -322,6 +349,7 @@ def quantize_model(model: GPT, config: QuantConfig,
     """A copy of the GPT `model` with every block's `nn.Linear` replaced by a `QuantLinear` (and, with
     `config.quantize_head`, the tied embedding/head by `QuantEmbedding` + `TiedQuantHead`).
 
+    With quantize_head, a model whose lm_head has a weight of its own (untied) is a ValueError naming lm_head.
     `weights` maps a layer's name inside `model.transformer.h` ("0.attn.c_attn") to codes chosen elsewhere (GPTQ);
     layers not named there are rounded to nearest. The copy keeps GPT's interface (`hidden`, `logits`, `forward`),
     so every generator, the engine and the perplexity code run it unchanged; `quant_config` records the mode.
@@ -333,6 +361,10 @@ def quantize_model(model: GPT, config: QuantConfig,
     if not isinstance(config, QuantConfig):
         raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
     check_fp32_model(model, "quantize_model", config)
+    if config.quantize_head and untied_head(model):
+        raise ValueError("quantize_head=True quantizes the tied embedding/head matrix once, but model.lm_head has a "
+                         "weight of its own (other values than transformer.wte's): the head would be replaced by "
+                         "the embedding; use quantize_head=False (the head stays fp32)")
     if weights is not None and not isinstance(weights, dict):
         raise TypeError(f"weights must be a dict of layer name -> QuantizedTensor or None, got "
                         f"{type(weights).__name__}")

@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import tensor_kind
+from minillm.core.config import check_float_tensor
 from minillm.core.model import GPT
 from minillm.gpt.finetune import short_finetune
 from minillm.quant.linear import QuantConfig, QuantizedGPT, check_fp32_model, quantize_model
@@ -36,8 +36,7 @@ def qat_codes(w: torch.Tensor, config: QuantConfig) -> QuantizedTensor:
 
     One function for both, so the converted model multiplies by exactly the weights the training forward used."""
     _check(config)
-    if not isinstance(w, torch.Tensor) or not w.is_floating_point():
-        raise TypeError(f"w must be a floating-point weight, got {tensor_kind(w)}")
+    check_float_tensor("w", w)  # a float dtype torch computes in, holding values
     if not bool(torch.isfinite(w.detach()).all()):
         raise ValueError("w holds NaN or inf values (training diverged?): they have no integer code")
     return quantize(w.detach(), config.bits, config.symmetric, config.granularity, config.quantize_group_size)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minillm.core.config import check_has_data, tensor_kind
+from minillm.core.config import check_float_tensor, check_has_data, tensor_kind
 
 BITS = (4, 8)
 GRANULARITIES = ("tensor", "channel", "group")
@@ -45,9 +45,7 @@ def _check_bits(bits: object) -> int:
 
 
 def _check_float(name: str, x: object) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got {tensor_kind(x)}")
-    return x
+    return check_float_tensor(name, x)  # float16/bfloat16/float32/float64, holding values
 
 
 def _check_bool(name: str, value: object) -> bool:
@@ -59,7 +57,7 @@ def _check_bool(name: str, value: object) -> bool:
 def _check_codes(name: str, q: object) -> torch.Tensor:
     if not isinstance(q, torch.Tensor) or q.dtype not in (torch.int8, torch.uint8):
         raise TypeError(f"{name} must be an int8 or uint8 tensor of codes, got {tensor_kind(q)}")
-    return q
+    return check_has_data(name, q)
 
 
 def _check_dim(x: torch.Tensor, dim: object) -> tuple[int, ...]:
@@ -130,6 +128,17 @@ def _check_zero(zero: object, x: torch.Tensor, bits: int, check_values: bool) ->
     return zero
 
 
+def _widen(*ts: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors in the dtype torch computes them in together (`x / scale`'s), fp32 at least.
+
+    subtle: x / s rounded to bf16 (8 significant bits) is off by up to a whole code near 127 (round(x / s) must be
+    exact: |x - x̂| <= s / 2); in fp32 the quotient of two bf16 or fp16 values rounds to the same integer as the
+    exact one."""
+    together = torch.result_type(*ts) if len(ts) == 2 else ts[0].dtype
+    dtype = torch.promote_types(together, torch.float32)
+    return [t.to(dtype) for t in ts]
+
+
 def check_finite(name: str, x: torch.Tensor) -> torch.Tensor:
     """x unchanged, or a ValueError naming it when it holds NaN or inf (one host sync: not for a per-step path), or
     when it is a meta tensor (a shape without values: nothing to check or to quantize)."""
@@ -177,6 +186,7 @@ def quantize_symmetric(x: torch.Tensor, scale: torch.Tensor, bits: int, *,
     if check_values:
         check_scale_positive(scale)
     lo, hi = qrange(bits, symmetric=True)
+    x, scale = _widen(x, scale)  # x / s in fp32 at least (bf16 would round it by up to a code)
     # BEGIN SOLUTION
     return torch.clamp(torch.round(x / scale), lo, hi).to(torch.int8)
     # END SOLUTION
@@ -213,6 +223,7 @@ def quantize_asymmetric(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor
     if check_values:
         check_scale_positive(scale)
     lo, hi = qrange(bits, symmetric=False)
+    x, scale = _widen(x, scale)  # x / s in fp32 at least (bf16 would round it by up to a code)
     # BEGIN SOLUTION
     return torch.clamp(torch.round(x / scale) + zero.to(x.dtype), lo, hi).to(torch.uint8)
     # END SOLUTION
@@ -409,7 +420,9 @@ def quantize(x: torch.Tensor, bits: int = 8, symmetric: bool = True, granularity
     """Quantize x with min/max parameters at a granularity ("tensor", "channel" = per row, "group" of group_size).
 
     A weight (out, in) per channel gets one scale per output row; group-wise, one per `group_size` input columns of
-    each row. For activations (..., C) per token, pass x.reshape(-1, C) with granularity="channel".
+    each row. For activations (..., C) per token, pass x.reshape(-1, C) with granularity="channel". A bf16 or fp16
+    x is quantized in fp32 (its scales are fp32, and so is `dequantize`'s result): in bf16, x / s itself rounds by
+    up to a code.
     """
     _check_float("x", x)
     bits = _check_bits(bits)
@@ -417,6 +430,7 @@ def quantize(x: torch.Tensor, bits: int = 8, symmetric: bool = True, granularity
     if x.numel() == 0:
         raise ValueError(f"cannot quantize an empty tensor x of shape {tuple(x.shape)}")
     check_finite("x", x)
+    (x,) = _widen(x)  # bf16/fp16 in fp32: scales and codes as the exact x / s gives them (`_widen`)
     g = _grouped_view(x, granularity, group_size)  # (rows, groups, gs)
     if symmetric:
         scale = symmetric_params(g, bits, dim=2)  # (rows, groups, 1)

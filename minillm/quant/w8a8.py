@@ -125,8 +125,16 @@ def int8_matmul(a: torch.Tensor, b: torch.Tensor, use_int_mm: bool = True) -> to
     N = b.shape[1]
     dev = a.device.type
     if use_int_mm and int_mm_available(dev) and (dev == "cpu" or (M > 16 and K % 8 == 0 and N % 8 == 0)):
-        return torch._int_mm(a, b)
+        return torch._int_mm(_dense(a), _dense(b))
     return int8_matmul_ref(a, b)
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """t itself when row- or column-major (a weight's `.t()` is not copied), else a row-major copy.
+
+    subtle: torch._int_mm reads other layouts wrong: an expanded (stride-0) operand, e.g. `w[:1].expand(8, K)`, or
+    overlapping strides give garbage read past the tensor's storage, without an error."""
+    return t if t.is_contiguous() or t.t().is_contiguous() else t.contiguous()
 
 
 def _quantize_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,13 +189,14 @@ def w8a8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bia
 
 
 def w8a8_reference(x: torch.Tensor, layer: Any) -> torch.Tensor:
-    """The float twin of W8A8: de-quantize both operands, then an fp32 `F.linear`. Refuses NaN/inf in x."""
+    """The float twin of W8A8: de-quantize both operands, then an fp32 `F.linear`, returned in x's dtype (as
+    `w8a8_linear`). Refuses NaN/inf in x."""
     _check_layer(layer)
     _check_input(x, layer.in_features)
     x2 = x.reshape(-1, x.shape[-1]).float()  # (M, K)
     xq, sx = quantize_activations(x2)
     y = F.linear(xq.float() * sx, layer.dequantized_weight(), layer.bias)  # (M, N)
-    return y.reshape(*x.shape[:-1], -1)
+    return y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])  # x's dtype, as w8a8_linear returns
 
 
 def outlier_columns(x2: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -222,7 +231,8 @@ def llm_int8_linear(x: torch.Tensor, layer: Any, threshold: float) -> torch.Tens
 
 
 def llm_int8_reference(x: torch.Tensor, layer: Any, threshold: float) -> torch.Tensor:
-    """The float twin of `llm_int8_linear`: de-quantize everything, one fp32 `F.linear` per part. Refuses NaN/inf."""
+    """The float twin of `llm_int8_linear`: de-quantize everything, one fp32 `F.linear` per part, returned in x's
+    dtype (as `llm_int8_linear`). Refuses NaN/inf."""
     threshold = _check_threshold(threshold)
     _check_layer(layer)
     _check_input(x, layer.in_features)
@@ -231,4 +241,4 @@ def llm_int8_reference(x: torch.Tensor, layer: Any, threshold: float) -> torch.T
     cols = outlier_columns(x2, threshold)
     w = layer.dequantized_weight()  # (N, K)
     y = w8a8_reference(x2.masked_fill(cols, 0.0), layer) + F.linear(x2 * cols, w)  # (M, N)
-    return y.reshape(*x.shape[:-1], y.shape[-1])
+    return y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])

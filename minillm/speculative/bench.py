@@ -23,6 +23,7 @@ Speculation inside chapter 06's engine has its own benchmark, `minillm.speculati
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from dataclasses import dataclass
@@ -316,7 +317,8 @@ def chi_square_test(counts: torch.Tensor, p: torch.Tensor, bins: int = 10) -> Ch
     """Counts (V,) of drawn tokens against the distribution p (V,), binned on p's `bins` likeliest tokens + the rest.
 
     counts may be integer or float; they are summed in float64 (float16 counts past 65504 would sum to inf), and
-    need not be whole: expected counts (q * draws) are tested exactly as they are."""
+    need not be whole: expected counts (q * draws) are tested exactly as they are. Any draw of a token p gives
+    probability 0 is impossible under p: chi2 is then infinite and the p-value 0."""
     for name, t in (("counts", counts), ("p", p)):
         if not isinstance(t, torch.Tensor) or t.dim() != 1:
             raise TypeError(f"{name} must be a 1-D tensor (V,), got {getattr(t, 'shape', type(t).__name__)}")
@@ -336,13 +338,20 @@ def chi_square_test(counts: torch.Tensor, p: torch.Tensor, bins: int = 10) -> Ch
     # subtle: int(counts.sum()) truncated non-whole counts (2.4 -> 2): the rest bin came out wrong, and a sum below 1
     # gave n = 0 and a dof error
     n = float(counts.sum())
-    observed = torch.cat([counts[top], (n - counts[top].sum()).reshape(1)]).double()  # (bins+1,)
-    expected = torch.cat([p[top], (1 - p[top].sum()).clamp(min=0).reshape(1)]).double() * n  # (bins+1,)
+    rest = torch.ones_like(p, dtype=torch.bool)
+    rest[top] = False
+    p64 = p.double() / p.double().sum()  # the rest bin's mass summed, not 1 - top (which rounds to 0 or below)
+    observed = torch.cat([counts[top], counts[rest].sum().reshape(1)])  # (bins+1,)
+    expected = torch.cat([p64[top], p64[rest].sum().reshape(1)]) * n  # (bins+1,)
     keep = expected > 0
-    chi2 = float(((observed - expected)[keep] ** 2 / expected[keep]).sum())
     dof = int(keep.sum()) - 1
     tv = 0.5 * float((observed / n - expected / n).abs().sum())
-    return ChiSquare(n, chi2, dof, chi_square_p_value(chi2, dof), tv)
+    # subtle: a bin p gives probability 0 adds nothing to chi2 and no degree of freedom, but a draw in it is
+    # impossible under p, not a term to drop: chi2 is infinite and the p-value 0
+    if bool((observed[~keep] > 0).any()):
+        return ChiSquare(n, math.inf, dof, 0.0, tv)
+    chi2 = float(((observed - expected)[keep] ** 2 / expected[keep]).sum())
+    return ChiSquare(n, chi2, dof, chi_square_p_value(chi2, dof) if dof else 1.0, tv)  # dof 0: p is one token
 
 
 def sampling_exactness(target: GPT, draft: GPT, prompt: list[int], draws: int = 20_000, seed: int = 0
@@ -431,12 +440,22 @@ def check_tokenizer(tokenizer: Any) -> None:
                         f"{type(tokenizer).__name__}")
 
 
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """`tokenizer.encode(text)` as a list of ints; a TypeError naming `tokenizer` when it hands back anything else
+    (a str, say), which would otherwise be cut into prompts of characters."""
+    ids = tokenizer.encode(text)
+    if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise TypeError(f"tokenizer.encode must return a list of int token ids, got {type(ids).__name__} "
+                        f"{ids!r:.60}")
+    return list(ids)
+
+
 def code_prompt(tokenizer: Any, tokens: int = 200) -> list[int]:
     """The last `tokens` tokens of some validation-split Python source (1500 bytes of it): in-domain text that
     repeats itself. More tokens than those bytes hold is a ValueError naming `tokens`, not a shorter prompt."""
     check_int("tokens", tokens)
     check_tokenizer(tokenizer)
-    ids = tokenizer.encode(corpus_sample(1500, split="val"))
+    ids = encode(tokenizer, corpus_sample(1500, split="val"))
     if tokens > len(ids):
         raise ValueError(f"tokens={tokens} is more than the {len(ids)} tokens of the 1500-byte sample")
     return ids[-tokens:]
@@ -449,7 +468,7 @@ def code_prompts(tokenizer: Any, count: int, tokens: int = 48) -> list[list[int]
     check_int("count", count)
     check_int("tokens", tokens)
     check_tokenizer(tokenizer)
-    ids = tokenizer.encode(corpus_sample(4000 * count, split="val"))
+    ids = encode(tokenizer, corpus_sample(4000 * count, split="val"))
     if tokens + count - 1 > len(ids):  # else the last prompts would come back shorter than `tokens`
         raise ValueError(f"tokens={tokens} is too long: count={count} prompts of it need {tokens + count - 1} "
                          f"tokens, the {4000 * count}-byte sample holds {len(ids)}")
@@ -463,6 +482,7 @@ def run_all(device: torch.device, quick: bool = False, seed: int = 0, prompts: i
     prompts the sweeps run over (default 6, quick 3; the tour takes 4 to stay inside its time budget)."""
     if prompts is not None:
         check_int("prompts", prompts)  # before the models load
+    check_seed(seed)  # likewise: sampling_exactness, after the greedy sweeps, would refuse it
     tgt, dft = load_model("base", device, seed), load_model("draft", device, seed)
     tok = tgt.tokenizer
     prompt = tok.encode(FIB_PROMPT)

@@ -42,14 +42,40 @@ from minillm.core.config import check_float, check_int
 from minillm.core.corpus import corpus_sample
 from minillm.core.device import resolve_device
 from minillm.core.model import GPT
-from minillm.core.sampling import SamplingParams
+from minillm.core.sampling import SamplingParams, check_seed
 from minillm.core.timing import compare
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
-from minillm.speculative.bench import check_tokenizer, markdown_table
+from minillm.speculative.bench import check_tokenizer, encode, markdown_table
 from minillm.speculative.engine import SpeculativeConfig, SpeculativeLLM
 
 EOT = "<|endoftext|>"
+DEFAULT_LOADS = (1, 2, 4, 8, 16, 32, 64)  # `load_sweep`'s and the command's loads (concurrent requests)
+REQUESTS_PER_SLOT = 3  # requests queued per batch slot, so the batch stays full as requests finish
+QUICK = dict(loads=(1, 8), new_tokens=32, requests_per_slot=2, repeats=1)  # run(quick=True): seconds on a CPU
+
+
+def code_pieces(window: int = 1500) -> list[str]:
+    """The validation split's Python files (split at end-of-text) cut into `window`-character pieces, in order."""
+    check_int("window", window)
+    docs = corpus_sample(10**9, split="val").split(EOT)
+    return [d[o : o + window] for d in docs for o in range(0, len(d) - window + 1, window)]
+
+
+def check_loads(loads: object, requests_per_slot: int = REQUESTS_PER_SLOT) -> list[int]:
+    """`loads` as a list if it is a non-empty list of positive ints whose highest load's prompts
+    (`requests_per_slot` per batch slot, one `code_pieces` piece each) the validation split holds; a
+    TypeError/ValueError naming loads otherwise, checked before any model loads (`run`, the command line)."""
+    if isinstance(loads, (str, bytes)) or not isinstance(loads, (list, tuple)) or not loads:
+        raise ValueError(f"loads must be a non-empty list of positive ints, got {loads!r}")
+    for i, c in enumerate(loads):
+        check_int(f"loads[{i}]", c)
+    check_int("requests_per_slot", requests_per_slot)
+    need, have = requests_per_slot * max(loads), len(code_pieces())
+    if need > have:
+        raise ValueError(f"loads: the highest load {max(loads)} needs {need} prompts ({requests_per_slot} per batch "
+                         f"slot), the validation split has {have}; lower the loads")
+    return list(loads)
 
 
 def code_prompts(tokenizer: Any, n: int, prompt_len: int = 128, window: int = 1500) -> list[list[int]]:
@@ -59,13 +85,12 @@ def code_prompts(tokenizer: Any, n: int, prompt_len: int = 128, window: int = 15
     for name, value in (("n", n), ("prompt_len", prompt_len), ("window", window)):
         check_int(name, value)
     check_tokenizer(tokenizer)
-    docs = corpus_sample(10**9, split="val").split(EOT)
-    pieces = [d[o : o + window] for d in docs for o in range(0, len(d) - window + 1, window)]
+    pieces = code_pieces(window)
     if n > len(pieces):
         raise ValueError(f"asked for n={n} prompts, the validation split has {len(pieces)} pieces of window={window} "
                          "chars; lower n (or window)")
     step = len(pieces) // n
-    prompts = [tokenizer.encode(pieces[i * step]) for i in range(n)]
+    prompts = [encode(tokenizer, pieces[i * step]) for i in range(n)]
     shortest = min(len(p) for p in prompts)
     if prompt_len > shortest:
         raise ValueError(f"prompt_len={prompt_len} is more than the {shortest} tokens of the shortest "
@@ -152,20 +177,18 @@ def crossover(points: Sequence[dict[str, Any]], key: str = "ratio") -> int | Non
     return found
 
 
-def load_sweep(target: GPT, tokenizer: Any, loads: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), new_tokens: int = 64,
-               prompt_len: int = 128, requests_per_slot: int = 3, speculative: SpeculativeConfig | None = None,
+def load_sweep(target: GPT, tokenizer: Any, loads: Sequence[int] = DEFAULT_LOADS, new_tokens: int = 64,
+               prompt_len: int = 128, requests_per_slot: int = REQUESTS_PER_SLOT,
+               speculative: SpeculativeConfig | None = None,
                draft: GPT | None = None, repeats: int = 3) -> dict[str, Any]:
     """Every load of `loads`: ratios of tokens/s (wall and CPU), identical outputs, and the crossover load."""
     speculative = speculative if speculative is not None else SpeculativeConfig()
     if not isinstance(speculative, SpeculativeConfig):
         raise TypeError(f"speculative must be a SpeculativeConfig, got {type(speculative).__name__}")
-    if isinstance(loads, (str, bytes)) or not isinstance(loads, (list, tuple)) or not loads:
-        raise ValueError(f"loads must be a non-empty list of positive ints, got {loads!r}")
-    for i, c in enumerate(loads):
-        check_int(f"loads[{i}]", c)
     for name, value in (("new_tokens", new_tokens), ("prompt_len", prompt_len),
                         ("requests_per_slot", requests_per_slot), ("repeats", repeats)):
         check_int(name, value)
+    loads = check_loads(loads, requests_per_slot)
     pool = code_prompts(tokenizer, requests_per_slot * max(loads), prompt_len)
     points = [load_point(target, pool[: requests_per_slot * c], c, new_tokens, speculative, draft, repeats)
               for c in loads]
@@ -177,17 +200,25 @@ def load_sweep(target: GPT, tokenizer: Any, loads: Sequence[int] = (1, 2, 4, 8, 
             "low_load": points[0]["concurrency"]}
 
 
+def sweep_sizes(quick: bool, loads: Sequence[int] | None) -> dict[str, Any]:
+    """`load_sweep`'s size arguments for `run`: QUICK's (or load_sweep's defaults), `loads` in place of their loads,
+    the loads checked (`check_loads`)."""
+    size: dict[str, Any] = dict(QUICK) if quick else {}
+    size["loads"] = check_loads(loads if loads is not None else size.get("loads", DEFAULT_LOADS),
+                                size.get("requests_per_slot", REQUESTS_PER_SLOT))
+    return size
+
+
 def run(device: torch.device | str = "cpu", quick: bool = False, method: str = "prompt-lookup", gamma: int = 4,
         loads: Sequence[int] | None = None, seed: int = 0) -> dict[str, Any]:
     """The benchmark on `base` (and `draft` for method="draft-model"), by default at loads 1 to 64; quick: loads 1
     and 8, 32 new tokens, one repeat (a few seconds on a CPU), for the chapter's tour."""
     spec = SpeculativeConfig(method=method, gamma=gamma)  # checks method and gamma before the models load
+    size = sweep_sizes(quick, loads)  # and the loads, and the seed
+    check_seed(seed)
     device = resolve_device(device) if isinstance(device, str) else device
     tgt = load_model("base", device, seed)
     draft = load_model("draft", device, seed) if method == "draft-model" else None
-    size = dict(loads=(1, 8), new_tokens=32, requests_per_slot=2, repeats=1) if quick else {}
-    if loads is not None:
-        size["loads"] = tuple(loads)
     sweep = load_sweep(tgt.model, tgt.tokenizer, speculative=spec, draft=draft.model if draft else None, **size)
     return {"target": tgt.label, "draft": draft.label if draft else None, "device": str(device),
             "threads": torch.get_num_threads(), **sweep}
@@ -250,6 +281,14 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
     }
 
 
+def usage_check(ap: argparse.ArgumentParser, flag: str, check: Callable[[], object]) -> None:
+    """Run `check()`; a ValueError/TypeError it raises becomes a usage error (exit 2) naming `flag`."""
+    try:
+        check()
+    except (ValueError, TypeError) as e:
+        ap.error(f"{flag}: {e}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = bench_parser("python -m minillm.speculative.engine_bench", __doc__.split("\n")[0],
                       "two loads, short outputs, one repeat")
@@ -262,13 +301,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = start(ap, argv)
-    if args.gamma < 1:
-        ap.error(f"--gamma must be >= 1, got {args.gamma}")
     try:
         # subtle: `if args.loads` would read --loads '' as "not given" and run the default loads
         loads = [int(c) for c in args.loads.split(",")] if args.loads is not None else None
     except ValueError:
         ap.error(f"--loads must be comma-separated ints, got {args.loads!r}")
+    # What run() refuses is a usage error naming the flag, before any model loads (not a traceback after).
+    usage_check(ap, "--gamma", lambda: SpeculativeConfig(method=args.method, gamma=args.gamma))
+    usage_check(ap, "--loads", lambda: sweep_sizes(args.quick, loads))
     report = run(resolve_device(args.device), quick=args.quick, method=args.method, gamma=args.gamma, loads=loads,
                  seed=args.seed)
     print(format_report(report))

@@ -77,11 +77,14 @@ def _forward(model: GPT, cache: ContiguousKVCache, tokens: list[int], start: int
 
 
 class DraftModelProposer:
-    """Drafts γ tokens autoregressively with a small model and its own cache, sampled with the request's params."""
+    """Drafts γ tokens autoregressively with a small model and its own cache, sampled with the request's params.
+    The cache holds `max_len` tokens, at most the draft's context window (block_size)."""
 
     def __init__(self, draft: GPT, max_len: int):
-        require_model(draft, "DraftModelProposer (draft)")
+        cfg = require_model(draft, "DraftModelProposer (draft)")
         check_int("max_len", max_len, 1)
+        if max_len > cfg.block_size:  # the draft sees no position past its window: the cache needs no more slots
+            raise ValueError(f"max_len={max_len} is past the draft's context window block_size={cfg.block_size}")
         self.model = draft
         self.cache = ContiguousKVCache(draft.config, 1, max_len, device=draft.device)
         self.calls = 0

@@ -25,7 +25,7 @@ from typing import Sequence
 
 import torch
 
-from minillm.core.config import check_has_data, tensor_kind
+from minillm.core.config import check_has_data, is_float_compute, tensor_kind
 from minillm.core.sampling import SamplingParams, sample_next
 from minillm.core.stopping import check_token_ids
 
@@ -37,15 +37,16 @@ def prob_sum_tolerance(dtype: torch.dtype) -> float:
     half an ulp of 1 in all); the slack covers softmax's own normalisation error and probabilities a caller rounded.
     `dtype` must be a floating-point torch.dtype (probabilities are never integers): TypeError naming it otherwise.
     """
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating-point torch.dtype (of probabilities), got {dtype!r:.80}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype.itemsize < 2:
+        raise TypeError(f"dtype must be a floating-point torch.dtype of probabilities (float16, bfloat16, float32 or "
+                        f"float64), got {dtype!r:.80}")
     return max(1e-3, 4 * torch.finfo(dtype).eps)
 
 
 def _check_probs(name: str, t: object, rows: int | None = None, what: str = "probabilities") -> torch.Tensor:
     """A float tensor (rows, V) with V >= 1, holding values (not a meta tensor); its values are checked by
     `check_distributions`."""
-    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+    if not is_float_compute(t):
         raise TypeError(f"{name} must be a float tensor of {what}, got {tensor_kind(t)}")
     check_has_data(name, t)
     if t.dim() != 2 or (rows is not None and t.size(0) != rows) or t.size(1) == 0:
@@ -66,7 +67,7 @@ def _check_alike(a: tuple[str, object], b: tuple[str, object], what: str, min_di
     """Two float tensors of one shape, dtype and device (with V >= 1 when min_dim is 1), neither a meta tensor;
     TypeError/ValueError naming the argument otherwise."""
     for name, t in (a, b):
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        if not is_float_compute(t):
             raise TypeError(f"{name} must be a float tensor of {what}, got {tensor_kind(t)}")
         check_has_data(name, t)
         if min_dim and (t.dim() == 0 or t.size(-1) == 0):
@@ -84,7 +85,7 @@ def check_distributions(name: str, t: torch.Tensor) -> None:
     """Every row of `t` (..., V) a probability distribution: finite, >= 0, summing to 1 within
     `prob_sum_tolerance`; ValueError naming `name` and the first bad row otherwise (one host sync). `t` must be a
     floating-point tensor holding values: TypeError/ValueError naming `name` otherwise."""
-    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+    if not is_float_compute(t):
         raise TypeError(f"{name} must be a float tensor of probabilities, got {tensor_kind(t)}")
     check_has_data(name, t)
     if t.numel() == 0:
