@@ -134,6 +134,28 @@ def test_layernorm_mirror_and_naive_agree_with_torch(rows, cols, dtype):
     assert_close(mirror.layernorm_warp(x, w, b, pack=16 // x.element_size()), ref, dtype)  # v4's 16-byte packs
 
 
+def rows_of_mean_3000(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fp32 rows of mean 3000 and standard deviation 1, a weight and a bias, and F.layer_norm's result in float64:
+    where var = E[x^2] - mean^2 in fp32 cancels (E[x^2] ~ 9e6, fp32 values 1 apart there; outputs off by 1.45, by
+    1926 in layernorm v4's order of sums), and a second pass over x - mean does not."""
+    g = torch.Generator().manual_seed(rows * 1000 + cols)
+    x = torch.randn(rows, cols, generator=g) + 3000.0
+    w, b = torch.randn(cols, generator=g), torch.randn(cols, generator=g)
+    return x, w, b, F.layer_norm(x.double(), (cols,), w.double(), b.double(), eps=1e-5)
+
+
+LN_OFFSET_SHAPES = ((4, 64), (3, 130), (2, 1000))  # whole 16-byte packs or not, short and long rows
+LN_OFFSET_ATOL = 2e-2  # x itself is only known to fp32's 2.4e-4 at 3000; a fp32 mean of 1000 such values to ~1e-3
+
+
+@pytest.mark.parametrize("pack", [1, 4, 8])
+@pytest.mark.parametrize("rows,cols", LN_OFFSET_SHAPES)
+def test_layernorm_mirror_holds_rows_of_mean_3000(rows, cols, pack):
+    x, w, b, want = rows_of_mean_3000(rows, cols)
+    torch.testing.assert_close(mirror.layernorm_warp(x, w, b, pack=pack).double(), want, atol=LN_OFFSET_ATOL, rtol=0)
+    torch.testing.assert_close(naive.layernorm(x, w, b).double(), want, atol=LN_OFFSET_ATOL, rtol=0)
+
+
 @pytest.mark.parametrize("pack", [1, 4, 16])
 def test_lane_partials_give_each_lane_its_packs(pack):
     """Lane i owns packs i, i + 32, ...: with x[c] = 1 for one column c, only lane (c // pack) % 32 sums it."""
@@ -789,6 +811,22 @@ def poisoned(shape, dtype) -> torch.Tensor:
 
 def randn(*shape, dtype, scale=1.0, offset=0.0) -> torch.Tensor:
     return (torch.randn(*shape, device="cuda") * scale + offset).to(dtype)
+
+
+@pytest.mark.parametrize("version", ops.versions("layernorm"))
+def test_emulated_layernorm_holds_rows_of_mean_3000(emu, version):
+    for rows, cols in LN_OFFSET_SHAPES:
+        x, w, b, want = rows_of_mean_3000(rows, cols)
+        torch.testing.assert_close(emulator.layernorm(x, w, b, version).double(), want, atol=LN_OFFSET_ATOL, rtol=0)
+
+
+@cuda_only
+@pytest.mark.parametrize("rows,cols", (*LN_OFFSET_SHAPES, (9, 2048)))
+@pytest.mark.parametrize("version", ops.versions("layernorm"))
+def test_cuda_layernorm_holds_rows_of_mean_3000(kernels, version, rows, cols):
+    x, w, b, want = rows_of_mean_3000(rows, cols)
+    out = ops.layernorm(x.cuda(), w.cuda(), b.cuda(), version=version, out=poisoned((rows, cols), torch.float32))
+    torch.testing.assert_close(out.double().cpu(), want, atol=LN_OFFSET_ATOL, rtol=0)
 
 
 @cuda_only

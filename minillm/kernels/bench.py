@@ -49,7 +49,7 @@ import torch.nn.functional as F
 
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.core.config import check_float, tensor_kind
-from minillm.core.io import atomic_write_text
+from minillm.core.io import atomic_write_text, check_output_file
 from minillm.kernels import build, naive, ops
 from minillm.kernels.build import load_kernels
 
@@ -138,15 +138,37 @@ def check_same_shape(got: object, ref: object) -> None:
         raise ValueError(f"got and ref must be tensors of the same shape, got {shapes[0]} and {shapes[1]}")
 
 
+def finite_scale(ref: torch.Tensor) -> float:
+    """max(1, the largest finite |ref|): what a tolerance is relative to (1 for an empty ref). subtle: an infinity
+    in ref must not enter it, or every error would pass ([inf, 1000] "agreeing" with [inf, 0])."""
+    finite = ref[torch.isfinite(ref)]
+    return max(1.0, finite.abs().max().item()) if finite.numel() else 1.0
+
+
+def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """The largest |got - ref| where ref is not infinite, over `finite_scale(ref)`; inf unless got holds ref's
+    infinities, sign included, where ref has them; 0.0 for empty tensors; NaN where either has a NaN. got and ref:
+    tensors of one shape (`check_same_shape`)."""
+    check_same_shape(got, ref)
+    g, r = got.float(), ref.float()
+    inf = torch.isinf(r)
+    if not torch.equal(g[inf], r[inf]):
+        return math.inf
+    return (g[~inf] - r[~inf]).abs().max().item() / finite_scale(r) if r[~inf].numel() else 0.0
+
+
 def close(tol: float) -> Callable[[torch.Tensor | None, torch.Tensor | None], bool]:
-    """A check(got, ref): every element of got within tol of ref, relative to ref's largest magnitude (at least 1).
-    tol >= 0 (a ValueError naming it otherwise); got and ref of different shapes are a ValueError naming both."""
+    """A check(got, ref): every element of got within tol of ref, relative to ref's largest finite magnitude (at
+    least 1), and ref's infinities exactly where ref has them; a NaN never agrees; empty tensors agree. tol >= 0 (a
+    ValueError naming it otherwise); got and ref of different shapes are a ValueError naming both."""
     check_float("tol", tol, 0.0)
 
     def check(got, ref) -> bool:
         check_same_shape(got, ref)
-        scale = max(1.0, ref.float().abs().max().item())
-        return bool(torch.allclose(got.float(), ref.float(), rtol=tol, atol=tol * scale))
+        g, r = got.float(), ref.float()
+        inf = torch.isinf(r)
+        return torch.equal(g[inf], r[inf]) and bool(torch.allclose(g[~inf], r[~inf], rtol=tol,
+                                                                    atol=tol * finite_scale(r)))
     return check
 
 
@@ -306,9 +328,19 @@ def run(quick: bool = False, verbose: bool = True) -> dict:
             "seconds": round(time.perf_counter() - began, 1), "quick": quick, "rows": rows}
 
 
+REPORT_KEYS = ("device", "torch", "copy_GBps", "matmul_bf16_TFLOPs", "rows")  # what every report holds
+
+
 def format_table(result: dict) -> str:
     """The report as the benchmark prints it: the device and its roofs, then one line per row (`parse_table` reads
-    such a table back; a report read from a GPU report may lack the fp32 roof and the run's seconds)."""
+    such a table back; a report read from a GPU report may lack the fp32 roof and the run's seconds). `result`: a
+    report of `run` or `from_report` (a TypeError / ValueError naming it otherwise)."""
+    if not isinstance(result, dict):
+        raise TypeError(f"result must be a report dict of run() or from_report(), got {type(result).__name__}")
+    missing = [key for key in REPORT_KEYS if key not in result]
+    if missing:
+        raise ValueError(f"result must be a report of run() or from_report(), holding {list(REPORT_KEYS)}; it "
+                         f"lacks {missing}")
     fp32 = f"fp32 matmul {result['matmul_fp32_TFLOPs']} TFLOP/s  " if "matmul_fp32_TFLOPs" in result else ""
     seconds = f"({result['seconds']} s)" if result.get("seconds") is not None else ""
     lines = [f"{result['device']}  torch {result['torch']}  copy {result['copy_GBps']} GB/s  "
@@ -578,10 +610,19 @@ def command_line(argv: list[str] | None) -> str:
     return shlex.join(["python", "-m", BENCH, *(sys.argv[1:] if argv is None else argv)])
 
 
+def out_flag(text: str) -> str:
+    """`--out`, the older name of `--json`: checked at parse time under the name typed (the shared check after
+    parsing would name --json, a flag the user never gave)."""
+    try:
+        return str(check_output_file(text, "--out", (".json",)))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = bench_parser("python -m minillm.kernels.bench", __doc__.splitlines()[0], "smaller shapes and fewer repeats",
                       devices=("cuda",), seed=False)
-    ap.add_argument("--out", dest="json", help=argparse.SUPPRESS)  # the older name of --json, still accepted
+    ap.add_argument("--out", dest="json", type=out_flag, help=argparse.SUPPRESS)  # --json's older name, still taken
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--from-report", metavar="REPORT.md",
                       help="no GPU: read the table this benchmark printed back out of a GPU report into the report "

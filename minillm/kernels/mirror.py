@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from minillm.core.config import check_float_tensor, check_int, tensor_kind
+from minillm.core.config import check_float_tensor, check_has_data, check_int, tensor_kind
 from minillm.kernels.naive import check_int8_gemv_args, check_qkv, check_rows, gelu_tanh
 from minillm.kernels.ops import check_distinct_slots, check_eps, check_head_size, check_kv_write_args
 
@@ -164,17 +164,19 @@ def lane_partials(x: torch.Tensor, pack: int = 1) -> torch.Tensor:
 
 def layernorm_warp(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
                    pack: int = 1) -> torch.Tensor:
-    """layernorm.cu v3 (pack=1) and v4 (pack = 16 bytes / element size): one pass of lane sums of x and x^2, a warp
-    tree sum of each, var = E[x^2] - mean^2. A row whose x^2 overflows fp32 (|x| past ~1e19) gives NaN here
-    (as F.layer_norm does; see `naive.layernorm`)."""
+    """layernorm.cu v3 (pack=1) and v4 (pack = 16 bytes / element size): lane sums of x, a warp tree sum, the mean;
+    then a second pass, lane sums of (x - mean)^2 and their warp tree sum, the variance (not E[x^2] - mean^2, which
+    cancels in fp32 when |mean| >> std). A row whose squared deviations overflow fp32 (|x| past ~1e19) comes back
+    as its bias, as from the kernels (see `naive.layernorm`)."""
     C = check_rows("x", x, weight=weight, bias=bias)
     check_eps(eps)
     check_int("pack", pack)
     x32 = x.float()
     mean = warp_tree_sum(lane_partials(x32, pack)) / C  # (...,)
-    var = (warp_tree_sum(lane_partials(x32 * x32, pack)) / C - mean**2).clamp(min=0.0)  # (...,)
+    d = x32 - mean.unsqueeze(-1)  # (..., C) deviations; padding lanes add nothing
+    var = warp_tree_sum(lane_partials(d * d, pack)) / C  # (...,)
     rstd = torch.rsqrt(var + eps)
-    y = (x32 - mean.unsqueeze(-1)) * rstd.unsqueeze(-1) * weight.float() + bias.float()
+    y = d * rstd.unsqueeze(-1) * weight.float() + bias.float()
     return y.to(x.dtype)
 
 
@@ -301,6 +303,7 @@ def paged_gather(pool: torch.Tensor, block_table: torch.Tensor, context_len: int
     if block_table.dim() != 1:
         raise ValueError(f"block_table must be 1-D (max_nb,), one sequence's table, got shape "
                          f"{tuple(block_table.shape)}")
+    check_has_data("block_table", block_table)
     if not isinstance(context_len, int) or isinstance(context_len, bool):
         raise TypeError(f"context_len must be an int, got {type(context_len).__name__} {context_len!r}")
     if not 0 <= context_len <= block_table.numel() * bs:
@@ -345,6 +348,7 @@ def paged_attention_decode(
                 or t.shape[0] != S:
             raise ValueError(f"{name} must be an integer tensor with S={S} rows, got "
                              f"{tensor_kind(t)} {tuple(getattr(t, 'shape', ()))}")
+        check_has_data(name, t)
     if S and int(context_lens.min()) < 0:
         raise ValueError(f"context_lens must be >= 0, got {context_lens.tolist()}")
     nb, bs = k_pool.shape[:2]

@@ -80,9 +80,9 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
     `decode_step_by_hand` runs float64 models with it).
 
     Not checked: a row whose squared deviations overflow float32 (|x| past ~1e19) has no meaningful result in fp32
-    math. Here var is inf and the row comes back as its bias; F.layer_norm and the mirror give NaN, kernel v1 the
-    bias, v2-v4 huge finite values (their E[x^2] - mean^2 is inf - inf, clamped to 0). Such a row means the model
-    has already diverged; no check is paid for at every call.
+    math. Here var is inf and the row comes back as its bias, as from the mirror and every kernel version (each
+    sums the squared deviations too); F.layer_norm gives the bias or NaN. Such a row means the model has already
+    diverged; no check is paid for at every call.
     """
     check_rows("x", x, weight=weight, bias=bias)
     check_eps(eps)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from minillm.core.config import check_has_data
 from minillm.kernels.build import load_kernels
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -33,6 +34,7 @@ def versions(op: str) -> range:
 def _tensor(name: str, t, dim: int | None = None, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_has_data(name, t)  # before the device checks: a meta tensor has no values for any kernel
     if dim is not None and t.dim() != dim:
         raise ValueError(f"{name} must be {dim}-D, got shape {tuple(t.shape)}")
     if t.dtype not in dtypes:

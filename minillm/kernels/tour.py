@@ -22,7 +22,7 @@ import torch
 
 from minillm.core.rows import Row, TourContext
 from minillm.kernels import emulator, mirror, naive, ops
-from minillm.kernels.bench import check_same_shape, run as run_bench
+from minillm.kernels.bench import relative_error, run as run_bench
 
 TITLE = "CUDA kernels (CPU mirrors; versions on a GPU)"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}  # relative to the output's largest magnitude (one rounding)
@@ -90,13 +90,17 @@ def cast(args: tuple, dtype: torch.dtype) -> tuple:
 
 
 def compare(kernel: str, got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> tuple[bool, float]:
-    """(agrees, error relative to the output's largest magnitude); the KV write, a copy, must agree exactly.
-    got and ref must have the same shape: a ValueError naming both otherwise (subtracting them would broadcast, and
-    a (1, C) output would "agree" with every row of a (R, C) reference). dtype: one of TOL's."""
-    check_same_shape(got, ref)
+    """(agrees, error relative to the output's largest finite magnitude, `bench.relative_error`); the KV write, a
+    copy, must agree exactly. kernel: one of the chapter's kernels (`ops.versions`' names). got and ref must have the
+    same shape: a ValueError naming both otherwise (subtracting them would broadcast, and a (1, C) output would
+    "agree" with every row of a (R, C) reference); empty outputs agree. dtype: one of TOL's."""
+    if not isinstance(kernel, str):
+        raise TypeError(f"kernel must be a kernel name (a str), got {type(kernel).__name__} {kernel!r}")
+    if kernel not in ops.NUM_VERSIONS:  # a typo of "kv_cache_write" would drop its exact rule
+        raise ValueError(f"kernel must be one of {sorted(ops.NUM_VERSIONS)}, got {kernel!r}")
+    err = relative_error(got, ref)
     if dtype not in TOL:
         raise ValueError(f"dtype must be one of {list(TOL)} (the tolerances the tour knows), got {dtype!r}")
-    err = (got.float() - ref.float()).abs().max().item() / max(1.0, ref.float().abs().max().item())
     exact = kernel == "kv_cache_write"
     return not bool(torch.isnan(got).any()) and (err == 0.0 if exact else err <= TOL[dtype]), err
 

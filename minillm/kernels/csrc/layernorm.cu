@@ -1,15 +1,16 @@
 // LayerNorm over the last dimension, out = (x - mean) * rsqrt(var + eps) * weight + bias (biased variance, as
 // torch.nn.functional.layer_norm), statistics in fp32, three versions:
 //   v1  one thread per row: one pass for mean, one for variance, one to write.
-//   v2  one block per row: each thread accumulates sum and sum of squares in fp32 in ONE pass over the row, the
-//       block combines them by a shared-memory tree reduction; var = E[x^2] - mean^2 (clamped at 0).
-//   v3  one warp per row (4 rows per block): the same one-pass sums, combined by warp shuffles alone, no
-//       shared memory and no __syncthreads.
+//   v2  one block per row: each thread sums its elements, the block combines the sums by a shared-memory tree
+//       reduction (the mean); then the same again for the squared deviations (x - mean)^2 (the variance).
+//   v3  one warp per row (4 rows per block): the same two sums, combined by warp shuffles alone, no shared memory
+//       and no __syncthreads.
 //   v4  v3 reading and writing 16-byte packs (x, weight, bias and out): lane l owns packs l, l + 32, ..., so a
 //       warp moves 512 bytes per load instead of 64 (bf16); rows that are not a whole number of packs (or
 //       misaligned pointers) run v3.
-// subtle: E[x^2] - mean^2 loses precision when |mean| >> std; fp32 sums keep that harmless for activations, and
-// the tests use inputs with an offset mean to keep us honest.
+// subtle: the variance is a second pass over x - mean, not E[x^2] - mean^2 from one pass of sums of x and x^2:
+// that difference cancels in fp32 when |mean| >> std (a row of mean 3000 and std 1 comes out off by 1.45, and by
+// ~2000 in v4's order of sums). The second read of the row mostly hits the cache; the tests use rows of mean 3000.
 // Reference twins: minillm.kernels.naive.layernorm, minillm.kernels.mirror.layernorm_warp (v3's lane sums;
 // v4's with pack=8 or 4).
 #include "common.cuh"
@@ -37,34 +38,39 @@ __global__ void layernorm_v1_kernel(const T* __restrict__ x, const T* __restrict
         yr[c] = from_float<T>((to_float(xr[c]) - mean) * rstd * to_float(w[c]) + to_float(b[c]));
 }
 
+// v2's shared-memory tree reduction: s (blockDim.x floats, a power of two) holds each thread's value, half the
+// threads add the other half's, and so on; every thread gets the total.
+__device__ __forceinline__ float tree_sum(float v, float* s) {
+    const int tid = threadIdx.x;
+    s[tid] = v;
+    __syncthreads();
+    for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+        if (tid < stride) s[tid] += s[tid + stride];
+        __syncthreads();
+    }
+    const float total = s[0];
+    __syncthreads();  // every thread has read s[0] before the next tree_sum overwrites s
+    return total;
+}
+
 // v2: blockDim.x == 256 (a power of two, as the tree reduction needs).
 template <typename T>
 __global__ void layernorm_v2_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                                     T* __restrict__ out, int64_t rows, int64_t cols, float eps) {
-    __shared__ float s_sum[256], s_sq[256];
+    __shared__ float s[256];
     const int64_t r = blockIdx.x;
     const int tid = threadIdx.x;
     const T* xr = x + r * cols;
     T* yr = out + r * cols;
-    float sum = 0.f, sq = 0.f;
-    for (int64_t c = tid; c < cols; c += blockDim.x) {
-        const float v = to_float(xr[c]);
-        sum += v;
-        sq += v * v;
+    float sum = 0.f;
+    for (int64_t c = tid; c < cols; c += blockDim.x) sum += to_float(xr[c]);
+    const float mean = tree_sum(sum, s) / cols;
+    float sq = 0.f;
+    for (int64_t c = tid; c < cols; c += blockDim.x) {  // the second pass: squared deviations from the mean
+        const float d = to_float(xr[c]) - mean;
+        sq += d * d;
     }
-    s_sum[tid] = sum;
-    s_sq[tid] = sq;
-    __syncthreads();
-    for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
-        if (tid < stride) {
-            s_sum[tid] += s_sum[tid + stride];
-            s_sq[tid] += s_sq[tid + stride];
-        }
-        __syncthreads();
-    }
-    const float mean = s_sum[0] / cols;
-    const float var = fmaxf(s_sq[0] / cols - mean * mean, 0.f);
-    const float rstd = rsqrtf(var + eps);
+    const float rstd = rsqrtf(tree_sum(sq, s) / cols + eps);
     for (int64_t c = tid; c < cols; c += blockDim.x)
         yr[c] = from_float<T>((to_float(xr[c]) - mean) * rstd * to_float(w[c]) + to_float(b[c]));
 }
@@ -78,17 +84,15 @@ __global__ void layernorm_v3_kernel(const T* __restrict__ x, const T* __restrict
     if (r >= rows) return;  // a whole warp leaves together, so the shuffles below stay full-warp
     const T* xr = x + r * cols;
     T* yr = out + r * cols;
-    float sum = 0.f, sq = 0.f;
-    for (int64_t c = lane; c < cols; c += 32) {
-        const float v = to_float(xr[c]);
-        sum += v;
-        sq += v * v;
+    float sum = 0.f;
+    for (int64_t c = lane; c < cols; c += 32) sum += to_float(xr[c]);
+    const float mean = warp_sum(sum) / cols;
+    float sq = 0.f;
+    for (int64_t c = lane; c < cols; c += 32) {  // the second pass: squared deviations from the mean
+        const float d = to_float(xr[c]) - mean;
+        sq += d * d;
     }
-    sum = warp_sum(sum);
-    sq = warp_sum(sq);
-    const float mean = sum / cols;
-    const float var = fmaxf(sq / cols - mean * mean, 0.f);
-    const float rstd = rsqrtf(var + eps);
+    const float rstd = rsqrtf(warp_sum(sq) / cols + eps);
     for (int64_t c = lane; c < cols; c += 32)
         yr[c] = from_float<T>((to_float(xr[c]) - mean) * rstd * to_float(w[c]) + to_float(b[c]));
 }
@@ -104,24 +108,27 @@ __global__ void layernorm_v4_kernel(const T* __restrict__ x, const T* __restrict
     const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
     if (r >= rows) return;  // a whole warp leaves together, so the shuffles below stay full-warp
     const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(x + r * cols);
-    float sum = 0.f, sq = 0.f;
+    float sum = 0.f;
     for (int64_t i = lane; i < cols / P; i += 32) {
         const Pack<T> p = xp[i];
 #pragma unroll
+        for (int e = 0; e < P; ++e) sum += to_float(p.v[e]);
+    }
+    const float mean = warp_sum(sum) / cols;
+    float sq = 0.f;
+    for (int64_t i = lane; i < cols / P; i += 32) {  // the second pass: squared deviations from the mean
+        const Pack<T> p = xp[i];
+#pragma unroll
         for (int e = 0; e < P; ++e) {
-            const float v = to_float(p.v[e]);
-            sum += v;
-            sq += v * v;
+            const float d = to_float(p.v[e]) - mean;
+            sq += d * d;
         }
     }
-    sum = warp_sum(sum);
-    sq = warp_sum(sq);
-    const float mean = sum / cols;
-    const float rstd = rsqrtf(fmaxf(sq / cols - mean * mean, 0.f) + eps);
+    const float rstd = rsqrtf(warp_sum(sq) / cols + eps);
     const Pack<T>* wp = reinterpret_cast<const Pack<T>*>(w);
     const Pack<T>* bp = reinterpret_cast<const Pack<T>*>(b);
     Pack<T>* yp = reinterpret_cast<Pack<T>*>(out + r * cols);
-    for (int64_t i = lane; i < cols / P; i += 32) {  // the second read of the row: mostly from cache
+    for (int64_t i = lane; i < cols / P; i += 32) {  // the third read of the row: mostly from cache
         const Pack<T> p = xp[i], pw = wp[i], pb = bp[i];
         Pack<T> y;
 #pragma unroll
