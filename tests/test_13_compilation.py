@@ -19,11 +19,12 @@ import torch.nn.functional as F
 
 from helpers import assert_every_generator_agrees, context_model
 from minillm import GPTConfig
+from minillm.bench.models import load_model
 from minillm.compile.bench import FUSED, quotes as bench_quotes, run_all, weight_streaming_bound
-from minillm.compile.cpu_gemv import build_problem, fast_cpu_model, gemv
+from minillm.compile.cpu_gemv import build_problem, fast_cpu_model, gemv, int8_gemv, load_cpu_ext
 from minillm.compile.cpu_paged import NAME, paged_decode_attention
 from minillm.compile.decode import StaticDecoder, compile_problem
-from minillm.compile import aot, llamacpp, mirror
+from minillm.compile import aot, fused_step, llamacpp, mirror
 from minillm.compile.fused_step import FusedCPUDecoder
 from minillm.compile.sweep import Case, profile_decode, quotes as sweep_quotes, run_sweep
 from minillm.core.sampling import SamplingParams
@@ -31,6 +32,7 @@ from minillm.course.results import find_values
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.kvcache.generate import decode_step, generate_ids, prefill
 from minillm.naive.roofline import decode_weight_bytes
+from minillm.quant.linear import QuantConfig, QuantLinear, quantize_model
 
 SMALL = GPTConfig(vocab_size=4096, block_size=64, n_layer=2, n_head=4, n_embd=64)
 PROMPTS = [[5, 17, 99, 3], [200, 1, 1, 42, 7, 9, 11, 300, 12], [64]]
@@ -624,3 +626,187 @@ def test_decode_step_by_hand_keeps_slot_and_position_apart():
         out.append(int(logits.argmax()))
         logits = mirror.decode_step_by_hand(m, cache.k, cache.v, out[-1], i, i)
     assert out == generate_ids(m, prompt, SamplingParams.greedy(n, ignore_eos=True))
+
+
+# ----- chapter 09's int8 weight-only models on the fused C++ step ----------------------------------------------------
+
+
+def int8_layer(N: int, K: int, bias: bool = True, seed: int = 0) -> QuantLinear:
+    """Chapter 09's weight-only int8 layer (symmetric, one scale per output row) of a random nn.Linear(K, N)."""
+    torch.manual_seed(seed)
+    return QuantLinear.from_linear(torch.nn.Linear(K, N, bias=bias), QuantConfig("int8"))
+
+
+@needs_cpp
+@pytest.mark.parametrize("M,N,K", [(1, 1, 1), (1, 3, 9), (1, 7, 17), (3, 33, 130), (1, 768, 256), (2, 256, 1024)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_cpp_int8_gemv_equals_the_quantized_layer(M, N, K, bias):
+    """The C++ int8 GEMV against QuantLinear's own forward (F.linear on the codes, times the scales, plus the bias).
+    The shapes run every loop of this build: rows in blocks of 4 through the vector loop (AVX-512 or AVX2), its K tail
+    (K not a multiple of 16 or 8), and the scalar loop, which takes the N % 4 last rows (every row where N < 4: the
+    whole product on the portable path, as on a machine without AVX2)."""
+    layer = int8_layer(N, K, bias, seed=M * 1000 + N + K)
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(K))
+    with torch.no_grad():
+        want = layer(x)
+    torch.testing.assert_close(int8_gemv(x, layer.qweight, layer.scale, layer.bias), want, rtol=1e-5,
+                               atol=1e-5 * K ** 0.5)
+    torch.testing.assert_close(int8_gemv(x, layer.qweight, layer.scale.view(-1), layer.bias), want, rtol=1e-5,
+                               atol=1e-5 * K ** 0.5)  # the scales as (N,) too
+
+
+@needs_cpp
+def test_cpp_int8_gemv_rejects_bad_arguments():
+    layer = int8_layer(4, 8)
+    q, s, x = layer.qweight, layer.scale, torch.randn(1, 8)
+    with pytest.raises(TypeError, match="q must be an int8 CPU tensor"):
+        int8_gemv(x, q.float(), s)
+    with pytest.raises(TypeError, match="x must be a float32"):
+        int8_gemv(x.double(), q, s)
+    with pytest.raises(TypeError, match="scale must be a float32"):
+        int8_gemv(x, q, s.double())
+    with pytest.raises(ValueError, match="same K"):
+        int8_gemv(torch.randn(1, 7), q, s)
+    with pytest.raises(ValueError, match=r"scale must have shape \(4,\) or \(4, 1\)"):
+        int8_gemv(x, q, s[:3])
+    with pytest.raises(ValueError, match=r"b must have shape \(4,\)"):
+        int8_gemv(x, q, s, torch.randn(3))
+    ext = load_cpu_ext()  # the C++ entry point's own checks: an error, never a crash
+    with pytest.raises(TypeError, match="q int8"):
+        ext.int8_gemv(x, q.float(), s.view(-1), torch.empty(0))
+    with pytest.raises(ValueError, match="scale must be"):
+        ext.int8_gemv(x, q, s, torch.empty(0))  # (N, 1) reaches C++ only through the wrapper, which flattens it
+    with pytest.raises(ValueError, match="contiguous"):
+        ext.int8_gemv(x, torch.zeros(8, 4, dtype=torch.int8).t(), s.view(-1), torch.empty(0))
+    assert ext.int8_path() in ("AVX-512", "AVX2 + FMA", "scalar")
+
+
+@needs_cpp
+def test_fused_cpu_step_runs_an_int8_model_like_the_eager_quantized_model():
+    """Chapter 09's int8 model (every block linear a weight-only int8 QuantLinear, the tied head float32) through the
+    C++ step: logits within 1e-4 of the eager quantized model's at every position up to the window's end (the
+    measured gap is ~1e-6: float rounding, the sums run in another order), the same keys and values in the cache.
+    The step reads the model's own codes and scales: an in-place change is seen; a replaced buffer is a ValueError."""
+    q = quantize_model(model(), QuantConfig("int8"))
+    dec = FusedCPUDecoder(q)
+    assert dec.int8_linears == 4 * SMALL.n_layer
+    ref = ContiguousKVCache(SMALL, 1, SMALL.block_size)
+    ids = torch.randint(0, SMALL.vocab_size, (1, SMALL.block_size), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        q.hidden(ids[:, :3], torch.arange(3), dec.cache)
+        q.hidden(ids[:, :3], torch.arange(3), ref)
+        for pos in range(3, SMALL.block_size):
+            want = q.logits(q.hidden(ids[:, pos:pos + 1], torch.tensor([pos]), ref)[:, -1])  # (1, V)
+            got = dec(q, dec.cache, ids[0, pos:pos + 1], torch.tensor([pos]))
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for layer in range(SMALL.n_layer):
+        torch.testing.assert_close(dec.cache.k[layer], ref.k[layer], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(dec.cache.v[layer], ref.v[layer], rtol=1e-5, atol=1e-5)
+    params = SamplingParams.greedy(16, ignore_eos=True)
+    fc = q.transformer.h[1].mlp.c_fc
+    with torch.no_grad():
+        fc.scale.mul_(3.0)  # in place: the step holds this storage
+        fc.qweight[:5].neg_()
+    for prompt in PROMPTS:
+        assert dec.generate_ids(prompt, params) == generate_ids(q, prompt, params)
+    fc.qweight = fc.qweight.clone()  # a new buffer: the step's snapshot is stale
+    with pytest.raises(ValueError, match="build a new FusedCPUDecoder"):
+        dec.generate_ids(PROMPTS[0], params)
+
+
+@needs_cpp
+def test_fused_cpu_step_gives_the_eager_int8_tokens_on_base():
+    """The shipped `base` (seeded random weights of its shape where the checkpoint is missing) quantized to int8:
+    greedy tokens of the fused step equal chapter 04's eager generator on the quantized model, on several prompts
+    through one decoder."""
+    loaded = load_model("base")
+    q = quantize_model(loaded.model, QuantConfig("int8"))
+    dec = FusedCPUDecoder(q)
+    params = SamplingParams.greedy(32, ignore_eos=True)
+    for text in ("def main(", "import numpy as np\n", "class Tokenizer:\n    def __init__(self", "for i in range("):
+        prompt = loaded.tokenizer.encode(text)
+        assert dec.generate_ids(prompt, params) == generate_ids(q, prompt, params), text
+
+
+@needs_cpp
+def test_fused_cpu_step_runs_a_mix_of_float_and_int8_linears():
+    """Each block linear runs the GEMV of its own kind: a model whose linears are part int8, part float32 (here one
+    layer put back to float) gives the eager model's tokens."""
+    m = model()
+    q = quantize_model(m, QuantConfig("int8"))
+    q.transformer.h[0].attn.c_proj = m.transformer.h[0].attn.c_proj
+    dec = FusedCPUDecoder(q)
+    assert dec.int8_linears == 4 * SMALL.n_layer - 1
+    params = SamplingParams.greedy(16, ignore_eos=True)
+    for prompt in PROMPTS:
+        assert dec.generate_ids(prompt, params) == generate_ids(q, prompt, params)
+
+
+@needs_cpp
+def test_fused_cpu_step_refuses_other_quantized_models():
+    """Only the int8 weight-only per-channel symmetric form runs: int4, asymmetric int8, W8A8, a quantized head, a
+    model mixing int8 with one int4 layer, and an int8 layer whose buffers were cast or dropped are each a TypeError
+    naming the layer."""
+    m = model()
+    cases = [
+        (quantize_model(m, QuantConfig("int4", group_size=32)), r"transformer.h.0.attn.c_attn = QuantLinear with "
+         r"mode='int4'"),
+        (quantize_model(m, QuantConfig("int8", symmetric=False)), r"transformer.h.0.attn.c_attn = QuantLinear with "
+         r"mode='int8', symmetric=False"),
+        (quantize_model(m, QuantConfig("w8a8")), r"transformer.h.0.attn.c_attn = QuantLinear with mode='w8a8'"),
+        (quantize_model(m, QuantConfig("int8", quantize_head=True)), r"has lm_head = TiedQuantHead"),
+    ]
+    mixed = quantize_model(m, QuantConfig("int8"))
+    mixed.transformer.h[1].mlp.c_proj = QuantLinear.from_linear(m.transformer.h[1].mlp.c_proj,
+                                                                QuantConfig("int4", group_size=32))
+    cases.append((mixed, r"transformer.h.1.mlp.c_proj = QuantLinear with mode='int4'"))
+    for change, message in [(lambda lin: setattr(lin, "scale", lin.scale.double()), r"scale torch.float64"),
+                            (lambda lin: setattr(lin, "qweight", lin.qweight.to(torch.int16)), "codes torch.int16"),
+                            (lambda lin: setattr(lin, "bias", None), "no bias")]:
+        bad = quantize_model(m, QuantConfig("int8"))
+        change(bad.transformer.h[1].attn.c_proj)
+        cases.append((bad, rf"transformer.h.1.attn.c_proj = QuantLinear with {message}"))
+    for qmodel, message in cases:
+        with pytest.raises(TypeError, match=r"the fused C\+\+ step .*" + message):
+            FusedCPUDecoder(qmodel)
+
+
+@needs_cpp
+def test_fused_cpu_step_cpp_checks_every_int8_argument(monkeypatch):
+    """The C++ constructor's own checks on the int8 arguments (what a caller past FusedCPUDecoder's checks meets): a
+    scales list of the wrong length, a scale of the wrong shape or dtype, float weights given a scale, int8 codes
+    given none, codes of the wrong shape. Each is an error naming the tensor, never a crash; the arguments that
+    FusedCPUDecoder passes build a working step."""
+    q = quantize_model(model(), QuantConfig("int8"))
+    captured: dict[str, list] = {}
+    monkeypatch.setattr(fused_step, "load_cpu_ext", lambda: type("Ext", (), {
+        "FusedDecoder": staticmethod(lambda *args: captured.setdefault("args", list(args)))}))
+    FusedCPUDecoder(q)
+    monkeypatch.undo()
+    glob, layers, k, v, nh, hs, eps, scales = captured["args"]
+    build = load_cpu_ext().FusedDecoder
+
+    def with_layer(i: int, t: torch.Tensor) -> list[torch.Tensor]:
+        return [t if j == i else x for j, x in enumerate(layers)]
+
+    def with_scale(i: int, t: torch.Tensor) -> list[torch.Tensor]:
+        return [t if j == i else x for j, x in enumerate(scales)]
+
+    bad = [
+        ((glob, layers, k, v, nh, hs, eps, scales[:3]), "scales must be empty or hold 4 tensors per block"),
+        ((glob, layers, k, v, nh, hs, eps, with_scale(0, scales[0][:5])), r"block 0's attn.c_attn scale must be a "
+         r"contiguous float32 CPU tensor of shape \(192,\)"),
+        ((glob, layers, k, v, nh, hs, eps, with_scale(1, scales[1].double())), "block 0's attn.c_proj scale must be"),
+        ((glob, with_layer(2, layers[2].float()), k, v, nh, hs, eps, scales),
+         "block 0's attn.c_attn.weight has a scale, so it must hold int8 codes"),
+        ((glob, with_layer(2, layers[2][:, :32].contiguous()), k, v, nh, hs, eps, scales),
+         r"block 0's attn.c_attn codes must have shape \[192, 64\]"),
+        ((glob, layers, k, v, nh, hs, eps, with_scale(4, torch.empty(0))),
+         "attn.c_attn.weight must be a contiguous float32 CPU tensor"),  # block 1's codes with no scale
+        ((glob, layers, k, v, nh, hs, eps, []), "attn.c_attn.weight must be a contiguous float32 CPU tensor"),
+    ]
+    for args, message in bad:
+        with pytest.raises(RuntimeError, match=message):
+            build(*args)
+    step = build(glob, layers, k, v, nh, hs, eps, scales)
+    assert step.step(5, 0, 0).shape == (1, SMALL.vocab_size)

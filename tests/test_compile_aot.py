@@ -105,6 +105,31 @@ def test_package_refuses_bad_requests(package):
         dec.generate_ids([1, 2], SamplingParams(max_new_tokens=3, n=2, seed=0))
 
 
+@needs_aot
+@pytest.mark.slow
+def test_a_damaged_or_edited_package_is_refused_naming_the_file(model, package, tmp_path):
+    """Before: one exponent bit flipped in a stored weight loaded without a word and generated other tokens, where
+    every other file minillm saves carries a sha256. Now the package carries one (`DIGEST_NAME`), checked on load: a
+    byte flipped in place (caught by the zip's CRC) and a member rewritten with a valid CRC (caught by the sha256)
+    are each a ValueError naming the file; the package itself still loads and decodes."""
+    weight = model.transformer.h[0].mlp.c_fc.weight.detach()[0, :4].numpy().tobytes()
+    flipped_weight = weight[:3] + bytes([weight[3] ^ 0x40])
+    raw = bytearray(package.read_bytes())
+    at = raw.find(weight)
+    assert at >= 0  # the weights are stored uncompressed in the package
+    raw[at:at + 4] = flipped_weight
+    (tmp_path / "flipped.pt2").write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=r"flipped\.pt2' is a damaged package: member '.*' cannot be read"):
+        AOTDecoder(tmp_path / "flipped.pt2")
+    with zipfile.ZipFile(package) as zin, zipfile.ZipFile(tmp_path / "edited.pt2", "w") as zout:
+        for info in zin.infolist():
+            zout.writestr(info, zin.read(info.filename).replace(weight, flipped_weight))
+    with pytest.raises(ValueError, match=r"edited\.pt2': the content does not match the sha256"):
+        AOTDecoder(tmp_path / "edited.pt2")
+    params = SamplingParams.greedy(6, ignore_eos=True)
+    assert AOTDecoder(package).generate_ids(PROMPTS[0], params) == generate_ids(model, PROMPTS[0], params)
+
+
 def test_loading_refuses_what_is_not_a_package(tmp_path):
     with pytest.raises(TypeError, match="path must be a str or os.PathLike"):
         AOTDecoder(3)

@@ -677,6 +677,13 @@ def _mirror_bad_calls():
          r"timeout must be in \(0.0, inf\), got 0"),
         ("build5-run-compiler-timeout-str", lambda: build.run_compiler(["true"], "x", "5"), TypeError,
          "timeout must be a number, got str '5'"),
+        # sixth hostile run: before, a KeyError, and a kernel name nobody knows silently dropping the exact rule
+        ("bench6-format-table-empty", lambda: kbench.format_table({}), ValueError,
+         r"result must be a report of run\(\) or from_report\(\), .*it lacks \['device'"),
+        ("tour6-compare-kernel-unknown", lambda: ktour.compare("gemm", torch.ones(2), torch.ones(2), torch.float32),
+         ValueError, r"kernel must be one of \[.*'kv_cache_write'.*\], got 'gemm'"),
+        ("tour6-compare-kernel-typo", lambda: ktour.compare("kv_cache_writes", torch.ones(2), torch.ones(2),
+                                                             torch.float32), ValueError, "got 'kv_cache_writes'"),
     ]
 
 
@@ -866,6 +873,32 @@ def _compile_mirror_bad_calls():
          "cmd: cannot start the program '/nonexistent/prog'"),
         ("llb5-recover-merges-str", lambda: llamacpp_build.recover_merges("ab"), TypeError,
          "ranks must be a dict of bytes -> int rank .*got str 'ab'"),
+        # sixth hostile run: before, sampling params ran and reported identical=False (two samplers' draws)
+        ("bench6-pruned-fused-params-sampling", lambda: cbench.pruned_fused(
+            model, [1, 2, 3], SamplingParams(max_new_tokens=4, temperature=1.0), repeats=1), ValueError,
+         r"params must be greedy \(temperature 0\): pruned_fused compares greedy tokens, got temperature=1.0"),
+        ("bench6-pruned-fused-params-str", lambda: cbench.pruned_fused(model, [1, 2, 3], "greedy", repeats=1),
+         TypeError, "params must be greedy SamplingParams, got str 'greedy'"),
+        # sixth hostile run: before, '/' of a str, a negative GB/s, merges from two tokens of one rank, a hooked model
+        # compiled (its hook run by the prefill only) and models flipped to eval mode for good
+        ("bench6-bound-bytes-str", lambda: cbench.weight_streaming_bound(model, 1, 1, ways=({"x": lambda s: None},
+                                                                                        "many")), TypeError,
+         r"ways\[1\] \(the matrices' bytes\) must be an int, got str 'many'"),
+        ("bench6-bound-bytes-negative", lambda: cbench.weight_streaming_bound(model, 1, 1, ways=({"x": lambda s: None},
+                                                                                            -5)), ValueError,
+         r"ways\[1\] \(the matrices' bytes\) must be positive, got -5"),
+        ("llb6-recover-merges-dup-ranks", lambda: llamacpp_build.recover_merges({b"a": 0, b"b": 0, b"ab": 1}),
+         ValueError, r"ranks must give each token its own rank \(a merge order\), but b'a' and b'b' both have rank 0"),
+        ("static6-compile-hooked-model", lambda: StaticDecoder(_zero_mlp_hook(GPT(TINY).eval()), "compile",
+                                                               backend="eager"), ValueError,
+         r"mode 'compile' builds the step once .*model's transformer.h.1.mlp has one: .*use mode 'eager'"),
+        ("sweep6-training-model", lambda: sweep.run_case(GPT(TINY).train(), sweep.Case("decode", 1, 4), steps=2,
+                                                          repeats=1, backend="eager"), ValueError,
+         "the compile sweep runs the model in eval mode, but the model is in training mode"),
+        ("bench6-run-all-training", lambda: cbench.run_all(GPT(TINY).train(), False, quick=True), ValueError,
+         r"run_all runs the model in eval mode, .*call model.eval\(\) first"),
+        ("bench6-streaming-ways-int8", lambda: cbench.streaming_ways(quantized), TypeError,  # the fused step takes
+         r"streaming_ways needs a model of plain .*transformer.h.0.attn.c_attn = QuantLinear"),  # int8 since run 6
     ]
 
 
@@ -1013,16 +1046,19 @@ def test_naive_twins_of_no_sequences_or_no_columns_give_empty_results_like_the_o
     assert naive.softmax(x).shape == torch.softmax(x, -1).shape == (3, 0)
 
 
-def test_the_llamacpp_command_names_a_work_path_that_is_a_file(tmp_path):
-    """Before: FileExistsError from pathlib's mkdir. Now refused before anything is fetched or built."""
+def test_the_llamacpp_command_names_a_work_path_that_is_a_file(tmp_path, capsys):
+    """Before: FileExistsError from pathlib's mkdir. Now a usage error (exit 2) before anything is fetched or
+    built."""
     from minillm.compile import llamacpp
 
     (tmp_path / "f").write_text("x")
     threads = torch.get_num_threads()  # the command sets torch's thread count (--threads) before it checks --work
     try:
         for work in (tmp_path / "f", tmp_path / "f" / "sub"):
-            assert_refused_by_minillm(lambda: llamacpp.main(["--work", str(work), "--sdist", str(tmp_path / "n.tgz")]),
-                                      ValueError, f"--work '{tmp_path / 'f'}.*is a file, not a folder")
+            with pytest.raises(SystemExit) as e:
+                llamacpp.main(["--work", str(work), "--sdist", str(tmp_path / "n.tgz")])
+            assert e.value.code == 2
+            assert re.search(f"--work '{tmp_path / 'f'}.*is a file, not a folder", capsys.readouterr().err)
     finally:
         torch.set_num_threads(threads)
 
@@ -1095,7 +1131,7 @@ def test_decoders_name_their_max_len_and_run_with_exactly_enough_room():
         assert make(7).generate_ids(prompt, params) == want
 
 
-def test_the_llamacpp_command_names_an_sdist_that_is_not_one(tmp_path):
+def test_the_llamacpp_command_names_an_sdist_that_is_not_one(tmp_path, capsys):
     """Before: tarfile's ReadError for a file that is not a tar, and a RuntimeError for a tar without llama.cpp's
     sources; both now a ValueError naming --sdist and the file, before any build."""
     import tarfile
@@ -1105,13 +1141,12 @@ def test_the_llamacpp_command_names_an_sdist_that_is_not_one(tmp_path):
     (tmp_path / "x.tar.gz").write_text("not a tar")
     tarfile.open(tmp_path / "e.tar.gz", "w:gz").close()
     threads = torch.get_num_threads()
-    try:
-        assert_refused_by_minillm(lambda: llamacpp.main(["--work", str(tmp_path / "w"), "--sdist",
-                                                         str(tmp_path / "x.tar.gz")]), ValueError,
-                                  r"--sdist '.*x\.tar\.gz' is not a readable \.tar\.gz")
-        assert_refused_by_minillm(lambda: llamacpp.main(["--work", str(tmp_path / "w"), "--sdist",
-                                                         str(tmp_path / "e.tar.gz")]), ValueError,
-                                  r"--sdist '.*e\.tar\.gz' is not a llama-cpp-python.* no vendored llama.cpp")
+    try:  # sixth hostile run: usage errors (exit 2), no longer tracebacks
+        for sdist, match in (("x.tar.gz", r"--sdist '.*x\.tar\.gz' is not a readable \.tar\.gz"),
+                             ("e.tar.gz", r"--sdist '.*e\.tar\.gz' is not a llama-cpp-python.* no vendored llama.cpp")):
+            with pytest.raises(SystemExit) as e:
+                llamacpp.main(["--work", str(tmp_path / "w"), "--sdist", str(tmp_path / sdist)])
+            assert e.value.code == 2 and re.search(match, capsys.readouterr().err)
     finally:
         torch.set_num_threads(threads)
 
@@ -1396,3 +1431,172 @@ def test_export_hf_dir_refuses_a_tokenizer_of_another_vocab_size(tmp_path):
     assert_refused_by_minillm(lambda: export_hf_dir(GPT(TINY).eval(), tok, out), ValueError,
                               "tokenizer has vocab_size=4096, model has vocab_size=512")
     assert not out.exists()
+
+
+# -------------------------------------------------------------------------------------------- sixth hostile run
+def test_an_untied_head_is_exported_untied_to_hf_and_refused_by_export_hf_dir(tmp_path):
+    """Before: to_hf_model and export_hf_dir tied the Hugging Face head to wte and dropped the model's own head
+    (logits off by 9.7). Now to_hf_model gives the model's logits (tie_word_embeddings=False), a contradicting
+    tie_word_embeddings is refused, and export_hf_dir (GPT-2's layout, the GGUF's) refuses the head, writing nothing."""
+    from minillm.compile.llamacpp_build import export_hf_dir
+    from minillm.core.hf import to_hf_model
+    from minillm.tokenizer import DEFAULT_TOKENIZER_PATH, Tokenizer
+
+    torch.manual_seed(0)
+    model = GPT(TINY).eval()
+    model.lm_head.weight = torch.nn.Parameter(torch.randn(TINY.vocab_size, TINY.n_embd) * 0.5)
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        torch.testing.assert_close(to_hf_model(model)(ids).logits, model(ids), atol=1e-4, rtol=0)
+        tied = GPT(TINY).eval()
+        torch.testing.assert_close(to_hf_model(tied)(ids).logits, tied(ids), atol=1e-4, rtol=0)
+    assert_refused_by_minillm(lambda: to_hf_model(model, tie_word_embeddings=True), ValueError,
+                              r"tie_word_embeddings=True, but the model's lm_head is untied")
+    out = tmp_path / "hf"
+    assert_refused_by_minillm(lambda: export_hf_dir(model, Tokenizer.load(DEFAULT_TOKENIZER_PATH), out), ValueError,
+                              r"export_hf_dir writes GPT-2's layout, .* model.lm_head has a weight of its own")
+    assert not out.exists()
+
+
+# ------------------------------------------------------------------------ sixth hostile run: chapters 12 and 13
+def _zero_mlp_hook(model: GPT) -> GPT:
+    """`model` with a forward hook that zeroes block 1's MLP output (other logits than the plain model's)."""
+    model.transformer.h[1].mlp.register_forward_hook(lambda mod, args, out: out * 0)
+    return model
+
+
+def test_kernel_checks_keep_infinities_out_of_the_scale_and_take_empty_outputs():
+    """Before: one inf in ref made close's tolerance infinite ([inf, 1000] "agreed" with [inf, 0]), and close and
+    tour.compare raised torch's max() error on empty tensors. Now ref's infinities must be matched, sign included,
+    the tolerance is relative to ref's largest finite magnitude, a NaN never agrees, and empty outputs agree."""
+    from minillm.kernels import bench as kbench
+    from minillm.kernels import tour as ktour
+
+    inf, nan = float("inf"), float("nan")
+    check, ref = kbench.close(1e-3), torch.tensor([inf, 0.0])
+    assert check(torch.tensor([inf, 1000.0]), ref) is False
+    assert check(torch.tensor([-inf, 0.0]), ref) is False and check(torch.tensor([inf, 0.0]), ref) is True
+    assert check(torch.tensor([inf, 5e-4]), ref) is True and check(torch.tensor([inf, 5e-3]), ref) is False
+    assert check(torch.tensor([nan, 0.0]), torch.tensor([nan, 0.0])) is False
+    assert ktour.compare("softmax", torch.tensor([inf, 1000.0]), ref, torch.float32) == (False, 1000.0)
+    assert ktour.compare("softmax", torch.tensor([inf, 5.0]), torch.tensor([-inf, 5.0]), torch.float32)[0] is False
+    assert ktour.compare("softmax", ref.clone(), ref, torch.float32) == (True, 0.0)
+    empty = torch.zeros(0, 4)
+    assert check(empty, empty.clone()) is True
+    assert ktour.compare("softmax", empty, empty.clone(), torch.float32) == (True, 0.0)
+
+
+@pytest.mark.parametrize("mode", ["eager", "compile"])
+def test_static_decoder_runs_hooks_eager_and_refuses_them_once_built(mode):
+    """Before: a hook added after mode 'compile' had built its step never ran in the steps, while the prefill ran it:
+    other tokens than the model's, silently. Now mode 'eager' runs hooks as the model does (the hooked model's
+    tokens), and mode 'compile' refuses a hooked model, and a hook added after the build (before the prefill, and at
+    a step), naming the module; with the hook removed it decodes again."""
+    from minillm.core.sampling import SamplingParams
+    from minillm.kvcache.generate import generate_ids
+
+    model, prompt, params = _eps_model([TINY.layer_norm_epsilon] * 5), [5, 6, 7, 5, 6], SamplingParams.greedy(
+        6, ignore_eos=True)
+    plain = generate_ids(model, prompt, params)
+    dec = StaticDecoder(model, mode, backend="eager")
+    assert dec.generate_ids(prompt, params) == plain
+    handle = model.transformer.h[1].mlp.register_forward_hook(lambda mod, args, out: out.flip(-1) * 4)
+    hooked = generate_ids(model, prompt, params)
+    assert hooked != plain  # the hook matters
+    if mode == "eager":
+        assert dec.generate_ids(prompt, params) == hooked
+    else:
+        refused = r"mode 'compile' builds the step once .*transformer.h.1.mlp has one"
+        assert_refused_by_minillm(lambda: dec.generate_ids(prompt, params), ValueError, refused)
+        assert_refused_by_minillm(lambda: dec(model, dec.cache, torch.tensor([1]), torch.tensor([0])), ValueError,
+                                  refused)
+        assert_refused_by_minillm(lambda: StaticDecoder(model, mode, backend="eager"), ValueError, refused)
+    handle.remove()
+    assert dec.generate_ids(prompt, params) == plain
+
+
+def test_static_decoder_leaves_the_callers_model_in_its_modes():
+    """Before: StaticDecoder called model.eval() on the caller's model for good (a model in training lost its dropout
+    without a word; export_decode_step restored it). Now every module keeps its mode: generate_ids decodes in eval
+    mode (the eval model's tokens) and gives each module its mode back; a step called directly refuses a model in
+    training mode (its dropout would run) instead of decoding with it."""
+    from minillm.core.sampling import SamplingParams
+    from minillm.kvcache.generate import generate_ids
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**TINY.to_dict(), "dropout": 0.3})).train()
+    model.transformer.h[0].eval()  # mixed modes, each given back as it was
+    modes = [m.training for m in model.modules()]
+    prompt, params = [5, 6, 7], SamplingParams.greedy(6, ignore_eos=True)
+    want = generate_ids(copy.deepcopy(model).eval(), prompt, params)
+    dec = StaticDecoder(model, "eager")
+    assert [m.training for m in model.modules()] == modes
+    assert dec.generate_ids(prompt, params) == want
+    assert [m.training for m in model.modules()] == modes
+    assert_refused_by_minillm(lambda: dec(model, dec.cache, torch.tensor([1]), torch.tensor([0])), ValueError,
+                              r"a StaticDecoder step runs the model in eval mode, but the model is in training mode")
+
+
+def _cli_usage_errors() -> list[tuple[str, str, list[str], str]]:
+    """(id, module, argv, the flag the usage error must name): values the library refuses, given on the command
+    line (before: a traceback, exit 1, after loading the model or starting the build)."""
+    return [
+        ("cbench-backend", "minillm.compile.bench", ["--backend", "nope", "--quick"], "--backend"),
+        ("sweep-threads-list-zero", "minillm.compile.sweep", ["--threads-list", "0"], "--threads-list"),
+        ("sweep-threads-list-word", "minillm.compile.sweep", ["--threads-list", "1,x"], "--threads-list"),
+        ("sweep-backend", "minillm.compile.sweep", ["--backend", "nope"], "--backend"),
+        ("aot-timeout-zero", "minillm.compile.aot", ["--timeout", "0"], "--timeout"),
+        ("aot-timeout-nan", "minillm.compile.aot", ["--timeout", "nan"], "--timeout"),
+        ("aot-model", "minillm.compile.aot", ["--model", "gpt5"], "--model"),
+        ("llamacpp-sdist-missing", "minillm.compile.llamacpp", ["--sdist", "/nonexistent/x.tar.gz"], "--sdist"),
+        ("llamacpp-work-file", "minillm.compile.llamacpp", ["--work", __file__], "--work"),
+        ("kbench-out-dir", "minillm.kernels.bench", ["--out", str(ROOT)], "--out"),
+    ]
+
+
+@pytest.mark.parametrize("module, argv, flag", [c[1:] for c in _cli_usage_errors()],
+                         ids=[c[0] for c in _cli_usage_errors()])
+def test_the_chapter_12_13_commands_refuse_bad_flags_as_usage_errors(module, argv, flag, capsys):
+    import importlib
+
+    main = importlib.import_module(module).main
+    threads = torch.get_num_threads()  # a command sets torch's thread count (--threads) first
+    try:
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+    finally:
+        torch.set_num_threads(threads)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "usage:" in err and flag in err.splitlines()[-1] and "Traceback" not in err, err
+
+
+def test_the_fused_step_refuses_hooks_and_leaves_the_callers_model_in_its_modes():
+    """Before: FusedCPUDecoder ran a forward hook in the prefill and never in its C++ steps (other tokens than the
+    hooked model's, silently), and switched the caller's model to eval mode for good. Now a hook, added before or
+    after construction, is a ValueError naming the module; generate_ids decodes in eval mode and gives each module
+    its mode back; a step called directly on a model in training mode is refused; model_fingerprint names a bad
+    argument."""
+    from minillm.compile.fused_step import FusedCPUDecoder, model_fingerprint
+    from minillm.core.sampling import SamplingParams
+    from minillm.kvcache.generate import generate_ids
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**TINY.to_dict(), "dropout": 0.3})).train()
+    model.transformer.h[0].eval()
+    modes = [m.training for m in model.modules()]
+    prompt, params = [5, 6, 7], SamplingParams.greedy(6, ignore_eos=True)
+    want = generate_ids(copy.deepcopy(model).eval(), prompt, params)
+    dec = FusedCPUDecoder(model)
+    assert [m.training for m in model.modules()] == modes
+    assert dec.generate_ids(prompt, params) == want
+    assert [m.training for m in model.modules()] == modes
+    assert_refused_by_minillm(lambda: dec(model, dec.cache, torch.tensor([1]), torch.tensor([0])), ValueError,
+                              r"a FusedCPUDecoder step runs the model in eval mode, but the model is in training mode")
+    model.eval()
+    handle = model.transformer.h[1].mlp.register_forward_hook(lambda mod, args, out: out * 2)
+    refused = r"the fused C\+\+ step cannot run forward hooks, but the model's transformer.h.1.mlp has one"
+    assert_refused_by_minillm(lambda: dec.generate_ids(prompt, params), ValueError, refused)
+    assert_refused_by_minillm(lambda: FusedCPUDecoder(model), ValueError, refused)
+    handle.remove()
+    assert dec.generate_ids(prompt, params) == want
+    assert_refused_by_minillm(lambda: model_fingerprint("abc"), TypeError, r"modules must be a list of torch modules")

@@ -22,7 +22,10 @@ Design choices (the package is usable alone, and is one static-shape graph):
     prefill could not share the cache: each model in a package owns its buffers. The price is n matrix-vector
     steps instead of one matrix-matrix forward, a few milliseconds for a chat-length prompt on `base`;
   - the package carries its `GPTConfig` and max_len in its metadata, so the decoder checks prompts and applies
-    chapter 04's stopping rules (`start_request`, `sample_next`, `RequestState.accept`) without the model.
+    chapter 04's stopping rules (`start_request`, `sample_next`, `RequestState.accept`) without the model;
+  - like every file minillm saves, it carries a sha256 of its content (a zip member, `DIGEST_NAME`, written by
+    the export over every other member: library, weights, metadata), checked on load: a damaged or edited package
+    is a ValueError naming the file, never other tokens.
 
 `cold_start` measures, each path in a fresh Python subprocess, process start to the first token and to the whole
 generation: eager (load `base`, chapter 04's `generate`), `torch.compile` with a cold and then a warm inductor cache
@@ -54,11 +57,11 @@ import torch.nn as nn
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
-from minillm.compile.decode import (StaticDecoder, check_decoder_room, compile_problem, decoder_max_len,
-                                    uncompilable_layer)
+from minillm.compile.decode import (StaticDecoder, check_decoder_room, cli_type, compile_problem, decoder_max_len,
+                                    eval_mode, uncompilable_layer)
 from minillm.core.config import (PRESETS, GPTConfig, check_fits_window, check_float, check_int,
                                  check_module_has_data)
-from minillm.core.io import atomic_write_bytes, check_output_file, check_path
+from minillm.core.io import atomic_write_bytes, check_output_file, check_path, check_sha256, with_sha256
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams, sample_next
 from minillm.core.stopping import RequestState, check_eos_id, start_request
@@ -68,6 +71,8 @@ from minillm.kvcache.generate import generate
 from minillm.naive.generate import collect
 
 FORMAT = "minillm-aot-decode-step/1"  # the package's metadata names its format, so a stranger .pt2 is refused
+DIGEST_NAME = "minillm_sha256.json"  # a member of the .pt2's top folder: the sha256 of every other member
+MODEL_NAMES = sorted({*SHIPPED_PRESETS, *PRESETS})  # what cold_start (and --model) can load
 PATHS = ("eager", "compile, cold cache", "compile, warm cache", "AOT package, cold cache", "AOT package, warm cache")
 CHILD_MARK = "AOT-CHILD "  # the line of a child's stdout that carries its result
 PROMPT_LEN = 16  # cold_start's prompt: validation text (the shipped weights) or seeded ids, as chapter 13's bench
@@ -110,8 +115,10 @@ def export_decode_step(model: GPT, path: str | os.PathLike, max_len: int | None 
     (written atomically: built in a temporary folder, then renamed into place). Returns the path.
 
     `max_len` sizes the package's cache (default: the context window, `decoder_max_len`). The model must be a CPU
-    GPT with values (not meta) and no layer `torch.compile` cannot trace (`uncompilable_layer`); its training mode is
-    left as it was. Takes tens of seconds: AOTInductor compiles the generated C++ here, once.
+    GPT with values (not meta) and no layer `torch.compile` cannot trace (`uncompilable_layer`); it is exported in
+    eval mode, and its modules' modes are left as they were. The package records the sha256 of its content
+    (`DIGEST_NAME`), which `AOTDecoder` checks. Takes tens of seconds: AOTInductor compiles the generated C++ here,
+    once.
     """
     if not isinstance(model, GPT):
         raise TypeError(f"model must be a minillm GPT, got {type(model).__name__}")
@@ -129,9 +136,7 @@ def export_decode_step(model: GPT, path: str | os.PathLike, max_len: int | None 
         raise RuntimeError(f"cannot build an AOTInductor package here: {problem}")
     metadata = {"minillm_format": FORMAT, "minillm_config": json.dumps(model.config.to_dict()),
                 "minillm_max_len": str(max_len)}
-    training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         step = DecodeStep(model, max_len)
         example = (torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long))  # token, position
         with torch.no_grad():
@@ -140,9 +145,50 @@ def export_decode_step(model: GPT, path: str | os.PathLike, max_len: int | None 
             built = torch._inductor.aoti_compile_and_package(
                 exported, package_path=os.path.join(tmp, "step.pt2"),
                 inductor_configs={"aot_inductor.metadata": metadata})
+            with zipfile.ZipFile(built, "a") as z:
+                digest = with_sha256({"minillm_format": FORMAT}, _package_members(z, built))
+                z.writestr(_digest_member(z), json.dumps(digest))
             return atomic_write_bytes(out, Path(built).read_bytes())
-    finally:
-        model.train(training)
+
+
+def _digest_member(z: zipfile.ZipFile) -> str:
+    """The digest's name in the package `z`: inside its top folder ("step/"), where torch's loader wants every
+    member."""
+    return z.namelist()[0].split("/")[0] + "/" + DIGEST_NAME
+
+
+def _package_members(z: zipfile.ZipFile, path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Every member of the package `z` (at `path`) but the digest, as uint8 tensors by name: the content that
+    `minillm.core.io.content_sha256` hashes, as it hashes a checkpoint's tensors. A member whose bytes fail the
+    zip's own CRC check is a ValueError naming the file."""
+    members = {}
+    for name in z.namelist():
+        if name == _digest_member(z):
+            continue
+        try:
+            data = bytearray(z.read(name))
+        except (zipfile.BadZipFile, OSError, EOFError) as e:  # zlib's errors are OSError subclasses here too
+            raise ValueError(f"path {str(path)!r} is a damaged package: member {name!r} cannot be read ({e})") from e
+        members[name] = torch.frombuffer(data, dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
+    return members
+
+
+def check_package(path: Path) -> bool:
+    """Recompute the sha256 `export_decode_step` recorded in the package at `path` (`DIGEST_NAME`); a mismatch
+    or an unreadable member is a ValueError naming the file. False, checking nothing more, for a package that
+    records none (exported before digests were recorded: it still loads, as checkpoints without one do); True when
+    it matches. Reads the whole file once (about a tenth of a second for `base`'s package)."""
+    where = f"path {str(path)!r}"
+    with zipfile.ZipFile(path) as z:
+        if not z.namelist() or _digest_member(z) not in z.namelist():
+            return False
+        try:
+            digest = json.loads(z.read(_digest_member(z)))
+        except (zipfile.BadZipFile, OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{where}: its {DIGEST_NAME} cannot be read ({e}): a damaged package") from e
+        if not isinstance(digest, dict) or not all(isinstance(v, str) for v in digest.values()):
+            raise ValueError(f"{where}: its {DIGEST_NAME} is not the digest export_decode_step writes")
+        return check_sha256(digest, _package_members(z, path), where)
 
 
 class AOTDecoder:
@@ -150,7 +196,8 @@ class AOTDecoder:
 
     `config` (the exported model's `GPTConfig`) and `max_len` come from the package's metadata. The package holds one
     KV cache, so one stream runs at a time: starting another generation ends the one before it (its next step is a
-    RuntimeError, never tokens computed over the other request's cache).
+    RuntimeError, never tokens computed over the other request's cache). Its sha256 is checked first
+    (`check_package`): a damaged or edited package is a ValueError naming the file.
 
     subtle: `aoti_load_package` (torch 2.13) first probes this CPU's vector instruction sets by compiling small C++
     test programs (`torch._inductor.cpu_vec_isa`), only to warn if the package was built for another; the results
@@ -165,6 +212,7 @@ class AOTDecoder:
             raise FileNotFoundError(f"no AOT decode-step package at {str(p)!r}")
         if not zipfile.is_zipfile(p):
             raise ValueError(f"path {str(p)!r} is not a .pt2 package (not a zip archive: truncated or another file?)")
+        check_package(p)  # before the library is loaded: a damaged package never runs
         try:
             self._runner = torch._inductor.aoti_load_package(str(p))
         except RuntimeError as e:
@@ -283,8 +331,8 @@ def cold_start(name: str = "base", new_tokens: int = 32, repeats: int = 3, threa
     same again (loading probes the CPU through that cache, see `AOTDecoder`). The package is exported first, here
     (its build time is reported: the cost moved ahead of time). Every argument is checked before any work; a run past
     `timeout` seconds is killed (a RuntimeError)."""
-    if not isinstance(name, str) or name not in {*SHIPPED_PRESETS, *PRESETS}:
-        raise ValueError(f"name must be one of {sorted({*SHIPPED_PRESETS, *PRESETS})}, got {name!r}")
+    if not isinstance(name, str) or name not in MODEL_NAMES:
+        raise ValueError(f"name must be one of {MODEL_NAMES}, got {name!r}")
     for arg, value in (("new_tokens", new_tokens), ("repeats", repeats), ("threads", threads)):
         check_int(arg, value)
     check_int("seed", seed, 0)
@@ -387,8 +435,9 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
 def build_parser() -> argparse.ArgumentParser:
     ap = bench_parser("python -m minillm.compile.aot", __doc__.splitlines()[0], "one repeat instead of three",
                       devices=("cpu",))
-    ap.add_argument("--model", default="base", help="the model to load (default base)")
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds one fresh process may run (default 600)")
+    ap.add_argument("--model", default="base", choices=MODEL_NAMES, help="the model to load (default base)")
+    ap.add_argument("--timeout", default=600.0, help="seconds one fresh process may run (default 600)",
+                    type=cli_type(lambda t: check_float("timeout", t, 0.0, include_minimum=False), float))
     return ap
 
 

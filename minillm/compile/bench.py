@@ -38,8 +38,9 @@ from minillm.bench.hf_compare import hf_comparison
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
 from minillm.compile.cpu_gemv import build_problem, fast_cpu_model
-from minillm.compile.decode import StaticDecoder, check_backend
+from minillm.compile.decode import StaticDecoder, check_backend, check_eval_mode, cli_type
 from minillm.compile.fused_step import FusedCPUDecoder
+from minillm.compile.mirror import check_plain_model
 from minillm.core.config import check_int
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams
@@ -62,8 +63,11 @@ def streaming_ways(model: GPT) -> tuple[dict[str, Callable[[int], None]], int]:
     """Every weight matrix of a decode step (the 24 block linears and the tied head) at batch 1, `steps` times over,
     with nothing else in the loop: {way: run(steps)} and the matrices' bytes. The ways: through `F.linear` (25
     PyTorch calls per step, chapter 03's `stream_weights`), and on the CPU through the C++ GEMV driven from C++
-    (`FusedDecoder.products`: the fused step's own products, no per-call cost from Python)."""
+    (`FusedDecoder.products`: the fused step's own products, no per-call cost from Python). The model must be a
+    plain float GPT (`check_plain_model`): a quantized model's codes are no nn.Linear weights `F.linear` could stream
+    nor bytes the bound counts (a TypeError naming the layer)."""
     require_model(model, "streaming_ways (model)")
+    check_plain_model(model, "streaming_ways")
     ways: dict[str, Callable[[int], None]] = {"F.linear": stream_weights(model)}
     if model.device.type == "cpu" and build_problem() is None:
         ways["C++ GEMV"] = FusedCPUDecoder(model, max_len=1)._cpp.products
@@ -75,7 +79,8 @@ def weight_streaming_bound(model: GPT, repeats: int = 9, calls: int = 50,
     """The fastest this machine streams every weight matrix of a decode step at batch 1 (`streaming_ways`, or the
     `ways` a caller already built), each way the fastest of `repeats` runs of `calls` steps. The bound is the faster
     way; its tok/s is what a step made of those products alone could reach. `repeats` and `calls` are positive
-    ints (the time is divided by calls); `ways` is None or what `streaming_ways` returns, at least one way."""
+    ints (the time is divided by calls); `ways` is None or what `streaming_ways` returns, at least one way and a
+    positive int of bytes."""
     require_model(model, "weight_streaming_bound (model)")
     check_int("repeats", repeats)
     check_int("calls", calls)
@@ -83,6 +88,8 @@ def weight_streaming_bound(model: GPT, repeats: int = 9, calls: int = 50,
                                  and ways[0] and all(callable(run) for run in ways[0].values())):
         raise TypeError(f"ways must be None or ({{way: run(steps)}}, bytes) with at least one way, as "
                         f"streaming_ways returns, got {type(ways).__name__} {ways!r:.80}")
+    if ways is not None:
+        check_int("ways[1] (the matrices' bytes)", ways[1])  # the bound's GB/s divides by it
     ways, nbytes = ways if ways is not None else streaming_ways(model)
 
     def seconds(run: Callable[[int], None]) -> float:
@@ -101,9 +108,16 @@ def pruned_fused(model: GPT, prompt: list[int], params: SamplingParams, fraction
     (scored on 8 windows of training text; no recovery, which changes the weights but not the shapes, so not the
     speed), its greedy tokens from `FusedCPUDecoder` against chapter 04's generator on the same pruned model, and
     its tok/s against the dense model's fused step (interleaved, medians). `weight_ratio`: the bytes a dense step
-    reads over the pruned step's, the speed-up a step that only streams weights would reach."""
+    reads over the pruned step's, the speed-up a step that only streams weights would reach. `params` must be
+    greedy (a ValueError naming it otherwise): the tokens are compared, and two samplers draw differently."""
     require_model(model, "pruned_fused (model)")
+    check_eval_mode(model, "pruned_fused")
     check_int("repeats", repeats)
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be greedy SamplingParams, got {type(params).__name__} {params!r:.80}")
+    if not params.is_greedy:  # the check compares tokens with generate_ids': two samplers draw differently
+        raise ValueError(f"params must be greedy (temperature 0): pruned_fused compares greedy tokens, got "
+                         f"temperature={params.temperature}")
     calibration = calibration_windows(8, model.config.block_size, seed)
     pruned = prune_mlp(model, fraction, mlp_neuron_scores(model, calibration))
     dense_step, pruned_step = FusedCPUDecoder(model), FusedCPUDecoder(pruned)
@@ -123,6 +137,7 @@ def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, bac
     """Every measurement of the module docstring on `model` (the shipped `base`, or any GPT): `real_text` picks
     validation text over random ids for the prompt. Every argument is checked before the first measurement."""
     require_model(model, "run_all (model)")
+    check_eval_mode(model, "run_all")  # every path's tokens are compared with the eager generator's
     for name, flag in (("real_text", real_text), ("quick", quick), ("with_hf", with_hf)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
@@ -262,7 +277,8 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = bench_parser("python -m minillm.compile.bench", __doc__.splitlines()[0], "32 tokens, fewer repeats")
-    ap.add_argument("--backend", default="inductor", help="torch.compile backend (default inductor)")
+    ap.add_argument("--backend", default="inductor", type=cli_type(check_backend),
+                    help="torch.compile backend (default inductor)")
     return ap
 
 

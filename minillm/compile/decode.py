@@ -22,14 +22,17 @@ runs eager: its length changes from prompt to prompt) and the engine's ragged st
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import time
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.nn as nn
+from torch.nn.modules import module as nn_module
 
-from minillm.core.config import GPTConfig, check_int
+from minillm.core.config import GPTConfig, check_has_data, check_int
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.core.stopping import validate_prompt
@@ -50,6 +53,7 @@ def integer_ids(name: str, value: Any, count: int) -> torch.Tensor:
         raise TypeError(f"{name} must be a tensor of integer ids, got {type(value).__name__} {value!r}")
     if value.dtype == torch.bool or value.is_floating_point() or value.is_complex():
         raise TypeError(f"{name} must hold integer ids, got dtype {value.dtype}")
+    check_has_data(name, value)
     if value.numel() != count:
         raise ValueError(f"{name} must hold {count} id(s), got shape {tuple(value.shape)}")
     return value
@@ -109,6 +113,55 @@ def check_backend(name: str, arg: str = "backend") -> None:
         raise ValueError(f"{arg} must be one of torch.compile's backends {known}, got {name!r}")
 
 
+def cli_type(check: Callable[[Any], Any] | None = None, cast: Callable[[str], Any] = str) -> Callable[[str], Any]:
+    """An argparse `type=` for a flag whose value a library call checks: `cast(text)`, then `check(value)`, both at
+    parse time; their TypeError / ValueError becomes a usage error that argparse prefixes with the flag (exit 2, no
+    traceback), instead of a traceback once the work has started."""
+    def parse(text: str) -> Any:
+        try:
+            value = cast(text)
+            if check is not None:
+                check(value)
+        except (TypeError, ValueError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return value
+    return parse
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Run the body with `model` in eval mode (dropout off), then give every module back the mode it had: a decoder
+    decodes in eval mode without switching the caller's model for good."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def check_eval_mode(model: nn.Module, who: str) -> None:
+    """A ValueError naming `who` when `model` is in training mode, where its dropout would run: steps that are
+    compared with (or stand in for) the model's eval-mode outputs need model.eval() first."""
+    if model.training:
+        raise ValueError(f"{who} runs the model in eval mode, but the model is in training mode (its dropout would "
+                         "run): call model.eval() first")
+
+
+def hooked_module(named_modules: Iterable[tuple[str, nn.Module]]) -> str | None:
+    """The first of `named_modules` ((name, module) pairs, as `model.named_modules()` gives) with a forward hook or
+    forward pre-hook, by name, or "every module" for a global one (`register_module_forward_hook`); None if none.
+    A step built once from the model (a compiled graph, a captured CUDA graph, the fused C++ step) cannot follow a
+    hook added later, nor one removed; the eager step runs them as the model does."""
+    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:  # private, but the only record of them
+        return "every module (a global forward hook)"
+    for name, m in named_modules:
+        if m._forward_hooks or m._forward_pre_hooks:
+            return name or "the model itself"
+    return None
+
+
 def counting_backend(name: str, on_graph: Callable[[], None]) -> Callable[..., Any]:
     """dynamo's backend `name` for `torch.compile(backend=...)`, calling `on_graph()` each time it builds a graph.
     Both are checked here (a TypeError / ValueError naming them), not at the first compiled call."""
@@ -147,7 +200,13 @@ class StaticDecoder:
     `generate` as `decode_fn` with `kv_cache=self.cache` (or call `generate_ids`).
 
     `max_len` sizes the cache (default and most: the model's context window, `decoder_max_len`). Each step appends:
-    its positions must be the cache's length (minus a row's left padding), as in `generate`."""
+    its positions must be the cache's length (minus a row's left padding), as in `generate`.
+
+    The model's mode is left as the caller set it: `generate_ids` decodes in eval mode and switches every module back
+    afterwards; a step called directly (`generate(..., decode_fn=decoder)`) refuses a model in training mode. Modes
+    "compile" and "cuda-graph" build the step once, so they refuse a model with forward hooks (or pre-hooks) on its
+    submodules, at construction and at any later step: the built step would never run a hook added afterwards (nor
+    stop running one removed), while the eager prefill would. Mode "eager" runs the hooks, as the model does."""
 
     def __init__(self, model: GPT, mode: str = "compile", backend: str = "inductor", max_len: int | None = None,
                  batch_size: int = 1):
@@ -165,8 +224,10 @@ class StaticDecoder:
             if layer is not None:
                 raise ValueError(f"mode 'compile' cannot trace this model's {layer}: its forward reads tensor values "
                                  "into Python, which torch.compile(fullgraph=True) refuses; use mode 'eager'")
-        self.model = model.eval()
+        self.model = model
         self.mode, self.backend = mode, backend
+        self._submodules = list(model.named_modules())[1:]  # the model's own hooks never run: generate calls hidden()
+        self._check_hooks()
         self.max_len = decoder_max_len(model.config, max_len)
         device = model.device
         self.cache = ContiguousKVCache(model.config, batch_size, self.max_len, device=device, use_static_shapes=True)
@@ -182,6 +243,14 @@ class StaticDecoder:
             self._run = torch.compile(self._step, fullgraph=True, dynamic=False, backend=self._counting_backend())
         else:
             self._run = self._step
+
+    def _check_hooks(self) -> None:
+        """Modes "compile" and "cuda-graph": a ValueError naming the first submodule with a forward hook (see the
+        class doc); cheap enough for every step (a look at each submodule's two hook dicts)."""
+        hooked = hooked_module(self._submodules) if self.mode != "eager" else None
+        if hooked is not None:
+            raise ValueError(f"mode {self.mode!r} builds the step once and cannot follow forward hooks, but the "
+                             f"model's {hooked} has one: remove it, or use mode 'eager', which runs hooks")
 
     def _step(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """(B, 1) tokens and positions -> logits (B, V), over the static cache."""
@@ -217,6 +286,8 @@ class StaticDecoder:
         (B = batch_size; 1 in `generate`)."""
         if model is not self.model or cache is not self.cache:
             raise ValueError("a StaticDecoder runs its own model over its own cache: pass kv_cache=decoder.cache")
+        check_eval_mode(model, "a StaticDecoder step")  # generate_ids switches for its generation, and back
+        self._check_hooks()
         for name, ids in (("token", token), ("positions", positions)):
             if isinstance(ids, torch.Tensor) and ids.numel() != self.batch_size:
                 raise ValueError(f"a StaticDecoder of batch_size {self.batch_size} takes {self.batch_size} token(s) "
@@ -268,8 +339,11 @@ class StaticDecoder:
                              "decode from an earlier position")
 
     def generate_ids(self, prompt_ids: Any, params: SamplingParams, **kwargs: Any) -> list[int]:
-        """Chapter 04's `generate_ids` with this step: the prompt prefilled eager, every later token through it."""
+        """Chapter 04's `generate_ids` with this step: the prompt prefilled eager, every later token through it; in
+        eval mode, the model's modes given back afterwards."""
         if self.batch_size != 1:
             raise ValueError(f"generate_ids streams one sequence; this StaticDecoder has batch_size {self.batch_size}")
         check_decoder_room(self.max_len, self.model.config, prompt_ids, params, kwargs.get("truncate", False))
-        return generate_ids(self.model, prompt_ids, params, kv_cache=self.cache, decode_fn=self, **kwargs)
+        self._check_hooks()  # before the prefill, which would run the hook
+        with eval_mode(self.model):
+            return generate_ids(self.model, prompt_ids, params, kv_cache=self.cache, decode_fn=self, **kwargs)

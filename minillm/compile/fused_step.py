@@ -10,12 +10,19 @@ Why: after the C++ GEMV, a step of `base` still spends more time in the ~150 ope
 (dispatch, allocation, Python) than in the products themselves. A step that is one call leaves the weights' streaming
 as nearly all of it, which is how llama.cpp runs (chapter 13 measures both side by side).
 
-What it leaves out: batches (chapter 06's engine keeps `fast_cpu_model`), several threads, and any model whose
-linears are not plain float32 (chapter 09's quantized and QAT-prepared layers): those get a TypeError naming the
-layer. The C++ step holds the model's own parameter storage, not a copy: change the weights in place and it sees
-them. Anything else (`model.half()`, a new Parameter, `param.data = ...`, a layer swapped for another, a LayerNorm's
-`eps` changed) leaves the step with a snapshot the model no longer holds, while the prefill runs the model as it is
-now: the decoder notices and raises a ValueError; build a new FusedCPUDecoder then.
+Chapter 09's int8 models run too: a block linear that is a weight-only int8 `QuantLinear` (symmetric, one scale per
+output channel: what `quantize_model(model, QuantConfig("int8"))` makes of every block linear) runs the C++ int8
+GEMV, y = scale * (q x) + b over its int8 codes, reading one byte per weight instead of four; the embeddings and the
+tied head stay float32, as `quantize_model` leaves them by default. Its logits are the quantized model's own to float
+rounding (the product is in float32, as QuantLinear's), its greedy tokens the eager quantized model's (tested).
+
+What it leaves out: batches (chapter 06's engine keeps `fast_cpu_model`), several threads, and any other kind of
+layer: chapter 09's int4, asymmetric and W8A8 QuantLinear, a quantized embedding and head, QAT-prepared layers, and
+float weights other than float32 get a TypeError naming the layer. The C++ step holds the model's own parameter
+(and int8 code and scale) storage, not a copy: change them in place and it sees them. Anything else
+(`model.half()`, a new Parameter or buffer, `param.data = ...`, a layer swapped for another, a LayerNorm's `eps`
+changed) leaves the step with a snapshot the model no longer holds, while the prefill runs the model as it is now: the
+decoder notices and raises a ValueError; build a new FusedCPUDecoder then.
 """
 
 from __future__ import annotations
@@ -27,12 +34,19 @@ import torch
 import torch.nn as nn
 
 from minillm.compile.cpu_gemv import cpp_errors_as_value_errors, load_cpu_ext
-from minillm.compile.decode import check_decoder_room, decoder_max_len, integer_ids
+from minillm.compile.decode import (check_decoder_room, check_eval_mode, decoder_max_len, eval_mode, hooked_module,
+                                    integer_ids)
 from minillm.compile.mirror import check_plain_model
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.kvcache.generate import generate_ids
+from minillm.quant.linear import QuantLinear
+
+LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # a block's linears, the C++ step's order
+INT8_FORM = ("chapter 09's weight-only int8 QuantLinear (symmetric, one float32 scale per output channel, int8 codes, "
+             "a float32 bias)")
+_NO_SCALE = torch.empty(0)  # what the C++ step takes for "this linear is float32"
 
 
 def _plain(module: nn.Module, name: str) -> list[torch.Tensor]:
@@ -46,18 +60,48 @@ def _plain(module: nn.Module, name: str) -> list[torch.Tensor]:
     return [t.detach().contiguous() for t in tensors]
 
 
+def _int8(layer: QuantLinear, name: str) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """([codes, bias], scale (out,)) of a weight-only int8 QuantLinear, the model's own storage (a view, not a copy,
+    where contiguous); TypeError naming `name` and what differs for any other QuantLinear (int4, asymmetric, W8A8,
+    a cast or replaced buffer, no bias, not on the CPU)."""
+    c, q, scale, bias = layer.config, layer.qweight, layer.scale, layer.bias
+    out_in = (layer.out_features, layer.in_features)
+    if c.mode != "int8" or not c.symmetric or layer.zero is not None:
+        problem = f"mode={c.mode!r}, symmetric={c.symmetric}"
+    elif q.dtype != torch.int8 or tuple(q.shape) != out_in:
+        problem = f"codes {q.dtype} {tuple(q.shape)}, want torch.int8 {out_in}"
+    elif scale.dtype != torch.float32 or tuple(scale.shape) != (out_in[0], 1):
+        problem = f"scale {scale.dtype} {tuple(scale.shape)}, want torch.float32 ({out_in[0]}, 1)"
+    elif bias is None or bias.dtype != torch.float32 or tuple(bias.shape) != (out_in[0],):
+        problem = "no bias" if bias is None else f"bias {bias.dtype} {tuple(bias.shape)}"
+    elif any(t.device.type != "cpu" for t in (q, scale, bias)):
+        problem = f"buffers on {q.device}, {scale.device}, {bias.device}"
+    else:
+        return [q.detach().contiguous(), bias.detach().contiguous()], scale.detach().contiguous().view(-1)
+    raise TypeError(f"the fused C++ step runs float32 nn.Linear layers and {INT8_FORM}; {name} = QuantLinear "
+                    f"with {problem}: run the float model, or one quantized with QuantConfig('int8')")
+
+
 def model_fingerprint(modules: list[nn.Module]) -> list[tuple[Any, ...]]:
     """What the C++ step's snapshot depends on, for `modules` (the model's, listed once at construction), cheap to
     take at every sequence: per module the submodules it holds now (a layer swapped for another,
-    `block.mlp.c_fc = nn.Linear(...)`, is another object there), a LayerNorm's eps (the step took its value), and
-    per parameter its identity, dtype, device and storage address, and, where the step had to copy it (a
-    non-contiguous parameter), its in-place version counter too. An in-place update of a contiguous weight keeps all
-    of these: the step holds the same storage and sees it."""
+    `block.mlp.c_fc = nn.Linear(...)`, is another object there), a LayerNorm's eps (the step took its value) or a
+    QuantLinear's config (the step took its form), and per parameter and buffer (a QuantLinear's codes, scales and
+    bias) its identity, dtype, device and storage address, and, where the step had to copy it (a non-contiguous
+    tensor), its in-place version counter too. An in-place update of a contiguous weight keeps all of these: the
+    step holds the same storage and sees it."""
+    if not isinstance(modules, list) or not all(isinstance(m, nn.Module) for m in modules):
+        raise TypeError(f"modules must be a list of torch modules (list(model.modules())), got "
+                        f"{type(modules).__name__} {modules!r:.80}")
+
+    def tensors(named: dict[str, torch.Tensor | None]) -> tuple[Any, ...]:
+        return tuple((name, None if t is None else (id(t), t.dtype, t.device, t.data_ptr(),
+                                                    None if t.is_contiguous() else t._version))
+                     for name, t in named.items())
+
     return [(tuple((name, id(child)) for name, child in m._modules.items()),
-             m.eps if isinstance(m, nn.LayerNorm) else None,
-             tuple((name, None if p is None else (id(p), p.dtype, p.device, p.data_ptr(),
-                                                  None if p.is_contiguous() else p._version))
-                   for name, p in m._parameters.items()))
+             m.eps if isinstance(m, nn.LayerNorm) else m.config if isinstance(m, QuantLinear) else None,
+             tensors(m._parameters), tensors(m._buffers))
             for m in modules]
 
 
@@ -65,12 +109,17 @@ class FusedCPUDecoder:
     """Batch-1 decode of a float32 CPU GPT, one C++ call per token; pass it as `decode_fn` with `kv_cache=self.cache`.
 
     `max_len` sizes the cache (default and most: the model's context window). Greedy tokens equal the eager generator's
-    (tested); logits agree to float rounding (the sums run in another order).
-    The step reads the parameters the model held at construction (their storage: in-place updates are seen) and each
-    LayerNorm's own eps. If the model's parameters are converted or replaced afterwards (`model.half()`, a new
-    Parameter, a layer swapped for another) or an eps is changed, the next `generate_ids` or the first step of the
-    next sequence raises a ValueError: build a new FusedCPUDecoder. A quantized or QAT-prepared model is a TypeError
-    naming the layer (`check_plain_model`).
+    (tested); logits agree to float rounding (the sums run in another order). Block linears that are chapter 09's
+    weight-only int8 QuantLinear (`quantize_model(model, QuantConfig("int8"))`) run the C++ int8 GEMV; the rest of
+    the model stays float32 (`int8_linears` counts them).
+    The step reads the parameters and buffers the model held at construction (their storage: in-place updates are
+    seen) and each LayerNorm's own eps. If the model's tensors are converted or replaced afterwards (`model.half()`, a
+    new Parameter, a layer swapped for another) or an eps is changed, the next `generate_ids` or the first step of the
+    next sequence raises a ValueError: build a new FusedCPUDecoder. Any other quantized layer (int4, asymmetric, W8A8,
+    a quantized head) or a QAT-prepared model is a TypeError naming the layer (`_int8`, `check_plain_model`).
+    A forward hook on any module is a ValueError (the C++ step calls no module, so the hook would run in the prefill
+    only). `generate_ids` decodes in eval mode and gives the model its own mode back; a step called directly on a
+    model in training mode is a ValueError.
     """
 
     def __init__(self, model: GPT, max_len: int | None = None):
@@ -79,8 +128,12 @@ class FusedCPUDecoder:
         if model.device.type != "cpu":
             raise ValueError(f"FusedCPUDecoder runs on the CPU, the model is on {model.device}")
         cfg = model.config
-        check_plain_model(model, "the fused C++ step")
-        self.model = model.eval()
+        quantized = {f"transformer.h.{i}.{n}" for i, block in enumerate(model.transformer.h) for n in LINEARS
+                     if isinstance(block.get_submodule(n), QuantLinear)}  # checked by `_int8` below
+        check_plain_model(model, "the fused C++ step", handled=quantized)
+        self.model = model  # its train/eval mode is the caller's: generate_ids decodes in eval mode, then restores it
+        self._named_modules = list(model.named_modules())
+        self._check_no_hooks()
         self.max_len = decoder_max_len(cfg, max_len)  # at most block_size: slot j holds position j
         self.cache = ContiguousKVCache(cfg, 1, self.max_len)  # float32, dynamic: `attend` for the prefill
         tr = model.transformer
@@ -89,21 +142,32 @@ class FusedCPUDecoder:
         glob = [tr.wte.weight.detach(), tr.wpe.weight.detach(), *_plain(tr.ln_f, "transformer.ln_f"),
                 model.lm_head.weight.detach()]
         layers: list[torch.Tensor] = []
+        scales: list[torch.Tensor] = []  # one per block linear, in LINEARS' order: _NO_SCALE for a float32 one
         for i, block in enumerate(tr.h):
             for name in ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj"):
-                layers += _plain(block.get_submodule(name), f"transformer.h.{i}.{name}")
+                module, where = block.get_submodule(name), f"transformer.h.{i}.{name}"
+                if where in quantized:
+                    codes_and_bias, scale = _int8(module, where)
+                    layers += codes_and_bias
+                    scales.append(scale)
+                else:
+                    layers += _plain(module, where)
+                    if name in LINEARS:
+                        scales.append(_NO_SCALE)
+        self.int8_linears = len(quantized)
         self._model_modules = list(model.modules())
         self._fingerprint = model_fingerprint(self._model_modules)
         self._last_start = math.inf  # the cache length at the last step (a check runs when it does not grow)
         eps = [float(block.get_submodule(n).eps) for block in tr.h for n in ("ln_1", "ln_2")] + [float(tr.ln_f.eps)]
         self._cpp: Any = load_cpu_ext().FusedDecoder([t.contiguous() for t in glob], layers, self.cache.k,
-                                                     self.cache.v, cfg.n_head, cfg.head_size, eps)
+                                                     self.cache.v, cfg.n_head, cfg.head_size, eps, scales)
 
     def __call__(self, model: GPT, cache: ContiguousKVCache, token: torch.Tensor, positions: torch.Tensor
                  ) -> torch.Tensor:
         """The `decode_fn` of chapter 04's `generate`: logits (1, V) for one token (1,) at positions (1,)."""
         if model is not self.model or cache is not self.cache:
             raise ValueError("a FusedCPUDecoder runs its own model over its own cache: pass kv_cache=decoder.cache")
+        check_eval_mode(model, "a FusedCPUDecoder step")  # the C++ step has no dropout; the prefill must not either
         if cache.length <= self._last_start:  # a new sequence (the cache was reset): look once per sequence, since
             self.check_model_unchanged()  # the fingerprint costs ~5% of a token's step if taken at every token
         self._last_start = cache.length
@@ -116,15 +180,27 @@ class FusedCPUDecoder:
         return logits
 
     def check_model_unchanged(self) -> None:
-        """ValueError unless the model still holds the parameters the C++ step was built on (see the class doc)."""
+        """ValueError unless the model still holds the parameters and buffers the C++ step was built on (see the class
+        doc)."""
+        self._check_no_hooks()
         if model_fingerprint(self._model_modules) != self._fingerprint:
-            raise ValueError("the model's parameters were converted or replaced since this FusedCPUDecoder was "
-                             "built (e.g. model.half(), a new Parameter, a layer swapped for another or a "
+            raise ValueError("the model's parameters or buffers were converted or replaced since this FusedCPUDecoder "
+                             "was built (e.g. model.half(), a new Parameter, a layer swapped for another or a "
                              "LayerNorm's eps changed); its C++ step still holds the old ones: build a new "
                              "FusedCPUDecoder(model)")
 
+    def _check_no_hooks(self) -> None:
+        """A ValueError naming the first module with a forward hook: the C++ step never calls the modules, so a hook
+        would run in the prefill and silently not in the decode (`hooked_module`)."""
+        hooked = hooked_module(self._named_modules)
+        if hooked is not None:
+            raise ValueError(f"the fused C++ step cannot run forward hooks, but the model's {hooked} has one: remove "
+                             "it, or decode with chapter 04's generate_ids, which runs hooks")
+
     def generate_ids(self, prompt_ids: Any, params: SamplingParams, **kwargs: Any) -> list[int]:
-        """Chapter 04's `generate_ids` with this step: the prompt prefilled by the model, every later token in C++."""
+        """Chapter 04's `generate_ids` with this step: the prompt prefilled by the model, every later token in C++;
+        in eval mode, the model's own mode given back afterwards."""
         self.check_model_unchanged()  # before the prefill, which would run the changed model
         check_decoder_room(self.max_len, self.model.config, prompt_ids, params, kwargs.get("truncate", False))
-        return generate_ids(self.model, prompt_ids, params, kv_cache=self.cache, decode_fn=self, **kwargs)
+        with eval_mode(self.model):
+            return generate_ids(self.model, prompt_ids, params, kv_cache=self.cache, decode_fn=self, **kwargs)

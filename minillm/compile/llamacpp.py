@@ -99,11 +99,21 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("tokens", "rounds"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be at least 1, got {getattr(args, name)}")
-    check_output_dir(args.work.expanduser(), "--work")  # a file there: named now, not minutes into the build
+    try:  # a file at --work, or no --sdist file: usage errors now, not minutes into the build
+        check_output_dir(args.work.expanduser(), "--work")
+        if args.sdist is not None and not args.sdist.is_file():
+            raise ValueError(f"--sdist must be a {PINNED} .tar.gz file, got {str(args.sdist)!r}: no such file")
+    except ValueError as e:
+        ap.error(str(e))
 
     work = args.work.expanduser().resolve()
     work.mkdir(parents=True, exist_ok=True)
-    tree = fetch_sources(work, args.sdist)
+    try:
+        tree = fetch_sources(work, args.sdist)
+    except ValueError as e:  # a --sdist that is no readable tar, or holds no llama.cpp (a download's is not a flag)
+        if args.sdist is None:
+            raise
+        ap.error(str(e))
     binary = build_llama_bench(tree)
     loaded = load_model("base", args.device, 0)
     model = loaded.model

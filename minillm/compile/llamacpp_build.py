@@ -23,6 +23,7 @@ from minillm.compile.mirror import check_plain_model
 from minillm.core.hf import to_hf_model
 from minillm.core.io import check_output_dir, check_output_file, check_path
 from minillm.core.model import require_model
+from minillm.core.weights import untied_head
 from minillm.kernels.build import check_command, run_program
 from minillm.tokenizer import Tokenizer
 
@@ -132,10 +133,17 @@ def bytes_to_unicode() -> dict[int, str]:
 def recover_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
     """The merge list (left, right) in rank order that tiktoken-style ranks imply: each multi-byte token is what BPE
     builds from its bytes using only lower-ranked tokens, stopped when two parts are left. ranks: a dict of bytes
-    -> int (`Tokenizer.mergeable_ranks`); a TypeError naming it otherwise."""
-    if not isinstance(ranks, dict) or not all(isinstance(t, bytes) and isinstance(r, int) for t, r in ranks.items()):
+    -> int (`Tokenizer.mergeable_ranks`), one rank per token (a TypeError / ValueError naming it otherwise: two
+    tokens of one rank have no merge order)."""
+    if not isinstance(ranks, dict) or not all(isinstance(t, bytes) and isinstance(r, int) and not isinstance(r, bool)
+                                              for t, r in ranks.items()):
         raise TypeError(f"ranks must be a dict of bytes -> int rank (Tokenizer.mergeable_ranks), got "
                         f"{type(ranks).__name__} {ranks!r:.80}")
+    owner: dict[int, bytes] = {}
+    for token, rank in ranks.items():
+        if owner.setdefault(rank, token) != token:
+            raise ValueError(f"ranks must give each token its own rank (a merge order), but {owner[rank]!r} and "
+                             f"{token!r} both have rank {rank}")
     merges = []
     for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
         if len(token) == 1:
@@ -156,10 +164,15 @@ def export_hf_dir(model: Any, tokenizer: Tokenizer, out: str | os.PathLike) -> P
     """`model` as a Hugging Face GPT-2 directory `out`, with a vocab.json + merges.txt of `tokenizer` (a minillm
     Tokenizer): the converter's input. GPT-2's layout has plain float layers, heads n_embd / n_head wide and MLPs
     4 * n_embd wide: a quantized, QAT-prepared or structurally pruned model (chapters 09 and 10) is a TypeError /
-    ValueError naming what it has instead, before anything is written; so is a tokenizer whose vocab_size is not
-    the model's (its ids would name other rows of the embedding, or none)."""
+    ValueError naming what it has instead, before anything is written; so is an output head with a weight of its own
+    (GPT-2's layout, and the GGUF converted from it, tie the head to the token embedding), and a tokenizer whose
+    vocab_size is not the model's (its ids would name other rows of the embedding, or none)."""
     cfg = require_model(model, "export_hf_dir")
     check_plain_model(model, "export_hf_dir")
+    if untied_head(model):
+        raise ValueError("export_hf_dir writes GPT-2's layout, whose output head is the token embedding (so is the "
+                         "GGUF converted from it), but model.lm_head has a weight of its own (other values than "
+                         "transformer.wte's): the exported model would give other logits")
     widths = [block.mlp.c_fc.out_features for block in model.transformer.h]
     if cfg.attn_dim != cfg.n_embd or any(w != 4 * cfg.n_embd for w in widths):
         raise ValueError(f"export_hf_dir writes Hugging Face GPT-2, whose heads are n_embd / n_head wide and MLPs "

@@ -19,6 +19,7 @@ own forward. They are slow on purpose: Python loops where the C++ has machine lo
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 import torch
 
@@ -77,18 +78,20 @@ MODEL_LAYERS = {"lm_head": nn.Linear, "transformer.wte": nn.Embedding, "transfor
 PLAIN_TYPES = {nn.Linear: (nn.Linear, FastLinear), nn.Embedding: (nn.Embedding,), nn.LayerNorm: (nn.LayerNorm,)}
 
 
-def check_plain_model(model: GPT, who: str) -> torch.Tensor:
+def check_plain_model(model: GPT, who: str, handled: Collection[str] = ()) -> torch.Tensor:
     """The tied head's weight (its dtype and device are the step's), after checking that every layer a hand-written
     step (or an export) reads is a plain nn.Embedding, nn.Linear (with a bias, but the head) or nn.LayerNorm whose
     floating-point weights share that dtype and device. A quantized model (chapter 09) holds integer codes, not a
     `weight`, and a QAT-prepared one computes with other weights than the float ones it holds: a TypeError naming
     `who`, the model and the layer, never an AttributeError from inside torch nor a silent run on the wrong
-    weights."""
+    weights. `handled` names layers the caller checks itself (the fused step's int8 linears): skipped here."""
     named = {**MODEL_LAYERS, **{f"transformer.h.{i}.{n}": t for i in range(model.config.n_layer)
                                 for n, t in BLOCK_LAYERS.items()}}
     head = model.get_submodule("lm_head")
     ref = head.weight if type(head) in PLAIN_TYPES[nn.Linear] else None
     for name, kind in named.items():
+        if name in handled:
+            continue
         layer = model.get_submodule(name)
         plain = type(layer) in PLAIN_TYPES[kind] and ref is not None
         if plain:  # the weight, and the bias the step adds (none for the embeddings and the tied head)

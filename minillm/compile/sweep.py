@@ -35,7 +35,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
-from minillm.compile.decode import StaticDecoder, check_backend, counting_backend
+from minillm.compile.decode import StaticDecoder, check_backend, check_eval_mode, cli_type, counting_backend
 from minillm.core.config import check_int
 from minillm.core.model import GPT, require_model
 from minillm.core.timing import interleave, time_once
@@ -74,6 +74,7 @@ def check_case(model: GPT, case: Case, steps: int) -> None:
     window (decode: the `tokens` of context plus `steps` more; prefill: the `tokens` of the prompt), since the
     learned position embedding stops at block_size. A TypeError / ValueError naming the argument otherwise."""
     cfg = require_model(model, "the compile sweep")
+    check_eval_mode(model, "the compile sweep")  # eager and compiled outputs are compared: no dropout
     if not isinstance(case, Case):
         raise TypeError(f"case must be a sweep Case, got {type(case).__name__} {case!r}")
     check_int("steps", steps)
@@ -179,6 +180,17 @@ def run_case(model: GPT, case: Case, steps: int = 16, repeats: int = 5, backend:
                    graph_speedup=t_eager.median / t_graph.median)
         row["ok"] = row["ok"] and g_same and g_diff <= LOGIT_ATOL
     return {**row, "eager_s": t_eager.median, "compiled_s": t_comp.median, "speedup": t_eager.median / t_comp.median}
+
+
+def thread_counts(text: str) -> tuple[int, ...]:
+    """--threads-list's text, "1,2" -> (1, 2): positive ints, comma-separated (a ValueError naming threads)."""
+    try:
+        threads = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        raise ValueError(f"threads must be comma-separated ints, got {text!r}") from None
+    for i, n in enumerate(threads):
+        check_int(f"threads[{i}]", n)
+    return threads
 
 
 def run_sweep(model: GPT, threads: tuple[int, ...] = (1, 2), cases: tuple[Case, ...] = CASES, steps: int = 16,
@@ -328,8 +340,10 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = bench_parser("python -m minillm.compile.sweep", __doc__.splitlines()[0], "fewer repeats")
-    ap.add_argument("--threads-list", default="1,2", help="thread counts to sweep, comma-separated (default 1,2)")
-    ap.add_argument("--backend", default="inductor", help="torch.compile backend (default inductor)")
+    ap.add_argument("--threads-list", default="1,2", type=cli_type(cast=thread_counts),
+                    help="thread counts to sweep, comma-separated (default 1,2)")
+    ap.add_argument("--backend", default="inductor", type=cli_type(check_backend),
+                    help="torch.compile backend (default inductor)")
     ap.add_argument("--profile", action="store_true",
                     help="also profile the batch-1 decode step, eager and compiled, at --threads (every operator)")
     return ap
@@ -338,12 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = start(ap, argv)
-    try:
-        threads = tuple(int(t) for t in args.threads_list.split(","))
-    except ValueError:
-        ap.error(f"--threads-list must be comma-separated ints, got {args.threads_list!r}")
     loaded = load_model("base", args.device, args.seed)
-    report = run_sweep(loaded.model, threads, repeats=3 if args.quick else 5, backend=args.backend, seed=args.seed)
+    report = run_sweep(loaded.model, args.threads_list, repeats=3 if args.quick else 5, backend=args.backend,
+                       seed=args.seed)
     if args.profile:
         report["profile_case"] = CASES[0].name
         report["profile"] = profile_decode(loaded.model, backend=args.backend, top=None, seed=args.seed)

@@ -21,8 +21,16 @@ namespace minillm {
 // y (M, N) = x (M, K) W (N, K)^T + b (N); b may be null. One pass over W whatever M (gemv_cpu.cpp).
 void small_gemm(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t K, int64_t N);
 
+// The same for int8 weights with one scale per row (chapter 09's weight-only int8): y[m, n] = scale[n] *
+// sum_k q[n, k] x[m, k] + b[n]; b may be null. The codes are read as bytes and widened to float in registers.
+void small_gemm_q8(const float* x, const int8_t* q, const float* scale, const float* b, float* y, int64_t M, int64_t K,
+                   int64_t N);
+
 // Whether this build took the AVX2 + FMA path (false: the scalar loops).
 bool uses_avx2();
+
+// Which loop small_gemm_q8 runs in this build: "AVX-512", "AVX2 + FMA" or "scalar".
+const char* int8_path();
 
 #if defined(__AVX2__) && defined(__FMA__)
 inline float hsum(__m256 v) {  // the 8 lanes' sum (inline: called once per dot product, thousands of times a step)

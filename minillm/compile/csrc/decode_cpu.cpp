@@ -3,7 +3,7 @@
 //   x = wte[token] + wpe[pos]                                      (C)
 //   for each block:
 //     h = layernorm(x)                                              (C)
-//     q, k, v = h W_attn^T + b                                      (3 x A), GEMV of gemv_cpu.cpp
+//     q, k, v = h W_attn^T + b                                      (3 x A), GEMV of gemv_cpu.cpp (float or int8)
 //     k, v written at slot `start` of this layer's cache            (1, nh, max_len, hs), in place
 //     per head: softmax(q . K[0..start] / sqrt(hs)) . V[0..start]   (A), two passes over the kept slots
 //     x += y W_proj^T + b                                           (C)
@@ -13,12 +13,17 @@
 // (about 150 PyTorch operator calls, each a few microseconds of dispatch and allocation) than in them. Here the step
 // is one call from Python; the products run the same GEMV as FastLinear and the rest is a few plain loops over
 // buffers allocated once. What it leaves out: batches (the engine keeps FastLinear), several threads, other dtypes.
+// int8: each of a block's four linears may instead hold chapter 09's weight-only int8 codes (N, K) with one float
+// scale per output row (`scales`, one entry per linear, empty for a float32 one). That linear then runs the int8
+// GEMV (small_gemm_q8), which streams a quarter of the bytes; everything else, the embeddings and the tied head
+// included, stays float32. Its twin is then the quantized model's own forward (QuantLinear).
 // Reference twin: GPT.hidden + GPT.logits over a ContiguousKVCache (tests compare logits and greedy tokens).
 // The same attention loop also serves the engine: `paged_decode_attention` (end of file) reads chapter 05's paged
 // pool through the block tables in place, one query per sequence; its twin is PagedKVCache._attend_decode.
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "cpu_kernels.h"
@@ -27,6 +32,12 @@ namespace minillm {
 namespace {
 
 constexpr int kLayerTensors = 12;  // ln_1 w b, c_attn w b, attn c_proj w b, ln_2 w b, c_fc w b, mlp c_proj w b
+// A block's four linears, as `linear` names them, and where each one's weight sits among the block's 12 tensors
+// (its bias follows it). Each may be float32 or int8 codes with a per-row scale (`scales`: kLinears per block).
+constexpr int kLinears = 4;
+enum Linear { kQKV = 0, kAttnProj = 1, kFc = 2, kMlpProj = 3 };
+constexpr int kLinearWeight[kLinears] = {2, 4, 8, 10};
+constexpr const char* kLinearName[kLinears] = {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"};
 
 // a . b over n floats
 float dot(const float* a, const float* b, int64_t n) {
@@ -163,17 +174,29 @@ void check_float(const at::Tensor& t, const char* what, std::vector<int64_t> sha
                 ", got ", t.sizes());
 }
 
+// An int8 linear's codes: a contiguous int8 CPU tensor of `shape` (block `layer`'s `what`, for the message).
+void check_codes(const at::Tensor& t, int64_t layer, const char* what, std::vector<int64_t> shape) {
+    TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kChar && t.is_contiguous(), "FusedDecoder: block ",
+                layer, "'s ", what, ".weight has a scale, so it must hold int8 codes (a contiguous int8 CPU tensor), "
+                "got ", t.scalar_type(), t.is_contiguous() ? "" : " (not contiguous)");
+    TORCH_CHECK(t.sizes() == at::IntArrayRef(shape), "FusedDecoder: block ", layer, "'s ", what, " codes must have "
+                "shape ", at::IntArrayRef(shape), ", got ", t.sizes());
+}
+
 // Holds the model's tensors (not copies: the same storage as the parameters) and its cache's K/V tensors, plus the
 // scratch buffers of one step, all allocated at construction; `step` allocates only the returned logits.
 class FusedDecoder {
   public:
     // globals: wte (V, C), wpe (P, C), ln_f weight (C), ln_f bias (C), head (V, C);
     // layers: kLayerTensors per block in the order above; k, v: per block (1, nh, max_len, hs);
-    // eps: each LayerNorm's own, ln_1 and ln_2 of every block, then ln_f (2 n_layer + 1).
+    // eps: each LayerNorm's own, ln_1 and ln_2 of every block, then ln_f (2 n_layer + 1);
+    // scales: empty (every linear float32), or kLinears per block in `Linear`'s order: an empty tensor for a float32
+    // linear, the per-row scales (N,) float32 of an int8 one, whose weight in `layers` is then its int8 codes (N, K).
     FusedDecoder(std::vector<at::Tensor> globals, std::vector<at::Tensor> layers, std::vector<at::Tensor> k,
-                 std::vector<at::Tensor> v, int64_t n_head, int64_t head_size, std::vector<double> eps)
+                 std::vector<at::Tensor> v, int64_t n_head, int64_t head_size, std::vector<double> eps,
+                 std::vector<at::Tensor> scales)
         : globals_(std::move(globals)), layers_(std::move(layers)), k_(std::move(k)), v_(std::move(v)),
-          nh_(n_head), hs_(head_size), eps_(eps.begin(), eps.end()) {
+          scales_(std::move(scales)), nh_(n_head), hs_(head_size), eps_(eps.begin(), eps.end()) {
         TORCH_CHECK(globals_.size() == 5, "FusedDecoder: globals must be wte, wpe, ln_f weight, ln_f bias, head");
         TORCH_CHECK(n_head > 0 && head_size > 0, "FusedDecoder: n_head and head_size must be positive");
         TORCH_CHECK(!layers_.empty() && layers_.size() % kLayerTensors == 0,
@@ -183,6 +206,13 @@ class FusedDecoder {
                     "FusedDecoder: one K and one V tensor per block");
         TORCH_CHECK(static_cast<int64_t>(eps_.size()) == 2 * n_layer_ + 1,
                     "FusedDecoder: eps must hold ln_1 and ln_2 of every block, then ln_f");
+        TORCH_CHECK(scales_.empty() || static_cast<int64_t>(scales_.size()) == kLinears * n_layer_,
+                    "FusedDecoder: scales must be empty or hold ", kLinears, " tensors per block (",
+                    kLinears * n_layer_, "), got ", scales_.size());
+        scales_.resize(kLinears * n_layer_);  // empty: every linear float32 (an undefined tensor)
+        for (auto& s : scales_) {
+            if (s.defined() && s.numel() == 0) s = at::Tensor();  // "no scale": this linear is float32
+        }
         TORCH_CHECK(globals_[0].dim() == 2 && globals_[1].dim() == 2, "FusedDecoder: wte and wpe must be 2-D");
         V_ = globals_[0].size(0);
         C_ = globals_[0].size(1);
@@ -203,16 +233,27 @@ class FusedDecoder {
             widest = std::max(widest, H);
             check_float(t[0], "ln_1.weight", {C_});
             check_float(t[1], "ln_1.bias", {C_});
-            check_float(t[2], "attn.c_attn.weight", {3 * A_, C_});
             check_float(t[3], "attn.c_attn.bias", {3 * A_});
-            check_float(t[4], "attn.c_proj.weight", {C_, A_});
             check_float(t[5], "attn.c_proj.bias", {C_});
             check_float(t[6], "ln_2.weight", {C_});
             check_float(t[7], "ln_2.bias", {C_});
-            check_float(t[8], "mlp.c_fc.weight", {H, C_});
             check_float(t[9], "mlp.c_fc.bias", {H});
-            check_float(t[10], "mlp.c_proj.weight", {C_, H});
             check_float(t[11], "mlp.c_proj.bias", {C_});
+            const int64_t outs[kLinears] = {3 * A_, C_, H, C_}, ins[kLinears] = {C_, A_, C_, H};
+            for (int j = 0; j < kLinears; ++j) {  // each weight: float32 (N, K), or int8 codes (N, K) + scales (N,)
+                const at::Tensor& w = t[kLinearWeight[j]];
+                const at::Tensor& s = scales_[l * kLinears + j];
+                if (!s.defined()) {
+                    check_float(w, (std::string(kLinearName[j]) + ".weight").c_str(), {outs[j], ins[j]});
+                    continue;
+                }
+                check_codes(w, l, kLinearName[j], {outs[j], ins[j]});
+                TORCH_CHECK(s.device().is_cpu() && s.scalar_type() == at::kFloat && s.is_contiguous() &&
+                                s.sizes() == at::IntArrayRef({outs[j]}),
+                            "FusedDecoder: block ", l, "'s ", kLinearName[j], " scale must be a contiguous float32 "
+                            "CPU tensor of shape (", outs[j], ",), one per output row, got ", s.scalar_type(), " ",
+                            s.sizes());
+            }
             check_float(k_[l], "K cache", {1, nh_, max_len_, hs_});
             check_float(v_[l], "V cache", {1, nh_, max_len_, hs_});
         }
@@ -250,14 +291,14 @@ class FusedDecoder {
             const at::Tensor* t = &layers_[l * kLayerTensors];
             const int64_t H = t[8].size(0);
             layernorm(x, ptr(t[0]), ptr(t[1]), h, C_, eps_[2 * l]);
-            small_gemm(h, ptr(t[2]), ptr(t[3]), qkv_.data(), 1, C_, 3 * A_);
+            linear(l, kQKV, h, qkv_.data());  // the GEMV of the linear's dtype: float32 or int8 codes
             attend(l, start);
-            small_gemm(y_.data(), ptr(t[4]), ptr(t[5]), h, 1, A_, C_);
+            linear(l, kAttnProj, y_.data(), h);
             for (int64_t i = 0; i < C_; ++i) x[i] += h[i];
             layernorm(x, ptr(t[6]), ptr(t[7]), h, C_, eps_[2 * l + 1]);
-            small_gemm(h, ptr(t[8]), ptr(t[9]), f_.data(), 1, C_, H);
+            linear(l, kFc, h, f_.data());
             gelu_tanh(f_.data(), H);
-            small_gemm(f_.data(), ptr(t[10]), ptr(t[11]), h, 1, H, C_);
+            linear(l, kMlpProj, f_.data(), h);
             for (int64_t i = 0; i < C_; ++i) x[i] += h[i];
         }
         layernorm(x, ptr(globals_[2]), ptr(globals_[3]), h, C_, eps_.back());
@@ -274,12 +315,10 @@ class FusedDecoder {
         TORCH_CHECK(times >= 0, "FusedDecoder.products: times must be non-negative, got ", times);
         for (int64_t r = 0; r < times; ++r) {
             for (int64_t l = 0; l < n_layer_; ++l) {
-                const at::Tensor* t = &layers_[l * kLayerTensors];
-                const int64_t H = t[8].size(0);
-                small_gemm(h_.data(), ptr(t[2]), ptr(t[3]), qkv_.data(), 1, C_, 3 * A_);
-                small_gemm(y_.data(), ptr(t[4]), ptr(t[5]), h_.data(), 1, A_, C_);
-                small_gemm(h_.data(), ptr(t[8]), ptr(t[9]), f_.data(), 1, C_, H);
-                small_gemm(f_.data(), ptr(t[10]), ptr(t[11]), h_.data(), 1, H, C_);
+                linear(l, kQKV, h_.data(), qkv_.data());
+                linear(l, kAttnProj, y_.data(), h_.data());
+                linear(l, kFc, h_.data(), f_.data());
+                linear(l, kMlpProj, f_.data(), h_.data());
             }
             small_gemm(h_.data(), ptr(globals_[4]), nullptr, logits_.data(), 1, C_, V_);
         }
@@ -288,6 +327,20 @@ class FusedDecoder {
     int64_t max_len() const { return max_len_; }
 
   private:
+    // y = x W^T + b for linear j of block l: the float32 GEMV, or the int8 one (codes, per-row scales) where the
+    // linear has a scale. Its width K and height N are its weight's (int8 codes have one byte per weight, so the
+    // shape is the float weight's).
+    void linear(int64_t l, int j, const float* x, float* y) {
+        const at::Tensor& w = layers_[l * kLayerTensors + kLinearWeight[j]];
+        const float* b = ptr(layers_[l * kLayerTensors + kLinearWeight[j] + 1]);
+        const at::Tensor& scale = scales_[l * kLinears + j];
+        if (scale.defined()) {
+            small_gemm_q8(x, w.data_ptr<int8_t>(), ptr(scale), b, y, 1, w.size(1), w.size(0));
+        } else {
+            small_gemm(x, ptr(w), b, y, 1, w.size(1), w.size(0));
+        }
+    }
+
     // This block's attention for the new token: store its k, v at `start`, then each head's softmax-weighted sum
     // of the values at slots 0..start (the new token sees every kept slot, itself included) into y_.
     void attend(int64_t layer, int64_t start) {
@@ -308,6 +361,7 @@ class FusedDecoder {
     }
 
     std::vector<at::Tensor> globals_, layers_, k_, v_;
+    std::vector<at::Tensor> scales_;  // kLinears per block: undefined for a float32 linear, (N,) for an int8 one
     int64_t nh_, hs_, n_layer_ = 0, V_ = 0, C_ = 0, P_ = 0, A_ = 0, max_len_ = 0;
     std::vector<float> eps_;  // ln_1, ln_2 of block 0, of block 1, ..., ln_f
     std::vector<float> x_, h_, qkv_, y_, f_, scores_;  // the step's scratch: residual, normed/out, q k v, heads, MLP
@@ -375,7 +429,10 @@ void register_decoder(pybind11::module& m) {
           "one query per sequence over its paged K/V, read through the block table (float32, CPU)");
     pybind11::class_<FusedDecoder>(m, "FusedDecoder")
         .def(pybind11::init<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>,
-                            std::vector<at::Tensor>, int64_t, int64_t, std::vector<double>>())
+                            std::vector<at::Tensor>, int64_t, int64_t, std::vector<double>, std::vector<at::Tensor>>(),
+             pybind11::arg("globals"), pybind11::arg("layers"), pybind11::arg("k"), pybind11::arg("v"),
+             pybind11::arg("n_head"), pybind11::arg("head_size"), pybind11::arg("eps"),
+             pybind11::arg("scales") = std::vector<at::Tensor>())  // empty: every linear float32
         .def("step", &FusedDecoder::step, "logits (1, V) of one token at one position, its K/V written at a slot",
              pybind11::call_guard<pybind11::gil_scoped_release>())
         .def("products", &FusedDecoder::products, "the step's matrix-vector products alone, `times` over",

@@ -8,11 +8,31 @@
 // Why it exists: at batch 1, torch.nn.functional.linear goes through a general GEMM path whose fixed cost per
 // call is as large as the streaming itself for these small matrices (chapter 13 measures both in one run).
 // Reference twin: torch.nn.functional.linear (the tests compare every shape, with and without bias).
+//
+// The int8 version, small_gemm_q8, runs chapter 09's weight-only int8 layers: y[n] = scale[n] * sum_k q[n, k] x[k]
+// + b[n], with q the layer's int8 codes (one byte per weight) and one float scale per output row. The scale factors
+// out of the row's sum, so the loop never builds the float weight: it loads the codes as bytes, widens them to
+// float in registers (sign-extend to int32, convert) and multiplies by x in float32, so it gives the eager
+// QuantLinear's numbers to float rounding. Why: the weights are the bytes a decode step streams, and int8 codes are
+// a quarter of float32's. The widening costs instructions the float loop does not have (the byte-to-int32 widening
+// runs on one port: one instruction per 8 codes with AVX2, per 16 with AVX-512). Measured on the course's Xeon
+// (AVX-512), one thread, `base`'s 24 block matrices in a loop: float32 625 us; int8 codes merely read 139 us, the
+// AVX2 loop 220 us, the AVX-512 loop 189 us (an integer route, x rounded to int8 and VNNI dot products, 176 us: not
+// worth other numbers than the eager model's). So the int8 loop wins where the weights stream from beyond L2, as a
+// whole step's do; a single matrix called again and again from the cache runs faster in float32.
+// Same blocking as above (4 rows, one pass over the codes whatever M):
+//   AVX-512 (when the build may use it): 16 codes per step per row (_mm512_cvtepi8_epi32 + cvt + FMA);
+//   AVX2 + FMA: 8 codes per step per row (_mm256_cvtepi8_epi32 on 8 bytes + cvt + FMA);
+//   otherwise (and for the K tail and the N % 4 last rows): a scalar loop.
+// Reference twin: chapter 09's QuantLinear (int8, symmetric per channel): F.linear(x, q.float()) * scale + b.
 #include "cpu_kernels.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define MINILLM_AVX2 1
+#endif
+#if defined(__AVX512F__) && defined(MINILLM_AVX2)
+#define MINILLM_AVX512 1
 #endif
 
 namespace minillm {
@@ -63,11 +83,99 @@ void small_gemm(const float* x, const float* w, const float* b, float* y, int64_
     }
 }
 
+#if defined(MINILLM_AVX512)
+constexpr int64_t kQ8Lanes = 16;  // codes per step of one row: a 16-byte load widened into one 512-bit register
+
+// s[i] = sum over k < K (a multiple of 16) of r[i][k] * x[k], for 4 rows of codes r[0..3]
+inline void dot4_q8(const float* x, const int8_t* const r[4], int64_t K, float s[4]) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+        const __m512 xv = _mm512_loadu_ps(x + k);
+        // 16 bytes -> 16 int32 (sign-extended) -> 16 floats, each exact: codes are integers in [-127, 127]
+        auto widen = [k](const int8_t* p) {
+            return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + k))));
+        };
+        a0 = _mm512_fmadd_ps(widen(r[0]), xv, a0);
+        a1 = _mm512_fmadd_ps(widen(r[1]), xv, a1);
+        a2 = _mm512_fmadd_ps(widen(r[2]), xv, a2);
+        a3 = _mm512_fmadd_ps(widen(r[3]), xv, a3);
+    }
+    s[0] = _mm512_reduce_add_ps(a0);
+    s[1] = _mm512_reduce_add_ps(a1);
+    s[2] = _mm512_reduce_add_ps(a2);
+    s[3] = _mm512_reduce_add_ps(a3);
+}
+#elif defined(MINILLM_AVX2)
+constexpr int64_t kQ8Lanes = 8;  // codes per step of one row: an 8-byte load widened into one 256-bit register
+
+// s[i] = sum over k < K (a multiple of 8) of r[i][k] * x[k], for 4 rows of codes r[0..3]
+inline void dot4_q8(const float* x, const int8_t* const r[4], int64_t K, float s[4]) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 8) {
+        const __m256 xv = _mm256_loadu_ps(x + k);
+        // 8 bytes -> 8 int32 (sign-extended) -> 8 floats, each exact: codes are integers in [-127, 127]
+        auto widen = [k](const int8_t* p) {
+            return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + k))));
+        };
+        a0 = _mm256_fmadd_ps(widen(r[0]), xv, a0);
+        a1 = _mm256_fmadd_ps(widen(r[1]), xv, a1);
+        a2 = _mm256_fmadd_ps(widen(r[2]), xv, a2);
+        a3 = _mm256_fmadd_ps(widen(r[3]), xv, a3);
+    }
+    s[0] = hsum(a0);
+    s[1] = hsum(a1);
+    s[2] = hsum(a2);
+    s[3] = hsum(a3);
+}
+#endif
+
+// Rows of x (M, K) against int8 codes q (N, K) with per-row scales into y (M, N); b may be null. Blocked as
+// small_gemm: each block of 4 code rows (4 K bytes) is used by every row of x before the next block is read.
+void small_gemm_q8(const float* x, const int8_t* q, const float* scale, const float* b, float* y, int64_t M, int64_t K,
+                   int64_t N) {
+    int64_t n = 0;
+#if defined(MINILLM_AVX512) || defined(MINILLM_AVX2)
+    const int64_t KV = K - K % kQ8Lanes;  // the columns that fill whole registers
+    for (; n + 4 <= N; n += 4) {
+        const int8_t* const r[4] = {q + n * K, q + (n + 1) * K, q + (n + 2) * K, q + (n + 3) * K};
+        for (int64_t m = 0; m < M; ++m) {
+            const float* xr = x + m * K;
+            float s[4];
+            dot4_q8(xr, r, KV, s);
+            for (int64_t k = KV; k < K; ++k) {  // the tail that does not fill a register
+                for (int i = 0; i < 4; ++i) s[i] += static_cast<float>(r[i][k]) * xr[k];
+            }
+            float* yr = y + m * N;
+            for (int i = 0; i < 4; ++i) yr[n + i] = scale[n + i] * s[i] + (b ? b[n + i] : 0.f);
+        }
+    }
+#endif
+    for (; n < N; ++n) {  // the last N % 4 rows (every row without AVX2)
+        const int8_t* r = q + n * K;
+        for (int64_t m = 0; m < M; ++m) {
+            const float* xr = x + m * K;
+            float s = 0.f;
+            for (int64_t k = 0; k < K; ++k) s += static_cast<float>(r[k]) * xr[k];
+            y[m * N + n] = scale[n] * s + (b ? b[n] : 0.f);
+        }
+    }
+}
+
 bool uses_avx2() {
 #ifdef MINILLM_AVX2
     return true;
 #else
     return false;
+#endif
+}
+
+const char* int8_path() {
+#if defined(MINILLM_AVX512)
+    return "AVX-512";
+#elif defined(MINILLM_AVX2)
+    return "AVX2 + FMA";
+#else
+    return "scalar";
 #endif
 }
 
@@ -100,10 +208,39 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias
     return y;
 }
 
+// x (M, K) float32, q (N, K) int8 codes, scale (N,) float32, bias (N) float32 or empty -> (M, N); contiguous, CPU
+// (checked by the Python wrapper, `cpu_gemv.int8_gemv`, too).
+at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale, const at::Tensor& bias) {
+    TORCH_CHECK_VALUE(x.device().is_cpu() && q.device().is_cpu() && scale.device().is_cpu() && bias.device().is_cpu(),
+                      "int8_gemv: CPU tensors only");
+    TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat && q.scalar_type() == at::kChar && scale.scalar_type() == at::kFloat,
+                     "int8_gemv: x must be float32, q int8 and scale float32, got x ", x.scalar_type(), ", q ",
+                     q.scalar_type(), " and scale ", scale.scalar_type());
+    TORCH_CHECK_VALUE(x.dim() == 2 && q.dim() == 2 && x.size(1) == q.size(1),
+                      "int8_gemv: x must be (M, K) and q (N, K) with the same K, got x ", x.sizes(), " and q ",
+                      q.sizes());
+    TORCH_CHECK_VALUE(scale.dim() == 1 && scale.size(0) == q.size(0), "int8_gemv: scale must be (N,) for q ", q.sizes(),
+                      ", got ", scale.sizes());
+    TORCH_CHECK_VALUE(x.is_contiguous() && q.is_contiguous() && scale.is_contiguous(),
+                      "int8_gemv: x, q and scale must be contiguous");
+    const bool has_bias = bias.numel() > 0;
+    TORCH_CHECK_TYPE(!has_bias || bias.scalar_type() == at::kFloat, "int8_gemv: bias must be float32, got ",
+                     bias.scalar_type());
+    TORCH_CHECK_VALUE(!has_bias || (bias.dim() == 1 && bias.size(0) == q.size(0) && bias.is_contiguous()),
+                      "int8_gemv: bias must be a contiguous (N,) tensor or empty, got ", bias.sizes());
+    const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
+    auto y = at::empty({M, N}, x.options());
+    minillm::small_gemm_q8(x.data_ptr<float>(), q.data_ptr<int8_t>(), scale.data_ptr<float>(),
+                           has_bias ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(), M, K, N);
+    return y;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("gemv", &gemv, "y = x W^T + b for a few rows of x (float32, CPU)");
+    m.def("int8_gemv", &int8_gemv, "y = (x q^T) * scale + b for a few rows of x, int8 codes q (CPU)");
     m.def("uses_avx2", &minillm::uses_avx2, "whether this build took the AVX2 + FMA path");
+    m.def("int8_path", &minillm::int8_path, "the int8 GEMV's loop in this build: AVX-512, AVX2 + FMA or scalar");
     minillm::register_decoder(m);  // the whole decode step, decode_cpu.cpp
 }
