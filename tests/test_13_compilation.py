@@ -183,6 +183,10 @@ def test_benchmark_rows_on_a_small_model():
         removed = SMALL.n_layer * (hidden // 4) * (2 * SMALL.n_embd + 1) * 4
         total = decode_weight_bytes(model())
         assert p["identical"] and p["weight_ratio"] == pytest.approx(total / (total - removed))
+        q = report["int8_fused"]  # chapter 09's int8 model on it: the int8 model's own tokens, a byte per weight
+        linears = total - 4 * SMALL.vocab_size * SMALL.n_embd  # the block linears' float32 bytes (the head stays)
+        assert q["identical"] and q["int8_path"] in ("AVX-512", "AVX2 + FMA", "scalar")
+        assert q["int8_MB"] * 1e6 < total - linears + linears / 2 and q["weight_ratio"] > 1
 
 
 @pytest.mark.skipif(not DYNAMO or shutil.which("g++") is None and shutil.which("c++") is None,
@@ -438,13 +442,15 @@ def test_llamacpp_quotes_every_figure_the_texts_name():
     quote from its results file, computed from the rounds: llama.cpp's q8_0 over its f32, ours as a fraction of it."""
     samples = {"llama.cpp f32": [700.0, 600.0, 800.0], "llama.cpp f16": [1400.0, 1300.0, 1500.0],
                "llama.cpp q8_0": [1750.0, 1500.0, 1800.0], llamacpp.EAGER: [250.0, 240.0, 260.0],
-               llamacpp.FUSED: [630.0, 420.0, 640.0]}
+               llamacpp.FUSED: [630.0, 420.0, 640.0], llamacpp.FUSED_INT8: [1200.0, 800.0, 1210.0]}
     report = {"model": "base", "threads": 1, "tokens": 128, "rounds": 3, "llama_cpp": "llama-cpp-python==0.3.36",
               "cpu": "a CPU", "samples": samples, "median_tok_s": {k: sorted(v)[1] for k, v in samples.items()}}
     q = llamacpp.quotes(report)
     assert q["table"].splitlines()[:3] == ["| path | tok/s | of llama.cpp f32 |", "|---|---:|---:|",
                                            "| llama.cpp f32 | 700 | 100% |"]
-    assert q["table"].endswith("| minillm fused C++ step | 630 | 90% |\n")
+    assert q["table"].endswith("| minillm fused C++ step | 630 | 90% |\n"
+                               "| minillm fused C++ step, int8 weights | 1,200 | 171% |\n")
+    assert (q["fused_int8_vs_q8_0"], q["fused_int8_vs_fused"], q["fused_int8_tok_s"]) == ("0.69x", "1.90x", "1,200")
     assert len(q["per_round"].splitlines()) == 2 + 3
     assert (q["q8_0_vs_f32"], q["f16_vs_f32"], q["q8_0_tok_s"], q["f16_tok_s"]) == ("2.50x", "2.00x", "1,750", "1,400")
     assert (q["fused_of_f32_min"], q["fused_of_f32_max"], q["f32_min"], q["f32_max"]) == ("70%", "90%", "600", "800")
@@ -478,6 +484,9 @@ def test_bench_quotes_every_figure_the_text_names():
                         "bytes": 23.1e6, "GBps": 23.1, "tok_s_bound": 1000.0},
               "pruned_fused": {"fraction": 0.25, "identical": True, "dense_tok_s": 950.0, "pruned_tok_s": 1085.0,
                                "speedup": 1.142, "weight_ratio": 1.16},
+              "int8_fused": {"identical": True, "f32_tok_s": 1050.0, "int8_tok_s": 1942.5, "speedup": 1.85,
+                             "eager_f32_tok_s": 581.0, "eager_int8_tok_s": 433.0, "eager_speedup": 0.745,
+                             "int8_path": "AVX-512", "f32_MB": 23.12, "int8_MB": 9.02, "weight_ratio": 2.563},
               "model": "base", "cpu": "a CPU", "command": "python -m minillm.compile.bench"}
     q = bench_quotes(report)
     assert q["paths"].splitlines()[2] == "| C++ GEMV (fast_cpu_model), growing cache | 400 | 1.33x (300) | 40% | 40% " \
@@ -488,6 +497,8 @@ def test_bench_quotes_every_figure_the_text_names():
                                                                                           "2.9 s")
     assert (q["eager_tok_s_min"], q["eager_tok_s_max"], q["hf_fused"], q["pruned_speedup"]) == ("290", "310",
                                                                                                 "2.70x", "1.14x")
+    assert (q["int8_tok_s"], q["int8_speedup"], q["int8_weight_ratio"], q["int8_eager_speedup"]) == (
+        "1,942", "1.85x", "2.56x", "0.74x")
     named = names_the_text_quotes("chapters/results/13-compile.json")
     assert named <= set(q), sorted(named - set(q))
 

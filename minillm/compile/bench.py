@@ -16,7 +16,9 @@ What it reports:
     and against the fastest-ever bound above (a best case a shared machine only moves away from);
   - Hugging Face `generate(use_cache=True)` on the same weights against the eager generator and the fast path;
   - on the CPU, chapter 10's structured MLP pruning on the fused step (`pruned_fused`): a quarter of every block's
-    MLP neurons removed, decoded by `FusedCPUDecoder`, against the dense model's fused step.
+    MLP neurons removed, decoded by `FusedCPUDecoder`, against the dense model's fused step;
+  - on the CPU, chapter 09's int8 weight-only model on the fused step (`int8_fused`): the C++ int8 GEMV against the
+    float32 fused step, beside the eager int8 model against the eager float32 one.
 Timings interleave the eager generator, each path and the bound's products (`minillm.core.timing.interleave`),
 medians of repeats.
 The command: `python -m minillm.compile.bench [--device cuda] [--threads N] [--quick] [--json FILE]`; `quotes(report)`
@@ -31,13 +33,14 @@ from functools import partial
 from typing import Any, Callable
 
 import torch
+import torch.nn as nn
 
 from minillm.bench.check import same_tokens
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.hf_compare import hf_comparison
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
-from minillm.compile.cpu_gemv import build_problem, fast_cpu_model
+from minillm.compile.cpu_gemv import build_problem, fast_cpu_model, load_cpu_ext
 from minillm.compile.decode import StaticDecoder, check_backend, check_eval_mode, cli_type
 from minillm.compile.fused_step import FusedCPUDecoder
 from minillm.compile.mirror import check_plain_model
@@ -49,6 +52,7 @@ from minillm.kvcache.generate import generate_ids
 from minillm.naive.roofline import decode_weight_bytes, stream_weights
 from minillm.prune.structured import mlp_neuron_scores, prune_mlp
 from minillm.quant.gptq import calibration_windows
+from minillm.quant.linear import QuantConfig, QuantLinear, quantize_model
 
 
 FUSED = "fused C++ step (FusedCPUDecoder)"
@@ -132,6 +136,50 @@ def pruned_fused(model: GPT, prompt: list[int], params: SamplingParams, fraction
             "weight_ratio": decode_weight_bytes(model) / decode_weight_bytes(pruned)}
 
 
+def step_bytes(model: nn.Module) -> int:
+    """Bytes one fused decode step reads for its products: each block linear's weight (or, for chapter 09's int8
+    QuantLinear, its codes and scales) and bias, and the tied head. `decode_weight_bytes` for a model whose linears
+    may be quantized."""
+    total = model.lm_head.weight.nbytes
+    for m in model.transformer.h.modules():
+        if isinstance(m, QuantLinear):
+            total += m.qweight.nbytes + m.scale.nbytes + (m.bias.nbytes if m.bias is not None else 0)
+        elif isinstance(m, nn.Linear):
+            total += m.weight.nbytes + (m.bias.nbytes if m.bias is not None else 0)
+    return total
+
+
+def int8_fused(model: GPT, prompt: list[int], params: SamplingParams, repeats: int = 5) -> dict[str, Any]:
+    """Chapter 09's int8 weight-only model (per-channel symmetric block linears, `quantize_model`) on the fastest
+    path: its greedy tokens from `FusedCPUDecoder` (the C++ int8 GEMV) against chapter 04's generator on the same
+    quantized model, and its tok/s against the float32 model's fused step (interleaved, medians), beside the eager
+    int8 model against the eager float32 one (where de-quantizing every call costs more than the bytes it saves).
+    `weight_ratio`: the bytes a float32 step reads over the int8 step's. `params` must be greedy (ValueError)."""
+    require_model(model, "int8_fused (model)")
+    check_eval_mode(model, "int8_fused")
+    check_int("repeats", repeats)
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be greedy SamplingParams, got {type(params).__name__} {params!r:.80}")
+    if not params.is_greedy:  # the check compares tokens with generate_ids': two samplers draw differently
+        raise ValueError(f"params must be greedy (temperature 0): int8_fused compares greedy tokens, got "
+                         f"temperature={params.temperature}")
+    quantized = quantize_model(model, QuantConfig("int8")).eval()
+    f32_step, int8_step = FusedCPUDecoder(model), FusedCPUDecoder(quantized)
+    got = int8_step.generate_ids(prompt, params)
+    f32, q8, eager_f32, eager_q8 = interleave([lambda: f32_step.generate_ids(prompt, params),
+                                               lambda: int8_step.generate_ids(prompt, params),
+                                               lambda: generate_ids(model, prompt, params),
+                                               lambda: generate_ids(quantized, prompt, params)],
+                                              warmup=1, repeats=repeats, device=model.device)
+    new = params.max_new_tokens
+    return {"identical": same_tokens([generate_ids(quantized, prompt, params)], [got]).equal == 1,
+            "f32_tok_s": new / f32.median, "int8_tok_s": new / q8.median, "speedup": f32.median / q8.median,
+            "eager_f32_tok_s": new / eager_f32.median, "eager_int8_tok_s": new / eager_q8.median,
+            "eager_speedup": eager_f32.median / eager_q8.median, "int8_path": load_cpu_ext().int8_path(),
+            "f32_MB": step_bytes(model) / 1e6, "int8_MB": step_bytes(quantized) / 1e6,
+            "weight_ratio": step_bytes(model) / step_bytes(quantized)}
+
+
 def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, backend: str = "inductor",
             with_hf: bool = True) -> dict[str, Any]:
     """Every measurement of the module docstring on `model` (the shipped `base`, or any GPT): `real_text` picks
@@ -196,6 +244,7 @@ def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, bac
             report["hf"]["fused"] = hf_comparison(model, prompt, new, fused.generate_ids, repeats=repeats)
     if cpp:
         report["pruned_fused"] = pruned_fused(model, prompt, params, repeats=repeats, seed=seed)
+        report["int8_fused"] = int8_fused(model, prompt, params, repeats=repeats)
     return report
 
 
@@ -229,6 +278,12 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(f"structured MLP {100 * p['fraction']:.0f}% on the fused step: {p['pruned_tok_s']:.0f} vs "
                      f"{p['dense_tok_s']:.0f} tok/s dense, {p['speedup']:.2f}x (weights read {p['weight_ratio']:.2f}x "
                      f"fewer), identical to the pruned model's eager tokens {p['identical']}")
+    if "int8_fused" in report:
+        q = report["int8_fused"]
+        lines.append(f"int8 weights on the fused step ({q['int8_path']}): {q['int8_tok_s']:.0f} vs {q['f32_tok_s']:.0f} "
+                     f"tok/s float32, {q['speedup']:.2f}x (weights read {q['weight_ratio']:.2f}x fewer; eager int8 "
+                     f"{q['eager_speedup']:.2f}x eager float32), identical to the int8 model's eager tokens "
+                     f"{q['identical']}")
     return "\n".join(lines)
 
 
@@ -245,7 +300,9 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
     `_of_fastest_bound` ("74%"); the eager generator's tok/s over the rows' runs (`eager_tok_s_min`, `_max`);
     the compiled step's first call (`compile_first_call`, "2.9 s"); Hugging Face against each of ours
     (`hf_eager`, `hf_fast`, `hf_fused`, "1.22x"); the pruned fused step (`pruned_tok_s`, `pruned_dense_tok_s`,
-    `pruned_speedup`, `pruned_weight_ratio`); the run's settings (`new_tokens`, `prompt_len`, `threads`, `model`,
+    `pruned_speedup`, `pruned_weight_ratio`); the int8 fused step (`int8_tok_s`, `int8_f32_tok_s`, `int8_speedup`,
+    `int8_weight_ratio`, `int8_MB`, `int8_f32_MB`, `int8_eager_speedup`, `int8_path`); the run's settings
+    (`new_tokens`, `prompt_len`, `threads`, `model`,
     `cpu`, `command`)."""
     b = report["bound"]
     out = {"paths": paths_table(report), "bound_ms": f"{1e3 * b['step_seconds']:.3f}",
@@ -269,6 +326,12 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
         out.update(pruned_tok_s=f"{p['pruned_tok_s']:,.0f}", pruned_dense_tok_s=f"{p['dense_tok_s']:,.0f}",
                    pruned_speedup=f"{p['speedup']:.2f}x", pruned_weight_ratio=f"{p['weight_ratio']:.2f}x",
                    pruned_fraction=f"{100 * p['fraction']:.0f}%")
+    if "int8_fused" in report:
+        q = report["int8_fused"]
+        out.update(int8_tok_s=f"{q['int8_tok_s']:,.0f}", int8_f32_tok_s=f"{q['f32_tok_s']:,.0f}",
+                   int8_speedup=f"{q['speedup']:.2f}x", int8_weight_ratio=f"{q['weight_ratio']:.2f}x",
+                   int8_MB=f"{q['int8_MB']:.1f} MB", int8_f32_MB=f"{q['f32_MB']:.1f} MB",
+                   int8_eager_speedup=f"{q['eager_speedup']:.2f}x", int8_path=str(q["int8_path"]))
     for key in ("new_tokens", "prompt_len", "threads", "model", "cpu", "command"):
         if key in report:
             out[key] = str(report[key])
@@ -290,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model: {loaded.label}")
     print(format_table(report))
     write_report(args.json, report)
-    ok = all(r["identical"] for r in report["rows"]) and report.get("pruned_fused", {}).get("identical", True)
+    ok = all(r["identical"] for r in report["rows"]) and all(report.get(k, {}).get("identical", True)
+                                                              for k in ("pruned_fused", "int8_fused"))
     return 0 if ok else 1
 
 

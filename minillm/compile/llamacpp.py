@@ -9,7 +9,8 @@ What it does, each step skipped when its output is already in the work directory
      in f32, f16 and q8_0;
   4. interleave, round by round: `llama-bench -t T -p 0 -n N` on each GGUF (its `tg` test: N tokens decoded one at a
      time at batch 1, from an empty context) and our batch-1 decode of N tokens after a one-token prompt, eager
-     (chapter 04's `generate_ids`) and with the fused C++ step (`FusedCPUDecoder`), at the same thread count.
+     (chapter 04's `generate_ids`) and with the fused C++ step (`FusedCPUDecoder`), in float32 and on chapter 09's
+     int8 weight-only model (the C++ int8 GEMV, beside llama.cpp's q8_0), at the same thread count.
 It prints each path's median tok/s over the rounds and ours as a fraction of llama.cpp f32, and with `--json` writes
 every round's tok/s and the medians (`minillm.bench.cli.write_report`, with the machine and the command); `quotes`
 turns that report into the table and the figures chapters 09 and 13 quote.
@@ -44,11 +45,13 @@ from minillm.core.config import check_int
 from minillm.core.io import check_path
 from minillm.core.timing import measure
 from minillm.kvcache.generate import generate_ids
+from minillm.quant.linear import QuantConfig, quantize_model
 from minillm.tokenizer import DEFAULT_TOKENIZER_PATH, Tokenizer
 
 TYPES = OUTTYPES
 REF = "llama.cpp f32"  # the path every other one is a fraction of
 EAGER, FUSED = "minillm eager (generate_ids)", "minillm fused C++ step"
+FUSED_INT8 = "minillm fused C++ step, int8 weights"  # chapter 09's int8 weight-only model, beside llama.cpp's q8_0
 
 
 def llama_bench_tok_s(binary: str | os.PathLike, gguf: str | os.PathLike, threads: int, tokens: int) -> float:
@@ -120,10 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     hf_dir = export_hf_dir(model, Tokenizer.load(DEFAULT_TOKENIZER_PATH), work / "base-hf")
     ggufs = {t: convert(tree, hf_dir, t, work / f"base-{t}.gguf") for t in TYPES}
 
-    fused = FusedCPUDecoder(model)
+    fused, fused_int8 = FusedCPUDecoder(model), FusedCPUDecoder(quantize_model(model, QuantConfig("int8")).eval())
     params = SamplingParams.greedy(args.tokens, ignore_eos=True)
     prompt = [0]
-    ours = {EAGER: lambda: generate_ids(model, prompt, params), FUSED: lambda: fused.generate_ids(prompt, params)}
+    ours = {EAGER: lambda: generate_ids(model, prompt, params), FUSED: lambda: fused.generate_ids(prompt, params),
+            FUSED_INT8: lambda: fused_int8.generate_ids(prompt, params)}
     samples: dict[str, list[float]] = {**{f"llama.cpp {t}": [] for t in TYPES}, **{k: [] for k in ours}}
     for r in range(args.rounds):
         for t, path in ggufs.items():
@@ -161,7 +165,8 @@ def quotes(report: dict) -> dict[str, str]:
     ("per_round"); llama.cpp's tok/s per type (`f32_tok_s`, `f16_tok_s`, `q8_0_tok_s`) and its f16 and q8_0 over its
     f32 (`f16_vs_f32`, "1.90x"); ours as a fraction of llama.cpp f32 (`fused_of_f32`, `eager_of_f32`, "84%"), their
     range over the rounds, each round's ours over the same round's llama.cpp f32 (`..._min`, `..._max`); the fused
-    step over the eager generator (`fused_vs_eager`); llama.cpp f32's range over the rounds (`f32_min`,
+    step over the eager generator (`fused_vs_eager`); the int8 fused step's figures (`fused_int8_...` as above, and
+    `fused_int8_vs_q8_0`, `fused_int8_vs_fused`) when the run has it; llama.cpp f32's range over the rounds (`f32_min`,
     `f32_max`); and the run's settings (`rounds`, `threads`, `tokens`, `model`, `cpu`, `llama_cpp`)."""
     median, samples = report["median_tok_s"], report["samples"]
     ref = median[REF]
@@ -170,12 +175,16 @@ def quotes(report: dict) -> dict[str, str]:
         out[f"{t}_tok_s"] = f"{median[f'llama.cpp {t}']:,.0f}"
         if t != "f32":
             out[f"{t}_vs_f32"] = f"{median[f'llama.cpp {t}'] / ref:.2f}x"
-    for key, path in (("fused", FUSED), ("eager", EAGER)):
+    paths = [("fused", FUSED), ("eager", EAGER)] + ([("fused_int8", FUSED_INT8)] if FUSED_INT8 in median else [])
+    for key, path in paths:
         out[f"{key}_tok_s"] = f"{median[path]:,.0f}"
         out[f"{key}_of_f32"] = f"{100 * median[path] / ref:.0f}%"
         per_round = [100 * a / b for a, b in zip(samples[path], samples[REF])]
         out[f"{key}_of_f32_min"], out[f"{key}_of_f32_max"] = f"{min(per_round):.0f}%", f"{max(per_round):.0f}%"
     out["fused_vs_eager"] = f"{median[FUSED] / median[EAGER]:.2f}x"
+    if FUSED_INT8 in median:  # int8 against llama.cpp's q8_0 (8-bit weights, 32-wide blocks), and over our f32 step
+        out["fused_int8_vs_q8_0"] = f"{median[FUSED_INT8] / median['llama.cpp q8_0']:.2f}x"
+        out["fused_int8_vs_fused"] = f"{median[FUSED_INT8] / median[FUSED]:.2f}x"
     out["f32_min"], out["f32_max"] = f"{min(samples[REF]):,.0f}", f"{max(samples[REF]):,.0f}"
     for key in ("rounds", "threads", "tokens", "model", "cpu", "llama_cpp"):
         out[key] = str(report[key])

@@ -70,6 +70,15 @@ def run(ctx: TourContext) -> list[Row]:
                         f"identical to the pruned model's eager tokens: {p['identical']}; {p['pruned_tok_s']:.0f} vs "
                         f"{p['dense_tok_s']:.0f} tok/s; weights read {p['weight_ratio']:.2f}x fewer, {label}",
                         p["identical"], "speed-up", p["speedup"], "x", dev, details={"model": label, **p}))
+    if "int8_fused" in r:
+        q = r["int8_fused"]
+        rows.append(Row("13", "int8 fused step", "float32 base on FusedCPUDecoder",
+                        f"int8 weight-only base (ch09, per-channel) on FusedCPUDecoder (C++ int8 GEMV, "
+                        f"{q['int8_path']})",
+                        f"identical to the int8 model's eager tokens: {q['identical']}; {q['int8_tok_s']:.0f} vs "
+                        f"{q['f32_tok_s']:.0f} tok/s; weights read {q['weight_ratio']:.2f}x fewer; eager int8 "
+                        f"{q['eager_speedup']:.2f}x eager f32, {label}",
+                        q["identical"], "speed-up", q["speedup"], "x", dev, details={"model": label, **q}))
     if ctx.device.type == "cpu" and build_problem() is None:
         # Chapter 06's throughput comparison (same workload and batch) with every decode-sized product in C++
         # for both engines, and the engine's decode attention read through the block tables in C++.
