@@ -106,6 +106,20 @@ def weight_streaming_bound(model: GPT, repeats: int = 9, calls: int = 50,
             "GBps": nbytes / per_way[best] / 1e9, "tok_s_bound": 1 / per_way[best]}
 
 
+def _check_fused_comparison(model: GPT, params: SamplingParams, repeats: int, who: str) -> None:
+    """The arguments of a fused-step comparison (`pruned_fused`, `int8_fused`): a GPT in eval mode, greedy params
+    (the tokens are compared, and two samplers draw differently), a positive repeat count; a TypeError / ValueError
+    naming `who` and the argument otherwise."""
+    require_model(model, f"{who} (model)")
+    check_eval_mode(model, who)
+    check_int("repeats", repeats)
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be greedy SamplingParams, got {type(params).__name__} {params!r:.80}")
+    if not params.is_greedy:
+        raise ValueError(f"params must be greedy (temperature 0): {who} compares greedy tokens, got "
+                         f"temperature={params.temperature}")
+
+
 def pruned_fused(model: GPT, prompt: list[int], params: SamplingParams, fraction: float = 0.25, repeats: int = 5,
                  seed: int = 0) -> dict[str, Any]:
     """Chapter 10's structured MLP pruning on the fastest path: `fraction` of every block's MLP neurons removed
@@ -114,14 +128,7 @@ def pruned_fused(model: GPT, prompt: list[int], params: SamplingParams, fraction
     its tok/s against the dense model's fused step (interleaved, medians). `weight_ratio`: the bytes a dense step
     reads over the pruned step's, the speed-up a step that only streams weights would reach. `params` must be
     greedy (a ValueError naming it otherwise): the tokens are compared, and two samplers draw differently."""
-    require_model(model, "pruned_fused (model)")
-    check_eval_mode(model, "pruned_fused")
-    check_int("repeats", repeats)
-    if not isinstance(params, SamplingParams):
-        raise TypeError(f"params must be greedy SamplingParams, got {type(params).__name__} {params!r:.80}")
-    if not params.is_greedy:  # the check compares tokens with generate_ids': two samplers draw differently
-        raise ValueError(f"params must be greedy (temperature 0): pruned_fused compares greedy tokens, got "
-                         f"temperature={params.temperature}")
+    _check_fused_comparison(model, params, repeats, "pruned_fused")
     calibration = calibration_windows(8, model.config.block_size, seed)
     pruned = prune_mlp(model, fraction, mlp_neuron_scores(model, calibration))
     dense_step, pruned_step = FusedCPUDecoder(model), FusedCPUDecoder(pruned)
@@ -155,14 +162,7 @@ def int8_fused(model: GPT, prompt: list[int], params: SamplingParams, repeats: i
     quantized model, and its tok/s against the float32 model's fused step (interleaved, medians), beside the eager
     int8 model against the eager float32 one (where de-quantizing every call costs more than the bytes it saves).
     `weight_ratio`: the bytes a float32 step reads over the int8 step's. `params` must be greedy (ValueError)."""
-    require_model(model, "int8_fused (model)")
-    check_eval_mode(model, "int8_fused")
-    check_int("repeats", repeats)
-    if not isinstance(params, SamplingParams):
-        raise TypeError(f"params must be greedy SamplingParams, got {type(params).__name__} {params!r:.80}")
-    if not params.is_greedy:  # the check compares tokens with generate_ids': two samplers draw differently
-        raise ValueError(f"params must be greedy (temperature 0): int8_fused compares greedy tokens, got "
-                         f"temperature={params.temperature}")
+    _check_fused_comparison(model, params, repeats, "int8_fused")
     quantized = quantize_model(model, QuantConfig("int8")).eval()
     f32_step, int8_step = FusedCPUDecoder(model), FusedCPUDecoder(quantized)
     got = int8_step.generate_ids(prompt, params)
