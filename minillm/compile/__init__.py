@@ -7,6 +7,9 @@
   GEMV with fused bias, `FastLinear` and `fast_cpu_model`, which sends every few-row matrix-vector product of a
   decode step through it
 - `fused_step`: `FusedCPUDecoder`, the whole batch-1 decode step as one C++ call (a `decode_fn` too)
+- `fused_speculative`: chapter 08's speculative decoding on fused steps: the draft's fused step proposes, the
+  target's fused `verify` scores γ+1 tokens in one C++ call (`generate_speculative_fused`), or prompt lookup proposes
+  (`generate_prompt_lookup_fused`)
 - `mirror`: the two C++ loops in PyTorch, in the same order (`gemv_blocked`, `decode_step_by_hand`): the
   chapter's graded exercises
 - `cpu_paged`: the engine's decode attention in C++ through the block tables, attention backend "selective-cpp"

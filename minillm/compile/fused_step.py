@@ -47,6 +47,7 @@ LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # a block's 
 INT8_FORM = ("chapter 09's weight-only int8 QuantLinear (symmetric, one float32 scale per output channel, int8 codes, "
              "a float32 bias)")
 _NO_SCALE = torch.empty(0)  # what the C++ step takes for "this linear is float32"
+MAX_VERIFY = 16  # most tokens one `verify` call takes (the C++ step's kMaxRows: its scratch holds this many rows)
 
 
 def _plain(module: nn.Module, name: str) -> list[torch.Tensor]:
@@ -177,6 +178,30 @@ class FusedCPUDecoder:
         with cpp_errors_as_value_errors():  # the C++ range checks: token id, position, a full cache
             logits = self._cpp.step(int(token), int(positions), start)  # (1, V); K/V written at slot `start`
         cache.mark_written(1)
+        return logits
+
+    def verify(self, tokens: list[int]) -> torch.Tensor:
+        """Logits (n, V) of n = len(tokens) token ids (1 to MAX_VERIFY) fed after what the cache holds, at positions
+        length..length+n-1, in ONE C++ call: one token is `step`, several `FusedDecoder::verify` (each weight
+        matrix walked once for all n rows; row i attends to the cache and rows 0..i). Their K/V are appended and the
+        cache marked written; a caller that rejects rows rolls back with `cache.truncate`. Speculative decoding's
+        verify and its draft's steps (`fused_speculative`). Unlike `__call__`, it never re-checks the model's
+        fingerprint: call `check_model_unchanged()` once per sequence first."""
+        check_eval_mode(self.model, "a FusedCPUDecoder verify")
+        if not isinstance(tokens, list):
+            raise TypeError(f"tokens must be a list of int token ids, got {type(tokens).__name__}")
+        if not 1 <= len(tokens) <= MAX_VERIFY:
+            raise ValueError(f"tokens must hold 1 to {MAX_VERIFY} token ids, got {len(tokens)}")
+        for i, t in enumerate(tokens):  # subtle: pybind would take a float and truncate it
+            if not isinstance(t, int) or isinstance(t, bool):
+                raise TypeError(f"tokens[{i}] must be an int token id, got {type(t).__name__} {t!r}")
+        start = self.cache.length
+        with cpp_errors_as_value_errors():  # the C++ range checks: token ids, positions, room in the cache
+            if len(tokens) == 1:
+                logits = self._cpp.step(tokens[0], start, start)  # (1, V)
+            else:
+                logits = self._cpp.verify(tokens, start, start)  # (n, V)
+        self.cache.mark_written(len(tokens))
         return logits
 
     def check_model_unchanged(self) -> None:

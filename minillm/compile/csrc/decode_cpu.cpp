@@ -18,6 +18,18 @@
 // GEMV (small_gemm_q8), which streams a quarter of the bytes; everything else, the embeddings and the tied head
 // included, stays float32. Its twin is then the quantized model's own forward (QuantLinear).
 // Reference twin: GPT.hidden + GPT.logits over a ContiguousKVCache (tests compare logits and greedy tokens).
+//
+// `verify` is the same step for n tokens at once (1..kMaxRows), what speculative decoding's target needs: the γ
+// drafts and the token before them scored in ONE call (minillm/compile/fused_speculative.py). Row i is token i at
+// position pos0 + i, written to slot start + i:
+//   X (n, C) = wte[tokens] + wpe[pos0..]                             each row as above
+//   for each block: the same sequence, every product a small_gemm with M = n rows, so each weight matrix is walked
+//     once for all n rows (4 weight rows loaded, then multiplied by every row of x): a verify of n rows streams the
+//     weights once, as one step does, and adds only arithmetic. int8 linears take the same M-row int8 loop.
+//     attention: the K/V of all n rows written at slots start..start+n-1 first, then row i attends over slots
+//     0..start+i: the cache and the new rows up to itself (causal among the new rows, as the model's mask).
+//   logits (n, V)                                                   the head, M = n too
+// Rolling back rejected rows is the caller's: slots past the kept ones are simply overwritten later.
 // The same attention loop also serves the engine: `paged_decode_attention` (end of file) reads chapter 05's paged
 // pool through the block tables in place, one query per sequence; its twin is PagedKVCache._attend_decode.
 #include <algorithm>
@@ -31,6 +43,7 @@
 namespace minillm {
 namespace {
 
+constexpr int64_t kMaxRows = 16;  // tokens one `verify` call takes: γ + 1 <= 16 (its scratch holds this many rows)
 constexpr int kLayerTensors = 12;  // ln_1 w b, c_attn w b, attn c_proj w b, ln_2 w b, c_fc w b, mlp c_proj w b
 // A block's four linears, as `linear` names them, and where each one's weight sits among the block's 12 tensors
 // (its bias follows it). Each may be float32 or int8 codes with a per-row scale (`scales`: kLinears per block).
@@ -184,7 +197,8 @@ void check_codes(const at::Tensor& t, int64_t layer, const char* what, std::vect
 }
 
 // Holds the model's tensors (not copies: the same storage as the parameters) and its cache's K/V tensors, plus the
-// scratch buffers of one step, all allocated at construction; `step` allocates only the returned logits.
+// scratch buffers of one step (kMaxRows rows each, for `verify`; `step` uses the first), all allocated at
+// construction; `step` and `verify` allocate only the returned logits.
 class FusedDecoder {
   public:
     // globals: wte (V, C), wpe (P, C), ln_f weight (C), ln_f bias (C), head (V, C);
@@ -257,11 +271,11 @@ class FusedDecoder {
             check_float(k_[l], "K cache", {1, nh_, max_len_, hs_});
             check_float(v_[l], "V cache", {1, nh_, max_len_, hs_});
         }
-        x_.resize(C_);
-        h_.resize(C_);
-        qkv_.resize(3 * A_);
-        y_.resize(A_);
-        f_.resize(widest);
+        x_.resize(kMaxRows * C_);  // row i of a verify at i * C_, and likewise below
+        h_.resize(kMaxRows * C_);
+        qkv_.resize(kMaxRows * 3 * A_);
+        y_.resize(kMaxRows * A_);
+        f_.resize(kMaxRows * widest);  // a verify's rows are (n, H) for this block's H: contiguous rows of width H
         scores_.resize(max_len_);
         logits_.resize(V_);
         where_.resize(max_len_);
@@ -308,6 +322,53 @@ class FusedDecoder {
         // END INCLUDE decode_step
     }
 
+    // Speculative decoding's verify: logits (n, V) of n = len(tokens) tokens (1..kMaxRows) at positions
+    // pos0..pos0+n-1, their K/V written to slots start..start+n-1 (pos0 == start: checked, as in `step`), in ONE call.
+    // Row i attends over slots 0..start+i. Equal to n calls of `step` to float rounding (tested), but every weight
+    // matrix is walked once for all n rows (small_gemm / small_gemm_q8 with M = n), not n times.
+    at::Tensor verify(const std::vector<int64_t>& tokens, int64_t pos0, int64_t start) {
+        const int64_t n = static_cast<int64_t>(tokens.size());
+        TORCH_CHECK(n >= 1 && n <= kMaxRows, "FusedDecoder.verify: takes 1 to ", kMaxRows, " tokens, got ", n);
+        for (int64_t i = 0; i < n; ++i) {
+            TORCH_CHECK(tokens[i] >= 0 && tokens[i] < V_, "FusedDecoder: token id ", tokens[i], " (tokens[", i,
+                        "]) is outside the vocabulary [0, ", V_, ")");
+        }
+        TORCH_CHECK(pos0 >= 0 && pos0 + n <= P_, "FusedDecoder: positions ", pos0, "..", pos0 + n - 1,
+                    " are outside the context window [0, ", P_, ")");
+        TORCH_CHECK(start >= 0 && start + n <= max_len_, "FusedDecoder: slots ", start, "..", start + n - 1,
+                    " are outside the cache [0, ", max_len_, ")");
+        TORCH_CHECK(pos0 == start, "FusedDecoder: position ", pos0, " is not the cache length ", start,
+                    " (one sequence without padding: the token at slot ", start, " is at position ", start, ")");
+        float* X = x_.data();  // (n, C) residual rows
+        float* H = h_.data();  // (n, C) normed rows, then each sublayer's output rows
+        for (int64_t i = 0; i < n; ++i) {
+            const float* te = ptr(globals_[0]) + tokens[i] * C_;
+            const float* pe = ptr(globals_[1]) + (pos0 + i) * C_;
+            for (int64_t c = 0; c < C_; ++c) X[i * C_ + c] = te[c] + pe[c];
+        }
+        for (int64_t l = 0; l < n_layer_; ++l) {
+            const at::Tensor* t = &layers_[l * kLayerTensors];
+            const int64_t Hw = t[8].size(0);  // this block's MLP width
+            for (int64_t i = 0; i < n; ++i) layernorm(X + i * C_, ptr(t[0]), ptr(t[1]), H + i * C_, C_, eps_[2 * l]);
+            linear(l, kQKV, H, qkv_.data(), n);  // (n, 3A): one walk over W_attn for all n rows
+            attend_rows(l, start, n);            // (n, A) into y_
+            linear(l, kAttnProj, y_.data(), H, n);
+            for (int64_t i = 0; i < n * C_; ++i) X[i] += H[i];
+            for (int64_t i = 0; i < n; ++i) {
+                layernorm(X + i * C_, ptr(t[6]), ptr(t[7]), H + i * C_, C_, eps_[2 * l + 1]);
+            }
+            linear(l, kFc, H, f_.data(), n);  // (n, Hw)
+            gelu_tanh(f_.data(), n * Hw);
+            linear(l, kMlpProj, f_.data(), H, n);
+            for (int64_t i = 0; i < n * C_; ++i) X[i] += H[i];
+        }
+        for (int64_t i = 0; i < n; ++i) layernorm(X + i * C_, ptr(globals_[2]), ptr(globals_[3]), H + i * C_, C_,
+                                                  eps_.back());
+        auto logits = at::empty({n, V_}, globals_[0].options());
+        small_gemm(H, ptr(globals_[4]), nullptr, logits.data_ptr<float>(), n, C_, V_);  // (n, V), one walk
+        return logits;
+    }
+
     // The step's matrix-vector products alone, in the step's order, `times` over: every weight matrix streamed once
     // per pass with nothing else in the loop (on whatever the scratch buffers hold). Chapter 13's benchmark times it
     // as the weight-streaming bound of the step above, free of any per-call cost a loop from Python would add.
@@ -329,15 +390,15 @@ class FusedDecoder {
   private:
     // y = x W^T + b for linear j of block l: the float32 GEMV, or the int8 one (codes, per-row scales) where the
     // linear has a scale. Its width K and height N are its weight's (int8 codes have one byte per weight, so the
-    // shape is the float weight's).
-    void linear(int64_t l, int j, const float* x, float* y) {
+    // shape is the float weight's). x is (rows, K), y (rows, N): one walk over the weight for all rows.
+    void linear(int64_t l, int j, const float* x, float* y, int64_t rows = 1) {
         const at::Tensor& w = layers_[l * kLayerTensors + kLinearWeight[j]];
         const float* b = ptr(layers_[l * kLayerTensors + kLinearWeight[j] + 1]);
         const at::Tensor& scale = scales_[l * kLinears + j];
         if (scale.defined()) {
-            small_gemm_q8(x, w.data_ptr<int8_t>(), ptr(scale), b, y, 1, w.size(1), w.size(0));
+            small_gemm_q8(x, w.data_ptr<int8_t>(), ptr(scale), b, y, rows, w.size(1), w.size(0));
         } else {
-            small_gemm(x, ptr(w), b, y, 1, w.size(1), w.size(0));
+            small_gemm(x, ptr(w), b, y, rows, w.size(1), w.size(0));
         }
     }
 
@@ -357,6 +418,27 @@ class FusedDecoder {
         for (int64_t head = 0; head < nh_; ++head) {
             attend_heads(qkv_.data() + head * hs_, kc + head * head_stride, vc + head * head_stride, where_.data(),
                          start + 1, 1, hs_, 0, scores_.data(), y_.data() + head * hs_);
+        }
+    }
+
+    // `attend` for the n rows of a verify: store all n rows' k, v at slots start..start+n-1, then row i's heads
+    // attend over slots 0..start+i (itself included, its later rows not: the causal mask) into row i of y_.
+    void attend_rows(int64_t layer, int64_t start, int64_t n) {
+        float* kc = k_[layer].data_ptr<float>();
+        float* vc = v_[layer].data_ptr<float>();
+        const int64_t head_stride = max_len_ * hs_;
+        for (int64_t i = 0; i < n; ++i) {
+            const float* qkv = qkv_.data() + i * 3 * A_;  // row i: q (A), k (A), v (A)
+            for (int64_t head = 0; head < nh_; ++head) {
+                std::copy_n(qkv + A_ + head * hs_, hs_, kc + head * head_stride + (start + i) * hs_);
+                std::copy_n(qkv + 2 * A_ + head * hs_, hs_, vc + head * head_stride + (start + i) * hs_);
+            }
+        }
+        for (int64_t head = 0; head < nh_; ++head) {  // one head at a time, as `attend` (its slots stay in cache)
+            for (int64_t i = 0; i < n; ++i) {
+                attend_heads(qkv_.data() + i * 3 * A_ + head * hs_, kc + head * head_stride, vc + head * head_stride,
+                             where_.data(), start + i + 1, 1, hs_, 0, scores_.data(), y_.data() + i * A_ + head * hs_);
+            }
         }
     }
 
@@ -435,6 +517,9 @@ void register_decoder(pybind11::module& m) {
              pybind11::arg("scales") = std::vector<at::Tensor>())  // empty: every linear float32
         .def("step", &FusedDecoder::step, "logits (1, V) of one token at one position, its K/V written at a slot",
              pybind11::call_guard<pybind11::gil_scoped_release>())
+        .def("verify", &FusedDecoder::verify, "logits (n, V) of n tokens at positions pos0.., their K/V written at "
+             "slots start.., in one call (speculative decoding's verify)", pybind11::arg("tokens"), pybind11::arg("pos0"),
+             pybind11::arg("start"), pybind11::call_guard<pybind11::gil_scoped_release>())
         .def("products", &FusedDecoder::products, "the step's matrix-vector products alone, `times` over",
              pybind11::call_guard<pybind11::gil_scoped_release>())
         .def_property_readonly("max_len", &FusedDecoder::max_len);
