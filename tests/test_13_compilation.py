@@ -170,7 +170,8 @@ def test_weight_streaming_bound_counts_every_matrix_once():
 
 @pytest.mark.skipif(not DYNAMO, reason="torch.compile (dynamo) is not supported on this Python/PyTorch")
 def test_benchmark_rows_on_a_small_model():
-    report = run_all(model(), real_text=True, quick=True, backend="aot_eager", with_hf=False)
+    draft = context_model(GPTConfig(**{**SMALL.to_dict(), "n_layer": 1}), seed=1)  # smaller, the same vocabulary
+    report = run_all(model(), real_text=True, quick=True, backend="aot_eager", with_hf=False, draft=draft)
     modes = [r["mode"] for r in report["rows"]]
     assert modes[-2:] == ["eager", "compile"] and modes[:-2] in ([], ["C++ GEMV (fast_cpu_model)", FUSED])
     assert all(r["identical"] for r in report["rows"]) and report["rows"][-1]["compiles"] == 1
@@ -187,6 +188,8 @@ def test_benchmark_rows_on_a_small_model():
         linears = total - 4 * SMALL.vocab_size * SMALL.n_embd  # the block linears' float32 bytes (the head stays)
         assert q["identical"] and q["int8_path"] in ("AVX-512", "AVX2 + FMA", "scalar")
         assert q["int8_MB"] * 1e6 < total - linears + linears / 2 and q["weight_ratio"] > 1
+        s = report["fused_speculation"]  # speculation on it: the target's own tokens, however often the draft is right
+        assert s["identical"] and s["lookup"]["identical"] and 0 <= s["alpha"] <= 1 and s["tokens_per_call"] >= 1
 
 
 @pytest.mark.skipif(not DYNAMO or shutil.which("g++") is None and shutil.which("c++") is None,
@@ -487,6 +490,12 @@ def test_bench_quotes_every_figure_the_text_names():
               "int8_fused": {"identical": True, "f32_tok_s": 1050.0, "int8_tok_s": 1942.5, "speedup": 1.85,
                              "eager_f32_tok_s": 581.0, "eager_int8_tok_s": 433.0, "eager_speedup": 0.745,
                              "int8_path": "AVX-512", "f32_MB": 23.12, "int8_MB": 9.02, "weight_ratio": 2.563},
+              "fused_speculation": {"gamma": 2, "prompts": 4, "new_tokens": 128, "identical": True,
+                                    "alone_tok_s": 1030.0, "speculative_tok_s": 1402.0, "speedup": 1.361,
+                                    "alpha": 0.842, "tokens_per_call": 2.49,
+                                    "lookup": {"gamma": 4, "prompt_len": 200, "identical": True, "alone_tok_s": 743.0,
+                                               "lookup_tok_s": 855.0, "speedup": 1.151, "kept": 97, "proposed": 160,
+                                               "tokens_per_call": 1.74}},
               "model": "base", "cpu": "a CPU", "command": "python -m minillm.compile.bench"}
     q = bench_quotes(report)
     assert q["paths"].splitlines()[2] == "| C++ GEMV (fast_cpu_model), growing cache | 400 | 1.33x (300) | 40% | 40% " \
@@ -499,6 +508,8 @@ def test_bench_quotes_every_figure_the_text_names():
                                                                                                 "2.70x", "1.14x")
     assert (q["int8_tok_s"], q["int8_speedup"], q["int8_weight_ratio"], q["int8_eager_speedup"]) == (
         "1,942", "1.85x", "2.56x", "0.74x")
+    assert (q["spec_speedup"], q["spec_alpha"], q["lookup_speedup"], q["lookup_kept"]) == ("1.36x", "0.84", "1.15x",
+                                                                                            "97/160")
     named = names_the_text_quotes("chapters/results/13-compile.json")
     assert named <= set(q), sorted(named - set(q))
 

@@ -18,7 +18,10 @@ What it reports:
   - on the CPU, chapter 10's structured MLP pruning on the fused step (`pruned_fused`): a quarter of every block's
     MLP neurons removed, decoded by `FusedCPUDecoder`, against the dense model's fused step;
   - on the CPU, chapter 09's int8 weight-only model on the fused step (`int8_fused`): the C++ int8 GEMV against the
-    float32 fused step, beside the eager int8 model against the eager float32 one.
+    float32 fused step, beside the eager int8 model against the eager float32 one;
+  - on the CPU, chapter 08's speculative decoding on the fused step (`fused_speculation`): the shipped
+    `draft-distilled` proposing on its fused step, `base` verifying gamma+1 tokens in one C++ call, and prompt
+    lookup on it, each against the fused step alone.
 Timings interleave the eager generator, each path and the bound's products (`minillm.core.timing.interleave`),
 medians of repeats.
 The command: `python -m minillm.compile.bench [--device cuda] [--threads N] [--quick] [--json FILE]`; `quotes(report)`
@@ -42,6 +45,7 @@ from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
 from minillm.compile.cpu_gemv import build_problem, fast_cpu_model, load_cpu_ext
 from minillm.compile.decode import StaticDecoder, check_backend, check_eval_mode, cli_type
+from minillm.compile.fused_speculative import generate_prompt_lookup_fused, generate_speculative_fused
 from minillm.compile.fused_step import FusedCPUDecoder
 from minillm.compile.mirror import check_plain_model
 from minillm.core.config import check_int
@@ -180,11 +184,62 @@ def int8_fused(model: GPT, prompt: list[int], params: SamplingParams, repeats: i
             "weight_ratio": step_bytes(model) / step_bytes(quantized)}
 
 
+def fused_speculation(model: GPT, draft: GPT, prompts: list[list[int]], lookup_prompt: list[int], new_tokens: int,
+                      gamma: int = 2, lookup_gamma: int = 4, repeats: int = 5) -> dict[str, Any]:
+    """Chapter 08's speculative decoding on the fastest path (`fused_speculative`): `draft`'s fused step proposes
+    `gamma` tokens, `model`'s fused verify checks gamma+1 in one C++ call, greedy, over `prompts`; and prompt lookup
+    (`lookup_gamma` tokens copied from the context) on `lookup_prompt`, text that repeats itself. Each against the
+    target's fused step alone on the same prompts (interleaved, medians), tokens checked identical; with the
+    acceptance rate α and tokens per target call of each."""
+    for name, m in (("model", model), ("draft", draft)):
+        require_model(m, f"fused_speculation ({name})")
+        check_eval_mode(m, f"fused_speculation ({name})")
+    check_int("new_tokens", new_tokens)
+    check_int("repeats", repeats)
+    params = SamplingParams.greedy(new_tokens, ignore_eos=True)
+    target_step, draft_step = FusedCPUDecoder(model), FusedCPUDecoder(draft)
+
+    def alone(ps: list[list[int]]) -> list[list[int]]:
+        return [target_step.generate_ids(p, params) for p in ps]
+
+    def speculative() -> list[tuple[list[int], Any]]:
+        return [generate_speculative_fused(target_step, draft_step, p, params, gamma) for p in prompts]
+
+    def lookup() -> tuple[list[int], Any]:
+        return generate_prompt_lookup_fused(target_step, lookup_prompt, params, lookup_gamma)
+
+    want, spec, looked = alone(prompts), speculative(), lookup()
+    base, fast = interleave([lambda: alone(prompts), speculative], warmup=1, repeats=repeats, device=model.device)
+    base_l, fast_l = interleave([lambda: alone([lookup_prompt]), lookup], warmup=1, repeats=repeats,
+                                device=model.device)
+    accepted, proposed = sum(s.accepted for _, s in spec), sum(s.proposed for _, s in spec)
+    calls = sum(s.target_calls for _, s in spec)
+    tokens = len(prompts) * new_tokens
+    return {"gamma": gamma, "prompts": len(prompts), "new_tokens": new_tokens,
+            "identical": [ids for ids, _ in spec] == want, "alone_tok_s": tokens / base.median,
+            "speculative_tok_s": tokens / fast.median, "speedup": base.median / fast.median,
+            "alpha": accepted / max(proposed, 1), "tokens_per_call": sum(len(ids) for ids, _ in spec) / max(calls, 1),
+            "lookup": {"gamma": lookup_gamma, "prompt_len": len(lookup_prompt),
+                       "identical": looked[0] == alone([lookup_prompt])[0],
+                       "alone_tok_s": new_tokens / base_l.median, "lookup_tok_s": new_tokens / fast_l.median,
+                       "speedup": base_l.median / fast_l.median,
+                       "kept": looked[1].accepted, "proposed": looked[1].proposed,
+                       "tokens_per_call": looked[1].tokens_per_target_call}}
+
+
 def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, backend: str = "inductor",
-            with_hf: bool = True) -> dict[str, Any]:
+            with_hf: bool = True, draft: GPT | None = None) -> dict[str, Any]:
     """Every measurement of the module docstring on `model` (the shipped `base`, or any GPT): `real_text` picks
-    validation text over random ids for the prompt. Every argument is checked before the first measurement."""
+    validation text over random ids for the prompt; `draft` (the shipped `draft-distilled`, or any GPT of the
+    model's vocabulary) adds speculative decoding on the fused step. Every argument is checked before the first
+    measurement."""
     require_model(model, "run_all (model)")
+    if draft is not None:
+        require_model(draft, "run_all (draft)")
+        check_eval_mode(draft, "run_all (draft)")
+        if draft.config.vocab_size != model.config.vocab_size:
+            raise ValueError(f"draft's vocab_size={draft.config.vocab_size} differs from the model's "
+                             f"{model.config.vocab_size}")
     check_eval_mode(model, "run_all")  # every path's tokens are compared with the eager generator's
     for name, flag in (("real_text", real_text), ("quick", quick), ("with_hf", with_hf)):
         if not isinstance(flag, bool):
@@ -245,6 +300,13 @@ def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, bac
     if cpp:
         report["pruned_fused"] = pruned_fused(model, prompt, params, repeats=repeats, seed=seed)
         report["int8_fused"] = int8_fused(model, prompt, params, repeats=repeats)
+        window = min(model.config.block_size, draft.config.block_size) if draft is not None else 0
+        if draft is not None and window >= 16 + new + 8:
+            # prompts from the validation text; the lookup prompt a longer stretch (up to 200 tokens) that repeats
+            spec_prompts = eval_prompts([16] * (2 if quick else 4), model.config.vocab_size, real_text, seed + 1)
+            lookup_prompt = eval_prompts([min(200, window - new)], model.config.vocab_size, real_text, seed + 2)[0]
+            report["fused_speculation"] = fused_speculation(model, draft, spec_prompts, lookup_prompt, new,
+                                                            repeats=repeats)
     return report
 
 
@@ -280,10 +342,20 @@ def format_table(report: dict[str, Any]) -> str:
                      f"fewer), identical to the pruned model's eager tokens {p['identical']}")
     if "int8_fused" in report:
         q = report["int8_fused"]
-        lines.append(f"int8 weights on the fused step ({q['int8_path']}): {q['int8_tok_s']:.0f} vs {q['f32_tok_s']:.0f} "
+        lines.append(f"int8 weights on the fused step ({q['int8_path']}): {q['int8_tok_s']:.0f} vs "
+                     f"{q['f32_tok_s']:.0f} "
                      f"tok/s float32, {q['speedup']:.2f}x (weights read {q['weight_ratio']:.2f}x fewer; eager int8 "
                      f"{q['eager_speedup']:.2f}x eager float32), identical to the int8 model's eager tokens "
                      f"{q['identical']}")
+    if "fused_speculation" in report:
+        s, lk = report["fused_speculation"], report["fused_speculation"]["lookup"]
+        lines.append(f"speculative on the fused step (distilled draft, gamma {s['gamma']}, {s['prompts']} prompts): "
+                     f"{s['speculative_tok_s']:.0f} vs {s['alone_tok_s']:.0f} tok/s alone, {s['speedup']:.2f}x, "
+                     f"alpha {s['alpha']:.2f}, {s['tokens_per_call']:.2f} tokens per target call, identical "
+                     f"{s['identical']}")
+        lines.append(f"prompt lookup on the fused step (gamma {lk['gamma']}, a {lk['prompt_len']}-token prompt): "
+                     f"{lk['lookup_tok_s']:.0f} vs {lk['alone_tok_s']:.0f} tok/s alone, {lk['speedup']:.2f}x, "
+                     f"{lk['kept']}/{lk['proposed']} drafts kept, identical {lk['identical']}")
     return "\n".join(lines)
 
 
@@ -301,7 +373,10 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
     the compiled step's first call (`compile_first_call`, "2.9 s"); Hugging Face against each of ours
     (`hf_eager`, `hf_fast`, `hf_fused`, "1.22x"); the pruned fused step (`pruned_tok_s`, `pruned_dense_tok_s`,
     `pruned_speedup`, `pruned_weight_ratio`); the int8 fused step (`int8_tok_s`, `int8_f32_tok_s`, `int8_speedup`,
-    `int8_weight_ratio`, `int8_MB`, `int8_f32_MB`, `int8_eager_speedup`, `int8_path`); the run's settings
+    `int8_weight_ratio`, `int8_MB`, `int8_f32_MB`, `int8_eager_speedup`, `int8_path`); speculation on the fused
+    step (`spec_tok_s`, `spec_alone_tok_s`, `spec_speedup`, `spec_alpha`, `spec_gamma`, `spec_tokens_per_call`,
+    `spec_prompts`) and prompt lookup on it (`lookup_speedup`, `lookup_gamma`, `lookup_kept`,
+    `lookup_tokens_per_call`, `lookup_prompt_len`); the run's settings
     (`new_tokens`, `prompt_len`, `threads`, `model`,
     `cpu`, `command`)."""
     b = report["bound"]
@@ -332,6 +407,15 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
                    int8_speedup=f"{q['speedup']:.2f}x", int8_weight_ratio=f"{q['weight_ratio']:.2f}x",
                    int8_MB=f"{q['int8_MB']:.1f} MB", int8_f32_MB=f"{q['f32_MB']:.1f} MB",
                    int8_eager_speedup=f"{q['eager_speedup']:.2f}x", int8_path=str(q["int8_path"]))
+    if "fused_speculation" in report:
+        s, lk = report["fused_speculation"], report["fused_speculation"]["lookup"]
+        out.update(spec_tok_s=f"{s['speculative_tok_s']:,.0f}", spec_alone_tok_s=f"{s['alone_tok_s']:,.0f}",
+                   spec_speedup=f"{s['speedup']:.2f}x", spec_alpha=f"{s['alpha']:.2f}", spec_gamma=str(s["gamma"]),
+                   spec_tokens_per_call=f"{s['tokens_per_call']:.2f}", spec_prompts=str(s["prompts"]),
+                   lookup_speedup=f"{lk['speedup']:.2f}x", lookup_gamma=str(lk["gamma"]),
+                   lookup_kept=f"{lk['kept']}/{lk['proposed']}",
+                   lookup_tokens_per_call=f"{lk['tokens_per_call']:.2f}",
+                   lookup_prompt_len=str(lk["prompt_len"]))
     for key in ("new_tokens", "prompt_len", "threads", "model", "cpu", "command"):
         if key in report:
             out[key] = str(report[key])
@@ -348,13 +432,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = start(build_parser(), argv)
     loaded = load_model("base", args.device, args.seed)
-    report = run_all(loaded.model, loaded.trained, quick=args.quick, seed=args.seed, backend=args.backend)
+    draft = load_model("draft-distilled", args.device, args.seed).model
+    report = run_all(loaded.model, loaded.trained, quick=args.quick, seed=args.seed, backend=args.backend,
+                     draft=draft)
     report["model"] = loaded.label
     print(f"model: {loaded.label}")
     print(format_table(report))
     write_report(args.json, report)
+    spec = report.get("fused_speculation", {})
     ok = all(r["identical"] for r in report["rows"]) and all(report.get(k, {}).get("identical", True)
-                                                              for k in ("pruned_fused", "int8_fused"))
+                                                              for k in ("pruned_fused", "int8_fused")) \
+        and spec.get("identical", True) and spec.get("lookup", {}).get("identical", True)
     return 0 if ok else 1
 
 

@@ -28,7 +28,8 @@ TITLE = "compilation and graphs"
 def run(ctx: TourContext) -> list[Row]:
     loaded = load_model("base", ctx.device, ctx.seed)
     model, label, dev = loaded.model, loaded.label, str(ctx.device)
-    r = run_all(model, loaded.trained, quick=True, seed=ctx.seed)
+    draft = load_model("draft-distilled", ctx.device, ctx.seed).model
+    r = run_all(model, loaded.trained, quick=True, seed=ctx.seed, draft=draft)
     by_mode = {row["mode"]: row for row in r["rows"]}
     rows = []
     c = by_mode["compile"]
@@ -79,6 +80,21 @@ def run(ctx: TourContext) -> list[Row]:
                         f"{q['f32_tok_s']:.0f} tok/s; weights read {q['weight_ratio']:.2f}x fewer; eager int8 "
                         f"{q['eager_speedup']:.2f}x eager f32, {label}",
                         q["identical"], "speed-up", q["speedup"], "x", dev, details={"model": label, **q}))
+    if "fused_speculation" in r:
+        s, lk = r["fused_speculation"], r["fused_speculation"]["lookup"]
+        rows.append(Row("13", "speculative on the fused step, distilled draft", "base alone on FusedCPUDecoder",
+                        f"draft-distilled proposes {s['gamma']} on its fused step, base verifies {s['gamma'] + 1} in "
+                        "one C++ call",
+                        f"identical tokens: {s['identical']}; {s['speculative_tok_s']:.0f} vs {s['alone_tok_s']:.0f} "
+                        f"tok/s; alpha {s['alpha']:.2f}, {s['tokens_per_call']:.2f} tokens per target call; "
+                        f"{s['prompts']} prompts, {label}",
+                        s["identical"], "speed-up", s["speedup"], "x", dev, details={"model": label, **s}))
+        rows.append(Row("13", "prompt lookup on the fused step", "base alone on FusedCPUDecoder",
+                        f"{lk['gamma']} tokens copied from the context, verified in one C++ call",
+                        f"identical tokens: {lk['identical']}; {lk['lookup_tok_s']:.0f} vs {lk['alone_tok_s']:.0f} "
+                        f"tok/s; {lk['kept']}/{lk['proposed']} drafts kept on a {lk['prompt_len']}-token prompt, "
+                        f"{label}",
+                        lk["identical"], "speed-up", lk["speedup"], "x", dev, details={"model": label, **lk}))
     if ctx.device.type == "cpu" and build_problem() is None:
         # Chapter 06's throughput comparison (same workload and batch) with every decode-sized product in C++
         # for both engines, and the engine's decode attention read through the block tables in C++.
