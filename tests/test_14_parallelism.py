@@ -7,9 +7,12 @@ thread each; world size 4 oversubscribes this machine's two cores, which only co
 from __future__ import annotations
 
 import functools
+import json
 import os
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +23,7 @@ from minillm.core.sampling import SamplingParams
 from minillm.engine import LLM, EngineConfig
 from minillm.engine.process import WorkerDiedError
 from minillm.parallel import Comm, collectives_per_forward, run_ranks, shard_model
+from minillm.parallel.bench import quotes
 from minillm.parallel.checks import parallel_suite
 from minillm.parallel.executor import TensorParallelExecutor
 from minillm.parallel.tensor import all_reduce_bytes, ring_traffic_per_rank
@@ -351,6 +355,21 @@ def test_an_idle_tensor_parallel_engine_outlives_the_group_timeout(model):
         first = tp.generate([[1, 2, 3]], params)[0].output_token_ids
         time.sleep(5.0)  # longer than the group's 3 s timeout
         assert tp.generate([[1, 2, 3]], params)[0].output_token_ids == first
+
+
+def test_the_committed_results_give_every_number_chapter_14_quotes():
+    """Each table and value the chapter text takes from chapters/results/14-parallel.json is one of `quotes`, and
+    the command that wrote it is the one the text shows."""
+    root = Path(__file__).resolve().parent.parent
+    results = "chapters/results/14-parallel.json"
+    text = (root / "chapters/14-parallelism.md").read_text(encoding="utf-8")
+    names = set(re.findall(re.escape(results) + r"::([\w.]+) -->", text))
+    assert {"decode", "pipeline", "links", "bubble_p2", "bubble_p4"} <= names
+    report = json.loads((root / results).read_text(encoding="utf-8"))
+    assert report["bench"] == "minillm.parallel.bench" and report["command"] in text
+    pieces = quotes(report)
+    assert names <= set(pieces)
+    assert pieces["decode"].count("\n") == 2 + len(report["rows"]) and pieces["links"].count("\n") == 6
 
 
 # ----- graded exercises: single-process, so `minillm grade 14` needs no ranks ------------------------------------

@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -26,6 +28,7 @@ from minillm.bench.models import load_model
 from minillm.core.sampling import SamplingParams
 from minillm.engine import LLM, EngineConfig
 from minillm.serve.app import Server, ServerThread, ServeOptions
+from minillm.serve import bench, peer
 from minillm.serve.async_engine import wait_until
 from minillm.serve.cli import ServerProcess, build_engine
 from minillm.serve.loadgen import SLO, goodput, percentile
@@ -595,6 +598,35 @@ def test_parse_rejects_with_request_error_naming_the_param():
                                                                                 {"type": "text", "text": "b"}]}]}, "m")
     assert parsed.prompts == ["### User:\nab\n\n### Assistant:\n"] and not parsed.max_tokens_given
     assert parse_completion({"model": "m", "prompt": [[1, 2], [3]]}, "m", 100).prompts == [[1, 2], [3]]
+
+
+# ----- the measured results the chapter quotes ---------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("results, module, tables", [
+    ("chapters/results/15-serving.json", bench, {"throughput", "load"}),
+    ("chapters/results/15-peer.json", peer, {"runs"}),
+])
+def test_the_committed_results_give_every_number_chapter_15_quotes(results, module, tables):
+    """Each table and value the chapter text takes from a results file is one of its module's `quotes`, and the
+    command that wrote the file is the one the text shows."""
+    text = (ROOT / "chapters/15-serving.md").read_text(encoding="utf-8")
+    names = set(re.findall(re.escape(results) + r"::([\w.]+) -->", text))
+    assert tables <= names
+    report = json.loads((ROOT / results).read_text(encoding="utf-8"))
+    assert report["bench"] == module.__name__ and report["command"] in text
+    assert names <= set(module.quotes(report))
+
+
+def test_the_peer_names_its_load_levels_and_servers_and_can_turn_llama_s_repacking_off(tmp_path):
+    assert [peer._load_key(x) for x in ("c=1", "c=16", "8 req/s", "0.5 req/s")] == ["c1", "c16", "r8", "r0.5"]
+    assert [peer._server_key(x) for x in (peer.OURS, "llama.cpp f32", "llama.cpp q8_0")] == ["ours", "f32", "q8_0"]
+    cmd = peer.llama_server_command(tmp_path / "llama-server", tmp_path / "m.gguf", 8080, 1, 4, 0)
+    assert "--no-repack" not in cmd and "127.0.0.1" in cmd
+    assert peer.llama_server_command(tmp_path / "llama-server", tmp_path / "m.gguf", 8080, 1, 4, 0,
+                                     repack=False)[-1] == "--no-repack"
 
 
 # ----- graded exercises -------------------------------------------------------------------------------------------

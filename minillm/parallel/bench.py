@@ -6,7 +6,10 @@ same token). Reported per t: ms per decoded token (the generation's time less it
 decode steps; median of repeats after a warm-up), tokens/s, ms per prompt of `prompt_len` tokens, the share of the
 generation's time inside collectives (`Comm.seconds`), collectives and bytes per token, and whether the tokens
 equal the model's in this process. The same table computes, from the chapter's formulas, what the
-collectives of one decoded token would cost on NVLink and on PCIe for this model and for GPT-2 124M.
+collectives of one decoded token would cost on NVLink and on PCIe for this model and for GPT-2 124M. With
+`--bubble-figure` it also runs GPipe's bubble experiment on 2 and 4 stages, draws the timelines and records the
+measured idle share beside the formula's. `quotes(report)` turns a saved report into the tables and numbers chapter
+14's text shows (`minillm.course.results`).
 
 This is no interconnect benchmark: the ranks share one machine's cores and memory, and gloo moves each message
 through loopback TCP. On a machine with fewer cores than ranks, ranks take turns, and more ranks cost time.
@@ -43,6 +46,9 @@ SIZES = {
     "tour": dict(new_tokens=32, prompt_len=64, repeats=3),  # the tour's rows
     "full": dict(new_tokens=48, prompt_len=128, repeats=5),  # python -m minillm.parallel.bench
 }
+# The bubble experiment of --bubble-figure: m micro-batches, each step a sleep of known length instead of compute.
+BUBBLE_M = 4
+BUBBLE_WORK_S = 0.05
 
 # Links, per direction, for the cost estimate (bytes/s). NVLink 4 on H100 SXM: 900 GB/s bidirectional (NVIDIA's
 # H100 datasheet); PCIe 4.0 x16: 16 GT/s x 16 lanes with 128b/130b coding, about 31.5 GB/s (PCI-SIG).
@@ -211,35 +217,112 @@ def run_all(model, size: str = "full", seed: int = 0, world_sizes: tuple[int, ..
             "published": "gpt-fast, Llama-2-7B on A100s: 104.9 / 168.8 / 254.0 / 328.4 tok/s at TP 1 / 2 / 4 / 8"}
 
 
-def format_table(report: dict[str, Any]) -> str:
-    lines = ["| ranks | ms/token | tok/s | speed-up | prefill ms | in collectives | all-reduces/token | "
-             "same tokens |", "|---|---|---|---|---|---|---|---|"]
+def decode_table(report: dict[str, Any]) -> str:
+    """The decode rows as a Markdown table: per world size, ms per decoded token, tokens/s, the speed-up over the
+    first world size, the prompt's prefill, the share of time in collectives, all-reduces per token (and the
+    formula's), and whether every rank's tokens equal the model's in one process."""
+    prompt_len = report["sizes"]["prompt_len"]
+    lines = [f"| ranks | ms/token | tok/s | speed-up | prefill ms ({prompt_len} tokens) | time in collectives | "
+             "all-reduces/token | same tokens |", "|---|---|---|---|---|---|---|---|"]
     base = report["rows"][0]["decode_ms"]
     for r in report["rows"]:
         lines.append(f"| {r['world_size']} | {r['decode_ms']:.2f} | {r['tok_s']:.0f} | {base / r['decode_ms']:.2f}x | "
                      f"{r['prefill_ms']:.1f} | {100 * r['comm_share']:.0f}% | "
                      f"{r['collectives_per_token'].get('all_reduce', 0)} (formula {r['formula']['all_reduce']}) | "
-                     f"{r['same_tokens']} |")
-    lines += ["", "pipeline parallelism, greedy decode (every sequence its own batch of 1):",
-              "| stages | sequences in flight | tokens/s (all) | ms per token of one sequence |", "|---|---|---|---|"]
+                     f"{'yes' if r['same_tokens'] else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+def pipeline_table(report: dict[str, Any]) -> str:
+    """The pipelined decode rows (`pipeline_rows`) as a Markdown table."""
+    lines = ["| stages | sequences in flight | tokens/s (all) | ms per token of one sequence |", "|---|---|---|---|"]
     for r in report.get("pipeline", []):
         lines.append(f"| {r['stages']} | {r['in_flight']} | {r['tok_s']:.0f} | {r['ms_per_token']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def links_table(report: dict[str, Any]) -> str:
+    """The link-time estimates of the report (`link_estimate`, microseconds per decoded token) as a Markdown table,
+    one row per model and link, one column per world size. (Read back from JSON, the world sizes are strings.)"""
+    by_t = next(iter(report["links"].values()))
+    lines = ["| model | link | " + " | ".join(f"t = {t}" for t in by_t) + " |", "|---|---|" + "---|" * len(by_t)]
+    this = f"`{report['model_label']}`" if "model_label" in report else "this model"
+    for label, links in ((this, report["links"]), ("GPT-2 124M", report["links_gpt2_124m"])):
+        for name, us in links.items():
+            lines.append(f"| {label} | {name} | " + " | ".join(f"{v:.3f} µs" for v in us.values()) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _latency_us(report: dict[str, Any]) -> list[tuple[int, float]]:
+    """(message bytes, microseconds) of each all-reduce size timed, smallest first (JSON keys are strings)."""
+    return sorted((4 * int(n), s * 1e6) for n, s in report["latency"]["seconds"].items())
+
+
+def format_table(report: dict[str, Any]) -> str:
+    lines = [decode_table(report), "pipeline parallelism, greedy decode (every sequence its own batch of 1):",
+             pipeline_table(report)]
     if report.get("latency"):
         lat = report["latency"]
-        lines += ["", f"one gloo all-reduce on loopback, {lat['world_size']} ranks (median of 20): " + ", ".join(
-            f"{n * 4 / 1e3:.1f} KB: {s * 1e6:.0f} us" for n, s in lat["seconds"].items()),
+        lines += [f"one gloo all-reduce on loopback, {lat['world_size']} ranks (median of 20): " + ", ".join(
+            f"{n / 1e3:.1f} KB: {us:.0f} us" for n, us in _latency_us(report)),
                   f"a plain TCP round trip of the decode-sized message between two processes: "
-                  f"{lat['tcp_round_trip_s'] * 1e6:.0f} us"]
-    lines.append("")
-    lines.append("link time per decoded token, bandwidth term only, fp16 messages (us):")
-    for label, links in (("this model", report["links"]), ("GPT-2 124M", report["links_gpt2_124m"])):
-        for name, by_t in links.items():
-            lines.append(f"  {label:10s} {name:16s} " + "  ".join(f"t={t}: {us:.3f}" for t, us in by_t.items()))
-    lines.append(f"published: {report['published']}")
+                  f"{lat['tcp_round_trip_s'] * 1e6:.0f} us", ""]
+    if report.get("bubble"):
+        b = report["bubble"]
+        lines += [f"GPipe bubble, {b['micro_batches']} micro-batches of {b['work_s'] * 1e3:.0f} ms each: " + ", ".join(
+            f"p={p}: {100 * f:.1f}% idle (formula {100 * b['formula'][p]:.1f}%)" for p, f in b["measured"].items()),
+                  ""]
+    lines += ["link time per decoded token, bandwidth term only, fp16 messages:", links_table(report),
+              f"published: {report['published']}"]
     return "\n".join(lines)
 
 
-def bubble_figure(path: str, stages: tuple[int, ...] = (2, 4), m: int = 4, work_s: float = 0.05) -> dict[int, float]:
+def _times(x: float) -> str:
+    return f"{x:.2f}x"
+
+
+def quotes(report: dict[str, Any]) -> dict[str, str]:
+    """What chapter 14's text quotes from a full run's report (`minillm.course.results`): the tables "decode",
+    "pipeline" and "links", and single values: the machine ("cpu", "date"); per world size t of the decode rows
+    "speedup_t" (the first world size's ms/token over t's), "slowdown_t" (its inverse), "comm_share_t",
+    "decode_ms_t" and "collective_us_t" (the time in collectives per decoded token over the collectives of one
+    token: roughly what each cost inside the generation); one all-reduce's time at the smallest (decode) and
+    largest (prefill) message ("allreduce_decode", "allreduce_prefill", with their sizes "..._kb") and the TCP
+    round trip of the decode message ("tcp_round_trip"); the pipelined decode's rows as "pp_tok_s_S_F" and
+    "pp_ms_S_F" (S stages, F sequences in flight) and the throughput gain of F = S over F = 1 on S stages
+    ("pp_gain"); and with the bubble experiment, "bubble_p" and "bubble_formula_p" per number of stages p."""
+    out = {"decode": decode_table(report), "pipeline": pipeline_table(report), "links": links_table(report),
+           "cpu": report["cpu"], "date": report["date"]}
+    base = report["rows"][0]["decode_ms"]
+    for r in report["rows"]:
+        t = r["world_size"]
+        out[f"speedup_{t}"] = _times(base / r["decode_ms"])
+        out[f"slowdown_{t}"] = f"{r['decode_ms'] / base:.1f}"
+        out[f"comm_share_{t}"] = f"{100 * r['comm_share']:.0f}%"
+        out[f"decode_ms_{t}"] = f"{r['decode_ms']:.2f}"
+        calls = sum(r["collectives_per_token"].values())
+        if calls:  # the time in collectives per decoded token, spread over its collectives
+            out[f"collective_us_{t}"] = f"{r['comm_share'] * r['decode_ms'] * 1e3 / calls:.0f} µs"
+    if report.get("latency"):
+        (small, small_us), *_, (large, large_us) = _latency_us(report)
+        out |= {"allreduce_decode": f"{small_us:.0f} µs", "allreduce_decode_kb": f"{small / 1e3:.1f} KB",
+                "allreduce_prefill": f"{large_us:.0f} µs", "allreduce_prefill_kb": f"{large / 1e3:.0f} KB",
+                "tcp_round_trip": f"{report['latency']['tcp_round_trip_s'] * 1e6:.0f} µs"}
+    rows = {(r["stages"], r["in_flight"]): r for r in report.get("pipeline", [])}
+    for (s, f), r in rows.items():
+        out[f"pp_tok_s_{s}_{f}"] = f"{r['tok_s']:.0f}"
+        out[f"pp_ms_{s}_{f}"] = f"{r['ms_per_token']:.1f}"
+    if rows:
+        stages = max(s for s, _ in rows)
+        out["pp_gain"] = _times(rows[stages, stages]["tok_s"] / rows[stages, 1]["tok_s"])
+    for p, f in (report.get("bubble") or {}).get("measured", {}).items():
+        out[f"bubble_p{p}"] = f"{100 * f:.1f}%"
+        out[f"bubble_formula_p{p}"] = f"{100 * report['bubble']['formula'][p]:.1f}%"
+    return out
+
+
+def bubble_figure(path: str, stages: tuple[int, ...] = (2, 4), m: int = BUBBLE_M,
+                  work_s: float = BUBBLE_WORK_S) -> dict[int, float]:
     """Run the bubble experiment (every step `work_s` of known work, m micro-batches) for each number of stages,
     draw the timelines one above the other into `path` (PNG, written atomically); the measured bubble per p."""
     import matplotlib
@@ -285,13 +368,18 @@ def main(argv: list[str] | None = None) -> int:
             check_divisible(loaded.model.config, t)
     except ValueError as e:
         raise SystemExit(f"python -m minillm.parallel.bench: {e}") from None
+    start_s = time.perf_counter()
     report = run_all(loaded.model, args.size, args.seed, world_sizes)
+    report["model_label"] = loaded.label
+    if figure is not None:
+        measured = bubble_figure(str(figure), m=BUBBLE_M, work_s=BUBBLE_WORK_S)
+        report["bubble"] = {"micro_batches": BUBBLE_M, "work_s": BUBBLE_WORK_S, "measured": measured,
+                            "formula": {p: bubble_fraction(p, BUBBLE_M) for p in measured}, "figure": str(figure)}
+    report["wall_s"] = time.perf_counter() - start_s
     print(f"model {loaded.label}; one torch thread per rank; gloo on loopback")
     print(format_table(report))
     if figure is not None:
-        measured = bubble_figure(str(figure))
-        print(f"bubble figure {figure}: measured " + ", ".join(
-            f"p={p}: {100 * b:.1f}% (formula {100 * bubble_fraction(p, 4):.1f}%)" for p, b in measured.items()))
+        print(f"bubble figure written to {figure}")
     write_report(args.json, report)
     return 0 if all(r["same_tokens"] for r in report["rows"]) else 1
 

@@ -15,6 +15,8 @@ Modules:
 - `loadgen`: `minillm bench-serve`, the load generator (workloads, Poisson/gamma arrivals or a fixed concurrency,
   TTFT/TPOT/ITL/E2E, throughput, goodput in vLLM's and DistServe's senses).
 - `plots`: latency CDFs and the throughput-latency frontier with SLO lines.
+- `bench`: the chapter's benchmark (`python -m minillm.serve.bench`): serving against the offline engine, for
+  each engine core placement, and latency against load.
 - `peer`: the same load against llama.cpp's `llama-server` on the same weights (optional, never in CI).
 - `tour`: the chapter's tour rows.
 """

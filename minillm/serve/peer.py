@@ -48,19 +48,20 @@ transformers + numpy for the converter. Everything listens on 127.0.0.1 only.
 
 The command: `python -m minillm.serve.peer [--work DIR] [--sdist FILE] [--threads 1] [--slots 16]
 [--concurrencies 1,4,16] [--rates 4,8,16] [--num-prompts 32] [--output-len 64] [--slo-ttft-ms 500]
-[--slo-tpot-ms 30] [--types f32,q8_0] [--backend http] [--json FILE]` (`--threads`, `--device`, `--seed` and
-`--json` are every benchmark's, `minillm.bench.cli`; one thread by default: on a two-core machine it leaves a core
-for the client). The default SLO, TTFT <= 500 ms and TPOT <= 30 ms, is sized for `base` on two cores: unloaded,
-both servers answer in about 30 ms and then take 1-5 ms a token, so it allows a 16-way batch's prefill and decode
-(about 450 ms and 12-25 ms at 16 in flight) but not a queue that keeps growing; every request's chunk times are in
-the JSON, so goodput at another SLO can be recomputed from it.
+[--slo-tpot-ms 30] [--types f32,q8_0] [--backend http] [--llama-no-repack] [--json FILE] [--no-records]`
+(`--threads`, `--device`, `--seed` and `--json` are every benchmark's, `minillm.bench.cli`; one thread by default:
+on a two-core machine it leaves a core for the client). `quotes(report)` turns a saved report into the table and
+numbers chapter 15's text shows (`minillm.course.results`). The default SLO, TTFT <= 500 ms and TPOT <= 30 ms, is
+sized for `base` on two cores: unloaded, both servers answer in about 30 ms and then take 1-5 ms a token, so it
+allows a 16-way batch's prefill and decode (about 450 ms and 12-25 ms at 16 in flight) but not a queue that keeps
+growing; every request's chunk times are in the JSON (unless `--no-records`), so goodput at another SLO can be
+recomputed from it.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import signal
@@ -74,11 +75,10 @@ from typing import Any
 
 import httpx
 
-from minillm.bench.cli import bench_parser, cpu_description, start
+from minillm.bench.cli import bench_parser, cpu_description, start, write_report
 from minillm.bench.models import load_model
 from minillm.compile.llamacpp_build import PINNED, build_target, convert, export_hf_dir, fetch_sources
 from minillm.core.corpus import SEPARATOR
-from minillm.core.io import atomic_write_text
 from minillm.core.sampling import SamplingParams
 from minillm.engine import LLM, EngineConfig
 from minillm.serve.loadgen import (BACKENDS, DEFAULT_INPUT_LEN, SLO, make_workload, parse_len_range, parse_rates,
@@ -105,14 +105,16 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def llama_server_command(binary: Path, gguf: Path, port: int, threads: int, slots: int,
-                         eos_id: int) -> list[str]:
-    """llama-server on `gguf`, loopback only, with the settings the module docstring explains."""
+                         eos_id: int, repack: bool = True) -> list[str]:
+    """llama-server on `gguf`, loopback only, with the settings the module docstring explains; `repack=False`
+    adds `--no-repack` (quantized weights stay in the file's layout, see `--llama-no-repack`)."""
     overrides = f"tokenizer.ggml.add_bos_token=bool:false,tokenizer.ggml.bos_token_id=int:{eos_id}," \
                 f"tokenizer.ggml.eos_token_id=int:{eos_id}"
     return [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "--alias", MODEL,
             "--threads", str(threads), "--threads-batch", str(threads), "-np", str(slots), "-c", str(slots * CONTEXT),
             "--no-kv-unified", "-b", str(STEP_TOKENS), "-ub", str(STEP_TOKENS), "--no-cache-prompt", "--cache-ram",
-            "0", "--no-webui", "--offline", "--fit", "off", "--override-kv", overrides]
+            "0", "--no-webui", "--offline", "--fit", "off", "--override-kv", overrides] + ([] if repack else
+                                                                                           ["--no-repack"])
 
 
 def minillm_server_command(port: int, threads: int, slots: int, engine_core: str = "process") -> list[str]:
@@ -247,6 +249,52 @@ def format_table(runs: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _load_key(load: str) -> str:
+    """"c1" for the load "c=1", "r8" for "8 req/s": the names `quotes` gives a load level's values."""
+    return "c" + load.removeprefix("c=") if load.startswith("c=") else "r" + load.removesuffix(" req/s")
+
+
+def _server_key(server: str) -> str:
+    """"ours" for our server, "f32" for "llama.cpp f32"."""
+    return "ours" if server == OURS else server.removeprefix("llama.cpp ")
+
+
+def quotes(report: dict[str, Any]) -> dict[str, str]:
+    """What chapter 15's text quotes from a saved report (`minillm.course.results`): the table "runs"
+    (`format_table`), and single values: the machine ("cpu", "date"), the workload ("num_prompts", "output_len",
+    "slots", "slo_ttft_ms", "slo_tpot_ms"), per llama.cpp type ("f32", "q8_0") how
+    many prompts /tokenize gave our ids ("TYPE_tokenize" = "64 of 64") and how many greedy completions matched
+    ("TYPE_agree"), and per load level (`_load_key`) and server (`_server_key`: "ours", "f32") its "..._tok_s",
+    "..._goodput", "..._slo" and its TTFT, TPOT and ITL percentiles ("..._ttft_p50", "..._tpot_p90", "..._itl_p99"),
+    with for each llama.cpp type our output tokens/s and goodput over its own ("LOAD_TYPE_tok_ratio" = "1.55x",
+    "LOAD_TYPE_goodput_ratio")."""
+    w = report["workload"]
+    out = {"runs": format_table(report["runs"]) + "\n", "cpu": report["cpu"], "date": report["date"],
+           "num_prompts": str(w["num_prompts"]), "output_len": str(w["output_len"]), "slots": str(report["slots"]),
+           "slo_ttft_ms": f"{report['slo_ms']['ttft']:g} ms", "slo_tpot_ms": f"{report['slo_ms']['tpot']:g} ms"}
+    for name, tok in report["tokenization"].items():
+        agree = report["agreement"][name]
+        out[f"{_server_key(name)}_tokenize"] = f"{tok['identical']} of {tok['prompts']}"
+        out[f"{_server_key(name)}_agree"] = f"{agree['identical_ids']} of {agree['completions']}"
+    by_load: dict[str, dict[str, dict[str, Any]]] = {}
+    for run in report["runs"]:
+        m = run["report"]["metrics"]
+        by_load.setdefault(run["load"], {})[run["server"]] = m
+        key = f"{_load_key(run['load'])}_{_server_key(run['server'])}"
+        out |= {f"{key}_tok_s": f"{m['output_throughput']:.0f}", f"{key}_goodput": f"{m['goodput']:.2f}",
+                f"{key}_slo": f"{100 * m['slo_attainment']:.0f}%"}
+        for stat in ("ttft", "tpot", "itl"):  # as the table prints them
+            out |= {f"{key}_{stat}_{q}": f"{m[f'{stat}_ms'][q]:.1f} ms" for q in ("p50", "p90", "p99")}
+    for load, servers in by_load.items():
+        ours = servers[OURS]
+        for name, m in servers.items():
+            if name != OURS:
+                key = f"{_load_key(load)}_{_server_key(name)}"
+                out[f"{key}_tok_ratio"] = f"{ours['output_throughput'] / m['output_throughput']:.2f}x"
+                out[f"{key}_goodput_ratio"] = f"{ours['goodput'] / m['goodput']:.2f}x" if m["goodput"] else "inf"
+    return out
+
+
 def ratios(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per load level: our output throughput over each llama-server's."""
     out: dict[str, dict[str, float]] = {}
@@ -298,6 +346,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the load generator's client (default http: raw httpx; see the module docstring on openai)")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per request (default 120)")
     ap.add_argument("--startup-timeout", type=float, default=180.0, help="seconds to wait for each /health")
+    ap.add_argument("--llama-no-repack", action="store_true",
+                    help="run llama-server with --no-repack: quantized weights keep the file's layout instead of "
+                         "its CPU-specific ones (AMX where the CPU reports it; on a virtual machine whose CPU "
+                         "reports AMX, llama-server died of SIGILL at start with repacking on)")
+    ap.add_argument("--no-records", action="store_true",
+                    help="leave each run's per-request records and latency samples out of the JSON (metrics only)")
     return ap
 
 
@@ -350,10 +404,11 @@ def main(argv: list[str] | None = None) -> int:
         ports = {name: free_port() for name in names}
     commands = {OURS: minillm_server_command(ports[OURS], args.threads, args.slots, args.engine_core)}
     commands |= {f"llama.cpp {t}": llama_server_command(binary, ggufs[t], ports[f"llama.cpp {t}"], args.threads,
-                                                        args.slots, eos_id) for t in types}
+                                                        args.slots, eos_id, not args.llama_no_repack)
+                 for t in types}
     report: dict[str, Any] = {"model": loaded.label, "llama_cpp": PINNED, "cpu": cpu_description(),
                               "threads": args.threads, "slots": args.slots, "backend": args.backend,
-                              "engine_core": args.engine_core,
+                              "engine_core": args.engine_core, "llama_repack": not args.llama_no_repack,
                               "commands": commands,
                               "workload": {"dataset": workload.dataset, "num_prompts": len(workload),
                                            "prompt_tokens": sum(workload.prompt_lens),
@@ -402,7 +457,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{load}: " + ", ".join(f"{100 * r:.0f}% of {name}" for name, r in rs.items())
         for load, rs in report["output_throughput_ratio"].items()))
     if args.json:
-        atomic_write_text(args.json, json.dumps(report, indent=1) + "\n")
+        if args.no_records:
+            for run in runs:
+                run["report"] = {k: v for k, v in run["report"].items() if k not in ("records", "samples")}
+        write_report(args.json, report)
         print(f"report written to {args.json}")
     return 0
 

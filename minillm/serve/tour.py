@@ -23,8 +23,8 @@ from minillm.core.sampling import SamplingParams
 from minillm.engine import LLM, EngineConfig
 from minillm.serve.app import Server, ServerThread, ServeOptions
 from minillm.serve.cli import ServerProcess
-from minillm.serve.loadgen import (SLO, compute_metrics, make_workload, offline_throughput, records_from_report,
-                                   run_benchmark)
+from minillm.serve.bench import throughput
+from minillm.serve.loadgen import SLO, compute_metrics, make_workload, records_from_report, run_benchmark
 from minillm.serve.metrics import parse_metrics
 from minillm.serve.protocol import CHAT_STOP, render_chat
 
@@ -91,42 +91,27 @@ def _client_equals_offline(ctx: TourContext, loaded) -> Row:
                "ms", ctx.device.type, {"compared": compared})
 
 
-def _throughput(ctx: TourContext, loaded, urls: dict[str, str], rounds: int) -> tuple[Row, dict]:
+def _throughput(ctx: TourContext, loaded, urls: dict[str, str], rounds: int) -> Row:
     """Output throughput of 32 streams against the offline engine, for each engine core placement in `urls`
-    ("process" is the row's value; "thread" is shown beside it), interleaved round by round."""
-    tok = loaded.tokenizer
+    ("process" is the row's value; "thread" is shown beside it), interleaved round by round (the benchmark's
+    `throughput`)."""
     n = 32 if ctx.quick else 64
-    workload = make_workload("default", num_prompts=n, output_len=32, seed=ctx.seed, tokenizer=tok)
-    offline: list[float] = []
-    served: dict[str, list[float]] = {core: [] for core in urls}
-    reports: dict[str, list[dict]] = {core: [] for core in urls}
-    for _ in range(rounds):  # interleaved: the offline engine, then each server, on the same prompts
-        llm = LLM(loaded.model, tok, EngineConfig(num_blocks=NUM_BLOCKS, max_num_seqs=CONCURRENCY))
-        offline.append(offline_throughput(llm, workload)["output_throughput"])
-        for core, url in urls.items():
-            report = run_benchmark(url, workload, model=MODEL, concurrency=CONCURRENCY, timeout=120)
-            served[core].append(report["metrics"]["output_throughput"])
-            reports[core].append(report)
-    want = [o.text for o in LLM(loaded.model, tok, EngineConfig(num_blocks=NUM_BLOCKS)).generate(
-        workload.prompts, [SamplingParams.greedy(k, ignore_eos=True) for k in workload.output_lens])]
-    same = all([r["text"] for r in sorted(reps[-1]["records"], key=lambda r: r["index"])] == want
-               for reps in reports.values())
-    errors = sum(r["metrics"]["failed"] for reps in reports.values() for r in reps)
-    used = [parse_metrics(httpx.get(url + "/metrics", timeout=30).text)["minillm_kv_blocks_used"]
-            for url in urls.values()]
-    ratios = {core: statistics.median(s / o for s, o in zip(served[core], offline)) for core in urls}
-    ok = same and errors == 0 and not any(used)
-    beside = "".join(f"; engine core on the server's thread instead: {statistics.median(served[core]):.0f} tok/s, "
-                     f"{ratios[core]:.2f}x" for core in urls if core != "process")
-    row = Row("15", f"serving throughput, {CONCURRENCY} concurrent streams", "offline engine, same prompts",
-              "minillm serve, engine core in its own process, the official openai client",
-              f"{n} requests x 32 tokens, {rounds} interleaved rounds: offline {statistics.median(offline):.0f} tok/s, "
-              f"served {statistics.median(served['process']):.0f} tok/s{beside}; served text == offline: {same}; "
-              f"errors: {errors}; KV blocks in use after: {sum(used):.0f}", ok,
-              "throughput vs offline", ratios["process"], "x", ctx.device.type,
-              {"offline_tok_s": offline, "served_tok_s": served, "ratios": ratios,
-               "metrics": reports["process"][-1]["metrics"]})
-    return row, workload
+    t = throughput(loaded, urls, n, CONCURRENCY, rounds, ctx.seed)
+    served = {core: statistics.median(tput) for core, tput in t["served_tok_s"].items()}
+    same = all(k == n for k in t["same_texts"].values())
+    errors = sum(t["errors"].values())
+    used = sum(t["kv_blocks_used"].values())
+    ok = same and errors == 0 and not used
+    beside = "".join(f"; engine core on the server's thread instead: {served[core]:.0f} tok/s, "
+                     f"{t['ratios'][core]:.2f}x" for core in urls if core != "process")
+    return Row("15", f"serving throughput, {CONCURRENCY} concurrent streams", "offline engine, same prompts",
+               "minillm serve, engine core in its own process, the official openai client",
+               f"{n} requests x {t['output_len']} tokens, {rounds} interleaved rounds: offline "
+               f"{statistics.median(t['offline_tok_s']):.0f} tok/s, served {served['process']:.0f} tok/s{beside}; "
+               f"served text == offline: {same}; errors: {errors}; KV blocks in use after: {used:.0f}", ok,
+               "throughput vs offline", t["ratios"]["process"], "x", ctx.device.type,
+               {"offline_tok_s": t["offline_tok_s"], "served_tok_s": t["served_tok_s"], "ratios": t["ratios"],
+                "metrics": t["metrics"]["process"]})
 
 
 def _goodput(ctx: TourContext, loaded, url: str) -> Row:
@@ -153,7 +138,7 @@ def run(ctx: TourContext) -> list[Row]:
     args = ["--num-blocks", str(NUM_BLOCKS), "--max-num-seqs", str(CONCURRENCY), "--device", ctx.device.type]
     with ServerProcess(args, threads=ctx.threads) as url:
         with ServerProcess(args + ["--engine-core", "thread"], threads=ctx.threads) as thread_url:
-            row, _ = _throughput(ctx, loaded, {"process": url, "thread": thread_url}, rounds=2 if ctx.quick else 3)
-        rows.append(row)
+            rows.append(_throughput(ctx, loaded, {"process": url, "thread": thread_url},
+                                    rounds=2 if ctx.quick else 3))
         rows.append(_goodput(ctx, loaded, url))
     return rows
