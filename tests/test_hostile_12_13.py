@@ -684,6 +684,30 @@ def _mirror_bad_calls():
          ValueError, r"kernel must be one of \[.*'kv_cache_write'.*\], got 'gemm'"),
         ("tour6-compare-kernel-typo", lambda: ktour.compare("kv_cache_writes", torch.ones(2), torch.ones(2),
                                                              torch.float32), ValueError, "got 'kv_cache_writes'"),
+        # seventh hostile run: before, torch's "Tensor on device meta is not on the expected device cpu", a complex
+        # block table silently read (the naive twin refused it), complex lengths failing in torch's min()
+        ("mirror7-int8-gemv-w-meta", lambda: M.int8_gemv(XQ, WQ.to("meta"), torch.ones(5)), ValueError,
+         r"\bw is a meta tensor"),
+        ("naive7-int8-gemv-w-meta", lambda: N.int8_gemv(XQ, WQ.to("meta"), torch.ones(5)), ValueError,
+         r"\bw is a meta tensor"),
+        ("mirror7-paged-block-tables-complex", lambda: M.paged_attention_decode(
+            *PAGED[:3], PAGED[3].to(torch.complex64), PAGED[4]), ValueError,
+         "block_tables must have dtype int64, got torch.complex64"),
+        ("mirror7-paged-context-lens-complex", lambda: M.paged_attention_decode(
+            *PAGED[:4], PAGED[4].to(torch.complex64)), ValueError, "context_lens must have dtype int64"),
+        ("mirror7-paged-block-tables-int32", lambda: M.paged_attention_decode(*PAGED[:3], PAGED[3].int(), PAGED[4]),
+         ValueError, "block_tables must have dtype int64, got torch.int32"),  # as ops and naive take them
+        ("ops7-same-device", lambda: ops.check_same_device(x=X, w=None, bias=B.to("meta")), ValueError,
+         r"bias must be on x's device cpu, got meta"),
+        # seventh hostile run (the llama.cpp formatters' class, here too): before, KeyError 'rows', max() of nothing
+        ("bench7-quotes-empty", lambda: kbench.quotes({}), ValueError,
+         r"report must be a report holding \['rows'\]; it lacks \['rows'\]"),
+        ("bench7-quotes-str", lambda: kbench.quotes("results.json"), TypeError, "report must be a report dict, got str"),
+        ("bench7-ladder-row-lacks", lambda: kbench.ladder_table({"rows": [{"kernel": "softmax"}]}), ValueError,
+         r"report\['rows'\]\[0\] must be a row holding .*; it lacks \['version', 'shape'"),
+        ("bench7-register-quotes-no-kernels", lambda: kbench.quotes({"archs": ["sm_90"], "kernels": [], "nvcc": "13.0",
+                                                                      "cpu": "x"}), ValueError,
+         r"report\['kernels'\] is empty"),
     ]
 
 
@@ -702,7 +726,7 @@ def _compile_mirror_bad_calls():
     from minillm.compile.mirror import decode_step_by_hand, gemv_blocked
     from minillm.core.sampling import SamplingParams
     from minillm.kvcache.cache import ContiguousKVCache
-    from minillm.compile import llamacpp, llamacpp_build
+    from minillm.compile import aot, llamacpp, llamacpp_build
     from minillm.compile.decode import counting_backend
     from minillm.quant.linear import QuantConfig, quantize_model
     from minillm.quant.qat import prepare_qat
@@ -899,6 +923,56 @@ def _compile_mirror_bad_calls():
          r"run_all runs the model in eval mode, .*call model.eval\(\) first"),
         ("bench6-streaming-ways-int8", lambda: cbench.streaming_ways(quantized), TypeError,  # the fused step takes
          r"streaming_ways needs a model of plain .*transformer.h.0.attn.c_attn = QuantLinear"),  # int8 since run 6
+        # seventh hostile run: before, the allocator's "can't allocate memory" (4 TB), KeyErrors from the report
+        # formatters, count=True taken as 1, torch's device error
+        ("static7-batch-size-huge", lambda: StaticDecoder(model, "eager", batch_size=10**9), ValueError,
+         r"batch_size x max_len ask for a tensor of shape \(1000000000, 2, 64, 16\)"),
+        ("static7-batch-size-float", lambda: StaticDecoder(model, "eager", batch_size=2.0), TypeError,
+         "batch_size must be an int, got float 2.0"),
+        ("sweep7-decode-batch-huge", lambda: sweep.run_case(model, sweep.Case("decode", 10**9, 4), steps=2, repeats=1,
+                                                            backend="eager"), ValueError,
+         r"case.batch x case.tokens ask for a tensor of shape \(1000000000,"),
+        ("sweep7-prefill-batch-huge", lambda: sweep.run_case(model, sweep.Case("prefill", 10**8, 8), repeats=1,
+                                                             backend="eager"), ValueError,
+         r"case.batch x case.tokens ask for a tensor of shape \(100000000, 8, 128\)"),
+        ("intids7-count-bool", lambda: integer_ids("ids", torch.tensor([1]), True), TypeError,
+         "count must be an int, got bool True"),
+        ("cmirror7-gemv-blocked-w-meta", lambda: gemv_blocked(x, w.to("meta"), b), ValueError, r"\bw is a meta tensor"),
+        ("lc7-format-table-empty", lambda: llamacpp.format_table({}), ValueError,
+         r"median must hold 'llama.cpp f32', the rate every other path is a fraction of; it has \[\]"),
+        ("lc7-format-table-nan", lambda: llamacpp.format_table({llamacpp.REF: 10.0, "ours": float("nan")}), ValueError,
+         r"median\['ours'\] must be a finite number in \(0.0, inf\), got nan"),
+        ("lc7-format-table-str", lambda: llamacpp.format_table({llamacpp.REF: 10.0, "ours": "fast"}), TypeError,
+         r"median\['ours'\] must be a number, got str 'fast'"),
+        ("lc7-format-table-list", lambda: llamacpp.format_table([1.0]), TypeError,
+         "median must be a dict of path -> tok/s, got list"),
+        ("lc7-format-rounds-empty-list", lambda: llamacpp.format_rounds({llamacpp.REF: []}), ValueError,
+         r"samples\['llama.cpp f32'\] must hold at least one value"),
+        ("lc7-format-rounds-no-ref", lambda: llamacpp.format_rounds({"ours": [1.0]}), ValueError,
+         r"samples must hold 'llama.cpp f32''s rounds; it has \['ours'\]"),
+        ("lc7-format-rounds-ragged", lambda: llamacpp.format_rounds({llamacpp.REF: [1.0, 2.0], "ours": [1.0]}),
+         ValueError, r"samples\['ours'\] has 1 rounds, the paths before it 2"),
+        ("lc7-quotes-empty", lambda: llamacpp.quotes({}), ValueError,
+         r"report must be a report of `main --json`, .*it lacks \['median_tok_s', 'samples'"),
+        ("lc7-quotes-str", lambda: llamacpp.quotes("report.json"), TypeError,
+         "report must be a report dict of `main --json`, got str"),
+        ("lc7-quotes-no-eager", lambda: llamacpp.quotes(
+            {"median_tok_s": {f"llama.cpp {t}": 1.0 for t in llamacpp.TYPES},
+             "samples": {f"llama.cpp {t}": [1.0] for t in llamacpp.TYPES}, "rounds": 1, "threads": 1, "tokens": 8,
+             "model": "base", "cpu": "x", "llama_cpp": "y"}), ValueError,
+         r"report\['median_tok_s'\] lacks the paths \['minillm eager \(generate_ids\)', 'minillm fused C\+\+ step'\]"),
+        ("sweep7-quotes-empty", lambda: sweep.quotes({}), ValueError,
+         r"report must be a report holding \['rows'\]; it lacks \['rows'\]"),
+        ("sweep7-quotes-no-rows", lambda: sweep.quotes({"rows": []}), ValueError, r"report\['rows'\] is empty"),
+        ("sweep7-table-row-lacks", lambda: sweep.sweep_table({"rows": [{"case": "x"}]}), ValueError,
+         r"report\['rows'\]\[0\] must be a row holding .*; it lacks \['kind', 'batch'"),
+        ("sweep7-table-rows-dict", lambda: sweep.sweep_table({"rows": {}}), TypeError,
+         r"report\['rows'\] must be a list of rows, got dict"),
+        ("aot7-quotes-empty", lambda: aot.quotes({}), ValueError, r"report must be a report holding \['rows'\]"),
+        ("aot7-format-table-list", lambda: aot.format_table([]), TypeError, "report must be a report dict, got list"),
+        ("aot7-quotes-two-rows", lambda: aot.quotes(
+            {"build_seconds": 1.0, "package_mb": 2.0, "rows": [dict.fromkeys(aot.ROW_KEYS, 1.0)] * 2}), ValueError,
+         r"report\['rows'\] must hold one row per path, 5 \(eager, compile_cold"),
     ]
 
 
@@ -1600,3 +1674,18 @@ def test_the_fused_step_refuses_hooks_and_leaves_the_callers_model_in_its_modes(
     handle.remove()
     assert dec.generate_ids(prompt, params) == want
     assert_refused_by_minillm(lambda: model_fingerprint("abc"), TypeError, r"modules must be a list of torch modules")
+
+
+def test_check_package_names_a_file_that_is_not_a_package(tmp_path):
+    """Seventh hostile run: before, `aot.check_package` on a text file raised zipfile's BadZipFile ("File is not a
+    zip file", no file named; AOTDecoder checked first, its own callers did not). Now a ValueError naming the file,
+    FileNotFoundError for no file, TypeError for no path."""
+    from minillm.compile.aot import check_package
+
+    text = tmp_path / "cp.pt2"
+    text.write_text("x")
+    assert_refused_by_minillm(lambda: check_package(text), ValueError,
+                              r"path '.*cp.pt2' is not a .pt2 package \(not a zip archive")
+    assert_refused_by_minillm(lambda: check_package(tmp_path / "missing.pt2"), FileNotFoundError,
+                              "no AOT decode-step package at '.*missing.pt2'")
+    assert_refused_by_minillm(lambda: check_package(3), TypeError, "path must be a str or os.PathLike")

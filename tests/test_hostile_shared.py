@@ -10,19 +10,23 @@ torch's own error instead.
 from __future__ import annotations
 
 import importlib
+import json
 
 import pytest
 import torch
 
 from minillm.bench.cli import bench_parser
 from minillm.compile.decode import StaticDecoder, check_decoder_room
-from minillm.core.checkpoint import save_checkpoint
-from minillm.core.io import read_json_file
+from minillm.core.checkpoint import (CONFIG_NAME, WEIGHTS_NAME, checkpoint_sha256, load_checkpoint,
+                                     save_checkpoint)
+from minillm.core.io import read_json_file, read_safetensors_file
 from minillm.core.config import GPTConfig, check_float_tensor, is_float_compute
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.distill.losses import kd_loss
+from minillm.gpt.pretrained import SHIPPED, pretrained_dir
 from minillm.kernels import mirror, naive, ops
+from minillm.kvcache.cache import ContiguousKVCache
 from minillm.quant.kv_cache import Int8ContiguousKVCache, dequantize_kv, quantize_kv
 from minillm.quant.qat import fake_quantize, qat_codes
 from minillm.quant.linear import QuantConfig
@@ -140,3 +144,60 @@ def test_a_json_file_python_cannot_read_is_a_value_error_naming_it(tmp_path, tex
     bad.write_bytes(text.encode("latin-1"))
     with pytest.raises(ValueError, match="bad.json"):
         read_json_file(bad)
+
+
+# ----- the seventh hostile run: a checkpoint's digest (core.checkpoint) ---------------------------------------------
+
+
+def _flip(path, offset_from_end: int = 64) -> None:
+    data = bytearray(path.read_bytes())
+    data[-offset_from_end] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _edit_config(directory, change) -> None:
+    doc = json.loads((directory / CONFIG_NAME).read_text())
+    change(doc)
+    (directory / CONFIG_NAME).write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("damage", ["flipped-weight-byte", "n_head-edited", "sha256-edited"])
+def test_c7_a_checkpoint_changed_after_saving_is_refused_naming_the_file(tmp_path, damage):
+    # before: load_checkpoint kept no digest, so a flipped byte in a weight loaded (and `distill(init_from=...)`
+    # trained from the corrupted student) without a word; an edited n_head (same shapes) ran another model
+    save_checkpoint(tiny(), tmp_path)
+    if damage == "flipped-weight-byte":
+        _flip(tmp_path / WEIGHTS_NAME)
+    elif damage == "n_head-edited":
+        _edit_config(tmp_path, lambda doc: doc["config"].__setitem__("n_head", 4))
+    else:
+        _edit_config(tmp_path, lambda doc: doc.__setitem__("sha256", "0" * 64))
+    with pytest.raises(ValueError, match=r"model\.safetensors.*does not match the sha256"):
+        load_checkpoint(tmp_path)
+
+
+def test_c7_a_checkpoint_without_a_digest_still_loads_and_metadata_is_not_hashed(tmp_path):
+    model = tiny()
+    save_checkpoint(model, tmp_path, extra_metadata={"note": "x"})
+    doc = json.loads((tmp_path / CONFIG_NAME).read_text())
+    assert doc["sha256"] == checkpoint_sha256(read_safetensors_file(tmp_path / WEIGHTS_NAME), doc["config"])
+    _edit_config(tmp_path, lambda d: d["metadata"].__setitem__("note", "edited"))  # training notes: not hashed
+    load_checkpoint(tmp_path)
+    _edit_config(tmp_path, lambda d: d.pop("sha256"))  # written before digests were recorded
+    _flip(tmp_path / WEIGHTS_NAME)
+    assert load_checkpoint(tmp_path).config == model.config  # loads, unverified
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_c7_every_shipped_checkpoint_carries_its_digest_and_passes_it(name):
+    directory = pretrained_dir(name)
+    if not (directory / WEIGHTS_NAME).is_file():
+        pytest.skip(f"shipped checkpoint {name!r} is not present")
+    doc = json.loads((directory / CONFIG_NAME).read_text())
+    assert doc["sha256"] == checkpoint_sha256(read_safetensors_file(directory / WEIGHTS_NAME), doc["config"])
+    load_checkpoint(directory)  # verified on load
+
+
+def test_a_cache_too_large_for_one_tensor_is_refused_before_the_allocator():
+    with pytest.raises(ValueError, match=r"batch_size x n_head x max_len x head_size"):
+        ContiguousKVCache(CFG, 10**9, 32)

@@ -60,7 +60,7 @@ from minillm.bench.workload import eval_prompts
 from minillm.compile.decode import (StaticDecoder, check_decoder_room, cli_type, compile_problem, decoder_max_len,
                                     eval_mode, uncompilable_layer)
 from minillm.core.config import (PRESETS, GPTConfig, check_fits_window, check_float, check_int,
-                                 check_module_has_data)
+                                 check_module_has_data, check_report)
 from minillm.core.io import atomic_write_bytes, check_output_file, check_path, check_sha256, with_sha256
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams, sample_next
@@ -173,13 +173,21 @@ def _package_members(z: zipfile.ZipFile, path: str | os.PathLike) -> dict[str, t
     return members
 
 
-def check_package(path: Path) -> bool:
-    """Recompute the sha256 `export_decode_step` recorded in the package at `path` (`DIGEST_NAME`); a mismatch
-    or an unreadable member is a ValueError naming the file. False, checking nothing more, for a package that
-    records none (exported before digests were recorded: it still loads, as checkpoints without one do); True when
-    it matches. Reads the whole file once (about a tenth of a second for `base`'s package)."""
-    where = f"path {str(path)!r}"
-    with zipfile.ZipFile(path) as z:
+def check_package(path: str | os.PathLike) -> bool:
+    """Recompute the sha256 `export_decode_step` recorded in the package at `path` (`DIGEST_NAME`); a mismatch,
+    an unreadable member or a file that is no zip archive is a ValueError naming the file (FileNotFoundError for no
+    file). False, checking nothing more, for a package that records none (exported before digests were recorded: it
+    still loads, as checkpoints without one do); True when it matches. Reads the whole file once (about a tenth of
+    a second for `base`'s package)."""
+    p = check_path(path, "path")
+    if not p.is_file():
+        raise FileNotFoundError(f"no AOT decode-step package at {str(p)!r}")
+    where = f"path {str(p)!r}"
+    try:  # subtle: zipfile.is_zipfile reads only the archive's last record; opening it can still fail
+        package = zipfile.ZipFile(p)
+    except (zipfile.BadZipFile, OSError) as e:
+        raise ValueError(f"{where} is not a .pt2 package (not a zip archive: truncated or another file?): {e}") from e
+    with package as z:
         if not z.namelist() or _digest_member(z) not in z.namelist():
             return False
         try:
@@ -188,7 +196,7 @@ def check_package(path: Path) -> bool:
             raise ValueError(f"{where}: its {DIGEST_NAME} cannot be read ({e}): a damaged package") from e
         if not isinstance(digest, dict) or not all(isinstance(v, str) for v in digest.values()):
             raise ValueError(f"{where}: its {DIGEST_NAME} is not the digest export_decode_step writes")
-        return check_sha256(digest, _package_members(z, path), where)
+        return check_sha256(digest, _package_members(z, p), where)
 
 
 class AOTDecoder:
@@ -208,11 +216,7 @@ class AOTDecoder:
 
     def __init__(self, path: str | os.PathLike):
         p = check_path(path, "path")
-        if not p.is_file():
-            raise FileNotFoundError(f"no AOT decode-step package at {str(p)!r}")
-        if not zipfile.is_zipfile(p):
-            raise ValueError(f"path {str(p)!r} is not a .pt2 package (not a zip archive: truncated or another file?)")
-        check_package(p)  # before the library is loaded: a damaged package never runs
+        check_package(p)  # a file, a zip, its digest: before the library is loaded, a damaged package never runs
         try:
             self._runner = torch._inductor.aoti_load_package(str(p))
         except RuntimeError as e:
@@ -377,8 +381,14 @@ def cold_start(name: str = "base", new_tokens: int = 32, repeats: int = 3, threa
             "package_mb": package_mb, "rows": rows}
 
 
+# What each row of a `cold_start` report holds, as the table and `quotes` read it.
+ROW_KEYS = ("path", "imports", "ready", "first_token", "second_token", "all_tokens", "identical", "runs")
+
+
 def cold_start_table(report: dict[str, Any]) -> str:
-    """The paths of a `cold_start` report as a Markdown table: seconds from process start (medians) to each stage."""
+    """The paths of a `cold_start` report as a Markdown table: seconds from process start (medians) to each stage.
+    A report without its rows (`ROW_KEYS`) is a TypeError / ValueError naming it (`check_report`)."""
+    check_report("report", report, ("rows",), "rows", ROW_KEYS)
     lines = ["| path | imports done | ready | first token | second token | all tokens | identical tokens |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for r in report["rows"]:
@@ -388,6 +398,8 @@ def cold_start_table(report: dict[str, Any]) -> str:
 
 
 def format_table(report: dict[str, Any]) -> str:
+    check_report("report", report, ("model", "prompt_len", "new_tokens", "threads", "repeats", "build_seconds",
+                                    "package_mb", "rows"))
     lines = [f"cold start, {report['model']}: a {report['prompt_len']}-token prompt, {report['new_tokens']} greedy "
              f"tokens, {report['threads']} thread(s), each path in a fresh process, median of {report['repeats']}; "
              f"seconds from process start", "", cold_start_table(report).rstrip("\n")]
@@ -410,8 +422,12 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
     finished than torch.compile with a cache as cold or as warm (`aot_vs_compile_cold`, `aot_vs_compile_warm`,
     "2.2x"); whether every path gave the eager tokens (`identical`); the package (`build_seconds`, `package_mb`);
     the run's settings (`new_tokens`, `prompt_len`, `repeats`, `threads`, `model`, `cpu`, `command`)."""
+    out = {"cold_start": cold_start_table(report)}  # checks the rows first
+    check_report("report", report, ("build_seconds", "package_mb"))
+    if len(report["rows"]) != len(PATH_KEYS):
+        raise ValueError(f"report['rows'] must hold one row per path, {len(PATH_KEYS)} ({', '.join(PATH_KEYS)}), "
+                         f"got {len(report['rows'])}")
     rows = dict(zip(PATH_KEYS, report["rows"]))
-    out = {"cold_start": cold_start_table(report)}
     for key, r in rows.items():
         out[f"{key}_ready"] = f"{r['ready']:.2f} s"
         out[f"{key}_first"] = f"{r['first_token']:.2f} s"

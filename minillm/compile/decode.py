@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 from torch.nn.modules import module as nn_module
 
-from minillm.core.config import GPTConfig, check_has_data, check_int
+from minillm.core.config import GPTConfig, check_has_data, check_int, check_tensor_elements
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.core.stopping import validate_prompt
@@ -46,7 +46,9 @@ MODES = ("eager", "compile", "cuda-graph")
 
 def integer_ids(name: str, value: Any, count: int) -> torch.Tensor:
     """`value` as a tensor of `count` integer ids: a TypeError naming `name` for a float, bool or non-tensor (a float
-    token would be truncated silently by the copy into an int64 buffer), a ValueError for the wrong count."""
+    token would be truncated silently by the copy into an int64 buffer), a ValueError for the wrong count (`count`
+    itself a positive int: True is no count)."""
+    check_int("count", count)
     if isinstance(value, int) and not isinstance(value, bool):
         value = torch.tensor([value])
     if not isinstance(value, torch.Tensor):
@@ -229,9 +231,12 @@ class StaticDecoder:
         self._submodules = list(model.named_modules())[1:]  # the model's own hooks never run: generate calls hidden()
         self._check_hooks()
         self.max_len = decoder_max_len(model.config, max_len)
+        check_int("batch_size", batch_size)
+        cfg = model.config  # each layer's K and V: refused here, not by the allocator (batch_size=10**9 is 4 TB)
+        check_tensor_elements("batch_size x max_len", (batch_size, cfg.n_head, self.max_len, cfg.head_size))
         device = model.device
-        self.cache = ContiguousKVCache(model.config, batch_size, self.max_len, device=device, use_static_shapes=True)
-        self.batch_size = batch_size  # checked by the cache
+        self.cache = ContiguousKVCache(cfg, batch_size, self.max_len, device=device, use_static_shapes=True)
+        self.batch_size = batch_size
         self._token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)  # the step's fixed input buffers
         self._position = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
         self.compiles = 0

@@ -41,7 +41,7 @@ from minillm.core.io import check_output_dir
 from minillm.core.sampling import SamplingParams
 from minillm.compile.llamacpp_build import (OUTTYPES, PINNED, run_logged, build_llama_bench, convert, export_hf_dir,
                                             fetch_sources)
-from minillm.core.config import check_int
+from minillm.core.config import check_float, check_int, check_sequence
 from minillm.core.io import check_path
 from minillm.core.timing import measure
 from minillm.kvcache.generate import generate_ids
@@ -49,6 +49,8 @@ from minillm.quant.linear import QuantConfig, quantize_model
 from minillm.tokenizer import DEFAULT_TOKENIZER_PATH, Tokenizer
 
 TYPES = OUTTYPES
+# What a report of `main --json` holds, every one quoted (`write_report` adds "cpu").
+REPORT_KEYS = ("median_tok_s", "samples", "rounds", "threads", "tokens", "model", "cpu", "llama_cpp")
 REF = "llama.cpp f32"  # the path every other one is a fraction of
 EAGER, FUSED = "minillm eager (generate_ids)", "minillm fused C++ step"
 FUSED_INT8 = "minillm fused C++ step, int8 weights"  # chapter 09's int8 weight-only model, beside llama.cpp's q8_0
@@ -144,17 +146,53 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def check_rates(name: str, rates: object) -> dict[str, float]:
+    """`rates` (path -> median tok/s) if it is a dict of positive finite numbers holding llama.cpp f32's (`REF`,
+    what every other path is a fraction of); a TypeError / ValueError naming `name` and the entry otherwise, not a
+    KeyError or a division by zero in the middle of a table."""
+    if not isinstance(rates, dict):
+        raise TypeError(f"{name} must be a dict of path -> tok/s, got {type(rates).__name__} {rates!r:.80}")
+    if REF not in rates:
+        raise ValueError(f"{name} must hold {REF!r}, the rate every other path is a fraction of; it has "
+                         f"{sorted(rates)}")
+    for path, rate in rates.items():
+        check_float(f"{name}[{path!r}]", rate, 0.0, include_minimum=False)
+    return rates
+
+
+def check_samples(name: str, samples: object) -> dict[str, list[float]]:
+    """`samples` (path -> one tok/s per round) if it is a dict holding llama.cpp f32 (`REF`) whose values are
+    non-empty lists of positive finite numbers, one per round, all as long; a TypeError / ValueError naming `name`
+    and the entry otherwise."""
+    if not isinstance(samples, dict):
+        raise TypeError(f"{name} must be a dict of path -> tok/s per round, got {type(samples).__name__} "
+                        f"{samples!r:.80}")
+    if REF not in samples:
+        raise ValueError(f"{name} must hold {REF!r}'s rounds; it has {sorted(samples)}")
+    rounds = None
+    for path, values in samples.items():
+        where = f"{name}[{path!r}]"
+        values = check_sequence(where, values)
+        rounds = len(values) if rounds is None else rounds
+        if len(values) != rounds:
+            raise ValueError(f"{where} has {len(values)} rounds, the paths before it {rounds}: one tok/s per round")
+        for r, rate in enumerate(values):
+            check_float(f"{where}[{r}]", rate, 0.0, include_minimum=False)
+    return samples
+
+
 def format_table(median: dict[str, float]) -> str:
     """The Markdown table of each path's tok/s (`median`: path -> tok/s, holding llama.cpp f32) and its fraction of
-    llama.cpp f32's, one row per path in the dict's order, ending with a newline."""
-    ref = median[REF]
+    llama.cpp f32's, one row per path in the dict's order, ending with a newline (`check_rates` first)."""
+    ref = check_rates("median", median)[REF]
     rows = [f"| {k} | {v:,.0f} | {100 * v / ref:.0f}% |" for k, v in median.items()]
     return "\n".join(["| path | tok/s | of llama.cpp f32 |", "|---|---:|---:|", *rows]) + "\n"
 
 
 def format_rounds(samples: dict[str, list[float]]) -> str:
-    """The Markdown table of every round's tok/s (`samples`: path -> one tok/s per round), one row per round."""
-    n = len(samples[REF])
+    """The Markdown table of every round's tok/s (`samples`: path -> one tok/s per round), one row per round
+    (`check_samples` first)."""
+    n = len(check_samples("samples", samples)[REF])
     head = ["| round | " + " | ".join(samples) + " |", "|---:|" + "---:|" * len(samples)]
     rows = [f"| {r + 1} | " + " | ".join(f"{v[r]:,.0f}" for v in samples.values()) + " |" for r in range(n)]
     return "\n".join([*head, *rows]) + "\n"
@@ -167,8 +205,20 @@ def quotes(report: dict) -> dict[str, str]:
     range over the rounds, each round's ours over the same round's llama.cpp f32 (`..._min`, `..._max`); the fused
     step over the eager generator (`fused_vs_eager`); the int8 fused step's figures (`fused_int8_...` as above, and
     `fused_int8_vs_q8_0`, `fused_int8_vs_fused`) when the run has it; llama.cpp f32's range over the rounds (`f32_min`,
-    `f32_max`); and the run's settings (`rounds`, `threads`, `tokens`, `model`, `cpu`, `llama_cpp`)."""
-    median, samples = report["median_tok_s"], report["samples"]
+    `f32_max`); and the run's settings (`rounds`, `threads`, `tokens`, `model`, `cpu`, `llama_cpp`).
+    A report that lacks any of these (or holds no rate where one is due) is a TypeError / ValueError naming it."""
+    if not isinstance(report, dict):
+        raise TypeError(f"report must be a report dict of `main --json`, got {type(report).__name__} {report!r:.80}")
+    missing = [key for key in REPORT_KEYS if key not in report]
+    if missing:
+        raise ValueError(f"report must be a report of `main --json`, holding {list(REPORT_KEYS)}; it lacks {missing}")
+    median = check_rates("report['median_tok_s']", report["median_tok_s"])
+    samples = check_samples("report['samples']", report["samples"])
+    needed = [f"llama.cpp {t}" for t in TYPES] + [EAGER, FUSED] + ([FUSED_INT8] if FUSED_INT8 in median else [])
+    for name, d in (("report['median_tok_s']", median), ("report['samples']", samples)):
+        lacking = [path for path in needed if path not in d]
+        if lacking:
+            raise ValueError(f"{name} lacks the paths {lacking}; it has {sorted(d)}")
     ref = median[REF]
     out = {"table": format_table(median), "per_round": format_rounds(samples)}
     for t in TYPES:

@@ -28,8 +28,8 @@ import torch.nn as nn
 from minillm.compile.cpu_gemv import FastLinear
 from minillm.core.model import GPT, require_model
 from minillm.kernels.naive import gelu_tanh, layernorm  # chapter 12's naive twins: the same formulas
-from minillm.core.config import tensor_kind
-from minillm.kernels.ops import tensors_overlap
+from minillm.core.config import check_has_data, tensor_kind
+from minillm.kernels.ops import check_same_device, tensors_overlap
 
 ROWS = 4  # weight rows per block: four memory streams in flight in the C++ loop
 LANES = 8  # floats per AVX2 register: each dot product's partial sums
@@ -47,6 +47,8 @@ def gemv_blocked(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
         if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() != ndim:
             raise TypeError(f"{name} must be a {ndim}-D floating-point tensor, got "
                             f"{tensor_kind(t)} {tuple(getattr(t, 'shape', ()))}")
+        check_has_data(name, t)
+    check_same_device(x=x, w=w, b=b)
     if w.shape[1] != x.shape[1] or (b is not None and b.shape[0] != w.shape[0]):
         raise ValueError(f"x (M, K), w (N, K) and b (N,) must agree, got {tuple(x.shape)}, {tuple(w.shape)}, "
                          f"{None if b is None else tuple(b.shape)}")

@@ -36,7 +36,7 @@ from torch.profiler import ProfilerActivity, profile
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
 from minillm.compile.decode import StaticDecoder, check_backend, check_eval_mode, cli_type, counting_backend
-from minillm.core.config import check_int
+from minillm.core.config import check_int, check_report, check_tensor_elements
 from minillm.core.model import GPT, require_model
 from minillm.core.timing import interleave, time_once
 from minillm.kvcache.generate import prefill
@@ -72,7 +72,8 @@ CASES = (Case("decode", 1, 64), Case("decode", 8, 64), Case("prefill", 1, 128))
 def check_case(model: GPT, case: Case, steps: int) -> None:
     """A case the model can run, before any work: `steps` a positive int, and every position inside the context
     window (decode: the `tokens` of context plus `steps` more; prefill: the `tokens` of the prompt), since the
-    learned position embedding stops at block_size. A TypeError / ValueError naming the argument otherwise."""
+    learned position embedding stops at block_size, and a batch whose largest tensor fits `check_tensor_elements`.
+    A TypeError / ValueError naming the argument otherwise."""
     cfg = require_model(model, "the compile sweep")
     check_eval_mode(model, "the compile sweep")  # eager and compiled outputs are compared: no dropout
     if not isinstance(case, Case):
@@ -83,6 +84,10 @@ def check_case(model: GPT, case: Case, steps: int) -> None:
         what = f"{case.tokens} context tokens + steps={steps}" if case.kind == "decode" else f"{case.tokens} tokens"
         raise ValueError(f"case {case.name!r} needs {what} = {needed} positions, past the model's context window "
                          f"block_size={cfg.block_size}")
+    # the largest tensor the case allocates: decode, each layer's K (and V) cache; prefill, the MLP's (B, T, 4C)
+    shape = ((case.batch, cfg.n_head, needed, cfg.head_size) if case.kind == "decode"
+             else (case.batch, case.tokens, 4 * cfg.n_embd))
+    check_tensor_elements("case.batch x case.tokens", shape)
 
 
 def check_backend_and_seed(backend: str, seed: int) -> None:
@@ -243,9 +248,16 @@ def profile_decode(model: GPT, case: Case = CASES[0], steps: int = 16, backend: 
     return out
 
 
+# What each row of a sweep report holds (`run_case`), as the tables and `quotes` read it.
+ROW_KEYS = ("case", "kind", "batch", "threads", "steps", "eager_s", "compiled_s", "speedup", "compiles",
+            "first_call_seconds", "max_abs_diff", "same_argmax")
+
+
 def sweep_table(report: dict[str, Any]) -> str:
     """The rows of a sweep report as a Markdown table: per case and thread count, eager and compiled time per step
-    (a prefill: per call), the speed-up, the graphs built, the first call, and the checks against eager."""
+    (a prefill: per call), the speed-up, the graphs built, the first call, and the checks against eager. A report
+    without its rows (`ROW_KEYS`) is a TypeError / ValueError naming it (`check_report`)."""
+    check_report("report", report, ("rows",), "rows", ROW_KEYS)
     lines = ["| case | threads | eager | compiled | speed-up | graphs | first call | largest logit difference "
              "| same argmax |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -282,6 +294,7 @@ def profile_table(ops: list[dict[str, Any]], top: int = 8) -> str:
 
 
 def format_sweep(report: dict[str, Any]) -> str:
+    check_report("report", report, ("backend", "device", "rows") + (("profile_case",) if "profile" in report else ()))
     lines = [f"torch.compile ({report['backend']}) against eager, {report['device']}; each row one interleaved run",
              "", sweep_table(report)]
     for mode, ops in report.get("profile", {}).items():
@@ -309,8 +322,10 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
     (`eager_products_share`, "80%"), the guard check's and inductor's generated code's (`compile_guard_share`,
     `compile_generated_share`), and the operator calls per step (`eager_calls`, `compile_calls`); the run's
     settings (`profile_case`, `model`, `cpu`, `command`)."""
+    out = {"cases": sweep_table(report)}  # checks the rows first
     rows = report["rows"]
-    out = {"cases": sweep_table(report)}
+    if not rows:
+        raise ValueError("report['rows'] is empty: a sweep report has a row per case and thread count to quote")
     for r in rows:
         unit = r["steps"] if r["kind"] == "decode" else 1
         key = row_key(r)

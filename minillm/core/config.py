@@ -176,6 +176,31 @@ def check_tensor_elements(names: str, shape: tuple[int, ...], limit: int = MAX_T
                          f"{limit:.3g} one tensor may hold (MAX_TENSOR_ELEMENTS); lower {names}")
 
 
+def check_report(name: str, report: Any, keys: tuple[str, ...], rows: str | None = None,
+                 row_keys: tuple[str, ...] = ()) -> dict:
+    """`report` (a benchmark's report, as its `--json` wrote it) if it is a dict holding every one of `keys`, and,
+    when `rows` names one of them, that entry a list of dicts each holding every one of `row_keys`; a TypeError /
+    ValueError naming `name` and what it lacks otherwise.
+
+    subtle: a report read back from a file (edited, truncated to {}, or another command's) would otherwise fail in
+    the middle of a table as a bare KeyError ('rows'), naming neither the report nor what it should have held."""
+    if not isinstance(report, dict):
+        raise TypeError(f"{name} must be a report dict, got {type(report).__name__} {report!r:.80}")
+    missing = [key for key in keys if key not in report]
+    if missing:
+        raise ValueError(f"{name} must be a report holding {list(keys)}; it lacks {missing} (another command's?)")
+    if rows is not None:
+        if not isinstance(report[rows], list):
+            raise TypeError(f"{name}[{rows!r}] must be a list of rows, got {type(report[rows]).__name__}")
+        for i, row in enumerate(report[rows]):
+            if not isinstance(row, dict):
+                raise TypeError(f"{name}[{rows!r}][{i}] must be a row (a dict), got {type(row).__name__} {row!r:.80}")
+            lacking = [key for key in row_keys if key not in row]
+            if lacking:
+                raise ValueError(f"{name}[{rows!r}][{i}] must be a row holding {list(row_keys)}; it lacks {lacking}")
+    return report
+
+
 @dataclass
 class GPTConfig:
     vocab_size: int = 4096  # number of token ids; the embedding and the tied output head have this many rows

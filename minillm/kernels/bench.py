@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from minillm.bench.cli import bench_parser, start, write_report
-from minillm.core.config import check_float, tensor_kind
+from minillm.core.config import check_float, check_report, tensor_kind
 from minillm.core.io import atomic_write_text, check_output_file
 from minillm.kernels import build, naive, ops
 from minillm.kernels.build import load_kernels
@@ -443,6 +443,8 @@ def from_report(text: str, source: str) -> dict[str, Any]:
 KERNEL_LABELS = {"softmax": "softmax", "layernorm": "layernorm", "bias_gelu": "bias + GELU", "attention": "attention",
                  "paged_attention_decode": "paged decode", "int8_gemv": "int8 GEMV", "kv_cache_write": "KV write"}
 IN_MS = ("attention", "paged_attention_decode")
+ROW_KEYS = ("kernel", "version", "shape", "correct", "ms", "fraction_of_copy_bw")  # what the ladder reads of a row
+PTXAS_KEYS = ("source", "name", "arch", "registers", "spill_stores", "spill_loads")  # of a `ptxas_rows` row
 
 
 def contender_key(version: str) -> str:
@@ -467,7 +469,9 @@ def ladder_cell(row: dict) -> str:
 
 def ladder_table(report: dict) -> str:
     """One line per kernel: the naive op, each version and PyTorch's own op, as a percentage of the run's copy
-    bandwidth (milliseconds for `IN_MS`); an empty cell where the run had no such version."""
+    bandwidth (milliseconds for `IN_MS`); an empty cell where the run had no such version. A report without its
+    rows (`ROW_KEYS`) is a TypeError / ValueError naming it (`check_report`)."""
+    check_report("report", report, ("rows",), "rows", ROW_KEYS)
     by_kernel: dict[str, dict[str, dict]] = {}
     for r in report["rows"]:
         by_kernel.setdefault(r["kernel"], {})[contender_key(r["version"])] = r
@@ -490,8 +494,10 @@ def ladder_quotes(report: dict) -> dict[str, str]:
     as each other one ("int8_gemv_v2_vs_v1" = "6.9x", "paged_attention_decode_v1_vs_naive" = "9.1x": the second's
     ms over the first's), the range of PyTorch's own ops as a fraction of copy over the kernels the ladder gives as one
     ("torch_of_copy_range" = "24-33%") and the best version there ("best_version_of_copy")."""
-    out = {"ladder": ladder_table(report), "device": report["device"], "date": report["date"],
-           "copy_GBps": f"{report['copy_GBps']:,.0f}", "matmul_bf16_TFLOPs": f"{report['matmul_bf16_TFLOPs']:,.0f}"}
+    out = {"ladder": ladder_table(report)}  # checks the rows first
+    check_report("report", report, ("device", "date", "copy_GBps", "matmul_bf16_TFLOPs"))
+    out |= {"device": report["device"], "date": report["date"],
+            "copy_GBps": f"{report['copy_GBps']:,.0f}", "matmul_bf16_TFLOPs": f"{report['matmul_bf16_TFLOPs']:,.0f}"}
     if "matmul_fp32_TFLOPs" in report:
         out["matmul_fp32_TFLOPs"] = f"{report['matmul_fp32_TFLOPs']:,.1f}"
     timed: dict[str, dict[str, dict]] = {}
@@ -568,7 +574,8 @@ def span(values: list[int]) -> str:
 def register_table(report: dict) -> str:
     """One line per kernel file: each version's registers per thread for each architecture (a range over its
     instantiations: dtypes, 16-byte loads or not, head sizes), and the file's spill bytes (stores and loads) over
-    all of them."""
+    all of them. A report without them is a TypeError / ValueError naming it (`check_report`)."""
+    check_report("report", report, ("archs", "kernels"), "kernels", PTXAS_KEYS)
     archs = report["archs"]
     lines = ["| file | kernel | " + " | ".join(f"registers {a}" for a in archs) + " | spill bytes |",
              "|---|---|" + "---:|" * (len(archs) + 1)]
@@ -588,10 +595,14 @@ def register_quotes(report: dict) -> dict[str, str]:
     """The values of a ptxas report: nvcc's release, the compiling machine, how many instantiations, their spill
     bytes in all, and the kernel with the most registers per thread ("most_registers" = "161",
     "most_registers_kernel" = "attention v3")."""
+    table = register_table(report)  # checks the rows first
+    check_report("report", report, ("nvcc", "cpu"))
     kernels = report["kernels"]
+    if not kernels:
+        raise ValueError("report['kernels'] is empty: a --ptxas report has a row per kernel instantiation")
     top = max(kernels, key=lambda k: k["registers"])
     name = top["name"].removesuffix("_kernel").rsplit("_", 1)  # ["attention", "v3"]
-    return {"registers": register_table(report), "nvcc": report["nvcc"], "cpu": report["cpu"],
+    return {"registers": table, "nvcc": report["nvcc"], "cpu": report["cpu"],
             "instantiations": str(len(kernels)),
             "spill_bytes": str(sum(k["spill_stores"] + k["spill_loads"] for k in kernels)),
             "most_registers": str(top["registers"]),
@@ -602,6 +613,7 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
     """What chapter 12's text quotes from a report of this module (`minillm.course.results`): from a timing report
     (a run, or one read back with --from-report) the table "ladder" and the values of `ladder_quotes`; from a
     --ptxas report the table "registers" and the values of `register_quotes`."""
+    check_report("report", report, ())
     return register_quotes(report) if "kernels" in report else ladder_quotes(report)
 
 

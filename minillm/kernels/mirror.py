@@ -20,16 +20,18 @@ import torch
 
 from minillm.core.config import check_float_tensor, check_has_data, check_int, tensor_kind
 from minillm.kernels.naive import check_int8_gemv_args, check_qkv, check_rows, gelu_tanh
-from minillm.kernels.ops import check_distinct_slots, check_eps, check_head_size, check_kv_write_args
+from minillm.kernels.ops import (check_distinct_slots, check_eps, check_head_size, check_kv_write_args,
+                                 check_paged_tables, check_same_device)
 
 NEG_INF = float("-inf")
 
 
 def _tile_args(m: torch.Tensor, l: torch.Tensor, o: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> None:
     """attend_tile's state and tile: m, l (...,), o (..., hs), s (..., n), v (..., n, hs) whose leading dimensions
-    broadcast to m's; floating-point tensors all. TypeError / ValueError naming the argument."""
+    broadcast to m's; floating-point tensors all, on one device. TypeError / ValueError naming the argument."""
     for name, t in (("m", m), ("l", l), ("o", o), ("s", s), ("v", v)):
         check_float_tensor(name, t)
+    check_same_device(m=m, l=l, o=o, s=s, v=v)
     lead = tuple(m.shape)
     if tuple(l.shape) != lead:
         raise ValueError(f"l must have m's shape {lead}, got {tuple(l.shape)}")
@@ -69,6 +71,8 @@ def online_merge(m1: torch.Tensor, s1: torch.Tensor, m2: torch.Tensor, s2: torch
     for name, x in (("m1", m1), ("s1", s1), ("m2", m2), ("s2", s2)):
         if check_float_tensor(name, x).shape != m1.shape:
             raise ValueError(f"{name} must have m1's shape {tuple(m1.shape)}, got {tuple(x.shape)}")
+    check_same_device(m1=m1, s1=s1, m2=m2, s2=s2)
+    for name, x in (("m1", m1), ("s1", s1), ("m2", m2), ("s2", s2)):
         _check_no_pos_inf(name, x)
     # BEGIN SOLUTION
     m = torch.maximum(m1, m2)
@@ -328,8 +332,8 @@ def paged_attention_decode(
     num_warps: int = 1,
 ) -> torch.Tensor:
     """paged_attention.cu v1 (num_warps=1): for each sequence, walk its block table one block at a time, reading the
-    block's keys in place from the pool, and fold them into a running (max, sum, output); q (S, nh, hs) ->
-    (S, nh, hs). v2 (num_warps=4): the keys are dealt round-robin to the warps (key j to warp j % 4), each warp
+    block's keys in place from the pool, and fold them into a running (max, sum, output); q (S, nh, hs), int64
+    block_tables (S, max_nb) and context_lens (S,) (as `ops` takes them) -> (S, nh, hs). v2 (num_warps=4): the keys are dealt round-robin to the warps (key j to warp j % 4), each warp
     folds its own keys into its own state, and the states merge at the end, each rescaled to the largest max.
 
     As the kernel does, a block index outside the pool (or a context longer than the table) gives NaN for that
@@ -343,12 +347,8 @@ def paged_attention_decode(
     for name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):
         if check_float_tensor(name, pool, 4).shape[2:] != (nh, hs) or pool.shape != k_pool.shape:
             raise ValueError(f"{name} must be (nb, bs, nh={nh}, hs={hs}) like k_pool, got {tuple(pool.shape)}")
-    for name, t, shape in (("block_tables", block_tables, (S, None)), ("context_lens", context_lens, (S,))):
-        if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.dtype == torch.bool or t.dim() != len(shape) \
-                or t.shape[0] != S:
-            raise ValueError(f"{name} must be an integer tensor with S={S} rows, got "
-                             f"{tensor_kind(t)} {tuple(getattr(t, 'shape', ()))}")
-        check_has_data(name, t)
+    check_paged_tables(S, block_tables, context_lens)  # int64, as ops and naive take them
+    check_same_device(q=q, k_pool=k_pool, v_pool=v_pool, block_tables=block_tables, context_lens=context_lens)
     if S and int(context_lens.min()) < 0:
         raise ValueError(f"context_lens must be >= 0, got {context_lens.tolist()}")
     nb, bs = k_pool.shape[:2]

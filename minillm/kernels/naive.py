@@ -13,12 +13,13 @@ import math
 import torch
 
 from minillm.core.attention import attention_ref, causal_mask
-from minillm.core.config import check_float_tensor, tensor_kind
+from minillm.core.config import check_float_tensor, check_has_data, tensor_kind
 from minillm.kernels.ops import (
     check_block_tables,
     check_eps,
     check_kv_write_args,
     check_paged_args,
+    check_same_device,
     check_slot_range,
 )
 from minillm.paged.paged_cache import write_kv
@@ -26,21 +27,23 @@ from minillm.paged.paged_cache import write_kv
 
 def check_rows(name: str, x: torch.Tensor, **vectors: torch.Tensor) -> int:
     """The row ops' arguments (softmax, layernorm, bias_gelu; here and in `mirror`): `x` a floating-point tensor
-    (..., C) of at least one dimension, and each of `vectors` (weight=..., bias=...) a floating-point (C,) tensor.
-    Returns C; a TypeError / ValueError naming the argument otherwise (not torch's broadcast error, or worse, a
-    (1,) bias broadcast over every column)."""
+    (..., C) of at least one dimension, and each of `vectors` (weight=..., bias=...) a floating-point (C,) tensor
+    on x's device. Returns C; a TypeError / ValueError naming the argument otherwise (not torch's broadcast error,
+    or worse, a (1,) bias broadcast over every column)."""
     if check_float_tensor(name, x).dim() == 0:
         raise ValueError(f"{name} must have at least one dimension (its columns), got a 0-d tensor")
     C = x.shape[-1]
     for vname, t in vectors.items():
         if tuple(check_float_tensor(vname, t).shape) != (C,):
             raise ValueError(f"{vname} must have shape ({C},), {name}'s last dimension, got {tuple(t.shape)}")
+    check_same_device(**{name: x}, **vectors)
     return C
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """q, k, v floating-point (B, nh, T, hs) tensors of one shape and one dtype (causal self-attention, as the
-    kernels take it: a k of another dtype would come back promoted); TypeError / ValueError naming the argument."""
+    """q, k, v floating-point (B, nh, T, hs) tensors of one shape, one dtype and one device (causal self-attention,
+    as the kernels take it: a k of another dtype would come back promoted); TypeError / ValueError naming the
+    argument."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_float_tensor(name, x, 4)
         if x.shape != q.shape:
@@ -48,20 +51,24 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
                              f"{tuple(x.shape)}")
         if x.dtype != q.dtype:
             raise TypeError(f"{name} must have q's dtype {q.dtype}, got {x.dtype}")
+    check_same_device(q=q, k=k, v=v)
 
 
 def check_int8_gemv_args(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
-    """x (M, K) float, w (N, K) int8, scale (N,) and bias (N,) (or None) float; TypeError / ValueError naming the
-    argument. scale and bias may have another float dtype than x (the math is fp32)."""
+    """x (M, K) float, w (N, K) int8, scale (N,) and bias (N,) (or None) float, all holding values on x's device;
+    TypeError / ValueError naming the argument. scale and bias may have another float dtype than x (the math is
+    fp32)."""
     K = check_float_tensor("x", x, 2).shape[1]
     if not isinstance(w, torch.Tensor) or w.dtype != torch.int8 or w.dim() != 2 or w.shape[1] != K:
         raise TypeError(f"w must be an int8 (N, K={K}) tensor, got {tensor_kind(w)} "
                         f"{tuple(getattr(w, 'shape', ()))}")
+    check_has_data("w", w)
     for name, t in (("scale", scale), ("bias", bias)):
         if t is None and name == "bias":
             continue
         if tuple(check_float_tensor(name, t).shape) != (w.shape[0],):
             raise ValueError(f"{name} must have shape (N={w.shape[0]},), one per row of w, got {tuple(t.shape)}")
+    check_same_device(x=x, w=w, scale=scale, bias=bias)
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:

@@ -60,9 +60,18 @@ def _version(op: str, version) -> int:
     return version
 
 
+def check_same_device(**tensors: torch.Tensor | None) -> None:
+    """Every tensor (None skipped) on the first one's device, else a ValueError naming the first that is not (torch
+    would fail inside an op, "Tensor on device meta is not on the expected device cpu", naming no argument).
+    Shared by the CUDA wrappers, `naive` and the mirrors; `check_same_device(x=x, w=w)`."""
+    named = [(name, t) for name, t in tensors.items() if t is not None]
+    for name, t in named[1:]:
+        if t.device != named[0][1].device:
+            raise ValueError(f"{name} must be on {named[0][0]}'s device {named[0][1].device}, got {t.device}")
+
+
 def _on_cuda(**tensors: torch.Tensor) -> None:
     """Every tensor on one CUDA device and contiguous (the kernels index raw row-major memory)."""
-    devices = {t.device for t in tensors.values()}
     for name, t in tensors.items():
         if t.device.type != "cuda":
             raise ValueError(f"{name} must be on a CUDA device, got {t.device} (the CPU twins are in "
@@ -70,8 +79,7 @@ def _on_cuda(**tensors: torch.Tensor) -> None:
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous, got strides {t.stride()} for shape {tuple(t.shape)}; "
                              "call .contiguous() first")
-    if len(devices) > 1:
-        raise ValueError(f"all tensors must be on one device, got {sorted(str(d) for d in devices)}")
+    check_same_device(**tensors)
 
 
 def check_eps(eps) -> float:
@@ -110,6 +118,14 @@ def check_paged_args(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
         raise ValueError(f"k_pool must be (nb, bs, nh={nh}, hs={hs}), got shape {tuple(k_pool.shape)}")
     _same("k_pool", k_pool, "q", q)
     _same("v_pool", _tensor("v_pool", v_pool, dim=4), "k_pool", k_pool, tuple(k_pool.shape))
+    check_paged_tables(S, block_tables, context_lens)
+    check_same_device(q=q, k_pool=k_pool, v_pool=v_pool, block_tables=block_tables, context_lens=context_lens)
+
+
+def check_paged_tables(S: int, block_tables: torch.Tensor, context_lens: torch.Tensor) -> None:
+    """int64 block_tables (S, max_nb) and context_lens (S,) holding values; a TypeError / ValueError naming the
+    argument (a complex or float table included). Shared by `check_paged_args` and the mirror, which takes pools of
+    any floating dtype but the tables the kernels take."""
     _tensor("block_tables", block_tables, dim=2, dtypes=(torch.int64,))
     if block_tables.shape[0] != S:
         raise ValueError(f"block_tables must have S={S} rows (one per query), got shape {tuple(block_tables.shape)}")
@@ -297,6 +313,7 @@ def check_kv_write_args(key: torch.Tensor, value: torch.Tensor, k_pool: torch.Te
     _tensor("slot_mapping", slot_mapping, dim=1, dtypes=(torch.int64,))
     if slot_mapping.shape[0] != key.shape[0]:
         raise ValueError(f"slot_mapping must have one slot per token ({key.shape[0]}), got {slot_mapping.shape[0]}")
+    check_same_device(key=key, value=value, k_pool=k_pool, v_pool=v_pool, slot_mapping=slot_mapping)
     # subtle: the write reads key/value while it writes the pools; memory they share makes the result depend on the
     # order the threads run in (k_pool is v_pool: every key overwritten by its value)
     named = {"key": key, "value": value, "k_pool": k_pool, "v_pool": v_pool}

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from minillm.core.attention import attention, causal_mask
-from minillm.core.config import GPTConfig, check_int
+from minillm.core.config import GPTConfig, check_int, check_tensor_elements
 
 
 def kv_cache_bytes(n_layer: int, n_kv_head: int, head_dim: int, num_tokens: int, batch_size: int = 1,
@@ -72,6 +72,7 @@ class ContiguousKVCache:
         self.device = torch.device(device)
         self.dtype = dtype
         shape = (batch_size, config.n_head, max_len, config.head_size)  # (B, nh, max_len, hs)
+        check_tensor_elements("batch_size x n_head x max_len x head_size", shape)  # before the allocator sees it
         # Allocated once: decode never allocates cache memory, it writes into these in place.
         self.k = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(config.n_layer)]
         self.v = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(config.n_layer)]
