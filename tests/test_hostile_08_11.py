@@ -31,8 +31,9 @@ from minillm.core.sampling import SamplingParams
 from minillm.distill import FeatureProjection, default_layer_pairs, distillation_loss, feature_loss, kd_loss
 from minillm.distill import bench as distill_bench
 from minillm.distill import train as distill_train
-from minillm.distill.losses import MIN_TEMPERATURE, check_kind, check_layer_pairs, check_temperature
-from minillm.distill.run_state import RECORDS_NAME, RUN_NAME, RecordLog, resume_run, start_run, teacher_digest
+from minillm.distill.losses import MAX_TEMPERATURE, MIN_TEMPERATURE, check_kind, check_layer_pairs, check_temperature
+from minillm.distill.run_state import (RECORDS_NAME, RUN_NAME, RecordLog, record_keys, resume_run, start_run,
+                                       teacher_digest)
 from minillm.distill.train import DistillObjective, check_student, checkpoint_dir, distill, kd_history, student_dir
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
@@ -721,6 +722,19 @@ BAD = [
      r"^TrainConfig.grad_clip must be in \[0.0, inf\), got -1.0"),
     ("d11r6-distill-config-lr-set-later", lambda c: distill(changed(c.cfg, lr=NAN), c.teacher, progress=False),
      ValueError, "^TrainConfig.lr must be a finite number"),
+    # ---------------------------------------------------------------- chapter 11, seventh hostile run
+    # before: any finite T was taken; T = 1e8 came out 40% off, T = 1e30 exactly 0 (float64 rounding overtook the KL)
+    ("d11r7-kd-T-above-max", lambda c: kd_loss(c.zs, c.zt, MAX_TEMPERATURE * 10), ValueError,
+     r"^temperature must be at most MAX_TEMPERATURE=10000 .*got 100000.0"),
+    ("d11r7-kd-T-1e30", lambda c: kd_loss(c.zs, c.zt, 1e30), ValueError, "^temperature must be at most"),
+    ("d11r7-distillation-loss-T-1e8", lambda c: distillation_loss(c.zs, c.zt, c.y, 1e8), ValueError,
+     "^temperature must be at most"),
+    ("d11r7-distill-T-1e8", lambda c: distill(c.cfg, c.teacher, temperature=1e8, progress=False), ValueError,
+     "^temperature must be at most"),
+    # before: record_keys('0') was a TypeError from '>', and NaN or -1.0 gave the records without "feature"
+    ("d11r7-record-keys-str", lambda c: record_keys("0"), TypeError, "^feature_weight must be a number, got str"),
+    ("d11r7-record-keys-nan", lambda c: record_keys(NAN), ValueError, "^feature_weight must be a finite number"),
+    ("d11r7-record-keys-negative", lambda c: record_keys(-1.0), ValueError, r"^feature_weight must be in \[0.0, inf\)"),
 ]
 
 
@@ -780,7 +794,7 @@ def test_kd_loss_from_the_smallest_temperature_up_is_finite_and_right(kind):
 @pytest.mark.parametrize("kind", ["forward", "reverse"])
 def test_kd_loss_never_negative_and_keeps_the_logits_dtype(kind):
     g = torch.Generator().manual_seed(2)
-    for T in (0.5, 1.0, 10.0, 1e5):
+    for T in (0.5, 1.0, 10.0, MAX_TEMPERATURE):
         zs = torch.randn(8, 64, generator=g)
         assert float(kd_loss(zs, zs.clone(), T, kind)) == 0.0
         assert float(kd_loss(zs, zs * (1 + 1e-7), T, kind)) >= 0.0
@@ -1393,6 +1407,9 @@ D11R6_CLI = [
     ("resume-not-a-run", lambda c: ["--resume", _student(c), "--teacher", _student(c)], "--resume"),
     ("resume-with-features", lambda c: ["--resume", _student(c), "--teacher", _student(c), "--feature-weight", "0.5"],
      "--feature-weight"),
+    # seventh hostile run: a temperature past MAX_TEMPERATURE
+    ("d11r7-temperature-above-max", lambda c: ["--student", _student(c), "--teacher", _student(c), "--temperature",
+                                               "1e8"], "--temperature"),
 ]
 
 
@@ -1455,3 +1472,59 @@ def test_d11r6_the_cli_refuses_to_resume_with_other_settings_as_a_usage_error(tm
     err = capsys.readouterr().err
     assert info.value.code == 2 and "argument --resume: resume must continue the interrupted run" in err
     assert "temperature=3.0 (the interrupted run had 2.0)" in err
+
+
+# ================================================================== chapter 11, seventh hostile run: the right answers
+
+
+@pytest.mark.parametrize("T", [1e3, 1e4, 1e5, 1e8, 1e16, 1e30])
+@pytest.mark.parametrize("kind", ["forward", "reverse"])
+def test_d11r7_kd_loss_at_huge_temperatures_is_right_or_refused(T, kind):
+    """Up to MAX_TEMPERATURE the loss is the float64 reference's and close to the large-T limit it approaches,
+    mean((dz - mean dz)^2) / 2 per position (dz = z_t - z_s: Hinton et al.'s logit matching), an independent
+    reference. Above, it is refused: before, T = 1e8 gave 40% more than the limit and T = 1e30 gave 0."""
+    g = torch.Generator().manual_seed(0)
+    zs, zt = torch.randn(2, 3, 5, generator=g), torch.randn(2, 3, 5, generator=g)  # float32
+    if T > MAX_TEMPERATURE:
+        with pytest.raises(ValueError, match=r"^temperature must be at most MAX_TEMPERATURE"):
+            kd_loss(zs, zt, T, kind)
+        return
+    got = float(kd_loss(zs, zt, T, kind))
+    assert math.isclose(got, kl_reference(zs, zt, T, kind), rel_tol=1e-5)
+    dz = (zt - zs).double()
+    limit = float(((dz - dz.mean(-1, keepdim=True)) ** 2).mean(-1).mean() / 2)
+    assert math.isclose(got, limit, rel_tol=1e-3), (got, limit)
+
+
+def _one_step(student_ckpt: str, **fields) -> TrainConfig:
+    return TrainConfig(**{**RUN, "steps": 2, "eval_interval": 0, "final_eval_tokens": 0, **fields},
+                       init_from=student_ckpt)
+
+
+def test_d11r7_distill_hands_the_teacher_back_in_its_modes(tmp_path, student_ckpt):
+    """Before: a teacher passed in training mode came back in eval mode, its parameters frozen. Now each module's
+    mode and each parameter's requires_grad come back as they were, after a run and after a refused one."""
+    teacher = tiny(3, block_size=32).train()
+    teacher.transformer.h[0].eval()  # a mix of modes, kept module by module
+    teacher.transformer.wpe.weight.requires_grad_(False)
+
+    def modes():
+        return [m.training for m in teacher.modules()], [p.requires_grad for p in teacher.parameters()]
+
+    before = modes()
+    _, objective = distill(_one_step(student_ckpt), teacher, temperature=2.0, kd_weight=0.5, progress=False)
+    assert objective is not None and objective.teacher is teacher and modes() == before
+    (tmp_path / "run" / RUN_NAME).mkdir(parents=True)  # refused by start_run, after the objective froze the teacher
+    with pytest.raises(ValueError, match=f"out_dir .* holds a folder named {RUN_NAME}"):
+        distill(_one_step(student_ckpt, out_dir=str(tmp_path / "run")), teacher, kd_weight=0.5, progress=False)
+    assert modes() == before
+
+
+def test_d11r7_distill_refuses_a_student_checkpoint_changed_after_saving(student_ckpt):
+    """Before: a byte flipped inside the student's weights trained silently from the corrupted student."""
+    weights = Path(student_ckpt) / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-64] ^= 0x01
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"model\.safetensors.*does not match the sha256"):
+        distill(_one_step(student_ckpt), tiny(3, block_size=32), temperature=2.0, kd_weight=0.5, progress=False)

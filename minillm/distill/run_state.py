@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from minillm.core.config import check_module_has_data
+from minillm.core.config import check_float, check_module_has_data
 from minillm.core.io import (
     atomic_write_text,
     check_output_dir,
@@ -50,7 +50,9 @@ RECORD_KEYS = ("hard", "soft", "total")  # what every call of DistillObjective r
 
 
 def record_keys(feature_weight: float) -> tuple[str, ...]:
-    """The fields of one record of an objective with this feature weight."""
+    """The fields of one record of an objective with this feature weight (a finite number >= 0, else a TypeError /
+    ValueError naming feature_weight: NaN compared False with 0 and gave the records without "feature")."""
+    check_float("feature_weight", feature_weight, 0.0)
     return ("hard", "soft", "feature", "total") if feature_weight > 0 else RECORD_KEYS
 
 

@@ -31,9 +31,10 @@ import os
 import re
 import shlex
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Sequence
+from typing import Any, Callable, Iterator, NoReturn, Sequence
 
 import torch
 import torch.nn as nn
@@ -190,9 +191,13 @@ def distill(cfg: TrainConfig, teacher: GPT | None, temperature: float = 1.0, kd_
     kd_weight = 0 and feature_weight = 0 is the hard-label control: the trainer's own cross-entropy, no teacher. The
     exported training_log.json (if `cfg.export_dir`) gains a "distillation" section: the settings and, per logged
     step, the mean hard, soft and feature terms. Every argument is checked first, whether or not the run uses it:
-    temperature >= MIN_TEMPERATURE (1e-2), kd_weight in [0, 1], feature_weight >= 0 (all finite), kind "forward"
-    or "reverse", and `cfg` again (a field set after construction, steps = 0 or lr = NaN, is refused as
-    TrainConfig refuses it). `prepare_distill` does all of that and `run_distill` trains: `distill` is the two.
+    temperature in [MIN_TEMPERATURE, MAX_TEMPERATURE] = [1e-2, 1e4], kd_weight in [0, 1], feature_weight >= 0 (all
+    finite), kind "forward" or "reverse", and `cfg` again (a field set after construction, steps = 0 or lr = NaN, is
+    refused as TrainConfig refuses it). `prepare_distill` does all of that and `run_distill` trains: `distill` is
+    the two. The teacher runs frozen, in eval mode, on cfg.device (it is moved there, as `.to()` moves a module),
+    and is handed back in the modes it came in: every module's training mode and every parameter's requires_grad
+    restored (`kept_modes`), whether the run finished or raised. (The returned objective holds that same teacher,
+    no longer frozen: for its records, not to train with again; `distill` builds a new one each run.)
 
     Resume: with `cfg.out_dir` the run keeps its state beside the trainer's checkpoints (`run_state`); a run
     stopped there (`stop_after`, or killed) continues with `cfg.resume = out_dir` and `init_from = None`, the same
@@ -201,7 +206,28 @@ def distill(cfg: TrainConfig, teacher: GPT | None, temperature: float = 1.0, kd_
     """
     if not isinstance(progress, bool):
         raise TypeError(f"progress must be a bool, got {type(progress).__name__} {progress!r}")
-    return run_distill(prepare_distill(cfg, teacher, temperature, kd_weight, kind, feature_weight), progress)
+    with kept_modes(teacher):  # DistillObjective freezes the teacher for the run; the caller gets it back as it was
+        return run_distill(prepare_distill(cfg, teacher, temperature, kd_weight, kind, feature_weight), progress)
+
+
+@contextmanager
+def kept_modes(model: nn.Module | None) -> Iterator[None]:
+    """Run the body, then give every module of `model` back its training mode and every parameter its
+    requires_grad, as they were on entry (None, or anything that is no module: nothing to keep). The body may switch
+    them freely (`DistillObjective` puts the teacher in eval mode and freezes it); the caller's model comes back in
+    the mode it came in, as chapter 13's `eval_mode` hands back a decoder's model."""
+    if not isinstance(model, nn.Module):
+        yield
+        return
+    modes = [(m, m.training) for m in model.modules()]
+    grads = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+        for p, requires_grad in grads:
+            p.requires_grad_(requires_grad)
 
 
 @dataclass

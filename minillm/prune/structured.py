@@ -27,6 +27,7 @@ every layer, so `prune_heads` removes the same number from each), and pruning la
 from __future__ import annotations
 
 import copy
+import numbers
 from dataclasses import replace
 
 import torch
@@ -46,27 +47,31 @@ def _check_model(model: object, who: str) -> GPT:
 
 
 def _is_index(i: object) -> bool:
-    return isinstance(i, int) and not isinstance(i, bool)
+    """An int, numpy's included (np.int64 from an argsort); bool is no index."""
+    return isinstance(i, numbers.Integral) and not isinstance(i, bool)
 
 
 def _check_heads(model: GPT, heads: object) -> dict[int, list[int]]:
-    """heads {block: [head, ...]}: int keys in [0, n_layer), lists of distinct int heads in [0, n_head); bool is no
-    index. All of a block's heads may be listed: masking them all is the ablation "this block without attention"
-    (its output is c_proj's bias), which `mask_heads` allows and `prune_heads` refuses (it keeps one head)."""
+    """heads {block: [head, ...]} as a dict of plain ints: keys in [0, n_layer), lists of distinct heads in
+    [0, n_head), numpy ints taken as ints; bool is no index. Every error names heads. All of a block's heads may be
+    listed: masking them all is the ablation "this block without attention" (its output is c_proj's bias), which
+    `mask_heads` allows and `prune_heads` refuses (it keeps one head)."""
     L, nh = model.config.n_layer, model.config.n_head
     if not isinstance(heads, dict):
         raise TypeError(f"heads must be a dict {{block: [head, ...]}}, got {type(heads).__name__}")
+    out: dict[int, list[int]] = {}
     for b, hh in heads.items():
         if not _is_index(b) or not 0 <= b < L:
-            raise ValueError(f"block index must be an int in [0, {L}), got {b!r}")
+            raise ValueError(f"heads has a key {b!r}: a block index must be an int in [0, {L})")
         if not isinstance(hh, (list, tuple)):
             raise TypeError(f"heads[{b}] must be a list of head indices, got {type(hh).__name__}")
         for h in hh:
             if not _is_index(h) or not 0 <= h < nh:
-                raise ValueError(f"head index must be an int in [0, {nh}), got {h!r} (block {b})")
+                raise ValueError(f"heads[{b}] holds {h!r}: a head index must be an int in [0, {nh})")
         if len(set(hh)) != len(hh):
             raise ValueError(f"heads[{b}] lists a head twice: {list(hh)}")
-    return heads  # type: ignore[return-value]
+        out[int(b)] = [int(h) for h in hh]  # type: ignore[call-overload]
+    return out
 
 
 def mlp_widths(model: GPT) -> list[int]:
@@ -200,7 +205,7 @@ def head_scores(model: GPT, calibration: torch.Tensor) -> torch.Tensor:
 def mask_heads(model: GPT, heads: dict[int, list[int]]) -> GPT:
     """A copy where block b's heads listed in heads[b] contribute nothing (their c_proj columns zeroed)."""
     _check_model(model, "mask_heads")
-    _check_heads(model, heads)
+    heads = _check_heads(model, heads)
     hs = model.config.head_size
     out = copy.deepcopy(model)
     for b, hh in heads.items():
@@ -217,6 +222,7 @@ def lowest_heads(scores: torch.Tensor, per_block: int) -> dict[int, list[int]]:
                         f"{tensor_kind(scores)} {tuple(getattr(scores, 'shape', ()))}")
     if not _is_index(per_block) or not 0 <= per_block <= scores.shape[1]:
         raise ValueError(f"per_block must be an int in [0, {scores.shape[1]}] (the heads per block), got {per_block!r}")
+    per_block = int(per_block)
     check_has_data("scores", scores)
     if bool(torch.isnan(scores).any()):
         raise ValueError("scores hold NaN values, which have no order")
@@ -231,7 +237,7 @@ def prune_heads(model: GPT, heads: dict[int, list[int]]) -> GPT:
     _check_model(model, "prune_heads")
     cfg, L = model.config, model.config.n_layer
     nh, hs, A = cfg.n_head, cfg.head_size, cfg.attn_dim
-    _check_heads(model, heads)
+    heads = _check_heads(model, heads)
     if sorted(heads) != list(range(L)):
         raise ValueError(f"heads must list the heads to remove for every block 0..{L - 1}, got {heads!r:.80}")
     counts = {len(set(hh)) for hh in heads.values()}

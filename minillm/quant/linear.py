@@ -35,7 +35,7 @@ from minillm.core.config import (check_float, check_has_data, check_int, check_m
                                  tensor_kind)
 from minillm.core.model import GPT
 from minillm.core.weights import untied_head
-from minillm.quant.quantize import QuantizedTensor, dequantize, pack_int4, quantize, unpack_int4
+from minillm.quant.quantize import QuantizedTensor, dequantize, pack_int4, quantize, tensor_state, unpack_int4
 from minillm.quant.w8a8 import llm_int8_linear, w8a8_linear
 
 MODES = ("int8", "int4", "w8a8")
@@ -99,6 +99,17 @@ class QuantConfig:
 # ----- the modules ---------------------------------------------------------------------------------------------
 
 
+def _check_buffer(name: str, t: object, shape: tuple[int, ...], dtype: torch.dtype | None) -> None:
+    """A QuantLinear buffer: a tensor of `shape` and `dtype` (None: any float dtype), else a TypeError/ValueError
+    naming it (host-only)."""
+    if not isinstance(t, torch.Tensor) or (not t.is_floating_point() if dtype is None else t.dtype != dtype):
+        raise TypeError(f"{name} must be a {dtype or 'float'} tensor of shape {shape} for this layer, got "
+                        f"{tensor_kind(t)}: was it replaced after the layer was built?")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape} for this layer, got {tuple(t.shape)}: was it replaced after "
+                         "the layer was built?")
+
+
 class QuantLinear(nn.Module):
     """A linear layer holding integer weights: `qweight` (out, in) int8/uint8, or (out, in/2) packed int4 codes,
     `scale` (out, groups) fp32, `zero` (out, groups) uint8 when asymmetric, `bias` (out,) fp32 or None.
@@ -109,6 +120,16 @@ class QuantLinear(nn.Module):
 
     x must have the layer's compute dtype, its scales' (fp32 unless the layer was cast): any other float dtype is a
     TypeError naming x, in every mode. Cast x, or the layer, first.
+
+    What is checked when (the buffers are plain attributes: they can be replaced or written after construction):
+    every forward (and `quantized_weight`, and the quantized embedding's lookup) runs `check_config` and
+    `check_buffers` on the host, about a microsecond together. Unless a buffer was replaced or written in place
+    since the last check (their identities and version counters: `tensor_state`) that is all; after such a change,
+    `check_values` runs once: shapes, dtypes and devices (`l.qweight = l.qweight[:4]`, a bias of another length:
+    an error naming it), then the values in one host sync (scales finite and > 0: `l.scale.mul_(-1)` is refused;
+    zero points on the grid; bias finite). `from_linear` runs it at build time, so an unchanged layer's forward
+    reads no value. Not seen: writes through `.data` or into inference tensors (they bump no counter); inside a
+    compiled graph or a CUDA-graph capture only the shapes are checked, the values by the next eager call.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool, config: QuantConfig):
@@ -133,6 +154,7 @@ class QuantLinear(nn.Module):
         self.register_buffer("scale", torch.ones(out_features, groups))
         self.register_buffer("zero", None if config.symmetric else torch.zeros(out_features, groups, dtype=torch.uint8))
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
+        self._checked: tuple | None = None  # `tensor_state` of the buffers when their values were last checked
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, config: QuantConfig, qt: QuantizedTensor | None = None, *,
@@ -159,7 +181,9 @@ class QuantLinear(nn.Module):
             module.load_quantized(qt, name=name)
             if linear.bias is not None:
                 module.bias.copy_(linear.bias.detach().float())
-        return module.to(linear.weight.device)
+        module = module.to(linear.weight.device)
+        module.check_values()  # one host sync at build time, so the first forward reads nothing
+        return module
 
     def load_quantized(self, qt: QuantizedTensor, *, name: str = "qt") -> None:
         """Store copies of the codes + scales, checking they fit this layer's mode (bits, symmetry, shapes) and hold
@@ -176,7 +200,7 @@ class QuantLinear(nn.Module):
             raise ValueError(f"{name} holds codes of shape {qt.shape} with scales {tuple(qt.scale.shape)}, which do "
                              f"not fit a layer ({self.out_features}, {self.in_features}) with {want_groups} groups "
                              "per row")
-        qt._check_layout()  # its fields may have been replaced since it was built
+        qt._recheck()  # its fields may have been replaced, or its tensors written, since it was built
         for field, t in (("q", qt.q), ("scale", qt.scale)):
             check_has_data(f"{name}.{field}", t)  # a meta tensor has no codes to copy
         q = pack_int4(qt.q) if self.config.mode == "int4" else qt.q  # (out, in/2) or (out, in)
@@ -206,11 +230,78 @@ class QuantLinear(nn.Module):
                              "with another config; build a new layer with QuantLinear.from_linear")
         return c
 
+    def _state(self) -> tuple:
+        """`tensor_state` of the four buffers (read from `_buffers`: a module's attribute lookup costs more; a bias
+        assigned as an nn.Parameter moves to `_parameters`)."""
+        b = self._buffers
+        bias = b["bias"] if "bias" in b else self._parameters.get("bias")
+        return tensor_state(b.get("qweight"), b.get("scale"), b.get("zero"), bias)
+
+    def check_buffers(self) -> None:
+        """Nothing to do, in about a microsecond, when no buffer was replaced or written in place since they were
+        last checked (`tensor_state`: identities and version counters, on the host); otherwise `check_values`,
+        shapes and values, except inside a compiled graph or a CUDA-graph capture, where no host sync may run: there
+        the shapes alone are checked (when traced), the values by the first eager call after it."""
+        compiling = torch.compiler.is_compiling()
+        if not compiling and self._checked == self._state():
+            return
+        self._check_layout()
+        if compiling or (self.scale.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return  # no host sync here: the values are read by the first eager call after it
+        self.check_values()
+
+    def _check_layout(self) -> None:
+        """The buffers as the config implies them, on the host: qweight (out, in) int8 / uint8 or (out, in/2) uint8
+        for int4, scale (out, groups) float, zero (out, groups) uint8 or None, bias (out,) of the scale's dtype or
+        None, all on one device; a TypeError/ValueError naming the buffer otherwise (a buffer replaced after
+        construction reached torch's broadcasting error)."""
+        c, out, n = self.config, self.out_features, self.in_features
+        int4 = c.mode == "int4"
+        scale, zero = self.scale, self.zero
+        _check_buffer("qweight", self.qweight, (out, n // 2 if int4 else n),
+                      torch.uint8 if int4 or not c.symmetric else torch.int8)
+        _check_buffer("scale", scale, (out, n // c.group_size if int4 else 1), None)
+        if (zero is None) != c.symmetric:
+            raise TypeError(f"zero must be None for symmetric codes and a uint8 tensor for asymmetric ones; this layer "
+                            f"is {'' if c.symmetric else 'a'}symmetric and zero is {tensor_kind(zero)}")
+        if zero is not None:
+            _check_buffer("zero", zero, tuple(scale.shape), torch.uint8)
+        if self.bias is not None:
+            _check_buffer("bias", self.bias, (out,), scale.dtype)
+        for name, t in (("qweight", self.qweight), ("zero", zero), ("bias", self.bias)):
+            if t is not None and t.device != scale.device:
+                raise ValueError(f"{name} is on {t.device}, the layer's scale on {scale.device}: move the layer")
+
+    def check_values(self) -> None:
+        """The buffers' shapes, dtypes and devices (`_check_layout`), then their values in one host sync: every scale
+        finite and > 0 (a negative one flips the output's signs, NaN makes it NaN), zero points on the grid
+        [0, 2^bits - 1], the bias finite; a TypeError/ValueError naming the buffer otherwise. The codes need no
+        value check: every int8 and every packed byte is a code. Records the buffers' `tensor_state`, so forward
+        checks them again only after the next change."""
+        self._check_layout()
+        scale, zero, bias = self.scale, self.zero, self.bias
+        if scale.device.type != "meta":  # a meta layer has shapes only
+            no = scale.new_zeros((), dtype=torch.bool)
+            bad_scale, bad_zero, bad_bias = torch.stack([
+                ~(torch.isfinite(scale) & (scale > 0)).all(),
+                no if zero is None else (zero > 2 ** self.config.bits - 1).any(),
+                no if bias is None else ~torch.isfinite(bias).all()]).tolist()
+            if bad_scale:
+                raise ValueError("scale must hold finite values > 0 (a negative scale flips the output's signs, a NaN "
+                                 "one makes it NaN): was it written after the layer was built?")
+            if bad_zero:
+                raise ValueError(f"zero holds zero points above {2 ** self.config.bits - 1}, off the "
+                                 f"{self.config.bits}-bit grid: was it written after the layer was built?")
+            if bad_bias:
+                raise ValueError("bias holds NaN or inf values: was it written after the layer was built?")
+        self._checked = self._state()
+
     def quantized_weight(self) -> QuantizedTensor:
         """The layer's codes and scales as a QuantizedTensor (int4 codes unpacked)."""
         self.check_config()
+        self.check_buffers()
         q = unpack_int4(self.qweight, signed=self.config.symmetric) if self.config.mode == "int4" else self.qweight
-        # Checked when stored (`load_quantized`, or a file's scales and zero points): no value is read again here.
+        # Checked when stored, and after any change (`check_buffers`): no value is read again here.
         return QuantizedTensor.from_checked(q, self.scale, self.zero, self.config.bits,
                                             (self.out_features, self.in_features))
 
@@ -223,6 +314,8 @@ class QuantLinear(nn.Module):
         # are checked on the host for free. NaN in x is not looked for (a sync per step): it comes out NaN.
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
             raise TypeError(f"QuantLinear needs a floating-point input x, got {tensor_kind(x)}")
+        self.check_config()  # host-only: a config replaced since the layer was built is named here
+        self.check_buffers()  # host-only, and the values once after a buffer was replaced or written
         if x.device != self.scale.device:  # a meta x, or one on another device than the layer's codes
             raise ValueError(f"x is on {x.device}, the layer on {self.scale.device}: move one of them")
         if x.dtype != self.scale.dtype:  # the modes would disagree: fp32 out, x's dtype out, or torch's error
@@ -230,7 +323,6 @@ class QuantLinear(nn.Module):
                             "(or the layer) first")
         if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise ValueError(f"x must have shape (..., {self.in_features}), got {tuple(x.shape)}")
-        self.check_config()  # host-only: a config replaced since the layer was built is named here
         if self.config.mode == "w8a8":
             if self.config.outlier_threshold is not None:
                 return llm_int8_linear(x, self, self.config.outlier_threshold)
@@ -267,6 +359,7 @@ class QuantEmbedding(nn.Module):
             raise TypeError(f"idx must be an int64 tensor of token ids, got {tensor_kind(idx)}")
         t = self.table
         t.check_config()
+        t.check_buffers()
         rows = idx.reshape(-1)  # (N,) token ids
         if rows.numel() == 0:  # no ids (an empty batch, as nn.Embedding allows): a QuantizedTensor needs a row
             return t.scale.new_zeros(*idx.shape, t.in_features)  # (..., C)

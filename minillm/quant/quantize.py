@@ -139,6 +139,14 @@ def _widen(*ts: torch.Tensor) -> list[torch.Tensor]:
     return [t.to(dtype) for t in ts]
 
 
+def tensor_state(*tensors: torch.Tensor | None) -> tuple:
+    """Each tensor's identity and version counter (None stays None), read on the host for free: replacing a tensor,
+    or writing into it in place (`mul_`, `fill_`, `copy_`, `load_state_dict`), changes it, so a value check need
+    only run again when this does. Writes that bump no counter are not seen: through `.data`, or into an inference
+    tensor (made under `torch.inference_mode`)."""
+    return tuple(None if t is None else (id(t), -1 if t.is_inference() else t._version) for t in tensors)
+
+
 def check_finite(name: str, x: torch.Tensor) -> torch.Tensor:
     """x unchanged, or a ValueError naming it when it holds NaN or inf (one host sync: not for a per-step path), or
     when it is a meta tensor (a shape without values: nothing to check or to quantize)."""
@@ -306,7 +314,10 @@ class QuantizedTensor:
 
     Building one checks shapes and dtypes, then the values in one host sync: codes that fit `bits` ([-8, 7] or
     [0, 15] for 4 bits), scales finite and > 0, zero points in [0, 2^b - 1]. `from_checked` skips the values, for
-    a layer's own buffers rebuilt on every forward.
+    a layer's own buffers rebuilt on every forward. The fields may be changed afterwards: `dequantize` checks the
+    shapes and dtypes again on every call (host-only), and the values again, once, when a field was replaced, a
+    tensor written in place or `bits` changed since they were last checked (`tensor_state`: no host sync
+    otherwise). So `qt.bits = 4` over 8-bit codes is a ValueError naming q and bits, not codes read modulo 16.
     """
 
     q: torch.Tensor
@@ -318,6 +329,20 @@ class QuantizedTensor:
     def __post_init__(self) -> None:
         self._check_layout()
         self._check_values()
+        self._checked = self._state()
+
+    def _state(self) -> tuple:
+        """What the value check saw: the tensors (`tensor_state`) and bits."""
+        return (*tensor_state(self.q, self.scale, self.zero), self.bits)
+
+    def _recheck(self) -> None:
+        """Shapes and dtypes again (host-only), and the values again (one host sync) only if something changed since
+        they were last checked; no value is read inside a compiled graph (no host sync may run there)."""
+        self._check_layout()
+        if torch.compiler.is_compiling() or getattr(self, "_checked", None) == self._state():
+            return
+        self._check_values()
+        self._checked = self._state()
 
     @classmethod
     def from_checked(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, bits: int,
@@ -327,6 +352,8 @@ class QuantizedTensor:
         qt = object.__new__(cls)
         qt.q, qt.scale, qt.zero, qt.bits, qt.shape = q, scale, zero, bits, shape
         qt._check_layout()
+        if not torch.compiler.is_compiling():
+            qt._checked = qt._state()  # taken as checked: later changes to it are still seen
         return qt
 
     def _check_layout(self) -> None:
@@ -373,7 +400,7 @@ class QuantizedTensor:
             checks.append((self.zero > hi).any())
         bad_q, bad_scale, *bad_zero = torch.stack(checks).tolist()
         if bad_q:
-            raise ValueError(f"q holds codes outside [{lo}, {hi}], which {self.bits}-bit "
+            raise ValueError(f"q holds codes outside [{lo}, {hi}], which bits={self.bits} "
                              f"{'symmetric' if self.zero is None else 'asymmetric'} codes cannot take")
         if bad_scale:
             raise ValueError("scale must hold finite values > 0 (a zero or NaN scale loses the weights, a negative "
@@ -397,7 +424,7 @@ def _grouped_view(x: torch.Tensor, granularity: str, group_size: int | None) -> 
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
     if x.dim() == 0:
-        raise ValueError("cannot quantize a 0-d tensor; give it at least one dimension")
+        raise ValueError("x is a 0-d tensor: quantize needs at least one dimension (x.reshape(1) for a scalar)")
     if granularity != "group" and group_size is not None:  # else it would be ignored: one scale per row or tensor
         raise ValueError(f"group_size={group_size!r} applies to granularity='group' only, got granularity="
                          f"{granularity!r}; leave group_size None")
@@ -446,10 +473,11 @@ def dequantize(qt: QuantizedTensor) -> torch.Tensor:
     """The float tensor `qt` stands for: scale * (q - zero) group by group, shaped like the original.
 
     The shapes and dtypes are checked again (no value read): a field replaced after construction (`qt.scale = ...`)
-    is a TypeError/ValueError naming it, not a reshape error or a tensor of the wrong shape."""
+    is a TypeError/ValueError naming it, not a reshape error or a tensor of the wrong shape. The values are read
+    again (one host sync) only when a field changed since they were last checked (see `QuantizedTensor`)."""
     if not isinstance(qt, QuantizedTensor):
-        raise TypeError(f"dequantize needs a QuantizedTensor, got {type(qt).__name__}")
-    qt._check_layout()
+        raise TypeError(f"qt must be a QuantizedTensor (from quantize), got {type(qt).__name__}")
+    qt._recheck()
     rows, groups = qt.scale.shape
     q = qt.q.reshape(rows, groups, -1)  # (rows, groups, gs)
     scale = qt.scale.unsqueeze(2)  # (rows, groups, 1)
