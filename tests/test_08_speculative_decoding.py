@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import minillm.speculative.sampling as spec_sampling
-from helpers import EngineDriver, PoisonedParams, context_model, random_prompts
+from helpers import EngineDriver, PoisonedParams, context_model, noisy_copy, random_prompts
 from minillm import GPT, GPTConfig, load_tokenizer
 from minillm.core.sampling import SamplingParams, probs_from_logits
 from minillm.engine import LLM, EngineConfig, ModelRunner, Sampler, Scheduler
@@ -62,17 +62,6 @@ from minillm.speculative.verify_cache import VerifyKVCache
 
 SMALL = dict(vocab_size=128, block_size=64, n_layer=2, n_head=2, n_embd=32)
 GAMMAS = (1, 2, 4, 7)
-
-
-def noisy_copy(model: GPT, noise: float, seed: int) -> GPT:
-    """The target with every weight perturbed by `noise` times its own std: a draft that agrees part of the time
-    (greedy acceptance about 0.3 at noise 0.1 on these models)."""
-    draft = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * noise * p.std())
-    return draft
 
 
 @pytest.fixture(scope="module")

@@ -9,17 +9,16 @@ arguments as TypeError/ValueError naming them. No test measures time.
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
 
-from helpers import context_model
+from helpers import context_model, noisy_copy
 from minillm import GPT, GPTConfig
 from minillm.bench.models import load_model
-from minillm.compile import fused_speculative
 from minillm.compile.cpu_gemv import build_problem
 from minillm.compile.fused_speculative import (MAX_GAMMA, generate_prompt_lookup_fused, generate_speculative_fused)
+from minillm.speculative import generate as speculative_generate
 from minillm.compile.fused_step import MAX_VERIFY, FusedCPUDecoder
 from minillm.core.sampling import SamplingParams, probs_from_logits
 from minillm.kvcache.generate import generate_ids
@@ -32,16 +31,6 @@ pytestmark = pytest.mark.skipif(build_problem() is not None, reason=f"cannot bui
 SMALL = GPTConfig(vocab_size=4096, block_size=64, n_layer=2, n_head=4, n_embd=64)
 PROMPTS = [[5, 17, 99, 3], [200, 1, 1, 42, 7, 9, 11, 300, 12], [64], [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]]
 GAMMAS = (1, 2, 4, 7, MAX_GAMMA)
-
-
-def noisy_copy(model: GPT, noise: float, seed: int) -> GPT:
-    """The target with every weight perturbed by `noise` times its own std: a draft that agrees part of the time."""
-    draft = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * noise * p.std())
-    return draft
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +183,7 @@ def test_sampled_first_tokens_follow_the_targets_distribution(sampling_pair, mon
     def keep_every_draft(p_rows, q_rows, drafts, generator):
         return [*drafts, int(torch.multinomial(p_rows[-1], 1, generator=generator))]
 
-    monkeypatch.setattr(fused_speculative, "accept_or_resample", keep_every_draft)
+    monkeypatch.setattr(speculative_generate, "accept_or_resample", keep_every_draft)  # the shared round loop's
     planted = chi_square_test(first_tokens(tdec, ddec, prefix, gamma=1), p)
     assert planted.p_value < 1e-3, f"the planted rule passed: chi-square {planted.chi2:.1f}"
 

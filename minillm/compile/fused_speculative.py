@@ -7,16 +7,16 @@ last round kept all γ and the draft catches up), the target scores the γ+1 pos
 keeps a prefix plus one token of the target's, and both caches roll back (`ContiguousKVCache.truncate`) to what was
 kept. And `generate_prompt_lookup_fused(target, ...)`: the same rounds with chapter 08's prompt lookup as the
 proposer (`PromptLookupProposer`: copy what followed the last n-gram; no draft model). The round loop and its
-invariant are chapter 08's (`minillm.speculative.generate`); only the forwards differ. Greedy tokens equal the
-target's own greedy output (`FusedCPUDecoder(target).generate_ids`, chapter 04's `generate_ids`); sampled tokens
-follow the target's distribution (`accept_or_resample` on softmax probabilities; both tested). The stats are chapter
-08's `SpeculativeStats`.
+invariant are chapter 08's own (`minillm.speculative.generate.run_rounds`); only the verify differs. Greedy tokens
+equal the target's own greedy output (`FusedCPUDecoder(target).generate_ids`, chapter 04's `generate_ids`); sampled
+tokens follow the target's distribution (`accept_or_resample` on softmax probabilities; both tested). The stats are
+chapter 08's `SpeculativeStats`.
 
 Why: on the eager path a verify of γ+1 tokens costs about what one step costs (both pay ~150 operator calls), but so
-does every draft step, whatever the draft's size: chapter 08 measured c = 0.28 (a draft step over a target step)
-for a draft with a sixth of the target's weights, and a best speed-up of about 1.2x. The fused step removes that per-call cost, so a step costs what
-streaming its weights costs: the draft's step falls to its share of the bytes, and the verify of γ+1 rows to about
-one target step plus the arithmetic of the extra rows.
+does every draft step, whatever the draft's size: chapter 08 measures c, a draft step over a target step, near 0.3
+for a draft with a sixth of the target's weights, which caps the speed-up. The fused step removes that per-call
+cost, so a step costs about what streaming its weights costs: the draft's step falls to its share of the bytes,
+and the verify of γ+1 rows to about one target step plus the arithmetic of the extra rows.
 
 What it leaves out: batches and the engine (one request at a time, chapter 08's engine does speculation for many),
 γ past MAX_GAMMA (15: a verify takes at most MAX_VERIFY = 16 rows), several parallel samples (n > 1), and adaptive γ
@@ -33,10 +33,9 @@ import torch
 from minillm.compile.decode import check_eval_mode
 from minillm.compile.fused_step import MAX_VERIFY, FusedCPUDecoder
 from minillm.core.config import check_int
-from minillm.core.sampling import SamplingParams, probs_from_logits, sample_next
+from minillm.core.sampling import SamplingParams, probs_from_logits
 from minillm.core.stopping import RequestState, check_eos_id, start_request
-from minillm.speculative.generate import PromptLookupProposer, SpeculativeStats
-from minillm.speculative.sampling import accept_greedy, accept_or_resample
+from minillm.speculative.generate import PromptLookupProposer, SpeculativeStats, run_rounds
 
 MAX_GAMMA = MAX_VERIFY - 1  # drafts per round: the verify scores γ+1 rows in one C++ call of at most MAX_VERIFY
 
@@ -125,44 +124,12 @@ def _start(target: FusedCPUDecoder, prompt_ids: Any, params: SamplingParams, gam
 @torch.inference_mode()
 def _run(target: FusedCPUDecoder, state: RequestState, proposer: Any, gamma: int
          ) -> tuple[list[int], SpeculativeStats]:
-    """Chapter 08's round loop (`minillm.speculative.generate._run`, its invariant in that module's docstring) with
-    the target's verify one fused C++ call over the decoder's own cache."""
-    stats = SpeculativeStats()
-    if state.finished:  # max_new_tokens == 0
-        stats.finish_reason = state.finish_reason
-        return [], stats
-    prompt, params, cache = state.prompt_ids, state.params, target.cache
-    _prefill(target, prompt)
-    proposer.prefill(prompt)
-    seq = list(prompt)
-    while True:
-        n = len(seq)
-        # Never draft past what may still be emitted: the verify's last position n-1+g stays in the cache.
-        g = min(gamma, params.max_new_tokens - len(state.output_ids) - 1)
-        drafts, q = proposer.propose(seq, g, state) if g > 0 else ([], None)
-        logits = target.verify([seq[-1], *drafts])  # (g+1, V): ONE C++ call; the cache grows n-1 -> n+g
-        stats.target_calls += 1
-        stats.proposed += len(drafts)
-        if params.is_greedy:
-            emitted = accept_greedy(logits, drafts, params)
-        elif drafts:
-            emitted = accept_or_resample(probs_from_logits(logits, params), q, drafts, state.generator)
-        else:  # nothing drafted: a plain decode step, the same single draw the target alone would make
-            emitted = [int(sample_next(logits, params, state.generator))]
-        if not 1 <= len(emitted) <= len(drafts) + 1 or emitted[:-1] != drafts[:len(emitted) - 1]:
-            # A broken acceptance rule (chapter 08's exercise in progress) would loop forever or corrupt the caches.
-            raise ValueError(f"the acceptance rule emitted {emitted} for drafts {drafts}: a round must emit a kept "
-                             f"prefix of the drafts plus exactly one token of the target's")
-        stats.accepted += len(emitted) - 1
-        cache.truncate(n + len(emitted) - 1)  # roll back: keep seq[:n] + the kept drafts; the new last token not in
-        proposer.rollback(n + len(emitted) - 1)
-        seq.extend(emitted)
-        if state.accept(emitted):
-            break
-    stats.draft_calls = proposer.calls
-    stats.num_tokens = len(state.output_ids)
-    stats.finish_reason = state.finish_reason
-    return list(state.output_ids), stats
+    """Chapter 08's round loop (`minillm.speculative.generate.run_rounds`, its invariant in that module's docstring)
+    with the target's verify one fused C++ call over the decoder's own cache, which holds the tokens before
+    `start` (the verify writes after them)."""
+    if not state.finished:  # max_new_tokens == 0: nothing to prefill
+        _prefill(target, state.prompt_ids)
+    return run_rounds(state, proposer, gamma, target.cache, lambda tokens, start: target.verify(tokens))
 
 
 def generate_speculative_fused(target: FusedCPUDecoder, draft: FusedCPUDecoder, prompt_ids: Any,

@@ -22,7 +22,7 @@ Invariant of every round, for the sequence `seq` (prompt + emitted tokens, n = l
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -185,17 +185,32 @@ def _start(target: Any, prompt_ids: Any, params: SamplingParams, gamma: int, tok
 
 @torch.inference_mode()
 def _run(target: GPT, state: RequestState, proposer: Any, gamma: int) -> tuple[list[int], SpeculativeStats]:
-    stats = SpeculativeStats()
+    """The round loop on the eager target: its cache prefilled with the prompt but its last token, every verify one
+    forward of the target over that cache (`run_rounds`)."""
     if state.finished:  # max_new_tokens == 0
-        stats.finish_reason = state.finish_reason
-        return [], stats
+        return run_rounds(state, proposer, gamma, None, None)
     prompt = state.prompt_ids
     max_len = len(prompt) + state.params.max_new_tokens - 1  # slots: everything but the last emitted token
     cache = ContiguousKVCache(target.config, 1, max(max_len, 1), device=target.device)
     if len(prompt) > 1:
         _forward(target, cache, prompt[:-1], 0)
-    proposer.prefill(prompt)
-    seq = list(prompt)
+    return run_rounds(state, proposer, gamma, cache, lambda tokens, start: _forward(target, cache, tokens, start))
+
+
+def run_rounds(state: RequestState, proposer: Any, gamma: int, cache: Any,
+               verify: Callable[[list[int], int], torch.Tensor] | None) -> tuple[list[int], SpeculativeStats]:
+    """Draft, verify, accept, roll back, until the request finishes; returns (new token ids, stats).
+
+    `cache` holds the target's keys and values of every token but the sequence's last (its `truncate(n)` keeps the
+    first n); `verify(tokens, start)` scores `tokens` at positions start.. in one call of the target, writing their
+    keys and values at those slots, and returns their logits (len(tokens), V). Chapter 13's fused decoders run this
+    same loop with their own verify (`minillm.compile.fused_speculative`)."""
+    stats = SpeculativeStats()
+    if state.finished:  # max_new_tokens == 0
+        stats.finish_reason = state.finish_reason
+        return [], stats
+    proposer.prefill(state.prompt_ids)
+    seq = list(state.prompt_ids)
     while True:
         n = len(seq)
         remaining = state.params.max_new_tokens - len(state.output_ids)
@@ -203,7 +218,7 @@ def _run(target: GPT, state: RequestState, proposer: Any, gamma: int) -> tuple[l
         # n-1+γ must stay inside the cache and the context window (start_request capped max_new_tokens to it).
         g = min(gamma, remaining - 1)
         drafts, q = proposer.propose(seq, g, state) if g > 0 else ([], None)
-        logits = _forward(target, cache, [seq[-1], *drafts], n - 1)  # (γ+1, V): ONE target forward
+        logits = verify([seq[-1], *drafts], n - 1)  # (γ+1, V): ONE target call
         stats.target_calls += 1
         stats.proposed += len(drafts)
         if state.params.is_greedy:
