@@ -81,15 +81,17 @@ def is_float_compute(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.is_floating_point() and x.element_size() >= 2
 
 
-def check_float_tensor(name: str, x: Any, ndim: int | None = None) -> torch.Tensor:
+def check_float_tensor(name: str, x: Any, ndim: int | None = None, values: bool = True) -> torch.Tensor:
     """`x` if it is a floating-point torch tensor of a dtype torch computes in (not float8), holding values (not a
-    meta tensor), of `ndim` dimensions when given; TypeError / ValueError naming `name` otherwise."""
+    meta tensor; `values=False` for a caller that only slices or reshapes, where a meta tensor's shape is enough), of
+    `ndim` dimensions when given; TypeError / ValueError naming `name` otherwise."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got {tensor_kind(x)}")
     if not is_float_compute(x):
         raise TypeError(f"{name} must be a floating-point tensor torch computes in (float16, bfloat16, float32 or "
                         f"float64), got {x.dtype}: float8 is a storage format, cast it first")
-    check_has_data(name, x)
+    if values:
+        check_has_data(name, x)
     if ndim is not None and x.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
     return x

@@ -146,8 +146,8 @@ def column_split(weight: torch.Tensor, bias: torch.Tensor | None, rank: int, t: 
     the t slices side by side (in rank order) are y. Careful with the names: Megatron writes the matrix as (in, out)
     and splits its columns; PyTorch stores `weight` as (out, in), so the columns of the paper are its rows.
     """
-    out_features = check_float_tensor("weight", weight, 2).shape[0]
-    if bias is not None and tuple(check_float_tensor("bias", bias).shape) != (out_features,):
+    out_features = check_float_tensor("weight", weight, 2, values=False).shape[0]  # slicing: meta shapes split too
+    if bias is not None and tuple(check_float_tensor("bias", bias, values=False).shape) != (out_features,):
         raise ValueError(f"bias must have shape ({out_features},) like weight's out_features, got {tuple(bias.shape)}")
     _check_split(out_features, "out_features", rank, t)
     # BEGIN SOLUTION
@@ -162,7 +162,7 @@ def row_split(weight: torch.Tensor, rank: int, t: int) -> torch.Tensor:
     The rank multiplies its slice of the input x_r (..., in/t) by it and gets a partial sum of the whole output:
     y = sum_r x_r W_rᵀ + b. The bias is not split; `row_parallel_forward` adds it once, after the sum.
     """
-    in_features = check_float_tensor("weight", weight, 2).shape[1]
+    in_features = check_float_tensor("weight", weight, 2, values=False).shape[1]
     _check_split(in_features, "in_features", rank, t)
     # BEGIN SOLUTION
     cols = slice(rank * in_features // t, (rank + 1) * in_features // t)
