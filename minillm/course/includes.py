@@ -206,20 +206,10 @@ def render(path: str, qualname: str, root: Path = REPO_ROOT) -> str:
 def find_includes(text_path: Path) -> list[Include]:
     """Every include block of one markdown file; an unclosed or malformed marker is a ValueError naming the line."""
     text = text_path.read_text(encoding="utf-8")
-    found = []
-    matched_starts = set()
-    for m in BLOCK_RE.finditer(text):
-        line = text.count("\n", 0, m.start()) + 1
-        if OPEN_RE.search(m.group("body")):
-            raise ValueError(f"{text_path.name}:{line}: include block not closed before the next one opens")
-        found.append(Include(text_path, line, m.group("path"), m.group("qualname"), m.group("body")))
-        matched_starts.add(m.start())
-    for m in OPEN_RE.finditer(text):
-        if m.start() not in matched_starts:
-            line = text.count("\n", 0, m.start()) + 1
-            raise ValueError(f"{text_path.name}:{line}: malformed include marker (want "
-                             f"'<!-- include: path.py::Qual.name -->' or 'path.cu::name' ... '{CLOSE}')")
-    return found
+    want = f"'<!-- include: path.py::Qual.name -->' or 'path.cu::name' ... '{CLOSE}'"
+    return [Include(text_path, line, m.group("path"), m.group("qualname"), m.group("body"))
+            for line, m in results.scan_markers(text, BLOCK_RE, OPEN_RE, text_path.name, "include block", "include",
+                                                want)]
 
 
 def refresh_text(text: str, root: Path = REPO_ROOT, problems: list[str] | None = None) -> str:

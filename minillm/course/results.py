@@ -26,11 +26,13 @@ program that measured it.
 
 from __future__ import annotations
 
+import functools
 import importlib
-import json
 import re
 from pathlib import Path
 from typing import Any
+
+from minillm.core.io import read_json_file
 
 RESULTS_DIR = "chapters/results"
 # `<!-- value: SOURCE::NAME -->` what is quoted `<!-- end value -->`, within one line.
@@ -39,22 +41,30 @@ VALUE_RE = re.compile(r"(?P<open><!-- value: (?P<source>[\w./-]+\.(?:json|ipynb)
 VALUE_OPEN_RE = re.compile(r"<!-- value: ")
 
 
+def _stamp(file: Path) -> tuple[int, int] | None:
+    """What says a file changed (modification time, size), None when there is no such file: the cache key below."""
+    return (file.stat().st_mtime_ns, file.stat().st_size) if file.is_file() else None
+
+
 def load_report(path: str, root: Path) -> dict[str, Any]:
     """The JSON report at `path` (relative to the repository root), or a ValueError naming what is wrong with it."""
     file = root / path
     if not file.is_file():
         raise ValueError(f"results file {path} does not exist")
-    try:
-        report = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"results file {path} is not valid JSON: {e}") from None
+    report = read_json_file(file, "results file")
     if not isinstance(report, dict) or not isinstance(report.get("bench"), str):
         raise ValueError(f"results file {path} does not name the benchmark that wrote it (no 'bench' field)")
     return report
 
 
 def quotes_of(path: str, root: Path) -> dict[str, str]:
-    """Every piece the benchmark that wrote `path` quotes from it: `<bench module>.quotes(report)`."""
+    """Every piece the benchmark that wrote `path` quotes from it: `<bench module>.quotes(report)`, computed once
+    per version of the file (a text quotes dozens of values from one report; read them all from one reading)."""
+    return _quotes_of(path, root, _stamp(root / path))
+
+
+@functools.lru_cache(maxsize=64)
+def _quotes_of(path: str, root: Path, stamp: tuple[int, int] | None) -> dict[str, str]:
     report = load_report(path, root)
     module_name = report["bench"]
     if not module_name.startswith("minillm."):
@@ -82,20 +92,24 @@ def notebook_value(path: str, name: str, root: Path) -> str:
     file = root / path
     if not file.is_file():
         raise ValueError(f"notebook {path} does not exist")
-    nb = json.loads(file.read_text(encoding="utf-8"))
-    found = set()
     prefix = f"{name}: "
-    for cell in nb.get("cells", []):
-        for out in cell.get("outputs", []):
-            text = out.get("text") or out.get("data", {}).get("text/plain") or ""
-            for line in ("".join(text) if isinstance(text, list) else text).splitlines():
-                if line.startswith(prefix):
-                    found.add(line[len(prefix):].strip())
+    found = {line[len(prefix):].strip() for line in _output_lines(file, _stamp(file)) if line.startswith(prefix)}
     if not found:
         raise ValueError(f"{path} prints no line {prefix!r} in its saved outputs")
     if len(found) > 1:
         raise ValueError(f"{path} prints {prefix!r} with different values: {sorted(found)}")
     return found.pop()
+
+
+@functools.lru_cache(maxsize=32)
+def _output_lines(file: Path, stamp: tuple[int, int] | None) -> tuple[str, ...]:
+    """Every line of a notebook's saved outputs (streams and plain-text results), read once per version of it."""
+    lines: list[str] = []
+    for cell in read_json_file(file, "notebook").get("cells", []):
+        for out in cell.get("outputs", []):
+            text = out.get("text") or out.get("data", {}).get("text/plain") or ""
+            lines += ("".join(text) if isinstance(text, list) else text).splitlines()
+    return tuple(lines)
 
 
 def value(source: str, name: str, root: Path) -> str:
@@ -111,18 +125,28 @@ def value(source: str, name: str, root: Path) -> str:
 def find_values(text: str, where: str) -> list[tuple[int, str, str, str]]:
     """(line, source, name, quoted text) of every inline value of a markdown text; a marker that does not close on
     its line is a ValueError naming `where` and the line."""
+    return [(line, m.group("source"), m.group("name"), m.group("body"))
+            for line, m in scan_markers(text, VALUE_RE, VALUE_OPEN_RE, where, "value", "value",
+                                        "'<!-- value: chapters/results/F.json::name -->1.18x<!-- end value -->' on "
+                                        "one line")]
+
+
+def scan_markers(text: str, complete: re.Pattern, opener: re.Pattern, where: str, what: str, marker: str,
+                 want: str) -> list[tuple[int, re.Match]]:
+    """(line, match) of every `complete` marker pair of a markdown text (`includes`' code blocks, the values here).
+    An `opener` inside a pair's body (the pair never closed before the next opened) or one no pair starts with (a
+    malformed marker) is a ValueError naming `where`, the line and the form wanted."""
     found, starts = [], set()
-    for m in VALUE_RE.finditer(text):
-        if VALUE_OPEN_RE.search(m.group("body")):
-            line = text.count("\n", 0, m.start()) + 1
-            raise ValueError(f"{where}:{line}: value not closed before the next one opens")
-        found.append((text.count("\n", 0, m.start()) + 1, m.group("source"), m.group("name"), m.group("body")))
+    for m in complete.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        if opener.search(m.group("body")):
+            raise ValueError(f"{where}:{line}: {what} not closed before the next one opens")
+        found.append((line, m))
         starts.add(m.start())
-    for m in VALUE_OPEN_RE.finditer(text):
+    for m in opener.finditer(text):
         if m.start() not in starts:
             line = text.count("\n", 0, m.start()) + 1
-            raise ValueError(f"{where}:{line}: malformed value marker (want '<!-- value: chapters/results/F.json::name "
-                             f"-->1.18x<!-- end value -->' on one line)")
+            raise ValueError(f"{where}:{line}: malformed {marker} marker (want {want})")
     return found
 
 
