@@ -6,9 +6,11 @@ both give every benchmark the same flags, defaults and help text, which tests/te
 module. `start(parser, argv)` parses and applies them: it checks `--threads` and the `--json` path before any work
 and sets torch's thread count (one thread by default: on a small or shared CPU more threads than cores stall these
 small matmuls); `apply_bench_options(args)` does the same for arguments parsed elsewhere.
-`write_report(path, report)` writes the JSON report atomically, naming the CPU; `cpu_description()` names the CPU
-and the vector instructions PyTorch uses on it, since CPU timings depend on both; `pick_size(sizes, size)` looks up
-a benchmark's named workload size, refusing an unknown name.
+`cli_type(check, cast)` makes a benchmark's own flag checked at parse time by the library's check (a usage error
+naming the flag, not a traceback once the work has started). `write_report(path, report)` writes the JSON report
+atomically, naming the CPU; `cpu_description()` names the CPU and the vector instructions PyTorch uses on it, since
+CPU timings depend on both; `pick_size(sizes, size)` looks up a benchmark's named workload size, refusing an unknown
+name.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import torch
 
@@ -74,6 +76,21 @@ def add_bench_options(ap: argparse.ArgumentParser, quick_help: str | None = None
     elif quick_help is not None:
         ap.add_argument("--quick", action="store_true", help=quick_help)
     return ap
+
+
+def cli_type(check: Callable[[Any], Any] | None = None, cast: Callable[[str], Any] = str) -> Callable[[str], Any]:
+    """An argparse `type=` for a flag whose value a library call checks: `cast(text)`, then `check(value)`, both at
+    parse time; their TypeError / ValueError becomes a usage error that argparse prefixes with the flag (exit 2, no
+    traceback), instead of a traceback once the work has started."""
+    def parse(text: str) -> Any:
+        try:
+            value = cast(text)
+            if check is not None:
+                check(value)
+        except (TypeError, ValueError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return value
+    return parse
 
 
 def bench_parser(prog: str, description: str, quick_help: str | None = None, sizes: Mapping[str, Any] | None = None,

@@ -54,11 +54,11 @@ from typing import Any, Iterator
 import torch
 import torch.nn as nn
 
-from minillm.bench.cli import bench_parser, start, write_report
+from minillm.bench.cli import bench_parser, cli_type, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
-from minillm.compile.decode import (StaticDecoder, check_decoder_room, cli_type, compile_problem, decoder_max_len,
-                                    eval_mode, uncompilable_layer)
+from minillm.compile.decode import (StaticDecoder, check_decoder_room, compile_problem, decoder_max_len, eval_mode,
+                                    uncompilable_layer)
 from minillm.core.config import (PRESETS, GPTConfig, check_fits_window, check_float, check_int,
                                  check_module_has_data, check_report)
 from minillm.core.io import atomic_write_bytes, check_output_file, check_path, check_sha256, with_sha256

@@ -39,12 +39,12 @@ import torch
 import torch.nn as nn
 
 from minillm.bench.check import same_tokens
-from minillm.bench.cli import bench_parser, start, write_report
+from minillm.bench.cli import bench_parser, cli_type, start, write_report
 from minillm.bench.hf_compare import hf_comparison
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
 from minillm.compile.cpu_gemv import build_problem, fast_cpu_model, load_cpu_ext
-from minillm.compile.decode import StaticDecoder, check_backend, check_eval_mode, cli_type
+from minillm.compile.decode import StaticDecoder, check_backend, check_eval_mode
 from minillm.compile.fused_speculative import generate_prompt_lookup_fused, generate_speculative_fused
 from minillm.compile.fused_step import FusedCPUDecoder
 from minillm.compile.mirror import check_plain_model
@@ -175,13 +175,13 @@ def int8_fused(model: GPT, prompt: list[int], params: SamplingParams, repeats: i
                                                lambda: generate_ids(model, prompt, params),
                                                lambda: generate_ids(quantized, prompt, params)],
                                               warmup=1, repeats=repeats, device=model.device)
+    f32_bytes, int8_bytes = step_bytes(model), step_bytes(quantized)
     new = params.max_new_tokens
     return {"identical": same_tokens([generate_ids(quantized, prompt, params)], [got]).equal == 1,
             "f32_tok_s": new / f32.median, "int8_tok_s": new / q8.median, "speedup": f32.median / q8.median,
             "eager_f32_tok_s": new / eager_f32.median, "eager_int8_tok_s": new / eager_q8.median,
             "eager_speedup": eager_f32.median / eager_q8.median, "int8_path": load_cpu_ext().int8_path(),
-            "f32_MB": step_bytes(model) / 1e6, "int8_MB": step_bytes(quantized) / 1e6,
-            "weight_ratio": step_bytes(model) / step_bytes(quantized)}
+            "f32_MB": f32_bytes / 1e6, "int8_MB": int8_bytes / 1e6, "weight_ratio": f32_bytes / int8_bytes}
 
 
 def fused_speculation(model: GPT, draft: GPT, prompts: list[list[int]], lookup_prompt: list[int], new_tokens: int,

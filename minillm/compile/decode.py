@@ -22,7 +22,6 @@ runs eager: its length changes from prompt to prompt) and the engine's ragged st
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import time
 from contextlib import contextmanager
@@ -113,21 +112,6 @@ def check_backend(name: str, arg: str = "backend") -> None:
                         f"{name!r}")
     if name not in known:
         raise ValueError(f"{arg} must be one of torch.compile's backends {known}, got {name!r}")
-
-
-def cli_type(check: Callable[[Any], Any] | None = None, cast: Callable[[str], Any] = str) -> Callable[[str], Any]:
-    """An argparse `type=` for a flag whose value a library call checks: `cast(text)`, then `check(value)`, both at
-    parse time; their TypeError / ValueError becomes a usage error that argparse prefixes with the flag (exit 2, no
-    traceback), instead of a traceback once the work has started."""
-    def parse(text: str) -> Any:
-        try:
-            value = cast(text)
-            if check is not None:
-                check(value)
-        except (TypeError, ValueError) as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-        return value
-    return parse
 
 
 @contextmanager

@@ -33,9 +33,9 @@ from typing import Any, Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from minillm.bench.cli import bench_parser, start, write_report
+from minillm.bench.cli import bench_parser, cli_type, start, write_report
 from minillm.bench.models import load_model
-from minillm.compile.decode import StaticDecoder, check_backend, check_eval_mode, cli_type, counting_backend
+from minillm.compile.decode import StaticDecoder, check_backend, check_eval_mode, counting_backend
 from minillm.core.config import check_int, check_report, check_tensor_elements
 from minillm.core.model import GPT, require_model
 from minillm.core.timing import interleave, time_once
