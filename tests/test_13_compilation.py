@@ -9,8 +9,11 @@ a wrong graph shows up either way. The CUDA-graph test runs where a GPU is.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +24,8 @@ from helpers import assert_every_generator_agrees, context_model
 from minillm import GPTConfig
 from minillm.bench.models import load_model
 from minillm.compile.bench import FUSED, quotes as bench_quotes, run_all, weight_streaming_bound
-from minillm.compile.cpu_gemv import build_problem, fast_cpu_model, gemv, int8_gemv, load_cpu_ext
+from minillm.compile.cpu_gemv import (build_problem, fast_cpu_model, gemv, has_avx2, int4_gemv, int8_gemv,
+                                      load_cpu_ext)
 from minillm.compile.cpu_paged import NAME, paged_decode_attention
 from minillm.compile.decode import StaticDecoder, compile_problem
 from minillm.compile import aot, fused_step, llamacpp, mirror
@@ -184,10 +188,13 @@ def test_benchmark_rows_on_a_small_model():
         removed = SMALL.n_layer * (hidden // 4) * (2 * SMALL.n_embd + 1) * 4
         total = decode_weight_bytes(model())
         assert p["identical"] and p["weight_ratio"] == pytest.approx(total / (total - removed))
-        q = report["int8_fused"]  # chapter 09's int8 model on it: the int8 model's own tokens, a byte per weight
+        q = report["quantized_fused"]  # chapter 09's int8 model on it: the int8 model's own tokens, a byte per weight
         linears = total - 4 * SMALL.vocab_size * SMALL.n_embd  # the block linears' float32 bytes (the head stays)
         assert q["identical"] and q["int8_path"] in ("AVX-512", "AVX2 + FMA", "scalar")
         assert q["int8_MB"] * 1e6 < total - linears + linears / 2 and q["weight_ratio"] > 1
+        q4 = q["int4"]  # and its int4 model: half a byte per weight, fewer bytes than int8's
+        assert q4["identical"] and q4["path"] in ("AVX-512", "AVX2 + FMA", "scalar")
+        assert q4["MB"] < q["int8_MB"] and q4["weight_ratio"] > q["weight_ratio"] and q4["vs_int8"] > 0
         s = report["fused_speculation"]  # speculation on it: the target's own tokens, however often the draft is right
         assert s["identical"] and s["lookup"]["identical"] and 0 <= s["alpha"] <= 1 and s["tokens_per_call"] >= 1
 
@@ -444,16 +451,19 @@ def test_llamacpp_quotes_every_figure_the_texts_name():
     """`quotes` of a small report of the side by side gives the medians' table and every value chapters 09 and 13
     quote from its results file, computed from the rounds: llama.cpp's q8_0 over its f32, ours as a fraction of it."""
     samples = {"llama.cpp f32": [700.0, 600.0, 800.0], "llama.cpp f16": [1400.0, 1300.0, 1500.0],
-               "llama.cpp q8_0": [1750.0, 1500.0, 1800.0], llamacpp.EAGER: [250.0, 240.0, 260.0],
-               llamacpp.FUSED: [630.0, 420.0, 640.0], llamacpp.FUSED_INT8: [1200.0, 800.0, 1210.0]}
+               "llama.cpp q8_0": [1750.0, 1500.0, 1800.0], "llama.cpp q4_0": [2000.0, 1900.0, 2100.0],
+               llamacpp.EAGER: [250.0, 240.0, 260.0], llamacpp.FUSED: [630.0, 420.0, 640.0],
+               llamacpp.FUSED_INT8: [1200.0, 800.0, 1210.0], llamacpp.FUSED_INT4: [1300.0, 1290.0, 900.0]}
     report = {"model": "base", "threads": 1, "tokens": 128, "rounds": 3, "llama_cpp": "llama-cpp-python==0.3.36",
               "cpu": "a CPU", "samples": samples, "median_tok_s": {k: sorted(v)[1] for k, v in samples.items()}}
     q = llamacpp.quotes(report)
     assert q["table"].splitlines()[:3] == ["| path | tok/s | of llama.cpp f32 |", "|---|---:|---:|",
                                            "| llama.cpp f32 | 700 | 100% |"]
     assert q["table"].endswith("| minillm fused C++ step | 630 | 90% |\n"
-                               "| minillm fused C++ step, int8 weights | 1,200 | 171% |\n")
+                               "| minillm fused C++ step, int8 weights | 1,200 | 171% |\n"
+                               "| minillm fused C++ step, int4 weights | 1,290 | 184% |\n")
     assert (q["fused_int8_vs_q8_0"], q["fused_int8_vs_fused"], q["fused_int8_tok_s"]) == ("0.69x", "1.90x", "1,200")
+    assert (q["fused_int4_vs_q4_0"], q["fused_int4_vs_int8"], q["q4_0_vs_f32"]) == ("0.65x", "1.07x", "2.86x")
     assert len(q["per_round"].splitlines()) == 2 + 3
     assert (q["q8_0_vs_f32"], q["f16_vs_f32"], q["q8_0_tok_s"], q["f16_tok_s"]) == ("2.50x", "2.00x", "1,750", "1,400")
     assert (q["fused_of_f32_min"], q["fused_of_f32_max"], q["f32_min"], q["f32_max"]) == ("70%", "90%", "600", "800")
@@ -487,9 +497,12 @@ def test_bench_quotes_every_figure_the_text_names():
                         "bytes": 23.1e6, "GBps": 23.1, "tok_s_bound": 1000.0},
               "pruned_fused": {"fraction": 0.25, "identical": True, "dense_tok_s": 950.0, "pruned_tok_s": 1085.0,
                                "speedup": 1.142, "weight_ratio": 1.16},
-              "int8_fused": {"identical": True, "f32_tok_s": 1050.0, "int8_tok_s": 1942.5, "speedup": 1.85,
-                             "eager_f32_tok_s": 581.0, "eager_int8_tok_s": 433.0, "eager_speedup": 0.745,
-                             "int8_path": "AVX-512", "f32_MB": 23.12, "int8_MB": 9.02, "weight_ratio": 2.563},
+              "quantized_fused": {"identical": True, "f32_tok_s": 1050.0, "int8_tok_s": 1942.5, "speedup": 1.85,
+                                  "eager_f32_tok_s": 581.0, "eager_int8_tok_s": 433.0, "eager_speedup": 0.745,
+                                  "int8_path": "AVX-512", "f32_MB": 23.12, "int8_MB": 9.02, "weight_ratio": 2.563,
+                                  "int4": {"identical": True, "tok_s": 2100.0, "speedup": 2.0, "eager_tok_s": 300.0,
+                                           "eager_speedup": 0.516, "MB": 6.6, "weight_ratio": 3.5, "group_size": 128,
+                                           "vs_int8": 1.081, "path": "AVX-512"}},
               "fused_speculation": {"gamma": 2, "prompts": 4, "new_tokens": 128, "identical": True,
                                     "alone_tok_s": 1030.0, "speculative_tok_s": 1402.0, "speedup": 1.361,
                                     "alpha": 0.842, "tokens_per_call": 2.49,
@@ -508,6 +521,8 @@ def test_bench_quotes_every_figure_the_text_names():
                                                                                                 "2.70x", "1.14x")
     assert (q["int8_tok_s"], q["int8_speedup"], q["int8_weight_ratio"], q["int8_eager_speedup"]) == (
         "1,942", "1.85x", "2.56x", "0.74x")
+    assert (q["int4_tok_s"], q["int4_speedup"], q["int4_vs_int8"], q["int4_MB"], q["int4_eager_speedup"]) == (
+        "2,100", "2.00x", "1.08x", "6.6 MB", "0.52x")
     assert (q["spec_speedup"], q["spec_alpha"], q["lookup_speedup"], q["lookup_kept"]) == ("1.36x", "0.84", "1.15x",
                                                                                             "97/160")
     named = names_the_text_quotes("chapters/results/13-compile.json")
@@ -764,28 +779,228 @@ def test_fused_cpu_step_runs_a_mix_of_float_and_int8_linears():
         assert dec.generate_ids(prompt, params) == generate_ids(q, prompt, params)
 
 
+# ----- chapter 09's int4 group-wise models on the fused C++ step ------------------------------------------------------
+
+
+def int4_layer(N: int, K: int, group_size: int, bias: bool = True, seed: int = 0) -> QuantLinear:
+    """Chapter 09's weight-only int4 layer (symmetric, group-wise, two codes per byte) of a random nn.Linear(K, N)."""
+    torch.manual_seed(seed)
+    return QuantLinear.from_linear(torch.nn.Linear(K, N, bias=bias), QuantConfig("int4", group_size=group_size))
+
+
+@needs_cpp
+@pytest.mark.parametrize("M,N,K,G", [(1, 1, 2, 2), (1, 3, 64, 32), (1, 7, 96, 32), (3, 33, 128, 64), (1, 768, 256, 128),
+                                     (2, 256, 1024, 128), (16, 9, 128, 128), (4, 6, 48, 16), (1, 5, 36, 6)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_cpp_int4_gemv_equals_the_quantized_layer(M, N, K, G, bias):
+    """The C++ int4 GEMV against QuantLinear's own forward (F.linear on the de-quantized weight, plus the bias). The
+    shapes run every loop of this build: rows in blocks of 4 through the vector loop (AVX-512: groups of 32 columns
+    and more; AVX2: of 16), the scalar loop for the N % 4 last rows, for every row where N < 4, and for group sizes
+    the vector loops do not take (16 and 6 here with AVX-512: the whole product on the portable path)."""
+    layer = int4_layer(N, K, G, bias, seed=M * 1000 + N + K)
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(K))
+    with torch.no_grad():
+        want = layer(x)
+    torch.testing.assert_close(int4_gemv(x, layer.qweight, layer.scale, layer.bias), want, rtol=1e-5,
+                               atol=1e-5 * K ** 0.5)
+    assert load_cpu_ext().int4_path(G) in ("AVX-512", "AVX2 + FMA", "scalar")
+
+
+@needs_cpp
+def test_cpp_int4_gemv_unpacks_a_worked_example():
+    """By hand: one row of 4 codes [3, -2, -8, 7] packed as bytes 0xE3 (low nibble 3, high 14 = -2) and 0x78 (low 8 =
+    -8, high 7), one group with scale 0.5, x = [1, 2, 3, 4], bias 1: 0.5 (3 - 4 - 24 + 28) + 1 = 2.5."""
+    packed = torch.tensor([[0xE3, 0x78]], dtype=torch.uint8)
+    got = int4_gemv(torch.tensor([[1.0, 2.0, 3.0, 4.0]]), packed, torch.tensor([[0.5]]), torch.tensor([1.0]))
+    assert got.tolist() == [[2.5]]
+
+
+@needs_cpp
+def test_cpp_int4_gemv_rejects_bad_arguments():
+    layer = int4_layer(4, 64, 32)
+    p, s, x = layer.qweight, layer.scale, torch.randn(1, 64)
+    with pytest.raises(TypeError, match="packed must be a uint8 CPU tensor"):
+        int4_gemv(x, p.to(torch.int8), s)
+    with pytest.raises(TypeError, match="x must be a float32"):
+        int4_gemv(x.double(), p, s)
+    with pytest.raises(TypeError, match="scale must be a float32"):
+        int4_gemv(x, p, s.double())
+    with pytest.raises(ValueError, match=r"packed \(N, K/2\)"):
+        int4_gemv(torch.randn(1, 63), p, s)
+    for bad in (s[:3], s.view(-1), torch.ones(4, 3), torch.ones(4, 64 // 2 + 1), torch.ones(4, 64)):  # 64: groups of 1
+        with pytest.raises(ValueError, match=r"scale must be \(N, groups\)"):
+            int4_gemv(x, p, bad)
+    with pytest.raises(ValueError, match=r"b must have shape \(4,\)"):
+        int4_gemv(x, p, s, torch.randn(3))
+    ext = load_cpu_ext()  # the C++ entry point's own checks: an error, never a crash
+    with pytest.raises(TypeError, match="p uint8"):
+        ext.int4_gemv(x, p.to(torch.int8), s, torch.empty(0))
+    with pytest.raises(ValueError, match="scale must be"):
+        ext.int4_gemv(x, p, torch.ones(4, 3), torch.empty(0))
+    with pytest.raises(ValueError, match="scale must be"):
+        ext.int4_gemv(x, p, torch.ones(4, 0), torch.empty(0))
+    with pytest.raises(ValueError, match="contiguous"):
+        ext.int4_gemv(x, torch.zeros(32, 4, dtype=torch.uint8).t(), s, torch.empty(0))
+    with pytest.raises(ValueError, match="bias must be"):
+        ext.int4_gemv(x, p, s, torch.ones(5))
+
+
+@needs_cpp
+def test_fused_cpu_step_runs_an_int4_model_like_the_eager_quantized_model():
+    """Chapter 09's int4 model (every block linear a symmetric group-wise int4 QuantLinear, the tied head float32)
+    through the C++ step: logits within 1e-4 of the eager quantized model's at every position up to the window's end,
+    the same keys and values in the cache; the step reads the model's own packed codes and scales (an in-place
+    change is seen); greedy tokens equal the eager model's, also for a model mixing float32, int8 and int4 linears
+    and for a group size the vector loops do not take (16: the scalar loop)."""
+    q = quantize_model(model(), QuantConfig("int4", group_size=32))
+    dec = FusedCPUDecoder(q)
+    assert (dec.int4_linears, dec.int8_linears) == (4 * SMALL.n_layer, 0)
+    ref = ContiguousKVCache(SMALL, 1, SMALL.block_size)
+    ids = torch.randint(0, SMALL.vocab_size, (1, SMALL.block_size), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        q.hidden(ids[:, :3], torch.arange(3), dec.cache)
+        q.hidden(ids[:, :3], torch.arange(3), ref)
+        for pos in range(3, SMALL.block_size):
+            want = q.logits(q.hidden(ids[:, pos:pos + 1], torch.tensor([pos]), ref)[:, -1])  # (1, V)
+            got = dec(q, dec.cache, ids[0, pos:pos + 1], torch.tensor([pos]))
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for layer in range(SMALL.n_layer):
+        torch.testing.assert_close(dec.cache.k[layer], ref.k[layer], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(dec.cache.v[layer], ref.v[layer], rtol=1e-5, atol=1e-5)
+    params = SamplingParams.greedy(16, ignore_eos=True)
+    fc = q.transformer.h[1].mlp.c_fc
+    with torch.no_grad():
+        fc.scale.mul_(3.0)  # in place: the step holds this storage
+        fc.qweight[:5].bitwise_not_()
+    for prompt in PROMPTS:
+        assert dec.generate_ids(prompt, params) == generate_ids(q, prompt, params)
+    m = model()
+    mixed = quantize_model(m, QuantConfig("int8"))
+    mixed.transformer.h[0].attn.c_proj = m.transformer.h[0].attn.c_proj
+    mixed.transformer.h[1].mlp.c_proj = QuantLinear.from_linear(m.transformer.h[1].mlp.c_proj,
+                                                                QuantConfig("int4", group_size=64))
+    scalar = quantize_model(m, QuantConfig("int4", group_size=16))
+    for qmodel, counts in ((mixed, (4 * SMALL.n_layer - 2, 1)), (scalar, (0, 4 * SMALL.n_layer))):
+        dec = FusedCPUDecoder(qmodel)
+        assert (dec.int8_linears, dec.int4_linears) == counts
+        for prompt in PROMPTS:
+            assert dec.generate_ids(prompt, params) == generate_ids(qmodel, prompt, params)
+
+
+@needs_cpp
+def test_fused_cpu_step_gives_the_eager_int4_tokens_on_base():
+    """The shipped `base` quantized to int4 (group size 128, chapter 09's default): greedy tokens of the fused step
+    equal chapter 04's eager generator on the quantized model, on several prompts through one decoder."""
+    loaded = load_model("base")
+    q = quantize_model(loaded.model, QuantConfig("int4"))
+    dec = FusedCPUDecoder(q)
+    params = SamplingParams.greedy(32, ignore_eos=True)
+    for text in ("def main(", "import numpy as np\n", "class Tokenizer:\n    def __init__(self", "for i in range("):
+        prompt = loaded.tokenizer.encode(text)
+        assert dec.generate_ids(prompt, params) == generate_ids(q, prompt, params), text
+
+
+@needs_cpp
+def test_fused_cpu_step_cpp_checks_every_int4_argument(monkeypatch):
+    """The C++ constructor's own checks on an int4 linear's arguments: packed codes of the wrong shape or not
+    contiguous, a scale that is 1-D, of the wrong dtype, or whose groups do not split the width into even groups.
+    Each is an error naming the block and the linear, never a crash."""
+    q = quantize_model(model(), QuantConfig("int4", group_size=32))
+    captured: dict[str, list] = {}
+    monkeypatch.setattr(fused_step, "load_cpu_ext", lambda: type("Ext", (), {
+        "FusedDecoder": staticmethod(lambda *args: captured.setdefault("args", list(args)))}))
+    FusedCPUDecoder(q)
+    monkeypatch.undo()
+    glob, layers, k, v, nh, hs, eps, scales = captured["args"]
+    build = load_cpu_ext().FusedDecoder
+    assert layers[2].dtype == torch.uint8 and scales[0].shape == (3 * SMALL.n_embd, 2)
+
+    def with_layer(i: int, t: torch.Tensor) -> list[torch.Tensor]:
+        return [t if j == i else x for j, x in enumerate(layers)]
+
+    def with_scale(i: int, t: torch.Tensor) -> list[torch.Tensor]:
+        return [t if j == i else x for j, x in enumerate(scales)]
+
+    codes = "block 0's attn.c_attn int4 codes must be a contiguous uint8 CPU tensor of shape \\(192, 32\\)"
+    scale = "block 0's attn.c_attn int4 scale must be a contiguous float32 CPU tensor of shape \\(192, groups\\)"
+    bad = [
+        (with_layer(2, layers[2][:, :16].contiguous()), scales, codes),
+        (with_layer(2, layers[2].t().contiguous().t()), scales, codes),
+        (layers, with_scale(0, scales[0].reshape(-1)), scale),
+        (layers, with_scale(0, scales[0].double()), scale),
+        (layers, with_scale(0, torch.ones(192, 3)), scale),  # 64 columns do not split into 3 groups
+        (layers, with_scale(0, torch.ones(192, 64)), scale),  # groups of one column: not two codes per byte
+    ]
+    for lay, sc, message in bad:
+        with pytest.raises(RuntimeError, match=message):
+            build(glob, lay, k, v, nh, hs, eps, sc)
+    step = build(glob, layers, k, v, nh, hs, eps, scales)
+    assert step.step(5, 0, 0).shape == (1, SMALL.vocab_size)
+
+
+@needs_cpp
+def test_the_build_takes_the_loops_of_the_cpus_capability():
+    """The extension is built for what PyTorch reports this CPU can do (`ATEN_CPU_CAPABILITY` lowers it): AVX-512
+    widens the int8 and int4 loops, AVX2 + FMA runs every vector loop at 8 lanes, and without either every product is
+    the portable scalar loop."""
+    ext = load_cpu_ext()
+    want = {"AVX512": ("AVX-512", True), "AVX2": ("AVX2 + FMA", True)}.get(torch.backends.cpu.get_cpu_capability(),
+                                                                         ("scalar", False))
+    assert (ext.int8_path(), ext.uses_avx2()) == want
+    assert ext.int4_path(128) == want[0] and ext.int4_path(6) == "scalar"
+
+
+FALLBACK_TESTS = ("test_the_build_takes_the_loops_of_the_cpus_capability or test_cpp_gemv_equals_f_linear or "
+                  "test_cpp_int8_gemv_equals or test_cpp_int4_gemv_equals or test_cpp_int4_gemv_unpacks or "
+                  "test_fused_cpu_step_equals_the_models_logits or test_fused_cpu_step_runs_an_int8_model or "
+                  "test_fused_cpu_step_runs_an_int4_model or test_fused_cpu_step_gives_the_generators_tokens or "
+                  "test_cpp_paged_decode_attention_equals")
+
+
+@needs_cpp
+@pytest.mark.parametrize("capability", ["avx2", "default"])
+def test_the_cpu_feature_fallbacks_pass_the_same_tests(capability):
+    """The loops a machine without AVX-512 (`avx2`) or without AVX2 (`default`: the portable scalar loops) would
+    build, each built here (PyTorch's ATEN_CPU_CAPABILITY lowers what this CPU reports, and the build follows it) and
+    run through the same tests in a fresh process: the float32, int8 and int4 GEMVs against F.linear and
+    QuantLinear, the fused step's logits and greedy tokens (float32, int8, int4), the paged attention."""
+    if capability == "avx2" and not has_avx2():
+        pytest.skip("this CPU has no AVX2: its build is the portable one, tested by the other tests")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                          FALLBACK_TESTS], env={**os.environ, "ATEN_CPU_CAPABILITY": capability},
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout and "skipped" not in run.stdout.splitlines()[-1], run.stdout[-2000:]
+
+
 @needs_cpp
 def test_fused_cpu_step_refuses_other_quantized_models():
-    """Only the int8 weight-only per-channel symmetric form runs: int4, asymmetric int8, W8A8, a quantized head, a
-    model mixing int8 with one int4 layer, and an int8 layer whose buffers were cast or dropped are each a TypeError
-    naming the layer."""
+    """Only the symmetric weight-only forms run (int8 per channel, int4 group-wise): asymmetric int8 or int4, W8A8, a
+    quantized head, a model mixing int8 with one W8A8 layer, and an int8 or int4 layer whose buffers were cast or
+    dropped are each a TypeError naming the layer."""
     m = model()
     cases = [
-        (quantize_model(m, QuantConfig("int4", group_size=32)), r"transformer.h.0.attn.c_attn = QuantLinear with "
-         r"mode='int4'"),
+        (quantize_model(m, QuantConfig("int4", group_size=32, symmetric=False)), r"transformer.h.0.attn.c_attn = "
+         r"QuantLinear with mode='int4', symmetric=False"),
         (quantize_model(m, QuantConfig("int8", symmetric=False)), r"transformer.h.0.attn.c_attn = QuantLinear with "
          r"mode='int8', symmetric=False"),
         (quantize_model(m, QuantConfig("w8a8")), r"transformer.h.0.attn.c_attn = QuantLinear with mode='w8a8'"),
         (quantize_model(m, QuantConfig("int8", quantize_head=True)), r"has lm_head = TiedQuantHead"),
+        (quantize_model(m, QuantConfig("int4", group_size=32, quantize_head=True)), r"has lm_head = TiedQuantHead"),
     ]
     mixed = quantize_model(m, QuantConfig("int8"))
     mixed.transformer.h[1].mlp.c_proj = QuantLinear.from_linear(m.transformer.h[1].mlp.c_proj,
-                                                                QuantConfig("int4", group_size=32))
-    cases.append((mixed, r"transformer.h.1.mlp.c_proj = QuantLinear with mode='int4'"))
-    for change, message in [(lambda lin: setattr(lin, "scale", lin.scale.double()), r"scale torch.float64"),
-                            (lambda lin: setattr(lin, "qweight", lin.qweight.to(torch.int16)), "codes torch.int16"),
-                            (lambda lin: setattr(lin, "bias", None), "no bias")]:
-        bad = quantize_model(m, QuantConfig("int8"))
+                                                                QuantConfig("w8a8"))
+    cases.append((mixed, r"transformer.h.1.mlp.c_proj = QuantLinear with mode='w8a8'"))
+    for mode, change, message in [
+            ("int8", lambda lin: setattr(lin, "scale", lin.scale.double()), r"scale torch.float64"),
+            ("int8", lambda lin: setattr(lin, "qweight", lin.qweight.to(torch.int16)), "codes torch.int16"),
+            ("int8", lambda lin: setattr(lin, "bias", None), "no bias"),
+            ("int4", lambda lin: setattr(lin, "scale", lin.scale.double()), r"scale torch.float64"),
+            ("int4", lambda lin: setattr(lin, "qweight", lin.qweight.to(torch.int8)), r"codes torch.int8 \(64, 32\), "
+             r"want torch.uint8 \(64, 32\)"),
+            ("int4", lambda lin: setattr(lin, "bias", None), "no bias")]:
+        bad = quantize_model(m, QuantConfig(mode, group_size=32))
         change(bad.transformer.h[1].attn.c_proj)
         cases.append((bad, rf"transformer.h.1.attn.c_proj = QuantLinear with {message}"))
     for qmodel, message in cases:

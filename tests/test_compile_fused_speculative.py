@@ -1,10 +1,10 @@
 """Chapter 13's fused C++ step under chapter 08's speculative decoding (`minillm.compile.fused_speculative`).
 
-`FusedDecoder::verify` against n single steps (logits and the cache's K/V, float32 and int8, and after a roll-back);
-greedy tokens identical to the target's own (the fused step alone and chapter 04's eager generator) for a draft
-model and for prompt lookup, on a tiny model and on the shipped `base` + `draft`, at several γ; sampled first tokens
-following the target's distribution (chapter 08's chi-square test, shown able to fail on a planted wrong rule); bad
-arguments as TypeError/ValueError naming them. No test measures time.
+`FusedDecoder::verify` against n single steps (logits and the cache's K/V, float32, int8 and int4, and after a
+roll-back); greedy tokens identical to the target's own (the fused step alone and chapter 04's eager generator) for a
+draft model and for prompt lookup, on a tiny model and on the shipped `base` + `draft`, at several γ; sampled first
+tokens following the target's distribution (chapter 08's chi-square test, shown able to fail on a planted wrong
+rule); bad arguments as TypeError/ValueError naming them. No test measures time.
 """
 
 from __future__ import annotations
@@ -47,15 +47,15 @@ def prefilled(model: GPT, ids: list[int]) -> FusedCPUDecoder:
     return dec
 
 
-@pytest.mark.parametrize("kind", ["float32", "int8", "pruned"])
+@pytest.mark.parametrize("kind", ["float32", "int8", "int4", "pruned"])
 def test_verify_equals_n_single_steps(tiny, kind):
     """One verify of n rows against n one-token steps on a second decoder: the logits (n, V) and the K/V written
     to slots start..start+n-1 agree to float rounding, for n from 1 to MAX_VERIFY, the last verify filling the
-    cache up to the window's end; the int8 linears take the M-row int8 loop; a pruned model (chapter 10: an MLP 86
-    wide, neither a multiple of 8 nor of 4) takes the tails of the two-row loop."""
+    cache up to the window's end; the int8 and int4 linears take the M-row int8 and int4 loops; a pruned model
+    (chapter 10: an MLP 86 wide, neither a multiple of 8 nor of 4) takes the tails of the two-row loop."""
     model = tiny[0]
-    if kind == "int8":
-        model = quantize_model(model, QuantConfig("int8"))
+    if kind in ("int8", "int4"):
+        model = quantize_model(model, QuantConfig(kind, group_size=32))
     elif kind == "pruned":
         model = shrink_mlp(model, [torch.arange(0, 4 * SMALL.n_embd, 3) for _ in range(SMALL.n_layer)])
     ids = torch.randint(0, SMALL.vocab_size, (SMALL.block_size,), generator=torch.Generator().manual_seed(1)).tolist()

@@ -47,6 +47,7 @@ BAD_DTYPES = {  # per kind of argument, dtypes that are never valid for it
     "f32": (torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.bool),
     "int64": (torch.int32, torch.float32, torch.float64, torch.int8, torch.bool),
     "int8": (torch.float32, torch.int32, torch.uint8, torch.float16),
+    "uint8": (torch.float32, torch.int32, torch.int8, torch.float16),
 }
 
 
@@ -185,7 +186,7 @@ def emulator_specs() -> list[Spec]:
 
 
 def cpp_specs() -> list[Spec]:
-    from minillm.compile.cpu_gemv import gemv, load_cpu_ext
+    from minillm.compile.cpu_gemv import gemv, int4_gemv, int8_gemv, load_cpu_ext
     from minillm.compile.cpu_paged import paged_decode_attention
 
     ext = load_cpu_ext()
@@ -198,7 +199,22 @@ def cpp_specs() -> list[Spec]:
                    "small pool": _small_pool}
     gemv_good = lambda r: dict(x=_rand(2, 9), w=_rand(5, 9), b=_rand(5))  # noqa: E731
     gemv_tied = dict(x={1: ("x", "w")}, w={0: ("w", "b"), 1: ("x", "w")}, b={0: ("b",)})
+    int8_good = lambda r: dict(x=_rand(2, 9), q=torch.randint(-127, 128, (5, 9), dtype=torch.int8),  # noqa: E731
+                               scale=_rand(5).abs(), b=_rand(5))
+    int8_kinds = dict(x="f32", q="int8", scale="f32", b="f32")
+    int8_tied = dict(x={1: ("x", "q")}, q={0: ("q", "scale"), 1: ("x", "q")}, scale={0: ("scale",)}, b={0: ("b",)})
+    int4_good = lambda r: dict(x=_rand(2, 64), packed=torch.randint(0, 256, (5, 32), dtype=torch.uint8),  # noqa: E731
+                               scale=_rand(5, 4).abs(), b=_rand(5))  # 4 groups of 16 columns
+    int4_kinds = dict(x="f32", packed="uint8", scale="f32", b="f32")
+    int4_tied = dict(x={1: ("x", "packed")}, packed={0: ("packed", "scale"), 1: ("x", "packed")},
+                     scale={0: ("scale",), 1: ("scale",)}, b={0: ("b",)})
     return [
+        Spec("cpu_gemv.int8_gemv", int8_gemv, int8_good, int8_kinds, tied=int8_tied, copies_strided=True),
+        Spec("ext.int8_gemv (raw)", lambda x, q, scale, b: ext.int8_gemv(x, q, scale, b), int8_good, int8_kinds,
+             tied=int8_tied, strict=False),
+        Spec("cpu_gemv.int4_gemv", int4_gemv, int4_good, int4_kinds, tied=int4_tied, copies_strided=True),
+        Spec("ext.int4_gemv (raw)", lambda x, packed, scale, b: ext.int4_gemv(x, packed, scale, b), int4_good,
+             int4_kinds, tied=int4_tied, strict=False),
         Spec("cpu_gemv.gemv", gemv, gemv_good, dict(x="f32", w="f32", b="f32"), tied=gemv_tied,
              copies_strided=True),
         Spec("ext.gemv (raw)", lambda x, w, b: ext.gemv(x, w, b), gemv_good, dict(x="f32", w="f32", b="f32"),
@@ -289,7 +305,8 @@ def _mutate(spec: Spec, rng: random.Random, args: dict[str, Any]) -> tuple[str, 
     dim = rng.choice(sorted(dims))
     shape = list(t.shape)
     shape[dim] = shape[dim] + 1 if shape[dim] <= 1 or rng.random() < 0.5 else shape[dim] - 1
-    new = torch.zeros(shape, dtype=t.dtype) if t.dtype in (torch.int64, torch.int8) else _rand(*shape, dtype=t.dtype)
+    new = torch.zeros(shape, dtype=t.dtype) if t.dtype in (torch.int64, torch.int8, torch.uint8) else _rand(*shape,
+                                                                                                         dtype=t.dtype)
     return f"{kind} {name}[{dim}]", {**args, name: new}, dims[dim]
 
 

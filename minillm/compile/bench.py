@@ -17,8 +17,8 @@ What it reports:
   - Hugging Face `generate(use_cache=True)` on the same weights against the eager generator and the fast path;
   - on the CPU, chapter 10's structured MLP pruning on the fused step (`pruned_fused`): a quarter of every block's
     MLP neurons removed, decoded by `FusedCPUDecoder`, against the dense model's fused step;
-  - on the CPU, chapter 09's int8 weight-only model on the fused step (`int8_fused`): the C++ int8 GEMV against the
-    float32 fused step, beside the eager int8 model against the eager float32 one;
+  - on the CPU, chapter 09's int8 and int4 weight-only models on the fused step (`quantized_fused`): the C++ int8
+    and int4 GEMVs against the float32 fused step, beside the eager quantized models against the eager float32 one;
   - on the CPU, chapter 08's speculative decoding on the fused step (`fused_speculation`): the shipped
     `draft-distilled` proposing on its fused step, `base` verifying gamma+1 tokens in one C++ call, and prompt
     lookup on it, each against the fused step alone.
@@ -51,7 +51,7 @@ from minillm.compile.mirror import check_plain_model
 from minillm.core.config import check_int
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams
-from minillm.core.timing import interleave, measure
+from minillm.core.timing import Timing, interleave, measure
 from minillm.kvcache.generate import generate_ids
 from minillm.naive.roofline import decode_weight_bytes, stream_weights
 from minillm.prune.structured import mlp_neuron_scores, prune_mlp
@@ -111,7 +111,7 @@ def weight_streaming_bound(model: GPT, repeats: int = 9, calls: int = 50,
 
 
 def _check_fused_comparison(model: GPT, params: SamplingParams, repeats: int, who: str) -> None:
-    """The arguments of a fused-step comparison (`pruned_fused`, `int8_fused`): a GPT in eval mode, greedy params
+    """The arguments of a fused-step comparison (`pruned_fused`, `quantized_fused`): a GPT in eval mode, greedy params
     (the tokens are compared, and two samplers draw differently), a positive repeat count; a TypeError / ValueError
     naming `who` and the argument otherwise."""
     require_model(model, f"{who} (model)")
@@ -160,28 +160,44 @@ def step_bytes(model: nn.Module) -> int:
     return total
 
 
-def int8_fused(model: GPT, prompt: list[int], params: SamplingParams, repeats: int = 5) -> dict[str, Any]:
-    """Chapter 09's int8 weight-only model (per-channel symmetric block linears, `quantize_model`) on the fastest
-    path: its greedy tokens from `FusedCPUDecoder` (the C++ int8 GEMV) against chapter 04's generator on the same
-    quantized model, and its tok/s against the float32 model's fused step (interleaved, medians), beside the eager
-    int8 model against the eager float32 one (where de-quantizing every call costs more than the bytes it saves).
-    `weight_ratio`: the bytes a float32 step reads over the int8 step's. `params` must be greedy (ValueError)."""
-    _check_fused_comparison(model, params, repeats, "int8_fused")
-    quantized = quantize_model(model, QuantConfig("int8")).eval()
-    f32_step, int8_step = FusedCPUDecoder(model), FusedCPUDecoder(quantized)
-    got = int8_step.generate_ids(prompt, params)
-    f32, q8, eager_f32, eager_q8 = interleave([lambda: f32_step.generate_ids(prompt, params),
-                                               lambda: int8_step.generate_ids(prompt, params),
-                                               lambda: generate_ids(model, prompt, params),
-                                               lambda: generate_ids(quantized, prompt, params)],
-                                              warmup=1, repeats=repeats, device=model.device)
-    f32_bytes, int8_bytes = step_bytes(model), step_bytes(quantized)
+def quantized_fused(model: GPT, prompt: list[int], params: SamplingParams, repeats: int = 5) -> dict[str, Any]:
+    """Chapter 09's weight-only models on the fastest path: int8 (per-channel symmetric block linears) and int4
+    (group-wise, 128 columns per scale, or the largest power of two below that divides every block linear's width;
+    codes two per byte), each quantized by `quantize_model`. Per mode, its greedy
+    tokens from `FusedCPUDecoder` (the C++ int8 or int4 GEMV) against chapter 04's generator on the same quantized
+    model, and its tok/s against the float32 model's fused step, beside the eager quantized model against the eager
+    float32 one (where de-quantizing every call costs more than the bytes it saves); all six paths interleaved,
+    medians. Top level: the float32 figures and the int8 ones (`int8_tok_s`, `speedup`, `weight_ratio`: the bytes a
+    float32 step reads over the int8 step's, ...); `int4`: the same for int4, with `vs_int8`. `params` must be greedy
+    (ValueError)."""
+    _check_fused_comparison(model, params, repeats, "quantized_fused")
+    widths = {m.in_features for m in model.transformer.h.modules() if isinstance(m, nn.Linear)}
+    group = next(g for g in (128, 64, 32, 16, 8, 4, 2) if all(w % g == 0 for w in widths))  # 128 on `base`
+    models = {"int8": quantize_model(model, QuantConfig("int8")).eval(),
+              "int4": quantize_model(model, QuantConfig("int4", group_size=group)).eval()}
+    steps = {"f32": FusedCPUDecoder(model), **{mode: FusedCPUDecoder(m) for mode, m in models.items()}}
+    got = {mode: steps[mode].generate_ids(prompt, params) for mode in models}
+    runs = [lambda s=s: s.generate_ids(prompt, params) for s in steps.values()]
+    runs += [lambda m=m: generate_ids(m, prompt, params) for m in (model, *models.values())]
+    fused_f32, fused_q8, fused_q4, eager_f32, eager_q8, eager_q4 = interleave(runs, warmup=1, repeats=repeats,
+                                                                              device=model.device)
+    f32_bytes = step_bytes(model)
     new = params.max_new_tokens
-    return {"identical": same_tokens([generate_ids(quantized, prompt, params)], [got]).equal == 1,
-            "f32_tok_s": new / f32.median, "int8_tok_s": new / q8.median, "speedup": f32.median / q8.median,
-            "eager_f32_tok_s": new / eager_f32.median, "eager_int8_tok_s": new / eager_q8.median,
-            "eager_speedup": eager_f32.median / eager_q8.median, "int8_path": load_cpu_ext().int8_path(),
-            "f32_MB": f32_bytes / 1e6, "int8_MB": int8_bytes / 1e6, "weight_ratio": f32_bytes / int8_bytes}
+    ext = load_cpu_ext()
+
+    def mode_figures(mode: str, fused: Timing, eager: Timing) -> dict[str, Any]:
+        return {"identical": same_tokens([generate_ids(models[mode], prompt, params)], [got[mode]]).equal == 1,
+                "tok_s": new / fused.median, "speedup": fused_f32.median / fused.median,
+                "eager_tok_s": new / eager.median, "eager_speedup": eager_f32.median / eager.median,
+                "MB": step_bytes(models[mode]) / 1e6, "weight_ratio": f32_bytes / step_bytes(models[mode])}
+
+    q8, q4 = mode_figures("int8", fused_q8, eager_q8), mode_figures("int4", fused_q4, eager_q4)
+    return {"identical": q8["identical"], "f32_tok_s": new / fused_f32.median, "int8_tok_s": q8["tok_s"],
+            "speedup": q8["speedup"], "eager_f32_tok_s": new / eager_f32.median, "eager_int8_tok_s": q8["eager_tok_s"],
+            "eager_speedup": q8["eager_speedup"], "int8_path": ext.int8_path(), "f32_MB": f32_bytes / 1e6,
+            "int8_MB": q8["MB"], "weight_ratio": q8["weight_ratio"],
+            "int4": {**q4, "group_size": group, "vs_int8": fused_q8.median / fused_q4.median,
+                     "path": ext.int4_path(group)}}
 
 
 def fused_speculation(model: GPT, draft: GPT, prompts: list[list[int]], lookup_prompt: list[int], new_tokens: int,
@@ -299,7 +315,7 @@ def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, bac
             report["hf"]["fused"] = hf_comparison(model, prompt, new, fused.generate_ids, repeats=repeats)
     if cpp:
         report["pruned_fused"] = pruned_fused(model, prompt, params, repeats=repeats, seed=seed)
-        report["int8_fused"] = int8_fused(model, prompt, params, repeats=repeats)
+        report["quantized_fused"] = quantized_fused(model, prompt, params, repeats=repeats)
         window = min(model.config.block_size, draft.config.block_size) if draft is not None else 0
         if draft is not None and window >= 16 + new + 8:
             # prompts from the validation text; the lookup prompt a longer stretch (up to 200 tokens) that repeats
@@ -340,13 +356,18 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(f"structured MLP {100 * p['fraction']:.0f}% on the fused step: {p['pruned_tok_s']:.0f} vs "
                      f"{p['dense_tok_s']:.0f} tok/s dense, {p['speedup']:.2f}x (weights read {p['weight_ratio']:.2f}x "
                      f"fewer), identical to the pruned model's eager tokens {p['identical']}")
-    if "int8_fused" in report:
-        q = report["int8_fused"]
+    if "quantized_fused" in report:
+        q = report["quantized_fused"]
+        q4 = q["int4"]
         lines.append(f"int8 weights on the fused step ({q['int8_path']}): {q['int8_tok_s']:.0f} vs "
                      f"{q['f32_tok_s']:.0f} "
                      f"tok/s float32, {q['speedup']:.2f}x (weights read {q['weight_ratio']:.2f}x fewer; eager int8 "
                      f"{q['eager_speedup']:.2f}x eager float32), identical to the int8 model's eager tokens "
                      f"{q['identical']}")
+        lines.append(f"int4 weights on the fused step ({q4['path']}, groups of {q4['group_size']}): "
+                     f"{q4['tok_s']:.0f} tok/s, {q4['speedup']:.2f}x float32, {q4['vs_int8']:.2f}x int8 (weights "
+                     f"read {q4['weight_ratio']:.2f}x fewer than float32; eager int4 {q4['eager_speedup']:.2f}x eager "
+                     f"float32), identical to the int4 model's eager tokens {q4['identical']}")
     if "fused_speculation" in report:
         s, lk = report["fused_speculation"], report["fused_speculation"]["lookup"]
         lines.append(f"speculative on the fused step (distilled draft, gamma {s['gamma']}, {s['prompts']} prompts): "
@@ -373,7 +394,9 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
     the compiled step's first call (`compile_first_call`, "2.9 s"); Hugging Face against each of ours
     (`hf_eager`, `hf_fast`, `hf_fused`, "1.22x"); the pruned fused step (`pruned_tok_s`, `pruned_dense_tok_s`,
     `pruned_speedup`, `pruned_weight_ratio`); the int8 fused step (`int8_tok_s`, `int8_f32_tok_s`, `int8_speedup`,
-    `int8_weight_ratio`, `int8_MB`, `int8_f32_MB`, `int8_eager_speedup`, `int8_path`); speculation on the fused
+    `int8_weight_ratio`, `int8_MB`, `int8_f32_MB`, `int8_eager_speedup`, `int8_path`) and the int4 one (`int4_tok_s`,
+    `int4_speedup`, `int4_vs_int8`, `int4_MB`, `int4_weight_ratio`, `int4_eager_speedup`, `int4_path`,
+    `int4_group_size`); speculation on the fused
     step (`spec_tok_s`, `spec_alone_tok_s`, `spec_speedup`, `spec_alpha`, `spec_gamma`, `spec_tokens_per_call`,
     `spec_prompts`) and prompt lookup on it (`lookup_speedup`, `lookup_gamma`, `lookup_kept`,
     `lookup_tokens_per_call`, `lookup_prompt_len`); the run's settings
@@ -401,12 +424,17 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
         out.update(pruned_tok_s=f"{p['pruned_tok_s']:,.0f}", pruned_dense_tok_s=f"{p['dense_tok_s']:,.0f}",
                    pruned_speedup=f"{p['speedup']:.2f}x", pruned_weight_ratio=f"{p['weight_ratio']:.2f}x",
                    pruned_fraction=f"{100 * p['fraction']:.0f}%")
-    if "int8_fused" in report:
-        q = report["int8_fused"]
+    if "quantized_fused" in report:
+        q = report["quantized_fused"]
+        q4 = q["int4"]
         out.update(int8_tok_s=f"{q['int8_tok_s']:,.0f}", int8_f32_tok_s=f"{q['f32_tok_s']:,.0f}",
                    int8_speedup=f"{q['speedup']:.2f}x", int8_weight_ratio=f"{q['weight_ratio']:.2f}x",
                    int8_MB=f"{q['int8_MB']:.1f} MB", int8_f32_MB=f"{q['f32_MB']:.1f} MB",
-                   int8_eager_speedup=f"{q['eager_speedup']:.2f}x", int8_path=str(q["int8_path"]))
+                   int8_eager_speedup=f"{q['eager_speedup']:.2f}x", int8_path=str(q["int8_path"]),
+                   int4_tok_s=f"{q4['tok_s']:,.0f}", int4_speedup=f"{q4['speedup']:.2f}x",
+                   int4_vs_int8=f"{q4['vs_int8']:.2f}x", int4_MB=f"{q4['MB']:.1f} MB",
+                   int4_weight_ratio=f"{q4['weight_ratio']:.2f}x", int4_eager_speedup=f"{q4['eager_speedup']:.2f}x",
+                   int4_path=str(q4["path"]), int4_group_size=str(q4["group_size"]))
     if "fused_speculation" in report:
         s, lk = report["fused_speculation"], report["fused_speculation"]["lookup"]
         out.update(spec_tok_s=f"{s['speculative_tok_s']:,.0f}", spec_alone_tok_s=f"{s['alone_tok_s']:,.0f}",
@@ -441,7 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     write_report(args.json, report)
     spec = report.get("fused_speculation", {})
     ok = all(r["identical"] for r in report["rows"]) and all(report.get(k, {}).get("identical", True)
-                                                              for k in ("pruned_fused", "int8_fused")) \
+                                                              for k in ("pruned_fused", "quantized_fused")) \
+        and report.get("quantized_fused", {}).get("int4", {}).get("identical", True) \
         and spec.get("identical", True) and spec.get("lookup", {}).get("identical", True)
     return 0 if ok else 1
 

@@ -5,7 +5,8 @@ What it adds: `load_cpu_ext()` (JIT-builds the chapter's C++ extension, `csrc/ge
 step of `csrc/decode_cpu.cpp` (see `fused_step`), once per machine into the kernels' cache directory, with AVX2 + FMA
 when the CPU has them, and AVX-512 too where PyTorch finds it, for the int8 loop), `gemv(x, w, b)` (checked: a
 `ValueError`/`TypeError` naming the argument, never a crash in C++), `int8_gemv(x, q, scale, b)` (the same product
-for chapter 09's weight-only int8 codes with one scale per output row, streaming one byte per weight), `FastLinear`
+for chapter 09's weight-only int8 codes with one scale per output row, streaming one byte per weight),
+`int4_gemv(x, packed, scale, b)` (its group-wise int4 codes, two per byte, one scale per row and group), `FastLinear`
 (an `nn.Linear` whose forward takes the C++ path for up to `MAX_ROWS` rows of float32 CPU input under no-grad, and
 `F.linear` otherwise) and `fast_cpu_model(model)` (a copy with every block linear and the tied output head swapped
 for `FastLinear`, the same parameters).
@@ -79,8 +80,8 @@ def build_problem() -> str | None:
 def load_cpu_ext(verbose: bool = False):
     """The compiled extension (built on first use, then loaded from the cache); RuntimeError saying what is missing.
 
-    It holds `gemv`, `int8_gemv`, `uses_avx2` and `int8_path` (gemv_cpu.cpp) and the `FusedDecoder` class
-    (decode_cpu.cpp)."""
+    It holds `gemv`, `int8_gemv`, `int4_gemv`, `uses_avx2`, `int8_path` and `int4_path` (gemv_cpu.cpp) and the
+    `FusedDecoder` class (decode_cpu.cpp)."""
     global _ext
     with _lock:
         if _ext is None:
@@ -103,7 +104,7 @@ def require_cpu_tensors(dtype: torch.dtype, **tensors: Any) -> None:
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.device.type != "cpu":
             kind = str(dtype).removeprefix("torch.")
-            raise TypeError(f"{name} must be {'an' if kind[0] in 'aeiou' else 'a'} {kind} CPU tensor, got "
+            raise TypeError(f"{name} must be {'an' if kind[0] in 'aeio' else 'a'} {kind} CPU tensor, got "
                             f"{tensor_kind(t)} on {getattr(t, 'device', '-')}")
 
 
@@ -141,6 +142,28 @@ def int8_gemv(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, b: torch.Te
     if b is not None and b.shape != (q.shape[0],):
         raise ValueError(f"b must have shape ({q.shape[0]},), got {tuple(b.shape)}")
     return load_cpu_ext().int8_gemv(x.contiguous(), q.contiguous(), scale.reshape(-1).contiguous(),
+                                    _NO_BIAS if b is None else b.contiguous())
+
+
+def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, b: torch.Tensor | None = None
+              ) -> torch.Tensor:
+    """x (M, K) @ W^T + b (N,) -> (M, N) through the C++ int4 loop, W given as chapter 09's symmetric group-wise int4
+    codes: `packed` (N, K/2) uint8, two 4-bit two's complement codes per byte (`pack_int4`), and `scale` (N, groups)
+    float32, one per row and group of K/groups columns (an even number). x, scale and b float32. Equals that
+    `QuantLinear`'s forward (F.linear on the de-quantized weight) to float rounding."""
+    require_cpu_tensors(torch.float32, x=x, scale=scale, **({"b": b} if b is not None else {}))
+    require_cpu_tensors(torch.uint8, packed=packed)
+    if x.dim() != 2 or packed.dim() != 2 or x.shape[1] != 2 * packed.shape[1]:
+        raise ValueError(f"x must be (M, K) and packed (N, K/2), two codes per byte, got {tuple(x.shape)} and "
+                         f"{tuple(packed.shape)}")
+    K, N = x.shape[1], packed.shape[0]
+    if scale.dim() != 2 or scale.shape[0] != N or not 1 <= scale.shape[1] <= K or K % scale.shape[1] \
+            or (K // scale.shape[1]) % 2:
+        raise ValueError(f"scale must be (N, groups) = ({N}, groups) with groups dividing K = {K} into even groups, "
+                         f"got {tuple(scale.shape)}")
+    if b is not None and b.shape != (N,):
+        raise ValueError(f"b must have shape ({N},), got {tuple(b.shape)}")
+    return load_cpu_ext().int4_gemv(x.contiguous(), packed.contiguous(), scale.contiguous(),
                                     _NO_BIAS if b is None else b.contiguous())
 
 

@@ -10,16 +10,19 @@ Why: after the C++ GEMV, a step of `base` still spends more time in the ~150 ope
 (dispatch, allocation, Python) than in the products themselves. A step that is one call leaves the weights' streaming
 as nearly all of it, which is how llama.cpp runs (chapter 13 measures both side by side).
 
-Chapter 09's int8 models run too: a block linear that is a weight-only int8 `QuantLinear` (symmetric, one scale per
-output channel: what `quantize_model(model, QuantConfig("int8"))` makes of every block linear) runs the C++ int8
-GEMV, y = scale * (q x) + b over its int8 codes, reading one byte per weight instead of four; the embeddings and the
-tied head stay float32, as `quantize_model` leaves them by default. Its logits are the quantized model's own to float
-rounding (the product is in float32, as QuantLinear's), its greedy tokens the eager quantized model's (tested).
+Chapter 09's int8 and int4 models run too: a block linear that is a weight-only int8 `QuantLinear` (symmetric, one
+scale per output channel: what `quantize_model(model, QuantConfig("int8"))` makes of every block linear) runs the C++
+int8 GEMV, y = scale * (q x) + b over its int8 codes, reading one byte per weight instead of four; an int4 one
+(`QuantConfig("int4")`: symmetric, one scale per row and group of columns, codes packed two per byte) runs the int4
+GEMV, y = sum over groups of scale * (q x) + b, reading half a byte per weight, the codes unpacked in registers. The
+embeddings and the tied head stay float32, as `quantize_model` leaves them by default. Its logits are the quantized
+model's own to float rounding (the products are in float32, as QuantLinear's), its greedy tokens the eager quantized
+model's (tested).
 
 What it leaves out: batches (chapter 06's engine keeps `fast_cpu_model`), several threads, and any other kind of
-layer: chapter 09's int4, asymmetric and W8A8 QuantLinear, a quantized embedding and head, QAT-prepared layers, and
-float weights other than float32 get a TypeError naming the layer. The C++ step holds the model's own parameter
-(and int8 code and scale) storage, not a copy: change them in place and it sees them. Anything else
+layer: chapter 09's asymmetric and W8A8 QuantLinear, a quantized embedding and head, QAT-prepared layers, and float
+weights other than float32 get a TypeError naming the layer. The C++ step holds the model's own parameter (and code
+and scale) storage, not a copy: change them in place and it sees them. Anything else
 (`model.half()`, a new Parameter or buffer, `param.data = ...`, a layer swapped for another, a LayerNorm's `eps`
 changed) leaves the step with a snapshot the model no longer holds, while the prefill runs the model as it is now: the
 decoder notices and raises a ValueError; build a new FusedCPUDecoder then.
@@ -44,8 +47,8 @@ from minillm.kvcache.generate import generate_ids
 from minillm.quant.linear import QuantLinear
 
 LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # a block's linears, the C++ step's order
-INT8_FORM = ("chapter 09's weight-only int8 QuantLinear (symmetric, one float32 scale per output channel, int8 codes, "
-             "a float32 bias)")
+QUANT_FORM = ("chapter 09's weight-only int8 QuantLinear (symmetric, one float32 scale per output channel, int8 codes, "
+             "a float32 bias) and its int4 one (symmetric, group-wise, codes packed two per byte)")
 _NO_SCALE = torch.empty(0)  # what the C++ step takes for "this linear is float32"
 MAX_VERIFY = 16  # most tokens one `verify` call takes (the C++ step's kMaxRows: its scratch holds this many rows)
 
@@ -61,26 +64,32 @@ def _plain(module: nn.Module, name: str) -> list[torch.Tensor]:
     return [t.detach().contiguous() for t in tensors]
 
 
-def _int8(layer: QuantLinear, name: str) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """([codes, bias], scale (out,)) of a weight-only int8 QuantLinear, the model's own storage (a view, not a copy,
-    where contiguous); TypeError naming `name` and what differs for any other QuantLinear (int4, asymmetric, W8A8,
-    a cast or replaced buffer, no bias, not on the CPU)."""
+def _quantized(layer: QuantLinear, name: str) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """([codes, bias], scale) of a weight-only QuantLinear the C++ step runs, the model's own storage (a view, not a
+    copy, where contiguous): int8 (symmetric, per channel) gives codes (out, in) int8 and scale (out,); int4
+    (symmetric, group-wise) gives packed codes (out, in/2) uint8 and scale (out, groups). TypeError naming `name` and
+    what differs for any other QuantLinear (asymmetric, W8A8, a cast or replaced buffer, no bias, not on the CPU)."""
     c, q, scale, bias = layer.config, layer.qweight, layer.scale, layer.bias
-    out_in = (layer.out_features, layer.in_features)
-    if c.mode != "int8" or not c.symmetric or layer.zero is not None:
+    out, n = layer.out_features, layer.in_features
+    int4 = c.mode == "int4"
+    codes = (torch.uint8, (out, n // 2)) if int4 else (torch.int8, (out, n))
+    groups = n // c.group_size if int4 else 1
+    if c.mode not in ("int8", "int4") or not c.symmetric or layer.zero is not None:
         problem = f"mode={c.mode!r}, symmetric={c.symmetric}"
-    elif q.dtype != torch.int8 or tuple(q.shape) != out_in:
-        problem = f"codes {q.dtype} {tuple(q.shape)}, want torch.int8 {out_in}"
-    elif scale.dtype != torch.float32 or tuple(scale.shape) != (out_in[0], 1):
-        problem = f"scale {scale.dtype} {tuple(scale.shape)}, want torch.float32 ({out_in[0]}, 1)"
-    elif bias is None or bias.dtype != torch.float32 or tuple(bias.shape) != (out_in[0],):
+    elif q.dtype != codes[0] or tuple(q.shape) != codes[1]:
+        problem = f"codes {q.dtype} {tuple(q.shape)}, want {codes[0]} {codes[1]}"
+    elif scale.dtype != torch.float32 or tuple(scale.shape) != (out, groups):
+        problem = f"scale {scale.dtype} {tuple(scale.shape)}, want torch.float32 ({out}, {groups})"
+    elif bias is None or bias.dtype != torch.float32 or tuple(bias.shape) != (out,):
         problem = "no bias" if bias is None else f"bias {bias.dtype} {tuple(bias.shape)}"
     elif any(t.device.type != "cpu" for t in (q, scale, bias)):
         problem = f"buffers on {q.device}, {scale.device}, {bias.device}"
     else:
-        return [q.detach().contiguous(), bias.detach().contiguous()], scale.detach().contiguous().view(-1)
-    raise TypeError(f"the fused C++ step runs float32 nn.Linear layers and {INT8_FORM}; {name} = QuantLinear "
-                    f"with {problem}: run the float model, or one quantized with QuantConfig('int8')")
+        scale = scale.detach().contiguous()
+        return [q.detach().contiguous(), bias.detach().contiguous()], scale if int4 else scale.view(-1)
+    raise TypeError(f"the fused C++ step runs float32 nn.Linear layers and {QUANT_FORM}; {name} = QuantLinear "
+                    f"with {problem}: run the float model, or one quantized with QuantConfig('int8') or "
+                    "QuantConfig('int4')")
 
 
 def model_fingerprint(modules: list[nn.Module]) -> list[tuple[Any, ...]]:
@@ -111,13 +120,13 @@ class FusedCPUDecoder:
 
     `max_len` sizes the cache (default and most: the model's context window). Greedy tokens equal the eager generator's
     (tested); logits agree to float rounding (the sums run in another order). Block linears that are chapter 09's
-    weight-only int8 QuantLinear (`quantize_model(model, QuantConfig("int8"))`) run the C++ int8 GEMV; the rest of
-    the model stays float32 (`int8_linears` counts them).
+    weight-only int8 or int4 QuantLinear (`quantize_model(model, QuantConfig("int8"))`, `QuantConfig("int4")`) run
+    the C++ int8 or int4 GEMV; the rest of the model stays float32 (`int8_linears` and `int4_linears` count them).
     The step reads the parameters and buffers the model held at construction (their storage: in-place updates are
     seen) and each LayerNorm's own eps. If the model's tensors are converted or replaced afterwards (`model.half()`, a
     new Parameter, a layer swapped for another) or an eps is changed, the next `generate_ids` or the first step of the
-    next sequence raises a ValueError: build a new FusedCPUDecoder. Any other quantized layer (int4, asymmetric, W8A8,
-    a quantized head) or a QAT-prepared model is a TypeError naming the layer (`_int8`, `check_plain_model`).
+    next sequence raises a ValueError: build a new FusedCPUDecoder. Any other quantized layer (asymmetric, W8A8, a
+    quantized head) or a QAT-prepared model is a TypeError naming the layer (`_quantized`, `check_plain_model`).
     A forward hook on any module is a ValueError (the C++ step calls no module, so the hook would run in the prefill
     only). `generate_ids` decodes in eval mode and gives the model its own mode back; a step called directly on a
     model in training mode is a ValueError.
@@ -130,7 +139,7 @@ class FusedCPUDecoder:
             raise ValueError(f"FusedCPUDecoder runs on the CPU, the model is on {model.device}")
         cfg = model.config
         quantized = {f"transformer.h.{i}.{n}" for i, block in enumerate(model.transformer.h) for n in LINEARS
-                     if isinstance(block.get_submodule(n), QuantLinear)}  # checked by `_int8` below
+                     if isinstance(block.get_submodule(n), QuantLinear)}  # checked by `_quantized` below
         check_plain_model(model, "the fused C++ step", handled=quantized)
         self.model = model  # its train/eval mode is the caller's: generate_ids decodes in eval mode, then restores it
         self._named_modules = list(model.named_modules())
@@ -144,18 +153,20 @@ class FusedCPUDecoder:
                 model.lm_head.weight.detach()]
         layers: list[torch.Tensor] = []
         scales: list[torch.Tensor] = []  # one per block linear, in LINEARS' order: _NO_SCALE for a float32 one
+        int4 = 0  # how many of the quantized linears are int4
         for i, block in enumerate(tr.h):
             for name in ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj"):
                 module, where = block.get_submodule(name), f"transformer.h.{i}.{name}"
                 if where in quantized:
-                    codes_and_bias, scale = _int8(module, where)
+                    codes_and_bias, scale = _quantized(module, where)
                     layers += codes_and_bias
                     scales.append(scale)
+                    int4 += module.config.mode == "int4"
                 else:
                     layers += _plain(module, where)
                     if name in LINEARS:
                         scales.append(_NO_SCALE)
-        self.int8_linears = len(quantized)
+        self.int8_linears, self.int4_linears = len(quantized) - int4, int4
         self._model_modules = list(model.modules())
         self._fingerprint = model_fingerprint(self._model_modules)
         self._last_start = math.inf  # the cache length at the last step (a check runs when it does not grow)

@@ -6,11 +6,12 @@ What it does, each step skipped when its output is already in the work directory
   2. build `llama-bench` with cmake (Release, the host's SIMD: `GGML_NATIVE=ON`), a few minutes on two cores;
   3. export `base` as a Hugging Face GPT-2 directory (config.json, model.safetensors, and vocab.json + merges.txt
      recovered from our tokenizer's ranks), and convert it with llama.cpp's own `convert_hf_to_gguf.py` to GGUF files
-     in f32, f16 and q8_0;
+     in f32, f16 and q8_0, and with llama.cpp's `llama-quantize` (built too) the f32 file to q4_0;
   4. interleave, round by round: `llama-bench -t T -p 0 -n N` on each GGUF (its `tg` test: N tokens decoded one at a
      time at batch 1, from an empty context) and our batch-1 decode of N tokens after a one-token prompt, eager
      (chapter 04's `generate_ids`) and with the fused C++ step (`FusedCPUDecoder`), in float32 and on chapter 09's
-     int8 weight-only model (the C++ int8 GEMV, beside llama.cpp's q8_0), at the same thread count.
+     int8 and int4 weight-only models (the C++ int8 and int4 GEMVs, beside llama.cpp's q8_0 and q4_0), at the same
+     thread count.
 It prints each path's median tok/s over the rounds and ours as a fraction of llama.cpp f32, and with `--json` writes
 every round's tok/s and the medians (`minillm.bench.cli.write_report`, with the machine and the command); `quotes`
 turns that report into the table and the figures chapters 09 and 13 quote.
@@ -39,8 +40,8 @@ from minillm.bench.models import load_model
 from minillm.compile.fused_step import FusedCPUDecoder
 from minillm.core.io import check_output_dir
 from minillm.core.sampling import SamplingParams
-from minillm.compile.llamacpp_build import (OUTTYPES, PINNED, run_logged, build_llama_bench, convert, export_hf_dir,
-                                            fetch_sources)
+from minillm.compile.llamacpp_build import (OUTTYPES, PINNED, QUANTIZED_TYPES, run_logged, build_llama_bench, convert,
+                                            export_hf_dir, fetch_sources, quantize_gguf)
 from minillm.core.config import check_float, check_int, check_sequence
 from minillm.core.io import check_path
 from minillm.core.timing import measure
@@ -48,12 +49,13 @@ from minillm.kvcache.generate import generate_ids
 from minillm.quant.linear import QuantConfig, quantize_model
 from minillm.tokenizer import DEFAULT_TOKENIZER_PATH, Tokenizer
 
-TYPES = OUTTYPES
+TYPES = OUTTYPES + QUANTIZED_TYPES  # f32, f16 and q8_0 from the converter, q4_0 by llama-quantize from the f32 file
 # What a report of `main --json` holds, every one quoted (`write_report` adds "cpu").
 REPORT_KEYS = ("median_tok_s", "samples", "rounds", "threads", "tokens", "model", "cpu", "llama_cpp")
 REF = "llama.cpp f32"  # the path every other one is a fraction of
 EAGER, FUSED = "minillm eager (generate_ids)", "minillm fused C++ step"
 FUSED_INT8 = "minillm fused C++ step, int8 weights"  # chapter 09's int8 weight-only model, beside llama.cpp's q8_0
+FUSED_INT4 = "minillm fused C++ step, int4 weights"  # its int4 group-wise model (groups of 128), beside q4_0
 
 
 def llama_bench_tok_s(binary: str | os.PathLike, gguf: str | os.PathLike, threads: int, tokens: int) -> float:
@@ -123,13 +125,17 @@ def main(argv: list[str] | None = None) -> int:
     loaded = load_model("base", args.device, 0)
     model = loaded.model
     hf_dir = export_hf_dir(model, Tokenizer.load(DEFAULT_TOKENIZER_PATH), work / "base-hf")
-    ggufs = {t: convert(tree, hf_dir, t, work / f"base-{t}.gguf") for t in TYPES}
+    ggufs = {t: convert(tree, hf_dir, t, work / f"base-{t}.gguf") for t in OUTTYPES}
+    ggufs.update({t: quantize_gguf(tree, ggufs["f32"], t, work / f"base-{t}.gguf") for t in QUANTIZED_TYPES})
 
-    fused, fused_int8 = FusedCPUDecoder(model), FusedCPUDecoder(quantize_model(model, QuantConfig("int8")).eval())
+    fused = FusedCPUDecoder(model)
+    fused_int8 = FusedCPUDecoder(quantize_model(model, QuantConfig("int8")).eval())
+    fused_int4 = FusedCPUDecoder(quantize_model(model, QuantConfig("int4")).eval())
     params = SamplingParams.greedy(args.tokens, ignore_eos=True)
     prompt = [0]
     ours = {EAGER: lambda: generate_ids(model, prompt, params), FUSED: lambda: fused.generate_ids(prompt, params),
-            FUSED_INT8: lambda: fused_int8.generate_ids(prompt, params)}
+            FUSED_INT8: lambda: fused_int8.generate_ids(prompt, params),
+            FUSED_INT4: lambda: fused_int4.generate_ids(prompt, params)}
     samples: dict[str, list[float]] = {**{f"llama.cpp {t}": [] for t in TYPES}, **{k: [] for k in ours}}
     for r in range(args.rounds):
         for t, path in ggufs.items():
@@ -200,11 +206,12 @@ def format_rounds(samples: dict[str, list[float]]) -> str:
 
 def quotes(report: dict) -> dict[str, str]:
     """What the chapter texts quote from a report of `main --json`: the medians' table ("table") and the rounds'
-    ("per_round"); llama.cpp's tok/s per type (`f32_tok_s`, `f16_tok_s`, `q8_0_tok_s`) and its f16 and q8_0 over its
-    f32 (`f16_vs_f32`, "1.90x"); ours as a fraction of llama.cpp f32 (`fused_of_f32`, `eager_of_f32`, "84%"), their
+    ("per_round"); llama.cpp's tok/s per type (`f32_tok_s`, `f16_tok_s`, `q8_0_tok_s`, `q4_0_tok_s`) and each
+    other type over its f32 (`f16_vs_f32`, "1.90x"); ours as a fraction of llama.cpp f32 (`fused_of_f32`, `eager_of_f32`, "84%"), their
     range over the rounds, each round's ours over the same round's llama.cpp f32 (`..._min`, `..._max`); the fused
     step over the eager generator (`fused_vs_eager`); the int8 fused step's figures (`fused_int8_...` as above, and
-    `fused_int8_vs_q8_0`, `fused_int8_vs_fused`) when the run has it; llama.cpp f32's range over the rounds (`f32_min`,
+    `fused_int8_vs_q8_0`, `fused_int8_vs_fused`) and the int4 one's (`fused_int4_...`, `fused_int4_vs_q4_0`,
+    `fused_int4_vs_fused`, `fused_int4_vs_int8`) when the run has them; llama.cpp f32's range over the rounds (`f32_min`,
     `f32_max`); and the run's settings (`rounds`, `threads`, `tokens`, `model`, `cpu`, `llama_cpp`).
     A report that lacks any of these (or holds no rate where one is due) is a TypeError / ValueError naming it."""
     if not isinstance(report, dict):
@@ -214,7 +221,7 @@ def quotes(report: dict) -> dict[str, str]:
         raise ValueError(f"report must be a report of `main --json`, holding {list(REPORT_KEYS)}; it lacks {missing}")
     median = check_rates("report['median_tok_s']", report["median_tok_s"])
     samples = check_samples("report['samples']", report["samples"])
-    needed = [f"llama.cpp {t}" for t in TYPES] + [EAGER, FUSED] + ([FUSED_INT8] if FUSED_INT8 in median else [])
+    needed = [f"llama.cpp {t}" for t in TYPES] + [EAGER, FUSED] + [p for p in (FUSED_INT8, FUSED_INT4) if p in median]
     for name, d in (("report['median_tok_s']", median), ("report['samples']", samples)):
         lacking = [path for path in needed if path not in d]
         if lacking:
@@ -225,7 +232,8 @@ def quotes(report: dict) -> dict[str, str]:
         out[f"{t}_tok_s"] = f"{median[f'llama.cpp {t}']:,.0f}"
         if t != "f32":
             out[f"{t}_vs_f32"] = f"{median[f'llama.cpp {t}'] / ref:.2f}x"
-    paths = [("fused", FUSED), ("eager", EAGER)] + ([("fused_int8", FUSED_INT8)] if FUSED_INT8 in median else [])
+    paths = [("fused", FUSED), ("eager", EAGER)] + [(k, p) for k, p in (("fused_int8", FUSED_INT8),
+                                                                         ("fused_int4", FUSED_INT4)) if p in median]
     for key, path in paths:
         out[f"{key}_tok_s"] = f"{median[path]:,.0f}"
         out[f"{key}_of_f32"] = f"{100 * median[path] / ref:.0f}%"
@@ -235,6 +243,11 @@ def quotes(report: dict) -> dict[str, str]:
     if FUSED_INT8 in median:  # int8 against llama.cpp's q8_0 (8-bit weights, 32-wide blocks), and over our f32 step
         out["fused_int8_vs_q8_0"] = f"{median[FUSED_INT8] / median['llama.cpp q8_0']:.2f}x"
         out["fused_int8_vs_fused"] = f"{median[FUSED_INT8] / median[FUSED]:.2f}x"
+    if FUSED_INT4 in median:  # int4 against llama.cpp's q4_0 (4-bit weights, 32-wide blocks), and over our int8 step
+        out["fused_int4_vs_q4_0"] = f"{median[FUSED_INT4] / median['llama.cpp q4_0']:.2f}x"
+        out["fused_int4_vs_fused"] = f"{median[FUSED_INT4] / median[FUSED]:.2f}x"
+        if FUSED_INT8 in median:
+            out["fused_int4_vs_int8"] = f"{median[FUSED_INT4] / median[FUSED_INT8]:.2f}x"
     out["f32_min"], out["f32_max"] = f"{min(samples[REF]):,.0f}", f"{max(samples[REF]):,.0f}"
     for key in ("rounds", "threads", "tokens", "model", "cpu", "llama_cpp"):
         out[key] = str(report[key])

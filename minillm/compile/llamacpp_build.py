@@ -29,6 +29,7 @@ from minillm.tokenizer import Tokenizer
 
 PINNED = "llama-cpp-python==0.3.36"  # the sdist this chapter's figures were measured with
 OUTTYPES = ("f32", "f16", "q8_0")  # the GGUF types `convert` writes (llama.cpp's converter's --outtype)
+QUANTIZED_TYPES = ("q4_0",)  # the types `quantize_gguf` writes from an f32 GGUF (llama-quantize): 4-bit, 32-wide blocks
 
 
 def run_logged(cmd: list[str], cwd: str | os.PathLike | None = None, log: str | os.PathLike | None = None) -> str:
@@ -115,6 +116,22 @@ def build_target(tree: str | os.PathLike, target: str) -> Path:
 def build_llama_bench(tree: Path) -> Path:
     """cmake configure + build of the `llama-bench` target; the binary's path."""
     return build_target(tree, "llama-bench")
+
+
+def quantize_gguf(tree: str | os.PathLike, source: str | os.PathLike, qtype: str, out: str | os.PathLike) -> Path:
+    """llama.cpp's `llama-quantize` (built on first use) from the GGUF file `source` (an f32 one of `convert`) to
+    `out` of type `qtype` (one of QUANTIZED_TYPES: types the converter cannot write), its log beside it; always
+    quantizes, over any file at `out` (as `convert`). A missing source, or an `out` that is a folder, is a
+    ValueError / FileNotFoundError naming it, before the build."""
+    if not isinstance(qtype, str) or qtype not in QUANTIZED_TYPES:
+        raise ValueError(f"qtype must be one of {QUANTIZED_TYPES}, got {qtype!r}")
+    source, out = check_path(source, "source"), check_path(out, "out")
+    if not source.is_file():
+        raise FileNotFoundError(f"source {str(source)!r}: no such GGUF file")
+    check_output_file(out, "out")
+    binary = build_target(tree, "llama-quantize")
+    run_logged([str(binary), str(source), str(out), qtype], log=out.with_suffix(".quantize.log"))
+    return out
 
 
 def bytes_to_unicode() -> dict[int, str]:

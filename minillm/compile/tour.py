@@ -71,15 +71,24 @@ def run(ctx: TourContext) -> list[Row]:
                         f"identical to the pruned model's eager tokens: {p['identical']}; {p['pruned_tok_s']:.0f} vs "
                         f"{p['dense_tok_s']:.0f} tok/s; weights read {p['weight_ratio']:.2f}x fewer, {label}",
                         p["identical"], "speed-up", p["speedup"], "x", dev, details={"model": label, **p}))
-    if "int8_fused" in r:
-        q = r["int8_fused"]
+    if "quantized_fused" in r:
+        q = r["quantized_fused"]
+        q4 = q["int4"]
         rows.append(Row("13", "int8 fused step", "float32 base on FusedCPUDecoder",
                         f"int8 weight-only base (ch09, per-channel) on FusedCPUDecoder (C++ int8 GEMV, "
                         f"{q['int8_path']})",
                         f"identical to the int8 model's eager tokens: {q['identical']}; {q['int8_tok_s']:.0f} vs "
                         f"{q['f32_tok_s']:.0f} tok/s; weights read {q['weight_ratio']:.2f}x fewer; eager int8 "
                         f"{q['eager_speedup']:.2f}x eager f32, {label}",
-                        q["identical"], "speed-up", q["speedup"], "x", dev, details={"model": label, **q}))
+                        q["identical"], "speed-up", q["speedup"], "x", dev,
+                        details={"model": label, **{k: v for k, v in q.items() if k != "int4"}}))
+        rows.append(Row("13", "int4 fused step", "float32 base on FusedCPUDecoder",
+                        f"int4 weight-only base (ch09, groups of {q4['group_size']}) on FusedCPUDecoder (C++ int4 "
+                        f"GEMV, {q4['path']})",
+                        f"identical to the int4 model's eager tokens: {q4['identical']}; {q4['tok_s']:.0f} vs "
+                        f"{q['f32_tok_s']:.0f} tok/s, {q4['vs_int8']:.2f}x the int8 step; weights read "
+                        f"{q4['weight_ratio']:.2f}x fewer; eager int4 {q4['eager_speedup']:.2f}x eager f32, {label}",
+                        q4["identical"], "speed-up", q4["speedup"], "x", dev, details={"model": label, **q4}))
     if "fused_speculation" in r:
         s, lk = r["fused_speculation"], r["fused_speculation"]["lookup"]
         rows.append(Row("13", "speculative on the fused step, distilled draft", "base alone on FusedCPUDecoder",

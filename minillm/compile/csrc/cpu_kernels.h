@@ -26,6 +26,12 @@ void small_gemm(const float* x, const float* w, const float* b, float* y, int64_
 void small_gemm_q8(const float* x, const int8_t* q, const float* scale, const float* b, float* y, int64_t M, int64_t K,
                    int64_t N);
 
+// The same for chapter 09's int4 group-wise weights (symmetric): p (N, K/2) holds two 4-bit two's complement codes
+// per byte (code 2i in the low nibble of byte i, as pack_int4), scale (N, K/G) one float per row and group of G
+// columns: y[m, n] = sum_g scale[n, g] * sum_{k in group g} q[n, k] x[m, k] + b[n]. G must be even and divide K.
+void small_gemm_q4(const float* x, const uint8_t* p, const float* scale, const float* b, float* y, int64_t M,
+                   int64_t K, int64_t N, int64_t G);
+
 // Whether this build took the AVX2 + FMA path (false: the scalar loops).
 bool uses_avx2();
 
@@ -40,6 +46,10 @@ inline float hsum(__m256 v) {  // the 8 lanes' sum (inline: called once per dot 
     return _mm_cvtss_f32(s);
 }
 #endif
+
+// Which loop small_gemm_q4 runs in this build for group size G: int8_path's, or "scalar" when the vector loops do
+// not take G (it must be a multiple of their run of codes, 32 with AVX-512, 16 with AVX2).
+const char* int4_path(int64_t group_size);
 
 // Adds the FusedDecoder class and paged_decode_attention (decode_cpu.cpp) to the extension module.
 void register_decoder(pybind11::module& m);

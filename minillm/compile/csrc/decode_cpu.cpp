@@ -13,10 +13,12 @@
 // (about 150 PyTorch operator calls, each a few microseconds of dispatch and allocation) than in them. Here the step
 // is one call from Python; the products run the same GEMV as FastLinear and the rest is a few plain loops over
 // buffers allocated once. What it leaves out: batches (the engine keeps FastLinear), several threads, other dtypes.
-// int8: each of a block's four linears may instead hold chapter 09's weight-only int8 codes (N, K) with one float
-// scale per output row (`scales`, one entry per linear, empty for a float32 one). That linear then runs the int8
-// GEMV (small_gemm_q8), which streams a quarter of the bytes; everything else, the embeddings and the tied head
-// included, stays float32. Its twin is then the quantized model's own forward (QuantLinear).
+// int8 and int4: each of a block's four linears may instead hold chapter 09's weight-only int8 codes (N, K) with one
+// float scale per output row, or its symmetric group-wise int4 codes packed two per byte (N, K/2) uint8 with one
+// scale per row and group (N, groups) (`scales`, one entry per linear, empty for a float32 one). That linear then
+// runs the int8 GEMV (small_gemm_q8), a quarter of the bytes, or the int4 one (small_gemm_q4), an eighth; everything
+// else, the embeddings and the tied head included, stays float32. Its twin is then the quantized model's own
+// forward (QuantLinear).
 // Reference twin: GPT.hidden + GPT.logits over a ContiguousKVCache (tests compare logits and greedy tokens).
 //
 // `verify` is the same step for n tokens at once (1..kMaxRows), what speculative decoding's target needs: the γ
@@ -190,10 +192,23 @@ void check_float(const at::Tensor& t, const char* what, std::vector<int64_t> sha
 // An int8 linear's codes: a contiguous int8 CPU tensor of `shape` (block `layer`'s `what`, for the message).
 void check_codes(const at::Tensor& t, int64_t layer, const char* what, std::vector<int64_t> shape) {
     TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kChar && t.is_contiguous(), "FusedDecoder: block ",
-                layer, "'s ", what, ".weight has a scale, so it must hold int8 codes (a contiguous int8 CPU tensor), "
-                "got ", t.scalar_type(), t.is_contiguous() ? "" : " (not contiguous)");
+                layer, "'s ", what, ".weight has a scale, so it must hold int8 codes (a contiguous int8 CPU tensor) "
+                "or packed int4 ones (uint8), got ", t.scalar_type(), t.is_contiguous() ? "" : " (not contiguous)");
     TORCH_CHECK(t.sizes() == at::IntArrayRef(shape), "FusedDecoder: block ", layer, "'s ", what, " codes must have "
                 "shape ", at::IntArrayRef(shape), ", got ", t.sizes());
+}
+
+// An int4 linear (N outputs, K inputs): packed codes p, a contiguous uint8 CPU tensor (N, K/2), and scales s, a
+// contiguous float32 CPU tensor (N, groups) whose groups split K into equal even groups (block `layer`'s `what`).
+void check_int4(const at::Tensor& p, const at::Tensor& s, int64_t layer, const char* what, int64_t N, int64_t K) {
+    TORCH_CHECK(p.device().is_cpu() && p.is_contiguous() && p.dim() == 2 && p.size(0) == N && 2 * p.size(1) == K,
+                "FusedDecoder: block ", layer, "'s ", what, " int4 codes must be a contiguous uint8 CPU tensor of "
+                "shape (", N, ", ", K / 2, "), two codes per byte, got ", p.sizes());
+    TORCH_CHECK(s.device().is_cpu() && s.scalar_type() == at::kFloat && s.is_contiguous() && s.dim() == 2 &&
+                    s.size(0) == N && s.size(1) >= 1 && K % s.size(1) == 0 && (K / s.size(1)) % 2 == 0,
+                "FusedDecoder: block ", layer, "'s ", what, " int4 scale must be a contiguous float32 CPU tensor of "
+                "shape (", N, ", groups) with groups dividing ", K, " into even groups, got ", s.scalar_type(), " ",
+                s.sizes());
 }
 
 // Holds the model's tensors (not copies: the same storage as the parameters) and its cache's K/V tensors, plus the
@@ -205,7 +220,8 @@ class FusedDecoder {
     // layers: kLayerTensors per block in the order above; k, v: per block (1, nh, max_len, hs);
     // eps: each LayerNorm's own, ln_1 and ln_2 of every block, then ln_f (2 n_layer + 1);
     // scales: empty (every linear float32), or kLinears per block in `Linear`'s order: an empty tensor for a float32
-    // linear, the per-row scales (N,) float32 of an int8 one, whose weight in `layers` is then its int8 codes (N, K).
+    // linear, the per-row scales (N,) float32 of an int8 one, whose weight in `layers` is then its int8 codes (N, K),
+    // or the group scales (N, groups) of an int4 one, whose weight is then its packed codes (N, K/2) uint8.
     FusedDecoder(std::vector<at::Tensor> globals, std::vector<at::Tensor> layers, std::vector<at::Tensor> k,
                  std::vector<at::Tensor> v, int64_t n_head, int64_t head_size, std::vector<double> eps,
                  std::vector<at::Tensor> scales)
@@ -259,6 +275,10 @@ class FusedDecoder {
                 const at::Tensor& s = scales_[l * kLinears + j];
                 if (!s.defined()) {
                     check_float(w, (std::string(kLinearName[j]) + ".weight").c_str(), {outs[j], ins[j]});
+                    continue;
+                }
+                if (w.scalar_type() == at::kByte) {  // int4: packed codes (N, K/2), scales (N, groups)
+                    check_int4(w, s, l, kLinearName[j], outs[j], ins[j]);
                     continue;
                 }
                 check_codes(w, l, kLinearName[j], {outs[j], ins[j]});
@@ -388,14 +408,17 @@ class FusedDecoder {
     int64_t max_len() const { return max_len_; }
 
   private:
-    // y = x W^T + b for linear j of block l: the float32 GEMV, or the int8 one (codes, per-row scales) where the
-    // linear has a scale. Its width K and height N are its weight's (int8 codes have one byte per weight, so the
-    // shape is the float weight's). x is (rows, K), y (rows, N): one walk over the weight for all rows.
+    // y = x W^T + b for linear j of block l: the float32 GEMV, or where the linear has a scale the int8 one (codes
+    // (N, K), per-row scales) or the int4 one (packed codes (N, K/2) uint8, per-group scales (N, groups)). x is
+    // (rows, K), y (rows, N): one walk over the weight for all rows.
     void linear(int64_t l, int j, const float* x, float* y, int64_t rows = 1) {
         const at::Tensor& w = layers_[l * kLayerTensors + kLinearWeight[j]];
         const float* b = ptr(layers_[l * kLayerTensors + kLinearWeight[j] + 1]);
         const at::Tensor& scale = scales_[l * kLinears + j];
-        if (scale.defined()) {
+        if (scale.defined() && w.scalar_type() == at::kByte) {  // int4: (N, K/2) packed codes, (N, groups) scales
+            const int64_t K = 2 * w.size(1);
+            small_gemm_q4(x, w.data_ptr<uint8_t>(), ptr(scale), b, y, rows, K, w.size(0), K / scale.size(1));
+        } else if (scale.defined()) {
             small_gemm_q8(x, w.data_ptr<int8_t>(), ptr(scale), b, y, rows, w.size(1), w.size(0));
         } else {
             small_gemm(x, ptr(w), b, y, rows, w.size(1), w.size(0));
@@ -443,7 +466,7 @@ class FusedDecoder {
     }
 
     std::vector<at::Tensor> globals_, layers_, k_, v_;
-    std::vector<at::Tensor> scales_;  // kLinears per block: undefined for a float32 linear, (N,) for an int8 one
+    std::vector<at::Tensor> scales_;  // kLinears per block: undefined (float32), (N,) (int8) or (N, groups) (int4)
     int64_t nh_, hs_, n_layer_ = 0, V_ = 0, C_ = 0, P_ = 0, A_ = 0, max_len_ = 0;
     std::vector<float> eps_;  // ln_1, ln_2 of block 0, of block 1, ..., ln_f
     std::vector<float> x_, h_, qkv_, y_, f_, scores_;  // the step's scratch: residual, normed/out, q k v, heads, MLP

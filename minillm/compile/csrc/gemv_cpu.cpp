@@ -27,6 +27,8 @@
 // Reference twin: chapter 09's QuantLinear (int8, symmetric per channel): F.linear(x, q.float()) * scale + b.
 #include "cpu_kernels.h"
 
+#include <vector>
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define MINILLM_AVX2 1
@@ -161,6 +163,122 @@ void small_gemm_q8(const float* x, const int8_t* q, const float* scale, const fl
     }
 }
 
+// ----- int4 ----------------------------------------------------------------------------------------------------------
+// Codes come two per byte: byte i of a row holds code 2i in its low nibble and code 2i+1 in its high one. The vector
+// loops widen a run of bytes to 32-bit lanes once and take both nibbles from the same register, so lane i of the low
+// half meets x[2i] and lane i of the high half x[2i+1]: x is first copied into `xs` with each run's even columns,
+// then its odd ones (once per call, shared by every weight row). A group's sum is scaled once (the scale factors out
+// of it), added into the row's total, and the next group starts from zero.
+#if defined(MINILLM_AVX512)
+constexpr int64_t kQ4Lanes = 32;  // codes per step of one row: 16 bytes widened into one 512-bit register, 2 halves
+
+// The 16 values a 4-bit two's complement code stands for, indexed by the code: vpermps looks a lane up by its low
+// 4 bits, so one instruction turns a nibble into its float (no masking, no sign extension, no int -> float convert).
+inline __m512 q4_table() {
+    return _mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, -8.f, -7.f, -6.f, -5.f, -4.f, -3.f, -2.f, -1.f);
+}
+
+// t[i] += scale[i] * (sum over k < G of q[i][k] * x[k]) for 4 rows of codes r[0..3] (G/2 bytes each, G a multiple
+// of 32), x in `xs` order (each 32 columns: 16 even, 16 odd)
+inline void dot4_q4_group(const float* xs, const uint8_t* const r[4], int64_t G, const float scale[4], __m512 t[4]) {
+    const __m512 table = q4_table();
+    __m512 a[4];
+    for (int i = 0; i < 4; ++i) a[i] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < G; k += kQ4Lanes) {
+        const __m512 xe = _mm512_loadu_ps(xs + k), xo = _mm512_loadu_ps(xs + k + 16);
+        for (int i = 0; i < 4; ++i) {
+            const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r[i] + k / 2)));
+            a[i] = _mm512_fmadd_ps(_mm512_permutexvar_ps(b, table), xe, a[i]);  // low nibbles: the table's index
+            a[i] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table), xo, a[i]);  // high ones
+        }
+    }
+    for (int i = 0; i < 4; ++i) t[i] = _mm512_fmadd_ps(_mm512_set1_ps(scale[i]), a[i], t[i]);
+}
+inline float q4_total(__m512 t) { return _mm512_reduce_add_ps(t); }
+using Q4Acc = __m512;
+inline Q4Acc q4_zero() { return _mm512_setzero_ps(); }
+#elif defined(MINILLM_AVX2)
+constexpr int64_t kQ4Lanes = 16;  // codes per step of one row: 8 bytes widened into one 256-bit register, 2 halves
+
+// As above with 8 lanes: vpermps has only 8 entries here, so each nibble is sign-extended by shifting it to the
+// top of its lane and back (arithmetic shift), then converted.
+inline void dot4_q4_group(const float* xs, const uint8_t* const r[4], int64_t G, const float scale[4], __m256 t[4]) {
+    __m256 a[4];
+    for (int i = 0; i < 4; ++i) a[i] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < G; k += kQ4Lanes) {
+        const __m256 xe = _mm256_loadu_ps(xs + k), xo = _mm256_loadu_ps(xs + k + 8);
+        for (int i = 0; i < 4; ++i) {
+            const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(r[i] + k / 2)));
+            const __m256i low = _mm256_srai_epi32(_mm256_slli_epi32(b, 28), 28);   // bits 0-3, sign-extended
+            const __m256i high = _mm256_srai_epi32(_mm256_slli_epi32(b, 24), 28);  // bits 4-7, sign-extended
+            a[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low), xe, a[i]);
+            a[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(high), xo, a[i]);
+        }
+    }
+    for (int i = 0; i < 4; ++i) t[i] = _mm256_fmadd_ps(_mm256_set1_ps(scale[i]), a[i], t[i]);
+}
+inline float q4_total(__m256 t) { return hsum(t); }
+using Q4Acc = __m256;
+inline Q4Acc q4_zero() { return _mm256_setzero_ps(); }
+#endif
+
+// Code k of a row of packed bytes, as an int in -8..7 (the scalar loops)
+inline int q4_code(const uint8_t* row, int64_t k) {
+    const int nibble = (k % 2 == 0) ? (row[k / 2] & 0xF) : (row[k / 2] >> 4);
+    return (nibble ^ 8) - 8;  // 4-bit two's complement: 0..7 stay, 8..15 -> -8..-1
+}
+
+// Rows of x (M, K) against packed int4 codes p (N, K/2) with scales (N, K/G) into y (M, N); b may be null. The
+// vector loops run when G is a multiple of their run of codes (32 with AVX-512, 16 with AVX2: true of chapter 09's
+// group sizes 32, 64, 128); otherwise every row takes the scalar loop. Blocked as small_gemm.
+void small_gemm_q4(const float* x, const uint8_t* p, const float* scale, const float* b, float* y, int64_t M,
+                   int64_t K, int64_t N, int64_t G) {
+    const int64_t groups = K / G, bytes = K / 2;
+    int64_t n = 0;
+#if defined(MINILLM_AVX512) || defined(MINILLM_AVX2)
+    if (G % kQ4Lanes == 0) {
+        thread_local std::vector<float> xs;  // x in the loops' order: per run of kQ4Lanes columns, evens then odds
+        xs.resize(M * K);
+        for (int64_t m = 0; m < M; ++m) {
+            for (int64_t k = 0; k < K; k += kQ4Lanes) {
+                for (int64_t i = 0; i < kQ4Lanes / 2; ++i) {
+                    xs[m * K + k + i] = x[m * K + k + 2 * i];
+                    xs[m * K + k + kQ4Lanes / 2 + i] = x[m * K + k + 2 * i + 1];
+                }
+            }
+        }
+        for (; n + 4 <= N; n += 4) {
+            const uint8_t* const r[4] = {p + n * bytes, p + (n + 1) * bytes, p + (n + 2) * bytes, p + (n + 3) * bytes};
+            for (int64_t m = 0; m < M; ++m) {
+                Q4Acc t[4] = {q4_zero(), q4_zero(), q4_zero(), q4_zero()};
+                for (int64_t g = 0; g < groups; ++g) {
+                    const uint8_t* const rg[4] = {r[0] + g * G / 2, r[1] + g * G / 2, r[2] + g * G / 2,
+                                                  r[3] + g * G / 2};
+                    const float s[4] = {scale[n * groups + g], scale[(n + 1) * groups + g],
+                                        scale[(n + 2) * groups + g], scale[(n + 3) * groups + g]};
+                    dot4_q4_group(xs.data() + m * K + g * G, rg, G, s, t);
+                }
+                float* yr = y + m * N;
+                for (int i = 0; i < 4; ++i) yr[n + i] = q4_total(t[i]) + (b ? b[n + i] : 0.f);
+            }
+        }
+    }
+#endif
+    for (; n < N; ++n) {  // the last N % 4 rows (every row without AVX2, or with a group size the loops do not take)
+        const uint8_t* r = p + n * bytes;
+        for (int64_t m = 0; m < M; ++m) {
+            const float* xr = x + m * K;
+            float total = 0.f;
+            for (int64_t g = 0; g < groups; ++g) {
+                float s = 0.f;
+                for (int64_t k = g * G; k < (g + 1) * G; ++k) s += static_cast<float>(q4_code(r, k)) * xr[k];
+                total += scale[n * groups + g] * s;
+            }
+            y[m * N + n] = total + (b ? b[n] : 0.f);
+        }
+    }
+}
+
 bool uses_avx2() {
 #ifdef MINILLM_AVX2
     return true;
@@ -177,6 +295,13 @@ const char* int8_path() {
 #else
     return "scalar";
 #endif
+}
+
+const char* int4_path(int64_t group_size) {
+#if defined(MINILLM_AVX512) || defined(MINILLM_AVX2)
+    if (group_size % kQ4Lanes == 0) return int8_path();
+#endif
+    return "scalar";
 }
 
 }  // namespace minillm
@@ -235,6 +360,35 @@ at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& q, const at::Tensor&
     return y;
 }
 
+// x (M, K) float32, p (N, K/2) packed int4 codes (uint8), scale (N, groups) float32 with groups dividing K into even
+// groups, bias (N) float32 or empty -> (M, N); contiguous, CPU (checked by the wrapper, `cpu_gemv.int4_gemv`, too).
+at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& p, const at::Tensor& scale, const at::Tensor& bias) {
+    TORCH_CHECK_VALUE(x.device().is_cpu() && p.device().is_cpu() && scale.device().is_cpu() && bias.device().is_cpu(),
+                      "int4_gemv: CPU tensors only");
+    TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat && p.scalar_type() == at::kByte && scale.scalar_type() == at::kFloat,
+                     "int4_gemv: x must be float32, p uint8 (two codes per byte) and scale float32, got x ",
+                     x.scalar_type(), ", p ", p.scalar_type(), " and scale ", scale.scalar_type());
+    TORCH_CHECK_VALUE(x.dim() == 2 && p.dim() == 2 && x.size(1) == 2 * p.size(1),
+                      "int4_gemv: x must be (M, K) and p (N, K/2), got x ", x.sizes(), " and p ", p.sizes());
+    const int64_t M = x.size(0), K = x.size(1), N = p.size(0);
+    TORCH_CHECK_VALUE(scale.dim() == 2 && scale.size(0) == N && scale.size(1) >= 1 && K % scale.size(1) == 0 &&
+                          (K / scale.size(1)) % 2 == 0,
+                      "int4_gemv: scale must be (N, groups) with groups dividing K = ", K, " into even groups, got ",
+                      scale.sizes(), " for p ", p.sizes());
+    TORCH_CHECK_VALUE(x.is_contiguous() && p.is_contiguous() && scale.is_contiguous(),
+                      "int4_gemv: x, p and scale must be contiguous");
+    const bool has_bias = bias.numel() > 0;
+    TORCH_CHECK_TYPE(!has_bias || bias.scalar_type() == at::kFloat, "int4_gemv: bias must be float32, got ",
+                     bias.scalar_type());
+    TORCH_CHECK_VALUE(!has_bias || (bias.dim() == 1 && bias.size(0) == N && bias.is_contiguous()),
+                      "int4_gemv: bias must be a contiguous (N,) tensor or empty, got ", bias.sizes());
+    auto y = at::empty({M, N}, x.options());
+    minillm::small_gemm_q4(x.data_ptr<float>(), p.data_ptr<uint8_t>(), scale.data_ptr<float>(),
+                           has_bias ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(), M, K, N,
+                           K / scale.size(1));
+    return y;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -242,5 +396,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("int8_gemv", &int8_gemv, "y = (x q^T) * scale + b for a few rows of x, int8 codes q (CPU)");
     m.def("uses_avx2", &minillm::uses_avx2, "whether this build took the AVX2 + FMA path");
     m.def("int8_path", &minillm::int8_path, "the int8 GEMV's loop in this build: AVX-512, AVX2 + FMA or scalar");
+    m.def("int4_gemv", &int4_gemv, "y = x (q * scale)^T + b for a few rows of x, packed int4 codes, group scales (CPU)");
+    m.def("int4_path", &minillm::int4_path, pybind11::arg("group_size"),
+          "the int4 GEMV's loop in this build for a group size: AVX-512, AVX2 + FMA or scalar");
     minillm::register_decoder(m);  // the whole decode step, decode_cpu.cpp
 }
