@@ -369,3 +369,27 @@ def test_projection_times_compare_the_same_projections():
     for r in res.values():
         assert min(r["ours_hot"], r["hf_hot"], r["ours_streamed"], r["hf_streamed"]) > 0
         assert r["max_abs_diff"] < 1e-5  # HF's Conv1D carries our Linear weights, transposed, exactly
+
+
+def test_generate_takes_a_prefill_and_a_decode_function(model):
+    """`prefill_fn` and `decode_fn` replace `prefill` and `decode_step` (chapter 13 plugs its fast paths in here):
+    each is called with the model, the cache and the prompt (1, T) or the token (1,), at positions 0..T-1 or the next
+    one; the tokens are theirs. A value that is not callable is a TypeError naming it."""
+    m = model
+    seen: list[tuple[str, int, list[int]]] = []
+
+    def my_prefill(model_, cache, ids, positions):
+        seen.append(("prefill", ids.shape[1], positions.tolist()))
+        return prefill(model_, cache, ids, positions)
+
+    def my_decode(model_, cache, token, positions):
+        seen.append(("decode", token.numel(), positions.tolist()))
+        return decode_step(model_, cache, token, positions)
+
+    params = SamplingParams.greedy(4, ignore_eos=True)
+    assert generate_ids(m, [5, 6, 7], params, prefill_fn=my_prefill, decode_fn=my_decode) == generate_ids(
+        m, [5, 6, 7], params)
+    assert seen == [("prefill", 3, [0, 1, 2]), ("decode", 1, [3]), ("decode", 1, [4]), ("decode", 1, [5])]
+    for name in ("prefill_fn", "decode_fn"):
+        with pytest.raises(TypeError, match=f"{name} must be callable"):
+            generate_ids(m, [5], params, **{name: "prefill"})

@@ -901,6 +901,34 @@ def test_fused_cpu_step_gives_the_eager_int4_tokens_on_base():
 
 
 @needs_cpp
+@pytest.mark.parametrize("mode", ["float32", "int4"])
+def test_fused_cpu_step_prefills_a_short_prompt_in_one_cpp_call(monkeypatch, mode):
+    """A prompt of up to MAX_VERIFY tokens is prefilled by the C++ step itself (one verify call, never the model's
+    forward, which for a quantized model de-quantizes every matrix), a longer one by the model: the last token's
+    logits and the cache's keys and values are the model's own prefill's to float rounding either way. A prefill into
+    a cache that is not empty, or of another model, is a ValueError."""
+    m = model() if mode == "float32" else quantize_model(model(), QuantConfig("int4", group_size=32))
+    dec = FusedCPUDecoder(m)
+    ids = torch.randint(0, SMALL.vocab_size, (1, 40), generator=torch.Generator().manual_seed(3))
+    calls = []
+    monkeypatch.setattr(fused_step, "prefill", lambda *a: calls.append(a[2].shape[1]) or prefill(*a))
+    for T in (1, 7, fused_step.MAX_VERIFY, fused_step.MAX_VERIFY + 1, 40):
+        ref = ContiguousKVCache(SMALL, 1, SMALL.block_size)
+        want = prefill(m, ref, ids[:, :T], torch.arange(T))
+        dec.cache.reset()
+        got = dec.prefill(m, dec.cache, ids[:, :T], torch.arange(T))
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        assert dec.cache.length == T
+        for layer in range(SMALL.n_layer):
+            torch.testing.assert_close(dec.cache.k[layer][:, :, :T], ref.k[layer][:, :, :T], rtol=1e-5, atol=1e-5)
+    assert calls == [fused_step.MAX_VERIFY + 1, 40]  # only the long prompts went through the model's forward
+    with pytest.raises(ValueError, match="into an empty cache"):
+        dec.prefill(m, dec.cache, ids[:, :3], torch.arange(3))  # the cache still holds the 40 tokens
+    with pytest.raises(ValueError, match="its own model over its own cache"):
+        dec.prefill(model(), dec.cache, ids[:, :3], torch.arange(3))
+
+
+@needs_cpp
 def test_fused_cpu_step_cpp_checks_every_int4_argument(monkeypatch):
     """The C++ constructor's own checks on an int4 linear's arguments: packed codes of the wrong shape or not
     contiguous, a scale that is 1-D, of the wrong dtype, or whose groups do not split the width into even groups.

@@ -3,8 +3,10 @@
 What it adds: `FusedCPUDecoder(model)`, a `decode_fn` for chapter 04's `generate` (like `StaticDecoder`) whose every
 token is one call into `csrc/decode_cpu.cpp`: embeddings, each block's layernorms, GEMVs (the C++ GEMV of
 `cpu_gemv`), attention over the cache and GELU, the final layernorm and the tied head, with no PyTorch operator in
-between. The prompt is prefilled by the model itself (PyTorch's GEMM is the right tool for hundreds of rows) into the
-decoder's own `ContiguousKVCache`, whose K/V tensors the C++ step then reads and appends to in place.
+between. A prompt of up to MAX_VERIFY tokens is prefilled by the C++ step too (`verify`: one call, each weight
+matrix walked once for all its rows); a longer one by the model itself (PyTorch's GEMM is the right tool for hundreds
+of rows). Either way into the decoder's own `ContiguousKVCache`, whose K/V tensors the C++ step reads and appends to
+in place.
 
 Why: after the C++ GEMV, a step of `base` still spends more time in the ~150 operator calls between its products
 (dispatch, allocation, Python) than in the products themselves. A step that is one call leaves the weights' streaming
@@ -43,7 +45,7 @@ from minillm.compile.mirror import check_plain_model
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.kvcache.cache import ContiguousKVCache
-from minillm.kvcache.generate import generate_ids
+from minillm.kvcache.generate import generate_ids, prefill
 from minillm.quant.linear import QuantLinear
 
 LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # a block's linears, the C++ step's order
@@ -234,9 +236,27 @@ class FusedCPUDecoder:
                              "it, or decode with chapter 04's generate_ids, which runs hooks")
 
     def generate_ids(self, prompt_ids: Any, params: SamplingParams, **kwargs: Any) -> list[int]:
-        """Chapter 04's `generate_ids` with this step: the prompt prefilled by the model, every later token in C++;
+        """Chapter 04's `generate_ids` with this step: the prompt prefilled by `prefill`, every later token in C++;
         in eval mode, the model's own mode given back afterwards."""
         self.check_model_unchanged()  # before the prefill, which would run the changed model
         check_decoder_room(self.max_len, self.model.config, prompt_ids, params, kwargs.get("truncate", False))
         with eval_mode(self.model):
-            return generate_ids(self.model, prompt_ids, params, kv_cache=self.cache, decode_fn=self, **kwargs)
+            return generate_ids(self.model, prompt_ids, params, kv_cache=self.cache, decode_fn=self,
+                                prefill_fn=self.prefill, **kwargs)
+
+    def prefill(self, model: GPT, cache: ContiguousKVCache, ids: torch.Tensor, positions: torch.Tensor
+                ) -> torch.Tensor:
+        """The `prefill_fn` of chapter 04's `generate`: logits (1, V) of the prompt ids (1, T)'s last token, its K/V
+        written to the empty cache. A prompt of up to MAX_VERIFY tokens is one C++ call (`verify`: each weight
+        matrix walked once for all its rows); a longer one is the model's own forward, PyTorch's GEMM being the
+        right tool for hundreds of rows. Why the short path: a quantized model's forward de-quantizes every matrix
+        first, which for a one-token prompt of `base` in int4 costs as much as twenty fused steps."""
+        if model is not self.model or cache is not self.cache:
+            raise ValueError("a FusedCPUDecoder runs its own model over its own cache: pass kv_cache=decoder.cache")
+        if cache.length != 0 or ids.dim() != 2 or ids.shape[0] != 1 or not torch.equal(
+                positions.cpu(), torch.arange(ids.shape[1])):
+            raise ValueError(f"prefill takes one prompt ids (1, T) at positions 0..T-1 into an empty cache, got ids "
+                             f"{tuple(ids.shape)} into a cache holding {cache.length} tokens")
+        if ids.shape[1] <= MAX_VERIFY:
+            return self.verify(ids[0].tolist())[-1:]  # (T, V) -> the last row (1, V)
+        return prefill(model, cache, ids, positions)

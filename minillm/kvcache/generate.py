@@ -29,6 +29,7 @@ from minillm.naive.generate import collect, generate_naive
 
 # A decode step: (model, cache, token (1,), positions (1,)) -> logits (1, V). `decode_step` is the eager one.
 DecodeFn = Callable[[GPT, ContiguousKVCache, torch.Tensor, torch.Tensor], torch.Tensor]
+PrefillFn = Callable[[GPT, ContiguousKVCache, torch.Tensor, torch.Tensor], torch.Tensor]  # the prompt (1, T), (T,)
 
 
 @torch.inference_mode()
@@ -70,6 +71,7 @@ def generate(
     truncate: bool = False,
     kv_dtype: torch.dtype = torch.float32,
     decode_fn: DecodeFn | None = None,
+    prefill_fn: PrefillFn | None = None,
 ) -> Iterator[int]:
     """Stream generated token ids, prefill + decode with a KV cache; `kv_cache=False` runs chapter 03's naive loop.
 
@@ -80,7 +82,8 @@ def generate(
     memory across calls; it is reset here. Otherwise a cache is allocated in `kv_dtype` (a setting of its own,
     never read off the weights). `decode_fn(model, cache, token, positions) -> logits (1, V)` replaces `decode_step`
     for every token after the first: chapter 13 (compilation) passes a compiled or graph-captured step over a
-    static-shape cache here.
+    static-shape cache here. `prefill_fn(model, cache, ids (1, T), positions (T,)) -> logits (1, V)` replaces
+    `prefill` for the prompt (chapter 13's fused step scores a short prompt in its own C++ call).
     """
     if kv_cache is False:
         return generate_naive(model, prompt_ids, params, tokenizer=tokenizer, eos_id=eos_id, truncate=truncate)
@@ -106,13 +109,14 @@ def generate(
             raise ValueError(f"kv_cache was built for n_layer, n_head, head_size = {got}, but the model has {want}: "
                              "build the cache from model.config")
     # Everything is checked before the first token, so a bad argument fails at the call, not at the first next().
-    if decode_fn is not None and not callable(decode_fn):
-        raise TypeError(f"decode_fn must be callable (model, cache, token, positions) -> logits, got {decode_fn!r}")
-    return _cached_stream(model, state, cache, max_len, kv_dtype, decode_fn or decode_step)
+    for name, fn in (("decode_fn", decode_fn), ("prefill_fn", prefill_fn)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{name} must be callable (model, cache, ids, positions) -> logits, got {fn!r}")
+    return _cached_stream(model, state, cache, max_len, kv_dtype, decode_fn or decode_step, prefill_fn or prefill)
 
 
 def _cached_stream(model: GPT, state: RequestState, cache: ContiguousKVCache | None, max_len: int,
-                   kv_dtype: torch.dtype, decode_fn: DecodeFn) -> Iterator[int]:
+                   kv_dtype: torch.dtype, decode_fn: DecodeFn, prefill_fn: PrefillFn) -> Iterator[int]:
     if state.finished:  # max_new_tokens == 0
         return state.finish_reason
     device = model.device
@@ -123,7 +127,8 @@ def _cached_stream(model: GPT, state: RequestState, cache: ContiguousKVCache | N
     T = len(ids)
     # Positions as views of one arange: no per-step tensor construction in the decode loop.
     all_positions = torch.arange(max_len + 1, device=device)  # (max_len+1,)
-    logits = prefill(model, cache, torch.tensor([ids], dtype=torch.long, device=device), all_positions[:T])  # (1, V)
+    idx = torch.tensor([ids], dtype=torch.long, device=device)  # (1, T)
+    logits = prefill_fn(model, cache, idx, all_positions[:T])  # (1, V)
     pos = T
     while True:
         token = sample_next(logits, params, generator)  # (1,)
@@ -137,10 +142,11 @@ def _cached_stream(model: GPT, state: RequestState, cache: ContiguousKVCache | N
 
 def generate_ids(model: GPT, prompt_ids: Any, params: SamplingParams, tokenizer: Any = None,
                  eos_id: int | None = None, kv_cache: bool | ContiguousKVCache = True, truncate: bool = False,
-                 kv_dtype: torch.dtype = torch.float32, decode_fn: DecodeFn | None = None) -> list[int]:
+                 kv_dtype: torch.dtype = torch.float32, decode_fn: DecodeFn | None = None,
+                 prefill_fn: PrefillFn | None = None) -> list[int]:
     """`generate`, collected into a list of the new token ids."""
     return collect(generate(model, prompt_ids, params, tokenizer, eos_id, kv_cache, truncate, kv_dtype,
-                            decode_fn))[0]
+                            decode_fn, prefill_fn))[0]
 
 
 # ----- static batching ------------------------------------------------------------------------------------------
