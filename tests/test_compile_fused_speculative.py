@@ -69,8 +69,9 @@ def test_verify_equals_n_single_steps(tiny, kind):
         at += n
     assert rows.cache.length == steps.cache.length == SMALL.block_size
     for layer in range(SMALL.n_layer):
-        torch.testing.assert_close(rows.cache.k[layer], steps.cache.k[layer], rtol=1e-6, atol=1e-6)
-        torch.testing.assert_close(rows.cache.v[layer], steps.cache.v[layer], rtol=1e-6, atol=1e-6)
+        # the verify's products sum in another order than one step's (16 lanes with AVX-512, not 8): float rounding
+        torch.testing.assert_close(rows.cache.k[layer], steps.cache.k[layer], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(rows.cache.v[layer], steps.cache.v[layer], rtol=1e-5, atol=1e-5)
     with torch.inference_mode():  # and the model's own forward over the whole sequence
         full = model.logits(model.hidden(torch.tensor([ids]), torch.arange(len(ids)))[0])  # (T, V)
     torch.testing.assert_close(got, full[-n:], rtol=1e-4, atol=1e-4)

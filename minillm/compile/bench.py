@@ -201,7 +201,7 @@ def quantized_fused(model: GPT, prompt: list[int], params: SamplingParams, repea
 
 
 def fused_speculation(model: GPT, draft: GPT, prompts: list[list[int]], lookup_prompt: list[int], new_tokens: int,
-                      gamma: int = 2, lookup_gamma: int = 4, repeats: int = 5) -> dict[str, Any]:
+                      gamma: int = 4, lookup_gamma: int = 5, repeats: int = 5) -> dict[str, Any]:
     """Chapter 08's speculative decoding on the fastest path (`fused_speculative`): `draft`'s fused step proposes
     `gamma` tokens, `model`'s fused verify checks gamma+1 in one C++ call, greedy, over `prompts`; and prompt lookup
     (`lookup_gamma` tokens copied from the context) on `lookup_prompt`, text that repeats itself. Each against the

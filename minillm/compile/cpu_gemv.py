@@ -57,10 +57,11 @@ def has_avx512() -> bool:
 
 
 def build_flags() -> tuple[list[str], str]:
-    """The compiler flags for this CPU and the build directory's name (one per flag set). AVX-512 only widens the int8
-    GEMV's loop (16 codes widened per instruction instead of 8: measured on `base`, the int8 step's products ~7%
-    faster, its tokens/s ~4%); every other loop keeps its AVX2 code, whose float32 GEMV gains nothing from wider
-    registers (it waits on memory)."""
+    """The compiler flags for this CPU and the build directory's name (one per flag set). AVX-512 widens the int8
+    and int4 GEMVs' loops (16 codes widened per instruction instead of 8: measured on `base`, the int8 step's
+    products ~7% faster, its tokens/s ~4%) and the float32 product of several rows (a verify's extra rows cost half
+    the arithmetic); the one-row float32 GEMV keeps its AVX2 code, which gains nothing from wider registers (it waits
+    on memory)."""
     if has_avx512():
         return ["-O3", "-mavx2", "-mfma", "-mavx512f"], "cpu_decode_avx512"
     if has_avx2():

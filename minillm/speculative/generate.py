@@ -130,7 +130,8 @@ class PromptLookupProposer:
         pass
 
     def propose(self, seq: list[int], gamma: int, state: RequestState) -> tuple[list[int], torch.Tensor | None]:
-        tokens = prompt_lookup_proposals(seq, gamma, self.ngram)
+        tokens = lookup(seq, gamma, self.ngram)  # subtle: not prompt_lookup_proposals, whose check of every token
+        # of seq (hundreds) each round was 5% of a fused round; seq is the round loop's own list
         outside = [t for t in tokens if t >= self.vocab_size]  # copied from seq: a bad id there comes back as a draft
         if outside:
             raise ValueError(f"seq holds token id {outside[0]}, outside the vocabulary [0, {self.vocab_size})")
@@ -162,13 +163,20 @@ def prompt_lookup_proposals(ids: list[int], gamma: int, ngram: int = 3) -> list[
             raise TypeError(f"ids[{pos}] must be an int token id, got {type(tok).__name__} {tok!r}")
         if tok < 0:
             raise ValueError(f"ids[{pos}] = {tok} is not a token id (negative)")
+    return lookup(list(ids), gamma, ngram)
+
+
+def lookup(ids: list[int], gamma: int, ngram: int) -> list[int]:
+    """`prompt_lookup_proposals` without its checks: the search itself, called every round by `PromptLookupProposer`
+    on the round loop's own sequence (a checked prompt followed by the target's tokens)."""
     n = len(ids)
     if n <= ngram:
         return []
-    tail = list(ids[n - ngram:])
+    tail = ids[n - ngram:]
     for start in range(n - ngram - 1, -1, -1):  # most recent first; the tail itself (start n - ngram) excluded
-        if list(ids[start:start + ngram]) == tail:
-            return list(ids[start + ngram:start + ngram + gamma])  # at least one token: start + ngram <= n - 1
+        # compare the n-gram's last token first: most starts fail there, without building a slice
+        if ids[start + ngram - 1] == tail[-1] and ids[start:start + ngram] == tail:
+            return ids[start + ngram:start + ngram + gamma]  # at least one token: start + ngram <= n - 1
     return []
 
 

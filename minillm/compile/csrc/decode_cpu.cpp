@@ -27,7 +27,8 @@
 //   X (n, C) = wte[tokens] + wpe[pos0..]                             each row as above
 //   for each block: the same sequence, every product a small_gemm with M = n rows, so each weight matrix is walked
 //     once for all n rows (4 weight rows loaded, then multiplied by every row of x): a verify of n rows streams the
-//     weights once, as one step does, and adds only arithmetic. int8 linears take the same M-row int8 loop.
+//     weights once, as one step does, and adds only arithmetic (16 lanes wide with AVX-512, two rows per pass: each
+//     extra row measured at 0.05-0.15 of a step on `base`). int8 and int4 linears take the same M-row loops.
 //     attention: the K/V of all n rows written at slots start..start+n-1 first, then row i attends over slots
 //     0..start+i: the cache and the new rows up to itself (causal among the new rows, as the model's mask).
 //   logits (n, V)                                                   the head, M = n too

@@ -5,6 +5,8 @@
 //   whatever the batch); each dot product keeps an 8-wide accumulator: every step loads 8 floats of x and 8 of
 //   each of the 4 weight rows (4 memory streams in flight) and fuses the multiply and the add; a scalar loop
 //   finishes the K % 8 tail and the N % 4 last rows; the bias is added to the finished sums.
+//   Several rows of x (a verify, a short prompt) with AVX-512: small_gemm_rows, 16 lanes and two rows of x per pass
+//   (one row waits on memory, so wider registers do not help it; each further row is arithmetic, which they halve).
 // Why it exists: at batch 1, torch.nn.functional.linear goes through a general GEMM path whose fixed cost per
 // call is as large as the streaming itself for these small matrices (chapter 13 measures both in one run).
 // Reference twin: torch.nn.functional.linear (the tests compare every shape, with and without bias).
@@ -39,10 +41,60 @@
 
 namespace minillm {
 
+#if defined(MINILLM_AVX512)
+// R rows of x (at x, K floats apart) against 4 weight rows r: y[j * N + i] = x_j . r_i + b_i (b may be null).
+template <int R>
+inline void dot4_rows(const float* x, const float* const r[4], const float* b, float* y, int64_t K, int64_t N) {
+    const int64_t K16 = K - K % 16;
+    const __mmask16 tail = static_cast<__mmask16>((1u << (K % 16)) - 1);  // the last K % 16 columns' lanes
+    __m512 a[R][4];
+    for (int j = 0; j < R; ++j) {
+        for (int i = 0; i < 4; ++i) a[j][i] = _mm512_setzero_ps();
+    }
+    for (int64_t k = 0; k < K; k += 16) {
+        const __mmask16 lanes = k < K16 ? static_cast<__mmask16>(0xFFFF) : tail;
+        __m512 xv[R];
+        for (int j = 0; j < R; ++j) xv[j] = _mm512_maskz_loadu_ps(lanes, x + j * K + k);
+        for (int i = 0; i < 4; ++i) {
+            const __m512 wv = _mm512_maskz_loadu_ps(lanes, r[i] + k);  // each weight load feeds R FMAs
+            for (int j = 0; j < R; ++j) a[j][i] = _mm512_fmadd_ps(wv, xv[j], a[j][i]);
+        }
+    }
+    for (int j = 0; j < R; ++j) {
+        for (int i = 0; i < 4; ++i) y[j * N + i] = _mm512_reduce_add_ps(a[j][i]) + (b ? b[i] : 0.f);
+    }
+}
+
+// small_gemm for several rows of x (speculative decoding's verify, a short prompt): the same walk over the weights,
+// 16 floats per fused multiply-add instead of 8, and two rows of x per pass over a block of 4 weight rows (each weight
+// load feeds two FMAs). One row is bound by the bytes it streams, so wider registers do not help it; every further
+// row adds only arithmetic, which these halve.
+void small_gemm_rows(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t K, int64_t N) {
+    int64_t n = 0;
+    for (; n + 4 <= N; n += 4) {
+        const float* const r[4] = {w + n * K, w + (n + 1) * K, w + (n + 2) * K, w + (n + 3) * K};
+        const float* bn = b ? b + n : nullptr;
+        int64_t m = 0;
+        for (; m + 2 <= M; m += 2) dot4_rows<2>(x + m * K, r, bn, y + m * N + n, K, N);
+        if (m < M) dot4_rows<1>(x + m * K, r, bn, y + m * N + n, K, N);  // an odd M's last row
+    }
+    for (; n < N; ++n) {  // the last N % 4 weight rows
+        for (int64_t m = 0; m < M; ++m) {
+            float s = 0.f;
+            for (int64_t k = 0; k < K; ++k) s += w[n * K + k] * x[m * K + k];
+            y[m * N + n] = s + (b ? b[n] : 0.f);
+        }
+    }
+}
+#endif
+
 // Rows of x (M, K) against W (N, K) into y (M, N); b may be null. The weight is walked once: for each block of 4
 // weight rows (4 K floats, at most 16 KB for K = 1024: they stay in L1), every row of x is multiplied by it before the
 // next block is loaded, so M rows cost one pass over the weights, not M.
 void small_gemm(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t K, int64_t N) {
+#ifdef MINILLM_AVX512
+    if (M > 1) return small_gemm_rows(x, w, b, y, M, K, N);  // several rows: 16-wide, two rows per pass
+#endif
     int64_t n = 0;
 #ifdef MINILLM_AVX2
     const int64_t K8 = K - K % 8;
