@@ -20,13 +20,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import assert_every_generator_agrees, context_model
+from helpers import assert_every_generator_agrees, context_model, noisy_copy
 from minillm import GPTConfig
 from minillm.bench.models import load_model
 from minillm.compile.bench import FUSED, quotes as bench_quotes, run_all, weight_streaming_bound
 from minillm.compile.cpu_gemv import (build_problem, fast_cpu_model, gemv, has_avx2, int4_gemv, int8_gemv,
                                       load_cpu_ext)
-from minillm.compile.cpu_paged import NAME, paged_decode_attention
+from minillm.compile.cpu_paged import NAME, VERIFY_NAME, paged_decode_attention, paged_verify_attention
 from minillm.compile.decode import StaticDecoder, compile_problem
 from minillm.compile import aot, fused_step, llamacpp, mirror
 from minillm.compile.fused_step import FusedCPUDecoder
@@ -37,6 +37,7 @@ from minillm.kvcache.cache import ContiguousKVCache
 from minillm.kvcache.generate import decode_step, generate_ids, prefill
 from minillm.naive.roofline import decode_weight_bytes
 from minillm.quant.linear import QuantConfig, QuantLinear, quantize_model
+from minillm.tokenizer import DEFAULT_TOKENIZER_PATH, Tokenizer
 
 SMALL = GPTConfig(vocab_size=4096, block_size=64, n_layer=2, n_head=4, n_embd=64)
 PROMPTS = [[5, 17, 99, 3], [200, 1, 1, 42, 7, 9, 11, 300, 12], [64]]
@@ -197,6 +198,8 @@ def test_benchmark_rows_on_a_small_model():
         assert q4["MB"] < q["int8_MB"] and q4["weight_ratio"] > q["weight_ratio"] and q4["vs_int8"] > 0
         s = report["fused_speculation"]  # speculation on it: the target's own tokens, however often the draft is right
         assert s["identical"] and s["lookup"]["identical"] and 0 <= s["alpha"] <= 1 and s["tokens_per_call"] >= 1
+        assert s["verify_cost"][0] == 1 and len(s["verify_cost"]) == max(s["gamma"], s["lookup"]["gamma"]) + 1
+        assert s["draft_cost"] > 0
 
 
 @pytest.mark.skipif(not DYNAMO or shutil.which("g++") is None and shutil.which("c++") is None,
@@ -387,6 +390,49 @@ def test_cpp_paged_decode_attention_equals_the_gathered_reference(S, nh, hs, bs)
 
 
 @needs_cpp
+@pytest.mark.parametrize("S,nh,hs,bs", [(1, 1, 1, 1), (3, 4, 16, 4), (5, 2, 7, 3)])
+def test_cpp_paged_verify_attention_equals_the_causal_reference(S, nh, hs, bs):
+    """Several queries per sequence (a verify step: 1 to 6 new tokens, the last ones of each context), in a shuffled
+    pool: query j of a sequence equals SDPA over its gathered K/V with the causal mask of its new tokens; with one
+    query per sequence it is paged_decode_attention's result."""
+    g = torch.Generator().manual_seed(S * 100 + nh * 10 + hs)
+    lens = [6 + (7 * s + 3) % (3 * bs) for s in range(S)]
+    qls = [1 + (5 * s) % 6 for s in range(S)]
+    max_nb = max(-(-n // bs) for n in lens) + 1
+    nb = S * max_nb + 2
+    k_pool, v_pool = torch.randn(nb, bs, nh, hs, generator=g), torch.randn(nb, bs, nh, hs, generator=g)
+    tables = torch.full((S, max_nb), -1, dtype=torch.int64)
+    ids = torch.randperm(nb, generator=g)
+    for s, n in enumerate(lens):
+        tables[s, : -(-n // bs)] = ids[s * max_nb : s * max_nb - (-n // bs)]
+    q = torch.randn(sum(qls), nh, hs, generator=g)
+    got = paged_verify_attention(q, k_pool, v_pool, tables, torch.tensor(lens), torch.tensor(qls))
+    row = 0
+    for s, (n, ql) in enumerate(zip(lens, qls)):
+        blocks = tables[s, : -(-n // bs)]
+        k = k_pool[blocks].flatten(0, 1)[:n].transpose(0, 1)  # (nh, n, hs)
+        v = v_pool[blocks].flatten(0, 1)[:n].transpose(0, 1)
+        mask = torch.arange(n)[None, :] <= torch.arange(n - ql, n)[:, None]  # (ql, n): the new ones causal
+        want = torch.nn.functional.scaled_dot_product_attention(q[row:row + ql].transpose(0, 1), k, v, mask)
+        torch.testing.assert_close(got[row:row + ql], want.transpose(0, 1), rtol=1e-5, atol=1e-5)  # (ql, nh, hs)
+        row += ql
+    ones = torch.ones(S, dtype=torch.int64)
+    last = torch.tensor(lens)
+    torch.testing.assert_close(paged_verify_attention(q[:S], k_pool, v_pool, tables, last, ones),
+                               paged_decode_attention(q[:S], k_pool, v_pool, tables, last), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"query_lens: query length 9 of sequence 0 is outside \[1, 6\]"):
+        paged_verify_attention(q[:9], k_pool, v_pool, tables[:1], torch.tensor([6]), torch.tensor([9]))
+    with pytest.raises(ValueError, match=r"q must hold sum\(query_lens\)"):
+        paged_verify_attention(q, k_pool, v_pool, tables, last, 2 * ones)  # 2S rows, q has more or fewer
+    with pytest.raises(ValueError, match=r"query_lens must have shape"):
+        paged_verify_attention(q, k_pool, v_pool, tables, last, torch.tensor(qls[:-1] or [1, 1]))
+    with pytest.raises(TypeError, match="query_lens must be an int64"):
+        paged_verify_attention(q, k_pool, v_pool, tables, last, torch.tensor(qls, dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="query lengths add up to"):  # the C++ entry point's own check
+        load_cpu_ext().paged_verify_attention(q[:-1].contiguous(), k_pool, v_pool, tables, last, torch.tensor(qls))
+
+
+@needs_cpp
 def test_cpp_paged_decode_attention_rejects_bad_arguments():
     q, pool = torch.randn(2, 2, 4), torch.randn(6, 4, 2, 4)
     tables, lens = torch.tensor([[0, 1], [2, -1]]), torch.tensor([5, 3])
@@ -422,6 +468,45 @@ def test_engine_with_the_cpp_attention_backend_gives_the_same_outputs():
         assert llm.stats()["num_preemptions"] > 0 and llm.stats()["num_free_blocks"] == 16
     assert outs[NAME] == outs["selective"]
     assert outs[NAME] == [generate_ids(m, p, sp) for p, sp in zip(prompts, params)]
+
+
+@needs_cpp
+def test_speculative_engine_with_the_cpp_verify_backend_gives_the_same_outputs():
+    """Chapter 08's speculative engine (prompt lookup and a draft model) with attention_backend="verify-cpp" (decode
+    and verify steps in C++, prompt chunks in PyTorch, preemption under a small pool): outputs identical to the
+    "verify" backend's and to each request alone."""
+    from minillm.engine import EngineConfig
+    from minillm.speculative.engine import SpeculativeConfig, SpeculativeLLM
+
+    m = model()
+    prompts = [[(7 * i + j) % 50 for j in range(3 + 5 * i)] * 2 for i in range(6)]  # repeats: lookup finds drafts
+    params = [SamplingParams.greedy(8 + 3 * i, ignore_eos=True) for i in range(6)]
+    want = [generate_ids(m, p, sp) for p, sp in zip(prompts, params)]
+    draft = noisy_copy(m, 0.1, seed=3).eval()
+    for spec, drafter in ((SpeculativeConfig(method="prompt-lookup", gamma=3), None),
+                          (SpeculativeConfig(method="draft-model", gamma=2), draft)):
+        outs = {}
+        for backend in ("verify", VERIFY_NAME):
+            cfg = EngineConfig(num_blocks=24, block_size=4, max_num_seqs=4, max_num_batched_tokens=48,
+                               attention_backend=backend)
+            llm = SpeculativeLLM(fast_cpu_model(m), None, cfg, speculative=spec, draft=drafter)
+            outs[backend] = [o.output_token_ids for o in llm.generate(prompts, params)]
+            assert llm.stats()["num_free_blocks"] == 24
+        assert outs[VERIFY_NAME] == outs["verify"] == want, spec.method
+
+
+@needs_cpp
+def test_engine_bench_runs_both_engines_on_the_cpp_attention():
+    """Chapter 08's engine benchmark with attention_backend="verify-cpp": both engines on the C++ attention, their
+    outputs identical, the backend recorded; an unknown backend is a ValueError naming it before any engine runs."""
+    from minillm.speculative import engine_bench
+
+    tok = Tokenizer.load(DEFAULT_TOKENIZER_PATH)
+    small = engine_bench.load_sweep(context_model(SMALL, seed=0), tok, loads=(1, 2), new_tokens=8, prompt_len=16,
+                                    requests_per_slot=1, repeats=1, attention_backend=VERIFY_NAME)
+    assert small["identical"] and small["attention_backend"] == VERIFY_NAME
+    with pytest.raises(ValueError, match="attention_backend must be one of"):
+        engine_bench.load_point(model(), [[1, 2, 3]], 1, 4, engine_bench.SpeculativeConfig(), attention_backend="cpp")
 
 
 def test_llamacpp_export_recovers_our_tokenizer_for_hugging_face(tmp_path):
@@ -505,7 +590,8 @@ def test_bench_quotes_every_figure_the_text_names():
                                            "vs_int8": 1.081, "path": "AVX-512"}},
               "fused_speculation": {"gamma": 2, "prompts": 4, "new_tokens": 128, "identical": True,
                                     "alone_tok_s": 1030.0, "speculative_tok_s": 1402.0, "speedup": 1.361,
-                                    "alpha": 0.842, "tokens_per_call": 2.49,
+                                    "alpha": 0.842, "tokens_per_call": 2.49, "draft_cost": 0.181,
+                                    "verify_cost": [1.0, 1.05, 1.16, 1.38, 1.55],
                                     "lookup": {"gamma": 4, "prompt_len": 200, "identical": True, "alone_tok_s": 743.0,
                                                "lookup_tok_s": 855.0, "speedup": 1.151, "kept": 97, "proposed": 160,
                                                "tokens_per_call": 1.74}},
@@ -523,6 +609,9 @@ def test_bench_quotes_every_figure_the_text_names():
         "1,942", "1.85x", "2.56x", "0.74x")
     assert (q["int4_tok_s"], q["int4_speedup"], q["int4_vs_int8"], q["int4_MB"], q["int4_eager_speedup"]) == (
         "2,100", "2.00x", "1.08x", "6.6 MB", "0.52x")
+    assert (q["spec_draft_cost"], q["spec_verify_cost"], q["spec_verify_row_cost"], q["lookup_verify_cost"]) == (
+        "0.18", "1.16", "0.08", "1.55")
+    assert q["spec_predicted"] == f"{2.49 / (2 * 0.181 + 1.16):.2f}x"
     assert (q["spec_speedup"], q["spec_alpha"], q["lookup_speedup"], q["lookup_kept"]) == ("1.36x", "0.84", "1.15x",
                                                                                             "97/160")
     named = names_the_text_quotes("chapters/results/13-compile.json")

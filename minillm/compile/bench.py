@@ -46,7 +46,7 @@ from minillm.bench.workload import eval_prompts
 from minillm.compile.cpu_gemv import build_problem, fast_cpu_model, load_cpu_ext
 from minillm.compile.decode import StaticDecoder, check_backend, check_eval_mode
 from minillm.compile.fused_speculative import generate_prompt_lookup_fused, generate_speculative_fused
-from minillm.compile.fused_step import FusedCPUDecoder
+from minillm.compile.fused_step import MAX_VERIFY, FusedCPUDecoder
 from minillm.compile.mirror import check_plain_model
 from minillm.core.config import check_int
 from minillm.core.model import GPT, require_model
@@ -200,6 +200,28 @@ def quantized_fused(model: GPT, prompt: list[int], params: SamplingParams, repea
                      "path": ext.int4_path(group)}}
 
 
+def round_costs(target: FusedCPUDecoder, draft: FusedCPUDecoder, rows: int, context: int, repeats: int = 5,
+                calls: int = 50) -> dict[str, Any]:
+    """What a speculative round's calls cost on the fused step, in target steps: `verify_cost[n - 1]`, a verify of n
+    rows (1..`rows`) over `context` cached tokens, and `draft_cost`, c, one step of the draft (chapter 08's cost
+    model). Each timed `calls` times from the same cache length, interleaved, medians of `repeats`."""
+    for dec in (target, draft):
+        dec.cache.reset()
+        for at in range(0, context, MAX_VERIFY):  # any ids: the timings only need the cache's length
+            dec.verify([1] * min(MAX_VERIFY, context - at))
+
+    def timed(dec: FusedCPUDecoder, n: int) -> Callable[[], None]:
+        def run() -> None:
+            for _ in range(calls):
+                dec.verify([1] * n)
+                dec.cache.truncate(context)
+        return run
+
+    runs = [timed(target, n) for n in range(1, rows + 1)] + [timed(draft, 1)]
+    times = [t.median for t in interleave(runs, warmup=1, repeats=repeats)]
+    return {"verify_cost": [t / times[0] for t in times[:-1]], "draft_cost": times[-1] / times[0]}
+
+
 def fused_speculation(model: GPT, draft: GPT, prompts: list[list[int]], lookup_prompt: list[int], new_tokens: int,
                       gamma: int = 4, lookup_gamma: int = 5, repeats: int = 5) -> dict[str, Any]:
     """Chapter 08's speculative decoding on the fastest path (`fused_speculative`): `draft`'s fused step proposes
@@ -231,7 +253,8 @@ def fused_speculation(model: GPT, draft: GPT, prompts: list[list[int]], lookup_p
     accepted, proposed = sum(s.accepted for _, s in spec), sum(s.proposed for _, s in spec)
     calls = sum(s.target_calls for _, s in spec)
     tokens = len(prompts) * new_tokens
-    return {"gamma": gamma, "prompts": len(prompts), "new_tokens": new_tokens,
+    costs = round_costs(target_step, draft_step, max(gamma, lookup_gamma) + 1, len(prompts[0]), repeats)
+    return {"gamma": gamma, "prompts": len(prompts), "new_tokens": new_tokens, **costs,
             "identical": [ids for ids, _ in spec] == want, "alone_tok_s": tokens / base.median,
             "speculative_tok_s": tokens / fast.median, "speedup": base.median / fast.median,
             "alpha": accepted / max(proposed, 1), "tokens_per_call": sum(len(ids) for ids, _ in spec) / max(calls, 1),
@@ -374,6 +397,8 @@ def format_table(report: dict[str, Any]) -> str:
                      f"{s['speculative_tok_s']:.0f} vs {s['alone_tok_s']:.0f} tok/s alone, {s['speedup']:.2f}x, "
                      f"alpha {s['alpha']:.2f}, {s['tokens_per_call']:.2f} tokens per target call, identical "
                      f"{s['identical']}")
+        lines.append("  a round's calls in target steps: verify of " + ", ".join(
+            f"{n + 1} rows {c:.2f}" for n, c in enumerate(s["verify_cost"])) + f"; a draft step {s['draft_cost']:.2f}")
         lines.append(f"prompt lookup on the fused step (gamma {lk['gamma']}, a {lk['prompt_len']}-token prompt): "
                      f"{lk['lookup_tok_s']:.0f} vs {lk['alone_tok_s']:.0f} tok/s alone, {lk['speedup']:.2f}x, "
                      f"{lk['kept']}/{lk['proposed']} drafts kept, identical {lk['identical']}")
@@ -399,7 +424,10 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
     `int4_group_size`); speculation on the fused
     step (`spec_tok_s`, `spec_alone_tok_s`, `spec_speedup`, `spec_alpha`, `spec_gamma`, `spec_tokens_per_call`,
     `spec_prompts`) and prompt lookup on it (`lookup_speedup`, `lookup_gamma`, `lookup_kept`,
-    `lookup_tokens_per_call`, `lookup_prompt_len`); the run's settings
+    `lookup_tokens_per_call`, `lookup_prompt_len`) with what a round's calls cost in target steps (`spec_draft_cost`,
+    `spec_verify_cost` and `lookup_verify_cost` for their γ+1 rows, `spec_verify_row_cost` per extra row) and the
+    speed-up those costs predict from the tokens per target call (`spec_predicted`: tokens / (γ c + verify)); the
+    run's settings
     (`new_tokens`, `prompt_len`, `threads`, `model`,
     `cpu`, `command`)."""
     b = report["bound"]
@@ -437,13 +465,18 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
                    int4_path=str(q4["path"]), int4_group_size=str(q4["group_size"]))
     if "fused_speculation" in report:
         s, lk = report["fused_speculation"], report["fused_speculation"]["lookup"]
+        predicted_round = s["gamma"] * s["draft_cost"] + s["verify_cost"][s["gamma"]]  # in target steps
         out.update(spec_tok_s=f"{s['speculative_tok_s']:,.0f}", spec_alone_tok_s=f"{s['alone_tok_s']:,.0f}",
                    spec_speedup=f"{s['speedup']:.2f}x", spec_alpha=f"{s['alpha']:.2f}", spec_gamma=str(s["gamma"]),
                    spec_tokens_per_call=f"{s['tokens_per_call']:.2f}", spec_prompts=str(s["prompts"]),
                    lookup_speedup=f"{lk['speedup']:.2f}x", lookup_gamma=str(lk["gamma"]),
                    lookup_kept=f"{lk['kept']}/{lk['proposed']}",
                    lookup_tokens_per_call=f"{lk['tokens_per_call']:.2f}",
-                   lookup_prompt_len=str(lk["prompt_len"]))
+                   lookup_prompt_len=str(lk["prompt_len"]), spec_draft_cost=f"{s['draft_cost']:.2f}",
+                   spec_verify_cost=f"{s['verify_cost'][s['gamma']]:.2f}",
+                   spec_verify_row_cost=f"{(s['verify_cost'][s['gamma']] - 1) / s['gamma']:.2f}",
+                   lookup_verify_cost=f"{s['verify_cost'][lk['gamma']]:.2f}",
+                   spec_predicted=f"{s['tokens_per_call'] / predicted_round:.2f}x")
     for key in ("new_tokens", "prompt_len", "threads", "model", "cpu", "command"):
         if key in report:
             out[key] = str(report[key])

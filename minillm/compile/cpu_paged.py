@@ -1,12 +1,14 @@
-"""The engine's decode attention on the CPU in C++, read through the block tables: attention backend "selective-cpp".
+"""The engine's attention on the CPU in C++, read through the block tables: backends "selective-cpp" and "verify-cpp".
 
 What it adds: `CppSelectiveKVCache`, chapter 06's default engine cache (`SelectiveKVCache`: decodes vectorized,
 prompt chunks looped) whose decode attention is `paged_decode_attention` of `csrc/decode_cpu.cpp`: for each
 sequence and head, the new token's query against that sequence's keys and values where they lie in the paged pool
 (token j at offset j % bs of block table[j // bs]), the same loop the fused batch-1 step uses over its contiguous
 cache. Importing this module registers it; pick it with `EngineConfig(attention_backend="selective-cpp")` (the
-registry imports it on first use). Without a C++ compiler or ninja, building it is a RuntimeError naming the backend
-and what is missing.
+registry imports it on first use). `CppVerifyKVCache` ("verify-cpp") does the same for chapter 08's speculative
+engine: its verify steps (a last token and its drafts per sequence) through `paged_verify_attention`, each query
+causal among its sequence's new tokens. Without a C++ compiler or ninja, building either is a RuntimeError naming the
+backend and what is missing.
 
 Why: on the CPU, the PyTorch decode path first gathers every sequence's blocks into a contiguous copy
 (`index_select`, then SDPA). At decode sizes the copy and the per-layer operator calls cost more than the attention:
@@ -24,18 +26,23 @@ from minillm.compile.cpu_gemv import cpp_errors_as_value_errors, load_cpu_ext, r
 from minillm.engine.selective_cache import SelectiveKVCache
 from minillm.paged import PagedBatch
 from minillm.paged.backends import register_attention_backend
+from minillm.paged.paged_cache import write_kv
+from minillm.speculative.verify_cache import VerifyKVCache
 
 NAME = "selective-cpp"
+VERIFY_NAME = "verify-cpp"
 
 
 def check_paged_arguments(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
-                          context_lens: torch.Tensor) -> None:
+                          context_lens: torch.Tensor, query_lens: torch.Tensor | None = None) -> None:
     """ValueError naming the argument for every shape or index the C++ loop would trust: q (S, nh, hs), pools
     (nb, bs >= 1, nh, hs), block_tables (S, max_nb), context_lens (S,) each in [1, max_nb * bs], and every block id a
-    sequence reads inside the pool. The C++ side checks the same again (a RuntimeError there, for direct callers)."""
+    sequence reads inside the pool; with `query_lens` (S,), each in [1, its context length], q holds their sum of
+    rows (N, nh, hs). The C++ side checks the same again (a RuntimeError there, for direct callers)."""
     if q.dim() != 3:
         raise ValueError(f"q must be (S, nh, hs), got shape {tuple(q.shape)}")
-    S, nh, hs = q.shape
+    N, nh, hs = q.shape
+    S = N if query_lens is None or block_tables.dim() != 2 else block_tables.shape[0]  # sequences
     if k_pool.dim() != 4 or tuple(k_pool.shape[2:]) != (nh, hs) or k_pool.shape[1] < 1:
         raise ValueError(f"q must be (S, nh, hs) and k_pool (nb, bs>=1, nh, hs) with the same nh and hs, got q "
                          f"{tuple(q.shape)} and k_pool {tuple(k_pool.shape)}")
@@ -45,6 +52,17 @@ def check_paged_arguments(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.T
         raise ValueError(f"block_tables must be (S={S}, max_nb), got shape {tuple(block_tables.shape)}")
     if tuple(context_lens.shape) != (S,):
         raise ValueError(f"context_lens must have shape ({S},), got {tuple(context_lens.shape)}")
+    if query_lens is not None:
+        if tuple(query_lens.shape) != (S,):
+            raise ValueError(f"query_lens must have shape ({S},), one per sequence of block_tables, got "
+                             f"{tuple(query_lens.shape)}")
+        qls, lens = query_lens.tolist(), context_lens.tolist()
+        for s, ql in enumerate(qls):
+            if not 1 <= ql <= lens[s]:
+                raise ValueError(f"query_lens: query length {ql} of sequence {s} is outside [1, {lens[s]}] (its "
+                                 "context length)")
+        if sum(qls) != N:
+            raise ValueError(f"q must hold sum(query_lens) = {sum(qls)} rows, got shape {tuple(q.shape)}")
     nb, bs = k_pool.shape[:2]
     max_nb = block_tables.shape[1]
     for s, n in enumerate(context_lens.tolist()):  # S is a batch of sequences: a short loop
@@ -71,6 +89,21 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
                                                      block_tables.contiguous(), context_lens.contiguous())
 
 
+def paged_verify_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
+                           context_lens: torch.Tensor, query_lens: torch.Tensor) -> torch.Tensor:
+    """q (N, nh, hs), query_lens[s] rows per sequence in order (N their sum), over pools (nb, bs, nh, hs) through
+    block_tables (S, max_nb) for context_lens (S,) -> (N, nh, hs). Query j of sequence s attends over its first
+    context_lens[s] - query_lens[s] + j + 1 tokens (the new tokens are the last query_lens[s] of the context: causal
+    among them, as a verify step needs). Checked as `paged_decode_attention`."""
+    require_cpu_tensors(torch.float32, q=q, k_pool=k_pool, v_pool=v_pool)
+    require_cpu_tensors(torch.int64, block_tables=block_tables, context_lens=context_lens, query_lens=query_lens)
+    check_paged_arguments(q, k_pool, v_pool, block_tables, context_lens, query_lens)
+    with cpp_errors_as_value_errors():
+        return load_cpu_ext().paged_verify_attention(q.contiguous(), k_pool.contiguous(), v_pool.contiguous(),
+                                                     block_tables.contiguous(), context_lens.contiguous(),
+                                                     query_lens.contiguous())
+
+
 class CppSelectiveKVCache(SelectiveKVCache):
     """`SelectiveKVCache` with the C++ decode attention when the pools are float32 on the CPU."""
 
@@ -95,4 +128,24 @@ class CppSelectiveKVCache(SelectiveKVCache):
         return y.transpose(0, 1).unsqueeze(0)  # (1, nh, S, hs)
 
 
+class CppVerifyKVCache(VerifyKVCache, CppSelectiveKVCache):
+    """Chapter 08's `VerifyKVCache` (a step's short queries in one call) with both of its attention paths in C++ when
+    the pools are float32 on the CPU: a decode step through `paged_decode_attention` (as `CppSelectiveKVCache`),
+    a verify step (every sequence's last token and drafts) through `paged_verify_attention`, read in place through
+    the block tables. A step that also holds a prompt chunk keeps `VerifyKVCache`'s PyTorch path."""
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q, k, v (1, nh, N, hs) -> (1, nh, N, hs)."""
+        b = self.batch
+        if not getattr(self, "_verify", False) or self._long or self._ext is None or q.dtype != torch.float32:
+            return super().attend(layer_idx, q, k, v)
+        write_kv(self.k_pools[layer_idx], b.slot_mapping, k[0].transpose(0, 1))  # (nh, N, hs) -> (N, nh, hs)
+        write_kv(self.v_pools[layer_idx], b.slot_mapping, v[0].transpose(0, 1))
+        y = self._ext.paged_verify_attention(q[0].transpose(0, 1).contiguous(), self.k_pools[layer_idx],
+                                             self.v_pools[layer_idx], b.block_tables, b.context_lens,
+                                             b.query_lens)  # (N, nh, hs)
+        return y.transpose(0, 1).unsqueeze(0)  # (1, nh, N, hs)
+
+
 register_attention_backend(NAME, CppSelectiveKVCache)
+register_attention_backend(VERIFY_NAME, CppVerifyKVCache)

@@ -41,6 +41,7 @@ SHIPPED_BACKENDS: dict[str, str] = {
     "verify": "minillm.speculative.verify_cache",  # chapter 08: verify steps (k + 1 tokens) in one call
     "paged-int8": "minillm.quant.kv_cache",  # chapter 09: int8 K/V codes with per-token scales
     "selective-cpp": "minillm.compile.cpu_paged",  # chapter 13: decode attention in C++ (needs a C++ compiler)
+    "verify-cpp": "minillm.compile.cpu_paged",  # chapter 13: decode and verify attention in C++ (chapter 08's steps)
 }
 
 _BACKENDS: dict[str, AttentionBackendFactory] = {}

@@ -14,13 +14,15 @@ For each load c (requests running at once: `max_num_seqs = c`, with 3c requests 
 requests finish), `LLM` and `SpeculativeLLM` (same `EngineConfig`, same prompts, greedy, end-of-text ignored) run
 alternately in one process (`minillm.core.timing.compare`, warm-up, median of repeats); both engines' outputs must
 be identical. Both use the "verify" attention backend (`minillm.speculative.verify_cache`), which batches the
-verify steps' short queries and runs the plain engine's steps exactly as chapter 06's default backend does.
+verify steps' short queries and runs the plain engine's steps exactly as chapter 06's default backend does; with
+`--attention-backend verify-cpp`, both use chapter 13's C++ attention instead (decode and verify steps read the paged
+pool in place), picked by name.
 Reported per load: output tokens per second and per CPU-second for each, their ratios (speculative / plain: above 1
 speculation wins), drafts kept / proposed, and engine steps. Prompts are code from the corpus' validation split,
 where prompt lookup finds what to copy; the draft-model method (`--method draft-model`, `draft` drafting for
 `base`) is the other proposer. The command:
 `python -m minillm.speculative.engine_bench [--quick] [--method prompt-lookup|draft-model] [--loads 1,2,4]
-[--json FILE]`. What it leaves out: arrival over time (chapter 06's online benchmark), and sampling (greedy only,
+[--attention-backend verify|verify-cpp] [--json FILE]`. What it leaves out: arrival over time (chapter 06's online benchmark), and sampling (greedy only,
 so outputs can be compared token for token). The chapter text quotes one run per method,
 `chapters/results/08-engine-lookup.json` and `08-engine-draft.json`, through `quotes(report)`.
 """
@@ -52,6 +54,7 @@ from minillm.speculative.engine import SpeculativeConfig, SpeculativeLLM
 EOT = "<|endoftext|>"
 DEFAULT_LOADS = (1, 2, 4, 8, 16, 32, 64)  # `load_sweep`'s and the command's loads (concurrent requests)
 REQUESTS_PER_SLOT = 3  # requests queued per batch slot, so the batch stays full as requests finish
+BACKENDS = ("verify", "verify-cpp")  # the engines' attention: PyTorch's, or chapter 13's C++ (by name: no import)
 QUICK = dict(loads=(1, 8), new_tokens=32, requests_per_slot=2, repeats=1)  # run(quick=True): seconds on a CPU
 
 
@@ -111,8 +114,12 @@ def _timed(llm: LLM, prompts: list[list[int]], params: SamplingParams, cpu: list
 
 
 def load_point(target: GPT, prompts: list[list[int]], concurrency: int, new_tokens: int,
-               speculative: SpeculativeConfig, draft: GPT | None = None, repeats: int = 3) -> dict[str, Any]:
-    """One load: `concurrency` requests at a time over `prompts`, the plain engine against the speculative one."""
+               speculative: SpeculativeConfig, draft: GPT | None = None, repeats: int = 3,
+               attention_backend: str = "verify") -> dict[str, Any]:
+    """One load: `concurrency` requests at a time over `prompts`, the plain engine against the speculative one, both
+    with `attention_backend` (BACKENDS)."""
+    if attention_backend not in BACKENDS:
+        raise ValueError(f"attention_backend must be one of {BACKENDS}, got {attention_backend!r}")
     for name, value in (("concurrency", concurrency), ("new_tokens", new_tokens), ("repeats", repeats)):
         check_int(name, value)
     if not isinstance(prompts, (list, tuple)) or not prompts or not all(isinstance(p, (list, tuple)) and p
@@ -122,7 +129,7 @@ def load_point(target: GPT, prompts: list[list[int]], concurrency: int, new_toke
     bs = 16
     per_request = -(-(max(len(p) for p in prompts) + new_tokens) // bs)
     config = EngineConfig(num_blocks=per_request * concurrency + 8, block_size=bs, max_num_seqs=concurrency,
-                          max_num_batched_tokens=max(512, concurrency), attention_backend="verify")
+                          max_num_batched_tokens=max(512, concurrency), attention_backend=attention_backend)
     plain = LLM(target, None, config)
     spec = SpeculativeLLM(target, None, config, speculative=speculative, draft=draft)
     cpu_p: list[float] = []
@@ -180,7 +187,7 @@ def crossover(points: Sequence[dict[str, Any]], key: str = "ratio") -> int | Non
 def load_sweep(target: GPT, tokenizer: Any, loads: Sequence[int] = DEFAULT_LOADS, new_tokens: int = 64,
                prompt_len: int = 128, requests_per_slot: int = REQUESTS_PER_SLOT,
                speculative: SpeculativeConfig | None = None,
-               draft: GPT | None = None, repeats: int = 3) -> dict[str, Any]:
+               draft: GPT | None = None, repeats: int = 3, attention_backend: str = "verify") -> dict[str, Any]:
     """Every load of `loads`: ratios of tokens/s (wall and CPU), identical outputs, and the crossover load."""
     speculative = speculative if speculative is not None else SpeculativeConfig()
     if not isinstance(speculative, SpeculativeConfig):
@@ -190,9 +197,9 @@ def load_sweep(target: GPT, tokenizer: Any, loads: Sequence[int] = DEFAULT_LOADS
         check_int(name, value)
     loads = check_loads(loads, requests_per_slot)
     pool = code_prompts(tokenizer, requests_per_slot * max(loads), prompt_len)
-    points = [load_point(target, pool[: requests_per_slot * c], c, new_tokens, speculative, draft, repeats)
-              for c in loads]
-    return {"method": speculative.method, "gamma": speculative.gamma, "ngram": speculative.ngram,
+    points = [load_point(target, pool[: requests_per_slot * c], c, new_tokens, speculative, draft, repeats,
+                         attention_backend) for c in loads]
+    return {"method": speculative.method, "attention_backend": attention_backend, "gamma": speculative.gamma, "ngram": speculative.ngram,
             "new_tokens": new_tokens, "prompt_len": prompt_len, "requests_per_slot": requests_per_slot,
             "points": points, "identical": all(p["identical"] for p in points),
             "crossover": crossover(points), "crossover_cpu": crossover(points, "ratio_cpu"),
@@ -210,16 +217,20 @@ def sweep_sizes(quick: bool, loads: Sequence[int] | None) -> dict[str, Any]:
 
 
 def run(device: torch.device | str = "cpu", quick: bool = False, method: str = "prompt-lookup", gamma: int = 4,
-        loads: Sequence[int] | None = None, seed: int = 0) -> dict[str, Any]:
+        loads: Sequence[int] | None = None, seed: int = 0, attention_backend: str = "verify") -> dict[str, Any]:
     """The benchmark on `base` (and `draft` for method="draft-model"), by default at loads 1 to 64; quick: loads 1
-    and 8, 32 new tokens, one repeat (a few seconds on a CPU), for the chapter's tour."""
+    and 8, 32 new tokens, one repeat (a few seconds on a CPU), for the chapter's tour. `attention_backend`: "verify"
+    (PyTorch) or "verify-cpp" (chapter 13's C++ decode and verify attention, read through the block tables)."""
+    if attention_backend not in BACKENDS:
+        raise ValueError(f"attention_backend must be one of {BACKENDS}, got {attention_backend!r}")
     spec = SpeculativeConfig(method=method, gamma=gamma)  # checks method and gamma before the models load
     size = sweep_sizes(quick, loads)  # and the loads, and the seed
     check_seed(seed)
     device = resolve_device(device) if isinstance(device, str) else device
     tgt = load_model("base", device, seed)
     draft = load_model("draft", device, seed) if method == "draft-model" else None
-    sweep = load_sweep(tgt.model, tgt.tokenizer, speculative=spec, draft=draft.model if draft else None, **size)
+    sweep = load_sweep(tgt.model, tgt.tokenizer, speculative=spec, draft=draft.model if draft else None,
+                       attention_backend=attention_backend, **size)
     return {"target": tgt.label, "draft": draft.label if draft else None, "device": str(device),
             "threads": torch.get_num_threads(), **sweep}
 
@@ -295,6 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--method", default="prompt-lookup", choices=("prompt-lookup", "draft-model"))
     ap.add_argument("--gamma", type=int, default=4, help="draft tokens per request per step (default 4)")
     ap.add_argument("--loads", help="comma-separated concurrency levels (default 1,2,4,8,16,32,64; quick 1,8)")
+    ap.add_argument("--attention-backend", default="verify", choices=BACKENDS,
+                    help="both engines' attention: verify (PyTorch, default) or verify-cpp (chapter 13's C++)")
     return ap
 
 
@@ -310,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     usage_check(ap, "--gamma", lambda: SpeculativeConfig(method=args.method, gamma=args.gamma))
     usage_check(ap, "--loads", lambda: sweep_sizes(args.quick, loads))
     report = run(resolve_device(args.device), quick=args.quick, method=args.method, gamma=args.gamma, loads=loads,
-                 seed=args.seed)
+                 seed=args.seed, attention_backend=args.attention_backend)
     print(format_report(report))
     write_report(args.json, report)
     return 0 if report["identical"] else 1

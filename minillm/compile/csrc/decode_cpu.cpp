@@ -34,7 +34,8 @@
 //   logits (n, V)                                                   the head, M = n too
 // Rolling back rejected rows is the caller's: slots past the kept ones are simply overwritten later.
 // The same attention loop also serves the engine: `paged_decode_attention` (end of file) reads chapter 05's paged
-// pool through the block tables in place, one query per sequence; its twin is PagedKVCache._attend_decode.
+// pool through the block tables in place, one query per sequence; its twin is PagedKVCache._attend_decode. And
+// `paged_verify_attention` takes several queries per sequence (a verify step's last token and drafts).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -475,57 +476,88 @@ class FusedDecoder {
     std::vector<int64_t> where_;                         // where slot j starts in a head's rows: j * hs
 };
 
-// The engine's decode attention (chapter 06's paged cache, one new token per sequence) read through the block
-// tables in place: no gather of each sequence's blocks into a contiguous copy first, which is what the PyTorch path
-// (`PagedKVCache._attend_decode`: index_select, then SDPA) spends most of its time on at these sizes.
-// q (S, nh, hs); pools (nb, bs, nh, hs); block_tables (S, max_nb) int64, -1 past a sequence's blocks;
-// context_lens (S,) int64, the tokens each sequence attends to (its new one included) -> (S, nh, hs).
-at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
-                                     const at::Tensor& block_tables, const at::Tensor& context_lens) {
+// The engine's attention over chapter 06's paged pool, read through the block tables in place: no gather of each
+// sequence's blocks into a contiguous copy first, which is what the PyTorch path (`PagedKVCache._attend_decode`:
+// index_select, then SDPA) spends most of its time on at these sizes.
+// q (N, nh, hs): the step's query rows, sequence after sequence, query_lens[s] of them for sequence s (all 1: a decode
+// step); pools (nb, bs, nh, hs); block_tables (S, max_nb) int64, -1 past a sequence's blocks; context_lens (S,) int64,
+// the tokens each sequence attends to, its new ones included -> (N, nh, hs). Query j of sequence s (its new tokens are
+// the last query_lens[s] of context_lens[s]) attends over the first context_lens[s] - query_lens[s] + j + 1 tokens:
+// causal among the new ones, as speculative decoding's verify needs.
+at::Tensor paged_attention_rows(const char* who, const at::Tensor& q, const at::Tensor& k_pool,
+                                const at::Tensor& v_pool, const at::Tensor& block_tables,
+                                const at::Tensor& context_lens, const at::Tensor* query_lens) {
     for (const auto* t : {&q, &k_pool, &v_pool}) {
-        TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kFloat && t->is_contiguous(),
-                    "paged_decode_attention: q and the pools must be contiguous float32 CPU tensors");
+        TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kFloat && t->is_contiguous(), who,
+                    ": q and the pools must be contiguous float32 CPU tensors");
     }
-    TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong &&
-                    block_tables.is_contiguous() && context_lens.is_contiguous() && block_tables.device().is_cpu() &&
-                    context_lens.device().is_cpu(),
-                "paged_decode_attention: block_tables and context_lens must be contiguous int64 CPU tensors");
+    std::vector<const at::Tensor*> ints = {&block_tables, &context_lens};
+    if (query_lens) ints.push_back(query_lens);
+    for (const auto* t : ints) {
+        TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->device().is_cpu(), who,
+                    ": block_tables, context_lens and query_lens must be contiguous int64 CPU tensors");
+    }
     TORCH_CHECK(q.dim() == 3 && k_pool.dim() == 4 && k_pool.sizes() == v_pool.sizes() &&
                     k_pool.size(2) == q.size(1) && k_pool.size(3) == q.size(2),
-                "paged_decode_attention: q must be (S, nh, hs) and the pools (nb, bs, nh, hs), got ", q.sizes(),
-                " and ", k_pool.sizes());
-    const int64_t S = q.size(0), nh = q.size(1), hs = q.size(2), nb = k_pool.size(0), bs = k_pool.size(1);
-    TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == S && context_lens.dim() == 1 &&
-                    context_lens.size(0) == S,
-                "paged_decode_attention: block_tables must be (S, max_nb) and context_lens (S,) for S = ", S);
+                who, ": q must be (N, nh, hs) and the pools (nb, bs, nh, hs), got ", q.sizes(), " and ",
+                k_pool.sizes());
+    const int64_t S = block_tables.dim() == 2 ? block_tables.size(0) : -1;
+    const int64_t N = q.size(0), nh = q.size(1), hs = q.size(2), nb = k_pool.size(0), bs = k_pool.size(1);
+    TORCH_CHECK(S >= 0 && context_lens.dim() == 1 && context_lens.size(0) == S &&
+                    (!query_lens || (query_lens->dim() == 1 && query_lens->size(0) == S)),
+                who, ": block_tables must be (S, max_nb), context_lens and query_lens (S,), got ", block_tables.sizes(),
+                " and ", context_lens.sizes());
     const int64_t max_nb = block_tables.size(1);
     const int64_t* tables = block_tables.data_ptr<int64_t>();
     const int64_t* lens = context_lens.data_ptr<int64_t>();
-    int64_t longest = 0;
+    const int64_t* qls = query_lens ? query_lens->data_ptr<int64_t>() : nullptr;
+    int64_t longest = 0, rows = 0;
     for (int64_t s = 0; s < S; ++s) {
-        TORCH_CHECK(lens[s] >= 1 && lens[s] <= max_nb * bs, "paged_decode_attention: context length ", lens[s],
-                    " of sequence ", s, " is outside [1, ", max_nb * bs, "]");
+        const int64_t ql = qls ? qls[s] : 1;
+        TORCH_CHECK(lens[s] >= 1 && lens[s] <= max_nb * bs, who, ": context length ", lens[s], " of sequence ", s,
+                    " is outside [1, ", max_nb * bs, "]");
+        TORCH_CHECK(ql >= 1 && ql <= lens[s], who, ": query length ", ql, " of sequence ", s, " is outside [1, ",
+                    lens[s], "] (its context length)");
         for (int64_t b = 0; b < (lens[s] + bs - 1) / bs; ++b) {
             const int64_t id = tables[s * max_nb + b];
-            TORCH_CHECK(id >= 0 && id < nb, "paged_decode_attention: block id ", id, " of sequence ", s,
-                        " is outside the pool [0, ", nb, ")");
+            TORCH_CHECK(id >= 0 && id < nb, who, ": block id ", id, " of sequence ", s, " is outside the pool [0, ", nb,
+                        ")");
         }
         longest = std::max(longest, lens[s]);
+        rows += ql;
     }
-    auto out = at::empty({S, nh, hs}, q.options());
+    TORCH_CHECK(rows == N, who, ": q has ", N, " rows but the query lengths add up to ", rows);
+    auto out = at::empty({N, nh, hs}, q.options());
     std::vector<float> scores(nh * longest);
     std::vector<int64_t> where(longest);  // where[j]: token j's first float in a pool (its head 0)
     const int64_t row = nh * hs;  // floats between consecutive tokens of one block
-    for (int64_t s = 0; s < S; ++s) {
+    for (int64_t s = 0, r = 0; s < S; ++s) {
         const int64_t* table = tables + s * max_nb;
         // Token j sits at offset j % bs of block table[j / bs]: resolved once per sequence, walking the blocks.
         for (int64_t b = 0, j = 0; j < lens[s]; ++b) {
             for (int64_t o = 0; o < bs && j < lens[s]; ++o, ++j) where[j] = (table[b] * bs + o) * row;
         }
-        attend_heads(q.data_ptr<float>() + s * row, k_pool.data_ptr<float>(), v_pool.data_ptr<float>(), where.data(),
-                     lens[s], nh, hs, hs, scores.data(), out.data_ptr<float>() + s * row);
+        const int64_t ql = qls ? qls[s] : 1;
+        for (int64_t j = 0; j < ql; ++j, ++r) {  // query j sees the tokens before the new ones and new ones 0..j
+            attend_heads(q.data_ptr<float>() + r * row, k_pool.data_ptr<float>(), v_pool.data_ptr<float>(),
+                         where.data(), lens[s] - ql + j + 1, nh, hs, hs, scores.data(), out.data_ptr<float>() + r * row);
+        }
     }
     return out;
+}
+
+// One query per sequence (a decode step): q (S, nh, hs) -> (S, nh, hs). Its twin is PagedKVCache._attend_decode.
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens) {
+    return paged_attention_rows("paged_decode_attention", q, k_pool, v_pool, block_tables, context_lens, nullptr);
+}
+
+// query_lens[s] queries per sequence (a verify step: a last token and its drafts): q (N, nh, hs) -> (N, nh, hs).
+// Its twin is chapter 08's VerifyKVCache.attend.
+at::Tensor paged_verify_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens,
+                                  const at::Tensor& query_lens) {
+    return paged_attention_rows("paged_verify_attention", q, k_pool, v_pool, block_tables, context_lens, &query_lens);
 }
 
 }  // namespace
@@ -533,6 +565,8 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
 void register_decoder(pybind11::module& m) {
     m.def("paged_decode_attention", &paged_decode_attention,
           "one query per sequence over its paged K/V, read through the block table (float32, CPU)");
+    m.def("paged_verify_attention", &paged_verify_attention,
+          "query_lens[s] queries per sequence, causal among its new tokens, over its paged K/V (float32, CPU)");
     pybind11::class_<FusedDecoder>(m, "FusedDecoder")
         .def(pybind11::init<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>,
                             std::vector<at::Tensor>, int64_t, int64_t, std::vector<double>, std::vector<at::Tensor>>(),
