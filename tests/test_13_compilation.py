@@ -424,7 +424,7 @@ def test_cpp_paged_verify_attention_equals_the_causal_reference(S, nh, hs, bs):
         paged_verify_attention(q[:9], k_pool, v_pool, tables[:1], torch.tensor([6]), torch.tensor([9]))
     with pytest.raises(ValueError, match=r"q must hold sum\(query_lens\)"):
         paged_verify_attention(q, k_pool, v_pool, tables, last, 2 * ones)  # 2S rows, q has more or fewer
-    with pytest.raises(ValueError, match=r"query_lens must have shape"):
+    with pytest.raises(ValueError, match=r"context_lens \(S,\) and query_lens \(S,\) must agree on S"):
         paged_verify_attention(q, k_pool, v_pool, tables, last, torch.tensor(qls[:-1] or [1, 1]))
     with pytest.raises(TypeError, match="query_lens must be an int64"):
         paged_verify_attention(q, k_pool, v_pool, tables, last, torch.tensor(qls, dtype=torch.int32))

@@ -187,7 +187,7 @@ def emulator_specs() -> list[Spec]:
 
 def cpp_specs() -> list[Spec]:
     from minillm.compile.cpu_gemv import gemv, int4_gemv, int8_gemv, load_cpu_ext
-    from minillm.compile.cpu_paged import paged_decode_attention
+    from minillm.compile.cpu_paged import paged_decode_attention, paged_verify_attention
 
     ext = load_cpu_ext()
     paged_kinds = dict(q="f32", k_pool="f32", v_pool="f32", block_tables="int64", context_lens="int64")
@@ -197,6 +197,17 @@ def cpp_specs() -> list[Spec]:
                       block_tables={0: ("block_tables",)}, context_lens={0: ("context_lens",)})
     paged_extra = {"block id": _bad_tables, "context length": lambda r, a: _bad_lens(r, a, 1),
                    "small pool": _small_pool}
+    def verify_good(r: random.Random) -> dict[str, Any]:  # the decode arguments, 2 and 1 queries per sequence
+        return {**_paged_good(r, torch.float32), "q": _rand(3, 2, 8), "query_lens": torch.tensor([2, 1])}
+
+    def bad_query_lens(r: random.Random, args: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+        qls = r.choice([[0, 3], [-1, 4], [5, 1], [2, 2], [1, 1], [1 << 40, 1]])  # 0, negative, past ctx, wrong sum
+        return {**args, "query_lens": torch.tensor(qls)}, ("query_lens", "q must hold")
+
+    verify_kinds = {**paged_kinds, "query_lens": "int64"}
+    verify_tied = {**paged_tied, "q": {0: ("q", "query_lens"), 1: ("q", "k_pool"), 2: ("q", "k_pool")},
+                   "query_lens": {0: ("query_lens",)}}
+    verify_extra = {**paged_extra, "query length": bad_query_lens}
     gemv_good = lambda r: dict(x=_rand(2, 9), w=_rand(5, 9), b=_rand(5))  # noqa: E731
     gemv_tied = dict(x={1: ("x", "w")}, w={0: ("w", "b"), 1: ("x", "w")}, b={0: ("b",)})
     int8_good = lambda r: dict(x=_rand(2, 9), q=torch.randint(-127, 128, (5, 9), dtype=torch.int8),  # noqa: E731
@@ -223,6 +234,10 @@ def cpp_specs() -> list[Spec]:
              paged_kinds, tied=paged_tied, extra=paged_extra, copies_strided=True),
         Spec("ext.paged_decode_attention (raw)", lambda **kw: ext.paged_decode_attention(*kw.values()),
              lambda r: _paged_good(r, torch.float32), paged_kinds, tied=paged_tied, extra=paged_extra, strict=False),
+        Spec("cpu_paged.paged_verify_attention", paged_verify_attention, verify_good, verify_kinds, tied=verify_tied,
+             extra=verify_extra, copies_strided=True),
+        Spec("ext.paged_verify_attention (raw)", lambda **kw: ext.paged_verify_attention(*kw.values()), verify_good,
+             verify_kinds, tied=verify_tied, extra=verify_extra, strict=False),
     ]
 
 

@@ -42,7 +42,14 @@ def check_paged_arguments(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.T
     if q.dim() != 3:
         raise ValueError(f"q must be (S, nh, hs), got shape {tuple(q.shape)}")
     N, nh, hs = q.shape
-    S = N if query_lens is None or block_tables.dim() != 2 else block_tables.shape[0]  # sequences
+    S = N  # sequences: one query each, or (verify) as many as query_lens has lengths
+    if query_lens is not None:
+        shapes = [tuple(t.shape) for t in (block_tables, context_lens, query_lens)]
+        if block_tables.dim() != 2 or context_lens.dim() != 1 or query_lens.dim() != 1 or len(
+                {shapes[0][0], shapes[1][0], shapes[2][0]}) != 1:
+            raise ValueError(f"block_tables (S, max_nb), context_lens (S,) and query_lens (S,) must agree on S, the "
+                             f"number of sequences, got shapes {shapes[0]}, {shapes[1]} and {shapes[2]}")
+        S = query_lens.shape[0]
     if k_pool.dim() != 4 or tuple(k_pool.shape[2:]) != (nh, hs) or k_pool.shape[1] < 1:
         raise ValueError(f"q must be (S, nh, hs) and k_pool (nb, bs>=1, nh, hs) with the same nh and hs, got q "
                          f"{tuple(q.shape)} and k_pool {tuple(k_pool.shape)}")
@@ -52,17 +59,6 @@ def check_paged_arguments(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.T
         raise ValueError(f"block_tables must be (S={S}, max_nb), got shape {tuple(block_tables.shape)}")
     if tuple(context_lens.shape) != (S,):
         raise ValueError(f"context_lens must have shape ({S},), got {tuple(context_lens.shape)}")
-    if query_lens is not None:
-        if tuple(query_lens.shape) != (S,):
-            raise ValueError(f"query_lens must have shape ({S},), one per sequence of block_tables, got "
-                             f"{tuple(query_lens.shape)}")
-        qls, lens = query_lens.tolist(), context_lens.tolist()
-        for s, ql in enumerate(qls):
-            if not 1 <= ql <= lens[s]:
-                raise ValueError(f"query_lens: query length {ql} of sequence {s} is outside [1, {lens[s]}] (its "
-                                 "context length)")
-        if sum(qls) != N:
-            raise ValueError(f"q must hold sum(query_lens) = {sum(qls)} rows, got shape {tuple(q.shape)}")
     nb, bs = k_pool.shape[:2]
     max_nb = block_tables.shape[1]
     for s, n in enumerate(context_lens.tolist()):  # S is a batch of sequences: a short loop
@@ -73,6 +69,14 @@ def check_paged_arguments(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.T
         if bool(bad.any()):
             raise ValueError(f"block_tables: block id {int(ids[bad][0])} of sequence {s} is outside the pool "
                              f"[0, {nb})")
+    if query_lens is not None:
+        qls, lens = query_lens.tolist(), context_lens.tolist()
+        for s, ql in enumerate(qls):
+            if not 1 <= ql <= lens[s]:
+                raise ValueError(f"query_lens: query length {ql} of sequence {s} is outside [1, {lens[s]}] (its "
+                                 "context length)")
+        if sum(qls) != N:
+            raise ValueError(f"q must hold sum(query_lens) = {sum(qls)} rows, got shape {tuple(q.shape)}")
 
 
 def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
