@@ -271,11 +271,17 @@ def test_fused_cpu_step_equals_the_models_logits_step_by_step():
     """One C++ call per token against GPT.hidden + logits over a ContiguousKVCache: logits to float rounding at every
     position (the cache filling up to the window's end), and the same keys and values stored in the cache."""
     m = model()
-    dec = FusedCPUDecoder(m)
+    assert_steps_equal_the_model(m, FusedCPUDecoder(m), seed=1)
+
+
+def assert_steps_equal_the_model(m, dec: FusedCPUDecoder, seed: int) -> None:
+    """The decoder's C++ step, one call per token, against `m`'s own GPT.hidden + logits over a ContiguousKVCache:
+    after a 3-token prefill through the model (as generate does for a long prompt), logits within 1e-4 at every
+    position up to the window's end, and the same keys and values stored in the cache."""
     ref = ContiguousKVCache(SMALL, 1, SMALL.block_size)
-    ids = torch.randint(0, SMALL.vocab_size, (1, SMALL.block_size), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, SMALL.vocab_size, (1, SMALL.block_size), generator=torch.Generator().manual_seed(seed))
     with torch.inference_mode():
-        m.hidden(ids[:, :3], torch.arange(3), dec.cache)  # a prefill through the model, as generate does
+        m.hidden(ids[:, :3], torch.arange(3), dec.cache)
         m.hidden(ids[:, :3], torch.arange(3), ref)
         for pos in range(3, SMALL.block_size):
             want = m.logits(m.hidden(ids[:, pos:pos + 1], torch.tensor([pos]), ref)[:, -1])  # (1, V)
@@ -816,18 +822,7 @@ def test_fused_cpu_step_runs_an_int8_model_like_the_eager_quantized_model():
     q = quantize_model(model(), QuantConfig("int8"))
     dec = FusedCPUDecoder(q)
     assert dec.int8_linears == 4 * SMALL.n_layer
-    ref = ContiguousKVCache(SMALL, 1, SMALL.block_size)
-    ids = torch.randint(0, SMALL.vocab_size, (1, SMALL.block_size), generator=torch.Generator().manual_seed(1))
-    with torch.inference_mode():
-        q.hidden(ids[:, :3], torch.arange(3), dec.cache)
-        q.hidden(ids[:, :3], torch.arange(3), ref)
-        for pos in range(3, SMALL.block_size):
-            want = q.logits(q.hidden(ids[:, pos:pos + 1], torch.tensor([pos]), ref)[:, -1])  # (1, V)
-            got = dec(q, dec.cache, ids[0, pos:pos + 1], torch.tensor([pos]))
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    for layer in range(SMALL.n_layer):
-        torch.testing.assert_close(dec.cache.k[layer], ref.k[layer], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(dec.cache.v[layer], ref.v[layer], rtol=1e-5, atol=1e-5)
+    assert_steps_equal_the_model(q, dec, seed=1)
     params = SamplingParams.greedy(16, ignore_eos=True)
     fc = q.transformer.h[1].mlp.c_fc
     with torch.no_grad():
@@ -944,18 +939,7 @@ def test_fused_cpu_step_runs_an_int4_model_like_the_eager_quantized_model():
     q = quantize_model(model(), QuantConfig("int4", group_size=32))
     dec = FusedCPUDecoder(q)
     assert (dec.int4_linears, dec.int8_linears) == (4 * SMALL.n_layer, 0)
-    ref = ContiguousKVCache(SMALL, 1, SMALL.block_size)
-    ids = torch.randint(0, SMALL.vocab_size, (1, SMALL.block_size), generator=torch.Generator().manual_seed(2))
-    with torch.inference_mode():
-        q.hidden(ids[:, :3], torch.arange(3), dec.cache)
-        q.hidden(ids[:, :3], torch.arange(3), ref)
-        for pos in range(3, SMALL.block_size):
-            want = q.logits(q.hidden(ids[:, pos:pos + 1], torch.tensor([pos]), ref)[:, -1])  # (1, V)
-            got = dec(q, dec.cache, ids[0, pos:pos + 1], torch.tensor([pos]))
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    for layer in range(SMALL.n_layer):
-        torch.testing.assert_close(dec.cache.k[layer], ref.k[layer], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(dec.cache.v[layer], ref.v[layer], rtol=1e-5, atol=1e-5)
+    assert_steps_equal_the_model(q, dec, seed=2)
     params = SamplingParams.greedy(16, ignore_eos=True)
     fc = q.transformer.h[1].mlp.c_fc
     with torch.no_grad():
