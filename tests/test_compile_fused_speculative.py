@@ -264,3 +264,19 @@ def test_verify_rejects_bad_tokens_and_a_full_cache(tiny):
             dec.verify([1])
     finally:
         tiny[0].eval()
+
+
+def test_a_nan_draft_is_refused_by_name_when_sampling(tiny):
+    """A draft whose logits are NaN: greedy, its argmax is still verified (the target's own tokens come out); sampled,
+    its q is refused naming the draft model, before torch.multinomial would fail naming neither."""
+    target, draft = tiny
+    broken = noisy_copy(draft, 0.0, seed=0).eval()
+    with torch.no_grad():
+        broken.transformer.ln_f.weight.fill_(float("nan"))
+    tdec, ddec = FusedCPUDecoder(target), FusedCPUDecoder(broken)
+    params = SamplingParams.greedy(12, ignore_eos=True)
+    assert generate_speculative_fused(tdec, ddec, PROMPTS[0], params, gamma=3)[0] == generate_ids(target, PROMPTS[0],
+                                                                                                   params)
+    with pytest.raises(ValueError, match="the draft model's distribution q at draft step 0 holds NaN"):
+        generate_speculative_fused(tdec, ddec, PROMPTS[0], SamplingParams(temperature=1.0, max_new_tokens=8, seed=1),
+                                   gamma=3)

@@ -971,7 +971,73 @@ BAD = [
      r"^heads\[0\] holds 5: a head index"),
     ("p10r7-mask-heads-np-float", lambda: mask_heads(MODEL, {0: [np.float64(1.0)]}), ValueError,
      r"^heads\[0\] holds np.float64\(1.0\): a head index must be an int"),
+    # ----- the eighth hostile run, 09: messages naming the argument, zero points of no number dtype
+    # before: "x is a 0-d tensor" (quantize's own name); "torch.int8 codes must lie in ..." naming no argument
+    ("q09r8-fake-quantize-0d", lambda: fake_quantize(torch.tensor(1.0), QuantConfig("int8")), ValueError,
+     r"^w must be a weight matrix \(out, in\), got shape \(\)"),
+    ("q09r8-qat-codes-1d", lambda: fake_quantize(torch.randn(32), QuantConfig("int8")), ValueError,
+     r"^w must be a weight matrix \(out, in\), got shape \(32,\)"),
+    ("q09r8-pack-int4-int8-8", lambda: pack_int4(torch.tensor([[8, 0]], dtype=torch.int8)), ValueError,
+     r"^q holds torch.int8 codes in \[0, 8\]: they must lie in \[-8, 7\]"),
+    ("q09r8-pack-int4-uint8-16", lambda: pack_int4(torch.tensor([[16, 0]], dtype=torch.uint8)), ValueError,
+     r"^q holds torch.uint8 codes in \[0, 16\]: they must lie in \[0, 15\]"),
+    # before: a bool zero point was taken as 0/1 codes (silently); a complex one was torch's "lt_cpu" error
+    ("q09r8-quantize-asym-zero-bool", lambda: quantize_asymmetric(W, *_asym_bool_zero(), 8), TypeError,
+     "^zero must be an integer or float tensor of zero points, got torch.bool"),
+    ("q09r8-quantize-asym-zero-complex", lambda: quantize_asymmetric(
+        W, asymmetric_params(W, 8, 1)[0], asymmetric_params(W, 8, 1)[1].to(torch.complex64), 8), TypeError,
+     "^zero must be an integer or float tensor of zero points, got torch.complex64"),
+    ("q09r8-dequantize-asym-zero-bool", lambda: dequantize_asymmetric(
+        torch.zeros(8, 32, dtype=torch.uint8), *_asym_bool_zero()), TypeError,
+     "^zero must be an integer or float tensor of zero points, got torch.bool"),
+    ("q09r8-dequantize-asym-zero-bool-unchecked", lambda: dequantize_asymmetric(
+        torch.zeros(8, 32, dtype=torch.uint8), *_asym_bool_zero(), check_values=False), TypeError,
+     "^zero must be an integer or float tensor"),
+    ("q09r8-dequantize-asym-zero-complex", lambda: dequantize_asymmetric(
+        torch.zeros(8, 32, dtype=torch.uint8), torch.ones(8, 1), torch.zeros(8, 1, dtype=torch.complex64)),
+     TypeError, "^zero must be an integer or float tensor of zero points, got torch.complex64"),
+    # before: Tensor.item() on a meta tensor; "Tensor on device meta is not on the expected device cpu!"
+    ("q09r8-smoothing-scales-act-meta", lambda: smoothing_scales(torch.rand(32, device="meta"), W), ValueError,
+     "^act_absmax is a meta tensor"),
+    ("q09r8-smoothing-scales-weight-meta", lambda: smoothing_scales(torch.rand(32), W.to("meta")), ValueError,
+     "^weight is a meta tensor"),
+    # before: torch's "mat1 and mat2 shapes cannot be multiplied (5x16 and 32x8)"
+    ("q09r8-qlin-in-features-changed", lambda: (lambda l: (setattr(l, "in_features", 16), l(torch.randn(5, 16))))(
+        qlinear()), ValueError, r"^in_features=16, out_features=8 were changed after the layer was built as \(32, 8\)"),
+    ("q09r8-qlin-out-features-changed", lambda: mutated_layer(lambda l: setattr(l, "out_features", 4)), ValueError,
+     r"^in_features=32, out_features=4 were changed after the layer was built"),
+    # before: sparse (COO) operands reached torch ("Could not run 'aten::lt.Scalar' ... SparseCPU", "unsupported
+    # memory format option Contiguous"), or were named `q` by the function called inside
+    ("q09r8-quantize-asym-zero-sparse", lambda: quantize_asymmetric(
+        W, asymmetric_params(W, 8, 1)[0], asymmetric_params(W, 8, 1)[1].to_sparse(), 8), TypeError,
+     "^zero must be a strided"),
+    ("q09r8-unpack-int4-sparse", lambda: unpack_int4(torch.zeros(2, 4, dtype=torch.uint8).to_sparse(), True),
+     TypeError, "^packed must be a strided"),
+    ("q09r8-dequantize-kv-codes-sparse", lambda: dequantize_kv(torch.zeros(2, 4, dtype=torch.int8).to_sparse(),
+                                                               torch.ones(2, 1)), TypeError, "^codes must be a strided"),
+    ("q09r8-dequantize-kv-scale-sparse", lambda: dequantize_kv(torch.zeros(2, 4, dtype=torch.int8),
+                                                               torch.ones(2, 1).to_sparse()), TypeError,
+     "^scale must be a strided"),
+    ("q09r8-int8-matmul-a-sparse", lambda: int8_matmul(Q8.to_sparse(), Q8.t()), TypeError, "^a must be a strided"),
+    ("q09r8-w8a8-linear-x-sparse", lambda: w8a8_linear(torch.randn(5, 32).to_sparse(), *_w8a8_parts()), TypeError,
+     "^x must be a strided"),
+    ("q09r8-w8a8-linear-qweight-sparse", lambda: w8a8_linear(
+        torch.randn(5, 32), _w8a8_parts()[0].to_sparse(), *_w8a8_parts()[1:]), TypeError, "^qweight must be a strided"),
+    ("q09r8-llm-int8-x-sparse", lambda: llm_int8_linear(torch.randn(5, 32).to_sparse(), qlinear("w8a8"), 6.0),
+     TypeError, "^x must be a strided"),
 ]
+
+
+def _w8a8_parts() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(qweight, scale, bias) of a W8A8 layer of linear() (8 outputs, 32 inputs)."""
+    layer = qlinear("w8a8")
+    return layer.qweight, layer.scale, layer.bias
+
+
+def _asym_bool_zero() -> tuple[torch.Tensor, torch.Tensor]:
+    """W's per-row asymmetric scale, and its zero points as a bool tensor."""
+    scale, zero = asymmetric_params(W, 8, 1)
+    return scale, zero.bool()
 
 
 def _nan_linear() -> nn.Linear:
@@ -1741,3 +1807,84 @@ def test_p10r7_mask_heads_takes_numpy_ints_as_ints():
     assert p.config == q.config
     assert all(torch.equal(x, y) for x, y in zip(p.state_dict().values(), q.state_dict().values()))
     assert lowest_heads(torch.tensor([[1.0, 0.5], [0.1, 2.0]]), np.int64(1)) == {0: [1], 1: [0]}
+
+
+def _special_files(tmp_path) -> list:
+    """A FIFO and, as root, a private character device like /dev/null (c 1 3), both under tmp_path: never a real
+    node (the eighth hostile run's save onto '/dev/null' as root replaced the machine's /dev/null with a file)."""
+    import os
+    import stat
+
+    nodes = [tmp_path / "fifo.safetensors"]
+    os.mkfifo(nodes[0])
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        nodes.append(tmp_path / "null.safetensors")
+        os.mknod(nodes[1], 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    return nodes
+
+
+def test_q09r8_p10r8_saving_onto_a_device_or_fifo_is_refused_and_leaves_it_in_place(tmp_path):
+    """Before: save_quantized / save_pruned wrote a temp file and renamed it onto the path, replacing the device
+    node (or FIFO) with a regular file. Now a ValueError naming path, before anything is written."""
+    import stat
+
+    pruned = prune_model(MODEL, "magnitude", 0.5)
+    for node in _special_files(tmp_path):
+        kind = node.lstat().st_mode
+        for save in (lambda: save_quantized(QMODEL, node), lambda: save_pruned(pruned, node, "magnitude")):
+            with pytest.raises(ValueError, match=r"path .* exists and is not a regular file \(a device, FIFO"):
+                save()
+            assert stat.S_IFMT(node.lstat().st_mode) == stat.S_IFMT(kind)
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left behind
+
+
+# ----- the eighth hostile run, 10 (and 09): a fine-tune of a pruned model keeps its zeros
+
+
+def _v4k(seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(vocab_size=4096, block_size=16, n_layer=2, n_head=4, n_embd=16)).eval()
+
+
+def _pruned_v4k(how: str, dense: GPT) -> GPT:
+    if how == "mask_heads":
+        return mask_heads(dense, {0: [1], 1: [0, 3]})
+    calib = torch.randint(0, 4096, (2, 8), generator=torch.Generator().manual_seed(1))
+    method, pattern = {"magnitude": ("magnitude", "unstructured"), "wanda": ("wanda", "unstructured"),
+                       "2:4": ("magnitude", "2:4")}[how]
+    return prune_model(dense, method, 0.5, calib if method == "wanda" else None, pattern)
+
+
+@pytest.mark.parametrize("how", ["magnitude", "wanda", "2:4", "mask_heads"])
+def test_p10r8_recover_keeps_the_zeros_pruning_imposed(how):
+    """Before: recover fine-tuned every weight: block sparsity 0.5 -> 0.0 after two steps, masked heads revived."""
+    dense = _v4k()
+    pruned = _pruned_v4k(how, dense)
+    zeros = [w == 0 for w in block_weights(pruned)]
+    recovered, losses = recover(pruned, dense, 2, batch_size=1)
+    after = block_weights(recovered)
+    assert len(losses) == 2 and all(bool((w[z] == 0).all()) for w, z in zip(after, zeros))
+    assert weight_sparsity(recovered)["blocks"] == weight_sparsity(pruned)["blocks"]  # "all": zero biases train
+    assert any(not torch.equal(a, b) for a, b in zip(after, block_weights(pruned)))  # the kept weights trained
+    if how == "2:4":
+        assert all(is_nm_sparse(w.detach()) for w in after)
+    if how == "mask_heads":  # head h of a block is c_proj's columns h*hs .. (h+1)*hs, hs = 4
+        for b, h in ((0, 1), (1, 0), (1, 3)):
+            assert not recovered.transformer.h[b].attn.c_proj.weight[:, 4 * h:4 * h + 4].any()
+
+
+@pytest.mark.parametrize("fake_quant", [True, False])
+def test_q09r8_finetune_qat_of_a_pruned_model_keeps_its_zeros(fake_quant):
+    """Prune first, then QAT (check_prunable's advice): before, the fine-tune refilled every zero."""
+    dense = _v4k()
+    pruned = _pruned_v4k("magnitude", dense)
+    zeros = [w == 0 for w in block_weights(pruned)]
+    net, _ = finetune_qat(pruned, QuantConfig("int8"), steps=2, batch_size=1, fake_quant=fake_quant)
+    after = [m.weight for block in net.transformer.h for m in block.modules() if isinstance(m, nn.Linear)]
+    assert all(bool((w[z] == 0).all()) for w, z in zip(after, zeros))
+    assert any(not torch.equal(a, b) for a, b in zip(after, block_weights(pruned)))
+    if fake_quant:  # and the converted model stores those zeros as zero codes
+        converted = convert_qat(net)
+        deq = [m.dequantized_weight() for block in converted.transformer.h for m in block.modules()
+               if isinstance(m, QuantLinear)]
+        assert all(bool((w[z] == 0).all()) for w, z in zip(deq, zeros))

@@ -740,6 +740,40 @@ def _mirror_bad_calls():
         ("bench7-register-quotes-no-kernels", lambda: kbench.quotes({"archs": ["sm_90"], "kernels": [], "nvcc": "13.0",
                                                                       "cpu": "x"}), ValueError,
          r"report\['kernels'\] is empty"),
+        # eighth hostile run: before, a sparse scale gave wrong numbers (max error 913), other sparse tensors, mixed
+        # dtypes in attend_tile and pools torch cannot write in place failed inside torch, naming nothing
+        ("naive8-int8-gemv-scale-sparse", lambda: N.int8_gemv(XQ, WQ, torch.rand(5).to_sparse()), TypeError,
+         r"^scale must be a strided \(dense\) tensor, got a torch.sparse_coo one of shape \(5,\)"),
+        ("mirror8-int8-gemv-x-sparse", lambda: M.int8_gemv(XQ.to_sparse(), WQ, torch.rand(5)), TypeError,
+         r"^x must be a strided \(dense\) tensor"),
+        ("naive8-softmax-x-sparse", lambda: N.softmax(X.to_sparse()), TypeError, r"^x must be a strided"),
+        ("naive8-kv-write-slots-sparse", lambda: N.kv_cache_write(KEY, KEY.clone(), *POOLS(),
+                                                                  torch.tensor([0, 1, 2]).to_sparse()), TypeError,
+         r"^slot_mapping must be a strided \(dense\) tensor"),
+        ("emu8-kv-write-key-sparse", lambda: emulator.kv_cache_write(KEY.to_sparse(), KEY.clone(), *POOLS(),
+                                                                     torch.tensor([0, 1, 2])), TypeError,
+         r"^key must be a strided \(dense\) tensor"),
+        ("mirror8-tile-v-float64", lambda: M.attend_tile(*state, torch.randn(2, 5), V.double()), TypeError,
+         r"^v must have m's dtype torch.float32 \(one state, one precision\), got torch.float64"),
+        ("mirror8-tile-m-float64", lambda: M.attend_tile(state[0].double(), *state[1:], torch.randn(2, 5), V),
+         TypeError, r"^l must have m's dtype torch.float64 .*got torch.float32"),
+        ("naive8-kv-write-k-pool-expanded", lambda: N.kv_cache_write(
+            KEY, KEY.clone(), torch.zeros(1, 2, 2, 8).expand(4, 2, 2, 8), torch.zeros(4, 2, 2, 8),
+            torch.tensor([0, 1, 2])), ValueError, r"^k_pool is expanded \(shape \(4, 2, 2, 8\), strides \(0,"),
+        ("mirror8-kv-write-k-pool-expanded", lambda: M.kv_cache_write(
+            KEY, KEY.clone(), torch.zeros(1, 2, 2, 8).expand(4, 2, 2, 8), torch.zeros(4, 2, 2, 8),
+            torch.tensor([0, 1, 2])), ValueError, r"^k_pool is expanded"),
+        ("mirror8-kv-write-v-pool-inference", lambda: M.kv_cache_write(
+            KEY, KEY.clone(), torch.zeros(4, 2, 2, 8), torch.inference_mode()(lambda: torch.zeros(4, 2, 2, 8))(),
+            torch.tensor([0, 1, 2])), ValueError, r"^v_pool is an inference tensor"),
+        ("naive8-kv-write-k-pool-param", lambda: N.kv_cache_write(
+            KEY, KEY.clone(), torch.nn.Parameter(torch.zeros(4, 2, 2, 8)), torch.zeros(4, 2, 2, 8),
+            torch.tensor([0, 1, 2])), ValueError, r"^k_pool requires grad"),
+        # the CUDA wrappers read raw memory as the emulator does: a negative view would be computed as +x
+        ("ops8-softmax-x-negative-view", lambda: ops.softmax(torch._neg_view(X)), ValueError,
+         r"^x is a negative \(or conjugate\) view"),
+        ("ops8-int8-gemv-scale-negative-view", lambda: ops.int8_gemv(XQ, WQ, torch._neg_view(torch.rand(5))),
+         ValueError, r"^scale is a negative \(or conjugate\) view"),
     ]
 
 
@@ -1005,6 +1039,17 @@ def _compile_mirror_bad_calls():
         ("aot7-quotes-two-rows", lambda: aot.quotes(
             {"build_seconds": 1.0, "package_mb": 2.0, "rows": [dict.fromkeys(aot.ROW_KEYS, 1.0)] * 2}), ValueError,
          r"report\['rows'\] must hold one row per path, 5 \(eager, compile_cold"),
+        # eighth hostile run: before, torch's "more than one element of the written-to tensor refers to a single
+        # memory location", sparse tensors failing inside torch, and a hooked model exported without a word
+        ("cmirror8-dsbh-k-expanded", lambda: decode_step_by_hand(model, [t[:, :1].expand_as(t) for t in k], v, 1, 0,
+                                                                 0), ValueError, r"^k\[0\] is expanded"),
+        ("cmirror8-dsbh-v-sparse", lambda: decode_step_by_hand(model, k, [t.to_sparse() for t in v], 1, 0, 0),
+         TypeError, r"^v\[0\] must be a strided \(dense\) tensor"),
+        ("cmirror8-gemv-blocked-w-sparse", lambda: gemv_blocked(x, w.to_sparse(), b), TypeError,
+         r"^w must be a strided \(dense\) tensor"),
+        ("aot8-export-hooked", lambda: (lambda m: (m.transformer.h[0].attn.register_forward_hook(lambda *a: None),
+                                                   aot.export_decode_step(m, "/nonexistent/h.pt2")))(
+            copy.deepcopy(model)), ValueError, r"^model's transformer.h.0.attn has a forward hook"),
     ]
 
 
@@ -1721,3 +1766,202 @@ def test_check_package_names_a_file_that_is_not_a_package(tmp_path):
     assert_refused_by_minillm(lambda: check_package(tmp_path / "missing.pt2"), FileNotFoundError,
                               "no AOT decode-step package at '.*missing.pt2'")
     assert_refused_by_minillm(lambda: check_package(3), TypeError, "path must be a str or os.PathLike")
+
+
+def test_c13r8_saving_onto_a_device_or_fifo_is_refused_and_leaves_it_in_place(tmp_path):
+    """Eighth hostile run: export_decode_step and a benchmark's write_report (--json) renamed their temp file onto
+    the path, replacing a device node (as root: /dev/null) or a FIFO with a regular file. Now a ValueError naming
+    path before any work. Private nodes under tmp_path only: a FIFO, and as root a character device like /dev/null."""
+    import stat
+
+    from minillm.bench.cli import write_report
+    from minillm.compile.aot import export_decode_step
+
+    nodes = [tmp_path / "fifo.pt2"]
+    os.mkfifo(nodes[0])
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        nodes.append(tmp_path / "null.pt2")
+        os.mknod(nodes[1], 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    for node in nodes:
+        kind = stat.S_IFMT(node.lstat().st_mode)
+        assert_refused_by_minillm(lambda: export_decode_step(GPT(TINY), node, max_len=8), ValueError,
+                                  r"^path '.*' exists and is not a regular file \(a device, FIFO or socket\)")
+        assert_refused_by_minillm(lambda: write_report(str(node), {"x": 1}), ValueError,
+                                  r"^path '.*' exists and is not a regular file")
+        assert stat.S_IFMT(node.lstat().st_mode) == kind
+
+
+@pytest.mark.parametrize("what", ["missing", "folder", "no-table"])
+def test_k12r8_kernels_bench_from_report_that_cannot_be_read_is_a_usage_error(tmp_path, capsys, what):
+    """Eighth hostile run: a missing --from-report file, a folder, or a file without the report's table was a
+    traceback (FileNotFoundError, IsADirectoryError, ValueError). Now exit 2 naming --from-report."""
+    from minillm.kernels import bench as kernels_bench
+
+    path = {"missing": tmp_path / "none.md", "folder": tmp_path, "no-table": tmp_path / "garbage.md"}[what]
+    (tmp_path / "garbage.md").write_text("# a report without the table\n")
+    with pytest.raises(SystemExit) as exit_:
+        kernels_bench.main(["--from-report", str(path)])
+    assert exit_.value.code == 2 and "--from-report" in capsys.readouterr().err
+
+
+# ------------------------------------------------------- eighth hostile run: chapter 13's C++ extension (helper B)
+def _b8_cpp_bad_calls():
+    """The C++ extension's checked entry points and the fused proposer: (id, call, exception, pattern). Sparse
+    tensors are refused before the extension is loaded (`require_cpu_tensors`), so no compiler is needed."""
+    from minillm.compile.cpu_gemv import FastLinear, gemv, int8_gemv
+    from minillm.compile.cpu_paged import paged_decode_attention, paged_verify_attention
+    from minillm.compile.fused_speculative import FusedDraftProposer
+
+    x, w, b = torch.randn(2, 16), torch.randn(8, 16), torch.randn(8)
+    q8, s8 = torch.randint(-127, 128, (8, 16), dtype=torch.int8), torch.rand(8)
+    q, kp, vp = torch.randn(2, 2, 8), torch.randn(4, 4, 2, 8), torch.randn(4, 4, 2, 8)
+    bt, cl = torch.tensor([[0, 1], [2, 3]]), torch.tensor([3, 8])
+    layer = torch.nn.Linear(16, 8)
+    layer.__class__ = FastLinear
+    return [
+        ("gemv-x-sparse", lambda: gemv(x.to_sparse(), w, b), TypeError, r"^x must be a strided \(dense\) tensor"),
+        ("gemv-b-sparse", lambda: gemv(x, w, b.to_sparse()), TypeError, r"^b must be a strided \(dense\) tensor"),
+        ("int8-gemv-scale-sparse", lambda: int8_gemv(x, q8, s8.to_sparse()), TypeError, r"^scale must be a strided"),
+        ("int8-gemv-q-sparse", lambda: int8_gemv(x, q8.to_sparse(), s8), TypeError, r"^q must be a strided"),
+        ("paged-k-pool-sparse", lambda: paged_decode_attention(q, kp.to_sparse(), vp, bt, cl), TypeError,
+         r"^k_pool must be a strided"),
+        ("paged-context-lens-sparse", lambda: paged_decode_attention(q, kp, vp, bt, cl.to_sparse()), TypeError,
+         r"^context_lens must be a strided"),
+        ("verify-query-lens-sparse", lambda: paged_verify_attention(q, kp, vp, bt, cl, torch.ones(2, dtype=torch.long)
+                                                                    .to_sparse()), TypeError,
+         r"^query_lens must be a strided"),
+        ("fast-linear-x-sparse", lambda: torch.no_grad()(layer)(x.to_sparse()), TypeError,
+         r"^x must be a strided \(dense\) tensor"),
+        ("proposer-str", lambda: FusedDraftProposer("x"), TypeError,
+         r"^draft must be a FusedCPUDecoder \(build one with FusedCPUDecoder\(model\)\), got str"),
+    ]
+
+
+B8_CPP_BAD = _b8_cpp_bad_calls()
+
+
+@pytest.mark.parametrize("call, err, match", [c[1:] for c in B8_CPP_BAD], ids=[c[0] for c in B8_CPP_BAD])
+def test_b8_the_cpp_extension_wrappers_refuse_sparse_tensors_naming_them(call, err, match):
+    assert_refused_by_minillm(call, err, match)
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+def test_b8_the_cpp_extension_reads_a_negative_view_by_its_values():
+    """A negative view (`torch._neg_view(t)`: values -t, memory t) keeps its sign in a bit the C++ loops' raw
+    pointers miss. Before: gemv, int8_gemv, paged_decode_attention and FastLinear computed with +t (max error 917 on
+    the int8 GEMV). The wrappers resolve the bit; the raw entry points refuse it, naming the tensor. Each view below
+    holds the same values as the plain tensor it replaces, so the results must not change."""
+    from minillm.compile.cpu_gemv import FastLinear, gemv, int4_gemv, int8_gemv, load_cpu_ext
+    from minillm.compile.cpu_paged import paged_decode_attention, paged_verify_attention
+
+    def same(t: torch.Tensor) -> torch.Tensor:  # t's values, held as a negative view of -t
+        return torch._neg_view(-t)
+
+    g = torch.Generator().manual_seed(8)
+    x, w, b = torch.randn(3, 16, generator=g), torch.randn(8, 16, generator=g), torch.randn(8, generator=g)
+    torch.testing.assert_close(gemv(x, w, b), x @ w.T + b)
+    for args in ((same(x), w, b), (x, same(w), b), (x, w, same(b))):
+        torch.testing.assert_close(gemv(*args), x @ w.T + b)
+    q8, s8 = torch.randint(-127, 128, (8, 16), dtype=torch.int8, generator=g), torch.rand(8, generator=g) + 0.5
+    ref8 = x @ (q8.float() * s8[:, None]).T + b
+    for args in ((same(x), q8, s8, b), (x, same(q8), s8, b), (x, q8, same(s8), b), (x, q8, s8, same(b))):
+        torch.testing.assert_close(int8_gemv(*args), ref8)
+    packed, s4 = torch.randint(0, 256, (8, 8), dtype=torch.uint8, generator=g), torch.rand(8, 2, generator=g)
+    torch.testing.assert_close(int4_gemv(x, packed, same(s4), b), int4_gemv(x, packed, s4, b))
+    q, kp, vp = torch.randn(2, 2, 8, generator=g), torch.randn(4, 4, 2, 8, generator=g), torch.randn(4, 4, 2, 8,
+                                                                                                     generator=g)
+    bt, cl = torch.tensor([[0, 1], [2, 3]]), torch.tensor([3, 8])
+    ref = paged_decode_attention(q, kp, vp, bt, cl)
+    for i in range(5):
+        args = [q, kp, vp, bt, cl]
+        args[i] = same(args[i])
+        torch.testing.assert_close(paged_decode_attention(*args), ref)
+    ql = torch.tensor([1, 1])
+    torch.testing.assert_close(paged_verify_attention(same(q), kp, same(vp), bt, cl, same(ql)), ref)
+    layer = torch.nn.Linear(16, 8)
+    layer.__class__ = FastLinear
+    with torch.no_grad():
+        want = torch.nn.functional.linear(x, layer.weight, layer.bias)
+        torch.testing.assert_close(layer(same(x)), want)
+        layer.weight.data = same(layer.weight.data.clone())
+        layer.bias.data = same(layer.bias.data.clone())
+        torch.testing.assert_close(layer(x), want)
+    ext = load_cpu_ext()  # the raw entry points, no Python check in front: refused, naming the tensor
+    for call, name in ((lambda: ext.gemv(same(x), w, b), "x"), (lambda: ext.int8_gemv(x, q8, same(s8), b), "scale"),
+                       (lambda: ext.paged_decode_attention(q, same(kp), vp, bt, cl), "k_pool")):
+        with pytest.raises(ValueError, match=rf"\b{name} is a negative \(or conjugate\) view"):
+            call()
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+def test_b8_the_fused_step_reads_negative_view_parameters_by_their_values():
+    """Before: FusedCPUDecoder handed a parameter that is a negative view to C++ as its memory (+t). Now the step
+    gets its values; and an in-place change of such a parameter (which the step holds a copy of) is noticed."""
+    from minillm.compile.fused_step import FusedCPUDecoder
+
+    torch.manual_seed(0)
+    model = GPT(TINY).eval()
+    viewed = copy.deepcopy(model)
+    with torch.no_grad():
+        for name in ("transformer.wte.weight", "transformer.h.0.attn.c_attn.weight", "transformer.h.1.mlp.c_fc.bias",
+                     "transformer.ln_f.weight"):
+            p = viewed.get_parameter(name)
+            p.data = torch._neg_view(-p.data)  # the same values, held negated with the sign bit set
+    tokens = [5, 6, 7, 8]
+    want = FusedCPUDecoder(model).verify(tokens)
+    decoder = FusedCPUDecoder(viewed)
+    torch.testing.assert_close(decoder.verify(tokens), want)
+    with torch.no_grad():
+        viewed.transformer.h[0].attn.c_attn.weight.mul_(2.0)
+    with pytest.raises(ValueError, match="converted or replaced since this FusedCPUDecoder was built"):
+        decoder.check_model_unchanged()
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+def test_b8_a_fused_decoder_takes_one_request_at_a_time():
+    """Before: two threads' generate_ids on one FusedCPUDecoder wrote one cache and failed with an AssertionError
+    ("layers disagree on the cache length") or decoded a mix. Now a request started while another holds the decoder
+    is a ValueError at once (`exclusive`, held here by the test as another thread would hold it)."""
+    from minillm.compile.fused_speculative import generate_prompt_lookup_fused, generate_speculative_fused
+    from minillm.compile.fused_step import FusedCPUDecoder
+    from minillm.core.sampling import SamplingParams
+
+    target, draft = FusedCPUDecoder(GPT(TINY).eval()), FusedCPUDecoder(GPT(TINY).eval())
+    with target.exclusive():
+        for call in (lambda: target.generate_ids([1, 2], SamplingParams.greedy(2)),
+                     lambda: generate_prompt_lookup_fused(target, [1, 2], SamplingParams.greedy(2)),
+                     lambda: generate_speculative_fused(target, draft, [1, 2], SamplingParams.greedy(2))):
+            assert_refused_by_minillm(call, ValueError, "already decoding a request in another thread: one call at a "
+                                                        "time")
+        assert len(draft.generate_ids([1, 2], SamplingParams.greedy(2))) == 2  # the draft was released
+    assert len(target.generate_ids([1, 2], SamplingParams.greedy(2))) == 2
+
+
+def test_b8_llama_bench_tok_s_refuses_a_bool_rate(tmp_path):
+    """Before: a report whose avg_ts was `true` became 1.0 tok/s (float(True))."""
+    from minillm.compile import llamacpp
+
+    gguf, binary = tmp_path / "m.gguf", tmp_path / "llama-bench"
+    gguf.write_bytes(b"")
+    binary.write_text("#!/bin/sh\necho '[{\"avg_ts\": true}]'\n")
+    binary.chmod(0o755)
+    assert_refused_by_minillm(lambda: llamacpp.llama_bench_tok_s(binary, gguf, 1, 8), ValueError,
+                              r"printed no llama-bench JSON report with an avg_ts \(avg_ts is a bool, True\)")
+
+
+def test_b8_kv_writes_check_the_pools_against_the_current_modes():
+    """`check_writable` refuses what torch would refuse now, not more: a Parameter pool is written under no_grad,
+    an inference pool under inference_mode, as torch writes them (the hostile rows above refuse them otherwise)."""
+    from minillm.kernels import mirror as M
+    from minillm.kernels import naive as N
+
+    key, slots = torch.randn(3, 2, 8), torch.tensor([0, 5, 2])
+    for write in (N.kv_cache_write, M.kv_cache_write):
+        pool = torch.nn.Parameter(torch.zeros(4, 2, 2, 8))
+        with torch.no_grad():
+            write(key, key.clone(), pool, torch.zeros(4, 2, 2, 8), slots)
+        torch.testing.assert_close(pool.detach().reshape(8, 2, 8)[slots], key)
+        with torch.inference_mode():
+            k_pool = torch.zeros(4, 2, 2, 8)
+            write(key, key.clone(), k_pool, torch.zeros(4, 2, 2, 8), slots)
+        torch.testing.assert_close(k_pool.reshape(8, 2, 8)[slots], key)

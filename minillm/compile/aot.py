@@ -58,7 +58,7 @@ from minillm.bench.cli import bench_parser, cli_type, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
 from minillm.compile.decode import (StaticDecoder, check_decoder_room, compile_problem, decoder_max_len, eval_mode,
-                                    uncompilable_layer)
+                                    hooked_module, uncompilable_layer)
 from minillm.core.config import (PRESETS, GPTConfig, check_fits_window, check_float, check_int,
                                  check_module_has_data, check_report)
 from minillm.core.io import atomic_write_bytes, check_output_file, check_path, check_sha256, with_sha256
@@ -115,10 +115,10 @@ def export_decode_step(model: GPT, path: str | os.PathLike, max_len: int | None 
     (written atomically: built in a temporary folder, then renamed into place). Returns the path.
 
     `max_len` sizes the package's cache (default: the context window, `decoder_max_len`). The model must be a CPU
-    GPT with values (not meta) and no layer `torch.compile` cannot trace (`uncompilable_layer`); it is exported in
-    eval mode, and its modules' modes are left as they were. The package records the sha256 of its content
-    (`DIGEST_NAME`), which `AOTDecoder` checks. Takes tens of seconds: AOTInductor compiles the generated C++ here,
-    once.
+    GPT with values (not meta), no forward hook on its modules (as `StaticDecoder`) and no layer `torch.compile`
+    cannot trace (`uncompilable_layer`); it is exported in eval mode, and its modules' modes are left as they were.
+    The package records the sha256 of its content (`DIGEST_NAME`), which `AOTDecoder` checks. Takes tens of
+    seconds: AOTInductor compiles the generated C++ here, once.
     """
     if not isinstance(model, GPT):
         raise TypeError(f"model must be a minillm GPT, got {type(model).__name__}")
@@ -128,6 +128,10 @@ def export_decode_step(model: GPT, path: str | os.PathLike, max_len: int | None 
     layer = uncompilable_layer(model)
     if layer is not None:
         raise ValueError(f"model's {layer} cannot be exported: its forward reads tensor values into Python")
+    hooked = hooked_module(list(model.named_modules())[1:])  # as StaticDecoder: the step calls hidden(), not forward
+    if hooked is not None:
+        raise ValueError(f"model's {hooked} has a forward hook: the package would run it frozen as traced (or not "
+                         "at all), and never follow it afterwards; remove the hook before exporting")
     check_path(path, "path")
     out = check_output_file(path, "path", (".pt2",))
     max_len = decoder_max_len(model.config, max_len)

@@ -34,7 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minillm.core.model import GPT
-from minillm.core.config import tensor_kind
+from minillm.core.config import check_strided, tensor_kind
 from minillm.kernels.build import cache_dir
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -100,13 +100,24 @@ def load_cpu_ext(verbose: bool = False):
 
 
 def require_cpu_tensors(dtype: torch.dtype, **tensors: Any) -> None:
-    """TypeError naming the first of `tensors` that is not a `dtype` CPU tensor: the checked entry points of the C++
-    extension (`gemv` here, `cpu_paged.paged_decode_attention`) test their arguments here before C++ sees them."""
+    """TypeError naming the first of `tensors` that is not a strided (dense, not sparse) `dtype` CPU tensor: the
+    checked entry points of the C++ extension (`gemv` here, `cpu_paged.paged_decode_attention`) test their arguments
+    here before C++ sees them (and pass them through `as_cpp_reads`)."""
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.device.type != "cpu":
             kind = str(dtype).removeprefix("torch.")
             raise TypeError(f"{name} must be {'an' if kind[0] in 'aeio' else 'a'} {kind} CPU tensor, got "
                             f"{tensor_kind(t)} on {getattr(t, 'device', '-')}")
+        check_strided(name, t)
+
+
+def as_cpp_reads(t: torch.Tensor) -> torch.Tensor:
+    """`t` as the C++ side reads it, through a raw pointer: contiguous, and holding its values in memory.
+
+    subtle: a negative view (`torch._neg_view(x)`, what some ops hand back for -x) keeps its sign in a bit, not in
+    memory, and `.contiguous()` keeps the bit: the C++ loop would read +x. `resolve_neg()` writes the sign out (a
+    copy only when the bit is set)."""
+    return t.resolve_neg().contiguous()
 
 
 @contextlib.contextmanager
@@ -126,7 +137,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> tor
         raise ValueError(f"x must be (M, K) and w (N, K) with the same K, got {tuple(x.shape)} and {tuple(w.shape)}")
     if b is not None and b.shape != (w.shape[0],):
         raise ValueError(f"b must have shape ({w.shape[0]},), got {tuple(b.shape)}")
-    return load_cpu_ext().gemv(x.contiguous(), w.contiguous(), _NO_BIAS if b is None else b.contiguous())
+    return load_cpu_ext().gemv(as_cpp_reads(x), as_cpp_reads(w), _NO_BIAS if b is None else as_cpp_reads(b))
 
 
 def int8_gemv(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -142,8 +153,8 @@ def int8_gemv(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, b: torch.Te
                          f"{tuple(scale.shape)}")
     if b is not None and b.shape != (q.shape[0],):
         raise ValueError(f"b must have shape ({q.shape[0]},), got {tuple(b.shape)}")
-    return load_cpu_ext().int8_gemv(x.contiguous(), q.contiguous(), scale.reshape(-1).contiguous(),
-                                    _NO_BIAS if b is None else b.contiguous())
+    return load_cpu_ext().int8_gemv(as_cpp_reads(x), as_cpp_reads(q), as_cpp_reads(scale.reshape(-1)),
+                                    _NO_BIAS if b is None else as_cpp_reads(b))
 
 
 def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, b: torch.Tensor | None = None
@@ -164,13 +175,15 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, b: tor
                          f"got {tuple(scale.shape)}")
     if b is not None and b.shape != (N,):
         raise ValueError(f"b must have shape ({N},), got {tuple(b.shape)}")
-    return load_cpu_ext().int4_gemv(x.contiguous(), packed.contiguous(), scale.contiguous(),
-                                    _NO_BIAS if b is None else b.contiguous())
+    return load_cpu_ext().int4_gemv(as_cpp_reads(x), as_cpp_reads(packed), as_cpp_reads(scale),
+                                    _NO_BIAS if b is None else as_cpp_reads(b))
 
 
 class FastLinear(nn.Linear):
     """An nn.Linear (same parameters, same state dict) whose few-row float32 CPU forward runs the C++ GEMV (on a
-    contiguous weight and bias; a strided one, e.g. a transposed view, takes F.linear, which reads any strides).
+    contiguous weight and bias; a strided one, e.g. a transposed view, takes F.linear, which reads any strides, and
+    so does a negative view of x, the weight or the bias, whose sign is a bit the C++ loop would miss, see
+    `as_cpp_reads`, and a sparse x, which `check_input` refuses).
 
     subtle: this forward runs 25 times per decode step, so it checks only what decides the path (and x's width, one
     int compare) and leaves the rest to the C++ side's own checks, TypeError/ValueError naming x, w or bias (`gemv`
@@ -184,7 +197,8 @@ class FastLinear(nn.Linear):
         rows = x.numel() // self.in_features
         w, b = self.weight, self.bias
         if (0 < rows <= MAX_ROWS and x.dtype == torch.float32 and x.device.type == "cpu" and not torch.is_grad_enabled()
-                and w.is_contiguous() and (b is None or b.is_contiguous())):  # a strided weight: F.linear's
+                and x.layout == torch.strided and not x.is_neg() and w.is_contiguous() and not w.is_neg()
+                and (b is None or (b.is_contiguous() and not b.is_neg()))):  # else F.linear's: flag reads, no copy
             ext = _ext if _ext is not None else load_cpu_ext()
             y = ext.gemv(x.reshape(rows, self.in_features).contiguous(), w, _NO_BIAS if b is None else b)  # (rows, out)
             return y.view(*x.shape[:-1], self.out_features)
@@ -193,8 +207,10 @@ class FastLinear(nn.Linear):
 
     def check_input(self, x: torch.Tensor) -> None:
         """The F.linear path's dtype and device check, so a mismatch names x (or the bias) instead of reaching torch:
-        x must have the weight's dtype (unless autocast is on, which casts) and device, the bias the weight's dtype."""
+        x must be a strided (dense) tensor of the weight's dtype (unless autocast is on, which casts) and device, the
+        bias of the weight's dtype."""
         w, b = self.weight, self.bias
+        check_strided("x", x)
         if x.device != w.device:
             raise ValueError(f"x is on {x.device} but the layer's weight is on {w.device}; move x (or the model)")
         if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from minillm.compile.cpu_gemv import cpp_errors_as_value_errors, load_cpu_ext, require_cpu_tensors
+from minillm.compile.cpu_gemv import as_cpp_reads, cpp_errors_as_value_errors, load_cpu_ext, require_cpu_tensors
 from minillm.engine.selective_cache import SelectiveKVCache
 from minillm.paged import PagedBatch
 from minillm.paged.backends import register_attention_backend
@@ -89,8 +89,8 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     require_cpu_tensors(torch.int64, block_tables=block_tables, context_lens=context_lens)
     check_paged_arguments(q, k_pool, v_pool, block_tables, context_lens)
     with cpp_errors_as_value_errors():
-        return load_cpu_ext().paged_decode_attention(q.contiguous(), k_pool.contiguous(), v_pool.contiguous(),
-                                                     block_tables.contiguous(), context_lens.contiguous())
+        return load_cpu_ext().paged_decode_attention(*map(as_cpp_reads, (q, k_pool, v_pool, block_tables,
+                                                                          context_lens)))
 
 
 def paged_verify_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
@@ -103,9 +103,8 @@ def paged_verify_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     require_cpu_tensors(torch.int64, block_tables=block_tables, context_lens=context_lens, query_lens=query_lens)
     check_paged_arguments(q, k_pool, v_pool, block_tables, context_lens, query_lens)
     with cpp_errors_as_value_errors():
-        return load_cpu_ext().paged_verify_attention(q.contiguous(), k_pool.contiguous(), v_pool.contiguous(),
-                                                     block_tables.contiguous(), context_lens.contiguous(),
-                                                     query_lens.contiguous())
+        return load_cpu_ext().paged_verify_attention(*map(as_cpp_reads, (q, k_pool, v_pool, block_tables,
+                                                                          context_lens, query_lens)))
 
 
 class CppSelectiveKVCache(SelectiveKVCache):

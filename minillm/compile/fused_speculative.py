@@ -33,9 +33,9 @@ import torch
 from minillm.compile.decode import check_eval_mode
 from minillm.compile.fused_step import MAX_VERIFY, FusedCPUDecoder
 from minillm.core.config import check_int
-from minillm.core.sampling import SamplingParams, probs_from_logits
+from minillm.core.sampling import SamplingParams
 from minillm.core.stopping import RequestState, check_eos_id, start_request
-from minillm.speculative.generate import PromptLookupProposer, SpeculativeStats, run_rounds
+from minillm.speculative.generate import PromptLookupProposer, SpeculativeStats, run_rounds, sample_draft
 
 MAX_GAMMA = MAX_VERIFY - 1  # drafts per round: the verify scores γ+1 rows in one C++ call of at most MAX_VERIFY
 
@@ -71,10 +71,11 @@ def _prefill(decoder: FusedCPUDecoder, prompt: list[int]) -> None:
 
 class FusedDraftProposer:
     """Chapter 08's `DraftModelProposer` on the draft's fused step: γ tokens, one C++ call each (two tokens in one
-    call after a round that kept all γ), sampled with the request's params; greedy takes the argmax."""
+    call after a round that kept all γ), sampled with the request's params; greedy takes the argmax. `draft` is
+    checked as the speculative decoders check it (`_check_decoder`: a TypeError naming it unless a FusedCPUDecoder)."""
 
     def __init__(self, draft: FusedCPUDecoder):
-        self.decoder = draft
+        self.decoder = _check_decoder("draft", draft)
         self.calls = 0  # C++ calls of the draft
 
     def prefill(self, prompt: list[int]) -> None:
@@ -90,9 +91,8 @@ class FusedDraftProposer:
             if params.is_greedy:
                 tok = int(torch.argmax(logits))  # sample_next's greedy pick, without its checks (a hot loop)
             else:
-                q = probs_from_logits(logits, params)  # (1, V): the same processors as the target's p
-                tok = int(torch.multinomial(q, 1, generator=state.generator))
-                q_rows.append(q[0])
+                tok, q = sample_draft(logits, params, state.generator, len(tokens))  # q (V,): the target's processors
+                q_rows.append(q)
             tokens.append(tok)
             feed = [tok]
         # subtle: dγ is never fed (nobody needs its logits); the cache stays one token short if all γ are kept.
@@ -157,7 +157,8 @@ def generate_speculative_fused(target: FusedCPUDecoder, draft: FusedCPUDecoder, 
         raise ValueError(f"the draft decoder's max_len={draft.max_len} is too short for this request: it needs "
                          f"{needed} cache slots (a {len(state.prompt_ids)}-token prompt and max_new_tokens="
                          f"{state.params.max_new_tokens})")
-    return _run(target, state, FusedDraftProposer(draft), gamma)
+    with target.exclusive(), draft.exclusive():  # one request per decoder at a time: each holds one cache
+        return _run(target, state, FusedDraftProposer(draft), gamma)
 
 
 def generate_prompt_lookup_fused(target: FusedCPUDecoder, prompt_ids: Any, params: SamplingParams, gamma: int = 4,
@@ -169,5 +170,6 @@ def generate_prompt_lookup_fused(target: FusedCPUDecoder, prompt_ids: Any, param
     target = _check_decoder("target", target)
     check_int("ngram", ngram, 1)
     state = _start(target, prompt_ids, params, gamma, tokenizer, eos_id)
-    return _run(target, state, PromptLookupProposer(ngram, target.model.config.vocab_size, torch.device("cpu")),
-                gamma)
+    with target.exclusive():  # one request at a time: the decoder holds one cache
+        return _run(target, state, PromptLookupProposer(ngram, target.model.config.vocab_size, torch.device("cpu")),
+                    gamma)

@@ -32,13 +32,16 @@ decoder notices and raises a ValueError; build a new FusedCPUDecoder then.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-from minillm.compile.cpu_gemv import cpp_errors_as_value_errors, load_cpu_ext
+from minillm.compile.cpu_gemv import as_cpp_reads, cpp_errors_as_value_errors, load_cpu_ext
 from minillm.compile.decode import (check_decoder_room, check_eval_mode, decoder_max_len, eval_mode, hooked_module,
                                     integer_ids)
 from minillm.compile.mirror import check_plain_model
@@ -63,14 +66,15 @@ def _plain(module: nn.Module, name: str) -> list[torch.Tensor]:
         if t is None or t.dtype != torch.float32 or t.device.type != "cpu":
             raise TypeError(f"the fused C++ step needs float32 CPU weights with biases; {name} has "
                             f"{None if t is None else (t.dtype, t.device.type)}")
-    return [t.detach().contiguous() for t in tensors]
+    return [as_cpp_reads(t.detach()) for t in tensors]
 
 
 def _quantized(layer: QuantLinear, name: str) -> tuple[list[torch.Tensor], torch.Tensor]:
     """([codes, bias], scale) of a weight-only QuantLinear the C++ step runs, the model's own storage (a view, not a
-    copy, where contiguous): int8 (symmetric, per channel) gives codes (out, in) int8 and scale (out,); int4
-    (symmetric, group-wise) gives packed codes (out, in/2) uint8 and scale (out, groups). TypeError naming `name` and
-    what differs for any other QuantLinear (asymmetric, W8A8, a cast or replaced buffer, no bias, not on the CPU)."""
+    copy, where contiguous and not a negative view, `as_cpp_reads`): int8 (symmetric, per channel) gives codes
+    (out, in) int8 and scale (out,); int4 (symmetric, group-wise) gives packed codes (out, in/2) uint8 and scale
+    (out, groups). TypeError naming `name` and what differs for any other QuantLinear (asymmetric, W8A8, a cast or
+    replaced buffer, no bias, not on the CPU)."""
     c, q, scale, bias = layer.config, layer.qweight, layer.scale, layer.bias
     out, n = layer.out_features, layer.in_features
     int4 = c.mode == "int4"
@@ -87,8 +91,8 @@ def _quantized(layer: QuantLinear, name: str) -> tuple[list[torch.Tensor], torch
     elif any(t.device.type != "cpu" for t in (q, scale, bias)):
         problem = f"buffers on {q.device}, {scale.device}, {bias.device}"
     else:
-        scale = scale.detach().contiguous()
-        return [q.detach().contiguous(), bias.detach().contiguous()], scale if int4 else scale.view(-1)
+        scale = as_cpp_reads(scale.detach())
+        return [as_cpp_reads(q.detach()), as_cpp_reads(bias.detach())], scale if int4 else scale.view(-1)
     raise TypeError(f"the fused C++ step runs float32 nn.Linear layers and {QUANT_FORM}; {name} = QuantLinear "
                     f"with {problem}: run the float model, or one quantized with QuantConfig('int8') or "
                     "QuantConfig('int4')")
@@ -100,15 +104,15 @@ def model_fingerprint(modules: list[nn.Module]) -> list[tuple[Any, ...]]:
     `block.mlp.c_fc = nn.Linear(...)`, is another object there), a LayerNorm's eps (the step took its value) or a
     QuantLinear's config (the step took its form), and per parameter and buffer (a QuantLinear's codes, scales and
     bias) its identity, dtype, device and storage address, and, where the step had to copy it (a non-contiguous
-    tensor), its in-place version counter too. An in-place update of a contiguous weight keeps all of these: the
-    step holds the same storage and sees it."""
+    tensor, or a negative view: `as_cpp_reads`), its in-place version counter too. An in-place update of a
+    contiguous weight keeps all of these: the step holds the same storage and sees it."""
     if not isinstance(modules, list) or not all(isinstance(m, nn.Module) for m in modules):
         raise TypeError(f"modules must be a list of torch modules (list(model.modules())), got "
                         f"{type(modules).__name__} {modules!r:.80}")
 
     def tensors(named: dict[str, torch.Tensor | None]) -> tuple[Any, ...]:
         return tuple((name, None if t is None else (id(t), t.dtype, t.device, t.data_ptr(),
-                                                    None if t.is_contiguous() else t._version))
+                                                    None if t.is_contiguous() and not t.is_neg() else t._version))
                      for name, t in named.items())
 
     return [(tuple((name, id(child)) for name, child in m._modules.items()),
@@ -125,7 +129,9 @@ class FusedCPUDecoder:
     weight-only int8 or int4 QuantLinear (`quantize_model(model, QuantConfig("int8"))`, `QuantConfig("int4")`) run
     the C++ int8 or int4 GEMV; the rest of the model stays float32 (`int8_linears` and `int4_linears` count them).
     The step reads the parameters and buffers the model held at construction (their storage: in-place updates are
-    seen) and each LayerNorm's own eps. If the model's tensors are converted or replaced afterwards (`model.half()`, a
+    seen; a non-contiguous or negative-view one is copied, and an in-place update of it is noticed as below) and
+    each LayerNorm's own eps. One request at a time: one started in another thread meanwhile is a ValueError
+    (`exclusive`). If the model's tensors are converted or replaced afterwards (`model.half()`, a
     new Parameter, a layer swapped for another) or an eps is changed, the next `generate_ids` or the first step of the
     next sequence raises a ValueError: build a new FusedCPUDecoder. Any other quantized layer (asymmetric, W8A8, a
     quantized head) or a QAT-prepared model is a TypeError naming the layer (`_quantized`, `check_plain_model`).
@@ -152,7 +158,7 @@ class FusedCPUDecoder:
         if model.lm_head.weight.dtype != torch.float32 or tr.wpe.weight.dtype != torch.float32:
             raise TypeError(f"the fused C++ step needs float32 embeddings, got {model.lm_head.weight.dtype}")
         glob = [tr.wte.weight.detach(), tr.wpe.weight.detach(), *_plain(tr.ln_f, "transformer.ln_f"),
-                model.lm_head.weight.detach()]
+                model.lm_head.weight.detach()]  # as_cpp_reads below: the C++ step reads raw memory
         layers: list[torch.Tensor] = []
         scales: list[torch.Tensor] = []  # one per block linear, in LINEARS' order: _NO_SCALE for a float32 one
         int4 = 0  # how many of the quantized linears are int4
@@ -173,7 +179,8 @@ class FusedCPUDecoder:
         self._fingerprint = model_fingerprint(self._model_modules)
         self._last_start = math.inf  # the cache length at the last step (a check runs when it does not grow)
         eps = [float(block.get_submodule(n).eps) for block in tr.h for n in ("ln_1", "ln_2")] + [float(tr.ln_f.eps)]
-        self._cpp: Any = load_cpu_ext().FusedDecoder([t.contiguous() for t in glob], layers, self.cache.k,
+        self._busy = threading.Lock()  # one request at a time: the step writes one cache (`exclusive`)
+        self._cpp: Any = load_cpu_ext().FusedDecoder([as_cpp_reads(t) for t in glob], layers, self.cache.k,
                                                      self.cache.v, cfg.n_head, cfg.head_size, eps, scales)
 
     def __call__(self, model: GPT, cache: ContiguousKVCache, token: torch.Tensor, positions: torch.Tensor
@@ -235,12 +242,25 @@ class FusedCPUDecoder:
             raise ValueError(f"the fused C++ step cannot run forward hooks, but the model's {hooked} has one: remove "
                              "it, or decode with chapter 04's generate_ids, which runs hooks")
 
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator["FusedCPUDecoder"]:
+        """Holds this decoder for one request (`generate_ids`, and the fused speculative decoders' requests): a
+        request started meanwhile in another thread is a ValueError, not two sequences written into one cache (which
+        fails later, in the middle of a step, or worse, decodes a mix of the two). Non-blocking: it never waits."""
+        if not self._busy.acquire(blocking=False):
+            raise ValueError("this FusedCPUDecoder is already decoding a request in another thread: one call at a "
+                             "time (it holds one cache); build one FusedCPUDecoder per thread")
+        try:
+            yield self
+        finally:
+            self._busy.release()
+
     def generate_ids(self, prompt_ids: Any, params: SamplingParams, **kwargs: Any) -> list[int]:
         """Chapter 04's `generate_ids` with this step: the prompt prefilled by `prefill`, every later token in C++;
-        in eval mode, the model's own mode given back afterwards."""
+        in eval mode, the model's own mode given back afterwards. One request at a time (`exclusive`)."""
         self.check_model_unchanged()  # before the prefill, which would run the changed model
         check_decoder_room(self.max_len, self.model.config, prompt_ids, params, kwargs.get("truncate", False))
-        with eval_mode(self.model):
+        with self.exclusive(), eval_mode(self.model):
             return generate_ids(self.model, prompt_ids, params, kv_cache=self.cache, decode_fn=self,
                                 prefill_fn=self.prefill, **kwargs)
 

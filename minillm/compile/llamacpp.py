@@ -70,7 +70,10 @@ def llama_bench_tok_s(binary: str | os.PathLike, gguf: str | os.PathLike, thread
     out = run_logged([str(binary), "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", str(tokens), "-r", "3", "-o",
                 "json"])
     try:
-        tok_s = float(json.loads(out)[0]["avg_ts"])
+        avg_ts = json.loads(out)[0]["avg_ts"]
+        if isinstance(avg_ts, bool):  # subtle: float(true) is 1.0, a rate nobody measured
+            raise TypeError(f"avg_ts is a bool, {avg_ts}")
+        tok_s = float(avg_ts)
     except (ValueError, TypeError, LookupError) as e:
         raise ValueError(f"binary {str(binary)!r} printed no llama-bench JSON report with an avg_ts ({e}): "
                          f"{out[:200]!r}") from e

@@ -28,7 +28,7 @@ import torch.nn as nn
 from minillm.compile.cpu_gemv import FastLinear
 from minillm.core.model import GPT, require_model
 from minillm.kernels.naive import gelu_tanh, layernorm  # chapter 12's naive twins: the same formulas
-from minillm.core.config import check_has_data, tensor_kind
+from minillm.core.config import check_has_data, check_strided, check_writable, tensor_kind
 from minillm.kernels.ops import check_same_device, tensors_overlap
 
 ROWS = 4  # weight rows per block: four memory streams in flight in the C++ loop
@@ -112,9 +112,10 @@ def check_plain_model(model: GPT, who: str, handled: Collection[str] = ()) -> to
 
 def _check_cache(k: list[torch.Tensor], v: list[torch.Tensor], n_layer: int, nh: int, hs: int,
                  weight: torch.Tensor) -> None:
-    """k and v: lists of n_layer tensors (1, nh, max_len, hs), one max_len, of the weights' dtype and device, no
-    two of them sharing memory. subtle: k is v (or k[0] is v[0]) would write each value over its key, and the step
-    would attend with the wrong keys without a sign; named here instead."""
+    """k and v: lists of n_layer tensors (1, nh, max_len, hs), one max_len, of the weights' dtype and device, each
+    writable in place (`check_writable`: not expanded), no two of them sharing memory. subtle: k is v (or k[0] is
+    v[0]) would write each value over its key, and the step would attend with the wrong keys without a sign; named
+    here instead."""
     for name, cache in (("k", k), ("v", v)):
         if not isinstance(cache, (list, tuple)):
             raise TypeError(f"{name} must be a list of {n_layer} tensors (1, nh={nh}, max_len, hs={hs}), one per "
@@ -133,6 +134,8 @@ def _check_cache(k: list[torch.Tensor], v: list[torch.Tensor], n_layer: int, nh:
             if t.device != weight.device:
                 raise ValueError(f"{name}[{i}] is on {t.device}; the cache must be on the model's device "
                                  f"{weight.device}")
+            check_strided(f"{name}[{i}]", t)
+            check_writable(f"{name}[{i}]", t)  # the step writes each key and value in place
             shape = shape or tuple(t.shape)
             if t.dim() != 4 or tuple(t.shape[:2]) != (1, nh) or t.shape[3] != hs or tuple(t.shape) != shape:
                 raise ValueError(f"{name}[{i}] must be (1, nh={nh}, max_len, hs={hs}) like k[0] {shape}, got "

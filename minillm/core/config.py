@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -56,12 +57,26 @@ def tensor_kind(x: Any) -> str:
     return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
 
 
+def check_strided(name: str, t: torch.Tensor) -> torch.Tensor:
+    """`t` unchanged, or a TypeError naming `name` when it is not a strided (dense) tensor: a sparse one
+    (`t.to_sparse()`, COO or CSR) has the dtype, device and shape every other check looks at, then fails inside
+    torch ("Could not run 'aten::...' with arguments from the 'SparseCPU' backend", "reshape is not implemented for
+    sparse tensors"), or worse, broadcasts as something else and returns wrong numbers."""
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} must be a strided (dense) tensor, got a {t.layout} one of shape {tuple(t.shape)}; "
+                        "call .to_dense() first")
+    return t
+
+
 def check_has_data(name: str, t: torch.Tensor) -> torch.Tensor:
-    """`t` unchanged, or a ValueError naming `name` when it is a meta tensor: a shape and a dtype without values.
+    """`t` unchanged, or a ValueError naming `name` when it is a meta tensor: a shape and a dtype without values; a
+    TypeError when it is not a strided (dense) tensor (`check_strided`: a sparse one's values are not where torch's
+    dense ops read them).
 
     Every check that reads values (a range, NaN, a row sum) and every `.item()` fails on one deep inside torch, with
     torch's message; this says which argument it was, up front. Host-only: the device is known without a sync.
     """
+    check_strided(name, t)
     if t.device.type == "meta":
         raise ValueError(f"{name} is a meta tensor (shape {tuple(t.shape)}): it has no values to read; give a tensor "
                          "on a real device")
@@ -70,9 +85,29 @@ def check_has_data(name: str, t: torch.Tensor) -> torch.Tensor:
 
 def check_module_has_data(name: str, module: Any) -> None:
     """A ValueError naming `name` and the tensor when any parameter or buffer of the torch module `module` is a meta
-    tensor (a model built on the meta device, or moved there with `.to("meta")`), before anything reads it."""
+    tensor (a model built on the meta device, or moved there with `.to("meta")`), a TypeError when one is sparse
+    (`check_has_data`), before anything reads it."""
     for key, t in [*module.named_parameters(), *module.named_buffers()]:
         check_has_data(f"{name} tensor {key!r}", t)
+
+
+def check_writable(name: str, t: torch.Tensor) -> torch.Tensor:
+    """`t` unchanged, or a ValueError naming `name` when torch would refuse an in-place write into it (a cache or a
+    pool that a step writes with torch ops): an expanded tensor (a stride of 0 over a dimension of more than one
+    element: those elements share one memory location, so the write would land twice), an inference tensor
+    outside inference mode, or a tensor that requires grad while grad mode is on. Torch's own errors ("more than
+    one element of the written-to tensor refers to a single memory location", "Inplace update to inference tensor
+    outside InferenceMode") name no argument. The modes are read now, so the check matches the call it guards."""
+    if any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride())):
+        raise ValueError(f"{name} is expanded (shape {tuple(t.shape)}, strides {t.stride()}): its elements share "
+                         "memory, so a write would land on several of them; pass a tensor of its own (.clone())")
+    if t.is_inference() and not torch.is_inference_mode_enabled():
+        raise ValueError(f"{name} is an inference tensor (made under torch.inference_mode()) and cannot be written "
+                         "outside it: write under torch.inference_mode(), or pass a .clone() made outside it")
+    if t.requires_grad and torch.is_grad_enabled():
+        raise ValueError(f"{name} requires grad, so it cannot be written in place while grad mode is on: write "
+                         "under torch.no_grad(), or pass a tensor that does not require grad (.detach())")
+    return t
 
 
 def is_float_compute(x: Any) -> bool:
@@ -82,14 +117,16 @@ def is_float_compute(x: Any) -> bool:
 
 
 def check_float_tensor(name: str, x: Any, ndim: int | None = None, values: bool = True) -> torch.Tensor:
-    """`x` if it is a floating-point torch tensor of a dtype torch computes in (not float8), holding values (not a
-    meta tensor; `values=False` for a caller that only slices or reshapes, where a meta tensor's shape is enough), of
-    `ndim` dimensions when given; TypeError / ValueError naming `name` otherwise."""
+    """`x` if it is a strided (dense, not sparse) floating-point torch tensor of a dtype torch computes in (not
+    float8), holding values (not a meta tensor; `values=False` for a caller that only slices or reshapes, where a
+    meta tensor's shape is enough), of `ndim` dimensions when given; TypeError / ValueError naming `name`
+    otherwise."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got {tensor_kind(x)}")
     if not is_float_compute(x):
         raise TypeError(f"{name} must be a floating-point tensor torch computes in (float16, bfloat16, float32 or "
                         f"float64), got {x.dtype}: float8 is a storage format, cast it first")
+    check_strided(name, x)  # values=False too: a sparse tensor cannot be sliced or reshaped either
     if values:
         check_has_data(name, x)
     if ndim is not None and x.dim() != ndim:
@@ -176,6 +213,20 @@ def check_tensor_elements(names: str, shape: tuple[int, ...], limit: int = MAX_T
     if numel > limit:
         raise ValueError(f"{names} ask for a tensor of shape {tuple(shape)} ({numel:.3g} elements), past the "
                          f"{limit:.3g} one tensor may hold (MAX_TENSOR_ELEMENTS); lower {names}")
+
+
+def check_threads(name: str, threads: Any) -> int:
+    """`threads` (torch's thread count, for `torch.set_num_threads`) if it is an int in [1, 4 x os.cpu_count()], else
+    a TypeError / ValueError naming `name`.
+
+    subtle: past a few threads per core they only stall, and torch.set_num_threads(100000) fails in the allocator
+    (MemoryError, "can't allocate memory") naming nothing."""
+    check_int(name, threads)
+    most = 4 * (os.cpu_count() or 1)
+    if threads > most:
+        raise ValueError(f"{name} must be at most {most} (4 per core of this machine's {os.cpu_count()}), got "
+                         f"{threads}")
+    return threads
 
 
 def check_report(name: str, report: Any, keys: tuple[str, ...], rows: str | None = None,

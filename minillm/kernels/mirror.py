@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from minillm.core.config import check_float_tensor, check_has_data, check_int, tensor_kind
+from minillm.core.config import check_float_tensor, check_has_data, check_int, check_writable, tensor_kind
 from minillm.kernels.naive import check_int8_gemv_args, check_qkv, check_rows, gelu_tanh
 from minillm.kernels.ops import (check_distinct_slots, check_eps, check_head_size, check_kv_write_args,
                                  check_paged_tables, check_same_device)
@@ -28,9 +28,11 @@ NEG_INF = float("-inf")
 
 def _tile_args(m: torch.Tensor, l: torch.Tensor, o: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> None:
     """attend_tile's state and tile: m, l (...,), o (..., hs), s (..., n), v (..., n, hs) whose leading dimensions
-    broadcast to m's; floating-point tensors all, on one device. TypeError / ValueError naming the argument."""
+    broadcast to m's; floating-point tensors all, of m's dtype, on one device. TypeError / ValueError naming the
+    argument."""
     for name, t in (("m", m), ("l", l), ("o", o), ("s", s), ("v", v)):
-        check_float_tensor(name, t)
+        if check_float_tensor(name, t).dtype != m.dtype:  # torch's matmul names no argument ("expected Double")
+            raise TypeError(f"{name} must have m's dtype {m.dtype} (one state, one precision), got {t.dtype}")
     check_same_device(m=m, l=l, o=o, s=s, v=v)
     lead = tuple(m.shape)
     if tuple(l.shape) != lead:
@@ -429,8 +431,11 @@ def kv_cache_write(
 ) -> None:
     """kv_write.cu, one token at a time: slot = block * bs + offset; -1 (or outside the pool) is skipped. Shapes,
     dtypes and shared memory are checked as `ops.kv_cache_write` checks them, and a slot named twice is refused (on
-    the GPU the two writes race; here the later would win)."""
+    the GPU the two writes race; here the later would win), and so is a pool torch cannot write in place (expanded,
+    an inference tensor, requiring grad: `check_writable`)."""
     check_kv_write_args(key, value, k_pool, v_pool, slot_mapping)
+    check_writable("k_pool", k_pool)
+    check_writable("v_pool", v_pool)
     check_distinct_slots(slot_mapping)
     nb, bs = k_pool.shape[:2]
     for t, slot in enumerate(slot_mapping.tolist()):

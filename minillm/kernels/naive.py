@@ -13,7 +13,7 @@ import math
 import torch
 
 from minillm.core.attention import attention_ref, causal_mask
-from minillm.core.config import check_float_tensor, check_has_data, tensor_kind
+from minillm.core.config import check_float_tensor, check_has_data, check_writable, tensor_kind
 from minillm.kernels.ops import (
     check_block_tables,
     check_eps,
@@ -167,8 +167,11 @@ def kv_cache_write(
     slot_mapping: torch.Tensor,
 ) -> None:
     """In place: pool row slot_mapping[t] <- key/value row t (T, nh, hs), slots of -1 skipped; chapter 05's
-    `write_kv` on the slots that are not -1. Any other slot outside the pool is a ValueError naming slot_mapping."""
+    `write_kv` on the slots that are not -1. Any other slot outside the pool is a ValueError naming slot_mapping, and
+    a pool torch cannot write in place (expanded, an inference tensor, requiring grad) one naming the pool."""
     check_kv_write_args(key, value, k_pool, v_pool, slot_mapping)
+    check_writable("k_pool", k_pool)
+    check_writable("v_pool", v_pool)
     check_slot_range(slot_mapping, k_pool.shape[0] * k_pool.shape[1])
     keep = slot_mapping >= 0  # (T,)
     write_kv(k_pool, slot_mapping[keep], key[keep])

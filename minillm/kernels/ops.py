@@ -71,7 +71,14 @@ def check_same_device(**tensors: torch.Tensor | None) -> None:
 
 
 def _on_cuda(**tensors: torch.Tensor) -> None:
-    """Every tensor on one CUDA device and contiguous (the kernels index raw row-major memory)."""
+    """Every tensor on one CUDA device and contiguous (the kernels index raw row-major memory), its values in memory.
+
+    subtle: a negative (or conjugate) view keeps its sign in a bit, not in memory: the raw pointer misses it, and a
+    kernel would compute with +x (or write -x as +x into `out`); refused, as the emulator refuses it."""
+    for name, t in tensors.items():
+        if t.is_neg() or t.is_conj():
+            raise ValueError(f"{name} is a negative (or conjugate) view: its sign is a bit the kernels' raw pointer "
+                             "misses; call .resolve_neg() (.resolve_conj()) first")
     for name, t in tensors.items():
         if t.device.type != "cuda":
             raise ValueError(f"{name} must be on a CUDA device, got {t.device} (the CPU twins are in "

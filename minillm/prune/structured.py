@@ -10,7 +10,8 @@ What it adds:
     dense model's with those neurons' outputs set to zero, computed by matmuls 1 - fraction the size. Every cache,
     generator and the engine run it unchanged: the MLP touches no cache.
   - `recover(pruned, teacher, steps)`: a short fine-tune of the pruned model towards the dense one's predictions
-    (KL from the teacher, `minillm.gpt.finetune`), which wins back much of what pruning cost.
+    (KL from the teacher, `minillm.gpt.finetune`), which wins back much of what pruning cost. Weights pruned to
+    zero (masks, masked heads) stay zero: only the kept ones are trained.
   - `head_scores` / `mask_heads` / `prune_heads`: the same idea for attention heads: head h of a block adds
     y_h W_proj,hᵀ to the stream (its hs columns of c_proj), scored by the norm of that contribution; `mask_heads`
     zeroes those columns, which is exactly the function of a model without the head, and `prune_heads` removes the
@@ -39,7 +40,8 @@ from minillm.core.sampling import check_seed
 from minillm.gpt.dataset import split_tokens
 from minillm.gpt.finetune import short_finetune
 from minillm.prune.masks import check_keeps_one, check_sparsity, lowest_k_mask, num_pruned
-from minillm.prune.unstructured import block_inputs, check_calibration, check_prunable, input_norms
+from minillm.prune.unstructured import block_inputs, block_weights, check_calibration, check_prunable, input_norms
+from minillm.quant.qat import keeping_zeros
 
 
 def _check_model(model: object, who: str) -> GPT:
@@ -150,7 +152,12 @@ def recover(pruned: GPT, teacher: GPT, steps: int, batch_size: int = 4, lr: floa
     The KL compares the two models' distributions token by token over windows of `pruned`'s context, so the teacher
     must share the student's vocabulary (vocab_size) and see windows that long (block_size at least the student's);
     otherwise a ValueError naming both values, before any step runs. So is a `pruned` whose vocabulary does not
-    hold every id of the training split, and a `seed` torch cannot take (`check_seed`)."""
+    hold every id of the training split, and a `seed` torch cannot take (`check_seed`).
+
+    The zeros pruning imposed stay zeros (`keeping_zeros`): every exact zero of a block linear's weight (an
+    unstructured, 2:4 or Wanda mask, `mask_heads`' columns) gets no gradient, so AdamW (no weight decay) never moves
+    it. The sparsity and the masked heads come back as they went in; only the kept weights are fine-tuned.
+    (`prune_mlp` / `prune_heads` models have nothing to keep: those weights are gone.)"""
     _check_model(pruned, "recover")
     check_int("steps", steps)  # short_finetune's checks, in its order, before the vocabulary check below
     check_int("batch_size", batch_size)
@@ -172,8 +179,10 @@ def recover(pruned: GPT, teacher: GPT, steps: int, batch_size: int = 4, lr: floa
                          "recover fine-tunes on it, so it needs a model of the shipped tokenizer's vocabulary")
     net = copy.deepcopy(pruned)
     was_training = teacher.training
+    # subtle: a plain fine-tune refills every zero (sparsity 0.5 -> 0.0 in two steps) and revives masked heads
     try:  # short_finetune runs the teacher in eval mode; the caller's teacher is handed back in the mode it came in
-        return net, short_finetune(net, steps, batch_size, lr, seed, teacher=teacher)
+        with keeping_zeros(block_weights(net)):
+            return net, short_finetune(net, steps, batch_size, lr, seed, teacher=teacher)
     finally:
         teacher.train(was_training)
 

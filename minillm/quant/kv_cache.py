@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from minillm.core.attention import attention, causal_mask
-from minillm.core.config import GPTConfig, check_device, check_int, check_tensor_elements, tensor_kind
+from minillm.core.config import GPTConfig, check_device, check_int, check_strided, check_tensor_elements, tensor_kind
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.paged.backends import register_attention_backend
 from minillm.paged.paged_cache import PagedKVCache, write_kv
@@ -70,6 +70,9 @@ def dequantize_kv(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype =
     come from `_quantize_kv`, and a check would cost a host sync per layer and step."""
     if not isinstance(codes, torch.Tensor) or codes.dtype != torch.int8:
         raise TypeError(f"codes must be an int8 tensor, got {tensor_kind(codes)}")
+    check_strided("codes", codes)  # else named `q` by dequantize_symmetric, below
+    if isinstance(scale, torch.Tensor):
+        check_strided("scale", scale)
     if isinstance(scale, torch.Tensor) and scale.device != codes.device:
         raise ValueError(f"codes on {codes.device} and scale on {scale.device} must be on one device")
     if not isinstance(scale, torch.Tensor) or scale.dim() != codes.dim() or scale.shape[:-1] != codes.shape[:-1] \

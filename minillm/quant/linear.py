@@ -145,7 +145,8 @@ class QuantLinear(nn.Module):
         if config.mode == "int4" and in_features % 2:
             raise ValueError(f"int4 packs two codes per byte: in_features={in_features} must be even")
         self.in_features, self.out_features, self.config = in_features, out_features, config
-        self._built_for = (config.mode, config.symmetric, config.group_size)  # what `check_config` compares
+        # what `check_config` compares: the config's grid and the sizes the buffers are shaped by
+        self._built_for = (config.mode, config.symmetric, config.group_size, in_features, out_features)
         groups = in_features // group
         code_dtype = torch.int8 if config.symmetric else torch.uint8
         width = in_features // 2 if config.mode == "int4" else in_features
@@ -213,12 +214,18 @@ class QuantLinear(nn.Module):
     def check_config(self) -> QuantConfig:
         """`self.config` if the buffers are what it implies (shapes and dtypes: no value read), else a TypeError/
         ValueError naming config. subtle: `config` is a plain attribute; replaced after the layer was built (int4
-        over int8 codes), it sent the codes down another mode's path, to fail in unpack_int4 naming `packed`."""
+        over int8 codes), it sent the codes down another mode's path, to fail in unpack_int4 naming `packed`. So are
+        `in_features` and `out_features`: changed after the layer was built, a ValueError naming them (the buffers
+        are shaped by the sizes it was built with; x of the new width reached torch's matmul error)."""
         c = self.config
         if not isinstance(c, QuantConfig):
             raise TypeError(f"config must be a QuantConfig, got {type(c).__name__}")
-        if (c.mode, c.symmetric, c.group_size) == self._built_for:
+        if (c.mode, c.symmetric, c.group_size, self.in_features, self.out_features) == self._built_for:
             return c  # the common case, in well under a microsecond (this runs on every forward)
+        if (self.in_features, self.out_features) != self._built_for[3:]:
+            raise ValueError(f"in_features={self.in_features!r}, out_features={self.out_features!r} were changed after "
+                             f"the layer was built as ({self._built_for[3]}, {self._built_for[4]}); its buffers are "
+                             "shaped by those sizes: build a new layer with QuantLinear.from_linear")
         int4, n, g = c.mode == "int4", self.in_features, c.group_size
         groups = n // g if isinstance(g, int) and g > 0 and n % g == 0 else -1
         want = ((self.out_features, n // 2 if int4 else n), torch.uint8 if int4 or not c.symmetric else torch.int8,

@@ -121,6 +121,8 @@ def smoothing_scales(act_absmax: torch.Tensor, weight: torch.Tensor, alpha: floa
             or not act_absmax.is_floating_point():
         raise ValueError(f"act_absmax must be a float tensor ({weight.shape[1]},), one max |x| per input feature, got "
                          f"{tuple(getattr(act_absmax, 'shape', ()))}")
+    check_has_data("weight", weight)  # a meta tensor has no values: `.item()` or a device error from torch
+    check_has_data("act_absmax", act_absmax)
     if not bool(torch.isfinite(act_absmax).all()) or bool((act_absmax < 0).any()):
         raise ValueError("act_absmax holds negative, NaN or inf values: it must be max |x| of finite activations")
     w_max = weight.detach().abs().amax(dim=0).clamp(min=1e-8)  # (in,)

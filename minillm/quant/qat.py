@@ -6,7 +6,7 @@ et al. 2013, as used by Jacob et al. 2018), `FakeQuantLinear` (an `nn.Linear` wh
 weight), `prepare_qat(model, config)` (a trainable copy with them swapped in), `finetune_qat` (a short AdamW run on
 training windows) and `convert_qat` (the trained weights rounded for real, on the grid each layer trained with, by
 the same function `qat_codes` the forward rounds with: a `QuantizedGPT` whose forward equals the fake-quantized
-model's).
+model's). `keeping_zeros` keeps a pruned model's zeros through a fine-tune (this one and chapter 10's `recover`).
 
     forward   y = x @ ŵ^T + b,    ŵ = s * round(w / s)      (s from the current w, not trained)
     backward  ∂L/∂w := ∂L/∂ŵ                                  (round has gradient 0 almost everywhere; STE skips it)
@@ -18,7 +18,9 @@ fake-quantized activations (QAT for W8A8), the tied embedding/head (kept fp32), 
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from typing import Iterator
 
 import torch
 import torch.nn as nn
@@ -37,6 +39,8 @@ def qat_codes(w: torch.Tensor, config: QuantConfig) -> QuantizedTensor:
     One function for both, so the converted model multiplies by exactly the weights the training forward used."""
     _check(config)
     check_float_tensor("w", w)  # a float dtype torch computes in, holding values
+    if w.dim() != 2:  # quantize would name its own `x` (a 0-d w), or give a 1-D w one scale per element
+        raise ValueError(f"w must be a weight matrix (out, in), got shape {tuple(w.shape)}")
     if not bool(torch.isfinite(w.detach()).all()):
         raise ValueError("w holds NaN or inf values (training diverged?): they have no integer code")
     return quantize(w.detach(), config.bits, config.symmetric, config.granularity, config.quantize_group_size)
@@ -121,6 +125,26 @@ def convert_qat(model: GPT, config: QuantConfig | None = None) -> QuantizedGPT:
     return quantize_model(plain.eval(), trained_config, weights)
 
 
+@contextlib.contextmanager
+def keeping_zeros(weights: list[torch.Tensor]) -> Iterator[None]:
+    """Inside the block, every exact zero of `weights` (a pruned model's masks) stays zero through training.
+
+    A zero gets no gradient (a tensor hook), so AdamW without weight decay (`short_finetune`'s) never moves it: its
+    averages of the gradient stay 0, and so does its step. On leaving, the zeros are written again, whatever the
+    optimizer did. subtle: a plain fine-tune refills them (a 50%-sparse model is dense after two steps) and brings
+    masked attention heads back. masked_fill, not g * mask: a NaN gradient times 0 is NaN."""
+    zeros = [(w, w.detach() == 0) for w in weights]  # each shaped like its weight: True where pruned
+    hooks = [w.register_hook(lambda g, z=z: g.masked_fill(z, 0.0)) for w, z in zeros]
+    try:
+        yield
+    finally:
+        for h in hooks:
+            h.remove()
+        with torch.no_grad():
+            for w, z in zeros:
+                w.masked_fill_(z, 0.0)
+
+
 def finetune_qat(model: GPT, config: QuantConfig, steps: int = 30, batch_size: int = 4, lr: float = 2e-5,
                  seed: int = 0, fake_quant: bool = True, distill: bool = False) -> tuple[GPT, list[float]]:
     """(trained copy, loss per step): `steps` AdamW steps on random training windows (`minillm.gpt.dataset`).
@@ -129,7 +153,8 @@ def finetune_qat(model: GPT, config: QuantConfig, steps: int = 30, batch_size: i
     predictions on the same windows (KL(p_fp32 ‖ p_qat)): the target is then "behave like the model you were",
     not "fit the training text better", which a model already trained on that text can only overfit.
     `fake_quant=False` runs the same fine-tune in fp32: the control that separates what QAT gains from what a few
-    more steps of training do by themselves.
+    more steps of training do by themselves. A pruned model stays pruned: the exact zeros of the block linears'
+    weights are kept (`keeping_zeros`), so prune, then fine-tune with QAT, then convert.
     """
     for name, flag in (("fake_quant", fake_quant), ("distill", distill)):
         if not isinstance(flag, bool):
@@ -137,5 +162,6 @@ def finetune_qat(model: GPT, config: QuantConfig, steps: int = 30, batch_size: i
     if not isinstance(config, QuantConfig):  # also for the fp32 control, which never reads it: a typo is still one
         raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
     net = prepare_qat(model, config) if fake_quant else copy.deepcopy(model)
-    losses = short_finetune(net, steps, batch_size, lr, seed, teacher=model if distill else None)
+    with keeping_zeros([m.weight for m in net.transformer.h.modules() if isinstance(m, nn.Linear)]):
+        losses = short_finetune(net, steps, batch_size, lr, seed, teacher=model if distill else None)
     return net, losses

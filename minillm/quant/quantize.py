@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minillm.core.config import check_float_tensor, check_has_data, tensor_kind
+from minillm.core.config import check_float_tensor, check_has_data, check_strided, tensor_kind
 
 BITS = (4, 8)
 GRANULARITIES = ("tensor", "channel", "group")
@@ -109,10 +109,14 @@ def check_scale_positive(scale: torch.Tensor) -> None:
 
 
 def _check_zero(zero: object, x: torch.Tensor, bits: int, check_values: bool) -> torch.Tensor:
-    """Zero points: a tensor broadcasting against x and, when `check_values`, whole numbers on the asymmetric
-    grid [0, 2^b - 1] (one host sync); TypeError/ValueError naming zero."""
+    """Zero points: an integer or float tensor (not bool, not complex) broadcasting against x and, when
+    `check_values`, whole numbers on the asymmetric grid [0, 2^b - 1] (one host sync); TypeError/ValueError naming
+    zero."""
     if not isinstance(zero, torch.Tensor):
         raise TypeError(f"zero must be a tensor of zero points, got {type(zero).__name__}")
+    if zero.dtype == torch.bool or zero.is_complex():  # bool passed as 0/1 codes; complex failed in torch's `<`
+        raise TypeError(f"zero must be an integer or float tensor of zero points, got {zero.dtype}")
+    check_strided("zero", zero)  # a sparse zero point: torch's "Could not run 'aten::lt.Scalar' ... SparseCPU"
     _check_broadcasts("zero", zero, "x", x)
     lo, hi = qrange(bits, symmetric=False)
     if check_values and zero.device.type == "meta":
@@ -506,8 +510,8 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"pack_int4 needs q with an even last dimension, got shape {tuple(q.shape)}")
     lo, hi = (-8, 7) if q.dtype == torch.int8 else (0, 15)
     if q.numel() and (int(q.min()) < lo or int(q.max()) > hi):
-        raise ValueError(f"{q.dtype} codes must lie in [{lo}, {hi}] to fit 4 bits, got [{int(q.min())}, "
-                         f"{int(q.max())}]")
+        raise ValueError(f"q holds {q.dtype} codes in [{int(q.min())}, {int(q.max())}]: they must lie in [{lo}, {hi}] "
+                         "to fit 4 bits")
     # BEGIN SOLUTION
     nibbles = q.to(torch.int16) & 0xF  # (..., 2n): two's complement for negatives, in 0..15
     low, high = nibbles[..., 0::2], nibbles[..., 1::2]  # (..., n) each
@@ -519,6 +523,7 @@ def unpack_int4(packed: torch.Tensor, signed: bool) -> torch.Tensor:
     """Undo `pack_int4`: (..., n) uint8 -> (..., 2n), int8 in -8..7 when `signed`, else uint8 in 0..15."""
     if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8:
         raise TypeError(f"unpack_int4 needs packed, a uint8 tensor, got {tensor_kind(packed)}")
+    check_strided("packed", packed)
     _check_bool("signed", signed)
     if packed.dim() == 0:
         raise ValueError("unpack_int4 needs packed with at least one dimension, got a 0-d tensor")

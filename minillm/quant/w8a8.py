@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from minillm.core.config import check_device, check_float, check_float_tensor, tensor_kind
+from minillm.core.config import check_device, check_float, check_float_tensor, check_strided, tensor_kind
 from minillm.quant.quantize import check_finite, quantize_symmetric, symmetric_params
 
 
@@ -45,6 +45,7 @@ def _check_int8_operands(a: object, b: object) -> None:
         if not isinstance(t, torch.Tensor) or t.dtype != torch.int8 or t.dim() != 2:
             raise TypeError(f"{name} must be a 2-D int8 tensor, got {tensor_kind(t)} "
                             f"{tuple(getattr(t, 'shape', ()))}")
+        check_strided(name, t)  # a sparse operand: torch's "unsupported memory format option Contiguous"
     if a.shape[1] != b.shape[0]:  # type: ignore[union-attr]
         raise ValueError(f"a {tuple(a.shape)} @ b {tuple(b.shape)}: "  # type: ignore[union-attr]
                          "the inner dimensions differ")
@@ -62,6 +63,7 @@ def _check_input(x: object, in_features: int) -> torch.Tensor:
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"x must be a floating-point tensor of activations, got "
                         f"{tensor_kind(x)}")
+    check_strided("x", x)  # a sparse x: torch's "reshape is not implemented for sparse tensors"
     if x.dim() == 0 or x.shape[-1] != in_features:
         raise ValueError(f"x must have shape (..., {in_features}), got {tuple(x.shape)}")
     return x
@@ -166,6 +168,7 @@ def w8a8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bia
     """
     if not isinstance(qweight, torch.Tensor) or qweight.dtype != torch.int8 or qweight.dim() != 2:
         raise TypeError(f"qweight must be a 2-D int8 tensor (N, K), got {tensor_kind(qweight)}")
+    check_strided("qweight", qweight)
     check_float_tensor("scale", scale)  # an int64 scale would multiply in as whole numbers
     if tuple(scale.shape) != (qweight.shape[0], 1):
         raise ValueError(f"scale must have shape ({qweight.shape[0]}, 1), got {tuple(getattr(scale, 'shape', ()))}")

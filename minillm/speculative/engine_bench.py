@@ -267,14 +267,18 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
     Table "loads": every load, plain against speculative. Values: the crossover (by wall and by CPU time), the
     ratios, drafts kept and engine steps at the lowest and highest load, the range of drafts kept, the largest gap
     between the wall-time and CPU-time ratios, the smallest share of wall time the process spent on a CPU (tok/s
-    over tok/cpu-s, either engine: well below 100% when other work shared the machine), the run's sizes and the
-    machine ("cpu").
+    over tok/cpu-s, either engine: well below 100% when other work shared the machine), per load c the ratio and
+    both engines' tok/s (`ratio_c4`, `plain_tok_s_c4`, `spec_tok_s_c4`), the attention backend, the run's sizes and
+    the machine ("cpu").
     """
     points = report["points"]
     low, high = points[0], points[-1]
     kept = [p["acceptance_rate"] for p in points]
     share = min(p[f"{e}_tok_s"] / p[f"{e}_tok_cpu_s"] for p in points for e in ("plain", "spec"))
-    return {
+    per_load = {f"{k}_c{p['concurrency']}": v for p in points
+                for k, v in (("ratio", f"{p['ratio']:.2f}x"), ("plain_tok_s", f"{p['plain_tok_s']:,.0f}"),
+                             ("spec_tok_s", f"{p['spec_tok_s']:,.0f}"))}
+    return {**per_load, "attention_backend": str(report.get("attention_backend", "verify")),
         "loads": markdown_table(LOAD_HEADER, "rrrrrrrrrrc", [_point_cells(p) for p in points]),
         "crossover": _crossover_text(report["crossover"]), "crossover_cpu": _crossover_text(report["crossover_cpu"]),
         "low_ratio": f"{low['ratio']:.2f}x", "high_ratio": f"{high['ratio']:.2f}x",

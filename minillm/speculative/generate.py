@@ -26,12 +26,12 @@ from typing import Any, Callable
 
 import torch
 
-from minillm.core.config import check_device, check_int
+from minillm.core.config import check_device, check_int, is_float_compute, tensor_kind
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, probs_from_logits, sample_next
 from minillm.core.stopping import RequestState, check_eos_id, start_request
 from minillm.kvcache.cache import ContiguousKVCache
-from minillm.speculative.sampling import accept_greedy, accept_or_resample
+from minillm.speculative.sampling import accept_greedy, accept_or_resample, check_distributions, check_draft_tokens
 
 
 @dataclass
@@ -76,6 +76,18 @@ def _forward(model: GPT, cache: ContiguousKVCache, tokens: list[int], start: int
     return model.logits(h[0])  # (T, C) -> (T, V)
 
 
+def sample_draft(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None, step: int
+                 ) -> tuple[int, torch.Tensor]:
+    """A draft token drawn from the draft model's logits (1, V) with the request's processors (the same as the
+    target's p), and the distribution q (V,) it was drawn from; a ValueError naming the draft model when q is not
+    finite (its logits NaN or inf, or every token masked), before torch.multinomial would fail naming neither."""
+    q = probs_from_logits(logits, params)  # (1, V)
+    if not bool(torch.isfinite(q).all()):
+        raise ValueError(f"the draft model's distribution q at draft step {step} holds NaN (its logits are NaN or "
+                         "inf, or mask every token): the draft cannot propose")
+    return int(torch.multinomial(q, 1, generator=generator)), q[0]
+
+
 class DraftModelProposer:
     """Drafts γ tokens autoregressively with a small model and its own cache, sampled with the request's params.
     The cache holds `max_len` tokens, at most the draft's context window (block_size)."""
@@ -103,9 +115,8 @@ class DraftModelProposer:
             if params.is_greedy:
                 tok = int(sample_next(logits, params))
             else:
-                q = probs_from_logits(logits, params)  # (1, V): the same processors as the target's p
-                tok = int(torch.multinomial(q, 1, generator=state.generator))
-                q_rows.append(q[0])
+                tok, q = sample_draft(logits, params, state.generator, len(tokens))
+                q_rows.append(q)
             tokens.append(tok)
             start, feed = start + len(feed), [tok]
         # subtle: dγ is never fed (nobody needs its logits); the cache stays one token short if all γ are kept.
@@ -205,14 +216,35 @@ def _run(target: GPT, state: RequestState, proposer: Any, gamma: int) -> tuple[l
     return run_rounds(state, proposer, gamma, cache, lambda tokens, start: _forward(target, cache, tokens, start))
 
 
+def check_proposal(drafts: Any, q: Any, vocab_size: int, sampling: bool) -> tuple[list[int], torch.Tensor | None]:
+    """A proposer's (drafts, q) as a round uses them: drafts int token ids in [0, vocab_size) (a list or a 1-D
+    integer tensor; returned as a list), and when the request samples and something was drafted, q a float tensor
+    (len(drafts), vocab_size) of the distributions they were drawn from. TypeError/ValueError naming the proposer's
+    drafts or q (a custom proposer's bad id was torch's IndexError in the embedding; a q of the wrong shape was
+    reported as the target's p)."""
+    drafts = check_draft_tokens(drafts, vocab_size, "the proposer's drafts")
+    if not sampling or not drafts:
+        return drafts, q
+    if not is_float_compute(q):
+        raise TypeError(f"the proposer's q must be a float tensor ({len(drafts)}, V={vocab_size}), the distributions "
+                        f"its {len(drafts)} drafts were drawn from, got {tensor_kind(q)}")
+    if tuple(q.shape) != (len(drafts), vocab_size):
+        raise ValueError(f"the proposer's q must have shape ({len(drafts)}, V={vocab_size}), one distribution per "
+                         f"draft, got {tuple(q.shape)}")
+    check_distributions("the proposer's q", q)
+    return drafts, q
+
+
 def run_rounds(state: RequestState, proposer: Any, gamma: int, cache: Any,
                verify: Callable[[list[int], int], torch.Tensor] | None) -> tuple[list[int], SpeculativeStats]:
     """Draft, verify, accept, roll back, until the request finishes; returns (new token ids, stats).
 
-    `cache` holds the target's keys and values of every token but the sequence's last (its `truncate(n)` keeps the
-    first n); `verify(tokens, start)` scores `tokens` at positions start.. in one call of the target, writing their
-    keys and values at those slots, and returns their logits (len(tokens), V). Chapter 13's fused decoders run this
-    same loop with their own verify (`minillm.compile.fused_speculative`)."""
+    `cache`, a `ContiguousKVCache` of the target's config, holds its keys and values of every token but the
+    sequence's last (its `truncate(n)` keeps the first n); `verify(tokens, start)` scores `tokens` at positions
+    start.. in one call of the target, writing their keys and values at those slots, and returns their logits
+    (len(tokens), V). Each proposal is checked (`check_proposal`, against the vocabulary of the cache's config)
+    before the target sees it. Chapter 13's fused decoders run this same loop with their own verify
+    (`minillm.compile.fused_speculative`)."""
     stats = SpeculativeStats()
     if state.finished:  # max_new_tokens == 0
         stats.finish_reason = state.finish_reason
@@ -226,6 +258,7 @@ def run_rounds(state: RequestState, proposer: Any, gamma: int, cache: Any,
         # n-1+γ must stay inside the cache and the context window (start_request capped max_new_tokens to it).
         g = min(gamma, remaining - 1)
         drafts, q = proposer.propose(seq, g, state) if g > 0 else ([], None)
+        drafts, q = check_proposal(drafts, q, cache.config.vocab_size, not state.params.is_greedy)
         logits = verify([seq[-1], *drafts], n - 1)  # (γ+1, V): ONE target call
         stats.target_calls += 1
         stats.proposed += len(drafts)

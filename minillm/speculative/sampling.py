@@ -25,7 +25,7 @@ from typing import Sequence
 
 import torch
 
-from minillm.core.config import check_has_data, is_float_compute, tensor_kind
+from minillm.core.config import MAX_TENSOR_ELEMENTS, check_has_data, check_int, is_float_compute, tensor_kind
 from minillm.core.sampling import SamplingParams, sample_next
 from minillm.core.stopping import check_token_ids
 
@@ -88,6 +88,8 @@ def check_distributions(name: str, t: torch.Tensor) -> None:
     if not is_float_compute(t):
         raise TypeError(f"{name} must be a float tensor of probabilities, got {tensor_kind(t)}")
     check_has_data(name, t)
+    if t.dim() == 0:  # t.size(-1) below would be torch's IndexError
+        raise ValueError(f"{name} must have shape (..., V) with V >= 1, got a 0-d tensor")
     if t.numel() == 0:
         return
     rows = t.detach().reshape(-1, t.size(-1))  # (R, V)
@@ -118,9 +120,15 @@ def _check_generator(generator: object, device: torch.device) -> None:
         raise ValueError(f"generator is on {g} but the probabilities are on {device}: it must draw on their device")
 
 
-def check_draft_tokens(draft_tokens: object, vocab_size: int) -> list[int]:
-    """The draft tokens as a list of ints in [0, vocab_size); TypeError/ValueError naming a bad one."""
-    return check_token_ids("draft_tokens", draft_tokens, vocab_size)
+def check_draft_tokens(draft_tokens: object, vocab_size: int, name: str = "draft_tokens") -> list[int]:
+    """The draft tokens as a list of ints in [0, vocab_size); TypeError/ValueError naming a bad one (as `name`).
+    vocab_size must be an int in [1, MAX_TENSOR_ELEMENTS] (bool refused; a distribution over the vocabulary is one
+    tensor row): TypeError/ValueError naming it otherwise."""
+    check_int("vocab_size", vocab_size, 1)  # 2.5, inf, True or None compared with the ids named only the ids
+    if vocab_size > MAX_TENSOR_ELEMENTS:
+        raise ValueError(f"vocab_size must be at most {MAX_TENSOR_ELEMENTS} (MAX_TENSOR_ELEMENTS: its distributions "
+                         f"are tensor rows), got {vocab_size:.3g}")
+    return check_token_ids(name, draft_tokens, vocab_size)
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,17 @@ void small_gemm_q8(const float* x, const int8_t* q, const float* scale, const fl
 void small_gemm_q4(const float* x, const uint8_t* p, const float* scale, const float* b, float* y, int64_t M,
                    int64_t K, int64_t N, int64_t G);
 
+// subtle: every loop here reads a tensor through its raw pointer. A negative view (`torch._neg_view(x)`, values -x)
+// keeps its sign in a bit, not in memory, and a sparse tensor has no strided memory to read: the loops would compute
+// with +x, or with garbage. The Python wrappers resolve the bit first (`cpu_gemv.as_cpp_reads`) and refuse sparse
+// tensors; a direct caller gets this ValueError naming the tensor (`who`: the entry point, `name`: the argument).
+inline void check_plain_memory(const at::Tensor& t, const char* who, const char* name) {
+    TORCH_CHECK_VALUE(t.layout() == at::kStrided, who, ": ", name, " must be a strided (dense) tensor, got layout ",
+                      t.layout());
+    TORCH_CHECK_VALUE(!t.is_neg() && !t.is_conj(), who, ": ", name, " is a negative (or conjugate) view: its sign is a "
+                      "bit the raw pointer misses; call .resolve_neg() (.resolve_conj()) first");
+}
+
 // Whether this build took the AVX2 + FMA path (false: the scalar loops).
 bool uses_avx2();
 

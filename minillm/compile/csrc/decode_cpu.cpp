@@ -184,6 +184,7 @@ void attend_heads(const float* q, const float* k, const float* v, const int64_t*
 const float* ptr(const at::Tensor& t) { return t.data_ptr<float>(); }
 
 void check_float(const at::Tensor& t, const char* what, std::vector<int64_t> shape) {
+    check_plain_memory(t, "FusedDecoder", what);
     TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(), "FusedDecoder: ", what,
                 " must be a contiguous float32 CPU tensor");
     TORCH_CHECK(t.sizes() == at::IntArrayRef(shape), "FusedDecoder: ", what, " must have shape ",
@@ -193,6 +194,7 @@ void check_float(const at::Tensor& t, const char* what, std::vector<int64_t> sha
 
 // An int8 linear's codes: a contiguous int8 CPU tensor of `shape` (block `layer`'s `what`, for the message).
 void check_codes(const at::Tensor& t, int64_t layer, const char* what, std::vector<int64_t> shape) {
+    check_plain_memory(t, "FusedDecoder", ("block " + std::to_string(layer) + "'s " + what + " codes").c_str());
     TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kChar && t.is_contiguous(), "FusedDecoder: block ",
                 layer, "'s ", what, ".weight has a scale, so it must hold int8 codes (a contiguous int8 CPU tensor) "
                 "or packed int4 ones (uint8), got ", t.scalar_type(), t.is_contiguous() ? "" : " (not contiguous)");
@@ -203,6 +205,9 @@ void check_codes(const at::Tensor& t, int64_t layer, const char* what, std::vect
 // An int4 linear (N outputs, K inputs): packed codes p, a contiguous uint8 CPU tensor (N, K/2), and scales s, a
 // contiguous float32 CPU tensor (N, groups) whose groups split K into equal even groups (block `layer`'s `what`).
 void check_int4(const at::Tensor& p, const at::Tensor& s, int64_t layer, const char* what, int64_t N, int64_t K) {
+    const std::string where = "block " + std::to_string(layer) + "'s " + what;
+    check_plain_memory(p, "FusedDecoder", (where + " int4 codes").c_str());
+    check_plain_memory(s, "FusedDecoder", (where + " int4 scale").c_str());
     TORCH_CHECK(p.device().is_cpu() && p.is_contiguous() && p.dim() == 2 && p.size(0) == N && 2 * p.size(1) == K,
                 "FusedDecoder: block ", layer, "'s ", what, " int4 codes must be a contiguous uint8 CPU tensor of "
                 "shape (", N, ", ", K / 2, "), two codes per byte, got ", p.sizes());
@@ -284,6 +289,7 @@ class FusedDecoder {
                     continue;
                 }
                 check_codes(w, l, kLinearName[j], {outs[j], ins[j]});
+                check_plain_memory(s, "FusedDecoder", (std::string(kLinearName[j]) + " scale").c_str());
                 TORCH_CHECK(s.device().is_cpu() && s.scalar_type() == at::kFloat && s.is_contiguous() &&
                                 s.sizes() == at::IntArrayRef({outs[j]}),
                             "FusedDecoder: block ", l, "'s ", kLinearName[j], " scale must be a contiguous float32 "
@@ -487,6 +493,12 @@ class FusedDecoder {
 at::Tensor paged_attention_rows(const char* who, const at::Tensor& q, const at::Tensor& k_pool,
                                 const at::Tensor& v_pool, const at::Tensor& block_tables,
                                 const at::Tensor& context_lens, const at::Tensor* query_lens) {
+    check_plain_memory(q, who, "q");
+    check_plain_memory(k_pool, who, "k_pool");
+    check_plain_memory(v_pool, who, "v_pool");
+    check_plain_memory(block_tables, who, "block_tables");
+    check_plain_memory(context_lens, who, "context_lens");
+    if (query_lens) check_plain_memory(*query_lens, who, "query_lens");
     for (const auto* t : {&q, &k_pool, &v_pool}) {
         TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kFloat && t->is_contiguous(), who,
                     ": q and the pools must be contiguous float32 CPU tensors");

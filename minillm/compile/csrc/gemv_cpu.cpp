@@ -363,6 +363,9 @@ namespace {
 // x (M, K), w (N, K), bias (N) or empty -> (M, N); float32, contiguous, CPU (checked by the Python wrapper too).
 at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
     TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu() && bias.device().is_cpu(), "gemv: CPU tensors only");
+    minillm::check_plain_memory(x, "gemv", "x");
+    minillm::check_plain_memory(w, "gemv", "w");
+    minillm::check_plain_memory(bias, "gemv", "bias");
     // TORCH_CHECK_TYPE / _VALUE raise Python's TypeError / ValueError: `FastLinear` calls this without a Python
     // check in front (a per-token path), so the checks here are what a caller sees.
     TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat,
@@ -390,6 +393,10 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias
 at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale, const at::Tensor& bias) {
     TORCH_CHECK_VALUE(x.device().is_cpu() && q.device().is_cpu() && scale.device().is_cpu() && bias.device().is_cpu(),
                       "int8_gemv: CPU tensors only");
+    minillm::check_plain_memory(x, "int8_gemv", "x");
+    minillm::check_plain_memory(q, "int8_gemv", "q");
+    minillm::check_plain_memory(scale, "int8_gemv", "scale");
+    minillm::check_plain_memory(bias, "int8_gemv", "bias");
     TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat && q.scalar_type() == at::kChar && scale.scalar_type() == at::kFloat,
                      "int8_gemv: x must be float32, q int8 and scale float32, got x ", x.scalar_type(), ", q ",
                      q.scalar_type(), " and scale ", scale.scalar_type());
@@ -417,6 +424,10 @@ at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& q, const at::Tensor&
 at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& p, const at::Tensor& scale, const at::Tensor& bias) {
     TORCH_CHECK_VALUE(x.device().is_cpu() && p.device().is_cpu() && scale.device().is_cpu() && bias.device().is_cpu(),
                       "int4_gemv: CPU tensors only");
+    minillm::check_plain_memory(x, "int4_gemv", "x");
+    minillm::check_plain_memory(p, "int4_gemv", "p");
+    minillm::check_plain_memory(scale, "int4_gemv", "scale");
+    minillm::check_plain_memory(bias, "int4_gemv", "bias");
     TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat && p.scalar_type() == at::kByte && scale.scalar_type() == at::kFloat,
                      "int4_gemv: x must be float32, p uint8 (two codes per byte) and scale float32, got x ",
                      x.scalar_type(), ", p ", p.scalar_type(), " and scale ", scale.scalar_type());
