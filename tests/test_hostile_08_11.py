@@ -28,6 +28,7 @@ from helpers import assert_refused_by_minillm
 from minillm import GPT, GPTConfig
 from minillm.core.checkpoint import save_checkpoint
 from minillm.core.sampling import SamplingParams
+from minillm.core.stopping import start_request
 from minillm.distill import FeatureProjection, default_layer_pairs, distillation_loss, feature_loss, kd_loss
 from minillm.distill import bench as distill_bench
 from minillm.distill import train as distill_train
@@ -38,6 +39,7 @@ from minillm.distill.train import DistillObjective, check_student, checkpoint_di
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
 from minillm.gpt.train import TrainConfig, train
+from minillm.kvcache.cache import ContiguousKVCache
 from minillm.kvcache.generate import generate_ids
 from minillm.prune.masks import magnitude_mask
 from minillm.prune.structured import prune_mlp
@@ -47,18 +49,22 @@ from minillm.quant.w8a8 import llm_int8_linear
 from minillm.speculative import bench as spec_bench
 from minillm.speculative import engine_bench
 from minillm.speculative.engine import SpeculativeConfig, SpeculativeLLM
+from minillm.speculative.verify_cache import VerifyKVCache
 from minillm.speculative.generate import (
     DraftModelProposer,
     PromptLookupProposer,
+    check_proposal,
     generate_prompt_lookup,
     generate_speculative,
     prompt_lookup_proposals,
+    run_rounds,
 )
 from minillm.speculative.sampling import (
     accept_greedy,
     accept_or_resample,
     acceptance_probability,
     check_distributions,
+    check_draft_tokens,
     prob_sum_tolerance,
     residual_distribution,
     sample_from_target,
@@ -684,6 +690,38 @@ BAD = [
      ValueError, r"^seed must be a 64-bit integer in \[-2\*\*63, 2\*\*64\)"),
     ("s08r6-engine-run-seed-huge", lambda c: engine_bench.run(quick=True, seed=2 ** 64), ValueError,
      r"^seed must be a 64-bit integer"),
+    # ---------------------------------------------------------------- chapter 08, eighth hostile run
+    # before: torch's IndexError ("Dimension specified as -1 but tensor has no dimensions")
+    ("s08r8-check-distributions-0d", lambda c: check_distributions("p", torch.tensor(1.0)), ValueError,
+     r"^p must have shape \(\.\.\., V\) with V >= 1, got a 0-d tensor"),
+    # before: vocab_size was never checked: True, nan, -3 named the drafts, None or '3' a TypeError from '<', 2.5, inf
+    # and 10**30 were taken
+    ("s08r8-check-draft-vocab-bool", lambda c: check_draft_tokens(torch.tensor([1, 2]), True), TypeError,
+     "^vocab_size must be an int, got bool True"),
+    ("s08r8-check-draft-vocab-float", lambda c: check_draft_tokens(torch.tensor([1, 2]), 2.5), TypeError,
+     "^vocab_size must be an int, got float 2.5"),
+    ("s08r8-check-draft-vocab-inf", lambda c: check_draft_tokens([1, 2], INF), TypeError, "^vocab_size must be an int"),
+    ("s08r8-check-draft-vocab-nan", lambda c: check_draft_tokens([1, 2], NAN), TypeError, "^vocab_size must be an int"),
+    ("s08r8-check-draft-vocab-none", lambda c: check_draft_tokens([1, 2], None), TypeError,
+     "^vocab_size must be an int, got NoneType"),
+    ("s08r8-check-draft-vocab-str", lambda c: check_draft_tokens([1, 2], "3"), TypeError,
+     "^vocab_size must be an int, got str '3'"),
+    ("s08r8-check-draft-vocab-tensor", lambda c: check_draft_tokens([1, 2], torch.tensor([2])), TypeError,
+     "^vocab_size must be an int, got Tensor"),
+    ("s08r8-check-draft-vocab-negative", lambda c: check_draft_tokens([1, 2], -3), ValueError,
+     "^vocab_size must be positive, got -3"),
+    ("s08r8-check-draft-vocab-huge", lambda c: check_draft_tokens([1, 2], 10 ** 30), ValueError,
+     "^vocab_size must be at most 2147483648"),
+    # before: an id of 200 was an IndexError in F.embedding, 1.5 a RuntimeError, a q of 2 rows for 3 drafts was
+    # reported as the target's "p must have shape (3, V)"
+    ("s08r8-check-proposal-oov", lambda c: check_proposal([200, 1], None, 128, False), ValueError,
+     r"^the proposer's drafts\[0\] = 200 is outside the vocabulary \[0, 128\)"),
+    ("s08r8-check-proposal-q-rows", lambda c: check_proposal([1, 2, 3], torch.full((2, 8), 1 / 8), 8, True),
+     ValueError, r"^the proposer's q must have shape \(3, V=8\), one distribution per draft, got \(2, 8\)"),
+    ("s08r8-check-proposal-q-none", lambda c: check_proposal([1, 2], None, 8, True), TypeError,
+     r"^the proposer's q must be a float tensor \(2, V=8\)"),
+    ("s08r8-check-proposal-q-nan", lambda c: check_proposal([1], torch.full((1, 8), NAN), 8, True), ValueError,
+     "^the proposer's q must hold probability distributions.*row 0 holds NaN"),
     # ---------------------------------------------------------------- chapter 11, sixth hostile run
     # before: returned the str '0.5' as the acceptance rate
     ("d11r6-alpha-at-alpha-str", lambda c: distill_bench.alpha_at(
@@ -735,6 +773,41 @@ BAD = [
     ("d11r7-record-keys-str", lambda c: record_keys("0"), TypeError, "^feature_weight must be a number, got str"),
     ("d11r7-record-keys-nan", lambda c: record_keys(NAN), ValueError, "^feature_weight must be a finite number"),
     ("d11r7-record-keys-negative", lambda c: record_keys(-1.0), ValueError, r"^feature_weight must be in \[0.0, inf\)"),
+    # ---------------------------------------------------------------- chapters 08 and 11, eighth hostile run
+    # before: "layer pair (1, 1) is out of range", "student_h is torch.float16", a shape error about the states (Ct=7)
+    ("d11r8-featproj-states-short", lambda c: FeatureProjection(4, 6, [(0, 0), (1, 1)])(
+        [torch.randn(1, 2, 4)], [torch.randn(1, 2, 6)] * 2), ValueError,
+     r"^student_states holds 1 blocks' hidden states: layer_pairs\[1\] = \(1, 1\) is out of range"),
+    ("d11r8-featproj-states-f16", lambda c: FeatureProjection(4, 6, [(0, 0)])(
+        [torch.randn(1, 2, 4).half()], [torch.randn(1, 2, 6)]), TypeError,
+     r"^student_states\[0\] is torch.float16 but proj computes in torch.float32"),
+    ("d11r8-featproj-proj-replaced", lambda c: (lambda p: (p.proj.__setitem__(0, torch.nn.Linear(4, 7)), p(
+        [torch.randn(1, 2, 4)], [torch.randn(1, 2, 6)])))(FeatureProjection(4, 6, [(0, 0)])), ValueError,
+     r"^FeatureProjection.proj\[0\] maps width 4 to 7, but the projection was built for student_width=4 -> "
+     "teacher_width=6"),
+    ("d11r8-featproj-more-pairs-than-projs", lambda c: changed(FeatureProjection(4, 6, [(0, 0)]),
+                                                                layer_pairs=[(0, 0), (1, 1)])(
+        [torch.randn(1, 2, 4)] * 2, [torch.randn(1, 2, 6)] * 2), ValueError,
+     r"^FeatureProjection.proj holds 1 projections for 2 layer_pairs"),
+    # before: the allocator's "can't allocate memory" (264 GB), naming nothing
+    ("d11r8-distill-batch-size-set-later", lambda c: distill(changed(c.cfg, batch_size=10 ** 9), c.teacher,
+                                                             progress=False), ValueError,
+     r"^TrainConfig.batch_size x the model's block_size x vocab_size .* \(1000000000, 32, 512\)"),
+    ("d11r8-train-batch-size-set-later", lambda c: train(changed(TrainConfig(preset="tiny", steps=2, warmup_steps=1),
+                                                                 batch_size=10 ** 9), *byte_tokens(), progress=False),
+     ValueError, r"^TrainConfig.batch_size x the model's block_size x vocab_size"),
+    # before: init_from=Path(...) was named 'student_init' (an internal name); a number reached pathlib later
+    ("d11r8-train-config-init-from-int", lambda c: TrainConfig(preset="tiny", init_from=3), TypeError,
+     r"^TrainConfig.init_from must be a str or os.PathLike"),
+    ("d11r8-train-config-out-dir-bytes", lambda c: TrainConfig(preset="tiny", out_dir=b"run"), TypeError,
+     r"^TrainConfig.out_dir must be a str or os.PathLike"),
+    ("d11r8-train-config-command-int", lambda c: TrainConfig(preset="tiny", command=3), TypeError,
+     r"^TrainConfig.command must be a str or None, got int"),
+    # before: MemoryError (the block manager's list of 10^9 blocks), the allocator's error for the pools
+    ("s08r8-engine-config-num-blocks-huge", lambda c: SpeculativeLLM(c.target, config=EngineConfig(num_blocks=10 ** 9)),
+     ValueError, r"^EngineConfig.num_blocks x block_size ask for a tensor of shape \(1000000000, 16\)"),
+    ("s08r8-verify-cache-num-blocks-huge", lambda c: VerifyKVCache(c.target.config, 10 ** 9, 16), ValueError,
+     r"^num_blocks x block_size x n_head x head_size ask for a tensor of shape \(1000000000, 16, "),
 ]
 
 
@@ -1287,6 +1360,11 @@ DAMAGED_RUNS = [
     ("d11r6-record-int-past-float", lambda d: _edit_record_line(
         d / RECORDS_NAME, 1, lambda line: json.dumps({**json.loads(line), "hard": 10 ** 400})),
      r"line 1: field 'hard' must be within the float range, got an int of 1329 bits"),
+    # before: an edited student_init resumed silently and the log recorded a student the run never started from
+    ("d11r8-run-json-student-init-edited", lambda d: _edit_json(d / RUN_NAME, lambda r: r.update(
+        student_init="/elsewhere")), rf"{RUN_NAME}'?: the content does not match its field 'sha256'"),
+    ("d11r8-run-json-sha256-removed", lambda d: _edit_json(d / RUN_NAME, lambda r: r.pop("sha256")),
+     rf"{RUN_NAME}'?: the content does not match its field 'sha256'"),
 ]
 
 
@@ -1528,3 +1606,92 @@ def test_d11r7_distill_refuses_a_student_checkpoint_changed_after_saving(student
     weights.write_bytes(bytes(data))
     with pytest.raises(ValueError, match=r"model\.safetensors.*does not match the sha256"):
         distill(_one_step(student_ckpt), tiny(3, block_size=32), temperature=2.0, kd_weight=0.5, progress=False)
+
+
+def test_d11r8_pathlib_paths_in_a_train_config_run_to_the_end_and_resume(tmp_path, student_ckpt):
+    """Before: TrainConfig(out_dir=Path(...)) trained every step, saved its checkpoint, then died in json.dumps on the
+    Path: the log was never written. Now every path field is kept as a str, and the run, its logs and a resume work."""
+    run, export = tmp_path / "run", tmp_path / "export"
+    cfg = TrainConfig(**RUN, init_from=Path(student_ckpt), out_dir=run, stop_after=3)
+    assert (cfg.init_from, cfg.out_dir) == (student_ckpt, str(run))
+    part, _ = distill(cfg, tiny(3, block_size=32), temperature=2.0, kd_weight=0.5, progress=False)
+    assert part.step == 3
+    resumed, _ = distill(TrainConfig(**RUN, resume=run, out_dir=run, export_dir=export), tiny(3, block_size=32),
+                         temperature=2.0, kd_weight=0.5, progress=False)
+    assert resumed.step == 6 and resumed.log["distillation"]["student_init"] == student_ckpt
+    for where in (run, export):
+        log = json.loads((where / "training_log.json").read_text())
+        assert log["train_config"]["resume"] == str(run) and log["train_config"]["export_dir"] == str(export)
+
+
+# ================================================================== chapter 08, eighth hostile run: the right answers
+
+
+class _FixedProposer:
+    """A custom proposer that drafts the same `out` (and q) every round, whatever it is asked."""
+
+    def __init__(self, out, q=None):
+        self.out, self.q, self.calls = out, q, 0
+
+    def prefill(self, prompt):
+        pass
+
+    def propose(self, seq, gamma, state):
+        return list(self.out), self.q
+
+    def rollback(self, length):
+        pass
+
+
+def _rounds_with(target: GPT, proposer, params: SamplingParams, prompt=(5, 6, 7, 5, 6)):
+    """run_rounds on the eager target, as chapter 13 runs it on a fused one."""
+    state = start_request(target.config, list(prompt), params)
+    cache = ContiguousKVCache(target.config, 1, 32)
+    with torch.inference_mode():
+        target.hidden(torch.tensor([list(prompt[:-1])]), torch.arange(len(prompt) - 1), cache)
+
+        def verify(tokens, start):
+            return target.logits(target.hidden(torch.tensor([tokens]), torch.arange(start, start + len(tokens)),
+                                               cache)[0])
+        return run_rounds(state, proposer, 3, cache, verify)
+
+
+@pytest.mark.parametrize("drafts, q, sampling, error, match", [
+    ([600, 1, 2], None, False, ValueError, r"^the proposer's drafts\[0\] = 600 is outside the vocabulary \[0, 512\)"),
+    ([1.5, 1, 2], None, False, TypeError, r"^the proposer's drafts\[0\] must be an int token id, got float 1.5"),
+    ([1, 2, 3], torch.full((2, 512), 1 / 512), True, ValueError, r"^the proposer's q must have shape \(3, V=512\)"),
+    ([1, 2, 3], None, True, TypeError, r"^the proposer's q must be a float tensor \(3, V=512\)"),
+    ([1, 2, 3], torch.full((3, 512), NAN), True, ValueError, "^the proposer's q must hold probability distributions"),
+])
+def test_s08r8_run_rounds_checks_a_custom_proposers_drafts(ctx, drafts, q, sampling, error, match):
+    """Before: an out-of-vocabulary draft was F.embedding's IndexError, a float one a RuntimeError, a q of the wrong
+    shape was reported as the target's p."""
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=0, ignore_eos=True) if sampling \
+        else SamplingParams.greedy(6, ignore_eos=True)
+    with pytest.raises(error, match=match):
+        _rounds_with(ctx.target, _FixedProposer(drafts, q), params)
+
+
+def test_s08r8_run_rounds_with_valid_custom_drafts_is_the_target_alone(ctx):
+    params = SamplingParams.greedy(6, ignore_eos=True)
+    alone = generate_ids(ctx.target, [5, 6, 7, 5, 6], params)
+    for drafts in ([], [1, 2, 3], [1, 2, 3, 4, 5]):  # an over-drafting proposer is still verified
+        assert _rounds_with(ctx.target, _FixedProposer(drafts), params)[0] == alone
+
+
+def _nan_draft(ctx) -> GPT:
+    draft = copy.deepcopy(ctx.draft)
+    with torch.no_grad():
+        draft.transformer.ln_f.weight.fill_(NAN)  # a diverged draft: every logit NaN
+    return draft
+
+
+def test_s08r8_a_nan_draft_when_sampling_is_a_named_error_and_greedy_still_the_target(ctx):
+    """Before: torch.multinomial's 'probability tensor contains either inf, nan or element < 0', naming nothing."""
+    sampled = SamplingParams(max_new_tokens=8, temperature=1.0, seed=1, ignore_eos=True)
+    with pytest.raises(ValueError, match="^the draft model's distribution q at draft step 0 holds NaN") as info:
+        generate_speculative(ctx.target, _nan_draft(ctx), [5, 6, 7], sampled)
+    assert "/minillm/" in traceback.extract_tb(info.tb)[-1].filename.replace("\\", "/")
+    greedy = SamplingParams.greedy(8, ignore_eos=True)
+    assert generate_speculative(ctx.target, _nan_draft(ctx), [5, 6, 7], greedy)[0] == \
+        generate_ids(ctx.target, [5, 6, 7], greedy)

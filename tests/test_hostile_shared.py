@@ -86,6 +86,27 @@ CASES = [
     ("kd_loss float8", lambda: kd_loss(torch.randn(3, 8).to(F8), torch.randn(3, 8).to(F8)), TypeError,
      "student_logits"),
     ("check_float_tensor float8", lambda: check_float_tensor("x", torch.zeros(2).to(F8)), TypeError, "x"),
+    # sparse tensors (eighth hostile run: 136 argument positions failed inside torch, one gave wrong numbers): the
+    # layout `check_has_data` and `check_float_tensor` look at, so every chapter's checks refuse them by name
+    ("check_float_tensor sparse", lambda: check_float_tensor("x", torch.zeros(2).to_sparse()), TypeError, "x"),
+    ("check_float_tensor sparse, shape only", lambda: check_float_tensor("w", torch.zeros(2, 2).to_sparse(),
+                                                                         values=False), TypeError, "w"),
+    ("naive.layernorm weight sparse", lambda: naive.layernorm(torch.randn(2, 8), torch.ones(8).to_sparse(),
+                                                              torch.zeros(8)), TypeError, "weight"),
+    ("ops.kv_cache_write slots sparse (before the CUDA check)",
+     lambda: ops.kv_cache_write(torch.randn(2, 2, 8), torch.randn(2, 2, 8), KV, KV.clone(),
+                                torch.tensor([0, 1]).to_sparse()), TypeError, "slot_mapping"),
+    ("accept_greedy tokens sparse", lambda: accept_greedy(torch.zeros(2, 3), torch.tensor([1]).to_sparse()),
+     TypeError, "draft_tokens"),
+    ("kd_loss sparse", lambda: kd_loss(torch.randn(3, 8).to_sparse(), torch.randn(3, 8)), TypeError,
+     "student_logits"),
+    # a pool torch cannot write in place (`check_writable`): expanded, or requiring grad while grad mode is on
+    ("mirror.kv_cache_write expanded pool", lambda: mirror.kv_cache_write(
+        torch.randn(2, 2, 8), torch.randn(2, 2, 8), torch.zeros(1, 4, 2, 8).expand(2, 4, 2, 8), KV.clone(),
+        torch.tensor([0, 1])), ValueError, "k_pool"),
+    ("naive.kv_cache_write pool requiring grad", lambda: naive.kv_cache_write(
+        torch.randn(2, 2, 8), torch.randn(2, 2, 8), KV.clone(), KV.clone().requires_grad_(), torch.tensor([0, 1])),
+     ValueError, "v_pool"),
 ]
 
 
@@ -201,3 +222,63 @@ def test_c7_every_shipped_checkpoint_carries_its_digest_and_passes_it(name):
 def test_a_cache_too_large_for_one_tensor_is_refused_before_the_allocator():
     with pytest.raises(ValueError, match=r"batch_size x n_head x max_len x head_size"):
         ContiguousKVCache(CFG, 10**9, 32)
+
+
+R8_BENCHES = [m for m in BENCHES if m != "minillm.distill.train"] + ["minillm.kernels.bench"]
+R8_FLAGS = [("seed-negative", ["--seed", "-1"], "--seed"), ("threads-huge", ["--threads", "100000"], "--threads")]
+if not torch.cuda.is_available():
+    R8_FLAGS.append(("device-cuda-no-gpu", ["--device", "cuda"], "--device"))
+
+
+@pytest.mark.parametrize("module", R8_BENCHES)
+@pytest.mark.parametrize("argv, flag", [pytest.param(*f[1:], id=f[0]) for f in R8_FLAGS])
+def test_r8_a_bench_flag_the_libraries_refuse_is_a_usage_error_at_parse_time(module, argv, flag, capsys):
+    """Eighth hostile run: --seed -1 passed the parser (64-bit range) and the libraries refused it after loading
+    models, --threads 100000 died in torch's allocator (MemoryError), --device cuda without a GPU was resolve_device's
+    traceback; each exit 1. Now exit 2 naming the flag, before any work (a flag a benchmark lacks, or a device it
+    does not offer, is argparse's own usage error: exit 2 too)."""
+    main = importlib.import_module(module).main
+    if module == "minillm.kernels.bench" and flag == "--device":  # GPU-only: it says itself that it needs a GPU
+        assert main(argv) == 2 and "needs a CUDA GPU" in capsys.readouterr().err
+        return
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert flag in err or "unrecognized arguments" in err
+
+
+def test_r8_the_atomic_writers_refuse_a_path_that_is_no_regular_file(tmp_path):
+    """Eighth hostile run: every atomic writer renamed its temp file onto the path, replacing a device node (as
+    root: /dev/null) or a FIFO with a regular file. Now a ValueError naming the argument, before writing. Private
+    nodes under tmp_path only: a FIFO, and as root a character device like /dev/null (c 1 3)."""
+    import os
+    import stat
+
+    from minillm.core.io import atomic_write_text, check_output_file
+
+    nodes = [tmp_path / "fifo.json"]
+    os.mkfifo(nodes[0])
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        nodes.append(tmp_path / "null.json")
+        os.mknod(nodes[1], 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    for node in nodes:
+        kind = stat.S_IFMT(node.lstat().st_mode)
+        with pytest.raises(ValueError, match=r"^path '.*' exists and is not a regular file \(a device, FIFO"):
+            atomic_write_text(node, "{}")
+        with pytest.raises(ValueError, match=r"^--json '.*' exists and is not a regular file"):
+            check_output_file(node, "--json", (".json",))
+        assert stat.S_IFMT(node.lstat().st_mode) == kind
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(n.name for n in nodes)  # no temp file left
+
+
+def test_engine_rechecks_a_config_changed_after_construction():
+    """An EngineConfig field set after construction (num_blocks = 10**9) is checked again by LLM, naming the field,
+    before the block manager would list a billion blocks."""
+    from minillm import GPT, GPTConfig
+    from minillm.engine import LLM, EngineConfig
+
+    cfg = EngineConfig(num_blocks=8, block_size=4)
+    cfg.num_blocks = 10 ** 9
+    with pytest.raises(ValueError, match="num_blocks"):
+        LLM(GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16)), None, cfg)

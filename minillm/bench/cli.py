@@ -3,9 +3,10 @@
 `bench_parser(prog, description, ...)` builds a benchmark's parser with the shared options (a benchmark adds its own
 to it), `add_bench_options(parser, ...)` adds them to a parser that already exists (`minillm bench`, a subcommand);
 both give every benchmark the same flags, defaults and help text, which tests/test_bench_kit.py checks module by
-module. `start(parser, argv)` parses and applies them: it checks `--threads` and the `--json` path before any work
-and sets torch's thread count (one thread by default: on a small or shared CPU more threads than cores stall these
-small matmuls); `apply_bench_options(args)` does the same for arguments parsed elsewhere.
+module. `--threads` (1 to 4 per core), `--seed` (>= 0) and `--device cuda` (only with a GPU) are checked as they are
+parsed (a usage error naming the flag, exit 2). `start(parser, argv)` parses and applies them: it checks the `--json`
+path before any work and sets torch's thread count (one thread by default: on a small or shared CPU more threads
+than cores stall these small matmuls); `apply_bench_options(args)` does the same for arguments parsed elsewhere.
 `cli_type(check, cast)` makes a benchmark's own flag checked at parse time by the library's check (a usage error
 naming the flag, not a traceback once the work has started). `write_report(path, report)` writes the JSON report
 atomically, naming the CPU; `cpu_description()` names the CPU and the vector instructions PyTorch uses on it, since
@@ -26,6 +27,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import torch
 
+from minillm.core.config import check_threads
 from minillm.core.device import DEVICE_CHOICES
 from minillm.core.io import atomic_write_text, check_output_file
 from minillm.core.sampling import seed_argument
@@ -40,6 +42,48 @@ THREADS_HELP = "torch intra-op threads (default 1: on a small or shared CPU more
 JSON_HELP = "also write the full report as JSON (atomically)"
 SEED_HELP = "seed for random weights, prompts and workloads (default 0)"
 SIZE_HELP = "workload size, one of {choices} (default {default}; --quick is --size quick)"
+
+
+def check_bench_threads(threads: int) -> int:
+    """`threads` if it is in [1, 4 x os.cpu_count()] (`check_threads`), else a ValueError naming --threads."""
+    if threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+    return check_threads("--threads", threads)
+
+
+def threads_argument(text: str) -> int:
+    """`--threads` (argparse `type=`): an int `check_bench_threads` accepts, else a usage error (exit 2) at parse
+    time, not torch's MemoryError for 100000 threads."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int, got {text!r}") from None
+    try:
+        return check_bench_threads(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def bench_seed_argument(text: str) -> int:
+    """`--seed` (argparse `type=`): `seed_argument`'s int, and non-negative, as the benchmarks' generators and
+    calibration windows require (`check_int("seed", seed, 0)`), else a usage error naming the flag at parse time,
+    not a traceback after the models loaded."""
+    value = seed_argument(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative int, got {value}")
+    return value
+
+
+class DeviceAction(argparse.Action):
+    """`--device` given on the command line: "cuda" (or "cuda:N") on a machine without a GPU is a usage error naming
+    the flag at parse time, not `resolve_device`'s traceback after the work had started. An action, not a type:
+    argparse runs a type on a default too, and a GPU-only benchmark's default "cuda" is its own to report."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if str(values).startswith("cuda") and not torch.cuda.is_available():
+            parser.error(f"argument {option_string}: device {values!r} requested but torch.cuda.is_available() is "
+                         "False (use --device cpu)")
+        setattr(namespace, self.dest, values)
 
 
 def add_bench_options(ap: argparse.ArgumentParser, quick_help: str | None = None,
@@ -57,13 +101,15 @@ def add_bench_options(ap: argparse.ArgumentParser, quick_help: str | None = None
     if not devices or bad:
         raise ValueError(f"devices must be some of {DEVICE_CHOICES}, got {devices!r}")
     default_device = DEFAULT_DEVICE if DEFAULT_DEVICE in devices else devices[0]
+    # a GPU-only benchmark (no "cpu" among its devices) says itself that it needs a GPU, and has modes without one
     ap.add_argument("--device", default=default_device, choices=devices,
+                    action=DeviceAction if "cpu" in devices else "store",
                     help=DEVICE_HELP.format(choices=", ".join(devices), auto=AUTO_HELP if "auto" in devices else "",
                                             default=default_device))
-    ap.add_argument("--threads", type=int, default=DEFAULT_THREADS, help=THREADS_HELP)
+    ap.add_argument("--threads", type=threads_argument, default=DEFAULT_THREADS, help=THREADS_HELP)
     ap.add_argument("--json", metavar="FILE", help=JSON_HELP)
     if seed:
-        ap.add_argument("--seed", type=seed_argument, default=0, help=SEED_HELP)
+        ap.add_argument("--seed", type=bench_seed_argument, default=0, help=SEED_HELP)
     quick_help = None if quick_help is None else quick_help.replace("%", "%%")  # argparse %-formats help strings
     if sizes is not None:
         if DEFAULT_SIZE not in sizes or "quick" not in sizes:
@@ -102,8 +148,7 @@ def bench_parser(prog: str, description: str, quick_help: str | None = None, siz
 
 def apply_bench_options(args: argparse.Namespace) -> argparse.Namespace:
     """Check the shared options before any work (a ValueError naming the bad value) and set torch's thread count."""
-    if args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    check_bench_threads(args.threads)  # again: arguments parsed elsewhere may not have had the flag's type
     check_output_file(args.json, "--json", (".json",))
     torch.set_num_threads(args.threads)
     return args

@@ -13,6 +13,7 @@ import hashlib
 import json
 import io
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -61,8 +62,8 @@ def check_output_file(path: str | os.PathLike | None, flag: str, suffixes: tuple
     A directory, a path ending in a separator, "." or ".." (a folder's name: Path("dir/") would be the file "dir",
     and "missing/.." names a folder once "missing" is made), a parent that is a file, or a wrong suffix is a
     ValueError naming `flag` (e.g. "--plot") and the path, so minutes of benchmarking or training are never lost to
-    `IsADirectoryError` at the end; a path that is not a str or os.PathLike is a TypeError naming `flag`. None
-    passes.
+    `IsADirectoryError` at the end; so is an existing path that is no regular file (`check_replaceable`: a device,
+    FIFO or socket). A path that is not a str or os.PathLike is a TypeError naming `flag`. None passes.
     """
     if path is None or path == "":
         return None
@@ -73,10 +74,27 @@ def check_output_file(path: str | os.PathLike | None, flag: str, suffixes: tuple
     if out.is_dir():
         raise ValueError(f"{flag} {str(out)!r} is a directory; give a file path inside it, e.g. "
                          f"{str(out / ('result' + (suffixes[0] if suffixes else '')))!r}")
+    check_replaceable(out, flag)
     if suffixes and out.suffix not in suffixes:
         raise ValueError(f"{flag} {str(out)!r} must end in {' or '.join(suffixes)}")
     _check_parents(out, out.parents, flag, "directory")
     return out
+
+
+def check_replaceable(path: Path, name: str) -> None:
+    """A ValueError naming `name` and `path` when `path` exists and is neither a regular file nor a folder (a
+    character or block device, a FIFO, a socket; a symlink is judged by what it points to).
+
+    subtle: the atomic writers rename a temp file onto the path, which replaces whatever is there: saving onto
+    /dev/null as root would turn the machine's /dev/null into a regular file. A folder is left to the callers, whose
+    messages say what to give instead (os.replace refuses it anyway)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:  # no such path (or a dangling link): nothing to replace
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise ValueError(f"{name} {str(path)!r} exists and is not a regular file (a device, FIFO or socket): "
+                         "writing there would replace it; give a file path")
 
 
 def _check_parents(out: Path, candidates, name: str, word: str) -> None:
@@ -100,10 +118,13 @@ def check_output_dir(path: str | os.PathLike | None, name: str) -> Path | None:
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write `data` to `path` atomically (temp file in the same directory, fsync, rename)."""
+    """Write `data` to `path` atomically (temp file in the same directory, fsync, rename). An existing `path` that is
+    no regular file (a device, FIFO or socket) is a ValueError naming path, before anything is written
+    (`check_replaceable`: the rename would replace the device itself)."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"data must be bytes, got {type(data).__name__}")
     path = Path(path)
+    check_replaceable(path, "path")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from minillm.bench.cli import cpu_description
+from minillm.bench.cli import cpu_description, threads_argument
 from minillm.core.device import DEVICE_CHOICES, resolve_device
 from minillm.core.io import atomic_write_text, check_output_file
 from minillm.core.sampling import seed_argument
@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     tour.add_argument("--quick", action="store_true", help="smaller workloads, for a fast smoke run")
     tour.add_argument("--corpus", metavar="PATH", help="a UTF-8 text file to use instead of the default corpus")
     tour.add_argument("--seed", type=seed_argument, default=0, help="seed for every random choice (default 0)")
-    tour.add_argument("--threads", type=int, default=1,
+    tour.add_argument("--threads", type=threads_argument, default=1,
                       help="torch CPU threads for the whole tour (default 1: small models, fair on a shared machine)")
     tour.add_argument("--no-progress", action="store_true", help="no progress bar")
     tour.set_defaults(handler=_cmd_tour)

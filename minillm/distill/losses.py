@@ -229,18 +229,18 @@ def default_layer_pairs(student_layers: int, teacher_layers: int) -> list[tuple[
     return [(i, max(0, (i + 1) * teacher_layers // student_layers - 1)) for i in range(student_layers)]
 
 
-def _check_proj_weights(proj: object, student_h: torch.Tensor) -> None:
+def _check_proj_weights(proj: object, student_h: torch.Tensor, name: str = "student_h") -> None:
     """A module's weights on student_h's device and of its dtype (unless autocast casts them per op): a
-    ValueError/TypeError naming student_h's device or dtype, before torch's matmul error."""
+    ValueError/TypeError naming `name` (the caller's argument) and its device or dtype, before torch's matmul error."""
     if not isinstance(proj, nn.Module):
         return  # a plain function: nothing to compare
     weight = next((p for p in proj.parameters() if p.is_floating_point()), None)
     if weight is None:
         return
     if weight.device != student_h.device:
-        raise ValueError(f"student_h is on {student_h.device} but proj's weights are on {weight.device}")
+        raise ValueError(f"{name} is on {student_h.device} but proj's weights are on {weight.device}")
     if weight.dtype != student_h.dtype and not torch.is_autocast_enabled(student_h.device.type):
-        raise TypeError(f"student_h is {student_h.dtype} but proj computes in {weight.dtype}; cast one to the other")
+        raise TypeError(f"{name} is {student_h.dtype} but proj computes in {weight.dtype}; cast one to the other")
 
 
 def _check_hidden(name: str, h: object) -> torch.Tensor:
@@ -333,8 +333,27 @@ class FeatureProjection(nn.Module):
         check_int("student_width", student_width)
         check_int("teacher_width", teacher_width)
         check_tensor_elements("student_width x teacher_width", (teacher_width, student_width))
+        self.student_width, self.teacher_width = student_width, teacher_width
         self.layer_pairs: list[tuple[int, int]] = check_layer_pairs(layer_pairs)
         self.proj = nn.ModuleList(nn.Linear(student_width, teacher_width) for _ in self.layer_pairs)
+
+    def check_projections(self) -> list[tuple[int, int]]:
+        """The layer pairs, checked again, each with its projection an nn.Linear(student_width, teacher_width): both
+        are attributes, and one replaced after construction (`proj[0] = nn.Linear(8, 7)`, a pair more than there
+        are projections) is a ValueError / TypeError naming it, not a shape error about the states or a pair that
+        `zip` drops without a word."""
+        pairs = check_layer_pairs(self.layer_pairs)
+        if len(self.proj) != len(pairs):
+            raise ValueError(f"FeatureProjection.proj holds {len(self.proj)} projections for {len(pairs)} layer_pairs:"
+                             " one per pair")
+        for k, proj in enumerate(self.proj):
+            if not isinstance(proj, nn.Linear):
+                raise TypeError(f"FeatureProjection.proj[{k}] must be an nn.Linear, got {type(proj).__name__}")
+            if (proj.in_features, proj.out_features) != (self.student_width, self.teacher_width):
+                raise ValueError(f"FeatureProjection.proj[{k}] maps width {proj.in_features} to {proj.out_features}, "
+                                 f"but the projection was built for student_width={self.student_width} -> "
+                                 f"teacher_width={self.teacher_width}")
+        return pairs
 
     def forward(self, student_states: Sequence[torch.Tensor], teacher_states: Sequence[torch.Tensor]) -> torch.Tensor:
         """student_states: every student block's output (B, T, Cs); teacher_states: every teacher block's (B, T, Ct)."""
@@ -342,13 +361,15 @@ class FeatureProjection(nn.Module):
             if not isinstance(states, (list, tuple)):
                 raise TypeError(f"{name} must be a list of every block's hidden states, got {type(states).__name__}")
         losses = []
-        for (i, j), proj in zip(self.layer_pairs, self.proj):
-            if i >= len(student_states) or j >= len(teacher_states):
-                raise ValueError(f"layer pair ({i}, {j}) is out of range for {len(student_states)} student and "
-                                 f"{len(teacher_states)} teacher blocks")
+        for pos, ((i, j), proj) in enumerate(zip(self.check_projections(), self.proj)):
+            for name, states, block in (("student_states", student_states, i), ("teacher_states", teacher_states, j)):
+                if block >= len(states):
+                    raise ValueError(f"{name} holds {len(states)} blocks' hidden states: layer_pairs[{pos}] = "
+                                     f"({i}, {j}) is out of range (it needs block {block})")
             # the entries checked under this call's names (feature_loss would call them student_h and teacher_h)
             s_h = _check_hidden(f"student_states[{i}]", student_states[i])
             t_h = _check_hidden(f"teacher_states[{j}]", teacher_states[j])
+            _check_proj_weights(proj, s_h, f"student_states[{i}]")
             if s_h.shape[:-1] != t_h.shape[:-1] or s_h.size(-1) != proj.in_features or \
                     t_h.size(-1) != proj.out_features:
                 raise ValueError(f"student_states[{i}] {tuple(s_h.shape)} and teacher_states[{j}] {tuple(t_h.shape)} "

@@ -5,7 +5,8 @@ What it adds: chapter 02's trainer saves and resumes the weights, AdamW, the RNG
 this module keeps them in the run directory (`TrainConfig.out_dir`) next to the checkpoints:
 
     distill_run.json        the settings (T, w, kind, β, the teacher's weights digest, grad_accum, the student it
-                            started from) and `first_serial`, the serial the run's first checkpoint gets
+                            started from), `first_serial`, the serial the run's first checkpoint gets, and the
+                            sha256 of all of them (a hand edit is refused on resume)
     distill_records.jsonl   one line per call of the objective (its hard, soft, feature and total terms), appended
                             and fsynced before that step's checkpoint can exist
 
@@ -32,6 +33,7 @@ from typing import Any
 
 from minillm.core.config import check_float, check_module_has_data
 from minillm.core.io import (
+    SHA256_FIELD,
     atomic_write_text,
     check_output_dir,
     check_output_file,
@@ -79,9 +81,10 @@ def check_record(record: object, keys: tuple[str, ...], where: str) -> dict[str,
 
 
 def _check_run(run: object, run_path: Path) -> dict[str, Any]:
-    """distill_run.json's content: the format tag, a `settings` object, `first_serial` an int >= 1 and
-    `student_init` a path or null; a ValueError naming the file and the field otherwise (a damaged or hand-edited
-    file is named before any training step, not met as a KeyError or a TypeError halfway through resuming)."""
+    """distill_run.json's content: the format tag, a `settings` object, `first_serial` an int >= 1,
+    `student_init` a path or null, and a "sha256" field that matches the rest (`content_sha256`); a ValueError naming
+    the file and the field otherwise (a damaged or hand-edited file is named before any training step, not met as a
+    KeyError or a TypeError halfway through resuming, nor resumed with a student_init the run never had)."""
     if not isinstance(run, dict) or run.get("format") != RUN_FORMAT:
         raise ValueError(f"{str(run_path)!r} is not a {RUN_FORMAT!r} file")
     if not isinstance(run.get("settings"), dict):
@@ -94,6 +97,10 @@ def _check_run(run: object, run_path: Path) -> dict[str, Any]:
     if not (run.get("student_init") is None or isinstance(run.get("student_init"), str)):
         raise ValueError(f"{str(run_path)!r}: field 'student_init' must be a path or null, got "
                          f"{run.get('student_init')!r:.80}")
+    if run.get(SHA256_FIELD) != content_sha256({}, run):  # a field edited by hand (student_init: the log's record)
+        raise ValueError(f"{str(run_path)!r}: the content does not match its field {SHA256_FIELD!r} (edited or "
+                         "damaged after the run wrote it): its settings, student_init and first_serial can no longer "
+                         "be trusted; start the run again")
     return run
 
 
@@ -154,6 +161,7 @@ def _write(out_dir: str | os.PathLike, settings: dict[str, Any], student_init: s
     out_dir.mkdir(parents=True, exist_ok=True)
     run = {"format": RUN_FORMAT, "settings": settings, "student_init": student_init,
            "first_serial": _next_serial(out_dir) if first_serial is None else first_serial}
+    run[SHA256_FIELD] = content_sha256({}, run)  # of every other field: a hand edit is found on resume
     atomic_write_text(out_dir / RECORDS_NAME, "".join(json.dumps(r) + "\n" for r in records))
     atomic_write_text(out_dir / RUN_NAME, json.dumps(run, indent=1) + "\n")
     return RecordLog(out_dir / RECORDS_NAME)

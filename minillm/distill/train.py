@@ -57,7 +57,7 @@ from minillm.distill.losses import (
 )
 from minillm.distill.run_state import RECORD_KEYS, check_record, resume_run, start_run, teacher_digest
 from minillm.gpt.pretrained import SHIPPED, pretrained_dir
-from minillm.gpt.train import LOG_NAME, TrainConfig, TrainResult, train
+from minillm.gpt.train import LOG_NAME, TrainConfig, TrainResult, check_batch_fits, train
 from minillm.gpt.train_state import find_checkpoint
 
 
@@ -193,7 +193,8 @@ def distill(cfg: TrainConfig, teacher: GPT | None, temperature: float = 1.0, kd_
     step, the mean hard, soft and feature terms. Every argument is checked first, whether or not the run uses it:
     temperature in [MIN_TEMPERATURE, MAX_TEMPERATURE] = [1e-2, 1e4], kd_weight in [0, 1], feature_weight >= 0 (all
     finite), kind "forward" or "reverse", and `cfg` again (a field set after construction, steps = 0 or lr = NaN, is
-    refused as TrainConfig refuses it). `prepare_distill` does all of that and `run_distill` trains: `distill` is
+    refused as TrainConfig refuses it; a batch_size whose logits would not fit one tensor, `check_batch_fits`).
+    `prepare_distill` does all of that and `run_distill` trains: `distill` is
     the two. The teacher runs frozen, in eval mode, on cfg.device (it is moved there, as `.to()` moves a module),
     and is handed back in the modes it came in: every module's training mode and every parameter's requires_grad
     restored (`kept_modes`), whether the run finished or raised. (The returned objective holds that same teacher,
@@ -264,6 +265,7 @@ def prepare_distill(cfg: TrainConfig, teacher: GPT | None, temperature: float = 
                          "projection cannot resume (the checkpoints hold the student's weights, not the projection's)")
     student_dir_ = cfg.init_from if cfg.resume is None else find_checkpoint(cfg.resume).path
     student_config, _ = read_config(student_dir_)  # the student's shape, from config.json alone
+    check_batch_fits(cfg, student_config)  # batch_size set huge after construction: named, not met by the allocator
     if uses_teacher:
         check_student(student_config, teacher.config, f"the student {str(student_dir_)!r}",  # type: ignore[union-attr]
                       window=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minillm.core.config import check_int
+from minillm.core.config import check_int, check_tensor_elements
 from minillm.engine.selective_cache import SelectiveKVCache  # noqa: F401  (registers the default backend)
 from minillm.paged.backends import check_attention_backend
 
@@ -53,9 +53,17 @@ class EngineConfig:
     tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """ValueError/TypeError naming the field unless every field is valid: at construction, and again where the
+        config is used (`LLM`), since a dataclass's fields can be reassigned after __post_init__."""
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "num_swap_blocks",
                      "tensor_parallel_size"):
             check_int(f"EngineConfig.{name}", getattr(self, name), 0 if name == "num_swap_blocks" else 1)
+        # Every layer's pool is a tensor (num_blocks, block_size, n_head, head_size): at least num_blocks x block_size
+        # elements whatever the model (PagedKVCache checks the whole shape), and the block manager lists every block.
+        check_tensor_elements("EngineConfig.num_blocks x block_size", (self.num_blocks, self.block_size))
         for name in ("enable_chunked_prefill", "enable_prefix_caching"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")

@@ -61,6 +61,7 @@ class LLM(FrontEnd):
         config = config if config is not None else EngineConfig()
         if not isinstance(config, EngineConfig):
             raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
+        config.check()  # subtle: a field set after construction (num_blocks = 10**9) was never checked
         window = model_config.block_size
         if not config.enable_chunked_prefill and config.max_num_batched_tokens < window:
             # Without chunks a whole prompt (or a recomputed prompt + outputs) must fit one step's budget; with a

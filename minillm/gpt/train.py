@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import platform
 import shlex
 import sys
@@ -42,10 +43,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minillm.core.checkpoint import load_checkpoint, save_checkpoint
-from minillm.core.config import GPTConfig, PRESETS, check_float
+from minillm.core.config import GPTConfig, PRESETS, check_float, check_tensor_elements, check_threads
 from minillm.core.device import DEVICE_CHOICES, resolve_device
 from minillm.core.sampling import seed_argument
-from minillm.core.io import atomic_write_text, check_output_dir
+from minillm.core.io import atomic_write_text, check_output_dir, check_path
 from minillm.core.model import GPT
 from minillm.gpt.dataset import BatchSampler, fixed_windows, split_tokens
 from minillm.gpt.eval import token_nll
@@ -53,6 +54,7 @@ from minillm.gpt.train_state import find_checkpoint, load_train_state, save_trai
 from minillm.tokenizer import load_tokenizer
 
 LOG_NAME = "training_log.json"
+PATH_FIELDS = ("corpus", "tokenizer", "out_dir", "export_dir", "resume", "init_from")  # TrainConfig's paths
 
 
 class NonFiniteTrainingError(ValueError):
@@ -98,6 +100,15 @@ class TrainConfig:
             raise ValueError(f"unknown preset {self.preset!r}; choose one of {sorted(PRESETS)}")
         if not isinstance(self.model_overrides, dict):
             raise TypeError(f"model_overrides must be a dict, got {type(self.model_overrides).__name__}")
+        # A path is a str or an os.PathLike, kept as a str: the training log that holds them is JSON, written after
+        # the whole run (a pathlib.Path there was a TypeError from json.dumps once every step had run).
+        for name in PATH_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                check_path(value, f"TrainConfig.{name}")
+                setattr(self, name, os.fsdecode(os.fspath(value)))
+        if self.command is not None and not isinstance(self.command, str):  # in the log too
+            raise TypeError(f"TrainConfig.command must be a str or None, got {type(self.command).__name__}")
         for name in ("out_dir", "export_dir"):  # written at the end: a bad folder must not cost the whole run
             check_output_dir(getattr(self, name), f"TrainConfig.{name}")
         for name in ("steps", "batch_size", "grad_accum", "eval_windows", "log_interval"):
@@ -128,11 +139,23 @@ class TrainConfig:
             raise ValueError(f"unknown device {self.device!r}; choose one of {DEVICE_CHOICES}")
         if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads <= 0):
             raise ValueError(f"num_threads must be a positive int or None, got {self.num_threads!r}")
+        if self.num_threads is not None:  # 4 per core at most: torch's pool of 100000 threads is a MemoryError
+            check_threads("num_threads", self.num_threads)
         if (self.save_interval or self.stop_after) and self.out_dir is None:
             raise ValueError("save_interval and stop_after need out_dir (where the checkpoint goes)")
         if self.init_from is not None and self.resume is not None:
             raise ValueError(f"init_from={self.init_from!r} and resume={self.resume!r} both choose the starting "
                              "weights; a resumed run continues from its checkpoint, so give one of them")
+
+
+def check_batch_fits(cfg: TrainConfig, model_config: GPTConfig) -> None:
+    """A ValueError naming TrainConfig.batch_size (or eval_windows) when one micro-batch's logits (batch_size,
+    block_size, vocab_size), or the validation windows (eval_windows, block_size), of a model of `model_config`
+    would pass MAX_TENSOR_ELEMENTS: refused before any batch is allocated, not in the allocator at the first step."""
+    check_tensor_elements("TrainConfig.batch_size x the model's block_size x vocab_size (one micro-batch's logits)",
+                          (cfg.batch_size, model_config.block_size, model_config.vocab_size))
+    check_tensor_elements("TrainConfig.eval_windows x the model's block_size", (cfg.eval_windows,
+                                                                                 model_config.block_size))
 
 
 def lr_at(cfg: TrainConfig, step: int, progress: float, warmup_end_progress: float) -> float:
@@ -208,6 +231,7 @@ def train(cfg: TrainConfig, train_tokens: torch.Tensor | None = None, val_tokens
     """
     if not isinstance(cfg, TrainConfig):
         raise TypeError(f"train needs a TrainConfig, got {type(cfg).__name__}")
+    cfg = dataclasses.replace(cfg)  # re-runs __post_init__: a field set to nonsense after construction is refused here
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable as loss_fn(model, x, y), got {type(loss_fn).__name__}")
     extra_params = ([p for p in loss_fn.parameters() if p.requires_grad] if isinstance(loss_fn, nn.Module)
@@ -231,6 +255,7 @@ def train(cfg: TrainConfig, train_tokens: torch.Tensor | None = None, val_tokens
     else:
         model = GPT(GPTConfig.from_name(cfg.preset, dropout=cfg.dropout, **cfg.model_overrides)).to(device)
     mcfg = model.config
+    check_batch_fits(cfg, mcfg)
     top = int(max(train_tokens.max(), val_tokens.max()))
     if top >= mcfg.vocab_size:
         raise ValueError(f"token id {top} does not fit the model's vocab_size={mcfg.vocab_size}")

@@ -644,10 +644,25 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def read_report(path: str) -> dict[str, Any]:
+    """`from_report` of the Markdown file at `path`; a path that is no regular file (missing, a folder, a FIFO that
+    would block the read), an unreadable file or one without the table is a ValueError naming --from-report."""
+    try:
+        if not Path(path).is_file():
+            raise ValueError(f"no report file at {path!r}")
+        return from_report(Path(path).read_text(encoding="utf-8"), path)
+    except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+        raise ValueError(f"--from-report: {e}") from e
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = start(build_parser(), argv)
+    ap = build_parser()
+    args = start(ap, argv)
     if args.from_report:
-        result = from_report(Path(args.from_report).read_text(encoding="utf-8"), args.from_report)
+        try:
+            result = read_report(args.from_report)
+        except ValueError as e:
+            ap.error(str(e))
         result["command"] = command_line(argv)
         print(format_table(result))
         if args.json:

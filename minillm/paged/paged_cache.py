@@ -27,7 +27,7 @@ from functools import partial
 import torch
 
 from minillm.core.attention import attention, attention_ref, causal_mask
-from minillm.core.config import GPTConfig, tensor_kind
+from minillm.core.config import GPTConfig, check_tensor_elements, tensor_kind
 from minillm.paged.backends import register_attention_backend
 from minillm.paged.block_manager import BlockManager
 
@@ -167,6 +167,7 @@ class PagedKVCache:
         self.use_fast_decode = use_fast_decode  # False forces the reference loop (for tests and the chapter)
         nh, hs = config.n_head, config.head_size
         shape = (num_blocks, block_size, nh, hs)  # (nb, bs, nh, hs)
+        check_tensor_elements("num_blocks x block_size x n_head x head_size", shape)  # before the allocator sees it
         self.k_pools = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(config.n_layer)]
         self.v_pools = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(config.n_layer)]
         self._attn = attention_ref if config.attn_impl == "explicit" else attention

@@ -28,6 +28,7 @@ import time
 import httpx
 import torch
 
+from minillm.bench.cli import threads_argument
 from minillm.core.config import check_float, check_int
 from minillm.core.device import DEVICE_CHOICES
 from minillm.gpt.pretrained import SHIPPED_PRESETS
@@ -97,7 +98,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--device", default="cpu", choices=DEVICE_CHOICES)
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--threads", type=threads_argument, default=None,
                    help="torch threads of the engine (default: torch's choice)")
     p.add_argument("--engine-core", default="process", choices=("process", "thread"),
                    help="run the engine core in a process of its own (default) or on a thread of the server's")

@@ -62,6 +62,7 @@ import numpy as np
 import openai
 import torch
 
+from minillm.bench.cli import threads_argument
 from minillm.bench.models import load_model
 from minillm.core.corpus import SEPARATOR
 from minillm.core.device import DEVICE_CHOICES, resolve_device
@@ -1188,7 +1189,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     v.add_argument("--device", default="cpu", choices=DEVICE_CHOICES, help="--serve: where the model runs")
     v.add_argument("--num-blocks", type=int, default=512, help="--serve: KV blocks in the pool (default 512)")
     v.add_argument("--enable-prefix-caching", action="store_true", help="--serve: chapter 05's prefix cache")
-    v.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    v.add_argument("--threads", type=threads_argument, default=None, help="torch threads (default: torch's choice)")
     v.add_argument("--engine-core", default="process", choices=("process", "thread"),
                    help="--serve: the engine core in a process of its own (default) or on the server's thread")
     v.add_argument("--compare-offline", action="store_true",
