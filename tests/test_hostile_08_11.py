@@ -1695,3 +1695,12 @@ def test_s08r8_a_nan_draft_when_sampling_is_a_named_error_and_greedy_still_the_t
     greedy = SamplingParams.greedy(8, ignore_eos=True)
     assert generate_speculative(ctx.target, _nan_draft(ctx), [5, 6, 7], greedy)[0] == \
         generate_ids(ctx.target, [5, 6, 7], greedy)
+
+
+def test_distillation_loss_refuses_sparse_targets_by_name():
+    """Sparse (COO) targets of the right dtype and shape are refused naming `targets`, not torch's SparseCPU error."""
+    from minillm.distill.losses import distillation_loss
+
+    z = torch.randn(2, 3, 5)
+    with pytest.raises(TypeError, match="targets must be a strided"):
+        distillation_loss(z, z.clone(), torch.randint(0, 5, (2, 3)).to_sparse(), 2.0, 0.5)

@@ -31,8 +31,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import (check_float, check_has_data, check_int, check_tensor_elements, is_float_compute,
-                                 tensor_kind)
+from minillm.core.config import (check_float, check_has_data, check_int, check_strided, check_tensor_elements,
+                                 is_float_compute, tensor_kind)
 
 KINDS = ("forward", "reverse")
 # The smallest temperature the losses take. From it up, kd_loss is finite for any finite float32, float16 or
@@ -175,6 +175,7 @@ def check_targets(name: str, targets: object, shape: tuple[int, ...], vocab_size
         raise ValueError(f"{name} must have shape {tuple(shape)} (the logits without V), got {tuple(targets.shape)}")
     if targets.device != device:
         raise ValueError(f"{name} on {targets.device} and the logits on {device} must be on one device")
+    check_strided(name, targets)
     if targets.numel() == 0:
         return
     # subtle: cross_entropy ignores target -100 (its ignore_index) without a word; every id must be a real token.
