@@ -61,12 +61,15 @@ def _check_decoder(name: str, decoder: object) -> FusedCPUDecoder:
 
 
 def _prefill(decoder: FusedCPUDecoder, prompt: list[int]) -> None:
-    """The decoder's cache reset and filled with the K/V of all but the prompt's last token, by the model itself
-    (PyTorch's GEMM is the right tool for many rows); the last token is the first row of the first verify."""
+    """The decoder's cache reset and filled with the K/V of all but the prompt's last token (the last token is the
+    first row of the first verify): up to MAX_VERIFY tokens in one C++ call (`verify`, as `FusedCPUDecoder.prefill`
+    does), more by the model itself (PyTorch's GEMM is the right tool for many rows)."""
     decoder.cache.reset()
-    if len(prompt) > 1:
-        idx = torch.tensor([prompt[:-1]])  # (1, T-1)
-        decoder.model.hidden(idx, torch.arange(len(prompt) - 1), decoder.cache)  # K/V only: no logits needed
+    body = prompt[:-1]
+    if 1 <= len(body) <= MAX_VERIFY:
+        decoder.verify(body)  # its logits are not needed: the K/V are
+    elif body:
+        decoder.model.hidden(torch.tensor([body]), torch.arange(len(body)), decoder.cache)  # (1, T-1): K/V only
 
 
 class FusedDraftProposer:
