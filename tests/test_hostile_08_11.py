@@ -58,6 +58,7 @@ from minillm.speculative.generate import (
     generate_speculative,
     prompt_lookup_proposals,
     run_rounds,
+    sample_draft,
 )
 from minillm.speculative.sampling import (
     accept_greedy,
@@ -808,6 +809,49 @@ BAD = [
      ValueError, r"^EngineConfig.num_blocks x block_size ask for a tensor of shape \(1000000000, 16\)"),
     ("s08r8-verify-cache-num-blocks-huge", lambda c: VerifyKVCache(c.target.config, 10 ** 9, 16), ValueError,
      r"^num_blocks x block_size x n_head x head_size ask for a tensor of shape \(1000000000, 16, "),
+    # ---------------------------------------------------------------- chapter 08, ninth hostile run
+    # before: 1-D logits returned a 0-d q (silent), 2 rows / an empty vocabulary / meta reached torch, a list or None
+    # was an AttributeError, bool and complex logits were sampled, mutated params were used as they were
+    ("s08r9-sample-draft-1d", lambda c: sample_draft(torch.zeros(8), SamplingParams(), None, 0), ValueError,
+     r"^logits must have 2 dimensions, got shape \(8,\)"),
+    ("s08r9-sample-draft-2rows", lambda c: sample_draft(torch.zeros(2, 8), SamplingParams(), None, 0), ValueError,
+     r"^logits must have shape \(1, V\) with V >= 1.*got \(2, 8\)"),
+    ("s08r9-sample-draft-empty-vocab", lambda c: sample_draft(torch.zeros(1, 0), SamplingParams(), None, 0),
+     ValueError, r"^logits must have shape \(1, V\) with V >= 1.*got \(1, 0\)"),
+    ("s08r9-sample-draft-meta", lambda c: sample_draft(torch.zeros(1, 8, device="meta"), SamplingParams(), None, 0),
+     ValueError, "^logits is a meta tensor"),
+    ("s08r9-sample-draft-list", lambda c: sample_draft([[0.0] * 8], SamplingParams(), None, 0), TypeError,
+     "^logits must be a floating-point tensor, got list"),
+    ("s08r9-sample-draft-bool", lambda c: sample_draft(torch.ones(1, 8, dtype=torch.bool), SamplingParams(), None, 0),
+     TypeError, "^logits must be a floating-point tensor, got torch.bool"),
+    ("s08r9-sample-draft-complex", lambda c: sample_draft(torch.zeros(1, 8, dtype=torch.complex64), SamplingParams(),
+                                                          None, 0), TypeError, "^logits must be a floating-point"),
+    ("s08r9-sample-draft-sparse", lambda c: sample_draft(torch.eye(1, 8).to_sparse(), SamplingParams(), None, 0),
+     TypeError, "^logits must be a strided"),
+    ("s08r9-sample-draft-params-none", lambda c: sample_draft(torch.zeros(1, 8), None, None, 0), TypeError,
+     "^params must be a SamplingParams, got NoneType"),
+    ("s08r9-sample-draft-params-top-k-set-later", lambda c: sample_draft(
+        torch.zeros(1, 8), changed(SamplingParams(), top_k=-3), None, 0), ValueError, r"^top_k must be >= 0"),
+    ("s08r9-sample-draft-params-top-p-set-later", lambda c: sample_draft(
+        torch.zeros(1, 8), changed(SamplingParams(), top_p=0.0), None, 0), ValueError, r"^top_p must be in \(0, 1\]"),
+    ("s08r9-sample-draft-params-top-p-nan-later", lambda c: sample_draft(
+        torch.zeros(1, 8), changed(SamplingParams(), top_p=NAN), None, 0), ValueError, r"^top_p must be in \(0, 1\]"),
+    ("s08r9-sample-draft-generator-str", lambda c: sample_draft(torch.zeros(1, 8), SamplingParams(), "g", 0),
+     TypeError, "^generator must be a torch.Generator or None, got str"),
+    ("s08r9-sample-draft-step-str", lambda c: sample_draft(torch.zeros(1, 8), SamplingParams(), None, "0"),
+     TypeError, "^step must be an int"),
+    # before: max_new_tokens='8' set after construction reached '<' between int and str
+    ("s08r9-speculative-max-new-str-later", lambda c: generate_speculative(
+        c.target, c.draft, [5, 6, 7], changed(SamplingParams(8), max_new_tokens="8"), 3), TypeError,
+     "^max_new_tokens must be an int, got str '8'"),
+    ("s08r9-prompt-lookup-max-new-str-later", lambda c: generate_prompt_lookup(
+        c.target, [5, 6, 7], changed(SamplingParams(8), max_new_tokens="8"), 3), TypeError,
+     "^max_new_tokens must be an int, got str '8'"),
+    # before: sampling='no' was taken as True (the error blamed q), None as False (returned unchecked)
+    ("s08r9-check-proposal-sampling-none", lambda c: check_proposal([1], None, 128, None), TypeError,
+     "^sampling must be a bool, got NoneType None"),
+    ("s08r9-check-proposal-sampling-str", lambda c: check_proposal([1], None, 128, "no"), TypeError,
+     "^sampling must be a bool, got str 'no'"),
 ]
 
 
@@ -1704,3 +1748,86 @@ def test_distillation_loss_refuses_sparse_targets_by_name():
     z = torch.randn(2, 3, 5)
     with pytest.raises(TypeError, match="targets must be a strided"):
         distillation_loss(z, z.clone(), torch.randint(0, 5, (2, 3)).to_sparse(), 2.0, 0.5)
+
+
+# ================================================================== chapters 08 and 11, ninth hostile run
+
+
+def test_s08r9_sample_draft_with_greedy_params_takes_the_argmax_with_a_one_hot_q():
+    """Before: greedy params sampled from the full softmax (a token the eager greedy proposer never drafts)."""
+    logits = torch.randn(1, 64, generator=torch.Generator().manual_seed(0))
+    for seed in range(5):
+        tok, q = sample_draft(logits, SamplingParams.greedy(), torch.Generator().manual_seed(seed), 0)
+        assert tok == int(logits.argmax()) and q.shape == (64,) and float(q[tok]) == 1.0 and float(q.sum()) == 1.0
+
+
+class _NoRollback:
+    calls = 0
+
+    def prefill(self, prompt):
+        pass
+
+    def propose(self, seq, gamma, state):
+        return [1, 2], None
+
+
+class _Returns(_FixedProposer):
+    def propose(self, seq, gamma, state):
+        return self.out
+
+
+class _Mutates(_FixedProposer):
+    def propose(self, seq, gamma, state):
+        seq.append(1)  # changes the sequence it was given
+        del seq[:2]
+        return [1, 2], None
+
+
+@pytest.mark.parametrize("proposer, match", [
+    pytest.param(_NoRollback(), r"^the proposer \(_NoRollback\) must have a rollback\(\) method", id="no-rollback"),
+    pytest.param(_Returns(None), r"^the proposer's \(_Returns\) propose\(\) must return a pair \(drafts, q or None\), "
+                 "got NoneType", id="returns-none"),
+    pytest.param(_Returns(([1], None, 0)), r"^the proposer's \(_Returns\) propose\(\) must return a pair", id="3-tuple"),
+    pytest.param(_Returns([1, 2]), r"^the proposer's \(_Returns\) propose\(\) must return a pair", id="a-list"),
+])
+def test_s08r9_run_rounds_names_a_malformed_proposer(ctx, proposer, match):
+    """Before: Python's unpacking TypeError, an AttributeError 'rollback', naming no proposer."""
+    assert_refused_by_minillm(lambda: _rounds_with(ctx.target, proposer, SamplingParams.greedy(6, ignore_eos=True)),
+                              TypeError, match)
+
+
+def test_s08r9_a_proposer_that_changes_its_sequence_cannot_corrupt_the_round(ctx):
+    """Before: 'can only truncate to a length in [0, 14], got 15' from the cache; propose now gets a copy."""
+    params = SamplingParams.greedy(6, ignore_eos=True)
+    assert _rounds_with(ctx.target, _Mutates([]), params)[0] == generate_ids(ctx.target, [5, 6, 7, 5, 6], params)
+
+
+def test_d11r9_a_records_value_edited_by_hand_is_refused_on_resume(tmp_path, student_ckpt, monkeypatch):
+    """Before: a loss edited in distill_records.jsonl (8.3 -> 1.3) resumed silently and ended in the final log; a
+    line dropped or two swapped break the chain too. The untouched run still resumes (the bit-for-bit test)."""
+    teacher = tiny(9, n_layer=3, n_embd=64, n_head=4, block_size=32)
+    run = tmp_path / "run"
+    distill(TrainConfig(**RUN, init_from=student_ckpt, out_dir=str(run), stop_after=2), teacher, temperature=2.0,
+            progress=False)
+    good = (run / RECORDS_NAME).read_text()
+    lines = good.splitlines(keepends=True)
+    edits = [lambda: _edit_record_line(run / RECORDS_NAME, 2, lambda line: json.dumps(
+                 {**json.loads(line), "hard": json.loads(line)["hard"] + 1.0})),
+             lambda: (run / RECORDS_NAME).write_text("".join([lines[1], lines[0], *lines[2:]])),
+             lambda: (run / RECORDS_NAME).write_text("".join(lines[1:] + lines[:1]))]
+    monkeypatch.setattr(distill_train, "train", lambda *a, **k: (_ for _ in ()).throw(AssertionError("trained")))
+    for edit in edits:
+        (run / RECORDS_NAME).write_text(good)
+        edit()
+        assert_refused_by_minillm(lambda: distill(TrainConfig(**RUN, out_dir=str(run), resume=str(run)), teacher,
+                                                  temperature=2.0, progress=False), ValueError,
+                                  rf"{RECORDS_NAME} in .*: line \d does not match its field 'sha256'")
+
+
+def test_feature_loss_refuses_a_nested_hidden_state_by_name():
+    """A nested tensor reports a strided layout and has no shape: refused naming student_h before any value is read."""
+    from minillm.distill.losses import feature_loss
+
+    nested = torch.nested.nested_tensor([torch.randn(2, 4), torch.randn(3, 4)])
+    with pytest.raises(TypeError, match="student_h must be a dense tensor"):
+        feature_loss(nested, torch.randn(2, 3, 4), torch.nn.Linear(4, 4))

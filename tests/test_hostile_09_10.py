@@ -1025,7 +1025,59 @@ BAD = [
         torch.randn(5, 32), _w8a8_parts()[0].to_sparse(), *_w8a8_parts()[1:]), TypeError, "^qweight must be a strided"),
     ("q09r8-llm-int8-x-sparse", lambda: llm_int8_linear(torch.randn(5, 32).to_sparse(), qlinear("w8a8"), 6.0),
      TypeError, "^x must be a strided"),
+    # ninth hostile run: a nested tensor reports layout strided and has no shape to read, a qint8 one is strided too,
+    # uint64 and float8 promote with nothing; `check_strided` refuses all four before anything reads the shape
+    ("q09r9-gptq-W-nested", lambda: gptq_quantize(_nested(W), H, 4), TypeError, "^W must be a dense tensor"),
+    ("q09r9-gptq-H-nested", lambda: gptq_quantize(W, _nested(H), 4), TypeError, "^H must be a dense tensor"),
+    ("q09r9-gptq-W-float8", lambda: gptq_quantize(W.to(torch.float8_e4m3fn), H, 4), TypeError,
+     "^W has dtype torch.float8_e4m3fn"),
+    ("q09r9-damped-H-nested", lambda: damped(_nested(H), 0.01), TypeError, "^H must be a dense tensor"),
+    ("q09r9-output-error-X-nested", lambda: output_error(W, W * 0.9, _nested(torch.randn(4, 32))), TypeError,
+     "^X must be a dense tensor"),
+    ("q09r9-smoothing-scales-act-absmax-nested", lambda: smoothing_scales(_nested(torch.rand(32)), W), TypeError,
+     "^act_absmax must be a dense tensor"),
+    ("q09r9-outlier-report-absmax-nested", lambda: outlier_report({"h.0": _nested(torch.rand(2, 32))}, 6.0),
+     TypeError, "^absmax\\['h.0'\\] must be a dense tensor"),
+    ("q09r9-quantize-kv-x-nested", lambda: quantize_kv(_nested(torch.randn(2, 8))), TypeError,
+     "^x must be a dense tensor"),
+    ("q09r9-dequantize-asymmetric-zero-nested", lambda: dequantize_asymmetric(
+        Q8, torch.ones(2, 1), _nested(torch.zeros(2, 1))), TypeError, "^zero must be a dense tensor"),
+    ("q09r9-dequantize-asymmetric-zero-uint64", lambda: dequantize_asymmetric(
+        Q8, torch.ones(2, 1), torch.zeros(2, 1, dtype=torch.uint64)), TypeError, "^zero has dtype torch.uint64"),
+    ("q09r9-quantize-asymmetric-zero-qint8", lambda: quantize_asymmetric(
+        W, torch.ones(8, 1), torch.quantize_per_tensor(torch.zeros(8, 1), 1.0, 0, torch.qint8), 8), TypeError,
+     "^zero must be an ordinary \\(not quantized\\) tensor"),
+    ("q09r9-int8-matmul-a-nested", lambda: int8_matmul(_nested(Q8), Q8.t()), TypeError, "^a must be a dense tensor"),
+    ("q09r9-quantize-activations-x-nested", lambda: quantize_activations(_nested(torch.randn(2, 8))), TypeError,
+     "^x must be a dense tensor"),
+    ("q09r9-quant-linear-x-nested", lambda: qlinear()(_nested(torch.randn(2, 32))), TypeError,
+     "^x must be a dense tensor"),
+    ("q09r9-quant-linear-int4-x-nested", lambda: qlinear("int4", group_size=16)(_nested(torch.randn(2, 32))),
+     TypeError, "^x must be a dense tensor"),
+    ("q09r9-quant-linear-x-mkldnn", lambda: qlinear()(torch.randn(2, 32).to_mkldnn()), TypeError,
+     "^x must be a strided"),
+    ("q09r9-check-calibration-nested", lambda: check_calibration(MODEL, _nested(CALIB)), TypeError,
+     "^calibration must be a dense tensor"),
+    ("p10r9-head-scores-calibration-nested", lambda: head_scores(MODEL, _nested(CALIB)), TypeError,
+     "calibration must be a dense tensor"),
+    ("p10r9-wanda-input-norm-nested", lambda: wanda_score(W, _nested(torch.rand(32))), TypeError,
+     "^input_norm must be a dense tensor"),
+    ("p10r9-wanda-weight-float8", lambda: wanda_score(W.to(torch.float8_e4m3fn), torch.rand(32)), TypeError,
+     "^weight has dtype torch.float8_e4m3fn"),
+    ("p10r9-stored-bytes-weight-nested", lambda: stored_bytes(_nested(W), "csr"), TypeError,
+     "^weight must be a dense tensor"),
+    ("p10r9-lowest-heads-scores-nested", lambda: lowest_heads(_nested(torch.rand(2, 2)), 1), TypeError,
+     "^scores must be a dense tensor"),
+    ("p10r9-prune-mlp-scores-nested", lambda: prune_mlp(MODEL, 0.5, [_nested(torch.rand(128))] * 2), TypeError,
+     r"^scores\[0\] must be a dense tensor"),
+    ("p10r9-input-norms-x-nested", lambda: input_norms(MODEL.transformer.h[0], _nested(torch.randn(2, 4, 32))),
+     TypeError, "^x must be a dense tensor"),
 ]
+
+
+def _nested(t: torch.Tensor) -> torch.Tensor:
+    """t as the one component of a nested tensor: layout torch.strided, but no shape torch can read."""
+    return torch.nested.nested_tensor([t])
 
 
 def _w8a8_parts() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -1888,3 +1940,21 @@ def test_q09r8_finetune_qat_of_a_pruned_model_keeps_its_zeros(fake_quant):
         deq = [m.dequantized_weight() for block in converted.transformer.h for m in block.modules()
                if isinstance(m, QuantLinear)]
         assert all(bool((w[z] == 0).all()) for w, z in zip(deq, zeros))
+
+
+def test_p10r9_describe_verifies_what_it_reports(tmp_path):
+    """Before: block_sparsity edited to 0.9000 was reported as 0.9 while load_pruned refused the same file; describe
+    now runs the loader's checks, and a flipped weight is its sha256 error."""
+    pruned = prune_mlp(MODEL, 0.25, mlp_neuron_scores(MODEL, CALIB))
+    good = save_pruned(pruned, tmp_path / "good.safetensors", "mlp 25%", pattern="dense")
+    with safe_open(str(good), framework="pt") as f:
+        meta = dict(f.metadata())
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    save_file(tensors, str(tmp_path / "lie.safetensors"), metadata={**meta, "block_sparsity": "0.9000"})
+    with pytest.raises(ValueError, match=r"lie\.safetensors.*block sparsity 0\.9000 \(field block_sparsity\) but the weights hold 0\.0000"):
+        describe_pruned(tmp_path / "lie.safetensors")
+    flipped = dict(tensors, **{"transformer.ln_f.weight": tensors["transformer.ln_f.weight"] + 1})
+    save_file(flipped, str(tmp_path / "flip.safetensors"), metadata=meta)
+    with pytest.raises(ValueError, match=r"flip\.safetensors.*sha256"):
+        describe_pruned(tmp_path / "flip.safetensors")
+    assert describe_pruned(good)["block_sparsity"] == 0.0

@@ -13,6 +13,7 @@ trials, so a spec that is wrong in the first place fails too.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import os
 import random
@@ -774,6 +775,29 @@ def _mirror_bad_calls():
          r"^x is a negative \(or conjugate\) view"),
         ("ops8-int8-gemv-scale-negative-view", lambda: ops.int8_gemv(XQ, WQ, torch._neg_view(torch.rand(5))),
          ValueError, r"^scale is a negative \(or conjugate\) view"),
+        # ninth hostile run: nested tensors report layout strided, qint8/uint64 tables pass an integer check, and a
+        # channels_last pool cannot be viewed as (nb * bs, nh, hs); all refused by name before torch sees them
+        ("naive9-int8-gemv-w-nested", lambda: N.int8_gemv(XQ, torch.nested.nested_tensor([WQ]), torch.rand(5)),
+         TypeError, r"^w must be a dense tensor"),
+        ("mirror9-int8-gemv-w-nested", lambda: M.int8_gemv(XQ, torch.nested.nested_tensor([WQ]), torch.rand(5)),
+         TypeError, r"^w must be a dense tensor"),
+        ("naive9-layernorm-x-nested", lambda: N.layernorm(torch.nested.nested_tensor([X]), W, B), TypeError,
+         r"^x must be a dense tensor"),
+        ("mirror9-paged-gather-table-uint64", lambda: M.paged_gather(KP, torch.tensor([1, 0], dtype=torch.uint64), 3),
+         TypeError, r"^block_table has dtype torch.uint64"),
+        ("mirror9-paged-gather-table-qint8", lambda: M.paged_gather(
+            KP, torch.quantize_per_tensor(torch.tensor([1.0, 0.0]), 1.0, 0, torch.qint8), 3), TypeError,
+         r"^block_table must be an ordinary \(not quantized\) tensor"),
+        ("naive9-kv-write-k-pool-channels-last", lambda: N.kv_cache_write(
+            KEY, KEY.clone(), torch.zeros(4, 2, 2, 8).contiguous(memory_format=torch.channels_last),
+            torch.zeros(4, 2, 2, 8), torch.tensor([0, 1, 2])), ValueError, r"^k_pool must be contiguous"),
+        ("naive9-kv-write-v-pool-channels-last", lambda: N.kv_cache_write(
+            KEY, KEY.clone(), torch.zeros(4, 2, 2, 8),
+            torch.zeros(4, 2, 2, 8).contiguous(memory_format=torch.channels_last), torch.tensor([0, 1, 2])),
+         ValueError, r"^v_pool must be contiguous"),
+        ("ops9-tensors-overlap-list", lambda: ops.tensors_overlap([1], XQ), TypeError, r"a must be a torch.Tensor"),
+        ("ops9-check-slot-range-num-slots-bool", lambda: ops.check_slot_range(torch.tensor([0]), True), TypeError,
+         r"^num_slots must be an int"),
     ]
 
 
@@ -794,6 +818,8 @@ def _compile_mirror_bad_calls():
     from minillm.kvcache.cache import ContiguousKVCache
     from minillm.compile import aot, llamacpp, llamacpp_build
     from minillm.compile.decode import counting_backend
+    from minillm.compile.cpu_gemv import int4_gemv, int8_gemv
+    from minillm.kvcache.generate import generate_ids
     from minillm.quant.linear import QuantConfig, quantize_model
     from minillm.quant.qat import prepare_qat
 
@@ -1050,6 +1076,87 @@ def _compile_mirror_bad_calls():
         ("aot8-export-hooked", lambda: (lambda m: (m.transformer.h[0].attn.register_forward_hook(lambda *a: None),
                                                    aot.export_decode_step(m, "/nonexistent/h.pt2")))(
             copy.deepcopy(model)), ValueError, r"^model's transformer.h.0.attn has a forward hook"),
+        # ninth hostile run (helper B): FusedCPUDecoder.prefill decoded a changed or hooked model's stale snapshot
+        # (silent) and let non-tensors, out-of-vocabulary ids and prompts past the window reach torch; chapter 04's
+        # generate took any prefill_fn result; round_costs checked nothing (rows=10**30 hung); step_bytes,
+        # quantized_fused's group, the int4/int8 GEMV's inf scale, the "tvm" backend without TVM
+        ("fused9-prefill-model-changed", lambda: (lambda m: (lambda d: (
+            setattr(m.transformer.h[0].mlp, "c_fc", torch.nn.Linear(32, 128)),
+            d.prefill(m, d.cache, torch.tensor([[1, 2]]), torch.arange(2))))(FusedCPUDecoder(m)))(copy.deepcopy(model)),
+         ValueError, "converted or replaced since this FusedCPUDecoder was built"),
+        ("fused9-prefill-hooked", lambda: (lambda m: (lambda d: (
+            m.transformer.h[0].register_forward_hook(lambda *a: None),
+            d.prefill(m, d.cache, torch.tensor([[1, 2]]), torch.arange(2))))(FusedCPUDecoder(m)))(copy.deepcopy(model)),
+         ValueError, "cannot run forward hooks"),
+        ("fused9-prefill-ids-list", lambda: (lambda d: d.prefill(model, d.cache, [[1, 2]], torch.arange(2)))(
+            FusedCPUDecoder(model)), TypeError, r"^ids must be an integer tensor, got list"),
+        ("fused9-prefill-ids-bool", lambda: (lambda d: d.prefill(model, d.cache, torch.ones(1, 2, dtype=torch.bool),
+                                                                 torch.arange(2)))(FusedCPUDecoder(model)),
+         TypeError, r"^ids must be an integer tensor, got torch.bool"),
+        ("fused9-prefill-ids-meta", lambda: (lambda d: d.prefill(model, d.cache, torch.ones(1, 2, dtype=torch.long,
+                                                                                            device="meta"),
+                                                                 torch.arange(2)))(FusedCPUDecoder(model)),
+         ValueError, r"^ids is a meta tensor"),
+        ("fused9-prefill-positions-range", lambda: (lambda d: d.prefill(model, d.cache, torch.tensor([[1, 2]]),
+                                                                        range(2)))(FusedCPUDecoder(model)),
+         TypeError, r"^positions must be an integer tensor, got range"),
+        ("fused9-prefill-long-oov", lambda: (lambda d: d.prefill(model, d.cache, torch.tensor([[*range(20), 600]]),
+                                                                 torch.arange(21)))(FusedCPUDecoder(model)),
+         ValueError, r"^ids must be token ids in \[0, vocab_size=512\), got 600"),
+        ("fused9-prefill-past-window", lambda: (lambda d: d.prefill(model, d.cache, torch.ones(1, 9, dtype=torch.long),
+                                                                    torch.arange(9)))(FusedCPUDecoder(model, 8)),
+         ValueError, r"^ids must hold 1 to max_len=8 tokens"),
+        ("gen9-prefill-fn-1d", lambda: generate_ids(model, [1, 2], SamplingParams.greedy(2),
+                                                    prefill_fn=lambda *a: torch.zeros(512)), ValueError,
+         r"^prefill_fn's result \(logits\) must have 2 dimensions"),
+        ("gen9-prefill-fn-list", lambda: generate_ids(model, [1, 2], SamplingParams.greedy(2),
+                                                      prefill_fn=lambda *a: [0.0] * 512), TypeError,
+         r"^prefill_fn's result \(logits\) must be a floating-point tensor, got list"),
+        ("gen9-prefill-fn-wider", lambda: generate_ids(model, [1, 2], SamplingParams.greedy(2),
+                                                       prefill_fn=lambda *a: torch.zeros(1, 513)), ValueError,
+         r"^prefill_fn must return logits \(1, vocab_size=512\), got \(1, 513\)"),
+        ("gen9-prefill-fn-two-rows", lambda: generate_ids(model, [1, 2], SamplingParams.greedy(2),
+                                                          prefill_fn=lambda *a: torch.zeros(2, 512)), ValueError,
+         r"^prefill_fn must return logits \(1, vocab_size=512\), got \(2, 512\)"),
+        ("gen9-prefill-fn-no-cache-write", lambda: generate_ids(model, [1, 2], SamplingParams.greedy(2),
+                                                                prefill_fn=lambda *a: torch.zeros(1, 512)),
+         ValueError, r"^prefill_fn must write the prompt's 2 tokens' K/V to the cache, but the cache holds 0"),
+        ("rc9-rows-zero", lambda: cbench.round_costs(FusedCPUDecoder(model), FusedCPUDecoder(model), 0, 4, 1, 2),
+         ValueError, r"^rows must be positive, got 0"),
+        ("rc9-rows-huge", lambda: cbench.round_costs(FusedCPUDecoder(model), FusedCPUDecoder(model), 10**30, 4, 1, 2),
+         ValueError, r"^rows must be in \[1, MAX_VERIFY=16\]"),
+        ("rc9-rows-bool", lambda: cbench.round_costs(FusedCPUDecoder(model), FusedCPUDecoder(model), True, 4, 1, 2),
+         TypeError, r"^rows must be an int, got bool"),
+        ("rc9-context-negative", lambda: cbench.round_costs(FusedCPUDecoder(model), FusedCPUDecoder(model), 2, -3, 1,
+                                                            2), ValueError, r"^context must be non-negative"),
+        ("rc9-context-none", lambda: cbench.round_costs(FusedCPUDecoder(model), FusedCPUDecoder(model), 2, None, 1, 2),
+         TypeError, r"^context must be an int"),
+        ("rc9-context-no-room", lambda: cbench.round_costs(FusedCPUDecoder(model, 8), FusedCPUDecoder(model), 2, 7, 1,
+                                                           2), ValueError, r"^context must leave room .* at most 6"),
+        ("rc9-calls-zero", lambda: cbench.round_costs(FusedCPUDecoder(model), FusedCPUDecoder(model), 2, 4, 1, 0),
+         ValueError, r"^calls must be positive"),
+        ("rc9-repeats-float", lambda: cbench.round_costs(FusedCPUDecoder(model), FusedCPUDecoder(model), 2, 4, 1.5, 2),
+         TypeError, r"^repeats must be an int"),
+        ("rc9-target-gpt", lambda: cbench.round_costs(model, FusedCPUDecoder(model), 2, 4, 1, 2), TypeError,
+         r"^target must be a FusedCPUDecoder, got GPT"),
+        ("rc9-draft-none", lambda: cbench.round_costs(FusedCPUDecoder(model), None, 2, 4, 1, 2), TypeError,
+         r"^draft must be a FusedCPUDecoder, got NoneType"),
+        ("rc9-target-model-changed", lambda: (lambda m: (lambda d: (m.half(), cbench.round_costs(
+            d, FusedCPUDecoder(model), 2, 4, 1, 2)))(FusedCPUDecoder(m)))(copy.deepcopy(model)), ValueError,
+         "converted or replaced since this FusedCPUDecoder was built"),
+        ("bench9-step-bytes-str", lambda: cbench.step_bytes("model"), TypeError,
+         r"^step_bytes \(model\) needs a minillm GPT"),
+        ("bench9-quantized-fused-odd-width", lambda: cbench.quantized_fused(
+            GPT(GPTConfig(vocab_size=64, block_size=8, n_layer=1, n_head=1, n_embd=5)).eval(), [1, 2],
+            SamplingParams.greedy(2), repeats=1), ValueError, r"even group size .* widths \[5, 20\]"),
+        ("gemv9-int4-inf-scale", lambda: int4_gemv(torch.randn(2, 8), torch.zeros(4, 4, dtype=torch.uint8),
+                                                   torch.tensor([[1.0, 1.0]] * 3 + [[float("inf"), 1.0]])),
+         ValueError, r"^scale must hold finite values, got inf"),
+        ("gemv9-int8-nan-scale", lambda: int8_gemv(torch.randn(2, 8), torch.zeros(4, 8, dtype=torch.int8),
+                                                   torch.tensor([1.0, float("nan"), 1.0, 1.0])),
+         ValueError, r"^scale must hold finite values, got nan"),
+        *([("backend9-tvm-missing", lambda: StaticDecoder(model, mode="compile", backend="tvm"), ValueError,
+            r"backend 'tvm' needs the Python package 'tvm'")] if importlib.util.find_spec("tvm") is None else []),
     ]
 
 
@@ -1947,6 +2054,38 @@ def test_b8_llama_bench_tok_s_refuses_a_bool_rate(tmp_path):
     binary.chmod(0o755)
     assert_refused_by_minillm(lambda: llamacpp.llama_bench_tok_s(binary, gguf, 1, 8), ValueError,
                               r"printed no llama-bench JSON report with an avg_ts \(avg_ts is a bool, True\)")
+
+
+def _fake_llama_quantize(tree, script: str):
+    """A llama.cpp tree whose built `llama-quantize` is the shell `script` ($1 source, $2 out)."""
+    binary = tree / "build" / "bin" / "llama-quantize"
+    binary.parent.mkdir(parents=True)
+    binary.write_text("#!/bin/sh\n" + script + "\n")
+    binary.chmod(0o755)
+    return tree
+
+
+def test_b9_quantize_gguf_refuses_out_that_is_the_source_and_a_tool_that_writes_nothing(tmp_path):
+    """Ninth hostile run: out equal to source (the same path, another spelling of it, a symlink to it) was quantized
+    over itself: the tool truncates out before reading the source, so the f32 GGUF was left at 0 bytes; a tool that
+    exited 0 without writing out returned a path that did not exist. Now a ValueError naming out before the build
+    (the source intact) and a RuntimeError naming the tool; a real write still passes."""
+    from minillm.compile import llamacpp_build as lb
+
+    tree = _fake_llama_quantize(tmp_path / "tree", ': > "$2"; cat "$1" > "$2"')
+    source = tmp_path / "m.gguf"
+    source.write_bytes(b"GGUF" * 64)
+    link = tmp_path / "link.gguf"
+    link.symlink_to(source)
+    for out in (source, tmp_path / "." / "m.gguf", link):
+        assert_refused_by_minillm(lambda: lb.quantize_gguf(tree, source, "q4_0", out), ValueError,
+                                  r"^out .* is the source GGUF")
+    assert source.stat().st_size == 256
+    assert lb.quantize_gguf(tree, source, "q4_0", tmp_path / "q.gguf").read_bytes() == b"GGUF" * 64
+    noop = _fake_llama_quantize(tmp_path / "noop", "true")
+    for out in (tmp_path / "never.gguf", tmp_path / "q.gguf"):  # nothing written; an earlier file left untouched
+        assert_refused_by_minillm(lambda: lb.quantize_gguf(noop, source, "q4_0", out), RuntimeError,
+                                  r"^llama-quantize exited 0 but wrote no")
 
 
 def test_b8_kv_writes_check_the_pools_against_the_current_modes():

@@ -20,7 +20,8 @@ from minillm.compile.decode import StaticDecoder, check_decoder_room
 from minillm.core.checkpoint import (CONFIG_NAME, WEIGHTS_NAME, checkpoint_sha256, load_checkpoint,
                                      save_checkpoint)
 from minillm.core.io import read_json_file, read_safetensors_file
-from minillm.core.config import GPTConfig, check_float_tensor, is_float_compute
+from minillm.core.config import (GPTConfig, check_float_tensor, check_has_data, check_module_has_data,
+                                 is_float_compute)
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.distill.losses import kd_loss
@@ -107,7 +108,31 @@ CASES = [
     ("naive.kv_cache_write pool requiring grad", lambda: naive.kv_cache_write(
         torch.randn(2, 2, 8), torch.randn(2, 2, 8), KV.clone(), KV.clone().requires_grad_(), torch.tensor([0, 1])),
      ValueError, "v_pool"),
+    # ninth hostile run: tensors every check took for dense ones (`check_strided` refuses them now): a nested tensor
+    # (layout torch.strided, no shape), a quantized one, MKL-DNN, uint16/32/64 and float8
+    ("check_float_tensor nested", lambda: check_float_tensor("x", torch.nested.nested_tensor([torch.zeros(2)])),
+     TypeError, "x"),
+    ("check_has_data nested int", lambda: check_has_data("ids", torch.nested.nested_tensor([torch.tensor([1, 2])])),
+     TypeError, "ids"),
+    ("check_has_data qint8", lambda: check_has_data("zero", torch.quantize_per_tensor(torch.zeros(2), 1.0, 0,
+                                                                                        torch.qint8)), TypeError, "zero"),
+    ("check_float_tensor mkldnn", lambda: check_float_tensor("x", torch.zeros(2).to_mkldnn()), TypeError, "x"),
+    ("check_has_data uint64", lambda: check_has_data("block_tables", torch.zeros(2, dtype=torch.uint64)), TypeError,
+     "block_tables"),
+    ("check_has_data uint16", lambda: check_has_data("slots", torch.zeros(2, dtype=torch.uint16)), TypeError,
+     "slots"),
+    ("check_has_data float8 e5m2", lambda: check_has_data("h", torch.zeros(2).to(torch.float8_e5m2)), TypeError, "h"),
+    ("check_module_has_data nested buffer", lambda: check_module_has_data("model", _with_buffer(
+        torch.nested.nested_tensor([torch.zeros(2)]))), TypeError, "model"),
+    ("accept_greedy tokens nested", lambda: accept_greedy(torch.zeros(2, 3), torch.nested.nested_tensor(
+        [torch.tensor([1])])), TypeError, "draft_tokens"),
 ]
+
+
+def _with_buffer(t: torch.Tensor) -> torch.nn.Module:
+    m = torch.nn.Module()
+    m.register_buffer("b", t)
+    return m
 
 
 @pytest.mark.parametrize("call, error, name", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
@@ -228,6 +253,7 @@ R8_BENCHES = [m for m in BENCHES if m != "minillm.distill.train"] + ["minillm.ke
 R8_FLAGS = [("seed-negative", ["--seed", "-1"], "--seed"), ("threads-huge", ["--threads", "100000"], "--threads")]
 if not torch.cuda.is_available():
     R8_FLAGS.append(("device-cuda-no-gpu", ["--device", "cuda"], "--device"))
+R8_FLAGS.append(("json-empty", ["--json", ""], "--json"))  # ninth run: '' passed as "no report", silently
 
 
 @pytest.mark.parametrize("module", R8_BENCHES)

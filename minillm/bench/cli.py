@@ -149,6 +149,8 @@ def bench_parser(prog: str, description: str, quick_help: str | None = None, siz
 def apply_bench_options(args: argparse.Namespace) -> argparse.Namespace:
     """Check the shared options before any work (a ValueError naming the bad value) and set torch's thread count."""
     check_bench_threads(args.threads)  # again: arguments parsed elsewhere may not have had the flag's type
+    if args.json == "":  # subtle: check_output_file lets "" pass as "no file", and write_report would skip it
+        raise ValueError("--json must name a file, got '' (leave the flag out for no report)")
     check_output_file(args.json, "--json", (".json",))
     torch.set_num_threads(args.threads)
     return args

@@ -151,6 +151,7 @@ def step_bytes(model: nn.Module) -> int:
     """Bytes one fused decode step reads for its products: each block linear's weight (or, for chapter 09's int8
     QuantLinear, its codes and scales) and bias, and the tied head. `decode_weight_bytes` for a model whose linears
     may be quantized."""
+    require_model(model, "step_bytes (model)")
     total = model.lm_head.weight.nbytes
     for m in model.transformer.h.modules():
         if isinstance(m, QuantLinear):
@@ -172,7 +173,10 @@ def quantized_fused(model: GPT, prompt: list[int], params: SamplingParams, repea
     (ValueError)."""
     _check_fused_comparison(model, params, repeats, "quantized_fused")
     widths = {m.in_features for m in model.transformer.h.modules() if isinstance(m, nn.Linear)}
-    group = next(g for g in (128, 64, 32, 16, 8, 4, 2) if all(w % g == 0 for w in widths))  # 128 on `base`
+    group = next((g for g in (128, 64, 32, 16, 8, 4, 2) if all(w % g == 0 for w in widths)), None)  # 128 on `base`
+    if group is None:
+        raise ValueError(f"quantized_fused's int4 needs an even group size dividing every block linear's width, but "
+                         f"model has widths {sorted(widths)}: no power of two from 2 to 128 divides them all")
     models = {"int8": quantize_model(model, QuantConfig("int8")).eval(),
               "int4": quantize_model(model, QuantConfig("int4", group_size=group)).eval()}
     steps = {"f32": FusedCPUDecoder(model), **{mode: FusedCPUDecoder(m) for mode, m in models.items()}}
@@ -204,7 +208,22 @@ def round_costs(target: FusedCPUDecoder, draft: FusedCPUDecoder, rows: int, cont
                 calls: int = 50) -> dict[str, Any]:
     """What a speculative round's calls cost on the fused step, in target steps: `verify_cost[n - 1]`, a verify of n
     rows (1..`rows`) over `context` cached tokens, and `draft_cost`, c, one step of the draft (chapter 08's cost
-    model). Each timed `calls` times from the same cache length, interleaved, medians of `repeats`."""
+    model). Each timed `calls` times from the same cache length, interleaved, medians of `repeats`. Every argument is
+    checked first: rows in [1, MAX_VERIFY], context >= 0 with room for the rows in both caches."""
+    for name, dec in (("target", target), ("draft", draft)):
+        if not isinstance(dec, FusedCPUDecoder):
+            raise TypeError(f"{name} must be a FusedCPUDecoder, got {type(dec).__name__}")
+        dec.check_model_unchanged()  # verify does not: timing a snapshot the model no longer holds says nothing
+    check_int("rows", rows)
+    if rows > MAX_VERIFY:
+        raise ValueError(f"rows must be in [1, MAX_VERIFY={MAX_VERIFY}] (the most one verify call takes), got {rows}")
+    check_int("context", context, 0)
+    room = min(target.max_len - rows, draft.max_len - 1)
+    if context > room:
+        raise ValueError(f"context must leave room for {rows} rows in the target's cache (max_len {target.max_len}) "
+                         f"and 1 in the draft's (max_len {draft.max_len}): at most {room}, got {context}")
+    check_int("repeats", repeats)
+    check_int("calls", calls)
     for dec in (target, draft):
         dec.cache.reset()
         for at in range(0, context, MAX_VERIFY):  # any ids: the timings only need the cache's length

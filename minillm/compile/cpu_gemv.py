@@ -140,6 +140,14 @@ def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> tor
     return load_cpu_ext().gemv(as_cpp_reads(x), as_cpp_reads(w), _NO_BIAS if b is None else as_cpp_reads(b))
 
 
+def check_finite_scale(scale: torch.Tensor) -> None:
+    """A ValueError unless every scale of an int8/int4 GEMV is finite, as chapter 09's QuantLinear requires of its
+    own (`check_values`): an inf scale times a zero code is NaN, and the C++ loop would return it without a word."""
+    if not bool(torch.isfinite(scale).all()):
+        raise ValueError(f"scale must hold finite values, got {scale[~torch.isfinite(scale)][0].item()} among its "
+                         f"{scale.numel()}")
+
+
 def int8_gemv(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """x (M, K) @ (q (N, K) int8 codes)^T * scale + b (N,) -> (M, N) through the C++ int8 loop: x, scale and b float32,
     scale one per output row, (N,) or chapter 09's `QuantLinear.scale` layout (N, 1). Equals that layer's
@@ -153,6 +161,7 @@ def int8_gemv(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, b: torch.Te
                          f"{tuple(scale.shape)}")
     if b is not None and b.shape != (q.shape[0],):
         raise ValueError(f"b must have shape ({q.shape[0]},), got {tuple(b.shape)}")
+    check_finite_scale(scale)
     return load_cpu_ext().int8_gemv(as_cpp_reads(x), as_cpp_reads(q), as_cpp_reads(scale.reshape(-1)),
                                     _NO_BIAS if b is None else as_cpp_reads(b))
 
@@ -175,6 +184,7 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, b: tor
                          f"got {tuple(scale.shape)}")
     if b is not None and b.shape != (N,):
         raise ValueError(f"b must have shape ({N},), got {tuple(b.shape)}")
+    check_finite_scale(scale)
     return load_cpu_ext().int4_gemv(as_cpp_reads(x), as_cpp_reads(packed), as_cpp_reads(scale),
                                     _NO_BIAS if b is None else as_cpp_reads(b))
 

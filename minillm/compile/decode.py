@@ -22,6 +22,7 @@ runs eager: its length changes from prompt to prompt) and the engine's ragged st
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import time
 from contextlib import contextmanager
@@ -101,9 +102,14 @@ def compile_problem() -> str | None:
     return None
 
 
+# Backends dynamo registers by name whose compiler is an optional package (imported only at the first call).
+BACKEND_PACKAGES = {"tvm": "tvm", "openxla": "torch_xla", "openxla_eval": "torch_xla"}
+
+
 def check_backend(name: str, arg: str = "backend") -> None:
     """A TypeError / ValueError naming `arg` (the caller's argument) unless `name` is a backend name dynamo knows
-    (torch.compile would raise its InvalidBackend only at the first call, from inside torch)."""
+    (torch.compile would raise its InvalidBackend only at the first call, from inside torch) whose package is
+    installed (`BACKEND_PACKAGES`: dynamo lists "tvm" without TVM, and fails at the first call)."""
     from torch._dynamo import list_backends
 
     known = list_backends(exclude_tags=())  # every registered name, the debug ones ("eager", "aot_eager") included
@@ -112,6 +118,10 @@ def check_backend(name: str, arg: str = "backend") -> None:
                         f"{name!r}")
     if name not in known:
         raise ValueError(f"{arg} must be one of torch.compile's backends {known}, got {name!r}")
+    package = BACKEND_PACKAGES.get(name)
+    if package is not None and importlib.util.find_spec(package) is None:
+        raise ValueError(f"{arg} {name!r} needs the Python package {package!r}, which is not installed: pick "
+                         "another backend (inductor, the default, needs none)")
 
 
 @contextmanager

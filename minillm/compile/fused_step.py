@@ -45,6 +45,7 @@ from minillm.compile.cpu_gemv import as_cpp_reads, cpp_errors_as_value_errors, l
 from minillm.compile.decode import (check_decoder_room, check_eval_mode, decoder_max_len, eval_mode, hooked_module,
                                     integer_ids)
 from minillm.compile.mirror import check_plain_model
+from minillm.core.config import check_has_data, tensor_kind
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.kvcache.cache import ContiguousKVCache
@@ -273,10 +274,23 @@ class FusedCPUDecoder:
         first, which for a one-token prompt of `base` in int4 costs as much as twenty fused steps."""
         if model is not self.model or cache is not self.cache:
             raise ValueError("a FusedCPUDecoder runs its own model over its own cache: pass kv_cache=decoder.cache")
-        if cache.length != 0 or ids.dim() != 2 or ids.shape[0] != 1 or not torch.equal(
-                positions.cpu(), torch.arange(ids.shape[1])):
+        self.check_model_unchanged()  # it starts every sequence: the C++ step would run a snapshot, the model a hook
+        check_eval_mode(model, "a FusedCPUDecoder prefill")
+        for name, t in (("ids", ids), ("positions", positions)):
+            if not isinstance(t, torch.Tensor) or t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
+                raise TypeError(f"{name} must be an integer tensor, got {tensor_kind(t)}")
+            check_has_data(name, t)
+        if cache.length != 0 or ids.dim() != 2 or ids.shape[0] != 1 or positions.dim() != 1 or \
+                positions.tolist() != list(range(ids.shape[1])):
             raise ValueError(f"prefill takes one prompt ids (1, T) at positions 0..T-1 into an empty cache, got ids "
                              f"{tuple(ids.shape)} into a cache holding {cache.length} tokens")
-        if ids.shape[1] <= MAX_VERIFY:
-            return self.verify(ids[0].tolist())[-1:]  # (T, V) -> the last row (1, V)
-        return prefill(model, cache, ids, positions)
+        tokens, vocab = ids[0].tolist(), model.config.vocab_size
+        if not 1 <= len(tokens) <= self.max_len:  # the long path's forward would fail in F.embedding past the window
+            raise ValueError(f"ids must hold 1 to max_len={self.max_len} tokens (the decoder's window), got "
+                             f"{len(tokens)}")
+        bad = next((t for t in tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"ids must be token ids in [0, vocab_size={vocab}), got {bad}")
+        if len(tokens) <= MAX_VERIFY:
+            return self.verify(tokens)[-1:]  # (T, V) -> the last row (1, V)
+        return prefill(model, cache, torch.tensor([tokens]), torch.arange(len(tokens)))

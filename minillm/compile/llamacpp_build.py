@@ -53,6 +53,23 @@ def run_logged(cmd: list[str], cwd: str | os.PathLike | None = None, log: str | 
     return out.stdout
 
 
+def run_writing(cmd: list[str], out: Path, log: Path, tool: str) -> str:
+    """`run_logged(cmd, log=log)` for a tool that must write the file `out`: a RuntimeError naming `tool` when it
+    exits 0 but leaves no new file there (nothing written, or the file from before untouched), rather than returning
+    a path that does not exist or holds an earlier run's output."""
+    before = out.stat().st_mtime_ns if out.is_file() else None
+    text = run_logged(cmd, log=log)
+    if not out.is_file() or out.stat().st_mtime_ns == before:
+        raise RuntimeError(f"{tool} exited 0 but wrote no {str(out)!r} (its log: {str(log)!r})")
+    return text
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether the paths `a` and `b` name one file: the same path once resolved (symlinks, "." and ".."), or, both
+    existing, one file under two names (`os.path.samefile`: a hard link, a bind mount)."""
+    return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+
+
 def fetch_sources(work: str | os.PathLike, sdist: str | os.PathLike | None) -> Path:
     """The unpacked llama.cpp tree inside the sdist (downloaded with pip into the folder `work` unless `sdist` is
     given). A given sdist that is not a readable tar, or holds no vendored llama.cpp, is a ValueError naming --sdist
@@ -121,16 +138,22 @@ def build_llama_bench(tree: Path) -> Path:
 def quantize_gguf(tree: str | os.PathLike, source: str | os.PathLike, qtype: str, out: str | os.PathLike) -> Path:
     """llama.cpp's `llama-quantize` (built on first use) from the GGUF file `source` (an f32 one of `convert`) to
     `out` of type `qtype` (one of QUANTIZED_TYPES: types the converter cannot write), its log beside it; always
-    quantizes, over any file at `out` (as `convert`). A missing source, or an `out` that is a folder, is a
-    ValueError / FileNotFoundError naming it, before the build."""
+    quantizes, over any file at `out` (as `convert`). A missing source, or an `out` that is a folder or the source
+    itself (or its log would be: the tool truncates out before reading the source), is a ValueError /
+    FileNotFoundError naming it, before the build; a tool that writes no out, a RuntimeError (`run_writing`)."""
     if not isinstance(qtype, str) or qtype not in QUANTIZED_TYPES:
         raise ValueError(f"qtype must be one of {QUANTIZED_TYPES}, got {qtype!r}")
     source, out = check_path(source, "source"), check_path(out, "out")
     if not source.is_file():
         raise FileNotFoundError(f"source {str(source)!r}: no such GGUF file")
     check_output_file(out, "out")
+    log = out.with_suffix(".quantize.log")
+    for name, path in (("out", out), ("out's log", log)):
+        if same_file(path, source):
+            raise ValueError(f"{name} {str(path)!r} is the source GGUF {str(source)!r}: quantizing would destroy it; "
+                             "give out another path")
     binary = build_target(tree, "llama-quantize")
-    run_logged([str(binary), str(source), str(out), qtype], log=out.with_suffix(".quantize.log"))
+    run_writing([str(binary), str(source), str(out), qtype], out, log, "llama-quantize")
     return out
 
 
@@ -227,7 +250,7 @@ def convert(tree: str | os.PathLike, hf_dir: str | os.PathLike, outtype: str, ou
     It always converts, over any file at `out`: a GGUF left by an earlier run may hold another checkpoint, and
     reusing it would benchmark that one without a word (a conversion is quick next to the build). A tree without
     llama.cpp's converter, an hf_dir without config.json, or an `out` that is a folder is a ValueError naming it,
-    before the child starts; out's folder is made."""
+    before the child starts; out's folder is made. A converter that writes no out is a RuntimeError (`run_writing`)."""
     if not isinstance(outtype, str) or outtype not in OUTTYPES:
         raise ValueError(f"outtype must be one of {OUTTYPES}, got {outtype!r}")
     tree, hf_dir, out = check_path(tree, "tree"), check_path(hf_dir, "hf_dir"), check_path(out, "out")
@@ -246,5 +269,5 @@ def convert(tree: str | os.PathLike, hf_dir: str | os.PathLike, outtype: str, ou
             f"sys.argv = ['convert_hf_to_gguf.py', {str(hf_dir)!r}, '--outtype', {outtype!r}, '--outfile', "
             f"{str(out)!r}]\n"
             f"runpy.run_path({str(tree / 'convert_hf_to_gguf.py')!r}, run_name='__main__')\n")
-    run_logged([sys.executable, "-c", shim], log=out.with_suffix(".convert.log"))
+    run_writing([sys.executable, "-c", shim], out, out.with_suffix(".convert.log"), "convert_hf_to_gguf.py")
     return out

@@ -44,6 +44,8 @@ def gemv_blocked(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
     for name, t, ndim in (("x", x, 2), ("w", w, 2), ("b", b, 1)):
         if t is None and name == "b":
             continue
+        if isinstance(t, torch.Tensor):
+            check_strided(name, t)  # before any shape is read: a nested tensor has none
         if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() != ndim:
             raise TypeError(f"{name} must be a {ndim}-D floating-point tensor, got "
                             f"{tensor_kind(t)} {tuple(getattr(t, 'shape', ()))}")

@@ -57,14 +57,34 @@ def tensor_kind(x: Any) -> str:
     return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
 
 
+# Unsigned ints past uint8: no op in this package computes with them (torch cannot promote them: "Promotion for
+# uint16, uint32, uint64 types is not supported"). float8 (floating point, one byte) is refused by `check_strided`
+# too, and quantized dtypes (qint8, quint8, ...) by `t.is_quantized`.
+UNSUPPORTED_DTYPES = frozenset({torch.uint16, torch.uint32, torch.uint64})
+
+
 def check_strided(name: str, t: torch.Tensor) -> torch.Tensor:
-    """`t` unchanged, or a TypeError naming `name` when it is not a strided (dense) tensor: a sparse one
-    (`t.to_sparse()`, COO or CSR) has the dtype, device and shape every other check looks at, then fails inside
-    torch ("Could not run 'aten::...' with arguments from the 'SparseCPU' backend", "reshape is not implemented for
-    sparse tensors"), or worse, broadcasts as something else and returns wrong numbers."""
+    """`t` unchanged, or a TypeError naming `name` when it is not a plain dense tensor of a dtype torch computes in:
+    a sparse one (`t.to_sparse()`, COO or CSR) or an MKL-DNN one has the dtype, device and shape every other check
+    looks at, then fails inside torch ("Could not run 'aten::...' with arguments from the 'SparseCPU' backend"), or
+    worse, broadcasts as something else and returns wrong numbers.
+
+    subtle: a nested tensor (`torch.nested.nested_tensor`) reports `layout == torch.strided` and fails later with
+    "NestedTensorImpl doesn't support sizes"; a quantized one (qint8) is strided too, and neither is floating point
+    nor an ordinary int. Both are refused here, and so are `UNSUPPORTED_DTYPES` (uint16/32/64) and float8, a
+    storage format ("isfinite" not implemented for 'Float8_e4m3fn')."""
+    if t.is_nested:
+        raise TypeError(f"{name} must be a dense tensor, got a nested tensor of {t.size(0)} components; "
+                        "pass one of them (.unbind()) or pad them into one tensor (.to_padded_tensor(0.0))")
     if t.layout != torch.strided:
         raise TypeError(f"{name} must be a strided (dense) tensor, got a {t.layout} one of shape {tuple(t.shape)}; "
                         "call .to_dense() first")
+    if t.is_quantized:
+        raise TypeError(f"{name} must be an ordinary (not quantized) tensor, got a {t.dtype} one of shape "
+                        f"{tuple(t.shape)}; call .dequantize() (or .int_repr() for its codes) first")
+    if t.dtype in UNSUPPORTED_DTYPES or (t.is_floating_point() and t.element_size() == 1):
+        raise TypeError(f"{name} has dtype {t.dtype}, which torch cannot compute with here (shape "
+                        f"{tuple(t.shape)}); cast it first (float32 for values, int64 for ids and indices)")
     return t
 
 

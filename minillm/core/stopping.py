@@ -57,9 +57,10 @@ def check_token_ids(name: str, ids: Any, vocab_size: int) -> list[int]:
     """`ids` (a list, tuple or 1-D integer tensor) as a list of ints in [0, vocab_size); a TypeError/ValueError
     naming `name` and the position of a bad one. Shared by prompts here and chapter 08's draft tokens."""
     if isinstance(ids, torch.Tensor):
+        check_has_data(name, ids)  # nested, sparse, quantized, uint64, meta: before the shape is read
         if ids.dim() != 1 or ids.is_floating_point() or ids.dtype == torch.bool:
             raise TypeError(f"{name} tensor must be 1-D integer, got {ids.dtype} {tuple(ids.shape)}")
-        ids = check_has_data(name, ids).tolist()
+        ids = ids.tolist()
     if not isinstance(ids, (list, tuple)):
         raise TypeError(f"{name} must be a list of ints, got {type(ids).__name__}")
     for pos, tok in enumerate(ids):

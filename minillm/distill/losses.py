@@ -250,6 +250,7 @@ def _check_hidden(name: str, h: object) -> torch.Tensor:
     lists: `student_states[1]`)."""
     if not isinstance(h, torch.Tensor) or not h.is_floating_point():
         raise TypeError(f"{name} must be a float tensor of hidden states (..., C), got {tensor_kind(h)}")
+    check_strided(name, h)  # nested, sparse, MKL-DNN, float8: refused by name before any value is read
     if h.dim() == 0 or h.numel() == 0:
         raise ValueError(f"{name} must have shape (..., C) with at least one position, got {tuple(h.shape)}")
     if h.device.type == "meta":

@@ -8,7 +8,9 @@ this module keeps them in the run directory (`TrainConfig.out_dir`) next to the 
                             started from), `first_serial`, the serial the run's first checkpoint gets, and the
                             sha256 of all of them (a hand edit is refused on resume)
     distill_records.jsonl   one line per call of the objective (its hard, soft, feature and total terms), appended
-                            and fsynced before that step's checkpoint can exist
+                            and fsynced before that step's checkpoint can exist; each line's "sha256" chains it to
+                            the line before (the first to distill_run.json's sha256): an edited, dropped or
+                            reordered line is refused on resume (`record_digest`)
 
 Resume (`resume_run`) takes the checkpoint the trainer will take (`find_checkpoint`), refuses settings that differ
 from the interrupted run's (a different T or teacher would silently continue another run), refuses a checkpoint
@@ -25,6 +27,7 @@ with parameters of its own; `distill` says so up front).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -114,19 +117,40 @@ def teacher_digest(teacher: GPT | None) -> str | None:
     return content_sha256(dict(teacher.state_dict()))
 
 
+def record_digest(previous: str, record: dict[str, float]) -> str:
+    """The "sha256" field of a records line: SHA-256 of the previous line's digest (distill_run.json's for the
+    first line) and the record's JSON. A chain: editing, dropping or reordering a line breaks every digest after it,
+    so a resumed run never reads a loss value the run did not compute (JSON keeps a float's shortest repr: the
+    record read back dumps to the very same text)."""
+    return hashlib.sha256((previous + json.dumps(record, sort_keys=True)).encode("utf-8")).hexdigest()
+
+
+def _record_lines(records: list[dict], digest: str) -> tuple[str, str]:
+    """The records as distill_records.jsonl lines, each with its chained "sha256", and the last digest."""
+    lines = []
+    for r in records:
+        digest = record_digest(digest, r)
+        lines.append(json.dumps({**r, SHA256_FIELD: digest}) + "\n")
+    return "".join(lines), digest
+
+
 class RecordLog:
     """Appends the objective's records to distill_records.jsonl, one fsynced line each (a kill loses none that a
-    checkpoint after it depends on)."""
+    checkpoint after it depends on), each line chained to the one before by `record_digest` from `digest` (the
+    last line's digest; distill_run.json's sha256 for an empty log)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, digest: str = ""):
         # a folder (or a path under a file) is a ValueError naming path now, not an IsADirectoryError at a step
         self.path: Path = check_output_file(check_path(path, "path"), "path")  # type: ignore[assignment]
+        self.digest = digest
 
     def __call__(self, record: dict[str, float]) -> None:
+        line, digest = _record_lines([record], self.digest)
         with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(line)
             f.flush()
             os.fsync(f.fileno())
+        self.digest = digest
 
 
 def _next_serial(run_dir: Path) -> int:
@@ -162,9 +186,10 @@ def _write(out_dir: str | os.PathLike, settings: dict[str, Any], student_init: s
     run = {"format": RUN_FORMAT, "settings": settings, "student_init": student_init,
            "first_serial": _next_serial(out_dir) if first_serial is None else first_serial}
     run[SHA256_FIELD] = content_sha256({}, run)  # of every other field: a hand edit is found on resume
-    atomic_write_text(out_dir / RECORDS_NAME, "".join(json.dumps(r) + "\n" for r in records))
+    text, digest = _record_lines(records, run[SHA256_FIELD])  # chained to this run file: an edit is found too
+    atomic_write_text(out_dir / RECORDS_NAME, text)
     atomic_write_text(out_dir / RUN_NAME, json.dumps(run, indent=1) + "\n")
-    return RecordLog(out_dir / RECORDS_NAME)
+    return RecordLog(out_dir / RECORDS_NAME, digest)
 
 
 def start_run(out_dir: str | os.PathLike, settings: dict[str, Any], student_init: str | None) -> RecordLog:
@@ -178,7 +203,8 @@ def resume_run(resume_dir: str | os.PathLike, out_dir: str | os.PathLike | None,
     """(records of the checkpoint's steps, the student the run started from, the record log to go on appending
     to (None without out_dir)); ValueError naming what does not match the interrupted run. `settings` holds every
     field of SETTINGS (a TypeError / ValueError naming it otherwise); the records file is read line by line, and a
-    line that is no UTF-8, no JSON or no record is a ValueError naming the file and the line."""
+    line that is no UTF-8, no JSON or no record, or whose "sha256" is not its `record_digest` (edited, dropped or
+    reordered by hand), is a ValueError naming the file and the line."""
     resume_dir = check_path(resume_dir, "resume_dir")
     if not isinstance(settings, dict):
         raise TypeError(f"settings must be a dict of the run's settings {list(SETTINGS)}, got "
@@ -204,7 +230,7 @@ def resume_run(resume_dir: str | os.PathLike, out_dir: str | os.PathLike | None,
     needed = point.step * settings["grad_accum"] if needs_records else 0
     records: list[dict[str, float]] = []
     if needed:
-        keys = record_keys(settings["feature_weight"])
+        keys, digest = record_keys(settings["feature_weight"]), run[SHA256_FIELD]
         if not (resume_dir / RECORDS_NAME).is_file():  # missing, or a folder: named here, not by open()
             raise ValueError(f"{RECORDS_NAME} in {str(resume_dir)!r} is missing or not a file: the run's records "
                              f"of its {point.step} checkpointed steps are needed to resume")
@@ -217,7 +243,13 @@ def resume_run(resume_dir: str | os.PathLike, out_dir: str | os.PathLike | None,
                     record = json.loads(line.decode("utf-8"))
                 except ValueError as e:  # no UTF-8, no JSON, or an int past Python's 4300-digit limit
                     raise ValueError(f"{where} is not a record (damaged?): {e}") from e
-                records.append(check_record(record, keys, where))
+                stored = record.pop(SHA256_FIELD, None) if isinstance(record, dict) else None
+                digest = record_digest(digest, check_record(record, keys, where))
+                if stored != digest:
+                    raise ValueError(f"{where} does not match its field {SHA256_FIELD!r} (edited, dropped, reordered "
+                                     "or damaged after the run wrote it): its losses can no longer be trusted; start "
+                                     "the run again")
+                records.append(record)
         if len(records) < needed:
             raise ValueError(f"{RECORDS_NAME} in {str(resume_dir)!r} holds {len(records)} records, the checkpoint "
                              f"at step {point.step} needs {needed}")

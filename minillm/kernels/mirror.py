@@ -306,10 +306,9 @@ def paged_gather(pool: torch.Tensor, block_table: torch.Tensor, context_len: int
             or block_table.dtype == torch.bool:
         raise TypeError(f"block_table must be a 1-D integer tensor, got "
                         f"{tensor_kind(block_table)}")
-    if block_table.dim() != 1:
+    if check_has_data("block_table", block_table).dim() != 1:  # nested, quantized, uint64: before the shape
         raise ValueError(f"block_table must be 1-D (max_nb,), one sequence's table, got shape "
                          f"{tuple(block_table.shape)}")
-    check_has_data("block_table", block_table)
     if not isinstance(context_len, int) or isinstance(context_len, bool):
         raise TypeError(f"context_len must be an int, got {type(context_len).__name__} {context_len!r}")
     if not 0 <= context_len <= block_table.numel() * bs:

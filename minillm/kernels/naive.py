@@ -59,7 +59,7 @@ def check_int8_gemv_args(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, 
     TypeError / ValueError naming the argument. scale and bias may have another float dtype than x (the math is
     fp32)."""
     K = check_float_tensor("x", x, 2).shape[1]
-    if not isinstance(w, torch.Tensor) or w.dtype != torch.int8 or w.dim() != 2 or w.shape[1] != K:
+    if not isinstance(w, torch.Tensor) or check_has_data("w", w).dtype != torch.int8 or w.dim() != 2 or w.shape[1] != K:
         raise TypeError(f"w must be an int8 (N, K={K}) tensor, got {tensor_kind(w)} "
                         f"{tuple(getattr(w, 'shape', ()))}")
     check_has_data("w", w)
@@ -168,10 +168,16 @@ def kv_cache_write(
 ) -> None:
     """In place: pool row slot_mapping[t] <- key/value row t (T, nh, hs), slots of -1 skipped; chapter 05's
     `write_kv` on the slots that are not -1. Any other slot outside the pool is a ValueError naming slot_mapping, and
-    a pool torch cannot write in place (expanded, an inference tensor, requiring grad) one naming the pool."""
+    a pool torch cannot write in place (expanded, an inference tensor, requiring grad) or that is not contiguous
+    (channels_last, a slice of a wider pool: `write_kv` writes through a (nb * bs, nh, hs) view of it, as the kernel
+    writes row-major memory) one naming the pool."""
     check_kv_write_args(key, value, k_pool, v_pool, slot_mapping)
-    check_writable("k_pool", k_pool)
-    check_writable("v_pool", v_pool)
+    for name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):
+        check_writable(name, pool)
+        if not pool.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (row-major), got strides {pool.stride()} for shape "
+                             f"{tuple(pool.shape)}; allocate the pool with torch.zeros (a .contiguous() copy would "
+                             "not be the pool you read back)")
     check_slot_range(slot_mapping, k_pool.shape[0] * k_pool.shape[1])
     keep = slot_mapping >= 0  # (T,)
     write_kv(k_pool, slot_mapping[keep], key[keep])

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from minillm.core.config import check_has_data
+from minillm.core.config import check_has_data, check_int
 from minillm.kernels.build import load_kernels
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -144,6 +144,7 @@ def check_paged_tables(S: int, block_tables: torch.Tensor, context_lens: torch.T
 def check_slot_range(slot_mapping: torch.Tensor, num_slots: int) -> None:
     """Every slot of slot_mapping (T,) is -1 (skipped) or a pool row 0..num_slots-1, and none is named twice
     (`check_distinct_slots`); two host syncs on a GPU (`check_slots=False` in `kv_cache_write` skips both)."""
+    check_int("num_slots", num_slots, 0)  # True would read as one slot
     if slot_mapping.numel():
         lo, hi = int(slot_mapping.min()), int(slot_mapping.max())
         if lo < -1 or hi >= num_slots:
@@ -333,6 +334,9 @@ def check_kv_write_args(key: torch.Tensor, value: torch.Tensor, k_pool: torch.Te
 def tensors_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the bytes two strided tensors can address intersect (their [first, last] byte ranges; exact for
     contiguous tensors, which is what the kernels take). No host sync: pointers only."""
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"tensors_overlap: {name} must be a torch.Tensor, got {type(t).__name__}")
     if a.numel() == 0 or b.numel() == 0 or a.device != b.device or a.device.type == "meta":
         return False
 

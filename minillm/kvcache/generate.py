@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from minillm.core.config import check_float_tensor
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, sample_next
 from minillm.core.stopping import RequestState, check_eos_id, start_request
@@ -83,7 +84,8 @@ def generate(
     never read off the weights). `decode_fn(model, cache, token, positions) -> logits (1, V)` replaces `decode_step`
     for every token after the first: chapter 13 (compilation) passes a compiled or graph-captured step over a
     static-shape cache here. `prefill_fn(model, cache, ids (1, T), positions (T,)) -> logits (1, V)` replaces
-    `prefill` for the prompt (chapter 13's fused step scores a short prompt in its own C++ call).
+    `prefill` for the prompt (chapter 13's fused step scores a short prompt in its own C++ call); what it returns and
+    the cache it leaves are checked (`check_prefill_result`).
     """
     if kv_cache is False:
         return generate_naive(model, prompt_ids, params, tokenizer=tokenizer, eos_id=eos_id, truncate=truncate)
@@ -129,6 +131,7 @@ def _cached_stream(model: GPT, state: RequestState, cache: ContiguousKVCache | N
     all_positions = torch.arange(max_len + 1, device=device)  # (max_len+1,)
     idx = torch.tensor([ids], dtype=torch.long, device=device)  # (1, T)
     logits = prefill_fn(model, cache, idx, all_positions[:T])  # (1, V)
+    check_prefill_result(logits, cache, T, model.config.vocab_size)
     pos = T
     while True:
         token = sample_next(logits, params, generator)  # (1,)
@@ -138,6 +141,18 @@ def _cached_stream(model: GPT, state: RequestState, cache: ContiguousKVCache | N
             return state.finish_reason
         logits = decode_fn(model, cache, token, all_positions[pos:pos + 1])  # (1, V)
         pos += 1
+
+
+def check_prefill_result(logits: Any, cache: ContiguousKVCache, T: int, vocab_size: int) -> None:
+    """What a `prefill_fn` must leave: logits, a float tensor (1, vocab_size), and the cache holding the prompt's T
+    tokens; a TypeError / ValueError naming prefill_fn otherwise. subtle: a prefill_fn that returns the right logits
+    without writing the cache decodes every later token against an empty past: wrong tokens, without an error."""
+    check_float_tensor("prefill_fn's result (logits)", logits, ndim=2)
+    if tuple(logits.shape) != (1, vocab_size):
+        raise ValueError(f"prefill_fn must return logits (1, vocab_size={vocab_size}), got {tuple(logits.shape)}")
+    if cache.length != T:
+        raise ValueError(f"prefill_fn must write the prompt's {T} tokens' K/V to the cache, but the cache holds "
+                         f"{cache.length} after it")
 
 
 def generate_ids(model: GPT, prompt_ids: Any, params: SamplingParams, tokenizer: Any = None,

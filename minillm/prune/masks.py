@@ -98,7 +98,7 @@ def magnitude_mask(weight: torch.Tensor, sparsity: float) -> torch.Tensor:
 def wanda_score(weight: torch.Tensor, input_norm: torch.Tensor) -> torch.Tensor:
     """S (out, in) with S_ij = |W_ij| · ‖X_j‖₂, from the weight (out, in) and the input features' norms (in,)."""
     _check_weight("weight", weight)
-    if not isinstance(input_norm, torch.Tensor) or input_norm.shape != (weight.shape[1],):
+    if not isinstance(input_norm, torch.Tensor) or check_has_data("input_norm", input_norm).shape != (weight.shape[1],):
         raise ValueError(f"input_norm must have shape ({weight.shape[1]},) (one norm per input feature), got "
                          f"{tuple(getattr(input_norm, 'shape', ()))}")
     if not input_norm.is_floating_point():

@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import check_has_data, check_int
+from minillm.core.config import check_has_data, check_int, check_strided
 from minillm.core.sampling import check_seed
 from minillm.core.timing import compare
 from minillm.prune.masks import is_nm_sparse, nm_mask
@@ -38,7 +38,7 @@ FORMATS = ("dense", "bitmask", "csr", "2:4")
 def stored_bytes(weight: torch.Tensor, fmt: str, element_bytes: int | None = None) -> int:
     """Bytes of `weight` (out, in) in storage format `fmt` (see the module docstring), its values `element_bytes`
     wide (default: the tensor's own dtype). "2:4" needs a weight that is 2:4 sparse."""
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+    if not isinstance(weight, torch.Tensor) or check_strided("weight", weight).dim() != 2:
         raise TypeError(f"weight must be a matrix (out, in), got {type(weight).__name__} "
                         f"{tuple(getattr(weight, 'shape', ()))}")
     if fmt not in FORMATS:

@@ -132,10 +132,10 @@ def prune_mlp(model: GPT, fraction: float, scores: list[torch.Tensor]) -> GPT:
     fraction = check_sparsity(fraction, "fraction")
     widths = mlp_widths(model)
     if not isinstance(scores, (list, tuple)) or any(not isinstance(s, torch.Tensor) for s in scores) \
-            or [tuple(s.shape) for s in scores] != [(w,) for w in widths]:
+            or [tuple(check_has_data(f"scores[{b}]", s).shape) for b, s in enumerate(scores)] \
+            != [(w,) for w in widths]:
         raise ValueError(f"scores must hold one (hidden,) tensor per block, hidden = {widths}")
     for b, s in enumerate(scores):
-        check_has_data(f"scores[{b}]", s)
         if not s.is_floating_point() or not bool(torch.isfinite(s).all()):
             raise ValueError(f"scores[{b}] must hold finite float scores, got {s.dtype} with non-finite values "
                              "or an integer dtype")
@@ -226,7 +226,8 @@ def mask_heads(model: GPT, heads: dict[int, list[int]]) -> GPT:
 
 def lowest_heads(scores: torch.Tensor, per_block: int) -> dict[int, list[int]]:
     """{block: the `per_block` heads with the lowest scores}, from head_scores' (L, nh)."""
-    if not isinstance(scores, torch.Tensor) or not scores.is_floating_point() or scores.dim() != 2:
+    if not isinstance(scores, torch.Tensor) or not check_has_data("scores", scores).is_floating_point() \
+            or scores.dim() != 2:
         raise TypeError(f"scores must be a float tensor (n_layer, n_head), got "
                         f"{tensor_kind(scores)} {tuple(getattr(scores, 'shape', ()))}")
     if not _is_index(per_block) or not 0 <= per_block <= scores.shape[1]:

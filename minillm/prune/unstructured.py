@@ -53,10 +53,11 @@ def input_norms(block: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
     if isinstance(block, GPT) or type(block).forward is nn.Module.forward:
         raise TypeError(f"block must be one module that runs activations x (N, T, C), e.g. model.transformer.h[0], "
                         f"got {type(block).__name__}")
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() != 3 or x.numel() == 0:
+    # check_has_data first: a meta x would run the block and hand back norms without values; a nested one has no shape
+    if (not isinstance(x, torch.Tensor) or not check_has_data("x", x).is_floating_point() or x.dim() != 3
+            or x.numel() == 0):
         raise ValueError(f"x must be a non-empty float tensor (N, T, C), got {tensor_kind(x)} "
                          f"{tuple(getattr(x, 'shape', ()))}")
-    check_has_data("x", x)  # a meta x would run the block and hand back norms without values
     weight = next(block.parameters())  # a block_linears weight at least: there is one
     if x.dtype != weight.dtype:
         raise TypeError(f"x must have the block's dtype {weight.dtype}, got {x.dtype}; cast x (or the block) first")

@@ -55,14 +55,14 @@ def _check_layer(W: torch.Tensor, H: torch.Tensor, group_size: int | None, bits:
     one group per row, W's width). W's type and shape are checked first: every later check reads its shape."""
     if not isinstance(W, torch.Tensor) or not W.is_floating_point():
         raise TypeError(f"W must be a 2-D float tensor (out, in), got {tensor_kind(W)}")
-    if W.dim() != 2:
+    if check_has_data("W", W).dim() != 2:  # nested, sparse, float8, meta: before anything reads the shape
         raise ValueError(f"W must be a 2-D float tensor (out, in), got shape {tuple(W.shape)}")
     group_size = W.shape[1] if group_size is None else group_size
     if W.numel() == 0:
         raise ValueError(f"W is empty (shape {tuple(W.shape)})")
     if not isinstance(H, torch.Tensor) or not H.is_floating_point():
         raise TypeError(f"H must be a float tensor, got {tensor_kind(H)}")
-    if tuple(H.shape) != (W.shape[1], W.shape[1]):
+    if tuple(check_has_data("H", H).shape) != (W.shape[1], W.shape[1]):
         raise ValueError(f"H must be ({W.shape[1]}, {W.shape[1]}) for W of shape {tuple(W.shape)}, got "
                          f"{tuple(H.shape)}")
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0 or W.shape[1] % group_size:
@@ -125,7 +125,7 @@ def damped(H: torch.Tensor, damp: float) -> torch.Tensor:
     (a ValueError naming H otherwise: NaN would pass into every later step).
     """
     check_float("damp", damp, 0.0)
-    if not isinstance(H, torch.Tensor) or H.dim() != 2 or H.shape[0] != H.shape[1]:
+    if not isinstance(H, torch.Tensor) or check_has_data("H", H).dim() != 2 or H.shape[0] != H.shape[1]:
         raise ValueError(f"H must be a square matrix (in, in), got {tuple(getattr(H, 'shape', ()))}")
     if not H.is_floating_point():
         raise TypeError(f"H must be a float tensor, got {H.dtype}")
@@ -211,7 +211,7 @@ def gptq_reference(W: torch.Tensor, H: torch.Tensor, bits: int = 4, symmetric: b
 def output_error(W: torch.Tensor, W_hat: torch.Tensor, X: torch.Tensor) -> float:
     """‖X Wᵀ - X Ŵᵀ‖_F: how far a layer's outputs on inputs X (N, in) move when W (out, in) becomes Ŵ."""
     for name, t in (("W", W), ("W_hat", W_hat), ("X", X)):
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() != 2:
+        if not isinstance(t, torch.Tensor) or not check_has_data(name, t).is_floating_point() or t.dim() != 2:
             raise TypeError(f"{name} must be a 2-D float tensor, got {tensor_kind(t)} "
                             f"{tuple(getattr(t, 'shape', ()))}")
     if W_hat.shape != W.shape or X.shape[1] != W.shape[1]:
@@ -254,11 +254,12 @@ def check_calibration(model: GPT, calibration: object, who: str = "calibration")
 
     Chapter 10's pruning checks its calibration with this same function (`minillm.prune.unstructured`)."""
     require_model(model, f"{who}: model")  # a name ('base') where the model goes: TypeError, not AttributeError
-    if not isinstance(calibration, torch.Tensor) or calibration.dim() != 2 or calibration.dtype != torch.int64:
+    name = who if "calibration" in who else f"{who} calibration"
+    if (not isinstance(calibration, torch.Tensor) or check_has_data(name, calibration).dim() != 2  # its ids are read
+            or calibration.dtype != torch.int64):
         raise TypeError(f"{who} needs calibration token ids: an int64 tensor shaped (N, T), got "
                         f"{tensor_kind(calibration)} "
                         f"{tuple(getattr(calibration, 'shape', ()))}")
-    check_has_data(who if "calibration" in who else f"{who} calibration", calibration)  # its ids are read below
     if calibration.numel() == 0:
         raise ValueError(f"{who}: the calibration ids are empty (shape {tuple(calibration.shape)}); give at least "
                          "one window of at least one token")

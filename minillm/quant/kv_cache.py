@@ -55,6 +55,7 @@ def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"x must be a floating-point tensor of keys or values, got "
                         f"{tensor_kind(x)}")
+    check_strided("x", x)  # nested, quantized, float8: before anything reads the shape
     if x.dim() == 0 or x.shape[-1] == 0:
         raise ValueError(f"x must have shape (..., hs) with hs > 0, got {tuple(x.shape)}")
     check_finite("x", x)

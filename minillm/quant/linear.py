@@ -31,8 +31,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import (check_float, check_has_data, check_int, check_module_has_data, check_tensor_elements,
-                                 tensor_kind)
+from minillm.core.config import (check_float, check_has_data, check_int, check_module_has_data, check_strided,
+                                 check_tensor_elements, tensor_kind)
 from minillm.core.model import GPT
 from minillm.core.weights import untied_head
 from minillm.quant.quantize import QuantizedTensor, dequantize, pack_int4, quantize, tensor_state, unpack_int4
@@ -105,7 +105,7 @@ def _check_buffer(name: str, t: object, shape: tuple[int, ...], dtype: torch.dty
     if not isinstance(t, torch.Tensor) or (not t.is_floating_point() if dtype is None else t.dtype != dtype):
         raise TypeError(f"{name} must be a {dtype or 'float'} tensor of shape {shape} for this layer, got "
                         f"{tensor_kind(t)}: was it replaced after the layer was built?")
-    if tuple(t.shape) != shape:
+    if tuple(check_strided(name, t).shape) != shape:
         raise ValueError(f"{name} must have shape {shape} for this layer, got {tuple(t.shape)}: was it replaced after "
                          "the layer was built?")
 
@@ -321,6 +321,7 @@ class QuantLinear(nn.Module):
         # are checked on the host for free. NaN in x is not looked for (a sync per step): it comes out NaN.
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
             raise TypeError(f"QuantLinear needs a floating-point input x, got {tensor_kind(x)}")
+        check_strided("x", x)  # nested, sparse, MKL-DNN, float8: before anything reads the shape
         self.check_config()  # host-only: a config replaced since the layer was built is named here
         self.check_buffers()  # host-only, and the values once after a buffer was replaced or written
         if x.device != self.scale.device:  # a meta x, or one on another device than the layer's codes
@@ -364,6 +365,7 @@ class QuantEmbedding(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"idx must be an int64 tensor of token ids, got {tensor_kind(idx)}")
+        check_strided("idx", idx)
         t = self.table
         t.check_config()
         t.check_buffers()

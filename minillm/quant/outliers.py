@@ -67,10 +67,10 @@ def outlier_report(absmax: dict[str, torch.Tensor], threshold: float = 6.0) -> l
         raise ValueError(f"absmax must be a non-empty dict {{layer: (in,) tensor}} from input_absmax, got "
                          f"{absmax!r:.80}")
     for name, a in absmax.items():
-        if not isinstance(a, torch.Tensor) or a.dim() != 1 or a.numel() == 0 or not a.is_floating_point():
+        if (not isinstance(a, torch.Tensor) or check_has_data(f"absmax[{name!r}]", a).dim() != 1 or a.numel() == 0
+                or not a.is_floating_point()):
             raise ValueError(f"absmax[{name!r}] must be a non-empty 1-D float tensor, got "
                              f"{tuple(getattr(a, 'shape', ()))}")
-        check_has_data(f"absmax[{name!r}]", a)
         if not bool(torch.isfinite(a).all()) or bool((a < 0).any()):  # NaN >= threshold is False: counted as 0
             raise ValueError(f"absmax[{name!r}] holds negative, NaN or inf values: it must be max |x| of finite "
                              "activations")
@@ -115,9 +115,11 @@ def smoothing_scales(act_absmax: torch.Tensor, weight: torch.Tensor, alpha: floa
     Features that never fire (max|X_j| = 0) get s = 1.
     """
     check_float("alpha", alpha, 0.0, 1.0)
-    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point() or weight.dim() != 2:
+    if not isinstance(weight, torch.Tensor) or not check_has_data("weight", weight).is_floating_point() \
+            or weight.dim() != 2:
         raise TypeError(f"weight must be a 2-D float tensor (out, in), got {tensor_kind(weight)}")
-    if not isinstance(act_absmax, torch.Tensor) or tuple(act_absmax.shape) != (weight.shape[1],) \
+    if not isinstance(act_absmax, torch.Tensor) or tuple(check_has_data("act_absmax", act_absmax).shape) != \
+            (weight.shape[1],) \
             or not act_absmax.is_floating_point():
         raise ValueError(f"act_absmax must be a float tensor ({weight.shape[1]},), one max |x| per input feature, got "
                          f"{tuple(getattr(act_absmax, 'shape', ()))}")

@@ -88,6 +88,7 @@ def _check_reducible(x: object, dim: int | tuple[int, ...] | None) -> torch.Tens
 
 def _check_broadcasts(name: str, t: torch.Tensor, x_name: str, x: torch.Tensor) -> None:
     """`t` broadcasts against `x` without changing x's shape; ValueError naming `name` otherwise (host-only)."""
+    check_strided(name, t)  # a nested tensor has no shape to read: "NestedTensorImpl doesn't support sizes"
     try:
         fits = torch.broadcast_shapes(t.shape, x.shape) == x.shape
     except RuntimeError:

@@ -42,10 +42,11 @@ MAX_INT8_K = (2**31 - 1) // 2**14
 
 def _check_int8_operands(a: object, b: object) -> None:
     for name, t in (("a", a), ("b", b)):
-        if not isinstance(t, torch.Tensor) or t.dtype != torch.int8 or t.dim() != 2:
+        # check_strided first: a sparse operand is torch's "unsupported memory format option Contiguous", a nested
+        # one has no shape to print
+        if not isinstance(t, torch.Tensor) or check_strided(name, t).dtype != torch.int8 or t.dim() != 2:
             raise TypeError(f"{name} must be a 2-D int8 tensor, got {tensor_kind(t)} "
                             f"{tuple(getattr(t, 'shape', ()))}")
-        check_strided(name, t)  # a sparse operand: torch's "unsupported memory format option Contiguous"
     if a.shape[1] != b.shape[0]:  # type: ignore[union-attr]
         raise ValueError(f"a {tuple(a.shape)} @ b {tuple(b.shape)}: "  # type: ignore[union-attr]
                          "the inner dimensions differ")
@@ -152,7 +153,7 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"x must be a floating-point tensor, got {tensor_kind(x)}")
-    if x.dim() != 2 or x.shape[1] == 0:
+    if check_strided("x", x).dim() != 2 or x.shape[1] == 0:
         raise ValueError(f"x must have shape (M, K) with K > 0, got {tuple(x.shape)}")
     check_finite("x", x)
     return _quantize_rows(x)

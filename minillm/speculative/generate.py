@@ -21,17 +21,20 @@ Invariant of every round, for the sequence `seq` (prompt + emitted tokens, n = l
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
-from minillm.core.config import check_device, check_int, is_float_compute, tensor_kind
+from minillm.core.config import (check_device, check_float_tensor, check_has_data, check_int, is_float_compute,
+                                 tensor_kind)
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, probs_from_logits, sample_next
 from minillm.core.stopping import RequestState, check_eos_id, start_request
 from minillm.kvcache.cache import ContiguousKVCache
-from minillm.speculative.sampling import accept_greedy, accept_or_resample, check_distributions, check_draft_tokens
+from minillm.speculative.sampling import (accept_greedy, accept_or_resample, check_distributions, check_draft_tokens,
+                                         check_generator)
 
 
 @dataclass
@@ -76,11 +79,35 @@ def _forward(model: GPT, cache: ContiguousKVCache, tokens: list[int], start: int
     return model.logits(h[0])  # (T, C) -> (T, V)
 
 
+def check_params(params: object) -> SamplingParams:
+    """A copy of `params` with every field re-checked: SamplingParams is a mutable dataclass checked in its
+    `__post_init__`, so a field set afterwards (top_k=-3, max_new_tokens='8') would be used as it is; TypeError /
+    ValueError naming params or the field otherwise."""
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be a SamplingParams, got {type(params).__name__} {params!r:.80}")
+    return dataclasses.replace(params)  # re-runs __post_init__
+
+
 def sample_draft(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None, step: int
                  ) -> tuple[int, torch.Tensor]:
     """A draft token drawn from the draft model's logits (1, V) with the request's processors (the same as the
-    target's p), and the distribution q (V,) it was drawn from; a ValueError naming the draft model when q is not
-    finite (its logits NaN or inf, or every token masked), before torch.multinomial would fail naming neither."""
+    target's p), and the distribution q (V,) it was drawn from; greedy params take the argmax (q one-hot there),
+    as the eager proposer does. logits must be a float tensor (1, V) with V >= 1, params a SamplingParams
+    (re-checked: `check_params`), generator None or a torch.Generator on the logits' device, step an int >= 0:
+    TypeError/ValueError naming them otherwise; a ValueError naming the draft model when q is not finite (its
+    logits NaN or inf, or every token masked), before torch.multinomial would fail naming neither."""
+    check_float_tensor("logits", logits, ndim=2)
+    if logits.size(0) != 1 or logits.size(1) == 0:
+        raise ValueError(f"logits must have shape (1, V) with V >= 1, the draft's last position, got "
+                         f"{tuple(logits.shape)}")
+    params = check_params(params)
+    check_generator(generator, logits.device)
+    check_int("step", step, 0)
+    if params.is_greedy:
+        tok = int(torch.argmax(logits[0]))  # sample_next's greedy pick (first index on ties)
+        q = torch.zeros(logits.size(1), device=logits.device)  # (V,) a point mass: the draft is deterministic
+        q[tok] = 1.0
+        return tok, q
     q = probs_from_logits(logits, params)  # (1, V)
     if not bool(torch.isfinite(q).all()):
         raise ValueError(f"the draft model's distribution q at draft step {step} holds NaN (its logits are NaN or "
@@ -142,7 +169,7 @@ class PromptLookupProposer:
 
     def propose(self, seq: list[int], gamma: int, state: RequestState) -> tuple[list[int], torch.Tensor | None]:
         tokens = lookup(seq, gamma, self.ngram)  # subtle: not prompt_lookup_proposals, whose check of every token
-        # of seq (hundreds) each round was 5% of a fused round; seq is the round loop's own list
+        # of seq (hundreds) each round was 5% of a fused round; seq is a copy of the round loop's list
         outside = [t for t in tokens if t >= self.vocab_size]  # copied from seq: a bad id there comes back as a draft
         if outside:
             raise ValueError(f"seq holds token id {outside[0]}, outside the vocabulary [0, {self.vocab_size})")
@@ -196,6 +223,7 @@ def _start(target: Any, prompt_ids: Any, params: SamplingParams, gamma: int, tok
     cfg = require_model(target, "speculative decoding (target)")
     check_gamma(gamma)
     check_eos_id(eos_id, cfg.vocab_size)
+    params = check_params(params)  # a field mutated after construction reached '<' in start_request
     state = start_request(cfg, prompt_ids, params, tokenizer, eos_id, device=target.device)
     if params.n != 1:
         raise ValueError(f"speculative decoding runs one sequence; n={params.n} parallel samples are not supported")
@@ -218,16 +246,19 @@ def _run(target: GPT, state: RequestState, proposer: Any, gamma: int) -> tuple[l
 
 def check_proposal(drafts: Any, q: Any, vocab_size: int, sampling: bool) -> tuple[list[int], torch.Tensor | None]:
     """A proposer's (drafts, q) as a round uses them: drafts int token ids in [0, vocab_size) (a list or a 1-D
-    integer tensor; returned as a list), and when the request samples and something was drafted, q a float tensor
-    (len(drafts), vocab_size) of the distributions they were drawn from. TypeError/ValueError naming the proposer's
-    drafts or q (a custom proposer's bad id was torch's IndexError in the embedding; a q of the wrong shape was
-    reported as the target's p)."""
+    integer tensor; returned as a list), and when the request samples (`sampling`, a bool) and something was
+    drafted, q a float tensor (len(drafts), vocab_size) of the distributions they were drawn from. TypeError/
+    ValueError naming the proposer's drafts or q, or sampling (a custom proposer's bad id was torch's IndexError in
+    the embedding; a q of the wrong shape was reported as the target's p)."""
+    if not isinstance(sampling, bool):  # 'no' read as True blamed q; None read as False skipped q's check
+        raise TypeError(f"sampling must be a bool, got {type(sampling).__name__} {sampling!r:.80}")
     drafts = check_draft_tokens(drafts, vocab_size, "the proposer's drafts")
     if not sampling or not drafts:
         return drafts, q
     if not is_float_compute(q):
         raise TypeError(f"the proposer's q must be a float tensor ({len(drafts)}, V={vocab_size}), the distributions "
                         f"its {len(drafts)} drafts were drawn from, got {tensor_kind(q)}")
+    check_has_data("the proposer's q", q)  # a sparse or meta q: named before its shape is read
     if tuple(q.shape) != (len(drafts), vocab_size):
         raise ValueError(f"the proposer's q must have shape ({len(drafts)}, V={vocab_size}), one distribution per "
                          f"draft, got {tuple(q.shape)}")
@@ -244,7 +275,16 @@ def run_rounds(state: RequestState, proposer: Any, gamma: int, cache: Any,
     start.. in one call of the target, writing their keys and values at those slots, and returns their logits
     (len(tokens), V). Each proposal is checked (`check_proposal`, against the vocabulary of the cache's config)
     before the target sees it. Chapter 13's fused decoders run this same loop with their own verify
-    (`minillm.compile.fused_speculative`)."""
+    (`minillm.compile.fused_speculative`).
+
+    A proposer has `prefill(prompt)`, `propose(seq, gamma, state)` returning a tuple (drafts, q or None), and
+    `rollback(length)` (and `calls`, its forwards, reported as stats.draft_calls: 0 when absent); propose gets a
+    copy of the sequence, so changing it cannot corrupt the round. TypeError naming the proposer otherwise."""
+    name = type(proposer).__name__
+    for method in ("prefill", "propose", "rollback"):
+        if not callable(getattr(proposer, method, None)):
+            raise TypeError(f"the proposer ({name}) must have a {method}() method: a proposer has prefill(prompt), "
+                            "propose(seq, gamma, state) and rollback(length)")
     stats = SpeculativeStats()
     if state.finished:  # max_new_tokens == 0
         stats.finish_reason = state.finish_reason
@@ -257,8 +297,11 @@ def run_rounds(state: RequestState, proposer: Any, gamma: int, cache: Any,
         # Never draft past what may still be emitted: a round emits at most γ+1, and the verify's last position
         # n-1+γ must stay inside the cache and the context window (start_request capped max_new_tokens to it).
         g = min(gamma, remaining - 1)
-        drafts, q = proposer.propose(seq, g, state) if g > 0 else ([], None)
-        drafts, q = check_proposal(drafts, q, cache.config.vocab_size, not state.params.is_greedy)
+        proposal = proposer.propose(list(seq), g, state) if g > 0 else ([], None)  # a copy: seq is the round's
+        if not isinstance(proposal, tuple) or len(proposal) != 2:
+            raise TypeError(f"the proposer's ({name}) propose() must return a pair (drafts, q or None), got "
+                            f"{type(proposal).__name__} {proposal!r:.80}")
+        drafts, q = check_proposal(*proposal, cache.config.vocab_size, not state.params.is_greedy)
         logits = verify([seq[-1], *drafts], n - 1)  # (γ+1, V): ONE target call
         stats.target_calls += 1
         stats.proposed += len(drafts)
@@ -278,7 +321,7 @@ def run_rounds(state: RequestState, proposer: Any, gamma: int, cache: Any,
         seq.extend(emitted)
         if state.accept(emitted):
             break
-    stats.draft_calls = proposer.calls
+    stats.draft_calls = getattr(proposer, "calls", 0)
     stats.num_tokens = len(state.output_ids)
     stats.finish_reason = state.finish_reason
     return list(state.output_ids), stats

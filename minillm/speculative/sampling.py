@@ -109,7 +109,7 @@ def check_distributions(name: str, t: torch.Tensor) -> None:
                      f"row {r} {why}")
 
 
-def _check_generator(generator: object, device: torch.device) -> None:
+def check_generator(generator: object, device: torch.device) -> None:
     """None or a torch.Generator on the tensors' device; TypeError/ValueError naming it otherwise."""
     if generator is None:
         return
@@ -195,7 +195,7 @@ def accept_or_resample(p: torch.Tensor, q: torch.Tensor, draft_tokens: Sequence[
         raise TypeError(f"p ({p.dtype}) and q ({q.dtype}) must have one dtype")
     check_distributions("p", p)
     check_distributions("q", q)
-    _check_generator(generator, p.device)
+    check_generator(generator, p.device)
     # BEGIN SOLUTION
     idx = torch.tensor(tokens, dtype=torch.long, device=p.device)  # (γ,)
     rows = torch.arange(gamma, device=p.device)  # (γ,)
@@ -229,7 +229,7 @@ def sample_from_target(p: torch.Tensor, generator: torch.Generator | None = None
     if p.size(0) == 0:
         raise ValueError(f"p must have shape (rows, V) with at least one row to draw from, got {tuple(p.shape)}")
     check_distributions("p", p[:1])
-    _check_generator(generator, p.device)
+    check_generator(generator, p.device)
     return int(torch.multinomial(p[0], 1, generator=generator))
 
 
