@@ -15,6 +15,8 @@ from __future__ import annotations
 import copy
 import math
 import multiprocessing
+import os
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,3 +233,14 @@ def long_stream_in_background(url: str, max_tokens: int) -> tuple[threading.Thre
                                                                         timeout=120)))
     thread.start()
     return thread, result
+
+
+def special_files(tmp_path: Path, suffix: str) -> list[Path]:
+    """A FIFO and, as root, a private character device like /dev/null (c 1 3), both under tmp_path: never a real node
+    (a hostile run's save onto '/dev/null' as root once replaced the machine's /dev/null with a regular file)."""
+    nodes = [tmp_path / f"fifo{suffix}"]
+    os.mkfifo(nodes[0])
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        nodes.append(tmp_path / f"null{suffix}")
+        os.mknod(nodes[1], 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    return nodes

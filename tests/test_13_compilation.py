@@ -274,6 +274,19 @@ def test_fused_cpu_step_equals_the_models_logits_step_by_step():
     assert_steps_equal_the_model(m, FusedCPUDecoder(m), seed=1)
 
 
+def assert_in_place_changes_are_seen(q, dec: FusedCPUDecoder, flip) -> torch.nn.Module:
+    """Block 1's mlp.c_fc scales tripled and `flip` applied to its first 5 code rows, in place (the step holds that
+    storage): the fused step's greedy tokens still equal the eager quantized model's. Returns the changed layer."""
+    fc = q.transformer.h[1].mlp.c_fc
+    with torch.no_grad():
+        fc.scale.mul_(3.0)
+        flip(fc.qweight[:5])
+    params = SamplingParams.greedy(16, ignore_eos=True)
+    for prompt in PROMPTS:
+        assert dec.generate_ids(prompt, params) == generate_ids(q, prompt, params)
+    return fc
+
+
 def assert_steps_equal_the_model(m, dec: FusedCPUDecoder, seed: int) -> None:
     """The decoder's C++ step, one call per token, against `m`'s own GPT.hidden + logits over a ContiguousKVCache:
     after a 3-token prefill through the model (as generate does for a long prompt), logits within 1e-4 at every
@@ -369,6 +382,22 @@ def test_fused_cpu_step_rejects_what_it_cannot_run():
         ContiguousKVCache(SMALL, 1, 4, use_static_shapes=True).mark_written(1)
 
 
+def shuffled_pool(lens: list[int], nh: int, hs: int, bs: int, g: torch.Generator
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """K and V pools (nb, bs, nh, hs) of random values and block tables (S, max_nb) giving sequence s the blocks for
+    lens[s] tokens, drawn from a shuffled pool (-1 past each sequence's blocks, one spare column and two spare
+    blocks)."""
+    S = len(lens)
+    max_nb = max(-(-n // bs) for n in lens) + 1
+    nb = S * max_nb + 2
+    k_pool, v_pool = torch.randn(nb, bs, nh, hs, generator=g), torch.randn(nb, bs, nh, hs, generator=g)
+    tables = torch.full((S, max_nb), -1, dtype=torch.int64)
+    ids = torch.randperm(nb, generator=g)
+    for s, n in enumerate(lens):
+        tables[s, : -(-n // bs)] = ids[s * max_nb : s * max_nb - (-n // bs)]
+    return k_pool, v_pool, tables
+
+
 @needs_cpp
 @pytest.mark.parametrize("S,nh,hs,bs", [(1, 1, 1, 1), (3, 4, 16, 4), (5, 2, 7, 3), (8, 8, 32, 16)])
 def test_cpp_paged_decode_attention_equals_the_gathered_reference(S, nh, hs, bs):
@@ -377,13 +406,7 @@ def test_cpp_paged_decode_attention_equals_the_gathered_reference(S, nh, hs, bs)
     g = torch.Generator().manual_seed(S * 100 + nh * 10 + hs)
     lens = [1 + (7 * s + 3) % (3 * bs) for s in range(S)]
     lens[-1] = 2 * bs
-    max_nb = max(-(-n // bs) for n in lens) + 1
-    nb = S * max_nb + 2
-    k_pool, v_pool = torch.randn(nb, bs, nh, hs, generator=g), torch.randn(nb, bs, nh, hs, generator=g)
-    tables = torch.full((S, max_nb), -1, dtype=torch.int64)
-    ids = torch.randperm(nb, generator=g)
-    for s, n in enumerate(lens):
-        tables[s, : -(-n // bs)] = ids[s * max_nb : s * max_nb - (-n // bs)]
+    k_pool, v_pool, tables = shuffled_pool(lens, nh, hs, bs, g)
     for scale in (1.0, 300.0):  # ordinary scores, then scores hundreds apart (the softmax's exp at its extremes)
         q = torch.randn(S, nh, hs, generator=g) * scale
         got = paged_decode_attention(q, k_pool, v_pool, tables, torch.tensor(lens))
@@ -404,13 +427,7 @@ def test_cpp_paged_verify_attention_equals_the_causal_reference(S, nh, hs, bs):
     g = torch.Generator().manual_seed(S * 100 + nh * 10 + hs)
     lens = [6 + (7 * s + 3) % (3 * bs) for s in range(S)]
     qls = [1 + (5 * s) % 6 for s in range(S)]
-    max_nb = max(-(-n // bs) for n in lens) + 1
-    nb = S * max_nb + 2
-    k_pool, v_pool = torch.randn(nb, bs, nh, hs, generator=g), torch.randn(nb, bs, nh, hs, generator=g)
-    tables = torch.full((S, max_nb), -1, dtype=torch.int64)
-    ids = torch.randperm(nb, generator=g)
-    for s, n in enumerate(lens):
-        tables[s, : -(-n // bs)] = ids[s * max_nb : s * max_nb - (-n // bs)]
+    k_pool, v_pool, tables = shuffled_pool(lens, nh, hs, bs, g)
     q = torch.randn(sum(qls), nh, hs, generator=g)
     got = paged_verify_attention(q, k_pool, v_pool, tables, torch.tensor(lens), torch.tensor(qls))
     row = 0
@@ -824,24 +841,20 @@ def test_fused_cpu_step_runs_an_int8_model_like_the_eager_quantized_model():
     assert dec.int8_linears == 4 * SMALL.n_layer
     assert_steps_equal_the_model(q, dec, seed=1)
     params = SamplingParams.greedy(16, ignore_eos=True)
-    fc = q.transformer.h[1].mlp.c_fc
-    with torch.no_grad():
-        fc.scale.mul_(3.0)  # in place: the step holds this storage
-        fc.qweight[:5].neg_()
-    for prompt in PROMPTS:
-        assert dec.generate_ids(prompt, params) == generate_ids(q, prompt, params)
+    fc = assert_in_place_changes_are_seen(q, dec, lambda codes: codes.neg_())
     fc.qweight = fc.qweight.clone()  # a new buffer: the step's snapshot is stale
     with pytest.raises(ValueError, match="build a new FusedCPUDecoder"):
         dec.generate_ids(PROMPTS[0], params)
 
 
 @needs_cpp
-def test_fused_cpu_step_gives_the_eager_int8_tokens_on_base():
-    """The shipped `base` (seeded random weights of its shape where the checkpoint is missing) quantized to int8:
-    greedy tokens of the fused step equal chapter 04's eager generator on the quantized model, on several prompts
-    through one decoder."""
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_fused_cpu_step_gives_the_eager_quantized_tokens_on_base(mode):
+    """The shipped `base` (seeded random weights of its shape where the checkpoint is missing) quantized to int8 or
+    int4 (group size 128, chapter 09's default): greedy tokens of the fused step equal chapter 04's eager generator
+    on the quantized model, on several prompts through one decoder."""
     loaded = load_model("base")
-    q = quantize_model(loaded.model, QuantConfig("int8"))
+    q = quantize_model(loaded.model, QuantConfig(mode))
     dec = FusedCPUDecoder(q)
     params = SamplingParams.greedy(32, ignore_eos=True)
     for text in ("def main(", "import numpy as np\n", "class Tokenizer:\n    def __init__(self", "for i in range("):
@@ -941,12 +954,7 @@ def test_fused_cpu_step_runs_an_int4_model_like_the_eager_quantized_model():
     assert (dec.int4_linears, dec.int8_linears) == (4 * SMALL.n_layer, 0)
     assert_steps_equal_the_model(q, dec, seed=2)
     params = SamplingParams.greedy(16, ignore_eos=True)
-    fc = q.transformer.h[1].mlp.c_fc
-    with torch.no_grad():
-        fc.scale.mul_(3.0)  # in place: the step holds this storage
-        fc.qweight[:5].bitwise_not_()
-    for prompt in PROMPTS:
-        assert dec.generate_ids(prompt, params) == generate_ids(q, prompt, params)
+    assert_in_place_changes_are_seen(q, dec, lambda codes: codes.bitwise_not_())  # packed: flip both nibbles
     m = model()
     mixed = quantize_model(m, QuantConfig("int8"))
     mixed.transformer.h[0].attn.c_proj = m.transformer.h[0].attn.c_proj
@@ -958,19 +966,6 @@ def test_fused_cpu_step_runs_an_int4_model_like_the_eager_quantized_model():
         assert (dec.int8_linears, dec.int4_linears) == counts
         for prompt in PROMPTS:
             assert dec.generate_ids(prompt, params) == generate_ids(qmodel, prompt, params)
-
-
-@needs_cpp
-def test_fused_cpu_step_gives_the_eager_int4_tokens_on_base():
-    """The shipped `base` quantized to int4 (group size 128, chapter 09's default): greedy tokens of the fused step
-    equal chapter 04's eager generator on the quantized model, on several prompts through one decoder."""
-    loaded = load_model("base")
-    q = quantize_model(loaded.model, QuantConfig("int4"))
-    dec = FusedCPUDecoder(q)
-    params = SamplingParams.greedy(32, ignore_eos=True)
-    for text in ("def main(", "import numpy as np\n", "class Tokenizer:\n    def __init__(self", "for i in range("):
-        prompt = loaded.tokenizer.encode(text)
-        assert dec.generate_ids(prompt, params) == generate_ids(q, prompt, params), text
 
 
 @needs_cpp
@@ -1001,26 +996,36 @@ def test_fused_cpu_step_prefills_a_short_prompt_in_one_cpp_call(monkeypatch, mod
         dec.prefill(model(), dec.cache, ids[:, :3], torch.arange(3))
 
 
+def cpp_constructor_args(monkeypatch, q) -> list:
+    """The arguments FusedCPUDecoder(q) hands the C++ FusedDecoder constructor, captured by a stand-in extension."""
+    captured: dict[str, list] = {}
+    monkeypatch.setattr(fused_step, "load_cpu_ext", lambda: type("Ext", (), {
+        "FusedDecoder": staticmethod(lambda *args: captured.setdefault("args", list(args)))}))
+    FusedCPUDecoder(q)
+    monkeypatch.undo()
+    return captured["args"]
+
+
+def replaced(tensors: list, i: int, t: torch.Tensor) -> list:
+    """`tensors` with entry i replaced by t."""
+    return [t if j == i else x for j, x in enumerate(tensors)]
+
+
 @needs_cpp
 def test_fused_cpu_step_cpp_checks_every_int4_argument(monkeypatch):
     """The C++ constructor's own checks on an int4 linear's arguments: packed codes of the wrong shape or not
     contiguous, a scale that is 1-D, of the wrong dtype, or whose groups do not split the width into even groups.
     Each is an error naming the block and the linear, never a crash."""
     q = quantize_model(model(), QuantConfig("int4", group_size=32))
-    captured: dict[str, list] = {}
-    monkeypatch.setattr(fused_step, "load_cpu_ext", lambda: type("Ext", (), {
-        "FusedDecoder": staticmethod(lambda *args: captured.setdefault("args", list(args)))}))
-    FusedCPUDecoder(q)
-    monkeypatch.undo()
-    glob, layers, k, v, nh, hs, eps, scales = captured["args"]
+    glob, layers, k, v, nh, hs, eps, scales = cpp_constructor_args(monkeypatch, q)
     build = load_cpu_ext().FusedDecoder
     assert layers[2].dtype == torch.uint8 and scales[0].shape == (3 * SMALL.n_embd, 2)
 
     def with_layer(i: int, t: torch.Tensor) -> list[torch.Tensor]:
-        return [t if j == i else x for j, x in enumerate(layers)]
+        return replaced(layers, i, t)
 
     def with_scale(i: int, t: torch.Tensor) -> list[torch.Tensor]:
-        return [t if j == i else x for j, x in enumerate(scales)]
+        return replaced(scales, i, t)
 
     codes = "block 0's attn.c_attn int4 codes must be a contiguous uint8 CPU tensor of shape \\(192, 32\\)"
     scale = "block 0's attn.c_attn int4 scale must be a contiguous float32 CPU tensor of shape \\(192, groups\\)"
@@ -1116,19 +1121,14 @@ def test_fused_cpu_step_cpp_checks_every_int8_argument(monkeypatch):
     given none, codes of the wrong shape. Each is an error naming the tensor, never a crash; the arguments that
     FusedCPUDecoder passes build a working step."""
     q = quantize_model(model(), QuantConfig("int8"))
-    captured: dict[str, list] = {}
-    monkeypatch.setattr(fused_step, "load_cpu_ext", lambda: type("Ext", (), {
-        "FusedDecoder": staticmethod(lambda *args: captured.setdefault("args", list(args)))}))
-    FusedCPUDecoder(q)
-    monkeypatch.undo()
-    glob, layers, k, v, nh, hs, eps, scales = captured["args"]
+    glob, layers, k, v, nh, hs, eps, scales = cpp_constructor_args(monkeypatch, q)
     build = load_cpu_ext().FusedDecoder
 
     def with_layer(i: int, t: torch.Tensor) -> list[torch.Tensor]:
-        return [t if j == i else x for j, x in enumerate(layers)]
+        return replaced(layers, i, t)
 
     def with_scale(i: int, t: torch.Tensor) -> list[torch.Tensor]:
-        return [t if j == i else x for j, x in enumerate(scales)]
+        return replaced(scales, i, t)
 
     bad = [
         ((glob, layers, k, v, nh, hs, eps, scales[:3]), "scales must be empty or hold 4 tensors per block"),

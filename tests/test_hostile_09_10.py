@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import assert_refused_by_minillm
+from helpers import assert_refused_by_minillm, special_files
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.nn.utils.prune as torch_prune
@@ -1862,17 +1862,8 @@ def test_p10r7_mask_heads_takes_numpy_ints_as_ints():
 
 
 def _special_files(tmp_path) -> list:
-    """A FIFO and, as root, a private character device like /dev/null (c 1 3), both under tmp_path: never a real
-    node (the eighth hostile run's save onto '/dev/null' as root replaced the machine's /dev/null with a file)."""
-    import os
-    import stat
-
-    nodes = [tmp_path / "fifo.safetensors"]
-    os.mkfifo(nodes[0])
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        nodes.append(tmp_path / "null.safetensors")
-        os.mknod(nodes[1], 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-    return nodes
+    """A FIFO and, as root, a private character device, both under tmp_path (helpers.special_files)."""
+    return special_files(tmp_path, ".safetensors")
 
 
 def test_q09r8_p10r8_saving_onto_a_device_or_fifo_is_refused_and_leaves_it_in_place(tmp_path):

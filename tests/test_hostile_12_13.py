@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # the subprocess runs this file as a script
     sys.path.insert(0, str(ROOT))
 
-from helpers import assert_refused_by_minillm  # noqa: E402
+from helpers import assert_refused_by_minillm, special_files  # noqa: E402
 from minillm import GPTConfig  # noqa: E402
 from minillm.compile.cpu_gemv import build_problem  # noqa: E402
 from minillm.compile.decode import StaticDecoder, integer_ids  # noqa: E402
@@ -1884,11 +1884,7 @@ def test_c13r8_saving_onto_a_device_or_fifo_is_refused_and_leaves_it_in_place(tm
     from minillm.bench.cli import write_report
     from minillm.compile.aot import export_decode_step
 
-    nodes = [tmp_path / "fifo.pt2"]
-    os.mkfifo(nodes[0])
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        nodes.append(tmp_path / "null.pt2")
-        os.mknod(nodes[1], 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    nodes = special_files(tmp_path, ".pt2")
     for node in nodes:
         kind = stat.S_IFMT(node.lstat().st_mode)
         assert_refused_by_minillm(lambda: export_decode_step(GPT(TINY), node, max_len=8), ValueError,

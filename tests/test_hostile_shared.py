@@ -15,6 +15,7 @@ import json
 import pytest
 import torch
 
+from helpers import special_files
 from minillm.bench.cli import bench_parser
 from minillm.compile.decode import StaticDecoder, check_decoder_room
 from minillm.core.checkpoint import (CONFIG_NAME, WEIGHTS_NAME, checkpoint_sha256, load_checkpoint,
@@ -278,16 +279,11 @@ def test_r8_the_atomic_writers_refuse_a_path_that_is_no_regular_file(tmp_path):
     """Eighth hostile run: every atomic writer renamed its temp file onto the path, replacing a device node (as
     root: /dev/null) or a FIFO with a regular file. Now a ValueError naming the argument, before writing. Private
     nodes under tmp_path only: a FIFO, and as root a character device like /dev/null (c 1 3)."""
-    import os
     import stat
 
     from minillm.core.io import atomic_write_text, check_output_file
 
-    nodes = [tmp_path / "fifo.json"]
-    os.mkfifo(nodes[0])
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        nodes.append(tmp_path / "null.json")
-        os.mknod(nodes[1], 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    nodes = special_files(tmp_path, ".json")
     for node in nodes:
         kind = stat.S_IFMT(node.lstat().st_mode)
         with pytest.raises(ValueError, match=r"^path '.*' exists and is not a regular file \(a device, FIFO"):
