@@ -18,6 +18,7 @@ import torch
 
 from helpers import context_model
 from minillm import GPTConfig
+from minillm.compile import aot
 from minillm.compile.aot import CHILD_MARK, AOTDecoder, aot_problem, cold_start, export_decode_step
 from minillm.core.sampling import SamplingParams
 from minillm.kvcache.generate import generate_ids
@@ -128,6 +129,39 @@ def test_a_damaged_or_edited_package_is_refused_naming_the_file(model, package, 
         AOTDecoder(tmp_path / "edited.pt2")
     params = SamplingParams.greedy(6, ignore_eos=True)
     assert AOTDecoder(package).generate_ids(PROMPTS[0], params) == generate_ids(model, PROMPTS[0], params)
+
+
+@needs_aot
+@pytest.mark.slow
+def test_a_package_packed_while_another_process_rewrote_its_files_is_refused(package, tmp_path):
+    """Before: two pytest workers exported this file's model at once; AOTInductor packs its generated files from the
+    shared inductor cache outside its own lock, so one package held an empty `*_metadata.json` (written by the other
+    process at that moment) and failed to load with a JSON parse error. Now exports take a lock per inductor cache
+    (`_export_lock`), and a package whose metadata members do not hold what it was built with is refused before it
+    is written (`_check_built_metadata`)."""
+    with zipfile.ZipFile(package) as z:
+        names = [n for n in z.namelist() if n.endswith("_metadata.json")]
+        assert names  # the wrapper's and the kernel's
+        metadata = {k: v for k, v in json.loads(z.read(names[0])).items() if k.startswith("minillm_")}
+        aot._check_built_metadata(z, metadata)  # the real package passes
+        members = {n: z.read(n) for n in z.namelist()}
+    emptied = tmp_path / "emptied.pt2"
+    with zipfile.ZipFile(emptied, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, b"" if name == names[0] else data)
+    with zipfile.ZipFile(emptied) as z, pytest.raises(RuntimeError, match="AOTInductor packed a damaged .*_metadata"):
+        aot._check_built_metadata(z, metadata)
+
+
+def test_one_export_at_a_time_across_processes():
+    """`_export_lock` is a file lock another process waits on (the exports of two pytest workers, two terminals)."""
+    lock = aot._export_lock()
+    code = ("import sys; from filelock import Timeout; from minillm.compile.aot import _export_lock\n"
+            "try:\n    _export_lock().acquire(timeout=0.2)\nexcept Timeout:\n    sys.exit(3)\nsys.exit(0)")
+    with lock:
+        held = subprocess.run([sys.executable, "-c", code], timeout=120)
+    free = subprocess.run([sys.executable, "-c", code], timeout=120)
+    assert (held.returncode, free.returncode) == (3, 0)
 
 
 def test_loading_refuses_what_is_not_a_package(tmp_path):

@@ -53,6 +53,7 @@ from typing import Any, Iterator
 
 import torch
 import torch.nn as nn
+from filelock import FileLock
 
 from minillm.bench.cli import bench_parser, cli_type, start, write_report
 from minillm.bench.models import load_model
@@ -145,14 +146,48 @@ def export_decode_step(model: GPT, path: str | os.PathLike, max_len: int | None 
         example = (torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long))  # token, position
         with torch.no_grad():
             exported = torch.export.export(step, example)
-        with tempfile.TemporaryDirectory(prefix="minillm-aot-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="minillm-aot-") as tmp, _export_lock():
             built = torch._inductor.aoti_compile_and_package(
                 exported, package_path=os.path.join(tmp, "step.pt2"),
                 inductor_configs={"aot_inductor.metadata": metadata})
             with zipfile.ZipFile(built, "a") as z:
+                _check_built_metadata(z, metadata)
                 digest = with_sha256({"minillm_format": FORMAT}, _package_members(z, built))
                 z.writestr(_digest_member(z), json.dumps(digest))
             return atomic_write_bytes(out, Path(built).read_bytes())
+
+
+def _export_lock() -> FileLock:
+    """One export at a time per inductor cache folder (a lock file inside it), across processes.
+
+    subtle: AOTInductor writes the step's generated files into the shared inductor cache under a name that hashes the
+    graph, and packs them into the .pt2 afterwards, outside its own lock. Two processes exporting the same model at
+    once (two pytest workers, two terminals) rewrite each other's files while the other packs them: a package with
+    an empty `*_metadata.json` member, which loads with a JSON parse error. The exports are CPU-bound compiler runs
+    anyway, so running them one after another costs little."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir  # torch >= 2.5
+    except ImportError:
+        from torch._inductor.runtime.runtime_utils import cache_dir  # older
+    folder = cache_dir()
+    os.makedirs(folder, exist_ok=True)
+    return FileLock(os.path.join(folder, "minillm-aot-export.lock"))
+
+
+def _check_built_metadata(z: zipfile.ZipFile, metadata: dict[str, str]) -> None:
+    """Every `*_metadata.json` member of a freshly built package `z` holds the metadata it was built with: a
+    RuntimeError, before anything is written, if another process (not a minillm export, which `_export_lock` orders)
+    rewrote AOTInductor's cache files while this package was packed."""
+    for name in z.namelist():
+        if not name.endswith("_metadata.json"):
+            continue
+        try:
+            found = json.loads(z.read(name))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            found = f"unreadable ({e})"
+        if not isinstance(found, dict) or any(found.get(k) != v for k, v in metadata.items()):
+            raise RuntimeError(f"AOTInductor packed a damaged {name!r}: another process compiled the same graph in "
+                               "the inductor cache at the same time; export again")
 
 
 def _digest_member(z: zipfile.ZipFile) -> str:
