@@ -220,7 +220,43 @@ def cpp_specs() -> list[Spec]:
     int4_kinds = dict(x="f32", packed="uint8", scale="f32", b="f32")
     int4_tied = dict(x={1: ("x", "packed")}, packed={0: ("packed", "scale"), 1: ("x", "packed")},
                      scale={0: ("scale",), 1: ("scale",)}, b={0: ("b",)})
+    # The engine's fused step (`FusedDecoder.paged`) over a 2-layer model of nh=2, hs=8, the pools of
+    # `_paged_good`: sequence 0 feeds its tokens 1 and 2 (slots 1, 2), sequence 1 its token 3 (slot 7).
+    from minillm.compile.fused_engine import FusedEngineModel
+
+    torch.manual_seed(0)
+    engine_step = FusedEngineModel(GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16))
+                                   .eval())._cpp
+
+    def fused_good(r: random.Random) -> dict[str, Any]:
+        pools = _paged_good(r, torch.float32)
+        return dict(tokens=torch.tensor([5, 6, 7]), positions=torch.tensor([1, 2, 3]),
+                    slot_mapping=torch.tensor([1, 2, 7]), block_tables=pools["block_tables"],
+                    context_lens=pools["context_lens"], query_lens=torch.tensor([2, 1]), k_pool=pools["k_pool"],
+                    v_pool=pools["v_pool"])
+
+    def fused_call(tokens, positions, slot_mapping, block_tables, context_lens, query_lens, k_pool, v_pool):
+        return engine_step.paged(tokens, positions, slot_mapping, block_tables, context_lens, query_lens,
+                                 [k_pool, k_pool], [v_pool, v_pool])
+
+    def fused_bad_rows(r: random.Random, args: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+        name, values = r.choice([("tokens", [-1, 64, 1 << 40]), ("positions", [-1, 16, 1 << 40]),
+                                 ("slot_mapping", [0, 3, 8, -1, 1 << 40])])
+        bad = args[name].clone()
+        bad[r.randrange(3)] = r.choice(values)
+        return {**args, name: bad}, (name,)
+
+    fused_kinds = dict(tokens="int64", positions="int64", slot_mapping="int64", block_tables="int64",
+                       context_lens="int64", query_lens="int64", k_pool="f32", v_pool="f32")
+    fused_tied = dict(tokens={0: ("tokens",)}, positions={0: ("positions",)}, slot_mapping={0: ("slot_mapping",)},
+                      block_tables={0: ("block_tables",)}, context_lens={0: ("context_lens",)},
+                      query_lens={0: ("query_lens",)}, k_pool={2: ("k_pool",), 3: ("k_pool",)},
+                      v_pool={0: ("v_pool",), 2: ("v_pool",), 3: ("v_pool",)})
     return [
+        Spec("ext.FusedDecoder.paged (raw)", fused_call, fused_good, fused_kinds, tied=fused_tied,
+             extra={**paged_extra, "query length": bad_query_lens, "row": fused_bad_rows}, strict=False),
+        Spec("ext.FusedDecoder.head (raw)", lambda h: engine_step.head(h), lambda r: dict(h=_rand(3, 16)),
+             dict(h="f32"), tied=dict(h={1: ("h",)}), strict=False),
         Spec("cpu_gemv.int8_gemv", int8_gemv, int8_good, int8_kinds, tied=int8_tied, copies_strided=True),
         Spec("ext.int8_gemv (raw)", lambda x, q, scale, b: ext.int8_gemv(x, q, scale, b), int8_good, int8_kinds,
              tied=int8_tied, strict=False),

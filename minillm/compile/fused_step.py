@@ -122,7 +122,76 @@ def model_fingerprint(modules: list[nn.Module]) -> list[tuple[Any, ...]]:
             for m in modules]
 
 
-class FusedCPUDecoder:
+def build_cpp_decoder(model: GPT, k: list[torch.Tensor], v: list[torch.Tensor]) -> tuple[Any, int, int]:
+    """The C++ `FusedDecoder` over `model`'s own tensors (their storage, `as_cpp_reads`), with the contiguous caches
+    `k`, `v` (one (1, nh, max_len, hs) tensor per block) or none (empty lists: the engine's decoder, `paged` only);
+    and how many block linears run int8 and int4. Every layer is checked first: a TypeError names any the C++ step
+    cannot run (`check_plain_model`, `_plain`, `_quantized`)."""
+    quantized = {f"transformer.h.{i}.{n}" for i, block in enumerate(model.transformer.h) for n in LINEARS
+                 if isinstance(block.get_submodule(n), QuantLinear)}  # checked by `_quantized` below
+    check_plain_model(model, "the fused C++ step", handled=quantized)
+    tr = model.transformer
+    if model.lm_head.weight.dtype != torch.float32 or tr.wpe.weight.dtype != torch.float32:
+        raise TypeError(f"the fused C++ step needs float32 embeddings, got {model.lm_head.weight.dtype}")
+    glob = [tr.wte.weight.detach(), tr.wpe.weight.detach(), *_plain(tr.ln_f, "transformer.ln_f"),
+            model.lm_head.weight.detach()]  # as_cpp_reads below: the C++ step reads raw memory
+    layers: list[torch.Tensor] = []
+    scales: list[torch.Tensor] = []  # one per block linear, in LINEARS' order: _NO_SCALE for a float32 one
+    int4 = 0  # how many of the quantized linears are int4
+    for i, block in enumerate(tr.h):
+        for name in ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj"):
+            module, where = block.get_submodule(name), f"transformer.h.{i}.{name}"
+            if where in quantized:
+                codes_and_bias, scale = _quantized(module, where)
+                layers += codes_and_bias
+                scales.append(scale)
+                int4 += module.config.mode == "int4"
+            else:
+                layers += _plain(module, where)
+                if name in LINEARS:
+                    scales.append(_NO_SCALE)
+    eps = [float(block.get_submodule(n).eps) for block in tr.h for n in ("ln_1", "ln_2")] + [float(tr.ln_f.eps)]
+    cfg = model.config
+    cpp = load_cpu_ext().FusedDecoder([as_cpp_reads(t) for t in glob], layers, k, v, cfg.n_head, cfg.head_size, eps,
+                                      scales)
+    return cpp, len(quantized) - int4, int4
+
+
+class WatchedModel:
+    """What a C++ step over a model's own tensors must notice: a forward hook (the step calls no module) and the
+    model's tensors converted or replaced since it was built (`model_fingerprint`). Call `_watch_model()` once
+    `self.model` is set, before building the step."""
+
+    model: GPT
+
+    def _watch_model(self) -> None:
+        self._named_modules = list(self.model.named_modules())
+        self._check_no_hooks()
+        self._model_modules = list(self.model.modules())
+        self._fingerprint = model_fingerprint(self._model_modules)
+
+    def check_model_unchanged(self) -> None:
+        """ValueError unless the model still holds the parameters and buffers the C++ step was built on (see the class
+        doc)."""
+        self._check_no_hooks()
+        if model_fingerprint(self._model_modules) != self._fingerprint:
+            name = type(self).__name__
+            raise ValueError(f"the model's parameters or buffers were converted or replaced since this {name} "
+                             "was built (e.g. model.half(), a new Parameter, a layer swapped for another or a "
+                             f"LayerNorm's eps changed); its C++ step still holds the old ones: build a new "
+                             f"{name}(model)")
+
+    def _check_no_hooks(self) -> None:
+        """A ValueError naming the first module with a forward hook: the C++ step never calls the modules, so a hook
+        would run where the model's own forward does (a long prefill) and silently not in the C++ steps
+        (`hooked_module`)."""
+        hooked = hooked_module(self._named_modules)
+        if hooked is not None:
+            raise ValueError(f"the fused C++ step cannot run forward hooks, but the model's {hooked} has one: remove "
+                             "it, or decode with chapter 04's generate_ids, which runs hooks")
+
+
+class FusedCPUDecoder(WatchedModel):
     """Batch-1 decode of a float32 CPU GPT, one C++ call per token; pass it as `decode_fn` with `kv_cache=self.cache`.
 
     `max_len` sizes the cache (default and most: the model's context window). Greedy tokens equal the eager generator's
@@ -146,43 +215,13 @@ class FusedCPUDecoder:
             raise TypeError(f"FusedCPUDecoder needs a minillm GPT, got {type(model).__name__}")
         if model.device.type != "cpu":
             raise ValueError(f"FusedCPUDecoder runs on the CPU, the model is on {model.device}")
-        cfg = model.config
-        quantized = {f"transformer.h.{i}.{n}" for i, block in enumerate(model.transformer.h) for n in LINEARS
-                     if isinstance(block.get_submodule(n), QuantLinear)}  # checked by `_quantized` below
-        check_plain_model(model, "the fused C++ step", handled=quantized)
         self.model = model  # its train/eval mode is the caller's: generate_ids decodes in eval mode, then restores it
-        self._named_modules = list(model.named_modules())
-        self._check_no_hooks()
-        self.max_len = decoder_max_len(cfg, max_len)  # at most block_size: slot j holds position j
-        self.cache = ContiguousKVCache(cfg, 1, self.max_len)  # float32, dynamic: `attend` for the prefill
-        tr = model.transformer
-        if model.lm_head.weight.dtype != torch.float32 or tr.wpe.weight.dtype != torch.float32:
-            raise TypeError(f"the fused C++ step needs float32 embeddings, got {model.lm_head.weight.dtype}")
-        glob = [tr.wte.weight.detach(), tr.wpe.weight.detach(), *_plain(tr.ln_f, "transformer.ln_f"),
-                model.lm_head.weight.detach()]  # as_cpp_reads below: the C++ step reads raw memory
-        layers: list[torch.Tensor] = []
-        scales: list[torch.Tensor] = []  # one per block linear, in LINEARS' order: _NO_SCALE for a float32 one
-        int4 = 0  # how many of the quantized linears are int4
-        for i, block in enumerate(tr.h):
-            for name in ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj"):
-                module, where = block.get_submodule(name), f"transformer.h.{i}.{name}"
-                if where in quantized:
-                    codes_and_bias, scale = _quantized(module, where)
-                    layers += codes_and_bias
-                    scales.append(scale)
-                    int4 += module.config.mode == "int4"
-                else:
-                    layers += _plain(module, where)
-                    if name in LINEARS:
-                        scales.append(_NO_SCALE)
-        self.int8_linears, self.int4_linears = len(quantized) - int4, int4
-        self._model_modules = list(model.modules())
-        self._fingerprint = model_fingerprint(self._model_modules)
+        self._watch_model()
+        self.max_len = decoder_max_len(model.config, max_len)  # at most block_size: slot j holds position j
+        self.cache = ContiguousKVCache(model.config, 1, self.max_len)  # float32, dynamic: `attend` for the prefill
         self._last_start = math.inf  # the cache length at the last step (a check runs when it does not grow)
-        eps = [float(block.get_submodule(n).eps) for block in tr.h for n in ("ln_1", "ln_2")] + [float(tr.ln_f.eps)]
         self._busy = threading.Lock()  # one request at a time: the step writes one cache (`exclusive`)
-        self._cpp: Any = load_cpu_ext().FusedDecoder([as_cpp_reads(t) for t in glob], layers, self.cache.k,
-                                                     self.cache.v, cfg.n_head, cfg.head_size, eps, scales)
+        self._cpp, self.int8_linears, self.int4_linears = build_cpp_decoder(model, self.cache.k, self.cache.v)
 
     def __call__(self, model: GPT, cache: ContiguousKVCache, token: torch.Tensor, positions: torch.Tensor
                  ) -> torch.Tensor:
@@ -224,24 +263,6 @@ class FusedCPUDecoder:
                 logits = self._cpp.verify(tokens, start, start)  # (n, V)
         self.cache.mark_written(len(tokens))
         return logits
-
-    def check_model_unchanged(self) -> None:
-        """ValueError unless the model still holds the parameters and buffers the C++ step was built on (see the class
-        doc)."""
-        self._check_no_hooks()
-        if model_fingerprint(self._model_modules) != self._fingerprint:
-            raise ValueError("the model's parameters or buffers were converted or replaced since this FusedCPUDecoder "
-                             "was built (e.g. model.half(), a new Parameter, a layer swapped for another or a "
-                             "LayerNorm's eps changed); its C++ step still holds the old ones: build a new "
-                             "FusedCPUDecoder(model)")
-
-    def _check_no_hooks(self) -> None:
-        """A ValueError naming the first module with a forward hook: the C++ step never calls the modules, so a hook
-        would run in the prefill and silently not in the decode (`hooked_module`)."""
-        hooked = hooked_module(self._named_modules)
-        if hooked is not None:
-            raise ValueError(f"the fused C++ step cannot run forward hooks, but the model's {hooked} has one: remove "
-                             "it, or decode with chapter 04's generate_ids, which runs hooks")
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator["FusedCPUDecoder"]:

@@ -5,7 +5,8 @@ Hugging Face's). Measured: `torch.compile decode, batch 1` (speed-up over eager,
 `fastest decode, batch 1` (the fastest path's tok/s as a fraction of the weight-streaming bound's, the two timed
 in turn in one run), `fastest decode vs HF, batch 1` (tok/s ratio to `generate(use_cache=True)`),
 `fastest continuous vs static` and `fastest continuous vs HF` (tok/CPU-s ratios of chapter 06's engine on the
-fastest path: `fast_cpu_model` and the C++ paged decode attention, on chapter 06's workload),
+fastest path: its short steps one C++ call each, `FusedEngineModel`, on chapter 06's workload; static batching on
+`fast_cpu_model`),
 `structured MLP 25% on the fused step` (speed-up of chapter 10's MLP-pruned model over the dense one, both on
 `FusedCPUDecoder`), and on CUDA
 `CUDA graph decode, batch 1` (speed-up).
@@ -18,6 +19,7 @@ from minillm.bench.workload import workload
 from minillm.compile.bench import run_all
 from minillm.compile.cpu_gemv import build_problem, fast_cpu_model
 from minillm.compile.cpu_paged import NAME as CPP_BACKEND
+from minillm.compile.fused_engine import FusedEngineModel
 from minillm.core.rows import Row, TourContext
 from minillm.engine.throughput import offline_throughput
 from minillm.engine.tour import throughput_rows
@@ -107,13 +109,15 @@ def run(ctx: TourContext) -> list[Row]:
     if ctx.device.type == "cpu" and build_problem() is None:
         # Chapter 06's throughput comparison (same workload and batch) with every decode-sized product in C++
         # for both engines, and the engine's decode attention read through the block tables in C++.
+        # The engine's short steps (decodes, short prompt chunks) run as one C++ call each (`FusedEngineModel`).
         fast = fast_cpu_model(model)
         n, batch = (8, 4) if ctx.quick else (48, 8)
         off = offline_throughput(fast, workload("mixed", n, seed=ctx.seed, vocab_size=model.config.vocab_size),
                                  batch=batch, with_hf=True, attention_backend=CPP_BACKEND,
-                                 repeats=1 if ctx.quick else 3)
+                                 repeats=1 if ctx.quick else 3, engine_model=FusedEngineModel(fast))
         rows += throughput_rows("13", off, label, dev,
                                 ("fastest continuous vs static", "static batching (ch04) on fast_cpu_model"),
-                                "fastest continuous vs HF", f"LLM on fast_cpu_model, attention {CPP_BACKEND!r}",
+                                "fastest continuous vs HF", "LLM on the fused C++ step (FusedEngineModel), attention "
+                                f"{CPP_BACKEND!r} for long prompt chunks",
                                 note=f"; {n} mixed requests, batch {batch}; target 2x vs static, 1.5x vs HF")
     return rows

@@ -22,7 +22,7 @@ from minillm.bench.driver import RunStats, drive
 from minillm.bench.workload import WorkloadRequest
 from minillm.core.hf import to_hf_model
 from minillm.core.metrics import RequestTimes
-from minillm.core.model import GPT
+from minillm.core.model import GPT, require_model
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
 from minillm.engine.static import run_static
@@ -144,20 +144,24 @@ def _median_run(runs: Sequence[RunResult]) -> RunResult:
 
 
 def offline_throughput(model: GPT, workload: Sequence[WorkloadRequest], batch: int = 32, num_blocks: int = 512,
-                       with_hf: bool = True, attention_backend: str = "selective", repeats: int = 3
-                       ) -> dict[str, Any]:
+                       with_hf: bool = True, attention_backend: str = "selective", repeats: int = 3,
+                       engine_model: Any = None) -> dict[str, Any]:
     """Output tokens/s of the engine, static batching and (optionally) HF's two paths, same model and prompts.
 
     The engine and static batching, the pair this chapter compares, alternate `repeats` times (engine, static,
     engine, static, ...) and each reports its median run by tok/CPU-s, so one slow second on a shared machine does
     not decide the ratio; every repeat must give the same outputs. HF's paths run once each (their outputs are
     checked against the engine's; at about 12 s a run they would double the tour's cost).
-    `attention_backend` is the engine's (`EngineConfig.attention_backend`; chapter 13 passes its C++ one)."""
+    `attention_backend` is the engine's (`EngineConfig.attention_backend`; chapter 13 passes its C++ one), and so
+    is `engine_model`, a model with GPT's interface the engine runs instead of `model` (chapter 13's fused step,
+    `FusedEngineModel`); static batching and HF always run `model`."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive int, got {repeats!r}")
     cfg = EngineConfig(num_blocks=num_blocks, block_size=16, max_num_seqs=batch, max_num_batched_tokens=512,
                        attention_backend=attention_backend)
-    engine_runs, static_runs = zip(*[(run_engine(model, workload, cfg), run_static_batches(model, workload, batch))
+    engine = model if engine_model is None else engine_model
+    require_model(engine, "offline_throughput (engine_model)")
+    engine_runs, static_runs = zip(*[(run_engine(engine, workload, cfg), run_static_batches(model, workload, batch))
                                      for _ in range(repeats)])
     runs = [_median_run(engine_runs), _median_run(static_runs)]
     hf_note = ""

@@ -22,7 +22,8 @@ speculation wins), drafts kept / proposed, and engine steps. Prompts are code fr
 where prompt lookup finds what to copy; the draft-model method (`--method draft-model`, `draft` drafting for
 `base`) is the other proposer. The command:
 `python -m minillm.speculative.engine_bench [--quick] [--method prompt-lookup|draft-model] [--loads 1,2,4]
-[--attention-backend verify|verify-cpp] [--json FILE]`. What it leaves out: arrival over time (chapter 06's online benchmark), and sampling (greedy only,
+[--attention-backend verify|verify-cpp] [--fused-step] [--json FILE]`; `--fused-step` runs both engines' target on
+chapter 13's fused C++ step (`minillm.compile.fused_engine`). What it leaves out: arrival over time (chapter 06's online benchmark), and sampling (greedy only,
 so outputs can be compared token for token). The chapter text quotes one run per method,
 `chapters/results/08-engine-lookup.json` and `08-engine-draft.json`, through `quotes(report)`.
 """
@@ -115,11 +116,21 @@ def _timed(llm: LLM, prompts: list[list[int]], params: SamplingParams, cpu: list
 
 def load_point(target: GPT, prompts: list[list[int]], concurrency: int, new_tokens: int,
                speculative: SpeculativeConfig, draft: GPT | None = None, repeats: int = 3,
-               attention_backend: str = "verify") -> dict[str, Any]:
+               attention_backend: str = "verify", fused_step: bool = False) -> dict[str, Any]:
     """One load: `concurrency` requests at a time over `prompts`, the plain engine against the speculative one, both
-    with `attention_backend` (BACKENDS)."""
+    with `attention_backend` (BACKENDS). `fused_step`: both run the target on chapter 13's fused C++ step
+    (`FusedEngineModel(fast_cpu_model(target))`: decode and verify steps in one C++ call each), the draft on
+    `fast_cpu_model`."""
     if attention_backend not in BACKENDS:
         raise ValueError(f"attention_backend must be one of {BACKENDS}, got {attention_backend!r}")
+    if not isinstance(fused_step, bool):
+        raise TypeError(f"fused_step must be a bool, got {fused_step!r}")
+    if fused_step:  # chapter 13's C++ step, imported only when asked for (as the C++ attention is, by name)
+        from minillm.compile.cpu_gemv import fast_cpu_model
+        from minillm.compile.fused_engine import FusedEngineModel
+
+        target = FusedEngineModel(fast_cpu_model(target))
+        draft = fast_cpu_model(draft) if draft is not None else None
     for name, value in (("concurrency", concurrency), ("new_tokens", new_tokens), ("repeats", repeats)):
         check_int(name, value)
     if not isinstance(prompts, (list, tuple)) or not prompts or not all(isinstance(p, (list, tuple)) and p
@@ -187,7 +198,8 @@ def crossover(points: Sequence[dict[str, Any]], key: str = "ratio") -> int | Non
 def load_sweep(target: GPT, tokenizer: Any, loads: Sequence[int] = DEFAULT_LOADS, new_tokens: int = 64,
                prompt_len: int = 128, requests_per_slot: int = REQUESTS_PER_SLOT,
                speculative: SpeculativeConfig | None = None,
-               draft: GPT | None = None, repeats: int = 3, attention_backend: str = "verify") -> dict[str, Any]:
+               draft: GPT | None = None, repeats: int = 3, attention_backend: str = "verify",
+               fused_step: bool = False) -> dict[str, Any]:
     """Every load of `loads`: ratios of tokens/s (wall and CPU), identical outputs, and the crossover load."""
     speculative = speculative if speculative is not None else SpeculativeConfig()
     if not isinstance(speculative, SpeculativeConfig):
@@ -198,8 +210,9 @@ def load_sweep(target: GPT, tokenizer: Any, loads: Sequence[int] = DEFAULT_LOADS
     loads = check_loads(loads, requests_per_slot)
     pool = code_prompts(tokenizer, requests_per_slot * max(loads), prompt_len)
     points = [load_point(target, pool[: requests_per_slot * c], c, new_tokens, speculative, draft, repeats,
-                         attention_backend) for c in loads]
-    return {"method": speculative.method, "attention_backend": attention_backend, "gamma": speculative.gamma, "ngram": speculative.ngram,
+                         attention_backend, fused_step) for c in loads]
+    return {"method": speculative.method, "attention_backend": attention_backend, "fused_step": fused_step,
+            "gamma": speculative.gamma, "ngram": speculative.ngram,
             "new_tokens": new_tokens, "prompt_len": prompt_len, "requests_per_slot": requests_per_slot,
             "points": points, "identical": all(p["identical"] for p in points),
             "crossover": crossover(points), "crossover_cpu": crossover(points, "ratio_cpu"),
@@ -217,10 +230,12 @@ def sweep_sizes(quick: bool, loads: Sequence[int] | None) -> dict[str, Any]:
 
 
 def run(device: torch.device | str = "cpu", quick: bool = False, method: str = "prompt-lookup", gamma: int = 4,
-        loads: Sequence[int] | None = None, seed: int = 0, attention_backend: str = "verify") -> dict[str, Any]:
+        loads: Sequence[int] | None = None, seed: int = 0, attention_backend: str = "verify",
+        fused_step: bool = False) -> dict[str, Any]:
     """The benchmark on `base` (and `draft` for method="draft-model"), by default at loads 1 to 64; quick: loads 1
     and 8, 32 new tokens, one repeat (a few seconds on a CPU), for the chapter's tour. `attention_backend`: "verify"
-    (PyTorch) or "verify-cpp" (chapter 13's C++ decode and verify attention, read through the block tables)."""
+    (PyTorch) or "verify-cpp" (chapter 13's C++ decode and verify attention, read through the block tables);
+    `fused_step`: the target on chapter 13's fused C++ step in both engines (`load_point`)."""
     if attention_backend not in BACKENDS:
         raise ValueError(f"attention_backend must be one of {BACKENDS}, got {attention_backend!r}")
     spec = SpeculativeConfig(method=method, gamma=gamma)  # checks method and gamma before the models load
@@ -230,7 +245,7 @@ def run(device: torch.device | str = "cpu", quick: bool = False, method: str = "
     tgt = load_model("base", device, seed)
     draft = load_model("draft", device, seed) if method == "draft-model" else None
     sweep = load_sweep(tgt.model, tgt.tokenizer, speculative=spec, draft=draft.model if draft else None,
-                       attention_backend=attention_backend, **size)
+                       attention_backend=attention_backend, fused_step=fused_step, **size)
     return {"target": tgt.label, "draft": draft.label if draft else None, "device": str(device),
             "threads": torch.get_num_threads(), **sweep}
 
@@ -252,6 +267,7 @@ def _crossover_text(cross: int | None) -> str:
 
 def format_report(r: dict[str, Any]) -> str:
     who = f"{r['target']} + {r['draft']}" if r["draft"] else f"{r['target']}, prompt lookup ({r['ngram']}-grams)"
+    who += ", on the fused C++ step" if r.get("fused_step") else ""
     lines = [f"{who}, gamma {r['gamma']}, {r['device']}, {r['threads']} thread(s); {r['prompt_len']}-token code "
              f"prompts, {r['new_tokens']} new tokens, {r['requests_per_slot']} requests per batch slot, greedy",
              " | ".join(LOAD_HEADER)]
@@ -312,6 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--loads", help="comma-separated concurrency levels (default 1,2,4,8,16,32,64; quick 1,8)")
     ap.add_argument("--attention-backend", default="verify", choices=BACKENDS,
                     help="both engines' attention: verify (PyTorch, default) or verify-cpp (chapter 13's C++)")
+    ap.add_argument("--fused-step", action="store_true",
+                    help="both engines run the target on chapter 13's fused C++ step (FusedEngineModel)")
     return ap
 
 
@@ -327,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     usage_check(ap, "--gamma", lambda: SpeculativeConfig(method=args.method, gamma=args.gamma))
     usage_check(ap, "--loads", lambda: sweep_sizes(args.quick, loads))
     report = run(resolve_device(args.device), quick=args.quick, method=args.method, gamma=args.gamma, loads=loads,
-                 seed=args.seed, attention_backend=args.attention_backend)
+                 seed=args.seed, attention_backend=args.attention_backend, fused_step=args.fused_step)
     print(format_report(report))
     write_report(args.json, report)
     return 0 if report["identical"] else 1

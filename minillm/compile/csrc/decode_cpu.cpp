@@ -218,6 +218,47 @@ void check_int4(const at::Tensor& p, const at::Tensor& s, int64_t layer, const c
                 s.sizes());
 }
 
+// The metadata of a paged step, checked before any pool is read: block_tables (S, max_nb), context_lens (S,) and
+// query_lens (S,) (null: one query per sequence) contiguous int64 CPU tensors; each context length in
+// [1, max_nb * bs], each query length in [1, its context length], every block id a sequence reads inside the pool
+// [0, nb), and the query lengths adding up to the step's N rows. `who` names the entry point in the message.
+void check_paged_batch(const char* who, const at::Tensor& block_tables, const at::Tensor& context_lens,
+                       const at::Tensor* query_lens, int64_t nb, int64_t bs, int64_t N) {
+    check_plain_memory(block_tables, who, "block_tables");
+    check_plain_memory(context_lens, who, "context_lens");
+    if (query_lens) check_plain_memory(*query_lens, who, "query_lens");
+    std::vector<const at::Tensor*> ints = {&block_tables, &context_lens};
+    if (query_lens) ints.push_back(query_lens);
+    for (const auto* t : ints) {
+        TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->device().is_cpu(), who,
+                    ": block_tables, context_lens and query_lens must be contiguous int64 CPU tensors");
+    }
+    const int64_t S = block_tables.dim() == 2 ? block_tables.size(0) : -1;
+    TORCH_CHECK(S >= 0 && context_lens.dim() == 1 && context_lens.size(0) == S &&
+                    (!query_lens || (query_lens->dim() == 1 && query_lens->size(0) == S)),
+                who, ": block_tables must be (S, max_nb), context_lens and query_lens (S,), got ", block_tables.sizes(),
+                " and ", context_lens.sizes());
+    const int64_t max_nb = block_tables.size(1);
+    const int64_t* tables = block_tables.data_ptr<int64_t>();
+    const int64_t* lens = context_lens.data_ptr<int64_t>();
+    const int64_t* qls = query_lens ? query_lens->data_ptr<int64_t>() : nullptr;
+    int64_t rows = 0;
+    for (int64_t s = 0; s < S; ++s) {
+        const int64_t ql = qls ? qls[s] : 1;
+        TORCH_CHECK(lens[s] >= 1 && lens[s] <= max_nb * bs, who, ": context length ", lens[s], " of sequence ", s,
+                    " is outside [1, ", max_nb * bs, "]");
+        TORCH_CHECK(ql >= 1 && ql <= lens[s], who, ": query length ", ql, " of sequence ", s, " is outside [1, ",
+                    lens[s], "] (its context length)");
+        for (int64_t b = 0; b < (lens[s] + bs - 1) / bs; ++b) {
+            const int64_t id = tables[s * max_nb + b];
+            TORCH_CHECK(id >= 0 && id < nb, who, ": block id ", id, " of sequence ", s, " is outside the pool [0, ", nb,
+                        ")");
+        }
+        rows += ql;
+    }
+    TORCH_CHECK(rows == N, who, ": the step has ", N, " rows but the query lengths add up to ", rows);
+}
+
 // Holds the model's tensors (not copies: the same storage as the parameters) and its cache's K/V tensors, plus the
 // scratch buffers of one step (kMaxRows rows each, for `verify`; `step` uses the first), all allocated at
 // construction; `step` and `verify` allocate only the returned logits.
@@ -239,8 +280,9 @@ class FusedDecoder {
         TORCH_CHECK(!layers_.empty() && layers_.size() % kLayerTensors == 0,
                     "FusedDecoder: layers must hold ", kLayerTensors, " tensors per block, got ", layers_.size());
         n_layer_ = static_cast<int64_t>(layers_.size()) / kLayerTensors;
-        TORCH_CHECK(static_cast<int64_t>(k_.size()) == n_layer_ && static_cast<int64_t>(v_.size()) == n_layer_,
-                    "FusedDecoder: one K and one V tensor per block");
+        TORCH_CHECK((k_.empty() && v_.empty()) ||
+                        (static_cast<int64_t>(k_.size()) == n_layer_ && static_cast<int64_t>(v_.size()) == n_layer_),
+                    "FusedDecoder: one K and one V tensor per block, or none (an engine's decoder: `paged` only)");
         TORCH_CHECK(static_cast<int64_t>(eps_.size()) == 2 * n_layer_ + 1,
                     "FusedDecoder: eps must hold ln_1 and ln_2 of every block, then ln_f");
         TORCH_CHECK(scales_.empty() || static_cast<int64_t>(scales_.size()) == kLinears * n_layer_,
@@ -260,8 +302,8 @@ class FusedDecoder {
         check_float(globals_[2], "ln_f.weight", {C_});
         check_float(globals_[3], "ln_f.bias", {C_});
         check_float(globals_[4], "lm_head.weight", {V_, C_});
-        TORCH_CHECK(k_[0].dim() == 4, "FusedDecoder: K must be (1, nh, max_len, hs)");
-        max_len_ = k_[0].size(2);
+        TORCH_CHECK(k_.empty() || k_[0].dim() == 4, "FusedDecoder: K must be (1, nh, max_len, hs)");
+        max_len_ = k_.empty() ? 0 : k_[0].size(2);  // 0: no cache of its own, `step` and `verify` refuse every slot
         int64_t widest = 0;
         for (int64_t l = 0; l < n_layer_; ++l) {
             const at::Tensor* t = &layers_[l * kLayerTensors];
@@ -296,6 +338,7 @@ class FusedDecoder {
                             "CPU tensor of shape (", outs[j], ",), one per output row, got ", s.scalar_type(), " ",
                             s.sizes());
             }
+            if (k_.empty()) continue;
             check_float(k_[l], "K cache", {1, nh_, max_len_, hs_});
             check_float(v_[l], "V cache", {1, nh_, max_len_, hs_});
         }
@@ -394,6 +437,128 @@ class FusedDecoder {
                                                   eps_.back());
         auto logits = at::empty({n, V_}, globals_[0].options());
         small_gemm(H, ptr(globals_[4]), nullptr, logits.data_ptr<float>(), n, C_, V_);  // (n, V), one walk
+        return logits;
+    }
+
+    // The engine's step over chapter 05's paged pools (fused_engine.py): hidden states (N, C), after ln_f, of the N
+    // rows of a continuous-batching step, sequence after sequence (query_lens[s] consecutive rows for sequence s, the
+    // last new tokens of its context_lens[s]), each token at its position and its K/V written at its slot of every
+    // layer's pools (nb, bs, nh, hs). Row j of sequence s attends over the sequence's first
+    // context_lens[s] - query_lens[s] + j + 1 tokens, read in place through its block table: a decode step (one row
+    // per sequence), a speculative verify (a last token and its drafts) and a short prompt chunk alike. The rows run
+    // in chunks of kMaxRows through the whole model, each weight matrix walked once per chunk for all its rows.
+    // subtle: chunking rows across the whole model is exact because a row only attends to tokens before it in its
+    // own sequence, and those are either in the pools already or rows of an earlier chunk (every layer's K/V of
+    // which is written before the next chunk starts) or of this chunk (written in this layer before it attends).
+    at::Tensor paged(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slot_mapping,
+                     const at::Tensor& block_tables, const at::Tensor& context_lens, const at::Tensor& query_lens,
+                     const std::vector<at::Tensor>& k_pools, const std::vector<at::Tensor>& v_pools) {
+        const char* who = "FusedDecoder.paged";
+        TORCH_CHECK(static_cast<int64_t>(k_pools.size()) == n_layer_ && static_cast<int64_t>(v_pools.size()) == n_layer_,
+                    who, ": k_pools and v_pools must hold one pool per block (", n_layer_, "), got ", k_pools.size(),
+                    " and ", v_pools.size());
+        for (const auto* pools : {&k_pools, &v_pools}) {
+            for (const auto& pool : *pools) {
+                check_plain_memory(pool, who, "a pool");
+                TORCH_CHECK(pool.device().is_cpu() && pool.scalar_type() == at::kFloat && pool.is_contiguous() &&
+                                pool.dim() == 4 && pool.sizes() == k_pools[0].sizes() && pool.size(1) >= 1 &&
+                                pool.size(2) == nh_ && pool.size(3) == hs_,
+                            who, ": every pool must be a contiguous float32 CPU tensor (nb, bs >= 1, ", nh_, ", ",
+                            hs_, "), all of one shape, got ", pool.scalar_type(), " ", pool.sizes());
+            }
+        }
+        for (const auto* t : {&tokens, &positions, &slot_mapping}) {
+            check_plain_memory(*t, who, "tokens, positions and slot_mapping");
+            TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kLong && t->is_contiguous() && t->dim() == 1 &&
+                            t->size(0) == tokens.size(0),
+                        who, ": tokens, positions and slot_mapping must be contiguous int64 CPU tensors (N,) of one "
+                        "length, got ", tokens.sizes(), ", ", positions.sizes(), " and ", slot_mapping.sizes());
+        }
+        const int64_t N = tokens.size(0), nb = k_pools[0].size(0), bs = k_pools[0].size(1);
+        TORCH_CHECK(N >= 1, who, ": a step needs at least one row");
+        check_paged_batch(who, block_tables, context_lens, &query_lens, nb, bs, N);
+        const int64_t S = block_tables.size(0), max_nb = block_tables.size(1);
+        const int64_t* tables = block_tables.data_ptr<int64_t>();
+        const int64_t* lens = context_lens.data_ptr<int64_t>();
+        const int64_t* qls = query_lens.data_ptr<int64_t>();
+        const int64_t* tok = tokens.data_ptr<int64_t>();
+        const int64_t* pos = positions.data_ptr<int64_t>();
+        const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+        // Per row: its sequence, the tokens it attends to; per sequence: where each of its tokens lies in a pool.
+        std::vector<int64_t> row_seq(N), row_len(N), seq_where(S + 1, 0);
+        for (int64_t s = 0; s < S; ++s) seq_where[s + 1] = seq_where[s] + lens[s];
+        std::vector<int64_t> where(seq_where[S]);
+        int64_t longest = 0;
+        for (int64_t s = 0, r = 0; s < S; ++s) {
+            const int64_t* table = tables + s * max_nb;
+            for (int64_t j = 0; j < lens[s]; ++j) where[seq_where[s] + j] = (table[j / bs] * bs + j % bs) * A_;
+            longest = std::max(longest, lens[s]);
+            for (int64_t j = 0; j < qls[s]; ++j, ++r) {
+                const int64_t at = lens[s] - qls[s] + j;  // the row's token: index `at` of its sequence's context
+                TORCH_CHECK(tok[r] >= 0 && tok[r] < V_, who, ": token id ", tok[r], " of row ", r,
+                            " is outside the vocabulary [0, ", V_, ")");
+                TORCH_CHECK(pos[r] >= 0 && pos[r] < P_, who, ": position ", pos[r], " of row ", r,
+                            " is outside the context window [0, ", P_, ")");
+                TORCH_CHECK(slots[r] * A_ == where[seq_where[s] + at], who, ": slot ", slots[r], " of row ", r,
+                            " is not where its block table puts token ", at, " of sequence ", s, " (slot ",
+                            where[seq_where[s] + at] / A_, ")");
+                row_seq[r] = s;
+                row_len[r] = at + 1;
+            }
+        }
+        std::vector<float> scores(nh_ * longest);
+        auto out = at::empty({N, C_}, globals_[0].options());
+        float* X = x_.data();
+        float* H = h_.data();
+        for (int64_t r0 = 0; r0 < N; r0 += kMaxRows) {
+            const int64_t n = std::min(kMaxRows, N - r0);  // rows r0 .. r0 + n - 1, as `verify`'s n rows
+            for (int64_t i = 0; i < n; ++i) {
+                const float* te = ptr(globals_[0]) + tok[r0 + i] * C_;
+                const float* pe = ptr(globals_[1]) + pos[r0 + i] * C_;
+                for (int64_t c = 0; c < C_; ++c) X[i * C_ + c] = te[c] + pe[c];
+            }
+            for (int64_t l = 0; l < n_layer_; ++l) {
+                const at::Tensor* t = &layers_[l * kLayerTensors];
+                const int64_t Hw = t[8].size(0);
+                float* kp = k_pools[l].data_ptr<float>();
+                float* vp = v_pools[l].data_ptr<float>();
+                for (int64_t i = 0; i < n; ++i) layernorm(X + i * C_, ptr(t[0]), ptr(t[1]), H + i * C_, C_, eps_[2 * l]);
+                linear(l, kQKV, H, qkv_.data(), n);  // (n, 3A)
+                for (int64_t i = 0; i < n; ++i) {  // k, v (A each: nh heads of hs) to the row's slot, all heads
+                    std::copy_n(qkv_.data() + i * 3 * A_ + A_, A_, kp + slots[r0 + i] * A_);
+                    std::copy_n(qkv_.data() + i * 3 * A_ + 2 * A_, A_, vp + slots[r0 + i] * A_);
+                }
+                for (int64_t i = 0; i < n; ++i) {
+                    const int64_t r = r0 + i;
+                    attend_heads(qkv_.data() + i * 3 * A_, kp, vp, where.data() + seq_where[row_seq[r]], row_len[r],
+                                 nh_, hs_, hs_, scores.data(), y_.data() + i * A_);
+                }
+                linear(l, kAttnProj, y_.data(), H, n);
+                for (int64_t i = 0; i < n * C_; ++i) X[i] += H[i];
+                for (int64_t i = 0; i < n; ++i) {
+                    layernorm(X + i * C_, ptr(t[6]), ptr(t[7]), H + i * C_, C_, eps_[2 * l + 1]);
+                }
+                linear(l, kFc, H, f_.data(), n);
+                gelu_tanh(f_.data(), n * Hw);
+                linear(l, kMlpProj, f_.data(), H, n);
+                for (int64_t i = 0; i < n * C_; ++i) X[i] += H[i];
+            }
+            float* o = out.data_ptr<float>() + r0 * C_;
+            for (int64_t i = 0; i < n; ++i) layernorm(X + i * C_, ptr(globals_[2]), ptr(globals_[3]), o + i * C_, C_,
+                                                      eps_.back());
+        }
+        return out;
+    }
+
+    // The tied head on rows the caller picked: h (R, C) -> logits (R, V), the weight walked once for all rows.
+    at::Tensor head(const at::Tensor& h) {
+        check_plain_memory(h, "FusedDecoder.head", "h");
+        TORCH_CHECK(h.device().is_cpu() && h.scalar_type() == at::kFloat && h.is_contiguous() && h.dim() == 2 &&
+                        h.size(1) == C_,
+                    "FusedDecoder.head: h must be a contiguous float32 CPU tensor (R, ", C_, "), got ", h.scalar_type(),
+                    " ", h.sizes());
+        auto logits = at::empty({h.size(0), V_}, globals_[0].options());
+        small_gemm(h.data_ptr<float>(), ptr(globals_[4]), nullptr, logits.data_ptr<float>(), h.size(0), C_, V_);
         return logits;
     }
 
@@ -496,49 +661,21 @@ at::Tensor paged_attention_rows(const char* who, const at::Tensor& q, const at::
     check_plain_memory(q, who, "q");
     check_plain_memory(k_pool, who, "k_pool");
     check_plain_memory(v_pool, who, "v_pool");
-    check_plain_memory(block_tables, who, "block_tables");
-    check_plain_memory(context_lens, who, "context_lens");
-    if (query_lens) check_plain_memory(*query_lens, who, "query_lens");
     for (const auto* t : {&q, &k_pool, &v_pool}) {
         TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kFloat && t->is_contiguous(), who,
                     ": q and the pools must be contiguous float32 CPU tensors");
-    }
-    std::vector<const at::Tensor*> ints = {&block_tables, &context_lens};
-    if (query_lens) ints.push_back(query_lens);
-    for (const auto* t : ints) {
-        TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->device().is_cpu(), who,
-                    ": block_tables, context_lens and query_lens must be contiguous int64 CPU tensors");
     }
     TORCH_CHECK(q.dim() == 3 && k_pool.dim() == 4 && k_pool.sizes() == v_pool.sizes() &&
                     k_pool.size(2) == q.size(1) && k_pool.size(3) == q.size(2),
                 who, ": q must be (N, nh, hs) and the pools (nb, bs, nh, hs), got ", q.sizes(), " and ",
                 k_pool.sizes());
-    const int64_t S = block_tables.dim() == 2 ? block_tables.size(0) : -1;
     const int64_t N = q.size(0), nh = q.size(1), hs = q.size(2), nb = k_pool.size(0), bs = k_pool.size(1);
-    TORCH_CHECK(S >= 0 && context_lens.dim() == 1 && context_lens.size(0) == S &&
-                    (!query_lens || (query_lens->dim() == 1 && query_lens->size(0) == S)),
-                who, ": block_tables must be (S, max_nb), context_lens and query_lens (S,), got ", block_tables.sizes(),
-                " and ", context_lens.sizes());
-    const int64_t max_nb = block_tables.size(1);
+    check_paged_batch(who, block_tables, context_lens, query_lens, nb, bs, N);
+    const int64_t S = block_tables.size(0), max_nb = block_tables.size(1);
     const int64_t* tables = block_tables.data_ptr<int64_t>();
     const int64_t* lens = context_lens.data_ptr<int64_t>();
     const int64_t* qls = query_lens ? query_lens->data_ptr<int64_t>() : nullptr;
-    int64_t longest = 0, rows = 0;
-    for (int64_t s = 0; s < S; ++s) {
-        const int64_t ql = qls ? qls[s] : 1;
-        TORCH_CHECK(lens[s] >= 1 && lens[s] <= max_nb * bs, who, ": context length ", lens[s], " of sequence ", s,
-                    " is outside [1, ", max_nb * bs, "]");
-        TORCH_CHECK(ql >= 1 && ql <= lens[s], who, ": query length ", ql, " of sequence ", s, " is outside [1, ",
-                    lens[s], "] (its context length)");
-        for (int64_t b = 0; b < (lens[s] + bs - 1) / bs; ++b) {
-            const int64_t id = tables[s * max_nb + b];
-            TORCH_CHECK(id >= 0 && id < nb, who, ": block id ", id, " of sequence ", s, " is outside the pool [0, ", nb,
-                        ")");
-        }
-        longest = std::max(longest, lens[s]);
-        rows += ql;
-    }
-    TORCH_CHECK(rows == N, who, ": q has ", N, " rows but the query lengths add up to ", rows);
+    const int64_t longest = S ? *std::max_element(lens, lens + S) : 0;
     auto out = at::empty({N, nh, hs}, q.options());
     std::vector<float> scores(nh * longest);
     std::vector<int64_t> where(longest);  // where[j]: token j's first float in a pool (its head 0)
@@ -590,6 +727,13 @@ void register_decoder(pybind11::module& m) {
         .def("verify", &FusedDecoder::verify, "logits (n, V) of n tokens at positions pos0.., their K/V written at "
              "slots start.., in one call (speculative decoding's verify)", pybind11::arg("tokens"), pybind11::arg("pos0"),
              pybind11::arg("start"), pybind11::call_guard<pybind11::gil_scoped_release>())
+        .def("paged", &FusedDecoder::paged, "hidden states (N, C) after ln_f of an engine step's N rows over the "
+             "paged pools (their K/V written at their slots), in chunks of kMaxRows rows",
+             pybind11::arg("tokens"), pybind11::arg("positions"), pybind11::arg("slot_mapping"),
+             pybind11::arg("block_tables"), pybind11::arg("context_lens"), pybind11::arg("query_lens"),
+             pybind11::arg("k_pools"), pybind11::arg("v_pools"), pybind11::call_guard<pybind11::gil_scoped_release>())
+        .def("head", &FusedDecoder::head, "logits (R, V) of hidden rows h (R, C): the tied head",
+             pybind11::call_guard<pybind11::gil_scoped_release>())
         .def("products", &FusedDecoder::products, "the step's matrix-vector products alone, `times` over",
              pybind11::call_guard<pybind11::gil_scoped_release>())
         .def_property_readonly("max_len", &FusedDecoder::max_len);

@@ -1,0 +1,201 @@
+"""Continuous batching on the fused C++ step: chapter 06's engine with a step of a few rows in ONE call.
+
+What it adds: `FusedEngineModel(model)`, a module with GPT's interface (`config`, `hidden`, `logits`, `device`)
+that chapter 06's engine runs like any model: `LLM(FusedEngineModel(model), config)`. Its `hidden` takes the
+engine's flat step, idx (1, N) at their positions over the paged pools (chapter 05), and when the step has at most
+MAX_FUSED_ROWS rows (a decode step of up to that many requests, a speculative verify, a short prompt chunk) and the
+pools are float32 on the CPU, runs all of it in `FusedDecoder::paged` of `csrc/decode_cpu.cpp`: each row's embedding,
+every block's layernorms and products (the weights walked once for up to 16 rows at a time, as the speculative
+verify does), its K/V written at its slot of each layer's pool and its attention read through its block table in
+place, then ln_f. `logits` is the tied head in the same C++ (one walk over it for the rows the engine samples).
+A longer step runs the model's own forward over the same pools, so the two paths mix freely within one request.
+
+Why: the engine's plain CPU path (`fast_cpu_model` with the "selective-cpp" backend) still calls about 150 PyTorch
+operators per step; at the sizes a CPU decodes, that per-operator cost is most of a step (chapter 13's profile).
+The batch-1 fused step removed it for one request; this removes it for a batch, so every scheduler feature of
+chapters 06-08 (preemption, swapping, prefix caching, speculative verification) runs on the fast step unchanged.
+
+Its twin is the model's own `hidden` and `logits` over the same pools: the same greedy tokens from the engine
+(tested), logits equal to float rounding. What it leaves out: several threads, other KV dtypes and devices (they
+take the model's own forward), and the layers the batch-1 fused step refuses (a TypeError naming the layer: chapter
+09's int8 and int4 weight-only linears run, anything else does not).
+
+The benchmark: `python -m minillm.compile.fused_engine [--quick] [--loads 1,4,16] [--json FILE]`, chapter 06's
+engine on `base` over chapter 06's mixed workload (3 requests per batch slot, greedy) at each load, on
+`fast_cpu_model` (every few-row product in C++, PyTorch between them) against the same engine on
+`FusedEngineModel(fast_cpu_model(base))`, both with the "selective-cpp" attention, alternated in one run (warm-up,
+median of repeats); the outputs must be identical.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Sequence
+
+import torch
+import torch.nn as nn
+
+from minillm.bench.check import same_tokens
+from minillm.bench.cli import bench_parser, start, write_report
+from minillm.bench.models import load_model
+from minillm.bench.workload import workload
+from minillm.compile.cpu_gemv import cpp_errors_as_value_errors, fast_cpu_model
+from minillm.compile.decode import check_eval_mode
+from minillm.compile.fused_step import WatchedModel, build_cpp_decoder
+from minillm.core.config import check_int
+from minillm.core.model import GPT
+from minillm.core.sampling import check_seed
+from minillm.core.timing import compare
+from minillm.engine.config import EngineConfig
+from minillm.engine.throughput import run_engine
+from minillm.paged.paged_cache import PagedKVCache
+
+MAX_FUSED_ROWS = 64  # most rows a step runs in C++ (4 walks over the weights); longer ones run the model's forward
+LOADS = (1, 4, 16)  # the benchmark's loads (requests running at once)
+REQUESTS_PER_SLOT = 3  # requests per batch slot, so the batch stays full as requests finish
+BACKEND = "selective-cpp"  # both engines' attention (their long steps; the fused step reads the pools itself)
+
+
+class FusedEngineModel(WatchedModel, nn.Module):
+    """`model` (a float32 CPU GPT, or chapter 09's int8/int4 weight-only quantization of one) for chapter 06's engine,
+    its short steps in one C++ call (module doc). The C++ step holds the model's own tensors, as `FusedCPUDecoder`
+    does: an in-place update is seen, a converted or replaced tensor (or a new forward hook) is a ValueError at the
+    next step that starts a sequence. The model must be in eval mode when it runs (the C++ step has no dropout)."""
+
+    def __init__(self, model: GPT):
+        nn.Module.__init__(self)
+        if not isinstance(model, GPT):
+            raise TypeError(f"FusedEngineModel needs a minillm GPT, got {type(model).__name__}")
+        if model.device.type != "cpu":
+            raise ValueError(f"FusedEngineModel runs on the CPU, the model is on {model.device}")
+        self.model = model
+        self.config = model.config
+        self._watch_model()
+        self._cpp: Any
+        self._cpp, self.int8_linears, self.int4_linears = build_cpp_decoder(model, [], [])
+        self.num_fused_steps = 0  # steps run in C++ (the rest ran the model's forward: long chunks, other caches)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def fusable(self, cache: Any, rows: int) -> bool:
+        """Whether a step of `rows` rows over `cache` runs in C++: a paged pool of float32 CPU tensors holding a
+        batch (`set_batch`), and at most MAX_FUSED_ROWS rows."""
+        return (isinstance(cache, PagedKVCache) and getattr(cache, "batch", None) is not None and 1 <= rows <=
+                MAX_FUSED_ROWS and cache.dtype == torch.float32 and cache.device.type == "cpu")
+
+    def hidden(self, idx: torch.Tensor, positions: torch.Tensor, cache: Any = None,
+               collect: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """GPT.hidden: idx (1, N), positions (1, N) -> (1, N, C), after ln_f; in C++ when `fusable`."""
+        if collect is not None or idx.dim() != 2 or idx.shape[0] != 1 or not self.fusable(cache, idx.shape[1]):
+            return self.model.hidden(idx, positions, cache, collect)
+        check_eval_mode(self.model, "a FusedEngineModel step")
+        b = cache.batch
+        if any(q == c for q, c in zip(b.query_lens_list, b.context_lens_list)):
+            self.check_model_unchanged()  # a step that starts a sequence looks, as FusedCPUDecoder does per sequence
+        self.num_fused_steps += 1
+        with cpp_errors_as_value_errors():  # the C++ checks: ids, positions, slots against the block tables
+            h = self._cpp.paged(idx[0].contiguous(), positions.expand_as(idx)[0].contiguous(), b.slot_mapping,
+                                b.block_tables, b.context_lens, b.query_lens, cache.k_pools, cache.v_pools)  # (N, C)
+        return h.unsqueeze(0)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """GPT.logits: h (R, C) -> (R, V), the tied head in C++ for float32 CPU rows (the model's own otherwise)."""
+        if h.dim() != 2 or h.dtype != torch.float32 or h.device.type != "cpu":
+            return self.model.logits(h)
+        with cpp_errors_as_value_errors():
+            return self._cpp.head(h.contiguous())
+
+
+def load_point(model: GPT, concurrency: int, repeats: int = 3, seed: int = 0) -> dict[str, Any]:
+    """One load: chapter 06's engine on `fast_cpu_model(model)` against the same engine on the fused step, both over
+    the same `REQUESTS_PER_SLOT * concurrency` mixed requests, alternated (`compare`); outputs must be identical."""
+    check_int("concurrency", concurrency)
+    check_int("repeats", repeats)
+    fast = fast_cpu_model(model)
+    fused = FusedEngineModel(fast)
+    reqs = workload("mixed", REQUESTS_PER_SLOT * concurrency, seed=seed, vocab_size=model.config.vocab_size)
+    longest = max(len(w.prompt_token_ids) + w.params.max_new_tokens for w in reqs)
+    config = EngineConfig(num_blocks=-(-longest // 16) * concurrency + 8, block_size=16, max_num_seqs=concurrency,
+                          max_num_batched_tokens=512, attention_backend=BACKEND)
+    runs: dict[str, list[Any]] = {"fast": [], "fused": []}
+    cmp = compare(lambda: runs["fast"].append(run_engine(fast, reqs, config)),
+                  lambda: runs["fused"].append(run_engine(fused, reqs, config)), warmup=1, repeats=repeats)
+    same = same_tokens(runs["fast"][0].outputs, *[r.outputs for r in runs["fast"][1:] + runs["fused"]],
+                       unit="requests")
+    tokens = sum(len(o) for o in runs["fast"][0].outputs)
+    return {"concurrency": concurrency, "requests": len(reqs), "output_tokens": tokens, "identical": same.ok,
+            "check": same.check, "fast_tok_s": tokens / cmp.baseline.median, "fused_tok_s": tokens / cmp.candidate.median,
+            "speedup": cmp.speedup, "fused_steps": fused.num_fused_steps / (repeats + 1),
+            "steps": runs["fused"][0].extra["steps"], "timing": cmp.to_dict()}
+
+
+def run(loads: Sequence[int] = LOADS, repeats: int = 3, seed: int = 0) -> dict[str, Any]:
+    """Every load of `loads` on `base`, one torch thread as set by the caller."""
+    if isinstance(loads, (str, bytes)) or not isinstance(loads, (list, tuple)) or not loads:
+        raise ValueError(f"loads must be a non-empty list of positive ints, got {loads!r}")
+    for i, c in enumerate(loads):
+        check_int(f"loads[{i}]", c)
+    check_seed(seed)
+    loaded = load_model("base", "cpu", seed)
+    points = [load_point(loaded.model, c, repeats, seed) for c in loads]
+    return {"model": loaded.label, "threads": torch.get_num_threads(), "backend": BACKEND, "repeats": repeats,
+            "requests_per_slot": REQUESTS_PER_SLOT, "points": points,
+            "identical": all(p["identical"] for p in points)}
+
+
+HEADER = ["concurrent requests", "requests", "fast_cpu_model tok/s", "fused step tok/s", "speed-up",
+          "steps in C++ / steps", "identical"]
+
+
+def _cells(p: dict[str, Any]) -> list[str]:
+    return [str(p["concurrency"]), str(p["requests"]), f"{p['fast_tok_s']:,.0f}", f"{p['fused_tok_s']:,.0f}",
+            f"{p['speedup']:.2f}x", f"{p['fused_steps']:.0f} / {p['steps']}", str(p["identical"])]
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = [f"chapter 06's engine on {report['model']}, {report['threads']} thread(s), mixed workload, "
+             f"{report['requests_per_slot']} requests per batch slot, attention {report['backend']!r}",
+             " | ".join(HEADER)]
+    lines += [" | ".join(c.rjust(len(h)) for c, h in zip(_cells(p), HEADER)) for p in report["points"]]
+    return "\n".join(lines)
+
+
+def quotes(report: dict[str, Any]) -> dict[str, str]:
+    """What chapter 13's text quotes from a report of `main --json`: the table ("loads") and per load c the speed-up
+    and both engines' tok/s (`speedup_c4`, `fast_tok_s_c4`, `fused_tok_s_c4`)."""
+    from minillm.speculative.bench import markdown_table
+
+    per_load = {f"{k}_c{p['concurrency']}": v for p in report["points"]
+                for k, v in (("speedup", f"{p['speedup']:.2f}x"), ("fast_tok_s", f"{p['fast_tok_s']:,.0f}"),
+                             ("fused_tok_s", f"{p['fused_tok_s']:,.0f}"))}
+    return {**per_load, "loads": markdown_table(HEADER, "rrrrrrc", [_cells(p) for p in report["points"]]),
+            "identical": str(report["identical"]), "cpu": str(report["cpu"]), "threads": str(report["threads"])}
+
+
+def build_parser():
+    ap = bench_parser("python -m minillm.compile.fused_engine", __doc__.split("\n")[0], "loads 1 and 4, one repeat",
+                      devices=("cpu",))
+    ap.add_argument("--loads", help="comma-separated concurrency levels (default 1,4,16)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    args = start(ap, argv)
+    try:
+        loads = [int(c) for c in args.loads.split(",")] if args.loads is not None else (
+            [1, 4] if args.quick else list(LOADS))
+        for i, c in enumerate(loads):
+            check_int(f"loads[{i}]", c)
+    except (ValueError, TypeError) as e:
+        ap.error(f"--loads must be comma-separated positive ints: {e}")
+    report = run(loads, repeats=1 if args.quick else 3, seed=args.seed)
+    print(format_report(report))
+    write_report(args.json, report)
+    return 0 if report["identical"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
