@@ -13,6 +13,9 @@
 - `mirror`: the two C++ loops in PyTorch, in the same order (`gemv_blocked`, `decode_step_by_hand`): the
   chapter's graded exercises
 - `cpu_paged`: the engine's decode attention in C++ through the block tables, attention backend "selective-cpp"
+- `fused_engine`: `FusedEngineModel`, chapter 06's engine with each short step (decodes, verify rows, short
+  prompt chunks) one C++ call over the paged pools, and its benchmark against `fast_cpu_model`
+  (`python -m minillm.compile.fused_engine`)
 - `bench`: batch-1 decode tok/s of each path against the eager generator, the compile time, and the fraction of the
   weight-streaming bound measured in the same run, and against Hugging Face (`python -m minillm.compile.bench`)
 - `sweep`: where `torch.compile` wins and loses on the CPU: decode at batch 1 and 8 and a prefill, on one and two

@@ -21,7 +21,7 @@ embeddings and the tied head stay float32, as `quantize_model` leaves them by de
 model's own to float rounding (the products are in float32, as QuantLinear's), its greedy tokens the eager quantized
 model's (tested).
 
-What it leaves out: batches (chapter 06's engine keeps `fast_cpu_model`), several threads, and any other kind of
+What it leaves out: batches (chapter 06's engine runs its own fused step, `fused_engine`), several threads, and any other kind of
 layer: chapter 09's asymmetric and W8A8 QuantLinear, a quantized embedding and head, QAT-prepared layers, and float
 weights other than float32 get a TypeError naming the layer. The C++ step holds the model's own parameter (and code
 and scale) storage, not a copy: change them in place and it sees them. Anything else
