@@ -171,6 +171,10 @@ def test_bad_arguments_and_a_changed_model_are_refused(model):
         with pytest.raises(ValueError, match="slot .* of row 0 is not where its block table puts token 2 of "
                                              "sequence 0"):
             fused.hidden(ids, positions, cache)
+        with pytest.raises(TypeError, match="idx and positions must be int64 tensors, got .*float32"):
+            fused.hidden(ids.float(), positions, cache)
+        with pytest.raises(ValueError, match=r"positions must be \(1, N\) or \(N,\) for idx \(1, N=3\), got shape"):
+            fused.hidden(ids, positions.expand(2, 3), cache)
         with pytest.raises(ValueError, match=r"h must be a contiguous float32 CPU tensor \(R, 64\)"):
             fused.logits(torch.zeros(2, 65))
         fused.model.train()

@@ -42,7 +42,7 @@ from minillm.bench.workload import workload
 from minillm.compile.cpu_gemv import cpp_errors_as_value_errors, fast_cpu_model
 from minillm.compile.decode import check_eval_mode
 from minillm.compile.fused_step import WatchedModel, build_cpp_decoder
-from minillm.core.config import check_int
+from minillm.core.config import check_int, tensor_kind
 from minillm.core.model import GPT
 from minillm.core.sampling import check_seed
 from minillm.core.timing import compare
@@ -91,6 +91,12 @@ class FusedEngineModel(WatchedModel, nn.Module):
         if collect is not None or idx.dim() != 2 or idx.shape[0] != 1 or not self.fusable(cache, idx.shape[1]):
             return self.model.hidden(idx, positions, cache, collect)
         check_eval_mode(self.model, "a FusedEngineModel step")
+        N = idx.shape[1]
+        if not isinstance(positions, torch.Tensor) or idx.dtype != torch.int64 or positions.dtype != torch.int64:
+            raise TypeError(f"idx and positions must be int64 tensors, got {tensor_kind(idx)} and "
+                            f"{tensor_kind(positions)}")
+        if tuple(positions.shape) not in ((N,), (1, N)):
+            raise ValueError(f"positions must be (1, N) or (N,) for idx (1, N={N}), got shape {tuple(positions.shape)}")
         b = cache.batch
         if any(q == c for q, c in zip(b.query_lens_list, b.context_lens_list)):
             self.check_model_unchanged()  # a step that starts a sequence looks, as FusedCPUDecoder does per sequence
