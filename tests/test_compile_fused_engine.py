@@ -201,10 +201,19 @@ def test_the_benchmark_point_compares_both_engines_on_the_same_requests():
     point = fused_engine.load_point(m, 2, repeats=1)
     assert point["identical"] and point["requests"] == 2 * fused_engine.REQUESTS_PER_SLOT
     assert 0 < point["fused_steps"] <= point["steps"]
+    costs = fused_engine.step_costs(m, context=40, sizes=(1, 4, 6), repeats=1, calls=2)
+    assert set(costs["step_ms"]) == {"1", "4", "6"} and costs["row_flops"] == 2 * (4 * 32 * 32 + 4 * 32 * 32 * 2 + 4096
+                                                                                  * 32)
     report = {"model": "small", "threads": 1, "backend": fused_engine.BACKEND, "repeats": 1,
-              "requests_per_slot": fused_engine.REQUESTS_PER_SLOT, "points": [point], "identical": True, "cpu": "a CPU"}
+              "requests_per_slot": fused_engine.REQUESTS_PER_SLOT, "points": [point], "identical": True, "cpu": "a CPU",
+              "step_costs": costs}
     q = fused_engine.quotes(report)
-    assert {"speedup_c2", "fast_tok_s_c2", "fused_tok_s_c2", "loads", "identical", "cpu"} <= set(q)
+    assert {"speedup_c2", "fast_tok_s_c2", "fused_tok_s_c2", "loads", "identical", "cpu", "step_ms_4", "row_ms",
+            "row_gflops"} <= set(q)
+    with pytest.raises(ValueError, match="context must leave room for one new token"):
+        fused_engine.step_costs(m, context=256)
+    with pytest.raises(ValueError, match="sizes must list at least two batch sizes"):
+        fused_engine.step_costs(m, sizes=(4,))
     assert "fused step tok/s" in fused_engine.format_report(report)
     with pytest.raises(ValueError, match="loads must be a non-empty list"):
         fused_engine.run([])

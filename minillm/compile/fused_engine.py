@@ -40,8 +40,8 @@ from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.workload import workload
 from minillm.compile.cpu_gemv import cpp_errors_as_value_errors, fast_cpu_model
-from minillm.compile.decode import check_eval_mode
-from minillm.compile.fused_step import WatchedModel, build_cpp_decoder
+from minillm.compile.decode import check_eval_mode, eval_mode
+from minillm.compile.fused_step import LINEARS, WatchedModel, build_cpp_decoder
 from minillm.core.config import check_int, tensor_kind
 from minillm.core.model import GPT
 from minillm.core.sampling import check_seed
@@ -137,8 +137,68 @@ def load_point(model: GPT, concurrency: int, repeats: int = 3, seed: int = 0) ->
             "steps": runs["fused"][0].extra["steps"], "timing": cmp.to_dict()}
 
 
+STEP_SIZES = (1, 2, 4, 8, 16)  # sequences in the timed decode steps of `step_costs`
+
+
+def step_costs(model: GPT, context: int = 160, sizes: Sequence[int] = STEP_SIZES, repeats: int = 5,
+               calls: int = 20) -> dict[str, Any]:
+    """What one engine decode step costs on the fused step as the batch grows: S sequences of `context` cached
+    tokens each (random keys and values in a "selective" pool), one new token each, `hidden` + `logits` as the
+    engine calls them; ms per step for each S of `sizes` (interleaved, medians of `repeats` rounds of `calls`
+    steps). And what each row past the fourth adds (`row_ms`: the slope from 4 to the largest S) beside the
+    multiply-adds of one row (`row_flops`: 2 x the block linears' and the head's weights), as `row_gflops`: the rate
+    at which the extra rows compute. The pools are overwritten at the same slots every call (the timing needs only
+    their shapes)."""
+    from minillm.core.timing import interleave
+    from minillm.paged import PagedBatch
+    from minillm.paged.backends import make_attention_backend
+
+    check_int("context", context)
+    if not isinstance(sizes, (list, tuple)) or len(sizes) < 2 or not all(isinstance(n, int) and 1 <= n <= MAX_FUSED_ROWS
+                                                                         for n in sizes):
+        raise ValueError(f"sizes must list at least two batch sizes in [1, {MAX_FUSED_ROWS}], got {sizes!r}")
+    check_int("repeats", repeats)
+    check_int("calls", calls)
+    cfg = model.config
+    if context >= cfg.block_size:
+        raise ValueError(f"context must leave room for one new token in the window block_size={cfg.block_size}, "
+                         f"got {context}")
+    fused = FusedEngineModel(model)
+    bs = 16
+    per_seq = -(-(context + 1) // bs)
+    cache = make_attention_backend("selective", cfg, per_seq * max(sizes), bs)
+    g = torch.Generator().manual_seed(0)
+    for pool in cache.k_pools + cache.v_pools:
+        pool.copy_(torch.randn(pool.shape, generator=g))
+
+    def timed(S: int):
+        tables = torch.arange(S * per_seq).view(S, per_seq)
+        slots = tables[:, context // bs] * bs + context % bs
+        batch = PagedBatch(slots, tables, torch.full((S,), context + 1), torch.ones(S, dtype=torch.int64))
+        idx = torch.randint(0, cfg.vocab_size, (1, S), generator=g)
+        positions = torch.full((1, S), context)
+
+        def run() -> None:
+            for _ in range(calls):
+                cache.set_batch(batch)
+                fused.logits(fused.hidden(idx, positions, cache)[0])
+        return run
+
+    with torch.inference_mode(), eval_mode(model):
+        timings = interleave([timed(S) for S in sizes], warmup=1, repeats=repeats)
+    ms = {S: 1000 * t.median / calls for S, t in zip(sizes, timings)}
+    lo = min((S for S in sizes if S >= 4), default=min(sizes))
+    hi = max(sizes)
+    row_ms = (ms[hi] - ms[lo]) / (hi - lo) if hi > lo else float("nan")
+    weights = sum(block.get_submodule(n).weight.numel() for block in model.transformer.h for n in LINEARS)
+    row_flops = 2 * (weights + model.lm_head.weight.numel())
+    return {"context": context, "step_ms": {str(S): v for S, v in ms.items()}, "row_ms": row_ms,
+            "row_flops": row_flops, "row_gflops": row_flops / (row_ms / 1000) / 1e9}
+
+
 def run(loads: Sequence[int] = LOADS, repeats: int = 3, seed: int = 0) -> dict[str, Any]:
-    """Every load of `loads` on `base`, one torch thread as set by the caller."""
+    """Every load of `loads` on `base`, and the decode step's cost by batch size (`step_costs`), one torch thread as
+    set by the caller."""
     if isinstance(loads, (str, bytes)) or not isinstance(loads, (list, tuple)) or not loads:
         raise ValueError(f"loads must be a non-empty list of positive ints, got {loads!r}")
     for i, c in enumerate(loads):
@@ -148,7 +208,7 @@ def run(loads: Sequence[int] = LOADS, repeats: int = 3, seed: int = 0) -> dict[s
     points = [load_point(loaded.model, c, repeats, seed) for c in loads]
     return {"model": loaded.label, "threads": torch.get_num_threads(), "backend": BACKEND, "repeats": repeats,
             "requests_per_slot": REQUESTS_PER_SLOT, "points": points,
-            "identical": all(p["identical"] for p in points)}
+            "identical": all(p["identical"] for p in points), "step_costs": step_costs(loaded.model)}
 
 
 HEADER = ["concurrent requests", "requests", "fast_cpu_model tok/s", "fused step tok/s", "speed-up",
@@ -165,6 +225,10 @@ def format_report(report: dict[str, Any]) -> str:
              f"{report['requests_per_slot']} requests per batch slot, attention {report['backend']!r}",
              " | ".join(HEADER)]
     lines += [" | ".join(c.rjust(len(h)) for c, h in zip(_cells(p), HEADER)) for p in report["points"]]
+    costs = report["step_costs"]
+    lines.append(f"one decode step of S sequences after {costs['context']} cached tokens: " + ", ".join(
+        f"S={S} {v:.2f} ms" for S, v in costs["step_ms"].items()) + f"; each further row {costs['row_ms']:.3f} ms "
+        f"= {costs['row_gflops']:.0f} GFLOP/s on its {costs['row_flops'] / 1e6:.1f} MFLOP")
     return "\n".join(lines)
 
 
@@ -176,7 +240,11 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
     per_load = {f"{k}_c{p['concurrency']}": v for p in report["points"]
                 for k, v in (("speedup", f"{p['speedup']:.2f}x"), ("fast_tok_s", f"{p['fast_tok_s']:,.0f}"),
                              ("fused_tok_s", f"{p['fused_tok_s']:,.0f}"))}
-    return {**per_load, "loads": markdown_table(HEADER, "rrrrrrc", [_cells(p) for p in report["points"]]),
+    costs = report["step_costs"]
+    steps = {f"step_ms_{S}": f"{v:.2f} ms" for S, v in costs["step_ms"].items()}
+    return {**per_load, **steps, "loads": markdown_table(HEADER, "rrrrrrc", [_cells(p) for p in report["points"]]),
+            "row_ms": f"{costs['row_ms']:.3f} ms", "row_gflops": f"{costs['row_gflops']:.0f} GFLOP/s",
+            "row_mflop": f"{costs['row_flops'] / 1e6:.1f} MFLOP", "context": str(costs["context"]),
             "identical": str(report["identical"]), "cpu": str(report["cpu"]), "threads": str(report["threads"])}
 
 
