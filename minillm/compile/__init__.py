@@ -24,6 +24,8 @@
   with chapter 15's `llama-server` side by side)
 - `llamacpp`: the side-by-side with llama.cpp on the same weights (`python -m minillm.compile.llamacpp`; builds
   llama.cpp from source, never run by the tests or the tour)
+- `onnx_peer`: the second CPU peer: the generator's step exported to ONNX (`export_onnx`) and run by ONNX Runtime
+  (`OnnxDecoder`), side by side with eager and the fused step (`python -m minillm.compile.onnx_peer`)
 - `aot`: the decode step ahead of time: `export_decode_step` (torch.export + AOTInductor, one `.pt2` file),
   `AOTDecoder` (loads it and generates in a fresh process without the model), and `cold_start`, process start to
   first token for eager, compile (cold and warm cache) and the package (`python -m minillm.compile.aot`)
