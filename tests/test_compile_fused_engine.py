@@ -206,10 +206,10 @@ def test_the_benchmark_point_compares_both_engines_on_the_same_requests():
                                                                                   * 32)
     report = {"model": "small", "threads": 1, "backend": fused_engine.BACKEND, "repeats": 1,
               "requests_per_slot": fused_engine.REQUESTS_PER_SLOT, "points": [point], "identical": True, "cpu": "a CPU",
-              "step_costs": costs}
+              "step_costs": costs, "step_costs_short": costs}
     q = fused_engine.quotes(report)
     assert {"speedup_c2", "fast_tok_s_c2", "fused_tok_s_c2", "loads", "identical", "cpu", "step_ms_4", "row_ms",
-            "row_gflops"} <= set(q)
+            "row_gflops", "row_ms_short", "row_gflops_short"} <= set(q)
     with pytest.raises(ValueError, match="context must leave room for one new token"):
         fused_engine.step_costs(m, context=256)
     with pytest.raises(ValueError, match="sizes must list at least two batch sizes"):

@@ -146,9 +146,10 @@ def step_costs(model: GPT, context: int = 160, sizes: Sequence[int] = STEP_SIZES
     tokens each (random keys and values in a "selective" pool), one new token each, `hidden` + `logits` as the
     engine calls them; ms per step for each S of `sizes` (interleaved, medians of `repeats` rounds of `calls`
     steps). And what each row past the fourth adds (`row_ms`: the slope from 4 to the largest S) beside the
-    multiply-adds of one row (`row_flops`: 2 x the block linears' and the head's weights), as `row_gflops`: the rate
-    at which the extra rows compute. The pools are overwritten at the same slots every call (the timing needs only
-    their shapes)."""
+    multiply-adds of one row's products (`row_flops`: 2 x the block linears' and the head's weights), as
+    `row_gflops`: the rate those would run at if they were the row's whole cost. At a short context they nearly
+    are; at a long one the row's attention, which reads its sequence's cached keys and values, adds to it. The
+    pools are overwritten at the same slots every call (the timing needs only their shapes)."""
     from minillm.core.timing import interleave
     from minillm.paged import PagedBatch
     from minillm.paged.backends import make_attention_backend
@@ -208,7 +209,8 @@ def run(loads: Sequence[int] = LOADS, repeats: int = 3, seed: int = 0) -> dict[s
     points = [load_point(loaded.model, c, repeats, seed) for c in loads]
     return {"model": loaded.label, "threads": torch.get_num_threads(), "backend": BACKEND, "repeats": repeats,
             "requests_per_slot": REQUESTS_PER_SLOT, "points": points,
-            "identical": all(p["identical"] for p in points), "step_costs": step_costs(loaded.model)}
+            "identical": all(p["identical"] for p in points), "step_costs": step_costs(loaded.model, 160),
+            "step_costs_short": step_costs(loaded.model, 16)}
 
 
 HEADER = ["concurrent requests", "requests", "fast_cpu_model tok/s", "fused step tok/s", "speed-up",
@@ -225,10 +227,10 @@ def format_report(report: dict[str, Any]) -> str:
              f"{report['requests_per_slot']} requests per batch slot, attention {report['backend']!r}",
              " | ".join(HEADER)]
     lines += [" | ".join(c.rjust(len(h)) for c, h in zip(_cells(p), HEADER)) for p in report["points"]]
-    costs = report["step_costs"]
-    lines.append(f"one decode step of S sequences after {costs['context']} cached tokens: " + ", ".join(
-        f"S={S} {v:.2f} ms" for S, v in costs["step_ms"].items()) + f"; each further row {costs['row_ms']:.3f} ms "
-        f"= {costs['row_gflops']:.0f} GFLOP/s on its {costs['row_flops'] / 1e6:.1f} MFLOP")
+    for costs in (report["step_costs_short"], report["step_costs"]):
+        lines.append(f"one decode step of S sequences after {costs['context']} cached tokens: " + ", ".join(
+            f"S={S} {v:.2f} ms" for S, v in costs["step_ms"].items()) + f"; each further row {costs['row_ms']:.3f} "
+            f"ms, its {costs['row_flops'] / 1e6:.1f} MFLOP of products at {costs['row_gflops']:.0f} GFLOP/s")
     return "\n".join(lines)
 
 
@@ -245,6 +247,9 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
     return {**per_load, **steps, "loads": markdown_table(HEADER, "rrrrrrc", [_cells(p) for p in report["points"]]),
             "row_ms": f"{costs['row_ms']:.3f} ms", "row_gflops": f"{costs['row_gflops']:.0f} GFLOP/s",
             "row_mflop": f"{costs['row_flops'] / 1e6:.1f} MFLOP", "context": str(costs["context"]),
+            "row_ms_short": f"{report['step_costs_short']['row_ms']:.3f} ms",
+            "row_gflops_short": f"{report['step_costs_short']['row_gflops']:.0f} GFLOP/s",
+            "context_short": str(report["step_costs_short"]["context"]),
             "identical": str(report["identical"]), "cpu": str(report["cpu"]), "threads": str(report["threads"])}
 
 
