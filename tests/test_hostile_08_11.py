@@ -172,6 +172,8 @@ BAD = [
     ("pairs-float", lambda c: default_layer_pairs(2, 6.0), TypeError, "teacher_layers"),
     ("pairs-zero", lambda c: default_layer_pairs(0, 6), ValueError, "student_layers"),
     ("pairs-negative", lambda c: default_layer_pairs(2, -1), ValueError, "teacher_layers"),
+    ("pairs-huge", lambda c: default_layer_pairs(2**32 + 2, 4), ValueError, "student_layers must be at most 10000"),
+    ("pairs-huge-teacher", lambda c: default_layer_pairs(2, 10**12), ValueError, "teacher_layers must be at most"),
     ("proj-width-bool", lambda c: FeatureProjection(True, 4, [(0, 0)]), TypeError, "student_width"),
     ("proj-width-zero", lambda c: FeatureProjection(2, 0, [(0, 0)]), ValueError, "teacher_width"),
     ("proj-pairs-empty", lambda c: FeatureProjection(2, 4, []), ValueError, "layer_pairs"),

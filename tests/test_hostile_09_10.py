@@ -1949,3 +1949,40 @@ def test_p10r9_describe_verifies_what_it_reports(tmp_path):
     with pytest.raises(ValueError, match=r"flip\.safetensors.*sha256"):
         describe_pruned(tmp_path / "flip.safetensors")
     assert describe_pruned(good)["block_sparsity"] == 0.0
+
+
+@pytest.mark.parametrize("kind", ["quantized", "pruned", "plain", "bytes"])
+def test_q09r10_p10r10_a_layernorm_eps_the_config_does_not_carry_is_refused_on_save(kind, tmp_path):
+    """Before: every format rebuilds its LayerNorms from config.layer_norm_epsilon, so an eps set on a layer after
+    construction was dropped on save, and the loaded model's logits differed by up to 0.4 without a word. Now every
+    saver (through `model_tensors`) refuses it, naming the LayerNorm; a model whose eps matches its config saves."""
+    from minillm.core.checkpoint import save_checkpoint
+
+    model = {"quantized": lambda: quantize_model(MODEL, QuantConfig("int8")),
+             "pruned": lambda: prune_mlp(MODEL, 0.25, mlp_neuron_scores(MODEL, CALIB)),
+             "plain": lambda: copy.deepcopy(MODEL), "bytes": lambda: copy.deepcopy(MODEL)}[kind]()
+    save = {"quantized": lambda m: save_quantized(m, tmp_path / "q.safetensors"),
+            "pruned": lambda m: save_pruned(m, tmp_path / "p.safetensors", "mlp 25%", pattern="dense"),
+            "plain": lambda m: save_checkpoint(m, tmp_path / "ckpt"), "bytes": model_to_bytes}[kind]
+    save(model)  # the model as built: fine
+    model.transformer.h[0].ln_1.eps = 0.5
+    assert_refused_by_minillm(lambda: save(model), ValueError,
+                              r"model's transformer.h.0.ln_1.eps is 0.5 but its config.layer_norm_epsilon is 1e-05")
+
+
+def test_q09r10_p10r10_savers_refuse_what_their_loaders_would_refuse(tmp_path):
+    """Before: a quantized model whose codes were replaced by a float copy, or a pruned model whose c_fc lost its
+    bias, was written, and its own loader then refused the file (the model dropped meanwhile was lost). Now each saver
+    runs its loader's checks on the tensors first: a ValueError naming the tensor, and no file."""
+    q = quantize_model(MODEL, QuantConfig("int8"))
+    layer = q.transformer.h[0].attn.c_attn
+    layer._buffers["qweight"] = layer.qweight.float()
+    assert_refused_by_minillm(lambda: save_quantized(q, tmp_path / "q.safetensors"), ValueError,
+                              r"save_quantized: the file would not load back, so nothing was written: .*"
+                              r"'transformer.h.0.attn.c_attn.qweight' is torch.float32")
+    pruned = prune_mlp(MODEL, 0.25, mlp_neuron_scores(MODEL, CALIB))
+    pruned.transformer.h[1].mlp.c_fc.bias = None
+    assert_refused_by_minillm(lambda: save_pruned(pruned, tmp_path / "p.safetensors", "mlp 25%", pattern="dense"),
+                              ValueError, r"save_pruned: the file would not load back, so nothing was written: .*"
+                              r"transformer.h.1.mlp.c_fc.bias")
+    assert not list(tmp_path.iterdir())

@@ -2136,3 +2136,32 @@ def test_b8_kv_writes_check_the_pools_against_the_current_modes():
             k_pool = torch.zeros(4, 2, 2, 8)
             write(key, key.clone(), k_pool, torch.zeros(4, 2, 2, 8), slots)
         torch.testing.assert_close(k_pool.reshape(8, 2, 8)[slots], key)
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_c13r10_the_fused_steps_run_no_quantized_layer_the_layer_itself_refuses(mode, when):
+    """Before: a NaN, zero or negative scale in an int8 or int4 model was decoded by FusedCPUDecoder without a word
+    (tokens [0, 0, 0, 0]) where the eager model refuses it: the C++ step reads the buffers without the layer's forward,
+    which is where the layer checks them. Now the decoders run the layer's own check when they are built and at
+    every sequence start, naming the layer; a scale written in place after the decoder was built is caught too."""
+    from minillm.compile.fused_engine import FusedEngineModel
+    from minillm.compile.fused_step import FusedCPUDecoder
+    from minillm.core.sampling import SamplingParams
+    from minillm.quant.linear import QuantConfig, quantize_model
+
+    torch.manual_seed(0)
+    q = quantize_model(GPT(TINY), QuantConfig(mode, group_size=16)).eval()
+    params = SamplingParams.greedy(4, ignore_eos=True)
+    dec = FusedCPUDecoder(q) if when == "after" else None
+    for bad in (float("nan"), 0.0, -1.0):
+        q.transformer.h[1].mlp.c_proj.scale.view(-1)[3] = bad
+        match = r"the model's transformer.h.1.mlp.c_proj: scale must hold finite values > 0"
+        if when == "before":
+            assert_refused_by_minillm(lambda: FusedCPUDecoder(q), ValueError, match)
+            assert_refused_by_minillm(lambda: FusedEngineModel(q), ValueError, match)
+        else:
+            assert_refused_by_minillm(lambda: dec.generate_ids([1, 2, 3], params), ValueError, match)
+        q.transformer.h[1].mlp.c_proj.scale.view(-1)[3] = 0.01
+    assert FusedCPUDecoder(q).generate_ids([1, 2, 3], params) == (dec or FusedCPUDecoder(q)).generate_ids(
+        [1, 2, 3], params)

@@ -76,6 +76,7 @@ def _quantized(layer: QuantLinear, name: str) -> tuple[list[torch.Tensor], torch
     (out, in) int8 and scale (out,); int4 (symmetric, group-wise) gives packed codes (out, in/2) uint8 and scale
     (out, groups). TypeError naming `name` and what differs for any other QuantLinear (asymmetric, W8A8, a cast or
     replaced buffer, no bias, not on the CPU)."""
+    checked_buffers(layer, name)
     c, q, scale, bias = layer.config, layer.qweight, layer.scale, layer.bias
     out, n = layer.out_features, layer.in_features
     int4 = c.mode == "int4"
@@ -97,6 +98,17 @@ def _quantized(layer: QuantLinear, name: str) -> tuple[list[torch.Tensor], torch
     raise TypeError(f"the fused C++ step runs float32 nn.Linear layers and {QUANT_FORM}; {name} = QuantLinear "
                     f"with {problem}: run the float model, or one quantized with QuantConfig('int8') or "
                     "QuantConfig('int4')")
+
+
+def checked_buffers(layer: QuantLinear, name: str) -> None:
+    """The QuantLinear's own check of its buffers (`check_buffers`: shapes, then finite scales > 0 and a finite bias;
+    a microsecond when nothing changed since the last check), its error naming the layer `name`. The C++ step reads
+    the buffers without the layer's forward, which is where the eager model runs this check: without it a NaN, zero
+    or negative scale would decode garbage without a word."""
+    try:
+        layer.check_buffers()
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"the model's {name}: {e}") from e
 
 
 def model_fingerprint(modules: list[nn.Module]) -> list[tuple[Any, ...]]:
@@ -169,11 +181,15 @@ class WatchedModel:
         self._check_no_hooks()
         self._model_modules = list(self.model.modules())
         self._fingerprint = model_fingerprint(self._model_modules)
+        self._quantized = [(name, m) for name, m in self._named_modules if isinstance(m, QuantLinear)]
 
     def check_model_unchanged(self) -> None:
         """ValueError unless the model still holds the parameters and buffers the C++ step was built on (see the class
-        doc)."""
+        doc), and every quantized layer's buffers pass the layer's own check (`checked_buffers`: a scale written in
+        place keeps its storage, so the fingerprint alone would not see it turn NaN or negative)."""
         self._check_no_hooks()
+        for name, layer in self._quantized:
+            checked_buffers(layer, name)
         if model_fingerprint(self._model_modules) != self._fingerprint:
             name = type(self).__name__
             raise ValueError(f"the model's parameters or buffers were converted or replaced since this {name} "

@@ -220,6 +220,9 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
 
 # ---- feature-based KD --------------------------------------------------------------------------------------
 
+MAX_LAYERS = 10_000  # deeper than any model this package builds (GPT-2 XL has 48 blocks): a larger count is a mistake
+
+
 def default_layer_pairs(student_layers: int, teacher_layers: int) -> list[tuple[int, int]]:
     """(student block, teacher block) pairs, 0-based: student block i matches the deepest teacher block no deeper in
     proportion, j = ⌊(i + 1) · Lt / Ls⌋ − 1, and at least block 0 (a student deeper than its teacher would otherwise
@@ -227,6 +230,9 @@ def default_layer_pairs(student_layers: int, teacher_layers: int) -> list[tuple[
     [(0, 0), (1, 0), (2, 1)]. The last blocks always pair."""
     check_int("student_layers", student_layers)
     check_int("teacher_layers", teacher_layers)
+    for name, n in (("student_layers", student_layers), ("teacher_layers", teacher_layers)):
+        if n > MAX_LAYERS:  # the list holds one pair per student block: refused before it is built
+            raise ValueError(f"{name} must be at most {MAX_LAYERS} blocks (a model's depth), got {n}")
     return [(i, max(0, (i + 1) * teacher_layers // student_layers - 1)) for i in range(student_layers)]
 
 

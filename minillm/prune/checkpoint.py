@@ -86,7 +86,8 @@ def save_pruned(model: GPT, path: str | os.PathLike, method: str, pattern: str =
     needs every block linear 2:4 sparse, "dense" means no zeros were imposed (structured pruning alone: a block
     sparsity of 0.0000). The metadata records a sha256 of every field and tensor, checked on load. A `path` that is
     a directory (or ends in a slash), or whose parent is a file, is a ValueError naming it; so is a tensor loading would refuse (not
-    fp32, e.g. after `model.half()`, or not finite), naming the tensor, before anything is written. A model whose
+    fp32, e.g. after `model.half()`, not finite, missing or of another shape: the loader's own checks run on the
+    tensors first) or a LayerNorm eps other than the config's, naming it, before anything is written. A model whose
     block linears are not plain nn.Linear (quantized, or prepared for QAT) is a TypeError naming the layer: the
     file would load back as a plain GPT.
     """
@@ -111,6 +112,13 @@ def save_pruned(model: GPT, path: str | os.PathLike, method: str, pattern: str =
                              "refuse it (cast the model back with .float())")
     check_stored_tensors({}, tensors, "save_pruned (model)")  # every value finite, as loading checks
     metadata = with_sha256({"format": FORMAT, **_fields(model, pattern), "method": method}, tensors)
+    # What load_pruned would do with these exact tensors and fields, before anything is written: a layer the file
+    # cannot rebuild (a c_fc without bias, wider than 4C, a c_proj that does not match it) would otherwise be saved,
+    # then refused on load.
+    try:
+        _build(metadata, tensors, "save_pruned (model)")
+    except ValueError as e:
+        raise ValueError(f"save_pruned: the file would not load back, so nothing was written: {e}") from e
     return atomic_save_safetensors(tensors, out, metadata=metadata)
 
 

@@ -73,8 +73,10 @@ def save_quantized(model: QuantizedGPT, path: str | os.PathLike, method: str = "
     The metadata records a sha256 of every field and tensor, checked on load. A `path` that is a directory, ends in
     a separator ('dir/') or whose parent is a file, is a ValueError naming it; so is what loading would refuse (a
     `quant_config` the layers were not built with, a tensor not fp32 or not finite, a scale <= 0, a zero point off
-    the grid), naming it, before anything is written; and an untied head (its own `lm_head.weight`), which the file
-    cannot hold: it stores the head tied to the token embedding.
+    the grid, a buffer of another dtype or shape than the mode implies: the loader's own checks run on the tensors
+    first), naming it, before anything is written; and what the file cannot hold: an untied head (its own
+    `lm_head.weight`: the file stores the head tied to the token embedding) or a LayerNorm eps other than the
+    config's (`check_layernorm_eps`).
     """
     if not isinstance(model, QuantizedGPT):
         raise TypeError(f"save_quantized needs a quantized model (see quantize_model), got {type(model).__name__}")
@@ -91,6 +93,12 @@ def save_quantized(model: QuantizedGPT, path: str | os.PathLike, method: str = "
     tensors = model_tensors(model)
     _check_saveable(model, tensors, "save_quantized (model)")
     metadata = with_sha256({"format": FORMAT, **_fields(model), "method": method}, tensors)
+    # What load_quantized would do with these exact tensors and fields, before anything is written: a buffer
+    # replaced after quantization (float codes, another shape) would otherwise be saved, then refused on load.
+    try:
+        _build(metadata, tensors, "save_quantized (model)")
+    except ValueError as e:
+        raise ValueError(f"save_quantized: the file would not load back, so nothing was written: {e}") from e
     return atomic_save_safetensors(tensors, out, metadata=metadata)
 
 

@@ -206,7 +206,12 @@ def prompt_lookup_proposals(ids: list[int], gamma: int, ngram: int = 3) -> list[
 
 def lookup(ids: list[int], gamma: int, ngram: int) -> list[int]:
     """`prompt_lookup_proposals` without its checks: the search itself, called every round by `PromptLookupProposer`
-    on the round loop's own sequence (a checked prompt followed by the target's tokens)."""
+    on the round loop's own sequence (a checked prompt followed by the target's tokens). Only the argument types are
+    checked (two isinstance calls: a TypeError naming ids or ngram rather than Python's own); the values are the
+    caller's."""
+    if not isinstance(ids, list) or type(ngram) is not int:
+        raise TypeError(f"lookup takes ids as a list of token ids and ngram as an int, got {type(ids).__name__} and "
+                        f"{type(ngram).__name__} (prompt_lookup_proposals checks everything)")
     n = len(ids)
     if n <= ngram:
         return []
