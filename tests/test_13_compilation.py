@@ -561,7 +561,8 @@ def test_llamacpp_quotes_every_figure_the_texts_name():
     samples = {"llama.cpp f32": [700.0, 600.0, 800.0], "llama.cpp f16": [1400.0, 1300.0, 1500.0],
                "llama.cpp q8_0": [1750.0, 1500.0, 1800.0], "llama.cpp q4_0": [2000.0, 1900.0, 2100.0],
                llamacpp.EAGER: [250.0, 240.0, 260.0], llamacpp.FUSED: [630.0, 420.0, 640.0],
-               llamacpp.FUSED_INT8: [1200.0, 800.0, 1210.0], llamacpp.FUSED_INT4: [1300.0, 1290.0, 900.0]}
+               llamacpp.FUSED_INT8: [1200.0, 800.0, 1210.0], llamacpp.FUSED_INT4: [1300.0, 1290.0, 900.0],
+               llamacpp.FUSED_SPEC: [1000.0, 1100.0, 1050.0]}
     report = {"model": "base", "threads": 1, "tokens": 128, "rounds": 3, "llama_cpp": "llama-cpp-python==0.3.36",
               "cpu": "a CPU", "samples": samples, "median_tok_s": {k: sorted(v)[1] for k, v in samples.items()}}
     q = llamacpp.quotes(report)
@@ -569,7 +570,9 @@ def test_llamacpp_quotes_every_figure_the_texts_name():
                                            "| llama.cpp f32 | 700 | 100% |"]
     assert q["table"].endswith("| minillm fused C++ step | 630 | 90% |\n"
                                "| minillm fused C++ step, int8 weights | 1,200 | 171% |\n"
-                               "| minillm fused C++ step, int4 weights | 1,290 | 184% |\n")
+                               "| minillm fused C++ step, int4 weights | 1,290 | 184% |\n"
+                               "| minillm fused C++ step, speculative | 1,050 | 150% |\n")
+    assert (q["fused_spec_vs_fused"], q["fused_spec_tok_s"]) == ("1.67x", "1,050")
     assert (q["fused_int8_vs_q8_0"], q["fused_int8_vs_fused"], q["fused_int8_tok_s"]) == ("0.69x", "1.90x", "1,200")
     assert (q["fused_int4_vs_q4_0"], q["fused_int4_vs_int8"], q["q4_0_vs_f32"]) == ("0.65x", "1.07x", "2.86x")
     assert len(q["per_round"].splitlines()) == 2 + 3

@@ -9,8 +9,10 @@ What it does, each step skipped when its output is already in the work directory
      in f32, f16 and q8_0, and with llama.cpp's `llama-quantize` (built too) the f32 file to q4_0;
   4. interleave, round by round: `llama-bench -t T -p 0 -n N` on each GGUF (its `tg` test: N tokens decoded one at a
      time at batch 1, from an empty context) and our batch-1 decode of N tokens after a one-token prompt, eager
-     (chapter 04's `generate_ids`) and with the fused C++ step (`FusedCPUDecoder`), in float32 and on chapter 09's
-     int8 and int4 weight-only models (the C++ int8 and int4 GEMVs, beside llama.cpp's q8_0 and q4_0), at the same
+     (chapter 04's `generate_ids`) and with the fused C++ step (`FusedCPUDecoder`), in float32, on chapter 09's
+     int8 and int4 weight-only models (the C++ int8 and int4 GEMVs, beside llama.cpp's q8_0 and q4_0), and with
+     chapter 08's speculative decoding on it (chapter 11's `draft-distilled` proposing 4 tokens on its own fused
+     step, `base` verifying 5 in one C++ call: `generate_speculative_fused`, the same greedy tokens), at the same
      thread count.
 It prints each path's median tok/s over the rounds and ours as a fraction of llama.cpp f32, and with `--json` writes
 every round's tok/s and the medians (`minillm.bench.cli.write_report`, with the machine and the command); `quotes`
@@ -37,6 +39,7 @@ from typing import Callable
 
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
+from minillm.compile.fused_speculative import generate_speculative_fused
 from minillm.compile.fused_step import FusedCPUDecoder
 from minillm.core.io import check_output_dir
 from minillm.core.sampling import SamplingParams
@@ -56,6 +59,8 @@ REF = "llama.cpp f32"  # the path every other one is a fraction of
 EAGER, FUSED = "minillm eager (generate_ids)", "minillm fused C++ step"
 FUSED_INT8 = "minillm fused C++ step, int8 weights"  # chapter 09's int8 weight-only model, beside llama.cpp's q8_0
 FUSED_INT4 = "minillm fused C++ step, int4 weights"  # its int4 group-wise model (groups of 128), beside q4_0
+FUSED_SPEC = "minillm fused C++ step, speculative"  # draft-distilled proposes 4 on its fused step, base verifies
+SPEC_GAMMA = 4  # chapter 13's γ for the distilled draft (the tour's and `compile.bench`'s)
 
 
 def llama_bench_tok_s(binary: str | os.PathLike, gguf: str | os.PathLike, threads: int, tokens: int) -> float:
@@ -134,11 +139,16 @@ def main(argv: list[str] | None = None) -> int:
     fused = FusedCPUDecoder(model)
     fused_int8 = FusedCPUDecoder(quantize_model(model, QuantConfig("int8")).eval())
     fused_int4 = FusedCPUDecoder(quantize_model(model, QuantConfig("int4")).eval())
+    draft = FusedCPUDecoder(load_model("draft-distilled", args.device, 0).model.eval())
     params = SamplingParams.greedy(args.tokens, ignore_eos=True)
     prompt = [0]
+    want = fused.generate_ids(prompt, params)
+    if generate_speculative_fused(fused, draft, prompt, params, gamma=SPEC_GAMMA)[0] != want:
+        raise RuntimeError("speculative decoding on the fused step gave other greedy tokens than the fused step alone")
     ours = {EAGER: lambda: generate_ids(model, prompt, params), FUSED: lambda: fused.generate_ids(prompt, params),
             FUSED_INT8: lambda: fused_int8.generate_ids(prompt, params),
-            FUSED_INT4: lambda: fused_int4.generate_ids(prompt, params)}
+            FUSED_INT4: lambda: fused_int4.generate_ids(prompt, params),
+            FUSED_SPEC: lambda: generate_speculative_fused(fused, draft, prompt, params, gamma=SPEC_GAMMA)}
     samples: dict[str, list[float]] = {**{f"llama.cpp {t}": [] for t in TYPES}, **{k: [] for k in ours}}
     for r in range(args.rounds):
         for t, path in ggufs.items():
@@ -214,7 +224,8 @@ def quotes(report: dict) -> dict[str, str]:
     range over the rounds, each round's ours over the same round's llama.cpp f32 (`..._min`, `..._max`); the fused
     step over the eager generator (`fused_vs_eager`); the int8 fused step's figures (`fused_int8_...` as above, and
     `fused_int8_vs_q8_0`, `fused_int8_vs_fused`) and the int4 one's (`fused_int4_...`, `fused_int4_vs_q4_0`,
-    `fused_int4_vs_fused`, `fused_int4_vs_int8`) when the run has them; llama.cpp f32's range over the rounds (`f32_min`,
+    `fused_int4_vs_fused`, `fused_int4_vs_int8`) and the speculative one's (`fused_spec_...`, `fused_spec_vs_fused`)
+    when the run has them; llama.cpp f32's range over the rounds (`f32_min`,
     `f32_max`); and the run's settings (`rounds`, `threads`, `tokens`, `model`, `cpu`, `llama_cpp`).
     A report that lacks any of these (or holds no rate where one is due) is a TypeError / ValueError naming it."""
     if not isinstance(report, dict):
@@ -224,7 +235,8 @@ def quotes(report: dict) -> dict[str, str]:
         raise ValueError(f"report must be a report of `main --json`, holding {list(REPORT_KEYS)}; it lacks {missing}")
     median = check_rates("report['median_tok_s']", report["median_tok_s"])
     samples = check_samples("report['samples']", report["samples"])
-    needed = [f"llama.cpp {t}" for t in TYPES] + [EAGER, FUSED] + [p for p in (FUSED_INT8, FUSED_INT4) if p in median]
+    needed = [f"llama.cpp {t}" for t in TYPES] + [EAGER, FUSED] + [p for p in (FUSED_INT8, FUSED_INT4, FUSED_SPEC)
+                                                                     if p in median]
     for name, d in (("report['median_tok_s']", median), ("report['samples']", samples)):
         lacking = [path for path in needed if path not in d]
         if lacking:
@@ -236,7 +248,8 @@ def quotes(report: dict) -> dict[str, str]:
         if t != "f32":
             out[f"{t}_vs_f32"] = f"{median[f'llama.cpp {t}'] / ref:.2f}x"
     paths = [("fused", FUSED), ("eager", EAGER)] + [(k, p) for k, p in (("fused_int8", FUSED_INT8),
-                                                                         ("fused_int4", FUSED_INT4)) if p in median]
+                                                                         ("fused_int4", FUSED_INT4),
+                                                                         ("fused_spec", FUSED_SPEC)) if p in median]
     for key, path in paths:
         out[f"{key}_tok_s"] = f"{median[path]:,.0f}"
         out[f"{key}_of_f32"] = f"{100 * median[path] / ref:.0f}%"
@@ -251,6 +264,8 @@ def quotes(report: dict) -> dict[str, str]:
         out["fused_int4_vs_fused"] = f"{median[FUSED_INT4] / median[FUSED]:.2f}x"
         if FUSED_INT8 in median:
             out["fused_int4_vs_int8"] = f"{median[FUSED_INT4] / median[FUSED_INT8]:.2f}x"
+    if FUSED_SPEC in median:  # speculation on the fused step over the fused step alone, same rounds
+        out["fused_spec_vs_fused"] = f"{median[FUSED_SPEC] / median[FUSED]:.2f}x"
     out["f32_min"], out["f32_max"] = f"{min(samples[REF]):,.0f}", f"{max(samples[REF]):,.0f}"
     for key in ("rounds", "threads", "tokens", "model", "cpu", "llama_cpp"):
         out[key] = str(report[key])
