@@ -153,9 +153,12 @@ def test_a_package_packed_while_another_process_rewrote_its_files_is_refused(pac
         aot._check_built_metadata(z, metadata)
 
 
-def test_one_export_at_a_time_across_processes():
-    """`_export_lock` is a file lock another process waits on (the exports of two pytest workers, two terminals)."""
+def test_one_export_at_a_time_across_processes(tmp_path, monkeypatch):
+    """`_export_lock` is a file lock another process waits on (the exports of two pytest workers, two terminals),
+    one per inductor cache folder: a private folder here, so another worker's export never holds it meanwhile."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # read by the lock here and by the children
     lock = aot._export_lock()
+    assert str(tmp_path) in lock.lock_file
     code = ("import sys; from filelock import Timeout; from minillm.compile.aot import _export_lock\n"
             "try:\n    _export_lock().acquire(timeout=0.2)\nexcept Timeout:\n    sys.exit(3)\nsys.exit(0)")
     with lock:

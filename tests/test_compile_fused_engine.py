@@ -233,3 +233,20 @@ def test_the_speculative_engine_benchmark_runs_on_the_fused_step():
     assert point["identical"]
     with pytest.raises(TypeError, match="fused_step must be a bool, got 'yes'"):
         engine_bench.load_point(m, ps, 2, 16, SpeculativeConfig(), fused_step="yes")
+
+
+def test_the_engine_takes_the_fused_step_by_name(model):
+    """`minillm.engine.step_models`: "fused-cpp" is chapter 13's fused step over `fast_cpu_model` (its module imported
+    on first use); the engine on it gives the model's tokens; an unknown name or a second registration is refused."""
+    from minillm.engine.step_models import register_step_model, step_model, step_model_names
+
+    fused = step_model("fused-cpp", model)
+    assert isinstance(fused, FusedEngineModel) and "fused-cpp" in step_model_names()
+    config = EngineConfig(num_blocks=120, block_size=BS, max_num_seqs=4, attention_backend="selective-cpp")
+    assert engine_tokens(fused, config, prompts(4)) == engine_tokens(model, config, prompts(4))
+    with pytest.raises(ValueError, match=r"step model must be one of \[.*'fused-cpp'.*\], got 'tvm'"):
+        step_model("tvm", model)
+    with pytest.raises(ValueError, match="step model 'fused-cpp' is already registered"):
+        register_step_model("fused-cpp", FusedEngineModel)
+    with pytest.raises(TypeError, match="factory must be callable"):
+        register_step_model("other", 3)

@@ -46,8 +46,12 @@ from minillm.core.config import check_int, tensor_kind
 from minillm.core.model import GPT
 from minillm.core.sampling import check_seed
 from minillm.core.timing import compare
+from minillm.core.timing import interleave
 from minillm.engine.config import EngineConfig
+from minillm.engine.step_models import register_step_model
 from minillm.engine.throughput import run_engine
+from minillm.paged import PagedBatch
+from minillm.paged.backends import make_attention_backend
 from minillm.paged.paged_cache import PagedKVCache
 
 MAX_FUSED_ROWS = 64  # most rows a step runs in C++ (4 walks over the weights); longer ones run the model's forward
@@ -114,6 +118,11 @@ class FusedEngineModel(WatchedModel, nn.Module):
             return self._cpp.head(h.contiguous())
 
 
+# Chapter 06's engine takes this implementation by name ("fused-cpp"), as it takes an attention backend: every
+# linear in C++ where the step runs the model's forward (`fast_cpu_model`), each short step one C++ call.
+register_step_model("fused-cpp", lambda model: FusedEngineModel(fast_cpu_model(model)))
+
+
 def load_point(model: GPT, concurrency: int, repeats: int = 3, seed: int = 0) -> dict[str, Any]:
     """One load: chapter 06's engine on `fast_cpu_model(model)` against the same engine on the fused step, both over
     the same `REQUESTS_PER_SLOT * concurrency` mixed requests, alternated (`compare`); outputs must be identical."""
@@ -150,10 +159,6 @@ def step_costs(model: GPT, context: int = 160, sizes: Sequence[int] = STEP_SIZES
     `row_gflops`: the rate those would run at if they were the row's whole cost. At a short context they nearly
     are; at a long one the row's attention, which reads its sequence's cached keys and values, adds to it. The
     pools are overwritten at the same slots every call (the timing needs only their shapes)."""
-    from minillm.core.timing import interleave
-    from minillm.paged import PagedBatch
-    from minillm.paged.backends import make_attention_backend
-
     check_int("context", context)
     if not isinstance(sizes, (list, tuple)) or len(sizes) < 2 or not all(isinstance(n, int) and 1 <= n <= MAX_FUSED_ROWS
                                                                          for n in sizes):
@@ -237,14 +242,15 @@ def format_report(report: dict[str, Any]) -> str:
 def quotes(report: dict[str, Any]) -> dict[str, str]:
     """What chapter 13's text quotes from a report of `main --json`: the table ("loads") and per load c the speed-up
     and both engines' tok/s (`speedup_c4`, `fast_tok_s_c4`, `fused_tok_s_c4`)."""
-    from minillm.speculative.bench import markdown_table
-
     per_load = {f"{k}_c{p['concurrency']}": v for p in report["points"]
                 for k, v in (("speedup", f"{p['speedup']:.2f}x"), ("fast_tok_s", f"{p['fast_tok_s']:,.0f}"),
                              ("fused_tok_s", f"{p['fused_tok_s']:,.0f}"))}
     costs = report["step_costs"]
     steps = {f"step_ms_{S}": f"{v:.2f} ms" for S, v in costs["step_ms"].items()}
-    return {**per_load, **steps, "loads": markdown_table(HEADER, "rrrrrrc", [_cells(p) for p in report["points"]]),
+    rule = "|" + "---:|" * (len(HEADER) - 1) + ":---:|"
+    table = "\n".join(["| " + " | ".join(HEADER) + " |", rule,
+                        *("| " + " | ".join(_cells(p)) + " |" for p in report["points"])]) + "\n"
+    return {**per_load, **steps, "loads": table,
             "row_ms": f"{costs['row_ms']:.3f} ms", "row_gflops": f"{costs['row_gflops']:.0f} GFLOP/s",
             "row_mflop": f"{costs['row_flops'] / 1e6:.1f} MFLOP", "context": str(costs["context"]),
             "row_ms_short": f"{report['step_costs_short']['row_ms']:.3f} ms",

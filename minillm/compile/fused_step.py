@@ -76,7 +76,6 @@ def _quantized(layer: QuantLinear, name: str) -> tuple[list[torch.Tensor], torch
     (out, in) int8 and scale (out,); int4 (symmetric, group-wise) gives packed codes (out, in/2) uint8 and scale
     (out, groups). TypeError naming `name` and what differs for any other QuantLinear (asymmetric, W8A8, a cast or
     replaced buffer, no bias, not on the CPU)."""
-    checked_buffers(layer, name)
     c, q, scale, bias = layer.config, layer.qweight, layer.scale, layer.bias
     out, n = layer.out_features, layer.in_features
     int4 = c.mode == "int4"
@@ -93,6 +92,7 @@ def _quantized(layer: QuantLinear, name: str) -> tuple[list[torch.Tensor], torch
     elif any(t.device.type != "cpu" for t in (q, scale, bias)):
         problem = f"buffers on {q.device}, {scale.device}, {bias.device}"
     else:
+        checked_buffers(layer, name)  # the form is the step's; now the values, as the layer's forward checks them
         scale = as_cpp_reads(scale.detach())
         return [as_cpp_reads(q.detach()), as_cpp_reads(bias.detach())], scale if int4 else scale.view(-1)
     raise TypeError(f"the fused C++ step runs float32 nn.Linear layers and {QUANT_FORM}; {name} = QuantLinear "

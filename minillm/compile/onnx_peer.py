@@ -42,6 +42,7 @@ from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
 from minillm.compile.decode import eval_mode, hooked_module
+from minillm.compile.fused_step import FusedCPUDecoder
 from minillm.compile.mirror import check_plain_model
 from minillm.core.config import GPTConfig, check_int
 from minillm.core.io import atomic_write_bytes, check_output_file, check_path
@@ -49,6 +50,7 @@ from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams, sample_next
 from minillm.core.stopping import RequestState, check_eos_id, start_request
 from minillm.core.timing import interleave
+from minillm.kvcache.generate import generate_ids
 from minillm.naive.generate import collect
 
 FORMAT = "minillm-onnx-step/1"  # the file's metadata names its format, so another ONNX model is refused
@@ -239,9 +241,6 @@ def measure(model: GPT, prompt: list[int], new_tokens: int = 128, repeats: int =
     """Export `model`, then generate `new_tokens` greedy tokens after `prompt` with each of PATHS in turn (one warm-up
     round, `repeats` timed rounds, `interleave`): tok/s per path (median), the ratios the text quotes, and whether
     all three gave the same tokens. The torch thread count is the caller's; ONNX Runtime gets the same."""
-    from minillm.compile.fused_step import FusedCPUDecoder
-    from minillm.kvcache.generate import generate_ids
-
     check_int("new_tokens", new_tokens)
     check_int("repeats", repeats)
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)

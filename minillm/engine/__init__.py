@@ -11,6 +11,8 @@
   chapter 14's ranks, `WorkerDiedError`
 - `sampler`: `Sampler` (logits -> one token per sampling request, each on its own generator)
 - `selective_cache`: `SelectiveKVCache` (decodes vectorized, prompt chunks looped, in one step)
+- `step_models`: `step_model(name, model)`, other implementations of the engine's forward by name (chapter 13's
+  "fused-cpp": each short step one C++ call)
 - `swap`: `SwapSpace` (the executor's host copies of swapped-out KV blocks, by request id)
 - `frontend`: `FrontEnd` (request checks, ids, `RequestOutput`s, `generate`; shared with chapter 07)
 - `llm`: `LLM` (`generate`, `add_request`, `step`, `abort`, `has_unfinished`)

@@ -49,12 +49,14 @@ from minillm.core.sampling import SamplingParams, check_seed
 from minillm.core.timing import compare
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
+from minillm.engine.step_models import step_model
 from minillm.speculative.bench import check_tokenizer, encode, markdown_table
 from minillm.speculative.engine import SpeculativeConfig, SpeculativeLLM
 
 EOT = "<|endoftext|>"
 DEFAULT_LOADS = (1, 2, 4, 8, 16, 32, 64)  # `load_sweep`'s and the command's loads (concurrent requests)
 REQUESTS_PER_SLOT = 3  # requests queued per batch slot, so the batch stays full as requests finish
+FUSED_STEP = "fused-cpp"  # `--fused-step`: the step model both engines' target runs on (minillm.engine.step_models)
 BACKENDS = ("verify", "verify-cpp")  # the engines' attention: PyTorch's, or chapter 13's C++ (by name: no import)
 QUICK = dict(loads=(1, 8), new_tokens=32, requests_per_slot=2, repeats=1)  # run(quick=True): seconds on a CPU
 
@@ -118,19 +120,14 @@ def load_point(target: GPT, prompts: list[list[int]], concurrency: int, new_toke
                speculative: SpeculativeConfig, draft: GPT | None = None, repeats: int = 3,
                attention_backend: str = "verify", fused_step: bool = False) -> dict[str, Any]:
     """One load: `concurrency` requests at a time over `prompts`, the plain engine against the speculative one, both
-    with `attention_backend` (BACKENDS). `fused_step`: both run the target on chapter 13's fused C++ step
-    (`FusedEngineModel(fast_cpu_model(target))`: decode and verify steps in one C++ call each), the draft on
-    `fast_cpu_model`."""
+    with `attention_backend` (BACKENDS). `fused_step`: both run the target on chapter 13's fused C++ step (the step
+    model "fused-cpp", picked by name: decode and verify steps in one C++ call each); the draft stays eager."""
     if attention_backend not in BACKENDS:
         raise ValueError(f"attention_backend must be one of {BACKENDS}, got {attention_backend!r}")
     if not isinstance(fused_step, bool):
         raise TypeError(f"fused_step must be a bool, got {fused_step!r}")
-    if fused_step:  # chapter 13's C++ step, imported only when asked for (as the C++ attention is, by name)
-        from minillm.compile.cpu_gemv import fast_cpu_model
-        from minillm.compile.fused_engine import FusedEngineModel
-
-        target = FusedEngineModel(fast_cpu_model(target))
-        draft = fast_cpu_model(draft) if draft is not None else None
+    if fused_step:  # chapter 13's C++ step, by name (as the C++ attention is): its module loads on first use
+        target = step_model(FUSED_STEP, target)
     for name, value in (("concurrency", concurrency), ("new_tokens", new_tokens), ("repeats", repeats)):
         check_int(name, value)
     if not isinstance(prompts, (list, tuple)) or not prompts or not all(isinstance(p, (list, tuple)) and p
