@@ -171,11 +171,11 @@ def test_bad_arguments_and_a_changed_model_are_refused(model):
         with pytest.raises(ValueError, match="slot .* of row 0 is not where its block table puts token 2 of "
                                              "sequence 0"):
             fused.hidden(ids, positions, cache)
-        with pytest.raises(TypeError, match="idx and positions must be int64 tensors, got .*float32"):
+        with pytest.raises(TypeError, match="idx must be an int64 tensor of token ids / positions, got torch.float32"):
             fused.hidden(ids.float(), positions, cache)
         with pytest.raises(ValueError, match=r"positions must be \(1, N\) or \(N,\) for idx \(1, N=3\), got shape"):
             fused.hidden(ids, positions.expand(2, 3), cache)
-        with pytest.raises(ValueError, match=r"h must be a contiguous float32 CPU tensor \(R, 64\)"):
+        with pytest.raises(ValueError, match=r"h must be \(\.\.\., C=64\) on the CPU, got shape \(2, 65\)"):
             fused.logits(torch.zeros(2, 65))
         fused.model.train()
         cache.set_batch(batch)
@@ -250,3 +250,42 @@ def test_the_engine_takes_the_fused_step_by_name(model):
         register_step_model("fused-cpp", FusedEngineModel)
     with pytest.raises(TypeError, match="factory must be callable"):
         register_step_model("other", 3)
+
+
+def test_c13r11_hostile_run_11_findings_are_refused_or_run(model):
+    """Run 11: a paged-int8 pool (int8 codes, not float32 K/V) was sent to the C++ step, which refused the valid
+    setting; hidden and logits took non-tensors and wrong dtypes into torch's own errors; step_costs read a
+    QuantLinear's missing .weight after timing; load_point took any seed and load. Now: the int8 pool runs the
+    model's forward (the model's tokens), and the rest are TypeError/ValueError naming the argument up front."""
+    from minillm.compile import fused_engine
+
+    config = EngineConfig(num_blocks=120, block_size=BS, max_num_seqs=4, attention_backend="paged-int8")
+    fused = FusedEngineModel(model)
+    assert engine_tokens(fused, config, prompts(4)) == engine_tokens(model, config, prompts(4))
+    assert fused.num_fused_steps == 0
+    with pytest.raises(TypeError, match="idx must be an int64 tensor of token ids / positions, got list"):
+        fused.hidden([[1, 2]], torch.tensor([[0, 1]]))
+    with pytest.raises(ValueError, match="idx is a meta tensor"):
+        fused.hidden(torch.zeros(1, 2, dtype=torch.long, device="meta"), torch.tensor([[0, 1]]))
+    with pytest.raises(TypeError, match=r"h must be a float32 tensor \(\.\.\., C=64\) .* got torch.float64"):
+        fused.logits(torch.zeros(2, 64, dtype=torch.float64))
+    with pytest.raises(TypeError, match="h must be a float32 tensor .* got NoneType"):
+        fused.logits(None)
+    torch.testing.assert_close(fused.logits(torch.ones(2, 3, 64)), model.logits(torch.ones(2, 3, 64)))
+    costs = fused_engine.step_costs(quantize_model(model, QuantConfig("int8")), context=8, sizes=(1, 4), repeats=1,
+                                    calls=1)
+    assert costs["row_flops"] == 2 * (2 * 12 * 64 * 64 + 512 * 64)
+    with pytest.raises(TypeError, match="model must be a minillm GPT, got NoneType"):
+        fused_engine.step_costs(None)
+    with pytest.raises(ValueError, match="sizes must list at least two batch sizes"):
+        fused_engine.step_costs(model, sizes=(True, 2))
+    with pytest.raises(ValueError, match="concurrency must be at most 256 requests at once, got 1099511627776"):
+        fused_engine.load_point(model, 2**40)
+    with pytest.raises(ValueError, match="seed"):
+        fused_engine.load_point(model, 1, seed=-1)
+    with pytest.raises(ValueError, match="vocab_size=512 cannot hold the mixed workload's prompts"):
+        fused_engine.load_point(model, 1)
+    blocks = copy.deepcopy(model)
+    del blocks.transformer.h[1]
+    with pytest.raises(ValueError, match=r"needs the model's config.n_layer=2 blocks in transformer.h, got 1"):
+        FusedEngineModel(blocks)

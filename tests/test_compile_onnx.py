@@ -104,3 +104,50 @@ def test_the_side_by_side_checks_three_paths_on_the_same_tokens(model, tmp_path)
     assert {"paths", "ort_tok_s", "ort_vs_eager", "fused_vs_ort", "onnx_mb", "identical"} <= set(q)
     with pytest.raises(ValueError, match="new_tokens must be positive"):
         onnx_peer.measure(model, [3], new_tokens=0)
+
+
+def test_c13r11_a_resigned_file_whose_config_disagrees_with_its_graph_is_refused(model, exported, tmp_path):
+    """Before: the digest (graph_sha256 is public) was the only check, so a file re-signed with an edited config
+    loaded: a smaller vocabulary streamed ids past it, a smaller window failed inside ONNX Runtime, a removed field
+    was a KeyError. Now the config is checked against the graph's inputs, outputs and position table, naming the
+    file."""
+    import json
+
+    import onnx
+
+    def resigned(name: str, **edit) -> str:
+        proto = onnx.load(str(exported))
+        meta = {e.key: e.value for e in proto.metadata_props}
+        cfg = json.loads(meta["minillm_config"])
+        cfg.update(edit)
+        for e in proto.metadata_props:
+            if e.key == "minillm_config":
+                e.value = json.dumps(cfg) if edit else "not json"
+        for e in proto.metadata_props:
+            if e.key == "minillm_sha256":
+                e.value = onnx_peer.graph_sha256(proto)
+        onnx.save(proto, str(tmp_path / name))
+        return str(tmp_path / name)
+
+    with pytest.raises(ValueError, match=r"v\.onnx': logits has shape \[1, 512\] in the graph but the metadata's "
+                                         r"config implies \[1, 64\]"):
+        OnnxDecoder(resigned("v.onnx", vocab_size=64))
+    with pytest.raises(ValueError, match=r"w\.onnx': the graph's position table is \[\[64, 64\]\]"):
+        OnnxDecoder(resigned("w.onnx", block_size=32))
+    with pytest.raises(ValueError, match=r"h\.onnx': past_k has shape"):
+        OnnxDecoder(resigned("h.onnx", n_head=2))
+    with pytest.raises(ValueError, match=r"j\.onnx': metadata field 'minillm_config' is not a model config"):
+        OnnxDecoder(resigned("j.onnx"))
+    with pytest.raises(TypeError, match="proto must be an onnx.ModelProto"):
+        onnx_peer.graph_sha256({"graph": 1})
+
+
+def test_c13r11_measure_times_only_tokens_it_generates(model, tmp_path):
+    """Before: a request the window capped (30 + 8 tokens in a 32-token window... here 60 + 8 in 64) generated 5
+    tokens and reported tok/s for 8. Now it is refused, naming new_tokens; a bad workdir names workdir."""
+    with pytest.raises(ValueError, match=r"new_tokens=8 do not fit after a 60-token prompt .* at most 5"):
+        onnx_peer.measure(model, list(range(60)), new_tokens=8, repeats=1, workdir=tmp_path)
+    with pytest.raises(TypeError, match="workdir must be a str or os.PathLike"):
+        onnx_peer.measure(model, [1], new_tokens=2, repeats=1, workdir=5)
+    with pytest.raises(TypeError, match="model must be a minillm GPT"):
+        onnx_peer.measure(None, [1], new_tokens=2)

@@ -1723,6 +1723,13 @@ def test_s08r8_run_rounds_with_valid_custom_drafts_is_the_target_alone(ctx):
     alone = generate_ids(ctx.target, [5, 6, 7, 5, 6], params)
     for drafts in ([], [1, 2, 3], [1, 2, 3, 4, 5]):  # an over-drafting proposer is still verified
         assert _rounds_with(ctx.target, _FixedProposer(drafts), params)[0] == alone
+    # Run 11: drafts far past gamma near the end of the cache ran into "cache full", naming no proposer; the first
+    # gamma are verified, as the engine's scheduler takes them.
+    long_params = SamplingParams.greedy(26, ignore_eos=True)
+    assert _rounds_with(ctx.target, _FixedProposer([1] * 40), long_params)[0] == generate_ids(
+        ctx.target, [5, 6, 7, 5, 6], long_params)
+    with pytest.raises(ValueError, match=r"p must have shape \(\.\.\., V\) with V >= 1, got \(2, 0\)"):
+        check_distributions("p", torch.zeros(2, 0))
 
 
 def _nan_draft(ctx) -> GPT:

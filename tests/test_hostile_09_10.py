@@ -1986,3 +1986,16 @@ def test_q09r10_p10r10_savers_refuse_what_their_loaders_would_refuse(tmp_path):
                               ValueError, r"save_pruned: the file would not load back, so nothing was written: .*"
                               r"transformer.h.1.mlp.c_fc.bias")
     assert not list(tmp_path.iterdir())
+
+
+def test_q09r11_describe_verifies_what_it_reports(tmp_path):
+    """Before: quant's describe read the metadata alone and reported an edited 'method' as true while load_quantized
+    refused the file; it now runs the loader's checks first, as prune's describe does."""
+    good = save_quantized(quantize_model(MODEL, QuantConfig("int8")), tmp_path / "good.safetensors", method="rtn")
+    with safe_open(str(good), framework="pt") as f:
+        meta = dict(f.metadata())
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    save_file(tensors, str(tmp_path / "lie.safetensors"), metadata={**meta, "method": "gptq"})
+    with pytest.raises(ValueError, match=r"lie\.safetensors.*sha256"):
+        describe_quantized(tmp_path / "lie.safetensors")
+    assert describe_quantized(good)["method"] == "rtn"

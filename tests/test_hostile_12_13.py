@@ -2165,3 +2165,22 @@ def test_c13r10_the_fused_steps_run_no_quantized_layer_the_layer_itself_refuses(
         q.transformer.h[1].mlp.c_proj.scale.view(-1)[3] = 0.01
     assert FusedCPUDecoder(q).generate_ids([1, 2, 3], params) == (dec or FusedCPUDecoder(q)).generate_ids(
         [1, 2, 3], params)
+
+
+def test_k12r11_the_attention_mirrors_name_q_or_k_for_an_infinite_value():
+    """Before: +inf in q reached the internal check of the running scores and was reported as 's'. Now q and k (or
+    k_pool) are checked for +-inf first, by name; NaN still propagates, as in the kernels."""
+    from minillm.kernels import mirror
+
+    q, k, v = (torch.randn(1, 2, 6, 8) for _ in range(3))
+    bad = q.clone()
+    bad[0, 1, 2, 3] = float("inf")
+    for fn in (mirror.flash_attention, mirror.flash_attention_v3):
+        assert_refused_by_minillm(lambda: fn(bad, k, v), ValueError, r"^q holds \+inf or -inf")
+        assert_refused_by_minillm(lambda: fn(q, -bad, v), ValueError, r"^k holds \+inf or -inf")
+    pool = torch.randn(4, 2, 2, 8)
+    tables, lens = torch.tensor([[0, 1, -1], [2, 3, -1]]), torch.tensor([3, 4])
+    qd = torch.randn(2, 2, 8)
+    qd[1, 0, 0] = float("-inf")
+    assert_refused_by_minillm(lambda: mirror.paged_attention_decode(qd, pool, pool, tables, lens), ValueError,
+                              r"^q holds \+inf or -inf")

@@ -115,6 +115,8 @@ def make_workload(
         raise ValueError(f"n must be a positive int, got {n!r}")
     if not (isinstance(rate, (int, float)) and rate > 0):
         raise ValueError(f"rate must be a positive number of requests/s (math.inf for offline), got {rate!r}")
+    if type(seed) is not int or not 0 <= seed < 2**63:  # numpy's generator refuses a negative seed in its own words
+        raise ValueError(f"seed must be an int in [0, 2**63) (the workload's generator), got {seed!r}")
     pdist, odist = LengthDist.parse(prompt_len_dist), LengthDist.parse(output_len_dist)
     rng = np.random.default_rng(seed)
     if math.isinf(rate):

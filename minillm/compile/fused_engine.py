@@ -42,7 +42,7 @@ from minillm.bench.workload import workload
 from minillm.compile.cpu_gemv import cpp_errors_as_value_errors, fast_cpu_model
 from minillm.compile.decode import check_eval_mode, eval_mode
 from minillm.compile.fused_step import LINEARS, WatchedModel, build_cpp_decoder
-from minillm.core.config import check_int, tensor_kind
+from minillm.core.config import check_has_data, check_int, tensor_kind
 from minillm.core.model import GPT
 from minillm.core.sampling import check_seed
 from minillm.core.timing import compare
@@ -56,6 +56,8 @@ from minillm.paged.paged_cache import PagedKVCache
 
 MAX_FUSED_ROWS = 64  # most rows a step runs in C++ (4 walks over the weights); longer ones run the model's forward
 LOADS = (1, 4, 16)  # the benchmark's loads (requests running at once)
+MAX_LOAD = 256  # most requests at once a load may ask for (3 per slot are built, each with its pool blocks)
+MIXED_VOCAB = 4096  # the mixed workload's prompts are real text in the shipped tokenizer's ids
 REQUESTS_PER_SLOT = 3  # requests per batch slot, so the batch stays full as requests finish
 BACKEND = "selective-cpp"  # both engines' attention (their long steps; the fused step reads the pools itself)
 
@@ -87,18 +89,21 @@ class FusedEngineModel(WatchedModel, nn.Module):
         """Whether a step of `rows` rows over `cache` runs in C++: a paged pool of float32 CPU tensors holding a
         batch (`set_batch`), and at most MAX_FUSED_ROWS rows."""
         return (isinstance(cache, PagedKVCache) and getattr(cache, "batch", None) is not None and 1 <= rows <=
-                MAX_FUSED_ROWS and cache.dtype == torch.float32 and cache.device.type == "cpu")
+                MAX_FUSED_ROWS and cache.device.type == "cpu" and all(
+                    pool.dtype == torch.float32 for pool in (*cache.k_pools, *cache.v_pools)))  # int8 pools: no
 
     def hidden(self, idx: torch.Tensor, positions: torch.Tensor, cache: Any = None,
                collect: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """GPT.hidden: idx (1, N), positions (1, N) -> (1, N, C), after ln_f; in C++ when `fusable`."""
+        """GPT.hidden: idx (1, N), positions (1, N) -> (1, N, C), after ln_f; in C++ when `fusable`. idx and positions
+        must be int64 tensors with values (a TypeError/ValueError naming them), whichever path runs."""
+        for name, t in (("idx", idx), ("positions", positions)):
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.int64:
+                raise TypeError(f"{name} must be an int64 tensor of token ids / positions, got {tensor_kind(t)}")
+            check_has_data(name, t)
         if collect is not None or idx.dim() != 2 or idx.shape[0] != 1 or not self.fusable(cache, idx.shape[1]):
             return self.model.hidden(idx, positions, cache, collect)
         check_eval_mode(self.model, "a FusedEngineModel step")
         N = idx.shape[1]
-        if not isinstance(positions, torch.Tensor) or idx.dtype != torch.int64 or positions.dtype != torch.int64:
-            raise TypeError(f"idx and positions must be int64 tensors, got {tensor_kind(idx)} and "
-                            f"{tensor_kind(positions)}")
         if tuple(positions.shape) not in ((N,), (1, N)):
             raise ValueError(f"positions must be (1, N) or (N,) for idx (1, N={N}), got shape {tuple(positions.shape)}")
         b = cache.batch
@@ -111,11 +116,32 @@ class FusedEngineModel(WatchedModel, nn.Module):
         return h.unsqueeze(0)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """GPT.logits: h (R, C) -> (R, V), the tied head in C++ for float32 CPU rows (the model's own otherwise)."""
-        if h.dim() != 2 or h.dtype != torch.float32 or h.device.type != "cpu":
+        """GPT.logits: h (..., C) float32 -> (..., V), the tied head in C++ for rows (R, C) (the model's own for other
+        ranks); a TypeError/ValueError naming h for anything but a float32 CPU tensor of the model's width."""
+        C = self.config.n_embd
+        if not isinstance(h, torch.Tensor) or h.dtype != torch.float32:
+            raise TypeError(f"h must be a float32 tensor (..., C={C}) of hidden states (the model's dtype), got "
+                            f"{tensor_kind(h)}")
+        check_has_data("h", h)
+        if h.dim() == 0 or h.shape[-1] != C or h.device.type != "cpu":
+            raise ValueError(f"h must be (..., C={C}) on the CPU, got shape {tuple(h.shape)} on {h.device}")
+        if h.dim() != 2:
             return self.model.logits(h)
         with cpp_errors_as_value_errors():
             return self._cpp.head(h.contiguous())
+
+
+def check_loads(loads: object, name: str = "loads") -> list[int]:
+    """`loads` as a list if it is a non-empty list of ints in [1, MAX_LOAD]; a TypeError/ValueError naming `name`
+    otherwise, before any model loads (a load of 2**40 built its requests until memory ran out)."""
+    if isinstance(loads, (str, bytes)) or not isinstance(loads, (list, tuple)) or not loads:
+        raise ValueError(f"{name} must be a non-empty list of positive ints, got {loads!r:.80}")
+    for i, c in enumerate(loads):
+        check_int(name if name != "loads" else f"loads[{i}]", c)
+        if c > MAX_LOAD:
+            raise ValueError(f"{name if name != 'loads' else f'loads[{i}]'} must be at most {MAX_LOAD} requests at "
+                             f"once, got {c}")
+    return list(loads)
 
 
 # Chapter 06's engine takes this implementation by name ("fused-cpp"), as it takes an attention backend: every
@@ -126,8 +152,15 @@ register_step_model("fused-cpp", lambda model: FusedEngineModel(fast_cpu_model(m
 def load_point(model: GPT, concurrency: int, repeats: int = 3, seed: int = 0) -> dict[str, Any]:
     """One load: chapter 06's engine on `fast_cpu_model(model)` against the same engine on the fused step, both over
     the same `REQUESTS_PER_SLOT * concurrency` mixed requests, alternated (`compare`); outputs must be identical."""
-    check_int("concurrency", concurrency)
+    if not isinstance(model, GPT):
+        raise TypeError(f"model must be a minillm GPT, got {type(model).__name__}")
+    check_loads([concurrency], "concurrency")
     check_int("repeats", repeats)
+    if type(seed) is not int or not 0 <= seed < 2**63:  # the workload's generator (numpy) takes these
+        raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
+    if model.config.vocab_size < MIXED_VOCAB:
+        raise ValueError(f"model.config.vocab_size={model.config.vocab_size} cannot hold the mixed workload's prompts: "
+                         f"real text in the shipped tokenizer's {MIXED_VOCAB} ids")
     fast = fast_cpu_model(model)
     fused = FusedEngineModel(fast)
     reqs = workload("mixed", REQUESTS_PER_SLOT * concurrency, seed=seed, vocab_size=model.config.vocab_size)
@@ -159,9 +192,11 @@ def step_costs(model: GPT, context: int = 160, sizes: Sequence[int] = STEP_SIZES
     `row_gflops`: the rate those would run at if they were the row's whole cost. At a short context they nearly
     are; at a long one the row's attention, which reads its sequence's cached keys and values, adds to it. The
     pools are overwritten at the same slots every call (the timing needs only their shapes)."""
+    if not isinstance(model, GPT):
+        raise TypeError(f"model must be a minillm GPT, got {type(model).__name__}")
     check_int("context", context)
-    if not isinstance(sizes, (list, tuple)) or len(sizes) < 2 or not all(isinstance(n, int) and 1 <= n <= MAX_FUSED_ROWS
-                                                                         for n in sizes):
+    if not isinstance(sizes, (list, tuple)) or len(sizes) < 2 or not all(
+            type(n) is int and 1 <= n <= MAX_FUSED_ROWS for n in sizes):
         raise ValueError(f"sizes must list at least two batch sizes in [1, {MAX_FUSED_ROWS}], got {sizes!r}")
     check_int("repeats", repeats)
     check_int("calls", calls)
@@ -196,8 +231,9 @@ def step_costs(model: GPT, context: int = 160, sizes: Sequence[int] = STEP_SIZES
     lo = min((S for S in sizes if S >= 4), default=min(sizes))
     hi = max(sizes)
     row_ms = (ms[hi] - ms[lo]) / (hi - lo) if hi > lo else float("nan")
-    weights = sum(block.get_submodule(n).weight.numel() for block in model.transformer.h for n in LINEARS)
-    row_flops = 2 * (weights + model.lm_head.weight.numel())
+    weights = sum(block.get_submodule(n).in_features * block.get_submodule(n).out_features  # nn.Linear, QuantLinear
+                  for block in model.transformer.h for n in LINEARS)
+    row_flops = 2 * (weights + model.config.vocab_size * model.config.n_embd)  # and the tied head
     return {"context": context, "step_ms": {str(S): v for S, v in ms.items()}, "row_ms": row_ms,
             "row_flops": row_flops, "row_gflops": row_flops / (row_ms / 1000) / 1e9}
 
@@ -205,10 +241,7 @@ def step_costs(model: GPT, context: int = 160, sizes: Sequence[int] = STEP_SIZES
 def run(loads: Sequence[int] = LOADS, repeats: int = 3, seed: int = 0) -> dict[str, Any]:
     """Every load of `loads` on `base`, and the decode step's cost by batch size (`step_costs`), one torch thread as
     set by the caller."""
-    if isinstance(loads, (str, bytes)) or not isinstance(loads, (list, tuple)) or not loads:
-        raise ValueError(f"loads must be a non-empty list of positive ints, got {loads!r}")
-    for i, c in enumerate(loads):
-        check_int(f"loads[{i}]", c)
+    check_loads(loads)
     check_seed(seed)
     loaded = load_model("base", "cpu", seed)
     points = [load_point(loaded.model, c, repeats, seed) for c in loads]
@@ -270,12 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = start(ap, argv)
     try:
-        loads = [int(c) for c in args.loads.split(",")] if args.loads is not None else (
-            [1, 4] if args.quick else list(LOADS))
-        for i, c in enumerate(loads):
-            check_int(f"loads[{i}]", c)
+        loads = check_loads([int(c) for c in args.loads.split(",")] if args.loads is not None else (
+            [1, 4] if args.quick else list(LOADS)))
     except (ValueError, TypeError) as e:
-        ap.error(f"--loads must be comma-separated positive ints: {e}")
+        ap.error(f"--loads must be comma-separated ints in [1, {MAX_LOAD}]: {e}")
     report = run(loads, repeats=1 if args.quick else 3, seed=args.seed)
     print(format_report(report))
     write_report(args.json, report)

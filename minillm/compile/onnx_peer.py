@@ -48,7 +48,7 @@ from minillm.core.config import GPTConfig, check_int
 from minillm.core.io import atomic_write_bytes, check_output_file, check_path
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams, sample_next
-from minillm.core.stopping import RequestState, check_eos_id, start_request
+from minillm.core.stopping import RequestState, check_eos_id, start_request, validate_prompt
 from minillm.core.timing import interleave
 from minillm.kvcache.generate import generate_ids
 from minillm.naive.generate import collect
@@ -105,7 +105,12 @@ class OnnxStep(nn.Module):
 
 def graph_sha256(proto: Any) -> str:
     """Hex sha256 of an ONNX model's graph (its nodes and weights, serialized) and of every metadata entry but the
-    digest itself: what `export_onnx` records and `OnnxDecoder` checks."""
+    digest itself: what `export_onnx` records and `OnnxDecoder` checks. TypeError for anything but an ONNX model
+    (`onnx.ModelProto`)."""
+    import onnx
+
+    if not isinstance(proto, onnx.ModelProto):
+        raise TypeError(f"proto must be an onnx.ModelProto (onnx.load(path)), got {type(proto).__name__}")
     h = hashlib.sha256(proto.graph.SerializeToString())
     for entry in sorted((p.key, p.value) for p in proto.metadata_props if p.key != "minillm_sha256"):
         h.update(json.dumps(entry).encode())
@@ -159,6 +164,41 @@ def export_onnx(model: GPT, path: str | os.PathLike) -> Path:
     return atomic_write_bytes(out, proto.SerializeToString())
 
 
+def _graph_config(proto: Any, meta: dict[str, str], where: str) -> GPTConfig:
+    """The GPTConfig the metadata records, checked against the graph itself: the inputs and outputs `export_onnx`
+    names, in order, with the shapes the config implies (the keys and values (n_layer, 1, n_head, P, head_size), the
+    logits (1, vocab_size)) and the position table holding block_size rows. The digest only says the file is what
+    was signed; this says the signed config describes this graph (a re-signed edit would otherwise decode with
+    another vocabulary or fail inside ONNX Runtime). A ValueError naming the file and the field otherwise."""
+    try:
+        config = GPTConfig.from_dict(json.loads(meta["minillm_config"]))
+    except KeyError:
+        raise ValueError(f"{where}: metadata field 'minillm_config' is missing") from None
+    except (json.JSONDecodeError, TypeError, ValueError) as e:
+        raise ValueError(f"{where}: metadata field 'minillm_config' is not a model config: {e}") from e
+
+    def dims(value: Any) -> list[Any]:
+        return [d.dim_value if d.HasField("dim_value") else d.dim_param for d in value.type.tensor_type.shape.dim]
+
+    L, nh, hs = config.n_layer, config.n_head, config.head_size
+    want = {"ids": [1, "T"], "positions": [1, "T"], "past_k": [L, 1, nh, "P", hs], "past_v": [L, 1, nh, "P", hs],
+            "logits": [1, config.vocab_size], "present_k": [L, 1, nh, "S", hs], "present_v": [L, 1, nh, "S", hs]}
+    got = {v.name: dims(v) for v in [*proto.graph.input, *proto.graph.output]}
+    names = ([v.name for v in proto.graph.input], [v.name for v in proto.graph.output])
+    if names != (list(INPUTS), list(OUTPUTS)):
+        raise ValueError(f"{where}: the graph's inputs and outputs are {names}, not the {list(INPUTS)} and "
+                         f"{list(OUTPUTS)} export_onnx writes")
+    for name, shape in want.items():
+        if got[name] != shape:
+            raise ValueError(f"{where}: {name} has shape {got[name]} in the graph but the metadata's config implies "
+                             f"{shape}; the config and the graph disagree")
+    wpe = [list(t.dims) for t in proto.graph.initializer if t.name.endswith("transformer.wpe.weight")]
+    if wpe != [[config.block_size, config.n_embd]]:
+        raise ValueError(f"{where}: the graph's position table is {wpe} but the metadata's config implies "
+                         f"[{config.block_size}, {config.n_embd}]; the config and the graph disagree")
+    return config
+
+
 class OnnxDecoder:
     """An ONNX file from `export_onnx`, checked (its sha256) and loaded into an ONNX Runtime CPU session with
     `threads` intra-op threads; `generate` / `generate_ids` are chapter 04's, without the model. Each call keeps its
@@ -187,7 +227,7 @@ class OnnxDecoder:
         if meta.get("minillm_sha256") != graph_sha256(proto):
             raise ValueError(f"{where}: the content does not match the sha256 export_onnx recorded: an edited or "
                              "damaged file")
-        self.config = GPTConfig.from_dict(json.loads(meta["minillm_config"]))
+        self.config = _graph_config(proto, meta, where)
         self.path = p
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
@@ -241,9 +281,17 @@ def measure(model: GPT, prompt: list[int], new_tokens: int = 128, repeats: int =
     """Export `model`, then generate `new_tokens` greedy tokens after `prompt` with each of PATHS in turn (one warm-up
     round, `repeats` timed rounds, `interleave`): tok/s per path (median), the ratios the text quotes, and whether
     all three gave the same tokens. The torch thread count is the caller's; ONNX Runtime gets the same."""
+    if not isinstance(model, GPT):
+        raise TypeError(f"model must be a minillm GPT, got {type(model).__name__}")
     check_int("new_tokens", new_tokens)
     check_int("repeats", repeats)
+    if workdir is not None:
+        check_path(workdir, "workdir")
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
+    ids, capped = validate_prompt(prompt, params, model.config.vocab_size, model.config.block_size)
+    if capped != new_tokens:  # the window would stop every path early: tok/s of tokens never generated
+        raise ValueError(f"new_tokens={new_tokens} do not fit after a {len(ids)}-token prompt in the context window "
+                         f"block_size={model.config.block_size}: at most {capped}")
     with contextlib.ExitStack() as stack:
         folder = workdir if workdir is not None else stack.enter_context(tempfile.TemporaryDirectory())
         onnx_path = export_onnx(model, Path(folder) / "step.onnx")

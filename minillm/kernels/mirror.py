@@ -57,6 +57,15 @@ def _tile_args(m: torch.Tensor, l: torch.Tensor, o: torch.Tensor, s: torch.Tenso
                          "each row needs a finite score in its first tile")
 
 
+def _check_no_inf(**tensors: torch.Tensor) -> None:
+    """A ValueError naming the first tensor that holds +inf or -inf (queries, keys: a score of q . k would be
+    infinite, and the softmax NaN, reported as the internal score's); NaN passes (NaN in, NaN out, as the kernels)."""
+    for name, x in tensors.items():
+        if bool(torch.isinf(x).any()):
+            raise ValueError(f"{name} holds +inf or -inf: the attention scores q . k would be infinite; pass finite "
+                             "values")
+
+
 def _check_no_pos_inf(name: str, x: torch.Tensor) -> None:
     """A ValueError naming `name` when x holds +inf: a running max (or score) of +inf rescales by exp(inf - inf),
     NaN. -inf is an empty state or a masked score and passes; so does NaN (propagated, as the kernels do)."""
@@ -211,6 +220,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: 
     check_head_size("q", q.shape[-1])  # as ops.attention: hs = 0 has no scale 1/sqrt(hs)
     check_int("block_q", block_q)
     check_int("block_k", block_k)
+    _check_no_inf(q=q, k=k)
     B, nh, T, hs = q.shape
     scale = 1.0 / math.sqrt(hs)
     q32, k32, v32 = q.float(), k.float(), v.float()
@@ -267,6 +277,7 @@ def flash_attention_v3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p_dtyp
     check_head_size("q", q.shape[-1])  # as ops.attention: hs = 0 has no scale 1/sqrt(hs)
     if p_dtype not in (None, torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"p_dtype must be None, torch.float16, torch.bfloat16 or torch.float32, got {p_dtype!r}")
+    _check_no_inf(q=q, k=k)
     B, nh, T, hs = q.shape
     n = V3_TILE
     Tp = -(-T // n) * n  # padded length
@@ -352,6 +363,7 @@ def paged_attention_decode(
     check_same_device(q=q, k_pool=k_pool, v_pool=v_pool, block_tables=block_tables, context_lens=context_lens)
     if S and int(context_lens.min()) < 0:
         raise ValueError(f"context_lens must be >= 0, got {context_lens.tolist()}")
+    _check_no_inf(q=q, k_pool=k_pool)
     nb, bs = k_pool.shape[:2]
     scale = 1.0 / math.sqrt(hs)
     out = torch.zeros(S, nh, hs)

@@ -307,6 +307,9 @@ def run_rounds(state: RequestState, proposer: Any, gamma: int, cache: Any,
             raise TypeError(f"the proposer's ({name}) propose() must return a pair (drafts, q or None), got "
                             f"{type(proposal).__name__} {proposal!r:.80}")
         drafts, q = check_proposal(*proposal, cache.config.vocab_size, not state.params.is_greedy)
+        if len(drafts) > g:  # as the engine's scheduler does: the first g are verified, the rest never were asked
+            # for (the verify's positions, and the cache and window room behind them, were sized for g)
+            drafts, q = drafts[:g], None if q is None else q[:g]
         logits = verify([seq[-1], *drafts], n - 1)  # (γ+1, V): ONE target call
         stats.target_calls += 1
         stats.proposed += len(drafts)

@@ -90,6 +90,8 @@ def check_distributions(name: str, t: torch.Tensor) -> None:
     check_has_data(name, t)
     if t.dim() == 0:  # t.size(-1) below would be torch's IndexError
         raise ValueError(f"{name} must have shape (..., V) with V >= 1, got a 0-d tensor")
+    if t.size(-1) == 0:  # rows of no entries sum to 0: no distribution, however many rows
+        raise ValueError(f"{name} must have shape (..., V) with V >= 1, got {tuple(t.shape)}")
     if t.numel() == 0:
         return
     rows = t.detach().reshape(-1, t.size(-1))  # (R, V)
