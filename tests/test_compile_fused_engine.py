@@ -289,3 +289,63 @@ def test_c13r11_hostile_run_11_findings_are_refused_or_run(model):
     del blocks.transformer.h[1]
     with pytest.raises(ValueError, match=r"needs the model's config.n_layer=2 blocks in transformer.h, got 1"):
         FusedEngineModel(blocks)
+
+
+def test_c13r12_a_changed_model_is_caught_whichever_path_starts_the_sequence(model):
+    """Run 12: the change check ran only in a fused step that started a sequence; a first step of more than 64 rows
+    ran the model's forward with the new weights and skipped it, and the decode steps after it ran the C++ step's
+    stale snapshot (tokens of neither model). Now any step over the paged pools that starts a sequence checks, and
+    so does a replaced `.model` or a changed config."""
+    config = EngineConfig(num_blocks=200, block_size=BS, max_num_seqs=4, max_num_batched_tokens=128)
+    long_prompts = [p[:30] * 2 for p in prompts(4, seed=1)][:3]  # one step of more than MAX_FUSED_ROWS rows first
+    assert sum(len(p) for p in long_prompts) > MAX_FUSED_ROWS
+    for change in ("wte", "model", "config"):
+        fused = FusedEngineModel(copy.deepcopy(model))
+        engine_tokens(fused, config, long_prompts, 4)  # fine before the change
+        if change == "wte":
+            fused.model.transformer.wte.weight = torch.nn.Parameter(fused.model.transformer.wte.weight * 2)
+            match = "replaced since this FusedEngineModel was built"
+        elif change == "model":
+            fused.model = copy.deepcopy(model)
+            match = "this FusedEngineModel's model was replaced after it was built"
+        else:
+            fused.model.config.n_layer = 1
+            match = "the model's config was changed since this FusedEngineModel was built"
+        with pytest.raises(ValueError, match=match):
+            engine_tokens(fused, config, long_prompts, 4)
+
+
+def test_c13r12_the_forward_path_checks_what_the_fused_path_checks(model):
+    """Run 12: a step that ran the model's own forward took a 0-d idx (broadcast over every position), ids outside
+    the vocabulary (torch's IndexError) and a cache without attend (AttributeError). Now that path runs the model's
+    input checks, naming idx, and the cache is checked first."""
+    fused = FusedEngineModel(model)
+    with pytest.raises(ValueError, match=r"idx must have shape \(B, T\), got \(\)"):
+        fused.hidden(torch.tensor(5), torch.tensor([[0, 1, 2]]))
+    with pytest.raises(ValueError, match="idx"):
+        fused.hidden(torch.tensor([[1, 512]]), torch.tensor([[0, 1]]))
+    with pytest.raises(TypeError, match="cache must be a KV cache .* got dict"):
+        fused.hidden(torch.tensor([[1, 2]]), torch.tensor([[0, 1]]), {})
+    with pytest.raises(TypeError, match="rows must be an int"):
+        fused.fusable(None, "3")
+    from minillm.engine.step_models import register_step_model, step_model
+    with pytest.raises(ValueError, match="step model 'fused-cpp' is (shipped by minillm.compile.fused_engine|already "
+                                         "registered)"):  # registered here already: this module imports it
+        register_step_model("fused-cpp", lambda m: m)
+    with pytest.raises(TypeError, match="step model must be a name"):
+        step_model(["fused-cpp"], model)
+
+
+def test_c13r12_a_shipped_step_model_name_cannot_be_taken_before_its_module_loads():
+    """Run 12: registering "fused-cpp" before chapter 13's module was imported succeeded, and the module's own
+    registration then failed, so FusedEngineModel could not be imported in that process. Now the name is refused."""
+    import subprocess
+    import sys
+
+    code = ("from minillm.engine.step_models import register_step_model\n"
+            "try:\n    register_step_model('fused-cpp', lambda m: m)\nexcept ValueError as e:\n    print(e)\n"
+            "import minillm.compile.fused_engine\nprint('imported')\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.splitlines() == ["step model 'fused-cpp' is shipped by minillm.compile.fused_engine, which "
+                                       "registers it on first use; pick another name", "imported"]

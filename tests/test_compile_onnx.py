@@ -151,3 +151,24 @@ def test_c13r11_measure_times_only_tokens_it_generates(model, tmp_path):
         onnx_peer.measure(model, [1], new_tokens=2, repeats=1, workdir=5)
     with pytest.raises(TypeError, match="model must be a minillm GPT"):
         onnx_peer.measure(None, [1], new_tokens=2)
+
+
+def test_c13r12_onnx_runtimes_own_load_errors_name_the_file(model, exported, tmp_path):
+    """Run 12: a graph edited and re-signed (here an opset ONNX Runtime has never heard of) passed the digest and
+    config checks, then failed in ONNX Runtime's own words; a huge thread count was pybind's error; a workdir that is
+    a file was blamed on export_onnx's path. Each now names what it is about."""
+    import onnx
+
+    proto = onnx.load(str(exported))
+    proto.opset_import[0].version = 99
+    for e in proto.metadata_props:
+        if e.key == "minillm_sha256":
+            e.value = onnx_peer.graph_sha256(proto)
+    onnx.save(proto, str(tmp_path / "opset.onnx"))
+    with pytest.raises(ValueError, match=r"opset\.onnx': ONNX Runtime cannot load the graph"):
+        OnnxDecoder(tmp_path / "opset.onnx")
+    with pytest.raises(ValueError, match="threads must be at most 1024"):
+        OnnxDecoder(exported, threads=2**40)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="workdir"):
+        onnx_peer.measure(model, [1], new_tokens=2, repeats=1, workdir=tmp_path / "file")

@@ -88,6 +88,8 @@ class FusedEngineModel(WatchedModel, nn.Module):
     def fusable(self, cache: Any, rows: int) -> bool:
         """Whether a step of `rows` rows over `cache` runs in C++: a paged pool of float32 CPU tensors holding a
         batch (`set_batch`), and at most MAX_FUSED_ROWS rows."""
+        if type(rows) is not int:
+            raise TypeError(f"rows must be an int (the step's token count), got {type(rows).__name__} {rows!r:.40}")
         return (isinstance(cache, PagedKVCache) and getattr(cache, "batch", None) is not None and 1 <= rows <=
                 MAX_FUSED_ROWS and cache.device.type == "cpu" and all(
                     pool.dtype == torch.float32 for pool in (*cache.k_pools, *cache.v_pools)))  # int8 pools: no
@@ -100,15 +102,22 @@ class FusedEngineModel(WatchedModel, nn.Module):
             if not isinstance(t, torch.Tensor) or t.dtype != torch.int64:
                 raise TypeError(f"{name} must be an int64 tensor of token ids / positions, got {tensor_kind(t)}")
             check_has_data(name, t)
+        if cache is not None and not callable(getattr(cache, "attend", None)):
+            raise TypeError(f"cache must be a KV cache (with attend(layer_idx, q, k, v)) or None, got "
+                            f"{type(cache).__name__}")
+        batch = getattr(cache, "batch", None) if isinstance(cache, PagedKVCache) else None
+        if batch is not None and any(q == c for q, c in zip(batch.query_lens_list, batch.context_lens_list)):
+            # A step that starts a sequence looks (as FusedCPUDecoder does per sequence), on either path: a long first
+            # chunk runs the model's forward, but the decode steps after it run the C++ step's snapshot.
+            self.check_model_unchanged()
         if collect is not None or idx.dim() != 2 or idx.shape[0] != 1 or not self.fusable(cache, idx.shape[1]):
+            positions = self.model.check_inputs(idx, positions)  # ids and positions in range: the C++ step's checks
             return self.model.hidden(idx, positions, cache, collect)
         check_eval_mode(self.model, "a FusedEngineModel step")
         N = idx.shape[1]
         if tuple(positions.shape) not in ((N,), (1, N)):
             raise ValueError(f"positions must be (1, N) or (N,) for idx (1, N={N}), got shape {tuple(positions.shape)}")
         b = cache.batch
-        if any(q == c for q, c in zip(b.query_lens_list, b.context_lens_list)):
-            self.check_model_unchanged()  # a step that starts a sequence looks, as FusedCPUDecoder does per sequence
         self.num_fused_steps += 1
         with cpp_errors_as_value_errors():  # the C++ checks: ids, positions, slots against the block tables
             h = self._cpp.paged(idx[0].contiguous(), positions.expand_as(idx)[0].contiguous(), b.slot_mapping,

@@ -182,16 +182,23 @@ class WatchedModel:
         self._model_modules = list(self.model.modules())
         self._fingerprint = model_fingerprint(self._model_modules)
         self._quantized = [(name, m) for name, m in self._named_modules if isinstance(m, QuantLinear)]
+        self._model_id, self._config = id(self.model), self.model.config.to_dict()  # `model` is a plain attribute
 
     def check_model_unchanged(self) -> None:
         """ValueError unless the model still holds the parameters and buffers the C++ step was built on (see the class
         doc), and every quantized layer's buffers pass the layer's own check (`checked_buffers`: a scale written in
         place keeps its storage, so the fingerprint alone would not see it turn NaN or negative)."""
+        name = type(self).__name__
+        if id(self.model) != self._model_id:  # the old model is still held (`_model_modules`): ids are not reused
+            raise ValueError(f"this {name}'s model was replaced after it was built; its C++ step still holds the old "
+                             f"model's tensors: build a new {name}(model)")
+        if self.model.config.to_dict() != self._config:
+            raise ValueError(f"the model's config was changed since this {name} was built (the C++ step has the "
+                             f"shapes it had then): build a new {name}(model)")
         self._check_no_hooks()
-        for name, layer in self._quantized:
-            checked_buffers(layer, name)
+        for layer_name, layer in self._quantized:
+            checked_buffers(layer, layer_name)
         if model_fingerprint(self._model_modules) != self._fingerprint:
-            name = type(self).__name__
             raise ValueError(f"the model's parameters or buffers were converted or replaced since this {name} "
                              "was built (e.g. model.half(), a new Parameter, a layer swapped for another or a "
                              f"LayerNorm's eps changed); its C++ step still holds the old ones: build a new "

@@ -45,7 +45,7 @@ from minillm.compile.decode import eval_mode, hooked_module
 from minillm.compile.fused_step import FusedCPUDecoder
 from minillm.compile.mirror import check_plain_model
 from minillm.core.config import GPTConfig, check_int
-from minillm.core.io import atomic_write_bytes, check_output_file, check_path
+from minillm.core.io import atomic_write_bytes, check_output_dir, check_output_file, check_path
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams, sample_next
 from minillm.core.stopping import RequestState, check_eos_id, start_request, validate_prompt
@@ -54,6 +54,7 @@ from minillm.kvcache.generate import generate_ids
 from minillm.naive.generate import collect
 
 FORMAT = "minillm-onnx-step/1"  # the file's metadata names its format, so another ONNX model is refused
+MAX_THREADS = 1024  # ONNX Runtime's intra-op threads: a C int; far more than any CPU has
 INPUTS = ("ids", "positions", "past_k", "past_v")
 OUTPUTS = ("logits", "present_k", "present_v")
 
@@ -209,6 +210,8 @@ class OnnxDecoder:
         if problem is not None:
             raise RuntimeError(f"cannot run ONNX Runtime here: {problem}")
         check_int("threads", threads)
+        if threads > MAX_THREADS:
+            raise ValueError(f"threads must be at most {MAX_THREADS}, got {threads}")
         p = check_path(path, "path")
         if not p.is_file():
             raise FileNotFoundError(f"no ONNX file at {str(p)!r}")
@@ -233,7 +236,11 @@ class OnnxDecoder:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self._session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        try:  # a graph edited and re-signed can pass the checks above and still be no graph ONNX Runtime runs
+            self._session = ort.InferenceSession(proto.SerializeToString(), options,
+                                                 providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime's own exception classes (Fail, InvalidGraph, ...)
+            raise ValueError(f"{where}: ONNX Runtime cannot load the graph: {e}") from e
 
     def _empty_past(self) -> np.ndarray:
         cfg = self.config
@@ -286,7 +293,7 @@ def measure(model: GPT, prompt: list[int], new_tokens: int = 128, repeats: int =
     check_int("new_tokens", new_tokens)
     check_int("repeats", repeats)
     if workdir is not None:
-        check_path(workdir, "workdir")
+        check_output_dir(workdir, "workdir")  # a file there would be blamed on export_onnx's path
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
     ids, capped = validate_prompt(prompt, params, model.config.vocab_size, model.config.block_size)
     if capped != new_tokens:  # the window would stop every path early: tok/s of tokens never generated

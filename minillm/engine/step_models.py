@@ -27,6 +27,10 @@ def register_step_model(name: str, factory: Callable[[Any], Any]) -> None:
         raise TypeError(f"factory must be callable (model -> wrapped model), got {type(factory).__name__}")
     if name in _FACTORIES:
         raise ValueError(f"step model {name!r} is already registered")
+    shipped = SHIPPED_STEP_MODELS.get(name)
+    if shipped is not None and getattr(factory, "__module__", None) != shipped:  # it would shadow the shipped one
+        raise ValueError(f"step model {name!r} is shipped by {shipped}, which registers it on first use; pick "
+                         "another name")
     _FACTORIES[name] = factory
 
 
@@ -38,6 +42,8 @@ def step_model_names() -> list[str]:
 def step_model(name: str, model: Any) -> Any:
     """`model` wrapped by the implementation registered as `name` (its module imported on first use); a ValueError
     naming the known names for any other."""
+    if not isinstance(name, str):
+        raise TypeError(f"step model must be a name (str), one of {step_model_names()}, got {type(name).__name__}")
     if name not in _FACTORIES and name in SHIPPED_STEP_MODELS:
         importlib.import_module(SHIPPED_STEP_MODELS[name])
     if name not in _FACTORIES:
