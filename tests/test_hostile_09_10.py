@@ -1933,15 +1933,22 @@ def test_q09r8_finetune_qat_of_a_pruned_model_keeps_its_zeros(fake_quant):
         assert all(bool((w[z] == 0).all()) for w, z in zip(deq, zeros))
 
 
+def _resaved(path, out, **fields):
+    """The saved file at `path` written again to `out` with its metadata `fields` edited (tensors untouched); returns
+    the original (metadata, tensors)."""
+    with safe_open(str(path), framework="pt") as f:
+        meta = dict(f.metadata())
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    save_file(tensors, str(out), metadata={**meta, **fields})
+    return meta, tensors
+
+
 def test_p10r9_describe_verifies_what_it_reports(tmp_path):
     """Before: block_sparsity edited to 0.9000 was reported as 0.9 while load_pruned refused the same file; describe
     now runs the loader's checks, and a flipped weight is its sha256 error."""
     pruned = prune_mlp(MODEL, 0.25, mlp_neuron_scores(MODEL, CALIB))
     good = save_pruned(pruned, tmp_path / "good.safetensors", "mlp 25%", pattern="dense")
-    with safe_open(str(good), framework="pt") as f:
-        meta = dict(f.metadata())
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
-    save_file(tensors, str(tmp_path / "lie.safetensors"), metadata={**meta, "block_sparsity": "0.9000"})
+    meta, tensors = _resaved(good, tmp_path / "lie.safetensors", block_sparsity="0.9000")
     with pytest.raises(ValueError, match=r"lie\.safetensors.*block sparsity 0\.9000 \(field block_sparsity\) but the weights hold 0\.0000"):
         describe_pruned(tmp_path / "lie.safetensors")
     flipped = dict(tensors, **{"transformer.ln_f.weight": tensors["transformer.ln_f.weight"] + 1})
@@ -1992,10 +1999,7 @@ def test_q09r11_describe_verifies_what_it_reports(tmp_path):
     """Before: quant's describe read the metadata alone and reported an edited 'method' as true while load_quantized
     refused the file; it now runs the loader's checks first, as prune's describe does."""
     good = save_quantized(quantize_model(MODEL, QuantConfig("int8")), tmp_path / "good.safetensors", method="rtn")
-    with safe_open(str(good), framework="pt") as f:
-        meta = dict(f.metadata())
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
-    save_file(tensors, str(tmp_path / "lie.safetensors"), metadata={**meta, "method": "gptq"})
+    _resaved(good, tmp_path / "lie.safetensors", method="gptq")
     with pytest.raises(ValueError, match=r"lie\.safetensors.*sha256"):
         describe_quantized(tmp_path / "lie.safetensors")
     assert describe_quantized(good)["method"] == "rtn"
