@@ -246,8 +246,9 @@ def test_the_engine_takes_the_fused_step_by_name(model):
     assert engine_tokens(fused, config, prompts(4)) == engine_tokens(model, config, prompts(4))
     with pytest.raises(ValueError, match=r"step model must be one of \[.*'fused-cpp'.*\], got 'tvm'"):
         step_model("tvm", model)
-    with pytest.raises(ValueError, match="step model 'fused-cpp' is already registered"):
-        register_step_model("fused-cpp", FusedEngineModel)
+    register_step_model("fused-cpp-test", FusedEngineModel)
+    with pytest.raises(ValueError, match="step model 'fused-cpp-test' is already registered"):
+        register_step_model("fused-cpp-test", FusedEngineModel)
     with pytest.raises(TypeError, match="factory must be callable"):
         register_step_model("other", 3)
 
@@ -329,9 +330,14 @@ def test_c13r12_the_forward_path_checks_what_the_fused_path_checks(model):
     with pytest.raises(TypeError, match="rows must be an int"):
         fused.fusable(None, "3")
     from minillm.engine.step_models import register_step_model, step_model
-    with pytest.raises(ValueError, match="step model 'fused-cpp' is (shipped by minillm.compile.fused_engine|already "
-                                         "registered)"):  # registered here already: this module imports it
+    with pytest.raises(ValueError, match="step model 'fused-cpp' is shipped by minillm.compile.fused_engine"):
         register_step_model("fused-cpp", lambda m: m)
+    spoof = lambda m: m  # noqa: E731
+    spoof.__module__ = "minillm.compile.fused_engine"  # the name alone decides, not what the factory claims
+    with pytest.raises(ValueError, match="step model 'fused-cpp' is shipped by minillm.compile.fused_engine"):
+        register_step_model("fused-cpp", spoof)
+    with pytest.raises(TypeError, match="collect must be a list"):
+        fused.hidden(torch.tensor([[1, 2]]), torch.tensor([[0, 1]]), None, collect="x")
     with pytest.raises(TypeError, match="step model must be a name"):
         step_model(["fused-cpp"], model)
 
@@ -349,3 +355,42 @@ def test_c13r12_a_shipped_step_model_name_cannot_be_taken_before_its_module_load
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.splitlines() == ["step model 'fused-cpp' is shipped by minillm.compile.fused_engine, which "
                                        "registers it on first use; pick another name", "imported"]
+
+
+def test_c13r13_the_benchmark_command_runs_and_refuses_bad_flags_naming_them():
+    """Run 13: the module's own registration was refused when it ran as `__main__`, so `python -m
+    minillm.compile.fused_engine` failed on every call, --help included. Now --help works, a bad --loads is a usage
+    error (exit 2) naming the flag, before any model loads."""
+    import subprocess
+    import sys
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "minillm.compile.fused_engine", *args], capture_output=True,
+                              text=True, timeout=300)
+
+    ok = cli("--help")
+    assert ok.returncode == 0 and "--loads" in ok.stdout, ok.stderr[-2000:]
+    for bad, says in (("0", "loads[0] must be positive"), ("300", "loads[0] must be at most 256"), ("x", "--loads")):
+        res = cli("--loads", bad)
+        assert res.returncode == 2 and says in res.stderr and "Traceback" not in res.stderr, res.stderr[-2000:]
+
+
+def test_c13r13_a_changed_model_is_caught_when_every_prompt_hits_the_prefix_cache(model):
+    """Run 13: a request whose prompt is all in the prefix cache starts with a context longer than its query, so no
+    step "started a sequence" and the change check never ran: the old model's tokens, without a word. Now every step
+    over the pools looks cheaply (`model_maybe_changed`), and a change is the full check's ValueError."""
+    config = EngineConfig(num_blocks=64, block_size=4, max_num_seqs=4, enable_prefix_caching=True)
+    ps = [list(range(1, 11)), list(range(20, 40))]
+    for change in ("wte", "eps", "hook"):
+        fused = FusedEngineModel(copy.deepcopy(model))
+        llm = LLM(fused, None, config)
+        llm.generate(ps, SamplingParams.greedy(6, ignore_eos=True))
+        if change == "wte":
+            fused.model.transformer.wte.weight = torch.nn.Parameter(fused.model.transformer.wte.weight.clone())
+        elif change == "eps":
+            fused.model.transformer.ln_f.eps = 0.5
+        else:
+            fused.model.transformer.h[0].register_forward_hook(lambda mod, args, out: out)
+        assert fused.model_maybe_changed()
+        with pytest.raises(ValueError, match="replaced since this FusedEngineModel|cannot run forward hooks"):
+            llm.generate(ps, SamplingParams.greedy(6, ignore_eos=True))

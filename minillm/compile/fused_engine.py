@@ -48,7 +48,7 @@ from minillm.core.sampling import check_seed
 from minillm.core.timing import compare
 from minillm.core.timing import interleave
 from minillm.engine.config import EngineConfig
-from minillm.engine.step_models import register_step_model
+from minillm.engine.step_models import register_shipped_step_model
 from minillm.engine.throughput import run_engine
 from minillm.paged import PagedBatch
 from minillm.paged.backends import make_attention_backend
@@ -65,8 +65,10 @@ BACKEND = "selective-cpp"  # both engines' attention (their long steps; the fuse
 class FusedEngineModel(WatchedModel, nn.Module):
     """`model` (a float32 CPU GPT, or chapter 09's int8/int4 weight-only quantization of one) for chapter 06's engine,
     its short steps in one C++ call (module doc). The C++ step holds the model's own tensors, as `FusedCPUDecoder`
-    does: an in-place update is seen, a converted or replaced tensor (or a new forward hook) is a ValueError at the
-    next step that starts a sequence. The model must be in eval mode when it runs (the C++ step has no dropout)."""
+    does: an in-place update is seen; a converted or replaced tensor, a swapped layer or model, a changed config or
+    eps, or a new forward hook is a ValueError at the next step (`model_maybe_changed`, about 20 µs, runs at every
+    step over the pools; the quantized layers' values are checked at each step that starts a sequence). The model
+    must be in eval mode when it runs (the C++ step has no dropout)."""
 
     def __init__(self, model: GPT):
         nn.Module.__init__(self)
@@ -102,13 +104,18 @@ class FusedEngineModel(WatchedModel, nn.Module):
             if not isinstance(t, torch.Tensor) or t.dtype != torch.int64:
                 raise TypeError(f"{name} must be an int64 tensor of token ids / positions, got {tensor_kind(t)}")
             check_has_data(name, t)
+        if collect is not None and not isinstance(collect, list):
+            raise TypeError(f"collect must be a list (each block's output is appended) or None, got "
+                            f"{type(collect).__name__}")
         if cache is not None and not callable(getattr(cache, "attend", None)):
             raise TypeError(f"cache must be a KV cache (with attend(layer_idx, q, k, v)) or None, got "
                             f"{type(cache).__name__}")
         batch = getattr(cache, "batch", None) if isinstance(cache, PagedKVCache) else None
-        if batch is not None and any(q == c for q, c in zip(batch.query_lens_list, batch.context_lens_list)):
-            # A step that starts a sequence looks (as FusedCPUDecoder does per sequence), on either path: a long first
-            # chunk runs the model's forward, but the decode steps after it run the C++ step's snapshot.
+        if batch is not None and (self.model_maybe_changed() or any(
+                q == c for q, c in zip(batch.query_lens_list, batch.context_lens_list))):
+            # Every step over the pools looks cheaply (a sequence that hits the prefix cache starts with a context
+            # longer than its query, so "a step that starts a sequence" cannot be told from the batch), and one that
+            # starts a sequence looks fully (the quantized layers' values too, as FusedCPUDecoder does per sequence).
             self.check_model_unchanged()
         if collect is not None or idx.dim() != 2 or idx.shape[0] != 1 or not self.fusable(cache, idx.shape[1]):
             positions = self.model.check_inputs(idx, positions)  # ids and positions in range: the C++ step's checks
@@ -155,7 +162,7 @@ def check_loads(loads: object, name: str = "loads") -> list[int]:
 
 # Chapter 06's engine takes this implementation by name ("fused-cpp"), as it takes an attention backend: every
 # linear in C++ where the step runs the model's forward (`fast_cpu_model`), each short step one C++ call.
-register_step_model("fused-cpp", lambda model: FusedEngineModel(fast_cpu_model(model)))
+register_shipped_step_model("fused-cpp", lambda model: FusedEngineModel(fast_cpu_model(model)))
 
 
 def load_point(model: GPT, concurrency: int, repeats: int = 3, seed: int = 0) -> dict[str, Any]:

@@ -33,6 +33,7 @@ decoder notices and raises a ValueError; build a new FusedCPUDecoder then.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import threading
 from collections.abc import Iterator
@@ -183,6 +184,27 @@ class WatchedModel:
         self._fingerprint = model_fingerprint(self._model_modules)
         self._quantized = [(name, m) for name, m in self._named_modules if isinstance(m, QuantLinear)]
         self._model_id, self._config = id(self.model), self.model.config.to_dict()  # `model` is a plain attribute
+        # What `model_maybe_changed` compares at every step, cheaply: each parameter's and buffer's object and storage,
+        # each child module's object, each LayerNorm's eps, in the dicts the model holds them in.
+        self._slots = [(d, key, obj, obj.data_ptr() if isinstance(obj, torch.Tensor) else None)
+                       for m in self._model_modules for d in (m._parameters, m._buffers, m._modules)
+                       for key, obj in d.items()]
+        self._eps = [(m, m.eps) for m in self._model_modules if isinstance(m, nn.LayerNorm)]
+        self._config_copy = dataclasses.replace(self.model.config)
+
+    def model_maybe_changed(self) -> bool:
+        """Whether the model may have changed since the step was built, looked at cheaply (about 20 µs for `base`,
+        against about 120 µs for `check_model_unchanged`), so it can run at every step: the model object, its
+        config, each parameter, buffer and child module by identity (and each tensor's storage address: `.half()`
+        and `param.data = ...` keep the Parameter), each LayerNorm's eps, and any forward hook. In-place updates
+        pass (the C++ step sees them). True means: run `check_model_unchanged`, which says what changed."""
+        if id(self.model) != self._model_id or self.model.config != self._config_copy:
+            return True
+        for d, key, obj, ptr in self._slots:
+            if d.get(key) is not obj or (ptr is not None and obj.data_ptr() != ptr):
+                return True
+        return any(m.eps != eps for m, eps in self._eps) or any(
+            m._forward_hooks or m._forward_pre_hooks for m in self._model_modules)
 
     def check_model_unchanged(self) -> None:
         """ValueError unless the model still holds the parameters and buffers the C++ step was built on (see the class

@@ -20,17 +20,27 @@ _FACTORIES: dict[str, Callable[[Any], Any]] = {}
 
 
 def register_step_model(name: str, factory: Callable[[Any], Any]) -> None:
-    """Register `factory(model) -> wrapped model` as `name` (a non-empty str, not yet registered)."""
+    """Register `factory(model) -> wrapped model` as `name` (a non-empty str, not yet registered, and not one of
+    SHIPPED_STEP_MODELS: those are registered by their own modules, `register_shipped_step_model`)."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"name must be a non-empty str, got {name!r}")
     if not callable(factory):
         raise TypeError(f"factory must be callable (model -> wrapped model), got {type(factory).__name__}")
+    if name in SHIPPED_STEP_MODELS:  # it would shadow the shipped one, whose module then could not register it
+        raise ValueError(f"step model {name!r} is shipped by {SHIPPED_STEP_MODELS[name]}, which registers it on first "
+                         "use; pick another name")
     if name in _FACTORIES:
         raise ValueError(f"step model {name!r} is already registered")
-    shipped = SHIPPED_STEP_MODELS.get(name)
-    if shipped is not None and getattr(factory, "__module__", None) != shipped:  # it would shadow the shipped one
-        raise ValueError(f"step model {name!r} is shipped by {shipped}, which registers it on first use; pick "
-                         "another name")
+    _FACTORIES[name] = factory
+
+
+def register_shipped_step_model(name: str, factory: Callable[[Any], Any]) -> None:
+    """What a module of SHIPPED_STEP_MODELS calls when it is imported. Registering again replaces the factory:
+    `python -m minillm.compile.fused_engine` runs that module as `__main__`, and a later `step_model` imports it
+    once more under its own name."""
+    if name not in SHIPPED_STEP_MODELS:
+        raise ValueError(f"{name!r} is not a shipped step model ({sorted(SHIPPED_STEP_MODELS)}); use "
+                         "register_step_model")
     _FACTORIES[name] = factory
 
 
