@@ -2184,3 +2184,57 @@ def test_k12r11_the_attention_mirrors_name_q_or_k_for_an_infinite_value():
     qd[1, 0, 0] = float("-inf")
     assert_refused_by_minillm(lambda: mirror.paged_attention_decode(qd, pool, pool, tables, lens), ValueError,
                               r"^q holds \+inf or -inf")
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+@pytest.mark.parametrize("change", ["replace-wte", "half-ln_f", "eps", "hook"])
+def test_a_streamed_fused_decode_notices_a_model_changed_between_two_tokens(change):
+    """Before: FusedCPUDecoder looked at the model once per sequence, but chapter 04's `generate` yields every token,
+    so a model changed between two of them decoded on with the C++ step's old tensors. Now every step looks cheaply
+    (`model_maybe_changed`) and the next token is a ValueError; an in-place update is followed, as documented."""
+    import torch.nn as nn
+
+    from minillm.compile.fused_step import FusedCPUDecoder
+    from minillm.core.sampling import SamplingParams
+    from minillm.kvcache.generate import generate
+
+    torch.manual_seed(0)
+    model = GPT(TINY).eval()
+    decoder = FusedCPUDecoder(model)
+    stream = generate(model, [5, 6, 7], SamplingParams.greedy(8, ignore_eos=True), kv_cache=decoder.cache,
+                      decode_fn=decoder, prefill_fn=decoder.prefill)
+    next(stream), next(stream)
+    if change == "replace-wte":
+        model.transformer.wte.weight = nn.Parameter(torch.randn_like(model.transformer.wte.weight))
+    elif change == "half-ln_f":
+        model.transformer.ln_f.half()
+    elif change == "eps":
+        model.transformer.h[1].ln_2.eps = 1e-2
+    else:
+        model.transformer.h[0].mlp.register_forward_hook(lambda *a: None)
+    with pytest.raises(ValueError, match="FusedCPUDecoder|cannot run forward hooks"):
+        next(stream)
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+def test_a_streamed_fused_decode_follows_an_in_place_update_between_two_tokens():
+    """The other half of the contract: an in-place update between two streamed tokens is decoded with, as the model's
+    own forward does (the C++ step reads the same memory)."""
+    from minillm.compile.fused_step import FusedCPUDecoder
+    from minillm.core.sampling import SamplingParams
+    from minillm.kvcache.generate import generate
+
+    torch.manual_seed(0)
+    model = GPT(TINY).eval()
+    twin = copy.deepcopy(model)
+    decoder = FusedCPUDecoder(model)
+    params = SamplingParams.greedy(6, ignore_eos=True)
+    fused = generate(model, [5, 6, 7], params, kv_cache=decoder.cache, decode_fn=decoder, prefill_fn=decoder.prefill)
+    eager = generate(twin, [5, 6, 7], params)
+    got, want = [next(fused), next(fused)], [next(eager), next(eager)]
+    with torch.no_grad():
+        for m in (model, twin):
+            m.transformer.wte.weight.mul_(-1.5)
+    got += list(fused)
+    want += list(eager)
+    assert got == want

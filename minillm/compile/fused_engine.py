@@ -115,7 +115,7 @@ class FusedEngineModel(WatchedModel, nn.Module):
                 q == c for q, c in zip(batch.query_lens_list, batch.context_lens_list))):
             # Every step over the pools looks cheaply (a sequence that hits the prefix cache starts with a context
             # longer than its query, so "a step that starts a sequence" cannot be told from the batch), and one that
-            # starts a sequence looks fully (the quantized layers' values too, as FusedCPUDecoder does per sequence).
+            # starts a sequence looks fully (the quantized layers' values too, as FusedCPUDecoder does when a sequence starts).
             self.check_model_unchanged()
         if collect is not None or idx.dim() != 2 or idx.shape[0] != 1 or not self.fusable(cache, idx.shape[1]):
             positions = self.model.check_inputs(idx, positions)  # ids and positions in range: the C++ step's checks
@@ -124,11 +124,11 @@ class FusedEngineModel(WatchedModel, nn.Module):
         N = idx.shape[1]
         if tuple(positions.shape) not in ((N,), (1, N)):
             raise ValueError(f"positions must be (1, N) or (N,) for idx (1, N={N}), got shape {tuple(positions.shape)}")
-        b = cache.batch
         self.num_fused_steps += 1
         with cpp_errors_as_value_errors():  # the C++ checks: ids, positions, slots against the block tables
-            h = self._cpp.paged(idx[0].contiguous(), positions.expand_as(idx)[0].contiguous(), b.slot_mapping,
-                                b.block_tables, b.context_lens, b.query_lens, cache.k_pools, cache.v_pools)  # (N, C)
+            h = self._cpp.paged(idx[0].contiguous(), positions.expand_as(idx)[0].contiguous(), batch.slot_mapping,
+                                batch.block_tables, batch.context_lens, batch.query_lens, cache.k_pools,
+                                cache.v_pools)  # (N, C)
         return h.unsqueeze(0)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
