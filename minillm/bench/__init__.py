@@ -12,6 +12,7 @@
 - `cli`: the options every benchmark's command line shares (`bench_parser`, `add_bench_options`, `start`,
   `write_report`): `--device`, `--threads`, `--json`, `--seed`, `--quick`, `--size`; `cpu_description()`, the CPU
   a timing was taken on, and `pick_size`, a benchmark's named workload size
+- `tables.markdown_table(header, rows, align)`: the Markdown table every report is printed and quoted in
 Side-by-side timings go through `minillm.core.timing.compare`. A chapter's benchmark imports this kit and its own
 and lower chapters' code, never another chapter's benchmark (tests/test_bench_kit.py): a measurement two chapters
 share lives here.

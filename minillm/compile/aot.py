@@ -57,6 +57,7 @@ from filelock import FileLock
 
 from minillm.bench.cli import bench_parser, cli_type, start, write_report
 from minillm.bench.models import load_model
+from minillm.bench.tables import markdown_table
 from minillm.bench.workload import eval_prompts
 from minillm.compile.decode import (StaticDecoder, check_decoder_room, compile_problem, decoder_max_len, eval_mode,
                                     hooked_module, uncompilable_layer)
@@ -428,12 +429,11 @@ def cold_start_table(report: dict[str, Any]) -> str:
     """The paths of a `cold_start` report as a Markdown table: seconds from process start (medians) to each stage.
     A report without its rows (`ROW_KEYS`) is a TypeError / ValueError naming it (`check_report`)."""
     check_report("report", report, ("rows",), "rows", ROW_KEYS)
-    lines = ["| path | imports done | ready | first token | second token | all tokens | identical tokens |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for r in report["rows"]:
-        lines.append(f"| {r['path']} | {r['imports']:.2f} s | {r['ready']:.2f} s | {r['first_token']:.2f} s | "
-                     f"{r['second_token']:.2f} s | {r['all_tokens']:.2f} s | {r['identical']} |")
-    return "\n".join(lines) + "\n"
+    return markdown_table(["path", "imports done", "ready", "first token", "second token", "all tokens",
+                           "identical tokens"],
+                          [[r["path"], *(f"{r[k]:.2f} s" for k in ("imports", "ready", "first_token", "second_token",
+                                                                    "all_tokens")), str(r["identical"])]
+                           for r in report["rows"]])
 
 
 def format_table(report: dict[str, Any]) -> str:

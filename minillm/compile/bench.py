@@ -42,6 +42,7 @@ from minillm.bench.check import same_tokens
 from minillm.bench.cli import bench_parser, cli_type, start, write_report
 from minillm.bench.hf_compare import hf_comparison
 from minillm.bench.models import load_model
+from minillm.bench.tables import markdown_table
 from minillm.bench.workload import eval_prompts
 from minillm.compile.cpu_gemv import build_problem, fast_cpu_model, load_cpu_ext
 from minillm.compile.decode import StaticDecoder, check_backend, check_eval_mode
@@ -371,16 +372,15 @@ def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, bac
 def paths_table(report: dict[str, Any]) -> str:
     """The rows of a report as a Markdown table: each path's tok/s, against the eager generator timed in turn with
     it (the generator's own tok/s in brackets), its two fractions of the bound, its checks."""
-    lines = ["| decode step | tok/s | vs eager generate_ids | of the bound, same run | of the fastest bound "
-             "| identical tokens | graphs built | first call (compile) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = []
     for r in report["rows"]:
         name = f"{r['mode']} ({r['backend']})" if r["backend"] else r["mode"]
         name = f"static-shape, {name}" if r["static"] else f"{name}, growing cache"
-        lines.append(f"| {name} | {r['tok_s']:.0f} | {r['speedup']:.2f}x ({r['eager_tok_s']:.0f}) | "
-                     f"{100 * r['fraction_of_bound']:.0f}% | {100 * r['fraction_of_fastest_bound']:.0f}% | "
-                     f"{r['identical']} | {r['compiles']} | "
-                     f"{r['first_call_seconds']:.2f} s |")
-    return "\n".join(lines) + "\n"
+        rows.append([name, f"{r['tok_s']:.0f}", f"{r['speedup']:.2f}x ({r['eager_tok_s']:.0f})",
+                     f"{100 * r['fraction_of_bound']:.0f}%", f"{100 * r['fraction_of_fastest_bound']:.0f}%",
+                     str(r["identical"]), str(r["compiles"]), f"{r['first_call_seconds']:.2f} s"])
+    return markdown_table(["decode step", "tok/s", "vs eager generate_ids", "of the bound, same run",
+                           "of the fastest bound", "identical tokens", "graphs built", "first call (compile)"], rows)
 
 
 def format_table(report: dict[str, Any]) -> str:

@@ -38,6 +38,7 @@ import torch.nn as nn
 from minillm.bench.check import same_tokens
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
+from minillm.bench.tables import markdown_table
 from minillm.bench.workload import workload
 from minillm.compile.cpu_gemv import cpp_errors_as_value_errors, fast_cpu_model
 from minillm.compile.decode import check_eval_mode, eval_mode
@@ -296,9 +297,7 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
                              ("fused_tok_s", f"{p['fused_tok_s']:,.0f}"))}
     costs = report["step_costs"]
     steps = {f"step_ms_{S}": f"{v:.2f} ms" for S, v in costs["step_ms"].items()}
-    rule = "|" + "---:|" * (len(HEADER) - 1) + ":---:|"
-    table = "\n".join(["| " + " | ".join(HEADER) + " |", rule,
-                        *("| " + " | ".join(_cells(p)) + " |" for p in report["points"])]) + "\n"
+    table = markdown_table(HEADER, [_cells(p) for p in report["points"]], "r" * (len(HEADER) - 1) + "c")
     return {**per_load, **steps, "loads": table,
             "row_ms": f"{costs['row_ms']:.3f} ms", "row_gflops": f"{costs['row_gflops']:.0f} GFLOP/s",
             "row_mflop": f"{costs['row_flops'] / 1e6:.1f} MFLOP", "context": str(costs["context"]),

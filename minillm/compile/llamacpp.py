@@ -39,6 +39,7 @@ from typing import Callable
 
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
+from minillm.bench.tables import markdown_table
 from minillm.compile.fused_speculative import generate_speculative_fused
 from minillm.compile.fused_step import FusedCPUDecoder
 from minillm.core.io import check_output_dir
@@ -204,17 +205,16 @@ def format_table(median: dict[str, float]) -> str:
     """The Markdown table of each path's tok/s (`median`: path -> tok/s, holding llama.cpp f32) and its fraction of
     llama.cpp f32's, one row per path in the dict's order, ending with a newline (`check_rates` first)."""
     ref = check_rates("median", median)[REF]
-    rows = [f"| {k} | {v:,.0f} | {100 * v / ref:.0f}% |" for k, v in median.items()]
-    return "\n".join(["| path | tok/s | of llama.cpp f32 |", "|---|---:|---:|", *rows]) + "\n"
+    return markdown_table(["path", "tok/s", "of llama.cpp f32"],
+                          [[k, f"{v:,.0f}", f"{100 * v / ref:.0f}%"] for k, v in median.items()])
 
 
 def format_rounds(samples: dict[str, list[float]]) -> str:
     """The Markdown table of every round's tok/s (`samples`: path -> one tok/s per round), one row per round
     (`check_samples` first)."""
     n = len(check_samples("samples", samples)[REF])
-    head = ["| round | " + " | ".join(samples) + " |", "|---:|" + "---:|" * len(samples)]
-    rows = [f"| {r + 1} | " + " | ".join(f"{v[r]:,.0f}" for v in samples.values()) + " |" for r in range(n)]
-    return "\n".join([*head, *rows]) + "\n"
+    return markdown_table(["round", *samples], [[str(r + 1), *(f"{v[r]:,.0f}" for v in samples.values())]
+                                                 for r in range(n)], "r" * (len(samples) + 1))
 
 
 def quotes(report: dict) -> dict[str, str]:

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
+from minillm.bench.tables import markdown_table
 from minillm.bench.workload import eval_prompts
 from minillm.compile.decode import eval_mode, hooked_module
 from minillm.compile.fused_step import FusedCPUDecoder
@@ -332,9 +333,9 @@ def run(quick: bool = False, seed: int = 0) -> dict[str, Any]:
 
 
 def format_table(report: dict[str, Any]) -> str:
-    rows = [f"| {name} | {report['tok_s'][name]:,.0f} | {min(report['samples'][name]):,.0f}–"
-            f"{max(report['samples'][name]):,.0f} |" for name in PATHS]
-    return "\n".join(["| path | tok/s (median) | range over rounds |", "|---|---:|---:|", *rows]) + "\n"
+    return markdown_table(["path", "tok/s (median)", "range over rounds"],
+                          [[name, f"{report['tok_s'][name]:,.0f}", f"{min(report['samples'][name]):,.0f}–"
+                            f"{max(report['samples'][name]):,.0f}"] for name in PATHS])
 
 
 def quotes(report: dict[str, Any]) -> dict[str, str]:

@@ -35,6 +35,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from minillm.bench.cli import bench_parser, cli_type, start, write_report
 from minillm.bench.models import load_model
+from minillm.bench.tables import markdown_table
 from minillm.compile.decode import StaticDecoder, check_backend, check_eval_mode, counting_backend
 from minillm.core.config import check_int, check_report, check_tensor_elements
 from minillm.core.model import GPT, require_model
@@ -258,18 +259,18 @@ def sweep_table(report: dict[str, Any]) -> str:
     (a prefill: per call), the speed-up, the graphs built, the first call, and the checks against eager. A report
     without its rows (`ROW_KEYS`) is a TypeError / ValueError naming it (`check_report`)."""
     check_report("report", report, ("rows",), "rows", ROW_KEYS)
-    lines = ["| case | threads | eager | compiled | speed-up | graphs | first call | largest logit difference "
-             "| same argmax |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = []
     for r in report["rows"]:
         unit = r["steps"] if r["kind"] == "decode" else 1
         what = "ms/step" if r["kind"] == "decode" else "ms"
-        lines.append(f"| {r['case']} | {r['threads']} | {1e3 * r['eager_s'] / unit:.2f} {what} | "
-                     f"{1e3 * r['compiled_s'] / unit:.2f} {what} | {r['speedup']:.2f}x | {r['compiles']} | "
-                     f"{r['first_call_seconds']:.1f} s | {r['max_abs_diff']:.1e} | {r['same_argmax']} |"
-                     + (f" CUDA graph {1e3 * r['graph_s'] / unit:.2f} {what}, {r['graph_speedup']:.2f}x, "
-                        f"same argmax {r['graph_same_argmax']} |" if "graph_s" in r else ""))
-    return "\n".join(lines) + "\n"
+        rows.append([r["case"], str(r["threads"]), f"{1e3 * r['eager_s'] / unit:.2f} {what}",
+                     f"{1e3 * r['compiled_s'] / unit:.2f} {what}", f"{r['speedup']:.2f}x", str(r["compiles"]),
+                     f"{r['first_call_seconds']:.1f} s", f"{r['max_abs_diff']:.1e}", str(r["same_argmax"])])
+        if "graph_s" in r:  # a note after the last column (CUDA only)
+            rows[-1].append(f"CUDA graph {1e3 * r['graph_s'] / unit:.2f} {what}, {r['graph_speedup']:.2f}x, "
+                            f"same argmax {r['graph_same_argmax']}")
+    return markdown_table(["case", "threads", "eager", "compiled", "speed-up", "graphs", "first call",
+                           "largest logit difference", "same argmax"], rows)
 
 
 def operator_name(name: str) -> str:
@@ -281,16 +282,13 @@ def operator_name(name: str) -> str:
 def profile_table(ops: list[dict[str, Any]], top: int = 8) -> str:
     """One mode's operators from `profile_decode` as a Markdown table: the first `top` by self time, each with its
     calls and self time per step and its share, and one row for the rest of the listed operators."""
-    lines = ["| operator | calls per step | self time per step | share of the operators' time |",
-             "|---|---:|---:|---:|"]
-    lines += [f"| `{operator_name(o['name'])}` | {o['calls_per_step']:.0f} | {o['self_us_per_step']:.0f} µs | "
-              f"{100 * o['share']:.0f}% |" for o in ops[:top]]
+    rows = [[f"`{operator_name(o['name'])}`", f"{o['calls_per_step']:.0f}", f"{o['self_us_per_step']:.0f} µs",
+             f"{100 * o['share']:.0f}%"] for o in ops[:top]]
     rest = ops[top:]
     if rest:
-        lines.append(f"| the other {len(rest)} operators | {sum(o['calls_per_step'] for o in rest):.0f} | "
-                     f"{sum(o['self_us_per_step'] for o in rest):.0f} µs | "
-                     f"{100 * sum(o['share'] for o in rest):.0f}% |")
-    return "\n".join(lines) + "\n"
+        rows.append([f"the other {len(rest)} operators", f"{sum(o['calls_per_step'] for o in rest):.0f}",
+                     f"{sum(o['self_us_per_step'] for o in rest):.0f} µs", f"{100 * sum(o['share'] for o in rest):.0f}%"])
+    return markdown_table(["operator", "calls per step", "self time per step", "share of the operators' time"], rows)
 
 
 def format_sweep(report: dict[str, Any]) -> str:

@@ -36,6 +36,7 @@ import torch
 from minillm.bench.agreement import greedy_agreement, output_consistency, teacher_forced_kl
 from minillm.bench.cli import bench_parser, pick_size, start, write_report
 from minillm.bench.models import load_model
+from minillm.bench.tables import markdown_table
 from minillm.core.config import check_fits_window, check_float, check_int
 from minillm.core.device import resolve_device
 from minillm.core.model import GPT, require_model
@@ -353,7 +354,7 @@ def format_report(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def markdown_table(r: dict[str, Any], names: Sequence[str], header: Sequence[str], columns: Sequence[str]) -> str:
+def models_table(r: dict[str, Any], names: Sequence[str], header: Sequence[str], columns: Sequence[str]) -> str:
     """A Markdown table of `model_cells` columns, one row per model in `names` (named with its role), numbers
     right-aligned, the best draft of each column in bold (`BETTER`; not when only one draft is shown)."""
     cells = {n: model_cells(r, n) for n in names}
@@ -368,11 +369,8 @@ def markdown_table(r: dict[str, Any], names: Sequence[str], header: Sequence[str
             for n in drafts:
                 if values[n] == best:
                     cells[n][col] = f"**{cells[n][col]}**"
-    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * len(columns)]
-    for n in names:
-        label = f"`{r['labels'][n]}`" + (f" ({ROLE[n]})" if n in ROLE else "")
-        lines.append("| " + " | ".join([label, *(cells[n][col] for col in columns)]) + " |")
-    return "\n".join(lines) + "\n"
+    labels = {n: f"`{r['labels'][n]}`" + (f" ({ROLE[n]})" if n in ROLE else "") for n in names}
+    return markdown_table(header, [[labels[n], *(cells[n][col] for col in columns)] for n in names])
 
 
 def quotes(report: dict[str, Any]) -> dict[str, str]:
@@ -392,15 +390,15 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
     ppl, agree, kl = report_section(r, "perplexity"), report_section(r, "agreement"), report_section(r, "kl")
     gap = ppl["draft-hardlabel"] - ppl[TARGET]
     q: dict[str, str] = {
-        "quality": markdown_table(r, (TARGET, *DRAFTS), [
+        "quality": models_table(r, (TARGET, *DRAFTS), [
             "model", "val perplexity", "agreement with `base`'s greedy token", "KL from `base`, mean (nats/token)",
             "KL, 99th percentile", f"identical {sz['new_tokens']}-token continuations", "mean common prefix"],
             ["ppl", "agreement", "kl_mean", "kl_p99", "identical", "prefix"]),
-        "acceptance": markdown_table(r, DRAFTS, [
+        "acceptance": models_table(r, DRAFTS, [
             "draft", *(f"{'α, ' if i == 0 else ''}γ = {g}" for i, g in enumerate(gammas)),
             *(f"{'tokens / target call, ' if i == 0 else ''}γ = {g}" for i, g in enumerate(gammas))],
             [*(f"alpha_g{g}" for g in gammas), *(f"calls_g{g}" for g in gammas)]),
-        "speedup": markdown_table(r, DRAFTS, [
+        "speedup": models_table(r, DRAFTS, [
             "draft", *(f"{'speed-up vs `base`, ' if i == 0 else ''}γ = {g}" for i, g in enumerate(gammas))],
             [f"speedup_g{g}" for g in gammas]),
         "console": "```\n" + format_report(r) + "\n```\n",  # what the command printed

@@ -48,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from minillm.bench.cli import bench_parser, start, write_report
+from minillm.bench.tables import markdown_table
 from minillm.core.config import check_float, check_report, tensor_kind
 from minillm.core.io import atomic_write_text, check_output_file
 from minillm.kernels import build, naive, ops
@@ -476,16 +477,15 @@ def ladder_table(report: dict) -> str:
     for r in report["rows"]:
         by_kernel.setdefault(r["kernel"], {})[contender_key(r["version"])] = r
     versions = sorted({k for rows in by_kernel.values() for k in rows if k.startswith("v")}, key=lambda v: int(v[1:]))
-    lines = ["| kernel (shape) | naive | " + " | ".join(versions) + " | PyTorch's own |",
-             "|---|" + "---:|" * (len(versions) + 2)]
+    table = []
     for kernel, rows in by_kernel.items():
         shape = rows["naive"]["shape"] if "naive" in rows else next(iter(rows.values()))["shape"]
         label = f"{KERNEL_LABELS.get(kernel, kernel)} {shape if shape.startswith('(') else f'({shape})'}"
         cells = [ladder_cell(rows[k]) if k in rows else "" for k in ("naive", *versions)]
         torch_op = rows.get("torch")
         cells.append(f"{ladder_cell(torch_op)} (`{torch_op['version']}`)" if torch_op else "")
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        table.append([label, *cells])
+    return markdown_table(["kernel (shape)", "naive", *versions, "PyTorch's own"], table)
 
 
 def ladder_quotes(report: dict) -> dict[str, str]:
@@ -577,8 +577,7 @@ def register_table(report: dict) -> str:
     all of them. A report without them is a TypeError / ValueError naming it (`check_report`)."""
     check_report("report", report, ("archs", "kernels"), "kernels", PTXAS_KEYS)
     archs = report["archs"]
-    lines = ["| file | kernel | " + " | ".join(f"registers {a}" for a in archs) + " | spill bytes |",
-             "|---|---|" + "---:|" * (len(archs) + 1)]
+    rows = []
     sources = list(dict.fromkeys(k["source"] for k in report["kernels"]))
     for source in sources:
         mine = [k for k in report["kernels"] if k["source"] == source]
@@ -587,8 +586,9 @@ def register_table(report: dict) -> str:
         regs = [" / ".join(span([k["registers"] for k in mine if k["name"] == n and k["arch"] == a]) for n in names)
                 for a in archs]
         spills = sum(k["spill_stores"] + k["spill_loads"] for k in mine)
-        lines.append(f"| `{source}` | {versions} | " + " | ".join(regs) + f" | {spills} |")
-    return "\n".join(lines) + "\n"
+        rows.append([f"`{source}`", versions, *regs, str(spills)])
+    return markdown_table(["file", "kernel", *(f"registers {a}" for a in archs), "spill bytes"], rows,
+                          "ll" + "r" * (len(archs) + 1))
 
 
 def register_quotes(report: dict) -> dict[str, str]:

@@ -21,6 +21,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from minillm.bench.check import same_tokens
+from minillm.bench.tables import markdown_table
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.hf_compare import hf_comparison as kit_hf_comparison
 from minillm.bench.models import load_model
@@ -265,10 +266,10 @@ def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, ful
 
 
 def format_table(report: dict[str, Any]) -> str:
-    lines = ["| new tokens | naive s | KV cache s | speed-up | identical tokens |", "|---:|---:|---:|---:|:---:|"]
-    for r in report["speedup"]:
-        lines.append(f"| {r['new_tokens']} | {r['naive_s']:.3f} | {r['cached_s']:.3f} | {r['speedup']:.1f}x | "
-                     f"{'yes' if r['identical'] else 'NO'} |")
+    table = markdown_table(["new tokens", "naive s", "KV cache s", "speed-up", "identical tokens"],
+                           [[str(r["new_tokens"]), f"{r['naive_s']:.3f}", f"{r['cached_s']:.3f}", f"{r['speedup']:.1f}x",
+                             "yes" if r["identical"] else "NO"] for r in report["speedup"]], "rrrrc")
+    lines = [table.rstrip("\n")]
     h = report["hf"]
     lines.append("")
     lines.append(f"HF generate(use_cache=True, {h['attn_implementation']}) {h['hf_tok_s']:.0f} tok/s vs ours "

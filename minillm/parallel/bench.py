@@ -30,6 +30,7 @@ import torch
 
 from minillm.bench.cli import bench_parser, pick_size, start, write_report
 from minillm.bench.models import load_model
+from minillm.bench.tables import markdown_table
 from minillm.core.config import GPTConfig, check_int
 from minillm.core.formats import model_from_bytes, model_to_bytes
 from minillm.core.io import atomic_save_figure, check_output_file
@@ -222,35 +223,31 @@ def decode_table(report: dict[str, Any]) -> str:
     first world size, the prompt's prefill, the share of time in collectives, all-reduces per token (and the
     formula's), and whether every rank's tokens equal the model's in one process."""
     prompt_len = report["sizes"]["prompt_len"]
-    lines = [f"| ranks | ms/token | tok/s | speed-up | prefill ms ({prompt_len} tokens) | time in collectives | "
-             "all-reduces/token | same tokens |", "|---|---|---|---|---|---|---|---|"]
     base = report["rows"][0]["decode_ms"]
-    for r in report["rows"]:
-        lines.append(f"| {r['world_size']} | {r['decode_ms']:.2f} | {r['tok_s']:.0f} | {base / r['decode_ms']:.2f}x | "
-                     f"{r['prefill_ms']:.1f} | {100 * r['comm_share']:.0f}% | "
-                     f"{r['collectives_per_token'].get('all_reduce', 0)} (formula {r['formula']['all_reduce']}) | "
-                     f"{'yes' if r['same_tokens'] else 'NO'} |")
-    return "\n".join(lines) + "\n"
+    rows = [[str(r["world_size"]), f"{r['decode_ms']:.2f}", f"{r['tok_s']:.0f}", f"{base / r['decode_ms']:.2f}x",
+             f"{r['prefill_ms']:.1f}", f"{100 * r['comm_share']:.0f}%",
+             f"{r['collectives_per_token'].get('all_reduce', 0)} (formula {r['formula']['all_reduce']})",
+             "yes" if r["same_tokens"] else "NO"] for r in report["rows"]]
+    return markdown_table(["ranks", "ms/token", "tok/s", "speed-up", f"prefill ms ({prompt_len} tokens)",
+                           "time in collectives", "all-reduces/token", "same tokens"], rows, "l" * 8)
 
 
 def pipeline_table(report: dict[str, Any]) -> str:
     """The pipelined decode rows (`pipeline_rows`) as a Markdown table."""
-    lines = ["| stages | sequences in flight | tokens/s (all) | ms per token of one sequence |", "|---|---|---|---|"]
-    for r in report.get("pipeline", []):
-        lines.append(f"| {r['stages']} | {r['in_flight']} | {r['tok_s']:.0f} | {r['ms_per_token']:.1f} |")
-    return "\n".join(lines) + "\n"
+    return markdown_table(["stages", "sequences in flight", "tokens/s (all)", "ms per token of one sequence"],
+                          [[str(r["stages"]), str(r["in_flight"]), f"{r['tok_s']:.0f}", f"{r['ms_per_token']:.1f}"]
+                           for r in report.get("pipeline", [])], "llll")
 
 
 def links_table(report: dict[str, Any]) -> str:
     """The link-time estimates of the report (`link_estimate`, microseconds per decoded token) as a Markdown table,
     one row per model and link, one column per world size. (Read back from JSON, the world sizes are strings.)"""
     by_t = next(iter(report["links"].values()))
-    lines = ["| model | link | " + " | ".join(f"t = {t}" for t in by_t) + " |", "|---|---|" + "---|" * len(by_t)]
     this = f"`{report['model_label']}`" if "model_label" in report else "this model"
-    for label, links in ((this, report["links"]), ("GPT-2 124M", report["links_gpt2_124m"])):
-        for name, us in links.items():
-            lines.append(f"| {label} | {name} | " + " | ".join(f"{v:.3f} µs" for v in us.values()) + " |")
-    return "\n".join(lines) + "\n"
+    rows = [[label, name, *(f"{v:.3f} µs" for v in us.values())]
+            for label, links in ((this, report["links"]), ("GPT-2 124M", report["links_gpt2_124m"]))
+            for name, us in links.items()]
+    return markdown_table(["model", "link", *(f"t = {t}" for t in by_t)], rows, "l" * (len(by_t) + 2))
 
 
 def _latency_us(report: dict[str, Any]) -> list[tuple[int, float]]:

@@ -43,6 +43,7 @@ from minillm.bench.check import same_tokens
 from minillm.bench.cli import bench_parser, pick_size, start, write_report
 from minillm.bench.driver import engine_tokens
 from minillm.bench.models import load_model
+from minillm.bench.tables import markdown_table
 from minillm.bench.workload import eval_prompts
 from minillm.core.config import check_fits_window, check_int, check_module_has_data, check_sequence
 from minillm.core.model import GPT, require_model
@@ -381,12 +382,6 @@ def _speed_cell(r: dict[str, Any]) -> str:
     return f"{r['tok_s']:.0f} vs {r['dense_tok_s']:.0f} ({r['speedup']:.2f}x)"
 
 
-def _table(header: list[str], align: list[str], rows: list[list[str]]) -> str:
-    """A Markdown table ending with a newline: header cells, `---`/`---:` per column, one line per row."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in rows]) + "\n"
-
-
 def fifty_rows(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """(name, row) of every 50% mask the report measured against dense: unstructured, then 2:4."""
     rows = [(f"{r['method']} 50%", r) for r in report["unstructured"] if r["sparsity"] == 0.5]
@@ -405,20 +400,20 @@ def structured_rows_of(report: dict[str, Any]) -> list[tuple[str, str, dict[str,
 
 
 def unstructured_table(report: dict[str, Any]) -> str:
-    return _table(["method", "sparsity", "val ppl", "delta", "block linears: dense / bitmask / CSR MB"],
-                  ["---", "---:", "---:", "---:", "---"],
-                  [[r["method"], f"{100 * r['block_sparsity']:.0f}%", f"{r['perplexity']:.3f}",
-                    f"{r['ppl_delta_pct']:+.2f}%", f"{r['dense_bytes'] / 1e6:.2f} / {r['bitmask_bytes'] / 1e6:.2f} / "
-                    f"{r['csr_bytes'] / 1e6:.2f}"] for r in report["unstructured"]])
+    return markdown_table(["method", "sparsity", "val ppl", "delta", "block linears: dense / bitmask / CSR MB"],
+                          [[r["method"], f"{100 * r['block_sparsity']:.0f}%", f"{r['perplexity']:.3f}",
+                            f"{r['ppl_delta_pct']:+.2f}%", f"{r['dense_bytes'] / 1e6:.2f} / "
+                            f"{r['bitmask_bytes'] / 1e6:.2f} / {r['csr_bytes'] / 1e6:.2f}"]
+                           for r in report["unstructured"]], "lrrrl")
 
 
 def fifty_table(report: dict[str, Any]) -> str:
     n = report["prompts"]
-    return _table(["at 50%", "val ppl", "delta", "argmax agreement", "KL from dense, mean / p99 (nats)",
-                   "identical continuations (mean common prefix)", "engine = generate_ids", "decode tok/s vs dense"],
-                  ["---"] + ["---:"] * 7,
-                  [[name, f"{r['perplexity']:.3f}", f"{r['ppl_delta_pct']:+.2f}%", *_quality_cells(r, n),
-                    _speed_cell(r)] for name, r in fifty_rows(report)])
+    return markdown_table(["at 50%", "val ppl", "delta", "argmax agreement", "KL from dense, mean / p99 (nats)",
+                           "identical continuations (mean common prefix)", "engine = generate_ids",
+                           "decode tok/s vs dense"],
+                          [[name, f"{r['perplexity']:.3f}", f"{r['ppl_delta_pct']:+.2f}%", *_quality_cells(r, n),
+                            _speed_cell(r)] for name, r in fifty_rows(report)])
 
 
 def structured_table(report: dict[str, Any]) -> str:
@@ -429,34 +424,34 @@ def structured_table(report: dict[str, Any]) -> str:
                      f"{b['perplexity']:.3f} ({b['ppl_delta_pct']:+.2f}%)", f"{r['perplexity']:.3f}",
                      f"{r['ppl_delta_pct']:+.2f}%", *_quality_cells(r, n), _speed_cell(r),
                      f"{r['prefill_speedup']:.2f}x"])
-    return _table(["removed", "left", "params (x dense)", "ppl before recovery", "after", "delta", "agreement",
-                   "KL mean / p99", "identical (prefix)", "engine = generate_ids", "decode tok/s vs dense",
-                   f"prefill {cuts[0][2]['prefill_tokens'] if cuts else ''}"],
-                  ["---", "---"] + ["---:"] * 10, rows)
+    return markdown_table(["removed", "left", "params (x dense)", "ppl before recovery", "after", "delta",
+                           "agreement", "KL mean / p99", "identical (prefix)", "engine = generate_ids",
+                           "decode tok/s vs dense", f"prefill {cuts[0][2]['prefill_tokens'] if cuts else ''}"],
+                          rows, "ll" + "r" * 10)
 
 
 def heads_masked_table(report: dict[str, Any]) -> str:
     removed = report["heads"]["removed"]
     heads = removed["n_head"] + removed["heads_per_block"]  # the dense model's heads per block
-    return _table(["heads masked per block, by importance", "val ppl", "delta"], ["---", "---:", "---:"],
-                  [[f"{r['heads_per_block']} of {heads}", f"{r['perplexity']:.3f}", f"{r['ppl_delta_pct']:+.2f}%"]
-                   for r in report["heads"]["masked"]])
+    return markdown_table(["heads masked per block, by importance", "val ppl", "delta"],
+                          [[f"{r['heads_per_block']} of {heads}", f"{r['perplexity']:.3f}",
+                            f"{r['ppl_delta_pct']:+.2f}%"] for r in report["heads"]["masked"]])
 
 
 def side_table(report: dict[str, Any]) -> str:
     labels = (("base_side", "base"), ("planted_outliers", "base + planted outlier features (the same function)"),
               ("draft", "draft"))
-    return _table([f"50% unstructured, first {report['side_val_tokens']:,} val tokens", "dense ppl", "magnitude",
-                   "Wanda"], ["---", "---:", "---:", "---:"],
-                  [[label, f"{report[k]['dense']:.2f}", f"{report[k]['magnitude']:.2f}", f"{report[k]['wanda']:.2f}"]
-                   for k, label in labels if k in report])
+    return markdown_table([f"50% unstructured, first {report['side_val_tokens']:,} val tokens", "dense ppl",
+                           "magnitude", "Wanda"],
+                          [[label, f"{report[k]['dense']:.2f}", f"{report[k]['magnitude']:.2f}",
+                            f"{report[k]['wanda']:.2f}"] for k, label in labels if k in report])
 
 
 def layer_cost_table(report: dict[str, Any]) -> str:
-    return _table(["zeros", "tokens", "dense F.linear (us)", "CSR (us)", "CSR speed vs dense"],
-                  ["---:", "---:", "---:", "---:", "---:"],
-                  [[f"{100 * r['sparsity']:.0f}%", str(r["tokens"]), f"{r['dense_us']:.0f}", f"{r['csr_us']:.0f}",
-                    f"{r['csr_speedup']:.2f}x"] for r in report["layer_costs"]])
+    return markdown_table(["zeros", "tokens", "dense F.linear (us)", "CSR (us)", "CSR speed vs dense"],
+                          [[f"{100 * r['sparsity']:.0f}%", str(r["tokens"]), f"{r['dense_us']:.0f}",
+                            f"{r['csr_us']:.0f}", f"{r['csr_speedup']:.2f}x"] for r in report["layer_costs"]],
+                          "rrrrr")
 
 
 def format_table(report: dict[str, Any]) -> str:

@@ -42,6 +42,7 @@ from minillm.bench.check import same_tokens
 from minillm.bench.cli import bench_parser, cpu_description, pick_size, start, write_report
 from minillm.bench.driver import engine_tokens
 from minillm.bench.models import load_model
+from minillm.bench.tables import markdown_table
 from minillm.bench.workload import eval_prompts
 from minillm.core.config import check_has_data, check_int, tensor_kind
 from minillm.core.model import GPT, require_model
@@ -420,13 +421,6 @@ METHODS_COLUMNS = ("method", "weight bytes (x smaller)", "block linears (x small
 DIVERGENCE_COLUMNS = ("method", "delta", "argmax agreement", "KL from fp32, mean (nats/token)", "KL, 99th percentile",
                       "identical prompts", "mean common prefix")
 RUN_COLUMNS = ("method", "time to quantize (s)", "KL, max", "decode tok/s vs fp32 (ratio)")
-
-
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    """A Markdown table (first column left-aligned, the others right-aligned), ending with a newline."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
 
 
 def cases_table(report: dict[str, Any], columns: tuple[str, ...] = tuple(CASE_COLUMNS)) -> str:

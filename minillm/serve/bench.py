@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 
 from minillm.bench.cli import bench_parser, pick_size, start, write_report
+from minillm.bench.tables import markdown_table
 from minillm.bench.models import load_model
 from minillm.core.sampling import SamplingParams
 from minillm.engine import LLM, EngineConfig
@@ -128,27 +129,26 @@ def _times(x: float) -> str:
 def throughput_table(report: dict[str, Any]) -> str:
     """The throughput part as a Markdown table: the offline engine, then each engine core placement."""
     t = report["throughput"]
-    lines = ["| | output tok/s (median) | against offline | served text equal to offline | errors | "
-             "KV blocks in use after |", "|---|---|---|---|---|---|",
-             f"| offline engine (`LLM.generate`) | {statistics.median(t['offline_tok_s']):.0f} | 1 | — | — | — |"]
+    rows = [["offline engine (`LLM.generate`)", f"{statistics.median(t['offline_tok_s']):.0f}", "1", "—", "—", "—"]]
     for core, tput in t["served_tok_s"].items():
         same = t["same_texts"][core]
-        lines.append(f"| served, {PLACEMENTS[core]} | {statistics.median(tput):.0f} | {_times(t['ratios'][core])} | "
-                     f"{'yes' if same == t['num_prompts'] else 'NO'}, {same} of {t['num_prompts']} | "
-                     f"{t['errors'][core]} | {t['kv_blocks_used'][core]:.0f} |")
-    return "\n".join(lines) + "\n"
+        rows.append([f"served, {PLACEMENTS[core]}", f"{statistics.median(tput):.0f}", _times(t["ratios"][core]),
+                     f"{'yes' if same == t['num_prompts'] else 'NO'}, {same} of {t['num_prompts']}",
+                     str(t["errors"][core]), f"{t['kv_blocks_used'][core]:.0f}"])
+    return markdown_table(["engine", "output tok/s (median)", "against offline", "served text equal to offline", "errors",
+                           "KV blocks in use after"], rows, "l" * 6)
 
 
 def load_table(report: dict[str, Any]) -> str:
     """The load part as a Markdown table: one row per load level, latencies in ms."""
-    lines = ["| load | served req/s | output tok/s | TTFT p50 | TTFT p90 | TPOT p90 | ITL p99 | SLO met | "
-             "goodput (req/s) |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = []
     for run in report["load"]["runs"]:
         m = run["metrics"]
-        lines.append(f"| {run['load']} | {m['request_throughput']:.2f} | {m['output_throughput']:.0f} | "
-                     f"{m['ttft_ms']['p50']:.0f} ms | {m['ttft_ms']['p90']:.0f} ms | {m['tpot_ms']['p90']:.1f} ms | "
-                     f"{m['itl_ms']['p99']:.0f} ms | {100 * m['slo_attainment']:.0f}% | {m['goodput']:.2f} |")
-    return "\n".join(lines) + "\n"
+        rows.append([str(run["load"]), f"{m['request_throughput']:.2f}", f"{m['output_throughput']:.0f}",
+                     f"{m['ttft_ms']['p50']:.0f} ms", f"{m['ttft_ms']['p90']:.0f} ms", f"{m['tpot_ms']['p90']:.1f} ms",
+                     f"{m['itl_ms']['p99']:.0f} ms", f"{100 * m['slo_attainment']:.0f}%", f"{m['goodput']:.2f}"])
+    return markdown_table(["load", "served req/s", "output tok/s", "TTFT p50", "TTFT p90", "TPOT p90", "ITL p99",
+                           "SLO met", "goodput (req/s)"], rows, "l" * 9)
 
 
 def _load_key(run: dict[str, Any]) -> str:

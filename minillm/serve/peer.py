@@ -76,6 +76,7 @@ from typing import Any
 import httpx
 
 from minillm.bench.cli import bench_parser, cpu_description, start, write_report
+from minillm.bench.tables import markdown_table
 from minillm.bench.models import load_model
 from minillm.compile.llamacpp_build import PINNED, build_target, convert, export_hf_dir, fetch_sources
 from minillm.core.corpus import SEPARATOR
@@ -237,16 +238,15 @@ def _triple(stats: dict[str, float] | None) -> str:
 
 def format_table(runs: Sequence[dict[str, Any]]) -> str:
     """One Markdown row per (load level, server), latencies p50 / p90 / p99 in ms."""
-    head = ("| load | server | ok | out tok/s | req/s | TTFT ms p50/p90/p99 | TPOT ms p50/p90/p99 | "
-            "ITL ms p50/p90/p99 | goodput req/s | SLO met |\n|---|---|---:|---:|---:|---|---|---|---:|---:|")
-    lines = [head]
+    rows = []
     for run in runs:
         m = run["report"]["metrics"]
-        lines.append(f"| {run['load']} | {run['server']} | {m['completed']}/{m['completed'] + m['failed']} | "
-                     f"{m['output_throughput']:.0f} | {m['request_throughput']:.2f} | {_triple(m['ttft_ms'])} | "
-                     f"{_triple(m['tpot_ms'])} | {_triple(m['itl_ms'])} | {m['goodput']:.2f} | "
-                     f"{100 * m['slo_attainment']:.0f}% |")
-    return "\n".join(lines)
+        rows.append([str(run["load"]), run["server"], f"{m['completed']}/{m['completed'] + m['failed']}",
+                     f"{m['output_throughput']:.0f}", f"{m['request_throughput']:.2f}", _triple(m["ttft_ms"]),
+                     _triple(m["tpot_ms"]), _triple(m["itl_ms"]), f"{m['goodput']:.2f}",
+                     f"{100 * m['slo_attainment']:.0f}%"])
+    return markdown_table(["load", "server", "ok", "out tok/s", "req/s", "TTFT ms p50/p90/p99", "TPOT ms p50/p90/p99",
+                           "ITL ms p50/p90/p99", "goodput req/s", "SLO met"], rows, "llrrrlllrr")
 
 
 def _load_key(load: str) -> str:
@@ -269,7 +269,7 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
     with for each llama.cpp type our output tokens/s and goodput over its own ("LOAD_TYPE_tok_ratio" = "1.55x",
     "LOAD_TYPE_goodput_ratio")."""
     w = report["workload"]
-    out = {"runs": format_table(report["runs"]) + "\n", "cpu": report["cpu"], "date": report["date"],
+    out = {"runs": format_table(report["runs"]), "cpu": report["cpu"], "date": report["date"],
            "num_prompts": str(w["num_prompts"]), "output_len": str(w["output_len"]), "slots": str(report["slots"]),
            "slo_ttft_ms": f"{report['slo_ms']['ttft']:g} ms", "slo_tpot_ms": f"{report['slo_ms']['tpot']:g} ms"}
     for name, tok in report["tokenization"].items():
@@ -452,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(workload)} prompts of {min(workload.prompt_lens)}-{max(workload.prompt_lens)} tokens, "
           f"{args.output_len} output tokens each (greedy, ignore_eos); SLO: TTFT <= {args.slo_ttft_ms:g} ms and "
           f"TPOT <= {args.slo_tpot_ms:g} ms\n")
-    print(format_table(runs))
+    print(format_table(runs), end="")
     print("\nours / llama.cpp, output tok/s: " + "; ".join(
         f"{load}: " + ", ".join(f"{100 * r:.0f}% of {name}" for name, r in rs.items())
         for load, rs in report["output_throughput_ratio"].items()))

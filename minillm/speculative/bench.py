@@ -35,6 +35,7 @@ import torch
 from minillm.bench.check import same_tokens
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
+from minillm.bench.tables import markdown_table
 from minillm.core.config import check_float, check_has_data, check_int
 from minillm.core.corpus import corpus_sample
 from minillm.core.device import resolve_device
@@ -523,14 +524,6 @@ def _sweep_cells(row: dict[str, Any]) -> list[str]:
             _num(row.get("predicted_speedup_measured_verify"), ".2f", "x")]
 
 
-def markdown_table(header: list[str], align: str, rows: list[list[str]]) -> str:
-    """A Markdown table: `align` holds one letter per column, l (left), r (right) or c (centered)."""
-    rule = {"l": "---", "r": "---:", "c": ":---:"}
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(rule[a] for a in align) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
 def _by_t(d: dict[Any, float]) -> dict[int, float]:
     """A per-T dict of the report with int keys (a report read back from JSON has them as strings)."""
     return {int(t): v for t, v in d.items()}
@@ -646,7 +639,7 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
     if "distilled" in report:
         sweeps.append(("distilled", report["distilled_draft"], report["distilled"]))
     rows = [[f"`{label}`", *_sweep_cells(r)] for _, label, g in sweeps for r in g["rows"]]
-    q = {"sweep": markdown_table(["draft", *SWEEP_HEADER], "lrcrrrrrrrr", rows)}
+    q = {"sweep": markdown_table(["draft", *SWEEP_HEADER], rows, "lrcrrrrrrrr")}
     for key, _, g in sweeps:
         q |= _sweep_quotes(key, g)
     modelled = [r for _, _, g in sweeps for r in g["rows"] if "predicted_speedup_measured_verify" in r]
@@ -676,7 +669,7 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
          f"{h['transformers']}, same two models, γ = {h['gamma']}, the plain draft's best, {h['new_tokens']} tokens "
          f"of the Fibonacci prompt)", _hf_line(h)],
     ]
-    q["checks"] = markdown_table(["what", "result"], "ll", checks)
+    q["checks"] = markdown_table(["what", "result"], checks, "ll")
     q |= {"prompt_lookup_speedup": f"{pl['speedup']:.2f}x", "prompt_lookup_produced": str(pl["produced"]),
           "sampling_p": f"{s['p_value']:.3f}", "hf_ratio": f"{h['ratio']:.2f}x", "hf_gamma": str(h["gamma"]),
           "transformers": str(h["transformers"]),

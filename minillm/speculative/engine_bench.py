@@ -41,6 +41,7 @@ import torch
 from minillm.bench.check import same_tokens
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
+from minillm.bench.tables import markdown_table
 from minillm.core.config import check_float, check_int
 from minillm.core.corpus import corpus_sample
 from minillm.core.device import resolve_device
@@ -50,7 +51,7 @@ from minillm.core.timing import compare
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
 from minillm.engine.step_models import step_model
-from minillm.speculative.bench import check_tokenizer, encode, markdown_table
+from minillm.speculative.bench import check_tokenizer, encode
 from minillm.speculative.engine import SpeculativeConfig, SpeculativeLLM
 
 EOT = "<|endoftext|>"
@@ -292,7 +293,7 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
                 for k, v in (("ratio", f"{p['ratio']:.2f}x"), ("plain_tok_s", f"{p['plain_tok_s']:,.0f}"),
                              ("spec_tok_s", f"{p['spec_tok_s']:,.0f}"))}
     return {**per_load, "attention_backend": str(report.get("attention_backend", "verify")),
-        "loads": markdown_table(LOAD_HEADER, "rrrrrrrrrrc", [_point_cells(p) for p in points]),
+        "loads": markdown_table(LOAD_HEADER, [_point_cells(p) for p in points], "rrrrrrrrrrc"),
         "crossover": _crossover_text(report["crossover"]), "crossover_cpu": _crossover_text(report["crossover_cpu"]),
         "low_ratio": f"{low['ratio']:.2f}x", "high_ratio": f"{high['ratio']:.2f}x",
         "high_change": f"{100 * abs(high['ratio'] - 1):.0f}%", "high_load": str(high["concurrency"]),
