@@ -34,7 +34,8 @@ from minillm.bench.agreement import (
 from minillm.bench.check import SameTokens, same_tokens
 from minillm.bench.driver import drive, engine_tokens
 from minillm.bench.models import load_model
-from minillm.bench.workload import PRESETS, LengthDist, eval_prompts, make_workload, workload
+from minillm.bench.tables import markdown_table
+from minillm.bench.workload import PRESETS, LengthDist, check_load_list, eval_prompts, make_workload, workload
 from minillm.core.config import GPTConfig
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
@@ -490,3 +491,29 @@ def test_the_import_check_sees_planted_cross_chapter_imports():
     assert cross_chapter_bench_imports(planted, "minillm.prune.planted") == {
         ("minillm.prune.planted", "minillm.quant.bench"), ("minillm.prune.planted", "minillm.kvcache.bench"),
         ("minillm.prune.planted", "minillm.naive.bench")}
+
+
+def test_markdown_table_aligns_and_refuses_a_wrong_alignment():
+    """The one table every report is printed and quoted in: first column left, the rest right by default; a note
+    after the last column passes through; an alignment that does not fit the header is a ValueError naming align."""
+    assert markdown_table(["path", "tok/s"], [["eager", "588"], ["fused", "1,027", "note"]]) == (
+        "| path | tok/s |\n|---|---:|\n| eager | 588 |\n| fused | 1,027 | note |\n")
+    assert markdown_table(["a", "b", "c"], [], "lcr") == "| a | b | c |\n|---|:---:|---:|\n"
+    for align in ("lr", "lrx", "lrrr"):
+        with pytest.raises(ValueError, match="align must hold one of l, r, c per column"):
+            markdown_table(["a", "b", "c"], [], align)
+
+
+@pytest.mark.parametrize("loads, error, match", [
+    ([], ValueError, r"loads must be a non-empty list"), ("1,4", ValueError, r"loads must be a non-empty list"),
+    ({1: 1}, ValueError, r"loads must be a non-empty list"), ([1, 0], ValueError, r"loads\[1\] must be positive"),
+    ([1, True], TypeError, r"loads\[1\] must be an int"), ([4.0], TypeError, r"loads\[0\] must be an int"),
+    ([1, 2**40], ValueError, r"loads\[1\] must be at most 256 requests at once, got 1099511627776")])
+def test_check_load_list_names_the_bad_load(loads, error, match):
+    with pytest.raises(error, match=match):
+        check_load_list(loads, most=256)
+
+
+def test_check_load_list_gives_the_loads_as_a_list():
+    assert check_load_list((1, 4, 16)) == [1, 4, 16]
+    assert check_load_list([2**40]) == [2**40]  # no bound unless given

@@ -22,6 +22,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from minillm.core.config import check_int
 from minillm.core.sampling import SamplingParams
 from minillm.gpt.dataset import default_eval_tokens
 
@@ -185,3 +186,17 @@ def eval_prompts(lengths: Sequence[int], vocab_size: int, real_text: bool, seed:
         return [tokens[a:b] for a, b in zip(starts[:-1], starts[1:])]
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab_size, (n,), generator=g).tolist() for n in lengths]
+
+
+def check_load_list(loads: object, name: str = "loads", most: int | None = None) -> list[int]:
+    """`loads` (the numbers of requests a benchmark runs at once, one measurement each) as a list if it is a
+    non-empty list or tuple of positive ints, each at most `most` when given; a TypeError/ValueError naming `name`
+    (and the entry) otherwise, checked before any model loads (a load of 2**40 would build its requests until memory
+    ran out)."""
+    if isinstance(loads, (str, bytes)) or not isinstance(loads, (list, tuple)) or not loads:
+        raise ValueError(f"{name} must be a non-empty list of positive ints, got {loads!r:.80}")
+    for i, load in enumerate(loads):
+        check_int(f"{name}[{i}]", load)
+        if most is not None and load > most:
+            raise ValueError(f"{name}[{i}] must be at most {most} requests at once, got {load}")
+    return list(loads)

@@ -39,7 +39,7 @@ from minillm.bench.check import same_tokens
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
-from minillm.bench.workload import workload
+from minillm.bench.workload import check_load_list, workload
 from minillm.compile.cpu_gemv import cpp_errors_as_value_errors, fast_cpu_model
 from minillm.compile.decode import check_eval_mode, eval_mode
 from minillm.compile.fused_step import LINEARS, WatchedModel, build_cpp_decoder
@@ -148,19 +148,6 @@ class FusedEngineModel(WatchedModel, nn.Module):
             return self._cpp.head(h.contiguous())
 
 
-def check_loads(loads: object, name: str = "loads") -> list[int]:
-    """`loads` as a list if it is a non-empty list of ints in [1, MAX_LOAD]; a TypeError/ValueError naming `name`
-    otherwise, before any model loads (a load of 2**40 built its requests until memory ran out)."""
-    if isinstance(loads, (str, bytes)) or not isinstance(loads, (list, tuple)) or not loads:
-        raise ValueError(f"{name} must be a non-empty list of positive ints, got {loads!r:.80}")
-    for i, c in enumerate(loads):
-        check_int(name if name != "loads" else f"loads[{i}]", c)
-        if c > MAX_LOAD:
-            raise ValueError(f"{name if name != 'loads' else f'loads[{i}]'} must be at most {MAX_LOAD} requests at "
-                             f"once, got {c}")
-    return list(loads)
-
-
 # Chapter 06's engine takes this implementation by name ("fused-cpp"), as it takes an attention backend: every
 # linear in C++ where the step runs the model's forward (`fast_cpu_model`), each short step one C++ call.
 register_shipped_step_model("fused-cpp", lambda model: FusedEngineModel(fast_cpu_model(model)))
@@ -171,7 +158,9 @@ def load_point(model: GPT, concurrency: int, repeats: int = 3, seed: int = 0) ->
     the same `REQUESTS_PER_SLOT * concurrency` mixed requests, alternated (`compare`); outputs must be identical."""
     if not isinstance(model, GPT):
         raise TypeError(f"model must be a minillm GPT, got {type(model).__name__}")
-    check_loads([concurrency], "concurrency")
+    check_int("concurrency", concurrency)
+    if concurrency > MAX_LOAD:  # its requests are built before any runs
+        raise ValueError(f"concurrency must be at most {MAX_LOAD} requests at once, got {concurrency}")
     check_int("repeats", repeats)
     if type(seed) is not int or not 0 <= seed < 2**63:  # the workload's generator (numpy) takes these
         raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
@@ -258,7 +247,7 @@ def step_costs(model: GPT, context: int = 160, sizes: Sequence[int] = STEP_SIZES
 def run(loads: Sequence[int] = LOADS, repeats: int = 3, seed: int = 0) -> dict[str, Any]:
     """Every load of `loads` on `base`, and the decode step's cost by batch size (`step_costs`), one torch thread as
     set by the caller."""
-    check_loads(loads)
+    check_load_list(loads, most=MAX_LOAD)
     check_seed(seed)
     loaded = load_model("base", "cpu", seed)
     points = [load_point(loaded.model, c, repeats, seed) for c in loads]
@@ -318,8 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = start(ap, argv)
     try:
-        loads = check_loads([int(c) for c in args.loads.split(",")] if args.loads is not None else (
-            [1, 4] if args.quick else list(LOADS)))
+        loads = check_load_list([int(c) for c in args.loads.split(",")] if args.loads is not None else (
+            [1, 4] if args.quick else list(LOADS)), most=MAX_LOAD)
     except (ValueError, TypeError) as e:
         ap.error(f"--loads must be comma-separated ints in [1, {MAX_LOAD}]: {e}")
     report = run(loads, repeats=1 if args.quick else 3, seed=args.seed)

@@ -41,6 +41,7 @@ import torch
 from minillm.bench.check import same_tokens
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
+from minillm.bench.workload import check_load_list
 from minillm.bench.tables import markdown_table
 from minillm.core.config import check_float, check_int
 from minillm.core.corpus import corpus_sample
@@ -70,19 +71,16 @@ def code_pieces(window: int = 1500) -> list[str]:
 
 
 def check_loads(loads: object, requests_per_slot: int = REQUESTS_PER_SLOT) -> list[int]:
-    """`loads` as a list if it is a non-empty list of positive ints whose highest load's prompts
-    (`requests_per_slot` per batch slot, one `code_pieces` piece each) the validation split holds; a
+    """`loads` as a list if it is a non-empty list of positive ints (`check_load_list`) whose highest load's
+    prompts (`requests_per_slot` per batch slot, one `code_pieces` piece each) the validation split holds; a
     TypeError/ValueError naming loads otherwise, checked before any model loads (`run`, the command line)."""
-    if isinstance(loads, (str, bytes)) or not isinstance(loads, (list, tuple)) or not loads:
-        raise ValueError(f"loads must be a non-empty list of positive ints, got {loads!r}")
-    for i, c in enumerate(loads):
-        check_int(f"loads[{i}]", c)
+    loads = check_load_list(loads)
     check_int("requests_per_slot", requests_per_slot)
     need, have = requests_per_slot * max(loads), len(code_pieces())
     if need > have:
         raise ValueError(f"loads: the highest load {max(loads)} needs {need} prompts ({requests_per_slot} per batch "
                          f"slot), the validation split has {have}; lower the loads")
-    return list(loads)
+    return loads
 
 
 def code_prompts(tokenizer: Any, n: int, prompt_len: int = 128, window: int = 1500) -> list[list[int]]:
