@@ -8,7 +8,8 @@
     | fused | 1,027 |
 
 with a newline at the end. The cells are strings, formatted by the caller (the report's units and digits are
-its own); a row may hold one cell more than the header (a note after the last column).
+its own; anything else is written as `str` writes it); a row may hold one cell more than the header (a note after
+the last column).
 """
 
 from __future__ import annotations
@@ -27,5 +28,5 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]], align: 
     if len(align) != len(header) or set(align) - set(RULES):
         raise ValueError(f"align must hold one of l, r, c per column ({len(header)}), got {align!r}")
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(RULES[a] for a in align) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines += ["| " + " | ".join(map(str, row)) + " |" for row in rows]  # str: a cell the caller left a number
     return "\n".join(lines) + "\n"
