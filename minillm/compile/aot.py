@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -63,7 +64,8 @@ from minillm.compile.decode import (StaticDecoder, check_decoder_room, compile_p
                                     hooked_module, uncompilable_layer)
 from minillm.core.config import (PRESETS, GPTConfig, check_fits_window, check_float, check_int,
                                  check_module_has_data, check_report)
-from minillm.core.io import atomic_write_bytes, check_output_file, check_path, check_sha256, with_sha256
+from minillm.core.io import (SHA256_FIELD, atomic_write_bytes, check_output_file, check_path, check_sha256,
+                             with_sha256)
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams, sample_next
 from minillm.core.stopping import RequestState, check_eos_id, start_request
@@ -153,7 +155,7 @@ def export_decode_step(model: GPT, path: str | os.PathLike, max_len: int | None 
                 inductor_configs={"aot_inductor.metadata": metadata})
             with zipfile.ZipFile(built, "a") as z:
                 _check_built_metadata(z, metadata)
-                digest = with_sha256({"minillm_format": FORMAT}, _package_members(z, built))
+                digest = with_sha256({"minillm_format": FORMAT}, _package_members(z, built, skip=None))
                 z.writestr(_digest_member(z), json.dumps(digest))
             return atomic_write_bytes(out, Path(built).read_bytes())
 
@@ -192,18 +194,56 @@ def _check_built_metadata(z: zipfile.ZipFile, metadata: dict[str, str]) -> None:
 
 
 def _digest_member(z: zipfile.ZipFile) -> str:
-    """The digest's name in the package `z`: inside its top folder ("step/"), where torch's loader wants every
-    member."""
+    """Where `export_decode_step` writes the digest in the freshly built package `z`: inside its top folder
+    ("step/"), where torch's loader wants every member."""
     return z.namelist()[0].split("/")[0] + "/" + DIGEST_NAME
 
 
-def _package_members(z: zipfile.ZipFile, path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Every member of the package `z` (at `path`) but the digest, as uint8 tensors by name: the content that
-    `minillm.core.io.content_sha256` hashes, as it hashes a checkpoint's tensors. A member whose bytes fail the
-    zip's own CRC check is a ValueError naming the file."""
+def _find_digest(z: zipfile.ZipFile, where: str) -> str | None:
+    """The digest member of the package `z` (`where` names the file), found by its name wherever it lies; None
+    when there is none: a package exported before digests were recorded.
+
+    subtle: not looked up in the first member's folder, where the export put it: a member prepended to an edited
+    package would move that folder, and the package would pass for one that records no digest (checking nothing).
+    Found by name, the digest is checked, and the prepended member, which it does not cover, fails it. Two
+    digest members are a ValueError: which one the export wrote cannot be told."""
+    found = [name for name in z.namelist() if name.rsplit("/", 1)[-1] == DIGEST_NAME]
+    if len(found) > 1:
+        raise ValueError(f"{where} holds {len(found)} digest members ({found}), where export_decode_step writes "
+                         "one: a damaged or edited package")
+    return found[0] if found else None
+
+
+def _check_digest_fields(digest: Any, where: str, member: str) -> None:
+    """A digest member that is there is the complete one `export_decode_step` writes: a JSON object with "sha256"
+    = 64 lowercase hex digits and "minillm_format" = FORMAT (every field a string); anything less is a ValueError
+    naming the file and the field. subtle: a package that records no digest is one WITHOUT the member (exported
+    before digests were recorded); one that holds it without its sha256 was edited, and read as "records none" it
+    would load edited weights unchecked."""
+    if not isinstance(digest, dict):
+        raise ValueError(f"{where}: its {member!r} is not the digest export_decode_step writes (a JSON object), got "
+                         f"a JSON {type(digest).__name__}: a damaged or edited package")
+    for field, want, valid in ((SHA256_FIELD, "64 hex digits", lambda v: re.fullmatch(r"[0-9a-f]{64}", v)),
+                               ("minillm_format", repr(FORMAT), lambda v: v == FORMAT)):
+        value = digest.get(field)
+        if not isinstance(value, str) or not valid(value):
+            got = repr(value) if field in digest else "no such field"
+            raise ValueError(f"{where}: its {member!r} has no valid {field!r} field (got {got}; export_decode_step "
+                             f"writes {want}): a damaged or edited package (one exported before digests were "
+                             f"recorded has no {DIGEST_NAME} at all)")
+    other = next((k for k, v in digest.items() if not isinstance(v, str)), None)
+    if other is not None:
+        raise ValueError(f"{where}: its {member!r} field {other!r} is not a string (got {digest[other]!r}): a "
+                         "damaged or edited package")
+
+
+def _package_members(z: zipfile.ZipFile, path: str | os.PathLike, skip: str | None) -> dict[str, torch.Tensor]:
+    """Every member of the package `z` (at `path`) but the digest (`skip`; None while exporting, before it is
+    written), as uint8 tensors by name: the content that `minillm.core.io.content_sha256` hashes, as it hashes a
+    checkpoint's tensors. A member whose bytes fail the zip's own CRC check is a ValueError naming the file."""
     members = {}
     for name in z.namelist():
-        if name == _digest_member(z):
+        if name == skip:
             continue
         try:
             data = bytearray(z.read(name))
@@ -215,10 +255,11 @@ def _package_members(z: zipfile.ZipFile, path: str | os.PathLike) -> dict[str, t
 
 def check_package(path: str | os.PathLike) -> bool:
     """Recompute the sha256 `export_decode_step` recorded in the package at `path` (`DIGEST_NAME`); a mismatch,
-    an unreadable member or a file that is no zip archive is a ValueError naming the file (FileNotFoundError for no
-    file). False, checking nothing more, for a package that records none (exported before digests were recorded: it
-    still loads, as checkpoints without one do); True when it matches. Reads the whole file once (about a tenth of
-    a second for `base`'s package)."""
+    an unreadable member, a file that is no zip archive or an empty one, and a digest member that is there but
+    incomplete (no valid "sha256" or "minillm_format" field) or not alone, are each a ValueError naming the file
+    (FileNotFoundError for no file). False, checking nothing more, only for a package with no digest member at all
+    (exported before digests were recorded: it still loads, as checkpoints without one do); True when it matches.
+    Reads the whole file once (about a tenth of a second for `base`'s package)."""
     p = check_path(path, "path")
     if not p.is_file():
         raise FileNotFoundError(f"no AOT decode-step package at {str(p)!r}")
@@ -228,15 +269,17 @@ def check_package(path: str | os.PathLike) -> bool:
     except (zipfile.BadZipFile, OSError) as e:
         raise ValueError(f"{where} is not a .pt2 package (not a zip archive: truncated or another file?): {e}") from e
     with package as z:
-        if not z.namelist() or _digest_member(z) not in z.namelist():
+        if not z.namelist():  # torch's loader would refuse it too, naming no file
+            raise ValueError(f"{where} is not a .pt2 package (an empty zip archive)")
+        member = _find_digest(z, where)
+        if member is None:
             return False
         try:
-            digest = json.loads(z.read(_digest_member(z)))
+            digest = json.loads(z.read(member))
         except (zipfile.BadZipFile, OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"{where}: its {DIGEST_NAME} cannot be read ({e}): a damaged package") from e
-        if not isinstance(digest, dict) or not all(isinstance(v, str) for v in digest.values()):
-            raise ValueError(f"{where}: its {DIGEST_NAME} is not the digest export_decode_step writes")
-        return check_sha256(digest, _package_members(z, p), where)
+            raise ValueError(f"{where}: its {member!r} cannot be read ({e}): a damaged package") from e
+        _check_digest_fields(digest, where, member)
+        return check_sha256(digest, _package_members(z, p, skip=member), where)
 
 
 class AOTDecoder:

@@ -45,7 +45,7 @@ from minillm.disagg.messages import (
 )
 from minillm.disagg.worker import setup_decode, setup_prefill
 from minillm.engine.process import CrashAfter, WorkerDiedError, WorkerHandle, receive, stop_all, wait_ready
-from minillm.engine.frontend import FrontEnd
+from minillm.engine.frontend import FrontEnd, one_thread
 from minillm.engine.request import Request, RequestOutput, RequestStatus
 from minillm.paged import num_blocks_for
 
@@ -160,6 +160,7 @@ class DisaggregatedLLM(FrontEnd):
         self._by_wid[req.wid] = req.request_id
         self.prefill.send(PrefillRequest(req.wid, req.prompt_token_ids, req.params))
 
+    @one_thread
     def abort(self, request_id: str) -> bool:
         """Stop a request; its final output (finish_reason "abort") comes with the next `step()`. Returns False if
         the id is unknown or already finished (as chapter 06's `LLM.abort`)."""
@@ -179,6 +180,7 @@ class DisaggregatedLLM(FrontEnd):
         return any(not r.is_finished for r in self._requests.values()) or bool(self._pending)
 
     # ----------------------------------------------------------------------------------------------- the loop
+    @one_thread
     def step(self, timeout: float | None = None) -> list[RequestOutput]:
         """Wait up to `timeout` s (default: one heartbeat) for worker messages; return the requests that moved.
 

@@ -22,11 +22,14 @@ run. A subclass supplies `_enqueue(request)`, `step()` and `abort(request_id)`, 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import itertools
 import math
+import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
 
@@ -34,6 +37,21 @@ from minillm.core.config import GPTConfig
 from minillm.core.sampling import SamplingParams
 from minillm.core.stopping import check_eos_id, default_eos, start_request
 from minillm.engine.request import Request, RequestOutput
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def one_thread(method: _F) -> _F:
+    """Run the engine method `method` holding its engine's `exclusive()` guard: a call made while another thread
+    is inside one of the engine's guarded methods is a ValueError, raised before the method touches anything."""
+
+    @functools.wraps(method)
+    def guarded(self: "FrontEnd", *args: Any, **kwargs: Any) -> Any:
+        with self.exclusive():
+            return method(self, *args, **kwargs)
+
+    return guarded  # type: ignore[return-value]
 
 
 def sample_id(request_id: str, index: int) -> str:
@@ -50,6 +68,10 @@ class FrontEnd:
     included; their ids cannot be reused meanwhile); `_groups` the samples of each user's n > 1 request while any
     of them is unfinished (its id cannot be reused meanwhile either); `_pending` the outputs to hand out at the
     next `step()` (aborts, requests finished on arrival).
+
+    One thread at a time: `generate`, `add_request`, `step` and `abort` hold the engine (`exclusive`), and one of
+    them called from another thread meanwhile is a ValueError at once. Build one engine per thread, or let one
+    thread drive it for many (`minillm.engine.core.EngineCore`, what the server does).
     """
 
     request_cls: type[Request] = Request  # what `_new_request` builds (DisaggregatedLLM adds a field or two)
@@ -73,6 +95,34 @@ class FrontEnd:
         self._groups: dict[str, list[Request]] = {}  # user id -> its n > 1 samples, while any is unfinished
         self._pending: list[RequestOutput] = []
         self._counter = itertools.count()
+        self._busy = threading.Lock()  # held by the thread inside a guarded method (`exclusive`)
+        self._owner: int | None = None  # that thread's id, so that its nested calls (generate -> step) go through
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator["FrontEnd"]:
+        """Holds this engine for the calling thread while it runs a request-changing call (`generate`,
+        `add_request`, `step`, `abort`: the `one_thread` methods), which that thread may nest (`generate` calls
+        `step`). The same call from another thread meanwhile is a ValueError, at once, before it touches anything:
+        the engine's queues, block tables and pending outputs are one batch's state, and two threads stepping it
+        failed in the middle of a step (a q-shape error in the paged cache, an AssertionError), losing that
+        thread's requests, while the running call now finishes with its right tokens. Non-blocking: it never
+        waits (as `FusedCPUDecoder.exclusive`); waiting would only hide a second engine's worth of work queued
+        behind the first."""
+        me = threading.get_ident()
+        if self._owner == me:  # only this thread sets _owner to its own id: it holds the engine already
+            yield self
+            return
+        if not self._busy.acquire(blocking=False):
+            raise ValueError(f"this {type(self).__name__} is already running generate/step/add_request/abort in "
+                             "another thread: an engine runs one call at a time (it holds one batch); build one "
+                             "engine per thread, or let one thread drive it (minillm.engine.core.EngineCore takes "
+                             "requests from any thread)")
+        self._owner = me
+        try:
+            yield self
+        finally:
+            self._owner = None
+            self._busy.release()
 
     # ------------------------------------------------------------------------------------------ the subclass's part
 
@@ -203,6 +253,7 @@ class FrontEnd:
         if group is not None and all(r.is_finished for r in group):
             del self._groups[req.output_id]
 
+    @one_thread
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None) -> str:
         """Queue one request; return its id. Everything is checked here, so a bad request never disturbs a batch.
@@ -258,6 +309,7 @@ class FrontEnd:
             merged[key] = out
         return list(merged.values())
 
+    @one_thread
     def generate(self, prompts: Sequence[Any] | str, params: SamplingParams | Sequence[SamplingParams] | None = None,
                  ) -> list[RequestOutput]:
         """Run prompts (strings or token-id lists) to completion; their final `RequestOutput`s, in prompt order.
@@ -267,8 +319,9 @@ class FrontEnd:
         [a, b#0, b#1, b#2] (`out.request_id` and `out.index` say which is which).
 
         Every request is validated before any is queued, so one bad prompt rejects the call ("prompts[i]: ...")
-        and leaves the engine as it was. Requests added with `add_request` keep running alongside; their outputs
-        produced meanwhile are held back, one merged delta per request and sample, for the caller's next `step()`.
+        and leaves the engine as it was; so does a call made while another thread runs this engine (`exclusive`).
+        Requests added with `add_request` keep running alongside; their outputs produced meanwhile are held back, one
+        merged delta per request and sample, for the caller's next `step()`.
         """
         if isinstance(prompts, (str, torch.Tensor)) or (
             isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)

@@ -14,8 +14,10 @@ prompt alone while samples 1..n-1 are held; the step that samples its first toke
 shares the prompt's blocks (`BlockManager.fork`), draws its first token from the same logits row with its own
 generator, and joins the scheduler (`Scheduler.add_forked`); the first write into a shared block copies it
 (copy-on-write pairs in the step). From then on every sample is an independent request that streams its own
-outputs under the user's id and its `index`. What it leaves out: an async front end and HTTP (chapter 15), beam
-search, and multiple devices.
+outputs under the user's id and its `index`. One thread drives an engine: `generate`, `add_request`, `step` and
+`abort` called while another thread is inside one of them are a ValueError (`FrontEnd.exclusive`); a server takes
+requests from many threads through `minillm.engine.core.EngineCore`, whose loop alone steps it. What it leaves
+out: an async front end and HTTP (chapter 15), beam search, and multiple devices.
 
     add_request ─▶ waiting ─admit─▶ running ─step─▶ ... ─finish─▶ (blocks freed) ─▶ RequestOutput(finished)
                       ▲               │ preempt (recompute)
@@ -35,7 +37,7 @@ from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, sample_next
 from minillm.engine.config import EngineConfig
 from minillm.engine.executor import executor_factory
-from minillm.engine.frontend import FrontEnd
+from minillm.engine.frontend import FrontEnd, one_thread
 from minillm.engine.model_runner import ModelRunner
 from minillm.engine.request import Request, RequestOutput, RequestStatus
 from minillm.engine.sampler import Sampler
@@ -138,6 +140,7 @@ class LLM(FrontEnd):
     def _enqueue(self, req: Request) -> None:
         self.scheduler.add(req)
 
+    @one_thread
     def add_prefilled_request(self, prompt: str | Sequence[int], params: SamplingParams | None, first_token_id: int,
                               kv: torch.Tensor, request_id: str | None = None, arrival_time: float | None = None,
                               generator_state: torch.Tensor | None = None) -> str:
@@ -197,6 +200,7 @@ class LLM(FrontEnd):
         self.scheduler.add_swapped(req, n_blocks)  # admitted like a swapped request; its swap-in is step data
         return rid
 
+    @one_thread
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free everything it holds; its final output (finish_reason "abort") comes with the
         next `step()`. With n > 1, every unfinished sample of it, held or running, each with its own final output
@@ -241,6 +245,7 @@ class LLM(FrontEnd):
 
     # ------------------------------------------------------------------------------------------------ stepping
 
+    @one_thread
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule, plan, execute (byte moves + one forward), sample, update; the outputs of every
         request that advanced.

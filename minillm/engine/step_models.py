@@ -19,13 +19,21 @@ SHIPPED_STEP_MODELS: dict[str, str] = {"fused-cpp": "minillm.compile.fused_engin
 _FACTORIES: dict[str, Callable[[Any], Any]] = {}
 
 
-def register_step_model(name: str, factory: Callable[[Any], Any]) -> None:
-    """Register `factory(model) -> wrapped model` as `name` (a non-empty str, not yet registered, and not one of
-    SHIPPED_STEP_MODELS: those are registered by their own modules, `register_shipped_step_model`)."""
+def _check_registration(name: Any, factory: Any) -> None:
+    """Both registration functions' argument checks, before any lookup: a name that is not a non-empty str (a list
+    would fail the dict lookup as "unhashable type", naming nothing) or a factory that is not callable (it would
+    replace a working one and fail only at the next `step_model`, as "'int' object is not callable") is a
+    TypeError naming the argument."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"name must be a non-empty str, got {name!r}")
     if not callable(factory):
         raise TypeError(f"factory must be callable (model -> wrapped model), got {type(factory).__name__}")
+
+
+def register_step_model(name: str, factory: Callable[[Any], Any]) -> None:
+    """Register `factory(model) -> wrapped model` as `name` (a non-empty str, not yet registered, and not one of
+    SHIPPED_STEP_MODELS: those are registered by their own modules, `register_shipped_step_model`)."""
+    _check_registration(name, factory)
     if name in SHIPPED_STEP_MODELS:  # it would shadow the shipped one, whose module then could not register it
         raise ValueError(f"step model {name!r} is shipped by {SHIPPED_STEP_MODELS[name]}, which registers it on first "
                          "use; pick another name")
@@ -37,7 +45,8 @@ def register_step_model(name: str, factory: Callable[[Any], Any]) -> None:
 def register_shipped_step_model(name: str, factory: Callable[[Any], Any]) -> None:
     """What a module of SHIPPED_STEP_MODELS calls when it is imported. Registering again replaces the factory:
     `python -m minillm.compile.fused_engine` runs that module as `__main__`, and a later `step_model` imports it
-    once more under its own name."""
+    once more under its own name. The arguments are checked as `register_step_model` checks them."""
+    _check_registration(name, factory)
     if name not in SHIPPED_STEP_MODELS:
         raise ValueError(f"{name!r} is not a shipped step model ({sorted(SHIPPED_STEP_MODELS)}); use "
                          "register_step_model")
