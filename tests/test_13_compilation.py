@@ -1003,7 +1003,9 @@ def cpp_constructor_args(monkeypatch, q) -> list:
     """The arguments FusedCPUDecoder(q) hands the C++ FusedDecoder constructor, captured by a stand-in extension."""
     captured: dict[str, list] = {}
     monkeypatch.setattr(fused_step, "load_cpu_ext", lambda: type("Ext", (), {
-        "FusedDecoder": staticmethod(lambda *args: captured.setdefault("args", list(args)))}))
+        "FusedDecoder": staticmethod(lambda *args: captured.setdefault("args", list(args))),
+        "TensorWatch": staticmethod(lambda watched, reads: None),
+        "ObjectWatch": staticmethod(lambda held, sized, typed: None)}))
     FusedCPUDecoder(q)
     monkeypatch.undo()
     return captured["args"]

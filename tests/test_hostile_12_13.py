@@ -1868,9 +1868,8 @@ def test_the_fused_step_refuses_hooks_and_leaves_the_callers_model_in_its_modes(
     """Before: FusedCPUDecoder ran a forward hook in the prefill and never in its C++ steps (other tokens than the
     hooked model's, silently), and switched the caller's model to eval mode for good. Now a hook, added before or
     after construction, is a ValueError naming the module; generate_ids decodes in eval mode and gives each module
-    its mode back; a step called directly on a model in training mode is refused; model_fingerprint names a bad
-    argument."""
-    from minillm.compile.fused_step import FusedCPUDecoder, model_fingerprint
+    its mode back; a step called directly on a model in training mode is refused."""
+    from minillm.compile.fused_step import FusedCPUDecoder
     from minillm.core.sampling import SamplingParams
     from minillm.kvcache.generate import generate_ids
 
@@ -1893,7 +1892,6 @@ def test_the_fused_step_refuses_hooks_and_leaves_the_callers_model_in_its_modes(
     assert_refused_by_minillm(lambda: FusedCPUDecoder(model), ValueError, refused)
     handle.remove()
     assert dec.generate_ids(prompt, params) == want
-    assert_refused_by_minillm(lambda: model_fingerprint("abc"), TypeError, r"modules must be a list of torch modules")
 
 
 def test_check_package_names_a_file_that_is_not_a_package(tmp_path):
@@ -2238,3 +2236,158 @@ def test_a_streamed_fused_decode_follows_an_in_place_update_between_two_tokens()
     got += list(fused)
     want += list(eager)
     assert got == want
+
+
+class _ZeroMLP(torch.nn.Module):
+    """A class swapped in for a block's MLP (`mlp.__class__ = _ZeroMLP`): the eager model then adds nothing there."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(x)
+
+
+def _global_hook():
+    """A forward hook on every module (torch's global registry), removed by the caller."""
+    return torch.nn.modules.module.register_module_forward_hook(lambda mod, args, out: None)
+
+
+# Changes to the model that the C++ steps cannot follow and a first version of the per-step look missed (hostile run
+# 15): a tensor re-viewed in place (same object, same address), a block added, a global hook, a module given its own
+# forward or another class, a public attribute the eager forward reads.
+WATCHED_CHANGES = {
+    "data-transposed": lambda m: setattr(m.transformer.h[0].attn.c_proj.weight, "data",
+                                         m.transformer.h[0].attn.c_proj.weight.data.t()),
+    "data-negative-view": lambda m: setattr(m.transformer.h[0].attn.c_proj.weight, "data",
+                                            torch._neg_view(m.transformer.h[0].attn.c_proj.weight.data)),
+    "data-reshaped": lambda m: setattr(m.transformer.h[1].attn.c_attn.weight, "data",
+                                       m.transformer.h[1].attn.c_attn.weight.data.view(32, 96)),
+    "block-appended": lambda m: m.transformer.h.append(copy.deepcopy(m.transformer.h[0])),
+    "forward-replaced": lambda m: setattr(m.transformer.h[0].mlp, "forward", lambda x: torch.zeros_like(x)),
+    "class-swapped": lambda m: setattr(m.transformer.h[0].mlp, "__class__", _ZeroMLP),
+    "n_head-attribute": lambda m: setattr(m.transformer.h[0].attn, "n_head", 4),
+    "global-hook": lambda m: _global_hook(),
+}
+WATCHED_SAYS = r"converted or replaced since this (FusedEngineModel|FusedCPUDecoder) was built|cannot run forward hooks"
+SMALL = GPTConfig(vocab_size=128, block_size=32, n_layer=2, n_head=2, n_embd=32)
+
+
+def _changed(change: str, model: GPT):
+    """Apply WATCHED_CHANGES[change] to `model`; the handle to remove afterwards (a global hook), else None."""
+    handle = WATCHED_CHANGES[change](model)
+    return handle if change == "global-hook" else None
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+@pytest.mark.parametrize("change", sorted(WATCHED_CHANGES))
+@pytest.mark.parametrize("where", ["prefix-hit", "mid-generation", "fused-decoder"])
+def test_r15_a_fused_step_refuses_every_change_it_cannot_follow(change, where):
+    """Before: the per-step look compared objects and addresses only, and the full check ran only where a sequence
+    started without a prefix-cache hit, so each change above decoded the old model with no word when every sequence
+    hit the prefix cache, or when it came between two steps of running requests. Now every step looks at views,
+    dict sizes, classes, instance attributes and global hooks (`WatchedModel`), and the next step is a ValueError."""
+    from minillm.compile.fused_engine import FusedEngineModel
+    from minillm.compile.fused_step import FusedCPUDecoder
+    from minillm.core.sampling import SamplingParams
+    from minillm.engine.config import EngineConfig
+    from minillm.engine.llm import LLM
+    from minillm.kvcache.generate import generate
+
+    torch.manual_seed(0)
+    model = GPT(SMALL).eval()
+    params = SamplingParams.greedy(6, ignore_eos=True)
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 12], [20, 21, 22, 23, 24, 25, 26, 27]]  # two full blocks of 4 each
+    handle = None
+    try:
+        if where == "fused-decoder":
+            decoder = FusedCPUDecoder(model)
+            stream = generate(model, prompts[0], params, kv_cache=decoder.cache, decode_fn=decoder,
+                              prefill_fn=decoder.prefill)
+            next(stream), next(stream)
+            handle = _changed(change, model)
+            with pytest.raises(ValueError, match=WATCHED_SAYS):
+                next(stream)
+            return
+        llm = LLM(FusedEngineModel(model), None, EngineConfig(num_blocks=64, block_size=4,
+                                                              enable_prefix_caching=True))
+        if where == "prefix-hit":
+            llm.generate(prompts, params)  # the prompts' blocks are cached: the next run starts on full hits
+            handle = _changed(change, model)
+            with pytest.raises(ValueError, match=WATCHED_SAYS):
+                llm.generate(prompts, params)
+        else:
+            for p in prompts:
+                llm.add_request(p, params)
+            llm.step(), llm.step()
+            handle = _changed(change, model)
+            with pytest.raises(ValueError, match=WATCHED_SAYS):
+                llm.step()
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+@pytest.mark.parametrize("engine", [False, True])
+def test_r15_an_in_place_update_of_a_copied_weight_is_seen(engine):
+    """Before: a weight the C++ step had to copy (non-contiguous when the step was built) and then updated in place
+    through `.data` (which bumps no version counter the step could see) was never noticed: the step decoded the
+    stale copy. Now the copy's values are compared with the model's at every step (`TensorWatch`)."""
+    from minillm.compile.fused_engine import FusedEngineModel
+    from minillm.compile.fused_step import FusedCPUDecoder
+    from minillm.core.sampling import SamplingParams
+    from minillm.engine.config import EngineConfig
+    from minillm.engine.llm import LLM
+
+    torch.manual_seed(0)
+    model = GPT(SMALL).eval()
+    w = model.transformer.h[0].mlp.c_fc.weight
+    w.data = w.data.t().contiguous().t()  # the same values, held column-major: the step reads a copy
+    assert not w.is_contiguous()
+    params = SamplingParams.greedy(4, ignore_eos=True)
+    if engine:
+        llm = LLM(FusedEngineModel(model), None, EngineConfig(num_blocks=64, block_size=4))
+        run = lambda: llm.generate([[5, 6, 7]], params)  # noqa: E731
+    else:
+        decoder = FusedCPUDecoder(model)
+        run = lambda: decoder.generate_ids([5, 6, 7], params)  # noqa: E731
+    run()
+    w.data.mul_(-2.0)
+    with pytest.raises(ValueError, match=r"transformer.h.0.mlp.c_fc.weight was converted, re-viewed or replaced "
+                                         r"\(or a copy of it changed\)"):
+        run()
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+def test_r15_a_replaced_tensor_of_the_same_shape_is_refused_by_name():
+    """The mutation run's miss: with the address left out of the watch, `w.data = new` (same shape, dtype) decoded
+    the old weights. The message names the tensor."""
+    from minillm.compile.fused_step import FusedCPUDecoder
+    from minillm.core.sampling import SamplingParams
+
+    torch.manual_seed(0)
+    model = GPT(SMALL).eval()
+    decoder = FusedCPUDecoder(model)
+    decoder.generate_ids([5, 6, 7], SamplingParams.greedy(2, ignore_eos=True))
+    model.transformer.wte.weight.data = torch.randn(128, 32)
+    with pytest.raises(ValueError, match=r"transformer.wte.weight was converted, re-viewed or replaced"):
+        decoder.generate_ids([5, 6, 7], SamplingParams.greedy(2, ignore_eos=True))
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+def test_r15_private_caches_and_equal_values_are_not_changes():
+    """The watch must not cry wolf: a module that keeps a private cache (a new `_name` in its instance dict) and an
+    attribute written again with an equal value (`eps = 1e-5`) change nothing the step runs, and decoding goes on
+    with the same tokens as the eager model."""
+    from minillm.compile.fused_step import FusedCPUDecoder
+    from minillm.core.sampling import SamplingParams
+    from minillm.kvcache.generate import generate_ids
+
+    torch.manual_seed(0)
+    model = GPT(SMALL).eval()
+    params = SamplingParams.greedy(5, ignore_eos=True)
+    decoder = FusedCPUDecoder(model)
+    want = generate_ids(model, [5, 6, 7], params)
+    model.transformer.h[0].attn._scratch_cache = torch.zeros(3)
+    model.transformer.h[1].ln_2.eps = float("1e-5") * 1.0
+    model.transformer.h[0].attn.n_head = int("2")
+    assert not decoder.model_maybe_changed()
+    assert decoder.generate_ids([5, 6, 7], params) == want

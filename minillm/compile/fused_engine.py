@@ -66,10 +66,11 @@ BACKEND = "selective-cpp"  # both engines' attention (their long steps; the fuse
 class FusedEngineModel(WatchedModel, nn.Module):
     """`model` (a float32 CPU GPT, or chapter 09's int8/int4 weight-only quantization of one) for chapter 06's engine,
     its short steps in one C++ call (module doc). The C++ step holds the model's own tensors, as `FusedCPUDecoder`
-    does: an in-place update is seen; a converted or replaced tensor, a swapped layer or model, a changed config or
-    eps, or a new forward hook is a ValueError at the next step (`model_maybe_changed`, about 20 µs, runs at every
-    step over the pools; the quantized layers' values are checked at each step that starts a sequence). The model
-    must be in eval mode when it runs (the C++ step has no dropout)."""
+    does: an in-place update is seen; any other change (`WatchedModel`: a tensor converted, replaced or re-viewed, a
+    layer swapped, added or given another `forward`, the model swapped, a changed config, eps or attribute, a
+    forward hook, a quantized layer's scale gone bad) is a ValueError at the next step (`check_step`, a few µs on
+    `base`, runs at every step over the pools). The model must be in eval mode when it runs (the C++ step has
+    no dropout)."""
 
     def __init__(self, model: GPT):
         nn.Module.__init__(self)
@@ -112,12 +113,8 @@ class FusedEngineModel(WatchedModel, nn.Module):
             raise TypeError(f"cache must be a KV cache (with attend(layer_idx, q, k, v)) or None, got "
                             f"{type(cache).__name__}")
         batch = getattr(cache, "batch", None) if isinstance(cache, PagedKVCache) else None
-        if batch is not None and (self.model_maybe_changed() or any(
-                q == c for q, c in zip(batch.query_lens_list, batch.context_lens_list))):
-            # Every step over the pools looks cheaply (a sequence that hits the prefix cache starts with a context
-            # longer than its query, so "a step that starts a sequence" cannot be told from the batch), and one that
-            # starts a sequence looks fully (the quantized layers' values too, as FusedCPUDecoder does when a sequence starts).
-            self.check_model_unchanged()
+        if batch is not None:  # every step over the pools, whichever path runs it (the two mix within a request)
+            self.check_step()
         if collect is not None or idx.dim() != 2 or idx.shape[0] != 1 or not self.fusable(cache, idx.shape[1]):
             positions = self.model.check_inputs(idx, positions)  # ids and positions in range: the C++ step's checks
             return self.model.hidden(idx, positions, cache, collect)

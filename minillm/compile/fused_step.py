@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import operator
 import threading
 from collections.abc import Iterator
@@ -42,6 +41,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from torch.nn.modules import module as nn_module
 
 from minillm.compile.cpu_gemv import as_cpp_reads, cpp_errors_as_value_errors, load_cpu_ext
 from minillm.compile.decode import (check_decoder_room, check_eval_mode, decoder_max_len, eval_mode, hooked_module,
@@ -54,8 +54,14 @@ from minillm.kvcache.cache import ContiguousKVCache
 from minillm.kvcache.generate import generate_ids, prefill
 from minillm.quant.linear import QuantLinear
 
-_FORWARD_HOOKS = operator.attrgetter("_forward_hooks")  # a module's hook dicts (empty: falsy)
-_FORWARD_PRE_HOOKS = operator.attrgetter("_forward_pre_hooks")
+_MISSING = object()  # what `WatchedModel` reads for an attribute that was deleted
+
+
+def _plain_value(v: object) -> bool:
+    """Whether `v` compares by value with `==` to a bool (numbers, strings, tuples of them, dtypes, configs), so a
+    module attribute holding it may be compared that way; any other attribute is compared by identity."""
+    return isinstance(v, (bool, int, float, str, bytes, type(None), torch.dtype, torch.device)) or (
+        isinstance(v, tuple) and all(map(_plain_value, v))) or dataclasses.is_dataclass(v)
 
 LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # a block's linears, the C++ step's order
 QUANT_FORM = ("chapter 09's weight-only int8 QuantLinear (symmetric, one float32 scale per output channel, int8 codes, "
@@ -116,29 +122,6 @@ def checked_buffers(layer: QuantLinear, name: str) -> None:
         raise type(e)(f"the model's {name}: {e}") from e
 
 
-def model_fingerprint(modules: list[nn.Module]) -> list[tuple[Any, ...]]:
-    """What the C++ step's snapshot depends on, for `modules` (the model's, listed once at construction), cheap to
-    take at every sequence: per module the submodules it holds now (a layer swapped for another,
-    `block.mlp.c_fc = nn.Linear(...)`, is another object there), a LayerNorm's eps (the step took its value) or a
-    QuantLinear's config (the step took its form), and per parameter and buffer (a QuantLinear's codes, scales and
-    bias) its identity, dtype, device and storage address, and, where the step had to copy it (a non-contiguous
-    tensor, or a negative view: `as_cpp_reads`), its in-place version counter too. An in-place update of a
-    contiguous weight keeps all of these: the step holds the same storage and sees it."""
-    if not isinstance(modules, list) or not all(isinstance(m, nn.Module) for m in modules):
-        raise TypeError(f"modules must be a list of torch modules (list(model.modules())), got "
-                        f"{type(modules).__name__} {modules!r:.80}")
-
-    def tensors(named: dict[str, torch.Tensor | None]) -> tuple[Any, ...]:
-        return tuple((name, None if t is None else (id(t), t.dtype, t.device, t.data_ptr(),
-                                                    None if t.is_contiguous() and not t.is_neg() else t._version))
-                     for name, t in named.items())
-
-    return [(tuple((name, id(child)) for name, child in m._modules.items()),
-             m.eps if isinstance(m, nn.LayerNorm) else m.config if isinstance(m, QuantLinear) else None,
-             tensors(m._parameters), tensors(m._buffers))
-            for m in modules]
-
-
 def build_cpp_decoder(model: GPT, k: list[torch.Tensor], v: list[torch.Tensor]) -> tuple[Any, int, int]:
     """The C++ `FusedDecoder` over `model`'s own tensors (their storage, `as_cpp_reads`), with the contiguous caches
     `k`, `v` (one (1, nh, max_len, hs) tensor per block) or none (empty lists: the engine's decoder, `paged` only);
@@ -175,72 +158,131 @@ def build_cpp_decoder(model: GPT, k: list[torch.Tensor], v: list[torch.Tensor]) 
 
 
 class WatchedModel:
-    """What a C++ step over a model's own tensors must notice: a forward hook (the step calls no module) and the
-    model's tensors converted or replaced since it was built (`model_fingerprint`). Call `_watch_model()` once
-    `self.model` is set, before building the step."""
+    """What a C++ step over a model's own tensors must notice, since it reads them through raw pointers and calls no
+    module: the model's tensors converted, replaced or re-viewed since it was built, and anything else that changes
+    what the model computes (a layer swapped, added or given another class or `forward`, an eps, an attribute such
+    as `n_head`, the config, a forward hook). In-place updates of the values are not a change: the step reads the
+    same memory (and compares the values of the few tensors it had to copy). Call `_watch_model()` once
+    `self.model` is set, before building the step; then `model_maybe_changed()` (cheap, every step) and
+    `check_model_unchanged()` (names what changed)."""
 
     model: GPT
 
     def _watch_model(self) -> None:
         self._named_modules = list(self.model.named_modules())
         self._check_no_hooks()
-        self._model_modules = list(self.model.modules())
-        self._fingerprint = model_fingerprint(self._model_modules)
+        self._model_modules = [m for _, m in self._named_modules]
         self._quantized = [(name, m) for name, m in self._named_modules if isinstance(m, QuantLinear)]
         self._model_id, self._config = id(self.model), self.model.config.to_dict()  # `model` is a plain attribute
-        # What `model_maybe_changed` compares at every step, cheaply: each parameter's, buffer's and child module's
-        # object in the dict the model holds it in (three parallel lists), each tensor's storage address, each
-        # LayerNorm's eps.
-        slots = [(d, key, obj) for m in self._model_modules for d in (m._parameters, m._buffers, m._modules)
-                 for key, obj in d.items()]
-        self._slot_dicts, self._slot_keys, self._slot_objs = (list(x) for x in zip(*slots))
-        self._tensors = [obj for _, _, obj in slots if isinstance(obj, torch.Tensor)]
-        self._data_ptrs = [t.data_ptr() for t in self._tensors]
-        self._eps = [(m, m.eps) for m in self._model_modules if isinstance(m, nn.LayerNorm)]
         self._config_copy = dataclasses.replace(self.model.config)
+        self._record_objects()
+        # every tensor's view of memory and, where the step reads a copy, its values: in C++ (`TensorWatch`).
+        named = [(f"{name}.{key}" if name else key, t) for name, m in self._named_modules
+                 for d in (m._parameters, m._buffers) for key, t in d.items() if t is not None]
+        self._tensor_names = [n for n, _ in named]
+        self._watch = load_cpu_ext().TensorWatch([t for _, t in named], [as_cpp_reads(t.detach()) for _, t in named])
+
+    def _record_objects(self) -> None:
+        """Note what the model's modules hold now, for `_what_changed` (in Python, saying what moved) and for the
+        C++ `ObjectWatch` that `model_maybe_changed` asks at every step (identities and sizes, in C): every
+        parameter, buffer and child module in the dict its module keeps it in, and each dict's size (a block
+        appended to `transformer.h` is a new key); each module's class, its public attributes (eps, n_head,
+        in_features, a QuantLinear's config) and its instance dict's size (a `forward` assigned to one module is a
+        new key there); its forward-hook dicts and torch's global ones, empty."""
+        named_dicts = [(name, d) for name, m in self._named_modules for d in (m._parameters, m._buffers, m._modules)]
+        self._dicts = [d for _, d in named_dicts]
+        slots = [(d, key, obj, f"{name}.{key}" if name else key) for name, d in named_dicts for key, obj in d.items()]
+        self._slot_dicts, self._slot_keys, self._slot_objs, self._slot_names = ([s[i] for s in slots]
+                                                                                for i in range(4))
+        modules = self._model_modules
+        self._types = [type(m) for m in modules]
+        attrs = [(vars(m), k, v, f"{name}.{k}" if name else k) for name, m in self._named_modules
+                 for k, v in vars(m).items() if not k.startswith("_") and k != "training"]
+        self._attrs = attrs
+        self._instance_names = {(id(m), k) for m in modules for k in vars(m)}
+        hook_dicts = [d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks)] + [
+            nn_module._global_forward_hooks, nn_module._global_forward_pre_hooks]
+        sized = [(d, len(d)) for d in self._dicts + [vars(m) for m in modules] + hook_dicts]
+        self._objects = load_cpu_ext().ObjectWatch([(d, k, o) for d, k, o, _ in slots] + [a[:3] for a in attrs], sized,
+                                                   list(zip(modules, self._types)))
+
+    def _what_changed(self) -> str | None:
+        """What changed in the model since it was recorded, in words, or None (see the class doc); in Python, so
+        only when `model_maybe_changed` said something may have, or in `check_model_unchanged`."""
+        if id(self.model) != self._model_id:
+            return "replaced"
+        if self.model.config != self._config_copy:
+            return "config"
+        held_now = list(map(dict.get, self._slot_dicts, self._slot_keys))  # what each dict holds under each key now
+        if any(map(operator.is_not, held_now, self._slot_objs)):
+            i = next(i for i, (a, b) in enumerate(zip(held_now, self._slot_objs)) if a is not b)
+            return f"{self._slot_names[i]} is another object (a layer or tensor replaced or removed)"
+        if sum(map(len, self._dicts)) != len(self._slot_keys):
+            return "a layer, parameter or buffer was added"
+        types = list(map(type, self._model_modules))
+        if types != self._types:
+            i = next(i for i, (a, b) in enumerate(zip(types, self._types)) if a is not b)
+            return (f"{self._named_modules[i][0] or 'the model'} is now a {types[i].__name__}, not a "
+                    f"{self._types[i].__name__}")
+        for instance, key, was, path in self._attrs:
+            now = instance.get(key, _MISSING)
+            if now is not was and not (_plain_value(was) and _plain_value(now) and now == was):
+                return f"{path} changed from {was!r:.40} to {'nothing' if now is _MISSING else repr(now)[:40]}"
+        added = [(name, k) for name, m in self._named_modules for k in vars(m)
+                 if (id(m), k) not in self._instance_names and not k.startswith("_")]
+        if added:  # a method assigned to one module, or a new attribute its code may read
+            return f"{added[0][0] or 'the model'} was given {added[0][1]!r} of its own"
+        i = self._watch.changed()
+        if i >= 0:
+            return f"{self._tensor_names[i]} was converted, re-viewed or replaced (or a copy of it changed)"
+        return None
 
     def model_maybe_changed(self) -> bool:
-        """Whether the model may have changed since the step was built, looked at cheaply (about 10 µs for `base`,
-        against about 120 µs for `check_model_unchanged`), so it can run at every step: the model object, its
-        config, each parameter, buffer and child module by identity (and each tensor's storage address: `.half()`
-        and `param.data = ...` keep the Parameter), each LayerNorm's eps, and any forward hook. In-place updates
+        """Whether the model may have changed since the step was built, looked at cheaply (a few µs for `base`: the
+        comparisons run in C++, `ObjectWatch` and `TensorWatch`), so it can run at every step. In-place updates
         pass (the C++ step sees them). True means: run `check_model_unchanged`, which says what changed."""
         if id(self.model) != self._model_id or self.model.config != self._config_copy:
             return True
-        # The loops run in C (`map`): this runs at every engine step, where a Python loop over ~140 slots cost 2%.
-        held_now = map(dict.get, self._slot_dicts, self._slot_keys)  # what each dict holds under each key now
-        if any(map(operator.is_not, held_now, self._slot_objs)):
+        if self._objects.changed():
+            if self._what_changed() is None and hooked_module(self._named_modules) is None:
+                self._record_objects()  # nothing the step runs changed (an equal value written again, a module's
+                return False  # private cache): look from here on
             return True
-        if list(map(torch.Tensor.data_ptr, self._tensors)) != self._data_ptrs:
-            return True
-        modules = self._model_modules
-        return (any(m.eps != eps for m, eps in self._eps) or any(map(_FORWARD_HOOKS, modules))
-                or any(map(_FORWARD_PRE_HOOKS, modules)))
+        return self._watch.changed() >= 0
+
+    def check_step(self) -> None:
+        """What every C++ step runs first: the cheap look (`model_maybe_changed`), the full check with its message
+        when that fired, and each quantized layer's own check of its buffers (about a microsecond each when none
+        was written since: a scale written in place keeps its storage, so only its values show it turned NaN)."""
+        if self.model_maybe_changed():
+            self.check_model_unchanged()
+        for layer_name, layer in self._quantized:
+            checked_buffers(layer, layer_name)
 
     def check_model_unchanged(self) -> None:
-        """ValueError unless the model still holds the parameters and buffers the C++ step was built on (see the class
-        doc), and every quantized layer's buffers pass the layer's own check (`checked_buffers`: a scale written in
-        place keeps its storage, so the fingerprint alone would not see it turn NaN or negative)."""
+        """ValueError unless the model is still what the C++ step was built on (see the class doc), and every
+        quantized layer's buffers pass the layer's own check (`checked_buffers`: a scale written in place keeps its
+        storage, so the tensor watch alone would not see it turn NaN or negative)."""
         name = type(self).__name__
-        if id(self.model) != self._model_id:  # the old model is still held (`_model_modules`): ids are not reused
+        what = self._what_changed()
+        if what == "replaced":  # the old model is still held (`_model_modules`): ids are not reused
             raise ValueError(f"this {name}'s model was replaced after it was built; its C++ step still holds the old "
                              f"model's tensors: build a new {name}(model)")
-        if self.model.config.to_dict() != self._config:
+        if what == "config":
             raise ValueError(f"the model's config was changed since this {name} was built (the C++ step has the "
                              f"shapes it had then): build a new {name}(model)")
         self._check_no_hooks()
         for layer_name, layer in self._quantized:
             checked_buffers(layer, layer_name)
-        if model_fingerprint(self._model_modules) != self._fingerprint:
+        if what is not None:
             raise ValueError(f"the model's parameters or buffers were converted or replaced since this {name} "
-                             "was built (e.g. model.half(), a new Parameter, a layer swapped for another or a "
-                             f"LayerNorm's eps changed); its C++ step still holds the old ones: build a new "
-                             f"{name}(model)")
+                             f"was built (or its layers changed): {what}; its C++ step still holds the old model: "
+                             f"build a new {name}(model)")
 
     def _check_no_hooks(self) -> None:
-        """A ValueError naming the first module with a forward hook: the C++ step never calls the modules, so a hook
-        would run where the model's own forward does (a long prefill) and silently not in the C++ steps
-        (`hooked_module`)."""
+        """A ValueError naming the first module with a forward hook (or saying a global one is set): the C++ step
+        never calls the modules, so a hook would run where the model's own forward does (a long prefill) and
+        silently not in the C++ steps (`hooked_module`)."""
         hooked = hooked_module(self._named_modules)
         if hooked is not None:
             raise ValueError(f"the fused C++ step cannot run forward hooks, but the model's {hooked} has one: remove "
@@ -255,11 +297,12 @@ class FusedCPUDecoder(WatchedModel):
     weight-only int8 or int4 QuantLinear (`quantize_model(model, QuantConfig("int8"))`, `QuantConfig("int4")`) run
     the C++ int8 or int4 GEMV; the rest of the model stays float32 (`int8_linears` and `int4_linears` count them).
     The step reads the parameters and buffers the model held at construction (their storage: in-place updates are
-    seen; a non-contiguous or negative-view one is copied, and an in-place update of it is noticed as below) and
-    each LayerNorm's own eps. One request at a time: one started in another thread meanwhile is a ValueError
-    (`exclusive`). If the model's tensors are converted or replaced afterwards (`model.half()`, a
-    new Parameter, a layer swapped for another) or an eps is changed, the next step raises a ValueError (also between
-    two tokens of a streamed `generate`): build a new FusedCPUDecoder. Any other quantized layer (asymmetric, W8A8, a
+    seen; a non-contiguous or negative-view one is copied, and its values are compared at every step) and each
+    LayerNorm's own eps. One request at a time: one started in another thread meanwhile is a ValueError
+    (`exclusive`). If the model changes afterwards in any other way (`WatchedModel`: a tensor converted, replaced or
+    re-viewed, `model.half()`, a layer swapped, added or given another `forward`, an eps or attribute changed), the
+    next step raises a ValueError naming what changed (also between two tokens of a streamed `generate`): build a
+    new FusedCPUDecoder. Any other quantized layer (asymmetric, W8A8, a
     quantized head) or a QAT-prepared model is a TypeError naming the layer (`_quantized`, `check_plain_model`).
     A forward hook on any module is a ValueError (the C++ step calls no module, so the hook would run in the prefill
     only). `generate_ids` decodes in eval mode and gives the model its own mode back; a step called directly on a
@@ -275,7 +318,6 @@ class FusedCPUDecoder(WatchedModel):
         self._watch_model()
         self.max_len = decoder_max_len(model.config, max_len)  # at most block_size: slot j holds position j
         self.cache = ContiguousKVCache(model.config, 1, self.max_len)  # float32, dynamic: `attend` for the prefill
-        self._last_start = math.inf  # the cache length at the last step (a check runs when it does not grow)
         self._busy = threading.Lock()  # one request at a time: the step writes one cache (`exclusive`)
         self._cpp, self.int8_linears, self.int4_linears = build_cpp_decoder(model, self.cache.k, self.cache.v)
 
@@ -285,12 +327,7 @@ class FusedCPUDecoder(WatchedModel):
         if model is not self.model or cache is not self.cache:
             raise ValueError("a FusedCPUDecoder runs its own model over its own cache: pass kv_cache=decoder.cache")
         check_eval_mode(model, "a FusedCPUDecoder step")  # the C++ step has no dropout; the prefill must not either
-        if cache.length <= self._last_start or self.model_maybe_changed():
-            # A new sequence (the cache was reset) is looked at fully (the quantized layers' values too); every other
-            # step cheaply (about 2% of a `base` step), since `generate` yields each token and the model may be
-            # changed between two of them.
-            self.check_model_unchanged()
-        self._last_start = cache.length
+        self.check_step()  # at every token: `generate` yields each one, and the model may change between two
         token = integer_ids("token", token, 1)  # subtle: int() of a float token would truncate it silently
         positions = integer_ids("positions", positions, 1)
         start = cache.length

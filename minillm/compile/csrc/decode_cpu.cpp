@@ -40,6 +40,8 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cpu_kernels.h"
@@ -709,6 +711,91 @@ at::Tensor paged_verify_attention(const at::Tensor& q, const at::Tensor& k_pool,
     return paged_attention_rows("paged_verify_attention", q, k_pool, v_pool, block_tables, context_lens, &query_lens);
 }
 
+// What the Python side asks before every fused step (minillm/compile/fused_step.py, WatchedModel): is every tensor
+// the step reads through a raw pointer still what it was built on? `watched` holds the model's own tensors (the very
+// TensorImpl of each Parameter and buffer: `p.data = x` rewrites that object in place, and this handle sees it);
+// `reads` what the step reads for each: the same memory, or a copy (`as_cpp_reads` of a non-contiguous tensor or a
+// negative view). A watched tensor has changed when its view of memory did (address, sizes, strides, dtype, device,
+// negative or conjugate bit) or, for a copy, its values did (an in-place update the copy cannot see). Cost: a few
+// comparisons per tensor, and one pass over the values of each copied one.
+class TensorWatch {
+public:
+    TensorWatch(std::vector<at::Tensor> watched, std::vector<at::Tensor> reads)
+        : watched_(std::move(watched)), reads_(std::move(reads)) {
+        TORCH_CHECK(watched_.size() == reads_.size(), "TensorWatch: watched and reads must pair up, got ",
+                    watched_.size(), " and ", reads_.size());
+        for (size_t i = 0; i < watched_.size(); ++i) {
+            views_.push_back(View::of(watched_[i]));
+            copied_.push_back(reads_[i].data_ptr() != watched_[i].data_ptr() || watched_[i].is_neg());
+        }
+    }
+
+    // The index of the first watched tensor that changed, or -1 when none did.
+    int64_t changed() const {
+        for (size_t i = 0; i < watched_.size(); ++i) {
+            if (!(View::of(watched_[i]) == views_[i])) return static_cast<int64_t>(i);
+            if (copied_[i] && !watched_[i].resolve_neg().equal(reads_[i])) return static_cast<int64_t>(i);
+        }
+        return -1;
+    }
+
+private:
+    struct View {
+        const void* data;
+        std::vector<int64_t> sizes, strides;
+        at::ScalarType dtype;
+        at::Device device;
+        bool neg, conj;
+        static View of(const at::Tensor& t) {
+            return {t.data_ptr(), t.sizes().vec(), t.strides().vec(), t.scalar_type(), t.device(), t.is_neg(),
+                    t.is_conj()};
+        }
+        bool operator==(const View& o) const {
+            return data == o.data && sizes == o.sizes && strides == o.strides && dtype == o.dtype &&
+                   device == o.device && neg == o.neg && conj == o.conj;
+        }
+    };
+    std::vector<at::Tensor> watched_, reads_;
+    std::vector<View> views_;
+    std::vector<bool> copied_;
+};
+
+// The other half of that question, for what is not a tensor: the model's Python objects, compared by identity
+// without calling back into Python (the same look in Python cost tens of microseconds a step). `held`: (dict, key,
+// object) triples, each an object the dict held under the key when the watch was built (a module's parameters,
+// buffers, children and public attributes, from the dicts the module keeps them in); `sized`: (dict, size) pairs
+// (those dicts and each module's instance dict: a block appended or a `forward` assigned is a new key; its hook
+// dicts and torch's global ones, at 0); `typed`: (object, type) pairs (a module's class swapped). Any difference
+// is "maybe changed": the Python side then says what changed, or that nothing did (an attribute written again
+// with an equal value, a private cache a module keeps) and builds a new watch.
+class ObjectWatch {
+public:
+    ObjectWatch(std::vector<std::tuple<pybind11::dict, pybind11::object, pybind11::object>> held,
+                std::vector<std::pair<pybind11::dict, int64_t>> sized,
+                std::vector<std::pair<pybind11::object, pybind11::object>> typed)
+        : held_(std::move(held)), sized_(std::move(sized)), typed_(std::move(typed)) {}
+
+    bool changed() const {
+        for (const auto& [dict, key, object] : held_) {
+            PyObject* now = PyDict_GetItemWithError(dict.ptr(), key.ptr());  // borrowed; nullptr when missing
+            if (now == nullptr && PyErr_Occurred()) throw pybind11::error_already_set();
+            if (now != object.ptr()) return true;
+        }
+        for (const auto& [dict, size] : sized_) {
+            if (PyDict_Size(dict.ptr()) != size) return true;
+        }
+        for (const auto& [object, type] : typed_) {
+            if (reinterpret_cast<PyObject*>(Py_TYPE(object.ptr())) != type.ptr()) return true;
+        }
+        return false;
+    }
+
+private:
+    std::vector<std::tuple<pybind11::dict, pybind11::object, pybind11::object>> held_;
+    std::vector<std::pair<pybind11::dict, int64_t>> sized_;
+    std::vector<std::pair<pybind11::object, pybind11::object>> typed_;
+};
+
 }  // namespace
 
 void register_decoder(pybind11::module& m) {
@@ -737,6 +824,18 @@ void register_decoder(pybind11::module& m) {
         .def("products", &FusedDecoder::products, "the step's matrix-vector products alone, `times` over",
              pybind11::call_guard<pybind11::gil_scoped_release>())
         .def_property_readonly("max_len", &FusedDecoder::max_len);
+    pybind11::class_<TensorWatch>(m, "TensorWatch")
+        .def(pybind11::init<std::vector<at::Tensor>, std::vector<at::Tensor>>(), pybind11::arg("watched"),
+             pybind11::arg("reads"))
+        .def("changed", &TensorWatch::changed, "the index of the first watched tensor whose view of memory or (where "
+             "the step reads a copy) values changed since the watch was built; -1 if none");
+    pybind11::class_<ObjectWatch>(m, "ObjectWatch")
+        .def(pybind11::init<std::vector<std::tuple<pybind11::dict, pybind11::object, pybind11::object>>,
+                            std::vector<std::pair<pybind11::dict, int64_t>>,
+                            std::vector<std::pair<pybind11::object, pybind11::object>>>(),
+             pybind11::arg("held"), pybind11::arg("sized"), pybind11::arg("typed"))
+        .def("changed", &ObjectWatch::changed, "whether any dict holds another object under a key, has another size, "
+             "or any object another type, than when the watch was built");
 }
 
 }  // namespace minillm
