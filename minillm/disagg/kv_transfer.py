@@ -54,6 +54,9 @@ def _check_pools(k_pools: Sequence[torch.Tensor], v_pools: Sequence[torch.Tensor
     for pool in list(k_pools) + list(v_pools):
         if tuple(pool.shape) != shape:
             raise ValueError(f"all pools must share one shape, got {tuple(pool.shape)} and {shape}")
+        if not pool.is_floating_point():  # int8 codes mean nothing without the scale pools, which are not carried
+            raise ValueError(f"KV transfer needs float K/V pools, got {pool.dtype}: int8 KV "
+                             f"(attention_backend='paged-int8') keeps per-token scales the hand-off does not carry")
     return shape  # type: ignore[return-value]
 
 

@@ -151,7 +151,15 @@ class LLM(FrontEnd):
         the T prompt tokens. The request enters as SWAPPED: the scheduler admits it by the same rules as a swapped
         request (free blocks, batch limit, FCFS) and copies its KV into the pool, so it never jumps the queue.
         `generator_state` (from `torch.Generator.get_state()` after the first draw) keeps seeded sampling exact.
+        A cache that keeps more per block than float K/V (attention_backend="paged-int8": int8 codes and their
+        scales) is refused with a ValueError: the hand-off carries no scales, and guessing them would be silent.
         """
+        cache = self.swap_space.cache
+        if len(cache.block_tensors()) != len(cache.k_pools) + len(cache.v_pools):
+            raise ValueError(f"add_prefilled_request needs a KV cache of float K/V pools only; "
+                             f"EngineConfig.attention_backend={self.config.attention_backend!r} "
+                             f"({type(cache).__name__}) keeps more per block (e.g. int8 scales), which chapter 07's "
+                             f"(n_layer, 2, T, nh, hs) K/V hand-off does not carry")
         if not isinstance(first_token_id, int) or isinstance(first_token_id, bool):  # True is an int, not a token
             raise TypeError(f"first_token_id must be an int token id, got {type(first_token_id).__name__} "
                             f"{first_token_id!r}")
@@ -194,8 +202,9 @@ class LLM(FrontEnd):
             x = torch.cat([x, x.new_zeros(pad, *x.shape[1:])]) if pad else x
             return x.reshape(n_blocks, bs, *x.shape[1:]).to("cpu", self.runner.kv_dtype)
 
-        self.swap_space.put(rid, SwappedKV([blocks(kv[l, 0]) for l in range(cfg.n_layer)],
-                                           [blocks(kv[l, 1]) for l in range(cfg.n_layer)], n_blocks))
+        # The cache's block_tensors() order: every layer's K pool, then every layer's V pool (checked above).
+        self.swap_space.put(rid, SwappedKV([blocks(kv[l, 0]) for l in range(cfg.n_layer)]
+                                           + [blocks(kv[l, 1]) for l in range(cfg.n_layer)], n_blocks))
         self._requests[rid] = req
         self.scheduler.add_swapped(req, n_blocks)  # admitted like a swapped request; its swap-in is step data
         return rid

@@ -24,13 +24,20 @@ from minillm.paged import PagedKVCache
 
 @dataclass
 class SwappedKV:
-    k: list[torch.Tensor]  # per layer (n_blocks, bs, nh, hs), on the CPU
-    v: list[torch.Tensor]
+    """A request's blocks in host memory: one tensor per entry of the cache's `block_tensors()`, in that order."""
+
+    tensors: list[torch.Tensor]  # (n_blocks, ...) each on the CPU: K and V pools (n_blocks, bs, nh, hs) per layer,
+    #                               then whatever else a block holds (the int8 cache's scales, (n_blocks, bs, nh, 1))
     num_blocks: int
 
 
 class SwapSpace:
-    """Host copies of swapped-out KV blocks, by key (a request id), for one KV pool."""
+    """Host copies of swapped-out KV blocks, by key (a request id), for one KV cache.
+
+    What a block is comes from the cache (`PagedKVCache.block_tensors()`): the K/V pools, and for the int8 cache
+    the scale pools too. Copying that whole list, never `k_pools` / `v_pools` by name, is what keeps a cache with
+    more state per block correct after a swap (else its blocks return with stale scales: wrong tokens, no error).
+    """
 
     def __init__(self, cache: PagedKVCache):
         self.cache = cache
@@ -44,27 +51,42 @@ class SwapSpace:
         return sum(kv.num_blocks for kv in self.stored.values())
 
     def put(self, key: str, kv: SwappedKV) -> None:
-        """Park KV that came from elsewhere (chapter 07's prefilled arrivals) until a `swap_in` asks for it."""
+        """Park KV that came from elsewhere (chapter 07's prefilled arrivals) until a `swap_in` asks for it.
+
+        It must have the cache's block layout: one tensor per `block_tensors()` entry, each (num_blocks, ...) with
+        that entry's trailing shape and dtype (checked here, where the caller can still be told, not at swap-in)."""
         if key in self.stored:
             raise ValueError(f"swap space already holds KV for {key!r}")
+        pools = self.cache.block_tensors()
+        if not isinstance(kv, SwappedKV) or len(kv.tensors) != len(pools):
+            got = len(kv.tensors) if isinstance(kv, SwappedKV) else type(kv).__name__
+            raise ValueError(f"kv for {key!r} must be a SwappedKV with one tensor per block tensor of the cache "
+                             f"({len(pools)}: {type(self.cache).__name__}.block_tensors()), got {got}")
+        for i, (pool, t) in enumerate(zip(pools, kv.tensors)):
+            want = (kv.num_blocks, *pool.shape[1:])
+            if tuple(t.shape) != want or t.dtype != pool.dtype:
+                raise ValueError(f"kv.tensors[{i}] for {key!r} must be {want} {pool.dtype} like the cache's block "
+                                 f"tensor {i}, got {tuple(t.shape)} {t.dtype}")
         self.stored[key] = kv
 
     def swap_out(self, key: str, block_table: list[int]) -> None:
         """Copy pool blocks `block_table` to host memory under `key` (before anything reuses those blocks)."""
         assert key not in self.stored, key
         idx = torch.tensor(block_table, dtype=torch.int64, device=self.cache.device)  # (n,)
-        k = [pool.index_select(0, idx).to("cpu") for pool in self.cache.k_pools]  # (n, bs, nh, hs) each
-        v = [pool.index_select(0, idx).to("cpu") for pool in self.cache.v_pools]
-        self.stored[key] = SwappedKV(k, v, len(block_table))
+        # (nb, ...) -> (n, ...) each: K/V (n, bs, nh, hs), int8 scales (n, bs, nh, 1)
+        saved = [pool.index_select(0, idx).to("cpu") for pool in self.cache.block_tensors()]
+        self.stored[key] = SwappedKV(saved, len(block_table))
         self.num_swap_outs += 1
 
     def swap_in(self, key: str, block_table: list[int]) -> None:
         """Copy the blocks parked under `key` into pool blocks `block_table`, in order, and drop the host copy."""
         kv = self.stored.pop(key)
         assert len(block_table) == kv.num_blocks, (len(block_table), kv.num_blocks)
+        pools = self.cache.block_tensors()
+        assert len(pools) == len(kv.tensors), (len(pools), len(kv.tensors))
         idx = torch.tensor(block_table, dtype=torch.int64, device=self.cache.device)  # (n,)
-        for pool, saved in zip(self.cache.k_pools + self.cache.v_pools, kv.k + kv.v):
-            pool.index_copy_(0, idx, saved.to(pool.device))  # (nb, bs, nh, hs)[idx] = (n, bs, nh, hs)
+        for pool, saved in zip(pools, kv.tensors):
+            pool.index_copy_(0, idx, saved.to(pool.device))  # (nb, ...)[idx] = (n, ...)
         self.num_swap_ins += 1
 
     def discard(self, key: str) -> None:

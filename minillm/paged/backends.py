@@ -14,9 +14,11 @@ import chapter 05 but not be imported by it (tests/test_layers.py).
 
 A factory is called as `factory(config, num_blocks, block_size, device=..., dtype=...)` and returns an engine KV
 cache: a `KVCacheProtocol` (`attend`) with `PagedKVCache`'s step interface (`set_batch(PagedBatch)`,
-`copy_blocks(pairs)`, per-layer `k_pools` / `v_pools` of shape (nb, bs, nh, hs) that swapping and KV transfer
-copy). Subclassing `PagedKVCache` and overriding `attend` is the shortest way to write one. A backend that needs
-something the machine may lack (a C++ compiler) says so when it is built, naming itself and what is missing.
+`copy_blocks(pairs)`, per-layer `k_pools` / `v_pools` of shape (nb, bs, nh, hs), and `block_tensors()`: every
+tensor a block lives in, K/V pools and anything else kept per block, which copy-on-write and swapping copy; chapter
+07's KV transfer copies the float `k_pools` / `v_pools` only). Subclassing `PagedKVCache` and overriding `attend` is
+the shortest way to write one. A backend that needs something the machine may lack (a C++ compiler) says so when it
+is built, naming itself and what is missing.
 """
 
 from __future__ import annotations

@@ -191,14 +191,23 @@ class PagedKVCache:
             batch = batch.to(self.device)
         self.batch = batch
 
+    def block_tensors(self) -> list[torch.Tensor]:
+        """Every tensor that holds part of a block, each (nb, ...) with the block id in dim 0: here each layer's K
+        and V pool (nb, bs, nh, hs). A cache that keeps more per block (the int8 cache's scale pools) adds it here.
+
+        Why one list: copy-on-write (`copy_blocks`) and swapping (`minillm.engine.swap.SwapSpace`) copy exactly
+        these, so a block always moves whole, whatever a cache keeps; a tensor missing here would be left behind
+        and the block would come back with another request's scales (wrong tokens, no error)."""
+        return self.k_pools + self.v_pools
+
     def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
-        """Copy-on-write: block dst becomes a copy of block src, in every layer's K and V pool."""
+        """Copy-on-write: block dst becomes a copy of block src, in every tensor of `block_tensors()`."""
         if not pairs:
             return
         src = torch.tensor([s for s, _ in pairs], dtype=torch.int64, device=self.device)
         dst = torch.tensor([d for _, d in pairs], dtype=torch.int64, device=self.device)
-        for pool in self.k_pools + self.v_pools:
-            pool[dst] = pool[src]  # (n_pairs, bs, nh, hs)
+        for pool in self.block_tensors():
+            pool[dst] = pool[src]  # (n_pairs, bs, nh, hs) for K/V, (n_pairs, ...) for whatever else a block holds
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q, k, v (1, nh, N, hs) for the step's N new tokens -> attention output (1, nh, N, hs)."""

@@ -18,8 +18,10 @@ Why per token and head: a cache grows one token at a time, so a scale over a who
 arrive and force re-quantizing what is stored; per token nothing stored ever changes. (KIVI, Liu et al. 2024,
 quantizes keys per channel instead, because key outliers sit in fixed channels; that needs a group of tokens before
 a scale can be fixed.) What it leaves out: the static-shape path of the contiguous cache, the vectorized decode path
-of the paged cache (the int8 pool is read through the per-sequence reference loop), swapping int8 blocks to the CPU
-and KV transfer (both copy `k_pools` only), and int4 KV.
+of the paged cache (the int8 pool is read through the per-sequence reference loop), chapter 07's KV hand-off of int8
+blocks (its payload is float K/V without scales: `LLM.add_prefilled_request` and `pack_kv` refuse int8 pools), and
+int4 KV. Swapping does work: a block is codes and scales (`Int8PagedKVCache.block_tensors`), and the swap space
+copies both.
 """
 
 from __future__ import annotations
@@ -165,7 +167,8 @@ class Int8PagedKVCache(PagedKVCache):
     """Chapter 05's paged cache with int8 pools (nb, bs, nh, hs) and fp32 scale pools (nb, bs, nh, 1).
 
     Attention always runs the per-sequence reference loop (`use_fast_decode` is off): the parent's vectorized decode
-    path reads the pools as floats. Blocks copied on write carry their scales with them.
+    path reads the pools as floats. `block_tensors()` lists the scale pools next to the code pools, so blocks copied
+    on write and blocks swapped to the CPU and back (`preemption_mode="swap"`) carry their scales with them.
     """
 
     def __init__(self, config: GPTConfig, num_blocks: int, block_size: int, device: torch.device | str = "cpu",
@@ -189,14 +192,10 @@ class Int8PagedKVCache(PagedKVCache):
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self.k_pools + self.v_pools + self.k_scales + self.v_scales)
 
-    def copy_blocks(self, pairs) -> None:
-        super().copy_blocks(pairs)  # the codes
-        if not pairs:
-            return
-        src = torch.tensor([s for s, _ in pairs], dtype=torch.int64, device=self.device)
-        dst = torch.tensor([d for _, d in pairs], dtype=torch.int64, device=self.device)
-        for pool in self.k_scales + self.v_scales:
-            pool[dst] = pool[src]  # (n_pairs, bs, nh, 1)
+    def block_tensors(self) -> list[torch.Tensor]:
+        """The codes (nb, bs, nh, hs) int8 and the scales (nb, bs, nh, 1) of every layer: a block is both, so
+        copy-on-write and swapping carry the scales with the codes."""
+        return self.k_pools + self.v_pools + self.k_scales + self.v_scales
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q, k, v (1, nh, N, hs): quantize the N new tokens' K/V into their slots, then the reference loop."""
