@@ -612,6 +612,22 @@ def test_emulated_softmax(emu, version, dtype, reverse):
 
 
 @pytest.mark.parametrize("dtype,reverse", EMU_CASES, ids=EMU_IDS)
+@pytest.mark.parametrize("version", ops.versions("softmax"))
+def test_emulated_softmax_of_large_shifted_and_masked_scores(emu, version, dtype, reverse):
+    """Every version subtracts its row's maximum before exp: logits around +100 (exp overflows a float32 without
+    it) or -200 (every exp underflows to 0, and 0 / 0 is NaN), and rows masked with -inf but one entry, give
+    torch's softmax. (A planted version without the subtraction passed the test above, whose inputs are small.)"""
+    torch.manual_seed(0)
+    for offset in (100.0, -200.0):
+        x = (torch.randn(5, 300) * 4 + offset).to(dtype)
+        assert_close(emulator.softmax(x, version, reverse=reverse), torch.softmax(x.float(), -1).to(dtype))
+    masked = torch.full((3, 130), -math.inf)
+    masked[0, 7], masked[1, :64], masked[2, 129] = 50.0, torch.randn(64) + 80, -90.0
+    masked = masked.to(dtype)
+    assert_close(emulator.softmax(masked, version, reverse=reverse), torch.softmax(masked.float(), -1).to(dtype))
+
+
+@pytest.mark.parametrize("dtype,reverse", EMU_CASES, ids=EMU_IDS)
 @pytest.mark.parametrize("version", ops.versions("layernorm"))
 def test_emulated_layernorm(emu, version, dtype, reverse):
     for rows, cols in ((1, 1), (7, 1000), (5, 130), (9, 2048)):
@@ -838,6 +854,17 @@ def test_cuda_softmax(kernels, version, rows, cols, dtype):
     x = randn(rows, cols, dtype=dtype, scale=4.0)
     out = ops.softmax(x, version=version, out=poisoned((rows, cols), dtype))
     assert_close(out, naive.softmax(x))
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("version", ops.versions("softmax"))
+def test_cuda_softmax_of_large_shifted_scores(kernels, version, dtype):
+    """As the emulator's test: logits around +100 and -200 need the row maximum subtracted before exp."""
+    for offset in (100.0, -200.0):
+        x = randn(5, 300, dtype=dtype, scale=4.0, offset=offset)
+        out = ops.softmax(x, version=version, out=poisoned((5, 300), dtype))
+        assert_close(out, torch.softmax(x.float(), -1).to(dtype))
 
 
 @cuda_only
