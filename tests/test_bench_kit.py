@@ -517,3 +517,20 @@ def test_check_load_list_names_the_bad_load(loads, error, match):
 def test_check_load_list_gives_the_loads_as_a_list():
     assert check_load_list((1, 4, 16)) == [1, 4, 16]
     assert check_load_list([2**40]) == [2**40]  # no bound unless given
+
+
+def test_markdown_table_refuses_a_table_that_would_render_wrong():
+    """A row of another length, a cell with a line break, a header that is not a list of str: each a clear error
+    naming it; a "|" in a cell is escaped (once: one the caller escaped stays)."""
+    for bad, error, says in ((lambda: markdown_table(["a", "b"], [["x"]]), ValueError, r"rows\[0\] must hold 2 cells"),
+                             (lambda: markdown_table(["a", "b"], [["x", "1", "n", "m"]]), ValueError, r"rows\[0\]"),
+                             (lambda: markdown_table(["a", "b"], [["x", "1\n2"]]), ValueError,
+                              r"rows\[0\]\[1\] must be one line"),
+                             (lambda: markdown_table(None, []), TypeError, "header must be a list of str"),
+                             (lambda: markdown_table([1, 2], []), TypeError, "header must be a list of str"),
+                             (lambda: markdown_table(["a"], None), TypeError, "rows must be a list of rows"),
+                             (lambda: markdown_table(["a"], [], 3), ValueError, "align must hold"),
+                             (lambda: check_load_list([1], most="5"), TypeError, "most must be an int")):
+        with pytest.raises(error, match=says):
+            bad()
+    assert markdown_table(["a|b", "c"], [["x|y", r"p\|q"]]) == "| a\\|b | c |\n|---|---:|\n| x\\|y | p\\|q |\n"

@@ -21,6 +21,7 @@ import re
 import subprocess
 import sys
 import traceback
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -2391,3 +2392,128 @@ def test_r15_private_caches_and_equal_values_are_not_changes():
     model.transformer.h[0].attn.n_head = int("2")
     assert not decoder.model_maybe_changed()
     assert decoder.generate_ids([5, 6, 7], params) == want
+
+
+class _Plain:
+    """A module attribute that compares equal element-wise (a dataclass holding a tensor would): bool() raises."""
+
+    def __init__(self, t: torch.Tensor):
+        self.t = t
+
+    def __eq__(self, other: object) -> Any:
+        return self.t == getattr(other, "t", None)
+
+
+def _swap_dict(module: torch.nn.Module, key: str) -> None:
+    """Replace a module's own dict `key` whole with a copy holding the same entries but one changed, as a hostile
+    user would (`lin._parameters = {...}`)."""
+    old = vars(module)[key]
+    new = type(old)(old)
+    if key == "_parameters":
+        new["weight"] = torch.nn.Parameter(torch.randn_like(old["weight"]))
+    elif key == "_modules":
+        new[next(iter(new))] = copy.deepcopy(next(iter(old.values())))
+    else:  # a hook dict: one hook in it
+        new[12345] = lambda *a: None
+    vars(module)[key] = new
+
+
+# Run 16's changes: a module's dicts replaced whole, a method patched on the class, and two inputs that crashed the
+# watch itself (a non-str key in an instance dict, an attribute whose == does not give a bool).
+WATCHED_CHANGES_R16 = {
+    "parameters-dict-replaced": lambda m: _swap_dict(m.transformer.h[0].mlp.c_fc, "_parameters"),
+    "modules-dict-replaced": lambda m: _swap_dict(m.transformer.h, "_modules"),
+    "forward-hooks-dict-replaced": lambda m: _swap_dict(m.transformer.h[1].mlp, "_forward_hooks"),
+    "class-forward-patched": lambda m: setattr(type(m.transformer.h[0].mlp), "forward",
+                                               lambda self, x: torch.zeros_like(x)),
+    "attribute-with-elementwise-eq": lambda m: setattr(m.transformer.h[0].attn, "bias_note", None),
+}
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+@pytest.mark.parametrize("change", sorted(WATCHED_CHANGES_R16))
+@pytest.mark.parametrize("where", ["prefix-hit", "mid-generation", "fused-decoder"])
+def test_r16_dicts_replaced_whole_and_class_methods_are_watched_too(change, where):
+    """Before: the watch held the dicts it recorded, not the attributes holding them, so `lin._parameters = {...}`,
+    a `_modules` or hook dict replaced whole, or `type(mlp).forward = ...` decoded the old model silently. Now each
+    module's dicts, torch's global hook registries and each class's forward/hidden/logits are watched by identity."""
+    from minillm.compile.fused_engine import FusedEngineModel
+    from minillm.compile.fused_step import FusedCPUDecoder
+    from minillm.core.model import MLP
+    from minillm.core.sampling import SamplingParams
+    from minillm.engine.config import EngineConfig
+    from minillm.engine.llm import LLM
+    from minillm.kvcache.generate import generate
+
+    torch.manual_seed(0)
+    model = GPT(SMALL).eval()
+    if change == "attribute-with-elementwise-eq":
+        model.transformer.h[0].attn.bias_note = _Plain(torch.zeros(3))
+    params = SamplingParams.greedy(6, ignore_eos=True)
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 12], [20, 21, 22, 23, 24, 25, 26, 27]]
+    forward = MLP.forward
+    try:
+        if where == "fused-decoder":
+            decoder = FusedCPUDecoder(model)
+            stream = generate(model, prompts[0], params, kv_cache=decoder.cache, decode_fn=decoder,
+                              prefill_fn=decoder.prefill)
+            next(stream), next(stream)
+            WATCHED_CHANGES_R16[change](model)
+            with pytest.raises(ValueError, match=WATCHED_SAYS):
+                next(stream)
+            return
+        llm = LLM(FusedEngineModel(model), None, EngineConfig(num_blocks=64, block_size=4,
+                                                              enable_prefix_caching=True))
+        if where == "prefix-hit":
+            llm.generate(prompts, params)
+            WATCHED_CHANGES_R16[change](model)
+            with pytest.raises(ValueError, match=WATCHED_SAYS):
+                llm.generate(prompts, params)
+        else:
+            for p in prompts:
+                llm.add_request(p, params)
+            llm.step(), llm.step()
+            WATCHED_CHANGES_R16[change](model)
+            with pytest.raises(ValueError, match=WATCHED_SAYS):
+                llm.step()
+    finally:
+        MLP.forward = forward
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+def test_r16_the_watch_takes_odd_instance_dicts_and_a_deleted_model():
+    """Before: a non-str key in a module's instance dict crashed the watch with AttributeError ('int' object has no
+    attribute 'startswith'), at construction and at the next step; `del decoder.model` gave an AttributeError.
+    Now the key is not an attribute the step reads (decoding goes on), and a deleted model is a replaced one."""
+    from minillm.compile.fused_engine import FusedEngineModel
+    from minillm.compile.fused_step import FusedCPUDecoder
+    from minillm.core.sampling import SamplingParams
+    from minillm.kvcache.generate import generate_ids
+
+    torch.manual_seed(0)
+    model = GPT(SMALL).eval()
+    vars(model.transformer.h[0])[7] = "seven"
+    params = SamplingParams.greedy(4, ignore_eos=True)
+    want = generate_ids(model, [5, 6, 7], params)
+    decoder = FusedCPUDecoder(model)
+    vars(model.transformer.h[1])[(1, 2)] = "a tuple key"
+    assert decoder.generate_ids([5, 6, 7], params) == want
+    del decoder.model
+    with pytest.raises(ValueError, match="model was replaced after it was built"):
+        decoder.check_step()
+
+    @dataclasses.dataclass
+    class Note:  # a dataclass holding a tensor: == compares the tensors element-wise, and bool() of that raises
+        t: torch.Tensor
+
+    model.transformer.h[0].note = Note(torch.zeros(3))
+    decoder = FusedCPUDecoder(model)
+    model.transformer.h[0].note = Note(torch.zeros(3))  # equal, but the comparison gives no bool: named as a change
+    with pytest.raises(ValueError, match=r"transformer.h.0.note changed from"):
+        decoder.check_step()
+    fused = FusedEngineModel(model)
+    h = torch.randn(2, SMALL.n_embd)
+    torch.testing.assert_close(fused.logits(h), model.logits(h), rtol=1e-4, atol=1e-4)
+    model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.lm_head.weight))
+    with pytest.raises(ValueError, match=WATCHED_SAYS):
+        fused.logits(h)  # before: the old head's logits, since logits never looked at the model

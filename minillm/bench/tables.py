@@ -14,19 +14,42 @@ the last column).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 
 RULES = {"l": "---", "r": "---:", "c": ":---:"}  # a column's rule under the header: left, right or centered
 
 
-def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]], align: str | None = None) -> str:
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]], align: str | None = None) -> str:
     """A Markdown table ending with a newline: the header, one rule per column, one line per row. `align` holds one
     letter per column, l (left), r (right) or c (centered); by default the first column is left-aligned (names)
-    and the others right-aligned (numbers)."""
+    and the others right-aligned (numbers). A row holds one cell per column, or one more (a note after the last
+    column); a "|" inside a cell is escaped ("\\|", unless it is already); a cell with a line break, a row of
+    another length or a header that is not a list of strings is a ValueError/TypeError naming it (a table that
+    would render wrong)."""
+    if isinstance(header, (str, bytes)) or not isinstance(header, Sequence) or not all(
+            isinstance(h, str) for h in header):
+        raise TypeError(f"header must be a list of str (the column names), got {header!r:.80}")
     if align is None:
         align = "l" + "r" * (len(header) - 1)
-    if len(align) != len(header) or set(align) - set(RULES):
+    if not isinstance(align, str) or len(align) != len(header) or set(align) - set(RULES):
         raise ValueError(f"align must hold one of l, r, c per column ({len(header)}), got {align!r}")
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(RULES[a] for a in align) + "|"]
-    lines += ["| " + " | ".join(map(str, row)) + " |" for row in rows]  # str: a cell the caller left a number
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, Iterable):
+        raise TypeError(f"rows must be a list of rows (each a list of cells), got {type(rows).__name__}")
+    lines = ["| " + " | ".join(_cell(h, "header", i) for i, h in enumerate(header)) + " |",
+             "|" + "|".join(RULES[a] for a in align) + "|"]
+    for r, row in enumerate(rows):
+        if isinstance(row, (str, bytes)) or not isinstance(row, Sequence) or len(row) not in (len(header),
+                                                                                            len(header) + 1):
+            raise ValueError(f"rows[{r}] must hold {len(header)} cells (or one more, a note), got {row!r:.80}")
+        lines.append("| " + " | ".join(_cell(c, f"rows[{r}]", i) for i, c in enumerate(row)) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _cell(value: object, where: str, i: int) -> str:
+    """One cell as the table writes it: `str(value)` (a caller's number too) with "|" escaped; a line break would end
+    the row, so it is a ValueError naming the cell."""
+    text = str(value)
+    if "\n" in text or "\r" in text:
+        raise ValueError(f"{where}[{i}] must be one line, got {text!r:.80}")
+    return re.sub(r"(?<!\\)\|", r"\\|", text)  # a "|" the caller escaped already stays as it is

@@ -193,6 +193,8 @@ def check_load_list(loads: object, name: str = "loads", most: int | None = None)
     non-empty list or tuple of positive ints, each at most `most` when given; a TypeError/ValueError naming `name`
     (and the entry) otherwise, checked before any model loads (a load of 2**40 would build its requests until memory
     ran out)."""
+    if most is not None:
+        check_int("most", most)
     if isinstance(loads, (str, bytes)) or not isinstance(loads, (list, tuple)) or not loads:
         raise ValueError(f"{name} must be a non-empty list of positive ints, got {loads!r:.80}")
     for i, load in enumerate(loads):

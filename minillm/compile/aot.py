@@ -276,8 +276,9 @@ def check_package(path: str | os.PathLike) -> bool:
             return False
         try:
             digest = json.loads(z.read(member))
-        except (zipfile.BadZipFile, OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"{where}: its {member!r} cannot be read ({e}): a damaged package") from e
+        except (zipfile.BadZipFile, OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            raise ValueError(f"{where}: its {member!r} cannot be read ({type(e).__name__}: {str(e)[:100]}): a damaged "
+                             "package") from e
         _check_digest_fields(digest, where, member)
         return check_sha256(digest, _package_members(z, p, skip=member), where)
 

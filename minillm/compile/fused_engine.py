@@ -131,7 +131,9 @@ class FusedEngineModel(WatchedModel, nn.Module):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """GPT.logits: h (..., C) float32 -> (..., V), the tied head in C++ for rows (R, C) (the model's own for other
-        ranks); a TypeError/ValueError naming h for anything but a float32 CPU tensor of the model's width."""
+        ranks); a TypeError/ValueError naming h for anything but a float32 CPU tensor of the model's width. The
+        model is looked at first, as in `hidden`: a caller may change the head between the two."""
+        self.check_step()
         C = self.config.n_embd
         if not isinstance(h, torch.Tensor) or h.dtype != torch.float32:
             raise TypeError(f"h must be a float32 tensor (..., C={C}) of hidden states (the model's dtype), got "

@@ -55,6 +55,26 @@ from minillm.kvcache.generate import generate_ids, prefill
 from minillm.quant.linear import QuantLinear
 
 _MISSING = object()  # what `WatchedModel` reads for an attribute that was deleted
+# What `WatchedModel` watches besides the model's tensors: the dicts a module keeps its parts and forward hooks in,
+# torch's global forward-hook registries, and the methods a module's class runs when the model computes.
+MODULE_DICTS = ("_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_pre_hooks",
+                "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called")
+GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks")
+METHODS = ("forward", "hidden", "logits", "__call__", "_call_impl")
+
+
+def _public(key: object) -> bool:
+    """Whether an instance-dict key is a public attribute (a str not starting with "_", not the train/eval flag)."""
+    return isinstance(key, str) and not key.startswith("_") and key != "training"
+
+
+def _equal(a: object, b: object) -> bool:
+    """a == b as one bool, False where the comparison itself fails (a dataclass holding a tensor compares it
+    element-wise, and bool() of that raises): such a value is then a change, which names it."""
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
 
 
 def _plain_value(v: object) -> bool:
@@ -197,22 +217,37 @@ class WatchedModel:
         modules = self._model_modules
         self._types = [type(m) for m in modules]
         attrs = [(vars(m), k, v, f"{name}.{k}" if name else k) for name, m in self._named_modules
-                 for k, v in vars(m).items() if not k.startswith("_") and k != "training"]
+                 for k, v in vars(m).items() if _public(k)]
         self._attrs = attrs
         self._instance_names = {(id(m), k) for m in modules for k in vars(m)}
+        # the dicts themselves, held by their module (`lin._parameters = {...}` replaces one whole) and by torch's
+        # module (its global hook registries), and the methods each class runs (`nn.Linear.forward = ...`)
+        self._containers = [(vars(m), key, vars(m)[key], f"{name or 'the model'}.{key}")
+                            for name, m in self._named_modules for key in MODULE_DICTS if key in vars(m)] + [
+            (vars(nn_module), key, vars(nn_module)[key], f"torch.nn.modules.module.{key}") for key in GLOBAL_HOOKS]
+        classes = list(dict.fromkeys(self._types))
+        self._methods = [(cls, name, getattr(cls, name)) for cls in classes for name in METHODS if hasattr(cls, name)]
+        self._method_classes, self._method_names, self._method_objs = ([m[i] for m in self._methods] for i in range(3))
         hook_dicts = [d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks)] + [
-            nn_module._global_forward_hooks, nn_module._global_forward_pre_hooks]
+            vars(nn_module)[key] for key in GLOBAL_HOOKS]
         sized = [(d, len(d)) for d in self._dicts + [vars(m) for m in modules] + hook_dicts]
-        self._objects = load_cpu_ext().ObjectWatch([(d, k, o) for d, k, o, _ in slots] + [a[:3] for a in attrs], sized,
-                                                   list(zip(modules, self._types)))
+        held = [(d, k, o) for d, k, o, _ in slots] + [a[:3] for a in attrs] + [c[:3] for c in self._containers]
+        self._objects = load_cpu_ext().ObjectWatch(held, sized, list(zip(modules, self._types)))
 
     def _what_changed(self) -> str | None:
         """What changed in the model since it was recorded, in words, or None (see the class doc); in Python, so
         only when `model_maybe_changed` said something may have, or in `check_model_unchanged`."""
-        if id(self.model) != self._model_id:
+        model = getattr(self, "model", None)  # `del decoder.model` is a replacement by nothing
+        if id(model) != self._model_id:
             return "replaced"
-        if self.model.config != self._config_copy:
+        if model.config != self._config_copy:
             return "config"
+        for instance, key, was, path in self._containers:
+            if instance.get(key) is not was:
+                return f"{path} is another dict (replaced whole)"
+        for cls, name, was in self._methods:
+            if getattr(cls, name, None) is not was:
+                return f"{cls.__name__}.{name} was replaced (on the class)"
         held_now = list(map(dict.get, self._slot_dicts, self._slot_keys))  # what each dict holds under each key now
         if any(map(operator.is_not, held_now, self._slot_objs)):
             i = next(i for i, (a, b) in enumerate(zip(held_now, self._slot_objs)) if a is not b)
@@ -226,10 +261,10 @@ class WatchedModel:
                     f"{self._types[i].__name__}")
         for instance, key, was, path in self._attrs:
             now = instance.get(key, _MISSING)
-            if now is not was and not (_plain_value(was) and _plain_value(now) and now == was):
+            if now is not was and not (_plain_value(was) and _plain_value(now) and _equal(now, was)):
                 return f"{path} changed from {was!r:.40} to {'nothing' if now is _MISSING else repr(now)[:40]}"
         added = [(name, k) for name, m in self._named_modules for k in vars(m)
-                 if (id(m), k) not in self._instance_names and not k.startswith("_")]
+                 if (id(m), k) not in self._instance_names and _public(k)]
         if added:  # a method assigned to one module, or a new attribute its code may read
             return f"{added[0][0] or 'the model'} was given {added[0][1]!r} of its own"
         i = self._watch.changed()
@@ -241,7 +276,10 @@ class WatchedModel:
         """Whether the model may have changed since the step was built, looked at cheaply (a few µs for `base`: the
         comparisons run in C++, `ObjectWatch` and `TensorWatch`), so it can run at every step. In-place updates
         pass (the C++ step sees them). True means: run `check_model_unchanged`, which says what changed."""
-        if id(self.model) != self._model_id or self.model.config != self._config_copy:
+        model = getattr(self, "model", None)
+        if id(model) != self._model_id or model.config != self._config_copy:
+            return True
+        if any(map(operator.is_not, map(getattr, self._method_classes, self._method_names), self._method_objs)):
             return True
         if self._objects.changed():
             if self._what_changed() is None and hooked_module(self._named_modules) is None:

@@ -176,8 +176,9 @@ def _graph_config(proto: Any, meta: dict[str, str], where: str) -> GPTConfig:
         config = GPTConfig.from_dict(json.loads(meta["minillm_config"]))
     except KeyError:
         raise ValueError(f"{where}: metadata field 'minillm_config' is missing") from None
-    except (json.JSONDecodeError, TypeError, ValueError) as e:
-        raise ValueError(f"{where}: metadata field 'minillm_config' is not a model config: {e}") from e
+    except (json.JSONDecodeError, TypeError, ValueError, RecursionError) as e:  # RecursionError: JSON nested deep
+        raise ValueError(f"{where}: metadata field 'minillm_config' is not a model config: {type(e).__name__}: "
+                         f"{str(e)[:100]}") from e
 
     def dims(value: Any) -> list[Any]:
         return [d.dim_value if d.HasField("dim_value") else d.dim_param for d in value.type.tensor_type.shape.dim]

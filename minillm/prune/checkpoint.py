@@ -133,8 +133,9 @@ def _parse(meta: dict[str, str], where: str) -> tuple[GPTConfig, list[int]]:
     pattern = meta["pattern"]
     try:
         widths = json.loads(meta["mlp_hidden"])
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: metadata field mlp_hidden {meta['mlp_hidden']!r} is not a JSON list: {e}") from e
+    except (json.JSONDecodeError, RecursionError) as e:  # RecursionError: JSON nested too deep to read
+        raise ValueError(f"{where}: metadata field mlp_hidden {meta['mlp_hidden']!r:.80} is not a JSON list: "
+                         f"{type(e).__name__}") from e
     try:
         sparsity = float(meta["block_sparsity"])
     except ValueError as e:

@@ -110,8 +110,8 @@ def _parse(meta: dict[str, str], where: str) -> tuple[GPTConfig, QuantConfig]:
         qconfig = QuantConfig.from_dict(json.loads(meta["quant_config"]))
     except KeyError as e:
         raise ValueError(f"{where}: metadata field {e.args[0]!r} is missing") from e
-    except (json.JSONDecodeError, TypeError, ValueError) as e:
-        raise ValueError(f"{where}: invalid quantization metadata: {e}") from e
+    except (json.JSONDecodeError, TypeError, ValueError, RecursionError) as e:  # RecursionError: JSON nested deep
+        raise ValueError(f"{where}: invalid quantization metadata: {type(e).__name__}: {str(e)[:100]}") from e
     return gpt_config_from(meta, where), qconfig
 
 
