@@ -36,7 +36,8 @@ class Mutant:
 
 MUTANTS = (
     Mutant("cow-does-not-copy-kv", "minillm/paged/paged_cache.py",
-           "            pool[dst] = pool[src]  # (n_pairs, bs, nh, hs)", "            pool[dst] = pool[dst]",
+           "            pool[dst] = pool[src]  # (n_pairs, bs, nh, hs) for K/V, (n_pairs, ...) for whatever else a block "
+           "holds", "            pool[dst] = pool[dst]",
            ("tests/test_05_paged_attention.py", "-k", "copy_on_write or n_samples")),
     Mutant("swap-in-reversed", "minillm/engine/swap.py",
            "idx = torch.tensor(block_table, dtype=torch.int64, device=self.cache.device)  # (n,)\n        for pool, saved",
@@ -168,8 +169,11 @@ def test_the_suite_catches_the_planted_bug(mutant, tmp_path):
     repo = _copy_repo(tmp_path)
     path = repo / mutant.file
     text = path.read_text(encoding="utf-8")
-    assert text.count(mutant.old) == 1
-    path.write_text(text.replace(mutant.old, mutant.new), encoding="utf-8")
+    assert text.count(mutant.old) == 1, f"{mutant.name}: its text is not in {mutant.file} once (the code moved on)"
+    mutated = text.replace(mutant.old, mutant.new)
+    if path.suffix == ".py":  # a stale `old` that is now a prefix of a longer line leaves a syntax error, not a bug
+        compile(mutated, str(path), "exec")
+    path.write_text(mutated, encoding="utf-8")
     res = _run(repo, mutant.tests)
     assert res.returncode == 1, (f"{mutant.name}: {' '.join(mutant.tests)} did not fail (exit {res.returncode})\n"
                                  f"{res.stdout[-3000:]}{res.stderr[-3000:]}")
