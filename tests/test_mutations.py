@@ -39,6 +39,9 @@ MUTANTS = (
            "            pool[dst] = pool[src]  # (n_pairs, bs, nh, hs) for K/V, (n_pairs, ...) for whatever else a block "
            "holds", "            pool[dst] = pool[dst]",
            ("tests/test_05_paged_attention.py", "-k", "copy_on_write or n_samples")),
+    Mutant("int8-swap-forgets-scales", "minillm/quant/kv_cache.py",
+           "        return self.k_pools + self.v_pools + self.k_scales + self.v_scales",
+           "        return self.k_pools + self.v_pools", ("tests/test_engine_swap_int8.py", "-k", "swap or scales")),
     Mutant("swap-in-reversed", "minillm/engine/swap.py",
            "idx = torch.tensor(block_table, dtype=torch.int64, device=self.cache.device)  # (n,)\n        for pool, saved",
            "idx = torch.tensor(block_table[::-1], dtype=torch.int64, device=self.cache.device)\n        for pool, saved",
@@ -152,7 +155,7 @@ def test_the_unpatched_copy_passes_every_selected_test(repo_copy):
                            env={**os.environ, "PYTHONPATH": str(repo_copy)}, capture_output=True, text=True)
     assert where.stdout.strip().startswith(str(repo_copy)), where.stdout + where.stderr  # the copy, not the checkout
     # One run per test file, selecting the union of its mutants' expressions: a superset of every selection, so it
-    # passing means each selection passes (19 selections, 7 files: the control costs 7 interpreter starts, not 19).
+    # passing means each selection passes (20 selections, 9 files: the control costs 9 interpreter starts, not 20).
     union: dict[str, list[str]] = {}
     for m in MUTANTS:
         file, flag, expr = m.tests
