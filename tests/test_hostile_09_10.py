@@ -2003,3 +2003,30 @@ def test_q09r11_describe_verifies_what_it_reports(tmp_path):
     with pytest.raises(ValueError, match=r"lie\.safetensors.*sha256"):
         describe_quantized(tmp_path / "lie.safetensors")
     assert describe_quantized(good)["method"] == "rtn"
+
+
+@pytest.mark.parametrize("kind, field, value, match", [
+    ("pruned", "gpt_config", "[" * 100_000 + "]" * 100_000, r"invalid gpt_config metadata: RecursionError"),
+    ("pruned", "mlp_hidden", "[" + "9" * 5000 + "]", r"metadata field mlp_hidden .* is not a JSON list: ValueError"),
+    ("quantized", "gpt_config", "[" * 100_000 + "]" * 100_000, r"invalid gpt_config metadata: RecursionError"),
+    ("quantized", "quant_config", '{"mode": "int4"}', r"its quant_config .* does not fit its model"),
+])
+def test_r17_metadata_json_that_json_cannot_read_names_the_file(tmp_path, kind, field, value, match):
+    """Seventeenth hostile run: a field nested past json's depth (RecursionError), an int past Python's digit limit
+    (json's bare ValueError) or a quant_config the tensors cannot take (int4 with a group size past the width) each
+    escaped without naming the file. Now each is a ValueError naming the file and the field (re-signed or not: the
+    metadata is read before the digest is compared)."""
+    if kind == "pruned":
+        good = save_pruned(prune_model(MODEL, "magnitude", 0.5, pattern="2:4"), tmp_path / "good.safetensors", "2:4")
+        load = load_pruned
+    else:
+        good = save_quantized(quantize_model(tiny(), QuantConfig("int8")), tmp_path / "good.safetensors", "rtn")
+        load = load_quantized
+    with safe_open(str(good), framework="pt") as f:
+        meta = dict(f.metadata())
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    meta[field] = value
+    save_file(tensors, str(tmp_path / "bad.safetensors"), metadata=meta)
+    with pytest.raises(ValueError, match=match) as e:
+        load(tmp_path / "bad.safetensors")
+    assert "bad.safetensors" in str(e.value)

@@ -2484,7 +2484,8 @@ def test_r16_dicts_replaced_whole_and_class_methods_are_watched_too(change, wher
 def test_r16_the_watch_takes_odd_instance_dicts_and_a_deleted_model():
     """Before: a non-str key in a module's instance dict crashed the watch with AttributeError ('int' object has no
     attribute 'startswith'), at construction and at the next step; `del decoder.model` gave an AttributeError.
-    Now the key is not an attribute the step reads (decoding goes on), and a deleted model is a replaced one."""
+    Now the key is not an attribute the step reads (decoding goes on), and deleting the model is refused at the
+    `del`, naming it."""
     from minillm.compile.fused_engine import FusedEngineModel
     from minillm.compile.fused_step import FusedCPUDecoder
     from minillm.core.sampling import SamplingParams
@@ -2498,9 +2499,9 @@ def test_r16_the_watch_takes_odd_instance_dicts_and_a_deleted_model():
     decoder = FusedCPUDecoder(model)
     vars(model.transformer.h[1])[(1, 2)] = "a tuple key"
     assert decoder.generate_ids([5, 6, 7], params) == want
-    del decoder.model
-    with pytest.raises(ValueError, match="model was replaced after it was built"):
-        decoder.check_step()
+    with pytest.raises(AttributeError, match="model cannot be deleted"):
+        del decoder.model
+    assert decoder.generate_ids([5, 6, 7], params) == want  # still whole
 
     @dataclasses.dataclass
     class Note:  # a dataclass holding a tensor: == compares the tensors element-wise, and bool() of that raises
@@ -2517,3 +2518,85 @@ def test_r16_the_watch_takes_odd_instance_dicts_and_a_deleted_model():
     model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.lm_head.weight))
     with pytest.raises(ValueError, match=WATCHED_SAYS):
         fused.logits(h)  # before: the old head's logits, since logits never looked at the model
+
+
+
+def _replace_instance_dict(module: torch.nn.Module) -> None:
+    """`module.__dict__ = {...}`: a copy of its instance dict with one public attribute changed."""
+    new = dict(vars(module))
+    new["eps"] = 0.5
+    module.__dict__ = new
+
+
+def _reorder_blocks(model: GPT) -> None:
+    """The ModuleList's dict reordered in place: the same keys and blocks, block 1 now runs first."""
+    d = model.transformer.h._modules
+    d["0"] = d.pop("0")
+
+
+def _compiled_call(module: torch.nn.Module) -> None:
+    """What `module.compile()` sets: `module(x)` runs this instead of forward."""
+    module._compiled_call_impl = lambda *a, **k: torch.zeros_like(a[0])
+
+
+# Run 17's changes: an instance dict replaced whole, blocks reordered, torch's per-instance call attributes, a
+# class-level __getattr__, and one block left in training mode (dropout on).
+WATCHED_CHANGES_R17 = {
+    "instance-dict-replaced": lambda m: _replace_instance_dict(m.transformer.h[1].ln_2),
+    "blocks-reordered": _reorder_blocks,
+    "compiled-call-impl": lambda m: _compiled_call(m.transformer.h[0].mlp),
+    "instance-call-impl": lambda m: setattr(m.transformer.h[0].mlp, "_call_impl", lambda *a, **k: a[0] * 0),
+    "class-getattr-patched": lambda m: setattr(type(m.transformer.h[0].mlp), "__getattr__",
+                                               lambda self, name: torch.nn.Module.__getattr__(self, name)),
+    "block-in-training-mode": lambda m: m.transformer.h[0].train(),
+}
+R17_SAYS = WATCHED_SAYS + r"|is in training mode"
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+@pytest.mark.parametrize("change", sorted(WATCHED_CHANGES_R17))
+@pytest.mark.parametrize("where", ["prefix-hit", "mid-generation", "fused-decoder"])
+def test_r17_instance_dicts_child_order_call_attributes_and_training_blocks_are_watched(change, where):
+    """Before: each of these decoded the old model silently on the fused paths (the watch held the instance dicts it
+    recorded, not the module's current one; it never compared a ModuleList's order; it skipped torch's private call
+    attributes; it read the model's own train flag only). Now each is a ValueError at the next step."""
+    from minillm.compile.fused_engine import FusedEngineModel
+    from minillm.compile.fused_step import FusedCPUDecoder
+    from minillm.core.model import MLP
+    from minillm.core.sampling import SamplingParams
+    from minillm.engine.config import EngineConfig
+    from minillm.engine.llm import LLM
+    from minillm.kvcache.generate import generate
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**SMALL.to_dict(), "dropout": 0.2})).eval()
+    params = SamplingParams.greedy(6, ignore_eos=True)
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 12], [20, 21, 22, 23, 24, 25, 26, 27]]
+    had_getattr = "__getattr__" in vars(MLP)
+    try:
+        if where == "fused-decoder":
+            decoder = FusedCPUDecoder(model)
+            stream = generate(model, prompts[0], params, kv_cache=decoder.cache, decode_fn=decoder,
+                              prefill_fn=decoder.prefill)
+            next(stream), next(stream)
+            WATCHED_CHANGES_R17[change](model)
+            with pytest.raises(ValueError, match=R17_SAYS):
+                next(stream)
+            return
+        llm = LLM(FusedEngineModel(model), None, EngineConfig(num_blocks=64, block_size=4,
+                                                              enable_prefix_caching=True))
+        if where == "prefix-hit":
+            llm.generate(prompts, params)
+            WATCHED_CHANGES_R17[change](model)
+            with pytest.raises(ValueError, match=R17_SAYS):
+                llm.generate(prompts, params)
+        else:
+            for p in prompts:
+                llm.add_request(p, params)
+            llm.step(), llm.step()
+            WATCHED_CHANGES_R17[change](model)
+            with pytest.raises(ValueError, match=R17_SAYS):
+                llm.step()
+    finally:
+        if not had_getattr and "__getattr__" in vars(MLP):
+            del MLP.__getattr__

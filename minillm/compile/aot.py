@@ -276,7 +276,7 @@ def check_package(path: str | os.PathLike) -> bool:
             return False
         try:
             digest = json.loads(z.read(member))
-        except (zipfile.BadZipFile, OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError, RecursionError) as e:  # ValueError: json's, digits
             raise ValueError(f"{where}: its {member!r} cannot be read ({type(e).__name__}: {str(e)[:100]}): a damaged "
                              "package") from e
         _check_digest_fields(digest, where, member)
@@ -311,8 +311,12 @@ class AOTDecoder:
                              f"{meta.get('minillm_format')!r}, expected {FORMAT!r}); build one with "
                              "export_decode_step")
         self.path = p
-        self.config = GPTConfig.from_dict(json.loads(meta["minillm_config"]))
-        self.max_len = int(meta["minillm_max_len"])
+        try:  # signed by the digest, but a package from before digests is not: its fields are read with care
+            self.config = GPTConfig.from_dict(json.loads(meta["minillm_config"]))
+            self.max_len = int(meta["minillm_max_len"])
+        except (KeyError, TypeError, ValueError, RecursionError) as e:
+            raise ValueError(f"path {str(p)!r}: its metadata fields minillm_config and minillm_max_len cannot be "
+                             f"read ({type(e).__name__}: {str(e)[:100]}): a damaged package") from e
         self._token = torch.zeros(1, 1, dtype=torch.long)  # the step's inputs, refilled per token
         self._position = torch.zeros(1, 1, dtype=torch.long)
         self._request = 0  # the stream allowed to step; a new generate() takes the cache from the one before

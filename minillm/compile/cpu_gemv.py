@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import shutil
 import threading
 from collections.abc import Iterator
@@ -69,6 +70,16 @@ def build_flags() -> tuple[list[str], str]:
     return ["-O3"], "cpu_decode"
 
 
+def sources_digest() -> str:
+    """12 hex digits of the sha256 of the C++ sources (the .cpp files and their shared header): part of the build
+    directory's name, so two checkouts with different sources on one machine (a student's edit, another branch)
+    each build and load their own module instead of rebuilding one directory in turn under each other."""
+    digest = hashlib.sha256()
+    for path in (*SOURCES, CSRC / "cpu_kernels.h"):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def build_problem() -> str | None:
     """None when the extension can be built here, else why not (no C++ compiler, no ninja)."""
     if shutil.which("c++") is None and shutil.which("g++") is None:
@@ -92,7 +103,7 @@ def load_cpu_ext(verbose: bool = False):
             from torch.utils.cpp_extension import load
 
             flags, name = build_flags()
-            build_dir = cache_dir() / name
+            build_dir = cache_dir() / f"{name}-{sources_digest()}"
             build_dir.mkdir(parents=True, exist_ok=True)
             _ext = load(name="minillm_cpu_decode", sources=[str(s) for s in SOURCES], extra_cflags=flags,
                         extra_include_paths=[str(CSRC)], build_directory=str(build_dir), verbose=verbose)

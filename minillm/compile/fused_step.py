@@ -58,14 +58,22 @@ _MISSING = object()  # what `WatchedModel` reads for an attribute that was delet
 # What `WatchedModel` watches besides the model's tensors: the dicts a module keeps its parts and forward hooks in,
 # torch's global forward-hook registries, and the methods a module's class runs when the model computes.
 MODULE_DICTS = ("_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_pre_hooks",
-                "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called")
+                "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called",
+                "_compiled_call_impl")  # the last: what `module.compile()` makes `module(x)` run instead
 GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks")
-METHODS = ("forward", "hidden", "logits", "__call__", "_call_impl")
+METHODS = ("forward", "hidden", "logits", "__call__", "_call_impl", "__getattr__", "__getattribute__")
+_TRAINING = operator.attrgetter("training")
 
 
 def _public(key: object) -> bool:
     """Whether an instance-dict key is a public attribute (a str not starting with "_", not the train/eval flag)."""
     return isinstance(key, str) and not key.startswith("_") and key != "training"
+
+
+def _watched_key(module: nn.Module, key: object) -> bool:
+    """Whether a key added to `module`'s instance dict can change what it computes: a public attribute, or any name
+    its class defines (`_call_impl` set on one module shadows the class's); other private names are caches."""
+    return _public(key) or (isinstance(key, str) and hasattr(type(module), key))
 
 
 def _equal(a: object, b: object) -> bool:
@@ -188,6 +196,12 @@ class WatchedModel:
 
     model: GPT
 
+    def __delattr__(self, name: str) -> None:
+        if name == "model":  # the step holds the model's tensors: there is no decoder without it
+            raise AttributeError(f"a {type(self).__name__}'s model cannot be deleted (its C++ step reads the model's "
+                                 f"tensors): drop the {type(self).__name__} instead")
+        super().__delattr__(name)
+
     def _watch_model(self) -> None:
         self._named_modules = list(self.model.named_modules())
         self._check_no_hooks()
@@ -232,7 +246,10 @@ class WatchedModel:
             vars(nn_module)[key] for key in GLOBAL_HOOKS]
         sized = [(d, len(d)) for d in self._dicts + [vars(m) for m in modules] + hook_dicts]
         held = [(d, k, o) for d, k, o, _ in slots] + [a[:3] for a in attrs] + [c[:3] for c in self._containers]
-        self._objects = load_cpu_ext().ObjectWatch(held, sized, list(zip(modules, self._types)))
+        self._instance_dicts = [vars(m) for m in modules]  # `module.__dict__ = {...}` replaces one whole
+        self._child_orders = [(m._modules, list(m._modules)) for m in modules]  # a ModuleList runs in this order
+        self._objects = load_cpu_ext().ObjectWatch(held, sized, self._child_orders,
+                                                   list(zip(modules, self._types, self._instance_dicts)))
 
     def _what_changed(self) -> str | None:
         """What changed in the model since it was recorded, in words, or None (see the class doc); in Python, so
@@ -242,6 +259,12 @@ class WatchedModel:
             return "replaced"
         if model.config != self._config_copy:
             return "config"
+        for (name, m), was in zip(self._named_modules, self._instance_dicts):
+            if vars(m) is not was:
+                return f"{name or 'the model'}.__dict__ was replaced whole"
+        for (name, _), (children, order) in zip(self._named_modules, self._child_orders):
+            if list(children) != order:
+                return f"{name or 'the model'}'s children were reordered or renamed: {list(children)[:8]}"
         for instance, key, was, path in self._containers:
             if instance.get(key) is not was:
                 return f"{path} is another dict (replaced whole)"
@@ -264,7 +287,7 @@ class WatchedModel:
             if now is not was and not (_plain_value(was) and _plain_value(now) and _equal(now, was)):
                 return f"{path} changed from {was!r:.40} to {'nothing' if now is _MISSING else repr(now)[:40]}"
         added = [(name, k) for name, m in self._named_modules for k in vars(m)
-                 if (id(m), k) not in self._instance_names and _public(k)]
+                 if (id(m), k) not in self._instance_names and _watched_key(m, k)]
         if added:  # a method assigned to one module, or a new attribute its code may read
             return f"{added[0][0] or 'the model'} was given {added[0][1]!r} of its own"
         i = self._watch.changed()
@@ -290,10 +313,17 @@ class WatchedModel:
 
     def check_step(self) -> None:
         """What every C++ step runs first: the cheap look (`model_maybe_changed`), the full check with its message
-        when that fired, and each quantized layer's own check of its buffers (about a microsecond each when none
-        was written since: a scale written in place keeps its storage, so only its values show it turned NaN)."""
+        when that fired, every module in eval mode when the model has dropout (a block left in training mode would
+        run it in the model's forward, never in the C++ step), and each quantized layer's own check of its buffers
+        (about a microsecond each when none was written since: a scale written in place keeps its storage, so only
+        its values show it turned NaN)."""
         if self.model_maybe_changed():
             self.check_model_unchanged()
+        if self.model.config.dropout > 0 and any(map(_TRAINING, self._model_modules)):  # (no dropout: no effect)
+            name = next(n for n, m in self._named_modules if m.training) or "the model"
+            raise ValueError(f"a {type(self).__name__} step runs the model in eval mode, but its {name} is in "
+                             "training mode (its dropout would run in the model's forward, not in the C++ step): "
+                             "call model.eval() first")
         for layer_name, layer in self._quantized:
             checked_buffers(layer, layer_name)
 

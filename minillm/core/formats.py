@@ -238,8 +238,8 @@ def gpt_config_from(meta: dict[str, str], where: str) -> GPTConfig:
         return GPTConfig.from_dict(json.loads(meta["gpt_config"]))
     except KeyError:
         raise ValueError(f"{where}: metadata field 'gpt_config' is missing") from None
-    except (json.JSONDecodeError, TypeError, ValueError) as e:
-        raise ValueError(f"{where}: invalid gpt_config metadata: {e}") from e
+    except (TypeError, ValueError, RecursionError) as e:  # ValueError: json's, and an int past Python's digit limit
+        raise ValueError(f"{where}: invalid gpt_config metadata: {type(e).__name__}: {str(e)[:120]}") from e
 
 
 def gpt_config_json(config: GPTConfig) -> str:

@@ -133,7 +133,7 @@ def _parse(meta: dict[str, str], where: str) -> tuple[GPTConfig, list[int]]:
     pattern = meta["pattern"]
     try:
         widths = json.loads(meta["mlp_hidden"])
-    except (json.JSONDecodeError, RecursionError) as e:  # RecursionError: JSON nested too deep to read
+    except (ValueError, RecursionError) as e:  # json's errors, an int past Python's digit limit, nesting too deep
         raise ValueError(f"{where}: metadata field mlp_hidden {meta['mlp_hidden']!r:.80} is not a JSON list: "
                          f"{type(e).__name__}") from e
     try:

@@ -188,7 +188,10 @@ def _build(meta: dict[str, str], tensors: dict[str, torch.Tensor], where: str) -
     check_gpt_config(config, tensors, where)  # before the skeleton: names the field, bounds the allocation
     # The skeleton: a GPT of the stored shape, quantized in the stored mode, so every buffer has the shape and dtype
     # that mode implies; its random weights are all overwritten below.
-    model = quantize_model(GPT(config), qconfig)
+    try:  # a config the tensors' shapes cannot take (int4's group size past a re-signed file's width)
+        model = quantize_model(GPT(config), qconfig)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: its quant_config {qconfig} does not fit its model: {e}") from e
     where += f" (mode {qconfig.mode}" + (f", group_size {qconfig.group_size})" if qconfig.mode == "int4" else ")")
     check_stored_tensors(model_tensors(model), tensors, where, implied_by="the metadata's mode")
     _check_grid(model, tensors, where)

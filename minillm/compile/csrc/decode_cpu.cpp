@@ -763,17 +763,21 @@ private:
 // The other half of that question, for what is not a tensor: the model's Python objects, compared by identity
 // without calling back into Python (the same look in Python cost tens of microseconds a step). `held`: (dict, key,
 // object) triples, each an object the dict held under the key when the watch was built (a module's parameters,
-// buffers, children and public attributes, from the dicts the module keeps them in); `sized`: (dict, size) pairs
-// (those dicts and each module's instance dict: a block appended or a `forward` assigned is a new key; its hook
-// dicts and torch's global ones, at 0); `typed`: (object, type) pairs (a module's class swapped). Any difference
-// is "maybe changed": the Python side then says what changed, or that nothing did (an attribute written again
-// with an equal value, a private cache a module keeps) and builds a new watch.
+// buffers, children and public attributes, from the dicts the module keeps them in, and those dicts from its
+// instance dict); `sized`: (dict, size) pairs (those dicts and each module's instance dict: a block appended or a
+// `forward` assigned is a new key; its hook dicts and torch's global ones, at 0); `ordered`: (dict, keys) pairs, the
+// keys in order (a ModuleList runs its blocks in its dict's order); `owned`: (object, type, instance dict) triples
+// (a module's class swapped, or its whole `__dict__`). Any difference is "maybe changed": the Python side then says
+// what changed, or that nothing did (an attribute written again with an equal value, a private cache a module
+// keeps) and builds a new watch.
 class ObjectWatch {
 public:
-    ObjectWatch(std::vector<std::tuple<pybind11::dict, pybind11::object, pybind11::object>> held,
-                std::vector<std::pair<pybind11::dict, int64_t>> sized,
-                std::vector<std::pair<pybind11::object, pybind11::object>> typed)
-        : held_(std::move(held)), sized_(std::move(sized)), typed_(std::move(typed)) {}
+    using Held = std::tuple<pybind11::dict, pybind11::object, pybind11::object>;
+    using Owned = std::tuple<pybind11::object, pybind11::object, pybind11::object>;
+
+    ObjectWatch(std::vector<Held> held, std::vector<std::pair<pybind11::dict, int64_t>> sized,
+                std::vector<std::pair<pybind11::dict, std::vector<pybind11::object>>> ordered, std::vector<Owned> owned)
+        : held_(std::move(held)), sized_(std::move(sized)), ordered_(std::move(ordered)), owned_(std::move(owned)) {}
 
     bool changed() const {
         for (const auto& [dict, key, object] : held_) {
@@ -784,16 +788,30 @@ public:
         for (const auto& [dict, size] : sized_) {
             if (PyDict_Size(dict.ptr()) != size) return true;
         }
-        for (const auto& [object, type] : typed_) {
+        for (const auto& [dict, keys] : ordered_) {
+            Py_ssize_t pos = 0;
+            PyObject *key = nullptr, *value = nullptr;
+            for (const auto& want : keys) {
+                if (!PyDict_Next(dict.ptr(), &pos, &key, &value) || key != want.ptr()) return true;
+            }
+        }
+        for (const auto& [object, type, instance_dict] : owned_) {
             if (reinterpret_cast<PyObject*>(Py_TYPE(object.ptr())) != type.ptr()) return true;
+            PyObject* now = PyObject_GetAttr(object.ptr(), dict_name_.ptr());  // a new reference
+            if (now == nullptr) throw pybind11::error_already_set();
+            const bool same = now == instance_dict.ptr();
+            Py_DECREF(now);
+            if (!same) return true;
         }
         return false;
     }
 
 private:
-    std::vector<std::tuple<pybind11::dict, pybind11::object, pybind11::object>> held_;
+    std::vector<Held> held_;
     std::vector<std::pair<pybind11::dict, int64_t>> sized_;
-    std::vector<std::pair<pybind11::object, pybind11::object>> typed_;
+    std::vector<std::pair<pybind11::dict, std::vector<pybind11::object>>> ordered_;
+    std::vector<Owned> owned_;
+    pybind11::str dict_name_{"__dict__"};  // made once: a name built at every lookup cost more than the lookup
 };
 
 }  // namespace
@@ -830,12 +848,12 @@ void register_decoder(pybind11::module& m) {
         .def("changed", &TensorWatch::changed, "the index of the first watched tensor whose view of memory or (where "
              "the step reads a copy) values changed since the watch was built; -1 if none");
     pybind11::class_<ObjectWatch>(m, "ObjectWatch")
-        .def(pybind11::init<std::vector<std::tuple<pybind11::dict, pybind11::object, pybind11::object>>,
-                            std::vector<std::pair<pybind11::dict, int64_t>>,
-                            std::vector<std::pair<pybind11::object, pybind11::object>>>(),
-             pybind11::arg("held"), pybind11::arg("sized"), pybind11::arg("typed"))
-        .def("changed", &ObjectWatch::changed, "whether any dict holds another object under a key, has another size, "
-             "or any object another type, than when the watch was built");
+        .def(pybind11::init<std::vector<ObjectWatch::Held>, std::vector<std::pair<pybind11::dict, int64_t>>,
+                            std::vector<std::pair<pybind11::dict, std::vector<pybind11::object>>>,
+                            std::vector<ObjectWatch::Owned>>(),
+             pybind11::arg("held"), pybind11::arg("sized"), pybind11::arg("ordered"), pybind11::arg("owned"))
+        .def("changed", &ObjectWatch::changed, "whether any dict holds another object under a key, has another size "
+             "or key order, or any object another type or instance dict, than when the watch was built");
 }
 
 }  // namespace minillm
