@@ -2271,10 +2271,49 @@ WATCHED_SAYS = r"converted or replaced since this (FusedEngineModel|FusedCPUDeco
 SMALL = GPTConfig(vocab_size=128, block_size=32, n_layer=2, n_head=2, n_embd=32)
 
 
-def _changed(change: str, model: GPT):
-    """Apply WATCHED_CHANGES[change] to `model`; the handle to remove afterwards (a global hook), else None."""
-    handle = WATCHED_CHANGES[change](model)
-    return handle if change == "global-hook" else None
+def _refused_after(where: str, model: GPT, change: Callable[[GPT], Any], says: str) -> None:
+    """Decode on a fused path, apply `change(model)` at the point `where` names, and require a ValueError matching
+    `says` at the next step: "fused-decoder" between two tokens of a streamed chapter-04 `generate` on a
+    FusedCPUDecoder; "prefix-hit" at the next `generate` of an engine on FusedEngineModel whose prompts' blocks are
+    all cached; "mid-generation" between two steps of its running requests. A global hook `change` returns is
+    removed afterwards."""
+    from minillm.compile.fused_engine import FusedEngineModel
+    from minillm.compile.fused_step import FusedCPUDecoder
+    from minillm.core.sampling import SamplingParams
+    from minillm.engine.config import EngineConfig
+    from minillm.engine.llm import LLM
+    from minillm.kvcache.generate import generate
+
+    params = SamplingParams.greedy(6, ignore_eos=True)
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 12], [20, 21, 22, 23, 24, 25, 26, 27]]  # two full blocks of 4 each
+    handle = None
+    try:
+        if where == "fused-decoder":
+            decoder = FusedCPUDecoder(model)
+            stream = generate(model, prompts[0], params, kv_cache=decoder.cache, decode_fn=decoder,
+                              prefill_fn=decoder.prefill)
+            next(stream), next(stream)
+            handle = change(model)
+            with pytest.raises(ValueError, match=says):
+                next(stream)
+            return
+        llm = LLM(FusedEngineModel(model), None, EngineConfig(num_blocks=64, block_size=4,
+                                                              enable_prefix_caching=True))
+        if where == "prefix-hit":
+            llm.generate(prompts, params)  # the prompts' blocks are cached: the next run starts on full hits
+            handle = change(model)
+            with pytest.raises(ValueError, match=says):
+                llm.generate(prompts, params)
+        else:
+            for p in prompts:
+                llm.add_request(p, params)
+            llm.step(), llm.step()
+            handle = change(model)
+            with pytest.raises(ValueError, match=says):
+                llm.step()
+    finally:
+        if hasattr(handle, "remove"):  # a global hook
+            handle.remove()
 
 
 @pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
@@ -2285,45 +2324,8 @@ def test_r15_a_fused_step_refuses_every_change_it_cannot_follow(change, where):
     started without a prefix-cache hit, so each change above decoded the old model with no word when every sequence
     hit the prefix cache, or when it came between two steps of running requests. Now every step looks at views,
     dict sizes, classes, instance attributes and global hooks (`WatchedModel`), and the next step is a ValueError."""
-    from minillm.compile.fused_engine import FusedEngineModel
-    from minillm.compile.fused_step import FusedCPUDecoder
-    from minillm.core.sampling import SamplingParams
-    from minillm.engine.config import EngineConfig
-    from minillm.engine.llm import LLM
-    from minillm.kvcache.generate import generate
-
     torch.manual_seed(0)
-    model = GPT(SMALL).eval()
-    params = SamplingParams.greedy(6, ignore_eos=True)
-    prompts = [[5, 6, 7, 8, 9, 10, 11, 12], [20, 21, 22, 23, 24, 25, 26, 27]]  # two full blocks of 4 each
-    handle = None
-    try:
-        if where == "fused-decoder":
-            decoder = FusedCPUDecoder(model)
-            stream = generate(model, prompts[0], params, kv_cache=decoder.cache, decode_fn=decoder,
-                              prefill_fn=decoder.prefill)
-            next(stream), next(stream)
-            handle = _changed(change, model)
-            with pytest.raises(ValueError, match=WATCHED_SAYS):
-                next(stream)
-            return
-        llm = LLM(FusedEngineModel(model), None, EngineConfig(num_blocks=64, block_size=4,
-                                                              enable_prefix_caching=True))
-        if where == "prefix-hit":
-            llm.generate(prompts, params)  # the prompts' blocks are cached: the next run starts on full hits
-            handle = _changed(change, model)
-            with pytest.raises(ValueError, match=WATCHED_SAYS):
-                llm.generate(prompts, params)
-        else:
-            for p in prompts:
-                llm.add_request(p, params)
-            llm.step(), llm.step()
-            handle = _changed(change, model)
-            with pytest.raises(ValueError, match=WATCHED_SAYS):
-                llm.step()
-    finally:
-        if handle is not None:
-            handle.remove()
+    _refused_after(where, GPT(SMALL).eval(), WATCHED_CHANGES[change], WATCHED_SAYS)
 
 
 @pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
@@ -2437,45 +2439,15 @@ def test_r16_dicts_replaced_whole_and_class_methods_are_watched_too(change, wher
     """Before: the watch held the dicts it recorded, not the attributes holding them, so `lin._parameters = {...}`,
     a `_modules` or hook dict replaced whole, or `type(mlp).forward = ...` decoded the old model silently. Now each
     module's dicts, torch's global hook registries and each class's forward/hidden/logits are watched by identity."""
-    from minillm.compile.fused_engine import FusedEngineModel
-    from minillm.compile.fused_step import FusedCPUDecoder
     from minillm.core.model import MLP
-    from minillm.core.sampling import SamplingParams
-    from minillm.engine.config import EngineConfig
-    from minillm.engine.llm import LLM
-    from minillm.kvcache.generate import generate
 
     torch.manual_seed(0)
     model = GPT(SMALL).eval()
     if change == "attribute-with-elementwise-eq":
         model.transformer.h[0].attn.bias_note = _Plain(torch.zeros(3))
-    params = SamplingParams.greedy(6, ignore_eos=True)
-    prompts = [[5, 6, 7, 8, 9, 10, 11, 12], [20, 21, 22, 23, 24, 25, 26, 27]]
     forward = MLP.forward
     try:
-        if where == "fused-decoder":
-            decoder = FusedCPUDecoder(model)
-            stream = generate(model, prompts[0], params, kv_cache=decoder.cache, decode_fn=decoder,
-                              prefill_fn=decoder.prefill)
-            next(stream), next(stream)
-            WATCHED_CHANGES_R16[change](model)
-            with pytest.raises(ValueError, match=WATCHED_SAYS):
-                next(stream)
-            return
-        llm = LLM(FusedEngineModel(model), None, EngineConfig(num_blocks=64, block_size=4,
-                                                              enable_prefix_caching=True))
-        if where == "prefix-hit":
-            llm.generate(prompts, params)
-            WATCHED_CHANGES_R16[change](model)
-            with pytest.raises(ValueError, match=WATCHED_SAYS):
-                llm.generate(prompts, params)
-        else:
-            for p in prompts:
-                llm.add_request(p, params)
-            llm.step(), llm.step()
-            WATCHED_CHANGES_R16[change](model)
-            with pytest.raises(ValueError, match=WATCHED_SAYS):
-                llm.step()
+        _refused_after(where, model, WATCHED_CHANGES_R16[change], WATCHED_SAYS)
     finally:
         MLP.forward = forward
 
@@ -2560,43 +2532,13 @@ def test_r17_instance_dicts_child_order_call_attributes_and_training_blocks_are_
     """Before: each of these decoded the old model silently on the fused paths (the watch held the instance dicts it
     recorded, not the module's current one; it never compared a ModuleList's order; it skipped torch's private call
     attributes; it read the model's own train flag only). Now each is a ValueError at the next step."""
-    from minillm.compile.fused_engine import FusedEngineModel
-    from minillm.compile.fused_step import FusedCPUDecoder
     from minillm.core.model import MLP
-    from minillm.core.sampling import SamplingParams
-    from minillm.engine.config import EngineConfig
-    from minillm.engine.llm import LLM
-    from minillm.kvcache.generate import generate
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(**{**SMALL.to_dict(), "dropout": 0.2})).eval()
-    params = SamplingParams.greedy(6, ignore_eos=True)
-    prompts = [[5, 6, 7, 8, 9, 10, 11, 12], [20, 21, 22, 23, 24, 25, 26, 27]]
     had_getattr = "__getattr__" in vars(MLP)
     try:
-        if where == "fused-decoder":
-            decoder = FusedCPUDecoder(model)
-            stream = generate(model, prompts[0], params, kv_cache=decoder.cache, decode_fn=decoder,
-                              prefill_fn=decoder.prefill)
-            next(stream), next(stream)
-            WATCHED_CHANGES_R17[change](model)
-            with pytest.raises(ValueError, match=R17_SAYS):
-                next(stream)
-            return
-        llm = LLM(FusedEngineModel(model), None, EngineConfig(num_blocks=64, block_size=4,
-                                                              enable_prefix_caching=True))
-        if where == "prefix-hit":
-            llm.generate(prompts, params)
-            WATCHED_CHANGES_R17[change](model)
-            with pytest.raises(ValueError, match=R17_SAYS):
-                llm.generate(prompts, params)
-        else:
-            for p in prompts:
-                llm.add_request(p, params)
-            llm.step(), llm.step()
-            WATCHED_CHANGES_R17[change](model)
-            with pytest.raises(ValueError, match=R17_SAYS):
-                llm.step()
+        _refused_after(where, model, WATCHED_CHANGES_R17[change], R17_SAYS)
     finally:
         if not had_getattr and "__getattr__" in vars(MLP):
             del MLP.__getattr__
