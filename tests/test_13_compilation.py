@@ -1005,7 +1005,7 @@ def cpp_constructor_args(monkeypatch, q) -> list:
     monkeypatch.setattr(fused_step, "load_cpu_ext", lambda: type("Ext", (), {
         "FusedDecoder": staticmethod(lambda *args: captured.setdefault("args", list(args))),
         "TensorWatch": staticmethod(lambda watched, reads: None),
-        "ObjectWatch": staticmethod(lambda held, sized, ordered, owned: None)}))
+        "ObjectWatch": staticmethod(lambda *watched: None)}))
     FusedCPUDecoder(q)
     monkeypatch.undo()
     return captured["args"]

@@ -534,3 +534,9 @@ def test_markdown_table_refuses_a_table_that_would_render_wrong():
         with pytest.raises(error, match=says):
             bad()
     assert markdown_table(["a|b", "c"], [["x|y", r"p\|q"]]) == "| a\\|b | c |\n|---|---:|\n| x\\|y | p\\|q |\n"
+
+
+def test_markdown_table_names_a_cell_that_cannot_be_text():
+    """An int past Python's digit limit (str() refuses it) is a ValueError naming the cell."""
+    with pytest.raises(ValueError, match=r"rows\[0\]\[1\] cannot be written as text"):
+        markdown_table(["a", "b"], [["x", 10 ** 5000]])

@@ -219,3 +219,23 @@ def test_export_refuses_bad_arguments_before_building(model, tmp_path):
 def test_cold_start_refuses_bad_arguments_before_any_work(kwargs, error, match):
     with pytest.raises(error, match=match):
         cold_start(**{"name": "tiny", **kwargs})
+
+
+@needs_aot
+@pytest.mark.slow
+def test_a_step_the_graph_refuses_or_answers_in_another_shape_names_the_package(package):
+    """Hostile run 18: a re-signed package whose config is not its graph's reached the compiled kernel's own
+    RuntimeError (a token id past the graph's vocabulary) or gave logits of another width. Each step's failure and
+    width are now checked, naming the package. (A stand-in runner plays the graph here.)"""
+    dec = AOTDecoder(package)
+
+    def refuses(token, position):
+        raise RuntimeError("index 200 is out of bounds for dimension 0 with size 128\nmore")
+
+    dec._runner = refuses
+    with pytest.raises(ValueError, match=r"step\.pt2' failed a step \(token 3, position 0\): its metadata does not "
+                                         r"describe its compiled graph\? index 200 is out of bounds"):
+        dec.generate_ids([3], SamplingParams.greedy(2, ignore_eos=True))
+    dec._runner = lambda token, position: torch.zeros(1, SMALL.vocab_size + 1)
+    with pytest.raises(ValueError, match=rf"logits of shape \(1, {SMALL.vocab_size + 1}\), but its metadata says"):
+        dec.generate_ids([3], SamplingParams.greedy(2, ignore_eos=True))

@@ -2542,3 +2542,96 @@ def test_r17_instance_dicts_child_order_call_attributes_and_training_blocks_are_
     finally:
         if not had_getattr and "__getattr__" in vars(MLP):
             del MLP.__getattr__
+
+
+def _class_property(cls: type, name: str, fn: Callable[[Any], Any]) -> Callable[[], None]:
+    """Patch `cls.name` with a property computing `fn(self)`; return what undoes it."""
+    had, old = name in vars(cls), vars(cls).get(name)
+    setattr(cls, name, property(fn))
+
+    def undo() -> None:
+        if had:
+            setattr(cls, name, old)
+        else:
+            delattr(cls, name)
+    return undo
+
+
+class _LoudParameter(torch.nn.Parameter):
+    """A Parameter subclass swapped in by `__class__` (same storage, same object): its ops could do anything."""
+
+
+def _swap_param_class(model: GPT) -> None:
+    model.transformer.h[0].mlp.c_fc.weight.__class__ = _LoudParameter
+
+
+# Run 18's changes: a class attribute outside the watched method names (a property shadowing a parameter or a
+# submodule, a submodule set on the class), a Parameter's class swapped, a module's own dropout on a dropout-0 model.
+WATCHED_CHANGES_R18 = {
+    "linear-weight-property": lambda m: _UNDO.append(_class_property(
+        torch.nn.Linear, "weight", lambda self: self._parameters["weight"] * 0)),
+    "block-ln_2-on-the-class": lambda m: _UNDO.append(_class_property(
+        type(m.transformer.h[0]), "ln_2", lambda self: torch.nn.Identity())),
+    "parameter-class-swapped": _swap_param_class,
+    "own-dropout-training": lambda m: (setattr(m.transformer.h[0].attn, "dropout", 0.5),
+                                       m.transformer.h[0].attn.train()),
+}
+_UNDO: list[Callable[[], None]] = []
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+@pytest.mark.parametrize("change", sorted(WATCHED_CHANGES_R18))
+@pytest.mark.parametrize("where", ["prefix-hit", "mid-generation", "fused-decoder"])
+def test_r18_class_attributes_parameter_classes_and_own_dropout_are_watched(change, where):
+    """Before: a property or submodule set on a module's class (outside forward/hidden/logits/...), a Parameter
+    whose __class__ was swapped, and a block with its own dropout put in training mode on a dropout-0 model each
+    decoded the old model silently. Now every Python class along each module's MRO is watched attribute by
+    attribute, each tensor's class too, and the training check looks for any dropout the model has."""
+    torch.manual_seed(0)
+    try:
+        _refused_after(where, GPT(SMALL).eval(), WATCHED_CHANGES_R18[change],
+                       WATCHED_SAYS + r"|is in training mode|was changed: its|class was changed")
+    finally:
+        while _UNDO:
+            _UNDO.pop()()
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+def test_r18_odd_values_and_an_embedding_with_max_norm():
+    """Before: an attribute changed to an int past Python's digit limit (or one whose repr raises) made the watch's
+    own message fail (the change was seen, the error was Python's); an embedding with max_norm (its forward
+    renormalizes the rows) was decoded as stored; a model removed behind the decoder's back with object.__delattr__
+    gave an AttributeError mid-stream. Now: a ValueError naming the attribute, a TypeError naming the embedding, and
+    the step's own ValueError."""
+    from minillm.compile.fused_step import FusedCPUDecoder
+    from minillm.core.sampling import SamplingParams
+    from minillm.kvcache.generate import generate
+
+    torch.manual_seed(0)
+    model = GPT(SMALL).eval()
+    decoder = FusedCPUDecoder(model)
+    model.transformer.h[0].attn.n_head = 10 ** 5000
+    with pytest.raises(ValueError, match=r"transformer.h.0.attn.n_head changed from 2 to <a int>"):
+        decoder.check_step()
+    model = GPT(SMALL).eval()
+    model.transformer.wte.max_norm = 1.0
+    with pytest.raises(TypeError, match=r"transformer.wte has max_norm=1.0"):
+        FusedCPUDecoder(model)
+    model = GPT(SMALL).eval()
+    decoder = FusedCPUDecoder(model)
+    stream = generate(model, [5, 6, 7], SamplingParams.greedy(4, ignore_eos=True), kv_cache=decoder.cache,
+                      decode_fn=decoder, prefill_fn=decoder.prefill)
+    next(stream)
+    object.__delattr__(decoder, "model")
+    with pytest.raises(ValueError, match="runs its own model over its own cache"):
+        next(stream)
+
+
+def test_r18_a_kernels_cache_that_is_a_file_is_named(tmp_path, monkeypatch):
+    """Before: MINILLM_KERNELS_CACHE naming a file reached pathlib's NotADirectoryError, naming no variable."""
+    from minillm.kernels.build import cache_dir
+
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv("MINILLM_KERNELS_CACHE", str(tmp_path / "file"))
+    with pytest.raises(ValueError, match="MINILLM_KERNELS_CACHE=.*is not a folder"):
+        cache_dir()

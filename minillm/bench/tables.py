@@ -49,7 +49,10 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]], alig
 def _cell(value: object, where: str, i: int) -> str:
     """One cell as the table writes it: `str(value)` (a caller's number too) with "|" escaped; a line break would end
     the row, so it is a ValueError naming the cell."""
-    text = str(value)
+    try:
+        text = str(value)
+    except Exception as e:  # an int past Python's digit limit, a __str__ that raises
+        raise ValueError(f"{where}[{i}] cannot be written as text: {type(e).__name__}: {str(e)[:80]}") from e
     if "\n" in text or "\r" in text:
         raise ValueError(f"{where}[{i}] must be one line, got {text!r:.80}")
     return re.sub(r"(?<!\\)\|", r"\\|", text)  # a "|" the caller escaped already stays as it is

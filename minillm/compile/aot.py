@@ -314,6 +314,9 @@ class AOTDecoder:
         try:  # signed by the digest, but a package from before digests is not: its fields are read with care
             self.config = GPTConfig.from_dict(json.loads(meta["minillm_config"]))
             self.max_len = int(meta["minillm_max_len"])
+            if not 1 <= self.max_len <= self.config.block_size:
+                raise ValueError(f"minillm_max_len={self.max_len} is outside [1, block_size="
+                                 f"{self.config.block_size}]")
         except (KeyError, TypeError, ValueError, RecursionError) as e:
             raise ValueError(f"path {str(p)!r}: its metadata fields minillm_config and minillm_max_len cannot be "
                              f"read ({type(e).__name__}: {str(e)[:100]}): a damaged package") from e
@@ -328,7 +331,16 @@ class AOTDecoder:
                                "holds one KV cache; finish (or drop) one stream before starting the next")
         self._token.fill_(token_id)
         self._position.fill_(position)
-        return self._runner(self._token, self._position)
+        try:
+            logits = self._runner(self._token, self._position)
+        except RuntimeError as e:  # the compiled graph's own checks: a signed config that is not the graph's
+            raise ValueError(f"the package {str(self.path)!r} failed a step (token {token_id}, position {position}): "
+                             f"its metadata does not describe its compiled graph? {str(e).splitlines()[0][:200]}"
+                             ) from e
+        if tuple(logits.shape[-1:]) != (self.config.vocab_size,):
+            raise ValueError(f"the package {str(self.path)!r} gives logits of shape {tuple(logits.shape)}, but its "
+                             f"metadata says vocab_size={self.config.vocab_size}: a re-signed or damaged package")
+        return logits
 
     def generate(self, prompt_ids: Any, params: SamplingParams, tokenizer: Any = None, eos_id: int | None = None,
                  truncate: bool = False) -> Iterator[int]:

@@ -63,6 +63,7 @@ MODULE_DICTS = ("_parameters", "_buffers", "_modules", "_forward_hooks", "_forwa
 GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks")
 METHODS = ("forward", "hidden", "logits", "__call__", "_call_impl", "__getattr__", "__getattribute__")
 _TRAINING = operator.attrgetter("training")
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python (its dict is watched; builtins' are not)
 
 
 def _public(key: object) -> bool:
@@ -76,6 +77,20 @@ def _watched_key(module: nn.Module, key: object) -> bool:
     return _public(key) or (isinstance(key, str) and hasattr(type(module), key))
 
 
+def _positive(value: object) -> bool:
+    """Whether a module's `dropout` attribute is a probability above 0 (anything else is not a dropout rate)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def _short(value: object) -> str:
+    """repr(value) cut to 40 characters for a message; a value whose repr fails (a raising __repr__, an int past
+    Python's digit limit) is named by its type."""
+    try:
+        return repr(value)[:40]
+    except Exception:
+        return f"<a {type(value).__name__}>"
+
+
 def _equal(a: object, b: object) -> bool:
     """a == b as one bool, False where the comparison itself fails (a dataclass holding a tensor compares it
     element-wise, and bool() of that raises): such a value is then a change, which names it."""
@@ -85,11 +100,13 @@ def _equal(a: object, b: object) -> bool:
         return False
 
 
-def _plain_value(v: object) -> bool:
+def _plain_value(v: object, depth: int = 0) -> bool:
     """Whether `v` compares by value with `==` to a bool (numbers, strings, tuples of them, dtypes, configs), so a
-    module attribute holding it may be compared that way; any other attribute is compared by identity."""
+    module attribute holding it may be compared that way; any other attribute (and a tuple nested past 4 levels)
+    is compared by identity."""
     return isinstance(v, (bool, int, float, str, bytes, type(None), torch.dtype, torch.device)) or (
-        isinstance(v, tuple) and all(map(_plain_value, v))) or dataclasses.is_dataclass(v)
+        isinstance(v, tuple) and depth < 4 and all(_plain_value(x, depth + 1) for x in v)) or \
+        dataclasses.is_dataclass(v)
 
 LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # a block's linears, the C++ step's order
 QUANT_FORM = ("chapter 09's weight-only int8 QuantLinear (symmetric, one float32 scale per output channel, int8 codes, "
@@ -159,6 +176,11 @@ def build_cpp_decoder(model: GPT, k: list[torch.Tensor], v: list[torch.Tensor]) 
                  if isinstance(block.get_submodule(n), QuantLinear)}  # checked by `_quantized` below
     check_plain_model(model, "the fused C++ step", handled=quantized)
     tr = model.transformer
+    for name in ("wte", "wpe"):  # an embedding that renormalizes the rows it looks up is another function
+        if getattr(tr, name).max_norm is not None:
+            raise TypeError(f"the fused C++ step reads embedding rows as stored, but transformer.{name} has max_norm="
+                            f"{getattr(tr, name).max_norm!r} (its forward renormalizes them): set it to None, or "
+                            "decode with chapter 04's generate_ids")
     if model.lm_head.weight.dtype != torch.float32 or tr.wpe.weight.dtype != torch.float32:
         raise TypeError(f"the fused C++ step needs float32 embeddings, got {model.lm_head.weight.dtype}")
     glob = [tr.wte.weight.detach(), tr.wpe.weight.detach(), *_plain(tr.ln_f, "transformer.ln_f"),
@@ -248,8 +270,18 @@ class WatchedModel:
         held = [(d, k, o) for d, k, o, _ in slots] + [a[:3] for a in attrs] + [c[:3] for c in self._containers]
         self._instance_dicts = [vars(m) for m in modules]  # `module.__dict__ = {...}` replaces one whole
         self._child_orders = [(m._modules, list(m._modules)) for m in modules]  # a ModuleList runs in this order
-        self._objects = load_cpu_ext().ObjectWatch(held, sized, self._child_orders,
-                                                   list(zip(modules, self._types, self._instance_dicts)))
+        tensors = [o for _, _, o, _ in slots if isinstance(o, torch.Tensor)]
+        owned = list(zip(modules, self._types, self._instance_dicts)) + [(t, type(t), vars(t)) for t in tensors]
+        self._tensor_types = [(t, type(t)) for t in tensors]  # a Parameter's class swapped for a subclass
+        # every Python class along each module's MRO, attribute by attribute (`nn.Linear.weight = property(...)`)
+        mro = dict.fromkeys(c for cls in classes for c in cls.__mro__ if c.__flags__ & _HEAP_TYPE)
+        self._class_dicts = [(c, dict(vars(c))) for c in mro]
+        class_held = [(c, k, v) for c, d in self._class_dicts for k, v in d.items()]
+        self._objects = load_cpu_ext().ObjectWatch(held, sized, self._child_orders, owned, class_held,
+                                                   [(c, len(d)) for c, d in self._class_dicts])
+        # dropout runs in training mode: the config's, an nn.Dropout's, or a module's own `dropout` attribute
+        self._has_dropout = self.model.config.dropout > 0 or any(
+            (isinstance(m, nn.Dropout) and m.p > 0) or _positive(vars(m).get("dropout")) for m in modules)
 
     def _what_changed(self) -> str | None:
         """What changed in the model since it was recorded, in words, or None (see the class doc); in Python, so
@@ -262,6 +294,14 @@ class WatchedModel:
         for (name, m), was in zip(self._named_modules, self._instance_dicts):
             if vars(m) is not was:
                 return f"{name or 'the model'}.__dict__ was replaced whole"
+        for cls, was in self._class_dicts:
+            now = vars(cls)
+            key = next((k for k in set(now) | set(was) if now.get(k, _MISSING) is not was.get(k, _MISSING)), None)
+            if key is not None:
+                return f"the class {cls.__module__}.{cls.__qualname__} was changed: its {key!r}"
+        for t, was in self._tensor_types:
+            if type(t) is not was:
+                return f"a tensor's class was changed from {was.__name__} to {type(t).__name__}"
         for (name, _), (children, order) in zip(self._named_modules, self._child_orders):
             if list(children) != order:
                 return f"{name or 'the model'}'s children were reordered or renamed: {list(children)[:8]}"
@@ -285,7 +325,7 @@ class WatchedModel:
         for instance, key, was, path in self._attrs:
             now = instance.get(key, _MISSING)
             if now is not was and not (_plain_value(was) and _plain_value(now) and _equal(now, was)):
-                return f"{path} changed from {was!r:.40} to {'nothing' if now is _MISSING else repr(now)[:40]}"
+                return f"{path} changed from {_short(was)} to {'nothing' if now is _MISSING else _short(now)}"
         added = [(name, k) for name, m in self._named_modules for k in vars(m)
                  if (id(m), k) not in self._instance_names and _watched_key(m, k)]
         if added:  # a method assigned to one module, or a new attribute its code may read
@@ -319,11 +359,11 @@ class WatchedModel:
         its values show it turned NaN)."""
         if self.model_maybe_changed():
             self.check_model_unchanged()
-        if self.model.config.dropout > 0 and any(map(_TRAINING, self._model_modules)):  # (no dropout: no effect)
+        if self._has_dropout and any(map(_TRAINING, self._model_modules)):  # (no dropout: no effect)
             name = next(n for n, m in self._named_modules if m.training) or "the model"
             raise ValueError(f"a {type(self).__name__} step runs the model in eval mode, but its {name} is in "
-                             "training mode (its dropout would run in the model's forward, not in the C++ step): "
-                             "call model.eval() first")
+                             "training mode (the model has dropout, which its forward runs in training mode and "
+                             "the C++ step never does): call model.eval() first")
         for layer_name, layer in self._quantized:
             checked_buffers(layer, layer_name)
 
@@ -392,7 +432,7 @@ class FusedCPUDecoder(WatchedModel):
     def __call__(self, model: GPT, cache: ContiguousKVCache, token: torch.Tensor, positions: torch.Tensor
                  ) -> torch.Tensor:
         """The `decode_fn` of chapter 04's `generate`: logits (1, V) for one token (1,) at positions (1,)."""
-        if model is not self.model or cache is not self.cache:
+        if model is not getattr(self, "model", None) or cache is not self.cache:
             raise ValueError("a FusedCPUDecoder runs its own model over its own cache: pass kv_cache=decoder.cache")
         check_eval_mode(model, "a FusedCPUDecoder step")  # the C++ step has no dropout; the prefill must not either
         self.check_step()  # at every token: `generate` yields each one, and the model may change between two

@@ -767,7 +767,9 @@ private:
 // instance dict); `sized`: (dict, size) pairs (those dicts and each module's instance dict: a block appended or a
 // `forward` assigned is a new key; its hook dicts and torch's global ones, at 0); `ordered`: (dict, keys) pairs, the
 // keys in order (a ModuleList runs its blocks in its dict's order); `owned`: (object, type, instance dict) triples
-// (a module's class swapped, or its whole `__dict__`). Any difference is "maybe changed": the Python side then says
+// (a module's or tensor's class swapped, or its whole `__dict__`); `class_held` / `class_sized`: every attribute of
+// every Python class along each module's MRO, and each class dict's size (a method, property or attribute patched
+// on a class changes what every module of it computes). Any difference is "maybe changed": the Python side then says
 // what changed, or that nothing did (an attribute written again with an equal value, a private cache a module
 // keeps) and builds a new watch.
 class ObjectWatch {
@@ -775,9 +777,19 @@ public:
     using Held = std::tuple<pybind11::dict, pybind11::object, pybind11::object>;
     using Owned = std::tuple<pybind11::object, pybind11::object, pybind11::object>;
 
+    using ClassHeld = std::tuple<pybind11::type, pybind11::object, pybind11::object>;
+
     ObjectWatch(std::vector<Held> held, std::vector<std::pair<pybind11::dict, int64_t>> sized,
-                std::vector<std::pair<pybind11::dict, std::vector<pybind11::object>>> ordered, std::vector<Owned> owned)
-        : held_(std::move(held)), sized_(std::move(sized)), ordered_(std::move(ordered)), owned_(std::move(owned)) {}
+                std::vector<std::pair<pybind11::dict, std::vector<pybind11::object>>> ordered, std::vector<Owned> owned,
+                std::vector<ClassHeld> class_held, std::vector<std::pair<pybind11::type, int64_t>> class_sized)
+        : held_(std::move(held)), sized_(std::move(sized)), ordered_(std::move(ordered)), owned_(std::move(owned)),
+          class_held_(std::move(class_held)), class_sized_(std::move(class_sized)) {
+        for (const auto& [type, size] : class_sized_) {  // a class's own dict, read directly: Python classes only
+            TORCH_CHECK(PyType_HasFeature(reinterpret_cast<PyTypeObject*>(type.ptr()), Py_TPFLAGS_HEAPTYPE) &&
+                            reinterpret_cast<PyTypeObject*>(type.ptr())->tp_dict != nullptr,
+                        "ObjectWatch: class_sized must name classes defined in Python");
+        }
+    }
 
     bool changed() const {
         for (const auto& [dict, key, object] : held_) {
@@ -803,6 +815,14 @@ public:
             Py_DECREF(now);
             if (!same) return true;
         }
+        for (const auto& [type, size] : class_sized_) {  // an attribute added to or removed from a class
+            if (PyDict_Size(reinterpret_cast<PyTypeObject*>(type.ptr())->tp_dict) != size) return true;
+        }
+        for (const auto& [type, key, object] : class_held_) {  // one replaced on a class (a method, a property)
+            PyObject* now = PyDict_GetItemWithError(reinterpret_cast<PyTypeObject*>(type.ptr())->tp_dict, key.ptr());
+            if (now == nullptr && PyErr_Occurred()) throw pybind11::error_already_set();
+            if (now != object.ptr()) return true;
+        }
         return false;
     }
 
@@ -811,6 +831,8 @@ private:
     std::vector<std::pair<pybind11::dict, int64_t>> sized_;
     std::vector<std::pair<pybind11::dict, std::vector<pybind11::object>>> ordered_;
     std::vector<Owned> owned_;
+    std::vector<ClassHeld> class_held_;
+    std::vector<std::pair<pybind11::type, int64_t>> class_sized_;
     pybind11::str dict_name_{"__dict__"};  // made once: a name built at every lookup cost more than the lookup
 };
 
@@ -850,8 +872,10 @@ void register_decoder(pybind11::module& m) {
     pybind11::class_<ObjectWatch>(m, "ObjectWatch")
         .def(pybind11::init<std::vector<ObjectWatch::Held>, std::vector<std::pair<pybind11::dict, int64_t>>,
                             std::vector<std::pair<pybind11::dict, std::vector<pybind11::object>>>,
-                            std::vector<ObjectWatch::Owned>>(),
-             pybind11::arg("held"), pybind11::arg("sized"), pybind11::arg("ordered"), pybind11::arg("owned"))
+                            std::vector<ObjectWatch::Owned>, std::vector<ObjectWatch::ClassHeld>,
+                            std::vector<std::pair<pybind11::type, int64_t>>>(),
+             pybind11::arg("held"), pybind11::arg("sized"), pybind11::arg("ordered"), pybind11::arg("owned"),
+             pybind11::arg("class_held"), pybind11::arg("class_sized"))
         .def("changed", &ObjectWatch::changed, "whether any dict holds another object under a key, has another size "
              "or key order, or any object another type or instance dict, than when the watch was built");
 }
