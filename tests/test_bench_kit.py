@@ -540,3 +540,8 @@ def test_markdown_table_names_a_cell_that_cannot_be_text():
     """An int past Python's digit limit (str() refuses it) is a ValueError naming the cell."""
     with pytest.raises(ValueError, match=r"rows\[0\]\[1\] cannot be written as text"):
         markdown_table(["a", "b"], [["x", 10 ** 5000]])
+
+
+def test_markdown_table_refuses_an_empty_header():
+    with pytest.raises(ValueError, match="header must name at least one column"):
+        markdown_table([], [])

@@ -2568,8 +2568,8 @@ def _swap_param_class(model: GPT) -> None:
 # Run 18's changes: a class attribute outside the watched method names (a property shadowing a parameter or a
 # submodule, a submodule set on the class), a Parameter's class swapped, a module's own dropout on a dropout-0 model.
 WATCHED_CHANGES_R18 = {
-    "linear-weight-property": lambda m: _UNDO.append(_class_property(
-        torch.nn.Linear, "weight", lambda self: self._parameters["weight"] * 0)),
+    "attention-c_proj-property": lambda m: _UNDO.append(_class_property(
+        type(m.transformer.h[0].attn), "c_proj", lambda self: torch.nn.Identity())),
     "block-ln_2-on-the-class": lambda m: _UNDO.append(_class_property(
         type(m.transformer.h[0]), "ln_2", lambda self: torch.nn.Identity())),
     "parameter-class-swapped": _swap_param_class,
@@ -2583,7 +2583,8 @@ _UNDO: list[Callable[[], None]] = []
 @pytest.mark.parametrize("change", sorted(WATCHED_CHANGES_R18))
 @pytest.mark.parametrize("where", ["prefix-hit", "mid-generation", "fused-decoder"])
 def test_r18_class_attributes_parameter_classes_and_own_dropout_are_watched(change, where):
-    """Before: a property or submodule set on a module's class (outside forward/hidden/logits/...), a Parameter
+    """Before: a property or submodule set on a module's class (outside forward/hidden/logits/...; torch's own
+    classes are out of scope, as its functions are), a Parameter
     whose __class__ was swapped, and a block with its own dropout put in training mode on a dropout-0 model each
     decoded the old model silently. Now every Python class along each module's MRO is watched attribute by
     attribute, each tensor's class too, and the training check looks for any dropout the model has."""
@@ -2635,3 +2636,94 @@ def test_r18_a_kernels_cache_that_is_a_file_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("MINILLM_KERNELS_CACHE", str(tmp_path / "file"))
     with pytest.raises(ValueError, match="MINILLM_KERNELS_CACHE=.*is not a folder"):
         cache_dir()
+
+
+class _Shim(torch.nn.Module):
+    """A base slipped under MLP (`MLP.__bases__ = (_Shim,)`): its property shadows the c_fc submodule."""
+
+    @property
+    def c_fc(self):
+        return torch.nn.Identity()
+
+
+def _swap_bases(model: GPT) -> None:
+    from minillm.core.model import MLP
+
+    _UNDO.append(lambda old=MLP.__bases__: setattr(MLP, "__bases__", old))
+    MLP.__bases__ = (_Shim,)
+
+
+def _swap_code(model: GPT) -> None:
+    from minillm.core.model import MLP
+
+    old = MLP.forward.__code__
+    _UNDO.append(lambda: setattr(MLP.forward, "__code__", old))
+    MLP.forward.__code__ = (lambda self, x: x * 0).__code__
+
+
+# Run 19's changes: a class's bases reassigned, a method's code object replaced, a module's own dropout given as a
+# numpy number (its training mode then runs dropout).
+WATCHED_CHANGES_R19 = {
+    "bases-reassigned": _swap_bases,
+    "code-replaced": _swap_code,
+    "numpy-dropout-training": lambda m: m.transformer.h[0].attn.train(),
+}
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+@pytest.mark.parametrize("change", sorted(WATCHED_CHANGES_R19))
+@pytest.mark.parametrize("where", ["prefix-hit", "mid-generation", "fused-decoder"])
+def test_r19_bases_code_objects_and_any_dropout_are_watched(change, where):
+    """Before: `MLP.__bases__ = (...)`, `MLP.forward.__code__ = ...`, and a block whose own dropout is a numpy
+    number put in training mode each decoded the old model silently. Now each class's MRO and each watched
+    function's code object are held too, and any dropout value that is not exactly 0 counts."""
+    import numpy as np
+
+    torch.manual_seed(0)
+    model = GPT(SMALL).eval()
+    model.transformer.h[0].attn.dropout = np.float32(0.5)
+    try:
+        _refused_after(where, model, WATCHED_CHANGES_R19[change],
+                       WATCHED_SAYS + r"|is in training mode|has other bases|code of .* was replaced")
+    finally:
+        while _UNDO:
+            _UNDO.pop()()
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+def test_r19_what_python_and_torch_write_into_classes_is_no_change():
+    """The false alarms of the class watch (it refused the tour's own chapter 13 once): Python stores an empty
+    __annotations__ in a class at its first read (help(), typing), and torch.compile's first use in a process
+    patches nn.Module.__init__ / __setstate__ and sets a flag on it. None of them changes what a model computes."""
+    from minillm.compile.fused_step import FusedCPUDecoder
+    from minillm.core.model import MLP
+    from minillm.core.sampling import SamplingParams
+    from minillm.kvcache.generate import generate_ids
+
+    torch.manual_seed(0)
+    model = GPT(SMALL).eval()
+    params = SamplingParams.greedy(4, ignore_eos=True)
+    want = generate_ids(model, [5, 6, 7], params)
+    decoder = FusedCPUDecoder(model)
+    vars(MLP).get("__annotations__")
+    MLP.__annotations__  # noqa: B018 (a read that writes)
+    old = {k: vars(torch.nn.Module).get(k) for k in ("__setstate__", "___planted_flag")}
+    try:
+        torch.nn.Module.__setstate__ = lambda self, state: old["__setstate__"](self, state)
+        torch.nn.Module.___planted_flag = True
+        assert decoder.generate_ids([5, 6, 7], params) == want
+    finally:
+        torch.nn.Module.__setstate__ = old["__setstate__"]
+        del torch.nn.Module.___planted_flag
+
+
+def test_r19_a_kernels_cache_under_a_file_or_a_broken_link_is_named(tmp_path, monkeypatch):
+    """Before: MINILLM_KERNELS_CACHE under a regular file or on a dangling link reached pathlib's errors."""
+    from minillm.kernels.build import cache_dir
+
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    for bad in (tmp_path / "file" / "under", tmp_path / "link"):
+        monkeypatch.setenv("MINILLM_KERNELS_CACHE", str(bad))
+        with pytest.raises(ValueError, match="MINILLM_KERNELS_CACHE=.*is not a folder"):
+            cache_dir()

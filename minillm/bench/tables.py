@@ -30,6 +30,8 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]], alig
     if isinstance(header, (str, bytes)) or not isinstance(header, Sequence) or not all(
             isinstance(h, str) for h in header):
         raise TypeError(f"header must be a list of str (the column names), got {header!r:.80}")
+    if not header:
+        raise ValueError("header must name at least one column, got an empty list")
     if align is None:
         align = "l" + "r" * (len(header) - 1)
     if not isinstance(align, str) or len(align) != len(header) or set(align) - set(RULES):

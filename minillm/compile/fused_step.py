@@ -64,6 +64,11 @@ GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks")
 METHODS = ("forward", "hidden", "logits", "__call__", "_call_impl", "__getattr__", "__getattribute__")
 _TRAINING = operator.attrgetter("training")
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python (its dict is watched; builtins' are not)
+_UNWATCHED_CLASS_KEYS = frozenset({"__init__", "__new__", "__setstate__", "__getstate__", "__doc__",
+                                   "__annotations__", "__dict__", "__weakref__", "__module__", "__qualname__",
+                                   "__init_subclass__", "__subclasshook__", "__repr__", "__dir__"})
+_MRO = operator.attrgetter("__mro__")
+_CODE = operator.attrgetter("__code__")
 
 
 def _public(key: object) -> bool:
@@ -78,8 +83,22 @@ def _watched_key(module: nn.Module, key: object) -> bool:
 
 
 def _positive(value: object) -> bool:
-    """Whether a module's `dropout` attribute is a probability above 0 (anything else is not a dropout rate)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    """Whether a module's `dropout` attribute may drop anything: not None and not exactly 0 (a numpy number, a bool,
+    a 0-d tensor count too; a value float() refuses is counted as dropout, to be safe)."""
+    if value is None:
+        return False
+    try:
+        return float(value) != 0
+    except Exception:
+        return True
+
+
+def _watched_class_key(key: object) -> bool:
+    """Whether a class attribute can change what a module computes. Not: what only builds or describes an object
+    (`__init__`, `__new__`, `__setstate__`, `__doc__`, `__annotations__`, which Python stores at its first read), nor
+    torch's own bookkeeping (names starting with "___": torch.compile patches `nn.Module.__init__` and sets a flag
+    the first time it runs in a process)."""
+    return isinstance(key, str) and key not in _UNWATCHED_CLASS_KEYS and not key.startswith("___")
 
 
 def _short(value: object) -> str:
@@ -273,15 +292,26 @@ class WatchedModel:
         tensors = [o for _, _, o, _ in slots if isinstance(o, torch.Tensor)]
         owned = list(zip(modules, self._types, self._instance_dicts)) + [(t, type(t), vars(t)) for t in tensors]
         self._tensor_types = [(t, type(t)) for t in tensors]  # a Parameter's class swapped for a subclass
-        # every Python class along each module's MRO, attribute by attribute (`nn.Linear.weight = property(...)`)
-        mro = dict.fromkeys(c for cls in classes for c in cls.__mro__ if c.__flags__ & _HEAP_TYPE)
-        self._class_dicts = [(c, dict(vars(c))) for c in mro]
+        # every Python class along each module's MRO (and a tensor subclass's own), attribute by attribute (a
+        # property set on `MLP`), and each class's MRO (`MLP.__bases__ = (Shim,)`); torch's own classes are left
+        # out, as its functions are (torch writes into nn.Module's dict itself: torch.compile's first use patches it)
+        mro = dict.fromkeys(c for c in [c for cls in classes for c in cls.__mro__] +
+                            [c for t in tensors for c in type(t).__mro__]
+                            if c.__flags__ & _HEAP_TYPE and not c.__module__.startswith("torch"))
+        for c in mro:
+            getattr(c, "__annotations__", None)  # Python stores an empty one at the first read: read it before
+        self._class_dicts = [(c, {k: v for k, v in vars(c).items() if _watched_class_key(k)}) for c in mro]
+        self._mros = [(c, c.__mro__) for c in mro]
+        self._mro_classes, self._mro_values = [c for c, _ in self._mros], [m for _, m in self._mros]
+        functions = [v for _, d in self._class_dicts for v in d.values() if hasattr(v, "__code__")]
+        self._functions, self._codes = functions, [f.__code__ for f in functions]  # `MLP.forward.__code__ = ...`
         class_held = [(c, k, v) for c, d in self._class_dicts for k, v in d.items()]
         self._objects = load_cpu_ext().ObjectWatch(held, sized, self._child_orders, owned, class_held,
-                                                   [(c, len(d)) for c, d in self._class_dicts])
-        # dropout runs in training mode: the config's, an nn.Dropout's, or a module's own `dropout` attribute
+                                                   [(c, len(vars(c))) for c in mro])  # an added key fires it too
+        # dropout runs in training mode: the config's, an nn.Dropout's, or a module's own `dropout` (a class's too)
         self._has_dropout = self.model.config.dropout > 0 or any(
-            (isinstance(m, nn.Dropout) and m.p > 0) or _positive(vars(m).get("dropout")) for m in modules)
+            (isinstance(m, nn.Dropout) and _positive(m.p)) or _positive(getattr(m, "dropout", None))
+            for m in modules)
 
     def _what_changed(self) -> str | None:
         """What changed in the model since it was recorded, in words, or None (see the class doc); in Python, so
@@ -294,8 +324,14 @@ class WatchedModel:
         for (name, m), was in zip(self._named_modules, self._instance_dicts):
             if vars(m) is not was:
                 return f"{name or 'the model'}.__dict__ was replaced whole"
+        for cls, mro in self._mros:
+            if cls.__mro__ is not mro:
+                return f"the class {cls.__module__}.{cls.__qualname__} has other bases now"
+        for f, code in zip(self._functions, self._codes):
+            if f.__code__ is not code:
+                return f"the code of {f.__module__}.{f.__qualname__} was replaced"
         for cls, was in self._class_dicts:
-            now = vars(cls)
+            now = {k: v for k, v in vars(cls).items() if _watched_class_key(k)}
             key = next((k for k in set(now) | set(was) if now.get(k, _MISSING) is not was.get(k, _MISSING)), None)
             if key is not None:
                 return f"the class {cls.__module__}.{cls.__qualname__} was changed: its {key!r}"
@@ -343,6 +379,9 @@ class WatchedModel:
         if id(model) != self._model_id or model.config != self._config_copy:
             return True
         if any(map(operator.is_not, map(getattr, self._method_classes, self._method_names), self._method_objs)):
+            return True
+        if any(map(operator.is_not, map(_MRO, self._mro_classes), self._mro_values)) or any(
+                map(operator.is_not, map(_CODE, self._functions), self._codes)):
             return True
         if self._objects.changed():
             if self._what_changed() is None and hooked_module(self._named_modules) is None:

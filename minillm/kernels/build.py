@@ -51,9 +51,10 @@ def cache_dir() -> Path:
     """Where builds go: $MINILLM_KERNELS_CACHE, else $XDG_CACHE_HOME/minillm/kernels (~/.cache by default)."""
     if os.environ.get("MINILLM_KERNELS_CACHE"):
         path = Path(os.environ["MINILLM_KERNELS_CACHE"])
-        if path.exists() and not path.is_dir():  # pathlib's NotADirectoryError would name neither the variable
-            raise ValueError(f"MINILLM_KERNELS_CACHE={str(path)!r} is not a folder: point it at a folder for the "
-                             "compiled kernels (it is made if missing)")
+        blocked = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+        if blocked is not None or (path.is_symlink() and not path.exists()):  # pathlib's errors name no variable
+            raise ValueError(f"MINILLM_KERNELS_CACHE={str(path)!r} is not a folder (a file, a broken link, or under "
+                             "a file): point it at a folder for the compiled kernels (it is made if missing)")
         return path
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "minillm" / "kernels"
