@@ -204,6 +204,16 @@ BAD = [
                                                  torch.nn.Linear(4, 6, device="meta")), ValueError, "student_h"),
     ("feat-teacher-on-meta", lambda c: feature_loss(torch.zeros(2, 4), torch.zeros(2, 6, device="meta"),
                                                     torch.nn.Linear(4, 6)), ValueError, "teacher_h"),
+    # a FeatureProjection (it takes lists of every block's states) or a callable of two arguments: torch's TypeError
+    # from the call named neither proj nor what it must take
+    ("feat-proj-is-feature-projection", lambda c: feature_loss(torch.zeros(2, 4), torch.zeros(2, 6),
+                                                               FeatureProjection(4, 6, [(0, 0)])),
+     TypeError, "got a FeatureProjection"),
+    ("feat-proj-wrong-feature-projection", lambda c: feature_loss(torch.zeros(2, 4), torch.zeros(2, 6),
+                                                                  FeatureProjection(3, 5, [(0, 0)])),
+     TypeError, "proj must map one tensor"),
+    ("feat-proj-two-arguments", lambda c: feature_loss(torch.zeros(2, 4), torch.zeros(2, 6), lambda a, b: a),
+     TypeError, "proj must map one tensor"),
     # ---------------------------------------------------------------- DistillObjective
     ("obj-teacher", lambda c: DistillObjective(torch.nn.Linear(2, 2)), TypeError, "teacher"),
     ("obj-T-zero", lambda c: DistillObjective(c.teacher, temperature=0.0), ValueError, "temperature"),

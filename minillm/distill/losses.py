@@ -277,6 +277,9 @@ def feature_loss(student_h: torch.Tensor, teacher_h: torch.Tensor, proj: nn.Modu
         _check_hidden(name, h)
     if not callable(proj):
         raise TypeError(f"proj must be a module mapping width Cs to Ct, got {type(proj).__name__}")
+    if isinstance(proj, FeatureProjection):  # takes lists of every block's states, not one tensor
+        raise TypeError("proj must map one tensor (..., Cs) to (..., Ct), got a FeatureProjection (it takes every "
+                        "block's states: call it directly, or pass one of its projections, proj.proj[k])")
     if student_h.shape[:-1] != teacher_h.shape[:-1]:
         raise ValueError(f"student_h {tuple(student_h.shape)} and teacher_h {tuple(teacher_h.shape)} must agree on "
                          "every dimension but the last (the width)")
@@ -293,6 +296,9 @@ def feature_loss(student_h: torch.Tensor, teacher_h: torch.Tensor, proj: nn.Modu
             raise
         raise ValueError(f"proj failed on student_h of shape {tuple(student_h.shape)} (width {student_h.size(-1)}): "
                          f"{e}") from e
+    except TypeError as e:  # a callable that does not take one tensor
+        raise TypeError(f"proj must map one tensor (..., Cs) to (..., Ct); calling the {type(proj).__name__} on "
+                        f"student_h failed: {e}") from e
     if not isinstance(mapped, torch.Tensor) or not mapped.is_floating_point():
         raise TypeError(f"proj must return a float tensor (..., Ct), got "
                         f"{tensor_kind(mapped)}")
