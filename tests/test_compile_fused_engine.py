@@ -184,7 +184,8 @@ def test_bad_arguments_and_a_changed_model_are_refused(model):
     fused.model.eval()
     config = EngineConfig(num_blocks=60, block_size=BS, max_num_seqs=2)
     fused.model.transformer.h[0].mlp.c_fc.weight = torch.nn.Parameter(torch.zeros(4 * 64, 64))
-    with pytest.raises(ValueError, match=r"replaced since this FusedEngineModel was built .* FusedEngineModel\(model\)"):
+    with pytest.raises(ValueError, match=r"^the model was changed since this FusedEngineModel was built: .* "
+                                         r"FusedEngineModel\(model\)"):
         engine_tokens(fused, config, prompts(2))
     hooked = FusedEngineModel(copy.deepcopy(model))
     hooked.model.transformer.h[1].register_forward_hook(lambda mod, args, out: out * 2)
@@ -305,7 +306,7 @@ def test_c13r12_a_changed_model_is_caught_whichever_path_starts_the_sequence(mod
         engine_tokens(fused, config, long_prompts, 4)  # fine before the change
         if change == "wte":
             fused.model.transformer.wte.weight = torch.nn.Parameter(fused.model.transformer.wte.weight * 2)
-            match = "replaced since this FusedEngineModel was built"
+            match = "^the model was changed since this FusedEngineModel was built: transformer.wte.weight"
         elif change == "model":
             fused.model = copy.deepcopy(model)
             match = "this FusedEngineModel's model was replaced after it was built"
@@ -392,5 +393,6 @@ def test_c13r13_a_changed_model_is_caught_when_every_prompt_hits_the_prefix_cach
         else:
             fused.model.transformer.h[0].register_forward_hook(lambda mod, args, out: out)
         assert fused.model_maybe_changed()
-        with pytest.raises(ValueError, match="replaced since this FusedEngineModel|cannot run forward hooks"):
+        with pytest.raises(ValueError,
+                           match="^the model was changed since this FusedEngineModel|cannot run forward hooks"):
             llm.generate(ps, SamplingParams.greedy(6, ignore_eos=True))

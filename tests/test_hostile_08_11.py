@@ -16,6 +16,7 @@ import copy
 import json
 import logging
 import math
+import numpy as np
 import traceback
 from pathlib import Path
 from types import SimpleNamespace
@@ -72,6 +73,9 @@ from minillm.speculative.sampling import (
 )
 
 NAN, INF = float("nan"), float("inf")
+# What distill writes into a run's state (run_state.SETTINGS), for the cases that call start_run / resume_run
+RUN_SETTINGS = {"temperature": 2.0, "kd_weight": 0.5, "kind": "forward", "feature_weight": 0.0,
+                "teacher_sha256": None, "grad_accum": 1}
 BYTE_TOKENIZER = SimpleNamespace(encode=lambda text: list(text.encode("utf-8")))  # one id per byte, no vocabulary
 
 
@@ -364,8 +368,37 @@ BAD = [
     # before: FileExistsError, json's "Object of type object is not JSON serializable"
     ("run4-start-run-file", lambda c: start_run(c.root / "student" / "config.json", {}, None), ValueError,
      "out_dir .*config.json' is a file, not a folder"),
-    ("run4-start-run-settings-not-json", lambda c: start_run(c.root / "run4", {"x": object()}, None), TypeError,
-     "settings must hold JSON values"),
+    ("run4-start-run-settings-not-json", lambda c: start_run(c.root / "run4", {**RUN_SETTINGS, "x": object()}, None),
+     ValueError, r"^settings must hold exactly the fields .*; unexpected \['x'\]"),
+    # run 20: start_run wrote settings that resume_run refuses (none, a field missing, a value distill never passes),
+    # so the run could never be resumed; now both check them alike, before anything is written
+    ("r20-start-run-settings-empty", lambda c: start_run(c.root / "run20", {}, None), ValueError,
+     r"^settings must hold exactly the fields .*; missing \['temperature', 'kd_weight'"),
+    ("r20-start-run-settings-T-zero", lambda c: start_run(c.root / "run20", {**RUN_SETTINGS, "temperature": 0.0}, None),
+     ValueError, "temperature"),
+    ("r20-start-run-settings-kd-nan", lambda c: start_run(c.root / "run20", {**RUN_SETTINGS, "kd_weight": NAN}, None),
+     ValueError, "kd_weight"),
+    ("r20-start-run-settings-kind", lambda c: start_run(c.root / "run20", {**RUN_SETTINGS, "kind": "sideways"}, None),
+     ValueError, "kind"),
+    ("r20-start-run-settings-feature-str", lambda c: start_run(c.root / "run20",
+                                                               {**RUN_SETTINGS, "feature_weight": "0"}, None),
+     TypeError, "feature_weight"),
+    ("r20-start-run-settings-grad-accum-bool", lambda c: start_run(c.root / "run20",
+                                                                   {**RUN_SETTINGS, "grad_accum": True}, None),
+     TypeError, "grad_accum"),
+    ("r20-start-run-settings-digest", lambda c: start_run(c.root / "run20",
+                                                          {**RUN_SETTINGS, "teacher_sha256": "abc"}, None),
+     ValueError, "teacher_sha256"),
+    ("r20-resume-run-settings-T-nan", lambda c: resume_run(c.root, None, {**RUN_SETTINGS, "temperature": NAN}, True),
+     ValueError, "temperature"),
+    # run 20: a numpy array of draft tokens was refused ("must be a list of ints, got ndarray"); now it is read as
+    # its ints, and one of another kind is named
+    ("r20-draft-tokens-float-array", lambda c: accept_or_resample(c.p, c.q, np.array([0.0, 1.0])), TypeError,
+     r"^draft_tokens array must be 1-D integer, got float64"),
+    ("r20-draft-tokens-2d-array", lambda c: accept_or_resample(c.p, c.q, np.array([[0, 1]])), TypeError,
+     r"^draft_tokens array must be 1-D integer, got int64 \(1, 2\)"),
+    ("r20-draft-tokens-array-out-of-vocab", lambda c: accept_or_resample(c.p, c.q, np.array([0, 600])), ValueError,
+     r"^draft_tokens\[1\] = 600 is outside the vocabulary"),
     # before: accepted (student_config's vocabulary never compared), or named a layer pair / student_states
     ("obj4-student-config-vocab", lambda c: DistillObjective(c.teacher, student_config=tiny(1, vocab_size=256).config),
      ValueError, "student_config has vocab_size=256, the teacher vocab_size=512"),
@@ -761,7 +794,7 @@ BAD = [
      r"^objective.records\[0\]: field 'hard' must be within the float range, got an int of 1329 bits"),
     # before: a KeyError 'kd_weight'; "'NoneType' object is not subscriptable"
     ("d11r6-resume-run-settings-missing", lambda c: resume_run(c.root, None, {"temperature": 2.0}, True), ValueError,
-     r"^settings must hold every field of .*; missing \['kd_weight', 'kind', 'feature_weight'"),
+     r"^settings must hold exactly the fields .*; missing \['kd_weight', 'kind', 'feature_weight'"),
     ("d11r6-resume-run-settings-none", lambda c: resume_run(c.root, None, None, True), TypeError,
      "^settings must be a dict of the run's settings"),
     # before: distill trained a TrainConfig changed after construction: steps=0 and grad_clip=-1 silently, and a NaN
@@ -1472,14 +1505,14 @@ def test_empty_paths_and_a_missing_teacher_are_refused_before_anything_is_writte
     # before: start_run("") and --export '' wrote into the working directory; --kd-weight 0 never looked at --teacher
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match="out_dir must name a path"):
-        start_run("", {"kd_weight": 0.5}, None)
+        start_run("", RUN_SETTINGS, None)
     for argv, flag in ((["--export", ""], "--export"), (["--out", ""], "--out"), (["--resume", ""], "--resume"),
                        (["--kd-weight", "0", "--teacher", str(tmp_path / "none")], "--teacher")):
         with pytest.raises(SystemExit) as info:  # a usage error (exit 2) naming the flag
             distill_train.main([*argv, "--no-progress"])
         assert info.value.code == 2 and flag in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
-    log = start_run(tmp_path / "run", {"kd_weight": 0.5}, None)  # a real folder still starts a run
+    log = start_run(tmp_path / "run", RUN_SETTINGS, None)  # a real folder still starts a run
     assert log.path == tmp_path / "run" / RECORDS_NAME and (tmp_path / "run" / RUN_NAME).is_file()
 
 
@@ -1850,3 +1883,48 @@ def test_feature_loss_refuses_a_nested_hidden_state_by_name():
     nested = torch.nested.nested_tensor([torch.randn(2, 4), torch.randn(3, 4)])
     with pytest.raises(TypeError, match="student_h must be a dense tensor"):
         feature_loss(nested, torch.randn(2, 3, 4), torch.nn.Linear(4, 4))
+
+
+def test_r20_numpy_token_ids_are_read_as_their_ints():
+    """Before: draft tokens (and prompts) given as a numpy integer array, or a list of numpy ints, were refused
+    ("must be a list of ints, got ndarray"); a tuple or a tensor passed. Now they give the same result as the list."""
+    from minillm.core.sampling import SamplingParams
+    from minillm.kvcache.generate import generate_ids
+
+    p, q = torch.softmax(torch.randn(3, 8), -1), torch.softmax(torch.randn(2, 8), -1)
+    want = accept_or_resample(p, q, [1, 2], torch.Generator().manual_seed(0))
+    for tokens in (np.array([1, 2]), np.array([1, 2], dtype=np.uint8), [np.int64(1), np.int32(2)]):
+        assert accept_or_resample(p, q, tokens, torch.Generator().manual_seed(0)) == want
+    model = tiny(0)
+    params = SamplingParams.greedy(4, ignore_eos=True)
+    assert generate_ids(model, np.array([5, 6, 7]), params) == generate_ids(model, [5, 6, 7], params)
+
+
+@pytest.mark.parametrize("engine", ["LLM", "SpeculativeLLM"])
+def test_r20_a_closed_engine_takes_no_more_work(engine):
+    """Before: generate after close() worked in one process (its executor has nothing to release) and failed under
+    chapter 14's ranks, and DisaggregatedLLM refused it: now every engine says it is closed, whatever the executor."""
+    from minillm.core.sampling import SamplingParams
+
+    model = tiny(0)
+    llm = LLM(model) if engine == "LLM" else SpeculativeLLM(model, speculative=SpeculativeConfig())
+    params = SamplingParams.greedy(3, ignore_eos=True)
+    assert len(llm.generate([[5, 6, 7]], params)) == 1
+    llm.add_request([5, 6, 7], params, request_id="left")
+    llm.close()
+    llm.close()  # idempotent
+    assert llm.closed
+    for call in (lambda: llm.generate([[5, 6, 7]], params), lambda: llm.add_request([5, 6, 7], params),
+                 llm.step):
+        with pytest.raises(ValueError, match=f"^this {engine} is closed"):
+            call()
+
+
+def test_r20_a_numpy_prompt_is_one_prompt():
+    """A 1-D numpy array of ids is one prompt, as a tensor or a list of ints is (not a batch of one-id prompts)."""
+    from minillm.core.sampling import SamplingParams
+
+    params = SamplingParams.greedy(3, ignore_eos=True)
+    want = [o.output_token_ids for o in LLM(tiny(0)).generate([[5, 6, 7]], params)]
+    for prompt in (np.array([5, 6, 7]), [np.int64(5), 6, 7]):
+        assert [o.output_token_ids for o in LLM(tiny(0)).generate(prompt, params)] == want

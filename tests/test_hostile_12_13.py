@@ -1120,7 +1120,7 @@ def _compile_mirror_bad_calls():
         ("fused9-prefill-model-changed", lambda: (lambda m: (lambda d: (
             setattr(m.transformer.h[0].mlp, "c_fc", torch.nn.Linear(32, 128)),
             d.prefill(m, d.cache, torch.tensor([[1, 2]]), torch.arange(2))))(FusedCPUDecoder(m)))(copy.deepcopy(model)),
-         ValueError, "converted or replaced since this FusedCPUDecoder was built"),
+         ValueError, "was changed since this FusedCPUDecoder was built"),
         ("fused9-prefill-hooked", lambda: (lambda m: (lambda d: (
             m.transformer.h[0].register_forward_hook(lambda *a: None),
             d.prefill(m, d.cache, torch.tensor([[1, 2]]), torch.arange(2))))(FusedCPUDecoder(m)))(copy.deepcopy(model)),
@@ -1180,7 +1180,7 @@ def _compile_mirror_bad_calls():
          r"^draft must be a FusedCPUDecoder, got NoneType"),
         ("rc9-target-model-changed", lambda: (lambda m: (lambda d: (m.half(), cbench.round_costs(
             d, FusedCPUDecoder(model), 2, 4, 1, 2)))(FusedCPUDecoder(m)))(copy.deepcopy(model)), ValueError,
-         "converted or replaced since this FusedCPUDecoder was built"),
+         "was changed since this FusedCPUDecoder was built"),
         ("bench9-step-bytes-str", lambda: cbench.step_bytes("model"), TypeError,
          r"^step_bytes \(model\) needs a minillm GPT"),
         ("bench9-quantized-fused-odd-width", lambda: cbench.quantized_fused(
@@ -2051,7 +2051,7 @@ def test_b8_the_fused_step_reads_negative_view_parameters_by_their_values():
     torch.testing.assert_close(decoder.verify(tokens), want)
     with torch.no_grad():
         viewed.transformer.h[0].attn.c_attn.weight.mul_(2.0)
-    with pytest.raises(ValueError, match="converted or replaced since this FusedCPUDecoder was built"):
+    with pytest.raises(ValueError, match="was changed since this FusedCPUDecoder was built"):
         decoder.check_model_unchanged()
 
 
@@ -2267,7 +2267,7 @@ WATCHED_CHANGES = {
     "n_head-attribute": lambda m: setattr(m.transformer.h[0].attn, "n_head", 4),
     "global-hook": lambda m: _global_hook(),
 }
-WATCHED_SAYS = r"converted or replaced since this (FusedEngineModel|FusedCPUDecoder) was built|cannot run forward hooks"
+WATCHED_SAYS = r"was changed since this (FusedEngineModel|FusedCPUDecoder) was built|cannot run forward hooks"
 SMALL = GPTConfig(vocab_size=128, block_size=32, n_layer=2, n_head=2, n_embd=32)
 
 
@@ -2727,3 +2727,54 @@ def test_r19_a_kernels_cache_under_a_file_or_a_broken_link_is_named(tmp_path, mo
         monkeypatch.setenv("MINILLM_KERNELS_CACHE", str(bad))
         with pytest.raises(ValueError, match="MINILLM_KERNELS_CACHE=.*is not a folder"):
             cache_dir()
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+@pytest.mark.parametrize("where", ["prefix-hit", "mid-generation", "fused-decoder"])
+def test_r20_a_tag_on_the_model_is_named_as_what_it_is(where):
+    """Before: a public attribute added to the model (a tag no forward reads) was refused as "the model's
+    parameters or buffers were converted or replaced": the watch counts every public attribute (it cannot tell which
+    ones a forward reads), so the refusal stays, but the message now opens with what happened."""
+    torch.manual_seed(0)
+    _refused_after(where, GPT(SMALL).eval(),
+                   lambda m: setattr(m, "note", "run 3"),
+                   r"^the model was changed since this (FusedEngineModel|FusedCPUDecoder) was built: the model was "
+                   r"given 'note'")
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+def test_r20_a_private_tag_is_no_change():
+    """What the class doc says a user can do instead of a public tag: a private name the class does not define."""
+    from minillm.compile.fused_step import FusedCPUDecoder
+    from minillm.core.sampling import SamplingParams
+    from minillm.kvcache.generate import generate_ids
+
+    torch.manual_seed(0)
+    model = GPT(SMALL).eval()
+    params = SamplingParams.greedy(4, ignore_eos=True)
+    want = generate_ids(model, [5, 6, 7], params)
+    decoder = FusedCPUDecoder(model)
+    model._note = "run 3"
+    assert decoder.generate_ids([5, 6, 7], params) == want
+
+
+@pytest.mark.parametrize("kernel", ["naive", "mirror", "emulator"])
+def test_r20_layernorm_takes_a_numpy_eps_as_the_number_it_holds(kernel):
+    """Before: eps=np.float32(1e-5) was refused with "eps must be a finite number in [...]" (np.float64 passed: it
+    subclasses float). Any real number is read as the float it holds; a str or a tensor is a TypeError naming eps."""
+    import numpy as np
+
+    from minillm.kernels import mirror, naive
+
+    torch.manual_seed(0)
+    x, w, b = torch.randn(3, 8), torch.randn(8), torch.randn(8)
+    fn = {"naive": lambda e: naive.layernorm(x, w, b, eps=e),
+          "mirror": lambda e: mirror.layernorm_warp(x, w, b, eps=e),
+          "emulator": lambda e: emulator.layernorm(x, w, b, 1, eps=e)}[kernel]
+    for eps in (np.float32(1e-3), np.float16(1e-3), np.int64(1)):
+        torch.testing.assert_close(fn(eps), fn(float(eps)), rtol=0, atol=0)
+    for bad in ("1e-5", torch.tensor(1e-5), np.bool_(True), None):
+        with pytest.raises(TypeError, match=r"^eps must be a real number"):
+            fn(bad)
+    with pytest.raises(ValueError, match=r"^eps must be within the float range"):
+        fn(10 ** 5000)

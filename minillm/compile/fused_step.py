@@ -230,8 +230,10 @@ class WatchedModel:
     """What a C++ step over a model's own tensors must notice, since it reads them through raw pointers and calls no
     module: the model's tensors converted, replaced or re-viewed since it was built, and anything else that changes
     what the model computes (a layer swapped, added or given another class or `forward`, an eps, an attribute such
-    as `n_head`, the config, a forward hook). In-place updates of the values are not a change: the step reads the
-    same memory (and compares the values of the few tensors it had to copy). Call `_watch_model()` once
+    as `n_head`, the config, a forward hook). It cannot tell which attributes a forward reads, so any public one
+    set or added counts, a tag (`model.note = "run 3"`) too; a private name (`model._note`) that the class does not
+    define is left out, as torch's own caches are. In-place updates of the values are not a change: the step reads
+    the same memory (and compares the values of the few tensors it had to copy). Call `_watch_model()` once
     `self.model` is set, before building the step; then `model_maybe_changed()` (cheap, every step) and
     `check_model_unchanged()` (names what changed)."""
 
@@ -422,9 +424,9 @@ class WatchedModel:
         for layer_name, layer in self._quantized:
             checked_buffers(layer, layer_name)
         if what is not None:
-            raise ValueError(f"the model's parameters or buffers were converted or replaced since this {name} "
-                             f"was built (or its layers changed): {what}; its C++ step still holds the old model: "
-                             f"build a new {name}(model)")
+            raise ValueError(f"the model was changed since this {name} was built: {what}. Its C++ step still holds "
+                             "the model as it was then (its tensors, shapes and code), and cannot tell whether a "
+                             f"changed or added attribute matters to the model's forward: build a new {name}(model)")
 
     def _check_no_hooks(self) -> None:
         """A ValueError naming the first module with a forward hook (or saying a global one is set): the C++ step

@@ -23,6 +23,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from minillm.core.config import GPTConfig, check_has_data
@@ -54,21 +55,32 @@ def check_eos_id(eos_id: int | None, vocab_size: int) -> None:
 
 
 def check_token_ids(name: str, ids: Any, vocab_size: int) -> list[int]:
-    """`ids` (a list, tuple or 1-D integer tensor) as a list of ints in [0, vocab_size); a TypeError/ValueError
-    naming `name` and the position of a bad one. Shared by prompts here and chapter 08's draft tokens."""
+    """`ids` (a list or tuple of ints, a 1-D integer tensor or numpy array) as a list of Python ints in
+    [0, vocab_size); a TypeError/ValueError naming `name` and the position of a bad one. Shared by prompts here and
+    chapter 08's draft tokens. numpy integers count as ints (what a numpy tokenizer pipeline hands over); bools and
+    floats do not, even integral ones (a float id is a bug upstream, not a token)."""
     if isinstance(ids, torch.Tensor):
         check_has_data(name, ids)  # nested, sparse, quantized, uint64, meta: before the shape is read
         if ids.dim() != 1 or ids.is_floating_point() or ids.dtype == torch.bool:
             raise TypeError(f"{name} tensor must be 1-D integer, got {ids.dtype} {tuple(ids.shape)}")
         ids = ids.tolist()
+    elif isinstance(ids, np.ndarray):
+        if ids.ndim != 1 or ids.dtype.kind not in "iu":  # signed or unsigned integers only: not bool, float, object
+            raise TypeError(f"{name} array must be 1-D integer, got {ids.dtype} {ids.shape}")
+        ids = ids.tolist()
     if not isinstance(ids, (list, tuple)):
-        raise TypeError(f"{name} must be a list of ints, got {type(ids).__name__}")
+        raise TypeError(f"{name} must be a list of ints, got {type(ids).__name__} (a 1-D integer tensor or numpy "
+                        "array also does)")
+    out = []
     for pos, tok in enumerate(ids):
+        if isinstance(tok, np.integer):
+            tok = int(tok)
         if not isinstance(tok, int) or isinstance(tok, bool):
             raise TypeError(f"{name}[{pos}] must be an int token id, got {type(tok).__name__} {tok!r}")
         if not 0 <= tok < vocab_size:
             raise ValueError(f"{name}[{pos}] = {tok} is outside the vocabulary [0, {vocab_size})")
-    return list(ids)
+        out.append(tok)
+    return out
 
 
 def validate_prompt(

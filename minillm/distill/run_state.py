@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from minillm.core.config import check_float, check_module_has_data
+from minillm.core.config import check_float, check_int, check_module_has_data
 from minillm.core.io import (
     SHA256_FIELD,
     atomic_write_text,
@@ -45,6 +45,7 @@ from minillm.core.io import (
     read_json_file,
 )
 from minillm.core.model import GPT, require_model
+from minillm.distill.losses import check_kind, check_temperature
 from minillm.gpt.train_state import find_checkpoint
 
 RUN_NAME = "distill_run.json"
@@ -81,6 +82,32 @@ def check_record(record: object, keys: tuple[str, ...], where: str) -> dict[str,
             raise ValueError(f"{where}: field {k!r} must be within the float range, got an int of {v.bit_length()} "
                              "bits")
     return record
+
+
+def check_settings(settings: object) -> dict[str, Any]:
+    """`settings` a dict with exactly the fields of SETTINGS, each what `distill` itself passes: temperature in
+    [1e-2, 1e4], kd_weight in [0, 1], kind "forward" or "reverse", feature_weight >= 0 (finite floats), grad_accum
+    an int >= 1 and teacher_sha256 a SHA-256 hex digest or None. A TypeError / ValueError naming the field otherwise,
+    before anything is written or compared: a run written with settings missing a field could never be resumed
+    (`resume_run` compares every one), and one with a wrong value would be resumed as a run it never was."""
+    if not isinstance(settings, dict):
+        raise TypeError(f"settings must be a dict of the run's settings {list(SETTINGS)}, got "
+                        f"{type(settings).__name__} {settings!r:.80}")
+    missing, extra = [k for k in SETTINGS if k not in settings], sorted(set(settings) - set(SETTINGS), key=str)
+    if missing or extra:
+        raise ValueError(f"settings must hold exactly the fields {list(SETTINGS)}"
+                         + (f"; missing {missing}" if missing else "") + (f"; unexpected {extra}" if extra else ""))
+    check_temperature(settings["temperature"])
+    check_float("kd_weight", settings["kd_weight"], 0.0, 1.0)
+    check_kind(settings["kind"])
+    check_float("feature_weight", settings["feature_weight"], 0.0)
+    check_int("grad_accum", settings["grad_accum"])
+    digest = settings["teacher_sha256"]
+    if digest is not None and not (isinstance(digest, str) and len(digest) == 64
+                                   and all(c in "0123456789abcdef" for c in digest)):
+        raise ValueError(f"settings field 'teacher_sha256' must be a SHA-256 hex digest (teacher_digest) or None, "
+                         f"got {digest!r:.80}")
+    return settings
 
 
 def _check_run(run: object, run_path: Path) -> dict[str, Any]:
@@ -166,15 +193,14 @@ def _write(out_dir: str | os.PathLike, settings: dict[str, Any], student_init: s
     """Write the run's state into out_dir (records first, the run file last) and return its record log.
 
     Checked before anything is written: out_dir names a folder (not "", which is the working directory, not a
-    file or a path under one: `check_output_dir`; no folder where the run's two files go), settings is a dict of
-    JSON values and student_init a str or None (a TypeError / ValueError naming the argument, never json's "not
-    JSON serializable" halfway through)."""
+    file or a path under one: `check_output_dir`; no folder where the run's two files go), settings are the run's
+    (`check_settings`) and JSON values, and student_init is a str or None (a TypeError / ValueError naming the
+    argument, never json's "not JSON serializable" halfway through)."""
     out_dir = check_output_dir(check_path(out_dir, "out_dir"), "out_dir")
     for name in (RECORDS_NAME, RUN_NAME):  # a folder in the way would be an OSError from the atomic write below
         if (out_dir / name).is_dir():
             raise ValueError(f"out_dir {str(out_dir)!r} holds a folder named {name}, where the run's file goes")
-    if not isinstance(settings, dict):
-        raise TypeError(f"settings must be a dict of the run's settings, got {type(settings).__name__}")
+    check_settings(settings)
     try:
         json.dumps(settings)
     except (TypeError, ValueError) as e:
@@ -201,16 +227,12 @@ def start_run(out_dir: str | os.PathLike, settings: dict[str, Any], student_init
 def resume_run(resume_dir: str | os.PathLike, out_dir: str | os.PathLike | None, settings: dict[str, Any],
                needs_records: bool) -> tuple[list[dict[str, float]], str | None, RecordLog | None]:
     """(records of the checkpoint's steps, the student the run started from, the record log to go on appending
-    to (None without out_dir)); ValueError naming what does not match the interrupted run. `settings` holds every
-    field of SETTINGS (a TypeError / ValueError naming it otherwise); the records file is read line by line, and a
-    line that is no UTF-8, no JSON or no record, or whose "sha256" is not its `record_digest` (edited, dropped or
-    reordered by hand), is a ValueError naming the file and the line."""
+    to (None without out_dir)); ValueError naming what does not match the interrupted run. `settings` as
+    `check_settings` says (a TypeError / ValueError naming the field otherwise); the records file is read line by
+    line, and a line that is no UTF-8, no JSON or no record, or whose "sha256" is not its `record_digest` (edited,
+    dropped or reordered by hand), is a ValueError naming the file and the line."""
     resume_dir = check_path(resume_dir, "resume_dir")
-    if not isinstance(settings, dict):
-        raise TypeError(f"settings must be a dict of the run's settings {list(SETTINGS)}, got "
-                        f"{type(settings).__name__} {settings!r:.80}")
-    if missing := [k for k in SETTINGS if k not in settings]:
-        raise ValueError(f"settings must hold every field of {list(SETTINGS)}; missing {missing}")
+    check_settings(settings)
     point = find_checkpoint(resume_dir)  # the trainer takes the same one; ValueError if there is none
     run_path = resume_dir / RUN_NAME
     if not run_path.is_file():

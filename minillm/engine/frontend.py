@@ -31,6 +31,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
+import numpy as np
 import torch
 
 from minillm.core.config import GPTConfig
@@ -159,7 +160,7 @@ class FrontEnd:
             if self.tokenizer is None:
                 raise TypeError("prompt is a string but the engine has no tokenizer: pass token ids or a tokenizer")
             return prompt, list(self.tokenizer.encode(prompt))
-        if not isinstance(prompt, (list, tuple, torch.Tensor)):
+        if not isinstance(prompt, (list, tuple, torch.Tensor, np.ndarray)):
             raise TypeError(f"prompt must be a str or a list of int token ids, got {type(prompt).__name__}")
         return None, prompt
 
@@ -323,8 +324,9 @@ class FrontEnd:
         Requests added with `add_request` keep running alongside; their outputs produced meanwhile are held back, one
         merged delta per request and sample, for the caller's next `step()`.
         """
-        if isinstance(prompts, (str, torch.Tensor)) or (
-            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
+        self._check_usable()  # a closed engine says so once, not as prompts[0]'s error
+        if isinstance(prompts, (str, torch.Tensor, np.ndarray)) or (  # one prompt of ids (an array is one too)
+            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], (int, np.integer))
         ):
             prompts = [prompts]
         prompts = list(prompts)

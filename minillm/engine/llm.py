@@ -97,8 +97,20 @@ class LLM(FrontEnd):
         return {}
 
     def close(self) -> None:
-        """Release the executor (chapter 14's ranks; nothing in one process). Idempotent; `with LLM(...)` calls it."""
+        """Release the executor (chapter 14's ranks; nothing in one process). Idempotent; `with LLM(...)` calls it.
+        A closed engine takes no more requests or steps, whatever its executor (a ValueError saying it is closed),
+        so a program that works in one process does not start failing when it runs on ranks."""
+        self._closed = True
         self.runner.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` was called."""
+        return getattr(self, "_closed", False)
+
+    def _check_usable(self) -> None:
+        if self.closed:
+            raise ValueError(f"this {type(self).__name__} is closed: build a new one")
 
     def __enter__(self) -> "LLM":
         return self
@@ -261,6 +273,7 @@ class LLM(FrontEnd):
 
         A request appears when it produced a token or finished; prompt chunks that produce nothing stay silent.
         """
+        self._check_usable()
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule()
         self.last_schedule = sched  # kept for inspection (tests, the notebook's schedule plot)

@@ -271,7 +271,7 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, version
     _rows("x", x)
     _same("weight", _tensor("weight", weight), "x", x, (x.shape[1],))
     _same("bias", _tensor("bias", bias), "x", x, (x.shape[1],))
-    check_eps(eps)  # subtle: ctypes.c_float(1e300) is inf, and the kernel would return the bias for every row
+    eps = check_eps(eps)  # subtle: ctypes.c_float(1e300) is inf, and the kernel would return the bias for every row
     _version("layernorm", version)
     _cpu(x=x, weight=weight, bias=bias)
     out = torch.full_like(x, float("nan"))

@@ -184,7 +184,7 @@ def layernorm_warp(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, ep
     cancels in fp32 when |mean| >> std). A row whose squared deviations overflow fp32 (|x| past ~1e19) comes back
     as its bias, as from the kernels (see `naive.layernorm`)."""
     C = check_rows("x", x, weight=weight, bias=bias)
-    check_eps(eps)
+    eps = check_eps(eps)
     check_int("pack", pack)
     x32 = x.float()
     mean = warp_tree_sum(lane_partials(x32, pack)) / C  # (...,)

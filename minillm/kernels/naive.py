@@ -92,7 +92,7 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
     diverged; no check is paid for at every call.
     """
     check_rows("x", x, weight=weight, bias=bias)
-    check_eps(eps)
+    eps = check_eps(eps)
     dtype = torch.promote_types(x.dtype, torch.float32)  # fp32 math; float64 stays float64 (chapter 13's step)
     x32 = x.to(dtype)
     mean = x32.mean(dim=-1, keepdim=True)  # (..., 1)

@@ -10,9 +10,11 @@ What it leaves out: autograd (these are inference kernels) and CPU tensors (use 
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
-from minillm.core.config import check_has_data, check_int
+from minillm.core.config import check_fits_float, check_has_data, check_int
 from minillm.kernels.build import load_kernels
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -92,17 +94,23 @@ def _on_cuda(**tensors: torch.Tensor) -> None:
 def check_eps(eps) -> float:
     """layernorm's eps: a number that stays positive, normal and finite as the float32 every version computes in
     (the kernels take it as a C float; `naive`, the mirrors and the emulator do their math in fp32 too, whatever the
-    input dtype). A ValueError naming eps otherwise.
+    input dtype). A TypeError / ValueError naming eps otherwise; the value as a Python float, which every caller
+    passes on (a numpy float32 is read as the number it holds).
 
     Both ends matter: 1e300 is inf in float32, and var + inf turns every row into its bias; 1e-50 is 0 in float32
     (so is anything below float32's smallest subnormal), and a constant row then has var + eps = 0, rsqrt inf and
     0 * inf = NaN. The floor is float32's smallest normal number, 2**-126 ~ 1.18e-38: below it eps is 0 or a
     subnormal, which flush-to-zero arithmetic (fast-math GPU code, CPUs in FTZ/DAZ mode) also reads as 0."""
     f32 = torch.finfo(torch.float32)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not f32.tiny <= eps <= f32.max:
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):  # a numpy float is a real number too
+        raise TypeError(f"eps must be a real number (a Python or numpy int or float), got {type(eps).__name__} "
+                        f"{eps!r:.80}")
+    check_fits_float("eps", eps)  # an int past the float range: float() would be an OverflowError, repr() too long
+    value = float(eps)
+    if not f32.tiny <= value <= f32.max:
         raise ValueError(f"eps must be a finite number in [{f32.tiny:.6g}, {f32.max:.6g}] (positive, normal and "
-                         f"finite in float32, the precision every layernorm computes in), got {eps!r}")
-    return float(eps)
+                         f"finite in float32, the precision every layernorm computes in), got {eps!r:.80}")
+    return value
 
 
 def check_head_size(name: str, hs: int) -> None:
@@ -218,7 +226,7 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
     C = x.shape[-1]
     _same("weight", _tensor("weight", weight), "x", x, (C,))
     _same("bias", _tensor("bias", bias), "x", x, (C,))
-    check_eps(eps)
+    eps = check_eps(eps)
     _version("layernorm", version)
     out = _out(out, x, tuple(x.shape))
     _on_cuda(x=x, weight=weight, bias=bias, out=out)
