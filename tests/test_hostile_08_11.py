@@ -1928,3 +1928,38 @@ def test_r20_a_numpy_prompt_is_one_prompt():
     want = [o.output_token_ids for o in LLM(tiny(0)).generate([[5, 6, 7]], params)]
     for prompt in (np.array([5, 6, 7]), [np.int64(5), 6, 7]):
         assert [o.output_token_ids for o in LLM(tiny(0)).generate(prompt, params)] == want
+
+
+def test_r21_int_subclasses_are_read_as_the_ints_they_hold():
+    """Before: generate_prompt_lookup refused ngram=MyInt(2) naming an inner function ("lookup takes ..."), and a
+    draft token whose comparisons lie passed the vocabulary check and met torch's IndexError."""
+    from minillm.core.sampling import SamplingParams
+
+    class MyInt(int):
+        pass
+
+    class LieInt(int):
+        def __lt__(self, other):
+            return True
+
+        def __ge__(self, other):
+            return True
+
+    model = tiny(0)
+    params = SamplingParams.greedy(5, ignore_eos=True)
+    assert (generate_prompt_lookup(model, [1, 2, 1, 2], params, gamma=2, ngram=MyInt(2))[0]
+            == generate_prompt_lookup(model, [1, 2, 1, 2], params, gamma=2, ngram=2)[0])
+    assert prompt_lookup_proposals([1, 2, 3, 9, 1, 2], 3, LieInt(2)) == [3, 9, 1]
+    p, q = torch.softmax(torch.randn(3, 8), -1), torch.softmax(torch.randn(2, 8), -1)
+    with pytest.raises(ValueError, match=r"^draft_tokens\[0\] = 100 is outside the vocabulary \[0, 8\)"):
+        accept_or_resample(p, q, [LieInt(100), 1])
+
+
+def test_r21_a_numpy_temperature_is_refused_saying_to_convert():
+    """Before: "temperature must be a number, got float32" (it is one). Now the message says the type is the
+    problem and how to convert; np.float64, a float, works as before."""
+    s, t = torch.randn(3, 5), torch.randn(3, 5)
+    with pytest.raises(TypeError, match=r"^temperature must be a Python int or float, got float32 .*: convert it "
+                                        r"with float\(\)"):
+        kd_loss(s, t, np.float32(2.0))
+    assert torch.equal(kd_loss(s, t, np.float64(2.0)), kd_loss(s, t, 2.0))

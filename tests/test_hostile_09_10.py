@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -2030,3 +2031,57 @@ def test_r17_metadata_json_that_json_cannot_read_names_the_file(tmp_path, kind, 
     with pytest.raises(ValueError, match=match) as e:
         load(tmp_path / "bad.safetensors")
     assert "bad.safetensors" in str(e.value)
+
+
+def test_r21_quantize_kv_refuses_float64_values_past_the_float32_range():
+    """Before: finite float64 keys past float32's range got an inf scale, all-zero codes and NaN read back, with no
+    error (the scales are fp32). Now a ValueError naming x; values within the range still round-trip."""
+    with pytest.raises(ValueError, match=r"^x holds values up to \|x\| = 1e\+300, past the float32 range"):
+        quantize_kv(torch.tensor([[1e300, -2e299, 3.0, 0.5]], dtype=torch.float64))
+    x = torch.tensor([[3e38, -1.0, 2.0, 0.5]], dtype=torch.float64)
+    codes, scale = quantize_kv(x)
+    assert torch.isfinite(scale).all() and codes[0, 0] == 127
+    torch.testing.assert_close(dequantize_kv(codes, scale, torch.float64)[0, 0], x[0, 0], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("value", [np.float32(0.5), np.float16(0.5), np.int64(0), Fraction(1, 2)])
+def test_r21_a_numpy_or_fraction_number_is_refused_saying_to_convert(value):
+    """Before: "sparsity must be a fraction in [0, 1), got np.float32(0.5)" (it is one) and "outlier_threshold must
+    be a number, got float32". A number checked here is stored as given (configs, metadata, JSON), so other real
+    types are refused, with a message that says the type is the problem and how to convert; np.float64 (a float)
+    and the converted value work."""
+    with pytest.raises(ValueError, match=r"^sparsity must be a fraction in \[0, 1\) as a Python float, got .*: "
+                                         r"convert it with float\(\)"):
+        magnitude_mask(W, value)
+    with pytest.raises(TypeError, match=r"^outlier_threshold must be a Python int or float, got .*: convert it "
+                                        r"with float\(\)"):
+        QuantConfig("w8a8", outlier_threshold=value)
+    assert torch.equal(magnitude_mask(W, float(value)), magnitude_mask(W, np.float64(float(value))))
+
+
+def test_r21_head_indices_are_read_as_the_ints_they_hold():
+    """Before: an int subclass whose comparisons lie passed the range check of mask_heads (head 5 of 2 heads) and
+    masked nothing. Indices are compared as the plain ints they hold."""
+
+    class LieInt(int):
+        def __lt__(self, other):
+            return True
+
+        def __ge__(self, other):
+            return True
+
+    with pytest.raises(ValueError, match=r"^heads\[0\] holds 5: a head index must be an int in \[0, 2\)"):
+        mask_heads(MODEL, {0: [LieInt(5)]})
+    with pytest.raises(ValueError, match=r"^heads has a key 7: a block index must be an int in"):
+        mask_heads(MODEL, {LieInt(7): [0]})
+    x = torch.tensor([[1, 2, 3]])
+    assert torch.equal(mask_heads(MODEL, {0: [LieInt(1)]})(x)[0], mask_heads(MODEL, {0: [1]})(x)[0])
+
+
+def test_r21_gptq_errors_and_nm_mask_name_the_argument():
+    """Before: NaN inputs to rtn_and_gptq_errors were named as H (built inside), and nm_mask on a width that is not
+    a multiple of m named in_features, not the scores it was given."""
+    with pytest.raises(ValueError, match=r"^X holds inf or NaN values"):
+        rtn_and_gptq_errors(nn.Linear(32, 24), torch.full((64, 32), float("nan")), bits=4)
+    with pytest.raises(ValueError, match=r"scores \(4, 6\) has 6 columns \(in_features\), not a multiple of 4"):
+        nm_mask(torch.rand(4, 6))

@@ -370,7 +370,9 @@ class WatchedModel:
             return f"{added[0][0] or 'the model'} was given {added[0][1]!r} of its own"
         i = self._watch.changed()
         if i >= 0:
-            return f"{self._tensor_names[i]} was converted, re-viewed or replaced (or a copy of it changed)"
+            return (f"{self._tensor_names[i]} (and maybe others after it) was converted, re-viewed or replaced, its "
+                    "storage moved (model.share_memory() and a `.data` assignment move it, even with the same "
+                    "values), or a copy of it changed")
         return None
 
     def model_maybe_changed(self) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 import os
 import sys
 from dataclasses import dataclass
@@ -37,7 +38,11 @@ def check_int(name: str, value: Any, minimum: int = 1) -> None:
     The one place the package's configs and sizes check their integer fields; the message names the field.
     """
     if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        if foreign_number(value):
+            raise TypeError(f"{name} must be a Python int, got {type(value).__name__} {value!r:.80}: convert it "
+                            "with int()")
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.80}")
+    value = int.__index__(value)  # the plain int an int subclass holds: its own comparisons are not consulted
     check_fits_float(name, value)  # sizes, counts and exponents meet floats downstream (powers, ratios, x / 2)
     if value < minimum:
         bound = {1: "positive", 0: "non-negative"}.get(minimum)
@@ -169,6 +174,16 @@ def check_device(name: str, device: Any) -> torch.device:
     return device
 
 
+def foreign_number(value: Any) -> bool:
+    """Whether `value` is a real number of a type other than Python's int and float (bool aside): numpy's float32
+    and int64, a Fraction (numpy's float64 is a float, so it is not one). The checks below refuse them with a
+    message saying to convert, rather than "must be a number".
+
+    Why not take them: a number checked here is stored as given (in configs, metadata, JSON files), and a numpy
+    float32 there would compute in float32 or fail to serialize much later, far from the call that passed it."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (int, float, bool))
+
+
 def check_float(name: str, value: Any, minimum: float | None = None, maximum: float | None = None,
                 include_minimum: bool = True, include_maximum: bool = True) -> None:
     """Raise TypeError unless `value` is a real number (bool excluded), ValueError if it is NaN, infinite, an int past
@@ -178,7 +193,10 @@ def check_float(name: str, value: Any, minimum: float | None = None, maximum: fl
     subtle: every comparison with NaN is False, so `if x < 0: raise` lets NaN through; check finiteness first.
     """
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+        if foreign_number(value):
+            raise TypeError(f"{name} must be a Python int or float, got {type(value).__name__} {value!r:.80}: "
+                            "convert it with float()")
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r:.80}")
     low = "" if minimum is None else f"{'[' if include_minimum else '('}{minimum}"
     high = "" if maximum is None else f"{maximum}{']' if include_maximum else ')'}"
     where = f" in {low or '(-inf'}, {high or 'inf)'}" if (low or high) else ""

@@ -76,7 +76,8 @@ def check_token_ids(name: str, ids: Any, vocab_size: int) -> list[int]:
         if isinstance(tok, np.integer):
             tok = int(tok)
         if not isinstance(tok, int) or isinstance(tok, bool):
-            raise TypeError(f"{name}[{pos}] must be an int token id, got {type(tok).__name__} {tok!r}")
+            raise TypeError(f"{name}[{pos}] must be an int token id, got {type(tok).__name__} {tok!r:.80}")
+        tok = int.__index__(tok)  # the plain int an int subclass holds: its own comparisons are not consulted
         if not 0 <= tok < vocab_size:
             raise ValueError(f"{name}[{pos}] = {tok} is outside the vocabulary [0, {vocab_size})")
         out.append(tok)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from minillm.core.config import check_fits_float, check_has_data, check_sequence, tensor_kind
+from minillm.core.config import check_fits_float, check_has_data, check_sequence, foreign_number, tensor_kind
 
 
 def _check_weight(name: str, w: object) -> torch.Tensor:
@@ -42,7 +42,9 @@ def check_sparsity(sparsity: object, name: str = "sparsity") -> float:
     """A fraction in [0, 1): the share of weights to remove. Anything else is a ValueError naming it (`name`)."""
     check_fits_float(name, sparsity)  # an int float() cannot take (10**400): else an OverflowError naming nothing
     if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or not 0.0 <= float(sparsity) < 1.0:
-        raise ValueError(f"{name} must be a fraction in [0, 1), got {sparsity!r}")
+        kind = " as a Python float" if foreign_number(sparsity) else ""  # a numpy float32: say what is wrong
+        raise ValueError(f"{name} must be a fraction in [0, 1){kind}, got {sparsity!r:.80}"
+                         + (": convert it with float()" if kind else ""))
     return float(sparsity)
 
 
@@ -134,7 +136,8 @@ def nm_mask(scores: torch.Tensor, n: int = 2, m: int = 4) -> torch.Tensor:
     _check_nm(n, m)
     out, cols = scores.shape
     if cols % m:
-        raise ValueError(f"N:M sparsity groups {m} consecutive inputs: in_features={cols} is not a multiple of {m}")
+        raise ValueError(f"N:M sparsity groups {m} consecutive inputs: scores {tuple(scores.shape)} has {cols} "
+                         f"columns (in_features), not a multiple of {m}")
     # BEGIN SOLUTION
     groups = scores.detach().reshape(out, cols // m, m)  # (out, groups, m): one row of m per group
     keep = lowest_k_mask(groups, m - n)  # drop the m - n smallest of each group

@@ -53,6 +53,11 @@ def _is_index(i: object) -> bool:
     return isinstance(i, numbers.Integral) and not isinstance(i, bool)
 
 
+def _plain(i: numbers.Integral) -> int:
+    """The plain int an index holds (`_is_index`): an int subclass's own comparisons are never consulted."""
+    return int.__index__(i) if isinstance(i, int) else int(i)
+
+
 def _check_heads(model: GPT, heads: object) -> dict[int, list[int]]:
     """heads {block: [head, ...]} as a dict of plain ints: keys in [0, n_layer), lists of distinct heads in
     [0, n_head), numpy ints taken as ints; bool is no index. Every error names heads. All of a block's heads may be
@@ -63,16 +68,20 @@ def _check_heads(model: GPT, heads: object) -> dict[int, list[int]]:
         raise TypeError(f"heads must be a dict {{block: [head, ...]}}, got {type(heads).__name__}")
     out: dict[int, list[int]] = {}
     for b, hh in heads.items():
-        if not _is_index(b) or not 0 <= b < L:
-            raise ValueError(f"heads has a key {b!r}: a block index must be an int in [0, {L})")
+        if not _is_index(b) or not 0 <= _plain(b) < L:  # type: ignore[arg-type]
+            raise ValueError(f"heads has a key {b!r:.80}: a block index must be an int in [0, {L})")
+        b = _plain(b)  # type: ignore[arg-type]
         if not isinstance(hh, (list, tuple)):
             raise TypeError(f"heads[{b}] must be a list of head indices, got {type(hh).__name__}")
         for h in hh:
-            if not _is_index(h) or not 0 <= h < nh:
-                raise ValueError(f"heads[{b}] holds {h!r}: a head index must be an int in [0, {nh})")
-        if len(set(hh)) != len(hh):
-            raise ValueError(f"heads[{b}] lists a head twice: {list(hh)}")
-        out[int(b)] = [int(h) for h in hh]  # type: ignore[call-overload]
+            if not _is_index(h) or not 0 <= _plain(h) < nh:
+                raise ValueError(f"heads[{b}] holds {h!r:.80}: a head index must be an int in [0, {nh})")
+        plain = [_plain(h) for h in hh]
+        if len(set(plain)) != len(plain):
+            raise ValueError(f"heads[{b}] lists a head twice: {plain}")
+        if b in out:  # two keys that hold the same block (0 and np.int64(0))
+            raise ValueError(f"heads lists block {b} twice")
+        out[b] = plain
     return out
 
 

@@ -333,6 +333,8 @@ def rtn_and_gptq_errors(layer: nn.Linear, X: torch.Tensor, bits: int = 4, symmet
         raise ValueError(f"X must be a non-empty float tensor (N, {layer.in_features}), got "
                          f"{tensor_kind(X)} {tuple(getattr(X, 'shape', ()))}")
     check_has_data("X", X)
+    if not bool(torch.isfinite(X).all()):  # else met as a NaN Hessian, H, which the caller never passed
+        raise ValueError("X holds inf or NaN values: the layer's outputs and the Hessian built from X would be NaN")
     W = layer.weight.detach()
     H = X.double().T @ X.double() / X.shape[0]
     rtn = dequantize(quantize(W.float(), bits, symmetric, "channel" if group_size is None else "group", group_size))

@@ -52,8 +52,9 @@ def _quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x (..., hs) float -> (codes (..., hs) int8, scales (..., 1) fp32): one absmax scale per vector of hs values.
 
-    Refuses NaN/inf with a ValueError naming x (one host sync). The caches write through `_quantize_kv`, which
-    skips the check and propagates NaN instead (see there)."""
+    Refuses NaN/inf with a ValueError naming x (one host sync), and float64 values past float32's range, which the
+    scales are computed in (they would be inf: every code 0 and every value read back NaN). The caches write through
+    `_quantize_kv`, which skips the check and propagates NaN instead (see there)."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"x must be a floating-point tensor of keys or values, got "
                         f"{tensor_kind(x)}")
@@ -61,6 +62,11 @@ def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if x.dim() == 0 or x.shape[-1] == 0:
         raise ValueError(f"x must have shape (..., hs) with hs > 0, got {tuple(x.shape)}")
     check_finite("x", x)
+    if x.dtype == torch.float64 and x.numel() > 0:
+        largest, f32_max = x.abs().max().item(), torch.finfo(torch.float32).max
+        if largest > f32_max:
+            raise ValueError(f"x holds values up to |x| = {largest:.6g}, past the float32 range (|x| <= "
+                             f"{f32_max:.6g}) that the int8 cache's scales are computed in")
     return _quantize_kv(x)
 
 

@@ -159,7 +159,7 @@ class PromptLookupProposer:
     def __init__(self, ngram: int, vocab_size: int, device: torch.device):
         check_int("ngram", ngram, 1)
         check_int("vocab_size", vocab_size, 1)
-        self.ngram = ngram
+        self.ngram = int.__index__(ngram)  # a plain int (of an int subclass too): `lookup` takes nothing else
         self.vocab_size = vocab_size  # for the one-hot q of sampling mode
         self.device = check_device("device", device)
         self.calls = 0  # never a forward
@@ -196,12 +196,14 @@ def prompt_lookup_proposals(ids: list[int], gamma: int, ngram: int = 3) -> list[
     check_int("ngram", ngram, 1)
     if not isinstance(ids, (list, tuple)):
         raise TypeError(f"ids must be a list of ints, got {type(ids).__name__}")
+    plain = []  # the plain ints the ids hold: an int subclass's own comparisons are never consulted
     for pos, tok in enumerate(ids):  # what is copied comes back as drafts: only token ids may
         if not isinstance(tok, int) or isinstance(tok, bool):
-            raise TypeError(f"ids[{pos}] must be an int token id, got {type(tok).__name__} {tok!r}")
-        if tok < 0:
-            raise ValueError(f"ids[{pos}] = {tok} is not a token id (negative)")
-    return lookup(list(ids), gamma, ngram)
+            raise TypeError(f"ids[{pos}] must be an int token id, got {type(tok).__name__} {tok!r:.80}")
+        plain.append(int.__index__(tok))
+        if plain[-1] < 0:
+            raise ValueError(f"ids[{pos}] = {plain[-1]} is not a token id (negative)")
+    return lookup(plain, gamma, int.__index__(ngram))
 
 
 def lookup(ids: list[int], gamma: int, ngram: int) -> list[int]:
