@@ -235,3 +235,19 @@ def test_stubs_score_zero_and_reference_scores_full(chapter, tmp_path, capsys):
     report = grade(chapter, REPO_ROOT, out_dir=tmp_path / "ref")
     assert report.max_score == total
     assert report.score == report.max_score, [(t.name, t.output[-600:]) for t in report.tests if not t.passed]
+
+
+def test_grade_refuses_another_chapters_assignment_and_an_out_under_a_file(tmp_path, capsys):
+    """Before: `minillm grade 10` on a chapter-09 assignment folder scored 0/15 without a word (the folder's marker
+    names its chapter), and an --out under a regular file was a traceback (FileExistsError / NotADirectoryError)."""
+    (tmp_path / "notes.txt").write_text("mine")
+    assert main(["assignment", "09", "--out", str(tmp_path / "notes.txt" / "hw")]) == 2
+    assert "notes.txt' is a file, not a folder" in capsys.readouterr().err
+    student = tmp_path / "hw09"
+    write_assignment("09", student)
+    with pytest.raises(ValueError, match=r"is chapter 09's assignment .* not chapter 10's: run `minillm grade 09"):
+        grade("10", student)
+    assert main(["grade", "09", "--student", str(student), "--out", str(tmp_path / "notes.txt" / "g"),
+                 "--no-isolate"]) == 2
+    assert "notes.txt' is a file, not a folder" in capsys.readouterr().err
+    assert (tmp_path / "notes.txt").read_text() == "mine" and not (tmp_path / "hw09-grade").exists()

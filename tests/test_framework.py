@@ -370,3 +370,31 @@ def test_every_source_file_the_package_compiles_is_package_data():
     assert sources
     missing = sorted(p.relative_to(package).as_posix() for p in sources if p not in shipped)
     assert not missing, f"not in package-data {patterns}: {missing}"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["bench", "--random-init", "--model", "tiny", "--prompt-len", "0"],
+     "argument --prompt-len: must be a positive int"),
+    (["bench", "--random-init", "--model", "tiny", "--repeats", "x"], "argument --repeats: must be a positive int"),
+    (["bench", "--random-init", "--model", "tiny", "--warmup", "-1"], "argument --warmup: must be a non-negative int"),
+    (["tour", "--seed", "-1"], "argument --seed: must be a non-negative int"),
+])
+def test_count_and_seed_flags_are_usage_errors_naming_the_flag(argv, says, capsys):
+    """Before: `minillm bench --prompt-len 0` named BenchCase.prompt_len, a field the user never typed, and
+    `minillm tour --seed -1` started the tour and failed every chapter."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_tour_reads_its_corpus_before_the_first_chapter(tmp_path, capsys, monkeypatch):
+    """Before: a missing or binary --corpus was ignored by chapters that read none, or met as a FAIL row later."""
+    import minillm.course.cli as cli
+
+    monkeypatch.setattr(cli, "run_tour", lambda *a, **k: pytest.fail("the tour started"))
+    (tmp_path / "bin.txt").write_bytes(b"\xff\xfe")
+    for path, says in ((tmp_path / "none.txt", "corpus file not found"), (tmp_path / "bin.txt", "is not valid UTF-8"),
+                       (tmp_path, "corpus file not found")):
+        assert main(["tour", "--corpus", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("minillm tour: error: --corpus: ") and says in err

@@ -1963,3 +1963,19 @@ def test_r21_a_numpy_temperature_is_refused_saying_to_convert():
                                         r"with float\(\)"):
         kd_loss(s, t, np.float32(2.0))
     assert torch.equal(kd_loss(s, t, np.float64(2.0)), kd_loss(s, t, 2.0))
+
+
+def test_r22_the_record_log_checks_each_record_as_resume_will_read_it(tmp_path):
+    """Before: the log start_run returns signed and wrote any dict (wrong fields, a numpy float32: json's bare
+    "not JSON serializable"), leaving a run directory resume_run refuses. Each record is checked at the call."""
+    log = start_run(tmp_path / "run", RUN_SETTINGS, None)
+    with pytest.raises(ValueError, match=r"^record must have the fields \['hard', 'soft', 'total'\]"):
+        log({"bogus": 1.0})
+    with pytest.raises(ValueError, match=r"^record: field 'hard' must be a number, got float32"):
+        log({"hard": np.float32(1.0), "soft": 1.0, "total": 1.0})
+    assert (tmp_path / "run" / RECORDS_NAME).read_text() == ""
+    log({"hard": 1.0, "soft": 2.0, "total": 1.5})
+    assert len((tmp_path / "run" / RECORDS_NAME).read_text().splitlines()) == 1
+    feature_log = start_run(tmp_path / "feat", {**RUN_SETTINGS, "feature_weight": 0.5}, None)
+    with pytest.raises(ValueError, match=r"missing \['feature'\]"):
+        feature_log({"hard": 1.0, "soft": 2.0, "total": 1.5})

@@ -426,10 +426,10 @@ BAD = [
     ("wanda-norm-shape", lambda: wanda_score(W, torch.ones(8)), ValueError, "input_norm"),
     ("wanda-nan-norm", lambda: wanda_score(W, with_nan((32,)).abs()), ValueError, "input_norm"),
     ("per_row-nan", lambda: per_row_mask(with_nan((4, 4)), 0.5), ValueError, "scores"),
-    ("nm-bool-n", lambda: nm_mask(W, n=True), ValueError, r"\bn=True"),
-    ("nm-m-zero", lambda: nm_mask(W, 2, 0), ValueError, r"\bm=0"),
-    ("is_nm_sparse-m-zero", lambda: is_nm_sparse(W, 2, 0), ValueError, r"\bm=0"),
-    ("is_nm_sparse-bool-n", lambda: is_nm_sparse(W, True, 4), ValueError, r"\bn=True"),
+    ("nm-bool-n", lambda: nm_mask(W, n=True), TypeError, r"^n must be an int, got bool True"),
+    ("nm-m-zero", lambda: nm_mask(W, 2, 0), ValueError, r"^m must be positive, got 0"),
+    ("is_nm_sparse-m-zero", lambda: is_nm_sparse(W, 2, 0), ValueError, r"^m must be positive, got 0"),
+    ("is_nm_sparse-bool-n", lambda: is_nm_sparse(W, True, 4), TypeError, r"^n must be an int, got bool True"),
     # before: False, as if the row held too many nonzeros, for a width no group of 4 tiles
     ("is_nm_sparse-width-not-multiple", lambda: is_nm_sparse(torch.randn(4, 6)), ValueError,
      "weight has 6 columns, not a multiple of 4"),
@@ -2085,3 +2085,18 @@ def test_r21_gptq_errors_and_nm_mask_name_the_argument():
         rtn_and_gptq_errors(nn.Linear(32, 24), torch.full((64, 32), float("nan")), bits=4)
     with pytest.raises(ValueError, match=r"scores \(4, 6\) has 6 columns \(in_features\), not a multiple of 4"):
         nm_mask(torch.rand(4, 6))
+
+
+def test_r22_nm_arguments_and_an_overflowing_hessian_are_named():
+    """Before: nm_mask(n=np.int64(2)) said "N:M needs integers 0 < n <= m, got n=np.int64(2)" (it is one), and a
+    finite X whose XᵀX overflows float64 was named as the Hessian H, which the caller never passed."""
+    s = torch.rand(4, 8)
+    for kwargs, name in ((dict(n=np.int64(2)), "n"), (dict(m=np.int32(4)), "m")):
+        with pytest.raises(TypeError, match=rf"^{name} must be a Python int, got .*: convert it with int\(\)"):
+            nm_mask(s, **kwargs)
+        with pytest.raises(TypeError, match=rf"^{name} must be a Python int"):
+            is_nm_sparse(s, **kwargs)
+    with pytest.raises(ValueError, match=r"^N:M needs integers 0 < n <= m, got n=5, m=4"):
+        nm_mask(s, n=5, m=4)
+    with pytest.raises(ValueError, match=r"^X's values are too large \(max \|x\| = .*\): XᵀX / N"):
+        rtn_and_gptq_errors(nn.Linear(8, 4).double(), torch.randn(16, 8, dtype=torch.float64) * 1e200, bits=4)

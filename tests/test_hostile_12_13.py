@@ -2796,3 +2796,42 @@ def test_r21_share_memory_is_refused_saying_the_storage_moved():
     with pytest.raises(ValueError, match=r"transformer.wte.weight \(and maybe others after it\) .* storage moved "
                                          r"\(model.share_memory\(\)"):
         decoder.generate_ids([5, 6, 7], SamplingParams.greedy(2, ignore_eos=True))
+
+
+def test_r22_thread_counts_are_bounded_everywhere_torch_takes_them():
+    """Before: `minillm.compile.sweep --threads-list 100000` (and run_sweep(threads=(100000,))) segfaulted in
+    torch's thread pool (10**9 aborted in libgomp): only --threads was bounded. Every count now is, as
+    check_threads says (at most 4 per core), before anything runs; so is DisaggConfig.num_threads."""
+    from minillm.compile.sweep import run_sweep, thread_counts
+    from minillm.disagg.config import DisaggConfig
+
+    most = 4 * (os.cpu_count() or 1)
+    with pytest.raises(ValueError, match=rf"^threads\[1\] must be at most {most} "):
+        thread_counts(f"1,{most + 1}")
+    assert thread_counts(f"1,{most}") == (1, most)
+    before = torch.get_num_threads()
+    with pytest.raises(ValueError, match=r"^threads\[0\] must be at most"):
+        run_sweep(GPT(SMALL).eval(), threads=(100000,), steps=2, repeats=1)
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match=r"^DisaggConfig.num_threads must be at most"):
+        DisaggConfig(num_threads=100000)
+    with pytest.raises(TypeError, match=r"^DisaggConfig.num_threads must be an int, got bool"):
+        DisaggConfig(num_threads=True)
+    assert DisaggConfig(num_threads=0).num_threads == 0
+
+
+def test_r22_max_len_is_read_as_the_int_it_holds():
+    """Before: a max_len whose comparisons lie was kept as given, and the decoders' later checks answered nonsense
+    ("max_len=1000 is too short ... need 6"). It is compared as the plain int it holds."""
+    from minillm.compile.decode import decoder_max_len
+
+    class LieInt(int):
+        def __gt__(self, other):
+            return False
+
+        def __lt__(self, other):
+            return False
+
+    with pytest.raises(ValueError, match=r"^max_len=1000 is past the model's context window block_size=32"):
+        decoder_max_len(SMALL, LieInt(1000))
+    assert type(decoder_max_len(SMALL, LieInt(16))) is int

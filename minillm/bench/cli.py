@@ -64,6 +64,24 @@ def threads_argument(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def count_argument(minimum: int) -> Callable[[str], int]:
+    """An argparse `type=` for a count flag (--prompt-len, --repeats...): an int >= minimum, else a usage error
+    naming the flag at parse time, not a check deep inside that names a dataclass field the user never typed."""
+    bound = {1: "a positive int", 0: "a non-negative int"}.get(minimum, f"an int >= {minimum}")
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+
+    parse.__name__ = "count"  # what argparse names in "invalid count value"
+    return parse
+
+
 def bench_seed_argument(text: str) -> int:
     """`--seed` (argparse `type=`): `seed_argument`'s int, and non-negative, as the benchmarks' generators and
     calibration windows require (`check_int("seed", seed, 0)`), else a usage error naming the flag at parse time,

@@ -71,6 +71,7 @@ def decoder_max_len(config: GPTConfig, max_len: Any) -> int:
     if max_len is None:
         return config.block_size
     check_int("max_len", max_len)
+    max_len = int.__index__(max_len)  # the plain int (of an int subclass too) that every later check compares
     if max_len > config.block_size:
         raise ValueError(f"max_len={max_len} is past the model's context window block_size={config.block_size}: "
                          "positions stop there, so those slots could never be used; pass max_len <= block_size")

@@ -37,7 +37,7 @@ from minillm.bench.cli import bench_parser, cli_type, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
 from minillm.compile.decode import StaticDecoder, check_backend, check_eval_mode, counting_backend
-from minillm.core.config import check_int, check_report, check_tensor_elements
+from minillm.core.config import check_int, check_report, check_tensor_elements, check_threads
 from minillm.core.model import GPT, require_model
 from minillm.core.timing import interleave, time_once
 from minillm.kvcache.generate import prefill
@@ -189,13 +189,14 @@ def run_case(model: GPT, case: Case, steps: int = 16, repeats: int = 5, backend:
 
 
 def thread_counts(text: str) -> tuple[int, ...]:
-    """--threads-list's text, "1,2" -> (1, 2): positive ints, comma-separated (a ValueError naming threads)."""
+    """--threads-list's text, "1,2" -> (1, 2): comma-separated ints in [1, 4 x cores] (`check_threads`; a ValueError
+    naming threads[i])."""
     try:
         threads = tuple(int(t) for t in text.split(","))
     except ValueError:
         raise ValueError(f"threads must be comma-separated ints, got {text!r}") from None
     for i, n in enumerate(threads):
-        check_int(f"threads[{i}]", n)
+        check_threads(f"threads[{i}]", n)  # at most 4 per core: torch's pool crashes on 100000
     return threads
 
 
@@ -207,7 +208,8 @@ def run_sweep(model: GPT, threads: tuple[int, ...] = (1, 2), cases: tuple[Case, 
         if not isinstance(values, (list, tuple)) or not values:
             raise TypeError(f"{name} must be a non-empty list or tuple, got {type(values).__name__} {values!r:.80}")
     for i, n in enumerate(threads):
-        check_int(f"threads[{i}]", n)  # subtle: True is an int, and torch.set_num_threads(True) fails inside torch
+        # subtle: True is an int, and torch.set_num_threads(True) fails inside torch; 100000 threads crash its pool
+        check_threads(f"threads[{i}]", n)
     for case in cases:
         check_case(model, case, steps)
     check_int("repeats", repeats)

@@ -35,10 +35,11 @@ import tempfile
 from pathlib import Path
 
 from minillm import chapters
+from minillm.core.io import check_output_dir
 from minillm.course import probes as probing
-from minillm.course.grading import (ASSETS_DIR, PACKAGE_DIR, PYTEST_INI, REPO_ROOT, TESTS_DIR, GradeReport,
-                                    GradedTest, TestResult, chapter_test_file, copy_tests, default_out_dir, grade,
-                                    graded_tests, is_c_source)
+from minillm.course.grading import (ASSETS_DIR, ASSIGNMENT_MARKER, PACKAGE_DIR, PYTEST_INI, REPO_ROOT, TESTS_DIR,
+                                    GradeReport, GradedTest, TestResult, chapter_test_file, copy_tests,
+                                    default_out_dir, grade, graded_tests, is_c_source)
 from minillm.course.grading import exercise_chapter as _chapter
 
 BEGIN, END = "# BEGIN SOLUTION", "# END SOLUTION"
@@ -46,7 +47,7 @@ C_BEGIN, C_END = "// BEGIN SOLUTION", "// END SOLUTION"
 # A function definition in C/C++/CUDA as these sources lay it out: an unindented line (no preprocessor line, no
 # comment, no closing brace) whose first `(` follows the function's name: `__global__ void softmax_v1_kernel(`.
 C_DEF = re.compile(r"^(?![\s#/}])[^;(]*?\b(\w+)\s*\(")
-MARKER = ".minillm-assignment"  # the file that says "this folder was written by `minillm assignment`"
+MARKER = ASSIGNMENT_MARKER  # the file that says "this folder was written by `minillm assignment`", and its chapter
 __all__ = ["CHAPTER_FILES", "GradeReport", "GradedTest", "TestResult", "chapter_test_file", "grade", "graded_tests",
            "stub_source", "write_assignment", "solution_lines", "markers", "is_c_source"]
 
@@ -161,7 +162,8 @@ if not Path(minillm.__file__).resolve().is_relative_to(_FOLDER):
 
 
 def _check_out(out: Path, force: bool) -> None:
-    """Refuse any --out whose replacement could delete what `minillm assignment` did not create."""
+    """Refuse any --out whose replacement could delete what `minillm assignment` did not create, or that lies
+    under a file (named, not mkdir's FileExistsError)."""
     here = Path.cwd().resolve()
     target = out.resolve()
     if target == here or target in here.parents:
@@ -174,6 +176,7 @@ def _check_out(out: Path, force: bool) -> None:
         raise ValueError(f"--out {str(out)!r} is a symlink; name a real folder")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} exists and is not a directory")
+    check_output_dir(out, "--out")  # a path under a file
     if out.is_dir() and any(out.iterdir()):
         if not force:
             raise ValueError(f"output directory {str(out)!r} is not empty (use --force to replace an earlier "

@@ -12,10 +12,10 @@ import sys
 
 import torch
 
-from minillm.bench.cli import cpu_description, threads_argument
+from minillm.bench.cli import bench_seed_argument, cpu_description, threads_argument
 from minillm.core.device import DEVICE_CHOICES, resolve_device
 from minillm.core.io import atomic_write_text, check_output_file
-from minillm.core.sampling import seed_argument
+from minillm.core.corpus import load_corpus
 from minillm.course import assignment, gpu_report
 from minillm.core.rows import summary_line
 from minillm.course.tour import TourContext, format_table, rows_to_json, run_tour
@@ -36,6 +36,11 @@ bench.register_generator("kv-cache", kv_cache_generate, overwrite=True)
 
 def _cmd_tour(args: argparse.Namespace) -> int:
     check_output_file(args.json, "--json", (".json",))
+    if args.corpus is not None:  # read once now: a missing or non-UTF-8 file is a usage error, not a FAIL row later
+        try:
+            load_corpus(args.corpus)
+        except ValueError as e:
+            raise ValueError(f"--corpus: {e}") from None
     ctx = TourContext(device=resolve_device(args.device), quick=args.quick, corpus_path=args.corpus, seed=args.seed,
                       threads=args.threads)
     rows, seconds = run_tour(ctx, args.chapter, progress=not args.no_progress)
@@ -65,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     tour.add_argument("--json", metavar="PATH", help="also write the rows as JSON to PATH")
     tour.add_argument("--quick", action="store_true", help="smaller workloads, for a fast smoke run")
     tour.add_argument("--corpus", metavar="PATH", help="a UTF-8 text file to use instead of the default corpus")
-    tour.add_argument("--seed", type=seed_argument, default=0, help="seed for every random choice (default 0)")
+    tour.add_argument("--seed", type=bench_seed_argument, default=0,
+                      help="seed for every random choice, >= 0 (default 0)")
     tour.add_argument("--threads", type=threads_argument, default=1,
                       help="torch CPU threads for the whole tour (default 1: small models, fair on a shared machine)")
     tour.add_argument("--no-progress", action="store_true", help="no progress bar")

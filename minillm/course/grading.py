@@ -61,7 +61,7 @@ from pathlib import Path
 import torch
 
 from minillm import chapters
-from minillm.core.io import atomic_write_text
+from minillm.core.io import atomic_write_text, check_output_dir
 from minillm.course import probes as probing
 from minillm.kernels import emulator
 
@@ -416,12 +416,31 @@ def _tree_hash(root: Path) -> str:
     return h.hexdigest()
 
 
+# The file `minillm assignment` writes into a student folder: {"chapter": "09", "graded": [...], "max_score": ...}
+ASSIGNMENT_MARKER = ".minillm-assignment"
+
+
+def check_assignment_chapter(student: Path, nn: str) -> None:
+    """A ValueError when student's folder is another chapter's assignment (its marker names that chapter): graded as
+    chapter nn it would score 0 on tests of code it never had to write. A folder without a readable marker (the
+    student's own copy of the repository) is graded as asked."""
+    try:
+        marker = json.loads((student / ASSIGNMENT_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # none, unreadable or not JSON: nothing says which chapter it is
+        return
+    written = marker.get("chapter") if isinstance(marker, dict) else None
+    if isinstance(written, str) and written != nn:
+        raise ValueError(f"{str(student)!r} is chapter {written}'s assignment (its {ASSIGNMENT_MARKER} says so), not "
+                         f"chapter {nn}'s: run `minillm grade {written} --student ...`")
+
+
 def _prepare_out_dir(out: Path) -> Path:
     if out.is_symlink():
         raise ValueError(f"refusing to write the grade into {str(out)!r}: it is a symlink (the grader never "
                          f"writes through one); remove it or pass another --out")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} exists and is not a directory")
+    check_output_dir(out, "--out")  # a path under a file: named, not mkdir's NotADirectoryError
     out.mkdir(parents=True, exist_ok=True)
     return out
 
@@ -622,6 +641,7 @@ def grade(
     student = Path(student_dir).resolve()
     if not (student / "minillm" / "__init__.py").is_file():
         raise ValueError(f"{str(student)!r} does not contain a minillm package (student_dir/minillm/__init__.py)")
+    check_assignment_chapter(student, nn)
     if isolate is not None and not isinstance(isolate, bool):
         raise TypeError(f"isolate must be True, False or None, got {isolate!r}")
     out = Path(out_dir) if out_dir is not None else default_out_dir(student)

@@ -164,14 +164,19 @@ def _record_lines(records: list[dict], digest: str) -> tuple[str, str]:
 class RecordLog:
     """Appends the objective's records to distill_records.jsonl, one fsynced line each (a kill loses none that a
     checkpoint after it depends on), each line chained to the one before by `record_digest` from `digest` (the
-    last line's digest; distill_run.json's sha256 for an empty log)."""
+    last line's digest; distill_run.json's sha256 for an empty log). With `keys` (the run's `record_keys`), each
+    record is checked as resume will read it (`check_record`) before it is written: a bad one is a ValueError
+    naming it at the call, not a run directory that can never be resumed."""
 
-    def __init__(self, path: Path, digest: str = ""):
+    def __init__(self, path: Path, digest: str = "", keys: tuple[str, ...] | None = None):
         # a folder (or a path under a file) is a ValueError naming path now, not an IsADirectoryError at a step
         self.path: Path = check_output_file(check_path(path, "path"), "path")  # type: ignore[assignment]
         self.digest = digest
+        self.keys = keys
 
     def __call__(self, record: dict[str, float]) -> None:
+        if self.keys is not None:
+            check_record(record, self.keys, "record")
         line, digest = _record_lines([record], self.digest)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(line)
@@ -215,7 +220,7 @@ def _write(out_dir: str | os.PathLike, settings: dict[str, Any], student_init: s
     text, digest = _record_lines(records, run[SHA256_FIELD])  # chained to this run file: an edit is found too
     atomic_write_text(out_dir / RECORDS_NAME, text)
     atomic_write_text(out_dir / RUN_NAME, json.dumps(run, indent=1) + "\n")
-    return RecordLog(out_dir / RECORDS_NAME, digest)
+    return RecordLog(out_dir / RECORDS_NAME, digest, record_keys(settings["feature_weight"]))
 
 
 def start_run(out_dir: str | os.PathLike, settings: dict[str, Any], student_init: str | None) -> RecordLog:

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from minillm.bench.check import same_tokens
-from minillm.bench.cli import add_bench_options, apply_bench_options, write_report
+from minillm.bench.cli import add_bench_options, apply_bench_options, count_argument, write_report
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
 from minillm.core.config import check_int
@@ -276,10 +276,11 @@ def add_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--random-init", action="store_true", help="random weights of the preset's shape, no checkpoint")
     p.add_argument("--generators", default="naive", help="comma-separated registered generators, the first is the "
                    "baseline (default: naive; chapter 04 adds kv-cache)")
-    p.add_argument("--prompt-len", type=int, default=16, help="prompt tokens (default 16)")
-    p.add_argument("--new-tokens", type=int, default=64, help="tokens to generate (default 64)")
-    p.add_argument("--repeats", type=int, default=3, help="timed requests per generator (default 3)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed requests per generator first (default 1)")
+    p.add_argument("--prompt-len", type=count_argument(1), default=16, help="prompt tokens (default 16)")
+    p.add_argument("--new-tokens", type=count_argument(1), default=64, help="tokens to generate (default 64)")
+    p.add_argument("--repeats", type=count_argument(1), default=3, help="timed requests per generator (default 3)")
+    p.add_argument("--warmup", type=count_argument(0), default=1,
+                   help="untimed requests per generator first (default 1)")
     p.add_argument("--roofline", action="store_true", help="also measure the machine and report the decode bound")
     p.add_argument("--quick-roofline", action="store_true", help="smaller roofline micro-benchmarks")
     p.add_argument("--plot", metavar="PATH", help="write a PNG figure (per-token latency, tokens/s)")

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from minillm.core.config import check_fits_float, check_has_data, check_sequence, foreign_number, tensor_kind
+from minillm.core.config import check_fits_float, check_has_data, check_int, check_sequence, foreign_number, tensor_kind
 
 
 def _check_weight(name: str, w: object) -> torch.Tensor:
@@ -121,8 +121,10 @@ def per_row_mask(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
 
 
 def _check_nm(n: object, m: object) -> None:
-    if isinstance(n, bool) or isinstance(m, bool) or not isinstance(n, int) or not isinstance(m, int) \
-            or not 0 < n <= m:
+    """n and m Python ints with 0 < n <= m (`check_int`: a TypeError naming n or m, saying to convert a numpy int)."""
+    check_int("n", n)
+    check_int("m", m)
+    if not 0 < int.__index__(n) <= int.__index__(m):  # type: ignore[arg-type]
         raise ValueError(f"N:M needs integers 0 < n <= m, got n={n!r}, m={m!r}")
 
 

@@ -337,6 +337,9 @@ def rtn_and_gptq_errors(layer: nn.Linear, X: torch.Tensor, bits: int = 4, symmet
         raise ValueError("X holds inf or NaN values: the layer's outputs and the Hessian built from X would be NaN")
     W = layer.weight.detach()
     H = X.double().T @ X.double() / X.shape[0]
+    if not bool(torch.isfinite(H).all()):  # finite X, but XᵀX past float64's range
+        raise ValueError(f"X's values are too large (max |x| = {X.abs().max().item():.3g}): XᵀX / N, the Hessian "
+                         "GPTQ builds from X, overflows float64")
     rtn = dequantize(quantize(W.float(), bits, symmetric, "channel" if group_size is None else "group", group_size))
     gptq = dequantize(gptq_quantize(W, H, bits, symmetric, group_size))
     return {"rtn": output_error(W, rtn, X), "gptq": output_error(W, gptq, X)}
