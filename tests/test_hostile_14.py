@@ -207,3 +207,12 @@ def test_edge_inputs_that_are_valid_give_the_right_answer():
     torch.testing.assert_close(ring_attention(Q, Q, Q), block_attention(Q, Q, Q, causal=True)[0])  # no group: 1 rank
     assert stage_layers(3, 3) == [range(0, 1), range(1, 2), range(2, 3)]
     assert bubble_fraction(1, 1) == 0.0
+
+
+def test_r22_run_ranks_bounds_each_ranks_thread_count():
+    """A rank sets torch's thread count first: 100000 crashed torch's pool inside the rank. Refused before any
+    rank starts, as every thread count is (check_threads: at most 4 per core)."""
+    from minillm.parallel.group import run_ranks
+
+    with pytest.raises(ValueError, match=r"^num_threads must be at most"):
+        run_ranks(print, 1, num_threads=100000)

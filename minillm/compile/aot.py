@@ -62,7 +62,7 @@ from minillm.bench.tables import markdown_table
 from minillm.bench.workload import eval_prompts
 from minillm.compile.decode import (StaticDecoder, check_decoder_room, compile_problem, decoder_max_len, eval_mode,
                                     hooked_module, uncompilable_layer)
-from minillm.core.config import (PRESETS, GPTConfig, check_fits_window, check_float, check_int,
+from minillm.core.config import (PRESETS, GPTConfig, check_fits_window, check_float, check_int, check_threads,
                                  check_module_has_data, check_report)
 from minillm.core.io import (SHA256_FIELD, atomic_write_bytes, check_output_file, check_path, check_sha256,
                              with_sha256)
@@ -437,8 +437,9 @@ def cold_start(name: str = "base", new_tokens: int = 32, repeats: int = 3, threa
     `timeout` seconds is killed (a RuntimeError)."""
     if not isinstance(name, str) or name not in MODEL_NAMES:
         raise ValueError(f"name must be one of {MODEL_NAMES}, got {name!r}")
-    for arg, value in (("new_tokens", new_tokens), ("repeats", repeats), ("threads", threads)):
+    for arg, value in (("new_tokens", new_tokens), ("repeats", repeats)):
         check_int(arg, value)
+    check_threads("threads", threads)  # each subprocess sets it: 100000 would crash torch's pool there
     check_int("seed", seed, 0)
     check_float("timeout", timeout, 0.0, include_minimum=False)
     check_fits_window(f"the {PROMPT_LEN}-token prompt", PROMPT_LEN, new_tokens,

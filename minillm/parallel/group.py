@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from minillm.core.config import check_float, check_int
+from minillm.core.config import check_float, check_threads
 from minillm.engine.process import Inbox, WorkerDiedError, WorkerHandle, receive, stop_all, wait_ready
 
 LOOPBACK = "127.0.0.1"
@@ -217,7 +217,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str 
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
     _check_backend_and_timeout(backend, timeout_s)
-    check_int("num_threads", num_threads)
+    check_threads("num_threads", num_threads)  # each rank sets it: 100000 would crash torch's pool there
     ctx = multiprocessing.get_context("spawn")
     port = free_port()
     handles = [WorkerHandle(ctx, RankInit(f"rank{r}", r, world_size, port, backend, fn, tuple(args),
