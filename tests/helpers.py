@@ -244,3 +244,21 @@ def special_files(tmp_path: Path, suffix: str) -> list[Path]:
         nodes.append(tmp_path / f"null{suffix}")
         os.mknod(nodes[1], 0o666 | stat.S_IFCHR, os.makedev(1, 3))
     return nodes
+
+
+class LyingInt(int):
+    """An int whose comparisons always answer "in range": `0 <= x < n` and `x <= n` hold and `x > n` does not,
+    whatever it holds. A range check that compares it as given is fooled; one that reads the plain int it holds
+    (`int.__index__(x)`) is not."""
+
+    def __lt__(self, other):
+        return True
+
+    def __le__(self, other):
+        return True
+
+    def __ge__(self, other):
+        return True
+
+    def __gt__(self, other):
+        return False

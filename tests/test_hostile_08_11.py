@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_refused_by_minillm
+from helpers import LyingInt, assert_refused_by_minillm
 
 from minillm import GPT, GPTConfig
 from minillm.core.checkpoint import save_checkpoint
@@ -369,11 +369,11 @@ BAD = [
     ("run4-start-run-file", lambda c: start_run(c.root / "student" / "config.json", {}, None), ValueError,
      "out_dir .*config.json' is a file, not a folder"),
     ("run4-start-run-settings-not-json", lambda c: start_run(c.root / "run4", {**RUN_SETTINGS, "x": object()}, None),
-     ValueError, r"^settings must hold exactly the fields .*; unexpected \['x'\]"),
+     ValueError, r"^settings must hold exactly the fields .* \(unexpected \['x'\]"),
     # run 20: start_run wrote settings that resume_run refuses (none, a field missing, a value distill never passes),
     # so the run could never be resumed; now both check them alike, before anything is written
     ("r20-start-run-settings-empty", lambda c: start_run(c.root / "run20", {}, None), ValueError,
-     r"^settings must hold exactly the fields .*; missing \['temperature', 'kd_weight'"),
+     r"^settings must hold exactly the fields .* \(missing \['temperature', 'kd_weight'"),
     ("r20-start-run-settings-T-zero", lambda c: start_run(c.root / "run20", {**RUN_SETTINGS, "temperature": 0.0}, None),
      ValueError, "temperature"),
     ("r20-start-run-settings-kd-nan", lambda c: start_run(c.root / "run20", {**RUN_SETTINGS, "kd_weight": NAN}, None),
@@ -794,7 +794,7 @@ BAD = [
      r"^objective.records\[0\]: field 'hard' must be within the float range, got an int of 1329 bits"),
     # before: a KeyError 'kd_weight'; "'NoneType' object is not subscriptable"
     ("d11r6-resume-run-settings-missing", lambda c: resume_run(c.root, None, {"temperature": 2.0}, True), ValueError,
-     r"^settings must hold exactly the fields .*; missing \['kd_weight', 'kind', 'feature_weight'"),
+     r"^settings must hold exactly the fields .* \(missing \['kd_weight', 'kind', 'feature_weight'"),
     ("d11r6-resume-run-settings-none", lambda c: resume_run(c.root, None, None, True), TypeError,
      "^settings must be a dict of the run's settings"),
     # before: distill trained a TrainConfig changed after construction: steps=0 and grad_clip=-1 silently, and a NaN
@@ -1938,21 +1938,14 @@ def test_r21_int_subclasses_are_read_as_the_ints_they_hold():
     class MyInt(int):
         pass
 
-    class LieInt(int):
-        def __lt__(self, other):
-            return True
-
-        def __ge__(self, other):
-            return True
-
     model = tiny(0)
     params = SamplingParams.greedy(5, ignore_eos=True)
     assert (generate_prompt_lookup(model, [1, 2, 1, 2], params, gamma=2, ngram=MyInt(2))[0]
             == generate_prompt_lookup(model, [1, 2, 1, 2], params, gamma=2, ngram=2)[0])
-    assert prompt_lookup_proposals([1, 2, 3, 9, 1, 2], 3, LieInt(2)) == [3, 9, 1]
+    assert prompt_lookup_proposals([1, 2, 3, 9, 1, 2], 3, LyingInt(2)) == [3, 9, 1]
     p, q = torch.softmax(torch.randn(3, 8), -1), torch.softmax(torch.randn(2, 8), -1)
     with pytest.raises(ValueError, match=r"^draft_tokens\[0\] = 100 is outside the vocabulary \[0, 8\)"):
-        accept_or_resample(p, q, [LieInt(100), 1])
+        accept_or_resample(p, q, [LyingInt(100), 1])
 
 
 def test_r21_a_numpy_temperature_is_refused_saying_to_convert():

@@ -15,7 +15,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-from helpers import assert_refused_by_minillm, special_files
+from helpers import LyingInt, assert_refused_by_minillm, special_files
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.nn.utils.prune as torch_prune
@@ -2063,19 +2063,12 @@ def test_r21_head_indices_are_read_as_the_ints_they_hold():
     """Before: an int subclass whose comparisons lie passed the range check of mask_heads (head 5 of 2 heads) and
     masked nothing. Indices are compared as the plain ints they hold."""
 
-    class LieInt(int):
-        def __lt__(self, other):
-            return True
-
-        def __ge__(self, other):
-            return True
-
     with pytest.raises(ValueError, match=r"^heads\[0\] holds 5: a head index must be an int in \[0, 2\)"):
-        mask_heads(MODEL, {0: [LieInt(5)]})
+        mask_heads(MODEL, {0: [LyingInt(5)]})
     with pytest.raises(ValueError, match=r"^heads has a key 7: a block index must be an int in"):
-        mask_heads(MODEL, {LieInt(7): [0]})
+        mask_heads(MODEL, {LyingInt(7): [0]})
     x = torch.tensor([[1, 2, 3]])
-    assert torch.equal(mask_heads(MODEL, {0: [LieInt(1)]})(x)[0], mask_heads(MODEL, {0: [1]})(x)[0])
+    assert torch.equal(mask_heads(MODEL, {0: [LyingInt(1)]})(x)[0], mask_heads(MODEL, {0: [1]})(x)[0])
 
 
 def test_r21_gptq_errors_and_nm_mask_name_the_argument():

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # the subprocess runs this file as a script
     sys.path.insert(0, str(ROOT))
 
-from helpers import assert_refused_by_minillm, special_files  # noqa: E402
+from helpers import LyingInt, assert_refused_by_minillm, special_files  # noqa: E402
 from minillm import GPTConfig  # noqa: E402
 from minillm.compile.cpu_gemv import build_problem  # noqa: E402
 from minillm.compile.decode import StaticDecoder, integer_ids  # noqa: E402
@@ -2825,13 +2825,6 @@ def test_r22_max_len_is_read_as_the_int_it_holds():
     ("max_len=1000 is too short ... need 6"). It is compared as the plain int it holds."""
     from minillm.compile.decode import decoder_max_len
 
-    class LieInt(int):
-        def __gt__(self, other):
-            return False
-
-        def __lt__(self, other):
-            return False
-
     with pytest.raises(ValueError, match=r"^max_len=1000 is past the model's context window block_size=32"):
-        decoder_max_len(SMALL, LieInt(1000))
-    assert type(decoder_max_len(SMALL, LieInt(16))) is int
+        decoder_max_len(SMALL, LyingInt(1000))
+    assert type(decoder_max_len(SMALL, LyingInt(16))) is int

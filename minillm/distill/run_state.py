@@ -62,6 +62,12 @@ def record_keys(feature_weight: float) -> tuple[str, ...]:
     return ("hard", "soft", "feature", "total") if feature_weight > 0 else RECORD_KEYS
 
 
+def _fields_problem(d: dict, keys: tuple[str, ...]) -> str:
+    """"" when dict d holds exactly `keys`, else what is wrong: " (missing [...])", " (unexpected [...])" or both."""
+    missing, extra = [k for k in keys if k not in d], sorted(set(d) - set(keys), key=str)
+    return (f" (missing {missing})" if missing else "") + (f" (unexpected {extra})" if extra else "")
+
+
 def check_record(record: object, keys: tuple[str, ...], where: str) -> dict[str, float]:
     """`record` a dict with exactly the fields `keys`, each a real number (+inf and NaN included: a loss can be
     either, and the log keeps what was computed; an int within the float range); a ValueError naming `where` (a file
@@ -70,10 +76,8 @@ def check_record(record: object, keys: tuple[str, ...], where: str) -> dict[str,
     if not isinstance(record, dict):
         raise ValueError(f"{where} must be a record (an object with fields {list(keys)}), got "
                          f"{type(record).__name__} {record!r:.80}")
-    missing, extra = [k for k in keys if k not in record], sorted(set(record) - set(keys), key=str)
-    if missing or extra:
-        raise ValueError(f"{where} must have the fields {list(keys)}, got {sorted(record, key=str)}"
-                         + (f" (missing {missing})" if missing else "") + (f" (unexpected {extra})" if extra else ""))
+    if problem := _fields_problem(record, keys):
+        raise ValueError(f"{where} must have the fields {list(keys)}, got {sorted(record, key=str)}{problem}")
     for k in keys:
         v = record[k]
         if not isinstance(v, (int, float)) or isinstance(v, bool):
@@ -93,10 +97,8 @@ def check_settings(settings: object) -> dict[str, Any]:
     if not isinstance(settings, dict):
         raise TypeError(f"settings must be a dict of the run's settings {list(SETTINGS)}, got "
                         f"{type(settings).__name__} {settings!r:.80}")
-    missing, extra = [k for k in SETTINGS if k not in settings], sorted(set(settings) - set(SETTINGS), key=str)
-    if missing or extra:
-        raise ValueError(f"settings must hold exactly the fields {list(SETTINGS)}"
-                         + (f"; missing {missing}" if missing else "") + (f"; unexpected {extra}" if extra else ""))
+    if problem := _fields_problem(settings, SETTINGS):
+        raise ValueError(f"settings must hold exactly the fields {list(SETTINGS)}{problem}")
     check_temperature(settings["temperature"])
     check_float("kd_weight", settings["kd_weight"], 0.0, 1.0)
     check_kind(settings["kind"])
