@@ -398,3 +398,12 @@ def test_tour_reads_its_corpus_before_the_first_chapter(tmp_path, capsys, monkey
         assert main(["tour", "--corpus", str(path)]) == 2
         err = capsys.readouterr().err
         assert err.startswith("minillm tour: error: --corpus: ") and says in err
+
+
+def test_tour_json_must_name_a_file(capsys, monkeypatch):
+    """Before: `minillm tour --json ""` ran the whole tour, exited 0 and wrote nothing."""
+    import minillm.course.cli as cli
+
+    monkeypatch.setattr(cli, "run_tour", lambda *a, **k: pytest.fail("the tour started"))
+    assert main(["tour", "--json", ""]) == 2
+    assert "--json must name a .json file, got an empty string" in capsys.readouterr().err

@@ -1972,3 +1972,13 @@ def test_r22_the_record_log_checks_each_record_as_resume_will_read_it(tmp_path):
     feature_log = start_run(tmp_path / "feat", {**RUN_SETTINGS, "feature_weight": 0.5}, None)
     with pytest.raises(ValueError, match=r"missing \['feature'\]"):
         feature_log({"hard": 1.0, "soft": 2.0, "total": 1.5})
+
+
+def test_r23_a_numpy_eos_id_is_read_as_its_int():
+    """Before: eos_id=np.int64(2) was refused by generate_speculative ("eos_id must be an int or None")."""
+    from minillm.core.sampling import SamplingParams
+
+    target, draft = tiny(0), tiny(1)
+    params = SamplingParams.greedy(6)
+    assert (generate_speculative(target, draft, [1, 2], params, eos_id=np.int64(2))[0]
+            == generate_speculative(target, draft, [1, 2], params, eos_id=2)[0])

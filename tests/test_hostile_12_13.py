@@ -2828,3 +2828,72 @@ def test_r22_max_len_is_read_as_the_int_it_holds():
     with pytest.raises(ValueError, match=r"^max_len=1000 is past the model's context window block_size=32"):
         decoder_max_len(SMALL, LyingInt(1000))
     assert type(decoder_max_len(SMALL, LyingInt(16))) is int
+
+
+def test_r23_a_thread_count_that_lies_is_bounded_by_the_int_it_holds():
+    """Before: check_threads compared the caller's object, so an int subclass whose comparisons lie passed the
+    bound: run_sweep(threads=(LyingInt(100000),)) crashed torch's pool, DisaggConfig stored 10**6 threads, and
+    cold_start's subprocess died with exit -11. check_int returns the plain int, and the bounds compare it."""
+    from minillm.compile.aot import cold_start
+    from minillm.compile.sweep import run_sweep
+    from minillm.core.config import check_threads
+    from minillm.disagg.config import DisaggConfig
+
+    for call in (lambda: check_threads("threads", LyingInt(100000)),
+                 lambda: run_sweep(GPT(SMALL).eval(), threads=(LyingInt(100000),), steps=1, repeats=1),
+                 lambda: DisaggConfig(num_threads=LyingInt(10 ** 6)),
+                 lambda: cold_start(threads=LyingInt(10 ** 6))):
+        with pytest.raises(ValueError, match=r"threads(\[0\])? must be at most"):
+            call()
+    assert type(DisaggConfig(num_threads=LyingInt(1)).num_threads) is int
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+def test_r23_verify_reads_token_ids_as_every_entry_point_does():
+    """Before: FusedCPUDecoder.verify refused numpy ints and met an id past int64 as pybind's "incompatible function
+    arguments". It checks ids as prompts are checked (check_token_ids)."""
+    import numpy as np
+
+    from minillm.compile.fused_step import FusedCPUDecoder
+    from minillm.core.sampling import SamplingParams
+
+    torch.manual_seed(0)
+    model = GPT(SMALL).eval()
+    dec = FusedCPUDecoder(model)
+    dec.generate_ids([5, 6, 7], SamplingParams.greedy(2, ignore_eos=True))
+    with pytest.raises(ValueError, match=r"^tokens\[0\] = 9223372036854775808 is outside the vocabulary"):
+        dec.verify([2 ** 63])
+    length = dec.cache.length
+    plain = dec.verify([1, 2])
+    dec.cache.truncate(length)
+    torch.testing.assert_close(dec.verify([np.int64(1), np.int32(2)]), plain, rtol=0, atol=0)
+
+
+def test_r23_numpy_numbers_are_refused_saying_to_convert():
+    """Before: "version must be an int, got int64" and "field 'loss' must be a number, got float32" (it is one)."""
+    import numpy as np
+
+    from minillm.core.sampling import SamplingParams
+    from minillm.distill.run_state import check_record
+
+    with pytest.raises(ValueError, match=r"must be a number, got float32 .* convert it with int\(\) or float\(\)"):
+        check_record({"loss": np.float32(1.0)}, ("loss",), "objective.records[0]")
+    with pytest.raises(TypeError, match=r"version must be an int, got int64 .* convert it with int\(\)"):
+        emulator.softmax(torch.randn(4, 8), np.int64(2))
+    with pytest.raises(TypeError, match=r"^top_k must be an int, got int64 .* convert it"):
+        SamplingParams(top_k=np.int64(3))
+
+
+def test_r23_a_damaged_onnx_metadata_entry_is_named_with_the_file(tmp_path):
+    """Before: a flipped byte in a metadata value (protobuf hands non-UTF-8 text back as bytes) was json's
+    "Object of type bytes is not JSON serializable"."""
+    onnx = pytest.importorskip("onnx")
+    from minillm.compile.onnx_peer import graph_sha256
+
+    proto = onnx.ModelProto()
+    entry = proto.metadata_props.add()
+    entry.key = "minillm_config"
+    entry.value = "x"
+    proto.metadata_props[0].ParseFromString(b"\n\x0eminillm_config\x12\x02\xff\xfe")
+    with pytest.raises(ValueError, match=r"^metadata entry 'minillm_config' = b'\\xff\\xfe' is not UTF-8 text"):
+        graph_sha256(proto)

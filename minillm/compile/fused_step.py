@@ -50,6 +50,7 @@ from minillm.compile.mirror import check_plain_model
 from minillm.core.config import check_has_data, tensor_kind
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
+from minillm.core.stopping import check_token_ids
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.kvcache.generate import generate_ids, prefill
 from minillm.quant.linear import QuantLinear
@@ -495,13 +496,11 @@ class FusedCPUDecoder(WatchedModel):
         verify and its draft's steps (`fused_speculative`). Unlike `__call__`, it never re-checks the model's
         fingerprint: call `check_model_unchanged()` once per sequence first."""
         check_eval_mode(self.model, "a FusedCPUDecoder verify")
-        if not isinstance(tokens, list):
-            raise TypeError(f"tokens must be a list of int token ids, got {type(tokens).__name__}")
+        # plain ints in the vocabulary (numpy ints too): pybind would truncate a float, and meet an int past int64
+        # with its own "incompatible function arguments"
+        tokens = check_token_ids("tokens", tokens, self.model.config.vocab_size)
         if not 1 <= len(tokens) <= MAX_VERIFY:
             raise ValueError(f"tokens must hold 1 to {MAX_VERIFY} token ids, got {len(tokens)}")
-        for i, t in enumerate(tokens):  # subtle: pybind would take a float and truncate it
-            if not isinstance(t, int) or isinstance(t, bool):
-                raise TypeError(f"tokens[{i}] must be an int token id, got {type(t).__name__} {t!r}")
         start = self.cache.length
         with cpp_errors_as_value_errors():  # the C++ range checks: token ids, positions, room in the cache
             if len(tokens) == 1:

@@ -28,7 +28,7 @@ import torch.nn as nn
 from minillm.compile.cpu_gemv import FastLinear
 from minillm.core.model import GPT, require_model
 from minillm.kernels.naive import gelu_tanh, layernorm  # chapter 12's naive twins: the same formulas
-from minillm.core.config import check_has_data, check_strided, check_writable, tensor_kind
+from minillm.core.config import check_has_data, check_strided, check_writable, number_kind, tensor_kind
 from minillm.kernels.ops import check_same_device, tensors_overlap
 
 ROWS = 4  # weight rows per block: four memory streams in flight in the C++ loop
@@ -171,7 +171,7 @@ def decode_step_by_hand(model: GPT, k: list[torch.Tensor], v: list[torch.Tensor]
     for name, value, high in (("token", token, cfg.vocab_size), ("pos", pos, cfg.block_size),
                               ("slot", slot, k[0].shape[2])):
         if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+            raise TypeError(f"{name} must be an int, got {number_kind(value)}")
         if not 0 <= value < high:
             raise ValueError(f"{name} must be in [0, {high}), got {value}")
     A = nh * hs

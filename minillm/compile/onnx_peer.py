@@ -108,13 +108,17 @@ class OnnxStep(nn.Module):
 def graph_sha256(proto: Any) -> str:
     """Hex sha256 of an ONNX model's graph (its nodes and weights, serialized) and of every metadata entry but the
     digest itself: what `export_onnx` records and `OnnxDecoder` checks. TypeError for anything but an ONNX model
-    (`onnx.ModelProto`)."""
+    (`onnx.ModelProto`), ValueError for a metadata entry that is not text."""
     import onnx
 
     if not isinstance(proto, onnx.ModelProto):
         raise TypeError(f"proto must be an onnx.ModelProto (onnx.load(path)), got {type(proto).__name__}")
     h = hashlib.sha256(proto.graph.SerializeToString())
-    for entry in sorted((p.key, p.value) for p in proto.metadata_props if p.key != "minillm_sha256"):
+    entries = [(p.key, p.value) for p in proto.metadata_props if p.key != "minillm_sha256"]
+    for key, value in entries:  # protobuf hands a string field that is not UTF-8 (a flipped byte) back as bytes
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ValueError(f"metadata entry {key!r:.80} = {value!r:.80} is not UTF-8 text: a damaged file")
+    for entry in sorted(entries):
         h.update(json.dumps(entry).encode())
     return h.hexdigest()
 
@@ -211,7 +215,7 @@ class OnnxDecoder:
         problem = onnx_problem()
         if problem is not None:
             raise RuntimeError(f"cannot run ONNX Runtime here: {problem}")
-        check_int("threads", threads)
+        threads = check_int("threads", threads)  # the plain int, compared and passed on
         if threads > MAX_THREADS:
             raise ValueError(f"threads must be at most {MAX_THREADS}, got {threads}")
         p = check_path(path, "path")
@@ -229,7 +233,11 @@ class OnnxDecoder:
         if meta.get("minillm_format") != FORMAT:
             raise ValueError(f"{where} is not a minillm ONNX step (metadata minillm_format = "
                              f"{meta.get('minillm_format')!r}, expected {FORMAT!r}); export one with export_onnx")
-        if meta.get("minillm_sha256") != graph_sha256(proto):
+        try:
+            digest = graph_sha256(proto)
+        except ValueError as e:  # a metadata entry that is no text
+            raise ValueError(f"{where}: {e}") from None
+        if meta.get("minillm_sha256") != digest:
             raise ValueError(f"{where}: the content does not match the sha256 export_onnx recorded: an edited or "
                              "damaged file")
         self.config = _graph_config(proto, meta, where)

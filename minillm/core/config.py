@@ -31,9 +31,10 @@ def check_fits_float(name: str, value: Any) -> None:
                          f"int of about {int(value.bit_length() * math.log10(2)) + 1} digits")
 
 
-def check_int(name: str, value: Any, minimum: int = 1) -> None:
+def check_int(name: str, value: Any, minimum: int = 1) -> int:
     """Raise TypeError unless `value` is an int (bool excluded), ValueError if it is below `minimum` or past the
-    float range (`check_fits_float`).
+    float range (`check_fits_float`). Returns the plain int it holds (an int subclass's own comparisons and
+    conversions are never consulted), for the callers that go on comparing or passing it on.
 
     The one place the package's configs and sizes check their integer fields; the message names the field.
     """
@@ -41,12 +42,13 @@ def check_int(name: str, value: Any, minimum: int = 1) -> None:
         if foreign_number(value):
             raise TypeError(f"{name} must be a Python int, got {type(value).__name__} {value!r:.80}: convert it "
                             "with int()")
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.80}")
+        raise TypeError(f"{name} must be an int, got {number_kind(value)}")
     value = int.__index__(value)  # the plain int an int subclass holds: its own comparisons are not consulted
     check_fits_float(name, value)  # sizes, counts and exponents meet floats downstream (powers, ratios, x / 2)
     if value < minimum:
         bound = {1: "positive", 0: "non-negative"}.get(minimum)
         raise ValueError(f"{name} must be {bound or f'>= {minimum}'}, got {value}")
+    return value
 
 
 def tensor_kind(x: Any) -> str:
@@ -184,6 +186,20 @@ def foreign_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, (int, float, bool))
 
 
+def number_kind(value: Any) -> str:
+    """`value` described for a message refusing it as a number: its type and a short repr, and for a real number of
+    another type (`foreign_number`: numpy's float32, a Fraction) how to convert it."""
+    if isinstance(value, int) and value.bit_length() > 256:  # str() of an int past 4300 digits is itself an error
+        text = f"an int of {value.bit_length()} bits"
+    else:
+        try:
+            text = f"{type(value).__name__} {value!r:.80}"
+        except Exception:  # a repr that fails names its type only
+            text = type(value).__name__
+    return text + (" (a Python int or float is needed: convert it with int() or float())"
+                   if foreign_number(value) else "")
+
+
 def check_float(name: str, value: Any, minimum: float | None = None, maximum: float | None = None,
                 include_minimum: bool = True, include_maximum: bool = True) -> None:
     """Raise TypeError unless `value` is a real number (bool excluded), ValueError if it is NaN, infinite, an int past
@@ -196,7 +212,7 @@ def check_float(name: str, value: Any, minimum: float | None = None, maximum: fl
         if foreign_number(value):
             raise TypeError(f"{name} must be a Python int or float, got {type(value).__name__} {value!r:.80}: "
                             "convert it with float()")
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r:.80}")
+        raise TypeError(f"{name} must be a number, got {number_kind(value)}")
     low = "" if minimum is None else f"{'[' if include_minimum else '('}{minimum}"
     high = "" if maximum is None else f"{maximum}{']' if include_maximum else ')'}"
     where = f" in {low or '(-inf'}, {high or 'inf)'}" if (low or high) else ""
@@ -259,7 +275,7 @@ def check_threads(name: str, threads: Any) -> int:
 
     subtle: past a few threads per core they only stall, and torch.set_num_threads(100000) fails in the allocator
     (MemoryError, "can't allocate memory") naming nothing."""
-    check_int(name, threads)
+    threads = check_int(name, threads)  # the plain int: one whose comparisons lie cannot pass the bound
     most = 4 * (os.cpu_count() or 1)
     if threads > most:
         raise ValueError(f"{name} must be at most {most} (4 per core of this machine's {os.cpu_count()}), got "

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from minillm.core.config import tensor_kind
+from minillm.core.config import number_kind, tensor_kind
 
 LogitsProcessor = Callable[[torch.Tensor], torch.Tensor]  # (B, V) float logits -> (B, V) float logits
 
@@ -61,7 +61,7 @@ class SamplingParams:
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         if not _is_real(self.temperature):
-            raise TypeError(f"temperature must be a number, got {type(self.temperature).__name__} {self.temperature!r}")
+            raise TypeError(f"temperature must be a number, got {number_kind(self.temperature)}")
         self.temperature = float(self.temperature)
         if not self.temperature >= 0.0 or self.temperature == float("inf"):  # also rejects NaN
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
@@ -69,11 +69,11 @@ class SamplingParams:
             raise ValueError(f"temperature={self.temperature!r} is below MIN_TEMPERATURE={MIN_TEMPERATURE}: logits / "
                              f"temperature would overflow to inf/nan; use temperature=0.0 for greedy decoding")
         if not _is_int(self.top_k):
-            raise TypeError(f"top_k must be an int, got {type(self.top_k).__name__} {self.top_k!r}")
+            raise TypeError(f"top_k must be an int, got {number_kind(self.top_k)}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if not _is_real(self.top_p):
-            raise TypeError(f"top_p must be a number, got {type(self.top_p).__name__} {self.top_p!r}")
+            raise TypeError(f"top_p must be a number, got {number_kind(self.top_p)}")
         self.top_p = float(self.top_p)
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
@@ -89,7 +89,7 @@ class SamplingParams:
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         if not _is_int(self.n):
-            raise TypeError(f"n must be an int, got {type(self.n).__name__} {self.n!r}")
+            raise TypeError(f"n must be an int, got {number_kind(self.n)}")
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
 

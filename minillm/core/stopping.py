@@ -34,11 +34,14 @@ FINISH_REASONS = ("length", "eos", "stop", "error")  # "error": sampling or the 
 
 
 def default_eos(tokenizer: Any, eos_id: int | None) -> int | None:
-    """The explicit eos_id, else the tokenizer's end-of-text token when it has one, else none."""
+    """The explicit eos_id (a plain int: a numpy int is read as the int it holds), else the tokenizer's end-of-text
+    token when it has one, else none."""
     if eos_id is not None:
+        if isinstance(eos_id, np.integer):
+            eos_id = int(eos_id)
         if not isinstance(eos_id, int) or isinstance(eos_id, bool):
-            raise TypeError(f"eos_id must be an int or None, got {type(eos_id).__name__} {eos_id!r}")
-        return eos_id
+            raise TypeError(f"eos_id must be an int or None, got {type(eos_id).__name__} {eos_id!r:.80}")
+        return int.__index__(eos_id)
     return getattr(tokenizer, "eot_token", None) if tokenizer is not None else None
 
 
@@ -49,7 +52,7 @@ def check_eos_id(eos_id: int | None, vocab_size: int) -> None:
     and then simply never occurs, which is how minillm has always treated it.)"""
     if eos_id is None:
         return
-    default_eos(None, eos_id)  # the type check
+    eos_id = default_eos(None, eos_id)  # the type check, and the plain int
     if not 0 <= eos_id < vocab_size:  # it could never be sampled, so it would never stop anything
         raise ValueError(f"eos_id={eos_id} is outside the model's vocabulary [0, {vocab_size})")
 

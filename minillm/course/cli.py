@@ -35,6 +35,8 @@ bench.register_generator("kv-cache", kv_cache_generate, overwrite=True)
 
 
 def _cmd_tour(args: argparse.Namespace) -> int:
+    if args.json == "":  # check_output_file passes "" as "no file"; here it would run the tour and write nothing
+        raise ValueError("--json must name a .json file, got an empty string")
     check_output_file(args.json, "--json", (".json",))
     if args.corpus is not None:  # read once now: a missing or non-UTF-8 file is a usage error, not a FAIL row later
         try:

@@ -30,9 +30,9 @@ class DisaggConfig:
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
             check_int(f"DisaggConfig.{name}", getattr(self, name))
-        check_int("DisaggConfig.num_threads", self.num_threads, 0)
-        if self.num_threads > 0:  # 0 leaves torch's default; past 4 per core torch's pool stalls or crashes
-            check_threads("DisaggConfig.num_threads", self.num_threads)
+        self.num_threads = threads = check_int("DisaggConfig.num_threads", self.num_threads, 0)  # a plain int
+        if threads > 0:  # 0 leaves torch's default; past 4 per core torch's pool stalls or crashes
+            check_threads("DisaggConfig.num_threads", threads)
         for name in ("heartbeat_s", "liveness_timeout_s", "startup_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"DisaggConfig.{name} must be positive, got {getattr(self, name)!r}")

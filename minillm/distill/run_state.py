@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from minillm.core.config import check_float, check_int, check_module_has_data
+from minillm.core.config import check_float, check_int, check_module_has_data, number_kind
 from minillm.core.io import (
     SHA256_FIELD,
     atomic_write_text,
@@ -81,7 +81,7 @@ def check_record(record: object, keys: tuple[str, ...], where: str) -> dict[str,
     for k in keys:
         v = record[k]
         if not isinstance(v, (int, float)) or isinstance(v, bool):
-            raise ValueError(f"{where}: field {k!r} must be a number, got {type(v).__name__} {v!r:.80}")
+            raise ValueError(f"{where}: field {k!r} must be a number, got {number_kind(v)}")
         if isinstance(v, int) and abs(v) > sys.float_info.max:  # no repr: str() of a 4300-digit int is an error
             raise ValueError(f"{where}: field {k!r} must be within the float range, got an int of {v.bit_length()} "
                              "bits")

@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from minillm.core.config import check_float_tensor, check_has_data, check_int, check_writable, tensor_kind
+from minillm.core.config import check_float_tensor, check_has_data, check_int, check_writable, number_kind, tensor_kind
 from minillm.kernels.naive import check_int8_gemv_args, check_qkv, check_rows, gelu_tanh
 from minillm.kernels.ops import (check_distinct_slots, check_eps, check_head_size, check_kv_write_args,
                                  check_paged_tables, check_same_device)
@@ -321,7 +321,7 @@ def paged_gather(pool: torch.Tensor, block_table: torch.Tensor, context_len: int
         raise ValueError(f"block_table must be 1-D (max_nb,), one sequence's table, got shape "
                          f"{tuple(block_table.shape)}")
     if not isinstance(context_len, int) or isinstance(context_len, bool):
-        raise TypeError(f"context_len must be an int, got {type(context_len).__name__} {context_len!r}")
+        raise TypeError(f"context_len must be an int, got {number_kind(context_len)}")
     if not 0 <= context_len <= block_table.numel() * bs:
         raise ValueError(f"context_len must be in [0, {block_table.numel() * bs}] for a table of "
                          f"{block_table.numel()} blocks of {bs}, got {context_len}")

@@ -14,7 +14,7 @@ import numbers
 
 import torch
 
-from minillm.core.config import check_fits_float, check_has_data, check_int
+from minillm.core.config import check_fits_float, check_has_data, check_int, number_kind
 from minillm.kernels.build import load_kernels
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -55,7 +55,7 @@ def _same(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor, shape: t
 
 def _version(op: str, version) -> int:
     if not isinstance(version, int) or isinstance(version, bool):
-        raise TypeError(f"{op}: version must be an int, got {type(version).__name__} {version!r}")
+        raise TypeError(f"{op}: version must be an int, got {number_kind(version)}")
     n = NUM_VERSIONS[op]
     if not 1 <= version <= n:
         raise ValueError(f"{op}: version must be 1..{n}, got {version}")

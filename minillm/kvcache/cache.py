@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from minillm.core.attention import attention, causal_mask
-from minillm.core.config import GPTConfig, check_int, check_tensor_elements
+from minillm.core.config import GPTConfig, check_int, check_tensor_elements, number_kind
 
 
 def kv_cache_bytes(n_layer: int, n_kv_head: int, head_dim: int, num_tokens: int, batch_size: int = 1,
@@ -138,7 +138,7 @@ class ContiguousKVCache:
         `BlockManager.truncate` rolls back one sequence.
         """
         if not isinstance(length, int) or isinstance(length, bool):
-            raise TypeError(f"length must be an int, got {type(length).__name__} {length!r}")
+            raise TypeError(f"length must be an int, got {number_kind(length)}")
         if not 0 <= length <= self.length:
             raise ValueError(f"can only truncate to a length in [0, {self.length}], got {length}")
         self._layer_len = [length] * self.config.n_layer

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from minillm.core.config import check_int
+from minillm.core.config import check_int, number_kind
 
 MAX_NUM_BLOCKS = 2**31 - 1  # more blocks than any pool could hold; past 2**63 `[0] * num_blocks` itself overflows
 
@@ -115,7 +115,7 @@ class BlockAllocator:
     # ----------------------------------------------------------------------------------------------- checks
     def _check_id(self, block: int) -> None:
         if not isinstance(block, int) or isinstance(block, bool):
-            raise TypeError(f"block id must be an int, got {type(block).__name__} {block!r}")
+            raise TypeError(f"block id must be an int, got {number_kind(block)}")
         if not 0 <= block < self.num_blocks:
             raise BlockStateError(f"block id {block} is outside the pool [0, {self.num_blocks})")
 

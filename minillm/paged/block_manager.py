@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
+from minillm.core.config import number_kind
 from minillm.paged.block_allocator import BlockAllocator, OutOfBlocks
 from minillm.paged.prefix_cache import ROOT_HASH, PrefixCachingAllocator, hash_block
 
@@ -223,7 +224,7 @@ class BlockManager:
         """
         seq = self._get(seq_id)
         if not isinstance(num_tokens, int) or isinstance(num_tokens, bool):
-            raise TypeError(f"num_tokens must be an int, got {type(num_tokens).__name__} {num_tokens!r}")
+            raise TypeError(f"num_tokens must be an int, got {number_kind(num_tokens)}")
         if not 0 <= num_tokens <= len(seq.token_ids):
             raise ValueError(f"cannot truncate sequence {seq_id!r} to num_tokens={num_tokens}: it holds "
                              f"{len(seq.token_ids)} tokens (allowed: 0..{len(seq.token_ids)})")

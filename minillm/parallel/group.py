@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from minillm.core.config import check_float, check_threads
+from minillm.core.config import check_float, check_threads, number_kind
 from minillm.engine.process import Inbox, WorkerDiedError, WorkerHandle, receive, stop_all, wait_ready
 
 LOOPBACK = "127.0.0.1"
@@ -73,7 +73,7 @@ def init_rank(rank: int | None = None, world_size: int | None = None, port: int 
     else:
         for name, value in (("rank", rank), ("world_size", world_size), ("port", port)):
             if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+                raise TypeError(f"{name} must be an int, got {number_kind(value)}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
     if port is not None and not 1 <= port <= 65535:

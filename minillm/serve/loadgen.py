@@ -64,6 +64,7 @@ import torch
 
 from minillm.bench.cli import threads_argument
 from minillm.bench.models import load_model
+from minillm.core.config import number_kind
 from minillm.core.corpus import SEPARATOR
 from minillm.core.device import DEVICE_CHOICES, resolve_device
 from minillm.core.io import atomic_write_text, check_output_file
@@ -89,7 +90,7 @@ WINDOW_TRIES = 1000  # random corpus windows tried per prompt before giving up (
 
 def _check_int(name: str, value: Any, low: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name} must be an int, got {number_kind(value)}")
     if value < low:
         raise ValueError(f"{name} must be >= {low}, got {value}")
     return value
@@ -98,7 +99,7 @@ def _check_int(name: str, value: Any, low: int) -> int:
 def _check_positive(name: str, value: Any, allow_inf: bool = False) -> float:
     """A real number > 0 (inf only when `allow_inf`); NaN, bools and strings refused, naming `name`."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name} must be a number, got {number_kind(value)}")
     if math.isnan(value) or value <= 0 or (math.isinf(value) and not allow_inf):
         raise ValueError(f"{name} must be a positive {'number' if allow_inf else 'finite number'}, got {value!r}")
     return float(value)

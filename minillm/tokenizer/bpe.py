@@ -22,6 +22,7 @@ from numbers import Integral
 from pathlib import Path
 from typing import Any
 
+from minillm.core.config import number_kind
 from minillm.core.io import atomic_write_bytes, atomic_write_text
 from minillm.tokenizer import formats
 from minillm.tokenizer.encode import encode_chunk, encode_chunk_fast
@@ -193,7 +194,7 @@ class Tokenizer:
             pass
         for pos, i in enumerate(ids):
             if isinstance(i, bool) or not isinstance(i, Integral):  # numpy ints are Integral; floats, numpy bools not
-                raise TypeError(f"token id at position {pos} must be an int, got {type(i).__name__} {i!r}")
+                raise TypeError(f"token id at position {pos} must be an int, got {number_kind(i)}")
             if int(i) not in dec:
                 raise ValueError(f"unknown token id {i} at position {pos}: no token has this id "
                                  f"(vocab_size={self.vocab_size})")
