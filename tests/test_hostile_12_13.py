@@ -2269,6 +2269,7 @@ WATCHED_CHANGES = {
 }
 WATCHED_SAYS = r"was changed since this (FusedEngineModel|FusedCPUDecoder) was built|cannot run forward hooks"
 SMALL = GPTConfig(vocab_size=128, block_size=32, n_layer=2, n_head=2, n_embd=32)
+_UNDO: list[Callable[[], None]] = []  # what a change to a class must put back: _refused_after runs it
 
 
 def _refused_after(where: str, model: GPT, change: Callable[[GPT], Any], says: str) -> None:
@@ -2276,7 +2277,7 @@ def _refused_after(where: str, model: GPT, change: Callable[[GPT], Any], says: s
     `says` at the next step: "fused-decoder" between two tokens of a streamed chapter-04 `generate` on a
     FusedCPUDecoder; "prefix-hit" at the next `generate` of an engine on FusedEngineModel whose prompts' blocks are
     all cached; "mid-generation" between two steps of its running requests. A global hook `change` returns is
-    removed afterwards."""
+    removed afterwards, and whatever `change` pushed on `_UNDO` (a class it patched) is undone."""
     from minillm.compile.fused_engine import FusedEngineModel
     from minillm.compile.fused_step import FusedCPUDecoder
     from minillm.core.sampling import SamplingParams
@@ -2314,6 +2315,8 @@ def _refused_after(where: str, model: GPT, change: Callable[[GPT], Any], says: s
     finally:
         if hasattr(handle, "remove"):  # a global hook
             handle.remove()
+        while _UNDO:
+            _UNDO.pop()()
 
 
 @pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
@@ -2577,7 +2580,6 @@ WATCHED_CHANGES_R18 = {
     "own-dropout-training": lambda m: (setattr(m.transformer.h[0].attn, "dropout", 0.5),
                                        m.transformer.h[0].attn.train()),
 }
-_UNDO: list[Callable[[], None]] = []
 
 
 @pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
@@ -2590,12 +2592,8 @@ def test_r18_class_attributes_parameter_classes_and_own_dropout_are_watched(chan
     decoded the old model silently. Now every Python class along each module's MRO is watched attribute by
     attribute, each tensor's class too, and the training check looks for any dropout the model has."""
     torch.manual_seed(0)
-    try:
-        _refused_after(where, GPT(SMALL).eval(), WATCHED_CHANGES_R18[change],
-                       WATCHED_SAYS + r"|is in training mode|was changed: its|class was changed")
-    finally:
-        while _UNDO:
-            _UNDO.pop()()
+    _refused_after(where, GPT(SMALL).eval(), WATCHED_CHANGES_R18[change],
+                   WATCHED_SAYS + r"|is in training mode|was changed: its|class was changed")
 
 
 @pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
@@ -2683,12 +2681,8 @@ def test_r19_bases_code_objects_and_any_dropout_are_watched(change, where):
     torch.manual_seed(0)
     model = GPT(SMALL).eval()
     model.transformer.h[0].attn.dropout = np.float32(0.5)
-    try:
-        _refused_after(where, model, WATCHED_CHANGES_R19[change],
-                       WATCHED_SAYS + r"|is in training mode|has other bases|code of .* was replaced")
-    finally:
-        while _UNDO:
-            _UNDO.pop()()
+    _refused_after(where, model, WATCHED_CHANGES_R19[change],
+                   WATCHED_SAYS + r"|is in training mode|has other bases|code of .* was replaced")
 
 
 @pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")

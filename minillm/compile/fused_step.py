@@ -304,8 +304,8 @@ class WatchedModel:
         for c in mro:
             getattr(c, "__annotations__", None)  # Python stores an empty one at the first read: read it before
         self._class_dicts = [(c, {k: v for k, v in vars(c).items() if _watched_class_key(k)}) for c in mro]
-        self._mros = [(c, c.__mro__) for c in mro]
-        self._mro_classes, self._mro_values = [c for c, _ in self._mros], [m for _, m in self._mros]
+        self._mro_classes = list(mro)
+        self._mro_values = [c.__mro__ for c in mro]
         functions = [v for _, d in self._class_dicts for v in d.values() if hasattr(v, "__code__")]
         self._functions, self._codes = functions, [f.__code__ for f in functions]  # `MLP.forward.__code__ = ...`
         class_held = [(c, k, v) for c, d in self._class_dicts for k, v in d.items()]
@@ -327,7 +327,7 @@ class WatchedModel:
         for (name, m), was in zip(self._named_modules, self._instance_dicts):
             if vars(m) is not was:
                 return f"{name or 'the model'}.__dict__ was replaced whole"
-        for cls, mro in self._mros:
+        for cls, mro in zip(self._mro_classes, self._mro_values):
             if cls.__mro__ is not mro:
                 return f"the class {cls.__module__}.{cls.__qualname__} has other bases now"
         for f, code in zip(self._functions, self._codes):

@@ -176,6 +176,14 @@ def check_device(name: str, device: Any) -> torch.device:
     return device
 
 
+def plain_int(value: Any) -> int | None:
+    """The plain int an integer holds: a Python int (an int subclass's own value: its comparisons and conversions
+    are never consulted) or a numpy integer; None for anything else, bool included (True is no index or token id)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return None
+    return int.__index__(value) if isinstance(value, int) else int(value)
+
+
 def foreign_number(value: Any) -> bool:
     """Whether `value` is a real number of a type other than Python's int and float (bool aside): numpy's float32
     and int64, a Fraction (numpy's float64 is a float, so it is not one). The checks below refuse them with a

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from minillm.core.config import GPTConfig, check_has_data
+from minillm.core.config import GPTConfig, check_has_data, plain_int
 from minillm.core.detokenize import IncrementalText
 from minillm.core.sampling import SamplingParams, make_generator
 
@@ -37,11 +37,10 @@ def default_eos(tokenizer: Any, eos_id: int | None) -> int | None:
     """The explicit eos_id (a plain int: a numpy int is read as the int it holds), else the tokenizer's end-of-text
     token when it has one, else none."""
     if eos_id is not None:
-        if isinstance(eos_id, np.integer):
-            eos_id = int(eos_id)
-        if not isinstance(eos_id, int) or isinstance(eos_id, bool):
+        plain = plain_int(eos_id)
+        if plain is None:
             raise TypeError(f"eos_id must be an int or None, got {type(eos_id).__name__} {eos_id!r:.80}")
-        return int.__index__(eos_id)
+        return plain
     return getattr(tokenizer, "eot_token", None) if tokenizer is not None else None
 
 
@@ -76,14 +75,12 @@ def check_token_ids(name: str, ids: Any, vocab_size: int) -> list[int]:
                         "array also does)")
     out = []
     for pos, tok in enumerate(ids):
-        if isinstance(tok, np.integer):
-            tok = int(tok)
-        if not isinstance(tok, int) or isinstance(tok, bool):
+        plain = plain_int(tok)  # an int subclass's own comparisons are never consulted
+        if plain is None:
             raise TypeError(f"{name}[{pos}] must be an int token id, got {type(tok).__name__} {tok!r:.80}")
-        tok = int.__index__(tok)  # the plain int an int subclass holds: its own comparisons are not consulted
-        if not 0 <= tok < vocab_size:
-            raise ValueError(f"{name}[{pos}] = {tok} is outside the vocabulary [0, {vocab_size})")
-        out.append(tok)
+        if not 0 <= plain < vocab_size:
+            raise ValueError(f"{name}[{pos}] = {plain} is outside the vocabulary [0, {vocab_size})")
+        out.append(plain)
     return out
 
 

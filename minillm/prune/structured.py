@@ -28,13 +28,12 @@ every layer, so `prune_heads` removes the same number from each), and pruning la
 from __future__ import annotations
 
 import copy
-import numbers
 from dataclasses import replace
 
 import torch
 import torch.nn as nn
 
-from minillm.core.config import check_float, check_has_data, check_int, check_module_has_data, tensor_kind
+from minillm.core.config import check_float, check_has_data, check_int, check_module_has_data, plain_int, tensor_kind
 from minillm.core.model import GPT
 from minillm.core.sampling import check_seed
 from minillm.gpt.dataset import split_tokens
@@ -48,16 +47,6 @@ def _check_model(model: object, who: str) -> GPT:
     return check_prunable(model, who)  # a dense GPT: a QuantizedGPT has no nn.Linear to shrink or score
 
 
-def _is_index(i: object) -> bool:
-    """An int, numpy's included (np.int64 from an argsort); bool is no index."""
-    return isinstance(i, numbers.Integral) and not isinstance(i, bool)
-
-
-def _plain(i: numbers.Integral) -> int:
-    """The plain int an index holds (`_is_index`): an int subclass's own comparisons are never consulted."""
-    return int.__index__(i) if isinstance(i, int) else int(i)
-
-
 def _check_heads(model: GPT, heads: object) -> dict[int, list[int]]:
     """heads {block: [head, ...]} as a dict of plain ints: keys in [0, n_layer), lists of distinct heads in
     [0, n_head), numpy ints taken as ints; bool is no index. Every error names heads. All of a block's heads may be
@@ -67,21 +56,19 @@ def _check_heads(model: GPT, heads: object) -> dict[int, list[int]]:
     if not isinstance(heads, dict):
         raise TypeError(f"heads must be a dict {{block: [head, ...]}}, got {type(heads).__name__}")
     out: dict[int, list[int]] = {}
-    for b, hh in heads.items():
-        if not _is_index(b) or not 0 <= _plain(b) < L:  # type: ignore[arg-type]
-            raise ValueError(f"heads has a key {b!r:.80}: a block index must be an int in [0, {L})")
-        b = _plain(b)  # type: ignore[arg-type]
+    for key, hh in heads.items():
+        b = plain_int(key)  # numpy ints count; an int subclass's own comparisons are never consulted
+        if b is None or not 0 <= b < L:
+            raise ValueError(f"heads has a key {key!r:.80}: a block index must be an int in [0, {L})")
         if not isinstance(hh, (list, tuple)):
             raise TypeError(f"heads[{b}] must be a list of head indices, got {type(hh).__name__}")
-        for h in hh:
-            if not _is_index(h) or not 0 <= _plain(h) < nh:
+        plain = [plain_int(h) for h in hh]
+        for h, p in zip(hh, plain):
+            if p is None or not 0 <= p < nh:
                 raise ValueError(f"heads[{b}] holds {h!r:.80}: a head index must be an int in [0, {nh})")
-        plain = [_plain(h) for h in hh]
         if len(set(plain)) != len(plain):
             raise ValueError(f"heads[{b}] lists a head twice: {plain}")
-        if b in out:  # two keys that hold the same block (0 and np.int64(0))
-            raise ValueError(f"heads lists block {b} twice")
-        out[b] = plain
+        out[b] = plain  # type: ignore[assignment]
     return out
 
 
@@ -239,9 +226,10 @@ def lowest_heads(scores: torch.Tensor, per_block: int) -> dict[int, list[int]]:
             or scores.dim() != 2:
         raise TypeError(f"scores must be a float tensor (n_layer, n_head), got "
                         f"{tensor_kind(scores)} {tuple(getattr(scores, 'shape', ()))}")
-    if not _is_index(per_block) or not 0 <= per_block <= scores.shape[1]:
+    plain = plain_int(per_block)
+    if plain is None or not 0 <= plain <= scores.shape[1]:
         raise ValueError(f"per_block must be an int in [0, {scores.shape[1]}] (the heads per block), got {per_block!r}")
-    per_block = int(per_block)
+    per_block = plain
     check_has_data("scores", scores)
     if bool(torch.isnan(scores).any()):
         raise ValueError("scores hold NaN values, which have no order")
