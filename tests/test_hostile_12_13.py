@@ -2891,3 +2891,36 @@ def test_r23_a_damaged_onnx_metadata_entry_is_named_with_the_file(tmp_path):
     proto.metadata_props[0].ParseFromString(b"\n\x0eminillm_config\x12\x02\xff\xfe")
     with pytest.raises(ValueError, match=r"^metadata entry 'minillm_config' = b'\\xff\\xfe' is not UTF-8 text"):
         graph_sha256(proto)
+
+
+# ------------------------------------------------------------------ a build killed mid-way
+# torch's extension loader marks a build with a `lock` file in its build directory and makes every later loader wait
+# for it, forever. A build killed by a signal (a test's timeout killed a CLI while it compiled chapter 13's
+# extension) left that file, and every later import of the extension hung with no message. `build_lock` holds an
+# flock around each load (released by the OS when its holder dies) and clears a baton no live build holds.
+
+def test_build_lock_clears_a_dead_builds_baton_and_excludes_a_live_one(tmp_path):
+    import fcntl
+    from minillm.kernels.build import build_lock
+
+    (tmp_path / "lock").touch()  # what a killed build leaves
+    with build_lock(tmp_path):
+        assert not (tmp_path / "lock").exists()
+        with open(tmp_path / "minillm.lock", "a") as other, pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a second builder would wait here, not race
+    with open(tmp_path / "minillm.lock", "a") as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released on the way out
+
+
+@pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
+def test_a_stale_torch_baton_does_not_hang_the_next_load():
+    """End to end, in a fresh process: a `lock` file in the extension's build directory (as a killed build leaves
+    it), and the load still completes (from the cache the other tests built, so no new compile)."""
+    code = ("from minillm.compile.cpu_gemv import build_flags, load_cpu_ext, sources_digest\n"
+            "from minillm.kernels.build import cache_dir\n"
+            "d = cache_dir() / f'{build_flags()[1]}-{sources_digest()}'\n"
+            "d.mkdir(parents=True, exist_ok=True)\n"
+            "(d / 'lock').touch()\n"
+            "print(load_cpu_ext().uses_avx2() in (True, False))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-2000:]

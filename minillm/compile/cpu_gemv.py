@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from minillm.core.model import GPT
 from minillm.core.config import check_strided, tensor_kind
-from minillm.kernels.build import cache_dir
+from minillm.kernels.build import build_lock, cache_dir
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (CSRC / "gemv_cpu.cpp", CSRC / "decode_cpu.cpp")  # one module; cpu_kernels.h is what they share
@@ -105,8 +105,9 @@ def load_cpu_ext(verbose: bool = False):
             flags, name = build_flags()
             build_dir = cache_dir() / f"{name}-{sources_digest()}"
             build_dir.mkdir(parents=True, exist_ok=True)
-            _ext = load(name="minillm_cpu_decode", sources=[str(s) for s in SOURCES], extra_cflags=flags,
-                        extra_include_paths=[str(CSRC)], build_directory=str(build_dir), verbose=verbose)
+            with build_lock(build_dir):  # a build killed earlier left torch's baton: cleared, not waited on forever
+                _ext = load(name="minillm_cpu_decode", sources=[str(s) for s in SOURCES], extra_cflags=flags,
+                            extra_include_paths=[str(CSRC)], build_directory=str(build_dir), verbose=verbose)
     return _ext
 
 

@@ -9,20 +9,26 @@ What it leaves out: ahead-of-time wheels (setup.py / CUDAExtension); a JIT build
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
 import shutil
 import subprocess
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from minillm.core.config import check_float, check_int
+try:
+    import fcntl  # POSIX file locks (build_lock)
+except ImportError:  # Windows
+    fcntl = None
+
+from minillm.core.config import brief, check_float, check_int
 from minillm.core.io import check_output_dir, check_path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -58,6 +64,28 @@ def cache_dir() -> Path:
         return path
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "minillm" / "kernels"
+
+
+@contextlib.contextmanager
+def build_lock(build_dir: Path) -> Iterator[None]:
+    """Hold an OS lock on `build_dir` around one `torch.utils.cpp_extension.load` into it (waiting while another live
+    process builds there), and clear a baton left by a dead build first.
+
+    subtle: torch's loader marks a build in progress with a file named `lock` in the build directory, and every
+    other loader waits, with no message and no time limit, until that file is gone. A build killed by a signal (a
+    timeout, SIGTERM, a closed terminal) never removes it, so every later import would hang. minillm's loaders take
+    an flock on `minillm.lock` first, which the OS drops when its holder dies: a `lock` file found while holding it
+    was left by a build that died, and is removed."""
+    if fcntl is None:  # no flock (Windows): torch's baton alone
+        yield
+        return
+    with open(build_dir / "minillm.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # released by the OS if this process dies
+        try:
+            (build_dir / "lock").unlink(missing_ok=True)  # a dead build's baton: no live minillm build holds it
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
 
 
 def find_cuda_home() -> Path | None:
@@ -124,16 +152,17 @@ def load_kernels(verbose: bool = False):
         previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
         os.environ["TORCH_CUDA_ARCH_LIST"] = arch  # subtle: read by the build, so set only around the call
         try:
-            cpp_extension.load(
-                name="minillm_kernels",
-                sources=[str(p) for p in (*KERNEL_SOURCES, BINDINGS)],
-                extra_cflags=["-O2"],
-                extra_cuda_cflags=["-O3", "-lineinfo"],
-                build_directory=str(build_dir),
-                verbose=verbose,
-                with_cuda=True,
-                is_python_module=False,  # TORCH_LIBRARY registers the ops; the .so is loaded into torch.ops
-            )
+            with build_lock(build_dir):  # a killed build's baton is cleared, not waited on forever
+                cpp_extension.load(
+                    name="minillm_kernels",
+                    sources=[str(p) for p in (*KERNEL_SOURCES, BINDINGS)],
+                    extra_cflags=["-O2"],
+                    extra_cuda_cflags=["-O3", "-lineinfo"],
+                    build_directory=str(build_dir),
+                    verbose=verbose,
+                    with_cuda=True,
+                    is_python_module=False,  # TORCH_LIBRARY registers the ops; the .so is loaded into torch.ops
+                )
         finally:
             if previous is None:
                 os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
@@ -165,7 +194,7 @@ def parse_ptxas(source: str, text: str) -> list[KernelResources]:
     """KernelResources for every entry function in a `-Xptxas -v` report `text` (a str: a TypeError naming it
     otherwise), one entry per kernel and arch."""
     if not isinstance(text, str):
-        raise TypeError(f"text must be the report as a str, got {type(text).__name__} {text!r:.80}")
+        raise TypeError(f"text must be the report as a str, got {type(text).__name__} {brief(text)}")
     found: list[KernelResources] = []
     kernel = arch = None
     props: tuple[int, int, int] | None = None
@@ -188,7 +217,7 @@ def _arch_list(arch: str | Sequence[str]) -> list[str]:
     archs = [arch] if isinstance(arch, str) else list(arch)
     for a in archs:
         if not isinstance(a, str) or not re.fullmatch(r"sm_\d{2,3}a?", a):
-            raise ValueError(f"arch must look like 'sm_90', got {a!r}")
+            raise ValueError(f"arch must look like 'sm_90', got {brief(a)}")
     if not archs:
         raise ValueError("arch names no architecture")
     return archs
@@ -200,7 +229,7 @@ def check_command(cmd: object, name: str = "cmd") -> list[str]:
     and a list of one string per character by `list(cmd)`."""
     if not isinstance(cmd, (list, tuple)) or not cmd or not all(isinstance(a, (str, os.PathLike)) for a in cmd):
         raise TypeError(f"{name} must be a non-empty list of str arguments, e.g. ['g++', '-c', 'a.cpp'], got "
-                        f"{type(cmd).__name__} {cmd!r:.80}")
+                        f"{type(cmd).__name__} {brief(cmd)}")
     return [os.fspath(a) for a in cmd]
 
 
@@ -213,8 +242,8 @@ def check_build_args(out_dir: object, jobs: object, timeout: object) -> Path:
     out = check_path(out_dir, "out_dir")
     check_output_dir(out, "out_dir")
     if jobs is not None:
-        check_int("jobs", jobs)
-    check_float("timeout", timeout, 0.0, include_minimum=False)
+        jobs = check_int("jobs", jobs)
+    timeout = check_float("timeout", timeout, 0.0, include_minimum=False)
     return out
 
 
@@ -233,7 +262,7 @@ def run_compiler(cmd: Sequence[str], what: str, timeout: float) -> str:
     and the compiler's output (its last 6,000 characters) when it fails, cannot start, or runs past `timeout`
     seconds (positive: a ValueError naming it otherwise)."""
     cmd = check_command(cmd)
-    check_float("timeout", timeout, 0.0, include_minimum=False)
+    timeout = check_float("timeout", timeout, 0.0, include_minimum=False)
     try:
         proc = run_program(cmd, what, timeout=timeout)
     except subprocess.TimeoutExpired as e:
@@ -261,7 +290,7 @@ def compile_sources_with_nvcc(
     archs = _arch_list(arch)
     out = check_build_args(out_dir, jobs, timeout)
     if not isinstance(sources, (list, tuple)):
-        raise TypeError(f"sources must be a list of .cu file paths, got {type(sources).__name__} {sources!r:.80}")
+        raise TypeError(f"sources must be a list of .cu file paths, got {type(sources).__name__} {brief(sources)}")
     sources = [check_path(src, f"sources[{i}]") for i, src in enumerate(sources)]
     for i, src in enumerate(sources):
         if not src.is_file():
