@@ -262,3 +262,30 @@ class LyingInt(int):
 
     def __gt__(self, other):
         return False
+
+
+class LyingFloat(float):
+    """A float that says it is neither below nor above anything: `x < lo` and `x > hi` are False whatever it holds,
+    so a check written `if x < lo or x > hi: raise` on the caller's object lets LyingFloat(1e9) through a bound of
+    1e4; one that reads the plain float it holds (`float.__float__(x)`) does not."""
+
+    def __lt__(self, other):
+        return False
+
+    def __gt__(self, other):
+        return False
+
+    def __le__(self, other):
+        return True
+
+    def __ge__(self, other):
+        return True
+
+
+class AgreeingInt(int):
+    """An int equal to everything: `x == 4` and `x in (4, 8)` hold whatever it holds."""
+
+    def __eq__(self, other):
+        return True
+
+    __hash__ = int.__hash__

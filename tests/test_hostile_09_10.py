@@ -438,7 +438,7 @@ BAD = [
     ("lowest_k-bool", lambda: lowest_k_mask(torch.ones(2, 4), True), ValueError, r"\bk\b"),
     ("lowest_k-int-scores", lambda: lowest_k_mask(torch.ones(2, 4, dtype=torch.int64), 1), TypeError, "scores"),
     ("lowest_k-nan-scores", lambda: lowest_k_mask(with_nan((2, 4)), 1), ValueError, "scores"),
-    ("num_pruned-bool", lambda: num_pruned(True, 0.5), ValueError, r"\bn\b"),
+    ("num_pruned-bool", lambda: num_pruned(True, 0.5), TypeError, r"\bn\b"),
     ("sparsity_of-empty", lambda: sparsity_of(torch.zeros(0)), ValueError, "weight"),
     ("sparsity_of-list", lambda: sparsity_of([0.0, 1.0]), TypeError, "weight"),
     # ----- unstructured.py

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 
 import pytest
 import torch
@@ -304,3 +305,226 @@ def test_engine_rechecks_a_config_changed_after_construction():
     cfg.num_blocks = 10 ** 9
     with pytest.raises(ValueError, match="num_blocks"):
         LLM(GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16)), None, cfg)
+
+
+# ------------------------------------------------------------------ numbers whose comparisons lie, and huge ints
+# A hostile run passed int and float subclasses whose comparison operators lie: checks that compared the caller's
+# object were told LyingInt(10**6) <= 64, so speculation ran with γ = 10**6 (and silently never drafted), a draft
+# cache grew past its window, a float temperature of 1e-9 passed its 1e-2 floor. Every check now compares, returns
+# and stores the plain number the object holds (`check_int`, `check_float`, `plain_number`).
+
+def _lying_refusals():
+    from minillm.compile.fused_speculative import check_fused_gamma
+    from minillm.distill.losses import default_layer_pairs
+    from minillm.kernels.ops import _version
+    from minillm.prune.masks import lowest_k_mask
+    from minillm.quant.outliers import inject_outliers, outlier_report, smoothing_scales
+    from minillm.quant.quantize import qrange, symmetric_params
+    from minillm.speculative.engine import SpeculativeConfig
+    from minillm.speculative.generate import DraftModelProposer, check_gamma
+    from minillm.distill.losses import distillation_loss
+    from helpers import AgreeingInt, LyingFloat, LyingInt
+
+    model = GPT(CFG).eval()
+    logits, labels = torch.randn(2, 3, 128), torch.randint(0, 128, (2, 3))
+    scores = torch.randn(4, 16)
+    return {
+        "check_gamma": (lambda: check_gamma(LyingInt(10**6)), "gamma"),
+        "check_fused_gamma": (lambda: check_fused_gamma(LyingInt(10**6)), "gamma"),
+        "SpeculativeConfig": (lambda: SpeculativeConfig(gamma=LyingInt(10**6)), "gamma"),
+        "DraftModelProposer": (lambda: DraftModelProposer(model, LyingInt(10**6)), "max_len"),
+        "default_layer_pairs": (lambda: default_layer_pairs(LyingInt(10_001), 4), "student_layers"),
+        "lowest_k_mask": (lambda: lowest_k_mask(scores, LyingInt(999)), "k"),
+        "qrange": (lambda: qrange(AgreeingInt(99), True), "bits"),
+        "symmetric_params": (lambda: symmetric_params(scores, 8, dim=LyingInt(7)), "dim"),
+        "inject_outliers channels": (lambda: inject_outliers(model, [LyingInt(999)]), "channels"),
+        "kernel version": (lambda: _version("softmax", LyingInt(99)), "version"),
+        "kd_loss temperature": (lambda: kd_loss(logits, logits, temperature=LyingFloat(1e-9)), "temperature"),
+        "distillation_loss kd_weight": (lambda: distillation_loss(logits, logits, labels, kd_weight=LyingFloat(3.0)),
+                                        "kd_weight"),
+        "inject_outliers factor": (lambda: inject_outliers(model, [3], factor=LyingFloat(1e9)), "factor"),
+        "smoothing_scales alpha": (lambda: smoothing_scales(torch.ones(32), torch.ones(8, 32), LyingFloat(7.0)),
+                                   "alpha"),
+        "outlier_report threshold": (lambda: outlier_report({"x": torch.ones(4)}, LyingFloat(-1.0)), "threshold"),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_lying_refusals()))
+def test_a_number_whose_comparisons_lie_is_checked_as_the_number_it_holds(case):
+    call, name = _lying_refusals()[case]
+    with pytest.raises(ValueError, match=name):
+        call()
+
+
+def test_a_lying_number_in_range_gives_what_the_plain_number_gives():
+    """The other side of the rule: a subclass holding a valid value is that value (a check that compared the caller's
+    object refused valid vocabularies and block indices with messages contradicting themselves)."""
+    from minillm.distill.losses import FeatureProjection, check_layer_pairs
+    from minillm.prune.masks import lowest_k_mask
+    from minillm.speculative.bench import expected_tokens_per_call, predicted_speedup
+    from minillm.speculative.sampling import check_draft_tokens
+    from helpers import LyingFloat, LyingInt
+
+    scores = torch.randn(4, 16)
+    assert torch.equal(lowest_k_mask(scores, LyingInt(5)), lowest_k_mask(scores, 5))
+    assert expected_tokens_per_call(LyingFloat(0.5), 3) == expected_tokens_per_call(0.5, 3) == 1.875
+    assert predicted_speedup(LyingFloat(0.5), LyingInt(3), 0.1) == predicted_speedup(0.5, 3, 0.1)
+    assert check_draft_tokens([1, 2, 3], LyingInt(8)) == [1, 2, 3]
+    assert check_layer_pairs([(0, 1)], LyingInt(2), 4) == [(0, 1)]
+    pairs = FeatureProjection(8, 16, [(LyingInt(1), 3)]).layer_pairs
+    assert pairs == [(1, 3)] and all(type(i) is int for pair in pairs for i in pair)
+
+
+def test_checked_numbers_are_stored_as_plain_python_numbers():
+    """What a config keeps is a Python int or float, never the caller's object (whose repr may fail, or whose == may
+    say False to the value it holds)."""
+    import numpy as np
+    from minillm.core.config import check_float
+    from minillm.speculative.engine import SpeculativeConfig
+    from helpers import LyingFloat, LyingInt
+
+    assert type(check_float("x", np.float64(0.5))) is float and type(check_float("x", LyingFloat(0.5))) is float
+    assert type(check_float("x", LyingInt(3))) is int
+    stored = [QuantConfig("int4", group_size=LyingInt(8)).group_size,
+              Int8ContiguousKVCache(CFG, 1, LyingInt(8)).max_len,
+              GPTConfig(vocab_size=128, block_size=LyingInt(32), n_layer=2, n_head=2, n_embd=32).block_size,
+              SamplingParams(max_new_tokens=LyingInt(5)).max_new_tokens, SamplingParams(seed=LyingInt(5)).seed,
+              SpeculativeConfig(gamma=LyingInt(4)).gamma]
+    assert stored == [8, 8, 32, 5, 5, 4] and all(type(v) is int for v in stored)
+    assert type(SamplingParams(temperature=LyingFloat(0.5)).temperature) is float
+    config = SpeculativeConfig()
+    config.gamma = LyingInt(10**6)  # reassigned after construction: checked again where it is used
+    with pytest.raises(ValueError, match="gamma"):
+        config.check()
+
+
+HUGE = 10**5000  # past 4,300 digits: str() of it is Python's own ValueError ("Exceeds the limit ...")
+
+
+def _huge_calls():
+    from minillm.core.stopping import check_eos_id, check_token_ids
+    from minillm.distill.losses import check_layer_pairs
+    from minillm.kernels.ops import _version
+    from minillm.prune.masks import lowest_k_mask, nm_mask, num_pruned
+    from minillm.prune.structured import lowest_heads, mask_heads
+    from minillm.quant.quantize import qrange, quantize, symmetric_params
+
+    model = GPT(CFG).eval()
+    scores = torch.randn(4, 16)
+    return {
+        "token id": (lambda: check_token_ids("prompt", [HUGE], 128), "prompt[0]"),
+        "eos_id": (lambda: check_eos_id(HUGE, 128), "eos_id"),
+        "generate eos_id": (lambda: generate_speculative(model, model, [1, 2], SamplingParams.greedy(2), eos_id=HUGE),
+                            "eos_id"),
+        "quantize bits": (lambda: quantize(scores, bits=HUGE), "bits"),
+        "qrange bits": (lambda: qrange(HUGE, True), "bits"),
+        "dim": (lambda: symmetric_params(scores, 8, dim=HUGE), "dim"),
+        "k": (lambda: lowest_k_mask(scores, HUGE), "k"),
+        "n of N:M": (lambda: nm_mask(scores, HUGE, 4), "n"),
+        "head id": (lambda: mask_heads(model, {0: [HUGE]}), "heads"),
+        "per_block": (lambda: lowest_heads(torch.randn(2, 2), HUGE), "per_block"),
+        "layer pair": (lambda: check_layer_pairs([(HUGE, 0)]), "layer_pairs"),
+        "kernel version": (lambda: _version("softmax", HUGE), "version"),
+        "num_pruned": (lambda: num_pruned(HUGE, 0.5), "n"),
+        "seed": (lambda: SamplingParams(seed=HUGE), "seed"),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_huge_calls()))
+def test_an_int_past_4300_digits_is_refused_naming_the_argument(case):
+    """The library's own message must not format such an int (it describes it by size, `brief`)."""
+    call, name = _huge_calls()[case]
+    with pytest.raises((TypeError, ValueError), match=re.escape(name)) as info:
+        call()
+    assert "Exceeds the limit" not in str(info.value)
+
+
+def test_numpy_ints_in_layer_pairs_are_refused_saying_how_to_convert():
+    import numpy as np
+    from minillm.distill.losses import FeatureProjection
+
+    with pytest.raises(TypeError, match=r"layer_pairs\[0\]\[0\].*convert it with int\(\)"):
+        FeatureProjection(8, 16, [(np.int64(1), 3)])
+
+
+class _FloatWithLyingConversion(float):
+    """A float holding its value whose float() says 2.0: a check that calls float() on it reads 2.0."""
+
+    def __float__(self):
+        return 2.0
+
+
+class _AboveNothing(int):
+    """An int that is never above anything: `x <= 0` holds for it, so `if x <= 0: raise` is fooled by -4."""
+
+    def __le__(self, other):
+        return False
+
+    def __gt__(self, other):
+        return True
+
+
+def _more_refusals():
+    from minillm.compile.mirror import decode_step_by_hand
+    from minillm.compile.sweep import Case
+    from minillm.distill.bench import cost_model_speedup
+    from minillm.kernels.mirror import paged_gather
+    from minillm.prune.semi_structured import semi_structured_support, stored_bytes
+    from minillm.quant.gptq import calibration_windows
+    from minillm.quant.quantize import quantize
+    from helpers import LyingInt
+
+    model = GPT(CFG).eval()
+    k, v = ([torch.zeros(1, 2, 8, 16) for _ in range(2)] for _ in range(2))  # (1, nh, max_len, hs) per layer
+    pool, table, W = torch.randn(4, 4, 2, 8), torch.arange(4), torch.randn(8, 16)
+    return {
+        "element_bytes lying": (lambda: stored_bytes(W, "dense", element_bytes=_AboveNothing(-4)), "element_bytes"),
+        "element_bytes huge": (lambda: stored_bytes(W, "dense", element_bytes=HUGE), "element_bytes"),
+        "sweep Case huge": (lambda: Case("decode", HUGE, 8), "Case.batch"),
+        "sweep Case past float": (lambda: Case("decode", 10**400, 8), "Case.batch"),
+        "cost_model_speedup alpha": (lambda: cost_model_speedup(2.0, 3, 0.1), "alpha"),
+        "cost_model_speedup c": (lambda: cost_model_speedup(0.5, 3, -5.0), "c"),
+        "cost_model_speedup nan": (lambda: cost_model_speedup(float("nan"), 3, 0.1), "alpha"),
+        "paged_gather lying": (lambda: paged_gather(pool, table, LyingInt(999)), "context_len"),
+        "paged_gather huge": (lambda: paged_gather(pool, table, HUGE), "context_len"),
+        "decode token lying": (lambda: decode_step_by_hand(model, k, v, LyingInt(999), 0, 0), "token"),
+        "decode pos huge": (lambda: decode_step_by_hand(model, k, v, 1, HUGE, 0), "pos"),
+        "decode slot lying": (lambda: decode_step_by_hand(model, k, v, 1, 0, LyingInt(999)), "slot"),
+        "group_size huge": (lambda: quantize(W, bits=8, granularity="group", group_size=HUGE), "group_size"),
+        "calibration seed 2**64": (lambda: calibration_windows(2, 8, 2**64), "seed"),
+        "CUDA index 2**64": (lambda: semi_structured_support(2**64), "device"),
+        "CUDA index huge": (lambda: semi_structured_support(HUGE), "device"),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_more_refusals()))
+def test_more_lying_and_huge_numbers_are_refused_naming_the_argument(case):
+    """A second hostile run's finds: sites that compared, printed or passed on the caller's number as given."""
+    call, name = _more_refusals()[case]
+    with pytest.raises((TypeError, ValueError), match=re.escape(name)) as info:
+        call()
+    assert "Exceeds the limit" not in str(info.value)
+
+
+def test_eps_is_read_as_the_float_it_holds_not_its_float_conversion():
+    from minillm.kernels.ops import check_eps
+
+    assert check_eps(_FloatWithLyingConversion(1e-3)) == 1e-3
+    assert type(check_eps(_FloatWithLyingConversion(1e-3))) is float
+
+
+def test_cost_model_speedup_is_chapter_08s_model():
+    from minillm.distill.bench import cost_model_speedup
+    from minillm.speculative.bench import predicted_speedup
+
+    assert cost_model_speedup(0.5, 3, 0.1) == predicted_speedup(0.5, 3, 0.1) == pytest.approx(1.875 / 1.3)
+
+
+def test_a_decimal_is_refused_saying_how_to_convert_it():
+    from decimal import Decimal
+    from minillm.core.config import check_float, check_int
+
+    with pytest.raises(TypeError, match=r"convert it with int\(\)"):
+        check_int("n", Decimal(5))
+    with pytest.raises(TypeError, match=r"convert it with float\(\)"):
+        check_float("x", Decimal("0.5"))

@@ -131,7 +131,7 @@ def teacher_forced_kl(reference: nn.Module, candidate: nn.Module, sequences: Seq
     """
     if not sequences:
         raise ValueError(f"sequences must be a non-empty list of token lists, got {sequences!r}")
-    check_int("prompt_len", prompt_len)
+    prompt_len = check_int("prompt_len", prompt_len)
     for i, seq in enumerate(sequences):
         if len(seq) <= prompt_len:
             raise ValueError(f"sequences[{i}] has {len(seq)} tokens: it needs more than prompt_len={prompt_len}, "
@@ -159,7 +159,7 @@ def greedy_outputs(model: nn.Module, prompts: Sequence[Sequence[int]], num_token
     chapters give `output_consistency` the tokens of their own cached loop instead (chapter 04's `generate_ids`,
     tested equal to this one). End-of-text is not special: every continuation has exactly `num_tokens` tokens."""
     config = require_model(model, "greedy_outputs")
-    check_int("num_tokens", num_tokens)
+    num_tokens = check_int("num_tokens", num_tokens)
     if not prompts:
         raise ValueError(f"prompts must be a non-empty list of token lists, got {prompts!r}")
     for i, p in enumerate(prompts):

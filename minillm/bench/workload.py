@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from minillm.core.config import check_int
+from minillm.core.config import brief, check_int
 from minillm.core.sampling import SamplingParams
 from minillm.gpt.dataset import default_eval_tokens
 
@@ -113,11 +113,11 @@ def make_workload(
     seed (seed * 100003 + index), so the run repeats exactly. Same arguments, same workload, on every machine.
     """
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
+        raise ValueError(f"n must be a positive int, got {brief(n)}")
     if not (isinstance(rate, (int, float)) and rate > 0):
-        raise ValueError(f"rate must be a positive number of requests/s (math.inf for offline), got {rate!r}")
+        raise ValueError(f"rate must be a positive number of requests/s (math.inf for offline), got {brief(rate)}")
     if type(seed) is not int or not 0 <= seed < 2**63:  # numpy's generator refuses a negative seed in its own words
-        raise ValueError(f"seed must be an int in [0, 2**63) (the workload's generator), got {seed!r}")
+        raise ValueError(f"seed must be an int in [0, 2**63) (the workload's generator), got {brief(seed)}")
     pdist, odist = LengthDist.parse(prompt_len_dist), LengthDist.parse(output_len_dist)
     rng = np.random.default_rng(seed)
     if math.isinf(rate):
@@ -194,11 +194,13 @@ def check_load_list(loads: object, name: str = "loads", most: int | None = None)
     (and the entry) otherwise, checked before any model loads (a load of 2**40 would build its requests until memory
     ran out)."""
     if most is not None:
-        check_int("most", most)
+        most = check_int("most", most)
     if isinstance(loads, (str, bytes)) or not isinstance(loads, (list, tuple)) or not loads:
-        raise ValueError(f"{name} must be a non-empty list of positive ints, got {loads!r:.80}")
+        raise ValueError(f"{name} must be a non-empty list of positive ints, got {brief(loads)}")
+    plain = []  # the plain ints: an int subclass's own comparisons are not consulted
     for i, load in enumerate(loads):
-        check_int(f"{name}[{i}]", load)
+        load = check_int(f"{name}[{i}]", load)
         if most is not None and load > most:
             raise ValueError(f"{name}[{i}] must be at most {most} requests at once, got {load}")
-    return list(loads)
+        plain.append(load)
+    return plain

@@ -67,7 +67,7 @@ from minillm.core.config import (PRESETS, GPTConfig, check_fits_window, check_fl
 from minillm.core.io import (SHA256_FIELD, atomic_write_bytes, check_output_file, check_path, check_sha256,
                              with_sha256)
 from minillm.core.model import GPT
-from minillm.core.sampling import SamplingParams, sample_next
+from minillm.core.sampling import SamplingParams, check_seed, sample_next
 from minillm.core.stopping import RequestState, check_eos_id, start_request
 from minillm.gpt.pretrained import SHIPPED_PRESETS
 from minillm.kvcache.cache import ContiguousKVCache
@@ -437,11 +437,11 @@ def cold_start(name: str = "base", new_tokens: int = 32, repeats: int = 3, threa
     `timeout` seconds is killed (a RuntimeError)."""
     if not isinstance(name, str) or name not in MODEL_NAMES:
         raise ValueError(f"name must be one of {MODEL_NAMES}, got {name!r}")
-    for arg, value in (("new_tokens", new_tokens), ("repeats", repeats)):
-        check_int(arg, value)
-    check_threads("threads", threads)  # each subprocess sets it: 100000 would crash torch's pool there
-    check_int("seed", seed, 0)
-    check_float("timeout", timeout, 0.0, include_minimum=False)
+    new_tokens = check_int("new_tokens", new_tokens)
+    repeats = check_int("repeats", repeats)
+    threads = check_threads("threads", threads)  # each subprocess sets it: 100000 would crash torch's pool there
+    seed = check_seed(check_int("seed", seed, 0))  # [0, 2**64): torch's generator's range
+    timeout = check_float("timeout", timeout, 0.0, include_minimum=False)
     check_fits_window(f"the {PROMPT_LEN}-token prompt", PROMPT_LEN, new_tokens,
                       GPTConfig.from_name(SHIPPED_PRESETS.get(name, name)).block_size, name)
     problem = aot_problem()

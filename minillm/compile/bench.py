@@ -49,9 +49,9 @@ from minillm.compile.decode import StaticDecoder, check_backend, check_eval_mode
 from minillm.compile.fused_speculative import generate_prompt_lookup_fused, generate_speculative_fused
 from minillm.compile.fused_step import MAX_VERIFY, FusedCPUDecoder
 from minillm.compile.mirror import check_plain_model
-from minillm.core.config import check_int
+from minillm.core.config import brief, check_int
 from minillm.core.model import GPT, require_model
-from minillm.core.sampling import SamplingParams
+from minillm.core.sampling import SamplingParams, check_seed
 from minillm.core.timing import Timing, interleave, measure
 from minillm.kvcache.generate import generate_ids
 from minillm.naive.roofline import decode_weight_bytes, stream_weights
@@ -91,12 +91,12 @@ def weight_streaming_bound(model: GPT, repeats: int = 9, calls: int = 50,
     ints (the time is divided by calls); `ways` is None or what `streaming_ways` returns, at least one way and a
     positive int of bytes."""
     require_model(model, "weight_streaming_bound (model)")
-    check_int("repeats", repeats)
-    check_int("calls", calls)
+    repeats = check_int("repeats", repeats)
+    calls = check_int("calls", calls)
     if ways is not None and not (isinstance(ways, tuple) and len(ways) == 2 and isinstance(ways[0], dict)
                                  and ways[0] and all(callable(run) for run in ways[0].values())):
         raise TypeError(f"ways must be None or ({{way: run(steps)}}, bytes) with at least one way, as "
-                        f"streaming_ways returns, got {type(ways).__name__} {ways!r:.80}")
+                        f"streaming_ways returns, got {type(ways).__name__} {brief(ways)}")
     if ways is not None:
         check_int("ways[1] (the matrices' bytes)", ways[1])  # the bound's GB/s divides by it
     ways, nbytes = ways if ways is not None else streaming_ways(model)
@@ -117,9 +117,9 @@ def _check_fused_comparison(model: GPT, params: SamplingParams, repeats: int, wh
     naming `who` and the argument otherwise."""
     require_model(model, f"{who} (model)")
     check_eval_mode(model, who)
-    check_int("repeats", repeats)
+    repeats = check_int("repeats", repeats)
     if not isinstance(params, SamplingParams):
-        raise TypeError(f"params must be greedy SamplingParams, got {type(params).__name__} {params!r:.80}")
+        raise TypeError(f"params must be greedy SamplingParams, got {type(params).__name__} {brief(params)}")
     if not params.is_greedy:
         raise ValueError(f"params must be greedy (temperature 0): {who} compares greedy tokens, got "
                          f"temperature={params.temperature}")
@@ -215,16 +215,16 @@ def round_costs(target: FusedCPUDecoder, draft: FusedCPUDecoder, rows: int, cont
         if not isinstance(dec, FusedCPUDecoder):
             raise TypeError(f"{name} must be a FusedCPUDecoder, got {type(dec).__name__}")
         dec.check_model_unchanged()  # verify does not: timing a snapshot the model no longer holds says nothing
-    check_int("rows", rows)
+    rows = check_int("rows", rows)
     if rows > MAX_VERIFY:
         raise ValueError(f"rows must be in [1, MAX_VERIFY={MAX_VERIFY}] (the most one verify call takes), got {rows}")
-    check_int("context", context, 0)
+    context = check_int("context", context, 0)
     room = min(target.max_len - rows, draft.max_len - 1)
     if context > room:
         raise ValueError(f"context must leave room for {rows} rows in the target's cache (max_len {target.max_len}) "
                          f"and 1 in the draft's (max_len {draft.max_len}): at most {room}, got {context}")
-    check_int("repeats", repeats)
-    check_int("calls", calls)
+    repeats = check_int("repeats", repeats)
+    calls = check_int("calls", calls)
     for dec in (target, draft):
         dec.cache.reset()
         for at in range(0, context, MAX_VERIFY):  # any ids: the timings only need the cache's length
@@ -252,8 +252,8 @@ def fused_speculation(model: GPT, draft: GPT, prompts: list[list[int]], lookup_p
     for name, m in (("model", model), ("draft", draft)):
         require_model(m, f"fused_speculation ({name})")
         check_eval_mode(m, f"fused_speculation ({name})")
-    check_int("new_tokens", new_tokens)
-    check_int("repeats", repeats)
+    new_tokens = check_int("new_tokens", new_tokens)
+    repeats = check_int("repeats", repeats)
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
     target_step, draft_step = FusedCPUDecoder(model), FusedCPUDecoder(draft)
 
@@ -303,7 +303,7 @@ def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, bac
     for name, flag in (("real_text", real_text), ("quick", quick), ("with_hf", with_hf)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
-    check_int("seed", seed, 0)
+    seed = check_seed(check_int("seed", seed, 0))  # [0, 2**64): torch's generator's range
     check_backend(backend)
     device = model.device
     new = 32 if quick else 64
@@ -402,8 +402,8 @@ def format_table(report: dict[str, Any]) -> str:
         q = report["quantized_fused"]
         q4 = q["int4"]
         lines.append(f"int8 weights on the fused step ({q['int8_path']}): {q['int8_tok_s']:.0f} vs "
-                     f"{q['f32_tok_s']:.0f} "
-                     f"tok/s float32, {q['speedup']:.2f}x (weights read {q['weight_ratio']:.2f}x fewer; eager int8 "
+                     f"{q['f32_tok_s']:.0f} tok/s float32, {q['speedup']:.2f}x (weights read "
+                     f"{q['weight_ratio']:.2f}x fewer; eager int8 "
                      f"{q['eager_speedup']:.2f}x eager float32), identical to the int8 model's eager tokens "
                      f"{q['identical']}")
         lines.append(f"int4 weights on the fused step ({q4['path']}, groups of {q4['group_size']}): "

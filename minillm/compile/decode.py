@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 from torch.nn.modules import module as nn_module
 
-from minillm.core.config import GPTConfig, check_has_data, check_int, check_tensor_elements
+from minillm.core.config import brief, check_has_data, check_int, check_tensor_elements, GPTConfig
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.core.stopping import validate_prompt
@@ -48,11 +48,11 @@ def integer_ids(name: str, value: Any, count: int) -> torch.Tensor:
     """`value` as a tensor of `count` integer ids: a TypeError naming `name` for a float, bool or non-tensor (a float
     token would be truncated silently by the copy into an int64 buffer), a ValueError for the wrong count (`count`
     itself a positive int: True is no count)."""
-    check_int("count", count)
+    count = check_int("count", count)
     if isinstance(value, int) and not isinstance(value, bool):
         value = torch.tensor([value])
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a tensor of integer ids, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name} must be a tensor of integer ids, got {type(value).__name__} {brief(value)}")
     if value.dtype == torch.bool or value.is_floating_point() or value.is_complex():
         raise TypeError(f"{name} must hold integer ids, got dtype {value.dtype}")
     check_has_data(name, value)
@@ -70,7 +70,7 @@ def decoder_max_len(config: GPTConfig, max_len: Any) -> int:
     written. Refused here, a max_len of 10**15 never reaches the allocator."""
     if max_len is None:
         return config.block_size
-    check_int("max_len", max_len)
+    max_len = check_int("max_len", max_len)
     max_len = int.__index__(max_len)  # the plain int (of an int subclass too) that every later check compares
     if max_len > config.block_size:
         raise ValueError(f"max_len={max_len} is past the model's context window block_size={config.block_size}: "
@@ -226,7 +226,7 @@ class StaticDecoder:
         self._submodules = list(model.named_modules())[1:]  # the model's own hooks never run: generate calls hidden()
         self._check_hooks()
         self.max_len = decoder_max_len(model.config, max_len)
-        check_int("batch_size", batch_size)
+        batch_size = check_int("batch_size", batch_size)
         cfg = model.config  # each layer's K and V: refused here, not by the allocator (batch_size=10**9 is 4 TB)
         check_tensor_elements("batch_size x max_len", (batch_size, cfg.n_head, self.max_len, cfg.head_size))
         device = model.device

@@ -43,7 +43,7 @@ from minillm.bench.workload import check_load_list, workload
 from minillm.compile.cpu_gemv import cpp_errors_as_value_errors, fast_cpu_model
 from minillm.compile.decode import check_eval_mode, eval_mode
 from minillm.compile.fused_step import LINEARS, WatchedModel, build_cpp_decoder
-from minillm.core.config import check_has_data, check_int, tensor_kind
+from minillm.core.config import brief, check_has_data, check_int, tensor_kind
 from minillm.core.model import GPT
 from minillm.core.sampling import check_seed
 from minillm.core.timing import compare
@@ -157,12 +157,12 @@ def load_point(model: GPT, concurrency: int, repeats: int = 3, seed: int = 0) ->
     the same `REQUESTS_PER_SLOT * concurrency` mixed requests, alternated (`compare`); outputs must be identical."""
     if not isinstance(model, GPT):
         raise TypeError(f"model must be a minillm GPT, got {type(model).__name__}")
-    check_int("concurrency", concurrency)
+    concurrency = check_int("concurrency", concurrency)
     if concurrency > MAX_LOAD:  # its requests are built before any runs
         raise ValueError(f"concurrency must be at most {MAX_LOAD} requests at once, got {concurrency}")
-    check_int("repeats", repeats)
+    repeats = check_int("repeats", repeats)
     if type(seed) is not int or not 0 <= seed < 2**63:  # the workload's generator (numpy) takes these
-        raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
+        raise ValueError(f"seed must be an int in [0, 2**63), got {brief(seed)}")
     if model.config.vocab_size < MIXED_VOCAB:
         raise ValueError(f"model.config.vocab_size={model.config.vocab_size} cannot hold the mixed workload's prompts: "
                          f"real text in the shipped tokenizer's {MIXED_VOCAB} ids")
@@ -199,12 +199,12 @@ def step_costs(model: GPT, context: int = 160, sizes: Sequence[int] = STEP_SIZES
     pools are overwritten at the same slots every call (the timing needs only their shapes)."""
     if not isinstance(model, GPT):
         raise TypeError(f"model must be a minillm GPT, got {type(model).__name__}")
-    check_int("context", context)
+    context = check_int("context", context)
     if not isinstance(sizes, (list, tuple)) or len(sizes) < 2 or not all(
             type(n) is int and 1 <= n <= MAX_FUSED_ROWS for n in sizes):
         raise ValueError(f"sizes must list at least two batch sizes in [1, {MAX_FUSED_ROWS}], got {sizes!r}")
-    check_int("repeats", repeats)
-    check_int("calls", calls)
+    repeats = check_int("repeats", repeats)
+    calls = check_int("calls", calls)
     cfg = model.config
     if context >= cfg.block_size:
         raise ValueError(f"context must leave room for one new token in the window block_size={cfg.block_size}, "
@@ -247,7 +247,7 @@ def run(loads: Sequence[int] = LOADS, repeats: int = 3, seed: int = 0) -> dict[s
     """Every load of `loads` on `base`, and the decode step's cost by batch size (`step_costs`), one torch thread as
     set by the caller."""
     check_load_list(loads, most=MAX_LOAD)
-    check_seed(seed)
+    seed = check_seed(seed)
     loaded = load_model("base", "cpu", seed)
     points = [load_point(loaded.model, c, repeats, seed) for c in loads]
     return {"model": loaded.label, "threads": torch.get_num_threads(), "backend": BACKEND, "repeats": repeats,

@@ -42,7 +42,7 @@ MAX_GAMMA = MAX_VERIFY - 1  # drafts per round: the verify scores γ+1 rows in o
 
 def check_fused_gamma(gamma: object) -> int:
     """γ, draft tokens per round: an int in [1, MAX_GAMMA], else TypeError/ValueError naming it."""
-    check_int("gamma", gamma, 1)
+    gamma = check_int("gamma", gamma, 1)
     if gamma > MAX_GAMMA:  # type: ignore[operator]
         raise ValueError(f"gamma must be at most {MAX_GAMMA} draft tokens per round (the fused verify scores "
                          f"gamma + 1 <= {MAX_VERIFY} rows in one call), got {gamma}")
@@ -110,7 +110,7 @@ def _start(target: FusedCPUDecoder, prompt_ids: Any, params: SamplingParams, gam
            eos_id: int | None) -> RequestState:
     """The request's state, every argument checked (chapter 08's `_start` for a fused target): γ, the params
     (n = 1), eos_id, and room in the target decoder's cache."""
-    check_fused_gamma(gamma)
+    gamma = check_fused_gamma(gamma)
     cfg = target.model.config
     check_eos_id(eos_id, cfg.vocab_size)
     state = start_request(cfg, prompt_ids, params, tokenizer, eos_id)
@@ -171,7 +171,7 @@ def generate_prompt_lookup_fused(target: FusedCPUDecoder, prompt_ids: Any, param
     step; returns (new token ids, stats). Rounds with no earlier match of the last n-gram are plain one-token
     steps. Output as the target alone gives (greedy: the same tokens)."""
     target = _check_decoder("target", target)
-    check_int("ngram", ngram, 1)
+    ngram = check_int("ngram", ngram, 1)
     state = _start(target, prompt_ids, params, gamma, tokenizer, eos_id)
     with target.exclusive():  # one request at a time: the decoder holds one cache
         return _run(target, state, PromptLookupProposer(ngram, target.model.config.vocab_size, torch.device("cpu")),

@@ -46,7 +46,7 @@ from minillm.core.io import check_output_dir
 from minillm.core.sampling import SamplingParams
 from minillm.compile.llamacpp_build import (OUTTYPES, PINNED, QUANTIZED_TYPES, run_logged, build_llama_bench, convert,
                                             export_hf_dir, fetch_sources, quantize_gguf)
-from minillm.core.config import check_float, check_int, check_sequence
+from minillm.core.config import brief, check_float, check_int, check_sequence
 from minillm.core.io import check_path
 from minillm.core.timing import measure
 from minillm.kvcache.generate import generate_ids
@@ -71,8 +71,8 @@ def llama_bench_tok_s(binary: str | os.PathLike, gguf: str | os.PathLike, thread
     for name, path in (("binary", binary), ("gguf", gguf)):
         if not check_path(path, name).is_file():
             raise FileNotFoundError(f"{name} {str(path)!r}: no such file")
-    check_int("threads", threads)
-    check_int("tokens", tokens)
+    threads = check_int("threads", threads)
+    tokens = check_int("tokens", tokens)
     out = run_logged([str(binary), "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", str(tokens), "-r", "3", "-o",
                 "json"])
     try:
@@ -93,8 +93,8 @@ def ours_tok_s(run: Callable[[], object], tokens: int, repeats: int = 3) -> floa
     timed calls after one warm-up call."""
     if not callable(run):
         raise TypeError(f"run must be a function of no arguments (one decode), got {type(run).__name__}")
-    check_int("tokens", tokens)
-    check_int("repeats", repeats)
+    tokens = check_int("tokens", tokens)
+    repeats = check_int("repeats", repeats)
     return tokens / measure(run, warmup=1, repeats=repeats).median
 
 
@@ -171,13 +171,11 @@ def check_rates(name: str, rates: object) -> dict[str, float]:
     what every other path is a fraction of); a TypeError / ValueError naming `name` and the entry otherwise, not a
     KeyError or a division by zero in the middle of a table."""
     if not isinstance(rates, dict):
-        raise TypeError(f"{name} must be a dict of path -> tok/s, got {type(rates).__name__} {rates!r:.80}")
+        raise TypeError(f"{name} must be a dict of path -> tok/s, got {type(rates).__name__} {brief(rates)}")
     if REF not in rates:
         raise ValueError(f"{name} must hold {REF!r}, the rate every other path is a fraction of; it has "
                          f"{sorted(rates)}")
-    for path, rate in rates.items():
-        check_float(f"{name}[{path!r}]", rate, 0.0, include_minimum=False)
-    return rates
+    return {path: check_float(f"{name}[{path!r}]", rate, 0.0, include_minimum=False) for path, rate in rates.items()}
 
 
 def check_samples(name: str, samples: object) -> dict[str, list[float]]:
@@ -186,19 +184,18 @@ def check_samples(name: str, samples: object) -> dict[str, list[float]]:
     and the entry otherwise."""
     if not isinstance(samples, dict):
         raise TypeError(f"{name} must be a dict of path -> tok/s per round, got {type(samples).__name__} "
-                        f"{samples!r:.80}")
+                        f"{brief(samples)}")
     if REF not in samples:
         raise ValueError(f"{name} must hold {REF!r}'s rounds; it has {sorted(samples)}")
-    rounds = None
+    rounds, plain = None, {}
     for path, values in samples.items():
         where = f"{name}[{path!r}]"
         values = check_sequence(where, values)
         rounds = len(values) if rounds is None else rounds
         if len(values) != rounds:
             raise ValueError(f"{where} has {len(values)} rounds, the paths before it {rounds}: one tok/s per round")
-        for r, rate in enumerate(values):
-            check_float(f"{where}[{r}]", rate, 0.0, include_minimum=False)
-    return samples
+        plain[path] = [check_float(f"{where}[{r}]", rate, 0.0, include_minimum=False) for r, rate in enumerate(values)]
+    return plain
 
 
 def format_table(median: dict[str, float]) -> str:
@@ -229,7 +226,7 @@ def quotes(report: dict) -> dict[str, str]:
     `f32_max`); and the run's settings (`rounds`, `threads`, `tokens`, `model`, `cpu`, `llama_cpp`).
     A report that lacks any of these (or holds no rate where one is due) is a TypeError / ValueError naming it."""
     if not isinstance(report, dict):
-        raise TypeError(f"report must be a report dict of `main --json`, got {type(report).__name__} {report!r:.80}")
+        raise TypeError(f"report must be a report dict of `main --json`, got {type(report).__name__} {brief(report)}")
     missing = [key for key in REPORT_KEYS if key not in report]
     if missing:
         raise ValueError(f"report must be a report of `main --json`, holding {list(REPORT_KEYS)}; it lacks {missing}")

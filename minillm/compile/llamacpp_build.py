@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from minillm.compile.mirror import check_plain_model
+from minillm.core.config import brief
 from minillm.core.hf import to_hf_model
 from minillm.core.io import check_output_dir, check_output_file, check_path
 from minillm.core.model import require_model
@@ -178,12 +179,12 @@ def recover_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
     if not isinstance(ranks, dict) or not all(isinstance(t, bytes) and isinstance(r, int) and not isinstance(r, bool)
                                               for t, r in ranks.items()):
         raise TypeError(f"ranks must be a dict of bytes -> int rank (Tokenizer.mergeable_ranks), got "
-                        f"{type(ranks).__name__} {ranks!r:.80}")
+                        f"{type(ranks).__name__} {brief(ranks)}")
     owner: dict[int, bytes] = {}
     for token, rank in ranks.items():
         if owner.setdefault(rank, token) != token:
             raise ValueError(f"ranks must give each token its own rank (a merge order), but {owner[rank]!r} and "
-                             f"{token!r} both have rank {rank}")
+                             f"{brief(token)} both have rank {rank}")
     merges = []
     for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
         if len(token) == 1:
@@ -195,7 +196,7 @@ def recover_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
                 break
             parts[best:best + 2] = [parts[best] + parts[best + 1]]
         if len(parts) != 2:
-            raise ValueError(f"token {token!r} (rank {rank}) is not one merge of two lower-ranked tokens")
+            raise ValueError(f"token {brief(token)} (rank {rank}) is not one merge of two lower-ranked tokens")
         merges.append((parts[0], parts[1]))
     return merges
 

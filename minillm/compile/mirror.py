@@ -28,7 +28,7 @@ import torch.nn as nn
 from minillm.compile.cpu_gemv import FastLinear
 from minillm.core.model import GPT, require_model
 from minillm.kernels.naive import gelu_tanh, layernorm  # chapter 12's naive twins: the same formulas
-from minillm.core.config import check_has_data, check_strided, check_writable, number_kind, tensor_kind
+from minillm.core.config import check_has_data, check_int, check_strided, check_writable, tensor_kind
 from minillm.kernels.ops import check_same_device, tensors_overlap
 
 ROWS = 4  # weight rows per block: four memory streams in flight in the C++ loop
@@ -155,6 +155,15 @@ def _check_cache(k: list[torch.Tensor], v: list[torch.Tensor], n_layer: int, nh:
                                  "layer (the step writes a value over a key otherwise)")
 
 
+def _index(name: str, value: object, high: int) -> int:
+    """`value` as the plain int it holds if it is an int in [0, high), else a TypeError / ValueError naming `name`
+    (an int subclass's own comparisons are not consulted: 999 would reach torch's indexing)."""
+    value = check_int(name, value, 0)
+    if value >= high:
+        raise ValueError(f"{name} must be in [0, {high}), got {value}")
+    return value
+
+
 @torch.inference_mode()
 def decode_step_by_hand(model: GPT, k: list[torch.Tensor], v: list[torch.Tensor], token: int, pos: int, slot: int
                         ) -> torch.Tensor:
@@ -168,12 +177,8 @@ def decode_step_by_hand(model: GPT, k: list[torch.Tensor], v: list[torch.Tensor]
     nh, hs = cfg.n_head, cfg.head_size
     weight = check_plain_model(model, "decode_step_by_hand")
     _check_cache(k, v, cfg.n_layer, nh, hs, weight)
-    for name, value, high in (("token", token, cfg.vocab_size), ("pos", pos, cfg.block_size),
-                              ("slot", slot, k[0].shape[2])):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"{name} must be an int, got {number_kind(value)}")
-        if not 0 <= value < high:
-            raise ValueError(f"{name} must be in [0, {high}), got {value}")
+    token, pos, slot = (_index(name, value, high) for name, value, high in (
+        ("token", token, cfg.vocab_size), ("pos", pos, cfg.block_size), ("slot", slot, k[0].shape[2])))
     A = nh * hs
     x = tr.wte.weight[token] + tr.wpe.weight[pos]  # (C,): the residual stream of this one token
     for layer, block in enumerate(tr.h):

@@ -45,7 +45,7 @@ from minillm.bench.workload import eval_prompts
 from minillm.compile.decode import eval_mode, hooked_module
 from minillm.compile.fused_step import FusedCPUDecoder
 from minillm.compile.mirror import check_plain_model
-from minillm.core.config import GPTConfig, check_int
+from minillm.core.config import brief, check_int, GPTConfig
 from minillm.core.io import atomic_write_bytes, check_output_dir, check_output_file, check_path
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams, sample_next
@@ -117,7 +117,7 @@ def graph_sha256(proto: Any) -> str:
     entries = [(p.key, p.value) for p in proto.metadata_props if p.key != "minillm_sha256"]
     for key, value in entries:  # protobuf hands a string field that is not UTF-8 (a flipped byte) back as bytes
         if not isinstance(key, str) or not isinstance(value, str):
-            raise ValueError(f"metadata entry {key!r:.80} = {value!r:.80} is not UTF-8 text: a damaged file")
+            raise ValueError(f"metadata entry {brief(key)} = {brief(value)} is not UTF-8 text: a damaged file")
     for entry in sorted(entries):
         h.update(json.dumps(entry).encode())
     return h.hexdigest()
@@ -300,8 +300,8 @@ def measure(model: GPT, prompt: list[int], new_tokens: int = 128, repeats: int =
     all three gave the same tokens. The torch thread count is the caller's; ONNX Runtime gets the same."""
     if not isinstance(model, GPT):
         raise TypeError(f"model must be a minillm GPT, got {type(model).__name__}")
-    check_int("new_tokens", new_tokens)
-    check_int("repeats", repeats)
+    new_tokens = check_int("new_tokens", new_tokens)
+    repeats = check_int("repeats", repeats)
     if workdir is not None:
         check_output_dir(workdir, "workdir")  # a file there would be blamed on export_onnx's path
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)

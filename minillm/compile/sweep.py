@@ -37,8 +37,9 @@ from minillm.bench.cli import bench_parser, cli_type, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
 from minillm.compile.decode import StaticDecoder, check_backend, check_eval_mode, counting_backend
-from minillm.core.config import check_int, check_report, check_tensor_elements, check_threads
+from minillm.core.config import brief, check_int, check_report, check_tensor_elements, check_threads
 from minillm.core.model import GPT, require_model
+from minillm.core.sampling import check_seed
 from minillm.core.timing import interleave, time_once
 from minillm.kvcache.generate import prefill
 
@@ -55,10 +56,8 @@ class Case:
     def __post_init__(self) -> None:
         if self.kind not in ("decode", "prefill"):
             raise ValueError(f"Case.kind must be 'decode' or 'prefill', got {self.kind!r}")
-        for field in ("batch", "tokens"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"Case.{field} must be a positive int, got {value!r}")
+        for field in ("batch", "tokens"):  # stored as the plain int, within the float range (frozen: object's setattr)
+            object.__setattr__(self, field, check_int(f"Case.{field}", getattr(self, field)))
 
     @property
     def name(self) -> str:
@@ -79,7 +78,7 @@ def check_case(model: GPT, case: Case, steps: int) -> None:
     check_eval_mode(model, "the compile sweep")  # eager and compiled outputs are compared: no dropout
     if not isinstance(case, Case):
         raise TypeError(f"case must be a sweep Case, got {type(case).__name__} {case!r}")
-    check_int("steps", steps)
+    steps = check_int("steps", steps)
     needed = case.tokens + steps if case.kind == "decode" else case.tokens
     if needed > cfg.block_size:
         what = f"{case.tokens} context tokens + steps={steps}" if case.kind == "decode" else f"{case.tokens} tokens"
@@ -98,7 +97,7 @@ def check_backend_and_seed(backend: str, seed: int) -> None:
     if not isinstance(backend, str) or not backend:
         raise TypeError(f"backend must be a torch.compile backend name, got {type(backend).__name__} {backend!r}")
     check_backend(backend)
-    check_int("seed", seed, 0)
+    seed = check_seed(check_int("seed", seed, 0))  # [0, 2**64): torch's generator's range
 
 
 def _ids(model: GPT, shape: tuple[int, ...], seed: int) -> torch.Tensor:
@@ -157,7 +156,7 @@ def run_case(model: GPT, case: Case, steps: int = 16, repeats: int = 5, backend:
     """One case at the current thread count: compiled against eager (and on CUDA, for decode, the captured CUDA
     graph too), checked, timed in turn. `steps` decode steps (positive; context + steps within block_size)."""
     check_case(model, case, steps)
-    check_int("repeats", repeats)
+    repeats = check_int("repeats", repeats)
     check_backend_and_seed(backend, seed)
     graph = None
     if case.kind == "decode":
@@ -195,9 +194,8 @@ def thread_counts(text: str) -> tuple[int, ...]:
         threads = tuple(int(t) for t in text.split(","))
     except ValueError:
         raise ValueError(f"threads must be comma-separated ints, got {text!r}") from None
-    for i, n in enumerate(threads):
-        check_threads(f"threads[{i}]", n)  # at most 4 per core: torch's pool crashes on 100000
-    return threads
+    # at most 4 per core: torch's pool crashes on 100000
+    return tuple(check_threads(f"threads[{i}]", n) for i, n in enumerate(threads))
 
 
 def run_sweep(model: GPT, threads: tuple[int, ...] = (1, 2), cases: tuple[Case, ...] = CASES, steps: int = 16,
@@ -206,13 +204,12 @@ def run_sweep(model: GPT, threads: tuple[int, ...] = (1, 2), cases: tuple[Case, 
     lists (or tuples); everything is checked before the first case is timed."""
     for name, values in (("threads", threads), ("cases", cases)):
         if not isinstance(values, (list, tuple)) or not values:
-            raise TypeError(f"{name} must be a non-empty list or tuple, got {type(values).__name__} {values!r:.80}")
-    for i, n in enumerate(threads):
-        # subtle: True is an int, and torch.set_num_threads(True) fails inside torch; 100000 threads crash its pool
-        check_threads(f"threads[{i}]", n)
+            raise TypeError(f"{name} must be a non-empty list or tuple, got {type(values).__name__} {brief(values)}")
+    # subtle: True is an int, and torch.set_num_threads(True) fails inside torch; 100000 threads crash its pool
+    threads = tuple(check_threads(f"threads[{i}]", n) for i, n in enumerate(threads))
     for case in cases:
         check_case(model, case, steps)
-    check_int("repeats", repeats)
+    repeats = check_int("repeats", repeats)
     check_backend_and_seed(backend, seed)
     before = torch.get_num_threads()
     rows = []
@@ -236,7 +233,7 @@ def profile_decode(model: GPT, case: Case = CASES[0], steps: int = 16, backend: 
     if case.kind != "decode":  # its decoder would be sized for a prompt, and refused naming its own max_len
         raise ValueError(f"profile_decode profiles decode steps: case must be a decode Case, got {case.name!r}")
     if top is not None:
-        check_int("top", top)
+        top = check_int("top", top)
     check_backend_and_seed(backend, seed)
     out = {}
     for mode in ("eager", "compile"):
@@ -289,7 +286,8 @@ def profile_table(ops: list[dict[str, Any]], top: int = 8) -> str:
     rest = ops[top:]
     if rest:
         rows.append([f"the other {len(rest)} operators", f"{sum(o['calls_per_step'] for o in rest):.0f}",
-                     f"{sum(o['self_us_per_step'] for o in rest):.0f} µs", f"{100 * sum(o['share'] for o in rest):.0f}%"])
+                     f"{sum(o['self_us_per_step'] for o in rest):.0f} µs",
+                     f"{100 * sum(o['share'] for o in rest):.0f}%"])
     return markdown_table(["operator", "calls per step", "self time per step", "share of the operators' time"], rows)
 
 

@@ -7,6 +7,7 @@ their own in later chapters.
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import json
 import math
 import numbers
@@ -40,7 +41,7 @@ def check_int(name: str, value: Any, minimum: int = 1) -> int:
     """
     if not isinstance(value, int) or isinstance(value, bool):
         if foreign_number(value):
-            raise TypeError(f"{name} must be a Python int, got {type(value).__name__} {value!r:.80}: convert it "
+            raise TypeError(f"{name} must be a Python int, got {type(value).__name__} {brief(value)}: convert it "
                             "with int()")
         raise TypeError(f"{name} must be an int, got {number_kind(value)}")
     value = int.__index__(value)  # the plain int an int subclass holds: its own comparisons are not consulted
@@ -115,7 +116,7 @@ def check_module_has_data(name: str, module: Any) -> None:
     tensor (a model built on the meta device, or moved there with `.to("meta")`), a TypeError when one is sparse
     (`check_has_data`), before anything reads it."""
     for key, t in [*module.named_parameters(), *module.named_buffers()]:
-        check_has_data(f"{name} tensor {key!r}", t)
+        check_has_data(f"{name} tensor {brief(key)}", t)
 
 
 def check_writable(name: str, t: torch.Tensor) -> torch.Tensor:
@@ -166,11 +167,11 @@ def check_device(name: str, device: Any) -> torch.device:
     it is neither, or a string torch cannot read ('gpu0'): torch's "Invalid device string" names no argument."""
     if not isinstance(device, (str, torch.device)):
         raise TypeError(f"{name} must be a str or torch.device like 'cpu' or 'cuda:0', got {type(device).__name__} "
-                        f"{device!r:.80}")
+                        f"{brief(device)}")
     try:
         device = torch.device(device)
     except RuntimeError as e:
-        raise ValueError(f"{name} must be a device like 'cpu', 'cuda' or 'cuda:0', got {device!r:.80}") from e
+        raise ValueError(f"{name} must be a device like 'cpu', 'cuda' or 'cuda:0', got {brief(device)}") from e
     if device.type == "meta":  # tensors there have shapes but no values: nothing could run or be read
         raise ValueError(f"{name} must be a device that holds values, like 'cpu' or 'cuda', got 'meta'")
     return device
@@ -184,24 +185,48 @@ def plain_int(value: Any) -> int | None:
     return int.__index__(value) if isinstance(value, int) else int(value)
 
 
+def plain_number(value: Any) -> Any:
+    """The plain int or float an int or float (or a subclass of one: numpy's float64, a class of the caller's own)
+    holds, so that a check compares, and the caller stores, a value whose comparisons and conversions cannot lie;
+    anything else is returned as it is, for the caller's type check to refuse. bool stays a bool."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return int.__index__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    return value
+
+
+def brief(value: Any) -> str:
+    """`value` as an error message shows it: its repr cut to 80 characters, an int past 256 bits by its size (str()
+    of an int past 4300 digits is itself an error), and a value whose repr fails by its type."""
+    if isinstance(value, int) and not isinstance(value, bool) and int.__index__(value).bit_length() > 256:
+        return f"an int of {int.__index__(value).bit_length()} bits"
+    try:
+        return f"{value!r:.80}"
+    except Exception:  # a repr that fails names its type only
+        return f"a {type(value).__name__}"
+
+
 def foreign_number(value: Any) -> bool:
     """Whether `value` is a real number of a type other than Python's int and float (bool aside): numpy's float32
-    and int64, a Fraction (numpy's float64 is a float, so it is not one). The checks below refuse them with a
+    and int64, a Fraction, a Decimal (numpy's float64 is a float, so it is not one). The checks below refuse them with a
     message saying to convert, rather than "must be a number".
 
     Why not take them: a number checked here is stored as given (in configs, metadata, JSON files), and a numpy
     float32 there would compute in float32 or fail to serialize much later, far from the call that passed it."""
-    return isinstance(value, numbers.Real) and not isinstance(value, (int, float, bool))
+    return isinstance(value, (numbers.Real, decimal.Decimal)) and not isinstance(value, (int, float, bool))
 
 
 def number_kind(value: Any) -> str:
     """`value` described for a message refusing it as a number: its type and a short repr, and for a real number of
     another type (`foreign_number`: numpy's float32, a Fraction) how to convert it."""
-    if isinstance(value, int) and value.bit_length() > 256:  # str() of an int past 4300 digits is itself an error
-        text = f"an int of {value.bit_length()} bits"
+    if isinstance(value, int) and int.__index__(value).bit_length() > 256:  # str() past 4300 digits is an error
+        text = f"an int of {int.__index__(value).bit_length()} bits"
     else:
         try:
-            text = f"{type(value).__name__} {value!r:.80}"
+            text = f"{type(value).__name__} {brief(value)}"
         except Exception:  # a repr that fails names its type only
             text = type(value).__name__
     return text + (" (a Python int or float is needed: convert it with int() or float())"
@@ -209,18 +234,23 @@ def number_kind(value: Any) -> str:
 
 
 def check_float(name: str, value: Any, minimum: float | None = None, maximum: float | None = None,
-                include_minimum: bool = True, include_maximum: bool = True) -> None:
+                include_minimum: bool = True, include_maximum: bool = True) -> int | float:
     """Raise TypeError unless `value` is a real number (bool excluded), ValueError if it is NaN, infinite, an int past
     the float range (`check_fits_float`) or outside [minimum, maximum] (an open end where include_* is False). The
-    message names the field and the allowed range.
+    message names the field and the allowed range. Returns the plain int or float it holds (as `check_int` does),
+    for the callers that go on comparing, computing with or storing it.
 
     subtle: every comparison with NaN is False, so `if x < 0: raise` lets NaN through; check finiteness first.
+    subtle: a float subclass may define its own `<`, so a check that compares the caller's object can be told that
+    0.5 < 1e-9; the plain float (`float.__float__`) it holds cannot lie.
     """
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         if foreign_number(value):
-            raise TypeError(f"{name} must be a Python int or float, got {type(value).__name__} {value!r:.80}: "
+            raise TypeError(f"{name} must be a Python int or float, got {type(value).__name__} {brief(value)}: "
                             "convert it with float()")
         raise TypeError(f"{name} must be a number, got {number_kind(value)}")
+    # the plain number a subclass holds (numpy's float64 is a float subclass too): its comparisons are not consulted
+    value = plain_number(value)
     low = "" if minimum is None else f"{'[' if include_minimum else '('}{minimum}"
     high = "" if maximum is None else f"{maximum}{']' if include_maximum else ')'}"
     where = f" in {low or '(-inf'}, {high or 'inf)'}" if (low or high) else ""
@@ -231,6 +261,7 @@ def check_float(name: str, value: Any, minimum: float | None = None, maximum: fl
         raise ValueError(f"{name} must be{where}, got {value}")
     if maximum is not None and (value > maximum or (value == maximum and not include_maximum)):
         raise ValueError(f"{name} must be{where}, got {value}")
+    return value
 
 
 def check_sequence(name: str, value: Any) -> tuple:
@@ -240,7 +271,7 @@ def check_sequence(name: str, value: Any) -> tuple:
     subtle: a str is a sequence too: sparsities='0.5' would be read one character at a time, '0', '.', '5'.
     """
     if not isinstance(value, (list, tuple)):
-        raise TypeError(f"{name} must be a list or tuple, got {type(value).__name__} {value!r:.80}")
+        raise TypeError(f"{name} must be a list or tuple, got {type(value).__name__} {brief(value)}")
     if not value:
         raise ValueError(f"{name} must hold at least one value, got an empty {type(value).__name__}")
     return tuple(value)
@@ -272,8 +303,9 @@ def check_tensor_elements(names: str, shape: tuple[int, ...], limit: int = MAX_T
     allocate memory"), naming no argument; on a machine big enough it succeeds and swaps the machine to a halt.
     """
     numel = math.prod(shape)
-    if numel > limit:
-        raise ValueError(f"{names} ask for a tensor of shape {tuple(shape)} ({numel:.3g} elements), past the "
+    if numel > limit:  # ints within the float range each, but their product may not be (1e200 x 1e200)
+        count = f"{numel:.3g}" if numel <= sys.float_info.max else f"about 2**{numel.bit_length() - 1}"
+        raise ValueError(f"{names} ask for a tensor of shape {tuple(shape)} ({count} elements), past the "
                          f"{limit:.3g} one tensor may hold (MAX_TENSOR_ELEMENTS); lower {names}")
 
 
@@ -300,7 +332,7 @@ def check_report(name: str, report: Any, keys: tuple[str, ...], rows: str | None
     subtle: a report read back from a file (edited, truncated to {}, or another command's) would otherwise fail in
     the middle of a table as a bare KeyError ('rows'), naming neither the report nor what it should have held."""
     if not isinstance(report, dict):
-        raise TypeError(f"{name} must be a report dict, got {type(report).__name__} {report!r:.80}")
+        raise TypeError(f"{name} must be a report dict, got {type(report).__name__} {brief(report)}")
     missing = [key for key in keys if key not in report]
     if missing:
         raise ValueError(f"{name} must be a report holding {list(keys)}; it lacks {missing} (another command's?)")
@@ -309,7 +341,7 @@ def check_report(name: str, report: Any, keys: tuple[str, ...], rows: str | None
             raise TypeError(f"{name}[{rows!r}] must be a list of rows, got {type(report[rows]).__name__}")
         for i, row in enumerate(report[rows]):
             if not isinstance(row, dict):
-                raise TypeError(f"{name}[{rows!r}][{i}] must be a row (a dict), got {type(row).__name__} {row!r:.80}")
+                raise TypeError(f"{name}[{rows!r}][{i}] must be a row (a dict), got {type(row).__name__} {brief(row)}")
             lacking = [key for key in row_keys if key not in row]
             if lacking:
                 raise ValueError(f"{name}[{rows!r}][{i}] must be a row holding {list(row_keys)}; it lacks {lacking}")
@@ -332,13 +364,15 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            check_int(f"GPTConfig.{name}", getattr(self, name))
+            # stored as the plain int: an int subclass's own comparisons and repr never reach the model
+            setattr(self, name, check_int(f"GPTConfig.{name}", getattr(self, name)))
         if self.head_dim is None and self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if self.head_dim is not None:
-            check_int("GPTConfig.head_dim", self.head_dim)
-        check_float("GPTConfig.dropout", self.dropout, 0.0, 1.0, include_maximum=False)
-        check_float("GPTConfig.layer_norm_epsilon", self.layer_norm_epsilon, 0.0, include_minimum=False)
+            self.head_dim = check_int("GPTConfig.head_dim", self.head_dim)
+        self.dropout = check_float("GPTConfig.dropout", self.dropout, 0.0, 1.0, include_maximum=False)
+        self.layer_norm_epsilon = check_float("GPTConfig.layer_norm_epsilon", self.layer_norm_epsilon, 0.0,
+                                              include_minimum=False)
         if self.attn_impl not in ("sdpa", "explicit"):
             raise ValueError(f"attn_impl must be 'sdpa' or 'explicit', got {self.attn_impl!r}")
 

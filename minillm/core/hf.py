@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from minillm.core.config import GPTConfig
+from minillm.core.config import brief, GPTConfig
 from minillm.core.io import read_json_file, read_safetensors_file
 from minillm.core.weights import untied_head
 
@@ -70,7 +70,7 @@ def _normalize_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = {}
     for key, value in state.items():
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f"state dict value for {key!r} is a {type(value).__name__}, not a tensor")
+            raise TypeError(f"state dict value for {brief(key)} is a {type(value).__name__}, not a tensor")
         full = key if key.startswith(("transformer.", "lm_head.")) else f"transformer.{key}"
         if _BUFFERS.match(full):
             continue
@@ -136,7 +136,8 @@ def read_hf(source: Any, n_head: int | None = None, **config_overrides: Any) -> 
         config = hf_config_to_gpt(source.config, **config_overrides)
         label = f"{type(source).__name__}"
     else:
-        raise TypeError(f"GPT.from_hf takes a GPT2LMHeadModel, its state dict or a directory, got {type(source).__name__}")
+        raise TypeError(f"GPT.from_hf takes a GPT2LMHeadModel, its state dict or a directory, got "
+                        f"{type(source).__name__}")
     tensors = {k: v.detach().to(torch.float32) for k, v in hf_state_dict_to_minillm(state).items()}
     return config, tensors, label
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from minillm.core.config import brief
+
 
 @dataclass
 class Row:
@@ -71,7 +73,7 @@ class TourContext:
 
     def __post_init__(self) -> None:
         if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1:
-            raise ValueError(f"threads must be a positive int, got {self.threads!r}")
+            raise ValueError(f"threads must be a positive int, got {brief(self.threads)}")
 
 
 def format_value(value: float, unit: str) -> str:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from minillm.core.config import brief, plain_number
 from minillm.core.device import synchronize
 
 
@@ -48,10 +49,11 @@ class Comparison:
 
 
 def _check(warmup: int, repeats: int) -> None:
-    if not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be a non-negative int, got {warmup!r}")
-    if not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+    warmup, repeats = plain_number(warmup), plain_number(repeats)  # an int subclass's comparisons are not consulted
+    if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
+        raise ValueError(f"warmup must be a non-negative int, got {brief(warmup)}")
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise ValueError(f"repeats must be a positive int, got {brief(repeats)}")
 
 
 def time_once(fn: Callable[[], Any], device: torch.device | str | None = None) -> tuple[float, Any]:

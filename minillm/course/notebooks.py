@@ -76,7 +76,7 @@ def execute_notebook(path: str | os.PathLike, timeout: int = 600, write: bool = 
     # MPLBACKEND=Agg (CI often does); the test process's own environment is left alone.
     env = {**os.environ, "MPLBACKEND": INLINE_BACKEND}
     if threads is not None:
-        check_int("threads", threads)
+        threads = check_int("threads", threads)
         env["OMP_NUM_THREADS"] = str(threads)
     client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name,
                             resources={"metadata": {"path": str(path.parent)}})

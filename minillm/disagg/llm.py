@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from typing import Any
 
+from minillm.core.config import brief
 from minillm.core.device import place_with_model
 from minillm.core.model import GPT, require_model
 from minillm.disagg.config import DisaggConfig
@@ -189,7 +190,8 @@ class DisaggregatedLLM(FrontEnd):
         self._check_usable()
         if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
                                     or timeout != timeout):
-            raise TypeError(f"timeout must be a number of seconds or None, got {type(timeout).__name__} {timeout!r}")
+            raise TypeError(f"timeout must be a number of seconds or None, got {type(timeout).__name__} "
+                            f"{brief(timeout)}")
         timeout = self.config.heartbeat_s if timeout is None else max(0.0, timeout)
         if self._pending:
             timeout = 0.0  # outputs are already waiting: hand them out without sleeping

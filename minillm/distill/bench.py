@@ -37,7 +37,7 @@ from minillm.bench.agreement import greedy_agreement, output_consistency, teache
 from minillm.bench.cli import bench_parser, pick_size, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
-from minillm.core.config import check_fits_window, check_float, check_int
+from minillm.core.config import brief, check_fits_window, check_float, check_int
 from minillm.core.device import resolve_device
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams
@@ -54,8 +54,8 @@ TARGET = "base"
 
 def val_prompts(num_prompts: int, prompt_len: int) -> list[list[int]]:
     """`num_prompts` stretches of `prompt_len` validation ids, spread evenly over the split (different files)."""
-    check_int("num_prompts", num_prompts)
-    check_int("prompt_len", prompt_len)
+    num_prompts = check_int("num_prompts", num_prompts)
+    prompt_len = check_int("prompt_len", prompt_len)
     ids = default_eval_tokens(split="val")
     if num_prompts * prompt_len > ids.numel():
         raise ValueError(f"num_prompts={num_prompts} x prompt_len={prompt_len} is more than the validation split's "
@@ -75,7 +75,7 @@ def check_prompts(model: GPT, prompts: object, who: str, new_tokens: int | None 
     vocab = config.vocab_size
     if not isinstance(prompts, (list, tuple)):
         raise TypeError(f"prompts must be a list of prompts (lists of token ids), got {type(prompts).__name__} "
-                        f"{prompts!r:.80}")
+                        f"{brief(prompts)}")
     if not prompts:
         raise ValueError(f"prompts must be a non-empty list of prompts, got {prompts!r}")
     for i, p in enumerate(prompts):
@@ -86,7 +86,7 @@ def check_prompts(model: GPT, prompts: object, who: str, new_tokens: int | None 
 
 def teacher_continuations(teacher: GPT, prompts: Sequence[list[int]], new_tokens: int) -> list[list[int]]:
     """The teacher's greedy continuation of each prompt (chapter 04's cached loop, end-of-text ignored)."""
-    check_int("new_tokens", new_tokens)
+    new_tokens = check_int("new_tokens", new_tokens)
     check_prompts(teacher, prompts, "teacher_continuations (teacher)", new_tokens, "the teacher")
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
     return [generate_ids(teacher, p, params) for p in prompts]
@@ -97,8 +97,8 @@ def acceptance(target: GPT, draft: GPT, prompts: Sequence[list[int]], new_tokens
     """accepted / proposed of greedy speculative decoding summed over the prompts; tokens checked identical to
     `reference` (the target's own greedy outputs, `teacher_continuations`; computed here when not given).
     new_tokens >= 1 and gamma >= 1: with no token generated there is no α (and no target call) to divide by."""
-    check_int("new_tokens", new_tokens)
-    check_int("gamma", gamma)
+    new_tokens = check_int("new_tokens", new_tokens)
+    gamma = check_int("gamma", gamma)
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
     check_prompts(target, prompts, "acceptance (target)", new_tokens, "the target")
     require_model(draft, "acceptance (draft)")
@@ -127,7 +127,7 @@ def speedups(target: GPT, drafts: dict[str, GPT], prompts: Sequence[list[int]], 
     `drafts` maps a name to a draft model ({"draft": model}); every argument is checked before the first timing,
     what `generate_speculative` would refuse halfway through the sweep included: a γ past MAX_GAMMA, a draft of
     another vocabulary, on another device or with too short a window for the prompts."""
-    check_int("new_tokens", new_tokens)
+    new_tokens = check_int("new_tokens", new_tokens)
     check_prompts(target, prompts, "speedups (target)", new_tokens, "the target")
     if not isinstance(drafts, dict):
         raise TypeError(f"drafts must be a dict of name -> draft model ({{'draft': model}}), got "
@@ -141,11 +141,11 @@ def speedups(target: GPT, drafts: dict[str, GPT], prompts: Sequence[list[int]], 
         check_prompts(draft, prompts, f"speedups (drafts[{name!r}])", new_tokens, f"drafts[{name!r}]")  # its window
     if isinstance(gammas, (str, bytes)) or not isinstance(gammas, (list, tuple)) or not gammas:
         raise ValueError(f"gammas must be a non-empty list of ints >= 1, got {gammas!r}")
+    gammas = [check_int(f"gammas[{i}]", g) for i, g in enumerate(gammas)]  # the plain ints
     for i, g in enumerate(gammas):
-        check_int(f"gammas[{i}]", g)
         if g > MAX_GAMMA:  # generate_speculative's limit, met otherwise after the smaller γ's timings
             raise ValueError(f"gammas[{i}] must be at most MAX_GAMMA={MAX_GAMMA} draft tokens per round, got {g}")
-    check_int("repeats", repeats)
+    repeats = check_int("repeats", repeats)
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
 
     def alone() -> None:
@@ -172,10 +172,10 @@ def step_cost(target: GPT, draft: GPT, prompts: Sequence[list[int]], new_tokens:
     """c of chapter 08's cost model, measured end to end: the draft's seconds per greedy token over the target's,
     each decoding every prompt alone with chapter 04's cached loop (`generate_ids`, the prompt's prefill included),
     timed side by side (`compare`). The drafts share one shape, so one draft stands for all three."""
-    check_int("new_tokens", new_tokens)
+    new_tokens = check_int("new_tokens", new_tokens)
     check_prompts(target, prompts, "step_cost (target)", new_tokens, "the target")
     check_prompts(draft, prompts, "step_cost (draft)", new_tokens, "the draft")
-    check_int("repeats", repeats)
+    repeats = check_int("repeats", repeats)
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
 
     def decode(model: GPT):
@@ -192,7 +192,11 @@ def step_cost(target: GPT, draft: GPT, prompts: Sequence[list[int]], new_tokens:
 
 def cost_model_speedup(alpha: float, gamma: int, c: float) -> float:
     """Chapter 08's cost model with a verify costing one target step: S = (1 − α^(γ+1)) / ((1 − α)(γc + 1)),
-    tokens per round over the round's cost in target steps (α the per-token acceptance rate, c a draft step's cost)."""
+    tokens per round over the round's cost in target steps (α the per-token acceptance rate, c a draft step's cost).
+    Every argument is checked as chapter 08's `predicted_speedup` checks it (a TypeError / ValueError naming it)."""
+    alpha = check_float("alpha", alpha, 0.0, 1.0)
+    gamma = check_int("gamma", gamma, 0)
+    c = check_float("c", c, 0.0)
     tokens = (1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1.0
     return tokens / (gamma * c + 1)
 
@@ -250,31 +254,31 @@ def report_section(report: object, key: str) -> Any:
     """`report[key]` of a `run_all` report, a dict (per draft); a TypeError / ValueError naming `report` when it is
     no dict, lacks the section or the section is no dict (not a KeyError from the middle of a computation)."""
     if not isinstance(report, dict):
-        raise TypeError(f"report must be a run_all report (a dict), got {type(report).__name__} {report!r:.80}")
+        raise TypeError(f"report must be a run_all report (a dict), got {type(report).__name__} {brief(report)}")
     if key not in report:
-        raise ValueError(f"report has no {key!r} section (not a run_all report?); its keys are {sorted(report)}")
+        raise ValueError(f"report has no {brief(key)} section (not a run_all report?); its keys are {sorted(report)}")
     if not isinstance(report[key], dict):
-        raise TypeError(f"report[{key!r}] must be a dict (per draft), got {type(report[key]).__name__} "
-                        f"{report[key]!r:.80}")
+        raise TypeError(f"report[{brief(key)}] must be a dict (per draft), got {type(report[key]).__name__} "
+                        f"{brief(report[key])}")
     return report[key]
 
 
 def alpha_at(report: dict[str, Any], name: str, gamma: int) -> float:
     """accepted / proposed of draft `name` at γ in a `run_all` report: a number in [0, 1], else a TypeError /
     ValueError naming the report's row."""
-    check_int("gamma", gamma)  # subtle: True == 1, so a bool would find the γ = 1 row
+    gamma = check_int("gamma", gamma)  # subtle: True == 1, so a bool would find the γ = 1 row
     acceptance = report_section(report, "acceptance")
     if name not in acceptance:
         raise ValueError(f"no draft {name!r} in the report; it has {sorted(acceptance)}")
     rows, where = acceptance[name], f"report['acceptance'][{name!r}]"
     if not isinstance(rows, list):
-        raise TypeError(f"{where} must be a list of rows {{'gamma', 'alpha'}}, got {type(rows).__name__} {rows!r:.80}")
+        raise TypeError(f"{where} must be a list of rows {{'gamma', 'alpha'}}, got {type(rows).__name__} {brief(rows)}")
     for i, r in enumerate(rows):
         if not isinstance(r, dict) or "gamma" not in r or "alpha" not in r:
-            raise ValueError(f"{where}[{i}] must be a row with 'gamma' and 'alpha', got {r!r:.80}")
+            raise ValueError(f"{where}[{i}] must be a row with 'gamma' and 'alpha', got {brief(r)}")
     found = [(i, r["alpha"]) for i, r in enumerate(rows) if r["gamma"] == gamma]
     if not found:
-        raise ValueError(f"gamma={gamma!r} was not measured; the report has gamma {[r['gamma'] for r in rows]}")
+        raise ValueError(f"gamma={brief(gamma)} was not measured; the report has gamma {[r['gamma'] for r in rows]}")
     check_float(f"{where}[{found[0][0]}]['alpha']", found[0][1], 0.0, 1.0)  # a fraction: a str '0.5' is no alpha
     return found[0][1]
 

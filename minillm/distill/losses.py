@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import (check_float, check_has_data, check_int, check_strided, check_tensor_elements,
+from minillm.core.config import (brief, check_float, check_has_data, check_int, check_strided, check_tensor_elements,
                                  is_float_compute, tensor_kind)
 
 KINDS = ("forward", "reverse")
@@ -51,7 +51,7 @@ MAX_TEMPERATURE = 1e4
 
 def check_temperature(temperature: object) -> float:
     """T in [MIN_TEMPERATURE, MAX_TEMPERATURE] = [1e-2, 1e4], else TypeError/ValueError naming the value."""
-    check_float("temperature", temperature, 0.0, include_minimum=False)
+    temperature = check_float("temperature", temperature, 0.0, include_minimum=False)
     if temperature < MIN_TEMPERATURE:  # type: ignore[operator]
         raise ValueError(f"temperature must be at least MIN_TEMPERATURE={MIN_TEMPERATURE} (below it softmax(z / T) "
                          f"is already a one-hot argmax, and z / T leaves the float range), got {temperature}")
@@ -201,7 +201,7 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
     labels, w = 1 distillation alone: the other term is computed and returned, but left out of `total` (an infinite
     term of weight 0, from a masked token, would make it NaN).
     """
-    check_float("kd_weight", kd_weight, 0.0, 1.0)
+    kd_weight = check_float("kd_weight", kd_weight, 0.0, 1.0)
     soft = kd_loss(student_logits, teacher_logits, temperature, kind)  # checks the logits, T and kind first
     V = student_logits.size(-1)
     check_targets("targets", targets, tuple(student_logits.shape[:-1]), V, student_logits.device)
@@ -228,8 +228,8 @@ def default_layer_pairs(student_layers: int, teacher_layers: int) -> list[tuple[
     proportion, j = ⌊(i + 1) · Lt / Ls⌋ − 1, and at least block 0 (a student deeper than its teacher would otherwise
     get j = −1, Python's last block). Examples: 2 student and 6 teacher blocks -> [(0, 2), (1, 5)]; 3 and 2 ->
     [(0, 0), (1, 0), (2, 1)]. The last blocks always pair."""
-    check_int("student_layers", student_layers)
-    check_int("teacher_layers", teacher_layers)
+    student_layers = check_int("student_layers", student_layers)
+    teacher_layers = check_int("teacher_layers", teacher_layers)
     for name, n in (("student_layers", student_layers), ("teacher_layers", teacher_layers)):
         if n > MAX_LAYERS:  # the list holds one pair per student block: refused before it is built
             raise ValueError(f"{name} must be at most {MAX_LAYERS} blocks (a model's depth), got {n}")
@@ -311,26 +311,31 @@ def feature_loss(student_h: torch.Tensor, teacher_h: torch.Tensor, proj: nn.Modu
 
 def check_layer_pairs(layer_pairs: object, student_layers: int | None = None,
                       teacher_layers: int | None = None) -> list[tuple[int, int]]:
-    """`layer_pairs` as a non-empty list of (student block, teacher block) int pairs, each index >= 0 and, when the
-    depths are given, below them; TypeError/ValueError naming the bad pair otherwise."""
+    """`layer_pairs` as a non-empty list of (student block, teacher block) pairs of plain ints, each index >= 0 and,
+    when the depths are given, below them; TypeError/ValueError naming the bad pair otherwise."""
     if isinstance(layer_pairs, (str, bytes)) or not isinstance(layer_pairs, Sequence):
         raise TypeError(f"layer_pairs must be a list of (student block, teacher block) pairs, "
-                        f"got {type(layer_pairs).__name__} {layer_pairs!r}")
+                        f"got {type(layer_pairs).__name__} {brief(layer_pairs)}")
     if len(layer_pairs) == 0:
         raise ValueError("layer_pairs must hold at least one (student block, teacher block) pair, got none")
-    pairs = []
+    if student_layers is not None:
+        student_layers = check_int("student_layers", student_layers)
+    if teacher_layers is not None:
+        teacher_layers = check_int("teacher_layers", teacher_layers)
+    pairs: list[tuple[int, int]] = []
     for pos, pair in enumerate(layer_pairs):
-        if (not isinstance(pair, (list, tuple)) or len(pair) != 2
-                or not all(isinstance(i, int) and not isinstance(i, bool) for i in pair)):
-            raise TypeError(f"layer_pairs[{pos}] must be a (student block, teacher block) pair of ints, got {pair!r}")
-        i, j = pair
-        if i < 0 or j < 0:
-            raise ValueError(f"layer_pairs[{pos}] = {tuple(pair)}: block indices are 0-based and >= 0")
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise TypeError(f"layer_pairs[{pos}] must be a (student block, teacher block) pair of ints, got "
+                            f"{brief(pair)}")
+        # the plain ints (0-based block indices): a numpy int is refused saying to convert it, an int subclass's
+        # comparisons are not consulted, and the list returned holds nothing of the caller's
+        i = check_int(f"layer_pairs[{pos}][0] (a student block)", pair[0], 0)
+        j = check_int(f"layer_pairs[{pos}][1] (a teacher block)", pair[1], 0)
         for idx, depth, who in ((i, student_layers, "student"), (j, teacher_layers, "teacher")):
             if depth is not None and idx >= depth:
-                raise ValueError(f"layer_pairs[{pos}] = {tuple(pair)}: the {who} has {depth} blocks (0..{depth - 1})")
+                raise ValueError(f"layer_pairs[{pos}] = {(i, j)}: the {who} has {depth} blocks (0..{depth - 1})")
         if (i, j) in pairs:  # counted twice in the mean, with a projection each
-            raise ValueError(f"layer_pairs[{pos}] = {tuple(pair)} is listed twice")
+            raise ValueError(f"layer_pairs[{pos}] = {(i, j)} is listed twice")
         pairs.append((i, j))
     return pairs
 
@@ -344,8 +349,8 @@ class FeatureProjection(nn.Module):
 
     def __init__(self, student_width: int, teacher_width: int, layer_pairs: Sequence[tuple[int, int]]):
         super().__init__()
-        check_int("student_width", student_width)
-        check_int("teacher_width", teacher_width)
+        student_width = check_int("student_width", student_width)
+        teacher_width = check_int("teacher_width", teacher_width)
         check_tensor_elements("student_width x teacher_width", (teacher_width, student_width))
         self.student_width, self.teacher_width = student_width, teacher_width
         self.layer_pairs: list[tuple[int, int]] = check_layer_pairs(layer_pairs)

@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from minillm.core.config import check_float, check_int, check_module_has_data, number_kind
+from minillm.core.config import brief, check_float, check_int, check_module_has_data, number_kind
 from minillm.core.io import (
     SHA256_FIELD,
     atomic_write_text,
@@ -58,7 +58,7 @@ RECORD_KEYS = ("hard", "soft", "total")  # what every call of DistillObjective r
 def record_keys(feature_weight: float) -> tuple[str, ...]:
     """The fields of one record of an objective with this feature weight (a finite number >= 0, else a TypeError /
     ValueError naming feature_weight: NaN compared False with 0 and gave the records without "feature")."""
-    check_float("feature_weight", feature_weight, 0.0)
+    feature_weight = check_float("feature_weight", feature_weight, 0.0)
     return ("hard", "soft", "feature", "total") if feature_weight > 0 else RECORD_KEYS
 
 
@@ -75,16 +75,16 @@ def check_record(record: object, keys: tuple[str, ...], where: str) -> dict[str,
     would be a KeyError, an int past the float range an OverflowError, after the whole run."""
     if not isinstance(record, dict):
         raise ValueError(f"{where} must be a record (an object with fields {list(keys)}), got "
-                         f"{type(record).__name__} {record!r:.80}")
+                         f"{type(record).__name__} {brief(record)}")
     if problem := _fields_problem(record, keys):
         raise ValueError(f"{where} must have the fields {list(keys)}, got {sorted(record, key=str)}{problem}")
     for k in keys:
         v = record[k]
         if not isinstance(v, (int, float)) or isinstance(v, bool):
-            raise ValueError(f"{where}: field {k!r} must be a number, got {number_kind(v)}")
+            raise ValueError(f"{where}: field {brief(k)} must be a number, got {number_kind(v)}")
         if isinstance(v, int) and abs(v) > sys.float_info.max:  # no repr: str() of a 4300-digit int is an error
-            raise ValueError(f"{where}: field {k!r} must be within the float range, got an int of {v.bit_length()} "
-                             "bits")
+            raise ValueError(f"{where}: field {brief(k)} must be within the float range, got an int of "
+                             f"{v.bit_length()} bits")
     return record
 
 
@@ -96,19 +96,20 @@ def check_settings(settings: object) -> dict[str, Any]:
     (`resume_run` compares every one), and one with a wrong value would be resumed as a run it never was."""
     if not isinstance(settings, dict):
         raise TypeError(f"settings must be a dict of the run's settings {list(SETTINGS)}, got "
-                        f"{type(settings).__name__} {settings!r:.80}")
+                        f"{type(settings).__name__} {brief(settings)}")
     if problem := _fields_problem(settings, SETTINGS):
         raise ValueError(f"settings must hold exactly the fields {list(SETTINGS)}{problem}")
-    check_temperature(settings["temperature"])
-    check_float("kd_weight", settings["kd_weight"], 0.0, 1.0)
+    settings = dict(settings)  # a copy holding the plain numbers the checks return (what is written and compared)
+    settings["temperature"] = check_temperature(settings["temperature"])
+    settings["kd_weight"] = check_float("kd_weight", settings["kd_weight"], 0.0, 1.0)
     check_kind(settings["kind"])
-    check_float("feature_weight", settings["feature_weight"], 0.0)
-    check_int("grad_accum", settings["grad_accum"])
+    settings["feature_weight"] = check_float("feature_weight", settings["feature_weight"], 0.0)
+    settings["grad_accum"] = check_int("grad_accum", settings["grad_accum"])
     digest = settings["teacher_sha256"]
     if digest is not None and not (isinstance(digest, str) and len(digest) == 64
                                    and all(c in "0123456789abcdef" for c in digest)):
         raise ValueError(f"settings field 'teacher_sha256' must be a SHA-256 hex digest (teacher_digest) or None, "
-                         f"got {digest!r:.80}")
+                         f"got {brief(digest)}")
     return settings
 
 
@@ -121,14 +122,14 @@ def _check_run(run: object, run_path: Path) -> dict[str, Any]:
         raise ValueError(f"{str(run_path)!r} is not a {RUN_FORMAT!r} file")
     if not isinstance(run.get("settings"), dict):
         raise ValueError(f"{str(run_path)!r}: field 'settings' must be an object of the run's settings {list(SETTINGS)}"
-                         f", got {run.get('settings')!r:.80}")
+                         f", got {brief(run.get('settings'))}")
     serial = run.get("first_serial")
     if not isinstance(serial, int) or isinstance(serial, bool) or serial < 1:
         raise ValueError(f"{str(run_path)!r}: field 'first_serial' must be an int >= 1, got "
-                         f"{type(serial).__name__} {serial!r:.80}")
+                         f"{type(serial).__name__} {brief(serial)}")
     if not (run.get("student_init") is None or isinstance(run.get("student_init"), str)):
         raise ValueError(f"{str(run_path)!r}: field 'student_init' must be a path or null, got "
-                         f"{run.get('student_init')!r:.80}")
+                         f"{brief(run.get('student_init'))}")
     if run.get(SHA256_FIELD) != content_sha256({}, run):  # a field edited by hand (student_init: the log's record)
         raise ValueError(f"{str(run_path)!r}: the content does not match its field {SHA256_FIELD!r} (edited or "
                          "damaged after the run wrote it): its settings, student_init and first_serial can no longer "
@@ -207,14 +208,14 @@ def _write(out_dir: str | os.PathLike, settings: dict[str, Any], student_init: s
     for name in (RECORDS_NAME, RUN_NAME):  # a folder in the way would be an OSError from the atomic write below
         if (out_dir / name).is_dir():
             raise ValueError(f"out_dir {str(out_dir)!r} holds a folder named {name}, where the run's file goes")
-    check_settings(settings)
+    settings = check_settings(settings)
     try:
         json.dumps(settings)
     except (TypeError, ValueError) as e:
         raise TypeError(f"settings must hold JSON values (numbers, strings, None): {e}") from e
     if not (student_init is None or isinstance(student_init, str)):
         raise TypeError(f"student_init must be a str path or None, got {type(student_init).__name__} "
-                        f"{student_init!r:.80}")
+                        f"{brief(student_init)}")
     out_dir.mkdir(parents=True, exist_ok=True)
     run = {"format": RUN_FORMAT, "settings": settings, "student_init": student_init,
            "first_serial": _next_serial(out_dir) if first_serial is None else first_serial}
@@ -239,7 +240,7 @@ def resume_run(resume_dir: str | os.PathLike, out_dir: str | os.PathLike | None,
     line, and a line that is no UTF-8, no JSON or no record, or whose "sha256" is not its `record_digest` (edited,
     dropped or reordered by hand), is a ValueError naming the file and the line."""
     resume_dir = check_path(resume_dir, "resume_dir")
-    check_settings(settings)
+    settings = check_settings(settings)
     point = find_checkpoint(resume_dir)  # the trainer takes the same one; ValueError if there is none
     run_path = resume_dir / RUN_NAME
     if not run_path.is_file():

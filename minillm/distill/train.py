@@ -40,7 +40,7 @@ import torch
 import torch.nn as nn
 
 from minillm.core.checkpoint import CONFIG_NAME, load_checkpoint, read_config
-from minillm.core.config import GPTConfig, check_float, check_int, check_module_has_data
+from minillm.core.config import brief, check_float, check_int, check_module_has_data, GPTConfig
 from minillm.core.device import DEVICE_CHOICES, resolve_device
 from minillm.core.sampling import seed_argument
 from minillm.core.io import atomic_write_text, check_output_dir, check_path
@@ -68,7 +68,7 @@ def check_student(student: GPTConfig, teacher: GPTConfig, name: str, window: boo
     A student or teacher that is no GPTConfig (a preset's name, a model) is a TypeError naming it."""
     for who, config in ((name, student), ("teacher", teacher)):
         if not isinstance(config, GPTConfig):
-            raise TypeError(f"{who} must be a GPTConfig, got {type(config).__name__} {config!r:.80}")
+            raise TypeError(f"{who} must be a GPTConfig, got {type(config).__name__} {brief(config)}")
     if student.vocab_size != teacher.vocab_size:
         raise ValueError(f"{name} has vocab_size={student.vocab_size}, the teacher vocab_size={teacher.vocab_size}: "
                          "KD compares distributions over the same tokens")
@@ -93,8 +93,8 @@ class DistillObjective(nn.Module):
         tcfg = require_model(teacher, "DistillObjective (teacher)")
         check_module_has_data("teacher", teacher)  # a meta teacher would fail at the first step, inside torch
         self.temperature = check_temperature(temperature)
-        check_float("kd_weight", kd_weight, 0.0, 1.0)
-        check_float("feature_weight", feature_weight, 0.0)
+        kd_weight = check_float("kd_weight", kd_weight, 0.0, 1.0)
+        feature_weight = check_float("feature_weight", feature_weight, 0.0)
         self.kd_weight, self.kind, self.feature_weight = float(kd_weight), check_kind(kind), float(feature_weight)
         if student_config is not None and not isinstance(student_config, GPTConfig):
             raise TypeError(f"student_config must be a GPTConfig or None, got {type(student_config).__name__}")
@@ -121,7 +121,8 @@ class DistillObjective(nn.Module):
         scfg = require_model(student, "DistillObjective (student)")
         tcfg = self.teacher.config
         check_student(scfg, tcfg, "the student")
-        check_float("feature_weight", self.feature_weight, 0.0)  # an attribute: it can be set after construction
+        # an attribute: it can be set after construction
+        self.feature_weight = check_float("feature_weight", self.feature_weight, 0.0)
         if self.feature_weight > 0 and self.features is None:
             raise ValueError(f"feature_weight={self.feature_weight} but this objective has no feature projection: it "
                              "was built with feature_weight=0 (construct it with feature_weight > 0 and "
@@ -249,8 +250,8 @@ def prepare_distill(cfg: TrainConfig, teacher: GPT | None, temperature: float = 
         raise TypeError(f"distill needs a TrainConfig, got {type(cfg).__name__}")
     cfg = replace(cfg)  # re-runs __post_init__: a field set to nonsense after construction is refused here
     temperature = check_temperature(temperature)
-    check_float("kd_weight", kd_weight, 0.0, 1.0)
-    check_float("feature_weight", feature_weight, 0.0)
+    kd_weight = check_float("kd_weight", kd_weight, 0.0, 1.0)
+    feature_weight = check_float("feature_weight", feature_weight, 0.0)
     kind = check_kind(kind)
     if teacher is not None:
         require_model(teacher, "distill (teacher)")
@@ -323,8 +324,8 @@ def kd_history(objective: DistillObjective | None, every: int, grad_accum: int =
     grad_accum) are a ValueError naming both: a step count from them would be wrong."""
     if objective is not None and not isinstance(objective, DistillObjective):
         raise TypeError(f"objective must be a DistillObjective or None, got {type(objective).__name__} {objective!r}")
-    check_int("every", every)
-    check_int("grad_accum", grad_accum)
+    every = check_int("every", every)
+    grad_accum = check_int("grad_accum", grad_accum)
     if objective is None or not objective.records:
         return []
     recs, per_block = objective.records, every * grad_accum

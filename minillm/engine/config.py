@@ -60,7 +60,8 @@ class EngineConfig:
         config is used (`LLM`), since a dataclass's fields can be reassigned after __post_init__."""
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "num_swap_blocks",
                      "tensor_parallel_size"):
-            check_int(f"EngineConfig.{name}", getattr(self, name), 0 if name == "num_swap_blocks" else 1)
+            setattr(self, name, check_int(f"EngineConfig.{name}", getattr(self, name),
+                                          0 if name == "num_swap_blocks" else 1))  # stored as the plain int
         # Every layer's pool is a tensor (num_blocks, block_size, n_head, head_size): at least num_blocks x block_size
         # elements whatever the model (PagedKVCache checks the whole shape), and the block manager lists every block.
         check_tensor_elements("EngineConfig.num_blocks x block_size", (self.num_blocks, self.block_size))

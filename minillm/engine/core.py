@@ -56,7 +56,7 @@ class EngineCore:
         if not isinstance(check_invariants, bool):
             raise TypeError(f"check_invariants must be a bool, got {type(check_invariants).__name__}")
         # subtle: the loop's Event.wait would raise on NaN, and spin on 0 or a negative wait, inside its thread
-        check_float("idle_wait_s", idle_wait_s, minimum=0.0, include_minimum=False)
+        idle_wait_s = check_float("idle_wait_s", idle_wait_s, minimum=0.0, include_minimum=False)
         self.engine = engine
         self.outputs: queue.Queue[RequestOutput] = queue.Queue()
         self.on_output = on_output if on_output is not None else self.outputs.put
@@ -175,7 +175,7 @@ class EngineCore:
     def stop(self, timeout: float | None = 30.0) -> None:
         """Refuse new requests, abort the live ones (each gets its final output), and end the loop's thread."""
         if timeout is not None:
-            check_float("timeout", timeout, minimum=0.0)
+            timeout = check_float("timeout", timeout, minimum=0.0)
         with self._lock:
             self._closed = True
         self._stopping.set()

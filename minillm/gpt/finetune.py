@@ -29,10 +29,10 @@ def short_finetune(net: nn.Module, steps: int, batch_size: int = 4, lr: float = 
     fine-tuned), a finite lr > 0, and a `net` whose vocabulary holds every id of the training split; else a
     ValueError/TypeError naming the argument.
     """
-    check_int("steps", steps)
-    check_int("batch_size", batch_size)
-    check_seed(seed)
-    check_float("lr", lr, 0.0, include_minimum=False)  # inf would turn every weight into NaN at the first step
+    steps = check_int("steps", steps)
+    batch_size = check_int("batch_size", batch_size)
+    seed = check_seed(seed)
+    lr = check_float("lr", lr, 0.0, include_minimum=False)  # inf would turn every weight into NaN at the first step
     T = block_size if block_size is not None else net.config.block_size
     tokens = split_tokens("train")
     top = int(tokens.max())

@@ -43,7 +43,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minillm.core.checkpoint import load_checkpoint, save_checkpoint
-from minillm.core.config import GPTConfig, PRESETS, check_float, check_tensor_elements, check_threads
+from minillm.core.config import brief, check_float, check_tensor_elements, check_threads, GPTConfig, PRESETS
 from minillm.core.device import DEVICE_CHOICES, resolve_device
 from minillm.core.sampling import seed_argument
 from minillm.core.io import atomic_write_text, check_output_dir, check_path
@@ -114,31 +114,32 @@ class TrainConfig:
         for name in ("steps", "batch_size", "grad_accum", "eval_windows", "log_interval"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"TrainConfig.{name} must be a positive int, got {value!r}")
+                raise ValueError(f"TrainConfig.{name} must be a positive int, got {brief(value)}")
         for name in ("warmup_steps", "eval_interval", "save_interval", "seed"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"TrainConfig.{name} must be a non-negative int, got {value!r}")
+                raise ValueError(f"TrainConfig.{name} must be a non-negative int, got {brief(value)}")
         if self.warmup_steps >= self.steps:
             raise ValueError(f"warmup_steps={self.warmup_steps} must be smaller than steps={self.steps}")
         # Every float must be finite: NaN passes any `x < 0` test, and one NaN setting makes every weight NaN.
-        check_float("TrainConfig.lr", self.lr, 0.0, include_minimum=False)
-        check_float("TrainConfig.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
-        check_float("TrainConfig.weight_decay", self.weight_decay, 0.0)
-        check_float("TrainConfig.beta1", self.beta1, 0.0, 1.0, include_maximum=False)
-        check_float("TrainConfig.beta2", self.beta2, 0.0, 1.0, include_maximum=False)
-        check_float("TrainConfig.grad_clip", self.grad_clip, 0.0)  # 0 = off
-        check_float("TrainConfig.dropout", self.dropout, 0.0, 1.0, include_maximum=False)
+        self.lr = check_float("TrainConfig.lr", self.lr, 0.0, include_minimum=False)
+        self.min_lr_ratio = check_float("TrainConfig.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
+        self.weight_decay = check_float("TrainConfig.weight_decay", self.weight_decay, 0.0)
+        self.beta1 = check_float("TrainConfig.beta1", self.beta1, 0.0, 1.0, include_maximum=False)
+        self.beta2 = check_float("TrainConfig.beta2", self.beta2, 0.0, 1.0, include_maximum=False)
+        self.grad_clip = check_float("TrainConfig.grad_clip", self.grad_clip, 0.0)  # 0 = off
+        self.dropout = check_float("TrainConfig.dropout", self.dropout, 0.0, 1.0, include_maximum=False)
         if self.max_minutes is not None:
-            check_float("TrainConfig.max_minutes", self.max_minutes, 0.0, include_minimum=False)
+            self.max_minutes = check_float("TrainConfig.max_minutes", self.max_minutes, 0.0, include_minimum=False)
         if self.stop_after is not None and not (isinstance(self.stop_after, int) and 0 < self.stop_after <= self.steps):
-            raise ValueError(f"stop_after must be an int in [1, steps={self.steps}], got {self.stop_after!r}")
+            raise ValueError(f"stop_after must be an int in [1, steps={self.steps}], got {brief(self.stop_after)}")
         if self.final_eval_tokens is not None and (not isinstance(self.final_eval_tokens, int) or self.final_eval_tokens < 0):
-            raise ValueError(f"final_eval_tokens must be a non-negative int or None, got {self.final_eval_tokens!r}")
+            raise ValueError(f"final_eval_tokens must be a non-negative int or None, got "
+                             f"{brief(self.final_eval_tokens)}")
         if self.device not in DEVICE_CHOICES and not str(self.device).startswith("cuda"):
             raise ValueError(f"unknown device {self.device!r}; choose one of {DEVICE_CHOICES}")
         if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads <= 0):
-            raise ValueError(f"num_threads must be a positive int or None, got {self.num_threads!r}")
+            raise ValueError(f"num_threads must be a positive int or None, got {brief(self.num_threads)}")
         if self.num_threads is not None:  # 4 per core at most: torch's pool of 100000 threads is a MemoryError
             check_threads("num_threads", self.num_threads)
         if (self.save_interval or self.stop_after) and self.out_dir is None:
@@ -284,7 +285,8 @@ def train(cfg: TrainConfig, train_tokens: torch.Tensor | None = None, val_tokens
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=None if budget_s else cfg.steps, initial=step, unit="step", desc=f"train {cfg.preset}", dynamic_ncols=True)
+        bar = tqdm(total=None if budget_s else cfg.steps, initial=step, unit="step", desc=f"train {cfg.preset}",
+                   dynamic_ncols=True)
     t_start = time.perf_counter()
     elapsed_before = state["elapsed_s"]
     last_t, last_step = t_start, step

@@ -162,7 +162,7 @@ def close(tol: float) -> Callable[[torch.Tensor | None, torch.Tensor | None], bo
     """A check(got, ref): every element of got within tol of ref, relative to ref's largest finite magnitude (at
     least 1), and ref's infinities exactly where ref has them; a NaN never agrees; empty tensors agree. tol >= 0 (a
     ValueError naming it otherwise); got and ref of different shapes are a ValueError naming both."""
-    check_float("tol", tol, 0.0)
+    tol = check_float("tol", tol, 0.0)
 
     def check(got, ref) -> bool:
         check_same_shape(got, ref)

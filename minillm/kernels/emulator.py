@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from minillm.core.config import brief
 from minillm.core.io import check_path
 from minillm.kernels.build import CSRC, KERNEL_SOURCES, cache_dir, check_build_args, run_compiler
 from minillm.kernels.ops import (_same, _tensor, _version, check_block_tables, check_eps,  # the wrappers' checks
@@ -58,7 +59,7 @@ def translate(source: str) -> str:
     """A .cu file's text as host C++ for the emulator: launches become emu::launch calls, and the dynamic shared
     memory declaration a pointer into the block's buffer. Everything else compiles as it is."""
     if not isinstance(source, str):
-        raise TypeError(f"source must be a .cu file's text (a str), got {type(source).__name__} {source!r:.80}")
+        raise TypeError(f"source must be a .cu file's text (a str), got {type(source).__name__} {brief(source)}")
     def launch(m: re.Match) -> str:
         return f"::emu::launch(::emu::LaunchConfig({m['config']}), &{m['kernel']}, {m['args']});"
 
@@ -117,13 +118,13 @@ def build(out_dir: str | Path | None = None, jobs: int | None = None, timeout: f
     texts = {src.name: src.read_text() for src in KERNEL_SOURCES}
     if sources is not None and not isinstance(sources, dict):
         raise TypeError(f"sources must be a dict of kernel file name -> its text, e.g. {{'softmax.cu': text}}, got "
-                        f"{type(sources).__name__} {sources!r:.80}")
+                        f"{type(sources).__name__} {brief(sources)}")
     for name, text in (sources or {}).items():
         if name not in texts:
             raise ValueError(f"sources may replace {sorted(texts)}, got {name!r}")
         if not isinstance(text, str):
             raise TypeError(f"sources[{name!r}] must be the file's text (a str), got {type(text).__name__} "
-                            f"{text!r:.80}" + ("; read the file first: path.read_text()"
+                            f"{brief(text)}" + ("; read the file first: path.read_text()"
                                               if isinstance(text, os.PathLike) else ""))
     texts.update(sources or {})
     out_dir = check_build_args(cache_dir() / "emulator" if out_dir is None else out_dir, jobs, timeout)
@@ -257,7 +258,7 @@ def _rows(name: str, x: torch.Tensor, what: str = "(rows, cols)") -> torch.Tenso
 def softmax(x: torch.Tensor, version: int, reverse: bool = False, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """softmax.cu's version `version` on x (rows, cols)."""
     _rows("x", x)
-    _version("softmax", version)
+    version = _version("softmax", version)
     _cpu(x=x)
     out = torch.full_like(x, float("nan"))
     _run("softmax", version, _code(x, "x"), _ptr(x), _ptr(out), _i64(x.shape[0]), _i64(x.shape[1]), reverse=reverse,
@@ -272,7 +273,7 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, version
     _same("weight", _tensor("weight", weight), "x", x, (x.shape[1],))
     _same("bias", _tensor("bias", bias), "x", x, (x.shape[1],))
     eps = check_eps(eps)  # subtle: ctypes.c_float(1e300) is inf, and the kernel would return the bias for every row
-    _version("layernorm", version)
+    version = _version("layernorm", version)
     _cpu(x=x, weight=weight, bias=bias)
     out = torch.full_like(x, float("nan"))
     _run("layernorm", version, _code(x, "x"), _ptr(x), _ptr(weight), _ptr(bias), _ptr(out), _i64(x.shape[0]),
@@ -285,7 +286,7 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor, version: int, reverse: bool =
     """bias_gelu.cu's version `version` on x (rows, cols), bias (cols,)."""
     _rows("x", x)
     _same("bias", _tensor("bias", bias), "x", x, (x.shape[1],))
-    _version("bias_gelu", version)
+    version = _version("bias_gelu", version)
     _cpu(x=x, bias=bias)
     out = torch.full_like(x, float("nan"))
     _run("bias_gelu", version, _code(x, "x"), _ptr(x), _ptr(bias), _ptr(out), _i64(x.shape[0]), _i64(x.shape[1]),
@@ -300,7 +301,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, version: int, r
     check_head_size("q", q.shape[-1])
     _same("k", _tensor("k", k, dim=4), "q", q, tuple(q.shape))
     _same("v", _tensor("v", v, dim=4), "q", q, tuple(q.shape))
-    _version("attention", version)
+    version = _version("attention", version)
     _cpu(q=q, k=k, v=v)
     B, nh, T, hs = q.shape
     out = torch.full_like(q, float("nan"))
@@ -324,7 +325,7 @@ def paged_attention_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     check_paged_args(q, k_pool, v_pool, block_tables, context_lens)
     if k_pool.shape[1] < 1:
         raise ValueError(f"k_pool must be (nb, bs>=1, nh={nh}, hs={hs}), got shape {tuple(k_pool.shape)}")
-    _version("paged_attention_decode", version)
+    version = _version("paged_attention_decode", version)
     if not isinstance(check_indices, bool):
         raise TypeError(f"check_indices must be a bool, got {type(check_indices).__name__} {check_indices!r}")
     _cpu(q=q, k_pool=k_pool, v_pool=v_pool, block_tables=block_tables, context_lens=context_lens)
@@ -351,7 +352,7 @@ def int8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch
     _same("scale", _tensor("scale", scale), "x", x, (N,))
     if bias is not None:
         _same("bias", _tensor("bias", bias), "x", x, (N,))
-    _version("int8_gemv", version)
+    version = _version("int8_gemv", version)
     _cpu(x=x, w=w, scale=scale, bias=bias)
     M, K = x.shape
     out = torch.full((M, N), float("nan"), dtype=x.dtype)

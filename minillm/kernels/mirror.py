@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from minillm.core.config import check_float_tensor, check_has_data, check_int, check_writable, number_kind, tensor_kind
+from minillm.core.config import check_float_tensor, check_has_data, check_int, check_writable, tensor_kind
 from minillm.kernels.naive import check_int8_gemv_args, check_qkv, check_rows, gelu_tanh
 from minillm.kernels.ops import (check_distinct_slots, check_eps, check_head_size, check_kv_write_args,
                                  check_paged_tables, check_same_device)
@@ -123,8 +123,8 @@ def softmax_online(x: torch.Tensor, tile: int = 8, num_parts: int = 4) -> torch.
     elements, the 16-byte packs); each part folds its tiles into a running (max, sum) in one pass; the parts'
     states merge pairwise; then one more pass writes exp(x - m) / s."""
     check_rows("x", x)
-    check_int("tile", tile)
-    check_int("num_parts", num_parts)
+    tile = check_int("tile", tile)
+    num_parts = check_int("num_parts", num_parts)
     if x.shape[-1] == 0:
         raise ValueError(f"x must have at least one column to take a softmax over, got shape {tuple(x.shape)}")
     _check_no_pos_inf("x", x)
@@ -170,7 +170,7 @@ def lane_partials(x: torch.Tensor, pack: int = 1) -> torch.Tensor:
     ..., that is the columns [pack * i, pack * i + pack), [pack * (i + 32), ...), and so on.
     """
     C = check_rows("x", x)
-    check_int("pack", pack)
+    pack = check_int("pack", pack)
     pack = min(pack, max(C, 1))  # a pack past the row's end reads it whole, into lane 0, as a pack of C does
     pad = (-C) % (32 * pack)  # subtle: with pack=10**9 unclamped, 3.2e10 zeros of padding
     xp = torch.nn.functional.pad(x, (0, pad))  # (..., C + pad), zeros add nothing
@@ -185,7 +185,7 @@ def layernorm_warp(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, ep
     as its bias, as from the kernels (see `naive.layernorm`)."""
     C = check_rows("x", x, weight=weight, bias=bias)
     eps = check_eps(eps)
-    check_int("pack", pack)
+    pack = check_int("pack", pack)
     x32 = x.float()
     mean = warp_tree_sum(lane_partials(x32, pack)) / C  # (...,)
     d = x32 - mean.unsqueeze(-1)  # (..., C) deviations; padding lanes add nothing
@@ -198,7 +198,7 @@ def layernorm_warp(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, ep
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor, pack: int = 8) -> torch.Tensor:
     """bias_gelu.cu v2: the flat array in packs of `pack` elements plus a tail, element i taking bias[i % C]."""
     C = check_rows("x", x, bias=bias)
-    check_int("pack", pack)
+    pack = check_int("pack", pack)
     flat = x.reshape(-1).float()
     out = torch.empty_like(flat)
     n = flat.numel()
@@ -218,8 +218,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: 
     """
     check_qkv(q, k, v)
     check_head_size("q", q.shape[-1])  # as ops.attention: hs = 0 has no scale 1/sqrt(hs)
-    check_int("block_q", block_q)
-    check_int("block_k", block_k)
+    block_q = check_int("block_q", block_q)
+    block_k = check_int("block_k", block_k)
     _check_no_inf(q=q, k=k)
     B, nh, T, hs = q.shape
     scale = 1.0 / math.sqrt(hs)
@@ -320,9 +320,8 @@ def paged_gather(pool: torch.Tensor, block_table: torch.Tensor, context_len: int
     if check_has_data("block_table", block_table).dim() != 1:  # nested, quantized, uint64: before the shape
         raise ValueError(f"block_table must be 1-D (max_nb,), one sequence's table, got shape "
                          f"{tuple(block_table.shape)}")
-    if not isinstance(context_len, int) or isinstance(context_len, bool):
-        raise TypeError(f"context_len must be an int, got {number_kind(context_len)}")
-    if not 0 <= context_len <= block_table.numel() * bs:
+    context_len = check_int("context_len", context_len, 0)  # the plain int: its comparisons cannot lie
+    if context_len > block_table.numel() * bs:
         raise ValueError(f"context_len must be in [0, {block_table.numel() * bs}] for a table of "
                          f"{block_table.numel()} blocks of {bs}, got {context_len}")
     j = torch.arange(context_len, device=pool.device)  # (ctx,) token positions
@@ -351,7 +350,7 @@ def paged_attention_decode(
     As the kernel does, a block index outside the pool (or a context longer than the table) gives NaN for that
     sequence, and a context of 0 gives zeros; a negative context length is a ValueError.
     """
-    check_int("num_warps", num_warps)
+    num_warps = check_int("num_warps", num_warps)
     if num_warps not in (1, 4):
         raise ValueError(f"num_warps must be 1 (paged_attention.cu v1) or 4 (v2), got {num_warps}")
     S, nh, hs = check_float_tensor("q", q, 3).shape

@@ -14,7 +14,7 @@ import numbers
 
 import torch
 
-from minillm.core.config import check_fits_float, check_has_data, check_int, number_kind
+from minillm.core.config import brief, check_fits_float, check_has_data, check_int, number_kind, plain_number
 from minillm.kernels.build import load_kernels
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -57,8 +57,9 @@ def _version(op: str, version) -> int:
     if not isinstance(version, int) or isinstance(version, bool):
         raise TypeError(f"{op}: version must be an int, got {number_kind(version)}")
     n = NUM_VERSIONS[op]
+    version = int.__index__(version)  # the plain int: an int subclass's own comparisons are not consulted
     if not 1 <= version <= n:
-        raise ValueError(f"{op}: version must be 1..{n}, got {version}")
+        raise ValueError(f"{op}: version must be 1..{n}, got {brief(version)}")
     return version
 
 
@@ -104,12 +105,12 @@ def check_eps(eps) -> float:
     f32 = torch.finfo(torch.float32)
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):  # a numpy float is a real number too
         raise TypeError(f"eps must be a real number (a Python or numpy int or float), got {type(eps).__name__} "
-                        f"{eps!r:.80}")
+                        f"{brief(eps)}")
     check_fits_float("eps", eps)  # an int past the float range: float() would be an OverflowError, repr() too long
-    value = float(eps)
+    value = float(plain_number(eps))  # a float subclass's own __float__ is not consulted
     if not f32.tiny <= value <= f32.max:
         raise ValueError(f"eps must be a finite number in [{f32.tiny:.6g}, {f32.max:.6g}] (positive, normal and "
-                         f"finite in float32, the precision every layernorm computes in), got {eps!r:.80}")
+                         f"finite in float32, the precision every layernorm computes in), got {brief(eps)}")
     return value
 
 
@@ -152,7 +153,7 @@ def check_paged_tables(S: int, block_tables: torch.Tensor, context_lens: torch.T
 def check_slot_range(slot_mapping: torch.Tensor, num_slots: int) -> None:
     """Every slot of slot_mapping (T,) is -1 (skipped) or a pool row 0..num_slots-1, and none is named twice
     (`check_distinct_slots`); two host syncs on a GPU (`check_slots=False` in `kv_cache_write` skips both)."""
-    check_int("num_slots", num_slots, 0)  # True would read as one slot
+    num_slots = check_int("num_slots", num_slots, 0)  # True would read as one slot
     if slot_mapping.numel():
         lo, hi = int(slot_mapping.min()), int(slot_mapping.max())
         if lo < -1 or hi >= num_slots:
@@ -205,7 +206,7 @@ def softmax(x: torch.Tensor, version: int = 4, out: torch.Tensor | None = None) 
     _tensor("x", x)
     if x.dim() < 1:
         raise ValueError(f"x must have at least one dimension, got shape {tuple(x.shape)}")
-    _version("softmax", version)
+    version = _version("softmax", version)
     out = _out(out, x, tuple(x.shape))
     _on_cuda(x=x, out=out)
     C = x.shape[-1]
@@ -227,7 +228,7 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
     _same("weight", _tensor("weight", weight), "x", x, (C,))
     _same("bias", _tensor("bias", bias), "x", x, (C,))
     eps = check_eps(eps)
-    _version("layernorm", version)
+    version = _version("layernorm", version)
     out = _out(out, x, tuple(x.shape))
     _on_cuda(x=x, weight=weight, bias=bias, out=out)
     if x.numel() == 0:
@@ -243,7 +244,7 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor, version: int = 2, out: torch.
         raise ValueError(f"x must have at least one dimension, got shape {tuple(x.shape)}")
     C = x.shape[-1]
     _same("bias", _tensor("bias", bias), "x", x, (C,))
-    _version("bias_gelu", version)
+    version = _version("bias_gelu", version)
     out = _out(out, x, tuple(x.shape))
     _on_cuda(x=x, bias=bias, out=out)
     if x.numel() == 0:
@@ -259,7 +260,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, version: int = 
     check_head_size("q", q.shape[-1])
     _same("k", _tensor("k", k, dim=4), "q", q, tuple(q.shape))
     _same("v", _tensor("v", v, dim=4), "q", q, tuple(q.shape))
-    _version("attention", version)
+    version = _version("attention", version)
     out = _out(out, q, tuple(q.shape))
     _on_cuda(q=q, k=k, v=v, out=out)
     load_kernels().attention(q, k, v, out, version)
@@ -279,7 +280,7 @@ def paged_attention_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     _tensor("q", q, dim=3)
     check_head_size("q", q.shape[-1])
     check_paged_args(q, k_pool, v_pool, block_tables, context_lens)
-    _version("paged_attention_decode", version)
+    version = _version("paged_attention_decode", version)
     if not isinstance(check_tables, bool):
         raise TypeError(f"check_tables must be a bool, got {type(check_tables).__name__}")
     if check_tables:
@@ -303,7 +304,7 @@ def int8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch
     if bias is not None:
         _same("bias", _tensor("bias", bias), "x", x, (N,))
         tensors["bias"] = bias
-    _version("int8_gemv", version)
+    version = _version("int8_gemv", version)
     out = _out(out, x, (x.shape[0], N))
     _on_cuda(**tensors, out=out)
     load_kernels().int8_gemv(x, w, scale, bias, out, version)
@@ -365,7 +366,7 @@ def kv_cache_write(key: torch.Tensor, value: torch.Tensor, k_pool: torch.Tensor,
     (csrc/kv_write.cu). `check_slots` verifies every slot is -1 or inside the pool (one device sync); the kernel
     itself skips out-of-range slots instead of writing past the pool."""
     check_kv_write_args(key, value, k_pool, v_pool, slot_mapping)
-    _version("kv_cache_write", version)
+    version = _version("kv_cache_write", version)
     if check_slots:
         check_slot_range(slot_mapping, k_pool.shape[0] * k_pool.shape[1])
     _on_cuda(key=key, value=value, k_pool=k_pool, v_pool=v_pool, slot_mapping=slot_mapping)

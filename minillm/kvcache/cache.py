@@ -41,9 +41,12 @@ def kv_cache_bytes(n_layer: int, n_kv_head: int, head_dim: int, num_tokens: int,
     819,200 bytes = 800 KB per token. With grouped-query attention only the kv heads count (Llama-3.1-8B:
     2 x 32 x 8 x 128 x 2 = 131,072 bytes = 128 KiB per token).
     """
-    for name, value in (("n_layer", n_layer), ("n_kv_head", n_kv_head), ("head_dim", head_dim),
-                        ("num_tokens", num_tokens), ("batch_size", batch_size), ("bytes_per_elem", bytes_per_elem)):
-        check_int(name, value, 0)
+    n_layer = check_int("n_layer", n_layer, 0)
+    n_kv_head = check_int("n_kv_head", n_kv_head, 0)
+    head_dim = check_int("head_dim", head_dim, 0)
+    num_tokens = check_int("num_tokens", num_tokens, 0)
+    batch_size = check_int("batch_size", batch_size, 0)
+    bytes_per_elem = check_int("bytes_per_elem", bytes_per_elem, 0)
     return 2 * n_layer * n_kv_head * head_dim * num_tokens * batch_size * bytes_per_elem
 
 
@@ -60,8 +63,8 @@ class ContiguousKVCache:
                  dtype: torch.dtype = torch.float32, use_static_shapes: bool = False):
         if not isinstance(config, GPTConfig):
             raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
-        for name, value in (("batch_size", batch_size), ("max_len", max_len)):
-            check_int(name, value)
+        batch_size = check_int("batch_size", batch_size)
+        max_len = check_int("max_len", max_len)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
         if not isinstance(use_static_shapes, bool):
@@ -155,7 +158,7 @@ class ContiguousKVCache:
         if self.use_static_shapes:
             raise ValueError("a static-shape cache advances its own device-side slot counter; mark_written is for "
                              "the dynamic cache")
-        check_int("num_new", num_new, minimum=0)
+        num_new = check_int("num_new", num_new, minimum=0)
         if self.length + num_new > self.max_len:
             raise ValueError(f"cache full: {self.length} slots used + {num_new} new > max_len={self.max_len}")
         self._layer_len = [self.length + num_new] * self.config.n_layer

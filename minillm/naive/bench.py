@@ -68,7 +68,7 @@ class BenchCase:
 
     def __post_init__(self) -> None:
         for name, low in (("prompt_len", 1), ("new_tokens", 1), ("repeats", 1), ("warmup", 0)):
-            check_int(f"BenchCase.{name}", getattr(self, name), low)
+            setattr(self, name, check_int(f"BenchCase.{name}", getattr(self, name), low))
 
     @property
     def params(self) -> SamplingParams:
@@ -192,7 +192,8 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"roofline bound {rf['bound']['tokens_per_s']:.0f} tok/s ({rf['bound']['limited_by']}-bound); "
                      f"baseline decode reaches {rf['fraction_of_bound']:.1%}")
         lines.append(f"weight-streaming bound {ws['tokens_per_s']:.0f} tok/s (the step's weights through F.linear "
-                     f"alone at {ws['gbps']:.1f} GB/s); baseline decode reaches {rf['fraction_of_weight_streaming']:.1%}")
+                     f"alone at {ws['gbps']:.1f} GB/s); baseline decode reaches "
+                     f"{rf['fraction_of_weight_streaming']:.1%}")
     return "\n".join(lines)
 
 

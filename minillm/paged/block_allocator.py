@@ -40,7 +40,7 @@ class BlockAllocator:
     """
 
     def __init__(self, num_blocks: int):
-        check_int("num_blocks", num_blocks)
+        num_blocks = check_int("num_blocks", num_blocks)
         if num_blocks > MAX_NUM_BLOCKS:
             raise ValueError(f"num_blocks={num_blocks} is more than a pool can hold (at most {MAX_NUM_BLOCKS})")
         self.num_blocks = num_blocks

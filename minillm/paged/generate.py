@@ -163,7 +163,7 @@ def paged_generate(
     config = require_model(model, "paged_generate")
     # The request is started (and checked) once, here, before its length sizes the pool.
     check_eos_id(eos_id, config.vocab_size)
-    check_int("block_size", block_size, 1)  # before it divides the pool size below
+    block_size = check_int("block_size", block_size, 1)  # before it divides the pool size below
     state = start_request(config, prompt_ids, params, tokenizer, eos_id, device=model.device)
     if num_blocks is None:
         longest = min(len(state.prompt_ids) + state.params.max_new_tokens, config.block_size)

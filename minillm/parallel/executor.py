@@ -43,7 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from minillm.core.config import check_float
+from minillm.core.config import brief, check_float
 from minillm.core.formats import model_from_bytes, model_to_bytes, sha256
 from minillm.core.model import require_model
 from minillm.engine.model_runner import ModelRunner
@@ -132,7 +132,7 @@ class _Rank0Swaps:
         self.inner = inner
 
     def put(self, key: str, kv: Any) -> None:
-        raise ValueError(f"request {key!r}: the tensor-parallel engine does not take prefilled requests (chapter "
+        raise ValueError(f"request {brief(key)}: the tensor-parallel engine does not take prefilled requests (chapter "
                          "07's hand-off): their KV would have to be split by heads across the ranks")
 
     def __getattr__(self, name: str) -> Any:
@@ -149,8 +149,9 @@ class TensorParallelExecutor:
         start (a fresh interpreter importing torch, on a busy machine, can take a while)."""
         config = require_model(model, "TensorParallelExecutor")
         t = tensor_parallel_size
-        for name, seconds in (("timeout_s", timeout_s), ("startup_timeout_s", startup_timeout_s)):
-            check_float(name, seconds, minimum=0.0, include_minimum=False)  # checked here: a rank would fail alone
+        # checked here: a rank would fail alone
+        timeout_s = check_float("timeout_s", timeout_s, minimum=0.0, include_minimum=False)
+        startup_timeout_s = check_float("startup_timeout_s", startup_timeout_s, minimum=0.0, include_minimum=False)
         if dist.is_initialized():
             raise ValueError("this process is already in a torch.distributed group (another tensor-parallel engine, "
                              "or torchrun): close that engine first; one tensor-parallel engine per process")

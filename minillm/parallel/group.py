@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from minillm.core.config import check_float, check_threads, number_kind
+from minillm.core.config import brief, check_float, check_threads, number_kind
 from minillm.engine.process import Inbox, WorkerDiedError, WorkerHandle, receive, stop_all, wait_ready
 
 LOOPBACK = "127.0.0.1"
@@ -121,7 +121,7 @@ def _check_backend_and_timeout(backend: str, timeout_s: float) -> None:
     if backend == "nccl" and not (dist.is_nccl_available() and torch.cuda.is_available()):
         raise ValueError("backend 'nccl' needs CUDA GPUs and a PyTorch built with NCCL; this machine has "
                          f"{'no GPU' if not torch.cuda.is_available() else 'no NCCL'}: use backend='gloo'")
-    check_float("timeout_s", timeout_s, minimum=0.0, include_minimum=False)
+    timeout_s = check_float("timeout_s", timeout_s, minimum=0.0, include_minimum=False)
 
 
 def loopback_store(rank: int, world_size: int, port: int, timeout: datetime.timedelta) -> dist.TCPStore:
@@ -215,9 +215,9 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str 
         raise TypeError(f"fn must be a module-level function (each rank imports it by name), got "
                         f"{getattr(fn, '__qualname__', fn)!r}")
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+        raise ValueError(f"world_size must be a positive int, got {brief(world_size)}")
     _check_backend_and_timeout(backend, timeout_s)
-    check_threads("num_threads", num_threads)  # each rank sets it: 100000 would crash torch's pool there
+    num_threads = check_threads("num_threads", num_threads)  # each rank sets it: 100000 would crash torch's pool there
     ctx = multiprocessing.get_context("spawn")
     port = free_port()
     handles = [WorkerHandle(ctx, RankInit(f"rank{r}", r, world_size, port, backend, fn, tuple(args),

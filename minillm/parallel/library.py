@@ -38,8 +38,9 @@ from minillm.parallel.tensor import check_divisible
 
 def regroup_qkv_rows(weight_or_bias: torch.Tensor, n_head: int, head_size: int, t: int) -> torch.Tensor:
     """c_attn's rows [q | k | v] (3A, ...) reordered into t contiguous groups, each [q_r | k_r | v_r] of nh/t heads."""
-    for name, value in (("n_head", n_head), ("head_size", head_size), ("t", t)):
-        check_int(name, value)
+    n_head = check_int("n_head", n_head)
+    head_size = check_int("head_size", head_size)
+    t = check_int("t", t)
     if n_head % t:
         raise ValueError(f"t={t} ranks must divide n_head={n_head}: every rank holds whole heads")
     if not isinstance(weight_or_bias, torch.Tensor) or weight_or_bias.dim() == 0 \

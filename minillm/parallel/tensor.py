@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import check_float, check_float_tensor, check_int
+from minillm.core.config import brief, check_float, check_float_tensor, check_int
 from minillm.core.model import GPT, require_model
 
 
@@ -63,7 +63,7 @@ class Comm:
         if not isinstance(self.sequence_parallel, bool):
             raise TypeError(f"sequence_parallel must be a bool, got {type(self.sequence_parallel).__name__}")
         if self.ranks is not None:
-            check_int("ranks", self.ranks)
+            self.ranks = check_int("ranks", self.ranks)
 
     def _count(self, op: str, t: torch.Tensor) -> None:
         if not isinstance(t, torch.Tensor):
@@ -131,7 +131,7 @@ class Comm:
 
 def _check_split(dim: int, what: str, rank: int, t: int) -> None:
     if not isinstance(t, int) or isinstance(t, bool) or t < 1:
-        raise ValueError(f"the number of ranks t must be a positive int, got {t!r}")
+        raise ValueError(f"the number of ranks t must be a positive int, got {brief(t)}")
     if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < t:
         raise ValueError(f"rank must be in [0, {t}), got {rank!r}")
     if dim % t:
@@ -281,7 +281,7 @@ class VocabParallelHead(nn.Module):
 def check_divisible(config, t: int) -> None:
     """ValueError naming the dimension that t ranks cannot split evenly."""
     if not isinstance(t, int) or isinstance(t, bool) or t < 1:
-        raise ValueError(f"the tensor parallel size t must be a positive int, got {t!r}")
+        raise ValueError(f"the tensor parallel size t must be a positive int, got {brief(t)}")
     widths = {"n_head": config.n_head, "vocab_size": config.vocab_size}
     for name, n in widths.items():
         if n % t:
@@ -353,24 +353,25 @@ def shard_model(model: GPT, rank: int, t: int, comm: Comm | None = None, sequenc
 def collectives_per_forward(n_layer: int) -> dict[str, int]:
     """The formula: one all-reduce for the embedding, two per layer (attention's c_proj, the MLP's c_proj), one
     all-gather for the head."""
-    check_int("n_layer", n_layer)
+    n_layer = check_int("n_layer", n_layer)
     return {"all_reduce": 1 + 2 * n_layer, "all_gather": 1}
 
 
 def all_reduce_bytes(tokens: int, n_embd: int, n_layer: int, element_size: int = 4) -> int:
     """Bytes of the all-reduce messages of one forward over `tokens` tokens: (1 + 2 L) messages of T x C values."""
-    for name, value in (("tokens", tokens), ("n_embd", n_embd), ("n_layer", n_layer)):
-        check_int(name, value)
+    tokens = check_int("tokens", tokens)
+    n_embd = check_int("n_embd", n_embd)
+    n_layer = check_int("n_layer", n_layer)
     if element_size not in (1, 2, 4, 8):
-        raise ValueError(f"element_size must be a dtype's size in bytes (1, 2, 4 or 8), got {element_size!r}")
+        raise ValueError(f"element_size must be a dtype's size in bytes (1, 2, 4 or 8), got {brief(element_size)}")
     return (1 + 2 * n_layer) * tokens * n_embd * element_size
 
 
 def ring_traffic_per_rank(message_bytes: int, t: int) -> float:
     """What a ring all-reduce sends (and receives) per rank for one message: 2 (t - 1) / t of it
     (reduce-scatter, then all-gather, each moving (t - 1) / t)."""
-    check_float("message_bytes", message_bytes, minimum=0.0)
-    check_int("t", t)
+    message_bytes = check_float("message_bytes", message_bytes, minimum=0.0)
+    t = check_int("t", t)
     return 2 * (t - 1) / t * message_bytes
 
 

@@ -45,7 +45,7 @@ from minillm.bench.driver import engine_tokens
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
 from minillm.bench.workload import eval_prompts
-from minillm.core.config import check_fits_window, check_int, check_module_has_data, check_sequence
+from minillm.core.config import brief, check_fits_window, check_int, check_module_has_data, check_sequence
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed
 from minillm.core.timing import compare
@@ -115,7 +115,7 @@ def block_bytes(model: nn.Module, fmt: str) -> int:
 def torch_prune_agreement(model: GPT, sparsity: float = 0.5) -> dict[str, int]:
     """How many block weights get the same mask from `magnitude_mask` and from `torch.nn.utils.prune`."""
     check_prunable(model, "torch_prune_agreement")
-    check_sparsity(sparsity)  # before torch.nn.utils.prune, which would refuse it in its own words
+    sparsity = check_sparsity(sparsity)  # before torch.nn.utils.prune, which would refuse it in its own words
     same = total = 0
     for block in model.transformer.h:
         for _, lin in block_linears(block):
@@ -138,7 +138,7 @@ class Harness:
     def __init__(self, model: GPT, real_text: bool, sizes: Sizes, seed: int):
         check_prunable(model, "Harness")
         if not isinstance(real_text, bool):  # 'no' is truthy: it would pick the real validation text
-            raise TypeError(f"real_text must be a bool, got {type(real_text).__name__} {real_text!r:.80}")
+            raise TypeError(f"real_text must be a bool, got {type(real_text).__name__} {brief(real_text)}")
         if not isinstance(sizes, Sizes):
             raise TypeError(f"sizes must be a prune.bench Sizes (e.g. SIZES['quick']), got {type(sizes).__name__}")
         self.model = model
@@ -149,7 +149,8 @@ class Harness:
         top = int(self.val.max())
         if top >= model.config.vocab_size:  # else the first forward refuses, naming its own `idx`
             raise ValueError(f"Harness: model has vocab_size={model.config.vocab_size}, but the validation text holds "
-                             f"token ids up to {top}: the benchmark needs a model of the shipped tokenizer's vocabulary")
+                             f"token ids up to {top}: the benchmark needs a model of the shipped tokenizer's "
+                             f"vocabulary")
         self.num_prompts, self.prompt_len, new = sizes.num_prompts, PROMPT_LEN, sizes.new_tokens
         self.prompts = eval_prompts([self.prompt_len] * self.num_prompts, model.config.vocab_size, real_text, seed)
         self.greedy = SamplingParams.greedy(new, ignore_eos=True)
@@ -205,7 +206,7 @@ def check_harness(h: object, who: str) -> Harness:
     """`h` if it is a `Harness`; a TypeError naming `h` and `who` (the function given it) otherwise, before an
     AttributeError from the middle of a sweep."""
     if not isinstance(h, Harness):
-        raise TypeError(f"{who}: h must be a prune.bench Harness, got {type(h).__name__} {h!r:.80}")
+        raise TypeError(f"{who}: h must be a prune.bench Harness, got {type(h).__name__} {brief(h)}")
     return h
 
 
@@ -295,12 +296,11 @@ def layer_costs(sparsities: tuple[float, ...] = (0.5, 0.7, 0.9), tokens: tuple[i
                 repeats: int = 5, calls: int = 50, seed: int = 0) -> list[dict[str, Any]]:
     """µs per call of one 256 -> 1024 linear: dense F.linear vs CSR (torch.addmm on a sparse_csr weight)."""
     sparsities = check_sparsities(sparsities)
-    for i, M in enumerate(check_sequence("tokens", tokens)):
-        check_int(f"tokens[{i}]", M)
-    check_int("repeats", repeats)
-    check_int("calls", calls)
-    check_int("seed", seed, 0)
-    g = torch.Generator().manual_seed(check_seed(seed))
+    tokens = [check_int(f"tokens[{i}]", M) for i, M in enumerate(check_sequence("tokens", tokens))]
+    repeats = check_int("repeats", repeats)
+    calls = check_int("calls", calls)
+    seed = check_seed(check_int("seed", seed, 0))  # [0, 2**64): torch's generator's range
+    g = torch.Generator().manual_seed(seed)
     w0 = torch.randn(1024, 256, generator=g) * 0.02
     bias = torch.zeros(1024)
     rows = []
@@ -326,8 +326,8 @@ def run_all(model: GPT, real_text: bool, size: str = "full", seed: int = 0, draf
     Every argument is checked before the first measurement: `seed` an int in [0, 2**64), `draft` (pruned at 50% on
     the same text and calibration) None or a dense minillm GPT of the model's vocabulary and at least its window."""
     sz = pick_size(SIZES, size)
-    check_int("seed", seed, 0)  # calibration_windows' range, and torch's (check_seed): not after the first sweeps
-    check_seed(seed)
+    # calibration_windows' range, and torch's (check_seed): not after the first sweeps
+    seed = check_seed(check_int("seed", seed, 0))
     if draft is not None:
         check_prunable(draft, "run_all: draft")
         d, m = draft.config, require_model(model, "run_all: model")

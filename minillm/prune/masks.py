@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from minillm.core.config import check_fits_float, check_has_data, check_int, check_sequence, foreign_number, tensor_kind
+from minillm.core.config import (brief, check_fits_float, check_has_data, check_int, check_sequence, foreign_number,
+                                 plain_number, tensor_kind)
 
 
 def _check_weight(name: str, w: object) -> torch.Tensor:
@@ -41,9 +42,10 @@ def _check_weight(name: str, w: object) -> torch.Tensor:
 def check_sparsity(sparsity: object, name: str = "sparsity") -> float:
     """A fraction in [0, 1): the share of weights to remove. Anything else is a ValueError naming it (`name`)."""
     check_fits_float(name, sparsity)  # an int float() cannot take (10**400): else an OverflowError naming nothing
+    sparsity = plain_number(sparsity)  # a float subclass's own comparisons and __float__ are not consulted
     if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or not 0.0 <= float(sparsity) < 1.0:
         kind = " as a Python float" if foreign_number(sparsity) else ""  # a numpy float32: say what is wrong
-        raise ValueError(f"{name} must be a fraction in [0, 1){kind}, got {sparsity!r:.80}"
+        raise ValueError(f"{name} must be a fraction in [0, 1){kind}, got {brief(sparsity)}"
                          + (": convert it with float()" if kind else ""))
     return float(sparsity)
 
@@ -56,8 +58,7 @@ def check_sparsities(values: object, name: str = "sparsities") -> tuple[float, .
 def num_pruned(n: int, sparsity: float) -> int:
     """How many of n weights a sparsity removes: round(s · n), as `torch.nn.utils.prune` counts (all n when s is
     close enough to 1: `check_keeps_one` is the model-level guard)."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"n must be a non-negative int, got {n!r}")
+    n = check_int("n", n, 0)  # the plain int, within the float range it is multiplied with
     return round(check_sparsity(sparsity) * n)
 
 
@@ -77,8 +78,9 @@ def lowest_k_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
         raise TypeError(f"scores must be a floating-point tensor (..., n), got "
                         f"{tensor_kind(scores)}")
     check_has_data("scores", scores)
+    k = plain_number(k)  # an int subclass's own comparisons are not consulted
     if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= scores.shape[-1]:
-        raise ValueError(f"k must be an int in [0, {scores.shape[-1]}] (scores per row), got {k!r}")
+        raise ValueError(f"k must be an int in [0, {scores.shape[-1]}] (scores per row), got {brief(k)}")
     if k and bool(torch.isnan(scores).any()):
         raise ValueError("scores hold NaN values, which have no order")
     keep = torch.ones_like(scores, dtype=torch.bool)
@@ -120,12 +122,13 @@ def per_row_mask(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
     return lowest_k_mask(scores.detach(), num_pruned(scores.shape[1], sparsity))
 
 
-def _check_nm(n: object, m: object) -> None:
-    """n and m Python ints with 0 < n <= m (`check_int`: a TypeError naming n or m, saying to convert a numpy int)."""
-    check_int("n", n)
-    check_int("m", m)
-    if not 0 < int.__index__(n) <= int.__index__(m):  # type: ignore[arg-type]
-        raise ValueError(f"N:M needs integers 0 < n <= m, got n={n!r}, m={m!r}")
+def _check_nm(n: object, m: object) -> tuple[int, int]:
+    """(n, m) as plain Python ints with 0 < n <= m (`check_int`: a TypeError naming n or m, saying to convert a
+    numpy int)."""
+    n, m = check_int("n", n), check_int("m", m)
+    if not 0 < n <= m:
+        raise ValueError(f"N:M needs integers 0 < n <= m, got n={n}, m={m}")
+    return n, m
 
 
 def nm_mask(scores: torch.Tensor, n: int = 2, m: int = 4) -> torch.Tensor:
@@ -135,7 +138,7 @@ def nm_mask(scores: torch.Tensor, n: int = 2, m: int = 4) -> torch.Tensor:
     columns 0..m-1 of a row are one group, m..2m-1 the next. `in` must be a multiple of m.
     """
     _check_weight("scores", scores)
-    _check_nm(n, m)
+    n, m = _check_nm(n, m)
     out, cols = scores.shape
     if cols % m:
         raise ValueError(f"N:M sparsity groups {m} consecutive inputs: scores {tuple(scores.shape)} has {cols} "
@@ -153,7 +156,7 @@ def is_nm_sparse(weight: torch.Tensor, n: int = 2, m: int = 4) -> bool:
     A row whose length is not a multiple of m cannot be cut into such groups (as `nm_mask` refuses to build one):
     a ValueError naming weight, not a False that would read as "too many nonzeros"."""
     _check_weight("weight", weight)
-    _check_nm(n, m)
+    n, m = _check_nm(n, m)
     out, cols = weight.shape
     if cols % m:
         raise ValueError(f"N:M sparsity groups {m} consecutive inputs: weight has {cols} columns, not a multiple of "

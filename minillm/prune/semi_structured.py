@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import check_has_data, check_int, check_strided
+from minillm.core.config import brief, check_has_data, check_int, check_strided
 from minillm.core.sampling import check_seed
 from minillm.core.timing import compare
 from minillm.prune.masks import is_nm_sparse, nm_mask
@@ -43,9 +43,8 @@ def stored_bytes(weight: torch.Tensor, fmt: str, element_bytes: int | None = Non
                         f"{tuple(getattr(weight, 'shape', ()))}")
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
-    if element_bytes is not None and (isinstance(element_bytes, bool) or not isinstance(element_bytes, int)
-                                      or element_bytes <= 0):
-        raise ValueError(f"element_bytes must be a positive int or None, got {element_bytes!r}")
+    if element_bytes is not None:  # the plain int, within the float range: an int subclass's comparisons lie
+        element_bytes = check_int("element_bytes", element_bytes)
     eb = weight.element_size() if element_bytes is None else element_bytes
     if fmt == "dense":
         return weight.numel() * eb  # the shape alone: a meta weight has one too
@@ -69,12 +68,14 @@ def semi_structured_support(device: torch.device | str | None = None) -> str | N
     that is not CUDA gets its reason like the others."""
     if isinstance(device, bool) or (device is not None and not isinstance(device, (str, torch.device, int))):
         raise TypeError(f"device must be None, a torch.device, a device string or a CUDA index, got "
-                        f"{type(device).__name__} {device!r}")
+                        f"{type(device).__name__} {brief(device)}")
+    if isinstance(device, int):  # the plain index, >= 0 and within the float range: 2**64 overflows inside torch
+        device = check_int("device", device, 0)
     try:
         dev = None if device is None else torch.device("cuda", device) if isinstance(device, int) else \
             torch.device(device)
-    except RuntimeError as e:
-        raise ValueError(f"device={device!r} is not a device torch knows: {str(e).splitlines()[0]}") from None
+    except (RuntimeError, ValueError, OverflowError) as e:
+        raise ValueError(f"device={brief(device)} is not a device torch knows: {str(e).splitlines()[0]}") from None
     if dev is not None and dev.type != "cuda":
         return f"device {dev} is not a CUDA device: 2:4 sparse kernels run on NVIDIA GPUs of compute capability 8.0+"
     if not torch.cuda.is_available():
@@ -121,20 +122,18 @@ def layer_speed(in_features: int = 4096, out_features: int = 4096, tokens: tuple
     The pruned weight is 2:4 by magnitude; the dense baseline multiplies that same weight with its zeros, so the
     two compute the same function and only the kernel differs.
     """
-    check_int("in_features", in_features)
-    check_int("out_features", out_features)
+    in_features = check_int("in_features", in_features)
+    out_features = check_int("out_features", out_features)
     if in_features % 4:
         raise ValueError(f"2:4 groups 4 consecutive inputs: in_features={in_features} is not a multiple of 4")
     if not isinstance(tokens, (list, tuple)) or not tokens:
         raise ValueError(f"tokens must be a non-empty tuple of token counts, got {tokens!r}")
-    for t in tokens:
-        check_int("tokens[i]", t)
+    tokens = [check_int(f"tokens[{i}]", t) for i, t in enumerate(tokens)]  # the plain ints
     if dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"dtype must be torch.float16 or torch.bfloat16 (the 2:4 kernels' types), got {dtype!r}")
-    check_int("calls", calls)
-    check_int("repeats", repeats)
-    check_int("seed", seed, minimum=0)
-    check_seed(seed)  # torch's range too: past it manual_seed overflows after the checks above
+    calls = check_int("calls", calls)
+    repeats = check_int("repeats", repeats)
+    seed = check_seed(check_int("seed", seed, 0))  # [0, 2**64): past it manual_seed overflows after the checks
     why = semi_structured_support()
     if why:
         raise RuntimeError(why)

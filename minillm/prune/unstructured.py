@@ -28,7 +28,7 @@ import copy
 import torch
 import torch.nn as nn
 
-from minillm.core.config import check_has_data, check_module_has_data, tensor_kind
+from minillm.core.config import brief, check_has_data, check_module_has_data, tensor_kind
 from minillm.core.model import GPT
 from minillm.prune.masks import check_keeps_one, check_sparsity, magnitude_mask, nm_mask, per_row_mask, wanda_score
 from minillm.quant.gptq import check_calibration
@@ -88,10 +88,10 @@ def check_pattern_sparsity(pattern: object, sparsity: object) -> None:
     pattern can honour: 2:4 removes exactly 2 of every 4 weights, so with it only 0.5 (the default)."""
     if pattern not in PATTERNS:
         raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
-    check_sparsity(sparsity)
+    sparsity = check_sparsity(sparsity)
     if pattern == "2:4" and sparsity != 0.5:  # 2:4 removes exactly 2 of every 4: a sparsity of 2/4, no other
-        raise ValueError(f"sparsity={sparsity!r} cannot apply to pattern='2:4', which removes exactly 2 of every 4 "
-                         "weights (sparsity 0.5); leave sparsity at its default 0.5")
+        raise ValueError(f"sparsity={brief(sparsity)} cannot apply to pattern='2:4', which removes exactly 2 of "
+                         "every 4 weights (sparsity 0.5); leave sparsity at its default 0.5")
 
 
 def layer_mask(weight: torch.Tensor, method: str, sparsity: float, pattern: str,

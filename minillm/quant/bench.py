@@ -168,7 +168,7 @@ def kv_perplexity(model: nn.Module, tokens: torch.Tensor, make_cache: Callable[[
     lo, hi = (int(v) for v in torch.aminmax(tokens))
     if lo < 0 or hi >= cfg.vocab_size:
         raise ValueError(f"tokens holds token id {lo if lo < 0 else hi}, outside the vocabulary [0, {cfg.vocab_size})")
-    check_int("batch_size", batch_size)
+    batch_size = check_int("batch_size", batch_size)
     if not callable(make_cache):
         raise TypeError(f"make_cache must be callable (batch_size, max_len) -> cache, got {type(make_cache).__name__}")
     bs = cfg.block_size
@@ -260,16 +260,16 @@ def outlier_study(model: GPT, val: torch.Tensor, calibration: torch.Tensor) -> d
 def layer_costs(in_features: int = 256, out_features: int = 1024, tokens: tuple[int, ...] = (1, 256),
                 repeats: int = 7, calls: int = 50, seed: int = 0) -> list[dict[str, Any]]:
     """Microseconds per call of one (out, in) linear for each implementation, at each number of tokens M."""
-    for name, value in (("in_features", in_features), ("out_features", out_features), ("repeats", repeats),
-                        ("calls", calls)):
-        check_int(name, value)
-    check_int("seed", seed, 0)
+    in_features = check_int("in_features", in_features)
+    out_features = check_int("out_features", out_features)
+    repeats = check_int("repeats", repeats)
+    calls = check_int("calls", calls)
+    seed = check_seed(check_int("seed", seed, 0))  # [0, 2**64): torch's generator's range
     if isinstance(tokens, (str, bytes)) or not isinstance(tokens, (list, tuple)):
         raise TypeError(f"tokens must be a tuple of token counts, got {type(tokens).__name__} {tokens!r}")
     if not tokens:
         raise ValueError("tokens must hold at least one token count, got an empty tuple")
-    for i, M in enumerate(tokens):
-        check_int(f"tokens[{i}]", M)
+    tokens = [check_int(f"tokens[{i}]", M) for i, M in enumerate(tokens)]  # the plain ints
     g = torch.Generator().manual_seed(seed)
     lin = nn.Linear(in_features, out_features)
     with torch.no_grad():
@@ -307,7 +307,7 @@ def run_all(model: GPT, real_text: bool, size: str = "full", seed: int = 0) -> d
     if not isinstance(real_text, bool):  # a str such as 'no' is truthy: real text would be read for it
         raise TypeError(f"real_text must be a bool (trained weights read the validation text), got "
                         f"{type(real_text).__name__} {real_text!r}")
-    check_seed(seed)
+    seed = check_seed(seed)
     V = model.config.vocab_size
     val = default_eval_tokens(sz.val_tokens)
     prompts = eval_prompts([PROMPT_LEN] * sz.num_prompts, V, real_text, seed)

@@ -30,8 +30,10 @@ import copy
 import torch
 import torch.nn as nn
 
-from minillm.core.config import check_float, check_has_data, check_int, check_module_has_data, tensor_kind
+from minillm.core.config import (brief, check_float, check_has_data, check_int, check_module_has_data, plain_number,
+                                 tensor_kind)
 from minillm.core.model import GPT, require_model
+from minillm.core.sampling import check_seed
 from minillm.gpt.dataset import split_tokens
 from minillm.quant.linear import QuantConfig, QuantizedGPT, check_fp32_model, quantize_model
 from minillm.quant.quantize import (
@@ -65,10 +67,11 @@ def _check_layer(W: torch.Tensor, H: torch.Tensor, group_size: int | None, bits:
     if tuple(check_has_data("H", H).shape) != (W.shape[1], W.shape[1]):
         raise ValueError(f"H must be ({W.shape[1]}, {W.shape[1]}) for W of shape {tuple(W.shape)}, got "
                          f"{tuple(H.shape)}")
+    group_size = plain_number(group_size)  # an int subclass's own comparisons and % are not consulted
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0 or W.shape[1] % group_size:
-        raise ValueError(f"group_size must be a positive int dividing in={W.shape[1]}, got {group_size!r}")
+        raise ValueError(f"group_size must be a positive int dividing in={W.shape[1]}, got {brief(group_size)}")
     qrange(bits, symmetric)  # type: ignore[arg-type]  # ValueError/TypeError naming bits or symmetric
-    check_float("damp", damp, 0.0)
+    damp = check_float("damp", damp, 0.0)
     check_finite("W", W.detach())
     _check_hessian(H)
     if not bool(H.detach().any()):
@@ -124,7 +127,7 @@ def damped(H: torch.Tensor, damp: float) -> torch.Tensor:
     input's column has no effect on the output, so any grid point is optimal for it. H must be finite and symmetric
     (a ValueError naming H otherwise: NaN would pass into every later step).
     """
-    check_float("damp", damp, 0.0)
+    damp = check_float("damp", damp, 0.0)
     if not isinstance(H, torch.Tensor) or check_has_data("H", H).dim() != 2 or H.shape[0] != H.shape[1]:
         raise ValueError(f"H must be a square matrix (in, in), got {tuple(getattr(H, 'shape', ()))}")
     if not H.is_floating_point():
@@ -234,9 +237,9 @@ def calibration_windows(num_windows: int = 32, length: int = 256, seed: int = 0)
     """(num_windows, length) token ids: windows of the *training* split at seeded random starts (never validation
     text, which measures the result). At most as many tokens in all as the split holds (num_windows x length): more
     would only repeat its text; a ValueError naming num_windows otherwise, before anything is allocated."""
-    check_int("num_windows", num_windows)
-    check_int("length", length)
-    check_int("seed", seed, minimum=0)
+    num_windows = check_int("num_windows", num_windows)
+    length = check_int("length", length)
+    seed = check_seed(check_int("seed", seed, 0))  # [0, 2**64): torch's generator's range
     tokens = split_tokens("train")
     if length >= tokens.numel():
         raise ValueError(f"length={length} leaves no room in the {tokens.numel()} training tokens")
@@ -287,7 +290,7 @@ def gptq_quantize_model(model: GPT, config: QuantConfig, calibration: torch.Tens
     check_fp32_model(model, "gptq_quantize_model", config)
     if config.mode == "w8a8":
         raise ValueError(f"GPTQ chooses weight codes for the weight-only modes int8/int4, got {config!r}")
-    check_float("damp", damp, 0.0)
+    damp = check_float("damp", damp, 0.0)
     idx = check_calibration(model, calibration, "GPTQ")
     work = copy.deepcopy(model).eval()  # fp32, its weights replaced by the de-quantized GPTQ ones as we go
     positions = torch.arange(idx.size(1), device=idx.device)

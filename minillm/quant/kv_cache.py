@@ -97,14 +97,15 @@ def dequantize_kv(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype =
     return dequantize_symmetric(codes, scale, check_values=False).to(dtype)  # checked above when asked
 
 
-def _check_sizes(config: object, names: tuple[str, str], sizes: tuple[int, int]) -> None:
+def _check_sizes(config: object, names: tuple[str, str], sizes: tuple[int, int]) -> tuple[int, int]:
     """config a GPTConfig, the two sizes positive ints, and one layer's (sizes[0], nh, sizes[1], hs) within
-    MAX_TENSOR_ELEMENTS: checked before the parent allocates its fp32 tensors (its own checks come after)."""
+    MAX_TENSOR_ELEMENTS: checked before the parent allocates its fp32 tensors (its own checks come after). Returns
+    the two sizes as plain ints."""
     if not isinstance(config, GPTConfig):
         raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
-    for name, value in zip(names, sizes):
-        check_int(name, value)
-    check_tensor_elements(" x ".join(names), (sizes[0], config.n_head, sizes[1], config.head_size))
+    first, second = (check_int(name, value) for name, value in zip(names, sizes))
+    check_tensor_elements(" x ".join(names), (first, config.n_head, second, config.head_size))
+    return first, second
 
 
 def _attention_over_kept(cache: ContiguousKVCache, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -125,7 +126,7 @@ class Int8ContiguousKVCache(ContiguousKVCache):
     """Chapter 04's contiguous cache with int8 K/V codes and per-(token, head) scales; same interface."""
 
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device: torch.device | str = "cpu"):
-        _check_sizes(config, ("batch_size", "max_len"), (batch_size, max_len))
+        batch_size, max_len = _check_sizes(config, ("batch_size", "max_len"), (batch_size, max_len))
         # subtle: the parent allocates fp32 K/V first; they are replaced right away (a transient, not a leak).
         super().__init__(config, batch_size, max_len, device=check_device("device", device), dtype=torch.float32)
         shape = (batch_size, config.n_head, max_len, config.head_size)  # (B, nh, max_len, hs)
@@ -181,7 +182,7 @@ class Int8PagedKVCache(PagedKVCache):
                  dtype: torch.dtype = torch.float32):
         # `dtype` is what K/V are de-quantized to for attention (the engine passes its kv_dtype setting); storage is
         # int8 whatever it says. subtle: the parent's fp32 pools are allocated, then replaced (a transient).
-        _check_sizes(config, ("num_blocks", "block_size"), (num_blocks, block_size))
+        num_blocks, block_size = _check_sizes(config, ("num_blocks", "block_size"), (num_blocks, block_size))
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:  # else refused only inside attend
             raise TypeError(f"dtype must be a floating-point torch.dtype (what K/V are de-quantized to for attention), "
                             f"got {dtype!r}")

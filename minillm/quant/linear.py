@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import (check_float, check_has_data, check_int, check_module_has_data, check_strided,
+from minillm.core.config import (brief, check_float, check_has_data, check_int, check_module_has_data, check_strided,
                                  check_tensor_elements, tensor_kind)
 from minillm.core.model import GPT
 from minillm.core.weights import untied_head
@@ -57,12 +57,13 @@ class QuantConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        check_int("group_size", self.group_size)
+        object.__setattr__(self, "group_size", check_int("group_size", self.group_size))  # frozen: the plain int
         for name in ("symmetric", "quantize_head", "use_int_mm"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.outlier_threshold is not None:
-            check_float("outlier_threshold", self.outlier_threshold, 0.0, include_minimum=False)
+            object.__setattr__(self, "outlier_threshold", check_float("outlier_threshold", self.outlier_threshold,
+                                                                      0.0, include_minimum=False))
             if self.mode != "w8a8":
                 raise ValueError(f"outlier_threshold decomposes activations: it needs mode='w8a8', got {self.mode!r}")
         if self.mode == "w8a8" and not self.symmetric:
@@ -134,8 +135,8 @@ class QuantLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool, config: QuantConfig):
         super().__init__()
-        check_int("in_features", in_features)
-        check_int("out_features", out_features)
+        in_features = check_int("in_features", in_features)
+        out_features = check_int("out_features", out_features)
         check_tensor_elements("out_features x in_features", (out_features, in_features))  # before the buffers
         if not isinstance(config, QuantConfig):
             raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
@@ -223,8 +224,9 @@ class QuantLinear(nn.Module):
         if (c.mode, c.symmetric, c.group_size, self.in_features, self.out_features) == self._built_for:
             return c  # the common case, in well under a microsecond (this runs on every forward)
         if (self.in_features, self.out_features) != self._built_for[3:]:
-            raise ValueError(f"in_features={self.in_features!r}, out_features={self.out_features!r} were changed after "
-                             f"the layer was built as ({self._built_for[3]}, {self._built_for[4]}); its buffers are "
+            raise ValueError(f"in_features={brief(self.in_features)}, out_features={brief(self.out_features)} were "
+                             f"changed after the layer was built as ({self._built_for[3]}, {self._built_for[4]}); its "
+                             "buffers are "
                              "shaped by those sizes: build a new layer with QuantLinear.from_linear")
         int4, n, g = c.mode == "int4", self.in_features, c.group_size
         groups = n // g if isinstance(g, int) and g > 0 and n % g == 0 else -1
@@ -232,7 +234,7 @@ class QuantLinear(nn.Module):
                 groups if int4 else 1, not c.symmetric)
         got = (tuple(self.qweight.shape), self.qweight.dtype, self.scale.shape[-1], self.zero is not None)
         if got != want:
-            raise ValueError(f"config {c!r} does not fit the layer's buffers (qweight {self.qweight.dtype} "
+            raise ValueError(f"config {brief(c)} does not fit the layer's buffers (qweight {self.qweight.dtype} "
                              f"{got[0]}, {got[2]} scale(s) per row, zero points: {got[3]}): the layer was built "
                              "with another config; build a new layer with QuantLinear.from_linear")
         return c

@@ -26,7 +26,7 @@ import copy
 import torch
 import torch.nn as nn
 
-from minillm.core.config import check_float, check_has_data, tensor_kind
+from minillm.core.config import brief, check_float, check_has_data, plain_number, tensor_kind
 from minillm.core.model import GPT
 from minillm.quant.gptq import check_calibration
 from minillm.quant.linear import check_fp32_model
@@ -62,10 +62,10 @@ def input_absmax(model: nn.Module, tokens: torch.Tensor) -> dict[str, torch.Tens
 
 def outlier_report(absmax: dict[str, torch.Tensor], threshold: float = 6.0) -> list[dict[str, float | int | str]]:
     """One row per layer: features with max |x| >= threshold, the largest max |x|, and largest / median."""
-    check_float("threshold", threshold, 0.0, include_minimum=False)
+    threshold = check_float("threshold", threshold, 0.0, include_minimum=False)
     if not isinstance(absmax, dict) or not absmax:
         raise ValueError(f"absmax must be a non-empty dict {{layer: (in,) tensor}} from input_absmax, got "
-                         f"{absmax!r:.80}")
+                         f"{brief(absmax)}")
     for name, a in absmax.items():
         if (not isinstance(a, torch.Tensor) or check_has_data(f"absmax[{name!r}]", a).dim() != 1 or a.numel() == 0
                 or not a.is_floating_point()):
@@ -94,10 +94,15 @@ def inject_outliers(model: GPT, channels: list[int], factor: float = 20.0) -> GP
     """
     check_fp32_model(model, "inject_outliers")
     C = model.config.n_embd
-    if not isinstance(channels, (list, tuple)) or not channels \
-            or any(isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < C for c in channels):
-        raise ValueError(f"channels must be a non-empty list of feature indices in [0, {C}), got {channels!r}")
-    check_float("factor", factor, 1 / MAX_OUTLIER_FACTOR, MAX_OUTLIER_FACTOR)
+    # the plain ints: an int subclass's own comparisons are not consulted (999 would reach torch's indexing)
+    if not isinstance(channels, (list, tuple)) or not channels:
+        raise ValueError(f"channels must be a non-empty list of feature indices in [0, {C}), got {brief(channels)}")
+    channels = [plain_number(c) for c in channels]
+    for i, c in enumerate(channels):
+        if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < C:
+            raise ValueError(f"channels must be a non-empty list of feature indices in [0, {C}), got channels[{i}] = "
+                             f"{brief(c)}")
+    factor = check_float("factor", factor, 1 / MAX_OUTLIER_FACTOR, MAX_OUTLIER_FACTOR)
     out = copy.deepcopy(model)
     idx = torch.tensor(channels, device=model.device)
     for block in out.transformer.h:
@@ -114,7 +119,7 @@ def smoothing_scales(act_absmax: torch.Tensor, weight: torch.Tensor, alpha: floa
     α = 0.5 splits the range evenly between activations and weights: after smoothing, max|X'_j| = max|W'_j|.
     Features that never fire (max|X_j| = 0) get s = 1.
     """
-    check_float("alpha", alpha, 0.0, 1.0)
+    alpha = check_float("alpha", alpha, 0.0, 1.0)
     if not isinstance(weight, torch.Tensor) or not check_has_data("weight", weight).is_floating_point() \
             or weight.dim() != 2:
         raise TypeError(f"weight must be a 2-D float tensor (out, in), got {tensor_kind(weight)}")
@@ -141,7 +146,7 @@ def smooth_model(model: GPT, calibration: torch.Tensor, alpha: float = 0.5) -> G
     activations of `calibration` (N, T) in the *original* model, block by block.
     """
     check_fp32_model(model, "smooth_model")
-    check_float("alpha", alpha, 0.0, 1.0)
+    alpha = check_float("alpha", alpha, 0.0, 1.0)
     # checked here, under this function's own argument name (input_absmax would name its `tokens`)
     calibration = check_calibration(model, calibration, "smooth_model (calibration)")
     absmax = input_absmax(model, calibration)

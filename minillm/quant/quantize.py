@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from minillm.core.config import check_float_tensor, check_has_data, check_strided, tensor_kind
+from minillm.core.config import (brief, check_float_tensor, check_has_data, check_strided, number_kind, plain_number,
+                                 tensor_kind)
 
 BITS = (4, 8)
 GRANULARITIES = ("tensor", "channel", "group")
@@ -38,10 +39,11 @@ GRANULARITIES = ("tensor", "channel", "group")
 
 def _check_bits(bits: object) -> int:
     if not isinstance(bits, int):  # 8.0 would pass `in BITS`; bool is an int, refused below as a value
-        raise TypeError(f"bits must be an int, one of {BITS}, got {type(bits).__name__} {bits!r}")
-    if isinstance(bits, bool) or bits not in BITS:
-        raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
-    return int(bits)  # type: ignore[arg-type]
+        raise TypeError(f"bits must be an int, one of {BITS}, got {number_kind(bits)}")
+    # the plain int: an int subclass whose == always says True would pass `in BITS`
+    if isinstance(bits, bool) or int.__index__(bits) not in BITS:
+        raise ValueError(f"bits must be one of {BITS}, got {brief(bits)}")
+    return int.__index__(bits)
 
 
 def _check_float(name: str, x: object) -> torch.Tensor:
@@ -50,7 +52,7 @@ def _check_float(name: str, x: object) -> torch.Tensor:
 
 def _check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {brief(value)}")
     return value
 
 
@@ -67,23 +69,26 @@ def _check_dim(x: torch.Tensor, dim: object) -> tuple[int, ...]:
     dims = (dim,) if isinstance(dim, int) else dim
     if (not isinstance(dims, (tuple, list)) or not dims
             or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims)):
-        raise TypeError(f"dim must be an int, a non-empty tuple of ints or None, got {dim!r}")
+        raise TypeError(f"dim must be an int, a non-empty tuple of ints or None, got {brief(dim)}")
+    dims = tuple(int.__index__(d) for d in dims)  # the plain ints: an int subclass's comparisons are not consulted
     n = max(x.dim(), 1)  # torch lets a 0-d tensor be reduced along dim 0 or -1
     if not all(-n <= d < n for d in dims):
-        raise ValueError(f"dim={dim!r} is out of range for x with {x.dim()} dimensions")
+        raise ValueError(f"dim={brief(dims[0] if len(dims) == 1 else dims)} is out of range for x with {x.dim()} "
+                         "dimensions")
     if len({d % n for d in dims}) != len(dims):
-        raise ValueError(f"dim={dim!r} names the same dimension twice")
+        raise ValueError(f"dim={brief(dims)} names the same dimension twice")
     return tuple(d % n for d in dims)
 
 
-def _check_reducible(x: object, dim: int | tuple[int, ...] | None) -> torch.Tensor:
-    """x a float tensor with something to take a min/max over along `dim` (None = all of it)."""
+def _check_reducible(x: object, dim: int | tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """x a float tensor with something to take a min/max over along `dim` (None = all of it); returns the
+    dimensions as plain non-negative ints (`_check_dim`), or None for all of x."""
     x = _check_float("x", x)
     dims = _check_dim(x, dim)
     if x.numel() == 0 and (dim is None or any(x.shape[d] == 0 for d in dims)):
-        raise ValueError(f"x of shape {tuple(x.shape)} is empty along dim={dim!r}: there is no range to choose a "
+        raise ValueError(f"x of shape {tuple(x.shape)} is empty along dim={brief(dim)}: there is no range to choose a "
                          "scale from")
-    return x
+    return None if dim is None else dims
 
 
 def _check_broadcasts(name: str, t: torch.Tensor, x_name: str, x: torch.Tensor) -> None:
@@ -272,7 +277,7 @@ def symmetric_params(x: torch.Tensor, bits: int, dim: int | tuple[int, ...] | No
     subtle: a slice holding NaN (or inf) gets a NaN (inf) scale, so its de-quantized values are NaN, visibly wrong,
     never a plausible 0: `absmax > 0` is False for NaN, which is why the test is `absmax == 0` (no host sync).
     """
-    _check_reducible(x, dim)
+    dim = _check_reducible(x, dim)  # the plain dims
     _, qmax = qrange(bits, symmetric=True)
     absmax = x.abs().amax() if dim is None else x.abs().amax(dim=dim, keepdim=True)
     # subtle: a subnormal max|x| (1e-44) over qmax underflows to a zero scale; the smallest normal float codes it
@@ -288,7 +293,7 @@ def asymmetric_params(x: torch.Tensor, bits: int, dim: int | tuple[int, ...] | N
     NaN or inf in x is a ValueError naming x (one host sync): unlike `symmetric_params`, whose NaN scale carries
     the NaN through, the zero point round(-min / scale) would be NaN cast to uint8, a plausible code.
     """
-    _check_reducible(x, dim)
+    dim = _check_reducible(x, dim)  # the plain dims
     check_finite("x", x)
     _, qmax = qrange(bits, symmetric=False)
     if dim is None:
@@ -431,7 +436,7 @@ def _grouped_view(x: torch.Tensor, granularity: str, group_size: int | None) -> 
     if x.dim() == 0:
         raise ValueError("x is a 0-d tensor: quantize needs at least one dimension (x.reshape(1) for a scalar)")
     if granularity != "group" and group_size is not None:  # else it would be ignored: one scale per row or tensor
-        raise ValueError(f"group_size={group_size!r} applies to granularity='group' only, got granularity="
+        raise ValueError(f"group_size={brief(group_size)} applies to granularity='group' only, got granularity="
                          f"{granularity!r}; leave group_size None")
     if granularity == "tensor":
         return x.reshape(1, 1, -1)  # (1, 1, numel)
@@ -439,10 +444,11 @@ def _grouped_view(x: torch.Tensor, granularity: str, group_size: int | None) -> 
     cols = x[0].numel() if rows else 0
     if granularity == "channel":
         return x.reshape(rows, 1, cols)  # (rows, 1, cols)
+    group_size = plain_number(group_size)  # an int subclass's own comparisons are not consulted
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
-        raise ValueError(f"group-wise quantization needs a positive int group_size, got {group_size!r}")
+        raise ValueError(f"group-wise quantization needs a positive int group_size, got {brief(group_size)}")
     if cols % group_size:
-        raise ValueError(f"group_size={group_size} does not divide the row length {cols} of a tensor shaped "
+        raise ValueError(f"group_size={brief(group_size)} does not divide the row length {cols} of a tensor shaped "
                          f"{tuple(x.shape)}")
     return x.reshape(rows, cols // group_size, group_size)  # (rows, groups, g)
 

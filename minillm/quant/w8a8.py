@@ -87,7 +87,7 @@ def _check_layer(layer: object) -> None:
 
 
 def _check_threshold(threshold: object) -> float:
-    check_float("threshold", threshold, 0.0, include_minimum=False)
+    threshold = check_float("threshold", threshold, 0.0, include_minimum=False)
     return float(threshold)  # type: ignore[arg-type]
 
 

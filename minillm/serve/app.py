@@ -65,9 +65,10 @@ class ServeOptions:
         if not self.model_name:
             raise ValueError("ServeOptions.model_name must not be empty: clients pass it as `model`")
         for name in ("max_queued_requests", "max_queued_tokens", "max_request_bytes"):
-            check_int(f"ServeOptions.{name}", getattr(self, name))
-        check_float("ServeOptions.request_timeout", self.request_timeout, minimum=0.0, include_minimum=False)
-        check_float("ServeOptions.shutdown_timeout", self.shutdown_timeout, minimum=0.0)
+            setattr(self, name, check_int(f"ServeOptions.{name}", getattr(self, name)))  # stored as the plain int
+        self.request_timeout = check_float("ServeOptions.request_timeout", self.request_timeout, minimum=0.0,
+                                           include_minimum=False)
+        self.shutdown_timeout = check_float("ServeOptions.shutdown_timeout", self.shutdown_timeout, minimum=0.0)
 
 
 class Server:
@@ -428,7 +429,7 @@ def loopback_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     with the address in its message."""
     if not isinstance(host, str) or not host:
         raise TypeError(f"host must be a non-empty str (an address or a name), got {host!r}")
-    check_int("port", port, 0)
+    port = check_int("port", port, 0)
     if port > 65535:
         raise ValueError(f"port must be in [0, 65535] (0: a free one), got {port}")
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -462,7 +463,7 @@ class ServerThread:
     def __init__(self, server: Server, host: str = "127.0.0.1", timeout: float = 60.0):
         if not isinstance(server, Server):
             raise TypeError(f"server must be a minillm.serve.app.Server, got {type(server).__name__}")
-        check_float("timeout", timeout, minimum=0.0, include_minimum=False)
+        timeout = check_float("timeout", timeout, minimum=0.0, include_minimum=False)
         self.server = server
         self.sock = loopback_socket(host, 0)
         self.url = f"http://{host}:{self.sock.getsockname()[1]}"

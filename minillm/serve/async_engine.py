@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from minillm.core.config import check_float
+from minillm.core.config import brief, check_float
 from minillm.core.sampling import SamplingParams
 from minillm.engine.core import EngineCore
 from minillm.engine.request import RequestOutput
@@ -127,7 +127,7 @@ class AsyncEngine:
     def _init_routing(self, max_queued_requests: int, max_queued_tokens: int) -> None:
         for name, value in (("max_queued_requests", max_queued_requests), ("max_queued_tokens", max_queued_tokens)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+                raise ValueError(f"{name} must be a positive int, got {brief(value)}")
         self.max_queued_requests = max_queued_requests
         self.max_queued_tokens = max_queued_tokens
         self.queued_requests = 0  # in flight: accepted, not yet given every final output (event loop only)
@@ -312,8 +312,9 @@ def wait_until(predicate: Any, timeout: float, interval: float = 0.01) -> bool:
     """Poll `predicate()` until it is true or `timeout` seconds pass (threads, tests); returns the last value."""
     if not callable(predicate):
         raise TypeError(f"predicate must be a function of no arguments, got {type(predicate).__name__}")
-    check_float("timeout", timeout, minimum=0.0)  # subtle: a NaN deadline is never passed: it would poll forever
-    check_float("interval", interval, minimum=0.0)
+    # subtle: a NaN deadline is never passed: it would poll forever
+    timeout = check_float("timeout", timeout, minimum=0.0)
+    interval = check_float("interval", interval, minimum=0.0)
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:

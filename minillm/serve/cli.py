@@ -144,8 +144,8 @@ class ServerProcess:
         if isinstance(args, str) or not all(isinstance(a, str) for a in args):
             raise TypeError(f"args must be a list of command-line strings, got {args!r}")
         if threads is not None:
-            check_int("threads", threads)
-        check_float("timeout", timeout, minimum=0.0, include_minimum=False)
+            threads = check_int("threads", threads)
+        timeout = check_float("timeout", timeout, minimum=0.0, include_minimum=False)
         self.cmd = [sys.executable, "-m", "minillm", "serve", "--host", "127.0.0.1", "--port", "0", *args]
         if threads is not None:
             self.cmd += ["--threads", str(threads)]

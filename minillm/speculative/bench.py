@@ -60,9 +60,7 @@ def _check_ints(name: str, values: object, minimum: int = 1) -> list[int]:
         raise TypeError(f"{name} must be a list of ints, got {type(values).__name__} {values!r}")
     if not values:
         raise ValueError(f"{name} must not be empty")
-    for i, v in enumerate(values):
-        check_int(f"{name}[{i}]", v, minimum)
-    return list(values)
+    return [check_int(f"{name}[{i}]", v, minimum) for i, v in enumerate(values)]  # the plain ints
 
 
 def _check_prompt(name: str, prompt: object, vocab_size: int) -> list[int]:
@@ -92,15 +90,16 @@ def _check_pair(target: GPT, draft: GPT, who: str) -> None:
 
 def expected_tokens_per_call(alpha: float, gamma: int) -> float:
     """(1 - α^(γ+1)) / (1 - α): tokens one target forward yields when each draft is kept with probability α."""
-    check_float("alpha", alpha, 0.0, 1.0)
-    check_int("gamma", gamma, 0)
+    alpha = check_float("alpha", alpha, 0.0, 1.0)
+    gamma = check_int("gamma", gamma, 0)
     return (1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1.0
 
 
 def predicted_speedup(alpha: float, gamma: int, c: float, verify_cost: float = 1.0) -> float:
     """The cost model: tokens per round over the round's cost in target steps (γ drafts at c, one verify)."""
-    check_float("c", c, 0.0)
-    check_float("verify_cost", verify_cost, 0.0, include_minimum=False)
+    gamma = check_int("gamma", gamma, 0)
+    c = check_float("c", c, 0.0)
+    verify_cost = check_float("verify_cost", verify_cost, 0.0, include_minimum=False)
     return expected_tokens_per_call(alpha, gamma) / (gamma * c + verify_cost)
 
 
@@ -116,8 +115,8 @@ def forward_costs(target: GPT, draft: GPT, prompt: list[int], ts: list[int], con
     draft step costs the loop and not a lighter stand-in.
     """
     ts = _check_ints("ts", ts)
-    check_int("context", context)
-    check_int("repeats", repeats)
+    context = check_int("context", context)
+    repeats = check_int("repeats", repeats)
     for who, model, T in (("target", target, max(ts)), ("draft", draft, 1)):
         cfg = require_model(model, f"forward_costs ({who})")
         _check_prompt("prompt", prompt, cfg.vocab_size)
@@ -164,7 +163,7 @@ def matmul_costs(model: GPT, ts: list[int], repeats: int = 40) -> dict[str, Any]
     """
     window = require_model(model, "matmul_costs: model").block_size
     ts = _check_ints("ts", ts)
-    check_int("repeats", repeats)
+    repeats = check_int("repeats", repeats)
     if max(ts) > window:  # a forward never feeds more rows than the window; far past it, the allocator fails
         raise ValueError(f"ts holds T={max(ts)}, more rows than the model's context window block_size={window}")
     layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]  # (out, in) weights, lm_head tied
@@ -223,8 +222,8 @@ def greedy_sweep(target: GPT, draft: GPT, prompts: list[list[int]], new_tokens: 
     _check_pair(target, draft, "greedy_sweep")
     prompts = _check_prompts("prompts", prompts, target.config.vocab_size)
     gammas = [check_gamma(g) for g in _check_ints("gammas", gammas)]
-    check_int("new_tokens", new_tokens)
-    check_int("repeats", repeats)
+    new_tokens = check_int("new_tokens", new_tokens)
+    repeats = check_int("repeats", repeats)
     fits = target.config.block_size - COST_CONTEXT - 1  # forward_costs times γ+1 tokens after COST_CONTEXT cached
     if max(gammas) > fits:
         raise ValueError(f"gammas holds gamma={max(gammas)}: forward_costs times its verify of {max(gammas) + 1} "
@@ -280,10 +279,10 @@ def prompt_lookup(target: GPT, prompt: list[int], new_tokens: int, gamma: int = 
                   repeats: int = 3) -> dict[str, Any]:
     """n-gram drafting from the sequence itself against the target alone: identical tokens and the speed-up."""
     _check_prompt("prompt", prompt, require_model(target, "prompt_lookup").vocab_size)
-    check_int("new_tokens", new_tokens)  # 0 would time two loops that generate nothing
-    check_gamma(gamma)
-    check_int("ngram", ngram)
-    check_int("repeats", repeats)
+    new_tokens = check_int("new_tokens", new_tokens)  # 0 would time two loops that generate nothing
+    gamma = check_gamma(gamma)
+    ngram = check_int("ngram", ngram)
+    repeats = check_int("repeats", repeats)
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
     alone = generate_ids(target, prompt, params)
     out, stats = generate_prompt_lookup(target, prompt, params, gamma=gamma, ngram=ngram)
@@ -299,8 +298,8 @@ def prompt_lookup(target: GPT, prompt: list[int], new_tokens: int, gamma: int = 
 
 def chi_square_p_value(chi2: float, dof: int) -> float:
     """P(X >= chi2) for X ~ chi-square(dof): the upper regularized incomplete gamma function Q(dof/2, chi2/2)."""
-    check_float("chi2", chi2, 0.0)
-    check_int("dof", dof)
+    chi2 = check_float("chi2", chi2, 0.0)
+    dof = check_int("dof", dof)
     return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
                                          torch.tensor(chi2 / 2, dtype=torch.float64)))
 
@@ -329,7 +328,7 @@ def chi_square_test(counts: torch.Tensor, p: torch.Tensor, bins: int = 10) -> Ch
     counts = counts.double()
     if counts.shape != p.shape:
         raise ValueError(f"counts {tuple(counts.shape)} and p {tuple(p.shape)} must both be (V,)")
-    check_int("bins", bins)
+    bins = check_int("bins", bins)
     if bins >= p.numel():
         raise ValueError(f"bins={bins} must be below V={p.numel()} (the last bin holds the rest)")
     check_distributions("p", p)
@@ -360,8 +359,8 @@ def sampling_exactness(target: GPT, draft: GPT, prompt: list[int], draws: int = 
     """At one prefix: draw x ~ q, run the acceptance rule (γ = 1) `draws` times; the first emitted token against p."""
     _check_pair(target, draft, "sampling_exactness")
     _check_prompt("prompt", prompt, target.config.vocab_size)
-    check_int("draws", draws)
-    check_seed(seed)
+    draws = check_int("draws", draws)
+    seed = check_seed(seed)
     sp = SamplingParams(temperature=1.0)
     with torch.inference_mode():
         ids = torch.tensor([prompt], device=target.device)
@@ -392,9 +391,9 @@ def hf_assisted(target: GPT, draft: GPT, prompt: list[int], new_tokens: int, gam
     """
     _check_pair(target, draft, "hf_assisted")
     _check_prompt("prompt", prompt, target.config.vocab_size)
-    check_int("new_tokens", new_tokens)
-    check_gamma(gamma)
-    check_int("repeats", repeats)
+    new_tokens = check_int("new_tokens", new_tokens)
+    gamma = check_gamma(gamma)
+    repeats = check_int("repeats", repeats)
     hf_t = to_hf_model(target, attn_implementation="sdpa")
     hf_d = to_hf_model(draft, attn_implementation="sdpa")
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
@@ -454,7 +453,7 @@ def encode(tokenizer: Any, text: str) -> list[int]:
 def code_prompt(tokenizer: Any, tokens: int = 200) -> list[int]:
     """The last `tokens` tokens of some validation-split Python source (1500 bytes of it): in-domain text that
     repeats itself. More tokens than those bytes hold is a ValueError naming `tokens`, not a shorter prompt."""
-    check_int("tokens", tokens)
+    tokens = check_int("tokens", tokens)
     check_tokenizer(tokenizer)
     ids = encode(tokenizer, corpus_sample(1500, split="val"))
     if tokens > len(ids):
@@ -466,8 +465,8 @@ def code_prompts(tokenizer: Any, count: int, tokens: int = 48) -> list[list[int]
     """`count` prompts of `tokens` tokens cut at evenly spaced places of the validation split: held-out Python
     source, the kind of text both models were trained on, with none of it seen in training. More tokens than the
     sample holds is a ValueError naming `tokens`, not shorter prompts."""
-    check_int("count", count)
-    check_int("tokens", tokens)
+    count = check_int("count", count)
+    tokens = check_int("tokens", tokens)
     check_tokenizer(tokenizer)
     ids = encode(tokenizer, corpus_sample(4000 * count, split="val"))
     if tokens + count - 1 > len(ids):  # else the last prompts would come back shorter than `tokens`
@@ -482,8 +481,8 @@ def run_all(device: torch.device, quick: bool = False, seed: int = 0, prompts: i
     sweep again with `draft-distilled` (chapter 11) when that checkpoint is shipped. `prompts` overrides how many
     prompts the sweeps run over (default 6, quick 3; the tour takes 4 to stay inside its time budget)."""
     if prompts is not None:
-        check_int("prompts", prompts)  # before the models load
-    check_seed(seed)  # likewise: sampling_exactness, after the greedy sweeps, would refuse it
+        prompts = check_int("prompts", prompts)  # before the models load
+    seed = check_seed(seed)  # likewise: sampling_exactness, after the greedy sweeps, would refuse it
     tgt, dft = load_model("base", device, seed), load_model("draft", device, seed)
     tok = tgt.tokenizer
     prompt = tok.encode(FIB_PROMPT)
@@ -580,8 +579,8 @@ def format_report(r: dict[str, Any]) -> str:
 
 def chi_square_quantile(dof: int, tail: float) -> float:
     """The x with P(X >= x) = tail for X ~ chi-square(dof), by bisection on `chi_square_p_value`."""
-    check_int("dof", dof)
-    check_float("tail", tail, 0.0, 1.0, include_minimum=False)
+    dof = check_int("dof", dof)
+    tail = check_float("tail", tail, 0.0, 1.0, include_minimum=False)
     lo, hi = 0.0, 1.0
     while chi_square_p_value(hi, dof) > tail:
         hi *= 2

@@ -64,10 +64,10 @@ class SpeculativeConfig:
         where the config is used (`SpeculativeLLM`): a dataclass's fields can be reassigned after __post_init__."""
         if self.method not in METHODS:
             raise ValueError(f"SpeculativeConfig.method must be one of {METHODS}, got {self.method!r}")
-        check_int("SpeculativeConfig.gamma", self.gamma, 1)
+        self.gamma = check_int("SpeculativeConfig.gamma", self.gamma, 1)  # the plain int: its comparisons cannot lie
         if self.gamma > MAX_GAMMA:
             raise ValueError(f"SpeculativeConfig.gamma must be at most {MAX_GAMMA}, got {self.gamma}")
-        check_int("SpeculativeConfig.ngram", self.ngram, 1)
+        self.ngram = check_int("SpeculativeConfig.ngram", self.ngram, 1)
 
 
 # ----------------------------------------------------------------------------------------------- drafters
@@ -191,7 +191,7 @@ class SpeculativeScheduler(Scheduler):
         super().__init__(config, block_manager)
         self.drafter = drafter
         self.gamma = check_gamma(gamma)
-        check_int("vocab_size", vocab_size)
+        vocab_size = check_int("vocab_size", vocab_size)
         self.vocab_size = vocab_size  # the target's: every draft token must be one of its ids
         self.num_proposed = 0  # draft tokens scheduled for verification
         self.num_accepted = 0  # of those, kept by the acceptance rule (before a stop rule cut the output)

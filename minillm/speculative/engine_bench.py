@@ -43,7 +43,7 @@ from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.workload import check_load_list
 from minillm.bench.tables import markdown_table
-from minillm.core.config import check_float, check_int
+from minillm.core.config import brief, check_float, check_int
 from minillm.core.corpus import corpus_sample
 from minillm.core.device import resolve_device
 from minillm.core.model import GPT
@@ -65,7 +65,7 @@ QUICK = dict(loads=(1, 8), new_tokens=32, requests_per_slot=2, repeats=1)  # run
 
 def code_pieces(window: int = 1500) -> list[str]:
     """The validation split's Python files (split at end-of-text) cut into `window`-character pieces, in order."""
-    check_int("window", window)
+    window = check_int("window", window)
     docs = corpus_sample(10**9, split="val").split(EOT)
     return [d[o : o + window] for d in docs for o in range(0, len(d) - window + 1, window)]
 
@@ -75,7 +75,7 @@ def check_loads(loads: object, requests_per_slot: int = REQUESTS_PER_SLOT) -> li
     prompts (`requests_per_slot` per batch slot, one `code_pieces` piece each) the validation split holds; a
     TypeError/ValueError naming loads otherwise, checked before any model loads (`run`, the command line)."""
     loads = check_load_list(loads)
-    check_int("requests_per_slot", requests_per_slot)
+    requests_per_slot = check_int("requests_per_slot", requests_per_slot)
     need, have = requests_per_slot * max(loads), len(code_pieces())
     if need > have:
         raise ValueError(f"loads: the highest load {max(loads)} needs {need} prompts ({requests_per_slot} per batch "
@@ -87,8 +87,9 @@ def code_prompts(tokenizer: Any, n: int, prompt_len: int = 128, window: int = 15
     """n code-completion prompts: the last `prompt_len` tokens of `window`-character pieces of the validation split's
     Python files (split at end-of-text), spread evenly over it, so no two prompts share text. A piece holding fewer
     than `prompt_len` tokens is a ValueError naming prompt_len (and window), not a shorter prompt."""
-    for name, value in (("n", n), ("prompt_len", prompt_len), ("window", window)):
-        check_int(name, value)
+    n = check_int("n", n)
+    prompt_len = check_int("prompt_len", prompt_len)
+    window = check_int("window", window)
     check_tokenizer(tokenizer)
     pieces = code_pieces(window)
     if n > len(pieces):
@@ -127,8 +128,9 @@ def load_point(target: GPT, prompts: list[list[int]], concurrency: int, new_toke
         raise TypeError(f"fused_step must be a bool, got {fused_step!r}")
     if fused_step:  # chapter 13's C++ step, by name (as the C++ attention is): its module loads on first use
         target = step_model(FUSED_STEP, target)
-    for name, value in (("concurrency", concurrency), ("new_tokens", new_tokens), ("repeats", repeats)):
-        check_int(name, value)
+    concurrency = check_int("concurrency", concurrency)
+    new_tokens = check_int("new_tokens", new_tokens)
+    repeats = check_int("repeats", repeats)
     if not isinstance(prompts, (list, tuple)) or not prompts or not all(isinstance(p, (list, tuple)) and p
                                                                         for p in prompts):
         raise ValueError(f"prompts must be a non-empty list of non-empty prompts, got {prompts!r}")
@@ -170,7 +172,7 @@ def crossover(points: Sequence[dict[str, Any]], key: str = "ratio") -> int | Non
     points: records of `load_point` (any dicts holding "concurrency", a positive int, and `key`, a real number); a
     record without them is a TypeError/ValueError naming it, not a KeyError from the middle of the sort."""
     if not isinstance(key, str):
-        raise TypeError(f"key must be a str naming the ratio field, got {type(key).__name__} {key!r}")
+        raise TypeError(f"key must be a str naming the ratio field, got {type(key).__name__} {brief(key)}")
     if not isinstance(points, (list, tuple)):
         raise TypeError(f"points must be a list of load_point records (dicts), got {type(points).__name__}")
     for i, p in enumerate(points):
@@ -179,9 +181,9 @@ def crossover(points: Sequence[dict[str, Any]], key: str = "ratio") -> int | Non
         missing = [k for k in ("concurrency", key) if k not in p]
         if missing:
             raise ValueError(f"points[{i}] has no {missing[0]!r} field (it holds {list(p)}); crossover needs "
-                             f"'concurrency' and {key!r} in every record")
+                             f"'concurrency' and {brief(key)} in every record")
         check_int(f"points[{i}]['concurrency']", p["concurrency"])
-        check_float(f"points[{i}][{key!r}]", p[key])
+        check_float(f"points[{i}][{brief(key)}]", p[key])
     found = None
     for p in sorted(points, key=lambda p: p["concurrency"]):
         if p[key] < 1.0:
@@ -200,9 +202,10 @@ def load_sweep(target: GPT, tokenizer: Any, loads: Sequence[int] = DEFAULT_LOADS
     speculative = speculative if speculative is not None else SpeculativeConfig()
     if not isinstance(speculative, SpeculativeConfig):
         raise TypeError(f"speculative must be a SpeculativeConfig, got {type(speculative).__name__}")
-    for name, value in (("new_tokens", new_tokens), ("prompt_len", prompt_len),
-                        ("requests_per_slot", requests_per_slot), ("repeats", repeats)):
-        check_int(name, value)
+    new_tokens = check_int("new_tokens", new_tokens)
+    prompt_len = check_int("prompt_len", prompt_len)
+    requests_per_slot = check_int("requests_per_slot", requests_per_slot)
+    repeats = check_int("repeats", repeats)
     loads = check_loads(loads, requests_per_slot)
     pool = code_prompts(tokenizer, requests_per_slot * max(loads), prompt_len)
     points = [load_point(target, pool[: requests_per_slot * c], c, new_tokens, speculative, draft, repeats,
@@ -236,7 +239,7 @@ def run(device: torch.device | str = "cpu", quick: bool = False, method: str = "
         raise ValueError(f"attention_backend must be one of {BACKENDS}, got {attention_backend!r}")
     spec = SpeculativeConfig(method=method, gamma=gamma)  # checks method and gamma before the models load
     size = sweep_sizes(quick, loads)  # and the loads, and the seed
-    check_seed(seed)
+    seed = check_seed(seed)
     device = resolve_device(device) if isinstance(device, str) else device
     tgt = load_model("base", device, seed)
     draft = load_model("draft", device, seed) if method == "draft-model" else None

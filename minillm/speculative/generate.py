@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch
 
-from minillm.core.config import (check_device, check_float_tensor, check_has_data, check_int, is_float_compute,
+from minillm.core.config import (brief, check_device, check_float_tensor, check_has_data, check_int, is_float_compute,
                                  tensor_kind)
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, probs_from_logits, sample_next
@@ -64,7 +64,7 @@ MAX_GAMMA = 64  # draft tokens per round: far past any useful γ (the expected t
 
 def check_gamma(gamma: object) -> int:
     """γ, the number of draft tokens per round: an int in [1, MAX_GAMMA], else TypeError/ValueError naming it."""
-    check_int("gamma", gamma, 1)
+    gamma = check_int("gamma", gamma, 1)
     if gamma > MAX_GAMMA:  # type: ignore[operator]
         raise ValueError(f"gamma must be at most {MAX_GAMMA} draft tokens per round, got {gamma}")
     return gamma  # type: ignore[return-value]
@@ -84,7 +84,7 @@ def check_params(params: object) -> SamplingParams:
     `__post_init__`, so a field set afterwards (top_k=-3, max_new_tokens='8') would be used as it is; TypeError /
     ValueError naming params or the field otherwise."""
     if not isinstance(params, SamplingParams):
-        raise TypeError(f"params must be a SamplingParams, got {type(params).__name__} {params!r:.80}")
+        raise TypeError(f"params must be a SamplingParams, got {type(params).__name__} {brief(params)}")
     return dataclasses.replace(params)  # re-runs __post_init__
 
 
@@ -102,7 +102,7 @@ def sample_draft(logits: torch.Tensor, params: SamplingParams, generator: torch.
                          f"{tuple(logits.shape)}")
     params = check_params(params)
     check_generator(generator, logits.device)
-    check_int("step", step, 0)
+    step = check_int("step", step, 0)
     if params.is_greedy:
         tok = int(torch.argmax(logits[0]))  # sample_next's greedy pick (first index on ties)
         q = torch.zeros(logits.size(1), device=logits.device)  # (V,) a point mass: the draft is deterministic
@@ -121,7 +121,7 @@ class DraftModelProposer:
 
     def __init__(self, draft: GPT, max_len: int):
         cfg = require_model(draft, "DraftModelProposer (draft)")
-        check_int("max_len", max_len, 1)
+        max_len = check_int("max_len", max_len, 1)
         if max_len > cfg.block_size:  # the draft sees no position past its window: the cache needs no more slots
             raise ValueError(f"max_len={max_len} is past the draft's context window block_size={cfg.block_size}")
         self.model = draft
@@ -157,8 +157,8 @@ class PromptLookupProposer:
     """Drafts by copying what followed the most recent earlier occurrence of the last n-gram; no model at all."""
 
     def __init__(self, ngram: int, vocab_size: int, device: torch.device):
-        check_int("ngram", ngram, 1)
-        check_int("vocab_size", vocab_size, 1)
+        ngram = check_int("ngram", ngram, 1)
+        vocab_size = check_int("vocab_size", vocab_size, 1)
         self.ngram = int.__index__(ngram)  # a plain int (of an int subclass too): `lookup` takes nothing else
         self.vocab_size = vocab_size  # for the one-hot q of sampling mode
         self.device = check_device("device", device)
@@ -172,7 +172,7 @@ class PromptLookupProposer:
         # of seq (hundreds) each round was 5% of a fused round; seq is a copy of the round loop's list
         outside = [t for t in tokens if t >= self.vocab_size]  # copied from seq: a bad id there comes back as a draft
         if outside:
-            raise ValueError(f"seq holds token id {outside[0]}, outside the vocabulary [0, {self.vocab_size})")
+            raise ValueError(f"seq holds token id {brief(outside[0])}, outside the vocabulary [0, {self.vocab_size})")
         if not tokens or state.params.is_greedy:
             return tokens, None
         # A copied draft is a point mass: q = one-hot, so a token is kept with probability p(x) and a rejection
@@ -192,14 +192,14 @@ def prompt_lookup_proposals(ids: list[int], gamma: int, ngram: int = 3) -> list[
     so γ = 3 gives [3, 9, 1]. No earlier occurrence (or ids shorter than ngram + 1): [] (the caller then takes a
     plain one-token step). Saxena 2023, "Prompt Lookup Decoding"; Hugging Face's `prompt_lookup_num_tokens`.
     """
-    check_gamma(gamma)
-    check_int("ngram", ngram, 1)
+    gamma = check_gamma(gamma)
+    ngram = check_int("ngram", ngram, 1)
     if not isinstance(ids, (list, tuple)):
         raise TypeError(f"ids must be a list of ints, got {type(ids).__name__}")
     plain = []  # the plain ints the ids hold: an int subclass's own comparisons are never consulted
     for pos, tok in enumerate(ids):  # what is copied comes back as drafts: only token ids may
         if not isinstance(tok, int) or isinstance(tok, bool):
-            raise TypeError(f"ids[{pos}] must be an int token id, got {type(tok).__name__} {tok!r:.80}")
+            raise TypeError(f"ids[{pos}] must be an int token id, got {type(tok).__name__} {brief(tok)}")
         plain.append(int.__index__(tok))
         if plain[-1] < 0:
             raise ValueError(f"ids[{pos}] = {plain[-1]} is not a token id (negative)")
@@ -228,7 +228,7 @@ def lookup(ids: list[int], gamma: int, ngram: int) -> list[int]:
 def _start(target: Any, prompt_ids: Any, params: SamplingParams, gamma: int, tokenizer: Any,
            eos_id: int | None) -> RequestState:
     cfg = require_model(target, "speculative decoding (target)")
-    check_gamma(gamma)
+    gamma = check_gamma(gamma)
     check_eos_id(eos_id, cfg.vocab_size)
     params = check_params(params)  # a field mutated after construction reached '<' in start_request
     state = start_request(cfg, prompt_ids, params, tokenizer, eos_id, device=target.device)
@@ -258,7 +258,7 @@ def check_proposal(drafts: Any, q: Any, vocab_size: int, sampling: bool) -> tupl
     ValueError naming the proposer's drafts or q, or sampling (a custom proposer's bad id was torch's IndexError in
     the embedding; a q of the wrong shape was reported as the target's p)."""
     if not isinstance(sampling, bool):  # 'no' read as True blamed q; None read as False skipped q's check
-        raise TypeError(f"sampling must be a bool, got {type(sampling).__name__} {sampling!r:.80}")
+        raise TypeError(f"sampling must be a bool, got {type(sampling).__name__} {brief(sampling)}")
     drafts = check_draft_tokens(drafts, vocab_size, "the proposer's drafts")
     if not sampling or not drafts:
         return drafts, q
@@ -307,7 +307,7 @@ def run_rounds(state: RequestState, proposer: Any, gamma: int, cache: Any,
         proposal = proposer.propose(list(seq), g, state) if g > 0 else ([], None)  # a copy: seq is the round's
         if not isinstance(proposal, tuple) or len(proposal) != 2:
             raise TypeError(f"the proposer's ({name}) propose() must return a pair (drafts, q or None), got "
-                            f"{type(proposal).__name__} {proposal!r:.80}")
+                            f"{type(proposal).__name__} {brief(proposal)}")
         drafts, q = check_proposal(*proposal, cache.config.vocab_size, not state.params.is_greedy)
         if len(drafts) > g:  # as the engine's scheduler does: the first g are verified, the rest never were asked
             # for (the verify's positions, and the cache and window room behind them, were sized for g)
@@ -365,6 +365,6 @@ def generate_prompt_lookup(target: GPT, prompt_ids: Any, params: SamplingParams,
 
     Rounds with no earlier match of the last n-gram are plain one-token steps. Output as the target alone gives.
     """
-    check_int("ngram", ngram, 1)
+    ngram = check_int("ngram", ngram, 1)
     state = _start(target, prompt_ids, params, gamma, tokenizer, eos_id)
     return _run(target, state, PromptLookupProposer(ngram, target.config.vocab_size, target.device), gamma)

@@ -25,7 +25,7 @@ from typing import Sequence
 
 import torch
 
-from minillm.core.config import MAX_TENSOR_ELEMENTS, check_has_data, check_int, is_float_compute, tensor_kind
+from minillm.core.config import brief, check_has_data, check_int, is_float_compute, MAX_TENSOR_ELEMENTS, tensor_kind
 from minillm.core.sampling import SamplingParams, sample_next
 from minillm.core.stopping import check_token_ids
 
@@ -39,7 +39,7 @@ def prob_sum_tolerance(dtype: torch.dtype) -> float:
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype.itemsize < 2:
         raise TypeError(f"dtype must be a floating-point torch.dtype of probabilities (float16, bfloat16, float32 or "
-                        f"float64), got {dtype!r:.80}")
+                        f"float64), got {brief(dtype)}")
     return max(1e-3, 4 * torch.finfo(dtype).eps)
 
 
@@ -126,7 +126,8 @@ def check_draft_tokens(draft_tokens: object, vocab_size: int, name: str = "draft
     """The draft tokens as a list of ints in [0, vocab_size); TypeError/ValueError naming a bad one (as `name`).
     vocab_size must be an int in [1, MAX_TENSOR_ELEMENTS] (bool refused; a distribution over the vocabulary is one
     tensor row): TypeError/ValueError naming it otherwise."""
-    check_int("vocab_size", vocab_size, 1)  # 2.5, inf, True or None compared with the ids named only the ids
+    # 2.5, inf, True or None compared with the ids named only the ids
+    vocab_size = check_int("vocab_size", vocab_size, 1)
     if vocab_size > MAX_TENSOR_ELEMENTS:
         raise ValueError(f"vocab_size must be at most {MAX_TENSOR_ELEMENTS} (MAX_TENSOR_ELEMENTS: its distributions "
                          f"are tensor rows), got {vocab_size:.3g}")

@@ -22,7 +22,7 @@ from numbers import Integral
 from pathlib import Path
 from typing import Any
 
-from minillm.core.config import number_kind
+from minillm.core.config import brief, number_kind
 from minillm.core.io import atomic_write_bytes, atomic_write_text
 from minillm.tokenizer import formats
 from minillm.tokenizer.encode import encode_chunk, encode_chunk_fast
@@ -46,7 +46,7 @@ class Tokenizer:
             raise TypeError(f"ranks must be a dict of bytes -> int, got {type(ranks).__name__}")
         for tok, rank in ranks.items():
             if not isinstance(tok, bytes) or not isinstance(rank, int) or isinstance(rank, bool):
-                raise TypeError(f"ranks must map bytes -> int, got {tok!r}: {rank!r}")
+                raise TypeError(f"ranks must map bytes -> int, got {brief(tok)}: {rank!r}")
         missing = [b for b in range(256) if bytes([b]) not in ranks]
         if missing:
             raise ValueError(f"ranks lack {len(missing)} of the 256 single-byte tokens (first: byte {missing[0]}); "
@@ -60,7 +60,7 @@ class Tokenizer:
             if not isinstance(s, str) or not s:
                 raise TypeError(f"special token names must be non-empty str, got {s!r}")
             if not isinstance(i, int) or isinstance(i, bool) or i < len(ranks):
-                raise ValueError(f"special token {s!r} has id {i!r}; special ids must be ints >= {len(ranks)} "
+                raise ValueError(f"special token {s!r} has id {brief(i)}; special ids must be ints >= {len(ranks)} "
                                  f"(after the mergeable ranks)")
         if len(set(special_tokens.values())) != len(special_tokens):
             raise ValueError(f"special token ids must be distinct, got {special_tokens!r}")
