@@ -432,7 +432,7 @@ def _huge_calls():
 
 @pytest.mark.parametrize("case", sorted(_huge_calls()))
 def test_an_int_past_4300_digits_is_refused_naming_the_argument(case):
-    """The library's own message must not format such an int (it describes it by size, `brief`)."""
+    """The library's own message must not format such an int (it describes it by size, `short_repr`)."""
     call, name = _huge_calls()[case]
     with pytest.raises((TypeError, ValueError), match=re.escape(name)) as info:
         call()

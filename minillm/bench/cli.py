@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import torch
 
-from minillm.core.config import brief, check_threads
+from minillm.core.config import check_threads, short_repr
 from minillm.core.device import DEVICE_CHOICES
 from minillm.core.io import atomic_write_text, check_output_file
 from minillm.core.sampling import seed_argument
@@ -189,7 +189,7 @@ S = TypeVar("S")
 def pick_size(sizes: Mapping[str, S], size: str) -> S:
     """`sizes[size]`, or a ValueError naming the choices: a benchmark's `run_all(size=...)` checks before any work."""
     if size not in sizes:
-        raise ValueError(f"size must be one of {sorted(sizes)}, got {brief(size)}")
+        raise ValueError(f"size must be one of {sorted(sizes)}, got {short_repr(size)}")
     return sizes[size]
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from minillm.core.config import brief
+from minillm.core.config import short_repr
 
 RULES = {"l": "---", "r": "---:", "c": ":---:"}  # a column's rule under the header: left, right or centered
 
@@ -31,7 +31,7 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]], alig
     would render wrong)."""
     if isinstance(header, (str, bytes)) or not isinstance(header, Sequence) or not all(
             isinstance(h, str) for h in header):
-        raise TypeError(f"header must be a list of str (the column names), got {brief(header)}")
+        raise TypeError(f"header must be a list of str (the column names), got {short_repr(header)}")
     if not header:
         raise ValueError("header must name at least one column, got an empty list")
     if align is None:
@@ -45,7 +45,7 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]], alig
     for r, row in enumerate(rows):
         if isinstance(row, (str, bytes)) or not isinstance(row, Sequence) or len(row) not in (len(header),
                                                                                             len(header) + 1):
-            raise ValueError(f"rows[{r}] must hold {len(header)} cells (or one more, a note), got {brief(row)}")
+            raise ValueError(f"rows[{r}] must hold {len(header)} cells (or one more, a note), got {short_repr(row)}")
         lines.append("| " + " | ".join(_cell(c, f"rows[{r}]", i) for i, c in enumerate(row)) + " |")
     return "\n".join(lines) + "\n"
 
@@ -58,5 +58,5 @@ def _cell(value: object, where: str, i: int) -> str:
     except Exception as e:  # an int past Python's digit limit, a __str__ that raises
         raise ValueError(f"{where}[{i}] cannot be written as text: {type(e).__name__}: {str(e)[:80]}") from e
     if "\n" in text or "\r" in text:
-        raise ValueError(f"{where}[{i}] must be one line, got {brief(text)}")
+        raise ValueError(f"{where}[{i}] must be one line, got {short_repr(text)}")
     return re.sub(r"(?<!\\)\|", r"\\|", text)  # a "|" the caller escaped already stays as it is

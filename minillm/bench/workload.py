@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from minillm.core.config import brief, check_int
+from minillm.core.config import check_int, short_repr
 from minillm.core.sampling import SamplingParams
 from minillm.gpt.dataset import default_eval_tokens
 
@@ -113,11 +113,11 @@ def make_workload(
     seed (seed * 100003 + index), so the run repeats exactly. Same arguments, same workload, on every machine.
     """
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"n must be a positive int, got {brief(n)}")
+        raise ValueError(f"n must be a positive int, got {short_repr(n)}")
     if not (isinstance(rate, (int, float)) and rate > 0):
-        raise ValueError(f"rate must be a positive number of requests/s (math.inf for offline), got {brief(rate)}")
+        raise ValueError(f"rate must be a positive number of requests/s (math.inf for offline), got {short_repr(rate)}")
     if type(seed) is not int or not 0 <= seed < 2**63:  # numpy's generator refuses a negative seed in its own words
-        raise ValueError(f"seed must be an int in [0, 2**63) (the workload's generator), got {brief(seed)}")
+        raise ValueError(f"seed must be an int in [0, 2**63) (the workload's generator), got {short_repr(seed)}")
     pdist, odist = LengthDist.parse(prompt_len_dist), LengthDist.parse(output_len_dist)
     rng = np.random.default_rng(seed)
     if math.isinf(rate):
@@ -196,7 +196,7 @@ def check_load_list(loads: object, name: str = "loads", most: int | None = None)
     if most is not None:
         most = check_int("most", most)
     if isinstance(loads, (str, bytes)) or not isinstance(loads, (list, tuple)) or not loads:
-        raise ValueError(f"{name} must be a non-empty list of positive ints, got {brief(loads)}")
+        raise ValueError(f"{name} must be a non-empty list of positive ints, got {short_repr(loads)}")
     plain = []  # the plain ints: an int subclass's own comparisons are not consulted
     for i, load in enumerate(loads):
         load = check_int(f"{name}[{i}]", load)

@@ -49,7 +49,7 @@ from minillm.compile.decode import StaticDecoder, check_backend, check_eval_mode
 from minillm.compile.fused_speculative import generate_prompt_lookup_fused, generate_speculative_fused
 from minillm.compile.fused_step import MAX_VERIFY, FusedCPUDecoder
 from minillm.compile.mirror import check_plain_model
-from minillm.core.config import brief, check_int
+from minillm.core.config import check_int, short_repr
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed
 from minillm.core.timing import Timing, interleave, measure
@@ -96,10 +96,9 @@ def weight_streaming_bound(model: GPT, repeats: int = 9, calls: int = 50,
     if ways is not None and not (isinstance(ways, tuple) and len(ways) == 2 and isinstance(ways[0], dict)
                                  and ways[0] and all(callable(run) for run in ways[0].values())):
         raise TypeError(f"ways must be None or ({{way: run(steps)}}, bytes) with at least one way, as "
-                        f"streaming_ways returns, got {type(ways).__name__} {brief(ways)}")
-    if ways is not None:
-        check_int("ways[1] (the matrices' bytes)", ways[1])  # the bound's GB/s divides by it
+                        f"streaming_ways returns, got {type(ways).__name__} {short_repr(ways)}")
     ways, nbytes = ways if ways is not None else streaming_ways(model)
+    nbytes = check_int("ways[1] (the matrices' bytes)", nbytes)  # the bound's GB/s divides by it
 
     def seconds(run: Callable[[int], None]) -> float:
         t = measure(lambda: run(calls), warmup=1, repeats=repeats, device=model.device)
@@ -119,7 +118,7 @@ def _check_fused_comparison(model: GPT, params: SamplingParams, repeats: int, wh
     check_eval_mode(model, who)
     repeats = check_int("repeats", repeats)
     if not isinstance(params, SamplingParams):
-        raise TypeError(f"params must be greedy SamplingParams, got {type(params).__name__} {brief(params)}")
+        raise TypeError(f"params must be greedy SamplingParams, got {type(params).__name__} {short_repr(params)}")
     if not params.is_greedy:
         raise ValueError(f"params must be greedy (temperature 0): {who} compares greedy tokens, got "
                          f"temperature={params.temperature}")

@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 from torch.nn.modules import module as nn_module
 
-from minillm.core.config import brief, check_has_data, check_int, check_tensor_elements, GPTConfig
+from minillm.core.config import check_has_data, check_int, check_tensor_elements, GPTConfig, short_repr
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.core.stopping import validate_prompt
@@ -52,7 +52,7 @@ def integer_ids(name: str, value: Any, count: int) -> torch.Tensor:
     if isinstance(value, int) and not isinstance(value, bool):
         value = torch.tensor([value])
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a tensor of integer ids, got {type(value).__name__} {brief(value)}")
+        raise TypeError(f"{name} must be a tensor of integer ids, got {type(value).__name__} {short_repr(value)}")
     if value.dtype == torch.bool or value.is_floating_point() or value.is_complex():
         raise TypeError(f"{name} must hold integer ids, got dtype {value.dtype}")
     check_has_data(name, value)

@@ -43,7 +43,7 @@ from minillm.bench.workload import check_load_list, workload
 from minillm.compile.cpu_gemv import cpp_errors_as_value_errors, fast_cpu_model
 from minillm.compile.decode import check_eval_mode, eval_mode
 from minillm.compile.fused_step import LINEARS, WatchedModel, build_cpp_decoder
-from minillm.core.config import brief, check_has_data, check_int, tensor_kind
+from minillm.core.config import check_has_data, check_int, short_repr, tensor_kind
 from minillm.core.model import GPT
 from minillm.core.sampling import check_seed
 from minillm.core.timing import compare
@@ -162,7 +162,7 @@ def load_point(model: GPT, concurrency: int, repeats: int = 3, seed: int = 0) ->
         raise ValueError(f"concurrency must be at most {MAX_LOAD} requests at once, got {concurrency}")
     repeats = check_int("repeats", repeats)
     if type(seed) is not int or not 0 <= seed < 2**63:  # the workload's generator (numpy) takes these
-        raise ValueError(f"seed must be an int in [0, 2**63), got {brief(seed)}")
+        raise ValueError(f"seed must be an int in [0, 2**63), got {short_repr(seed)}")
     if model.config.vocab_size < MIXED_VOCAB:
         raise ValueError(f"model.config.vocab_size={model.config.vocab_size} cannot hold the mixed workload's prompts: "
                          f"real text in the shipped tokenizer's {MIXED_VOCAB} ids")
@@ -246,7 +246,8 @@ def step_costs(model: GPT, context: int = 160, sizes: Sequence[int] = STEP_SIZES
 def run(loads: Sequence[int] = LOADS, repeats: int = 3, seed: int = 0) -> dict[str, Any]:
     """Every load of `loads` on `base`, and the decode step's cost by batch size (`step_costs`), one torch thread as
     set by the caller."""
-    check_load_list(loads, most=MAX_LOAD)
+    loads = check_load_list(loads, most=MAX_LOAD)  # the plain ints
+    repeats = check_int("repeats", repeats)  # stored in the report as the plain int
     seed = check_seed(seed)
     loaded = load_model("base", "cpu", seed)
     points = [load_point(loaded.model, c, repeats, seed) for c in loads]

@@ -107,9 +107,9 @@ class FusedDraftProposer:
 
 
 def _start(target: FusedCPUDecoder, prompt_ids: Any, params: SamplingParams, gamma: int, tokenizer: Any,
-           eos_id: int | None) -> RequestState:
-    """The request's state, every argument checked (chapter 08's `_start` for a fused target): γ, the params
-    (n = 1), eos_id, and room in the target decoder's cache."""
+           eos_id: int | None) -> tuple[RequestState, int]:
+    """The request's state and γ as the plain int it holds, every argument checked (chapter 08's `_start` for a
+    fused target): γ, the params (n = 1), eos_id, and room in the target decoder's cache."""
     gamma = check_fused_gamma(gamma)
     cfg = target.model.config
     check_eos_id(eos_id, cfg.vocab_size)
@@ -121,7 +121,7 @@ def _start(target: FusedCPUDecoder, prompt_ids: Any, params: SamplingParams, gam
     if needed > target.max_len:
         raise ValueError(f"the target decoder's max_len={target.max_len} is too short for this request: it needs "
                          f"{needed} cache slots; build FusedCPUDecoder(target, max_len >= {needed})")
-    return state
+    return state, gamma
 
 
 @torch.inference_mode()
@@ -154,7 +154,7 @@ def generate_speculative_fused(target: FusedCPUDecoder, draft: FusedCPUDecoder, 
     if dv != tv:
         raise ValueError(f"the draft's vocab_size={dv} differs from the target's vocab_size={tv}: their tokens must "
                          "mean the same thing")
-    state = _start(target, prompt_ids, params, gamma, tokenizer, eos_id)
+    state, gamma = _start(target, prompt_ids, params, gamma, tokenizer, eos_id)
     needed = max(len(state.prompt_ids) + state.params.max_new_tokens - 1, 1)
     if needed > draft.max_len:  # at most the draft's block_size: a draft with a shorter window fails here too
         raise ValueError(f"the draft decoder's max_len={draft.max_len} is too short for this request: it needs "
@@ -172,7 +172,7 @@ def generate_prompt_lookup_fused(target: FusedCPUDecoder, prompt_ids: Any, param
     steps. Output as the target alone gives (greedy: the same tokens)."""
     target = _check_decoder("target", target)
     ngram = check_int("ngram", ngram, 1)
-    state = _start(target, prompt_ids, params, gamma, tokenizer, eos_id)
+    state, gamma = _start(target, prompt_ids, params, gamma, tokenizer, eos_id)
     with target.exclusive():  # one request at a time: the decoder holds one cache
         return _run(target, state, PromptLookupProposer(ngram, target.model.config.vocab_size, torch.device("cpu")),
                     gamma)

@@ -47,7 +47,7 @@ from minillm.compile.cpu_gemv import as_cpp_reads, cpp_errors_as_value_errors, l
 from minillm.compile.decode import (check_decoder_room, check_eval_mode, decoder_max_len, eval_mode, hooked_module,
                                     integer_ids)
 from minillm.compile.mirror import check_plain_model
-from minillm.core.config import brief, check_has_data, tensor_kind
+from minillm.core.config import check_has_data, short_repr, tensor_kind
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.core.stopping import check_token_ids
@@ -337,7 +337,7 @@ class WatchedModel:
             now = {k: v for k, v in vars(cls).items() if _watched_class_key(k)}
             key = next((k for k in set(now) | set(was) if now.get(k, _MISSING) is not was.get(k, _MISSING)), None)
             if key is not None:
-                return f"the class {cls.__module__}.{cls.__qualname__} was changed: its {brief(key)}"
+                return f"the class {cls.__module__}.{cls.__qualname__} was changed: its {short_repr(key)}"
         for t, was in self._tensor_types:
             if type(t) is not was:
                 return f"a tensor's class was changed from {was.__name__} to {type(t).__name__}"

@@ -46,7 +46,7 @@ from minillm.core.io import check_output_dir
 from minillm.core.sampling import SamplingParams
 from minillm.compile.llamacpp_build import (OUTTYPES, PINNED, QUANTIZED_TYPES, run_logged, build_llama_bench, convert,
                                             export_hf_dir, fetch_sources, quantize_gguf)
-from minillm.core.config import brief, check_float, check_int, check_sequence
+from minillm.core.config import check_float, check_int, check_sequence, short_repr
 from minillm.core.io import check_path
 from minillm.core.timing import measure
 from minillm.kvcache.generate import generate_ids
@@ -171,7 +171,7 @@ def check_rates(name: str, rates: object) -> dict[str, float]:
     what every other path is a fraction of); a TypeError / ValueError naming `name` and the entry otherwise, not a
     KeyError or a division by zero in the middle of a table."""
     if not isinstance(rates, dict):
-        raise TypeError(f"{name} must be a dict of path -> tok/s, got {type(rates).__name__} {brief(rates)}")
+        raise TypeError(f"{name} must be a dict of path -> tok/s, got {type(rates).__name__} {short_repr(rates)}")
     if REF not in rates:
         raise ValueError(f"{name} must hold {REF!r}, the rate every other path is a fraction of; it has "
                          f"{sorted(rates)}")
@@ -184,7 +184,7 @@ def check_samples(name: str, samples: object) -> dict[str, list[float]]:
     and the entry otherwise."""
     if not isinstance(samples, dict):
         raise TypeError(f"{name} must be a dict of path -> tok/s per round, got {type(samples).__name__} "
-                        f"{brief(samples)}")
+                        f"{short_repr(samples)}")
     if REF not in samples:
         raise ValueError(f"{name} must hold {REF!r}'s rounds; it has {sorted(samples)}")
     rounds, plain = None, {}
@@ -226,7 +226,8 @@ def quotes(report: dict) -> dict[str, str]:
     `f32_max`); and the run's settings (`rounds`, `threads`, `tokens`, `model`, `cpu`, `llama_cpp`).
     A report that lacks any of these (or holds no rate where one is due) is a TypeError / ValueError naming it."""
     if not isinstance(report, dict):
-        raise TypeError(f"report must be a report dict of `main --json`, got {type(report).__name__} {brief(report)}")
+        raise TypeError(f"report must be a report dict of `main --json`, got {type(report).__name__} "
+                        f"{short_repr(report)}")
     missing = [key for key in REPORT_KEYS if key not in report]
     if missing:
         raise ValueError(f"report must be a report of `main --json`, holding {list(REPORT_KEYS)}; it lacks {missing}")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from minillm.compile.mirror import check_plain_model
-from minillm.core.config import brief
+from minillm.core.config import short_repr
 from minillm.core.hf import to_hf_model
 from minillm.core.io import check_output_dir, check_output_file, check_path
 from minillm.core.model import require_model
@@ -179,12 +179,12 @@ def recover_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
     if not isinstance(ranks, dict) or not all(isinstance(t, bytes) and isinstance(r, int) and not isinstance(r, bool)
                                               for t, r in ranks.items()):
         raise TypeError(f"ranks must be a dict of bytes -> int rank (Tokenizer.mergeable_ranks), got "
-                        f"{type(ranks).__name__} {brief(ranks)}")
+                        f"{type(ranks).__name__} {short_repr(ranks)}")
     owner: dict[int, bytes] = {}
     for token, rank in ranks.items():
         if owner.setdefault(rank, token) != token:
             raise ValueError(f"ranks must give each token its own rank (a merge order), but {owner[rank]!r} and "
-                             f"{brief(token)} both have rank {rank}")
+                             f"{short_repr(token)} both have rank {rank}")
     merges = []
     for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
         if len(token) == 1:
@@ -196,7 +196,7 @@ def recover_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
                 break
             parts[best:best + 2] = [parts[best] + parts[best + 1]]
         if len(parts) != 2:
-            raise ValueError(f"token {brief(token)} (rank {rank}) is not one merge of two lower-ranked tokens")
+            raise ValueError(f"token {short_repr(token)} (rank {rank}) is not one merge of two lower-ranked tokens")
         merges.append((parts[0], parts[1]))
     return merges
 
@@ -268,7 +268,6 @@ def convert(tree: str | os.PathLike, hf_dir: str | os.PathLike, outtype: str, ou
             "base.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'llama-bpe'  # our split: GPT-4's regex\n"
             "import runpy\n"
             f"sys.argv = ['convert_hf_to_gguf.py', {str(hf_dir)!r}, '--outtype', {outtype!r}, '--outfile', "
-            f"{str(out)!r}]\n"
-            f"runpy.run_path({str(tree / 'convert_hf_to_gguf.py')!r}, run_name='__main__')\n")
+            f"{str(out)!r}]\nrunpy.run_path({str(tree / 'convert_hf_to_gguf.py')!r}, run_name='__main__')\n")
     run_writing([sys.executable, "-c", shim], out, out.with_suffix(".convert.log"), "convert_hf_to_gguf.py")
     return out

@@ -45,7 +45,7 @@ from minillm.bench.workload import eval_prompts
 from minillm.compile.decode import eval_mode, hooked_module
 from minillm.compile.fused_step import FusedCPUDecoder
 from minillm.compile.mirror import check_plain_model
-from minillm.core.config import brief, check_int, GPTConfig
+from minillm.core.config import check_int, GPTConfig, short_repr
 from minillm.core.io import atomic_write_bytes, check_output_dir, check_output_file, check_path
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams, sample_next
@@ -117,7 +117,8 @@ def graph_sha256(proto: Any) -> str:
     entries = [(p.key, p.value) for p in proto.metadata_props if p.key != "minillm_sha256"]
     for key, value in entries:  # protobuf hands a string field that is not UTF-8 (a flipped byte) back as bytes
         if not isinstance(key, str) or not isinstance(value, str):
-            raise ValueError(f"metadata entry {brief(key)} = {brief(value)} is not UTF-8 text: a damaged file")
+            raise ValueError(f"metadata entry {short_repr(key)} = {short_repr(value)} is not UTF-8 text: a damaged "
+                             f"file")
     for entry in sorted(entries):
         h.update(json.dumps(entry).encode())
     return h.hexdigest()

@@ -37,7 +37,7 @@ from minillm.bench.cli import bench_parser, cli_type, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
 from minillm.compile.decode import StaticDecoder, check_backend, check_eval_mode, counting_backend
-from minillm.core.config import brief, check_int, check_report, check_tensor_elements, check_threads
+from minillm.core.config import check_int, check_report, check_tensor_elements, check_threads, short_repr
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import check_seed
 from minillm.core.timing import interleave, time_once
@@ -69,11 +69,11 @@ class Case:
 CASES = (Case("decode", 1, 64), Case("decode", 8, 64), Case("prefill", 1, 128))
 
 
-def check_case(model: GPT, case: Case, steps: int) -> None:
+def check_case(model: GPT, case: Case, steps: int) -> int:
     """A case the model can run, before any work: `steps` a positive int, and every position inside the context
     window (decode: the `tokens` of context plus `steps` more; prefill: the `tokens` of the prompt), since the
     learned position embedding stops at block_size, and a batch whose largest tensor fits `check_tensor_elements`.
-    A TypeError / ValueError naming the argument otherwise."""
+    A TypeError / ValueError naming the argument otherwise; returns steps as the plain int it holds."""
     cfg = require_model(model, "the compile sweep")
     check_eval_mode(model, "the compile sweep")  # eager and compiled outputs are compared: no dropout
     if not isinstance(case, Case):
@@ -88,16 +88,17 @@ def check_case(model: GPT, case: Case, steps: int) -> None:
     shape = ((case.batch, cfg.n_head, needed, cfg.head_size) if case.kind == "decode"
              else (case.batch, case.tokens, 4 * cfg.n_embd))
     check_tensor_elements("case.batch x case.tokens", shape)
+    return steps
 
 
-def check_backend_and_seed(backend: str, seed: int) -> None:
+def check_backend_and_seed(backend: str, seed: int) -> int:
     """What every entry point takes besides the case, before any work: `backend` one of dynamo's backends (a
     prefill case compiles with it too, not only the decoder, which checks its own), `seed` an int >= 0 (the inputs'
-    manual_seed); a TypeError / ValueError naming the argument."""
+    manual_seed); a TypeError / ValueError naming the argument. Returns the seed as the plain int it holds."""
     if not isinstance(backend, str) or not backend:
         raise TypeError(f"backend must be a torch.compile backend name, got {type(backend).__name__} {backend!r}")
     check_backend(backend)
-    seed = check_seed(check_int("seed", seed, 0))  # [0, 2**64): torch's generator's range
+    return check_seed(check_int("seed", seed, 0))  # [0, 2**64): torch's generator's range
 
 
 def _ids(model: GPT, shape: tuple[int, ...], seed: int) -> torch.Tensor:
@@ -155,9 +156,9 @@ def run_case(model: GPT, case: Case, steps: int = 16, repeats: int = 5, backend:
              ) -> dict[str, Any]:
     """One case at the current thread count: compiled against eager (and on CUDA, for decode, the captured CUDA
     graph too), checked, timed in turn. `steps` decode steps (positive; context + steps within block_size)."""
-    check_case(model, case, steps)
+    steps = check_case(model, case, steps)
     repeats = check_int("repeats", repeats)
-    check_backend_and_seed(backend, seed)
+    seed = check_backend_and_seed(backend, seed)
     graph = None
     if case.kind == "decode":
         _, eager = _decode_runs(model, case, steps, "eager", backend, seed)
@@ -204,13 +205,14 @@ def run_sweep(model: GPT, threads: tuple[int, ...] = (1, 2), cases: tuple[Case, 
     lists (or tuples); everything is checked before the first case is timed."""
     for name, values in (("threads", threads), ("cases", cases)):
         if not isinstance(values, (list, tuple)) or not values:
-            raise TypeError(f"{name} must be a non-empty list or tuple, got {type(values).__name__} {brief(values)}")
+            raise TypeError(f"{name} must be a non-empty list or tuple, got {type(values).__name__} "
+                            f"{short_repr(values)}")
     # subtle: True is an int, and torch.set_num_threads(True) fails inside torch; 100000 threads crash its pool
     threads = tuple(check_threads(f"threads[{i}]", n) for i, n in enumerate(threads))
     for case in cases:
-        check_case(model, case, steps)
+        steps = check_case(model, case, steps)
     repeats = check_int("repeats", repeats)
-    check_backend_and_seed(backend, seed)
+    seed = check_backend_and_seed(backend, seed)
     before = torch.get_num_threads()
     rows = []
     try:
@@ -229,12 +231,12 @@ def profile_decode(model: GPT, case: Case = CASES[0], steps: int = 16, backend: 
     """The operators of `steps` decode steps, eager and compiled: the `top` (a positive int, or None for every
     operator) by self CPU time, per step, for a decode `case`; each one's share is of all the operators' self time.
     Every argument is checked before the first profile runs."""
-    check_case(model, case, steps)
+    steps = check_case(model, case, steps)
     if case.kind != "decode":  # its decoder would be sized for a prompt, and refused naming its own max_len
         raise ValueError(f"profile_decode profiles decode steps: case must be a decode Case, got {case.name!r}")
     if top is not None:
         top = check_int("top", top)
-    check_backend_and_seed(backend, seed)
+    seed = check_backend_and_seed(backend, seed)
     out = {}
     for mode in ("eager", "compile"):
         _, run = _decode_runs(model, case, steps, mode, backend, seed)

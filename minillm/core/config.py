@@ -27,7 +27,7 @@ def check_fits_float(name: str, value: Any) -> None:
     0.5 ** 10**400 all raise OverflowError, which names no argument. The message gives the size, not the digits
     (str() of an int past 4300 digits is itself an error).
     """
-    if isinstance(value, int) and abs(value) > sys.float_info.max:
+    if isinstance(value, int) and abs(int.__index__(value)) > sys.float_info.max:  # the plain int's size
         raise ValueError(f"{name} must be within the float range (|{name}| <= {sys.float_info.max:.3g}), got an "
                          f"int of about {int(value.bit_length() * math.log10(2)) + 1} digits")
 
@@ -41,7 +41,7 @@ def check_int(name: str, value: Any, minimum: int = 1) -> int:
     """
     if not isinstance(value, int) or isinstance(value, bool):
         if foreign_number(value):
-            raise TypeError(f"{name} must be a Python int, got {type(value).__name__} {brief(value)}: convert it "
+            raise TypeError(f"{name} must be a Python int, got {type(value).__name__} {short_repr(value)}: convert it "
                             "with int()")
         raise TypeError(f"{name} must be an int, got {number_kind(value)}")
     value = int.__index__(value)  # the plain int an int subclass holds: its own comparisons are not consulted
@@ -116,7 +116,7 @@ def check_module_has_data(name: str, module: Any) -> None:
     tensor (a model built on the meta device, or moved there with `.to("meta")`), a TypeError when one is sparse
     (`check_has_data`), before anything reads it."""
     for key, t in [*module.named_parameters(), *module.named_buffers()]:
-        check_has_data(f"{name} tensor {brief(key)}", t)
+        check_has_data(f"{name} tensor {short_repr(key)}", t)
 
 
 def check_writable(name: str, t: torch.Tensor) -> torch.Tensor:
@@ -167,11 +167,11 @@ def check_device(name: str, device: Any) -> torch.device:
     it is neither, or a string torch cannot read ('gpu0'): torch's "Invalid device string" names no argument."""
     if not isinstance(device, (str, torch.device)):
         raise TypeError(f"{name} must be a str or torch.device like 'cpu' or 'cuda:0', got {type(device).__name__} "
-                        f"{brief(device)}")
+                        f"{short_repr(device)}")
     try:
         device = torch.device(device)
     except RuntimeError as e:
-        raise ValueError(f"{name} must be a device like 'cpu', 'cuda' or 'cuda:0', got {brief(device)}") from e
+        raise ValueError(f"{name} must be a device like 'cpu', 'cuda' or 'cuda:0', got {short_repr(device)}") from e
     if device.type == "meta":  # tensors there have shapes but no values: nothing could run or be read
         raise ValueError(f"{name} must be a device that holds values, like 'cpu' or 'cuda', got 'meta'")
     return device
@@ -198,15 +198,18 @@ def plain_number(value: Any) -> Any:
     return value
 
 
-def brief(value: Any) -> str:
+def short_repr(value: Any) -> str:
     """`value` as an error message shows it: its repr cut to 80 characters, an int past 256 bits by its size (str()
-    of an int past 4300 digits is itself an error), and a value whose repr fails by its type."""
-    if isinstance(value, int) and not isinstance(value, bool) and int.__index__(value).bit_length() > 256:
-        return f"an int of {int.__index__(value).bit_length()} bits"
+    of an int past 4300 digits is itself an error), and a value whose repr fails by its type. An int or float
+    subclass of the caller's own shows the plain number it holds (its repr may lie); numpy's keep theirs."""
+    if type(value).__module__ != "numpy":
+        value = plain_number(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        return f"an int of {value.bit_length()} bits"
     try:
         return f"{value!r:.80}"
     except Exception:  # a repr that fails names its type only
-        return f"a {type(value).__name__}"
+        return f"a value of type {type(value).__name__}"
 
 
 def foreign_number(value: Any) -> bool:
@@ -214,8 +217,8 @@ def foreign_number(value: Any) -> bool:
     and int64, a Fraction, a Decimal (numpy's float64 is a float, so it is not one). The checks below refuse them with a
     message saying to convert, rather than "must be a number".
 
-    Why not take them: a number checked here is stored as given (in configs, metadata, JSON files), and a numpy
-    float32 there would compute in float32 or fail to serialize much later, far from the call that passed it."""
+    Why not take them: a number checked here is stored (in configs, metadata, JSON files), and a numpy float32 there
+    would compute in float32 or fail to serialize much later, far from the call that passed it."""
     return isinstance(value, (numbers.Real, decimal.Decimal)) and not isinstance(value, (int, float, bool))
 
 
@@ -226,7 +229,7 @@ def number_kind(value: Any) -> str:
         text = f"an int of {int.__index__(value).bit_length()} bits"
     else:
         try:
-            text = f"{type(value).__name__} {brief(value)}"
+            text = f"{type(value).__name__} {short_repr(value)}"
         except Exception:  # a repr that fails names its type only
             text = type(value).__name__
     return text + (" (a Python int or float is needed: convert it with int() or float())"
@@ -246,7 +249,7 @@ def check_float(name: str, value: Any, minimum: float | None = None, maximum: fl
     """
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         if foreign_number(value):
-            raise TypeError(f"{name} must be a Python int or float, got {type(value).__name__} {brief(value)}: "
+            raise TypeError(f"{name} must be a Python int or float, got {type(value).__name__} {short_repr(value)}: "
                             "convert it with float()")
         raise TypeError(f"{name} must be a number, got {number_kind(value)}")
     # the plain number a subclass holds (numpy's float64 is a float subclass too): its comparisons are not consulted
@@ -271,7 +274,7 @@ def check_sequence(name: str, value: Any) -> tuple:
     subtle: a str is a sequence too: sparsities='0.5' would be read one character at a time, '0', '.', '5'.
     """
     if not isinstance(value, (list, tuple)):
-        raise TypeError(f"{name} must be a list or tuple, got {type(value).__name__} {brief(value)}")
+        raise TypeError(f"{name} must be a list or tuple, got {type(value).__name__} {short_repr(value)}")
     if not value:
         raise ValueError(f"{name} must hold at least one value, got an empty {type(value).__name__}")
     return tuple(value)
@@ -332,7 +335,7 @@ def check_report(name: str, report: Any, keys: tuple[str, ...], rows: str | None
     subtle: a report read back from a file (edited, truncated to {}, or another command's) would otherwise fail in
     the middle of a table as a bare KeyError ('rows'), naming neither the report nor what it should have held."""
     if not isinstance(report, dict):
-        raise TypeError(f"{name} must be a report dict, got {type(report).__name__} {brief(report)}")
+        raise TypeError(f"{name} must be a report dict, got {type(report).__name__} {short_repr(report)}")
     missing = [key for key in keys if key not in report]
     if missing:
         raise ValueError(f"{name} must be a report holding {list(keys)}; it lacks {missing} (another command's?)")
@@ -341,7 +344,8 @@ def check_report(name: str, report: Any, keys: tuple[str, ...], rows: str | None
             raise TypeError(f"{name}[{rows!r}] must be a list of rows, got {type(report[rows]).__name__}")
         for i, row in enumerate(report[rows]):
             if not isinstance(row, dict):
-                raise TypeError(f"{name}[{rows!r}][{i}] must be a row (a dict), got {type(row).__name__} {brief(row)}")
+                raise TypeError(f"{name}[{rows!r}][{i}] must be a row (a dict), got {type(row).__name__} "
+                                f"{short_repr(row)}")
             lacking = [key for key in row_keys if key not in row]
             if lacking:
                 raise ValueError(f"{name}[{rows!r}][{i}] must be a row holding {list(row_keys)}; it lacks {lacking}")

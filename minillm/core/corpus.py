@@ -30,7 +30,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from minillm.core.config import brief
+from minillm.core.config import short_repr
 
 SEPARATOR = "<|endoftext|>"  # also the special token of the shipped tokenizer
 VAL_EVERY = 20  # every 20th file (index % 20 == 19) is validation text
@@ -143,7 +143,7 @@ def load_corpus(path: str | os.PathLike | None = None) -> Corpus:
 def take_bytes(text: str, num_bytes: int) -> str:
     """The longest prefix of `text` whose UTF-8 encoding has at most `num_bytes` bytes (never splits a character)."""
     if not isinstance(num_bytes, int) or num_bytes < 0:
-        raise ValueError(f"num_bytes must be a non-negative int, got {brief(num_bytes)}")
+        raise ValueError(f"num_bytes must be a non-negative int, got {short_repr(num_bytes)}")
     data = text.encode("utf-8")
     if len(data) <= num_bytes:
         return text

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from minillm.core.config import brief, GPTConfig
+from minillm.core.config import GPTConfig, short_repr
 from minillm.core.device import resolve_device
 from minillm.core.model import GPT
 from minillm.core.weights import load_state_dict_strict, model_tensors
@@ -218,15 +218,15 @@ def check_stored_tensors(expected: dict[str, torch.Tensor], tensors: dict[str, t
     for key, want in sorted(expected.items()):
         got = tensors.get(key)
         if got is not None and (got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape)):
-            raise ValueError(f"{where}: tensor {brief(key)} is {got.dtype} {tuple(got.shape)} but {implied_by} implies "
-                             f"{want.dtype} {tuple(want.shape)}; the file and its metadata disagree")
+            raise ValueError(f"{where}: tensor {short_repr(key)} is {got.dtype} {tuple(got.shape)} but {implied_by} "
+                             f"implies {want.dtype} {tuple(want.shape)}; the file and its metadata disagree")
     for key, t in sorted(tensors.items()):
         if t.is_floating_point():
             bad = ~torch.isfinite(t)
             if bad.any():
                 n = int(bad.sum())
-                raise ValueError(f"{where}: tensor {brief(key)} holds {n} non-finite value{'s' * (n != 1)} (first: "
-                                 f"{t[bad][0].item()}); a stored model must be finite")
+                raise ValueError(f"{where}: tensor {short_repr(key)} holds {n} non-finite value{'s' * (n != 1)} "
+                                 f"(first: {t[bad][0].item()}); a stored model must be finite")
 
 
 # ------------------------------------------------------------------------------------------------- minillm-gpt

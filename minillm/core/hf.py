@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from minillm.core.config import brief, GPTConfig
+from minillm.core.config import GPTConfig, short_repr
 from minillm.core.io import read_json_file, read_safetensors_file
 from minillm.core.weights import untied_head
 
@@ -70,7 +70,7 @@ def _normalize_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = {}
     for key, value in state.items():
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f"state dict value for {brief(key)} is a {type(value).__name__}, not a tensor")
+            raise TypeError(f"state dict value for {short_repr(key)} is a {type(value).__name__}, not a tensor")
         full = key if key.startswith(("transformer.", "lm_head.")) else f"transformer.{key}"
         if _BUFFERS.match(full):
             continue

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from minillm.core.config import brief
+from minillm.core.config import short_repr
 
 
 def check_path(path: object, name: str) -> Path:
@@ -31,7 +31,8 @@ def check_path(path: object, name: str) -> Path:
     subtle: Path("") is Path("."), the working directory: an empty argument (`--export ''`, a variable left unset)
     would read or write there without a word."""
     if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"{name} must be a str or os.PathLike naming a file, got {type(path).__name__} {brief(path)}")
+        raise TypeError(f"{name} must be a str or os.PathLike naming a file, got {type(path).__name__} "
+                        f"{short_repr(path)}")
     if not os.fspath(path):
         raise ValueError(f"{name} must name a path, got an empty string (which would mean the working directory)")
     check_path_fits(os.fsdecode(path), name)
@@ -47,7 +48,7 @@ def check_path_fits(text: str, name: str) -> None:
     characters, or a name in it longer than MAX_NAME_BYTES. The OS would refuse each later, deep inside a write, as
     "embedded null byte" or "File name too long", naming no argument."""
     if "\0" in text:
-        raise ValueError(f"{name} holds a NUL character, which no path can: {brief(text)}")
+        raise ValueError(f"{name} holds a NUL character, which no path can: {short_repr(text)}")
     if len(text) > MAX_PATH_CHARS:
         raise ValueError(f"{name} is {len(text)} characters long, past the {MAX_PATH_CHARS} a path may have: "
                          f"{text!r:.60}...")
@@ -264,7 +265,7 @@ def read_format_metadata(path: str | os.PathLike, fmt: str, version: str, hint: 
         raise ValueError(f"{str(path)!r} has no {fmt} metadata (format != {fmt!r}); {hint}")
     if meta.get("format_version") != version:
         raise ValueError(f"{str(path)!r} has format_version {meta.get('format_version')!r}; this code reads "
-                         f"{brief(version)}")
+                         f"{short_repr(version)}")
     return dict(meta)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from minillm.core.config import brief
+from minillm.core.config import short_repr
 
 
 @dataclass
@@ -73,7 +73,7 @@ class TourContext:
 
     def __post_init__(self) -> None:
         if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1:
-            raise ValueError(f"threads must be a positive int, got {brief(self.threads)}")
+            raise ValueError(f"threads must be a positive int, got {short_repr(self.threads)}")
 
 
 def format_value(value: float, unit: str) -> str:

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from minillm.core.config import brief, number_kind, plain_number, tensor_kind
+from minillm.core.config import number_kind, plain_number, short_repr, tensor_kind
 
 LogitsProcessor = Callable[[torch.Tensor], torch.Tensor]  # (B, V) float logits -> (B, V) float logits
 
@@ -62,19 +62,19 @@ class SamplingParams:
         if not _is_int(self.max_new_tokens):
             raise TypeError(f"max_new_tokens must be an int, got {number_kind(self.max_new_tokens)}")
         if self.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {brief(self.max_new_tokens)}")
+            raise ValueError(f"max_new_tokens must be >= 0, got {short_repr(self.max_new_tokens)}")
         if not _is_real(self.temperature):
             raise TypeError(f"temperature must be a number, got {number_kind(self.temperature)}")
         self.temperature = float(self.temperature)
         if not self.temperature >= 0.0 or self.temperature == float("inf"):  # also rejects NaN
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if 0.0 < self.temperature < MIN_TEMPERATURE:
-            raise ValueError(f"temperature={brief(self.temperature)} is below MIN_TEMPERATURE={MIN_TEMPERATURE}: "
+            raise ValueError(f"temperature={short_repr(self.temperature)} is below MIN_TEMPERATURE={MIN_TEMPERATURE}: "
                              f"logits / temperature would overflow to inf/nan; use temperature=0.0 for greedy decoding")
         if not _is_int(self.top_k):
             raise TypeError(f"top_k must be an int, got {number_kind(self.top_k)}")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {brief(self.top_k)}")
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {short_repr(self.top_k)}")
         if not _is_real(self.top_p):
             raise TypeError(f"top_p must be a number, got {number_kind(self.top_p)}")
         self.top_p = float(self.top_p)
@@ -94,7 +94,7 @@ class SamplingParams:
         if not _is_int(self.n):
             raise TypeError(f"n must be an int, got {number_kind(self.n)}")
         if self.n < 1:
-            raise ValueError(f"n must be >= 1, got {brief(self.n)}")
+            raise ValueError(f"n must be >= 1, got {short_repr(self.n)}")
 
     @property
     def is_greedy(self) -> bool:
@@ -107,12 +107,13 @@ class SamplingParams:
 
 
 def check_seed(seed: object) -> int:
-    """`seed` if torch.Generator.manual_seed accepts it (an int in SEED_RANGE), else TypeError/ValueError naming it."""
+    """`seed` as the plain int it holds if torch.Generator.manual_seed accepts it (an int in SEED_RANGE), else
+    TypeError/ValueError naming it."""
     if not _is_int(seed):
         raise TypeError(f"seed must be an int or None, got {number_kind(seed)}")
     seed = int.__index__(seed)  # the plain int: an int subclass's comparisons are not consulted
     if not SEED_RANGE[0] <= seed < SEED_RANGE[1]:
-        raise ValueError(f"seed must be a 64-bit integer in [-2**63, 2**64), got {brief(seed)}")
+        raise ValueError(f"seed must be a 64-bit integer in [-2**63, 2**64), got {short_repr(seed)}")
     return seed
 
 

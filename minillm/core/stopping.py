@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from minillm.core.config import brief, check_has_data, GPTConfig, plain_int
+from minillm.core.config import check_has_data, GPTConfig, plain_int, short_repr
 from minillm.core.detokenize import IncrementalText
 from minillm.core.sampling import SamplingParams, make_generator
 
@@ -39,7 +39,7 @@ def default_eos(tokenizer: Any, eos_id: int | None) -> int | None:
     if eos_id is not None:
         plain = plain_int(eos_id)
         if plain is None:
-            raise TypeError(f"eos_id must be an int or None, got {type(eos_id).__name__} {brief(eos_id)}")
+            raise TypeError(f"eos_id must be an int or None, got {type(eos_id).__name__} {short_repr(eos_id)}")
         return plain
     return getattr(tokenizer, "eot_token", None) if tokenizer is not None else None
 
@@ -53,7 +53,7 @@ def check_eos_id(eos_id: int | None, vocab_size: int) -> None:
         return
     eos_id = default_eos(None, eos_id)  # the type check, and the plain int
     if not 0 <= eos_id < vocab_size:  # it could never be sampled, so it would never stop anything
-        raise ValueError(f"eos_id={brief(eos_id)} is outside the model's vocabulary [0, {vocab_size})")
+        raise ValueError(f"eos_id={short_repr(eos_id)} is outside the model's vocabulary [0, {vocab_size})")
 
 
 def check_token_ids(name: str, ids: Any, vocab_size: int) -> list[int]:
@@ -77,9 +77,9 @@ def check_token_ids(name: str, ids: Any, vocab_size: int) -> list[int]:
     for pos, tok in enumerate(ids):
         plain = plain_int(tok)  # an int subclass's own comparisons are never consulted
         if plain is None:
-            raise TypeError(f"{name}[{pos}] must be an int token id, got {type(tok).__name__} {brief(tok)}")
+            raise TypeError(f"{name}[{pos}] must be an int token id, got {type(tok).__name__} {short_repr(tok)}")
         if not 0 <= plain < vocab_size:
-            raise ValueError(f"{name}[{pos}] = {brief(plain)} is outside the vocabulary [0, {vocab_size})")
+            raise ValueError(f"{name}[{pos}] = {short_repr(plain)} is outside the vocabulary [0, {vocab_size})")
         out.append(plain)
     return out
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from minillm.core.config import brief, plain_number
+from minillm.core.config import plain_number, short_repr
 from minillm.core.device import synchronize
 
 
@@ -51,9 +51,9 @@ class Comparison:
 def _check(warmup: int, repeats: int) -> None:
     warmup, repeats = plain_number(warmup), plain_number(repeats)  # an int subclass's comparisons are not consulted
     if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
-        raise ValueError(f"warmup must be a non-negative int, got {brief(warmup)}")
+        raise ValueError(f"warmup must be a non-negative int, got {short_repr(warmup)}")
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
-        raise ValueError(f"repeats must be a positive int, got {brief(repeats)}")
+        raise ValueError(f"repeats must be a positive int, got {short_repr(repeats)}")
 
 
 def time_once(fn: Callable[[], Any], device: torch.device | str | None = None) -> tuple[float, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from minillm.core.config import brief
+from minillm.core.config import short_repr
 
 # subtle: the head shares its matrix with the token embedding (weight tying). safetensors refuses two names for
 # one storage, and storing it twice would waste 4 MB, so the head is dropped on save and re-tied by GPT().
@@ -40,10 +40,10 @@ def check_layernorm_eps(model: nn.Module) -> None:
         return
     for name, module in model.named_modules():
         if isinstance(module, nn.LayerNorm) and module.eps != eps:
-            raise ValueError(f"model's {name}.eps is {brief(module.eps)} but its config.layer_norm_epsilon is "
-                             f"{brief(eps)}: every format rebuilds LayerNorms from the config, so this eps would be "
-                             "lost on save; set "
-                             "config.layer_norm_epsilon (one value for every LayerNorm) or keep the model in memory")
+            raise ValueError(f"model's {name}.eps is {short_repr(module.eps)} but its config.layer_norm_epsilon is "
+                             f"{short_repr(eps)}: every format rebuilds LayerNorms from the config, so this eps "
+                             "would be lost on save; set config.layer_norm_epsilon (one value for every LayerNorm) or "
+                             "keep the model in memory")
 
 
 def _shape(t: torch.Tensor | None) -> str:
@@ -61,7 +61,7 @@ def load_state_dict_strict(model: nn.Module, tensors: dict[str, torch.Tensor], s
     for key in sorted(expected):
         if key not in tensors:
             raise ValueError(
-                f"{source} is missing tensor {brief(key)}: the model expects shape {_shape(expected[key])}, "
+                f"{source} is missing tensor {short_repr(key)}: the model expects shape {_shape(expected[key])}, "
                 f"the {source} has none"
             )
     for key in sorted(tensors):
@@ -69,24 +69,24 @@ def load_state_dict_strict(model: nn.Module, tensors: dict[str, torch.Tensor], s
             continue
         if key not in expected:
             raise ValueError(
-                f"{source} has unexpected tensor {brief(key)} with shape {_shape(tensors[key])}; "
+                f"{source} has unexpected tensor {short_repr(key)} with shape {_shape(tensors[key])}; "
                 f"the model has no such tensor (expected shape: none)"
             )
     for key in sorted(expected):
         if tuple(tensors[key].shape) != tuple(expected[key].shape):
             raise ValueError(
-                f"{source} tensor {brief(key)} has shape {_shape(tensors[key])} "
+                f"{source} tensor {short_repr(key)} has shape {_shape(tensors[key])} "
                 f"but the model expects {_shape(expected[key])}"
             )
     for key in TIED_KEYS:
         if key in tensors:
             wte = tensors["transformer.wte.weight"]
             if tuple(tensors[key].shape) != tuple(wte.shape):
-                raise ValueError(f"{source} tensor {brief(key)} has shape {_shape(tensors[key])} but the model "
+                raise ValueError(f"{source} tensor {short_repr(key)} has shape {_shape(tensors[key])} but the model "
                                  f"expects {_shape(wte)} (tied to transformer.wte.weight)")
             if not torch.equal(tensors[key], wte):
-                raise ValueError(f"{source} tensor {brief(key)} differs from transformer.wte.weight; minillm's GPT "
-                                 "ties the output head to the token embedding and cannot load an untied head")
+                raise ValueError(f"{source} tensor {short_repr(key)} differs from transformer.wte.weight; minillm's "
+                                 f"GPT ties the output head to the token embedding and cannot load an untied head")
     with torch.no_grad():
         for key, param in expected.items():
             param.copy_(tensors[key].to(dtype=param.dtype, device=param.device))

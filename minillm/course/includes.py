@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from minillm.core.config import brief
+from minillm.core.config import short_repr
 from minillm.core.io import atomic_write_text
 from minillm.course import results
 from minillm.course.assignment import C_DEF, is_c_source, markers, stub_source
@@ -135,7 +135,7 @@ def extract_c(source: str, name: str, path: str) -> str:
     if starts:
         stop = next((i for i in range(starts[0] + 1, len(lines)) if lines[i].strip() == end), None)
         if stop is None:
-            raise ValueError(f"{path}: {begin!r} without {brief(end)}")
+            raise ValueError(f"{path}: {begin!r} without {short_repr(end)}")
         body = lines[starts[0] + 1: stop]
     else:
         offsets = [0]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minillm.core.config import brief, GPTConfig
+from minillm.core.config import GPTConfig, short_repr
 
 # Dtypes a payload may carry, by name: the receiver rebuilds the tensor from the name, never from pickled objects.
 _DTYPES: dict[str, torch.dtype] = {
@@ -40,7 +40,7 @@ _DTYPES: dict[str, torch.dtype] = {
 def kv_bytes(config: GPTConfig, num_tokens: int, dtype: torch.dtype = torch.float32) -> int:
     """2 * n_layer * n_head * head_size * num_tokens * element_size: the bytes of K and V for num_tokens tokens."""
     if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 0:
-        raise ValueError(f"num_tokens must be a non-negative int, got {brief(num_tokens)}")
+        raise ValueError(f"num_tokens must be a non-negative int, got {short_repr(num_tokens)}")
     element_size = torch.empty((), dtype=dtype).element_size()
     return 2 * config.n_layer * config.n_head * config.head_size * num_tokens * element_size
 
@@ -62,7 +62,7 @@ def _check_pools(k_pools: Sequence[torch.Tensor], v_pools: Sequence[torch.Tensor
 
 def _check_table(block_table: Sequence[int], num_tokens: int, nb: int, bs: int) -> None:
     if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens <= 0:
-        raise ValueError(f"num_tokens must be a positive int, got {brief(num_tokens)}")
+        raise ValueError(f"num_tokens must be a positive int, got {short_repr(num_tokens)}")
     need = math.ceil(num_tokens / bs)
     if len(block_table) < need:
         raise ValueError(f"block_table has {len(block_table)} blocks but {num_tokens} tokens need {need} of size {bs}")

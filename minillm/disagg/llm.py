@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from typing import Any
 
-from minillm.core.config import brief
+from minillm.core.config import short_repr
 from minillm.core.device import place_with_model
 from minillm.core.model import GPT, require_model
 from minillm.disagg.config import DisaggConfig
@@ -191,7 +191,7 @@ class DisaggregatedLLM(FrontEnd):
         if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
                                     or timeout != timeout):
             raise TypeError(f"timeout must be a number of seconds or None, got {type(timeout).__name__} "
-                            f"{brief(timeout)}")
+                            f"{short_repr(timeout)}")
         timeout = self.config.heartbeat_s if timeout is None else max(0.0, timeout)
         if self._pending:
             timeout = 0.0  # outputs are already waiting: hand them out without sleeping

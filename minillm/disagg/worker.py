@@ -21,7 +21,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from minillm.core.config import brief
+from minillm.core.config import short_repr
 from minillm.core.formats import model_from_bytes
 from minillm.disagg.decode_worker import DecodeCore
 from minillm.disagg.messages import WorkerInit
@@ -39,7 +39,7 @@ def setup_prefill(init: WorkerInit, inbox: Inbox, peer: Connection | None
                   ) -> tuple[WorkerCore, dict[str, Callable[[Any], None]]]:
     """The prefill role: its core, and the "peer" route (a sender thread draining a queue into the KV pipe)."""
     if not isinstance(init, WorkerInit) or init.role != "prefill":
-        raise TypeError(f"the prefill worker needs a prefill WorkerInit, got {brief(init)}")
+        raise TypeError(f"the prefill worker needs a prefill WorkerInit, got {short_repr(init)}")
     core = PrefillCore(_model(init), init)
     outgoing: queue.Queue = queue.Queue()
 
@@ -59,7 +59,7 @@ def setup_decode(init: WorkerInit, inbox: Inbox, peer: Connection | None
                  ) -> tuple[WorkerCore, dict[str, Callable[[Any], None]]]:
     """The decode role: its core, and a receiver thread that hands each arrived KVHandoff to the loop's inbox."""
     if not isinstance(init, WorkerInit) or init.role != "decode":
-        raise TypeError(f"the decode worker needs a decode WorkerInit, got {brief(init)}")
+        raise TypeError(f"the decode worker needs a decode WorkerInit, got {short_repr(init)}")
     core = DecodeCore(_model(init), init)
 
     def recv_peer() -> None:

@@ -37,7 +37,7 @@ from minillm.bench.agreement import greedy_agreement, output_consistency, teache
 from minillm.bench.cli import bench_parser, pick_size, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
-from minillm.core.config import brief, check_fits_window, check_float, check_int
+from minillm.core.config import check_fits_window, check_float, check_int, short_repr
 from minillm.core.device import resolve_device
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams
@@ -75,7 +75,7 @@ def check_prompts(model: GPT, prompts: object, who: str, new_tokens: int | None 
     vocab = config.vocab_size
     if not isinstance(prompts, (list, tuple)):
         raise TypeError(f"prompts must be a list of prompts (lists of token ids), got {type(prompts).__name__} "
-                        f"{brief(prompts)}")
+                        f"{short_repr(prompts)}")
     if not prompts:
         raise ValueError(f"prompts must be a non-empty list of prompts, got {prompts!r}")
     for i, p in enumerate(prompts):
@@ -254,12 +254,13 @@ def report_section(report: object, key: str) -> Any:
     """`report[key]` of a `run_all` report, a dict (per draft); a TypeError / ValueError naming `report` when it is
     no dict, lacks the section or the section is no dict (not a KeyError from the middle of a computation)."""
     if not isinstance(report, dict):
-        raise TypeError(f"report must be a run_all report (a dict), got {type(report).__name__} {brief(report)}")
+        raise TypeError(f"report must be a run_all report (a dict), got {type(report).__name__} {short_repr(report)}")
     if key not in report:
-        raise ValueError(f"report has no {brief(key)} section (not a run_all report?); its keys are {sorted(report)}")
+        raise ValueError(f"report has no {short_repr(key)} section (not a run_all report?); its keys are "
+                         f"{sorted(report)}")
     if not isinstance(report[key], dict):
-        raise TypeError(f"report[{brief(key)}] must be a dict (per draft), got {type(report[key]).__name__} "
-                        f"{brief(report[key])}")
+        raise TypeError(f"report[{short_repr(key)}] must be a dict (per draft), got {type(report[key]).__name__} "
+                        f"{short_repr(report[key])}")
     return report[key]
 
 
@@ -272,15 +273,16 @@ def alpha_at(report: dict[str, Any], name: str, gamma: int) -> float:
         raise ValueError(f"no draft {name!r} in the report; it has {sorted(acceptance)}")
     rows, where = acceptance[name], f"report['acceptance'][{name!r}]"
     if not isinstance(rows, list):
-        raise TypeError(f"{where} must be a list of rows {{'gamma', 'alpha'}}, got {type(rows).__name__} {brief(rows)}")
+        raise TypeError(f"{where} must be a list of rows {{'gamma', 'alpha'}}, got {type(rows).__name__} "
+                        f"{short_repr(rows)}")
     for i, r in enumerate(rows):
         if not isinstance(r, dict) or "gamma" not in r or "alpha" not in r:
-            raise ValueError(f"{where}[{i}] must be a row with 'gamma' and 'alpha', got {brief(r)}")
+            raise ValueError(f"{where}[{i}] must be a row with 'gamma' and 'alpha', got {short_repr(r)}")
     found = [(i, r["alpha"]) for i, r in enumerate(rows) if r["gamma"] == gamma]
     if not found:
-        raise ValueError(f"gamma={brief(gamma)} was not measured; the report has gamma {[r['gamma'] for r in rows]}")
-    check_float(f"{where}[{found[0][0]}]['alpha']", found[0][1], 0.0, 1.0)  # a fraction: a str '0.5' is no alpha
-    return found[0][1]
+        raise ValueError(f"gamma={short_repr(gamma)} was not measured; the report has gamma "
+                         f"{[r['gamma'] for r in rows]}")
+    return check_float(f"{where}[{found[0][0]}]['alpha']", found[0][1], 0.0, 1.0)  # a fraction: a str '0.5' is no alpha
 
 
 def alpha_gain(report: dict[str, Any], gamma: int) -> float:
@@ -294,8 +296,9 @@ def perplexity_ratio(report: dict[str, Any]) -> float:
     for name in ("draft-distilled", "draft-hardlabel"):
         if name not in ppl:
             raise ValueError(f"report['perplexity'] has no {name!r}; it has {sorted(ppl)}")
-        check_float(f"report['perplexity'][{name!r}]", ppl[name], 0.0, include_minimum=False)  # divided by below
-    return ppl["draft-distilled"] / ppl["draft-hardlabel"]
+    distilled, hardlabel = (check_float(f"report['perplexity'][{name!r}]", ppl[name], 0.0, include_minimum=False)
+                            for name in ("draft-distilled", "draft-hardlabel"))  # the plain numbers, divided below
+    return distilled / hardlabel
 
 
 SHORT = {"draft": "draft", "draft-hardlabel": "hardlabel", "draft-distilled": "distilled"}  # in `quotes`' names

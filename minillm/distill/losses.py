@@ -31,8 +31,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import (brief, check_float, check_has_data, check_int, check_strided, check_tensor_elements,
-                                 is_float_compute, tensor_kind)
+from minillm.core.config import (check_float, check_has_data, check_int, check_strided, check_tensor_elements,
+                                 is_float_compute, short_repr, tensor_kind)
 
 KINDS = ("forward", "reverse")
 # The smallest temperature the losses take. From it up, kd_loss is finite for any finite float32, float16 or
@@ -315,7 +315,7 @@ def check_layer_pairs(layer_pairs: object, student_layers: int | None = None,
     when the depths are given, below them; TypeError/ValueError naming the bad pair otherwise."""
     if isinstance(layer_pairs, (str, bytes)) or not isinstance(layer_pairs, Sequence):
         raise TypeError(f"layer_pairs must be a list of (student block, teacher block) pairs, "
-                        f"got {type(layer_pairs).__name__} {brief(layer_pairs)}")
+                        f"got {type(layer_pairs).__name__} {short_repr(layer_pairs)}")
     if len(layer_pairs) == 0:
         raise ValueError("layer_pairs must hold at least one (student block, teacher block) pair, got none")
     if student_layers is not None:
@@ -326,7 +326,7 @@ def check_layer_pairs(layer_pairs: object, student_layers: int | None = None,
     for pos, pair in enumerate(layer_pairs):
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
             raise TypeError(f"layer_pairs[{pos}] must be a (student block, teacher block) pair of ints, got "
-                            f"{brief(pair)}")
+                            f"{short_repr(pair)}")
         # the plain ints (0-based block indices): a numpy int is refused saying to convert it, an int subclass's
         # comparisons are not consulted, and the list returned holds nothing of the caller's
         i = check_int(f"layer_pairs[{pos}][0] (a student block)", pair[0], 0)

@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from minillm.core.config import brief, check_float, check_int, check_module_has_data, number_kind
+from minillm.core.config import check_float, check_int, check_module_has_data, number_kind, plain_number, short_repr
 from minillm.core.io import (
     SHA256_FIELD,
     atomic_write_text,
@@ -75,15 +75,16 @@ def check_record(record: object, keys: tuple[str, ...], where: str) -> dict[str,
     would be a KeyError, an int past the float range an OverflowError, after the whole run."""
     if not isinstance(record, dict):
         raise ValueError(f"{where} must be a record (an object with fields {list(keys)}), got "
-                         f"{type(record).__name__} {brief(record)}")
+                         f"{type(record).__name__} {short_repr(record)}")
     if problem := _fields_problem(record, keys):
         raise ValueError(f"{where} must have the fields {list(keys)}, got {sorted(record, key=str)}{problem}")
     for k in keys:
         v = record[k]
         if not isinstance(v, (int, float)) or isinstance(v, bool):
-            raise ValueError(f"{where}: field {brief(k)} must be a number, got {number_kind(v)}")
+            raise ValueError(f"{where}: field {short_repr(k)} must be a number, got {number_kind(v)}")
+        v = plain_number(v)  # an int subclass's own abs() is not consulted
         if isinstance(v, int) and abs(v) > sys.float_info.max:  # no repr: str() of a 4300-digit int is an error
-            raise ValueError(f"{where}: field {brief(k)} must be within the float range, got an int of "
+            raise ValueError(f"{where}: field {short_repr(k)} must be within the float range, got an int of "
                              f"{v.bit_length()} bits")
     return record
 
@@ -96,7 +97,7 @@ def check_settings(settings: object) -> dict[str, Any]:
     (`resume_run` compares every one), and one with a wrong value would be resumed as a run it never was."""
     if not isinstance(settings, dict):
         raise TypeError(f"settings must be a dict of the run's settings {list(SETTINGS)}, got "
-                        f"{type(settings).__name__} {brief(settings)}")
+                        f"{type(settings).__name__} {short_repr(settings)}")
     if problem := _fields_problem(settings, SETTINGS):
         raise ValueError(f"settings must hold exactly the fields {list(SETTINGS)}{problem}")
     settings = dict(settings)  # a copy holding the plain numbers the checks return (what is written and compared)
@@ -109,7 +110,7 @@ def check_settings(settings: object) -> dict[str, Any]:
     if digest is not None and not (isinstance(digest, str) and len(digest) == 64
                                    and all(c in "0123456789abcdef" for c in digest)):
         raise ValueError(f"settings field 'teacher_sha256' must be a SHA-256 hex digest (teacher_digest) or None, "
-                         f"got {brief(digest)}")
+                         f"got {short_repr(digest)}")
     return settings
 
 
@@ -122,14 +123,14 @@ def _check_run(run: object, run_path: Path) -> dict[str, Any]:
         raise ValueError(f"{str(run_path)!r} is not a {RUN_FORMAT!r} file")
     if not isinstance(run.get("settings"), dict):
         raise ValueError(f"{str(run_path)!r}: field 'settings' must be an object of the run's settings {list(SETTINGS)}"
-                         f", got {brief(run.get('settings'))}")
+                         f", got {short_repr(run.get('settings'))}")
     serial = run.get("first_serial")
     if not isinstance(serial, int) or isinstance(serial, bool) or serial < 1:
         raise ValueError(f"{str(run_path)!r}: field 'first_serial' must be an int >= 1, got "
-                         f"{type(serial).__name__} {brief(serial)}")
+                         f"{type(serial).__name__} {short_repr(serial)}")
     if not (run.get("student_init") is None or isinstance(run.get("student_init"), str)):
         raise ValueError(f"{str(run_path)!r}: field 'student_init' must be a path or null, got "
-                         f"{brief(run.get('student_init'))}")
+                         f"{short_repr(run.get('student_init'))}")
     if run.get(SHA256_FIELD) != content_sha256({}, run):  # a field edited by hand (student_init: the log's record)
         raise ValueError(f"{str(run_path)!r}: the content does not match its field {SHA256_FIELD!r} (edited or "
                          "damaged after the run wrote it): its settings, student_init and first_serial can no longer "
@@ -215,7 +216,7 @@ def _write(out_dir: str | os.PathLike, settings: dict[str, Any], student_init: s
         raise TypeError(f"settings must hold JSON values (numbers, strings, None): {e}") from e
     if not (student_init is None or isinstance(student_init, str)):
         raise TypeError(f"student_init must be a str path or None, got {type(student_init).__name__} "
-                        f"{brief(student_init)}")
+                        f"{short_repr(student_init)}")
     out_dir.mkdir(parents=True, exist_ok=True)
     run = {"format": RUN_FORMAT, "settings": settings, "student_init": student_init,
            "first_serial": _next_serial(out_dir) if first_serial is None else first_serial}

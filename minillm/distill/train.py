@@ -40,7 +40,7 @@ import torch
 import torch.nn as nn
 
 from minillm.core.checkpoint import CONFIG_NAME, load_checkpoint, read_config
-from minillm.core.config import brief, check_float, check_int, check_module_has_data, GPTConfig
+from minillm.core.config import check_float, check_int, check_module_has_data, GPTConfig, short_repr
 from minillm.core.device import DEVICE_CHOICES, resolve_device
 from minillm.core.sampling import seed_argument
 from minillm.core.io import atomic_write_text, check_output_dir, check_path
@@ -68,7 +68,7 @@ def check_student(student: GPTConfig, teacher: GPTConfig, name: str, window: boo
     A student or teacher that is no GPTConfig (a preset's name, a model) is a TypeError naming it."""
     for who, config in ((name, student), ("teacher", teacher)):
         if not isinstance(config, GPTConfig):
-            raise TypeError(f"{who} must be a GPTConfig, got {type(config).__name__} {brief(config)}")
+            raise TypeError(f"{who} must be a GPTConfig, got {type(config).__name__} {short_repr(config)}")
     if student.vocab_size != teacher.vocab_size:
         raise ValueError(f"{name} has vocab_size={student.vocab_size}, the teacher vocab_size={teacher.vocab_size}: "
                          "KD compares distributions over the same tokens")

@@ -44,7 +44,7 @@ from minillm.engine.sampler import Sampler
 from minillm.engine.scheduler import Scheduler, SchedulerOutput
 from minillm.engine.step import plan
 from minillm.engine.swap import SwappedKV, SwapSpace
-from minillm.core.config import brief, tensor_kind
+from minillm.core.config import short_repr, tensor_kind
 from minillm.paged import BlockManager
 
 
@@ -174,7 +174,7 @@ class LLM(FrontEnd):
                              f"(n_layer, 2, T, nh, hs) K/V hand-off does not carry")
         if not isinstance(first_token_id, int) or isinstance(first_token_id, bool):  # True is an int, not a token
             raise TypeError(f"first_token_id must be an int token id, got {type(first_token_id).__name__} "
-                            f"{brief(first_token_id)}")
+                            f"{short_repr(first_token_id)}")
         if generator_state is not None and (not isinstance(generator_state, torch.Tensor)
                                             or generator_state.dtype != torch.uint8):
             raise TypeError(f"generator_state must be a uint8 tensor from torch.Generator.get_state() or None, got "
@@ -194,7 +194,8 @@ class LLM(FrontEnd):
             raise ValueError(f"kv must be a tensor of shape {want} (n_layer, 2, T, nh, hs), got "
                              f"{tuple(kv.shape) if isinstance(kv, torch.Tensor) else type(kv).__name__}")
         if not 0 <= first_token_id < cfg.vocab_size:
-            raise ValueError(f"first_token_id must be a token id in [0, {cfg.vocab_size}), got {brief(first_token_id)}")
+            raise ValueError(f"first_token_id must be a token id in [0, {cfg.vocab_size}), got "
+                             f"{short_repr(first_token_id)}")
         if generator_state is not None and req.generator is not None:
             try:
                 req.generator.set_state(generator_state)

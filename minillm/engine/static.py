@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from minillm.core.config import brief
+from minillm.core.config import short_repr
 from minillm.kvcache.generate import generate_static_batch
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
@@ -37,7 +37,7 @@ def run_static(
 ) -> StaticResult:
     """All requests, `batch_size` at a time in order, each batch with `generate_static_batch` to its end."""
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {brief(batch_size)}")
+        raise ValueError(f"batch_size must be a positive int, got {short_repr(batch_size)}")
     n = len(prompts)
     params_list = [params] * n if isinstance(params, SamplingParams) else list(params)
     if len(params_list) != n:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minillm.core.config import brief
+from minillm.core.config import short_repr
 from minillm.paged import PagedKVCache
 
 
@@ -57,17 +57,17 @@ class SwapSpace:
         It must have the cache's block layout: one tensor per `block_tensors()` entry, each (num_blocks, ...) with
         that entry's trailing shape and dtype (checked here, where the caller can still be told, not at swap-in)."""
         if key in self.stored:
-            raise ValueError(f"swap space already holds KV for {brief(key)}")
+            raise ValueError(f"swap space already holds KV for {short_repr(key)}")
         pools = self.cache.block_tensors()
         if not isinstance(kv, SwappedKV) or len(kv.tensors) != len(pools):
             got = len(kv.tensors) if isinstance(kv, SwappedKV) else type(kv).__name__
-            raise ValueError(f"kv for {brief(key)} must be a SwappedKV with one tensor per block tensor of the cache "
-                             f"({len(pools)}: {type(self.cache).__name__}.block_tensors()), got {got}")
+            raise ValueError(f"kv for {short_repr(key)} must be a SwappedKV with one tensor per block tensor of the "
+                             f"cache ({len(pools)}: {type(self.cache).__name__}.block_tensors()), got {got}")
         for i, (pool, t) in enumerate(zip(pools, kv.tensors)):
             want = (kv.num_blocks, *pool.shape[1:])
             if tuple(t.shape) != want or t.dtype != pool.dtype:
-                raise ValueError(f"kv.tensors[{i}] for {brief(key)} must be {want} {pool.dtype} like the cache's block "
-                                 f"tensor {i}, got {tuple(t.shape)} {t.dtype}")
+                raise ValueError(f"kv.tensors[{i}] for {short_repr(key)} must be {want} {pool.dtype} like the "
+                                 f"cache's block tensor {i}, got {tuple(t.shape)} {t.dtype}")
         self.stored[key] = kv
 
     def swap_out(self, key: str, block_table: list[int]) -> None:

@@ -20,7 +20,7 @@ import torch
 from minillm.bench.check import same_tokens
 from minillm.bench.driver import RunStats, drive
 from minillm.bench.workload import WorkloadRequest
-from minillm.core.config import brief
+from minillm.core.config import short_repr
 from minillm.core.hf import to_hf_model
 from minillm.core.metrics import RequestTimes
 from minillm.core.model import GPT, require_model
@@ -157,7 +157,7 @@ def offline_throughput(model: GPT, workload: Sequence[WorkloadRequest], batch: i
     is `engine_model`, a model with GPT's interface the engine runs instead of `model` (chapter 13's fused step,
     `FusedEngineModel`); static batching and HF always run `model`."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be a positive int, got {brief(repeats)}")
+        raise ValueError(f"repeats must be a positive int, got {short_repr(repeats)}")
     cfg = EngineConfig(num_blocks=num_blocks, block_size=16, max_num_seqs=batch, max_num_batched_tokens=512,
                        attention_backend=attention_backend)
     engine = model if engine_model is None else engine_model

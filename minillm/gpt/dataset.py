@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from minillm.core.config import brief
+from minillm.core.config import short_repr
 from minillm.core.corpus import SEPARATOR, load_corpus
 from minillm.tokenizer import load_tokenizer
 
@@ -52,7 +52,7 @@ def default_eval_tokens(n_tokens: int | None = None, split: str = "val") -> torc
     Every chapter that measures perplexity or needs realistic prompts uses these, so their numbers compare.
     """
     if n_tokens is not None and (not isinstance(n_tokens, int) or isinstance(n_tokens, bool) or n_tokens <= 0):
-        raise ValueError(f"n_tokens must be a positive int or None, got {brief(n_tokens)}")
+        raise ValueError(f"n_tokens must be a positive int or None, got {short_repr(n_tokens)}")
     ids = split_tokens(split)
     if n_tokens is not None and n_tokens > ids.numel():
         raise ValueError(f"n_tokens={n_tokens} exceeds the {ids.numel()} tokens of the {split!r} split")
@@ -71,7 +71,7 @@ class BatchSampler:
             raise TypeError("tokens must be a 1-D int64 tensor")
         for name, value in (("batch_size", batch_size), ("block_size", block_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {brief(value)}")
+                raise ValueError(f"{name} must be a positive int, got {short_repr(value)}")
         if tokens.numel() < block_size + 1:
             raise ValueError(f"need at least block_size+1={block_size + 1} tokens, got {tokens.numel()}")
         self.tokens = tokens

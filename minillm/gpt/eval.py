@@ -17,7 +17,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from minillm.core.config import brief
+from minillm.core.config import short_repr
 
 
 def _windows(n_targets: int, block_size: int, stride: int) -> list[tuple[int, int, int]]:
@@ -50,12 +50,12 @@ def token_nll(model, tokens, block_size: int | None = None, stride: int | None =
         raise ValueError(f"perplexity needs at least 2 tokens, got {tokens.numel()}")
     window = model.config.block_size if block_size is None else block_size
     if not isinstance(window, int) or window <= 0 or window > model.config.block_size:
-        raise ValueError(f"block_size must be an int in [1, {model.config.block_size}], got {brief(block_size)}")
+        raise ValueError(f"block_size must be an int in [1, {model.config.block_size}], got {short_repr(block_size)}")
     stride = window if stride is None else stride
     if not isinstance(stride, int) or not 1 <= stride <= window:
-        raise ValueError(f"stride must be an int in [1, block_size={window}], got {brief(stride)}")
+        raise ValueError(f"stride must be an int in [1, block_size={window}], got {short_repr(stride)}")
     if not isinstance(batch_size, int) or batch_size <= 0:
-        raise ValueError(f"batch_size must be a positive int, got {brief(batch_size)}")
+        raise ValueError(f"batch_size must be a positive int, got {short_repr(batch_size)}")
 
     was_training = model.training
     model.eval()

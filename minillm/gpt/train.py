@@ -43,7 +43,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minillm.core.checkpoint import load_checkpoint, save_checkpoint
-from minillm.core.config import brief, check_float, check_tensor_elements, check_threads, GPTConfig, PRESETS
+from minillm.core.config import check_float, check_tensor_elements, check_threads, GPTConfig, PRESETS, short_repr
 from minillm.core.device import DEVICE_CHOICES, resolve_device
 from minillm.core.sampling import seed_argument
 from minillm.core.io import atomic_write_text, check_output_dir, check_path
@@ -114,11 +114,11 @@ class TrainConfig:
         for name in ("steps", "batch_size", "grad_accum", "eval_windows", "log_interval"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"TrainConfig.{name} must be a positive int, got {brief(value)}")
+                raise ValueError(f"TrainConfig.{name} must be a positive int, got {short_repr(value)}")
         for name in ("warmup_steps", "eval_interval", "save_interval", "seed"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"TrainConfig.{name} must be a non-negative int, got {brief(value)}")
+                raise ValueError(f"TrainConfig.{name} must be a non-negative int, got {short_repr(value)}")
         if self.warmup_steps >= self.steps:
             raise ValueError(f"warmup_steps={self.warmup_steps} must be smaller than steps={self.steps}")
         # Every float must be finite: NaN passes any `x < 0` test, and one NaN setting makes every weight NaN.
@@ -132,14 +132,14 @@ class TrainConfig:
         if self.max_minutes is not None:
             self.max_minutes = check_float("TrainConfig.max_minutes", self.max_minutes, 0.0, include_minimum=False)
         if self.stop_after is not None and not (isinstance(self.stop_after, int) and 0 < self.stop_after <= self.steps):
-            raise ValueError(f"stop_after must be an int in [1, steps={self.steps}], got {brief(self.stop_after)}")
+            raise ValueError(f"stop_after must be an int in [1, steps={self.steps}], got {short_repr(self.stop_after)}")
         if self.final_eval_tokens is not None and (not isinstance(self.final_eval_tokens, int) or self.final_eval_tokens < 0):
             raise ValueError(f"final_eval_tokens must be a non-negative int or None, got "
-                             f"{brief(self.final_eval_tokens)}")
+                             f"{short_repr(self.final_eval_tokens)}")
         if self.device not in DEVICE_CHOICES and not str(self.device).startswith("cuda"):
             raise ValueError(f"unknown device {self.device!r}; choose one of {DEVICE_CHOICES}")
         if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads <= 0):
-            raise ValueError(f"num_threads must be a positive int or None, got {brief(self.num_threads)}")
+            raise ValueError(f"num_threads must be a positive int or None, got {short_repr(self.num_threads)}")
         if self.num_threads is not None:  # 4 per core at most: torch's pool of 100000 threads is a MemoryError
             check_threads("num_threads", self.num_threads)
         if (self.save_interval or self.stop_after) and self.out_dir is None:

@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +29,7 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
-from minillm.core.config import brief, check_float, check_int
+from minillm.core.config import check_float, check_int, short_repr
 from minillm.core.io import check_output_dir, check_path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -75,12 +76,21 @@ def build_lock(build_dir: Path) -> Iterator[None]:
     other loader waits, with no message and no time limit, until that file is gone. A build killed by a signal (a
     timeout, SIGTERM, a closed terminal) never removes it, so every later import would hang. minillm's loaders take
     an flock on `minillm.lock` first, which the OS drops when its holder dies: a `lock` file found while holding it
-    was left by a build that died, and is removed."""
-    if fcntl is None:  # no flock (Windows): torch's baton alone
+    was left by a build that died, and is removed. Where there is no flock (Windows, a file system that refuses
+    it), torch's baton alone guards the build, as before."""
+    if fcntl is None:  # Windows
         yield
         return
     with open(build_dir / "minillm.lock", "a") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)  # released by the OS if this process dies
+        try:
+            try:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # another live process is building here: say so, then wait for it
+                print(f"waiting for another process's build in {build_dir}", file=sys.stderr, flush=True)
+                fcntl.flock(held, fcntl.LOCK_EX)  # released by the OS if that process dies
+        except OSError:  # no flock on this file system (some network mounts): torch's baton alone
+            yield
+            return
         try:
             (build_dir / "lock").unlink(missing_ok=True)  # a dead build's baton: no live minillm build holds it
             yield
@@ -194,7 +204,7 @@ def parse_ptxas(source: str, text: str) -> list[KernelResources]:
     """KernelResources for every entry function in a `-Xptxas -v` report `text` (a str: a TypeError naming it
     otherwise), one entry per kernel and arch."""
     if not isinstance(text, str):
-        raise TypeError(f"text must be the report as a str, got {type(text).__name__} {brief(text)}")
+        raise TypeError(f"text must be the report as a str, got {type(text).__name__} {short_repr(text)}")
     found: list[KernelResources] = []
     kernel = arch = None
     props: tuple[int, int, int] | None = None
@@ -217,7 +227,7 @@ def _arch_list(arch: str | Sequence[str]) -> list[str]:
     archs = [arch] if isinstance(arch, str) else list(arch)
     for a in archs:
         if not isinstance(a, str) or not re.fullmatch(r"sm_\d{2,3}a?", a):
-            raise ValueError(f"arch must look like 'sm_90', got {brief(a)}")
+            raise ValueError(f"arch must look like 'sm_90', got {short_repr(a)}")
     if not archs:
         raise ValueError("arch names no architecture")
     return archs
@@ -229,14 +239,15 @@ def check_command(cmd: object, name: str = "cmd") -> list[str]:
     and a list of one string per character by `list(cmd)`."""
     if not isinstance(cmd, (list, tuple)) or not cmd or not all(isinstance(a, (str, os.PathLike)) for a in cmd):
         raise TypeError(f"{name} must be a non-empty list of str arguments, e.g. ['g++', '-c', 'a.cpp'], got "
-                        f"{type(cmd).__name__} {brief(cmd)}")
+                        f"{type(cmd).__name__} {short_repr(cmd)}")
     return [os.fspath(a) for a in cmd]
 
 
-def check_build_args(out_dir: object, jobs: object, timeout: object) -> Path:
+def check_build_args(out_dir: object, jobs: object, timeout: object) -> tuple[Path, int | None, float]:
     """out_dir as a Path, after checking what every build here takes: out_dir a folder path (not '', the current
     folder by accident; not a file, nor under one), jobs None or a positive int, timeout positive seconds. A
-    TypeError / ValueError naming the argument, before anything is compiled."""
+    TypeError / ValueError naming the argument, before anything is compiled. Returns (the folder, jobs, timeout), the
+    numbers as the plain int / float they hold."""
     if out_dir == "":
         raise ValueError("out_dir must name a folder, got ''")
     out = check_path(out_dir, "out_dir")
@@ -244,7 +255,7 @@ def check_build_args(out_dir: object, jobs: object, timeout: object) -> Path:
     if jobs is not None:
         jobs = check_int("jobs", jobs)
     timeout = check_float("timeout", timeout, 0.0, include_minimum=False)
-    return out
+    return out, jobs, timeout
 
 
 def run_program(cmd: list[str], what: str, **kwargs) -> subprocess.CompletedProcess:
@@ -288,9 +299,9 @@ def compile_sources_with_nvcc(
     is not there), before nvcc is looked for.
     """
     archs = _arch_list(arch)
-    out = check_build_args(out_dir, jobs, timeout)
+    out, jobs, timeout = check_build_args(out_dir, jobs, timeout)
     if not isinstance(sources, (list, tuple)):
-        raise TypeError(f"sources must be a list of .cu file paths, got {type(sources).__name__} {brief(sources)}")
+        raise TypeError(f"sources must be a list of .cu file paths, got {type(sources).__name__} {short_repr(sources)}")
     sources = [check_path(src, f"sources[{i}]") for i, src in enumerate(sources)]
     for i, src in enumerate(sources):
         if not src.is_file():

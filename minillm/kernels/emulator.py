@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from minillm.core.config import brief
+from minillm.core.config import short_repr
 from minillm.core.io import check_path
 from minillm.kernels.build import CSRC, KERNEL_SOURCES, cache_dir, check_build_args, run_compiler
 from minillm.kernels.ops import (_same, _tensor, _version, check_block_tables, check_eps,  # the wrappers' checks
@@ -59,7 +59,7 @@ def translate(source: str) -> str:
     """A .cu file's text as host C++ for the emulator: launches become emu::launch calls, and the dynamic shared
     memory declaration a pointer into the block's buffer. Everything else compiles as it is."""
     if not isinstance(source, str):
-        raise TypeError(f"source must be a .cu file's text (a str), got {type(source).__name__} {brief(source)}")
+        raise TypeError(f"source must be a .cu file's text (a str), got {type(source).__name__} {short_repr(source)}")
     def launch(m: re.Match) -> str:
         return f"::emu::launch(::emu::LaunchConfig({m['config']}), &{m['kernel']}, {m['args']});"
 
@@ -118,16 +118,16 @@ def build(out_dir: str | Path | None = None, jobs: int | None = None, timeout: f
     texts = {src.name: src.read_text() for src in KERNEL_SOURCES}
     if sources is not None and not isinstance(sources, dict):
         raise TypeError(f"sources must be a dict of kernel file name -> its text, e.g. {{'softmax.cu': text}}, got "
-                        f"{type(sources).__name__} {brief(sources)}")
+                        f"{type(sources).__name__} {short_repr(sources)}")
     for name, text in (sources or {}).items():
         if name not in texts:
             raise ValueError(f"sources may replace {sorted(texts)}, got {name!r}")
         if not isinstance(text, str):
             raise TypeError(f"sources[{name!r}] must be the file's text (a str), got {type(text).__name__} "
-                            f"{brief(text)}" + ("; read the file first: path.read_text()"
+                            f"{short_repr(text)}" + ("; read the file first: path.read_text()"
                                               if isinstance(text, os.PathLike) else ""))
     texts.update(sources or {})
-    out_dir = check_build_args(cache_dir() / "emulator" if out_dir is None else out_dir, jobs, timeout)
+    out_dir, jobs, timeout = check_build_args(cache_dir() / "emulator" if out_dir is None else out_dir, jobs, timeout)
     cxx = find_cxx()
     if cxx is None:
         raise RuntimeError("the kernel emulator needs a C++ compiler (g++ or clang++, or set $CXX); none was found")

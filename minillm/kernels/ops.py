@@ -14,7 +14,7 @@ import numbers
 
 import torch
 
-from minillm.core.config import brief, check_fits_float, check_has_data, check_int, number_kind, plain_number
+from minillm.core.config import check_fits_float, check_has_data, check_int, number_kind, plain_number, short_repr
 from minillm.kernels.build import load_kernels
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -59,7 +59,7 @@ def _version(op: str, version) -> int:
     n = NUM_VERSIONS[op]
     version = int.__index__(version)  # the plain int: an int subclass's own comparisons are not consulted
     if not 1 <= version <= n:
-        raise ValueError(f"{op}: version must be 1..{n}, got {brief(version)}")
+        raise ValueError(f"{op}: version must be 1..{n}, got {short_repr(version)}")
     return version
 
 
@@ -105,12 +105,12 @@ def check_eps(eps) -> float:
     f32 = torch.finfo(torch.float32)
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):  # a numpy float is a real number too
         raise TypeError(f"eps must be a real number (a Python or numpy int or float), got {type(eps).__name__} "
-                        f"{brief(eps)}")
+                        f"{short_repr(eps)}")
     check_fits_float("eps", eps)  # an int past the float range: float() would be an OverflowError, repr() too long
     value = float(plain_number(eps))  # a float subclass's own __float__ is not consulted
     if not f32.tiny <= value <= f32.max:
         raise ValueError(f"eps must be a finite number in [{f32.tiny:.6g}, {f32.max:.6g}] (positive, normal and "
-                         f"finite in float32, the precision every layernorm computes in), got {brief(eps)}")
+                         f"finite in float32, the precision every layernorm computes in), got {short_repr(eps)}")
     return value
 
 

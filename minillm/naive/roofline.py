@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import brief, GPTConfig
+from minillm.core.config import GPTConfig, short_repr
 from minillm.core.device import resolve_device
 from minillm.core.timing import measure
 
@@ -76,7 +76,7 @@ def decode_cost(config: GPTConfig, context_len: int, dtype: torch.dtype = torch.
     """FLOPs and bytes of one ideal (KV-cached) decode step at batch 1 with `context_len` tokens before it."""
     _check_config(config)
     if not isinstance(context_len, int) or context_len < 0:
-        raise ValueError(f"context_len must be a non-negative int, got {brief(context_len)}")
+        raise ValueError(f"context_len must be a non-negative int, got {short_repr(context_len)}")
     b = dtype_bytes(dtype)
     C, L, V = config.n_embd, config.n_layer, config.vocab_size
     matmul_params = L * 12 * C * C + V * C  # c_attn 3C², attn c_proj C², c_fc 4C², mlp c_proj 4C², lm_head V·C
@@ -93,7 +93,7 @@ def naive_step_flops(config: GPTConfig, seq_len: int) -> int:
     """
     _check_config(config)
     if not isinstance(seq_len, int) or seq_len < 1:
-        raise ValueError(f"seq_len must be a positive int, got {brief(seq_len)}")
+        raise ValueError(f"seq_len must be a positive int, got {short_repr(seq_len)}")
     C, L, V = config.n_embd, config.n_layer, config.vocab_size
     T = seq_len
     # subtle: SDPA with is_causal still computes the full T×T score matrix on the CPU, so count T², not T²/2.
@@ -173,9 +173,9 @@ def decode_bound(
     Each step's time is at least max(bytes/bandwidth, FLOPs/rate); the bound is new_tokens over the sum.
     """
     if not isinstance(new_tokens, int) or new_tokens < 1:
-        raise ValueError(f"new_tokens must be a positive int, got {brief(new_tokens)}")
+        raise ValueError(f"new_tokens must be a positive int, got {short_repr(new_tokens)}")
     if not isinstance(prompt_len, int) or prompt_len < 1:
-        raise ValueError(f"prompt_len must be a positive int, got {brief(prompt_len)}")
+        raise ValueError(f"prompt_len must be a positive int, got {short_repr(prompt_len)}")
     costs = [decode_cost(config, prompt_len + i, dtype) for i in range(new_tokens)]
     bw, fl = machine.bandwidth_gbs * 1e9, machine.matmul_gflops * 1e9
     t_bw = sum(c.bytes for c in costs) / bw
@@ -242,7 +242,7 @@ def measure_weight_streaming(model: nn.Module, repeats: int = 9, steps: int = 20
     """The weight-streaming bound of `model` at batch 1 on its device, through `F.linear` (chapter 13 adds a C++
     way): the fastest of `repeats` timed runs of `steps` steps' products."""
     if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {brief(steps)}")
+        raise ValueError(f"steps must be a positive int, got {short_repr(steps)}")
     run = stream_weights(model)
     device = next(model.parameters()).device
     t = measure(lambda: run(steps), warmup=1, repeats=repeats, device=device)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from minillm.core.config import brief, number_kind
+from minillm.core.config import number_kind, short_repr
 from minillm.paged.block_allocator import BlockAllocator, OutOfBlocks
 from minillm.paged.prefix_cache import ROOT_HASH, PrefixCachingAllocator, hash_block
 
@@ -61,7 +61,7 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
         if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:
-            raise ValueError(f"block_size must be a positive int, got {brief(block_size)}")
+            raise ValueError(f"block_size must be a positive int, got {short_repr(block_size)}")
         self.block_size = block_size
         self.enable_prefix_caching = bool(enable_prefix_caching)
         self.allocator: BlockAllocator = (

@@ -27,7 +27,7 @@ from functools import partial
 import torch
 
 from minillm.core.attention import attention, attention_ref, causal_mask
-from minillm.core.config import brief, check_tensor_elements, GPTConfig, tensor_kind
+from minillm.core.config import check_tensor_elements, GPTConfig, short_repr, tensor_kind
 from minillm.paged.backends import register_attention_backend
 from minillm.paged.block_manager import BlockManager
 
@@ -158,7 +158,7 @@ class PagedKVCache:
             raise TypeError(f"PagedKVCache needs a GPTConfig, got {type(config).__name__}")
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {brief(value)}")
+                raise ValueError(f"{name} must be a positive int, got {short_repr(value)}")
         self.config = config
         self.num_blocks = num_blocks
         self.block_size = block_size

@@ -31,7 +31,7 @@ import torch
 from minillm.bench.cli import bench_parser, pick_size, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
-from minillm.core.config import brief, check_int, GPTConfig
+from minillm.core.config import check_int, GPTConfig, short_repr
 from minillm.core.formats import model_from_bytes, model_to_bytes
 from minillm.core.io import atomic_save_figure, check_output_file
 from minillm.core.sampling import SamplingParams
@@ -183,7 +183,8 @@ def link_estimate(config: GPTConfig, t: int, element_bytes: int = 2) -> dict[str
     t = check_int("t", t)
     element_bytes = check_int("element_bytes", element_bytes)
     if element_bytes not in (1, 2, 4, 8):
-        raise ValueError(f"element_bytes must be a dtype's size in bytes (1, 2, 4 or 8), got {brief(element_bytes)}")
+        raise ValueError(f"element_bytes must be a dtype's size in bytes (1, 2, 4 or 8), got "
+                         f"{short_repr(element_bytes)}")
     message = config.n_embd * element_bytes
     reduce_bytes = (1 + 2 * config.n_layer) * ring_traffic_per_rank(message, t)
     gather_bytes = (t - 1) * config.vocab_size // t * element_bytes

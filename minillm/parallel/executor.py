@@ -43,7 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from minillm.core.config import brief, check_float
+from minillm.core.config import check_float, short_repr
 from minillm.core.formats import model_from_bytes, model_to_bytes, sha256
 from minillm.core.model import require_model
 from minillm.engine.model_runner import ModelRunner
@@ -132,8 +132,8 @@ class _Rank0Swaps:
         self.inner = inner
 
     def put(self, key: str, kv: Any) -> None:
-        raise ValueError(f"request {brief(key)}: the tensor-parallel engine does not take prefilled requests (chapter "
-                         "07's hand-off): their KV would have to be split by heads across the ranks")
+        raise ValueError(f"request {short_repr(key)}: the tensor-parallel engine does not take prefilled requests "
+                         f"(chapter 07's hand-off): their KV would have to be split by heads across the ranks")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from minillm.core.config import brief, check_float, check_threads, number_kind
+from minillm.core.config import check_float, check_threads, number_kind, short_repr
 from minillm.engine.process import Inbox, WorkerDiedError, WorkerHandle, receive, stop_all, wait_ready
 
 LOOPBACK = "127.0.0.1"
@@ -215,7 +215,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str 
         raise TypeError(f"fn must be a module-level function (each rank imports it by name), got "
                         f"{getattr(fn, '__qualname__', fn)!r}")
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {brief(world_size)}")
+        raise ValueError(f"world_size must be a positive int, got {short_repr(world_size)}")
     _check_backend_and_timeout(backend, timeout_s)
     num_threads = check_threads("num_threads", num_threads)  # each rank sets it: 100000 would crash torch's pool there
     ctx = multiprocessing.get_context("spawn")

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from minillm.core.config import brief, check_float, tensor_kind
+from minillm.core.config import check_float, short_repr, tensor_kind
 from minillm.core.model import GPT, require_model
 from minillm.core.stopping import check_token_ids
 from minillm.kvcache.cache import ContiguousKVCache
@@ -38,7 +38,7 @@ from minillm.kvcache.cache import ContiguousKVCache
 def stage_layers(n_layer: int, p: int) -> list[range]:
     """The blocks of each of p stages, as even as possible (the first stages take one more when p does not divide)."""
     if not isinstance(n_layer, int) or isinstance(n_layer, bool) or n_layer < 1:
-        raise ValueError(f"n_layer must be a positive int, got {brief(n_layer)}")
+        raise ValueError(f"n_layer must be a positive int, got {short_repr(n_layer)}")
     if not isinstance(p, int) or isinstance(p, bool) or not 1 <= p <= n_layer:
         raise ValueError(f"the number of stages p must be an int in [1, n_layer={n_layer}], got {p!r}")
     base, extra = divmod(n_layer, p)
@@ -72,7 +72,7 @@ class PipelineStage(nn.Module):
         The last stage returns logits (B, T, V). `cache`: a KV cache for decoding (each stage fills its own
         layers of it)."""
         if not isinstance(start, int) or isinstance(start, bool) or start < 0:
-            raise ValueError(f"start must be a non-negative int, got {brief(start)}")
+            raise ValueError(f"start must be a non-negative int, got {short_repr(start)}")
         if self.first:
             if not isinstance(x, torch.Tensor) or x.dtype != torch.long or x.dim() != 2:
                 raise TypeError(f"the first stage takes token ids: an int64 (B, T) tensor, got "
@@ -128,7 +128,7 @@ def run_gpipe(stage: PipelineStage, micro_batches: list[torch.Tensor] | int, hid
     else:
         m = micro_batches
         if not isinstance(m, int) or isinstance(m, bool) or m < 1:
-            raise ValueError(f"a later stage's micro_batches is their count, a positive int, got {brief(m)}")
+            raise ValueError(f"a later stage's micro_batches is their count, a positive int, got {short_repr(m)}")
     dtype = next(stage.parameters()).dtype  # what the stages send: the model's own dtype, not always float32
     outputs, events, pending = [], [], []
     for j in range(m):
@@ -167,7 +167,7 @@ def pipelined_decode(stage: PipelineStage, prompts: list[list[int]], new_tokens:
         raise TypeError(f"stage must be a PipelineStage, got {type(stage).__name__}")
     rank, p, cfg = stage.stage, stage.p, stage.config
     if not isinstance(new_tokens, int) or isinstance(new_tokens, bool) or new_tokens < 1:
-        raise ValueError(f"new_tokens must be an int >= 1, got {brief(new_tokens)}")
+        raise ValueError(f"new_tokens must be an int >= 1, got {short_repr(new_tokens)}")
     if not isinstance(prompts, list) or not prompts or not prompts[0]:
         raise ValueError("prompts must be a list of at least one non-empty prompt")
     prompts = [check_token_ids(f"prompts[{i}]", x, cfg.vocab_size) for i, x in enumerate(prompts)]
@@ -219,7 +219,7 @@ def bubble_fraction(p: int, m: int) -> float:
     """The formula: each stage idles (p - 1) of the (m + p - 1) equal steps of the schedule."""
     for name, value in (("p", p), ("m", m)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {brief(value)}")
+            raise ValueError(f"{name} must be a positive int, got {short_repr(value)}")
     return (p - 1) / (m + p - 1)
 
 

@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import brief, check_float, check_float_tensor, check_int
+from minillm.core.config import check_float, check_float_tensor, check_int, short_repr
 from minillm.core.model import GPT, require_model
 
 
@@ -131,7 +131,7 @@ class Comm:
 
 def _check_split(dim: int, what: str, rank: int, t: int) -> None:
     if not isinstance(t, int) or isinstance(t, bool) or t < 1:
-        raise ValueError(f"the number of ranks t must be a positive int, got {brief(t)}")
+        raise ValueError(f"the number of ranks t must be a positive int, got {short_repr(t)}")
     if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < t:
         raise ValueError(f"rank must be in [0, {t}), got {rank!r}")
     if dim % t:
@@ -281,7 +281,7 @@ class VocabParallelHead(nn.Module):
 def check_divisible(config, t: int) -> None:
     """ValueError naming the dimension that t ranks cannot split evenly."""
     if not isinstance(t, int) or isinstance(t, bool) or t < 1:
-        raise ValueError(f"the tensor parallel size t must be a positive int, got {brief(t)}")
+        raise ValueError(f"the tensor parallel size t must be a positive int, got {short_repr(t)}")
     widths = {"n_head": config.n_head, "vocab_size": config.vocab_size}
     for name, n in widths.items():
         if n % t:
@@ -363,7 +363,7 @@ def all_reduce_bytes(tokens: int, n_embd: int, n_layer: int, element_size: int =
     n_embd = check_int("n_embd", n_embd)
     n_layer = check_int("n_layer", n_layer)
     if element_size not in (1, 2, 4, 8):
-        raise ValueError(f"element_size must be a dtype's size in bytes (1, 2, 4 or 8), got {brief(element_size)}")
+        raise ValueError(f"element_size must be a dtype's size in bytes (1, 2, 4 or 8), got {short_repr(element_size)}")
     return (1 + 2 * n_layer) * tokens * n_embd * element_size
 
 

@@ -45,7 +45,7 @@ from minillm.bench.driver import engine_tokens
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
 from minillm.bench.workload import eval_prompts
-from minillm.core.config import brief, check_fits_window, check_int, check_module_has_data, check_sequence
+from minillm.core.config import check_fits_window, check_int, check_module_has_data, check_sequence, short_repr
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed
 from minillm.core.timing import compare
@@ -138,7 +138,7 @@ class Harness:
     def __init__(self, model: GPT, real_text: bool, sizes: Sizes, seed: int):
         check_prunable(model, "Harness")
         if not isinstance(real_text, bool):  # 'no' is truthy: it would pick the real validation text
-            raise TypeError(f"real_text must be a bool, got {type(real_text).__name__} {brief(real_text)}")
+            raise TypeError(f"real_text must be a bool, got {type(real_text).__name__} {short_repr(real_text)}")
         if not isinstance(sizes, Sizes):
             raise TypeError(f"sizes must be a prune.bench Sizes (e.g. SIZES['quick']), got {type(sizes).__name__}")
         self.model = model
@@ -206,7 +206,7 @@ def check_harness(h: object, who: str) -> Harness:
     """`h` if it is a `Harness`; a TypeError naming `h` and `who` (the function given it) otherwise, before an
     AttributeError from the middle of a sweep."""
     if not isinstance(h, Harness):
-        raise TypeError(f"{who}: h must be a prune.bench Harness, got {type(h).__name__} {brief(h)}")
+        raise TypeError(f"{who}: h must be a prune.bench Harness, got {type(h).__name__} {short_repr(h)}")
     return h
 
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from minillm.core.config import brief, GPTConfig
+from minillm.core.config import GPTConfig, short_repr
 from minillm.core.device import resolve_device
 from minillm.core.formats import (ModelFormat, check_gpt_config, check_stored_tensors, gpt_config_from,
                                   gpt_config_json, register_model_format)
@@ -108,8 +108,8 @@ def save_pruned(model: GPT, path: str | os.PathLike, method: str, pattern: str =
     tensors = model_tensors(model)
     for key, t in sorted(tensors.items()):
         if t.dtype != torch.float32:
-            raise ValueError(f"save_pruned: tensor {brief(key)} is {t.dtype}; the format stores fp32 and loading would "
-                             "refuse it (cast the model back with .float())")
+            raise ValueError(f"save_pruned: tensor {short_repr(key)} is {t.dtype}; the format stores fp32 and "
+                             f"loading would refuse it (cast the model back with .float())")
     check_stored_tensors({}, tensors, "save_pruned (model)")  # every value finite, as loading checks
     metadata = with_sha256({"format": FORMAT, **_fields(model, pattern), "method": method}, tensors)
     # What load_pruned would do with these exact tensors and fields, before anything is written: a layer the file
@@ -134,7 +134,7 @@ def _parse(meta: dict[str, str], where: str) -> tuple[GPTConfig, list[int]]:
     try:
         widths = json.loads(meta["mlp_hidden"])
     except (ValueError, RecursionError) as e:  # json's errors, an int past Python's digit limit, nesting too deep
-        raise ValueError(f"{where}: metadata field mlp_hidden {brief(meta['mlp_hidden'])} is not a JSON list: "
+        raise ValueError(f"{where}: metadata field mlp_hidden {short_repr(meta['mlp_hidden'])} is not a JSON list: "
                          f"{type(e).__name__}") from e
     try:
         sparsity = float(meta["block_sparsity"])

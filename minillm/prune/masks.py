@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from minillm.core.config import (brief, check_fits_float, check_has_data, check_int, check_sequence, foreign_number,
-                                 plain_number, tensor_kind)
+from minillm.core.config import (check_fits_float, check_has_data, check_int, check_sequence, foreign_number,
+                                 plain_number, short_repr, tensor_kind)
 
 
 def _check_weight(name: str, w: object) -> torch.Tensor:
@@ -45,7 +45,7 @@ def check_sparsity(sparsity: object, name: str = "sparsity") -> float:
     sparsity = plain_number(sparsity)  # a float subclass's own comparisons and __float__ are not consulted
     if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or not 0.0 <= float(sparsity) < 1.0:
         kind = " as a Python float" if foreign_number(sparsity) else ""  # a numpy float32: say what is wrong
-        raise ValueError(f"{name} must be a fraction in [0, 1){kind}, got {brief(sparsity)}"
+        raise ValueError(f"{name} must be a fraction in [0, 1){kind}, got {short_repr(sparsity)}"
                          + (": convert it with float()" if kind else ""))
     return float(sparsity)
 
@@ -80,7 +80,7 @@ def lowest_k_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
     check_has_data("scores", scores)
     k = plain_number(k)  # an int subclass's own comparisons are not consulted
     if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= scores.shape[-1]:
-        raise ValueError(f"k must be an int in [0, {scores.shape[-1]}] (scores per row), got {brief(k)}")
+        raise ValueError(f"k must be an int in [0, {scores.shape[-1]}] (scores per row), got {short_repr(k)}")
     if k and bool(torch.isnan(scores).any()):
         raise ValueError("scores hold NaN values, which have no order")
     keep = torch.ones_like(scores, dtype=torch.bool)

@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import brief, check_has_data, check_int, check_strided
+from minillm.core.config import check_has_data, check_int, check_strided, short_repr
 from minillm.core.sampling import check_seed
 from minillm.core.timing import compare
 from minillm.prune.masks import is_nm_sparse, nm_mask
@@ -68,14 +68,14 @@ def semi_structured_support(device: torch.device | str | None = None) -> str | N
     that is not CUDA gets its reason like the others."""
     if isinstance(device, bool) or (device is not None and not isinstance(device, (str, torch.device, int))):
         raise TypeError(f"device must be None, a torch.device, a device string or a CUDA index, got "
-                        f"{type(device).__name__} {brief(device)}")
+                        f"{type(device).__name__} {short_repr(device)}")
     if isinstance(device, int):  # the plain index, >= 0 and within the float range: 2**64 overflows inside torch
         device = check_int("device", device, 0)
     try:
         dev = None if device is None else torch.device("cuda", device) if isinstance(device, int) else \
             torch.device(device)
     except (RuntimeError, ValueError, OverflowError) as e:
-        raise ValueError(f"device={brief(device)} is not a device torch knows: {str(e).splitlines()[0]}") from None
+        raise ValueError(f"device={short_repr(device)} is not a device torch knows: {str(e).splitlines()[0]}") from None
     if dev is not None and dev.type != "cuda":
         return f"device {dev} is not a CUDA device: 2:4 sparse kernels run on NVIDIA GPUs of compute capability 8.0+"
     if not torch.cuda.is_available():

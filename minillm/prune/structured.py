@@ -33,7 +33,7 @@ from dataclasses import replace
 import torch
 import torch.nn as nn
 
-from minillm.core.config import (brief, check_float, check_has_data, check_int, check_module_has_data, plain_int,
+from minillm.core.config import (check_float, check_has_data, check_int, check_module_has_data, plain_int, short_repr,
                                  tensor_kind)
 from minillm.core.model import GPT
 from minillm.core.sampling import check_seed
@@ -60,13 +60,13 @@ def _check_heads(model: GPT, heads: object) -> dict[int, list[int]]:
     for key, hh in heads.items():
         b = plain_int(key)  # numpy ints count; an int subclass's own comparisons are never consulted
         if b is None or not 0 <= b < L:
-            raise ValueError(f"heads has a key {brief(key)}: a block index must be an int in [0, {L})")
+            raise ValueError(f"heads has a key {short_repr(key)}: a block index must be an int in [0, {L})")
         if not isinstance(hh, (list, tuple)):
             raise TypeError(f"heads[{b}] must be a list of head indices, got {type(hh).__name__}")
         plain = [plain_int(h) for h in hh]
         for h, p in zip(hh, plain):
             if p is None or not 0 <= p < nh:
-                raise ValueError(f"heads[{b}] holds {brief(h)}: a head index must be an int in [0, {nh})")
+                raise ValueError(f"heads[{b}] holds {short_repr(h)}: a head index must be an int in [0, {nh})")
         if len(set(plain)) != len(plain):
             raise ValueError(f"heads[{b}] lists a head twice: {plain}")
         out[b] = plain  # type: ignore[assignment]
@@ -108,7 +108,7 @@ def shrink_mlp(model: GPT, keep: list[torch.Tensor]) -> GPT:
     """A copy of `model` whose block b MLP keeps only the neurons listed in keep[b] (sorted int64 indices)."""
     _check_model(model, "shrink_mlp")
     if not isinstance(keep, (list, tuple)) or len(keep) != model.config.n_layer:
-        raise ValueError(f"keep must list one index tensor per block ({model.config.n_layer}), got {brief(keep)}")
+        raise ValueError(f"keep must list one index tensor per block ({model.config.n_layer}), got {short_repr(keep)}")
     out = copy.deepcopy(model)
     for b, (block, idx) in enumerate(zip(out.transformer.h, keep)):
         width = block.mlp.c_fc.out_features
@@ -230,7 +230,7 @@ def lowest_heads(scores: torch.Tensor, per_block: int) -> dict[int, list[int]]:
     plain = plain_int(per_block)
     if plain is None or not 0 <= plain <= scores.shape[1]:
         raise ValueError(f"per_block must be an int in [0, {scores.shape[1]}] (the heads per block), got "
-                         f"{brief(per_block)}")
+                         f"{short_repr(per_block)}")
     per_block = plain
     check_has_data("scores", scores)
     if bool(torch.isnan(scores).any()):
@@ -248,14 +248,14 @@ def prune_heads(model: GPT, heads: dict[int, list[int]]) -> GPT:
     nh, hs, A = cfg.n_head, cfg.head_size, cfg.attn_dim
     heads = _check_heads(model, heads)
     if sorted(heads) != list(range(L)):
-        raise ValueError(f"heads must list the heads to remove for every block 0..{L - 1}, got {brief(heads)}")
+        raise ValueError(f"heads must list the heads to remove for every block 0..{L - 1}, got {short_repr(heads)}")
     counts = {len(set(hh)) for hh in heads.values()}
     if len(counts) != 1 or any(len(set(hh)) != len(hh) for hh in heads.values()):
         raise ValueError("remove the same number of distinct heads from every block (the caches hold one head count)")
     k = counts.pop()
     if not 0 < k < nh or any(not isinstance(h, int) or not 0 <= h < nh for hh in heads.values() for h in hh):
         raise ValueError(f"each block must keep at least one of its {nh} heads and lose at least one, indices in "
-                         f"[0, {nh}); got {brief(heads)}")
+                         f"[0, {nh}); got {short_repr(heads)}")
     out = copy.deepcopy(model)
     out.config = replace(cfg, n_head=nh - k, head_dim=hs)
     for b, block in enumerate(out.transformer.h):

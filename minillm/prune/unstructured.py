@@ -28,7 +28,7 @@ import copy
 import torch
 import torch.nn as nn
 
-from minillm.core.config import brief, check_has_data, check_module_has_data, tensor_kind
+from minillm.core.config import check_has_data, check_module_has_data, short_repr, tensor_kind
 from minillm.core.model import GPT
 from minillm.prune.masks import check_keeps_one, check_sparsity, magnitude_mask, nm_mask, per_row_mask, wanda_score
 from minillm.quant.gptq import check_calibration
@@ -90,7 +90,7 @@ def check_pattern_sparsity(pattern: object, sparsity: object) -> None:
         raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
     sparsity = check_sparsity(sparsity)
     if pattern == "2:4" and sparsity != 0.5:  # 2:4 removes exactly 2 of every 4: a sparsity of 2/4, no other
-        raise ValueError(f"sparsity={brief(sparsity)} cannot apply to pattern='2:4', which removes exactly 2 of "
+        raise ValueError(f"sparsity={short_repr(sparsity)} cannot apply to pattern='2:4', which removes exactly 2 of "
                          "every 4 weights (sparsity 0.5); leave sparsity at its default 0.5")
 
 

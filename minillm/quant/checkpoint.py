@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from minillm.core.config import brief, GPTConfig
+from minillm.core.config import GPTConfig, short_repr
 from minillm.core.device import resolve_device
 from minillm.core.formats import (ModelFormat, check_gpt_config, check_stored_tensors, gpt_config_from,
                                   gpt_config_json, register_model_format)
@@ -170,8 +170,8 @@ def _check_saveable(model: QuantizedGPT, tensors: dict[str, torch.Tensor], where
     not fp32 (e.g. after `model.half()`), a non-finite value, a scale <= 0, a zero point off the grid."""
     for key, t in sorted(tensors.items()):
         if t.is_floating_point() and t.dtype != torch.float32:
-            raise ValueError(f"{where}: tensor {brief(key)} is {t.dtype}; the format stores fp32 and loading would "
-                             "refuse it (cast the model back with .float())")
+            raise ValueError(f"{where}: tensor {short_repr(key)} is {t.dtype}; the format stores fp32 and loading "
+                             f"would refuse it (cast the model back with .float())")
     check_stored_tensors({}, tensors, where)  # every float finite
     _check_grid(model, tensors, where)
 

@@ -30,8 +30,8 @@ import copy
 import torch
 import torch.nn as nn
 
-from minillm.core.config import (brief, check_float, check_has_data, check_int, check_module_has_data, plain_number,
-                                 tensor_kind)
+from minillm.core.config import (check_float, check_has_data, check_int, check_module_has_data, plain_number,
+                                 short_repr, tensor_kind)
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import check_seed
 from minillm.gpt.dataset import split_tokens
@@ -69,7 +69,7 @@ def _check_layer(W: torch.Tensor, H: torch.Tensor, group_size: int | None, bits:
                          f"{tuple(H.shape)}")
     group_size = plain_number(group_size)  # an int subclass's own comparisons and % are not consulted
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0 or W.shape[1] % group_size:
-        raise ValueError(f"group_size must be a positive int dividing in={W.shape[1]}, got {brief(group_size)}")
+        raise ValueError(f"group_size must be a positive int dividing in={W.shape[1]}, got {short_repr(group_size)}")
     qrange(bits, symmetric)  # type: ignore[arg-type]  # ValueError/TypeError naming bits or symmetric
     damp = check_float("damp", damp, 0.0)
     check_finite("W", W.detach())
@@ -261,8 +261,7 @@ def check_calibration(model: GPT, calibration: object, who: str = "calibration")
     if (not isinstance(calibration, torch.Tensor) or check_has_data(name, calibration).dim() != 2  # its ids are read
             or calibration.dtype != torch.int64):
         raise TypeError(f"{who} needs calibration token ids: an int64 tensor shaped (N, T), got "
-                        f"{tensor_kind(calibration)} "
-                        f"{tuple(getattr(calibration, 'shape', ()))}")
+                        f"{tensor_kind(calibration)} {tuple(getattr(calibration, 'shape', ()))}")
     if calibration.numel() == 0:
         raise ValueError(f"{who}: the calibration ids are empty (shape {tuple(calibration.shape)}); give at least "
                          "one window of at least one token")

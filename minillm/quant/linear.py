@@ -31,8 +31,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import (brief, check_float, check_has_data, check_int, check_module_has_data, check_strided,
-                                 check_tensor_elements, tensor_kind)
+from minillm.core.config import (check_float, check_has_data, check_int, check_module_has_data, check_strided,
+                                 check_tensor_elements, short_repr, tensor_kind)
 from minillm.core.model import GPT
 from minillm.core.weights import untied_head
 from minillm.quant.quantize import QuantizedTensor, dequantize, pack_int4, quantize, tensor_state, unpack_int4
@@ -224,7 +224,8 @@ class QuantLinear(nn.Module):
         if (c.mode, c.symmetric, c.group_size, self.in_features, self.out_features) == self._built_for:
             return c  # the common case, in well under a microsecond (this runs on every forward)
         if (self.in_features, self.out_features) != self._built_for[3:]:
-            raise ValueError(f"in_features={brief(self.in_features)}, out_features={brief(self.out_features)} were "
+            raise ValueError(f"in_features={short_repr(self.in_features)}, "
+                             f"out_features={short_repr(self.out_features)} were "
                              f"changed after the layer was built as ({self._built_for[3]}, {self._built_for[4]}); its "
                              "buffers are "
                              "shaped by those sizes: build a new layer with QuantLinear.from_linear")
@@ -234,7 +235,7 @@ class QuantLinear(nn.Module):
                 groups if int4 else 1, not c.symmetric)
         got = (tuple(self.qweight.shape), self.qweight.dtype, self.scale.shape[-1], self.zero is not None)
         if got != want:
-            raise ValueError(f"config {brief(c)} does not fit the layer's buffers (qweight {self.qweight.dtype} "
+            raise ValueError(f"config {short_repr(c)} does not fit the layer's buffers (qweight {self.qweight.dtype} "
                              f"{got[0]}, {got[2]} scale(s) per row, zero points: {got[3]}): the layer was built "
                              "with another config; build a new layer with QuantLinear.from_linear")
         return c

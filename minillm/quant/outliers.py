@@ -26,7 +26,7 @@ import copy
 import torch
 import torch.nn as nn
 
-from minillm.core.config import brief, check_float, check_has_data, plain_number, tensor_kind
+from minillm.core.config import check_float, check_has_data, plain_number, short_repr, tensor_kind
 from minillm.core.model import GPT
 from minillm.quant.gptq import check_calibration
 from minillm.quant.linear import check_fp32_model
@@ -65,7 +65,7 @@ def outlier_report(absmax: dict[str, torch.Tensor], threshold: float = 6.0) -> l
     threshold = check_float("threshold", threshold, 0.0, include_minimum=False)
     if not isinstance(absmax, dict) or not absmax:
         raise ValueError(f"absmax must be a non-empty dict {{layer: (in,) tensor}} from input_absmax, got "
-                         f"{brief(absmax)}")
+                         f"{short_repr(absmax)}")
     for name, a in absmax.items():
         if (not isinstance(a, torch.Tensor) or check_has_data(f"absmax[{name!r}]", a).dim() != 1 or a.numel() == 0
                 or not a.is_floating_point()):
@@ -96,12 +96,13 @@ def inject_outliers(model: GPT, channels: list[int], factor: float = 20.0) -> GP
     C = model.config.n_embd
     # the plain ints: an int subclass's own comparisons are not consulted (999 would reach torch's indexing)
     if not isinstance(channels, (list, tuple)) or not channels:
-        raise ValueError(f"channels must be a non-empty list of feature indices in [0, {C}), got {brief(channels)}")
+        raise ValueError(f"channels must be a non-empty list of feature indices in [0, {C}), got "
+                         f"{short_repr(channels)}")
     channels = [plain_number(c) for c in channels]
     for i, c in enumerate(channels):
         if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < C:
             raise ValueError(f"channels must be a non-empty list of feature indices in [0, {C}), got channels[{i}] = "
-                             f"{brief(c)}")
+                             f"{short_repr(c)}")
     factor = check_float("factor", factor, 1 / MAX_OUTLIER_FACTOR, MAX_OUTLIER_FACTOR)
     out = copy.deepcopy(model)
     idx = torch.tensor(channels, device=model.device)

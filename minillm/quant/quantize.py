@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from minillm.core.config import (brief, check_float_tensor, check_has_data, check_strided, number_kind, plain_number,
-                                 tensor_kind)
+from minillm.core.config import (check_float_tensor, check_has_data, check_strided, number_kind, plain_number,
+                                 short_repr, tensor_kind)
 
 BITS = (4, 8)
 GRANULARITIES = ("tensor", "channel", "group")
@@ -42,7 +42,7 @@ def _check_bits(bits: object) -> int:
         raise TypeError(f"bits must be an int, one of {BITS}, got {number_kind(bits)}")
     # the plain int: an int subclass whose == always says True would pass `in BITS`
     if isinstance(bits, bool) or int.__index__(bits) not in BITS:
-        raise ValueError(f"bits must be one of {BITS}, got {brief(bits)}")
+        raise ValueError(f"bits must be one of {BITS}, got {short_repr(bits)}")
     return int.__index__(bits)
 
 
@@ -52,7 +52,7 @@ def _check_float(name: str, x: object) -> torch.Tensor:
 
 def _check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {brief(value)}")
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {short_repr(value)}")
     return value
 
 
@@ -69,14 +69,14 @@ def _check_dim(x: torch.Tensor, dim: object) -> tuple[int, ...]:
     dims = (dim,) if isinstance(dim, int) else dim
     if (not isinstance(dims, (tuple, list)) or not dims
             or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims)):
-        raise TypeError(f"dim must be an int, a non-empty tuple of ints or None, got {brief(dim)}")
+        raise TypeError(f"dim must be an int, a non-empty tuple of ints or None, got {short_repr(dim)}")
     dims = tuple(int.__index__(d) for d in dims)  # the plain ints: an int subclass's comparisons are not consulted
     n = max(x.dim(), 1)  # torch lets a 0-d tensor be reduced along dim 0 or -1
     if not all(-n <= d < n for d in dims):
-        raise ValueError(f"dim={brief(dims[0] if len(dims) == 1 else dims)} is out of range for x with {x.dim()} "
+        raise ValueError(f"dim={short_repr(dims[0] if len(dims) == 1 else dims)} is out of range for x with {x.dim()} "
                          "dimensions")
     if len({d % n for d in dims}) != len(dims):
-        raise ValueError(f"dim={brief(dims)} names the same dimension twice")
+        raise ValueError(f"dim={short_repr(dims)} names the same dimension twice")
     return tuple(d % n for d in dims)
 
 
@@ -86,8 +86,8 @@ def _check_reducible(x: object, dim: int | tuple[int, ...] | None) -> tuple[int,
     x = _check_float("x", x)
     dims = _check_dim(x, dim)
     if x.numel() == 0 and (dim is None or any(x.shape[d] == 0 for d in dims)):
-        raise ValueError(f"x of shape {tuple(x.shape)} is empty along dim={brief(dim)}: there is no range to choose a "
-                         "scale from")
+        raise ValueError(f"x of shape {tuple(x.shape)} is empty along dim={short_repr(dim)}: there is no range to "
+                         f"choose a scale from")
     return None if dim is None else dims
 
 
@@ -371,8 +371,7 @@ class QuantizedTensor:
         _check_codes("q", self.q)
         if not isinstance(self.scale, torch.Tensor) or not self.scale.is_floating_point() or self.scale.dim() != 2:
             raise TypeError(f"scale must be a 2-D float tensor (rows, groups), got "
-                            f"{tensor_kind(self.scale)} "
-                            f"{tuple(getattr(self.scale, 'shape', ()))}")
+                            f"{tensor_kind(self.scale)} {tuple(getattr(self.scale, 'shape', ()))}")
         if self.zero is not None and (not isinstance(self.zero, torch.Tensor) or self.zero.dtype != torch.uint8
                                       or self.zero.shape != self.scale.shape):
             raise TypeError(f"zero must be None or a uint8 tensor shaped like scale {tuple(self.scale.shape)}, got "
@@ -436,7 +435,7 @@ def _grouped_view(x: torch.Tensor, granularity: str, group_size: int | None) -> 
     if x.dim() == 0:
         raise ValueError("x is a 0-d tensor: quantize needs at least one dimension (x.reshape(1) for a scalar)")
     if granularity != "group" and group_size is not None:  # else it would be ignored: one scale per row or tensor
-        raise ValueError(f"group_size={brief(group_size)} applies to granularity='group' only, got granularity="
+        raise ValueError(f"group_size={short_repr(group_size)} applies to granularity='group' only, got granularity="
                          f"{granularity!r}; leave group_size None")
     if granularity == "tensor":
         return x.reshape(1, 1, -1)  # (1, 1, numel)
@@ -446,10 +445,10 @@ def _grouped_view(x: torch.Tensor, granularity: str, group_size: int | None) -> 
         return x.reshape(rows, 1, cols)  # (rows, 1, cols)
     group_size = plain_number(group_size)  # an int subclass's own comparisons are not consulted
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
-        raise ValueError(f"group-wise quantization needs a positive int group_size, got {brief(group_size)}")
+        raise ValueError(f"group-wise quantization needs a positive int group_size, got {short_repr(group_size)}")
     if cols % group_size:
-        raise ValueError(f"group_size={brief(group_size)} does not divide the row length {cols} of a tensor shaped "
-                         f"{tuple(x.shape)}")
+        raise ValueError(f"group_size={short_repr(group_size)} does not divide the row length {cols} of a tensor "
+                         f"shaped {tuple(x.shape)}")
     return x.reshape(rows, cols // group_size, group_size)  # (rows, groups, g)
 
 

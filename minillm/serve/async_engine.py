@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from minillm.core.config import brief, check_float
+from minillm.core.config import check_float, short_repr
 from minillm.core.sampling import SamplingParams
 from minillm.engine.core import EngineCore
 from minillm.engine.request import RequestOutput
@@ -127,7 +127,7 @@ class AsyncEngine:
     def _init_routing(self, max_queued_requests: int, max_queued_tokens: int) -> None:
         for name, value in (("max_queued_requests", max_queued_requests), ("max_queued_tokens", max_queued_tokens)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {brief(value)}")
+                raise ValueError(f"{name} must be a positive int, got {short_repr(value)}")
         self.max_queued_requests = max_queued_requests
         self.max_queued_tokens = max_queued_tokens
         self.queued_requests = 0  # in flight: accepted, not yet given every final output (event loop only)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minillm.bench.models import load_model
-from minillm.core.config import brief, check_float
+from minillm.core.config import check_float, short_repr
 from minillm.core.device import resolve_device
 from minillm.core.sampling import SamplingParams
 from minillm.engine import LLM, EngineConfig
@@ -206,7 +206,7 @@ class EngineProcess:
             raise TypeError(f"build has unknown arguments {unknown}: build_engine takes {sorted(BUILD_ARGUMENTS)} "
                             f"and EngineConfig's fields {sorted(ENGINE_CONFIG_FIELDS)}")
         if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
-            raise ValueError(f"threads must be a positive int or None, got {brief(threads)}")
+            raise ValueError(f"threads must be a positive int or None, got {short_repr(threads)}")
         timeout = check_float("timeout", timeout, minimum=0.0, include_minimum=False)
         liveness_timeout_s = check_float("liveness_timeout_s", liveness_timeout_s, minimum=0.0, include_minimum=False)
         self.liveness_timeout_s = liveness_timeout_s

@@ -64,7 +64,7 @@ import torch
 
 from minillm.bench.cli import threads_argument
 from minillm.bench.models import load_model
-from minillm.core.config import brief, number_kind
+from minillm.core.config import number_kind, short_repr
 from minillm.core.corpus import SEPARATOR
 from minillm.core.device import DEVICE_CHOICES, resolve_device
 from minillm.core.io import atomic_write_text, check_output_file
@@ -101,7 +101,8 @@ def _check_positive(name: str, value: Any, allow_inf: bool = False) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise TypeError(f"{name} must be a number, got {number_kind(value)}")
     if math.isnan(value) or value <= 0 or (math.isinf(value) and not allow_inf):
-        raise ValueError(f"{name} must be a positive {'number' if allow_inf else 'finite number'}, got {brief(value)}")
+        raise ValueError(f"{name} must be a positive {'number' if allow_inf else 'finite number'}, got "
+                         f"{short_repr(value)}")
     return float(value)
 
 
@@ -109,10 +110,10 @@ def _check_len_range(name: str, value: Any) -> tuple[int, int]:
     """An int n (meaning [n, n]) or a pair (lo, hi) of ints with 1 <= lo <= hi."""
     pair = (value, value) if isinstance(value, int) and not isinstance(value, bool) else value
     if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-        raise TypeError(f"{name} must be an int or a (lo, hi) pair of ints, got {brief(value)}")
+        raise TypeError(f"{name} must be an int or a (lo, hi) pair of ints, got {short_repr(value)}")
     lo, hi = (_check_int(name, v, 1) for v in pair)
     if lo > hi:
-        raise ValueError(f"{name} must have lo <= hi, got {brief(value)}")
+        raise ValueError(f"{name} must have lo <= hi, got {short_repr(value)}")
     return lo, hi
 
 
@@ -142,7 +143,8 @@ class Workload:
                              f"{n} prompts, {len(self.prompt_lens)} prompt_lens, {len(self.output_lens)} output_lens")
         for i, prompt in enumerate(self.prompts):
             if not isinstance(prompt, str) or not prompt:
-                raise TypeError(f"Workload.prompts[{i}] must be a non-empty str (a prompt's text), got {brief(prompt)}")
+                raise TypeError(f"Workload.prompts[{i}] must be a non-empty str (a prompt's text), got "
+                                f"{short_repr(prompt)}")
         for i, (prompt_len, output_len) in enumerate(zip(self.prompt_lens, self.output_lens)):
             _check_int(f"Workload.prompt_lens[{i}]", prompt_len, 1)
             _check_int(f"Workload.output_lens[{i}]", output_len, 1)  # max_tokens: a request asks for one or more
@@ -236,7 +238,7 @@ def common_prefix_len(token_lists: Sequence[Sequence[int]]) -> int:
     """How many leading tokens every list shares (what a prefix cache can reuse, in whole blocks)."""
     if isinstance(token_lists, (str, bytes)) or not isinstance(token_lists, Sequence) or not all(
             isinstance(t, Sequence) and not isinstance(t, (str, bytes)) for t in token_lists):
-        raise TypeError(f"token_lists must be a list of token id lists, got {brief(token_lists)}")
+        raise TypeError(f"token_lists must be a list of token id lists, got {short_repr(token_lists)}")
     if not token_lists:
         raise ValueError("token_lists is empty: the common prefix of no lists is undefined")
     first = token_lists[0]
@@ -388,7 +390,7 @@ class RequestRecord:
 def _check_time(name: str, value: Any) -> None:
     """A time in seconds: a finite real number (bools, strings, NaN and inf refused, naming `name`)."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__} {brief(value)}")
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__} {short_repr(value)}")
     if not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number of seconds, got {value}")
 
@@ -451,7 +453,7 @@ def percentile(values: Sequence[float], q: float) -> float:
     if not all(math.isfinite(v) for v in values):
         raise ValueError("values must all be finite numbers (got NaN or inf)")
     if not isinstance(q, (int, float, np.integer, np.floating)) or isinstance(q, bool) or not 0 <= q <= 100:
-        raise ValueError(f"q must be a number in [0, 100], got {brief(q)}")
+        raise ValueError(f"q must be a number in [0, 100], got {short_repr(q)}")
     # BEGIN SOLUTION
     xs = sorted(float(v) for v in values)
     h = (q / 100.0) * (len(xs) - 1)  # the fractional rank, in [0, n - 1]
@@ -665,7 +667,7 @@ class StreamError(Exception):
 def error_type(exc: BaseException) -> str:
     """How a failed request is counted: its HTTP status ("429"), "timeout", "stream:<code>", or the class name."""
     if not isinstance(exc, BaseException):
-        raise TypeError(f"exc must be the exception a request raised, got {type(exc).__name__} {brief(exc)}")
+        raise TypeError(f"exc must be the exception a request raised, got {type(exc).__name__} {short_repr(exc)}")
     if isinstance(exc, openai.APIStatusError):
         return str(exc.status_code)
     if isinstance(exc, httpx.HTTPStatusError):
@@ -898,7 +900,7 @@ def run_benchmark(base_url: str, workload: Workload, *, model: str | None = None
     if model is not None and (not isinstance(model, str) or not model):
         raise TypeError(f"model must be the served model's name (a non-empty str) or None, got {model!r}")
     if not isinstance(warmup, bool):
-        raise TypeError(f"warmup must be a bool, got {type(warmup).__name__} {brief(warmup)}")
+        raise TypeError(f"warmup must be a bool, got {type(warmup).__name__} {short_repr(warmup)}")
     if max_duration is not None:
         max_duration = _check_positive("max_duration", max_duration)
     model = model if model is not None else server_info(base_url, timeout)[0]

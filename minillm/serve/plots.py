@@ -27,7 +27,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from minillm.core.config import brief
+from minillm.core.config import short_repr
 from minillm.core.io import atomic_save_figure, check_output_file
 
 # (samples key, metrics key, title, the SLO field bounding it): the four latencies, in ms on the plots
@@ -54,7 +54,7 @@ def _slo_bounds(slo: Any, report: dict[str, Any] | None = None) -> dict[str, flo
     bounds = {name: bound for name, bound in values.items() if bound is not None}
     for name, bound in bounds.items():
         if not isinstance(bound, (int, float)) or isinstance(bound, bool) or not 0 < bound < math.inf:
-            raise ValueError(f"slo's {name} must be a positive finite number of seconds, got {brief(bound)}")
+            raise ValueError(f"slo's {name} must be a positive finite number of seconds, got {short_repr(bound)}")
     return {name: float(bound) for name, bound in bounds.items()}
 
 

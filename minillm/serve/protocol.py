@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from minillm.core.config import brief, check_int
+from minillm.core.config import check_int, short_repr
 from minillm.core.sampling import SamplingParams
 
 CHAT_ROLES = ("system", "user", "assistant")
@@ -68,7 +68,7 @@ def _check_event_data(data: Any) -> None:
     parser refuses the chunk), and a str with a newline would end the `data:` line early: both are refused here."""
     if isinstance(data, str):
         if "\n" in data or "\r" in data:
-            raise ValueError(f"data as a str must be one line (an event's data line), got {brief(data)}")
+            raise ValueError(f"data as a str must be one line (an event's data line), got {short_repr(data)}")
         return
     if not isinstance(data, dict):
         raise TypeError(f"data must be a dict (sent as JSON) or a str, got {type(data).__name__}")
@@ -142,9 +142,9 @@ def _number(body: dict[str, Any], name: str, default: float, low: float, high: f
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise RequestError(f"{name} must be a number, got {brief(value)}", name)
+        raise RequestError(f"{name} must be a number, got {short_repr(value)}", name)
     if not low <= value <= high:
-        raise RequestError(f"{name} must be between {low} and {high}, got {brief(value)}", name)
+        raise RequestError(f"{name} must be between {low} and {high}, got {short_repr(value)}", name)
     return float(value)
 
 
@@ -153,9 +153,9 @@ def _integer(body: dict[str, Any], name: str, default: int | None, low: int, hig
     if value is None:
         return default
     if not _is_int(value):
-        raise RequestError(f"{name} must be an integer, got {brief(value)}", name)
+        raise RequestError(f"{name} must be an integer, got {short_repr(value)}", name)
     if not low <= value <= high:
-        raise RequestError(f"{name} must be between {low} and {high}, got {brief(value)}", name)
+        raise RequestError(f"{name} must be between {low} and {high}, got {short_repr(value)}", name)
     return value
 
 
@@ -164,7 +164,7 @@ def _flag(body: dict[str, Any], name: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise RequestError(f"{name} must be true or false, got {brief(value)}", name)
+        raise RequestError(f"{name} must be true or false, got {short_repr(value)}", name)
     return value
 
 
@@ -180,7 +180,7 @@ def parse_stop(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list):
-        raise RequestError(f"stop must be a string or a list of strings, got {brief(value)}", "stop")
+        raise RequestError(f"stop must be a string or a list of strings, got {short_repr(value)}", "stop")
     if len(value) > MAX_STOP_STRINGS:
         raise RequestError(f"stop holds at most {MAX_STOP_STRINGS} strings, got {len(value)}", "stop")
     for s in value:
@@ -248,8 +248,8 @@ def _common(body: Any, fields: set[str], model_name: str) -> dict[str, Any]:
         raise RequestError(f"user must be a string, got {body['user']!r}", "user")
     seed = body.get("seed")
     if seed is not None and (not _is_int(seed) or not 0 <= seed < API_SEED_LIMIT):
-        raise RequestError(f"seed must be an integer in [0, 2**32), got {brief(seed)} (torch's CPU generator keeps "
-                           f"32 bits of a seed: 0 and 2**32 would give the same samples)", "seed")
+        raise RequestError(f"seed must be an integer in [0, 2**32), got {short_repr(seed)} (torch's CPU generator "
+                           f"keeps 32 bits of a seed: 0 and 2**32 would give the same samples)", "seed")
     return {
         "stream": stream, "include_usage": include_usage, "seed": seed,
         "temperature": _number(body, "temperature", 1.0, 0.0, 2.0),
@@ -284,7 +284,7 @@ def _prompt_list(prompt: Any, vocab_size: int) -> list[str | list[int]]:
             if bad:
                 raise RequestError(f"prompt token ids must be in [0, {vocab_size}), got {bad[0]}", "prompt")
             return list(p)
-        raise RequestError(f"prompt must be a non-empty string or a list of token ids, got {brief(p)}", "prompt")
+        raise RequestError(f"prompt must be a non-empty string or a list of token ids, got {short_repr(p)}", "prompt")
 
     if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
         return [one(p) for p in prompt]  # a batch: ["a", "b"] or [[1, 2], [3]]
@@ -312,21 +312,21 @@ def _content(message: dict[str, Any], i: int) -> str:
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise RequestError(f"messages[{i}].content parts must be {{'type': 'text', 'text': str}}, got "
-                                   f"{brief(part)}", f"messages[{i}].content")
+                                   f"{short_repr(part)}", f"messages[{i}].content")
             parts.append(part["text"])
         return "".join(parts)
-    raise RequestError(f"messages[{i}].content must be a string or a list of text parts, got {brief(content)}",
+    raise RequestError(f"messages[{i}].content must be a string or a list of text parts, got {short_repr(content)}",
                        f"messages[{i}].content")
 
 
 def render_chat(messages: Any) -> str:
     """The conversation as one prompt, in this server's chat template (see the module docstring)."""
     if not isinstance(messages, list) or not messages:
-        raise RequestError(f"messages must be a non-empty list, got {brief(messages)}", "messages")
+        raise RequestError(f"messages must be a non-empty list, got {short_repr(messages)}", "messages")
     turns = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise RequestError(f"messages[{i}] must be an object, got {brief(message)}", f"messages[{i}]")
+            raise RequestError(f"messages[{i}] must be an object, got {short_repr(message)}", f"messages[{i}]")
         role = message.get("role")
         if role not in CHAT_ROLES:
             raise RequestError(f"messages[{i}].role must be one of {list(CHAT_ROLES)}, got {role!r}",

@@ -43,7 +43,7 @@ from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.workload import check_load_list
 from minillm.bench.tables import markdown_table
-from minillm.core.config import brief, check_float, check_int
+from minillm.core.config import check_float, check_int, short_repr
 from minillm.core.corpus import corpus_sample
 from minillm.core.device import resolve_device
 from minillm.core.model import GPT
@@ -172,7 +172,7 @@ def crossover(points: Sequence[dict[str, Any]], key: str = "ratio") -> int | Non
     points: records of `load_point` (any dicts holding "concurrency", a positive int, and `key`, a real number); a
     record without them is a TypeError/ValueError naming it, not a KeyError from the middle of the sort."""
     if not isinstance(key, str):
-        raise TypeError(f"key must be a str naming the ratio field, got {type(key).__name__} {brief(key)}")
+        raise TypeError(f"key must be a str naming the ratio field, got {type(key).__name__} {short_repr(key)}")
     if not isinstance(points, (list, tuple)):
         raise TypeError(f"points must be a list of load_point records (dicts), got {type(points).__name__}")
     for i, p in enumerate(points):
@@ -181,13 +181,14 @@ def crossover(points: Sequence[dict[str, Any]], key: str = "ratio") -> int | Non
         missing = [k for k in ("concurrency", key) if k not in p]
         if missing:
             raise ValueError(f"points[{i}] has no {missing[0]!r} field (it holds {list(p)}); crossover needs "
-                             f"'concurrency' and {brief(key)} in every record")
-        check_int(f"points[{i}]['concurrency']", p["concurrency"])
-        check_float(f"points[{i}][{brief(key)}]", p[key])
+                             f"'concurrency' and {short_repr(key)} in every record")
+    # the plain numbers: (concurrency, value) per record
+    plain = [(check_int(f"points[{i}]['concurrency']", p["concurrency"]),
+              check_float(f"points[{i}][{short_repr(key)}]", p[key])) for i, p in enumerate(points)]
     found = None
-    for p in sorted(points, key=lambda p: p["concurrency"]):
-        if p[key] < 1.0:
-            found = p["concurrency"] if found is None else found
+    for concurrency, value in sorted(plain):
+        if value < 1.0:
+            found = concurrency if found is None else found
         else:
             found = None
     return found

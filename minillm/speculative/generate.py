@@ -27,8 +27,8 @@ from typing import Any, Callable
 
 import torch
 
-from minillm.core.config import (brief, check_device, check_float_tensor, check_has_data, check_int, is_float_compute,
-                                 tensor_kind)
+from minillm.core.config import (check_device, check_float_tensor, check_has_data, check_int, is_float_compute,
+                                 short_repr, tensor_kind)
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, probs_from_logits, sample_next
 from minillm.core.stopping import RequestState, check_eos_id, start_request
@@ -84,7 +84,7 @@ def check_params(params: object) -> SamplingParams:
     `__post_init__`, so a field set afterwards (top_k=-3, max_new_tokens='8') would be used as it is; TypeError /
     ValueError naming params or the field otherwise."""
     if not isinstance(params, SamplingParams):
-        raise TypeError(f"params must be a SamplingParams, got {type(params).__name__} {brief(params)}")
+        raise TypeError(f"params must be a SamplingParams, got {type(params).__name__} {short_repr(params)}")
     return dataclasses.replace(params)  # re-runs __post_init__
 
 
@@ -172,7 +172,8 @@ class PromptLookupProposer:
         # of seq (hundreds) each round was 5% of a fused round; seq is a copy of the round loop's list
         outside = [t for t in tokens if t >= self.vocab_size]  # copied from seq: a bad id there comes back as a draft
         if outside:
-            raise ValueError(f"seq holds token id {brief(outside[0])}, outside the vocabulary [0, {self.vocab_size})")
+            raise ValueError(f"seq holds token id {short_repr(outside[0])}, outside the vocabulary [0, "
+                             f"{self.vocab_size})")
         if not tokens or state.params.is_greedy:
             return tokens, None
         # A copied draft is a point mass: q = one-hot, so a token is kept with probability p(x) and a rejection
@@ -199,7 +200,7 @@ def prompt_lookup_proposals(ids: list[int], gamma: int, ngram: int = 3) -> list[
     plain = []  # the plain ints the ids hold: an int subclass's own comparisons are never consulted
     for pos, tok in enumerate(ids):  # what is copied comes back as drafts: only token ids may
         if not isinstance(tok, int) or isinstance(tok, bool):
-            raise TypeError(f"ids[{pos}] must be an int token id, got {type(tok).__name__} {brief(tok)}")
+            raise TypeError(f"ids[{pos}] must be an int token id, got {type(tok).__name__} {short_repr(tok)}")
         plain.append(int.__index__(tok))
         if plain[-1] < 0:
             raise ValueError(f"ids[{pos}] = {plain[-1]} is not a token id (negative)")
@@ -226,7 +227,8 @@ def lookup(ids: list[int], gamma: int, ngram: int) -> list[int]:
 
 
 def _start(target: Any, prompt_ids: Any, params: SamplingParams, gamma: int, tokenizer: Any,
-           eos_id: int | None) -> RequestState:
+           eos_id: int | None) -> tuple[RequestState, int]:
+    """The request's state and γ as the plain int it holds (the rounds compare it), every argument checked."""
     cfg = require_model(target, "speculative decoding (target)")
     gamma = check_gamma(gamma)
     check_eos_id(eos_id, cfg.vocab_size)
@@ -234,7 +236,7 @@ def _start(target: Any, prompt_ids: Any, params: SamplingParams, gamma: int, tok
     state = start_request(cfg, prompt_ids, params, tokenizer, eos_id, device=target.device)
     if params.n != 1:
         raise ValueError(f"speculative decoding runs one sequence; n={params.n} parallel samples are not supported")
-    return state
+    return state, gamma
 
 
 @torch.inference_mode()
@@ -258,7 +260,7 @@ def check_proposal(drafts: Any, q: Any, vocab_size: int, sampling: bool) -> tupl
     ValueError naming the proposer's drafts or q, or sampling (a custom proposer's bad id was torch's IndexError in
     the embedding; a q of the wrong shape was reported as the target's p)."""
     if not isinstance(sampling, bool):  # 'no' read as True blamed q; None read as False skipped q's check
-        raise TypeError(f"sampling must be a bool, got {type(sampling).__name__} {brief(sampling)}")
+        raise TypeError(f"sampling must be a bool, got {type(sampling).__name__} {short_repr(sampling)}")
     drafts = check_draft_tokens(drafts, vocab_size, "the proposer's drafts")
     if not sampling or not drafts:
         return drafts, q
@@ -307,7 +309,7 @@ def run_rounds(state: RequestState, proposer: Any, gamma: int, cache: Any,
         proposal = proposer.propose(list(seq), g, state) if g > 0 else ([], None)  # a copy: seq is the round's
         if not isinstance(proposal, tuple) or len(proposal) != 2:
             raise TypeError(f"the proposer's ({name}) propose() must return a pair (drafts, q or None), got "
-                            f"{type(proposal).__name__} {brief(proposal)}")
+                            f"{type(proposal).__name__} {short_repr(proposal)}")
         drafts, q = check_proposal(*proposal, cache.config.vocab_size, not state.params.is_greedy)
         if len(drafts) > g:  # as the engine's scheduler does: the first g are verified, the rest never were asked
             # for (the verify's positions, and the cache and window room behind them, were sized for g)
@@ -344,7 +346,7 @@ def generate_speculative(target: GPT, draft: GPT, prompt_ids: Any, params: Sampl
     The output is distributed exactly as `minillm.kvcache.generate.generate_ids(target, ...)` (greedy: the same
     tokens), whatever the draft. The draft must share the target's vocabulary and hold the request in its context.
     """
-    state = _start(target, prompt_ids, params, gamma, tokenizer, eos_id)
+    state, gamma = _start(target, prompt_ids, params, gamma, tokenizer, eos_id)
     dcfg = require_model(draft, "speculative decoding (draft)")
     tcfg = target.config
     if dcfg.vocab_size != tcfg.vocab_size:
@@ -366,5 +368,5 @@ def generate_prompt_lookup(target: GPT, prompt_ids: Any, params: SamplingParams,
     Rounds with no earlier match of the last n-gram are plain one-token steps. Output as the target alone gives.
     """
     ngram = check_int("ngram", ngram, 1)
-    state = _start(target, prompt_ids, params, gamma, tokenizer, eos_id)
+    state, gamma = _start(target, prompt_ids, params, gamma, tokenizer, eos_id)
     return _run(target, state, PromptLookupProposer(ngram, target.config.vocab_size, target.device), gamma)

@@ -25,7 +25,8 @@ from typing import Sequence
 
 import torch
 
-from minillm.core.config import brief, check_has_data, check_int, is_float_compute, MAX_TENSOR_ELEMENTS, tensor_kind
+from minillm.core.config import (check_has_data, check_int, is_float_compute, MAX_TENSOR_ELEMENTS, short_repr,
+                                 tensor_kind)
 from minillm.core.sampling import SamplingParams, sample_next
 from minillm.core.stopping import check_token_ids
 
@@ -39,7 +40,7 @@ def prob_sum_tolerance(dtype: torch.dtype) -> float:
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype.itemsize < 2:
         raise TypeError(f"dtype must be a floating-point torch.dtype of probabilities (float16, bfloat16, float32 or "
-                        f"float64), got {brief(dtype)}")
+                        f"float64), got {short_repr(dtype)}")
     return max(1e-3, 4 * torch.finfo(dtype).eps)
 
 

@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from minillm.core.config import brief
+from minillm.core.config import short_repr
 from minillm.core.corpus import load_corpus, take_bytes
 from minillm.tokenizer.bpe import Tokenizer
 
@@ -25,7 +25,7 @@ from minillm.tokenizer.bpe import Tokenizer
 def adversarial_text(num_chars: int, unit: str = "the") -> str:
     """`unit` repeated to `num_chars` characters with no space: one pre-token chunk under the GPT-2/4 patterns."""
     if not isinstance(num_chars, int) or isinstance(num_chars, bool) or num_chars <= 0:
-        raise ValueError(f"num_chars must be a positive int, got {brief(num_chars)}")
+        raise ValueError(f"num_chars must be a positive int, got {short_repr(num_chars)}")
     return (unit * (num_chars // len(unit) + 1))[:num_chars]
 
 

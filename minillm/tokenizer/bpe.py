@@ -22,7 +22,7 @@ from numbers import Integral
 from pathlib import Path
 from typing import Any
 
-from minillm.core.config import brief, number_kind
+from minillm.core.config import number_kind, short_repr
 from minillm.core.io import atomic_write_bytes, atomic_write_text
 from minillm.tokenizer import formats
 from minillm.tokenizer.encode import encode_chunk, encode_chunk_fast
@@ -46,7 +46,7 @@ class Tokenizer:
             raise TypeError(f"ranks must be a dict of bytes -> int, got {type(ranks).__name__}")
         for tok, rank in ranks.items():
             if not isinstance(tok, bytes) or not isinstance(rank, int) or isinstance(rank, bool):
-                raise TypeError(f"ranks must map bytes -> int, got {brief(tok)}: {rank!r}")
+                raise TypeError(f"ranks must map bytes -> int, got {short_repr(tok)}: {short_repr(rank)}")
         missing = [b for b in range(256) if bytes([b]) not in ranks]
         if missing:
             raise ValueError(f"ranks lack {len(missing)} of the 256 single-byte tokens (first: byte {missing[0]}); "
@@ -54,14 +54,15 @@ class Tokenizer:
         if sorted(ranks.values()) != list(range(len(ranks))):
             seen: set[int] = set()
             bad = next((r for r in sorted(ranks.values()) if r in seen or seen.add(r) or r >= len(ranks)), None)
-            raise ValueError(f"ranks must be exactly 0..{len(ranks) - 1}, each once; rank {bad} breaks this")
+            raise ValueError(f"ranks must be exactly 0..{len(ranks) - 1}, each once; rank {short_repr(bad)} breaks "
+                             f"this")
         special_tokens = dict(special_tokens or {})
         for s, i in special_tokens.items():
             if not isinstance(s, str) or not s:
                 raise TypeError(f"special token names must be non-empty str, got {s!r}")
             if not isinstance(i, int) or isinstance(i, bool) or i < len(ranks):
-                raise ValueError(f"special token {s!r} has id {brief(i)}; special ids must be ints >= {len(ranks)} "
-                                 f"(after the mergeable ranks)")
+                raise ValueError(f"special token {s!r} has id {short_repr(i)}; special ids must be ints >= "
+                                 f"{len(ranks)} (after the mergeable ranks)")
         if len(set(special_tokens.values())) != len(special_tokens):
             raise ValueError(f"special token ids must be distinct, got {special_tokens!r}")
         max_id = len(ranks) + len(special_tokens) - 1 + MAX_UNUSED_SPECIAL_IDS

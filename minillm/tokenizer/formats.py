@@ -28,7 +28,7 @@ import binascii
 import json
 from typing import Any
 
-from minillm.core.config import brief
+from minillm.core.config import short_repr
 
 FORMAT_NAME = "minillm-bpe"
 FORMAT_VERSION = 1
@@ -57,7 +57,7 @@ def parse_tiktoken_ranks(data: bytes, source: str = "<bytes>") -> dict[bytes, in
         except (binascii.Error, ValueError) as e:
             raise ValueError(f"{source}: line {lineno} is malformed ({e}): {line[:60]!r}") from e
         if token in ranks:
-            raise ValueError(f"{source}: line {lineno} repeats token {brief(token)}")
+            raise ValueError(f"{source}: line {lineno} repeats token {short_repr(token)}")
         ranks[token] = rank
     if not ranks:
         raise ValueError(f"{source}: no ranks found (empty tiktoken file)")
@@ -97,7 +97,7 @@ def parse_json(text: str | bytes, source: str = "<json>") -> dict[str, Any]:
             f"{source}: unsupported format version {obj.get('version')!r} (this minillm reads {FORMAT_VERSION})")
     for key, typ in (("pattern", str), ("special_tokens", dict), ("ranks", list), ("num_ranks", int)):
         if not isinstance(obj.get(key), typ):
-            raise ValueError(f"{source}: field {brief(key)} must be a {typ.__name__}, got "
+            raise ValueError(f"{source}: field {short_repr(key)} must be a {typ.__name__}, got "
                              f"{type(obj.get(key)).__name__}")
     if len(obj["ranks"]) != obj["num_ranks"]:
         raise ValueError(f"{source}: 'num_ranks' says {obj['num_ranks']} but 'ranks' holds {len(obj['ranks'])} entries")
@@ -108,12 +108,12 @@ def parse_json(text: str | bytes, source: str = "<json>") -> dict[str, Any]:
         except (binascii.Error, TypeError, ValueError) as e:
             raise ValueError(f"{source}: rank {rank} holds invalid base64 {b64!r}") from e
         if token in ranks:
-            raise ValueError(f"{source}: rank {rank} repeats the token of rank {ranks[token]}: {brief(token)}")
+            raise ValueError(f"{source}: rank {rank} repeats the token of rank {ranks[token]}: {short_repr(token)}")
         ranks[token] = rank
     specials = obj["special_tokens"]
     for s, i in specials.items():
         if not isinstance(i, int) or isinstance(i, bool):
-            raise ValueError(f"{source}: special token {s!r} has non-integer id {brief(i)}")
+            raise ValueError(f"{source}: special token {s!r} has non-integer id {short_repr(i)}")
     metadata = obj.get("metadata", {})
     if not isinstance(metadata, dict):
         raise ValueError(f"{source}: field 'metadata' must be an object, got {type(metadata).__name__}")

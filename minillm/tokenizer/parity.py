@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from minillm.core.config import brief
+from minillm.core.config import short_repr
 from minillm.core.corpus import load_corpus, take_bytes
 
 FRAGMENTS = (
@@ -67,9 +67,9 @@ def _random_piece(rng: random.Random) -> str:
 def varied_text(num_bytes: int, seed: int = 0, corpus_fraction: float = 0.6) -> str:
     """About `num_bytes` UTF-8 bytes: a slice of the default corpus plus random and hand-picked hard cases."""
     if not isinstance(num_bytes, int) or num_bytes <= 0:
-        raise ValueError(f"num_bytes must be a positive int, got {brief(num_bytes)}")
+        raise ValueError(f"num_bytes must be a positive int, got {short_repr(num_bytes)}")
     if not 0.0 <= corpus_fraction <= 1.0:
-        raise ValueError(f"corpus_fraction must be in [0, 1], got {brief(corpus_fraction)}")
+        raise ValueError(f"corpus_fraction must be in [0, 1], got {short_repr(corpus_fraction)}")
     rng = random.Random(seed)
     parts = [take_bytes(load_corpus().text, int(num_bytes * corpus_fraction))]
     parts.extend(FRAGMENTS)

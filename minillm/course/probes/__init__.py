@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from minillm.core.config import brief
+from minillm.core.config import short_repr
 
 PROBES_DIR = Path(__file__).resolve().parent
 GRADER_FILES_DIR = PROBES_DIR.parent.parent  # the grader's minillm/: probes may load a trusted module from it by path
@@ -188,8 +188,8 @@ def difference(want: Any, got: Any, rtol: float, atol: float, where: str = "outp
         if not (isinstance(got, dict) and "tensor" in got and "values" in got and "shape" in got):
             return f"{where}: expected a tensor, got {_kind(got)}"
         if got["tensor"] != want["tensor"] or got["shape"] != want["shape"]:
-            return (f"{where}: expected a {want['tensor']} tensor of shape {brief(want['shape'])}, got "
-                    f"{got['tensor']!r:.40} of shape {brief(got['shape'])}")
+            return (f"{where}: expected a {want['tensor']} tensor of shape {short_repr(want['shape'])}, got "
+                    f"{got['tensor']!r:.40} of shape {short_repr(got['shape'])}")
         if not isinstance(got["values"], list) or len(got["values"]) != len(want["values"]):
             return f"{where}: the tensor's values do not match its shape"
         for i, (w, g) in enumerate(zip(want["values"], got["values"])):
@@ -202,7 +202,7 @@ def difference(want: Any, got: Any, rtol: float, atol: float, where: str = "outp
             keys = sorted(got) if isinstance(got, dict) else _kind(got)
             return f"{where}: expected the keys {sorted(want)}, got {keys}"
         for k in want:
-            problem = difference(want[k], got[k], rtol, atol, f"{where}[{brief(k)}]")
+            problem = difference(want[k], got[k], rtol, atol, f"{where}[{short_repr(k)}]")
             if problem:
                 return problem
         return None
@@ -226,9 +226,9 @@ def _scalar_difference(want: Any, got: Any, rtol: float, atol: float, where: str
                 return None
         except OverflowError:
             pass
-        return f"{where}: expected {want!r}, got {brief(got)}"
+        return f"{where}: expected {want!r}, got {short_repr(got)}"
     if type(want) is not type(got) or want != got:
-        return f"{where}: expected {brief(want)}, got {brief(got)}"
+        return f"{where}: expected {short_repr(want)}, got {short_repr(got)}"
     return None
 
 
