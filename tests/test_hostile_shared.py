@@ -528,3 +528,53 @@ def test_a_decimal_is_refused_saying_how_to_convert_it():
         check_int("n", Decimal(5))
     with pytest.raises(TypeError, match=r"convert it with float\(\)"):
         check_float("x", Decimal("0.5"))
+
+
+class _NeverBelow(int):
+    """An int that is never below anything: `x < 0` is False for it, so `if x < 0: raise` is fooled by -5."""
+
+    def __lt__(self, other):
+        return False
+
+
+def _third_refusals():
+    from minillm.compile.decode import integer_ids
+    from minillm.compile.sweep import profile_table, thread_counts
+    from minillm.core.timing import measure
+    from minillm.gpt.train import TrainConfig
+    from minillm.kernels.bench import percent, span, times
+    from minillm.kernels.ops import check_head_size
+    from minillm.prune.masks import check_keeps_one
+    from helpers import LyingFloat, LyingInt
+
+    ops = [{"name": f"op{i}", "calls_per_step": 1, "self_us_per_step": 1.0, "share": 0.25} for i in range(4)]
+    return {
+        "decoder token past int64": (lambda: integer_ids("token", 2**64, 1), "token"),
+        "head size huge": (lambda: check_head_size("q", HUGE), "head size"),
+        "head size lying": (lambda: check_head_size("q", LyingInt(99999)), "head size"),
+        "head size float": (lambda: check_head_size("q", 1.5), "head size"),
+        "times lying": (lambda: times(LyingFloat(-2.5)), "ratio"),
+        "times past float": (lambda: times(10**400), "ratio"),
+        "span lying": (lambda: span([1, LyingInt(-3), 7]), "values[1]"),
+        "percent str": (lambda: percent("0.5"), "fraction"),
+        "thread_counts int": (lambda: thread_counts(3), "threads"),
+        "profile_table negative top": (lambda: profile_table(ops, top=-1), "top"),
+        "profile_table float top": (lambda: profile_table(ops, top=1.5), "top"),
+        "measure repeats 2**64": (lambda: measure(lambda: None, repeats=2**64), "repeats"),
+        "keeps_one None": (lambda: check_keeps_one(None, 0.99, "x"), "n"),
+        "keeps_one nan": (lambda: check_keeps_one(0, float("nan"), "x"), "sparsity"),
+        "sampling temperature past float": (lambda: SamplingParams(temperature=10**400), "temperature"),
+        "sampling max_new_tokens huge": (lambda: SamplingParams(max_new_tokens=HUGE), "max_new_tokens"),
+        "train final_eval_tokens lying": (lambda: TrainConfig(final_eval_tokens=_NeverBelow(-5)), "final_eval_tokens"),
+        "train seed 2**64": (lambda: TrainConfig(seed=2**64), "seed"),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_third_refusals()))
+def test_a_third_hostile_runs_numbers_are_refused_naming_the_argument(case):
+    """A third run's finds: a decoder's token past int64 met torch's "Overflow when unpacking long long", report
+    helpers formatted the caller's number, SamplingParams and TrainConfig kept ints past the float range."""
+    call, name = _third_refusals()[case]
+    with pytest.raises((TypeError, ValueError), match=re.escape(name)) as info:
+        call()
+    assert "Exceeds the limit" not in str(info.value)

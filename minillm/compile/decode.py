@@ -50,6 +50,9 @@ def integer_ids(name: str, value: Any, count: int) -> torch.Tensor:
     itself a positive int: True is no count)."""
     count = check_int("count", count)
     if isinstance(value, int) and not isinstance(value, bool):
+        value = int.__index__(value)  # the plain int: torch would fail past int64 naming nothing ("Overflow ...")
+        if not -2**63 <= value < 2**63:
+            raise ValueError(f"{name} must be an int64 id, got {short_repr(value)}")
         value = torch.tensor([value])
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a tensor of integer ids, got {type(value).__name__} {short_repr(value)}")
@@ -70,8 +73,7 @@ def decoder_max_len(config: GPTConfig, max_len: Any) -> int:
     written. Refused here, a max_len of 10**15 never reaches the allocator."""
     if max_len is None:
         return config.block_size
-    max_len = check_int("max_len", max_len)
-    max_len = int.__index__(max_len)  # the plain int (of an int subclass too) that every later check compares
+    max_len = check_int("max_len", max_len)  # the plain int (of an int subclass too) every later check compares
     if max_len > config.block_size:
         raise ValueError(f"max_len={max_len} is past the model's context window block_size={config.block_size}: "
                          "positions stop there, so those slots could never be used; pass max_len <= block_size")

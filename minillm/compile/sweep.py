@@ -191,6 +191,9 @@ def run_case(model: GPT, case: Case, steps: int = 16, repeats: int = 5, backend:
 def thread_counts(text: str) -> tuple[int, ...]:
     """--threads-list's text, "1,2" -> (1, 2): comma-separated ints in [1, 4 x cores] (`check_threads`; a ValueError
     naming threads[i])."""
+    if not isinstance(text, str):
+        raise TypeError(f"threads must be a str of comma-separated ints like '1,2', got {type(text).__name__} "
+                        f"{short_repr(text)}")
     try:
         threads = tuple(int(t) for t in text.split(","))
     except ValueError:
@@ -283,6 +286,7 @@ def operator_name(name: str) -> str:
 def profile_table(ops: list[dict[str, Any]], top: int = 8) -> str:
     """One mode's operators from `profile_decode` as a Markdown table: the first `top` by self time, each with its
     calls and self time per step and its share, and one row for the rest of the listed operators."""
+    top = check_int("top", top, 0)  # a count: -1 would slice off the last operator, not show them all
     rows = [[f"`{operator_name(o['name'])}`", f"{o['calls_per_step']:.0f}", f"{o['self_us_per_step']:.0f} µs",
              f"{100 * o['share']:.0f}%"] for o in ops[:top]]
     rest = ops[top:]

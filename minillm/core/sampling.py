@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from minillm.core.config import number_kind, plain_number, short_repr, tensor_kind
+from minillm.core.config import check_fits_float, number_kind, plain_number, short_repr, tensor_kind
 
 LogitsProcessor = Callable[[torch.Tensor], torch.Tensor]  # (B, V) float logits -> (B, V) float logits
 
@@ -59,6 +59,8 @@ class SamplingParams:
         # params keep no object of the caller's (numpy's float64 is stored as a float).
         for name in ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "n"):
             setattr(self, name, plain_number(getattr(self, name)))
+            if name != "seed":  # (check_seed has its own range) an int past the float range: float() and str() fail
+                check_fits_float(name, getattr(self, name))
         if not _is_int(self.max_new_tokens):
             raise TypeError(f"max_new_tokens must be an int, got {number_kind(self.max_new_tokens)}")
         if self.max_new_tokens < 0:

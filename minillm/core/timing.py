@@ -48,12 +48,17 @@ class Comparison:
         return {"baseline": self.baseline.to_dict(), "candidate": self.candidate.to_dict(), "speedup": self.speedup}
 
 
+# The most untimed or timed calls one measurement makes: past it a count is a typo (2**64 repeats would fill memory
+# with their times before the median), not a benchmark.
+MAX_REPEATS = 100_000
+
+
 def _check(warmup: int, repeats: int) -> None:
     warmup, repeats = plain_number(warmup), plain_number(repeats)  # an int subclass's comparisons are not consulted
-    if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
-        raise ValueError(f"warmup must be a non-negative int, got {short_repr(warmup)}")
-    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
-        raise ValueError(f"repeats must be a positive int, got {short_repr(repeats)}")
+    if not isinstance(warmup, int) or isinstance(warmup, bool) or not 0 <= warmup <= MAX_REPEATS:
+        raise ValueError(f"warmup must be an int in [0, {MAX_REPEATS}], got {short_repr(warmup)}")
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= MAX_REPEATS:
+        raise ValueError(f"repeats must be an int in [1, {MAX_REPEATS}], got {short_repr(repeats)}")
 
 
 def time_once(fn: Callable[[], Any], device: torch.device | str | None = None) -> tuple[float, Any]:

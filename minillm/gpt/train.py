@@ -43,9 +43,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minillm.core.checkpoint import load_checkpoint, save_checkpoint
-from minillm.core.config import check_float, check_tensor_elements, check_threads, GPTConfig, PRESETS, short_repr
+from minillm.core.config import (check_fits_float, check_float, check_tensor_elements, check_threads, GPTConfig,
+                                 plain_number, PRESETS, short_repr)
 from minillm.core.device import DEVICE_CHOICES, resolve_device
-from minillm.core.sampling import seed_argument
+from minillm.core.sampling import check_seed, seed_argument
 from minillm.core.io import atomic_write_text, check_output_dir, check_path
 from minillm.core.model import GPT
 from minillm.gpt.dataset import BatchSampler, fixed_windows, split_tokens
@@ -111,6 +112,12 @@ class TrainConfig:
             raise TypeError(f"TrainConfig.command must be a str or None, got {type(self.command).__name__}")
         for name in ("out_dir", "export_dir"):  # written at the end: a bad folder must not cost the whole run
             check_output_dir(getattr(self, name), f"TrainConfig.{name}")
+        # The plain ints the count fields hold (an int subclass's own comparisons are not consulted), each within
+        # the float range (str() of a 5001-digit int fails, and the schedule divides by steps).
+        for name in ("steps", "batch_size", "grad_accum", "eval_windows", "log_interval", "warmup_steps",
+                     "eval_interval", "save_interval", "seed", "stop_after", "final_eval_tokens", "num_threads"):
+            setattr(self, name, plain_number(getattr(self, name)))
+            check_fits_float(f"TrainConfig.{name}", getattr(self, name))
         for name in ("steps", "batch_size", "grad_accum", "eval_windows", "log_interval"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -119,6 +126,7 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"TrainConfig.{name} must be a non-negative int, got {short_repr(value)}")
+        self.seed = check_seed(self.seed)  # torch's generator's range: 2**64 would fail inside manual_seed
         if self.warmup_steps >= self.steps:
             raise ValueError(f"warmup_steps={self.warmup_steps} must be smaller than steps={self.steps}")
         # Every float must be finite: NaN passes any `x < 0` test, and one NaN setting makes every weight NaN.

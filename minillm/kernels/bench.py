@@ -49,7 +49,7 @@ import torch.nn.functional as F
 
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.tables import markdown_table
-from minillm.core.config import check_float, check_report, tensor_kind
+from minillm.core.config import check_float, check_int, check_report, check_sequence, tensor_kind
 from minillm.core.io import atomic_write_text, check_output_file
 from minillm.kernels import build, naive, ops
 from minillm.kernels.build import load_kernels
@@ -454,11 +454,13 @@ def contender_key(version: str) -> str:
 
 
 def percent(fraction: float) -> str:
-    return f"{100 * fraction:.1f}%"
+    """A fraction as a percentage with one decimal ("12.5%")."""
+    return f"{100 * check_float('fraction', fraction):.1f}%"
 
 
 def times(ratio: float) -> str:
     """A ratio with two significant digits ("0.23x", "9.1x"), whole above 10 ("93x")."""
+    ratio = check_float("ratio", ratio, 0.0)
     return f"{ratio:.0f}x" if ratio >= 10 else f"{ratio:.2g}x"
 
 
@@ -568,6 +570,8 @@ def version_order(name: str) -> tuple:
 
 
 def span(values: list[int]) -> str:
+    """Counts (registers per thread) as one number or a range "lo-hi"; "" for none."""
+    values = [check_int(f"values[{i}]", v, 0) for i, v in enumerate(check_sequence("values", values))] if values else []
     return "" if not values else str(values[0]) if min(values) == max(values) else f"{min(values)}-{max(values)}"
 
 

@@ -118,8 +118,11 @@ def check_head_size(name: str, hs: int) -> None:
     """A head size the attention kernels take, 1..MAX_HEAD_SIZE, else a ValueError naming `name`'s last dimension.
     Shared by the CUDA wrappers, the emulator and the mirrors: with hs = 0 the scale 1/sqrt(hs) is a division by
     zero, and past 128 the kernels have no thread (v1) or lane slot (paged v2) for the extra dimensions."""
+    hs = plain_number(hs)  # a shape's entry, or a caller's number: its own comparisons are not consulted
+    if isinstance(hs, bool) or not isinstance(hs, int):
+        raise TypeError(f"head size {name}.shape[-1] must be an int, got {number_kind(hs)}")
     if not 1 <= hs <= MAX_HEAD_SIZE:
-        raise ValueError(f"head size {name}.shape[-1] must be 1..{MAX_HEAD_SIZE}, got {hs}")
+        raise ValueError(f"head size {name}.shape[-1] must be 1..{MAX_HEAD_SIZE}, got {short_repr(hs)}")
 
 
 def check_paged_args(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,

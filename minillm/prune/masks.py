@@ -67,6 +67,8 @@ def check_keeps_one(n: int, sparsity: float, what: str, name: str = "sparsity") 
 
     A matrix (magnitude) or output row (Wanda) pruned to nothing silences that layer or output entirely: the model
     still runs and its numbers look plausible, which is worse than an error."""
+    n = check_int("n", n, 0)  # a count: None or 0.0 must not read as "nothing to prune"
+    sparsity = check_sparsity(sparsity, name)
     if n and num_pruned(n, sparsity) >= n:
         raise ValueError(f"{name}={sparsity} would remove all {n} weights of {what} (round({sparsity} · {n}) = {n}); "
                          f"use {name} <= {(n - 0.5) / n - 1e-9:.6f} so each keeps at least one")

@@ -384,7 +384,8 @@ class QuantizedTensor:
                             f"{'None' if self.zero is None else tensor_kind(self.zero)}")
         self.bits = _check_bits(self.bits)
         if not isinstance(self.shape, tuple) or tuple(self.q.shape) != self.shape:
-            raise ValueError(f"shape must be the codes' shape {tuple(self.q.shape)} as a tuple, got {self.shape!r}")
+            raise ValueError(f"shape must be the codes' shape {tuple(self.q.shape)} as a tuple, got "
+                             f"{short_repr(self.shape)}")
         rows, groups = self.scale.shape
         code_rows = self.q.shape[0] if self.q.dim() else 1
         if (rows, groups) != (1, 1) and rows != code_rows:

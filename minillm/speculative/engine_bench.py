@@ -78,8 +78,9 @@ def check_loads(loads: object, requests_per_slot: int = REQUESTS_PER_SLOT) -> li
     requests_per_slot = check_int("requests_per_slot", requests_per_slot)
     need, have = requests_per_slot * max(loads), len(code_pieces())
     if need > have:
-        raise ValueError(f"loads: the highest load {max(loads)} needs {need} prompts ({requests_per_slot} per batch "
-                         f"slot), the validation split has {have}; lower the loads")
+        raise ValueError(f"loads: the highest load {max(loads)} needs {need} prompts (requests_per_slot="
+                         f"{requests_per_slot} per batch slot), the validation split has {have}; lower the loads or "
+                         "requests_per_slot")
     return loads
 
 
