@@ -1153,3 +1153,17 @@ def test_fused_cpu_step_cpp_checks_every_int8_argument(monkeypatch):
             build(*args)
     step = build(glob, layers, k, v, nh, hs, eps, scales)
     assert step.step(5, 0, 0).shape == (1, SMALL.vocab_size)
+
+
+@pytest.mark.skipif(not DYNAMO, reason="torch.compile (dynamo) is not supported on this Python/PyTorch")
+def test_more_than_eight_compiled_decoders_in_one_process():
+    """dynamo keeps graphs, and a limit of 8 recompilations, per code object: when every decoder compiled the class's
+    one `_step`, the 9th compiled decoder of a process failed ("FailOnRecompileLimitHit", fullgraph=True) on valid
+    input. Each decoder now compiles its own copy (`own_code`); twelve in a row each build one graph and give the
+    model's greedy tokens."""
+    model = context_model(GPTConfig(vocab_size=32, block_size=32, n_layer=1, n_head=2, n_embd=16), seed=0)
+    params = SamplingParams.greedy(4, ignore_eos=True)
+    want = generate_ids(model, [1, 2, 3], params)
+    decoders = [StaticDecoder(model, mode="compile", backend="eager") for _ in range(12)]  # all alive at once
+    for d in decoders:
+        assert d.generate_ids([1, 2, 3], params) == want and d.compiles == 1

@@ -728,7 +728,8 @@ BAD = [
     ("s08r6-check-loads-zero", lambda c: engine_bench.check_loads([1, 0]), ValueError,
      r"^loads\[1\] must be positive, got 0"),
     ("s08r6-check-loads-past-the-split", lambda c: engine_bench.check_loads([10 ** 6]), ValueError,
-     r"^loads: the highest load 1000000 needs 3000000 prompts \(3 per batch slot\), the validation split has \d+"),
+     r"^loads: the highest load 1000000 needs 3000000 prompts \(requests_per_slot=3 per batch slot\), the "
+     r"validation split has \d+"),
     ("s08r6-engine-run-loads-int", lambda c: engine_bench.run(loads=4), ValueError,
      "^loads must be a non-empty list of positive ints, got 4"),
     # before: sampling_exactness refused the seed after the greedy sweeps; engine_bench ignored it

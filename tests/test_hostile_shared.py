@@ -430,13 +430,6 @@ def _huge_calls():
     }
 
 
-@pytest.mark.parametrize("case", sorted(_huge_calls()))
-def test_an_int_past_4300_digits_is_refused_naming_the_argument(case):
-    """The library's own message must not format such an int (it describes it by size, `short_repr`)."""
-    call, name = _huge_calls()[case]
-    with pytest.raises((TypeError, ValueError), match=re.escape(name)) as info:
-        call()
-    assert "Exceeds the limit" not in str(info.value)
 
 
 def test_numpy_ints_in_layer_pairs_are_refused_saying_how_to_convert():
@@ -495,15 +488,6 @@ def _more_refusals():
         "CUDA index 2**64": (lambda: semi_structured_support(2**64), "device"),
         "CUDA index huge": (lambda: semi_structured_support(HUGE), "device"),
     }
-
-
-@pytest.mark.parametrize("case", sorted(_more_refusals()))
-def test_more_lying_and_huge_numbers_are_refused_naming_the_argument(case):
-    """A second hostile run's finds: sites that compared, printed or passed on the caller's number as given."""
-    call, name = _more_refusals()[case]
-    with pytest.raises((TypeError, ValueError), match=re.escape(name)) as info:
-        call()
-    assert "Exceeds the limit" not in str(info.value)
 
 
 def test_eps_is_read_as_the_float_it_holds_not_its_float_conversion():
@@ -570,11 +554,57 @@ def _third_refusals():
     }
 
 
-@pytest.mark.parametrize("case", sorted(_third_refusals()))
-def test_a_third_hostile_runs_numbers_are_refused_naming_the_argument(case):
-    """A third run's finds: a decoder's token past int64 met torch's "Overflow when unpacking long long", report
-    helpers formatted the caller's number, SamplingParams and TrainConfig kept ints past the float range."""
-    call, name = _third_refusals()[case]
+def _fourth_refusals():
+    from minillm.compile.decode import check_decoder_room
+    from minillm.distill.run_state import record_digest
+    from minillm.kernels.bench import contender_key
+    from minillm.kernels.ops import check_block_tables
+    from minillm.quant.kv_cache import dequantize_kv
+    from minillm.quant.quantize import dequantize, quantize
+    from minillm.speculative.generate import lookup, prompt_lookup_proposals
+    import numpy as np
+
+    def float_shape():
+        qt = quantize(torch.randn(4, 16))
+        qt.shape = (4, 16.0)  # == (4, 16) in Python
+        return dequantize(qt)
+
+    tables, lens = torch.zeros(1, 2, dtype=torch.long), torch.tensor([3])
+    codes = torch.zeros(2, 4, dtype=torch.int8)
+    return {
+        "stop holding a huge int": (lambda: SamplingParams(max_new_tokens=6, stop=[HUGE]), "stop"),
+        "lookup ids past int64": (lambda: prompt_lookup_proposals([2**64, 1, 2, 2**64, 1], 3, 2), "ids[0]"),
+        "lookup gamma float": (lambda: lookup([1, 2, 1], 1.5, 1), "lookup"),
+        "lookup ngram negative": (lambda: lookup([1, 2, 1], 2, -1), "ngram"),
+        "dequantize_kv inf scale": (lambda: dequantize_kv(codes, torch.tensor([[float("inf")], [1.0]])), "scale"),
+        "record_digest numpy": (lambda: record_digest("abc", {"loss": np.float32(0.5)}), "loss"),
+        "record_digest huge": (lambda: record_digest("abc", {"loss": HUGE}), "loss"),
+        "contender_key int": (lambda: contender_key(2), "version"),
+        "block tables num_blocks 2**64": (lambda: check_block_tables(tables, lens, 2**64, 4), "num_blocks"),
+        "block tables block_size float": (lambda: check_block_tables(tables, lens, 4, 1.5), "block_size"),
+        "decoder room None": (lambda: check_decoder_room(None, CFG, [1, 2, 3], SamplingParams.greedy(5)), "max_len"),
+        "decoder room past window": (lambda: check_decoder_room(2**64, CFG, [1, 2, 3], SamplingParams.greedy(5)),
+                                     "max_len"),
+        "quantized shape of floats": (float_shape, "shape"),
+    }
+
+
+# Every row: (the call, the name its error must give). Each builder holds one hostile run's finds: ints past 4,300
+# digits (`_huge_calls`); sites that compared, printed or passed on the caller's number as given (`_more_refusals`);
+# a decoder's token past int64, report helpers, SamplingParams and TrainConfig (`_third_refusals`); a stop list,
+# prompt lookup, a KV scale of inf, a records line, the block tables, a decoder's room, a quantized shape
+# (`_fourth_refusals`).
+def _named_refusals():
+    return {f"{group}: {case}": row for group, rows in (("huge", _huge_calls()), ("second", _more_refusals()),
+                                                        ("third", _third_refusals()), ("fourth", _fourth_refusals()))
+            for case, row in rows.items()}
+
+
+@pytest.mark.parametrize("case", sorted(_named_refusals()))
+def test_a_hostile_number_or_value_is_refused_naming_the_argument(case):
+    """A TypeError / ValueError naming the argument, and never Python's own message for an int past 4,300 digits
+    (the library describes such an int by its size, `short_repr`)."""
+    call, name = _named_refusals()[case]
     with pytest.raises((TypeError, ValueError), match=re.escape(name)) as info:
         call()
     assert "Exceeds the limit" not in str(info.value)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib.util
 import shutil
 import time
+import types
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator
 
@@ -86,6 +87,9 @@ def check_decoder_room(max_len: int, config: GPTConfig, prompt_ids: Any, params:
     chapter 04's count), or a ValueError naming max_len, the decoder's own argument: `generate` would name its
     `kv_cache`, which the caller of a decoder's generate_ids never passed. The prompt and params are checked as
     `generate` checks them (`validate_prompt`: the window cap and truncate included)."""
+    max_len = check_int("max_len", max_len)  # the plain int it holds
+    if max_len > config.block_size:
+        raise ValueError(f"max_len={max_len} is past the model's context window block_size={config.block_size}")
     ids, max_new = validate_prompt(prompt_ids, params, config.vocab_size, config.block_size, truncate)
     needed = max(len(ids) + max_new - 1, 1)
     if needed > max_len:
@@ -159,6 +163,21 @@ def hooked_module(named_modules: Iterable[tuple[str, nn.Module]]) -> str | None:
         if m._forward_hooks or m._forward_pre_hooks:
             return name or "the model itself"
     return None
+
+
+def own_code(fn: Callable) -> Callable:
+    """`fn` (a function, or a method bound to its object) through a copy of its function with a code object of its
+    own, for `torch.compile`.
+
+    subtle: dynamo keeps compiled graphs, and its limit of 8 recompilations, per code object, and never frees them:
+    every decoder compiling the class's one `_step` (every sweep case its one `forward`) adds a graph to the same
+    entry, and with fullgraph=True the 9th of a process failed ("FailOnRecompileLimitHit"). A copy per decoder keeps
+    each one's graphs apart, and they go when the copy goes."""
+    bound = getattr(fn, "__self__", None)
+    func = getattr(fn, "__func__", fn)
+    copy = types.FunctionType(func.__code__.replace(), func.__globals__, func.__name__, func.__defaults__,
+                              func.__closure__)
+    return types.MethodType(copy, bound) if bound is not None else copy
 
 
 def counting_backend(name: str, on_graph: Callable[[], None]) -> Callable[..., Any]:
@@ -242,7 +261,8 @@ class StaticDecoder:
         self._graph: Any = None
         self._graph_out: torch.Tensor | None = None
         if mode == "compile":
-            self._run = torch.compile(self._step, fullgraph=True, dynamic=False, backend=self._counting_backend())
+            self._run = torch.compile(own_code(self._step), fullgraph=True, dynamic=False,
+                                      backend=self._counting_backend())
         else:
             self._run = self._step
 

@@ -36,7 +36,7 @@ from torch.profiler import ProfilerActivity, profile
 from minillm.bench.cli import bench_parser, cli_type, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
-from minillm.compile.decode import StaticDecoder, check_backend, check_eval_mode, counting_backend
+from minillm.compile.decode import StaticDecoder, check_backend, check_eval_mode, counting_backend, own_code
 from minillm.core.config import check_int, check_report, check_tensor_elements, check_threads, short_repr
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import check_seed
@@ -137,7 +137,8 @@ def _prefill_runs(model: GPT, case: Case, compiled: bool, backend: str, seed: in
         def count() -> None:
             built["compiles"] += 1
 
-        forward = torch.compile(forward, fullgraph=True, dynamic=False, backend=counting_backend(backend, count))
+        forward = torch.compile(own_code(forward), fullgraph=True, dynamic=False,
+                                backend=counting_backend(backend, count))
 
     @torch.inference_mode()
     def run() -> list[torch.Tensor]:

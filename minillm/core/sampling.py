@@ -87,10 +87,10 @@ class SamplingParams:
         if isinstance(self.stop, str):  # a lone string is one stop string, as in vLLM and the OpenAI API
             self.stop = (self.stop,)
         if not isinstance(self.stop, (tuple, list)) or not all(isinstance(s, str) for s in self.stop):
-            raise TypeError(f"stop must be a tuple of strings, got {self.stop!r}")
+            raise TypeError(f"stop must be a tuple of strings, got {short_repr(self.stop)}")
         self.stop = tuple(self.stop)
         if any(s == "" for s in self.stop):
-            raise ValueError(f"stop strings must be non-empty, got {self.stop!r}")
+            raise ValueError(f"stop strings must be non-empty, got {short_repr(self.stop)}")
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         if not _is_int(self.n):

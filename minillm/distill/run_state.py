@@ -152,7 +152,14 @@ def record_digest(previous: str, record: dict[str, float]) -> str:
     """The "sha256" field of a records line: SHA-256 of the previous line's digest (distill_run.json's for the
     first line) and the record's JSON. A chain: editing, dropping or reordering a line breaks every digest after it,
     so a resumed run never reads a loss value the run did not compute (JSON keeps a float's shortest repr: the
-    record read back dumps to the very same text)."""
+    record read back dumps to the very same text). `record` is checked as a record of the fields it holds
+    (`check_record`: numbers within the float range) and `previous` as a str, naming them otherwise."""
+    if not isinstance(previous, str):
+        raise TypeError(f"previous must be the previous line's digest (a str), got {type(previous).__name__}")
+    if isinstance(record, dict):
+        check_record(record, tuple(record), "record")
+    else:
+        check_record(record, (), "record")  # the message for a record that is no dict
     return hashlib.sha256((previous + json.dumps(record, sort_keys=True)).encode("utf-8")).hexdigest()
 
 

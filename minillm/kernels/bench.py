@@ -450,6 +450,8 @@ PTXAS_KEYS = ("source", "name", "arch", "registers", "spill_stores", "spill_load
 
 def contender_key(version: str) -> str:
     """A row's short name in `quotes`: "naive", "v1".., or "torch" for PyTorch's own op."""
+    if not isinstance(version, str):
+        raise TypeError(f"version must be a row's version name (a str such as 'v1'), got {type(version).__name__}")
     return version if version == "naive" or re.fullmatch(r"v\d+", version) else "torch"
 
 

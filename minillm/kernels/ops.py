@@ -179,7 +179,13 @@ def check_distinct_slots(slot_mapping: torch.Tensor) -> None:
 def check_block_tables(block_tables: torch.Tensor, context_lens: torch.Tensor, num_blocks: int,
                        block_size: int) -> None:
     """Every context length fits its table (0..max_nb * bs) and every block id a sequence reads (its first
-    ceil(len / bs) entries) is a block of the pool 0..num_blocks-1. block_tables (S, max_nb), context_lens (S,)."""
+    ceil(len / bs) entries) is a block of the pool 0..num_blocks-1. block_tables (S, max_nb), context_lens (S,).
+    num_blocks (>= 0: an empty pool makes every block id read a bad one) and block_size (>= 1) are ints within int64
+    (the tables' dtype), checked as the plain ints."""
+    num_blocks, block_size = check_int("num_blocks", num_blocks, 0), check_int("block_size", block_size)
+    for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+        if value >= 2**63:
+            raise ValueError(f"{name} must be below 2**63 (the block tables are int64), got {value}")
     S, max_nb = block_tables.shape
     if not S:
         return

@@ -94,6 +94,9 @@ def dequantize_kv(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype =
         raise TypeError(f"check_values must be a bool, got {type(check_values).__name__} {check_values!r}")
     if check_values and scale.is_floating_point():
         check_scale_positive(scale)
+        if not bool(torch.isfinite(scale).all()):  # quantize_kv never writes one: inf or NaN would de-quantize to
+            raise ValueError("scale must be finite: quantize_kv writes finite scales, and an inf or NaN one would "
+                             "read back as a row of inf or NaN keys")
     return dequantize_symmetric(codes, scale, check_values=False).to(dtype)  # checked above when asked
 
 

@@ -383,7 +383,9 @@ class QuantizedTensor:
                             f"ones, got q {self.q.dtype} with zero "
                             f"{'None' if self.zero is None else tensor_kind(self.zero)}")
         self.bits = _check_bits(self.bits)
-        if not isinstance(self.shape, tuple) or tuple(self.q.shape) != self.shape:
+        # subtle: (4, 16.0) == (4, 16) in Python, and reshape then refuses the float naming nothing: plain ints only
+        if not isinstance(self.shape, tuple) or any(type(d) is not int for d in self.shape) \
+                or tuple(self.q.shape) != self.shape:
             raise ValueError(f"shape must be the codes' shape {tuple(self.q.shape)} as a tuple, got "
                              f"{short_repr(self.shape)}")
         rows, groups = self.scale.shape

@@ -202,8 +202,8 @@ def prompt_lookup_proposals(ids: list[int], gamma: int, ngram: int = 3) -> list[
         if not isinstance(tok, int) or isinstance(tok, bool):
             raise TypeError(f"ids[{pos}] must be an int token id, got {type(tok).__name__} {short_repr(tok)}")
         plain.append(int.__index__(tok))
-        if plain[-1] < 0:
-            raise ValueError(f"ids[{pos}] = {plain[-1]} is not a token id (negative)")
+        if not 0 <= plain[-1] < 2**63:
+            raise ValueError(f"ids[{pos}] = {short_repr(plain[-1])} is not a token id (an int64 >= 0)")
     return lookup(plain, gamma, int.__index__(ngram))
 
 
@@ -212,9 +212,13 @@ def lookup(ids: list[int], gamma: int, ngram: int) -> list[int]:
     on the round loop's own sequence (a checked prompt followed by the target's tokens). Only the argument types are
     checked (two isinstance calls: a TypeError naming ids or ngram rather than Python's own); the values are the
     caller's."""
-    if not isinstance(ids, list) or type(ngram) is not int:
-        raise TypeError(f"lookup takes ids as a list of token ids and ngram as an int, got {type(ids).__name__} and "
-                        f"{type(ngram).__name__} (prompt_lookup_proposals checks everything)")
+    if not isinstance(ids, list) or type(ngram) is not int or type(gamma) is not int:
+        raise TypeError(f"lookup takes ids as a list of token ids and gamma and ngram as ints, got "
+                        f"{type(ids).__name__}, {type(gamma).__name__} and {type(ngram).__name__} "
+                        "(prompt_lookup_proposals checks everything)")
+    if ngram < 1 or gamma < 0:
+        raise ValueError(f"lookup needs ngram >= 1 and gamma >= 0, got ngram={short_repr(ngram)}, "
+                         f"gamma={short_repr(gamma)}")
     n = len(ids)
     if n <= ngram:
         return []
