@@ -608,3 +608,26 @@ def test_a_hostile_number_or_value_is_refused_naming_the_argument(case):
     with pytest.raises((TypeError, ValueError), match=re.escape(name)) as info:
         call()
     assert "Exceeds the limit" not in str(info.value)
+
+
+def test_a_fifth_hostile_runs_values_are_refused_before_any_work():
+    """A fifth run's finds: layer_costs' calls had no bound (2**63 collected outputs until memory ran out) nor its
+    sizes (torch's allocator named nothing); a records line keyed by an int; a decoder's batch_size of 10**5000 in
+    a message."""
+    from minillm.compile.decode import StaticDecoder
+    from minillm.distill.run_state import record_digest
+    from minillm.prune import bench as prune_bench
+    from minillm.quant import bench as quant_bench
+
+    for call, name in ((lambda: prune_bench.layer_costs((0.5,), (1,), repeats=1, calls=2**63), "calls"),
+                       (lambda: quant_bench.layer_costs(calls=2**63), "calls"),
+                       (lambda: quant_bench.layer_costs(in_features=128, out_features=2**40), "out_features"),
+                       (lambda: quant_bench.layer_costs(tokens=(2**40,)), "tokens"),
+                       (lambda: prune_bench.layer_costs((0.5,), (2**40,)), "tokens"),
+                       (lambda: record_digest("abc", {1: 2.0, "a": 3.0}), "field names")):
+        with pytest.raises((TypeError, ValueError), match=name):
+            call()
+    decoder = StaticDecoder(GPT(CFG).eval(), mode="eager")
+    decoder.batch_size = HUGE
+    with pytest.raises(ValueError, match="batch_size an int of"):
+        decoder.generate_ids([1, 2], SamplingParams.greedy(3))

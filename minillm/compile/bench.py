@@ -52,7 +52,7 @@ from minillm.compile.mirror import check_plain_model
 from minillm.core.config import check_int, short_repr
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed
-from minillm.core.timing import Timing, interleave, measure
+from minillm.core.timing import check_calls, interleave, measure, Timing
 from minillm.kvcache.generate import generate_ids
 from minillm.naive.roofline import decode_weight_bytes, stream_weights
 from minillm.prune.structured import mlp_neuron_scores, prune_mlp
@@ -92,7 +92,7 @@ def weight_streaming_bound(model: GPT, repeats: int = 9, calls: int = 50,
     positive int of bytes."""
     require_model(model, "weight_streaming_bound (model)")
     repeats = check_int("repeats", repeats)
-    calls = check_int("calls", calls)
+    calls = check_calls("calls", calls)
     if ways is not None and not (isinstance(ways, tuple) and len(ways) == 2 and isinstance(ways[0], dict)
                                  and ways[0] and all(callable(run) for run in ways[0].values())):
         raise TypeError(f"ways must be None or ({{way: run(steps)}}, bytes) with at least one way, as "
@@ -223,7 +223,7 @@ def round_costs(target: FusedCPUDecoder, draft: FusedCPUDecoder, rows: int, cont
         raise ValueError(f"context must leave room for {rows} rows in the target's cache (max_len {target.max_len}) "
                          f"and 1 in the draft's (max_len {draft.max_len}): at most {room}, got {context}")
     repeats = check_int("repeats", repeats)
-    calls = check_int("calls", calls)
+    calls = check_calls("calls", calls)
     for dec in (target, draft):
         dec.cache.reset()
         for at in range(0, context, MAX_VERIFY):  # any ids: the timings only need the cache's length

@@ -364,7 +364,8 @@ class StaticDecoder:
         """Chapter 04's `generate_ids` with this step: the prompt prefilled eager, every later token through it; in
         eval mode, the model's modes given back afterwards."""
         if self.batch_size != 1:
-            raise ValueError(f"generate_ids streams one sequence; this StaticDecoder has batch_size {self.batch_size}")
+            raise ValueError(f"generate_ids streams one sequence; this StaticDecoder has batch_size "
+                             f"{short_repr(self.batch_size)}")
         check_decoder_room(self.max_len, self.model.config, prompt_ids, params, kwargs.get("truncate", False))
         self._check_hooks()  # before the prefill, which would run the hook
         with eval_mode(self.model):

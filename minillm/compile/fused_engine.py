@@ -46,8 +46,7 @@ from minillm.compile.fused_step import LINEARS, WatchedModel, build_cpp_decoder
 from minillm.core.config import check_has_data, check_int, short_repr, tensor_kind
 from minillm.core.model import GPT
 from minillm.core.sampling import check_seed
-from minillm.core.timing import compare
-from minillm.core.timing import interleave
+from minillm.core.timing import check_calls, compare, interleave
 from minillm.engine.config import EngineConfig
 from minillm.engine.step_models import register_shipped_step_model
 from minillm.engine.throughput import run_engine
@@ -204,7 +203,7 @@ def step_costs(model: GPT, context: int = 160, sizes: Sequence[int] = STEP_SIZES
             type(n) is int and 1 <= n <= MAX_FUSED_ROWS for n in sizes):
         raise ValueError(f"sizes must list at least two batch sizes in [1, {MAX_FUSED_ROWS}], got {sizes!r}")
     repeats = check_int("repeats", repeats)
-    calls = check_int("calls", calls)
+    calls = check_calls("calls", calls)
     cfg = model.config
     if context >= cfg.block_size:
         raise ValueError(f"context must leave room for one new token in the window block_size={cfg.block_size}, "

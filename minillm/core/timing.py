@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from minillm.core.config import plain_number, short_repr
+from minillm.core.config import check_int, plain_number, short_repr
 from minillm.core.device import synchronize
 
 
@@ -51,6 +51,15 @@ class Comparison:
 # The most untimed or timed calls one measurement makes: past it a count is a typo (2**64 repeats would fill memory
 # with their times before the median), not a benchmark.
 MAX_REPEATS = 100_000
+
+
+def check_calls(name: str, calls: Any) -> int:
+    """`calls` (how many times one timed repeat calls the op) as the plain int it holds, in [1, MAX_REPEATS]; a
+    TypeError / ValueError naming `name` otherwise (2**63 calls would collect outputs until memory ran out)."""
+    calls = check_int(name, calls)
+    if calls > MAX_REPEATS:
+        raise ValueError(f"{name} must be at most {MAX_REPEATS} calls per timed repeat, got {calls}")
+    return calls
 
 
 def _check(warmup: int, repeats: int) -> None:

@@ -156,6 +156,8 @@ def record_digest(previous: str, record: dict[str, float]) -> str:
     (`check_record`: numbers within the float range) and `previous` as a str, naming them otherwise."""
     if not isinstance(previous, str):
         raise TypeError(f"previous must be the previous line's digest (a str), got {type(previous).__name__}")
+    if isinstance(record, dict) and not all(isinstance(k, str) for k in record):  # JSON's keys are strings
+        raise TypeError(f"record's field names must be str, got {sorted(map(short_repr, record))}")
     if isinstance(record, dict):
         check_record(record, tuple(record), "record")
     else:

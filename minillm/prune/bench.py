@@ -45,10 +45,11 @@ from minillm.bench.driver import engine_tokens
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
 from minillm.bench.workload import eval_prompts
-from minillm.core.config import check_fits_window, check_int, check_module_has_data, check_sequence, short_repr
+from minillm.core.config import (check_fits_window, check_int, check_module_has_data, check_sequence,
+                                 check_tensor_elements, short_repr)
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed
-from minillm.core.timing import compare
+from minillm.core.timing import check_calls, compare
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
 from minillm.gpt.dataset import default_eval_tokens
@@ -297,8 +298,9 @@ def layer_costs(sparsities: tuple[float, ...] = (0.5, 0.7, 0.9), tokens: tuple[i
     """µs per call of one 256 -> 1024 linear: dense F.linear vs CSR (torch.addmm on a sparse_csr weight)."""
     sparsities = check_sparsities(sparsities)
     tokens = [check_int(f"tokens[{i}]", M) for i, M in enumerate(check_sequence("tokens", tokens))]
+    check_tensor_elements("tokens x 1024 (the layer's outputs)", (max(tokens), 1024))  # not torch's allocator
     repeats = check_int("repeats", repeats)
-    calls = check_int("calls", calls)
+    calls = check_calls("calls", calls)
     seed = check_seed(check_int("seed", seed, 0))  # [0, 2**64): torch's generator's range
     g = torch.Generator().manual_seed(seed)
     w0 = torch.randn(1024, 256, generator=g) * 0.02

@@ -44,10 +44,10 @@ from minillm.bench.driver import engine_tokens
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
 from minillm.bench.workload import eval_prompts
-from minillm.core.config import check_has_data, check_int, tensor_kind
+from minillm.core.config import check_has_data, check_int, check_tensor_elements, tensor_kind
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed
-from minillm.core.timing import compare, measure
+from minillm.core.timing import check_calls, compare, measure
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
 from minillm.gpt.dataset import default_eval_tokens
@@ -263,13 +263,17 @@ def layer_costs(in_features: int = 256, out_features: int = 1024, tokens: tuple[
     in_features = check_int("in_features", in_features)
     out_features = check_int("out_features", out_features)
     repeats = check_int("repeats", repeats)
-    calls = check_int("calls", calls)
+    calls = check_calls("calls", calls)
     seed = check_seed(check_int("seed", seed, 0))  # [0, 2**64): torch's generator's range
     if isinstance(tokens, (str, bytes)) or not isinstance(tokens, (list, tuple)):
         raise TypeError(f"tokens must be a tuple of token counts, got {type(tokens).__name__} {tokens!r}")
     if not tokens:
         raise ValueError("tokens must hold at least one token count, got an empty tuple")
     tokens = [check_int(f"tokens[{i}]", M) for i, M in enumerate(tokens)]  # the plain ints
+    # the layer's weight and each call's input and output: named here, not by torch's allocator
+    check_tensor_elements("out_features x in_features", (out_features, in_features))
+    check_tensor_elements("tokens x in_features", (max(tokens), in_features))
+    check_tensor_elements("tokens x out_features", (max(tokens), out_features))
     g = torch.Generator().manual_seed(seed)
     lin = nn.Linear(in_features, out_features)
     with torch.no_grad():
