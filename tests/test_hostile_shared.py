@@ -631,3 +631,36 @@ def test_a_fifth_hostile_runs_values_are_refused_before_any_work():
     decoder.batch_size = HUGE
     with pytest.raises(ValueError, match="batch_size an int of"):
         decoder.generate_ids([1, 2], SamplingParams.greedy(3))
+
+
+def test_a_sixth_hostile_runs_values_are_refused_or_taken_as_documented():
+    """A sixth run's finds: the paged caches stored an int subclass as num_blocks and took an integer dtype (every K
+    and V truncated); a benchmark's repeats past the cap; FakeQuantLinear's sizes; numpy token ids refused by the
+    chapter 13 mirror and step (token ids take numpy ints everywhere else)."""
+    import numpy as np
+    from minillm.compile.decode import integer_ids
+    from minillm.compile.mirror import decode_step_by_hand
+    from minillm.compile.sweep import operator_name
+    from minillm.distill.bench import check_prompts
+    from minillm.quant.qat import FakeQuantLinear
+    from minillm.speculative.bench import matmul_costs
+    from minillm.speculative.verify_cache import VerifyKVCache
+    from helpers import LyingInt
+
+    model = GPT(CFG).eval()
+    for call, name in ((lambda: VerifyKVCache(CFG, HUGE, 4), "num_blocks"),
+                       (lambda: VerifyKVCache(CFG, 2, 4, dtype=torch.long), "dtype"),
+                       (lambda: matmul_costs(model, [1], repeats=2**63), "repeats"),
+                       (lambda: FakeQuantLinear(2**40, 4), "out_features x in_features"),
+                       (lambda: FakeQuantLinear(1.5, 4), "in_features"),
+                       (lambda: check_prompts(model, [[1, 2]], "p", HUGE), "new_tokens"),
+                       (lambda: operator_name(None), "name")):
+        with pytest.raises((TypeError, ValueError), match=name) as info:
+            call()
+        assert "Exceeds the limit" not in str(info.value)
+    assert type(VerifyKVCache(CFG, LyingInt(8), 4).num_blocks) is int
+    assert torch.equal(integer_ids("token", np.int64(3), 1), integer_ids("token", 3, 1))
+    k, v = ([torch.zeros(1, 2, 8, 16) for _ in range(2)] for _ in range(2))
+    k2, v2 = ([torch.zeros(1, 2, 8, 16) for _ in range(2)] for _ in range(2))
+    assert torch.equal(decode_step_by_hand(model, k, v, np.int64(3), np.int64(0), 0),
+                       decode_step_by_hand(model, k2, v2, 3, 0, 0))

@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 from torch.nn.modules import module as nn_module
 
-from minillm.core.config import check_has_data, check_int, check_tensor_elements, GPTConfig, short_repr
+from minillm.core.config import check_has_data, check_int, check_tensor_elements, GPTConfig, plain_int, short_repr
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.core.stopping import validate_prompt
@@ -50,8 +50,8 @@ def integer_ids(name: str, value: Any, count: int) -> torch.Tensor:
     token would be truncated silently by the copy into an int64 buffer), a ValueError for the wrong count (`count`
     itself a positive int: True is no count)."""
     count = check_int("count", count)
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = int.__index__(value)  # the plain int: torch would fail past int64 naming nothing ("Overflow ...")
+    if plain_int(value) is not None:  # a Python or numpy int (a token id, as prompts take them)
+        value = plain_int(value)  # the plain int: torch would fail past int64 naming nothing ("Overflow ...")
         if not -2**63 <= value < 2**63:
             raise ValueError(f"{name} must be an int64 id, got {short_repr(value)}")
         value = torch.tensor([value])
@@ -312,8 +312,8 @@ class StaticDecoder:
         self._check_hooks()
         for name, ids in (("token", token), ("positions", positions)):
             if isinstance(ids, torch.Tensor) and ids.numel() != self.batch_size:
-                raise ValueError(f"a StaticDecoder of batch_size {self.batch_size} takes {self.batch_size} token(s) "
-                                 f"and position(s) a step, got {name} of shape {tuple(ids.shape)}")
+                raise ValueError(f"a StaticDecoder of batch_size {short_repr(self.batch_size)} takes that many "
+                                 f"token(s) and position(s) a step, got {name} of shape {tuple(ids.shape)}")
         token = integer_ids("token", token, self.batch_size)
         positions = integer_ids("positions", positions, self.batch_size)
         self._check_range(token, positions)

@@ -201,7 +201,7 @@ def step_costs(model: GPT, context: int = 160, sizes: Sequence[int] = STEP_SIZES
     context = check_int("context", context)
     if not isinstance(sizes, (list, tuple)) or len(sizes) < 2 or not all(
             type(n) is int and 1 <= n <= MAX_FUSED_ROWS for n in sizes):
-        raise ValueError(f"sizes must list at least two batch sizes in [1, {MAX_FUSED_ROWS}], got {sizes!r}")
+        raise ValueError(f"sizes must list at least two batch sizes in [1, {MAX_FUSED_ROWS}], got {short_repr(sizes)}")
     repeats = check_int("repeats", repeats)
     calls = check_calls("calls", calls)
     cfg = model.config

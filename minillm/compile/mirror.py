@@ -28,7 +28,7 @@ import torch.nn as nn
 from minillm.compile.cpu_gemv import FastLinear
 from minillm.core.model import GPT, require_model
 from minillm.kernels.naive import gelu_tanh, layernorm  # chapter 12's naive twins: the same formulas
-from minillm.core.config import check_has_data, check_int, check_strided, check_writable, tensor_kind
+from minillm.core.config import check_has_data, check_int, check_strided, check_writable, plain_int, tensor_kind
 from minillm.kernels.ops import check_same_device, tensors_overlap
 
 ROWS = 4  # weight rows per block: four memory streams in flight in the C++ loop
@@ -157,8 +157,10 @@ def _check_cache(k: list[torch.Tensor], v: list[torch.Tensor], n_layer: int, nh:
 
 def _index(name: str, value: object, high: int) -> int:
     """`value` as the plain int it holds if it is an int in [0, high), else a TypeError / ValueError naming `name`
-    (an int subclass's own comparisons are not consulted: 999 would reach torch's indexing)."""
-    value = check_int(name, value, 0)
+    (an int subclass's own comparisons are not consulted: 999 would reach torch's indexing). A numpy integer is read
+    as the int it holds, as token ids are everywhere."""
+    plain = plain_int(value)
+    value = check_int(name, value if plain is None else plain, 0)
     if value >= high:
         raise ValueError(f"{name} must be in [0, {high}), got {value}")
     return value

@@ -281,6 +281,8 @@ def sweep_table(report: dict[str, Any]) -> str:
 def operator_name(name: str) -> str:
     """A profiled operator's name as a table shows it: inductor's generated code without the hash that names its
     graph ("## Call CompiledFxGraph f6a...q ##" -> "## Call CompiledFxGraph … ##")."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a profiled operator's name (a str), got {type(name).__name__}")
     return re.sub(r"(CompiledFxGraph) \w+", r"\1 …", name)
 
 

@@ -78,6 +78,8 @@ def check_prompts(model: GPT, prompts: object, who: str, new_tokens: int | None 
                         f"{short_repr(prompts)}")
     if not prompts:
         raise ValueError(f"prompts must be a non-empty list of prompts, got {prompts!r}")
+    if new_tokens is not None:
+        new_tokens = check_int("new_tokens", new_tokens)
     for i, p in enumerate(prompts):
         check_token_ids(f"prompts[{i}]", p, vocab)
         if new_tokens is not None:

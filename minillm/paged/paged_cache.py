@@ -27,7 +27,8 @@ from functools import partial
 import torch
 
 from minillm.core.attention import attention, attention_ref, causal_mask
-from minillm.core.config import check_tensor_elements, GPTConfig, short_repr, tensor_kind
+from minillm.core.config import (check_fits_float, check_tensor_elements, GPTConfig, plain_number, short_repr,
+                                 tensor_kind)
 from minillm.paged.backends import register_attention_backend
 from minillm.paged.block_manager import BlockManager
 
@@ -156,9 +157,13 @@ class PagedKVCache:
     ):
         if not isinstance(config, GPTConfig):
             raise TypeError(f"PagedKVCache needs a GPTConfig, got {type(config).__name__}")
+        num_blocks, block_size = plain_number(num_blocks), plain_number(block_size)  # stored as the plain ints
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {short_repr(value)}")
+            check_fits_float(name, value)  # the size check below prints the shape: no 5000-digit int in it
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:  # an int pool truncates every K and V
+            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
         self.config = config
         self.num_blocks = num_blocks
         self.block_size = block_size

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import check_float_tensor
+from minillm.core.config import check_float_tensor, check_int, check_tensor_elements
 from minillm.core.model import GPT
 from minillm.gpt.finetune import short_finetune
 from minillm.quant.linear import QuantConfig, QuantizedGPT, check_fp32_model, quantize_model
@@ -59,6 +59,13 @@ class FakeQuantLinear(nn.Linear):
     """An nn.Linear (same parameters, same state dict) that multiplies by its fake-quantized weight."""
 
     qat_config: QuantConfig
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, **kwargs: Any) -> None:
+        """nn.Linear's, with the sizes checked as QuantLinear checks them (plain positive ints, a weight within
+        MAX_TENSOR_ELEMENTS), before torch's allocator would refuse them naming nothing."""
+        in_features, out_features = check_int("in_features", in_features), check_int("out_features", out_features)
+        check_tensor_elements("out_features x in_features", (out_features, in_features))
+        super().__init__(in_features, out_features, bias=bias, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, fake_quantize(self.weight, self.qat_config), self.bias)

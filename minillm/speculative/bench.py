@@ -43,7 +43,7 @@ from minillm.core.hf import to_hf_model
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed, probs_from_logits
 from minillm.core.stopping import check_token_ids
-from minillm.core.timing import compare, interleave, measure
+from minillm.core.timing import check_calls, compare, interleave, measure
 from minillm.gpt.pretrained import is_shipped
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.kvcache.generate import generate_ids
@@ -163,7 +163,7 @@ def matmul_costs(model: GPT, ts: list[int], repeats: int = 40) -> dict[str, Any]
     """
     window = require_model(model, "matmul_costs: model").block_size
     ts = _check_ints("ts", ts)
-    repeats = check_int("repeats", repeats)
+    repeats = check_calls("repeats", repeats)  # at most MAX_REPEATS, as measure allows
     if max(ts) > window:  # a forward never feeds more rows than the window; far past it, the allocator fails
         raise ValueError(f"ts holds T={max(ts)}, more rows than the model's context window block_size={window}")
     layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]  # (out, in) weights, lm_head tied
