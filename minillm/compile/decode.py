@@ -312,8 +312,9 @@ class StaticDecoder:
         self._check_hooks()
         for name, ids in (("token", token), ("positions", positions)):
             if isinstance(ids, torch.Tensor) and ids.numel() != self.batch_size:
-                raise ValueError(f"a StaticDecoder of batch_size {short_repr(self.batch_size)} takes that many "
-                                 f"token(s) and position(s) a step, got {name} of shape {tuple(ids.shape)}")
+                size = short_repr(self.batch_size)
+                raise ValueError(f"a StaticDecoder of batch_size {size} takes {size} token(s) and position(s) a "
+                                 f"step, got {name} of shape {tuple(ids.shape)}")
         token = integer_ids("token", token, self.batch_size)
         positions = integer_ids("positions", positions, self.batch_size)
         self._check_range(token, positions)
