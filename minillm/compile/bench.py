@@ -116,7 +116,7 @@ def _check_fused_comparison(model: GPT, params: SamplingParams, repeats: int, wh
     naming `who` and the argument otherwise."""
     require_model(model, f"{who} (model)")
     check_eval_mode(model, who)
-    repeats = check_int("repeats", repeats)
+    check_int("repeats", repeats)
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be greedy SamplingParams, got {type(params).__name__} {short_repr(params)}")
     if not params.is_greedy:

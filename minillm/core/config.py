@@ -228,10 +228,7 @@ def number_kind(value: Any) -> str:
     if isinstance(value, int) and int.__index__(value).bit_length() > 256:  # str() past 4300 digits is an error
         text = f"an int of {int.__index__(value).bit_length()} bits"
     else:
-        try:
-            text = f"{type(value).__name__} {short_repr(value)}"
-        except Exception:  # a repr that fails names its type only
-            text = type(value).__name__
+        text = f"{type(value).__name__} {short_repr(value)}"  # short_repr never raises
     return text + (" (a Python int or float is needed: convert it with int() or float())"
                    if foreign_number(value) else "")
 

@@ -32,7 +32,7 @@ class DisaggConfig:
             setattr(self, name, check_int(f"DisaggConfig.{name}", getattr(self, name)))  # stored as the plain int
         self.num_threads = threads = check_int("DisaggConfig.num_threads", self.num_threads, 0)  # a plain int
         if threads > 0:  # 0 leaves torch's default; past 4 per core torch's pool stalls or crashes
-            threads = check_threads("DisaggConfig.num_threads", threads)
+            check_threads("DisaggConfig.num_threads", threads)
         for name in ("heartbeat_s", "liveness_timeout_s", "startup_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"DisaggConfig.{name} must be positive, got {getattr(self, name)!r}")

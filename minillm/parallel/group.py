@@ -121,7 +121,7 @@ def _check_backend_and_timeout(backend: str, timeout_s: float) -> None:
     if backend == "nccl" and not (dist.is_nccl_available() and torch.cuda.is_available()):
         raise ValueError("backend 'nccl' needs CUDA GPUs and a PyTorch built with NCCL; this machine has "
                          f"{'no GPU' if not torch.cuda.is_available() else 'no NCCL'}: use backend='gloo'")
-    timeout_s = check_float("timeout_s", timeout_s, minimum=0.0, include_minimum=False)
+    check_float("timeout_s", timeout_s, minimum=0.0, include_minimum=False)
 
 
 def loopback_store(rank: int, world_size: int, port: int, timeout: datetime.timedelta) -> dist.TCPStore:

@@ -218,7 +218,7 @@ def _check_server_side(model_name: Any, vocab_size: Any = 1) -> None:
     """The server's own arguments (not the client's): a TypeError/ValueError, never a 400 blaming the request."""
     if not isinstance(model_name, str) or not model_name:
         raise TypeError(f"model_name must be the served model's name, a non-empty str, got {model_name!r}")
-    vocab_size = check_int("vocab_size", vocab_size)
+    check_int("vocab_size", vocab_size)
 
 
 def _common(body: Any, fields: set[str], model_name: str) -> dict[str, Any]:

@@ -159,7 +159,7 @@ class PromptLookupProposer:
     def __init__(self, ngram: int, vocab_size: int, device: torch.device):
         ngram = check_int("ngram", ngram, 1)
         vocab_size = check_int("vocab_size", vocab_size, 1)
-        self.ngram = int.__index__(ngram)  # a plain int (of an int subclass too): `lookup` takes nothing else
+        self.ngram = ngram  # check_int's plain int: `lookup` takes nothing else
         self.vocab_size = vocab_size  # for the one-hot q of sampling mode
         self.device = check_device("device", device)
         self.calls = 0  # never a forward
