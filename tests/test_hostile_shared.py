@@ -664,3 +664,78 @@ def test_a_sixth_hostile_runs_values_are_refused_or_taken_as_documented():
     k2, v2 = ([torch.zeros(1, 2, 8, 16) for _ in range(2)] for _ in range(2))
     assert torch.equal(decode_step_by_hand(model, k, v, np.int64(3), np.int64(0), 0),
                        decode_step_by_hand(model, k2, v2, 3, 0, 0))
+
+
+class _FormatBomb(float):
+    """A float whose formatting raises: a table must print the plain number its checks returned."""
+
+    def __format__(self, spec):
+        raise RuntimeError("formatted the caller's object")
+
+    def __repr__(self):
+        raise RuntimeError("formatted the caller's object")
+
+
+def test_a_seventh_hostile_runs_values_are_refused_before_any_work(tmp_path):
+    """A seventh run's finds: benchmark loops with no upper bound (2**40 draws, 10**6 timed forwards); public check
+    helpers that read an attribute of None (their callers check first, a direct caller got AttributeError); a
+    fine-tune's batch past one tensor; a str taken as a tokenizer; a sweep's prompt past the window named by the
+    model; an empty prompt named `prompt_ids`; a table formatting the caller's float; compile jobs without a bound."""
+    import numpy as np
+    import torch.nn as nn
+    from minillm.compile.cpu_paged import check_paged_arguments
+    from minillm.compile.decode import check_eval_mode, eval_mode
+    from minillm.compile.llamacpp import REF, format_rounds, format_table
+    from minillm.compile.mirror import check_plain_model
+    from minillm.distill.bench import teacher_continuations
+    from minillm.distill.losses import check_targets
+    from minillm.kernels.bench import parse_table, version_of
+    from minillm.kernels.build import check_build_args
+    from minillm.paged.paged_cache import PagedKVCache
+    from minillm.prune.unstructured import block_linears
+    from minillm.quant.qat import finetune_qat, keeping_zeros
+    from minillm.quant.quantize import check_finite, check_scale_positive
+    from minillm.speculative import bench as spec_bench
+
+    torch.manual_seed(0)
+    model, draft = GPT(CFG).eval(), GPT(CFG).eval()
+    pools = [torch.zeros(4, 2, 2, 4) for _ in range(2)]
+    q, tables, lens = torch.zeros(2, 2, 4), torch.zeros(2, 3, dtype=torch.long), torch.ones(2, dtype=torch.long)
+    rows = (
+        (lambda: spec_bench.sampling_exactness(model, draft, [1, 2], draws=2**40), ValueError, "draws must be at most"),
+        (lambda: spec_bench.forward_costs(model, draft, [1, 2], [1, 2], context=8, repeats=10**6), ValueError,
+         "repeats must be at most"),
+        (lambda: spec_bench.greedy_sweep(model, draft, [[1, 2]], 40, [1], 1), ValueError,
+         r"prompts\[0\] has 2 tokens: with new_tokens=40"),
+        (lambda: spec_bench.draft_agreement(model, draft, [[1, 2]], [list(range(40))]), ValueError,
+         r"prompts\[0\] \(2 tokens\) and outputs\[0\] \(40 tokens\)"),
+        (lambda: spec_bench.check_tokenizer("gpt2"), TypeError, "tokenizer must have an encode"),
+        (lambda: finetune_qat(model, QuantConfig("int8"), steps=1, batch_size=10**9), ValueError,
+         "batch_size x block_size x vocab_size"),
+        (lambda: teacher_continuations(model, [[1], []], 4), ValueError, r"prompts\[1\] is empty"),
+        (lambda: check_build_args(tmp_path / "build", 10**6, 10.0), ValueError, "jobs must be at most"),
+        (lambda: PagedKVCache(CFG, np.int64(8), 4), TypeError, "num_blocks must be a Python int.*convert it"),
+        (lambda: check_scale_positive(None), TypeError, "scale must be a floating-point tensor"),
+        (lambda: check_finite("x", None), TypeError, "x must be a tensor"),
+        (lambda: keeping_zeros(None).__enter__(), TypeError, "weights must be a list"),
+        (lambda: keeping_zeros([torch.zeros(3)]).__enter__(), TypeError, r"weights\[0\] must be .* requires grad"),
+        (lambda: block_linears(None), TypeError, "block must be a torch module"),
+        (lambda: check_targets("y", torch.tensor([1]), (1,), None, torch.device("cpu")), TypeError, "vocab_size"),
+        (lambda: ops.check_slot_range(None, 8), TypeError, "slot_mapping"),
+        (lambda: ops.check_slot_range(torch.tensor([0.0, 3.0]), 8), ValueError, "slot_mapping must have dtype int64"),
+        (lambda: ops.check_slot_range(torch.tensor([0, 1]), 0), ValueError, "only -1 .the pool has no slots"),
+        (lambda: ops.check_distinct_slots(torch.tensor([[0, 1]])), ValueError, "slot_mapping must be 1-D"),
+        (lambda: parse_table(None), TypeError, "text must be"),
+        (lambda: version_of(None), TypeError, "name must be a kernel's name"),
+        (lambda: check_plain_model(nn.Linear(4, 4), "the step"), TypeError, "the step needs a minillm GPT"),
+        (lambda: eval_mode(None).__enter__(), TypeError, "model must be a torch module"),
+        (lambda: check_eval_mode(None, "the step"), TypeError, "the step needs a torch module"),
+        (lambda: check_paged_arguments(q, *pools, tables, lens.float()), TypeError, "context_lens must be an int64"),
+        (lambda: check_paged_arguments(q, *pools, tables, lens, [1, 1]), TypeError, "query_lens must be an int64"),
+        (lambda: format_rounds({REF: [1.0], 3: [2.0]}), TypeError, "keyed by path names"),
+    )
+    for call, error, message in rows:
+        with pytest.raises(error, match=message):
+            call()
+    assert format_rounds({REF: [_FormatBomb(1.5), 2.0]}).splitlines()[2] == "| 1 | 2 |"
+    assert "| llama.cpp f32 | 3 | 100% |" in format_table({REF: _FormatBomb(3.0), "x": 2.0})

@@ -69,6 +69,7 @@ from minillm.core.io import (SHA256_FIELD, atomic_write_bytes, check_output_file
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams, check_seed, sample_next
 from minillm.core.stopping import RequestState, check_eos_id, start_request
+from minillm.core.timing import check_repeats
 from minillm.gpt.pretrained import SHIPPED_PRESETS
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.kvcache.generate import generate
@@ -438,7 +439,7 @@ def cold_start(name: str = "base", new_tokens: int = 32, repeats: int = 3, threa
     if not isinstance(name, str) or name not in MODEL_NAMES:
         raise ValueError(f"name must be one of {MODEL_NAMES}, got {name!r}")
     new_tokens = check_int("new_tokens", new_tokens)
-    repeats = check_int("repeats", repeats)
+    repeats = check_repeats("repeats", repeats)
     threads = check_threads("threads", threads)  # each subprocess sets it: 100000 would crash torch's pool there
     seed = check_seed(check_int("seed", seed, 0))  # [0, 2**64): torch's generator's range
     timeout = check_float("timeout", timeout, 0.0, include_minimum=False)

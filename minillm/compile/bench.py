@@ -52,7 +52,7 @@ from minillm.compile.mirror import check_plain_model
 from minillm.core.config import check_int, short_repr
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed
-from minillm.core.timing import check_calls, interleave, measure, Timing
+from minillm.core.timing import check_calls, check_repeats, interleave, measure, Timing
 from minillm.kvcache.generate import generate_ids
 from minillm.naive.roofline import decode_weight_bytes, stream_weights
 from minillm.prune.structured import mlp_neuron_scores, prune_mlp
@@ -91,7 +91,7 @@ def weight_streaming_bound(model: GPT, repeats: int = 9, calls: int = 50,
     ints (the time is divided by calls); `ways` is None or what `streaming_ways` returns, at least one way and a
     positive int of bytes."""
     require_model(model, "weight_streaming_bound (model)")
-    repeats = check_int("repeats", repeats)
+    repeats = check_repeats("repeats", repeats)
     calls = check_calls("calls", calls)
     if ways is not None and not (isinstance(ways, tuple) and len(ways) == 2 and isinstance(ways[0], dict)
                                  and ways[0] and all(callable(run) for run in ways[0].values())):
@@ -116,7 +116,7 @@ def _check_fused_comparison(model: GPT, params: SamplingParams, repeats: int, wh
     naming `who` and the argument otherwise."""
     require_model(model, f"{who} (model)")
     check_eval_mode(model, who)
-    check_int("repeats", repeats)
+    check_repeats("repeats", repeats)
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be greedy SamplingParams, got {type(params).__name__} {short_repr(params)}")
     if not params.is_greedy:
@@ -222,7 +222,7 @@ def round_costs(target: FusedCPUDecoder, draft: FusedCPUDecoder, rows: int, cont
     if context > room:
         raise ValueError(f"context must leave room for {rows} rows in the target's cache (max_len {target.max_len}) "
                          f"and 1 in the draft's (max_len {draft.max_len}): at most {room}, got {context}")
-    repeats = check_int("repeats", repeats)
+    repeats = check_repeats("repeats", repeats)
     calls = check_calls("calls", calls)
     for dec in (target, draft):
         dec.cache.reset()
@@ -252,7 +252,7 @@ def fused_speculation(model: GPT, draft: GPT, prompts: list[list[int]], lookup_p
         require_model(m, f"fused_speculation ({name})")
         check_eval_mode(m, f"fused_speculation ({name})")
     new_tokens = check_int("new_tokens", new_tokens)
-    repeats = check_int("repeats", repeats)
+    repeats = check_repeats("repeats", repeats)
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
     target_step, draft_step = FusedCPUDecoder(model), FusedCPUDecoder(draft)
 

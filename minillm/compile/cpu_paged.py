@@ -38,7 +38,12 @@ def check_paged_arguments(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.T
     """ValueError naming the argument for every shape or index the C++ loop would trust: q (S, nh, hs), pools
     (nb, bs >= 1, nh, hs), block_tables (S, max_nb), context_lens (S,) each in [1, max_nb * bs], and every block id a
     sequence reads inside the pool; with `query_lens` (S,), each in [1, its context length], q holds their sum of
-    rows (N, nh, hs). The C++ side checks the same again (a RuntimeError there, for direct callers)."""
+    rows (N, nh, hs); before them, a TypeError naming the first argument that is not a dense CPU tensor of the dtype
+    the C++ loop reads (float32 values, int64 tables and lengths). The C++ side checks the same again (a
+    RuntimeError there, for direct callers)."""
+    require_cpu_tensors(torch.float32, q=q, k_pool=k_pool, v_pool=v_pool)
+    require_cpu_tensors(torch.int64, block_tables=block_tables, context_lens=context_lens,
+                        **({} if query_lens is None else {"query_lens": query_lens}))
     if q.dim() != 3:
         raise ValueError(f"q must be (S, nh, hs), got shape {tuple(q.shape)}")
     N, nh, hs = q.shape
@@ -85,8 +90,6 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
 
     The checked entry point (the C++ side checks again and names what is wrong: shapes, dtypes, a length or block id
     out of range)."""
-    require_cpu_tensors(torch.float32, q=q, k_pool=k_pool, v_pool=v_pool)
-    require_cpu_tensors(torch.int64, block_tables=block_tables, context_lens=context_lens)
     check_paged_arguments(q, k_pool, v_pool, block_tables, context_lens)
     with cpp_errors_as_value_errors():
         return load_cpu_ext().paged_decode_attention(*map(as_cpp_reads, (q, k_pool, v_pool, block_tables,
@@ -99,8 +102,6 @@ def paged_verify_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     block_tables (S, max_nb) for context_lens (S,) -> (N, nh, hs). Query j of sequence s attends over its first
     context_lens[s] - query_lens[s] + j + 1 tokens (the new tokens are the last query_lens[s] of the context: causal
     among them, as a verify step needs). Checked as `paged_decode_attention`."""
-    require_cpu_tensors(torch.float32, q=q, k_pool=k_pool, v_pool=v_pool)
-    require_cpu_tensors(torch.int64, block_tables=block_tables, context_lens=context_lens, query_lens=query_lens)
     check_paged_arguments(q, k_pool, v_pool, block_tables, context_lens, query_lens)
     with cpp_errors_as_value_errors():
         return load_cpu_ext().paged_verify_attention(*map(as_cpp_reads, (q, k_pool, v_pool, block_tables,

@@ -134,7 +134,10 @@ def check_backend(name: str, arg: str = "backend") -> None:
 @contextmanager
 def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
     """Run the body with `model` in eval mode (dropout off), then give every module back the mode it had: a decoder
-    decodes in eval mode without switching the caller's model for good."""
+    decodes in eval mode without switching the caller's model for good. A TypeError unless `model` is a torch
+    module."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch module, got {type(model).__name__}")
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
     try:
@@ -146,7 +149,10 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
 
 def check_eval_mode(model: nn.Module, who: str) -> None:
     """A ValueError naming `who` when `model` is in training mode, where its dropout would run: steps that are
-    compared with (or stand in for) the model's eval-mode outputs need model.eval() first."""
+    compared with (or stand in for) the model's eval-mode outputs need model.eval() first; a TypeError naming `who`
+    when `model` is not a torch module."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{who} needs a torch module, got {type(model).__name__}")
     if model.training:
         raise ValueError(f"{who} runs the model in eval mode, but the model is in training mode (its dropout would "
                          "run): call model.eval() first")

@@ -46,7 +46,7 @@ from minillm.compile.fused_step import LINEARS, WatchedModel, build_cpp_decoder
 from minillm.core.config import check_has_data, check_int, short_repr, tensor_kind
 from minillm.core.model import GPT
 from minillm.core.sampling import check_seed
-from minillm.core.timing import check_calls, compare, interleave
+from minillm.core.timing import check_calls, check_repeats, compare, interleave
 from minillm.engine.config import EngineConfig
 from minillm.engine.step_models import register_shipped_step_model
 from minillm.engine.throughput import run_engine
@@ -159,7 +159,7 @@ def load_point(model: GPT, concurrency: int, repeats: int = 3, seed: int = 0) ->
     concurrency = check_int("concurrency", concurrency)
     if concurrency > MAX_LOAD:  # its requests are built before any runs
         raise ValueError(f"concurrency must be at most {MAX_LOAD} requests at once, got {concurrency}")
-    repeats = check_int("repeats", repeats)
+    repeats = check_repeats("repeats", repeats)
     if type(seed) is not int or not 0 <= seed < 2**63:  # the workload's generator (numpy) takes these
         raise ValueError(f"seed must be an int in [0, 2**63), got {short_repr(seed)}")
     if model.config.vocab_size < MIXED_VOCAB:
@@ -202,7 +202,7 @@ def step_costs(model: GPT, context: int = 160, sizes: Sequence[int] = STEP_SIZES
     if not isinstance(sizes, (list, tuple)) or len(sizes) < 2 or not all(
             type(n) is int and 1 <= n <= MAX_FUSED_ROWS for n in sizes):
         raise ValueError(f"sizes must list at least two batch sizes in [1, {MAX_FUSED_ROWS}], got {short_repr(sizes)}")
-    repeats = check_int("repeats", repeats)
+    repeats = check_repeats("repeats", repeats)
     calls = check_calls("calls", calls)
     cfg = model.config
     if context >= cfg.block_size:
@@ -246,7 +246,7 @@ def run(loads: Sequence[int] = LOADS, repeats: int = 3, seed: int = 0) -> dict[s
     """Every load of `loads` on `base`, and the decode step's cost by batch size (`step_costs`), one torch thread as
     set by the caller."""
     loads = check_load_list(loads, most=MAX_LOAD)  # the plain ints
-    repeats = check_int("repeats", repeats)  # stored in the report as the plain int
+    repeats = check_repeats("repeats", repeats)  # stored in the report as the plain int
     seed = check_seed(seed)
     loaded = load_model("base", "cpu", seed)
     points = [load_point(loaded.model, c, repeats, seed) for c in loads]

@@ -48,7 +48,7 @@ from minillm.compile.llamacpp_build import (OUTTYPES, PINNED, QUANTIZED_TYPES, r
                                             export_hf_dir, fetch_sources, quantize_gguf)
 from minillm.core.config import check_float, check_int, check_sequence, short_repr
 from minillm.core.io import check_path
-from minillm.core.timing import measure
+from minillm.core.timing import check_repeats, measure
 from minillm.kvcache.generate import generate_ids
 from minillm.quant.linear import QuantConfig, quantize_model
 from minillm.tokenizer import DEFAULT_TOKENIZER_PATH, Tokenizer
@@ -94,7 +94,7 @@ def ours_tok_s(run: Callable[[], object], tokens: int, repeats: int = 3) -> floa
     if not callable(run):
         raise TypeError(f"run must be a function of no arguments (one decode), got {type(run).__name__}")
     tokens = check_int("tokens", tokens)
-    repeats = check_int("repeats", repeats)
+    repeats = check_repeats("repeats", repeats)
     return tokens / measure(run, warmup=1, repeats=repeats).median
 
 
@@ -166,6 +166,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _paths(name: str, table: dict) -> list[str]:
+    """The keys of `table` (the paths, "llama.cpp f32", "ours fused"...), in order, as plain strs (a str subclass's
+    own methods are never called when a table prints them); a TypeError naming `name` for a key that is not a str."""
+    for path in table:
+        if not isinstance(path, str):
+            raise TypeError(f"{name} must be keyed by path names (str), got a key of type {type(path).__name__}")
+    return [str.__str__(path) for path in table]
+
+
 def check_rates(name: str, rates: object) -> dict[str, float]:
     """`rates` (path -> median tok/s) if it is a dict of positive finite numbers holding llama.cpp f32's (`REF`,
     what every other path is a fraction of); a TypeError / ValueError naming `name` and the entry otherwise, not a
@@ -174,8 +183,9 @@ def check_rates(name: str, rates: object) -> dict[str, float]:
         raise TypeError(f"{name} must be a dict of path -> tok/s, got {type(rates).__name__} {short_repr(rates)}")
     if REF not in rates:
         raise ValueError(f"{name} must hold {REF!r}, the rate every other path is a fraction of; it has "
-                         f"{sorted(rates)}")
-    return {path: check_float(f"{name}[{path!r}]", rate, 0.0, include_minimum=False) for path, rate in rates.items()}
+                         f"{_paths(name, rates)}")
+    return {path: check_float(f"{name}[{path!r}]", rate, 0.0, include_minimum=False)
+            for path, rate in zip(_paths(name, rates), rates.values())}
 
 
 def check_samples(name: str, samples: object) -> dict[str, list[float]]:
@@ -186,9 +196,9 @@ def check_samples(name: str, samples: object) -> dict[str, list[float]]:
         raise TypeError(f"{name} must be a dict of path -> tok/s per round, got {type(samples).__name__} "
                         f"{short_repr(samples)}")
     if REF not in samples:
-        raise ValueError(f"{name} must hold {REF!r}'s rounds; it has {sorted(samples)}")
+        raise ValueError(f"{name} must hold {REF!r}'s rounds; it has {_paths(name, samples)}")
     rounds, plain = None, {}
-    for path, values in samples.items():
+    for path, values in zip(_paths(name, samples), samples.values()):
         where = f"{name}[{path!r}]"
         values = check_sequence(where, values)
         rounds = len(values) if rounds is None else rounds
@@ -201,17 +211,19 @@ def check_samples(name: str, samples: object) -> dict[str, list[float]]:
 def format_table(median: dict[str, float]) -> str:
     """The Markdown table of each path's tok/s (`median`: path -> tok/s, holding llama.cpp f32) and its fraction of
     llama.cpp f32's, one row per path in the dict's order, ending with a newline (`check_rates` first)."""
-    ref = check_rates("median", median)[REF]
+    plain = check_rates("median", median)  # the plain floats: a caller's float subclass is never formatted
+    ref = plain[REF]
     return markdown_table(["path", "tok/s", "of llama.cpp f32"],
-                          [[k, f"{v:,.0f}", f"{100 * v / ref:.0f}%"] for k, v in median.items()])
+                          [[k, f"{v:,.0f}", f"{100 * v / ref:.0f}%"] for k, v in plain.items()])
 
 
 def format_rounds(samples: dict[str, list[float]]) -> str:
     """The Markdown table of every round's tok/s (`samples`: path -> one tok/s per round), one row per round
     (`check_samples` first)."""
-    n = len(check_samples("samples", samples)[REF])
-    return markdown_table(["round", *samples], [[str(r + 1), *(f"{v[r]:,.0f}" for v in samples.values())]
-                                                 for r in range(n)], "r" * (len(samples) + 1))
+    plain = check_samples("samples", samples)  # the plain floats: a caller's float subclass is never formatted
+    n = len(plain[REF])
+    return markdown_table(["round", *plain], [[str(r + 1), *(f"{v[r]:,.0f}" for v in plain.values())]
+                                              for r in range(n)], "r" * (len(plain) + 1))
 
 
 def quotes(report: dict) -> dict[str, str]:

@@ -65,7 +65,7 @@ def run_writing(cmd: list[str], out: Path, log: Path, tool: str) -> str:
     return text
 
 
-def same_file(a: Path, b: Path) -> bool:
+def _same_file(a: Path, b: Path) -> bool:
     """Whether the paths `a` and `b` name one file: the same path once resolved (symlinks, "." and ".."), or, both
     existing, one file under two names (`os.path.samefile`: a hard link, a bind mount)."""
     return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
@@ -150,7 +150,7 @@ def quantize_gguf(tree: str | os.PathLike, source: str | os.PathLike, qtype: str
     check_output_file(out, "out")
     log = out.with_suffix(".quantize.log")
     for name, path in (("out", out), ("out's log", log)):
-        if same_file(path, source):
+        if _same_file(path, source):
             raise ValueError(f"{name} {str(path)!r} is the source GGUF {str(source)!r}: quantizing would destroy it; "
                              "give out another path")
     binary = build_target(tree, "llama-quantize")

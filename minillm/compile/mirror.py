@@ -89,6 +89,7 @@ def check_plain_model(model: GPT, who: str, handled: Collection[str] = ()) -> to
     `weight`, and a QAT-prepared one computes with other weights than the float ones it holds: a TypeError naming
     `who`, the model and the layer, never an AttributeError from inside torch nor a silent run on the wrong
     weights. `handled` names layers the caller checks itself (the fused step's int8 linears): skipped here."""
+    require_model(model, who)  # None or a bare nn.Linear: a TypeError naming `who`, not an AttributeError on config
     blocks = getattr(getattr(model, "transformer", None), "h", None)
     if not isinstance(blocks, nn.ModuleList) or len(blocks) != model.config.n_layer:
         raise ValueError(f"{who} needs the model's config.n_layer={model.config.n_layer} blocks in transformer.h, "

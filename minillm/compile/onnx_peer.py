@@ -50,7 +50,7 @@ from minillm.core.io import atomic_write_bytes, check_output_dir, check_output_f
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams, sample_next
 from minillm.core.stopping import RequestState, check_eos_id, start_request, validate_prompt
-from minillm.core.timing import interleave
+from minillm.core.timing import check_repeats, interleave
 from minillm.kvcache.generate import generate_ids
 from minillm.naive.generate import collect
 
@@ -302,7 +302,7 @@ def measure(model: GPT, prompt: list[int], new_tokens: int = 128, repeats: int =
     if not isinstance(model, GPT):
         raise TypeError(f"model must be a minillm GPT, got {type(model).__name__}")
     new_tokens = check_int("new_tokens", new_tokens)
-    repeats = check_int("repeats", repeats)
+    repeats = check_repeats("repeats", repeats)
     if workdir is not None:
         check_output_dir(workdir, "workdir")  # a file there would be blamed on export_onnx's path
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)

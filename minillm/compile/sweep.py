@@ -40,7 +40,7 @@ from minillm.compile.decode import StaticDecoder, check_backend, check_eval_mode
 from minillm.core.config import check_int, check_report, check_tensor_elements, check_threads, short_repr
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import check_seed
-from minillm.core.timing import interleave, time_once
+from minillm.core.timing import check_repeats, interleave, time_once
 from minillm.kvcache.generate import prefill
 
 # Logits of a compiled step against eager's: the same sums in another order (fused kernels, other blockings).
@@ -158,7 +158,7 @@ def run_case(model: GPT, case: Case, steps: int = 16, repeats: int = 5, backend:
     """One case at the current thread count: compiled against eager (and on CUDA, for decode, the captured CUDA
     graph too), checked, timed in turn. `steps` decode steps (positive; context + steps within block_size)."""
     steps = check_case(model, case, steps)
-    repeats = check_int("repeats", repeats)
+    repeats = check_repeats("repeats", repeats)
     seed = check_backend_and_seed(backend, seed)
     graph = None
     if case.kind == "decode":
@@ -215,7 +215,7 @@ def run_sweep(model: GPT, threads: tuple[int, ...] = (1, 2), cases: tuple[Case, 
     threads = tuple(check_threads(f"threads[{i}]", n) for i, n in enumerate(threads))
     for case in cases:
         steps = check_case(model, case, steps)
-    repeats = check_int("repeats", repeats)
+    repeats = check_repeats("repeats", repeats)
     seed = check_backend_and_seed(backend, seed)
     before = torch.get_num_threads()
     rows = []
@@ -314,7 +314,7 @@ GUARDS = "TorchDynamo Cache Lookup"  # the compiled step's guard check before ea
 GENERATED = "CompiledFxGraph"  # in the name of the call into inductor's generated code
 
 
-def row_key(row: dict[str, Any]) -> str:
+def _row_key(row: dict[str, Any]) -> str:
     """A sweep row's name in `quotes`: "decode1_t1" (decode at batch 1, one thread), "prefill1_t2"."""
     return f"{row['kind']}{row['batch']}_t{row['threads']}"
 
@@ -322,7 +322,7 @@ def row_key(row: dict[str, Any]) -> str:
 def quotes(report: dict[str, Any]) -> dict[str, str]:
     """What the chapter text quotes from a report of `main --profile --json`: the table of cases ("cases"); the
     batch-1 decode step's operators, eager ("profile_eager", the first 4 and the rest) and compiled
-    ("profile_compile", the first 6 and the rest); per row (`row_key`) its `_speedup` ("1.04x") and its eager and
+    ("profile_compile", the first 6 and the rest); per row (`_row_key`) its `_speedup` ("1.04x") and its eager and
     compiled ms per step, a prefill's per call (`_eager_ms`, `_compiled_ms`); over the rows the lowest and highest speed-up
     (`speedup_min`, `speedup_max`), first call (`first_call_min`, `first_call_max`, "0.5 s") and the largest logit
     difference from eager (`max_abs_diff`); per profiled mode the products' share of the operators' time
@@ -335,7 +335,7 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
         raise ValueError("report['rows'] is empty: a sweep report has a row per case and thread count to quote")
     for r in rows:
         unit = r["steps"] if r["kind"] == "decode" else 1
-        key = row_key(r)
+        key = _row_key(r)
         out[f"{key}_speedup"] = f"{r['speedup']:.2f}x"
         out[f"{key}_eager_ms"] = f"{1e3 * r['eager_s'] / unit:.2f}"
         out[f"{key}_compiled_ms"] = f"{1e3 * r['compiled_s'] / unit:.2f}"

@@ -53,13 +53,24 @@ class Comparison:
 MAX_REPEATS = 100_000
 
 
+def _check_count(name: str, count: Any, what: str) -> int:
+    count = check_int(name, count)
+    if count > MAX_REPEATS:
+        raise ValueError(f"{name} must be at most {MAX_REPEATS}{what}, got {count}")
+    return count
+
+
 def check_calls(name: str, calls: Any) -> int:
     """`calls` (how many times one timed repeat calls the op) as the plain int it holds, in [1, MAX_REPEATS]; a
     TypeError / ValueError naming `name` otherwise (2**63 calls would collect outputs until memory ran out)."""
-    calls = check_int(name, calls)
-    if calls > MAX_REPEATS:
-        raise ValueError(f"{name} must be at most {MAX_REPEATS} calls per timed repeat, got {calls}")
-    return calls
+    return _check_count(name, calls, " calls per timed repeat")
+
+
+def check_repeats(name: str, repeats: Any) -> int:
+    """`repeats` (how many times a benchmark runs what it measures: timed repeats, or a sampling test's draws) as
+    the plain int it holds, in [1, MAX_REPEATS]; a TypeError / ValueError naming `name` otherwise, before any setup
+    (2**40 repeats is a loop that never ends, not a benchmark)."""
+    return _check_count(name, repeats, "")
 
 
 def _check(warmup: int, repeats: int) -> None:

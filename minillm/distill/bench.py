@@ -42,7 +42,7 @@ from minillm.core.device import resolve_device
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams
 from minillm.core.stopping import check_token_ids
-from minillm.core.timing import compare
+from minillm.core.timing import check_repeats, compare
 from minillm.gpt.dataset import default_eval_tokens
 from minillm.gpt.eval import perplexity
 from minillm.kvcache.generate import generate_ids
@@ -66,11 +66,11 @@ def val_prompts(num_prompts: int, prompt_len: int) -> list[list[int]]:
 
 def check_prompts(model: GPT, prompts: object, who: str, new_tokens: int | None = None, role: str = "the model"
                   ) -> None:
-    """`prompts` a non-empty list (or tuple) of prompts, each a list of token ids in `model`'s vocabulary and, with
-    `new_tokens`, short enough that new_tokens greedy tokens follow it inside `model`'s window (`role`, e.g. "the
-    target"; generation would stop early, and the counts and timings below count new_tokens a prompt); a TypeError /
-    ValueError naming `prompts` or `prompts[i]` (a str would otherwise be read one character a prompt, and a bad
-    prompt be named `prompt_ids` by the generator below). `who` names the function for a bad model."""
+    """`prompts` a non-empty list (or tuple) of prompts, each a non-empty list of token ids in `model`'s vocabulary
+    and, with `new_tokens`, short enough that new_tokens greedy tokens follow it inside `model`'s window (`role`,
+    e.g. "the target"; generation would stop early, and the counts and timings below count new_tokens a prompt); a
+    TypeError / ValueError naming `prompts` or `prompts[i]` (a str would otherwise be read one character a prompt,
+    and a bad prompt be named `prompt_ids` by the generator below). `who` names the function for a bad model."""
     config = require_model(model, who)
     vocab = config.vocab_size
     if not isinstance(prompts, (list, tuple)):
@@ -81,7 +81,8 @@ def check_prompts(model: GPT, prompts: object, who: str, new_tokens: int | None 
     if new_tokens is not None:
         new_tokens = check_int("new_tokens", new_tokens)
     for i, p in enumerate(prompts):
-        check_token_ids(f"prompts[{i}]", p, vocab)
+        if not check_token_ids(f"prompts[{i}]", p, vocab):
+            raise ValueError(f"prompts[{i}] is empty: generation needs at least one token to condition on")
         if new_tokens is not None:
             check_fits_window(f"prompts[{i}]", len(p), new_tokens, config.block_size, role)
 
@@ -147,7 +148,7 @@ def speedups(target: GPT, drafts: dict[str, GPT], prompts: Sequence[list[int]], 
     for i, g in enumerate(gammas):
         if g > MAX_GAMMA:  # generate_speculative's limit, met otherwise after the smaller γ's timings
             raise ValueError(f"gammas[{i}] must be at most MAX_GAMMA={MAX_GAMMA} draft tokens per round, got {g}")
-    repeats = check_int("repeats", repeats)
+    repeats = check_repeats("repeats", repeats)
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
 
     def alone() -> None:
@@ -177,7 +178,7 @@ def step_cost(target: GPT, draft: GPT, prompts: Sequence[list[int]], new_tokens:
     new_tokens = check_int("new_tokens", new_tokens)
     check_prompts(target, prompts, "step_cost (target)", new_tokens, "the target")
     check_prompts(draft, prompts, "step_cost (draft)", new_tokens, "the draft")
-    repeats = check_int("repeats", repeats)
+    repeats = check_repeats("repeats", repeats)
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
 
     def decode(model: GPT):

@@ -169,6 +169,7 @@ def check_targets(name: str, targets: object, shape: tuple[int, ...], vocab_size
     """`targets` an int64 (or int32) tensor of token ids of `shape` on `device`, every id in [0, vocab_size); a
     TypeError / ValueError naming `name` (the caller's argument: `targets` here, `y` in the trainer's objective).
     One host sync for the range."""
+    vocab_size = check_int("vocab_size", vocab_size)
     if not isinstance(targets, torch.Tensor) or targets.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"{name} must be an int64 tensor of token ids, got {tensor_kind(targets)}")
     if tuple(targets.shape) != tuple(shape):

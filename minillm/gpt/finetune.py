@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import check_float, check_int
+from minillm.core.config import check_float, check_int, check_tensor_elements
 from minillm.core.sampling import check_seed
 from minillm.gpt.dataset import BatchSampler, split_tokens
 
@@ -26,14 +26,16 @@ def short_finetune(net: nn.Module, steps: int, batch_size: int = 4, lr: float = 
     Windows are `batch_size` × `block_size` (default: the model's context) tokens of the training split, drawn from
     a generator seeded with `seed`. `teacher` (frozen, eval mode) switches the loss to KL from its distribution.
     `net` is left in eval mode. At least one step (0 would hand back the model untouched, as if it had been
-    fine-tuned), a finite lr > 0, and a `net` whose vocabulary holds every id of the training split; else a
-    ValueError/TypeError naming the argument.
+    fine-tuned), a finite lr > 0, logits of at most MAX_TENSOR_ELEMENTS a step, and a `net` whose vocabulary holds
+    every id of the training split; else a ValueError/TypeError naming the argument.
     """
     steps = check_int("steps", steps)
     batch_size = check_int("batch_size", batch_size)
     seed = check_seed(seed)
     lr = check_float("lr", lr, 0.0, include_minimum=False)  # inf would turn every weight into NaN at the first step
-    T = block_size if block_size is not None else net.config.block_size
+    T = check_int("block_size", block_size) if block_size is not None else net.config.block_size
+    # each step's logits are (batch_size, T, V): refused before the sampler or the allocator sees the size
+    check_tensor_elements("batch_size x block_size x vocab_size", (batch_size, T, net.config.vocab_size))
     tokens = split_tokens("train")
     top = int(tokens.max())
     if top >= net.config.vocab_size:

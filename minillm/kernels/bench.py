@@ -371,7 +371,9 @@ def parse_table(text: str) -> list[dict]:
     a number printed as "-" was not measured (no TFLOP/s for a memory-bound op) and is left out of the row. The
     columns are read from the header, so a table of an older version of the benchmark, without "of fp32", reads
     too. Numbers keep the digits they were printed with. A ValueError when there is no such table or a line does not
-    fit its header."""
+    fit its header; a TypeError unless `text` is a str."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be the benchmark's printed output (a str), got {tensor_kind(text)}")
     lines = text.splitlines()
     start_at = next((i for i, line in enumerate(lines) if line.split()[:2] == ["kernel", "version"]), None)
     if start_at is None:
@@ -561,7 +563,10 @@ def ptxas_report(archs: tuple[str, ...] = ("sm_80", "sm_90")) -> dict[str, Any]:
 
 
 def version_of(name: str) -> str:
-    """A kernel's version in its name: "softmax_v1_kernel" -> "v1", "bias_gelu_tail_kernel" -> "tail"."""
+    """A kernel's version in its name: "softmax_v1_kernel" -> "v1", "bias_gelu_tail_kernel" -> "tail"; a TypeError
+    naming `name` unless it is a str."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a kernel's name (a str), got {tensor_kind(name)}")
     return name.removesuffix("_kernel").rsplit("_", 1)[-1]
 
 

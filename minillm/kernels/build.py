@@ -29,7 +29,7 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
-from minillm.core.config import check_float, check_int, short_repr
+from minillm.core.config import check_float, check_threads, short_repr
 from minillm.core.io import check_output_dir, check_path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -245,15 +245,15 @@ def check_command(cmd: object, name: str = "cmd") -> list[str]:
 
 def check_build_args(out_dir: object, jobs: object, timeout: object) -> tuple[Path, int | None, float]:
     """out_dir as a Path, after checking what every build here takes: out_dir a folder path (not '', the current
-    folder by accident; not a file, nor under one), jobs None or a positive int, timeout positive seconds. A
-    TypeError / ValueError naming the argument, before anything is compiled. Returns (the folder, jobs, timeout), the
-    numbers as the plain int / float they hold."""
+    folder by accident; not a file, nor under one), jobs None or a positive int (at most 4 per core), timeout
+    positive seconds. A TypeError / ValueError naming the argument, before anything is compiled. Returns (the
+    folder, jobs, timeout), the numbers as the plain int / float they hold."""
     if out_dir == "":
         raise ValueError("out_dir must name a folder, got ''")
     out = check_path(out_dir, "out_dir")
     check_output_dir(out, "out_dir")
     if jobs is not None:
-        jobs = check_int("jobs", jobs)
+        jobs = check_threads("jobs", jobs)  # compile threads: at most 4 per core, as for torch's own threads
     timeout = check_float("timeout", timeout, 0.0, include_minimum=False)
     return out, jobs, timeout
 

@@ -156,17 +156,21 @@ def check_paged_tables(S: int, block_tables: torch.Tensor, context_lens: torch.T
 def check_slot_range(slot_mapping: torch.Tensor, num_slots: int) -> None:
     """Every slot of slot_mapping (T,) is -1 (skipped) or a pool row 0..num_slots-1, and none is named twice
     (`check_distinct_slots`); two host syncs on a GPU (`check_slots=False` in `kv_cache_write` skips both)."""
+    _tensor("slot_mapping", slot_mapping, dim=1, dtypes=(torch.int64,))  # a float slot would compare as a number
     num_slots = check_int("num_slots", num_slots, 0)  # True would read as one slot
     if slot_mapping.numel():
         lo, hi = int(slot_mapping.min()), int(slot_mapping.max())
         if lo < -1 or hi >= num_slots:
-            raise ValueError(f"slot_mapping must hold -1 or slots 0..{num_slots - 1}, got values in [{lo}, {hi}]")
+            allowed = f"-1 or slots 0..{num_slots - 1}" if num_slots else "only -1 (the pool has no slots)"
+            raise ValueError(f"slot_mapping must hold {allowed}, got values in [{lo}, {hi}]")
     check_distinct_slots(slot_mapping)
 
 
 def check_distinct_slots(slot_mapping: torch.Tensor) -> None:
     """No pool slot named twice in slot_mapping (T,) (-1, skipped, may repeat): two tokens written to one slot race
-    on a GPU, and which one lands is up to the scheduler. A ValueError naming the slot (one host sync)."""
+    on a GPU, and which one lands is up to the scheduler. A ValueError naming the slot (one host sync); a TypeError
+    / ValueError unless slot_mapping is a 1-D int64 tensor."""
+    _tensor("slot_mapping", slot_mapping, dim=1, dtypes=(torch.int64,))
     kept = slot_mapping[slot_mapping >= 0]
     if kept.numel() > 1:
         slots, counts = torch.unique(kept, return_counts=True)

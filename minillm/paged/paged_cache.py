@@ -27,8 +27,8 @@ from functools import partial
 import torch
 
 from minillm.core.attention import attention, attention_ref, causal_mask
-from minillm.core.config import (check_fits_float, check_tensor_elements, GPTConfig, plain_number, short_repr,
-                                 tensor_kind)
+from minillm.core.config import (check_fits_float, check_tensor_elements, foreign_number, GPTConfig, plain_number,
+                                 short_repr, tensor_kind)
 from minillm.paged.backends import register_attention_backend
 from minillm.paged.block_manager import BlockManager
 
@@ -159,6 +159,9 @@ class PagedKVCache:
             raise TypeError(f"PagedKVCache needs a GPTConfig, got {type(config).__name__}")
         num_blocks, block_size = plain_number(num_blocks), plain_number(block_size)  # stored as the plain ints
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+            if foreign_number(value):  # numpy's int64: the hint every other size check gives
+                raise TypeError(f"{name} must be a Python int, got {type(value).__name__} {short_repr(value)}: "
+                                "convert it with int()")
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {short_repr(value)}")
             check_fits_float(name, value)  # the size check below prints the shape: no 5000-digit int in it

@@ -49,7 +49,7 @@ from minillm.core.config import (check_fits_window, check_int, check_module_has_
                                  check_tensor_elements, short_repr)
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed
-from minillm.core.timing import check_calls, compare
+from minillm.core.timing import check_calls, check_repeats, compare
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
 from minillm.gpt.dataset import default_eval_tokens
@@ -299,7 +299,7 @@ def layer_costs(sparsities: tuple[float, ...] = (0.5, 0.7, 0.9), tokens: tuple[i
     sparsities = check_sparsities(sparsities)
     tokens = [check_int(f"tokens[{i}]", M) for i, M in enumerate(check_sequence("tokens", tokens))]
     check_tensor_elements("tokens x 1024 (the layer's outputs)", (max(tokens), 1024))  # not torch's allocator
-    repeats = check_int("repeats", repeats)
+    repeats = check_repeats("repeats", repeats)
     calls = check_calls("calls", calls)
     seed = check_seed(check_int("seed", seed, 0))  # [0, 2**64): torch's generator's range
     g = torch.Generator().manual_seed(seed)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from minillm.core.config import check_has_data, check_int, check_strided, short_repr
 from minillm.core.sampling import check_seed
-from minillm.core.timing import check_calls, compare
+from minillm.core.timing import check_calls, check_repeats, compare
 from minillm.prune.masks import is_nm_sparse, nm_mask
 
 FORMATS = ("dense", "bitmask", "csr", "2:4")
@@ -132,7 +132,7 @@ def layer_speed(in_features: int = 4096, out_features: int = 4096, tokens: tuple
     if dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"dtype must be torch.float16 or torch.bfloat16 (the 2:4 kernels' types), got {dtype!r}")
     calls = check_calls("calls", calls)
-    repeats = check_int("repeats", repeats)
+    repeats = check_repeats("repeats", repeats)
     seed = check_seed(check_int("seed", seed, 0))  # [0, 2**64): past it manual_seed overflows after the checks
     why = semi_structured_support()
     if why:

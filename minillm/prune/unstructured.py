@@ -39,7 +39,10 @@ PATTERNS = ("unstructured", "2:4")
 
 
 def block_linears(block: nn.Module) -> list[tuple[str, nn.Linear]]:
-    """The four linears of a block, by name within it: attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj."""
+    """The four linears of a block, by name within it: attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj (every
+    nn.Linear of any module; a TypeError naming `block` for anything that is not a torch module)."""
+    if not isinstance(block, nn.Module):
+        raise TypeError(f"block must be a torch module (a transformer block), got {tensor_kind(block)}")
     return [(name, m) for name, m in block.named_modules() if isinstance(m, nn.Linear)]
 
 

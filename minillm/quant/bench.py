@@ -47,7 +47,7 @@ from minillm.bench.workload import eval_prompts
 from minillm.core.config import check_has_data, check_int, check_tensor_elements, tensor_kind
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed
-from minillm.core.timing import check_calls, compare, measure
+from minillm.core.timing import check_calls, check_repeats, compare, measure
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
 from minillm.gpt.dataset import default_eval_tokens
@@ -262,7 +262,7 @@ def layer_costs(in_features: int = 256, out_features: int = 1024, tokens: tuple[
     """Microseconds per call of one (out, in) linear for each implementation, at each number of tokens M."""
     in_features = check_int("in_features", in_features)
     out_features = check_int("out_features", out_features)
-    repeats = check_int("repeats", repeats)
+    repeats = check_repeats("repeats", repeats)
     calls = check_calls("calls", calls)
     seed = check_seed(check_int("seed", seed, 0))  # [0, 2**64): torch's generator's range
     if isinstance(tokens, (str, bytes)) or not isinstance(tokens, (list, tuple)):

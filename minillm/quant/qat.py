@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import check_float_tensor, check_int, check_tensor_elements
+from minillm.core.config import check_float_tensor, check_int, check_tensor_elements, tensor_kind
 from minillm.core.model import GPT
 from minillm.gpt.finetune import short_finetune
 from minillm.quant.linear import QuantConfig, QuantizedGPT, check_fp32_model, quantize_model
@@ -139,7 +139,18 @@ def keeping_zeros(weights: list[torch.Tensor]) -> Iterator[None]:
     A zero gets no gradient (a tensor hook), so AdamW without weight decay (`short_finetune`'s) never moves it: its
     averages of the gradient stay 0, and so does its step. On leaving, the zeros are written again, whatever the
     optimizer did. subtle: a plain fine-tune refills them (a 50%-sparse model is dense after two steps) and brings
-    masked attention heads back. masked_fill, not g * mask: a NaN gradient times 0 is NaN."""
+    masked attention heads back. masked_fill, not g * mask: a NaN gradient times 0 is NaN. `weights` must be a list
+    (or tuple) of floating-point tensors that require grad (a model's parameters): a TypeError naming the one that
+    is not, on entering the block."""
+    if not isinstance(weights, (list, tuple)):
+        raise TypeError(f"weights must be a list of the model's weight tensors, got {tensor_kind(weights)}")
+    for i, w in enumerate(weights):
+        if isinstance(w, torch.Tensor) and w.is_floating_point() and w.requires_grad:
+            continue
+        got = (f"a {w.dtype} tensor with requires_grad={w.requires_grad}" if isinstance(w, torch.Tensor)
+               else tensor_kind(w))
+        raise TypeError(f"weights[{i}] must be a floating-point tensor that requires grad (a parameter being "
+                        f"trained), got {got}")
     zeros = [(w, w.detach() == 0) for w in weights]  # each shaped like its weight: True where pruned
     hooks = [w.register_hook(lambda g, z=z: g.masked_fill(z, 0.0)) for w, z in zeros]
     try:

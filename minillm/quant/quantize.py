@@ -105,7 +105,8 @@ def _check_broadcasts(name: str, t: torch.Tensor, x_name: str, x: torch.Tensor) 
 
 def check_scale_positive(scale: torch.Tensor) -> None:
     """No scale <= 0 (a zero scale divides by zero, a negative one flips every sign); NaN passes (see
-    `symmetric_params`). One host sync."""
+    `symmetric_params`). One host sync. A TypeError naming scale unless it is a floating-point tensor."""
+    check_float_tensor("scale", scale, values=False)  # the meta case gets its own message below
     if scale.device.type == "meta":
         raise ValueError(f"scale is a meta tensor (shape {tuple(scale.shape)}): it has no values to check; pass "
                          "check_values=False to map meta tensors")
@@ -159,7 +160,10 @@ def tensor_state(*tensors: torch.Tensor | None) -> tuple:
 
 def check_finite(name: str, x: torch.Tensor) -> torch.Tensor:
     """x unchanged, or a ValueError naming it when it holds NaN or inf (one host sync: not for a per-step path), or
-    when it is a meta tensor (a shape without values: nothing to check or to quantize)."""
+    when it is a meta tensor (a shape without values: nothing to check or to quantize); a TypeError naming it when
+    it is not a tensor."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {tensor_kind(x)}")
     check_has_data(name, x)
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} holds inf or NaN values, which have no integer code")

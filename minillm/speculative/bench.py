@@ -36,14 +36,14 @@ from minillm.bench.check import same_tokens
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
-from minillm.core.config import check_float, check_has_data, check_int
+from minillm.core.config import check_fits_window, check_float, check_has_data, check_int
 from minillm.core.corpus import corpus_sample
 from minillm.core.device import resolve_device
 from minillm.core.hf import to_hf_model
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed, probs_from_logits
 from minillm.core.stopping import check_token_ids
-from minillm.core.timing import check_calls, compare, interleave, measure
+from minillm.core.timing import check_calls, check_repeats, compare, interleave, measure
 from minillm.gpt.pretrained import is_shipped
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.kvcache.generate import generate_ids
@@ -116,7 +116,7 @@ def forward_costs(target: GPT, draft: GPT, prompt: list[int], ts: list[int], con
     """
     ts = _check_ints("ts", ts)
     context = check_int("context", context)
-    repeats = check_int("repeats", repeats)
+    repeats = check_repeats("repeats", repeats)  # each one a Python loop of forwards: bounded
     for who, model, T in (("target", target, max(ts)), ("draft", draft, 1)):
         cfg = require_model(model, f"forward_costs ({who})")
         _check_prompt("prompt", prompt, cfg.vocab_size)
@@ -202,9 +202,15 @@ def draft_agreement(target: GPT, draft: GPT, prompts: list[list[int]], outputs: 
     outputs = [check_token_ids(f"outputs[{i}]", o, target.config.vocab_size) for i, o in enumerate(outputs)]
     if not any(len(o) for o in outputs):
         raise ValueError("outputs are all empty: no position to compare the draft with the target on")
+    window = min(target.config.block_size, draft.config.block_size)
+    for i, (prompt, out) in enumerate(zip(prompts, outputs)):
+        if len(prompt) + len(out) - 1 > window:  # the last token predicts nothing compared here: it is not fed
+            raise ValueError(f"prompts[{i}] ({len(prompt)} tokens) and outputs[{i}] ({len(out)} tokens) need "
+                             f"{len(prompt) + len(out) - 1} positions, past the smaller context window of target and "
+                             f"draft, block_size={window}")
     agree, overlap, n = 0, 0.0, 0
     for prompt, out in zip(prompts, outputs):
-        ids = torch.tensor([prompt + out], device=target.device)  # (1, P + N)
+        ids = torch.tensor([prompt + out[:-1]], device=target.device)  # (1, P + N - 1): every predicting position
         rows = slice(len(prompt) - 1, len(prompt) + len(out) - 1)  # the positions that predicted the continuation
         with torch.inference_mode():
             p = torch.softmax(target(ids)[0, rows].float(), dim=-1)  # (N, V)
@@ -223,7 +229,10 @@ def greedy_sweep(target: GPT, draft: GPT, prompts: list[list[int]], new_tokens: 
     prompts = _check_prompts("prompts", prompts, target.config.vocab_size)
     gammas = [check_gamma(g) for g in _check_ints("gammas", gammas)]
     new_tokens = check_int("new_tokens", new_tokens)
-    repeats = check_int("repeats", repeats)
+    repeats = check_repeats("repeats", repeats)
+    for who, model in (("the target", target), ("the draft", draft)):  # else the runs would stop early, uncounted
+        for i, p in enumerate(prompts):
+            check_fits_window(f"prompts[{i}]", len(p), new_tokens, model.config.block_size, who)
     fits = target.config.block_size - COST_CONTEXT - 1  # forward_costs times γ+1 tokens after COST_CONTEXT cached
     if max(gammas) > fits:
         raise ValueError(f"gammas holds gamma={max(gammas)}: forward_costs times its verify of {max(gammas) + 1} "
@@ -282,7 +291,7 @@ def prompt_lookup(target: GPT, prompt: list[int], new_tokens: int, gamma: int = 
     new_tokens = check_int("new_tokens", new_tokens)  # 0 would time two loops that generate nothing
     gamma = check_gamma(gamma)
     ngram = check_int("ngram", ngram)
-    repeats = check_int("repeats", repeats)
+    repeats = check_repeats("repeats", repeats)
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
     alone = generate_ids(target, prompt, params)
     out, stats = generate_prompt_lookup(target, prompt, params, gamma=gamma, ngram=ngram)
@@ -356,10 +365,11 @@ def chi_square_test(counts: torch.Tensor, p: torch.Tensor, bins: int = 10) -> Ch
 
 def sampling_exactness(target: GPT, draft: GPT, prompt: list[int], draws: int = 20_000, seed: int = 0
                        ) -> dict[str, Any]:
-    """At one prefix: draw x ~ q, run the acceptance rule (γ = 1) `draws` times; the first emitted token against p."""
+    """At one prefix: draw x ~ q, run the acceptance rule (γ = 1) `draws` times (at most MAX_REPEATS); the first
+    emitted token against p."""
     _check_pair(target, draft, "sampling_exactness")
     _check_prompt("prompt", prompt, target.config.vocab_size)
-    draws = check_int("draws", draws)
+    draws = check_repeats("draws", draws)  # a Python loop of draws (~0.3 ms each on the tiny model): bounded
     seed = check_seed(seed)
     sp = SamplingParams(temperature=1.0)
     with torch.inference_mode():
@@ -393,7 +403,7 @@ def hf_assisted(target: GPT, draft: GPT, prompt: list[int], new_tokens: int, gam
     _check_prompt("prompt", prompt, target.config.vocab_size)
     new_tokens = check_int("new_tokens", new_tokens)
     gamma = check_gamma(gamma)
-    repeats = check_int("repeats", repeats)
+    repeats = check_repeats("repeats", repeats)
     hf_t = to_hf_model(target, attn_implementation="sdpa")
     hf_d = to_hf_model(draft, attn_implementation="sdpa")
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
@@ -435,7 +445,8 @@ def hf_assisted(target: GPT, draft: GPT, prompt: list[int], new_tokens: int, gam
 def check_tokenizer(tokenizer: Any) -> None:
     """A TypeError naming `tokenizer` unless it has an encode(text) method (the shipped tokenizer's), before any text
     of the corpus is read."""
-    if not callable(getattr(tokenizer, "encode", None)):
+    # a str passes the duck test (str.encode) and would then be asked for the codec named by the corpus text
+    if isinstance(tokenizer, (str, bytes)) or not callable(getattr(tokenizer, "encode", None)):
         raise TypeError(f"tokenizer must have an encode(text) method (the shipped tokenizer's), got "
                         f"{type(tokenizer).__name__}")
 

@@ -48,7 +48,7 @@ from minillm.core.corpus import corpus_sample
 from minillm.core.device import resolve_device
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams, check_seed
-from minillm.core.timing import compare
+from minillm.core.timing import check_repeats, compare
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
 from minillm.engine.step_models import step_model
@@ -131,7 +131,7 @@ def load_point(target: GPT, prompts: list[list[int]], concurrency: int, new_toke
         target = step_model(FUSED_STEP, target)
     concurrency = check_int("concurrency", concurrency)
     new_tokens = check_int("new_tokens", new_tokens)
-    repeats = check_int("repeats", repeats)
+    repeats = check_repeats("repeats", repeats)
     if not isinstance(prompts, (list, tuple)) or not prompts or not all(isinstance(p, (list, tuple)) and p
                                                                         for p in prompts):
         raise ValueError(f"prompts must be a non-empty list of non-empty prompts, got {prompts!r}")
@@ -207,7 +207,7 @@ def load_sweep(target: GPT, tokenizer: Any, loads: Sequence[int] = DEFAULT_LOADS
     new_tokens = check_int("new_tokens", new_tokens)
     prompt_len = check_int("prompt_len", prompt_len)
     requests_per_slot = check_int("requests_per_slot", requests_per_slot)
-    repeats = check_int("repeats", repeats)
+    repeats = check_repeats("repeats", repeats)
     loads = check_loads(loads, requests_per_slot)
     pool = code_prompts(tokenizer, requests_per_slot * max(loads), prompt_len)
     points = [load_point(target, pool[: requests_per_slot * c], c, new_tokens, speculative, draft, repeats,
