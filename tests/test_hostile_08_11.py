@@ -347,7 +347,7 @@ BAD = [
     ("dbench3-perplexity-ratio-one-draft", lambda c: distill_bench.perplexity_ratio({"perplexity": {
         "draft-distilled": 9.0}}), ValueError, r"report\['perplexity'\] has no 'draft-hardlabel'"),
     ("dbench3-alpha-at-report-list", lambda c: distill_bench.alpha_at([], "draft", 1), TypeError,
-     "report must be a run_all report"),
+     "report must be a report dict, got list"),
     # before: a str read as one prompt per character, named prompt_ids
     ("dbench3-continuations-prompts-str", lambda c: distill_bench.teacher_continuations(c.target, "ab", 2), TypeError,
      "prompts must be a list of prompts .*got str 'ab'"),

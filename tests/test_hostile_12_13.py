@@ -1084,7 +1084,7 @@ def _compile_mirror_bad_calls():
         ("lc7-quotes-empty", lambda: llamacpp.quotes({}), ValueError,
          r"report must be a report of `main --json`, .*it lacks \['median_tok_s', 'samples'"),
         ("lc7-quotes-str", lambda: llamacpp.quotes("report.json"), TypeError,
-         "report must be a report dict of `main --json`, got str"),
+         "report must be a report dict, got str 'report.json' \\(quotes reads what"),
         ("lc7-quotes-no-eager", lambda: llamacpp.quotes(
             {"median_tok_s": {f"llama.cpp {t}": 1.0 for t in llamacpp.TYPES},
              "samples": {f"llama.cpp {t}": [1.0] for t in llamacpp.TYPES}, "rounds": 1, "threads": 1, "tokens": 8,

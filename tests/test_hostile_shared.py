@@ -739,3 +739,166 @@ def test_a_seventh_hostile_runs_values_are_refused_before_any_work(tmp_path):
             call()
     assert format_rounds({REF: [_FormatBomb(1.5), 2.0]}).splitlines()[2] == "| 1 | 2 |"
     assert "| llama.cpp f32 | 3 | 100% |" in format_table({REF: _FormatBomb(3.0), "x": 2.0})
+
+
+def _report_readers():
+    """Every function of the package marked `reads_report`: the tables and quotes built from a benchmark's report."""
+    import pkgutil
+
+    import minillm
+
+    found = {}
+    for info in pkgutil.walk_packages(minillm.__path__, "minillm."):
+        if info.name.rsplit(".", 1)[-1] not in ("bench", "engine_bench", "fused_engine", "onnx_peer", "aot", "sweep",
+                                                "llamacpp", "loadgen", "peer"):
+            continue
+        module = importlib.import_module(info.name)
+        for name, fn in vars(module).items():
+            if getattr(fn, "reads_report", False) and fn.__module__ == info.name:
+                found[f"{info.name}.{name}"] = fn
+    assert len(found) >= 50, sorted(found)
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(_report_readers()))
+def test_every_report_reader_names_itself_for_a_report_it_cannot_read(name):
+    """A report that is no dict, an empty one, or one whose parts are None: a TypeError / ValueError naming the
+    function (or the report), never a bare KeyError / IndexError / AttributeError from the middle of a table."""
+    import inspect
+
+    fn = _report_readers()[name]
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    extra = ["x" for p in params if p.default is p.empty and p.kind is p.POSITIONAL_OR_KEYWORD]
+    short = name.rsplit(".", 1)[-1]
+    with pytest.raises(TypeError, match=rf"^report must be a report dict, got Tensor .*\({short} reads what"):
+        fn(torch.zeros(2), *extra)
+    for report in ({}, {"rows": None, "cases": None, "prompts": None, "points": None, "sizes": None}):
+        try:
+            fn(report, *extra)  # a reader whose sections are all optional gives an empty table
+        except (TypeError, ValueError) as e:
+            assert type(e) in (TypeError, ValueError), type(e)  # ours, not a subclass from inside (JSON, codecs)
+
+
+def test_every_public_helper_checks_the_type_of_what_it_is_given():
+    """Each public function and class of chapters 08-13 called with None (or an int) for its arguments answers
+    with a TypeError / ValueError naming the argument. These were found by such a sweep: each read an attribute of
+    its argument first (an AttributeError naming nothing)."""
+    import argparse
+
+    from minillm.compile.aot import DecodeStep
+    from minillm.compile.cpu_gemv import as_cpp_reads
+    from minillm.compile.decode import check_decoder_room, decoder_max_len, own_code, uncompilable_layer
+    from minillm.compile.fused_step import build_cpp_decoder
+    from minillm.distill.train import usage_error
+    from minillm.engine.config import EngineConfig
+    from minillm.kernels.tour import emulator_row
+    from minillm.paged.block_manager import BlockManager
+    from minillm.prune.structured import mlp_widths
+    from minillm.quant.linear import block_linears
+    from minillm.speculative.bench import encode
+    from minillm.speculative.engine import PromptLookupDrafter, SpeculativeScheduler
+
+    engine = EngineConfig(num_blocks=8, block_size=4)
+    rows = (
+        (lambda: SpeculativeScheduler(None, BlockManager(8, 4), None, 2, 32), "config must be an EngineConfig"),
+        (lambda: SpeculativeScheduler(engine, None, None, 2, 32), "block_manager must be a BlockManager"),
+        (lambda: SpeculativeScheduler(engine, BlockManager(8, 4), None, 2, 32), "drafter must be a Drafter"),
+        (lambda: encode(None, "text"), "tokenizer must have an encode"),
+        (lambda: block_linears(None), "block_linears needs a minillm GPT"),
+        (lambda: mlp_widths(3), "mlp_widths needs a minillm GPT"),
+        (lambda: usage_error(None, ValueError("steps must be positive")), "ap must be"),
+        (lambda: as_cpp_reads(None), "t must be a tensor"),
+        (lambda: decoder_max_len(None, 4), "config must be the model's GPTConfig"),
+        (lambda: check_decoder_room(4, 3, [1], SamplingParams.greedy(2)), "config must be the model's GPTConfig"),
+        (lambda: own_code(None), "fn must be a Python function"),
+        (lambda: uncompilable_layer(None), "model must be a torch module"),
+        (lambda: DecodeStep(None, 4), "DecodeStep needs a minillm GPT"),
+        (lambda: build_cpp_decoder(None, [], []), "the fused C\\+\\+ step needs a minillm GPT"),
+        (lambda: ops.check_block_tables(3, 3, 3, 3), "block_tables must be a torch.Tensor"),
+        (lambda: emulator_row(None), "seed"),
+    )
+    for call, message in rows:
+        with pytest.raises((TypeError, ValueError), match=message):
+            call()
+    drafter = PromptLookupDrafter(2, 32, torch.device("cpu"))  # a real drafter still builds its scheduler
+    scheduler = SpeculativeScheduler(engine, BlockManager(8, 4), drafter, 2, 32)
+    assert (scheduler.drafter, scheduler.gamma, scheduler.vocab_size) == (drafter, 2, 32)
+    with pytest.raises(SystemExit):
+        usage_error(argparse.ArgumentParser(prog="t"), ValueError("steps must be positive"))
+
+
+class _EqualsAnything:
+    """Not a str, but == says True to everything: a name check that asks the value (`mode in MODES`) takes it."""
+
+    def __eq__(self, other):
+        return True
+
+    __hash__ = object.__hash__
+
+
+class _StrEqualsAnything(str):
+    """A str whose == says True to everything: compared as the plain str it holds, it is the name it spells."""
+
+    def __eq__(self, other):
+        return True
+
+    __hash__ = str.__hash__
+
+
+def test_an_eighth_hostile_runs_names_and_helpers_are_refused_naming_the_argument():
+    """An eighth run's finds: names (a mode, a method, a kind) were checked by asking the value `in` the choices,
+    so a numpy array failed in numpy ("truth value ... ambiguous") and an object whose == says True was taken as the
+    first choice; helpers that read an attribute of their argument first; block tables never checked themselves; a
+    fused pruning comparison naming the calibration its caller never passed."""
+    import numpy as np
+    from minillm.compile.bench import pruned_fused
+    from minillm.compile.cpu_gemv import check_finite_scale
+    from minillm.compile.sweep import Case
+    from minillm.distill.losses import check_kind
+    from minillm.kernels.bench import time_ms
+    from minillm.kernels.mirror import flash_attention_v3
+    from minillm.prune.semi_structured import stored_bytes
+    from minillm.prune.unstructured import prune_model
+    from minillm.quant.quantize import tensor_state
+    from minillm.speculative.engine import SpeculativeConfig
+
+    model = GPT(CFG).eval()
+    q = torch.zeros(1, 1, 4, 8)
+    tables = torch.zeros(2, 3, dtype=torch.long)
+    names = (
+        (lambda v: QuantConfig(v), "mode must be one of"),
+        (lambda v: SpeculativeConfig(method=v), "SpeculativeConfig.method must be one of"),
+        (lambda v: GPTConfig(attn_impl=v), "attn_impl must be one of"),
+        (lambda v: Case(v, 1, 4), "Case.kind must be one of"),
+        (lambda v: stored_bytes(torch.zeros(4, 4), v), "format must be one of"),
+        (lambda v: prune_model(model, v), "method must be one of"),
+        (lambda v: check_kind(v), "kind must be one of"),
+        (lambda v: StaticDecoder(model, mode=v), "mode must be one of"),
+    )
+    for make, message in names:
+        for bad in (np.array(["int8", "int4"]), _EqualsAnything()):
+            with pytest.raises(TypeError, match=message):
+                make(bad)
+        with pytest.raises(ValueError, match=message + r".*got 'zzz'"):
+            make(_StrEqualsAnything("zzz"))
+    config = QuantConfig(_StrEqualsAnything("int8"))
+    assert type(config.mode) is str and config.mode == "int8" and config.bits == 8
+    with pytest.raises(ValueError, match="p_dtype must be None"):
+        flash_attention_v3(q, q, q, _EqualsAnything())
+    rows = (
+        (lambda: tensor_state(3), TypeError, "tensor_state takes tensors"),
+        (lambda: ops.check_same_device(a=3, b=torch.zeros(1)), TypeError, "a must be a tensor"),
+        (lambda: ops.check_block_tables(None, torch.ones(2, dtype=torch.long), 4, 4), TypeError, "block_tables"),
+        (lambda: ops.check_block_tables(tables, torch.tensor([1.9, 1.9]), 4, 4), ValueError, "context_lens"),
+        (lambda: ops.check_block_tables(tables, torch.ones(3, dtype=torch.long), 4, 4), ValueError,
+         r"context_lens must have shape \(2,\)"),
+        (lambda: check_finite_scale(None), TypeError, "scale must be a floating-point tensor"),
+        (lambda: pruned_fused(model, [1, 2], SamplingParams.greedy(2), float("nan"), 1), ValueError, "fraction"),
+        (lambda: pruned_fused(model, [1, 2], SamplingParams.greedy(2), 0.25, 1), ValueError,
+         "vocab_size=128 does not hold them"),
+        (lambda: time_ms(lambda: None, 2**40, 1), ValueError, "warmup must be at most"),
+        (lambda: time_ms(lambda: None, 1, 1, max_calls=2**40), ValueError, "max_calls must be at most"),
+    )
+    for call, error, message in rows:
+        with pytest.raises(error, match=message):
+            call()

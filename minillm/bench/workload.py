@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from minillm.core.config import check_int, short_repr
+from minillm.core.config import check_choice, check_int, short_repr
 from minillm.core.sampling import SamplingParams
 from minillm.gpt.dataset import default_eval_tokens
 
@@ -37,8 +37,7 @@ class LengthDist:
 
     def __post_init__(self) -> None:
         need = {"fixed": 1, "uniform": 2, "lognormal": 4}
-        if self.kind not in DIST_KINDS:
-            raise ValueError(f"length distribution kind must be one of {DIST_KINDS}, got {self.kind!r}")
+        object.__setattr__(self, "kind", check_choice("length distribution kind", self.kind, DIST_KINDS))  # frozen
         if self.kind in need and len(self.args) != need[self.kind]:
             raise ValueError(f"{self.kind} needs {need[self.kind]} numbers, got {self.args!r}")
         if self.kind == "choice" and not self.args:

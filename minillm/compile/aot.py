@@ -63,10 +63,10 @@ from minillm.bench.workload import eval_prompts
 from minillm.compile.decode import (StaticDecoder, check_decoder_room, compile_problem, decoder_max_len, eval_mode,
                                     hooked_module, uncompilable_layer)
 from minillm.core.config import (PRESETS, GPTConfig, check_fits_window, check_float, check_int, check_threads,
-                                 check_module_has_data, check_report)
+                                 check_module_has_data, check_report, reads_report)
 from minillm.core.io import (SHA256_FIELD, atomic_write_bytes, check_output_file, check_path, check_sha256,
                              with_sha256)
-from minillm.core.model import GPT
+from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed, sample_next
 from minillm.core.stopping import RequestState, check_eos_id, start_request
 from minillm.core.timing import check_repeats
@@ -97,6 +97,7 @@ class DecodeStep(nn.Module):
 
     def __init__(self, model: GPT, max_len: int):
         super().__init__()
+        max_len = decoder_max_len(require_model(model, "DecodeStep"), max_len)
         self.model = model
         self.cache = ContiguousKVCache(model.config, 1, max_len, device=model.device, use_static_shapes=True)
         for i in range(model.config.n_layer):
@@ -487,6 +488,7 @@ def cold_start(name: str = "base", new_tokens: int = 32, repeats: int = 3, threa
 ROW_KEYS = ("path", "imports", "ready", "first_token", "second_token", "all_tokens", "identical", "runs")
 
 
+@reads_report
 def cold_start_table(report: dict[str, Any]) -> str:
     """The paths of a `cold_start` report as a Markdown table: seconds from process start (medians) to each stage.
     A report without its rows (`ROW_KEYS`) is a TypeError / ValueError naming it (`check_report`)."""
@@ -498,6 +500,7 @@ def cold_start_table(report: dict[str, Any]) -> str:
                            for r in report["rows"]])
 
 
+@reads_report
 def format_table(report: dict[str, Any]) -> str:
     check_report("report", report, ("model", "prompt_len", "new_tokens", "threads", "repeats", "build_seconds",
                                     "package_mb", "rows"))
@@ -514,6 +517,7 @@ def format_table(report: dict[str, Any]) -> str:
 PATH_KEYS = ("eager", "compile_cold", "compile_warm", "aot_cold", "aot_warm")
 
 
+@reads_report
 def quotes(report: dict[str, Any]) -> dict[str, str]:
     """What the chapter text quotes from a report of `main --json`: the table ("cold_start"); per path (`PATH_KEYS`)
     its medians in seconds, `_ready`, `_first` (first token), `_all` (every token), `_load` (imports done to

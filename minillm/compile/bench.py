@@ -49,12 +49,13 @@ from minillm.compile.decode import StaticDecoder, check_backend, check_eval_mode
 from minillm.compile.fused_speculative import generate_prompt_lookup_fused, generate_speculative_fused
 from minillm.compile.fused_step import MAX_VERIFY, FusedCPUDecoder
 from minillm.compile.mirror import check_plain_model
-from minillm.core.config import check_int, short_repr
+from minillm.core.config import check_int, reads_report, short_repr
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed
 from minillm.core.timing import check_calls, check_repeats, interleave, measure, Timing
 from minillm.kvcache.generate import generate_ids
 from minillm.naive.roofline import decode_weight_bytes, stream_weights
+from minillm.prune.masks import check_sparsity
 from minillm.prune.structured import mlp_neuron_scores, prune_mlp
 from minillm.quant.gptq import calibration_windows
 from minillm.quant.linear import QuantConfig, QuantLinear, quantize_model
@@ -133,7 +134,12 @@ def pruned_fused(model: GPT, prompt: list[int], params: SamplingParams, fraction
     reads over the pruned step's, the speed-up a step that only streams weights would reach. `params` must be
     greedy (a ValueError naming it otherwise): the tokens are compared, and two samplers draw differently."""
     _check_fused_comparison(model, params, repeats, "pruned_fused")
+    fraction = check_sparsity(fraction, "fraction")  # before the calibration text: a NaN never reaches the scores
     calibration = calibration_windows(8, model.config.block_size, seed)
+    if int(calibration.max()) >= model.config.vocab_size:  # the text is the shipped tokenizer's
+        raise ValueError(f"pruned_fused scores the MLP neurons on training text, whose token ids reach "
+                         f"{int(calibration.max())}: the model's vocab_size={model.config.vocab_size} does not hold "
+                         "them; it needs a model of the shipped tokenizer's vocabulary")
     pruned = prune_mlp(model, fraction, mlp_neuron_scores(model, calibration))
     dense_step, pruned_step = FusedCPUDecoder(model), FusedCPUDecoder(pruned)
     got = pruned_step.generate_ids(prompt, params)
@@ -368,6 +374,7 @@ def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, bac
     return report
 
 
+@reads_report
 def paths_table(report: dict[str, Any]) -> str:
     """The rows of a report as a Markdown table: each path's tok/s, against the eager generator timed in turn with
     it (the generator's own tok/s in brackets), its two fractions of the bound, its checks."""
@@ -382,6 +389,7 @@ def paths_table(report: dict[str, Any]) -> str:
                            "of the fastest bound", "identical tokens", "graphs built", "first call (compile)"], rows)
 
 
+@reads_report
 def format_table(report: dict[str, Any]) -> str:
     b = report["bound"]
     ways = ", ".join(f"{k} {1e3 * v:.3f} ms" for k, v in b["seconds"].items())
@@ -428,6 +436,7 @@ QUOTED_ROWS = {"gemv": ("C++ GEMV (fast_cpu_model)", False), "fused": (FUSED, Fa
                "compile": ("compile", True)}
 
 
+@reads_report
 def quotes(report: dict[str, Any]) -> dict[str, str]:
     """What the chapter text quotes from a report of `main --json` (a CPU run, where the C++ paths build):
     the table of paths ("paths"); the bound (`bound_ms`, the faster way's ms per step, `linear_ms` and `cpp_ms`

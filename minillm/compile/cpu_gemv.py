@@ -35,7 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minillm.core.model import GPT
-from minillm.core.config import check_strided, tensor_kind
+from minillm.core.config import check_float_tensor, check_strided, tensor_kind
 from minillm.kernels.build import build_lock, cache_dir
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -128,7 +128,9 @@ def as_cpp_reads(t: torch.Tensor) -> torch.Tensor:
 
     subtle: a negative view (`torch._neg_view(x)`, what some ops hand back for -x) keeps its sign in a bit, not in
     memory, and `.contiguous()` keeps the bit: the C++ loop would read +x. `resolve_neg()` writes the sign out (a
-    copy only when the bit is set)."""
+    copy only when the bit is set). A TypeError for anything but a tensor."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"t must be a tensor, got {tensor_kind(t)}")
     return t.resolve_neg().contiguous()
 
 
@@ -154,7 +156,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> tor
 
 def check_finite_scale(scale: torch.Tensor) -> None:
     """A ValueError unless every scale of an int8/int4 GEMV is finite, as chapter 09's QuantLinear requires of its
-    own (`check_values`): an inf scale times a zero code is NaN, and the C++ loop would return it without a word."""
+    own (`check_values`): an inf scale times a zero code is NaN, and the C++ loop would return it without a word.
+    A TypeError for anything but a floating-point tensor."""
+    check_float_tensor("scale", scale)
     if not bool(torch.isfinite(scale).all()):
         raise ValueError(f"scale must hold finite values, got {scale[~torch.isfinite(scale)][0].item()} among its "
                          f"{scale.numel()}")

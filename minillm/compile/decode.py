@@ -33,7 +33,8 @@ import torch
 import torch.nn as nn
 from torch.nn.modules import module as nn_module
 
-from minillm.core.config import check_has_data, check_int, check_tensor_elements, GPTConfig, plain_int, short_repr
+from minillm.core.config import (check_choice, check_has_data, check_int, check_tensor_elements, GPTConfig, plain_int,
+                                 short_repr)
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.core.stopping import validate_prompt
@@ -65,6 +66,11 @@ def integer_ids(name: str, value: Any, count: int) -> torch.Tensor:
     return value
 
 
+def _check_config(config: Any) -> None:
+    if not isinstance(config, GPTConfig):
+        raise TypeError(f"config must be the model's GPTConfig, got {type(config).__name__}")
+
+
 def decoder_max_len(config: GPTConfig, max_len: Any) -> int:
     """The cache length of a chapter 13 decoder (`StaticDecoder`, `FusedCPUDecoder`): the context window
     `config.block_size` when None, else an int in [1, block_size]; a TypeError / ValueError naming max_len otherwise.
@@ -72,6 +78,7 @@ def decoder_max_len(config: GPTConfig, max_len: Any) -> int:
     Why at most block_size: the decoders' rows have no left padding, so the token at slot j sits at position j, and
     positions stop at block_size - 1 (the learned position embedding ends there): slots past it could never be
     written. Refused here, a max_len of 10**15 never reaches the allocator."""
+    _check_config(config)
     if max_len is None:
         return config.block_size
     max_len = check_int("max_len", max_len)  # the plain int (of an int subclass too) every later check compares
@@ -88,6 +95,7 @@ def check_decoder_room(max_len: int, config: GPTConfig, prompt_ids: Any, params:
     `kv_cache`, which the caller of a decoder's generate_ids never passed. The prompt and params are checked as
     `generate` checks them (`validate_prompt`: the window cap and truncate included)."""
     max_len = check_int("max_len", max_len)  # the plain int it holds
+    _check_config(config)
     if max_len > config.block_size:
         raise ValueError(f"max_len={max_len} is past the model's context window block_size={config.block_size}")
     ids, max_new = validate_prompt(prompt_ids, params, config.vocab_size, config.block_size, truncate)
@@ -178,7 +186,11 @@ def own_code(fn: Callable) -> Callable:
     subtle: dynamo keeps compiled graphs, and its limit of 8 recompilations, per code object, and never frees them:
     every decoder compiling the class's one `_step` (every sweep case its one `forward`) adds a graph to the same
     entry, and with fullgraph=True the 9th of a process failed ("FailOnRecompileLimitHit"). A copy per decoder keeps
-    each one's graphs apart, and they go when the copy goes."""
+    each one's graphs apart, and they go when the copy goes. A TypeError for anything but a Python function or a
+    method."""
+    if not isinstance(fn, (types.FunctionType, types.MethodType)) or not isinstance(
+            getattr(fn, "__func__", fn), types.FunctionType):
+        raise TypeError(f"fn must be a Python function or method, got {type(fn).__name__}")
     bound = getattr(fn, "__self__", None)
     func = getattr(fn, "__func__", fn)
     copy = types.FunctionType(func.__code__.replace(), func.__globals__, func.__name__, func.__defaults__,
@@ -209,6 +221,8 @@ def uncompilable_layer(model: nn.Module) -> str | None:
     at the first compiled step): chapter 09's QAT-prepared FakeQuantLinear (its check for finite weights), the
     quantized embedding and head QuantEmbedding (its token-id range check), and a W8A8 QuantLinear with
     use_int_mm (the probe of torch._int_mm) or an outlier_threshold (the outlier columns it picks)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch module, got {type(model).__name__}")
     for name, m in model.named_modules():
         if isinstance(m, (FakeQuantLinear, QuantEmbedding)):
             return f"{name} = {type(m).__name__}"
@@ -236,8 +250,7 @@ class StaticDecoder:
                  batch_size: int = 1):
         if not isinstance(model, GPT):
             raise TypeError(f"StaticDecoder needs a minillm GPT, got {type(model).__name__}")
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        mode = check_choice("mode", mode, MODES)
         if mode == "cuda-graph" and model.device.type != "cuda":
             raise ValueError(f"mode 'cuda-graph' needs the model on a CUDA device, got {model.device}")
         if not isinstance(backend, str) or not backend:

@@ -43,7 +43,7 @@ from minillm.bench.workload import check_load_list, workload
 from minillm.compile.cpu_gemv import cpp_errors_as_value_errors, fast_cpu_model
 from minillm.compile.decode import check_eval_mode, eval_mode
 from minillm.compile.fused_step import LINEARS, WatchedModel, build_cpp_decoder
-from minillm.core.config import check_has_data, check_int, short_repr, tensor_kind
+from minillm.core.config import check_has_data, check_int, reads_report, short_repr, tensor_kind
 from minillm.core.model import GPT
 from minillm.core.sampling import check_seed
 from minillm.core.timing import check_calls, check_repeats, compare, interleave
@@ -265,6 +265,7 @@ def _cells(p: dict[str, Any]) -> list[str]:
             f"{p['speedup']:.2f}x", f"{p['fused_steps']:.0f} / {p['steps']}", str(p["identical"])]
 
 
+@reads_report
 def format_report(report: dict[str, Any]) -> str:
     lines = [f"chapter 06's engine on {report['model']}, {report['threads']} thread(s), mixed workload, "
              f"{report['requests_per_slot']} requests per batch slot, attention {report['backend']!r}",
@@ -277,6 +278,7 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+@reads_report
 def quotes(report: dict[str, Any]) -> dict[str, str]:
     """What chapter 13's text quotes from a report of `main --json`: the table ("loads") and per load c the speed-up
     and both engines' tok/s (`speedup_c4`, `fast_tok_s_c4`, `fused_tok_s_c4`)."""

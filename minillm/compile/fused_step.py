@@ -48,7 +48,7 @@ from minillm.compile.decode import (check_decoder_room, check_eval_mode, decoder
                                     integer_ids)
 from minillm.compile.mirror import check_plain_model
 from minillm.core.config import check_has_data, short_repr, tensor_kind
-from minillm.core.model import GPT
+from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams
 from minillm.core.stopping import check_token_ids
 from minillm.kvcache.cache import ContiguousKVCache
@@ -168,7 +168,7 @@ def _quantized(layer: QuantLinear, name: str) -> tuple[list[torch.Tensor], torch
     elif any(t.device.type != "cpu" for t in (q, scale, bias)):
         problem = f"buffers on {q.device}, {scale.device}, {bias.device}"
     else:
-        checked_buffers(layer, name)  # the form is the step's; now the values, as the layer's forward checks them
+        _checked_buffers(layer, name)  # the form is the step's; now the values, as the layer's forward checks them
         scale = as_cpp_reads(scale.detach())
         return [as_cpp_reads(q.detach()), as_cpp_reads(bias.detach())], scale if int4 else scale.view(-1)
     raise TypeError(f"the fused C++ step runs float32 nn.Linear layers and {QUANT_FORM}; {name} = QuantLinear "
@@ -176,7 +176,7 @@ def _quantized(layer: QuantLinear, name: str) -> tuple[list[torch.Tensor], torch
                     "QuantConfig('int4')")
 
 
-def checked_buffers(layer: QuantLinear, name: str) -> None:
+def _checked_buffers(layer: QuantLinear, name: str) -> None:
     """The QuantLinear's own check of its buffers (`check_buffers`: shapes, then finite scales > 0 and a finite bias;
     a microsecond when nothing changed since the last check), its error naming the layer `name`. The C++ step reads
     the buffers without the layer's forward, which is where the eager model runs this check: without it a NaN, zero
@@ -192,6 +192,7 @@ def build_cpp_decoder(model: GPT, k: list[torch.Tensor], v: list[torch.Tensor]) 
     `k`, `v` (one (1, nh, max_len, hs) tensor per block) or none (empty lists: the engine's decoder, `paged` only);
     and how many block linears run int8 and int4. Every layer is checked first: a TypeError names any the C++ step
     cannot run (`check_plain_model`, `_plain`, `_quantized`)."""
+    require_model(model, "the fused C++ step")
     quantized = {f"transformer.h.{i}.{n}" for i, block in enumerate(model.transformer.h) for n in LINEARS
                  if isinstance(block.get_submodule(n), QuantLinear)}  # checked by `_quantized` below
     check_plain_model(model, "the fused C++ step", handled=quantized)
@@ -409,11 +410,11 @@ class WatchedModel:
                              "training mode (the model has dropout, which its forward runs in training mode and "
                              "the C++ step never does): call model.eval() first")
         for layer_name, layer in self._quantized:
-            checked_buffers(layer, layer_name)
+            _checked_buffers(layer, layer_name)
 
     def check_model_unchanged(self) -> None:
         """ValueError unless the model is still what the C++ step was built on (see the class doc), and every
-        quantized layer's buffers pass the layer's own check (`checked_buffers`: a scale written in place keeps its
+        quantized layer's buffers pass the layer's own check (`_checked_buffers`: a scale written in place keeps its
         storage, so the tensor watch alone would not see it turn NaN or negative)."""
         name = type(self).__name__
         what = self._what_changed()
@@ -425,7 +426,7 @@ class WatchedModel:
                              f"shapes it had then): build a new {name}(model)")
         self._check_no_hooks()
         for layer_name, layer in self._quantized:
-            checked_buffers(layer, layer_name)
+            _checked_buffers(layer, layer_name)
         if what is not None:
             raise ValueError(f"the model was changed since this {name} was built: {what}. Its C++ step still holds "
                              "the model as it was then (its tensors, shapes and code), and cannot tell whether a "

@@ -46,7 +46,7 @@ from minillm.core.io import check_output_dir
 from minillm.core.sampling import SamplingParams
 from minillm.compile.llamacpp_build import (OUTTYPES, PINNED, QUANTIZED_TYPES, run_logged, build_llama_bench, convert,
                                             export_hf_dir, fetch_sources, quantize_gguf)
-from minillm.core.config import check_float, check_int, check_sequence, short_repr
+from minillm.core.config import check_float, check_int, check_sequence, reads_report, short_repr
 from minillm.core.io import check_path
 from minillm.core.timing import check_repeats, measure
 from minillm.kvcache.generate import generate_ids
@@ -226,6 +226,7 @@ def format_rounds(samples: dict[str, list[float]]) -> str:
                                               for r in range(n)], "r" * (len(plain) + 1))
 
 
+@reads_report
 def quotes(report: dict) -> dict[str, str]:
     """What the chapter texts quote from a report of `main --json`: the medians' table ("table") and the rounds'
     ("per_round"); llama.cpp's tok/s per type (`f32_tok_s`, `f16_tok_s`, `q8_0_tok_s`, `q4_0_tok_s`) and each
@@ -237,9 +238,6 @@ def quotes(report: dict) -> dict[str, str]:
     when the run has them; llama.cpp f32's range over the rounds (`f32_min`,
     `f32_max`); and the run's settings (`rounds`, `threads`, `tokens`, `model`, `cpu`, `llama_cpp`).
     A report that lacks any of these (or holds no rate where one is due) is a TypeError / ValueError naming it."""
-    if not isinstance(report, dict):
-        raise TypeError(f"report must be a report dict of `main --json`, got {type(report).__name__} "
-                        f"{short_repr(report)}")
     missing = [key for key in REPORT_KEYS if key not in report]
     if missing:
         raise ValueError(f"report must be a report of `main --json`, holding {list(REPORT_KEYS)}; it lacks {missing}")

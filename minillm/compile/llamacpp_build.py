@@ -54,7 +54,7 @@ def run_logged(cmd: list[str], cwd: str | os.PathLike | None = None, log: str | 
     return out.stdout
 
 
-def run_writing(cmd: list[str], out: Path, log: Path, tool: str) -> str:
+def _run_writing(cmd: list[str], out: Path, log: Path, tool: str) -> str:
     """`run_logged(cmd, log=log)` for a tool that must write the file `out`: a RuntimeError naming `tool` when it
     exits 0 but leaves no new file there (nothing written, or the file from before untouched), rather than returning
     a path that does not exist or holds an earlier run's output."""
@@ -141,7 +141,7 @@ def quantize_gguf(tree: str | os.PathLike, source: str | os.PathLike, qtype: str
     `out` of type `qtype` (one of QUANTIZED_TYPES: types the converter cannot write), its log beside it; always
     quantizes, over any file at `out` (as `convert`). A missing source, or an `out` that is a folder or the source
     itself (or its log would be: the tool truncates out before reading the source), is a ValueError /
-    FileNotFoundError naming it, before the build; a tool that writes no out, a RuntimeError (`run_writing`)."""
+    FileNotFoundError naming it, before the build; a tool that writes no out, a RuntimeError (`_run_writing`)."""
     if not isinstance(qtype, str) or qtype not in QUANTIZED_TYPES:
         raise ValueError(f"qtype must be one of {QUANTIZED_TYPES}, got {qtype!r}")
     source, out = check_path(source, "source"), check_path(out, "out")
@@ -154,7 +154,7 @@ def quantize_gguf(tree: str | os.PathLike, source: str | os.PathLike, qtype: str
             raise ValueError(f"{name} {str(path)!r} is the source GGUF {str(source)!r}: quantizing would destroy it; "
                              "give out another path")
     binary = build_target(tree, "llama-quantize")
-    run_writing([str(binary), str(source), str(out), qtype], out, log, "llama-quantize")
+    _run_writing([str(binary), str(source), str(out), qtype], out, log, "llama-quantize")
     return out
 
 
@@ -251,7 +251,7 @@ def convert(tree: str | os.PathLike, hf_dir: str | os.PathLike, outtype: str, ou
     It always converts, over any file at `out`: a GGUF left by an earlier run may hold another checkpoint, and
     reusing it would benchmark that one without a word (a conversion is quick next to the build). A tree without
     llama.cpp's converter, an hf_dir without config.json, or an `out` that is a folder is a ValueError naming it,
-    before the child starts; out's folder is made. A converter that writes no out is a RuntimeError (`run_writing`)."""
+    before the child starts; out's folder is made. A converter that writes no out is a RuntimeError (`_run_writing`)."""
     if not isinstance(outtype, str) or outtype not in OUTTYPES:
         raise ValueError(f"outtype must be one of {OUTTYPES}, got {outtype!r}")
     tree, hf_dir, out = check_path(tree, "tree"), check_path(hf_dir, "hf_dir"), check_path(out, "out")
@@ -269,5 +269,5 @@ def convert(tree: str | os.PathLike, hf_dir: str | os.PathLike, outtype: str, ou
             "import runpy\n"
             f"sys.argv = ['convert_hf_to_gguf.py', {str(hf_dir)!r}, '--outtype', {outtype!r}, '--outfile', "
             f"{str(out)!r}]\nrunpy.run_path({str(tree / 'convert_hf_to_gguf.py')!r}, run_name='__main__')\n")
-    run_writing([sys.executable, "-c", shim], out, out.with_suffix(".convert.log"), "convert_hf_to_gguf.py")
+    _run_writing([sys.executable, "-c", shim], out, out.with_suffix(".convert.log"), "convert_hf_to_gguf.py")
     return out

@@ -45,7 +45,7 @@ from minillm.bench.workload import eval_prompts
 from minillm.compile.decode import eval_mode, hooked_module
 from minillm.compile.fused_step import FusedCPUDecoder
 from minillm.compile.mirror import check_plain_model
-from minillm.core.config import check_int, GPTConfig, short_repr
+from minillm.core.config import check_int, GPTConfig, reads_report, short_repr
 from minillm.core.io import atomic_write_bytes, check_output_dir, check_output_file, check_path
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams, sample_next
@@ -342,12 +342,14 @@ def run(quick: bool = False, seed: int = 0) -> dict[str, Any]:
             "torch": torch.__version__, **report}
 
 
+@reads_report
 def format_table(report: dict[str, Any]) -> str:
     return markdown_table(["path", "tok/s (median)", "range over rounds"],
                           [[name, f"{report['tok_s'][name]:,.0f}", f"{min(report['samples'][name]):,.0f}–"
                             f"{max(report['samples'][name]):,.0f}"] for name in PATHS])
 
 
+@reads_report
 def quotes(report: dict[str, Any]) -> dict[str, str]:
     """What chapter 13's text quotes from a report of `main --json`: the table ("paths"), tok/s of each path
     (`ort_tok_s`, `eager_tok_s`, `fused_tok_s`), the two ratios, the file's size and the run's sizes."""

@@ -37,7 +37,8 @@ from minillm.bench.cli import bench_parser, cli_type, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
 from minillm.compile.decode import StaticDecoder, check_backend, check_eval_mode, counting_backend, own_code
-from minillm.core.config import check_int, check_report, check_tensor_elements, check_threads, short_repr
+from minillm.core.config import (check_choice, check_int, check_report, check_tensor_elements, check_threads,
+                                 reads_report, short_repr)
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import check_seed
 from minillm.core.timing import check_repeats, interleave, time_once
@@ -54,8 +55,7 @@ class Case:
     tokens: int  # decode: the context already in the cache; prefill: the prompt length T
 
     def __post_init__(self) -> None:
-        if self.kind not in ("decode", "prefill"):
-            raise ValueError(f"Case.kind must be 'decode' or 'prefill', got {self.kind!r}")
+        object.__setattr__(self, "kind", check_choice("Case.kind", self.kind, ("decode", "prefill")))
         for field in ("batch", "tokens"):  # stored as the plain int, within the float range (frozen: object's setattr)
             object.__setattr__(self, field, check_int(f"Case.{field}", getattr(self, field)))
 
@@ -259,6 +259,7 @@ ROW_KEYS = ("case", "kind", "batch", "threads", "steps", "eager_s", "compiled_s"
             "first_call_seconds", "max_abs_diff", "same_argmax")
 
 
+@reads_report
 def sweep_table(report: dict[str, Any]) -> str:
     """The rows of a sweep report as a Markdown table: per case and thread count, eager and compiled time per step
     (a prefill: per call), the speed-up, the graphs built, the first call, and the checks against eager. A report
@@ -300,6 +301,7 @@ def profile_table(ops: list[dict[str, Any]], top: int = 8) -> str:
     return markdown_table(["operator", "calls per step", "self time per step", "share of the operators' time"], rows)
 
 
+@reads_report
 def format_sweep(report: dict[str, Any]) -> str:
     check_report("report", report, ("backend", "device", "rows") + (("profile_case",) if "profile" in report else ()))
     lines = [f"torch.compile ({report['backend']}) against eager, {report['device']}; each row one interleaved run",
@@ -319,6 +321,7 @@ def _row_key(row: dict[str, Any]) -> str:
     return f"{row['kind']}{row['batch']}_t{row['threads']}"
 
 
+@reads_report
 def quotes(report: dict[str, Any]) -> dict[str, str]:
     """What the chapter text quotes from a report of `main --profile --json`: the table of cases ("cases"); the
     batch-1 decode step's operators, eager ("profile_eager", the first 4 and the rest) and compiled

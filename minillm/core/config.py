@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import decimal
+import functools
 import json
 import math
 import numbers
 import os
+import re
 import sys
 from dataclasses import dataclass
-from typing import Any
+from collections.abc import Collection
+from typing import Any, Callable
 
 import torch
 
@@ -50,6 +53,22 @@ def check_int(name: str, value: Any, minimum: int = 1) -> int:
         bound = {1: "positive", 0: "non-negative"}.get(minimum)
         raise ValueError(f"{name} must be {bound or f'>= {minimum}'}, got {value}")
     return value
+
+
+def check_choice(name: str, value: Any, choices: Collection[str]) -> str:
+    """`value` as the plain str it holds when it is one of `choices` (names: a mode, a method, a kind); a TypeError
+    naming `name` for anything but a str, a ValueError listing the choices for any other str.
+
+    subtle: `value in choices` asks the value itself: a numpy array answers with an array ("truth value ... is
+    ambiguous"), and an object (or a str subclass) whose `==` always says True matches the first choice and is then
+    read as it. The type comes first, then the plain str (`str.__str__`) is what is compared and returned."""
+    shown = choices if isinstance(choices, (tuple, list)) else sorted(choices)  # a tuple prints as written
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {shown} (a str), got {type(value).__name__} {short_repr(value)}")
+    plain = str.__str__(value)
+    if plain not in choices:
+        raise ValueError(f"{name} must be one of {shown}, got {short_repr(plain)}")
+    return plain
 
 
 def tensor_kind(x: Any) -> str:
@@ -349,6 +368,43 @@ def check_report(name: str, report: Any, keys: tuple[str, ...], rows: str | None
     return report
 
 
+# What Python itself says when a value is not the container it was read as ("'NoneType' object is not
+# subscriptable", "'<' not supported between ..."): a report missing a part, not a check of ours.
+_SHAPE_ERRORS = re.compile(r"not subscriptable|not iterable|has no len|unsupported operand|not supported between|"
+                           r"indices must be integers|must be real number|not callable|unhashable type")
+
+
+def reads_report(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator for a function that formats or quotes a benchmark's report (its first argument: a dict, as the
+    benchmark's `--json` wrote it). Anything but a dict is a TypeError naming the function; a part the report
+    lacks deep inside, a KeyError ('rows'), an IndexError (an empty list of rounds), an AttributeError or Python's
+    own TypeError (None where a row was due), becomes a ValueError naming the function and what was missing,
+    chained to the original. The checks the function makes itself (`check_report`) pass through as they are.
+
+    subtle: a report read back from a file may be another command's, an older version's, or edited by hand; a
+    table built from it would otherwise fail in its middle with a bare KeyError naming neither the report nor the
+    function that read it."""
+    @functools.wraps(fn)
+    def reader(report: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(report, dict):
+            raise TypeError(f"report must be a report dict, got {type(report).__name__} {short_repr(report)} "
+                            f"({fn.__name__} reads what the benchmark's --json wrote)")
+        try:
+            return fn(report, *args, **kwargs)
+        except (KeyError, IndexError, AttributeError) as e:
+            raise ValueError(f"{fn.__name__}: the report lacks a part it reads ({type(e).__name__}: {e}); it is not "
+                             "a complete report of this benchmark's --json run (another command's, or an older "
+                             "version's?)") from e
+        except TypeError as e:
+            if not _SHAPE_ERRORS.search(str(e)):
+                raise
+            raise ValueError(f"{fn.__name__}: a part of the report is not what the benchmark writes ({e}); it is not "
+                             "a complete report of this benchmark's --json run") from e
+
+    reader.reads_report = True  # type: ignore[attr-defined]  # for the tests that feed every reader bad reports
+    return reader
+
+
 @dataclass
 class GPTConfig:
     vocab_size: int = 4096  # number of token ids; the embedding and the tied output head have this many rows
@@ -374,8 +430,7 @@ class GPTConfig:
         self.dropout = check_float("GPTConfig.dropout", self.dropout, 0.0, 1.0, include_maximum=False)
         self.layer_norm_epsilon = check_float("GPTConfig.layer_norm_epsilon", self.layer_norm_epsilon, 0.0,
                                               include_minimum=False)
-        if self.attn_impl not in ("sdpa", "explicit"):
-            raise ValueError(f"attn_impl must be 'sdpa' or 'explicit', got {self.attn_impl!r}")
+        self.attn_impl = check_choice("attn_impl", self.attn_impl, ("sdpa", "explicit"))
 
     @property
     def head_size(self) -> int:
@@ -390,6 +445,10 @@ class GPTConfig:
     @classmethod
     def from_name(cls, name: str, **overrides: Any) -> "GPTConfig":
         """A named preset, optionally with fields overridden (`GPTConfig.from_name("base", dropout=0.1)`)."""
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a GPTConfig preset's name (a str), one of {sorted(PRESETS)}, got "
+                            f"{type(name).__name__}")
+        name = str.__str__(name)  # the plain str: a str subclass's == is not consulted
         if name not in PRESETS:
             raise ValueError(f"unknown GPTConfig preset {name!r}; choose one of {sorted(PRESETS)}")
         return cls(**{**PRESETS[name], **overrides})

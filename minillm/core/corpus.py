@@ -30,7 +30,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from minillm.core.config import short_repr
+from minillm.core.config import check_choice, short_repr
 
 SEPARATOR = "<|endoftext|>"  # also the special token of the shipped tokenizer
 VAL_EVERY = 20  # every 20th file (index % 20 == 19) is validation text
@@ -153,8 +153,7 @@ def take_bytes(text: str, num_bytes: int) -> str:
 
 def corpus_sample(num_bytes: int, path: str | os.PathLike | None = None, split: str = "train") -> str:
     """A prefix of at most `num_bytes` UTF-8 bytes of the chosen split of a corpus."""
-    if split not in ("train", "val", "all"):
-        raise ValueError(f"split must be 'train', 'val' or 'all', got {split!r}")
+    split = check_choice("split", split, ("train", "val", "all"))
     c = load_corpus(path)
     text = {"train": c.train_text, "val": c.val_text, "all": c.text}[split]
     return take_bytes(text, num_bytes)

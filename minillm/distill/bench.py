@@ -37,7 +37,7 @@ from minillm.bench.agreement import greedy_agreement, output_consistency, teache
 from minillm.bench.cli import bench_parser, pick_size, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
-from minillm.core.config import check_fits_window, check_float, check_int, short_repr
+from minillm.core.config import check_fits_window, check_float, check_int, reads_report, short_repr
 from minillm.core.device import resolve_device
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams
@@ -260,13 +260,14 @@ def report_section(report: object, key: str) -> Any:
         raise TypeError(f"report must be a run_all report (a dict), got {type(report).__name__} {short_repr(report)}")
     if key not in report:
         raise ValueError(f"report has no {short_repr(key)} section (not a run_all report?); its keys are "
-                         f"{sorted(report)}")
+                         f"{short_repr(list(report))}")
     if not isinstance(report[key], dict):
         raise TypeError(f"report[{short_repr(key)}] must be a dict (per draft), got {type(report[key]).__name__} "
                         f"{short_repr(report[key])}")
     return report[key]
 
 
+@reads_report
 def alpha_at(report: dict[str, Any], name: str, gamma: int) -> float:
     """accepted / proposed of draft `name` at γ in a `run_all` report: a number in [0, 1], else a TypeError /
     ValueError naming the report's row."""
@@ -288,11 +289,13 @@ def alpha_at(report: dict[str, Any], name: str, gamma: int) -> float:
     return check_float(f"{where}[{found[0][0]}]['alpha']", found[0][1], 0.0, 1.0)  # a fraction: a str '0.5' is no alpha
 
 
+@reads_report
 def alpha_gain(report: dict[str, Any], gamma: int) -> float:
     """α of draft-distilled minus α of the plain draft at the same γ, in points (percentage points)."""
     return 100 * (alpha_at(report, "draft-distilled", gamma) - alpha_at(report, "draft", gamma))
 
 
+@reads_report
 def perplexity_ratio(report: dict[str, Any]) -> float:
     """Validation perplexity of draft-distilled over its hard-label control's (below 1: distillation helped)."""
     ppl = report_section(report, "perplexity")
@@ -311,6 +314,7 @@ BETTER = {"ppl": min, "agreement": max, "kl_mean": min, "kl_p99": min, "prefix":
           "speedup": max}
 
 
+@reads_report
 def model_cells(r: dict[str, Any], name: str) -> dict[str, str]:
     """Model `name`'s numbers in a `run_all` report, formatted, by column ("ppl", "agreement", "kl_mean", "kl_p99",
     "identical", "prefix", and "alpha_g{γ}", "calls_g{γ}" (tokens per target call), "speedup_g{γ}" for each γ): the
@@ -335,6 +339,7 @@ def model_cells(r: dict[str, Any], name: str) -> dict[str, str]:
     return cells
 
 
+@reads_report
 def format_report(r: dict[str, Any]) -> str:
     sz = r["sizes"]
     gammas = list(sz["gammas"])
@@ -364,6 +369,7 @@ def format_report(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+@reads_report
 def models_table(r: dict[str, Any], names: Sequence[str], header: Sequence[str], columns: Sequence[str]) -> str:
     """A Markdown table of `model_cells` columns, one row per model in `names` (named with its role), numbers
     right-aligned, the best draft of each column in bold (`BETTER`; not when only one draft is shown)."""
@@ -383,6 +389,7 @@ def models_table(r: dict[str, Any], names: Sequence[str], header: Sequence[str],
     return markdown_table(header, [[labels[n], *(cells[n][col] for col in columns)] for n in names])
 
 
+@reads_report
 def quotes(report: dict[str, Any]) -> dict[str, str]:
     """The tables and numbers chapter 11's text quotes from a `run_all` report (`--json`), by name:
 

@@ -31,8 +31,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import (check_float, check_has_data, check_int, check_strided, check_tensor_elements,
-                                 is_float_compute, short_repr, tensor_kind)
+from minillm.core.config import (check_choice, check_float, check_has_data, check_int, check_strided,
+                                 check_tensor_elements, is_float_compute, short_repr, tensor_kind)
 
 KINDS = ("forward", "reverse")
 # The smallest temperature the losses take. From it up, kd_loss is finite for any finite float32, float16 or
@@ -64,11 +64,7 @@ def check_temperature(temperature: object) -> float:
 
 def check_kind(kind: object) -> str:
     """"forward" or "reverse", else TypeError/ValueError naming the value."""
-    if not isinstance(kind, str):
-        raise TypeError(f"kind must be one of {KINDS}, got {type(kind).__name__} {kind!r}")
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    return kind
+    return check_choice("kind", kind, KINDS)  # the plain str: a str subclass's == is not consulted
 
 
 def _check_logits(name: str, t: object) -> torch.Tensor:

@@ -290,7 +290,7 @@ def prepare_distill(cfg: TrainConfig, teacher: GPT | None, temperature: float = 
             record_log = start_run(cfg.out_dir, settings, cfg.init_from)  # type: ignore[arg-type]
     if objective is not None:
         objective.on_record = record_log
-    section: dict[str, Any] = {"teacher": None if objective is None else teacher_label(teacher),  # type: ignore
+    section: dict[str, Any] = {"teacher": None if objective is None else _teacher_label(teacher),  # type: ignore
                                "temperature": temperature, "kd_weight": kd_weight, "kind": kind,
                                "feature_weight": feature_weight, "student_init": student_init}
     return PreparedDistill(cfg, objective, section)
@@ -312,7 +312,7 @@ def run_distill(prepared: PreparedDistill, progress: bool = True) -> tuple[Train
     return result, objective
 
 
-def teacher_label(teacher: GPT) -> str:
+def _teacher_label(teacher: GPT) -> str:
     c = teacher.config
     return f"{c.n_layer} layers x {c.n_embd} ({teacher.num_params():,} parameters)"
 
@@ -400,6 +400,8 @@ def usage_error(ap: argparse.ArgumentParser, error: Exception) -> NoReturn:
     "argument --warmup-steps/--steps: warmup_steps=20 must be smaller than steps=1". The flags are those of the
     names in the message's first clause (up to its first ": "; what follows explains, and "the student's weights"
     there is no --student), in its order, outside quoted paths (a folder named 'steps' names no flag)."""
+    if not isinstance(ap, argparse.ArgumentParser):
+        raise TypeError(f"ap must be the command's argparse.ArgumentParser, got {type(ap).__name__}")
     text = re.sub(r"'[^']*'", "''", str(error)).split(": ")[0]
     names = re.findall(r"(?<![\w-])(" + "|".join(FLAG_OF) + r")(?!\w)", text)
     flags = list(dict.fromkeys(FLAG_OF[n] for n in names))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minillm.core.config import check_int, check_tensor_elements
+from minillm.core.config import check_choice, check_int, check_tensor_elements
 from minillm.engine.selective_cache import SelectiveKVCache  # noqa: F401  (registers the default backend)
 from minillm.paged.backends import check_attention_backend
 
@@ -22,7 +22,7 @@ KV_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torc
 def resolve_kv_dtype(dtype: torch.dtype | str) -> torch.dtype:
     """A KV-cache dtype from a torch.dtype or its name ("float32", "bfloat16", "torch.float16"); ValueError otherwise."""
     if isinstance(dtype, str):
-        name = dtype.removeprefix("torch.")
+        name = str.__str__(dtype).removeprefix("torch.")  # the plain str: a subclass's methods are not consulted
         if name not in KV_DTYPES:
             raise ValueError(f"kv_dtype must be one of {list(KV_DTYPES)} or a floating torch.dtype, got {dtype!r}")
         return KV_DTYPES[name]
@@ -68,8 +68,7 @@ class EngineConfig:
         for name in ("enable_chunked_prefill", "enable_prefix_caching"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
-        if self.preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+        self.preemption_mode = check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         self.kv_dtype = resolve_kv_dtype(self.kv_dtype)
         check_attention_backend(self.attention_backend)
         if self.max_num_batched_tokens < self.max_num_seqs:

@@ -87,6 +87,10 @@ class Scheduler:
     """
 
     def __init__(self, config: EngineConfig, block_manager):
+        if not isinstance(config, EngineConfig):
+            raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
+        if not hasattr(block_manager, "num_free_blocks"):  # duck-typed: the course's probes pass a stand-in
+            raise TypeError(f"block_manager must be a BlockManager (chapter 05), got {type(block_manager).__name__}")
         self.config = config
         self.block_manager = block_manager
         self.waiting: deque[Request] = deque()

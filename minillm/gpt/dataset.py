@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from minillm.core.config import short_repr
+from minillm.core.config import check_choice, short_repr
 from minillm.core.corpus import SEPARATOR, load_corpus
 from minillm.tokenizer import load_tokenizer
 
@@ -37,8 +37,7 @@ def _split_tokens_cached(split: str, corpus_path: str | None) -> torch.Tensor:
 
 def split_tokens(split: str = "train", corpus_path: str | os.PathLike | None = None, tokenizer=None) -> torch.Tensor:
     """The ids of a corpus split ("train" or "val"); the shipped tokenizer's are encoded once per process."""
-    if split not in ("train", "val"):
-        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    split = check_choice("split", split, ("train", "val"))
     if tokenizer is not None:
         corpus = load_corpus(corpus_path)
         return encode_corpus(tokenizer, corpus.train_text if split == "train" else corpus.val_text)

@@ -28,6 +28,10 @@ SHIPPED_PRESETS = {"base": "base", "draft": "draft", "draft-distilled": "draft",
 
 def pretrained_dir(name: str) -> Path:
     """The package directory of shipped checkpoint `name`; an unknown name is a ValueError listing the known ones."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a shipped checkpoint's name (a str), one of {list(SHIPPED)}, got "
+                        f"{type(name).__name__}")
+    name = str.__str__(name)  # the plain str: a str subclass's == is not consulted
     if name not in SHIPPED:
         raise ValueError(f"unknown shipped checkpoint {name!r}; choose one of {list(SHIPPED)}")
     return CHECKPOINTS_DIR / name

@@ -49,8 +49,9 @@ import torch.nn.functional as F
 
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.tables import markdown_table
-from minillm.core.config import check_float, check_int, check_report, check_sequence, tensor_kind
+from minillm.core.config import check_float, check_int, check_report, check_sequence, reads_report, tensor_kind
 from minillm.core.io import atomic_write_text, check_output_file
+from minillm.core.timing import MAX_REPEATS, check_calls, check_repeats
 from minillm.kernels import build, naive, ops
 from minillm.kernels.build import load_kernels
 
@@ -105,6 +106,14 @@ def time_ms(fn: Callable[[], object], warmup: int, repeats: int, batch_ms: float
     A sample holds as many calls as fill about `batch_ms` (at most `max_calls`). An fn that waits for the GPU
     itself (a .tolist(), an .item()) drains the queue, and its time then includes its host work, as it would in use.
     """
+    if not callable(fn):
+        raise TypeError(f"fn must be a function of no arguments, got {type(fn).__name__}")
+    warmup = check_int("warmup", warmup, 0)
+    if warmup > MAX_REPEATS:
+        raise ValueError(f"warmup must be at most {MAX_REPEATS}, got {warmup}")
+    repeats = check_repeats("repeats", repeats)
+    batch_ms = check_float("batch_ms", batch_ms, 0.0, include_minimum=False)
+    max_calls = check_calls("max_calls", max_calls)
     require_cuda("time_ms")
     for _ in range(warmup):
         fn()
@@ -374,7 +383,7 @@ def parse_table(text: str) -> list[dict]:
     fit its header; a TypeError unless `text` is a str."""
     if not isinstance(text, str):
         raise TypeError(f"text must be the benchmark's printed output (a str), got {tensor_kind(text)}")
-    lines = text.splitlines()
+    lines = str.__str__(text).splitlines()  # the plain str: a subclass's own methods are not consulted
     start_at = next((i for i, line in enumerate(lines) if line.split()[:2] == ["kernel", "version"]), None)
     if start_at is None:
         raise ValueError("no table printed by minillm.kernels.bench (a header line 'kernel  version  ms ...')")
@@ -468,12 +477,14 @@ def times(ratio: float) -> str:
     return f"{ratio:.0f}x" if ratio >= 10 else f"{ratio:.2g}x"
 
 
+@reads_report
 def ladder_cell(row: dict) -> str:
     if not row["correct"]:
         return "wrong"
     return f"{row['ms']:.3g} ms" if row["kernel"] in IN_MS else percent(row["fraction_of_copy_bw"])
 
 
+@reads_report
 def ladder_table(report: dict) -> str:
     """One line per kernel: the naive op, each version and PyTorch's own op, as a percentage of the run's copy
     bandwidth (milliseconds for `IN_MS`); an empty cell where the run had no such version. A report without its
@@ -494,6 +505,7 @@ def ladder_table(report: dict) -> str:
     return markdown_table(["kernel (shape)", "naive", *versions, "PyTorch's own"], table)
 
 
+@reads_report
 def ladder_quotes(report: dict) -> dict[str, str]:
     """The values of a timing report: the device and its roofs, each row's ms, µs and % of copy
     ("softmax_v4_of_copy" = "20.4%"), how many times as fast each contender of a kernel (naive, v1.., torch) runs
@@ -582,6 +594,7 @@ def span(values: list[int]) -> str:
     return "" if not values else str(values[0]) if min(values) == max(values) else f"{min(values)}-{max(values)}"
 
 
+@reads_report
 def register_table(report: dict) -> str:
     """One line per kernel file: each version's registers per thread for each architecture (a range over its
     instantiations: dtypes, 16-byte loads or not, head sizes), and the file's spill bytes (stores and loads) over
@@ -602,6 +615,7 @@ def register_table(report: dict) -> str:
                           "ll" + "r" * (len(archs) + 1))
 
 
+@reads_report
 def register_quotes(report: dict) -> dict[str, str]:
     """The values of a ptxas report: nvcc's release, the compiling machine, how many instantiations, their spill
     bytes in all, and the kernel with the most registers per thread ("most_registers" = "161",
@@ -620,6 +634,7 @@ def register_quotes(report: dict) -> dict[str, str]:
             "most_registers_kernel": f"{name[0].replace('_', ' ')} {name[1]}"}
 
 
+@reads_report
 def quotes(report: dict[str, Any]) -> dict[str, str]:
     """What chapter 12's text quotes from a report of this module (`minillm.course.results`): from a timing report
     (a run, or one read back with --from-report) the table "ladder" and the values of `ladder_quotes`; from a

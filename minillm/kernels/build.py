@@ -248,7 +248,7 @@ def check_build_args(out_dir: object, jobs: object, timeout: object) -> tuple[Pa
     folder by accident; not a file, nor under one), jobs None or a positive int (at most 4 per core), timeout
     positive seconds. A TypeError / ValueError naming the argument, before anything is compiled. Returns (the
     folder, jobs, timeout), the numbers as the plain int / float they hold."""
-    if out_dir == "":
+    if isinstance(out_dir, str) and str.__str__(out_dir) == "":  # a numpy array's == is no bool
         raise ValueError("out_dir must name a folder, got ''")
     out = check_path(out_dir, "out_dir")
     check_output_dir(out, "out_dir")

@@ -275,7 +275,8 @@ def flash_attention_v3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p_dtyp
     """
     check_qkv(q, k, v)
     check_head_size("q", q.shape[-1])  # as ops.attention: hs = 0 has no scale 1/sqrt(hs)
-    if p_dtype not in (None, torch.float16, torch.bfloat16, torch.float32):
+    # `is`, not `in`: a numpy array or an object whose == says True would pass a comparison
+    if not any(p_dtype is d for d in (None, torch.float16, torch.bfloat16, torch.float32)):
         raise ValueError(f"p_dtype must be None, torch.float16, torch.bfloat16 or torch.float32, got {p_dtype!r}")
     _check_no_inf(q=q, k=k)
     B, nh, T, hs = q.shape

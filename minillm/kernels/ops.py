@@ -14,7 +14,8 @@ import numbers
 
 import torch
 
-from minillm.core.config import check_fits_float, check_has_data, check_int, number_kind, plain_number, short_repr
+from minillm.core.config import (check_choice, check_fits_float, check_has_data, check_int, number_kind, plain_number,
+                                 short_repr)
 from minillm.kernels.build import load_kernels
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -28,8 +29,7 @@ def versions(op: str) -> range:
     """Every version of `op`, 1..NUM_VERSIONS[op]: what the tests, the benchmark and the tour iterate over."""
     if not isinstance(op, str):
         raise TypeError(f"op must be a kernel name, one of {sorted(NUM_VERSIONS)}, got {type(op).__name__} {op!r}")
-    if op not in NUM_VERSIONS:
-        raise ValueError(f"op must be one of {sorted(NUM_VERSIONS)}, got {op!r}")
+    op = check_choice("op", op, NUM_VERSIONS)  # the plain str: a str subclass's == is not consulted
     return range(1, NUM_VERSIONS[op] + 1)
 
 
@@ -65,9 +65,13 @@ def _version(op: str, version) -> int:
 
 def check_same_device(**tensors: torch.Tensor | None) -> None:
     """Every tensor (None skipped) on the first one's device, else a ValueError naming the first that is not (torch
-    would fail inside an op, "Tensor on device meta is not on the expected device cpu", naming no argument).
+    would fail inside an op, "Tensor on device meta is not on the expected device cpu", naming no argument); a
+    TypeError naming any that is not a tensor.
     Shared by the CUDA wrappers, `naive` and the mirrors; `check_same_device(x=x, w=w)`."""
     named = [(name, t) for name, t in tensors.items() if t is not None]
+    for name, t in named:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor (or None), got {type(t).__name__}")
     for name, t in named[1:]:
         if t.device != named[0][1].device:
             raise ValueError(f"{name} must be on {named[0][0]}'s device {named[0][1].device}, got {t.device}")
@@ -185,12 +189,18 @@ def check_block_tables(block_tables: torch.Tensor, context_lens: torch.Tensor, n
     """Every context length fits its table (0..max_nb * bs) and every block id a sequence reads (its first
     ceil(len / bs) entries) is a block of the pool 0..num_blocks-1. block_tables (S, max_nb), context_lens (S,).
     num_blocks (>= 0: an empty pool makes every block id read a bad one) and block_size (>= 1) are ints within int64
-    (the tables' dtype), checked as the plain ints."""
+    (the tables' dtype), checked as the plain ints. Both tables int64 tensors holding values (a TypeError / ValueError
+    naming them otherwise)."""
+    _tensor("block_tables", block_tables, dim=2, dtypes=(torch.int64,))
+    _tensor("context_lens", context_lens, dim=1, dtypes=(torch.int64,))
     num_blocks, block_size = check_int("num_blocks", num_blocks, 0), check_int("block_size", block_size)
     for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
         if value >= 2**63:
             raise ValueError(f"{name} must be below 2**63 (the block tables are int64), got {value}")
     S, max_nb = block_tables.shape
+    if tuple(context_lens.shape) != (S,):
+        raise ValueError(f"context_lens must have shape ({S},), one length per row of block_tables, got "
+                         f"{tuple(context_lens.shape)}")
     if not S:
         return
     lo, hi = int(context_lens.min()), int(context_lens.max())

@@ -20,7 +20,9 @@ from typing import Callable
 
 import torch
 
+from minillm.core.config import check_choice
 from minillm.core.rows import Row, TourContext
+from minillm.core.sampling import check_seed
 from minillm.kernels import emulator, mirror, naive, ops
 from minillm.kernels.bench import relative_error, run as run_bench
 
@@ -96,8 +98,7 @@ def compare(kernel: str, got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtyp
     "agree" with every row of a (R, C) reference); empty outputs agree. dtype: one of TOL's."""
     if not isinstance(kernel, str):
         raise TypeError(f"kernel must be a kernel name (a str), got {type(kernel).__name__} {kernel!r}")
-    if kernel not in ops.NUM_VERSIONS:  # a typo of "kv_cache_write" would drop its exact rule
-        raise ValueError(f"kernel must be one of {sorted(ops.NUM_VERSIONS)}, got {kernel!r}")
+    kernel = check_choice("kernel", kernel, ops.NUM_VERSIONS)  # a typo of "kv_cache_write" would drop its exact rule
     err = relative_error(got, ref)
     if dtype not in TOL:
         raise ValueError(f"dtype must be one of {list(TOL)} (the tolerances the tour knows), got {dtype!r}")
@@ -105,7 +106,7 @@ def compare(kernel: str, got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtyp
     return not bool(torch.isnan(got).any()) and (err == 0.0 if exact else err <= TOL[dtype]), err
 
 
-def mirror_rows(seed: int) -> list[Row]:
+def _mirror_rows(seed: int) -> list[Row]:
     by_kernel: dict[str, dict] = {}
     for kernel, label, fn_mirror, fn_naive, args in cases(torch.Generator().manual_seed(seed)):
         r = by_kernel.setdefault(kernel, {"worst": 0.0, "ok": True, "shapes": []})
@@ -136,7 +137,8 @@ EMULATED: dict[str, Callable] = {
 
 def emulator_row(seed: int) -> Row:
     """Every version of every kernel, its own C++ run on the CPU, against the naive op on the first shape of each
-    kernel's `cases`, in fp32 and bf16."""
+    kernel's `cases`, in fp32 and bf16. `seed` is checked as the tour's seeds are (`check_seed`)."""
+    seed = check_seed(seed)
     row = dict(chapter="12", technique="every kernel version, emulated", baseline="naive ops",
                optimized="the .cu files on CPU fibers (minillm.kernels.emulator)", metric="versions equal to naive",
                unit="", device="cpu")
@@ -188,7 +190,7 @@ def gpu_rows() -> list[Row]:
 
 
 def run(ctx: TourContext) -> list[Row]:
-    rows = mirror_rows(ctx.seed) + [emulator_row(ctx.seed)]
+    rows = _mirror_rows(ctx.seed) + [emulator_row(ctx.seed)]
     if torch.cuda.is_available():
         rows += gpu_rows()
     return rows

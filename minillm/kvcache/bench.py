@@ -26,6 +26,7 @@ from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.hf_compare import hf_comparison as kit_hf_comparison
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
+from minillm.core.config import reads_report
 from minillm.core.device import resolve_device
 from minillm.core.hf import to_hf_model
 from minillm.core.model import GPT
@@ -265,6 +266,7 @@ def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, ful
     return report
 
 
+@reads_report
 def format_table(report: dict[str, Any]) -> str:
     table = markdown_table(["new tokens", "naive s", "KV cache s", "speed-up", "identical tokens"],
                            [[str(r["new_tokens"]), f"{r['naive_s']:.3f}", f"{r['cached_s']:.3f}", f"{r['speedup']:.1f}x",

@@ -25,7 +25,7 @@ from minillm.bench.check import same_tokens
 from minillm.bench.cli import add_bench_options, apply_bench_options, count_argument, write_report
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
-from minillm.core.config import check_int
+from minillm.core.config import check_int, reads_report
 from minillm.core.device import resolve_device
 from minillm.core.hf import to_hf_model
 from minillm.core.io import atomic_save_figure, check_output_file
@@ -175,6 +175,7 @@ def plot_bench(report: dict[str, Any], path: str | Path) -> Path:
     return out
 
 
+@reads_report
 def format_report(report: dict[str, Any]) -> str:
     lines = [f"{'generator':<12} {'TTFT ms':>9} {'TPOT ms':>9} {'p99 ITL ms':>11} {'E2E ms':>9} {'tok/s':>8} "
              f"{'peak MB':>8}"]

@@ -25,7 +25,7 @@ from minillm.bench.check import same_tokens
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
-from minillm.core.config import short_repr
+from minillm.core.config import check_choice, reads_report
 from minillm.core.device import resolve_device
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
@@ -162,8 +162,7 @@ def _lifetime_lengths(r: LengthRequest):
 
 def contiguous_memory_use(workload: list[LengthRequest], reserve: str = "max_len", context: int = 256) -> MemoryUse:
     """Each request reserves `context` slots ("max_len"), or prompt + max_new_tokens ("max_new"), up front."""
-    if reserve not in ("max_len", "max_new"):
-        raise ValueError(f"reserve must be 'max_len' or 'max_new', got {short_repr(reserve)}")
+    reserve = check_choice("reserve", reserve, ("max_len", "max_new"))
     used = reserved = worst = 0
     for r in workload:
         slots = context if reserve == "max_len" else r.prompt_len + r.max_new_tokens
@@ -368,6 +367,7 @@ def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0) -> 
     return report
 
 
+@reads_report
 def format_markdown(report: dict[str, Any], label: str) -> str:
     """The report as the Markdown tables the chapter text pastes."""
     out = [f"Model: {label}.", "", "| scheme | KV slots holding a token | waste | max waste per sequence (slots) |",

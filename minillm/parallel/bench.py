@@ -31,7 +31,7 @@ import torch
 from minillm.bench.cli import bench_parser, pick_size, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
-from minillm.core.config import check_int, GPTConfig, short_repr
+from minillm.core.config import check_int, GPTConfig, reads_report, short_repr
 from minillm.core.formats import model_from_bytes, model_to_bytes
 from minillm.core.io import atomic_save_figure, check_output_file
 from minillm.core.sampling import SamplingParams
@@ -219,6 +219,7 @@ def run_all(model, size: str = "full", seed: int = 0, world_sizes: tuple[int, ..
             "published": "gpt-fast, Llama-2-7B on A100s: 104.9 / 168.8 / 254.0 / 328.4 tok/s at TP 1 / 2 / 4 / 8"}
 
 
+@reads_report
 def decode_table(report: dict[str, Any]) -> str:
     """The decode rows as a Markdown table: per world size, ms per decoded token, tokens/s, the speed-up over the
     first world size, the prompt's prefill, the share of time in collectives, all-reduces per token (and the
@@ -233,6 +234,7 @@ def decode_table(report: dict[str, Any]) -> str:
                            "time in collectives", "all-reduces/token", "same tokens"], rows, "l" * 8)
 
 
+@reads_report
 def pipeline_table(report: dict[str, Any]) -> str:
     """The pipelined decode rows (`pipeline_rows`) as a Markdown table."""
     return markdown_table(["stages", "sequences in flight", "tokens/s (all)", "ms per token of one sequence"],
@@ -240,6 +242,7 @@ def pipeline_table(report: dict[str, Any]) -> str:
                            for r in report.get("pipeline", [])], "llll")
 
 
+@reads_report
 def links_table(report: dict[str, Any]) -> str:
     """The link-time estimates of the report (`link_estimate`, microseconds per decoded token) as a Markdown table,
     one row per model and link, one column per world size. (Read back from JSON, the world sizes are strings.)"""
@@ -256,6 +259,7 @@ def _latency_us(report: dict[str, Any]) -> list[tuple[int, float]]:
     return sorted((4 * int(n), s * 1e6) for n, s in report["latency"]["seconds"].items())
 
 
+@reads_report
 def format_table(report: dict[str, Any]) -> str:
     lines = [decode_table(report), "pipeline parallelism, greedy decode (every sequence its own batch of 1):",
              pipeline_table(report)]
@@ -279,6 +283,7 @@ def _times(x: float) -> str:
     return f"{x:.2f}x"
 
 
+@reads_report
 def quotes(report: dict[str, Any]) -> dict[str, str]:
     """What chapter 14's text quotes from a full run's report (`minillm.course.results`): the tables "decode",
     "pipeline" and "links", and single values: the machine ("cpu", "date"); per world size t of the decode rows

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from minillm.core.config import check_float, check_threads, number_kind, short_repr
+from minillm.core.config import check_choice, check_float, check_threads, number_kind, short_repr
 from minillm.engine.process import Inbox, WorkerDiedError, WorkerHandle, receive, stop_all, wait_ready
 
 LOOPBACK = "127.0.0.1"
@@ -116,8 +116,7 @@ def _rank_from_environment() -> tuple[int, int]:
 
 
 def _check_backend_and_timeout(backend: str, timeout_s: float) -> None:
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    backend = check_choice("backend", backend, ("gloo", "nccl"))
     if backend == "nccl" and not (dist.is_nccl_available() and torch.cuda.is_available()):
         raise ValueError("backend 'nccl' needs CUDA GPUs and a PyTorch built with NCCL; this machine has "
                          f"{'no GPU' if not torch.cuda.is_available() else 'no NCCL'}: use backend='gloo'")

@@ -46,7 +46,7 @@ from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
 from minillm.bench.workload import eval_prompts
 from minillm.core.config import (check_fits_window, check_int, check_module_has_data, check_sequence,
-                                 check_tensor_elements, short_repr)
+                                 check_tensor_elements, reads_report, short_repr)
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed
 from minillm.core.timing import check_calls, check_repeats, compare
@@ -384,12 +384,14 @@ def _speed_cell(r: dict[str, Any]) -> str:
     return f"{r['tok_s']:.0f} vs {r['dense_tok_s']:.0f} ({r['speedup']:.2f}x)"
 
 
+@reads_report
 def fifty_rows(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """(name, row) of every 50% mask the report measured against dense: unstructured, then 2:4."""
     rows = [(f"{r['method']} 50%", r) for r in report["unstructured"] if r["sparsity"] == 0.5]
     return rows + [(f"2:4 {r['method']}", r) for r in report["two_four"]]
 
 
+@reads_report
 def structured_rows_of(report: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
     """(name, what is left, row) of every structured cut: the MLP rows, then the heads removed (full run only)."""
     out = [(f"{100 * r['fraction']:.0f}% of MLP neurons", f"MLPs {r['mlp_hidden'][0]} wide", r)
@@ -401,6 +403,7 @@ def structured_rows_of(report: dict[str, Any]) -> list[tuple[str, str, dict[str,
     return out
 
 
+@reads_report
 def unstructured_table(report: dict[str, Any]) -> str:
     return markdown_table(["method", "sparsity", "val ppl", "delta", "block linears: dense / bitmask / CSR MB"],
                           [[r["method"], f"{100 * r['block_sparsity']:.0f}%", f"{r['perplexity']:.3f}",
@@ -409,6 +412,7 @@ def unstructured_table(report: dict[str, Any]) -> str:
                            for r in report["unstructured"]], "lrrrl")
 
 
+@reads_report
 def fifty_table(report: dict[str, Any]) -> str:
     n = report["prompts"]
     return markdown_table(["at 50%", "val ppl", "delta", "argmax agreement", "KL from dense, mean / p99 (nats)",
@@ -418,6 +422,7 @@ def fifty_table(report: dict[str, Any]) -> str:
                             _speed_cell(r)] for name, r in fifty_rows(report)])
 
 
+@reads_report
 def structured_table(report: dict[str, Any]) -> str:
     n, rows, cuts = report["prompts"], [], structured_rows_of(report)
     for name, left, r in cuts:
@@ -432,6 +437,7 @@ def structured_table(report: dict[str, Any]) -> str:
                           rows, "ll" + "r" * 10)
 
 
+@reads_report
 def heads_masked_table(report: dict[str, Any]) -> str:
     removed = report["heads"]["removed"]
     heads = removed["n_head"] + removed["heads_per_block"]  # the dense model's heads per block
@@ -440,6 +446,7 @@ def heads_masked_table(report: dict[str, Any]) -> str:
                             f"{r['ppl_delta_pct']:+.2f}%"] for r in report["heads"]["masked"]])
 
 
+@reads_report
 def side_table(report: dict[str, Any]) -> str:
     labels = (("base_side", "base"), ("planted_outliers", "base + planted outlier features (the same function)"),
               ("draft", "draft"))
@@ -449,6 +456,7 @@ def side_table(report: dict[str, Any]) -> str:
                             f"{report[k]['wanda']:.2f}"] for k, label in labels if k in report])
 
 
+@reads_report
 def layer_cost_table(report: dict[str, Any]) -> str:
     return markdown_table(["zeros", "tokens", "dense F.linear (us)", "CSR (us)", "CSR speed vs dense"],
                           [[f"{100 * r['sparsity']:.0f}%", str(r["tokens"]), f"{r['dense_us']:.0f}",
@@ -456,6 +464,7 @@ def layer_cost_table(report: dict[str, Any]) -> str:
                           "rrrrr")
 
 
+@reads_report
 def format_table(report: dict[str, Any]) -> str:
     d = report["dense"]
     lines = [f"dense: perplexity {d['perplexity']:.3f} on the first {report['val_tokens']:,} validation tokens; "
@@ -506,6 +515,7 @@ def _row_values(prefix: str, r: dict[str, Any], n: int) -> dict[str, str]:
     return out
 
 
+@reads_report
 def quotes(report: dict[str, Any]) -> dict[str, str]:
     """What the chapter text quotes from a report (`minillm.course.results`): the tables above by name, and single
     numbers named `method_percent_field` (e.g. "magnitude_50_delta", "two_four_wanda_kl_mean", "mlp_25_speedup",

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from minillm.core.config import GPTConfig, short_repr
+from minillm.core.config import GPTConfig, check_choice, short_repr
 from minillm.core.device import resolve_device
 from minillm.core.formats import (ModelFormat, check_gpt_config, check_stored_tensors, gpt_config_from,
                                   gpt_config_json, register_model_format)
@@ -94,8 +94,7 @@ def save_pruned(model: GPT, path: str | os.PathLike, method: str, pattern: str =
     check_prunable(model, "save_pruned")  # a quantized or QAT model would load back as a plain GPT
     if not isinstance(method, str) or not method:
         raise TypeError(f"method must be a non-empty str, got {method!r}")
-    if pattern not in PATTERNS:
-        raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
+    pattern = check_choice("pattern", pattern, PATTERNS)
     if pattern == "2:4" and not all(_is_2_4(w) for w in block_weights(model)):
         raise ValueError("pattern '2:4' but some block linear has more than 2 nonzeros in a group of 4")
     sparsity = weight_sparsity(model)["blocks"]

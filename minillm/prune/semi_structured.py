@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import check_has_data, check_int, check_strided, short_repr
+from minillm.core.config import check_choice, check_has_data, check_int, check_strided, short_repr
 from minillm.core.sampling import check_seed
 from minillm.core.timing import check_calls, check_repeats, compare
 from minillm.prune.masks import is_nm_sparse, nm_mask
@@ -41,8 +41,7 @@ def stored_bytes(weight: torch.Tensor, fmt: str, element_bytes: int | None = Non
     if not isinstance(weight, torch.Tensor) or check_strided("weight", weight).dim() != 2:
         raise TypeError(f"weight must be a matrix (out, in), got {type(weight).__name__} "
                         f"{tuple(getattr(weight, 'shape', ()))}")
-    if fmt not in FORMATS:
-        raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
+    fmt = check_choice("format", fmt, FORMATS)
     if element_bytes is not None:  # the plain int, within the float range: an int subclass's comparisons lie
         element_bytes = check_int("element_bytes", element_bytes)
     eb = weight.element_size() if element_bytes is None else element_bytes

@@ -35,7 +35,7 @@ import torch.nn as nn
 
 from minillm.core.config import (check_float, check_has_data, check_int, check_module_has_data, plain_int, short_repr,
                                  tensor_kind)
-from minillm.core.model import GPT
+from minillm.core.model import GPT, require_model
 from minillm.core.sampling import check_seed
 from minillm.gpt.dataset import split_tokens
 from minillm.gpt.finetune import short_finetune
@@ -74,7 +74,8 @@ def _check_heads(model: GPT, heads: object) -> dict[int, list[int]]:
 
 
 def mlp_widths(model: GPT) -> list[int]:
-    """The hidden width of each block's MLP (4C for a dense model)."""
+    """The hidden width of each block's MLP (4C for a dense model); a TypeError for anything but a minillm GPT."""
+    require_model(model, "mlp_widths")
     return [block.mlp.c_fc.out_features for block in model.transformer.h]
 
 

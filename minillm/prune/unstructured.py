@@ -28,7 +28,7 @@ import copy
 import torch
 import torch.nn as nn
 
-from minillm.core.config import check_has_data, check_module_has_data, short_repr, tensor_kind
+from minillm.core.config import check_choice, check_has_data, check_module_has_data, short_repr, tensor_kind
 from minillm.core.model import GPT
 from minillm.prune.masks import check_keeps_one, check_sparsity, magnitude_mask, nm_mask, per_row_mask, wanda_score
 from minillm.quant.gptq import check_calibration
@@ -89,8 +89,7 @@ def input_norms(block: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
 def check_pattern_sparsity(pattern: object, sparsity: object) -> None:
     """A ValueError naming the value unless `pattern` is one of PATTERNS and `sparsity` a fraction in [0, 1) that the
     pattern can honour: 2:4 removes exactly 2 of every 4 weights, so with it only 0.5 (the default)."""
-    if pattern not in PATTERNS:
-        raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
+    pattern = check_choice("pattern", pattern, PATTERNS)
     sparsity = check_sparsity(sparsity)
     if pattern == "2:4" and sparsity != 0.5:  # 2:4 removes exactly 2 of every 4: a sparsity of 2/4, no other
         raise ValueError(f"sparsity={short_repr(sparsity)} cannot apply to pattern='2:4', which removes exactly 2 of "
@@ -100,8 +99,7 @@ def check_pattern_sparsity(pattern: object, sparsity: object) -> None:
 def layer_mask(weight: torch.Tensor, method: str, sparsity: float, pattern: str,
                norm: torch.Tensor | None) -> torch.Tensor:
     """The keep-mask of one weight (out, in): method's score, compared over the pattern's group."""
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    method = check_choice("method", method, METHODS)
     check_pattern_sparsity(pattern, sparsity)  # 2:4 reads no sparsity, so a wrong one is refused, never ignored
     if method == "wanda" and norm is None:
         raise ValueError("Wanda needs norm, the input features' L2 norms (in,); got None")
@@ -179,8 +177,7 @@ def _block_inputs(model: GPT, calibration: torch.Tensor):
 def _check_args(model: object, method: object, sparsity: object, pattern: object,
                 calibration: object) -> None:
     check_prunable(model, "prune_model")
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    method = check_choice("method", method, METHODS)
     check_pattern_sparsity(pattern, sparsity)
     if pattern == "unstructured":
         for b, block in enumerate(model.transformer.h):  # no matrix (magnitude) or row (Wanda) may go to all zeros

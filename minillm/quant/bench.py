@@ -44,7 +44,8 @@ from minillm.bench.driver import engine_tokens
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
 from minillm.bench.workload import eval_prompts
-from minillm.core.config import check_has_data, check_int, check_tensor_elements, tensor_kind
+from minillm.core.config import (check_choice, check_has_data, check_int, check_tensor_elements, reads_report,
+                                 tensor_kind)
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed
 from minillm.core.timing import check_calls, check_repeats, compare, measure
@@ -75,8 +76,7 @@ class Case:
         # subtle: `build` picks the method by name; an unchecked typo ("gptx") would measure RTN under its label
         if not isinstance(self.name, str):
             raise TypeError(f"Case.name must be a str, got {type(self.name).__name__}")
-        if self.method not in METHODS:
-            raise ValueError(f"Case.method must be one of {METHODS}, got {self.method!r}")
+        object.__setattr__(self, "method", check_choice("Case.method", self.method, METHODS))
         if self.config is not None and not isinstance(self.config, QuantConfig):
             raise TypeError(f"Case.config must be a QuantConfig or None, got {type(self.config).__name__}")
         if (self.config is None) != (self.method == "fp32"):
@@ -203,7 +203,7 @@ def _checked_cache(make_cache: Callable[[int, int], Any], B: int, T: int) -> Any
     return cache
 
 
-def kv_int8_case(model: GPT, val: torch.Tensor, prompts: list[list[int]], fp32_tokens: list[list[int]],
+def _kv_int8_case(model: GPT, val: torch.Tensor, prompts: list[list[int]], fp32_tokens: list[list[int]],
                  greedy: SamplingParams, base_ppl: float, decode_prompt: list[int],
                  decode_params: SamplingParams, repeats: int) -> dict[str, Any]:
     """The int8 KV cache on fp32 weights: KV bytes, perplexity through the cache, greedy tokens, decode tok/s."""
@@ -362,7 +362,7 @@ def run_all(model: GPT, real_text: bool, size: str = "full", seed: int = 0) -> d
                 row["engine"] = {"same_as_generate": same_tokens(tokens, eng).equal,
                                  "same_as_fp32": same_tokens(fp32_tokens, eng).equal, "prompts": sz.num_prompts}
         report["cases"].append(row)
-    report["kv_int8"] = kv_int8_case(model, val, prompts, fp32_tokens, greedy, base_ppl, decode_prompt,
+    report["kv_int8"] = _kv_int8_case(model, val, prompts, fp32_tokens, greedy, base_ppl, decode_prompt,
                                      decode_params, sz.repeats)
     report["outliers"] = outlier_study(model, val[:sz.outlier_tokens], calibration)
     report["layer_costs"] = layer_costs(repeats=sz.cost_repeats, calls=sz.cost_calls)
@@ -427,11 +427,13 @@ DIVERGENCE_COLUMNS = ("method", "delta", "argmax agreement", "KL from fp32, mean
 RUN_COLUMNS = ("method", "time to quantize (s)", "KL, max", "decode tok/s vs fp32 (ratio)")
 
 
+@reads_report
 def cases_table(report: dict[str, Any], columns: tuple[str, ...] = tuple(CASE_COLUMNS)) -> str:
     """The methods as a Markdown table of the named `CASE_COLUMNS`, one row per case."""
     return markdown_table(list(columns), [[CASE_COLUMNS[c](r, report) for c in columns] for r in report["cases"]])
 
 
+@reads_report
 def outlier_table(report: dict[str, Any]) -> str:
     """The outlier study: per model, its largest activations and each variant's perplexity delta against fp32."""
     rows = report["outliers"]["rows"]
@@ -442,6 +444,7 @@ def outlier_table(report: dict[str, Any]) -> str:
                                    + [_pct(r["ppl_delta_pct"][v]) for v in variants] for r in rows])
 
 
+@reads_report
 def layer_cost_table(report: dict[str, Any]) -> str:
     """One layer's microseconds per call, one row per implementation, one column per number of tokens."""
     costs = report["layer_costs"]
@@ -451,6 +454,7 @@ def layer_cost_table(report: dict[str, Any]) -> str:
     return markdown_table(header, [[name] + [f"{c[name]:,.0f}" for c in costs] for name in names])
 
 
+@reads_report
 def format_table(report: dict[str, Any]) -> str:
     n = report["prompts"]
     lines = [cases_table(report)]
@@ -492,6 +496,7 @@ VALUE_COLUMNS = {"ppl": "val ppl", "delta": "delta", "agreement": "argmax agreem
                  "identical": "identical prompts", "prefix": "mean common prefix", "quantize_s": "time to quantize (s)"}
 
 
+@reads_report
 def quotes(report: dict[str, Any]) -> dict[str, str]:
     """What chapter 09's text quotes from a full run's report (`minillm.course.results`): the tables "methods",
     "divergence", "run" (time to quantize, largest KL, decode rates), "outliers" and "layer_costs", and single values named by a case's short name (`CASE_KEYS`) and a

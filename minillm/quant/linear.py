@@ -31,9 +31,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import (check_float, check_has_data, check_int, check_module_has_data, check_strided,
-                                 check_tensor_elements, short_repr, tensor_kind)
-from minillm.core.model import GPT
+from minillm.core.config import (check_choice, check_float, check_has_data, check_int, check_module_has_data,
+                                 check_strided, check_tensor_elements, short_repr, tensor_kind)
+from minillm.core.model import GPT, require_model
 from minillm.core.weights import untied_head
 from minillm.quant.quantize import QuantizedTensor, dequantize, pack_int4, quantize, tensor_state, unpack_int4
 from minillm.quant.w8a8 import llm_int8_linear, w8a8_linear
@@ -55,8 +55,7 @@ class QuantConfig:
     #                                         mixed-precision decomposition; Dettmers et al. 2022 use 6.0); None = off
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        object.__setattr__(self, "mode", check_choice("mode", self.mode, MODES))  # frozen: the plain str
         object.__setattr__(self, "group_size", check_int("group_size", self.group_size))  # frozen: the plain int
         for name in ("symmetric", "quantize_head", "use_int_mm"):
             if not isinstance(getattr(self, name), bool):
@@ -445,7 +444,9 @@ def check_fp32_model(model: object, who: str, config: QuantConfig | None = None)
 
 
 def block_linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
-    """(name, module) of every nn.Linear inside the transformer blocks, in forward order."""
+    """(name, module) of every nn.Linear inside the transformer blocks, in forward order; a TypeError for a model
+    without GPT's interface."""
+    require_model(model, "block_linears")
     return [(name, m) for name, m in model.transformer.h.named_modules() if isinstance(m, nn.Linear)]
 
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from minillm.core.config import (check_float_tensor, check_has_data, check_strided, number_kind, plain_number,
-                                 short_repr, tensor_kind)
+from minillm.core.config import (check_choice, check_float_tensor, check_has_data, check_strided, number_kind,
+                                 plain_number, short_repr, tensor_kind)
 
 BITS = (4, 8)
 GRANULARITIES = ("tensor", "channel", "group")
@@ -154,7 +154,10 @@ def tensor_state(*tensors: torch.Tensor | None) -> tuple:
     """Each tensor's identity and version counter (None stays None), read on the host for free: replacing a tensor,
     or writing into it in place (`mul_`, `fill_`, `copy_`, `load_state_dict`), changes it, so a value check need
     only run again when this does. Writes that bump no counter are not seen: through `.data`, or into an inference
-    tensor (made under `torch.inference_mode`)."""
+    tensor (made under `torch.inference_mode`). A TypeError naming the position of anything else."""
+    for i, t in enumerate(tensors):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"tensor_state takes tensors (or None), got {tensor_kind(t)} at position {i}")
     return tuple(None if t is None else (id(t), -1 if t.is_inference() else t._version) for t in tensors)
 
 
@@ -437,8 +440,7 @@ class QuantizedTensor:
 
 def _grouped_view(x: torch.Tensor, granularity: str, group_size: int | None) -> torch.Tensor:
     """x viewed as (rows, groups, group_size): the values that share one scale lie along the last dimension."""
-    if granularity not in GRANULARITIES:
-        raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
+    granularity = check_choice("granularity", granularity, GRANULARITIES)
     if x.dim() == 0:
         raise ValueError("x is a 0-d tensor: quantize needs at least one dimension (x.reshape(1) for a scalar)")
     if granularity != "group" and group_size is not None:  # else it would be ignored: one scale per row or tensor

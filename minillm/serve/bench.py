@@ -34,6 +34,7 @@ import httpx
 from minillm.bench.cli import bench_parser, pick_size, start, write_report
 from minillm.bench.tables import markdown_table
 from minillm.bench.models import load_model
+from minillm.core.config import reads_report
 from minillm.core.sampling import SamplingParams
 from minillm.engine import LLM, EngineConfig
 from minillm.serve.cli import ServerProcess
@@ -126,6 +127,7 @@ def _times(x: float) -> str:
     return f"{x:.2f}x"
 
 
+@reads_report
 def throughput_table(report: dict[str, Any]) -> str:
     """The throughput part as a Markdown table: the offline engine, then each engine core placement."""
     t = report["throughput"]
@@ -139,6 +141,7 @@ def throughput_table(report: dict[str, Any]) -> str:
                            "KV blocks in use after"], rows, "l" * 6)
 
 
+@reads_report
 def load_table(report: dict[str, Any]) -> str:
     """The load part as a Markdown table: one row per load level, latencies in ms."""
     rows = []
@@ -156,6 +159,7 @@ def _load_key(run: dict[str, Any]) -> str:
     return f"r{run['rate']:g}" if "rate" in run else f"c{run['concurrency']}"
 
 
+@reads_report
 def quotes(report: dict[str, Any]) -> dict[str, str]:
     """What chapter 15's text quotes from a full run's report (`minillm.course.results`): the tables "throughput" and
     "load", and single values: the machine ("cpu", "date", "wall": the command's seconds); the offline engine's and
@@ -188,6 +192,7 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+@reads_report
 def format_report(report: dict[str, Any]) -> str:
     """Both tables, as the command prints them."""
     t = report["throughput"]

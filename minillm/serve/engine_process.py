@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minillm.bench.models import load_model
-from minillm.core.config import check_float, short_repr
+from minillm.core.config import check_choice, check_float, short_repr
 from minillm.core.device import resolve_device
 from minillm.core.sampling import SamplingParams
 from minillm.engine import LLM, EngineConfig
@@ -55,8 +55,7 @@ def build_engine(model: str = "base", device: str = "cpu", *, speculative: str =
     name), with `engine_config` passed to `EngineConfig` (enable_prefix_caching, attention_backend, kv_dtype,
     tensor_parallel_size, num_blocks, ...). `quantize` "int8"/"int4" replaces the linears (chapter 09);
     `speculative` "prompt-lookup" or "draft-model" (with the shipped `draft`) turns on chapter 08."""
-    if quantize not in QUANTIZE_CHOICES:
-        raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
+    quantize = check_choice("quantize", quantize, QUANTIZE_CHOICES)
     if speculative != "none" and speculative not in SPECULATIVE_METHODS:
         raise ValueError(f"speculative must be 'none' or one of {SPECULATIVE_METHODS}, got {speculative!r}")
     unknown = sorted(set(engine_config) - ENGINE_CONFIG_FIELDS)

@@ -64,7 +64,7 @@ import torch
 
 from minillm.bench.cli import threads_argument
 from minillm.bench.models import load_model
-from minillm.core.config import number_kind, short_repr
+from minillm.core.config import check_choice, number_kind, reads_report, short_repr
 from minillm.core.corpus import SEPARATOR
 from minillm.core.device import DEVICE_CHOICES, resolve_device
 from minillm.core.io import atomic_write_text, check_output_file
@@ -891,8 +891,7 @@ def run_benchmark(base_url: str, workload: Workload, *, model: str | None = None
     burstiness = _check_positive("burstiness", burstiness)
     if concurrency is not None:
         _check_int("concurrency", concurrency, 1)
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    backend = check_choice("backend", backend, BACKENDS)
     timeout = _check_positive("timeout", timeout)
     if slo is not None and not isinstance(slo, SLO):
         raise TypeError(f"slo must be an SLO or None, got {type(slo).__name__}")
@@ -948,6 +947,7 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
+@reads_report
 def format_result(report: dict[str, Any]) -> str:
     """The report as vLLM's "Serving Benchmark Result" table."""
     if not isinstance(report, dict) or not isinstance(report.get("metrics"), dict) \

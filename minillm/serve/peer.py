@@ -79,6 +79,7 @@ from minillm.bench.cli import bench_parser, cpu_description, start, write_report
 from minillm.bench.tables import markdown_table
 from minillm.bench.models import load_model
 from minillm.compile.llamacpp_build import PINNED, build_target, convert, export_hf_dir, fetch_sources
+from minillm.core.config import reads_report
 from minillm.core.corpus import SEPARATOR
 from minillm.core.sampling import SamplingParams
 from minillm.engine import LLM, EngineConfig
@@ -259,6 +260,7 @@ def _server_key(server: str) -> str:
     return "ours" if server == OURS else server.removeprefix("llama.cpp ")
 
 
+@reads_report
 def quotes(report: dict[str, Any]) -> dict[str, str]:
     """What chapter 15's text quotes from a saved report (`minillm.course.results`): the table "runs"
     (`format_table`), and single values: the machine ("cpu", "date"), the workload ("num_prompts", "output_len",

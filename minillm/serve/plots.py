@@ -27,7 +27,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from minillm.core.config import short_repr
+from minillm.core.config import check_choice, short_repr
 from minillm.core.io import atomic_save_figure, check_output_file
 
 # (samples key, metrics key, title, the SLO field bounding it): the four latencies, in ms on the plots
@@ -139,8 +139,7 @@ def plot_frontier(reports: Sequence[dict[str, Any]], slo: Any = None, stat: str 
     bounds (default: the first report's) are horizontal lines. `stat`: "mean", "p50", "p90" or "p99". `axes`:
     three Axes, else a new figure; `path`: also write a PNG. Returns the Figure.
     """
-    if stat not in FRONTIER_STATS:
-        raise ValueError(f"stat must be one of {FRONTIER_STATS}, got {stat!r}")
+    stat = check_choice("stat", stat, FRONTIER_STATS)
     if isinstance(reports, dict) or not isinstance(reports, Sequence) or not reports:
         raise ValueError("reports must be a non-empty list of run_benchmark reports")
     for i, r in enumerate(reports):

@@ -36,7 +36,7 @@ from minillm.bench.check import same_tokens
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
-from minillm.core.config import check_fits_window, check_float, check_has_data, check_int
+from minillm.core.config import check_fits_window, check_float, check_has_data, check_int, reads_report
 from minillm.core.corpus import corpus_sample
 from minillm.core.device import resolve_device
 from minillm.core.hf import to_hf_model
@@ -453,7 +453,10 @@ def check_tokenizer(tokenizer: Any) -> None:
 
 def encode(tokenizer: Any, text: str) -> list[int]:
     """`tokenizer.encode(text)` as a list of ints; a TypeError naming `tokenizer` when it hands back anything else
-    (a str, say), which would otherwise be cut into prompts of characters."""
+    (a str, say), which would otherwise be cut into prompts of characters; one naming `text` unless it is a str."""
+    check_tokenizer(tokenizer)
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
     ids = tokenizer.encode(text)
     if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
         raise TypeError(f"tokenizer.encode must return a list of int token ids, got {type(ids).__name__} "
@@ -574,6 +577,7 @@ def _hf_line(h: dict[str, Any]) -> str:
             f"{h['hf_constant_tok_s']:.0f} tok/s, ours {h['ours_tok_s']:.0f} tok/s: {h['ratio']:.2f}x HF's best")
 
 
+@reads_report
 def format_report(r: dict[str, Any]) -> str:
     lines = [f"target {r['target']}, {r['device']}, {r['threads']} thread(s)",
              *_format_sweep(f"draft {r['draft']}", r["greedy"])]
@@ -638,6 +642,7 @@ def _sweep_quotes(key: str, g: dict[str, Any]) -> dict[str, str]:
     return q
 
 
+@reads_report
 def quotes(report: dict[str, Any]) -> dict[str, str]:
     """The tables and numbers chapter 08's text quotes from a report of `run_all` (`minillm.course.results`).
 

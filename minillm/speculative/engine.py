@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import torch
 
-from minillm.core.config import check_int
+from minillm.core.config import check_choice, check_int
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import probs_from_logits
 from minillm.engine.config import EngineConfig
@@ -62,8 +62,7 @@ class SpeculativeConfig:
     def check(self) -> None:
         """Raise ValueError/TypeError naming the field unless every field is valid. Run at construction and again
         where the config is used (`SpeculativeLLM`): a dataclass's fields can be reassigned after __post_init__."""
-        if self.method not in METHODS:
-            raise ValueError(f"SpeculativeConfig.method must be one of {METHODS}, got {self.method!r}")
+        self.method = check_choice("SpeculativeConfig.method", self.method, METHODS)
         self.gamma = check_int("SpeculativeConfig.gamma", self.gamma, 1)  # the plain int: its comparisons cannot lie
         if self.gamma > MAX_GAMMA:
             raise ValueError(f"SpeculativeConfig.gamma must be at most {MAX_GAMMA}, got {self.gamma}")
@@ -189,6 +188,9 @@ class SpeculativeScheduler(Scheduler):
 
     def __init__(self, config: EngineConfig, block_manager, drafter: Drafter, gamma: int, vocab_size: int):
         super().__init__(config, block_manager)
+        if not all(callable(getattr(drafter, name, None)) for name in ("propose", "rollback", "release")):
+            raise TypeError(f"drafter must be a Drafter (propose, rollback and release methods), got "
+                            f"{type(drafter).__name__}")
         self.drafter = drafter
         self.gamma = check_gamma(gamma)
         vocab_size = check_int("vocab_size", vocab_size)

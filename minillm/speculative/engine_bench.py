@@ -43,7 +43,7 @@ from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.workload import check_load_list
 from minillm.bench.tables import markdown_table
-from minillm.core.config import check_float, check_int, short_repr
+from minillm.core.config import check_float, check_int, reads_report, short_repr
 from minillm.core.corpus import corpus_sample
 from minillm.core.device import resolve_device
 from minillm.core.model import GPT
@@ -266,6 +266,7 @@ def _crossover_text(cross: int | None) -> str:
     return f"{cross} concurrent requests" if cross is not None else "none up to the highest load measured"
 
 
+@reads_report
 def format_report(r: dict[str, Any]) -> str:
     who = f"{r['target']} + {r['draft']}" if r["draft"] else f"{r['target']}, prompt lookup ({r['ngram']}-grams)"
     who += ", on the fused C++ step" if r.get("fused_step") else ""
@@ -278,6 +279,7 @@ def format_report(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+@reads_report
 def quotes(report: dict[str, Any]) -> dict[str, str]:
     """The table and numbers chapter 08's text quotes from a report of `run` (`minillm.course.results`).
 
@@ -313,7 +315,7 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def usage_check(ap: argparse.ArgumentParser, flag: str, check: Callable[[], object]) -> None:
+def _usage_check(ap: argparse.ArgumentParser, flag: str, check: Callable[[], object]) -> None:
     """Run `check()`; a ValueError/TypeError it raises becomes a usage error (exit 2) naming `flag`."""
     try:
         check()
@@ -343,8 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         ap.error(f"--loads must be comma-separated ints, got {args.loads!r}")
     # What run() refuses is a usage error naming the flag, before any model loads (not a traceback after).
-    usage_check(ap, "--gamma", lambda: SpeculativeConfig(method=args.method, gamma=args.gamma))
-    usage_check(ap, "--loads", lambda: sweep_sizes(args.quick, loads))
+    _usage_check(ap, "--gamma", lambda: SpeculativeConfig(method=args.method, gamma=args.gamma))
+    _usage_check(ap, "--loads", lambda: sweep_sizes(args.quick, loads))
     report = run(resolve_device(args.device), quick=args.quick, method=args.method, gamma=args.gamma, loads=loads,
                  seed=args.seed, attention_backend=args.attention_backend, fused_step=args.fused_step)
     print(format_report(report))
