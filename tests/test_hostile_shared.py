@@ -902,3 +902,69 @@ def test_an_eighth_hostile_runs_names_and_helpers_are_refused_naming_the_argumen
     for call, error, message in rows:
         with pytest.raises(error, match=message):
             call()
+
+
+def test_a_ninth_hostile_runs_finds_are_refused_naming_the_argument(tmp_path):
+    """A ninth run's finds: the same name checks at other sites (an output path, an attention backend, a compile
+    backend, a resumed run's kind); helpers reading an attribute first; a compiler timeout past the OS's clock; a
+    fine-tune of 2**40 steps; a fused speculation past the window (its rates counted tokens never generated); a
+    cache device torch cannot read; a paged cache's gather with no batch (a bare AssertionError)."""
+    import numpy as np
+    from minillm.compile.bench import fused_speculation
+    from minillm.compile.cpu_gemv import FastLinear, require_cpu_tensors
+    from minillm.compile.decode import check_backend, hooked_module
+    from minillm.compile.sweep import profile_table
+    from minillm.core.io import check_output_file
+    from minillm.distill.bench import report_section
+    from minillm.distill.run_state import check_settings
+    from minillm.kernels import tour as ktour
+    from minillm.kernels.bench import command_line, contender_key, out_flag, ptxas_rows
+    from minillm.kernels.build import run_compiler
+    from minillm.prune.structured import recover
+    from minillm.quant.bench import outlier_study
+    from minillm.quant.kv_cache import Int8PagedKVCache
+    from minillm.speculative.engine_bench import load_point, sweep_sizes
+    from minillm.speculative.generate import DraftModelProposer
+    from minillm.speculative.verify_cache import VerifyKVCache
+
+    model = GPT(CFG).eval()
+    settings = {"temperature": 2.0, "kd_weight": 0.5, "kind": _StrEqualsAnything("forward"), "feature_weight": 0.0,
+                "teacher_sha256": None, "grad_accum": 1}  # run_state.SETTINGS
+    rows = (
+        (lambda: check_output_file(np.array(["a.json", "b.json"]), "--json"), TypeError, "--json"),
+        (lambda: out_flag(_EqualsAnything()), TypeError, "--out must be a path"),
+        (lambda: load_point(model, [[1, 2]], 1, 2, None, attention_backend=np.array(["verify", "x"])), TypeError,
+         "attention_backend must be one of"),
+        (lambda: sweep_sizes("no", None), TypeError, "quick must be a bool"),
+        (lambda: check_backend(_StrEqualsAnything("zzz")), ValueError, "backend must be one of torch.compile's"),
+        (lambda: outlier_study(None, torch.zeros(4, dtype=torch.long), None), TypeError, "outlier_study"),
+        (lambda: ptxas_rows(None), TypeError, "resources must be a list"),
+        (lambda: command_line("zzz"), TypeError, "argv must be a list"),
+        (lambda: run_compiler(["true"], "x", float(2**40)), ValueError, "timeout must be in"),
+        (lambda: ktour.cast((torch.zeros(1),), "zzz"), TypeError, "dtype must be a floating-point torch.dtype"),
+        (lambda: ktour.cast("zzz", torch.float16), TypeError, "args must be a tuple"),
+        (lambda: ktour.compare("softmax", torch.zeros(1), torch.zeros(1), np.array([1, 2])), ValueError, "dtype"),
+        (lambda: report_section({"a": {}}, np.array(["a", "b"])), TypeError, "key must be"),
+        (lambda: hooked_module("zzz"), TypeError, "named_modules"),
+        (lambda: profile_table(np.array([1, 2])), TypeError, "ops must be a list"),
+        (lambda: FastLinear(2**40, 8), ValueError, "out_features x in_features"),
+        (lambda: FastLinear(True, 8), TypeError, "in_features"),
+        (lambda: require_cpu_tensors("zzz", x=torch.zeros(1)), TypeError, "dtype must be a torch.dtype"),
+        (lambda: fused_speculation(model, model, [[1, 2, 3]], [1, 2, 3, 1, 2], 2000, 2, 2, 1), ValueError,
+         r"prompts\[0\] has 3 tokens: with new_tokens=2000"),
+        (lambda: fused_speculation(model, model, None, [1, 2], 2), TypeError, "prompts must be"),
+        (lambda: fused_speculation(model, model, [[1]], [1, 2], 2, 2, 0), ValueError, "lookup_gamma"),
+        (lambda: VerifyKVCache(CFG, 8, 4, device="zzz"), ValueError, "device must be a device name"),
+        (lambda: VerifyKVCache(CFG, 8, 4, use_fast_decode="no"), TypeError, "use_fast_decode must be a bool"),
+        (lambda: ContiguousKVCache(CFG, 1, 8, device="zzz"), ValueError, "device must be a device name"),
+        (lambda: recover(model, model, 2**40), ValueError, "steps must be at most"),
+        (lambda: DraftModelProposer(model, 16).prefill(None), TypeError, "prompt"),
+        (lambda: DraftModelProposer(model, 16).rollback(None), TypeError, "length"),
+        (lambda: Int8PagedKVCache(CFG, 8, 4).gather(0, 0), ValueError, "none is set"),
+    )
+    for call, error, message in rows:
+        with pytest.raises(error, match=message):
+            call()
+    assert contender_key(_StrEqualsAnything("zzz")) == "torch"
+    checked = check_settings(settings)
+    assert type(checked["kind"]) is str and checked["kind"] != "reverse"

@@ -62,8 +62,8 @@ from minillm.bench.tables import markdown_table
 from minillm.bench.workload import eval_prompts
 from minillm.compile.decode import (StaticDecoder, check_decoder_room, compile_problem, decoder_max_len, eval_mode,
                                     hooked_module, uncompilable_layer)
-from minillm.core.config import (PRESETS, GPTConfig, check_fits_window, check_float, check_int, check_threads,
-                                 check_module_has_data, check_report, reads_report)
+from minillm.core.config import (PRESETS, GPTConfig, check_choice, check_fits_window, check_int, check_threads,
+                                 check_module_has_data, check_report, check_timeout, reads_report)
 from minillm.core.io import (SHA256_FIELD, atomic_write_bytes, check_output_file, check_path, check_sha256,
                              with_sha256)
 from minillm.core.model import GPT, require_model
@@ -437,13 +437,12 @@ def cold_start(name: str = "base", new_tokens: int = 32, repeats: int = 3, threa
     same again (loading probes the CPU through that cache, see `AOTDecoder`). The package is exported first, here
     (its build time is reported: the cost moved ahead of time). Every argument is checked before any work; a run past
     `timeout` seconds is killed (a RuntimeError)."""
-    if not isinstance(name, str) or name not in MODEL_NAMES:
-        raise ValueError(f"name must be one of {MODEL_NAMES}, got {name!r}")
+    name = check_choice("name", name, MODEL_NAMES)
     new_tokens = check_int("new_tokens", new_tokens)
     repeats = check_repeats("repeats", repeats)
     threads = check_threads("threads", threads)  # each subprocess sets it: 100000 would crash torch's pool there
     seed = check_seed(check_int("seed", seed, 0))  # [0, 2**64): torch's generator's range
-    timeout = check_float("timeout", timeout, 0.0, include_minimum=False)
+    timeout = check_timeout(timeout)
     check_fits_window(f"the {PROMPT_LEN}-token prompt", PROMPT_LEN, new_tokens,
                       GPTConfig.from_name(SHIPPED_PRESETS.get(name, name)).block_size, name)
     problem = aot_problem()
@@ -558,7 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
                       devices=("cpu",))
     ap.add_argument("--model", default="base", choices=MODEL_NAMES, help="the model to load (default base)")
     ap.add_argument("--timeout", default=600.0, help="seconds one fresh process may run (default 600)",
-                    type=cli_type(lambda t: check_float("timeout", t, 0.0, include_minimum=False), float))
+                    type=cli_type(check_timeout, float))
     return ap
 
 

@@ -49,9 +49,10 @@ from minillm.compile.decode import StaticDecoder, check_backend, check_eval_mode
 from minillm.compile.fused_speculative import generate_prompt_lookup_fused, generate_speculative_fused
 from minillm.compile.fused_step import MAX_VERIFY, FusedCPUDecoder
 from minillm.compile.mirror import check_plain_model
-from minillm.core.config import check_int, reads_report, short_repr
+from minillm.core.config import check_fits_window, check_int, reads_report, short_repr
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed
+from minillm.core.stopping import check_token_ids
 from minillm.core.timing import check_calls, check_repeats, interleave, measure, Timing
 from minillm.kvcache.generate import generate_ids
 from minillm.naive.roofline import decode_weight_bytes, stream_weights
@@ -59,6 +60,7 @@ from minillm.prune.masks import check_sparsity
 from minillm.prune.structured import mlp_neuron_scores, prune_mlp
 from minillm.quant.gptq import calibration_windows
 from minillm.quant.linear import QuantConfig, QuantLinear, quantize_model
+from minillm.speculative.generate import check_gamma
 
 
 FUSED = "fused C++ step (FusedCPUDecoder)"
@@ -253,12 +255,23 @@ def fused_speculation(model: GPT, draft: GPT, prompts: list[list[int]], lookup_p
     `gamma` tokens, `model`'s fused verify checks gamma+1 in one C++ call, greedy, over `prompts`; and prompt lookup
     (`lookup_gamma` tokens copied from the context) on `lookup_prompt`, text that repeats itself. Each against the
     target's fused step alone on the same prompts (interleaved, medians), tokens checked identical; with the
-    acceptance rate α and tokens per target call of each."""
+    acceptance rate α and tokens per target call of each. Every prompt must leave room for new_tokens in both
+    models' windows (else the runs stop early and the rates count tokens never generated): a ValueError naming it."""
     for name, m in (("model", model), ("draft", draft)):
         require_model(m, f"fused_speculation ({name})")
         check_eval_mode(m, f"fused_speculation ({name})")
     new_tokens = check_int("new_tokens", new_tokens)
+    gamma, lookup_gamma = check_gamma(gamma), check_gamma(lookup_gamma, "lookup_gamma")
     repeats = check_repeats("repeats", repeats)
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise TypeError(f"prompts must be a non-empty list of prompts (lists of token ids), got "
+                        f"{type(prompts).__name__} {short_repr(prompts)}")
+    named = [(f"prompts[{i}]", p) for i, p in enumerate(prompts)] + [("lookup_prompt", lookup_prompt)]
+    for what, p in named:
+        if not check_token_ids(what, p, min(model.config.vocab_size, draft.config.vocab_size)):
+            raise ValueError(f"{what} is empty: generation needs at least one token to condition on")
+        for role, m in (("the model", model), ("the draft", draft)):
+            check_fits_window(what, len(p), new_tokens, m.config.block_size, role)
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
     target_step, draft_step = FusedCPUDecoder(model), FusedCPUDecoder(draft)
 

@@ -35,7 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minillm.core.model import GPT
-from minillm.core.config import check_float_tensor, check_strided, tensor_kind
+from minillm.core.config import check_float_tensor, check_int, check_strided, check_tensor_elements, tensor_kind
 from minillm.kernels.build import build_lock, cache_dir
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -115,6 +115,8 @@ def require_cpu_tensors(dtype: torch.dtype, **tensors: Any) -> None:
     """TypeError naming the first of `tensors` that is not a strided (dense, not sparse) `dtype` CPU tensor: the
     checked entry points of the C++ extension (`gemv` here, `cpu_paged.paged_decode_attention`) test their arguments
     here before C++ sees them (and pass them through `as_cpp_reads`)."""
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype (the one the C++ loop reads), got {type(dtype).__name__}")
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.device.type != "cpu":
             kind = str(dtype).removeprefix("torch.")
@@ -216,6 +218,15 @@ class FastLinear(nn.Linear):
     above is the checked entry point for other callers): at ~60 µs per call, every microsecond of Python here is
     visible in tokens/s. The F.linear path checks x against the weight first (`check_input`).
     """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device: Any = None,
+                 dtype: torch.dtype | None = None):
+        # nn.Linear's own sizes are unchecked: True would make one input, 2**40 fail in the allocator naming nothing
+        in_features, out_features = check_int("in_features", in_features), check_int("out_features", out_features)
+        check_tensor_elements("out_features x in_features", (out_features, in_features))
+        if not isinstance(bias, bool):
+            raise TypeError(f"bias must be a bool, got {type(bias).__name__}")
+        super().__init__(in_features, out_features, bias, device, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 0 or x.shape[-1] != self.in_features:  # else `rows` would regroup x's numbers into new rows

@@ -130,7 +130,8 @@ def check_backend(name: str, arg: str = "backend") -> None:
     known = list_backends(exclude_tags=())  # every registered name, the debug ones ("eager", "aot_eager") included
     if not isinstance(name, str):
         raise TypeError(f"{arg} must be a torch.compile backend name, one of {known}, got {type(name).__name__} "
-                        f"{name!r}")
+                        f"{short_repr(name)}")
+    name = str.__str__(name)  # the plain str: a str subclass whose == says True would pass `in known`
     if name not in known:
         raise ValueError(f"{arg} must be one of torch.compile's backends {known}, got {name!r}")
     package = BACKEND_PACKAGES.get(name)
@@ -170,7 +171,15 @@ def hooked_module(named_modules: Iterable[tuple[str, nn.Module]]) -> str | None:
     """The first of `named_modules` ((name, module) pairs, as `model.named_modules()` gives) with a forward hook or
     forward pre-hook, by name, or "every module" for a global one (`register_module_forward_hook`); None if none.
     A step built once from the model (a compiled graph, a captured CUDA graph, the fused C++ step) cannot follow a
-    hook added later, nor one removed; the eager step runs them as the model does."""
+    hook added later, nor one removed; the eager step runs them as the model does. A TypeError for a pair that is
+    not (name, module)."""
+    if isinstance(named_modules, (str, bytes)) or not isinstance(named_modules, Iterable):
+        raise TypeError(f"named_modules must be (name, module) pairs, as model.named_modules() gives, got "
+                        f"{type(named_modules).__name__}")
+    named_modules = list(named_modules)
+    for i, pair in enumerate(named_modules):
+        if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[1], nn.Module)):
+            raise TypeError(f"named_modules[{i}] must be a (name, module) pair, got {type(pair).__name__}")
     if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:  # private, but the only record of them
         return "every module (a global forward hook)"
     for name, m in named_modules:

@@ -291,6 +291,9 @@ def profile_table(ops: list[dict[str, Any]], top: int = 8) -> str:
     """One mode's operators from `profile_decode` as a Markdown table: the first `top` by self time, each with its
     calls and self time per step and its share, and one row for the rest of the listed operators."""
     top = check_int("top", top, 0)  # a count: -1 would slice off the last operator, not show them all
+    if not isinstance(ops, list) or not all(isinstance(o, dict) for o in ops):
+        raise TypeError(f"ops must be a list of operator rows (dicts, as profile_decode gives), got "
+                        f"{type(ops).__name__}")
     rows = [[f"`{operator_name(o['name'])}`", f"{o['calls_per_step']:.0f}", f"{o['self_us_per_step']:.0f} µs",
              f"{100 * o['share']:.0f}%"] for o in ops[:top]]
     rest = ops[top:]

@@ -328,6 +328,16 @@ def check_tensor_elements(names: str, shape: tuple[int, ...], limit: int = MAX_T
                          f"{limit:.3g} one tensor may hold (MAX_TENSOR_ELEMENTS); lower {names}")
 
 
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: past it a timeout is a typo (2**40 s overflows the OS's clock)
+
+
+def check_timeout(timeout: Any, name: str = "timeout") -> float:
+    """A timeout in seconds (a build, a compiler, a child process) in (0, MAX_TIMEOUT_S], as the plain number; a
+    TypeError / ValueError naming `name` otherwise (subprocess's own OverflowError, "timestamp too large", names
+    nothing)."""
+    return check_float(name, timeout, 0.0, MAX_TIMEOUT_S, include_minimum=False)
+
+
 def check_threads(name: str, threads: Any) -> int:
     """`threads` (torch's thread count, for `torch.set_num_threads`) if it is an int in [1, 4 x os.cpu_count()], else
     a TypeError / ValueError naming `name`.

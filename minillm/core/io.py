@@ -68,7 +68,7 @@ def check_output_file(path: str | os.PathLike | None, flag: str, suffixes: tuple
     `IsADirectoryError` at the end; so is an existing path that is no regular file (`check_replaceable`: a device,
     FIFO or socket). A path that is not a str or os.PathLike is a TypeError naming `flag`. None passes.
     """
-    if path is None or path == "":
+    if path is None or (isinstance(path, str) and str.__str__(path) == ""):  # the type first: an array's == is none
         return None
     out = check_path(path, flag)
     text = os.fsdecode(os.fspath(path))

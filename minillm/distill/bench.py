@@ -258,6 +258,8 @@ def report_section(report: object, key: str) -> Any:
     no dict, lacks the section or the section is no dict (not a KeyError from the middle of a computation)."""
     if not isinstance(report, dict):
         raise TypeError(f"report must be a run_all report (a dict), got {type(report).__name__} {short_repr(report)}")
+    if not isinstance(key, str):
+        raise TypeError(f"key must be a section's name (a str), got {type(key).__name__}")
     if key not in report:
         raise ValueError(f"report has no {short_repr(key)} section (not a run_all report?); its keys are "
                          f"{short_repr(list(report))}")

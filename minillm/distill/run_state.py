@@ -103,7 +103,7 @@ def check_settings(settings: object) -> dict[str, Any]:
     settings = dict(settings)  # a copy holding the plain numbers the checks return (what is written and compared)
     settings["temperature"] = check_temperature(settings["temperature"])
     settings["kd_weight"] = check_float("kd_weight", settings["kd_weight"], 0.0, 1.0)
-    check_kind(settings["kind"])
+    settings["kind"] = check_kind(settings["kind"])  # the plain str: compared on resume
     settings["feature_weight"] = check_float("feature_weight", settings["feature_weight"], 0.0)
     settings["grad_accum"] = check_int("grad_accum", settings["grad_accum"])
     digest = settings["teacher_sha256"]
@@ -111,6 +111,8 @@ def check_settings(settings: object) -> dict[str, Any]:
                                    and all(c in "0123456789abcdef" for c in digest)):
         raise ValueError(f"settings field 'teacher_sha256' must be a SHA-256 hex digest (teacher_digest) or None, "
                          f"got {short_repr(digest)}")
+    if digest is not None:
+        settings["teacher_sha256"] = str.__str__(digest)  # the plain str, as the others
     return settings
 
 

@@ -19,6 +19,20 @@ from minillm.core.sampling import check_seed
 from minillm.gpt.dataset import BatchSampler, split_tokens
 
 
+# The most optimizer steps one fine-tune here takes: the chapters' fine-tunes run tens to a few thousand; past this a
+# count is a typo (2**40 steps would train until the machine is switched off), not a fine-tune.
+MAX_FINETUNE_STEPS = 100_000
+
+
+def check_steps(steps: object) -> int:
+    """A fine-tune's step count as the plain int it holds, in [1, MAX_FINETUNE_STEPS]; a TypeError / ValueError
+    naming steps otherwise."""
+    steps = check_int("steps", steps)
+    if steps > MAX_FINETUNE_STEPS:
+        raise ValueError(f"steps must be at most {MAX_FINETUNE_STEPS} optimizer steps, got {steps}")
+    return steps
+
+
 def short_finetune(net: nn.Module, steps: int, batch_size: int = 4, lr: float = 2e-5, seed: int = 0,
                    teacher: nn.Module | None = None, block_size: int | None = None) -> list[float]:
     """Train `net` in place for `steps` AdamW steps (no weight decay, constant lr); returns the loss per step.
@@ -29,7 +43,7 @@ def short_finetune(net: nn.Module, steps: int, batch_size: int = 4, lr: float = 
     fine-tuned), a finite lr > 0, logits of at most MAX_TENSOR_ELEMENTS a step, and a `net` whose vocabulary holds
     every id of the training split; else a ValueError/TypeError naming the argument.
     """
-    steps = check_int("steps", steps)
+    steps = check_steps(steps)
     batch_size = check_int("batch_size", batch_size)
     seed = check_seed(seed)
     lr = check_float("lr", lr, 0.0, include_minimum=False)  # inf would turn every weight into NaN at the first step

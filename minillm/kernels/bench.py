@@ -463,6 +463,7 @@ def contender_key(version: str) -> str:
     """A row's short name in `quotes`: "naive", "v1".., or "torch" for PyTorch's own op."""
     if not isinstance(version, str):
         raise TypeError(f"version must be a row's version name (a str such as 'v1'), got {type(version).__name__}")
+    version = str.__str__(version)  # the plain str: a subclass's == is not consulted
     return version if version == "naive" or re.fullmatch(r"v\d+", version) else "torch"
 
 
@@ -556,7 +557,10 @@ def nvcc_release() -> str:
 
 def ptxas_rows(resources: list[build.KernelResources]) -> list[dict]:
     """ptxas's report of each kernel instantiation as a JSON row, with the kernel's short name from `build.KERNELS`
-    ("softmax_v1_kernel") beside its mangled one."""
+    ("softmax_v1_kernel") beside its mangled one. A TypeError for anything but a list of `KernelResources`."""
+    if not isinstance(resources, list) or not all(isinstance(r, build.KernelResources) for r in resources):
+        raise TypeError(f"resources must be a list of build.KernelResources (ptxas's report), got "
+                        f"{type(resources).__name__}")
     rows = []
     for r in resources:
         names = [n for n in build.KERNELS.get(r.source, ()) if n in r.kernel]
@@ -644,13 +648,18 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
 
 
 def command_line(argv: list[str] | None) -> str:
-    """How this module was run, as a reader would type it: `python -m minillm.kernels.bench ...`."""
+    """How this module was run, as a reader would type it: `python -m minillm.kernels.bench ...`; `argv` the
+    arguments after the module (None: this process's), a list of str (a TypeError otherwise)."""
+    if argv is not None and (not isinstance(argv, list) or not all(isinstance(a, str) for a in argv)):
+        raise TypeError(f"argv must be a list of str arguments (or None), got {type(argv).__name__}")
     return shlex.join(["python", "-m", BENCH, *(sys.argv[1:] if argv is None else argv)])
 
 
 def out_flag(text: str) -> str:
     """`--out`, the older name of `--json`: checked at parse time under the name typed (the shared check after
     parsing would name --json, a flag the user never gave)."""
+    if not isinstance(text, str):
+        raise TypeError(f"--out must be a path (a str), got {type(text).__name__}")
     try:
         return str(check_output_file(text, "--out", (".json",)))
     except ValueError as e:

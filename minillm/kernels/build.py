@@ -29,7 +29,7 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
-from minillm.core.config import check_float, check_threads, short_repr
+from minillm.core.config import check_threads, check_timeout, short_repr
 from minillm.core.io import check_output_dir, check_path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -254,7 +254,7 @@ def check_build_args(out_dir: object, jobs: object, timeout: object) -> tuple[Pa
     check_output_dir(out, "out_dir")
     if jobs is not None:
         jobs = check_threads("jobs", jobs)  # compile threads: at most 4 per core, as for torch's own threads
-    timeout = check_float("timeout", timeout, 0.0, include_minimum=False)
+    timeout = check_timeout(timeout)
     return out, jobs, timeout
 
 
@@ -273,7 +273,7 @@ def run_compiler(cmd: Sequence[str], what: str, timeout: float) -> str:
     and the compiler's output (its last 6,000 characters) when it fails, cannot start, or runs past `timeout`
     seconds (positive: a ValueError naming it otherwise)."""
     cmd = check_command(cmd)
-    timeout = check_float("timeout", timeout, 0.0, include_minimum=False)
+    timeout = check_timeout(timeout)
     try:
         proc = run_program(cmd, what, timeout=timeout)
     except subprocess.TimeoutExpired as e:

@@ -87,7 +87,12 @@ def cases(g: torch.Generator) -> list[tuple[str, str, Callable, Callable, tuple]
 
 
 def cast(args: tuple, dtype: torch.dtype) -> tuple:
-    """The floating-point tensors of args in `dtype`; integer tensors (codes, tables, slots) and shapes unchanged."""
+    """The floating-point tensors of args (a tuple) in `dtype` (a floating torch.dtype); integer tensors (codes,
+    tables, slots) and shapes unchanged. A TypeError naming either otherwise."""
+    if not isinstance(args, tuple):
+        raise TypeError(f"args must be a tuple of a kernel's arguments, got {type(args).__name__}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {type(dtype).__name__} {dtype!r:.80}")
     return tuple(a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
 
 
@@ -100,7 +105,7 @@ def compare(kernel: str, got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtyp
         raise TypeError(f"kernel must be a kernel name (a str), got {type(kernel).__name__} {kernel!r}")
     kernel = check_choice("kernel", kernel, ops.NUM_VERSIONS)  # a typo of "kv_cache_write" would drop its exact rule
     err = relative_error(got, ref)
-    if dtype not in TOL:
+    if not isinstance(dtype, torch.dtype) or dtype not in TOL:  # the type first: an array is no key
         raise ValueError(f"dtype must be one of {list(TOL)} (the tolerances the tour knows), got {dtype!r}")
     exact = kernel == "kv_cache_write"
     return not bool(torch.isnan(got).any()) and (err == 0.0 if exact else err <= TOL[dtype]), err

@@ -27,8 +27,9 @@ from functools import partial
 import torch
 
 from minillm.core.attention import attention, attention_ref, causal_mask
-from minillm.core.config import (check_fits_float, check_tensor_elements, foreign_number, GPTConfig, plain_number,
-                                 short_repr, tensor_kind)
+from minillm.core.config import (check_fits_float, check_int, check_tensor_elements, foreign_number, GPTConfig,
+                                 plain_number, short_repr, tensor_kind)
+from minillm.core.device import as_device
 from minillm.paged.backends import register_attention_backend
 from minillm.paged.block_manager import BlockManager
 
@@ -170,7 +171,9 @@ class PagedKVCache:
         self.config = config
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.device = torch.device(device)
+        if not isinstance(use_fast_decode, bool):  # 'no' would read as True
+            raise TypeError(f"use_fast_decode must be a bool, got {type(use_fast_decode).__name__}")
+        self.device = as_device(device)
         self.dtype = dtype
         self.use_fast_decode = use_fast_decode  # False forces the reference loop (for tests and the chapter)
         nh, hs = config.n_head, config.head_size
@@ -237,16 +240,25 @@ class PagedKVCache:
 
     def gather(self, layer_idx: int, seq_index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The K and V of batch sequence `seq_index` read through its block table: each (1, nh, ctx, hs)."""
-        batch = self.batch
-        assert batch is not None
-        ctx = batch.context_lens_list[seq_index]
-        nblk = -(-ctx // self.block_size)
-        blocks = batch.block_tables[seq_index, :nblk]  # (nblk,)
+        ctx, blocks = self._sequence_blocks(layer_idx, seq_index)
         out = []
         for pool in (self.k_pools[layer_idx], self.v_pools[layer_idx]):
             kv = pool.index_select(0, blocks).flatten(0, 1)[:ctx]  # (nblk, bs, nh, hs) -> (ctx, nh, hs)
             out.append(kv.transpose(0, 1).unsqueeze(0))  # (1, nh, ctx, hs)
         return out[0], out[1]
+
+    def _sequence_blocks(self, layer_idx: object, seq_index: object) -> tuple[int, torch.Tensor]:
+        """(context length, block ids (nblk,)) of batch sequence `seq_index`, after checking that a batch is set
+        (`set_batch`) and both indices are ints in range; a TypeError / ValueError naming them otherwise."""
+        if self.batch is None:
+            raise ValueError("gather reads the current step's batch: none is set (set_batch first)")
+        layer_idx, seq_index = check_int("layer_idx", layer_idx, 0), check_int("seq_index", seq_index, 0)
+        if layer_idx >= self.config.n_layer:
+            raise ValueError(f"layer_idx must be below n_layer={self.config.n_layer}, got {layer_idx}")
+        if seq_index >= self.batch.num_seqs:
+            raise ValueError(f"seq_index must be below the batch's {self.batch.num_seqs} sequences, got {seq_index}")
+        ctx = self.batch.context_lens_list[seq_index]
+        return ctx, self.batch.block_tables[seq_index, :-(-ctx // self.block_size)]  # (nblk,)
 
     def _scratch(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A flat buffer of at least `numel` elements, reused across layers and steps (grown when too small)."""

@@ -49,6 +49,7 @@ from minillm.core.config import (check_fits_window, check_int, check_module_has_
                                  check_tensor_elements, reads_report, short_repr)
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed
+from minillm.core.stopping import check_token_ids
 from minillm.core.timing import check_calls, check_repeats, compare
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
@@ -247,6 +248,7 @@ def two_four_rows(h: Harness, calibration: torch.Tensor) -> list[dict]:
 def fifty_percent(model: GPT, val: torch.Tensor, calibration: torch.Tensor) -> dict[str, float]:
     """{dense, magnitude, wanda}: perplexity at 50% unstructured, for a side model (draft, planted outliers)."""
     check_prunable(model, "fifty_percent: model")
+    check_token_ids("val", val, model.config.vocab_size)  # named here: perplexity would call it `tokens`
     out = {"dense": perplexity(model, val)}
     for method in ("magnitude", "wanda"):
         out[method] = perplexity(prune_model(model, method, 0.5, calibration), val)

@@ -38,7 +38,7 @@ from minillm.core.config import (check_float, check_has_data, check_int, check_m
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import check_seed
 from minillm.gpt.dataset import split_tokens
-from minillm.gpt.finetune import short_finetune
+from minillm.gpt.finetune import check_steps, short_finetune
 from minillm.prune.masks import check_keeps_one, check_sparsity, lowest_k_mask, num_pruned
 from minillm.prune.unstructured import block_inputs, block_weights, check_calibration, check_prunable, input_norms
 from minillm.quant.qat import keeping_zeros
@@ -157,7 +157,7 @@ def recover(pruned: GPT, teacher: GPT, steps: int, batch_size: int = 4, lr: floa
     it. The sparsity and the masked heads come back as they went in; only the kept weights are fine-tuned.
     (`prune_mlp` / `prune_heads` models have nothing to keep: those weights are gone.)"""
     _check_model(pruned, "recover")
-    steps = check_int("steps", steps)  # short_finetune's checks, in its order, before the vocabulary check below
+    steps = check_steps(steps)  # short_finetune's checks, in its order, before the vocabulary check below
     batch_size = check_int("batch_size", batch_size)
     lr = check_float("lr", lr, 0.0, include_minimum=False)
     seed = check_seed(seed)  # short_finetune's sampler would overflow past 2**64, naming no argument

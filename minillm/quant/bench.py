@@ -48,6 +48,7 @@ from minillm.core.config import (check_choice, check_has_data, check_int, check_
                                  tensor_kind)
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed
+from minillm.core.stopping import check_token_ids
 from minillm.core.timing import check_calls, check_repeats, compare, measure
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
@@ -55,7 +56,7 @@ from minillm.gpt.dataset import default_eval_tokens
 from minillm.gpt.eval import perplexity
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.kvcache.generate import generate_ids
-from minillm.quant.gptq import calibration_windows, gptq_quantize_model
+from minillm.quant.gptq import calibration_windows, check_calibration, gptq_quantize_model
 from minillm.quant.kv_cache import Int8ContiguousKVCache
 from minillm.quant.linear import QuantConfig, QuantLinear, check_fp32_model, quantize_model, weight_bytes
 from minillm.quant.outliers import inject_outliers, input_absmax, outlier_report, smooth_model
@@ -235,7 +236,11 @@ OUTLIER_CHANNELS, OUTLIER_FACTOR = [3, 77, 150], 50.0
 def outlier_study(model: GPT, val: torch.Tensor, calibration: torch.Tensor) -> dict[str, Any]:
     """W8A8 on `base` and on `base` with planted outlier features (same function), plain, with LLM.int8's
     decomposition (threshold 6) and after SmoothQuant (α = 0.5); int8 weight-only beside them. Perplexity deltas are
-    against fp32 `base`; W8A8 runs its float64 twin here (the same integers, faster on the CPU)."""
+    against fp32 `base`; W8A8 runs its float64 twin here (the same integers, faster on the CPU). `val` the validation
+    ids, `calibration` (N, T) ids: a TypeError / ValueError naming them (perplexity would call val `tokens`)."""
+    vocab = require_model(model, "outlier_study").vocab_size
+    check_token_ids("val", val, vocab)
+    check_calibration(model, calibration, "outlier_study")
     base_ppl = perplexity(model, val)
     channels = [c * model.config.n_embd // 256 for c in OUTLIER_CHANNELS]
     report: dict[str, Any] = {"channels": channels, "factor": OUTLIER_FACTOR, "val_tokens": val.numel(), "rows": []}

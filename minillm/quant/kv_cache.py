@@ -223,10 +223,7 @@ class Int8PagedKVCache(PagedKVCache):
 
     def gather(self, layer_idx: int, seq_index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The de-quantized K and V of batch sequence `seq_index` through its block table: each (1, nh, ctx, hs)."""
-        batch = self.batch
-        assert batch is not None
-        ctx = batch.context_lens_list[seq_index]
-        blocks = batch.block_tables[seq_index, :-(-ctx // self.block_size)]  # (nblk,)
+        ctx, blocks = self._sequence_blocks(layer_idx, seq_index)
         out = []
         for pool, scales in ((self.k_pools[layer_idx], self.k_scales[layer_idx]),
                              (self.v_pools[layer_idx], self.v_scales[layer_idx])):

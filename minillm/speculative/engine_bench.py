@@ -43,7 +43,7 @@ from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.workload import check_load_list
 from minillm.bench.tables import markdown_table
-from minillm.core.config import check_float, check_int, reads_report, short_repr
+from minillm.core.config import check_choice, check_float, check_int, reads_report, short_repr
 from minillm.core.corpus import corpus_sample
 from minillm.core.device import resolve_device
 from minillm.core.model import GPT
@@ -123,8 +123,7 @@ def load_point(target: GPT, prompts: list[list[int]], concurrency: int, new_toke
     """One load: `concurrency` requests at a time over `prompts`, the plain engine against the speculative one, both
     with `attention_backend` (BACKENDS). `fused_step`: both run the target on chapter 13's fused C++ step (the step
     model "fused-cpp", picked by name: decode and verify steps in one C++ call each); the draft stays eager."""
-    if attention_backend not in BACKENDS:
-        raise ValueError(f"attention_backend must be one of {BACKENDS}, got {attention_backend!r}")
+    attention_backend = check_choice("attention_backend", attention_backend, BACKENDS)
     if not isinstance(fused_step, bool):
         raise TypeError(f"fused_step must be a bool, got {fused_step!r}")
     if fused_step:  # chapter 13's C++ step, by name (as the C++ attention is): its module loads on first use
@@ -223,7 +222,9 @@ def load_sweep(target: GPT, tokenizer: Any, loads: Sequence[int] = DEFAULT_LOADS
 
 def sweep_sizes(quick: bool, loads: Sequence[int] | None) -> dict[str, Any]:
     """`load_sweep`'s size arguments for `run`: QUICK's (or load_sweep's defaults), `loads` in place of their loads,
-    the loads checked (`check_loads`)."""
+    the loads checked (`check_loads`); a TypeError unless quick is a bool."""
+    if not isinstance(quick, bool):
+        raise TypeError(f"quick must be a bool, got {type(quick).__name__} {short_repr(quick)}")
     size: dict[str, Any] = dict(QUICK) if quick else {}
     size["loads"] = check_loads(loads if loads is not None else size.get("loads", DEFAULT_LOADS),
                                 size.get("requests_per_slot", REQUESTS_PER_SLOT))
@@ -237,8 +238,7 @@ def run(device: torch.device | str = "cpu", quick: bool = False, method: str = "
     and 8, 32 new tokens, one repeat (a few seconds on a CPU), for the chapter's tour. `attention_backend`: "verify"
     (PyTorch) or "verify-cpp" (chapter 13's C++ decode and verify attention, read through the block tables);
     `fused_step`: the target on chapter 13's fused C++ step in both engines (`load_point`)."""
-    if attention_backend not in BACKENDS:
-        raise ValueError(f"attention_backend must be one of {BACKENDS}, got {attention_backend!r}")
+    attention_backend = check_choice("attention_backend", attention_backend, BACKENDS)
     spec = SpeculativeConfig(method=method, gamma=gamma)  # checks method and gamma before the models load
     size = sweep_sizes(quick, loads)  # and the loads, and the seed
     seed = check_seed(seed)

@@ -31,7 +31,7 @@ from minillm.core.config import (check_device, check_float_tensor, check_has_dat
                                  short_repr, tensor_kind)
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, probs_from_logits, sample_next
-from minillm.core.stopping import RequestState, check_eos_id, start_request
+from minillm.core.stopping import RequestState, check_eos_id, check_token_ids, start_request
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.speculative.sampling import (accept_greedy, accept_or_resample, check_distributions, check_draft_tokens,
                                          check_generator)
@@ -62,11 +62,12 @@ class SpeculativeStats:
 MAX_GAMMA = 64  # draft tokens per round: far past any useful γ (the expected tokens per round saturate near 1/(1-α))
 
 
-def check_gamma(gamma: object) -> int:
-    """γ, the number of draft tokens per round: an int in [1, MAX_GAMMA], else TypeError/ValueError naming it."""
-    gamma = check_int("gamma", gamma, 1)
+def check_gamma(gamma: object, name: str = "gamma") -> int:
+    """γ, the number of draft tokens per round: an int in [1, MAX_GAMMA], else TypeError/ValueError naming it
+    (`name`: the caller's argument)."""
+    gamma = check_int(name, gamma, 1)
     if gamma > MAX_GAMMA:  # type: ignore[operator]
-        raise ValueError(f"gamma must be at most {MAX_GAMMA} draft tokens per round, got {gamma}")
+        raise ValueError(f"{name} must be at most {MAX_GAMMA} draft tokens per round, got {gamma}")
     return gamma  # type: ignore[return-value]
 
 
@@ -129,6 +130,11 @@ class DraftModelProposer:
         self.calls = 0
 
     def prefill(self, prompt: list[int]) -> None:
+        """Feed all of the prompt but its last token (token ids in the draft's vocabulary, within its cache)."""
+        prompt = check_token_ids("prompt", prompt, self.model.config.vocab_size)
+        if len(prompt) > self.cache.max_len:
+            raise ValueError(f"prompt has {len(prompt)} tokens, more than the draft cache's "
+                             f"max_len={self.cache.max_len}")
         if len(prompt) > 1:  # the cache holds all but the last token, as the target's does
             _forward(self.model, self.cache, prompt[:-1], 0)
 
@@ -150,6 +156,8 @@ class DraftModelProposer:
         return tokens, (torch.stack(q_rows) if q_rows else None)  # (γ, V)
 
     def rollback(self, length: int) -> None:
+        """Forget every cached token past the first `length` (an int >= 0; more than are cached keeps them all)."""
+        length = check_int("length", length, 0)
         self.cache.truncate(min(self.cache.length, length))
 
 
