@@ -2913,6 +2913,26 @@ def test_build_lock_clears_a_dead_builds_baton_and_excludes_a_live_one(tmp_path)
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released on the way out
 
 
+def test_a_build_that_fails_or_is_interrupted_is_built_again_by_the_next_load(tmp_path):
+    """torch records an extension's sources per process before building it and skips the build of a later load
+    with the same sources; after a failed or interrupted build (Ctrl-C in a notebook) that load imported a library
+    that was never written ("cannot open shared object file"), until the kernel restarted. `build_lock` drops the
+    record when the load fails, and keeps it when the load succeeds."""
+    from torch.utils.cpp_extension import JIT_EXTENSION_VERSIONER
+
+    from minillm.kernels.build import build_lock
+
+    name = "minillm_test_forgotten"
+    JIT_EXTENSION_VERSIONER.entries[name] = "recorded before the build"
+    with pytest.raises(KeyboardInterrupt), build_lock(tmp_path, name):
+        raise KeyboardInterrupt  # the user's interrupt, mid-build
+    assert name not in JIT_EXTENSION_VERSIONER.entries
+    JIT_EXTENSION_VERSIONER.entries[name] = "recorded before the build"
+    with build_lock(tmp_path, name):
+        pass  # a load that succeeded
+    assert JIT_EXTENSION_VERSIONER.entries.pop(name) == "recorded before the build"
+
+
 @pytest.mark.skipif(build_problem() is not None, reason=f"cannot build chapter 13's extension: {build_problem()}")
 def test_a_stale_torch_baton_does_not_hang_the_next_load():
     """End to end, in a fresh process: a `lock` file in the extension's build directory (as a killed build leaves

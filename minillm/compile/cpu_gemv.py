@@ -105,7 +105,8 @@ def load_cpu_ext(verbose: bool = False):
             flags, name = build_flags()
             build_dir = cache_dir() / f"{name}-{sources_digest()}"
             build_dir.mkdir(parents=True, exist_ok=True)
-            with build_lock(build_dir):  # a build killed earlier left torch's baton: cleared, not waited on forever
+            # a build killed earlier left torch's baton: cleared, not waited on forever; one that failed is forgotten
+            with build_lock(build_dir, "minillm_cpu_decode"):
                 _ext = load(name="minillm_cpu_decode", sources=[str(s) for s in SOURCES], extra_cflags=flags,
                             extra_include_paths=[str(CSRC)], build_directory=str(build_dir), verbose=verbose)
     return _ext

@@ -68,9 +68,10 @@ def cache_dir() -> Path:
 
 
 @contextlib.contextmanager
-def build_lock(build_dir: Path) -> Iterator[None]:
+def build_lock(build_dir: Path, name: str | None = None) -> Iterator[None]:
     """Hold an OS lock on `build_dir` around one `torch.utils.cpp_extension.load` into it (waiting while another live
-    process builds there), and clear a baton left by a dead build first.
+    process builds there), and clear a baton left by a dead build first. When the load of extension `name` fails or
+    is interrupted, this process's record of it is dropped, so the next load builds again (`forget_build`).
 
     subtle: torch's loader marks a build in progress with a file named `lock` in the build directory, and every
     other loader waits, with no message and no time limit, until that file is gone. A build killed by a signal (a
@@ -78,6 +79,35 @@ def build_lock(build_dir: Path) -> Iterator[None]:
     an flock on `minillm.lock` first, which the OS drops when its holder dies: a `lock` file found while holding it
     was left by a build that died, and is removed. Where there is no flock (Windows, a file system that refuses
     it), torch's baton alone guards the build, as before."""
+    with _forgetting_on_failure(name), _locked(build_dir):
+        yield
+
+
+@contextlib.contextmanager
+def _forgetting_on_failure(name: str | None) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:  # KeyboardInterrupt too: a notebook's interrupt during the minute-long first build
+        if name is not None:
+            forget_build(name)
+        raise
+
+
+def forget_build(name: str) -> None:
+    """Drop this process's record of building extension `name`, so the next `load` of it builds again.
+
+    subtle: torch's loader records each extension's source hash per process before it builds, and a later load with
+    the same sources skips the build ("no modifications detected") and imports the library. After a build that
+    failed or was interrupted (Ctrl-C in a notebook) there is no library: every retry in that process would fail
+    with "cannot open shared object file", naming a path, until the kernel restarts."""
+    from torch.utils.cpp_extension import JIT_EXTENSION_VERSIONER
+
+    JIT_EXTENSION_VERSIONER.entries.pop(name, None)
+
+
+@contextlib.contextmanager
+def _locked(build_dir: Path) -> Iterator[None]:
+    """`build_lock`'s flock on `build_dir`, clearing a dead build's baton."""
     if fcntl is None:  # Windows
         yield
         return
@@ -162,7 +192,7 @@ def load_kernels(verbose: bool = False):
         previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
         os.environ["TORCH_CUDA_ARCH_LIST"] = arch  # subtle: read by the build, so set only around the call
         try:
-            with build_lock(build_dir):  # a killed build's baton is cleared, not waited on forever
+            with build_lock(build_dir, "minillm_kernels"):  # a killed build's baton is cleared, not waited on forever
                 cpp_extension.load(
                     name="minillm_kernels",
                     sources=[str(p) for p in (*KERNEL_SOURCES, BINDINGS)],
