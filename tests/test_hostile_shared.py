@@ -968,3 +968,19 @@ def test_a_ninth_hostile_runs_finds_are_refused_naming_the_argument(tmp_path):
     assert contender_key(_StrEqualsAnything("zzz")) == "torch"
     checked = check_settings(settings)
     assert type(checked["kind"]) is str and checked["kind"] != "reverse"
+
+
+def test_a_second_sweep_of_every_public_helper_finds_each_named():
+    """A second sweep of every public function of chapters 08-13 with a tensor, a list and a dict for each argument:
+    the registers' span, a program's command and a cold-start child's spec read them before checking."""
+    from minillm.compile.aot import run_child
+    from minillm.kernels.bench import span
+    from minillm.kernels.build import run_program
+
+    for call, error, message in ((lambda: span(torch.zeros(2)), TypeError, "values must be a list"),
+                                 (lambda: run_program([], "x"), TypeError, "cmd must be a non-empty list"),
+                                 (lambda: run_child(torch.zeros(2)), TypeError, "spec must be"),
+                                 (lambda: run_child({"mode": "eager"}), ValueError, r"it lacks \['threads'")):
+        with pytest.raises(error, match=message):
+            call()
+    assert (span([]), span([3, 3]), span([2, 5])) == ("", "3", "2-5")

@@ -386,15 +386,22 @@ CHILD_CODE = ("import json, sys; from minillm.compile.aot import CHILD_MARK, run
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     """The body of one cold-start subprocess: `spec["mode"]` "eager", "compile" or "aot" generates `spec["prompt"]`
     greedily for `spec["new_tokens"]` tokens on `spec["threads"]` threads. Returns time.monotonic() stamps (one
-    clock for every process on the machine): imports done, ready (model loaded / package loaded), after each token."""
+    clock for every process on the machine): imports done, ready (model loaded / package loaded), after each token.
+    A spec that lacks a field or holds a wrong one is a TypeError / ValueError naming it (`cold_start` writes it)."""
     imported = time.monotonic()
-    torch.set_num_threads(spec["threads"])
+    if not isinstance(spec, dict):
+        raise TypeError(f"spec must be a cold-start run's dict, got {type(spec).__name__}")
+    mode = check_choice("spec['mode']", spec.get("mode"), ("eager", "compile", "aot"))
+    need = ("threads", "new_tokens", "prompt") + (("package",) if mode == "aot" else ("name", "seed"))
+    if missing := [key for key in need if key not in spec]:
+        raise ValueError(f"spec for mode {mode!r} must hold {list(need)}; it lacks {missing}")
+    torch.set_num_threads(check_threads("spec['threads']", spec["threads"]))
     params = SamplingParams.greedy(spec["new_tokens"], ignore_eos=True)
-    if spec["mode"] == "aot":
+    if mode == "aot":
         stream = AOTDecoder(spec["package"]).generate(spec["prompt"], params)
     else:
         model = load_model(spec["name"], seed=spec["seed"]).model
-        if spec["mode"] == "eager":
+        if mode == "eager":
             stream = generate(model, spec["prompt"], params)
         else:  # the compile happens at the first decode step: the prefill runs eager
             dec = StaticDecoder(model, "compile")

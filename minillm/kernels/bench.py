@@ -594,7 +594,9 @@ def version_order(name: str) -> tuple:
 
 def span(values: list[int]) -> str:
     """Counts (registers per thread) as one number or a range "lo-hi"; "" for none."""
-    values = [check_int(f"values[{i}]", v, 0) for i, v in enumerate(check_sequence("values", values))] if values else []
+    if isinstance(values, (list, tuple)) and not values:
+        return ""
+    values = [check_int(f"values[{i}]", v, 0) for i, v in enumerate(check_sequence("values", values))]
     return "" if not values else str(values[0]) if min(values) == max(values) else f"{min(values)}-{max(values)}"
 
 

@@ -291,7 +291,8 @@ def check_build_args(out_dir: object, jobs: object, timeout: object) -> tuple[Pa
 def run_program(cmd: list[str], what: str, **kwargs) -> subprocess.CompletedProcess:
     """subprocess.run(cmd, capture_output=True, text=True, **kwargs), or a RuntimeError naming `what` and the
     program when it cannot be started at all (no such program, not executable): subprocess's FileNotFoundError
-    names neither. The caller has checked cmd (`check_command`)."""
+    names neither. cmd is checked here too (`check_command`: a non-empty list of str)."""
+    cmd = check_command(cmd)
     try:
         return subprocess.run(cmd, capture_output=True, text=True, **kwargs)
     except OSError as e:
