@@ -954,9 +954,9 @@ def test_a_ninth_hostile_runs_finds_are_refused_naming_the_argument(tmp_path):
          r"prompts\[0\] has 3 tokens: with new_tokens=2000"),
         (lambda: fused_speculation(model, model, None, [1, 2], 2), TypeError, "prompts must be"),
         (lambda: fused_speculation(model, model, [[1]], [1, 2], 2, 2, 0), ValueError, "lookup_gamma"),
-        (lambda: VerifyKVCache(CFG, 8, 4, device="zzz"), ValueError, "device must be a device name"),
+        (lambda: VerifyKVCache(CFG, 8, 4, device="zzz"), ValueError, "device must be a device like"),
         (lambda: VerifyKVCache(CFG, 8, 4, use_fast_decode="no"), TypeError, "use_fast_decode must be a bool"),
-        (lambda: ContiguousKVCache(CFG, 1, 8, device="zzz"), ValueError, "device must be a device name"),
+        (lambda: ContiguousKVCache(CFG, 1, 8, device="zzz"), ValueError, "device must be a device like"),
         (lambda: recover(model, model, 2**40), ValueError, "steps must be at most"),
         (lambda: DraftModelProposer(model, 16).prefill(None), TypeError, "prompt"),
         (lambda: DraftModelProposer(model, 16).rollback(None), TypeError, "length"),
@@ -984,3 +984,70 @@ def test_a_second_sweep_of_every_public_helper_finds_each_named():
         with pytest.raises(error, match=message):
             call()
     assert (span([]), span([3, 3]), span([2, 5])) == ("", "3", "2-5")
+
+
+def test_a_tenth_hostile_runs_finds_are_refused_naming_the_argument():
+    """A tenth run's finds, in methods as well as functions: an empty --out written as a file named 'None'; a
+    compile backend's plain str not passed on; validation ids as a list; FastLinear's device, dtype and input; a
+    fused speculation refused only after its whole run; meta caches; attend, propose and run_rounds arguments; a
+    subprocess timeout past the OS clock; a benchmark's quick flag read by truthiness; sizes as arrays; quantized
+    heads built from nothing; the CLIs' argv."""
+    import argparse
+
+    import numpy as np
+    from minillm.bench.cli import pick_size
+    from minillm.compile.aot import DecodeStep, run_fresh
+    from minillm.compile.bench import fused_speculation
+    from minillm.compile.cpu_gemv import FastLinear
+    from minillm.compile.decode import check_backend
+    from minillm.compile.sweep import profile_table
+    from minillm.core.stopping import start_request
+    from minillm.kernels.bench import from_report, out_flag
+    from minillm.kernels.build import run_program
+    from minillm.prune import bench as prune_bench
+    from minillm.quant.bench import outlier_study
+    from minillm.quant.kv_cache import Int8ContiguousKVCache
+    from minillm.quant.linear import QuantEmbedding, TiedQuantHead
+    from minillm.speculative import bench as spec_bench
+    from minillm.speculative.engine import PromptLookupDrafter
+    from minillm.speculative.engine_bench import load_sweep
+    from minillm.speculative.generate import DraftModelProposer, run_rounds
+    from minillm.speculative.verify_cache import VerifyKVCache
+
+    model = GPT(CFG).eval()
+    q = torch.zeros(1, 2, 1, 16)
+    state = start_request(CFG, [1, 2], SamplingParams.greedy(4))
+    rows = (
+        (lambda: out_flag(""), argparse.ArgumentTypeError, "--out must name a .json file"),
+        (lambda: from_report(None, "x"), TypeError, "text must be a str"),
+        (lambda: outlier_study(model, [1], None), ValueError, "val must hold at least 2"),
+        (lambda: FastLinear(16, 8, device="zzz"), ValueError, "device must be a device like"),
+        (lambda: FastLinear(16, 8, dtype=torch.int8), TypeError, "dtype must be a floating-point"),
+        (lambda: FastLinear(16, 8)(None), TypeError, "x must be a tensor"),
+        (lambda: fused_speculation(model, model, [[1] * 31], [1, 2, 3, 1, 2], 1, 3, 3, 1), ValueError,
+         "leaves no room for the cost model's verify of 4 rows"),
+        (lambda: VerifyKVCache(CFG, 8, 4, device="meta"), ValueError, "'meta'"),
+        (lambda: Int8ContiguousKVCache(CFG, 1, 16).attend(-1, q, q, q), ValueError, "layer_idx must be in"),
+        (lambda: Int8ContiguousKVCache(CFG, 1, 16).attend(0, None, q, q), TypeError, "q must be a 4-D tensor"),
+        (lambda: DraftModelProposer(model, 16).propose([1, 2], -1, state), ValueError, "gamma"),
+        (lambda: DraftModelProposer(model, 16).propose([1, 2], 2, None), TypeError, "state must be"),
+        (lambda: run_rounds(None, DraftModelProposer(model, 16), 2, None, None), TypeError, "state must be"),
+        (lambda: PromptLookupDrafter(2, 128, torch.device("cpu")).propose(None, 2), TypeError, "req must be"),
+        (lambda: run_program(["true"], "x", timeout=2**40), ValueError, "timeout must be in"),
+        (lambda: run_fresh({}, 2**40), ValueError, "timeout must be in"),
+        (lambda: spec_bench.run_all(torch.device("cpu"), quick="zzz"), TypeError, "quick must be a bool"),
+        (lambda: spec_bench.run_all(torch.device("cpu"), prompts=10**6), ValueError, "prompts must be at most 64"),
+        (lambda: pick_size({"quick": 1}, np.array(["quick"])), TypeError, "size must be one of"),
+        (lambda: prune_bench.Harness(model, False, prune_bench.SIZES["quick"], None), TypeError, "seed"),
+        (lambda: QuantEmbedding(None), TypeError, "head must be"),
+        (lambda: TiedQuantHead("zzz"), TypeError, "embedding must be"),
+        (lambda: profile_table([{}], 1), ValueError, r"ops\[0\] must be an operator row"),
+        (lambda: spec_bench.main([1, 2]), TypeError, "argv must be None or a list of str"),
+        (lambda: DecodeStep(model, 16)(torch.tensor([[1]]), 0), TypeError, "position must be a"),
+        (lambda: spec_bench.hf_assisted(model, model, [1, 2], 2**40), ValueError, "prompt has 2 tokens"),
+        (lambda: load_sweep(model, None, new_tokens=2**40), ValueError, "prompt"),
+    )
+    for call, error, message in rows:
+        with pytest.raises(error, match=message):
+            call()
+    assert type(check_backend(_StrEqualsAnything("eager"))) is str

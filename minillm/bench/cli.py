@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import torch
 
-from minillm.core.config import check_threads, short_repr
+from minillm.core.config import check_choice, check_threads, short_repr
 from minillm.core.device import DEVICE_CHOICES
 from minillm.core.io import atomic_write_text, check_output_file
 from minillm.core.sampling import seed_argument
@@ -157,10 +157,21 @@ def cli_type(check: Callable[[Any], Any] | None = None, cast: Callable[[str], An
     return parse
 
 
+class CheckedParser(argparse.ArgumentParser):
+    """argparse's parser, whose `parse_args` / `parse_known_args` take only None or a list (or tuple) of str: a
+    caller's `main([1, 2])` was argparse's own "'int' object is not subscriptable" from inside its loop."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None):  # parse_args calls this one too
+        if args is not None and (not isinstance(args, (list, tuple)) or not all(isinstance(a, str) for a in args)):
+            raise TypeError(f"argv must be None or a list of str command-line arguments, got {type(args).__name__} "
+                            f"{short_repr(args)}")
+        return super().parse_known_args(args, namespace)
+
+
 def bench_parser(prog: str, description: str, quick_help: str | None = None, sizes: Mapping[str, Any] | None = None,
                  devices: Sequence[str] = DEVICE_CHOICES, seed: bool = True) -> argparse.ArgumentParser:
     """A parser with the shared options (`add_bench_options`); a benchmark adds its own options to it."""
-    return add_bench_options(argparse.ArgumentParser(prog=prog, description=description), quick_help, sizes,
+    return add_bench_options(CheckedParser(prog=prog, description=description), quick_help, sizes,
                              devices, seed)
 
 
@@ -188,9 +199,7 @@ S = TypeVar("S")
 
 def pick_size(sizes: Mapping[str, S], size: str) -> S:
     """`sizes[size]`, or a ValueError naming the choices: a benchmark's `run_all(size=...)` checks before any work."""
-    if size not in sizes:
-        raise ValueError(f"size must be one of {sorted(sizes)}, got {short_repr(size)}")
-    return sizes[size]
+    return sizes[check_choice("size", size, sizes)]  # the type first: an array is no key
 
 
 def write_report(path: str | None, report: dict[str, Any]) -> None:

@@ -63,7 +63,7 @@ from minillm.bench.workload import eval_prompts
 from minillm.compile.decode import (StaticDecoder, check_decoder_room, compile_problem, decoder_max_len, eval_mode,
                                     hooked_module, uncompilable_layer)
 from minillm.core.config import (PRESETS, GPTConfig, check_choice, check_fits_window, check_int, check_threads,
-                                 check_module_has_data, check_report, check_timeout, reads_report)
+                                 check_module_has_data, check_report, check_timeout, reads_report, tensor_kind)
 from minillm.core.io import (SHA256_FIELD, atomic_write_bytes, check_output_file, check_path, check_sha256,
                              with_sha256)
 from minillm.core.model import GPT, require_model
@@ -105,6 +105,10 @@ class DecodeStep(nn.Module):
             self.register_buffer(f"v{i}", self.cache.v[i])
 
     def forward(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        for name, t in (("token", token), ("position", position)):  # static checks: export traces through them
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != (1, 1):
+                raise TypeError(f"{name} must be a (1, 1) int64 tensor, got {tensor_kind(t)}"
+                                + (f" of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else ""))
         cache, n = self.cache, self.model.config.n_layer
         # subtle: export traces with stand-ins for the module's buffers; the cache's own lists would still hold the
         # real tensors, which export lifts as constants (their writes lost). Rebound here, the step writes the buffers.
@@ -417,6 +421,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
 def run_fresh(spec: dict[str, Any], timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
     """`run_child(spec)` in a fresh Python subprocess (this interpreter, local only), killed with its process group
     past `timeout` seconds (a RuntimeError). Times are seconds from just before the process was started."""
+    timeout = check_timeout(timeout)
     env = {**os.environ, **(env or {})}
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-c", CHILD_CODE, json.dumps(spec)], stdout=subprocess.PIPE,

@@ -272,6 +272,13 @@ def fused_speculation(model: GPT, draft: GPT, prompts: list[list[int]], lookup_p
             raise ValueError(f"{what} is empty: generation needs at least one token to condition on")
         for role, m in (("the model", model), ("the draft", draft)):
             check_fits_window(what, len(p), new_tokens, m.config.block_size, role)
+    rows = max(gamma, lookup_gamma) + 1  # `round_costs` times a verify this wide after prompts[0]: checked now
+    if rows > MAX_VERIFY:
+        raise ValueError(f"gamma and lookup_gamma must be below MAX_VERIFY={MAX_VERIFY} (a verify of gamma + 1 rows), "
+                         f"got {gamma} and {lookup_gamma}")
+    if len(prompts[0]) + rows > model.config.block_size or len(prompts[0]) + 1 > draft.config.block_size:
+        raise ValueError(f"prompts[0] ({len(prompts[0])} tokens) leaves no room for the cost model's verify of {rows} "
+                         f"rows in the model's context window block_size={model.config.block_size}: shorten it")
     params = SamplingParams.greedy(new_tokens, ignore_eos=True)
     target_step, draft_step = FusedCPUDecoder(model), FusedCPUDecoder(draft)
 
@@ -322,7 +329,7 @@ def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, bac
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
     seed = check_seed(check_int("seed", seed, 0))  # [0, 2**64): torch's generator's range
-    check_backend(backend)
+    backend = check_backend(backend)
     device = model.device
     new = 32 if quick else 64
     repeats = 3 if quick else 5

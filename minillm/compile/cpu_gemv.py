@@ -35,7 +35,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minillm.core.model import GPT
-from minillm.core.config import check_float_tensor, check_int, check_strided, check_tensor_elements, tensor_kind
+from minillm.core.config import (check_device, check_float_tensor, check_int, check_strided, check_tensor_elements,
+                                 tensor_kind)
 from minillm.kernels.build import build_lock, cache_dir
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -227,9 +228,14 @@ class FastLinear(nn.Linear):
         check_tensor_elements("out_features x in_features", (out_features, in_features))
         if not isinstance(bias, bool):
             raise TypeError(f"bias must be a bool, got {type(bias).__name__}")
+        if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating-point torch.dtype or None, got {dtype!r:.80}")
+        device = None if device is None else check_device("device", device, allocates=True)
         super().__init__(in_features, out_features, bias, device, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):  # one type test: the rest is left to the paths below
+            raise TypeError(f"x must be a tensor (..., in_features={self.in_features}), got {tensor_kind(x)}")
         if x.dim() == 0 or x.shape[-1] != self.in_features:  # else `rows` would regroup x's numbers into new rows
             raise ValueError(f"x must be (..., in_features={self.in_features}), got shape {tuple(x.shape)}")
         rows = x.numel() // self.in_features
@@ -248,6 +254,8 @@ class FastLinear(nn.Linear):
         x must be a strided (dense) tensor of the weight's dtype (unless autocast is on, which casts) and device, the
         bias of the weight's dtype."""
         w, b = self.weight, self.bias
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a tensor, got {tensor_kind(x)}")
         check_strided("x", x)
         if x.device != w.device:
             raise ValueError(f"x is on {x.device} but the layer's weight is on {w.device}; move x (or the model)")

@@ -121,10 +121,11 @@ def compile_problem() -> str | None:
 BACKEND_PACKAGES = {"tvm": "tvm", "openxla": "torch_xla", "openxla_eval": "torch_xla"}
 
 
-def check_backend(name: str, arg: str = "backend") -> None:
+def check_backend(name: str, arg: str = "backend") -> str:
     """A TypeError / ValueError naming `arg` (the caller's argument) unless `name` is a backend name dynamo knows
     (torch.compile would raise its InvalidBackend only at the first call, from inside torch) whose package is
-    installed (`BACKEND_PACKAGES`: dynamo lists "tvm" without TVM, and fails at the first call)."""
+    installed (`BACKEND_PACKAGES`: dynamo lists "tvm" without TVM, and fails at the first call). Returns the plain
+    str, which callers pass on to torch (a str subclass's own methods never reach it)."""
     from torch._dynamo import list_backends
 
     known = list_backends(exclude_tags=())  # every registered name, the debug ones ("eager", "aot_eager") included
@@ -138,6 +139,7 @@ def check_backend(name: str, arg: str = "backend") -> None:
     if package is not None and importlib.util.find_spec(package) is None:
         raise ValueError(f"{arg} {name!r} needs the Python package {package!r}, which is not installed: pick "
                          "another backend (inductor, the default, needs none)")
+    return name
 
 
 @contextmanager
@@ -212,7 +214,7 @@ def counting_backend(name: str, on_graph: Callable[[], None]) -> Callable[..., A
     Both are checked here (a TypeError / ValueError naming them), not at the first compiled call."""
     from torch._dynamo import lookup_backend
 
-    check_backend(name, "name")
+    name = check_backend(name, "name")
     if not callable(on_graph):
         raise TypeError(f"on_graph must be a function of no arguments, got {type(on_graph).__name__} {on_graph!r}")
     inner = lookup_backend(name)
@@ -265,7 +267,7 @@ class StaticDecoder:
         if not isinstance(backend, str) or not backend:
             raise TypeError(f"backend must be a torch.compile backend name, got {backend!r}")
         if mode == "compile":
-            check_backend(backend)
+            backend = check_backend(backend)
             layer = uncompilable_layer(model)
             if layer is not None:
                 raise ValueError(f"mode 'compile' cannot trace this model's {layer}: its forward reads tensor values "

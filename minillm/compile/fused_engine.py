@@ -91,8 +91,11 @@ class FusedEngineModel(WatchedModel, nn.Module):
     def fusable(self, cache: Any, rows: int) -> bool:
         """Whether a step of `rows` rows over `cache` runs in C++: a paged pool of float32 CPU tensors holding a
         batch (`set_batch`), and at most MAX_FUSED_ROWS rows."""
-        if type(rows) is not int:
-            raise TypeError(f"rows must be an int (the step's token count), got {type(rows).__name__} {rows!r:.40}")
+        if type(rows) is not int:  # the common case costs one type test; an int subclass is read as its plain int
+            if not isinstance(rows, int) or isinstance(rows, bool):
+                raise TypeError(f"rows must be an int (the step's token count), got {type(rows).__name__} "
+                                f"{short_repr(rows)}")
+            rows = int.__index__(rows)
         return (isinstance(cache, PagedKVCache) and getattr(cache, "batch", None) is not None and 1 <= rows <=
                 MAX_FUSED_ROWS and cache.device.type == "cpu" and all(
                     pool.dtype == torch.float32 for pool in (*cache.k_pools, *cache.v_pools)))  # int8 pools: no

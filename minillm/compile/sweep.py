@@ -91,14 +91,13 @@ def check_case(model: GPT, case: Case, steps: int) -> int:
     return steps
 
 
-def check_backend_and_seed(backend: str, seed: int) -> int:
+def check_backend_and_seed(backend: str, seed: int) -> tuple[str, int]:
     """What every entry point takes besides the case, before any work: `backend` one of dynamo's backends (a
     prefill case compiles with it too, not only the decoder, which checks its own), `seed` an int >= 0 (the inputs'
-    manual_seed); a TypeError / ValueError naming the argument. Returns the seed as the plain int it holds."""
+    manual_seed); a TypeError / ValueError naming the argument. Returns (backend, seed) as the plain str and int."""
     if not isinstance(backend, str) or not backend:
         raise TypeError(f"backend must be a torch.compile backend name, got {type(backend).__name__} {backend!r}")
-    check_backend(backend)
-    return check_seed(check_int("seed", seed, 0))  # [0, 2**64): torch's generator's range
+    return check_backend(backend), check_seed(check_int("seed", seed, 0))  # [0, 2**64): torch's generator's range
 
 
 def _ids(model: GPT, shape: tuple[int, ...], seed: int) -> torch.Tensor:
@@ -159,7 +158,7 @@ def run_case(model: GPT, case: Case, steps: int = 16, repeats: int = 5, backend:
     graph too), checked, timed in turn. `steps` decode steps (positive; context + steps within block_size)."""
     steps = check_case(model, case, steps)
     repeats = check_repeats("repeats", repeats)
-    seed = check_backend_and_seed(backend, seed)
+    backend, seed = check_backend_and_seed(backend, seed)
     graph = None
     if case.kind == "decode":
         _, eager = _decode_runs(model, case, steps, "eager", backend, seed)
@@ -216,7 +215,7 @@ def run_sweep(model: GPT, threads: tuple[int, ...] = (1, 2), cases: tuple[Case, 
     for case in cases:
         steps = check_case(model, case, steps)
     repeats = check_repeats("repeats", repeats)
-    seed = check_backend_and_seed(backend, seed)
+    backend, seed = check_backend_and_seed(backend, seed)
     before = torch.get_num_threads()
     rows = []
     try:
@@ -240,7 +239,7 @@ def profile_decode(model: GPT, case: Case = CASES[0], steps: int = 16, backend: 
         raise ValueError(f"profile_decode profiles decode steps: case must be a decode Case, got {case.name!r}")
     if top is not None:
         top = check_int("top", top)
-    seed = check_backend_and_seed(backend, seed)
+    backend, seed = check_backend_and_seed(backend, seed)
     out = {}
     for mode in ("eager", "compile"):
         _, run = _decode_runs(model, case, steps, mode, backend, seed)
@@ -294,6 +293,9 @@ def profile_table(ops: list[dict[str, Any]], top: int = 8) -> str:
     if not isinstance(ops, list) or not all(isinstance(o, dict) for o in ops):
         raise TypeError(f"ops must be a list of operator rows (dicts, as profile_decode gives), got "
                         f"{type(ops).__name__}")
+    for i, o in enumerate(ops):
+        if lacking := [k for k in ("name", "calls_per_step", "self_us_per_step", "share") if k not in o]:
+            raise ValueError(f"ops[{i}] must be an operator row of profile_decode; it lacks {lacking}")
     rows = [[f"`{operator_name(o['name'])}`", f"{o['calls_per_step']:.0f}", f"{o['self_us_per_step']:.0f} µs",
              f"{100 * o['share']:.0f}%"] for o in ops[:top]]
     rest = ops[top:]

@@ -181,18 +181,22 @@ def check_float_tensor(name: str, x: Any, ndim: int | None = None, values: bool 
     return x
 
 
-def check_device(name: str, device: Any) -> torch.device:
+def check_device(name: str, device: Any, allocates: bool = False) -> torch.device:
     """`device` (a str or torch.device) as a torch.device; a TypeError / ValueError naming `name` and the value when
-    it is neither, or a string torch cannot read ('gpu0'): torch's "Invalid device string" names no argument."""
+    it is neither, or a string torch cannot read ('gpu0'): torch's "Invalid device string" names no argument. With
+    `allocates` (a cache or a layer about to allocate there), CUDA without a GPU is a ValueError too, not torch's
+    AssertionError at the allocation."""
     if not isinstance(device, (str, torch.device)):
         raise TypeError(f"{name} must be a str or torch.device like 'cpu' or 'cuda:0', got {type(device).__name__} "
                         f"{short_repr(device)}")
     try:
-        device = torch.device(device)
+        device = torch.device(device if isinstance(device, torch.device) else str.__str__(device))
     except RuntimeError as e:
         raise ValueError(f"{name} must be a device like 'cpu', 'cuda' or 'cuda:0', got {short_repr(device)}") from e
     if device.type == "meta":  # tensors there have shapes but no values: nothing could run or be read
         raise ValueError(f"{name} must be a device that holds values, like 'cpu' or 'cuda', got 'meta'")
+    if allocates and device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{name} {str(device)!r} requested but torch.cuda.is_available() is False")
     return device
 
 

@@ -26,24 +26,6 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     raise ValueError(f"unknown device {device!r}; choose one of {DEVICE_CHOICES}")
 
 
-def as_device(device: object, name: str = "device") -> torch.device:
-    """`device` (a torch.device, or a name torch reads: "cpu", "cuda", "cuda:1") as a torch.device, for a tensor
-    store that allocates on it (the KV caches); a TypeError / ValueError naming `name` otherwise, not torch's own
-    "Expected one of cpu, cuda, ... device type at start of device string", which names no argument; and CUDA
-    without one is a ValueError here, not torch's AssertionError at the first allocation."""
-    if not isinstance(device, (str, torch.device)):
-        raise TypeError(f"{name} must be a torch.device or a device name ('cpu', 'cuda:0'), got "
-                        f"{type(device).__name__}")
-    try:
-        dev = device if isinstance(device, torch.device) else torch.device(str.__str__(device))
-    except RuntimeError as e:
-        raise ValueError(f"{name} must be a device name torch knows ('cpu', 'cuda', 'cuda:0', ...), got "
-                         f"{device[:80]!r}") from e
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"{name} {str(dev)!r} requested but torch.cuda.is_available() is False")
-    return dev
-
-
 def place_with_model(setting: str | torch.device, model_device: torch.device) -> torch.device:
     """Where an engine runs: "auto" means wherever the model already is; anything else is resolved and returned."""
     if isinstance(setting, str) and setting == "auto":

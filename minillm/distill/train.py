@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterator, NoReturn, Sequence
 import torch
 import torch.nn as nn
 
+from minillm.bench.cli import CheckedParser
 from minillm.core.checkpoint import CONFIG_NAME, load_checkpoint, read_config
 from minillm.core.config import check_float, check_int, check_module_has_data, GPTConfig, short_repr
 from minillm.core.device import DEVICE_CHOICES, resolve_device
@@ -348,7 +349,7 @@ def kd_history(objective: DistillObjective | None, every: int, grad_accum: int =
 # ---- CLI ----------------------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m minillm.distill.train", description=__doc__.split("\n")[0])
+    ap = CheckedParser(prog="python -m minillm.distill.train", description=__doc__.split("\n")[0])
     ap.add_argument("--student", default="draft",
                     help="shipped checkpoint or directory to start from (default draft; unused with --resume: the "
                          "run's checkpoint decides, so the same command line can resume)")

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from minillm.core.config import short_repr
+from minillm.core.stopping import check_token_ids
 
 
 def _windows(n_targets: int, block_size: int, stride: int) -> list[tuple[int, int, int]]:
@@ -81,6 +82,17 @@ def token_nll(model, tokens, block_size: int | None = None, stride: int | None =
     model.train(was_training)
     assert count == tokens.numel() - 1, (count, tokens.numel())
     return total, count
+
+
+def check_eval_ids(name: str, ids: object, vocab_size: int) -> torch.Tensor:
+    """Evaluation ids (a list, a 1-D tensor or array) as a 1-D int64 tensor of at least 2 ids in [0, vocab_size)
+    (perplexity scores every token after the first); a TypeError / ValueError naming `name` (a benchmark's `val`)
+    otherwise, where perplexity would name its own `tokens`."""
+    ids = check_token_ids(name, ids, vocab_size)
+    if len(ids) < 2:
+        raise ValueError(f"{name} must hold at least 2 token ids (perplexity scores every token after the first), "
+                         f"got {len(ids)}")
+    return torch.tensor(ids, dtype=torch.long)
 
 
 def perplexity(model, tokens, block_size: int | None = None, stride: int | None = None, batch_size: int = 8) -> float:

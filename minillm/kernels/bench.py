@@ -420,7 +420,10 @@ def from_report(text: str, source: str) -> dict[str, Any]:
     table: the rows (`parse_table`), the device and torch from the report's field table, the date, the command that
     measured ("measured_with") and the roofs the report states beside the table (copy GB/s, bf16 matmul TFLOP/s).
     Only what the report prints: no "seconds", and no fp32 roof unless the table has it. A ValueError naming what is
-    missing."""
+    missing; a TypeError unless text and source are str."""
+    for name, value in (("text", text), ("source", source)):
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a str, got {type(value).__name__}")
     fields = dict(re.findall(r"^\| (\w+) \| (.+?) \|$", text, re.MULTILINE))
 
     def find(pattern: str, what: str) -> re.Match:
@@ -663,7 +666,10 @@ def out_flag(text: str) -> str:
     if not isinstance(text, str):
         raise TypeError(f"--out must be a path (a str), got {type(text).__name__}")
     try:
-        return str(check_output_file(text, "--out", (".json",)))
+        path = check_output_file(text, "--out", (".json",))
+        if path is None:  # '' (a variable left unset): a file named 'None' would be written
+            raise ValueError("--out must name a .json file, got ''")
+        return str(path)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 

@@ -293,6 +293,8 @@ def run_program(cmd: list[str], what: str, **kwargs) -> subprocess.CompletedProc
     program when it cannot be started at all (no such program, not executable): subprocess's FileNotFoundError
     names neither. cmd is checked here too (`check_command`: a non-empty list of str)."""
     cmd = check_command(cmd)
+    if "timeout" in kwargs and kwargs["timeout"] is not None:  # 2**40 s: subprocess's OverflowError names nothing
+        kwargs["timeout"] = check_timeout(kwargs["timeout"])
     try:
         return subprocess.run(cmd, capture_output=True, text=True, **kwargs)
     except OSError as e:

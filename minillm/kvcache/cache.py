@@ -30,8 +30,7 @@ from __future__ import annotations
 import torch
 
 from minillm.core.attention import attention, causal_mask
-from minillm.core.config import GPTConfig, check_int, check_tensor_elements, number_kind
-from minillm.core.device import as_device
+from minillm.core.config import GPTConfig, check_device, check_int, check_tensor_elements, number_kind
 
 
 def kv_cache_bytes(n_layer: int, n_kv_head: int, head_dim: int, num_tokens: int, batch_size: int = 1,
@@ -73,7 +72,7 @@ class ContiguousKVCache:
         self.config = config
         self.batch_size = batch_size
         self.max_len = max_len
-        self.device = as_device(device)
+        self.device = check_device("device", device, allocates=True)
         self.dtype = dtype
         shape = (batch_size, config.n_head, max_len, config.head_size)  # (B, nh, max_len, hs)
         check_tensor_elements("batch_size x n_head x max_len x head_size", shape)  # before the allocator sees it

@@ -27,9 +27,8 @@ from functools import partial
 import torch
 
 from minillm.core.attention import attention, attention_ref, causal_mask
-from minillm.core.config import (check_fits_float, check_int, check_tensor_elements, foreign_number, GPTConfig,
-                                 plain_number, short_repr, tensor_kind)
-from minillm.core.device import as_device
+from minillm.core.config import (check_device, check_fits_float, check_int, check_tensor_elements, foreign_number,
+                                 GPTConfig, plain_number, short_repr, tensor_kind)
 from minillm.paged.backends import register_attention_backend
 from minillm.paged.block_manager import BlockManager
 
@@ -173,7 +172,7 @@ class PagedKVCache:
         self.block_size = block_size
         if not isinstance(use_fast_decode, bool):  # 'no' would read as True
             raise TypeError(f"use_fast_decode must be a bool, got {type(use_fast_decode).__name__}")
-        self.device = as_device(device)
+        self.device = check_device("device", device, allocates=True)
         self.dtype = dtype
         self.use_fast_decode = use_fast_decode  # False forces the reference loop (for tests and the chapter)
         nh, hs = config.n_head, config.head_size

@@ -49,12 +49,11 @@ from minillm.core.config import (check_fits_window, check_int, check_module_has_
                                  check_tensor_elements, reads_report, short_repr)
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed
-from minillm.core.stopping import check_token_ids
 from minillm.core.timing import check_calls, check_repeats, compare
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
 from minillm.gpt.dataset import default_eval_tokens
-from minillm.gpt.eval import perplexity
+from minillm.gpt.eval import check_eval_ids, perplexity
 from minillm.kvcache.generate import generate_ids
 from minillm.prune.masks import check_sparsities, check_sparsity, is_nm_sparse, magnitude_mask
 from minillm.prune.semi_structured import layer_speed, semi_structured_support, stored_bytes
@@ -143,6 +142,7 @@ class Harness:
             raise TypeError(f"real_text must be a bool, got {type(real_text).__name__} {short_repr(real_text)}")
         if not isinstance(sizes, Sizes):
             raise TypeError(f"sizes must be a prune.bench Sizes (e.g. SIZES['quick']), got {type(sizes).__name__}")
+        seed = check_seed(seed)
         self.model = model
         window = model.config.block_size
         check_fits_window("Harness: each prompt", PROMPT_LEN, sizes.new_tokens, window, "the dense model")
@@ -248,7 +248,7 @@ def two_four_rows(h: Harness, calibration: torch.Tensor) -> list[dict]:
 def fifty_percent(model: GPT, val: torch.Tensor, calibration: torch.Tensor) -> dict[str, float]:
     """{dense, magnitude, wanda}: perplexity at 50% unstructured, for a side model (draft, planted outliers)."""
     check_prunable(model, "fifty_percent: model")
-    check_token_ids("val", val, model.config.vocab_size)  # named here: perplexity would call it `tokens`
+    val = check_eval_ids("val", val, model.config.vocab_size)  # named here: perplexity would call it `tokens`
     out = {"dense": perplexity(model, val)}
     for method in ("magnitude", "wanda"):
         out[method] = perplexity(prune_model(model, method, 0.5, calibration), val)

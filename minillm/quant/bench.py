@@ -48,12 +48,11 @@ from minillm.core.config import (check_choice, check_has_data, check_int, check_
                                  tensor_kind)
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed
-from minillm.core.stopping import check_token_ids
 from minillm.core.timing import check_calls, check_repeats, compare, measure
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
 from minillm.gpt.dataset import default_eval_tokens
-from minillm.gpt.eval import perplexity
+from minillm.gpt.eval import check_eval_ids, perplexity
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.kvcache.generate import generate_ids
 from minillm.quant.gptq import calibration_windows, check_calibration, gptq_quantize_model
@@ -238,8 +237,7 @@ def outlier_study(model: GPT, val: torch.Tensor, calibration: torch.Tensor) -> d
     decomposition (threshold 6) and after SmoothQuant (α = 0.5); int8 weight-only beside them. Perplexity deltas are
     against fp32 `base`; W8A8 runs its float64 twin here (the same integers, faster on the CPU). `val` the validation
     ids, `calibration` (N, T) ids: a TypeError / ValueError naming them (perplexity would call val `tokens`)."""
-    vocab = require_model(model, "outlier_study").vocab_size
-    check_token_ids("val", val, vocab)
+    val = check_eval_ids("val", val, require_model(model, "outlier_study").vocab_size)
     check_calibration(model, calibration, "outlier_study")
     base_ppl = perplexity(model, val)
     channels = [c * model.config.n_embd // 256 for c in OUTLIER_CHANNELS]

@@ -146,6 +146,7 @@ class Int8ContiguousKVCache(ContiguousKVCache):
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Quantize this step's k, v (B, nh, T, hs) into the layer's slots; attend q over the de-quantized kept ones."""
+        check_attend_args(self.config, layer_idx, q, k, v)
         B, nh, T, hs = k.shape
         if B != self.batch_size:
             raise ValueError(f"batch of {B} rows does not match the cache's batch_size={self.batch_size}")
@@ -169,8 +170,23 @@ class FakeQuantContiguousKVCache(ContiguousKVCache):
     """The naive twin: fp32 storage, but every written k, v vector is replaced by deq(q(x)) first."""
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        check_attend_args(self.config, layer_idx, q, k, v)  # before k and v are quantized
         return super().attend(layer_idx, q, dequantize_kv(*_quantize_kv(k), k.dtype, check_values=False),
                               dequantize_kv(*_quantize_kv(v), v.dtype, check_values=False))
+
+
+def check_attend_args(config: GPTConfig, layer_idx: object, q: object, k: object, v: object) -> None:
+    """A cache's `attend` arguments as the model passes them: layer_idx an int in [0, n_layer) (-1 would read the
+    last layer's slots) and q, k, v 4-D tensors; a TypeError / ValueError naming the argument. Host-only, a few type
+    tests per layer call."""
+    if type(layer_idx) is not int:
+        layer_idx = check_int("layer_idx", layer_idx, 0)
+    if not 0 <= layer_idx < config.n_layer:
+        raise ValueError(f"layer_idx must be in [0, n_layer={config.n_layer}), got {layer_idx}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise TypeError(f"{name} must be a 4-D tensor (B, nh, T, hs), got {tensor_kind(t)}"
+                            + (f" of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else ""))
 
 
 class Int8PagedKVCache(PagedKVCache):
@@ -209,6 +225,7 @@ class Int8PagedKVCache(PagedKVCache):
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q, k, v (1, nh, N, hs): quantize the N new tokens' K/V into their slots, then the reference loop."""
+        check_attend_args(self.config, layer_idx, q, k, v)
         batch = self.batch
         if batch is None:
             raise ValueError("Int8PagedKVCache.attend called before set_batch(PagedBatch)")

@@ -362,6 +362,8 @@ class QuantEmbedding(nn.Module):
 
     def __init__(self, head: QuantLinear):
         super().__init__()
+        if not isinstance(head, QuantLinear):  # else the first forward fails reading its buffers, naming nothing
+            raise TypeError(f"head must be the quantized head's QuantLinear (V, C), got {type(head).__name__}")
         self.table = head  # owns the buffers: qweight (V, C or C/2), scale (V, groups), zero
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
@@ -400,6 +402,8 @@ class TiedQuantHead(nn.Module):
 
     def __init__(self, embedding: QuantEmbedding):
         super().__init__()
+        if not isinstance(embedding, QuantEmbedding):
+            raise TypeError(f"embedding must be the QuantEmbedding this head shares, got {type(embedding).__name__}")
         self._embedding = (embedding,)  # a tuple: not a submodule, so not a second owner
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:

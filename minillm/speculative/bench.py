@@ -402,6 +402,8 @@ def hf_assisted(target: GPT, draft: GPT, prompt: list[int], new_tokens: int, gam
     _check_pair(target, draft, "hf_assisted")
     _check_prompt("prompt", prompt, target.config.vocab_size)
     new_tokens = check_int("new_tokens", new_tokens)
+    for who, model in (("the target", target), ("the draft", draft)):  # HF's generate would fail past the window
+        check_fits_window("prompt", len(prompt), new_tokens, model.config.block_size, who)
     gamma = check_gamma(gamma)
     repeats = check_repeats("repeats", repeats)
     hf_t = to_hf_model(target, attn_implementation="sdpa")
@@ -494,8 +496,12 @@ def run_all(device: torch.device, quick: bool = False, seed: int = 0, prompts: i
     """Every measurement above on `base` (target) and `draft`, one thread per the chapter's convention; the greedy
     sweep again with `draft-distilled` (chapter 11) when that checkpoint is shipped. `prompts` overrides how many
     prompts the sweeps run over (default 6, quick 3; the tour takes 4 to stay inside its time budget)."""
+    if not isinstance(quick, bool):  # 'zzz' is truthy: the quick sizes would be picked without a word
+        raise TypeError(f"quick must be a bool, got {type(quick).__name__}")
     if prompts is not None:
-        prompts = check_int("prompts", prompts)  # before the models load
+        prompts = check_int("prompts", prompts, 2)  # before the models load: the fib prompt and at least one more
+        if prompts > 64:  # each sweep runs every prompt at every γ: past this a count is a typo
+            raise ValueError(f"prompts must be at most 64, got {prompts}")
     seed = check_seed(seed)  # likewise: sampling_exactness, after the greedy sweeps, would refuse it
     tgt, dft = load_model("base", device, seed), load_model("draft", device, seed)
     tok = tgt.tokenizer

@@ -87,6 +87,11 @@ class Drafter(Protocol):
         """Drop the request's state (it finished, was aborted or preempted)."""
 
 
+def _check_request(req: object) -> None:
+    if not isinstance(req, Request):
+        raise TypeError(f"req must be an engine Request, got {type(req).__name__}")
+
+
 class PromptLookupDrafter:
     """Chapter 08's `PromptLookupProposer` for every request: stateless, so rollback and release do nothing."""
 
@@ -95,6 +100,7 @@ class PromptLookupDrafter:
         self.num_forwards = 0
 
     def propose(self, req: Request, k: int) -> tuple[list[int], torch.Tensor | None]:
+        _check_request(req)
         return self.proposer.propose(req.all_token_ids, k, req.state)
 
     def rollback(self, req: Request, num_tokens: int) -> None:
@@ -118,6 +124,7 @@ class DraftModelDrafter:
         self.num_forwards = 0
 
     def propose(self, req: Request, k: int) -> tuple[list[int], torch.Tensor | None]:
+        _check_request(req)
         state = self.states.get(req.request_id)
         if state is None:
             state = self.states[req.request_id] = DraftModelProposer(self.model, max(req.max_kv_tokens, 1))

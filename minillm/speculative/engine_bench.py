@@ -43,10 +43,10 @@ from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.workload import check_load_list
 from minillm.bench.tables import markdown_table
-from minillm.core.config import check_choice, check_float, check_int, reads_report, short_repr
+from minillm.core.config import check_choice, check_fits_window, check_float, check_int, reads_report, short_repr
 from minillm.core.corpus import corpus_sample
 from minillm.core.device import resolve_device
-from minillm.core.model import GPT
+from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed
 from minillm.core.timing import check_repeats, compare
 from minillm.engine.config import EngineConfig
@@ -208,6 +208,8 @@ def load_sweep(target: GPT, tokenizer: Any, loads: Sequence[int] = DEFAULT_LOADS
     requests_per_slot = check_int("requests_per_slot", requests_per_slot)
     repeats = check_repeats("repeats", repeats)
     loads = check_loads(loads, requests_per_slot)
+    window = require_model(target, "load_sweep (target)").block_size
+    check_fits_window(f"each {prompt_len}-token prompt", prompt_len, new_tokens, window, "the target")
     pool = code_prompts(tokenizer, requests_per_slot * max(loads), prompt_len)
     points = [load_point(target, pool[: requests_per_slot * c], c, new_tokens, speculative, draft, repeats,
                          attention_backend, fused_step) for c in loads]

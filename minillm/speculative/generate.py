@@ -27,8 +27,8 @@ from typing import Any, Callable
 
 import torch
 
-from minillm.core.config import (check_device, check_float_tensor, check_has_data, check_int, is_float_compute,
-                                 short_repr, tensor_kind)
+from minillm.core.config import (GPTConfig, check_device, check_float_tensor, check_has_data, check_int,
+                                 is_float_compute, short_repr, tensor_kind)
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, probs_from_logits, sample_next
 from minillm.core.stopping import RequestState, check_eos_id, check_token_ids, start_request
@@ -139,7 +139,10 @@ class DraftModelProposer:
             _forward(self.model, self.cache, prompt[:-1], 0)
 
     def propose(self, seq: list[int], gamma: int, state: RequestState) -> tuple[list[int], torch.Tensor | None]:
-        """γ draft tokens and the distributions q (γ, V) they were drawn from (None in greedy mode: not needed)."""
+        """γ draft tokens and the distributions q (γ, V) they were drawn from (None in greedy mode: not needed).
+        A TypeError / ValueError naming seq, gamma or state when they are not a list of ids, γ and a RequestState."""
+        _check_propose_args(seq, state)
+        gamma = check_gamma(gamma)
         params, tokens, q_rows = state.params, [], []
         feed, start = seq[self.cache.length:], self.cache.length  # 1 token, or 2 after a round that kept all γ
         for _ in range(gamma):
@@ -161,6 +164,13 @@ class DraftModelProposer:
         self.cache.truncate(min(self.cache.length, length))
 
 
+def _check_propose_args(seq: object, state: object) -> None:
+    if not isinstance(seq, list):
+        raise TypeError(f"seq must be the sequence so far (a list of token ids), got {type(seq).__name__}")
+    if not isinstance(getattr(state, "params", None), SamplingParams):  # duck-typed: the tests pass stand-ins
+        raise TypeError(f"state must be the request's RequestState, got {type(state).__name__}")
+
+
 class PromptLookupProposer:
     """Drafts by copying what followed the most recent earlier occurrence of the last n-gram; no model at all."""
 
@@ -176,6 +186,7 @@ class PromptLookupProposer:
         pass
 
     def propose(self, seq: list[int], gamma: int, state: RequestState) -> tuple[list[int], torch.Tensor | None]:
+        _check_propose_args(seq, state)  # two type tests; `lookup` checks gamma
         tokens = lookup(seq, gamma, self.ngram)  # subtle: not prompt_lookup_proposals, whose check of every token
         # of seq (hundreds) each round was 5% of a fused round; seq is a copy of the round loop's list
         outside = [t for t in tokens if t >= self.vocab_size]  # copied from seq: a bad id there comes back as a draft
@@ -301,6 +312,9 @@ def run_rounds(state: RequestState, proposer: Any, gamma: int, cache: Any,
     A proposer has `prefill(prompt)`, `propose(seq, gamma, state)` returning a tuple (drafts, q or None), and
     `rollback(length)` (and `calls`, its forwards, reported as stats.draft_calls: 0 when absent); propose gets a
     copy of the sequence, so changing it cannot corrupt the round. TypeError naming the proposer otherwise."""
+    if not isinstance(state, RequestState):
+        raise TypeError(f"state must be a RequestState (start_request's), got {type(state).__name__}")
+    gamma = check_gamma(gamma)
     name = type(proposer).__name__
     for method in ("prefill", "propose", "rollback"):
         if not callable(getattr(proposer, method, None)):
@@ -310,6 +324,11 @@ def run_rounds(state: RequestState, proposer: Any, gamma: int, cache: Any,
     if state.finished:  # max_new_tokens == 0
         stats.finish_reason = state.finish_reason
         return [], stats
+    if not callable(getattr(cache, "truncate", None)) or not isinstance(getattr(cache, "config", None), GPTConfig):
+        raise TypeError(f"cache must be a KV cache of the target's config (a ContiguousKVCache), got "
+                        f"{type(cache).__name__}")
+    if not callable(verify):
+        raise TypeError(f"verify must be a function (tokens, start) -> logits, got {type(verify).__name__}")
     proposer.prefill(state.prompt_ids)
     seq = list(state.prompt_ids)
     while True:
