@@ -1051,3 +1051,9 @@ def test_a_tenth_hostile_runs_finds_are_refused_naming_the_argument():
         with pytest.raises(error, match=message):
             call()
     assert type(check_backend(_StrEqualsAnything("eager"))) is str
+    from minillm.compile.bench import run_all
+    from minillm.compile.cpu_gemv import build_problem
+
+    if build_problem() is None:  # the fused paths run: their pruning text's vocabulary is checked before any work
+        with pytest.raises(ValueError, match="^run_all scores the MLP neurons of pruned_fused on training text"):
+            run_all(model, real_text=False, quick=True, backend="eager", with_hf=False)

@@ -54,6 +54,7 @@ from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed
 from minillm.core.stopping import check_token_ids
 from minillm.core.timing import check_calls, check_repeats, interleave, measure, Timing
+from minillm.gpt.dataset import split_tokens
 from minillm.kvcache.generate import generate_ids
 from minillm.naive.roofline import decode_weight_bytes, stream_weights
 from minillm.prune.masks import check_sparsity
@@ -127,6 +128,16 @@ def _check_fused_comparison(model: GPT, params: SamplingParams, repeats: int, wh
                          f"temperature={params.temperature}")
 
 
+def _check_training_vocabulary(model: GPT, who: str) -> None:
+    """A ValueError naming `who` unless the model's vocabulary holds every id of the training text, which
+    `pruned_fused` scores its neurons on (the shipped tokenizer's ids)."""
+    top = int(split_tokens("train").max())
+    if top >= model.config.vocab_size:
+        raise ValueError(f"{who} scores the MLP neurons of pruned_fused on training text, whose token ids reach "
+                         f"{top}: the model's vocab_size={model.config.vocab_size} does not hold them; it needs a "
+                         "model of the shipped tokenizer's vocabulary")
+
+
 def pruned_fused(model: GPT, prompt: list[int], params: SamplingParams, fraction: float = 0.25, repeats: int = 5,
                  seed: int = 0) -> dict[str, Any]:
     """Chapter 10's structured MLP pruning on the fastest path: `fraction` of every block's MLP neurons removed
@@ -137,11 +148,8 @@ def pruned_fused(model: GPT, prompt: list[int], params: SamplingParams, fraction
     greedy (a ValueError naming it otherwise): the tokens are compared, and two samplers draw differently."""
     _check_fused_comparison(model, params, repeats, "pruned_fused")
     fraction = check_sparsity(fraction, "fraction")  # before the calibration text: a NaN never reaches the scores
+    _check_training_vocabulary(model, "pruned_fused")
     calibration = calibration_windows(8, model.config.block_size, seed)
-    if int(calibration.max()) >= model.config.vocab_size:  # the text is the shipped tokenizer's
-        raise ValueError(f"pruned_fused scores the MLP neurons on training text, whose token ids reach "
-                         f"{int(calibration.max())}: the model's vocab_size={model.config.vocab_size} does not hold "
-                         "them; it needs a model of the shipped tokenizer's vocabulary")
     pruned = prune_mlp(model, fraction, mlp_neuron_scores(model, calibration))
     dense_step, pruned_step = FusedCPUDecoder(model), FusedCPUDecoder(pruned)
     got = pruned_step.generate_ids(prompt, params)
@@ -331,6 +339,8 @@ def run_all(model: GPT, real_text: bool, quick: bool = False, seed: int = 0, bac
     seed = check_seed(check_int("seed", seed, 0))  # [0, 2**64): torch's generator's range
     backend = check_backend(backend)
     device = model.device
+    if device.type == "cpu" and build_problem() is None:  # pruned_fused runs last: refused now, not after minutes
+        _check_training_vocabulary(model, "run_all")
     new = 32 if quick else 64
     repeats = 3 if quick else 5
     prompt = eval_prompts([16], model.config.vocab_size, real_text, seed)[0]
