@@ -49,7 +49,7 @@ from minillm.compile.decode import StaticDecoder, check_backend, check_eval_mode
 from minillm.compile.fused_speculative import generate_prompt_lookup_fused, generate_speculative_fused
 from minillm.compile.fused_step import MAX_VERIFY, FusedCPUDecoder
 from minillm.compile.mirror import check_plain_model
-from minillm.core.config import check_fits_window, check_int, reads_report, short_repr
+from minillm.core.config import check_fit_windows, check_int, reads_report, short_repr
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed
 from minillm.core.stopping import check_token_ids
@@ -278,8 +278,8 @@ def fused_speculation(model: GPT, draft: GPT, prompts: list[list[int]], lookup_p
     for what, p in named:
         if not check_token_ids(what, p, min(model.config.vocab_size, draft.config.vocab_size)):
             raise ValueError(f"{what} is empty: generation needs at least one token to condition on")
-        for role, m in (("the model", model), ("the draft", draft)):
-            check_fits_window(what, len(p), new_tokens, m.config.block_size, role)
+    check_fit_windows([(what, len(p)) for what, p in named], new_tokens,
+                      [("the model", model.config.block_size), ("the draft", draft.config.block_size)])
     rows = max(gamma, lookup_gamma) + 1  # `round_costs` times a verify this wide after prompts[0]: checked now
     if rows > MAX_VERIFY:
         raise ValueError(f"gamma and lookup_gamma must be below MAX_VERIFY={MAX_VERIFY} (a verify of gamma + 1 rows), "

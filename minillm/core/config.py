@@ -313,6 +313,14 @@ def check_fits_window(what: str, prompt_len: int, new_tokens: int, block_size: i
                          f"more than {model}'s context window block_size={block_size}")
 
 
+def check_fit_windows(prompts: Any, new_tokens: int, windows: Any) -> None:
+    """`check_fits_window` for each (name, length) of `prompts` against each (model's role, block_size) of
+    `windows`: a benchmark whose runs would stop early at a window would count tokens never generated."""
+    for what, length in prompts:
+        for role, block_size in windows:
+            check_fits_window(what, length, new_tokens, block_size, role)
+
+
 # The most elements one tensor that a size argument chose may hold: 2^31, 8 GiB in fp32, 55x the largest weight of
 # the `gpt2` preset (its 50257 x 768 embedding). Past it a size is a typo, not a model.
 MAX_TENSOR_ELEMENTS = 2**31

@@ -53,8 +53,8 @@ class Comparison:
 MAX_REPEATS = 100_000
 
 
-def _check_count(name: str, count: Any, what: str) -> int:
-    count = check_int(name, count)
+def _check_count(name: str, count: Any, what: str, minimum: int = 1) -> int:
+    count = check_int(name, count, minimum)
     if count > MAX_REPEATS:
         raise ValueError(f"{name} must be at most {MAX_REPEATS}{what}, got {count}")
     return count
@@ -71,6 +71,12 @@ def check_repeats(name: str, repeats: Any) -> int:
     the plain int it holds, in [1, MAX_REPEATS]; a TypeError / ValueError naming `name` otherwise, before any setup
     (2**40 repeats is a loop that never ends, not a benchmark)."""
     return _check_count(name, repeats, "")
+
+
+def check_warmup(name: str, warmup: Any) -> int:
+    """`warmup` (untimed calls before the timed ones) as the plain int it holds, in [0, MAX_REPEATS]; a TypeError /
+    ValueError naming `name` otherwise."""
+    return _check_count(name, warmup, "", minimum=0)
 
 
 def _check(warmup: int, repeats: int) -> None:

@@ -51,7 +51,7 @@ from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.tables import markdown_table
 from minillm.core.config import check_float, check_int, check_report, check_sequence, reads_report, tensor_kind
 from minillm.core.io import atomic_write_text, check_output_file
-from minillm.core.timing import MAX_REPEATS, check_calls, check_repeats
+from minillm.core.timing import check_calls, check_repeats, check_warmup
 from minillm.kernels import build, naive, ops
 from minillm.kernels.build import load_kernels
 
@@ -108,9 +108,7 @@ def time_ms(fn: Callable[[], object], warmup: int, repeats: int, batch_ms: float
     """
     if not callable(fn):
         raise TypeError(f"fn must be a function of no arguments, got {type(fn).__name__}")
-    warmup = check_int("warmup", warmup, 0)
-    if warmup > MAX_REPEATS:
-        raise ValueError(f"warmup must be at most {MAX_REPEATS}, got {warmup}")
+    warmup = check_warmup("warmup", warmup)
     repeats = check_repeats("repeats", repeats)
     batch_ms = check_float("batch_ms", batch_ms, 0.0, include_minimum=False)
     max_calls = check_calls("max_calls", max_calls)

@@ -167,7 +167,7 @@ def check_slot_range(slot_mapping: torch.Tensor, num_slots: int) -> None:
         if lo < -1 or hi >= num_slots:
             allowed = f"-1 or slots 0..{num_slots - 1}" if num_slots else "only -1 (the pool has no slots)"
             raise ValueError(f"slot_mapping must hold {allowed}, got values in [{lo}, {hi}]")
-    check_distinct_slots(slot_mapping)
+    _check_distinct(slot_mapping)
 
 
 def check_distinct_slots(slot_mapping: torch.Tensor) -> None:
@@ -175,6 +175,10 @@ def check_distinct_slots(slot_mapping: torch.Tensor) -> None:
     on a GPU, and which one lands is up to the scheduler. A ValueError naming the slot (one host sync); a TypeError
     / ValueError unless slot_mapping is a 1-D int64 tensor."""
     _tensor("slot_mapping", slot_mapping, dim=1, dtypes=(torch.int64,))
+    _check_distinct(slot_mapping)
+
+
+def _check_distinct(slot_mapping: torch.Tensor) -> None:
     kept = slot_mapping[slot_mapping >= 0]
     if kept.numel() > 1:
         slots, counts = torch.unique(kept, return_counts=True)

@@ -36,7 +36,7 @@ from minillm.bench.check import same_tokens
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
-from minillm.core.config import check_fits_window, check_float, check_has_data, check_int, reads_report
+from minillm.core.config import check_fit_windows, check_float, check_has_data, check_int, reads_report
 from minillm.core.corpus import corpus_sample
 from minillm.core.device import resolve_device
 from minillm.core.hf import to_hf_model
@@ -230,9 +230,8 @@ def greedy_sweep(target: GPT, draft: GPT, prompts: list[list[int]], new_tokens: 
     gammas = [check_gamma(g) for g in _check_ints("gammas", gammas)]
     new_tokens = check_int("new_tokens", new_tokens)
     repeats = check_repeats("repeats", repeats)
-    for who, model in (("the target", target), ("the draft", draft)):  # else the runs would stop early, uncounted
-        for i, p in enumerate(prompts):
-            check_fits_window(f"prompts[{i}]", len(p), new_tokens, model.config.block_size, who)
+    check_fit_windows([(f"prompts[{i}]", len(p)) for i, p in enumerate(prompts)], new_tokens,
+                      [("the target", target.config.block_size), ("the draft", draft.config.block_size)])
     fits = target.config.block_size - COST_CONTEXT - 1  # forward_costs times γ+1 tokens after COST_CONTEXT cached
     if max(gammas) > fits:
         raise ValueError(f"gammas holds gamma={max(gammas)}: forward_costs times its verify of {max(gammas) + 1} "
@@ -402,8 +401,8 @@ def hf_assisted(target: GPT, draft: GPT, prompt: list[int], new_tokens: int, gam
     _check_pair(target, draft, "hf_assisted")
     _check_prompt("prompt", prompt, target.config.vocab_size)
     new_tokens = check_int("new_tokens", new_tokens)
-    for who, model in (("the target", target), ("the draft", draft)):  # HF's generate would fail past the window
-        check_fits_window("prompt", len(prompt), new_tokens, model.config.block_size, who)
+    check_fit_windows([("prompt", len(prompt))], new_tokens,  # HF's generate would fail past the window
+                      [("the target", target.config.block_size), ("the draft", draft.config.block_size)])
     gamma = check_gamma(gamma)
     repeats = check_repeats("repeats", repeats)
     hf_t = to_hf_model(target, attn_implementation="sdpa")
