@@ -38,6 +38,7 @@ from minillm.speculative.sampling import (accept_greedy, accept_or_resample, pro
                                           residual_distribution, sample_from_target)
 
 CFG = GPTConfig(vocab_size=128, block_size=32, n_layer=2, n_head=2, n_embd=32)
+COLD_SPEC = {"mode": "eager", "threads": 1, "new_tokens": 1, "prompt": [1], "name": "tiny", "seed": 0}  # run_fresh
 P3 = torch.tensor([[0.2, 0.3, 0.5], [0.1, 0.1, 0.8]])
 Q3 = torch.tensor([[0.3, 0.3, 0.4], [0.5, 0.25, 0.25]])
 F8 = torch.float8_e4m3fn
@@ -1034,7 +1035,7 @@ def test_a_tenth_hostile_runs_finds_are_refused_naming_the_argument():
         (lambda: run_rounds(None, DraftModelProposer(model, 16), 2, None, None), TypeError, "state must be"),
         (lambda: PromptLookupDrafter(2, 128, torch.device("cpu")).propose(None, 2), TypeError, "req must be"),
         (lambda: run_program(["true"], "x", timeout=2**40), ValueError, "timeout must be in"),
-        (lambda: run_fresh({}, 2**40), ValueError, "timeout must be in"),
+        (lambda: run_fresh(COLD_SPEC, 2**40), ValueError, "timeout must be in"),
         (lambda: spec_bench.run_all(torch.device("cpu"), quick="zzz"), TypeError, "quick must be a bool"),
         (lambda: spec_bench.run_all(torch.device("cpu"), prompts=10**6), ValueError, "prompts must be at most 64"),
         (lambda: pick_size({"quick": 1}, np.array(["quick"])), TypeError, "size must be one of"),

@@ -60,10 +60,10 @@ from minillm.bench.cli import bench_parser, cli_type, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
 from minillm.bench.workload import eval_prompts
-from minillm.compile.decode import (StaticDecoder, check_decoder_room, compile_problem, decoder_max_len, eval_mode,
-                                    hooked_module, uncompilable_layer)
-from minillm.core.config import (PRESETS, GPTConfig, check_choice, check_fits_window, check_int, check_threads,
-                                 check_module_has_data, check_report, check_timeout, reads_report, tensor_kind)
+from minillm.compile.decode import (StaticDecoder, check_decoder_room, check_id_range, compile_problem, decoder_max_len,
+                                    eval_mode, hooked_module, uncompilable_layer)
+from minillm.core.config import (PRESETS, GPTConfig, check_choice, check_fits_window, check_int, check_module_has_data,
+                                 check_report, check_threads, check_timeout, reads_report, short_repr, tensor_kind)
 from minillm.core.io import (SHA256_FIELD, atomic_write_bytes, check_output_file, check_path, check_sha256,
                              with_sha256)
 from minillm.core.model import GPT, require_model
@@ -106,9 +106,11 @@ class DecodeStep(nn.Module):
 
     def forward(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         for name, t in (("token", token), ("position", position)):  # static checks: export traces through them
-            if not isinstance(t, torch.Tensor) or tuple(t.shape) != (1, 1):
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != (1, 1) or t.dtype != torch.int64:
                 raise TypeError(f"{name} must be a (1, 1) int64 tensor, got {tensor_kind(t)}"
                                 + (f" of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else ""))
+        check_id_range("token", token, self.model.config.vocab_size, f"vocab_size={self.model.config.vocab_size}")
+        check_id_range("position", position, self.cache.max_len, f"max_len={self.cache.max_len}")  # the slot too
         cache, n = self.cache, self.model.config.n_layer
         # subtle: export traces with stand-ins for the module's buffers; the cache's own lists would still hold the
         # real tensors, which export lifts as constants (their writes lost). Rebound here, the step writes the buffers.
@@ -387,18 +389,41 @@ CHILD_CODE = ("import json, sys; from minillm.compile.aot import CHILD_MARK, run
               "print(CHILD_MARK + json.dumps(run_child(json.loads(sys.argv[1]))), flush=True)")
 
 
-def run_child(spec: dict[str, Any]) -> dict[str, Any]:
-    """The body of one cold-start subprocess: `spec["mode"]` "eager", "compile" or "aot" generates `spec["prompt"]`
-    greedily for `spec["new_tokens"]` tokens on `spec["threads"]` threads. Returns time.monotonic() stamps (one
-    clock for every process on the machine): imports done, ready (model loaded / package loaded), after each token.
-    A spec that lacks a field or holds a wrong one is a TypeError / ValueError naming it (`cold_start` writes it)."""
-    imported = time.monotonic()
+def check_child_spec(spec: object) -> str:
+    """A cold-start run's spec, checked where it is written (`run_fresh`) and where it is read (`run_child`): a dict
+    with a known "mode" and the fields that mode needs, which JSON can carry to the child. Its mode, or a TypeError /
+    ValueError naming the field (the fields' values are checked by what reads them)."""
     if not isinstance(spec, dict):
         raise TypeError(f"spec must be a cold-start run's dict, got {type(spec).__name__}")
     mode = check_choice("spec['mode']", spec.get("mode"), ("eager", "compile", "aot"))
     need = ("threads", "new_tokens", "prompt") + (("package",) if mode == "aot" else ("name", "seed"))
     if missing := [key for key in need if key not in spec]:
         raise ValueError(f"spec for mode {mode!r} must hold {list(need)}; it lacks {missing}")
+    return mode
+
+
+def check_env(env: object) -> dict[str, str]:
+    """Extra environment variables for a child process: None (none) or a dict of str names to str values; a
+    TypeError / ValueError naming env otherwise (subprocess's own errors name no variable)."""
+    if env is None:
+        return {}
+    if not isinstance(env, dict):
+        raise TypeError(f"env must be a dict of environment variables (str to str) or None, got {type(env).__name__}")
+    for key, value in env.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"env must map str names to str values, got {short_repr(key)}: {type(value).__name__}")
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise ValueError(f"env holds a variable the OS cannot set: {short_repr(key)}={short_repr(value)}")
+    return {str.__str__(k): str.__str__(v) for k, v in env.items()}
+
+
+def run_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """The body of one cold-start subprocess: `spec["mode"]` "eager", "compile" or "aot" generates `spec["prompt"]`
+    greedily for `spec["new_tokens"]` tokens on `spec["threads"]` threads. Returns time.monotonic() stamps (one
+    clock for every process on the machine): imports done, ready (model loaded / package loaded), after each token.
+    A spec that lacks a field or holds a wrong one is a TypeError / ValueError naming it (`cold_start` writes it)."""
+    imported = time.monotonic()
+    mode = check_child_spec(spec)
     torch.set_num_threads(check_threads("spec['threads']", spec["threads"]))
     params = SamplingParams.greedy(spec["new_tokens"], ignore_eos=True)
     if mode == "aot":
@@ -420,21 +445,27 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
 
 def run_fresh(spec: dict[str, Any], timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
     """`run_child(spec)` in a fresh Python subprocess (this interpreter, local only), killed with its process group
-    past `timeout` seconds (a RuntimeError). Times are seconds from just before the process was started."""
+    past `timeout` seconds (a RuntimeError). Times are seconds from just before the process was started. spec is
+    checked here as the child checks it (`check_child_spec`), env (extra variables) by `check_env`."""
+    mode = check_child_spec(spec)
     timeout = check_timeout(timeout)
-    env = {**os.environ, **(env or {})}
+    env = {**os.environ, **check_env(env)}
+    try:
+        text = json.dumps(spec, allow_nan=False)
+    except (TypeError, ValueError) as e:  # a tensor, a set, NaN: the child could not read it back
+        raise ValueError(f"spec must hold only JSON values (it goes to the child as JSON): {e}") from None
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-c", CHILD_CODE, json.dumps(spec)], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", CHILD_CODE, text], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # its own session: the child and any compile workers it started
         proc.communicate()
-        raise RuntimeError(f"the {spec['mode']} cold-start run took longer than timeout={timeout} s") from None
+        raise RuntimeError(f"the {mode} cold-start run took longer than timeout={timeout} s") from None
     lines = [line for line in out.splitlines() if line.startswith(CHILD_MARK)]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"the {spec['mode']} cold-start run failed (exit {proc.returncode}): {err[-2000:]}")
+        raise RuntimeError(f"the {mode} cold-start run failed (exit {proc.returncode}): {err[-2000:]}")
     r = json.loads(lines[-1][len(CHILD_MARK):])
     times = [t - t0 for t in r["token_times"]]
     return {"imports": r["imported"] - t0, "ready": r["ready"] - t0, "first_token": times[0],

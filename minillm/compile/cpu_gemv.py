@@ -35,8 +35,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minillm.core.model import GPT
-from minillm.core.config import (check_device, check_float_tensor, check_int, check_strided, check_tensor_elements,
-                                 tensor_kind)
+from minillm.core.config import (check_bool, check_device, check_float_tensor, check_int, check_strided,
+                                 check_tensor_elements, tensor_kind)
 from minillm.kernels.build import build_lock, cache_dir
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -94,8 +94,10 @@ def load_cpu_ext(verbose: bool = False):
     """The compiled extension (built on first use, then loaded from the cache); RuntimeError saying what is missing.
 
     It holds `gemv`, `int8_gemv`, `int4_gemv`, `uses_avx2`, `int8_path` and `int4_path` (gemv_cpu.cpp) and the
-    `FusedDecoder` class (decode_cpu.cpp)."""
+    `FusedDecoder` class (decode_cpu.cpp). verbose (a bool: a TypeError otherwise) shows the compiler's output when
+    it builds."""
     global _ext
+    verbose = check_bool("verbose", verbose)
     with _lock:
         if _ext is None:
             why = build_problem()
@@ -252,11 +254,13 @@ class FastLinear(nn.Linear):
     def check_input(self, x: torch.Tensor) -> None:
         """The F.linear path's dtype and device check, so a mismatch names x (or the bias) instead of reaching torch:
         x must be a strided (dense) tensor of the weight's dtype (unless autocast is on, which casts) and device, the
-        bias of the weight's dtype."""
+        bias of the weight's dtype, and x of shape (..., in_features)."""
         w, b = self.weight, self.bias
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a tensor, got {tensor_kind(x)}")
         check_strided("x", x)
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(f"x must be (..., in_features={self.in_features}), got shape {tuple(x.shape)}")
         if x.device != w.device:
             raise ValueError(f"x is on {x.device} but the layer's weight is on {w.device}; move x (or the model)")
         if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):

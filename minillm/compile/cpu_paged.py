@@ -27,7 +27,7 @@ from minillm.engine.selective_cache import SelectiveKVCache
 from minillm.paged import PagedBatch
 from minillm.paged.backends import register_attention_backend
 from minillm.paged.paged_cache import write_kv
-from minillm.speculative.verify_cache import VerifyKVCache
+from minillm.speculative.verify_cache import VerifyKVCache, check_verify_attend
 
 NAME = "selective-cpp"
 VERIFY_NAME = "verify-cpp"
@@ -139,7 +139,8 @@ class CppVerifyKVCache(VerifyKVCache, CppSelectiveKVCache):
     the block tables. A step that also holds a prompt chunk keeps `VerifyKVCache`'s PyTorch path."""
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q, k, v (1, nh, N, hs) -> (1, nh, N, hs)."""
+        """q, k, v (1, nh, N, hs) -> (1, nh, N, hs), checked first as the eager verify cache checks them."""
+        check_verify_attend(self, layer_idx, q, k, v)
         b = self.batch
         if not getattr(self, "_verify", False) or self._long or self._ext is None or q.dtype != torch.float32:
             return super().attend(layer_idx, q, k, v)

@@ -34,7 +34,7 @@ import torch.nn as nn
 from torch.nn.modules import module as nn_module
 
 from minillm.core.config import (check_choice, check_has_data, check_int, check_tensor_elements, GPTConfig, plain_int,
-                                 short_repr)
+                                 short_repr, tensor_kind)
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.core.stopping import validate_prompt
@@ -64,6 +64,27 @@ def integer_ids(name: str, value: Any, count: int) -> torch.Tensor:
     if value.numel() != count:
         raise ValueError(f"{name} must hold {count} id(s), got shape {tuple(value.shape)}")
     return value
+
+
+def tracing() -> bool:
+    """True while torch.export, torch.compile or the TorchScript tracer runs a step: checks that read tensor values
+    into Python (`check_id_range`) run only outside, since a traced step has no values (and would keep one guard
+    for one value). Type and shape checks run either way."""
+    return torch.jit.is_tracing() or torch.compiler.is_compiling()
+
+
+def check_id_range(name: str, ids: torch.Tensor, high: int, bound: str) -> None:
+    """A ValueError naming `name` when an id of the integer tensor `ids` is outside [0, high) (`bound` says what
+    `high` is: "vocab_size=64"), before an embedding or a cache write indexes with it (an IndexError naming
+    nothing). One host sync; skipped while tracing."""
+    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must be a tensor of integer ids, got {tensor_kind(ids)}")
+    high = check_int("high", high, 0)
+    if tracing() or ids.numel() == 0:
+        return
+    low, top = int(ids.min()), int(ids.max())
+    if low < 0 or top >= high:
+        raise ValueError(f"{name} must be in [0, {bound}), got {short_repr(ids.tolist())}")
 
 
 def _check_config(config: Any) -> None:

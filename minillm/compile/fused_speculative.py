@@ -35,7 +35,8 @@ from minillm.compile.fused_step import MAX_VERIFY, FusedCPUDecoder
 from minillm.core.config import check_int
 from minillm.core.sampling import SamplingParams
 from minillm.core.stopping import RequestState, check_eos_id, start_request
-from minillm.speculative.generate import PromptLookupProposer, SpeculativeStats, run_rounds, sample_draft
+from minillm.speculative.generate import (PromptLookupProposer, SpeculativeStats, check_draft_feed, check_prompt_ids,
+                                         run_rounds, sample_draft)
 
 MAX_GAMMA = MAX_VERIFY - 1  # drafts per round: the verify scores γ+1 rows in one C++ call of at most MAX_VERIFY
 
@@ -82,12 +83,23 @@ class FusedDraftProposer:
         self.calls = 0  # C++ calls of the draft
 
     def prefill(self, prompt: list[int]) -> None:
-        _prefill(self.decoder, prompt)  # all but the last token, as the target's cache
+        """Reset the draft's cache and feed all of the prompt but its last token (ids in the draft's vocabulary,
+        at most the decoder's max_len of them; a TypeError / ValueError naming prompt otherwise)."""
+        decoder = self.decoder
+        prompt = check_prompt_ids(prompt, decoder.model.config.vocab_size, decoder.max_len, "the draft decoder's")
+        _prefill(decoder, prompt)  # all but the last token, as the target's cache
 
     def propose(self, seq: list[int], gamma: int, state: RequestState) -> tuple[list[int], torch.Tensor | None]:
-        """γ draft tokens and the distributions q (γ, V) they were drawn from (None in greedy mode: not needed)."""
+        """γ draft tokens and the distributions q (γ, V) they were drawn from (None in greedy mode: not needed).
+        seq, gamma and state are checked as the eager proposer checks them (`check_draft_feed`), γ also against
+        the fused verify's MAX_GAMMA."""
+        cache = self.decoder.cache
+        feed, gamma = check_draft_feed(seq, check_fused_gamma(gamma), state, cache.length, self.decoder.max_len,
+                                       self.decoder.model.config.vocab_size)
+        if len(feed) > MAX_VERIFY:
+            raise ValueError(f"seq has {len(feed)} tokens past the draft's cache, more than one fused call feeds "
+                             f"({MAX_VERIFY}): prefill the draft first")
         params, tokens, q_rows = state.params, [], []
-        feed = seq[self.decoder.cache.length:]  # 1 token, or 2 after a round that kept all γ
         for _ in range(gamma):
             logits = self.decoder.verify(feed)[-1:]  # (1, V): the last fed position only
             self.calls += 1
@@ -102,6 +114,8 @@ class FusedDraftProposer:
         return tokens, (torch.stack(q_rows) if q_rows else None)  # (γ, V)
 
     def rollback(self, length: int) -> None:
+        """Forget every cached token past the first `length` (an int >= 0; more than are cached keeps them all)."""
+        length = check_int("length", length, 0)
         cache = self.decoder.cache
         cache.truncate(min(cache.length, length))
 

@@ -42,12 +42,12 @@ from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
 from minillm.bench.workload import eval_prompts
-from minillm.compile.decode import eval_mode, hooked_module
+from minillm.compile.decode import check_id_range, eval_mode, hooked_module, tracing
 from minillm.compile.fused_step import FusedCPUDecoder
 from minillm.compile.mirror import check_plain_model
-from minillm.core.config import check_int, GPTConfig, reads_report, short_repr
+from minillm.core.config import GPTConfig, check_float_tensor, check_int, reads_report, short_repr, tensor_kind
 from minillm.core.io import atomic_write_bytes, check_output_dir, check_output_file, check_path
-from minillm.core.model import GPT
+from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, sample_next
 from minillm.core.stopping import RequestState, check_eos_id, start_request, validate_prompt
 from minillm.core.timing import check_repeats, interleave
@@ -70,7 +70,7 @@ def onnx_problem() -> str | None:
     return None
 
 
-class PastCache:
+class _PastCache:
     """The KV cache of the exported graph, as plain tensors: each layer's keys and values so far (1, nh, P, hs) come
     in, the new ones are concatenated after them, and the grown tensors are kept for the graph's outputs. T new
     queries attend causally: query i sees the P earlier tokens and new ones 0..i."""
@@ -95,11 +95,32 @@ class OnnxStep(nn.Module):
 
     def __init__(self, model: GPT):
         super().__init__()
+        require_model(model, "OnnxStep")
         self.model = model
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        cache = PastCache(past_k.unbind(0), past_v.unbind(0))
+        """The step (class doc); run eagerly, its inputs are checked first (a TypeError / ValueError naming them):
+        ids and positions (1, T) int64 with T >= 1, ids in the vocabulary and positions in the window, past_k and
+        past_v float tensors (L, 1, nh, P, hs) of the model's sizes. While exported only the types are."""
+        cfg = self.model.config
+        for name, t in (("ids", ids), ("positions", positions)):
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.int64:
+                raise TypeError(f"{name} must be a (1, T) int64 tensor, got {tensor_kind(t)}")
+        for name, t in (("past_k", past_k), ("past_v", past_v)):
+            check_float_tensor(name, t)
+        if not tracing():
+            if ids.dim() != 2 or ids.size(0) != 1 or ids.size(1) == 0 or positions.shape != ids.shape:
+                raise ValueError(f"ids and positions must both be (1, T) with T >= 1, got {tuple(ids.shape)} and "
+                                 f"{tuple(positions.shape)}")
+            want = (cfg.n_layer, 1, cfg.n_head, past_k.size(3) if past_k.dim() == 5 else "P", cfg.head_size)
+            for name, t in (("past_k", past_k), ("past_v", past_v)):
+                if tuple(t.shape) != want or t.shape != past_k.shape:
+                    raise ValueError(f"{name} must be (n_layer, 1, n_head, P, head_size) = {want}, as past_k, got "
+                                     f"{tuple(t.shape)}")
+            check_id_range("ids", ids, cfg.vocab_size, f"vocab_size={cfg.vocab_size}")
+            check_id_range("positions", positions, cfg.block_size, f"block_size={cfg.block_size}")
+        cache = _PastCache(past_k.unbind(0), past_v.unbind(0))
         h = self.model.hidden(ids, positions, cache)  # (1, T, C)
         logits = self.model.logits(h[:, -1])  # (1, V)
         return logits, torch.stack([k for k, _ in cache.present]), torch.stack([v for _, v in cache.present])

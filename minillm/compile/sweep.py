@@ -37,8 +37,8 @@ from minillm.bench.cli import bench_parser, cli_type, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
 from minillm.compile.decode import StaticDecoder, check_backend, check_eval_mode, counting_backend, own_code
-from minillm.core.config import (check_choice, check_int, check_report, check_tensor_elements, check_threads,
-                                 reads_report, short_repr)
+from minillm.core.config import (check_choice, check_float, check_int, check_report, check_tensor_elements,
+                                 check_threads, reads_report, short_repr)
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import check_seed
 from minillm.core.timing import check_repeats, interleave, time_once
@@ -293,9 +293,13 @@ def profile_table(ops: list[dict[str, Any]], top: int = 8) -> str:
     if not isinstance(ops, list) or not all(isinstance(o, dict) for o in ops):
         raise TypeError(f"ops must be a list of operator rows (dicts, as profile_decode gives), got "
                         f"{type(ops).__name__}")
+    checked = []
     for i, o in enumerate(ops):
         if lacking := [k for k in ("name", "calls_per_step", "self_us_per_step", "share") if k not in o]:
             raise ValueError(f"ops[{i}] must be an operator row of profile_decode; it lacks {lacking}")
+        numbers = {k: check_float(f"ops[{i}][{k!r}]", o[k], 0) for k in ("calls_per_step", "self_us_per_step", "share")}
+        checked.append({**o, **numbers})  # the plain numbers: a str or None would fail inside format()
+    ops = checked
     rows = [[f"`{operator_name(o['name'])}`", f"{o['calls_per_step']:.0f}", f"{o['self_us_per_step']:.0f} µs",
              f"{100 * o['share']:.0f}%"] for o in ops[:top]]
     rest = ops[top:]

@@ -35,6 +35,16 @@ def check_fits_float(name: str, value: Any) -> None:
                          f"int of about {int(value.bit_length() * math.log10(2)) + 1} digits")
 
 
+def check_bool(name: str, value: Any) -> bool:
+    """`value` as a plain bool if it is a bool (a numpy bool too); a TypeError naming `name` otherwise. A flag read by
+    truthiness would take 'no', an empty list or NaN for an answer without a word."""
+    if type(value).__name__ == "bool_" and type(value).__module__ == "numpy":
+        return bool(value)
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {short_repr(value)}")
+    return bool(value)
+
+
 def check_int(name: str, value: Any, minimum: int = 1) -> int:
     """Raise TypeError unless `value` is an int (bool excluded), ValueError if it is below `minimum` or past the
     float range (`check_fits_float`). Returns the plain int it holds (an int subclass's own comparisons and
@@ -113,6 +123,18 @@ def check_strided(name: str, t: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"{name} has dtype {t.dtype}, which torch cannot compute with here (shape "
                         f"{tuple(t.shape)}); cast it first (float32 for values, int64 for ids and indices)")
     return t
+
+
+def check_linear_input(x: object, in_features: int) -> torch.Tensor:
+    """x (..., K) a strided floating-point tensor with K = in_features, the input of a linear layer: a TypeError
+    naming its dtype (an integer x would be read as codes by a quantized layer), a ValueError naming its shape
+    (torch's "mat1 and mat2 shapes cannot be multiplied" names neither x nor the layer)."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point tensor of activations, got {tensor_kind(x)}")
+    check_strided("x", x)  # a sparse x: torch's "reshape is not implemented for sparse tensors"
+    if x.dim() == 0 or x.shape[-1] != in_features:
+        raise ValueError(f"x must have shape (..., {in_features}), got {tuple(x.shape)}")
+    return x
 
 
 def check_has_data(name: str, t: torch.Tensor) -> torch.Tensor:

@@ -10,9 +10,27 @@ batched kernel for mixed parameters (each non-greedy row is its own small call).
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 
+from minillm.core.config import check_float_tensor
 from minillm.core.sampling import sample_next
+from minillm.engine.scheduler import SchedulerOutput
+
+
+def check_step_logits(out: object, logits: object, rows_of: Callable[[Any], int] = lambda s: 1) -> int:
+    """A sampler's arguments: `out` a SchedulerOutput, `logits` a 2-D float tensor (R, V) with the rows the step
+    samples (`rows_of(entry)` for each entry that samples: one by default). The number of rows, or a TypeError /
+    ValueError naming the argument (not an AttributeError or an assert in the loop)."""
+    if not isinstance(out, SchedulerOutput):
+        raise TypeError(f"out must be the step's SchedulerOutput, got {type(out).__name__}")
+    rows = sum(rows_of(s) for s in out.scheduled if s.samples)
+    check_float_tensor("logits", logits, ndim=2)
+    if logits.shape[0] != rows:  # type: ignore[union-attr]
+        raise ValueError(f"logits must hold one row per sampled row of the step ({rows}), got "
+                         f"{tuple(logits.shape)}")  # type: ignore[union-attr]
+    return rows
 
 
 def _is_greedy(params) -> bool:
@@ -35,8 +53,8 @@ class Sampler:
         sampling raises is failed alone (`state.fail`, finish_reason "error", a message naming it) and gets None;
         the caller finishes and frees it (`Scheduler.update`, the workers), the others go on.
         """
+        check_step_logits(out, logits)
         samplers = [s for s in out.scheduled if s.samples]
-        assert logits.shape[0] == len(samplers), (tuple(logits.shape), len(samplers))
         tokens: list[int | None] = [None] * len(samplers)
         greedy = [i for i, s in enumerate(samplers) if _is_greedy(s.request.params)]
         if greedy:

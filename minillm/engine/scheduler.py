@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from minillm.core.config import check_float, check_int
 from minillm.engine.config import EngineConfig
 from minillm.engine.request import Request, RequestStatus
 
@@ -40,6 +41,14 @@ class ScheduledRequest:
     request: Request
     num_new_tokens: int  # feed all_token_ids[start : start + num_new_tokens] this step
     start: int  # request.num_computed_tokens when scheduled (the position of the first new token)
+
+    def __post_init__(self) -> None:
+        """The scheduler builds these; one built by hand is checked here (a TypeError / ValueError naming the
+        field), not when a step reads it."""
+        if not isinstance(self.request, Request):
+            raise TypeError(f"request must be an engine Request, got {type(self.request).__name__}")
+        self.num_new_tokens = check_int("num_new_tokens", self.num_new_tokens, 0)
+        self.start = check_int("start", self.start, 0)
 
     @property
     def samples(self) -> bool:
@@ -76,6 +85,18 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         """Nothing to run: no forward and no bytes to move."""
         return not (self.scheduled or self.swap_out or self.swap_in or self.swap_discard)
+
+
+def check_update_args(out: object, sampled: object, now: object) -> None:
+    """`Scheduler.update`'s arguments (and chapter 08's override's): a TypeError / ValueError naming the one that is
+    not the step's SchedulerOutput, a list with one entry per scheduled request, or a finite time in seconds."""
+    if not isinstance(out, SchedulerOutput):
+        raise TypeError(f"out must be the step's SchedulerOutput, got {type(out).__name__}")
+    if not isinstance(sampled, list):
+        raise TypeError(f"sampled must be a list (one entry per scheduled request), got {type(sampled).__name__}")
+    if len(sampled) != len(out.scheduled):
+        raise ValueError(f"sampled has {len(sampled)} entries for the step's {len(out.scheduled)} scheduled requests")
+    check_float("now", now)
 
 
 class Scheduler:
@@ -155,7 +176,10 @@ class Scheduler:
         return len(self.waiting) + len(self.running) + len(self.swapped)
 
     def abort(self, request_id: str) -> Request | None:
-        """Remove a request from whichever queue holds it and free what it holds (I8). None if unknown/finished."""
+        """Remove a request from whichever queue holds it and free what it holds (I8). None if unknown/finished; a
+        TypeError for an id that is not a str (no request could have it)."""
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
         for queue in (self.waiting, self.running, self.swapped):
             for req in queue:
                 if req.request_id == request_id:
@@ -343,9 +367,10 @@ class Scheduler:
         """Advance every scheduled request by its tokens, append the sampled ones, finish and free (I8).
 
         `sampled[i]` is the token drawn for `out.scheduled[i]` (None for a prompt chunk that is not the last).
-        Returns the requests that finished in this step.
+        Returns the requests that finished in this step. out must be the step's SchedulerOutput, sampled a list
+        of one entry per scheduled request and now a time in seconds (a TypeError / ValueError naming them).
         """
-        assert len(sampled) == len(out.scheduled)
+        check_update_args(out, sampled, now)
         finished: list[Request] = []
         for s, tok in zip(out.scheduled, sampled):
             req = s.request

@@ -49,7 +49,8 @@ import torch.nn.functional as F
 
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.tables import markdown_table
-from minillm.core.config import check_float, check_int, check_report, check_sequence, reads_report, tensor_kind
+from minillm.core.config import (check_bool, check_float, check_int, check_report, check_sequence, reads_report,
+                                 tensor_kind)
 from minillm.core.io import atomic_write_text, check_output_file
 from minillm.core.timing import check_calls, check_repeats, check_warmup
 from minillm.kernels import build, naive, ops
@@ -294,7 +295,8 @@ def cases(quick: bool) -> list[Case]:
 
 def run(quick: bool = False, verbose: bool = True) -> dict:
     """Check, then time, every case; return {device, torch, cuda, copy_GBps, matmul_bf16_TFLOPs,
-    matmul_fp32_TFLOPs, seconds, quick, rows}."""
+    matmul_fp32_TFLOPs, seconds, quick, rows}. quick and verbose must be bools (a TypeError otherwise)."""
+    quick, verbose = check_bool("quick", quick), check_bool("verbose", verbose)
     require_cuda("the chapter 12 benchmark")
     load_kernels()
     began = time.perf_counter()

@@ -29,7 +29,7 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
-from minillm.core.config import check_threads, check_timeout, short_repr
+from minillm.core.config import check_bool, check_threads, check_timeout, short_repr
 from minillm.core.io import check_output_dir, check_path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -102,7 +102,9 @@ def forget_build(name: str) -> None:
     with "cannot open shared object file", naming a path, until the kernel restarts."""
     from torch.utils.cpp_extension import JIT_EXTENSION_VERSIONER
 
-    JIT_EXTENSION_VERSIONER.entries.pop(name, None)
+    if not isinstance(name, str):
+        raise TypeError(f"name must be an extension's name (a str), got {type(name).__name__} {short_repr(name)}")
+    JIT_EXTENSION_VERSIONER.entries.pop(str.__str__(name), None)
 
 
 @contextlib.contextmanager
@@ -163,6 +165,7 @@ def load_kernels(verbose: bool = False):
     build took 26 s on a 16-core H200 machine; torch's loader rebuilds by itself when a source file changes.
     """
     global _loaded
+    verbose = check_bool("verbose", verbose)
     with _lock:
         if _loaded:
             return torch.ops.minillm_kernels
@@ -270,7 +273,11 @@ def check_command(cmd: object, name: str = "cmd") -> list[str]:
     if not isinstance(cmd, (list, tuple)) or not cmd or not all(isinstance(a, (str, os.PathLike)) for a in cmd):
         raise TypeError(f"{name} must be a non-empty list of str arguments, e.g. ['g++', '-c', 'a.cpp'], got "
                         f"{type(cmd).__name__} {short_repr(cmd)}")
-    return [os.fspath(a) for a in cmd]
+    args = [os.fspath(a) for a in cmd]
+    for i, arg in enumerate(args):  # the OS takes C strings: subprocess's "embedded null byte" names no argument
+        if "\0" in (arg if isinstance(arg, str) else arg.decode("latin-1")):
+            raise ValueError(f"{name}[{i}] holds a NUL character, which no program argument can: {short_repr(arg)}")
+    return args
 
 
 def check_build_args(out_dir: object, jobs: object, timeout: object) -> tuple[Path, int | None, float]:
@@ -288,15 +295,22 @@ def check_build_args(out_dir: object, jobs: object, timeout: object) -> tuple[Pa
     return out, jobs, timeout
 
 
-def run_program(cmd: list[str], what: str, **kwargs) -> subprocess.CompletedProcess:
-    """subprocess.run(cmd, capture_output=True, text=True, **kwargs), or a RuntimeError naming `what` and the
-    program when it cannot be started at all (no such program, not executable): subprocess's FileNotFoundError
-    names neither. cmd is checked here too (`check_command`: a non-empty list of str)."""
+def run_program(cmd: list[str], what: str, timeout: float | None = None, cwd: str | os.PathLike | None = None
+                ) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd), or a RuntimeError naming
+    `what` and the program when it cannot be started at all (no such program, not executable): subprocess's
+    FileNotFoundError names neither. The arguments are checked first: cmd by `check_command` (a non-empty list of
+    str without NUL characters), timeout None or positive seconds (`check_timeout`: 2**40 s would be subprocess's
+    OverflowError), cwd None or an existing folder; a TypeError / ValueError naming the argument otherwise."""
     cmd = check_command(cmd)
-    if "timeout" in kwargs and kwargs["timeout"] is not None:  # 2**40 s: subprocess's OverflowError names nothing
-        kwargs["timeout"] = check_timeout(kwargs["timeout"])
+    if timeout is not None:
+        timeout = check_timeout(timeout)
+    if cwd is not None:
+        cwd = check_path(cwd, "cwd")
+        if not cwd.is_dir():
+            raise ValueError(f"cwd {str(cwd)!r} is not a folder: the program would have nowhere to run")
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
     except OSError as e:
         raise RuntimeError(f"{what}: cannot start the program {cmd[0]!r} ({e.strerror or e})") from e
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from minillm.core.attention import attention, causal_mask
-from minillm.core.config import GPTConfig, check_device, check_int, check_tensor_elements, number_kind
+from minillm.core.config import GPTConfig, check_device, check_int, check_tensor_elements, number_kind, tensor_kind
 
 
 def kv_cache_bytes(n_layer: int, n_kv_head: int, head_dim: int, num_tokens: int, batch_size: int = 1,
@@ -48,6 +48,31 @@ def kv_cache_bytes(n_layer: int, n_kv_head: int, head_dim: int, num_tokens: int,
     batch_size = check_int("batch_size", batch_size, 0)
     bytes_per_elem = check_int("bytes_per_elem", bytes_per_elem, 0)
     return 2 * n_layer * n_kv_head * head_dim * num_tokens * batch_size * bytes_per_elem
+
+
+
+def check_attend_args(config: GPTConfig, layer_idx: object, q: object, k: object, v: object) -> None:
+    """A cache's `attend` arguments as the model passes them: layer_idx an int in [0, n_layer) (-1 would read the
+    last layer's slots) and q, k, v 4-D tensors of one shape (B, n_head, T, head_size) (a k of two tokens with a q
+    of one would be stored, silently); a TypeError / ValueError naming the argument. Host-only, a few type and
+    shape tests per layer call."""
+    if not isinstance(config, GPTConfig):
+        raise TypeError(f"config must be the cache's GPTConfig, got {type(config).__name__}")
+    if type(layer_idx) is not int:
+        layer_idx = check_int("layer_idx", layer_idx, 0)
+    if not 0 <= layer_idx < config.n_layer:
+        raise ValueError(f"layer_idx must be in [0, n_layer={config.n_layer}), got {layer_idx}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise TypeError(f"{name} must be a 4-D tensor (B, nh, T, hs), got {tensor_kind(t)}"
+                            + (f" of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else ""))
+    shape = tuple(q.shape)  # type: ignore[union-attr]
+    if shape[1] != config.n_head or shape[3] != config.head_size:
+        raise ValueError(f"q must be (B, n_head={config.n_head}, T, head_size={config.head_size}), got {shape}")
+    for name, t in (("k", k), ("v", v)):
+        if tuple(t.shape) != shape:  # type: ignore[union-attr]
+            raise ValueError(f"{name} must have q's shape {shape} (this step's keys and values), got "
+                             f"{tuple(t.shape)}")  # type: ignore[union-attr]
 
 
 class ContiguousKVCache:

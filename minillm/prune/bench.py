@@ -166,7 +166,9 @@ class Harness:
     def check_pruned(self, pruned: object, who: str) -> None:
         """A TypeError / ValueError naming `pruned` unless it can be measured against the dense model: a minillm GPT
         (any: a quantized one is only run) with real weights and the dense model's vocabulary and window (pruning
-        changes neither; the comparisons run the same tokens through both)."""
+        changes neither; the comparisons run the same tokens through both). who names the caller in messages."""
+        if not isinstance(who, str):
+            raise TypeError(f"who must name the measurement (a str), got {type(who).__name__}")
         cfg = require_model(pruned, f"Harness.{who} (pruned)")
         check_module_has_data(f"Harness.{who}: pruned", pruned)
         dense = self.model.config

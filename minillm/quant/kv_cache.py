@@ -30,7 +30,7 @@ import torch
 
 from minillm.core.attention import attention, causal_mask
 from minillm.core.config import GPTConfig, check_device, check_int, check_strided, check_tensor_elements, tensor_kind
-from minillm.kvcache.cache import ContiguousKVCache
+from minillm.kvcache.cache import check_attend_args, ContiguousKVCache
 from minillm.paged.backends import register_attention_backend
 from minillm.paged.paged_cache import PagedKVCache, write_kv
 from minillm.quant.quantize import (
@@ -173,20 +173,6 @@ class FakeQuantContiguousKVCache(ContiguousKVCache):
         check_attend_args(self.config, layer_idx, q, k, v)  # before k and v are quantized
         return super().attend(layer_idx, q, dequantize_kv(*_quantize_kv(k), k.dtype, check_values=False),
                               dequantize_kv(*_quantize_kv(v), v.dtype, check_values=False))
-
-
-def check_attend_args(config: GPTConfig, layer_idx: object, q: object, k: object, v: object) -> None:
-    """A cache's `attend` arguments as the model passes them: layer_idx an int in [0, n_layer) (-1 would read the
-    last layer's slots) and q, k, v 4-D tensors; a TypeError / ValueError naming the argument. Host-only, a few type
-    tests per layer call."""
-    if type(layer_idx) is not int:
-        layer_idx = check_int("layer_idx", layer_idx, 0)
-    if not 0 <= layer_idx < config.n_layer:
-        raise ValueError(f"layer_idx must be in [0, n_layer={config.n_layer}), got {layer_idx}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise TypeError(f"{name} must be a 4-D tensor (B, nh, T, hs), got {tensor_kind(t)}"
-                            + (f" of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else ""))
 
 
 class Int8PagedKVCache(PagedKVCache):

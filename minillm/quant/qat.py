@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import check_float_tensor, check_int, check_tensor_elements, tensor_kind
+from minillm.core.config import check_float_tensor, check_int, check_linear_input, check_tensor_elements, tensor_kind
 from minillm.core.model import GPT
 from minillm.gpt.finetune import short_finetune
 from minillm.quant.linear import QuantConfig, QuantizedGPT, check_fp32_model, quantize_model
@@ -68,6 +68,13 @@ class FakeQuantLinear(nn.Linear):
         super().__init__(in_features, out_features, bias=bias, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., in_features) of the weight's dtype and device -> (..., out_features); a TypeError / ValueError
+        naming x otherwise (host-only checks)."""
+        check_linear_input(x, self.in_features)
+        if x.device != self.weight.device or (x.dtype != self.weight.dtype
+                                               and not torch.is_autocast_enabled(x.device.type)):
+            raise TypeError(f"x is {x.dtype} on {x.device} but the layer's weight is {self.weight.dtype} on "
+                            f"{self.weight.device}; cast or move x (or the model) first")
         return F.linear(x, fake_quantize(self.weight, self.qat_config), self.bias)
 
 

@@ -30,7 +30,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from minillm.core.config import check_device, check_float, check_float_tensor, check_strided, tensor_kind
+from minillm.core.config import (check_device, check_float, check_float_tensor, check_linear_input, check_strided,
+                                 tensor_kind)
 from minillm.quant.quantize import check_finite, quantize_symmetric, symmetric_params
 
 
@@ -57,17 +58,6 @@ def _check_int8_operands(a: object, b: object) -> None:
         # subtle: each output sums K products of at most 128 * 128 = 2^14 in int32; from K = 2^17 on it can wrap around
         raise ValueError(f"a @ b sums K = {a.shape[1]} int8 products, more than {MAX_INT8_K}: the int32 result "
                          "could overflow; split K and add the parts")
-
-
-def _check_input(x: object, in_features: int) -> torch.Tensor:
-    """x (..., K) float with K = in_features: TypeError naming its dtype (an integer x would be read as codes)."""
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"x must be a floating-point tensor of activations, got "
-                        f"{tensor_kind(x)}")
-    check_strided("x", x)  # a sparse x: torch's "reshape is not implemented for sparse tensors"
-    if x.dim() == 0 or x.shape[-1] != in_features:
-        raise ValueError(f"x must have shape (..., {in_features}), got {tuple(x.shape)}")
-    return x
 
 
 LAYER_FIELDS = ("in_features", "qweight", "scale", "bias", "config", "dequantized_weight")
@@ -178,7 +168,7 @@ def w8a8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bia
         check_float_tensor("bias", bias)
         if tuple(bias.shape) != (qweight.shape[0],):
             raise ValueError(f"bias must have shape ({qweight.shape[0]},), one per output, got {tuple(bias.shape)}")
-    _check_input(x, qweight.shape[1])
+    check_linear_input(x, qweight.shape[1])
     for name, t in (("qweight", qweight), ("scale", scale), ("bias", bias)):
         if t is not None and t.device != x.device:
             raise ValueError(f"{name} must be on x's device {x.device}, got {t.device}")
@@ -196,7 +186,7 @@ def w8a8_reference(x: torch.Tensor, layer: Any) -> torch.Tensor:
     """The float twin of W8A8: de-quantize both operands, then an fp32 `F.linear`, returned in x's dtype (as
     `w8a8_linear`). Refuses NaN/inf in x."""
     _check_layer(layer)
-    _check_input(x, layer.in_features)
+    check_linear_input(x, layer.in_features)
     x2 = x.reshape(-1, x.shape[-1]).float()  # (M, K)
     xq, sx = quantize_activations(x2)
     y = F.linear(xq.float() * sx, layer.dequantized_weight(), layer.bias)  # (M, N)
@@ -221,7 +211,7 @@ def llm_int8_linear(x: torch.Tensor, layer: Any, threshold: float) -> torch.Tens
     """
     threshold = _check_threshold(threshold)
     _check_layer(layer)
-    _check_input(x, layer.in_features)
+    check_linear_input(x, layer.in_features)
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).float()  # (M, K)
     cols = outlier_columns(x2, threshold)  # (K,)
@@ -239,7 +229,7 @@ def llm_int8_reference(x: torch.Tensor, layer: Any, threshold: float) -> torch.T
     dtype (as `llm_int8_linear`). Refuses NaN/inf."""
     threshold = _check_threshold(threshold)
     _check_layer(layer)
-    _check_input(x, layer.in_features)
+    check_linear_input(x, layer.in_features)
     check_finite("x", x)
     x2 = x.reshape(-1, x.shape[-1]).float()  # (M, K)
     cols = outlier_columns(x2, threshold)

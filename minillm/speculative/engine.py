@@ -34,14 +34,14 @@ from typing import Any, Protocol
 
 import torch
 
-from minillm.core.config import check_choice, check_int
+from minillm.core.config import check_choice, check_int, short_repr
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import probs_from_logits
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
 from minillm.engine.request import Request, RequestStatus
-from minillm.engine.sampler import Sampler
-from minillm.engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from minillm.engine.sampler import Sampler, check_step_logits
+from minillm.engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput, check_update_args
 from minillm.speculative.generate import MAX_GAMMA, DraftModelProposer, PromptLookupProposer, check_gamma
 from minillm.speculative.sampling import accept_greedy, accept_or_resample, check_distributions, check_draft_tokens
 from minillm.speculative.verify_cache import VerifyKVCache  # noqa: F401  (registers the "verify" attention backend)
@@ -87,6 +87,14 @@ class Drafter(Protocol):
         """Drop the request's state (it finished, was aborted or preempted)."""
 
 
+def check_request_id(request_id: object) -> str:
+    """An engine request's id, as the plain str it holds; a TypeError naming request_id otherwise (an id of another
+    type can match no request, so the call would do nothing without a word)."""
+    if not isinstance(request_id, str):
+        raise TypeError(f"request_id must be a str, got {type(request_id).__name__} {short_repr(request_id)}")
+    return str.__str__(request_id)
+
+
 def _check_request(req: object) -> None:
     if not isinstance(req, Request):
         raise TypeError(f"req must be an engine Request, got {type(req).__name__}")
@@ -104,10 +112,13 @@ class PromptLookupDrafter:
         return self.proposer.propose(req.all_token_ids, k, req.state)
 
     def rollback(self, req: Request, num_tokens: int) -> None:
-        pass
+        """Nothing to cut back (no state); the arguments are checked as the draft model's drafter checks them."""
+        _check_request(req)
+        check_int("num_tokens", num_tokens, 0)
 
     def release(self, request_id: str) -> None:
-        pass
+        """Nothing to drop; request_id is checked (a str) as the draft model's drafter checks it."""
+        check_request_id(request_id)
 
 
 class DraftModelDrafter:
@@ -135,12 +146,17 @@ class DraftModelDrafter:
             self.num_forwards += state.calls - before
 
     def rollback(self, req: Request, num_tokens: int) -> None:
+        """Cut the request's draft cache back to its first `num_tokens` (an int >= 0; TypeError / ValueError naming
+        req or num_tokens otherwise); nothing when it has no draft cache."""
+        _check_request(req)
+        num_tokens = check_int("num_tokens", num_tokens, 0)
         state = self.states.get(req.request_id)
         if state is not None:
             state.rollback(num_tokens)
 
     def release(self, request_id: str) -> None:
-        self.states.pop(request_id, None)
+        """Drop the request's draft cache (none kept for an unknown id); request_id must be a str."""
+        self.states.pop(check_request_id(request_id), None)
 
 
 # ----------------------------------------------------------------------------------------------- scheduling
@@ -156,6 +172,16 @@ class VerifyEntry(ScheduledRequest):
 
     draft_token_ids: list[int] = field(default_factory=list)
     draft_probs: torch.Tensor | None = None  # (k, V) the draft's q, sampling mode only
+
+    def __post_init__(self) -> None:
+        super().__post_init__()  # request, num_new_tokens, start
+        if not isinstance(self.draft_token_ids, list):
+            raise TypeError(f"draft_token_ids must be a list of token ids, got {type(self.draft_token_ids).__name__}")
+        if len(self.draft_token_ids) > self.num_new_tokens:
+            raise ValueError(f"num_new_tokens={self.num_new_tokens} must count the {len(self.draft_token_ids)} "
+                             "drafts too")
+        if self.draft_probs is not None and not isinstance(self.draft_probs, torch.Tensor):
+            raise TypeError(f"draft_probs must be the draft's q (k, V) or None, got {type(self.draft_probs).__name__}")
 
     @property
     def num_drafts(self) -> int:
@@ -276,8 +302,10 @@ class SpeculativeScheduler(Scheduler):
         """Roll back every verify entry to its kept drafts and accept its emitted tokens; plain entries as before.
 
         `sampled[i]` is, for a `VerifyEntry`, the list of tokens the acceptance rule emitted (kept drafts + one of
-        the target's) or None if its verification failed; for a plain entry, chapter 06's token or None.
+        the target's) or None if its verification failed; for a plain entry, chapter 06's token or None. The
+        arguments are checked as chapter 06's (`check_update_args`).
         """
+        check_update_args(out, sampled, now)
         plain_out, plain_sampled, finished = SchedulerOutput(), [], []
         for s, emitted in zip(out.scheduled, sampled):
             if not isinstance(s, VerifyEntry):
@@ -348,7 +376,9 @@ class SpeculativeSampler(Sampler):
 
     def sample(self, out: SchedulerOutput, logits: torch.Tensor) -> list[Any]:
         """Per entry: None (a prompt chunk that does not sample), a token (plain entry, chapter 06's sampling), or
-        the list a verify entry emits (None if its verification raised: that request alone fails)."""
+        the list a verify entry emits (None if its verification raised: that request alone fails). out must be
+        the step's SchedulerOutput and logits (R, V) its sampled rows, 1 + k for a verify entry with k drafts."""
+        check_step_logits(out, logits, lambda s: s.num_drafts + 1 if isinstance(s, VerifyEntry) else 1)
         plain = SchedulerOutput()
         plain_rows: list[int] = []
         verify_rows: dict[int, torch.Tensor] = {}  # position in out.scheduled -> (1 + k, V)
@@ -363,7 +393,6 @@ class SpeculativeSampler(Sampler):
                 plain.scheduled.append(s)
                 plain_rows.append(r)
             r += k + 1
-        assert r == logits.shape[0]
         plain_tokens = iter(super().sample(plain, logits[plain_rows]) if plain.scheduled else [])  # (P, V) rows
         result: list[Any] = []
         for i, s in enumerate(out.scheduled):

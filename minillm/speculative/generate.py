@@ -130,21 +130,21 @@ class DraftModelProposer:
         self.calls = 0
 
     def prefill(self, prompt: list[int]) -> None:
-        """Feed all of the prompt but its last token (token ids in the draft's vocabulary, within its cache)."""
-        prompt = check_token_ids("prompt", prompt, self.model.config.vocab_size)
-        if len(prompt) > self.cache.max_len:
-            raise ValueError(f"prompt has {len(prompt)} tokens, more than the draft cache's "
-                             f"max_len={self.cache.max_len}")
+        """Start a request: empty the cache and feed all of the prompt but its last token (at least one token id,
+        each in the draft's vocabulary, at most max_len of them)."""
+        prompt = check_prompt_ids(prompt, self.model.config.vocab_size, self.cache.max_len, "the draft cache's")
+        self.cache.reset()  # a second prefill starts over, as the fused proposer's does
         if len(prompt) > 1:  # the cache holds all but the last token, as the target's does
             _forward(self.model, self.cache, prompt[:-1], 0)
 
     def propose(self, seq: list[int], gamma: int, state: RequestState) -> tuple[list[int], torch.Tensor | None]:
         """γ draft tokens and the distributions q (γ, V) they were drawn from (None in greedy mode: not needed).
-        A TypeError / ValueError naming seq, gamma or state when they are not a list of ids, γ and a RequestState."""
-        _check_propose_args(seq, state)
-        gamma = check_gamma(gamma)
+        A TypeError / ValueError naming seq, gamma or state when they are not the sequence so far (past what the
+        cache holds, its new ids in the vocabulary), a γ whose drafts fit the cache, and a RequestState."""
+        feed, gamma = check_draft_feed(seq, gamma, state, self.cache.length, self.cache.max_len,
+                                       self.model.config.vocab_size)
         params, tokens, q_rows = state.params, [], []
-        feed, start = seq[self.cache.length:], self.cache.length  # 1 token, or 2 after a round that kept all γ
+        start = self.cache.length  # feed: 1 token, or 2 after a round that kept all γ
         for _ in range(gamma):
             logits = _forward(self.model, self.cache, feed, start)[-1:]  # (1, V): the last fed position only
             self.calls += 1
@@ -171,6 +171,39 @@ def _check_propose_args(seq: object, state: object) -> None:
         raise TypeError(f"state must be the request's RequestState, got {type(state).__name__}")
 
 
+def check_prompt_ids(prompt: object, vocab_size: int, max_len: int | None = None, whose: str = "the") -> list[int]:
+    """A proposer's prefill prompt: at least one token id, each in [0, vocab_size), at most `max_len` of them when
+    given (`whose` names the cache in the message); the ids as a list, or a TypeError / ValueError naming prompt."""
+    prompt = check_token_ids("prompt", prompt, vocab_size)
+    if not prompt:
+        raise ValueError("prompt must hold at least one token, got []")
+    if max_len is not None and len(prompt) > max_len:
+        raise ValueError(f"prompt has {len(prompt)} tokens, more than {whose} max_len={max_len}")
+    return prompt
+
+
+def check_draft_feed(seq: object, gamma: object, state: object, cached: int, max_len: int, vocab_size: int
+                     ) -> tuple[list[int], int]:
+    """A draft model's propose arguments checked before its first forward: (the tokens to feed, γ as a plain int).
+    seq must be the sequence so far, a list longer than the `cached` tokens the draft's cache holds (the feed: one
+    token, or two after a round that kept all γ) whose new ids are in [0, vocab_size); γ as `check_gamma`, its
+    drafts fitting the cache (the feed and γ - 1 drafts are written: the last draft is never fed); state a
+    RequestState. A TypeError / ValueError naming seq, gamma or state otherwise, not an IndexError in the embedding
+    or "cache full" a forward later. Only the feed's ids are checked: the rest was checked when it was fed."""
+    _check_propose_args(seq, state)
+    gamma = check_gamma(gamma)
+    seq_len = len(seq)  # type: ignore[arg-type]
+    if seq_len <= cached:
+        raise ValueError(f"seq has {seq_len} tokens but the draft's cache already holds {cached}: seq must be the "
+                         "whole sequence so far, prefilled and longer than what the draft has fed")
+    feed = check_token_ids(f"seq[{cached}:]", seq[cached:], vocab_size)  # type: ignore[index]
+    needed = cached + len(feed) + gamma - 1
+    if needed > max_len:
+        raise ValueError(f"gamma={gamma} drafts after {seq_len} tokens need {needed} slots of the draft's cache, "
+                         f"more than its max_len={max_len}: a smaller gamma or a longer draft cache")
+    return feed, gamma
+
+
 class PromptLookupProposer:
     """Drafts by copying what followed the most recent earlier occurrence of the last n-gram; no model at all."""
 
@@ -183,10 +216,16 @@ class PromptLookupProposer:
         self.calls = 0  # never a forward
 
     def prefill(self, prompt: list[int]) -> None:
-        pass
+        """Nothing to feed (no model); the prompt is checked as the draft proposers check theirs."""
+        check_prompt_ids(prompt, self.vocab_size)
 
     def propose(self, seq: list[int], gamma: int, state: RequestState) -> tuple[list[int], torch.Tensor | None]:
-        _check_propose_args(seq, state)  # two type tests; `lookup` checks gamma
+        """Up to γ tokens copied from seq (`lookup`), and their one-hot q (γ, V) when sampling. seq (a non-empty
+        list), gamma (`check_gamma`) and state are checked; seq's ids only where a draft is copied from."""
+        _check_propose_args(seq, state)  # two type tests
+        gamma = check_gamma(gamma)
+        if not seq:
+            raise ValueError("seq must be the sequence so far: at least one token, got []")
         tokens = lookup(seq, gamma, self.ngram)  # subtle: not prompt_lookup_proposals, whose check of every token
         # of seq (hundreds) each round was 5% of a fused round; seq is a copy of the round loop's list
         outside = [t for t in tokens if t >= self.vocab_size]  # copied from seq: a bad id there comes back as a draft
@@ -202,7 +241,8 @@ class PromptLookupProposer:
         return tokens, q
 
     def rollback(self, length: int) -> None:
-        pass
+        """Nothing to cut back (no cache); length is checked as the draft proposers check it."""
+        check_int("length", length, 0)
 
 
 def prompt_lookup_proposals(ids: list[int], gamma: int, ngram: int = 3) -> list[int]:

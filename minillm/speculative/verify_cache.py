@@ -21,10 +21,26 @@ import torch
 
 from minillm.core.attention import attention, causal_mask
 from minillm.engine.selective_cache import SelectiveKVCache
+from minillm.kvcache.cache import check_attend_args
 from minillm.paged import PagedBatch
 from minillm.paged.backends import register_attention_backend
 from minillm.paged.paged_cache import write_kv
 
+
+
+def check_verify_attend(cache: VerifyKVCache, layer_idx: object, q: object, k: object, v: object) -> None:
+    """A paged cache's `attend` arguments as the model passes them: `check_attend_args` (layer_idx in range, q, k,
+    v of one shape (1, n_head, N, head_size)), then a batch set for this step and N its new tokens; a TypeError /
+    ValueError naming the argument. Host-only, per layer call."""
+    if not isinstance(cache, VerifyKVCache):
+        raise TypeError(f"cache must be a VerifyKVCache, got {type(cache).__name__}")
+    check_attend_args(cache.config, layer_idx, q, k, v)
+    b = cache.batch
+    if b is None:
+        raise ValueError("attend reads the current step's batch: none is set (set_batch first)")
+    if q.shape[0] != 1 or q.shape[2] != b.num_tokens:  # type: ignore[union-attr]
+        raise ValueError(f"q must be (1, n_head, N, head_size) with N = the batch's {b.num_tokens} new tokens, got "
+                         f"{tuple(q.shape)}")  # type: ignore[union-attr]
 
 class VerifyKVCache(SelectiveKVCache):
     max_query_len = 16  # longer queries are prompt chunks: padding every short one to their length would waste more
@@ -65,11 +81,12 @@ class VerifyKVCache(SelectiveKVCache):
         self._shape = (S, Q, nblk)
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q, k, v (1, nh, N, hs) -> (1, nh, N, hs): short queries in one call, prompt chunks looped."""
+        """q, k, v (1, nh, N, hs) -> (1, nh, N, hs): short queries in one call, prompt chunks looped. The arguments
+        are checked first (`check_verify_attend`)."""
+        check_verify_attend(self, layer_idx, q, k, v)
         if not getattr(self, "_verify", False):
             return super().attend(layer_idx, q, k, v)
         b = self.batch
-        assert b is not None and q.shape[2] == b.num_tokens
         write_kv(self.k_pools[layer_idx], b.slot_mapping, k[0].transpose(0, 1))  # (nh, N, hs) -> (N, nh, hs)
         write_kv(self.v_pools[layer_idx], b.slot_mapping, v[0].transpose(0, 1))  # (nh, N, hs) -> (N, nh, hs)
         S, Q, nblk = self._shape
