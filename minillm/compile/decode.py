@@ -285,10 +285,8 @@ class StaticDecoder:
         mode = check_choice("mode", mode, MODES)
         if mode == "cuda-graph" and model.device.type != "cuda":
             raise ValueError(f"mode 'cuda-graph' needs the model on a CUDA device, got {model.device}")
-        if not isinstance(backend, str) or not backend:
-            raise TypeError(f"backend must be a torch.compile backend name, got {backend!r}")
+        backend = check_backend(backend)  # in every mode: a wrong name is refused, not kept unused until mode changes
         if mode == "compile":
-            backend = check_backend(backend)
             layer = uncompilable_layer(model)
             if layer is not None:
                 raise ValueError(f"mode 'compile' cannot trace this model's {layer}: its forward reads tensor values "

@@ -33,6 +33,17 @@ from minillm.core.sampling import SamplingParams, make_generator
 FINISH_REASONS = ("length", "eos", "stop", "error")  # "error": sampling or the stop check raised for this request
 
 
+def check_tokenizer_arg(tokenizer: Any) -> Any:
+    """`tokenizer` if it is None or has a decode(ids) method (what the stop rule calls, once per token); a TypeError
+    naming it otherwise, at the call that takes it, not an AttributeError at the first token. A str or bytes is
+    refused by name: it would pass a duck test for encode."""
+    if tokenizer is not None and (isinstance(tokenizer, (str, bytes)) or not callable(getattr(tokenizer, "decode",
+                                                                                               None))):
+        raise TypeError(f"tokenizer must be None or have a decode(ids) method (the shipped tokenizer's), got "
+                        f"{type(tokenizer).__name__}")
+    return tokenizer
+
+
 def default_eos(tokenizer: Any, eos_id: int | None) -> int | None:
     """The explicit eos_id (a plain int: a numpy int is read as the int it holds), else the tokenizer's end-of-text
     token when it has one, else none."""
@@ -132,7 +143,7 @@ class StopChecker:
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
         if params.stop and tokenizer is None:
             raise ValueError(f"stop strings {params.stop!r} need a tokenizer to decode the generated text")
-        self.tokenizer = tokenizer
+        self.tokenizer = check_tokenizer_arg(tokenizer)
         self.params = params
         self.eos_id = default_eos(tokenizer, eos_id)
         self.token_ids: list[int] = []

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -186,7 +187,14 @@ class RecordLog:
     def __init__(self, path: Path, digest: str = "", keys: tuple[str, ...] | None = None):
         # a folder (or a path under a file) is a ValueError naming path now, not an IsADirectoryError at a step
         self.path: Path = check_output_file(check_path(path, "path"), "path")  # type: ignore[assignment]
-        self.digest = digest
+        if not isinstance(digest, str) or not re.fullmatch(r"|[0-9a-f]{64}", str.__str__(digest)):
+            raise ValueError(f"digest must be the log's last sha256 (64 lowercase hex digits) or '' for a new log, "
+                             f"got {short_repr(digest)}")
+        if keys is not None and (not isinstance(keys, tuple) or not keys
+                                 or not all(isinstance(k, str) for k in keys)):
+            raise TypeError(f"keys must be None or the run's record keys (a non-empty tuple of str, "
+                            f"`record_keys`), got {short_repr(keys)}")
+        self.digest = str.__str__(digest)
         self.keys = keys
 
     def __call__(self, record: dict[str, float]) -> None:

@@ -36,7 +36,7 @@ import torch
 
 from minillm.core.config import GPTConfig
 from minillm.core.sampling import SamplingParams
-from minillm.core.stopping import check_eos_id, default_eos, start_request
+from minillm.core.stopping import check_eos_id, check_tokenizer_arg, default_eos, start_request
 from minillm.engine.request import Request, RequestOutput
 
 
@@ -88,7 +88,7 @@ class FrontEnd:
     def _init_front_end(self, model_config: GPTConfig, tokenizer: Any, eos_id: int | None,
                         device: torch.device | str) -> None:
         self.model_config = model_config
-        self.tokenizer = tokenizer
+        self.tokenizer = check_tokenizer_arg(tokenizer)
         check_eos_id(eos_id, model_config.vocab_size)
         self.eos_id = default_eos(tokenizer, eos_id)
         self.state_device = torch.device(device)  # where each request's generator lives (where it is sampled)

@@ -10,6 +10,8 @@ everything the full trainer (`minillm.gpt.train`) has — schedules, checkpoints
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -60,19 +62,25 @@ def short_finetune(net: nn.Module, steps: int, batch_size: int = 4, lr: float = 
     if teacher is not None:
         teacher.eval()
     net.train()
-    losses = []
-    for _ in range(steps):
-        x, y = sampler.sample(net.device)  # (B, T) each
-        logits = net(x).flatten(0, 1)  # (B*T, V)
-        if teacher is not None:
-            with torch.no_grad():
-                target = F.log_softmax(teacher(x).flatten(0, 1), dim=-1)  # (B*T, V)
-            loss = F.kl_div(F.log_softmax(logits, dim=-1), target, log_target=True, reduction="batchmean")
-        else:
-            loss = F.cross_entropy(logits, y.flatten())  # (B*T, V) vs (B*T,)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    net.eval()
+    losses: list[float] = []
+    try:
+        for step in range(steps):
+            x, y = sampler.sample(net.device)  # (B, T) each
+            logits = net(x).flatten(0, 1)  # (B*T, V)
+            if teacher is not None:
+                with torch.no_grad():
+                    target = F.log_softmax(teacher(x).flatten(0, 1), dim=-1)  # (B*T, V)
+                loss = F.kl_div(F.log_softmax(logits, dim=-1), target, log_target=True, reduction="batchmean")
+            else:
+                loss = F.cross_entropy(logits, y.flatten())  # (B*T, V) vs (B*T,)
+            losses.append(loss.item())
+            if not math.isfinite(losses[-1]):  # before the step, which would spread NaN into every weight
+                raise ValueError(f"the fine-tune diverged: loss {losses[-1]} at step {step} (lr={lr} is too large "
+                                 f"for this model, or its weights were not finite); the weights were updated in "
+                                 f"place up to the step before")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    finally:
+        net.eval()
     return losses

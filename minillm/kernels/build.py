@@ -300,9 +300,12 @@ def run_program(cmd: list[str], what: str, timeout: float | None = None, cwd: st
     """subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd), or a RuntimeError naming
     `what` and the program when it cannot be started at all (no such program, not executable): subprocess's
     FileNotFoundError names neither. The arguments are checked first: cmd by `check_command` (a non-empty list of
-    str without NUL characters), timeout None or positive seconds (`check_timeout`: 2**40 s would be subprocess's
-    OverflowError), cwd None or an existing folder; a TypeError / ValueError naming the argument otherwise."""
+    str without NUL characters), what a str, timeout None or positive seconds (`check_timeout`: 2**40 s would be
+    subprocess's OverflowError), cwd None or an existing folder; a TypeError / ValueError naming the argument
+    otherwise."""
     cmd = check_command(cmd)
+    if not isinstance(what, str):  # the message's subject
+        raise TypeError(f"what must say what runs (a str, for messages), got {type(what).__name__}")
     if timeout is not None:
         timeout = check_timeout(timeout)
     if cwd is not None:

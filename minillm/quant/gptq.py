@@ -148,6 +148,8 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int = 4, symmetric: bo
     `dequantize` is the layer's new weight Ŵ. `damp` (finite, >= 0) is the share of mean(diag H) added to the
     diagonal; a damped H that is still not positive definite is a ValueError naming `name` (the layer) and damp.
     """
+    if not isinstance(name, str):  # the layer's name in messages
+        raise TypeError(f"name must name the layer (a str), got {type(name).__name__}")
     group_size = _check_layer(W, H, group_size, bits, symmetric, damp)
     out, n = W.shape
     H = damped(H, damp)  # (n, n)
@@ -184,6 +186,8 @@ def gptq_reference(W: torch.Tensor, H: torch.Tensor, bits: int = 4, symmetric: b
     Derivation: with e = w - ŵ and e_S fixed, the gradient in e_F of e_S H_SS e_Sᵀ + 2 e_S H_SF e_Fᵀ + e_F H_FF e_Fᵀ
     is 2 (e_S H_SF + e_F H_FF) = 0, so e_F = -e_S H_SF H_FF⁻¹.
     """
+    if not isinstance(name, str):  # the layer's name in messages
+        raise TypeError(f"name must name the layer (a str), got {type(name).__name__}")
     group_size = _check_layer(W, H, group_size, bits, symmetric, damp)
     out, n = W.shape
     H = damped(H, damp)
