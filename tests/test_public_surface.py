@@ -700,3 +700,33 @@ def test_every_argument_of_a_public_function_is_checked_by_itself(name, tmp_path
             if problem not in (None, "accepted"):
                 problems.append(problem)
     assert not problems, "\n".join(problems)
+
+
+# ----- records: the benchmarks' sizes ------------------------------------------------------------------------------
+
+SIZE_RECORDS = ("quant.bench", "prune.bench", "distill.bench")
+
+
+@pytest.mark.parametrize("module", SIZE_RECORDS)
+def test_every_field_of_a_benchmark_size_is_checked_when_the_record_is_built(module):
+    """A `Sizes` record built by hand (the benchmarks' `SIZES` presets are such records) with one field replaced by
+    each bad value: a TypeError / ValueError naming the field, not an error minutes into the run that reads it."""
+    import dataclasses
+
+    sizes_type = _mod(module).Sizes
+    good = _mod(module).SIZES["quick"]
+    problems = []
+    for field in dataclasses.fields(sizes_type):
+        for bad, value in ONE_AT_A_TIME.items():
+            current = getattr(good, field.name)
+            if (type(value) is type(current) and value == current) or (isinstance(current, bool)
+                                                                          and isinstance(value, bool)):
+                continue
+            problem = _call_once(lambda: dataclasses.replace(good, **{field.name: _make(value)}), module,
+                                 f"Sizes.{field.name} = {bad}")
+            accepted = (field.type == "int | None" and value is None) or (bad == "True" and field.type == "bool")
+            if problem == "accepted" and not accepted:
+                problem = f"{module}.Sizes with {field.name} = {bad}: accepted"
+            if problem not in (None, "accepted"):
+                problems.append(problem)
+    assert not problems, "\n".join(problems)

@@ -17,6 +17,7 @@ name.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import shlex
@@ -27,10 +28,11 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import torch
 
-from minillm.core.config import check_choice, check_threads, short_repr
+from minillm.core.config import check_bool, check_choice, check_float, check_int, check_threads, short_repr
 from minillm.core.device import DEVICE_CHOICES
 from minillm.core.io import atomic_write_text, check_output_file
 from minillm.core.sampling import seed_argument
+from minillm.core.timing import check_repeats
 
 # The shared options' defaults and help, one place for every benchmark.
 DEFAULT_DEVICE = "cpu"  # where a benchmark has a CPU path; a GPU-only one (chapter 12's kernels) defaults to cuda
@@ -195,6 +197,39 @@ def start(ap: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.N
 
 
 S = TypeVar("S")
+
+
+MAX_SIZE = 10**7  # a benchmark's count (tokens, prompts, steps, calls): far past any size a run here takes
+
+
+def check_sizes(sizes: Any) -> None:
+    """Every field of a benchmark's `Sizes` record (a frozen dataclass) checked by its annotation and stored as the
+    plain value, from its `__post_init__`: an int is a count in [1, MAX_SIZE] (a field named "...steps" may be 0:
+    no training; "...repeats" as `check_repeats`), "int | None" also None, a bool a bool, a tuple of floats
+    fractions in (0, 1) and a tuple of ints counts (neither empty). A TypeError / ValueError naming
+    `Sizes.field` when the record is built, not a failure minutes into the run that reads it."""
+    for f in dataclasses.fields(sizes):
+        name, value, kind = f"{type(sizes).__name__}.{f.name}", getattr(sizes, f.name), str(f.type)
+        if kind == "bool":
+            value = check_bool(name, value)
+        elif kind in ("int", "int | None") and not (value is None and kind == "int | None"):
+            value = check_repeats(name, value) if f.name.endswith("repeats") else _count(name, value, f.name)
+        elif kind in ("tuple[float, ...]", "tuple[int, ...]"):
+            if not isinstance(value, tuple) or not value:
+                raise TypeError(f"{name} must be a non-empty tuple, got {type(value).__name__} {short_repr(value)}")
+            value = tuple(check_float(f"{name}[{i}]", v, 0.0, 1.0, include_minimum=False, include_maximum=False)
+                          if kind == "tuple[float, ...]" else _count(f"{name}[{i}]", v, "") for i, v in
+                          enumerate(value))
+        elif kind != "int | None":
+            raise TypeError(f"{name}: check_sizes has no rule for a field of type {kind}")  # a new field needs one
+        object.__setattr__(sizes, f.name, value)  # frozen: the plain value, as the checks return it
+
+
+def _count(name: str, value: Any, field: str) -> int:
+    value = check_int(name, value, 0 if field.endswith("steps") else 1)
+    if value > MAX_SIZE:
+        raise ValueError(f"{name} must be at most {MAX_SIZE:,}, got {short_repr(value)}")
+    return value
 
 
 def pick_size(sizes: Mapping[str, S], size: str) -> S:

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 import torch
 
 from minillm.bench.agreement import greedy_agreement, output_consistency, teacher_forced_kl
-from minillm.bench.cli import bench_parser, pick_size, start, write_report
+from minillm.bench.cli import bench_parser, check_sizes, pick_size, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
 from minillm.core.config import check_fits_window, check_float, check_int, reads_report, short_repr
@@ -213,6 +213,9 @@ class Sizes:
     gammas: tuple[int, ...]
     timed_prompts: int  # of those prompts, how many the speed-up times
     repeats: int  # timing repeats (median)
+
+    def __post_init__(self) -> None:
+        check_sizes(self)  # every field by its type, named: a bad size fails here, not minutes into a run
 
 
 SIZES = {

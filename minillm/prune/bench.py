@@ -40,7 +40,7 @@ import torch.nn.utils.prune as torch_prune
 
 from minillm.bench.agreement import output_consistency, teacher_forced_kl
 from minillm.bench.check import same_tokens
-from minillm.bench.cli import bench_parser, pick_size, start, write_report
+from minillm.bench.cli import bench_parser, check_sizes, pick_size, start, write_report
 from minillm.bench.driver import engine_tokens
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
@@ -97,6 +97,9 @@ class Sizes:
     heads: bool  # the attention-head study
     cost_repeats: int  # layer_costs: repeats, and calls per repeat
     cost_calls: int
+
+    def __post_init__(self) -> None:
+        check_sizes(self)  # every field by its type, named: a bad size fails here, not minutes into a run
 
 
 SIZES = {

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from minillm.bench.agreement import output_consistency, teacher_forced_kl
 from minillm.bench.check import same_tokens
-from minillm.bench.cli import bench_parser, cpu_description, pick_size, start, write_report
+from minillm.bench.cli import bench_parser, check_sizes, cpu_description, pick_size, start, write_report
 from minillm.bench.driver import engine_tokens
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
@@ -96,6 +96,9 @@ class Sizes:
     outlier_tokens: int  # validation tokens of the outlier study
     cost_repeats: int  # layer_costs: repeats, and calls per repeat
     cost_calls: int
+
+    def __post_init__(self) -> None:
+        check_sizes(self)  # every field by its type, named: a bad size fails here, not minutes into a run
 
 
 SIZES = {
