@@ -478,6 +478,13 @@ def _mod(name: str):
     return importlib.import_module(f"minillm.{name}")
 
 
+def _paged_args():
+    """Chapter 05's paged decode arguments: q (S, nh, hs), pools (nb, bs, nh, hs), block tables and lengths, for
+    S = 2 sequences of 3 and 5 tokens in blocks of 4."""
+    pools = [torch.randn(6, 4, CFG.n_head, CFG.head_size) for _ in range(2)]
+    return (torch.randn(2, CFG.n_head, CFG.head_size), *pools, torch.tensor([[0, -1], [1, 2]]), torch.tensor([3, 5]))
+
+
 def _fresh_path(name: str):
     """A path in a new temporary folder, for a save to write."""
     import tempfile
@@ -605,6 +612,107 @@ GOOD_CALLS = {  # function -> () -> (args, kwargs) of a call that works; every o
     "speculative.bench.chi_square_test":
         lambda: ((torch.tensor([30, 30, 20, 20]), torch.tensor([0.3, 0.3, 0.2, 0.2])), {"bins": 3}),
     "quant.outliers.outlier_report": lambda: (({"a": torch.tensor([1.0, 8.0])},), {"threshold": 6.0}),
+    # chapter 08's rule and cost model
+    "speculative.sampling.residual_distribution": lambda: ((_probs(2), _probs(2)), {}),
+    "speculative.sampling.acceptance_probability": lambda: ((torch.tensor([0.5, 0.2]), torch.tensor([0.4, 0.4])), {}),
+    "speculative.generate.sample_draft":
+        lambda: ((torch.randn(1, CFG.vocab_size), _mod("core.sampling").SamplingParams(max_new_tokens=2,
+                                                                                       temperature=0.8),
+                  torch.Generator().manual_seed(0), 0), {}),
+    "speculative.bench.expected_tokens_per_call": lambda: ((0.7, 4), {}),
+    "speculative.bench.predicted_speedup": lambda: ((0.7, 4, 0.3), {"verify_cost": 1.2}),
+    "speculative.bench.chi_square_p_value": lambda: ((3.0, 4), {}),
+    # chapter 09's quantizers, W8A8 and GPTQ pieces
+    "quant.quantize.quantize_symmetric":
+        lambda: ((torch.randn(4, 8), torch.full((4, 1), 0.05), 8), {"check_values": True}),
+    "quant.quantize.dequantize_symmetric":
+        lambda: ((torch.randint(-127, 128, (4, 8), dtype=torch.int8), torch.full((4, 1), 0.05)),
+                 {"check_values": True}),
+    "quant.quantize.quantize_asymmetric":
+        lambda: ((torch.randn(4, 8), torch.full((4, 1), 0.05), torch.full((4, 1), 128.0), 8), {"check_values": True}),
+    "quant.quantize.dequantize_asymmetric":
+        lambda: ((torch.randint(0, 256, (4, 8), dtype=torch.uint8), torch.full((4, 1), 0.05),
+                  torch.full((4, 1), 128.0)), {"check_values": True}),
+    "quant.quantize.asymmetric_params": lambda: ((torch.randn(4, 8), 8), {"dim": 1}),
+    "quant.quantize.unpack_int4": lambda: ((torch.randint(0, 256, (4, 4), dtype=torch.uint8), True), {}),
+    "quant.quantize.qrange": lambda: ((4, True), {}),
+    "quant.w8a8.w8a8_linear":
+        lambda: ((torch.randn(2, 16), torch.randint(-127, 128, (8, 16), dtype=torch.int8), torch.rand(8, 1) / 64,
+                  torch.randn(8)), {"use_int_mm": False}),
+    "quant.w8a8.outlier_columns": lambda: ((torch.randn(2, 16) * 4, 6.0), {}),
+    "quant.qat.fake_quantize": lambda: ((torch.randn(8, 16), _mod("quant.linear").QuantConfig("int8")), {}),
+    "quant.qat.prepare_qat": lambda: ((_model(), _mod("quant.linear").QuantConfig("int8")), {}),
+    "quant.linear.QuantLinear": lambda: ((16, 8, True, _mod("quant.linear").QuantConfig("int8")), {}),
+    "quant.linear.QuantLinear.from_linear":
+        lambda: ((nn.Linear(16, 8), _mod("quant.linear").QuantConfig("int8")), {"qt": None, "name": "qt"}),
+    "quant.gptq.damped": lambda: ((torch.eye(8), 0.01), {}),
+    "quant.gptq.output_error": lambda: ((torch.randn(8, 16), torch.randn(8, 16), torch.randn(4, 16)), {}),
+    "quant.gptq.check_calibration": lambda: ((_model(), torch.randint(0, 64, (2, 8))), {"who": "calibration"}),
+    "quant.gptq.rtn_and_gptq_errors":
+        lambda: ((nn.Linear(16, 8), torch.randn(32, 16)), {"bits": 4, "symmetric": True, "group_size": 8}),
+    "quant.outliers.input_absmax": lambda: ((_model(), torch.randint(0, 64, (2, 8))), {}),
+    # chapter 10's masks and structured pruning
+    "prune.masks.magnitude_mask": lambda: ((torch.randn(8, 16), 0.5), {}),
+    "prune.masks.wanda_score": lambda: ((torch.randn(8, 16), torch.rand(16)), {}),
+    "prune.masks.per_row_mask": lambda: ((torch.randn(8, 16), 0.5), {}),
+    "prune.masks.lowest_k_mask": lambda: ((torch.randn(8, 16), 3), {}),
+    "prune.masks.num_pruned": lambda: ((16, 0.5), {}),
+    "prune.structured.head_scores": lambda: ((_model(), torch.randint(0, 64, (2, 8))), {}),
+    "prune.structured.mask_heads": lambda: ((_model(), {0: [1]}), {}),
+    "prune.structured.prune_heads": lambda: ((_model(), {0: [1], 1: [0]}), {}),
+    "prune.structured.lowest_heads": lambda: ((torch.rand(CFG.n_layer, CFG.n_head), 1), {}),
+    "prune.structured.mlp_neuron_scores": lambda: ((_model(), torch.randint(0, 64, (2, 8))), {}),
+    "prune.structured.prune_mlp":
+        lambda: ((_model(), 0.25, _mod("prune.structured").mlp_neuron_scores(_model(), torch.randint(0, 64, (2, 8)))),
+                 {}),
+    "prune.unstructured.layer_mask":
+        lambda: ((torch.randn(8, 16), "wanda", 0.5, "unstructured", torch.rand(16)), {}),
+    # chapter 11's losses and run records
+    "distill.losses.feature_loss":
+        lambda: ((torch.randn(1, 4, 16), torch.randn(1, 4, 32), nn.Linear(16, 32)), {}),
+    "distill.losses.default_layer_pairs": lambda: ((1, 2), {}),
+    "distill.run_state.record_digest": lambda: (("", {"step": 1, "loss": 1.0}), {}),
+    "distill.run_state.check_record": lambda: (({"step": 1, "loss": 1.0}, ("step", "loss"), "record"), {}),
+    # chapter 12's naive twins, mirrors and emulator
+    "kernels.naive.layernorm": lambda: ((torch.randn(2, 8), torch.ones(8), torch.zeros(8)), {"eps": 1e-5}),
+    "kernels.naive.bias_gelu": lambda: ((torch.randn(2, 8), torch.zeros(8)), {}),
+    "kernels.naive.attention": lambda: (tuple(torch.randn(1, 2, 4, 8) for _ in range(3)), {}),
+    "kernels.naive.int8_gemv":
+        lambda: ((torch.randn(1, 16), torch.randint(-127, 128, (8, 16), dtype=torch.int8), torch.rand(8) / 64),
+                 {"bias": torch.randn(8)}),
+    "kernels.naive.kv_cache_write":
+        lambda: ((torch.randn(2, 2, 8), torch.randn(2, 2, 8), torch.zeros(4, 4, 2, 8), torch.zeros(4, 4, 2, 8),
+                  torch.tensor([0, 5])), {}),
+    "kernels.naive.paged_attention_decode": lambda: (_paged_args(), {}),
+    "kernels.mirror.paged_attention_decode": lambda: (_paged_args(), {"num_warps": 1}),
+    "kernels.emulator.paged_attention_decode": lambda: (_paged_args() + (1,), {"reverse": False,
+                                                                               "check_indices": True}),
+    "compile.cpu_paged.paged_decode_attention": lambda: (_paged_args(), {}),
+    "compile.cpu_paged.paged_verify_attention": lambda: (_paged_args() + (torch.tensor([1, 1]),), {}),
+    "kernels.mirror.flash_attention":
+        lambda: (tuple(torch.randn(1, 2, 4, 8) for _ in range(3)), {"block_q": 16, "block_k": 16}),
+    "kernels.mirror.bias_gelu": lambda: ((torch.randn(2, 8), torch.zeros(8)), {"pack": 8}),
+    "kernels.mirror.int8_gemv":
+        lambda: ((torch.randn(1, 16), torch.randint(-127, 128, (8, 16), dtype=torch.int8), torch.rand(8) / 64),
+                 {"bias": torch.randn(8), "pack": 1}),
+    "kernels.mirror.kv_cache_write":
+        lambda: ((torch.randn(2, 2, 8), torch.randn(2, 2, 8), torch.zeros(4, 4, 2, 8), torch.zeros(4, 4, 2, 8),
+                  torch.tensor([0, 5])), {}),
+    "kernels.mirror.layernorm_warp":
+        lambda: ((torch.randn(2, 8), torch.ones(8), torch.zeros(8)), {"eps": 1e-5, "pack": 1}),
+    "kernels.mirror.softmax_online": lambda: ((torch.randn(2, 16),), {"tile": 8, "num_parts": 2}),
+    "kernels.bench.relative_error": lambda: ((torch.randn(4), torch.randn(4)), {}),
+    # chapter 13's decoders' pieces
+    "compile.cpu_gemv.int8_gemv":
+        lambda: ((torch.randn(1, 16), torch.randint(-127, 128, (8, 16), dtype=torch.int8), torch.rand(8) / 64),
+                 {"b": torch.randn(8)}),
+    "compile.decode.integer_ids": lambda: (("token", torch.tensor([1]), 1), {}),
+    "compile.decode.decoder_max_len": lambda: ((CFG, 16), {}),
+    "compile.decode.check_decoder_room": lambda: ((16, CFG, [1, 2, 3], _greedy(4)), {"truncate": False}),
+    "compile.aot.DecodeStep": lambda: ((_model(), 16), {}),
+    "compile.sweep.run_case":
+        lambda: ((_model(), _mod("compile.sweep").Case("decode", 1, 4)), {"steps": 2, "repeats": 1,
+                                                                         "backend": "eager", "seed": 0}),
 }
 FUNCTION_ACCEPTS = {  # (function, argument, bad value's name): why the result is right
     **{(f, "tokenizer", "None"): "the default" for f in GOOD_CALLS},
@@ -652,6 +760,40 @@ FUNCTION_ACCEPTS = {  # (function, argument, bad value's name): why the result i
     **{(f, "method", "str"): "free text kept for people (documented)"
        for f in ("quant.checkpoint.save_quantized", "prune.checkpoint.save_pruned")},
     **{("quant.outliers.outlier_report", "threshold", v): "a valid threshold" for v in ("2**40", "1.5")},
+    **{("speculative.sampling.acceptance_probability", a, "tensor"): "zeros are probabilities: min(1, p/q) is defined"
+       for a in ("p_x", "q_x")},
+    ("speculative.generate.sample_draft", "generator", "None"): "the default generator",
+    ("speculative.generate.sample_draft", "step", "2**40"): "the step only names the draft in messages",
+    **{(f"speculative.bench.{f}", a, v): "the cost model's arithmetic on valid numbers"
+       for f, a in (("expected_tokens_per_call", "gamma"), ("predicted_speedup", "gamma"), ("predicted_speedup", "c"),
+                    ("predicted_speedup", "verify_cost"), ("chi_square_p_value", "chi2"),
+                    ("chi_square_p_value", "dof")) for v in ("2**40", "1.5")},
+    **{("quant.quantize.asymmetric_params", "dim", v): "all dimensions / the last one" for v in ("None", "-1")},
+    **{("quant.w8a8.outlier_columns", "threshold", v): "a valid threshold" for v in ("2**40", "1.5")},
+    **{("quant.gptq.damped", "damp", v): "a valid (large) damping" for v in ("2**40", "1.5")},
+    ("quant.gptq.check_calibration", "who", "str"): "who names the caller in messages",
+    ("quant.gptq.rtn_and_gptq_errors", "group_size", "None"): "per channel",
+    ("prune.masks.num_pruned", "n", "2**40"): "arithmetic on a count",
+    ("prune.structured.mask_heads", "heads", "empty dict"): "no head masked: the model unchanged",
+    ("distill.run_state.record_digest", "record", "empty dict"): "a record of no fields has a digest",
+    ("distill.run_state.check_record", "where", "str"): "where names the record in messages",
+    **{(f, "eps", v): "a valid (large) epsilon" for f in ("kernels.naive.layernorm", "kernels.mirror.layernorm_warp")
+       for v in ("2**40", "1.5")},
+    **{(f, a, "None"): "no bias" for f, a in (("kernels.naive.int8_gemv", "bias"), ("kernels.mirror.int8_gemv", "bias"),
+                                              ("compile.cpu_gemv.int8_gemv", "b"))},
+    **{(f"kernels.mirror.{f}", a, "2**40"): "a tile or pack past the row: one tile (the same result)"
+       for f, a in (("flash_attention", "block_q"), ("flash_attention", "block_k"), ("bias_gelu", "pack"),
+                    ("int8_gemv", "pack"), ("layernorm_warp", "pack"), ("softmax_online", "tile"),
+                    ("softmax_online", "num_parts"))},
+    ("kernels.mirror.softmax_online", "x", "tensor"): "a row of zeros: the uniform softmax",
+    ("compile.decode.integer_ids", "name", "str"): "name is the argument's name in messages",
+    **{("compile.decode.integer_ids", "value", v): "an int64 id: its range is the caller's check (documented)"
+       for v in ("-1", "2**40")},
+    **{(f, "max_len", "None"): "the default: the context window" for f in ("compile.aot.DecodeStep",
+                                                                          "compile.decode.decoder_max_len")},
+    ("compile.sweep.run_case", "seed", "2**40"): "a 64-bit seed",
+    ("quant.w8a8.w8a8_linear", "bias", "None"): "no bias",
+    ("quant.linear.QuantLinear.from_linear", "name", "str"): "name is qt's label in messages",
     ("quant.linear.QuantConfig", "group_size", "2**40"): "checked against the layers when a model is quantized",
     **{("quant.linear.QuantConfig", "outlier_threshold", v): "a valid threshold (None: off)"
        for v in ("None", "2**40", "1.5")},
@@ -663,17 +805,22 @@ FUNCTION_ACCEPTS = {  # (function, argument, bad value's name): why the result i
 }
 
 
+def _function(name: str):
+    """The function a GOOD_CALLS key names: "quant.gptq.damped", or a class's method "quant.linear.QuantLinear.
+    from_linear"."""
+    parts = name.split(".")
+    return functools.reduce(getattr, parts[2:], _mod(".".join(parts[:2])))
+
+
 def _argument_names(name: str) -> list[str]:
-    module, attr = name.rsplit(".", 1)
-    fn = getattr(_mod(module), attr)
+    fn = _function(name)
     return [p.name for p in inspect.signature(fn).parameters.values() if p.name != "self"]
 
 
 @pytest.mark.parametrize("name", list(GOOD_CALLS))
 def test_every_argument_of_a_public_function_is_checked_by_itself(name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a path argument of "zzz" is a file written here
-    module, attr = name.rsplit(".", 1)
-    fn = getattr(_mod(module), attr)
+    fn = _function(name)
     args, kwargs = GOOD_CALLS[name]()
     fn(*args, **kwargs)  # the good call works
     names = _argument_names(name)

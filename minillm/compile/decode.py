@@ -50,6 +50,8 @@ def integer_ids(name: str, value: Any, count: int) -> torch.Tensor:
     """`value` as a tensor of `count` integer ids: a TypeError naming `name` for a float, bool or non-tensor (a float
     token would be truncated silently by the copy into an int64 buffer), a ValueError for the wrong count (`count`
     itself a positive int: True is no count)."""
+    if not isinstance(name, str):  # the message's subject
+        raise TypeError(f"name must name the argument (a str), got {type(name).__name__}")
     count = check_int("count", count)
     if plain_int(value) is not None:  # a Python or numpy int (a token id, as prompts take them)
         value = plain_int(value)  # the plain int: torch would fail past int64 naming nothing ("Overflow ...")

@@ -74,6 +74,8 @@ def check_record(record: object, keys: tuple[str, ...], where: str) -> dict[str,
     either, and the log keeps what was computed; an int within the float range); a ValueError naming `where` (a file
     and line, or `objective.records[3]`) and the field otherwise. `kd_history` averages these fields: a missing one
     would be a KeyError, an int past the float range an OverflowError, after the whole run."""
+    if not isinstance(where, str):  # the message's subject
+        raise TypeError(f"where must say where the record is (a str), got {type(where).__name__}")
     if not isinstance(record, dict):
         raise ValueError(f"{where} must be a record (an object with fields {list(keys)}), got "
                          f"{type(record).__name__} {short_repr(record)}")
@@ -151,14 +153,23 @@ def teacher_digest(teacher: GPT | None) -> str | None:
     return content_sha256(dict(teacher.state_dict()))
 
 
+def check_digest(name: str, digest: object) -> str:
+    """A digest the records chain from: a str of 64 lowercase hex digits (a line's or distill_run.json's sha256), or
+    '' (a log with nothing before it); the plain str, or a TypeError / ValueError naming `name`."""
+    if not isinstance(digest, str):
+        raise TypeError(f"{name} must be a sha256 digest (a str), got {type(digest).__name__}")
+    if not re.fullmatch(r"|[0-9a-f]{64}", str.__str__(digest)):
+        raise ValueError(f"{name} must be a sha256 digest (64 lowercase hex digits) or '', got {short_repr(digest)}")
+    return str.__str__(digest)
+
+
 def record_digest(previous: str, record: dict[str, float]) -> str:
     """The "sha256" field of a records line: SHA-256 of the previous line's digest (distill_run.json's for the
     first line) and the record's JSON. A chain: editing, dropping or reordering a line breaks every digest after it,
     so a resumed run never reads a loss value the run did not compute (JSON keeps a float's shortest repr: the
     record read back dumps to the very same text). `record` is checked as a record of the fields it holds
     (`check_record`: numbers within the float range) and `previous` as a str, naming them otherwise."""
-    if not isinstance(previous, str):
-        raise TypeError(f"previous must be the previous line's digest (a str), got {type(previous).__name__}")
+    check_digest("previous", previous)
     if isinstance(record, dict) and not all(isinstance(k, str) for k in record):  # JSON's keys are strings
         raise TypeError(f"record's field names must be str, got {sorted(map(short_repr, record))}")
     if isinstance(record, dict):
@@ -187,14 +198,11 @@ class RecordLog:
     def __init__(self, path: Path, digest: str = "", keys: tuple[str, ...] | None = None):
         # a folder (or a path under a file) is a ValueError naming path now, not an IsADirectoryError at a step
         self.path: Path = check_output_file(check_path(path, "path"), "path")  # type: ignore[assignment]
-        if not isinstance(digest, str) or not re.fullmatch(r"|[0-9a-f]{64}", str.__str__(digest)):
-            raise ValueError(f"digest must be the log's last sha256 (64 lowercase hex digits) or '' for a new log, "
-                             f"got {short_repr(digest)}")
         if keys is not None and (not isinstance(keys, tuple) or not keys
                                  or not all(isinstance(k, str) for k in keys)):
             raise TypeError(f"keys must be None or the run's record keys (a non-empty tuple of str, "
                             f"`record_keys`), got {short_repr(keys)}")
-        self.digest = str.__str__(digest)
+        self.digest = check_digest("digest", digest)
         self.keys = keys
 
     def __call__(self, record: dict[str, float]) -> None:

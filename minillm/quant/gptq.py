@@ -260,6 +260,8 @@ def check_calibration(model: GPT, calibration: object, who: str = "calibration")
     tensor, N >= 1 windows of 1 <= T <= block_size tokens, every id inside the vocabulary (one host sync).
 
     Chapter 10's pruning checks its calibration with this same function (`minillm.prune.unstructured`)."""
+    if not isinstance(who, str):  # the caller's name, in every message below
+        raise TypeError(f"who must name the caller (a str), got {type(who).__name__}")
     require_model(model, f"{who}: model")  # a name ('base') where the model goes: TypeError, not AttributeError
     name = who if "calibration" in who else f"{who} calibration"
     if (not isinstance(calibration, torch.Tensor) or check_has_data(name, calibration).dim() != 2  # its ids are read

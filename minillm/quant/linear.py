@@ -31,8 +31,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import (check_choice, check_float, check_has_data, check_int, check_module_has_data,
-                                 check_strided, check_tensor_elements, short_repr, tensor_kind)
+from minillm.core.config import (check_bool, check_choice, check_float, check_has_data, check_int,
+                                 check_module_has_data, check_strided, check_tensor_elements, short_repr, tensor_kind)
 from minillm.core.model import GPT, require_model
 from minillm.core.weights import untied_head
 from minillm.quant.quantize import QuantizedTensor, dequantize, pack_int4, quantize, tensor_state, unpack_int4
@@ -136,6 +136,7 @@ class QuantLinear(nn.Module):
         super().__init__()
         in_features = check_int("in_features", in_features)
         out_features = check_int("out_features", out_features)
+        bias = check_bool("bias", bias)  # a tensor here would be "ambiguous" inside torch; a str would mean True
         check_tensor_elements("out_features x in_features", (out_features, in_features))  # before the buffers
         if not isinstance(config, QuantConfig):
             raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
@@ -164,6 +165,8 @@ class QuantLinear(nn.Module):
         is what an error about qt calls it (`quantize_model` passes "weights['0.attn.c_attn']")."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"from_linear needs an nn.Linear, got {type(linear).__name__}")
+        if not isinstance(name, str):  # the subject of qt's errors
+            raise TypeError(f"name must say what qt is (a str), got {type(name).__name__}")
         if not isinstance(config, QuantConfig):
             raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
         for what, t in (("weight", linear.weight), ("bias", linear.bias)):
