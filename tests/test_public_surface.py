@@ -465,6 +465,13 @@ def test_every_public_method_of_many_arguments_has_a_good_call():
 
 # ----- functions, one argument at a time, keyword arguments included ------------------------------------------------
 
+@functools.lru_cache(maxsize=None)
+def _long_model(seed: int) -> GPT:
+    """A model with a window past chapter 08's 64-token timing context (greedy_sweep times its verify there)."""
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(vocab_size=64, block_size=96, n_layer=1, n_head=2, n_embd=16)).eval()
+
+
 def _draft_model() -> GPT:
     torch.manual_seed(1)
     return GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=1, n_head=2, n_embd=16)).eval()
@@ -710,6 +717,36 @@ GOOD_CALLS = {  # function -> () -> (args, kwargs) of a call that works; every o
     "compile.decode.decoder_max_len": lambda: ((CFG, 16), {}),
     "compile.decode.check_decoder_room": lambda: ((16, CFG, [1, 2, 3], _greedy(4)), {"truncate": False}),
     "compile.aot.DecodeStep": lambda: ((_model(), 16), {}),
+    # the benchmarks' measurements, on tiny models and the fewest repeats
+    "speculative.bench.forward_costs":
+        lambda: ((_model(), _draft_model(), [1, 2, 3], [1, 2]), {"context": 8, "repeats": 1}),
+    "speculative.bench.matmul_costs": lambda: ((_model(), [1, 2]), {"repeats": 1}),
+    "speculative.bench.draft_agreement": lambda: ((_model(), _draft_model(), [[1, 2, 3]], [[4, 5]]), {}),
+    "speculative.bench.greedy_sweep":
+        lambda: ((_long_model(0), _long_model(1), [[1, 2, 3]], 3, [1, 2]), {"repeats": 1}),
+    "speculative.bench.prompt_lookup": lambda: ((_model(), [1, 2, 3, 1, 2], 3), {"gamma": 2, "ngram": 2, "repeats": 1}),
+    "speculative.bench.sampling_exactness": lambda: ((_model(), _draft_model(), [1, 2, 3]), {"draws": 200, "seed": 0}),
+    "speculative.engine_bench.load_point":
+        lambda: ((_model(), [[1, 2, 3], [4, 5, 6]], 2, 3, _mod("speculative.engine").SpeculativeConfig(gamma=2)),
+                 {"draft": None, "repeats": 1, "attention_backend": "verify", "fused_step": False}),
+    "speculative.engine_bench.check_loads": lambda: (([1, 2],), {"requests_per_slot": 2}),
+    "distill.bench.acceptance":
+        lambda: ((_model(), _draft_model(), [[1, 2, 3]], 3, 2), {"reference": None}),
+    "distill.bench.step_cost": lambda: ((_model(), _draft_model(), [[1, 2, 3]], 3), {"repeats": 1}),
+    "distill.bench.teacher_continuations": lambda: ((_model(), [[1, 2, 3]], 3), {}),
+    "distill.bench.cost_model_speedup": lambda: ((0.7, 4, 0.3), {}),
+    "distill.bench.check_prompts":
+        lambda: ((_model(), [[1, 2, 3]], "acceptance"), {"new_tokens": 3, "role": "the target"}),
+    "distill.train.check_student": lambda: ((_draft_model().config, CFG, "student"), {"window": True}),
+    "compile.bench.round_costs":
+        lambda: ((_mod("compile.fused_step").FusedCPUDecoder(_model(), 16),
+                  _mod("compile.fused_step").FusedCPUDecoder(_draft_model(), 16), 3, 8), {"repeats": 1, "calls": 2}),
+    "compile.bench.quantized_fused": lambda: ((_model(), [1, 2, 3], _greedy(3)), {"repeats": 1}),
+    "compile.fused_engine.step_costs": lambda: ((_model(),), {"context": 8, "sizes": (1, 2), "repeats": 1, "calls": 2}),
+    "compile.mirror.check_plain_model": lambda: ((_model(), "the mirror"), {"handled": ()}),
+    "compile.llamacpp.ours_tok_s": lambda: ((lambda: None, 4), {"repeats": 1}),
+    "kernels.tour.compare":
+        lambda: (("softmax", torch.randn(2, 8), torch.randn(2, 8), torch.float32), {}),
     "compile.sweep.run_case":
         lambda: ((_model(), _mod("compile.sweep").Case("decode", 1, 4)), {"steps": 2, "repeats": 1,
                                                                          "backend": "eager", "seed": 0}),
@@ -794,6 +831,18 @@ FUNCTION_ACCEPTS = {  # (function, argument, bad value's name): why the result i
     ("compile.sweep.run_case", "seed", "2**40"): "a 64-bit seed",
     ("quant.w8a8.w8a8_linear", "bias", "None"): "no bias",
     ("quant.linear.QuantLinear.from_linear", "name", "str"): "name is qt's label in messages",
+    ("speculative.bench.prompt_lookup", "new_tokens", "2**40"): "capped where the window ends (reported: produced)",
+    ("speculative.bench.prompt_lookup", "ngram", "2**40"): "an n-gram that never matches: plain steps",
+    **{("speculative.bench.sampling_exactness", "seed", v): "a 64-bit seed" for v in ("-1", "2**40")},
+    ("speculative.engine_bench.load_point", "speculative", "None"): "the plain engine, the baseline (documented)",
+    **{("distill.bench.cost_model_speedup", a, v): "the cost model's arithmetic" for a in ("gamma", "c")
+       for v in ("2**40", "1.5")},
+    **{("distill.bench.check_prompts", a, "str"): "a label for messages" for a in ("who", "role")},
+    ("distill.bench.check_prompts", "new_tokens", "None"): "the default: no room asked for",
+    ("distill.train.check_student", "name", "str"): "a label for messages",
+    ("compile.mirror.check_plain_model", "who", "str"): "a label for messages",
+    **{("compile.mirror.check_plain_model", "handled", v): "no layer handled by the caller" for v in ("empty list",)},
+    ("compile.llamacpp.ours_tok_s", "tokens", "2**40"): "arithmetic: tokens over seconds",
     ("quant.linear.QuantConfig", "group_size", "2**40"): "checked against the layers when a model is quantized",
     **{("quant.linear.QuantConfig", "outlier_threshold", v): "a valid threshold (None: off)"
        for v in ("None", "2**40", "1.5")},

@@ -33,8 +33,8 @@ import torch
 import torch.nn as nn
 from torch.nn.modules import module as nn_module
 
-from minillm.core.config import (check_choice, check_has_data, check_int, check_tensor_elements, GPTConfig, plain_int,
-                                 short_repr, tensor_kind)
+from minillm.core.config import (check_choice, check_has_data, check_int, check_label, check_tensor_elements,
+                                 GPTConfig, plain_int, short_repr, tensor_kind)
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.core.stopping import validate_prompt
@@ -50,8 +50,7 @@ def integer_ids(name: str, value: Any, count: int) -> torch.Tensor:
     """`value` as a tensor of `count` integer ids: a TypeError naming `name` for a float, bool or non-tensor (a float
     token would be truncated silently by the copy into an int64 buffer), a ValueError for the wrong count (`count`
     itself a positive int: True is no count)."""
-    if not isinstance(name, str):  # the message's subject
-        raise TypeError(f"name must name the argument (a str), got {type(name).__name__}")
+    name = check_label("name", name)
     count = check_int("count", count)
     if plain_int(value) is not None:  # a Python or numpy int (a token id, as prompts take them)
         value = plain_int(value)  # the plain int: torch would fail past int64 naming nothing ("Overflow ...")

@@ -28,7 +28,8 @@ import torch.nn as nn
 from minillm.compile.cpu_gemv import FastLinear
 from minillm.core.model import GPT, require_model
 from minillm.kernels.naive import gelu_tanh, layernorm  # chapter 12's naive twins: the same formulas
-from minillm.core.config import check_has_data, check_int, check_strided, check_writable, plain_int, tensor_kind
+from minillm.core.config import (check_has_data, check_int, check_label, check_strided, check_writable, plain_int,
+                                 short_repr, tensor_kind)
 from minillm.kernels.ops import check_same_device, tensors_overlap
 
 ROWS = 4  # weight rows per block: four memory streams in flight in the C++ loop
@@ -89,6 +90,9 @@ def check_plain_model(model: GPT, who: str, handled: Collection[str] = ()) -> to
     `weight`, and a QAT-prepared one computes with other weights than the float ones it holds: a TypeError naming
     `who`, the model and the layer, never an AttributeError from inside torch nor a silent run on the wrong
     weights. `handled` names layers the caller checks itself (the fused step's int8 linears): skipped here."""
+    who = check_label("who", who)
+    if not isinstance(handled, (tuple, list, set, frozenset)) or not all(isinstance(h, str) for h in handled):
+        raise TypeError(f"handled must be a collection of layer names (str), got {short_repr(handled)}")
     require_model(model, who)  # None or a bare nn.Linear: a TypeError naming `who`, not an AttributeError on config
     blocks = getattr(getattr(model, "transformer", None), "h", None)
     if not isinstance(blocks, nn.ModuleList) or len(blocks) != model.config.n_layer:

@@ -35,6 +35,15 @@ def check_fits_float(name: str, value: Any) -> None:
                          f"int of about {int(value.bit_length() * math.log10(2)) + 1} digits")
 
 
+def check_label(name: str, value: Any) -> str:
+    """`value` as the plain str it holds: a label that only names something in messages (a caller, a layer, a
+    record's place); a TypeError naming `name` otherwise, before a message would print a tensor or an object's repr
+    where a name belongs."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str (a name for messages), got {type(value).__name__}")
+    return str.__str__(value)
+
+
 def check_bool(name: str, value: Any) -> bool:
     """`value` as a plain bool if it is a bool (a numpy bool too); a TypeError naming `name` otherwise. A flag read by
     truthiness would take 'no', an empty list or NaN for an answer without a word."""

@@ -37,7 +37,7 @@ from minillm.bench.agreement import greedy_agreement, output_consistency, teache
 from minillm.bench.cli import bench_parser, check_sizes, pick_size, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
-from minillm.core.config import check_fits_window, check_float, check_int, reads_report, short_repr
+from minillm.core.config import check_fits_window, check_float, check_int, check_label, reads_report, short_repr
 from minillm.core.device import resolve_device
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams
@@ -71,6 +71,7 @@ def check_prompts(model: GPT, prompts: object, who: str, new_tokens: int | None 
     e.g. "the target"; generation would stop early, and the counts and timings below count new_tokens a prompt); a
     TypeError / ValueError naming `prompts` or `prompts[i]` (a str would otherwise be read one character a prompt,
     and a bad prompt be named `prompt_ids` by the generator below). `who` names the function for a bad model."""
+    who, role = check_label("who", who), check_label("role", role)
     config = require_model(model, who)
     vocab = config.vocab_size
     if not isinstance(prompts, (list, tuple)):

@@ -35,7 +35,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from minillm.core.config import check_float, check_int, check_module_has_data, number_kind, plain_number, short_repr
+from minillm.core.config import (check_float, check_int, check_label, check_module_has_data, number_kind, plain_number,
+                                 short_repr)
 from minillm.core.io import (
     SHA256_FIELD,
     atomic_write_text,
@@ -74,8 +75,7 @@ def check_record(record: object, keys: tuple[str, ...], where: str) -> dict[str,
     either, and the log keeps what was computed; an int within the float range); a ValueError naming `where` (a file
     and line, or `objective.records[3]`) and the field otherwise. `kd_history` averages these fields: a missing one
     would be a KeyError, an int past the float range an OverflowError, after the whole run."""
-    if not isinstance(where, str):  # the message's subject
-        raise TypeError(f"where must say where the record is (a str), got {type(where).__name__}")
+    where = check_label("where", where)
     if not isinstance(record, dict):
         raise ValueError(f"{where} must be a record (an object with fields {list(keys)}), got "
                          f"{type(record).__name__} {short_repr(record)}")

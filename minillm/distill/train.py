@@ -41,7 +41,8 @@ import torch.nn as nn
 
 from minillm.bench.cli import CheckedParser
 from minillm.core.checkpoint import CONFIG_NAME, load_checkpoint, read_config
-from minillm.core.config import check_float, check_int, check_module_has_data, GPTConfig, short_repr
+from minillm.core.config import (check_bool, check_float, check_int, check_label, check_module_has_data, GPTConfig,
+                                 short_repr)
 from minillm.core.device import DEVICE_CHOICES, resolve_device
 from minillm.core.sampling import seed_argument
 from minillm.core.io import atomic_write_text, check_output_dir, check_path
@@ -67,6 +68,7 @@ def check_student(student: GPTConfig, teacher: GPTConfig, name: str, window: boo
     student can learn from the teacher: the same vocab_size (KD compares distributions over the same tokens) and,
     with `window`, a block_size no longer than the teacher's (the teacher scores the student's training windows).
     A student or teacher that is no GPTConfig (a preset's name, a model) is a TypeError naming it."""
+    name, window = check_label("name", name), check_bool("window", window)
     for who, config in ((name, student), ("teacher", teacher)):
         if not isinstance(config, GPTConfig):
             raise TypeError(f"{who} must be a GPTConfig, got {type(config).__name__} {short_repr(config)}")

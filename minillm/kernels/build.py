@@ -29,7 +29,7 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
-from minillm.core.config import check_bool, check_threads, check_timeout, short_repr
+from minillm.core.config import check_bool, check_label, check_threads, check_timeout, short_repr
 from minillm.core.io import check_output_dir, check_path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -304,8 +304,7 @@ def run_program(cmd: list[str], what: str, timeout: float | None = None, cwd: st
     subprocess's OverflowError), cwd None or an existing folder; a TypeError / ValueError naming the argument
     otherwise."""
     cmd = check_command(cmd)
-    if not isinstance(what, str):  # the message's subject
-        raise TypeError(f"what must say what runs (a str, for messages), got {type(what).__name__}")
+    what = check_label("what", what)
     if timeout is not None:
         timeout = check_timeout(timeout)
     if cwd is not None:

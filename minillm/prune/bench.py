@@ -45,7 +45,7 @@ from minillm.bench.driver import engine_tokens
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
 from minillm.bench.workload import eval_prompts
-from minillm.core.config import (check_fits_window, check_int, check_module_has_data, check_sequence,
+from minillm.core.config import (check_fits_window, check_int, check_label, check_module_has_data, check_sequence,
                                  check_tensor_elements, reads_report, short_repr)
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed
@@ -170,8 +170,7 @@ class Harness:
         """A TypeError / ValueError naming `pruned` unless it can be measured against the dense model: a minillm GPT
         (any: a quantized one is only run) with real weights and the dense model's vocabulary and window (pruning
         changes neither; the comparisons run the same tokens through both). who names the caller in messages."""
-        if not isinstance(who, str):
-            raise TypeError(f"who must name the measurement (a str), got {type(who).__name__}")
+        who = check_label("who", who)
         cfg = require_model(pruned, f"Harness.{who} (pruned)")
         check_module_has_data(f"Harness.{who}: pruned", pruned)
         dense = self.model.config

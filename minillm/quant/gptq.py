@@ -30,8 +30,8 @@ import copy
 import torch
 import torch.nn as nn
 
-from minillm.core.config import (check_float, check_has_data, check_int, check_module_has_data, plain_number,
-                                 short_repr, tensor_kind)
+from minillm.core.config import (check_float, check_has_data, check_int, check_label, check_module_has_data,
+                                 plain_number, short_repr, tensor_kind)
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import check_seed
 from minillm.gpt.dataset import split_tokens
@@ -148,8 +148,7 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int = 4, symmetric: bo
     `dequantize` is the layer's new weight Ŵ. `damp` (finite, >= 0) is the share of mean(diag H) added to the
     diagonal; a damped H that is still not positive definite is a ValueError naming `name` (the layer) and damp.
     """
-    if not isinstance(name, str):  # the layer's name in messages
-        raise TypeError(f"name must name the layer (a str), got {type(name).__name__}")
+    name = check_label("name", name)  # the layer's name in messages
     group_size = _check_layer(W, H, group_size, bits, symmetric, damp)
     out, n = W.shape
     H = damped(H, damp)  # (n, n)
@@ -186,8 +185,7 @@ def gptq_reference(W: torch.Tensor, H: torch.Tensor, bits: int = 4, symmetric: b
     Derivation: with e = w - ŵ and e_S fixed, the gradient in e_F of e_S H_SS e_Sᵀ + 2 e_S H_SF e_Fᵀ + e_F H_FF e_Fᵀ
     is 2 (e_S H_SF + e_F H_FF) = 0, so e_F = -e_S H_SF H_FF⁻¹.
     """
-    if not isinstance(name, str):  # the layer's name in messages
-        raise TypeError(f"name must name the layer (a str), got {type(name).__name__}")
+    name = check_label("name", name)  # the layer's name in messages
     group_size = _check_layer(W, H, group_size, bits, symmetric, damp)
     out, n = W.shape
     H = damped(H, damp)
@@ -260,8 +258,7 @@ def check_calibration(model: GPT, calibration: object, who: str = "calibration")
     tensor, N >= 1 windows of 1 <= T <= block_size tokens, every id inside the vocabulary (one host sync).
 
     Chapter 10's pruning checks its calibration with this same function (`minillm.prune.unstructured`)."""
-    if not isinstance(who, str):  # the caller's name, in every message below
-        raise TypeError(f"who must name the caller (a str), got {type(who).__name__}")
+    who = check_label("who", who)  # the caller's name, in every message below
     require_model(model, f"{who}: model")  # a name ('base') where the model goes: TypeError, not AttributeError
     name = who if "calibration" in who else f"{who} calibration"
     if (not isinstance(calibration, torch.Tensor) or check_has_data(name, calibration).dim() != 2  # its ids are read

@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import (check_bool, check_choice, check_float, check_has_data, check_int,
+from minillm.core.config import (check_bool, check_choice, check_float, check_has_data, check_int, check_label,
                                  check_module_has_data, check_strided, check_tensor_elements, short_repr, tensor_kind)
 from minillm.core.model import GPT, require_model
 from minillm.core.weights import untied_head
@@ -165,8 +165,7 @@ class QuantLinear(nn.Module):
         is what an error about qt calls it (`quantize_model` passes "weights['0.attn.c_attn']")."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"from_linear needs an nn.Linear, got {type(linear).__name__}")
-        if not isinstance(name, str):  # the subject of qt's errors
-            raise TypeError(f"name must say what qt is (a str), got {type(name).__name__}")
+        name = check_label("name", name)  # the subject of qt's errors
         if not isinstance(config, QuantConfig):
             raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
         for what, t in (("weight", linear.weight), ("bias", linear.bias)):
