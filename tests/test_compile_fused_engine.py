@@ -166,8 +166,10 @@ def test_bad_arguments_and_a_changed_model_are_refused(model):
             fused.hidden(torch.tensor([[1, 512, 3]]), positions, cache)
         with pytest.raises(ValueError, match=r"position 128 of row 2 is outside the context window \[0, 128\)"):
             fused.hidden(ids, torch.tensor([[2, 3, 128]]), cache)
-        cache.set_batch(PagedBatch(batch.slot_mapping.flip(0), batch.block_tables, batch.context_lens,
-                                   batch.query_lens))
+        flipped = PagedBatch(batch.slot_mapping.flip(0), batch.block_tables, batch.context_lens, batch.query_lens)
+        with pytest.raises(ValueError, match="the slots must follow the tables"):  # chapter 05's set_batch
+            cache.set_batch(flipped)
+        cache.batch = flipped  # past set_batch: the C++ step checks the slots against the tables itself too
         with pytest.raises(ValueError, match="slot .* of row 0 is not where its block table puts token 2 of "
                                              "sequence 0"):
             fused.hidden(ids, positions, cache)

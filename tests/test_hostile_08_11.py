@@ -34,8 +34,8 @@ from minillm.distill import FeatureProjection, default_layer_pairs, distillation
 from minillm.distill import bench as distill_bench
 from minillm.distill import train as distill_train
 from minillm.distill.losses import MAX_TEMPERATURE, MIN_TEMPERATURE, check_kind, check_layer_pairs, check_temperature
-from minillm.distill.run_state import (RECORDS_NAME, RUN_NAME, RecordLog, record_keys, resume_run, start_run,
-                                       teacher_digest)
+from minillm.distill.run_state import (RECORDS_NAME, RUN_NAME, TRAINER_FIELDS, RecordLog, record_keys, resume_run,
+                                       start_run, teacher_digest)
 from minillm.distill.train import DistillObjective, check_student, checkpoint_dir, distill, kd_history, student_dir
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
@@ -75,7 +75,8 @@ from minillm.speculative.sampling import (
 NAN, INF = float("nan"), float("inf")
 # What distill writes into a run's state (run_state.SETTINGS), for the cases that call start_run / resume_run
 RUN_SETTINGS = {"temperature": 2.0, "kd_weight": 0.5, "kind": "forward", "feature_weight": 0.0,
-                "teacher_sha256": None, "grad_accum": 1}
+                "teacher_sha256": None, "grad_accum": 1,
+                "trainer": {name: getattr(TrainConfig(), name) for name in TRAINER_FIELDS}}
 BYTE_TOKENIZER = SimpleNamespace(encode=lambda text: list(text.encode("utf-8")))  # one id per byte, no vocabulary
 
 
@@ -1354,6 +1355,10 @@ def test_resume_refuses_what_would_silently_continue_another_run(tmp_path, stude
     with pytest.raises(ValueError, match="grad_accum=2"):
         distill(TrainConfig(**RUN, grad_accum=2, out_dir=str(run), resume=str(run)), teacher, temperature=2.0,
                 progress=False)
+    for field, value in (("lr", 0.05), ("seed", 7), ("batch_size", 3), ("steps", 9)):  # the trainer's (run 35)
+        with pytest.raises(ValueError, match=f"{field}={value!r}"):
+            distill(TrainConfig(**{**RUN, field: value}, out_dir=str(run), resume=str(run)), teacher,
+                    temperature=2.0, progress=False)
     # a plain chapter 02 run is not a distillation run
     plain = tmp_path / "plain"
     train(TrainConfig(**RUN, model_overrides=dict(block_size=32), out_dir=str(plain), stop_after=2), *byte_tokens(),

@@ -27,6 +27,8 @@ from minillm.core.config import (GPTConfig, check_float_tensor, check_has_data, 
 from minillm.core.model import GPT
 from minillm.core.sampling import SamplingParams
 from minillm.distill.losses import kd_loss
+from minillm.distill.run_state import TRAINER_FIELDS
+from minillm.gpt.train import TrainConfig
 from minillm.gpt.pretrained import SHIPPED, pretrained_dir
 from minillm.kernels import mirror, naive, ops
 from minillm.kvcache.cache import ContiguousKVCache
@@ -38,6 +40,7 @@ from minillm.speculative.sampling import (accept_greedy, accept_or_resample, pro
                                           residual_distribution, sample_from_target)
 
 CFG = GPTConfig(vocab_size=128, block_size=32, n_layer=2, n_head=2, n_embd=32)
+TRAINER = {name: getattr(TrainConfig(), name) for name in TRAINER_FIELDS}  # run_state.SETTINGS["trainer"]
 COLD_SPEC = {"mode": "eager", "threads": 1, "new_tokens": 1, "prompt": [1], "name": "tiny", "seed": 0}  # run_fresh
 P3 = torch.tensor([[0.2, 0.3, 0.5], [0.1, 0.1, 0.8]])
 Q3 = torch.tensor([[0.3, 0.3, 0.4], [0.5, 0.25, 0.25]])
@@ -930,7 +933,7 @@ def test_a_ninth_hostile_runs_finds_are_refused_naming_the_argument(tmp_path):
 
     model = GPT(CFG).eval()
     settings = {"temperature": 2.0, "kd_weight": 0.5, "kind": _StrEqualsAnything("forward"), "feature_weight": 0.0,
-                "teacher_sha256": None, "grad_accum": 1}  # run_state.SETTINGS
+                "teacher_sha256": None, "grad_accum": 1, "trainer": TRAINER}  # run_state.SETTINGS
     rows = (
         (lambda: check_output_file(np.array(["a.json", "b.json"]), "--json"), TypeError, "--json"),
         (lambda: out_flag(_EqualsAnything()), TypeError, "--out must be a path"),
@@ -1058,3 +1061,64 @@ def test_a_tenth_hostile_runs_finds_are_refused_naming_the_argument():
     if build_problem() is None:  # the fused paths run: their pruning text's vocabulary is checked before any work
         with pytest.raises(ValueError, match="^run_all scores the MLP neurons of pruned_fused on training text"):
             run_all(model, real_text=False, quick=True, backend="eager", with_hf=False)
+
+
+def test_an_eleventh_and_twelfth_hostile_runs_finds_are_refused_naming_the_argument():
+    """Runs 34 and 35's finds (the surface sweep in tests/test_public_surface.py covers the classes they stand for):
+    a chapter 05 batch that does not fit its pool, prompt-lookup drafts copied from non-ids, hand-built verify
+    entries, a DraftModelDrafter of nothing, a FakeQuantLinear without its config, an objective's replaced
+    attributes, a cold-start spec's values, result records out of range, the fused step on odd int4 groups, and a
+    --work of ''. (A resume with another trainer setting: tests/test_hostile_08_11.py.)"""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from minillm.compile.aot import run_fresh
+    from minillm.compile.fused_step import FusedCPUDecoder
+    from minillm.compile.llamacpp import main as llamacpp_main
+    from minillm.distill.train import DistillObjective
+    from minillm.engine.request import Request
+    from minillm.paged.paged_cache import PagedBatch, PagedKVCache
+    from minillm.prune import bench as prune_bench
+    from minillm.quant.linear import quantize_model
+    from minillm.quant.qat import FakeQuantLinear
+    from minillm.speculative.bench import ChiSquare
+    from minillm.speculative.engine import DraftModelDrafter, VerifyEntry
+    from minillm.speculative.generate import PromptLookupProposer, SpeculativeStats
+
+    t = torch.tensor
+    model = GPT(CFG).eval()
+    state = SimpleNamespace(params=SamplingParams.greedy(4), generator=None)
+    request = Request("r0", [1, 2, 3], SamplingParams.greedy(4))
+    cache = PagedKVCache(CFG, 4, 4)
+    objective = DistillObjective(model)
+    objective.on_record = 5
+    rows = (
+        (lambda: cache.set_batch(PagedBatch(t([28]), t([[7]]), t([1]), t([1]))), ValueError, "block ids of the pool"),
+        (lambda: cache.set_batch(PagedBatch(t([0, 0]), t([[0]]), t([2]), t([2]))), ValueError,
+         r"slot_mapping\[1\] = 0, but sequence 0's block table puts its position 1 in slot 1"),
+        (lambda: cache.set_batch(PagedBatch(t([8]), t([[0]]), t([9]), t([1]))), ValueError, "needs 3 of block_size 4"),
+        (lambda: PromptLookupProposer(2, 32, "cpu").propose([1, 2, -1, 1, 2], 2, state), ValueError, "token id"),
+        (lambda: PromptLookupProposer(2, 32, "cpu").propose([1, 2, None, 1, 2], 2, state), ValueError, "seq holds"),
+        (lambda: VerifyEntry(request, 3, 2, [1, 2.5]), ValueError, r"draft_token_ids\[1\]"),
+        (lambda: VerifyEntry(request, 3, 2, [1, 2], draft_probs=torch.ones(3, 32)), ValueError, "one row per draft"),
+        (lambda: DraftModelDrafter(None), TypeError, "DraftModelDrafter"),
+        (lambda: DraftModelDrafter(model).propose(request, 0), ValueError, "k must be positive"),
+        (lambda: FakeQuantLinear(16, 8)(torch.randn(2, 16)), ValueError, "no qat_config"),
+        (lambda: objective(model, t([[1, 2]]), t([[2, 3]])), TypeError, "on_record"),
+        (lambda: run_fresh({**COLD_SPEC, "threads": "x"}, 60), TypeError, r"spec\['threads'\]"),
+        (lambda: run_fresh({**COLD_SPEC, "prompt": [99999]}, 60), ValueError, r"spec\['prompt'\]\[0\]"),
+        (lambda: SpeculativeStats(proposed=1, accepted=2), ValueError, "more than proposed"),
+        (lambda: ChiSquare(n=-1, chi2=1.0, dof=1, p_value=2.0, tv=0.1), ValueError, "ChiSquare.n"),
+        (lambda: dataclasses.replace(prune_bench.SIZES["quick"], num_prompts=0), ValueError, "Sizes.num_prompts"),
+    )
+    for call, error, message in rows:
+        with pytest.raises(error, match=message):
+            call()
+    with pytest.raises(SystemExit):  # a usage error (exit 2) naming --work, not the pipeline run in the cwd
+        llamacpp_main(["--work", ""])
+    from minillm.compile.cpu_gemv import build_problem
+
+    if build_problem() is None:  # odd int4 groups: the TypeError naming the layer, not the C++ RuntimeError
+        odd = GPT(GPTConfig(vocab_size=48, block_size=16, n_layer=1, n_head=2, n_embd=48)).eval()
+        with pytest.raises(TypeError, match="odd group_size=3"):
+            FusedCPUDecoder(quantize_model(odd, QuantConfig("int4", group_size=3)))

@@ -68,7 +68,7 @@ from minillm.core.io import (SHA256_FIELD, atomic_write_bytes, check_output_file
                              with_sha256)
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, check_seed, sample_next
-from minillm.core.stopping import RequestState, check_eos_id, start_request
+from minillm.core.stopping import RequestState, check_eos_id, check_token_ids, start_request
 from minillm.core.timing import check_repeats
 from minillm.gpt.pretrained import SHIPPED_PRESETS
 from minillm.kvcache.cache import ContiguousKVCache
@@ -391,14 +391,30 @@ CHILD_CODE = ("import json, sys; from minillm.compile.aot import CHILD_MARK, run
 
 def check_child_spec(spec: object) -> str:
     """A cold-start run's spec, checked where it is written (`run_fresh`) and where it is read (`run_child`): a dict
-    with a known "mode" and the fields that mode needs, which JSON can carry to the child. Its mode, or a TypeError /
-    ValueError naming the field (the fields' values are checked by what reads them)."""
+    with a known "mode" and the fields that mode needs, each a value the child can run: threads (`check_threads`),
+    new_tokens a positive int, prompt a non-empty list of token ids (in the named model's vocabulary; an "aot"
+    package's is checked when it loads), name a model `load_model` knows and seed a 64-bit int, package an existing
+    file. Its mode, or a TypeError / ValueError (FileNotFoundError for the package) naming the field, so that a bad
+    value is refused here rather than as the child's traceback."""
     if not isinstance(spec, dict):
         raise TypeError(f"spec must be a cold-start run's dict, got {type(spec).__name__}")
     mode = check_choice("spec['mode']", spec.get("mode"), ("eager", "compile", "aot"))
     need = ("threads", "new_tokens", "prompt") + (("package",) if mode == "aot" else ("name", "seed"))
     if missing := [key for key in need if key not in spec]:
         raise ValueError(f"spec for mode {mode!r} must hold {list(need)}; it lacks {missing}")
+    check_threads("spec['threads']", spec["threads"])
+    check_int("spec['new_tokens']", spec["new_tokens"])
+    vocab = 2**63  # an aot package's vocabulary is its own: ids are checked as ints here, in range when it loads
+    if mode == "aot":
+        package = check_path(spec["package"], "spec['package']")
+        if not package.is_file():
+            raise FileNotFoundError(f"spec['package'] {str(package)!r}: no such file (export_decode_step writes one)")
+    else:
+        name = check_choice("spec['name']", spec["name"], MODEL_NAMES)
+        check_seed(check_int("spec['seed']", spec["seed"], 0))
+        vocab = GPTConfig.from_name(SHIPPED_PRESETS.get(name, name)).vocab_size
+    if not check_token_ids("spec['prompt']", spec["prompt"], vocab):
+        raise ValueError("spec['prompt'] must hold at least one token id, got []")
     return mode
 
 

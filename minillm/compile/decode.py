@@ -81,7 +81,7 @@ def check_id_range(name: str, ids: torch.Tensor, high: int, bound: str) -> None:
     if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.dtype == torch.bool:
         raise TypeError(f"{name} must be a tensor of integer ids, got {tensor_kind(ids)}")
     high = check_int("high", high, 0)
-    if tracing() or ids.numel() == 0:
+    if tracing() or check_has_data(name, ids).numel() == 0:  # check_has_data: a meta tensor has no ids to read
         return
     low, top = int(ids.min()), int(ids.max())
     if low < 0 or top >= high:

@@ -159,6 +159,8 @@ def _quantized(layer: QuantLinear, name: str) -> tuple[list[torch.Tensor], torch
     groups = n // c.group_size if int4 else 1
     if c.mode not in ("int8", "int4") or not c.symmetric or layer.zero is not None:
         problem = f"mode={c.mode!r}, symmetric={c.symmetric}"
+    elif int4 and c.group_size % 2:  # two codes a byte: an odd group would share a byte with the next group
+        problem = f"an odd group_size={c.group_size} (the step unpacks whole bytes, two codes each, per group)"
     elif q.dtype != codes[0] or tuple(q.shape) != codes[1]:
         problem = f"codes {q.dtype} {tuple(q.shape)}, want {codes[0]} {codes[1]}"
     elif scale.dtype != torch.float32 or tuple(scale.shape) != (out, groups):

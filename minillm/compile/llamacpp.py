@@ -37,17 +37,16 @@ import statistics
 from pathlib import Path
 from typing import Callable
 
-from minillm.bench.cli import bench_parser, start, write_report
+from minillm.bench.cli import bench_parser, cli_type, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
 from minillm.compile.fused_speculative import generate_speculative_fused
 from minillm.compile.fused_step import FusedCPUDecoder
-from minillm.core.io import check_output_dir
 from minillm.core.sampling import SamplingParams
 from minillm.compile.llamacpp_build import (OUTTYPES, PINNED, QUANTIZED_TYPES, run_logged, build_llama_bench, convert,
                                             export_hf_dir, fetch_sources, quantize_gguf)
 from minillm.core.config import check_float, check_int, check_sequence, reads_report, short_repr
-from minillm.core.io import check_path
+from minillm.core.io import check_output_dir, check_path
 from minillm.core.timing import check_repeats, measure
 from minillm.kvcache.generate import generate_ids
 from minillm.quant.linear import QuantConfig, quantize_model
@@ -101,7 +100,8 @@ def ours_tok_s(run: Callable[[], object], tokens: int, repeats: int = 3) -> floa
 def build_parser() -> argparse.ArgumentParser:
     # CPU only, like llama-bench here; the same --threads for both sides.
     ap = bench_parser("python -m minillm.compile.llamacpp", __doc__.splitlines()[0], devices=("cpu",), seed=False)
-    ap.add_argument("--work", type=Path, default=Path.home() / ".cache" / "minillm" / "llamacpp",
+    ap.add_argument("--work", type=cli_type(lambda text: check_path(text, "--work")),  # '' is no folder, not the cwd
+                    default=Path.home() / ".cache" / "minillm" / "llamacpp",
                     help="where the sources, the build (reused between runs) and the GGUF files go")
     ap.add_argument("--sdist", type=Path, default=None, help=f"a {PINNED} .tar.gz instead of downloading it")
     ap.add_argument("--tokens", type=int, default=128, help="tokens decoded per measurement (llama-bench -n)")
@@ -116,14 +116,17 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     try:  # a file at --work, or no --sdist file: usage errors now, not minutes into the build
-        check_output_dir(args.work.expanduser(), "--work")
+        check_output_dir(Path(args.work).expanduser(), "--work")
         if args.sdist is not None and not args.sdist.is_file():
             raise ValueError(f"--sdist must be a {PINNED} .tar.gz file, got {str(args.sdist)!r}: no such file")
     except ValueError as e:
         ap.error(str(e))
 
-    work = args.work.expanduser().resolve()
-    work.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work).expanduser().resolve()
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # /proc/x, a read-only place: a usage error naming the flag, not a traceback
+        ap.error(f"--work {str(work)!r} cannot be made: {e.strerror or e}")
     try:
         tree = fetch_sources(work, args.sdist)
     except ValueError as e:  # a --sdist that is no readable tar, or holds no llama.cpp (a download's is not a flag)

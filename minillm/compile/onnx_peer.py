@@ -45,7 +45,8 @@ from minillm.bench.workload import eval_prompts
 from minillm.compile.decode import check_id_range, eval_mode, hooked_module, tracing
 from minillm.compile.fused_step import FusedCPUDecoder
 from minillm.compile.mirror import check_plain_model
-from minillm.core.config import GPTConfig, check_float_tensor, check_int, reads_report, short_repr, tensor_kind
+from minillm.core.config import (GPTConfig, check_float_tensor, check_int, check_module_has_data, reads_report,
+                                 short_repr, tensor_kind)
 from minillm.core.io import atomic_write_bytes, check_output_dir, check_output_file, check_path
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, sample_next
@@ -96,6 +97,7 @@ class OnnxStep(nn.Module):
     def __init__(self, model: GPT):
         super().__init__()
         require_model(model, "OnnxStep")
+        check_module_has_data("model", model)  # a meta model has no weights to run or export
         self.model = model
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor
@@ -107,8 +109,10 @@ class OnnxStep(nn.Module):
         for name, t in (("ids", ids), ("positions", positions)):
             if not isinstance(t, torch.Tensor) or t.dtype != torch.int64:
                 raise TypeError(f"{name} must be a (1, T) int64 tensor, got {tensor_kind(t)}")
+        dtype = self.model.lm_head.weight.dtype
         for name, t in (("past_k", past_k), ("past_v", past_v)):
-            check_float_tensor(name, t)
+            if check_float_tensor(name, t).dtype != dtype:  # SDPA would refuse the mix naming query, key and value
+                raise TypeError(f"{name} must hold the model's {dtype}, got {t.dtype}")
         if not tracing():
             if ids.dim() != 2 or ids.size(0) != 1 or ids.size(1) == 0 or positions.shape != ids.shape:
                 raise ValueError(f"ids and positions must both be (1, T) with T >= 1, got {tuple(ids.shape)} and "

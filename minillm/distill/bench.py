@@ -278,6 +278,7 @@ def alpha_at(report: dict[str, Any], name: str, gamma: int) -> float:
     """accepted / proposed of draft `name` at γ in a `run_all` report: a number in [0, 1], else a TypeError /
     ValueError naming the report's row."""
     gamma = check_int("gamma", gamma)  # subtle: True == 1, so a bool would find the γ = 1 row
+    name = check_label("name", name)  # a draft's name: a list here is no key of the report
     acceptance = report_section(report, "acceptance")
     if name not in acceptance:
         raise ValueError(f"no draft {name!r} in the report; it has {sorted(acceptance)}")
@@ -288,7 +289,8 @@ def alpha_at(report: dict[str, Any], name: str, gamma: int) -> float:
     for i, r in enumerate(rows):
         if not isinstance(r, dict) or "gamma" not in r or "alpha" not in r:
             raise ValueError(f"{where}[{i}] must be a row with 'gamma' and 'alpha', got {short_repr(r)}")
-    found = [(i, r["alpha"]) for i, r in enumerate(rows) if r["gamma"] == gamma]
+    # each row's gamma as the plain int it holds: an object whose == always says True would match any γ
+    found = [(i, r["alpha"]) for i, r in enumerate(rows) if check_int(f"{where}[{i}]['gamma']", r["gamma"]) == gamma]
     if not found:
         raise ValueError(f"gamma={short_repr(gamma)} was not measured; the report has gamma "
                          f"{[r['gamma'] for r in rows]}")

@@ -35,8 +35,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from minillm.core.config import (check_float, check_int, check_label, check_module_has_data, number_kind, plain_number,
-                                 short_repr)
+from minillm.core.config import (check_bool, check_float, check_int, check_label, check_module_has_data, number_kind,
+                                 plain_number, short_repr)
 from minillm.core.io import (
     SHA256_FIELD,
     atomic_write_text,
@@ -53,7 +53,11 @@ from minillm.gpt.train_state import find_checkpoint
 RUN_NAME = "distill_run.json"
 RECORDS_NAME = "distill_records.jsonl"
 RUN_FORMAT = "minillm-distill-run"
-SETTINGS = ("temperature", "kd_weight", "kind", "feature_weight", "teacher_sha256", "grad_accum")
+SETTINGS = ("temperature", "kd_weight", "kind", "feature_weight", "teacher_sha256", "grad_accum", "trainer")
+# The trainer's settings that decide what a run computes (its TrainConfig fields): a resume with another lr, batch,
+# seed or schedule would finish a different run than the one interrupted. Not max_minutes (a budget, not the run).
+TRAINER_FIELDS = ("corpus", "tokenizer", "steps", "batch_size", "lr", "min_lr_ratio", "warmup_steps", "weight_decay",
+                  "beta1", "beta2", "grad_clip", "dropout", "seed", "amp")
 RECORD_KEYS = ("hard", "soft", "total")  # what every call of DistillObjective records ("feature" too, with features)
 
 
@@ -76,6 +80,8 @@ def check_record(record: object, keys: tuple[str, ...], where: str) -> dict[str,
     and line, or `objective.records[3]`) and the field otherwise. `kd_history` averages these fields: a missing one
     would be a KeyError, an int past the float range an OverflowError, after the whole run."""
     where = check_label("where", where)
+    if not isinstance(keys, tuple) or not all(isinstance(k, str) for k in keys):  # a str would be its letters
+        raise TypeError(f"keys must be a tuple of field names (str), got {short_repr(keys)}")
     if not isinstance(record, dict):
         raise ValueError(f"{where} must be a record (an object with fields {list(keys)}), got "
                          f"{type(record).__name__} {short_repr(record)}")
@@ -95,7 +101,8 @@ def check_record(record: object, keys: tuple[str, ...], where: str) -> dict[str,
 def check_settings(settings: object) -> dict[str, Any]:
     """`settings` a dict with exactly the fields of SETTINGS, each what `distill` itself passes: temperature in
     [1e-2, 1e4], kd_weight in [0, 1], kind "forward" or "reverse", feature_weight >= 0 (finite floats), grad_accum
-    an int >= 1 and teacher_sha256 a SHA-256 hex digest or None. A TypeError / ValueError naming the field otherwise,
+    an int >= 1, teacher_sha256 a SHA-256 hex digest or None, and trainer the TRAINER_FIELDS of the run's
+    TrainConfig (JSON scalars). A TypeError / ValueError naming the field otherwise,
     before anything is written or compared: a run written with settings missing a field could never be resumed
     (`resume_run` compares every one), and one with a wrong value would be resumed as a run it never was."""
     if not isinstance(settings, dict):
@@ -116,6 +123,15 @@ def check_settings(settings: object) -> dict[str, Any]:
                          f"got {short_repr(digest)}")
     if digest is not None:
         settings["teacher_sha256"] = str.__str__(digest)  # the plain str, as the others
+    trainer = settings["trainer"]
+    if not isinstance(trainer, dict) or set(trainer) != set(TRAINER_FIELDS):
+        raise ValueError(f"settings field 'trainer' must be an object of the trainer's fields {list(TRAINER_FIELDS)}, "
+                         f"got {short_repr(trainer)}")
+    for key, value in trainer.items():
+        if not (value is None or type(value) in (str, int, float, bool)):  # JSON's scalars, compared on resume
+            raise TypeError(f"settings['trainer'][{key!r}] must be a str, number, bool or None, got "
+                            f"{type(value).__name__}")
+    settings["trainer"] = dict(trainer)
     return settings
 
 
@@ -269,6 +285,7 @@ def resume_run(resume_dir: str | os.PathLike, out_dir: str | os.PathLike | None,
     dropped or reordered by hand), is a ValueError naming the file and the line."""
     resume_dir = check_path(resume_dir, "resume_dir")
     settings = check_settings(settings)
+    needs_records = check_bool("needs_records", needs_records)
     point = find_checkpoint(resume_dir)  # the trainer takes the same one; ValueError if there is none
     run_path = resume_dir / RUN_NAME
     if not run_path.is_file():
@@ -277,7 +294,10 @@ def resume_run(resume_dir: str | os.PathLike, out_dir: str | os.PathLike | None,
     run = _check_run(read_json_file(run_path, what="distillation run state"), run_path)
     was = run["settings"]
     differ = [f"{k}={settings[k]!r} (the interrupted run had {was.get(k)!r})" for k in SETTINGS
-              if settings[k] != was.get(k)]
+              if k != "trainer" and settings[k] != was.get(k)]
+    was_trainer = was.get("trainer") if isinstance(was.get("trainer"), dict) else {}
+    differ += [f"{k}={v!r} (the interrupted run had {was_trainer.get(k)!r})" for k, v in settings["trainer"].items()
+               if v != was_trainer.get(k) or type(v) is not type(was_trainer.get(k))]
     if differ:
         raise ValueError(f"resume must continue the interrupted run with its settings; these differ: "
                          f"{'; '.join(differ)}")
@@ -301,6 +321,8 @@ def resume_run(resume_dir: str | os.PathLike, out_dir: str | os.PathLike | None,
                     record = json.loads(line.decode("utf-8"))
                 except ValueError as e:  # no UTF-8, no JSON, or an int past Python's 4300-digit limit
                     raise ValueError(f"{where} is not a record (damaged?): {e}") from e
+                except RecursionError as e:  # '[' * 100000: JSON nested past Python's recursion limit
+                    raise ValueError(f"{where} is not a record (damaged?): JSON nested too deep") from e
                 stored = record.pop(SHA256_FIELD, None) if isinstance(record, dict) else None
                 digest = record_digest(digest, check_record(record, keys, where))
                 if stored != digest:

@@ -57,7 +57,8 @@ from minillm.distill.losses import (
     default_layer_pairs,
     distillation_loss,
 )
-from minillm.distill.run_state import RECORD_KEYS, check_record, resume_run, start_run, teacher_digest
+from minillm.distill.run_state import (RECORD_KEYS, TRAINER_FIELDS, check_record, resume_run, start_run,
+                                      teacher_digest)
 from minillm.gpt.pretrained import SHIPPED, pretrained_dir
 from minillm.gpt.train import LOG_NAME, TrainConfig, TrainResult, check_batch_fits, train
 from minillm.gpt.train_state import find_checkpoint
@@ -122,7 +123,17 @@ class DistillObjective(nn.Module):
     def forward(self, student: GPT, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """x, y (B, T) from the trainer's batch sampler -> the scalar loss to minimise."""
         scfg = require_model(student, "DistillObjective (student)")
-        tcfg = self.teacher.config
+        # attributes a caller can replace after construction, re-checked here as the constructor checked them
+        tcfg = require_model(self.teacher, "DistillObjective.teacher")
+        if not isinstance(self.records, list):
+            raise TypeError(f"DistillObjective.records must be a list (each call appends its terms), got "
+                            f"{type(self.records).__name__}")
+        if self.on_record is not None and not callable(self.on_record):
+            raise TypeError(f"DistillObjective.on_record must be None or a callable taking a record, got "
+                            f"{type(self.on_record).__name__}")
+        if self.features is not None and not isinstance(self.student_config, GPTConfig):
+            raise TypeError(f"DistillObjective.student_config must be the GPTConfig its feature projection was built "
+                            f"for, got {type(self.student_config).__name__}")
         check_student(scfg, tcfg, "the student")
         # an attribute: it can be set after construction
         self.feature_weight = check_float("feature_weight", self.feature_weight, 0.0)
@@ -283,7 +294,8 @@ def prepare_distill(cfg: TrainConfig, teacher: GPT | None, temperature: float = 
     if cfg.resume is not None or cfg.out_dir is not None:
         settings = {"temperature": temperature, "kd_weight": float(kd_weight), "kind": kind,
                     "feature_weight": float(feature_weight), "grad_accum": cfg.grad_accum,
-                    "teacher_sha256": teacher_digest(teacher) if uses_teacher else None}
+                    "teacher_sha256": teacher_digest(teacher) if uses_teacher else None,
+                    "trainer": {name: getattr(cfg, name) for name in TRAINER_FIELDS}}
         if cfg.resume is not None:
             records, student_init, record_log = resume_run(cfg.resume, cfg.out_dir, settings,
                                                            needs_records=objective is not None)

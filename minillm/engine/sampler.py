@@ -14,17 +14,26 @@ from typing import Any, Callable
 
 import torch
 
-from minillm.core.config import check_float_tensor
+from minillm.core.config import check_float_tensor, short_repr
 from minillm.core.sampling import sample_next
-from minillm.engine.scheduler import SchedulerOutput
+from minillm.engine.scheduler import ScheduledRequest, SchedulerOutput
+
+
+def check_step_output(out: object) -> None:
+    """`out` a SchedulerOutput whose scheduled entries are ScheduledRequests (a TypeError naming it otherwise): what
+    a sampler and `Scheduler.update` read."""
+    if not isinstance(out, SchedulerOutput):
+        raise TypeError(f"out must be the step's SchedulerOutput, got {type(out).__name__}")
+    if not isinstance(out.scheduled, list) or not all(isinstance(s, ScheduledRequest) for s in out.scheduled):
+        raise TypeError("out.scheduled must be a list of ScheduledRequest entries (the scheduler's), got "
+                        f"{short_repr(out.scheduled)}")
 
 
 def check_step_logits(out: object, logits: object, rows_of: Callable[[Any], int] = lambda s: 1) -> int:
     """A sampler's arguments: `out` a SchedulerOutput, `logits` a 2-D float tensor (R, V) with the rows the step
     samples (`rows_of(entry)` for each entry that samples: one by default). The number of rows, or a TypeError /
     ValueError naming the argument (not an AttributeError or an assert in the loop)."""
-    if not isinstance(out, SchedulerOutput):
-        raise TypeError(f"out must be the step's SchedulerOutput, got {type(out).__name__}")
+    check_step_output(out)
     rows = sum(rows_of(s) for s in out.scheduled if s.samples)
     check_float_tensor("logits", logits, ndim=2)
     if logits.shape[0] != rows:  # type: ignore[union-attr]

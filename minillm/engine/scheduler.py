@@ -92,6 +92,8 @@ def check_update_args(out: object, sampled: object, now: object) -> None:
     not the step's SchedulerOutput, a list with one entry per scheduled request, or a finite time in seconds."""
     if not isinstance(out, SchedulerOutput):
         raise TypeError(f"out must be the step's SchedulerOutput, got {type(out).__name__}")
+    if not isinstance(out.scheduled, list) or not all(isinstance(s, ScheduledRequest) for s in out.scheduled):
+        raise TypeError("out.scheduled must be a list of ScheduledRequest entries (the scheduler's)")
     if not isinstance(sampled, list):
         raise TypeError(f"sampled must be a list (one entry per scheduled request), got {type(sampled).__name__}")
     if len(sampled) != len(out.scheduled):

@@ -79,6 +79,9 @@ def build_lock(build_dir: Path, name: str | None = None) -> Iterator[None]:
     an flock on `minillm.lock` first, which the OS drops when its holder dies: a `lock` file found while holding it
     was left by a build that died, and is removed. Where there is no flock (Windows, a file system that refuses
     it), torch's baton alone guards the build, as before."""
+    build_dir = check_path(build_dir, "build_dir")
+    if name is not None:
+        name = check_label("name", name)
     with _forgetting_on_failure(name), _locked(build_dir):
         yield
 

@@ -30,7 +30,8 @@ from __future__ import annotations
 import torch
 
 from minillm.core.attention import attention, causal_mask
-from minillm.core.config import GPTConfig, check_device, check_int, check_tensor_elements, number_kind, tensor_kind
+from minillm.core.config import (GPTConfig, check_device, check_has_data, check_int, check_tensor_elements, number_kind,
+                                 tensor_kind)
 
 
 def kv_cache_bytes(n_layer: int, n_kv_head: int, head_dim: int, num_tokens: int, batch_size: int = 1,
@@ -66,6 +67,7 @@ def check_attend_args(config: GPTConfig, layer_idx: object, q: object, k: object
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise TypeError(f"{name} must be a 4-D tensor (B, nh, T, hs), got {tensor_kind(t)}"
                             + (f" of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else ""))
+        check_has_data(name, t)  # a meta k would be named x by the quantizer
     shape = tuple(q.shape)  # type: ignore[union-attr]
     if shape[1] != config.n_head or shape[3] != config.head_size:
         raise ValueError(f"q must be (B, n_head={config.n_head}, T, head_size={config.head_size}), got {shape}")

@@ -197,9 +197,37 @@ class PagedKVCache:
         """Describe the next forward step (call before every `model(idx, positions, cache=self)`)."""
         if not isinstance(batch, PagedBatch):
             raise TypeError(f"set_batch needs a PagedBatch, got {type(batch).__name__}")
+        self.check_batch(batch)
         if batch.slot_mapping.device != self.device:
             batch = batch.to(self.device)
         self.batch = batch
+
+    def check_batch(self, batch: PagedBatch) -> None:
+        """A ValueError naming the field unless `batch` fits this pool: each sequence's table holds blocks for its
+        context (its first ceil(context_len / bs) entries, block ids of the pool, not the -1 padding), and each new
+        token's slot is the one its table gives for its position (block table[pos // bs], offset pos % bs). What
+        `PagedBatch.build` reads off a block manager always fits; a batch built by hand that did not would write
+        outside the pool (an IndexError inside torch), into another sequence's slots, or attend over a block it
+        never wrote, without a word. One host copy of the tables and slots (a few small tensors a step)."""
+        bs, nb = self.block_size, self.num_blocks
+        tables, slots = batch.block_tables.cpu(), batch.slot_mapping.cpu()  # (S, max_nb), (N,)
+        ctx = torch.tensor(batch.context_lens_list)  # (S,)
+        used = (ctx + bs - 1) // bs  # (S,) blocks holding each context
+        if int(used.max()) > tables.shape[1]:
+            i = int(used.argmax())
+            raise ValueError(f"block_tables[{i}] holds {tables.shape[1]} blocks, but context_lens[{i}] = {int(ctx[i])} "
+                             f"needs {int(used[i])} of block_size {bs}")
+        read = tables[torch.arange(tables.shape[1]) < used[:, None]]  # the block ids the contexts read
+        if read.numel() and (int(read.min()) < 0 or int(read.max()) >= nb):
+            raise ValueError(f"block_tables must hold block ids of the pool [0, {nb}) for every context's blocks, got "
+                             f"ids in [{int(read.min())}, {int(read.max())}]")
+        seq = torch.repeat_interleave(torch.arange(batch.num_seqs), torch.tensor(batch.query_lens_list))  # (N,)
+        pos = torch.cat([torch.arange(c - q, c) for c, q in zip(batch.context_lens_list, batch.query_lens_list)])
+        expected = tables[seq, pos // bs] * bs + pos % bs  # (N,) the slot each new token's table gives it
+        if not torch.equal(expected, slots):
+            j = int((expected != slots).nonzero()[0])
+            raise ValueError(f"slot_mapping[{j}] = {int(slots[j])}, but sequence {int(seq[j])}'s block table puts its "
+                             f"position {int(pos[j])} in slot {int(expected[j])}: the slots must follow the tables")
 
     def block_tensors(self) -> list[torch.Tensor]:
         """Every tensor that holds part of a block, each (nb, ...) with the block id in dim 0: here each layer's K

@@ -70,6 +70,10 @@ class FakeQuantLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., in_features) of the weight's dtype and device -> (..., out_features); a TypeError / ValueError
         naming x otherwise (host-only checks)."""
+        config = getattr(self, "qat_config", None)  # set by prepare_qat: a layer built by hand has none
+        if not isinstance(config, QuantConfig):
+            raise ValueError(f"this FakeQuantLinear has no qat_config (a QuantConfig), got {type(config).__name__}: "
+                             "build the layers with prepare_qat(model, config), or set layer.qat_config")
         check_linear_input(x, self.in_features)
         if x.device != self.weight.device or (x.dtype != self.weight.dtype
                                                and not torch.is_autocast_enabled(x.device.type)):

@@ -320,6 +320,16 @@ class ChiSquare:
     p_value: float
     tv: float  # total variation between the binned empirical and expected distributions
 
+    def __post_init__(self) -> None:
+        """The test's numbers in their ranges (n, chi2 >= 0, dof >= 0, p-value and TV in [0, 1]; chi2 may be inf,
+        for a draw p forbids; dof 0 for a single bin): a record built by hand is checked (a TypeError / ValueError
+        naming the field)."""
+        self.n = check_float("ChiSquare.n", self.n, 0.0)
+        self.chi2 = float(self.chi2) if self.chi2 == float("inf") else check_float("ChiSquare.chi2", self.chi2, 0.0)
+        self.dof = check_int("ChiSquare.dof", self.dof, 0)
+        self.p_value = check_float("ChiSquare.p_value", self.p_value, 0.0, 1.0)
+        self.tv = check_float("ChiSquare.tv", self.tv, 0.0, 1.0)
+
 
 def chi_square_test(counts: torch.Tensor, p: torch.Tensor, bins: int = 10) -> ChiSquare:
     """Counts (V,) of drawn tokens against the distribution p (V,), binned on p's `bins` likeliest tokens + the rest.

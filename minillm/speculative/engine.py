@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import torch
 
-from minillm.core.config import check_choice, check_int, short_repr
+from minillm.core.config import check_choice, check_int, short_repr, tensor_kind
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import probs_from_logits
 from minillm.engine.config import EngineConfig
@@ -109,6 +109,7 @@ class PromptLookupDrafter:
 
     def propose(self, req: Request, k: int) -> tuple[list[int], torch.Tensor | None]:
         _check_request(req)
+        k = check_gamma(k, "k")
         return self.proposer.propose(req.all_token_ids, k, req.state)
 
     def rollback(self, req: Request, num_tokens: int) -> None:
@@ -130,12 +131,14 @@ class DraftModelDrafter:
     """
 
     def __init__(self, draft: GPT):
+        require_model(draft, "DraftModelDrafter (draft)")  # here, not at the first proposal
         self.model = draft
         self.states: dict[str, DraftModelProposer] = {}
         self.num_forwards = 0
 
     def propose(self, req: Request, k: int) -> tuple[list[int], torch.Tensor | None]:
         _check_request(req)
+        k = check_gamma(k, "k")  # named as this method calls it, before the proposer names it gamma
         state = self.states.get(req.request_id)
         if state is None:
             state = self.states[req.request_id] = DraftModelProposer(self.model, max(req.max_kv_tokens, 1))
@@ -177,11 +180,18 @@ class VerifyEntry(ScheduledRequest):
         super().__post_init__()  # request, num_new_tokens, start
         if not isinstance(self.draft_token_ids, list):
             raise TypeError(f"draft_token_ids must be a list of token ids, got {type(self.draft_token_ids).__name__}")
-        if len(self.draft_token_ids) > self.num_new_tokens:
-            raise ValueError(f"num_new_tokens={self.num_new_tokens} must count the {len(self.draft_token_ids)} "
-                             "drafts too")
-        if self.draft_probs is not None and not isinstance(self.draft_probs, torch.Tensor):
-            raise TypeError(f"draft_probs must be the draft's q (k, V) or None, got {type(self.draft_probs).__name__}")
+        for i, t in enumerate(self.draft_token_ids):  # the drafter's ids were checked (check_proposal); by hand, here
+            if type(t) is not int or t < 0:
+                raise ValueError(f"draft_token_ids[{i}] = {short_repr(t)} is no token id (an int >= 0)")
+        k = len(self.draft_token_ids)
+        if k > self.num_new_tokens:
+            raise ValueError(f"num_new_tokens={self.num_new_tokens} must count the {k} drafts too")
+        if self.draft_probs is not None:
+            if not isinstance(self.draft_probs, torch.Tensor) or self.draft_probs.dim() != 2:
+                raise TypeError(f"draft_probs must be the draft's q (k, V) or None, got "
+                                f"{tensor_kind(self.draft_probs)}")
+            if self.draft_probs.shape[0] != k:
+                raise ValueError(f"draft_probs must have one row per draft ({k}), got {tuple(self.draft_probs.shape)}")
 
     @property
     def num_drafts(self) -> int:

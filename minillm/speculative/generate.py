@@ -48,6 +48,17 @@ class SpeculativeStats:
     num_tokens: int = 0  # tokens emitted (the output's length)
     finish_reason: str | None = None  # the request's: "length", "eos" or "stop"
 
+    def __post_init__(self) -> None:
+        """Counts are ints >= 0 (accepted at most proposed) and finish_reason a str or None, checked when a record
+        is built by hand: the loops count up from the zeros (a TypeError / ValueError naming the field)."""
+        for name in ("target_calls", "draft_calls", "proposed", "accepted", "num_tokens"):
+            setattr(self, name, check_int(f"SpeculativeStats.{name}", getattr(self, name), 0))
+        if self.accepted > self.proposed:
+            raise ValueError(f"SpeculativeStats.accepted={self.accepted} is more than proposed={self.proposed}")
+        if self.finish_reason is not None and not isinstance(self.finish_reason, str):
+            raise TypeError(f"SpeculativeStats.finish_reason must be a str or None, got "
+                            f"{type(self.finish_reason).__name__}")
+
     @property
     def acceptance_rate(self) -> float:
         """α: the fraction of proposed draft tokens kept (0.0 when nothing was proposed)."""
@@ -228,10 +239,12 @@ class PromptLookupProposer:
             raise ValueError("seq must be the sequence so far: at least one token, got []")
         tokens = lookup(seq, gamma, self.ngram)  # subtle: not prompt_lookup_proposals, whose check of every token
         # of seq (hundreds) each round was 5% of a fused round; seq is a copy of the round loop's list
-        outside = [t for t in tokens if t >= self.vocab_size]  # copied from seq: a bad id there comes back as a draft
-        if outside:
-            raise ValueError(f"seq holds token id {short_repr(outside[0])}, outside the vocabulary [0, "
-                             f"{self.vocab_size})")
+        for t in tokens:  # copied from seq: a bad id there (or no id at all) would come back as a draft
+            if type(t) is not int:
+                raise ValueError(f"seq holds {short_repr(t)} where a token id in [0, {self.vocab_size}) belongs: "
+                                 "a draft is copied from it")
+            if not 0 <= t < self.vocab_size:
+                raise ValueError(f"seq holds token id {short_repr(t)}, outside the vocabulary [0, {self.vocab_size})")
         if not tokens or state.params.is_greedy:
             return tokens, None
         # A copied draft is a point mass: q = one-hot, so a token is kept with probability p(x) and a rejection
