@@ -74,14 +74,22 @@ def _fields_problem(d: dict, keys: tuple[str, ...]) -> str:
     return (f" (missing {missing})" if missing else "") + (f" (unexpected {extra})" if extra else "")
 
 
+def check_keys(keys: object) -> tuple[str, ...]:
+    """A record's field names (`record_keys`): a non-empty tuple of str; a TypeError naming keys otherwise (a str
+    would be read as its letters)."""
+    if not isinstance(keys, tuple) or not keys or not all(isinstance(k, str) for k in keys):
+        raise TypeError(f"keys must be a record's field names (a non-empty tuple of str, `record_keys`), got "
+                        f"{short_repr(keys)}")
+    return keys
+
+
 def check_record(record: object, keys: tuple[str, ...], where: str) -> dict[str, float]:
     """`record` a dict with exactly the fields `keys`, each a real number (+inf and NaN included: a loss can be
     either, and the log keeps what was computed; an int within the float range); a ValueError naming `where` (a file
     and line, or `objective.records[3]`) and the field otherwise. `kd_history` averages these fields: a missing one
     would be a KeyError, an int past the float range an OverflowError, after the whole run."""
     where = check_label("where", where)
-    if not isinstance(keys, tuple) or not all(isinstance(k, str) for k in keys):  # a str would be its letters
-        raise TypeError(f"keys must be a tuple of field names (str), got {short_repr(keys)}")
+    check_keys(keys)
     if not isinstance(record, dict):
         raise ValueError(f"{where} must be a record (an object with fields {list(keys)}), got "
                          f"{type(record).__name__} {short_repr(record)}")
@@ -214,10 +222,8 @@ class RecordLog:
     def __init__(self, path: Path, digest: str = "", keys: tuple[str, ...] | None = None):
         # a folder (or a path under a file) is a ValueError naming path now, not an IsADirectoryError at a step
         self.path: Path = check_output_file(check_path(path, "path"), "path")  # type: ignore[assignment]
-        if keys is not None and (not isinstance(keys, tuple) or not keys
-                                 or not all(isinstance(k, str) for k in keys)):
-            raise TypeError(f"keys must be None or the run's record keys (a non-empty tuple of str, "
-                            f"`record_keys`), got {short_repr(keys)}")
+        if keys is not None:
+            check_keys(keys)
         self.digest = check_digest("digest", digest)
         self.keys = keys
 

@@ -14,19 +14,9 @@ from typing import Any, Callable
 
 import torch
 
-from minillm.core.config import check_float_tensor, short_repr
+from minillm.core.config import check_float_tensor
 from minillm.core.sampling import sample_next
-from minillm.engine.scheduler import ScheduledRequest, SchedulerOutput
-
-
-def check_step_output(out: object) -> None:
-    """`out` a SchedulerOutput whose scheduled entries are ScheduledRequests (a TypeError naming it otherwise): what
-    a sampler and `Scheduler.update` read."""
-    if not isinstance(out, SchedulerOutput):
-        raise TypeError(f"out must be the step's SchedulerOutput, got {type(out).__name__}")
-    if not isinstance(out.scheduled, list) or not all(isinstance(s, ScheduledRequest) for s in out.scheduled):
-        raise TypeError("out.scheduled must be a list of ScheduledRequest entries (the scheduler's), got "
-                        f"{short_repr(out.scheduled)}")
+from minillm.engine.scheduler import check_step_output
 
 
 def check_step_logits(out: object, logits: object, rows_of: Callable[[Any], int] = lambda s: 1) -> int:

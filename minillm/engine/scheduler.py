@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from minillm.core.config import check_float, check_int
+from minillm.core.config import check_float, check_int, short_repr
 from minillm.engine.config import EngineConfig
 from minillm.engine.request import Request, RequestStatus
 
@@ -87,13 +87,28 @@ class SchedulerOutput:
         return not (self.scheduled or self.swap_out or self.swap_in or self.swap_discard)
 
 
-def check_update_args(out: object, sampled: object, now: object) -> None:
-    """`Scheduler.update`'s arguments (and chapter 08's override's): a TypeError / ValueError naming the one that is
-    not the step's SchedulerOutput, a list with one entry per scheduled request, or a finite time in seconds."""
+def check_request_id(request_id: object) -> str:
+    """An engine request's id, as the plain str it holds; a TypeError naming request_id otherwise (an id of another
+    type can match no request, so the call would do nothing without a word)."""
+    if not isinstance(request_id, str):
+        raise TypeError(f"request_id must be a str, got {type(request_id).__name__} {short_repr(request_id)}")
+    return str.__str__(request_id)
+
+
+def check_step_output(out: object) -> None:
+    """`out` a SchedulerOutput whose scheduled entries are ScheduledRequests (a TypeError naming it otherwise): what
+    a sampler and `Scheduler.update` read."""
     if not isinstance(out, SchedulerOutput):
         raise TypeError(f"out must be the step's SchedulerOutput, got {type(out).__name__}")
     if not isinstance(out.scheduled, list) or not all(isinstance(s, ScheduledRequest) for s in out.scheduled):
-        raise TypeError("out.scheduled must be a list of ScheduledRequest entries (the scheduler's)")
+        raise TypeError("out.scheduled must be a list of ScheduledRequest entries (the scheduler's), got "
+                        f"{short_repr(out.scheduled)}")
+
+
+def check_update_args(out: object, sampled: object, now: object) -> None:
+    """`Scheduler.update`'s arguments (and chapter 08's override's): a TypeError / ValueError naming the one that is
+    not the step's SchedulerOutput, a list with one entry per scheduled request, or a finite time in seconds."""
+    check_step_output(out)
     if not isinstance(sampled, list):
         raise TypeError(f"sampled must be a list (one entry per scheduled request), got {type(sampled).__name__}")
     if len(sampled) != len(out.scheduled):
@@ -180,8 +195,7 @@ class Scheduler:
     def abort(self, request_id: str) -> Request | None:
         """Remove a request from whichever queue holds it and free what it holds (I8). None if unknown/finished; a
         TypeError for an id that is not a str (no request could have it)."""
-        if not isinstance(request_id, str):
-            raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
+        request_id = check_request_id(request_id)
         for queue in (self.waiting, self.running, self.swapped):
             for req in queue:
                 if req.request_id == request_id:

@@ -41,7 +41,8 @@ from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
 from minillm.engine.request import Request, RequestStatus
 from minillm.engine.sampler import Sampler, check_step_logits
-from minillm.engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput, check_update_args
+from minillm.engine.scheduler import (ScheduledRequest, Scheduler, SchedulerOutput, check_request_id,
+                                      check_update_args)
 from minillm.speculative.generate import MAX_GAMMA, DraftModelProposer, PromptLookupProposer, check_gamma
 from minillm.speculative.sampling import accept_greedy, accept_or_resample, check_distributions, check_draft_tokens
 from minillm.speculative.verify_cache import VerifyKVCache  # noqa: F401  (registers the "verify" attention backend)
@@ -85,14 +86,6 @@ class Drafter(Protocol):
 
     def release(self, request_id: str) -> None:
         """Drop the request's state (it finished, was aborted or preempted)."""
-
-
-def check_request_id(request_id: object) -> str:
-    """An engine request's id, as the plain str it holds; a TypeError naming request_id otherwise (an id of another
-    type can match no request, so the call would do nothing without a word)."""
-    if not isinstance(request_id, str):
-        raise TypeError(f"request_id must be a str, got {type(request_id).__name__} {short_repr(request_id)}")
-    return str.__str__(request_id)
 
 
 def _check_request(req: object) -> None:
