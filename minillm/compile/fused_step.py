@@ -189,6 +189,33 @@ def _checked_buffers(layer: QuantLinear, name: str) -> None:
         raise type(e)(f"the model's {name}: {e}") from e
 
 
+def _check_caches(cfg, k: object, v: object) -> None:
+    """k and v: lists of one contiguous float32 CPU tensor (1, nh, max_len, hs) per block, all of one max_len >= 1,
+    or both empty; a TypeError / ValueError naming them (the C++ step's own check is a RuntimeError)."""
+    for name, caches in (("k", k), ("v", v)):
+        if not isinstance(caches, list):
+            raise TypeError(f"{name} must be a list of one cache tensor per block (or []), got "
+                            f"{type(caches).__name__} {short_repr(caches)}")
+    if len(k) != len(v) or len(k) not in (0, cfg.n_layer):  # type: ignore[arg-type]
+        raise ValueError(f"k and v must hold one cache tensor per block ({cfg.n_layer}) each, or none (an engine's "
+                         f"decoder), got {len(k)} and {len(v)}")  # type: ignore[arg-type]
+    max_len = None
+    for name, caches in (("k", k), ("v", v)):
+        for i, t in enumerate(caches):  # type: ignore[arg-type]
+            where = f"{name}[{i}]"
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device.type != "cpu":
+                raise TypeError(f"{where} must be a float32 CPU tensor, got {tensor_kind(t)}")
+            check_has_data(where, t)
+            max_len = t.shape[2] if max_len is None and t.dim() == 4 else max_len
+            shape = (1, cfg.n_head, max_len, cfg.head_size)
+            if tuple(t.shape) != shape or not max_len:
+                raise ValueError(f"{where} must have shape (1, nh={cfg.n_head}, max_len, hs={cfg.head_size}) with "
+                                 f"max_len >= 1, every cache the same, got {tuple(t.shape)}")
+            if not t.is_contiguous():
+                raise ValueError(f"{where} must be contiguous (the C++ step reads its memory), got strides "
+                                 f"{t.stride()}")
+
+
 def build_cpp_decoder(model: GPT, k: list[torch.Tensor], v: list[torch.Tensor]) -> tuple[Any, int, int]:
     """The C++ `FusedDecoder` over `model`'s own tensors (their storage, `as_cpp_reads`), with the contiguous caches
     `k`, `v` (one (1, nh, max_len, hs) tensor per block) or none (empty lists: the engine's decoder, `paged` only);
@@ -198,6 +225,7 @@ def build_cpp_decoder(model: GPT, k: list[torch.Tensor], v: list[torch.Tensor]) 
     quantized = {f"transformer.h.{i}.{n}" for i, block in enumerate(model.transformer.h) for n in LINEARS
                  if isinstance(block.get_submodule(n), QuantLinear)}  # checked by `_quantized` below
     check_plain_model(model, "the fused C++ step", handled=quantized)
+    _check_caches(model.config, k, v)
     tr = model.transformer
     for name in ("wte", "wpe"):  # an embedding that renormalizes the rows it looks up is another function
         if getattr(tr, name).max_norm is not None:

@@ -49,8 +49,8 @@ import torch.nn.functional as F
 
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.tables import markdown_table
-from minillm.core.config import (check_bool, check_float, check_int, check_report, check_sequence, reads_report,
-                                 tensor_kind)
+from minillm.core.config import (check_bool, check_float, check_int, check_report, check_sequence,
+                                 check_tensor_elements, reads_report, short_repr, tensor_kind)
 from minillm.core.io import atomic_write_text, check_output_file
 from minillm.core.timing import check_calls, check_repeats, check_warmup
 from minillm.kernels import build, naive, ops
@@ -183,6 +183,9 @@ def close(tol: float) -> Callable[[torch.Tensor | None, torch.Tensor | None], bo
 
 def copy_bandwidth(num_bytes: int, warmup: int, repeats: int) -> float:
     """GB/s of a device-to-device copy of num_bytes (read + write counted: 2 * num_bytes per copy)."""
+    num_bytes = check_int("num_bytes", num_bytes)
+    check_tensor_elements("num_bytes", (num_bytes,))
+    warmup, repeats = check_warmup("warmup", warmup), check_repeats("repeats", repeats)
     require_cuda("copy_bandwidth")
     src = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
@@ -193,6 +196,11 @@ def copy_bandwidth(num_bytes: int, warmup: int, repeats: int) -> float:
 def matmul_tflops(n: int, warmup: int, repeats: int, dtype: torch.dtype = torch.bfloat16) -> float:
     """TFLOP/s of an n x n x n matmul: bf16 on the tensor cores; fp32 with TF32 off, the CUDA cores' fp32 roof that
     kernels doing their math in fp32 FMAs (attention, the GEMVs) are read against."""
+    n = check_int("n", n)
+    check_tensor_elements("n", (n, n))
+    warmup, repeats = check_warmup("warmup", warmup), check_repeats("repeats", repeats)
+    if not isinstance(dtype, torch.dtype) or dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"dtype must be torch.bfloat16, torch.float16 or torch.float32, got {short_repr(dtype)}")
     require_cuda("matmul_tflops")
     a = torch.randn(n, n, device="cuda", dtype=dtype)
     b = torch.randn(n, n, device="cuda", dtype=dtype)

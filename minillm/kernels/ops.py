@@ -149,6 +149,7 @@ def check_paged_tables(S: int, block_tables: torch.Tensor, context_lens: torch.T
     """int64 block_tables (S, max_nb) and context_lens (S,) holding values; a TypeError / ValueError naming the
     argument (a complex or float table included). Shared by `check_paged_args` and the mirror, which takes pools of
     any floating dtype but the tables the kernels take."""
+    S = check_int("S", S, 0)  # compared with shapes below: a tensor's == is no bool
     _tensor("block_tables", block_tables, dim=2, dtypes=(torch.int64,))
     if block_tables.shape[0] != S:
         raise ValueError(f"block_tables must have S={S} rows (one per query), got shape {tuple(block_tables.shape)}")
@@ -394,6 +395,8 @@ def kv_cache_write(key: torch.Tensor, value: torch.Tensor, k_pool: torch.Tensor,
     itself skips out-of-range slots instead of writing past the pool."""
     check_kv_write_args(key, value, k_pool, v_pool, slot_mapping)
     version = _version("kv_cache_write", version)
+    if not isinstance(check_slots, bool):  # 'no' or a tensor read as a truth value
+        raise TypeError(f"check_slots must be a bool, got {type(check_slots).__name__} {short_repr(check_slots)}")
     if check_slots:
         check_slot_range(slot_mapping, k_pool.shape[0] * k_pool.shape[1])
     _on_cuda(key=key, value=value, k_pool=k_pool, v_pool=v_pool, slot_mapping=slot_mapping)

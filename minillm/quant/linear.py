@@ -438,6 +438,8 @@ def check_fp32_model(model: object, who: str, config: QuantConfig | None = None)
     weights onto another stores weights it never trained with (`convert_qat` stores the grid it trained on)."""
     if isinstance(model, QuantizedGPT) or not isinstance(model, GPT):
         raise TypeError(f"{who} needs an fp32 minillm GPT, got {type(model).__name__}")
+    if config is not None and not isinstance(config, QuantConfig):
+        raise TypeError(f"config must be a QuantConfig or None, got {type(config).__name__} {short_repr(config)}")
     other = sorted({str(p.dtype) for p in model.parameters() if p.dtype != torch.float32})
     if other:
         raise TypeError(f"{who} needs an fp32 minillm GPT, got one with {', '.join(other)} parameters; cast it with "

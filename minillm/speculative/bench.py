@@ -325,7 +325,8 @@ class ChiSquare:
         for a draw p forbids; dof 0 for a single bin): a record built by hand is checked (a TypeError / ValueError
         naming the field)."""
         self.n = check_float("ChiSquare.n", self.n, 0.0)
-        self.chi2 = float(self.chi2) if self.chi2 == float("inf") else check_float("ChiSquare.chi2", self.chi2, 0.0)
+        inf = isinstance(self.chi2, float) and float.__float__(self.chi2) == float("inf")  # a tensor's == is no bool
+        self.chi2 = float("inf") if inf else check_float("ChiSquare.chi2", self.chi2, 0.0)
         self.dof = check_int("ChiSquare.dof", self.dof, 0)
         self.p_value = check_float("ChiSquare.p_value", self.p_value, 0.0, 1.0)
         self.tv = check_float("ChiSquare.tv", self.tv, 0.0, 1.0)

@@ -167,7 +167,7 @@ def load_point(target: GPT, prompts: list[list[int]], concurrency: int, new_toke
 
 def crossover(points: Sequence[dict[str, Any]], key: str = "ratio") -> int | None:
     """The lowest load from which speculation stays slower (ratio < 1 there and at every higher load); None if the
-    last load measured still gains.
+    last load measured still gains (or no load was measured).
 
     points: records of `load_point` (any dicts holding "concurrency", a positive int, and `key`, a real number); a
     record without them is a TypeError/ValueError naming it, not a KeyError from the middle of the sort."""

@@ -25,8 +25,8 @@ from typing import Sequence
 
 import torch
 
-from minillm.core.config import (check_has_data, check_int, is_float_compute, MAX_TENSOR_ELEMENTS, short_repr,
-                                 tensor_kind)
+from minillm.core.config import (check_device, check_has_data, check_int, is_float_compute, MAX_TENSOR_ELEMENTS,
+                                 short_repr, tensor_kind)
 from minillm.core.sampling import SamplingParams, sample_next
 from minillm.core.stopping import check_token_ids
 
@@ -114,6 +114,7 @@ def check_distributions(name: str, t: torch.Tensor) -> None:
 
 def check_generator(generator: object, device: torch.device) -> None:
     """None or a torch.Generator on the tensors' device; TypeError/ValueError naming it otherwise."""
+    device = check_device("device", device)  # read below: a str or object here was an AttributeError
     if generator is None:
         return
     if not isinstance(generator, torch.Generator):
