@@ -262,6 +262,9 @@ def paged_case(dtype, device, nh=3, hs=24, bs=4, lens=(1, 5, 9, 16, 23), seed=0)
     for i in range(0, len(lens), 2):
         manager.free(f"pad{i}")
     manager.fork(seq_ids[-1], "child")  # shares every block of the last sequence
+    last = manager.token_ids("child")[-1]
+    manager.truncate("child", len(manager.token_ids("child")) - 1)
+    manager.append_slot("child", last)  # copy-on-write: the block its new token goes to is its own copy
     seq_ids.append("child")
     config = GPTConfig(n_layer=1, n_head=nh, n_embd=nh * hs, attn_impl="explicit")
     cache = PagedKVCache(config, num_blocks, bs, device=device, dtype=dtype)
@@ -270,9 +273,8 @@ def paged_case(dtype, device, nh=3, hs=24, bs=4, lens=(1, 5, 9, 16, 23), seed=0)
         slots = torch.tensor(manager.slot_mapping(sid, 0, n - 1), dtype=torch.int64, device=device)
         for pool in (cache.k_pools[0], cache.v_pools[0]):
             write_kv(pool, slots, torch.randn(n - 1, nh, hs, generator=g).to(device))
-    # subtle: the child's last token shares its parent's last block; a real engine would copy on write before
-    # appending, here both write the same slot (index_copy_ keeps one of the two, on CUDA either), and every
-    # reference reads the pool only after that write, so all of them see the same K/V.
+    # the child shares its parent's full blocks and reads them; its last block is a copy (the context loop above
+    # wrote the copy's slots), so the new tokens of the two write different slots, as in the engine
     batch = PagedBatch.build(manager, [(sid, manager.num_tokens(sid) - 1, 1) for sid in seq_ids], device=device)
     S = len(seq_ids)
     q, k, v = (torch.randn(1, nh, S, hs, generator=g).to(device=device, dtype=dtype) for _ in range(3))

@@ -1122,3 +1122,104 @@ def test_an_eleventh_and_twelfth_hostile_runs_finds_are_refused_naming_the_argum
         odd = GPT(GPTConfig(vocab_size=48, block_size=16, n_layer=1, n_head=2, n_embd=48)).eval()
         with pytest.raises(TypeError, match="odd group_size=3"):
             FusedCPUDecoder(quantize_model(odd, QuantConfig("int4", group_size=3)))
+
+
+def test_a_thirteenth_hostile_run_and_the_widened_sweeps_finds_are_refused_naming_the_argument():
+    """Run 36's finds and those of the surface sweep's widening (tests/test_public_surface.py covers the functions):
+    paged batches that write a block another sequence reads or list a block twice, malformed batches, plain-data
+    steps no planner makes, sampled tokens that are no ids, a stale or foreign step output, hand-built entries past
+    their request, tokenizers that decode to no str or cannot encode, a NaN hand-off, a cold-start spec only the
+    child can check, a timed-prompt count past the prompts, a nested build lock, a vocabulary no tensor holds."""
+    import tempfile
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from minillm.compile.aot import run_fresh
+    from minillm.compile.fused_step import build_cpp_decoder
+    from minillm.distill import bench as distill_bench
+    from minillm.engine.config import EngineConfig
+    from minillm.engine.llm import LLM
+    from minillm.engine.request import Request
+    from minillm.engine.scheduler import ScheduledRequest
+    from minillm.engine.step import StepInput
+    from minillm.engine.swap import SwapSpace
+    from minillm.kernels.bench import copy_bandwidth
+    from minillm.kernels.build import build_lock
+    from minillm.paged.paged_cache import PagedBatch, PagedKVCache
+    from minillm.speculative.generate import PromptLookupProposer
+    from minillm.speculative.sampling import check_generator
+    from minillm.speculative.verify_cache import VerifyKVCache
+
+    t = torch.tensor
+    model = GPT(CFG).eval()
+    state = SimpleNamespace(params=SamplingParams.greedy(4), generator=None)
+    good = dict(token_ids=[5, 6], positions=[0, 1], slot_mapping=[0, 1], block_tables=[[0]], context_lens=[2],
+                query_lens=[2], sample_rows=[1])
+    empty = torch.zeros(0, dtype=torch.int64)
+
+    class DecodesToInt:
+        def decode(self, ids):
+            return 7
+
+    class DecodesOnly:
+        def decode(self, ids):
+            return "x"
+
+    rows = (
+        (lambda: PagedKVCache(CFG, 8, 4).set_batch(PagedBatch(t([0, 0]), t([[0], [0]]), t([1, 1]), t([1, 1]))),
+         ValueError, r"writes block 0, which sequence\(s\) \[1\] also read"),
+        (lambda: VerifyKVCache(CFG, 8, 4).set_batch(PagedBatch(t([3]), t([[0, 0]]), t([8]), t([1]))), ValueError,
+         r"block_tables\[0\] lists a block twice"),
+        (lambda: PagedBatch(t([[0], [1]]), t([[0]]), t([2]), t([2])), ValueError, "slot_mapping must be"),
+        (lambda: VerifyKVCache(CFG, 8, 4).set_batch(PagedBatch(empty, empty.view(0, 1), empty, empty)), ValueError,
+         "at least one sequence"),
+        (lambda: PagedBatch(t([0]), t([[0]]), t([1]), t([1]).to("meta")), ValueError, "query_lens"),
+        (lambda: StepInput(**{**good, "positions": [5, 6]}).check(CFG, 8, 4), ValueError, "positions"),
+        (lambda: StepInput(**{**good, "token_ids": [5, 6.7]}).check(CFG, 8, 4), TypeError, r"token_ids\[1\]"),
+        (lambda: StepInput(**{**good, "sample_rows": [True]}).check(CFG, 8, 4), TypeError, r"sample_rows\[0\]"),
+        (lambda: StepInput(**{**good, "cow_pairs": [(0,)]}).check(CFG, 8, 4), ValueError, r"cow_pairs\[0\]"),
+        (lambda: StepInput(**good).check(None, 8, 4), TypeError, "config"),
+        (lambda: SwapSpace(PagedKVCache(CFG, 8, 4)).swap_in("zz", [1]), ValueError, "holds no KV"),
+        (lambda: ScheduledRequest(Request("x", [1, 2], SamplingParams.greedy(4)), 5, 0), ValueError, "runs past"),
+        (lambda: ScheduledRequest(Request("x", [1, 2], SamplingParams.greedy(4)), 1, 7), ValueError, "runs past"),
+        (lambda: LLM(model, tokenizer=DecodesToInt()).generate([[1, 2]], SamplingParams.greedy(2, stop=("x",))),
+         TypeError, "decode must return a str"),
+        (lambda: LLM(model, tokenizer=DecodesOnly()).generate(["hello"]), TypeError, "no encode"),
+        (lambda: LLM(model).add_prefilled_request([4, 5, 6], SamplingParams.greedy(4), 1,
+                                                  torch.full((2, 2, 3, 2, 16), float("nan"))), ValueError, "NaN"),
+        (lambda: LLM(model).add_prefilled_request([4, 5, 6], SamplingParams.greedy(4), 1,
+                                                  torch.zeros(2, 2, 3, 2, 16).to("meta")), ValueError, "kv"),
+        (lambda: run_fresh({**COLD_SPEC, "prompt": [1] * 100_000}, 120), ValueError, "refused its spec"),
+        (lambda: distill_bench.Sizes(None, 1, 8, 4, (2,), 5, 1), ValueError, "timed_prompts"),
+        (lambda: PromptLookupProposer(2, 2**40, "cpu"), ValueError, "vocab_size"),
+        (lambda: check_generator(torch.Generator(), "zzz"), ValueError, "device"),
+        (lambda: build_cpp_decoder(model, [torch.zeros(1, 2, 8, 16)] * 2, []), ValueError, "k and v"),
+        (lambda: ops.kv_cache_write(*[torch.zeros(1, 2, 16) for _ in range(2)],
+                                    *[torch.zeros(2, 4, 2, 16) for _ in range(2)], t([0]), check_slots="no"),
+         TypeError, "check_slots"),
+        (lambda: copy_bandwidth(-1, 1, 1), ValueError, "num_bytes"),
+    )
+    for call, error, message in rows:
+        with pytest.raises(error, match=message):
+            call()
+    engine = LLM(model, config=EngineConfig(num_blocks=16, block_size=4))
+    other = LLM(model, config=EngineConfig(num_blocks=16, block_size=4))
+    for e in (engine, other):
+        e.add_request([1, 2, 3], SamplingParams.greedy(4))
+    out = engine.scheduler.schedule()
+    for sampled, error, message in (([2.7], TypeError, r"sampled\[0\]"), (["3"], TypeError, r"sampled\[0\]"),
+                                    ([True], TypeError, r"sampled\[0\]"), ([CFG.vocab_size], ValueError, "vocabulary"),
+                                    ([-1], ValueError, "vocabulary")):
+        with pytest.raises(error, match=message):
+            engine.scheduler.update(out, sampled, 0.0)
+    with pytest.raises(ValueError, match="another scheduler's"):  # a refused update left out claimable; this is not
+        engine.scheduler.update(other.scheduler.schedule(), [3], 0.0)
+    engine.scheduler.update(out, [np.int64(3)], 0.0)  # a numpy int id is the id it holds
+    with pytest.raises(ValueError, match="already updated"):
+        engine.scheduler.update(out, [3], 0.0)
+    assert PromptLookupProposer(2, 32, "cpu").propose([1, 2, np.int64(3), 1, 2], 2, state) == ([3, 1], None)
+    folder = Path(tempfile.mkdtemp(prefix="minillm-lock-"))
+    with build_lock(folder), build_lock(folder):  # nested in one thread: goes straight in, no wait for itself
+        pass

@@ -385,8 +385,9 @@ class AOTDecoder:
 
 # ----- cold start -----------------------------------------------------------------------------------------------
 
-CHILD_CODE = ("import json, sys; from minillm.compile.aot import CHILD_MARK, run_child; "
-              "print(CHILD_MARK + json.dumps(run_child(json.loads(sys.argv[1]))), flush=True)")
+CHILD_CODE = ("import json, sys; from minillm.compile.aot import CHILD_MARK, child_main; "
+              "print(CHILD_MARK + json.dumps(child_main(sys.stdin.read())), flush=True)")
+REFUSALS = {e.__name__: e for e in (TypeError, ValueError, FileNotFoundError)}  # the child's checks' errors
 
 
 def check_child_spec(spec: object) -> str:
@@ -433,6 +434,16 @@ def check_env(env: object) -> dict[str, str]:
     return {str.__str__(k): str.__str__(v) for k, v in env.items()}
 
 
+def child_main(text: str) -> dict[str, Any]:
+    """A child's `run_child` on the JSON spec `text`: its result, or, when a check refused the spec (a value only the
+    child could check: a prompt past the model's window, new_tokens past the package's max_len, a file that is no
+    package), {"refused": [error type, message]} for `run_fresh` to raise as that error in the parent."""
+    try:
+        return run_child(json.loads(text))
+    except tuple(REFUSALS.values()) as e:
+        return {"refused": [next(name for name, kind in REFUSALS.items() if isinstance(e, kind)), str(e)]}
+
+
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     """The body of one cold-start subprocess: `spec["mode"]` "eager", "compile" or "aot" generates `spec["prompt"]`
     greedily for `spec["new_tokens"]` tokens on `spec["threads"]` threads. Returns time.monotonic() stamps (one
@@ -462,7 +473,9 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
 def run_fresh(spec: dict[str, Any], timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
     """`run_child(spec)` in a fresh Python subprocess (this interpreter, local only), killed with its process group
     past `timeout` seconds (a RuntimeError). Times are seconds from just before the process was started. spec is
-    checked here as the child checks it (`check_child_spec`), env (extra variables) by `check_env`."""
+    checked here as the child checks it (`check_child_spec`), env (extra variables) by `check_env`; what only the
+    child can check (the model's window, the package itself) comes back as the child's TypeError / ValueError /
+    FileNotFoundError, raised here (`child_main`). A child that fails otherwise is a RuntimeError with its stderr."""
     mode = check_child_spec(spec)
     timeout = check_timeout(timeout)
     env = {**os.environ, **check_env(env)}
@@ -471,10 +484,11 @@ def run_fresh(spec: dict[str, Any], timeout: float, env: dict[str, str] | None =
     except (TypeError, ValueError) as e:  # a tensor, a set, NaN: the child could not read it back
         raise ValueError(f"spec must hold only JSON values (it goes to the child as JSON): {e}") from None
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-c", CHILD_CODE, text], stdout=subprocess.PIPE,
+    # the spec on stdin: a long prompt would not fit the OS's limit on a command line
+    proc = subprocess.Popen([sys.executable, "-c", CHILD_CODE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(input=text, timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # its own session: the child and any compile workers it started
         proc.communicate()
@@ -483,6 +497,9 @@ def run_fresh(spec: dict[str, Any], timeout: float, env: dict[str, str] | None =
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"the {mode} cold-start run failed (exit {proc.returncode}): {err[-2000:]}")
     r = json.loads(lines[-1][len(CHILD_MARK):])
+    if "refused" in r:  # the child's own check of a value the parent could not check: raised here as itself
+        kind, message = r["refused"]
+        raise REFUSALS.get(kind, ValueError)(f"the {mode} cold-start run refused its spec: {message}")
     times = [t - t0 for t in r["token_times"]]
     return {"imports": r["imported"] - t0, "ready": r["ready"] - t0, "first_token": times[0],
             "second_token": times[1] if len(times) > 1 else times[0], "all_tokens": times[-1], "tokens": r["tokens"]}

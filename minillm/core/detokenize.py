@@ -20,6 +20,8 @@ from __future__ import annotations
 import codecs
 from typing import Any
 
+from minillm.core.config import short_repr
+
 # The most tokens the window fallback keeps undecoded while their text ends in U+FFFD. A token may hold the end of
 # one character and the start of the next, so a run of split characters can keep the window open for a few tokens;
 # past this many, the replacement character is taken as real (the model produced bytes that are no UTF-8).
@@ -53,7 +55,7 @@ class IncrementalText:
             new = self._decoder.decode(self._bytes_of(token_id))
         else:
             self._pending.append(token_id)
-            new = self.tokenizer.decode(self._pending)
+            new = self._decode(self._pending)
             if new.endswith("\ufffd") and len(self._pending) < MAX_PENDING_TOKENS:
                 return ""
             self._pending = []
@@ -63,9 +65,18 @@ class IncrementalText:
         """The request ended: what is still held back becomes text (a cut-off character as U+FFFD)."""
         if self._decoder is not None:
             return self._add(self._decoder.decode(b"", final=True))
-        new = self.tokenizer.decode(self._pending) if self._pending else ""
+        new = self._decode(self._pending) if self._pending else ""
         self._pending = []
         return self._add(new)
+
+    def _decode(self, ids: list[int]) -> str:
+        """The tokenizer's text of ids; a TypeError naming the tokenizer when what comes back is no str (a stop
+        string is searched in it, and its length counted)."""
+        text = self.tokenizer.decode(ids)
+        if not isinstance(text, str):
+            raise TypeError(f"tokenizer.decode must return a str, got {type(text).__name__} {short_repr(text)} "
+                            f"(from {type(self.tokenizer).__name__})")
+        return text
 
     def _add(self, new: str) -> str:
         if new:

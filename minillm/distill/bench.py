@@ -217,6 +217,9 @@ class Sizes:
 
     def __post_init__(self) -> None:
         check_sizes(self)  # every field by its type, named: a bad size fails here, not minutes into a run
+        if self.timed_prompts > self.num_prompts:  # "of those prompts": the report would state a count it never ran
+            raise ValueError(f"Sizes.timed_prompts={self.timed_prompts} must be at most Sizes.num_prompts="
+                             f"{self.num_prompts}: the timed prompts are some of the validation prompts")
 
 
 SIZES = {

@@ -159,6 +159,9 @@ class FrontEnd:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise TypeError("prompt is a string but the engine has no tokenizer: pass token ids or a tokenizer")
+            if not callable(getattr(self.tokenizer, "encode", None)):
+                raise TypeError(f"prompt is a string but the engine's tokenizer ({type(self.tokenizer).__name__}) has "
+                                "no encode(text) method: pass token ids, or a tokenizer that encodes")
             return prompt, list(self.tokenizer.encode(prompt))
         if not isinstance(prompt, (list, tuple, torch.Tensor, np.ndarray)):
             raise TypeError(f"prompt must be a str or a list of int token ids, got {type(prompt).__name__}")

@@ -44,7 +44,7 @@ from minillm.engine.sampler import Sampler
 from minillm.engine.scheduler import Scheduler, SchedulerOutput
 from minillm.engine.step import plan
 from minillm.engine.swap import SwappedKV, SwapSpace
-from minillm.core.config import short_repr, tensor_kind
+from minillm.core.config import check_float_tensor, short_repr, tensor_kind
 from minillm.paged import BlockManager
 
 
@@ -88,6 +88,7 @@ class LLM(FrontEnd):
             model, config.num_blocks, config.block_size, device=self.device, kv_dtype=config.kv_dtype,
             attention_backend=config.attention_backend)
         self.scheduler = self.scheduler_cls(config, self.block_manager, **self._scheduler_kwargs())
+        self.scheduler.vocab_size = model_config.vocab_size  # sampled tokens are checked against it
         self.sampler = self.sampler_cls()
         self.num_steps = 0
         self.last_schedule = None
@@ -193,6 +194,9 @@ class LLM(FrontEnd):
         if not isinstance(kv, torch.Tensor) or tuple(kv.shape) != want:
             raise ValueError(f"kv must be a tensor of shape {want} (n_layer, 2, T, nh, hs), got "
                              f"{tuple(kv.shape) if isinstance(kv, torch.Tensor) else type(kv).__name__}")
+        check_float_tensor("kv", kv)  # a float tensor with values (not meta, not sparse)
+        if not bool(torch.isfinite(kv).all()):  # one pass over the payload: a NaN would decode tokens from garbage
+            raise ValueError("kv holds NaN or infinite values: it is no prefill's K/V (a damaged hand-off?)")
         if not 0 <= first_token_id < cfg.vocab_size:
             raise ValueError(f"first_token_id must be a token id in [0, {cfg.vocab_size}), got "
                              f"{short_repr(first_token_id)}")

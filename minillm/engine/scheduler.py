@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from minillm.core.config import check_float, check_int, short_repr
+from minillm.core.config import check_float, check_int, plain_int, short_repr
 from minillm.engine.config import EngineConfig
 from minillm.engine.request import Request, RequestStatus
 
@@ -45,10 +45,23 @@ class ScheduledRequest:
     def __post_init__(self) -> None:
         """The scheduler builds these; one built by hand is checked here (a TypeError / ValueError naming the
         field), not when a step reads it."""
+        self.check_fields()
+        self.check_span(self.num_new_tokens)
+
+    def check_fields(self) -> None:
+        """request an engine Request, num_new_tokens and start ints >= 0 (kept as the plain ints)."""
         if not isinstance(self.request, Request):
             raise TypeError(f"request must be an engine Request, got {type(self.request).__name__}")
         self.num_new_tokens = check_int("num_new_tokens", self.num_new_tokens, 0)
         self.start = check_int("start", self.start, 0)
+
+    def check_span(self, known: int) -> None:
+        """The `known` tokens this entry feeds from the request (positions start .. start + known - 1) are tokens
+        the request holds: a start past them would feed an empty or short slice, and the step would compute
+        positions no token is at."""
+        if self.start + known > self.request.num_tokens:
+            raise ValueError(f"start={self.start} with {known} known tokens to feed runs past the request's "
+                             f"{self.request.num_tokens} tokens (start + tokens <= {self.request.num_tokens})")
 
     @property
     def samples(self) -> bool:
@@ -105,6 +118,19 @@ def check_step_output(out: object) -> None:
                         f"{short_repr(out.scheduled)}")
 
 
+def check_sampled_token(name: str, token: object, vocab_size: int | None) -> int:
+    """A sampled token: a plain int id in [0, vocab_size) (any id >= 0 when the vocabulary is unknown); a TypeError /
+    ValueError naming it otherwise (2.7, '3' or True would be appended as another token, and an id past the
+    vocabulary is the next step's IndexError in the embedding)."""
+    plain = plain_int(token)  # a Python or numpy int as the plain int it holds; None for 2.7, '3', True
+    if plain is None:
+        raise TypeError(f"{name} must be a token id (an int), got {type(token).__name__} {short_repr(token)}")
+    token = plain
+    if token < 0 or (vocab_size is not None and token >= vocab_size):
+        raise ValueError(f"{name} = {token} is outside the vocabulary [0, {vocab_size if vocab_size else 'V'})")
+    return token
+
+
 def check_update_args(out: object, sampled: object, now: object) -> None:
     """`Scheduler.update`'s arguments (and chapter 08's override's): a TypeError / ValueError naming the one that is
     not the step's SchedulerOutput, a list with one entry per scheduled request, or a finite time in seconds."""
@@ -142,6 +168,8 @@ class Scheduler:
         # Admission leaves this many blocks free for running decodes that will cross a block boundary soon, so a
         # fresh admission is not the next step's victim (vLLM's watermark). Ignored when nothing runs (see below).
         self.watermark_blocks = max(1, config.num_blocks // 100)
+        self.vocab_size: int | None = None  # the model's, when known (the LLM sets it): sampled tokens are its ids
+        self._awaiting: SchedulerOutput | None = None  # the last schedule()'s output, until its update
 
     # ---------------------------------------------------------------- queue management
 
@@ -354,6 +382,7 @@ class Scheduler:
                 req.num_computed_tokens = min(int(num_cached), req.num_tokens - 1)
                 budget -= self._start(req, budget, out)
         # END SOLUTION
+        self._awaiting = out if out.scheduled else None  # the one output `update` takes next
         return out
 
     def _swap_in(self, req: Request, out: SchedulerOutput) -> None:
@@ -387,6 +416,22 @@ class Scheduler:
         of one entry per scheduled request and now a time in seconds (a TypeError / ValueError naming them).
         """
         check_update_args(out, sampled, now)
+        sampled = [None if tok is None else check_sampled_token(f"sampled[{i}]", tok, self.vocab_size)
+                   for i, tok in enumerate(sampled)]
+        self.claim(out)
+        return self._advance(out, sampled, now)
+
+    def claim(self, out: SchedulerOutput) -> None:
+        """Take `out` for its update: a step is updated once, by the scheduler whose last `schedule()` returned it.
+        A stale output (updated already) or another scheduler's would advance requests by tokens they never
+        computed; a ValueError says so before anything changes (an output with no entries changes nothing)."""
+        if out.scheduled and out is not self._awaiting:
+            raise ValueError("out is not the SchedulerOutput this scheduler's last schedule() returned (already "
+                             "updated, or another scheduler's): each step is updated once, by its own scheduler")
+        self._awaiting = None
+
+    def _advance(self, out: SchedulerOutput, sampled: list[int | None], now: float) -> list[Request]:
+        """The body of `update` on checked arguments (chapter 08's update passes its plain entries here)."""
         finished: list[Request] = []
         for s, tok in zip(out.scheduled, sampled):
             req = s.request

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minillm.core.config import GPTConfig
+from minillm.core.config import GPTConfig, check_int, short_repr
 
 
 @dataclass
@@ -48,11 +48,23 @@ class StepInput:
         return bool(self.token_ids)
 
     def check(self, config: GPTConfig, num_blocks: int, block_size: int) -> None:
-        """Raise ValueError if this step could not have come from a planner for this model and pool.
+        """Raise TypeError / ValueError if this step could not have come from a planner for this model and pool.
 
         An executor that receives a step from elsewhere (another process) calls it before touching the pool:
-        a bad block id or token then names itself instead of failing inside an index kernel.
+        a bad block id or token then names itself instead of failing inside an index kernel, and a step no
+        planner makes (positions that are not each sequence's last query_len positions, a float read as an id)
+        is refused instead of computing logits for a context that does not exist.
         """
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be the model's GPTConfig, got {type(config).__name__}")
+        num_blocks, block_size = check_int("num_blocks", num_blocks), check_int("block_size", block_size)
+        for name in ("token_ids", "positions", "slot_mapping", "context_lens", "query_lens", "sample_rows"):
+            _check_ints(f"StepInput.{name}", getattr(self, name))
+        if not isinstance(self.block_tables, list):
+            raise TypeError(f"StepInput.block_tables must be a list of block tables, got "
+                            f"{type(self.block_tables).__name__}")
+        for i, table in enumerate(self.block_tables):
+            _check_ints(f"StepInput.block_tables[{i}]", table)
         n, s = len(self.token_ids), len(self.query_lens)
         if len(self.positions) != n or len(self.slot_mapping) != n or sum(self.query_lens) != n:
             raise ValueError(f"StepInput: {n} token_ids, {len(self.positions)} positions, {len(self.slot_mapping)} "
@@ -67,16 +79,60 @@ class StepInput:
             bad = [v for v in values if not 0 <= v < bound]
             if bad:
                 raise ValueError(f"StepInput.{name} has {bad[:4]} outside [0, {bound})")
-        blocks = [b for t in self.block_tables for b in t] + [b for p in self.cow_pairs for b in p]
-        blocks += [b for _, t in self.swap_out + self.swap_in for b in t]
+        if any(a >= b for a, b in zip(self.sample_rows, self.sample_rows[1:])):
+            raise ValueError(f"StepInput.sample_rows must be increasing rows (each sampled once, in order), got "
+                             f"{self.sample_rows[:8]}")
+        cow = _check_pairs(self.cow_pairs)
+        swap_blocks = []
+        for name in ("swap_out", "swap_in"):
+            swap_blocks += _check_swaps(f"StepInput.{name}", getattr(self, name))
+        if not isinstance(self.swap_discard, list) or not all(isinstance(k, str) for k in self.swap_discard):
+            raise TypeError(f"StepInput.swap_discard must be a list of str keys, got {short_repr(self.swap_discard)}")
+        blocks = [b for t in self.block_tables for b in t] + [b for p in cow for b in p] + swap_blocks
         bad = [b for b in blocks if not 0 <= b < num_blocks]
         if bad:
             raise ValueError(f"StepInput names blocks {bad[:4]} outside the pool [0, {num_blocks})")
+        row = 0
         for i, (ql, cl, table) in enumerate(zip(self.query_lens, self.context_lens, self.block_tables)):
             if not 1 <= ql <= cl or cl > len(table) * block_size:
                 raise ValueError(f"StepInput sequence {i}: query_len {ql}, context_len {cl} and {len(table)} "
                                  f"blocks of {block_size} do not fit together")
+            if self.positions[row:row + ql] != list(range(cl - ql, cl)):  # the model reads these as the context's
+                raise ValueError(f"StepInput sequence {i}: positions {self.positions[row:row + ql][:8]} must be its "
+                                 f"last query_len={ql} positions {cl - ql}..{cl - 1} (context_len {cl})")
+            row += ql
 
+
+def _check_ints(name: str, values: object) -> None:
+    """A list of plain ints (a float, a bool or None is no id, position or count: a TypeError naming it)."""
+    if not isinstance(values, list):
+        raise TypeError(f"{name} must be a list of ints, got {type(values).__name__} {short_repr(values)}")
+    for j, v in enumerate(values):
+        if type(v) is not int:  # subtle: True is an int to isinstance, and 3.7 would be read as 3
+            raise TypeError(f"{name}[{j}] must be an int, got {type(v).__name__} {short_repr(v)}")
+
+
+def _check_pairs(pairs: object) -> list[tuple[int, int]]:
+    """cow_pairs: a list of (src, dst) pairs of ints."""
+    if not isinstance(pairs, list):
+        raise TypeError(f"StepInput.cow_pairs must be a list of (src, dst) block pairs, got {short_repr(pairs)}")
+    for j, p in enumerate(pairs):
+        if not isinstance(p, (tuple, list)) or len(p) != 2 or any(type(b) is not int for b in p):
+            raise ValueError(f"StepInput.cow_pairs[{j}] must be a (src, dst) pair of block ids, got {short_repr(p)}")
+    return pairs  # type: ignore[return-value]
+
+
+def _check_swaps(name: str, swaps: object) -> list[int]:
+    """swap_out / swap_in: a list of (str key, list of block ids); returns every block id they name."""
+    if not isinstance(swaps, list):
+        raise TypeError(f"{name} must be a list of (key, blocks) entries, got {short_repr(swaps)}")
+    blocks: list[int] = []
+    for j, entry in enumerate(swaps):
+        if not isinstance(entry, (tuple, list)) or len(entry) != 2 or not isinstance(entry[0], str):
+            raise ValueError(f"{name}[{j}] must be a (str key, block ids) pair, got {short_repr(entry)}")
+        _check_ints(f"{name}[{j}] blocks", entry[1])
+        blocks += entry[1]
+    return blocks
 
 def plan(out, block_manager) -> StepInput:
     """The `StepInput` of one scheduled step (`SchedulerOutput`), read off its entries and the block manager.

@@ -72,7 +72,8 @@ class SwapSpace:
 
     def swap_out(self, key: str, block_table: list[int]) -> None:
         """Copy pool blocks `block_table` to host memory under `key` (before anything reuses those blocks)."""
-        assert key not in self.stored, key
+        if key in self.stored:
+            raise ValueError(f"swap_out of {short_repr(key)}: the swap space already holds KV under that key")
         idx = torch.tensor(block_table, dtype=torch.int64, device=self.cache.device)  # (n,)
         # (nb, ...) -> (n, ...) each: K/V (n, bs, nh, hs), int8 scales (n, bs, nh, 1)
         saved = [pool.index_select(0, idx).to("cpu") for pool in self.cache.block_tensors()]
@@ -81,8 +82,13 @@ class SwapSpace:
 
     def swap_in(self, key: str, block_table: list[int]) -> None:
         """Copy the blocks parked under `key` into pool blocks `block_table`, in order, and drop the host copy."""
+        if key not in self.stored:  # a step from elsewhere naming a request that was never swapped out here
+            raise ValueError(f"swap_in of {short_repr(key)}: the swap space holds no KV under that key (it holds "
+                             f"{len(self.stored)} keys)")
+        if len(block_table) != self.stored[key].num_blocks:
+            raise ValueError(f"swap_in of {short_repr(key)} into {len(block_table)} blocks, but "
+                             f"{self.stored[key].num_blocks} were swapped out")
         kv = self.stored.pop(key)
-        assert len(block_table) == kv.num_blocks, (len(block_table), kv.num_blocks)
         pools = self.cache.block_tensors()
         assert len(pools) == len(kv.tensors), (len(pools), len(kv.tensors))
         idx = torch.tensor(block_table, dtype=torch.int64, device=self.cache.device)  # (n,)

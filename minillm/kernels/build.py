@@ -110,12 +110,30 @@ def forget_build(name: str) -> None:
     JIT_EXTENSION_VERSIONER.entries.pop(str.__str__(name), None)
 
 
+_HELD = threading.local()  # the build folders this thread holds `build_lock` on
+
+
 @contextlib.contextmanager
 def _locked(build_dir: Path) -> Iterator[None]:
-    """`build_lock`'s flock on `build_dir`, clearing a dead build's baton."""
-    if fcntl is None:  # Windows
+    """`build_lock`'s flock on `build_dir`, clearing a dead build's baton. Re-entrant within a thread: a nested
+    `build_lock` on a folder this thread holds goes straight in (a second flock through another open file would wait
+    for this thread itself, forever); another thread waits as another process does."""
+    held = _HELD.__dict__.setdefault("dirs", set())
+    key = os.path.realpath(build_dir)
+    if fcntl is None or key in held:  # Windows, or this thread holds it already
         yield
         return
+    held.add(key)
+    try:
+        with _flocked(build_dir):
+            yield
+    finally:
+        held.discard(key)
+
+
+@contextlib.contextmanager
+def _flocked(build_dir: Path) -> Iterator[None]:
+    """The flock itself (see `_locked`)."""
     with open(build_dir / "minillm.lock", "a") as held:
         try:
             try:

@@ -27,8 +27,8 @@ from functools import partial
 import torch
 
 from minillm.core.attention import attention, attention_ref, causal_mask
-from minillm.core.config import (check_device, check_fits_float, check_int, check_tensor_elements, foreign_number,
-                                 GPTConfig, plain_number, short_repr, tensor_kind)
+from minillm.core.config import (check_device, check_fits_float, check_has_data, check_int, check_tensor_elements,
+                                 foreign_number, GPTConfig, plain_number, short_repr, tensor_kind)
 from minillm.paged.backends import register_attention_backend
 from minillm.paged.block_manager import BlockManager
 
@@ -56,6 +56,10 @@ class PagedBatch:
             t = getattr(self, name)
             if not isinstance(t, torch.Tensor) or t.dtype != torch.int64:
                 raise TypeError(f"PagedBatch.{name} must be an int64 tensor, got {tensor_kind(t)}")
+            check_has_data(f"PagedBatch.{name}", t)  # a meta tensor has a shape but no ids to read
+        if self.slot_mapping.dim() != 1:
+            raise ValueError(f"slot_mapping must be (N,), one slot per new token, got shape "
+                             f"{tuple(self.slot_mapping.shape)}")
         if self.block_tables.dim() != 2:
             raise ValueError(f"block_tables must be (S, max_nb), got shape {tuple(self.block_tables.shape)}")
         S = self.block_tables.shape[0]
@@ -210,6 +214,8 @@ class PagedKVCache:
         outside the pool (an IndexError inside torch), into another sequence's slots, or attend over a block it
         never wrote, without a word. One host copy of the tables and slots (a few small tensors a step)."""
         bs, nb = self.block_size, self.num_blocks
+        if not batch.num_seqs:
+            raise ValueError("a PagedBatch for a forward needs at least one sequence, got 0")
         tables, slots = batch.block_tables.cpu(), batch.slot_mapping.cpu()  # (S, max_nb), (N,)
         ctx = torch.tensor(batch.context_lens_list)  # (S,)
         used = (ctx + bs - 1) // bs  # (S,) blocks holding each context
@@ -217,10 +223,16 @@ class PagedKVCache:
             i = int(used.argmax())
             raise ValueError(f"block_tables[{i}] holds {tables.shape[1]} blocks, but context_lens[{i}] = {int(ctx[i])} "
                              f"needs {int(used[i])} of block_size {bs}")
-        read = tables[torch.arange(tables.shape[1]) < used[:, None]]  # the block ids the contexts read
+        mask = torch.arange(tables.shape[1]) < used[:, None]  # (S, max_nb) the entries the contexts read
+        read = tables[mask]  # the block ids the contexts read, sequence after sequence
         if read.numel() and (int(read.min()) < 0 or int(read.max()) >= nb):
             raise ValueError(f"block_tables must hold block ids of the pool [0, {nb}) for every context's blocks, got "
                              f"ids in [{int(read.min())}, {int(read.max())}]")
+        owner = torch.arange(batch.num_seqs)[:, None].expand_as(tables)[mask]  # (read,) the sequence of each
+        if torch.unique(owner * nb + read).numel() != read.numel():  # a block twice in one table
+            i = next(i for i, u in enumerate(used.tolist()) if len(set(tables[i, :u].tolist())) < u)
+            raise ValueError(f"block_tables[{i}] lists a block twice among the {int(used[i])} its context reads: "
+                             f"{tables[i, :int(used[i])].tolist()} (each block holds different positions)")
         seq = torch.repeat_interleave(torch.arange(batch.num_seqs), torch.tensor(batch.query_lens_list))  # (N,)
         pos = torch.cat([torch.arange(c - q, c) for c, q in zip(batch.context_lens_list, batch.query_lens_list)])
         expected = tables[seq, pos // bs] * bs + pos % bs  # (N,) the slot each new token's table gives it
@@ -228,6 +240,16 @@ class PagedKVCache:
             j = int((expected != slots).nonzero()[0])
             raise ValueError(f"slot_mapping[{j}] = {int(slots[j])}, but sequence {int(seq[j])}'s block table puts its "
                              f"position {int(pos[j])} in slot {int(expected[j])}: the slots must follow the tables")
+        # A block is shared (a cached prefix, a forked sequence) only while nobody writes it: copy-on-write gives a
+        # writer its own copy first. A new token written into a block another sequence reads changes that context.
+        readers = torch.bincount(read, minlength=nb)  # (nb,) how many sequences read each block
+        shared = readers[slots // bs] > 1  # (N,)
+        if bool(shared.any()):
+            j = int(shared.nonzero()[0])
+            b = int(slots[j]) // bs
+            others = sorted({int(o) for o in owner[read == b].tolist()} - {int(seq[j])})
+            raise ValueError(f"slot_mapping[{j}] = {int(slots[j])} writes block {b}, which sequence(s) {others} "
+                             f"also read: a shared block is copied (copy-on-write) before a sequence writes it")
 
     def block_tensors(self) -> list[torch.Tensor]:
         """Every tensor that holds part of a block, each (nb, ...) with the block id in dim 0: here each layer's K

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import torch
 
-from minillm.core.config import check_choice, check_int, short_repr, tensor_kind
+from minillm.core.config import check_choice, check_int, check_tensor_elements, short_repr, tensor_kind
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import probs_from_logits
 from minillm.engine.config import EngineConfig
@@ -42,7 +42,7 @@ from minillm.engine.llm import LLM
 from minillm.engine.request import Request, RequestStatus
 from minillm.engine.sampler import Sampler, check_step_logits
 from minillm.engine.scheduler import (ScheduledRequest, Scheduler, SchedulerOutput, check_request_id,
-                                      check_update_args)
+                                      check_sampled_token, check_update_args)
 from minillm.speculative.generate import MAX_GAMMA, DraftModelProposer, PromptLookupProposer, check_gamma
 from minillm.speculative.sampling import accept_greedy, accept_or_resample, check_distributions, check_draft_tokens
 from minillm.speculative.verify_cache import VerifyKVCache  # noqa: F401  (registers the "verify" attention backend)
@@ -164,13 +164,17 @@ class VerifyEntry(ScheduledRequest):
 
     num_new_tokens counts the drafts too: the entry computes positions start .. start + num_new_tokens - 1, the
     last k of which hold draft_token_ids (slots appended for them in the block manager, not in the request).
+    One built by hand is checked as far as the entry can see: ids are ints >= 0, draft_probs one row per draft,
+    the known tokens it feeds inside its request. The vocabulary is the scheduler's to know: it checks every id a
+    drafter proposes (`check_draft_tokens`), and the sampler refuses a hand-built id or q of another size, failing
+    that request alone with a message naming it.
     """
 
     draft_token_ids: list[int] = field(default_factory=list)
     draft_probs: torch.Tensor | None = None  # (k, V) the draft's q, sampling mode only
 
     def __post_init__(self) -> None:
-        super().__post_init__()  # request, num_new_tokens, start
+        self.check_fields()  # request, num_new_tokens, start
         if not isinstance(self.draft_token_ids, list):
             raise TypeError(f"draft_token_ids must be a list of token ids, got {type(self.draft_token_ids).__name__}")
         for i, t in enumerate(self.draft_token_ids):  # the drafter's ids were checked (check_proposal); by hand, here
@@ -185,6 +189,7 @@ class VerifyEntry(ScheduledRequest):
                                 f"{tensor_kind(self.draft_probs)}")
             if self.draft_probs.shape[0] != k:
                 raise ValueError(f"draft_probs must have one row per draft ({k}), got {tuple(self.draft_probs.shape)}")
+        self.check_span(self.num_new_tokens - k)  # the drafts are not the request's tokens yet
 
     @property
     def num_drafts(self) -> int:
@@ -230,6 +235,7 @@ class SpeculativeScheduler(Scheduler):
         self.drafter = drafter
         self.gamma = check_gamma(gamma)
         vocab_size = check_int("vocab_size", vocab_size)
+        check_tensor_elements("vocab_size", (vocab_size,))  # the target's logits rows: one tensor row each
         self.vocab_size = vocab_size  # the target's: every draft token must be one of its ids
         self.num_proposed = 0  # draft tokens scheduled for verification
         self.num_accepted = 0  # of those, kept by the acceptance rule (before a stop rule cut the output)
@@ -306,9 +312,12 @@ class SpeculativeScheduler(Scheduler):
 
         `sampled[i]` is, for a `VerifyEntry`, the list of tokens the acceptance rule emitted (kept drafts + one of
         the target's) or None if its verification failed; for a plain entry, chapter 06's token or None. The
-        arguments are checked as chapter 06's (`check_update_args`).
+        arguments are checked as chapter 06's (`check_update_args`), each entry's tokens as ids (`_checked_sample`),
+        and `out` is claimed as chapter 06's (`claim`: the last schedule()'s output, updated once).
         """
         check_update_args(out, sampled, now)
+        sampled = [self._checked_sample(i, s, emitted) for i, (s, emitted) in enumerate(zip(out.scheduled, sampled))]
+        self.claim(out)
         plain_out, plain_sampled, finished = SchedulerOutput(), [], []
         for s, emitted in zip(out.scheduled, sampled):
             if not isinstance(s, VerifyEntry):
@@ -335,13 +344,25 @@ class SpeculativeScheduler(Scheduler):
         for s in plain_out.scheduled:  # a plain entry that samples: its drafter state ends at its computed tokens
             if s.samples:
                 self.drafter.rollback(s.request, s.start + s.num_new_tokens)
-        done = super().update(plain_out, plain_sampled, now)
+        done = self._advance(plain_out, plain_sampled, now)
         for req in done:
             self.drafter.release(req.request_id)
         if finished:
             gone = {id(r) for r in finished}
             self.running = [r for r in self.running if id(r) not in gone]
         return finished + done
+
+    def _checked_sample(self, i: int, entry: ScheduledRequest, emitted: Any) -> Any:
+        """sampled[i] as `update` reads it: None, a plain entry's token id, or a verify entry's non-empty list of
+        emitted token ids (kept drafts + the target's), at most its drafts + 1; a TypeError / ValueError naming it."""
+        if emitted is None:
+            return None
+        if not isinstance(entry, VerifyEntry):
+            return check_sampled_token(f"sampled[{i}]", emitted, self.vocab_size)
+        if not isinstance(emitted, list) or not 1 <= len(emitted) <= entry.num_drafts + 1:
+            raise ValueError(f"sampled[{i}] must be the list of 1..{entry.num_drafts + 1} tokens the acceptance rule "
+                             f"emitted for its verify entry, got {short_repr(emitted)}")
+        return [check_sampled_token(f"sampled[{i}][{j}]", t, self.vocab_size) for j, t in enumerate(emitted)]
 
     def check_invariants(self) -> None:
         """Chapter 06's checks, then S3 for every running request (the tests call it after every step)."""

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 
 from minillm.core.config import (GPTConfig, check_device, check_float_tensor, check_has_data, check_int,
-                                 is_float_compute, short_repr, tensor_kind)
+                                 check_tensor_elements, is_float_compute, plain_int, short_repr, tensor_kind)
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, probs_from_logits, sample_next
 from minillm.core.stopping import RequestState, check_eos_id, check_token_ids, start_request
@@ -185,7 +185,9 @@ def _check_propose_args(seq: object, state: object) -> None:
 def check_prompt_ids(prompt: object, vocab_size: int, max_len: int | None = None, whose: str = "the") -> list[int]:
     """A proposer's prefill prompt: at least one token id, each in [0, vocab_size), at most `max_len` of them when
     given (`whose` names the cache in the message); the ids as a list, or a TypeError / ValueError naming prompt."""
-    prompt = check_token_ids("prompt", prompt, vocab_size)
+    if max_len is not None:
+        max_len = check_int("max_len", max_len)
+    prompt = check_token_ids("prompt", prompt, check_int("vocab_size", vocab_size))
     if not prompt:
         raise ValueError("prompt must hold at least one token, got []")
     if max_len is not None and len(prompt) > max_len:
@@ -201,6 +203,8 @@ def check_draft_feed(seq: object, gamma: object, state: object, cached: int, max
     drafts fitting the cache (the feed and γ - 1 drafts are written: the last draft is never fed); state a
     RequestState. A TypeError / ValueError naming seq, gamma or state otherwise, not an IndexError in the embedding
     or "cache full" a forward later. Only the feed's ids are checked: the rest was checked when it was fed."""
+    cached, max_len = check_int("cached", cached, 0), check_int("max_len", max_len)
+    vocab_size = check_int("vocab_size", vocab_size)
     _check_propose_args(seq, state)
     gamma = check_gamma(gamma)
     seq_len = len(seq)  # type: ignore[arg-type]
@@ -221,6 +225,7 @@ class PromptLookupProposer:
     def __init__(self, ngram: int, vocab_size: int, device: torch.device):
         ngram = check_int("ngram", ngram, 1)
         vocab_size = check_int("vocab_size", vocab_size, 1)
+        check_tensor_elements("vocab_size", (vocab_size,))  # a row of the one-hot q of sampling mode
         self.ngram = ngram  # check_int's plain int: `lookup` takes nothing else
         self.vocab_size = vocab_size  # for the one-hot q of sampling mode
         self.device = check_device("device", device)
@@ -239,16 +244,19 @@ class PromptLookupProposer:
             raise ValueError("seq must be the sequence so far: at least one token, got []")
         tokens = lookup(seq, gamma, self.ngram)  # subtle: not prompt_lookup_proposals, whose check of every token
         # of seq (hundreds) each round was 5% of a fused round; seq is a copy of the round loop's list
-        for t in tokens:  # copied from seq: a bad id there (or no id at all) would come back as a draft
-            if type(t) is not int:
+        plain = [plain_int(t) for t in tokens]  # a Python or numpy int as the plain int; None for 2.5, True, None
+        for t, p in zip(tokens, plain):  # copied from seq: a bad id there (or no id at all) would come back as a draft
+            if p is None:
                 raise ValueError(f"seq holds {short_repr(t)} where a token id in [0, {self.vocab_size}) belongs: "
                                  "a draft is copied from it")
-            if not 0 <= t < self.vocab_size:
+            if not 0 <= p < self.vocab_size:
                 raise ValueError(f"seq holds token id {short_repr(t)}, outside the vocabulary [0, {self.vocab_size})")
+        tokens = plain  # type: ignore[assignment]
         if not tokens or state.params.is_greedy:
             return tokens, None
         # A copied draft is a point mass: q = one-hot, so a token is kept with probability p(x) and a rejection
         # resamples from p without x, which keeps the output distributed as p (the same rule, q deterministic).
+        check_tensor_elements("gamma x vocab_size", (len(tokens), self.vocab_size))  # before the allocation
         q = torch.zeros(len(tokens), self.vocab_size, device=self.device)  # (γ, V)
         q[torch.arange(len(tokens), device=self.device), torch.tensor(tokens, device=self.device)] = 1.0
         return tokens, q
@@ -332,14 +340,15 @@ def _run(target: GPT, state: RequestState, proposer: Any, gamma: int) -> tuple[l
 def check_proposal(drafts: Any, q: Any, vocab_size: int, sampling: bool) -> tuple[list[int], torch.Tensor | None]:
     """A proposer's (drafts, q) as a round uses them: drafts int token ids in [0, vocab_size) (a list or a 1-D
     integer tensor; returned as a list), and when the request samples (`sampling`, a bool) and something was
-    drafted, q a float tensor (len(drafts), vocab_size) of the distributions they were drawn from. TypeError/
+    drafted, q a float tensor (len(drafts), vocab_size) of the distributions they were drawn from (otherwise q is
+    not read and None is returned in its place). TypeError/
     ValueError naming the proposer's drafts or q, or sampling (a custom proposer's bad id was torch's IndexError in
     the embedding; a q of the wrong shape was reported as the target's p)."""
     if not isinstance(sampling, bool):  # 'no' read as True blamed q; None read as False skipped q's check
         raise TypeError(f"sampling must be a bool, got {type(sampling).__name__} {short_repr(sampling)}")
     drafts = check_draft_tokens(drafts, vocab_size, "the proposer's drafts")
     if not sampling or not drafts:
-        return drafts, q
+        return drafts, None  # nothing reads q: a greedy round compares argmaxes, and no draft has no distribution
     if not is_float_compute(q):
         raise TypeError(f"the proposer's q must be a float tensor ({len(drafts)}, V={vocab_size}), the distributions "
                         f"its {len(drafts)} drafts were drawn from, got {tensor_kind(q)}")
