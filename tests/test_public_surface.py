@@ -533,6 +533,21 @@ def _int4_gemv_args():
         {"b": torch.randn(8)}
 
 
+@functools.lru_cache(maxsize=None)
+def _tokenizer():
+    """The shipped tokenizer (its code prompts are built from the shipped validation text)."""
+    from minillm.tokenizer.default import load_tokenizer
+
+    return load_tokenizer()
+
+
+_PTXAS = """ptxas info    : Compiling entry function '_Z7softmaxPf' for 'sm_90'
+ptxas info    : Function properties for _Z7softmaxPf
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 16 registers, used 0 barriers, 360 bytes cmem[0]
+"""  # one kernel of a `-Xptxas -v` report, as nvcc prints it
+
+
 GOOD_CALLS = {  # function -> () -> (args, kwargs) of a call that works; every one is swept argument by argument
     "speculative.generate.generate_speculative":
         lambda: ((_model(), _draft_model(), [1, 2, 3], _greedy(3)), {"gamma": 2, "tokenizer": None, "eos_id": None}),
@@ -893,12 +908,46 @@ GOOD_CALLS = {  # function -> () -> (args, kwargs) of a call that works; every o
     "compile.sweep.check_case": lambda: ((_model(), _mod("compile.sweep").Case("decode", 1, 4), 2), {}),
     "compile.llamacpp.check_rates": lambda: (("rates", {"llama.cpp f32": 10.0, "ours": 5.0}), {}),
     "compile.llamacpp.check_samples": lambda: (("samples", {"llama.cpp f32": [10.0, 11.0], "ours": [1.0, 2.0]}), {}),
+    # the benchmarks' pieces, on tiny models and the fewest repeats
+    "speculative.bench.encode": lambda: ((_tokenizer(), "def f(x):\n    return x\n"), {}),
+    "speculative.bench.code_prompt": lambda: ((_tokenizer(),), {"tokens": 16}),
+    "speculative.bench.code_prompts": lambda: ((_tokenizer(), 2), {"tokens": 16}),
+    "speculative.engine_bench.code_prompts": lambda: ((_tokenizer(), 2), {"prompt_len": 16, "window": 200}),
+    "quant.qat.FakeQuantLinear": lambda: ((16, 8), {"bias": True, "device": "cpu", "dtype": torch.float32}),
+    "quant.bench.build":
+        lambda: ((_model(), _mod("quant.bench").Case("int8", _mod("quant.linear").QuantConfig("int8")),
+                  torch.randint(0, 64, (2, 8))), {"qat_steps": 1}),
+    "quant.bench.kv_perplexity":
+        lambda: ((_model(), torch.randint(0, 64, (40,)),
+                  lambda b, t: _mod("quant.kv_cache").Int8ContiguousKVCache(CFG, b, t)), {"batch_size": 2}),
+    "quant.bench.outlier_study":
+        lambda: ((_wide_model(), torch.randint(0, 4096, (80,)), torch.randint(0, 4096, (2, 16))), {}),
+    "prune.bench.check_harness": lambda: ((_prune_harness(), "the harness"), {}),
+    "prune.bench.fifty_percent":
+        lambda: ((_wide_model(), torch.randint(0, 4096, (80,)), torch.randint(0, 4096, (2, 16))), {}),
+    "distill.bench.report_section": lambda: ((_distill_report(), "acceptance"), {}),
+    "distill.bench.val_prompts": lambda: ((2, 8), {}),
+    "distill.train.kd_history": lambda: ((None, 1), {"grad_accum": 1}),
+    "distill.train.checkpoint_dir": lambda: (("draft", "student"), {}),
+    "kernels.naive.check_rows": lambda: (("x", torch.randn(2, 8)), {"weight": torch.ones(8), "bias": torch.zeros(8)}),
+    "kernels.build.parse_ptxas": lambda: (("softmax.cu", _PTXAS), {}),
+    "compile.sweep.profile_decode":
+        lambda: ((_model(),), {"case": _mod("compile.sweep").Case("decode", 1, 4), "steps": 2, "backend": "eager",
+                               "top": 3, "seed": 0}),
+    "compile.fused_engine.load_point":
+        lambda: ((GPT(GPTConfig(vocab_size=4096, block_size=512, n_layer=1, n_head=2, n_embd=32)).eval(), 1),
+                 {"repeats": 1, "seed": 0}),
+    "compile.bench.pruned_fused": lambda: ((_wide_model(), [1, 2, 3], _greedy(3)), {"fraction": 0.25, "repeats": 1,
+                                                                                   "seed": 0}),
+    "compile.bench.fused_speculation":
+        lambda: ((_model(), _draft_model(), [[1, 2, 3]], [1, 2, 3, 1, 2, 3], 3), {"gamma": 2, "lookup_gamma": 2,
+                                                                                 "repeats": 1}),
 }
 GPU_ONLY = {f"kernels.ops.{op}" for op in ("softmax", "layernorm", "bias_gelu", "attention", "paged_attention_decode",
                                           "int8_gemv", "kv_cache_write")} | {
     f"kernels.bench.{f}" for f in ("copy_bandwidth", "matmul_tflops", "time_ms")}
-LABELS = ("who", "role", "name", "where", "what")
-CHECKER_LABELS = (*LABELS, "whose", "arg", "bound")  # arguments that only name something in messages (check_label)
+LABELS = ("who", "role", "name", "where", "what", "source")  # arguments that only name something (check_label)
+CHECKER_LABELS = (*LABELS, "whose", "arg", "bound")  # a check_* helper's labels
 FUNCTION_ACCEPTS = {  # (function, argument, bad value's name): why the result is right
     **{(f, "tokenizer", "None"): "the default" for f in GOOD_CALLS},
     **{(f, "eos_id", "None"): "the default" for f in GOOD_CALLS},
@@ -910,7 +959,8 @@ FUNCTION_ACCEPTS = {  # (function, argument, bad value's name): why the result i
         ("prune.semi_structured.stored_bytes", "element_bytes"), ("distill.losses.check_layer_pairs",
         "student_layers"), ("distill.losses.check_layer_pairs", "teacher_layers"), ("compile.decode.StaticDecoder",
         "max_len"), ("compile.fused_step.FusedCPUDecoder", "max_len"), ("compile.cpu_gemv.FastLinear", "device"),
-        ("compile.cpu_gemv.FastLinear", "dtype"), ("compile.cpu_gemv.gemv", "b"), ("compile.mirror.gemv_blocked", "b"),
+        ("compile.cpu_gemv.FastLinear", "dtype"), ("quant.qat.FakeQuantLinear", "device"),
+        ("quant.qat.FakeQuantLinear", "dtype"), ("compile.cpu_gemv.gemv", "b"), ("compile.mirror.gemv_blocked", "b"),
         ("kernels.build.run_program", "timeout"), ("kernels.build.run_program", "cwd"),
         ("distill.train.DistillObjective", "student_config"), ("distill.train.DistillObjective", "layer_pairs"),
         ("quant.quantize.quantize", "group_size"))},
@@ -1039,6 +1089,16 @@ FUNCTION_ACCEPTS = {  # (function, argument, bad value's name): why the result i
     ("speculative.generate.lookup", "ids", "empty list"): "nothing to look up: no drafts",
     ("speculative.engine_bench.crossover", "points", "empty list"): "no load measured: no crossover (documented)",
     ("speculative.sampling.check_generator", "generator", "None"): "the default generator",
+    ("speculative.bench.encode", "text", "str"): "any text encodes",
+    ("quant.bench.build", "qat_steps", "2**40"): "a valid step count (the int8 round-to-nearest case runs none)",
+    ("quant.bench.kv_perplexity", "batch_size", "2**40"): "at most every window in one batch",
+    **{("distill.train.kd_history", a, "2**40"): "no objective: no records to average" for a in ("every",
+                                                                                             "grad_accum")},
+    ("kernels.build.parse_ptxas", "text", "str"): "a report naming no kernel: no entries",
+    ("compile.sweep.profile_decode", "top", "None"): "every operator (documented)",
+    ("compile.sweep.profile_decode", "top", "2**40"): "more than there are: every operator",
+    **{(f, "seed", "2**40"): "a 64-bit seed" for f in ("compile.sweep.profile_decode", "compile.bench.pruned_fused",
+                                                      "compile.fused_engine.load_point")},
     **{("quant.linear.QuantConfig", "outlier_threshold", v): "a valid threshold (None: off)"
        for v in ("None", "2**40", "1.5")},
     **{(f, "lr", "1.5"): "a large but finite step: two steps of it stay finite here"

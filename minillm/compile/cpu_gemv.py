@@ -35,8 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minillm.core.model import GPT
-from minillm.core.config import (check_bool, check_device, check_float_tensor, check_int, check_strided,
-                                 check_tensor_elements, tensor_kind)
+from minillm.core.config import check_bool, check_float_tensor, check_linear_args, check_strided, tensor_kind
 from minillm.kernels.build import build_lock, cache_dir
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -225,15 +224,8 @@ class FastLinear(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device: Any = None,
                  dtype: torch.dtype | None = None):
-        # nn.Linear's own sizes are unchecked: True would make one input, 2**40 fail in the allocator naming nothing
-        in_features, out_features = check_int("in_features", in_features), check_int("out_features", out_features)
-        check_tensor_elements("out_features x in_features", (out_features, in_features))
-        if not isinstance(bias, bool):
-            raise TypeError(f"bias must be a bool, got {type(bias).__name__}")
-        if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
-            raise TypeError(f"dtype must be a floating-point torch.dtype or None, got {dtype!r:.80}")
-        device = None if device is None else check_device("device", device, allocates=True)
-        super().__init__(in_features, out_features, bias, device, dtype)
+        args = check_linear_args(in_features, out_features, bias, device, dtype)  # nn.Linear checks none of them
+        super().__init__(*args)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor):  # one type test: the rest is left to the paths below

@@ -231,6 +231,21 @@ def check_device(name: str, device: Any, allocates: bool = False) -> torch.devic
     return device
 
 
+def check_linear_args(in_features: Any, out_features: Any, bias: Any, device: Any, dtype: Any
+                      ) -> tuple[int, int, bool, torch.device | None, torch.dtype | None]:
+    """nn.Linear's arguments for a subclass of it, checked (its own are not: True makes one input, 2**40 fails in the
+    allocator naming nothing, bias='no' gives a bias, device 'zzz' is torch's unnamed RuntimeError): plain positive
+    sizes of a weight within MAX_TENSOR_ELEMENTS, bias a bool, device None or one that can allocate, dtype None or
+    a floating-point torch.dtype. The plain values, or a TypeError / ValueError naming the argument."""
+    in_features, out_features = check_int("in_features", in_features), check_int("out_features", out_features)
+    check_tensor_elements("out_features x in_features", (out_features, in_features))
+    bias = check_bool("bias", bias)
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating-point torch.dtype or None, got {short_repr(dtype)}")
+    device = None if device is None else check_device("device", device, allocates=True)
+    return in_features, out_features, bias, device, dtype
+
+
 def plain_int(value: Any) -> int | None:
     """The plain int an integer holds: a Python int (an int subclass's own value: its comparisons and conversions
     are never consulted) or a numpy integer; None for anything else, bool included (True is no index or token id)."""

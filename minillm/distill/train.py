@@ -178,6 +178,7 @@ def checkpoint_dir(name: str | os.PathLike, role: str) -> Path:
     """A shipped checkpoint's directory ("draft"), or any checkpoint directory given as a path; `role` is what the
     caller resolves it as ("student", "--teacher"), and every error names it, so a missing teacher is never
     reported as a missing student."""
+    role = check_label("role", role)
     if not isinstance(name, (str, os.PathLike)):
         raise TypeError(f"{role} must be a shipped checkpoint name or a directory, got {type(name).__name__}")
     if name in SHIPPED:

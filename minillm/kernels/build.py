@@ -256,7 +256,8 @@ _REGS = re.compile(r"Used (\d+) registers")
 
 def parse_ptxas(source: str, text: str) -> list[KernelResources]:
     """KernelResources for every entry function in a `-Xptxas -v` report `text` (a str: a TypeError naming it
-    otherwise), one entry per kernel and arch."""
+    otherwise), one entry per kernel and arch; `source` (a label) names the file each entry came from."""
+    source = check_label("source", source)
     if not isinstance(text, str):
         raise TypeError(f"text must be the report as a str, got {type(text).__name__} {short_repr(text)}")
     found: list[KernelResources] = []

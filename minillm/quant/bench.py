@@ -135,9 +135,13 @@ QAT_LR, QAT_BATCH = 2e-5, 4
 
 
 def build(model: GPT, case: Case, calibration: torch.Tensor, qat_steps: int = 20) -> tuple[nn.Module, float]:
-    """(the case's model, seconds it took to quantize, fine-tuning included)."""
+    """(the case's model, seconds it took to quantize, fine-tuning included). Every argument is checked whichever
+    case reads it (calibration: GPTQ's; qat_steps: QAT's), so a bad one is named on the first case, not the sixth."""
+    require_model(model, "build")
     if not isinstance(case, Case):
         raise TypeError(f"case must be a quant.bench Case, got {type(case).__name__}")
+    check_calibration(model, calibration, "build")
+    qat_steps = check_int("qat_steps", qat_steps)
     t0 = time.perf_counter()
     if case.method == "fp32":
         out = model

@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import check_float_tensor, check_int, check_linear_input, check_tensor_elements, tensor_kind
+from minillm.core.config import check_float_tensor, check_linear_args, check_linear_input, tensor_kind
 from minillm.core.model import GPT
 from minillm.gpt.finetune import short_finetune
 from minillm.quant.linear import QuantConfig, QuantizedGPT, check_fp32_model, quantize_model
@@ -60,12 +60,12 @@ class FakeQuantLinear(nn.Linear):
 
     qat_config: QuantConfig
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, **kwargs: Any) -> None:
-        """nn.Linear's, with the sizes checked as QuantLinear checks them (plain positive ints, a weight within
-        MAX_TENSOR_ELEMENTS), before torch's allocator would refuse them naming nothing."""
-        in_features, out_features = check_int("in_features", in_features), check_int("out_features", out_features)
-        check_tensor_elements("out_features x in_features", (out_features, in_features))
-        super().__init__(in_features, out_features, bias=bias, **kwargs)
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device: Any = None,
+                 dtype: torch.dtype | None = None) -> None:
+        """nn.Linear's, with its arguments checked (`check_linear_args`: plain positive sizes, a weight within
+        MAX_TENSOR_ELEMENTS, a bool bias, a device and dtype it can allocate), before torch's allocator would refuse
+        them naming nothing."""
+        super().__init__(*check_linear_args(in_features, out_features, bias, device, dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., in_features) of the weight's dtype and device -> (..., out_features); a TypeError / ValueError
