@@ -1,4 +1,4 @@
-"""Every public function, class and method of chapters 08-13, called with values no caller should pass.
+"""Every public function, class and method of chapters 08-15, called with values no caller should pass.
 
 A sweep, not a table: each public function and class of the chapters' packages (found by walking the modules, so a
 new one is swept the day it is added), and each public method of each public class on an instance built here,
@@ -30,7 +30,7 @@ import torch.nn as nn
 from minillm.core.config import GPTConfig
 from minillm.core.model import GPT
 
-PACKAGES = ("speculative", "quant", "prune", "distill", "kernels", "compile")  # chapters 08-13
+PACKAGES = ("speculative", "quant", "prune", "distill", "kernels", "compile", "parallel", "serve")  # chapters 08-15
 BAD_VALUES = {"None": None, "str": "zzz", "empty list": [], "NaN": float("nan"), "-1": -1, "empty dict": {},
               "tensor": "tensor", "object": "object"}  # the tensor and the object are made fresh for each call
 NOT_SWEPT = {
@@ -189,6 +189,43 @@ INSTANCES = {
     "minillm.compile.onnx_peer.OnnxStep": lambda: __import__("minillm.compile.onnx_peer", fromlist=["x"]).OnnxStep(
         _model()),
 }
+def _parallel(name: str):
+    """Chapter 14's shards on one rank, in this process (no group: every collective is the identity, counted)."""
+    from minillm.parallel import tensor as T
+
+    comm = T.Comm()
+    embedding = T.VocabParallelEmbedding(torch.randn(64, 16), 0, comm)
+    return {"Comm": lambda: comm, "ColumnParallelLinear": lambda: T.ColumnParallelLinear(torch.randn(8, 16),
+                                                                                        torch.randn(8)),
+            "RowParallelLinear": lambda: T.RowParallelLinear(torch.randn(16, 8), torch.randn(16), comm),
+            "VocabParallelEmbedding": lambda: embedding,
+            "VocabParallelHead": lambda: T.VocabParallelHead(embedding, comm),
+            "GatherSequence": lambda: T.GatherSequence(nn.Identity(), comm)}[name]()
+
+
+def _server():
+    """Chapter 15's server over an engine whose thread never starts (admission and metrics only)."""
+    from minillm.engine import LLM
+    from minillm.serve.app import Server
+
+    return Server(LLM(_wide_model(), _tokenizer()), _tokenizer())
+
+
+INSTANCES.update({
+    **{f"minillm.parallel.tensor.{c}": functools.partial(_parallel, c) for c in (
+        "Comm", "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "VocabParallelHead",
+        "GatherSequence")},
+    "minillm.parallel.pipeline.PipelineStage":
+        lambda: __import__("minillm.parallel.pipeline", fromlist=["x"]).PipelineStage(_model(), 0, 1),
+    "minillm.serve.app.Server": _server,
+    "minillm.serve.async_engine.AsyncEngine": lambda: _server().engine,
+    "minillm.serve.metrics.ServerMetrics": lambda: _server().metrics,
+})
+PROCESS_BOUND = {  # they start or stand for other processes: their chapter's tests drive their methods' arguments
+    "minillm.parallel.executor.TensorParallelExecutor": "starts its ranks (tests/test_hostile_14_15.py)",
+    "minillm.serve.engine_process.EngineProcess": "starts the engine process (tests/test_serving_engine_process.py)",
+    "minillm.serve.engine_process.EngineWorker": "the engine process's side (tests/test_serving_engine_process.py)",
+}
 FILE_BACKED = {  # built from an exported file: the tests of their chapter sweep their methods' arguments
     "minillm.compile.aot.AOTDecoder": "an AOTInductor package takes tens of seconds to build "
                                       "(tests/test_compile_aot.py checks generate's arguments)",
@@ -302,8 +339,8 @@ def test_every_public_function_refuses_bad_values_by_name(name, fn, n):
 
 @pytest.mark.parametrize("cls,method,n", METHODS, ids=[f"{c}.{m}" for c, m, _ in METHODS])
 def test_every_public_method_refuses_bad_values_by_name(cls, method, n):
-    if cls in FILE_BACKED:
-        pytest.skip(FILE_BACKED[cls])
+    if cls in FILE_BACKED or cls in PROCESS_BOUND:
+        pytest.skip({**FILE_BACKED, **PROCESS_BOUND}[cls])
     assert cls in INSTANCES, f"{cls} has public methods but no factory in INSTANCES: add one so they are swept"
     try:
         INSTANCES[cls]()
@@ -345,6 +382,20 @@ def _paged_cache():
     from minillm.paged.paged_cache import PagedKVCache
 
     return PagedKVCache(CFG, 16, 4)
+
+
+def _parsed():
+    """A checked completion request, as the server's endpoint makes it."""
+    from minillm.serve.protocol import parse_completion
+
+    return parse_completion({"model": "m", "prompt": "hello", "max_tokens": 2}, "m", 4096)
+
+
+def _final_output():
+    """A finished request's output, with an arrival and two token times."""
+    from minillm.engine.request import RequestOutput
+
+    return RequestOutput("r0", None, [1, 2], [3], [3, 4], True, "length", arrival_time=0.0, token_times=[0.1, 0.2])
 
 
 def _step_output():
@@ -403,6 +454,9 @@ GOOD = {  # (class, method) -> instance -> the arguments of a call that works
     ("minillm.compile.fused_speculative.FusedDraftProposer", "rollback"): lambda i: (2,),
     ("minillm.compile.fused_step.FusedCPUDecoder", "verify"): lambda i: ([1, 2],),
     ("minillm.compile.fused_step.FusedCPUDecoder", "generate_ids"): lambda i: ([1, 2, 3], _greedy(2)),
+    ("minillm.serve.app.Server", "admit"): lambda i: (_parsed(), 0.0),
+    ("minillm.serve.async_engine.AsyncEngine", "submit"): lambda i: ([[1, 2, 3]], _greedy(2), 5),
+    ("minillm.serve.metrics.ServerMetrics", "observe_final"): lambda i: (_final_output(), 1.0),
     ("minillm.compile.onnx_peer.OnnxStep", "forward"):
         lambda i: (torch.tensor([[1, 2]]), torch.tensor([[0, 1]]), *[torch.zeros(2, 1, 2, 0, 8) for _ in range(2)]),
 }
@@ -423,6 +477,8 @@ ACCEPTED = {  # (class.method, argument position, bad value's name): why it is a
        for c in ("PromptLookupDrafter.release", "DraftModelDrafter.release", "SpeculativeScheduler.abort")},
     ("minillm.speculative.engine.SpeculativeScheduler.update", 1, "empty list"): "the good value: an empty step",
     ("minillm.prune.bench.Harness.check_pruned", 1, "str"): "who is a label for messages",
+    **{(f"minillm.serve.{c}", 1, v): "a perf_counter reading: any finite number of seconds"
+       for c in ("app.Server.admit", "metrics.ServerMetrics.observe_final") for v in ("-1", "2**40", "1.5")},
     **{("minillm.compile.fused_engine.FusedEngineModel.fusable", 1, v): "a question: such a row count is not fusable"
        for v in ("-1", "2**40")},
 }

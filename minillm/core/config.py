@@ -44,6 +44,14 @@ def check_label(name: str, value: Any) -> str:
     return str.__str__(value)
 
 
+def check_instance(name: str, value: Any, kind: type | tuple[type, ...], what: str) -> Any:
+    """`value` if it is an instance of `kind`; a TypeError naming `name` and `what` it must be otherwise (before an
+    attribute of it is read: "'NoneType' object has no attribute 'config'" names neither)."""
+    if not isinstance(value, kind):
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__} {short_repr(value)}")
+    return value
+
+
 def check_bool(name: str, value: Any) -> bool:
     """`value` as a plain bool if it is a bool (a numpy bool too); a TypeError naming `name` otherwise. A flag read by
     truthiness would take 'no', an empty list or NaN for an answer without a word."""

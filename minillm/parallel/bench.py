@@ -31,10 +31,12 @@ import torch
 from minillm.bench.cli import bench_parser, pick_size, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.tables import markdown_table
-from minillm.core.config import check_int, GPTConfig, reads_report, short_repr
+from minillm.core.config import (check_float, check_int, check_tensor_elements, GPTConfig, reads_report,
+                                 short_repr)
 from minillm.core.formats import model_from_bytes, model_to_bytes
 from minillm.core.io import atomic_save_figure, check_output_file
 from minillm.core.sampling import SamplingParams
+from minillm.core.timing import check_repeats
 from minillm.kvcache.generate import generate_ids
 from minillm.parallel.checks import pp_bubble
 from minillm.parallel.group import LOOPBACK, run_ranks
@@ -126,6 +128,8 @@ def _recv_exactly(conn: socket.socket, n: int) -> bytes:
 def tcp_round_trip(n_bytes: int, repeats: int = 200) -> float:
     """Median seconds for n_bytes to go to another process over loopback TCP and back, with plain sockets: what
     the operating system charges, to set beside a gloo collective of the same bytes."""
+    n_bytes, repeats = check_int("n_bytes", n_bytes), check_repeats("repeats", repeats)
+    check_tensor_elements("n_bytes", (n_bytes,))  # one message buffer
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
         server.bind((LOOPBACK, 0))
         server.listen(1)
@@ -327,7 +331,16 @@ def quotes(report: dict[str, Any]) -> dict[str, str]:
 def bubble_figure(path: str, stages: tuple[int, ...] = (2, 4), m: int = BUBBLE_M,
                   work_s: float = BUBBLE_WORK_S) -> dict[int, float]:
     """Run the bubble experiment (every step `work_s` of known work, m micro-batches) for each number of stages,
-    draw the timelines one above the other into `path` (PNG, written atomically); the measured bubble per p."""
+    draw the timelines one above the other into `path` (PNG, written atomically); the measured bubble per p. Every
+    argument is checked before the ranks start (a bad path named after a minute of runs would lose them)."""
+    if path is None:
+        raise TypeError("path must be the PNG file to write, got None")
+    check_output_file(path, "path", (".png",))
+    if not isinstance(stages, tuple) or not stages:
+        raise TypeError(f"stages must be a non-empty tuple of stage counts, got {short_repr(stages)}")
+    stages = tuple(check_int(f"stages[{i}]", p, 2) for i, p in enumerate(stages))
+    m = check_int("m", m)
+    work_s = check_float("work_s", work_s, 0.0, 10.0, include_minimum=False)
     import matplotlib
 
     matplotlib.use("Agg")

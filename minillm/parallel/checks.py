@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from minillm.core.config import GPTConfig
+from minillm.core.config import check_float_tensor, check_int, GPTConfig
 from minillm.core.formats import model_from_bytes
 from minillm.core.model import GPT
 from minillm.parallel.context import ring_attention
@@ -63,6 +63,15 @@ def torch_tp_forward(rank: int, world_size: int, model_bytes: bytes, idx: torch.
 
 def ring_forward(rank: int, world_size: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """q, k, v (B, nh, T, hs) whole; this rank attends its chunk of T through the ring: (B, nh, T/t, hs)."""
+    world_size = check_int("world_size", world_size)
+    rank = check_int("rank", rank, 0)
+    if rank >= world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_float_tensor(name, t, ndim=4)
+    if not q.shape == k.shape == v.shape:
+        raise ValueError(f"q, k and v must have one shape (B, nh, T, hs), got {tuple(q.shape)}, {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
     T = q.shape[2]
     if T % world_size:
         raise ValueError(f"ring_forward splits T={T} tokens into {world_size} equal chunks: T must divide evenly")

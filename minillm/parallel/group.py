@@ -32,7 +32,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from minillm.core.config import check_choice, check_float, check_threads, number_kind, short_repr
+from minillm.core.config import (check_choice, check_float, check_instance, check_int, check_threads, number_kind,
+                                 short_repr)
 from minillm.engine.process import Inbox, WorkerDiedError, WorkerHandle, receive, stop_all, wait_ready
 
 LOOPBACK = "127.0.0.1"
@@ -129,6 +130,14 @@ def loopback_store(rank: int, world_size: int, port: int, timeout: datetime.time
     Subtle: a `TCPStore` that binds its own socket listens on every interface of the machine; rank 0 binds one to
     loopback and hands it over (`master_listen_fd`), so nothing of the group is reachable from outside the box.
     (gloo's own connections already bind the address the store resolves to: 127.0.0.1.)"""
+    world_size = check_int("world_size", world_size)
+    rank = check_int("rank", rank, 0)
+    if rank >= world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    port = check_int("port", port, 0)
+    if port > 65535:
+        raise ValueError(f"port must be a TCP port in [0, 65535], got {port}")
+    check_instance("timeout", timeout, datetime.timedelta, "a datetime.timedelta")
     if rank != 0:
         return dist.TCPStore(LOOPBACK, port, world_size, False, timeout=timeout)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

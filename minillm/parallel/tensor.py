@@ -38,7 +38,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import check_float, check_float_tensor, check_int, short_repr
+from minillm.core.config import (check_float, check_float_tensor, check_instance, check_int, check_linear_input,
+                                 short_repr, tensor_kind)
 from minillm.core.model import GPT, require_model
 
 
@@ -218,15 +219,27 @@ class GatherSequence(nn.Module):
         return self.comm.all_gather_seq(self.inner(x))  # (B, T/t, C) -> (B, T, C)
 
 
+def _check_shard(weight: object, bias: object, rows: str) -> None:
+    """A linear shard's weight (2-D float) and bias (None, or 1-D float with one entry per weight row); a meta tensor
+    too (`shard_model` cuts a meta model's shapes)."""
+    weight = check_float_tensor("weight", weight, ndim=2, values=False)
+    if bias is not None:
+        bias = check_float_tensor("bias", bias, ndim=1, values=False)
+        if bias.shape[0] != weight.shape[0]:
+            raise ValueError(f"bias must be ({rows}={weight.shape[0]},), one per weight row, got {tuple(bias.shape)}")
+
+
 class ColumnParallelLinear(nn.Module):
     """y_r = x W_r^T + b_r: this rank's rows of W (output features), no communication; x is replicated."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
+        _check_shard(weight, bias, "out/t")
         self.weight = nn.Parameter(weight.detach().clone())  # (out/t, in)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone())  # (out/t,)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_linear_input(x, self.weight.shape[1])  # named, not torch's "mat1 and mat2 shapes cannot be multiplied"
         return F.linear(x, self.weight, self.bias)  # (..., in) -> (..., out/t)
 
 
@@ -235,6 +248,8 @@ class RowParallelLinear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, comm: Comm):
         super().__init__()
+        _check_shard(weight, bias, "out")
+        check_instance("comm", comm, Comm, "the shard's Comm")
         self.weight = nn.Parameter(weight.detach().clone())  # (out, in/t)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone())  # (out,), full, on every rank
         self.comm = comm
@@ -250,10 +265,15 @@ class VocabParallelEmbedding(nn.Module):
 
     def __init__(self, weight: torch.Tensor, start: int, comm: Comm):
         super().__init__()
+        check_float_tensor("weight", weight, ndim=2, values=False)  # a meta shard too, as `_check_shard`
+        start = check_int("start", start, 0)
+        check_instance("comm", comm, Comm, "the shard's Comm")
         self.weight = nn.Parameter(weight.detach().clone())  # (V/t, C)
         self.start, self.comm = start, comm
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"idx must be an int64 (or int32) tensor of token ids, got {tensor_kind(idx)}")
         local = idx - self.start  # (B, T)
         mine = (local >= 0) & (local < self.weight.shape[0])
         x = F.embedding(local.clamp(0, self.weight.shape[0] - 1), self.weight)  # (B, T, C)
@@ -267,6 +287,8 @@ class VocabParallelHead(nn.Module):
 
     def __init__(self, embedding: VocabParallelEmbedding, comm: Comm):
         super().__init__()
+        check_instance("embedding", embedding, VocabParallelEmbedding, "the tied VocabParallelEmbedding")
+        check_instance("comm", comm, Comm, "the shard's Comm")
         self.embedding = [embedding]  # a list: the weight stays registered once, under the embedding
         self.comm = comm
 
@@ -275,6 +297,7 @@ class VocabParallelHead(nn.Module):
         return self.embedding[0].weight
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
+        check_linear_input(h, self.weight.shape[1])
         return self.comm.all_gather_last(F.linear(h, self.weight))  # (..., C) -> (..., V/t) -> (..., V)
 
 

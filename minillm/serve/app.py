@@ -37,7 +37,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from minillm.core.config import check_float, check_int
+from minillm.core.config import check_choice, check_float, check_instance, check_int
 from minillm.serve import protocol as P
 from minillm.serve.async_engine import AsyncEngine, RequestStream
 from minillm.serve.dashboard import DASHBOARD_HTML, dashboard_state
@@ -125,6 +125,8 @@ class Server:
 
     def admit(self, parsed: P.ParsedRequest, arrival: float) -> tuple[RequestStream, list[int]]:
         """Tokenize, check the context, and submit; returns the stream and each prompt's token count."""
+        check_instance("parsed", parsed, P.ParsedRequest, "a ParsedRequest (parse_completion / parse_chat)")
+        arrival = check_float("arrival", arrival)
         param = "prompt" if parsed.kind == "completion" else "messages"
         ids = [p if isinstance(p, list) else self._encode(p, param) for p in parsed.prompts]
         max_tokens = parsed.params.max_new_tokens
@@ -448,6 +450,8 @@ def loopback_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
 
 def serve(server: Server, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning") -> int:
     """Run `server` until SIGTERM/SIGINT (drained), in this thread; returns the exit code, 0."""
+    check_instance("server", server, Server, "a minillm serve.app.Server")
+    log_level = check_choice("log_level", log_level, ("critical", "error", "warning", "info", "debug", "trace"))
     sock = loopback_socket(host, port)
     print(f"minillm serving {server.options.model_name!r} on http://{host}:{sock.getsockname()[1]} "
           f"(OpenAI API at /v1, metrics at /metrics, dashboard at /dashboard)", flush=True)

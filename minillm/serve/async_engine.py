@@ -28,9 +28,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from minillm.core.config import check_float, short_repr
+from minillm.core.config import check_float, check_instance, check_int, short_repr
 from minillm.core.sampling import SamplingParams
 from minillm.engine.core import EngineCore
+from minillm.engine.llm import LLM
 from minillm.engine.request import RequestOutput
 from minillm.serve.protocol import RequestError
 
@@ -91,6 +92,7 @@ class Snapshot:
 
 def engine_snapshot(engine: Any) -> Snapshot:
     """The scheduler's queues and the block pool, by owner, of an `LLM` (or `SpeculativeLLM`)."""
+    check_instance("engine", engine, LLM, "an engine LLM (or SpeculativeLLM)")
     stats = engine.stats()
     manager = engine.block_manager
     alloc = manager.allocator
@@ -170,8 +172,16 @@ class AsyncEngine:
         """Admit one HTTP request's prompts (each sampled params.n times) or refuse it now.
 
         `tokens` is the request's cost in tokens (prompt + max_tokens, summed over its samples). Over either
-        bound: RequestError 429 "queue_full". A prompt the engine refuses: RequestError 400 naming why.
+        bound: RequestError 429 "queue_full". A prompt the engine refuses: RequestError 400 naming why. Arguments
+        of the wrong kind (the server's bug, not the client's) are a TypeError / ValueError naming them.
         """
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise TypeError(f"prompts must be a non-empty list of prompts (str or token ids), got "
+                            f"{short_repr(prompts)}")
+        check_instance("params", params, SamplingParams, "SamplingParams")
+        tokens = check_int("tokens", tokens)
+        if arrival is not None:
+            arrival = check_float("arrival", arrival)
         cost = (len(prompts) * params.n, tokens)
         self._check_alone(prompts, params, cost)
         if (self.queued_requests + cost[0] > self.max_queued_requests
@@ -231,6 +241,7 @@ class AsyncEngine:
 
     def abort(self, stream: RequestStream) -> None:
         """Abort every engine request of `stream` that has not ended (its final outputs still arrive)."""
+        check_instance("stream", stream, RequestStream, "a RequestStream (submit's)")
         for rid in stream.request_ids:
             if rid in self._streams:
                 self._abort_id(rid)

@@ -33,8 +33,8 @@ import httpx
 
 from minillm.bench.cli import bench_parser, pick_size, start, write_report
 from minillm.bench.tables import markdown_table
-from minillm.bench.models import load_model
-from minillm.core.config import reads_report
+from minillm.bench.models import LoadedModel, load_model
+from minillm.core.config import check_instance, check_int, reads_report, short_repr
 from minillm.core.sampling import SamplingParams
 from minillm.engine import LLM, EngineConfig
 from minillm.serve.cli import ServerProcess
@@ -61,6 +61,11 @@ def throughput(loaded: Any, urls: dict[str, str], num_prompts: int, concurrency:
     server. Keys: offline_tok_s (per round), served_tok_s and ratios (per placement: per round, and the median of
     the per-round ratios), same_texts (served texts of the last round equal to the offline engine's), errors
     (failed requests over every round), kv_blocks_used (after the runs), metrics (the last round's)."""
+    check_instance("loaded", loaded, LoadedModel, "a LoadedModel (minillm.bench.models.load_model)")
+    if not isinstance(urls, dict) or not all(isinstance(k, str) and isinstance(u, str) for k, u in urls.items()):
+        raise TypeError(f"urls must be a dict of placement name -> server URL (str), got {short_repr(urls)}")
+    num_prompts, concurrency = check_int("num_prompts", num_prompts), check_int("concurrency", concurrency)
+    rounds = check_int("rounds", rounds)
     tok = loaded.tokenizer
     workload = make_workload("default", num_prompts=num_prompts, output_len=OUTPUT_LEN, seed=seed, tokenizer=tok)
     offline: list[float] = []

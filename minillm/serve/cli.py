@@ -29,7 +29,7 @@ import httpx
 import torch
 
 from minillm.bench.cli import threads_argument
-from minillm.core.config import check_float, check_int
+from minillm.core.config import check_float, check_instance, check_int
 from minillm.core.device import DEVICE_CHOICES
 from minillm.gpt.pretrained import SHIPPED_PRESETS
 from minillm.engine.process import WorkerDiedError
@@ -91,6 +91,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
+    check_instance("subparsers", subparsers, argparse._SubParsersAction, "an ArgumentParser's add_subparsers()")
     p = subparsers.add_parser("serve", help="chapter 15: serve a model behind the OpenAI API (FastAPI + uvicorn)")
     p.add_argument("--model", default="base", choices=sorted(SHIPPED_PRESETS),
                    help="the shipped model to serve (default: base)")

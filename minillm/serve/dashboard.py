@@ -24,6 +24,8 @@ def _histogram(values: dict[str, float], name: str) -> dict[str, Any]:
 
 def dashboard_state(server: Any) -> dict[str, Any]:
     """The JSON the page polls: the engine's last snapshot, the admission queue and the metrics."""
+    if not all(hasattr(server, a) for a in ("engine", "metrics", "options", "status")):  # app imports this module
+        raise TypeError(f"server must be a minillm serve.app.Server, got {type(server).__name__}")
     snap = server.engine.snapshot
     values = parse_metrics(server.metrics.render().decode())  # the very numbers /metrics shows
     return {

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minillm.bench.models import load_model
-from minillm.core.config import check_choice, check_float, short_repr
+from minillm.core.config import check_choice, check_float, check_instance, short_repr
 from minillm.core.device import resolve_device
 from minillm.core.sampling import SamplingParams
 from minillm.engine import LLM, EngineConfig
@@ -177,6 +177,7 @@ class EngineWorker:
 
 def engine_setup(init: EngineInit, inbox: Inbox) -> tuple[EngineWorker, dict]:
     """The engine role's setup (run in the child by `minillm.engine.process.worker_main`)."""
+    check_instance("init", init, EngineInit, "the engine's EngineInit")
     # Ctrl-C in a terminal reaches the whole process group: the server drains, then stops this process itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     engine, _ = build_engine(**init.build)
@@ -258,6 +259,7 @@ class ProcessAsyncEngine(AsyncEngine):
     if it dies (or raises, or stops sending heartbeats) every request in flight gets a final "error" output."""
 
     def __init__(self, process: EngineProcess, max_queued_requests: int = 256, max_queued_tokens: int = 1 << 20):
+        check_instance("process", process, EngineProcess, "a started EngineProcess")
         self._init_routing(max_queued_requests, max_queued_tokens)
         self.process = process
         self.engine = None  # the engine lives in the other process

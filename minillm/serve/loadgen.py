@@ -64,7 +64,7 @@ import torch
 
 from minillm.bench.cli import threads_argument
 from minillm.bench.models import load_model
-from minillm.core.config import check_choice, number_kind, reads_report, short_repr
+from minillm.core.config import check_choice, check_instance, check_label, number_kind, reads_report, short_repr
 from minillm.core.corpus import SEPARATOR
 from minillm.core.device import DEVICE_CHOICES, resolve_device
 from minillm.core.io import atomic_write_text, check_output_file
@@ -997,6 +997,9 @@ def parse_len_range(text: str, flag: str) -> tuple[int, int]:
 
 def parse_rates(text: str, flag: str = "--goodput-search") -> list[float]:
     """"1,2,4" -> [1.0, 2.0, 4.0]: positive finite request rates, or a ValueError naming `flag`."""
+    flag = check_label("flag", flag)
+    if not isinstance(text, str):
+        raise TypeError(f"{flag} must be a comma-separated str of request rates, got {type(text).__name__}")
     try:
         rates = [float(r) for r in text.split(",") if r.strip()]
     except ValueError:
@@ -1147,6 +1150,7 @@ def _float(text: str) -> float:
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
+    check_instance("subparsers", subparsers, argparse._SubParsersAction, "an ArgumentParser's add_subparsers()")
     p = subparsers.add_parser("bench-serve", help="chapter 15: load-test an OpenAI-compatible server "
                                                   "(TTFT, TPOT, ITL, E2E, throughput, goodput)")
     p.add_argument("--base-url", default="http://127.0.0.1:8000", help="the server (default: %(default)s)")

@@ -22,6 +22,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from minillm.core.config import check_choice, check_float, check_instance
+from minillm.engine.request import RequestOutput
+
 disable_created_metrics()  # no "_created" timestamp series beside every counter: vLLM's /metrics has none either
 
 OUTCOMES = ("stop", "length", "error", "abort", "timeout", "disconnected", "invalid", "context_length_exceeded",
@@ -81,14 +84,18 @@ class ServerMetrics:
         reg.register(_EngineCollector(server))
 
     def outcome(self, name: str) -> None:
-        self.requests.labels(name).inc()
+        """Count one finished HTTP request under `name`, one of OUTCOMES (another would be a new series)."""
+        self.requests.labels(check_choice("name", name, OUTCOMES)).inc()
 
     def observe_output(self, out: Any) -> None:
         """Every output: its new tokens count at once (a dashboard shows tokens/s while requests run)."""
+        check_instance("out", out, RequestOutput, "an engine RequestOutput")
         self.generation_tokens.inc(len(out.new_token_ids))
 
     def observe_final(self, out: Any, end: float) -> None:
         """A sample's final output: its latencies (engine timestamps, perf_counter seconds)."""
+        check_instance("out", out, RequestOutput, "an engine RequestOutput")
+        end = check_float("end", end)
         if out.ttft is not None:
             self.ttft.observe(out.ttft)
         for gap in out.itl:

@@ -79,7 +79,7 @@ from minillm.bench.cli import bench_parser, cpu_description, start, write_report
 from minillm.bench.tables import markdown_table
 from minillm.bench.models import load_model
 from minillm.compile.llamacpp_build import PINNED, build_target, convert, export_hf_dir, fetch_sources
-from minillm.core.config import reads_report
+from minillm.core.config import check_instance, reads_report, short_repr
 from minillm.core.corpus import SEPARATOR
 from minillm.core.sampling import SamplingParams
 from minillm.engine import LLM, EngineConfig
@@ -170,9 +170,39 @@ def launched(name: str, cmd: list[str], port: int, log: Path, timeout: float) ->
 # ============================================================================================ same model?
 
 
+def _check_url(name: str, url: object) -> str:
+    """A server's base URL: a str starting with http:// or https://."""
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ValueError(f"{name} must be a server's base URL like 'http://127.0.0.1:8080', got {short_repr(url)}")
+    return str.__str__(url)
+
+
+def _check_prompts(prompts: object) -> list[str]:
+    """A non-empty list (or tuple) of prompt strings."""
+    if not isinstance(prompts, (list, tuple)) or not prompts or not all(isinstance(p, str) for p in prompts):
+        raise TypeError(f"prompts must be a non-empty list of str, got {short_repr(prompts)}")
+    return list(prompts)
+
+
+def _check_runs(runs: object) -> list[dict[str, Any]]:
+    """`run_all`'s runs: a list of dicts, each with a "load", a "server" and a "report" holding "metrics"."""
+    if not isinstance(runs, (list, tuple)):
+        raise TypeError(f"runs must be a list of run records, got {type(runs).__name__} {short_repr(runs)}")
+    for i, run in enumerate(runs):
+        if (not isinstance(run, dict) or not {"load", "server", "report"} <= set(run)
+                or not isinstance(run["report"], dict) or not isinstance(run["report"].get("metrics"), dict)):
+            raise ValueError(f"runs[{i}] must be a run record with 'load', 'server' and a 'report' holding "
+                             f"'metrics', got {short_repr(run)}")
+    return list(runs)
+
+
 def check_tokenization(url: str, prompts: Sequence[str], tokenizer: Any) -> dict[str, Any]:
     """llama-server's /tokenize of each prompt against our tokenizer's ids; with add_special as its completions
     use it, so a BOS it would prepend shows up as a mismatch."""
+    url = _check_url("url", url)
+    prompts = _check_prompts(prompts)
+    if not callable(getattr(tokenizer, "encode", None)):
+        raise TypeError(f"tokenizer must have an encode(text) method, got {type(tokenizer).__name__}")
     same, mismatches = 0, []
     for i, text in enumerate(prompts):
         theirs = httpx.post(url + "/tokenize", json={"content": text, "add_special": True}, timeout=30.0)
@@ -205,6 +235,9 @@ def check_agreement(ours_url: str, theirs_url: str, prompts: Sequence[str], llm:
                     max_tokens: int = AGREE_TOKENS) -> dict[str, Any]:
     """Greedy completions of `prompts` from both servers: identical texts (/v1/completions of each) and identical
     token ids (llama-server's /completion with return_tokens vs `llm`, our engine, in this process)."""
+    ours_url, theirs_url = _check_url("ours_url", ours_url), _check_url("theirs_url", theirs_url)
+    prompts = _check_prompts(prompts)
+    check_instance("llm", llm, LLM, "our engine, an LLM")
     params = SamplingParams.greedy(max_tokens, ignore_eos=True)
     outs = llm.generate(list(prompts), params)
     rows = []
@@ -240,7 +273,7 @@ def _triple(stats: dict[str, float] | None) -> str:
 def format_table(runs: Sequence[dict[str, Any]]) -> str:
     """One Markdown row per (load level, server), latencies p50 / p90 / p99 in ms."""
     rows = []
-    for run in runs:
+    for run in _check_runs(runs):
         m = run["report"]["metrics"]
         rows.append([str(run["load"]), run["server"], f"{m['completed']}/{m['completed'] + m['failed']}",
                      f"{m['output_throughput']:.0f}", f"{m['request_throughput']:.2f}", _triple(m["ttft_ms"]),
@@ -301,7 +334,7 @@ def ratios(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per load level: our output throughput over each llama-server's."""
     out: dict[str, dict[str, float]] = {}
     by_load: dict[str, dict[str, float]] = {}
-    for run in runs:
+    for run in _check_runs(runs):
         by_load.setdefault(run["load"], {})[run["server"]] = run["report"]["metrics"]["output_throughput"]
     for load, servers in by_load.items():
         ours = servers.get(OURS)

@@ -18,6 +18,7 @@ import httpx
 import openai
 
 from minillm.bench.models import load_model
+from minillm.core.config import check_instance
 from minillm.core.rows import Row, TourContext
 from minillm.core.sampling import SamplingParams
 from minillm.engine import LLM, EngineConfig
@@ -49,6 +50,9 @@ CASES = [
 def client_texts(client: openai.OpenAI, body: dict, chat: bool) -> tuple[Any, list[str], list[str]]:
     """Send `body` (without model) through the official client, whole and streamed: (the whole response, its
     choices' texts by index, the streamed texts by index)."""
+    check_instance("client", client, openai.OpenAI, "an openai.OpenAI client")
+    check_instance("body", body, dict, "a request body (a dict)")
+    check_instance("chat", chat, bool, "a bool")
     create = client.chat.completions.create if chat else client.completions.create
     whole = create(model=MODEL, **body)
     got = [(c.message.content if chat else c.text) for c in sorted(whole.choices, key=lambda c: c.index)]
