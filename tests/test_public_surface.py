@@ -9,7 +9,8 @@ all (no CUDA GPU, no compiler); never an AttributeError, IndexError, KeyError ..
 hang. An instance is built afresh for each call, so one bad call cannot leave state that the next one trips on.
 
 Each class with public methods needs a factory below (`INSTANCES`); one without a factory fails the test, so a new
-class cannot skip the sweep. `NOT_SWEPT` lists what is left out, each with its reason.
+class cannot skip the sweep. `NOT_SWEPT`, `FILE_BACKED` and `PROCESS_BOUND` list what is left out, each with its
+reason.
 """
 
 from __future__ import annotations
@@ -396,6 +397,14 @@ def _final_output():
     from minillm.engine.request import RequestOutput
 
     return RequestOutput("r0", None, [1, 2], [3], [3, 4], True, "length", arrival_time=0.0, token_times=[0.1, 0.2])
+
+
+def _record():
+    """A load generator's record of one request that succeeded: sent at 0, chunks at 0.1 and 0.2, done at 0.25."""
+    from minillm.serve.loadgen import RequestRecord
+
+    return RequestRecord(0, 8, 4, send_s=0.0, chunk_s=[0.1, 0.2], done_s=0.25, text="ab", output_tokens=2,
+                         success=True)
 
 
 def _step_output():
@@ -998,6 +1007,46 @@ GOOD_CALLS = {  # function -> () -> (args, kwargs) of a call that works; every o
     "compile.bench.fused_speculation":
         lambda: ((_model(), _draft_model(), [[1, 2, 3]], [1, 2, 3, 1, 2, 3], 3), {"gamma": 2, "lookup_gamma": 2,
                                                                                  "repeats": 1}),
+    # chapter 14's arithmetic, splits and partial attentions
+    "parallel.pipeline.bubble_fraction": lambda: ((2, 4), {}),
+    "parallel.pipeline.stage_layers": lambda: ((4, 2), {}),
+    "parallel.pipeline.measured_bubble":
+        lambda: (([_mod("parallel.pipeline").StageEvent(s, mb, s + mb, s + mb + 1.0) for s in range(2)
+                   for mb in range(2)], 2), {}),
+    "parallel.tensor.column_split": lambda: ((torch.randn(8, 16), torch.randn(8), 0, 2), {}),
+    "parallel.tensor.row_split": lambda: ((torch.randn(8, 16), 1, 2), {}),
+    "parallel.tensor.row_parallel_forward":
+        lambda: ((torch.randn(2, 16), torch.randn(8, 16), torch.randn(8), lambda y: y), {}),
+    "parallel.tensor.shard_model": lambda: ((_model(), 0, 2), {"comm": None, "sequence_parallel": False}),
+    "parallel.tensor.check_divisible": lambda: ((CFG, 2), {}),
+    "parallel.tensor.all_reduce_bytes": lambda: ((8, 16, 2), {"element_size": 4}),
+    "parallel.tensor.ring_traffic_per_rank": lambda: ((1024, 2), {}),
+    "parallel.bench.link_estimate": lambda: ((CFG, 2), {"element_bytes": 2}),
+    "parallel.library.regroup_qkv_rows": lambda: ((torch.randn(3 * 16, 16), 2, 8, 2), {}),
+    "parallel.context.block_attention": lambda: (tuple(torch.randn(1, 2, 4, 8) for _ in range(3)) + (True,), {}),
+    "parallel.context.merge_attention":
+        lambda: ((torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4), torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4)), {}),
+    "parallel.checks.ring_forward": lambda: ((0, 1, *[torch.randn(1, 2, 4, 8) for _ in range(3)]), {}),
+    # chapter 15's protocol and load generator
+    "serve.protocol.parse_completion": lambda: (({"model": "m", "prompt": "hi", "max_tokens": 2}, "m", 4096), {}),
+    "serve.protocol.parse_chat":
+        lambda: (({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}, "m"), {}),
+    "serve.protocol.check_context": lambda: ((10, 5, 256, True), {"prompt_param": "prompt"}),
+    "serve.protocol.usage": lambda: ((3, 4), {}),
+    "serve.protocol.error_body": lambda: (("bad", "invalid_request_error"), {"param": "n", "code": "x"}),
+    "serve.loadgen.arrival_times": lambda: ((4, 2.0), {"burstiness": 1.0, "seed": 0}),
+    "serve.loadgen.interarrival_gaps": lambda: ((4, 2.0), {"burstiness": 1.0, "seed": 0}),
+    "serve.loadgen.percentile": lambda: (([1.0, 2.0, 3.0], 50.0), {}),
+    "serve.loadgen.latency_stats": lambda: (([0.1, 0.2],), {"scale": 1000.0}),
+    "serve.loadgen.parse_len_range": lambda: (("10:20", "--input-len"), {}),
+    "serve.loadgen.request_body": lambda: (("m", "hi", 4), {}),
+    "serve.loadgen.compute_metrics":
+        lambda: (([_record()], 1.0), {"slo": _mod("serve.loadgen").SLO(ttft_s=0.5)}),
+    "serve.loadgen.goodput": lambda: (([_record()], _mod("serve.loadgen").SLO(ttft_s=0.5), 1.0), {}),
+    "serve.loadgen.slo_attainment": lambda: (([_record()], _mod("serve.loadgen").SLO(ttft_s=0.5)), {}),
+    "serve.loadgen.default_dataset":
+        lambda: ((2,), {"input_len": (8, 16), "output_len": 4, "seed": 0, "tokenizer": _tokenizer(),
+                        "context_length": 256}),
 }
 GPU_ONLY = {f"kernels.ops.{op}" for op in ("softmax", "layernorm", "bias_gelu", "attention", "paged_attention_decode",
                                           "int8_gemv", "kv_cache_write")} | {
@@ -1146,6 +1195,34 @@ FUNCTION_ACCEPTS = {  # (function, argument, bad value's name): why the result i
     ("speculative.engine_bench.crossover", "points", "empty list"): "no load measured: no crossover (documented)",
     ("speculative.sampling.check_generator", "generator", "None"): "the default generator",
     ("speculative.bench.encode", "text", "str"): "any text encodes",
+    # chapters 14 and 15: sizes past any run are arithmetic on valid numbers; defaults; empty record lists
+    **{(f, a, "2**40"): "arithmetic on valid sizes" for f, a in (
+        ("parallel.bench.link_estimate", "t"), ("parallel.pipeline.bubble_fraction", "p"),
+        ("parallel.pipeline.bubble_fraction", "m"), ("parallel.pipeline.measured_bubble", "p"),
+        ("parallel.pipeline.stage_layers", "n_layer"), ("parallel.tensor.all_reduce_bytes", "tokens"),
+        ("parallel.tensor.all_reduce_bytes", "n_embd"), ("parallel.tensor.all_reduce_bytes", "n_layer"),
+        ("parallel.tensor.ring_traffic_per_rank", "message_bytes"), ("parallel.tensor.ring_traffic_per_rank", "t"),
+        ("serve.protocol.check_context", "context_length"), ("serve.protocol.parse_completion", "vocab_size"),
+        ("serve.protocol.usage", "prompt_tokens"), ("serve.protocol.usage", "completion_tokens"),
+        ("serve.loadgen.request_body", "max_tokens"), ("serve.loadgen.default_dataset", "context_length"))},
+    **{(f"parallel.tensor.{f}", "bias", "None"): "no bias" for f in ("column_split", "row_parallel_forward")},
+    **{(f"serve.loadgen.{f}", a, v): "a valid rate, burstiness, duration or scale" for f, a in (
+        ("arrival_times", "rate"), ("arrival_times", "burstiness"), ("interarrival_gaps", "rate"),
+        ("interarrival_gaps", "burstiness"), ("compute_metrics", "duration"), ("goodput", "duration"),
+        ("latency_stats", "scale")) for v in ("2**40", "1.5")},
+    **{(f"serve.loadgen.{f}", "seed", "2**40"): "a 64-bit seed" for f in ("arrival_times", "interarrival_gaps",
+                                                                          "default_dataset")},
+    **{(f"serve.loadgen.{f}", "records", "empty list"): "no requests: the metrics of none"
+       for f in ("compute_metrics", "goodput", "slo_attainment")},
+    ("serve.loadgen.latency_stats", "values", "empty list"): "no values: None (documented)",
+    ("serve.loadgen.compute_metrics", "slo", "None"): "no SLO (documented)",
+    ("serve.loadgen.percentile", "q", "1.5"): "the 1.5th percentile",
+    **{("serve.protocol.error_body", a, "None"): "no param / code (the default)" for a in ("param", "code")},
+    **{("serve.protocol.error_body", a, "str"): "any message text" for a in ("message", "type", "param", "code")},
+    ("serve.loadgen.request_body", "prompt", "str"): "any prompt text",
+    ("serve.loadgen.request_body", "model", "str"): "any model name (the server answers an unknown one)",
+    ("serve.loadgen.parse_len_range", "flag", "str"): "a flag's name for messages",
+    ("serve.protocol.check_context", "prompt_param", "str"): "a field's name for the 400's param",
     ("quant.bench.build", "qat_steps", "2**40"): "a valid step count (the int8 round-to-nearest case runs none)",
     ("quant.bench.kv_perplexity", "batch_size", "2**40"): "at most every window in one batch",
     **{("distill.train.kd_history", a, "2**40"): "no objective: no records to average" for a in ("every",

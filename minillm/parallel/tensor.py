@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minillm.core.config import (check_float, check_float_tensor, check_instance, check_int, check_linear_input,
+from minillm.core.config import (check_float_tensor, check_instance, check_int, check_linear_input, GPTConfig,
                                  short_repr, tensor_kind)
 from minillm.core.model import GPT, require_model
 
@@ -303,6 +303,7 @@ class VocabParallelHead(nn.Module):
 
 def check_divisible(config, t: int) -> None:
     """ValueError naming the dimension that t ranks cannot split evenly."""
+    check_instance("config", config, GPTConfig, "the model's GPTConfig")
     if not isinstance(t, int) or isinstance(t, bool) or t < 1:
         raise ValueError(f"the tensor parallel size t must be a positive int, got {short_repr(t)}")
     widths = {"n_head": config.n_head, "vocab_size": config.vocab_size}
@@ -385,7 +386,7 @@ def all_reduce_bytes(tokens: int, n_embd: int, n_layer: int, element_size: int =
     tokens = check_int("tokens", tokens)
     n_embd = check_int("n_embd", n_embd)
     n_layer = check_int("n_layer", n_layer)
-    if element_size not in (1, 2, 4, 8):
+    if type(element_size) is not int or element_size not in (1, 2, 4, 8):  # True == 1, and a tensor's in is no bool
         raise ValueError(f"element_size must be a dtype's size in bytes (1, 2, 4 or 8), got {short_repr(element_size)}")
     return (1 + 2 * n_layer) * tokens * n_embd * element_size
 
@@ -393,7 +394,7 @@ def all_reduce_bytes(tokens: int, n_embd: int, n_layer: int, element_size: int =
 def ring_traffic_per_rank(message_bytes: int, t: int) -> float:
     """What a ring all-reduce sends (and receives) per rank for one message: 2 (t - 1) / t of it
     (reduce-scatter, then all-gather, each moving (t - 1) / t)."""
-    message_bytes = check_float("message_bytes", message_bytes, minimum=0.0)
+    message_bytes = check_int("message_bytes", message_bytes, 0)  # a count of bytes
     t = check_int("t", t)
     return 2 * (t - 1) / t * message_bytes
 

@@ -88,6 +88,9 @@ WINDOW_TRIES = 1000  # random corpus windows tried per prompt before giving up (
 # ============================================================================================ argument checks
 
 
+MAX_REQUESTS = 10**7  # a workload's most requests: far past any benchmark, short of numpy's MemoryError
+
+
 def _check_int(name: str, value: Any, low: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got {number_kind(value)}")
@@ -218,6 +221,8 @@ def default_dataset(num_prompts: int, input_len: int | tuple[int, int] = DEFAULT
     cut if needed so that prompt + `output_len` fits `context_length`. Same arguments, same prompts.
     """
     _check_int("num_prompts", num_prompts, 1)
+    if num_prompts > MAX_REQUESTS:
+        raise ValueError(f"num_prompts must be at most {MAX_REQUESTS}, got {num_prompts}")
     lo, hi = _check_len_range("input_len", input_len)
     _check_int("output_len", output_len, 1)
     _check_int("seed", seed, 0)
@@ -261,6 +266,8 @@ def shared_prefix_dataset(num_prompts: int, input_len: int | tuple[int, int] = D
     suffix's first, so it can be a token short of `prefix_len`.
     """
     _check_int("num_prompts", num_prompts, 1)
+    if num_prompts > MAX_REQUESTS:
+        raise ValueError(f"num_prompts must be at most {MAX_REQUESTS}, got {num_prompts}")
     lo, hi = _check_len_range("input_len", input_len)
     _check_int("output_len", output_len, 1)
     _check_int("prefix_len", prefix_len, 1)
@@ -305,6 +312,8 @@ def interarrival_gaps(n: int, rate: float, burstiness: float = 1.0, seed: int = 
     burstier (many short gaps, a few long ones), k > 1 more regular. rate = inf: every gap is 0 (all at once).
     """
     _check_int("n", n, 0)
+    if n > MAX_REQUESTS:  # one float per request: 2**40 of them would be numpy's MemoryError
+        raise ValueError(f"n must be at most {MAX_REQUESTS} requests, got {n}")
     rate = _check_positive("rate", rate, allow_inf=True)
     burstiness = _check_positive("burstiness", burstiness)
     _check_int("seed", seed, 0)
@@ -683,6 +692,8 @@ def error_type(exc: BaseException) -> str:
 
 def request_body(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
     """The /v1/completions body every benchmark request sends: greedy, streamed, fixed length (ignore_eos)."""
+    model, prompt = check_label("model", model), check_instance("prompt", prompt, str, "the prompt text")
+    max_tokens = _check_int("max_tokens", max_tokens, 1)
     return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
             "stream_options": {"include_usage": True}, "ignore_eos": True}
 
@@ -984,6 +995,7 @@ def format_result(report: dict[str, Any]) -> str:
 
 def parse_len_range(text: str, flag: str) -> tuple[int, int]:
     """"64" -> (64, 64); "32:160" -> (32, 160); anything else a ValueError naming `flag`."""
+    flag = check_label("flag", flag)
     if not isinstance(text, str):
         raise TypeError(f"{flag} must be given as text, N or LO:HI, got {type(text).__name__} {text!r}")
     try:

@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from minillm.core.config import check_int, short_repr
+from minillm.core.config import check_int, check_label, short_repr
 from minillm.core.sampling import SamplingParams
 
 CHAT_ROLES = ("system", "user", "assistant")
@@ -54,7 +54,9 @@ class RequestError(ValueError):
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    """The OpenAI error object: `{"error": {"message", "type", "param", "code"}}`."""
+    """The OpenAI error object: `{"error": {"message", "type", "param", "code"}}`; param and code None or str."""
+    message, type = check_label("message", message), check_label("type", type)
+    param, code = (None if v is None else check_label(name, v) for name, v in (("param", param), ("code", code)))
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
@@ -356,6 +358,7 @@ def check_context(num_prompt_tokens: int, max_tokens: int, context_length: int, 
     """The max_tokens to run with: a prompt that leaves no room, or asks for more than is left, is a 400 with
     code "context_length_exceeded" (as the OpenAI API answers); a defaulted max_tokens is capped to what is left.
     `prompt_param` is the field the prompt came in ("prompt", or a chat request's "messages"), named by the 400."""
+    prompt_param = check_label("prompt_param", prompt_param)
     num_prompt_tokens = check_int("num_prompt_tokens", num_prompt_tokens, 0)
     max_tokens = check_int("max_tokens", max_tokens, 0)
     context_length = check_int("context_length", context_length)
@@ -377,6 +380,9 @@ FINISH_REASONS = {"stop": "stop", "eos": "stop", "length": "length"}
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """The OpenAI usage object of token counts (ints >= 0)."""
+    prompt_tokens = check_int("prompt_tokens", prompt_tokens, 0)
+    completion_tokens = check_int("completion_tokens", completion_tokens, 0)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
 
