@@ -1223,3 +1223,79 @@ def test_a_thirteenth_hostile_run_and_the_widened_sweeps_finds_are_refused_namin
     folder = Path(tempfile.mkdtemp(prefix="minillm-lock-"))
     with build_lock(folder), build_lock(folder):  # nested in one thread: goes straight in, no wait for itself
         pass
+
+
+def test_a_fourteenth_hostile_runs_finds_are_refused_and_an_aborted_entry_is_skipped():
+    """Run 37's finds: fused-step caches that share memory, a copy or swap-in onto a block two sequences read,
+    non-int values in a batch's lists, a token where an entry does not sample (or none where it does), a verify
+    entry without a known token, tokenizers that encode to no list or decode to no bytes, and fields reassigned
+    after their checks. A request aborted between schedule() and update() is skipped by the update."""
+    import dataclasses
+
+    from minillm.compile.fused_step import build_cpp_decoder
+    from minillm.core.detokenize import IncrementalText
+    from minillm.engine.config import EngineConfig
+    from minillm.engine.llm import LLM
+    from minillm.engine.request import Request
+    from minillm.engine.scheduler import ScheduledRequest
+    from minillm.engine.step import StepInput
+    from minillm.paged.paged_cache import PagedBatch
+    from minillm.speculative.engine import VerifyEntry
+
+    t = torch.tensor
+    model = GPT(CFG).eval()
+    k = [torch.zeros(1, 2, 8, 16) for _ in range(2)]
+    v = [torch.zeros(1, 2, 8, 16) for _ in range(2)]
+    shared = dict(token_ids=[5, 6], positions=[3, 3], slot_mapping=[7, 11], block_tables=[[0, 1], [0, 2]],
+                  context_lens=[4, 4], query_lens=[1, 1], sample_rows=[0, 1])
+    request = Request("r", [1, 2, 3, 4, 5], SamplingParams.greedy(4))
+
+    class EncodesToInt:
+        def decode(self, ids):
+            return "x"
+
+        def encode(self, text):
+            return 5
+
+    class BytesAsStr:
+        def decode_single_token_bytes(self, token):
+            return "a"
+
+    batch = PagedBatch(t([0]), t([[0]]), t([1]), t([1]))
+    entry = ScheduledRequest(request, 1, 0)
+    rows = (
+        (lambda: build_cpp_decoder(model, k, k), ValueError, r"k\[0\] and v\[0\] share memory"),
+        (lambda: build_cpp_decoder(model, [k[0], k[0]], v), ValueError, r"k\[0\] and k\[1\] share memory"),
+        (lambda: StepInput(**shared).check(CFG, 8, 4), None, None),  # two sequences share block 0: fine to read
+        (lambda: StepInput(**{**shared, "cow_pairs": [(3, 0)]}).check(CFG, 8, 4), ValueError, "cow_pairs writes"),
+        (lambda: StepInput(**{**shared, "swap_in": [("a", [0])]}).check(CFG, 8, 4), ValueError, "swap_in writes"),
+        (lambda: PagedBatch.from_lists([0], [[0]], [1.5], [1]), TypeError, r"context_lens\[0\]"),
+        (lambda: PagedBatch.from_lists([True], [[0]], [1], [1]), TypeError, r"slot_mapping\[0\]"),
+        (lambda: PagedBatch.from_lists([], [], [], []), ValueError, "block_tables"),
+        (lambda: VerifyEntry(request, 2, 4, [1, 2]), ValueError, "at least one known token"),
+        (lambda: LLM(model, tokenizer=EncodesToInt()).generate(["hello"]), TypeError, "list of token ids"),
+        (lambda: IncrementalText(BytesAsStr()).append(1), TypeError, "must return bytes"),
+        (lambda: setattr(batch, "slot_mapping", t([[0]])), dataclasses.FrozenInstanceError, "slot_mapping"),
+        (lambda: setattr(entry, "start", 9), dataclasses.FrozenInstanceError, "start"),
+    )
+    for call, error, message in rows:
+        if error is None:
+            call()
+            continue
+        with pytest.raises(error, match=message):
+            call()
+    engine = LLM(model, config=EngineConfig(num_blocks=16, block_size=4, max_num_batched_tokens=4, max_num_seqs=4))
+    long_id = engine.add_request(list(range(1, 10)), SamplingParams.greedy(2))  # 9 tokens: chunks of 4, 4, 1
+    out = engine.scheduler.schedule()
+    with pytest.raises(ValueError, match="does not sample"):
+        engine.scheduler.update(out, [3], 0.0)
+    engine.scheduler.update(out, [None], 0.0)
+    out = engine.scheduler.schedule()
+    engine.scheduler.abort(long_id)
+    assert engine.scheduler.update(out, [None], 0.0) == []  # the aborted entry is skipped, nothing else changes
+    engine.scheduler.check_invariants()
+    short_id = engine.add_request([1, 2, 3], SamplingParams.greedy(2))
+    out = engine.scheduler.schedule()
+    with pytest.raises(ValueError, match="its next token is due"):
+        engine.scheduler.update(out, [None], 0.0)
+    assert short_id and engine.scheduler.update(out, [7], 0.0) == []

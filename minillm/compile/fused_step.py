@@ -214,6 +214,12 @@ def _check_caches(cfg, k: object, v: object) -> None:
             if not t.is_contiguous():
                 raise ValueError(f"{where} must be contiguous (the C++ step reads its memory), got strides "
                                  f"{t.stride()}")
+    named = [(f"{name}[{i}]", t) for name, caches in (("k", k), ("v", v)) for i, t in enumerate(caches)]  # type: ignore
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), where) for where, t in named)
+    for (_, end, a), (start, _, b) in zip(spans, spans[1:]):  # sorted by start: overlaps are neighbours
+        if start < end:
+            raise ValueError(f"{a} and {b} share memory: each block's K and V must be a cache of its own (the step "
+                             "would write one layer's keys over another's)")
 
 
 def build_cpp_decoder(model: GPT, k: list[torch.Tensor], v: list[torch.Tensor]) -> tuple[Any, int, int]:

@@ -44,6 +44,20 @@ def check_label(name: str, value: Any) -> str:
     return str.__str__(value)
 
 
+class CheckedFields:
+    """Mixin for a record checked once, when it is built (`__post_init__` ends with `self._checked = True`): after
+    that, a field named in `FIXED` cannot be reassigned (dataclasses' FrozenInstanceError naming it), since a value
+    set later would skip the checks and fail deep inside whatever reads it. Build a new record instead."""
+
+    FIXED: tuple[str, ...] = ()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.FIXED and self.__dict__.get("_checked", False):
+            raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}: a {type(self).__name__} is "
+                                                  "checked when it is built; build a new one")
+        object.__setattr__(self, name, value)
+
+
 def check_instance(name: str, value: Any, kind: type | tuple[type, ...], what: str) -> Any:
     """`value` if it is an instance of `kind`; a TypeError naming `name` and `what` it must be otherwise (before an
     attribute of it is read: "'NoneType' object has no attribute 'config'" names neither)."""

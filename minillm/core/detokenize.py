@@ -52,7 +52,11 @@ class IncrementalText:
     def append(self, token_id: int) -> str:
         """Decode one more token; return the new characters (complete ones only)."""
         if self._decoder is not None:
-            new = self._decoder.decode(self._bytes_of(token_id))
+            piece = self._bytes_of(token_id)
+            if not isinstance(piece, bytes):
+                raise TypeError(f"tokenizer.decode_single_token_bytes must return bytes, got {type(piece).__name__} "
+                                f"{short_repr(piece)} (from {type(self.tokenizer).__name__})")
+            new = self._decoder.decode(piece)
         else:
             self._pending.append(token_id)
             new = self._decode(self._pending)

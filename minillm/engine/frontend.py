@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 import numpy as np
 import torch
 
-from minillm.core.config import GPTConfig
+from minillm.core.config import GPTConfig, short_repr
 from minillm.core.sampling import SamplingParams
 from minillm.core.stopping import check_eos_id, check_tokenizer_arg, default_eos, start_request
 from minillm.engine.request import Request, RequestOutput
@@ -162,7 +162,11 @@ class FrontEnd:
             if not callable(getattr(self.tokenizer, "encode", None)):
                 raise TypeError(f"prompt is a string but the engine's tokenizer ({type(self.tokenizer).__name__}) has "
                                 "no encode(text) method: pass token ids, or a tokenizer that encodes")
-            return prompt, list(self.tokenizer.encode(prompt))
+            ids = self.tokenizer.encode(prompt)
+            if not isinstance(ids, (list, tuple)):  # start_request checks each id; here, that there is a list
+                raise TypeError(f"the engine's tokenizer ({type(self.tokenizer).__name__}) must encode text to a list "
+                                f"of token ids, got {type(ids).__name__} {short_repr(ids)}")
+            return prompt, list(ids)
         if not isinstance(prompt, (list, tuple, torch.Tensor, np.ndarray)):
             raise TypeError(f"prompt must be a str or a list of int token ids, got {type(prompt).__name__}")
         return None, prompt

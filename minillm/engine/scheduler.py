@@ -29,15 +29,17 @@ Invariants (checked by `check_invariants`, relied on by the engine and the tests
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from minillm.core.config import check_float, check_int, plain_int, short_repr
+from minillm.core.config import CheckedFields, check_float, check_int, plain_int, short_repr
 from minillm.engine.config import EngineConfig
 from minillm.engine.request import Request, RequestStatus
 
 
 @dataclass
-class ScheduledRequest:
+class ScheduledRequest(CheckedFields):
     request: Request
     num_new_tokens: int  # feed all_token_ids[start : start + num_new_tokens] this step
     start: int  # request.num_computed_tokens when scheduled (the position of the first new token)
@@ -47,6 +49,9 @@ class ScheduledRequest:
         field), not when a step reads it."""
         self.check_fields()
         self.check_span(self.num_new_tokens)
+        self._checked = True  # its fields are fixed from here (CheckedFields)
+
+    FIXED = ("request", "num_new_tokens", "start", "draft_token_ids", "draft_probs")
 
     def check_fields(self) -> None:
         """request an engine Request, num_new_tokens and start ints >= 0 (kept as the plain ints)."""
@@ -129,6 +134,25 @@ def check_sampled_token(name: str, token: object, vocab_size: int | None) -> int
     if token < 0 or (vocab_size is not None and token >= vocab_size):
         raise ValueError(f"{name} = {token} is outside the vocabulary [0, {vocab_size if vocab_size else 'V'})")
     return token
+
+
+def check_sample_entry(i: int, entry: ScheduledRequest, token: Any, check: Callable[[Any, str], Any]) -> Any:
+    """sampled[i] against its entry, before `update` changes anything: a token (checked by `check`, which names it)
+    exactly where the entry samples, None where it does not (a prompt chunk short of the prompt's end) or where the
+    request failed in its sampling; anything goes for a request aborted since the step was scheduled (`update`
+    skips it). A ValueError naming sampled[i] otherwise: a token for a chunk would be appended as output, and a
+    missing one would leave a running request without its next token."""
+    if entry.request.status is not RequestStatus.RUNNING:
+        return None
+    if token is None:
+        if entry.samples and not entry.request.state.finished:
+            raise ValueError(f"sampled[{i}] is None, but entry {i} ({entry.request.request_id!r}) samples and its "
+                             "request did not fail: its next token is due")
+        return None
+    if not entry.samples:
+        raise ValueError(f"sampled[{i}] = {short_repr(token)}, but entry {i} ({entry.request.request_id!r}) does not "
+                         "sample (a prompt chunk short of the prompt's end): give None")
+    return check(token, f"sampled[{i}]")
 
 
 def check_update_args(out: object, sampled: object, now: object) -> None:
@@ -416,26 +440,32 @@ class Scheduler:
         of one entry per scheduled request and now a time in seconds (a TypeError / ValueError naming them).
         """
         check_update_args(out, sampled, now)
-        sampled = [None if tok is None else check_sampled_token(f"sampled[{i}]", tok, self.vocab_size)
-                   for i, tok in enumerate(sampled)]
-        self.claim(out)
+        sampled = self.claim(out, sampled, lambda i, s, token: check_sample_entry(
+            i, s, token, lambda t, name: check_sampled_token(name, t, self.vocab_size)))
         return self._advance(out, sampled, now)
 
-    def claim(self, out: SchedulerOutput) -> None:
-        """Take `out` for its update: a step is updated once, by the scheduler whose last `schedule()` returned it.
-        A stale output (updated already) or another scheduler's would advance requests by tokens they never
-        computed; a ValueError says so before anything changes (an output with no entries changes nothing)."""
+    def claim(self, out: SchedulerOutput, sampled: list, check: Callable[[int, ScheduledRequest, Any], Any]
+              ) -> list:
+        """Take `out` for its update and check `sampled` against it (`check(i, entry, token)` returns the token as
+        the update reads it): a step is updated once, by the scheduler whose last `schedule()` returned it. A stale
+        output (updated already) or another scheduler's would advance requests by tokens they never computed; a
+        ValueError says so before anything changes (an output with no entries changes nothing). Only when every
+        token passes is `out` taken: a refused update can be retried with the right tokens."""
         if out.scheduled and out is not self._awaiting:
             raise ValueError("out is not the SchedulerOutput this scheduler's last schedule() returned (already "
                              "updated, or another scheduler's): each step is updated once, by its own scheduler")
+        sampled = [check(i, s, token) for i, (s, token) in enumerate(zip(out.scheduled, sampled))]
         self._awaiting = None
+        return sampled
 
     def _advance(self, out: SchedulerOutput, sampled: list[int | None], now: float) -> list[Request]:
         """The body of `update` on checked arguments (chapter 08's update passes its plain entries here)."""
         finished: list[Request] = []
         for s, tok in zip(out.scheduled, sampled):
             req = s.request
-            assert req.num_computed_tokens == s.start and req.status is RequestStatus.RUNNING
+            if req.status is not RequestStatus.RUNNING:  # aborted since the step was scheduled: nothing to advance
+                continue
+            assert req.num_computed_tokens == s.start
             req.num_computed_tokens += s.num_new_tokens
             if tok is None and req.state.finished:  # its sampling failed (ModelRunner.sample): it alone ends here
                 req.finish()

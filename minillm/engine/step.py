@@ -17,6 +17,7 @@ requests on the rank that owns them (`minillm.engine.sampler`).
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 
 from minillm.core.config import GPTConfig, check_int, short_repr
@@ -92,6 +93,14 @@ class StepInput:
         bad = [b for b in blocks if not 0 <= b < num_blocks]
         if bad:
             raise ValueError(f"StepInput names blocks {bad[:4]} outside the pool [0, {num_blocks})")
+        # a block the step writes before its forward (a copy's destination, a swapped-in block) belongs to the one
+        # request that gets it: were it in two sequences' tables, the write would change a context another reads
+        readers = collections.Counter(b for table in self.block_tables for b in set(table))
+        written = [("cow_pairs", dst) for _, dst in cow] + [("swap_in", b) for _, t in self.swap_in for b in t]
+        for name, b in written:
+            if readers[b] > 1:
+                raise ValueError(f"StepInput.{name} writes block {b}, which {readers[b]} sequences' tables read: a "
+                                 "block written before the forward belongs to one sequence")
         row = 0
         for i, (ql, cl, table) in enumerate(zip(self.query_lens, self.context_lens, self.block_tables)):
             if not 1 <= ql <= cl or cl > len(table) * block_size:
@@ -147,7 +156,9 @@ def plan(out, block_manager) -> StepInput:
     for s in out.scheduled:
         rid, start, n = s.request.request_id, s.start, s.num_new_tokens
         fed = s.fed_tokens()
-        assert len(fed) == n, (rid, len(fed), n)
+        if len(fed) != n:  # an entry's request changed since it was scheduled (its checks held when it was built)
+            raise ValueError(f"the entry of {rid!r} feeds {n} tokens from position {start}, but its request holds "
+                             f"only {len(fed)} of them now")
         step.token_ids += fed
         step.positions += range(start, start + n)
         step.slot_mapping += block_manager.slot_mapping(rid, start, start + n)

@@ -27,14 +27,15 @@ from functools import partial
 import torch
 
 from minillm.core.attention import attention, attention_ref, causal_mask
-from minillm.core.config import (check_device, check_fits_float, check_has_data, check_int, check_tensor_elements,
-                                 foreign_number, GPTConfig, plain_number, short_repr, tensor_kind)
+from minillm.core.config import (CheckedFields, check_device, check_fits_float, check_has_data, check_int,
+                                 check_tensor_elements, foreign_number, GPTConfig, plain_number, short_repr,
+                                 tensor_kind)
 from minillm.paged.backends import register_attention_backend
 from minillm.paged.block_manager import BlockManager
 
 
 @dataclass
-class PagedBatch:
+class PagedBatch(CheckedFields):
     """The metadata of one forward step over S sequences with N new tokens in total.
 
     Sequence i contributes query_lens[i] new tokens (N = sum), which sit at the *end* of its context_lens[i]
@@ -50,6 +51,7 @@ class PagedBatch:
     context_lens_list: list[int] = field(init=False, repr=False)
     query_lens_list: list[int] = field(init=False, repr=False)
     _decode_cache: tuple | None = field(init=False, repr=False, default=None)  # (bs, flat block ids, mask)
+    FIXED = ("slot_mapping", "block_tables", "context_lens", "query_lens", "context_lens_list", "query_lens_list")
 
     def __post_init__(self) -> None:
         for name in ("slot_mapping", "block_tables", "context_lens", "query_lens"):
@@ -77,6 +79,7 @@ class PagedBatch:
         for i, (ql, cl) in enumerate(zip(self.query_lens_list, self.context_lens_list)):
             if not 1 <= ql <= cl:
                 raise ValueError(f"sequence {i}: need 1 <= query_len <= context_len, got {ql} and {cl}")
+        self._checked = True  # its fields are fixed from here (CheckedFields)
 
     @property
     def num_seqs(self) -> int:
@@ -129,11 +132,29 @@ class PagedBatch:
                    context_lens: Sequence[int], query_lens: Sequence[int],
                    device: torch.device | str = "cpu") -> "PagedBatch":
         """The batch from plain lists (block tables of any lengths, padded here with -1), as tensors on `device`:
-        what `build` reads off a block manager, or what chapter 06's executor receives in a `StepInput`."""
+        what `build` reads off a block manager, or what chapter 06's executor receives in a `StepInput`. Each list
+        holds plain ints (1.5 or True would become another id as a tensor), at least one table: a TypeError /
+        ValueError naming it otherwise."""
+        for name, values in (("slot_mapping", slot_mapping), ("context_lens", context_lens),
+                             ("query_lens", query_lens)):
+            _check_int_list(name, values)
+        if not isinstance(block_tables, (list, tuple)) or not block_tables:
+            raise ValueError(f"block_tables must be a non-empty list of block tables, got {short_repr(block_tables)}")
+        for i, table in enumerate(block_tables):
+            _check_int_list(f"block_tables[{i}]", table)
         width = max(len(t) for t in block_tables)
         padded = [list(t) + [-1] * (width - len(t)) for t in block_tables]  # (S, max_nb)
         as_t = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
         return cls(as_t(slot_mapping), as_t(padded), as_t(context_lens), as_t(query_lens))
+
+
+def _check_int_list(name: str, values: object) -> None:
+    """A list (or tuple) of plain ints: a TypeError naming the first entry that is not one."""
+    if not isinstance(values, (list, tuple)):
+        raise TypeError(f"{name} must be a list of ints, got {type(values).__name__} {short_repr(values)}")
+    for j, v in enumerate(values):
+        if type(v) is not int:
+            raise TypeError(f"{name}[{j}] must be an int, got {type(v).__name__} {short_repr(v)}")
 
 
 def write_kv(pool: torch.Tensor, slot_mapping: torch.Tensor, x: torch.Tensor) -> None:

@@ -42,7 +42,7 @@ from minillm.engine.llm import LLM
 from minillm.engine.request import Request, RequestStatus
 from minillm.engine.sampler import Sampler, check_step_logits
 from minillm.engine.scheduler import (ScheduledRequest, Scheduler, SchedulerOutput, check_request_id,
-                                      check_sampled_token, check_update_args)
+                                      check_sample_entry, check_sampled_token, check_update_args)
 from minillm.speculative.generate import MAX_GAMMA, DraftModelProposer, PromptLookupProposer, check_gamma
 from minillm.speculative.sampling import accept_greedy, accept_or_resample, check_distributions, check_draft_tokens
 from minillm.speculative.verify_cache import VerifyKVCache  # noqa: F401  (registers the "verify" attention backend)
@@ -181,8 +181,9 @@ class VerifyEntry(ScheduledRequest):
             if type(t) is not int or t < 0:
                 raise ValueError(f"draft_token_ids[{i}] = {short_repr(t)} is no token id (an int >= 0)")
         k = len(self.draft_token_ids)
-        if k > self.num_new_tokens:
-            raise ValueError(f"num_new_tokens={self.num_new_tokens} must count the {k} drafts too")
+        if k >= self.num_new_tokens:  # the last known token scores the first draft: without one nothing verifies
+            raise ValueError(f"num_new_tokens={self.num_new_tokens} must count the {k} drafts and at least one known "
+                             "token before them")
         if self.draft_probs is not None:
             if not isinstance(self.draft_probs, torch.Tensor) or self.draft_probs.dim() != 2:
                 raise TypeError(f"draft_probs must be the draft's q (k, V) or None, got "
@@ -190,6 +191,7 @@ class VerifyEntry(ScheduledRequest):
             if self.draft_probs.shape[0] != k:
                 raise ValueError(f"draft_probs must have one row per draft ({k}), got {tuple(self.draft_probs.shape)}")
         self.check_span(self.num_new_tokens - k)  # the drafts are not the request's tokens yet
+        self._checked = True  # its fields are fixed from here (CheckedFields)
 
     @property
     def num_drafts(self) -> int:
@@ -316,8 +318,7 @@ class SpeculativeScheduler(Scheduler):
         and `out` is claimed as chapter 06's (`claim`: the last schedule()'s output, updated once).
         """
         check_update_args(out, sampled, now)
-        sampled = [self._checked_sample(i, s, emitted) for i, (s, emitted) in enumerate(zip(out.scheduled, sampled))]
-        self.claim(out)
+        sampled = self.claim(out, sampled, self._checked_sample)
         plain_out, plain_sampled, finished = SchedulerOutput(), [], []
         for s, emitted in zip(out.scheduled, sampled):
             if not isinstance(s, VerifyEntry):
@@ -325,9 +326,10 @@ class SpeculativeScheduler(Scheduler):
                 plain_sampled.append(emitted)
                 continue
             req = s.request
-            assert req.num_computed_tokens == s.start and req.status is RequestStatus.RUNNING
+            if req.status is not RequestStatus.RUNNING:  # aborted since the step was scheduled: nothing to advance
+                continue
+            assert req.num_computed_tokens == s.start
             if emitted is None:  # its verification raised (SpeculativeSampler.sample): it alone ends here
-                assert req.state.finished
                 req.finish()
                 self._free_finished(req, finished)
                 continue
@@ -353,16 +355,19 @@ class SpeculativeScheduler(Scheduler):
         return finished + done
 
     def _checked_sample(self, i: int, entry: ScheduledRequest, emitted: Any) -> Any:
-        """sampled[i] as `update` reads it: None, a plain entry's token id, or a verify entry's non-empty list of
-        emitted token ids (kept drafts + the target's), at most its drafts + 1; a TypeError / ValueError naming it."""
-        if emitted is None:
-            return None
+        """sampled[i] as `update` reads it, where chapter 06's update wants it (`check_sample_entry`): a plain
+        entry's token id, or a verify entry's non-empty list of emitted token ids (kept drafts + the target's), at
+        most its drafts + 1; a TypeError / ValueError naming it."""
         if not isinstance(entry, VerifyEntry):
-            return check_sampled_token(f"sampled[{i}]", emitted, self.vocab_size)
-        if not isinstance(emitted, list) or not 1 <= len(emitted) <= entry.num_drafts + 1:
-            raise ValueError(f"sampled[{i}] must be the list of 1..{entry.num_drafts + 1} tokens the acceptance rule "
-                             f"emitted for its verify entry, got {short_repr(emitted)}")
-        return [check_sampled_token(f"sampled[{i}][{j}]", t, self.vocab_size) for j, t in enumerate(emitted)]
+            return check_sample_entry(i, entry, emitted, lambda t, name: check_sampled_token(name, t, self.vocab_size))
+
+        def emitted_ids(tokens: Any, name: str) -> list[int]:
+            if not isinstance(tokens, list) or not 1 <= len(tokens) <= entry.num_drafts + 1:
+                raise ValueError(f"{name} must be the list of 1..{entry.num_drafts + 1} tokens the acceptance rule "
+                                 f"emitted for its verify entry, got {short_repr(tokens)}")
+            return [check_sampled_token(f"{name}[{j}]", t, self.vocab_size) for j, t in enumerate(tokens)]
+
+        return check_sample_entry(i, entry, emitted, emitted_ids)
 
     def check_invariants(self) -> None:
         """Chapter 06's checks, then S3 for every running request (the tests call it after every step)."""
