@@ -1264,7 +1264,7 @@ def test_a_fourteenth_hostile_runs_finds_are_refused_and_an_aborted_entry_is_ski
     batch = PagedBatch(t([0]), t([[0]]), t([1]), t([1]))
     entry = ScheduledRequest(request, 1, 0)
     rows = (
-        (lambda: build_cpp_decoder(model, k, k), ValueError, r"k\[0\] and v\[0\] share memory"),
+        (lambda: build_cpp_decoder(model, k, k), ValueError, r"k\[\d\] and v\[\d\] share memory"),
         (lambda: build_cpp_decoder(model, [k[0], k[0]], v), ValueError, r"k\[0\] and k\[1\] share memory"),
         (lambda: StepInput(**shared).check(CFG, 8, 4), None, None),  # two sequences share block 0: fine to read
         (lambda: StepInput(**{**shared, "cow_pairs": [(3, 0)]}).check(CFG, 8, 4), ValueError, "cow_pairs writes"),
@@ -1299,3 +1299,33 @@ def test_a_fourteenth_hostile_runs_finds_are_refused_and_an_aborted_entry_is_ski
     with pytest.raises(ValueError, match="its next token is due"):
         engine.scheduler.update(out, [None], 0.0)
     assert short_id and engine.scheduler.update(out, [7], 0.0) == []
+
+
+def test_a_fifteenth_hostile_runs_finds_are_refused_and_numpy_bools_are_bools():
+    """Run 38's finds: a fused-step cache in the model's own weight memory, a batch list past int64 or on a device
+    that cannot hold it, a verify entry whose drafts grew in place, and numpy 2's bool (named `bool`) as a flag."""
+    import numpy as np
+
+    from minillm.compile.fused_step import build_cpp_decoder
+    from minillm.core.config import check_bool
+    from minillm.engine.request import Request
+    from minillm.paged.paged_cache import PagedBatch
+    from minillm.quant.qat import FakeQuantLinear
+    from minillm.speculative.engine import VerifyEntry
+
+    model = GPT(CFG).eval()
+    in_weights = model.transformer.wpe.weight.data.view(-1)[:256].view(1, 2, 8, 16)
+    entry = VerifyEntry(Request("r", [1, 2, 3], SamplingParams.greedy(4)), 2, 2, [4])
+    entry.draft_token_ids.append(5)
+    rows = (
+        (lambda: build_cpp_decoder(model, [in_weights, torch.zeros(1, 2, 8, 16)],
+                                   [torch.zeros(1, 2, 8, 16) for _ in range(2)]), ValueError, "transformer.wpe"),
+        (lambda: PagedBatch.from_lists([2**70], [[0]], [1], [1]), ValueError, "outside int64"),
+        (lambda: PagedBatch.from_lists([0], [[0]], [1], [1], device="zzz"), ValueError, "device"),
+        (entry.fed_tokens, ValueError, "no longer feeds a known token"),
+    )
+    for call, error, message in rows:
+        with pytest.raises(error, match=message):
+            call()
+    assert check_bool("flag", np.True_) is True and check_bool("flag", np.False_) is False
+    assert FakeQuantLinear(16, 8, bias=np.False_).bias is None

@@ -189,9 +189,10 @@ def _checked_buffers(layer: QuantLinear, name: str) -> None:
         raise type(e)(f"the model's {name}: {e}") from e
 
 
-def _check_caches(cfg, k: object, v: object) -> None:
+def _check_caches(cfg, k: object, v: object) -> list[tuple[int, int, str]]:
     """k and v: lists of one contiguous float32 CPU tensor (1, nh, max_len, hs) per block, all of one max_len >= 1,
-    or both empty; a TypeError / ValueError naming them (the C++ step's own check is a RuntimeError)."""
+    or both empty, none sharing memory with another; a TypeError / ValueError naming them (the C++ step's own check
+    is a RuntimeError). Returns their memory spans (start, end, name)."""
     for name, caches in (("k", k), ("v", v)):
         if not isinstance(caches, list):
             raise TypeError(f"{name} must be a list of one cache tensor per block (or []), got "
@@ -220,6 +221,17 @@ def _check_caches(cfg, k: object, v: object) -> None:
         if start < end:
             raise ValueError(f"{a} and {b} share memory: each block's K and V must be a cache of its own (the step "
                              "would write one layer's keys over another's)")
+    return spans
+
+
+def _check_caches_apart(model: GPT, spans: list[tuple[int, int, str]]) -> None:
+    """No cache shares memory with the model's own tensors: the step writes the caches, and would write the model."""
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        lo, hi = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+        for start, end, where in spans:
+            if start < hi and lo < end:
+                raise ValueError(f"{where} shares memory with the model's {name}: the step writes its caches, and "
+                                 "would change the model's weights for good")
 
 
 def build_cpp_decoder(model: GPT, k: list[torch.Tensor], v: list[torch.Tensor]) -> tuple[Any, int, int]:
@@ -231,7 +243,7 @@ def build_cpp_decoder(model: GPT, k: list[torch.Tensor], v: list[torch.Tensor]) 
     quantized = {f"transformer.h.{i}.{n}" for i, block in enumerate(model.transformer.h) for n in LINEARS
                  if isinstance(block.get_submodule(n), QuantLinear)}  # checked by `_quantized` below
     check_plain_model(model, "the fused C++ step", handled=quantized)
-    _check_caches(model.config, k, v)
+    _check_caches_apart(model, _check_caches(model.config, k, v))
     tr = model.transformer
     for name in ("wte", "wpe"):  # an embedding that renormalizes the rows it looks up is another function
         if getattr(tr, name).max_norm is not None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from collections.abc import Collection
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 
@@ -69,7 +70,7 @@ def check_instance(name: str, value: Any, kind: type | tuple[type, ...], what: s
 def check_bool(name: str, value: Any) -> bool:
     """`value` as a plain bool if it is a bool (a numpy bool too); a TypeError naming `name` otherwise. A flag read by
     truthiness would take 'no', an empty list or NaN for an answer without a word."""
-    if type(value).__name__ == "bool_" and type(value).__module__ == "numpy":
+    if isinstance(value, np.bool_):  # subtle: numpy 2 names the type "bool", not "bool_": test the type itself
         return bool(value)
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {type(value).__name__} {short_repr(value)}")

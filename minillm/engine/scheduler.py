@@ -142,7 +142,7 @@ def check_sample_entry(i: int, entry: ScheduledRequest, token: Any, check: Calla
     request failed in its sampling; anything goes for a request aborted since the step was scheduled (`update`
     skips it). A ValueError naming sampled[i] otherwise: a token for a chunk would be appended as output, and a
     missing one would leave a running request without its next token."""
-    if entry.request.status is not RequestStatus.RUNNING:
+    if entry.request.is_finished:  # aborted since the step was scheduled
         return None
     if token is None:
         if entry.samples and not entry.request.state.finished:
@@ -463,7 +463,7 @@ class Scheduler:
         finished: list[Request] = []
         for s, tok in zip(out.scheduled, sampled):
             req = s.request
-            if req.status is not RequestStatus.RUNNING:  # aborted since the step was scheduled: nothing to advance
+            if req.is_finished:  # aborted since the step was scheduled: nothing to advance
                 continue
             assert req.num_computed_tokens == s.start
             req.num_computed_tokens += s.num_new_tokens

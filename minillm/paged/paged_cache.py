@@ -142,6 +142,7 @@ class PagedBatch(CheckedFields):
             raise ValueError(f"block_tables must be a non-empty list of block tables, got {short_repr(block_tables)}")
         for i, table in enumerate(block_tables):
             _check_int_list(f"block_tables[{i}]", table)
+        device = check_device("device", device, allocates=True)
         width = max(len(t) for t in block_tables)
         padded = [list(t) + [-1] * (width - len(t)) for t in block_tables]  # (S, max_nb)
         as_t = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
@@ -155,6 +156,8 @@ def _check_int_list(name: str, values: object) -> None:
     for j, v in enumerate(values):
         if type(v) is not int:
             raise TypeError(f"{name}[{j}] must be an int, got {type(v).__name__} {short_repr(v)}")
+        if not -2**63 <= v < 2**63:  # an int64 tensor holds it
+            raise ValueError(f"{name}[{j}] = {v} is outside int64")
 
 
 def write_kv(pool: torch.Tensor, slot_mapping: torch.Tensor, x: torch.Tensor) -> None:

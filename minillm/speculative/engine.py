@@ -39,7 +39,7 @@ from minillm.core.model import GPT, require_model
 from minillm.core.sampling import probs_from_logits
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
-from minillm.engine.request import Request, RequestStatus
+from minillm.engine.request import Request
 from minillm.engine.sampler import Sampler, check_step_logits
 from minillm.engine.scheduler import (ScheduledRequest, Scheduler, SchedulerOutput, check_request_id,
                                       check_sample_entry, check_sampled_token, check_update_args)
@@ -203,6 +203,9 @@ class VerifyEntry(ScheduledRequest):
 
     def fed_tokens(self) -> list[int]:
         """Its slice of the request's known tokens, then its drafts (which the request does not hold yet)."""
+        if not 1 <= self.num_new_tokens - self.num_drafts:  # its drafts list changed in place since it was checked
+            raise ValueError(f"this VerifyEntry holds {self.num_drafts} drafts for num_new_tokens="
+                             f"{self.num_new_tokens}: it no longer feeds a known token (its drafts changed in place)")
         known = self.request.token_slice(self.start, self.start + self.num_new_tokens - self.num_drafts)
         return known + self.draft_token_ids
 
@@ -326,7 +329,7 @@ class SpeculativeScheduler(Scheduler):
                 plain_sampled.append(emitted)
                 continue
             req = s.request
-            if req.status is not RequestStatus.RUNNING:  # aborted since the step was scheduled: nothing to advance
+            if req.is_finished:  # aborted since the step was scheduled: nothing to advance
                 continue
             assert req.num_computed_tokens == s.start
             if emitted is None:  # its verification raised (SpeculativeSampler.sample): it alone ends here
