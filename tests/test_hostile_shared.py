@@ -1096,7 +1096,7 @@ def test_an_eleventh_and_twelfth_hostile_runs_finds_are_refused_naming_the_argum
         (lambda: cache.set_batch(PagedBatch(t([28]), t([[7]]), t([1]), t([1]))), ValueError, "block ids of the pool"),
         (lambda: cache.set_batch(PagedBatch(t([0, 0]), t([[0]]), t([2]), t([2]))), ValueError,
          r"slot_mapping\[1\] = 0, but sequence 0's block table puts its position 1 in slot 1"),
-        (lambda: cache.set_batch(PagedBatch(t([8]), t([[0]]), t([9]), t([1]))), ValueError, "needs 3 of block_size 4"),
+        (lambda: cache.set_batch(PagedBatch(t([8]), t([[0]]), t([9]), t([1]))), ValueError, r"context_lens\[0\] = 9 does not fit block_tables\[0\]"),
         (lambda: PromptLookupProposer(2, 32, "cpu").propose([1, 2, -1, 1, 2], 2, state), ValueError, "token id"),
         (lambda: PromptLookupProposer(2, 32, "cpu").propose([1, 2, None, 1, 2], 2, state), ValueError, "seq holds"),
         (lambda: VerifyEntry(request, 3, 2, [1, 2.5]), ValueError, r"draft_token_ids\[1\]"),
@@ -1322,10 +1322,46 @@ def test_a_fifteenth_hostile_runs_finds_are_refused_and_numpy_bools_are_bools():
                                    [torch.zeros(1, 2, 8, 16) for _ in range(2)]), ValueError, "transformer.wpe"),
         (lambda: PagedBatch.from_lists([2**70], [[0]], [1], [1]), ValueError, "outside int64"),
         (lambda: PagedBatch.from_lists([0], [[0]], [1], [1], device="zzz"), ValueError, "device"),
-        (entry.fed_tokens, ValueError, "no longer feeds a known token"),
+        (entry.fed_tokens, ValueError, "changed in place"),
     )
     for call, error, message in rows:
         with pytest.raises(error, match=message):
             call()
     assert check_bool("flag", np.True_) is True and check_bool("flag", np.False_) is False
     assert FakeQuantLinear(16, 8, bias=np.False_).bias is None
+
+
+def test_a_sixteenth_hostile_runs_finds_are_refused_and_an_empty_update_takes_nothing():
+    """Run 39's finds: a context past what its table holds (before the block count overflows), a device minillm
+    does not run on, a verify entry's drafts cleared or given bad ids in place, an empty update taking the claim
+    of the step in flight, and chapter 09's flags as numpy bools."""
+    import numpy as np
+
+    from minillm.engine.config import EngineConfig
+    from minillm.engine.llm import LLM
+    from minillm.engine.request import Request
+    from minillm.engine.scheduler import SchedulerOutput
+    from minillm.paged.paged_cache import PagedBatch, PagedKVCache
+    from minillm.quant.quantize import quantize
+    from minillm.speculative.engine import VerifyEntry
+
+    cleared = VerifyEntry(Request("r", [1, 2, 3], SamplingParams.greedy(4)), 2, 2, [4])
+    cleared.draft_token_ids.clear()
+    bad_id = VerifyEntry(Request("r", [1, 2, 3], SamplingParams.greedy(4)), 2, 2, [4])
+    bad_id.draft_token_ids[0] = -3
+    rows = (
+        (lambda: PagedKVCache(CFG, 8, 4).set_batch(PagedBatch.from_lists([0], [[0]], [2**63 - 1], [1])), ValueError,
+         r"context_lens\[0\]"),
+        (lambda: PagedBatch.from_lists([0], [[0]], [1], [1], device="mps"), ValueError, "device"),
+        (cleared.fed_tokens, ValueError, "changed in place"),
+        (bad_id.fed_tokens, ValueError, "changed in place"),
+    )
+    for call, error, message in rows:
+        with pytest.raises(error, match=message):
+            call()
+    engine = LLM(GPT(CFG).eval(), config=EngineConfig(num_blocks=16, block_size=4))
+    engine.add_request([1, 2, 3], SamplingParams.greedy(2))
+    out = engine.scheduler.schedule()
+    assert engine.scheduler.update(SchedulerOutput(), [], 0.0) == []  # takes nothing: the step keeps its claim
+    assert engine.scheduler.update(out, [5], 0.0) == []
+    assert quantize(torch.randn(4, 8), bits=8, symmetric=np.True_).bits == 8

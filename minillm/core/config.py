@@ -251,6 +251,8 @@ def check_device(name: str, device: Any, allocates: bool = False) -> torch.devic
         raise ValueError(f"{name} must be a device that holds values, like 'cpu' or 'cuda', got 'meta'")
     if allocates and device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"{name} {str(device)!r} requested but torch.cuda.is_available() is False")
+    if allocates and device.type not in ("cpu", "cuda"):  # 'mps', 'xla': torch's own error names no argument
+        raise ValueError(f"{name} must be 'cpu' or a CUDA device (what minillm runs on), got {str(device)!r}")
     return device
 
 

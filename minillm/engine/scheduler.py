@@ -455,7 +455,8 @@ class Scheduler:
             raise ValueError("out is not the SchedulerOutput this scheduler's last schedule() returned (already "
                              "updated, or another scheduler's): each step is updated once, by its own scheduler")
         sampled = [check(i, s, token) for i, (s, token) in enumerate(zip(out.scheduled, sampled))]
-        self._awaiting = None
+        if out.scheduled:  # an empty output takes nothing: the step in flight keeps its claim
+            self._awaiting = None
         return sampled
 
     def _advance(self, out: SchedulerOutput, sampled: list[int | None], now: float) -> list[Request]:

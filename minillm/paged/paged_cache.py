@@ -241,6 +241,11 @@ class PagedKVCache:
         if not batch.num_seqs:
             raise ValueError("a PagedBatch for a forward needs at least one sequence, got 0")
         tables, slots = batch.block_tables.cpu(), batch.slot_mapping.cpu()  # (S, max_nb), (N,)
+        room = tables.shape[1] * bs  # the most tokens a table of max_nb blocks holds
+        if max(batch.context_lens_list) > room:  # before (ctx + bs - 1) could overflow int64
+            i = max(range(batch.num_seqs), key=batch.context_lens_list.__getitem__)
+            raise ValueError(f"context_lens[{i}] = {batch.context_lens_list[i]} does not fit block_tables[{i}]: "
+                             f"{tables.shape[1]} blocks of block_size {bs} hold {room} tokens")
         ctx = torch.tensor(batch.context_lens_list)  # (S,)
         used = (ctx + bs - 1) // bs  # (S,) blocks holding each context
         if int(used.max()) > tables.shape[1]:

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from minillm.core.config import (check_choice, check_float_tensor, check_has_data, check_strided, number_kind,
-                                 plain_number, short_repr, tensor_kind)
+from minillm.core.config import (check_bool, check_choice, check_float_tensor, check_has_data, check_strided,
+                                 number_kind, plain_number, short_repr, tensor_kind)
 
 BITS = (4, 8)
 GRANULARITIES = ("tensor", "channel", "group")
@@ -51,9 +51,7 @@ def _check_float(name: str, x: object) -> torch.Tensor:
 
 
 def _check_bool(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {short_repr(value)}")
-    return value
+    return check_bool(name, value)  # a numpy bool too
 
 
 def _check_codes(name: str, q: object) -> torch.Tensor:

@@ -203,10 +203,13 @@ class VerifyEntry(ScheduledRequest):
 
     def fed_tokens(self) -> list[int]:
         """Its slice of the request's known tokens, then its drafts (which the request does not hold yet)."""
-        if not 1 <= self.num_new_tokens - self.num_drafts:  # its drafts list changed in place since it was checked
-            raise ValueError(f"this VerifyEntry holds {self.num_drafts} drafts for num_new_tokens="
-                             f"{self.num_new_tokens}: it no longer feeds a known token (its drafts changed in place)")
-        known = self.request.token_slice(self.start, self.start + self.num_new_tokens - self.num_drafts)
+        n_known = self.num_new_tokens - self.num_drafts
+        known = self.request.token_slice(self.start, self.start + n_known)
+        # its drafts list may have changed in place since it was checked: the same checks, on what it holds now
+        if n_known < 1 or len(known) != n_known or any(type(t) is not int or t < 0 for t in self.draft_token_ids):
+            raise ValueError(f"this VerifyEntry's drafts {short_repr(self.draft_token_ids)} changed in place since it "
+                             f"was checked: num_new_tokens={self.num_new_tokens} no longer counts them and at least "
+                             "one known token of its request")
         return known + self.draft_token_ids
 
     def sample_rows(self) -> range:
