@@ -332,6 +332,13 @@ def test_the_sweep_reaches_every_chapter():
     assert {name.split(".")[1] for name, _, _ in FUNCTIONS} == set(PACKAGES)
 
 
+@pytest.fixture(autouse=True)
+def _in_a_temporary_folder(tmp_path, monkeypatch):
+    """Every sweep runs in a fresh folder: a path argument of "zzz" (a figure, a report) is written there, never in
+    the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.mark.parametrize("name,fn,n", FUNCTIONS, ids=[f for f, _, _ in FUNCTIONS])
 def test_every_public_function_refuses_bad_values_by_name(name, fn, n):
     problem = _call(fn, n, name)
@@ -1255,8 +1262,7 @@ def _argument_names(name: str) -> list[str]:
 
 
 @pytest.mark.parametrize("name", list(GOOD_CALLS))
-def test_every_argument_of_a_public_function_is_checked_by_itself(name, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # a path argument of "zzz" is a file written here
+def test_every_argument_of_a_public_function_is_checked_by_itself(name):
     fn = _function(name)
     args, kwargs = GOOD_CALLS[name]()
     gpu_only = name in GPU_ONLY and not torch.cuda.is_available()

@@ -67,6 +67,20 @@ def check_instance(name: str, value: Any, kind: type | tuple[type, ...], what: s
     return value
 
 
+def check_int_list(name: str, values: Any) -> list | tuple:
+    """`values` if it is a list (or tuple) of plain ints within int64 (a float, a bool or None is no id, position or
+    count: 3.7 would be read as 3 by a tensor, True as 1); a TypeError / ValueError naming the first entry that is
+    not one."""
+    if not isinstance(values, (list, tuple)):
+        raise TypeError(f"{name} must be a list of ints, got {type(values).__name__} {short_repr(values)}")
+    for j, v in enumerate(values):
+        if type(v) is not int:
+            raise TypeError(f"{name}[{j}] must be an int, got {type(v).__name__} {short_repr(v)}")
+        if not -2**63 <= v < 2**63:  # an int64 tensor holds it
+            raise ValueError(f"{name}[{j}] = {v} is outside int64")
+    return values
+
+
 def check_bool(name: str, value: Any) -> bool:
     """`value` as a plain bool if it is a bool (a numpy bool too); a TypeError naming `name` otherwise. A flag read by
     truthiness would take 'no', an empty list or NaN for an answer without a word."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
-from minillm.core.config import GPTConfig, check_int, short_repr
+from minillm.core.config import GPTConfig, check_int, check_int_list, short_repr
 
 
 @dataclass
@@ -60,12 +60,12 @@ class StepInput:
             raise TypeError(f"config must be the model's GPTConfig, got {type(config).__name__}")
         num_blocks, block_size = check_int("num_blocks", num_blocks), check_int("block_size", block_size)
         for name in ("token_ids", "positions", "slot_mapping", "context_lens", "query_lens", "sample_rows"):
-            _check_ints(f"StepInput.{name}", getattr(self, name))
+            check_int_list(f"StepInput.{name}", getattr(self, name))
         if not isinstance(self.block_tables, list):
             raise TypeError(f"StepInput.block_tables must be a list of block tables, got "
                             f"{type(self.block_tables).__name__}")
         for i, table in enumerate(self.block_tables):
-            _check_ints(f"StepInput.block_tables[{i}]", table)
+            check_int_list(f"StepInput.block_tables[{i}]", table)
         n, s = len(self.token_ids), len(self.query_lens)
         if len(self.positions) != n or len(self.slot_mapping) != n or sum(self.query_lens) != n:
             raise ValueError(f"StepInput: {n} token_ids, {len(self.positions)} positions, {len(self.slot_mapping)} "
@@ -112,15 +112,6 @@ class StepInput:
             row += ql
 
 
-def _check_ints(name: str, values: object) -> None:
-    """A list of plain ints (a float, a bool or None is no id, position or count: a TypeError naming it)."""
-    if not isinstance(values, list):
-        raise TypeError(f"{name} must be a list of ints, got {type(values).__name__} {short_repr(values)}")
-    for j, v in enumerate(values):
-        if type(v) is not int:  # subtle: True is an int to isinstance, and 3.7 would be read as 3
-            raise TypeError(f"{name}[{j}] must be an int, got {type(v).__name__} {short_repr(v)}")
-
-
 def _check_pairs(pairs: object) -> list[tuple[int, int]]:
     """cow_pairs: a list of (src, dst) pairs of ints."""
     if not isinstance(pairs, list):
@@ -139,7 +130,7 @@ def _check_swaps(name: str, swaps: object) -> list[int]:
     for j, entry in enumerate(swaps):
         if not isinstance(entry, (tuple, list)) or len(entry) != 2 or not isinstance(entry[0], str):
             raise ValueError(f"{name}[{j}] must be a (str key, block ids) pair, got {short_repr(entry)}")
-        _check_ints(f"{name}[{j}] blocks", entry[1])
+        check_int_list(f"{name}[{j}] blocks", entry[1])
         blocks += entry[1]
     return blocks
 

@@ -28,8 +28,8 @@ import torch
 
 from minillm.core.attention import attention, attention_ref, causal_mask
 from minillm.core.config import (CheckedFields, check_device, check_fits_float, check_has_data, check_int,
-                                 check_tensor_elements, foreign_number, GPTConfig, plain_number, short_repr,
-                                 tensor_kind)
+                                 check_int_list, check_tensor_elements, foreign_number, GPTConfig, plain_number,
+                                 short_repr, tensor_kind)
 from minillm.paged.backends import register_attention_backend
 from minillm.paged.block_manager import BlockManager
 
@@ -137,27 +137,16 @@ class PagedBatch(CheckedFields):
         ValueError naming it otherwise."""
         for name, values in (("slot_mapping", slot_mapping), ("context_lens", context_lens),
                              ("query_lens", query_lens)):
-            _check_int_list(name, values)
+            check_int_list(name, values)
         if not isinstance(block_tables, (list, tuple)) or not block_tables:
             raise ValueError(f"block_tables must be a non-empty list of block tables, got {short_repr(block_tables)}")
         for i, table in enumerate(block_tables):
-            _check_int_list(f"block_tables[{i}]", table)
+            check_int_list(f"block_tables[{i}]", table)
         device = check_device("device", device, allocates=True)
         width = max(len(t) for t in block_tables)
         padded = [list(t) + [-1] * (width - len(t)) for t in block_tables]  # (S, max_nb)
         as_t = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
         return cls(as_t(slot_mapping), as_t(padded), as_t(context_lens), as_t(query_lens))
-
-
-def _check_int_list(name: str, values: object) -> None:
-    """A list (or tuple) of plain ints: a TypeError naming the first entry that is not one."""
-    if not isinstance(values, (list, tuple)):
-        raise TypeError(f"{name} must be a list of ints, got {type(values).__name__} {short_repr(values)}")
-    for j, v in enumerate(values):
-        if type(v) is not int:
-            raise TypeError(f"{name}[{j}] must be an int, got {type(v).__name__} {short_repr(v)}")
-        if not -2**63 <= v < 2**63:  # an int64 tensor holds it
-            raise ValueError(f"{name}[{j}] = {v} is outside int64")
 
 
 def write_kv(pool: torch.Tensor, slot_mapping: torch.Tensor, x: torch.Tensor) -> None:
