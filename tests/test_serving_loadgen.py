@@ -185,7 +185,9 @@ def test_every_request_and_the_run_are_bounded_in_time(served):
     rep = L.run_benchmark(url, wl3, rate=0.1, warmup=False, max_duration=0.3)  # gaps of ~10 s: one sent
     errors = [r["error"] for r in rep["records"]]
     assert errors[0] == "cancelled" and errors[1:] == ["not_sent", "not_sent"]
-    assert rep["metrics"]["duration_s"] < 1.0
+    # the next arrival is seconds away (gaps average 10 s): ending well before it proves the run stopped at
+    # max_duration; the margin is wide because a loaded 2-core machine has taken over a second to tear the run down
+    assert rep["metrics"]["duration_s"] < 5.0
 
 
 # ----- arrivals ---------------------------------------------------------------------------------------------------
