@@ -1278,6 +1278,8 @@ def test_a_fourteenth_hostile_runs_finds_are_refused_and_an_aborted_entry_is_ski
         (lambda: IncrementalText(BytesAsStr()).append(1), TypeError, "must return bytes"),
         (lambda: setattr(batch, "slot_mapping", t([[0]])), dataclasses.FrozenInstanceError, "slot_mapping"),
         (lambda: setattr(entry, "start", 9), dataclasses.FrozenInstanceError, "start"),
+        # the host copies of the lengths are tuples: they cannot drift from the checked tensors in place
+        (lambda: batch.context_lens_list.__setitem__(0, 9), TypeError, "does not support item assignment"),
     )
     for call, error, message in rows:
         if error is None:

@@ -47,9 +47,10 @@ class PagedBatch(CheckedFields):
     block_tables: torch.Tensor  # (S, max_nb) int64: each sequence's blocks in order, padded with -1
     context_lens: torch.Tensor  # (S,) int64: tokens in the cache for each sequence AFTER this step
     query_lens: torch.Tensor  # (S,) int64: new tokens of each sequence in this step
-    # Host copies, made once per step so `attend` (called once per layer) never syncs with the device.
-    context_lens_list: list[int] = field(init=False, repr=False)
-    query_lens_list: list[int] = field(init=False, repr=False)
+    # Host copies, made once per step so `attend` (called once per layer) never syncs with the device; tuples, so
+    # they stay what was checked, like the fixed fields above.
+    context_lens_list: tuple[int, ...] = field(init=False, repr=False)
+    query_lens_list: tuple[int, ...] = field(init=False, repr=False)
     _decode_cache: tuple | None = field(init=False, repr=False, default=None)  # (bs, flat block ids, mask)
     FIXED = ("slot_mapping", "block_tables", "context_lens", "query_lens", "context_lens_list", "query_lens_list")
 
@@ -70,8 +71,8 @@ class PagedBatch(CheckedFields):
                 f"context_lens {tuple(self.context_lens.shape)} and query_lens {tuple(self.query_lens.shape)} "
                 f"must both be ({S},) for {S} block tables"
             )
-        self.context_lens_list = [int(x) for x in self.context_lens.tolist()]
-        self.query_lens_list = [int(x) for x in self.query_lens.tolist()]
+        self.context_lens_list = tuple(int(x) for x in self.context_lens.tolist())
+        self.query_lens_list = tuple(int(x) for x in self.query_lens.tolist())
         if sum(self.query_lens_list) != self.slot_mapping.numel():
             raise ValueError(
                 f"query_lens sum to {sum(self.query_lens_list)} but slot_mapping has {self.slot_mapping.numel()} slots"
