@@ -155,7 +155,9 @@ def check_strided(name: str, t: torch.Tensor) -> torch.Tensor:
     subtle: a nested tensor (`torch.nested.nested_tensor`) reports `layout == torch.strided` and fails later with
     "NestedTensorImpl doesn't support sizes"; a quantized one (qint8) is strided too, and neither is floating point
     nor an ordinary int. Both are refused here, and so are `UNSUPPORTED_DTYPES` (uint16/32/64) and float8, a
-    storage format ("isfinite" not implemented for 'Float8_e4m3fn')."""
+    storage format ("isfinite" not implemented for 'Float8_e4m3fn'). Anything but a tensor is a TypeError too."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch tensor, got {tensor_kind(t)}")
     if t.is_nested:
         raise TypeError(f"{name} must be a dense tensor, got a nested tensor of {t.size(0)} components; "
                         "pass one of them (.unbind()) or pad them into one tensor (.to_padded_tensor(0.0))")
@@ -178,6 +180,7 @@ def check_linear_input(x: object, in_features: int) -> torch.Tensor:
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"x must be a floating-point tensor of activations, got {tensor_kind(x)}")
     check_strided("x", x)  # a sparse x: torch's "reshape is not implemented for sparse tensors"
+    in_features = check_int("in_features", in_features)
     if x.dim() == 0 or x.shape[-1] != in_features:
         raise ValueError(f"x must have shape (..., {in_features}), got {tuple(x.shape)}")
     return x
@@ -201,7 +204,8 @@ def check_has_data(name: str, t: torch.Tensor) -> torch.Tensor:
 def check_module_has_data(name: str, module: Any) -> None:
     """A ValueError naming `name` and the tensor when any parameter or buffer of the torch module `module` is a meta
     tensor (a model built on the meta device, or moved there with `.to("meta")`), a TypeError when one is sparse
-    (`check_has_data`), before anything reads it."""
+    (`check_has_data`), before anything reads it; a TypeError naming `name` when it is not a torch module."""
+    check_instance(name, module, torch.nn.Module, "a torch module (nn.Module)")
     for key, t in [*module.named_parameters(), *module.named_buffers()]:
         check_has_data(f"{name} tensor {short_repr(key)}", t)
 
@@ -213,6 +217,7 @@ def check_writable(name: str, t: torch.Tensor) -> torch.Tensor:
     outside inference mode, or a tensor that requires grad while grad mode is on. Torch's own errors ("more than
     one element of the written-to tensor refers to a single memory location", "Inplace update to inference tensor
     outside InferenceMode") name no argument. The modes are read now, so the check matches the call it guards."""
+    check_strided(name, t)  # a tensor at all, and one with strides to read
     if any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride())):
         raise ValueError(f"{name} is expanded (shape {tuple(t.shape)}, strides {t.stride()}): its elements share "
                          "memory, so a write would land on several of them; pass a tensor of its own (.clone())")
@@ -392,7 +397,8 @@ def check_fits_window(what: str, prompt_len: int, new_tokens: int, block_size: i
     subtle: generation past the window is not an error, it stops early (`minillm.core.stopping.validate_prompt` caps
     it), so a benchmark counting new_tokens per prompt would time, and compare, tokens that were never generated.
     """
-    need = prompt_len + new_tokens - 1
+    prompt_len, block_size = check_int("prompt_len", prompt_len), check_int("block_size", block_size)
+    need = prompt_len + check_int("new_tokens", new_tokens) - 1
     if need > block_size:
         raise ValueError(f"{what} has {prompt_len} tokens: with new_tokens={new_tokens} it needs {need} positions, "
                          f"more than {model}'s context window block_size={block_size}")
