@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import operator
 import re
 
 import pytest
@@ -1279,7 +1280,7 @@ def test_a_fourteenth_hostile_runs_finds_are_refused_and_an_aborted_entry_is_ski
         (lambda: setattr(batch, "slot_mapping", t([[0]])), dataclasses.FrozenInstanceError, "slot_mapping"),
         (lambda: setattr(entry, "start", 9), dataclasses.FrozenInstanceError, "start"),
         # the host copies of the lengths are tuples: they cannot drift from the checked tensors in place
-        (lambda: batch.context_lens_list.__setitem__(0, 9), TypeError, "does not support item assignment"),
+        (lambda: operator.setitem(batch.context_lens_list, 0, 9), TypeError, "does not support item assignment"),
     )
     for call, error, message in rows:
         if error is None:
@@ -1368,3 +1369,50 @@ def test_a_sixteenth_hostile_runs_finds_are_refused_and_an_empty_update_takes_no
     assert engine.scheduler.update(SchedulerOutput(), [], 0.0) == []  # takes nothing: the step keeps its claim
     assert engine.scheduler.update(out, [5], 0.0) == []
     assert quantize(torch.randn(4, 8), bits=8, symmetric=np.True_).bits == 8
+
+
+def test_a_seventeenth_hostile_runs_finds_are_refused_by_name():
+    """Run 40's finds: a verify entry's drafts edited or grown in place (with valid ids too: a grown list once
+    dropped a known token silently), a prompt-lookup drafter on a device minillm does not run on, and swaps naming
+    blocks outside the pool (a failed swap-in once lost the host copy)."""
+    from minillm.engine.request import Request
+    from minillm.engine.swap import SwapSpace
+    from minillm.paged.paged_cache import PagedKVCache
+    from minillm.speculative.engine import SpeculativeConfig, SpeculativeLLM, VerifyEntry
+    from minillm.speculative.generate import PromptLookupProposer
+
+    def entry(n_known: int) -> VerifyEntry:  # feeds the last n_known of [1, 2, 3, 4], then draft 7
+        return VerifyEntry(Request("r", [1, 2, 3, 4], SamplingParams.greedy(4)), n_known + 1, 4 - n_known, [7])
+
+    grown, edited = entry(2), entry(1)
+    assert grown.fed_tokens() == [3, 4, 7] and edited.fed_tokens() == [4, 7]
+    grown.draft_token_ids.append(9)
+    edited.draft_token_ids[0] = 10**6
+    swap = SwapSpace(PagedKVCache(CFG, 4, 4))
+    swap.swap_out("a", [1])
+    rows = (
+        (grown.fed_tokens, ValueError, r"changed in place .* built with \[7\], it now holds \[7, 9\]"),
+        (edited.fed_tokens, ValueError, "changed in place"),
+        (lambda: PromptLookupProposer(1, CFG.vocab_size, "mps"), ValueError, "device"),
+        (lambda: SwapSpace(PagedKVCache(CFG, 4, 4)).swap_out("b", [9]), ValueError, r"outside the pool \[0, 4\)"),
+        (lambda: SwapSpace(PagedKVCache(CFG, 4, 4)).swap_out("b", [1.5]), TypeError, r"block_table\[0\]"),
+        (lambda: swap.swap_in("a", [7]), ValueError, "outside the pool"),
+    )
+    for call, error, message in rows:
+        with pytest.raises(error, match=message):
+            call()
+    swap.swap_in("a", [2])  # the refused swap-in kept the host copy
+
+    llm = SpeculativeLLM(tiny(), speculative=SpeculativeConfig(method="prompt-lookup", gamma=3, ngram=1))
+    schedule = llm.scheduler.schedule
+
+    def schedule_then_edit():  # a caller editing the scheduled drafts between schedule and the forward
+        out = schedule()
+        for e in out.scheduled:
+            if isinstance(e, VerifyEntry) and e.draft_token_ids:
+                e.draft_token_ids[0] = CFG.vocab_size
+        return out
+
+    llm.scheduler.schedule = schedule_then_edit
+    with pytest.raises(ValueError, match="changed in place"):
+        llm.generate([[1, 2, 1, 2, 1, 2]], SamplingParams.greedy(8))

@@ -191,11 +191,20 @@ class VerifyEntry(ScheduledRequest):
             if self.draft_probs.shape[0] != k:
                 raise ValueError(f"draft_probs must have one row per draft ({k}), got {tuple(self.draft_probs.shape)}")
         self.check_span(self.num_new_tokens - k)  # the drafts are not the request's tokens yet
+        self._drafts = tuple(self.draft_token_ids)  # what was checked: the list itself could still change in place
         self._checked = True  # its fields are fixed from here (CheckedFields)
 
     @property
     def num_drafts(self) -> int:
-        return len(self.draft_token_ids)
+        return len(self._drafts)
+
+    def drafts(self) -> list[int]:
+        """The draft ids as checked; a ValueError when the draft_token_ids list was changed in place since (a
+        grown, shrunk or edited list would feed the wrong tokens, or drop a known one)."""
+        if tuple(self.draft_token_ids) != self._drafts:
+            raise ValueError(f"this VerifyEntry's drafts changed in place since it was checked: it was built with "
+                             f"{list(self._drafts)}, it now holds {short_repr(self.draft_token_ids)}")
+        return list(self._drafts)
 
     @property
     def samples(self) -> bool:
@@ -203,14 +212,8 @@ class VerifyEntry(ScheduledRequest):
 
     def fed_tokens(self) -> list[int]:
         """Its slice of the request's known tokens, then its drafts (which the request does not hold yet)."""
-        n_known = self.num_new_tokens - self.num_drafts
-        known = self.request.token_slice(self.start, self.start + n_known)
-        # its drafts list may have changed in place since it was checked: the same checks, on what it holds now
-        if n_known < 1 or len(known) != n_known or any(type(t) is not int or t < 0 for t in self.draft_token_ids):
-            raise ValueError(f"this VerifyEntry's drafts {short_repr(self.draft_token_ids)} changed in place since it "
-                             f"was checked: num_new_tokens={self.num_new_tokens} no longer counts them and at least "
-                             "one known token of its request")
-        return known + self.draft_token_ids
+        drafts = self.drafts()
+        return self.request.token_slice(self.start, self.start + self.num_new_tokens - len(drafts)) + drafts
 
     def sample_rows(self) -> range:
         """The last known token's row (it scores d1) and every draft's row (each scores the next): 1 + k rows."""
@@ -440,8 +443,9 @@ class SpeculativeSampler(Sampler):
     @staticmethod
     def _verify(s: VerifyEntry, logits: torch.Tensor) -> list[int] | None:
         """The acceptance rule on one entry's rows: the emitted tokens (kept drafts + one target token)."""
-        req, drafts = s.request, s.draft_token_ids
+        req = s.request
         try:
+            drafts = s.drafts()
             if req.params.is_greedy:
                 emitted = accept_greedy(logits, drafts, req.params)
             else:  # the request's own generator: a seeded request repeats, batched or alone

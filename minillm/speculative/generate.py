@@ -228,7 +228,7 @@ class PromptLookupProposer:
         check_tensor_elements("vocab_size", (vocab_size,))  # a row of the one-hot q of sampling mode
         self.ngram = ngram  # check_int's plain int: `lookup` takes nothing else
         self.vocab_size = vocab_size  # for the one-hot q of sampling mode
-        self.device = check_device("device", device)
+        self.device = check_device("device", device, allocates=True)  # its one-hot q is made there
         self.calls = 0  # never a forward
 
     def prefill(self, prompt: list[int]) -> None:
