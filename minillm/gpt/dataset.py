@@ -21,6 +21,9 @@ from minillm.tokenizer import load_tokenizer
 
 def encode_corpus(tokenizer, text: str) -> torch.Tensor:
     """All ids of `text` as a 1-D int64 tensor; the file separator `<|endoftext|>` becomes its special id."""
+    if isinstance(tokenizer, (str, bytes)) or not callable(getattr(tokenizer, "encode", None)):
+        raise TypeError(f"tokenizer must have an encode(text) method (the shipped tokenizer's), got "
+                        f"{type(tokenizer).__name__} {short_repr(tokenizer)}")
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
     allowed = {SEPARATOR} if SEPARATOR in getattr(tokenizer, "special_tokens", {}) else set()

@@ -13,6 +13,8 @@ import math
 import torch
 
 from minillm.core.attention import attention_ref, causal_mask
+from minillm.core.config import check_float_tensor, check_int_list, check_sequence, short_repr, tensor_kind
+from minillm.core.model import require_model
 
 
 class _AttentionRecorder:
@@ -32,6 +34,9 @@ class _AttentionRecorder:
 @torch.no_grad()
 def attention_weights(model, idx: torch.Tensor) -> torch.Tensor:
     """Attention weights of every layer and head for one sequence: idx (T,) or (1, T) -> (n_layer, nh, T, T)."""
+    require_model(model, "attention_weights (model)")
+    if not isinstance(idx, torch.Tensor):
+        raise TypeError(f"idx must be a tensor of token ids, got {tensor_kind(idx)}")
     idx = idx.view(1, -1)  # (1, T)
     positions = model.check_inputs(idx, None)
     recorder = _AttentionRecorder()
@@ -45,10 +50,20 @@ def plot_attention(weights: torch.Tensor, labels: list[str], cells: list[tuple[i
     `labels` names the T tokens (tick labels on both axes). Returns the axes.
     """
     import matplotlib.pyplot as plt
+    from matplotlib.axes import Axes
 
+    L, nh, T, _ = check_float_tensor("weights", weights, ndim=4).shape  # (n_layer, nh, T, T)
+    if not isinstance(labels, (list, tuple)) or len(labels) != T or not all(isinstance(s, str) for s in labels):
+        raise TypeError(f"labels must be a list of {T} str (one per token), got {short_repr(labels)}")
+    for i, cell in enumerate(check_sequence("cells", cells)):
+        check_int_list(f"cells[{i}]", cell)
+        if len(cell) != 2 or not (0 <= cell[0] < L and 0 <= cell[1] < nh):
+            raise ValueError(f"cells[{i}] must be a (layer, head) pair in [0, {L}) x [0, {nh}), got {short_repr(cell)}")
     if axes is None:
         _, axes = plt.subplots(1, len(cells), figsize=(4 * len(cells), 4.2))
     axes = list(axes) if hasattr(axes, "__iter__") else [axes]
+    if not axes or not all(isinstance(ax, Axes) for ax in axes):
+        raise TypeError(f"axes must be None, a matplotlib Axes or a list of them, got {short_repr(axes)}")
     T = weights.size(-1)
     for ax, (layer, head) in zip(axes, cells):
         ax.imshow(weights[layer, head].cpu(), cmap="viridis", vmin=0, vmax=1)

@@ -43,12 +43,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minillm.core.checkpoint import load_checkpoint, save_checkpoint
-from minillm.core.config import (check_fits_float, check_float, check_tensor_elements, check_threads, GPTConfig,
-                                 plain_number, PRESETS, short_repr)
+from minillm.core.config import (check_device, check_fits_float, check_float, check_instance, check_int,
+                                 check_tensor_elements, check_threads, GPTConfig, plain_number, PRESETS, short_repr,
+                                 tensor_kind)
 from minillm.core.device import DEVICE_CHOICES, resolve_device
 from minillm.core.sampling import check_seed, seed_argument
 from minillm.core.io import atomic_write_text, check_output_dir, check_path
-from minillm.core.model import GPT
+from minillm.core.model import GPT, require_model
 from minillm.gpt.dataset import BatchSampler, fixed_windows, split_tokens
 from minillm.gpt.eval import token_nll
 from minillm.gpt.train_state import find_checkpoint, load_train_state, save_train_state
@@ -161,6 +162,8 @@ def check_batch_fits(cfg: TrainConfig, model_config: GPTConfig) -> None:
     """A ValueError naming TrainConfig.batch_size (or eval_windows) when one micro-batch's logits (batch_size,
     block_size, vocab_size), or the validation windows (eval_windows, block_size), of a model of `model_config`
     would pass MAX_TENSOR_ELEMENTS: refused before any batch is allocated, not in the allocator at the first step."""
+    check_instance("cfg", cfg, TrainConfig, "a TrainConfig")
+    check_instance("model_config", model_config, GPTConfig, "a GPTConfig")
     check_tensor_elements("TrainConfig.batch_size x the model's block_size x vocab_size (one micro-batch's logits)",
                           (cfg.batch_size, model_config.block_size, model_config.vocab_size))
     check_tensor_elements("TrainConfig.eval_windows x the model's block_size", (cfg.eval_windows,
@@ -173,6 +176,10 @@ def lr_at(cfg: TrainConfig, step: int, progress: float, warmup_end_progress: flo
     `progress` in [0, 1] is how far the run is (step/(steps-1), or the clock's share of max_minutes if larger);
     the cosine runs over the progress left after warm-up, so it reaches its floor exactly at the end.
     """
+    check_instance("cfg", cfg, TrainConfig, "a TrainConfig")
+    check_int("step", step, 0)
+    for name, value in (("progress", progress), ("warmup_end_progress", warmup_end_progress)):
+        check_float(name, value)
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     span = max(1e-12, 1.0 - warmup_end_progress)
@@ -187,6 +194,9 @@ def make_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.
     Decaying a LayerNorm gain or a bias pulls it to 0, which only hurts; the matrices are where the capacity
     (and the over-fitting) is. named_parameters() lists the tied head once (as transformer.wte.weight).
     """
+    check_instance("model", model, nn.Module, "a torch module (the GPT to train)")
+    check_instance("cfg", cfg, TrainConfig, "a TrainConfig")
+    check_device("device", device)
     decay = [p for _, p in model.named_parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for _, p in model.named_parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
@@ -209,6 +219,16 @@ class TrainResult:
 @torch.no_grad()
 def estimate_loss(model: GPT, x: torch.Tensor, y: torch.Tensor, batch_size: int, autocast) -> float:
     """Mean cross-entropy over fixed windows x, y (N, T)."""
+    require_model(model, "estimate_loss (model)")
+    for name, t in (("x", x), ("y", y)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.is_floating_point():
+            raise TypeError(f"{name} must be an (N, T) tensor of token ids, got {tensor_kind(t)}")
+    if x.shape != y.shape or not x.numel():
+        raise ValueError(f"x and y must be windows of one non-empty shape (N, T), got {tuple(x.shape)} and "
+                         f"{tuple(y.shape)}")
+    check_int("batch_size", batch_size)
+    if not callable(autocast):
+        raise TypeError(f"autocast must be callable (a context-manager factory), got {type(autocast).__name__}")
     was_training = model.training
     model.eval()
     total, n = 0.0, 0
@@ -448,6 +468,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def add_commands(subparsers) -> None:
+    check_instance("subparsers", subparsers, argparse._SubParsersAction, "an ArgumentParser's add_subparsers()")
     p = subparsers.add_parser("train", help="train a GPT on a corpus (chapter 02)")
     d = TrainConfig()
     p.add_argument("--preset", default=d.preset, choices=sorted(PRESETS), help="model shape (default: base)")

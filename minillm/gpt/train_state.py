@@ -36,8 +36,10 @@ from typing import Callable
 import torch
 
 from minillm.core.checkpoint import CONFIG_NAME, WEIGHTS_NAME, read_config, save_checkpoint
-from minillm.core.io import atomic_save_safetensors, atomic_write_text, fsync_dir, read_json_file, read_safetensors_file
-from minillm.core.model import GPT
+from minillm.core.config import check_instance, check_int
+from minillm.core.io import (atomic_save_safetensors, atomic_write_text, check_output_dir, check_path, fsync_dir,
+                             read_json_file, read_safetensors_file)
+from minillm.core.model import GPT, require_model
 from minillm.gpt.dataset import BatchSampler
 
 OPTIMIZER_NAME = "optimizer.safetensors"
@@ -61,6 +63,14 @@ class ResumePoint:
     def describe(self) -> str:
         note = f" (skipped {len(self.skipped)} newer incomplete: {'; '.join(self.skipped)})" if self.skipped else ""
         return f"resuming from {str(self.path)!r} at step {self.step}{note}"
+
+
+def _check_parts(model: object, opt: object, sampler: object) -> None:
+    """A TypeError naming `model`, `opt` or `sampler` when it is not what a checkpoint saves or restores: a GPT, a
+    torch optimizer, a `BatchSampler`; before any file is read or written."""
+    require_model(model, "train state (model)")
+    check_instance("opt", opt, torch.optim.Optimizer, "a torch optimizer (AdamW)")
+    check_instance("sampler", sampler, BatchSampler, "a BatchSampler")
 
 
 def _sha256(path: Path) -> str:
@@ -89,7 +99,13 @@ def save_train_state(out_dir: Path, model: GPT, opt: torch.optim.Optimizer, samp
     `on_write(stage)`, if given, is called after each stage lands ("started", "model", "optimizer", "train_state",
     "manifest", "renamed", "cleaned"): the tests kill a child process there to prove that any interrupt is safe.
     """
-    out_dir = Path(out_dir)
+    out_dir = check_output_dir(check_path(out_dir, "out_dir"), "out_dir")  # a file there: a ValueError naming it
+    _check_parts(model, opt, sampler)
+    if not isinstance(state, dict) or "step" not in state:
+        raise TypeError(f"state must be the run's progress dict, holding 'step', got {type(state).__name__}")
+    check_int("state['step']", state["step"], 0)
+    if on_write is not None and not callable(on_write):
+        raise TypeError(f"on_write must be callable(stage) or None, got {type(on_write).__name__}")
     out_dir.mkdir(parents=True, exist_ok=True)
     hook = on_write or (lambda stage: None)
     step = int(state["step"])
@@ -181,8 +197,14 @@ def load_train_state(ckpt_dir: Path, model: GPT, opt: torch.optim.Optimizer, sam
     """
     from safetensors import safe_open
 
-    ckpt_dir = Path(ckpt_dir)
+    ckpt_dir = check_path(ckpt_dir, "ckpt_dir")
+    if not ckpt_dir.is_dir():
+        error = ValueError if ckpt_dir.exists() else FileNotFoundError
+        raise error(f"ckpt_dir {str(ckpt_dir)!r} is no checkpoint folder (give find_checkpoint(...).path)")
+    _check_parts(model, opt, sampler)
     state = read_json_file(ckpt_dir / STATE_NAME, what="training state")
+    if not isinstance(state, dict) or not {"step", "param_groups"} <= state.keys():
+        raise ValueError(f"{str(ckpt_dir / STATE_NAME)!r} lacks the 'step' and 'param_groups' a training state holds")
     _, meta = read_config(ckpt_dir)
     tensors = read_safetensors_file(ckpt_dir / OPTIMIZER_NAME)
     with safe_open(str(ckpt_dir / OPTIMIZER_NAME), "pt") as f:

@@ -26,12 +26,12 @@ from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.hf_compare import hf_comparison as kit_hf_comparison
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
-from minillm.core.config import reads_report
+from minillm.core.config import check_int_list, reads_report
 from minillm.core.device import resolve_device
 from minillm.core.hf import to_hf_model
-from minillm.core.model import GPT
-from minillm.core.sampling import SamplingParams
-from minillm.core.timing import compare
+from minillm.core.model import GPT, require_model
+from minillm.core.sampling import SamplingParams, check_seed
+from minillm.core.timing import check_repeats, compare
 from minillm.kvcache.cache import ContiguousKVCache, kv_cache_bytes
 from minillm.kvcache.generate import decode_step, generate_ids, generate_static_batch, prefill
 from minillm.naive.generate import generate_naive_ids
@@ -78,6 +78,8 @@ def step_latency_by_position(model: GPT, positions: list[int], repeats: int = 5,
     Cached: one decode step of one token over t cached slots (the cache is rewound to t before every repeat).
     Naive: what the naive loop does at that step, a forward over all t+1 tokens.
     """
+    require_model(model, "step_latency_by_position (model)")
+    check_int_list("positions", positions), check_repeats("repeats", repeats), check_seed(seed)
     device = model.device
     bs = model.config.block_size
     if not positions or min(positions) < 1 or max(positions) >= bs:
@@ -217,6 +219,7 @@ def projection_times(model: GPT, repeats: int = 7, passes: int = 20) -> dict[str
 
 def memory_check(model: GPT, batch_size: int = 1, max_len: int | None = None) -> dict[str, Any]:
     """The cache's measured bytes (tensor nbytes) against 2·layers·heads·head_dim·tokens·batch·bytes."""
+    require_model(model, "memory_check (model)")  # batch_size and max_len: the cache checks them
     cfg = model.config
     max_len = max_len or cfg.block_size
     dtype = torch.float32  # the cache's dtype is the caller's choice (chapter 09 varies it), not read off the model

@@ -193,6 +193,7 @@ class ContiguousKVCache:
 
     def positions(self, num_new: int) -> torch.Tensor:
         """(B, num_new) absolute positions of the next num_new tokens: slot minus padding, 0 on padding slots."""
+        num_new = check_int("num_new", num_new, 0)
         start = self.slot if self.use_static_shapes else self.length  # a device scalar keeps this sync-free
         slots = torch.arange(num_new, device=self.device) + start  # (T,)
         return (slots.unsqueeze(0) - self.pad_lens.unsqueeze(1)).clamp(min=0)  # (B, T)
@@ -222,6 +223,8 @@ class ContiguousKVCache:
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Write this step's k, v (B, nh, T, hs) at the layer's write position; attend q over every kept slot."""
+        if type(layer_idx) is not int or not all(map(torch.is_tensor, (q, k, v))):  # two cheap tests per layer
+            check_attend_args(self.config, layer_idx, q, k, v)  # names the bad argument (and passes an int subclass)
         B, nh, T, hs = k.shape
         if B != self.batch_size:
             raise ValueError(f"batch of {B} rows does not match the cache's batch_size={self.batch_size}")

@@ -20,8 +20,9 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
+import torch.nn as nn
 
-from minillm.core.config import check_float_tensor
+from minillm.core.config import check_float_tensor, check_instance, check_int, tensor_kind
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, sample_next
 from minillm.core.stopping import RequestState, check_eos_id, start_request
@@ -33,6 +34,18 @@ DecodeFn = Callable[[GPT, ContiguousKVCache, torch.Tensor, torch.Tensor], torch.
 PrefillFn = Callable[[GPT, ContiguousKVCache, torch.Tensor, torch.Tensor], torch.Tensor]  # the prompt (1, T), (T,)
 
 
+def _check_step_args(model: Any, cache: Any, name: str, ids: Any, positions: Any = None) -> None:
+    """The arguments of one step (`prefill`, `decode_step`) by type: model a torch module (a GPT), cache a
+    `ContiguousKVCache`, ids (named `name`) a tensor, positions a tensor or None; a TypeError naming the one that
+    is not, before an attribute of it is read. isinstance tests only: cheap enough for every decode step."""
+    check_instance("model", model, nn.Module, "a minillm GPT (a torch module)")
+    check_instance("cache", cache, ContiguousKVCache, "a ContiguousKVCache")
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor of token ids, got {tensor_kind(ids)}")
+    if positions is not None and not isinstance(positions, torch.Tensor):
+        raise TypeError(f"positions must be a tensor of positions or None, got {tensor_kind(positions)}")
+
+
 @torch.inference_mode()
 def prefill(model: GPT, cache: ContiguousKVCache, idx: torch.Tensor, positions: torch.Tensor | None = None
             ) -> torch.Tensor:
@@ -41,6 +54,7 @@ def prefill(model: GPT, cache: ContiguousKVCache, idx: torch.Tensor, positions: 
     `positions` default to the cache's own (slot minus each row's left padding), which is 0..T-1 without padding.
     Unchecked (`model.hidden`): the caller validated the prompt; only the last row goes through the output head.
     """
+    _check_step_args(model, cache, "idx", idx, positions)  # types only: a None fails here, by name
     if idx.dim() != 2 or idx.size(0) != cache.batch_size:
         raise ValueError(f"idx must have shape (batch_size={cache.batch_size}, T), got {tuple(idx.shape)}")
     if positions is None:
@@ -53,6 +67,7 @@ def prefill(model: GPT, cache: ContiguousKVCache, idx: torch.Tensor, positions: 
 def decode_step(model: GPT, cache: ContiguousKVCache, tokens: torch.Tensor, positions: torch.Tensor | None = None
                 ) -> torch.Tensor:
     """Feed one new token per row, tokens (B,) or (B, 1); the cache supplies everything before it. Logits (B, V)."""
+    _check_step_args(model, cache, "tokens", tokens, positions)  # isinstance tests, no host sync
     idx = tokens.view(-1, 1)  # (B,) -> (B, 1)
     if idx.size(0) != cache.batch_size:
         raise ValueError(f"tokens must hold one id per row (batch_size={cache.batch_size}), got {tuple(tokens.shape)}")
@@ -190,6 +205,9 @@ def static_positions(pad_lens: torch.Tensor, start: int, num_new: int) -> torch.
     Padding slots get position 0 (any valid position would do: no real token ever attends to them). Example:
     pad_lens [0, 2], start 0, num_new 3 -> [[0, 1, 2], [0, 0, 0]]; then start 3, num_new 1 -> [[3], [1]].
     """
+    if not isinstance(pad_lens, torch.Tensor):
+        raise TypeError(f"pad_lens must be a (B,) tensor of padding counts, got {tensor_kind(pad_lens)}")
+    check_int("start", start, 0), check_int("num_new", num_new, 0)
     # BEGIN SOLUTION
     slots = torch.arange(start, start + num_new, device=pad_lens.device)  # (T,)
     return (slots.unsqueeze(0) - pad_lens.unsqueeze(1)).clamp(min=0)  # (1, T) - (B, 1) -> (B, T)

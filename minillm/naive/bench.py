@@ -25,12 +25,14 @@ from minillm.bench.check import same_tokens
 from minillm.bench.cli import add_bench_options, apply_bench_options, count_argument, write_report
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
-from minillm.core.config import check_int, reads_report
+from minillm.core.config import check_bool, check_instance, check_int, check_report, reads_report
 from minillm.core.device import resolve_device
 from minillm.core.hf import to_hf_model
-from minillm.core.io import atomic_save_figure, check_output_file
+from minillm.core.io import atomic_save_figure, check_output_file, check_path
 from minillm.core.metrics import PeakMemory, RequestTimes, summarize, timed_stream
+from minillm.core.model import require_model
 from minillm.core.sampling import SamplingParams
+from minillm.core.stopping import check_token_ids
 from minillm.core.timing import compare, measure
 from minillm.naive.generate import generate_naive, generate_naive_ids
 from minillm.naive.roofline import decode_bound, measure_machine, measure_weight_streaming
@@ -120,6 +122,10 @@ def run_bench(model: torch.nn.Module, prompt_ids: list[int], case: BenchCase, ge
     Returns a JSON-ready dict: the case, one result per generator (vLLM-style summary, tokens/s, per-token latency
     curve, peak memory), and per candidate the E2E speed-up over the baseline and whether the tokens were equal.
     """
+    check_token_ids("prompt_ids", prompt_ids, require_model(model, "run_bench (model)").vocab_size)
+    check_instance("case", case, BenchCase, "a BenchCase")
+    if generators is not None and (not isinstance(generators, list) or not all(isinstance(g, str) for g in generators)):
+        raise TypeError(f"generators must be a list of registered generator names or None, got {generators!r:.80}")
     names = generators or ["naive"]
     fns = {n: get_generator(n) for n in names}
     device = model.device
@@ -150,8 +156,10 @@ def run_bench(model: torch.nn.Module, prompt_ids: list[int], case: BenchCase, ge
     }
 
 
+@reads_report
 def plot_bench(report: dict[str, Any], path: str | Path) -> Path:
     """Per-token latency against position for each generator, and output tokens/s as bars; PNG, written atomically."""
+    check_output_file(check_path(path, "path"), "path")  # before anything is drawn
     import matplotlib
 
     matplotlib.use("Agg")
@@ -201,6 +209,13 @@ def format_report(report: dict[str, Any]) -> str:
 def add_roofline(report: dict[str, Any], model: torch.nn.Module, quick: bool = False) -> dict[str, Any]:
     """Attach the machine's rates, the decode bound for this case, the weight-streaming bound measured on the model,
     and the baseline's fraction of each."""
+    check_report("report", report, ("case", "results"))  # what run_bench returned: checked before any measuring
+    check_report("report['case']", report["case"], ("prompt_len", "new_tokens"))
+    if not isinstance(report["results"], dict) or not report["results"]:
+        raise ValueError(f"report['results'] must hold run_bench's results, got {report['results']!r:.80}")
+    check_report("report['results'] (its first)", next(iter(report["results"].values())), ("decode_tokens_per_s",))
+    require_model(model, "add_roofline (model)")
+    check_bool("quick", quick)
     dtype = next(model.parameters()).dtype
     machine = measure_machine(model.device, dtype, quick=quick)
     case = report["case"]
@@ -272,6 +287,7 @@ BENCH_HELP = "benchmark generation paths on a model: TTFT, TPOT, ITL, tokens/s, 
 
 def add_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The options of `minillm bench`: the shared ones (`minillm.bench.cli`) and this harness's own."""
+    check_instance("p", p, argparse.ArgumentParser, "an argparse.ArgumentParser")
     add_bench_options(p)
     p.add_argument("--model", default="base", help="shipped checkpoint (base, draft) or, with --random-init, "
                    "any GPTConfig preset (default: base)")
@@ -295,5 +311,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
+    check_instance("sub", sub, argparse._SubParsersAction, "an ArgumentParser's add_subparsers()")
     p = add_options(sub.add_parser("bench", help=BENCH_HELP))
     p.set_defaults(handler=_cmd_bench)

@@ -33,7 +33,8 @@ import torch.nn.functional as F
 
 from minillm.core.config import GPTConfig, short_repr
 from minillm.core.device import resolve_device
-from minillm.core.timing import measure
+from minillm.core.model import require_model
+from minillm.core.timing import check_repeats, measure
 
 
 def _check_config(config: GPTConfig) -> None:
@@ -196,18 +197,21 @@ def decode_bound(
 
 def decode_weights(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """(weight, bias) of every matrix one decode step multiplies at batch 1: each block's linears, then the head."""
+    require_model(model, "decode_weights (model)")
     mats = [(m.weight, m.bias) for m in model.transformer.h.modules() if isinstance(m, nn.Linear)]
     return mats + [(model.lm_head.weight, model.lm_head.bias)]
 
 
 def decode_weight_bytes(model: nn.Module) -> int:
     """Bytes of `decode_weights(model)`: what one decode step's products read, biases included."""
+    require_model(model, "decode_weight_bytes (model)")
     return sum(w.nbytes + (b.nbytes if b is not None else 0) for w, b in decode_weights(model))
 
 
 def stream_weights(model: nn.Module) -> Callable[[int], None]:
     """run(steps): each of `decode_weights(model)` times one fixed random vector through `F.linear`, `steps` times
     over, with nothing else in the loop: the products of `steps` decode steps and no other work."""
+    require_model(model, "stream_weights (model)")
     mats = decode_weights(model)
     x = {w.shape[1]: torch.randn(1, w.shape[1], device=w.device, dtype=w.dtype) for w, _ in mats}  # (1, in)
 
@@ -241,6 +245,8 @@ class WeightStreaming:
 def measure_weight_streaming(model: nn.Module, repeats: int = 9, steps: int = 20) -> WeightStreaming:
     """The weight-streaming bound of `model` at batch 1 on its device, through `F.linear` (chapter 13 adds a C++
     way): the fastest of `repeats` timed runs of `steps` steps' products."""
+    require_model(model, "measure_weight_streaming (model)")
+    check_repeats("repeats", repeats)
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {short_repr(steps)}")
     run = stream_weights(model)

@@ -25,11 +25,12 @@ from minillm.bench.check import same_tokens
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.workload import eval_prompts
-from minillm.core.config import check_choice, reads_report
+from minillm.core.config import check_choice, check_instance, check_int, check_sequence, reads_report
 from minillm.core.device import resolve_device
-from minillm.core.model import GPT
-from minillm.core.sampling import SamplingParams
-from minillm.core.timing import compare
+from minillm.core.model import GPT, require_model
+from minillm.core.sampling import SamplingParams, check_seed
+from minillm.core.stopping import check_token_ids
+from minillm.core.timing import check_calls, check_repeats, compare
 from minillm.kvcache.cache import ContiguousKVCache
 from minillm.kvcache.generate import generate_ids
 from minillm.naive.generate import generate_naive_ids
@@ -46,6 +47,10 @@ BLOCK_SIZES = (1, 4, 8, 16, 32, 64)
 @torch.inference_mode()
 def prefill_logit_diff(model: GPT, prompt: list[int], block_size: int = 16) -> float:
     """Largest |logit| difference over every prompt position, paged prefill vs chapter 04's contiguous prefill."""
+    cfg = require_model(model, "prefill_logit_diff (model)")
+    prompt, block_size = check_token_ids("prompt", prompt, cfg.vocab_size), check_int("block_size", block_size)
+    if not 1 <= len(prompt) <= cfg.block_size:
+        raise ValueError(f"prompt must hold 1 to block_size={cfg.block_size} tokens, got {len(prompt)}")
     dev = model.device
     cache = ContiguousKVCache(model.config, 1, len(prompt), device=dev, dtype=torch.float32)
     ref = model(torch.tensor([prompt], device=dev), cache=cache)[0]  # (T, V)
@@ -160,8 +165,18 @@ def _lifetime_lengths(r: LengthRequest):
     return range(r.prompt_len, r.prompt_len + r.output_len)
 
 
+def _check_workload(workload: Any) -> tuple[LengthRequest, ...]:
+    """`workload` as a tuple if it is a non-empty list of `LengthRequest`s (what `make_length_workload` returns); a
+    TypeError / ValueError naming the first entry that is not one."""
+    workload = check_sequence("workload", workload)
+    for i, r in enumerate(workload):
+        check_instance(f"workload[{i}]", r, LengthRequest, "a LengthRequest")
+    return workload
+
+
 def contiguous_memory_use(workload: list[LengthRequest], reserve: str = "max_len", context: int = 256) -> MemoryUse:
     """Each request reserves `context` slots ("max_len"), or prompt + max_new_tokens ("max_new"), up front."""
+    workload, context = _check_workload(workload), check_int("context", context)
     reserve = check_choice("reserve", reserve, ("max_len", "max_new"))
     used = reserved = worst = 0
     for r in workload:
@@ -176,6 +191,7 @@ def contiguous_memory_use(workload: list[LengthRequest], reserve: str = "max_len
 
 def paged_memory_use(workload: list[LengthRequest], block_size: int) -> MemoryUse:
     """Replay every request through a real `BlockManager`: allocate the prompt, append one token per step."""
+    workload, block_size = _check_workload(workload), check_int("block_size", block_size)
     longest = max(r.prompt_len + r.output_len for r in workload)
     manager = BlockManager(num_blocks_for(longest, block_size), block_size)
     used = reserved = worst = 0
@@ -274,6 +290,11 @@ def decode_time_ratio(
     Each timed call continues decoding where the last stopped, on both sides alike, so all repeats together
     cover contexts prompt_len .. prompt_len + (repeats + 1) * steps; that must fit the context window.
     """
+    require_model(model, "decode_time_ratio (model)")
+    for name, value in (("num_seqs", num_seqs), ("prompt_len", prompt_len), ("steps", steps),
+                        ("block_size", block_size)):
+        check_int(name, value)
+    check_repeats("repeats", repeats), check_seed(seed)
     if prompt_len + (repeats + 1) * steps > model.config.block_size:
         raise ValueError(f"prompt_len={prompt_len} + (repeats+1)*steps={(repeats + 1) * steps} exceeds the "
                          f"context window {model.config.block_size}")
@@ -299,6 +320,12 @@ def attention_time_by_block_size(
     block size is timed by `compare`, interleaved with the `reference` block size, so a burst of load on a shared
     machine hits both alike; the reference's own figure is the median over all its runs.
     """
+    require_model(model, "attention_time_by_block_size (model)")
+    for i, bs in enumerate(check_sequence("block_sizes", block_sizes)):
+        check_int(f"block_sizes[{i}]", bs)
+    for name, value in (("num_seqs", num_seqs), ("context", context), ("reference", reference)):
+        check_int(name, value)
+    check_repeats("repeats", repeats), check_calls("calls", calls)
     cfg, dev = model.config, model.device
     nh, hs = cfg.n_head, cfg.head_size
     g = torch.Generator().manual_seed(0)

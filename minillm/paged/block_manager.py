@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from minillm.core.config import number_kind, short_repr
+from minillm.core.config import check_int, number_kind, short_repr
 from minillm.paged.block_allocator import BlockAllocator, OutOfBlocks
 from minillm.paged.prefix_cache import ROOT_HASH, PrefixCachingAllocator, hash_block
 
@@ -34,6 +34,11 @@ def compute_slot_mapping(block_table: Sequence[int], block_size: int, start: int
     Worked example: bs = 4, block_table = [7, 2]; positions 3, 4, 5 live in block 7 offset 3 and block 2 offsets
     0 and 1, so the slots are [7*4+3, 2*4+0, 2*4+1] = [31, 8, 9].
     """
+    if not isinstance(block_table, (list, tuple)):
+        raise TypeError(f"block_table must be a list of block ids, got {type(block_table).__name__}")
+    if not type(block_size) is type(start) is type(end) is int:  # one cheap test when all three are plain ints
+        block_size = check_int("block_size", block_size)
+        start, end = check_int("start", start, 0), check_int("end", end, 0)
     if not 0 <= start <= end:
         raise ValueError(f"need 0 <= start <= end, got start={start}, end={end}")
     if end > len(block_table) * block_size:

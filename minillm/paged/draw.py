@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
+from minillm.core.config import check_instance, check_label
 from minillm.paged.block_manager import BlockManager
 
 
 def draw_block_tables(manager: BlockManager, title: str = "") -> str:
+    check_instance("manager", manager, BlockManager, "a BlockManager")
+    check_label("title", title)
     bs = manager.block_size
     lines = [title] if title else []
     for sid in manager.seq_ids:

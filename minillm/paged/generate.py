@@ -20,7 +20,7 @@ import torch
 from minillm.core.config import check_int
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, sample_next
-from minillm.core.stopping import RequestState, check_eos_id, start_request
+from minillm.core.stopping import RequestState, check_eos_id, check_token_ids, start_request
 from minillm.paged.block_manager import BlockManager, num_blocks_for
 from minillm.paged.paged_cache import PagedBatch, PagedKVCache
 
@@ -74,7 +74,9 @@ class PagedGenerator:
         """One ragged forward: entries [(seq_id, start, num_new)], their new tokens flattened -> logits (S, V) of
         each entry's last new token (the one its next token is sampled from)."""
         device = self.model.device
-        batch = PagedBatch.build(self.manager, entries, device=device)
+        batch = PagedBatch.build(self.manager, entries, device=device)  # checks the entries
+        if len(check_token_ids("token_ids", token_ids, self.model.config.vocab_size)) != batch.num_tokens:
+            raise ValueError(f"token_ids must hold the entries' {batch.num_tokens} new tokens, got {len(token_ids)}")
         self.cache.set_batch(batch)
         idx = torch.tensor([token_ids], dtype=torch.long, device=device)  # (1, N)
         ends, offset = [], 0

@@ -27,9 +27,10 @@ from functools import partial
 import torch
 
 from minillm.core.attention import attention, attention_ref, causal_mask
-from minillm.core.config import (CheckedFields, check_device, check_fits_float, check_has_data, check_int,
-                                 check_int_list, check_tensor_elements, foreign_number, GPTConfig, plain_number,
-                                 short_repr, tensor_kind)
+from minillm.core.config import (CheckedFields, check_device, check_fits_float, check_has_data, check_instance,
+                                 check_int, check_int_list, check_tensor_elements, foreign_number, GPTConfig,
+                                 plain_number, short_repr, tensor_kind)
+from minillm.kvcache.cache import check_attend_args
 from minillm.paged.backends import register_attention_backend
 from minillm.paged.block_manager import BlockManager
 
@@ -101,6 +102,7 @@ class PagedBatch(CheckedFields):
         return torch.tensor(pos, dtype=torch.int64, device=self.slot_mapping.device).unsqueeze(0)  # (1, N)
 
     def to(self, device: torch.device | str) -> "PagedBatch":
+        device = check_device("device", device, allocates=True)
         return PagedBatch(*(t.to(device) for t in (self.slot_mapping, self.block_tables, self.context_lens,
                                                    self.query_lens)))
 
@@ -113,12 +115,21 @@ class PagedBatch(CheckedFields):
     ) -> "PagedBatch":
         """The batch for `entries` = [(seq_id, start, num_new), ...]: each sequence computes positions
         start .. start+num_new-1 this step (its blocks must already be allocated by `manager`)."""
+        check_instance("manager", manager, BlockManager, "a BlockManager")
+        if not isinstance(entries, (list, tuple)):
+            raise TypeError(f"entries must be a list of (seq_id, start, num_new), got {type(entries).__name__} "
+                            f"{short_repr(entries)}")
         if not entries:
             raise ValueError("a PagedBatch needs at least one sequence, got no entries")
         slots: list[int] = []
         tables: list[list[int]] = []
         ctx, qlen = [], []
-        for seq_id, start, num_new in entries:
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, (list, tuple)) or len(entry) != 3:
+                raise TypeError(f"entries[{i}] must be a (seq_id, start, num_new) tuple, got {short_repr(entry)}")
+            seq_id, start, num_new = entry
+            if not type(start) is type(num_new) is int:  # plain ints (the usual case) cost one test
+                start, num_new = check_int(f"entries[{i}] start", start, 0), check_int(f"entries[{i}] num_new", num_new)
             end = start + num_new
             if end > manager.num_tokens(seq_id):
                 raise ValueError(f"sequence {seq_id!r} has {manager.num_tokens(seq_id)} tokens, asked up to {end}")
@@ -155,6 +166,9 @@ def write_kv(pool: torch.Tensor, slot_mapping: torch.Tensor, x: torch.Tensor) ->
 
     Slot s is block s // bs, offset s % bs, i.e. row s of the pool seen as (nb * bs, nh, hs).
     """
+    for name, t in (("pool", pool), ("slot_mapping", slot_mapping), ("x", x)):
+        if not isinstance(t, torch.Tensor):  # a cheap test: write_kv runs twice per layer per step
+            raise TypeError(f"{name} must be a tensor, got {tensor_kind(t)}")
     # BEGIN SOLUTION
     nb, bs, nh, hs = pool.shape
     pool.view(nb * bs, nh, hs).index_copy_(0, slot_mapping, x.to(pool.dtype))  # (nb*bs, nh, hs)[slots] = x
@@ -227,6 +241,7 @@ class PagedKVCache:
         `PagedBatch.build` reads off a block manager always fits; a batch built by hand that did not would write
         outside the pool (an IndexError inside torch), into another sequence's slots, or attend over a block it
         never wrote, without a word. One host copy of the tables and slots (a few small tensors a step)."""
+        check_instance("batch", batch, PagedBatch, "a PagedBatch")
         bs, nb = self.block_size, self.num_blocks
         if not batch.num_seqs:
             raise ValueError("a PagedBatch for a forward needs at least one sequence, got 0")
@@ -281,6 +296,13 @@ class PagedKVCache:
 
     def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
         """Copy-on-write: block dst becomes a copy of block src, in every tensor of `block_tensors()`."""
+        if not isinstance(pairs, (list, tuple)):
+            raise TypeError(f"pairs must be a list of (src, dst) block ids, got {type(pairs).__name__} "
+                            f"{short_repr(pairs)}")
+        for i, pair in enumerate(pairs):
+            if len(check_int_list(f"pairs[{i}]", pair)) != 2 or not all(0 <= b < self.num_blocks for b in pair):
+                raise ValueError(f"pairs[{i}] must be (src, dst), two block ids in [0, {self.num_blocks}), got "
+                                 f"{short_repr(pair)}")
         if not pairs:
             return
         src = torch.tensor([s for s, _ in pairs], dtype=torch.int64, device=self.device)
@@ -290,6 +312,8 @@ class PagedKVCache:
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q, k, v (1, nh, N, hs) for the step's N new tokens -> attention output (1, nh, N, hs)."""
+        if type(layer_idx) is not int or not all(map(torch.is_tensor, (q, k, v))):  # two cheap tests per layer
+            check_attend_args(self.config, layer_idx, q, k, v)  # names the bad argument (and passes an int subclass)
         batch = self.batch
         if batch is None:
             raise ValueError("PagedKVCache.attend called before set_batch(PagedBatch)")

@@ -8,14 +8,19 @@ bottom row. It reads the manager's public state only and changes nothing.
 
 from __future__ import annotations
 
+from minillm.core.config import check_instance, check_label
 from minillm.paged.block_manager import BlockManager
 
 
 def plot_block_tables(manager: BlockManager, ax=None, title: str = ""):
     """Draw the manager's block tables and pool on `ax` (a new figure if None); returns the axis."""
     import matplotlib.pyplot as plt
+    from matplotlib.axes import Axes
     from matplotlib.patches import Rectangle
 
+    check_instance("manager", manager, BlockManager, "a BlockManager")
+    check_instance("ax", ax, (Axes, type(None)), "a matplotlib Axes or None")
+    check_label("title", title)
     bs, nb = manager.block_size, manager.num_blocks
     seqs = list(manager.seq_ids)
     if ax is None:

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from minillm.core.config import check_instance
 from minillm.core.io import check_output_file
 from minillm.tokenizer.default import build_default_tokenizer, load_tokenizer
 from minillm.tokenizer.gpt2 import fetch_gpt2_ranks
@@ -55,6 +56,7 @@ def _cmd_encode(args: argparse.Namespace) -> int:
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
+    check_instance("subparsers", subparsers, argparse._SubParsersAction, "an ArgumentParser's add_subparsers()")
     p = subparsers.add_parser("tokenizer", help="chapter 01: train a BPE tokenizer, fetch GPT-2 ranks, encode text")
     sub = p.add_subparsers(dest="tokenizer_command", metavar="ACTION", required=True)
 

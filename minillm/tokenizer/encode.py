@@ -21,9 +21,21 @@ from __future__ import annotations
 
 import heapq
 
+from minillm.core.config import short_repr
+
+
+def _check_chunk(piece: object, ranks: object) -> None:
+    """A TypeError naming `piece` unless it is bytes (one chunk, UTF-8 encoded), or `ranks` unless it is a dict
+    (bytes -> rank). Two isinstance tests: the encoders below run once per chunk of text."""
+    if not isinstance(piece, bytes):
+        raise TypeError(f"piece must be bytes (a chunk, UTF-8 encoded), got {type(piece).__name__} {short_repr(piece)}")
+    if not isinstance(ranks, dict):
+        raise TypeError(f"ranks must be a dict of bytes -> rank, got {type(ranks).__name__} {short_repr(ranks)}")
+
 
 def encode_chunk(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
     """Token ids of one chunk (a byte string) under `ranks` (bytes -> rank); every single byte must have a rank."""
+    _check_chunk(piece, ranks)
     # BEGIN SOLUTION
     parts = [piece[i : i + 1] for i in range(len(piece))]
     while len(parts) > 1:
@@ -52,6 +64,7 @@ def encode_chunk_fast(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
     at `mid` and the part at `mid` still ends at `stop` (parts tile the chunk, so this pins both parts). Stale
     entries are skipped when popped. Each merge pushes at most two new pairs, so the heap sees O(n) entries.
     """
+    _check_chunk(piece, ranks)
     n = len(piece)
     if n <= 1:
         return [ranks[piece]] if n else []

@@ -34,7 +34,19 @@ FORMAT_NAME = "minillm-bpe"
 FORMAT_VERSION = 1
 
 
+def check_ranks(ranks: Any) -> dict[bytes, int]:
+    """`ranks` if it is a dict of bytes -> int (a tokenizer's mergeable ranks); a TypeError naming the first entry
+    that is not, before a writer sorts or encodes it."""
+    if not isinstance(ranks, dict):
+        raise TypeError(f"ranks must be a dict of bytes -> int, got {type(ranks).__name__} {short_repr(ranks)}")
+    for tok, rank in ranks.items():
+        if not isinstance(tok, bytes) or not isinstance(rank, int) or isinstance(rank, bool):
+            raise TypeError(f"ranks must map bytes -> int, got {short_repr(tok)}: {short_repr(rank)}")
+    return ranks
+
+
 def dump_tiktoken_ranks(ranks: dict[bytes, int]) -> bytes:
+    check_ranks(ranks)
     by_rank = sorted(ranks.items(), key=lambda kv: kv[1])
     lines = [base64.b64encode(tok) + b" " + str(rank).encode() for tok, rank in by_rank]
     return b"\n".join(lines) + b"\n"
@@ -66,6 +78,15 @@ def parse_tiktoken_ranks(data: bytes, source: str = "<bytes>") -> dict[bytes, in
 
 def dump_json(ranks: dict[bytes, int], pattern: str, special_tokens: dict[str, int], name: str,
               metadata: dict[str, Any] | None = None) -> str:
+    check_ranks(ranks)
+    for what, value in (("pattern", pattern), ("name", name)):
+        if not isinstance(value, str):
+            raise TypeError(f"{what} must be a str, got {type(value).__name__} {short_repr(value)}")
+    if not isinstance(special_tokens, dict) or not all(isinstance(s, str) and isinstance(i, int)
+                                                       for s, i in special_tokens.items()):
+        raise TypeError(f"special_tokens must be a dict of str -> int, got {short_repr(special_tokens)}")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise TypeError(f"metadata must be a dict or None, got {type(metadata).__name__} {short_repr(metadata)}")
     ordered = [tok for tok, _ in sorted(ranks.items(), key=lambda kv: kv[1])]
     obj = {
         "format": FORMAT_NAME,

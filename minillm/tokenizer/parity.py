@@ -16,8 +16,9 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from minillm.core.config import short_repr
+from minillm.core.config import check_instance, short_repr
 from minillm.core.corpus import load_corpus, take_bytes
+from minillm.tokenizer.bpe import Tokenizer
 
 FRAGMENTS = (
     "I'm sure they'll say it's fine, but we've seen what you'd do. DON'T! She'S here; he'LL go. 'tis 'twas '' ' ",
@@ -98,6 +99,11 @@ class ParityResult:
 
 def compare_with_tiktoken(ours: Any, reference: Any, text: str, **encode_kwargs: Any) -> ParityResult:
     """Encode `text` with our Tokenizer and with a tiktoken.Encoding; compare the ids one by one."""
+    check_instance("ours", ours, Tokenizer, "a minillm Tokenizer")
+    if isinstance(reference, (str, bytes)) or not callable(getattr(reference, "encode", None)):
+        raise TypeError(f"reference must be a tiktoken.Encoding (with encode(text)), got {type(reference).__name__} "
+                        f"{short_repr(reference)}")
+    check_instance("text", text, str, "a str")
     a = ours.encode(text, **encode_kwargs)
     b = reference.encode(text, **encode_kwargs)
     if a == b:

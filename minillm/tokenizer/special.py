@@ -17,6 +17,8 @@ from typing import Literal
 
 import regex
 
+from minillm.core.config import short_repr
+
 AllOrSet = Literal["all"] | Collection[str]
 
 
@@ -51,6 +53,10 @@ def resolve_special_sets(
 
 
 def raise_if_disallowed(text: str, disallowed: frozenset[str]) -> None:
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__} {short_repr(text)}")
+    if not isinstance(disallowed, (set, frozenset, list, tuple)) or not all(isinstance(s, str) for s in disallowed):
+        raise TypeError(f"disallowed must be a set of special-token names (str), got {short_repr(disallowed)}")
     if not disallowed:
         return
     found = special_split_regex(tuple(sorted(disallowed))).search(text)
