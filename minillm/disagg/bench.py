@@ -30,12 +30,15 @@ from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.driver import drive
 from minillm.bench.models import load_model
 from minillm.bench.workload import WorkloadRequest, workload
+from minillm.core.config import GPTConfig, check_choice, check_instance, check_label, short_repr
 from minillm.core.io import atomic_save_figure, check_output_file
+from minillm.core.model import require_model
 from minillm.disagg.kv_transfer import kv_bytes
 from minillm.disagg.llm import DisaggConfig, DisaggregatedLLM
 from minillm.disagg.messages import StepRecord, TransferRecord
 from minillm.engine import LLM, EngineConfig
 from minillm.engine.request import RequestOutput
+from minillm.engine.throughput import check_workload
 
 POLICIES = ("colocated", "chunked", "disaggregated")
 
@@ -108,8 +111,24 @@ class _StepRecorder:
                           [s.request.request_id for s in sched.scheduled])
 
 
+def check_policy_results(results: object, reads: tuple[str, ...]) -> dict[str, PolicyResult]:
+    """`results` as `run_policies` returns them: a dict of policy name -> PolicyResult, or anything with the
+    attributes `reads` the caller reads (a TypeError naming the first entry that lacks one)."""
+    if not isinstance(results, dict):
+        raise TypeError(f"results must be a dict of policy -> PolicyResult (run_policies' output), got "
+                        f"{type(results).__name__} {short_repr(results)}")
+    for policy, res in results.items():
+        if not isinstance(policy, str) or not all(hasattr(res, name) for name in reads):
+            raise TypeError(f"results must map policy names to PolicyResults (with {', '.join(reads)}), got "
+                            f"{short_repr(policy)}: {type(res).__name__}")
+    return results
+
+
 def run_online(engine, workload: list[WorkloadRequest], policy: str) -> PolicyResult:
     """Feed `workload` at its arrival times (open loop) and step the engine until every request finished."""
+    check_instance("engine", engine, (LLM, DisaggregatedLLM), "an LLM or a DisaggregatedLLM (build_engine's)")
+    check_workload(workload)
+    check_label("policy", policy)
     disagg = isinstance(engine, DisaggregatedLLM)
     timeline: list[StepRecord] = []
     first_step = len(engine.timeline) if disagg else 0
@@ -138,7 +157,8 @@ def run_online(engine, workload: list[WorkloadRequest], policy: str) -> PolicyRe
 def build_engine(policy: str, model, tokenizer=None, block_size: int = 16, num_blocks: int = 512,
                  max_num_seqs: int = 32, chunk: int = 64, device: str = "cpu"):
     """The engine for one policy; the colocated ones share every setting but chunking."""
-    window = model.config.block_size
+    policy = check_choice("policy", policy, POLICIES)
+    window = require_model(model, "build_engine").block_size
     if policy == "colocated":
         return LLM(model, tokenizer, EngineConfig(num_blocks=num_blocks, block_size=block_size,
                                                   max_num_seqs=max_num_seqs,
@@ -161,6 +181,16 @@ def run_policies(model, workload: list[WorkloadRequest], policies: tuple[str, ..
                  warmup: list[WorkloadRequest] | None = None, engines: dict[str, Any] | None = None,
                  **engine_kwargs) -> dict[str, PolicyResult]:
     """Each policy on the same workload, after a warm-up; engines passed in `engines` are reused (not closed)."""
+    require_model(model, "run_policies")
+    check_workload(workload)
+    if not isinstance(policies, (list, tuple)):
+        raise TypeError(f"policies must be a tuple of policy names {POLICIES}, got {short_repr(policies)}")
+    for i, policy in enumerate(policies):
+        check_choice(f"policies[{i}]", policy, POLICIES)
+    if warmup is not None:
+        check_workload(warmup, "warmup")
+    if engines is not None and not isinstance(engines, dict):
+        raise TypeError(f"engines must be a dict of policy -> engine or None, got {type(engines).__name__}")
     results: dict[str, PolicyResult] = {}
     for policy in policies:
         own = engines is None or policy not in engines
@@ -178,6 +208,12 @@ def run_policies(model, workload: list[WorkloadRequest], policies: tuple[str, ..
 
 def plot_timeline(results: dict[str, PolicyResult], ax=None, window: tuple[float, float] | None = None):
     """One lane per engine (two for disaggregated: its prefill and decode workers): prefill, decode, mixed steps."""
+    check_policy_results(results, ("timeline", "start"))
+    if ax is not None and not callable(getattr(ax, "broken_barh", None)):
+        raise TypeError(f"ax must be a matplotlib Axes or None, got {type(ax).__name__}")
+    if window is not None and (not isinstance(window, (tuple, list)) or len(window) != 2
+                               or not all(isinstance(t, (int, float)) and math.isfinite(t) for t in window)):
+        raise TypeError(f"window must be a (start, end) pair of seconds or None, got {short_repr(window)}")
     import matplotlib.pyplot as plt
 
     colors = {"prefill": "tab:orange", "decode": "tab:blue", "mixed": "tab:purple"}
@@ -206,6 +242,8 @@ def plot_timeline(results: dict[str, PolicyResult], ax=None, window: tuple[float
 
 
 def format_table(results: dict[str, PolicyResult]) -> str:
+    """The policies' summaries (`PolicyResult.summary`) as a markdown table, one row per policy."""
+    check_policy_results(results, ("summary",))
     cols = ["policy", "TTFT p50", "TTFT p99", "decode ITL p50", "decode ITL p99", "ITL p99 w/o 1st gap",
             "1st gap p50", "KV sent/request", "transfer p50"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -222,6 +260,10 @@ def format_table(results: dict[str, PolicyResult]) -> str:
 def check_results(results: dict[str, "PolicyResult"], workload: list[WorkloadRequest], config) -> dict[str, int]:
     """The experiment's two correctness checks: every policy's greedy ids equal, request by request, and every
     KV hand-off exactly 2·L·nh·hs·T·bytes for its prompt of T tokens (`kv_bytes`)."""
+    if not check_policy_results(results, ("outputs", "transfers")):
+        raise ValueError("results must hold at least one policy's PolicyResult, got an empty dict")
+    check_workload(workload)
+    check_instance("config", config, GPTConfig, "the model's GPTConfig")
     ids = {p: {i: o.output_token_ids for i, o in r.outputs.items()} for p, r in results.items()}
     first, *others = ids.values()
     same = same_tokens({r.request_id: first.get(r.request_id) for r in workload}, *others, unit="requests")

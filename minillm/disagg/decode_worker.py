@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from minillm.core.config import check_instance, check_int, check_int_list
 from minillm.core.model import GPT, require_model
 from minillm.disagg.kv_transfer import payload_from_bytes, unpack_kv
 from minillm.disagg.messages import Abort, DecodeTokens, KVHandoff, StepRecord, TransferRecord, WorkerInit
@@ -45,6 +46,10 @@ from minillm.paged import BlockManager, num_blocks_for
 def max_kv_tokens(num_prompt_tokens: int, max_new_tokens: int, context_window: int) -> int:
     """The most KV slots a request ever fills: prompt + max_new_tokens - 1 (the last token is never fed back),
     capped by the context window."""
+    for name, value, least in (("num_prompt_tokens", num_prompt_tokens, 1), ("max_new_tokens", max_new_tokens, 0),
+                               ("context_window", context_window, 1)):
+        if type(value) is not int or value < least:  # one cheap test per argument: every waiting hand-off, every step
+            check_int(name, value, least)
     return min(num_prompt_tokens + max_new_tokens - 1, context_window)
 
 
@@ -69,8 +74,10 @@ def admit_handoffs(
     admitted (1 left); the third needs 1 <= 1 and the batch has room (1 + 2 < 4) -> admitted: the answer is 3.
     With max_num_seqs = 3 the batch is full after two (1 + 2 = 3) and the answer is 2.
     """
-    if block_size <= 0:
-        raise ValueError(f"block_size must be positive, got {block_size}")
+    check_int_list("waiting_kv_tokens", waiting_kv_tokens)
+    for name, value in (("num_free_blocks", num_free_blocks), ("num_reserved_blocks", num_reserved_blocks),
+                        ("num_running", num_running), ("max_num_seqs", max_num_seqs), ("block_size", block_size)):
+        check_int(name, value, 1 if name in ("max_num_seqs", "block_size") else 0)
     # BEGIN SOLUTION
     available = num_free_blocks - num_reserved_blocks
     admitted = 0
@@ -89,6 +96,7 @@ def admit_handoffs(
 class DecodeCore:
     def __init__(self, model: GPT, init: WorkerInit):
         self.context_window = require_model(model, "DecodeCore").block_size
+        check_instance("init", init, WorkerInit, "the decode worker's WorkerInit")
         self.model = model
         self.init = init
         self.device = torch.device(init.device)

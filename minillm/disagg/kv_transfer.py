@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minillm.core.config import GPTConfig, short_repr
+from minillm.core.config import GPTConfig, check_float_tensor, check_instance, check_int_list, short_repr
 
 # Dtypes a payload may carry, by name: the receiver rebuilds the tensor from the name, never from pickled objects.
 _DTYPES: dict[str, torch.dtype] = {
@@ -39,6 +39,9 @@ _DTYPES: dict[str, torch.dtype] = {
 
 def kv_bytes(config: GPTConfig, num_tokens: int, dtype: torch.dtype = torch.float32) -> int:
     """2 * n_layer * n_head * head_size * num_tokens * element_size: the bytes of K and V for num_tokens tokens."""
+    check_instance("config", config, GPTConfig, "the model's GPTConfig")
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__} {short_repr(dtype)}")
     if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 0:
         raise ValueError(f"num_tokens must be a non-negative int, got {short_repr(num_tokens)}")
     element_size = torch.empty((), dtype=dtype).element_size()
@@ -46,6 +49,10 @@ def kv_bytes(config: GPTConfig, num_tokens: int, dtype: torch.dtype = torch.floa
 
 
 def _check_pools(k_pools: Sequence[torch.Tensor], v_pools: Sequence[torch.Tensor]) -> tuple[int, int, int, int]:
+    for name, pools in (("k_pools", k_pools), ("v_pools", v_pools)):
+        if not isinstance(pools, (list, tuple)) or not all(isinstance(p, torch.Tensor) for p in pools):
+            raise TypeError(f"{name} must be a list of per-layer pool tensors (nb, bs, nh, hs), got "
+                            f"{short_repr(pools)}")
     if len(k_pools) == 0 or len(k_pools) != len(v_pools):
         raise ValueError(f"need one K and one V pool per layer, got {len(k_pools)} K and {len(v_pools)} V pools")
     shape = tuple(k_pools[0].shape)
@@ -61,6 +68,7 @@ def _check_pools(k_pools: Sequence[torch.Tensor], v_pools: Sequence[torch.Tensor
 
 
 def _check_table(block_table: Sequence[int], num_tokens: int, nb: int, bs: int) -> None:
+    check_int_list("block_table", block_table)
     if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens <= 0:
         raise ValueError(f"num_tokens must be a positive int, got {short_repr(num_tokens)}")
     need = math.ceil(num_tokens / bs)
@@ -102,6 +110,7 @@ def unpack_kv(
     The inverse of `pack_kv`: afterwards `pack_kv(k_pools, v_pools, block_table, T)` equals `payload` exactly.
     Slots past T in the last block are left untouched (the decode worker writes its next tokens there).
     """
+    check_float_tensor("payload", payload)
     nb, bs, nh, hs = _check_pools(k_pools, v_pools)
     if payload.dim() != 5 or payload.shape[0] != len(k_pools) or payload.shape[1] != 2:
         raise ValueError(f"payload must have shape (L={len(k_pools)}, 2, T, nh, hs), got {tuple(payload.shape)}")
@@ -143,6 +152,7 @@ class KVHeader:
 
 def payload_to_bytes(payload: torch.Tensor) -> tuple[KVHeader, bytes]:
     """The payload as (header, raw little-endian bytes); len(bytes) == header.nbytes == payload.nbytes."""
+    check_float_tensor("payload", payload, ndim=5)
     name = str(payload.dtype).removeprefix("torch.")
     header = KVHeader(dtype=name, shape=tuple(payload.shape))  # type: ignore[arg-type]
     # subtle: view as uint8 before .numpy(), so bfloat16 (which numpy lacks) travels too.
@@ -153,6 +163,8 @@ def payload_to_bytes(payload: torch.Tensor) -> tuple[KVHeader, bytes]:
 
 def payload_from_bytes(header: KVHeader, data: bytes | bytearray | memoryview) -> torch.Tensor:
     """Rebuild the (L, 2, T, nh, hs) tensor from `payload_to_bytes`' output; the length must match the header."""
+    check_instance("header", header, KVHeader, "a KVHeader (from payload_to_bytes)")
+    check_instance("data", data, (bytes, bytearray, memoryview), "bytes")
     if len(data) != header.nbytes:
         raise ValueError(f"KV payload has {len(data)} bytes but its header {header.shape} {header.dtype} "
                          f"needs {header.nbytes}")

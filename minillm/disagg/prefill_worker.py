@@ -31,13 +31,15 @@ from typing import Any
 
 import torch
 
+from minillm.core.config import check_device, check_instance
 from minillm.core.model import GPT, require_model
+from minillm.core.sampling import SamplingParams
 from minillm.core.stopping import start_request
 from minillm.disagg.kv_transfer import pack_kv, payload_to_bytes
 from minillm.disagg.messages import Abort, FirstTokens, KVHandoff, PrefillRequest, StepRecord, WorkerInit
 from minillm.engine.model_runner import ModelRunner
 from minillm.engine.request import Request
-from minillm.engine.scheduler import ScheduledRequest, SchedulerOutput
+from minillm.engine.scheduler import ScheduledRequest, SchedulerOutput, check_request_id
 from minillm.paged import BlockManager, num_blocks_for
 
 
@@ -45,14 +47,18 @@ def start_worker_request(model: GPT, request_id: str, prompt_ids: list[int], par
                          device: torch.device) -> Request:
     """An engine `Request` for a worker, started like every other loop's (`start_request`), but without stop
     strings: a worker has no tokenizer, so only the coordinator can see them (and sends `Abort`)."""
-    state = start_request(model.config, prompt_ids, dataclasses.replace(params, stop=()), None, eos_id,
-                          device=device)
+    config = require_model(model, "start_worker_request")
+    check_request_id(request_id)
+    check_instance("params", params, SamplingParams, "a SamplingParams")
+    state = start_request(config, prompt_ids, dataclasses.replace(params, stop=()), None, eos_id,
+                          device=check_device("device", device))
     return Request(request_id, state.prompt_ids, state.params, state=state)
 
 
 class PrefillCore:
     def __init__(self, model: GPT, init: WorkerInit):
         require_model(model, "PrefillCore")
+        check_instance("init", init, WorkerInit, "the prefill worker's WorkerInit")
         self.model = model
         self.init = init
         self.device = torch.device(init.device)

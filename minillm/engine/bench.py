@@ -22,8 +22,9 @@ from minillm.bench.check import same_tokens
 from minillm.bench.cli import bench_parser, start, write_report
 from minillm.bench.models import load_model
 from minillm.bench.workload import WorkloadRequest, workload
-from minillm.core.io import atomic_save_figure, check_output_file
-from minillm.core.model import GPT
+from minillm.core.config import check_choice, check_int, check_sequence, short_repr
+from minillm.core.io import atomic_save_figure, check_output_file, check_path
+from minillm.core.model import GPT, require_model
 from minillm.core.timing import compare
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm import LLM
@@ -50,6 +51,7 @@ __all__ = ["RunResult", "hf_generate_batch_available", "offline_throughput", "ru
 
 def agreement(model: GPT, n: int, seed: int = 0) -> dict[str, Any]:
     """n requests through a deliberately small pool (forces preemption) with chunked prefill, vs each alone."""
+    require_model(model, "agreement")
     wl = workload("small-pool", n, seed=seed, vocab_size=model.config.vocab_size)
     need = max(len(w.prompt_token_ids) + w.output_len for w in wl)
     cfg = EngineConfig(num_blocks=max(-(-need // 8) + 1, n), block_size=8, max_num_seqs=8,
@@ -78,6 +80,11 @@ def frontier(model: GPT, workload: Sequence[WorkloadRequest], batch_limits: Sequ
 
 def plot_frontier(points: list[dict[str, Any]], path: str, title: str = "", y: str = "tokens_per_s") -> None:
     """Throughput (`y`: "tokens_per_s" wall clock, or "tokens_per_cpu_s") against mean TPOT, batch limits marked."""
+    y = check_choice("y", y, ("tokens_per_s", "tokens_per_cpu_s"))
+    _check_points(points, y)
+    check_path(path, "path")
+    if not isinstance(title, str):
+        raise TypeError(f"title must be a str, got {type(title).__name__} {short_repr(title)}")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -101,9 +108,24 @@ def plot_frontier(points: list[dict[str, Any]], path: str, title: str = "", y: s
     plt.close(fig)
 
 
+def _check_points(points: Any, y: str) -> None:
+    """`frontier`'s points: a list of dicts, each with the keys the plot reads (a TypeError / ValueError naming the
+    first one that is not)."""
+    if not isinstance(points, list):
+        raise TypeError(f"points must be a list of frontier points (dicts), got {type(points).__name__} "
+                        f"{short_repr(points)}")
+    keys = ("engine", "batch", "mean_tpot_ms", y)
+    for i, p in enumerate(points):
+        if not isinstance(p, dict) or not all(k in p for k in keys):
+            raise ValueError(f"points[{i}] must be a frontier point, a dict with {list(keys)}, got {short_repr(p)}")
+
+
 def online_latency(model: GPT, rates: Sequence[float], n: int = 32, seed: int = 0, batch: int = 32,
                    num_blocks: int = 512) -> list[dict[str, Any]]:
     """TTFT and TPOT p50/p99 of the engine against request rate (Poisson arrivals, real time)."""
+    require_model(model, "online_latency")
+    check_sequence("rates", rates)  # each rate is checked by the workload it makes
+    batch, num_blocks = check_int("batch", batch), check_int("num_blocks", num_blocks)
     cfg = EngineConfig(num_blocks=num_blocks, block_size=16, max_num_seqs=batch, max_num_batched_tokens=512)
     rows = []
     for rate in rates:
@@ -122,6 +144,11 @@ def chunked_prefill_itl(model: GPT, num_decodes: int = 16, long_len: int | None 
     and the long prompt's first token. Without chunking the whole prompt shares one step with the decodes; with
     chunking (token budget = decodes + `chunk`) it is spread over several. Outputs must be identical.
     """
+    require_model(model, "chunked_prefill_itl")
+    num_decodes, chunk = check_int("num_decodes", num_decodes), check_int("chunk", chunk)
+    repeats = check_int("repeats", repeats)
+    if long_len is not None:
+        check_int("long_len", long_len)
     window = model.config.block_size
     long_len = long_len or window - 16
     V = model.config.vocab_size

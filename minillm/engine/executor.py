@@ -37,6 +37,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from minillm.core.config import check_instance
+from minillm.engine.config import EngineConfig
 from minillm.engine.model_runner import ModelRunner
 from minillm.engine.step import StepInput
 from minillm.engine.swap import SwapSpace
@@ -61,6 +63,9 @@ class Executor(Protocol):
 
 def executor_factory(config, runner_cls: Callable[..., Executor]) -> Callable[..., Executor]:
     """What builds the engine's executor: `runner_cls` for one process, the tensor-parallel executor for t > 1."""
+    check_instance("config", config, EngineConfig, "an EngineConfig")
+    if not callable(runner_cls):
+        raise TypeError(f"runner_cls must be an executor class (like ModelRunner), got {type(runner_cls).__name__}")
     t = config.tensor_parallel_size
     if t == 1:
         return runner_cls

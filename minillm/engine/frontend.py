@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 import numpy as np
 import torch
 
-from minillm.core.config import GPTConfig, short_repr
+from minillm.core.config import GPTConfig, check_int, short_repr
 from minillm.core.sampling import SamplingParams
 from minillm.core.stopping import check_eos_id, check_tokenizer_arg, default_eos, start_request
 from minillm.engine.request import Request, RequestOutput
@@ -58,6 +58,9 @@ def one_thread(method: _F) -> _F:
 def sample_id(request_id: str, index: int) -> str:
     """The engine's id of sample `index` of the user's request `request_id`: its own id for sample 0, else "rid#i"
     (internal: outputs carry the user's id and the index; the front end never lets a user take one while in use)."""
+    if not isinstance(request_id, str) or type(index) is not int or index < 0:  # one cheap test: ids are made often
+        FrontEnd._check_id(request_id)
+        check_int("index", index, 0)
     return request_id if index == 0 else f"{request_id}#{index}"
 
 

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import torch
 
+from minillm.core.config import check_device
 from minillm.core.model import require_model
 from minillm.engine.config import resolve_kv_dtype
 from minillm.engine.sampler import Sampler
-from minillm.engine.step import StepInput, plan
+from minillm.engine.step import StepInput, check_step_input, plan
 from minillm.engine.swap import SwapSpace
 from minillm.paged import PagedBatch
 from minillm.paged.backends import make_attention_backend
@@ -41,7 +42,7 @@ class ModelRunner:
                  kv_dtype: torch.dtype | str = torch.float32, attention_backend: str = "selective"):
         self.model_config = require_model(model, "ModelRunner")
         self.model = model
-        self.device = torch.device(device) if device is not None else model.device
+        self.device = check_device("device", device) if device is not None else model.device
         self.kv_dtype = resolve_kv_dtype(kv_dtype)
         self.attention_backend = attention_backend
         self.num_blocks = num_blocks
@@ -56,6 +57,7 @@ class ModelRunner:
 
     def move_blocks(self, step: StepInput) -> None:
         """The step's byte moves, in their only safe order: swap-outs, discards, swap-ins, copy-on-write."""
+        check_step_input(step)
         for key, table in step.swap_out:  # before anything writes these blocks: they may be reused this step
             self.swap_space.swap_out(key, table)
         for key in step.swap_discard:
@@ -75,7 +77,7 @@ class ModelRunner:
         R sampled rows go through the head: a 512-token prompt chunk needs its last row's logits, and the head
         (C x V) on all rows would cost about as much as the transformer blocks on a small model.
         """
-        self.move_blocks(step)
+        self.move_blocks(step)  # checks that step is a StepInput first
         if not step.has_forward:
             return None
         idx = self._tensor(step.token_ids).unsqueeze(0)  # (1, N)
@@ -92,5 +94,7 @@ class ModelRunner:
     def run(self, out, block_manager, sampler: Sampler | None = None) -> list[int | None]:
         """plan + execute + sample, for loops that own their requests in this process (chapter 07's workers):
         the next token of every scheduled request that reached its end (None otherwise)."""
+        if sampler is not None and not callable(getattr(sampler, "sample", None)):
+            raise TypeError(f"sampler must be a Sampler or None, got {type(sampler).__name__}")
         logits = self.execute(plan(out, block_manager))
         return [] if logits is None else (sampler or Sampler()).sample(out, logits)

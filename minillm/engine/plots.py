@@ -7,16 +7,25 @@ caller records `LLM.last_schedule` after each `step()` (see the chapter's notebo
 
 from __future__ import annotations
 
+from typing import Any
+
+from minillm.core.config import check_instance, short_repr
 from minillm.engine.scheduler import SchedulerOutput
 
 
 def schedule_row(schedule: SchedulerOutput) -> dict[str, int]:
     """One step's decision as {request id: tokens fed} (1 = a decode token, more = a prompt chunk)."""
+    check_instance("schedule", schedule, SchedulerOutput, "a SchedulerOutput (LLM.last_schedule)")
     return {s.request.request_id: s.num_new_tokens for s in schedule.scheduled}
 
 
 def plot_schedule(rows: list[dict[str, int]], ax=None, title: str = ""):
     """Draw the recorded steps (`schedule_row` of each) as a request x step grid on `ax`; returns the axis."""
+    _check_rows(rows)
+    if not isinstance(title, str):
+        raise TypeError(f"title must be a str, got {type(title).__name__} {short_repr(title)}")
+    if ax is not None and not callable(getattr(ax, "add_patch", None)):
+        raise TypeError(f"ax must be a matplotlib Axes or None, got {type(ax).__name__}")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch, Rectangle
 
@@ -42,3 +51,18 @@ def plot_schedule(rows: list[dict[str, int]], ax=None, title: str = ""):
     if title:
         ax.set_title(title)
     return ax
+
+
+def _check_rows(rows: Any) -> None:
+    """rows: a list of `schedule_row` dicts, {request id (str): tokens fed (int >= 1)}; a TypeError / ValueError
+    naming the first entry that is not one."""
+    if not isinstance(rows, list):
+        raise TypeError(f"rows must be a list of schedule_row dicts, got {type(rows).__name__} {short_repr(rows)}")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise TypeError(f"rows[{i}] must be a dict {{request id: tokens}}, got {type(row).__name__} "
+                            f"{short_repr(row)}")
+        for rid, n in row.items():
+            if not isinstance(rid, str) or type(n) is not int or n < 0:
+                raise ValueError(f"rows[{i}] must map request ids (str) to tokens fed (ints), got "
+                                 f"{short_repr(rid)}: {short_repr(n)}")

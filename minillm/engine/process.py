@@ -39,6 +39,8 @@ from typing import Any, Protocol
 
 import torch
 
+from minillm.core.config import MAX_TIMEOUT_S, check_bool, check_float, check_int, check_timeout, short_repr
+
 # Exit code of a worker that `CrashAfter` made die on purpose (tests use it to tell a planned death from a bug).
 CRASH_EXIT_CODE = 17
 
@@ -106,6 +108,34 @@ class WorkerCore(Protocol):
 Setup = Callable[..., tuple[WorkerCore, dict[str, Callable[[Any], None]]]]
 
 
+def check_worker_init(init: Any) -> None:
+    """`init` a role's init message (`WorkerInitLike`): a non-empty str `role`, a positive `heartbeat_s` and an int
+    `num_threads` >= 0; a TypeError / ValueError naming the field, here, not in a child process that would die of
+    it before it could say so."""
+    role = getattr(init, "role", None)
+    if not isinstance(role, str) or not role:
+        raise TypeError(f"init must be a role's init message with a str role (WorkerInitLike), got "
+                        f"{type(init).__name__} {short_repr(init)}")
+    check_float("init.heartbeat_s", getattr(init, "heartbeat_s", None), 0.0, include_minimum=False)
+    check_int("init.num_threads", getattr(init, "num_threads", None), 0)
+
+
+def check_setup(setup: Any) -> None:
+    """A role's setup function (module-level: a spawned child imports it by name)."""
+    if not callable(setup):
+        raise TypeError(f"setup must be a role's setup function, got {type(setup).__name__} {short_repr(setup)}")
+
+
+def check_handles(handles: Any) -> list[WorkerHandle]:
+    """`handles` a list (or tuple) of WorkerHandles; a TypeError naming the first entry that is not one."""
+    if not isinstance(handles, (list, tuple)):
+        raise TypeError(f"handles must be a list of WorkerHandles, got {type(handles).__name__} {short_repr(handles)}")
+    for i, h in enumerate(handles):
+        if not isinstance(h, WorkerHandle):
+            raise TypeError(f"handles[{i}] must be a WorkerHandle, got {type(h).__name__} {short_repr(h)}")
+    return handles  # type: ignore[return-value]
+
+
 # ------------------------------------------------------------------------------------------------- the child
 
 
@@ -158,6 +188,11 @@ def worker_main(role: str, ctrl: Connection, setup: Setup, *args: Any) -> None:
     arguments into a pipe that the child drains only after importing torch, so `Process.start()` would block for
     the whole import and several workers would start one after the other.
     """
+    if not isinstance(role, str):
+        raise TypeError(f"role must be the worker's name (a str), got {type(role).__name__} {short_repr(role)}")
+    if not isinstance(ctrl, Connection):
+        raise TypeError(f"ctrl must be the worker's end of its control Pipe (a Connection), got {type(ctrl).__name__}")
+    check_setup(setup)
     out = _Outbox(ctrl)
     try:
         try:
@@ -227,6 +262,12 @@ class WorkerHandle:
     but may not start processes of its own; `daemon=False` allows that, and then the parent must `stop` it."""
 
     def __init__(self, ctx, init: WorkerInitLike, setup: Setup, *args: Any, daemon: bool = True):
+        if not all(callable(getattr(ctx, name, None)) for name in ("Pipe", "Process")):
+            raise TypeError(f"ctx must be a multiprocessing context (multiprocessing.get_context('spawn')), got "
+                            f"{type(ctx).__name__} {short_repr(ctx)}")
+        check_worker_init(init)
+        check_setup(setup)
+        daemon = check_bool("daemon", daemon)
         self.role = init.role
         self.conn, child_conn = ctx.Pipe(duplex=True)
         self.process = ctx.Process(target=worker_main, args=(init.role, child_conn, setup, *args),
@@ -275,6 +316,7 @@ class WorkerHandle:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Shutdown message, then SIGTERM, then SIGKILL: after this the process is gone, whatever it was doing."""
+        timeout = check_float("timeout", timeout, 0.0, MAX_TIMEOUT_S)
         if self.process.is_alive():
             self.request_stop()
             self.process.join(timeout)
@@ -290,7 +332,7 @@ class WorkerHandle:
 def stop_all(handles: list[WorkerHandle]) -> None:
     """Stop every worker for sure, asking all first so they exit in parallel (module-level, so a
     `weakref.finalize` that calls it holds no reference to its owner)."""
-    for h in handles:
+    for h in check_handles(handles):
         h.request_stop()
     for h in handles:
         h.stop()
@@ -298,6 +340,8 @@ def stop_all(handles: list[WorkerHandle]) -> None:
 
 def wait_ready(handles: list[WorkerHandle], timeout: float) -> None:
     """Block until every worker said Ready; a worker that fails to start raises WorkerDiedError with its traceback."""
+    check_handles(handles)
+    timeout = check_timeout(timeout)
     deadline = time.monotonic() + timeout
     pending = {h.role: h for h in handles}
     while pending:
@@ -335,6 +379,11 @@ def receive(handles: list[WorkerHandle], timeout: float, liveness_timeout_s: flo
     still returned) or sent nothing, not even a heartbeat, for `liveness_timeout_s`, joined by blank lines.
     `failures` (role -> sentence) carries what earlier calls found, so a worker's traceback is not replaced by
     "exited with code 1" once its process is gone."""
+    check_handles(handles)
+    timeout = check_float("timeout", timeout, 0.0, MAX_TIMEOUT_S)  # 0: only what has arrived already
+    liveness_timeout_s = check_float("liveness_timeout_s", liveness_timeout_s, 0.0, include_minimum=False)
+    if failures is not None and not isinstance(failures, dict):
+        raise TypeError(f"failures must be a dict (role -> what happened) or None, got {type(failures).__name__}")
     wait([h.conn for h in handles] + [h.process.sentinel for h in handles], timeout=timeout)
     got: list[tuple[WorkerHandle, Any]] = []
     failures = {} if failures is None else failures  # role -> what happened to it (the first account kept)

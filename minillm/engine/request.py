@@ -20,6 +20,7 @@ from typing import Sequence
 
 import torch
 
+from minillm.core.config import check_int
 from minillm.core.sampling import SamplingParams
 from minillm.core.stopping import RequestState, StopChecker
 
@@ -122,6 +123,10 @@ class Request:
 
     def token_slice(self, start: int, end: int) -> list[int]:
         """all_token_ids[start:end] without building the whole list (a decode reads one token of thousands)."""
+        if type(start) is not int or type(end) is not int or not 0 <= start <= end:  # cheap: every step's entries
+            start, end = check_int("start", start, 0), check_int("end", end, 0)  # the error naming the argument
+            if end < start:
+                raise ValueError(f"end must be >= start, got start={start}, end={end}")
         p = len(self.prompt_token_ids)
         if end <= p:
             return self.prompt_token_ids[start:end]

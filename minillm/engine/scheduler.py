@@ -64,6 +64,8 @@ class ScheduledRequest(CheckedFields):
         """The `known` tokens this entry feeds from the request (positions start .. start + known - 1) are tokens
         the request holds: a start past them would feed an empty or short slice, and the step would compute
         positions no token is at."""
+        if type(known) is not int or known < 0:  # a cheap test first: every entry of every step comes here
+            known = check_int("known", known, 0)  # the TypeError / ValueError naming it (an int subclass passes)
         if self.start + known > self.request.num_tokens:
             raise ValueError(f"start={self.start} with {known} known tokens to feed runs past the request's "
                              f"{self.request.num_tokens} tokens (start + tokens <= {self.request.num_tokens})")
@@ -113,6 +115,18 @@ def check_request_id(request_id: object) -> str:
     return str.__str__(request_id)
 
 
+def check_new_request(name: str, request: object, prefilled: bool = False) -> Request:
+    """`request` if it is an engine Request that is WAITING with nothing computed (what the queues take in; a
+    `prefilled` arrival has its prompt computed elsewhere); a TypeError / ValueError naming `name` otherwise."""
+    if not isinstance(request, Request):
+        raise TypeError(f"{name} must be an engine Request, got {type(request).__name__} {short_repr(request)}")
+    if request.status is not RequestStatus.WAITING or (request.num_computed_tokens != 0 and not prefilled):
+        raise ValueError(f"{name} {request.request_id!r} must be a new request (WAITING"
+                         f"{'' if prefilled else ', nothing computed'}), got status {request.status.name} with "
+                         f"{request.num_computed_tokens} computed tokens")
+    return request
+
+
 def check_step_output(out: object) -> None:
     """`out` a SchedulerOutput whose scheduled entries are ScheduledRequests (a TypeError naming it otherwise): what
     a sampler and `Scheduler.update` read."""
@@ -142,6 +156,8 @@ def check_sample_entry(i: int, entry: ScheduledRequest, token: Any, check: Calla
     request failed in its sampling; anything goes for a request aborted since the step was scheduled (`update`
     skips it). A ValueError naming sampled[i] otherwise: a token for a chunk would be appended as output, and a
     missing one would leave a running request without its next token."""
+    if type(i) is not int or not isinstance(entry, ScheduledRequest) or not callable(check):  # one cheap test
+        _refuse_entry_args(i, entry, check)
     if entry.request.is_finished:  # aborted since the step was scheduled
         return None
     if token is None:
@@ -155,14 +171,30 @@ def check_sample_entry(i: int, entry: ScheduledRequest, token: Any, check: Calla
     return check(token, f"sampled[{i}]")
 
 
-def check_update_args(out: object, sampled: object, now: object) -> None:
-    """`Scheduler.update`'s arguments (and chapter 08's override's): a TypeError / ValueError naming the one that is
-    not the step's SchedulerOutput, a list with one entry per scheduled request, or a finite time in seconds."""
+def _refuse_entry_args(i: object, entry: object, check: object) -> None:
+    """The TypeError naming whichever of `check_sample_entry`'s arguments is not what it takes."""
+    if type(i) is not int:
+        raise TypeError(f"i must be the entry's index (an int), got {type(i).__name__} {short_repr(i)}")
+    if not isinstance(entry, ScheduledRequest):
+        raise TypeError(f"entry must be a ScheduledRequest (the step's entry {i}), got {type(entry).__name__} "
+                        f"{short_repr(entry)}")
+    raise TypeError(f"check must be a function (token, name) -> token, got {type(check).__name__}")
+
+
+def check_sampled(out: SchedulerOutput, sampled: object) -> None:
+    """`out` the step's SchedulerOutput and `sampled` a list with one entry per scheduled request of it; a
+    TypeError / ValueError naming the one that is not."""
     check_step_output(out)
     if not isinstance(sampled, list):
         raise TypeError(f"sampled must be a list (one entry per scheduled request), got {type(sampled).__name__}")
     if len(sampled) != len(out.scheduled):
         raise ValueError(f"sampled has {len(sampled)} entries for the step's {len(out.scheduled)} scheduled requests")
+
+
+def check_update_args(out: object, sampled: object, now: object) -> None:
+    """`Scheduler.update`'s arguments (and chapter 08's override's): a TypeError / ValueError naming the one that is
+    not the step's SchedulerOutput, a list with one entry per scheduled request, or a finite time in seconds."""
+    check_sampled(out, sampled)  # type: ignore[arg-type]
     check_float("now", now)
 
 
@@ -198,14 +230,14 @@ class Scheduler:
     # ---------------------------------------------------------------- queue management
 
     def add(self, request: Request) -> None:
-        assert request.status is RequestStatus.WAITING and request.num_computed_tokens == 0
-        self.waiting.append(request)
+        self.waiting.append(check_new_request("request", request))
 
     def add_swapped(self, request: Request, num_blocks: int) -> None:
         """Queue a request whose KV already sits in host memory under its id (chapter 07's prefilled arrivals):
         it is admitted like a swapped request, in order. Not bounded by the swap capacity: it is an arrival, not
         a victim."""
-        assert request.status is RequestStatus.WAITING and num_blocks > 0
+        check_new_request("request", request, prefilled=True)
+        num_blocks = check_int("num_blocks", num_blocks)
         request.status = RequestStatus.SWAPPED
         request.num_swapped_blocks = num_blocks
         self.num_swap_blocks_used += num_blocks
@@ -224,6 +256,8 @@ class Scheduler:
         every later arrival) and recompute prompt + first token in one prefill, whose logits give their second
         token with their own generator, no extra draw. That is not counted as a preemption.
         """
+        if not isinstance(requests, list) or not all(isinstance(r, Request) for r in requests):
+            raise TypeError(f"requests must be a list of engine Requests, got {short_repr(requests)}")
         overflow: list[Request] = []
         for req in requests:
             assert req.status is RequestStatus.WAITING and not req.is_finished, req
@@ -451,6 +485,9 @@ class Scheduler:
         output (updated already) or another scheduler's would advance requests by tokens they never computed; a
         ValueError says so before anything changes (an output with no entries changes nothing). Only when every
         token passes is `out` taken: a refused update can be retried with the right tokens."""
+        check_sampled(out, sampled)
+        if not callable(check):
+            raise TypeError(f"check must be a function (i, entry, token) -> token, got {type(check).__name__}")
         if out.scheduled and out is not self._awaiting:
             raise ValueError("out is not the SchedulerOutput this scheduler's last schedule() returned (already "
                              "updated, or another scheduler's): each step is updated once, by its own scheduler")

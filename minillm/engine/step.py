@@ -21,6 +21,7 @@ import collections
 from dataclasses import dataclass, field
 
 from minillm.core.config import GPTConfig, check_int, check_int_list, short_repr
+from minillm.engine.scheduler import check_step_output
 
 
 @dataclass
@@ -112,6 +113,13 @@ class StepInput:
             row += ql
 
 
+def check_step_input(step: object) -> StepInput:
+    """`step` if it is a StepInput (what `plan` makes and an executor runs); a TypeError naming it otherwise."""
+    if not isinstance(step, StepInput):
+        raise TypeError(f"step must be a StepInput (plan's output), got {type(step).__name__} {short_repr(step)}")
+    return step
+
+
 def _check_pairs(pairs: object) -> list[tuple[int, int]]:
     """cow_pairs: a list of (src, dst) pairs of ints."""
     if not isinstance(pairs, list):
@@ -134,6 +142,7 @@ def _check_swaps(name: str, swaps: object) -> list[int]:
         blocks += entry[1]
     return blocks
 
+
 def plan(out, block_manager) -> StepInput:
     """The `StepInput` of one scheduled step (`SchedulerOutput`), read off its entries and the block manager.
 
@@ -141,6 +150,9 @@ def plan(out, block_manager) -> StepInput:
     rows are sampled (`sample_rows()`, offsets within the entry); chapter 08's verify entry feeds its drafts too and
     samples every draft row, and nothing here knows about it.
     """
+    check_step_output(out)
+    if not all(callable(getattr(block_manager, name, None)) for name in ("slot_mapping", "block_table")):
+        raise TypeError(f"block_manager must be a BlockManager (chapter 05), got {type(block_manager).__name__}")
     step = StepInput(cow_pairs=list(out.cow_pairs), swap_out=list(out.swap_out), swap_in=list(out.swap_in),
                      swap_discard=list(out.swap_discard))
     offset = 0

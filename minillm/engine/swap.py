@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minillm.core.config import short_repr
+from minillm.core.config import check_int_list, short_repr
 from minillm.paged import PagedKVCache
 
 
@@ -41,6 +41,8 @@ class SwapSpace:
     """
 
     def __init__(self, cache: PagedKVCache):
+        if not isinstance(cache, PagedKVCache):  # any paged cache: chapter 09's int8 one, chapter 13's C++ one
+            raise TypeError(f"cache must be a paged KV cache (PagedKVCache), got {type(cache).__name__}")
         self.cache = cache
         self.stored: dict[str, SwappedKV] = {}
         self.num_swap_outs = 0
@@ -56,6 +58,7 @@ class SwapSpace:
 
         It must have the cache's block layout: one tensor per `block_tensors()` entry, each (num_blocks, ...) with
         that entry's trailing shape and dtype (checked here, where the caller can still be told, not at swap-in)."""
+        _check_key(key)
         if key in self.stored:
             raise ValueError(f"swap space already holds KV for {short_repr(key)}")
         pools = self.cache.block_tensors()
@@ -72,6 +75,7 @@ class SwapSpace:
 
     def swap_out(self, key: str, block_table: list[int]) -> None:
         """Copy pool blocks `block_table` to host memory under `key` (before anything reuses those blocks)."""
+        self._check_blocks(key, block_table)
         if key in self.stored:
             raise ValueError(f"swap_out of {short_repr(key)}: the swap space already holds KV under that key")
         idx = torch.tensor(block_table, dtype=torch.int64, device=self.cache.device)  # (n,)
@@ -82,6 +86,7 @@ class SwapSpace:
 
     def swap_in(self, key: str, block_table: list[int]) -> None:
         """Copy the blocks parked under `key` into pool blocks `block_table`, in order, and drop the host copy."""
+        self._check_blocks(key, block_table)
         if key not in self.stored:  # a step from elsewhere naming a request that was never swapped out here
             raise ValueError(f"swap_in of {short_repr(key)}: the swap space holds no KV under that key (it holds "
                              f"{len(self.stored)} keys)")
@@ -98,4 +103,20 @@ class SwapSpace:
 
     def discard(self, key: str) -> None:
         """Forget a host copy (its request was aborted while swapped); unknown keys are ignored."""
-        self.stored.pop(key, None)
+        self.stored.pop(_check_key(key), None)
+
+    def _check_blocks(self, key: object, block_table: object) -> None:
+        """A swap's arguments: a str key and a list of block ids of the pool (a TypeError / ValueError naming the
+        argument, not an index kernel's error)."""
+        _check_key(key)
+        check_int_list("block_table", block_table)
+        bad = [b for b in block_table if not 0 <= b < self.cache.num_blocks]  # type: ignore[attr-defined]
+        if bad:
+            raise ValueError(f"block_table names blocks {bad[:4]} outside the pool [0, {self.cache.num_blocks})")
+
+
+def _check_key(key: object) -> str:
+    """A swap space's key: a request id, a str (an id of another type could never be swapped in)."""
+    if not isinstance(key, str):
+        raise TypeError(f"key must be a str (a request id), got {type(key).__name__} {short_repr(key)}")
+    return key

@@ -20,7 +20,7 @@ import torch
 from minillm.bench.check import same_tokens
 from minillm.bench.driver import RunStats, drive
 from minillm.bench.workload import WorkloadRequest
-from minillm.core.config import short_repr
+from minillm.core.config import check_int, check_sequence, short_repr
 from minillm.core.hf import to_hf_model
 from minillm.core.metrics import RequestTimes
 from minillm.core.model import GPT, require_model
@@ -43,6 +43,22 @@ class RunResult(RunStats):
         return self.outputs
 
 
+def check_workload(workload: object, name: str = "workload") -> Sequence[WorkloadRequest]:
+    """`workload` if it is a non-empty list (or tuple) of WorkloadRequests (`minillm.bench.workload.workload`); a
+    TypeError / ValueError naming `name` and the first entry that is not one."""
+    for i, w in enumerate(check_sequence(name, workload)):
+        if not isinstance(w, WorkloadRequest):
+            raise TypeError(f"{name}[{i}] must be a WorkloadRequest, got {type(w).__name__} {short_repr(w)}")
+    return workload  # type: ignore[return-value]
+
+
+def check_hf_model(hf_model: object, method: str) -> None:
+    """A Hugging Face model (`minillm.core.hf.to_hf_model`) with `method`; a TypeError naming hf_model otherwise."""
+    if not callable(getattr(hf_model, method, None)):
+        raise TypeError(f"hf_model must be a Hugging Face model with {method}() (minillm.core.hf.to_hf_model), got "
+                        f"{type(hf_model).__name__}")
+
+
 # ----------------------------------------------------------------------------------------------- the engines
 
 
@@ -50,6 +66,7 @@ def run_engine(model: GPT, workload: Sequence[WorkloadRequest], config: EngineCo
                name: str = "continuous") -> RunResult:
     """The engine on the workload, fed by `minillm.bench.driver.drive`. Offline (realtime=False): everything queued
     at t=0. Online: each request is added when its arrival time comes, so TTFT includes queueing."""
+    check_workload(workload)
     llm = LLM(model, None, config)
     run = drive(llm, workload, realtime=realtime)
     outs = run.outputs.values()
@@ -58,6 +75,9 @@ def run_engine(model: GPT, workload: Sequence[WorkloadRequest], config: EngineCo
 
 
 def run_static_batches(model: GPT, workload: Sequence[WorkloadRequest], batch_size: int) -> RunResult:
+    """Static batching (`run_static`) on the workload, `batch_size` requests at a time, all at t=0."""
+    require_model(model, "run_static_batches")
+    check_workload(workload)
     c0 = time.process_time()
     res = run_static(model, [w.prompt_token_ids for w in workload], [w.params for w in workload], batch_size)
     cpu = time.process_time() - c0
@@ -69,6 +89,9 @@ def run_static_batches(model: GPT, workload: Sequence[WorkloadRequest], batch_si
 def run_hf_generate(hf_model, workload: Sequence[WorkloadRequest], batch_size: int) -> RunResult:
     """Hugging Face `generate` on left-padded batches of `batch_size`, greedy. A batch runs to its longest request's
     length (HF has one max_new_tokens per call); each request keeps its own first `output_len` tokens."""
+    check_hf_model(hf_model, "generate")
+    check_workload(workload)
+    batch_size = check_int("batch_size", batch_size)
     outputs: list[list[int]] = []
     times: list[RequestTimes] = []
     t0, c0 = time.perf_counter(), time.process_time()
@@ -109,6 +132,10 @@ def run_hf_continuous(hf_model, workload: Sequence[WorkloadRequest], max_batch: 
     them one by one to the same manager (`add_request(max_new_tokens=...)`). Timed from the first add to the last
     result: the manager's start-up and shut-down (a thread, a second or two) are left out, in HF's favour.
     """
+    check_hf_model(hf_model, "init_continuous_batching")
+    check_workload(workload)
+    max_batch, block_size = check_int("max_batch", max_batch), check_int("block_size", block_size)
+    num_blocks = check_int("num_blocks", num_blocks)
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 

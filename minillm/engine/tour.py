@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from minillm.bench.models import load_model
 from minillm.bench.workload import workload
+from minillm.core.config import check_report, short_repr
 from minillm.core.rows import Row, TourContext
 from minillm.engine.bench import agreement, chunked_prefill_itl, offline_throughput
 
@@ -18,6 +19,16 @@ def throughput_rows(chapter: str, off: dict, label: str, dev: str, static: tuple
     tok/CPU-s ratios (wall clock on a shared machine measures the neighbours' load as much as the code; the engine
     and static batching at their median of alternating runs, HF from one run), checked by identical outputs.
     `static` is (technique, baseline) of the first row; `note` ends each check (a target)."""
+    check_report("off", off, ("n", "runs", "hf_note"))
+    for name, run in check_report("off['runs']", off["runs"], ("continuous", "static")).items():
+        check_report(f"off['runs'][{name!r}]", run, ("tokens_per_s", "tokens_per_cpu_s", "agree_with_engine")
+                     + (("repeats", "repeats_identical") if name in ("continuous", "static") else ()))
+    for name, value in (("chapter", chapter), ("dev", dev), ("hf_technique", hf_technique), ("optimized", optimized),
+                        ("note", note)):
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a str, got {type(value).__name__} {short_repr(value)}")
+    if not isinstance(static, tuple) or len(static) != 2 or not all(isinstance(s, str) for s in static):
+        raise TypeError(f"static must be a (technique, baseline) pair of str, got {short_repr(static)}")
     n, runs = off["n"], off["runs"]
     eng, st = runs["continuous"], runs["static"]
     steady = eng["repeats_identical"] and st["repeats_identical"]
