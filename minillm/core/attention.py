@@ -14,6 +14,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from minillm.core.config import check_int, check_tensor_elements, tensor_kind
+
 
 def causal_mask(T_q: int, T_k: int, device: torch.device | str | None = None) -> torch.Tensor:
     """Boolean mask (T_q, T_k), True where query i may attend to key j.
@@ -21,6 +23,8 @@ def causal_mask(T_q: int, T_k: int, device: torch.device | str | None = None) ->
     The T_q queries are the *last* T_q positions of the T_k keys (T_q <= T_k): query i sits at absolute position
     T_k - T_q + i and sees every key at or before it. With T_q == T_k this is the usual lower triangle.
     """
+    T_q, T_k = check_int("T_q", T_q, 0), check_int("T_k", T_k, 0)
+    check_tensor_elements("T_q x T_k", (max(T_q, 1), T_k))  # the mask and k_pos's arange, before the allocator
     if T_q > T_k:
         raise ValueError(f"causal_mask needs T_q <= T_k, got T_q={T_q}, T_k={T_k}")
     offset = T_k - T_q
@@ -29,12 +33,30 @@ def causal_mask(T_q: int, T_k: int, device: torch.device | str | None = None) ->
     return k_pos <= q_pos  # (T_q, T_k)
 
 
+def check_qkv(q: object, k: object, v: object, mask: object = None, bool_mask: bool = True) -> None:
+    """q (..., T_q, hs) and k, v (..., T_k, hs): floating-point tensors of one dtype; mask None or a bool tensor
+    (with `bool_mask=False` a float one too, added to the scores, as `scaled_dot_product_attention` takes it). A
+    TypeError / ValueError naming the argument; host-only and cheap, since attention runs once per layer."""
+    if not isinstance(q, torch.Tensor) or not q.is_floating_point():
+        raise TypeError(f"q must be a floating-point tensor (B, nh, T_q, hs), got {tensor_kind(q)}")
+    for name, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dtype != q.dtype:
+            raise TypeError(f"{name} must be a tensor of q's dtype {q.dtype} (B, nh, T_k, hs), got {tensor_kind(t)}")
+    if min(q.dim(), k.dim(), v.dim()) < 2 or k.shape[-1] != q.shape[-1] or v.shape[-2] != k.shape[-2]:
+        raise ValueError(f"q, k, v must have shapes (..., T_q, hs), (..., T_k, hs), (..., T_k, hs), got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if mask is not None and (not isinstance(mask, torch.Tensor) or (bool_mask and mask.dtype != torch.bool)):
+        raise TypeError(f"mask must be None or a {'bool ' if bool_mask else ''}tensor (True = attend), got "
+                        f"{tensor_kind(mask)}")
+
+
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Explicit attention: softmax(q k^T / sqrt(hs) + mask) v.
 
     q: (B, nh, T_q, hs); k, v: (B, nh, T_k, hs); mask: boolean, broadcastable to (B, nh, T_q, T_k), True = attend.
     Returns (B, nh, T_q, hs).
     """
+    check_qkv(q, k, v, mask)
     # BEGIN SOLUTION
     hs = q.size(-1)
     scores = q @ k.transpose(-2, -1) / math.sqrt(hs)  # (B, nh, T_q, hs) @ (B, nh, hs, T_k) -> (B, nh, T_q, T_k)
@@ -56,6 +78,7 @@ def attention(
 
     `is_causal=True` (only valid when T_q == T_k and no mask) lets PyTorch pick its causal fast path.
     """
+    check_qkv(q, k, v, mask, bool_mask=False)
     if is_causal and mask is not None:
         raise ValueError("pass either mask or is_causal=True, not both")
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)  # (B, nh, T_q, hs)

@@ -67,6 +67,19 @@ def check_instance(name: str, value: Any, kind: type | tuple[type, ...], what: s
     return value
 
 
+def check_tensor_dict(name: str, tensors: Any) -> dict:
+    """`tensors` if it is a dict of str name -> torch tensor (a state dict, a checkpoint's tensors); a TypeError
+    naming `name` and the first entry that is not one otherwise (before `.items()` or a key's `.startswith`)."""
+    if not isinstance(tensors, dict):
+        raise TypeError(f"{name} must be a dict of name -> torch.Tensor, got {type(tensors).__name__} "
+                        f"{short_repr(tensors)}")
+    for key, value in tensors.items():
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must map str names to tensors; entry {short_repr(key)} is "
+                            f"{type(key).__name__} -> {tensor_kind(value)}")
+    return tensors
+
+
 def check_int_list(name: str, values: Any) -> list | tuple:
     """`values` if it is a list (or tuple) of plain ints within int64 (a float, a bool or None is no id, position or
     count: 3.7 would be read as 3 by a tensor, True as 1); a TypeError / ValueError naming the first entry that is

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from minillm.core.config import check_device
+
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
 
@@ -35,5 +37,5 @@ def place_with_model(setting: str | torch.device, model_device: torch.device) ->
 
 def synchronize(device: torch.device | str) -> None:
     """Wait for queued GPU work so a timer measures the work, not the launch."""
-    if torch.device(device).type == "cuda":
+    if check_device("device", device).type == "cuda":
         torch.cuda.synchronize(device)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from minillm.core.config import GPTConfig, short_repr
+from minillm.core.config import check_instance, check_label, check_tensor_dict, GPTConfig, short_repr
 from minillm.core.device import resolve_device
 from minillm.core.model import GPT
 from minillm.core.weights import load_state_dict_strict, model_tensors
@@ -183,6 +183,8 @@ def check_gpt_config(config: GPTConfig, tensors: dict[str, torch.Tensor], where:
     for a head-pruned model, the config's explicit head_dim. subtle: n_head alone can lie without changing a shape
     (2 heads of 16 or 4 of 8 are both 32 columns); only a recorded digest (`minillm.core.io.check_sha256`) finds that.
     """
+    check_instance("config", config, GPTConfig, "a GPTConfig")
+    check_tensor_dict("tensors", tensors)
     blocks = sorted({int(k.split(".")[2]) for k in tensors if k.startswith("transformer.h.") and
                      k.split(".")[2].isdigit()})
     if blocks and blocks != list(range(config.n_layer)):
@@ -215,6 +217,8 @@ def check_stored_tensors(expected: dict[str, torch.Tensor], tensors: dict[str, t
     says fp32 (or int8 codes where it says uint8) would load silently, converted. Missing and extra tensors are
     left to the strict load, which names them with the shape the model expects.
     """
+    check_tensor_dict("expected", expected)
+    check_tensor_dict("tensors", tensors)
     for key, want in sorted(expected.items()):
         got = tensors.get(key)
         if got is not None and (got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape)):
@@ -234,6 +238,8 @@ def check_stored_tensors(expected: dict[str, torch.Tensor], tensors: dict[str, t
 
 def gpt_config_from(meta: dict[str, str], where: str) -> GPTConfig:
     """The GPTConfig stored as JSON in the header field "gpt_config"; ValueError naming `where` otherwise."""
+    check_instance("meta", meta, dict, "a dict of header metadata")
+    where = check_label("where", where)
     try:
         return GPTConfig.from_dict(json.loads(meta["gpt_config"]))
     except KeyError:
@@ -243,7 +249,7 @@ def gpt_config_from(meta: dict[str, str], where: str) -> GPTConfig:
 
 
 def gpt_config_json(config: GPTConfig) -> str:
-    return json.dumps(config.to_dict(), sort_keys=True)
+    return json.dumps(check_instance("config", config, GPTConfig, "a GPTConfig").to_dict(), sort_keys=True)
 
 
 def _is_plain_gpt(model: nn.Module) -> bool:

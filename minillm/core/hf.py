@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from minillm.core.config import GPTConfig, short_repr
+from minillm.core.config import check_instance, check_int, check_tensor_dict, GPTConfig, short_repr
 from minillm.core.io import read_json_file, read_safetensors_file
 from minillm.core.weights import untied_head
 
@@ -34,7 +34,11 @@ _SUPPORTED_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")  # both are the tanh 
 
 def hf_config_to_gpt(hf_config: Any, **overrides: Any) -> GPTConfig:
     """A GPTConfig from a `transformers.GPT2Config` or its dict (config.json); unsupported variants raise ValueError."""
-    cfg = hf_config if isinstance(hf_config, dict) else hf_config.to_dict()
+    if not isinstance(hf_config, dict) and not callable(getattr(hf_config, "to_dict", None)):
+        raise TypeError(f"hf_config must be a transformers GPT2Config or its dict (config.json), got "
+                        f"{type(hf_config).__name__} {short_repr(hf_config)}")
+    cfg = check_instance("hf_config.to_dict()", hf_config if isinstance(hf_config, dict) else hf_config.to_dict(),
+                         dict, "a dict")
     model_type = cfg.get("model_type", "gpt2")
     if model_type != "gpt2":
         raise ValueError(f"only GPT-2 checkpoints are supported, got model_type={model_type!r}")
@@ -68,9 +72,7 @@ def hf_config_to_gpt(hf_config: Any, **overrides: Any) -> GPTConfig:
 def _normalize_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Prefix bare `GPT2Model` keys ("h.0.ln_1.weight") with "transformer."; drop the mask buffers."""
     out = {}
-    for key, value in state.items():
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(f"state dict value for {short_repr(key)} is a {type(value).__name__}, not a tensor")
+    for key, value in check_tensor_dict("state", state).items():
         full = key if key.startswith(("transformer.", "lm_head.")) else f"transformer.{key}"
         if _BUFFERS.match(full):
             continue
@@ -85,9 +87,10 @@ def hf_state_dict_to_minillm(state: dict[str, torch.Tensor]) -> dict[str, torch.
 
 def infer_config(state: dict[str, torch.Tensor], n_head: int | None, **overrides: Any) -> GPTConfig:
     """Shapes say everything but the head count: a state dict alone needs `n_head`."""
+    state = _normalize_keys(state)
     if n_head is None:
         raise ValueError("a bare state dict does not record n_head; pass GPT.from_hf(state_dict, n_head=...)")
-    state = _normalize_keys(state)
+    n_head = check_int("n_head", n_head)
     try:
         vocab_size, n_embd = state["transformer.wte.weight"].shape
         block_size = state["transformer.wpe.weight"].shape[0]
@@ -145,7 +148,7 @@ def read_hf(source: Any, n_head: int | None = None, **config_overrides: Any) -> 
 def to_hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """minillm tensors -> Hugging Face GPT-2 tensors (Conv1D weights transposed; the head included, tied or not)."""
     out = {}
-    for key, value in model.state_dict().items():
+    for key, value in check_instance("model", model, torch.nn.Module, "a minillm GPT").state_dict().items():
         value = value.detach()
         out[key] = value.t().contiguous() if _CONV1D.match(key) else value.clone()
     return out
@@ -153,6 +156,7 @@ def to_hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def to_hf_config(config: GPTConfig, **hf_kwargs: Any):
     """The `transformers.GPT2Config` of the same shape, dropout off (inference); `hf_kwargs` override fields."""
+    check_instance("config", config, GPTConfig, "a GPTConfig")
     from transformers import GPT2Config
 
     if config.attn_dim != config.n_embd:

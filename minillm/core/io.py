@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from minillm.core.config import short_repr
+from minillm.core.config import check_instance, check_label, check_tensor_dict, short_repr
 
 
 def check_path(path: object, name: str) -> Path:
@@ -47,6 +47,9 @@ def check_path_fits(text: str, name: str) -> None:
     """A ValueError naming `name` for a path no file system can hold: a NUL character, more than MAX_PATH_CHARS
     characters, or a name in it longer than MAX_NAME_BYTES. The OS would refuse each later, deep inside a write, as
     "embedded null byte" or "File name too long", naming no argument."""
+    name = check_label("name", name)
+    if not isinstance(text, str):
+        raise TypeError(f"{name} must be a path as a str, got {type(text).__name__} {short_repr(text)}")
     if "\0" in text:
         raise ValueError(f"{name} holds a NUL character, which no path can: {short_repr(text)}")
     if len(text) > MAX_PATH_CHARS:
@@ -91,6 +94,7 @@ def check_replaceable(path: Path, name: str) -> None:
     subtle: the atomic writers rename a temp file onto the path, which replaces whatever is there: saving onto
     /dev/null as root would turn the machine's /dev/null into a regular file. A folder is left to the callers, whose
     messages say what to give instead (os.replace refuses it anyway)."""
+    path = check_path(path, check_label("name", name))
     try:
         mode = path.stat().st_mode
     except OSError:  # no such path (or a dangling link): nothing to replace
@@ -126,7 +130,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     (`check_replaceable`: the rename would replace the device itself)."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"data must be bytes, got {type(data).__name__}")
-    path = Path(path)
+    path = check_path(path, "path")
     check_replaceable(path, "path")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -154,6 +158,9 @@ def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8
 
 def atomic_save_figure(fig: Any, path: str | os.PathLike, **savefig_kwargs: Any) -> Path:
     """Write a matplotlib figure as PNG atomically (rendered in memory, then renamed into place). Returns the path."""
+    if not callable(getattr(fig, "savefig", None)):
+        raise TypeError(f"fig must be a matplotlib figure (with savefig), got {type(fig).__name__} {short_repr(fig)}")
+    check_path(path, "path")  # before the figure is rendered
     buf = io.BytesIO()
     fig.savefig(buf, format="png", **savefig_kwargs)
     return atomic_write_bytes(path, buf.getvalue())
@@ -165,8 +172,7 @@ def atomic_save_safetensors(
     """Save a flat dict of tensors as safetensors, atomically. Tensors are made contiguous and moved to the CPU."""
     from safetensors.torch import save
 
-    if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) for v in tensors.values()):
-        raise TypeError("tensors must be a dict of name -> torch.Tensor")
+    check_tensor_dict("tensors", tensors)
     flat = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     return atomic_write_bytes(path, save(flat, metadata=metadata))
 
@@ -183,8 +189,7 @@ def content_sha256(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | 
     content also makes the digest independent of how the header happens to be laid out. The dtype and shape are
     hashed with the bytes, so fp16 bytes relabelled, or one tensor reshaped, change the digest too.
     """
-    if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) for v in tensors.values()):
-        raise TypeError("tensors must be a dict of name -> torch.Tensor")
+    check_tensor_dict("tensors", tensors)
     h = hashlib.sha256()
     fields = {k: v for k, v in (metadata or {}).items() if k != SHA256_FIELD}
     h.update(json.dumps(fields, sort_keys=True).encode("utf-8"))
@@ -206,7 +211,7 @@ def check_sha256(metadata: dict[str, str], tensors: dict[str, torch.Tensor], whe
     Returns False, checking nothing, when the metadata has no "sha256" field (a file written before digests were
     recorded), True when the digest was there and matches.
     """
-    want = metadata.get(SHA256_FIELD)
+    want = check_instance("metadata", metadata, dict, "a dict of str metadata").get(SHA256_FIELD)
     if want is None:
         return False
     got = content_sha256(tensors, metadata)
@@ -275,6 +280,11 @@ def fsync_dir(path: str | os.PathLike) -> None:
     subtle: fsync on a file makes its bytes durable, not its name; after a crash a renamed file or directory can
     be missing unless the directory holding the name is fsynced too.
     """
+    path = check_path(path, "path")
+    if not path.is_dir():
+        if not path.exists():
+            raise FileNotFoundError(f"path {str(path)!r} does not exist: no directory to flush")
+        raise ValueError(f"path {str(path)!r} is not a directory: fsync_dir flushes a folder's entries")
     if not hasattr(os, "O_DIRECTORY"):
         return
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)

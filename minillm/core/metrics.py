@@ -26,6 +26,8 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
+from minillm.core.config import check_float, check_instance, short_repr
+
 PERCENTILES = (50, 90, 99)
 
 
@@ -83,9 +85,22 @@ class RequestTimes:
 
 def timed_stream(stream: Iterable[int], times: RequestTimes) -> Iterator[int]:
     """Pass tokens through, stamping each one's arrival in `times` as the caller receives it."""
+    check_instance("times", times, RequestTimes, "a RequestTimes")
+    if isinstance(stream, (str, bytes)) or not isinstance(stream, Iterable):
+        raise TypeError(f"stream must be an iterable of token ids, got {type(stream).__name__} {short_repr(stream)}")
     for token in stream:
         times.record()
         yield token
+
+
+def check_requests(requests: object) -> Sequence[RequestTimes]:
+    """`requests` if it is a list or tuple of RequestTimes; a TypeError naming the first entry that is not one."""
+    if not isinstance(requests, (list, tuple)):
+        raise TypeError(f"requests must be a list of RequestTimes, got {type(requests).__name__} "
+                        f"{short_repr(requests)}")
+    for i, r in enumerate(requests):
+        check_instance(f"requests[{i}]", r, RequestTimes, "a RequestTimes")
+    return requests
 
 
 def _stats(values: Sequence[float], name: str, percentiles: Sequence[float]) -> dict[str, float]:
@@ -102,8 +117,8 @@ def _stats(values: Sequence[float], name: str, percentiles: Sequence[float]) -> 
 
 def throughput(requests: Sequence[RequestTimes], duration_s: float) -> dict[str, float]:
     """Requests/s, output tokens/s and (input + output) tokens/s over a run of `duration_s` seconds."""
-    if not duration_s > 0:
-        raise ValueError(f"duration_s must be positive, got {duration_s}")
+    check_requests(requests)
+    duration_s = check_float("duration_s", duration_s, 0.0, include_minimum=False)
     total_out = sum(r.num_output_tokens for r in requests)
     total_in = sum(r.prompt_len for r in requests)
     return {
@@ -121,10 +136,8 @@ def summarize(
     `duration_s` is the benchmark's wall time; by default the span from the first arrival to the last token.
     TPOT statistics cover the requests with more than one output token; ITL statistics pool all gaps.
     """
-    if len(requests) == 0:
+    if len(check_requests(requests)) == 0:
         raise ValueError("summarize needs at least one request")
-    if not all(isinstance(r, RequestTimes) for r in requests):
-        raise TypeError("summarize needs a sequence of RequestTimes")
     if duration_s is None:
         duration_s = float(max(r.token_times[-1] for r in requests if r.token_times) - min(r.arrival for r in requests))
     out: dict[str, Any] = {

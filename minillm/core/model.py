@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minillm.core.attention import attention, attention_ref
-from minillm.core.config import GPTConfig, tensor_kind
+from minillm.core.config import check_bool, check_float, check_instance, check_int, GPTConfig, tensor_kind
 from minillm.core.device import resolve_device
 from minillm.core.hf import read_hf
 from minillm.core.weights import load_state_dict_strict
@@ -47,14 +47,69 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
 
     An `nn.Dropout` module in eval mode is a no-op too, but still a module call: 19 of them per forward cost about
     4% of a batch-1 decode step on the CPU (measured in chapter 04). So the model applies dropout functionally,
-    and only when it does something.
+    and only when it does something. `training` and `p` are checked on the training path only (TypeError /
+    ValueError naming them): inference stays one identity test.
     """
-    return F.dropout(x, p, training=True) if training and p > 0 else x
+    if training is False:
+        return x
+    if check_bool("training", training) and check_float("p", p, 0.0, 1.0) > 0:
+        return F.dropout(x, p, training=True)
+    return x
+
+
+_ID_DTYPES = (torch.int64, torch.int32)  # what an embedding takes as indices
+
+
+def check_ids(name: str, t: object, what: str = "") -> torch.Tensor:
+    """`t` if it is an int64 (or int32) tensor: token ids or positions, as the embeddings index with them; a
+    TypeError naming `name` otherwise. Host-only: the type, not the values."""
+    if not isinstance(t, torch.Tensor) or t.dtype not in _ID_DTYPES:
+        raise TypeError(f"{name} must be an int64 tensor{what}, got {tensor_kind(t)}")
+    return t
+
+
+def check_activations(name: str, x: object, width: int, ndim: int | None = 3) -> torch.Tensor:
+    """`x` if it is a floating-point tensor (B, T, width) (with `ndim=None`, any (..., width)): what a layer of the
+    model reads. A TypeError / ValueError naming `name` otherwise, instead of torch's "mat1 and mat2 shapes cannot
+    be multiplied" from inside the layer. Host-only and cheap (a few attribute reads): it runs in every layer."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor of activations, got {tensor_kind(x)}")
+    if (x.dim() != ndim if ndim is not None else x.dim() == 0) or x.shape[-1] != width:
+        raise ValueError(f"{name} must have shape {'(B, T, C)' if ndim == 3 else '(..., C)'} with C={width}, got "
+                         f"{tuple(x.shape)}")
+    return x
+
+
+def check_hidden_args(idx: object, positions: object, collect: object) -> None:
+    """`GPT.hidden`'s arguments, on the host (no values read, no sync): idx an int64 (B, T) tensor, positions an
+    int64 tensor, collect None or a list; a TypeError / ValueError naming the argument."""
+    if check_ids("idx", idx, " of token ids").dim() != 2:
+        raise ValueError(f"idx must have shape (B, T), got {tuple(idx.shape)}")  # type: ignore[union-attr]
+    check_ids("positions", positions)
+    if collect is not None and not isinstance(collect, list):
+        raise TypeError(f"collect must be None or a list (each block's output is appended), got "
+                        f"{type(collect).__name__}")
+
+
+def check_cache(cache: object) -> None:
+    """A TypeError unless `cache` is None or has an `attend` method (`KVCacheProtocol`), before a layer calls it."""
+    if cache is not None and not callable(getattr(cache, "attend", None)):
+        raise TypeError(f"cache must be None or a KV cache with an attend(layer_idx, q, k, v) method, got "
+                        f"{type(cache).__name__}")
+
+
+def check_layer_args(config: object, layer_idx: object = 0) -> None:
+    """A layer's constructor arguments: config a GPTConfig, layer_idx a non-negative int (the cache's layer slot);
+    a TypeError / ValueError naming the argument before a field of the config is read."""
+    check_instance("config", config, GPTConfig, "a GPTConfig")
+    check_int("layer_idx", layer_idx, 0)
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer_idx: int):
+        check_layer_args(config, layer_idx)
         super().__init__()
+        self.n_embd = config.n_embd  # C: the width of x
         self.n_head = config.n_head
         self.head_size = config.head_size
         self.attn_dim = config.attn_dim  # nh * hs: n_embd for GPT-2, less once heads are pruned (chapter 10)
@@ -65,7 +120,8 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout  # residual dropout probability, training only
 
     def forward(self, x: torch.Tensor, cache: KVCacheProtocol | None = None) -> torch.Tensor:
-        B, T, C = x.shape
+        B, T, C = check_activations("x", x, self.n_embd).shape
+        check_cache(cache)
         nh, hs, A = self.n_head, self.head_size, self.attn_dim  # A = nh * hs (= C unless heads were pruned)
         q, k, v = self.c_attn(x).split(A, dim=2)  # 3 x (B, T, A)
         q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
@@ -84,12 +140,15 @@ class CausalSelfAttention(nn.Module):
 
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
+        check_layer_args(config)
         super().__init__()
+        self.n_embd = config.n_embd  # C: the width of x
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
         self.dropout = config.dropout  # residual dropout probability, training only
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_activations("x", x, self.n_embd, ndim=None)  # (..., C)
         # GPT-2's "gelu_new" is the tanh approximation of GELU (Hendrycks & Gimpel 2016, eq. in §2).
         h = F.gelu(self.c_fc(x), approximate="tanh")  # (B, T, 4C)
         return dropout(self.c_proj(h), self.dropout, self.training)  # (B, T, C)
@@ -99,13 +158,16 @@ class Block(nn.Module):
     """Pre-LayerNorm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
 
     def __init__(self, config: GPTConfig, layer_idx: int):
+        check_layer_args(config, layer_idx)
         super().__init__()
+        self.n_embd = config.n_embd  # C: the width of x
         self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         self.attn = CausalSelfAttention(config, layer_idx)
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor, cache: KVCacheProtocol | None = None) -> torch.Tensor:
+        check_activations("x", x, self.n_embd)  # (B, T, C)
         x = x + self.attn(self.ln_1(x), cache)
         return x + self.mlp(self.ln_2(x))
 
@@ -173,8 +235,7 @@ class GPT(nn.Module):
         their prompts already (every generator and the engine, at their entry points) skip this by calling
         `hidden` + `logits` directly, so a decode step never waits on the host (chapter 13 captures it whole).
         """
-        if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.int64, torch.int32):
-            raise TypeError(f"idx must be an int64 tensor of token ids, got {tensor_kind(idx)}")
+        check_ids("idx", idx, " of token ids")
         if idx.dim() != 2:
             raise ValueError(f"idx must have shape (B, T), got {tuple(idx.shape)}")
         B, T = idx.shape
@@ -185,8 +246,7 @@ class GPT(nn.Module):
             if T > cfg.block_size:
                 raise ValueError(f"sequence length {T} exceeds the context window block_size={cfg.block_size}")
             positions = torch.arange(T, device=idx.device)  # (T,)
-        if not isinstance(positions, torch.Tensor) or positions.dtype not in (torch.int64, torch.int32):
-            raise TypeError(f"positions must be an int64 tensor, got {tensor_kind(positions)}")
+        check_ids("positions", positions)
         shape = tuple(positions.shape)
         if positions.dim() == 1:
             positions = positions.unsqueeze(0)  # (1, T), broadcast over the batch
@@ -209,13 +269,15 @@ class GPT(nn.Module):
 
     def hidden(self, idx: torch.Tensor, positions: torch.Tensor, cache: KVCacheProtocol | None = None,
                collect: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """Final hidden states (after ln_f): idx (B, T), positions (B or 1, T) -> (B, T, C). No checks, no host sync.
+        """Final hidden states (after ln_f): idx (B, T), positions (B or 1, T) -> (B, T, C). No host sync.
 
-        The caller has validated idx and positions (see `check_inputs`); shapes stay whatever the caller gives, so a
-        fixed-shape decode step can be compiled or captured in a CUDA graph. Chapters that need features rather than
-        logits (distillation's feature matching) read them here: pass a list as `collect` and each block's output
-        (B, T, C), before ln_f, is appended to it, n_layer tensors in order; no forward hooks needed.
+        The caller has validated idx and positions (see `check_inputs`); only their types are checked here, on the
+        host. Shapes stay whatever the caller gives, so a fixed-shape decode step can be compiled or captured in a
+        CUDA graph. Chapters that need features rather than logits (distillation's feature matching) read them
+        here: pass a list as `collect` and each block's output (B, T, C), before ln_f, is appended to it, n_layer
+        tensors in order; no forward hooks needed.
         """
+        check_hidden_args(idx, positions, collect)  # types only: the values were checked by the caller
         x = self.transformer.wte(idx) + self.transformer.wpe(positions)  # (B, T, C) + (B or 1, T, C)
         x = dropout(x, self.config.dropout, self.training)  # embedding dropout (training only)
         for block in self.transformer.h:
@@ -231,7 +293,7 @@ class GPT(nn.Module):
         speculative verification pick the rows they sample from first (`model.logits(h[:, -1])`) instead of computing
         logits for every prompt position and throwing most away.
         """
-        return self.lm_head(h)
+        return self.lm_head(check_activations("h", h, self.config.n_embd, ndim=None))
 
     def forward(
         self,

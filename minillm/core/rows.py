@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from minillm.core.config import short_repr
+from minillm.core.config import check_instance, check_int, short_repr
 
 
 @dataclass
@@ -76,6 +76,16 @@ class TourContext:
             raise ValueError(f"threads must be a positive int, got {short_repr(self.threads)}")
 
 
+def check_rows(rows: object) -> list[Row] | tuple[Row, ...]:
+    """`rows` if it is a list (or tuple) of Row; a TypeError naming the first entry that is not one (a str would be
+    read one character at a time)."""
+    if not isinstance(rows, (list, tuple)):
+        raise TypeError(f"rows must be a list of Row, got {type(rows).__name__} {short_repr(rows)}")
+    for i, row in enumerate(rows):
+        check_instance(f"rows[{i}]", row, Row, "a Row")
+    return rows
+
+
 def format_value(value: float, unit: str) -> str:
     if math.isnan(value):
         return "n/a"
@@ -100,6 +110,10 @@ def format_table(rows: list[Row], width: int = 120) -> str:
     Long cells wrap inside their column, so nothing runs past the terminal's edge; the optimized path's name and the
     details are in the JSON. `width` scales the three text columns (at least the header's widths).
     """
+    check_rows(rows)
+    width = check_int("width", width)
+    if width > 1000:  # each line is padded to about `width` characters
+        raise ValueError(f"width must be at most 1000 columns, got {width}")
     fixed = sum(w for _, w in TABLE_COLUMNS) + 2 * (len(TABLE_COLUMNS) - 1)
     scale = max(0.5, (width - (fixed - 26 - 20 - 36)) / (26 + 20 + 36)) if width != 120 else 1.0
     widths = [w if name in ("ch", "", "measured") else max(len(name), int(w * scale)) for name, w in TABLE_COLUMNS]
@@ -118,9 +132,10 @@ def format_table(rows: list[Row], width: int = 120) -> str:
 
 def summary_line(rows: list[Row]) -> str:
     """"31 passed, 1 skipped, 0 failed": the tour's closing count."""
+    check_rows(rows)
     counts = {s: sum(r.status == s for r in rows) for s in ("PASS", "SKIP", "FAIL")}
     return f"{counts['PASS']} passed, {counts['SKIP']} skipped, {counts['FAIL']} failed"
 
 
 def rows_to_json(rows: list[Row]) -> str:
-    return json.dumps([r.to_dict() for r in rows], indent=2)
+    return json.dumps([r.to_dict() for r in check_rows(rows)], indent=2)

@@ -20,7 +20,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from minillm.core.config import check_fits_float, number_kind, plain_number, short_repr, tensor_kind
+from minillm.core.config import (check_fits_float, check_float, check_instance, check_int, number_kind, plain_number,
+                                 short_repr, tensor_kind)
 
 LogitsProcessor = Callable[[torch.Tensor], torch.Tensor]  # (B, V) float logits -> (B, V) float logits
 
@@ -144,10 +145,25 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
 # Logits processors: pure functions on (B, V) logits, and tiny callables that carry their one parameter.
 
 
+def check_logits(logits: object, ndim: int | None = None) -> torch.Tensor:
+    """`logits` if it is a floating-point tensor (..., V) (of `ndim` dimensions when given: 2 is (B, V)); a
+    TypeError / ValueError naming it otherwise. Host-only: every processor and sampler starts with it."""
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+        raise TypeError(f"logits must be a float tensor, got {tensor_kind(logits)}")
+    if (logits.dim() != ndim) if ndim is not None else (logits.dim() == 0):
+        raise ValueError(f"logits must have shape {'(B, V)' if ndim == 2 else '(..., V)'}, got {tuple(logits.shape)}")
+    return logits
+
+
+def check_params(params: object) -> SamplingParams:
+    """`params` if it is a SamplingParams; a TypeError naming it otherwise."""
+    return check_instance("params", params, SamplingParams, "a SamplingParams")
+
+
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """logits / temperature: below 1 sharpens the distribution, above 1 flattens it (softmax(z/T))."""
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0 here (0 means greedy and skips sampling), got {temperature}")
+    check_logits(logits)
+    temperature = check_float("temperature", temperature, 0.0, include_minimum=False)  # 0 is greedy: no division
     return logits / temperature
 
 
@@ -156,6 +172,8 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
 
     Worked example: logits [1, 3, 2, 3], k=2 -> the 2nd largest value is 3 -> [-inf, 3, -inf, 3].
     """
+    check_logits(logits)
+    k = check_int("k", k, 0)
     # BEGIN SOLUTION
     V = logits.size(-1)
     if k <= 0 or k >= V:
@@ -174,6 +192,8 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     to -inf. Equivalently: sort by probability, descending, and drop a token when the mass of the tokens strictly
     before it already reaches p. The most likely token is always kept. p=1: no-op.
     """
+    check_logits(logits)
+    p = check_float("p", p, 0.0, 1.0, include_minimum=False)
     # BEGIN SOLUTION
     if p >= 1.0:
         return logits
@@ -191,6 +211,9 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
 class Temperature:
     temperature: float
 
+    def __post_init__(self) -> None:  # checked when built, not at the first token
+        check_float("temperature", self.temperature, 0.0, include_minimum=False)
+
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         return apply_temperature(logits, self.temperature)
 
@@ -198,6 +221,9 @@ class Temperature:
 @dataclass(frozen=True)
 class TopK:
     k: int
+
+    def __post_init__(self) -> None:
+        check_int("k", self.k, 0)
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         return top_k_filter(logits, self.k)
@@ -207,13 +233,16 @@ class TopK:
 class TopP:
     p: float
 
+    def __post_init__(self) -> None:
+        check_float("p", self.p, 0.0, 1.0, include_minimum=False)
+
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         return top_p_filter(logits, self.p)
 
 
 def build_processors(params: SamplingParams) -> list[LogitsProcessor]:
     """The processors `params` asks for, in the order they apply: temperature, top-k, top-p (as HF and vLLM)."""
-    if params.is_greedy:
+    if check_params(params).is_greedy:
         return []
     procs: list[LogitsProcessor] = []
     if params.temperature != 1.0:
@@ -234,6 +263,7 @@ def apply_processors(logits: torch.Tensor, processors: Sequence[LogitsProcessor]
 
 def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """The distribution `sample_next` draws from: softmax of the processed logits, (B, V) float32."""
+    check_logits(logits, 2)
     return torch.softmax(apply_processors(logits.float(), build_processors(params)), dim=-1)
 
 
@@ -249,12 +279,8 @@ def sample_next(
     processors run (by default those `params` asks for; pass `processors` to replace them) and exactly one
     `torch.multinomial` draw per row is made from `generator`, so a seeded request repeats token for token.
     """
-    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
-        raise TypeError(f"logits must be a float tensor, got {tensor_kind(logits)}")
-    if logits.dim() != 2:
-        raise ValueError(f"logits must have shape (B, V), got {tuple(logits.shape)}")
-    if not isinstance(params, SamplingParams):
-        raise TypeError(f"params must be a SamplingParams, got {type(params).__name__} {params!r}")
+    check_logits(logits, 2)
+    check_params(params)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     if params.is_greedy:  # extra processors (a banned-token mask, say) still apply before the argmax

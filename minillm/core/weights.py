@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from minillm.core.config import short_repr
+from minillm.core.config import check_instance, check_label, check_tensor_dict, short_repr
 
 # subtle: the head shares its matrix with the token embedding (weight tying). safetensors refuses two names for
 # one storage, and storing it twice would waste 4 MB, so the head is dropped on save and re-tied by GPT().
@@ -22,6 +22,7 @@ def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     """The tensors a checkpoint stores: the state dict minus the tied head. A model whose head was untied (given a
     weight of its own) is a ValueError naming model.lm_head: every format here would drop that weight on save, and
     the model would come back with the embedding as its head."""
+    check_instance("model", model, nn.Module, "a torch module (a minillm GPT)")
     if hasattr(model, "lm_head") and hasattr(model, "transformer") and untied_head(model):
         raise ValueError("model.lm_head has a weight of its own, not the token embedding transformer.wte.weight: "
                          "this format stores the tied pair once, so the head would be lost on save; tie it again "
@@ -57,7 +58,9 @@ def load_state_dict_strict(model: nn.Module, tensors: dict[str, torch.Tensor], s
     "checkpoint tensor 'transformer.h.0.attn.c_attn.weight' has shape (96, 32) but the model expects (96, 64)".
     Tensors are cast to the model's dtype; the tied head may be present or absent.
     """
-    expected = model_tensors(model)
+    expected = model_tensors(model)  # checks model
+    check_tensor_dict("tensors", tensors)
+    source = check_label("source", source)
     for key in sorted(expected):
         if key not in tensors:
             raise ValueError(
@@ -99,6 +102,10 @@ def untied_head(model: nn.Module) -> bool:
     values. GPT ties the two, and every format here stores the pair once, as transformer.wte.weight (`TIED_KEYS`):
     such a head would be dropped on save, or replaced by the embedding on export, without a word. A head with no
     `weight` (a quantized tied head) is tied; a head with one beside an embedding without (a quantized one) is not."""
+    check_instance("model", model, nn.Module, "a torch module (a minillm GPT)")
+    if not isinstance(getattr(model, "lm_head", None), nn.Module) or not isinstance(
+            getattr(getattr(model, "transformer", None), "wte", None), nn.Module):
+        raise TypeError(f"model must be a GPT-like module with lm_head and transformer.wte, got {type(model).__name__}")
     head = getattr(model.lm_head, "weight", None)
     wte = getattr(model.transformer.wte, "weight", None)
     if head is None or head is wte:
