@@ -1,4 +1,4 @@
-"""Every public function, class and method of chapters 08-15, called with values no caller should pass.
+"""Every public function, class and method of the chapters (01-15), called with values no caller should pass.
 
 A sweep, not a table: each public function and class of the chapters' packages (found by walking the modules, so a
 new one is swept the day it is added), and each public method of each public class on an instance built here,
@@ -31,15 +31,16 @@ import torch.nn as nn
 from minillm.core.config import GPTConfig
 from minillm.core.model import GPT
 
-PACKAGES = ("speculative", "quant", "prune", "distill", "kernels", "compile", "parallel", "serve")  # chapters 08-15
+PACKAGES = ("core", "tokenizer", "gpt", "naive", "kvcache", "paged", "engine", "disagg",  # chapters 01-07
+            "speculative", "quant", "prune", "distill", "kernels", "compile", "parallel", "serve")  # chapters 08-15
 BAD_VALUES = {"None": None, "str": "zzz", "empty list": [], "NaN": float("nan"), "-1": -1, "empty dict": {},
               "tensor": "tensor", "object": "object"}  # the tensor and the object are made fresh for each call
 NOT_SWEPT = {
     # whole runs: they take minutes with good arguments, and their arguments are checked by the argv / report
     # tests (tests/test_hostile_shared.py) and by the functions they call, swept here
     "main", "run", "run_all", "cold_start",
-    # the Drafter protocol's empty bodies (the engine's drafters below implement and check them)
-    "minillm.speculative.engine.Drafter",
+    # the protocols' empty bodies (the drafters and the caches below implement and check them)
+    "minillm.speculative.engine.Drafter", "minillm.core.model.KVCacheProtocol",
 }
 CALL_SECONDS = 30  # far past any check: a call still running then is a hang (or real work on a bad value)
 NO_MACHINE = re.compile(r"needs? a CUDA|CUDA GPU|cannot build|no CUDA|not installed|nvcc|CPU only|cannot export")
@@ -222,10 +223,90 @@ INSTANCES.update({
     "minillm.serve.async_engine.AsyncEngine": lambda: _server().engine,
     "minillm.serve.metrics.ServerMetrics": lambda: _server().metrics,
 })
+def _manager():
+    """Chapter 05's block manager holding one sequence of five tokens (two blocks)."""
+    from minillm.paged.block_manager import BlockManager
+
+    manager = BlockManager(16, 4)
+    manager.allocate("s0", [1, 2, 3, 4, 5])
+    return manager
+
+
+def _llm():
+    from minillm.engine.llm import LLM
+
+    return LLM(_model(), None, _engine_parts()[0])
+
+
+def _worker_init(role: str):
+    """Chapter 07's worker setup built by hand (no weights inside: the core is given the model itself)."""
+    from minillm.disagg.messages import WorkerInit
+
+    return WorkerInit(role=role, model=b"", model_sha256="", device="cpu", num_blocks=16, block_size=4,
+                      max_num_seqs=4, max_num_batched_tokens=32, eos_id=None, heartbeat_s=0.5, num_threads=0)
+
+
+def _new(qualified: str, *args):
+    """An instance of minillm.<qualified> built with args."""
+    module, name = qualified.rsplit(".", 1)
+    return getattr(importlib.import_module(f"minillm.{module}"), name)(*args)
+
+
+def _stop_checker():
+    from minillm.core.sampling import SamplingParams
+    from minillm.core.stopping import StopChecker
+
+    return StopChecker(_tokenizer(), SamplingParams.greedy(4, stop=("ab",)))
+
+
+INSTANCES.update({  # chapters 01-07
+    "minillm.core.detokenize.IncrementalText": lambda: _new("core.detokenize.IncrementalText", _tokenizer()),
+    "minillm.core.model.GPT": lambda: _new("core.model.GPT", CFG).eval(),  # fresh: a call may change it
+    "minillm.core.model.Block": lambda: _new("core.model.Block", CFG, 0),
+    "minillm.core.model.CausalSelfAttention": lambda: _new("core.model.CausalSelfAttention", CFG, 0),
+    "minillm.core.model.MLP": lambda: _new("core.model.MLP", CFG),
+    "minillm.core.sampling.Temperature": lambda: _new("core.sampling.Temperature", 0.5),
+    "minillm.core.sampling.TopK": lambda: _new("core.sampling.TopK", 2),
+    "minillm.core.sampling.TopP": lambda: _new("core.sampling.TopP", 0.9),
+    "minillm.core.stopping.RequestState": _state,
+    "minillm.core.stopping.StopChecker": _stop_checker,
+    "minillm.tokenizer.bpe.Tokenizer": lambda: _new("tokenizer.default.load_tokenizer"),
+    "minillm.gpt.dataset.BatchSampler": lambda: _new("gpt.dataset.BatchSampler", torch.arange(100) % 64, 2, 8),
+    "minillm.kvcache.cache.ContiguousKVCache": lambda: _new("kvcache.cache.ContiguousKVCache", CFG, 1, 16),
+    "minillm.paged.block_allocator.BlockAllocator": lambda: _new("paged.block_allocator.BlockAllocator", 16),
+    "minillm.paged.block_manager.BlockManager": _manager,
+    "minillm.paged.generate.PagedGenerator": lambda: _new("paged.generate.PagedGenerator", _model(), 16, 4),
+    "minillm.paged.paged_cache.PagedBatch": lambda: _with_batch(_paged_cache()).batch,
+    "minillm.paged.paged_cache.PagedKVCache": lambda: _with_batch(_paged_cache()),
+    "minillm.paged.prefix_cache.PrefixCachingAllocator": lambda: _new("paged.prefix_cache.PrefixCachingAllocator", 16),
+    "minillm.engine.llm.LLM": _llm,
+    "minillm.engine.frontend.FrontEnd": _llm,  # the front end of chapter 06's engine (its base holds no state)
+    "minillm.engine.core.EngineCore": lambda: _new("engine.core.EngineCore", _llm()),
+    "minillm.engine.model_runner.ModelRunner": lambda: _new("engine.model_runner.ModelRunner", _model(), 16, 4),
+    "minillm.engine.executor.Executor":  # a protocol: its in-process implementation stands for it
+        lambda: _new("engine.model_runner.ModelRunner", _model(), 16, 4),
+    "minillm.engine.request.Request": lambda: _request(),
+    "minillm.engine.sampler.Sampler": lambda: _new("engine.sampler.Sampler"),
+    "minillm.engine.scheduler.ScheduledRequest": lambda: _new("engine.scheduler.ScheduledRequest", _request(), 5, 0),
+    "minillm.engine.scheduler.Scheduler": lambda: _new("engine.scheduler.Scheduler", *_engine_parts()),
+    "minillm.engine.selective_cache.SelectiveKVCache":
+        lambda: _with_batch(_new("engine.selective_cache.SelectiveKVCache", CFG, 16, 4)),
+    "minillm.engine.step.StepInput": lambda: _new("engine.step.StepInput"),
+    "minillm.engine.swap.SwapSpace": lambda: _new("engine.swap.SwapSpace", _paged_cache()),
+    "minillm.engine.process.Inbox": lambda: _new("engine.process.Inbox"),
+    "minillm.engine.process.WorkerCore":  # a protocol: chapter 07's prefill core is one
+        lambda: _new("disagg.prefill_worker.PrefillCore", _model(), _worker_init("prefill")),
+    "minillm.disagg.decode_worker.DecodeCore":
+        lambda: _new("disagg.decode_worker.DecodeCore", _model(), _worker_init("decode")),
+    "minillm.disagg.prefill_worker.PrefillCore":
+        lambda: _new("disagg.prefill_worker.PrefillCore", _model(), _worker_init("prefill")),
+})
 PROCESS_BOUND = {  # they start or stand for other processes: their chapter's tests drive their methods' arguments
     "minillm.parallel.executor.TensorParallelExecutor": "starts its ranks (tests/test_hostile_14_15.py)",
     "minillm.serve.engine_process.EngineProcess": "starts the engine process (tests/test_serving_engine_process.py)",
     "minillm.serve.engine_process.EngineWorker": "the engine process's side (tests/test_serving_engine_process.py)",
+    "minillm.engine.process.WorkerHandle": "starts a worker process (tests/test_executor.py)",
+    "minillm.disagg.llm.DisaggregatedLLM": "starts the prefill and decode workers (tests/test_07_disaggregation.py)",
 }
 FILE_BACKED = {  # built from an exported file: the tests of their chapter sweep their methods' arguments
     "minillm.compile.aot.AOTDecoder": "an AOTInductor package takes tens of seconds to build "
@@ -476,6 +557,69 @@ GOOD = {  # (class, method) -> instance -> the arguments of a call that works
     ("minillm.compile.onnx_peer.OnnxStep", "forward"):
         lambda i: (torch.tensor([[1, 2]]), torch.tensor([[0, 1]]), *[torch.zeros(2, 1, 2, 0, 8) for _ in range(2)]),
 }
+def _has_seq(manager, seq_id: str = "s9", tokens: tuple = (1, 2, 3)) -> str:
+    """seq_id, allocated in `manager` (once: a good call's arguments are built twice per instance)."""
+    if not manager.has_seq(seq_id):
+        manager.allocate(seq_id, list(tokens))
+    return seq_id
+
+
+def _parked(swap) -> str:
+    """The key "a", holding pool block 1's copy in `swap` (once per instance)."""
+    if "a" not in swap.stored:
+        swap.swap_out("a", [1])
+    return "a"
+
+
+def _swapped(swap):
+    """One block of zeros laid out like `swap`'s cache: what `put` takes."""
+    from minillm.engine.swap import SwappedKV
+
+    return SwappedKV([t.new_zeros(1, *t.shape[1:]) for t in swap.cache.block_tensors()], 1)
+
+
+def _in_use_block(allocator) -> int:
+    """A block of `allocator` in use and not yet published (a fresh one per call)."""
+    return allocator.allocate()
+
+
+def _prefilled_kv():
+    """Chapter 07's hand-off of a 3-token prompt: (n_layer, 2, T, nh, hs)."""
+    return torch.zeros(CFG.n_layer, 2, 3, CFG.n_head, CFG.head_size)
+
+
+GOOD.update({  # chapters 01-07
+    ("minillm.core.model.GPT", "hidden"): lambda i: (torch.tensor([[1, 2]]), torch.arange(2)),
+    ("minillm.core.stopping.RequestState", "accept_or_fail"): lambda i: ([5], "request 'r0'"),
+    ("minillm.engine.llm.LLM", "add_prefilled_request"): lambda i: ([1, 2, 3], _greedy(2), 4, _prefilled_kv()),
+    ("minillm.engine.model_runner.ModelRunner", "run"):
+        lambda i: (_step_output(), __import__("minillm.paged.block_manager", fromlist=["x"]).BlockManager(16, 4)),
+    ("minillm.engine.request.Request", "accept"): lambda i: ([5], 0.0),
+    ("minillm.engine.request.Request", "token_slice"): lambda i: (0, 2),
+    ("minillm.engine.sampler.Sampler", "sample"): lambda i: (_step_output(), torch.zeros(0, CFG.vocab_size)),
+    ("minillm.engine.scheduler.Scheduler", "add_swapped"): lambda i: (_request(), 2),
+    ("minillm.engine.scheduler.Scheduler", "claim"): lambda i: (_step_output(), [], lambda j, entry, token: token),
+    ("minillm.engine.scheduler.Scheduler", "update"): lambda i: (_step_output(), [], 0.0),
+    ("minillm.engine.selective_cache.SelectiveKVCache", "attend"): lambda i: (0, *_qkv()),
+    ("minillm.engine.step.StepInput", "check"): lambda i: (CFG, 16, 4),
+    ("minillm.engine.swap.SwapSpace", "put"): lambda i: ("a", _swapped(i)),
+    ("minillm.engine.swap.SwapSpace", "swap_in"): lambda i: (_parked(i), [2]),
+    ("minillm.engine.swap.SwapSpace", "swap_out"): lambda i: ("a", [1]),
+    ("minillm.kvcache.cache.ContiguousKVCache", "attend"): lambda i: (0, *_qkv()),
+    ("minillm.kvcache.cache.ContiguousKVCache", "attention_mask"): lambda i: (0, 1),
+    ("minillm.paged.block_manager.BlockManager", "allocate"): lambda i: ("s1", [1, 2, 3]),
+    ("minillm.paged.block_manager.BlockManager", "append_slot"): lambda i: ("s0", 6),
+    ("minillm.paged.block_manager.BlockManager", "fork"): lambda i: ("s0", "s1"),
+    ("minillm.paged.block_manager.BlockManager", "mark_computed"): lambda i: ("s0", 5),
+    ("minillm.paged.block_manager.BlockManager", "slot_mapping"): lambda i: ("s0", 0, 5),
+    ("minillm.paged.block_manager.BlockManager", "truncate"): lambda i: ("s0", 4),
+    ("minillm.paged.generate.PagedGenerator", "forward"): lambda i: ([(_has_seq(i.manager), 0, 3)], [1, 2, 3]),
+    ("minillm.paged.generate.PagedGenerator", "generate"): lambda i: ([1, 2, 3], _greedy(2)),
+    ("minillm.paged.paged_cache.PagedKVCache", "attend"): lambda i: (0, *_qkv()),
+    ("minillm.paged.paged_cache.PagedKVCache", "gather"): lambda i: (0, 0),
+    ("minillm.paged.prefix_cache.PrefixCachingAllocator", "find"): lambda i: (7, -1, [1, 2, 3, 4]),
+    ("minillm.paged.prefix_cache.PrefixCachingAllocator", "publish"): lambda i: (_in_use_block(i), 7, -1, [1, 2, 3, 4]),
+})
 LEFT_TO_CHAPTER_TESTS = {(c, m) for c in FILE_BACKED for m in ("generate", "generate_ids")}
 ONE_AT_A_TIME = {**BAD_VALUES, "True": True, "2**40": 2**40, "1.5": 1.5}
 ACCEPTED = {  # (class.method, argument position, bad value's name): why it is a right answer, not a silent one
@@ -498,6 +642,28 @@ ACCEPTED = {  # (class.method, argument position, bad value's name): why it is a
     **{("minillm.compile.fused_engine.FusedEngineModel.fusable", 1, v): "a question: such a row count is not fusable"
        for v in ("-1", "2**40")},
 }
+_ANY_ID = ("None", "str", "NaN", "-1", "tensor", "object", "True", "2**40", "1.5")  # hashable, unlike [] and {}
+ACCEPTED.update({  # chapters 01-07
+    **{("minillm.core.stopping.RequestState.accept_or_fail", 0, v): "a bad token fails this request alone, with an "
+       "error naming it (tests/test_hostile_shared.py reads it): the engine's other requests go on"
+       for v in ONE_AT_A_TIME},
+    ("minillm.core.stopping.RequestState.accept_or_fail", 1, "str"): "what is any label for the failure message",
+    ("minillm.engine.llm.LLM.add_prefilled_request", 1, "None"): "None is the default SamplingParams (documented)",
+    ("minillm.engine.request.Request.accept", 0, "empty list"): "no tokens: nothing to append, nothing finishes",
+    **{(f"minillm.engine.{c}", pos, v): "now is any clock's reading in seconds"
+       for c, pos in (("request.Request.accept", 1), ("scheduler.Scheduler.update", 2))
+       for v in ("-1", "2**40", "1.5")},
+    **{(f"minillm.engine.scheduler.Scheduler.{m}", 1, "empty list"): "the good value: an empty step"
+       for m in ("claim", "update")},
+    **{(f"minillm.engine.swap.SwapSpace.{m}", 0, "str"): "any str is a request id: a new key parks this KV"
+       for m in ("put", "swap_out")},
+    **{(f"minillm.paged.block_manager.BlockManager.{m}", pos, v): "any hashable is a new sequence's id (documented)"
+       for m, pos in (("allocate", 0), ("fork", 1)) for v in _ANY_ID},
+    ("minillm.paged.block_manager.BlockManager.append_slot", 1, "2**40"):
+        "the block manager stores ids, the vocabulary is the model's to check",
+    **{(f"minillm.paged.prefix_cache.PrefixCachingAllocator.{m}", pos, v): "any 64-bit int is a hash (find: a miss)"
+       for m, first in (("find", 0), ("publish", 1)) for pos in (first, first + 1) for v in ("-1", "2**40")},
+})
 
 
 def _one_at_a_time(cls: str, method: str) -> list[str]:

@@ -13,6 +13,7 @@ and the user's id (`parent_id`), so every output names the request and the sampl
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -20,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from minillm.core.config import check_int
+from minillm.core.config import check_float, check_int, short_repr
 from minillm.core.sampling import SamplingParams
 from minillm.core.stopping import RequestState, StopChecker
 
@@ -91,8 +92,14 @@ class Request:
         """Append sampled tokens through the state's stop rules, time-stamp each, finish the request if it is over.
 
         Returns True when it finished (status FINISHED_STOPPED for eos or a stop string, FINISHED_LENGTH for max
-        tokens or the window). Freeing its blocks is the caller's part (the scheduler's I8).
+        tokens or the window). Freeing its blocks is the caller's part (the scheduler's I8). `tokens` must be a list
+        (or tuple) and `now` a finite clock reading (a TypeError / ValueError naming them: the caller's bug); a bad
+        token inside the list fails this request alone (finish_reason "error"), as every sampled token does.
         """
+        if type(tokens) is not list and not isinstance(tokens, tuple):  # cheap: once per request per step
+            raise TypeError(f"tokens must be a list of token ids, got {type(tokens).__name__} {short_repr(tokens)}")
+        if type(now) is not float or not -math.inf < now < math.inf:  # NaN fails the comparison
+            now = check_float("now", now)
         before = len(self.state.output_ids)
         done = self.state.accept_or_fail(tokens, f"request {self.request_id!r}")
         self.token_times.extend([now] * (len(self.state.output_ids) - before))
@@ -123,11 +130,13 @@ class Request:
 
     def token_slice(self, start: int, end: int) -> list[int]:
         """all_token_ids[start:end] without building the whole list (a decode reads one token of thousands)."""
-        if type(start) is not int or type(end) is not int or not 0 <= start <= end:  # cheap: every step's entries
+        p = len(self.prompt_token_ids)
+        if type(start) is not int or type(end) is not int or not 0 <= start <= end <= self.num_tokens:  # cheap
             start, end = check_int("start", start, 0), check_int("end", end, 0)  # the error naming the argument
             if end < start:
                 raise ValueError(f"end must be >= start, got start={start}, end={end}")
-        p = len(self.prompt_token_ids)
+            if end > self.num_tokens:  # a slice would quietly return fewer tokens than asked for
+                raise ValueError(f"end={end} is past request {self.request_id!r}'s {self.num_tokens} tokens")
         if end <= p:
             return self.prompt_token_ids[start:end]
         if start >= p:

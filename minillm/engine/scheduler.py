@@ -238,6 +238,10 @@ class Scheduler:
         a victim."""
         check_new_request("request", request, prefilled=True)
         num_blocks = check_int("num_blocks", num_blocks)
+        most = self._blocks_for(request.max_kv_tokens)  # more could never have been computed for it
+        if num_blocks > most:
+            raise ValueError(f"num_blocks={num_blocks} is more than request {request.request_id!r} can hold: {most} "
+                             f"blocks of {self.config.block_size} for its {request.max_kv_tokens} KV tokens at most")
         request.status = RequestStatus.SWAPPED
         request.num_swapped_blocks = num_blocks
         self.num_swap_blocks_used += num_blocks

@@ -18,6 +18,7 @@ import torch
 from minillm.core.attention import causal_mask
 from minillm.paged import PagedBatch, PagedKVCache
 from minillm.paged.backends import register_attention_backend
+from minillm.kvcache.cache import attend_args_fit, check_attend_args
 from minillm.paged.paged_cache import write_kv
 
 
@@ -48,6 +49,8 @@ class SelectiveKVCache(PagedKVCache):
         """q, k, v (1, nh, N, hs) -> (1, nh, N, hs), decodes vectorized and prompt chunks looped."""
         if not getattr(self, "_split", False):
             return super().attend(layer_idx, q, k, v)
+        if not attend_args_fit(self.config, layer_idx, q, k, v):  # a few cheap tests per layer
+            check_attend_args(self.config, layer_idx, q, k, v)  # names the bad argument
         b = self.batch
         assert b is not None and q.shape[2] == b.num_tokens
         write_kv(self.k_pools[layer_idx], b.slot_mapping, k[0].transpose(0, 1))  # (nh, N, hs) -> (N, nh, hs)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
-from minillm.core.config import GPTConfig, check_int, check_int_list, short_repr
+from minillm.core.config import GPTConfig, check_int, check_int_list, check_tensor_elements, short_repr
 from minillm.engine.scheduler import check_step_output
 
 
@@ -60,6 +60,7 @@ class StepInput:
         if not isinstance(config, GPTConfig):
             raise TypeError(f"config must be the model's GPTConfig, got {type(config).__name__}")
         num_blocks, block_size = check_int("num_blocks", num_blocks), check_int("block_size", block_size)
+        check_tensor_elements("num_blocks x block_size", (num_blocks, block_size))  # a pool past it is a typo
         for name in ("token_ids", "positions", "slot_mapping", "context_lens", "query_lens", "sample_rows"):
             check_int_list(f"StepInput.{name}", getattr(self, name))
         if not isinstance(self.block_tables, list):

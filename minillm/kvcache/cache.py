@@ -77,6 +77,15 @@ def check_attend_args(config: GPTConfig, layer_idx: object, q: object, k: object
                              f"{tuple(t.shape)}")  # type: ignore[union-attr]
 
 
+def attend_args_fit(config: GPTConfig, layer_idx: object, q: object, k: object, v: object) -> bool:
+    """The cheap test a cache's `attend` makes on every layer call: a plain int layer in range and q, k, v tensors
+    of one 4-D shape (B, n_head, T, head_size). False sends the caller to `check_attend_args`, whose error names
+    the argument (an int subclass's layer passes there)."""
+    return (type(layer_idx) is int and 0 <= layer_idx < config.n_layer and all(map(torch.is_tensor, (q, k, v)))
+            and q.shape == k.shape == v.shape and q.dim() == 4  # type: ignore[union-attr]
+            and q.shape[1] == config.n_head and q.shape[3] == config.head_size)  # type: ignore[union-attr]
+
+
 class ContiguousKVCache:
     """Preallocated K/V storage for `batch_size` sequences of up to `max_len` slots each (padding included).
 
@@ -205,6 +214,9 @@ class ContiguousKVCache:
 
         Query t sits at slot start+t. It sees slot j when j <= start+t (causal) and j is not padding of its row.
         """
+        start, num_new = check_int("start", start, 0), check_int("num_new", num_new, 0)
+        if start + num_new > self.max_len:
+            raise ValueError(f"start={start} + num_new={num_new} is past the cache's max_len={self.max_len} slots")
         # BEGIN SOLUTION
         end = start + num_new
         if not self._has_padding:
@@ -223,7 +235,7 @@ class ContiguousKVCache:
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Write this step's k, v (B, nh, T, hs) at the layer's write position; attend q over every kept slot."""
-        if type(layer_idx) is not int or not all(map(torch.is_tensor, (q, k, v))):  # two cheap tests per layer
+        if not attend_args_fit(self.config, layer_idx, q, k, v):  # a few cheap tests per layer
             check_attend_args(self.config, layer_idx, q, k, v)  # names the bad argument (and passes an int subclass)
         B, nh, T, hs = k.shape
         if B != self.batch_size:

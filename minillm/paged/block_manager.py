@@ -23,9 +23,9 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from minillm.core.config import check_int, number_kind, short_repr
+from minillm.core.config import check_int, number_kind, plain_int, short_repr
 from minillm.paged.block_allocator import BlockAllocator, OutOfBlocks
-from minillm.paged.prefix_cache import ROOT_HASH, PrefixCachingAllocator, hash_block
+from minillm.paged.prefix_cache import ROOT_HASH, PrefixCachingAllocator, check_token_list, hash_block
 
 
 def compute_slot_mapping(block_table: Sequence[int], block_size: int, start: int, end: int) -> list[int]:
@@ -46,6 +46,17 @@ def compute_slot_mapping(block_table: Sequence[int], block_size: int, start: int
     # BEGIN SOLUTION
     return [block_table[p // block_size] * block_size + p % block_size for p in range(start, end)]
     # END SOLUTION
+
+
+def _check_token_id(token_id: object) -> int:
+    """`append_slot`'s token: the plain int a token id holds (numpy ints too); a TypeError for a bool, a float or
+    anything else, a ValueError for a negative id, naming it."""
+    plain = plain_int(token_id)
+    if plain is None:
+        raise TypeError(f"token_id must be an int token id, got {type(token_id).__name__} {short_repr(token_id)}")
+    if plain < 0:
+        raise ValueError(f"token_id must be a token id >= 0, got {plain}")
+    return plain
 
 
 def num_blocks_for(num_tokens: int, block_size: int) -> int:
@@ -124,11 +135,11 @@ class BlockManager:
         With prefix caching, leading full blocks already cached are shared instead of allocated. subtle: the
         last prompt token is never served from the cache, because its forward pass yields the logits of the
         first new token; so at most the full blocks within token_ids[:-1] are hits. Raises OutOfBlocks and
-        changes nothing if the blocks do not fit.
+        changes nothing if the blocks do not fit. `seq_id` is any hashable; `token_ids` a list of ints >= 0.
         """
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id!r} already has blocks")
-        tokens = [int(t) for t in token_ids]
+        tokens = check_token_list("token_ids", token_ids)
         if not tokens:
             raise ValueError(f"sequence {seq_id!r} needs at least one prompt token, got none")
         bs = self.block_size
@@ -170,6 +181,8 @@ class BlockManager:
         `append_slot` calls it for every token before the appended one.
         """
         seq = self._get(seq_id)
+        if type(num_tokens) is not int:  # cheap: once per request per step
+            num_tokens = check_int("num_tokens", num_tokens, 0)  # the TypeError naming it (an int subclass passes)
         if not seq.num_computed <= num_tokens <= len(seq.token_ids):
             raise ValueError(
                 f"num_tokens={num_tokens} must lie in [{seq.num_computed}, {len(seq.token_ids)}] for {seq_id!r}"
@@ -187,6 +200,8 @@ class BlockManager:
         forward. Raises OutOfBlocks, changing nothing, when a block is needed and none is free.
         """
         seq = self._get(seq_id)
+        if type(token_id) is not int or token_id < 0:  # cheap: once per token; the vocabulary is the model's to check
+            token_id = _check_token_id(token_id)
         if len(seq.token_ids) > seq.num_computed:
             self.mark_computed(seq_id, len(seq.token_ids))
         pairs: list[tuple[int, int]] = []
@@ -194,7 +209,7 @@ class BlockManager:
             seq.block_table.append(self.allocator.allocate())  # the last block is full: start a new one
         else:
             pairs = self._copy_on_write(seq)
-        seq.token_ids.append(int(token_id))
+        seq.token_ids.append(token_id)
         return pairs
 
     def _copy_on_write(self, seq: _Seq) -> list[tuple[int, int]]:

@@ -30,7 +30,7 @@ from minillm.core.attention import attention, attention_ref, causal_mask
 from minillm.core.config import (CheckedFields, check_device, check_fits_float, check_has_data, check_instance,
                                  check_int, check_int_list, check_tensor_elements, foreign_number, GPTConfig,
                                  plain_number, short_repr, tensor_kind)
-from minillm.kvcache.cache import check_attend_args
+from minillm.kvcache.cache import attend_args_fit, check_attend_args
 from minillm.paged.backends import register_attention_backend
 from minillm.paged.block_manager import BlockManager
 
@@ -312,16 +312,16 @@ class PagedKVCache:
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q, k, v (1, nh, N, hs) for the step's N new tokens -> attention output (1, nh, N, hs)."""
-        if type(layer_idx) is not int or not all(map(torch.is_tensor, (q, k, v))):  # two cheap tests per layer
-            check_attend_args(self.config, layer_idx, q, k, v)  # names the bad argument (and passes an int subclass)
         batch = self.batch
         if batch is None:
             raise ValueError("PagedKVCache.attend called before set_batch(PagedBatch)")
-        if q.dim() != 4 or q.shape[0] != 1 or q.shape[2] != batch.num_tokens:
+        if torch.is_tensor(q) and (q.dim() != 4 or q.shape[0] != 1 or q.shape[2] != batch.num_tokens):
             raise ValueError(
                 f"paged attention expects q of shape (1, nh, N={batch.num_tokens}, hs), got {tuple(q.shape)}: "
                 "call the model with every sequence's new tokens flattened into idx (1, N)"
             )
+        if not attend_args_fit(self.config, layer_idx, q, k, v):  # a few cheap tests per layer
+            check_attend_args(self.config, layer_idx, q, k, v)  # names the bad argument (and passes an int subclass)
         # Write first, then read: a sequence's new tokens must see themselves (and, with prefix caching, blocks
         # another sequence of this same batch is writing in this same layer).
         write_kv(self.k_pools[layer_idx], batch.slot_mapping, k[0].transpose(0, 1))  # (nh, N, hs) -> (N, nh, hs)

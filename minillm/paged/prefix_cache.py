@@ -19,9 +19,44 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from minillm.core.config import check_int, plain_int, short_repr
 from minillm.paged.block_allocator import BlockAllocator, BlockStateError
 
 ROOT_HASH = -1  # the parent hash of a sequence's first block; an int so hashes agree across processes
+
+
+def check_token_list(name: str, tokens: object) -> list[int]:
+    """`tokens` (a list or tuple of token ids: ints >= 0, numpy ints too) as a list of plain ints; a TypeError /
+    ValueError naming `name` and the first bad entry (True would be stored as token 1, 2.7 as 2). The vocabulary is
+    the model's to check: a block manager stores ids."""
+    if not isinstance(tokens, (list, tuple)):
+        raise TypeError(f"{name} must be a list of int token ids, got {type(tokens).__name__} {short_repr(tokens)}")
+    out = [plain_int(t) for t in tokens]
+    for j, t in enumerate(out):
+        if t is None:
+            raise TypeError(f"{name}[{j}] must be an int token id, got {type(tokens[j]).__name__} "
+                            f"{short_repr(tokens[j])}")
+        if t < 0:
+            raise ValueError(f"{name}[{j}] must be a token id >= 0, got {t}")
+    return out
+
+
+def check_hash(name: str, value: object) -> int:
+    """A block hash (or parent hash): a plain int within Python's 64-bit hash range; a TypeError / ValueError
+    naming `name` otherwise (a str or None would be a key no chain ever produces: a silent miss)."""
+    if type(value) is not int:
+        value = check_int(name, value, -2**63)
+    if not -2**63 <= value < 2**63:
+        raise ValueError(f"{name} must be a 64-bit hash in [-2**63, 2**63), got {short_repr(value)}")
+    return value
+
+
+def _check_block_key(block_hash: object, parent_hash: object, tokens: object) -> tuple[int, int, tuple[int, ...]]:
+    """`find` / `publish`'s (block_hash, parent_hash, tokens), checked: a full block holds at least one token."""
+    toks = tuple(check_token_list("tokens", tokens))
+    if not toks:
+        raise ValueError("tokens must hold the block's tokens (a full block), got none")
+    return check_hash("block_hash", block_hash), check_hash("parent_hash", parent_hash), toks
 
 
 def hash_block(parent_hash: int, tokens: Sequence[int]) -> int:
@@ -54,11 +89,12 @@ class PrefixCachingAllocator(BlockAllocator):
 
     def find(self, block_hash: int, parent_hash: int, tokens: Sequence[int]) -> int | None:
         """The block holding exactly this (parent, tokens) content, or None. Changes nothing."""
+        block_hash, parent_hash, tokens = _check_block_key(block_hash, parent_hash, tokens)
         block = self._hash_to_block.get(block_hash)
         if block is None:
             return None
         _, parent, toks = self._block_to_key[block]
-        if parent != parent_hash or toks != tuple(tokens):  # a 64-bit hash collision: treat as a miss
+        if parent != parent_hash or toks != tokens:  # a 64-bit hash collision: treat as a miss
             return None
         return block
 
@@ -74,6 +110,7 @@ class PrefixCachingAllocator(BlockAllocator):
     def publish(self, block: int, block_hash: int, parent_hash: int, tokens: Sequence[int]) -> bool:
         """Make a full, computed, in-use block findable by its hash. False if that content is cached already."""
         self.ensure_in_use(block, "publish")
+        block_hash, parent_hash, tokens = _check_block_key(block_hash, parent_hash, tokens)
         if block in self._block_to_key:
             assert self._block_to_key[block][0] == block_hash, f"block {block} published under two hashes"
             return False
@@ -82,7 +119,7 @@ class PrefixCachingAllocator(BlockAllocator):
             # one; this block stays uncached and is freed like any other.
             return False
         self._hash_to_block[block_hash] = block
-        self._block_to_key[block] = (block_hash, parent_hash, tuple(tokens))
+        self._block_to_key[block] = (block_hash, parent_hash, tokens)
         return True
 
     def unpublish(self, block: int) -> bool:
