@@ -1397,10 +1397,16 @@ def test_a_seventeenth_hostile_runs_finds_are_refused_by_name():
         (lambda: SwapSpace(PagedKVCache(CFG, 4, 4)).swap_out("b", [9]), ValueError, r"outside the pool \[0, 4\)"),
         (lambda: SwapSpace(PagedKVCache(CFG, 4, 4)).swap_out("b", [1.5]), TypeError, r"block_table\[0\]"),
         (lambda: swap.swap_in("a", [7]), ValueError, "outside the pool"),
+        (lambda: SwapSpace(PagedKVCache(CFG, 4, 4)).swap_in("a", [2, 2]), ValueError, "no KV under that key"),
     )
     for call, error, message in rows:
         with pytest.raises(error, match=message):
             call()
+    two = SwapSpace(PagedKVCache(CFG, 4, 4))
+    two.swap_out("b", [0, 1])
+    with pytest.raises(ValueError, match=r"names blocks \[3\] twice"):  # run 41: one saved block was lost
+        two.swap_in("b", [3, 3])
+    two.swap_in("b", [2, 3])  # the refused swap-in kept the host copy
     swap.swap_in("a", [2])  # the refused swap-in kept the host copy
 
     llm = SpeculativeLLM(tiny(), speculative=SpeculativeConfig(method="prompt-lookup", gamma=3, ngram=1))
@@ -1416,3 +1422,19 @@ def test_a_seventeenth_hostile_runs_finds_are_refused_by_name():
     llm.scheduler.schedule = schedule_then_edit
     with pytest.raises(ValueError, match="changed in place"):
         llm.generate([[1, 2, 1, 2, 1, 2]], SamplingParams.greedy(8))
+
+
+@pytest.mark.parametrize("tokens", [None, "zzz", [-1], [2**40], [True], [1.5], [CFG.vocab_size], torch.zeros(2)])
+def test_a_bad_sampled_token_fails_its_request_alone_naming_it(tokens):
+    """`accept_or_fail` turns a sampled token that is no id of the model's vocabulary into this request's failure
+    (finish_reason "error", the message naming the token), never an id appended as another (1.5 and True were read
+    as 1, -1 and ids past the vocabulary were kept)."""
+    from minillm.core.stopping import start_request
+
+    state = start_request(CFG, [1, 2, 3], SamplingParams.greedy(4))
+    assert state.accept_or_fail(tokens, "request 'r0'") is True
+    assert state.finish_reason == "error" and state.output_ids == []
+    assert state.error.startswith("request 'r0' failed in its stop check: ")
+    assert re.search(r"tokens must be a list|is no token id of the vocabulary \[0, 128\)", state.error)
+    good = start_request(CFG, [1, 2, 3], SamplingParams.greedy(4))
+    assert good.accept_or_fail([5], "request 'r1'") is False and good.output_ids == [5]

@@ -239,6 +239,7 @@ class RequestState:
     params: SamplingParams  # the request's params with max_new_tokens capped by the window
     generator: torch.Generator | None  # the request's own RNG (None = the global one: seed was None)
     stop_checker: StopChecker
+    vocab_size: int | None = None  # the model's, set by `start_request`: `accept` refuses ids outside it
 
     @property
     def output_ids(self) -> list[int]:
@@ -271,6 +272,8 @@ class RequestState:
     def accept_or_fail(self, tokens: Sequence[int], what: str) -> bool:
         """`accept`, but an exception inside the stop check fails this request (message starts with `what`, which
         names it) instead of propagating to the loop: True when the request is finished, either way."""
+        if not isinstance(what, str):  # the failure message's subject: checked before anything can fail
+            raise TypeError(f"what must be a str naming the request, got {type(what).__name__}")
         if self.stop_checker.finished:  # a loop bug, not the request's: let it surface
             raise RuntimeError(f"accept() after the request finished ({self.stop_checker.finish_reason})")
         try:
@@ -289,13 +292,20 @@ class RequestState:
         One token per step for every loop up to chapter 07. Chapter 08's speculative decoding accepts several
         tokens at once: they are taken one by one, and at the first that finishes the request (eos, a stop string,
         max tokens, the window) the rest are dropped, exactly as if the tokens had come one step at a time.
-        Accepting into a finished request is a RuntimeError (a loop that forgot to stop).
+        Accepting into a finished request is a RuntimeError (a loop that forgot to stop); a token that is no id
+        (a bool, a float, a negative int, one past the vocabulary when it is known) is a ValueError naming it.
         """
         if self.stop_checker.finished:
             raise RuntimeError(f"accept() after the request finished ({self.stop_checker.finish_reason})")
-        update = self.stop_checker.update
+        if not isinstance(tokens, (list, tuple)):
+            raise TypeError(f"tokens must be a list of sampled token ids, got {type(tokens).__name__}")
+        update, vocab = self.stop_checker.update, self.vocab_size
         for token in tokens:
-            if update(int(token)):
+            plain = plain_int(token)  # an int or a numpy int; never a bool or a float read as one
+            if plain is None or plain < 0 or (vocab is not None and plain >= vocab):
+                raise ValueError(f"sampled token {short_repr(token)} is no token id of the vocabulary "
+                                 f"[0, {vocab if vocab is not None else 'V'})")
+            if update(plain):
                 return True  # subtle: tokens after the finishing one are ignored, never appended
         return False
 
@@ -305,7 +315,7 @@ class RequestState:
         device = self.generator.device if self.generator is not None else "cpu"
         checker = StopChecker(tokenizer if tokenizer is not None else self.stop_checker.tokenizer, self.params,
                               self.stop_checker.eos_id)
-        return RequestState(self.prompt_ids, self.params, make_generator(seed, device), checker)
+        return RequestState(self.prompt_ids, self.params, make_generator(seed, device), checker, self.vocab_size)
 
 
 def start_request(
@@ -331,4 +341,4 @@ def start_request(
     checker = StopChecker(tokenizer, params, eos_id)
     if max_new == 0:
         checker.finish_reason = "length"  # finished on arrival: nothing may be generated
-    return RequestState(ids, params, make_generator(params.seed, device), checker)
+    return RequestState(ids, params, make_generator(params.seed, device), checker, model_config.vocab_size)

@@ -76,6 +76,8 @@ class SwapSpace:
     def swap_out(self, key: str, block_table: list[int]) -> None:
         """Copy pool blocks `block_table` to host memory under `key` (before anything reuses those blocks)."""
         self._check_blocks(key, block_table)
+        if not block_table:  # a running request holds at least one block: an empty swap is a step no scheduler makes
+            raise ValueError(f"swap_out of {short_repr(key)}: block_table names no blocks")
         if key in self.stored:
             raise ValueError(f"swap_out of {short_repr(key)}: the swap space already holds KV under that key")
         idx = torch.tensor(block_table, dtype=torch.int64, device=self.cache.device)  # (n,)
@@ -93,6 +95,10 @@ class SwapSpace:
         if len(block_table) != self.stored[key].num_blocks:
             raise ValueError(f"swap_in of {short_repr(key)} into {len(block_table)} blocks, but "
                              f"{self.stored[key].num_blocks} were swapped out")
+        if len(set(block_table)) != len(block_table):  # two saved blocks written into one: one would be lost
+            twice = sorted({b for b in block_table if block_table.count(b) > 1})
+            raise ValueError(f"swap_in of {short_repr(key)} into block_table {short_repr(block_table)}: it names "
+                             f"blocks {twice[:4]} twice, and each saved block needs a pool block of its own")
         kv = self.stored.pop(key)
         pools = self.cache.block_tensors()
         assert len(pools) == len(kv.tensors), (len(pools), len(kv.tensors))
