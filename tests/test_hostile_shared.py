@@ -1435,6 +1435,7 @@ def test_a_bad_sampled_token_fails_its_request_alone_naming_it(tokens):
     assert state.accept_or_fail(tokens, "request 'r0'") is True
     assert state.finish_reason == "error" and state.output_ids == []
     assert state.error.startswith("request 'r0' failed in its stop check: ")
-    assert re.search(r"tokens must be a list|is no token id of the vocabulary \[0, 128\)", state.error)
+    named = r"tokens must be a list|is no token id: an int \(Python or numpy\) in the vocabulary \[0, 128\)"
+    assert re.search(named, state.error)
     good = start_request(CFG, [1, 2, 3], SamplingParams.greedy(4))
     assert good.accept_or_fail([5], "request 'r1'") is False and good.output_ids == [5]

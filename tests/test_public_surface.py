@@ -360,7 +360,10 @@ class _Hang(Exception):
 
 
 def _make(value):
-    """A bad value as passed: the tensor and the object made fresh (a call may keep or change what it is given)."""
+    """A bad value as passed: the tensor, the object, the empty list and dict made fresh (a call may keep or change
+    what it is given: get_pair_counts fills the dict it is given)."""
+    if isinstance(value, (list, dict)):
+        return type(value)()
     return torch.zeros(2) if value == "tensor" else object() if value == "object" else value
 
 
@@ -1221,6 +1224,173 @@ GOOD_CALLS = {  # function -> () -> (args, kwargs) of a call that works; every o
         lambda: ((2,), {"input_len": (8, 16), "output_len": 4, "seed": 0, "tokenizer": _tokenizer(),
                         "context_length": 256}),
 }
+
+def _ckpt_dir():
+    """A checkpoint folder written by chapter 02's save_checkpoint, in a fresh folder."""
+    return _mod("core.checkpoint").save_checkpoint(_model(), _fresh_path("ckpt"))
+
+
+def _json_file():
+    path = _fresh_path("a.json")
+    path.write_text('{"a": 1}\n')
+    return path
+
+
+def _ranks() -> dict:
+    """A tiny BPE rank table: the 256 bytes and one merge, b"he"."""
+    return {**{bytes([i]): i for i in range(256)}, b"he": 256}
+
+
+def _params():
+    """Sampling parameters that use every processor: temperature, top-k and top-p."""
+    return _mod("core.sampling").SamplingParams(max_new_tokens=2, temperature=0.8, top_k=5, top_p=0.9, seed=0)
+
+
+def _cache():
+    return _mod("kvcache.cache").ContiguousKVCache(CFG, 1, 16)
+
+
+def _prefilled_cache():
+    """A contiguous cache holding a 3-token prompt's K/V."""
+    cache = _cache()
+    _mod("kvcache.generate").prefill(_model(), cache, torch.tensor([[1, 2, 3]]))
+    return cache
+
+
+def _kv_pools():
+    """Chapter 07's per-layer pools: (num_blocks 4, block_size 4, nh, hs) each."""
+    return [torch.randn(4, 4, CFG.n_head, CFG.head_size) for _ in range(CFG.n_layer)]
+
+
+def _train_config():
+    return _mod("gpt.train").TrainConfig(steps=10, warmup_steps=2)
+
+
+def _workload():
+    return [_mod("engine.throughput").WorkloadRequest("r0", 0.0, [1, 2, 3], _greedy(2))]
+
+
+GOOD_CALLS.update({  # chapters 01-07
+    # chapter 01's tokenizer pieces
+    "tokenizer.train.train_bpe":
+        lambda: (("hello world, hello there", 260), {"pattern": "gpt4", "special_tokens": ("<|endoftext|>",),
+                                                     "on_merge": None}),
+    "tokenizer.train.train_bpe_naive":
+        lambda: (("hello world, hello there", 260), {"pattern": "gpt4", "special_tokens": ("<|endoftext|>",)}),
+    "tokenizer.basics.get_pair_counts": lambda: (([1, 2, 1, 2],), {"counts": None, "weight": 1}),
+    "tokenizer.basics.merge": lambda: (([1, 2, 1, 2], (1, 2), 256), {}),
+    "tokenizer.encode.encode_chunk": lambda: ((b"hello", _ranks()), {}),
+    "tokenizer.encode.encode_chunk_fast": lambda: ((b"hello", _ranks()), {}),
+    "tokenizer.formats.dump_tiktoken_ranks": lambda: ((_ranks(),), {}),
+    "tokenizer.formats.parse_tiktoken_ranks":
+        lambda: ((_mod("tokenizer.formats").dump_tiktoken_ranks(_ranks()),), {"source": "<bytes>"}),
+    "tokenizer.formats.dump_json":
+        lambda: ((_ranks(), "gpt4", {"<|endoftext|>": 257}, "tiny"), {"metadata": None}),
+    "tokenizer.formats.parse_json":
+        lambda: ((_mod("tokenizer.formats").dump_json(_ranks(), "gpt4", {"<|endoftext|>": 257}, "tiny"),),
+                 {"source": "<json>"}),
+    "tokenizer.special.raise_if_disallowed": lambda: (("hello", frozenset({"<|endoftext|>"})), {}),
+    "tokenizer.special.resolve_special_sets": lambda: ((("<|endoftext|>",), set(), "all"), {}),
+    "tokenizer.patterns.split_text": lambda: (("hello world", "gpt4"), {}),
+    # chapter 02's attention, checkpoints, weights and training pieces
+    "core.attention.attention":
+        lambda: (tuple(torch.randn(1, 2, 4, 8) for _ in range(3)), {"mask": None, "is_causal": True}),
+    "core.attention.attention_ref":
+        lambda: (tuple(torch.randn(1, 2, 4, 8) for _ in range(3)),
+                 {"mask": _mod("core.attention").causal_mask(4, 4)}),
+    "core.attention.causal_mask": lambda: ((4, 4), {"device": "cpu"}),
+    "core.checkpoint.save_checkpoint":
+        lambda: ((_model(), _fresh_path("ckpt")), {"extra_metadata": None, "config": None}),
+    "core.checkpoint.load_checkpoint": lambda: ((_ckpt_dir(),), {"device": "cpu"}),
+    "core.checkpoint.read_config": lambda: ((_ckpt_dir(),), {}),
+    "core.weights.load_state_dict_strict":
+        lambda: ((GPT(CFG), _mod("core.weights").model_tensors(_model())), {"source": "checkpoint"}),
+    "core.weights.model_tensors": lambda: ((_model(),), {}),
+    "core.weights.untied_head": lambda: ((_model(),), {}),
+    "core.io.atomic_write_bytes": lambda: ((_fresh_path("a.bin"), b"abc"), {}),
+    "core.io.atomic_write_text": lambda: ((_fresh_path("a.txt"), "abc"), {"encoding": "utf-8"}),
+    "core.io.check_sha256":
+        lambda: ((_mod("core.io").with_sha256({}, {"w": torch.ones(2)}), {"w": torch.ones(2)}, "a file"), {}),
+    "core.io.read_json_file": lambda: ((_json_file(),), {"what": "JSON file"}),
+    "core.formats.model_from_bytes":
+        lambda: ((_mod("core.formats").model_to_bytes(_model()),), {"device": "cpu", "expected_sha256": None}),
+    "core.hf.hf_state_dict_to_minillm": lambda: ((_mod("core.hf").to_hf_state_dict(_model()),), {}),
+    "gpt.dataset.encode_corpus": lambda: ((_tokenizer(), "def f(x):\n    return x\n"), {}),
+    "gpt.dataset.fixed_windows": lambda: ((torch.arange(100) % 64, 2, 8), {"seed": 0}),
+    "gpt.eval.perplexity":
+        lambda: ((_model(), torch.arange(40) % 64), {"block_size": None, "stride": None, "batch_size": 2}),
+    "gpt.train.lr_at": lambda: ((_train_config(), 5, 0.5, 0.2), {}),
+    "gpt.train.make_optimizer": lambda: ((GPT(CFG), _train_config(), torch.device("cpu")), {}),
+    "gpt.train.estimate_loss":
+        lambda: ((_model(), torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 8)), 1,
+                  __import__("contextlib").nullcontext), {}),
+    # chapter 03's sampling, request lifecycle and naive loop
+    "core.sampling.sample_next":
+        lambda: ((torch.randn(1, CFG.vocab_size), _params()), {"generator": torch.Generator().manual_seed(0),
+                                                               "processors": None}),
+    "core.sampling.apply_temperature": lambda: ((torch.randn(2, CFG.vocab_size), 0.8), {}),
+    "core.sampling.top_k_filter": lambda: ((torch.randn(2, CFG.vocab_size), 5), {}),
+    "core.sampling.top_p_filter": lambda: ((torch.randn(2, CFG.vocab_size), 0.9), {}),
+    "core.sampling.probs_from_logits": lambda: ((torch.randn(2, CFG.vocab_size), _params()), {}),
+    "core.sampling.make_generator": lambda: ((0,), {"device": "cpu"}),
+    "core.sampling.build_processors": lambda: ((_params(),), {}),
+    "core.sampling.apply_processors":
+        lambda: ((torch.randn(2, CFG.vocab_size), _mod("core.sampling").build_processors(_params())), {}),
+    "core.stopping.start_request":
+        lambda: ((CFG, [1, 2, 3], _greedy(4)), {"tokenizer": None, "eos_id": None, "device": "cpu",
+                                                "truncate": False}),
+    "core.stopping.validate_prompt": lambda: (([1, 2, 3], _greedy(4), 64, 32), {"truncate": False}),
+    "core.stopping.check_token_ids": lambda: (("prompt_ids", [1, 2, 3], 64), {}),
+    "core.stopping.check_eos_id": lambda: ((3, 64), {}),
+    "naive.generate.generate_naive_ids":
+        lambda: ((_model(), [1, 2, 3], _greedy(3)), {"tokenizer": None, "eos_id": None, "truncate": False}),
+    "naive.generate.generate_naive":
+        lambda: ((_model(), [1, 2, 3], _params()), {"tokenizer": None, "eos_id": None, "truncate": False}),
+    "naive.roofline.decode_cost": lambda: ((CFG, 8), {"dtype": torch.float32}),
+    # chapter 04's KV cache
+    "kvcache.generate.generate_ids":
+        lambda: ((_model(), [1, 2, 3], _greedy(3)), {"tokenizer": None, "eos_id": None, "kv_cache": True,
+                                                     "truncate": False, "kv_dtype": torch.float32,
+                                                     "decode_fn": None, "prefill_fn": None}),
+    "kvcache.generate.prefill": lambda: ((_model(), _cache(), torch.tensor([[1, 2, 3]])), {"positions": None}),
+    "kvcache.generate.decode_step":
+        lambda: ((_model(), _prefilled_cache(), torch.tensor([[4]])), {"positions": None}),
+    "kvcache.generate.static_positions": lambda: ((torch.tensor([0, 1]), 3, 2), {}),
+    "kvcache.generate.left_pad": lambda: (([[1, 2], [3]],), {"pad_id": 0}),
+    "kvcache.generate.generate_static_batch":
+        lambda: ((_model(), [[1, 2, 3], [4, 5]], _greedy(2)), {"tokenizer": None, "eos_id": None, "on_token": None,
+                                                               "kv_dtype": torch.float32}),
+    "kvcache.cache.kv_cache_bytes": lambda: ((2, 2, 8, 16), {"batch_size": 1, "bytes_per_elem": 4}),
+    # chapter 05's paged pieces
+    "paged.block_manager.compute_slot_mapping": lambda: (([0, 2], 4, 0, 6), {}),
+    "paged.block_manager.num_blocks_for": lambda: ((5, 4), {}),
+    "paged.paged_cache.write_kv":
+        lambda: ((torch.zeros(4, 4, CFG.n_head, CFG.head_size), torch.tensor([0, 5]),
+                  torch.randn(2, CFG.n_head, CFG.head_size)), {}),
+    "paged.generate.paged_generate":
+        lambda: ((_model(), [1, 2, 3], _greedy(3)), {"tokenizer": None, "eos_id": None, "block_size": 4,
+                                                     "num_blocks": None, "kv_dtype": torch.float32}),
+    "paged.prefix_cache.hash_block": lambda: ((-1, [1, 2, 3, 4]), {}),
+    # chapter 06's engine pieces
+    "engine.step.plan": lambda: ((_step_output(), _manager()), {}),
+    "engine.throughput.check_workload": lambda: ((_workload(),), {"name": "workload"}),
+    "engine.frontend.sample_id": lambda: (("r0", 1), {}),
+    "engine.config.resolve_kv_dtype": lambda: (("float32",), {}),
+    # chapter 07's KV hand-off and admission
+    "disagg.kv_transfer.kv_bytes": lambda: ((CFG, 8), {"dtype": torch.float32}),
+    "disagg.kv_transfer.pack_kv": lambda: ((_kv_pools(), _kv_pools(), [0, 2], 6), {}),
+    "disagg.kv_transfer.unpack_kv":
+        lambda: ((_mod("disagg.kv_transfer").pack_kv(_kv_pools(), _kv_pools(), [0, 2], 6), _kv_pools(), _kv_pools(),
+                  [1, 3]), {}),
+    "disagg.kv_transfer.payload_to_bytes":
+        lambda: ((_mod("disagg.kv_transfer").pack_kv(_kv_pools(), _kv_pools(), [0, 2], 6),), {}),
+    "disagg.kv_transfer.payload_from_bytes":
+        lambda: (_mod("disagg.kv_transfer").payload_to_bytes(
+            _mod("disagg.kv_transfer").pack_kv(_kv_pools(), _kv_pools(), [0, 2], 6)), {}),
+    "disagg.decode_worker.max_kv_tokens": lambda: ((3, 4, 32), {}),
+    "disagg.decode_worker.admit_handoffs": lambda: (([8, 8], 10, 2, 1, 4, 4), {}),
+})
+
 GPU_ONLY = {f"kernels.ops.{op}" for op in ("softmax", "layernorm", "bias_gelu", "attention", "paged_attention_decode",
                                           "int8_gemv", "kv_cache_write")} | {
     f"kernels.bench.{f}" for f in ("copy_bandwidth", "matmul_tflops", "time_ms")}
@@ -1414,6 +1584,82 @@ FUNCTION_ACCEPTS = {  # (function, argument, bad value's name): why the result i
        for v in ("-1", "2**40")},
 }
 
+FUNCTION_ACCEPTS.update({  # chapters 01-07
+    **{(f"tokenizer.train.{f}", "special_tokens", "empty dict"): "no special tokens: an empty collection"
+       for f in ("train_bpe", "train_bpe_naive")},
+    ("tokenizer.basics.get_pair_counts", "ids", "empty list"): "no ids: no pairs",
+    ("tokenizer.basics.get_pair_counts", "counts", "empty dict"): "an empty tally to add into (documented)",
+    ("tokenizer.basics.get_pair_counts", "weight", "2**40"): "a word's count in a big corpus: a valid weight",
+    ("tokenizer.basics.merge", "ids", "empty list"): "no ids: nothing to merge",
+    ("tokenizer.basics.merge", "new_id", "2**40"): "merge knows no vocabulary: the trainer numbers new ids",
+    ("tokenizer.special.raise_if_disallowed", "disallowed", "empty list"): "nothing disallowed: nothing to find",
+    **{("tokenizer.special.resolve_special_sets", a, "empty list"): "no special token named: an empty set"
+       for a in ("allowed_special", "disallowed_special")},
+    ("tokenizer.patterns.split_text", "pattern", "str"): "a regular expression is a pattern (documented)",
+    ("core.io.atomic_write_text", "text", "str"): "any text is written",
+    **{(f, "seed", v): "a 64-bit seed, as torch.Generator takes" for f in (
+        "gpt.dataset.fixed_windows", "core.sampling.make_generator") for v in ("-1", "2**40")},
+    **{(f, "processors", "empty list"): "no processors: the raw logits (documented: they replace params')"
+       for f in ("core.sampling.sample_next", "core.sampling.apply_processors")},
+    ("core.sampling.apply_temperature", "temperature", "2**40"): "a huge temperature is a valid (flat) softening",
+    ("core.sampling.top_k_filter", "k", "2**40"): "a k past the vocabulary keeps every token",
+    **{(f, a, "2**40"): "a bound the ids or the prompt are within" for f, a in (
+        ("core.stopping.validate_prompt", "vocab_size"), ("core.stopping.validate_prompt", "block_size"),
+        ("core.stopping.check_token_ids", "vocab_size"), ("core.stopping.check_eos_id", "vocab_size"))},
+    ("core.stopping.start_request", "eos_id", "2**40"): "documented: an eos outside the vocabulary never occurs "
+        "(the entry points check an explicit one with check_eos_id)",
+    **{(f, a, "2**40"): "arithmetic on valid sizes" for f, a in (
+        ("naive.roofline.decode_cost", "context_len"), ("kvcache.cache.kv_cache_bytes", "n_kv_head"),
+        ("kvcache.cache.kv_cache_bytes", "head_dim"), ("kvcache.cache.kv_cache_bytes", "num_tokens"),
+        ("kvcache.cache.kv_cache_bytes", "batch_size"), ("kvcache.cache.kv_cache_bytes", "bytes_per_elem"),
+        ("paged.block_manager.num_blocks_for", "num_tokens"), ("paged.block_manager.num_blocks_for", "block_size"),
+        ("disagg.decode_worker.max_kv_tokens", "max_new_tokens"),
+        ("disagg.decode_worker.max_kv_tokens", "context_window"),
+        *(("disagg.decode_worker.admit_handoffs", a) for a in ("num_free_blocks", "num_reserved_blocks",
+                                                                "num_running", "max_num_seqs", "block_size")))},
+    ("kvcache.generate.static_positions", "start", "2**40"): "positions are the model's to check (its window)",
+    ("kvcache.generate.left_pad", "pad_id", "2**40"): "left_pad knows no vocabulary: the model checks the ids it "
+        "embeds",
+    ("engine.frontend.sample_id", "index", "2**40"): "any sample index names a sample",
+    ("paged.prefix_cache.hash_block", "parent_hash", "2**40"): "any 64-bit int is a hash",
+    **{(f"tokenizer.train.{f}", "special_tokens", "empty list"): "no special tokens"
+       for f in ("train_bpe", "train_bpe_naive")},
+    ("tokenizer.formats.dump_json", "pattern", "str"): "a regular expression is a pattern (documented)",
+    **{(f, "text", "str"): "any text" for f in ("tokenizer.special.raise_if_disallowed",
+                                                "tokenizer.patterns.split_text", "gpt.dataset.encode_corpus")},
+    ("tokenizer.special.resolve_special_sets", "specials", "empty list"): "a tokenizer without special tokens",
+    ("core.attention.attention_ref", "mask", "None"): "no mask (the default)",
+    ("core.attention.causal_mask", "device", "None"): "torch's default device (the default)",
+    **{(f, a, "str"): "a relative path: written in the working folder (the test's temporary one)" for f, a in (
+        ("core.checkpoint.save_checkpoint", "path_dir"), ("core.io.atomic_write_bytes", "path"),
+        ("core.io.atomic_write_text", "path"))},
+    **{(f, "batch_size", "2**40"): "at most every window in one batch" for f in ("gpt.eval.perplexity",
+                                                                                 "gpt.train.estimate_loss")},
+    ("gpt.train.lr_at", "step", "2**40"): "a step past warm-up: the cosine reads progress",
+    ("core.sampling.sample_next", "generator", "None"): "the global RNG (the default)",
+    ("core.sampling.make_generator", "seed", "None"): "no seed: None, the global RNG (documented)",
+    **{(f"core.sampling.{f}", "logits", "tensor"): "one row of zero logits (V,): valid logits"
+       for f in ("apply_temperature", "top_k_filter", "top_p_filter", "apply_processors")},
+    ("core.stopping.check_token_ids", "ids", "empty list"): "no ids: an empty list (a prompt's emptiness is "
+        "validate_prompt's check)",
+    **{(f, a, "2**40"): "arithmetic on valid sizes" for f, a in (
+        ("kvcache.cache.kv_cache_bytes", "n_layer"), ("disagg.kv_transfer.kv_bytes", "num_tokens"),
+        ("disagg.decode_worker.max_kv_tokens", "num_prompt_tokens"))},
+    ("paged.block_manager.compute_slot_mapping", "block_size", "2**40"): "a block size within int64: block 0's "
+        "slots",
+    ("engine.frontend.sample_id", "request_id", "str"): "any str is a request id",
+    ("disagg.decode_worker.admit_handoffs", "waiting_kv_tokens", "empty list"): "nothing waiting: none admitted",
+    **{(f"tokenizer.formats.{f}", "ranks", "empty dict"): "a format writer: a table's completeness is checked "
+       "where a Tokenizer is built" for f in ("dump_tiktoken_ranks", "dump_json")},
+    **{("tokenizer.formats.dump_json", a, "empty dict"): "none (no special tokens, no metadata)"
+       for a in ("special_tokens", "metadata")},
+    **{("tokenizer.special.resolve_special_sets", a, "empty dict"): "an empty collection of names"
+       for a in ("specials", "allowed_special", "disallowed_special")},
+    ("core.checkpoint.save_checkpoint", "extra_metadata", "empty dict"): "no training notes",
+    ("core.io.check_sha256", "metadata", "empty dict"): "no digest recorded: False, nothing checked (documented)",
+    ("core.hf.hf_state_dict_to_minillm", "state", "empty dict"): "nothing to rename: an empty state (the loader "
+        "names the missing tensors)",
+})
 
 def _function(name: str):
     """The function a GOOD_CALLS key names: "quant.gptq.damped", or a class's method "quant.linear.QuantLinear.

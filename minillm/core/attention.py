@@ -14,7 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from minillm.core.config import check_int, check_tensor_elements, tensor_kind
+from minillm.core.config import check_bool, check_device, check_int, check_tensor_elements, tensor_kind
 
 
 def causal_mask(T_q: int, T_k: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -24,6 +24,8 @@ def causal_mask(T_q: int, T_k: int, device: torch.device | str | None = None) ->
     T_k - T_q + i and sees every key at or before it. With T_q == T_k this is the usual lower triangle.
     """
     T_q, T_k = check_int("T_q", T_q, 0), check_int("T_k", T_k, 0)
+    if device is not None and not isinstance(device, torch.device):  # a type test first: called once per forward
+        device = check_device("device", device, allocates=True)
     check_tensor_elements("T_q x T_k", (max(T_q, 1), T_k))  # the mask and k_pos's arange, before the allocator
     if T_q > T_k:
         raise ValueError(f"causal_mask needs T_q <= T_k, got T_q={T_q}, T_k={T_k}")
@@ -79,6 +81,8 @@ def attention(
     `is_causal=True` (only valid when T_q == T_k and no mask) lets PyTorch pick its causal fast path.
     """
     check_qkv(q, k, v, mask, bool_mask=False)
+    if type(is_causal) is not bool:  # a type test first: called once per layer
+        check_bool("is_causal", is_causal)
     if is_causal and mask is not None:
         raise ValueError("pass either mask or is_causal=True, not both")
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)  # (B, nh, T_q, hs)

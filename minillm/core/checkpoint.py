@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from minillm.core.config import GPTConfig
+from minillm.core.config import GPTConfig, check_instance
 from minillm.core.device import resolve_device
 from minillm.core.io import (SHA256_FIELD, atomic_save_safetensors, atomic_write_text, check_sha256, read_json_file,
                              read_safetensors_file, with_sha256)
@@ -64,7 +64,7 @@ def save_checkpoint(model: GPT, path_dir: str | os.PathLike, extra_metadata: dic
     if extra_metadata is not None and not isinstance(extra_metadata, dict):
         raise TypeError(f"extra_metadata must be a dict or None, got {type(extra_metadata).__name__}")
     tensors = model_tensors(model)  # an untied head is refused here, before anything is written
-    config = model.config if config is None else config
+    config = model.config if config is None else check_instance("config", config, GPTConfig, "a GPTConfig or None")
     shape_fields = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "head_size")
     if any(getattr(config, f) != getattr(model.config, f) for f in shape_fields):
         raise ValueError(f"config {config} does not describe the model's shapes {model.config}")

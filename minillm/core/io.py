@@ -153,7 +153,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
     if not isinstance(text, str):
         raise TypeError(f"text must be str, got {type(text).__name__}")
-    return atomic_write_bytes(path, text.encode(encoding))
+    try:
+        data = text.encode(check_label("encoding", encoding))
+    except LookupError as e:  # codecs' own error names no argument
+        raise ValueError(f"encoding must be a codec's name, got {encoding!r}") from e
+    return atomic_write_bytes(path, data)
 
 
 def atomic_save_figure(fig: Any, path: str | os.PathLike, **savefig_kwargs: Any) -> Path:
@@ -224,6 +228,7 @@ def check_sha256(metadata: dict[str, str], tensors: dict[str, torch.Tensor], whe
 
 def read_json_file(path: str | os.PathLike, what: str = "JSON file") -> Any:
     """Parse a JSON file; a truncated or corrupt one is a ValueError naming the file (json's own error does not)."""
+    check_label("what", what)
     path = Path(path)
     try:
         return json.loads(path.read_bytes())

@@ -20,8 +20,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from minillm.core.config import (check_fits_float, check_float, check_instance, check_int, number_kind, plain_number,
-                                 short_repr, tensor_kind)
+from minillm.core.config import (check_device, check_fits_float, check_float, check_instance, check_int, number_kind,
+                                 plain_number, short_repr, tensor_kind)
 
 LogitsProcessor = Callable[[torch.Tensor], torch.Tensor]  # (B, V) float logits -> (B, V) float logits
 
@@ -136,9 +136,10 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
     subtle: a CUDA generator and a CPU generator with the same seed draw different numbers, so a seeded run repeats
     exactly on the same device type only.
     """
+    device = check_device("device", device, allocates=True)
     if seed is None:
         return None
-    return torch.Generator(device=torch.device(device)).manual_seed(check_seed(seed))
+    return torch.Generator(device=device).manual_seed(check_seed(seed))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -254,8 +255,14 @@ def build_processors(params: SamplingParams) -> list[LogitsProcessor]:
     return procs
 
 
+def _check_processors(processors: object) -> None:
+    if not isinstance(processors, (list, tuple)):  # a dict or a tensor would be iterated as processors
+        raise TypeError(f"processors must be a list of logits processors, got {type(processors).__name__}")
+
+
 def apply_processors(logits: torch.Tensor, processors: Sequence[LogitsProcessor]) -> torch.Tensor:
     """Run the processors left to right; each sees the previous one's output."""
+    _check_processors(processors)
     for proc in processors:
         logits = proc(logits)
     return logits
@@ -283,6 +290,8 @@ def sample_next(
     check_params(params)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    if processors is not None:
+        _check_processors(processors)
     if params.is_greedy:  # extra processors (a banned-token mask, say) still apply before the argmax
         return torch.argmax(apply_processors(logits, processors or ()), dim=-1)  # (B,)
     procs = build_processors(params) if processors is None else processors

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from minillm.core.config import check_has_data, GPTConfig, plain_int, short_repr
+from minillm.core.config import check_has_data, check_int, GPTConfig, plain_int, short_repr
 from minillm.core.detokenize import IncrementalText
 from minillm.core.sampling import SamplingParams, make_generator
 
@@ -51,6 +51,8 @@ def default_eos(tokenizer: Any, eos_id: int | None) -> int | None:
         plain = plain_int(eos_id)
         if plain is None:
             raise TypeError(f"eos_id must be an int or None, got {type(eos_id).__name__} {short_repr(eos_id)}")
+        if plain < 0:  # no token: it would never stop anything (one past the vocabulary is left to check_eos_id)
+            raise ValueError(f"eos_id must be a token id >= 0, got {plain}")
         return plain
     return getattr(tokenizer, "eot_token", None) if tokenizer is not None else None
 
@@ -60,6 +62,8 @@ def check_eos_id(eos_id: int | None, vocab_size: int) -> None:
 
     (Not inside `start_request`: an eos taken from a tokenizer may lie outside a small test model's vocabulary,
     and then simply never occurs, which is how minillm has always treated it.)"""
+    if type(vocab_size) is not int or vocab_size < 1:
+        check_int("vocab_size", vocab_size)
     if eos_id is None:
         return
     eos_id = default_eos(None, eos_id)  # the type check, and the plain int
@@ -72,6 +76,8 @@ def check_token_ids(name: str, ids: Any, vocab_size: int) -> list[int]:
     [0, vocab_size); a TypeError/ValueError naming `name` and the position of a bad one. Shared by prompts here and
     chapter 08's draft tokens. numpy integers count as ints (what a numpy tokenizer pipeline hands over); bools and
     floats do not, even integral ones (a float id is a bug upstream, not a token)."""
+    if type(vocab_size) is not int or vocab_size < 1:  # a type test first: chapter 08 checks drafts every round
+        check_int("vocab_size", vocab_size)
     if isinstance(ids, torch.Tensor):
         check_has_data(name, ids)  # nested, sparse, quantized, uint64, meta: before the shape is read
         if ids.dim() != 1 or ids.is_floating_point() or ids.dtype == torch.bool:
@@ -107,6 +113,8 @@ def validate_prompt(
     """
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+    if type(block_size) is not int or block_size < 1:
+        check_int("block_size", block_size)
     ids = check_token_ids("prompt_ids", prompt_ids, vocab_size)
     if len(ids) == 0:
         raise ValueError("prompt_ids is empty: generation needs at least one token to condition on")
@@ -303,8 +311,8 @@ class RequestState:
         for token in tokens:
             plain = plain_int(token)  # an int or a numpy int; never a bool or a float read as one
             if plain is None or plain < 0 or (vocab is not None and plain >= vocab):
-                raise ValueError(f"sampled token {short_repr(token)} is no token id of the vocabulary "
-                                 f"[0, {vocab if vocab is not None else 'V'})")
+                raise ValueError(f"sampled token {short_repr(token)} is no token id: an int (Python or numpy) in the "
+                                 f"vocabulary [0, {vocab if vocab is not None else 'V'})")
             if update(plain):
                 return True  # subtle: tokens after the finishing one are ignored, never appended
         return False

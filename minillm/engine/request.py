@@ -136,7 +136,7 @@ class Request:
             if end < start:
                 raise ValueError(f"end must be >= start, got start={start}, end={end}")
             if end > self.num_tokens:  # a slice would quietly return fewer tokens than asked for
-                raise ValueError(f"end={end} is past request {self.request_id!r}'s {self.num_tokens} tokens")
+                raise ValueError(f"end={end} is past the {self.num_tokens} tokens of request {self.request_id!r}")
         if end <= p:
             return self.prompt_token_ids[start:end]
         if start >= p:

@@ -14,8 +14,9 @@ import os
 
 import torch
 
-from minillm.core.config import check_choice, short_repr
+from minillm.core.config import check_choice, check_tensor_elements, short_repr
 from minillm.core.corpus import SEPARATOR, load_corpus
+from minillm.core.sampling import check_seed
 from minillm.tokenizer import load_tokenizer
 
 
@@ -76,10 +77,11 @@ class BatchSampler:
                 raise ValueError(f"{name} must be a positive int, got {short_repr(value)}")
         if tokens.numel() < block_size + 1:
             raise ValueError(f"need at least block_size+1={block_size + 1} tokens, got {tokens.numel()}")
+        check_tensor_elements("batch_size x block_size", (batch_size, block_size))  # a batch, before the allocator
         self.tokens = tokens
         self.batch_size = batch_size
         self.block_size = block_size
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator().manual_seed(check_seed(seed))  # a TypeError naming seed
 
     def sample(self, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
         """(x, y), both (B, T) int64 on `device`; y is x shifted left by one token."""

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from minillm.core.config import short_repr
+from minillm.core.model import require_model
 from minillm.core.stopping import check_token_ids
 
 
@@ -41,6 +42,7 @@ def _windows(n_targets: int, block_size: int, stride: int) -> list[tuple[int, in
 def token_nll(model, tokens, block_size: int | None = None, stride: int | None = None,
               batch_size: int = 8) -> tuple[float, int]:
     """(sum of -log p over scored tokens, number of scored tokens); see `perplexity`."""
+    require_model(model, "perplexity (model)")
     if isinstance(tokens, list):
         tokens = torch.tensor(tokens, dtype=torch.int64)
     if not isinstance(tokens, torch.Tensor):
@@ -50,12 +52,12 @@ def token_nll(model, tokens, block_size: int | None = None, stride: int | None =
     if tokens.numel() < 2:
         raise ValueError(f"perplexity needs at least 2 tokens, got {tokens.numel()}")
     window = model.config.block_size if block_size is None else block_size
-    if not isinstance(window, int) or window <= 0 or window > model.config.block_size:
+    if type(window) is not int or window <= 0 or window > model.config.block_size:
         raise ValueError(f"block_size must be an int in [1, {model.config.block_size}], got {short_repr(block_size)}")
     stride = window if stride is None else stride
-    if not isinstance(stride, int) or not 1 <= stride <= window:
+    if type(stride) is not int or not 1 <= stride <= window:
         raise ValueError(f"stride must be an int in [1, block_size={window}], got {short_repr(stride)}")
-    if not isinstance(batch_size, int) or batch_size <= 0:
+    if type(batch_size) is not int or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive int, got {short_repr(batch_size)}")
 
     was_training = model.training

@@ -179,7 +179,7 @@ def lr_at(cfg: TrainConfig, step: int, progress: float, warmup_end_progress: flo
     check_instance("cfg", cfg, TrainConfig, "a TrainConfig")
     check_int("step", step, 0)
     for name, value in (("progress", progress), ("warmup_end_progress", warmup_end_progress)):
-        check_float(name, value)
+        check_float(name, value, 0.0, 1.0)  # shares of the run: -1 or 2 would bend the cosine silently
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     span = max(1e-12, 1.0 - warmup_end_progress)

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.nn as nn
 
-from minillm.core.config import check_float_tensor, check_instance, check_int, tensor_kind
+from minillm.core.config import check_float_tensor, check_instance, check_int, check_tensor_elements, tensor_kind
 from minillm.core.model import GPT, require_model
 from minillm.core.sampling import SamplingParams, sample_next
 from minillm.core.stopping import RequestState, check_eos_id, start_request
@@ -189,6 +189,7 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[torch.T
     same slot and every decode step writes all rows at the same slot. Example: [[5, 6, 7], [9]] ->
     idx [[5, 6, 7], [0, 0, 9]], pad_lens [0, 2].
     """
+    check_int("pad_id", pad_id, 0)  # a token id: 1.5 would be read as 1, -1 is no token
     # BEGIN SOLUTION
     T_max = max(len(p) for p in prompts)
     idx = torch.full((len(prompts), T_max), pad_id, dtype=torch.long)  # (B, T_max)
@@ -207,7 +208,10 @@ def static_positions(pad_lens: torch.Tensor, start: int, num_new: int) -> torch.
     """
     if not isinstance(pad_lens, torch.Tensor):
         raise TypeError(f"pad_lens must be a (B,) tensor of padding counts, got {tensor_kind(pad_lens)}")
+    if pad_lens.dim() != 1 or pad_lens.is_floating_point() or pad_lens.dtype == torch.bool:
+        raise TypeError(f"pad_lens must be a (B,) integer tensor, got {pad_lens.dtype} {tuple(pad_lens.shape)}")
     check_int("start", start, 0), check_int("num_new", num_new, 0)
+    check_tensor_elements("pad_lens x num_new", (max(pad_lens.numel(), 1), num_new))  # before the allocator
     # BEGIN SOLUTION
     slots = torch.arange(start, start + num_new, device=pad_lens.device)  # (T,)
     return (slots.unsqueeze(0) - pad_lens.unsqueeze(1)).clamp(min=0)  # (1, T) - (B, 1) -> (B, T)

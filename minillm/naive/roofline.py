@@ -76,7 +76,7 @@ class DecodeCost:
 def decode_cost(config: GPTConfig, context_len: int, dtype: torch.dtype = torch.float32) -> DecodeCost:
     """FLOPs and bytes of one ideal (KV-cached) decode step at batch 1 with `context_len` tokens before it."""
     _check_config(config)
-    if not isinstance(context_len, int) or context_len < 0:
+    if type(context_len) is not int or context_len < 0:  # True is no length
         raise ValueError(f"context_len must be a non-negative int, got {short_repr(context_len)}")
     b = dtype_bytes(dtype)
     C, L, V = config.n_embd, config.n_layer, config.vocab_size

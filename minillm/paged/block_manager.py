@@ -61,6 +61,10 @@ def _check_token_id(token_id: object) -> int:
 
 def num_blocks_for(num_tokens: int, block_size: int) -> int:
     """ceil(num_tokens / block_size): the blocks a sequence of that length holds."""
+    if type(num_tokens) is not int or num_tokens < 0:  # type tests first: the scheduler asks this every step
+        check_int("num_tokens", num_tokens, 0)  # -1 would need no block, 1.5 part of one
+    if type(block_size) is not int or block_size < 1:
+        check_int("block_size", block_size)
     return -(-num_tokens // block_size)
 
 

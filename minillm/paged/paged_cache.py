@@ -169,6 +169,10 @@ def write_kv(pool: torch.Tensor, slot_mapping: torch.Tensor, x: torch.Tensor) ->
     for name, t in (("pool", pool), ("slot_mapping", slot_mapping), ("x", x)):
         if not isinstance(t, torch.Tensor):  # a cheap test: write_kv runs twice per layer per step
             raise TypeError(f"{name} must be a tensor, got {tensor_kind(t)}")
+    if (pool.dim() != 4 or slot_mapping.dtype != torch.long or slot_mapping.dim() != 1
+            or x.shape != (slot_mapping.shape[0], *pool.shape[2:])):  # attribute reads only: cheap per layer
+        raise ValueError(f"write_kv needs pool (nb, bs, nh, hs), int64 slot_mapping (N,) and x (N, nh, hs), got "
+                         f"{tuple(pool.shape)}, {tuple(slot_mapping.shape)} and {tuple(x.shape)}")
     # BEGIN SOLUTION
     nb, bs, nh, hs = pool.shape
     pool.view(nb * bs, nh, hs).index_copy_(0, slot_mapping, x.to(pool.dtype))  # (nb*bs, nh, hs)[slots] = x

@@ -65,7 +65,14 @@ def hash_block(parent_hash: int, tokens: Sequence[int]) -> int:
     subtle: tuples of ints hash the same in every Python process (only str/bytes hashing is salted by
     PYTHONHASHSEED), so a prefill worker and a decode worker (chapter 07) compute the same chain.
     """
-    return hash((parent_hash, tuple(tokens)))
+    if type(parent_hash) is not int:  # type tests first, the full checks on failure: called once per full block
+        check_hash("parent_hash", parent_hash)  # a str or None would start a chain no other block shares
+    key = tuple(tokens) if isinstance(tokens, (list, tuple)) else None
+    if not key or not all(type(t) is int for t in key):
+        key = tuple(check_token_list("tokens", tokens))
+        if not key:
+            raise ValueError("tokens must be a full block's ids, got an empty list")
+    return hash((parent_hash, key))
 
 
 class PrefixCachingAllocator(BlockAllocator):

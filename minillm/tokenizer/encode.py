@@ -31,6 +31,8 @@ def _check_chunk(piece: object, ranks: object) -> None:
         raise TypeError(f"piece must be bytes (a chunk, UTF-8 encoded), got {type(piece).__name__} {short_repr(piece)}")
     if not isinstance(ranks, dict):
         raise TypeError(f"ranks must be a dict of bytes -> rank, got {type(ranks).__name__} {short_repr(ranks)}")
+    if not ranks:
+        raise ValueError("ranks is empty: every single byte must have a rank")
 
 
 def encode_chunk(piece: bytes, ranks: dict[bytes, int]) -> list[int]:

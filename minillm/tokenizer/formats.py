@@ -28,7 +28,7 @@ import binascii
 import json
 from typing import Any
 
-from minillm.core.config import short_repr
+from minillm.core.config import check_label, short_repr
 
 FORMAT_NAME = "minillm-bpe"
 FORMAT_VERSION = 1
@@ -56,6 +56,7 @@ def parse_tiktoken_ranks(data: bytes, source: str = "<bytes>") -> dict[bytes, in
     """Parse `.tiktoken` content strictly: every non-empty line must be `<base64> <int>`."""
     if not isinstance(data, (bytes, bytearray)):
         raise TypeError(f"tiktoken rank data must be bytes, got {type(data).__name__}")
+    check_label("source", source)
     ranks: dict[bytes, int] = {}
     for lineno, line in enumerate(bytes(data).splitlines(), start=1):
         if not line.strip():
@@ -106,6 +107,7 @@ def dump_json(ranks: dict[bytes, int], pattern: str, special_tokens: dict[str, i
 
 def parse_json(text: str | bytes, source: str = "<json>") -> dict[str, Any]:
     """Parse and validate minillm JSON; returns ranks (bytes -> rank), pattern, special_tokens, name, metadata."""
+    check_label("source", source)
     try:
         obj = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

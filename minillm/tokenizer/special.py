@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Collection, Iterable
+from collections.abc import Set as AbstractSet
 from typing import Literal
 
 import regex
@@ -33,13 +34,13 @@ def resolve_special_sets(
     specials: Iterable[str], allowed_special: AllOrSet, disallowed_special: AllOrSet
 ) -> tuple[frozenset[str], frozenset[str]]:
     """Turn tiktoken-style arguments into (allowed, disallowed) sets, validating them."""
-    specials = frozenset(specials)
+    specials = _names("specials", specials)
     if allowed_special == "all":
         allowed = specials
     elif isinstance(allowed_special, str):
         raise ValueError(f"allowed_special must be 'all' or a collection of str, got {allowed_special!r}")
     else:
-        allowed = frozenset(allowed_special)
+        allowed = _names("allowed_special", allowed_special)
         unknown = allowed - specials
         if unknown:
             raise ValueError(f"allowed_special names tokens that are not special tokens: {sorted(unknown)!r}")
@@ -48,8 +49,17 @@ def resolve_special_sets(
     elif isinstance(disallowed_special, str):
         raise ValueError(f"disallowed_special must be 'all' or a collection of str, got {disallowed_special!r}")
     else:
-        disallowed = frozenset(disallowed_special)
+        disallowed = _names("disallowed_special", disallowed_special)
     return allowed, disallowed
+
+
+def _names(name: str, values: object) -> frozenset[str]:
+    """`values`, a collection of special-token names, as a frozenset; a TypeError naming `name` for anything else
+    (a tensor or a dict of numbers would become a set of non-names)."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, (AbstractSet, list, tuple, dict)) or not all(
+            isinstance(s, str) for s in values):
+        raise TypeError(f"{name} must be a collection of special-token names (str), got {short_repr(values)}")
+    return frozenset(values)
 
 
 def raise_if_disallowed(text: str, disallowed: frozenset[str]) -> None:
