@@ -14,7 +14,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from minillm.core.config import check_bool, check_device, check_int, check_tensor_elements, tensor_kind
+from minillm.core.config import (MAX_TENSOR_ELEMENTS, check_bool, check_device, check_int, check_tensor_elements,
+                                 tensor_kind)
 
 
 def causal_mask(T_q: int, T_k: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -23,12 +24,17 @@ def causal_mask(T_q: int, T_k: int, device: torch.device | str | None = None) ->
     The T_q queries are the *last* T_q positions of the T_k keys (T_q <= T_k): query i sits at absolute position
     T_k - T_q + i and sees every key at or before it. With T_q == T_k this is the usual lower triangle.
     """
-    T_q, T_k = check_int("T_q", T_q, 0), check_int("T_k", T_k, 0)
+    # one cheap test first: the paged caches build a mask per sequence per layer; the checks below name what failed
+    fits = (type(T_q) is int and type(T_k) is int and 0 <= T_q <= T_k
+            and max(T_q, 1) * T_k <= MAX_TENSOR_ELEMENTS)
+    if not fits:
+        T_q, T_k = check_int("T_q", T_q, 0), check_int("T_k", T_k, 0)
     if device is not None and not isinstance(device, torch.device):  # a type test first: called once per forward
         device = check_device("device", device, allocates=True)
-    check_tensor_elements("T_q x T_k", (max(T_q, 1), T_k))  # the mask and k_pos's arange, before the allocator
-    if T_q > T_k:
-        raise ValueError(f"causal_mask needs T_q <= T_k, got T_q={T_q}, T_k={T_k}")
+    if not fits:
+        check_tensor_elements("T_q x T_k", (max(T_q, 1), T_k))  # the mask and k_pos's arange, before the allocator
+        if T_q > T_k:
+            raise ValueError(f"causal_mask needs T_q <= T_k, got T_q={T_q}, T_k={T_k}")
     offset = T_k - T_q
     q_pos = torch.arange(T_q, device=device).unsqueeze(1) + offset  # (T_q, 1)
     k_pos = torch.arange(T_k, device=device).unsqueeze(0)  # (1, T_k)
